@@ -1,0 +1,43 @@
+# Set-up and entry points. Two commands do everything on a fresh machine:
+#   make serve   install serving deps, build the default model if absent, run the decision service
+#   make test    install everything the tests need and run the suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/pip --disable-pip-version-check -q
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+
+export MLFLOW_DISABLE_TELEMETRY := true
+export ORT_DISABLE_TELEMETRY := 1
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: serve test install install-train model bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+install: $(BIN)/python
+	$(PIP) install -e .
+
+# torch first, pinned to the CPU build on disk; otherwise pip pulls a CUDA build of several GB.
+install-train: $(BIN)/python
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[train,test]'
+
+# The default model ships in estimator/default_model/; rebuild it only when it is absent.
+model:
+	@if [ ! -f estimator/default_model/manifest.json ]; then \
+	  echo "default model absent: building it (installs the train extra)"; \
+	  $(MAKE) install-train && $(BIN)/pointsman train --output estimator/default_model --no-register; \
+	fi
+
+serve: install model
+	$(BIN)/pointsman serve --host $(HOST) --port $(PORT)
+
+test: install-train
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

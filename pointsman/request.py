@@ -1,0 +1,219 @@
+"""The routing request: an OpenAI-style chat request plus Pointsman's routing context.
+
+One schema serves the HTTP API, the CLI and trace replay. OpenAI fields that do
+not affect routing (temperature, stream, response_format, ...) are accepted and
+ignored so a gateway can forward its request unchanged; Pointsman's own
+``routing`` object rejects unknown keys.
+
+``parse_route_request(body)`` validates a JSON-like mapping and raises
+``RequestError`` whose ``field`` names the offending field (``messages[1].content[0].type``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from pointsman.errors import RequestError
+
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
+def _check_utf8(value: str, what: str = "text") -> str:
+    """Reject strings that cannot be encoded as UTF-8 (lone surrogates from invalid bytes)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} is not valid UTF-8 (bad character at offset {exc.start})") from None
+    return value
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class TextPart(_Part):
+    """``{"type": "text", "text": "..."}``."""
+
+    type: Literal["text"]
+    text: str
+
+    _utf8 = field_validator("text")(lambda cls, v: _check_utf8(v))
+
+
+class ImagePart(_Part):
+    """``{"type": "image_url", "image_url": {"url": ...}}``; the image itself is not inspected."""
+
+    type: Literal["image_url", "image"]
+    image_url: Any = None
+
+
+class AudioPart(_Part):
+    """``{"type": "input_audio", ...}``; counted, not inspected."""
+
+    type: Literal["input_audio"]
+
+
+class FilePart(_Part):
+    """``{"type": "file", ...}``; counted, not inspected."""
+
+    type: Literal["file"]
+
+
+class RefusalPart(_Part):
+    """``{"type": "refusal", "refusal": "..."}`` in assistant messages."""
+
+    type: Literal["refusal"]
+    refusal: str = ""
+
+
+ContentPart = Annotated[
+    Union[TextPart, ImagePart, AudioPart, FilePart, RefusalPart], Field(discriminator="type")
+]
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    arguments: str = ""
+
+    _utf8 = field_validator("arguments")(lambda cls, v: _check_utf8(v))
+
+
+class ToolCall(BaseModel):
+    """An assistant's tool call; ``function.arguments`` is a JSON string (counted as prompt text)."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str | None = None
+    type: str = "function"
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    """One chat message; ``content`` is a string, a list of parts, or null (tool-call-only turns)."""
+
+    model_config = ConfigDict(extra="allow")
+    role: Role
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content_shape(cls, v: Any) -> Any:
+        if v is None or isinstance(v, list):
+            return v
+        if isinstance(v, str):
+            return _check_utf8(v, "content")
+        raise ValueError(f"content must be a string, a list of content parts or null, not {type(v).__name__}")
+
+    def text(self) -> str:
+        """All text of this message (string content, text parts, refusals, tool-call arguments)."""
+        chunks: list[str] = []
+        if isinstance(self.content, str):
+            chunks.append(self.content)
+        elif self.content:
+            for part in self.content:
+                if isinstance(part, TextPart):
+                    chunks.append(part.text)
+                elif isinstance(part, RefusalPart):
+                    chunks.append(part.refusal)
+        for call in self.tool_calls or ():
+            chunks.append(f"{call.function.name}({call.function.arguments})")
+        return "\n".join(c for c in chunks if c)
+
+    def n_images(self) -> int:
+        """Number of image parts in this message."""
+        if isinstance(self.content, list):
+            return sum(isinstance(p, ImagePart) for p in self.content)
+        return 0
+
+
+class RoutingContext(BaseModel):
+    """Pointsman's own routing context; unknown keys are rejected.
+
+    ``prefix_block_hashes``: block hashes of the prompt prefix computed by the gateway
+    (as in Mooncake traces' ``hash_ids``), oldest block first.
+    ``prompt_tokens``: the gateway's exact prompt token count, if it has one.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    tenant: str | None = Field(default=None, max_length=256)
+    session_id: str | None = Field(default=None, max_length=256)
+    slo_class: str | None = Field(default=None, max_length=64)
+    prefix_block_hashes: list[int | str] | None = Field(default=None, max_length=100_000)
+    prompt_tokens: int | None = Field(default=None, ge=0)
+    explain: bool = False
+
+
+class RouteRequest(BaseModel):
+    """An OpenAI-style chat request plus ``routing`` context.
+
+    Extra top-level OpenAI fields (temperature, stream, ...) are ignored.
+    ``max_tokens`` / ``max_completion_tokens``: the output token cap, if the client set one.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1, max_length=100_000)
+    tools: list[dict[str, Any]] | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    user: str | None = None
+    routing: RoutingContext = Field(default_factory=RoutingContext)
+
+    @property
+    def max_output_tokens(self) -> int | None:
+        """The output token cap: ``max_completion_tokens`` if set, else ``max_tokens``."""
+        return self.max_completion_tokens or self.max_tokens
+
+    def has_content(self) -> bool:
+        """True when any message carries text, an image or a tool call."""
+        return any(m.text().strip() or m.n_images() or m.tool_calls for m in self.messages)
+
+
+def _is_branch_label(item: Any) -> bool:
+    """Pydantic puts union branch names (``str``, ``list[tagged-union[...]]``) into error locations."""
+    return isinstance(item, str) and ("[" in item or item in {"str", "int", "list", "dict", "none"})
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    items = [i for i in loc if not _is_branch_label(i)]
+    # A tagged union repeats the tag after the list index: (..., 0, "text", "text") -> (..., 0, "text").
+    cleaned: list[Any] = []
+    for i, item in enumerate(items):
+        prev_is_index = i > 0 and isinstance(items[i - 1], int)
+        if prev_is_index and isinstance(item, str) and i + 1 < len(items) and isinstance(items[i + 1], str):
+            continue
+        cleaned.append(item)
+    out = ""
+    for item in cleaned:
+        out += f"[{item}]" if isinstance(item, int) else ("." if out else "") + str(item)
+    return out
+
+
+def parse_route_request(body: Any) -> RouteRequest:
+    """Validate a JSON-like mapping into a ``RouteRequest``.
+
+    Raises ``RequestError`` naming the first offending field (e.g.
+    ``messages[0].content[1].type``), or ``"messages"`` when no message has any content.
+    """
+    if not isinstance(body, dict):
+        raise RequestError(f"expected a JSON object, got {type(body).__name__}")
+    try:
+        request = RouteRequest.model_validate(body)
+    except ValidationError as exc:
+        # The deepest location is the most specific one (union branches report at equal depth).
+        err = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
+        # Discriminated unions add the tag to loc; keep it readable.
+        raise RequestError(err["msg"], field=_loc(tuple(err["loc"])) or None) from None
+    if not request.has_content():
+        raise RequestError("prompt is empty: no message has text, images or tool calls", field="messages")
+    return request
+
+
+def request_from_prompt(prompt: str, **routing: Any) -> RouteRequest:
+    """A one-turn user request from a plain prompt string; raises ``RequestError`` if empty."""
+    return parse_route_request({"messages": [{"role": "user", "content": prompt}], "routing": routing})

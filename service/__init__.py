@@ -1,0 +1,3 @@
+"""The decision service (FastAPI app), request/response schemas, settings and
+the ``pointsman`` command-line interface.
+"""
