@@ -1,4 +1,8 @@
-"""The ``pointsman`` command-line interface (click)."""
+"""The ``pointsman`` command-line interface (click).
+
+Subcommands live in small modules and are attached here:
+``route``/``serve`` (decisions), ``train``/``evaluate`` (the estimator).
+"""
 
 from __future__ import annotations
 

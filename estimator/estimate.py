@@ -1,0 +1,65 @@
+"""What any difficulty estimator returns, and the protocol the engine relies on.
+
+The onnxruntime ``DifficultyEstimator`` (``estimator/difficulty.py``) is the real
+one; ``FixedDifficulty`` is a static stand-in for tests, replay and policy cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tokenizers import Tokenizer
+
+    from pointsman.estimator.features import RequestFeatures
+
+
+@dataclass(frozen=True)
+class DifficultyEstimate:
+    """The estimator's answer for one request.
+
+    ``p_hard``: calibrated probability in [0, 1] that the cheaper model's answer is
+    worse than the frontier model's; ``None`` when ``available`` is False.
+    ``latency_ms``: wall time spent estimating, in milliseconds.
+    ``error``: why the estimate is unavailable (exception text or "timeout"), else None.
+    """
+
+    p_hard: float | None
+    available: bool
+    latency_ms: float
+    error: str | None = None
+
+
+@runtime_checkable
+class Estimator(Protocol):
+    """Anything that turns request features into a ``DifficultyEstimate``.
+
+    ``version``: a string naming the model (registry name/version or content hash).
+    ``tokenizer``: the tokenizer used for counting prompt tokens, or None.
+    ``estimate`` never raises for a valid ``RequestFeatures``: failures come back as
+    ``available=False`` with ``error`` set.
+    """
+
+    version: str
+    tokenizer: Tokenizer | None
+
+    def estimate(self, features: RequestFeatures) -> DifficultyEstimate: ...
+
+
+@dataclass
+class FixedDifficulty:
+    """An estimator that returns the same ``p_hard`` for every request (tests, replay, cases).
+
+    ``p_hard=None`` models an unavailable estimator.
+    """
+
+    p_hard: float | None = 0.5
+    version: str = "fixed"
+    tokenizer: None = None
+
+    def estimate(self, features: RequestFeatures) -> DifficultyEstimate:
+        """Return the fixed estimate; ``available`` is False when ``p_hard`` is None."""
+        if self.p_hard is None:
+            return DifficultyEstimate(None, False, 0.0, "estimator unavailable (fixed)")
+        return DifficultyEstimate(float(self.p_hard), True, 0.0)
