@@ -1,0 +1,58 @@
+"""The distribution installs every design-card folder under ``pointsman.*`` and nothing at top level."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SUBPACKAGES = ["estimator", "policy", "training", "service", "datasets", "replay"]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (path,) = out.glob("pointsman-*.whl")
+    return path
+
+
+def test_every_module_lives_under_pointsman(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/", 1)[0] for n in names}
+    assert tops - {"pointsman"} == {next(t for t in tops if t.endswith(".dist-info"))}
+    modules = [n for n in names if n.endswith(".py")]
+    assert modules and all(n.startswith("pointsman/") for n in modules)
+    for sub in SUBPACKAGES:
+        assert f"pointsman/{sub}/__init__.py" in names, sub
+    assert not any(n.startswith("pointsman/tests/") for n in names)
+
+
+def test_wheel_carries_embedded_defaults(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "pointsman/policy/defaults/fleet.yaml" in names
+    assert "pointsman/policy/defaults/policies/default.yaml" in names
+    assert "pointsman/estimator/default_model/manifest.json" in names
+
+
+def test_installed_wheel_imports_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
+    """Unpacked wheel first on sys.path: every subpackage imports from it, not from the checkout."""
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = (
+        "import importlib, pathlib, sys\n"
+        f"for sub in {SUBPACKAGES!r}:\n"
+        "    mod = importlib.import_module('pointsman.' + sub)\n"
+        f"    assert pathlib.Path(mod.__file__).is_relative_to({str(site)!r}), (sub, mod.__file__)\n"
+    )
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
