@@ -1,0 +1,279 @@
+"""Serving-trace loaders: Mooncake JSONL and the Azure LLM inference CSV, as one record type.
+
+Every loader yields ``TraceRequest`` records in file order, with ``arrival_s``
+counted in seconds from the trace's first record. Both public traces in
+``../shared/datasets`` are sorted by time; a record that goes back in time is a
+``DataError`` (the replay would otherwise silently reorder it).
+
+Formats (see ``../shared/datasets/README.md``, sections B1 and B2):
+
+- **Mooncake** (FAST'25 release, ``*.jsonl`` or ``*.jsonl.gz``): one JSON object
+  per line with ``timestamp`` (ms, relative), ``input_length``, ``output_length``
+  and optional ``hash_ids`` (chained prefix-block hashes, ``MOONCAKE_BLOCK_TOKENS``
+  = 512 tokens per block; the last block may be partial).
+- **Azure LLM inference trace 2023** (Splitwise, ``*.csv`` or ``*.csv.gz``):
+  columns ``TIMESTAMP`` (``2023-11-16 18:17:03.9799600``, 7 fractional digits,
+  parsed exactly to the nanosecond), ``ContextTokens``, ``GeneratedTokens``.
+
+Slicing: ``start_s``/``end_s`` keep records with ``start_s <= arrival_s < end_s``
+(arrival times are *not* rebased to the window); ``limit`` keeps the first N
+records that pass the window. Reading stops as soon as the window or the limit
+is exhausted, so slicing a long trace is cheap.
+
+Only the standard library is used (csv, json, gzip): the loaders run in the
+serving environment without pandas.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pointsman.errors import DataError
+
+MOONCAKE_BLOCK_TOKENS = 512
+"""Tokens per ``hash_ids`` block in the Mooncake traces (Mooncake FAST25-release README)."""
+
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+"""Required header of the Azure LLM inference trace CSVs."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One request of a serving trace.
+
+    - ``arrival_s``: arrival time in seconds from the trace's first record (float, >= 0).
+    - ``prompt_tokens``: input (context) tokens, >= 1.
+    - ``output_tokens``: generated tokens, >= 1.
+    - ``block_hashes``: chained prefix-block hashes, one per ``MOONCAKE_BLOCK_TOKENS``
+      block of the prompt (last block may be partial), or ``None`` when the trace has
+      no prefix information. Equal leading hashes mean a reusable prefix KV cache.
+    - ``session_id``: conversation/session key when the trace has one, else ``None``.
+    - ``prompt_id``: key into an outcome table (``prompt_id`` column of the shared
+      outcome datasets) when known, else ``None``.
+    """
+
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    block_hashes: tuple[int, ...] | None = None
+    session_id: str | None = None
+    prompt_id: str | None = None
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    """Open ``path`` for text reading, gunzipping ``*.gz``; raises DataError if unreadable."""
+    try:
+        if path.suffix == ".gz":
+            return gzip.open(path, "rt", encoding="utf-8", newline="")
+        return open(path, encoding="utf-8", newline="")
+    except OSError as exc:
+        raise DataError(f"{path}: cannot open trace: {exc.strerror or exc}") from None
+
+
+def _positive_int(value: object, where: str, column: str) -> int:
+    """Parse a token count (int or decimal string) that must be >= 1."""
+    parsed = value
+    if isinstance(value, str):
+        text = value.strip()
+        parsed = int(text) if text.isascii() and text.isdigit() else None
+    if isinstance(parsed, bool) or not isinstance(parsed, int) or parsed < 1:  # JSON true is not a count
+        raise DataError(f"{where}: column {column!r}: expected an integer >= 1, got {value!r}")
+    return parsed
+
+
+class _Slicer:
+    """Applies the time window, the limit and the monotonic-time check, in file order."""
+
+    def __init__(self, limit: int | None, start_s: float | None, end_s: float | None) -> None:
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        self.limit, self.start_s, self.end_s = limit, start_s, end_s
+        self.kept = 0
+        self.last_s = 0.0
+
+    def check(self, arrival_s: float, where: str, column: str) -> str:
+        """Return 'keep', 'skip' or 'stop' for a record at ``arrival_s``."""
+        if arrival_s < self.last_s:
+            raise DataError(
+                f"{where}: column {column!r}: time goes back ({arrival_s:.6f} s after trace start, "
+                f"previous record {self.last_s:.6f} s); the trace must be sorted by arrival"
+            )
+        self.last_s = arrival_s
+        if self.end_s is not None and arrival_s >= self.end_s:
+            return "stop"
+        if self.start_s is not None and arrival_s < self.start_s:
+            return "skip"
+        if self.limit is not None and self.kept >= self.limit:
+            return "stop"
+        self.kept += 1
+        return "keep"
+
+    def done(self) -> bool:
+        return self.limit is not None and self.kept >= self.limit
+
+
+def iter_mooncake(
+    path: str | Path,
+    *,
+    limit: int | None = None,
+    start_s: float | None = None,
+    end_s: float | None = None,
+) -> Iterator[TraceRequest]:
+    """Yield the requests of a Mooncake trace (``.jsonl`` or ``.jsonl.gz``) in file order.
+
+    ``arrival_s`` = (timestamp - first timestamp) / 1000. ``block_hashes`` is the
+    tuple of ``hash_ids`` (``None`` if the key is absent). Blank lines are skipped.
+    Raises ``DataError("file:line: ...")`` naming the key for invalid JSON, a missing
+    or non-integer field, a ``hash_ids`` that is not a list of integers, or time
+    going backwards.
+    """
+    path = Path(path)
+    sl = _Slicer(limit, start_s, end_s)
+    if sl.done():
+        return
+    t0_ms: float | None = None
+    with _open_text(path) as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{where}: invalid JSON: {exc.msg} at column {exc.colno}") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            for key in ("timestamp", "input_length", "output_length"):
+                if key not in row:
+                    raise DataError(f"{where}: missing column {key!r}")
+            ts = row["timestamp"]
+            if isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts != ts or ts < 0:
+                raise DataError(f"{where}: column 'timestamp': expected a number of ms >= 0, got {ts!r}")
+            if t0_ms is None:
+                t0_ms = ts
+            arrival_s = (ts - t0_ms) / 1000.0
+            verdict = sl.check(arrival_s, where, "timestamp")
+            if verdict == "stop":
+                return
+            if verdict == "skip":
+                continue
+            prompt = _positive_int(row["input_length"], where, "input_length")
+            output = _positive_int(row["output_length"], where, "output_length")
+            hashes = row.get("hash_ids")
+            if hashes is not None:
+                if not isinstance(hashes, list) or not all(
+                    isinstance(h, int) and not isinstance(h, bool) for h in hashes
+                ):
+                    raise DataError(f"{where}: column 'hash_ids': expected a list of integers")
+                hashes = tuple(hashes)
+            yield TraceRequest(arrival_s, prompt, output, hashes)
+            if sl.done():
+                return
+
+
+_AZURE_TS = re.compile(r"(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?")
+
+
+def _azure_timestamp_ns(text: str) -> int | None:
+    """``'2023-11-16 18:17:03.9799600'`` -> integer nanoseconds since the Unix epoch (read as UTC).
+
+    Parsed exactly: ``datetime.fromisoformat`` would silently drop the 7th digit.
+    Returns None when the text is not a timestamp of that shape.
+    """
+    m = _AZURE_TS.fullmatch(text.strip())
+    if m is None:
+        return None
+    try:
+        whole = datetime.fromisoformat(m.group(1)).replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+    frac = m.group(2) or ""
+    return int(whole.timestamp()) * 1_000_000_000 + int(frac.ljust(9, "0") or 0)
+
+
+def iter_azure_llm(
+    path: str | Path,
+    *,
+    limit: int | None = None,
+    start_s: float | None = None,
+    end_s: float | None = None,
+) -> Iterator[TraceRequest]:
+    """Yield the requests of an Azure LLM inference trace CSV (2023 format) in file order.
+
+    Columns ``TIMESTAMP, ContextTokens, GeneratedTokens`` (order free, extra columns
+    ignored). ``arrival_s`` is exact to the nanosecond relative to the first row.
+    No prefix hashes, sessions or prompt ids. Raises ``DataError`` naming
+    ``file:line`` and the column for a missing header column, a bad timestamp, a
+    token count that is not an integer >= 1, or time going backwards.
+    """
+    path = Path(path)
+    sl = _Slicer(limit, start_s, end_s)
+    if sl.done():
+        return
+    with _open_text(path) as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None:
+            raise DataError(f"{path}:1: empty file, expected header {','.join(AZURE_COLUMNS)}")
+        header = [h.strip() for h in header]
+        missing = [c for c in AZURE_COLUMNS if c not in header]
+        if missing:
+            raise DataError(
+                f"{path}:1: missing column(s) {', '.join(map(repr, missing))}; header has {header}"
+            )
+        i_ts, i_ctx, i_gen = (header.index(c) for c in AZURE_COLUMNS)
+        width = max(i_ts, i_ctx, i_gen) + 1
+        t0_ns: int | None = None
+        for row in reader:
+            where = f"{path}:{reader.line_num}"
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            if len(row) < width:
+                raise DataError(f"{where}: expected {len(header)} columns, got {len(row)}")
+            ns = _azure_timestamp_ns(row[i_ts])
+            if ns is None:
+                raise DataError(
+                    f"{where}: column 'TIMESTAMP': expected 'YYYY-MM-DD HH:MM:SS[.fffffff]', got {row[i_ts]!r}"
+                )
+            if t0_ns is None:
+                t0_ns = ns
+            arrival_s = (ns - t0_ns) / 1e9
+            verdict = sl.check(arrival_s, where, "TIMESTAMP")
+            if verdict == "stop":
+                return
+            if verdict == "skip":
+                continue
+            prompt = _positive_int(row[i_ctx], where, "ContextTokens")
+            output = _positive_int(row[i_gen], where, "GeneratedTokens")
+            yield TraceRequest(arrival_s, prompt, output)
+            if sl.done():
+                return
+
+
+def load_trace(
+    path: str | Path,
+    *,
+    limit: int | None = None,
+    start_s: float | None = None,
+    end_s: float | None = None,
+) -> list[TraceRequest]:
+    """Load a whole trace into a list, picking the format from the file name.
+
+    ``*.jsonl[.gz]`` -> Mooncake, ``*.csv[.gz]`` -> Azure LLM. Same slicing options
+    and errors as ``iter_mooncake`` / ``iter_azure_llm``; an unknown extension is a
+    ``DataError``.
+    """
+    path = Path(path)
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    loader = {".jsonl": iter_mooncake, ".csv": iter_azure_llm}.get(Path(name).suffix)
+    if loader is None:
+        raise DataError(f"{path}: unknown trace format (expected *.jsonl[.gz] Mooncake or *.csv[.gz] Azure)")
+    return list(loader(path, limit=limit, start_s=start_s, end_s=end_s))
