@@ -1,0 +1,297 @@
+"""Performance and price specs of simulated replicas, links and frontier tiers.
+
+A ``ReplicaSpec`` holds the coefficients of two small latency models, so a fleet
+file (or a test) can state them directly; ``replica_spec_for`` derives them from a
+model config and a GPU datasheet, roofline style:
+
+- **prefill** (compute-bound):
+  ``prefill_s(n, c) = prefill_overhead_s + n * prefill_s_per_token
+  + (n*c + n*(n+1)/2) * prefill_s_per_token_pair`` for ``n`` new prompt tokens after
+  ``c`` cached ones. The linear term is the dense matmuls (2 FLOPs per parameter per
+  token); the pair term is causal attention (QK^T and AV: 4 * layers * q_dim FLOPs per
+  (query, key) pair). Both are divided by the replica's peak BF16 FLOP/s times an MFU.
+- **decode step** (memory-bandwidth-bound, continuous batching):
+  ``decode_step_s(b, kv) = decode_base_s + b * decode_per_seq_s + kv * decode_per_kv_token_s``
+  for ``b`` running sequences whose contexts hold ``kv`` tokens in total. The base is
+  reading all weights once per step (weight bytes / effective HBM bandwidth) plus a
+  fixed overhead (scheduling, sampling, tensor-parallel all-reduces); the per-sequence
+  term is the matmul FLOPs of one token; the per-KV-token term reads that token's K and
+  V in every layer (``kv_bytes_per_token`` / effective bandwidth). Adding memory and
+  compute time (instead of taking the max) is the pessimistic side of the roofline.
+
+KV bytes per token = 2 (K and V) * layers * kv_heads * head_dim * dtype bytes, from
+each model's Hugging Face ``config.json``. Efficiency factors (MFU, bandwidth
+efficiency, activation reserve, overheads) are assumptions, stated where they are set;
+override them per fleet.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a decoder-only transformer, as in its Hugging Face ``config.json``.
+
+    ``params``: parameter count; ``q_dim`` = num_attention_heads * head_dim;
+    ``dtype_bytes``: bytes per weight and per KV element (2 for BF16).
+    """
+
+    name: str
+    params: float
+    layers: int
+    kv_heads: int
+    head_dim: int
+    q_dim: int
+    max_model_len: int
+    dtype_bytes: int = 2
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of KV cache per token: 2 * layers * kv_heads * head_dim * dtype_bytes."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes of weights: params * dtype_bytes."""
+        return self.params * self.dtype_bytes
+
+
+LLAMA_3_1_8B = ModelSpec(
+    name="Llama-3.1-8B-Instruct",
+    params=8.03e9,  # 8,030,261,248 parameters
+    layers=32,  # num_hidden_layers
+    kv_heads=8,  # num_key_value_heads (GQA)
+    head_dim=128,  # hidden_size 4096 / num_attention_heads 32
+    q_dim=4096,
+    max_model_len=131_072,  # max_position_embeddings
+)
+"""meta-llama/Llama-3.1-8B-Instruct config.json: KV = 2*32*8*128*2 = 131,072 B (128 KiB) per token."""
+
+LLAMA_3_3_70B = ModelSpec(
+    name="Llama-3.3-70B-Instruct",
+    params=70.55e9,  # 70,553,706,496 parameters
+    layers=80,
+    kv_heads=8,
+    head_dim=128,  # hidden_size 8192 / num_attention_heads 64
+    q_dim=8192,
+    max_model_len=131_072,
+)
+"""meta-llama/Llama-3.3-70B-Instruct config.json: KV = 2*80*8*128*2 = 327,680 B (320 KiB) per token."""
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU's datasheet figures: HBM bytes, HBM bytes/s, dense BF16 FLOP/s, power in kW."""
+
+    name: str
+    hbm_bytes: float
+    hbm_bytes_per_s: float
+    bf16_flops: float
+    tdp_kw: float
+    idle_kw: float
+
+
+H100_SXM = GPUSpec(
+    name="H100-SXM5-80GB",
+    hbm_bytes=80e9,  # 80 GB HBM3
+    hbm_bytes_per_s=3.35e12,  # 3.35 TB/s
+    bf16_flops=989.4e12,  # dense BF16 tensor-core peak (1,979 TFLOPS is with 2:4 sparsity)
+    tdp_kw=0.700,  # 700 W max board power
+    idle_kw=0.070,  # assumption: typical nvidia-smi draw of an idle H100 SXM
+)
+"""NVIDIA H100 SXM5 datasheet figures (80 GB HBM3, 3.35 TB/s, 989 TFLOPS dense BF16, 700 W)."""
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """One serving replica (one model instance on ``gpus`` GPUs): latency coefficients and limits.
+
+    Units: seconds, tokens, bytes; ``kv_capacity_blocks`` blocks of ``block_tokens``
+    tokens each. ``block_tokens`` must equal the trace's hash block size when the
+    trace carries block hashes (512 for Mooncake). ``max_batch_size``: most sequences
+    decoding at once (vLLM ``max_num_seqs``). ``max_model_len``: longest prompt + output.
+    ``gpu_tdp_kw``/``gpu_idle_kw``: per-GPU power when busy/idle, for energy cost.
+    """
+
+    name: str
+    gpus: int
+    kv_capacity_blocks: int
+    kv_bytes_per_token: int
+    prefill_s_per_token: float
+    prefill_s_per_token_pair: float
+    decode_base_s: float
+    decode_per_seq_s: float
+    decode_per_kv_token_s: float
+    prefill_overhead_s: float = 0.0
+    block_tokens: int = 512
+    max_batch_size: int = 256
+    max_model_len: int = 131_072
+    gpu_tdp_kw: float = 0.700
+    gpu_idle_kw: float = 0.070
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1 or self.kv_capacity_blocks < 1 or self.block_tokens < 1 or self.max_batch_size < 1:
+            raise ValueError(f"replica {self.name!r}: gpus, kv_capacity_blocks, block_tokens, max_batch_size must be >= 1")
+
+    def prefill_s(self, new_tokens: int, cached_tokens: int = 0) -> float:
+        """Seconds to prefill ``new_tokens`` prompt tokens after ``cached_tokens`` cached ones.
+
+        Causal attention pairs: token i of the new ones (0-based) attends to
+        ``cached_tokens + i + 1`` keys, in total ``n*c + n*(n+1)/2``.
+        """
+        n, c = new_tokens, cached_tokens
+        return (
+            self.prefill_overhead_s
+            + n * self.prefill_s_per_token
+            + (n * c + n * (n + 1) / 2) * self.prefill_s_per_token_pair
+        )
+
+    def decode_step_s(self, batch: int, kv_tokens: int) -> float:
+        """Seconds for one decode step of ``batch`` sequences holding ``kv_tokens`` context tokens in total."""
+        return self.decode_base_s + batch * self.decode_per_seq_s + kv_tokens * self.decode_per_kv_token_s
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """KV capacity in tokens: kv_capacity_blocks * block_tokens."""
+        return self.kv_capacity_blocks * self.block_tokens
+
+
+def replica_spec_for(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    gpus: int,
+    *,
+    prefill_mfu: float = 0.5,
+    decode_mfu: float = 0.5,
+    bandwidth_efficiency: float = 0.8,
+    memory_utilization: float = 0.9,
+    activation_reserve_bytes_per_gpu: float = 4e9,
+    step_overhead_s: float = 0.0003,
+    prefill_overhead_s: float = 0.002,
+    block_tokens: int = 512,
+    max_batch_size: int = 256,
+) -> ReplicaSpec:
+    """Derive a ``ReplicaSpec`` for ``model`` on ``gpus`` tensor-parallel ``gpu``s.
+
+    - peak FLOP/s = gpus * bf16_flops; HBM bandwidth = gpus * hbm_bytes_per_s.
+    - prefill: s/token = 2*params / (peak * prefill_mfu); s/pair = 4*layers*q_dim / (peak * prefill_mfu).
+    - decode: base = weight_bytes / (bandwidth * bandwidth_efficiency) + step_overhead_s;
+      per seq = 2*params / (peak * decode_mfu); per KV token = kv_bytes_per_token / (bandwidth * efficiency).
+    - KV capacity = (gpus * hbm_bytes * memory_utilization - weight_bytes
+      - gpus * activation_reserve_bytes_per_gpu) / (kv_bytes_per_token * block_tokens), floored.
+
+    Defaults are assumptions, not measurements: MFU 0.5 (large-prompt prefill on H100
+    typically reaches 40-60%), 80% of peak HBM bandwidth, vLLM's default
+    ``gpu_memory_utilization`` 0.9, 4 GB per GPU for activations and CUDA graphs.
+    Raises ValueError if the weights leave no room for KV cache.
+    """
+    peak = gpus * gpu.bf16_flops
+    bandwidth = gpus * gpu.hbm_bytes_per_s * bandwidth_efficiency
+    kv_bytes = model.kv_bytes_per_token
+    free = gpus * gpu.hbm_bytes * memory_utilization - model.weight_bytes - gpus * activation_reserve_bytes_per_gpu
+    blocks = math.floor(free / (kv_bytes * block_tokens))
+    if blocks < 1:
+        raise ValueError(f"{model.name} on {gpus}x{gpu.name}: weights leave no room for KV cache")
+    return ReplicaSpec(
+        name=f"{model.name}@{gpus}x{gpu.name}",
+        gpus=gpus,
+        kv_capacity_blocks=blocks,
+        kv_bytes_per_token=kv_bytes,
+        prefill_s_per_token=2 * model.params / (peak * prefill_mfu),
+        prefill_s_per_token_pair=4 * model.layers * model.q_dim / (peak * prefill_mfu),
+        decode_base_s=model.weight_bytes / bandwidth + step_overhead_s,
+        decode_per_seq_s=2 * model.params / (peak * decode_mfu),
+        decode_per_kv_token_s=kv_bytes / bandwidth,
+        prefill_overhead_s=prefill_overhead_s,
+        block_tokens=block_tokens,
+        max_batch_size=max_batch_size,
+        max_model_len=model.max_model_len,
+        gpu_tdp_kw=gpu.tdp_kw,
+        gpu_idle_kw=gpu.idle_kw,
+    )
+
+
+def llama_8b_h100() -> ReplicaSpec:
+    """Llama-3.1-8B on 1x H100 SXM, BF16.
+
+    Derived: KV 128 KiB/token; 773 blocks of 512 tokens (about 396k tokens);
+    prefill 32.5 us/token (about 31k tokens/s before attention); decode step at batch 1
+    about 6.3 ms (16.06 GB of weights at 2.68 TB/s effective, plus 0.3 ms overhead).
+    """
+    return replica_spec_for(LLAMA_3_1_8B, H100_SXM, 1)
+
+
+def llama_70b_h100_tp4() -> ReplicaSpec:
+    """Llama-3.3-70B on 4x H100 SXM with tensor parallelism 4, BF16.
+
+    Derived: KV 320 KiB/token; 780 blocks of 512 tokens (about 399k tokens); prefill
+    at MFU 0.45 (TP all-reduces cost some of the 0.5), 79 us/token (about 12.6k
+    tokens/s before attention); decode step at batch 1 about 15.2 ms: 141 GB of
+    weights at 10.7 TB/s effective (13.2 ms) plus 2 ms for 160 all-reduces per step
+    (2 per layer, about 12 us each over NVLink; an assumption).
+    """
+    return replica_spec_for(LLAMA_3_3_70B, H100_SXM, 4, prefill_mfu=0.45, step_overhead_s=0.002)
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """Prefill-to-decode KV transfer link: ``transfer_s(bytes) = latency_s + bytes / bytes_per_s``.
+
+    Default: 4 x 400 Gb/s RDMA NICs (one ConnectX-7 per GPU, as in a DGX H100) at
+    about 80% efficiency = 160 GB/s, 1 ms set-up latency (assumption). Links are not
+    contended in the simulator: every transfer gets the full bandwidth.
+    """
+
+    bytes_per_s: float = 160e9
+    latency_s: float = 0.001
+
+    def transfer_s(self, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` bytes of KV cache."""
+        return self.latency_s + nbytes / self.bytes_per_s
+
+
+@dataclass(frozen=True)
+class SharedKVTierSpec:
+    """A shared KV store (LMCache-style offload to CPU DRAM or a KV accelerator).
+
+    Every completed prefill writes its prompt blocks through to the tier (LRU,
+    ``capacity_blocks``); a replica missing a prefix locally may restore the next
+    leading blocks from it in ``latency_s + bytes / restore_bytes_per_s`` seconds
+    instead of recomputing them, whichever is faster. Default bandwidth 25 GB/s
+    (one 200 Gb/s RDMA NIC, an assumption).
+    """
+
+    capacity_blocks: int
+    restore_bytes_per_s: float = 25e9
+    latency_s: float = 0.001
+
+    def restore_s(self, nbytes: float) -> float:
+        """Seconds to restore ``nbytes`` bytes of KV cache onto a replica."""
+        return self.latency_s + nbytes / self.restore_bytes_per_s
+
+
+@dataclass(frozen=True)
+class FrontierSpec:
+    """A frontier API tier: list prices and a latency distribution; unlimited capacity.
+
+    Prices in USD per million tokens. TTFT and TPOT are drawn per request from
+    log-normal distributions with the given medians (seconds) and log-space sigmas.
+    Defaults: GPT-4o list prices ($2.50 input, $10.00 output per 1M tokens, OpenAI
+    pricing page, 2024-25); latency medians 0.6 s TTFT and 12 ms TPOT (about 80
+    tokens/s) are assumptions of the order public API trackers report.
+    """
+
+    name: str
+    input_usd_per_mtok: float = 2.50
+    output_usd_per_mtok: float = 10.00
+    ttft_median_s: float = 0.6
+    ttft_sigma: float = 0.4
+    tpot_median_s: float = 0.012
+    tpot_sigma: float = 0.25
+
+    def cost_usd(self, prompt_tokens: int, output_tokens: int) -> float:
+        """API bill in USD for one request."""
+        return (prompt_tokens * self.input_usd_per_mtok + output_tokens * self.output_usd_per_mtok) / 1e6

@@ -1,0 +1,180 @@
+"""KV-cache block accounting with prefix caching: one ``PrefixCache`` per replica, plus a shared tier.
+
+Model (the one vLLM's automatic prefix caching uses, at the trace's block size):
+
+- A replica has ``capacity_blocks`` blocks. A request holds its prompt's *hashed*
+  blocks (shared with every other request carrying the same hash) and a number of
+  *private* blocks (the rest of its context: unhashed prompt tokens and output).
+- ``acquire`` pins a request's blocks when its prefill is scheduled. Leading hashes
+  already resident are a **prefix hit**; missing ones are allocated (they will be
+  computed by the prefill). Blocks after the first miss that happen to be resident
+  are pinned, not duplicated, but do not count as hit (as in vLLM, the hit stops at
+  the first miss).
+- ``release`` unpins; a hashed block whose pin count drops to 0 stays resident and
+  becomes evictable. Evictable blocks are evicted least-recently-released first;
+  a request's blocks are released tail first, so a prefix's tail goes before its head.
+- ``used_blocks`` counts pinned blocks only (resident-but-evictable blocks are free
+  for allocation), which is what vLLM reports as KV-cache usage.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+class PrefixCache:
+    """Per-replica KV blocks with prefix caching and LRU eviction of unpinned blocks.
+
+    ``capacity_blocks``: total blocks. Block hashes are ints (Mooncake ``hash_ids``).
+    All methods are O(number of hashes of the request) amortised.
+    """
+
+    __slots__ = ("capacity_blocks", "_pins", "_evictable", "_private", "_pinned_hashed")
+
+    def __init__(self, capacity_blocks: int) -> None:
+        if capacity_blocks < 1:
+            raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
+        self.capacity_blocks = capacity_blocks
+        self._pins: dict[int, int] = {}  # resident hashed block -> pin count
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # resident, pin count 0, LRU first
+        self._private = 0  # private blocks allocated
+        self._pinned_hashed = 0  # resident hashed blocks with pin count > 0
+
+    @property
+    def used_blocks(self) -> int:
+        """Blocks pinned by requests (hashed with pin count > 0, plus private)."""
+        return self._pinned_hashed + self._private
+
+    @property
+    def resident_blocks(self) -> int:
+        """Blocks holding data: pinned plus cached-but-evictable."""
+        return len(self._pins) + self._private
+
+    @property
+    def usage(self) -> float:
+        """Fraction 0-1 of capacity pinned by requests (vLLM's ``kv_cache_usage``)."""
+        return self.used_blocks / self.capacity_blocks
+
+    def cached_prefix_blocks(self, hashes: Sequence[int]) -> int:
+        """Number of leading ``hashes`` resident on this replica (no state change)."""
+        pins = self._pins
+        n = 0
+        for h in hashes:
+            if h not in pins:
+                break
+            n += 1
+        return n
+
+    def contains(self, block_hash: int) -> bool:
+        """True if the block is resident (pinned or evictable)."""
+        return block_hash in self._pins
+
+    def acquire(self, hashes: Sequence[int], private_blocks: int) -> int | None:
+        """Pin ``hashes`` and allocate ``private_blocks``; evict LRU unpinned blocks as needed.
+
+        Returns the number of leading hashes that were resident (the prefix hit, in
+        blocks), or ``None`` with no state change when the blocks cannot fit even after
+        evicting every unpinned block.
+        """
+        pins = self._pins
+        evictable = self._evictable
+        hit = 0
+        for h in hashes:
+            if h not in pins:
+                break
+            hit += 1
+        missing = len({h for h in hashes[hit:] if h not in pins}) if hit < len(hashes) else 0
+        need = missing + private_blocks
+        free = self.capacity_blocks - len(pins) - self._private
+        if need > free:
+            # evictable blocks this request is about to pin cannot make room for it
+            own = sum(1 for h in set(hashes) if pins.get(h) == 0)
+            if need > free + len(evictable) - own:
+                return None
+        new: list[int] = []
+        for h in hashes:
+            count = pins.get(h)
+            if count is None:
+                new.append(h)
+                continue
+            if count == 0:
+                del evictable[h]
+                self._pinned_hashed += 1
+            pins[h] = count + 1
+        for _ in range(need - free):  # evict LRU unpinned blocks to make room
+            victim, _ = evictable.popitem(last=False)
+            del pins[victim]
+        for h in new:
+            count = pins.get(h)
+            if count is None:
+                pins[h] = 1
+                self._pinned_hashed += 1
+            else:  # the same hash twice in one request
+                pins[h] = count + 1
+        self._private += private_blocks
+        return hit
+
+    def release(self, hashes: Sequence[int], private_blocks: int) -> None:
+        """Unpin ``hashes`` (tail first) and free ``private_blocks``; hashed blocks stay cached.
+
+        Raises ValueError if a hash is not pinned or more private blocks are freed than
+        allocated (a simulator bug, never silent).
+        """
+        pins = self._pins
+        evictable = self._evictable
+        for h in reversed(hashes):
+            count = pins.get(h, 0)
+            if count <= 0:
+                raise ValueError(f"release of block {h} that is not pinned")
+            if count == 1:
+                pins[h] = 0
+                evictable[h] = None
+                self._pinned_hashed -= 1
+            else:
+                pins[h] = count - 1
+        if private_blocks > self._private:
+            raise ValueError(f"release of {private_blocks} private blocks, only {self._private} allocated")
+        self._private -= private_blocks
+
+
+class SharedKVStore:
+    """The shared KV tier's content: an LRU set of block hashes bounded by ``capacity_blocks``.
+
+    ``put`` writes a prompt's blocks through (refreshing their recency);
+    ``prefix_blocks(hashes, start)`` counts how many of ``hashes[start:]`` are present
+    consecutively, i.e. how far a replica that holds the first ``start`` blocks could
+    extend its prefix by restoring.
+    """
+
+    __slots__ = ("capacity_blocks", "_blocks")
+
+    def __init__(self, capacity_blocks: int) -> None:
+        if capacity_blocks < 1:
+            raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
+        self.capacity_blocks = capacity_blocks
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def put(self, hashes: Sequence[int]) -> None:
+        """Insert or refresh ``hashes`` (head last, so a prefix's head is evicted last)."""
+        blocks = self._blocks
+        for h in reversed(hashes):
+            if h in blocks:
+                blocks.move_to_end(h)
+            else:
+                blocks[h] = None
+        while len(blocks) > self.capacity_blocks:
+            blocks.popitem(last=False)
+
+    def prefix_blocks(self, hashes: Sequence[int], start: int = 0) -> int:
+        """Count of consecutive ``hashes[start:]`` present in the store."""
+        blocks = self._blocks
+        n = 0
+        for i in range(start, len(hashes)):
+            if hashes[i] not in blocks:
+                break
+            n += 1
+        return n

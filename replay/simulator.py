@@ -1,0 +1,767 @@
+"""Discrete-event fleet simulator: replays a trace through a router against a ``SimFleet``.
+
+``simulate(trace, fleet, router, seed=...)`` returns a ``ReplayResult`` with one
+``RequestResult`` per trace request (in trace order) and busy time per replica.
+Deterministic: the same trace, fleet, router and seed give identical results
+(events at equal times run in the order they were scheduled; frontier latencies
+come from one seeded RNG per tier).
+
+Serving model of one replica (vLLM-v0-like, kept simple on purpose):
+
+- **Prefill runs to completion, one request at a time, FCFS, with priority over
+  decode**: when the replica is free and the head of its waiting queue fits (KV
+  blocks via ``PrefixCache.acquire``, and a free batch slot), it prefills that
+  request alone; otherwise it runs decode steps. The prefix hit is looked up when
+  the prefill starts, and at least one prompt token is always computed. The prefill
+  emits the first token: TTFT = prefill end - arrival.
+- **Decode is continuous batching**: each step produces one token for every
+  running sequence and takes ``ReplicaSpec.decode_step_s(batch, kv_tokens)``,
+  where a sequence's context is prompt + tokens generated so far. A sequence that
+  joins after prefill needs ``output_tokens - 1`` steps. Steps are simulated in
+  closed form between batch changes: the replica jumps to the step that completes
+  the next sequence, and an arriving prefill or a sequence joining the batch
+  interrupts it at the next step boundary (the step in flight always completes).
+- **KV**: a request pins its prompt's hashed blocks plus private blocks for the rest
+  of prompt + output (reserved up front: no preemption is modelled). Requests that
+  can never fit (or exceed ``max_model_len``) are refused at arrival.
+- **P/D disaggregation**: the prefill replica computes the prompt and the first
+  token, then the request waits for KV room and a batch slot on its decode replica;
+  the KV of the prompt blocks not already cached there moves over the target's link
+  (``LinkSpec.transfer_s``; links are not contended); the prefill replica keeps
+  its pins until the transfer ends; the sequence joins the decode batch at the next
+  step boundary. The decode replica is the router's, or the least loaded one when
+  the prefill ends.
+- **Shared KV tier** (optional per target): prompts are written through after
+  prefill; a prefill may restore the next leading blocks from the tier when
+  restore time + the remaining prefill beats recomputing them (the restore is
+  counted as prefill time).
+- **Frontier tiers** have no queue: TTFT and TPOT are drawn per request.
+- **Admission control**: a request routed to a replica whose waiting queue is at
+  the target's ``max_waiting``, or that is too long for it, goes to the fleet's
+  ``spill_target`` (``spilled=True``) or is rejected with a reason.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from heapq import heappop, heappush
+from typing import Protocol
+
+from pointsman.datasets.traces import TraceRequest
+from pointsman.replay.fleet import (
+    AGGREGATED,
+    DISAGGREGATED,
+    ROLE_AGGREGATED,
+    ROLE_DECODE,
+    ROLE_PREFILL,
+    OnPremTarget,
+    SimFleet,
+)
+from pointsman.replay.hardware import FrontierSpec
+from pointsman.replay.kvcache import PrefixCache, SharedKVStore
+
+# --------------------------------------------------------------------------- router interface
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """A router's answer for one request.
+
+    ``target``: a target name of the fleet. ``mode``: ``"aggregated"`` or
+    ``"disaggregated"`` (on-prem only). ``replica``: index in the aggregated pool (or
+    the prefill pool when disaggregated); ``None`` = the least-loaded one.
+    ``decode_replica``: index in the decode pool; ``None`` = least loaded when the
+    prefill ends. Ignored for frontier targets.
+    """
+
+    target: str
+    mode: str = AGGREGATED
+    replica: int | None = None
+    decode_replica: int | None = None
+
+
+class ReplicaView:
+    """Read-only view of one simulated replica, as a router sees it at decision time.
+
+    Names follow vLLM's metrics: ``num_requests_waiting`` (queued for prefill, or
+    waiting for KV room on a decode replica), ``num_requests_running`` (prefilling,
+    decoding, or KV in transit to it), ``kv_cache_usage`` (fraction 0-1 of KV blocks
+    pinned by requests).
+    """
+
+    __slots__ = ("_r",)
+
+    def __init__(self, replica: _Replica) -> None:
+        self._r = replica
+
+    @property
+    def target(self) -> str:
+        return self._r.target
+
+    @property
+    def role(self) -> str:
+        """``aggregated``, ``prefill`` or ``decode``."""
+        return self._r.role
+
+    @property
+    def index(self) -> int:
+        return self._r.index
+
+    @property
+    def num_requests_waiting(self) -> int:
+        r = self._r
+        return len(r.waiting) + len(r.pending)
+
+    @property
+    def num_requests_running(self) -> int:
+        r = self._r
+        return len(r.running) + len(r.joining) + r.inbound + (r.prefill_job is not None)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self._r.cache.usage
+
+    def cached_prefix_tokens(self, request: TraceRequest) -> int:
+        """Tokens of ``request``'s prompt whose leading blocks are resident here (0 without hashes)."""
+        hashes = request.block_hashes
+        if not hashes:
+            return 0
+        blocks = self._r.cache.cached_prefix_blocks(hashes)
+        return min(blocks * self._r.spec.block_tokens, request.prompt_tokens)
+
+
+class FleetView:
+    """Read-only fleet state handed to the router: the clock and every replica's view.
+
+    ``replicas(target, role)`` -> tuple of ``ReplicaView`` (empty for a frontier
+    target or a pool the target does not have); ``is_frontier(target)``;
+    ``target_names``; ``fleet`` is the ``SimFleet`` spec.
+    """
+
+    __slots__ = ("now_s", "fleet", "_views", "_frontier", "target_names")
+
+    def __init__(self, fleet: SimFleet, views: dict[tuple[str, str], tuple[ReplicaView, ...]]) -> None:
+        self.now_s = 0.0
+        self.fleet = fleet
+        self._views = views
+        self._frontier = frozenset(f.name for f in fleet.frontier)
+        self.target_names = tuple(fleet.target_names)
+
+    def replicas(self, target: str, role: str = ROLE_AGGREGATED) -> tuple[ReplicaView, ...]:
+        return self._views.get((target, role), ())
+
+    def is_frontier(self, target: str) -> bool:
+        return target in self._frontier
+
+
+class Router(Protocol):
+    """``router(request, fleet_view) -> Assignment``, called once per request at its arrival."""
+
+    def __call__(self, request: TraceRequest, fleet: FleetView) -> Assignment: ...
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, slots=True)
+class RequestResult:
+    """What happened to one trace request. Times in seconds on the trace clock.
+
+    - ``routed_target``: the router's choice; ``target``: where it ran (differs when spilled).
+    - ``replica`` / ``decode_replica``: pool indices (``None`` for frontier).
+    - ``rejected``: ``None``, or why it was refused: ``queue_full``, ``context_length``,
+      ``kv_capacity``; rejected requests have no latencies.
+    - ``queue_s``: arrival to prefill start (0 for frontier).
+    - ``ttft_s``; ``tpot_s`` = (e2e - ttft) / (output_tokens - 1), ``None`` when one
+      output token; ``e2e_s``; ``finish_s``.
+    - ``prefix_hit_tokens``: prompt tokens found in the replica's prefix cache;
+      ``restored_tokens``: restored from the shared KV tier; ``transfer_s``: P/D KV transfer.
+    - ``cost_usd``: API bill for frontier requests; 0 on-prem (on-prem cost is per GPU-hour).
+    """
+
+    index: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    routed_target: str
+    target: str
+    mode: str
+    replica: int | None
+    decode_replica: int | None
+    frontier: bool
+    spilled: bool
+    rejected: str | None
+    queue_s: float | None
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float | None
+    finish_s: float | None
+    prefix_hit_tokens: int
+    restored_tokens: int
+    transfer_s: float
+    cost_usd: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStats:
+    """Busy time of one replica over the replay, in seconds, split into prefill and decode.
+
+    ``prefill_tokens``: prompt tokens computed (not cached); ``decode_steps``: steps run;
+    ``restored_tokens``: tokens restored from the shared KV tier.
+    """
+
+    target: str
+    role: str
+    index: int
+    gpus: int
+    prefill_busy_s: float
+    decode_busy_s: float
+    prefill_tokens: int
+    decode_steps: int
+    restored_tokens: int
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Output of ``simulate``.
+
+    ``requests``: one ``RequestResult`` per trace request, in trace order.
+    ``replicas``: ``ReplicaStats`` per on-prem replica. ``start_s``/``end_s``: first
+    arrival and last finish (the replay window, over which GPUs are provisioned).
+    ``timeline``: per on-prem target, busy seconds summed over its replicas in
+    ``int(window_s // timeline_bin_s) + 1`` bins of ``timeline_bin_s`` from ``start_s``:
+    ``{"prefill_busy_s": [...], "decode_busy_s": [...]}`` (divide by replicas x bin for utilization).
+    """
+
+    requests: list[RequestResult]
+    replicas: list[ReplicaStats]
+    fleet: SimFleet
+    start_s: float
+    end_s: float
+    seed: int
+    timeline_bin_s: float
+    timeline: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+
+    @property
+    def window_s(self) -> float:
+        """Replay window length in seconds (end_s - start_s)."""
+        return self.end_s - self.start_s
+
+
+# --------------------------------------------------------------------------- simulator internals
+
+_IDLE, _PREFILL, _DECODE = 0, 1, 2
+_EV_REPLICA, _EV_TRANSFER = 0, 1
+
+
+class _Job:
+    __slots__ = (
+        "index", "req", "arrival_s", "routed", "target", "mode", "rep", "drep", "drep_index",
+        "hashes", "priv", "dpriv", "start_s", "first_s", "finish_s", "hit_tokens",
+        "restored_tokens", "transfer_s", "spilled", "rejected", "cost_usd", "frontier",
+    )  # fmt: skip
+
+    def __init__(self, index: int, req: TraceRequest, routed: str) -> None:
+        self.index = index
+        self.req = req
+        self.arrival_s = req.arrival_s
+        self.routed = routed
+        self.target = routed
+        self.mode = AGGREGATED
+        self.rep = None
+        self.drep = None
+        self.drep_index = None
+        self.hashes = ()
+        self.priv = 0
+        self.dpriv = 0
+        self.start_s = None
+        self.first_s = None
+        self.finish_s = None
+        self.hit_tokens = 0
+        self.restored_tokens = 0
+        self.transfer_s = 0.0
+        self.spilled = False
+        self.rejected = None
+        self.cost_usd = 0.0
+        self.frontier = False
+
+
+class _Target:
+    __slots__ = ("spec", "pools", "tier", "prefill_bins", "decode_bins")
+
+    def __init__(self, spec: OnPremTarget) -> None:
+        self.spec = spec
+        self.tier = SharedKVStore(spec.shared_kv.capacity_blocks) if spec.shared_kv else None
+        self.prefill_bins: list[float] = []
+        self.decode_bins: list[float] = []
+        self.pools = {
+            role: [_Replica(self, role, i) for i in range(spec.pool_size(role))]
+            for role in (ROLE_AGGREGATED, ROLE_PREFILL, ROLE_DECODE)
+        }
+
+
+class _Replica:
+    __slots__ = (
+        "tgt", "target", "role", "index", "spec", "cache", "waiting", "pending", "running", "joining",
+        "inbound", "state", "token", "steps", "kv", "t0", "c", "half", "k", "prefill_job",
+        "busy_prefill_s", "busy_decode_s", "prefill_tokens", "restored_tokens",
+    )  # fmt: skip
+
+    def __init__(self, tgt: _Target, role: str, index: int) -> None:
+        self.tgt = tgt
+        self.target = tgt.spec.name
+        self.role = role
+        self.index = index
+        self.spec = tgt.spec.replica
+        self.cache = PrefixCache(self.spec.kv_capacity_blocks)
+        self.waiting: deque[_Job] = deque()  # queued for prefill
+        self.pending: deque[_Job] = deque()  # decode role: prefilled, waiting for KV room here
+        self.running: list = []  # heap of (end_step, seq, job)
+        self.joining: list[_Job] = []  # decode role: transferred, join at the next step boundary
+        self.inbound = 0  # decode role: transfers in flight to this replica
+        self.state = _IDLE
+        self.token = 0  # invalidates stale completion events
+        self.steps = 0  # decode steps run so far
+        self.kv = 0  # context tokens of the running sequences
+        self.t0 = 0.0  # decode epoch: start time, first-step time c, growth half = pk*b/2, planned steps k
+        self.c = 0.0
+        self.half = 0.0
+        self.k = 0
+        self.prefill_job = None
+        self.busy_prefill_s = 0.0
+        self.busy_decode_s = 0.0
+        self.prefill_tokens = 0
+        self.restored_tokens = 0
+
+    def load(self) -> int:
+        return (
+            len(self.waiting) + len(self.pending) + len(self.running) + len(self.joining)
+            + self.inbound + (self.prefill_job is not None)
+        )  # fmt: skip
+
+
+def _add_busy(bins: list[float], start: float, end: float, origin: float, width: float) -> None:
+    """Add the interval [start, end) to per-bin busy seconds."""
+    b = int((start - origin) // width)
+    last = int((end - origin) // width)
+    if last >= len(bins):
+        bins.extend([0.0] * (last + 1 - len(bins)))
+    if b == last:
+        bins[b] += end - start
+        return
+    edge = origin + (b + 1) * width
+    bins[b] += edge - start
+    for i in range(b + 1, last):
+        bins[i] += width
+    bins[last] += end - (origin + last * width)
+
+
+class _Simulator:
+    def __init__(self, fleet: SimFleet, router: Router, seed: int, timeline_bin_s: float) -> None:
+        self.fleet = fleet
+        self.router = router
+        self.seed = seed
+        self.bin_s = timeline_bin_s
+        self.origin = 0.0
+        self.now = 0.0
+        self.heap: list = []
+        self.seq = 0
+        self.targets = {t.name: _Target(t) for t in fleet.on_prem}
+        self.frontier = {f.name: f for f in fleet.frontier}
+        self.rngs = {f.name: random.Random(f"{seed}:{f.name}") for f in fleet.frontier}
+        views = {
+            (name, role): tuple(ReplicaView(r) for r in reps)
+            for name, tgt in self.targets.items()
+            for role, reps in tgt.pools.items()
+            if reps
+        }
+        self.view = FleetView(fleet, views)
+
+    # ---- driver
+
+    def run(self, trace: Sequence[TraceRequest]) -> list[_Job]:
+        order = sorted(range(len(trace)), key=lambda i: trace[i].arrival_s)
+        jobs: list[_Job | None] = [None] * len(trace)
+        if order:
+            self.origin = trace[order[0]].arrival_s
+        heap = self.heap
+        for i in order:
+            req = trace[i]
+            t = req.arrival_s
+            while heap and heap[0][0] <= t:
+                self._step()
+            self.now = t
+            jobs[i] = self._arrive(i, req)
+        while heap:
+            self._step()
+        return jobs  # type: ignore[return-value]
+
+    def _push(self, t: float, kind: int, obj: object, token: int = 0) -> None:
+        self.seq += 1
+        heappush(self.heap, (t, self.seq, kind, obj, token))
+
+    def _step(self) -> None:
+        t, _, kind, obj, token = heappop(self.heap)
+        self.now = t
+        if kind == _EV_REPLICA:
+            if obj.token == token:
+                self._replica_done(obj)
+        else:
+            self._transfer_done(obj)
+
+    # ---- arrival, routing, admission
+
+    def _arrive(self, index: int, req: TraceRequest) -> _Job:
+        view = self.view
+        view.now_s = self.now
+        a = self.router(req, view)
+        job = _Job(index, req, a.target)
+        if a.target in self.frontier:
+            self._serve_frontier(job, self.frontier[a.target])
+            return job
+        tgt = self.targets.get(a.target)
+        if tgt is None:
+            raise ValueError(f"router returned unknown target {a.target!r}; fleet targets: {list(self.fleet.target_names)}")
+        spec = tgt.spec.replica
+        job.mode = a.mode
+        if a.mode == AGGREGATED:
+            pool = tgt.pools[ROLE_AGGREGATED]
+        elif a.mode == DISAGGREGATED:
+            pool = tgt.pools[ROLE_PREFILL]
+        else:
+            raise ValueError(f"router returned mode {a.mode!r}; expected 'aggregated' or 'disaggregated'")
+        if not pool:
+            raise ValueError(f"router returned {a.mode} for target {a.target!r}, which has no {a.mode} pool")
+        bt = spec.block_tokens
+        p, o = req.prompt_tokens, req.output_tokens
+        hashes = req.block_hashes or ()
+        nh = len(hashes)
+        if nh and nh != -(-p // bt):
+            raise ValueError(
+                f"request {index}: {nh} block hashes for {p} prompt tokens do not match "
+                f"block_tokens={bt} of target {a.target!r}"
+            )
+        job.hashes = hashes
+        total_blocks = max(nh, -(-(p + o) // bt))
+        if a.mode == AGGREGATED:
+            job.priv = total_blocks - nh
+        else:
+            job.priv = max(nh, -(-p // bt)) - nh
+            job.dpriv = total_blocks - nh
+            job.drep_index = self._check_index(a.decode_replica, tgt.pools[ROLE_DECODE], a)
+        if p + o > spec.max_model_len:
+            return self._refuse(job, "context_length")
+        if total_blocks > spec.kv_capacity_blocks:
+            return self._refuse(job, "kv_capacity")
+        idx = self._check_index(a.replica, pool, a)
+        rep = pool[idx] if idx is not None else min(pool, key=_Replica.load)
+        limit = tgt.spec.max_waiting
+        if limit is not None and len(rep.waiting) >= limit:
+            return self._refuse(job, "queue_full")
+        job.rep = rep
+        rep.waiting.append(job)
+        if rep.state == _IDLE:
+            self._schedule(rep)
+        elif rep.state == _DECODE and len(rep.waiting) == 1:
+            self._interrupt(rep)
+        return job
+
+    @staticmethod
+    def _check_index(i: int | None, pool: list, a: Assignment) -> int | None:
+        if i is not None and not 0 <= i < len(pool):
+            raise ValueError(f"router returned replica index {i} for a pool of {len(pool)} in {a}")
+        return i
+
+    def _refuse(self, job: _Job, reason: str) -> _Job:
+        spill = self.fleet.spill_target
+        if spill is not None:
+            job.spilled = True
+            self._serve_frontier(job, self.frontier[spill])
+        else:
+            job.rejected = reason
+        return job
+
+    def _serve_frontier(self, job: _Job, spec: FrontierSpec) -> None:
+        rng = self.rngs[spec.name]
+        req = job.req
+        ttft = rng.lognormvariate(math.log(spec.ttft_median_s), spec.ttft_sigma)
+        tpot = rng.lognormvariate(math.log(spec.tpot_median_s), spec.tpot_sigma)
+        job.frontier = True
+        job.target = spec.name
+        job.mode = AGGREGATED
+        job.start_s = self.now
+        job.first_s = self.now + ttft
+        job.finish_s = job.first_s + (req.output_tokens - 1) * tpot
+        job.cost_usd = spec.cost_usd(req.prompt_tokens, req.output_tokens)
+
+    # ---- replica scheduling
+
+    def _schedule(self, rep: _Replica) -> None:
+        """Start the replica's next activity; called only when it is not busy."""
+        if rep.joining:
+            for job in rep.joining:
+                self._join(rep, job)
+            rep.joining.clear()
+        if rep.waiting:
+            job = rep.waiting[0]
+            if rep.role == ROLE_PREFILL or len(rep.running) < rep.spec.max_batch_size:
+                hit = rep.cache.acquire(job.hashes, job.priv)
+                if hit is not None:
+                    rep.waiting.popleft()
+                    self._start_prefill(rep, job, hit)
+                    return
+        if rep.running:
+            self._start_decode(rep)
+            return
+        rep.state = _IDLE
+
+    def _start_prefill(self, rep: _Replica, job: _Job, hit_blocks: int) -> None:
+        spec = rep.spec
+        now = self.now
+        p = job.req.prompt_tokens
+        hit = min(hit_blocks * spec.block_tokens, p - 1)
+        dur = spec.prefill_s(p - hit, hit)
+        tier = rep.tgt.tier
+        if tier is not None and job.hashes and hit < p - 1:
+            extra = tier.prefix_blocks(job.hashes, hit_blocks)
+            if extra:
+                restorable = min((hit_blocks + extra) * spec.block_tokens, p - 1) - hit
+                with_restore = rep.tgt.spec.shared_kv.restore_s(restorable * spec.kv_bytes_per_token) + spec.prefill_s(
+                    p - hit - restorable, hit + restorable
+                )
+                if with_restore < dur:
+                    dur = with_restore
+                    job.restored_tokens = restorable
+                    rep.restored_tokens += restorable
+        job.start_s = now
+        job.hit_tokens = hit
+        rep.prefill_tokens += p - hit - job.restored_tokens
+        rep.prefill_job = job
+        rep.state = _PREFILL
+        rep.token += 1
+        rep.busy_prefill_s += dur
+        _add_busy(rep.tgt.prefill_bins, now, now + dur, self.origin, self.bin_s)
+        self._push(now + dur, _EV_REPLICA, rep, rep.token)
+
+    def _start_decode(self, rep: _Replica) -> None:
+        spec = rep.spec
+        b = len(rep.running)
+        c = spec.decode_base_s + b * spec.decode_per_seq_s + rep.kv * spec.decode_per_kv_token_s
+        half = spec.decode_per_kv_token_s * b / 2
+        k = rep.running[0][0] - rep.steps
+        rep.t0, rep.c, rep.half, rep.k = self.now, c, half, k
+        rep.state = _DECODE
+        rep.token += 1
+        self._push(self.now + k * c + half * k * (k - 1), _EV_REPLICA, rep, rep.token)
+
+    def _interrupt(self, rep: _Replica) -> None:
+        """End the current decode epoch at the first step boundary at or after now."""
+        elapsed = self.now - rep.t0
+        c, half = rep.c, rep.half
+
+        def t_of(j: int) -> float:  # time for j steps from the epoch start
+            return j * c + half * j * (j - 1)
+
+        if half > 0:
+            lin = c - half
+            j = math.ceil((-lin + math.sqrt(lin * lin + 4 * half * elapsed)) / (2 * half))
+        else:
+            j = math.ceil(elapsed / c) if c > 0 else 1
+        j = max(j, 1)
+        while j > 1 and t_of(j - 1) >= elapsed:
+            j -= 1
+        while t_of(j) < elapsed:
+            j += 1
+        if j >= rep.k:
+            return
+        rep.k = j
+        rep.token += 1
+        self._push(rep.t0 + t_of(j), _EV_REPLICA, rep, rep.token)
+
+    def _join(self, rep: _Replica, job: _Job) -> None:
+        """Add a prefilled sequence to the decode batch at the current step boundary."""
+        req = job.req
+        rep.kv += req.prompt_tokens + 1
+        self.seq += 1
+        heappush(rep.running, (rep.steps + req.output_tokens - 1, self.seq, job))
+
+    def _replica_done(self, rep: _Replica) -> None:
+        now = self.now
+        if rep.state == _PREFILL:
+            job = rep.prefill_job
+            rep.prefill_job = None
+            job.first_s = now
+            tier = rep.tgt.tier
+            if tier is not None and job.hashes:
+                tier.put(job.hashes)
+            if job.req.output_tokens == 1:
+                job.finish_s = now
+                rep.cache.release(job.hashes, job.priv)
+            elif rep.role == ROLE_AGGREGATED:
+                self._join(rep, job)
+            else:
+                self._to_decode(job)
+        else:  # decode epoch ended
+            rep.busy_decode_s += now - rep.t0
+            _add_busy(rep.tgt.decode_bins, rep.t0, now, self.origin, self.bin_s)
+            running = rep.running
+            rep.kv += len(running) * rep.k
+            rep.steps += rep.k
+            freed = False
+            while running and running[0][0] <= rep.steps:
+                job = heappop(running)[2]
+                req = job.req
+                job.finish_s = now
+                rep.kv -= req.prompt_tokens + req.output_tokens
+                if rep.role == ROLE_DECODE:
+                    rep.cache.release(job.hashes, job.dpriv)
+                    freed = True
+                else:
+                    rep.cache.release(job.hashes, job.priv)
+            if freed:
+                self._admit(rep)
+        rep.state = _IDLE
+        self._schedule(rep)
+
+    # ---- P/D disaggregation
+
+    def _to_decode(self, job: _Job) -> None:
+        pool = job.rep.tgt.pools[ROLE_DECODE]
+        drep = pool[job.drep_index] if job.drep_index is not None else min(pool, key=_Replica.load)
+        job.drep = drep
+        drep.pending.append(job)
+        self._admit(drep)
+
+    def _admit(self, drep: _Replica) -> None:
+        """Start KV transfers for pending sequences while the decode replica has room (FIFO)."""
+        spec = drep.spec
+        link = drep.tgt.spec.link
+        while drep.pending:
+            if len(drep.running) + len(drep.joining) + drep.inbound >= spec.max_batch_size:
+                return
+            job = drep.pending[0]
+            hit = drep.cache.acquire(job.hashes, job.dpriv)
+            if hit is None:
+                return
+            drep.pending.popleft()
+            p = job.req.prompt_tokens
+            moved = p - min(hit * spec.block_tokens, p)
+            job.transfer_s = link.transfer_s(moved * spec.kv_bytes_per_token) if moved else 0.0
+            drep.inbound += 1
+            self._push(self.now + job.transfer_s, _EV_TRANSFER, job)
+
+    def _transfer_done(self, job: _Job) -> None:
+        prep, drep = job.rep, job.drep
+        prep.cache.release(job.hashes, job.priv)
+        if prep.state == _IDLE:
+            self._schedule(prep)
+        drep.inbound -= 1
+        if drep.state == _DECODE:
+            drep.joining.append(job)
+            self._interrupt(drep)
+        else:
+            self._join(drep, job)
+            if drep.state == _IDLE:
+                self._schedule(drep)
+
+
+def _result(job: _Job) -> RequestResult:
+    req = job.req
+    rep, drep = job.rep, job.drep
+    done = job.rejected is None
+    ttft = job.first_s - job.arrival_s if done else None
+    e2e = job.finish_s - job.arrival_s if done else None
+    tpot = (job.finish_s - job.first_s) / (req.output_tokens - 1) if done and req.output_tokens > 1 else None
+    return RequestResult(
+        index=job.index,
+        arrival_s=job.arrival_s,
+        prompt_tokens=req.prompt_tokens,
+        output_tokens=req.output_tokens,
+        routed_target=job.routed,
+        target=job.target,
+        mode=job.mode,
+        replica=rep.index if rep is not None and not job.frontier else None,
+        decode_replica=drep.index if drep is not None and not job.frontier else None,
+        frontier=job.frontier,
+        spilled=job.spilled,
+        rejected=job.rejected,
+        queue_s=(job.start_s - job.arrival_s) if done else None,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        e2e_s=e2e,
+        finish_s=job.finish_s,
+        prefix_hit_tokens=job.hit_tokens,
+        restored_tokens=job.restored_tokens,
+        transfer_s=job.transfer_s,
+        cost_usd=job.cost_usd,
+    )
+
+
+def simulate(
+    trace: Sequence[TraceRequest],
+    fleet: SimFleet,
+    router: Router,
+    *,
+    seed: int = 0,
+    timeline_bin_s: float = 10.0,
+) -> ReplayResult:
+    """Replay ``trace`` through ``router`` against ``fleet``; see the module docstring for the model.
+
+    ``trace`` need not be sorted (requests are taken in arrival order, ties in trace
+    order). ``seed`` drives the frontier latency draws (a router has its own seed).
+    Raises ValueError when the router returns an unknown target, a mode the target
+    has no pool for, or a replica index out of range, or when a request's block hashes
+    do not match the target's ``block_tokens``.
+    """
+    if timeline_bin_s <= 0:
+        raise ValueError(f"timeline_bin_s must be > 0, got {timeline_bin_s}")
+    sim = _Simulator(fleet, router, seed, timeline_bin_s)
+    jobs = sim.run(trace)
+    for tgt in sim.targets.values():  # every request finished and gave its KV back
+        for reps in tgt.pools.values():
+            for r in reps:
+                if r.cache.used_blocks or r.load() or r.state != _IDLE:
+                    raise RuntimeError(f"simulator bug: {r.target}/{r.role}[{r.index}] not drained at the end")
+    results = [_result(j) for j in jobs]
+    finishes = [r.finish_s for r in results if r.finish_s is not None]
+    start = sim.origin
+    end = max(finishes, default=start)
+    replicas = [
+        ReplicaStats(
+            target=r.target,
+            role=r.role,
+            index=r.index,
+            gpus=r.spec.gpus,
+            prefill_busy_s=r.busy_prefill_s,
+            decode_busy_s=r.busy_decode_s,
+            prefill_tokens=r.prefill_tokens,
+            decode_steps=r.steps,
+            restored_tokens=r.restored_tokens,
+        )
+        for tgt in sim.targets.values()
+        for reps in tgt.pools.values()
+        for r in reps
+    ]
+    n_bins = int((end - start) // timeline_bin_s) + 1
+
+    def _bins(values: list[float]) -> list[float]:
+        return values + [0.0] * (n_bins - len(values))
+
+    timeline = {
+        name: {"prefill_busy_s": _bins(t.prefill_bins), "decode_busy_s": _bins(t.decode_bins)}
+        for name, t in sim.targets.items()
+    }
+    return ReplayResult(
+        requests=results,
+        replicas=replicas,
+        fleet=fleet,
+        start_s=start,
+        end_s=end,
+        seed=seed,
+        timeline_bin_s=timeline_bin_s,
+        timeline=timeline,
+    )

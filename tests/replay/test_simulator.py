@@ -1,0 +1,260 @@
+"""The fleet simulator against hand-computed cases.
+
+The test replica has round numbers: prefill 1 ms per new token (no attention term
+unless a test sets one), a decode step of 10 ms + 1 ms per running sequence (no KV
+term unless a test sets one), 10-token blocks, KV 1000 bytes per token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pointsman.datasets.traces import TraceRequest
+from pointsman.replay.baselines import RandomPick, RoundRobin
+from pointsman.replay.fleet import OnPremTarget, SimFleet
+from pointsman.replay.hardware import FrontierSpec, LinkSpec, ReplicaSpec, SharedKVTierSpec
+from pointsman.replay.simulator import Assignment, simulate
+
+SPEC = ReplicaSpec(
+    name="test",
+    gpus=1,
+    kv_capacity_blocks=100,
+    kv_bytes_per_token=1000,
+    prefill_s_per_token=0.001,
+    prefill_s_per_token_pair=0.0,
+    decode_base_s=0.010,
+    decode_per_seq_s=0.001,
+    decode_per_kv_token_s=0.0,
+    block_tokens=10,
+    max_batch_size=8,
+    max_model_len=10_000,
+)
+
+
+def fleet(spec: ReplicaSpec = SPEC, *, spill: bool = False, **target: object) -> SimFleet:
+    target.setdefault("aggregated_replicas", 1)
+    return SimFleet(
+        on_prem=(OnPremTarget(name="op", replica=spec, **target),),
+        frontier=(FrontierSpec(name="fr"),),
+        spill_target="fr" if spill else None,
+    )
+
+
+def req(t: float, p: int, o: int, hashes: tuple[int, ...] | None = None) -> TraceRequest:
+    return TraceRequest(arrival_s=t, prompt_tokens=p, output_tokens=o, block_hashes=hashes)
+
+
+def to(target: str = "op", mode: str = "aggregated", replica: int | None = None, decode: int | None = None):
+    """A router that sends everything to one place."""
+    return lambda request, view: Assignment(target, mode, replica, decode)
+
+
+def test_one_request_alone() -> None:
+    # prefill 100 tokens = 0.100 s = TTFT; then 4 decode steps of 0.010 + 0.001*1 = 0.011 s
+    (r,) = simulate([req(0.0, 100, 5)], fleet(), to()).requests
+    assert r.ttft_s == pytest.approx(0.100)
+    assert r.e2e_s == pytest.approx(0.100 + 4 * 0.011)
+    assert r.tpot_s == pytest.approx(0.011)
+    assert r.queue_s == 0.0 and r.prefix_hit_tokens == 0 and not r.frontier and r.replica == 0
+
+
+def test_decode_step_grows_with_kv_and_prefill_has_attention_term() -> None:
+    spec = dataclasses.replace(SPEC, decode_per_kv_token_s=1e-5, prefill_s_per_token_pair=1e-6)
+    (r,) = simulate([req(0.0, 100, 5)], fleet(spec), to()).requests
+    # prefill: 100 * 0.001 + (100*101/2 = 5050 pairs) * 1e-6 = 0.10505
+    assert r.ttft_s == pytest.approx(0.10505)
+    # steps see contexts of 101, 102, 103, 104 tokens: 4*0.011 + 1e-5*(101+102+103+104)
+    assert r.e2e_s - r.ttft_s == pytest.approx(4 * 0.011 + 1e-5 * 410)
+
+
+def test_queueing_behind_another_request() -> None:
+    # A: prefill 0 -> 0.100.  B arrives at 0.050 and waits; prefill has priority over
+    # decode, so B prefills 0.100 -> 0.150 (50 tokens).  Then both decode together:
+    # one step of 0.010 + 2*0.001 = 0.012 -> 0.162 finishes B (needs 1 step); A needs a
+    # second step alone, 0.011 -> 0.173.
+    a, b = simulate([req(0.0, 100, 3), req(0.050, 50, 2)], fleet(), to()).requests
+    assert b.queue_s == pytest.approx(0.050)
+    assert b.ttft_s == pytest.approx(0.100)
+    assert b.e2e_s == pytest.approx(0.162 - 0.050)
+    assert a.ttft_s == pytest.approx(0.100)
+    assert a.finish_s == pytest.approx(0.173)
+    assert a.tpot_s == pytest.approx((0.173 - 0.100) / 2)
+
+
+def test_arrival_during_decode_waits_for_the_step_in_flight() -> None:
+    # A decodes from 0.100 in steps of 0.011: boundaries 0.111, 0.122, 0.133, ...
+    # B arrives at 0.125 -> prefill starts at the boundary 0.133, 20 tokens -> 0.153.
+    # B joins; one step of 0.012 -> 0.165 finishes B. A has 10 - 3 - 1 = 6 steps left: 0.165 + 6*0.011.
+    a, b = simulate([req(0.0, 100, 11), req(0.125, 20, 2)], fleet(), to()).requests
+    assert b.queue_s == pytest.approx(0.133 - 0.125)
+    assert b.ttft_s == pytest.approx(0.153 - 0.125)
+    assert b.finish_s == pytest.approx(0.165)
+    assert a.finish_s == pytest.approx(0.165 + 6 * 0.011)
+
+
+def test_prefix_cache_hit_prefills_only_the_uncached_suffix() -> None:
+    spec = dataclasses.replace(SPEC, prefill_s_per_token_pair=1e-6)
+    trace = [
+        req(0.0, 50, 2, (1, 2, 3, 4, 5)),
+        req(1.0, 50, 2, (1, 2, 3, 9, 10)),  # 3 leading blocks = 30 tokens cached
+        req(2.0, 50, 2, (1, 2, 3, 4, 5)),  # whole prompt cached: the last token is still computed
+    ]
+    a, b, c = simulate(trace, fleet(spec), to()).requests
+    assert a.prefix_hit_tokens == 0
+    assert a.ttft_s == pytest.approx(0.050 + (50 * 51 / 2) * 1e-6)
+    # 20 new tokens after 30 cached: 20*0.001 + (20*30 + 20*21/2 = 810 pairs) * 1e-6
+    assert b.prefix_hit_tokens == 30
+    assert b.ttft_s == pytest.approx(0.020 + 810e-6)
+    # 1 new token after 49 cached: 0.001 + (49 + 1) * 1e-6
+    assert c.prefix_hit_tokens == 49
+    assert c.ttft_s == pytest.approx(0.001 + 50e-6)
+
+
+def test_disaggregated_request_pays_the_kv_transfer() -> None:
+    f = fleet(aggregated_replicas=0, prefill_replicas=1, decode_replicas=1, link=LinkSpec(bytes_per_s=1e6, latency_s=0.005))
+    trace = [req(0.0, 100, 3, tuple(range(10))), req(1.0, 100, 3, tuple(range(10)))]
+    a, b = simulate(trace, f, to(mode="disaggregated")).requests
+    # prefill 0.100 (TTFT); KV 100 tokens * 1000 B = 1e5 B over 1e6 B/s + 5 ms = 0.105 s;
+    # joins the decode batch at 0.205; 2 steps of 0.011 -> 0.227.
+    assert (a.mode, a.replica, a.decode_replica) == ("disaggregated", 0, 0)
+    assert a.ttft_s == pytest.approx(0.100)
+    assert a.transfer_s == pytest.approx(0.105)
+    assert a.finish_s == pytest.approx(0.227)
+    assert a.tpot_s == pytest.approx((0.227 - 0.100) / 2)
+    # B: prompt cached on the prefill replica (prefill 1 token) and on the decode replica
+    # (nothing to transfer)
+    assert b.ttft_s == pytest.approx(0.001)
+    assert b.transfer_s == 0.0
+    assert b.finish_s == pytest.approx(1.001 + 2 * 0.011)
+
+
+def test_disaggregated_decode_joins_running_batch_at_step_boundary() -> None:
+    f = fleet(aggregated_replicas=0, prefill_replicas=1, decode_replicas=1, link=LinkSpec(bytes_per_s=1e9, latency_s=0.0))
+    # A: prefill 0 -> 0.1, transfer 1e5 B / 1e9 = 1e-4 s, decodes from 0.1001, 20 steps of 0.011.
+    # B: prefill 0.1 -> 0.2 (queued behind A), transfer -> 0.2001; A's boundaries are
+    # 0.1001 + 0.011*j, the first at or after 0.2001 is j=10 (0.2101).
+    # B needs 1 step in a batch of 2 (0.012): 0.2221. A: 20-10-1 = 9 steps left of 0.011.
+    a, b = simulate([req(0.0, 100, 21), req(0.0, 100, 2)], f, to(mode="disaggregated")).requests
+    assert b.finish_s == pytest.approx(0.2101 + 0.012)
+    assert a.finish_s == pytest.approx(0.2221 + 9 * 0.011)
+
+
+def test_eviction_under_pressure_is_lru_tail_first() -> None:
+    spec = dataclasses.replace(SPEC, kv_capacity_blocks=6)
+    # Each request: 3 hashed blocks + ceil(40/10) - 3 = 1 private block = 4 of 6 blocks.
+    trace = [
+        req(0.0, 30, 10, (1, 2, 3)),
+        req(1.0, 30, 10, (4, 5, 6)),  # needs 4, 3 free: evicts A's tail block 3
+        req(2.0, 30, 10, (1, 2, 3)),  # blocks 1, 2 still cached, 3 evicted -> 20 tokens hit
+        req(3.0, 30, 10, (7, 8, 9)),
+        req(4.0, 30, 10, (4, 5, 6)),  # B's blocks were evicted by C and D: miss
+    ]
+    res = simulate(trace, fleet(spec), to()).requests
+    assert [r.prefix_hit_tokens for r in res] == [0, 0, 20, 0, 0]
+
+
+def test_request_too_large_is_rejected_or_spilled() -> None:
+    spec = dataclasses.replace(SPEC, kv_capacity_blocks=5, max_model_len=100)
+    trace = [req(0.0, 90, 20), req(0.0, 45, 10)]  # 110 > max_model_len; 55 tokens = 6 blocks > 5
+    a, b = simulate(trace, fleet(spec), to()).requests
+    assert (a.rejected, b.rejected) == ("context_length", "kv_capacity")
+    assert a.ttft_s is None and a.finish_s is None
+    a, b = simulate(trace, fleet(spec, spill=True), to()).requests
+    assert a.spilled and b.spilled and a.target == b.target == "fr" and a.routed_target == "op"
+    assert a.rejected is None and a.cost_usd == pytest.approx((90 * 2.5 + 20 * 10.0) / 1e6)
+
+
+def test_queue_limit_spills() -> None:
+    # A prefills at once, B waits (1 waiting = the limit), C finds the queue full.
+    trace = [req(0.0, 100, 2), req(0.01, 100, 2), req(0.02, 100, 2)]
+    res = simulate(trace, fleet(max_waiting=1, spill=True), to()).requests
+    assert [r.spilled for r in res] == [False, False, True]
+    assert res[2].frontier and res[2].target == "fr"
+    res = simulate(trace, fleet(max_waiting=1), to()).requests
+    assert [r.rejected for r in res] == [None, None, "queue_full"]
+
+
+def test_shared_kv_tier_restores_instead_of_recomputing() -> None:
+    tier = SharedKVTierSpec(capacity_blocks=100, restore_bytes_per_s=1e7, latency_s=0.001)
+    f = fleet(aggregated_replicas=2, shared_kv=tier)
+    trace = [req(0.0, 50, 2, (1, 2, 3, 4, 5)), req(1.0, 50, 2, (1, 2, 3, 4, 6))]
+    a, b = simulate(trace, f, RoundRobin("op")).requests
+    assert (a.replica, b.replica) == (0, 1)
+    # B on replica 1: no local hit; blocks 1-4 (40 tokens, 4e4 B) restore in 0.001 + 0.004 s,
+    # then 10 new tokens: 0.010 s.  Recomputing would take 0.050 s.
+    assert b.prefix_hit_tokens == 0 and b.restored_tokens == 40
+    assert b.ttft_s == pytest.approx(0.015)
+
+
+def test_frontier_latency_and_cost() -> None:
+    (r,) = simulate([req(0.0, 1000, 101)], fleet(), to("fr")).requests
+    assert r.frontier and r.replica is None and r.queue_s == 0.0
+    assert r.cost_usd == pytest.approx((1000 * 2.5 + 101 * 10.0) / 1e6)
+    assert r.e2e_s == pytest.approx(r.ttft_s + 100 * r.tpot_s)
+    assert 0.05 < r.ttft_s < 10 and 0.001 < r.tpot_s < 0.2
+
+
+def _synthetic_trace(n: int) -> list[TraceRequest]:
+    """Deterministic mixed workload: shared system prompts, multi-turn prefixes, varied lengths."""
+    out = []
+    for i in range(n):
+        p = 40 + (i * 37) % 300
+        blocks = -(-p // 10)
+        conv = i % 7
+        hashes = tuple(conv * 1000 + j if j < blocks // 2 else 10**6 + i * 100 + j for j in range(blocks))
+        out.append(req(i * 0.013, p, 1 + (i * 11) % 40, hashes))
+    return out
+
+
+def test_deterministic_under_seed() -> None:
+    trace = _synthetic_trace(400)
+    f = SimFleet(
+        on_prem=(OnPremTarget(name="op", replica=SPEC, aggregated_replicas=2, prefill_replicas=1, decode_replicas=1),),
+        frontier=(FrontierSpec(name="fr"),),
+    )
+
+    def router(seed: int):
+        pick = RandomPick("op", seed=seed)
+
+        def route(request, view):
+            if request.output_tokens % 5 == 0:
+                return Assignment("fr")
+            if request.output_tokens % 3 == 0:
+                return Assignment("op", "disaggregated")
+            return pick(request, view)
+
+        return route
+
+    one = simulate(trace, f, router(1), seed=7)
+    two = simulate(trace, f, router(1), seed=7)
+    assert one.requests == two.requests and one.replicas == two.replicas and one.timeline == two.timeline
+    other = simulate(trace, f, router(2), seed=8)
+    assert other.requests != one.requests
+    assert all(r.rejected is None for r in one.requests)
+
+
+def test_unsorted_trace_and_bad_router_answers() -> None:
+    a, b = simulate([req(1.0, 10, 2), req(0.0, 10, 2)], fleet(), to()).requests
+    assert b.finish_s < a.finish_s  # served in arrival order, reported in trace order
+    with pytest.raises(ValueError, match="unknown target 'nope'"):
+        simulate([req(0.0, 10, 2)], fleet(), to("nope"))
+    with pytest.raises(ValueError, match="no disaggregated pool"):
+        simulate([req(0.0, 10, 2)], fleet(), to(mode="disaggregated"))
+    with pytest.raises(ValueError, match="replica index 3"):
+        simulate([req(0.0, 10, 2)], fleet(), to(replica=3))
+    with pytest.raises(ValueError, match="block hashes"):
+        simulate([req(0.0, 100, 2, (1, 2))], fleet(), to())
+
+
+def test_busy_time_split_into_prefill_and_decode() -> None:
+    res = simulate([req(0.0, 100, 5)], fleet(), to(), timeline_bin_s=0.05)
+    (stats,) = res.replicas
+    assert stats.prefill_busy_s == pytest.approx(0.100)
+    assert stats.decode_busy_s == pytest.approx(0.044)
+    assert stats.prefill_tokens == 100 and stats.decode_steps == 4
+    tl = res.timeline["op"]
+    assert tl["prefill_busy_s"] == pytest.approx([0.05, 0.05, 0.0])
+    assert tl["decode_busy_s"] == pytest.approx([0.0, 0.0, 0.044])
+    assert res.window_s == pytest.approx(0.144)
