@@ -108,7 +108,7 @@ class SimFleet:
 
 def default_fleet(
     *,
-    replicas_70b: int = 6,
+    replicas_70b: int = 8,
     disaggregated: tuple[int, int] | None = None,
     with_8b: bool = False,
     spill: bool = True,

@@ -14,7 +14,8 @@ Definitions:
   and TPOT <= ``slo.tpot_s`` (a one-token answer has no TPOT and passes that part);
   **goodput** = such requests / window seconds (DistServe's definition, per second).
 - **prefix hit ratio**: prompt tokens found in the replica's prefix cache / prompt
-  tokens of completed on-prem requests.
+  tokens of completed on-prem requests; **restored ratio**: the same for tokens
+  restored from a shared KV tier.
 - **GPU utilization** split into prefill and decode: busy GPU-seconds / provisioned
   GPU-seconds, per target and fleet-wide.
 """
@@ -67,6 +68,7 @@ class Summary:
     slo_attainment: float
     goodput_rps: float
     prefix_hit_ratio: float
+    restored_ratio: float
     prefill_utilization: float
     decode_utilization: float
     window_s: float
@@ -141,6 +143,7 @@ def summarize(result: ReplayResult, slo: SLO | None = None) -> Summary:
         slo_attainment=good / len(reqs) if reqs else 0.0,
         goodput_rps=good / window_s if window_s > 0 else 0.0,
         prefix_hit_ratio=sum(r.prefix_hit_tokens for r in onprem_done) / onprem_prompt if onprem_prompt else 0.0,
+        restored_ratio=sum(r.restored_tokens for r in onprem_done) / onprem_prompt if onprem_prompt else 0.0,
         prefill_utilization=busy_prefill_gpu_s / gpu_s if gpu_s else 0.0,
         decode_utilization=busy_decode_gpu_s / gpu_s if gpu_s else 0.0,
         window_s=window_s,

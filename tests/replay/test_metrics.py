@@ -54,7 +54,7 @@ def test_summary_by_hand() -> None:
     assert s.effective_usd_per_mtok == pytest.approx(2.672 / 21 * 1e6)
     assert s.slo_attainment == pytest.approx(2 / 4)
     assert s.goodput_rps == pytest.approx(2 / 1000)
-    assert s.prefix_hit_ratio == pytest.approx(40 / 200)
+    assert s.prefix_hit_ratio == pytest.approx(40 / 200) and s.restored_ratio == 0.0
     assert s.prefill_utilization == pytest.approx(0.36) and s.decode_utilization == pytest.approx(0.36)
     assert s.utilization == {"op": {"prefill": pytest.approx(0.36), "decode": pytest.approx(0.36)}}
     assert s.ttft_p50_s == pytest.approx(1.0)
