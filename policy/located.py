@@ -1,0 +1,305 @@
+"""Located configuration files: YAML parsed with PyYAML's node marks, validated
+with pydantic, every problem reported at once as ``file:line:col: code: message``.
+
+``load_config(path, model, error_cls) -> (model instance, LocatedDocument)`` reads a
+YAML file, validates it into a pydantic model whose classes forbid unknown keys,
+and raises ``error_cls(problems)`` (a ``ConfigError`` subclass) listing every
+problem: YAML syntax, undecodable bytes, duplicate keys, unknown keys (with
+"did you mean", from ``difflib``), missing keys and invalid values.
+
+``LocatedDocument`` maps a path into the data (a pydantic error location such as
+``("targets", "onprem-8b", "pools", "aggregated", "endpoints", 0)``) back to the
+line and column of the YAML node, and an offset inside a scalar string (a CEL
+expression) to its line and column in the file, for block, folded and quoted
+scalars alike. Lines and columns are 1-based.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from pointsman.errors import ConfigError, Problem
+
+
+class StrictModel(BaseModel):
+    """Base of every config model: unknown keys are errors, values are not coerced from strings."""
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``choices`` (difflib ratio ≥ 0.6), else ``""``."""
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+@dataclass
+class LocatedDocument:
+    """A parsed YAML document: ``data`` (plain Python) and the node tree with marks."""
+
+    file: str
+    text: str
+    data: Any
+    root: yaml.Node | None
+
+    # -- paths into the node tree -------------------------------------------------
+    def _walk(self, path: tuple[Any, ...]) -> tuple[yaml.Node | None, yaml.Node | None, bool]:
+        """Follow ``path`` as far as it matches: returns (value node, key node of the last step, complete).
+
+        Items that do not match the current node (pydantic's union tags) are skipped.
+        """
+        node, key_node, complete = self.root, None, True
+        for item in path:
+            if isinstance(node, yaml.MappingNode):
+                found = next(((k, v) for k, v in node.value if _scalar_equals(k, item)), None)
+                if found is None:
+                    if isinstance(item, str) and not isinstance(item, bool):
+                        complete = False
+                    continue
+                key_node, node = found
+            elif isinstance(node, yaml.SequenceNode) and isinstance(item, int):
+                if 0 <= item < len(node.value):
+                    key_node, node = None, node.value[item]
+                else:
+                    complete = False
+            else:
+                complete = False
+        return node, key_node, complete
+
+    def mark(self, path: tuple[Any, ...], *, key: bool = False) -> tuple[int, int]:
+        """(line, col) of the node at ``path`` (its key when ``key``), or of the deepest node that exists."""
+        node, key_node, _ = self._walk(path)
+        target = key_node if key and key_node is not None else node
+        if target is None:
+            return (1, 1) if self.root is not None else (0, 0)
+        return target.start_mark.line + 1, target.start_mark.column + 1
+
+    def node(self, path: tuple[Any, ...]) -> yaml.Node | None:
+        """The node at ``path`` when the whole path exists, else None."""
+        node, _, complete = self._walk(path)
+        return node if complete else None
+
+    def scalar_position(self, path: tuple[Any, ...], offset: int) -> tuple[int, int]:
+        """(line, col) in the file of character ``offset`` of the scalar string at ``path``.
+
+        Aligns the parsed value with the raw source between the node's marks, so
+        quoted, plain multi-line, literal (``|``) and folded (``>``) scalars all map
+        correctly (escape sequences map to the character they produce).
+        """
+        node = self.node(path)
+        if not isinstance(node, yaml.ScalarNode):
+            return self.mark(path)
+        value, raw_start, raw_end = node.value, node.start_mark.index, node.end_mark.index
+        raw = self.text
+        pos = raw_start
+        if node.style in ("|", ">"):  # skip the header line ("|-", ">+2", ...)
+            nl = raw.find("\n", raw_start, raw_end)
+            pos = nl + 1 if nl >= 0 else raw_end
+        elif node.style in ("'", '"'):
+            pos = raw_start + 1
+        offset = max(0, min(offset, len(value)))
+        for ch in value[:offset]:
+            if ch.isspace():
+                while pos < raw_end and raw[pos].isspace() and raw[pos] != ch:
+                    pos += 1
+                if pos < raw_end and raw[pos] == ch:
+                    pos += 1
+            else:
+                found = raw.find(ch, pos, raw_end)
+                pos = found + 1 if found >= 0 else pos
+        # The target character itself: skip indentation / line breaks that precede it.
+        if offset < len(value) and not value[offset].isspace():
+            found = raw.find(value[offset], pos, raw_end)
+            pos = found if found >= 0 else pos
+        return _line_col(raw, min(pos, len(raw)))
+
+
+def _scalar_equals(key_node: yaml.Node, item: Any) -> bool:
+    return isinstance(key_node, yaml.ScalarNode) and key_node.value == str(item)
+
+
+def _line_col(text: str, index: int) -> tuple[int, int]:
+    """1-based (line, col) of ``index`` in ``text``."""
+    line = text.count("\n", 0, index) + 1
+    col = index - (text.rfind("\n", 0, index) + 1) + 1
+    return line, col
+
+
+def _duplicate_keys(file: str, node: yaml.Node | None) -> list[Problem]:
+    """Problems for mapping keys that appear twice (PyYAML silently keeps the last)."""
+    problems: list[Problem] = []
+    stack = [node] if node is not None else []
+    while stack:
+        n = stack.pop()
+        if isinstance(n, yaml.MappingNode):
+            seen: dict[str, yaml.Node] = {}
+            for k, v in n.value:
+                if isinstance(k, yaml.ScalarNode):
+                    if k.value in seen:
+                        first = seen[k.value].start_mark
+                        problems.append(Problem(file, k.start_mark.line + 1, k.start_mark.column + 1, "duplicate-key",
+                                                f"key '{k.value}' is already defined at line {first.line + 1}"))
+                    else:
+                        seen[k.value] = k
+                stack.append(v)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+    return problems
+
+
+def parse_yaml(text: str, file: str, error_cls: type[ConfigError]) -> LocatedDocument:
+    """Parse one YAML document with marks; raises ``error_cls`` on syntax errors or duplicate keys."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
+        message = " ".join(str(s) for s in (exc.context, exc.problem) if s) or "invalid YAML"
+        raise error_cls([Problem(file, line, col, "yaml-syntax", message)]) from None
+    except yaml.YAMLError as exc:
+        raise error_cls([Problem(file, 0, 0, "yaml-syntax", str(exc))]) from None
+    finally:
+        loader.dispose()
+    problems = _duplicate_keys(file, root)
+    if problems:
+        raise error_cls(sorted(problems, key=lambda p: (p.line, p.col)))
+    return LocatedDocument(file=file, text=text, data=data, root=root)
+
+
+def read_text(path: str | Path, error_cls: type[ConfigError]) -> str:
+    """Read a UTF-8 file; raises ``error_cls`` with a located problem if missing or undecodable."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise error_cls([Problem(str(path), 0, 0, "file-not-found", "no such file")]) from None
+    except IsADirectoryError:
+        raise error_cls([Problem(str(path), 0, 0, "file-not-found", "is a directory, not a file")]) from None
+    except OSError as exc:
+        raise error_cls([Problem(str(path), 0, 0, "file-unreadable", exc.strerror or str(exc))]) from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        before = raw[: exc.start].decode("utf-8", "replace")
+        line, col = _line_col(before, len(before))
+        raise error_cls([Problem(str(path), line, col, "encoding", f"not valid UTF-8 (byte 0x{raw[exc.start]:02x})")]) from None
+
+
+# -- pydantic errors -> located problems ---------------------------------------------
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the pydantic model found at ``loc`` (a walk through annotations)."""
+    current: Any = model
+    for item in loc:
+        current = _descend(current, item)
+        if current is None:
+            return []
+    return list(current.model_fields) if _is_model(current) else []
+
+
+def _is_model(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
+def _union_members(tp: Any) -> list[Any]:
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return _union_members(typing.get_args(tp)[0])
+    if origin in (typing.Union, types.UnionType):
+        out: list[Any] = []
+        for a in typing.get_args(tp):
+            out.extend(_union_members(a))
+        return out
+    return [tp]
+
+
+def _descend(tp: Any, item: Any) -> Any:
+    """The annotation reached from ``tp`` by one location item (field name, index, key or union tag)."""
+    members = _union_members(tp)
+    for m in members:
+        if _is_model(m):
+            if isinstance(item, str) and item in m.model_fields:
+                return m.model_fields[item].annotation
+            # a union tag (discriminator value) selects this member
+            for f in m.model_fields.values():
+                if typing.get_origin(f.annotation) is typing.Literal and item in typing.get_args(f.annotation):
+                    return m
+        origin = typing.get_origin(m)
+        args = typing.get_args(m)
+        if origin in (list, tuple) and isinstance(item, int) and args:
+            return args[0]
+        if origin is dict and args:
+            return args[1]
+    return None
+
+
+_CODES = {"extra_forbidden": "unknown-key", "missing": "missing-key"}
+
+
+def validation_problems(exc: ValidationError, doc: LocatedDocument, model: type[BaseModel]) -> list[Problem]:
+    """Translate a pydantic ``ValidationError`` into located problems (one per error)."""
+    problems = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(err["loc"])
+        kind = err["type"]
+        code = _CODES.get(kind, "invalid-value")
+        path = _dotted(loc, doc)
+        if kind == "extra_forbidden":
+            key = loc[-1]
+            line, col = doc.mark(loc, key=True)
+            where = _dotted(loc[:-1], doc)
+            msg = f"unknown key '{key}'" + (f" in {where}" if where else "")
+            msg += did_you_mean(key, _allowed_keys(model, loc[:-1]))
+        elif kind == "missing":
+            line, col = doc.mark(loc[:-1])
+            where = _dotted(loc[:-1], doc)
+            msg = f"missing required key '{loc[-1]}'" + (f" in {where}" if where else "")
+        else:
+            line, col = doc.mark(loc)
+            msg = (f"{path}: " if path else "") + err["msg"].removeprefix("Value error, ")
+        problems.append(Problem(doc.file, line, col, code, msg))
+    return problems
+
+
+def _dotted(loc: tuple[Any, ...], doc: LocatedDocument) -> str:
+    """``targets.onprem-8b.pools[0]``, leaving out items absent from the data (union tags)."""
+    out, node = "", doc.root
+    for item in loc:
+        if isinstance(node, yaml.MappingNode):
+            found = next((v for k, v in node.value if _scalar_equals(k, item)), None)
+            if found is None:
+                continue
+            node = found
+        elif isinstance(node, yaml.SequenceNode) and isinstance(item, int):
+            node = node.value[item] if 0 <= item < len(node.value) else None
+        out += f"[{item}]" if isinstance(item, int) else ("." if out else "") + str(item)
+    return out
+
+
+def validate(doc: LocatedDocument, model: type[BaseModel], error_cls: type[ConfigError]) -> BaseModel:
+    """Validate ``doc.data`` into ``model``; raises ``error_cls`` listing every problem, located."""
+    if not isinstance(doc.data, dict):
+        got = "an empty file" if doc.data is None else type(doc.data).__name__
+        raise error_cls([Problem(doc.file, 1, 1, "invalid-value", f"expected a mapping at the top level, got {got}")])
+    try:
+        return model.model_validate(doc.data)
+    except ValidationError as exc:
+        raise error_cls(sorted(validation_problems(exc, doc, model), key=lambda p: (p.line, p.col))) from None
+
+
+def load_config(path: str | Path, model: type[BaseModel], error_cls: type[ConfigError]) -> tuple[BaseModel, LocatedDocument]:
+    """Read, parse and validate a YAML config file; raises ``error_cls`` listing every problem."""
+    text = read_text(path, error_cls)
+    doc = parse_yaml(text, str(path), error_cls)
+    return validate(doc, model, error_cls), doc

@@ -1,0 +1,163 @@
+"""Policy compilation: every problem at once, located inside the YAML, with did-you-mean."""
+
+from pathlib import Path
+
+import pytest
+
+from pointsman.errors import PolicyError
+from pointsman.policy.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
+from pointsman.policy.fleet import load_fleet
+
+HEAD = "apiVersion: pointsman/v1\nkind: RoutingPolicy\n"
+DEFAULT_RULE = "  - name: default\n    route: {target: onprem-8b}\n"
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    return load_fleet()
+
+
+def problems(text: str, fleet, file: str = "p.yaml") -> list[str]:
+    with pytest.raises(PolicyError) as info:
+        compile_policy(text, fleet, file)
+    return [str(p) for p in info.value.problems]
+
+
+def test_default_policy_compiles(fleet):
+    policy = load_policy(DEFAULT_POLICY_PATH, fleet)
+    assert [r.name for r in policy.rules] == [
+        "estimator-unavailable", "hard-prompt", "long-cold-prompt", "medium-prompt", "default"]
+    assert policy.rules[-1].program is None
+    assert policy.rules[2].mode == "disaggregated"
+    assert policy.rules[1].signals == ("difficulty.p_hard", "variables.p_hard_frontier")
+    assert policy.context_plan == {
+        "difficulty": {"available", "p_hard"}, "request": {"prompt_tokens"},
+        "variables": {"p_hard_frontier", "p_hard_onprem_large", "long_prompt_tokens"}}
+    assert policy.fleet_revision == fleet.revision
+
+
+def test_every_problem_at_once(fleet, tmp_path: Path):
+    text = HEAD + """\
+variables:
+  thr: 0.6
+rules:
+  - name: hard
+    when: difficulty.p_hard >= variables.thrr
+    route: {target: frontier-larg}
+  - name: syntax
+    when: request.prompt_tokens >= 512 &&
+    route: {target: onprem-8b, mode: disaggregated}
+  - name: sig
+    when: |
+      request.has_tool ||
+        request.prompt_tokens > 10 && cost("frontier-smal") < 1.0
+    route: {target: onprem-70b, fallbacks: [onprem-70b, frontier-small]}
+    lables: {a: b}
+  - name: typed
+    when: difficulty.p_hard >= "0.5"
+    route: {target: onprem-8b}
+  - name: notbool
+    when: request.prompt_tokens
+    route: {target: onprem-8b}
+  - name: fn
+    when: max(1, 2) > 1 && thr > 1
+    route: {target: onprem-8b}
+  - name: default
+    route: {target: onprem-8b}
+  - name: after
+    when: "true"
+    route: {target: onprem-8b}
+"""
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(PolicyError) as info:
+        load_policy(path, fleet)
+    f = str(path)
+    assert [str(p) for p in info.value.problems] == [
+        f"{f}:7:42: unknown-variable: unknown variable 'variables.thrr'; did you mean 'variables.thr'?",
+        f"{f}:8:21: unknown-target: unknown target 'frontier-larg'; did you mean 'frontier-large'? "
+        "(the fleet has onprem-8b, onprem-70b, frontier-small, frontier-large)",
+        f"{f}:10:42: cel-syntax: the expression ends too early (an operand or ')' is missing)",
+        f"{f}:11:38: unsupported-mode: target 'onprem-8b' does not support mode 'disaggregated' (it supports aggregated)",
+        f"{f}:14:15: unknown-signal: unknown signal 'request.has_tool'; did you mean 'request.has_tools'?",
+        f"{f}:15:45: unknown-target: unknown target 'frontier-smal' in cost(); did you mean 'frontier-small'?",
+        f"{f}:16:45: duplicate-fallback: 'onprem-70b' is already the rule's target or an earlier fallback",
+        f"{f}:17:5: unknown-key: unknown key 'lables' in rules[2]; did you mean 'labels'?",
+        f"{f}:19:11: type-error: an operator or function is applied to mismatched types "
+        "(CEL never converts between int, double and string; use double(x), int(x) or string(x))",
+        f"{f}:22:11: not-boolean: condition must be true or false, but gives int 100 on a typical request",
+        f"{f}:25:11: unknown-function: unknown function 'max'; did you mean 'map'?",
+        f"{f}:25:28: unknown-signal: unknown name 'thr'; did you mean 'variables.thr'?",
+        f"{f}:29:11: unreachable-rule: rule 'after' comes after the unconditional rule 'default' (line 27) "
+        "and can never match",
+    ]
+
+
+def test_cel_syntax_error_inside_a_multiline_block_scalar(fleet):
+    text = HEAD + "rules:\n  - name: r\n    when: >-\n      request.prompt_tokens > 10 &&\n      (difficulty.p_hard < 0.5\n    route: {target: onprem-8b}\n" + DEFAULT_RULE
+    # folded: the CEL source is one line; the error (missing ')' at the end) maps back to line 7
+    assert problems(text, fleet) == ["p.yaml:7:31: cel-syntax: missing ')' at '<EOF>'"]
+
+
+def test_cel_syntax_error_inside_a_quoted_scalar(fleet):
+    text = HEAD + 'rules:\n  - name: r\n    when: "request.tenant == \\"a\\" && @"\n    route: {target: onprem-8b}\n' + DEFAULT_RULE
+    got = problems(text, fleet)
+    assert len(got) == 1 and got[0] == "p.yaml:5:39: cel-syntax: token recognition error at: '@'"
+
+
+def test_missing_default(fleet):
+    text = HEAD + "rules:\n  - name: r\n    when: difficulty.p_hard > 0.5\n    route: {target: onprem-8b}\n"
+    assert problems(text, fleet) == [
+        "p.yaml:3:1: missing-default: no unconditional rule: end the rules with one that has no 'when' "
+        "(e.g. name: default)"]
+
+
+def test_reserved_var_gets_a_hint(fleet):
+    text = HEAD + "rules:\n  - name: r\n    when: difficulty.p_hard > var.x\n    route: {target: onprem-8b}\n" + DEFAULT_RULE
+    assert problems(text, fleet) == [
+        "p.yaml:5:31: cel-syntax: reserved identifier: var (policy variables are read as variables.<name>)"]
+
+
+def test_planned_namespaces_are_named(fleet):
+    text = HEAD + 'rules:\n  - name: r\n    when: load["onprem-70b"].num_requests_waiting > 32\n    route: {target: onprem-8b}\n' + DEFAULT_RULE
+    assert problems(text, fleet) == [
+        "p.yaml:5:11: unknown-signal: signal namespace 'load' is not provided by this version of Pointsman"]
+
+
+def test_duplicate_rule_names_and_schema_errors_together(fleet):
+    text = HEAD + "metadata: {nme: x}\nrules:\n  - name: a\n    when: true\n    route: {target: onprem-8b}\n  - name: a\n    route: {target: onprem-8b}\n"
+    assert problems(text, fleet) == [
+        "p.yaml:3:12: unknown-key: unknown key 'nme' in metadata; did you mean 'name'?",
+        "p.yaml:8:11: duplicate-rule: rule name 'a' is already used at line 5",
+        "p.yaml:8:11: unreachable-rule: rule 'a' comes after the unconditional rule 'a' (line 5) and can never match",
+    ]
+
+
+def test_wrong_kind_and_version(fleet):
+    text = "apiVersion: pointsman/v2\nkind: Fleet\nrules:\n" + DEFAULT_RULE
+    got = problems(text, fleet)
+    assert got[0].startswith("p.yaml:1:13: invalid-value: apiVersion: Input should be 'pointsman/v1'")
+    assert got[1].startswith("p.yaml:2:7: invalid-value: kind: Input should be 'RoutingPolicy'")
+
+
+def test_macros_and_comments_are_understood(fleet):
+    text = HEAD + """\
+variables:
+  vip_tenants: [acme, globex]
+rules:
+  - name: vip
+    when: |
+      // tenants that always get the best model
+      variables.vip_tenants.exists(t, t == request.tenant) && size(request.tenant) > 0
+    route: {target: frontier-large}
+""" + DEFAULT_RULE
+    policy = compile_policy(text, fleet)
+    assert policy.rules[0].signals == ("variables.vip_tenants", "request.tenant")
+    assert policy.context_plan == {"variables": {"vip_tenants"}, "request": {"tenant"}}
+
+
+def test_when_true_is_unconditional_and_false_never_matches(fleet):
+    text = HEAD + "rules:\n  - name: disabled\n    when: false\n    route: {target: frontier-large}\n  - name: all\n    when: true\n    route: {target: onprem-8b}\n"
+    policy = compile_policy(text, fleet)
+    assert policy.rules[0].when == "false" and policy.rules[0].program is not None
+    assert policy.rules[1].program is None

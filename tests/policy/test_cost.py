@@ -1,0 +1,50 @@
+"""Cost model, checked against hand-computed figures from the default fleet's prices."""
+
+import pytest
+
+from pointsman.policy.cost import estimate_cost
+from pointsman.policy.fleet import load_fleet
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    return load_fleet()
+
+
+def test_frontier_list_prices(fleet):
+    # gpt-4o: $2.50 in, $1.25 cached in, $10.00 out per 1M tokens
+    c = estimate_cost("frontier-large", fleet.targets["frontier-large"], "aggregated", 1000, 500)
+    assert c.usd == pytest.approx(1000 * 2.5e-6 + 500 * 10e-6)  # 0.0075
+    c = estimate_cost("frontier-large", fleet.targets["frontier-large"], "aggregated", 1000, 500, cached_prompt_tokens=800)
+    assert c.usd == pytest.approx(200 * 2.5e-6 + 800 * 1.25e-6 + 500 * 10e-6)  # 0.0065
+    assert c.cached_prompt_tokens == 800
+
+
+def test_onprem_gpu_seconds(fleet):
+    t = fleet.targets["onprem-8b"]  # 1 GPU, 55,200 prefill tok/s, 22,714 decode tok/s, $2.50/h + 1.275 kW x $0.10
+    c = estimate_cost("onprem-8b", t, "aggregated", 55200, 22714)
+    assert c.prefill_gpu_s == pytest.approx(1.0)
+    assert c.decode_gpu_s == pytest.approx(1.0)
+    assert c.usd == pytest.approx(2 * (2.50 + 1.275 * 0.10) / 3600)
+
+
+def test_disaggregated_uses_the_prefill_and_decode_pools(fleet):
+    t = fleet.targets["onprem-70b"]  # 2 GPUs per replica, 12,192 prefill tok/s, 6,651 decode tok/s
+    c = estimate_cost("onprem-70b", t, "disaggregated", 12192, 6651)
+    assert (c.prefill_gpu_s, c.decode_gpu_s) == (pytest.approx(2.0), pytest.approx(2.0))
+    assert c.usd == pytest.approx(4 * 2.6275 / 3600)
+    half = estimate_cost("onprem-70b", t, "disaggregated", 12192, 6651, utilization=0.5)
+    assert half.usd == pytest.approx(2 * c.usd)
+
+
+def test_cached_prefix_skips_prefill_on_prem(fleet):
+    t = fleet.targets["onprem-8b"]
+    c = estimate_cost("onprem-8b", t, "aggregated", 1000, 0, cached_prompt_tokens=1000)
+    assert c.prefill_gpu_s == 0 and c.usd == 0
+
+
+def test_unsupported_mode_and_bad_utilization(fleet):
+    with pytest.raises(KeyError):
+        estimate_cost("onprem-8b", fleet.targets["onprem-8b"], "disaggregated", 10, 10)
+    with pytest.raises(ValueError, match="utilization"):
+        estimate_cost("onprem-8b", fleet.targets["onprem-8b"], "aggregated", 10, 10, utilization=0)
