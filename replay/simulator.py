@@ -100,6 +100,7 @@ class ReplicaView:
 
     @property
     def target(self) -> str:
+        """Name of the on-prem target this replica belongs to."""
         return self._r.target
 
     @property
@@ -109,20 +110,24 @@ class ReplicaView:
 
     @property
     def index(self) -> int:
+        """Index of the replica in its pool (what ``Assignment.replica`` refers to)."""
         return self._r.index
 
     @property
     def num_requests_waiting(self) -> int:
+        """Requests queued for prefill here, or prefilled and waiting for KV room (decode pool)."""
         r = self._r
         return len(r.waiting) + len(r.pending)
 
     @property
     def num_requests_running(self) -> int:
+        """Requests prefilling, decoding, or with KV in transit to this replica."""
         r = self._r
         return len(r.running) + len(r.joining) + r.inbound + (r.prefill_job is not None)
 
     @property
     def kv_cache_usage(self) -> float:
+        """Fraction 0-1 of this replica's KV blocks pinned by requests."""
         return self._r.cache.usage
 
     def cached_prefix_tokens(self, request: TraceRequest) -> int:
@@ -152,9 +157,11 @@ class FleetView:
         self.target_names = tuple(fleet.target_names)
 
     def replicas(self, target: str, role: str = ROLE_AGGREGATED) -> tuple[ReplicaView, ...]:
+        """Views of the replicas in ``target``'s ``role`` pool, by index; () if none."""
         return self._views.get((target, role), ())
 
     def is_frontier(self, target: str) -> bool:
+        """True if ``target`` names a frontier API tier of the fleet."""
         return target in self._frontier
 
 
