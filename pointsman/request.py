@@ -11,6 +11,7 @@ ignored so a gateway can forward its request unchanged; Pointsman's own
 
 from __future__ import annotations
 
+import difflib
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -194,6 +195,19 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
+def _message(err: dict[str, Any]) -> str:
+    """A readable message for one pydantic error (unknown routing keys get "did you mean")."""
+    kind, loc = err["type"], tuple(err["loc"])
+    if kind == "extra_forbidden":
+        allowed = list(RoutingContext.model_fields)
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        return f"unknown field; {hint}routing accepts {', '.join(allowed)}"
+    if kind == "too_short" and loc == ("messages",):
+        return "the message list is empty; send at least one message"
+    return str(err["msg"]).removeprefix("Value error, ")
+
+
 def parse_route_request(body: Any) -> RouteRequest:
     """Validate a JSON-like mapping into a ``RouteRequest``.
 
@@ -208,7 +222,7 @@ def parse_route_request(body: Any) -> RouteRequest:
         # The deepest location is the most specific one (union branches report at equal depth).
         err = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
         # Discriminated unions add the tag to loc; keep it readable.
-        raise RequestError(err["msg"], field=_loc(tuple(err["loc"])) or None) from None
+        raise RequestError(_message(err), field=_loc(tuple(err["loc"])) or None) from None
     if not request.has_content():
         raise RequestError("prompt is empty: no message has text, images or tool calls", field="messages")
     return request

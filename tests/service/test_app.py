@@ -1,0 +1,165 @@
+"""The decision service over HTTP (FastAPI TestClient), with an injected fixed-difficulty engine."""
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from pointsman.estimator.estimate import FixedDifficulty
+from pointsman.policy.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.engine import RoutingEngine
+from pointsman.policy.fleet import load_fleet
+from pointsman.service.app import create_app
+from pointsman.service.schemas import RouteResponse
+from pointsman.service.settings import Settings
+
+USER = {"role": "user", "content": "What is the capital of France?"}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    fleet = load_fleet()
+    return RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.2))
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    with TestClient(create_app(Settings(max_body_bytes=1_000_000), engine=engine)) as c:
+        yield c
+
+
+def post(client, body, **kw):
+    if isinstance(body, (bytes, str)):
+        return client.post("/v1/route", content=body, headers={"content-type": "application/json"}, **kw)
+    return client.post("/v1/route", json=body, **kw)
+
+
+def test_route_returns_a_decision_with_headers(client):
+    r = post(client, {"model": "gpt-4o", "messages": [USER], "temperature": 0.7, "stream": True,
+                      "response_format": {"type": "json_object"}, "routing": {"tenant": "acme"}})
+    assert r.status_code == 200
+    body = r.json()
+    RouteResponse.model_validate(body)
+    assert (body["target"], body["rule"], body["mode"]) == ("onprem-8b", "default", "aggregated")
+    assert r.headers["x-pointsman-decision-id"] == body["decision_id"]
+    assert r.headers["x-pointsman-target"] == "onprem-8b"
+    assert "trace" not in body
+
+
+def test_explain_returns_the_trace(client):
+    r = post(client, {"messages": [USER], "routing": {"explain": True}})
+    assert r.status_code == 200
+    trace = r.json()["trace"]
+    assert [x["rule"] for x in trace["rules"]] == ["estimator-unavailable", "hard-prompt", "long-cold-prompt",
+                                                    "medium-prompt", "default"]
+    RouteResponse.model_validate(r.json())
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": [{"type": "text", "text": "Describe"},
+                                  {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}],
+    [{"role": "user", "content": "Weather in Paris?"},
+     {"role": "assistant", "content": None, "tool_calls": [
+         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+     {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp_c\": 21}"},
+     {"role": "user", "content": [{"type": "text", "text": "And tomorrow?"}]}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+], ids=["image", "tool-calls-and-results", "parts"])
+def test_content_parts_images_tool_calls_and_results_work(client, messages):
+    r = post(client, {"messages": messages, "tools": [{"type": "function", "function": {"name": "get_weather"}}],
+                      "routing": {"explain": True}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    if any(isinstance(m["content"], list) and any(p["type"] == "image_url" for p in m["content"]) for m in messages):
+        assert body["target"] == "frontier-small"  # the open models are text-only
+    else:
+        assert body["target"] == "onprem-8b"
+
+
+def err(r):
+    e = r.json()["error"]
+    return r.status_code, e["param"], e["message"]
+
+
+@pytest.mark.parametrize("body,status,param,message", [
+    (b"", 400, None, "request body is empty"),
+    (b"{\"messages\": [", 400, None, "malformed JSON: Expecting value at line 1 column 15"),
+    (b"{\"messages\": [{\"role\": \"user\", \"content\": \"caf\xe9\"}]}", 400, None,
+     "request body is not valid UTF-8 (byte 0xe9 at offset 46)"),
+    (b"[1, 2]", 422, None, "expected a JSON object, got list"),
+    ({"messages": []}, 422, "messages", "the message list is empty"),
+    ({"messages": "hi"}, 422, "messages", "Input should be a valid list"),
+    ({"messages": None}, 422, "messages", "Input should be a valid list"),
+    ({}, 422, "messages", "Field required"),
+    ({"messages": [{"role": "user", "content": ""}]}, 422, "messages", "prompt is empty"),
+    ({"messages": [{"role": "user", "content": 5}]}, 422, "messages[0].content", "content must be a string"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, 422, "messages[0].role", "Input should be"),
+    ({"messages": [{"role": "user", "content": [{"type": "video", "url": "x"}]}]}, 422, "messages[0].content[0]",
+     "Input tag 'video'"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 422, "messages[0].content[0].text", "Field required"),
+    ({"messages": [USER], "max_tokens": "lots"}, 422, "max_tokens", "Input should be a valid integer"),
+    ({"messages": [USER], "max_tokens": 0}, 422, "max_tokens", "Input should be greater than or equal to 1"),
+    ({"messages": [USER], "routing": {"tenat": "acme"}}, 422, "routing.tenat", "unknown field; did you mean 'tenant'?"),
+    ({"messages": [USER], "routing": {"explain": "please"}}, 422, "routing.explain", "Input should be a valid boolean"),
+    ({"messages": [USER], "routing": []}, 422, "routing", "Input should be a valid dictionary"),
+    (b"{\"messages\": [{\"role\": \"user\", \"content\": \"\\ud800\"}]}", 422, "messages[0].content", "content is not valid UTF-8"),
+], ids=lambda v: v if isinstance(v, int) else None)
+def test_bad_input_is_a_4xx_naming_the_field(client, body, status, param, message):
+    r = post(client, body)
+    got_status, got_param, got_message = err(r)
+    assert (got_status, got_param) == (status, param), r.text
+    assert got_message.startswith(message), got_message
+
+
+def test_body_over_the_limit_is_413_naming_the_limit(engine):
+    with TestClient(create_app(Settings(max_body_bytes=8 * 1024 * 1024), engine=engine)) as c:
+        prompt = "x" * 10_000_000  # a 10 MB prompt
+        r = post(c, json.dumps({"messages": [{"role": "user", "content": prompt}]}))
+        assert r.status_code == 413
+        assert r.json()["error"]["message"] == (
+            "request body is 10,000,047 bytes; the limit is 8,388,608 bytes (setting POINTSMAN_MAX_BODY_BYTES)")
+
+
+def test_body_limit_is_configurable_and_checked_without_content_length(engine):
+    with TestClient(create_app(Settings(max_body_bytes=100), engine=engine)) as c:
+        assert post(c, {"messages": [USER]}).status_code == 200
+        r = post(c, {"messages": [{"role": "user", "content": "y" * 200}]})
+        assert r.status_code == 413 and "the limit is 100 bytes" in r.json()["error"]["message"]
+        chunks = iter([b"{\"messages\": [", b"{\"role\": \"user\", \"content\": \"" + b"z" * 150 + b"\"}]}"])
+        r = c.post("/v1/route", content=chunks)  # streamed, no Content-Length
+        assert r.status_code == 413 and "over" in r.json()["error"]["message"]
+
+
+def test_a_prompt_larger_than_every_context_window_is_a_clear_422(engine):
+    with TestClient(create_app(Settings(max_body_bytes=20_000_000), engine=engine)) as c:
+        r = post(c, {"messages": [{"role": "user", "content": "x" * 10_000_000}]})
+        assert r.status_code == 422
+        e = r.json()["error"]
+        assert e["type"] == "no_eligible_target"
+        assert e["message"].startswith("no eligible target:") and "context-window" in e["message"]
+
+
+def test_healthz(client, engine):
+    r = client.get("/healthz")
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok", "policy": "default", "policy_revision": engine.policy.revision,
+                        "fleet_revision": engine.fleet.revision,
+                        "estimator": {"version": "fixed", "available": True, "error": None}}
+
+
+def test_openapi_documents_the_request_body(client):
+    spec = client.get("/openapi.json").json()
+    body = spec["paths"]["/v1/route"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/RouteRequest"}
+    assert {"RouteRequest", "ChatMessage", "RoutingContext", "RouteResponse", "ErrorResponse"} <= set(spec["components"]["schemas"])
+
+
+def test_lifespan_builds_the_engine_from_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("POINTSMAN_MODEL", str(tmp_path / "no-such-model"))
+    with TestClient(create_app()) as c:
+        r = post(c, {"messages": [USER]})
+        assert r.status_code == 200
+        health = c.get("/healthz").json()
+    # whatever the estimator module's state, a missing model leaves routing working
+    if not health["estimator"]["available"]:
+        assert r.json()["rule"] == "estimator-unavailable"
