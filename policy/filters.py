@@ -26,9 +26,7 @@ def context_window(name: str, target: OnPremTarget | FrontierTarget, request: di
     """Ineligible when prompt_tokens + output cap (1 if uncapped) > context_window_tokens."""
     need = request["prompt_tokens"] + (request["max_output_tokens"] if request["max_output_tokens_set"] else 1)
     if need > target.context_window_tokens:
-        return (f"needs {need:,} tokens (prompt {request['prompt_tokens']:,}"
-                f"{' + output cap ' + format(request['max_output_tokens'], ',') if request['max_output_tokens_set'] else ''})"
-                f", context window is {target.context_window_tokens:,}")
+        return f"needs {need:,} tokens > window {target.context_window_tokens:,}"
     return None
 
 

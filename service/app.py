@@ -125,6 +125,9 @@ def create_app(settings: Settings | None = None, engine: RoutingEngine | None = 
         if getattr(app.state, "engine", None) is None:
             loaded = build_engine(settings)
             app.state.engine, app.state.estimator_error = loaded.engine, loaded.estimator_error
+            if loaded.estimator_error:
+                log.warning("difficulty estimator unavailable (%s); deciding with difficulty.available == false",
+                            loaded.estimator_error)
         yield
 
     app = FastAPI(title="Pointsman", version=__version__, lifespan=lifespan,

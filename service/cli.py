@@ -1,15 +1,31 @@
 """The ``pointsman`` command-line interface (click).
 
-Subcommands live in small modules and are attached here:
-``route``/``serve`` (decisions), ``train``/``evaluate`` (the estimator).
+Subcommands live in small modules, each with ``register(group)``, attached here:
+``route``/``serve`` (``cli_route``), ``policy check``/``policy test`` (``cli_policy``),
+``train``/``evaluate`` (``cli_training``, when installed).
 """
 
 from __future__ import annotations
 
+import importlib.util
+
 import click
+
+from pointsman.service import cli_policy, cli_route
 
 
 @click.group()
 @click.version_option(package_name="pointsman")
 def main() -> None:
     """Pointsman: a routing policy engine for LLM inference."""
+
+
+cli_route.register(main)
+cli_policy.register(main)
+
+# The training commands ship in their own module; only its absence is tolerated,
+# an error inside it is a real error.
+if importlib.util.find_spec("pointsman.service.cli_training") is not None:
+    from pointsman.service import cli_training
+
+    cli_training.register(main)

@@ -12,7 +12,6 @@ with every problem located.
 from __future__ import annotations
 
 import importlib.util
-import logging
 from dataclasses import dataclass
 
 from pointsman.estimator.estimate import DifficultyEstimate
@@ -20,9 +19,6 @@ from pointsman.policy.compiler import load_policy
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
 from pointsman.service.settings import Settings
-
-log = logging.getLogger("pointsman.service")
-
 
 @dataclass
 class UnavailableEstimator:
@@ -60,11 +56,10 @@ def load_estimator(spec: str | None) -> tuple[object, str | None]:
 
 
 def build_engine(settings: Settings) -> LoadedEngine:
-    """Load fleet, policy and estimator named by ``settings``. Raises ``FleetError`` or
+    """Load fleet, policy and estimator named by ``settings`` (the caller reports
+    ``estimator_error``). Raises ``FleetError`` or
     ``PolicyError`` (every problem, located) for bad config files."""
     fleet = load_fleet(settings.fleet_path)
     policy = load_policy(settings.policy_path, fleet)
     estimator, error = load_estimator(settings.model)
-    if error:
-        log.warning("difficulty estimator unavailable (%s); deciding with difficulty.available == false", error)
     return LoadedEngine(RoutingEngine(fleet, policy, estimator), error)

@@ -1,0 +1,172 @@
+"""The pointsman CLI (click's CliRunner): route, policy check/test, bad input -> exit 2 with one line."""
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pointsman.estimator.estimate import FixedDifficulty
+from pointsman.policy.compiler import DEFAULT_POLICY_DIR, DEFAULT_POLICY_PATH
+from pointsman.service import cli_route
+from pointsman.service.cli import main
+from pointsman.service.loading import LoadedEngine, build_engine
+
+DECISION_KEYS = {"decision_id", "target", "model", "base_url", "mode", "endpoints", "fallbacks", "estimated_cost_usd",
+                 "rule", "labels", "p_hard", "difficulty_available", "prompt_tokens", "policy_revision",
+                 "fleet_revision", "estimator_version", "timings_ms"}
+
+
+@pytest.fixture
+def runner(monkeypatch):
+    """A runner whose engine uses FixedDifficulty(0.2) (the real estimator is not under test here)."""
+    def fixed_build(settings):
+        loaded = build_engine(settings)
+        return LoadedEngine(loaded.engine.with_estimator(FixedDifficulty(0.2)), None)
+    monkeypatch.setattr(cli_route, "build_engine", fixed_build)
+    return CliRunner()
+
+
+def run(runner, *args, input=None):
+    return runner.invoke(main, list(args), input=input, catch_exceptions=False)
+
+
+def test_route_json(runner):
+    r = run(runner, "route", "--json", "What is the capital of France?")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert set(d) == DECISION_KEYS
+    assert (d["target"], d["rule"], d["p_hard"]) == ("onprem-8b", "default", 0.2)
+
+
+def test_route_json_explain_has_the_trace(runner):
+    d = json.loads(run(runner, "route", "--json", "--explain", "hi").stdout)
+    assert set(d) == DECISION_KEYS | {"trace"}
+    assert d["trace"]["rules"][-1] == {"rule": "default", "result": "matched"}
+
+
+def test_route_human(runner):
+    r = run(runner, "route", "--max-tokens", "50", "hi")
+    assert r.exit_code == 0
+    lines = dict(line.split(None, 1) for line in r.stdout.splitlines())
+    assert lines["target"] == "onprem-8b (meta-llama/Llama-3.1-8B-Instruct)"
+    assert lines["mode"] == "aggregated" and lines["rule"] == "default" and lines["p_hard"] == "0.200"
+    assert lines["cost"].startswith("$") and "total" in lines["timings"]
+
+
+def test_route_messages_file_list_and_full_request(runner, tmp_path: Path):
+    msgs = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    (tmp_path / "list.json").write_text(json.dumps(msgs))
+    r = run(runner, "route", "--json", "--messages", str(tmp_path / "list.json"))
+    assert r.exit_code == 0, r.output
+    (tmp_path / "req.json").write_text(json.dumps({"model": "gpt-4o", "messages": msgs, "temperature": 0,
+                                                   "routing": {"prompt_tokens": 9000}}))
+    d = json.loads(run(runner, "route", "--json", "--messages", str(tmp_path / "req.json")).stdout)
+    assert (d["prompt_tokens"], d["mode"], d["rule"]) == (9000, "disaggregated", "long-cold-prompt")
+
+
+def test_route_prompt_from_stdin(runner):
+    d = json.loads(run(runner, "route", "--json", "-", input="Summarize this.").stdout)
+    assert d["target"] == "onprem-8b"
+
+
+@pytest.mark.parametrize("args,content,message", [
+    (["route", ""], None, "Error: the prompt is empty"),
+    (["route", "   \n"], None, "Error: the prompt is empty"),
+    (["route"], None, "Error: give a PROMPT argument or --messages FILE"),
+    (["route", "hi", "--messages", "{f}"], b"[]", "Error: give either PROMPT or --messages, not both"),
+    (["route", "--messages", "{f}"], b"[]", "Error: messages: the message list is empty; send at least one message"),
+    (["route", "--messages", "{f}"], b"", "Error: --messages {f}: file is empty; expected a JSON message list or chat request"),
+    (["route", "--messages", "{f}"], b"[{\"role\": \"user\"", "Error: --messages {f}: malformed JSON: Expecting"),
+    (["route", "--messages", "{f}"], b"[{\"role\": \"user\", \"content\": \"caf\xe9\"}]",
+     "Error: --messages {f} is not valid UTF-8 (byte 0xe9 at offset 33)"),
+    (["route", "--messages", "{f}"], b"{\"prompt\": \"hi\"}", "Error: --messages {f}: expected a JSON list of messages"),
+    (["route", "--messages", "{f}"], b"[{\"role\": \"user\", \"content\": [{\"type\": \"video\"}]}]",
+     "Error: messages[0].content[0]: Input tag 'video'"),
+    (["route", "--messages", "{f}"], b"[{\"role\": \"user\", \"content\": \"\"}]",
+     "Error: messages: prompt is empty"),
+    (["route", "--messages", "{missing}"], None, "Error: --messages {missing}: no such file"),
+    (["route", "--max-tokens", "0", "hi"], None, "Error: Invalid value for '--max-tokens'"),
+])
+def test_route_bad_input_exits_2_with_one_line(runner, tmp_path: Path, args, content, message):
+    f, missing = tmp_path / "in.json", tmp_path / "missing.json"
+    if content is not None:
+        f.write_bytes(content)
+    args = [a.format(f=f, missing=missing) for a in args]
+    r = run(runner, *args)
+    assert r.exit_code == 2
+    err = r.stderr.strip().splitlines()
+    assert err[-1].startswith(message.format(f=f, missing=missing)), r.stderr
+    assert "Traceback" not in r.output
+
+
+def test_route_ten_megabyte_prompt_is_a_clear_error(runner):
+    r = run(runner, "route", "-", input="x" * 10_000_000)
+    assert r.exit_code == 2
+    assert r.stderr.startswith("Error: no eligible target: ") and "context-window: needs 2,500,005 tokens > window" in r.stderr
+
+
+def test_route_bad_policy_lists_problems_and_exits_2(runner, tmp_path: Path):
+    bad = tmp_path / "p.yaml"
+    bad.write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n  - name: r\n    when: request.tokens > 1\n"
+                   "    route: {target: onprem-9b}\n")
+    r = run(runner, "route", "--policy", str(bad), "hi")
+    assert r.exit_code == 2
+    assert r.stderr.splitlines() == [
+        f"Error: {bad}:3:1: missing-default: no unconditional rule: end the rules with one that has no 'when' (e.g. name: default)",
+        f"Error: {bad}:5:19: unknown-signal: unknown signal 'request.tokens'; did you mean 'request.prompt_tokens'?",
+        f"Error: {bad}:6:21: unknown-target: unknown target 'onprem-9b'; did you mean 'onprem-8b'? "
+        "(the fleet has onprem-8b, onprem-70b, frontier-small, frontier-large)",
+    ]
+
+
+def test_route_reads_settings_from_the_environment(runner, tmp_path: Path, monkeypatch):
+    policy = tmp_path / "all-frontier.yaml"
+    policy.write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n  - name: all\n    route: {target: frontier-small}\n")
+    monkeypatch.setenv("POINTSMAN_POLICY_PATH", str(policy))
+    assert json.loads(run(runner, "route", "--json", "hi").stdout)["target"] == "frontier-small"
+    # an explicit option beats the environment
+    assert json.loads(run(runner, "route", "--json", "--policy", str(DEFAULT_POLICY_PATH), "hi").stdout)["target"] == "onprem-8b"
+
+
+def test_route_without_the_real_estimator_still_decides(tmp_path: Path):
+    r = CliRunner().invoke(main, ["route", "--json", "--model", str(tmp_path / "no-model"), "hi"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    if not d["difficulty_available"]:
+        assert d["rule"] == "estimator-unavailable"
+        assert r.stderr.startswith("Warning: difficulty estimator unavailable")
+
+
+def test_policy_check(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n  - name: a\n    when: difficulty.p_hrd > 0.5\n"
+                   "    route: {target: onprem-8b}\n")
+    r = CliRunner().invoke(main, ["policy", "check", str(DEFAULT_POLICY_PATH), str(bad)])
+    assert r.exit_code == 1
+    assert r.stdout.splitlines()[1:] == [
+        f"{bad}:3:1: missing-default: no unconditional rule: end the rules with one that has no 'when' (e.g. name: default)",
+        f"{bad}:5:22: unknown-signal: unknown signal 'difficulty.p_hrd'; did you mean 'difficulty.p_hard'?",
+    ]
+    r = CliRunner().invoke(main, ["policy", "check", *map(str, DEFAULT_POLICY_DIR.glob("*.yaml"))])
+    assert r.exit_code == 1  # cases files are not policies
+    r = CliRunner().invoke(main, ["policy", "check", str(DEFAULT_POLICY_PATH)])
+    assert r.exit_code == 0 and r.stdout.startswith(f"{DEFAULT_POLICY_PATH}: ok (5 rules, revision ")
+
+
+def test_policy_test():
+    r = CliRunner().invoke(main, ["policy", "test", str(DEFAULT_POLICY_DIR / "default.cases.yaml")])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[-1] == "11 passed, 0 failed"
+
+
+def test_serve_with_a_bad_policy_exits_2_before_listening(tmp_path: Path):
+    bad = tmp_path / "p.yaml"
+    bad.write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules: []\n")
+    r = CliRunner().invoke(main, ["serve", "--policy", str(bad), "--port", "1"])
+    assert r.exit_code == 2
+    assert r.stderr.startswith(f"Error: {bad}:3:8: invalid-value: rules: List should have at least 1 item")
