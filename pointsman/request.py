@@ -148,6 +148,11 @@ class RoutingContext(BaseModel):
     prompt_tokens: int | None = Field(default=None, ge=0)
     explain: bool = False
 
+    @field_validator("explain", mode="before")
+    @classmethod
+    def _null_explain(cls, v: Any) -> Any:
+        return False if v is None else v
+
 
 class RouteRequest(BaseModel):
     """An OpenAI-style chat request plus ``routing`` context.
@@ -164,6 +169,12 @@ class RouteRequest(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     user: str | None = None
     routing: RoutingContext = Field(default_factory=RoutingContext)
+
+    @field_validator("routing", mode="before")
+    @classmethod
+    def _null_routing(cls, v: Any) -> Any:
+        """``"routing": null`` means no routing context."""
+        return {} if v is None else v
 
     @property
     def max_output_tokens(self) -> int | None:

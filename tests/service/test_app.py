@@ -76,6 +76,16 @@ def test_content_parts_images_tool_calls_and_results_work(client, messages):
         assert body["target"] == "onprem-8b"
 
 
+def test_null_optional_fields_are_accepted(client):
+    r = post(client, {"model": None, "messages": [USER, {"role": "assistant", "content": None, "name": None,
+                                                          "tool_calls": None}, USER],
+                      "tools": None, "max_tokens": None, "max_completion_tokens": None, "user": None,
+                      "routing": None})
+    assert r.status_code == 200, r.text
+    r = post(client, {"messages": [USER], "routing": {"tenant": None, "session_id": None, "explain": None}})
+    assert r.status_code == 200 and "trace" not in r.json()
+
+
 def err(r):
     e = r.json()["error"]
     return r.status_code, e["param"], e["message"]
@@ -102,6 +112,11 @@ def err(r):
     ({"messages": [USER], "routing": {"tenat": "acme"}}, 422, "routing.tenat", "unknown field; did you mean 'tenant'?"),
     ({"messages": [USER], "routing": {"explain": "please"}}, 422, "routing.explain", "Input should be a valid boolean"),
     ({"messages": [USER], "routing": []}, 422, "routing", "Input should be a valid dictionary"),
+    ({"messages": [None]}, 422, "messages[0]", "Input should be a valid dictionary"),
+    ({"messages": [{"role": "user", "content": [None]}]}, 422, "messages[0].content[0]", "Input should be a valid"),
+    ({"messages": [{"role": None, "content": "x"}]}, 422, "messages[0].role", "Input should be"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}, 422,
+     "messages[0].content[0].text", "Input should be a valid string"),
     (b"{\"messages\": [{\"role\": \"user\", \"content\": \"\\ud800\"}]}", 422, "messages[0].content", "content is not valid UTF-8"),
 ], ids=lambda v: v if isinstance(v, int) else None)
 def test_bad_input_is_a_4xx_naming_the_field(client, body, status, param, message):
