@@ -123,3 +123,22 @@ def example_signals(variables: dict[str, Any] | None = None) -> dict[str, Any]:
         "difficulty": {"p_hard": 0.5, "available": True},
         "variables": dict(variables or {}),
     }
+
+
+def reference_markdown() -> str:
+    """The signal and function reference for policy authors, as Markdown (generated from ``SIGNALS``)."""
+    lines = ["# Policy signals", "", "Names a policy's `when` expressions can read (CEL).", ""]
+    for ns in SIGNALS.values():
+        lines += [f"## `{ns.name}`", "", ns.doc, ""]
+        if ns.fields is None:
+            lines += [f"Open keys: `{ns.name}.<name>`.", ""]
+            continue
+        lines += ["| name | type | meaning |", "|---|---|---|"]
+        for name, sig in ns.fields.items():
+            t = sig.type + (" or null" if sig.nullable else "")
+            lines.append(f"| `{ns.name}.{name}` | {t} | {sig.doc} |")
+        lines.append("")
+    lines += ["## Functions", "", "| signature | meaning |", "|---|---|"]
+    lines += [f"| `{sig}` | {doc} |" for sig, doc in FUNCTIONS.values()]
+    lines += ["", "CEL built-ins available: " + ", ".join(f"`{f}`" for f in sorted(CEL_BUILTINS)) + "."]
+    return "\n".join(lines) + "\n"

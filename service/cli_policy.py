@@ -1,4 +1,5 @@
-"""``pointsman policy check FILE...`` and ``pointsman policy test CASES...``.
+"""``pointsman policy check FILE...``, ``pointsman policy test CASES...`` and
+``pointsman policy signals`` (the reference of names expressions can use).
 
 ``check`` compiles each policy file against the fleet (a file whose ``kind`` is
 ``Fleet`` is validated as a fleet) and prints every problem as
@@ -18,6 +19,7 @@ from pointsman.errors import ConfigError
 from pointsman.policy.cases import run_cases
 from pointsman.policy.compiler import load_policy
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
+from pointsman.policy.signals import reference_markdown
 
 _FLEET_KIND = re.compile(r"^kind:\s*['\"]?Fleet['\"]?\s*(#.*)?$", re.M)
 
@@ -79,6 +81,12 @@ def test_command(files: tuple[Path, ...]) -> None:
                 click.echo(f"FAIL {path}:{r.line}: {r.name}: {r.message}")
     click.echo(f"{total - failed if failed <= total else 0} passed, {failed} failed")
     raise SystemExit(1 if failed else 0)
+
+
+@policy_group.command("signals")
+def signals_command() -> None:
+    """Print the reference of signals and functions policy expressions can use (Markdown)."""
+    click.echo(reference_markdown(), nl=False)
 
 
 def register(group: click.Group) -> None:
