@@ -75,6 +75,8 @@ ContentPart = Annotated[
 
 
 class FunctionCall(BaseModel):
+    """A tool call's function: ``name`` and JSON ``arguments`` (a string)."""
+
     model_config = ConfigDict(extra="allow")
     name: str
     arguments: str = ""

@@ -40,6 +40,8 @@ MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 
 @dataclass(frozen=True)
 class Token:
+    """One lexical token: ``kind`` (str, num, ident, punct, other), its ``text`` and character ``offset``."""
+
     kind: str
     text: str
     offset: int

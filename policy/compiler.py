@@ -95,14 +95,17 @@ class _Checker:
         self.problems: list[Problem] = []
 
     def add(self, path: tuple[Any, ...], code: str, message: str, *, key: bool = False) -> None:
+        """Record a problem at the node (or key) at ``path``."""
         line, col = self.doc.mark(path, key=key)
         self.problems.append(Problem(self.doc.file, line, col, code, message))
 
     def add_at(self, path: tuple[Any, ...], offset: int, code: str, message: str) -> None:
+        """Record a problem at character ``offset`` inside the scalar at ``path``."""
         line, col = self.doc.scalar_position(path, offset)
         self.problems.append(Problem(self.doc.file, line, col, code, message))
 
     def target(self, path: tuple[Any, ...], name: str) -> bool:
+        """True if ``name`` is a fleet target, else record ``unknown-target`` with did-you-mean."""
         if name in self.fleet.targets:
             return True
         self.add(path, "unknown-target", f"unknown target '{name}'{did_you_mean(name, self.fleet.targets)}"

@@ -108,6 +108,7 @@ _PY_FUNCTION_ERROR = re.compile(
 
 def _cost_function(costs: Mapping[str, float]) -> Callable[[str], float]:
     def cost(target: str) -> float:
+        """USD for ``target``; ValueError (a skipped rule) for an unknown target."""
         try:
             return costs[target]
         except KeyError:

@@ -18,7 +18,9 @@ from pointsman.policy.fleet import Fleet, FrontierTarget
 class Picker(Protocol):
     """Orders the endpoints of one target in one mode for one request."""
 
-    def pick(self, target: str, mode: str, signals: dict[str, Any]) -> tuple[EndpointChoice, ...]: ...
+    def pick(self, target: str, mode: str, signals: dict[str, Any]) -> tuple[EndpointChoice, ...]:
+        """Endpoints of ``target`` in ``mode``, best first; ``signals`` is the decision's snapshot."""
+        ...
 
 
 class InOrderPicker:

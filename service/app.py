@@ -122,6 +122,7 @@ def create_app(settings: Settings | None = None, engine: RoutingEngine | None = 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        """Build the engine once at startup unless one was injected."""
         if getattr(app.state, "engine", None) is None:
             loaded = build_engine(settings)
             app.state.engine, app.state.estimator_error = loaded.engine, loaded.estimator_error

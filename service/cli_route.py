@@ -38,6 +38,7 @@ class ConfigProblems(click.ClickException):
         self.error = error
 
     def show(self, file: Any = None) -> None:
+        """Print one ``Error: file:line:col: code: message`` line per problem to stderr."""
         for problem in self.error.problems:
             click.echo(f"Error: {problem}", err=True)
 
