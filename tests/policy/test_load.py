@@ -1,0 +1,274 @@
+"""LoadBoard: push validation, in-flight accounting with TTL, the merge rule, staleness modes."""
+
+import threading
+
+import pytest
+
+from pointsman.errors import RequestError
+from pointsman.policy.load import (
+    SATURATED_WAITING,
+    EndpointLoad,
+    LoadBoard,
+    StalenessPolicy,
+    aggregate_loads,
+    apply_staleness,
+)
+
+A = "http://10.0.0.1:8000"
+B = "http://10.0.0.2:8000"
+
+
+# ---------------------------------------------------------------- push
+
+def test_push_records_fields_and_age():
+    board = LoadBoard()
+    got = board.push(A, {"num_requests_running": 3, "num_requests_waiting": 2.0, "kv_cache_usage": 0.5,
+                         "ttft_p50_ms": 120.0, "tpot_p50_ms": 21.5, "prefill_utilization": 0.7,
+                         "decode_utilization": 0.4}, now=100.0)
+    assert (got.num_requests_running, got.num_requests_waiting, got.kv_cache_usage) == (3, 2, 0.5)
+    assert got.prefill_utilization == 0.7 and got.decode_utilization == 0.4
+    assert got.source == "push" and got.updated_at == 100.0
+    read = board.get(A, now=104.5)
+    assert read.age_s(104.5) == pytest.approx(4.5)
+    assert read.signals(104.5)["age_s"] == pytest.approx(4.5)
+    assert board.get(B, now=104.5) is None
+
+
+@pytest.mark.parametrize("snapshot, field, words", [
+    ({"kv_cache_usage": 1.5}, "kv_cache_usage", "less than or equal to 1"),
+    ({"kv_usage": 0.1}, "kv_usage", "did you mean 'kv_cache_usage'"),
+    ({"num_requests_running": -1}, "num_requests_running", "greater than or equal to 0"),
+    ({"num_requests_waiting": 2.5}, "num_requests_waiting", "fractional"),
+    ({"num_requests_waiting": "3"}, "num_requests_waiting", "must be a number"),
+    ({"num_requests_running": True}, "num_requests_running", "must be a number"),
+    ({"ttft_p50_ms": float("nan")}, "ttft_p50_ms", "finite"),
+    ({"kv_cache_capacity_tokens": 0}, "kv_cache_capacity_tokens", "greater than 0"),
+])
+def test_push_validation_names_the_field(snapshot, field, words):
+    board = LoadBoard()
+    board.push(A, {"num_requests_running": 1}, now=1.0)
+    with pytest.raises(RequestError) as err:
+        board.push(A, snapshot, now=2.0)
+    assert err.value.field == field
+    assert words in str(err.value)
+    assert board.get(A, now=2.0).num_requests_running == 1  # nothing lost, nothing changed
+
+
+def test_push_lists_every_problem_and_rejects_empty_and_non_mapping():
+    board = LoadBoard()
+    with pytest.raises(RequestError) as err:
+        board.push(A, {"num_requests_running": -1, "tpot_p50_ms": -2}, now=1.0)
+    assert err.value.field == "num_requests_running" and "tpot_p50_ms:" in str(err.value)
+    with pytest.raises(RequestError, match="at least one of"):
+        board.push(A, {}, now=1.0)
+    with pytest.raises(RequestError, match="must be an object"):
+        board.push(A, [1, 2], now=1.0)
+    with pytest.raises(RequestError) as err:
+        board.push("", {"num_requests_running": 1}, now=1.0)
+    assert err.value.field == "endpoint"
+
+
+def test_push_unknown_endpoint_when_restricted():
+    board = LoadBoard(known_endpoints=[A, B])
+    with pytest.raises(RequestError) as err:
+        board.push("http://10.0.0.1:8001", {"num_requests_running": 1}, now=1.0)
+    assert err.value.field == "endpoint" and "did you mean" in str(err.value)
+    board.set_endpoints(None)
+    board.push("http://10.0.0.1:8001", {"num_requests_running": 1}, now=1.0)
+
+
+def test_older_push_does_not_replace_newer():
+    board = LoadBoard()
+    board.push(A, {"num_requests_running": 5}, now=10.0)
+    board.push(A, {"num_requests_running": 1}, now=9.0)
+    assert board.get(A, now=10.0).num_requests_running == 5
+
+
+# ---------------------------------------------------------------- in-flight accounting
+
+def test_dispatch_release_idempotent_and_unknown_id_harmless():
+    board = LoadBoard()
+    board.dispatch(A, "d1", 100, now=1.0)
+    board.dispatch(A, "d2", 50, now=2.0)
+    board.dispatch(B, "d3", 7, now=2.0)
+    a = board.get(A, now=3.0)
+    assert a.source == "inflight" and a.age_s(3.0) == 0.0
+    assert (a.inflight_requests, a.inflight_prompt_tokens) == (2, 150)
+    assert (a.pending_requests, a.pending_prompt_tokens) == (2, 150)
+    assert a.num_requests_running is None and a.outstanding_requests == 2
+    assert board.release("d1") is True
+    assert board.release("d1") is False
+    assert board.release("never-seen") is False
+    a = board.get(A, now=3.0)
+    assert (a.inflight_requests, a.inflight_prompt_tokens) == (1, 50)
+    assert board.get(B, now=3.0).inflight_requests == 1
+
+
+def test_redispatch_moves_the_request():
+    board = LoadBoard()
+    board.dispatch(A, "d1", 100, now=1.0)
+    board.dispatch(B, "d1", 100, now=2.0)  # retried on a fallback endpoint
+    assert board.get(A, now=3.0).inflight_requests == 0
+    assert board.get(B, now=3.0).inflight_requests == 1
+    board.release("d1")
+    assert board.get(B, now=3.0).inflight_requests == 0
+
+
+def test_inflight_ttl_drops_lost_outcomes():
+    board = LoadBoard(inflight_ttl_s=60.0)
+    board.dispatch(A, "old", 10, now=0.0)
+    board.dispatch(A, "new", 20, now=30.0)
+    assert board.get(A, now=59.0).inflight_requests == 2
+    a = board.get(A, now=61.0)  # "old" is 61 s old
+    assert (a.inflight_requests, a.inflight_prompt_tokens) == (1, 20)
+    assert board.release("old") is False  # expired: release is harmless
+    assert board.expire(now=91.0) == 1
+    assert board.get(A, now=91.0).inflight_requests == 0
+
+
+def test_dispatch_rejects_bad_arguments():
+    board = LoadBoard()
+    with pytest.raises(ValueError, match="decision_id"):
+        board.dispatch(A, "", 10, now=1.0)
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        board.dispatch(A, "d", -1, now=1.0)
+    with pytest.raises(ValueError, match="inflight_ttl_s"):
+        LoadBoard(inflight_ttl_s=0)
+
+
+# ---------------------------------------------------------------- merge rule
+
+def test_merge_adds_only_dispatches_after_the_snapshot():
+    board = LoadBoard()
+    board.dispatch(A, "before", 1000, now=9.0)  # already counted by the engine at t=10
+    board.push(A, {"num_requests_running": 4, "num_requests_waiting": 1}, now=10.0)
+    board.dispatch(A, "after1", 300, now=10.5)
+    board.dispatch(A, "after2", 200, now=11.0)
+    a = board.get(A, now=11.0)
+    assert a.num_requests_running == 4
+    assert a.num_requests_waiting == 1 + 2
+    assert (a.pending_requests, a.pending_prompt_tokens) == (2, 500)
+    assert (a.inflight_requests, a.inflight_prompt_tokens) == (3, 1500)
+    board.release("before")  # was inside the snapshot: pending unchanged
+    board.release("after1")
+    a = board.get(A, now=11.0)
+    assert a.num_requests_waiting == 1 + 1 and a.pending_prompt_tokens == 200
+    # a fresher snapshot absorbs the earlier dispatches
+    board.push(A, {"num_requests_running": 5, "num_requests_waiting": 0}, now=12.0)
+    a = board.get(A, now=12.0)
+    assert (a.num_requests_waiting, a.pending_requests, a.inflight_requests) == (0, 0, 1)
+
+
+def test_merge_uses_the_freshest_external_source():
+    board = LoadBoard()
+    board.push(A, {"num_requests_running": 9, "num_requests_waiting": 9}, now=10.0)
+    board.put_scraped(A, EndpointLoad(A, "scrape", 12.0, num_requests_running=2, num_requests_waiting=0,
+                                      kv_cache_usage=0.25))
+    board.dispatch(A, "d", 64, now=11.0)  # after the push, before the scrape: counted by the scrape
+    a = board.get(A, now=12.5)
+    assert (a.source, a.num_requests_running, a.num_requests_waiting, a.pending_requests) == ("scrape", 2, 0, 0)
+    board.put_scraped(A, EndpointLoad(A, "scrape", 11.5, num_requests_running=7))  # late, older: ignored
+    assert board.get(A, now=12.5).num_requests_running == 2
+    board.push(A, {"num_requests_running": 3, "num_requests_waiting": 1}, now=13.0)
+    a = board.get(A, now=13.0)
+    assert (a.source, a.num_requests_running, a.num_requests_waiting) == ("push", 3, 1)
+    assert a.kv_cache_usage is None  # a snapshot is taken whole, not field-merged with older ones
+
+
+def test_waiting_unknown_stays_unknown():
+    board = LoadBoard()
+    board.push(A, {"kv_cache_usage": 0.3}, now=1.0)
+    board.dispatch(A, "d", 10, now=2.0)
+    a = board.get(A, now=2.0)
+    assert a.num_requests_waiting is None and a.pending_requests == 1 and a.outstanding_requests == 1
+
+
+# ---------------------------------------------------------------- staleness
+
+@pytest.fixture
+def stale_board():
+    board = LoadBoard()
+    board.push(A, {"num_requests_running": 4, "num_requests_waiting": 3, "kv_cache_usage": 0.4,
+                   "ttft_p50_ms": 200.0}, now=0.0)
+    board.dispatch(A, "d1", 100, now=1.0)
+    board.dispatch(A, "d2", 60, now=2.0)
+    return board
+
+
+def test_fresh_reading_is_untouched(stale_board):
+    policy = StalenessPolicy(max_age_s=10.0, on_stale="saturated")
+    a = stale_board.get(A, now=10.0, staleness=policy)
+    assert not a.stale and a.num_requests_waiting == 5 and a.kv_cache_usage == 0.4
+
+
+def test_stale_unknown_falls_back_to_inflight(stale_board):
+    a = stale_board.get(A, now=10.5, staleness=StalenessPolicy(max_age_s=10.0, on_stale="unknown"))
+    assert a.stale and a.source == "inflight"
+    assert a.num_requests_running is None and a.num_requests_waiting is None and a.kv_cache_usage is None
+    assert a.ttft_p50_ms is None
+    assert (a.inflight_requests, a.pending_requests, a.pending_prompt_tokens) == (2, 2, 160)
+    assert a.outstanding_requests == 2
+
+
+def test_stale_saturated_reads_full(stale_board):
+    a = stale_board.get(A, now=10.5, staleness=StalenessPolicy(max_age_s=10.0, on_stale="saturated"))
+    assert a.stale and a.saturated and a.kv_cache_usage == 1.0
+    assert a.num_requests_waiting == SATURATED_WAITING and a.num_requests_running == 4
+
+
+def test_stale_ignore_keeps_values(stale_board):
+    a = stale_board.get_many([A, B], now=10.5, staleness=StalenessPolicy(max_age_s=10.0, on_stale="ignore"))
+    assert list(a) == [A]
+    assert a[A].stale and not a[A].saturated and a[A].num_requests_waiting == 5 and a[A].kv_cache_usage == 0.4
+
+
+def test_default_policy_is_unknown_and_inflight_never_stale():
+    assert StalenessPolicy().on_stale == "unknown"
+    only = EndpointLoad(A, "inflight", 0.0, inflight_requests=3)
+    assert apply_staleness(only, StalenessPolicy(max_age_s=1.0, on_stale="saturated"), now=1e6) is only
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"max_age_s": 0}, "max_age_s"), ({"max_age_s": float("inf")}, "max_age_s"),
+    ({"on_stale": "panic"}, "on_stale"),
+])
+def test_staleness_policy_validation(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        StalenessPolicy(**kwargs)
+
+
+# ---------------------------------------------------------------- pools, threads
+
+def test_aggregate_loads_sums_counts_and_takes_oldest_age():
+    a = EndpointLoad(A, "scrape", 10.0, num_requests_running=2, num_requests_waiting=1, kv_cache_usage=0.2,
+                     ttft_p50_ms=100.0, inflight_requests=1)
+    b = EndpointLoad(B, "push", 14.0, num_requests_running=6, num_requests_waiting=3, kv_cache_usage=0.6,
+                     inflight_requests=2)
+    pool = aggregate_loads("onprem-70b", [a, b])
+    assert (pool.num_requests_running, pool.num_requests_waiting) == (8, 4)
+    assert pool.kv_cache_usage == pytest.approx(0.4)
+    assert pool.ttft_p50_ms == 100.0  # mean over reporters only
+    assert pool.source == "mixed" and pool.age_s(15.0) == pytest.approx(5.0)
+    assert pool.inflight_requests == 3
+    c = EndpointLoad("c", "inflight", 0.0)
+    assert aggregate_loads("p", [a, c]).num_requests_running is None
+    assert aggregate_loads("p", []) is None
+
+
+def test_concurrent_dispatch_release_balances():
+    board = LoadBoard()
+    board.push(A, {"num_requests_running": 0, "num_requests_waiting": 0}, now=0.0)
+
+    def worker(k):
+        for i in range(500):
+            board.dispatch(A, f"{k}-{i}", 10, now=1.0 + i)
+            board.get(A, now=1.0 + i)
+            board.release(f"{k}-{i}")
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    a = board.get(A, now=600.0)
+    assert (a.inflight_requests, a.pending_requests, a.num_requests_waiting, a.pending_prompt_tokens) == (0, 0, 0, 0)
