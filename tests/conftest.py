@@ -1,0 +1,127 @@
+"""Shared fixtures.
+
+``redis_url``: a real ``redis-server`` (from PATH) on a free local port, without
+persistence (``--save '' --appendonly no``), started once per test session and
+killed at teardown. Without ``redis-server`` the tests that use it are skipped,
+unless ``POINTSMAN_REQUIRE_REDIS=1`` (CI), where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Iterator
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _start_redis(binary: str) -> tuple[subprocess.Popen, int]:
+    """Start redis-server on a free port; retries a few ports if one is taken in between."""
+    last = ""
+    for _ in range(5):
+        port = _free_port()
+        log = tempfile.TemporaryFile()
+        proc = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--daemonize", "no", "--loglevel", "warning"],
+            stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and proc.poll() is None:
+            if _answers_ping(port):
+                return proc, port
+            time.sleep(0.02)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=5)
+        log.seek(0)
+        last = log.read().decode("utf-8", "replace")[-500:]
+    raise RuntimeError(f"redis-server did not answer PING on a free port: {last}")
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """URL of a live, empty-at-start redis-server (``redis://127.0.0.1:PORT/0``)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        reason = "redis-server is not on PATH (install it: apt-get install -y redis-server)"
+        if os.environ.get("POINTSMAN_REQUIRE_REDIS") == "1":
+            pytest.fail(f"POINTSMAN_REQUIRE_REDIS=1 but {reason}")
+        pytest.skip(reason)
+    proc, port = _start_redis(binary)
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+class BudgetLedgerFactory:
+    """Opens budget ledgers of one backend (``sqlite`` or ``redis``) in fresh stores.
+
+    ``store()`` names a new, empty store (a SQLite file or a Redis key prefix);
+    ``open(config, store)`` opens a ledger on it (a new store when None). Several
+    ledgers opened on one store share it, like two processes or two replicas.
+    """
+
+    def __init__(self, backend: str, tmp_dir, redis_url: str | None) -> None:
+        self.backend, self.tmp_dir, self.redis_url = backend, tmp_dir, redis_url
+        self._opened: list = []
+        self._n = 0
+
+    def store(self) -> str:
+        import uuid
+
+        self._n += 1
+        if self.backend == "sqlite":
+            return str(self.tmp_dir / f"ledger-{self._n}-{uuid.uuid4().hex[:8]}.db")
+        return f"{{test-{uuid.uuid4().hex}}}:"
+
+    def open(self, config=None, store: str | None = None):
+        from pointsman.policy.budget_redis import RedisLedger
+        from pointsman.policy.budget_sqlite import SqliteLedger
+
+        store = store or self.store()
+        if self.backend == "sqlite":
+            ledger = SqliteLedger(store, config)
+        else:
+            from urllib.parse import quote
+
+            ledger = RedisLedger.from_url(f"{self.redis_url}?prefix={quote(store, safe='')}", config)
+        self._opened.append(ledger)
+        return ledger
+
+    def close_all(self) -> None:
+        for ledger in self._opened:
+            ledger.close()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def budget_ledgers(request, tmp_path_factory) -> Iterator[BudgetLedgerFactory]:
+    """A ``BudgetLedgerFactory`` for each backend in turn (the redis one needs ``redis_url``)."""
+    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    factory = BudgetLedgerFactory(request.param, tmp_path_factory.mktemp("budget"), url)
+    yield factory
+    factory.close_all()
