@@ -1,0 +1,416 @@
+"""KV-cache locality: which endpoint probably holds a prompt's prefix in its KV cache.
+
+**Block hashes.** A prompt is cut into fixed-size blocks; block *i*'s hash covers
+block *i* and, through its parent, every block before it
+(``h_i = blake2b(h_{i-1} ‖ block_i, digest_size=8)``), so two prompts share their
+first *k* hashes exactly when they share their first *k* blocks. This is the
+scheme of vLLM's automatic prefix caching (hash of the parent block's hash, the
+block's tokens and extra keys) and of Dynamo's KV router (per-block hashes chained
+into sequence hashes). Three sources, each with its own root so they never mix:
+
+- ``block_hashes_from_tokens(token_ids)``: blocks of ``block_tokens`` token ids.
+- ``block_hashes_from_text(text)``: when only the rendered conversation is known,
+  blocks of ``block_tokens × CHARS_PER_TOKEN`` bytes of its UTF-8 (≈4 characters
+  per token for English BPE, ``estimator.features.CHARS_PER_TOKEN``). The block
+  boundaries are not the engine's, but the prefix property holds: two texts with a
+  common prefix of *n* bytes share ⌊n / block bytes⌋ hashes, so the shared length
+  is estimated to within one block.
+- ``block_hashes_from_ids(hash_ids)``: block ids a gateway supplies (Mooncake
+  traces' ``hash_ids``, 512 tokens per block), chained again so that ids which are
+  per-block content hashes also become prefix-aware.
+
+Only full blocks are hashed (as in vLLM); a 100k-token conversation costs about
+0.7–1.3 ms as text (``scripts/bench_signals.py``).
+
+**The index.** ``PrefixIndex`` keeps, per endpoint, an approximate set of cached
+block hashes bounded by the endpoint's KV capacity in blocks, evicting least
+recently used blocks (a prompt's blocks are touched tail first, so its tail is
+evicted before its head, as vLLM frees blocks). It is updated at dispatch
+(``record``) rather than from engine KV events as Dynamo's indexer is, so it is an
+estimate: what the engine evicted under memory pressure we only learn by capacity.
+``match(block_hashes)`` walks the chain from the first block over a global map
+``block hash → bitmask of endpoints`` (the flattened form of Dynamo's radix-tree
+indexer), intersecting masks until no endpoint is left; each endpoint's score is
+the number of leading blocks it holds. Cost is one dict lookup and one big-int AND
+per block, independent of the number of endpoints.
+
+**Sessions.** ``session_id → last endpoint`` with a TTL (affinity for multi-turn chats
+and agents).
+
+**Shared KV tier.** Optional (``SharedKVTier``): prefixes offloaded to shared storage
+(LMCache-style CPU/disk/remote store, or a vendor's KV accelerator) can be restored
+on any endpoint at ``restore_s(tokens)`` instead of being recomputed;
+``hit_tokens`` returns per candidate ``(local_hit_tokens, shared_hit_tokens)`` so a
+picker can weigh restore time against recompute time (``tokens / prefill_tokens_per_s``).
+
+All ``PrefixIndex`` methods are thread-safe (one lock).
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pointsman.estimator.features import CHARS_PER_TOKEN
+
+#: Default block size of the index, in tokens (coarser than engines' 16-token blocks to
+#: bound memory and cost; the hit estimate is low by less than one block).
+BLOCK_TOKENS = 128
+#: Block size of Mooncake traces' ``hash_ids``, in tokens.
+MOONCAKE_BLOCK_TOKENS = 512
+#: KV capacity assumed for an endpoint whose capacity was never set, tokens.
+DEFAULT_CAPACITY_TOKENS = 500_000
+#: Session affinity lifetime after the last request of a session, seconds.
+SESSION_TTL_S = 900.0
+#: Most sessions remembered (least recently used dropped first).
+MAX_SESSIONS = 200_000
+
+_DIGEST = 8
+
+
+def _root(kind: bytes, salt: bytes) -> bytes:
+    return hashlib.blake2b(b"pointsman/prefix/v1/" + kind + b"/" + salt, digest_size=_DIGEST).digest()
+
+
+def _chain(data: bytes, block_bytes: int, root: bytes) -> list[int]:
+    b2, parent, out = hashlib.blake2b, root, []
+    append, from_bytes = out.append, int.from_bytes
+    for i in range(0, len(data) - block_bytes + 1, block_bytes):
+        parent = b2(parent + data[i:i + block_bytes], digest_size=_DIGEST).digest()
+        append(from_bytes(parent, "little"))
+    return out
+
+
+def block_hashes_from_text(text: str, block_tokens: int = BLOCK_TOKENS, *,
+                           chars_per_token: float = CHARS_PER_TOKEN, salt: bytes = b"") -> list[int]:
+    """Chained 64-bit hashes of the full ``block_tokens × chars_per_token``-byte blocks of
+    ``text``'s UTF-8 (see the module docstring for the approximation). ``salt``
+    separates caches that must not match (e.g. different models or LoRA adapters)."""
+    block_bytes = max(1, int(round(block_tokens * chars_per_token)))
+    return _chain(text.encode("utf-8"), block_bytes, _root(b"text", salt))
+
+
+def block_hashes_from_tokens(token_ids: Sequence[int], block_tokens: int = BLOCK_TOKENS, *,
+                             salt: bytes = b"") -> list[int]:
+    """Chained 64-bit hashes of the full ``block_tokens``-token blocks of ``token_ids``
+    (ids in 0..2**32-1; raises OverflowError otherwise)."""
+    data = array.array("I")
+    data.fromlist(list(token_ids))
+    return _chain(data.tobytes(), block_tokens * data.itemsize, _root(b"tokens", salt))
+
+
+def block_hashes_from_ids(hash_ids: Iterable[int | str], *, salt: bytes = b"") -> list[int]:
+    """Chained 64-bit hashes of gateway-supplied block ids (ints or strings, oldest block
+    first; Mooncake's ``hash_ids``). ``1`` and ``"1"`` are different ids."""
+    b2, parent, out = hashlib.blake2b, _root(b"ids", salt), []
+    for h in hash_ids:
+        if isinstance(h, bool) or not isinstance(h, (int, str)):
+            raise TypeError(f"block ids must be int or str, got {type(h).__name__} {h!r}")
+        tag = b"i" if isinstance(h, int) else b"s"
+        parent = b2(parent + tag + str(h).encode("utf-8"), digest_size=_DIGEST).digest()
+        out.append(int.from_bytes(parent, "little"))
+    return out
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int = 2) -> int:
+    """KV-cache bytes one token occupies: 2 (K and V) × layers × KV heads × head dim × bytes
+    per element. E.g. Llama-3-70B (80 layers, 8 KV heads, dim 128, bf16) → 327,680 B."""
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class SharedKVTier:
+    """A shared KV store reachable from every endpoint (LMCache-style offload).
+
+    ``capacity_tokens``: tokens of KV it holds; ``bytes_per_token``: KV bytes per
+    token (``kv_bytes_per_token``); ``bandwidth_bytes_per_s``: restore bandwidth into
+    one endpoint; ``latency_s``: fixed cost per restore; ``write_through``: every
+    recorded prompt's blocks are also stored here (LMCache's default of storing each
+    prefill's KV). Raises ValueError naming a bad field.
+    """
+
+    capacity_tokens: int
+    bytes_per_token: int
+    bandwidth_bytes_per_s: float
+    latency_s: float = 0.0
+    write_through: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("capacity_tokens", "bytes_per_token", "bandwidth_bytes_per_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name}: must be a finite number > 0, got {value!r}")
+        if not (math.isfinite(self.latency_s) and self.latency_s >= 0):
+            raise ValueError(f"latency_s: must be >= 0, got {self.latency_s!r}")
+
+    def restore_s(self, tokens: int) -> float:
+        """Seconds to restore ``tokens`` tokens of KV onto an endpoint: latency + bytes / bandwidth
+        (0 for 0 tokens)."""
+        if tokens <= 0:
+            return 0.0
+        return self.latency_s + tokens * self.bytes_per_token / self.bandwidth_bytes_per_s
+
+
+class _Endpoint:
+    __slots__ = ("bit", "capacity_blocks", "blocks")
+
+    def __init__(self, bit: int, capacity_blocks: int) -> None:
+        self.bit = bit
+        self.capacity_blocks = capacity_blocks
+        self.blocks: OrderedDict[int, None] = OrderedDict()  # LRU first
+
+
+def _bits(mask: int) -> Iterable[int]:
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
+class PrefixIndex:
+    """Approximate per-endpoint prefix caches, session affinity and an optional shared tier.
+
+    ``block_tokens``: tokens per block (must match the hashes' block size);
+    ``default_capacity_tokens``: KV capacity of an endpoint until ``set_capacity``;
+    ``session_ttl_s`` / ``max_sessions``: session affinity bounds; ``shared``: the
+    shared KV tier, if the fleet has one. Times are monotonic seconds.
+    """
+
+    def __init__(self, *, block_tokens: int = BLOCK_TOKENS, default_capacity_tokens: int = DEFAULT_CAPACITY_TOKENS,
+                 session_ttl_s: float = SESSION_TTL_S, max_sessions: int = MAX_SESSIONS,
+                 shared: SharedKVTier | None = None) -> None:
+        if block_tokens < 1:
+            raise ValueError(f"block_tokens: must be >= 1, got {block_tokens}")
+        if default_capacity_tokens < block_tokens:
+            raise ValueError(f"default_capacity_tokens: must hold at least one block ({block_tokens} tokens)")
+        if not session_ttl_s > 0 or max_sessions < 1:
+            raise ValueError("session_ttl_s and max_sessions must be > 0")
+        self.block_tokens = block_tokens
+        self.default_capacity_tokens = default_capacity_tokens
+        self.session_ttl_s = float(session_ttl_s)
+        self.max_sessions = max_sessions
+        self.shared = shared
+        self._lock = threading.Lock()
+        self._endpoints: dict[str, _Endpoint] = {}
+        self._names: list[str | None] = []  # bit position -> endpoint
+        self._free_bits: list[int] = []
+        self._owners: dict[int, int] = {}  # block hash -> bitmask of endpoints holding it
+        self._sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()  # id -> (endpoint, expires_at)
+        self._shared_blocks: OrderedDict[int, None] = OrderedDict()
+        self._shared_capacity_blocks = (max(1, shared.capacity_tokens // block_tokens) if shared else 0)
+
+    # -- endpoints and capacity
+
+    def set_capacity(self, endpoint: str, capacity_tokens: int) -> None:
+        """Bound ``endpoint``'s cached blocks by its KV capacity (tokens; e.g. the fleet's
+        ``kv_cache_capacity_tokens`` or the scraped one); evicts LRU blocks if now over."""
+        if capacity_tokens < self.block_tokens:
+            raise ValueError(f"capacity_tokens: must hold at least one block ({self.block_tokens} tokens)")
+        with self._lock:
+            ep = self._endpoint(endpoint)
+            ep.capacity_blocks = capacity_tokens // self.block_tokens
+            self._evict(ep)
+
+    def remove_endpoint(self, endpoint: str) -> None:
+        """Forget ``endpoint`` (left the fleet, or restarted with an empty cache) and its sessions."""
+        with self._lock:
+            ep = self._endpoints.pop(endpoint, None)
+            if ep is None:
+                return
+            owners, clear = self._owners, ~ep.bit
+            for h in ep.blocks:
+                mask = owners[h] & clear
+                if mask:
+                    owners[h] = mask
+                else:
+                    del owners[h]
+            position = ep.bit.bit_length() - 1
+            self._names[position] = None
+            self._free_bits.append(position)
+            for sid in [s for s, (e, _) in self._sessions.items() if e == endpoint]:
+                del self._sessions[sid]
+
+    def cached_blocks(self, endpoint: str) -> int:
+        """Blocks the index believes ``endpoint`` holds."""
+        with self._lock:
+            ep = self._endpoints.get(endpoint)
+            return 0 if ep is None else len(ep.blocks)
+
+    # -- updates
+
+    def record(self, endpoint: str, block_hashes: Sequence[int], *, session_id: str | None = None,
+               now: float | None = None) -> None:
+        """A request with these block hashes was dispatched to ``endpoint``: after its prefill
+        the endpoint holds them. Touches them (tail first), evicts LRU blocks beyond capacity,
+        writes them through to the shared tier if configured, and sets session affinity."""
+        with self._lock:
+            ep = self._endpoint(endpoint)
+            bit, blocks, owners = ep.bit, ep.blocks, self._owners
+            for h in reversed(block_hashes):
+                if h in blocks:
+                    blocks.move_to_end(h)
+                else:
+                    blocks[h] = None
+                    owners[h] = owners.get(h, 0) | bit
+            self._evict(ep)
+            if self.shared is not None and self.shared.write_through:
+                self._offload(block_hashes)
+            if session_id:
+                self._touch_session(session_id, endpoint, time.monotonic() if now is None else now)
+
+    def offload(self, block_hashes: Sequence[int]) -> None:
+        """Store these blocks in the shared tier (e.g. an idle agent session's KV); no-op without one."""
+        with self._lock:
+            if self.shared is not None:
+                self._offload(block_hashes)
+
+    # -- queries
+
+    def match(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        """Endpoint -> number of leading ``block_hashes`` it holds, for endpoints holding at
+        least the first block (others: 0, absent). O(blocks matched), one lock."""
+        with self._lock:
+            return self._match(block_hashes)
+
+    def hit_ratios(self, block_hashes: Sequence[int], endpoints: Iterable[str], *,
+                   prompt_tokens: int | None = None) -> dict[str, float]:
+        """``prefix_hit_ratio`` (0–1) per endpoint in ``endpoints``: matched blocks × block_tokens
+        ÷ ``prompt_tokens`` (capped at 1), or matched ÷ number of blocks when
+        ``prompt_tokens`` is None. 0 for a prompt without a full block."""
+        matched = self.match(block_hashes)
+        if prompt_tokens is not None:
+            denominator = float(prompt_tokens) / self.block_tokens
+        else:
+            denominator = float(len(block_hashes))
+        if denominator <= 0:
+            return {e: 0.0 for e in endpoints}
+        return {e: min(1.0, matched.get(e, 0) / denominator) for e in endpoints}
+
+    def hit_tokens(self, block_hashes: Sequence[int], endpoints: Iterable[str], *,
+                   prompt_tokens: int | None = None) -> dict[str, tuple[int, int]]:
+        """Per endpoint, ``(local_hit_tokens, shared_hit_tokens)``: tokens of the prompt's prefix
+        in the endpoint's KV cache, and tokens right after them that the shared tier holds
+        (restorable at ``shared.restore_s``; 0 without a shared tier). Both capped so their
+        sum is at most ``prompt_tokens`` (default: all hashed blocks)."""
+        bt = self.block_tokens
+        total = len(block_hashes) * bt if prompt_tokens is None else int(prompt_tokens)
+        with self._lock:
+            matched = self._match(block_hashes)
+            shared = self._shared_blocks if self.shared is not None else None
+            runs: dict[int, int] = {}
+            out: dict[str, tuple[int, int]] = {}
+            for e in endpoints:
+                m = matched.get(e, 0)
+                run = 0
+                if shared is not None:
+                    run = runs.get(m)
+                    if run is None:
+                        run = 0
+                        for i in range(m, len(block_hashes)):
+                            if block_hashes[i] not in shared:
+                                break
+                            run += 1
+                        runs[m] = run
+                local = min(m * bt, total)
+                out[e] = (local, min(run * bt, total - local))
+            return out
+
+    # -- sessions
+
+    def touch_session(self, session_id: str, endpoint: str, now: float | None = None) -> None:
+        """Remember that ``session_id``'s last request went to ``endpoint`` (renews the TTL)."""
+        with self._lock:
+            self._touch_session(session_id, endpoint, time.monotonic() if now is None else now)
+
+    def session_endpoint(self, session_id: str, now: float | None = None) -> str | None:
+        """The endpoint of ``session_id``'s last request, or None if unknown or older than the TTL."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self._expire_sessions(now)
+            entry = self._sessions.get(session_id)
+            return None if entry is None else entry[0]
+
+    def stats(self) -> dict[str, int]:
+        """Sizes: endpoints, distinct blocks, cached blocks summed over endpoints, sessions, shared blocks."""
+        with self._lock:
+            return {"endpoints": len(self._endpoints), "distinct_blocks": len(self._owners),
+                    "cached_blocks": sum(len(e.blocks) for e in self._endpoints.values()),
+                    "sessions": len(self._sessions), "shared_blocks": len(self._shared_blocks)}
+
+    # -- internals (lock held)
+
+    def _endpoint(self, name: str) -> _Endpoint:
+        ep = self._endpoints.get(name)
+        if ep is None:
+            if self._free_bits:
+                position = self._free_bits.pop()
+                self._names[position] = name
+            else:
+                position = len(self._names)
+                self._names.append(name)
+            ep = self._endpoints[name] = _Endpoint(1 << position, self.default_capacity_tokens // self.block_tokens)
+        return ep
+
+    def _evict(self, ep: _Endpoint) -> None:
+        blocks, owners, clear = ep.blocks, self._owners, ~ep.bit
+        while len(blocks) > ep.capacity_blocks:
+            victim, _ = blocks.popitem(last=False)
+            mask = owners[victim] & clear
+            if mask:
+                owners[victim] = mask
+            else:
+                del owners[victim]
+
+    def _match(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        if not block_hashes:
+            return {}
+        owners = self._owners
+        active = owners.get(block_hashes[0], 0)
+        if not active:
+            return {}
+        names, out = self._names, {}
+        depth = 1
+        for h in block_hashes[1:]:
+            still = active & owners.get(h, 0)
+            if still != active:
+                for position in _bits(active ^ still):
+                    out[names[position]] = depth
+                active = still
+                if not active:
+                    return out
+            depth += 1
+        for position in _bits(active):
+            out[names[position]] = depth
+        return out
+
+    def _offload(self, block_hashes: Sequence[int]) -> None:
+        blocks = self._shared_blocks
+        for h in reversed(block_hashes):  # head last: evicted last
+            if h in blocks:
+                blocks.move_to_end(h)
+            else:
+                blocks[h] = None
+        while len(blocks) > self._shared_capacity_blocks:
+            blocks.popitem(last=False)
+
+    def _touch_session(self, session_id: str, endpoint: str, now: float) -> None:
+        sessions = self._sessions
+        sessions[session_id] = (endpoint, now + self.session_ttl_s)
+        sessions.move_to_end(session_id)
+        self._expire_sessions(now)
+        while len(sessions) > self.max_sessions:
+            sessions.popitem(last=False)
+
+    def _expire_sessions(self, now: float) -> None:
+        sessions = self._sessions
+        while sessions:
+            _, (_, expires_at) = next(iter(sessions.items()))
+            if expires_at > now:
+                break
+            sessions.popitem(last=False)
