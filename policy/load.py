@@ -302,7 +302,7 @@ class _Slot:
     """Per-endpoint state: latest snapshot per external source, our in-flight dispatches,
     the counts of those after the freshest snapshot, and the cached merged view."""
 
-    __slots__ = ("push", "scrape", "inflight", "inflight_tokens", "after_n", "after_tokens", "view")
+    __slots__ = ("push", "scrape", "inflight", "inflight_tokens", "after_n", "after_tokens", "view", "stale")
 
     def __init__(self) -> None:
         self.push: EndpointLoad | None = None
@@ -312,6 +312,7 @@ class _Slot:
         self.after_n = 0
         self.after_tokens = 0
         self.view: EndpointLoad | None = None
+        self.stale: tuple[StalenessPolicy, EndpointLoad, EndpointLoad] | None = None  # (policy, view, reading)
 
     def external(self) -> EndpointLoad | None:
         p, s = self.push, self.scrape
@@ -440,10 +441,7 @@ class LoadBoard:
         with self._lock:
             self._expire(now)
             slot = self._slots.get(endpoint)
-            load = None if slot is None else self._view(endpoint, slot)
-        if load is not None and staleness is not None:
-            load = apply_staleness(load, staleness, now)
-        return load
+            return None if slot is None else self._read(endpoint, slot, now, staleness)
 
     def get_many(self, endpoints: Iterable[str], now: float | None = None,
                  staleness: StalenessPolicy | None = None) -> dict[str, EndpointLoad]:
@@ -452,15 +450,11 @@ class LoadBoard:
         out: dict[str, EndpointLoad] = {}
         with self._lock:
             self._expire(now)
-            slots = self._slots
+            slots, read = self._slots, self._read
             for ep in endpoints:
                 slot = slots.get(ep)
                 if slot is not None:
-                    out[ep] = self._view(ep, slot)
-        if staleness is not None:
-            for ep, load in out.items():
-                if load.source != "inflight":
-                    out[ep] = apply_staleness(load, staleness, now)
+                    out[ep] = read(ep, slot, now, staleness)
         return out
 
     # -- internals (lock held)
@@ -501,6 +495,20 @@ class LoadBoard:
             self._remove(decision_id)
             n += 1
         return n
+
+    def _read(self, endpoint: str, slot: _Slot, now: float,
+              staleness: StalenessPolicy | None) -> EndpointLoad:
+        """The merged view with ``staleness`` applied; a stale reading is cached per
+        (policy, view), so reading a stale endpoint again allocates nothing."""
+        view = self._view(endpoint, slot)
+        if staleness is None or view.source == "inflight" or now - view.updated_at <= staleness.max_age_s:
+            return view
+        cached = slot.stale
+        if cached is not None and cached[1] is view and (cached[0] is staleness or cached[0] == staleness):
+            return cached[2]
+        reading = apply_staleness(view, staleness, now)
+        slot.stale = (staleness, view, reading)
+        return reading
 
     def _view(self, endpoint: str, slot: _Slot) -> EndpointLoad:
         view = slot.view

@@ -86,18 +86,20 @@ _COUNTERS = frozenset({"prefix_hits", "prefix_queries"})
 RANK_LABELS = frozenset({"tp_rank", "pp_rank", "moe_ep_rank"})
 
 
-def _sample_names() -> dict[str, str]:
-    names = {}
-    for fields in METRICS.values():
+def _sample_names() -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+    names, fields_of = {}, {}
+    for engine, fields in METRICS.items():
         for key, metric_names in fields.items():
             suffix = "_bucket" if key in _HISTOGRAMS else "_total" if key in _COUNTERS else ""
             for name in metric_names:
                 names[name + suffix] = name + suffix
                 names[name.replace(":", "_", 1) + suffix] = name + suffix
-    return names
+                fields_of[name + suffix] = (engine, key)
+    return names, fields_of
 
 
-_WANTED = _sample_names()  # sample name as written (':' or '_' form) -> canonical ':' form
+# sample name as written (':' or '_' form) -> canonical ':' form; canonical -> (engine, field)
+_WANTED, _FIELD_OF = _sample_names()
 
 
 class ScrapeError(PointsmanError):
@@ -186,8 +188,11 @@ def _histogram(samples: dict[str, list], names: tuple[str, ...]) -> Buckets | No
 
 
 def _prefilter(text: str) -> tuple[str, bool, bool]:
-    """Keep only the sample lines this module reads, names in ':' form (cuts parse cost ~10x)."""
-    kept, vllm, sglang = [], False, False
+    """Keep only the sample lines of the metrics this module reads — for each field, the
+    first of its names present — with names in ':' form. prometheus_client's parser
+    costs ~10 µs per line, so this cuts a page's parse cost by half or more."""
+    rows: list[tuple[str, str]] = []
+    present: set[str] = set()
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
@@ -197,12 +202,19 @@ def _prefilter(text: str) -> tuple[str, bool, bool]:
         canonical = _WANTED.get(name)
         if canonical is None:
             continue
-        if canonical[0] == "v":
-            vllm = True
-        else:
-            sglang = True
-        kept.append(canonical + line[len(name):] if canonical != name else line)
-    return "\n".join(kept) + "\n", vllm, sglang
+        present.add(canonical)
+        rows.append((canonical, canonical + line[len(name):] if canonical != name else line))
+    chosen: set[str] = set()
+    for engine, fields in METRICS.items():
+        for key, metric_names in fields.items():
+            suffix = "_bucket" if key in _HISTOGRAMS else "_total" if key in _COUNTERS else ""
+            for name in metric_names:
+                if name + suffix in present:
+                    chosen.add(name + suffix)
+                    break
+    vllm = any(_FIELD_OF[c][0] == VLLM for c in chosen)
+    sglang = any(_FIELD_OF[c][0] == SGLANG for c in chosen)
+    return "\n".join(line for canonical, line in rows if canonical in chosen) + "\n", vllm, sglang
 
 
 def parse_metrics(text: str) -> EngineMetrics:

@@ -101,7 +101,7 @@ def block_hashes_from_tokens(token_ids: Sequence[int], block_tokens: int = BLOCK
     """Chained 64-bit hashes of the full ``block_tokens``-token blocks of ``token_ids``
     (ids in 0..2**32-1; raises OverflowError otherwise)."""
     data = array.array("I")
-    data.fromlist(list(token_ids))
+    data.fromlist(token_ids if isinstance(token_ids, list) else list(token_ids))
     return _chain(data.tobytes(), block_tokens * data.itemsize, _root(b"tokens", salt))
 
 
@@ -302,24 +302,20 @@ class PrefixIndex:
         total = len(block_hashes) * bt if prompt_tokens is None else int(prompt_tokens)
         with self._lock:
             matched = self._match(block_hashes)
-            shared = self._shared_blocks if self.shared is not None else None
-            runs: dict[int, int] = {}
-            out: dict[str, tuple[int, int]] = {}
-            for e in endpoints:
-                m = matched.get(e, 0)
-                run = 0
-                if shared is not None:
-                    run = runs.get(m)
-                    if run is None:
-                        run = 0
-                        for i in range(m, len(block_hashes)):
-                            if block_hashes[i] not in shared:
-                                break
-                            run += 1
-                        runs[m] = run
-                local = min(m * bt, total)
-                out[e] = (local, min(run * bt, total - local))
-            return out
+            runs: list[int] | None = None
+            if self.shared is not None and self._shared_blocks:
+                # runs[i]: consecutive blocks from i on held by the shared tier (one pass, from the end)
+                shared = self._shared_blocks
+                runs = [0] * (len(block_hashes) + 1)
+                for i in range(len(block_hashes) - 1, -1, -1):
+                    if block_hashes[i] in shared:
+                        runs[i] = runs[i + 1] + 1
+        out: dict[str, tuple[int, int]] = {}
+        for e in endpoints:
+            m = matched.get(e, 0)
+            local = min(m * bt, total)
+            out[e] = (local, 0 if runs is None else min(runs[m] * bt, total - local))
+        return out
 
     # -- sessions
 
