@@ -272,3 +272,17 @@ def test_concurrent_dispatch_release_balances():
         t.join()
     a = board.get(A, now=600.0)
     assert (a.inflight_requests, a.pending_requests, a.num_requests_waiting, a.pending_prompt_tokens) == (0, 0, 0, 0)
+
+
+def test_stale_reading_is_cached_per_view_and_policy(stale_board):
+    saturated = StalenessPolicy(max_age_s=10.0, on_stale="saturated")
+    first = stale_board.get(A, now=11.0, staleness=saturated)
+    assert stale_board.get(A, now=12.0, staleness=StalenessPolicy(max_age_s=10.0, on_stale="saturated")) is first
+    assert stale_board.get(A, now=12.0, staleness=StalenessPolicy(max_age_s=10.0, on_stale="unknown")).saturated \
+        is False  # another policy: recomputed
+    stale_board.dispatch(A, "d3", 40, now=12.0)  # the view changed: recomputed with the new in-flight count
+    again = stale_board.get(A, now=12.0, staleness=StalenessPolicy(max_age_s=10.0, on_stale="unknown"))
+    assert again.inflight_requests == 3 and again.pending_prompt_tokens == 200
+    stale_board.push(A, {"num_requests_running": 1, "num_requests_waiting": 0}, now=12.5)
+    fresh = stale_board.get(A, now=13.0, staleness=saturated)
+    assert not fresh.stale and fresh.num_requests_waiting == 0
