@@ -4,10 +4,12 @@ Why it cannot overspend: every write (reserve, settle, release) is one ``BEGIN
 IMMEDIATE`` transaction. ``BEGIN IMMEDIATE`` takes the database's single write lock
 before the first read, so the read of the counters, the admission check and the
 hold happen with no other writer in between, whether the other writer is a thread
-of this process (each ``SqliteLedger`` owns one connection behind a thread lock),
-another ``SqliteLedger`` on the same file, or another process. A writer that finds
-the lock taken waits up to ``timeout_s`` (SQLite's busy timeout) and then fails
-with ``LedgerUnavailable``, having changed nothing. Readers (``snapshot``) never
+of this process, another ``SqliteLedger`` on the same file, or another process.
+Inside one process, every ``SqliteLedger`` on a file also shares one thread lock
+(each has its own connection), so threads wait in a queue rather than in SQLite's
+polling busy handler. A writer that finds the file locked by another process waits
+up to ``timeout_s`` (SQLite's busy timeout) and then fails with
+``LedgerUnavailable``, having changed nothing. Readers (``snapshot``) never
 block writers in WAL mode and see one consistent state.
 
 Tables (amounts are integer nano-USD)::
@@ -26,6 +28,8 @@ so an expired hold stops counting at its ``expires_s`` exactly.
 
 Durability: ``synchronous=NORMAL`` (default) survives a killed process; on power
 loss the last commits may roll back. ``synchronous=FULL`` fsyncs every commit.
+A background thread checkpoints the WAL every ``checkpoint_interval_s`` (PASSIVE),
+so operations do not pay for checkpoints' fsyncs.
 A connection is never used across ``fork``: a child process opens its own.
 """
 
@@ -34,6 +38,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -62,6 +67,50 @@ from pointsman.policy.budget import (
 
 SCHEMA_VERSION = 1
 SYNCHRONOUS = ("normal", "full", "extra")
+
+#: One thread lock per database file in this process, shared by every ``SqliteLedger``
+#: on that file: threads queue on it (fair, no polling) and only other processes meet
+#: SQLite's busy handler, which polls and can starve a waiter under saturation.
+_FILE_LOCKS: dict[str, threading.Lock] = {}
+_FILE_LOCKS_GUARD = threading.Lock()
+
+
+def _file_lock(path: Path) -> threading.Lock:
+    key = str(path.resolve())
+    with _FILE_LOCKS_GUARD:
+        return _FILE_LOCKS.setdefault(key, threading.Lock())
+
+
+def _forget_locks_after_fork() -> None:
+    """A child must not inherit a lock some parent thread held at fork time."""
+    global _FILE_LOCKS_GUARD
+    _FILE_LOCKS.clear()
+    _FILE_LOCKS_GUARD = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_locks_after_fork)
+
+#: Pages in the WAL before a writer checkpoints by itself (SQLite's default is 1000);
+#: the background checkpointer normally keeps the WAL far below this.
+WAL_AUTOCHECKPOINT_PAGES = 10000
+
+
+def _checkpoint_loop(path: Path, interval_s: float, stop: threading.Event) -> None:
+    """Copy the WAL back into the database every ``interval_s`` seconds, ``PASSIVE``
+    (never waits for, never blocks, a reader or writer), so that no reserve or settle
+    pays for the checkpoint's copy and fsync."""
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error:
+        return
+    try:
+        while not stop.wait(interval_s):
+            try:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except sqlite3.Error:
+                pass
+    finally:
+        conn.close()
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS budget_reservations (
@@ -120,22 +169,30 @@ class SqliteLedger:
 
     ``path``: the database file (parent folders are created). ``synchronous``:
     ``normal`` | ``full`` | ``extra``. ``timeout_s``: how long a write waits for the
-    write lock before ``LedgerUnavailable``. Thread-safe; open one per process.
+    write lock before ``LedgerUnavailable``. ``checkpoint_interval_s``: period of the
+    background WAL checkpoint thread (0: let writers checkpoint, SQLite's default).
+    Thread-safe; several per process share one lock per file.
     """
 
     def __init__(self, path: str | Path, config: BudgetConfig | None = None, synchronous: str = "normal",
-                 timeout_s: float = 5.0) -> None:
+                 timeout_s: float = 5.0, checkpoint_interval_s: float = 0.25) -> None:
         if synchronous not in SYNCHRONOUS:
             raise BudgetError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}, got {synchronous!r}")
         self.path = Path(path)
         self.config = config or BudgetConfig()
         self.synchronous = synchronous
         self.timeout_s = timeout_s
-        self._lock = threading.Lock()
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self._stop = threading.Event()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LedgerUnavailable(f"budget ledger {self.path}: {exc}") from exc
+        self._lock, self._lock_pid = _file_lock(self.path), os.getpid()
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
         self._inherited: list[sqlite3.Connection] = []
-        with self._lock:
+        with self._guard():
             self._connection()
 
     @classmethod
@@ -159,6 +216,12 @@ class SqliteLedger:
 
     # -- connection and transactions ------------------------------------------------------
 
+    def _guard(self) -> threading.Lock:
+        """This process's lock for the file (re-fetched after a fork)."""
+        if self._lock_pid != os.getpid():
+            self._lock, self._lock_pid = _file_lock(self.path), os.getpid()
+        return self._lock
+
     def _connection(self) -> sqlite3.Connection:
         """This process's connection (opened on first use and after a fork). Call under the lock."""
         if self._conn is not None and self._pid == os.getpid():
@@ -166,11 +229,12 @@ class SqliteLedger:
         if self._conn is not None:  # inherited across fork: never touch it, never let GC close it
             self._inherited.append(self._conn)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None,
                                    check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
+            if self.checkpoint_interval_s > 0:
+                conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
             conn.execute("BEGIN IMMEDIATE")
             try:
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -188,13 +252,18 @@ class SqliteLedger:
         except sqlite3.Error as exc:
             raise LedgerUnavailable(f"budget ledger {self.path}: {exc}") from exc
         self._conn, self._pid = conn, os.getpid()
+        if self.checkpoint_interval_s > 0:
+            self._stop = threading.Event()
+            weakref.finalize(self, self._stop.set)
+            threading.Thread(target=_checkpoint_loop, args=(self.path, self.checkpoint_interval_s, self._stop),
+                             name=f"budget-checkpoint:{self.path.name}", daemon=True).start()
         return conn
 
     @contextmanager
     def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
         """One transaction (``BEGIN IMMEDIATE`` for writes, ``BEGIN`` for consistent reads);
         rolls back on any error; SQLite errors become ``LedgerUnavailable``."""
-        with self._lock:
+        with self._guard():
             conn = self._connection()
             try:
                 conn.execute(begin)
@@ -369,7 +438,8 @@ class SqliteLedger:
 
     def close(self) -> None:
         """Close this process's connection (reopened on next use)."""
-        with self._lock:
+        with self._guard():
+            self._stop.set()
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
             self._conn = None

@@ -152,8 +152,10 @@ def test_concurrent_decisions_with_outcomes_never_overspend(budget_ledgers, lims
     assert violations(cfg, ledgers[0], reqs, accepted, settled=True) == []
 
 
-def _process_worker(path: str, cfg_dict: dict, reqs: list[Req], offset: int, barrier, results) -> None:
-    ledger = SqliteLedger(path, BudgetConfig.from_dict(cfg_dict))
+def _process_worker(path: str, inherited: SqliteLedger | None, cfg_dict: dict, reqs: list[Req], offset: int,
+                    barrier, results) -> None:
+    # half the workers use a ledger opened by the parent before the fork (it must reopen its connection)
+    ledger = inherited or SqliteLedger(path, BudgetConfig.from_dict(cfg_dict))
     local = threading.Barrier(len(reqs))
     barrier.wait()
     results.put((offset, race([ledger], reqs, settle=False, barrier=local, offset=offset)))
@@ -165,11 +167,13 @@ def test_concurrent_processes_never_overspend_sqlite(tmp_path, seed):
     reqs = [Req(rng.randint(0, 40) / 100, rng.choice([(TENANT,), (TENANT, TEAM)])) for _ in range(N)]
     cfg = config(rng.randint(50, 300) / 100, rng.randint(50, 200) / 100)
     path = str(tmp_path / "ledger.db")
-    SqliteLedger(path, cfg).close()  # create the schema once
+    parent = SqliteLedger(path, cfg)
+    parent.snapshot([TENANT], NOW)  # its connection is live at fork time
     ctx = multiprocessing.get_context("fork")
     barrier, results = ctx.Barrier(4), ctx.Queue()
-    procs = [ctx.Process(target=_process_worker, args=(path, cfg.to_dict(), reqs[k * 8:(k + 1) * 8], k * 8,
-                                                       barrier, results)) for k in range(4)]
+    procs = [ctx.Process(target=_process_worker, args=(path, parent if k % 2 else None, cfg.to_dict(),
+                                                       reqs[k * 8:(k + 1) * 8], k * 8, barrier, results))
+             for k in range(4)]
     for p in procs:
         p.start()
     accepted: list[bool] = [False] * N
@@ -179,7 +183,7 @@ def test_concurrent_processes_never_overspend_sqlite(tmp_path, seed):
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
-    assert violations(cfg, SqliteLedger(path, cfg), reqs, accepted, settled=False) == []
+    assert violations(cfg, parent, reqs, accepted, settled=False) == []
     assert 0 < sum(accepted) < N  # the scenario is tight enough to refuse some
 
 
@@ -204,3 +208,27 @@ def test_the_checks_catch_a_ledger_that_is_not_atomic(budget_ledgers):
     accepted = race([racy], reqs, settle=False)
     found = violations(cfg, budget_ledgers.open(cfg, store), reqs, accepted, settled=False)
     assert any("> limit" in v for v in found)
+
+
+def _reserve_settle_then_die(path: str, cfg_dict: dict) -> None:
+    import os
+    import signal
+
+    ledger = SqliteLedger(path, BudgetConfig.from_dict(cfg_dict))
+    ledger.reserve("kept", [TENANT], 0.4, NOW)
+    ledger.settle("kept", 0.3, NOW, target="t", completion_tokens=30)
+    ledger.reserve("held", [TENANT], 0.5, NOW)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_sqlite_commits_survive_a_killed_process(tmp_path):
+    cfg = config(1.0, 1.0)
+    path = str(tmp_path / "ledger.db")
+    proc = multiprocessing.get_context("fork").Process(target=_reserve_settle_then_die, args=(path, cfg.to_dict()))
+    proc.start()
+    proc.join(timeout=60)
+    assert proc.exitcode == -9
+    ledger = SqliteLedger(path, cfg)
+    assert spent_nusd(ledger, TENANT, "day") == to_nusd(0.8)
+    assert ledger.settle("kept", 9.0, NOW).replayed
+    assert ledger.effective_price_per_token("t", "day", NOW).completion_tokens == 30
