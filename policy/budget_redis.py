@@ -28,6 +28,7 @@ spend across a Redis restart). Tested against standalone redis-server 7.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
@@ -248,7 +249,7 @@ class RedisLedger:
         keep = config.record_retention_s + KEEP_AFTER_WINDOW_S
         budgets = config.budgets_for(scopes)
         args: list[Any] = self._head(now) + [
-            decision_id, str(need), repr(expires), str(int(config.record_retention_s)),
+            decision_id, str(need), repr(expires), str(max(1, math.ceil(config.record_retention_s))),
             windows["day"].id, windows["month"].id, repr(windows["day"].end_s + keep),
             repr(windows["month"].end_s + keep), "\n".join(scopes), str(len(budgets))]
         for b in budgets:

@@ -146,3 +146,22 @@ def test_open_ledger_by_url(tmp_path, monkeypatch):
         open_ledger("sqlite:///x.db?fsync=1")
     with pytest.raises(BudgetError, match="synchronous"):
         open_ledger("sqlite:///x.db?synchronous=off")
+
+
+def test_backend_failures_are_ledger_unavailable(tmp_path):
+    import socket
+
+    from pointsman.policy.budget import LedgerUnavailable
+    from pointsman.policy.budget_redis import RedisLedger
+
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(LedgerUnavailable, match="budget ledger"):
+        SqliteLedger(tmp_path / "file" / "ledger.db")
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    down = RedisLedger.from_url(f"redis://127.0.0.1:{port}/0", timeout_s=0.2)
+    with pytest.raises(LedgerUnavailable, match="redis"):
+        down.reserve("d", ["tenant:a"], 0.1, 0.0)
+    with pytest.raises(LedgerUnavailable):
+        down.effective_price_per_token("t")
