@@ -164,6 +164,11 @@ _SELECT_RES = ("SELECT state, scopes, day_id, month_id, reserved_nusd, hold_stat
                "prompt_tokens, cached_tokens, completion_tokens FROM budget_reservations WHERE decision_id = ?")
 
 
+def _split(scopes: str) -> list[str]:
+    """The stored scope list (newline-joined; empty for none)."""
+    return scopes.split("\n") if scopes else []
+
+
 class SqliteLedger:
     """Budget ledger in one SQLite file (see the module docstring for the guarantee).
 
@@ -286,7 +291,7 @@ class SqliteLedger:
                             "WHERE state = 'held' AND expires_s <= ?", (now,)).fetchall()
         for decision_id, scopes, day_id, month_id, reserved in rows:
             if reserved:
-                conn.executemany(_ADD_HELD, [(s, w, -reserved) for s in scopes.split("\n") for w in (day_id, month_id)])
+                conn.executemany(_ADD_HELD, [(s, w, -reserved) for s in _split(scopes) for w in (day_id, month_id)])
             conn.execute("UPDATE budget_reservations SET state = 'expired' WHERE decision_id = ?", (decision_id,))
 
     @staticmethod
@@ -355,7 +360,7 @@ class SqliteLedger:
             if state == "settled":
                 return Settlement(decision_id, to_usd(reserved), to_usd(row[6]), row[7], row[8], row[9], row[10],
                                   row[11], row[5], replayed=True)
-            keys = [(s, w) for s in scopes.split("\n") for w in (day_id, month_id)]
+            keys = [(s, w) for s in _split(scopes) for w in (day_id, month_id)]
             if state == "held" and reserved:
                 conn.executemany(_ADD_HELD, [(s, w, -reserved) for s, w in keys])
             conn.executemany(_ADD_SETTLED, [(s, w, actual) for s, w in keys])
@@ -383,7 +388,7 @@ class SqliteLedger:
             if state != "held":
                 return False
             if reserved:
-                conn.executemany(_ADD_HELD, [(s, w, -reserved) for s in scopes.split("\n") for w in (day_id, month_id)])
+                conn.executemany(_ADD_HELD, [(s, w, -reserved) for s in _split(scopes) for w in (day_id, month_id)])
             conn.execute("UPDATE budget_reservations SET state = 'released' WHERE decision_id = ?", (decision_id,))
         return True
 
@@ -399,7 +404,7 @@ class SqliteLedger:
             stale = conn.execute("SELECT scopes, day_id, month_id, reserved_nusd FROM budget_reservations "
                                  "WHERE state = 'held' AND expires_s <= ?", (now,)).fetchall()
         for res_scopes, day_id, month_id, reserved in stale:
-            for s in res_scopes.split("\n"):
+            for s in _split(res_scopes):
                 for w in (day_id, month_id):
                     if (s, w) in counters:
                         held, settled = counters[(s, w)]

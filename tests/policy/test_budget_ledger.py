@@ -233,3 +233,13 @@ def test_purge_forgets_old_records(budget_ledgers):
             ledger.settle("old", 0.1, T + 3602)
     assert ledger.settle("held", 0.1, T + 3602).hold_state == "expired"
     assert spent(ledger, ACME, T + 3602) == pytest.approx(0.2)
+
+
+def test_a_request_without_scopes_is_unlimited_and_still_priced(budget_ledgers):
+    ledger = budget_ledgers.open(cfg((ACME, "day", 0)))
+    ledger.reserve("anon", [], 5.0, T)
+    ledger.settle("anon", 0.5, T, target="frontier-small", completion_tokens=50)
+    assert ledger.effective_price_per_token("frontier-small", "day", T).usd_per_token == pytest.approx(0.01)
+    assert ledger.snapshot([], T).statuses == () and ledger.snapshot([], T).fits(1e9)
+    ledger.reserve("anon2", [], 5.0, T)
+    assert ledger.release("anon2", T) is True
