@@ -42,21 +42,22 @@ WORDS = ("the of and to in is that for it as with was on be by this are from at 
 
 
 def text_of(n_words: int, rng: random.Random) -> str:
-    """English-like filler text of ``n_words`` words (about 1.2-1.4 BPE tokens per word)."""
+    """English-like filler text of ``n_words`` words from a fixed vocabulary."""
     return " ".join(rng.choice(WORDS) for _ in range(n_words))
 
 
 def workloads(rng: random.Random) -> list[tuple[str, dict[str, Any]]]:
-    """(label, chat request body) for the four sizes; word counts are tuned to the token targets."""
+    """(label, chat request body) for the four sizes; word counts are tuned to the token targets
+    as counted by the MiniLM (BERT WordPiece) tokenizer, ~1.1 tokens per word of this vocabulary."""
     conv: list[dict[str, Any]] = [{"role": "system", "content": text_of(200, rng)}]
     for _ in range(40):  # 40 turns of ~1,250 tokens each way: ~100k tokens
-        conv.append({"role": "user", "content": text_of(900, rng)})
-        conv.append({"role": "assistant", "content": text_of(900, rng)})
+        conv.append({"role": "user", "content": text_of(1120, rng)})
+        conv.append({"role": "assistant", "content": text_of(1120, rng)})
     conv.append({"role": "user", "content": text_of(60, rng) + " What should we do next?"})
     return [
         ("~30 tokens", {"messages": [{"role": "user", "content": text_of(22, rng) + "?"}]}),
-        ("~500 tokens", {"messages": [{"role": "user", "content": text_of(380, rng)}]}),
-        ("~8,000 tokens", {"messages": [{"role": "user", "content": text_of(6000, rng)}]}),
+        ("~500 tokens", {"messages": [{"role": "user", "content": text_of(455, rng)}]}),
+        ("~8,000 tokens", {"messages": [{"role": "user", "content": text_of(7250, rng)}]}),
         ("~100k-token conversation", {"messages": conv}),
     ]
 
