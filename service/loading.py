@@ -41,15 +41,16 @@ class LoadedEngine:
     estimator_error: str | None
 
 
-def load_estimator(spec: str | None) -> tuple[object, str | None]:
-    """(estimator, error): the real estimator for ``spec``, or an ``UnavailableEstimator`` and why."""
+def load_estimator(spec: str | None, timeout_ms: float | None = None, threads: int = 1) -> tuple[object, str | None]:
+    """(estimator, error): the real estimator for ``spec`` (``timeout_ms`` budget per estimate,
+    ``threads`` onnxruntime threads), or an ``UnavailableEstimator`` and why."""
     if importlib.util.find_spec("pointsman.estimator.loading") is None:
         reason = "pointsman.estimator.loading is not installed"
         return UnavailableEstimator(reason), reason
     from pointsman.estimator.loading import load_estimator as _load
 
     try:
-        return _load(spec), None
+        return _load(spec, timeout_ms=timeout_ms, intra_op_threads=threads), None
     except Exception as exc:  # noqa: BLE001 - a broken model must not stop routing; the reason is reported
         reason = f"{type(exc).__name__}: {exc}"
         return UnavailableEstimator(reason), reason
@@ -61,5 +62,5 @@ def build_engine(settings: Settings) -> LoadedEngine:
     ``PolicyError`` (every problem, located) for bad config files."""
     fleet = load_fleet(settings.fleet_path)
     policy = load_policy(settings.policy_path, fleet)
-    estimator, error = load_estimator(settings.model)
+    estimator, error = load_estimator(settings.model, settings.estimator_timeout_ms, settings.estimator_threads)
     return LoadedEngine(RoutingEngine(fleet, policy, estimator), error)

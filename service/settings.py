@@ -1,19 +1,18 @@
 """Service and CLI settings (pydantic-settings): environment variables prefixed
 ``POINTSMAN_``, overridden by explicit arguments (CLI options).
 
-=============================  ==========================================  =====================================
-variable                       meaning                                     default
-=============================  ==========================================  =====================================
-``POINTSMAN_FLEET_PATH``       fleet file (YAML)                           the packaged ``policy/defaults/fleet.yaml``
-``POINTSMAN_POLICY_PATH``      routing policy file (YAML + CEL)            the packaged ``default.yaml``
-``POINTSMAN_MODEL``            estimator model spec for ``load_estimator`` the estimator's own default
-                               (a directory or a registry URI)
-``POINTSMAN_DATA_DIR``         data folder (MLflow store, logs)            ``./data``
-``POINTSMAN_MAX_BODY_BYTES``   largest accepted request body, in bytes     8 MiB (8388608)
-``POINTSMAN_HOST``             bind address for ``pointsman serve``        ``127.0.0.1``
-``POINTSMAN_PORT``             port for ``pointsman serve``                ``8000``
-``POINTSMAN_LOG_LEVEL``        uvicorn/app log level                       ``info``
-=============================  ==========================================  =====================================
+- ``POINTSMAN_FLEET_PATH``: fleet file (YAML); default the packaged ``policy/defaults/fleet.yaml``.
+- ``POINTSMAN_POLICY_PATH``: routing policy (YAML + CEL); default the packaged ``default.yaml``.
+- ``POINTSMAN_MODEL``: estimator model spec for ``load_estimator`` (``bundled``, ``champion``,
+  ``models:/NAME@ALIAS``, or a directory); default the bundled model.
+- ``POINTSMAN_ESTIMATOR_TIMEOUT_MS``: time budget per estimate, an overrun counts as
+  unavailable; default none.
+- ``POINTSMAN_ESTIMATOR_THREADS``: onnxruntime threads per session; default 1.
+- ``POINTSMAN_DATA_DIR``: data folder (MLflow store, downloaded models); default ``./data``.
+- ``POINTSMAN_MAX_BODY_BYTES``: largest accepted request body in bytes; default 8 MiB (8388608).
+- ``POINTSMAN_HOST`` / ``POINTSMAN_PORT``: bind address and port of ``pointsman serve``;
+  default ``127.0.0.1:8000``.
+- ``POINTSMAN_LOG_LEVEL``: uvicorn and app log level; default ``info``.
 """
 
 from __future__ import annotations
@@ -37,6 +36,8 @@ class Settings(BaseSettings):
     fleet_path: Path = DEFAULT_FLEET_PATH
     policy_path: Path = DEFAULT_POLICY_PATH
     model: str | None = None
+    estimator_timeout_ms: float | None = Field(default=None, gt=0)
+    estimator_threads: int = Field(default=1, ge=1)
     data_dir: Path = Path("data")
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
     host: str = "127.0.0.1"
