@@ -1,0 +1,83 @@
+"""Labels for the difficulty head from outcome tables.
+
+``p_hard`` is the probability that the cheaper model's answer is worse than the
+frontier model's (RouteLLM's "strong win", Ong et al. 2024). One weak/strong
+pair on one prompt gives a noisy 0/1 label; averaging over several weak and
+strong models of the same tiers gives a soft label in [0, 1] that says how
+reliably the cheaper tier falls short on that prompt.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def pairwise_worse_share(weak: np.ndarray, strong: np.ndarray, margin: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Share of (weak, strong) model pairs in which the weak model scored worse.
+
+    ``weak``: float array (n, k_weak) of scores, NaN where missing; ``strong``:
+    (n, k_strong). A pair counts as "weak worse" when ``strong - weak > margin``
+    (same score units: 0/1 correctness, 1–10 judge rating, 0–1 win score).
+    Returns ``(y, n_pairs)``: float64 (n,) soft labels in [0, 1] (NaN where a row
+    has no pair with both scores) and int64 (n,) pair counts.
+    """
+    weak = np.asarray(weak, dtype=np.float64)
+    strong = np.asarray(strong, dtype=np.float64)
+    if weak.ndim == 1:
+        weak = weak[:, None]
+    if strong.ndim == 1:
+        strong = strong[:, None]
+    if weak.shape[0] != strong.shape[0]:
+        raise ValueError(f"weak has {weak.shape[0]} rows, strong has {strong.shape[0]}")
+    diff = strong[:, None, :] - weak[:, :, None]  # (n, k_weak, k_strong)
+    valid = ~np.isnan(diff)
+    worse = (np.where(valid, diff, 0.0) > margin) & valid
+    n_pairs = valid.sum(axis=(1, 2))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        y = worse.sum(axis=(1, 2)) / n_pairs
+    y = np.where(n_pairs > 0, y, np.nan)
+    return y, n_pairs.astype(np.int64)
+
+
+def expand_soft_labels(y: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Turn soft labels into a weighted binary problem for any scikit-learn classifier.
+
+    Row i becomes two rows: label 1 with weight ``weight[i]*y[i]`` and label 0 with
+    weight ``weight[i]*(1-y[i])``; the weighted log-loss equals the soft-label
+    cross-entropy. Returns ``(index (2n,), labels int64 (2n,), weights float64 (2n,))``
+    where ``index`` points back into the original rows (for features and groups).
+    Rows whose expanded weight is 0 are dropped.
+    """
+    y = np.asarray(y, dtype=np.float64)
+    weight = np.asarray(weight, dtype=np.float64)
+    n = len(y)
+    index = np.concatenate([np.arange(n), np.arange(n)])
+    labels = np.concatenate([np.ones(n, dtype=np.int64), np.zeros(n, dtype=np.int64)])
+    weights = np.concatenate([weight * y, weight * (1.0 - y)])
+    keep = weights > 0
+    return index[keep], labels[keep], weights[keep]
+
+
+def pairwise_gap_share(weak: np.ndarray, strong: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """Mean positive score gap ``clip((strong - weak) / scale, 0, 1)`` over (weak, strong) pairs.
+
+    A graded alternative to ``pairwise_worse_share`` for judge ratings: a 1→9 loss
+    counts more than a 8→9 one, which is what APGR weighs (each prompt contributes
+    its gap). ``scale``: the score range (9 for 1–10 ratings, 1 for 0/1 or 0–1 scores;
+    with 0/1 scores both functions agree). Returns ``(y, n_pairs)`` like
+    ``pairwise_worse_share``.
+    """
+    weak = np.asarray(weak, dtype=np.float64)
+    strong = np.asarray(strong, dtype=np.float64)
+    if weak.ndim == 1:
+        weak = weak[:, None]
+    if strong.ndim == 1:
+        strong = strong[:, None]
+    diff = strong[:, None, :] - weak[:, :, None]
+    valid = ~np.isnan(diff)
+    gap = np.clip(np.where(valid, diff, 0.0) / scale, 0.0, 1.0)
+    n_pairs = valid.sum(axis=(1, 2))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        y = gap.sum(axis=(1, 2)) / n_pairs
+    y = np.where(n_pairs > 0, y, np.nan)
+    return y, n_pairs.astype(np.int64)
