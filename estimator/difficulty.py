@@ -1,0 +1,119 @@
+"""The onnxruntime ``DifficultyEstimator``: request features → ``p_hard``.
+
+``p_hard`` is the calibrated probability that the cheaper model's answer is worse
+than the frontier model's. Pipeline per request: the query window
+(``RequestFeatures.query_text``) is embedded by the encoder (``encoder.onnx``),
+concatenated with the cheap request features of ``estimator.markers``, and scored
+by the head (``head.onnx``, a scikit-learn model exported with skl2onnx).
+
+Serving imports only onnxruntime, tokenizers, numpy and the standard library.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from pointsman.errors import ModelNotFoundError
+from pointsman.estimator.encoders import make_encoder, session_options
+from pointsman.estimator.estimate import DifficultyEstimate
+from pointsman.estimator.features import RequestFeatures
+from pointsman.estimator.manifest import Manifest, read_manifest
+from pointsman.estimator.markers import FEATURE_NAMES, request_matrix, request_vector
+
+
+class DifficultyEstimator:
+    """Scores requests with the model in one model directory (see ``estimator.manifest``).
+
+    ``version``: the manifest's content version (e.g. ``pointsman-difficulty-1a2b3c4d5e6f``).
+    ``source``: where the model came from (``bundled``, a directory, ``models:/NAME@ALIAS``).
+    ``tokenizer``: the encoder's ``tokenizers.Tokenizer`` with padding/truncation disabled,
+    for ``extract_features(request, est.tokenizer)``.
+    ``timeout_ms``: time budget per ``estimate`` call; an estimate that overruns it is
+    returned as unavailable (``error="timeout: ..."``). ``None`` disables the budget.
+    ``intra_op_threads``: onnxruntime threads per session (1 for in-process serving).
+
+    Raises ``ModelNotFoundError`` when the directory is not a valid model directory or
+    the head's feature layout does not match this version of Pointsman.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        timeout_ms: float | None = None,
+        intra_op_threads: int = 1,
+        source: str | None = None,
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        self.manifest: Manifest = read_manifest(self.model_dir)
+        self.version: str = self.manifest.version
+        self.source: str = source or str(self.model_dir)
+        self.timeout_ms = timeout_ms
+        spec = self.manifest.encoder
+        expected = [f"emb_{i}" for i in range(spec.dim)] + list(FEATURE_NAMES)
+        if self.manifest.head.feature_names != expected:
+            raise ModelNotFoundError(
+                f"{self.model_dir}: head expects {len(self.manifest.head.feature_names)} features that do not match "
+                f"this Pointsman's encoder dim {spec.dim} + {len(FEATURE_NAMES)} request features; retrain the model"
+            )
+        try:
+            self.encoder = make_encoder(self.model_dir, spec, intra_op_threads)
+            self._head = ort.InferenceSession(
+                str(self.model_dir / self.manifest.head.file),
+                sess_options=session_options(intra_op_threads),
+                providers=["CPUExecutionProvider"],
+            )
+        except Exception as exc:  # onnxruntime raises its own exception types for corrupt files
+            raise ModelNotFoundError(f"{self.model_dir}: cannot load ONNX model ({type(exc).__name__}: {exc})") from None
+        self.tokenizer = self.encoder.tokenizer
+        self._head_in = self.manifest.head.input
+        self._head_out = self.manifest.head.output
+
+    def __repr__(self) -> str:
+        return f"DifficultyEstimator(version={self.version!r}, encoder={self.manifest.encoder.kind!r}, source={self.source!r})"
+
+    def feature_vector(self, features: RequestFeatures) -> np.ndarray:
+        """The head's input for one request: float32 (1, dim + len(FEATURE_NAMES))."""
+        emb = self.encoder.encode(features.query_text)
+        return np.concatenate([emb, request_vector(features)])[None, :].astype(np.float32, copy=False)
+
+    def estimate(self, features: RequestFeatures) -> DifficultyEstimate:
+        """``p_hard`` for one request; never raises for a valid ``RequestFeatures``.
+
+        Failures and budget overruns come back as ``available=False`` with ``error`` set.
+        ``latency_ms`` is the wall time of this call.
+        """
+        start = time.perf_counter()
+        try:
+            x = self.feature_vector(features)
+            p = float(self._head.run([self._head_out], {self._head_in: x})[0].reshape(-1)[0])
+        except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
+            elapsed = (time.perf_counter() - start) * 1000.0
+            return DifficultyEstimate(None, False, elapsed, f"{type(exc).__name__}: {exc}")
+        elapsed = (time.perf_counter() - start) * 1000.0
+        if not np.isfinite(p):
+            return DifficultyEstimate(None, False, elapsed, f"head returned a non-finite p_hard ({p})")
+        if self.timeout_ms is not None and elapsed > self.timeout_ms:
+            return DifficultyEstimate(None, False, elapsed, f"timeout: {elapsed:.2f} ms > budget {self.timeout_ms:g} ms")
+        return DifficultyEstimate(min(max(p, 0.0), 1.0), True, elapsed)
+
+    def feature_matrix(self, features: list[RequestFeatures]) -> np.ndarray:
+        """Head inputs for many requests: float32 (n, dim + len(FEATURE_NAMES))."""
+        emb = self.encoder.encode_batch([f.query_text for f in features])
+        return np.hstack([emb, request_matrix(features)]).astype(np.float32, copy=False)
+
+    def predict_matrix(self, x: np.ndarray) -> np.ndarray:
+        """``p_hard`` for precomputed head inputs ``x`` float32 (n, n_features): float32 (n,)."""
+        if len(x) == 0:
+            return np.zeros(0, dtype=np.float32)
+        return self._head.run([self._head_out], {self._head_in: np.ascontiguousarray(x, dtype=np.float32)})[0].reshape(-1)
+
+    def estimate_batch(self, features: list[RequestFeatures]) -> np.ndarray:
+        """``p_hard`` for many requests (evaluation): float32 (n,). Raises on failure."""
+        if not features:
+            return np.zeros(0, dtype=np.float32)
+        return self.predict_matrix(self.feature_matrix(features))

@@ -1,0 +1,141 @@
+"""Serving-side text encoders on onnxruntime + ``tokenizers`` (no torch).
+
+- ``StaticEncoder``: a static token-embedding table distilled from all-MiniLM-L6-v2
+  with model2vec. Graph: ``input_ids`` int64 (n,) → gather rows → dequantize →
+  mean → L2 normalize → ``embedding`` float32 (1, dim). Cost grows with the token
+  count up to ``max_tokens`` and stops there.
+- ``TransformerEncoder``: all-MiniLM-L6-v2 in ONNX. Graph: ``input_ids`` and
+  ``attention_mask`` int64 (b, L) → mean pooling over the mask → L2 normalize →
+  ``embedding`` float32 (b, 384). Inputs are cut to ``max_tokens`` (with [CLS]/[SEP]).
+
+Both expose ``encode(text) -> float32 (dim,)`` and ``encode_batch(texts) -> float32 (n, dim)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+from pointsman.estimator.manifest import EncoderSpec
+
+
+def session_options(intra_op_threads: int = 1) -> ort.SessionOptions:
+    """onnxruntime options for in-process serving: ``intra_op_threads`` threads (default 1),
+    sequential execution, full graph optimization, warnings silenced."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = max(1, int(intra_op_threads))
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+    return opts
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """A ``tokenizers.Tokenizer`` from ``tokenizer.json`` with padding and truncation disabled
+    (the packaged MiniLM tokenizer pads/truncates to 128 otherwise)."""
+    tok = Tokenizer.from_file(str(path))
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+class StaticEncoder:
+    """Static embedding on onnxruntime: mean of the query's token vectors, L2-normalized.
+
+    ``encode(text)`` returns float32 (dim,); an input with no known tokens embeds as zeros.
+    Special tokens are not added and unknown tokens are dropped (as model2vec does).
+    """
+
+    def __init__(self, model_path: str | Path, tokenizer: Tokenizer, spec: EncoderSpec, intra_op_threads: int = 1):
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self.session = ort.InferenceSession(
+            str(model_path), sess_options=session_options(intra_op_threads), providers=["CPUExecutionProvider"]
+        )
+        self.dim = int(spec.dim)
+        self.max_tokens = int(spec.max_tokens)
+        self._unk = tokenizer.token_to_id("[UNK]")
+
+    def token_ids(self, text: str) -> np.ndarray:
+        """Token ids the table is indexed with: int64 (k,), k <= ``max_tokens``."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        if self._unk is not None:
+            ids = [i for i in ids if i != self._unk]
+        return np.asarray(ids[: self.max_tokens], dtype=np.int64)
+
+    def encode(self, text: str) -> np.ndarray:
+        """Embedding of ``text``: float32 (dim,), unit L2 norm (zeros if no tokens)."""
+        ids = self.token_ids(text)
+        if ids.size == 0:
+            return np.zeros(self.dim, dtype=np.float32)
+        return self.session.run(None, {"input_ids": ids})[0][0]
+
+    def encode_batch(self, texts: list[str]) -> np.ndarray:
+        """Embeddings of ``texts``: float32 (n, dim)."""
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, t in enumerate(texts):
+            out[i] = self.encode(t)
+        return out
+
+
+class TransformerEncoder:
+    """all-MiniLM-L6-v2 on onnxruntime with a bounded token window.
+
+    ``encode(text)`` returns float32 (384,); the input is tokenized with [CLS]/[SEP] and
+    cut to ``max_tokens`` (keeping the final [SEP]).
+    """
+
+    def __init__(self, model_path: str | Path, tokenizer: Tokenizer, spec: EncoderSpec, intra_op_threads: int = 1):
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self.session = ort.InferenceSession(
+            str(model_path), sess_options=session_options(intra_op_threads), providers=["CPUExecutionProvider"]
+        )
+        self.dim = int(spec.dim)
+        self.max_tokens = int(spec.max_tokens)
+        self._sep = tokenizer.token_to_id("[SEP]")
+        self._pad = tokenizer.token_to_id("[PAD]") or 0
+
+    def token_ids(self, text: str) -> list[int]:
+        """Token ids with [CLS] … [SEP], at most ``max_tokens`` long."""
+        ids = self.tokenizer.encode(text, add_special_tokens=True).ids
+        if len(ids) > self.max_tokens:
+            ids = ids[: self.max_tokens - 1] + [self._sep]
+        return ids
+
+    def encode(self, text: str) -> np.ndarray:
+        """Embedding of ``text``: float32 (dim,), unit L2 norm."""
+        ids = np.asarray([self.token_ids(text)], dtype=np.int64)
+        mask = np.ones_like(ids)
+        return self.session.run(None, {"input_ids": ids, "attention_mask": mask})[0][0]
+
+    def encode_batch(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+        """Embeddings of ``texts``: float32 (n, dim); batches of similar length, padded."""
+        seqs = [self.token_ids(t) for t in texts]
+        order = np.argsort([len(s) for s in seqs], kind="stable")
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            width = max(len(seqs[i]) for i in idx)
+            ids = np.full((len(idx), width), self._pad, dtype=np.int64)
+            mask = np.zeros((len(idx), width), dtype=np.int64)
+            for row, i in enumerate(idx):
+                ids[row, : len(seqs[i])] = seqs[i]
+                mask[row, : len(seqs[i])] = 1
+            out[idx] = self.session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+        return out
+
+
+def make_encoder(model_dir: str | Path, spec: EncoderSpec, intra_op_threads: int = 1) -> StaticEncoder | TransformerEncoder:
+    """The encoder named by ``spec`` from ``model_dir`` (tokenizer loaded with padding and
+    truncation disabled). Raises ``ValueError`` for an unknown kind."""
+    model_dir = Path(model_dir)
+    tok = load_tokenizer(model_dir / spec.tokenizer)
+    cls = {"static": StaticEncoder, "minilm": TransformerEncoder}.get(spec.kind)
+    if cls is None:
+        raise ValueError(f"unknown encoder kind {spec.kind!r}")
+    return cls(model_dir / spec.file, tok, spec, intra_op_threads)

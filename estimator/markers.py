@@ -1,0 +1,159 @@
+"""Cheap request features for the difficulty head: numbers from ``RequestFeatures``
+plus text markers (code, math, question type, format constraints) computed on the
+bounded query window.
+
+``request_vector(features) -> np.ndarray`` float32 of shape ``(len(FEATURE_NAMES),)``.
+Cost is bounded: markers read only ``features.query_text`` (at most
+``QUERY_WINDOW_CHARS`` characters, ~0.3 ms). Values are raw (counts as ``log1p``,
+flags 0/1, shares 0–1); the head standardizes them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.estimator.features import RequestFeatures
+
+_WORD = re.compile(r"[a-z]+(?:\+\+)?")
+_CODE_SYMBOLS = re.compile(r"```|^ {4,}\S|\t|=>|;[ \t]*$|[{}]|#include|</?[a-zA-Z][\w-]{0,20}>|\w\(\)", re.MULTILINE)
+_CODE_WORDS = frozenset(
+    "def return import class function print select console python javascript java c++ sql rust golang bash "
+    "typescript html css regex api json yaml docker kubernetes linux git code script compile bug debug "
+    "variable array string int const var lambda async await".split()
+)
+_MATH_WORDS = frozenset(
+    "calculate compute solve equation equations integral derivative probability percent percentage average "
+    "sum product prove theorem total ratio area volume multiply divide fraction factor prime matrix algebra "
+    "geometry statistics formula".split()
+)
+_MATH_PHRASES = ("how many", "how much", "square root")
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
+_DIGIT = re.compile(r"\d")
+_OPERATOR = re.compile(r"\d\s*[-+*/^=<>×÷%]\s*\d|\\frac|\\sqrt|\$[^$\n]+\$|\\\(")
+_WH_WORDS = frozenset("what who whom whose when where which why how".split())
+_YESNO_WORDS = frozenset("is are was were can could do does did will would should shall has have may".split())
+_CREATIVE_WORDS = frozenset(
+    "write compose draft create generate rewrite paraphrase imagine pretend brainstorm suggest describe "
+    "design plan invent".split()
+)
+_EXPLAIN_WORDS = frozenset("explain summarize summarise advice tips ideas recommend opinion".split())
+_FORMAT_WORDS = frozenset(
+    "bullet table json csv markdown format exactly must capitalize capital uppercase lowercase alphabetical "
+    "rhyme rhyming acrostic words sentences paragraphs characters".split()
+)
+_FORMAT_PHRASES = (
+    "do not", "don't", "only output", "only respond", "only answer", "start with", "end with",
+    "each word", "each sentence", "each line",
+)
+_CHOICES = re.compile(r"^[ \t]*\(?[A-Da-d][).:][ \t]+\S|\bAnswer:[ \t]*$|\boptions?:", re.MULTILINE)
+_REASONING_WORDS = frozenset(
+    "reason reasoning logic logical puzzle riddle deduce infer assume assumption therefore contradiction".split()
+)
+_REASONING_PHRASES = ("step by step", "if and only if", "true or false", "which of the following")
+_GIVEN_WORDS = frozenset("given following below above".split())
+_PARAGRAPH = re.compile(r"\n[ \t]*\n")
+
+FEATURE_NAMES: tuple[str, ...] = (
+    "log_prompt_tokens",
+    "log_query_chars",
+    "log_turns",
+    "log_messages",
+    "has_system",
+    "has_tools",
+    "has_images",
+    "log_tool_calls",
+    "log_lines",
+    "log_code_markers",
+    "log_math_words",
+    "log_numbers",
+    "log_math_operators",
+    "digit_share",
+    "symbol_share",
+    "upper_share",
+    "non_ascii_share",
+    "ends_with_question",
+    "log_question_marks",
+    "wh_question",
+    "yes_no_question",
+    "creative_request",
+    "explain_request",
+    "log_format_constraints",
+    "multiple_choice",
+    "log_reasoning_markers",
+    "given_input",
+    "log_paragraphs",
+)
+
+
+def _count_words(words: list[str], vocab: frozenset[str]) -> int:
+    return sum(w in vocab for w in words)
+
+
+def _count_phrases(lower: str, phrases: tuple[str, ...]) -> int:
+    return sum(lower.count(p) for p in phrases)
+
+
+def request_vector(features: RequestFeatures) -> np.ndarray:
+    """Cheap features of one request, in ``FEATURE_NAMES`` order.
+
+    Returns float32 array (len(FEATURE_NAMES),). Reads ``features.query_text`` (bounded
+    window of the last user message) and the numeric fields of ``RequestFeatures``.
+    Word markers are counted on lower-cased ``[a-z]+`` words; question and request
+    types look at the first 3 words of the query (its verb or question word).
+    """
+    text = features.query_text or ""
+    n = max(len(text), 1)
+    stripped = text.strip()
+    lower = text.lower()
+    words = _WORD.findall(lower)
+    head = words[:3]
+    first_line_words = _WORD.findall(stripped.split("\n", 1)[0].lower()) if stripped else []
+    digits = len(_DIGIT.findall(text))
+    upper = sum(1 for c in text if c.isupper())
+    letters = sum(len(w) for w in words)
+    non_ascii = len(text) - len(text.encode("ascii", "ignore"))
+    spaces = text.count(" ") + text.count("\n") + text.count("\t")
+    symbols = max(len(text) - spaces - letters - digits - non_ascii, 0)
+    values = (
+        math.log1p(features.prompt_tokens),
+        math.log1p(features.query_chars),
+        math.log1p(features.turns),
+        math.log1p(features.n_messages),
+        float(features.system_chars > 0),
+        float(features.has_tools),
+        float(features.has_images),
+        math.log1p(features.n_tool_calls),
+        math.log1p(text.count("\n")),
+        math.log1p(len(_CODE_SYMBOLS.findall(text)) + _count_words(words, _CODE_WORDS)),
+        math.log1p(_count_words(words, _MATH_WORDS) + _count_phrases(lower, _MATH_PHRASES)),
+        math.log1p(len(_NUMBER.findall(text))),
+        math.log1p(len(_OPERATOR.findall(text))),
+        digits / n,
+        symbols / n,
+        min(upper / max(letters, 1), 1.0),
+        non_ascii / n,
+        float(stripped.endswith("?")),
+        math.log1p(text.count("?")),
+        float(bool(head) and head[0] in _WH_WORDS),
+        float(bool(head) and head[0] in _YESNO_WORDS),
+        float(any(w in _CREATIVE_WORDS for w in head)),
+        float(_count_words(words, _EXPLAIN_WORDS) > 0),
+        math.log1p(_count_words(words, _FORMAT_WORDS) + _count_phrases(lower, _FORMAT_PHRASES)),
+        float(len(_CHOICES.findall(text)) >= 2),
+        math.log1p(_count_words(words, _REASONING_WORDS) + _count_phrases(lower, _REASONING_PHRASES)),
+        float(any(w in _GIVEN_WORDS for w in first_line_words)),
+        math.log1p(len(_PARAGRAPH.findall(stripped)) + (1 if stripped else 0)),
+    )
+    return np.asarray(values, dtype=np.float32)
+
+
+def request_matrix(features: list[RequestFeatures]) -> np.ndarray:
+    """``request_vector`` for many requests: float32 array (n, len(FEATURE_NAMES))."""
+    if not features:
+        return np.zeros((0, len(FEATURE_NAMES)), dtype=np.float32)
+    return np.stack([request_vector(f) for f in features])
