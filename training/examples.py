@@ -1,0 +1,159 @@
+"""Training examples from the public outcome sources: one row per prompt with its
+request features, soft label, weight and leakage-safe group key.
+
+``build_examples(sources, root, tokenizer, ...) -> Examples``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pointsman.datasets.outcomes import read_outcome_table
+from pointsman.datasets.sources import OutcomeSource
+from pointsman.datasets.splits import group_key
+from pointsman.estimator.features import RequestFeatures, extract_features
+from pointsman.request import parse_route_request
+from pointsman.training.labels import pairwise_gap_share, pairwise_worse_share
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tokenizers import Tokenizer
+
+#: Score margin per score kind: a pair counts as "weak worse" when strong - weak > margin.
+DEFAULT_MARGINS = {"correct01": 0.0, "judge_1_10": 0.0, "win_vs_reference": 0.0}
+#: Score range per score kind, for graded gap labels (``pairwise_gap_share``).
+SCORE_SCALES = {"correct01": 1.0, "judge_1_10": 9.0, "win_vs_reference": 1.0}
+
+
+@dataclass
+class Examples:
+    """Prompts with labels, aligned arrays of length n.
+
+    ``source``: source name per row; ``prompt_id``; ``group``: leakage-safe key
+    (``datasets.splits.group_key``); ``features``: ``RequestFeatures`` per row;
+    ``y``: float64 soft label in [0, 1]; ``n_pairs``: weak/strong pairs behind ``y``;
+    ``category``: the table's category.
+    """
+
+    source: np.ndarray
+    prompt_id: np.ndarray
+    group: np.ndarray
+    category: np.ndarray
+    features: list[RequestFeatures]
+    y: np.ndarray
+    y_gap: np.ndarray
+    n_pairs: np.ndarray
+    weak_score: np.ndarray
+    strong_score: np.ndarray
+    licenses: dict[str, str] = field(default_factory=dict)
+    anchor_rates: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def subset(self, mask: np.ndarray) -> Examples:
+        """Rows where boolean ``mask`` (n,) is True (or the given int indices)."""
+        idx = np.flatnonzero(mask) if np.asarray(mask).dtype == bool else np.asarray(mask)
+        return Examples(
+            source=self.source[idx],
+            prompt_id=self.prompt_id[idx],
+            group=self.group[idx],
+            category=self.category[idx],
+            features=[self.features[i] for i in idx],
+            y=self.y[idx],
+            y_gap=self.y_gap[idx],
+            n_pairs=self.n_pairs[idx],
+            weak_score=self.weak_score[idx],
+            strong_score=self.strong_score[idx],
+            licenses=dict(self.licenses),
+            anchor_rates=dict(self.anchor_rates),
+        )
+
+
+def _row_mean(scores: np.ndarray) -> np.ndarray:
+    """Mean of the non-NaN scores per row (NaN where a row has none): float64 (n,)."""
+    ok = ~np.isnan(scores)
+    total = np.where(ok, scores, 0.0).sum(axis=1)
+    count = ok.sum(axis=1)
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def features_for_messages(messages: list[dict[str, Any]], tokenizer: Tokenizer | None) -> RequestFeatures:
+    """``RequestFeatures`` of an OpenAI-style message list, through the same request
+    validation and feature extraction the service uses (so train and serve agree)."""
+    return extract_features(parse_route_request({"messages": messages}), tokenizer)
+
+
+def build_examples(
+    sources: list[OutcomeSource],
+    root: str | Path | None = None,
+    tokenizer: Tokenizer | None = None,
+    margins: dict[str, float] | None = None,
+    max_rows_per_source: dict[str, int] | None = None,
+    seed: int = 0,
+) -> Examples:
+    """Load each source's table and label every prompt over the source's weak × strong
+    models (``pairwise_worse_share`` and ``pairwise_gap_share``).
+
+    ``margins``: per score kind (default ``DEFAULT_MARGINS``). ``max_rows_per_source``:
+    keep a deterministic random subset (``seed``) of at most that many rows of a
+    source (e.g. MMLU's 14k). Rows with no scored pair and rows whose prompt is
+    empty are dropped. Raises ``DataError`` for unreadable tables or unknown columns.
+    """
+    margins = {**DEFAULT_MARGINS, **(margins or {})}
+    names = ("source", "prompt_id", "group", "category", "y", "y_gap", "n_pairs", "weak_score", "strong_score")
+    cols: dict[str, list[Any]] = {k: [] for k in names}
+    feats: list[RequestFeatures] = []
+    licenses: dict[str, str] = {}
+    anchor_rates: dict[str, dict[str, float]] = {}
+    for src in sources:
+        table = read_outcome_table(src.path(root))
+        weak = np.stack([table.scores(c) for c in src.weak], axis=1)
+        strong = np.stack([table.scores(c) for c in src.strong], axis=1)
+        y, n_pairs = pairwise_worse_share(weak, strong, margins[src.score_kind])
+        y_gap, _ = pairwise_gap_share(weak, strong, SCORE_SCALES[src.score_kind])
+        weak_mean = _row_mean(weak)
+        strong_mean = _row_mean(strong)
+        rows = np.flatnonzero(n_pairs > 0)
+        if src.anchor is not None:
+            a_worse, a_pairs = pairwise_worse_share(table.scores(src.anchor), strong, margins[src.score_kind])
+            a_gap, _ = pairwise_gap_share(table.scores(src.anchor), strong, SCORE_SCALES[src.score_kind])
+            ok = a_pairs > 0
+            anchor_rates[src.name] = {"worse": float(a_worse[ok].mean()), "gap": float(a_gap[ok].mean())}
+        limit = (max_rows_per_source or {}).get(src.name)
+        if limit is not None and len(rows) > limit:
+            rng = np.random.default_rng(seed)
+            rows = np.sort(rng.choice(rows, size=limit, replace=False))
+        ids, cats = table.prompt_ids, table.categories
+        for i in rows:
+            messages = table.messages[i]
+            if not any(str(m.get("content") or "").strip() for m in messages):
+                continue
+            feats.append(features_for_messages(messages, tokenizer))
+            cols["source"].append(src.name)
+            cols["prompt_id"].append(ids[i])
+            cols["group"].append(group_key(messages))
+            cols["category"].append(cats[i])
+            cols["y"].append(y[i])
+            cols["y_gap"].append(y_gap[i])
+            cols["n_pairs"].append(n_pairs[i])
+            cols["weak_score"].append(weak_mean[i])
+            cols["strong_score"].append(strong_mean[i])
+        licenses[src.name] = src.license
+    return Examples(
+        source=np.asarray(cols["source"], dtype=object),
+        prompt_id=np.asarray(cols["prompt_id"], dtype=object),
+        group=np.asarray(cols["group"], dtype=object),
+        category=np.asarray(cols["category"], dtype=object),
+        features=feats,
+        y=np.asarray(cols["y"], dtype=np.float64),
+        y_gap=np.asarray(cols["y_gap"], dtype=np.float64),
+        n_pairs=np.asarray(cols["n_pairs"], dtype=np.int64),
+        weak_score=np.asarray(cols["weak_score"], dtype=np.float64),
+        strong_score=np.asarray(cols["strong_score"], dtype=np.float64),
+        licenses=licenses,
+        anchor_rates=anchor_rates,
+    )
