@@ -177,6 +177,7 @@ def export_head(head: Any, n_features: int, path: str | Path) -> dict[str, Any]:
         options={id(ranker): {"zipmap": False}},
     )
     graph = onx.graph
+    graph.name = "pointsman_difficulty_head"  # skl2onnx names graphs with a random uuid; keep the bytes reproducible
     prob_name = next(o.name for o in graph.output if o.name == "probabilities")
     consts = {
         "ph_index1": np.array(1, dtype=np.int64),

@@ -78,6 +78,26 @@ def latency(est, prompt: str, repeats: int) -> dict[str, float]:
     }
 
 
+def bootstrap_apgr(est, n_boot: int, seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of the AlpacaEval APGR (prompts resampled with replacement)."""
+    from pointsman.datasets.outcomes import read_outcome_table
+    from pointsman.training.examples import features_for_messages
+    from pointsman.training.metrics import apgr
+
+    table = read_outcome_table(shared_datasets_dir() / AE_TABLE)
+    p = est.estimate_batch([features_for_messages(m, est.tokenizer) for m in table.messages])
+    w, s = table.scores(WEAK), table.scores(STRONG)
+    rng = np.random.default_rng(seed)
+    vals = []
+    for _ in range(n_boot):
+        i = rng.integers(0, len(p), len(p))
+        try:
+            vals.append(apgr(w[i], s[i], p[i]))
+        except ValueError:
+            continue
+    return float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))
+
+
 def ensure_model(kind: str, path: Path) -> Path:
     if (path / "manifest.json").is_file():
         return path
@@ -94,6 +114,7 @@ def main() -> int:
     ap.add_argument("--static", type=Path, default=bundled_model_dir())
     ap.add_argument("--minilm", type=Path, default=data_dir() / "compare" / "minilm")
     ap.add_argument("--repeats", type=int, default=300)
+    ap.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the AE APGR interval")
     args = ap.parse_args()
     from pointsman.training.evaluate import evaluate_table
 
@@ -103,6 +124,7 @@ def main() -> int:
         est = load_estimator(path, intra_op_threads=1)
         m = est.manifest
         ae = evaluate_table(est, shared_datasets_dir() / AE_TABLE, WEAK, STRONG)
+        ae["apgr_ci95"] = bootstrap_apgr(est, args.bootstrap)
         lat = {}
         for n in (32, 128, 512):
             lat[n] = latency(est, prompt_of_tokens(est.tokenizer, n), args.repeats)
@@ -127,6 +149,7 @@ def main() -> int:
     line("model size (MB)", lambda e, m, a, l, s: f"{s / 1e6:.1f}")
     for key in ("apgr", "cpt50", "cpt80", "auc", "random_apgr", "oracle_apgr"):
         line(f"AE {key}", lambda e, m, a, l, s, key=key: f"{a[key]:.4f}")
+    line("AE apgr 95% bootstrap", lambda e, m, a, l, s: f"{a['apgr_ci95'][0]:.3f}-{a['apgr_ci95'][1]:.3f}")
     line("AE n", lambda e, m, a, l, s: str(a["n"]))
     for src in ("heldout/chat_apgr", "heldout/arena_bench_v1/apgr", "heldout/routellm_mtbench/apgr",
                 "heldout/routellm_mmlu/apgr", "heldout/routellm_mmlu/auc", "heldout/routellm_gsm8k/apgr",

@@ -12,26 +12,49 @@ from pointsman.estimator.manifest import Manifest
 
 #: How the default recipe was chosen; kept here so every generated PROVENANCE.md carries it.
 RECIPE_SELECTION = """\
-The recipe (sources and weights, label, features, head) was chosen on held-out
-Apache/MIT data only, by `scripts/select_recipe.py`: 5-fold grouped cross-validation
-over all training prompts plus leave-one-source-out runs, scoring the APGR on the two
-chat-like sets (Arena-Bench-V1: mean over its weak models vs gpt-4-1106-preview;
-MT-bench: Mixtral-8x7B vs GPT-4-1106). The candidate with the best mean chat held-out
-APGR was kept. Findings that decided it: letting MMLU's 14k prompts dominate (one
-weight unit per prompt) transferred *better* to held-out chat prompts than equal or
-square-root source weights; graded gap labels beat 0/1 "worse" labels on the 1–10
-judge sets; centering each source's labels removed the between-source offsets that
-only reflect which model pair a source used; a small regularized MLP ensemble beat
-logistic regression; request features needed per-block scaling (min–max) to stop rare
-0/1 flags from dominating.
+### How the recipe was chosen
+
+On held-out Apache/MIT data only, by `scripts/select_recipe.py` (static encoder): 5-fold
+grouped cross-validation over all training prompts plus leave-one-source-out runs,
+scoring the APGR (weak-tier vs strong-tier mean scores) on the two chat-like sets,
+Arena-Bench-V1 and MT-bench; `chat` is the mean of the four numbers. Candidates within
+0.01 of the best (the spread across MLP seeds) are ties, and among ties the design
+default (embedding + request features, graded labels centered per source) is kept.
+
+| candidate | arena_cv | mtb_cv | arena_loso | mtb_loso | chat |
+|---|---|---|---|---|---|
+| lr_emb_worse_raw | 0.543 | 0.619 | 0.540 | 0.633 | 0.584 |
+| lr_emb_gap_center | 0.551 | 0.650 | 0.541 | 0.678 | 0.605 |
+| lr_all_gap_center | 0.549 | 0.631 | 0.539 | 0.651 | 0.592 |
+| mlp_all_gap_center_equalsrc | 0.556 | 0.738 | 0.558 | 0.723 | 0.644 |
+| mlp_all_gap_raw | 0.549 | 0.746 | 0.542 | 0.767 | 0.651 |
+| mlp_all_worse_center | 0.543 | 0.757 | 0.541 | 0.756 | 0.650 |
+| mlp_all_gap_anchor | 0.548 | 0.750 | 0.542 | 0.762 | 0.651 |
+| mlp_emb_gap_center | 0.546 | 0.763 | 0.552 | 0.766 | 0.657 |
+| **mlp_all_gap_center** (shipped) | 0.548 | 0.766 | 0.543 | 0.764 | 0.655 |
+
+What decided it: a small, strongly regularized MLP ensemble beats logistic regression
+by about 0.05; letting MMLU's 14k prompts carry most of the weight (one unit per
+prompt) transfers at least as well to held-out chat prompts as equal source weights
+(much better for logistic regression in earlier runs), because MMLU's per-subject
+difficulty is the most transferable signal in these sets; label variants (graded vs
+0/1, centered vs raw vs anchored on Mixtral-8x7B) are ties. Request features need
+per-block min-max scaling: standardized, rare 0/1 flags became huge z-scores and hurt.
+
+Encoder: static, because it meets the latency budget (estimate() p99 about 1 ms at 512
+tokens on one thread, vs about 18 ms for MiniLM in ONNX) with the same held-out chat
+APGR (0.657 vs 0.648). MiniLM int8 (per-channel dynamic) kept a minimum cosine of only
+0.986 to fp32 on 200 prompts, below the 0.99 bar, so MiniLM ships as fp32 (90 MB) when
+selected with `--encoder minilm`.
+
+### AlpacaEval, the transfer test
 
 AlpacaEval (CC BY-NC 4.0) was never used for training or for choosing among the
-candidates above. It is the transfer test, reported as measured. During development
-the AlpacaEval ae1 score (llama-2-7b-chat-hf vs gpt4_1106_preview) was looked at after
-each of a few recipe rounds that had already been chosen on the held-out chat sets
-(logistic regression → MLP ensemble → this recipe); each look is listed in
-`scripts/select_recipe.py`'s docstring. Treat the AlpacaEval number as a lightly
-peeked transfer result, not a pristine one.
+candidates. During development its ae1 score (llama-2-7b-chat-hf vs gpt4_1106_preview)
+was looked at after each of four recipe rounds that had already been chosen on the
+held-out chat sets (listed in `scripts/select_recipe.py`); no choice was reverted or
+tuned on it. Result for the shipped static default: APGR 0.578 (95% bootstrap 0.536-0.615),
+below the 0.60 target; MiniLM with the same recipe reaches 0.596.
 """
 
 
@@ -97,15 +120,16 @@ def provenance_markdown(manifest: Manifest, command: str, model_dir: Path | None
     ]
     import json
 
-    lines += [json.dumps(tr.get("recipe", {}), indent=2), "```", "", RECIPE_SELECTION, "## Metrics", ""]
+    lines += [json.dumps(tr.get("recipe", {}), indent=2), "```", "", RECIPE_SELECTION, "", "## Metrics", ""]
     lines += ["| metric | value |", "|---|---|"]
     for k, v in sorted(manifest.metrics.items()):
         lines.append(f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |")
     lines += [
         "",
         "`heldout/*`: out-of-fold predictions of 5-fold grouped cross-validation on the training",
-        "sources (APGR of the weak-tier vs strong-tier mean scores; AUC against \"strong tier",
-        "scored higher\"; ECE against the pairwise worse share). `transfer/*`: `pointsman evaluate`",
+        "sources (APGR of the weak-tier vs strong-tier mean scores; AUC against \"the weak model",
+        "is worse in most weak/strong pairs\"; ECE against the pairwise worse share).",
+        "`transfer/*`: `pointsman evaluate`",
         "on a table the model never saw.",
         "",
     ]

@@ -55,6 +55,7 @@ def client():
 
     _quiet()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     uri = default_tracking_uri()
     if _embedded():
         data_dir().mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ from pointsman.estimator.loading import REGISTERED_NAME, data_dir
 from pointsman.estimator.manifest import HeadSpec, Manifest, content_version
 from pointsman.estimator.markers import FEATURE_NAMES, request_matrix
 from pointsman.training.examples import Examples, build_examples
-from pointsman.training.metrics import apgr, ece, roc_auc, weak_worse
+from pointsman.training.metrics import apgr, ece, roc_auc
 from pointsman.training.recipe import TrainConfig
 
 #: Sources whose held-out APGR is averaged into ``heldout/chat_apgr`` (chat-like prompts).
@@ -93,7 +93,7 @@ def source_weights(ex: Examples, totals: dict[str, float] | None) -> np.ndarray:
 
 def heldout_metrics(ex: Examples, p_hard: np.ndarray, cal_weight: np.ndarray) -> dict[str, float]:
     """Per-source held-out metrics from out-of-fold ``p_hard`` (n,): APGR (weak tier vs
-    strong tier mean scores), AUC (label: strong tier mean > weak tier mean), ECE
+    strong tier mean scores), AUC (label: the weak model is worse in most pairs, ``y > 0.5``), ECE
     (against the pairwise worse share ``y``), n; plus ``heldout/chat_apgr`` and pooled ECE."""
     out: dict[str, float] = {}
     for s in np.unique(ex.source):
@@ -104,7 +104,7 @@ def heldout_metrics(ex: Examples, p_hard: np.ndarray, cal_weight: np.ndarray) ->
             out[f"{key}/apgr"] = apgr(w, st, p)
         except ValueError:
             out[f"{key}/apgr"] = float("nan")
-        out[f"{key}/auc"] = roc_auc(weak_worse(w, st), p)
+        out[f"{key}/auc"] = roc_auc((ex.y[m] > 0.5).astype(np.float64), p)
         out[f"{key}/ece"] = ece(ex.y[m], p)
         out[f"{key}/n"] = float(m.sum())
     chat = [out[f"heldout/{s}/apgr"] for s in CHAT_SOURCES if f"heldout/{s}/apgr" in out]
