@@ -161,7 +161,7 @@ def test_policy_check(tmp_path: Path):
 def test_policy_test():
     r = CliRunner().invoke(main, ["policy", "test", str(DEFAULT_POLICY_DIR / "default.cases.yaml")])
     assert r.exit_code == 0, r.output
-    assert r.stdout.splitlines()[-1] == "11 passed, 0 failed"
+    assert r.stdout.splitlines()[-1] == "13 passed, 0 failed"
 
 
 def test_serve_with_a_bad_policy_exits_2_before_listening(tmp_path: Path):
