@@ -178,3 +178,18 @@ def test_lifespan_builds_the_engine_from_settings(tmp_path, monkeypatch):
     # whatever the estimator module's state, a missing model leaves routing working
     if not health["estimator"]["available"]:
         assert r.json()["rule"] == "estimator-unavailable"
+
+
+def test_serving_path_imports_no_training_libraries():
+    """The service with the bundled estimator routes a request without torch, scikit-learn or MLflow."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom fastapi.testclient import TestClient\nfrom pointsman.service.app import create_app\n"
+            "with TestClient(create_app()) as c:\n"
+            "    assert c.post('/v1/route', json={'messages': [{'role': 'user', 'content': 'hi'}]}).status_code == 200\n"
+            "print(sorted(m for m in ('torch', 'sklearn', 'mlflow', 'pandas') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "ORT_DISABLE_TELEMETRY": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
