@@ -1,0 +1,174 @@
+"""The outcome payload: what a gateway reports after a routed request ran
+(``POST /v1/outcomes``, one object or a list), validated with pydantic.
+
+Serving-safe: imports only pydantic and the error tree.
+
+One outcome, as JSON (every field but ``decision_id`` is optional)::
+
+    {"decision_id": "0190f3c2a1b2...",          # from the decision (x-pointsman-decision-id)
+     "outcome_id": "0190f3c2a1b2...-shadow-1",   # default: the decision id (one outcome per decision)
+     "served_target": "onprem-8b",              # the fleet target that answered (fallback, experiment);
+     "served_model": "llama-3.1-8b",            #   default: the decision's target; upstream model name
+     "shadow": false,                           # true: answered for evaluation only, never shown to the user
+     "status": "ok",                            # ok | error | timeout | cancelled
+     "error": null,                             # error text when status != ok (at most 1000 chars)
+     "usage": {"prompt_tokens": 812, "cached_tokens": 512, "completion_tokens": 140},
+     "ttft_ms": 180.0, "tpot_ms": 22.5, "e2e_latency_ms": 3320.0,
+     "time_s": 1735689600.5,                    # when the answer completed (Unix seconds), optional
+     "quality": {"judge_score": 0.0, "judge_reference_score": 1.0, "judge": "gpt-4o-pairwise",
+                 "user_rating": 1.0, "regenerated": false, "escalated": false}}
+
+``usage`` also accepts OpenAI's shape (``total_tokens`` is ignored and
+``prompt_tokens_details.cached_tokens`` is read when ``cached_tokens`` is absent), so a
+gateway can forward the upstream response's usage as it is.
+
+Quality signals, all optional (``training/outcome_labels.py`` turns them into labels):
+
+- ``judge_score``: a judge's score of this answer, on the judge's own scale (a 1–10
+  rating, 0/1 correctness, or a 0–1 win score against a fixed reference answer);
+- ``judge_reference_score``: the same judge's score of a reference answer to the same
+  prompt, on the same scale (e.g. the frontier tier's answer);
+- ``judge``: a name for the judge and its scale, so scores of different judges are never
+  compared;
+- ``user_rating``: the user's rating in [0, 1] (thumbs up = 1, down = 0; 1–5 stars as
+  (stars − 1) / 4);
+- ``regenerated``: the user asked for another answer; ``escalated``: the application retried
+  the request on a stronger tier.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pointsman.errors import RequestError
+
+#: Outcome statuses: the answer arrived (``ok``), failed, timed out, or the client gave up.
+STATUSES = ("ok", "error", "timeout", "cancelled")
+#: Ids (decision, outcome): 1–128 characters of letters, digits and ``_.:-``.
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+_ID = re.compile(ID_PATTERN)
+#: Largest accepted batch in one call.
+MAX_BATCH = 1000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+
+class Usage(BaseModel):
+    """Token usage of the upstream call: ``prompt_tokens``, ``cached_tokens`` (prompt tokens
+    served from a prefix cache), ``completion_tokens``; integers >= 0, each optional.
+    OpenAI's extra keys are accepted and ignored (``prompt_tokens_details.cached_tokens`` is read)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    prompt_tokens: int | None = Field(default=None, ge=0)
+    cached_tokens: int | None = Field(default=None, ge=0)
+    completion_tokens: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _openai_cached(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("cached_tokens") is None:
+            details = data.get("prompt_tokens_details")
+            if isinstance(details, dict) and details.get("cached_tokens") is not None:
+                data = {**data, "cached_tokens": details["cached_tokens"]}
+        return data
+
+    @model_validator(mode="after")
+    def _cached_within_prompt(self) -> Usage:
+        if self.cached_tokens is not None and self.prompt_tokens is not None and self.cached_tokens > self.prompt_tokens:
+            raise ValueError(f"cached_tokens ({self.cached_tokens}) exceeds prompt_tokens ({self.prompt_tokens})")
+        return self
+
+
+class QualitySignals(_Strict):
+    """Quality signals for one answer (see the module docstring for each field)."""
+
+    judge_score: float | None = None
+    judge_reference_score: float | None = None
+    judge: str | None = Field(default=None, max_length=128)
+    user_rating: float | None = Field(default=None, ge=0.0, le=1.0)
+    regenerated: bool | None = None
+    escalated: bool | None = None
+
+    def is_empty(self) -> bool:
+        """True when no signal is set."""
+        return all(v is None for v in self.model_dump().values())
+
+
+class OutcomeIn(_Strict):
+    """One outcome report (see the module docstring). Times in ms are >= 0; ``time_s`` is Unix seconds."""
+
+    decision_id: str
+    outcome_id: str | None = None
+    served_target: str | None = Field(default=None, max_length=128)
+    served_model: str | None = Field(default=None, max_length=256)
+    shadow: bool = False
+    status: Literal["ok", "error", "timeout", "cancelled"] = "ok"
+    error: str | None = Field(default=None, max_length=1000)
+    usage: Usage | None = None
+    ttft_ms: float | None = Field(default=None, ge=0.0)
+    tpot_ms: float | None = Field(default=None, ge=0.0)
+    e2e_latency_ms: float | None = Field(default=None, ge=0.0)
+    time_s: float | None = Field(default=None, ge=0.0)
+    quality: QualitySignals | None = None
+
+    @field_validator("decision_id", "outcome_id")
+    @classmethod
+    def _id(cls, v: str | None) -> str | None:
+        if v is not None and not _ID.match(v):
+            raise ValueError("must be 1-128 characters of letters, digits and _.:- (starting with a letter or digit)")
+        return v
+
+    @property
+    def key(self) -> str:
+        """The idempotency key: ``outcome_id``, else ``decision_id``."""
+        return self.outcome_id or self.decision_id
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for item in loc:
+        out += f"[{item}]" if isinstance(item, int) else ("." if out else "") + str(item)
+    return out
+
+
+def parse_outcomes(body: Any) -> list[OutcomeIn]:
+    """Validate one outcome object or a list of them (at most ``MAX_BATCH``).
+
+    Returns the outcomes in order. Raises ``RequestError`` whose ``field`` names the first
+    offending field, indexed into the batch (``[3].usage.cached_tokens``) when a list was sent.
+    Unknown fields are errors, except inside ``usage`` (OpenAI's shape is accepted).
+    """
+    items = body if isinstance(body, list) else [body]
+    if isinstance(body, list) and not body:
+        raise RequestError("the outcome list is empty; send at least one outcome")
+    if len(items) > MAX_BATCH:
+        raise RequestError(f"{len(items)} outcomes in one batch; the limit is {MAX_BATCH}")
+    out: list[OutcomeIn] = []
+    for i, item in enumerate(items):
+        prefix: tuple[Any, ...] = (i,) if isinstance(body, list) else ()
+        if not isinstance(item, dict):
+            raise RequestError(f"expected a JSON object, got {type(item).__name__}", field=_field(prefix) or None)
+        try:
+            out.append(OutcomeIn.model_validate(item))
+        except ValidationError as exc:
+            err = exc.errors(include_url=False)[0]
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field"
+            raise RequestError(msg, field=_field(prefix + tuple(err["loc"])) or None) from None
+    return out
+
+
+def finite_or_none(value: float | None) -> float | None:
+    """``value`` as float, or None when it is None or not finite."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
