@@ -140,10 +140,13 @@ class RoutingContext(BaseModel):
     ``prefix_block_hashes``: block hashes of the prompt prefix computed by the gateway
     (as in Mooncake traces' ``hash_ids``), oldest block first.
     ``prompt_tokens``: the gateway's exact prompt token count, if it has one.
+    ``tenant`` / ``team``: who the request is for; budgets apply per tenant and team
+    (scopes ``tenant:<tenant>``, ``team:<team>``; see ``policy/budget.py``).
     """
 
     model_config = ConfigDict(extra="forbid")
     tenant: str | None = Field(default=None, max_length=256)
+    team: str | None = Field(default=None, max_length=256)
     session_id: str | None = Field(default=None, max_length=256)
     slo_class: str | None = Field(default=None, max_length=64)
     prefix_block_hashes: list[int | str] | None = Field(default=None, max_length=100_000)

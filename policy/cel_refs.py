@@ -10,7 +10,8 @@ with every prefix and quote form, numbers, identifiers, ``//`` comments) and rea
 them off the token stream.
 
 ``scan(source) -> Scan``: ``refs`` (selection chains ``root.field`` or
-``root["key"]`` with character offsets), ``calls`` (global function calls with a
+``root["key"]`` with character offsets, and after a literal key its member,
+``load["onprem-70b"].num_requests_waiting``), ``calls`` (global function calls with a
 string-literal first argument when there is one, e.g. ``cost("frontier-large")``),
 ``bound`` (names bound by comprehension macros: ``all``, ``exists``,
 ``exists_one``, ``map``, ``filter``), ``dynamic_roots`` (roots used whole or with a
@@ -58,10 +59,16 @@ class Ref:
     offset: int
     field: str | None = None
     field_offset: int | None = None
+    keyed: bool = False
+    member: str | None = None
+    member_offset: int | None = None
 
     @property
     def path(self) -> str:
-        """``root.field`` (or ``root`` alone)."""
+        """``root.field`` (or ``root`` alone); ``root["key"].member`` for a keyed access."""
+        if self.keyed:
+            head = f'{self.root}["{self.field}"]'
+            return f"{head}.{self.member}" if self.member is not None else head
         return f"{self.root}.{self.field}" if self.field is not None else self.root
 
 
@@ -145,7 +152,13 @@ def scan(source: str) -> Scan:
                 out.dynamic_roots.add(tok.text)
                 out.refs.append(Ref(tok.text, tok.offset))
             else:
-                out.refs.append(Ref(tok.text, tok.offset, key, toks[i + 2].offset))
+                member, member_offset = None, None
+                if at(i + 4, ".") and i + 5 < n and toks[i + 5].kind == "ident" and not at(i + 6, "("):
+                    member, member_offset = toks[i + 5].text, toks[i + 5].offset
+                elif at(i + 4, "[") and i + 6 < n and toks[i + 5].kind == "str" and at(i + 6, "]"):
+                    member = _string_value(toks[i + 5].text)
+                    member_offset = toks[i + 5].offset if member is not None else None
+                out.refs.append(Ref(tok.text, tok.offset, key, toks[i + 2].offset, True, member, member_offset))
         else:
             out.dynamic_roots.add(tok.text)
             out.refs.append(Ref(tok.text, tok.offset))

@@ -1,35 +1,46 @@
-"""Estimated cost of one request on one target, in USD.
+"""Estimated cost of one request on one target, in USD, and the effective price per token.
 
 Frontier (list prices, per 1M tokens)::
 
     usd = (uncached_prompt_tokens * p_in + cached_prompt_tokens * p_cached_in + output_tokens * p_out) / 1e6
 
-On-prem (GPU-seconds of each phase at the pool's full-load throughput, the way an
-effective price per token is computed from GPU-hours)::
+``cached_prompt_tokens`` is the expected cached prefix (the provider's prompt cache,
+tracked by the prefix index); providers cache only prompts of at least
+``prompt_cache_min_tokens`` (OpenAI: 1,024), so below that nothing is cached.
+
+On-prem (GPU-seconds of each phase at the pool's full-load throughput, spread over
+the pool's current utilization, plus power for the busy GPU-seconds)::
 
     prefill_gpu_s = uncached_prompt_tokens / prefill_tokens_per_s * gpus_per_replica   (prefill pool)
     decode_gpu_s  = output_tokens / decode_tokens_per_s * gpus_per_replica             (decode pool)
-    usd_per_gpu_s = (usd_per_gpu_hour + power_kw_per_gpu * usd_per_kwh) / 3600
-    usd           = (prefill_gpu_s + decode_gpu_s) * usd_per_gpu_s / utilization
+    usd = prefill_gpu_s * (usd_per_gpu_hour / u_prefill + power_kw_per_gpu * usd_per_kwh) / 3600
+        + decode_gpu_s  * (usd_per_gpu_hour / u_decode  + power_kw_per_gpu * usd_per_kwh) / 3600
 
 In aggregated mode both phases use the aggregated pool; disaggregated, prefill runs
 on the prefill pool and decode on the decode pool (the KV transfer between them is
-not priced). ``utilization`` (0-1] spreads idle GPU time over the tokens that are
-served: 1.0 prices at the benchmark's full-load throughput; the policy issue feeds
-the pool's measured utilization here. Cached prompt tokens skip prefill on-prem and
-get the cached-input price on a frontier API.
+not priced). Utilization ``u`` (0-1] is the share of GPU time doing useful work: the
+GPU-hour is paid whether busy or idle, so at half utilization each token carries
+twice the rental (the effective price per token). Power is drawn by busy GPUs, so
+it is not spread. The engine feeds the pool's measured ``prefill_utilization`` /
+``decode_utilization`` (telemetry), else the fleet's ``assumed_utilization``, floored
+at ``min_utilization``. Cached prompt tokens skip prefill on-prem.
+
+``effective_prices(ledger, fleet, window)``: per target, everything settled ÷ tokens
+produced over the window, from the budget ledger's settled outcomes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from pointsman.policy.fleet import FrontierTarget, OnPremTarget
+from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget, Pool
 
 
 @dataclass(frozen=True)
 class CostEstimate:
-    """One candidate's estimated cost: ``usd`` and its basis (tokens; GPU-seconds on-prem, else 0)."""
+    """One candidate's estimated cost: ``usd`` and its basis (tokens; GPU-seconds and the
+    utilizations used on-prem, else 0 and 1)."""
 
     target: str
     mode: str
@@ -39,6 +50,8 @@ class CostEstimate:
     output_tokens: int
     prefill_gpu_s: float = 0.0
     decode_gpu_s: float = 0.0
+    prefill_utilization: float = 1.0
+    decode_utilization: float = 1.0
 
     def to_dict(self) -> dict:
         """JSON-ready dict of every field."""
@@ -46,27 +59,97 @@ class CostEstimate:
             "target": self.target, "mode": self.mode, "estimated_cost_usd": self.usd,
             "prompt_tokens": self.prompt_tokens, "cached_prompt_tokens": self.cached_prompt_tokens,
             "output_tokens": self.output_tokens, "prefill_gpu_s": self.prefill_gpu_s,
-            "decode_gpu_s": self.decode_gpu_s,
+            "decode_gpu_s": self.decode_gpu_s, "prefill_utilization": self.prefill_utilization,
+            "decode_utilization": self.decode_utilization,
         }
 
 
+def _check_utilization(name: str, value: float) -> float:
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"{name} must be in (0, 1], got {value}")
+    return value
+
+
 def estimate_cost(name: str, target: OnPremTarget | FrontierTarget, mode: str, prompt_tokens: int,
-                  output_tokens: int, cached_prompt_tokens: int = 0, utilization: float = 1.0) -> CostEstimate:
+                  output_tokens: int, cached_prompt_tokens: int = 0, utilization: float = 1.0, *,
+                  prefill_utilization: float | None = None, decode_utilization: float | None = None,
+                  pools: tuple[Pool, Pool] | None = None) -> CostEstimate:
     """Cost in USD of ``prompt_tokens`` in and ``output_tokens`` out on ``target`` in ``mode``
-    (formulas in the module docstring). Raises ``KeyError`` if the target lacks the mode's
-    pools and ``ValueError`` for a utilization outside (0, 1]."""
+    (formulas in the module docstring). ``utilization`` applies to both phases unless
+    ``prefill_utilization`` / ``decode_utilization`` are given; ``pools`` (prefill pool,
+    decode pool) overrides the mode's pools (an aggregated request prefilled locally on a
+    decode endpoint runs both phases on the decode pool). Raises ``KeyError`` if the
+    target lacks the mode's pools and ``ValueError`` for a utilization outside (0, 1]."""
     cached = max(0, min(cached_prompt_tokens, prompt_tokens))
-    uncached = prompt_tokens - cached
     if isinstance(target, FrontierTarget):
+        if prompt_tokens < target.prompt_cache_min_tokens:
+            cached = 0
         p = target.prices
-        usd = (uncached * p.usd_per_1m_input_tokens + cached * p.usd_per_1m_cached_input_tokens
+        usd = ((prompt_tokens - cached) * p.usd_per_1m_input_tokens + cached * p.usd_per_1m_cached_input_tokens
                + output_tokens * p.usd_per_1m_output_tokens) / 1e6
         return CostEstimate(name, mode, usd, prompt_tokens, cached, output_tokens)
-    if not 0.0 < utilization <= 1.0:
-        raise ValueError(f"utilization must be in (0, 1], got {utilization}")
-    prefill_pool, decode_pool = target.pool_pair(mode)
-    prefill_gpu_s = uncached / prefill_pool.prefill_tokens_per_s * prefill_pool.gpus_per_replica
+    u_p = _check_utilization("utilization", utilization if prefill_utilization is None else prefill_utilization)
+    u_d = _check_utilization("utilization", utilization if decode_utilization is None else decode_utilization)
+    prefill_pool, decode_pool = pools or target.pool_pair(mode)
+    prefill_gpu_s = (prompt_tokens - cached) / prefill_pool.prefill_tokens_per_s * prefill_pool.gpus_per_replica
     decode_gpu_s = output_tokens / decode_pool.decode_tokens_per_s * decode_pool.gpus_per_replica
-    usd_per_gpu_s = (target.usd_per_gpu_hour + target.power_kw_per_gpu * target.usd_per_kwh) / 3600.0
-    usd = (prefill_gpu_s + decode_gpu_s) * usd_per_gpu_s / utilization
-    return CostEstimate(name, mode, usd, prompt_tokens, cached, output_tokens, prefill_gpu_s, decode_gpu_s)
+    rent, power = target.usd_per_gpu_hour, target.power_kw_per_gpu * target.usd_per_kwh
+    usd = (prefill_gpu_s * (rent / u_p + power) + decode_gpu_s * (rent / u_d + power)) / 3600.0
+    return CostEstimate(name, mode, usd, prompt_tokens, cached, output_tokens, prefill_gpu_s, decode_gpu_s, u_p, u_d)
+
+
+def pool_utilization(measured: float | None, fleet: Fleet) -> float:
+    """The utilization to price a pool at: the measured fraction floored at the fleet's
+    ``min_utilization``, else the fleet's ``assumed_utilization``."""
+    d = fleet.spec.defaults
+    if measured is None:
+        return d.assumed_utilization
+    return min(1.0, max(d.min_utilization, measured))
+
+
+@dataclass(frozen=True)
+class TargetPrice:
+    """A target's effective price per token over one window (from settled outcomes):
+    ``usd_per_token`` = spent ÷ completion tokens, ``usd_per_total_token`` = spent ÷
+    (prompt + completion) tokens (None without tokens); ``list_usd_per_output_token``:
+    the list/benchmark price of one output token for comparison (frontier: list price;
+    on-prem: decode GPU-seconds at full load × $/GPU-hour + power)."""
+
+    target: str
+    window: str
+    window_id: str
+    spent_usd: float
+    outcomes: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    usd_per_token: float | None
+    usd_per_total_token: float | None
+    list_usd_per_output_token: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field."""
+        return dict(vars(self))
+
+
+def list_price_per_output_token(target: OnPremTarget | FrontierTarget) -> float:
+    """USD of one output token at list price (frontier) or at full-load decode throughput (on-prem)."""
+    if isinstance(target, FrontierTarget):
+        return target.prices.usd_per_1m_output_tokens / 1e6
+    pool = target.pools.aggregated or target.pools.decode
+    assert pool is not None
+    gpu_s = pool.gpus_per_replica / pool.decode_tokens_per_s
+    return gpu_s * (target.usd_per_gpu_hour + target.power_kw_per_gpu * target.usd_per_kwh) / 3600.0
+
+
+def effective_prices(ledger: Any, fleet: Fleet, window: str = "day", now: float | None = None) -> dict[str, TargetPrice]:
+    """Per target (file order), the effective price per token over the ``day``/``month`` UTC
+    window containing ``now`` (Unix s; None = now), from ``ledger.effective_price_per_token``.
+    Raises ``BudgetError`` for an unknown window, ``LedgerUnavailable`` if the backend fails."""
+    out = {}
+    for name, target in fleet.targets.items():
+        p = ledger.effective_price_per_token(name, window, now)
+        out[name] = TargetPrice(name, p.window, p.window_id, p.spent_usd, p.outcomes, p.prompt_tokens,
+                                p.cached_tokens, p.completion_tokens, p.usd_per_token, p.usd_per_total_token,
+                                list_price_per_output_token(target))
+    return out

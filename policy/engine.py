@@ -6,15 +6,23 @@ Steps of ``route(request)`` (DESIGN.md, "The flow of one decision"):
 1. features: ``extract_features(request, estimator.tokenizer)`` (bounded cost);
 2. difficulty: ``estimator.estimate(features)``; an estimator that raises or returns
    an invalid ``p_hard`` counts as unavailable (``difficulty.available == false``);
-3. signals: the per-decision snapshot dict (``policy/signals.py``);
-4. policy: eligibility filters, candidate costs, ordered rules -> target + mode
-   (``decide``, shared with policy cases);
-5. endpoints inside the chosen pool (``policy/pickers.py``);
-6. estimated cost in USD on the chosen target and mode (``policy/cost.py``).
+3. signals: the ``request`` and ``difficulty`` namespaces, the prompt's prefix block
+   hashes, and a ``live.LiveSignals`` over the ``FleetState`` that computes load,
+   cache, endpoint and budget signals only as the policy reads them;
+4. policy: eligibility filters, ordered rules, then the P/D mode of the chosen
+   target (``decide``, a plain function shared with policy cases);
+5. endpoints inside the chosen pool(s) (``policy/pickers.py``): the chosen endpoint
+   first, then fallback endpoints; prefill and decode endpoints when disaggregated;
+6. estimated cost in USD on the chosen target, mode and endpoint (``policy/cost.py``);
+7. dispatch (unless ``dispatch=False``): the estimate is reserved in the budget
+   ledger (a refusal moves on to the next fallback target, so concurrent decisions
+   cannot overspend), the request is counted in flight on its endpoint(s), and its
+   prefix and session are recorded (``FleetState.dispatch``). The service settles it
+   when the outcome arrives (``FleetState.settle``).
 
 The engine is immutable: to change policy or estimator, build a new engine
-(``with_policy``, ``with_estimator``) and swap the reference; decisions in flight
-finish on the engine they started with.
+(``with_policy``, ``with_estimator``; they share the ``FleetState``) and swap the
+reference; decisions in flight finish on the engine they started with.
 """
 
 from __future__ import annotations
@@ -22,47 +30,87 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
+from pointsman.errors import RequestError
 from pointsman.estimator.estimate import DifficultyEstimate, Estimator
 from pointsman.estimator.features import extract_features
+from pointsman.policy.budget import BudgetExceeded
 from pointsman.policy.compiler import CompiledPolicy
-from pointsman.policy.cost import CostEstimate, estimate_cost
-from pointsman.policy.decision import Decision, Fallback, new_decision_id
-from pointsman.policy.evaluator import Verdict, evaluate
-from pointsman.policy.filters import FILTERS, Exclusion, FilterFn, eligibility
-from pointsman.policy.fleet import Fleet
-from pointsman.policy.pickers import InOrderPicker, Picker, base_url
-from pointsman.policy.signals import difficulty_signals, request_signals
+from pointsman.policy.cost import CostEstimate
+from pointsman.policy.decision import Decision, EndpointChoice, Fallback, new_decision_id
+from pointsman.policy.disaggregation import ModeDecision, decide_mode
+from pointsman.policy.evaluator import Verdict, lookup_signal, evaluate
+from pointsman.policy.filters import FILTERS, Exclusion, FilterContext, FilterFn, NoEligibleTarget, eligibility, enabled
+from pointsman.policy.fleet import Fleet, FrontierTarget
+from pointsman.policy.live import LiveSignals, build_context, finite_or_none
+from pointsman.policy.pickers import PICKERS, PoolPick, base_url
+from pointsman.policy.prefix_index import block_hashes_from_ids, block_hashes_from_text
+from pointsman.policy.signals import RELATIVE_ROOTS, difficulty_signals, relative_key, request_signals
+from pointsman.policy.state import FleetState, request_scopes
 from pointsman.request import RouteRequest
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What the policy step decided from a snapshot: the ``verdict``, every target's
-    ``costs`` in its default mode, and ``exclusions`` (None = eligible)."""
+    """What the policy step decided: the ``verdict`` (rule, target, route mode), the final
+    ``mode`` of the target (``ModeDecision``), the eligible ``fallbacks`` with their final
+    modes, ``exclusions`` (target -> ``Exclusion`` or None) and the CEL ``context`` used."""
 
     verdict: Verdict
-    costs: dict[str, CostEstimate]
+    mode: ModeDecision
+    fallbacks: tuple[tuple[str, str], ...]
     exclusions: dict[str, Exclusion | None]
+    context: dict[str, Any]
 
 
-def candidate_costs(fleet: Fleet, request: dict[str, Any]) -> dict[str, CostEstimate]:
-    """Cost of the request on every target in its default mode, from the ``request`` namespace."""
-    cap = request["max_output_tokens"] if request["max_output_tokens_set"] else None
-    prompt = request["prompt_tokens"]
-    return {name: estimate_cost(name, t, t.modes[0], prompt, fleet.output_tokens(name, cap))
-            for name, t in fleet.targets.items()}
+class _Costs(Mapping):
+    """``cost(target)`` for CEL: USD from the signal source, computed on first use."""
+
+    def __init__(self, fleet: Fleet, source: Any) -> None:
+        self.fleet, self.source = fleet, source
+
+    def __getitem__(self, target: str) -> float:
+        if target not in self.fleet.targets:
+            raise KeyError(target)
+        return self.source.cost(target).usd
+
+    def __iter__(self):
+        return iter(self.fleet.targets)
+
+    def __len__(self) -> int:
+        return len(self.fleet.targets)
 
 
-def decide(fleet: Fleet, policy: CompiledPolicy, signals: dict[str, Any],
+def resolve_mode(policy: CompiledPolicy, fleet: Fleet, source: Any, target: str, route_mode: str) -> ModeDecision:
+    """The mode ``target`` runs a route of ``route_mode`` in (``disaggregation.decide_mode``),
+    reading ``cache[target].prefix_hit_ratio`` and ``load[target].prefill_saturated`` from
+    ``source`` only when the target could disaggregate."""
+    t = fleet.targets[target]
+    if "disaggregated" not in t.modes or route_mode == "aggregated":
+        return ModeDecision(route_mode if route_mode in t.modes else t.modes[0],
+                            "the route says aggregated" if route_mode == "aggregated"
+                            else "the target has no prefill/decode pools", {"route_mode": route_mode})
+    return decide_mode(policy.disaggregation, t, route_mode, prompt_tokens=int(source.request["prompt_tokens"]),
+                       output_tokens=source.output_tokens(target),
+                       prefix_hit_ratio=source.cache(target)["prefix_hit_ratio"],
+                       prefill_saturated=source.load(target)["prefill_saturated"])
+
+
+def decide(fleet: Fleet, policy: CompiledPolicy, base: dict[str, Any], source: Any,
            filters: dict[str, FilterFn] = FILTERS) -> Outcome:
-    """The policy step on a snapshot: eligibility, candidate costs, rules. Raises
-    ``NoEligibleTarget`` when no matching rule has an eligible target."""
-    exclusions = eligibility(fleet, signals["request"], filters)
-    costs = candidate_costs(fleet, signals["request"])
-    verdict = evaluate(policy, signals, {k: v.usd for k, v in costs.items()}, exclusions)
-    return Outcome(verdict, costs, exclusions)
+    """The policy step: eligibility filters, the ordered rules on the CEL context the policy
+    reads, then the P/D mode of the chosen target and of each fallback. ``base`` holds the
+    ``request`` and ``difficulty`` namespaces; ``source`` is a signal source
+    (``live.LiveSignals`` or ``live.StaticSignals``). Raises ``NoEligibleTarget`` when no
+    matching rule has an eligible target."""
+    exclusions = eligibility(fleet, FilterContext(base["request"], policy.filters, source),
+                             enabled(policy.filters, filters))
+    context = build_context(policy, base, source)
+    verdict = evaluate(policy, context, _Costs(fleet, source), exclusions, pruned=True)
+    mode = resolve_mode(policy, fleet, source, verdict.target, verdict.mode)
+    fallbacks = tuple((t, resolve_mode(policy, fleet, source, t, m).mode) for t, m in verdict.fallbacks)
+    return Outcome(verdict, mode, fallbacks, exclusions, context)
 
 
 def _checked(estimate: Any, started: float) -> DifficultyEstimate:
@@ -77,33 +125,112 @@ def _checked(estimate: Any, started: float) -> DifficultyEstimate:
     return estimate
 
 
+def render_conversation(request: RouteRequest) -> str:
+    """The conversation as one string for prefix hashing: ``role\\ntext\\n`` per message (tools
+    declared first); two requests sharing a conversation prefix share a string prefix."""
+    parts = []
+    if request.tools:
+        parts.append(f"tools\n{request.tools!r}\n")
+    for m in request.messages:
+        parts.append(f"{m.role}\n{m.text()}\n")
+    return "".join(parts)
+
+
+def block_hashes(request: RouteRequest) -> tuple[list[int], bool]:
+    """(chained prefix block hashes, from gateway ids?): the gateway's ``prefix_block_hashes``
+    when given (512-token blocks), else hashes of ``render_conversation`` (128-token blocks)."""
+    ids = request.routing.prefix_block_hashes
+    if ids:
+        return block_hashes_from_ids(ids), True
+    return block_hashes_from_text(render_conversation(request)), False
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a (target, mode) runs: ``mode`` (may differ from the asked one when a pool has no
+    healthy endpoint), ordered ``endpoints``, the pool ``picks`` (prefill first), the main
+    endpoint id and the prefill one (disaggregated), ``cost``, and a ``note``."""
+
+    target: str
+    mode: str
+    endpoints: tuple[EndpointChoice, ...]
+    picks: tuple[PoolPick, ...]
+    endpoint: str
+    prefill_endpoint: str | None
+    cost: CostEstimate
+    note: str | None = None
+
+
+def place(live: LiveSignals, target: str, mode: str) -> Placement | None:
+    """Pick endpoints for ``target`` in ``mode`` and price the request there (cached prefix:
+    the chosen prefill-side endpoint's local hit plus what its shared tier restores faster
+    than recompute). A mode whose pools have no healthy endpoint falls back to the target's
+    other mode; None when no mode has one."""
+    fleet = live.fleet
+    t = fleet.targets[target]
+    if isinstance(t, FrontierTarget):
+        pick = live.pick(target, "api")
+        if pick.chosen is None:
+            return None
+        cached = pick.view.hits()[0][0]
+        return Placement(target, "aggregated", pick.choices(), (pick,), target, None,
+                         live.cost(target, "aggregated", cached))
+    note = None
+    for m in (mode, *[x for x in t.modes if x != mode]):
+        if m == "aggregated":
+            picks = (live.pick(target, "aggregated"),)
+        else:
+            picks = (live.pick(target, "prefill"), live.pick(target, "decode"))
+        if all(p.chosen is not None for p in picks):
+            if m != mode:
+                note = f"no healthy endpoint for {mode}; ran {m}"
+            first, main = picks[0], picks[-1]
+            local, shared = first.view.hits()[first.chosen]
+            cached = local + (shared if first.view.shared is not None else 0)
+            pools = None
+            if m == "aggregated":
+                pool = first.view.pool_of(first.chosen)
+                pools = (pool, pool)
+                if pool is not t.pools.aggregated:
+                    note = (note + "; " if note else "") + "prefilled locally on a decode endpoint holding the prefix"
+            return Placement(target, m, tuple(c for p in picks for c in p.choices()), picks,
+                             main.view.endpoints[main.chosen].id,
+                             first.view.endpoints[first.chosen].id if m == "disaggregated" else None,
+                             live.cost(target, m, cached, pools), note)
+    return None
+
+
 class RoutingEngine:
     """Decides where requests run.
 
-    ``RoutingEngine(fleet, policy, estimator, picker=None, filters=FILTERS)``: ``policy``
+    ``RoutingEngine(fleet, policy, estimator, *, state=None, filters=FILTERS)``: ``policy``
     must be compiled against ``fleet`` (``ValueError`` otherwise); ``estimator`` is any
-    ``Estimator`` (``.version``, ``.tokenizer``, ``.estimate(features)``); ``picker``
-    defaults to ``InOrderPicker(fleet)``.
+    ``Estimator`` (``.version``, ``.tokenizer``, ``.estimate(features)``); ``state`` is the
+    live ``FleetState`` (default: a fresh in-memory one without a budget ledger). The
+    endpoint picker is the policy's ``endpoint_selection.picker``.
     """
 
     def __init__(self, fleet: Fleet, policy: CompiledPolicy, estimator: Estimator, *,
-                 picker: Picker | None = None, filters: dict[str, FilterFn] = FILTERS) -> None:
+                 state: FleetState | None = None, filters: dict[str, FilterFn] = FILTERS) -> None:
         if policy.fleet_revision != fleet.revision:
             raise ValueError(f"policy {policy.file} was compiled against fleet revision "
                              f"{policy.fleet_revision}, not {fleet.revision}")
+        if state is not None and state.fleet.revision != fleet.revision:
+            raise ValueError("the FleetState was built for another fleet revision")
         self.fleet = fleet
         self.policy = policy
         self.estimator = estimator
-        self.picker: Picker = picker or InOrderPicker(fleet)
+        self.state = state or FleetState(fleet)
         self.filters = filters
+        self.picker = PICKERS[policy.selection.picker](policy.selection)
 
     def with_policy(self, policy: CompiledPolicy) -> RoutingEngine:
-        """A new engine with ``policy`` and everything else shared."""
-        return RoutingEngine(self.fleet, policy, self.estimator, picker=self.picker, filters=self.filters)
+        """A new engine with ``policy`` and everything else (state included) shared."""
+        return RoutingEngine(self.fleet, policy, self.estimator, state=self.state, filters=self.filters)
 
     def with_estimator(self, estimator: Estimator) -> RoutingEngine:
         """A new engine with ``estimator`` and everything else shared."""
-        return RoutingEngine(self.fleet, self.policy, estimator, picker=self.picker, filters=self.filters)
+        return RoutingEngine(self.fleet, self.policy, estimator, state=self.state, filters=self.filters)
 
     def _estimate(self, features: Any) -> DifficultyEstimate:
         started = time.perf_counter()
@@ -113,51 +240,81 @@ class RoutingEngine:
             return DifficultyEstimate(None, False, (time.perf_counter() - started) * 1e3,
                                       f"{type(exc).__name__}: {exc}")
 
-    def signals(self, request: RouteRequest, features: Any, estimate: DifficultyEstimate) -> dict[str, Any]:
-        """The per-decision snapshot: ``request``, ``difficulty``, ``variables`` namespaces."""
-        default_output = self.fleet.spec.defaults.output_tokens
-        return {
-            "request": request_signals(features, request, default_output),
-            "difficulty": difficulty_signals(estimate),
-            "variables": self.policy.variables,
-        }
+    def route(self, request: RouteRequest, *, dispatch: bool = True, api_key_id: str | None = None) -> Decision:
+        """Decide where ``request`` runs and, with ``dispatch`` (default), commit it: reserve
+        its estimated cost on its budget scopes (``routing.tenant``, ``routing.team``,
+        ``api_key_id``), count it in flight, record its prefix. ``dispatch=False`` decides
+        without changing any state (what-if: CLI, explain tools).
 
-    def route(self, request: RouteRequest) -> Decision:
-        """Decide where ``request`` runs. Raises ``NoEligibleTarget`` (a ``RequestError``) when
-        no target can take it (e.g. a prompt longer than every context window)."""
+        Raises ``NoEligibleTarget`` (a ``RequestError``) naming the filter that removed each
+        candidate, or the budget that refused each reservation; ``RequestError`` for routing
+        fields budgets cannot use; ``LedgerUnavailable`` when the budget ledger fails for a
+        request with budgets (unless the state fails open)."""
         t0 = time.perf_counter()
         features = extract_features(request, getattr(self.estimator, "tokenizer", None))
         t1 = time.perf_counter()
         estimate = self._estimate(features)
         t2 = time.perf_counter()
-        signals = self.signals(request, features, estimate)
-        outcome = decide(self.fleet, self.policy, signals, self.filters)
+        routing = request.routing
+        base = {"request": request_signals(features, request, self.fleet.spec.defaults.output_tokens),
+                "difficulty": difficulty_signals(estimate)}
+        scopes = request_scopes(routing.tenant, routing.team, api_key_id)
+        try:
+            hashes, gateway_ids = block_hashes(request)
+        except TypeError as exc:
+            raise RequestError(str(exc), field="routing.prefix_block_hashes") from None
+        live = LiveSignals(self.state, self.policy, self.picker, request=base["request"], block_hashes=hashes,
+                           gateway_ids=gateway_ids, scopes=scopes, session_id=routing.session_id or "")
+        outcome = decide(self.fleet, self.policy, base, live, self.filters)
         verdict = outcome.verdict
-        endpoints = self.picker.pick(verdict.target, verdict.mode, signals)
-        chosen_cost = outcome.costs[verdict.target]
-        if chosen_cost.mode != verdict.mode:
-            chosen_cost = estimate_cost(verdict.target, self.fleet.targets[verdict.target], verdict.mode,
-                                        chosen_cost.prompt_tokens, chosen_cost.output_tokens)
-        fallbacks = tuple(
-            Fallback(t, self.fleet.targets[t].model, base_url(self.picker.pick(t, m, signals)), m)
-            for t, m in verdict.fallbacks)
+        decision_id = new_decision_id()
+        candidates = [(verdict.target, outcome.mode.mode), *outcome.fallbacks]
+        refusals: dict[str, Exclusion] = {}
+        chosen: Placement | None = None
+        index = 0
+        for index, (target, mode) in enumerate(candidates):
+            placed = place(live, target, mode)
+            if placed is None:
+                refusals[target] = Exclusion("health", f"no healthy endpoint for {mode}")
+                continue
+            if dispatch:
+                u = placed.cost
+                try:
+                    self.state.dispatch(
+                        decision_id, target=target, mode=placed.mode, endpoint=placed.endpoint,
+                        prefill_endpoint=placed.prefill_endpoint, scopes=scopes, estimated_cost_usd=u.usd,
+                        prompt_tokens=features.prompt_tokens, block_hashes=hashes, gateway_ids=gateway_ids,
+                        session_id=routing.session_id or "", prefill_utilization=u.prefill_utilization,
+                        decode_utilization=u.decode_utilization, now=live.now, now_mono=live.now_mono)
+                except BudgetExceeded as exc:
+                    refusals[target] = Exclusion("budget", str(exc).removeprefix("budget exceeded: "))
+                    continue
+            chosen = placed
+            break
+        if chosen is None:
+            raise NoEligibleTarget({**outcome.exclusions, **refusals}, [t for t, _ in candidates])
+        fallbacks = []
+        for t, m in candidates[index + 1:]:
+            fb = place(live, t, m)
+            if fb is not None:
+                fallbacks.append(Fallback(t, self.fleet.targets[t].model, base_url(fb.endpoints), fb.mode))
         t3 = time.perf_counter()
-        trace = self._trace(signals, outcome, chosen_cost, estimate)
-        target = self.fleet.targets[verdict.target]
+        trace = self._trace(live, outcome, chosen, refusals, estimate, dispatch, scopes)
+        target = self.fleet.targets[chosen.target]
         t4 = time.perf_counter()
         return Decision(
-            decision_id=new_decision_id(),
-            target=verdict.target,
+            decision_id=decision_id,
+            target=chosen.target,
             model=target.model,
-            base_url=base_url(endpoints),
-            mode=verdict.mode,
-            endpoints=endpoints,
-            fallbacks=fallbacks,
-            estimated_cost_usd=chosen_cost.usd,
+            base_url=base_url(chosen.endpoints),
+            mode=chosen.mode,
+            endpoints=chosen.endpoints,
+            fallbacks=tuple(fallbacks),
+            estimated_cost_usd=chosen.cost.usd,
             rule=verdict.rule.name,
             labels=verdict.rule.labels,
-            p_hard=signals["difficulty"]["p_hard"],
-            difficulty_available=signals["difficulty"]["available"],
+            p_hard=base["difficulty"]["p_hard"],
+            difficulty_available=base["difficulty"]["available"],
             prompt_tokens=features.prompt_tokens,
             policy_revision=self.policy.revision,
             fleet_revision=self.fleet.revision,
@@ -171,28 +328,46 @@ class RoutingEngine:
             trace=trace,
         )
 
-    def _trace(self, signals: dict[str, Any], outcome: Outcome, chosen: CostEstimate,
-               estimate: DifficultyEstimate) -> dict[str, Any]:
+    def _trace(self, live: LiveSignals, outcome: Outcome, chosen: Placement, refusals: dict[str, Exclusion],
+               estimate: DifficultyEstimate, dispatched: bool, scopes: tuple[str, ...]) -> dict[str, Any]:
         verdict = outcome.verdict
         evaluated = self.policy.rules[: len(verdict.results)]
         used: dict[str, Any] = {}
         for rule in evaluated:
             for path in rule.signals:
-                root, _, name = path.partition(".")
-                ns = signals.get(root, {})
-                used[path] = {"value": ns.get(name) if name else ns, "age_s": 0.0}
+                value = lookup_signal(outcome.context, path, rule)
+                root = path.partition(".")[0]
+                age = 0.0
+                if path.startswith('load["'):
+                    age = live.age(path)
+                elif root == "endpoint":
+                    age = live.endpoint(relative_key("endpoint", rule.target, rule.role))["age_s"]
+                if root in RELATIVE_ROOTS:  # relative to the rule's target: name it
+                    path = f"{path} [{rule.target}]"
+                used[path] = {"value": finite_or_none(value), "age_s": age}
         candidates = []
-        for name, cost in outcome.costs.items():
-            c = chosen if name == chosen.target else cost
-            excl = outcome.exclusions.get(name)
+        for name in self.fleet.targets:
+            c = chosen.cost if name == chosen.target else live.cost(name)
+            excl = outcome.exclusions.get(name) or refusals.get(name)
             candidates.append({"target": name, "mode": c.mode, "estimated_cost_usd": c.usd,
                                "eligible": excl is None, "excluded_by": str(excl) if excl else None})
+        mode = outcome.mode.to_dict()
+        if chosen.target != verdict.target:
+            mode = {"mode": chosen.mode, "reason": f"{verdict.target} refused ({refusals[verdict.target]}); "
+                                                  f"took fallback {chosen.target}", "inputs": {}}
+        if chosen.note:
+            mode["note"] = chosen.note
         return {
             "rules": [r.to_dict() for r in verdict.results],
             "deciding_rule": {"name": verdict.rule.name, "when": verdict.rule.when, "line": verdict.rule.line},
             "signals": used,
             "candidates": candidates,
-            "cost": chosen.to_dict(),
+            "mode": finite_or_none(mode),
+            "endpoints": [p.trace() for p in chosen.picks],
+            "budget": {"scopes": list(scopes), "limited": live.budget_limited() if scopes else False,
+                       "reserved_usd": chosen.cost.usd if dispatched else None,
+                       "refusals": {t: str(e) for t, e in refusals.items()}},
+            "cost": chosen.cost.to_dict(),
             "estimator": {"version": str(getattr(self.estimator, "version", "unknown")),
                           "available": estimate.available, "latency_ms": estimate.latency_ms,
                           "error": estimate.error},

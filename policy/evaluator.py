@@ -34,6 +34,7 @@ import cel
 
 from pointsman.policy.compiler import CompiledPolicy, CompiledRule
 from pointsman.policy.filters import Exclusion, NoEligibleTarget
+from pointsman.policy.signals import RELATIVE_ROOTS, relative_key
 
 
 @dataclass(frozen=True)
@@ -74,14 +75,21 @@ class Verdict:
 
 
 def context_variables(policy: CompiledPolicy, signals: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of ``signals`` the policy's conditions read (see ``CompiledPolicy.context_plan``);
-    ``variables`` always come from the policy itself."""
+    """The part of a full snapshot ``signals`` the policy's conditions read (see
+    ``CompiledPolicy.context_plan``; keyed roots ``load``, ``_cache``, ``_endpoint`` are pruned
+    per key); ``variables`` always come from the policy itself."""
     out: dict[str, Any] = {}
-    for root, fields in policy.context_plan.items():
+    for root, plan in policy.context_plan.items():
         ns = policy.variables if root == "variables" else signals.get(root)
         if ns is None:
             continue
-        out[root] = ns if fields is None else {f: ns[f] for f in fields if f in ns}
+        if plan is None:
+            out[root] = ns
+        elif isinstance(plan, dict):
+            out[root] = {k: (ns[k] if fields is None else {f: ns[k][f] for f in fields if f in ns[k]})
+                         for k, fields in plan.items() if k in ns}
+        else:
+            out[root] = {f: ns[f] for f in plan if f in ns}
     return out
 
 
@@ -89,7 +97,7 @@ def _error_text(exc: Exception, rule: CompiledRule, signals: Mapping[str, Any]) 
     """A one-line reason for a failed condition, naming null signals when they caused it."""
     if isinstance(exc, TypeError) and "No such overload" in str(exc):
         nulls = [p for p in rule.signals
-                 if not p.startswith("variables.") and "." in p and _lookup(signals, p) is None]
+                 if not p.startswith("variables.") and "." in p and lookup_signal(signals, p, rule) is None]
         return "no such overload" + (f": {', '.join(nulls)} is null" if nulls else " (operand types do not match)")
     if isinstance(exc, KeyError):
         return f"no such key: {exc.args[0] if exc.args else ''}"
@@ -110,26 +118,39 @@ def _cost_function(costs: Mapping[str, float]) -> Callable[[str], float]:
     def cost(target: str) -> float:
         """USD for ``target``; ValueError (a skipped rule) for an unknown target."""
         try:
-            return costs[target]
+            return float(costs[target])
         except KeyError:
             raise ValueError(f"unknown target '{target}'") from None
     return cost
 
 
-def _lookup(signals: Mapping[str, Any], path: str) -> Any:
+def lookup_signal(signals: Mapping[str, Any], path: str, rule: CompiledRule | None = None) -> Any:
+    """The value at a signal path as written (``request.x``, ``load["t"].x``, ``cache.x``) in a
+    snapshot or CEL context; None when absent."""
+    if path.startswith('load["'):
+        target, _, member = path[6:].partition('"]')
+        ns = (signals.get("load") or {}).get(target)
+        member = member.lstrip(".")
+        return ns.get(member) if isinstance(ns, Mapping) and member else ns
     root, _, rest = path.partition(".")
-    ns = signals.get(root)
+    if root in RELATIVE_ROOTS and rule is not None:
+        ns = (signals.get(RELATIVE_ROOTS[root]) or {}).get(relative_key(root, rule.target, rule.role))
+    else:
+        ns = signals.get(root)
     return ns.get(rest) if isinstance(ns, Mapping) and rest else ns
 
 
 def evaluate(policy: CompiledPolicy, signals: Mapping[str, Any], costs: Mapping[str, float] | None = None,
-             exclusions: Mapping[str, Exclusion | None] | None = None) -> Verdict:
-    """Run the rules in order on ``signals`` (see module doc). ``costs``: USD per target for
-    ``cost(target)``; ``exclusions``: target -> ``Exclusion`` or None (missing = eligible).
-    Raises ``NoEligibleTarget`` when no matching rule has an eligible target."""
+             exclusions: Mapping[str, Exclusion | None] | None = None, *, pruned: bool = False) -> Verdict:
+    """Run the rules in order on ``signals`` (see module doc): a full snapshot, or with
+    ``pruned`` the CEL variables already reduced to the policy's plan
+    (``live.build_context``). ``costs``: USD per target for ``cost(target)`` (any mapping; a
+    missing target raises KeyError, which skips the rule); ``exclusions``: target ->
+    ``Exclusion`` or None (missing = eligible). Raises ``NoEligibleTarget`` when no
+    matching rule has an eligible target."""
     exclusions = exclusions or {}
     functions = {"cost": _cost_function(costs or {})} if policy.uses_cost else None
-    ctx = cel.Context(context_variables(policy, signals), functions)
+    ctx = cel.Context(signals if pruned else context_variables(policy, signals), functions)
     results: list[RuleResult] = []
     considered: list[str] = []
     for rule in policy.rules:

@@ -1,14 +1,22 @@
 """Eligibility filters: which targets can serve a request at all, and why not.
 
-A filter is a plain function ``(target_name, target, request_signals) -> reason | None``
-registered by name in ``FILTERS``; ``None`` means eligible. Built in:
+A filter is a plain function ``(target_name, target, ctx: FilterContext) -> reason | None``
+registered by name in ``FILTERS``; ``None`` means eligible. The policy's ``filters``
+section switches each on or off (all on by default) and holds the tenant allow-lists.
+They run in this order, and the first that removes a target names it:
 
 - ``context-window``: prompt tokens plus the client's output cap (1 token when uncapped)
   must fit the target's ``context_window_tokens``.
 - ``capabilities``: image inputs need ``capabilities.images``; tools need ``capabilities.tools``.
+- ``tenants``: a target with an allow-list (``filters.tenants``) takes only those tenants
+  (a request without a tenant is on no list).
+- ``health``: a target needs at least one endpoint not marked unhealthy.
+- ``budget``: the target's estimated cost for this request must fit every budget of the
+  request (the ledger's admission rule, ``BudgetSnapshot.fits``); a zero or exhausted
+  budget removes every target. Unlimited requests skip it.
 
-The policy issue adds health, tenant allow-lists and budget filters, and lets a
-policy choose its filters; this module keeps the same function shape.
+``eligibility(...)`` returns, per target, None or the ``Exclusion`` (filter, reason);
+``NoEligibleTarget`` names the filter that removed each candidate.
 """
 
 from __future__ import annotations
@@ -19,27 +27,88 @@ from typing import Any, Callable
 from pointsman.errors import RequestError
 from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget
 
-FilterFn = Callable[[str, "OnPremTarget | FrontierTarget", dict[str, Any]], "str | None"]
+
+@dataclass
+class FilterContext:
+    """What filters read: ``request`` (the ``request`` namespace dict), ``settings`` (the
+    policy's ``FiltersSpec``) and ``source`` (the decision's signal source: ``healthy_endpoints(t)``,
+    ``budget_limited()``, ``budget_fits(usd)``, ``budget_binding()``, ``cost(t)``)."""
+
+    request: dict[str, Any]
+    settings: Any
+    source: Any
 
 
-def context_window(name: str, target: OnPremTarget | FrontierTarget, request: dict[str, Any]) -> str | None:
+FilterFn = Callable[[str, "OnPremTarget | FrontierTarget", FilterContext], "str | None"]
+
+
+def context_window(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterContext) -> str | None:
     """Ineligible when prompt_tokens + output cap (1 if uncapped) > context_window_tokens."""
+    request = ctx.request
     need = request["prompt_tokens"] + (request["max_output_tokens"] if request["max_output_tokens_set"] else 1)
     if need > target.context_window_tokens:
         return f"needs {need:,} tokens > window {target.context_window_tokens:,}"
     return None
 
 
-def capabilities(name: str, target: OnPremTarget | FrontierTarget, request: dict[str, Any]) -> str | None:
+def capabilities(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterContext) -> str | None:
     """Ineligible when the request has images (tools) and the target does not take them."""
-    if request["has_images"] and not target.capabilities.images:
+    if ctx.request["has_images"] and not target.capabilities.images:
         return "does not accept image inputs"
-    if request["has_tools"] and not target.capabilities.tools:
+    if ctx.request["has_tools"] and not target.capabilities.tools:
         return "does not support tools"
     return None
 
 
-FILTERS: dict[str, FilterFn] = {"context-window": context_window, "capabilities": capabilities}
+def tenants(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterContext) -> str | None:
+    """Ineligible when the target has an allow-list (``filters.tenants``) without this tenant."""
+    allowed = ctx.settings.tenants.get(name)
+    if allowed is None:
+        return None
+    tenant = ctx.request["tenant"]
+    if tenant in allowed:
+        return None
+    return f"tenant '{tenant}' is not on its allow-list" if tenant else "the request has no tenant and it has an allow-list"
+
+
+def health(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterContext) -> str | None:
+    """Ineligible when every endpoint of the target is marked unhealthy."""
+    if ctx.source.healthy_endpoints(name) == 0:
+        return "no healthy endpoint"
+    return None
+
+
+def budget(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterContext) -> str | None:
+    """Ineligible when the target's estimated cost does not fit the request's budgets."""
+    source = ctx.source
+    if not source.budget_limited():
+        return None
+    usd = source.cost(name).usd
+    if source.budget_fits(usd):
+        return None
+    b = source.budget_binding()
+    where = f" {b['scope']} has ${b['remaining_usd']:.6f} of ${b['limit_usd']:.2f} left this {b['window']}" if b else ""
+    return f"estimated ${usd:.6f} does not fit the budget:{where}".rstrip(":")
+
+
+#: Built-in filters in the order they run, each with the ``FiltersSpec`` switch that enables it
+#: (``tenants`` runs when the spec has allow-lists).
+FILTERS: dict[str, FilterFn] = {"context-window": context_window, "capabilities": capabilities,
+                                "tenants": tenants, "health": health, "budget": budget}
+_SWITCH = {"context-window": "context_window", "capabilities": "capabilities", "health": "health", "budget": "budget"}
+
+
+def enabled(settings: Any, filters: dict[str, FilterFn] = FILTERS) -> list[tuple[str, FilterFn]]:
+    """The filters the policy's ``FiltersSpec`` switches on, in order (others: always)."""
+    out = []
+    for name, fn in filters.items():
+        switch = _SWITCH.get(name)
+        if switch is not None and not getattr(settings, switch):
+            continue
+        if name == "tenants" and not settings.tenants:
+            continue
+        out.append((name, fn))
+    return out
 
 
 @dataclass(frozen=True)
@@ -53,13 +122,13 @@ class Exclusion:
         return f"{self.filter}: {self.reason}"
 
 
-def eligibility(fleet: Fleet, request: dict[str, Any], filters: dict[str, FilterFn] = FILTERS) -> dict[str, Exclusion | None]:
+def eligibility(fleet: Fleet, ctx: FilterContext, filters: list[tuple[str, FilterFn]]) -> dict[str, Exclusion | None]:
     """For every target in file order: ``None`` if eligible, else the first ``Exclusion``."""
     out: dict[str, Exclusion | None] = {}
     for name, target in fleet.targets.items():
         out[name] = None
-        for fname, fn in filters.items():
-            reason = fn(name, target, request)
+        for fname, fn in filters:
+            reason = fn(name, target, ctx)
             if reason is not None:
                 out[name] = Exclusion(fname, reason)
                 break
@@ -67,9 +136,12 @@ def eligibility(fleet: Fleet, request: dict[str, Any], filters: dict[str, Filter
 
 
 class NoEligibleTarget(RequestError):
-    """No rule produced an eligible target; ``exclusions`` says which filter removed which target."""
+    """No rule produced an eligible target; ``exclusions`` says which filter removed which
+    target (``considered``: the candidates of the rules that matched, in order). The message
+    reads ``no eligible target: onprem-8b (budget: ...); frontier-small (health: ...)``."""
 
     def __init__(self, exclusions: dict[str, Exclusion | None], considered: list[str]) -> None:
         self.exclusions = exclusions
+        self.considered = considered
         parts = [f"{t} ({exclusions[t]})" if exclusions.get(t) else t for t in considered]
         super().__init__("no eligible target: " + "; ".join(parts))

@@ -9,6 +9,17 @@ A fleet file is YAML (``apiVersion: pointsman/v1``, ``kind: Fleet``); see
   throughput in tokens/s (see ``policy/cost.py`` for how cost follows).
 - ``frontier``: a paid API tier, priced per 1M input, cached input and output tokens.
 
+Optional per on-prem target: ``kv_bytes_per_token`` (KV-cache bytes one token
+occupies) and ``shared_kv`` (a shared KV tier, LMCache-style, from which a cached
+prefix can be restored onto any endpoint of the target at a transfer cost instead of
+being recomputed). Per frontier target: ``prompt_cache_min_tokens`` (the provider
+caches prompt prefixes only from this length; OpenAI: 1,024 tokens).
+
+Endpoint ids: every endpoint has an id, unique in the fleet, by which load, health
+and the prefix index know it: an on-prem endpoint's ``url``; a frontier target's
+name (its API is one endpoint). ``Fleet.endpoints`` maps ids to ``EndpointInfo``;
+on-prem endpoints may also be named by their ``name`` (``Fleet.endpoint_id``).
+
 ``load_fleet(path) -> Fleet`` validates the file and raises ``FleetError`` listing
 every problem as ``file:line:col: code: message``.
 """
@@ -44,6 +55,7 @@ Url = Annotated[str, AfterValidator(_check_url)]
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
 
 
 class Endpoint(StrictModel):
@@ -83,6 +95,11 @@ class Pool(StrictModel):
             return [{"url": e} if isinstance(e, str) else e for e in v]
         return v
 
+    @property
+    def gpus(self) -> int:
+        """GPUs of the whole pool: replicas × ``gpus_per_replica``."""
+        return len(self.endpoints) * self.gpus_per_replica
+
 
 class Pools(StrictModel):
     """An on-prem target's pools: ``aggregated``, and/or ``prefill`` + ``decode`` (disaggregated)."""
@@ -100,6 +117,18 @@ class Pools(StrictModel):
         return self
 
 
+class SharedKV(StrictModel):
+    """A shared KV tier reachable from every endpoint of a target (LMCache-style CPU/disk/remote
+    store, or a vendor's KV accelerator): ``capacity_tokens`` of KV it holds,
+    ``bandwidth_bytes_per_s`` restore bandwidth into one endpoint, ``latency_s`` fixed cost
+    per restore. Restoring ``n`` tokens costs ``latency_s + n × kv_bytes_per_token /
+    bandwidth_bytes_per_s`` seconds (``prefix_index.SharedKVTier.restore_s``)."""
+
+    capacity_tokens: PositiveInt
+    bandwidth_bytes_per_s: PositiveFloat
+    latency_s: NonNegativeFloat = 0.0
+
+
 class OnPremTarget(StrictModel):
     """An open model on our own GPUs. Prices: ``usd_per_gpu_hour`` (rental or amortized
     purchase), plus power at ``power_kw_per_gpu`` × ``usd_per_kwh`` (0 when the hourly
@@ -115,7 +144,18 @@ class OnPremTarget(StrictModel):
     usd_per_kwh: NonNegativeFloat = 0.0
     default_output_tokens: PositiveInt | None = None
     default_mode: Mode | None = None
+    kv_bytes_per_token: PositiveInt | None = None
+    shared_kv: SharedKV | None = None
     pools: Pools
+
+    def pools_by_role(self) -> dict[str, Pool]:
+        """The target's pools by role: ``aggregated``, ``prefill``, ``decode`` (those declared)."""
+        out = {}
+        for role in ("aggregated", "prefill", "decode"):
+            pool = getattr(self.pools, role)
+            if pool is not None:
+                out[role] = pool
+        return out
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -158,12 +198,17 @@ class FrontierTarget(StrictModel):
     context_window_tokens: PositiveInt
     capabilities: Capabilities = Capabilities(images=True)
     prices: FrontierPrices
+    prompt_cache_min_tokens: NonNegativeInt = 1024
     default_output_tokens: PositiveInt | None = None
 
     @property
     def modes(self) -> tuple[str, ...]:
         """A frontier API is one aggregated service from our point of view."""
         return ("aggregated",)
+
+    def pools_by_role(self) -> dict[str, Pool]:
+        """A frontier target has no pools of ours."""
+        return {}
 
 
 Target = Annotated[Union[OnPremTarget, FrontierTarget], Field(discriminator="kind")]
@@ -177,11 +222,20 @@ class Metadata(StrictModel):
     labels: dict[str, str] = {}
 
 
+Fraction = Annotated[float, Field(gt=0, le=1)]
+
+
 class FleetDefaults(StrictModel):
     """Fleet-wide defaults. ``output_tokens``: output length assumed for cost when the
-    request sets no ``max_tokens`` and the target has no ``default_output_tokens``."""
+    request sets no ``max_tokens`` and the target has no ``default_output_tokens``.
+    ``assumed_utilization``: GPU utilization (0–1] an on-prem pool is priced at when its
+    telemetry reports none (1.0: the benchmark's full-load throughput);
+    ``min_utilization``: the floor of a measured utilization, so an idle pool's price
+    per request stays finite (see ``policy/cost.py``)."""
 
     output_tokens: PositiveInt = 256
+    assumed_utilization: Fraction = 1.0
+    min_utilization: Fraction = 0.1
 
 
 class FleetSpec(StrictModel):
@@ -195,13 +249,58 @@ class FleetSpec(StrictModel):
 
 
 @dataclass(frozen=True)
+class EndpointInfo:
+    """One endpoint of the fleet: ``id`` (its URL on-prem; the target name for a frontier API),
+    ``url`` to call, ``name`` (may be None), ``target``, ``role`` (``aggregated``, ``prefill``,
+    ``decode`` or ``api``), and for on-prem its ``pool`` (None for a frontier API)."""
+
+    id: str
+    url: str
+    name: str | None
+    target: str
+    role: str
+    pool: Pool | None = None
+
+
+def _endpoints(targets: dict[str, OnPremTarget | FrontierTarget]) -> dict[str, EndpointInfo]:
+    out: dict[str, EndpointInfo] = {}
+    for name, target in targets.items():
+        if isinstance(target, FrontierTarget):
+            out[name] = EndpointInfo(name, target.base_url, name, name, "api")
+            continue
+        for role, pool in target.pools_by_role().items():
+            for e in pool.endpoints:
+                out.setdefault(e.url, EndpointInfo(e.url, e.url, e.name, name, role, pool))
+    return out
+
+
+@dataclass(frozen=True)
 class Fleet:
-    """A validated fleet: ``targets`` by name (file order), ``file``, ``revision`` (sha256 of the file, 16 hex)."""
+    """A validated fleet: ``targets`` by name (file order), ``file``, ``revision`` (sha256 of the
+    file, 16 hex), ``endpoints`` by endpoint id (see the module docstring), ``aliases``
+    (endpoint name -> id)."""
 
     spec: FleetSpec
     file: str
     revision: str
     targets: dict[str, OnPremTarget | FrontierTarget] = field(default_factory=dict)
+    endpoints: dict[str, EndpointInfo] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)
+
+    def endpoint_id(self, endpoint: str) -> str | None:
+        """The id of an endpoint named by its id, URL or ``name``; None if the fleet has no such endpoint."""
+        if endpoint in self.endpoints:
+            return endpoint
+        return self.aliases.get(endpoint)
+
+    def pool_endpoints(self, target: str, role: str) -> tuple[EndpointInfo, ...]:
+        """Endpoints of ``target``'s pool ``role`` in file order (``api``: the frontier endpoint);
+        empty if the target has no such pool."""
+        t = self.targets[target]
+        if isinstance(t, FrontierTarget):
+            return (self.endpoints[target],) if role == "api" else ()
+        pool = t.pools_by_role().get(role)
+        return () if pool is None else tuple(self.endpoints[e.url] for e in pool.endpoints)
 
     def output_tokens(self, target: str, max_output_tokens: int | None) -> int:
         """Output tokens assumed for cost: the request's cap, else the target's default, else the fleet's."""
@@ -212,12 +311,35 @@ class Fleet:
 
 def _semantic_problems(spec: FleetSpec, doc: LocatedDocument) -> list[Problem]:
     problems = []
+    urls: dict[str, tuple[str, str]] = {}
+    names: dict[str, str] = {}
     for name, target in spec.targets.items():
         if isinstance(target, OnPremTarget) and target.default_mode is not None and target.default_mode not in target.modes:
             line, col = doc.mark(("targets", name, "default_mode"))
             problems.append(Problem(doc.file, line, col, "unsupported-mode",
                                     f"target '{name}' has no pools for mode '{target.default_mode}' "
                                     f"(it supports {', '.join(target.modes)})"))
+        if isinstance(target, OnPremTarget) and target.shared_kv is not None and target.kv_bytes_per_token is None:
+            line, col = doc.mark(("targets", name, "shared_kv"), key=True)
+            problems.append(Problem(doc.file, line, col, "missing-key",
+                                    f"target '{name}' has a shared_kv tier but no kv_bytes_per_token "
+                                    "(needed for the restore time)"))
+        if not isinstance(target, OnPremTarget):
+            continue
+        for role, pool in target.pools_by_role().items():
+            for i, e in enumerate(pool.endpoints):
+                path = ("targets", name, "pools", role, "endpoints", i)
+                if e.url in urls:
+                    line, col = doc.mark(path)
+                    problems.append(Problem(doc.file, line, col, "duplicate-endpoint",
+                                            f"endpoint {e.url} is already in {urls[e.url][0]} pool {urls[e.url][1]}"))
+                urls.setdefault(e.url, (name, role))
+                if e.name is not None:
+                    if e.name in names and names[e.name] != e.url:
+                        line, col = doc.mark((*path, "name"))
+                        problems.append(Problem(doc.file, line, col, "duplicate-endpoint",
+                                                f"endpoint name '{e.name}' is already used by {names[e.name]}"))
+                    names.setdefault(e.name, e.url)
     return problems
 
 
@@ -230,7 +352,10 @@ def parse_fleet(text: str, file: str = "<fleet>") -> Fleet:
     if problems:
         raise FleetError(problems)
     revision = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-    return Fleet(spec=spec, file=file, revision=revision, targets=dict(spec.targets))
+    targets = dict(spec.targets)
+    endpoints = _endpoints(targets)
+    aliases = {e.name: e.id for e in endpoints.values() if e.name and e.role != "api" and e.name not in endpoints}
+    return Fleet(spec=spec, file=file, revision=revision, targets=targets, endpoints=endpoints, aliases=aliases)
 
 
 def load_fleet(path: str | Path = DEFAULT_FLEET_PATH) -> Fleet:

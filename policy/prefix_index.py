@@ -157,6 +157,39 @@ class SharedKVTier:
         return self.latency_s + tokens * self.bytes_per_token / self.bandwidth_bytes_per_s
 
 
+@dataclass(frozen=True)
+class PrefixLookup:
+    """One prompt's prefix matched against the index once (``PrefixIndex.lookup``), read per
+    endpoint in O(1): ``matched`` (endpoint -> leading blocks held; only endpoints holding
+    the first block), ``shared_runs`` (``shared_runs[i]``: consecutive blocks from block
+    ``i`` on that the shared tier holds; None without one or when empty),
+    ``block_tokens``, ``total_tokens`` (the prompt's tokens, the cap of every hit)."""
+
+    matched: dict[str, int]
+    shared_runs: list[int] | None
+    block_tokens: int
+    total_tokens: int
+
+    def hit(self, endpoint: str) -> tuple[int, int]:
+        """``(local_hit_tokens, shared_hit_tokens)`` on ``endpoint``, as ``PrefixIndex.hit_tokens``."""
+        m = self.matched.get(endpoint, 0)
+        local = min(m * self.block_tokens, self.total_tokens)
+        runs = self.shared_runs
+        if runs is None:
+            return local, 0
+        return local, min(runs[m] * self.block_tokens, self.total_tokens - local)
+
+    def best(self, endpoints: Iterable[str]) -> tuple[str | None, int]:
+        """The endpoint among ``endpoints`` holding the longest prefix and its local hit tokens
+        ((None, 0) when none holds any); O(endpoints holding the first block)."""
+        wanted = endpoints if isinstance(endpoints, (set, frozenset, dict)) else set(endpoints)
+        best, blocks = None, 0
+        for e, m in self.matched.items():
+            if m > blocks and e in wanted:
+                best, blocks = e, m
+        return best, min(blocks * self.block_tokens, self.total_tokens)
+
+
 class _Endpoint:
     __slots__ = ("bit", "capacity_blocks", "blocks")
 
@@ -291,6 +324,23 @@ class PrefixIndex:
         if denominator <= 0:
             return {e: 0.0 for e in endpoints}
         return {e: min(1.0, matched.get(e, 0) / denominator) for e in endpoints}
+
+    def lookup(self, block_hashes: Sequence[int], *, prompt_tokens: int | None = None) -> PrefixLookup:
+        """Match ``block_hashes`` once (one lock) for reading many endpoints' hits
+        (``PrefixLookup.hit``, ``best``); ``prompt_tokens`` caps every hit (default: all
+        hashed blocks)."""
+        bt = self.block_tokens
+        total = len(block_hashes) * bt if prompt_tokens is None else int(prompt_tokens)
+        with self._lock:
+            matched = self._match(block_hashes)
+            runs: list[int] | None = None
+            if self.shared is not None and self._shared_blocks:
+                shared = self._shared_blocks
+                runs = [0] * (len(block_hashes) + 1)
+                for i in range(len(block_hashes) - 1, -1, -1):
+                    if block_hashes[i] in shared:
+                        runs[i] = runs[i + 1] + 1
+        return PrefixLookup(matched, runs, bt, total)
 
     def hit_tokens(self, block_hashes: Sequence[int], endpoints: Iterable[str], *,
                    prompt_tokens: int | None = None) -> dict[str, tuple[int, int]]:

@@ -26,13 +26,18 @@ def problems(text: str, fleet, file: str = "p.yaml") -> list[str]:
 def test_default_policy_compiles(fleet):
     policy = load_policy(DEFAULT_POLICY_PATH, fleet)
     assert [r.name for r in policy.rules] == [
-        "estimator-unavailable", "hard-prompt", "long-cold-prompt", "medium-prompt", "default"]
+        "estimator-unavailable", "hard-prompt", "long-cold-prompt", "long-warm-prompt", "medium-prompt", "default"]
     assert policy.rules[-1].program is None
-    assert policy.rules[2].mode == "disaggregated"
+    assert policy.rules[2].mode == "disaggregated" and policy.rules[2].role == "decode"
     assert policy.rules[1].signals == ("difficulty.p_hard", "variables.p_hard_frontier")
+    assert policy.rules[2].signals == ("request.prompt_tokens", "variables.long_prompt_tokens",
+                                       "cache.prefix_hit_ratio", "variables.local_hit_ratio")
+    # rule:long-cold-prompt expands to its target (already there, dropped) and its fallbacks
+    assert policy.rules[3].candidates == (("onprem-70b", "aggregated"), ("frontier-small", "aggregated"))
     assert policy.context_plan == {
         "difficulty": {"available", "p_hard"}, "request": {"prompt_tokens"},
-        "variables": {"p_hard_frontier", "p_hard_onprem_large", "long_prompt_tokens"}}
+        "variables": {"p_hard_frontier", "p_hard_onprem_large", "long_prompt_tokens", "local_hit_ratio"},
+        "_cache": {"onprem-70b": {"prefix_hit_ratio"}}}
     assert policy.fleet_revision == fleet.revision
 
 
@@ -118,10 +123,95 @@ def test_reserved_var_gets_a_hint(fleet):
         "p.yaml:5:31: cel-syntax: reserved identifier: var (policy variables are read as variables.<name>)"]
 
 
-def test_planned_namespaces_are_named(fleet):
-    text = HEAD + 'rules:\n  - name: r\n    when: load["onprem-70b"].num_requests_waiting > 32\n    route: {target: onprem-8b}\n' + DEFAULT_RULE
+def test_keyed_and_relative_signals_are_checked_with_did_you_mean(fleet):
+    text = HEAD + """\
+rules:
+  - name: r
+    when: load["onprem-70B"].num_requests_waiting > 32 || load["onprem-70b"].num_request_waiting > 1
+    route: {target: onprem-8b}
+  - name: s
+    when: load.onprem_70b.age_s > 1.0 || cache.prefix_hit_ration > 0.5 || endpoint.kv_cache_usag > 0.9
+    route: {target: onprem-8b}
+  - name: t
+    when: budget.remaining < 1.0
+    route: {target: onprem-8b}
+""" + DEFAULT_RULE
     assert problems(text, fleet) == [
-        "p.yaml:5:11: unknown-signal: signal namespace 'load' is not provided by this version of Pointsman"]
+        "p.yaml:5:16: unknown-target: unknown target 'onprem-70B' in load[]; did you mean 'onprem-70b'?",
+        "p.yaml:5:78: unknown-signal: unknown signal 'load[\"onprem-70b\"].num_request_waiting'; "
+        "did you mean 'num_requests_waiting'?",
+        "p.yaml:8:16: unknown-signal: 'load' is keyed by target: write load[\"<target>\"].<field>",
+        "p.yaml:8:48: unknown-signal: unknown signal 'cache.prefix_hit_ration'; did you mean 'cache.prefix_hit_ratio'?",
+        "p.yaml:8:84: unknown-signal: unknown signal 'endpoint.kv_cache_usag'; did you mean 'endpoint.kv_cache_usage'?",
+        "p.yaml:11:18: unknown-signal: unknown signal 'budget.remaining'; did you mean 'budget.remaining_usd'?",
+    ]
+
+
+def test_relative_signals_compile_per_rule_target(fleet):
+    text = HEAD + """\
+rules:
+  - name: warm-70b
+    when: cache.prefix_hit_ratio >= 0.8 && endpoint.num_requests_waiting < 4
+    route: {target: onprem-70b, mode: disaggregated}
+  - name: warm-8b
+    when: cache.prefix_hit_ratio >= 0.8 && load["onprem-8b"].kv_cache_usage < 0.9
+    route: {target: onprem-8b}
+""" + DEFAULT_RULE
+    policy = compile_policy(text, fleet)
+    assert policy.context_plan == {
+        "_cache": {"onprem-70b": {"prefix_hit_ratio"}, "onprem-8b": {"prefix_hit_ratio"}},
+        "_endpoint": {"onprem-70b/decode": {"num_requests_waiting"}},
+        "load": {"onprem-8b": {"kv_cache_usage"}}}
+    assert policy.rules[0].signals == ("cache.prefix_hit_ratio", "endpoint.num_requests_waiting")
+    assert policy.rules[1].signals == ("cache.prefix_hit_ratio", 'load["onprem-8b"].kv_cache_usage')
+
+
+def test_fallback_rule_references_expand_and_cycles_are_errors(fleet):
+    text = HEAD + """\
+rules:
+  - name: a
+    when: difficulty.p_hard > 0.9
+    route: {target: frontier-large, fallbacks: ["rule:b", frontier-small]}
+  - name: b
+    when: difficulty.p_hard > 0.5
+    route: {target: onprem-70b, mode: auto, fallbacks: [{target: onprem-8b}, "rule:c"]}
+  - name: c
+    route: {target: frontier-small, fallbacks: [onprem-8b]}
+"""
+    policy = compile_policy(text, fleet)
+    assert policy.rules[0].candidates == (("frontier-large", "aggregated"), ("onprem-70b", "auto"),
+                                          ("onprem-8b", "aggregated"), ("frontier-small", "aggregated"))
+    assert policy.rules[0].fallbacks == ("onprem-70b", "onprem-8b", "frontier-small")
+    cyclic = text.replace("fallbacks: [onprem-8b]", 'fallbacks: ["rule:a"]').replace('"rule:c"]', '"rule:c", "rule:nope"]')
+    assert problems(cyclic, fleet) == [
+        "p.yaml:9:88: unknown-rule: unknown rule 'nope' in fallbacks",
+        "p.yaml:11:49: fallback-cycle: fallbacks refer back to a rule being expanded: "
+        "rule 'a' -> rule 'b' -> rule 'c' -> rule 'a'",
+    ]
+
+
+def test_settings_sections_are_validated(fleet):
+    text = HEAD + """\
+signals: {load: {max_age_s: 5, on_stale: saturatd}}
+filters: {tenants: {frontier-larg: [acme]}, budgets: true}
+endpoint_selection: {picker: min-cots}
+disaggregation: {max_local_hit_ratio: 1.5}
+rules:
+""" + DEFAULT_RULE
+    got = problems(text, fleet)
+    assert got[0].startswith("p.yaml:3:42: invalid-value: signals.load.on_stale: Input should be 'unknown', 'saturated' or 'ignore'")
+    assert got[1] == "p.yaml:4:45: unknown-key: unknown key 'budgets' in filters; did you mean 'budget'?"
+    assert got[2] == "p.yaml:6:39: invalid-value: disaggregation.max_local_hit_ratio: Input should be less than or equal to 1"
+    good = text.replace("saturatd", "saturated").replace(", budgets: true", "").replace("1.5", "0.7")
+    got = problems(good, fleet)
+    assert got == [
+        "p.yaml:4:21: unknown-target: unknown target 'frontier-larg'; did you mean 'frontier-large'? "
+        "(the fleet has onprem-8b, onprem-70b, frontier-small, frontier-large)",
+        "p.yaml:5:30: unknown-picker: unknown picker 'min-cots'; did you mean 'min-cost'? (registered: min-cost, in-order)"]
+    policy = compile_policy(good.replace("min-cots", "in-order").replace("frontier-larg", "frontier-large"), fleet)
+    assert policy.staleness.on_stale == "saturated" and policy.staleness.max_age_s == 5
+    assert policy.filters.tenants == {"frontier-large": ["acme"]}
+    assert policy.disaggregation.max_local_hit_ratio == 0.7
 
 
 def test_duplicate_rule_names_and_schema_errors_together(fleet):

@@ -15,9 +15,15 @@ def test_frontier_list_prices(fleet):
     # gpt-4o: $2.50 in, $1.25 cached in, $10.00 out per 1M tokens
     c = estimate_cost("frontier-large", fleet.targets["frontier-large"], "aggregated", 1000, 500)
     assert c.usd == pytest.approx(1000 * 2.5e-6 + 500 * 10e-6)  # 0.0075
+    c = estimate_cost("frontier-large", fleet.targets["frontier-large"], "aggregated", 2000, 500, cached_prompt_tokens=1800)
+    assert c.usd == pytest.approx(200 * 2.5e-6 + 1800 * 1.25e-6 + 500 * 10e-6)  # 0.00775
+    assert c.cached_prompt_tokens == 1800
+
+
+def test_frontier_prompt_cache_needs_its_minimum_length(fleet):
+    # OpenAI caches prompts of 1,024 tokens or more: a 1,000-token prompt pays full input price
     c = estimate_cost("frontier-large", fleet.targets["frontier-large"], "aggregated", 1000, 500, cached_prompt_tokens=800)
-    assert c.usd == pytest.approx(200 * 2.5e-6 + 800 * 1.25e-6 + 500 * 10e-6)  # 0.0065
-    assert c.cached_prompt_tokens == 800
+    assert c.cached_prompt_tokens == 0 and c.usd == pytest.approx(1000 * 2.5e-6 + 500 * 10e-6)
 
 
 def test_onprem_gpu_seconds(fleet):
@@ -33,8 +39,18 @@ def test_disaggregated_uses_the_prefill_and_decode_pools(fleet):
     c = estimate_cost("onprem-70b", t, "disaggregated", 12192, 6651)
     assert (c.prefill_gpu_s, c.decode_gpu_s) == (pytest.approx(2.0), pytest.approx(2.0))
     assert c.usd == pytest.approx(4 * 2.6275 / 3600)
+    # at half utilization the rental per token doubles; power follows busy GPU-seconds
     half = estimate_cost("onprem-70b", t, "disaggregated", 12192, 6651, utilization=0.5)
-    assert half.usd == pytest.approx(2 * c.usd)
+    assert half.usd == pytest.approx(4 * (2.50 / 0.5 + 1.275 * 0.10) / 3600)
+    split = estimate_cost("onprem-70b", t, "disaggregated", 12192, 6651, prefill_utilization=0.5, decode_utilization=1.0)
+    assert split.usd == pytest.approx((2 * (2.50 / 0.5 + 0.1275) + 2 * 2.6275) / 3600)
+    assert (split.prefill_utilization, split.decode_utilization) == (0.5, 1.0)
+
+
+def test_aggregated_on_a_decode_endpoint_uses_the_decode_pool(fleet):
+    t = fleet.targets["onprem-70b"]
+    c = estimate_cost("onprem-70b", t, "aggregated", 12192, 6651, pools=(t.pools.decode, t.pools.decode))
+    assert (c.prefill_gpu_s, c.decode_gpu_s) == (pytest.approx(2.0), pytest.approx(2.0))
 
 
 def test_cached_prefix_skips_prefill_on_prem(fleet):

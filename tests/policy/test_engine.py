@@ -59,7 +59,8 @@ def test_decision_fields_and_json(fleet, policy):
     d = engine(fleet, policy, 0.1).route(exact(4000, max_tokens=100))
     assert re.fullmatch(r"[0-9a-f]{32}", d.decision_id)
     assert d.base_url == "http://llama-70b-decode-0.inference.internal:8000/v1"
-    assert [e.role for e in d.endpoints] == ["prefill", "decode", "decode"]
+    # chosen endpoint first, then fallback_endpoints (2) per role
+    assert [e.role for e in d.endpoints] == ["prefill", "prefill", "decode", "decode", "decode"]
     assert [f.to_dict() for f in d.fallbacks] == [{"target": "frontier-small", "model": "gpt-4o-mini-2024-07-18",
                                                    "base_url": "https://api.openai.com/v1", "mode": "aggregated"}]
     assert d.estimated_cost_usd == pytest.approx(

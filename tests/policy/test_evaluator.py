@@ -60,9 +60,9 @@ def test_runtime_error_skips_the_rule_and_names_it(fleet):
 
 
 def test_non_boolean_result_at_run_time_is_an_error(fleet):
-    text = HEAD + 'rules:\n  - name: odd\n    when: \'request.tenant == "acme" ? 1 : false\'\n    route: {target: frontier-large}\n  - name: default\n    route: {target: onprem-8b}\n'
-    policy = compile_policy(text, fleet)  # the probe (tenant "") gives false: compiles
-    v = evaluate(policy, snapshot(tenant="acme"))
+    text = HEAD + 'rules:\n  - name: odd\n    when: \'request.tenant == "globex" ? 1 : false\'\n    route: {target: frontier-large}\n  - name: default\n    route: {target: onprem-8b}\n'
+    policy = compile_policy(text, fleet)  # the probes (tenants "" and "acme") give false: compiles
+    v = evaluate(policy, snapshot(tenant="globex"))
     assert v.rule.name == "default"
     assert v.results[0].to_dict() == {"rule": "odd", "result": "error", "error": "condition gave int, not a boolean"}
 

@@ -2,7 +2,17 @@
 
 from pointsman.estimator.estimate import DifficultyEstimate
 from pointsman.estimator.features import extract_features
-from pointsman.policy.signals import SIGNALS, difficulty_signals, example_signals, reference_markdown, request_signals
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from pointsman.policy.budget import BudgetConfig, build_snapshot
+from pointsman.policy.load import EndpointLoad
+from pointsman.policy.signals import (SIGNALS, budget_signals, cache_signals, difficulty_signals, endpoint_signals,
+                                      example_endpoint, example_signals, load_signals, reference_markdown,
+                                      request_signals)
 from pointsman.request import parse_route_request
 
 CEL_TYPES = {"int": int, "double": float, "bool": bool, "string": str}
@@ -25,16 +35,53 @@ def test_difficulty_snapshot_matches_the_declaration():
 
 
 def test_example_snapshot_declares_every_field():
-    ex = example_signals({"a": 1})
-    for name, ns in SIGNALS.items():
-        if ns.fields is not None:
-            assert set(ex[name]) == set(ns.fields)
+    ex = example_signals({"a": 1}, ["t1", "t2"])
+    for name in ("request", "difficulty", "budget"):
+        assert set(ex[name]) == set(SIGNALS[name].fields)
+    assert set(ex["load"]) == {"t1", "t2"} and set(ex["load"]["t1"]) == set(SIGNALS["load"].fields)
+    assert set(ex["_cache"]["t2"]) == set(SIGNALS["cache"].fields)
+    assert set(example_endpoint()) == set(SIGNALS["endpoint"].fields)
     assert ex["variables"] == {"a": 1}
+
+
+def test_builders_match_the_declarations():
+    reading = EndpointLoad("e", "push", 10.0, num_requests_running=3, num_requests_waiting=1, kv_cache_usage=0.5)
+    load = load_signals(reading, 12.5, endpoints=2, healthy_endpoints=1, prefill_queue_s=0.2)
+    assert set(load) == set(SIGNALS["load"].fields)
+    assert (load["outstanding_requests"], load["age_s"], load["healthy_endpoints"]) == (4, 2.5, 1)
+    assert set(load_signals(None, 0.0, endpoints=1, healthy_endpoints=1)) == set(SIGNALS["load"].fields)
+    ep = endpoint_signals(reading, 11.0, name="e", url="http://e/v1", healthy=True, prefix_hit_ratio=0.5, cost_s=0.1)
+    assert set(ep) == set(SIGNALS["endpoint"].fields)
+    assert set(cache_signals()) == set(SIGNALS["cache"].fields)
+
+
+def test_budget_signals_unlimited_and_paced():
+    now = datetime(2025, 3, 14, 18, tzinfo=timezone.utc).timestamp()  # 75% of the UTC day elapsed
+    free = budget_signals(None, now)
+    assert set(free) == set(SIGNALS["budget"].fields)
+    assert free["limited"] is False and free["remaining_usd"] == math.inf and free["pace_gap"] == 0.0
+    assert free["window_elapsed_fraction"] == pytest.approx(0.75)
+    config = BudgetConfig.from_dict({"budgets": [{"scope": "tenant:a", "window": "day", "limit_usd": 10.0},
+                                                 {"scope": "tenant:a", "window": "month", "limit_usd": 0.0}]})
+    snap = build_snapshot(config, ["tenant:a"], now, {("tenant:a", "day:2025-03-14"): (0, 9 * 10**9)})
+    b = budget_signals(snap, now)  # the zero month budget binds: nothing remains
+    assert (b["limited"], b["window"], b["remaining_usd"], b["spent_fraction"]) == (True, "month", 0.0, 1.0)
+    config = BudgetConfig.from_dict({"budgets": [{"scope": "tenant:a", "window": "day", "limit_usd": 10.0}]})
+    b = budget_signals(build_snapshot(config, ["tenant:a"], now, {("tenant:a", "day:2025-03-14"): (0, 9 * 10**9)}), now)
+    assert b["spent_fraction"] == pytest.approx(0.9) and b["pace_gap"] == pytest.approx(0.15)
+    assert b["remaining_usd"] == pytest.approx(1.0) and b["scope"] == "tenant:a"
 
 
 def test_reference_lists_every_signal():
     text = reference_markdown()
     for ns in SIGNALS.values():
+        prefix = f'{ns.name}["<target>"]' if ns.shape == "by_target" else ns.name
         for name in ns.fields or {}:
-            assert f"`{ns.name}.{name}`" in text
+            assert f"`{prefix}.{name}`" in text
     assert "`cost(target: string) -> double`" in text
+
+
+def test_the_committed_reference_page_is_the_generated_one():
+    page = Path(__file__).parents[2] / "docs" / "policy-signals.md"
+    assert page.read_text(encoding="utf-8") == reference_markdown(), (
+        "docs/policy-signals.md is out of date: run `pointsman policy signals --output docs/policy-signals.md`")

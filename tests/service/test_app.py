@@ -51,7 +51,9 @@ def test_explain_returns_the_trace(client):
     assert r.status_code == 200
     trace = r.json()["trace"]
     assert [x["rule"] for x in trace["rules"]] == ["estimator-unavailable", "hard-prompt", "long-cold-prompt",
-                                                    "medium-prompt", "default"]
+                                                    "long-warm-prompt", "medium-prompt", "default"]
+    assert trace["signals"]["cache.prefix_hit_ratio [onprem-70b]"] == {"value": 0.0, "age_s": 0.0}
+    assert trace["endpoints"][0]["role"] == "aggregated" and trace["mode"]["mode"] == "aggregated"
     RouteResponse.model_validate(r.json())
 
 

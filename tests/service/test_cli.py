@@ -155,7 +155,7 @@ def test_policy_check(tmp_path: Path):
     r = CliRunner().invoke(main, ["policy", "check", *map(str, DEFAULT_POLICY_DIR.glob("*.yaml"))])
     assert r.exit_code == 1  # cases files are not policies
     r = CliRunner().invoke(main, ["policy", "check", str(DEFAULT_POLICY_PATH)])
-    assert r.exit_code == 0 and r.stdout.startswith(f"{DEFAULT_POLICY_PATH}: ok (5 rules, revision ")
+    assert r.exit_code == 0 and r.stdout.startswith(f"{DEFAULT_POLICY_PATH}: ok (6 rules, revision ")
 
 
 def test_policy_test():

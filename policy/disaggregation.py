@@ -1,0 +1,108 @@
+"""Per request: aggregated or prefill/decode-disaggregated, by published rules of thumb.
+
+``decide_mode(spec, target, route_mode, ...) -> ModeDecision``. The rules (thresholds
+from the policy's ``disaggregation`` section, ``schema.DisaggregationSpec``):
+
+Guards, for every route that would disaggregate (``disaggregated`` or ``auto``):
+
+1. **small pool**: the target's prefill + decode pools have fewer than
+   ``min_pool_gpus`` GPUs (default 12). With a handful of GPUs, splitting them into
+   two phases strands capacity: a static prefill/decode ratio cannot follow the
+   traffic mix, and aggregated serving with chunked prefill does as well (the
+   DistServe and Splitwise papers and vLLM's and Dynamo's deployment guides report
+   P/D gains at scale, not on a few GPUs).
+2. **saturated prefill pool**: every healthy prefill endpoint queues at least
+   ``max_prefill_queue_s`` of prefill work or reads saturated (``load[target].
+   prefill_saturated``). Dynamo's conditional disaggregation prefills locally when
+   the prefill queue is too long, for the same reason: waiting for a remote prefill
+   would cost more TTFT than it saves.
+
+A tripped guard keeps the request aggregated: one endpoint runs both phases, on the
+target's aggregated pool or — where the prompt's prefix is cached on a decode
+endpoint, or the target has no aggregated pool — on a decode endpoint that
+prefills locally (Dynamo's conditional disaggregation; ``engine.place``).
+
+Benefit tests, for ``auto`` routes only (an explicit ``disaggregated`` route is the
+policy author's decision):
+
+3. **short uncached prompt**: ``prompt_tokens × (1 − prefix_hit_ratio)`` ≤
+   ``min_uncached_prompt_tokens`` (default 512): prefill is too short to disturb
+   decoding, and the KV transfer would cost more than it saves (vLLM and Dynamo set
+   their disaggregation thresholds around a few hundred to a thousand tokens).
+4. **short output**: ``output_tokens`` ≤ ``min_output_tokens`` (default 16): a
+   handful of decode steps gain nothing from a dedicated decode pool, while the KV
+   transfer (about 2–3 decode steps for a few thousand tokens of a 70B model over
+   400 Gb/s) is paid in full.
+5. **cached locally**: ``prefix_hit_ratio`` ≥ ``max_local_hit_ratio`` (default 0.8):
+   most of the prefix is already in a local KV cache, so the remaining prefill is
+   cheap where the cache is (Dynamo's router likewise prefers the worker with the
+   overlap over a remote prefill).
+
+Otherwise ``auto`` disaggregates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pointsman.policy.fleet import FrontierTarget, OnPremTarget
+
+
+@dataclass(frozen=True)
+class ModeDecision:
+    """The mode a request runs in, ``reason`` (one sentence) and the ``inputs`` it used."""
+
+    mode: str
+    reason: str
+    inputs: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"mode", "reason", "inputs"}``."""
+        return {"mode": self.mode, "reason": self.reason, "inputs": dict(self.inputs)}
+
+
+def pd_pool_gpus(target: OnPremTarget | FrontierTarget) -> int:
+    """GPUs of the target's prefill + decode pools (0 without them)."""
+    if isinstance(target, FrontierTarget) or target.pools.prefill is None or target.pools.decode is None:
+        return 0
+    return target.pools.prefill.gpus + target.pools.decode.gpus
+
+
+def decide_mode(spec: Any, target: OnPremTarget | FrontierTarget, route_mode: str, *, prompt_tokens: int,
+                output_tokens: int, prefix_hit_ratio: float, prefill_saturated: bool) -> ModeDecision:
+    """``aggregated`` or ``disaggregated`` for a route of ``route_mode`` (``aggregated``,
+    ``disaggregated`` or ``auto``) on ``target`` (rules in the module docstring). ``spec``:
+    the policy's ``DisaggregationSpec``; ``prefix_hit_ratio``: ``cache.prefix_hit_ratio`` of
+    the target; ``prefill_saturated``: ``load[target].prefill_saturated``."""
+    modes = target.modes
+    gpus = pd_pool_gpus(target)
+    uncached = round(prompt_tokens * (1.0 - prefix_hit_ratio))
+    inputs = {"route_mode": route_mode, "prompt_tokens": prompt_tokens, "uncached_prompt_tokens": uncached,
+              "output_tokens": output_tokens, "prefix_hit_ratio": prefix_hit_ratio,
+              "pd_pool_gpus": gpus, "prefill_saturated": prefill_saturated}
+    if "disaggregated" not in modes:
+        return ModeDecision(modes[0], "the target has no prefill/decode pools", inputs)
+    if route_mode == "aggregated":
+        return ModeDecision("aggregated", "the route says aggregated", inputs)
+    guard = None
+    if gpus < spec.min_pool_gpus:
+        guard = f"the prefill/decode pools have {gpus} GPUs < min_pool_gpus {spec.min_pool_gpus}"
+    elif prefill_saturated:
+        guard = "the prefill pool is saturated"
+    if guard is not None:
+        return ModeDecision("aggregated", f"stay aggregated: {guard}", inputs)
+    if route_mode == "disaggregated":
+        return ModeDecision("disaggregated", "the route says disaggregated", inputs)
+    # auto: the benefit tests
+    if uncached <= spec.min_uncached_prompt_tokens:
+        return ModeDecision("aggregated", f"stay aggregated: {uncached} uncached prompt tokens <= "
+                                          f"min_uncached_prompt_tokens {spec.min_uncached_prompt_tokens}", inputs)
+    if output_tokens <= spec.min_output_tokens:
+        return ModeDecision("aggregated", f"stay aggregated: {output_tokens} output tokens <= "
+                                          f"min_output_tokens {spec.min_output_tokens}", inputs)
+    if prefix_hit_ratio >= spec.max_local_hit_ratio:
+        return ModeDecision("aggregated", f"stay local: prefix hit ratio {prefix_hit_ratio:.2f} >= "
+                                          f"max_local_hit_ratio {spec.max_local_hit_ratio}", inputs)
+    return ModeDecision("disaggregated", "disaggregate: long uncached prompt, long enough output, "
+                                         "pools large enough and prefill not saturated", inputs)

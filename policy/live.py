@@ -1,0 +1,452 @@
+"""Signal sources for one decision: what the fleet looks like, computed only as far as
+the policy and the picker read it.
+
+A *signal source* answers, for one decision (``decide`` and the engine call these):
+
+- ``load(target)``, ``cache(target)``, ``endpoint(key)``, ``budget()``: namespace values
+  (dicts as ``policy/signals.py`` declares them; ``endpoint`` keyed ``target/role``);
+- ``cost(target, mode=None)``: a ``CostEstimate`` (default mode: the target's);
+- ``healthy_endpoints(target)``, ``budget_limited()``, ``budget_fits(usd)``,
+  ``budget_binding()``: what the filters ask;
+- ``age(path)``: the age in seconds of a signal path, for the trace.
+
+Two sources: ``LiveSignals`` reads a ``FleetState`` (load board, prefix indexes,
+health, sessions, budget ledger) lazily and memoizes each answer for the decision;
+``StaticSignals`` serves a fixed snapshot (policy cases, tests, replay of recorded
+signals). ``build_context(policy, base, source)`` assembles the CEL variables the
+policy's ``context_plan`` names, nothing more.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from pointsman.policy.cost import CostEstimate, estimate_cost, pool_utilization
+from pointsman.policy.fleet import Fleet, FrontierTarget
+from pointsman.policy.load import aggregate_loads
+from pointsman.policy.pickers import PickInput, PoolPick, PoolView, QueueScorer
+from pointsman.policy.signals import budget_signals, cache_signals, endpoint_signals, example_endpoint, load_signals
+
+def build_context(policy: Any, base: dict[str, Any], source: Any) -> dict[str, Any]:
+    """The CEL variables for ``policy``: its ``context_plan`` filled from ``base`` (``request``,
+    ``difficulty``; ``variables`` come from the policy) and ``source`` (``load``, ``budget``,
+    ``_cache``, ``_endpoint``). Keyed entries are pruned to the fields the plan names."""
+    out: dict[str, Any] = {}
+    for root, plan in policy.context_plan.items():
+        if root == "variables":
+            ns = policy.variables
+            out[root] = ns if plan is None else {f: ns[f] for f in plan if f in ns}
+        elif root in ("request", "difficulty"):
+            ns = base[root]
+            out[root] = ns if plan is None else {f: ns[f] for f in plan if f in ns}
+        elif root == "budget":
+            ns = source.budget()
+            out[root] = ns if plan is None else {f: ns[f] for f in plan}
+        else:  # keyed: load, _cache, _endpoint
+            get = {"load": source.load, "_cache": source.cache, "_endpoint": source.endpoint}[root]
+            keys = plan if plan is not None else _all_keys(root, source.fleet)
+            ns_out = {}
+            for key, fields in keys.items():
+                value = get(key)
+                ns_out[key] = value if fields is None else {f: value[f] for f in fields}
+            out[root] = ns_out
+    return out
+
+
+def _all_keys(root: str, fleet: Fleet) -> dict[str, None]:
+    if root == "_endpoint":
+        keys = {}
+        for name, t in fleet.targets.items():
+            roles = ("api",) if isinstance(t, FrontierTarget) else tuple(r for r in t.pools_by_role() if r != "prefill")
+            keys.update({f"{name}/{r}": None for r in roles})
+        return keys
+    return {t: None for t in fleet.targets}
+
+
+class LiveSignals:
+    """Signals of one decision from a ``FleetState`` (see the module docstring); every answer
+    is computed on first use and memoized.
+
+    ``LiveSignals(state, policy, picker, *, request, block_hashes, gateway_ids, scopes,
+    session_id, now, now_mono)``: ``request`` is the ``request`` namespace dict;
+    ``block_hashes`` the prompt's chained block hashes (``gateway_ids``: from the gateway's
+    ``prefix_block_hashes``, 512-token blocks; else from the rendered text, 128-token
+    blocks); ``scopes`` its budget scopes; ``now`` Unix seconds (ledger), ``now_mono``
+    monotonic seconds (load, sessions)."""
+
+    def __init__(self, state: Any, policy: Any, picker: Any, *, request: dict[str, Any],
+                 block_hashes: Sequence[int], gateway_ids: bool, scopes: Sequence[str], session_id: str = "",
+                 now: float | None = None, now_mono: float | None = None) -> None:
+        self.state = state
+        self.fleet: Fleet = state.fleet
+        self.policy = policy
+        self.picker = picker
+        self.request = request
+        self.block_hashes = block_hashes
+        self.gateway_ids = gateway_ids
+        self.scopes = tuple(scopes)
+        self.session_id = session_id
+        self.now = state.clock() if now is None else now
+        self.now_mono = state.monotonic() if now_mono is None else now_mono
+        self.prompt_tokens = int(request["prompt_tokens"])
+        self.ledger_error: str | None = None
+        self._views: dict[tuple[str, str], PoolView] = {}
+        self._picks: dict[tuple[str, str], PoolPick] = {}
+        self._lookups: dict[str, Any] = {}
+        self._load: dict[str, dict[str, Any]] = {}
+        self._cache: dict[str, dict[str, Any]] = {}
+        self._endpoint: dict[str, dict[str, Any]] = {}
+        self._costs: dict[tuple[str, str], CostEstimate] = {}
+        self._budget: dict[str, Any] | None = None
+        self._snapshot: Any = False
+        self._session: Any = False
+
+    # -- pools, picks, prefix ---------------------------------------------------------
+
+    def output_tokens(self, target: str) -> int:
+        """Output tokens expected on ``target`` (the request's cap, else the fleet's defaults)."""
+        r = self.request
+        return self.fleet.output_tokens(target, r["max_output_tokens"] if r["max_output_tokens_set"] else None)
+
+    def lookup(self, target: str) -> Any:
+        """The prompt's ``PrefixLookup`` in ``target``'s index (None without hashes)."""
+        if target not in self._lookups:
+            self._lookups[target] = None if not self.block_hashes else self.state.prefix_index(
+                target, self.gateway_ids).lookup(self.block_hashes, prompt_tokens=self.prompt_tokens)
+        return self._lookups[target]
+
+    def pool_view(self, target: str, role: str) -> PoolView:
+        """``target``'s pool ``role`` (``api`` for a frontier target) with loads, health and hits."""
+        key = (target, role)
+        view = self._views.get(key)
+        if view is None:
+            eps = self.fleet.pool_endpoints(target, role)
+            ids = [e.id for e in eps]
+            got = self.state.board.get_many(ids, self.now_mono, self.policy.staleness)
+            is_healthy = self.state.is_healthy
+            t = self.fleet.targets[target]
+            pool = None if isinstance(t, FrontierTarget) else t.pools_by_role().get(role)
+            view = PoolView(target, role, pool, eps, [got.get(i) for i in ids], [is_healthy(i) for i in ids],
+                            self.lookup(target), self.state.shared_tier(target))
+            self._views[key] = view
+        return view
+
+    def aggregated_view(self, target: str) -> PoolView:
+        """Where an aggregated request can run on ``target``: its aggregated pool, plus the decode
+        endpoints that can prefill locally — those holding at least
+        ``disaggregation.max_local_hit_ratio`` of the prompt's prefix, or every decode
+        endpoint when the target has no aggregated pool."""
+        key = (target, "aggregated+local")
+        view = self._views.get(key)
+        if view is not None:
+            return view
+        t = self.fleet.targets[target]
+        agg = self.pool_view(target, "aggregated")
+        if isinstance(t, FrontierTarget) or t.pools.decode is None:
+            view = agg
+        else:
+            dec = self.pool_view(target, "decode")
+            if t.pools.aggregated is None:
+                picked = list(range(len(dec.endpoints)))
+            else:
+                lk, need = self.lookup(target), self.policy.disaggregation.max_local_hit_ratio * self.prompt_tokens
+                picked = [] if lk is None else [i for i, e in enumerate(dec.endpoints)
+                                                if lk.matched.get(e.id, 0) * lk.block_tokens >= max(1.0, need)]
+            n = len(agg.endpoints)
+            view = PoolView(target, "aggregated", t.pools.aggregated or t.pools.decode,
+                            [*agg.endpoints, *(dec.endpoints[i] for i in picked)],
+                            [*agg.loads, *(dec.loads[i] for i in picked)],
+                            [*agg.healthy, *(dec.healthy[i] for i in picked)], agg.prefix or dec.prefix, agg.shared,
+                            {n + k: t.pools.decode for k in range(len(picked))} if t.pools.aggregated else {})
+        self._views[key] = view
+        return view
+
+    def session_entry(self) -> tuple[str, str] | None:
+        """``(target, endpoint id)`` of this session's previous request, or None."""
+        if self._session is False:
+            self._session = self.state.session(self.session_id, self.now_mono)
+        return self._session
+
+    def pick(self, target: str, role: str) -> PoolPick:
+        """The picker's ordering of ``target``'s pool ``role`` for this request (memoized)."""
+        key = (target, role)
+        pick = self._picks.get(key)
+        if pick is None:
+            s = self.session_entry()
+            inp = PickInput(self.prompt_tokens, self.output_tokens(target), s[1] if s and s[0] == target else None)
+            view = self.aggregated_view(target) if role == "aggregated" else self.pool_view(target, role)
+            pick = self.picker.pick(inp, view)
+            self._picks[key] = pick
+        return pick
+
+    def roles(self, target: str) -> tuple[str, ...]:
+        """Pool roles of ``target`` (``api`` for a frontier target)."""
+        t = self.fleet.targets[target]
+        return ("api",) if isinstance(t, FrontierTarget) else tuple(t.pools_by_role())
+
+    # -- namespaces ------------------------------------------------------------------------
+
+    def load(self, target: str) -> dict[str, Any]:
+        """``load[target]``: the target's endpoints merged (``load.aggregate_loads``), health
+        counts, and the prefill pool's queue and saturation."""
+        out = self._load.get(target)
+        if out is not None:
+            return out
+        readings = []
+        for role in self.roles(target):
+            readings.extend(x for x in self.pool_view(target, role).loads if x is not None)
+        queue_s, saturated = None, False
+        if "prefill" in self.roles(target):
+            view = self.pool_view(target, "prefill")
+            queues = QueueScorer().score(PickInput(self.prompt_tokens, 0), view)
+            ok = [(q, x) for q, x, h in zip(queues, view.loads, view.healthy) if h]
+            limit = self.policy.disaggregation.max_prefill_queue_s
+            queue_s = min((q for q, _ in ok), default=None)
+            saturated = not ok or all(q >= limit or (x is not None and x.saturated) for q, x in ok)
+        out = load_signals(aggregate_loads(target, readings), self.now_mono,
+                           endpoints=self.state._total_count.get(target, 0),
+                           healthy_endpoints=self.state.healthy_endpoints(target),
+                           prefill_queue_s=queue_s, prefill_saturated=saturated)
+        self._load[target] = out
+        return out
+
+    def local_ids(self, target: str) -> list[str]:
+        """Endpoint ids of ``target`` that serve a request locally (aggregated, decode, api)."""
+        ids: list[str] = []
+        for role in self.roles(target):
+            if role != "prefill":
+                ids.extend(e.id for e in self.fleet.pool_endpoints(target, role))
+        return ids
+
+    def cache(self, target: str) -> dict[str, Any]:
+        """``cache`` for ``target``: the longest cached prefix on one of its local endpoints,
+        the shared tier's share after it, and this session's previous endpoint."""
+        out = self._cache.get(target)
+        if out is not None:
+            return out
+        p = max(1, self.prompt_tokens)
+        lk = self.lookup(target)
+        best, tokens, shared = None, 0, 0
+        if lk is not None:
+            best, tokens = lk.best(self.local_ids(target))
+            shared = lk.hit(best)[1] if best is not None else lk.hit("")[1]
+        s = self.session_entry()
+        session_ep = ""
+        if s is not None and s[0] == target:
+            session_ep = self._label(s[1])
+        out = cache_signals(min(1.0, tokens / p), tokens, min(1.0, shared / p),
+                            self._label(best) if best else "", session_ep, s[0] if s else "")
+        self._cache[target] = out
+        return out
+
+    def _label(self, endpoint_id: str) -> str:
+        info = self.fleet.endpoints.get(endpoint_id)
+        return endpoint_id if info is None else (info.name or info.url)
+
+    def endpoint(self, key: str) -> dict[str, Any]:
+        """``endpoint`` for key ``target/role``: the picker's first choice there."""
+        out = self._endpoint.get(key)
+        if out is not None:
+            return out
+        target, _, role = key.partition("/")
+        pick = self.pick(target, role)
+        i = pick.chosen
+        if i is None:  # no healthy endpoint: the first one, flagged unhealthy
+            info = pick.view.endpoints[0]
+            out = example_endpoint(info.name or "", info.url)
+            out.update(load_signals(None, self.now_mono, endpoints=0, healthy_endpoints=0))
+            out = {k: out[k] for k in example_endpoint()}
+            out["healthy"] = False
+        else:
+            info, reading = pick.view.endpoints[i], pick.view.loads[i]
+            local, _ = pick.view.hits()[i]
+            out = endpoint_signals(reading, self.now_mono, name=info.name or "", url=info.url, healthy=True,
+                                   prefix_hit_ratio=min(1.0, local / max(1, self.prompt_tokens)),
+                                   cost_s=pick.costs[i])
+        self._endpoint[key] = out
+        return out
+
+    def budget_snapshot(self) -> Any:
+        """The ledger's ``BudgetSnapshot`` of this request's scopes (None: no budgets apply, no
+        ledger, or the ledger failed and ``budget_fail_open``)."""
+        if self._snapshot is False:
+            self._snapshot = None
+            ledger = self.state.ledger
+            if ledger is not None and ledger.config.budgets_for(self.scopes):
+                from pointsman.policy.budget import LedgerUnavailable
+
+                try:
+                    self._snapshot = ledger.snapshot(self.scopes, self.now)
+                except LedgerUnavailable as exc:
+                    self.ledger_error = str(exc)
+                    if not self.state.budget_fail_open:
+                        raise
+        return self._snapshot
+
+    def budget(self) -> dict[str, Any]:
+        """The ``budget`` namespace."""
+        if self._budget is None:
+            self._budget = budget_signals(self.budget_snapshot(), self.now)
+        return self._budget
+
+    def budget_limited(self) -> bool:
+        """True when some budget applies (and the ledger answered)."""
+        return self.budget_snapshot() is not None and self.budget_snapshot().binding is not None
+
+    def budget_fits(self, usd: float) -> bool:
+        """Would a reservation of ``usd`` pass every budget now (``BudgetSnapshot.fits``)?"""
+        snap = self.budget_snapshot()
+        return True if snap is None else snap.fits(usd)
+
+    def budget_binding(self) -> dict[str, Any] | None:
+        """The binding budget's signals (for messages), or None when unlimited."""
+        b = self.budget()
+        return b if b["limited"] else None
+
+    def healthy_endpoints(self, target: str) -> int:
+        """Endpoints of ``target`` not marked unhealthy."""
+        return self.state.healthy_endpoints(target)
+
+    # -- cost ------------------------------------------------------------------------------
+
+    def _utilizations(self, target: str, mode: str) -> tuple[float, float]:
+        t = self.fleet.targets[target]
+        if isinstance(t, FrontierTarget):
+            return 1.0, 1.0
+        prefill_role, decode_role = ("aggregated", "aggregated") if mode == "aggregated" else ("prefill", "decode")
+
+        def mean(role: str, attr: str) -> float | None:
+            values = [getattr(x, attr) for x in self.pool_view(target, role).loads
+                      if x is not None and getattr(x, attr) is not None]
+            return sum(values) / len(values) if values else None
+
+        return (pool_utilization(mean(prefill_role, "prefill_utilization"), self.fleet),
+                pool_utilization(mean(decode_role, "decode_utilization"), self.fleet))
+
+    def cost(self, target: str, mode: str | None = None, cached_tokens: int | None = None,
+             pools: Any = None) -> CostEstimate:
+        """Estimated cost in USD on ``target`` in ``mode`` (default: the target's default mode),
+        with the expected cached prefix (default: the best local hit where prefill runs; a
+        frontier target's provider cache) and the pools' current utilization; ``pools``
+        overrides the mode's (prefill pool, decode pool) (``cost.estimate_cost``)."""
+        t = self.fleet.targets[target]
+        mode = mode or t.modes[0]
+        key = (target, mode)
+        if pools is not None:
+            u_p, u_d = self._utilizations(target, mode)
+            return estimate_cost(target, t, mode, self.prompt_tokens, self.output_tokens(target), cached_tokens or 0,
+                                 prefill_utilization=u_p, decode_utilization=u_d, pools=pools)
+        if cached_tokens is None and key in self._costs:
+            return self._costs[key]
+        if cached_tokens is None:
+            lk = self.lookup(target)
+            if lk is None:
+                cached_tokens = 0
+            elif isinstance(t, FrontierTarget):
+                cached_tokens = lk.hit(target)[0]
+            else:
+                role = "aggregated" if mode == "aggregated" else "prefill"
+                cached_tokens = lk.best([e.id for e in self.fleet.pool_endpoints(target, role)])[1]
+            u_p, u_d = self._utilizations(target, mode)
+            est = estimate_cost(target, t, mode, self.prompt_tokens, self.output_tokens(target), cached_tokens,
+                                prefill_utilization=u_p, decode_utilization=u_d)
+            self._costs[key] = est
+            return est
+        u_p, u_d = self._utilizations(target, mode)
+        return estimate_cost(target, t, mode, self.prompt_tokens, self.output_tokens(target), cached_tokens,
+                             prefill_utilization=u_p, decode_utilization=u_d)
+
+    # -- trace -----------------------------------------------------------------------------
+
+    def age(self, path: str) -> float:
+        """Age in seconds of a signal path as written in the policy (``load["t"].x``,
+        ``endpoint.x`` is resolved by the engine through its key)."""
+        if path.startswith("load[\""):
+            target = path[6:path.index("\"]")]
+            return self.load(target)["age_s"]
+        return 0.0
+
+
+class StaticSignals:
+    """A fixed snapshot as a signal source (policy cases, tests): ``signals`` holds the
+    namespaces as ``signals.example_signals`` lays them out (``load`` and ``_cache`` by
+    target, ``_endpoint`` by ``target/role``, ``budget``). Costs use the fleet's prices with
+    ``cache[target].prefix_hit_tokens`` as the cached prefix and ``load[target]``'s
+    utilizations (else the fleet's assumed one); budget checks use ``budget.remaining_usd``."""
+
+    def __init__(self, fleet: Fleet, policy: Any, signals: dict[str, Any]) -> None:
+        self.fleet = fleet
+        self.policy = policy
+        self.signals = signals
+        self.request = signals["request"]
+
+    def load(self, target: str) -> dict[str, Any]:
+        """``signals["load"][target]``."""
+        return self.signals["load"][target]
+
+    def cache(self, target: str) -> dict[str, Any]:
+        """``signals["_cache"][target]``."""
+        return self.signals["_cache"][target]
+
+    def endpoint(self, key: str) -> dict[str, Any]:
+        """``signals["_endpoint"][key]``, else an idle, healthy endpoint."""
+        return self.signals["_endpoint"].get(key) or example_endpoint()
+
+    def budget(self) -> dict[str, Any]:
+        """``signals["budget"]``."""
+        return self.signals["budget"]
+
+    def output_tokens(self, target: str) -> int:
+        """Output tokens expected on ``target``."""
+        r = self.request
+        return self.fleet.output_tokens(target, r["max_output_tokens"] if r["max_output_tokens_set"] else None)
+
+    def cost(self, target: str, mode: str | None = None, cached_tokens: int | None = None) -> CostEstimate:
+        """Estimated cost in USD (see the class docstring)."""
+        t = self.fleet.targets[target]
+        mode = mode or t.modes[0]
+        if cached_tokens is None:
+            cached_tokens = int(self.cache(target).get("prefix_hit_tokens", 0))
+        load = self.load(target)
+        return estimate_cost(target, t, mode, int(self.request["prompt_tokens"]), self.output_tokens(target),
+                             cached_tokens, prefill_utilization=pool_utilization(load.get("prefill_utilization"), self.fleet),
+                             decode_utilization=pool_utilization(load.get("decode_utilization"), self.fleet))
+
+    def healthy_endpoints(self, target: str) -> int:
+        """``load[target].healthy_endpoints``."""
+        return int(self.load(target).get("healthy_endpoints", 1))
+
+    def budget_limited(self) -> bool:
+        """``budget.limited``."""
+        return bool(self.budget().get("limited"))
+
+    def budget_fits(self, usd: float) -> bool:
+        """The ledger's rule on ``budget.remaining_usd``: not exhausted and the cost fits."""
+        b = self.budget()
+        if not b.get("limited"):
+            return True
+        remaining = b["remaining_usd"]
+        return remaining > 0 and usd <= remaining + 1e-12
+
+    def budget_binding(self) -> dict[str, Any] | None:
+        """The budget signals when limited, else None."""
+        b = self.budget()
+        return b if b.get("limited") else None
+
+    def age(self, path: str) -> float:
+        """``load[...]`` paths: the case's ``age_s``; others 0."""
+        if path.startswith("load[\""):
+            return float(self.load(path[6:path.index("\"]")]).get("age_s", 0.0))
+        return 0.0
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with infinite or NaN floats replaced by None (JSON has no infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite_or_none(v) for v in value]
+    return value
