@@ -1,9 +1,14 @@
 """The decision service: a FastAPI app that answers ``POST /v1/route`` with a decision.
 
 ``create_app(settings=None, engine=None) -> FastAPI``. The engine (fleet, compiled
-policy, estimator) is built once in the app's lifespan from ``settings``, unless one
-is passed in (tests inject an engine with ``FixedDifficulty``); routes get it through
-the ``get_engine`` dependency.
+policy, estimator) and its live ``FleetState`` (load board, prefix indexes, budget
+ledger) are built once in the app's lifespan from ``settings``, unless an engine is
+passed in (tests inject one with ``FixedDifficulty``); routes get the engine through
+the ``get_engine`` dependency and the state as ``app.state.fleet_state`` (the
+outcome, telemetry and fleet endpoints call ``FleetState.settle``, ``push_load``,
+``fleet_status``; see ``policy/state.py``). Each ``/v1/route`` decision is dispatched:
+its estimated cost is reserved in the budget ledger and it counts as in flight until
+its outcome settles it. The ledger is closed at shutdown when the app built it.
 
 Input handling: the body is read as bytes up to ``settings.max_body_bytes`` (413
 beyond, naming the limit and the setting), decoded as strict UTF-8, parsed as JSON
@@ -26,6 +31,7 @@ from fastapi.responses import JSONResponse
 
 from pointsman import __version__
 from pointsman.errors import RequestError
+from pointsman.policy.budget import LedgerUnavailable
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.filters import NoEligibleTarget
 from pointsman.request import RouteRequest, parse_route_request
@@ -35,7 +41,8 @@ from pointsman.service.settings import Settings
 
 log = logging.getLogger("pointsman.service")
 
-_ERRORS = {400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 422: {"model": ErrorResponse}}
+_ERRORS = {400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 422: {"model": ErrorResponse},
+           503: {"model": ErrorResponse}}
 
 
 class HTTPError(Exception):
@@ -115,21 +122,31 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return schema
 
 
-def create_app(settings: Settings | None = None, engine: RoutingEngine | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, engine: RoutingEngine | None = None, *,
+               owns_engine: bool = False) -> FastAPI:
     """The FastAPI app. ``settings`` default to the environment; ``engine``, when given, is used
-    as is (nothing is loaded), else it is built from ``settings`` at startup (``build_engine``)."""
+    as is (nothing is loaded; its state is closed at shutdown only with ``owns_engine``),
+    else it is built from ``settings`` at startup (``build_engine``) and closed at shutdown."""
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        """Build the engine once at startup unless one was injected."""
+        """Build the engine and its state once at startup unless one was injected; close the
+        ledger at shutdown when the app owns it."""
+        owned = owns_engine
         if getattr(app.state, "engine", None) is None:
             loaded = build_engine(settings)
             app.state.engine, app.state.estimator_error = loaded.engine, loaded.estimator_error
+            owned = True
             if loaded.estimator_error:
                 log.warning("difficulty estimator unavailable (%s); deciding with difficulty.available == false",
                             loaded.estimator_error)
-        yield
+        app.state.fleet_state = app.state.engine.state
+        try:
+            yield
+        finally:
+            if owned:
+                app.state.engine.state.close()
 
     app = FastAPI(title="Pointsman", version=__version__, lifespan=lifespan,
                   description="Routing decisions for LLM inference: model tier, pool, replica and P/D mode.")
@@ -167,6 +184,9 @@ def create_app(settings: Settings | None = None, engine: RoutingEngine | None = 
             decision = engine.route(route_request)
         except NoEligibleTarget as exc:
             raise HTTPError(422, str(exc), type="no_eligible_target", code="no_eligible_target") from None
+        except LedgerUnavailable as exc:
+            raise HTTPError(503, f"budget ledger unavailable: {exc}", type="unavailable",
+                            code="budget_ledger_unavailable") from None
         except RequestError as exc:
             raise HTTPError(422, exc.message, param=exc.field, code="invalid_value") from None
         return JSONResponse(decision.to_dict(explain=route_request.routing.explain), headers={

@@ -84,9 +84,17 @@ def test_command(files: tuple[Path, ...]) -> None:
 
 
 @policy_group.command("signals")
-def signals_command() -> None:
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the page to this file (e.g. docs/policy-signals.md) instead of stdout.")
+def signals_command(output: Path | None) -> None:
     """Print the reference of signals and functions policy expressions can use (Markdown)."""
-    click.echo(reference_markdown(), nl=False)
+    text = reference_markdown()
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text, encoding="utf-8")
+    click.echo(f"wrote {output}")
 
 
 def register(group: click.Group) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from pointsman.errors import ConfigError, RequestError
+from pointsman.errors import BudgetError, ConfigError, RequestError
 from pointsman.policy.decision import Decision
 from pointsman.request import parse_route_request
 from pointsman.service.loading import LoadedEngine, build_engine
@@ -59,12 +59,15 @@ def settings_from(**overrides: Any) -> Settings:
     return Settings(**{k: v for k, v in overrides.items() if v is not None})
 
 
-def load(settings: Settings) -> LoadedEngine:
-    """Build the engine; config problems become ``ConfigProblems``; estimator trouble a warning."""
+def load(settings: Settings, ledger: bool = True) -> LoadedEngine:
+    """Build the engine; config problems become ``ConfigProblems``, a bad ledger URL an
+    ``InputError``; estimator trouble a warning."""
     try:
-        loaded = build_engine(settings)
+        loaded = build_engine(settings, ledger=ledger)
     except ConfigError as exc:
         raise ConfigProblems(exc) from None
+    except BudgetError as exc:
+        raise InputError(f"budget ledger: {exc}") from None
     if loaded.estimator_error:
         click.echo(f"Warning: difficulty estimator unavailable ({loaded.estimator_error}); "
                    "deciding with difficulty.available == false", err=True)
@@ -117,6 +120,7 @@ def _print_human(d: Decision, explain: bool) -> None:
         ("p_hard", p_hard),
         ("prompt", f"{d.prompt_tokens:,} tokens"),
         ("cost", f"${d.estimated_cost_usd:.6f} (estimated)"),
+        ("endpoints", ", ".join(f"{e.name or e.url} ({e.role})" for e in d.endpoints)),
         ("fallbacks", ", ".join(f.target for f in d.fallbacks) or "none"),
         ("timings", f"features {t['features']:.2f} ms, estimator {t['estimator']:.2f} ms, "
                     f"policy {t['policy']:.2f} ms, total {t['total']:.2f} ms"),
@@ -143,15 +147,18 @@ def _print_human(d: Decision, explain: bool) -> None:
 @click.option("--explain", is_flag=True, help="Include the trace: every rule evaluated, candidates and costs.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="The request's output cap.")
 @click.option("--tenant", default=None, help="routing.tenant")
+@click.option("--team", default=None, help="routing.team")
 @click.option("--session-id", default=None, help="routing.session_id")
 @click.option("--slo-class", default=None, help="routing.slo_class")
 @config_options
 def route_command(prompt: str | None, messages_path: Path | None, as_json: bool, explain: bool,
-                  max_tokens: int | None, tenant: str | None, session_id: str | None, slo_class: str | None,
+                  max_tokens: int | None, tenant: str | None, team: str | None, session_id: str | None,
+                  slo_class: str | None,
                   fleet_path: Path | None, policy_path: Path | None, model: str | None) -> None:
     """Decide where PROMPT (or the chat in --messages) runs, and print the decision.
 
-    PROMPT '-' reads the prompt from stdin.
+    PROMPT '-' reads the prompt from stdin. A what-if: nothing is reserved or recorded
+    (budgets are read when POINTSMAN_BUDGET_LEDGER or POINTSMAN_BUDGETS_PATH is set).
     """
     if prompt is not None and messages_path is not None:
         raise InputError("give either PROMPT or --messages, not both")
@@ -167,7 +174,7 @@ def route_command(prompt: str | None, messages_path: Path | None, as_json: bool,
         body = {"messages": [{"role": "user", "content": text}]}
     routing = body.get("routing") if isinstance(body.get("routing"), dict) else {}
     routing = dict(routing or {})
-    for key, value in (("tenant", tenant), ("session_id", session_id), ("slo_class", slo_class)):
+    for key, value in (("tenant", tenant), ("team", team), ("session_id", session_id), ("slo_class", slo_class)):
         if value is not None:
             routing[key] = value
     if explain:
@@ -180,11 +187,13 @@ def route_command(prompt: str | None, messages_path: Path | None, as_json: bool,
         request = parse_route_request(body)
     except RequestError as exc:
         raise InputError(str(exc)) from None
-    loaded = load(settings_from(fleet_path=fleet_path, policy_path=policy_path, model=model))
+    loaded = load(settings_from(fleet_path=fleet_path, policy_path=policy_path, model=model), ledger=False)
     try:
-        decision = loaded.engine.route(request)
-    except RequestError as exc:  # no eligible target
+        decision = loaded.engine.route(request, dispatch=False)
+    except (RequestError, BudgetError) as exc:  # no eligible target; ledger unavailable
         raise InputError(str(exc)) from None
+    finally:
+        loaded.engine.state.close()
     if as_json:
         click.echo(json.dumps(decision.to_dict(explain=explain)))
     else:
@@ -208,7 +217,7 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
     settings = settings_from(host=host, port=port, max_body_bytes=max_body_bytes, log_level=log_level,
                              fleet_path=fleet_path, policy_path=policy_path, model=model)
     loaded = load(settings)  # config errors are reported here, before the server starts
-    app = create_app(settings, engine=loaded.engine)
+    app = create_app(settings, engine=loaded.engine, owns_engine=True)
     app.state.estimator_error = loaded.estimator_error
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
 

@@ -1,5 +1,11 @@
-"""Build a ``RoutingEngine`` from settings: fleet, compiled policy and estimator,
-each loaded once (by the service's lifespan, or by a CLI command).
+"""Build a ``RoutingEngine`` from settings: fleet, compiled policy, estimator and the live
+``FleetState`` (with its budget ledger), each loaded once (by the service's lifespan,
+or by a CLI command).
+
+The budget ledger comes from ``POINTSMAN_BUDGET_LEDGER`` (default SQLite under the data
+folder) with the budgets of ``POINTSMAN_BUDGETS_PATH``; ``build_engine(settings,
+ledger=False)`` builds a state without one (a CLI what-if that must not create files),
+unless a ledger or budgets file is configured explicitly.
 
 The difficulty estimator comes from ``pointsman.estimator.loading.load_estimator(spec)``.
 When that module is absent or the model cannot load, the engine still works with an
@@ -15,9 +21,11 @@ import importlib.util
 from dataclasses import dataclass
 
 from pointsman.estimator.estimate import DifficultyEstimate
+from pointsman.policy.budget import BudgetConfig, BudgetLedger, open_ledger
 from pointsman.policy.compiler import load_policy
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
+from pointsman.policy.state import FleetState
 from pointsman.service.settings import Settings
 
 @dataclass
@@ -56,11 +64,27 @@ def load_estimator(spec: str | None, timeout_ms: float | None = None, threads: i
         return UnavailableEstimator(reason), reason
 
 
-def build_engine(settings: Settings) -> LoadedEngine:
-    """Load fleet, policy and estimator named by ``settings`` (the caller reports
-    ``estimator_error``). Raises ``FleetError`` or
-    ``PolicyError`` (every problem, located) for bad config files."""
+def open_budget_ledger(settings: Settings) -> BudgetLedger:
+    """The ledger ``settings`` name, with their budgets. Raises ``BudgetConfigError`` (located)
+    for a bad budgets file, ``BudgetError`` for a bad URL, ``LedgerUnavailable`` if it cannot open."""
+    config = BudgetConfig.load(settings.budgets_path) if settings.budgets_path else BudgetConfig()
+    return open_ledger(settings.budget_ledger, config, data_dir=settings.data_dir)
+
+
+def build_state(settings: Settings, fleet: object, ledger: bool = True) -> FleetState:
+    """A ``FleetState`` for ``fleet`` with the configured ledger (none when ``ledger`` is False
+    and neither ``budget_ledger`` nor ``budgets_path`` is set)."""
+    want = ledger or settings.budget_ledger is not None or settings.budgets_path is not None
+    return FleetState(fleet, open_budget_ledger(settings) if want else None,  # type: ignore[arg-type]
+                      budget_fail_open=settings.budget_fail_open)
+
+
+def build_engine(settings: Settings, ledger: bool = True) -> LoadedEngine:
+    """Load fleet, policy, estimator and live state named by ``settings`` (the caller reports
+    ``estimator_error``). Raises ``FleetError``, ``PolicyError`` or ``BudgetConfigError``
+    (every problem, located) for bad config files, ``BudgetError`` for a bad ledger URL."""
     fleet = load_fleet(settings.fleet_path)
     policy = load_policy(settings.policy_path, fleet)
+    state = build_state(settings, fleet, ledger)
     estimator, error = load_estimator(settings.model, settings.estimator_timeout_ms, settings.estimator_threads)
-    return LoadedEngine(RoutingEngine(fleet, policy, estimator), error)
+    return LoadedEngine(RoutingEngine(fleet, policy, estimator, state=state), error)

@@ -13,6 +13,14 @@
 - ``POINTSMAN_HOST`` / ``POINTSMAN_PORT``: bind address and port of ``pointsman serve``;
   default ``127.0.0.1:8000``.
 - ``POINTSMAN_LOG_LEVEL``: uvicorn and app log level; default ``info``.
+- ``POINTSMAN_BUDGET_LEDGER``: budget ledger URL (``policy/budget.py`` ``open_ledger``):
+  ``sqlite:///path.db`` or ``redis://host:port/db`` (several service replicas share one);
+  default ``sqlite`` at ``<POINTSMAN_DATA_DIR>/budget.db``.
+- ``POINTSMAN_BUDGETS_PATH``: budgets file (YAML, ``kind: Budgets``: per ``tenant:``, ``team:``
+  or ``key:`` scope a ``day`` and/or ``month`` limit in USD; see ``policy/budget.py``);
+  default none: every request unlimited (spend is still recorded).
+- ``POINTSMAN_BUDGET_FAIL_OPEN``: when the ledger is unreachable, route requests that have
+  budgets anyway (``true``) or refuse them with 503 (``false``, default).
 """
 
 from __future__ import annotations
@@ -43,3 +51,6 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     log_level: str = "info"
+    budget_ledger: str | None = None
+    budgets_path: Path | None = None
+    budget_fail_open: bool = False

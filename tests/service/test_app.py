@@ -173,16 +173,19 @@ def test_openapi_documents_the_request_body(client):
 
 def test_lifespan_builds_the_engine_from_settings(tmp_path, monkeypatch):
     monkeypatch.setenv("POINTSMAN_MODEL", str(tmp_path / "no-such-model"))
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path))
     with TestClient(create_app()) as c:
         r = post(c, {"messages": [USER]})
         assert r.status_code == 200
         health = c.get("/healthz").json()
+        state = c.app.state.fleet_state
+        assert state.ledger is not None and state.record(r.json()["decision_id"]) is not None
     # whatever the estimator module's state, a missing model leaves routing working
     if not health["estimator"]["available"]:
         assert r.json()["rule"] == "estimator-unavailable"
 
 
-def test_serving_path_imports_no_training_libraries():
+def test_serving_path_imports_no_training_libraries(tmp_path):
     """The service with the bundled estimator routes a request without torch, scikit-learn or MLflow."""
     import subprocess
     import sys
@@ -192,6 +195,7 @@ def test_serving_path_imports_no_training_libraries():
             "    assert c.post('/v1/route', json={'messages': [{'role': 'user', 'content': 'hi'}]}).status_code == 200\n"
             "print(sorted(m for m in ('torch', 'sklearn', 'mlflow', 'pandas') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**__import__("os").environ, "ORT_DISABLE_TELEMETRY": "1"})
+                         env={**__import__("os").environ, "ORT_DISABLE_TELEMETRY": "1",
+                              "POINTSMAN_DATA_DIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -16,9 +16,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_answers_route_and_healthz():
+def test_serve_answers_route_and_healthz(tmp_path):
     port = free_port()
-    env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1",
+           "POINTSMAN_DATA_DIR": str(tmp_path)}
     proc = subprocess.Popen([sys.executable, "-m", "pointsman", "serve", "--port", str(port), "--log-level", "warning"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -36,6 +37,7 @@ def test_serve_answers_route_and_healthz():
                        json={"messages": [{"role": "user", "content": "What is 2 + 2?"}]}, timeout=10)
         assert r.status_code == 200
         assert r.headers["x-pointsman-target"] == r.json()["target"]
+        assert (tmp_path / "budget.db").exists()  # the decision was reserved in the default SQLite ledger
         bad = httpx.post(f"http://127.0.0.1:{port}/v1/route", content=b"{", timeout=10)
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "malformed_json"
     finally:
