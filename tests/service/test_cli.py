@@ -158,6 +158,47 @@ def test_policy_check(tmp_path: Path):
     assert r.exit_code == 0 and r.stdout.startswith(f"{DEFAULT_POLICY_PATH}: ok (6 rules, revision ")
 
 
+def test_policy_check_prints_three_different_mistakes_with_their_locations(tmp_path: Path):
+    bad = tmp_path / "three.yaml"
+    bad.write_text("""\
+apiVersion: pointsman/v1
+kind: RoutingPolicy
+rules:
+  - name: overflow
+    when: load["onprem-70b"].num_requests_wating > 32
+    route: {target: frontier-smal}
+  - name: default
+    route: {target: onprem-8b, fallbacks: ["rule:default"]}
+    lables: {reason: cost}
+""")
+    r = CliRunner().invoke(main, ["policy", "check", str(bad)])
+    assert r.exit_code == 1
+    assert r.stdout.splitlines() == [
+        f"{bad}:5:30: unknown-signal: unknown signal 'load[\"onprem-70b\"].num_requests_wating'; "
+        "did you mean 'num_requests_waiting'?",
+        f"{bad}:6:21: unknown-target: unknown target 'frontier-smal'; did you mean 'frontier-small'? "
+        "(the fleet has onprem-8b, onprem-70b, frontier-small, frontier-large)",
+        f"{bad}:8:44: fallback-cycle: fallbacks refer back to a rule being expanded: rule 'default' -> rule 'default'",
+        f"{bad}:9:5: unknown-key: unknown key 'lables' in rules[1]; did you mean 'labels'?",
+    ]
+
+
+def test_policy_signals_writes_the_reference_page(tmp_path: Path):
+    out = tmp_path / "docs" / "signals.md"
+    r = CliRunner().invoke(main, ["policy", "signals", "--output", str(out)])
+    assert r.exit_code == 0 and out.read_text().startswith("# Policy signals")
+    assert CliRunner().invoke(main, ["policy", "signals"]).stdout == out.read_text()
+
+
+def test_policy_test_runs_every_shipped_example():
+    files = sorted(map(str, DEFAULT_POLICY_DIR.glob("*.cases.yaml")))
+    assert {Path(f).name for f in files} >= {"default.cases.yaml", "cost-saver.cases.yaml",
+                                              "latency-first.cases.yaml", "budget-pacing.cases.yaml"}
+    r = CliRunner().invoke(main, ["policy", "test", *files])
+    assert r.exit_code == 0, r.output
+    assert "FAIL" not in r.stdout and r.stdout.splitlines()[-1].endswith(" passed, 0 failed")
+
+
 def test_policy_test():
     r = CliRunner().invoke(main, ["policy", "test", str(DEFAULT_POLICY_DIR / "default.cases.yaml")])
     assert r.exit_code == 0, r.output
