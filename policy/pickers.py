@@ -21,10 +21,12 @@ prefix it can reuse or fetch). Roles: aggregated pools use all three scorers; a
 prefill pool ``prefill-work`` + ``queue``; a decode pool ``decode-load`` + ``queue``.
 
 **Bounded load** (Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing with Bounded
-Loads", 2018): no endpoint may hold more than ``ceil((1 + eps) × (N + 1) / n)``
+Loads", 2018): no endpoint may hold more than ``max(floor, ceil((1 + eps) × (N + 1) / n))``
 outstanding requests counting this one (N outstanding over the pool's n healthy
 endpoints), so one hot prefix cannot pile every request on the replica that caches
-it; over-cap endpoints rank after every endpoint under the cap. **Health**: endpoints
+it; over-cap endpoints rank after every endpoint under the cap. The ``floor``
+(default 2) keeps a lightly loaded pool from bouncing a session off its cache
+because its endpoint holds one request more than an idle one. **Health**: endpoints
 marked unhealthy are never chosen. The chosen endpoint comes first, then up to
 ``fallback_endpoints`` more in cost order.
 
@@ -191,9 +193,11 @@ ROLE_SCORERS: dict[str, tuple[str, ...]] = {
 }
 
 
-def bounded_load_cap(outstanding: Sequence[int], healthy: Sequence[bool], epsilon: float | None) -> int | None:
-    """``ceil((1 + epsilon) × (N + 1) / n)`` over the n healthy endpoints holding N outstanding
-    requests (the request being placed counted); None when ``epsilon`` is None or none is healthy."""
+def bounded_load_cap(outstanding: Sequence[int], healthy: Sequence[bool], epsilon: float | None,
+                     floor: int = 1) -> int | None:
+    """``max(floor, ceil((1 + epsilon) × (N + 1) / n))`` over the n healthy endpoints holding N
+    outstanding requests (the request being placed counted): an endpoint may take the request
+    while its outstanding count is below the cap. None when ``epsilon`` is None or none is healthy."""
     if epsilon is None:
         return None
     n = total = 0
@@ -203,7 +207,7 @@ def bounded_load_cap(outstanding: Sequence[int], healthy: Sequence[bool], epsilo
             total += b
     if n == 0:
         return None
-    return math.ceil((1.0 + epsilon) * (total + 1) / n - 1e-9)
+    return max(floor, math.ceil((1.0 + epsilon) * (total + 1) / n - 1e-9))
 
 
 @dataclass(frozen=True)
@@ -267,6 +271,7 @@ class MinCostPicker:
 
     def __init__(self, selection: Any) -> None:
         self.epsilon = selection.bounded_load_epsilon
+        self.floor = selection.bounded_load_floor
         self.fallback_endpoints = selection.fallback_endpoints
         self.scorers = {name: SCORERS[name]() for name in SCORERS}
 
@@ -278,7 +283,7 @@ class MinCostPicker:
         for values in parts.values():
             costs = [a + b for a, b in zip(costs, values)]
         outstanding = view.outstanding()
-        cap = bounded_load_cap(outstanding, view.healthy, self.epsilon)
+        cap = bounded_load_cap(outstanding, view.healthy, self.epsilon, self.floor)
         excluded: dict[int, str] = {}
         session = inp.session_endpoint
         keys = []

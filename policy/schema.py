@@ -19,6 +19,7 @@
     endpoint_selection:           # inside the chosen pool (policy/pickers.py)
       picker: min-cost
       bounded_load_epsilon: 0.25  # no endpoint above (1 + eps) x mean outstanding; null: off
+      bounded_load_floor: 2       # ... but the cap is never below 2 requests
       fallback_endpoints: 2       # endpoints listed after the chosen one, per role
     disaggregation:               # prefill/decode rules of thumb (policy/disaggregation.py)
       min_uncached_prompt_tokens: 512
@@ -128,11 +129,14 @@ class FiltersSpec(StrictModel):
 class EndpointSelectionSpec(StrictModel):
     """Endpoint choice inside the chosen pool (``policy/pickers.py``): ``picker`` (a name in
     ``PICKERS``), ``bounded_load_epsilon`` (cap on an endpoint's outstanding requests at
-    (1 + eps) × the pool's mean, counting this request; null: no cap), ``fallback_endpoints``
-    (endpoints listed after the chosen one, per role)."""
+    (1 + eps) × the pool's mean, counting this request; null: no cap),
+    ``bounded_load_floor`` (the cap is never below this many requests: at low load cache
+    reuse matters more than perfect balance), ``fallback_endpoints`` (endpoints listed after
+    the chosen one, per role)."""
 
     picker: str = "min-cost"
     bounded_load_epsilon: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = 0.25
+    bounded_load_floor: Annotated[int, Field(ge=1)] = 2
     fallback_endpoints: Annotated[int, Field(ge=0, le=64)] = 2
 
 
