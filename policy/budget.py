@@ -58,6 +58,7 @@ Backends (one URL setting, ``open_ledger``): ``sqlite:///path/to/ledger.db``
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import time
@@ -140,8 +141,15 @@ class Window:
 
 def window_of(kind: str, now: float) -> Window:
     """The ``day`` or ``month`` UTC window containing Unix time ``now`` (seconds).
-    Raises ``BudgetError`` for another kind."""
-    dt = datetime.fromtimestamp(now, tz=timezone.utc)
+    Raises ``BudgetError`` for another kind. Memoized per UTC day (every decision asks)."""
+    if kind not in WINDOWS:
+        raise BudgetError(f"unknown budget window '{kind}' (expected one of: {', '.join(WINDOWS)})")
+    return _window_of_day(kind, math.floor(now / 86400.0))
+
+
+@functools.lru_cache(maxsize=64)
+def _window_of_day(kind: str, day: int) -> Window:
+    dt = datetime.fromtimestamp(day * 86400.0, tz=timezone.utc)
     if kind == "day":
         start = datetime(dt.year, dt.month, dt.day, tzinfo=timezone.utc)
         return Window("day", f"day:{start:%Y-%m-%d}", start.timestamp(), (start + timedelta(days=1)).timestamp())

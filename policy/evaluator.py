@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import cel
 
@@ -37,10 +37,10 @@ from pointsman.policy.filters import Exclusion, NoEligibleTarget
 from pointsman.policy.signals import RELATIVE_ROOTS, relative_key
 
 
-@dataclass(frozen=True)
-class RuleResult:
+class RuleResult(NamedTuple):
     """How one rule fared: ``result`` is ``matched``, ``no-match``, ``error`` (skipped; ``error``
-    says why) or ``no-eligible-target`` (matched, but its target and fallbacks were filtered)."""
+    says why) or ``no-eligible-target`` (matched, but its target and fallbacks were filtered).
+    A named tuple: one is made per rule per decision, and tuples are cheap."""
 
     rule: str
     result: str
@@ -153,16 +153,17 @@ def evaluate(policy: CompiledPolicy, signals: Mapping[str, Any], costs: Mapping[
     ctx = cel.Context(signals if pruned else context_variables(policy, signals), functions)
     results: list[RuleResult] = []
     considered: list[str] = []
+    append = results.append
     for rule in policy.rules:
         if rule.program is not None:
             try:
                 value = rule.program.execute(ctx)
             except Exception as exc:  # noqa: BLE001 - any evaluation failure skips the rule
-                results.append(RuleResult(rule.name, "error", _error_text(exc, rule, signals)))
+                append(RuleResult(rule.name, "error", _error_text(exc, rule, signals)))
                 continue
             if value is not True:
                 if value is False:
-                    results.append(RuleResult(rule.name, "no-match"))
+                    append(RuleResult(rule.name, "no-match"))
                 else:
                     results.append(RuleResult(rule.name, "error", f"condition gave {type(value).__name__}, not a boolean"))
                 continue

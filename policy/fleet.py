@@ -286,6 +286,20 @@ class Fleet:
     targets: dict[str, OnPremTarget | FrontierTarget] = field(default_factory=dict)
     endpoints: dict[str, EndpointInfo] = field(default_factory=dict)
     aliases: dict[str, str] = field(default_factory=dict)
+    pools: dict[tuple[str, str], tuple[EndpointInfo, ...]] = field(default_factory=dict, repr=False)
+    positions: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.pools and self.targets:
+            pools: dict[tuple[str, str], tuple[EndpointInfo, ...]] = {}
+            for name, t in self.targets.items():
+                if isinstance(t, FrontierTarget):
+                    pools[(name, "api")] = (self.endpoints[name],)
+                    continue
+                for role, pool in t.pools_by_role().items():
+                    pools[(name, role)] = tuple(self.endpoints[e.url] for e in pool.endpoints)
+            object.__setattr__(self, "pools", pools)
+            object.__setattr__(self, "positions", {k: {e.id: i for i, e in enumerate(v)} for k, v in pools.items()})
 
     def endpoint_id(self, endpoint: str) -> str | None:
         """The id of an endpoint named by its id, URL or ``name``; None if the fleet has no such endpoint."""
@@ -295,12 +309,11 @@ class Fleet:
 
     def pool_endpoints(self, target: str, role: str) -> tuple[EndpointInfo, ...]:
         """Endpoints of ``target``'s pool ``role`` in file order (``api``: the frontier endpoint);
-        empty if the target has no such pool."""
-        t = self.targets[target]
-        if isinstance(t, FrontierTarget):
-            return (self.endpoints[target],) if role == "api" else ()
-        pool = t.pools_by_role().get(role)
-        return () if pool is None else tuple(self.endpoints[e.url] for e in pool.endpoints)
+        empty if the target has no such pool (precomputed; ``positions[(target, role)]`` maps
+        endpoint ids to their index). Raises KeyError for an unknown target."""
+        if target not in self.targets:
+            raise KeyError(target)
+        return self.pools.get((target, role), ())
 
     def output_tokens(self, target: str, max_output_tokens: int | None) -> int:
         """Output tokens assumed for cost: the request's cap, else the target's default, else the fleet's."""

@@ -20,13 +20,67 @@ policy's ``context_plan`` names, nothing more.
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import Any, Sequence
 
 from pointsman.policy.cost import CostEstimate, estimate_cost, pool_utilization
 from pointsman.policy.fleet import Fleet, FrontierTarget
-from pointsman.policy.load import aggregate_loads
+from collections.abc import Mapping
 from pointsman.policy.pickers import PickInput, PoolPick, PoolView, QueueScorer
-from pointsman.policy.signals import budget_signals, cache_signals, endpoint_signals, example_endpoint, load_signals
+from pointsman.policy.signals import (SIGNALS, budget_signals, cache_signals, endpoint_signals, example_endpoint,
+                                      load_signals)
+
+_SUMS = ("num_requests_running", "num_requests_waiting")
+_MEANS = ("kv_cache_usage", "ttft_p50_ms", "tpot_p50_ms", "prefill_utilization", "decode_utilization")
+_LOAD_FIELDS = tuple(SIGNALS["load"].fields)
+
+
+class TargetLoad(Mapping):
+    """``load[target]`` computed field by field on first read: a 256-endpoint pool costs one
+    pass per field the policy reads, not one per declared field. Same values as
+    ``signals.load_signals(load.aggregate_loads(...))``: counts summed (null if any endpoint
+    lacks one), fractions and latencies averaged over the endpoints reporting them, ``age_s``
+    of the oldest external reading, ``stale``/``saturated`` if any is."""
+
+    def __init__(self, readings: list[Any], now: float, endpoints: int, healthy_endpoints: int,
+                 prefill: Any) -> None:
+        self._r, self._now, self._prefill = readings, now, prefill
+        self._values: dict[str, Any] = {"endpoints": endpoints, "healthy_endpoints": healthy_endpoints}
+
+    def __getitem__(self, key: str) -> Any:
+        values = self._values
+        if key in values:
+            return values[key]
+        r = self._r
+        if key in _SUMS:
+            got = [getattr(x, key) for x in r]
+            value = None if not got or None in got else sum(got)
+        elif key in _MEANS:
+            got = [v for v in (getattr(x, key) for x in r) if v is not None]
+            value = sum(got) / len(got) if got else None
+        elif key == "inflight_requests":
+            value = sum(x.inflight_requests for x in r)
+        elif key == "outstanding_requests":
+            running, waiting = self["num_requests_running"], self["num_requests_waiting"]
+            value = running + waiting if running is not None and waiting is not None else self["inflight_requests"]
+        elif key == "age_s":
+            external = [x.updated_at for x in r if x.source != "inflight"]
+            value = max(0.0, self._now - min(external)) if external else 0.0
+        elif key in ("stale", "saturated"):
+            value = any(getattr(x, key) for x in r)
+        elif key in ("prefill_queue_s", "prefill_saturated"):
+            values["prefill_queue_s"], values["prefill_saturated"] = self._prefill()
+            return values[key]
+        else:
+            raise KeyError(key)
+        values[key] = value
+        return value
+
+    def __iter__(self):
+        return iter(_LOAD_FIELDS)
+
+    def __len__(self) -> int:
+        return len(_LOAD_FIELDS)
 
 def build_context(policy: Any, base: dict[str, Any], source: Any) -> dict[str, Any]:
     """The CEL variables for ``policy``: its ``context_plan`` filled from ``base`` (``request``,
@@ -49,7 +103,7 @@ def build_context(policy: Any, base: dict[str, Any], source: Any) -> dict[str, A
             ns_out = {}
             for key, fields in keys.items():
                 value = get(key)
-                ns_out[key] = value if fields is None else {f: value[f] for f in fields}
+                ns_out[key] = dict(value) if fields is None else {f: value[f] for f in fields}
             out[root] = ns_out
     return out
 
@@ -94,10 +148,11 @@ class LiveSignals:
         self._views: dict[tuple[str, str], PoolView] = {}
         self._picks: dict[tuple[str, str], PoolPick] = {}
         self._lookups: dict[str, Any] = {}
-        self._load: dict[str, dict[str, Any]] = {}
+        self._load: dict[str, TargetLoad] = {}
         self._cache: dict[str, dict[str, Any]] = {}
         self._endpoint: dict[str, dict[str, Any]] = {}
         self._costs: dict[tuple[str, str], CostEstimate] = {}
+        self._means: dict[tuple[str, str, str], float | None] = {}
         self._budget: dict[str, Any] | None = None
         self._snapshot: Any = False
         self._session: Any = False
@@ -124,11 +179,11 @@ class LiveSignals:
             eps = self.fleet.pool_endpoints(target, role)
             ids = [e.id for e in eps]
             got = self.state.board.get_many(ids, self.now_mono, self.policy.staleness)
-            is_healthy = self.state.is_healthy
             t = self.fleet.targets[target]
             pool = None if isinstance(t, FrontierTarget) else t.pools_by_role().get(role)
-            view = PoolView(target, role, pool, eps, [got.get(i) for i in ids], [is_healthy(i) for i in ids],
-                            self.lookup(target), self.state.shared_tier(target))
+            view = PoolView(target, role, pool, eps, list(map(got.get, ids)), self.state.healthy_flags(ids),
+                            self.lookup(target), self.state.shared_tier(target),
+                            positions=self.fleet.positions.get(key))
             self._views[key] = view
         return view
 
@@ -146,19 +201,25 @@ class LiveSignals:
         if isinstance(t, FrontierTarget) or t.pools.decode is None:
             view = agg
         else:
-            dec = self.pool_view(target, "decode")
             if t.pools.aggregated is None:
-                picked = list(range(len(dec.endpoints)))
-            else:
+                view = self.pool_view(target, "decode")
+                view = PoolView(target, "aggregated", t.pools.decode, view.endpoints, view.loads, view.healthy,
+                                view.prefix, view.shared, positions=view.positions)
+            else:  # only decode endpoints holding the prefix (few): read their loads alone
                 lk, need = self.lookup(target), self.policy.disaggregation.max_local_hit_ratio * self.prompt_tokens
-                picked = [] if lk is None else [i for i, e in enumerate(dec.endpoints)
-                                                if lk.matched.get(e.id, 0) * lk.block_tokens >= max(1.0, need)]
-            n = len(agg.endpoints)
-            view = PoolView(target, "aggregated", t.pools.aggregated or t.pools.decode,
-                            [*agg.endpoints, *(dec.endpoints[i] for i in picked)],
-                            [*agg.loads, *(dec.loads[i] for i in picked)],
-                            [*agg.healthy, *(dec.healthy[i] for i in picked)], agg.prefix or dec.prefix, agg.shared,
-                            {n + k: t.pools.decode for k in range(len(picked))} if t.pools.aggregated else {})
+                where = self.fleet.positions[(target, "decode")]
+                decode = self.fleet.pool_endpoints(target, "decode")
+                picked = [] if lk is None else [decode[where[e]] for e, m in lk.matched.items()
+                                                if e in where and m * lk.block_tokens >= max(1.0, need)]
+                view = agg
+                if picked:
+                    ids = [e.id for e in picked]
+                    got = self.state.board.get_many(ids, self.now_mono, self.policy.staleness)
+                    n = len(agg.endpoints)
+                    view = PoolView(target, "aggregated", t.pools.aggregated, [*agg.endpoints, *picked],
+                                    [*agg.loads, *(got.get(i) for i in ids)],
+                                    [*agg.healthy, *(self.state.is_healthy(i) for i in ids)], agg.prefix, agg.shared,
+                                    {n + k: t.pools.decode for k in range(len(picked))})
         self._views[key] = view
         return view
 
@@ -187,36 +248,37 @@ class LiveSignals:
 
     # -- namespaces ------------------------------------------------------------------------
 
-    def load(self, target: str) -> dict[str, Any]:
-        """``load[target]``: the target's endpoints merged (``load.aggregate_loads``), health
-        counts, and the prefill pool's queue and saturation."""
+    def load(self, target: str) -> Mapping[str, Any]:
+        """``load[target]`` (a ``TargetLoad``: fields computed as read): the target's endpoints
+        merged, health counts, and the prefill pool's queue and saturation."""
         out = self._load.get(target)
         if out is not None:
             return out
         readings = []
         for role in self.roles(target):
             readings.extend(x for x in self.pool_view(target, role).loads if x is not None)
-        queue_s, saturated = None, False
-        if "prefill" in self.roles(target):
-            view = self.pool_view(target, "prefill")
-            queues = QueueScorer().score(PickInput(self.prompt_tokens, 0), view)
-            ok = [(q, x) for q, x, h in zip(queues, view.loads, view.healthy) if h]
-            limit = self.policy.disaggregation.max_prefill_queue_s
-            queue_s = min((q for q, _ in ok), default=None)
-            saturated = not ok or all(q >= limit or (x is not None and x.saturated) for q, x in ok)
-        out = load_signals(aggregate_loads(target, readings), self.now_mono,
-                           endpoints=self.state._total_count.get(target, 0),
-                           healthy_endpoints=self.state.healthy_endpoints(target),
-                           prefill_queue_s=queue_s, prefill_saturated=saturated)
+        out = TargetLoad(readings, self.now_mono, self.state.endpoint_count(target),
+                         self.state.healthy_endpoints(target), lambda: self._prefill_state(target))
         self._load[target] = out
         return out
 
-    def local_ids(self, target: str) -> list[str]:
+    def _prefill_state(self, target: str) -> tuple[float | None, bool]:
+        """(least predicted prefill queue seconds over healthy prefill endpoints, saturated?)."""
+        if "prefill" not in self.roles(target):
+            return None, False
+        view = self.pool_view(target, "prefill")
+        queues = QueueScorer().score(PickInput(self.prompt_tokens, 0), view)
+        ok = [(q, x) for q, x, h in zip(queues, view.loads, view.healthy) if h]
+        limit = self.policy.disaggregation.max_prefill_queue_s
+        queue_s = min((q for q, _ in ok), default=None)
+        return queue_s, not ok or all(q >= limit or (x is not None and x.saturated) for q, x in ok)
+
+    def local_ids(self, target: str) -> set[str]:
         """Endpoint ids of ``target`` that serve a request locally (aggregated, decode, api)."""
-        ids: list[str] = []
+        ids: set[str] = set()
         for role in self.roles(target):
             if role != "prefill":
-                ids.extend(e.id for e in self.fleet.pool_endpoints(target, role))
+                ids.update(self.fleet.positions.get((target, role), ()))
         return ids
 
     def cache(self, target: str) -> dict[str, Any]:
@@ -316,13 +378,17 @@ class LiveSignals:
             return 1.0, 1.0
         prefill_role, decode_role = ("aggregated", "aggregated") if mode == "aggregated" else ("prefill", "decode")
 
-        def mean(role: str, attr: str) -> float | None:
-            values = [getattr(x, attr) for x in self.pool_view(target, role).loads
-                      if x is not None and getattr(x, attr) is not None]
-            return sum(values) / len(values) if values else None
+        return (pool_utilization(self._mean(target, prefill_role, "prefill_utilization"), self.fleet),
+                pool_utilization(self._mean(target, decode_role, "decode_utilization"), self.fleet))
 
-        return (pool_utilization(mean(prefill_role, "prefill_utilization"), self.fleet),
-                pool_utilization(mean(decode_role, "decode_utilization"), self.fleet))
+    def _mean(self, target: str, role: str, attr: str) -> float | None:
+        """Mean of ``attr`` over a pool's readings that report it (memoized)."""
+        key = (target, role, attr)
+        if key not in self._means:
+            values = [v for v in map(attrgetter(attr), filter(None, self.pool_view(target, role).loads))
+                      if v is not None]
+            self._means[key] = sum(values) / len(values) if values else None
+        return self._means[key]
 
     def cost(self, target: str, mode: str | None = None, cached_tokens: int | None = None,
              pools: Any = None) -> CostEstimate:
@@ -347,7 +413,7 @@ class LiveSignals:
                 cached_tokens = lk.hit(target)[0]
             else:
                 role = "aggregated" if mode == "aggregated" else "prefill"
-                cached_tokens = lk.best([e.id for e in self.fleet.pool_endpoints(target, role)])[1]
+                cached_tokens = lk.best(self.fleet.positions.get((target, role), {}))[1]
             u_p, u_d = self._utilizations(target, mode)
             est = estimate_cost(target, t, mode, self.prompt_tokens, self.output_tokens(target), cached_tokens,
                                 prefill_utilization=u_p, decode_utilization=u_d)

@@ -448,13 +448,18 @@ class LoadBoard:
         """Readings for the endpoints the board knows among ``endpoints`` (one lock round)."""
         now = time.monotonic() if now is None else now
         out: dict[str, EndpointLoad] = {}
+        fresh_after = -math.inf if staleness is None else now - staleness.max_age_s
         with self._lock:
             self._expire(now)
-            slots, read = self._slots, self._read
+            slots, read, merge = self._slots, self._read, self._view
             for ep in endpoints:
                 slot = slots.get(ep)
-                if slot is not None:
-                    out[ep] = read(ep, slot, now, staleness)
+                if slot is None:
+                    continue
+                view = slot.view or merge(ep, slot)  # the fast path of _read: a cached, fresh view
+                if view.updated_at < fresh_after and view.source != "inflight":
+                    view = read(ep, slot, now, staleness)
+                out[ep] = view
         return out
 
     # -- internals (lock held)

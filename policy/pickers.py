@@ -36,7 +36,6 @@ O(n log k) selection; ``scripts/bench_policy.py`` measures 8 and 256 endpoints.
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
@@ -76,12 +75,16 @@ class PoolView:
     prefix: PrefixLookup | None = None
     shared: SharedKVTier | None = None
     extra_pools: dict[int, Pool] = field(default_factory=dict)
+    positions: dict[str, int] | None = None
     _hits: list[tuple[int, int]] | None = field(default=None, repr=False)
+    _outstanding: list[int] | None = field(default=None, repr=False)
 
-    def rates(self, attr: str) -> list[float]:
-        """Per endpoint, the pool's ``prefill_tokens_per_s`` or ``decode_tokens_per_s`` (inf
-        without a pool)."""
+    def rates(self, attr: str) -> list[float] | float:
+        """The pool's ``prefill_tokens_per_s`` or ``decode_tokens_per_s`` (inf without a pool): one
+        number when every endpoint is of the pool, else one per endpoint."""
         base = math.inf if self.pool is None else getattr(self.pool, attr)
+        if not self.extra_pools:
+            return base
         out = [base] * len(self.endpoints)
         for i, pool in self.extra_pools.items():
             out[i] = getattr(pool, attr)
@@ -92,15 +95,41 @@ class PoolView:
         return self.extra_pools.get(i, self.pool)
 
     def hits(self) -> list[tuple[int, int]]:
-        """``(local_hit_tokens, shared_hit_tokens)`` per endpoint (computed once)."""
+        """``(local_hit_tokens, shared_hit_tokens)`` per endpoint (computed once: the no-hit value
+        for all, then the endpoints the prefix index matched; ``positions`` maps ids to indexes)."""
         if self._hits is None:
             p = self.prefix
-            self._hits = [(0, 0)] * len(self.endpoints) if p is None else [p.hit(e.id) for e in self.endpoints]
+            if p is None:
+                self._hits = [(0, 0)] * len(self.endpoints)
+            else:
+                out = [p.hit("")] * len(self.endpoints)
+                if p.matched:
+                    if self.positions is None:
+                        self.positions = {e.id: i for i, e in enumerate(self.endpoints)}
+                    where, bt, total, runs = self.positions, p.block_tokens, p.total_tokens, p.shared_runs
+                    matched = p.matched
+                    # walk the smaller side: the endpoints the index matched, or this view's
+                    pairs = ((where.get(e), m) for e, m in matched.items()) if len(matched) <= len(where) else \
+                        ((i, matched.get(e, 0)) for e, i in where.items())
+                    for i, m in pairs:
+                        if i is not None and m:
+                            local = m * bt if m * bt < total else total
+                            out[i] = (local, 0 if runs is None else min(runs[m] * bt, total - local))
+                self._hits = out
         return self._hits
 
     def outstanding(self) -> list[int]:
-        """Outstanding requests per endpoint (0 when unknown)."""
-        return [0 if x is None else x.outstanding_requests for x in self.loads]
+        """Outstanding requests per endpoint (0 when unknown; computed once)."""
+        if self._outstanding is None:  # EndpointLoad.outstanding_requests, inlined (hot loop)
+            out = []
+            for x in self.loads:
+                if x is None:
+                    out.append(0)
+                    continue
+                r, w = x.num_requests_running, x.num_requests_waiting
+                out.append(r + w if r is not None and w is not None else x.inflight_requests)
+            self._outstanding = out
+        return self._outstanding
 
 
 class Scorer(Protocol):
@@ -127,7 +156,9 @@ class PrefillWorkScorer:
     def score(self, inp: PickInput, view: PoolView) -> list[float]:
         """Seconds per endpoint (see the class docstring)."""
         rates = view.rates("prefill_tokens_per_s")
-        p, shared = inp.prompt_tokens, view.shared
+        p, shared, n = inp.prompt_tokens, view.shared, len(view.endpoints)
+        if isinstance(rates, float):
+            rates = [rates] * n
         if view.prefix is None:
             return [p / r for r in rates]
         out = []
@@ -152,15 +183,20 @@ class QueueScorer:
     def score(self, inp: PickInput, view: PoolView) -> list[float]:
         """Seconds per endpoint (see the class docstring)."""
         p = inp.prompt_tokens
+        rates = view.rates("prefill_tokens_per_s")
+        scalar = isinstance(rates, float)
         out = []
-        for x, rate in zip(view.loads, view.rates("prefill_tokens_per_s")):
+        append = out.append
+        for i, x in enumerate(view.loads):
             if x is None:
-                out.append(0.0)
+                append(0.0)
                 continue
-            waiting = x.num_requests_waiting
-            extra = 0 if waiting is None else max(0, waiting - x.pending_requests)
-            mean = x.inflight_prompt_tokens / x.inflight_requests if x.inflight_requests else p
-            out.append((x.pending_prompt_tokens + extra * mean) / rate)
+            waiting, inflight = x.num_requests_waiting, x.inflight_requests
+            extra = 0 if waiting is None or waiting <= x.pending_requests else waiting - x.pending_requests
+            work = x.pending_prompt_tokens
+            if extra:
+                work += extra * (x.inflight_prompt_tokens / inflight if inflight else p)
+            append(work / (rates if scalar else rates[i]))
         return out
 
 
@@ -178,8 +214,12 @@ class DecodeLoadScorer:
 
     def score(self, inp: PickInput, view: PoolView) -> list[float]:
         """Seconds per endpoint (see the class docstring)."""
+        rates = view.rates("decode_tokens_per_s")
+        if isinstance(rates, float):
+            k = inp.output_tokens / rates
+            return [k * (b + 1) for b in view.outstanding()]
         out = inp.output_tokens
-        return [out * (b + 1) / rate for b, rate in zip(view.outstanding(), view.rates("decode_tokens_per_s"))]
+        return [out * (b + 1) / rate for b, rate in zip(view.outstanding(), rates)]
 
 
 SCORERS: dict[str, type] = {"prefill-work": PrefillWorkScorer, "queue": QueueScorer, "decode-load": DecodeLoadScorer}
@@ -200,11 +240,14 @@ def bounded_load_cap(outstanding: Sequence[int], healthy: Sequence[bool], epsilo
     while its outstanding count is below the cap. None when ``epsilon`` is None or none is healthy."""
     if epsilon is None:
         return None
-    n = total = 0
-    for b, ok in zip(outstanding, healthy):
-        if ok:
-            n += 1
-            total += b
+    if all(healthy):
+        n, total = len(outstanding), sum(outstanding)
+    else:
+        n = total = 0
+        for b, ok in zip(outstanding, healthy):
+            if ok:
+                n += 1
+                total += b
     if n == 0:
         return None
     return max(floor, math.ceil((1.0 + epsilon) * (total + 1) / n - 1e-9))
@@ -258,6 +301,10 @@ class PoolPick:
         }
 
 
+#: Seconds added to an over-cap endpoint's rank: it comes after every endpoint under the cap.
+_OVER_CAP_S = 1e12
+
+
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
@@ -279,26 +326,36 @@ class MinCostPicker:
         """Order ``view``'s endpoints for ``inp`` (see the class docstring)."""
         n = len(view.endpoints)
         parts = {name: self.scorers[name].score(inp, view) for name in ROLE_SCORERS[view.role]}
-        costs = [0.0] * n
-        for values in parts.values():
-            costs = [a + b for a, b in zip(costs, values)]
+        columns = list(parts.values())
+        if len(columns) == 3:
+            costs = [a + b + c for a, b, c in zip(*columns)]
+        elif len(columns) == 2:
+            costs = [a + b for a, b in zip(*columns)]
+        else:
+            costs = [sum(t) for t in zip(*columns)] if columns else [0.0] * n
         outstanding = view.outstanding()
         cap = bounded_load_cap(outstanding, view.healthy, self.epsilon, self.floor)
         excluded: dict[int, str] = {}
-        session = inp.session_endpoint
-        keys = []
-        for i in range(n):
-            if not view.healthy[i]:
-                excluded[i] = "unhealthy"
-                continue
-            over = cap is not None and outstanding[i] >= cap
-            if over:
+        # rank = cost, plus _OVER_CAP_S over the cap (after every endpoint under it); unhealthy: left out
+        rank = costs[:]
+        if cap is not None:
+            for i in [i for i, b in enumerate(outstanding) if b >= cap]:
                 excluded[i] = "over-cap"
-            keys.append((over, costs[i], view.endpoints[i].id != session, i))
+                rank[i] += _OVER_CAP_S
+        if not all(view.healthy):
+            for i, ok in enumerate(view.healthy):
+                if not ok:
+                    excluded[i] = "unhealthy"
+        session = inp.session_endpoint
+        if session is not None:  # ties go to the session's endpoint: 1 ns earlier
+            for i, e in enumerate(view.endpoints):
+                if e.id == session:
+                    rank[i] -= 1e-9
+                    break
+        candidates = range(n) if len(excluded) == 0 else [i for i in range(n) if excluded.get(i) != "unhealthy"]
         k = 1 + self.fallback_endpoints
-        best = heapq.nsmallest(k, keys) if k < len(keys) else sorted(keys)
-        order = tuple(key[-1] for key in best)
-        return PoolPick(view, order, costs, parts, cap, {i: r for i, r in excluded.items()})
+        order = tuple(sorted(candidates, key=rank.__getitem__)[:k])  # stable: file order on ties
+        return PoolPick(view, order, costs, parts, cap, excluded)
 
 
 class InOrderPicker:

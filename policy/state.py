@@ -43,11 +43,11 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 from pointsman.errors import BudgetError, RequestError
-from pointsman.policy.budget import BudgetLedger, LedgerUnavailable, Reservation, Settlement, UnknownReservation
+from pointsman.policy.budget import BudgetLedger, LedgerUnavailable, Settlement, UnknownReservation
 from pointsman.policy.cost import effective_prices as _effective_prices
 from pointsman.policy.cost import estimate_cost
 from pointsman.policy.fleet import Fleet, FrontierTarget
@@ -199,6 +199,13 @@ class FleetState:
         """False when the endpoint is marked unhealthy."""
         return endpoint_id not in self._unhealthy
 
+    def healthy_flags(self, endpoint_ids: Sequence[str]) -> list[bool]:
+        """``is_healthy`` for each id (one pass; all True without any unhealthy endpoint)."""
+        bad = self._unhealthy
+        if not bad:
+            return [True] * len(endpoint_ids)
+        return [i not in bad for i in endpoint_ids]
+
     def unhealthy(self) -> dict[str, str]:
         """Endpoint id -> reason, for the endpoints marked unhealthy (a copy)."""
         with self._lock:
@@ -207,6 +214,10 @@ class FleetState:
     def healthy_endpoints(self, target: str) -> int:
         """Endpoints of ``target`` not marked unhealthy (O(1))."""
         return self._healthy_count.get(target, 0)
+
+    def endpoint_count(self, target: str) -> int:
+        """Endpoints of ``target`` (all its pools; 1 for a frontier API)."""
+        return self._total_count.get(target, 0)
 
     def session(self, session_id: str, now: float | None = None) -> tuple[str, str] | None:
         """``(target, endpoint id)`` of the session's last request, or None (unknown or expired)."""
@@ -272,10 +283,6 @@ class FleetState:
                     break
                 self._records.popitem(last=False)
         return record
-
-    def reservation_fits(self, scopes: Sequence[str]) -> bool:
-        """True when the request has no budgets (nothing can refuse it)."""
-        return self.ledger is None or not self.ledger.config.budgets_for(scopes)
 
     # -- outcomes (service) ---------------------------------------------------------
 
@@ -439,4 +446,4 @@ class FleetState:
             self.ledger.close()
 
 
-__all__ = ["DispatchRecord", "FleetState", "Settled", "request_scopes", "Reservation"]
+__all__ = ["DispatchRecord", "FleetState", "Settled", "request_scopes"]
