@@ -2,7 +2,8 @@
 
 Subcommands live in small modules, each with ``register(group)``, attached here:
 ``route``/``serve`` (``cli_route``), ``policy check``/``policy test`` (``cli_policy``),
-``train``/``evaluate`` (``cli_training``, when installed).
+``train``/``evaluate`` (``cli_training``, when installed), ``compare``/``promote``/``calibrate``
+(``cli_loop``, the retraining loop).
 """
 
 from __future__ import annotations
@@ -29,3 +30,7 @@ if importlib.util.find_spec("pointsman.service.cli_training") is not None:
     from pointsman.service import cli_training
 
     cli_training.register(main)
+if importlib.util.find_spec("pointsman.service.cli_loop") is not None:
+    from pointsman.service import cli_loop
+
+    cli_loop.register(main)

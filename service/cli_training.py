@@ -43,11 +43,30 @@ def _split_names(values: tuple[str, ...]) -> tuple[str, ...]:
 @click.option("--max-rows", type=int, default=None, help="Cap prompts per source (quick runs).")
 @click.option("--folds", type=int, default=5, show_default=True, help="Cross-fitting folds (held-out metrics, calibration).")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
+@click.option("--from-table", is_flag=True,
+              help="Train on the public outcome tables (the default; see --tables).")
+@click.option("--from-outcomes", "from_outcomes", is_flag=False, flag_value="-", default=None, metavar="[LOG]",
+              help="Train a challenger from the outcome log (default <data dir>/outcomes.db) on the encoder of "
+                   "--encoder-from (default: the serving champion); registered with alias @challenger.")
+@click.option("--label-rules", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="With --from-outcomes: YAML label rules (training.outcome_labels).")
 def train_cmd(encoder, output, no_register, no_mlflow, tables, evals, encoder_from, seed, max_rows, folds,
-              as_json) -> None:
+              as_json, from_table, from_outcomes, label_rules) -> None:
     """Train the difficulty estimator on the Apache/MIT outcome tables, evaluate it on
     held-out prompts, export it to ONNX, log it to MLflow and (unless --no-register)
-    register it as pointsman-difficulty with alias @champion."""
+    register it as pointsman-difficulty with alias @champion. With --from-outcomes, train a
+    challenger from logged outcomes instead (service/cli_loop.py)."""
+    if from_outcomes is not None:
+        if from_table or tables or max_rows:
+            _fail("--from-outcomes trains on the outcome log; it takes no --from-table, --tables or --max-rows")
+        from pointsman.service.cli_loop import train_from_outcomes
+
+        train_from_outcomes(None if from_outcomes == "-" else Path(from_outcomes), base_spec=encoder_from and str(encoder_from),
+                            label_rules=label_rules, fleet=None, seed=seed, calibration_folds=folds, output=output,
+                            use_mlflow=not no_mlflow, register=not no_register, as_json=as_json)
+        return
+    if label_rules is not None:
+        _fail("--label-rules applies to --from-outcomes only")
     if no_mlflow and output is None:
         _fail("--no-mlflow needs --output DIR (otherwise the model would be thrown away)")
     parsed_evals = []

@@ -1,0 +1,207 @@
+"""The retraining loop on small data: the engine decides and the decisions and outcomes go
+into the outcome log → train a challenger from it → compare → promote (the champion alias
+moves, load_estimator("champion") gives the new model, new decisions name it) → a worse
+challenger is refused with both numbers → rollback, twice.
+
+The traffic is synthetic and learnable: cooking questions are "hard" (the on-prem model's
+judged score 0, the frontier's 1) and gardening questions "easy" (both 1). The bundled
+model has never seen that split, so a head trained on the logged head inputs beats it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import click
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pointsman.datasets.outcome_log import OutcomeLog, record_decision
+from pointsman.estimator.loading import load_estimator
+from pointsman.policy.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.engine import RoutingEngine
+from pointsman.policy.fleet import load_fleet
+from pointsman.request import request_from_prompt
+from pointsman.service.cli_loop import register
+from pointsman.service.cli_training import register as register_training
+from pointsman.training.challenger import ChallengerConfig, train_challenger
+from pointsman.training.outcome_labels import LabelRules
+from pointsman.training.promote import Gate, alias_version, promote, rollback
+
+COOKING = ["braise short ribs", "temper dark chocolate", "make a sourdough starter", "poach an egg", "cook risotto",
+           "caramelize onions", "roast a whole chicken", "make fresh pasta", "bake a souffle", "fry tofu crisply",
+           "make a roux for gumbo", "sear scallops", "proof brioche dough", "make hollandaise", "smoke a brisket",
+           "steam dumplings", "pickle cucumbers", "make pad thai", "cook basmati rice", "bake macarons"]
+GARDENING = ["prune roses", "repot a fern", "grow tomatoes on a balcony", "compost kitchen scraps",
+             "divide hostas", "plant tulip bulbs", "mulch a vegetable bed", "water succulents", "start seeds indoors",
+             "keep aphids off kale", "grow basil from cuttings", "plant a hedge", "care for an orchid",
+             "grow strawberries in pots", "aerate a lawn", "plant garlic in autumn", "stake dahlias",
+             "overwinter geraniums", "grow blueberries", "build a raised bed"]
+TEMPLATES = ["How do I {x}?", "What is the best way to {x} at home?", "Give me step by step advice to {x}.",
+             "Explain to a beginner how to {x}.", "What mistakes should I avoid when I {x}?"]
+JUDGE = "pairwise-judge-0-1"
+GATE = Gate(min_rows=15)
+
+
+def log_traffic(log: OutcomeLog, engine: RoutingEngine, est, *, inverted: bool = False) -> int:
+    """Route every synthetic prompt, log the decision and the judged answers of both tiers (the one
+    the decision did not pick as a shadow); ``inverted`` swaps which topic the on-prem model fails."""
+    n = 0
+    for topics, hard in ((COOKING, True), (GARDENING, False)):
+        for x in topics:
+            for template in TEMPLATES:
+                request = request_from_prompt(template.format(x=x))
+                decision = engine.route(request, dispatch=False)
+                record_decision(log, decision, request, est)
+                fails = hard != inverted
+                to_frontier = decision.target.startswith("frontier")
+                acks = log.append_outcomes([
+                    {"decision_id": decision.decision_id, "outcome_id": decision.decision_id + "-onprem",
+                     "served_target": "onprem-8b", "served_model": "llama-3.1-8b", "shadow": to_frontier,
+                     "quality": {"judge_score": 0.0 if fails else 1.0, "judge": JUDGE}},
+                    {"decision_id": decision.decision_id, "outcome_id": decision.decision_id + "-frontier",
+                     "served_target": "frontier-large", "served_model": "gpt-4o", "shadow": not to_frontier,
+                     "quality": {"judge_score": 1.0, "judge": JUDGE}},
+                ])
+                assert all(a.status == "stored" for a in acks)
+                n += 1
+    return n
+
+
+@pytest.fixture
+def data(tmp_path, monkeypatch):
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def world():
+    fleet = load_fleet()
+    est = load_estimator("bundled")
+    return fleet, est, RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), est)
+
+
+def cli():
+    group = click.Group()
+    register(group)
+    register_training(group)
+    return group
+
+
+CFG = ChallengerConfig(calibration_folds=3, alpha=10.0)
+
+
+@pytest.mark.slow
+def test_the_whole_loop_with_the_embedded_store(data, world):
+    fleet, bundled, engine = world
+    log = OutcomeLog()  # <data dir>/outcomes.db, as the service opens it
+    assert log_traffic(log, engine, bundled) == 200
+
+    # train --from-outcomes through the CLI: a challenger, not a champion.
+    res = CliRunner().invoke(cli(), ["train", "--from-outcomes", "--folds", "3", "--json"])
+    assert res.exit_code == 0, res.output
+    from pointsman.training.registry import client
+
+    c = client()
+    assert alias_version(c, "challenger") == "1" and alias_version(c, "champion") is None
+    assert load_estimator("champion").source.startswith("bundled")
+
+    res = CliRunner().invoke(cli(), ["compare", "--json"])
+    assert res.exit_code == 0, res.output
+
+    result = promote(log, LabelRules(), fleet, GATE)
+    cmp = result.comparison
+    assert result.promoted, result.reasons
+    assert cmp.challenger.metrics["apgr"] > cmp.champion.metrics["apgr"] + 0.1
+    assert 15 <= cmp.n < 200 and cmp.excluded["trained_on"] == 200 - cmp.n  # only its held-out fold
+    assert alias_version(c, "champion") == "1" and alias_version(c, "challenger") is None
+    champion = load_estimator("champion")
+    assert champion.source == "models:/pointsman-difficulty/1 (@champion)"
+    assert champion.version == c.get_model_version("pointsman-difficulty", "1").tags.get("pointsman.version", champion.version)
+    # The service swaps models by building a new engine: new decisions name the new version.
+    new = engine.with_estimator(champion).route(request_from_prompt("How do I poach an egg?"), dispatch=False)
+    assert new.estimator_version == champion.version != bundled.version
+    runs = c.search_runs([c.get_experiment_by_name("pointsman-promotion").experiment_id])
+    assert runs[0].data.tags["pointsman.verdict"] == "promoted"
+    assert {"champion/apgr", "challenger/apgr", "champion/ece", "challenger/ece"} <= set(runs[0].data.metrics)
+    artifacts = {a.path for a in c.list_artifacts(runs[0].info.run_id, "comparison")}
+    assert {"comparison/pgr.png", "comparison/reliability.png", "comparison/comparison.json"} <= artifacts
+
+    # A worse challenger: trained on a log whose judge verdicts are inverted.
+    bad_log = OutcomeLog(data / "bad.db")
+    log_traffic(bad_log, engine.with_estimator(champion), champion, inverted=True)
+    bad = train_challenger(bad_log, LabelRules(), fleet, CFG, champion, log_fn=lambda m: None)
+    assert alias_version(c, "challenger") == bad.run.model_version == "2"
+    res = CliRunner().invoke(cli(), ["promote", "--min-rows", "15"])
+    assert res.exit_code == 1, res.output
+    assert "refused: APGR challenger" in res.output and "vs champion" in res.output
+    numbers = [float(x) for x in res.output.split("refused: APGR challenger ")[1].split(" (gain")[0].split(" vs champion ")]
+    assert numbers[0] < numbers[1]
+    assert alias_version(c, "champion") == "1"
+
+    # Rollback: back to the bundled model (the champion before version 1), and back again.
+    res = CliRunner().invoke(cli(), ["promote", "--rollback"])
+    assert res.exit_code == 0, res.output
+    assert alias_version(c, "champion") is None and load_estimator("champion").source.startswith("bundled")
+    again = rollback()
+    assert again.champion_version == "1" and alias_version(c, "champion") == "1"
+    assert load_estimator("champion").version == champion.version
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_loop_against_an_mlflow_server(tmp_path, monkeypatch, world):
+    """The same registry operations against ``mlflow server`` (one worker, no job runner)."""
+    import httpx
+
+    fleet, bundled, engine = world
+    port = _free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    store = tmp_path / "server"
+    store.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}", "--artifacts-destination", str(store / "artifacts")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "mlflow server did not answer /health"
+            time.sleep(0.5)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+        log = OutcomeLog(tmp_path / "outcomes.db")
+        log_traffic(log, engine, bundled)
+        got = train_challenger(log, LabelRules(), fleet, CFG, bundled, log_fn=lambda m: None)
+        assert got.run.tracking_uri == f"http://127.0.0.1:{port}"
+        result = promote(log, LabelRules(), fleet, GATE)
+        assert result.promoted, result.reasons
+        champion = load_estimator("champion")
+        assert champion.version == got.manifest.version and champion.source.endswith("(@champion)")
+        assert not (tmp_path / "data" / "mlflow.db").exists()  # nothing went to the embedded store
+        assert rollback().champion_version is None
+        assert np.isfinite(champion.predict_matrix(np.zeros((1, 412), dtype=np.float32))).all()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)

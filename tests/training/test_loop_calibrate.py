@@ -1,0 +1,152 @@
+"""Calibration: thresholds from recent logged traffic, written into the policy through
+validation (atomic, comments kept, invalid results refused); report numbers by hand."""
+
+from __future__ import annotations
+
+import shutil
+
+import click
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pointsman.datasets.outcome_log import DecisionRecord, OutcomeLog, record_decision
+from pointsman.errors import PolicyError
+from pointsman.estimator.loading import load_estimator
+from pointsman.policy.compiler import DEFAULT_POLICY_DIR, DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.engine import RoutingEngine
+from pointsman.policy.fleet import load_fleet
+from pointsman.request import request_from_prompt
+from pointsman.service.cli_loop import register
+from pointsman.training import calibrate as C
+from pointsman.training.reports import confusion, drift, operating_threshold
+
+NOW = 1_750_000_000.0
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    return load_fleet()
+
+
+def record(i: int, p: float, prompt_tokens: int = 1000, t: float = NOW - 3600) -> DecisionRecord:
+    return DecisionRecord(
+        decision_id=f"d{i:05d}", time_s=t, target="onprem-8b", model="m", mode="aggregated", rule="default", p_hard=p,
+        difficulty_available=True, estimated_cost_usd=0.0, estimator_version="v1", policy_revision="p",
+        fleet_revision="f", request_features={"prompt_tokens": prompt_tokens, "max_output_tokens": None},
+        prompt_sha256="0" * 64, conversation_key=f"{i:016x}")
+
+
+def test_thresholds_by_share_and_by_budget(tmp_path, fleet):
+    p = np.arange(1, 101) / 100.0  # 0.01 .. 1.00
+    assert C.threshold_for_share(p, 0.2) == 0.81  # 0.81 .. 1.00: 20 requests
+    assert C.threshold_for_share(p, 0.0) == 1.0
+    cost = np.full(100, 0.5)  # $0.50 each
+    t, spend = C.threshold_for_budget(p, cost, span_days=2.0, budget_usd_per_day=5.0)  # $10 over 2 days: 20 requests
+    assert (t, spend) == (0.81, 5.0)
+    assert C.threshold_for_budget(p, cost, 2.0, 0.1)[0] == 1.0  # even the hardest one is over budget
+    assert C.threshold_for_budget(p, cost, 1.0, 1000.0)[0] == 0.01
+
+    with OutcomeLog(tmp_path / "log.db") as log:
+        log.append_decisions([record(i, float(p[i]), t=NOW - 86400 + 864 * i) for i in range(100)])
+        traffic = C.recent_traffic(log, fleet, "frontier-large", None, since_s=NOW - 86400, until_s=NOW)
+    # 1000 prompt tokens and the fleet's output estimate at frontier-large list prices.
+    target = fleet.targets["frontier-large"]
+    one = (1000 * target.prices.usd_per_1m_input_tokens
+           + fleet.output_tokens("frontier-large", None) * target.prices.usd_per_1m_output_tokens) / 1e6
+    np.testing.assert_allclose(traffic.frontier_cost_usd, one)
+    assert traffic.span_days == 1.0 and traffic.rescored == 0  # the traffic spans the whole day
+    cal = C.calibrate(traffic, "p_hard_frontier", budget_usd_per_day=10 * one)
+    assert (cal.threshold, cal.frontier_share, cal.method) == (0.91, 0.1, "budget")
+    assert cal.spend_usd_per_day == pytest.approx(10 * one)
+    clamped = C.calibrate(traffic, "p_hard_frontier", frontier_share=0.5, bounds=(0.6, 0.9))
+    assert clamped.threshold == 0.6 and "clamped from 0.5100" in clamped.note
+    with pytest.raises(ValueError, match="exactly one"):
+        C.calibrate(traffic, "x")
+
+
+def test_write_policy_keeps_the_file_and_refuses_invalid_results(tmp_path, fleet):
+    path = tmp_path / "policy.yaml"
+    shutil.copyfile(DEFAULT_POLICY_PATH, path)
+    before = path.read_text()
+    C.write_policy(path, {"p_hard_frontier": 0.4321}, fleet, "pointsman calibrate: test")
+    after = path.read_text()
+    changed = [(a, b) for a, b in zip(before.splitlines(), after.splitlines()) if a != b]
+    assert len(before.splitlines()) == len(after.splitlines()) and len(changed) == 1
+    assert changed[0][1].strip() == "p_hard_frontier: 0.4321  # pointsman calibrate: test"
+    assert load_policy(path, fleet).variables["p_hard_frontier"] == 0.4321
+    assert not list(tmp_path.glob(".policy.yaml.*"))  # no temporary file left behind
+
+    with pytest.raises(PolicyError, match="unknown-variable: variables has no 'p_hard_frontir'; did you mean"):
+        C.write_policy(path, {"p_hard_frontir": 0.5}, fleet)
+    bad = tmp_path / "int.yaml"
+    bad.write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nvariables:\n  scale: 2\nrules:\n"
+                   "  - name: big\n    when: request.prompt_tokens * variables.scale > 1000\n"
+                   "    route: {target: frontier-large}\n  - name: default\n    route: {target: onprem-8b}\n")
+    text = bad.read_text()
+    with pytest.raises(PolicyError, match=r"int.yaml:7:\d+: type-error"):
+        C.write_policy(bad, {"scale": 0.5}, fleet)  # int * double has no overload in CEL
+    assert bad.read_text() == text
+
+
+def test_packaged_policies_round_trip_unchanged():
+    for path in sorted(DEFAULT_POLICY_DIR.glob("*.yaml")):
+        if path.name.endswith(".cases.yaml"):
+            continue
+        text = path.read_text()
+        assert C.rewrite_variables(text, {}, str(path)) == text, path.name
+
+
+def test_budget_pacing_bounds(tmp_path, fleet):
+    path = tmp_path / "pacing.yaml"
+    shutil.copyfile(DEFAULT_POLICY_DIR / "budget-pacing.yaml", path)
+    traffic = C.RecentTraffic(np.linspace(0.0, 1.0, 101), np.full(101, 0.01), 1.0)
+    cal = C.calibrate(traffic, "p_hard_frontier", budget_usd_per_day=0.2, pace_bound=0.95)
+    assert cal.updates == {"p_hard_frontier": 0.81, "pace_gain": 0.14}  # 20 requests of $0.01
+    C.write_policy(path, cal.updates, fleet)
+    v = load_policy(path, fleet).variables
+    assert (v["p_hard_frontier"], v["pace_gain"]) == (0.81, 0.14)
+    with pytest.raises(ValueError, match="pace bound"):
+        C.calibrate(traffic, "p_hard_frontier", frontier_share=0.1, pace_bound=0.5)
+
+
+def test_report_numbers_by_hand():
+    q = [k / 10 for k in range(1, 10)]
+    same = drift(q, np.arange(0.05, 1.0, 0.1))  # one value in each decile bin
+    assert same["psi"] == pytest.approx(0.0) and same["ks"] == pytest.approx(0.0)
+    shifted = drift(q, np.full(50, 0.05))  # everything in the first bin
+    psi = 0.9 * np.log(10) + 9 * (1e-4 - 0.1) * np.log(1e-4 / 0.1)
+    assert shifted["psi"] == pytest.approx(psi) and shifted["ks"] == pytest.approx(0.9)
+    p = np.array([0.9, 0.8, 0.2, 0.1])
+    assert operating_threshold(p, 0.5) == 0.8
+    got = confusion(np.array([1.0, 0.0, 1.0, 0.0]), p, 0.8)
+    assert (got["tp"], got["fp"], got["fn"], got["tn"], got["frontier_share"]) == (1, 1, 1, 1, 0.5)
+
+
+def test_calibrate_command(tmp_path, monkeypatch, fleet):
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("POINTSMAN_POLICY_PATH", raising=False)
+    est = load_estimator("bundled")
+    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), est)
+    prompts = [f"Question {i}: " + ("prove the theorem about primes" if i % 3 else "say hi") for i in range(30)]
+    with OutcomeLog() as log:
+        for text in prompts:
+            request = request_from_prompt(text)
+            record_decision(log, engine.route(request, dispatch=False), request, est)
+        logged = log.p_hard_window()
+    policy = tmp_path / "policy.yaml"
+    shutil.copyfile(DEFAULT_POLICY_PATH, policy)
+    cli = click.Group()
+    register(cli)
+    res = CliRunner().invoke(cli, ["calibrate", "--frontier-share", "0.2", "--policy", str(policy), "--json"])
+    assert res.exit_code == 0, res.output
+    want = float(np.quantile(logged, 0.8, method="higher"))
+    assert load_policy(policy, fleet).variables["p_hard_frontier"] == pytest.approx(round(want, 4))
+    res = CliRunner().invoke(cli, ["calibrate", "--frontier-share", "0.2"])
+    assert res.exit_code == 2 and "packaged policies are never written" in res.output
+    res = CliRunner().invoke(cli, ["calibrate", "--policy", str(policy)])
+    assert res.exit_code == 2 and "exactly one of" in res.output
+    res = CliRunner().invoke(cli, ["calibrate", "--policy", str(policy), "--frontier-share", "0.2",
+                                   "--since", "yesterday"])
+    assert res.exit_code == 2 and "--since: expected Unix seconds or an ISO 8601 time" in res.output

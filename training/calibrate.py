@@ -1,0 +1,308 @@
+"""Setting a policy's ``p_hard`` threshold from recent logged traffic (``pointsman calibrate``).
+
+Two ways to choose the threshold ``t`` of a policy variable (``p_hard_frontier`` by
+default; a request goes to the frontier when ``p_hard >= t``):
+
+- a **frontier share** ``s``: ``t`` is the (1 − s) quantile of ``p_hard`` over the recent
+  decisions, so about ``s`` of that traffic would go to the frontier;
+- a **budget** in USD per day: ``t`` is the lowest threshold whose projected frontier spend
+  over the window, per day, stays within the budget. Projected spend = the sum, over the
+  decisions at or above ``t``, of each request's cost on the frontier target
+  (``policy.cost.estimate_cost`` at list prices, with the logged prompt tokens and the
+  completion tokens of a logged frontier answer when there is one, else of any logged
+  answer, else the fleet's output estimate), divided by the days the window's traffic
+  covers (at least one hour).
+
+``p_hard`` of each recent decision is re-scored with the serving model (``model``) when it
+was logged by another model version: from the logged head input when it is in the
+model's feature space, else from stored prompt text; decisions it cannot score are left
+out (counted).
+
+Writing: the new value replaces the variable in the policy YAML through a ruamel.yaml
+round trip (comments and layout kept; an end-of-line comment records the calibration),
+the new text is compiled with ``policy.compiler.compile_policy`` against the fleet, and
+only a policy that compiles replaces the file — via a temporary file in the same folder,
+fsync and an atomic rename, so a reader never sees a half-written or invalid file.
+
+Budget pacing: a policy like ``policy/defaults/policies/budget-pacing.yaml`` raises the bar
+by ``pace_gain × max(0, budget.pace_gap)`` when spend runs ahead of the clock; with
+``pace_bound`` the calibration also sets ``pace_gain = pace_bound − t``, so the paced
+threshold stays within ``[t, pace_bound]`` (``pace_gap`` is at most 1).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pointsman.errors import DataError, PolicyError, Problem
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.datasets.outcome_log import OutcomeLog
+    from pointsman.policy.compiler import CompiledPolicy
+    from pointsman.policy.fleet import Fleet
+
+MIN_SPAN_S = 3600.0
+DAY_S = 86400.0
+
+
+@dataclass
+class RecentTraffic:
+    """Recent decisions as the calibration sees them: ``p_hard`` float64 (n,) under the serving
+    model, ``frontier_cost_usd`` float64 (n,) on the frontier target, ``span_days`` the traffic
+    covers, ``rescored`` (how many were re-scored), ``skipped`` (by reason)."""
+
+    p_hard: np.ndarray
+    frontier_cost_usd: np.ndarray
+    span_days: float
+    rescored: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Calibration:
+    """The chosen ``threshold`` for ``variable``, how: ``method`` (``frontier-share`` or
+    ``budget``), the resulting ``frontier_share`` and projected ``spend_usd_per_day`` on the
+    recent traffic, ``n`` decisions, ``updates`` (every variable written) and ``note``."""
+
+    variable: str
+    threshold: float
+    method: str
+    frontier_share: float
+    spend_usd_per_day: float
+    n: int
+    updates: dict[str, float]
+    note: str = ""
+
+
+def frontier_target_of(policy: CompiledPolicy, variable: str) -> str:
+    """The target of the first rule whose condition reads ``variables.<variable>``.
+    Raises ``DataError`` when no rule reads it."""
+    for rule in policy.rules:
+        if f"variables.{variable}" in rule.signals:
+            return rule.target
+    raise DataError(f"{policy.file}: no rule reads variables.{variable}; name the frontier target with --target")
+
+
+def _completion_tokens(decision: Any, frontier: str) -> int | None:
+    best = None
+    for o in decision.outcomes:
+        n = o.usage.completion_tokens
+        if n is None:
+            continue
+        if (o.served_target or decision.target) == frontier:
+            return n
+        best = n if best is None else best
+    return best
+
+
+def recent_traffic(log: OutcomeLog, fleet: Fleet, frontier: str, model: Any = None, *,
+                   since_s: float | None = None, until_s: float | None = None) -> RecentTraffic:
+    """The decisions in ``[since_s, until_s)`` with ``p_hard`` under ``model`` (a
+    ``DifficultyEstimator``; None keeps the logged values) and their frontier cost. Raises
+    ``DataError`` when no decision is usable."""
+    from pointsman.datasets.outcome_log import feature_space_of
+    from pointsman.policy.cost import estimate_cost
+
+    target = fleet.targets.get(frontier)
+    if target is None:
+        raise DataError(f"unknown target {frontier!r}; the fleet has {', '.join(fleet.targets)}")
+    version = getattr(model, "version", None)
+    space = feature_space_of(model) if model is not None else None
+    p, cost, times = [], [], []
+    vec_rows, vecs, text_rows, texts = [], [], [], []
+    skipped = {"no_estimate": 0, "other_model": 0}
+    for d in log.joined(since_s=since_s, until_s=until_s):
+        idx = len(p)
+        if model is None or d.estimator_version == version:
+            if d.p_hard is None:
+                skipped["no_estimate"] += 1
+                continue
+            p.append(float(d.p_hard))
+        elif space is not None and d.feature_space == space and d.head_input is not None:
+            vec_rows.append(idx)
+            vecs.append(d.head_input)
+            p.append(np.nan)
+        elif d.prompt_text:
+            text_rows.append(idx)
+            texts.append(d.features())
+            p.append(np.nan)
+        else:
+            skipped["other_model"] += 1
+            continue
+        rf = d.request_features
+        prompt = int(rf.get("prompt_tokens") or 0)
+        out = _completion_tokens(d, frontier)
+        if out is None:
+            out = fleet.output_tokens(frontier, rf.get("max_output_tokens"))
+        cost.append(estimate_cost(frontier, target, target.modes[0], prompt, int(out)).usd)
+        times.append(d.time_s)
+    if not p:
+        raise DataError(f"{log.path}: no recent decision with a p_hard to calibrate on ({skipped})")
+    p_arr = np.asarray(p, dtype=np.float64)
+    if vecs:
+        p_arr[vec_rows] = model.predict_matrix(np.stack(vecs))
+    if texts:
+        p_arr[text_rows] = model.estimate_batch(texts)
+    t = np.asarray(times)
+    start = t.min() if since_s is None else max(float(since_s), float(t.min()))
+    end = (float(until_s) if until_s is not None else max(time.time(), float(t.max())))
+    span = max(end - start, MIN_SPAN_S) / DAY_S
+    return RecentTraffic(p_arr, np.asarray(cost), span, len(vecs) + len(texts), skipped)
+
+
+def threshold_for_share(p: np.ndarray, share: float) -> float:
+    """The (1 − ``share``) quantile of ``p`` (``method="higher"``, a value that occurs), 1.0 for
+    share 0. Raises ``ValueError`` for a share outside [0, 1]."""
+    from pointsman.training.reports import operating_threshold
+
+    return operating_threshold(p, share)
+
+
+def threshold_for_budget(p: np.ndarray, cost_usd: np.ndarray, span_days: float, budget_usd_per_day: float
+                         ) -> tuple[float, float]:
+    """(threshold, projected USD per day): the lowest threshold among the observed ``p`` values whose
+    routed requests (``p >= threshold``) cost at most ``budget_usd_per_day × span_days``; (1.0,
+    spend at 1.0) when even the hardest request alone is over budget."""
+    if budget_usd_per_day < 0:
+        raise ValueError(f"budget must be >= 0, got {budget_usd_per_day}")
+    order = np.argsort(-p, kind="stable")
+    ps, cs = p[order], np.cumsum(cost_usd[order])
+    allowed = budget_usd_per_day * span_days * (1.0 + 1e-9)  # float sums of exact budgets still fit
+    best_t, best_spend = 1.0, float(cost_usd[p >= 1.0].sum()) / span_days
+    values = np.unique(ps)[::-1]
+    for v in values:  # descending thresholds: spend grows
+        last = np.searchsorted(-ps, -v, side="right") - 1  # last index with p >= v
+        spend = cs[last]
+        if spend > allowed:
+            break
+        best_t, best_spend = float(v), float(spend) / span_days
+    return best_t, best_spend
+
+
+def calibrate(traffic: RecentTraffic, variable: str, *, frontier_share: float | None = None,
+              budget_usd_per_day: float | None = None, bounds: tuple[float, float] = (0.0, 1.0),
+              pace_bound: float | None = None) -> Calibration:
+    """Choose the threshold (exactly one of ``frontier_share`` / ``budget_usd_per_day``), clamped to
+    ``bounds``; with ``pace_bound``, also ``pace_gain = pace_bound − threshold`` (>= 0)."""
+    if (frontier_share is None) == (budget_usd_per_day is None):
+        raise ValueError("give exactly one of frontier_share and budget_usd_per_day")
+    lo, hi = bounds
+    if not 0.0 <= lo <= hi <= 1.0:
+        raise ValueError(f"bounds must satisfy 0 <= low <= high <= 1, got {bounds}")
+    p, cost = traffic.p_hard, traffic.frontier_cost_usd
+    if frontier_share is not None:
+        t, method = threshold_for_share(p, frontier_share), "frontier-share"
+    else:
+        t, _ = threshold_for_budget(p, cost, traffic.span_days, float(budget_usd_per_day))
+        method = "budget"
+    clamped = float(min(max(t, lo), hi))
+    note = "" if clamped == t else f" (clamped from {t:.4f} to [{lo:g}, {hi:g}])"
+    routed = p >= clamped
+    updates = {variable: round(clamped, 4)}
+    if pace_bound is not None:
+        if not clamped <= pace_bound <= 1.0:
+            raise ValueError(f"pace bound {pace_bound} must be between the threshold {clamped:.4f} and 1")
+        updates["pace_gain"] = round(pace_bound - clamped, 4)
+    return Calibration(variable, round(clamped, 4), method, float(routed.mean()),
+                       float(cost[routed].sum()) / traffic.span_days, len(p), updates, note.strip())
+
+
+def _yaml():
+    from ruamel.yaml import YAML
+
+    y = YAML()  # round-trip: keeps comments, key order and quoting
+    y.preserve_quotes = True
+    y.width = 4096
+    y.indent(mapping=2, sequence=4, offset=2)
+    return y
+
+
+def rewrite_variables(text: str, updates: dict[str, float], file: str, comment: str | None = None) -> str:
+    """``text`` (policy YAML) with ``variables.<name>`` set to each value of ``updates``; other text
+    unchanged as far as a ruamel.yaml round trip allows. Raises ``PolicyError`` (located at the
+    ``variables`` section) when a variable is not declared there."""
+    from ruamel.yaml.error import YAMLError
+
+    y = _yaml()
+    try:
+        data = y.load(text)
+    except YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise PolicyError([Problem(file, (mark.line + 1) if mark else 0, (mark.column + 1) if mark else 0,
+                                   "yaml-syntax", str(getattr(exc, "problem", exc)))]) from None
+    variables = data.get("variables") if isinstance(data, dict) else None
+    if not isinstance(variables, dict):
+        raise PolicyError([Problem(file, 1, 1, "missing-key", "the policy has no 'variables' section to calibrate")])
+    line = getattr(variables.lc, "line", 0) + 1
+    for name, value in updates.items():
+        if name not in variables:
+            from pointsman.policy.located import did_you_mean
+
+            raise PolicyError([Problem(file, line, 1, "unknown-variable",
+                                       f"variables has no '{name}'{did_you_mean(name, list(variables))} "
+                                       f"(it declares {', '.join(map(str, variables))})")])
+        variables[name] = float(value)
+        if comment:
+            _set_eol_comment(variables, name, comment)
+    buf = io.StringIO()
+    y.dump(data, buf)
+    return buf.getvalue()
+
+
+def _set_eol_comment(mapping: Any, key: str, comment: str) -> None:
+    """Put ``# comment`` at the end of ``key``'s line, replacing an end-of-line comment already
+    there but keeping the comment lines that follow it (ruamel attaches those to the same token)."""
+    items = mapping.ca.items.get(key)
+    token = items[2] if items and len(items) > 2 else None
+    if token is None:
+        mapping.yaml_add_eol_comment(comment, key)
+        return
+    _, sep, rest = token.value.partition("\n")
+    token.value = f" # {comment}" + sep + rest
+
+
+def write_policy(path: str | Path, updates: dict[str, float], fleet: Fleet, comment: str | None = None) -> str:
+    """Set ``updates`` in the policy file at ``path``, compile the result against ``fleet`` and
+    atomically replace the file; returns the new text. Raises ``PolicyError`` (every problem,
+    located) and leaves the file untouched when the result would not compile."""
+    from pointsman.policy.compiler import compile_policy
+    from pointsman.policy.located import read_text
+
+    path = Path(path)
+    text = read_text(path, PolicyError)
+    new = rewrite_variables(text, updates, str(path), comment)
+    compile_policy(new, fleet, str(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(new)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, path.stat().st_mode & 0o777)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return new
+
+
+def calibration_comment(cal: Calibration, model_version: str | None) -> str:
+    """The end-of-line comment recorded next to a calibrated variable."""
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    how = (f"{100 * cal.frontier_share:.1f}% frontier share" if cal.method == "frontier-share"
+           else f"budget, projected ${cal.spend_usd_per_day:,.2f}/day")
+    return f"pointsman calibrate {when}: {how} on {cal.n} decisions" + (f" ({model_version})" if model_version else "")

@@ -1,0 +1,336 @@
+"""Training a challenger from logged outcomes (``pointsman train --from-outcomes``).
+
+``train_challenger(log, rules, fleet, cfg, base) -> ChallengerResult``:
+
+1. join the log's decisions and outcomes and label them (``training.logged_examples``,
+   ``training.outcome_labels``);
+2. take every row's head input in the feature space of ``base`` (by default the serving
+   champion): the vector logged at decision time — no prompt text needed — or, for rows
+   logged under another encoder, a re-embedding of the stored prompt text;
+3. hold out ``1 / holdout_folds`` of the conversations (hash of the conversation key),
+   never trained on, for ``compare``/``promote``;
+4. fit a new ``DifficultyHead`` on the rest (soft labels, Platt calibration on
+   out-of-fold scores), export it to ONNX next to ``base``'s encoder (so the new model
+   reads the same vectors), check scikit-learn/onnxruntime parity;
+5. write a model directory whose manifest records the log, window, label rules and the
+   holdout, plus the reports (``training.reports``); log it to MLflow, register it and
+   point the alias ``challenger`` at it (never ``champion``: ``promote`` does that).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from pointsman.datasets.outcome_log import OutcomeLog, feature_space_of
+from pointsman.errors import DataError, EstimatorError
+from pointsman.estimator.loading import REGISTERED_NAME
+from pointsman.estimator.manifest import HeadSpec, Manifest, content_version
+from pointsman.training.logged_examples import LoggedExamples, head_matrix, holdout_mask, logged_examples
+from pointsman.training.metrics import apgr, ece, roc_auc
+from pointsman.training.outcome_labels import LabelRules, rules_as_params
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.estimator.difficulty import DifficultyEstimator
+    from pointsman.policy.fleet import Fleet
+
+CHALLENGER_ALIAS = "challenger"
+#: Max |scikit-learn − onnxruntime| allowed at export.
+PARITY_ATOL = 1e-4
+
+
+@dataclass
+class ChallengerConfig:
+    """Settings of one challenger training.
+
+    Head: ``head`` (``logistic`` or ``mlp``), ``alpha`` (L2 penalty; logistic C = 1/alpha),
+    ``hidden``/``n_members``/``max_iter`` (MLP ensemble), ``calibration_folds`` (cross-fitting
+    folds of the Platt calibration; 0 = none), ``label_clip`` (soft labels clipped to
+    [clip, 1 - clip]). Data: ``since_s``/``until_s`` (decision time window, Unix s).
+    Holdout: conversations in fold ``holdout_fold`` of ``holdout_folds`` (hash, ``seed``) are
+    never trained on. ``min_examples``: fewer training rows is an error. ``frontier_share``:
+    operating point of the reports (None: the logged share of decisions sent to the frontier).
+    """
+
+    head: str = "logistic"
+    alpha: float = 300.0
+    hidden: int = 16
+    n_members: int = 3
+    max_iter: int = 300
+    calibration_folds: int = 5
+    label_clip: float = 0.02
+    since_s: float | None = None
+    until_s: float | None = None
+    holdout_folds: int = 5
+    holdout_fold: int = 0
+    seed: int = 0
+    min_examples: int = 30
+    frontier_share: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.head not in ("logistic", "mlp"):
+            raise ValueError(f"head must be 'logistic' or 'mlp', got {self.head!r}")
+        if self.holdout_folds < 2 or not 0 <= self.holdout_fold < self.holdout_folds:
+            raise ValueError(f"holdout fold {self.holdout_fold} of {self.holdout_folds} folds is not valid")
+
+    def params(self) -> dict[str, Any]:
+        """Flat parameters for MLflow."""
+        return {f"challenger.{k}": v for k, v in asdict(self).items()}
+
+
+@dataclass
+class ChallengerResult:
+    """What a run produced: the model directory (empty path when kept only in MLflow), its
+    manifest, metrics, the MLflow ``RunRecord`` (or None) and the reports folder."""
+
+    model_dir: Path
+    manifest: Manifest
+    metrics: dict[str, float]
+    run: Any | None
+    reports: dict[str, Any] = field(default_factory=dict)
+
+
+def fit_head(X: np.ndarray, y: np.ndarray, groups: np.ndarray, n_embedding: int, cfg: ChallengerConfig):
+    """A fitted ``DifficultyHead`` on head inputs ``X`` float32 (n, d) and soft labels ``y`` (n,)
+    (clipped to [label_clip, 1 - label_clip] for the ranker; the calibration fits ``y``)."""
+    from pointsman.estimator.head import DifficultyHead
+
+    head = DifficultyHead(n_embedding=n_embedding, kind=cfg.head, hidden=cfg.hidden, alpha=cfg.alpha,
+                          n_members=cfg.n_members, max_iter=cfg.max_iter, n_folds=cfg.calibration_folds,
+                          random_state=cfg.seed)
+    clipped = np.clip(y, cfg.label_clip, 1.0 - cfg.label_clip)
+    return head.fit(X, clipped, groups=groups, calibration_y=y)
+
+
+def heldout_report(y: np.ndarray, weak: np.ndarray, strong: np.ndarray, p: np.ndarray) -> dict[str, float]:
+    """``apgr`` (NaN when the strong tier is not better on these rows), ``auc`` (label ``y > 0.5``),
+    ``ece`` (against ``y``), ``n``."""
+    try:
+        a = apgr(weak, strong, p)
+    except ValueError:
+        a = float("nan")
+    return {"apgr": a, "auc": roc_auc((y > 0.5).astype(np.float64), p), "ece": ece(y, p), "n": float(len(y))}
+
+
+def logged_frontier_share(log: OutcomeLog, strong: frozenset[str], since_s: float | None = None,
+                          until_s: float | None = None) -> float:
+    """Share (0-1) of logged decisions in the window whose target is a strong-tier target (0.2
+    when the window is empty)."""
+    targets = [d.target for d in log.joined(since_s=since_s, until_s=until_s)]
+    return float(np.mean([t in strong for t in targets])) if targets else 0.2
+
+
+def write_model_dir(model_dir: Path, base: DifficultyEstimator, head: Any, X_sample: np.ndarray,
+                    training: dict[str, Any], metrics: dict[str, float]) -> Manifest:
+    """Write a model directory: ``base``'s encoder and tokenizer, the head in ONNX, the manifest.
+    Raises ``EstimatorError`` if the ONNX head disagrees with scikit-learn on ``X_sample``."""
+    from pointsman.estimator.export import export_head, head_parity
+
+    model_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("manifest.json", "encoder.onnx", "head.onnx", "tokenizer.json", "PROVENANCE.md"):
+        (model_dir / stale).unlink(missing_ok=True)
+    spec = base.manifest.encoder
+    shutil.copyfile(base.model_dir / spec.file, model_dir / "encoder.onnx")
+    shutil.copyfile(base.model_dir / spec.tokenizer, model_dir / "tokenizer.json")
+    feature_names = list(base.manifest.head.feature_names)
+    fields_ = export_head(head, len(feature_names), model_dir / "head.onnx")
+    parity = head_parity(head, model_dir / "head.onnx", X_sample)
+    metrics["export/parity_max_abs"] = parity
+    if parity > PARITY_ATOL:
+        raise EstimatorError(f"ONNX head disagrees with scikit-learn: max |diff| {parity:.2e} > {PARITY_ATOL:g}")
+    encoder = type(spec)(**{**asdict(spec), "file": "encoder.onnx", "tokenizer": "tokenizer.json"})
+    manifest = Manifest(
+        name=REGISTERED_NAME,
+        version=content_version(model_dir, ["encoder.onnx", "tokenizer.json", "head.onnx"], feature_names,
+                                REGISTERED_NAME),
+        encoder=encoder,
+        head=HeadSpec(file="head.onnx", input=fields_["input"], output=fields_["output"], feature_names=feature_names,
+                      opset=fields_["opset"], estimator="pointsman.estimator.head.DifficultyHead",
+                      params={**head.get_params(), "calibration_slope": head.calibration_slope_,
+                              "calibration_intercept": head.calibration_intercept_}),
+        training=training,
+        metrics={k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()},
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        pointsman_version=_pointsman_version(),
+    )
+    manifest.write(model_dir)
+    (model_dir / "PROVENANCE.md").write_text(_provenance(manifest), encoding="utf-8")
+    return manifest
+
+
+def _pointsman_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("pointsman")
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def _provenance(manifest: Manifest) -> str:
+    t = manifest.training
+    return "\n".join([
+        f"# Provenance of `{manifest.version}`",
+        "",
+        "A challenger difficulty model trained by `pointsman train --from-outcomes` on one operator's",
+        "logged decisions and outcomes; the data's terms are the operator's. Generated; do not edit.",
+        "",
+        f"- outcome log: `{t['outcome_log']}`; decisions {t['window']}",
+        f"- labeled decisions: {t['n_labeled']} (train {t['n_train']}, held out {t['n_holdout']});"
+        f" label signals: {json.dumps(t['label_signals'])}",
+        f"- encoder: from `{t['base_model']['version']}` ({t['base_model']['source']}),"
+        f" feature space `{t['feature_space']}`",
+        f"- head: {manifest.head.params.get('kind')} (alpha {manifest.head.params.get('alpha')}), Platt-calibrated",
+        f"- held-out APGR {manifest.metrics.get('heldout/apgr', float('nan')):.4f},"
+        f" ECE {manifest.metrics.get('heldout/ece', float('nan')):.4f}",
+        "",
+        "```json",
+        json.dumps(t, indent=2, default=str),
+        "```",
+        "",
+    ])
+
+
+def train_challenger(
+    log: OutcomeLog,
+    rules: LabelRules,
+    fleet: Fleet | None,
+    cfg: ChallengerConfig,
+    base: DifficultyEstimator,
+    *,
+    output: str | Path | None = None,
+    use_mlflow: bool = True,
+    register: bool = True,
+    command: str = "pointsman train --from-outcomes",
+    log_fn: Callable[[str], None] = print,
+) -> ChallengerResult:
+    """Train, export and (``use_mlflow``) log and register a challenger (see the module docstring).
+
+    ``base``: the model whose encoder and feature space the challenger reuses (the serving
+    champion). ``output``: model directory to write (None: a temporary one, kept only in
+    MLflow). ``register``: create a registry version with alias ``challenger``.
+    Raises ``DataError`` when the log has too few usable labeled decisions and
+    ``EstimatorError`` when the exported head disagrees with scikit-learn.
+    """
+    from pointsman.training.reports import deciles, model_report
+
+    t0 = time.perf_counter()
+    ex = logged_examples(log, rules, fleet, since_s=cfg.since_s, until_s=cfg.until_s)
+    hm = head_matrix(ex, base)
+    log_fn(f"outcome log {log.path}: {len(ex)} labeled decisions ({ex.signal_counts()}); "
+           f"{hm.from_log} logged head inputs, {hm.reembedded} re-embedded from stored prompts, "
+           f"{hm.unusable} unusable (another encoder, no prompt text); skipped {ex.skipped}")
+    rows = ex.subset(hm.rows)
+    hold = holdout_mask(rows.group, cfg.holdout_folds, cfg.holdout_fold, cfg.seed)
+    train_m = ~hold
+    if train_m.sum() < cfg.min_examples:
+        raise DataError(f"{log.path}: {int(train_m.sum())} usable labeled decisions to train on, fewer than "
+                        f"min_examples={cfg.min_examples} (labeled {len(ex)}, unusable {hm.unusable})")
+    X, y = hm.X, rows.y
+    n_emb = base.manifest.encoder.dim
+    head = fit_head(X[train_m], y[train_m], rows.group[train_m], n_emb, cfg)
+    p_train = head.predict_proba(X[train_m])[:, 1]
+    p_hold = head.predict_proba(X[hold])[:, 1] if hold.any() else np.zeros(0)
+
+    metrics: dict[str, float] = {"data/n_labeled": float(len(ex)), "data/n_train": float(train_m.sum()),
+                                 "data/n_holdout": float(hold.sum()), "data/from_log": float(hm.from_log),
+                                 "data/reembedded": float(hm.reembedded), "data/unusable": float(hm.unusable),
+                                 "train/calibration_slope": head.calibration_slope_,
+                                 "train/calibration_intercept": head.calibration_intercept_}
+    if cfg.calibration_folds and cfg.calibration_folds >= 2:
+        oof = head.calibrate(head.oof_proba_)
+        for k, v in heldout_report(y[train_m], rows.weak_score[train_m], rows.strong_score[train_m], oof).items():
+            metrics[f"cv/{k}"] = v
+    if hold.any():
+        for k, v in heldout_report(y[hold], rows.weak_score[hold], rows.strong_score[hold], p_hold).items():
+            metrics[f"heldout/{k}"] = v
+        p_base = base.predict_matrix(X[hold]).astype(np.float64)
+        for k, v in heldout_report(y[hold], rows.weak_score[hold], rows.strong_score[hold], p_base).items():
+            metrics[f"heldout_base/{k}"] = v
+
+    strong = rules.strong_set(fleet)
+    share = cfg.frontier_share if cfg.frontier_share is not None else logged_frontier_share(
+        log, strong, cfg.since_s, cfg.until_s)
+    window = f"[{_iso(cfg.since_s)}, {_iso(cfg.until_s)})"
+    training = {
+        "source": "outcome-log",
+        "outcome_log": str(log.path),
+        "window": window,
+        "since_s": cfg.since_s,
+        "until_s": cfg.until_s,
+        "data_until_s": float(rows.time_s[train_m].max()),
+        "n_labeled": len(ex),
+        "n_train": int(train_m.sum()),
+        "n_holdout": int(hold.sum()),
+        "label_signals": rows.subset(train_m).signal_counts(),
+        "label_rules": rules.model_dump(),
+        "holdout": {"n_folds": cfg.holdout_folds, "fold": cfg.holdout_fold, "seed": cfg.seed,
+                    "key": "conversation_key"},
+        "config": asdict(cfg),
+        "feature_space": feature_space_of(base),
+        "base_model": {"version": base.version, "source": base.source},
+        "p_hard_deciles": deciles(p_train),
+        "frontier_share": share,
+        "command": command,
+    }
+
+    tmp_root = None
+    if output is None:
+        tmp_root = Path(tempfile.mkdtemp(prefix="pointsman-challenger-"))
+        model_dir = tmp_root / "model"
+    else:
+        model_dir = Path(output)
+    rng = np.random.default_rng(cfg.seed)
+    sample = np.sort(rng.choice(len(X), size=min(256, len(X)), replace=False))
+    manifest = write_model_dir(model_dir, base, head, X[sample], training, metrics)
+
+    reports_dir = (tmp_root or Path(tempfile.mkdtemp(prefix="pointsman-reports-"))) / "reports"
+    reports: dict[str, Any] = {}
+    if hold.sum() >= 2:
+        reports = model_report(reports_dir, "challenger", y[hold], rows.weak_score[hold], rows.strong_score[hold],
+                               p_hold.astype(np.float64), share, training["p_hard_deciles"])
+        metrics.update({f"heldout/{k}": float(v) for k, v in reports.items()})
+    metrics["train/seconds"] = time.perf_counter() - t0
+    manifest.metrics = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}
+    manifest.write(model_dir)
+
+    run = None
+    if use_mlflow:
+        from pointsman.training.registry import client, log_training_run
+
+        params = {**cfg.params(), **rules_as_params(rules), "outcome_log": str(log.path),
+                  "base_model": base.version, "feature_space": training["feature_space"]}
+        run = log_training_run(model_dir, params, metrics, register=register,
+                               alias=CHALLENGER_ALIAS if register else None,
+                               tags={"pointsman.version": manifest.version, "pointsman.source": "outcome-log",
+                                     "pointsman.base_model": base.version})
+        if reports_dir.is_dir():
+            client().log_artifacts(run.run_id, str(reports_dir), artifact_path="reports")
+        log_fn(f"mlflow: run {run.run_id} in {run.tracking_uri}"
+               + (f"; registered {run.model_name} version {run.model_version} @{run.alias}" if run.model_version else ""))
+    if tmp_root is not None and use_mlflow:
+        shutil.rmtree(tmp_root, ignore_errors=True)
+        model_dir = Path("")
+    elif reports_dir.is_dir() and output is not None:
+        shutil.copytree(reports_dir, Path(output) / "reports", dirs_exist_ok=True)
+    shutil.rmtree(reports_dir.parent, ignore_errors=True) if tmp_root is None else None
+    log_fn(f"challenger {manifest.version}: held-out APGR {metrics.get('heldout/apgr', float('nan')):.4f} "
+           f"(base {metrics.get('heldout_base/apgr', float('nan')):.4f}), ECE {metrics.get('heldout/ece', float('nan')):.4f}"
+           f" on {int(hold.sum())} held-out decisions; {metrics['train/seconds']:.1f} s")
+    return ChallengerResult(model_dir=model_dir, manifest=manifest, metrics=metrics, run=run, reports=reports)
+
+
+def _iso(t: float | None) -> str:
+    return "..." if t is None else datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
+
+
+__all__ = ["CHALLENGER_ALIAS", "ChallengerConfig", "ChallengerResult", "fit_head", "heldout_report",
+           "logged_frontier_share", "train_challenger", "write_model_dir", "LoggedExamples"]

@@ -1,0 +1,165 @@
+"""Champion vs challenger on the same held-out logged traffic (``pointsman compare``).
+
+``compare_models(log, rules, fleet, champion, challenger) -> Comparison``: every labeled
+logged decision that *neither* model trained on — for a model trained from the log
+(``manifest.training.source == "outcome-log"``), the decisions in its holdout fold or
+logged after its training data ended; models trained elsewhere (public tables, the
+bundled model) exclude nothing — is scored by both models through their own head
+inputs (``training.logged_examples.head_matrix``); rows one of them cannot score are
+left out for both. The metrics: APGR and CPT(50%) of the logged weak/strong scores
+(RouteLLM), AUC against "the weak tier fell short" (``y > 0.5``), ECE against the soft
+label, and a paired bootstrap interval of the APGR difference.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pointsman.errors import DataError
+from pointsman.training.logged_examples import LoggedExamples, head_matrix, holdout_mask, logged_examples
+from pointsman.training.metrics import apgr, cpt, ece, roc_auc
+from pointsman.training.outcome_labels import LabelRules
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.datasets.outcome_log import OutcomeLog
+    from pointsman.policy.fleet import Fleet
+
+_VERSION = re.compile(r"^models:/[^/@]+/(\d+)")
+
+
+@dataclass
+class ModelScore:
+    """One model's scores on the comparison rows: ``role`` (champion/challenger), ``version``
+    (manifest content version), ``source`` (where it was loaded from), ``registry_version``
+    (MLflow version number or None), ``metrics`` (``apgr``, ``cpt50``, ``auc``, ``ece``, ``n``),
+    ``p_hard`` float64 (n,), and its training ``p_hard`` deciles when the manifest has them."""
+
+    role: str
+    version: str
+    source: str
+    registry_version: str | None
+    metrics: dict[str, float]
+    p_hard: np.ndarray
+    reference_deciles: list[float] | None = None
+
+
+@dataclass
+class Comparison:
+    """Both models on the same held-out rows: ``examples`` (the rows), ``champion``,
+    ``challenger``, ``apgr_delta`` (challenger − champion), ``apgr_delta_ci90`` (paired
+    bootstrap, 1000 resamples), ``excluded`` (rows left out, by reason)."""
+
+    examples: LoggedExamples
+    champion: ModelScore
+    challenger: ModelScore
+    apgr_delta: float
+    apgr_delta_ci90: tuple[float, float]
+    excluded: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        """Rows scored by both models."""
+        return len(self.examples)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (no per-row arrays)."""
+        def side(m: ModelScore) -> dict[str, Any]:
+            return {"version": m.version, "source": m.source, "registry_version": m.registry_version, **m.metrics}
+
+        return {"n": self.n, "champion": side(self.champion), "challenger": side(self.challenger),
+                "apgr_delta": self.apgr_delta, "apgr_delta_ci90": list(self.apgr_delta_ci90),
+                "excluded": dict(self.excluded), "label_signals": self.examples.signal_counts()}
+
+
+def registry_version(source: str) -> str | None:
+    """The MLflow version number in an estimator's ``source`` (``models:/NAME/3 (@champion)`` → "3")."""
+    m = _VERSION.match(source or "")
+    return m.group(1) if m else None
+
+
+def trained_on(est: Any, ex: LoggedExamples) -> np.ndarray:
+    """Boolean (n,): rows of ``ex`` that the model ``est`` may have trained on (see the module
+    docstring); all False for a model not trained from an outcome log."""
+    training = getattr(getattr(est, "manifest", None), "training", None) or {}
+    if training.get("source") != "outcome-log":
+        return np.zeros(len(ex), dtype=bool)
+    h = training.get("holdout") or {}
+    held = holdout_mask(ex.group, int(h.get("n_folds", 5)), int(h.get("fold", 0)), int(h.get("seed", 0)))
+    until = training.get("data_until_s")
+    after = ex.time_s > float(until) if until is not None else np.zeros(len(ex), dtype=bool)
+    return ~(held | after)
+
+
+def score_metrics(ex: LoggedExamples, p: np.ndarray) -> dict[str, float]:
+    """``apgr``, ``cpt50``, ``auc``, ``ece``, ``n`` of ``p_hard`` (n,) on ``ex``; APGR/CPT are NaN
+    when the strong tier is not better on these rows."""
+    try:
+        a, c = apgr(ex.weak_score, ex.strong_score, p), cpt(ex.weak_score, ex.strong_score, p, 0.5)
+    except ValueError:
+        a = c = float("nan")
+    return {"apgr": a, "cpt50": c, "auc": roc_auc((ex.y > 0.5).astype(np.float64), p), "ece": ece(ex.y, p),
+            "n": float(len(ex))}
+
+
+def _deciles_of(est: Any) -> list[float] | None:
+    manifest = getattr(est, "manifest", None)
+    got = (getattr(manifest, "training", None) or {}).get("p_hard_deciles")
+    if got:
+        return [float(v) for v in got]
+    quantiles = (getattr(manifest, "reference_p_hard", None) or {}).get("quantiles") or {}
+    keys = [f"{0.1 * k:.1f}" for k in range(1, 10)]
+    if all(k in quantiles for k in keys):
+        return [float(quantiles[k]) for k in keys]
+    return None
+
+
+def bootstrap_delta(ex: LoggedExamples, p_a: np.ndarray, p_b: np.ndarray, n_resamples: int = 1000,
+                    seed: int = 0) -> tuple[float, float]:
+    """90% paired bootstrap interval of ``APGR(p_b) - APGR(p_a)`` over rows (resampled with
+    replacement; resamples where APGR is undefined are skipped). (NaN, NaN) if none is defined."""
+    rng = np.random.default_rng(seed)
+    n = len(ex)
+    deltas = []
+    for _ in range(n_resamples):
+        idx = rng.integers(0, n, n)
+        w, s = ex.weak_score[idx], ex.strong_score[idx]
+        try:
+            deltas.append(apgr(w, s, p_b[idx]) - apgr(w, s, p_a[idx]))
+        except ValueError:
+            continue
+    if not deltas:
+        return float("nan"), float("nan")
+    lo, hi = np.quantile(deltas, [0.05, 0.95])
+    return float(lo), float(hi)
+
+
+def compare_models(log: OutcomeLog, rules: LabelRules, fleet: Fleet | None, champion: Any, challenger: Any, *,
+                   since_s: float | None = None, until_s: float | None = None) -> Comparison:
+    """Score ``champion`` and ``challenger`` (``DifficultyEstimator``s) on the held-out logged
+    traffic in ``[since_s, until_s)``. Raises ``DataError`` when no row is left to compare on."""
+    ex = logged_examples(log, rules, fleet, since_s=since_s, until_s=until_s)
+    excluded: dict[str, int] = {}
+    seen = trained_on(champion, ex) | trained_on(challenger, ex)
+    excluded["trained_on"] = int(seen.sum())
+    ex = ex.subset(~seen)
+    if len(ex) == 0:
+        raise DataError(f"{log.path}: no labeled logged decision is held out from both models "
+                        f"({excluded['trained_on']} were trained on)")
+    hm_a, hm_b = head_matrix(ex, champion), head_matrix(ex, challenger)
+    both = np.intersect1d(hm_a.rows, hm_b.rows)
+    excluded["unscorable"] = len(ex) - len(both)
+    if len(both) == 0:
+        raise DataError(f"{log.path}: the held-out decisions cannot be scored by both models (logged in another "
+                        "feature space and without stored prompt text)")
+    p_a = champion.predict_matrix(hm_a.X[np.searchsorted(hm_a.rows, both)]).astype(np.float64)
+    p_b = challenger.predict_matrix(hm_b.X[np.searchsorted(hm_b.rows, both)]).astype(np.float64)
+    ex = ex.subset(both)
+    a = ModelScore("champion", champion.version, champion.source, registry_version(champion.source),
+                   score_metrics(ex, p_a), p_a, _deciles_of(champion))
+    b = ModelScore("challenger", challenger.version, challenger.source, registry_version(challenger.source),
+                   score_metrics(ex, p_b), p_b, _deciles_of(challenger))
+    return Comparison(ex, a, b, b.metrics["apgr"] - a.metrics["apgr"], bootstrap_delta(ex, p_a, p_b), excluded)

@@ -1,0 +1,252 @@
+"""Promotion and rollback of the serving model through MLflow registry aliases.
+
+The serving model is the version of ``pointsman-difficulty`` with alias ``champion``
+(no alias: the bundled model); a candidate has alias ``challenger``
+(``pointsman train --from-outcomes``). ``promote`` compares them on the same held-out
+logged traffic (``training.compare``) and moves ``champion`` only when the challenger
+passes the ``Gate``:
+
+- APGR: ``challenger − champion > min_apgr_gain`` (default 0: strictly better);
+- calibration: ``challenger ECE <= champion ECE + ece_tolerance`` (default 0.02, about the
+  bin-noise of ECE on a few hundred rows);
+- enough evidence: at least ``min_rows`` held-out decisions scored by both (default 50).
+
+Every promotion attempt, passed or refused, is logged as a run of the MLflow experiment
+``pointsman-promotion`` (both models' metrics, the gate, the verdict and its reasons,
+PGR and reliability plots of both). On promotion the previous champion keeps the alias
+``previous_champion`` (and the registered model's tag ``pointsman.previous_champion``,
+which also records ``bundled``), the challenger alias is removed, and ``rollback``
+moves ``champion`` back in one step (twice = undo the rollback).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pointsman.errors import ModelNotFoundError, PointsmanError
+from pointsman.estimator.loading import CHAMPION_ALIAS, REGISTERED_NAME, load_estimator
+from pointsman.training.challenger import CHALLENGER_ALIAS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.datasets.outcome_log import OutcomeLog
+    from pointsman.policy.fleet import Fleet
+    from pointsman.training.compare import Comparison
+    from pointsman.training.outcome_labels import LabelRules
+
+PREVIOUS_ALIAS = "previous_champion"
+PREVIOUS_TAG = "pointsman.previous_champion"
+BUNDLED = "bundled"
+PROMOTION_EXPERIMENT = "pointsman-promotion"
+
+
+class PromotionRefused(PointsmanError):
+    """The challenger did not pass the gate (or there is nothing to promote); ``str()`` gives
+    the reasons with both models' numbers."""
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Promotion thresholds (see the module docstring)."""
+
+    min_apgr_gain: float = 0.0
+    ece_tolerance: float = 0.02
+    min_rows: int = 50
+
+
+@dataclass
+class PromotionResult:
+    """``promoted`` or not, the ``reasons`` (refusals) or the passed checks, the ``comparison``,
+    the new and previous champion versions (``None``/"bundled" for the bundled model), the
+    MLflow run id of the promotion record."""
+
+    promoted: bool
+    reasons: list[str]
+    comparison: Comparison
+    champion_version: str | None
+    previous_version: str | None
+    run_id: str | None = None
+    checks: list[str] = field(default_factory=list)
+
+
+def evaluate_gate(cmp: Comparison, gate: Gate) -> tuple[list[str], list[str]]:
+    """(refusal reasons, passed checks) of ``cmp`` against ``gate``; promoted iff no reason.
+    Every message carries both models' numbers."""
+    a, b = cmp.champion.metrics, cmp.challenger.metrics
+    reasons, checks = [], []
+    if cmp.n < gate.min_rows:
+        reasons.append(f"only {cmp.n} held-out decisions scored by both models; the gate needs at least {gate.min_rows}")
+    gain = b["apgr"] - a["apgr"]
+    apgr_msg = (f"APGR challenger {b['apgr']:.4f} vs champion {a['apgr']:.4f} (gain {gain:+.4f}, "
+                f"required > {gate.min_apgr_gain:+.4f})")
+    if not gain > gate.min_apgr_gain:  # NaN refuses too
+        reasons.append(apgr_msg)
+    else:
+        checks.append(apgr_msg)
+    ece_msg = (f"ECE challenger {b['ece']:.4f} vs champion {a['ece']:.4f} "
+               f"(allowed up to {a['ece'] + gate.ece_tolerance:.4f} = champion + {gate.ece_tolerance:g})")
+    if not b["ece"] <= a["ece"] + gate.ece_tolerance:
+        reasons.append(ece_msg)
+    else:
+        checks.append(ece_msg)
+    return reasons, checks
+
+
+def _client():
+    from pointsman.training.registry import client
+
+    return client()
+
+
+def alias_version(c: Any, alias: str, name: str = REGISTERED_NAME) -> str | None:
+    """The version number an alias points at, or None (no such model or alias)."""
+    try:
+        return str(c.get_model_version_by_alias(name, alias).version)
+    except Exception:  # noqa: BLE001 - MlflowException RESOURCE_DOES_NOT_EXIST
+        return None
+
+
+def load_version(version: str | None, **opts: Any):
+    """The estimator of a registry version (None: the bundled model)."""
+    if version is None:
+        return load_estimator(BUNDLED, **opts)
+    return load_estimator(f"models:/{REGISTERED_NAME}/{version}", **opts)
+
+
+def _log_record(kind: str, params: dict[str, Any], metrics: dict[str, float], tags: dict[str, str],
+                cmp: Comparison | None = None) -> str:
+    """One run in ``PROMOTION_EXPERIMENT`` with the comparison's plots and JSON; returns its id."""
+    from mlflow.entities import Metric, Param
+
+    from pointsman.training.registry import ensure_experiment
+
+    c = _client()
+    run = c.create_run(ensure_experiment(c, PROMOTION_EXPERIMENT), tags={"pointsman.kind": kind, **tags},
+                       run_name=kind)
+    now = int(time.time() * 1000)
+    c.log_batch(run.info.run_id,
+                metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None and v == v],
+                params=[Param(k, str(v)[:500]) for k, v in params.items()])
+    if cmp is not None:
+        with tempfile.TemporaryDirectory(prefix="pointsman-promotion-") as tmp:
+            write_comparison_reports(Path(tmp), cmp)
+            c.log_artifacts(run.info.run_id, tmp, artifact_path="comparison")
+    c.set_terminated(run.info.run_id)
+    return run.info.run_id
+
+
+def write_comparison_reports(out_dir: Path, cmp: Comparison, frontier_share: float = 0.2) -> dict[str, float]:
+    """Into ``out_dir``: ``comparison.json``, both models' PGR curves and reliability in one
+    plot each, and each model's confusion and drift (``training.reports.model_report``).
+    Returns the report metrics prefixed by role."""
+    from pointsman.training.reports import model_report, plot_pgr, plot_reliability
+
+    ex = cmp.examples
+    (out_dir / "comparison.json").write_text(json.dumps(cmp.to_dict(), indent=2, default=str), encoding="utf-8")
+    curves = {m.role: (ex.weak_score, ex.strong_score, m.p_hard) for m in (cmp.champion, cmp.challenger)}
+    plot_pgr(out_dir / "pgr.png", curves, f"held-out logged traffic (n={cmp.n})")
+    plot_reliability(out_dir / "reliability.png", {m.role: (ex.y, m.p_hard) for m in (cmp.champion, cmp.challenger)},
+                     f"held-out logged traffic (n={cmp.n})")
+    out: dict[str, float] = {}
+    if cmp.n >= 2:
+        for m in (cmp.champion, cmp.challenger):
+            got = model_report(out_dir, m.role, ex.y, ex.weak_score, ex.strong_score, m.p_hard, frontier_share,
+                               m.reference_deciles)
+            out.update({f"{m.role}/{k}": float(v) for k, v in got.items()})
+    return out
+
+
+def promote(log: OutcomeLog, rules: LabelRules, fleet: Fleet | None, gate: Gate = Gate(), *,
+            since_s: float | None = None, until_s: float | None = None, dry_run: bool = False) -> PromotionResult:
+    """Compare ``@challenger`` with ``@champion`` (bundled if none) on held-out logged traffic, log
+    the comparison to MLflow, and move the aliases when the gate passes (not with ``dry_run``).
+
+    Raises ``PromotionRefused`` when there is no challenger or it already is the champion;
+    ``DataError`` when there is no held-out traffic. A refused gate is a result with
+    ``promoted=False`` (the caller exits non-zero)."""
+    from pointsman.training.compare import compare_models
+
+    c = _client()
+    challenger_v = alias_version(c, CHALLENGER_ALIAS)
+    if challenger_v is None:
+        raise PromotionRefused(f"no @{CHALLENGER_ALIAS} version of {REGISTERED_NAME}: train one with "
+                               "`pointsman train --from-outcomes`")
+    champion_v = alias_version(c, CHAMPION_ALIAS)
+    if champion_v == challenger_v:
+        raise PromotionRefused(f"version {challenger_v} is already @{CHAMPION_ALIAS}")
+    champion, challenger = load_version(champion_v, intra_op_threads=2), load_version(challenger_v, intra_op_threads=2)
+    cmp = compare_models(log, rules, fleet, champion, challenger, since_s=since_s, until_s=until_s)
+    reasons, checks = evaluate_gate(cmp, gate)
+    promoted = not reasons and not dry_run
+    params = {"champion_version": champion_v or BUNDLED, "challenger_version": challenger_v,
+              "champion_model": champion.version, "challenger_model": challenger.version,
+              **{f"gate.{k}": v for k, v in asdict(gate).items()}, "dry_run": dry_run}
+    metrics = {**{f"champion/{k}": v for k, v in cmp.champion.metrics.items()},
+               **{f"challenger/{k}": v for k, v in cmp.challenger.metrics.items()},
+               "apgr_delta": cmp.apgr_delta, "apgr_delta_ci90_low": cmp.apgr_delta_ci90[0],
+               "apgr_delta_ci90_high": cmp.apgr_delta_ci90[1], "n": float(cmp.n)}
+    verdict = "promoted" if promoted else ("passed (dry run)" if not reasons else "refused")
+    run_id = _log_record("promotion", params, metrics,
+                         {"pointsman.verdict": verdict, "pointsman.reasons": "; ".join(reasons or checks)[:5000]}, cmp)
+    if promoted:
+        _move_champion(c, challenger_v, champion_v, run_id)
+    return PromotionResult(promoted, reasons, cmp, challenger_v if promoted else champion_v,
+                           champion_v if promoted else None, run_id, checks)
+
+
+def _move_champion(c: Any, new: str, old: str | None, run_id: str) -> None:
+    """champion → ``new``; previous_champion → ``old`` (tag ``bundled`` when None); drop @challenger."""
+    _move_previous(c, old)
+    c.set_registered_model_alias(REGISTERED_NAME, CHAMPION_ALIAS, new)
+    if alias_version(c, CHALLENGER_ALIAS) == new:
+        c.delete_registered_model_alias(REGISTERED_NAME, CHALLENGER_ALIAS)
+    c.set_model_version_tag(REGISTERED_NAME, new, "pointsman.promoted_by_run", run_id)
+
+
+@dataclass
+class RollbackResult:
+    """The champion after the rollback (None = bundled) and the one it replaced."""
+
+    champion_version: str | None
+    replaced_version: str | None
+    run_id: str
+
+
+def rollback() -> RollbackResult:
+    """Move ``champion`` back to the previous champion (the bundled model when that was the
+    previous one); the replaced version becomes the new previous champion. Logged to MLflow.
+    Raises ``PromotionRefused`` when no previous champion is recorded."""
+    c = _client()
+    try:
+        tags = c.get_registered_model(REGISTERED_NAME).tags
+    except Exception:  # noqa: BLE001
+        raise ModelNotFoundError(f"no registered model {REGISTERED_NAME}: nothing to roll back") from None
+    previous = tags.get(PREVIOUS_TAG)
+    if not previous:
+        raise PromotionRefused(f"no previous champion recorded for {REGISTERED_NAME}: nothing to roll back to")
+    current = alias_version(c, CHAMPION_ALIAS)
+    if previous == BUNDLED:
+        if current is not None:
+            c.delete_registered_model_alias(REGISTERED_NAME, CHAMPION_ALIAS)
+    else:
+        c.set_registered_model_alias(REGISTERED_NAME, CHAMPION_ALIAS, previous)
+    _move_previous(c, current)
+    run_id = _log_record("rollback", {"from_version": current or BUNDLED, "to_version": previous}, {},
+                         {"pointsman.verdict": "rolled back"})
+    return RollbackResult(None if previous == BUNDLED else previous, current, run_id)
+
+
+def _move_previous(c: Any, version: str | None) -> None:
+    """previous_champion → ``version`` (alias and tag; tag ``bundled`` and no alias when None)."""
+    c.set_registered_model_tag(REGISTERED_NAME, PREVIOUS_TAG, version or BUNDLED)
+    if version is None:
+        try:
+            c.delete_registered_model_alias(REGISTERED_NAME, PREVIOUS_ALIAS)
+        except Exception:  # noqa: BLE001 - absent
+            pass
+    else:
+        c.set_registered_model_alias(REGISTERED_NAME, PREVIOUS_ALIAS, version)
