@@ -4,8 +4,9 @@
 ``check`` compiles each policy file against the fleet (a file whose ``kind`` is
 ``Fleet`` is validated as a fleet) and prints every problem as
 ``file:line:col: code: message``; exit status 1 if any file has problems.
-``test`` runs cases files (``policy/cases.py``); exit status 1 if any case fails
-or a file is invalid.
+``test`` runs cases files (``policy/cases.py``); given a policy file, it runs the
+sibling cases file (``my-policy.yaml`` -> ``my-policy.cases.yaml``); exit status 1 if
+any case fails or a file is invalid.
 """
 
 from __future__ import annotations
@@ -58,13 +59,22 @@ def check_command(files: tuple[Path, ...], fleet_path: Path | None) -> None:
     raise SystemExit(1 if failed else 0)
 
 
+def cases_file(path: Path) -> Path:
+    """``path`` itself for a cases file, else the policy's sibling ``<stem>.cases.yaml`` when it exists."""
+    if path.name.endswith(".cases.yaml") or path.suffix not in (".yaml", ".yml"):
+        return path
+    sibling = path.with_name(path.name.rsplit(".", 1)[0] + ".cases.yaml")
+    return sibling if sibling.exists() else path
+
+
 @policy_group.command("test")
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 def test_command(files: tuple[Path, ...]) -> None:
-    """Run policy cases FILES (input signals -> expected target, mode, rule)."""
+    """Run policy cases FILES (input signals -> expected target, mode, rule); a policy file
+    runs its sibling cases file."""
     failed = 0
     total = 0
-    for path in files:
+    for path in map(cases_file, files):
         try:
             results = run_cases(path)
         except ConfigError as exc:
