@@ -48,8 +48,8 @@ from pointsman.errors import RequestError
 
 #: Outcome statuses: the answer arrived (``ok``), failed, timed out, or the client gave up.
 STATUSES = ("ok", "error", "timeout", "cancelled")
-#: Ids (decision, outcome): 1–128 characters of letters, digits and ``_.:-``.
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+#: Ids (decision, outcome): 1–128 characters of letters, digits and ``_.:-+/@=``.
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:+/@=-]{0,127}$"
 _ID = re.compile(ID_PATTERN)
 #: Largest accepted batch in one call.
 MAX_BATCH = 1000
@@ -122,7 +122,7 @@ class OutcomeIn(_Strict):
     @classmethod
     def _id(cls, v: str | None) -> str | None:
         if v is not None and not _ID.match(v):
-            raise ValueError("must be 1-128 characters of letters, digits and _.:- (starting with a letter or digit)")
+            raise ValueError("must be 1-128 characters of letters, digits and _.:-+/@= (starting with a letter or digit)")
         return v
 
     @property
