@@ -621,13 +621,17 @@ def record_decision(
 ) -> DecisionRecord:
     """Build and append the record of one decision; returns it.
 
-    ``features``/``head_input`` are what the engine computed for the decision; when not given
+    ``features``/``head_input`` are what the engine computed for the decision (the
+    ``RequestFeatures`` and ``DifficultyEstimate.features``); they are also read from the
+    decision's ``request_features``/``head_input`` attributes when it carries them. Otherwise
     they are recomputed here (``extract_features`` and ``estimator.feature_vector``, which costs
     one more encoder pass). Without a ``feature_vector`` method (``FixedDifficulty``) or when the
     estimate was unavailable, no head input is stored.
     """
     from pointsman.estimator.features import extract_features
 
+    features = features if features is not None else getattr(decision, "request_features", None)
+    head_input = head_input if head_input is not None else getattr(decision, "head_input", None)
     if features is None:
         features = extract_features(request, getattr(estimator, "tokenizer", None))
     if head_input is None and decision.difficulty_available and hasattr(estimator, "feature_vector"):

@@ -85,7 +85,7 @@ class DifficultyEstimator:
         """``p_hard`` for one request; never raises for a valid ``RequestFeatures``.
 
         Failures and budget overruns come back as ``available=False`` with ``error`` set.
-        ``latency_ms`` is the wall time of this call.
+        ``latency_ms`` is the wall time of this call; ``features`` is the head input (d,).
         """
         start = time.perf_counter()
         try:
@@ -98,8 +98,9 @@ class DifficultyEstimator:
         if not np.isfinite(p):
             return DifficultyEstimate(None, False, elapsed, f"head returned a non-finite p_hard ({p})")
         if self.timeout_ms is not None and elapsed > self.timeout_ms:
-            return DifficultyEstimate(None, False, elapsed, f"timeout: {elapsed:.2f} ms > budget {self.timeout_ms:g} ms")
-        return DifficultyEstimate(min(max(p, 0.0), 1.0), True, elapsed)
+            return DifficultyEstimate(None, False, elapsed, f"timeout: {elapsed:.2f} ms > budget {self.timeout_ms:g} ms",
+                                      features=x[0])
+        return DifficultyEstimate(min(max(p, 0.0), 1.0), True, elapsed, features=x[0])
 
     def feature_matrix(self, features: list[RequestFeatures]) -> np.ndarray:
         """Head inputs for many requests: float32 (n, dim + len(FEATURE_NAMES))."""

@@ -6,8 +6,8 @@ one; ``FixedDifficulty`` is a static stand-in for tests, replay and policy cases
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
     from tokenizers import Tokenizer
@@ -23,12 +23,16 @@ class DifficultyEstimate:
     worse than the frontier model's; ``None`` when ``available`` is False.
     ``latency_ms``: wall time spent estimating, in milliseconds.
     ``error``: why the estimate is unavailable (exception text or "timeout"), else None.
+    ``features``: the head's input for this request, float32 array (d,) (embedding ⊕ request
+    features), when the estimator computed one (also on a timeout), else None; the outcome
+    log stores it so a new head can be trained without the prompt text.
     """
 
     p_hard: float | None
     available: bool
     latency_ms: float
     error: str | None = None
+    features: Any = field(default=None, repr=False, compare=False)
 
 
 @runtime_checkable

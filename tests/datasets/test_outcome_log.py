@@ -72,6 +72,13 @@ def test_decision_and_outcomes_join_by_decision_id(tmp_path, fleet_policy, bundl
     assert log.counts() == {"decisions": 1, "outcomes": 2}
 
 
+def test_the_estimate_carries_the_head_input(bundled):
+    features = extract_features(request_from_prompt("Explain the CAP theorem."), bundled.tokenizer)
+    est = bundled.estimate(features)
+    np.testing.assert_array_equal(est.features, bundled.feature_vector(features)[0])
+    assert float(bundled.predict_matrix(est.features[None, :])[0]) == pytest.approx(est.p_hard, abs=1e-6)
+
+
 def test_prompt_text_only_when_the_operator_opts_in(tmp_path, fleet_policy):
     est = FixedDifficulty(0.3)
     for store, want in ((False, None), (True, "What is 2+2?")):
