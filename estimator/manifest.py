@@ -2,7 +2,8 @@
 
 A model directory holds::
 
-    manifest.json     this manifest (format, version, encoder, head, training, metrics)
+    manifest.json     this manifest (format, version, encoder, head, training, metrics,
+                      reference p_hard quantiles for deriving policy thresholds)
     encoder.onnx      text → embedding: token ids → float32 (1, dim), L2-normalized
     tokenizer.json    the encoder's tokenizer (Hugging Face ``tokenizers`` format)
     head.onnx         float32 features (n, n_features) → ``p_hard`` float32 (n,)
@@ -82,6 +83,10 @@ class Manifest:
     created_at: str
     pointsman_version: str
     format: str = FORMAT
+    #: p_hard quantiles on the fixed Apache/MIT reference prompt mix
+    #: (``training.reference_set.reference_quantiles``): ``{"sets", "per_set", "n",
+    #: "quantiles": {"0.05": p, ..., "0.95": p}}``; empty for models trained before it existed.
+    reference_p_hard: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         """The manifest as pretty-printed JSON text."""
@@ -120,6 +125,7 @@ def read_manifest(model_dir: str | Path) -> Manifest:
             created_at=raw.get("created_at", ""),
             pointsman_version=raw.get("pointsman_version", ""),
             format=raw["format"],
+            reference_p_hard=raw.get("reference_p_hard") or {},
         )
     except ModelNotFoundError:
         raise

@@ -122,6 +122,19 @@ def heldout_metrics(ex: Examples, p_hard: np.ndarray, cal_weight: np.ndarray) ->
     return out
 
 
+def _reference_block(est: Any, log: Callable[[str], None]) -> dict[str, Any]:
+    """The manifest's ``reference_p_hard`` (``training.reference_set``), or ``{}`` when the
+    reference tables are not in the shared datasets folder (e.g. a trimmed test copy)."""
+    from pointsman.datasets.sources import shared_datasets_dir
+    from pointsman.training.reference_set import REFERENCE_SETS, reference_quantiles, score_reference
+
+    root = shared_datasets_dir()
+    if not all((root / rel).is_file() for rel, _ in REFERENCE_SETS):
+        log("reference p_hard quantiles skipped: reference tables not found")
+        return {}
+    return reference_quantiles(score_reference(est, root))
+
+
 def _write_provenance(model_dir: Path, manifest: Manifest, command: str) -> None:
     from pointsman.training.provenance import provenance_markdown
 
@@ -273,6 +286,7 @@ def train(
             stem = Path(table).name.split(".")[0]
             for k in ("apgr", "cpt50", "cpt80", "auc", "random_apgr", "oracle_apgr", "n"):
                 metrics[f"transfer/{stem}/{weak}-vs-{strong}/{k}"] = float(report[k])
+    manifest.reference_p_hard = _reference_block(est, log)
     metrics["train/seconds"] = time.perf_counter() - t0
     manifest.metrics = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}
     manifest.write(model_dir)

@@ -150,3 +150,28 @@ print(sorted(m for m in ("torch", "sklearn", "mlflow", "pandas", "transformers",
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_bundled_manifest_publishes_reference_quantiles_of_this_model(est):
+    from pointsman.training.reference_set import reference_quantiles, score_reference
+
+    ref = est.manifest.reference_p_hard
+    qs = list(ref["quantiles"].values())
+    assert len(qs) == 19 and qs == sorted(qs) and 0.0 < qs[0] < qs[-1] < 1.0
+    # the published numbers are this model's: re-scoring the reference mix reproduces them
+    again = reference_quantiles(score_reference(est))
+    assert again["n"] == ref["n"]
+    assert again["quantiles"] == pytest.approx(ref["quantiles"], abs=1e-5)
+
+
+def test_manifest_without_reference_quantiles_still_loads(tmp_path):
+    old = tmp_path / "old"
+    old.mkdir()
+    for f in bundled_model_dir().iterdir():
+        if f.name != "manifest.json":
+            (old / f.name).symlink_to(f)
+    manifest = json.loads((bundled_model_dir() / "manifest.json").read_text())
+    manifest.pop("reference_p_hard", None)
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    est = load_estimator(old)
+    assert est.manifest.reference_p_hard == {} and est.version == manifest["version"]

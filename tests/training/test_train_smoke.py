@@ -39,8 +39,13 @@ def test_tiny_training_writes_a_loadable_model(data):
     assert 0.0 <= m["heldout/chat_apgr"] <= 1.5 and m["train/n_prompts"] == 6 * 40
     prov = (out / "PROVENANCE.md").read_text()
     assert "Apache-2.0" in prov and "CC BY-NC" in prov and "pointsman train" in prov
+    ref = manifest["reference_p_hard"]
+    assert ref["n"] == 300 + 160 + 300 + 300  # arena, MT-bench (both turn rows), MMLU, GSM8K
+    qs = [ref["quantiles"][k] for k in sorted(ref["quantiles"])]
+    assert len(qs) == 19 and qs == sorted(qs) and 0.0 <= qs[0] <= qs[-1] <= 1.0
     est = load_estimator(out)
     assert est.version == result.manifest.version
+    assert est.manifest.reference_p_hard == ref
     p = est.estimate_batch([])
     assert p.shape == (0,)
 
