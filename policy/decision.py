@@ -11,7 +11,8 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import Any, Callable
 
 
 def new_decision_id() -> str:
@@ -62,7 +63,10 @@ class Decision:
     ``policy_revision``/``fleet_revision``: content hashes; ``estimator_version``: the
     model's version. ``timings_ms``: ``features``, ``estimator``, ``policy``, ``total``
     in milliseconds. ``trace``: every rule evaluated with its result or error, the
-    signals read with their values and ages, every candidate with its cost and eligibility.
+    signals read with their values and ages, every candidate with its cost and eligibility,
+    the P/D mode with its reason, the endpoint candidates with their scores and the budget
+    reservation. It is built by ``trace_builder`` on first access (the engine builds it at
+    once when the request asks to explain; otherwise a decision nobody inspects costs none).
     """
 
     decision_id: str
@@ -82,7 +86,12 @@ class Decision:
     estimator_version: str
     timings_ms: dict[str, float]
     labels: dict[str, str] = field(default_factory=dict)
-    trace: dict[str, Any] = field(default_factory=dict)
+    trace_builder: Callable[[], dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+
+    @cached_property
+    def trace(self) -> dict[str, Any]:
+        """The decision's trace (see the class docstring); ``{}`` without a builder."""
+        return self.trace_builder() if self.trace_builder is not None else {}
 
     def to_dict(self, explain: bool = True) -> dict[str, Any]:
         """JSON-ready dict of every field; ``trace`` only when ``explain``."""

@@ -172,7 +172,7 @@ def place(live: LiveSignals, target: str, mode: str) -> Placement | None:
         pick = live.pick(target, "api")
         if pick.chosen is None:
             return None
-        cached = pick.view.hits()[0][0]
+        cached = pick.view.hit(0)[0]
         return Placement(target, "aggregated", pick.choices(), (pick,), target, None,
                          live.cost(target, "aggregated", cached))
     note = None
@@ -185,7 +185,7 @@ def place(live: LiveSignals, target: str, mode: str) -> Placement | None:
             if m != mode:
                 note = f"no healthy endpoint for {mode}; ran {m}"
             first, main = picks[0], picks[-1]
-            local, shared = first.view.hits()[first.chosen]
+            local, shared = first.view.hit(first.chosen)
             cached = local + (shared if first.view.shared is not None else 0)
             pools = None
             if m == "aggregated":
@@ -244,7 +244,9 @@ class RoutingEngine:
         """Decide where ``request`` runs and, with ``dispatch`` (default), commit it: reserve
         its estimated cost on its budget scopes (``routing.tenant``, ``routing.team``,
         ``api_key_id``), count it in flight, record its prefix. ``dispatch=False`` decides
-        without changing any state (what-if: CLI, explain tools).
+        without changing any state (what-if: CLI, explain tools). The trace is built at once
+        when ``routing.explain`` is set, else on first access of ``Decision.trace`` (from the
+        decision's memoized signals; values it had not read come from the state then).
 
         Raises ``NoEligibleTarget`` (a ``RequestError``) naming the filter that removed each
         candidate, or the budget that refused each reservation; ``RequestError`` for routing
@@ -299,10 +301,8 @@ class RoutingEngine:
             if fb is not None:
                 fallbacks.append(Fallback(t, self.fleet.targets[t].model, base_url(fb.endpoints), fb.mode))
         t3 = time.perf_counter()
-        trace = self._trace(live, outcome, chosen, refusals, estimate, dispatch, scopes)
         target = self.fleet.targets[chosen.target]
-        t4 = time.perf_counter()
-        return Decision(
+        decision = Decision(
             decision_id=decision_id,
             target=chosen.target,
             model=target.model,
@@ -323,15 +323,19 @@ class RoutingEngine:
                 "features": (t1 - t0) * 1e3,
                 "estimator": (t2 - t1) * 1e3,
                 "policy": (t3 - t2) * 1e3,
-                "total": (t4 - t0) * 1e3,
+                "total": (t3 - t0) * 1e3,
             },
-            trace=trace,
+            trace_builder=lambda: self._trace(live, outcome, chosen, refusals, estimate, dispatch, scopes),
         )
+        if routing.explain:
+            decision.trace  # noqa: B018 - built now, while the signals are the decision's
+            decision.timings_ms["total"] = (time.perf_counter() - t0) * 1e3
+        return decision
 
     def _trace(self, live: LiveSignals, outcome: Outcome, chosen: Placement, refusals: dict[str, Exclusion],
                estimate: DifficultyEstimate, dispatched: bool, scopes: tuple[str, ...]) -> dict[str, Any]:
         verdict = outcome.verdict
-        evaluated = self.policy.rules[: len(verdict.results)]
+        evaluated = self.policy.rules[: len(verdict.codes)]
         used: dict[str, Any] = {}
         for rule in evaluated:
             for path in rule.signals:

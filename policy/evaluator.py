@@ -60,18 +60,29 @@ class RuleResult(NamedTuple):
 @dataclass(frozen=True)
 class Verdict:
     """The policy's answer: deciding ``rule``, chosen ``target`` and ``mode``, the eligible
-    ``fallbacks`` (target, mode) after it, and every rule evaluated (``results``)."""
+    ``fallbacks`` (target, mode) after it, and every rule evaluated (``results``, built on
+    demand from ``codes``, one result string per evaluated rule in order, and ``details``,
+    rule index -> (error, note), so a decision over 100 rules allocates no per-rule objects)."""
 
     rule: CompiledRule
     target: str
     mode: str
     fallbacks: tuple[tuple[str, str], ...]
-    results: tuple[RuleResult, ...]
+    rules: tuple[CompiledRule, ...]
+    codes: list[str]
+    details: dict[int, tuple[str | None, str | None]]
+
+    @property
+    def results(self) -> tuple[RuleResult, ...]:
+        """Every rule evaluated, in order, with its result."""
+        details = self.details
+        return tuple(RuleResult(r.name, code, *details.get(i, (None, None)))
+                     for i, (r, code) in enumerate(zip(self.rules, self.codes)))
 
     @property
     def skipped(self) -> list[str]:
         """Names of rules skipped because their condition errored."""
-        return [r.rule for r in self.results if r.result == "error"]
+        return [r.name for r, code in zip(self.rules, self.codes) if code == "error"]
 
 
 def context_variables(policy: CompiledPolicy, signals: Mapping[str, Any]) -> dict[str, Any]:
@@ -131,13 +142,13 @@ def lookup_signal(signals: Mapping[str, Any], path: str, rule: CompiledRule | No
         target, _, member = path[6:].partition('"]')
         ns = (signals.get("load") or {}).get(target)
         member = member.lstrip(".")
-        return ns.get(member) if isinstance(ns, Mapping) and member else ns
+        return ns.get(member) if isinstance(ns, dict) and member else ns
     root, _, rest = path.partition(".")
     if root in RELATIVE_ROOTS and rule is not None:
         ns = (signals.get(RELATIVE_ROOTS[root]) or {}).get(relative_key(root, rule.target, rule.role))
     else:
         ns = signals.get(root)
-    return ns.get(rest) if isinstance(ns, Mapping) and rest else ns
+    return ns.get(rest) if isinstance(ns, dict) and rest else ns
 
 
 def evaluate(policy: CompiledPolicy, signals: Mapping[str, Any], costs: Mapping[str, float] | None = None,
@@ -151,32 +162,32 @@ def evaluate(policy: CompiledPolicy, signals: Mapping[str, Any], costs: Mapping[
     exclusions = exclusions or {}
     functions = {"cost": _cost_function(costs or {})} if policy.uses_cost else None
     ctx = cel.Context(signals if pruned else context_variables(policy, signals), functions)
-    results: list[RuleResult] = []
+    codes: list[str] = []
+    details: dict[int, tuple[str | None, str | None]] = {}
     considered: list[str] = []
-    append = results.append
-    for rule in policy.rules:
+    append = codes.append
+    for i, rule in enumerate(policy.rules):
         if rule.program is not None:
             try:
                 value = rule.program.execute(ctx)
             except Exception as exc:  # noqa: BLE001 - any evaluation failure skips the rule
-                append(RuleResult(rule.name, "error", _error_text(exc, rule, signals)))
+                append("error")
+                details[i] = (_error_text(exc, rule, signals), None)
                 continue
             if value is not True:
-                if value is False:
-                    append(RuleResult(rule.name, "no-match"))
-                else:
-                    results.append(RuleResult(rule.name, "error", f"condition gave {type(value).__name__}, not a boolean"))
+                append("no-match" if value is False else "error")
+                if value is not False:
+                    details[i] = (f"condition gave {type(value).__name__}, not a boolean", None)
                 continue
         eligible = [(t, m) for t, m in rule.candidates if exclusions.get(t) is None]
         if not eligible:
             considered.extend(t for t, _ in rule.candidates if t not in considered)
-            why = "; ".join(f"{t} ({exclusions[t]})" for t, _ in rule.candidates)
-            results.append(RuleResult(rule.name, "no-eligible-target", why))
+            append("no-eligible-target")
+            details[i] = ("; ".join(f"{t} ({exclusions[t]})" for t, _ in rule.candidates), None)
             continue
         (target, mode), *rest = eligible
-        note = None
+        append("matched")
         if target != rule.target:
-            note = f"{rule.target} ineligible ({exclusions[rule.target]}); took fallback {target}"
-        results.append(RuleResult(rule.name, "matched", note=note))
-        return Verdict(rule, target, mode, tuple(rest), tuple(results))
+            details[i] = (None, f"{rule.target} ineligible ({exclusions[rule.target]}); took fallback {target}")
+        return Verdict(rule, target, mode, tuple(rest), policy.rules, codes, details)
     raise NoEligibleTarget(dict(exclusions), considered or list(exclusions))

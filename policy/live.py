@@ -322,7 +322,7 @@ class LiveSignals:
             out["healthy"] = False
         else:
             info, reading = pick.view.endpoints[i], pick.view.loads[i]
-            local, _ = pick.view.hits()[i]
+            local, _ = pick.view.hit(i)
             out = endpoint_signals(reading, self.now_mono, name=info.name or "", url=info.url, healthy=True,
                                    prefix_hit_ratio=min(1.0, local / max(1, self.prompt_tokens)),
                                    cost_s=pick.costs[i])

@@ -76,7 +76,7 @@ class PoolView:
     shared: SharedKVTier | None = None
     extra_pools: dict[int, Pool] = field(default_factory=dict)
     positions: dict[str, int] | None = None
-    _hits: list[tuple[int, int]] | None = field(default=None, repr=False)
+    _hits: tuple[list[int], list[int]] | None = field(default=None, repr=False)
     _outstanding: list[int] | None = field(default=None, repr=False)
 
     def rates(self, attr: str) -> list[float] | float:
@@ -94,15 +94,17 @@ class PoolView:
         """The pool endpoint ``i`` belongs to."""
         return self.extra_pools.get(i, self.pool)
 
-    def hits(self) -> list[tuple[int, int]]:
-        """``(local_hit_tokens, shared_hit_tokens)`` per endpoint (computed once: the no-hit value
-        for all, then the endpoints the prefix index matched; ``positions`` maps ids to indexes)."""
+    def hits(self) -> tuple[list[int], list[int]]:
+        """``(local_hit_tokens, shared_hit_tokens)``: two lists aligned with ``endpoints`` (two
+        lists, not a tuple per endpoint: fewer objects for the garbage collector). Computed
+        once: the no-hit value for all, then the endpoints the prefix index matched."""
         if self._hits is None:
-            p = self.prefix
+            n, p = len(self.endpoints), self.prefix
             if p is None:
-                self._hits = [(0, 0)] * len(self.endpoints)
+                self._hits = ([0] * n, [0] * n)
             else:
-                out = [p.hit("")] * len(self.endpoints)
+                base_local, base_shared = p.hit("")
+                local_hits, shared_hits = [base_local] * n, [base_shared] * n
                 if p.matched:
                     if self.positions is None:
                         self.positions = {e.id: i for i, e in enumerate(self.endpoints)}
@@ -114,9 +116,15 @@ class PoolView:
                     for i, m in pairs:
                         if i is not None and m:
                             local = m * bt if m * bt < total else total
-                            out[i] = (local, 0 if runs is None else min(runs[m] * bt, total - local))
-                self._hits = out
+                            local_hits[i] = local
+                            shared_hits[i] = 0 if runs is None else min(runs[m] * bt, total - local)
+                self._hits = (local_hits, shared_hits)
         return self._hits
+
+    def hit(self, i: int) -> tuple[int, int]:
+        """``(local_hit_tokens, shared_hit_tokens)`` of endpoint ``i``."""
+        local_hits, shared_hits = self.hits()
+        return local_hits[i], shared_hits[i]
 
     def outstanding(self) -> list[int]:
         """Outstanding requests per endpoint (0 when unknown; computed once)."""
@@ -162,7 +170,7 @@ class PrefillWorkScorer:
         if view.prefix is None:
             return [p / r for r in rates]
         out = []
-        for (local, s), rate in zip(view.hits(), rates):
+        for local, s, rate in zip(*view.hits(), rates):
             restore = s / rate if shared is None or s == 0 else min(shared.restore_s(s), s / rate)
             out.append((p - local - s) / rate + restore)
         return out
@@ -280,7 +288,7 @@ class PoolPick:
     def trace(self, limit: int = 8) -> dict[str, Any]:
         """JSON-ready: the pool, the cap, counts of exclusions, and the best ``limit`` candidates
         with their scores (seconds), hits, outstanding requests and exclusion."""
-        v, hits, outstanding = self.view, self.view.hits(), self.view.outstanding()
+        v, (local_hits, shared_hits), outstanding = self.view, self.view.hits(), self.view.outstanding()
         shown = list(self.order)
         if len(shown) < limit:
             rest = sorted((i for i in range(len(v.endpoints)) if i not in set(shown)), key=lambda i: self.costs[i])
@@ -295,7 +303,7 @@ class PoolPick:
                 "endpoint": v.endpoints[i].name or v.endpoints[i].url, "url": v.endpoints[i].url,
                 "rank": self.order.index(i) if i in self.order else None,
                 "cost_s": _finite(self.costs[i]), **{k: _finite(p[i]) for k, p in self.parts.items()},
-                "local_hit_tokens": hits[i][0], "shared_hit_tokens": hits[i][1],
+                "local_hit_tokens": local_hits[i], "shared_hit_tokens": shared_hits[i],
                 "outstanding_requests": outstanding[i], "excluded": self.excluded.get(i)}
                 for i in shown[:limit]],
         }
