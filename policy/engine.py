@@ -342,7 +342,7 @@ class RoutingEngine:
                 value = lookup_signal(outcome.context, path, rule)
                 root = path.partition(".")[0]
                 age = 0.0
-                if path.startswith('load["'):
+                if path.startswith('load["') or root == "budget":
                     age = live.age(path)
                 elif root == "endpoint":
                     age = live.endpoint(relative_key("endpoint", rule.target, rule.role))["age_s"]

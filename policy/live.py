@@ -334,16 +334,14 @@ class LiveSignals:
         ledger, or the ledger failed and ``budget_fail_open``)."""
         if self._snapshot is False:
             self._snapshot = None
-            ledger = self.state.ledger
-            if ledger is not None and ledger.config.budgets_for(self.scopes):
-                from pointsman.policy.budget import LedgerUnavailable
+            from pointsman.policy.budget import LedgerUnavailable
 
-                try:
-                    self._snapshot = ledger.snapshot(self.scopes, self.now)
-                except LedgerUnavailable as exc:
-                    self.ledger_error = str(exc)
-                    if not self.state.budget_fail_open:
-                        raise
+            try:
+                self._snapshot = self.state.budget_snapshot(self.scopes, self.now)
+            except LedgerUnavailable as exc:
+                self.ledger_error = str(exc)
+                if not self.state.budget_fail_open:
+                    raise
         return self._snapshot
 
     def budget(self) -> dict[str, Any]:
@@ -431,6 +429,9 @@ class LiveSignals:
         if path.startswith("load[\""):
             target = path[6:path.index("\"]")]
             return self.load(target)["age_s"]
+        if path.startswith("budget."):
+            snap = self.budget_snapshot()
+            return 0.0 if snap is None else max(0.0, self.now - snap.now)
         return 0.0
 
 

@@ -15,7 +15,9 @@ tier. Every endpoint has a fresh pushed load reading; the prefix index holds 2,0
 earlier prompts spread over the pool; requests carry a 2,000-token prompt sharing a
 system prefix with half of them. Rules read request, difficulty, load, cache,
 endpoint and budget signals and ``cost()``; none matches until the last (the
-worst case: every rule evaluated, the picker run for ``endpoint.*``).
+worst case: every rule evaluated, the picker run for ``endpoint.*``). The request's
+tenant has a budget in an SQLite ledger, read as the service reads it (a snapshot
+serves decisions for ``budget_snapshot_ttl_s`` = 50 ms, ``policy/state.py``).
 
     python scripts/bench_policy.py [--iterations N] [--json]
 """

@@ -157,3 +157,17 @@ def test_request_scopes():
     with pytest.raises(RequestError) as info:
         request_scopes("two words", None)
     assert info.value.field == "routing.tenant"
+
+
+def test_budget_snapshots_are_cached_briefly_with_own_reservations_counted(fleet, ledger_path):
+    a = state(fleet, ledger_path, limit=1.0)
+    b = state(fleet, ledger_path, limit=1.0)  # another replica
+    first = a.budget_snapshot(("tenant:acme",), NOW)
+    assert first.binding.spent_usd == 0.0
+    dispatch(a, "mine", usd=0.1)  # this replica's hold shows at once
+    dispatch(b, "theirs", usd=0.2)  # the other replica's within the TTL
+    assert a.budget_snapshot(("tenant:acme",), NOW + 0.01).binding.spent_usd == pytest.approx(0.1)
+    assert a.budget_snapshot(("tenant:acme",), NOW + 0.06).binding.spent_usd == pytest.approx(0.3)
+    assert a.budget_snapshot(("tenant:other",), NOW) is None  # no budget applies
+    fresh = state(fleet, ledger_path, limit=1.0, budget_snapshot_ttl_s=0.0)
+    assert fresh.budget_snapshot(("tenant:acme",), NOW).binding.spent_usd == pytest.approx(0.3)
