@@ -87,6 +87,10 @@ class Decision:
     timings_ms: dict[str, float]
     labels: dict[str, str] = field(default_factory=dict)
     trace_builder: Callable[[], dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+    #: The ``RequestFeatures`` and the estimator's head input (``DifficultyEstimate.features``,
+    #: float32 (d,) or None) the decision used, for the decision log (not in ``to_dict``).
+    request_features: Any = field(default=None, repr=False, compare=False)
+    head_input: Any = field(default=None, repr=False, compare=False)
 
     @cached_property
     def trace(self) -> dict[str, Any]:

@@ -326,6 +326,8 @@ class RoutingEngine:
                 "total": (t3 - t0) * 1e3,
             },
             trace_builder=lambda: self._trace(live, outcome, chosen, refusals, estimate, dispatch, scopes),
+            request_features=features,
+            head_input=getattr(estimate, "features", None),
         )
         if routing.explain:
             decision.trace  # noqa: B018 - built now, while the signals are the decision's
