@@ -119,12 +119,35 @@ def log_traffic(traffic: Traffic, table, shadows: list[str]) -> dict[str, int]:
     return counts
 
 
+def minilm_base(work: Path) -> Path:
+    """A MiniLM model directory (ONNX encoder, 256-token window) whose head is trained on the
+    Apache/MIT sources only (at most 300 prompts each; no AlpacaEval), built once in ``work``;
+    the challengers take its encoder."""
+    from pointsman.datasets.sources import DEFAULT_TRAINING_SOURCES
+    from pointsman.training.recipe import TrainConfig
+    from pointsman.training.train import train
+
+    out = work / "minilm-base"
+    if not (out / "manifest.json").is_file():
+        cfg = TrainConfig(encoder="minilm", minilm_max_tokens=256, n_folds=0,
+                          max_rows_per_source={s: 300 for s in DEFAULT_TRAINING_SOURCES})
+        train(cfg, out, register=False, use_mlflow=False, command="scripts/demo_alpacaeval_retrain.py --minilm",
+              log=lambda m: print("  minilm base: " + m))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--folds", type=int, default=5, help="cross-validation folds over the 604 prompts")
     ap.add_argument("--seed", type=int, default=0, help="fold assignment seed (conversation hash)")
     ap.add_argument("--work", type=Path, help="work folder (default: a new temporary folder)")
     ap.add_argument("--json", type=Path, help="also write the numbers to this JSON file")
+    ap.add_argument("--minilm", action="store_true",
+                    help="the operator opted into storing prompts and retrains on the MiniLM encoder (256 tokens) "
+                         "instead of the serving model's static one; the prompts are re-embedded")
+    ap.add_argument("--encoder-from", type=Path,
+                    help="with --minilm: a MiniLM model directory to take the encoder from (default: build one, "
+                         "with a head trained on Apache/MIT data only)")
     args = ap.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="pointsman-alpacaeval-demo-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -152,8 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     bundled = load_estimator("bundled", intra_op_threads=2)
     engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), bundled)
     shadows = open_models(table)
-    log = OutcomeLog()  # <work>/data/outcomes.db; prompts are not stored (the default)
+    log = OutcomeLog(store_prompts=args.minilm)  # <work>/data/outcomes.db; prompts only with --minilm
     counts = log_traffic(Traffic(engine, log, bundled), table, shadows)
+    base = bundled
+    if args.minilm:
+        base = DifficultyEstimator(args.encoder_from or minilm_base(work), intra_op_threads=2)
+        print(f"retraining on the encoder of {base.version} ({base.manifest.encoder.kind}, "
+              f"{base.manifest.encoder.max_tokens} tokens) from the stored prompts")
     print(f"logged {counts['decisions']} decisions ({counts['to_frontier']} to the frontier) and "
           f"{counts['outcomes']} judged outcomes ({len(shadows)} on-prem models + the frontier); "
           f"{time.perf_counter() - t0:.0f} s")
@@ -161,13 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     pair = LabelRules(weak_models=(WEAK,), strong_models=(STRONG,))
     labels = {"single-pair": pair, "multi-model": LabelRules(strong_models=(STRONG,))}
     results: dict[str, dict] = {"folds": args.folds, "seed": args.seed, "bundled_version": bundled.version,
-                                "on_prem_models": len(shadows), "cv": {}}
+                                "encoder": base.manifest.encoder.kind, "on_prem_models": len(shadows), "cv": {}}
     for name, rules in labels.items():
         before, after, eces = [], [], []
         for f in range(args.folds):
             cfg = ChallengerConfig(holdout_folds=args.folds, holdout_fold=f, seed=args.seed)
             out = work / "cv" / name / f"fold{f}"
-            train_challenger(log, rules, fleet, cfg, bundled, output=out, use_mlflow=False, log_fn=lambda m: None)
+            train_challenger(log, rules, fleet, cfg, base, output=out, use_mlflow=False, log_fn=lambda m: None)
             cmp = compare_models(log, pair, fleet, bundled, DifficultyEstimator(out, intra_op_threads=2))
             before.append(cmp.champion.metrics["apgr"])
             after.append(cmp.challenger.metrics["apgr"])
@@ -181,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # The loop as an operator runs it: challenger in MLflow, gated promotion, new decisions.
     print("\ntrain --from-outcomes (multi-model label) -> @challenger; promote (gate on the single pair):")
-    got = train_challenger(log, labels["multi-model"], fleet, ChallengerConfig(seed=args.seed), bundled,
+    got = train_challenger(log, labels["multi-model"], fleet, ChallengerConfig(seed=args.seed), base,
                            log_fn=lambda m: print("  " + m))
     result = promote(log, pair, fleet, Gate())
     a, b = result.comparison.champion.metrics, result.comparison.challenger.metrics

@@ -34,7 +34,7 @@ from pointsman.datasets.outcome_log import OutcomeLog, feature_space_of
 from pointsman.errors import DataError, EstimatorError
 from pointsman.estimator.loading import REGISTERED_NAME
 from pointsman.estimator.manifest import HeadSpec, Manifest, content_version
-from pointsman.training.logged_examples import LoggedExamples, head_matrix, holdout_mask, logged_examples
+from pointsman.training.logged_examples import head_matrix, holdout_mask, logged_examples
 from pointsman.training.metrics import apgr, ece, roc_auc
 from pointsman.training.outcome_labels import LabelRules, rules_as_params
 
@@ -282,17 +282,13 @@ def train_challenger(
         "command": command,
     }
 
-    tmp_root = None
-    if output is None:
-        tmp_root = Path(tempfile.mkdtemp(prefix="pointsman-challenger-"))
-        model_dir = tmp_root / "model"
-    else:
-        model_dir = Path(output)
+    work = Path(tempfile.mkdtemp(prefix="pointsman-challenger-"))
+    model_dir = work / "model" if output is None else Path(output)
     rng = np.random.default_rng(cfg.seed)
     sample = np.sort(rng.choice(len(X), size=min(256, len(X)), replace=False))
     manifest = write_model_dir(model_dir, base, head, X[sample], training, metrics)
 
-    reports_dir = (tmp_root or Path(tempfile.mkdtemp(prefix="pointsman-reports-"))) / "reports"
+    reports_dir = work / "reports"
     reports: dict[str, Any] = {}
     if hold.sum() >= 2:
         reports = model_report(reports_dir, "challenger", y[hold], rows.weak_score[hold], rows.strong_score[hold],
@@ -316,12 +312,14 @@ def train_challenger(
             client().log_artifacts(run.run_id, str(reports_dir), artifact_path="reports")
         log_fn(f"mlflow: run {run.run_id} in {run.tracking_uri}"
                + (f"; registered {run.model_name} version {run.model_version} @{run.alias}" if run.model_version else ""))
-    if tmp_root is not None and use_mlflow:
-        shutil.rmtree(tmp_root, ignore_errors=True)
-        model_dir = Path("")
-    elif reports_dir.is_dir() and output is not None:
-        shutil.copytree(reports_dir, Path(output) / "reports", dirs_exist_ok=True)
-    shutil.rmtree(reports_dir.parent, ignore_errors=True) if tmp_root is None else None
+    if output is not None and reports_dir.is_dir():
+        shutil.copytree(reports_dir, model_dir / "reports", dirs_exist_ok=True)
+    if output is None and not use_mlflow:
+        log_fn(f"model directory (temporary, not logged anywhere): {model_dir}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+        if output is None:
+            model_dir = Path("")
     log_fn(f"challenger {manifest.version}: held-out APGR {metrics.get('heldout/apgr', float('nan')):.4f} "
            f"(base {metrics.get('heldout_base/apgr', float('nan')):.4f}), ECE {metrics.get('heldout/ece', float('nan')):.4f}"
            f" on {int(hold.sum())} held-out decisions; {metrics['train/seconds']:.1f} s")
@@ -333,4 +331,4 @@ def _iso(t: float | None) -> str:
 
 
 __all__ = ["CHALLENGER_ALIAS", "ChallengerConfig", "ChallengerResult", "fit_head", "heldout_report",
-           "logged_frontier_share", "train_challenger", "write_model_dir", "LoggedExamples"]
+           "logged_frontier_share", "train_challenger", "write_model_dir"]
