@@ -38,7 +38,6 @@ Quality signals, all optional (``training/outcome_labels.py`` turns them into la
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any, Literal
 
@@ -164,11 +163,3 @@ def parse_outcomes(body: Any) -> list[OutcomeIn]:
                 msg = "unknown field"
             raise RequestError(msg, field=_field(prefix + tuple(err["loc"])) or None) from None
     return out
-
-
-def finite_or_none(value: float | None) -> float | None:
-    """``value`` as float, or None when it is None or not finite."""
-    if value is None:
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None

@@ -120,7 +120,7 @@ def logged_examples(
         feats.append(f)
     if not cols["y"]:
         raise DataError(f"{log.path}: no logged decision with a usable quality signal"
-                        + (f" in the window" if since_s is not None or until_s is not None else "")
+                        + (" in the window" if since_s is not None or until_s is not None else "")
                         + f" ({skipped['no_label']} decisions with outcomes but no label; label signals: "
                         + ", ".join(rules.signals) + ")")
     obj = {"decision_id", "group", "signal", "estimator_version", "feature_space"}
