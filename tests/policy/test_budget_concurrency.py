@@ -148,7 +148,7 @@ def test_fork_scenarios_in_a_clean_interpreter():
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--import-mode=importlib",
          f"{__file__}::test_concurrent_processes_never_overspend_sqlite",
          f"{__file__}::test_sqlite_commits_survive_a_killed_process"],
-        env={**os.environ, "POINTSMAN_CLEAN_INTERPRETER": "1"}, capture_output=True, text=True, timeout=600)
+        env={**os.environ, "POINTSMAN_CLEAN_INTERPRETER": "1"}, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "4 passed" in result.stdout, result.stdout[-2000:]
 
@@ -192,8 +192,11 @@ def test_concurrent_processes_never_overspend_sqlite(tmp_path, seed):
     reqs = [Req(rng.randint(0, 40) / 100, rng.choice([(TENANT,), (TENANT, TEAM)])) for _ in range(N)]
     cfg = config(rng.randint(50, 300) / 100, rng.randint(50, 200) / 100)
     path = str(tmp_path / "ledger.db")
-    parent = SqliteLedger(path, cfg)
+    # No background checkpointer in the parent: fork() must happen with no other thread
+    # alive, or a child can inherit SQLite's global mutex held and hang in sqlite3.connect.
+    parent = SqliteLedger(path, cfg, checkpoint_interval_s=0)
     parent.snapshot([TENANT], NOW)  # its connection is live at fork time
+    assert threading.active_count() == 1, threading.enumerate()
     ctx = multiprocessing.get_context("fork")
     barrier, results = ctx.Barrier(4), ctx.Queue()
     procs = [ctx.Process(target=_process_worker, args=(path, parent if k % 2 else None, cfg.to_dict(),
@@ -250,6 +253,7 @@ def _reserve_settle_then_die(path: str, cfg_dict: dict) -> None:
 def test_sqlite_commits_survive_a_killed_process(tmp_path):
     cfg = config(1.0, 1.0)
     path = str(tmp_path / "ledger.db")
+    assert threading.active_count() == 1, threading.enumerate()  # fork() only from a single-threaded process
     proc = multiprocessing.get_context("fork").Process(target=_reserve_settle_then_die, args=(path, cfg.to_dict()))
     proc.start()
     proc.join(timeout=60)
