@@ -215,6 +215,26 @@ def current_time(now: float | None) -> float:
     return float(now)
 
 
+
+def checked_reserve_args(decision_id: str, scopes: Iterable[str], estimated_cost_usd: float,
+                         now: float | None) -> tuple[tuple[str, ...], int, float]:
+    """Validate a ``reserve`` call (both ledgers): returns ``(scopes, need_nusd, now_s)``;
+    raises ``BudgetError`` naming the bad argument."""
+    check_id(decision_id)
+    return check_scopes(scopes), to_nusd(estimated_cost_usd, "estimated_cost_usd"), current_time(now)
+
+
+def checked_settle_args(decision_id: str, actual_cost_usd: float, now: float | None, target: str | None,
+                        prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> tuple[int, float]:
+    """Validate a ``settle`` call (both ledgers): returns ``(actual_nusd, now_s)``; raises
+    ``BudgetError`` naming the bad argument."""
+    check_id(decision_id)
+    actual = to_nusd(actual_cost_usd, "actual_cost_usd")
+    if target is not None:
+        check_id(target, "target")
+    check_tokens(prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, completion_tokens=completion_tokens)
+    return actual, current_time(now)
+
 # -- configuration ----------------------------------------------------------------------
 
 

@@ -45,9 +45,9 @@ from pointsman.policy.budget import (
     build_snapshot,
     check_id,
     check_scopes,
-    check_tokens,
+    checked_reserve_args,
+    checked_settle_args,
     current_time,
-    to_nusd,
     to_usd,
     window_of,
     windows_at,
@@ -239,10 +239,7 @@ class RedisLedger:
         Raises ``BudgetExceeded`` (nothing held), ``BudgetError`` for bad arguments or a
         ``decision_id`` reserved before, ``LedgerUnavailable`` when Redis fails.
         """
-        check_id(decision_id)
-        scopes = check_scopes(scopes)
-        need = to_nusd(estimated_cost_usd, "estimated_cost_usd")
-        now = current_time(now)
+        scopes, need, now = checked_reserve_args(decision_id, scopes, estimated_cost_usd, now)
         config = self.config
         windows = windows_at(now)
         expires = now + config.reservation_ttl_s
@@ -270,12 +267,8 @@ class RedisLedger:
         and add the tokens to ``target``'s usage. A repeat returns the first settlement with
         ``replayed=True`` and changes nothing. Raises ``UnknownReservation``, ``BudgetError``
         for bad arguments, ``LedgerUnavailable``."""
-        check_id(decision_id)
-        actual = to_nusd(actual_cost_usd, "actual_cost_usd")
-        if target is not None:
-            check_id(target, "target")
-        check_tokens(prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, completion_tokens=completion_tokens)
-        now = current_time(now)
+        actual, now = checked_settle_args(decision_id, actual_cost_usd, now, target, prompt_tokens, cached_tokens,
+                                          completion_tokens)
         out = self._run(self._settle, self._head(now) + [
             decision_id, str(actual), target or "", str(prompt_tokens), str(cached_tokens), str(completion_tokens)])
         if out[0] == "unknown":

@@ -56,10 +56,10 @@ from pointsman.policy.budget import (
     build_snapshot,
     check_id,
     check_scopes,
-    check_tokens,
+    checked_reserve_args,
+    checked_settle_args,
     current_time,
     refusal,
-    to_nusd,
     to_usd,
     window_of,
     windows_at,
@@ -313,10 +313,7 @@ class SqliteLedger:
         Raises ``BudgetExceeded`` (nothing held), ``BudgetError`` for bad arguments or a
         ``decision_id`` reserved before, ``LedgerUnavailable`` when the database fails.
         """
-        check_id(decision_id)
-        scopes = check_scopes(scopes)
-        need = to_nusd(estimated_cost_usd, "estimated_cost_usd")
-        now = current_time(now)
+        scopes, need, now = checked_reserve_args(decision_id, scopes, estimated_cost_usd, now)
         config = self.config
         windows = windows_at(now)
         expires = now + config.reservation_ttl_s
@@ -345,12 +342,8 @@ class SqliteLedger:
         and add the tokens to ``target``'s usage. A repeat returns the first settlement with
         ``replayed=True`` and changes nothing. Raises ``UnknownReservation``, ``BudgetError``
         for bad arguments, ``LedgerUnavailable``."""
-        check_id(decision_id)
-        actual = to_nusd(actual_cost_usd, "actual_cost_usd")
-        if target is not None:
-            check_id(target, "target")
-        check_tokens(prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, completion_tokens=completion_tokens)
-        now = current_time(now)
+        actual, now = checked_settle_args(decision_id, actual_cost_usd, now, target, prompt_tokens, cached_tokens,
+                                          completion_tokens)
         with self._transaction("BEGIN IMMEDIATE") as conn:
             self._sweep(conn, now)
             row = conn.execute(_SELECT_RES, (decision_id,)).fetchone()
