@@ -20,6 +20,11 @@ and the prefix index know it: an on-prem endpoint's ``url``; a frontier target's
 name (its API is one endpoint). ``Fleet.endpoints`` maps ids to ``EndpointInfo``;
 on-prem endpoints may also be named by their ``name`` (``Fleet.endpoint_id``).
 
+Optional ``replay`` sections (fleet-wide, per on-prem target, per frontier target) hold
+what only trace replay (``pointsman replay``, ``pointsman.replay.fleet_map``) reads:
+hardware, efficiency and admission assumptions of the simulated fleet. The engine
+ignores them. See ``docs/replay.md`` for every key and its default.
+
 ``load_fleet(path) -> Fleet`` validates the file and raises ``FleetError`` listing
 every problem as ``file:line:col: code: message``.
 """
@@ -35,7 +40,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import AfterValidator, Field, StringConstraints, field_validator, model_validator
 
 from pointsman.errors import FleetError, Problem
-from pointsman.policy.located import LocatedDocument, StrictModel, parse_yaml, read_text, validate
+from pointsman.policy.located import LocatedDocument, StrictModel, did_you_mean, parse_yaml, read_text, validate
 
 #: The packaged default fleet.
 DEFAULT_FLEET_PATH = Path(__file__).parent / "defaults" / "fleet.yaml"
@@ -129,6 +134,73 @@ class SharedKV(StrictModel):
     latency_s: NonNegativeFloat = 0.0
 
 
+Fraction01 = Annotated[float, Field(gt=0, le=1)]
+
+
+class ReplayModelShape(StrictModel):
+    """A model's shape for the replay simulator, as in its Hugging Face ``config.json``:
+    ``params`` (parameter count), ``layers``, ``kv_heads``, ``head_dim``, ``q_dim``
+    (attention heads × head dim). Needed only for models without a simulator preset."""
+
+    params: PositiveFloat
+    layers: PositiveInt
+    kv_heads: PositiveInt
+    head_dim: PositiveInt
+    q_dim: PositiveInt
+
+
+class OnPremReplay(StrictModel):
+    """Replay-only settings of an on-prem target (``pointsman replay``; the engine ignores
+    them). Every key is optional; an absent key keeps the simulator's default
+    (``docs/replay.md``): ``gpu`` (a GPU preset, default ``H100-SXM``), ``weight_dtype``
+    (``bf16``/``fp16``/``fp8``), ``model_shape`` (for models without a preset), efficiency
+    factors (``prefill_mfu``, ``decode_mfu``, ``bandwidth_efficiency``), per-step and
+    per-prefill overheads in seconds, ``max_batch_size``, ``max_waiting`` (admission limit
+    per replica; ``null`` = unbounded), the P/D link (``link_bytes_per_s``,
+    ``link_latency_s``), ``idle_power_kw_per_gpu``, and the latency coefficients themselves
+    (``prefill_s_per_token``, ``prefill_s_per_token_pair``, ``decode_base_s``,
+    ``decode_per_seq_s``, ``decode_per_kv_token_s``) to replace the derived ones."""
+
+    gpu: str | None = None
+    weight_dtype: Literal["bf16", "fp16", "fp8"] | None = None
+    model_shape: ReplayModelShape | None = None
+    prefill_mfu: Fraction01 | None = None
+    decode_mfu: Fraction01 | None = None
+    bandwidth_efficiency: Fraction01 | None = None
+    step_overhead_s: NonNegativeFloat | None = None
+    prefill_overhead_s: NonNegativeFloat | None = None
+    max_batch_size: PositiveInt | None = None
+    max_waiting: NonNegativeInt | None = None
+    link_bytes_per_s: PositiveFloat | None = None
+    link_latency_s: NonNegativeFloat | None = None
+    idle_power_kw_per_gpu: NonNegativeFloat | None = None
+    prefill_s_per_token: PositiveFloat | None = None
+    prefill_s_per_token_pair: NonNegativeFloat | None = None
+    decode_base_s: PositiveFloat | None = None
+    decode_per_seq_s: NonNegativeFloat | None = None
+    decode_per_kv_token_s: NonNegativeFloat | None = None
+
+
+class FrontierReplay(StrictModel):
+    """Replay-only settings of a frontier tier: log-normal latency (``ttft_median_s``,
+    ``ttft_sigma``, ``tpot_median_s``, ``tpot_sigma``) and the prompt cache's
+    ``prompt_cache_ttl_s``; absent keys keep the simulator's defaults."""
+
+    ttft_median_s: PositiveFloat | None = None
+    ttft_sigma: NonNegativeFloat | None = None
+    tpot_median_s: PositiveFloat | None = None
+    tpot_sigma: NonNegativeFloat | None = None
+    prompt_cache_ttl_s: NonNegativeFloat | None = None
+
+
+class FleetReplay(StrictModel):
+    """Replay-only fleet settings: ``spill_target``, the frontier target that takes requests
+    refused by on-prem admission control when the decision's fallbacks cannot (default:
+    the frontier target with the highest output price; ``null``: reject them)."""
+
+    spill_target: str | None = None
+
+
 class OnPremTarget(StrictModel):
     """An open model on our own GPUs. Prices: ``usd_per_gpu_hour`` (rental or amortized
     purchase), plus power at ``power_kw_per_gpu`` × ``usd_per_kwh`` (0 when the hourly
@@ -147,6 +219,7 @@ class OnPremTarget(StrictModel):
     kv_bytes_per_token: PositiveInt | None = None
     shared_kv: SharedKV | None = None
     pools: Pools
+    replay: OnPremReplay | None = None
 
     def pools_by_role(self) -> dict[str, Pool]:
         """The target's pools by role: ``aggregated``, ``prefill``, ``decode`` (those declared)."""
@@ -200,6 +273,7 @@ class FrontierTarget(StrictModel):
     prices: FrontierPrices
     prompt_cache_min_tokens: NonNegativeInt = 1024
     default_output_tokens: PositiveInt | None = None
+    replay: FrontierReplay | None = None
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -246,6 +320,7 @@ class FleetSpec(StrictModel):
     metadata: Metadata = Metadata()
     defaults: FleetDefaults = FleetDefaults()
     targets: dict[TargetName, Target] = Field(min_length=1)
+    replay: FleetReplay | None = None
 
 
 @dataclass(frozen=True)
@@ -324,6 +399,13 @@ class Fleet:
 
 def _semantic_problems(spec: FleetSpec, doc: LocatedDocument) -> list[Problem]:
     problems = []
+    spill = spec.replay.spill_target if spec.replay is not None else None
+    if spill is not None and not isinstance(spec.targets.get(spill), FrontierTarget):
+        line, col = doc.mark(("replay", "spill_target"))
+        frontier = [n for n, t in spec.targets.items() if isinstance(t, FrontierTarget)]
+        problems.append(Problem(doc.file, line, col, "unknown-target",
+                                f"replay.spill_target '{spill}' is not a frontier target of this fleet "
+                                f"(frontier targets: {', '.join(frontier) or 'none'}){did_you_mean(spill, frontier)}"))
     urls: dict[str, tuple[str, str]] = {}
     names: dict[str, str] = {}
     for name, target in spec.targets.items():

@@ -5,8 +5,8 @@ decode on one replica), a disaggregated pair of pools (prefill replicas hand the
 KV cache over a link to decode replicas), or both. Costs are per GPU-hour
 provisioned over the replay window plus energy; frontier tiers bill per token.
 
-This is the simulator's own fleet description; the policy engine's fleet file is
-mapped onto it when replay is wired to the engine.
+This is the simulator's own fleet description; ``replay.fleet_map`` builds one from
+the policy engine's fleet file.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ ROLE_AGGREGATED, ROLE_PREFILL, ROLE_DECODE = "aggregated", "prefill", "decode"
 class OnPremTarget:
     """One on-prem model target.
 
-    - ``replica``: the spec shared by every replica of this target.
+    - ``replica``: the spec of every replica of this target, unless ``prefill_replica`` /
+      ``decode_replica`` give the P/D pools their own (e.g. another tensor-parallel degree).
     - ``aggregated_replicas`` / ``prefill_replicas`` / ``decode_replicas``: pool sizes
       (prefill and decode must both be 0 or both >= 1).
     - ``link``: prefill-to-decode KV transfer link.
@@ -55,6 +56,8 @@ class OnPremTarget:
     max_waiting: int | None = None
     gpu_hour_usd: float = 2.50
     electricity_usd_per_kwh: float = 0.08
+    prefill_replica: ReplicaSpec | None = None
+    decode_replica: ReplicaSpec | None = None
 
     def __post_init__(self) -> None:
         if min(self.aggregated_replicas, self.prefill_replicas, self.decode_replicas) < 0:
@@ -64,10 +67,18 @@ class OnPremTarget:
         if self.aggregated_replicas + self.prefill_replicas == 0:
             raise ValueError(f"target {self.name!r}: no replicas")
 
+    def spec_for(self, role: str) -> ReplicaSpec:
+        """The ``ReplicaSpec`` of the replicas in the pool with ``role``."""
+        if role == ROLE_PREFILL and self.prefill_replica is not None:
+            return self.prefill_replica
+        if role == ROLE_DECODE and self.decode_replica is not None:
+            return self.decode_replica
+        return self.replica
+
     @property
     def gpus(self) -> int:
         """GPUs provisioned for this target across all its pools."""
-        return (self.aggregated_replicas + self.prefill_replicas + self.decode_replicas) * self.replica.gpus
+        return sum(self.pool_size(r) * self.spec_for(r).gpus for r in (ROLE_AGGREGATED, ROLE_PREFILL, ROLE_DECODE))
 
     def pool_size(self, role: str) -> int:
         """Replicas in the pool with ``role`` (aggregated, prefill or decode)."""
@@ -139,7 +150,8 @@ def default_fleet(
     frontier = (
         FrontierSpec(name="frontier-large"),
         FrontierSpec(
-            name="frontier-small", input_usd_per_mtok=0.15, output_usd_per_mtok=0.60, tpot_median_s=0.008
+            name="frontier-small", input_usd_per_mtok=0.15, output_usd_per_mtok=0.60, tpot_median_s=0.008,
+            cached_input_usd_per_mtok=0.075,
         ),
     )
     return SimFleet(on_prem=tuple(on_prem), frontier=frontier, spill_target="frontier-large" if spill else None)

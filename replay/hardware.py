@@ -82,9 +82,31 @@ LLAMA_3_3_70B = ModelSpec(
 """meta-llama/Llama-3.3-70B-Instruct config.json: KV = 2*80*8*128*2 = 327,680 B (320 KiB) per token."""
 
 
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    "meta-llama/llama-3.1-8b-instruct": LLAMA_3_1_8B,
+    "meta-llama/llama-3.3-70b-instruct": LLAMA_3_3_70B,
+    # Llama 3.1 70B has the same config.json shape as 3.3 70B (80 layers, 8 KV heads, 128K context).
+    "meta-llama/llama-3.1-70b-instruct": LLAMA_3_3_70B,
+}
+"""Model shapes by Hugging Face model id (lower case), for fleet files that name the model."""
+
+
+def model_preset(model: str) -> ModelSpec | None:
+    """The ``ModelSpec`` for a Hugging Face model id (case-insensitive; the id's last path
+    segment alone also matches, e.g. ``Llama-3.1-8B-Instruct``), or None if unknown."""
+    key = model.strip().lower()
+    if key in MODEL_PRESETS:
+        return MODEL_PRESETS[key]
+    tail = key.rsplit("/", 1)[-1]
+    for name, spec in MODEL_PRESETS.items():
+        if name.rsplit("/", 1)[-1] == tail:
+            return spec
+    return None
+
+
 @dataclass(frozen=True)
 class GPUSpec:
-    """One GPU's datasheet figures: HBM bytes, HBM bytes/s, dense BF16 FLOP/s, power in kW."""
+    """One GPU's datasheet figures: HBM bytes, HBM bytes/s, dense BF16 and FP8 FLOP/s, power in kW."""
 
     name: str
     hbm_bytes: float
@@ -92,6 +114,14 @@ class GPUSpec:
     bf16_flops: float
     tdp_kw: float
     idle_kw: float
+    fp8_flops: float = 0.0
+
+    def linear_flops(self, weight_dtype: str) -> float:
+        """Dense tensor-core FLOP/s for matmuls with ``weight_dtype`` weights (``fp8`` uses the
+        FP8 peak where the GPU has one, else BF16's)."""
+        if weight_dtype == "fp8" and self.fp8_flops > 0:
+            return self.fp8_flops
+        return self.bf16_flops
 
 
 H100_SXM = GPUSpec(
@@ -101,8 +131,15 @@ H100_SXM = GPUSpec(
     bf16_flops=989.4e12,  # dense BF16 tensor-core peak (1,979 TFLOPS is with 2:4 sparsity)
     tdp_kw=0.700,  # 700 W max board power
     idle_kw=0.070,  # assumption: typical nvidia-smi draw of an idle H100 SXM
+    fp8_flops=1978.9e12,  # dense FP8 tensor-core peak (3,958 TFLOPS is with 2:4 sparsity)
 )
-"""NVIDIA H100 SXM5 datasheet figures (80 GB HBM3, 3.35 TB/s, 989 TFLOPS dense BF16, 700 W)."""
+"""NVIDIA H100 SXM5 datasheet figures (80 GB HBM3, 3.35 TB/s, 989 TFLOPS dense BF16, 1,979 dense FP8, 700 W)."""
+
+GPU_PRESETS: dict[str, GPUSpec] = {"H100-SXM": H100_SXM}
+"""GPUs a fleet file may name (``replay.gpu``)."""
+
+WEIGHT_DTYPE_BYTES: dict[str, float] = {"bf16": 2, "fp16": 2, "fp8": 1}
+"""Bytes per weight for the weight precisions a fleet file may name (``replay.weight_dtype``)."""
 
 
 @dataclass(frozen=True)
@@ -173,37 +210,48 @@ def replica_spec_for(
     prefill_overhead_s: float = 0.002,
     block_tokens: int = 512,
     max_batch_size: int = 256,
+    weight_dtype: str = "bf16",
+    kv_bytes_per_token: int | None = None,
+    kv_capacity_blocks: int | None = None,
 ) -> ReplicaSpec:
     """Derive a ``ReplicaSpec`` for ``model`` on ``gpus`` tensor-parallel ``gpu``s.
 
-    - peak FLOP/s = gpus * bf16_flops; HBM bandwidth = gpus * hbm_bytes_per_s.
-    - prefill: s/token = 2*params / (peak * prefill_mfu); s/pair = 4*layers*q_dim / (peak * prefill_mfu).
+    - peak FLOP/s = gpus * the GPU's dense FLOP/s for ``weight_dtype`` (FP8 weights run
+      their matmuls at the FP8 peak; attention stays at BF16); HBM bandwidth = gpus * hbm_bytes_per_s.
+    - weight bytes = params * ``WEIGHT_DTYPE_BYTES[weight_dtype]``; KV bytes per token =
+      ``kv_bytes_per_token`` if given, else the model's (BF16 KV).
+    - prefill: s/token = 2*params / (linear peak * prefill_mfu); s/pair = 4*layers*q_dim / (BF16 peak * prefill_mfu).
     - decode: base = weight_bytes / (bandwidth * bandwidth_efficiency) + step_overhead_s;
-      per seq = 2*params / (peak * decode_mfu); per KV token = kv_bytes_per_token / (bandwidth * efficiency).
-    - KV capacity = (gpus * hbm_bytes * memory_utilization - weight_bytes
-      - gpus * activation_reserve_bytes_per_gpu) / (kv_bytes_per_token * block_tokens), floored.
+      per seq = 2*params / (linear peak * decode_mfu); per KV token = kv_bytes_per_token / (bandwidth * efficiency).
+    - KV capacity = ``kv_capacity_blocks`` if given, else (gpus * hbm_bytes * memory_utilization
+      - weight_bytes - gpus * activation_reserve_bytes_per_gpu) / (kv_bytes_per_token * block_tokens), floored.
 
     Defaults are assumptions, not measurements: MFU 0.5 (large-prompt prefill on H100
     typically reaches 40-60%), 80% of peak HBM bandwidth, vLLM's default
     ``gpu_memory_utilization`` 0.9, 4 GB per GPU for activations and CUDA graphs.
-    Raises ValueError if the weights leave no room for KV cache.
+    Raises ValueError for an unknown ``weight_dtype`` or when the weights leave no room for KV cache.
     """
-    peak = gpus * gpu.bf16_flops
+    if weight_dtype not in WEIGHT_DTYPE_BYTES:
+        raise ValueError(f"weight_dtype {weight_dtype!r}: expected one of {', '.join(WEIGHT_DTYPE_BYTES)}")
+    linear_peak = gpus * gpu.linear_flops(weight_dtype)
+    attention_peak = gpus * gpu.bf16_flops
     bandwidth = gpus * gpu.hbm_bytes_per_s * bandwidth_efficiency
-    kv_bytes = model.kv_bytes_per_token
-    free = gpus * gpu.hbm_bytes * memory_utilization - model.weight_bytes - gpus * activation_reserve_bytes_per_gpu
-    blocks = math.floor(free / (kv_bytes * block_tokens))
-    if blocks < 1:
-        raise ValueError(f"{model.name} on {gpus}x{gpu.name}: weights leave no room for KV cache")
+    kv_bytes = kv_bytes_per_token or model.kv_bytes_per_token
+    weight_bytes = model.params * WEIGHT_DTYPE_BYTES[weight_dtype]
+    if kv_capacity_blocks is None:
+        free = gpus * gpu.hbm_bytes * memory_utilization - weight_bytes - gpus * activation_reserve_bytes_per_gpu
+        kv_capacity_blocks = math.floor(free / (kv_bytes * block_tokens))
+        if kv_capacity_blocks < 1:
+            raise ValueError(f"{model.name} ({weight_dtype}) on {gpus}x{gpu.name}: weights leave no room for KV cache")
     return ReplicaSpec(
-        name=f"{model.name}@{gpus}x{gpu.name}",
+        name=f"{model.name}@{gpus}x{gpu.name}" + (f"/{weight_dtype}" if weight_dtype != "bf16" else ""),
         gpus=gpus,
-        kv_capacity_blocks=blocks,
+        kv_capacity_blocks=kv_capacity_blocks,
         kv_bytes_per_token=kv_bytes,
-        prefill_s_per_token=2 * model.params / (peak * prefill_mfu),
-        prefill_s_per_token_pair=4 * model.layers * model.q_dim / (peak * prefill_mfu),
-        decode_base_s=model.weight_bytes / bandwidth + step_overhead_s,
-        decode_per_seq_s=2 * model.params / (peak * decode_mfu),
+        prefill_s_per_token=2 * model.params / (linear_peak * prefill_mfu),
+        prefill_s_per_token_pair=4 * model.layers * model.q_dim / (attention_peak * prefill_mfu),
+        decode_base_s=weight_bytes / bandwidth + step_overhead_s,
+        decode_per_seq_s=2 * model.params / (linear_peak * decode_mfu),
         decode_per_kv_token_s=kv_bytes / bandwidth,
         prefill_overhead_s=prefill_overhead_s,
         block_tokens=block_tokens,
@@ -275,13 +323,21 @@ class SharedKVTierSpec:
 
 @dataclass(frozen=True)
 class FrontierSpec:
-    """A frontier API tier: list prices and a latency distribution; unlimited capacity.
+    """A frontier API tier: list prices, a latency distribution and the provider's prompt
+    cache; unlimited capacity.
 
     Prices in USD per million tokens. TTFT and TPOT are drawn per request from
     log-normal distributions with the given medians (seconds) and log-space sigmas.
-    Defaults: GPT-4o list prices ($2.50 input, $10.00 output per 1M tokens, OpenAI
-    pricing page, 2024-25); latency medians 0.6 s TTFT and 12 ms TPOT (about 80
-    tokens/s) are assumptions of the order public API trackers report.
+    Defaults: GPT-4o list prices ($2.50 input, $1.25 cached input, $10.00 output per 1M
+    tokens, OpenAI pricing page, 2024-25); latency medians 0.6 s TTFT and 12 ms TPOT
+    (about 80 tokens/s) are assumptions of the order public API trackers report.
+
+    Prompt cache (OpenAI "Prompt caching" docs): prompts of at least
+    ``prompt_cache_min_tokens`` (1,024) tokens have their leading blocks cached; cached
+    input tokens bill at ``cached_input_usd_per_mtok``; a cached prefix stays while it is
+    used at least every ``prompt_cache_ttl_s`` seconds (OpenAI: 5-10 minutes of
+    inactivity; 300 s here). ``cached_input_usd_per_mtok=None`` disables the cache.
+    ``block_tokens``: tokens per block hash of the replayed trace (512 for Mooncake).
     """
 
     name: str
@@ -291,7 +347,14 @@ class FrontierSpec:
     ttft_sigma: float = 0.4
     tpot_median_s: float = 0.012
     tpot_sigma: float = 0.25
+    cached_input_usd_per_mtok: float | None = 1.25
+    prompt_cache_min_tokens: int = 1024
+    prompt_cache_ttl_s: float = 300.0
+    block_tokens: int = 512
 
-    def cost_usd(self, prompt_tokens: int, output_tokens: int) -> float:
-        """API bill in USD for one request."""
-        return (prompt_tokens * self.input_usd_per_mtok + output_tokens * self.output_usd_per_mtok) / 1e6
+    def cost_usd(self, prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> float:
+        """API bill in USD for one request with ``cached_tokens`` of its prompt served from the
+        prompt cache (billed at the cached-input price)."""
+        cached_price = self.input_usd_per_mtok if self.cached_input_usd_per_mtok is None else self.cached_input_usd_per_mtok
+        return ((prompt_tokens - cached_tokens) * self.input_usd_per_mtok + cached_tokens * cached_price
+                + output_tokens * self.output_usd_per_mtok) / 1e6

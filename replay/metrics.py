@@ -101,7 +101,7 @@ def summarize(result: ReplayResult, slo: SLO | None = None) -> Summary:
     for rs in result.replicas:
         t = targets[rs.target]
         busy_h = (rs.prefill_busy_s + rs.decode_busy_s) / 3600
-        spec = t.replica
+        spec = t.spec_for(rs.role)
         energy_kwh = rs.gpus * (spec.gpu_idle_kw * window_h + (spec.gpu_tdp_kw - spec.gpu_idle_kw) * busy_h)
         onprem_cost += rs.gpus * window_h * t.gpu_hour_usd + energy_kwh * t.electricity_usd_per_kwh
         acc = per_target[rs.target]

@@ -35,21 +35,34 @@ Serving model of one replica (vLLM-v0-like, kept simple on purpose):
   prefill; a prefill may restore the next leading blocks from the tier when
   restore time + the remaining prefill beats recomputing them (the restore is
   counted as prefill time).
-- **Frontier tiers** have no queue: TTFT and TPOT are drawn per request.
+- **Local prefill on a decode replica**: an aggregated assignment may name a replica of
+  the decode pool (``Assignment.replica_pool="decode"``: the replica holding the prompt's
+  prefix prefills it itself, as the policy engine decides for warm prompts); it queues,
+  prefills and decodes there like an aggregated request.
+- **Frontier tiers** have no queue: TTFT and TPOT are drawn per request. The provider's
+  prompt cache (``FrontierSpec``) holds block hashes used within ``prompt_cache_ttl_s``;
+  cached leading blocks of prompts of at least ``prompt_cache_min_tokens`` bill at the
+  cached-input price (``prefix_hit_tokens`` of a frontier request).
 - **Admission control**: a request routed to a replica whose waiting queue is at
-  the target's ``max_waiting``, or that is too long for it, goes to the fleet's
-  ``spill_target`` (``spilled=True``) or is rejected with a reason.
+  the target's ``max_waiting``, or that is too long for it, goes to the assignment's
+  ``fallbacks`` in order, then to the fleet's ``spill_target`` (``spilled=True`` once it
+  runs anywhere but where it was routed), or is rejected with a reason. A router may
+  also reject a request itself (``Assignment.reject(reason)``).
+- **Completion callback**: ``simulate(..., on_complete=f)`` calls ``f(result)`` with the
+  request's ``RequestResult`` at the simulated time it completes (a rejection: at its
+  arrival), before any later arrival is routed, so a router can learn from outcomes
+  (the policy engine settles its budget reservations this way).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
-from typing import Protocol
+from typing import Any, Callable, Protocol
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.replay.fleet import (
@@ -71,17 +84,29 @@ from pointsman.replay.kvcache import PrefixCache, SharedKVStore
 class Assignment:
     """A router's answer for one request.
 
-    ``target``: a target name of the fleet. ``mode``: ``"aggregated"`` or
-    ``"disaggregated"`` (on-prem only). ``replica``: index in the aggregated pool (or
-    the prefill pool when disaggregated); ``None`` = the least-loaded one.
-    ``decode_replica``: index in the decode pool; ``None`` = least loaded when the
-    prefill ends. Ignored for frontier targets.
+    ``target``: a target name of the fleet, or ``None`` when the router rejects the request
+    (``rejected`` says why; see ``Assignment.reject``). ``mode``: ``"aggregated"`` or
+    ``"disaggregated"`` (on-prem only). ``replica``: index in the aggregated pool (or the
+    prefill pool when disaggregated); ``None`` = the least-loaded one. ``replica_pool``:
+    in aggregated mode, the pool ``replica`` indexes: ``None`` (the aggregated pool) or
+    ``"decode"`` (prefill locally on that decode replica). ``decode_replica``: index in the
+    decode pool; ``None`` = least loaded when the prefill ends. Replica fields are ignored
+    for frontier targets. ``fallbacks``: assignments tried in order when admission control
+    refuses this one (before the fleet's spill target).
     """
 
-    target: str
+    target: str | None
     mode: str = AGGREGATED
     replica: int | None = None
     decode_replica: int | None = None
+    replica_pool: str | None = None
+    fallbacks: tuple[Assignment, ...] = ()
+    rejected: str | None = None
+
+    @staticmethod
+    def reject(reason: str) -> Assignment:
+        """The router refuses the request (e.g. ``no_eligible_target``): it is rejected with ``reason``."""
+        return Assignment(None, rejected=reason)
 
 
 class ReplicaView:
@@ -138,23 +163,65 @@ class ReplicaView:
         blocks = self._r.cache.cached_prefix_blocks(hashes)
         return min(blocks * self._r.spec.block_tokens, request.prompt_tokens)
 
+    def cached_prefix_blocks(self, block_hashes: Sequence[int]) -> int:
+        """Leading ``block_hashes`` resident in this replica's KV cache (no state change)."""
+        return self._r.cache.cached_prefix_blocks(block_hashes)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """KV capacity of this replica in tokens."""
+        return self._r.spec.kv_capacity_tokens
+
+    @property
+    def waiting_prompt_tokens(self) -> int:
+        """Prompt tokens of the requests queued here for prefill (O(queue length))."""
+        return sum(j.req.prompt_tokens for j in self._r.waiting)
+
+    def busy_s(self, now_s: float) -> tuple[float, float]:
+        """(prefill, decode) busy seconds of this replica from the start of the replay up to
+        ``now_s`` (the simulator's current time), the phase in progress counted up to now."""
+        r = self._r
+        prefill, decode = r.busy_prefill_s, r.busy_decode_s
+        if r.state == _PREFILL:
+            prefill -= max(0.0, r.prefill_end - now_s)
+        elif r.state == _DECODE:
+            decode += max(0.0, now_s - r.t0)
+        return prefill, decode
+
 
 class FleetView:
     """Read-only fleet state handed to the router: the clock and every replica's view.
 
     ``replicas(target, role)`` -> tuple of ``ReplicaView`` (empty for a frontier
     target or a pool the target does not have); ``is_frontier(target)``;
-    ``target_names``; ``fleet`` is the ``SimFleet`` spec.
+    ``target_names``; ``fleet`` is the ``SimFleet`` spec; ``request_index``: position in
+    the trace of the request being routed; ``frontier_cached_blocks(target, hashes)``: leading
+    blocks of a prompt in a frontier tier's prompt cache.
     """
 
-    __slots__ = ("now_s", "fleet", "_views", "_frontier", "target_names")
+    __slots__ = ("now_s", "fleet", "_views", "_frontier", "target_names", "request_index", "_sim")
 
-    def __init__(self, fleet: SimFleet, views: dict[tuple[str, str], tuple[ReplicaView, ...]]) -> None:
+    def __init__(self, fleet: SimFleet, views: dict[tuple[str, str], tuple[ReplicaView, ...]],
+                 sim: _Simulator | None = None) -> None:
         self.now_s = 0.0
         self.fleet = fleet
         self._views = views
         self._frontier = frozenset(f.name for f in fleet.frontier)
         self.target_names = tuple(fleet.target_names)
+        self.request_index = -1
+        self._sim = sim
+
+    def frontier_cached_blocks(self, target: str, block_hashes: Sequence[int]) -> int:
+        """Leading ``block_hashes`` the frontier tier ``target`` holds in its prompt cache now (0 if none)."""
+        if self._sim is None or not block_hashes:
+            return 0
+        return self._sim.frontier_cached_blocks(target, block_hashes, self.now_s)
+
+    def shared_tier_blocks(self, target: str) -> Any:
+        """The on-prem ``target``'s shared KV tier content (``kvcache.SharedKVStore``), or None."""
+        if self._sim is None or target not in self._sim.targets:
+            return None
+        return self._sim.targets[target].tier
 
     def replicas(self, target: str, role: str = ROLE_AGGREGATED) -> tuple[ReplicaView, ...]:
         """Views of the replicas in ``target``'s ``role`` pool, by index; () if none."""
@@ -178,14 +245,17 @@ class Router(Protocol):
 class RequestResult:
     """What happened to one trace request. Times in seconds on the trace clock.
 
-    - ``routed_target``: the router's choice; ``target``: where it ran (differs when spilled).
+    - ``routed_target``: the router's choice (``None`` when the router rejected it); ``target``:
+      where it ran (differs when spilled to a fallback or the spill target).
     - ``replica`` / ``decode_replica``: pool indices (``None`` for frontier).
     - ``rejected``: ``None``, or why it was refused: ``queue_full``, ``context_length``,
-      ``kv_capacity``; rejected requests have no latencies.
+      ``kv_capacity`` (admission control), or the router's reason; rejected requests have
+      no latencies.
     - ``queue_s``: arrival to prefill start (0 for frontier).
     - ``ttft_s``; ``tpot_s`` = (e2e - ttft) / (output_tokens - 1), ``None`` when one
       output token; ``e2e_s``; ``finish_s``.
-    - ``prefix_hit_tokens``: prompt tokens found in the replica's prefix cache;
+    - ``prefix_hit_tokens``: prompt tokens found in the replica's prefix cache (frontier: in the
+      provider's prompt cache, billed at the cached-input price);
       ``restored_tokens``: restored from the shared KV tier; ``transfer_s``: P/D KV transfer.
     - ``cost_usd``: API bill for frontier requests; 0 on-prem (on-prem cost is per GPU-hour).
     """
@@ -194,8 +264,8 @@ class RequestResult:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
-    routed_target: str
-    target: str
+    routed_target: str | None
+    target: str | None
     mode: str
     replica: int | None
     decode_replica: int | None
@@ -262,17 +332,17 @@ class ReplayResult:
 # --------------------------------------------------------------------------- simulator internals
 
 _IDLE, _PREFILL, _DECODE = 0, 1, 2
-_EV_REPLICA, _EV_TRANSFER = 0, 1
+_EV_REPLICA, _EV_TRANSFER, _EV_FINISH = 0, 1, 2
 
 
 class _Job:
     __slots__ = (
         "index", "req", "arrival_s", "routed", "target", "mode", "rep", "drep", "drep_index",
         "hashes", "priv", "dpriv", "start_s", "first_s", "finish_s", "hit_tokens",
-        "restored_tokens", "transfer_s", "spilled", "rejected", "cost_usd", "frontier",
+        "restored_tokens", "transfer_s", "spilled", "rejected", "cost_usd", "frontier", "result",
     )  # fmt: skip
 
-    def __init__(self, index: int, req: TraceRequest, routed: str) -> None:
+    def __init__(self, index: int, req: TraceRequest, routed: str | None) -> None:
         self.index = index
         self.req = req
         self.arrival_s = req.arrival_s
@@ -295,6 +365,7 @@ class _Job:
         self.rejected = None
         self.cost_usd = 0.0
         self.frontier = False
+        self.result: RequestResult | None = None
 
 
 class _Target:
@@ -314,7 +385,7 @@ class _Target:
 class _Replica:
     __slots__ = (
         "tgt", "target", "role", "index", "spec", "cache", "waiting", "pending", "running", "joining",
-        "inbound", "state", "token", "steps", "kv", "t0", "c", "half", "k", "prefill_job",
+        "inbound", "state", "token", "steps", "kv", "t0", "c", "half", "k", "prefill_job", "prefill_end",
         "busy_prefill_s", "busy_decode_s", "prefill_tokens", "restored_tokens",
     )  # fmt: skip
 
@@ -323,7 +394,7 @@ class _Replica:
         self.target = tgt.spec.name
         self.role = role
         self.index = index
-        self.spec = tgt.spec.replica
+        self.spec = tgt.spec.spec_for(role)
         self.cache = PrefixCache(self.spec.kv_capacity_blocks)
         self.waiting: deque[_Job] = deque()  # queued for prefill
         self.pending: deque[_Job] = deque()  # decode role: prefilled, waiting for KV room here
@@ -339,6 +410,7 @@ class _Replica:
         self.half = 0.0
         self.k = 0
         self.prefill_job = None
+        self.prefill_end = 0.0
         self.busy_prefill_s = 0.0
         self.busy_decode_s = 0.0
         self.prefill_tokens = 0
@@ -368,9 +440,11 @@ def _add_busy(bins: list[float], start: float, end: float, origin: float, width:
 
 
 class _Simulator:
-    def __init__(self, fleet: SimFleet, router: Router, seed: int, timeline_bin_s: float) -> None:
+    def __init__(self, fleet: SimFleet, router: Router, seed: int, timeline_bin_s: float,
+                 on_complete: Callable[[RequestResult], None] | None = None) -> None:
         self.fleet = fleet
         self.router = router
+        self.on_complete = on_complete
         self.seed = seed
         self.bin_s = timeline_bin_s
         self.origin = 0.0
@@ -380,13 +454,15 @@ class _Simulator:
         self.targets = {t.name: _Target(t) for t in fleet.on_prem}
         self.frontier = {f.name: f for f in fleet.frontier}
         self.rngs = {f.name: random.Random(f"{seed}:{f.name}") for f in fleet.frontier}
+        # provider prompt caches: block hash -> last use (s), least recently used first
+        self.fcaches: dict[str, OrderedDict[int, float]] = {f.name: OrderedDict() for f in fleet.frontier}
         views = {
             (name, role): tuple(ReplicaView(r) for r in reps)
             for name, tgt in self.targets.items()
             for role, reps in tgt.pools.items()
             if reps
         }
-        self.view = FleetView(fleet, views)
+        self.view = FleetView(fleet, views, self)
 
     # ---- driver
 
@@ -417,65 +493,103 @@ class _Simulator:
         if kind == _EV_REPLICA:
             if obj.token == token:
                 self._replica_done(obj)
-        else:
+        elif kind == _EV_TRANSFER:
             self._transfer_done(obj)
+        else:
+            self._complete(obj)
+
+    def _complete(self, job: _Job) -> None:
+        """The request is done (finished or rejected): build its result, tell the observer."""
+        job.result = _result(job)
+        if self.on_complete is not None:
+            self.on_complete(job.result)
 
     # ---- arrival, routing, admission
 
     def _arrive(self, index: int, req: TraceRequest) -> _Job:
         view = self.view
         view.now_s = self.now
+        view.request_index = index
         a = self.router(req, view)
         job = _Job(index, req, a.target)
+        if a.target is None:
+            job.rejected = a.rejected or "rejected_by_router"
+            self._complete(job)
+            return job
+        reason = self._place(job, a)
+        for fb in a.fallbacks:
+            if reason is None:
+                break
+            reason = self._place(job, fb)
+        if reason is not None:
+            self._refuse(job, reason)
+        if job.target != job.routed and job.rejected is None:
+            job.spilled = True
+        return job
+
+    def _place(self, job: _Job, a: Assignment) -> str | None:
+        """Queue ``job`` where ``a`` says (or serve it on a frontier tier); returns None, or the
+        admission-control reason it was refused (nothing changed then)."""
+        req = job.req
+        job.target = a.target
         if a.target in self.frontier:
             self._serve_frontier(job, self.frontier[a.target])
-            return job
+            return None
         tgt = self.targets.get(a.target)
         if tgt is None:
             raise ValueError(f"router returned unknown target {a.target!r}; fleet targets: {list(self.fleet.target_names)}")
-        spec = tgt.spec.replica
         job.mode = a.mode
         if a.mode == AGGREGATED:
-            pool = tgt.pools[ROLE_AGGREGATED]
+            role = a.replica_pool or ROLE_AGGREGATED
+            if role not in (ROLE_AGGREGATED, ROLE_DECODE):
+                raise ValueError(f"router returned replica_pool {a.replica_pool!r}; expected None or 'decode'")
+            pool = tgt.pools[role]
         elif a.mode == DISAGGREGATED:
             pool = tgt.pools[ROLE_PREFILL]
         else:
             raise ValueError(f"router returned mode {a.mode!r}; expected 'aggregated' or 'disaggregated'")
         if not pool:
-            raise ValueError(f"router returned {a.mode} for target {a.target!r}, which has no {a.mode} pool")
+            raise ValueError(f"router returned {a.mode} for target {a.target!r}, which has no {a.mode} pool"
+                             + (f" ({a.replica_pool})" if a.replica_pool else ""))
+        spec = pool[0].spec
         bt = spec.block_tokens
         p, o = req.prompt_tokens, req.output_tokens
         hashes = req.block_hashes or ()
         nh = len(hashes)
         if nh and nh != -(-p // bt):
             raise ValueError(
-                f"request {index}: {nh} block hashes for {p} prompt tokens do not match "
+                f"request {job.index}: {nh} block hashes for {p} prompt tokens do not match "
                 f"block_tokens={bt} of target {a.target!r}"
             )
         job.hashes = hashes
         total_blocks = max(nh, -(-(p + o) // bt))
+        job.drep_index = None
         if a.mode == AGGREGATED:
             job.priv = total_blocks - nh
+            job.dpriv = 0
         else:
             job.priv = max(nh, -(-p // bt)) - nh
             job.dpriv = total_blocks - nh
+            dspec = tgt.pools[ROLE_DECODE][0].spec
+            if total_blocks > dspec.kv_capacity_blocks:
+                return "kv_capacity"
             job.drep_index = self._check_index(a.decode_replica, tgt.pools[ROLE_DECODE], a)
         if p + o > spec.max_model_len:
-            return self._refuse(job, "context_length")
-        if total_blocks > spec.kv_capacity_blocks:
-            return self._refuse(job, "kv_capacity")
+            return "context_length"
+        if (job.priv + nh if a.mode == DISAGGREGATED else total_blocks) > spec.kv_capacity_blocks:
+            return "kv_capacity"
         idx = self._check_index(a.replica, pool, a)
         rep = pool[idx] if idx is not None else min(pool, key=_Replica.load)
         limit = tgt.spec.max_waiting
         if limit is not None and len(rep.waiting) >= limit:
-            return self._refuse(job, "queue_full")
+            return "queue_full"
         job.rep = rep
         rep.waiting.append(job)
         if rep.state == _IDLE:
             self._schedule(rep)
         elif rep.state == _DECODE and len(rep.waiting) == 1:
             self._interrupt(rep)
-        return job
+        return None
 
     @staticmethod
     def _check_index(i: int | None, pool: list, a: Assignment) -> int | None:
@@ -483,14 +597,14 @@ class _Simulator:
             raise ValueError(f"router returned replica index {i} for a pool of {len(pool)} in {a}")
         return i
 
-    def _refuse(self, job: _Job, reason: str) -> _Job:
+    def _refuse(self, job: _Job, reason: str) -> None:
         spill = self.fleet.spill_target
         if spill is not None:
-            job.spilled = True
             self._serve_frontier(job, self.frontier[spill])
         else:
+            job.target = job.routed
             job.rejected = reason
-        return job
+            self._complete(job)
 
     def _serve_frontier(self, job: _Job, spec: FrontierSpec) -> None:
         rng = self.rngs[spec.name]
@@ -500,10 +614,51 @@ class _Simulator:
         job.frontier = True
         job.target = spec.name
         job.mode = AGGREGATED
+        job.rep = job.drep = None
         job.start_s = self.now
         job.first_s = self.now + ttft
         job.finish_s = job.first_s + (req.output_tokens - 1) * tpot
-        job.cost_usd = spec.cost_usd(req.prompt_tokens, req.output_tokens)
+        cached = self._frontier_cache(spec, req)
+        job.hit_tokens = cached
+        job.cost_usd = spec.cost_usd(req.prompt_tokens, req.output_tokens, cached)
+        self._push(job.finish_s, _EV_FINISH, job)
+
+    def _frontier_cache(self, spec: FrontierSpec, req: TraceRequest) -> int:
+        """Prompt tokens served from the provider's prompt cache; records the prompt's blocks."""
+        hashes = req.block_hashes
+        if spec.cached_input_usd_per_mtok is None or not hashes or req.prompt_tokens < spec.prompt_cache_min_tokens:
+            return 0
+        now = self.now
+        cache = self.fcaches[spec.name]
+        horizon = now - spec.prompt_cache_ttl_s
+        while cache:
+            h, used = next(iter(cache.items()))
+            if used >= horizon:
+                break
+            cache.popitem(last=False)
+        hit = 0
+        for h in hashes:
+            if h not in cache:
+                break
+            hit += 1
+        for h in reversed(hashes):
+            cache[h] = now
+            cache.move_to_end(h)
+        return min(hit * spec.block_tokens, req.prompt_tokens)
+
+    def frontier_cached_blocks(self, target: str, hashes: Sequence[int], now: float) -> int:
+        """Leading ``hashes`` in frontier tier ``target``'s prompt cache at ``now`` (no state change)."""
+        cache = self.fcaches.get(target)
+        if not cache:
+            return 0
+        ttl = self.frontier[target].prompt_cache_ttl_s
+        hit = 0
+        for h in hashes:
+            used = cache.get(h)
+            if used is None or used < now - ttl:
+                break
+            hit += 1
+        return hit
 
     # ---- replica scheduling
 
@@ -515,7 +670,9 @@ class _Simulator:
             rep.joining.clear()
         if rep.waiting:
             job = rep.waiting[0]
-            if rep.role == ROLE_PREFILL or len(rep.running) < rep.spec.max_batch_size:
+            if rep.role == ROLE_PREFILL or (
+                len(rep.running) + len(rep.joining) + rep.inbound < rep.spec.max_batch_size
+            ):
                 hit = rep.cache.acquire(job.hashes, job.priv)
                 if hit is not None:
                     rep.waiting.popleft()
@@ -551,6 +708,7 @@ class _Simulator:
         rep.state = _PREFILL
         rep.token += 1
         rep.busy_prefill_s += dur
+        rep.prefill_end = now + dur
         _add_busy(rep.tgt.prefill_bins, now, now + dur, self.origin, self.bin_s)
         self._push(now + dur, _EV_REPLICA, rep, rep.token)
 
@@ -608,7 +766,10 @@ class _Simulator:
             if job.req.output_tokens == 1:
                 job.finish_s = now
                 rep.cache.release(job.hashes, job.priv)
-            elif rep.role == ROLE_AGGREGATED:
+                if rep.role == ROLE_DECODE:
+                    self._admit(rep)
+                self._complete(job)
+            elif job.mode == AGGREGATED:
                 self._join(rep, job)
             else:
                 self._to_decode(job)
@@ -619,18 +780,19 @@ class _Simulator:
             rep.kv += len(running) * rep.k
             rep.steps += rep.k
             freed = False
+            done = []
             while running and running[0][0] <= rep.steps:
                 job = heappop(running)[2]
                 req = job.req
                 job.finish_s = now
                 rep.kv -= req.prompt_tokens + req.output_tokens
-                if rep.role == ROLE_DECODE:
-                    rep.cache.release(job.hashes, job.dpriv)
-                    freed = True
-                else:
-                    rep.cache.release(job.hashes, job.priv)
+                rep.cache.release(job.hashes, job.dpriv if job.mode == DISAGGREGATED else job.priv)
+                freed = freed or rep.role == ROLE_DECODE
+                done.append(job)
             if freed:
                 self._admit(rep)
+            for job in done:
+                self._complete(job)
         rep.state = _IDLE
         self._schedule(rep)
 
@@ -715,25 +877,27 @@ def simulate(
     *,
     seed: int = 0,
     timeline_bin_s: float = 10.0,
+    on_complete: Callable[[RequestResult], None] | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` through ``router`` against ``fleet``; see the module docstring for the model.
 
     ``trace`` need not be sorted (requests are taken in arrival order, ties in trace
     order). ``seed`` drives the frontier latency draws (a router has its own seed).
+    ``on_complete(result)`` is called for every request at its simulated completion time.
     Raises ValueError when the router returns an unknown target, a mode the target
     has no pool for, or a replica index out of range, or when a request's block hashes
     do not match the target's ``block_tokens``.
     """
     if timeline_bin_s <= 0:
         raise ValueError(f"timeline_bin_s must be > 0, got {timeline_bin_s}")
-    sim = _Simulator(fleet, router, seed, timeline_bin_s)
+    sim = _Simulator(fleet, router, seed, timeline_bin_s, on_complete)
     jobs = sim.run(trace)
     for tgt in sim.targets.values():  # every request finished and gave its KV back
         for reps in tgt.pools.values():
             for r in reps:
                 if r.cache.used_blocks or r.load() or r.state != _IDLE:
                     raise RuntimeError(f"simulator bug: {r.target}/{r.role}[{r.index}] not drained at the end")
-    results = [_result(j) for j in jobs]
+    results = [j.result or _result(j) for j in jobs]
     finishes = [r.finish_s for r in results if r.finish_s is not None]
     start = sim.origin
     end = max(finishes, default=start)
