@@ -609,8 +609,7 @@ def _decision(row: sqlite3.Row, outcomes: tuple[LoggedOutcome, ...]) -> LoggedDe
     )
 
 
-def record_decision(
-    log: OutcomeLog,
+def decision_record(
     decision: Decision,
     request: RouteRequest,
     estimator: Any,
@@ -619,7 +618,8 @@ def record_decision(
     head_input: np.ndarray | None = None,
     time_s: float | None = None,
 ) -> DecisionRecord:
-    """Build and append the record of one decision; returns it.
+    """The record of one decision, not yet appended (``record_decision`` appends it; the service's
+    background writer appends many at once with ``OutcomeLog.append_decisions``).
 
     ``features``/``head_input`` are what the engine computed for the decision (the
     ``RequestFeatures`` and ``DifficultyEstimate.features``); they are also read from the
@@ -639,14 +639,29 @@ def record_decision(
             head_input = estimator.feature_vector(features)
         except Exception:  # noqa: BLE001 - logging must never fail a decision; no vector then
             head_input = None
-    record = DecisionRecord.from_decision(decision, request, features, head_input=head_input,
-                                          feature_space=feature_space_of(estimator), time_s=time_s)
+    return DecisionRecord.from_decision(decision, request, features, head_input=head_input,
+                                       feature_space=feature_space_of(estimator), time_s=time_s)
+
+
+def record_decision(
+    log: OutcomeLog,
+    decision: Decision,
+    request: RouteRequest,
+    estimator: Any,
+    *,
+    features: RequestFeatures | None = None,
+    head_input: np.ndarray | None = None,
+    time_s: float | None = None,
+) -> DecisionRecord:
+    """Build (``decision_record``, see there for the arguments) and append the record of one
+    decision; returns it."""
+    record = decision_record(decision, request, estimator, features=features, head_input=head_input, time_s=time_s)
     log.append_decision(record)
     return record
 
 
 __all__ = [
     "DecisionRecord", "LoggedDecision", "LoggedOutcome", "OutcomeAck", "OutcomeLog", "FEATURE_FIELDS",
-    "conversation_key", "default_log_path", "feature_space_of", "feature_space_id", "prompt_sha256",
+    "conversation_key", "decision_record", "default_log_path", "feature_space_of", "feature_space_id", "prompt_sha256",
     "record_decision",
 ]

@@ -206,20 +206,38 @@ def route_command(prompt: str | None, messages_path: Path | None, as_json: bool,
 @click.option("--max-body-bytes", type=click.IntRange(min=1), default=None,
               help="Largest accepted request body [env POINTSMAN_MAX_BODY_BYTES; default 8 MiB].")
 @click.option("--log-level", default=None, help="Log level [env POINTSMAN_LOG_LEVEL; default info].")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes [env POINTSMAN_WORKERS; default 1].")
 @config_options
 def serve_command(host: str | None, port: int | None, max_body_bytes: int | None, log_level: str | None,
-                  fleet_path: Path | None, policy_path: Path | None, model: str | None) -> None:
-    """Run the decision service (POST /v1/route, GET /healthz) with uvicorn."""
+                  workers: int | None, fleet_path: Path | None, policy_path: Path | None, model: str | None) -> None:
+    """Run the decision service (see docs/service.md for the endpoints) with uvicorn."""
+    import os
+
     import uvicorn
 
     from pointsman.service.app import create_app
 
-    settings = settings_from(host=host, port=port, max_body_bytes=max_body_bytes, log_level=log_level,
-                             fleet_path=fleet_path, policy_path=policy_path, model=model)
+    overrides = dict(host=host, port=port, max_body_bytes=max_body_bytes, log_level=log_level, workers=workers,
+                     fleet_path=fleet_path, policy_path=policy_path, model=model)
+    settings = settings_from(**overrides)
+    try:
+        create_app(settings)  # API key settings are checked here, before anything loads
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     loaded = load(settings)  # config errors are reported here, before the server starts
-    app = create_app(settings, engine=loaded.engine, owns_engine=True)
-    app.state.estimator_error = loaded.estimator_error
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    level = settings.log_level.lower()
+    if settings.workers == 1:
+        app = create_app(settings, engine=loaded.engine, owns_engine=True, estimator_error=loaded.estimator_error)
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=level)
+        return
+    loaded.engine.state.close()
+    # each worker process builds its own app from the environment: hand the options over there
+    for key, value in overrides.items():
+        if value is not None:
+            os.environ[f"POINTSMAN_{key.upper()}"] = str(value)
+    uvicorn.run("pointsman.service.app:create_app_from_env", factory=True, host=settings.host, port=settings.port,
+                workers=settings.workers, log_level=level)
 
 
 def register(group: click.Group) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+
+from pointsman.policy.load import PushedSnapshot
 
 
 class EndpointOut(BaseModel):
@@ -80,11 +82,13 @@ class ErrorResponse(BaseModel):
 
 
 class EstimatorHealth(BaseModel):
-    """The estimator's version, whether it is loaded, and why not."""
+    """The estimator's version, whether it is loaded, why not, and where it came from
+    (``bundled``, a directory, ``models:/NAME/V (@alias)``)."""
 
     version: str
     available: bool
     error: str | None = None
+    source: str | None = None
 
 
 class HealthResponse(BaseModel):
@@ -95,3 +99,176 @@ class HealthResponse(BaseModel):
     policy_revision: str
     fleet_revision: str
     estimator: EstimatorHealth
+    auth: bool = False
+
+
+class ReadyResponse(BaseModel):
+    """``GET /readyz``: ``ready`` when the engine serves and the decision log writer runs;
+    ``checks`` names each part's state (``ok``, ``degraded: ...`` or what is wrong)."""
+
+    status: Literal["ready", "not_ready"]
+    checks: dict[str, str]
+
+
+class SettlementOut(BaseModel):
+    """What an outcome did to the budget ledger and the load board (``FleetState.settle``):
+    ``actual_cost_usd`` booked, ``replayed`` (settled before; nothing changed),
+    ``released_load`` (in-flight entries released), the reservation it replaced and by how
+    much the actual cost overran it (USD), and the hold's state in the ledger."""
+
+    decision_id: str
+    target: str | None
+    mode: str | None
+    actual_cost_usd: float
+    replayed: bool
+    released_load: int
+    reserved_usd: float | None = None
+    overrun_usd: float | None = None
+    hold_state: str | None = None
+
+
+class OutcomeAckOut(BaseModel):
+    """One outcome's acknowledgement. ``status``: ``stored`` (new; durable on disk),
+    ``duplicate`` (stored before with the same content; durable), ``conflict`` (stored before
+    with different content; unchanged) or ``unknown_decision`` (no such decision; not stored).
+    ``settlement``: the budget settlement (None for shadow outcomes, rejected ones, or when
+    ``settle_error`` says why it could not be settled); ``released``: the request never ran
+    (no usage reported with an error/timeout/cancelled status), so its hold was dropped."""
+
+    outcome_id: str
+    decision_id: str
+    status: Literal["stored", "duplicate", "conflict", "unknown_decision"]
+    message: str | None = None
+    settlement: SettlementOut | None = None
+    released: bool = False
+    settle_error: str | None = None
+
+
+class OutcomesResponse(BaseModel):
+    """``POST /v1/outcomes``: one acknowledgement per outcome, in order, and the count per status."""
+
+    acks: list[OutcomeAckOut]
+    counts: dict[str, int]
+
+
+class TelemetryIn(BaseModel):
+    """One load report for ``endpoint`` (its fleet name, URL or id): ``load`` (vLLM-standard
+    fields, see ``policy/load.py`` ``PushedSnapshot``) and/or ``healthy`` with a ``reason``."""
+
+    model_config = {"extra": "forbid"}
+
+    endpoint: str
+    load: PushedSnapshot | None = None
+    healthy: bool | None = None
+    reason: str | None = Field(default=None, max_length=500)
+
+
+class TelemetryAck(BaseModel):
+    """The merged reading of one reported endpoint after the report."""
+
+    endpoint: str
+    target: str
+    healthy: bool
+    load: dict[str, Any] | None
+
+
+class TelemetryResponse(BaseModel):
+    """``POST /v1/telemetry``: how many reports were applied, and each endpoint's reading now."""
+
+    accepted: int
+    endpoints: list[TelemetryAck]
+
+
+class ProblemOut(BaseModel):
+    """One located problem in a policy file (1-based ``line``/``col``; 0 = unknown) and its ``text``."""
+
+    file: str
+    line: int
+    col: int
+    code: str
+    message: str
+    text: str
+
+
+class ReloadOut(BaseModel):
+    """A policy reload: ``ok``; ``changed`` (a new revision serves now); the ``revision`` serving
+    after it and the ``previous_revision``; ``problems`` when rejected; ``source``; ``at`` (Unix s)."""
+
+    ok: bool
+    changed: bool
+    revision: str
+    previous_revision: str
+    source: str
+    at: float
+    problems: list[ProblemOut]
+
+
+class SwapOut(BaseModel):
+    """The last model swap: ``ok``, ``changed``, ``version`` now and ``previous_version``, the
+    model's ``source``, the load ``error`` when it failed, ``at`` (Unix s)."""
+
+    ok: bool
+    changed: bool
+    version: str
+    previous_version: str
+    source: str | None = None
+    error: str | None = None
+    at: float
+
+
+class RuleOut(BaseModel):
+    """One rule of the serving policy: name, condition (CEL, None = always), route, labels, line."""
+
+    name: str
+    when: str | None
+    target: str
+    mode: str
+    fallbacks: list[str]
+    labels: dict[str, str]
+    line: int
+
+
+class PolicyResponse(BaseModel):
+    """``GET /v1/policy``: the serving policy (name, file, revision, fleet revision, rules,
+    variables, source text) and the last reload attempt."""
+
+    name: str
+    file: str
+    revision: str
+    fleet_revision: str
+    rules: list[RuleOut]
+    variables: dict[str, Any]
+    source: str | None
+    watching: bool
+    last_reload: ReloadOut | None = None
+
+
+class PolicyValidateIn(BaseModel):
+    """``POST /v1/policy/validate``: ``policy``, the policy file's text (YAML + CEL), and
+    optionally the ``file`` name problems are located in."""
+
+    model_config = {"extra": "forbid"}
+
+    policy: str
+    file: str | None = Field(default=None, max_length=500)
+
+
+class PolicyValidateResponse(BaseModel):
+    """Whether the text compiles against the serving fleet: ``valid``; its ``name``,
+    ``revision`` and rule names when it does; every located problem when not."""
+
+    valid: bool
+    name: str | None = None
+    revision: str | None = None
+    rules: list[str] = []
+    problems: list[ProblemOut] = []
+
+
+class FleetResponse(BaseModel):
+    """``GET /v1/fleet``: every target with its endpoints' current signals and their ages
+    (``FleetState.fleet_status``), and its effective price per token today (``effective_price``:
+    ``cost.TargetPrice`` fields, None without a budget ledger)."""
+
+    fleet_revision: str
+    policy_revision: str
+    targets: dict[str, dict[str, Any]]

@@ -21,13 +21,36 @@
   default none: every request unlimited (spend is still recorded).
 - ``POINTSMAN_BUDGET_FAIL_OPEN``: when the ledger is unreachable, route requests that have
   budgets anyway (``true``) or refuse them with 503 (``false``, default).
+
+Service only (``pointsman serve``):
+
+- ``POINTSMAN_GATEWAY_API_KEYS`` / ``POINTSMAN_ADMIN_API_KEYS``: API keys, comma-separated,
+  each ``name=secret`` or a bare ``secret`` (``service/auth.py``). Gateway keys may route,
+  post outcomes and telemetry; admin keys may also read and change policy and fleet state.
+  The name is the key's id in logs and its budget scope (``key:<name>``). Default: none,
+  and then authentication is off (a startup warning says so).
+- ``POINTSMAN_OUTCOME_LOG``: the decision and outcome log (SQLite); default
+  ``<POINTSMAN_DATA_DIR>/outcomes.db``.
+- ``POINTSMAN_STORE_PROMPTS``: also store the prompt text of decisions (operator opt-in);
+  default ``false``: a hash, the request features and the head-input vector only.
+- ``POINTSMAN_DECISION_LOG_FLUSH_MS``: how long a decision waits in memory before the
+  background writer commits it (batched); default 50 ms. ``POINTSMAN_DECISION_LOG_QUEUE``:
+  decisions held in memory at most (beyond it new ones are dropped, counted and logged);
+  default 100,000.
+- ``POINTSMAN_WATCH_POLICY``: reload the policy when its file changes; default ``true``.
+- ``POINTSMAN_MODEL_POLL_INTERVAL_S``: how often the service asks the MLflow registry
+  where the followed alias points (only when ``POINTSMAN_MODEL`` is ``champion`` or
+  ``models:/NAME@ALIAS``); default 30 s; 0 disables following.
+- ``POINTSMAN_ROUTE_IN_THREADPOOL``: run each decision in the threadpool instead of on the
+  event loop; default ``false`` (measured faster on the loop, see ``scripts/load_service.py``).
+- ``POINTSMAN_WORKERS``: uvicorn worker processes of ``pointsman serve``; default 1.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pointsman.policy.compiler import DEFAULT_POLICY_PATH
@@ -54,3 +77,17 @@ class Settings(BaseSettings):
     budget_ledger: str | None = None
     budgets_path: Path | None = None
     budget_fail_open: bool = False
+    gateway_api_keys: SecretStr | None = None
+    admin_api_keys: SecretStr | None = None
+    outcome_log: Path | None = None
+    store_prompts: bool = False
+    decision_log_flush_ms: float = Field(default=50.0, ge=0)
+    decision_log_queue: int = Field(default=100_000, ge=1)
+    watch_policy: bool = True
+    model_poll_interval_s: float = Field(default=30.0, ge=0)
+    route_in_threadpool: bool = False
+    workers: int = Field(default=1, ge=1)
+
+    def outcome_log_path(self) -> Path:
+        """The decision and outcome log file: ``outcome_log``, else ``<data_dir>/outcomes.db``."""
+        return self.outcome_log if self.outcome_log is not None else self.data_dir / "outcomes.db"

@@ -23,8 +23,18 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def client(engine):
-    with TestClient(create_app(Settings(max_body_bytes=1_000_000), engine=engine)) as c:
+def data_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("data")
+
+
+def settings(data_dir, **kw):
+    """Settings for a test app: its own data folder, no file watcher."""
+    return Settings(data_dir=data_dir, watch_policy=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def client(engine, data_dir):
+    with TestClient(create_app(settings(data_dir, max_body_bytes=1_000_000), engine=engine)) as c:
         yield c
 
 
@@ -128,8 +138,8 @@ def test_bad_input_is_a_4xx_naming_the_field(client, body, status, param, messag
     assert got_message.startswith(message), got_message
 
 
-def test_body_over_the_limit_is_413_naming_the_limit(engine):
-    with TestClient(create_app(Settings(max_body_bytes=8 * 1024 * 1024), engine=engine)) as c:
+def test_body_over_the_limit_is_413_naming_the_limit(engine, tmp_path):
+    with TestClient(create_app(settings(tmp_path, max_body_bytes=8 * 1024 * 1024), engine=engine)) as c:
         prompt = "x" * 10_000_000  # a 10 MB prompt
         r = post(c, json.dumps({"messages": [{"role": "user", "content": prompt}]}))
         assert r.status_code == 413
@@ -137,8 +147,8 @@ def test_body_over_the_limit_is_413_naming_the_limit(engine):
             "request body is 10,000,047 bytes; the limit is 8,388,608 bytes (setting POINTSMAN_MAX_BODY_BYTES)")
 
 
-def test_body_limit_is_configurable_and_checked_without_content_length(engine):
-    with TestClient(create_app(Settings(max_body_bytes=100), engine=engine)) as c:
+def test_body_limit_is_configurable_and_checked_without_content_length(engine, tmp_path):
+    with TestClient(create_app(settings(tmp_path, max_body_bytes=100), engine=engine)) as c:
         assert post(c, {"messages": [USER]}).status_code == 200
         r = post(c, {"messages": [{"role": "user", "content": "y" * 200}]})
         assert r.status_code == 413 and "the limit is 100 bytes" in r.json()["error"]["message"]
@@ -147,8 +157,8 @@ def test_body_limit_is_configurable_and_checked_without_content_length(engine):
         assert r.status_code == 413 and "over" in r.json()["error"]["message"]
 
 
-def test_a_prompt_larger_than_every_context_window_is_a_clear_422(engine):
-    with TestClient(create_app(Settings(max_body_bytes=20_000_000), engine=engine)) as c:
+def test_a_prompt_larger_than_every_context_window_is_a_clear_422(engine, tmp_path):
+    with TestClient(create_app(settings(tmp_path, max_body_bytes=20_000_000), engine=engine)) as c:
         r = post(c, {"messages": [{"role": "user", "content": "x" * 10_000_000}]})
         assert r.status_code == 422
         e = r.json()["error"]
@@ -161,7 +171,8 @@ def test_healthz(client, engine):
     assert r.status_code == 200
     assert r.json() == {"status": "ok", "policy": "default", "policy_revision": engine.policy.revision,
                         "fleet_revision": engine.fleet.revision,
-                        "estimator": {"version": "fixed", "available": True, "error": None}}
+                        "estimator": {"version": "fixed", "available": True, "error": None, "source": None},
+                        "auth": False}
 
 
 def test_openapi_documents_the_request_body(client):

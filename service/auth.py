@@ -1,0 +1,155 @@
+"""API keys in two roles: ``gateway`` and ``admin``.
+
+Keys come from settings (``POINTSMAN_GATEWAY_API_KEYS``, ``POINTSMAN_ADMIN_API_KEYS``):
+comma-separated entries, each ``name=secret`` or a bare ``secret`` (its name is then
+``key-`` + the first 8 hex of its sha256). A client sends its key as
+``Authorization: Bearer <secret>`` or ``x-api-key: <secret>``.
+
+========================================  =================  ==================
+endpoint                                  gateway key        admin key
+========================================  =================  ==================
+``POST /v1/route``, ``/v1/outcomes``,     yes                yes
+``/v1/telemetry``
+``GET /v1/fleet``, ``GET /v1/policy``,    no (403)           yes
+``POST /v1/policy/validate``, ``/reload``
+``/healthz``, ``/readyz``, ``/metrics``   open (probes and Prometheus scrapes)
+========================================  =================  ==================
+
+No key → 401 (``WWW-Authenticate: Bearer``); an unknown key → 401; a gateway key on an
+admin endpoint → 403. The presented key is compared with every configured key by
+``hmac.compare_digest`` (constant time, no early exit). Secrets are ``SecretStr`` in the
+settings and never logged; logs and budgets name keys by their name (``Principal.key_id``,
+budget scope ``key:<name>``).
+
+With no key configured at all, authentication is off: every caller is an anonymous admin.
+That keeps the embedded-defaults quick start (``make serve`` on 127.0.0.1) working; the
+service logs a warning at startup saying so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from fastapi import Request, Security
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+from pointsman.service.http_errors import HTTPError
+
+ROLES = ("gateway", "admin")
+
+_bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`.")
+_header = APIKeyHeader(name="x-api-key", auto_error=False, description="An API key in the `x-api-key` header.")
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: ``key_id`` (the key's name; None when authentication is off) and ``role``."""
+
+    key_id: str | None
+    role: str
+
+
+@dataclass(frozen=True)
+class _Key:
+    key_id: str
+    secret: bytes
+    role: str
+
+
+class KeyRing:
+    """The configured keys. ``KeyRing.parse(gateway, admin)`` from the settings' strings
+    (``name=secret`` or ``secret`` entries, comma-separated); raises ``ValueError`` naming the
+    setting for an empty entry, a duplicate name or a secret shorter than 8 characters (the
+    message never contains a secret)."""
+
+    def __init__(self, keys: list[_Key]) -> None:
+        self._keys = tuple(keys)
+
+    @classmethod
+    def parse(cls, gateway: str | None, admin: str | None) -> KeyRing:
+        """Parse both settings' values (plain strings, None = no keys)."""
+        keys: list[_Key] = []
+        seen_ids: set[str] = set()
+        seen_secrets: set[bytes] = set()
+        for role, text, setting in (("gateway", gateway, "POINTSMAN_GATEWAY_API_KEYS"),
+                                    ("admin", admin, "POINTSMAN_ADMIN_API_KEYS")):
+            for n, entry in enumerate((text or "").split(","), start=1):
+                entry = entry.strip()
+                if not entry:
+                    if text and text.strip():
+                        raise ValueError(f"{setting}: entry {n} is empty")
+                    continue
+                name, sep, secret = entry.partition("=")
+                if not sep:
+                    name, secret = "", entry
+                name, secret = name.strip(), secret.strip()
+                if len(secret) < 8:
+                    raise ValueError(f"{setting}: entry {n}{f' ({name})' if name else ''}: a key needs at least "
+                                     "8 characters")
+                raw = secret.encode("utf-8")
+                key_id = name or f"key-{hashlib.sha256(raw).hexdigest()[:8]}"
+                if key_id in seen_ids:
+                    raise ValueError(f"{setting}: entry {n}: key name '{key_id}' is used twice")
+                if raw in seen_secrets:
+                    raise ValueError(f"{setting}: entry {n}{f' ({name})' if name else ''}: the same key is configured twice")
+                seen_ids.add(key_id)
+                seen_secrets.add(raw)
+                keys.append(_Key(key_id, raw, role))
+        return cls(keys)
+
+    @property
+    def enabled(self) -> bool:
+        """True when at least one key is configured (authentication on)."""
+        return bool(self._keys)
+
+    def counts(self) -> dict[str, int]:
+        """Number of keys per role."""
+        return {role: sum(k.role == role for k in self._keys) for role in ROLES}
+
+    def identify(self, presented: str) -> Principal | None:
+        """The principal of ``presented``, or None when it matches no key. Compares against every
+        key with ``hmac.compare_digest`` (no early exit)."""
+        raw = presented.encode("utf-8", "surrogateescape")
+        found: _Key | None = None
+        for key in self._keys:
+            if hmac.compare_digest(raw, key.secret) and found is None:
+                found = key
+        return None if found is None else Principal(found.key_id, found.role)
+
+
+def presented_key(bearer: HTTPAuthorizationCredentials | None, header: str | None) -> str | None:
+    """The key the caller sent: the bearer token, else the ``x-api-key`` header, else None."""
+    if bearer is not None and bearer.credentials:
+        return bearer.credentials
+    return header or None
+
+
+def require(role: str) -> Callable[..., Awaitable[Principal]]:
+    """A FastAPI dependency admitting callers whose key has ``role`` (``gateway``: gateway or
+    admin keys; ``admin``: admin keys only). Raises ``HTTPError`` 401/403 (see the module)."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
+
+    async def dependency(request: Request, bearer: HTTPAuthorizationCredentials | None = Security(_bearer),
+                   header: str | None = Security(_header)) -> Principal:
+        ring: KeyRing = request.app.state.keyring
+        if not ring.enabled:
+            return Principal(None, "admin")
+        key = presented_key(bearer, header)
+        if key is None:
+            raise HTTPError(401, "this endpoint needs an API key: send 'Authorization: Bearer <key>' or 'x-api-key'",
+                            type="authentication_error", code="missing_api_key",
+                            headers={"WWW-Authenticate": "Bearer"})
+        principal = ring.identify(key)
+        if principal is None:
+            raise HTTPError(401, "the API key is not valid", type="authentication_error", code="invalid_api_key",
+                            headers={"WWW-Authenticate": "Bearer"})
+        if role == "admin" and principal.role != "admin":
+            raise HTTPError(403, f"this endpoint needs an admin key; key '{principal.key_id}' has the "
+                                 f"{principal.role} role", type="permission_error", code="forbidden")
+        return principal
+
+    return dependency

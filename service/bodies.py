@@ -1,0 +1,93 @@
+"""Reading request bodies: size-limited, strict UTF-8, strict JSON.
+
+``read_json(request, limit)`` reads at most ``limit`` bytes (413 beyond it, naming the
+limit and the setting ``POINTSMAN_MAX_BODY_BYTES``; checked on ``Content-Length`` and again
+while streaming, so a chunked body cannot exceed it), then decodes strict UTF-8 and JSON.
+Every failure is an ``HTTPError`` 4xx whose message names the problem (empty body,
+byte offset of invalid UTF-8, line and column of malformed JSON). ``validate_model``
+checks one decoded object against a pydantic model and names the first bad field.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from pointsman.errors import RequestError
+from pointsman.service.http_errors import HTTPError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body, at most ``limit`` bytes; raises ``HTTPError`` 413 beyond it, 400 for a bad Content-Length."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise HTTPError(400, f"Content-Length {declared!r} is not a number", code="bad_content_length") from None
+        if size > limit:
+            raise too_large(size, limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(size, limit, at_least=True)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def too_large(size: int, limit: int, at_least: bool = False) -> HTTPError:
+    """The 413 error for a body of ``size`` bytes over ``limit``."""
+    return HTTPError(413, f"request body is {'over ' if at_least else ''}{size:,} bytes; the limit is {limit:,} bytes "
+                          f"(setting POINTSMAN_MAX_BODY_BYTES)", type="request_too_large", param="max_body_bytes",
+                     code="body_too_large")
+
+
+def decode_json(raw: bytes, expected: str = "a JSON chat request") -> Any:
+    """Strict UTF-8 and JSON decoding of a body; raises ``HTTPError`` 400 naming the problem
+    (``expected`` completes the message for an empty body)."""
+    if not raw.strip():
+        raise HTTPError(400, f"request body is empty; expected {expected}", code="empty_body")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HTTPError(400, f"request body is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+                        code="invalid_utf8") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HTTPError(400, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+                        code="malformed_json") from None
+    except RecursionError:
+        raise HTTPError(400, "malformed JSON: nested too deeply", code="malformed_json") from None
+
+
+async def read_json(request: Request, limit: int, expected: str = "a JSON chat request") -> Any:
+    """``decode_json(await read_body(request, limit))``."""
+    return decode_json(await read_body(request, limit), expected)
+
+
+def field_path(prefix: str, loc: tuple[object, ...]) -> str:
+    """A pydantic error location as a field path: ``[2].load.num_requests_waiting`` (``prefix`` first)."""
+    out = prefix
+    for item in loc:
+        out += f"[{item}]" if isinstance(item, int) else ("." if out else "") + str(item)
+    return out
+
+
+def validate_model(model: type[M], item: Any, prefix: str = "") -> M:
+    """``model.model_validate(item)``; raises ``RequestError`` naming the first bad field
+    (``prefix`` + its path; ``unknown field`` for extras) or a non-object ``item``."""
+    if not isinstance(item, dict):
+        raise RequestError(f"expected a JSON object, got {type(item).__name__}", field=prefix or None)
+    try:
+        return model.model_validate(item)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        msg = "unknown field" if err["type"] == "extra_forbidden" else str(err["msg"]).removeprefix("Value error, ")
+        raise RequestError(msg, field=field_path(prefix, tuple(err["loc"])) or None) from None

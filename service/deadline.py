@@ -1,0 +1,86 @@
+"""A hard time budget for the difficulty estimator: ``DeadlineEstimator``.
+
+The onnxruntime estimator checks its budget only after it returns; an estimator that
+hangs (a stuck model download, a pathological input, an overloaded host) would hold
+the decision with it. ``DeadlineEstimator(inner, timeout_ms, executor)`` runs
+``inner.estimate`` on a small thread pool and waits at most ``timeout_ms``: past it the
+estimate is unavailable (``error`` starts with ``timeout:``), the engine decides with
+``difficulty.available == false`` (the policy's rule for that case) and the trace's
+``estimator`` section says why. The late estimate is discarded when it finishes.
+
+At most ``executor``'s worker count estimates run at once; when every worker is stuck,
+new estimates wait in its queue, time out, and are cancelled there, so a hung estimator
+costs each decision at most ``timeout_ms`` and never grows a backlog.
+
+Everything else (``version``, ``tokenizer``, ``feature_vector``, ``model_dir``,
+``manifest``, ``source``) is the inner estimator's, so the outcome log and the health
+endpoints see the real model.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from typing import Any
+
+from pointsman.estimator.estimate import DifficultyEstimate
+
+#: Threads estimating at once (each onnxruntime call is short; more only helps a hung model).
+DEFAULT_WORKERS = 4
+
+
+def estimator_pool(workers: int = DEFAULT_WORKERS) -> concurrent.futures.ThreadPoolExecutor:
+    """The thread pool ``DeadlineEstimator``s run on (one per service process)."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pointsman-estimator")
+
+
+class DeadlineEstimator:
+    """``inner`` with a hard wall-clock budget of ``timeout_ms`` per estimate (see the module).
+
+    ``estimate(features) -> DifficultyEstimate`` never raises and returns within about
+    ``timeout_ms`` (plus thread hand-off, tens of microseconds); an exception of ``inner``
+    comes back as unavailable with its text."""
+
+    def __init__(self, inner: Any, timeout_ms: float, executor: concurrent.futures.Executor) -> None:
+        if not timeout_ms > 0:
+            raise ValueError(f"timeout_ms must be > 0, got {timeout_ms!r}")
+        self.inner = inner
+        self.timeout_ms = float(timeout_ms)
+        self._executor = executor
+
+    @property
+    def version(self) -> str:
+        """The inner estimator's version."""
+        return str(getattr(self.inner, "version", "unknown"))
+
+    @property
+    def tokenizer(self) -> Any:
+        """The inner estimator's tokenizer (None if it has none)."""
+        return getattr(self.inner, "tokenizer", None)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (during unpickling); never recurse
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def estimate(self, features: Any) -> DifficultyEstimate:
+        """The inner estimate, or unavailable with ``timeout: ...`` once ``timeout_ms`` passed."""
+        started = time.perf_counter()
+        try:
+            future = self._executor.submit(self.inner.estimate, features)
+        except RuntimeError as exc:  # the pool is shut down (service stopping)
+            return DifficultyEstimate(None, False, 0.0, f"estimator pool unavailable: {exc}")
+        try:
+            return future.result(timeout=self.timeout_ms / 1000.0)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            elapsed = (time.perf_counter() - started) * 1000.0
+            return DifficultyEstimate(None, False, elapsed,
+                                      f"timeout: no estimate within the {self.timeout_ms:g} ms budget "
+                                      f"(waited {elapsed:.1f} ms)")
+        except Exception as exc:  # noqa: BLE001 - an estimator must never take a decision down
+            elapsed = (time.perf_counter() - started) * 1000.0
+            return DifficultyEstimate(None, False, elapsed, f"{type(exc).__name__}: {exc}")
+
+    def __repr__(self) -> str:
+        return f"DeadlineEstimator({self.inner!r}, timeout_ms={self.timeout_ms:g})"

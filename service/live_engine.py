@@ -1,0 +1,126 @@
+"""The engine the service decides with now, and how it changes while serving.
+
+A ``RoutingEngine`` is immutable. ``LiveEngine`` holds a reference to the current one;
+a policy reload or a model swap builds a new engine (``with_policy`` /
+``with_estimator``, sharing the ``FleetState``: load, prefix indexes, budget ledger) and
+replaces the reference in one assignment. A request reads ``live.engine`` once and
+decides on that engine to the end, so decisions in flight finish on the policy and
+estimator they started with, and no decision ever sees half a change. Swaps are
+serialized by a lock, so a policy reload and a model swap at the same moment both land.
+
+``LiveEngine`` also remembers what the last policy reload and model swap did
+(``last_reload``, ``last_swap``) for ``GET /v1/policy``, ``/healthz`` and the metrics.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pointsman.errors import Problem
+from pointsman.policy.compiler import CompiledPolicy
+from pointsman.policy.engine import RoutingEngine
+
+
+@dataclass(frozen=True)
+class ReloadResult:
+    """One policy (re)load attempt: ``ok``; ``changed`` (a new revision now serves);
+    ``revision`` serving after it and ``previous_revision``; ``problems`` (located, when
+    rejected); ``source`` (``endpoint``, ``watch``); ``at`` (Unix s)."""
+
+    ok: bool
+    changed: bool
+    revision: str
+    previous_revision: str
+    problems: tuple[Problem, ...] = ()
+    source: str = "endpoint"
+    at: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (problems as ``{file, line, col, code, message, text}``)."""
+        return {"ok": self.ok, "changed": self.changed, "revision": self.revision,
+                "previous_revision": self.previous_revision, "source": self.source, "at": self.at,
+                "problems": [problem_dict(p) for p in self.problems]}
+
+
+@dataclass(frozen=True)
+class SwapResult:
+    """One model swap attempt: ``ok``; ``changed``; estimator ``version`` serving after it and
+    ``previous_version``; ``source`` (the model's origin, e.g. ``models:/NAME/3 (@champion)``);
+    ``error`` when the new model could not load (the old one keeps serving); ``at`` (Unix s)."""
+
+    ok: bool
+    changed: bool
+    version: str
+    previous_version: str
+    source: str | None = None
+    error: str | None = None
+    at: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary."""
+        return dict(vars(self))
+
+
+def problem_dict(p: Problem) -> dict[str, Any]:
+    """A located problem as JSON: its fields plus ``text`` (``file:line:col: code: message``)."""
+    return {"file": p.file, "line": p.line, "col": p.col, "code": p.code, "message": p.message, "text": str(p)}
+
+
+class LiveEngine:
+    """The current engine (see the module). ``LiveEngine(engine, estimator_error=None)``;
+    ``estimator_error``: why the estimator is unavailable (None when it loaded)."""
+
+    def __init__(self, engine: RoutingEngine, estimator_error: str | None = None) -> None:
+        self._engine = engine
+        self._lock = threading.Lock()
+        self.estimator_error = estimator_error
+        self.last_reload: ReloadResult | None = None
+        self.last_swap: SwapResult | None = None
+
+    @property
+    def engine(self) -> RoutingEngine:
+        """The engine new decisions use (read it once per decision)."""
+        return self._engine
+
+    def swap_policy(self, policy: CompiledPolicy, source: str = "endpoint") -> ReloadResult:
+        """Serve ``policy`` from now on (a no-op when its revision already serves); returns the result."""
+        with self._lock:
+            old = self._engine
+            changed = policy.revision != old.policy.revision or policy.file != old.policy.file
+            if changed:
+                self._engine = old.with_policy(policy)
+            result = ReloadResult(True, changed, policy.revision, old.policy.revision, (), source)
+            self.last_reload = result
+            return result
+
+    def reject_policy(self, problems: list[Problem], source: str = "endpoint") -> ReloadResult:
+        """Record a rejected policy (the running one keeps serving); returns the result."""
+        with self._lock:
+            rev = self._engine.policy.revision
+            result = ReloadResult(False, False, rev, rev, tuple(problems), source)
+            self.last_reload = result
+            return result
+
+    def swap_estimator(self, estimator: Any, error: str | None = None) -> SwapResult:
+        """Serve ``estimator`` from now on; ``error``: why it is an unavailable stand-in (None when
+        it is a real model). Returns the result."""
+        with self._lock:
+            old = self._engine
+            before = str(getattr(old.estimator, "version", "unknown"))
+            self._engine = old.with_estimator(estimator)
+            self.estimator_error = error
+            result = SwapResult(True, True, str(getattr(estimator, "version", "unknown")), before,
+                                getattr(estimator, "source", None), None)
+            self.last_swap = result
+            return result
+
+    def reject_estimator(self, error: str, source: str | None = None) -> SwapResult:
+        """Record a model that failed to load (the running one keeps serving); returns the result."""
+        with self._lock:
+            v = str(getattr(self._engine.estimator, "version", "unknown"))
+            result = SwapResult(False, False, v, v, source, error)
+            self.last_swap = result
+            return result

@@ -1,0 +1,88 @@
+"""Policy hot reload: by file watch and by ``POST /v1/policy/reload``.
+
+``reload_policy(live, path, source)`` reads and compiles the policy file against the
+serving fleet. A valid file is swapped in (``LiveEngine.swap_policy``: decisions in
+flight finish on the policy they started with); an invalid one is rejected as a whole
+with every problem located (``file:line:col: code: message``) and the running policy
+keeps serving. ``validate_policy_text`` compiles text without serving it
+(``POST /v1/policy/validate``).
+
+``watch_policy(live, path, stop)`` follows the file with ``watchfiles`` (inotify, or
+polling where the platform has no file events): any change in the file's folder
+(editors that write a temporary file and rename it, Kubernetes ConfigMap symlink swaps)
+triggers a check, and the file is recompiled only when its bytes changed. Each worker
+process watches for itself, so with several workers every one of them reloads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from pathlib import Path
+from typing import Callable
+
+from pointsman.errors import PolicyError
+from pointsman.policy.compiler import CompiledPolicy, compile_policy, load_policy
+from pointsman.policy.fleet import Fleet
+from pointsman.service.live_engine import LiveEngine, ReloadResult
+
+log = logging.getLogger("pointsman.service.policy")
+
+#: Milliseconds of quiet after a file event before the watcher looks (editors write in bursts).
+WATCH_DEBOUNCE_MS = 200
+
+
+def validate_policy_text(text: str, fleet: Fleet, file: str = "<request>") -> CompiledPolicy:
+    """Compile ``text`` against ``fleet``; raises ``PolicyError`` with every problem located in ``file``."""
+    return compile_policy(text, fleet, file)
+
+
+def reload_policy(live: LiveEngine, path: str | Path, source: str = "endpoint",
+                  on_result: Callable[[ReloadResult], None] | None = None) -> ReloadResult:
+    """Read, compile and swap in the policy at ``path`` (see the module); returns the result
+    (also passed to ``on_result``). Never raises for a bad file: the problems are in the result."""
+    engine = live.engine
+    try:
+        policy = load_policy(path, engine.fleet)
+    except PolicyError as exc:
+        result = live.reject_policy(exc.problems, source)
+        log.error("policy %s rejected (%d problem(s)); still serving revision %s:\n%s", path, len(exc.problems),
+                  result.revision, "\n".join(str(p) for p in exc.problems))
+    else:
+        result = live.swap_policy(policy, source)
+        if result.changed:
+            log.info("policy %s reloaded (%s): revision %s -> %s", path, source, result.previous_revision,
+                     result.revision)
+    if on_result is not None:
+        on_result(result)
+    return result
+
+
+def file_digest(path: Path) -> str | None:
+    """sha256 of the file's bytes, or None when it cannot be read (being replaced, deleted)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+async def watch_policy(live: LiveEngine, path: str | Path, stop: asyncio.Event,
+                       on_result: Callable[[ReloadResult], None] | None = None,
+                       debounce_ms: int = WATCH_DEBOUNCE_MS) -> None:
+    """Reload the policy whenever the file at ``path`` changes, until ``stop`` is set (see the
+    module). Compiling runs in a worker thread; the event loop keeps serving."""
+    from watchfiles import awatch
+
+    path = Path(path).absolute()
+    seen = file_digest(path)
+    try:
+        async for _changes in awatch(path.parent, stop_event=stop, debounce=debounce_ms, recursive=False,
+                                     ignore_permission_denied=True):
+            digest = file_digest(path)
+            if digest is None or digest == seen:
+                continue
+            seen = digest
+            await asyncio.to_thread(reload_policy, live, path, "watch", on_result)
+    except Exception:  # noqa: BLE001 - a broken watcher must not stop the service; say so
+        log.exception("policy file watcher for %s stopped; reload with POST /v1/policy/reload", path)

@@ -1,0 +1,117 @@
+"""Admin endpoints: the fleet's live signals and the serving policy (read, validate, reload).
+
+- ``GET /v1/fleet``: every target's endpoints with their current signals and ages
+  (``FleetState.fleet_status`` under the serving policy's staleness rules), health marks,
+  and each target's effective price per token today (UTC day; None without a ledger or
+  while it is unreachable).
+- ``GET /v1/policy``: the serving policy: name, file, revision, rules, variables, the file's
+  text, whether a file watcher follows it, and the last reload attempt.
+- ``POST /v1/policy/validate``: compile policy text against the serving fleet without
+  serving it; 200 with ``valid`` and every located problem (``file:line:col``).
+- ``POST /v1/policy/reload``: re-read the policy file now (``policy_reload.reload_policy``).
+  200 when it serves (``changed`` false when the bytes compiled to the serving revision);
+  422 with every located problem when rejected, and the running policy keeps serving.
+
+All need an admin key (``auth.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from pointsman.errors import PolicyError, RequestError
+from pointsman.policy.budget import LedgerUnavailable
+from pointsman.service.auth import Principal, require
+from pointsman.service.bodies import read_json, validate_model
+from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError
+from pointsman.service.live_engine import problem_dict
+from pointsman.service.policy_reload import reload_policy, validate_policy_text
+from pointsman.service.runtime import Runtime, get_runtime
+from pointsman.service.schemas import (FleetResponse, PolicyResponse, PolicyValidateIn, PolicyValidateResponse,
+                                       ReloadOut)
+
+router = APIRouter(tags=["admin"])
+
+#: Largest policy text ``GET /v1/policy`` returns (bytes); longer files are left out (``source`` None).
+MAX_SOURCE_BYTES = 1_000_000
+
+
+@router.get("/v1/fleet", response_model=FleetResponse, responses=ERROR_RESPONSES,
+            summary="Current signals per target and endpoint, with their ages")
+async def fleet(principal: Principal = Depends(require("admin")), rt: Runtime = Depends(get_runtime)) -> dict[str, Any]:
+    """Load, health and cache signals per endpoint (ages in seconds) and today's effective
+    price per token per target."""
+    engine = rt.live.engine
+    state = engine.state
+    targets = state.fleet_status(staleness=engine.policy.staleness)
+    try:
+        prices = await run_in_threadpool(state.effective_prices, "day")
+    except LedgerUnavailable:
+        prices = {}
+    for name, entry in targets.items():
+        price = prices.get(name)
+        entry["effective_price"] = None if price is None else price.to_dict()
+    return {"fleet_revision": engine.fleet.revision, "policy_revision": engine.policy.revision, "targets": targets}
+
+
+def _source(path: str) -> str | None:
+    try:
+        p = Path(path)
+        if p.stat().st_size > MAX_SOURCE_BYTES:
+            return None
+        return p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+@router.get("/v1/policy", response_model=PolicyResponse, responses=ERROR_RESPONSES, summary="The serving policy")
+async def policy(principal: Principal = Depends(require("admin")), rt: Runtime = Depends(get_runtime)) -> dict[str, Any]:
+    """Name, file, revision, rules and variables of the serving policy, its file's text, and
+    the last reload attempt (with its problems when it was rejected)."""
+    engine = rt.live.engine
+    p = engine.policy
+    last = rt.live.last_reload
+    return {"name": p.name, "file": p.file, "revision": p.revision, "fleet_revision": p.fleet_revision,
+            "rules": [{"name": r.name, "when": r.when, "target": r.target, "mode": r.mode,
+                       "fallbacks": list(r.fallbacks), "labels": dict(r.labels), "line": r.line} for r in p.rules],
+            "variables": p.variables, "source": _source(p.file), "watching": rt.watching,
+            "last_reload": None if last is None else last.to_dict()}
+
+
+@router.post("/v1/policy/validate", response_model=PolicyValidateResponse, responses=ERROR_RESPONSES,
+             summary="Check policy text against the serving fleet without serving it",
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/json": {"schema": {"$ref": "#/components/schemas/PolicyValidateIn"}}}}})
+async def validate(request: Request, principal: Principal = Depends(require("admin")),
+                   rt: Runtime = Depends(get_runtime)) -> dict[str, Any]:
+    """Body ``{"policy": "<YAML text>", "file": "name.yaml"}``. Answers ``valid`` and, when not,
+    every problem located as ``file:line:col``."""
+    body = await read_json(request, rt.settings.max_body_bytes, '{"policy": "<policy YAML text>"}')
+    try:
+        item = validate_model(PolicyValidateIn, body)
+    except RequestError as exc:
+        raise HTTPError(422, exc.message, param=exc.field, code="invalid_value") from None
+    fleet = rt.live.engine.fleet
+    try:
+        compiled = await run_in_threadpool(validate_policy_text, item.policy, fleet, item.file or "<request>")
+    except PolicyError as exc:
+        return {"valid": False, "problems": [problem_dict(p) for p in exc.problems]}
+    return {"valid": True, "name": compiled.name, "revision": compiled.revision,
+            "rules": [r.name for r in compiled.rules], "problems": []}
+
+
+@router.post("/v1/policy/reload", response_model=ReloadOut,
+             responses={**ERROR_RESPONSES, 422: {"model": ReloadOut, "description": "The file was rejected; the "
+                                                 "running policy keeps serving."}},
+             summary="Re-read the policy file and serve it if it is valid")
+async def reload(principal: Principal = Depends(require("admin")), rt: Runtime = Depends(get_runtime)) -> JSONResponse:
+    """Compile the serving policy's file again and swap it in; decisions in flight finish on the
+    policy they started with. A bad file is rejected with every located problem (422)."""
+    path = rt.live.engine.policy.file
+    result = await run_in_threadpool(reload_policy, rt.live, path, "endpoint", rt.record_reload)
+    return JSONResponse(result.to_dict(), status_code=200 if result.ok else 422)

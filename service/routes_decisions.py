@@ -1,0 +1,89 @@
+"""``POST /v1/route``: one chat request in, one routing decision out.
+
+The body is an OpenAI chat request plus Pointsman's ``routing`` context
+(``pointsman.request.RouteRequest``), read with the size limit and strict JSON of
+``bodies.py``. The answer is the decision (``schemas.RouteResponse``; the trace when
+``routing.explain`` is true) with headers ``x-pointsman-decision-id`` and
+``x-pointsman-target`` a gateway can forward. The decision is dispatched (its estimated
+cost reserved on its budget scopes: ``routing.tenant``, ``routing.team`` and the caller's
+key name) and handed to the decision log writer, which commits it in the background.
+
+Errors: 400 (empty, malformed JSON, invalid UTF-8), 413 (over the size limit), 422
+(a field is wrong: ``param`` names it; or no target can take the request:
+``no_eligible_target``), 503 (budget ledger down, service starting).
+
+The decision runs on the event loop by default: about a millisecond of CPU per decision
+(features, estimator, policy), which the measurements in ``scripts/load_service.py`` found
+faster than a threadpool hop on two cores. ``POINTSMAN_ROUTE_IN_THREADPOOL=true`` moves it
+to the threadpool instead. A hung estimator cannot hold the loop past
+``POINTSMAN_ESTIMATOR_TIMEOUT_MS`` (``deadline.py``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from pointsman.errors import RequestError
+from pointsman.policy.budget import LedgerUnavailable
+from pointsman.policy.filters import NoEligibleTarget
+from pointsman.request import parse_route_request
+from pointsman.service.auth import Principal, require
+from pointsman.service.bodies import decode_json, read_body
+from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, unavailable
+from pointsman.service.runtime import Runtime, get_runtime
+from pointsman.service.schemas import RouteResponse
+
+router = APIRouter()
+
+
+def decide(rt: Runtime, raw: bytes, key_id: str | None, started: float) -> JSONResponse:
+    """Parse ``raw``, decide, log and count the decision; returns the response. Raises
+    ``HTTPError`` (counted in ``pointsman_decision_errors_total``)."""
+    try:
+        body = decode_json(raw)
+        engine = rt.live.engine  # read once: this decision runs on this engine to the end
+        try:
+            request = parse_route_request(body)
+            decision = engine.route(request, api_key_id=key_id)
+        except NoEligibleTarget as exc:
+            raise HTTPError(422, str(exc), type="no_eligible_target", code="no_eligible_target") from None
+        except LedgerUnavailable as exc:
+            raise unavailable(f"budget ledger unavailable: {exc}", "budget_ledger_unavailable") from None
+        except RequestError as exc:
+            raise HTTPError(422, exc.message, param=exc.field, code="invalid_value") from None
+    except HTTPError as exc:
+        rt.metrics.decision_errors.labels(exc.code or str(exc.status)).inc()
+        raise
+    rt.writer.submit(decision, request, engine.estimator)
+    response = JSONResponse(decision.to_dict(explain=request.routing.explain), headers={
+        "x-pointsman-decision-id": decision.decision_id,
+        "x-pointsman-target": decision.target,
+    })
+    metrics = rt.metrics
+    metrics.observe_decision(decision, time.perf_counter() - started)
+    if not decision.difficulty_available:
+        timeout = rt.settings.estimator_timeout_ms
+        timed_out = timeout is not None and decision.timings_ms["estimator"] >= 0.99 * timeout
+        metrics.observe_unavailable("timeout" if timed_out else "error")
+    return response
+
+
+@router.post("/v1/route", response_model=RouteResponse, responses=ERROR_RESPONSES,
+             summary="Decide where a chat request runs", tags=["gateway"],
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/json": {"schema": {"$ref": "#/components/schemas/RouteRequest"}}}}})
+async def route(request: Request, principal: Principal = Depends(require("gateway")),
+                rt: Runtime = Depends(get_runtime)) -> JSONResponse:
+    """Body: an OpenAI chat request (other OpenAI fields such as temperature, stream or
+    response_format are accepted and ignored) plus ``routing`` context. Answer: the decision,
+    with the trace when ``routing.explain`` is true; headers ``x-pointsman-decision-id`` and
+    ``x-pointsman-target``."""
+    started = time.perf_counter()
+    raw = await read_body(request, rt.settings.max_body_bytes)
+    if rt.settings.route_in_threadpool:
+        return await run_in_threadpool(decide, rt, raw, principal.key_id, started)
+    return decide(rt, raw, principal.key_id, started)

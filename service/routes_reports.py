@@ -1,0 +1,216 @@
+"""What gateways and engines report back: ``POST /v1/outcomes`` and ``POST /v1/telemetry``.
+
+``POST /v1/outcomes`` takes one outcome or a list (``datasets/outcome_schema.py``:
+decision id, usage, TTFT/TPOT/end-to-end latency, status, quality signals). In order:
+
+1. the decision log writer is flushed, so every decision this process answered is in the log;
+2. the outcomes are appended to the outcome log in one durable transaction (``fsync``):
+   the answer is sent only after that, so every acknowledged outcome (``stored`` or
+   ``duplicate``) survives a crash. ``unknown_decision`` outcomes whose decision is less
+   than ``RECENT_DECISION_S`` old are retried once after a decision-log flush interval
+   (another worker process may still hold that decision in memory);
+3. each stored or duplicate non-shadow outcome settles its decision
+   (``FleetState.settle``: actual cost from the reported usage into the budget ledger,
+   in-flight load released). An outcome with an error/timeout/cancelled status and no
+   usage means the request never ran: its hold is released instead. An ``ok`` outcome
+   without usage books the decision's estimate. Settling is idempotent, so a retried
+   outcome settles at most once. Shadow outcomes (evaluation traffic) never touch budgets.
+
+Idempotent: the same outcome again is ``duplicate`` (200), different content under the
+same id is ``conflict`` (409 for a single outcome). A single outcome for an unknown decision
+is 404; a list is always 200 with one acknowledgement per item. 503 when the outcome log
+is unavailable (nothing acknowledged) or the budget ledger is (outcomes stored; retry:
+the retry is a duplicate and settles).
+
+``POST /v1/telemetry`` takes one load report or a list: ``{"endpoint": ..., "load":
+{vLLM-named fields}, "healthy": ..., "reason": ...}``. Every report is validated first
+(422 naming ``[i].load.<field>`` or ``[i].endpoint``, with did-you-mean), then all are
+applied (``FleetState.push_load`` / ``set_health``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from pydantic import TypeAdapter
+
+from pointsman.datasets.outcome_schema import MAX_BATCH, OutcomeIn, parse_outcomes
+from pointsman.errors import BudgetError, DataError, RequestError
+from pointsman.policy.budget import LedgerUnavailable
+from pointsman.service.auth import Principal, require
+from pointsman.service.bodies import field_path, read_json, validate_model
+from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, unavailable
+from pointsman.service.runtime import Runtime, get_runtime
+from pointsman.service.schemas import OutcomesResponse, TelemetryIn, TelemetryResponse
+
+router = APIRouter()
+
+#: An unknown decision younger than this (seconds, from its time-ordered id) is retried once.
+RECENT_DECISION_S = 30.0
+_STATUS = {"stored": 200, "duplicate": 200, "conflict": 409, "unknown_decision": 404}
+
+
+def _decision_age_s(decision_id: str) -> float | None:
+    """Seconds since a Pointsman decision id was made (its first 12 hex are a ms timestamp); None for other ids."""
+    if len(decision_id) != 32:
+        return None
+    try:
+        return time.time() - int(decision_id[:12], 16) / 1000.0
+    except ValueError:
+        return None
+
+
+def _settle(rt: Runtime, item: OutcomeIn) -> dict[str, Any]:
+    """Settle (or release) one acknowledged outcome's decision; returns the ack's extra fields.
+    Raises ``LedgerUnavailable``."""
+    state = rt.live.engine.state
+    if item.shadow:
+        return {}
+    usage = item.usage
+    reported = usage is not None and (usage.prompt_tokens is not None or usage.completion_tokens is not None)
+    record = state.record(item.decision_id)
+    target = item.served_target or (record.target if record else None)
+    estimate = record.estimated_cost_usd if record else None
+    if record is None and (target is None or (not reported and item.status == "ok")):
+        logged = rt.outcome_log.decision(item.decision_id)
+        if logged is not None:
+            target = target or logged.target
+            estimate = logged.estimated_cost_usd
+    try:
+        if not reported and item.status != "ok":
+            return {"released": bool(state.release(item.decision_id))}
+        if reported:
+            settled = state.settle(item.decision_id, prompt_tokens=usage.prompt_tokens or 0,
+                                   completion_tokens=usage.completion_tokens or 0,
+                                   cached_tokens=usage.cached_tokens or 0, target=target)
+        else:
+            settled = state.settle(item.decision_id, prompt_tokens=0, completion_tokens=0,
+                                   actual_cost_usd=estimate if estimate is not None else 0.0, target=target)
+    except LedgerUnavailable:
+        raise
+    except BudgetError as exc:
+        return {"settle_error": str(exc)}
+    if not settled.replayed and settled.actual_cost_usd > 0:
+        rt.metrics.spend_usd.labels(settled.target or "unknown").inc(settled.actual_cost_usd)
+    return {"settlement": settled.to_dict()}
+
+
+def store_outcomes(rt: Runtime, items: list[OutcomeIn]) -> list[dict[str, Any]]:
+    """Steps 1-3 of the module docstring (blocking: run in a worker thread). Returns one ack
+    dict per item. Raises ``HTTPError`` 503 when the outcome log or the ledger is unavailable."""
+    rt.writer.flush(timeout_s=10.0)
+    try:
+        acks = rt.outcome_log.append_outcomes(items)
+        retry = [i for i, a in enumerate(acks) if a.status == "unknown_decision"
+                 and (age := _decision_age_s(a.decision_id)) is not None and age < RECENT_DECISION_S]
+        if retry:
+            time.sleep(2 * rt.writer.flush_interval_s + 0.05)
+            rt.writer.flush(timeout_s=10.0)
+            for i, ack in zip(retry, rt.outcome_log.append_outcomes([items[i] for i in retry])):
+                acks[i] = ack
+    except DataError as exc:
+        raise unavailable(f"outcome log unavailable, nothing acknowledged: {exc}", "outcome_log_unavailable") from None
+    out, ledger_down = [], None
+    for item, ack in zip(items, acks):
+        rt.metrics.outcomes.labels(ack.status).inc()
+        entry: dict[str, Any] = {"outcome_id": ack.outcome_id, "decision_id": ack.decision_id, "status": ack.status,
+                                 "message": ack.message}
+        if ack.ok:
+            try:
+                entry.update(_settle(rt, item))
+            except LedgerUnavailable as exc:
+                ledger_down = exc
+        out.append(entry)
+    if ledger_down is not None:
+        raise unavailable(f"outcomes stored durably, but the budget ledger is unavailable ({ledger_down}); retry: "
+                          "the retry is acknowledged as duplicate and settles", "budget_ledger_unavailable")
+    return out
+
+
+#: JSON schema of the outcomes body (one ``OutcomeIn`` or a list); the app puts its ``$defs`` in components.
+OUTCOMES_SCHEMA = TypeAdapter(OutcomeIn | list[OutcomeIn]).json_schema(ref_template="#/components/schemas/{model}")
+
+
+@router.post("/v1/outcomes", response_model=OutcomesResponse, tags=["gateway"],
+             responses={**ERROR_RESPONSES, 404: {"model": OutcomesResponse}, 409: {"model": OutcomesResponse}},
+             summary="Report what came of decisions (one outcome or a list)",
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/json": {"schema": {k: v for k, v in OUTCOMES_SCHEMA.items() if k != "$defs"}}}}})
+async def outcomes(request: Request, principal: Principal = Depends(require("gateway")),
+                   rt: Runtime = Depends(get_runtime)) -> JSONResponse:
+    """Store outcomes durably, then settle budgets and release load (see the module). The answer
+    comes only after the outcomes are on disk."""
+    body = await read_json(request, rt.settings.max_body_bytes, "an outcome object or a list of them")
+    try:
+        items = parse_outcomes(body)
+    except RequestError as exc:
+        raise HTTPError(422, exc.message, param=exc.field, code="invalid_value") from None
+    acks = await run_in_threadpool(store_outcomes, rt, items)
+    counts: dict[str, int] = {}
+    for a in acks:
+        counts[a["status"]] = counts.get(a["status"], 0) + 1
+    status = 200 if isinstance(body, list) else _STATUS[acks[0]["status"]]
+    return JSONResponse({"acks": acks, "counts": counts}, status_code=status)
+
+
+def parse_telemetry(body: Any, rt: Runtime) -> list[TelemetryIn]:
+    """Validate one report or a list; raises ``RequestError`` naming the field (``[i].load.x``)."""
+    items = body if isinstance(body, list) else [body]
+    if isinstance(body, list) and not body:
+        raise RequestError("the report list is empty; send at least one report")
+    if len(items) > MAX_BATCH:
+        raise RequestError(f"{len(items)} reports in one batch; the limit is {MAX_BATCH}")
+    fleet = rt.live.engine.fleet
+    out = []
+    for i, item in enumerate(items):
+        prefix = f"[{i}]" if isinstance(body, list) else ""
+        report = validate_model(TelemetryIn, item, prefix)
+        if report.load is None and report.healthy is None:
+            raise RequestError("a report needs 'load' and/or 'healthy'", field=prefix or None)
+        if report.load is not None and not report.load.model_fields_set:
+            raise RequestError("the load snapshot is empty", field=field_path(prefix, ("load",)))
+        if fleet.endpoint_id(report.endpoint) is None:
+            close = difflib.get_close_matches(report.endpoint, [*fleet.aliases, *fleet.endpoints], n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise RequestError(f"unknown endpoint '{report.endpoint}'{hint}", field=field_path(prefix, ("endpoint",)))
+        out.append(report)
+    return out
+
+
+@router.post("/v1/telemetry", response_model=TelemetryResponse, responses=ERROR_RESPONSES, tags=["gateway"],
+             summary="Push load snapshots and endpoint health (one report or a list)",
+             openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
+                 "anyOf": [{"$ref": "#/components/schemas/TelemetryIn"},
+                           {"type": "array", "items": {"$ref": "#/components/schemas/TelemetryIn"}}]}}}}})
+async def telemetry(request: Request, principal: Principal = Depends(require("gateway")),
+                    rt: Runtime = Depends(get_runtime)) -> dict[str, Any]:
+    """Apply load snapshots (vLLM-standard field names) and health marks; answers each endpoint's
+    merged reading."""
+    body = await read_json(request, rt.settings.max_body_bytes, "a telemetry report or a list of them")
+    try:
+        reports = parse_telemetry(body, rt)
+    except RequestError as exc:
+        raise HTTPError(422, exc.message, param=exc.field, code="invalid_value") from None
+    state = rt.live.engine.state
+    fleet = state.fleet
+    acks = []
+    for r in reports:
+        eid = fleet.endpoint_id(r.endpoint)
+        if r.healthy is not None:
+            state.set_health(eid, r.healthy, r.reason or "")
+        reading = None
+        if r.load is not None:
+            reading = state.push_load(eid, r.load.model_dump(exclude_unset=True))
+            rt.metrics.telemetry.inc()
+        info = fleet.endpoints[eid]
+        acks.append({"endpoint": eid, "target": info.target, "healthy": state.is_healthy(eid),
+                     "load": None if reading is None else reading.signals(state.monotonic())})
+    return {"accepted": len(reports), "endpoints": acks}
+
+
+__all__ = ["OUTCOMES_SCHEMA", "router", "store_outcomes", "parse_telemetry"]

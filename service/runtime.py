@@ -1,0 +1,144 @@
+"""What one running service holds: ``Runtime``, built once in the app's lifespan.
+
+``build_runtime(settings, engine=None, ...)`` loads the engine (unless one is injected),
+wraps the estimator in its hard time budget, opens the decision and outcome log and
+starts the decision log writer; ``Runtime.start_watchers`` starts the policy file watcher
+and the model follower as asyncio tasks; ``Runtime.close`` stops everything in order
+(watchers, then the writer drains, then the logs and the ledger close).
+
+Routes reach it as ``request.app.state.runtime`` through ``get_runtime`` (503 while the
+service is starting or stopping).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from pointsman.datasets.outcome_log import OutcomeLog
+from pointsman.policy.engine import RoutingEngine
+from pointsman.service.decision_log import DecisionLogWriter
+from pointsman.service.deadline import DeadlineEstimator, estimator_pool
+from pointsman.service.http_errors import unavailable
+from pointsman.service.live_engine import LiveEngine, ReloadResult, SwapResult
+from pointsman.service.loading import build_engine, load_estimator
+from pointsman.service.metrics import ServiceMetrics, StateCollector
+from pointsman.service.model_follower import ModelFollower, followed
+from pointsman.service.policy_reload import watch_policy
+from pointsman.service.settings import Settings
+
+log = logging.getLogger("pointsman.service")
+
+
+@dataclass
+class Runtime:
+    """The running service's parts (see the module). ``owns_engine``: close the engine's state
+    (budget ledger) at shutdown."""
+
+    settings: Settings
+    live: LiveEngine
+    metrics: ServiceMetrics
+    outcome_log: OutcomeLog
+    writer: DecisionLogWriter
+    owns_engine: bool = False
+    pool: concurrent.futures.ThreadPoolExecutor | None = None
+    follower: ModelFollower | None = None
+    watching: bool = False
+    closing: bool = False
+    _stop: asyncio.Event | None = None
+    _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    def wrap(self, estimator: Any) -> Any:
+        """``estimator`` with the service's hard time budget (``DeadlineEstimator``) when
+        ``POINTSMAN_ESTIMATOR_TIMEOUT_MS`` is set; as is otherwise."""
+        timeout = self.settings.estimator_timeout_ms
+        if timeout is None or isinstance(estimator, DeadlineEstimator):
+            return estimator
+        if self.pool is None:
+            self.pool = estimator_pool()
+        return DeadlineEstimator(estimator, timeout, self.pool)
+
+    def record_reload(self, result: ReloadResult) -> None:
+        """Metrics hook of policy reloads."""
+        label = "rejected" if not result.ok else ("ok" if result.changed else "unchanged")
+        self.metrics.policy_reloads.labels(label, result.source).inc()
+
+    def record_swap(self, result: SwapResult) -> None:
+        """Metrics hook of model swaps."""
+        self.metrics.model_swaps.labels("ok" if result.ok else "error").inc()
+
+    def start_watchers(self) -> None:
+        """Start the policy file watcher and the model follower (each only when configured)."""
+        s = self.settings
+        self._stop = asyncio.Event()
+        if s.watch_policy:
+            path = self.live.engine.policy.file
+            self._tasks.append(asyncio.create_task(watch_policy(self.live, path, self._stop, self.record_reload),
+                                                   name="pointsman-policy-watch"))
+            self.watching = True
+        if followed(s.model) and s.model_poll_interval_s > 0:
+            def load(spec: str) -> tuple[Any, str | None]:
+                return load_estimator(spec, s.estimator_timeout_ms, s.estimator_threads)
+
+            self.follower = ModelFollower(self.live, s.model or "champion", load=load, wrap=self.wrap,
+                                          on_result=self.record_swap)
+            self._tasks.append(asyncio.create_task(self.follower.run(s.model_poll_interval_s, self._stop),
+                                                   name="pointsman-model-follower"))
+
+    async def close(self) -> None:
+        """Stop the watchers, drain the decision log, close the logs, the pool and (when owned)
+        the ledger."""
+        self.closing = True
+        if self._stop is not None:
+            self._stop.set()
+        for task in self._tasks:
+            try:
+                await asyncio.wait_for(task, timeout=5.0)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                task.cancel()
+            except Exception:  # noqa: BLE001 - shutting down anyway
+                log.exception("background task %s failed", task.get_name())
+        await asyncio.to_thread(self.writer.close)
+        self.outcome_log.close()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.owns_engine:
+            self.live.engine.state.close()
+
+
+def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, owns_engine: bool = False,
+                  estimator_error: str | None = None) -> Runtime:
+    """Load what the service needs (see the module). Raises ``FleetError``/``PolicyError``/
+    ``BudgetConfigError`` for bad config files and ``DataError`` for an unusable outcome log."""
+    if engine is None:
+        loaded = build_engine(settings)
+        engine, estimator_error, owns_engine = loaded.engine, loaded.estimator_error, True
+        if estimator_error:
+            log.warning("difficulty estimator unavailable (%s); deciding with difficulty.available == false",
+                        estimator_error)
+    metrics = ServiceMetrics()
+    outcome_log = OutcomeLog(settings.outcome_log_path(), store_prompts=settings.store_prompts)
+
+    def on_log(result: str, n: int) -> None:
+        metrics.decision_log.labels(result).inc(n)
+
+    writer = DecisionLogWriter(outcome_log, flush_interval_s=settings.decision_log_flush_ms / 1000.0,
+                               max_queue=settings.decision_log_queue, on_result=on_log).start()
+    rt = Runtime(settings, LiveEngine(engine, estimator_error), metrics, outcome_log, writer, owns_engine)
+    if estimator_error is None:
+        rt.live = LiveEngine(engine.with_estimator(rt.wrap(engine.estimator)), None)
+    metrics.watch_state(StateCollector(lambda: rt.live, lambda: rt.writer.pending))
+    return rt
+
+
+def get_runtime(request: Request) -> Runtime:
+    """The app's runtime (dependency); 503 while the service starts or stops."""
+    rt: Runtime | None = getattr(request.app.state, "runtime", None)
+    if rt is None or rt.closing:
+        raise unavailable("the service is starting or stopping; retry shortly", "not_ready")
+    return rt
