@@ -46,7 +46,7 @@ from pointsman.service.auth import Principal, require
 from pointsman.service.bodies import field_path, read_json, validate_model
 from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, unavailable
 from pointsman.service.runtime import Runtime, get_runtime
-from pointsman.service.schemas import OutcomesResponse, TelemetryIn, TelemetryResponse
+from pointsman.service.schemas import OutcomeAckOut, OutcomesResponse, TelemetryIn, TelemetryResponse
 
 router = APIRouter()
 
@@ -150,7 +150,8 @@ async def outcomes(request: Request, principal: Principal = Depends(require("gat
         items = parse_outcomes(body)
     except RequestError as exc:
         raise HTTPError(422, exc.message, param=exc.field, code="invalid_value") from None
-    acks = await run_in_threadpool(store_outcomes, rt, items)
+    acks = [OutcomeAckOut.model_validate(a).model_dump()
+            for a in await run_in_threadpool(store_outcomes, rt, items)]
     counts: dict[str, int] = {}
     for a in acks:
         counts[a["status"]] = counts.get(a["status"], 0) + 1

@@ -1,0 +1,308 @@
+"""Every endpoint besides /v1/route over HTTP (FastAPI TestClient): outcomes, telemetry, fleet,
+policy read/validate/reload, probes, metrics, and the auth matrix."""
+
+import shutil
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from pointsman.datasets.outcome_log import OutcomeLog
+from pointsman.estimator.estimate import DifficultyEstimate, FixedDifficulty
+from pointsman.policy.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.engine import RoutingEngine
+from pointsman.policy.fleet import load_fleet
+from pointsman.service.app import create_app
+from pointsman.service.loading import build_state
+from pointsman.service.settings import Settings
+
+USER = {"role": "user", "content": "What is the capital of France?"}
+GATEWAY, ADMIN = "gw-secret-0123", "admin-secret-0123"
+
+
+def make_app(tmp_path, estimator=None, **kw):
+    """An app on a copy of the default policy in ``tmp_path`` (so reload tests can edit it)."""
+    policy_path = tmp_path / "policy.yaml"
+    if not policy_path.exists():
+        shutil.copy(DEFAULT_POLICY_PATH, policy_path)
+    fleet = load_fleet()
+    settings = Settings(data_dir=tmp_path, policy_path=policy_path, watch_policy=False, **kw)
+    engine = RoutingEngine(fleet, load_policy(policy_path, fleet), estimator or FixedDifficulty(0.2),
+                           state=build_state(settings, fleet))
+    return create_app(settings, engine=engine, owns_engine=True), policy_path
+
+
+@pytest.fixture
+def client(tmp_path):
+    app, _ = make_app(tmp_path)
+    with TestClient(app) as c:
+        yield c
+
+
+def route(c, **kw):
+    r = c.post("/v1/route", json={"messages": [USER]}, **kw)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_outcome_settles_the_budget_releases_load_and_is_stored(client, tmp_path):
+    d = route(client)
+    state = client.app.state.fleet_state
+    assert state.record(d["decision_id"]) is not None  # in flight
+    r = client.post("/v1/outcomes", json={"decision_id": d["decision_id"], "ttft_ms": 120, "tpot_ms": 20,
+                                          "usage": {"prompt_tokens": 12, "completion_tokens": 40},
+                                          "quality": {"user_rating": 1.0}})
+    assert r.status_code == 200, r.text
+    ack = r.json()["acks"][0]
+    assert ack["status"] == "stored" and ack["settlement"]["released_load"] == 1
+    assert ack["settlement"]["actual_cost_usd"] > 0 and ack["settlement"]["target"] == d["target"]
+    assert state.record(d["decision_id"]) is None
+    with OutcomeLog(tmp_path / "outcomes.db") as log:
+        logged = log.decision(d["decision_id"])
+        assert logged is not None and logged.outcomes[0].ttft_ms == 120
+    # the same outcome again: a duplicate, settled once only
+    again = client.post("/v1/outcomes", json={"decision_id": d["decision_id"], "ttft_ms": 120, "tpot_ms": 20,
+                                              "usage": {"prompt_tokens": 12, "completion_tokens": 40},
+                                              "quality": {"user_rating": 1.0}}).json()["acks"][0]
+    assert again["status"] == "duplicate" and again["settlement"]["replayed"] is True
+    conflict = client.post("/v1/outcomes", json={"decision_id": d["decision_id"], "ttft_ms": 999})
+    assert conflict.status_code == 409 and conflict.json()["acks"][0]["status"] == "conflict"
+
+
+def test_outcome_batch_answers_one_ack_per_item(client):
+    ids = [route(client)["decision_id"] for _ in range(3)]
+    batch = [{"decision_id": ids[0], "usage": {"prompt_tokens": 5, "completion_tokens": 5}},
+             {"decision_id": ids[1], "status": "error", "error": "upstream 500"},
+             {"decision_id": "0" * 32},
+             {"decision_id": ids[2], "shadow": True, "served_target": "frontier-large",
+              "quality": {"judge_score": 0.5}}]
+    r = client.post("/v1/outcomes", json=batch)
+    assert r.status_code == 200
+    acks = r.json()["acks"]
+    assert [a["status"] for a in acks] == ["stored", "stored", "unknown_decision", "stored"]
+    assert acks[1]["released"] is True and acks[1]["settlement"] is None
+    assert acks[3]["settlement"] is None  # shadow outcomes never touch budgets
+    assert r.json()["counts"] == {"stored": 3, "unknown_decision": 1}
+    single_unknown = client.post("/v1/outcomes", json={"decision_id": "1" * 32})
+    assert single_unknown.status_code == 404
+
+
+@pytest.mark.parametrize("body,param,message", [
+    ({}, "decision_id", "Field required"),
+    ({"decision_id": "x" * 32, "usage": {"prompt_tokens": -1}}, "usage.prompt_tokens", "Input should be greater"),
+    ({"decision_id": "x" * 32, "colour": "red"}, "colour", "unknown field"),
+    ([{"decision_id": "x" * 32}, {"decision_id": "y" * 32, "status": "meh"}], "[1].status", "Input should be"),
+    ([], None, "the outcome list is empty"),
+    ("hello", None, "expected a JSON object"),
+], ids=["missing-id", "negative-tokens", "unknown-field", "batch-index", "empty-list", "string"])
+def test_bad_outcomes_are_422_naming_the_field(client, body, param, message):
+    r = client.post("/v1/outcomes", json=body)
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"].startswith(message), err
+
+
+def test_empty_and_malformed_bodies_are_400_on_every_post(client):
+    for path in ("/v1/outcomes", "/v1/telemetry", "/v1/policy/validate"):
+        assert client.post(path, content=b"").json()["error"]["code"] == "empty_body"
+        r = client.post(path, content=b"{\"a\": ", headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "malformed_json"
+
+
+def test_telemetry_pushes_load_into_decisions_and_fleet(client):
+    fleet = client.app.state.fleet_state.fleet
+    eid = next(e for e, info in fleet.endpoints.items() if info.target == "onprem-70b" and info.role == "prefill")
+    r = client.post("/v1/telemetry", json=[{"endpoint": eid, "load": {"num_requests_waiting": 7,
+                                                                       "prefill_utilization": 0.9}},
+                                           {"endpoint": eid, "healthy": True}])
+    assert r.status_code == 200, r.text
+    assert r.json()["accepted"] == 2 and r.json()["endpoints"][0]["load"]["num_requests_waiting"] == 7
+    status = client.get("/v1/fleet").json()
+    ep = next(e for e in status["targets"]["onprem-70b"]["endpoints"] if e["id"] == eid)
+    assert ep["load"]["num_requests_waiting"] == 7 and ep["load"]["age_s"] >= 0
+    metrics = client.get("/metrics").text
+    assert 'pointsman_pool_prefill_utilization{pool="prefill",target="onprem-70b"} 0.9' in metrics
+    assert "pointsman_load_signal_age_seconds{" in metrics
+    assert "pointsman_pool_decode_utilization{" not in metrics  # nobody reported decode utilization
+
+
+@pytest.mark.parametrize("body,param,message", [
+    ({"endpoint": "llama-8b-O", "load": {"num_requests_waiting": 1}}, "endpoint", "unknown endpoint 'llama-8b-O' (did you mean 'llama-8b-"),
+    ({"endpoint": "llama-8b-0", "load": {"num_requests_waitin": 1}}, "load.num_requests_waitin", "unknown field"),
+    ({"endpoint": "llama-8b-0", "load": {"kv_cache_usage": "full"}}, "load.kv_cache_usage", "must be a number"),
+    ([{"endpoint": "llama-8b-0", "healthy": True}, {"endpoint": "llama-8b-0"}], "[1]", "a report needs"),
+    ({"endpoint": "llama-8b-0", "load": {}}, "load", "the load snapshot is empty"),
+], ids=["did-you-mean", "unknown-load-field", "wrong-type", "batch-index", "empty-load"])
+def test_bad_telemetry_is_422_naming_the_field(client, body, param, message):
+    r = client.post("/v1/telemetry", json=body)
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"].startswith(message), err
+
+
+def test_fleet_has_effective_prices_after_outcomes(client):
+    d = route(client)
+    client.post("/v1/outcomes", json={"decision_id": d["decision_id"],
+                                      "usage": {"prompt_tokens": 100, "completion_tokens": 100}})
+    price = client.get("/v1/fleet").json()["targets"][d["target"]]["effective_price"]
+    assert price["completion_tokens"] == 100 and price["usd_per_token"] > 0
+    assert f'pointsman_effective_price_usd_per_token{{target="{d["target"]}"}}' in client.get("/metrics").text
+
+
+def test_policy_read_and_validate(client):
+    p = client.get("/v1/policy").json()
+    assert p["name"] == "default" and p["rules"][0]["name"] == "estimator-unavailable"
+    assert p["source"].startswith("# The default routing policy")
+    ok = client.post("/v1/policy/validate", json={"policy": p["source"]}).json()
+    assert ok["valid"] is True and ok["revision"] == p["revision"]
+    bad_text = p["source"].replace("difficulty.p_hard >= variables.p_hard_frontier", "difficulty.p_hardd >= 1")
+    bad = client.post("/v1/policy/validate", json={"policy": bad_text, "file": "mine.yaml"}).json()
+    assert bad["valid"] is False
+    assert any(x["file"] == "mine.yaml" and x["line"] > 1 and "p_hardd" in x["message"] for x in bad["problems"])
+    r = client.post("/v1/policy/validate", json={"policy": 5})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "policy"
+
+
+def test_reload_endpoint_swaps_a_good_file_and_rejects_a_bad_one(tmp_path):
+    app, policy_path = make_app(tmp_path)
+    with TestClient(app) as c:
+        before = route(c)["policy_revision"]
+        text = policy_path.read_text()
+        policy_path.write_text(text.replace("p_hard_frontier: 0.42", "p_hard_frontier: 0.10"))
+        r = c.post("/v1/policy/reload")
+        assert r.status_code == 200 and r.json()["changed"] is True
+        d = route(c)
+        assert d["policy_revision"] == r.json()["revision"] != before
+        assert d["target"] == "frontier-large"  # p_hard 0.2 is now above the frontier threshold
+        policy_path.write_text(text.replace("route: {target: frontier-large", "route: {target: frontier-larg"))
+        bad = c.post("/v1/policy/reload")
+        assert bad.status_code == 422 and bad.json()["ok"] is False
+        problem = bad.json()["problems"][0]
+        assert problem["file"] == str(policy_path) and problem["line"] > 1 and "frontier-larg" in problem["message"]
+        assert route(c)["policy_revision"] == d["policy_revision"]  # the running policy keeps serving
+        assert c.get("/v1/policy").json()["last_reload"]["ok"] is False
+        assert 'pointsman_policy_reloads_total{result="rejected",source="endpoint"} 1.0' in c.get("/metrics").text
+
+
+def test_file_watch_reloads_the_policy(tmp_path):
+    app, policy_path = make_app(tmp_path)
+    app.state.settings.watch_policy = True
+    with TestClient(app) as c:
+        assert c.get("/v1/policy").json()["watching"] is True
+        before = route(c)["policy_revision"]
+        time.sleep(0.3)  # let the watcher start
+        policy_path.write_text(policy_path.read_text().replace("p_hard_frontier: 0.42", "p_hard_frontier: 0.11"))
+        deadline = time.monotonic() + 20
+        while route(c)["policy_revision"] == before:
+            assert time.monotonic() < deadline, "the watcher did not reload the policy within 20 s"
+            time.sleep(0.1)
+        assert c.get("/v1/policy").json()["last_reload"]["source"] == "watch"
+
+
+class SlowEstimator:
+    """An estimator that hangs for 2 s (a stuck model)."""
+
+    version = "slow-1"
+    tokenizer = None
+
+    def estimate(self, features):
+        time.sleep(2.0)
+        return DifficultyEstimate(0.9, True, 2000.0, None)
+
+
+def test_estimator_overrun_decides_through_the_unavailable_rule(tmp_path):
+    app, _ = make_app(tmp_path, SlowEstimator(), estimator_timeout_ms=50)
+    with TestClient(app) as c:
+        d = c.post("/v1/route", json={"messages": [USER], "routing": {"explain": True}}).json()
+        assert d["rule"] == "estimator-unavailable" and d["estimator_version"] == "slow-1"
+        assert d["trace"]["estimator"]["error"].startswith("timeout: no estimate within the 50 ms budget")
+        assert 'pointsman_estimator_unavailable_total{reason="timeout"} 1.0' in c.get("/metrics").text
+
+
+def test_probes_and_metrics(client):
+    route(client)
+    assert client.get("/healthz").json()["auth"] is False
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"]["decision_log"] == "ok"
+    m = client.get("/metrics")
+    assert m.headers["content-type"].startswith("text/plain")
+    for name in ("pointsman_decisions_total{rule=\"default\",target=\"onprem-8b\"} 1.0",
+                 "pointsman_decision_latency_seconds_bucket", "pointsman_estimator_latency_seconds_bucket",
+                 "pointsman_p_hard_bucket", "pointsman_budget_reserved_usd_total", "pointsman_serving_info{"):
+        assert name in m.text, name
+
+
+def test_prompts_are_not_stored_unless_opted_in(tmp_path):
+    for opt_in in (False, True):
+        folder = tmp_path / str(opt_in)
+        folder.mkdir()
+        app, _ = make_app(folder, store_prompts=opt_in)
+        with TestClient(app) as c:
+            d = route(c)
+            c.post("/v1/outcomes", json={"decision_id": d["decision_id"]})  # flushes the decision log
+        with OutcomeLog(folder / "outcomes.db") as log:
+            logged = log.decision(d["decision_id"])
+        assert logged.prompt_sha256 and logged.request_features["prompt_tokens"] > 0
+        assert (logged.prompt_text == "What is the capital of France?") is opt_in
+        raw = (folder / "outcomes.db").read_bytes() + b"".join(p.read_bytes() for p in folder.glob("outcomes.db-*"))
+        assert (b"capital of France" in raw) is opt_in
+
+
+# -- auth -----------------------------------------------------------------------------------
+
+ENDPOINTS = [("post", "/v1/route", {"messages": [USER]}, "gateway"),
+             ("post", "/v1/outcomes", {"decision_id": "0" * 32}, "gateway"),
+             ("post", "/v1/telemetry", {"endpoint": "llama-8b-0", "healthy": True}, "gateway"),
+             ("get", "/v1/fleet", None, "admin"),
+             ("get", "/v1/policy", None, "admin"),
+             ("post", "/v1/policy/validate", {"policy": "kind: RoutingPolicy"}, "admin"),
+             ("post", "/v1/policy/reload", None, "admin"),
+             ("get", "/healthz", None, "open"),
+             ("get", "/readyz", None, "open"),
+             ("get", "/metrics", None, "open")]
+
+
+@pytest.fixture(scope="module")
+def auth_client(tmp_path_factory):
+    app, _ = make_app(tmp_path_factory.mktemp("auth"), gateway_api_keys=f"edge={GATEWAY}",
+                      admin_api_keys=f"ops={ADMIN}")
+    with TestClient(app) as c:
+        yield c
+
+
+@pytest.mark.parametrize("key", [None, "wrong-key-123", GATEWAY, ADMIN], ids=["none", "wrong", "gateway", "admin"])
+@pytest.mark.parametrize("method,path,body,role", ENDPOINTS, ids=[e[1] for e in ENDPOINTS])
+def test_auth_matrix(auth_client, method, path, body, role, key):
+    headers = {} if key is None else {"authorization": f"Bearer {key}"}
+    r = auth_client.request(method.upper(), path, json=body, headers=headers)
+    if role == "open":
+        expected = 200
+    elif key in (None, "wrong-key-123"):
+        expected = 401
+    elif role == "admin" and key == GATEWAY:
+        expected = 403
+    else:
+        expected = None  # admitted: whatever the endpoint answers, but not an auth error
+    if expected is None:
+        assert r.status_code not in (401, 403), r.text
+    else:
+        assert r.status_code == expected, r.text
+    if r.status_code == 401:
+        assert r.headers["www-authenticate"] == "Bearer"
+        assert r.json()["error"]["code"] == ("missing_api_key" if key is None else "invalid_api_key")
+    if r.status_code == 403:
+        assert "key 'edge' has the gateway role" in r.json()["error"]["message"]
+    assert GATEWAY not in r.text and ADMIN not in r.text
+
+
+def test_auth_accepts_x_api_key_and_health_says_auth_is_on(auth_client):
+    assert auth_client.get("/v1/policy", headers={"x-api-key": ADMIN}).status_code == 200
+    assert auth_client.get("/healthz").json()["auth"] is True
+
+
+def test_bad_key_settings_are_rejected_without_echoing_the_secret(tmp_path):
+    with pytest.raises(ValueError, match="POINTSMAN_ADMIN_API_KEYS: entry 1 .*at least 8") as exc:
+        make_app(tmp_path, admin_api_keys="ops=short")
+    assert "short" not in str(exc.value).replace("at least", "")
+    with pytest.raises(ValueError, match="configured twice"):
+        make_app(tmp_path, gateway_api_keys="a=same-secret-1", admin_api_keys="b=same-secret-1")
