@@ -1,0 +1,121 @@
+"""Every acknowledged outcome survives a SIGKILL: `pointsman serve` runs as a real process, a
+client routes requests and posts their outcomes (single and batched) from two threads, the
+server is killed with SIGKILL mid-stream, restarted on the same data folder, and every outcome
+it acknowledged is in the outcome log (and a re-post is a duplicate, not a new outcome)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from pointsman.datasets.outcome_log import OutcomeLog
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(data_dir, port: int) -> subprocess.Popen:
+    env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1",
+           "POINTSMAN_DATA_DIR": str(data_dir), "POINTSMAN_WATCH_POLICY": "false"}
+    proc = subprocess.Popen([sys.executable, "-m", "pointsman", "serve", "--port", str(port), "--log-level", "warning"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < deadline, "service did not start within 60 s"
+        time.sleep(0.1)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def client_loop(base: str, worker: int, acked: dict[str, dict], stop_event: threading.Event) -> None:
+    """Route a request and post its outcome, over and over; 8 rounds one by one, then 8 rounds in
+    batches of 4, and so on.
+    Records each acknowledged outcome (by outcome id) until the connection dies."""
+    with httpx.Client(base_url=base, timeout=10) as c:
+        pending: list[dict] = []
+        n = 0
+        while not stop_event.is_set():
+            n += 1
+            try:
+                d = c.post("/v1/route", json={"messages": [{"role": "user", "content": f"question {worker}-{n}"}]})
+                assert d.status_code == 200, d.text
+                pending.append({"decision_id": d.json()["decision_id"], "outcome_id": f"w{worker}-o{n}",
+                                "usage": {"prompt_tokens": 10 + n, "completion_tokens": n}, "ttft_ms": float(n)})
+                if (n // 8) % 2 == 1 and len(pending) < 4:  # rounds 8-15, 24-31, ...: batches of 4
+                    continue
+                body: dict | list = pending[0] if len(pending) == 1 else list(pending)
+                r = c.post("/v1/outcomes", json=body)
+            except httpx.TransportError:
+                return  # the server died; what was not answered was not acknowledged
+            assert r.status_code == 200, r.text
+            for ack in r.json()["acks"]:
+                assert ack["status"] == "stored", ack
+                acked[ack["outcome_id"]] = next(o for o in pending if o["outcome_id"] == ack["outcome_id"])
+            pending.clear()
+
+
+def test_every_acknowledged_outcome_survives_sigkill(tmp_path):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = start(tmp_path, port)
+    acked: dict[str, dict] = {}
+    stop_event = threading.Event()
+    threads = [threading.Thread(target=client_loop, args=(base, w, acked, stop_event)) for w in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while len(acked) < 80:
+            assert time.monotonic() < deadline and all(t.is_alive() for t in threads), "clients stalled"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)  # mid-stream: both clients are posting
+        proc.wait(timeout=10)
+        for t in threads:
+            t.join(timeout=15)
+    finally:
+        stop_event.set()
+        stop(proc)
+    assert proc.returncode == -signal.SIGKILL
+    acknowledged = dict(acked)
+    assert len(acknowledged) >= 80
+
+    proc = start(tmp_path, port)  # restart on the same data folder
+    try:
+        with OutcomeLog(tmp_path / "outcomes.db") as log:
+            missing = [oid for oid in acknowledged if log.outcome(oid) is None]
+            assert not missing, f"{len(missing)} acknowledged outcome(s) lost: {missing[:5]}"
+            for oid, sent in acknowledged.items():
+                assert log.outcome(oid).ttft_ms == sent["ttft_ms"]
+        # re-posting what was acknowledged is a duplicate: the restarted service sees it stored
+        some = list(acknowledged.values())[:10]
+        r = httpx.post(f"{base}/v1/outcomes", json=some, timeout=10)
+        assert r.status_code == 200 and r.json()["counts"] == {"duplicate": 10}
+    finally:
+        stop(proc)

@@ -1,0 +1,112 @@
+"""Policy reload and model swap while clients send decisions: no decision fails, each names the
+policy revision and estimator version it ran on, and every decision that started after a
+change names the new one. The model swap goes through ``ModelFollower.poll_once`` (the path
+the registry poller takes) with an injected resolver; ``test_loop_http.py`` follows a real
+MLflow alias."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+
+from fastapi.testclient import TestClient
+
+from pointsman.estimator.estimate import DifficultyEstimate
+from pointsman.policy.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.engine import RoutingEngine
+from pointsman.policy.fleet import load_fleet
+from pointsman.service.app import create_app
+from pointsman.service.model_follower import ModelFollower
+from pointsman.service.settings import Settings
+
+
+@dataclass
+class RegistryModel:
+    """A fixed-difficulty stand-in for registry version ``n`` (``source`` as the loader names it)."""
+
+    p_hard: float
+    n: int
+    tokenizer: None = None
+
+    @property
+    def version(self) -> str:
+        return f"difficulty-v{self.n}"
+
+    @property
+    def source(self) -> str:
+        return f"models:/pointsman-difficulty/{self.n} (@champion)"
+
+    def estimate(self, features: object) -> DifficultyEstimate:
+        return DifficultyEstimate(self.p_hard, True, 0.01, None)
+
+
+def test_policy_reload_and_model_swap_under_traffic_drop_nothing(tmp_path):
+    policy_path = tmp_path / "policy.yaml"
+    shutil.copy(DEFAULT_POLICY_PATH, policy_path)
+    fleet = load_fleet()
+    engine = RoutingEngine(fleet, load_policy(policy_path, fleet), RegistryModel(0.2, 1))
+    app = create_app(Settings(data_dir=tmp_path, policy_path=policy_path, watch_policy=False, estimator_timeout_ms=500),
+                     engine=engine, owns_engine=True)
+    results: list[tuple[float, int, str | None, str | None]] = []  # (start, status, policy_revision, estimator)
+    stop = threading.Event()
+
+    def client_loop(c: TestClient, worker: int) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            started = time.monotonic()
+            r = c.post("/v1/route", json={"messages": [{"role": "user", "content": f"q {worker}-{n}"}]})
+            body = r.json() if r.status_code == 200 else {}
+            results.append((started, r.status_code, body.get("policy_revision"), body.get("estimator_version")))
+
+    with TestClient(app) as c:
+        rt = app.state.runtime
+        old_revision = rt.live.engine.policy.revision
+        threads = [threading.Thread(target=client_loop, args=(c, w)) for w in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            def wait_for(count: int) -> None:
+                deadline = time.monotonic() + 30
+                while len(results) < count:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.005)
+
+            wait_for(40)
+            # 1. the policy file changes and the reload endpoint serves it
+            policy_path.write_text(policy_path.read_text().replace("p_hard_frontier: 0.42", "p_hard_frontier: 0.15"))
+            reload = c.post("/v1/policy/reload").json()
+            assert reload["ok"] and reload["changed"]
+            reloaded_at = time.monotonic()
+            wait_for(len(results) + 40)
+            # 2. the followed alias moves to version 2: loaded aside, swapped in atomically
+            follower = ModelFollower(rt.live, "champion", load=lambda spec: (RegistryModel(0.9, 2), None),
+                                     wrap=rt.wrap, resolve=lambda spec: "2", on_result=rt.record_swap)
+            assert follower.current == "1"
+            swap = follower.poll_once()
+            swapped_at = time.monotonic()
+            assert swap.ok and (swap.previous_version, swap.version) == ("difficulty-v1", "difficulty-v2")
+            assert follower.poll_once() is None  # the alias did not move again
+            wait_for(len(results) + 40)
+            # 3. a broken file written while traffic flows is rejected; decisions go on
+            policy_path.write_text("rules: [")
+            assert c.post("/v1/policy/reload").status_code == 422
+            wait_for(len(results) + 40)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=30)
+        health = c.get("/healthz").json()
+        metrics = c.get("/metrics").text
+
+    assert all(status == 200 for _, status, _, _ in results), {s for _, s, _, _ in results}
+    assert len(results) >= 160
+    new_revision = reload["revision"]
+    assert {rev for _, _, rev, _ in results} == {old_revision, new_revision}
+    assert all(rev == new_revision for started, _, rev, _ in results if started > reloaded_at)
+    assert all(v == "difficulty-v2" for started, _, _, v in results if started > swapped_at)
+    assert any(v == "difficulty-v1" for *_, v in results)
+    assert health["estimator"]["version"] == "difficulty-v2" and health["policy_revision"] == new_revision
+    assert 'pointsman_model_swaps_total{result="ok"} 1.0' in metrics
