@@ -157,7 +157,12 @@ def _duplicate_keys(file: str, node: yaml.Node | None) -> list[Problem]:
 
 def parse_yaml(text: str, file: str, error_cls: type[ConfigError]) -> LocatedDocument:
     """Parse one YAML document with marks; raises ``error_cls`` on syntax errors or duplicate keys."""
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as exc:  # a control character: rejected before parsing starts
+        line, col = _line_col(text, exc.position)
+        raise error_cls([Problem(file, line, col, "yaml-syntax", f"character #x{exc.character:04x} is not allowed "
+                                 "in YAML (special characters)")]) from None
     try:
         root = loader.get_single_node()
         data = loader.construct_document(root) if root is not None else None

@@ -159,6 +159,8 @@ def test_policy_read_and_validate(client):
     bad = client.post("/v1/policy/validate", json={"policy": bad_text, "file": "mine.yaml"}).json()
     assert bad["valid"] is False
     assert any(x["file"] == "mine.yaml" and x["line"] > 1 and "p_hardd" in x["message"] for x in bad["problems"])
+    control = client.post("/v1/policy/validate", json={"policy": "rules:\n  - \b"}).json()  # found by schemathesis
+    assert control["valid"] is False and control["problems"][0]["text"].startswith("<request>:2:5: yaml-syntax")
     r = client.post("/v1/policy/validate", json={"policy": 5})
     assert r.status_code == 422 and r.json()["error"]["param"] == "policy"
 
