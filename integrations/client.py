@@ -1,0 +1,221 @@
+"""An HTTP client of the decision service for gateways written in Python.
+
+``PointsmanClient(base_url, api_key=None, route_timeout_s=0.25, ...)``:
+
+- ``aroute(body)`` / ``route(body)``: ``POST /v1/route`` with an OpenAI chat request plus
+  ``routing`` context; returns the decision (the ``RouteResponse`` JSON as a dict) or ``None``
+  when Pointsman cannot decide in time — connection refused, timeout, 5xx, or a 4xx for a
+  request Pointsman rejects. A gateway must not fail its user's request because the router
+  is down: ``None`` means "route the way you would without Pointsman" (fail open); the reason
+  is logged (warning; 4xx as an error, since it is a client bug) and counted in ``stats``.
+- ``report(outcome)``: queue one outcome (a dict shaped like ``OutcomeIn``,
+  ``datasets/outcome_schema.py``) for ``POST /v1/outcomes``. Inside a running event loop it
+  never blocks: outcomes are batched for ``flush_interval_s`` (at most ``MAX_BATCH`` per call)
+  and posted by a background task; transport errors are retried ``outcome_attempts`` times,
+  then the batch is dropped and counted (the reservation it would have settled expires in
+  the ledger). Without a running loop (a sync caller's logging thread) it posts at once.
+  ``aflush()`` waits until everything queued so far has been posted.
+- Acknowledgements (``OutcomeAckOut`` dicts) of the last 10,000 outcomes are kept in
+  ``acks`` (a deque), so callers and tests can see what the service stored.
+
+Auth: with ``api_key`` every call sends ``Authorization: Bearer <key>`` (a gateway-role key,
+``service/auth.py``). Timeouts are in seconds; ``route_timeout_s`` bounds the whole
+``/v1/route`` call (connect, write, read). One ``httpx.AsyncClient`` is kept per event loop
+(keep-alive connections); ``aclose()`` / ``close()`` release them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+from typing import Any, Mapping, Sequence
+
+import httpx
+
+from pointsman.datasets.outcome_schema import MAX_BATCH
+
+log = logging.getLogger("pointsman.integrations")
+
+#: Response and forwarding headers of a decision.
+DECISION_HEADER = "x-pointsman-decision-id"
+TARGET_HEADER = "x-pointsman-target"
+
+
+class PointsmanClient:
+    """Calls ``/v1/route`` and reports to ``/v1/outcomes``; see the module docstring.
+
+    ``base_url``: the service root, e.g. ``http://127.0.0.1:8000``. ``route_timeout_s``: budget
+    of one routing call in seconds (default 0.25). ``outcome_timeout_s``: budget of one
+    outcome post. ``flush_interval_s``: how long outcomes wait to be batched. ``transport``:
+    an httpx transport for tests. Counters in ``stats``: ``routed``, ``route_failed``,
+    ``outcomes_acked``, ``outcomes_dropped``.
+    """
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, route_timeout_s: float = 0.25,
+                 outcome_timeout_s: float = 5.0, flush_interval_s: float = 0.05, outcome_attempts: int = 3,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.route_timeout_s = route_timeout_s
+        self.outcome_timeout_s = outcome_timeout_s
+        self.flush_interval_s = flush_interval_s
+        self.outcome_attempts = max(1, outcome_attempts)
+        self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._transport = transport
+        self._aclients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+        self._sync: httpx.Client | None = None
+        self._lock = threading.Lock()
+        self._pending: list[dict[str, Any]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
+        self.acks: collections.deque[dict[str, Any]] = collections.deque(maxlen=10_000)
+        self.stats: collections.Counter[str] = collections.Counter()
+
+    # -- clients ------------------------------------------------------------------------------
+    def _aclient(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        client = self._aclients.get(loop)
+        if client is None:
+            client = httpx.AsyncClient(base_url=self.base_url, headers=self._headers, transport=self._transport)
+            self._aclients = {lp: c for lp, c in self._aclients.items() if not lp.is_closed()}
+            self._aclients[loop] = client
+        return client
+
+    def _client(self) -> httpx.Client:
+        with self._lock:
+            if self._sync is None:
+                self._sync = httpx.Client(base_url=self.base_url, headers=self._headers)
+            return self._sync
+
+    # -- routing ------------------------------------------------------------------------------
+    async def aroute(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """``POST /v1/route``; the decision dict, or ``None`` (fail open) — see the module docstring."""
+        try:
+            resp = await self._aclient().post("/v1/route", json=body, timeout=self.route_timeout_s)
+        except httpx.HTTPError as exc:
+            return self._route_failed(f"{type(exc).__name__}: {exc}")
+        return self._decision(resp)
+
+    def route(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Blocking ``aroute``, for sync gateways (``httpx.Client``)."""
+        try:
+            resp = self._client().post("/v1/route", json=body, timeout=self.route_timeout_s)
+        except httpx.HTTPError as exc:
+            return self._route_failed(f"{type(exc).__name__}: {exc}")
+        return self._decision(resp)
+
+    def _decision(self, resp: httpx.Response) -> dict[str, Any] | None:
+        if resp.status_code == 200:
+            self.stats["routed"] += 1
+            return resp.json()
+        detail = _error_text(resp)
+        if 400 <= resp.status_code < 500:
+            self.stats["route_failed"] += 1
+            log.error("pointsman rejected the routing request (HTTP %d: %s); routing without it",
+                      resp.status_code, detail)
+            return None
+        return self._route_failed(f"HTTP {resp.status_code}: {detail}")
+
+    def _route_failed(self, reason: str) -> None:
+        self.stats["route_failed"] += 1
+        log.warning("pointsman at %s did not decide (%s); routing without it", self.base_url, reason)
+        return None
+
+    # -- outcomes -----------------------------------------------------------------------------
+    def report(self, outcome: Mapping[str, Any]) -> None:
+        """Queue one outcome; never raises and never blocks a running event loop."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self.post_outcomes([dict(outcome)])
+            return
+        self._pending.append(dict(outcome))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self.flush_interval_s)
+        while self._pending:
+            batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            task = asyncio.create_task(self._apost(batch))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+
+    async def aflush(self) -> None:
+        """Wait until every outcome queued so far has been posted (or dropped)."""
+        while (self._flusher is not None and not self._flusher.done()) or self._inflight:
+            if self._flusher is not None and not self._flusher.done():
+                await self._flusher
+            if self._inflight:
+                await asyncio.gather(*list(self._inflight), return_exceptions=True)
+
+    async def _apost(self, batch: list[dict[str, Any]]) -> None:
+        reason = ""
+        for attempt in range(self.outcome_attempts):
+            try:
+                resp = await self._aclient().post("/v1/outcomes", json=batch, timeout=self.outcome_timeout_s)
+            except httpx.HTTPError as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+                await asyncio.sleep(0.1 * 2 ** attempt)
+                continue
+            self._acked(batch, resp)
+            return
+        self._dropped(batch, reason)
+
+    def post_outcomes(self, batch: Sequence[Mapping[str, Any]]) -> None:
+        """Post outcomes now (blocking, for sync callers); failures are logged and counted, never raised."""
+        reason = ""
+        for _ in range(self.outcome_attempts):
+            try:
+                resp = self._client().post("/v1/outcomes", json=list(batch), timeout=self.outcome_timeout_s)
+            except httpx.HTTPError as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+                continue
+            self._acked(batch, resp)
+            return
+        self._dropped(batch, reason)
+
+    def _acked(self, batch: Sequence[Mapping[str, Any]], resp: httpx.Response) -> None:
+        if resp.status_code != 200:
+            # 4xx: the batch itself is wrong (a bug; retrying cannot help); 5xx: the service failed.
+            self._dropped(batch, f"HTTP {resp.status_code}: {_error_text(resp)}")
+            return
+        acks = resp.json().get("acks", [])
+        self.acks.extend(acks)
+        self.stats["outcomes_acked"] += len(acks)
+        for ack in acks:
+            if ack.get("status") not in ("stored", "duplicate"):
+                log.warning("pointsman did not store outcome %s: %s %s", ack.get("outcome_id"),
+                            ack.get("status"), ack.get("message") or "")
+
+    def _dropped(self, batch: Sequence[Mapping[str, Any]], reason: str) -> None:
+        self.stats["outcomes_dropped"] += len(batch)
+        log.warning("dropped %d outcome(s) for pointsman at %s (%s)", len(batch), self.base_url, reason)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def aclose(self) -> None:
+        """Flush queued outcomes, then close this loop's async client and the sync client."""
+        await self.aflush()
+        loop = asyncio.get_running_loop()
+        client = self._aclients.pop(loop, None)
+        if client is not None:
+            await client.aclose()
+        self.close()
+
+    def close(self) -> None:
+        """Close the sync client (async clients are closed by ``aclose`` in their loop)."""
+        with self._lock:
+            if self._sync is not None:
+                self._sync.close()
+                self._sync = None
+
+
+def _error_text(resp: httpx.Response) -> str:
+    """The service's error message (``{"error": {"message": ...}}``), else the raw body, shortened."""
+    try:
+        err = resp.json().get("error", {})
+        text = f"{err.get('message')} (param {err.get('param')})" if isinstance(err, dict) else str(err)
+    except (ValueError, AttributeError):
+        text = resp.text
+    return text[:300]

@@ -1,0 +1,337 @@
+"""Pointsman as the routing strategy of a ``litellm.Router``, with outcomes reported back.
+
+LiteLLM documents two extension points used here (docs.litellm.ai, "Router" → custom
+routing strategy; "Custom callbacks"): a ``CustomRoutingStrategyBase`` whose
+``async_get_available_deployment`` returns one element of the router's model list, set with
+``router.set_custom_routing_strategy`` (LiteLLM ≥ 1.100 names it ``register_plugin``; both
+are supported), and a ``CustomLogger`` whose success/failure hooks run after each call.
+
+Usage::
+
+    router = litellm.Router(model_list=[
+        {"model_name": "chat", "litellm_params": {"model": "hosted_vllm/meta-llama/Llama-3.1-8B-Instruct",
+                                                  "api_base": "http://llama-8b-0:8000/v1"},
+         "model_info": {"pointsman_target": "onprem-8b", "pointsman_default": True}},
+        {"model_name": "chat", "litellm_params": {"model": "openai/gpt-4o-2024-08-06"},
+         "model_info": {"pointsman_target": "frontier-large"}},
+    ])
+    attach(router, PointsmanClient("http://127.0.0.1:8000", api_key=GATEWAY_KEY))
+    await router.acompletion(model="chat", messages=[...],
+                             metadata={"pointsman": {"tenant": "acme", "session_id": "s-1"}})
+
+Per call (``PointsmanRoutingStrategy``):
+
+1. ``POST /v1/route`` with the call's ``messages``, ``tools``, ``max_tokens``/
+   ``max_completion_tokens`` and ``user``, and ``metadata["pointsman"]`` as the ``routing``
+   context (tenant, team, session_id, slo_class, prefix_block_hashes, prompt_tokens).
+2. The deployment is chosen among the model group's deployments by ``pick_deployment``:
+   the decision's ``target`` first, then its ``fallbacks`` in order; a deployment serves a
+   target when its ``model_info.pointsman_target`` names it, or (without that key) when its
+   ``litellm_params.model`` is the target's upstream model (``model`` of the decision, with
+   or without a LiteLLM provider prefix such as ``openai/``). Among several deployments of a
+   target, the one whose ``api_base`` is the decision's first endpoint URL wins (one LiteLLM
+   deployment per replica gives Pointsman the replica pick too); otherwise the decision id
+   spreads calls over them.
+3. The decision id is forwarded upstream as the ``x-pointsman-decision-id`` header
+   (``extra_headers``) and kept in the call's ``metadata["pointsman_decision"]`` for step 4.
+4. ``PointsmanOutcomeLogger`` (one per process, ``OUTCOME_LOGGER``) posts the outcome after the call, in the background
+   (``PointsmanClient.report``): usage (prompt, cached, completion tokens), end-to-end latency,
+   TTFT and TPOT for streamed calls (LiteLLM's ``completion_start_time`` is the first chunk),
+   the served target, and status ``ok``, ``timeout`` or ``error``. Reporting never fails or
+   delays the user's call.
+
+Fall-back: when Pointsman does not answer within ``route_timeout_s`` (connection refused,
+timeout, 5xx) or rejects the request (4xx), or no deployment serves the decided target or
+its fallbacks, the call goes to the group's deployment marked ``model_info.pointsman_default:
+true``, else the group's first deployment; a call without a decision reports no outcome.
+
+Limits: LiteLLM asks the strategy again for each retry, and each attempt gets its own
+decision (its failure is reported as an ``error`` outcome of the previous decision only if
+LiteLLM logs that failure before asking again).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import weakref
+import zlib
+from datetime import datetime
+from typing import Any, Mapping, Sequence
+
+import litellm
+from litellm.integrations.custom_logger import CustomLogger
+from litellm.types.router import CustomRoutingStrategyBase
+
+from pointsman.integrations.client import DECISION_HEADER, PointsmanClient
+
+log = logging.getLogger("pointsman.integrations")
+
+#: Keys of the call metadata: the routing context in, the decision out.
+ROUTING_KEY = "pointsman"
+DECISION_KEY = "pointsman_decision"
+#: Keys of a deployment's ``model_info``.
+TARGET_INFO = "pointsman_target"
+DEFAULT_INFO = "pointsman_default"
+
+
+def deployments_of(router: Any, model: str) -> list[dict[str, Any]]:
+    """The deployments (model-list dicts) of the model group ``model``; ``[]`` when unknown."""
+    registry = getattr(router, "registry", None)
+    found = registry().deployments(model) if callable(registry) else router.get_model_list(model_name=model)
+    return list(found or [])
+
+
+def target_of(deployment: Mapping[str, Any]) -> str | None:
+    """The Pointsman target a deployment serves: ``model_info.pointsman_target``, else None."""
+    return (deployment.get("model_info") or {}).get(TARGET_INFO)
+
+
+def _serves_model(deployment: Mapping[str, Any], model: str) -> bool:
+    name = str((deployment.get("litellm_params") or {}).get("model", ""))
+    return name == model or name.endswith("/" + model)
+
+
+def pick_deployment(deployments: Sequence[dict[str, Any]], decision: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The deployment that serves ``decision`` (a ``RouteResponse`` dict); None if none does.
+
+    Tries the decided target, then each fallback in order (see the module docstring for the
+    mapping). Returns an element of ``deployments`` itself (LiteLLM requires that).
+    """
+    choices = [(decision["target"], decision["model"], [e["url"] for e in decision.get("endpoints", [])])]
+    choices += [(f["target"], f["model"], [f["base_url"]]) for f in decision.get("fallbacks", [])]
+    for target, model, urls in choices:
+        found = [d for d in deployments if target_of(d) == target]
+        if not found:
+            found = [d for d in deployments if target_of(d) is None and _serves_model(d, model)]
+        if not found:
+            continue
+        for url in urls:
+            for d in found:
+                if str((d.get("litellm_params") or {}).get("api_base", "")).rstrip("/") == url.rstrip("/"):
+                    return d
+        return found[zlib.crc32(str(decision["decision_id"]).encode()) % len(found)]
+    return None
+
+
+def default_deployment(deployments: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The fall-back deployment: the one marked ``model_info.pointsman_default``, else the first."""
+    for d in deployments:
+        if (d.get("model_info") or {}).get(DEFAULT_INFO):
+            return d
+    return deployments[0] if deployments else None
+
+
+def route_body(model: str, messages: Sequence[Any] | None, request_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``/v1/route`` body for one LiteLLM call: its chat fields plus ``metadata["pointsman"]``
+    as ``routing``. Messages that are pydantic objects (LiteLLM ``Message``) are dumped to dicts."""
+    body: dict[str, Any] = {"model": model, "messages": [_plain(m) for m in (messages or [])]}
+    for key in ("tools", "max_tokens", "max_completion_tokens", "user"):
+        if request_kwargs.get(key) is not None:
+            body[key] = _plain(request_kwargs[key])
+    routing = (request_kwargs.get("metadata") or {}).get(ROUTING_KEY)
+    if routing:
+        body["routing"] = dict(routing)
+    return body
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready copy: pydantic models dumped, other unknown objects as strings."""
+    if hasattr(value, "model_dump"):
+        value = value.model_dump(exclude_none=True)
+    return json.loads(json.dumps(value, default=str))
+
+
+class PointsmanRoutingStrategy(CustomRoutingStrategyBase):
+    """LiteLLM custom routing strategy: each call's deployment is the one Pointsman decides.
+
+    ``router``: the ``litellm.Router`` it is set on (to read the model group's deployments);
+    ``client``: a ``PointsmanClient``. Returns an element of the router's model list; see the
+    module docstring for the mapping and the fall-back. Never raises for Pointsman's failures.
+    """
+
+    def __init__(self, router: Any, client: PointsmanClient) -> None:
+        self.router = router
+        self.client = client
+
+    async def async_get_available_deployment(self, model: str, messages: list[dict[str, str]] | None = None,
+                                             input: str | list[object] | None = None,
+                                             specific_deployment: bool | None = False,
+                                             request_kwargs: dict[str, object] | None = None) -> dict[str, Any] | None:
+        """Ask Pointsman (async) and return the chosen deployment dict."""
+        kwargs = request_kwargs if request_kwargs is not None else {}
+        deployments = deployments_of(self.router, model)
+        if not deployments or messages is None:
+            return default_deployment(deployments)
+        decision = await self.client.aroute(route_body(model, messages, kwargs))
+        return self._apply(decision, deployments, kwargs)
+
+    def get_available_deployment(self, model: str, messages: list[dict[str, str]] | None = None,
+                                 input: str | list[object] | None = None, specific_deployment: bool | None = False,
+                                 request_kwargs: dict[str, object] | None = None) -> dict[str, Any] | None:
+        """Ask Pointsman (blocking, for ``router.completion``) and return the chosen deployment dict."""
+        kwargs = request_kwargs if request_kwargs is not None else {}
+        deployments = deployments_of(self.router, model)
+        if not deployments or messages is None:
+            return default_deployment(deployments)
+        decision = self.client.route(route_body(model, messages, kwargs))
+        return self._apply(decision, deployments, kwargs)
+
+    def _apply(self, decision: dict[str, Any] | None, deployments: list[dict[str, Any]],
+               kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        if decision is None:
+            return default_deployment(deployments)
+        chosen = pick_deployment(deployments, decision)
+        if chosen is None:
+            log.warning("no LiteLLM deployment serves pointsman target %r or its fallbacks; using the default",
+                        decision["target"])
+            chosen = default_deployment(deployments)
+        served = target_of(chosen) if chosen else None
+        if served is None and chosen is not None and _serves_model(chosen, decision["model"]):
+            served = decision["target"]
+        metadata = kwargs.setdefault("metadata", {})
+        if isinstance(metadata, dict):
+            metadata[DECISION_KEY] = {"id": decision["decision_id"], "target": decision["target"],
+                                      "served_target": served, "client": id(self.client)}
+        headers = dict(kwargs.get("extra_headers") or {})
+        headers[DECISION_HEADER] = decision["decision_id"]
+        kwargs["extra_headers"] = headers
+        return chosen
+
+
+class PointsmanOutcomeLogger(CustomLogger):
+    """LiteLLM callback that reports each routed call's outcome to ``/v1/outcomes``.
+
+    LiteLLM registers one instance per logger class and process, so one logger
+    (``OUTCOME_LOGGER``) serves every attached client: a call carrying a decision
+    (``metadata["pointsman_decision"]``) is reported through the client that routed it
+    (looked up by id among live clients); the outcome is queued there and posted in the
+    background. Latencies in ms: ``e2e_latency_ms`` = end − start; for streamed calls
+    ``ttft_ms`` = first chunk − start and ``tpot_ms`` = (end − first chunk) / (completion tokens − 1).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clients: weakref.WeakValueDictionary[int, PointsmanClient] = weakref.WeakValueDictionary()
+
+    async def async_log_success_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        """Queue an ``ok`` outcome with usage and latencies."""
+        self._report(kwargs, response_obj, start_time, end_time, failed=False)
+
+    async def async_log_failure_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        """Queue an ``error``/``timeout`` outcome (no usage: the call's budget hold is released)."""
+        self._report(kwargs, response_obj, start_time, end_time, failed=True)
+
+    def log_success_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        """Sync calls (``router.completion``): post the outcome from LiteLLM's logging thread."""
+        self._report(kwargs, response_obj, start_time, end_time, failed=False)
+
+    def log_failure_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        """Sync calls: post the failure outcome from LiteLLM's logging thread."""
+        self._report(kwargs, response_obj, start_time, end_time, failed=True)
+
+    def _report(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any, *, failed: bool) -> None:
+        try:
+            decision = _decision_of(kwargs)
+            client = self.clients.get(decision.get("client")) if decision else None
+            if client is None:
+                return
+            outcome = outcome_from_call(kwargs, response_obj, start_time, end_time, failed=failed)
+            if outcome is not None:
+                client.report(outcome)
+        except Exception:  # noqa: BLE001 - a reporting bug must never reach the user's call
+            log.exception("could not build the pointsman outcome of a LiteLLM call")
+
+
+#: The process's one outcome logger (see ``PointsmanOutcomeLogger``).
+OUTCOME_LOGGER = PointsmanOutcomeLogger()
+
+
+def _decision_of(kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+    metadata = (kwargs.get("litellm_params") or {}).get("metadata") or kwargs.get("metadata") or {}
+    return metadata.get(DECISION_KEY)
+
+
+def outcome_from_call(kwargs: Mapping[str, Any], response_obj: Any, start_time: Any, end_time: Any, *,
+                      failed: bool) -> dict[str, Any] | None:
+    """The ``/v1/outcomes`` payload (an ``OutcomeIn`` dict) of one LiteLLM call, from LiteLLM's
+    logging ``kwargs``; None when the call carries no Pointsman decision."""
+    decision = _decision_of(kwargs)
+    if not decision:
+        return None
+    outcome: dict[str, Any] = {"decision_id": decision["id"], "time_s": _seconds(end_time) or time.time()}
+    if decision.get("served_target"):
+        outcome["served_target"] = decision["served_target"]
+    model = (kwargs.get("litellm_params") or {}).get("model") or kwargs.get("model")
+    if model:
+        outcome["served_model"] = str(model)[:256]
+    e2e_s = _elapsed(start_time, end_time)
+    if e2e_s is not None:
+        outcome["e2e_latency_ms"] = e2e_s * 1000.0
+    if failed:
+        exc = kwargs.get("exception") or response_obj
+        outcome["status"] = "timeout" if _is_timeout(exc) else "error"
+        outcome["error"] = (f"{type(exc).__name__}: {exc}" if exc is not None else "call failed")[:1000]
+        return outcome
+    outcome["status"] = "ok"
+    usage = _usage(response_obj)
+    if usage:
+        outcome["usage"] = usage
+    first = kwargs.get("completion_start_time")
+    if kwargs.get("stream") and first is not None:
+        ttft_s = _elapsed(start_time, first)
+        if ttft_s is not None:
+            outcome["ttft_ms"] = ttft_s * 1000.0
+        decode_s = _elapsed(first, end_time)
+        n_out = (usage or {}).get("completion_tokens") or 0
+        if decode_s is not None and n_out > 1:
+            outcome["tpot_ms"] = decode_s * 1000.0 / (n_out - 1)
+    return outcome
+
+
+def _usage(response_obj: Any) -> dict[str, int] | None:
+    usage = getattr(response_obj, "usage", None)
+    if usage is None and isinstance(response_obj, Mapping):
+        usage = response_obj.get("usage")
+    if usage is None:
+        return None
+    get = usage.get if isinstance(usage, Mapping) else lambda k, d=None: getattr(usage, k, d)
+    out = {k: int(get(k)) for k in ("prompt_tokens", "completion_tokens") if get(k) is not None}
+    details = get("prompt_tokens_details")
+    cached = (details.get("cached_tokens") if isinstance(details, Mapping)
+              else getattr(details, "cached_tokens", None)) if details is not None else None
+    if cached is not None:
+        out["cached_tokens"] = int(cached)
+    return out or None
+
+
+def _is_timeout(exc: Any) -> bool:
+    return isinstance(exc, (litellm.Timeout, TimeoutError)) or "timeout" in type(exc).__name__.lower()
+
+
+def _seconds(t: Any) -> float | None:
+    if isinstance(t, datetime):
+        return t.timestamp()
+    if isinstance(t, (int, float)):
+        return float(t)
+    return None
+
+
+def _elapsed(start: Any, end: Any) -> float | None:
+    a, b = _seconds(start), _seconds(end)
+    return max(0.0, b - a) if a is not None and b is not None else None
+
+
+def attach(router: Any, client: PointsmanClient) -> PointsmanRoutingStrategy:
+    """Make Pointsman route ``router`` and report its outcomes: sets a ``PointsmanRoutingStrategy``
+    on the router, registers ``client`` with ``OUTCOME_LOGGER`` and adds that logger to
+    ``litellm.callbacks`` once (LiteLLM's callbacks are process-wide; the logger reports only
+    calls an attached client routed). Returns the strategy."""
+    strategy = PointsmanRoutingStrategy(router, client)
+    register = getattr(router, "register_plugin", None) or router.set_custom_routing_strategy
+    register(strategy)
+    OUTCOME_LOGGER.clients[id(client)] = client
+    if not any(cb is OUTCOME_LOGGER for cb in (litellm.callbacks or [])):
+        litellm.callbacks = [*(litellm.callbacks or []), OUTCOME_LOGGER]
+    return strategy

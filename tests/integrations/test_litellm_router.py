@@ -1,0 +1,312 @@
+"""The LiteLLM integration against a live ``pointsman serve`` (a subprocess on a free port).
+
+The real ``litellm.Router`` holds two deployments of one model group, an on-prem-like one
+(``onprem-8b``) and a frontier-like one (``frontier-large``), each answering with LiteLLM's
+documented ``mock_response`` (no network). A small policy routes on ``routing.slo_class``
+so each prompt's target is known in advance; the tests check that the Router sent each call
+where Pointsman decided and that the outcomes were acknowledged by ``/v1/outcomes`` and are
+in the service's outcome log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Iterator
+
+import httpx
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of LiteLLM's price map
+
+import litellm  # noqa: E402
+
+from pointsman.datasets.outcome_log import OutcomeLog  # noqa: E402
+from pointsman.integrations.client import DECISION_HEADER, PointsmanClient  # noqa: E402
+from pointsman.integrations.litellm_router import (  # noqa: E402
+    attach, pick_deployment,
+)
+
+POLICY = """\
+apiVersion: pointsman/v1
+kind: RoutingPolicy
+metadata: {name: litellm-test}
+rules:
+  - name: quality-slo
+    when: request.slo_class == "quality"
+    route: {target: frontier-large, fallbacks: [onprem-70b]}
+  - name: batch-slo
+    when: request.slo_class == "batch"
+    route: {target: onprem-70b, fallbacks: [frontier-large]}
+  - name: default
+    route: {target: onprem-8b, fallbacks: [frontier-small]}
+"""
+
+GATEWAY_KEY = "gw-secret-for-tests"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """``pointsman serve`` with the default fleet, the test policy and a gateway key."""
+    tmp = tmp_path_factory.mktemp("pointsman")
+    policy = tmp / "policy.yaml"
+    policy.write_text(POLICY)
+    port = _free_port()
+    env = {**os.environ, "POINTSMAN_DATA_DIR": str(tmp), "POINTSMAN_OUTCOME_LOG": str(tmp / "outcomes.db"),
+           "POINTSMAN_WATCH_POLICY": "false", "POINTSMAN_GATEWAY_API_KEYS": f"litellm={GATEWAY_KEY}",
+           "POINTSMAN_DECISION_LOG_FLUSH_MS": "5", "MLFLOW_DISABLE_TELEMETRY": "true",
+           "ORT_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-c", "from pointsman.service.cli import main; main()", "serve",
+           "--port", str(port), "--policy", str(policy), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"pointsman serve exited: {proc.stdout.read().decode()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("pointsman serve did not answer /healthz within 60 s")
+            time.sleep(0.1)
+        yield {"url": url, "outcome_log": tmp / "outcomes.db"}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+DEPLOYMENTS = [
+    {"model_name": "chat",
+     "litellm_params": {"model": "hosted_vllm/meta-llama/Llama-3.1-8B-Instruct", "api_base": "http://onprem:8000/v1",
+                        "mock_response": "answer from on-prem"},
+     "model_info": {"id": "onprem-dep", "pointsman_target": "onprem-8b", "pointsman_default": True}},
+    {"model_name": "chat",
+     "litellm_params": {"model": "openai/gpt-4o-2024-08-06", "api_key": "sk-not-used",
+                        "mock_response": "answer from frontier"},
+     "model_info": {"id": "frontier-dep", "pointsman_target": "frontier-large"}},
+]
+
+
+def _router(client: PointsmanClient) -> litellm.Router:
+    router = litellm.Router(model_list=[dict(d) for d in DEPLOYMENTS], num_retries=0)
+    attach(router, client)
+    return router
+
+
+async def _settle(client: PointsmanClient, n_acks: int) -> None:
+    """Wait (up to 5 s) until LiteLLM has logged the calls and ``n_acks`` outcomes are acknowledged,
+    then close the client. LiteLLM runs its success callbacks in tasks after the call returns."""
+    for _ in range(250):
+        await client.aflush()
+        if len(client.acks) >= n_acks:
+            break
+        await asyncio.sleep(0.02)
+    await client.aclose()
+
+
+def _call(router: litellm.Router, text: str, slo: str | None, **kw):
+    metadata = {"pointsman": {"slo_class": slo, "tenant": "acme"}} if slo else {}
+    return router.acompletion(model="chat", messages=[{"role": "user", "content": text}], metadata=metadata, **kw)
+
+
+def test_router_sends_each_call_where_pointsman_decided_and_reports_outcomes(service: dict) -> None:
+    async def run() -> tuple[list, PointsmanClient]:
+        client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0, flush_interval_s=0.01)
+        router = _router(client)
+        responses = [
+            await _call(router, "Prove that there are infinitely many primes.", "quality"),
+            await _call(router, "Say hello.", None),
+            await _call(router, "Summarise this log file.", "batch"),  # onprem-70b has no deployment
+        ]
+        await _settle(client, 3)
+        return responses, client
+
+    responses, client = asyncio.run(run())
+    served = [r._hidden_params["model_id"] for r in responses]
+    assert served == ["frontier-dep", "onprem-dep", "frontier-dep"]
+    assert [r.choices[0].message.content for r in responses] == [
+        "answer from frontier", "answer from on-prem", "answer from frontier"]
+    assert client.stats["routed"] == 3 and client.stats["route_failed"] == 0
+    assert client.stats["outcomes_acked"] == 3 and client.stats["outcomes_dropped"] == 0
+    acks = list(client.acks)
+    assert [a["status"] for a in acks] == ["stored"] * 3
+    # the batch call was decided for onprem-70b, which has no deployment: it ran on the
+    # decision's first fallback that has one, the outcome names the target that served it,
+    # and the service settled it there
+    assert [a["settlement"]["target"] for a in acks] == ["frontier-large", "onprem-8b", "frontier-large"]
+
+    with OutcomeLog(service["outcome_log"]) as outcome_log:
+        stored = [outcome_log.outcome(a["outcome_id"]) for a in acks]
+        decided = [outcome_log.decision(a["decision_id"]) for a in acks]
+    assert [(d.target, d.rule, d.tenant) for d in decided] == [
+        ("frontier-large", "quality-slo", "acme"), ("onprem-8b", "default", None), ("onprem-70b", "batch-slo", "acme")]
+    assert [o.served_target for o in stored] == ["frontier-large", "onprem-8b", "frontier-large"]
+    assert all(o.status == "ok" and o.usage.prompt_tokens and o.usage.completion_tokens for o in stored)
+    assert all(o.e2e_latency_ms is not None and o.e2e_latency_ms >= 0 for o in stored)
+
+
+def test_streamed_calls_report_ttft(service: dict) -> None:
+    async def run():
+        client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0, flush_interval_s=0.01)
+        router = _router(client)
+        stream = await _call(router, "Write a poem.", "quality", stream=True)
+        text = "".join([c.choices[0].delta.content or "" async for c in stream])
+        await _settle(client, 1)
+        return text, client
+
+    text, client = asyncio.run(run())
+    assert text == "answer from frontier"
+    (ack,) = list(client.acks)
+    assert ack["status"] == "stored" and ack["settlement"]["target"] == "frontier-large"
+    with OutcomeLog(service["outcome_log"]) as outcome_log:
+        outcome = outcome_log.outcome(ack["outcome_id"])
+    assert outcome.ttft_ms is not None and outcome.ttft_ms <= outcome.e2e_latency_ms
+
+
+class _Upstream(BaseHTTPRequestHandler):
+    """A minimal OpenAI-compatible upstream that records the decision header it receives."""
+
+    seen: list[str | None] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        type(self).seen.append(self.headers.get(DECISION_HEADER))
+        body = json.dumps({"id": "c-1", "object": "chat.completion", "created": 0, "model": "llama",
+                           "choices": [{"index": 0, "finish_reason": "stop",
+                                        "message": {"role": "assistant", "content": "real upstream"}}],
+                           "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:  # quiet
+        pass
+
+
+def test_decision_id_is_forwarded_to_the_upstream(service: dict) -> None:
+    upstream = HTTPServer(("127.0.0.1", 0), _Upstream)
+    thread = threading.Thread(target=upstream.serve_forever, daemon=True)
+    thread.start()
+    model_list = [
+        {"model_name": "chat", "model_info": {"id": "onprem-live", "pointsman_target": "onprem-8b"},
+         "litellm_params": {"model": "openai/llama", "api_key": "none",
+                            "api_base": f"http://127.0.0.1:{upstream.server_port}/v1"}},
+        DEPLOYMENTS[1],
+    ]
+
+    async def run():
+        client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0, flush_interval_s=0.01)
+        router = litellm.Router(model_list=model_list, num_retries=0)
+        attach(router, client)
+        response = await _call(router, "Say hello.", None)
+        await _settle(client, 1)
+        return response, client
+
+    try:
+        response, client = asyncio.run(run())
+    finally:
+        upstream.shutdown()
+    assert response.choices[0].message.content == "real upstream"
+    (ack,) = list(client.acks)
+    assert _Upstream.seen == [ack["decision_id"]]
+    assert ack["settlement"]["target"] == "onprem-8b"
+
+
+def test_failed_upstream_call_is_reported_as_error(service: dict) -> None:
+    async def run():
+        client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0, flush_interval_s=0.01)
+        router = _router(client)
+        with pytest.raises(Exception):
+            await _call(router, "Prove Fermat's last theorem.", "quality", mock_response=Exception("upstream down"))
+        await _settle(client, 1)
+        return client
+
+    client = asyncio.run(run())
+    (ack,) = list(client.acks)
+    assert ack["status"] == "stored" and ack["released"] is True  # no usage: the budget hold was dropped
+    with OutcomeLog(service["outcome_log"]) as outcome_log:
+        outcome = outcome_log.outcome(ack["outcome_id"])
+    assert outcome.status == "error" and "upstream down" in (outcome.error or "")
+
+
+def test_unreachable_pointsman_falls_back_to_the_default_deployment() -> None:
+    async def run():
+        client = PointsmanClient(f"http://127.0.0.1:{_free_port()}", route_timeout_s=0.2)
+        router = _router(client)
+        response = await _call(router, "Prove that there are infinitely many primes.", "quality")
+        await client.aclose()
+        return response, client
+
+    response, client = asyncio.run(run())
+    assert response._hidden_params["model_id"] == "onprem-dep"  # model_info.pointsman_default
+    assert client.stats["route_failed"] == 1 and client.stats["routed"] == 0
+    assert not client.acks and client.stats["outcomes_dropped"] == 0  # no decision, no outcome
+
+
+def test_wrong_key_is_rejected_and_the_call_still_succeeds(service: dict) -> None:
+    async def run():
+        client = PointsmanClient(service["url"], api_key="not-a-key", route_timeout_s=5.0)
+        router = _router(client)
+        response = await _call(router, "Prove that there are infinitely many primes.", "quality")
+        await client.aclose()
+        return response, client
+
+    response, client = asyncio.run(run())
+    assert response._hidden_params["model_id"] == "onprem-dep"
+    assert client.stats["route_failed"] == 1
+
+
+def test_pick_deployment_maps_by_target_then_upstream_model_then_endpoint() -> None:
+    deployments = [
+        {"model_name": "chat", "litellm_params": {"model": "hosted_vllm/meta-llama/Llama-3.1-8B-Instruct",
+                                                  "api_base": "http://llama-8b-0:8000/v1"}, "model_info": {}},
+        {"model_name": "chat", "litellm_params": {"model": "hosted_vllm/meta-llama/Llama-3.1-8B-Instruct",
+                                                  "api_base": "http://llama-8b-1:8000/v1/"}, "model_info": {}},
+        {"model_name": "chat", "litellm_params": {"model": "openai/gpt-4o-mini"},
+         "model_info": {"pointsman_target": "frontier-small"}},
+    ]
+    decision = {"decision_id": "abc", "target": "onprem-8b", "model": "meta-llama/Llama-3.1-8B-Instruct",
+                "endpoints": [{"url": "http://llama-8b-1:8000/v1", "role": "aggregated"}],
+                "fallbacks": [{"target": "frontier-small", "model": "gpt-4o-mini-2024-07-18",
+                               "base_url": "https://api.openai.com/v1", "mode": "aggregated"}]}
+    assert pick_deployment(deployments, decision) is deployments[1]  # the replica Pointsman picked
+    assert pick_deployment(deployments[2:], decision) is deployments[2]  # fallback by pointsman_target
+    assert pick_deployment(deployments[:1], {**decision, "target": "onprem-70b", "model": "x", "fallbacks": []}) is None
+
+
+
+def test_sync_completion_is_routed_and_reported(service: dict) -> None:
+    client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0)
+    router = _router(client)
+    response = router.completion(model="chat", messages=[{"role": "user", "content": "Prove it."}],
+                                 metadata={"pointsman": {"slo_class": "quality"}})
+    for _ in range(250):  # LiteLLM posts sync outcomes from its logging thread
+        if client.acks:
+            break
+        time.sleep(0.02)
+    client.close()
+    assert response._hidden_params["model_id"] == "frontier-dep"
+    (ack,) = list(client.acks)
+    assert ack["status"] == "stored" and ack["settlement"]["target"] == "frontier-large"
