@@ -11,6 +11,9 @@ Each baseline is a small callable ``router(request, fleet_view) -> Assignment``
   known weakness of pure prefix affinity).
 - all-on-prem = any of the above on an on-prem target; all-frontier =
   ``RoundRobin("frontier-large")`` (frontier targets ignore the replica).
+- ``OnPremWide(picker)``: any of the above over every on-prem replica that takes new
+  requests, whatever its model (aggregated replicas, and prefill replicas in
+  disaggregated mode): a difficulty-blind router that uses the whole on-prem fleet.
 
 With ``mode="disaggregated"`` the picker chooses the prefill replica and the
 decode replica is the least loaded one when the prefill ends.
@@ -103,6 +106,40 @@ class CacheAware(_Baseline):
             range(len(replicas)),
             key=lambda i: (-replicas[i].cached_prefix_tokens(request), _load(replicas[i])),
         )
+
+
+class OnPremWide:
+    """A baseline picker (``RoundRobin``, ``RandomPick``, ``LeastLoaded``, ``CacheAware``
+    instance; its target is ignored) applied to every on-prem replica of the fleet that
+    takes new requests: each target's aggregated replicas (aggregated mode) and prefill
+    replicas (disaggregated mode, decode replica least loaded at prefill end), in fleet order;
+    ``targets``: only these on-prem targets (default: all)."""
+
+    def __init__(self, picker: _Baseline, targets: tuple[str, ...] | None = None) -> None:
+        self.picker = picker
+        self.targets = targets
+        self.name = picker.name
+        self._slots: list[tuple[str, str, int]] | None = None
+        self._views: tuple[ReplicaView, ...] = ()
+
+    def __call__(self, request: TraceRequest, fleet: FleetView) -> Assignment:
+        if self._slots is None:
+            slots, views = [], []
+            for t in fleet.fleet.on_prem:
+                if self.targets is not None and t.name not in self.targets:
+                    continue
+                for role, mode in ((ROLE_AGGREGATED, AGGREGATED), (ROLE_PREFILL, DISAGGREGATED)):
+                    for i, v in enumerate(fleet.replicas(t.name, role)):
+                        slots.append((t.name, mode, i))
+                        views.append(v)
+            if not slots:
+                raise ValueError("OnPremWide: the fleet has no on-prem replicas")
+            self._slots, self._views = slots, tuple(views)
+        target, mode, i = self._slots[self.picker.pick(request, self._views)]
+        return Assignment(target, mode, i)
+
+    def __repr__(self) -> str:
+        return f"OnPremWide({self.picker!r})"
 
 
 BASELINES = {cls.name: cls for cls in (RoundRobin, RandomPick, LeastLoaded, CacheAware)}

@@ -158,6 +158,10 @@ class SharedKVStore:
     def __len__(self) -> int:
         return len(self._blocks)
 
+    def __contains__(self, block_hash: object) -> bool:
+        """True when the tier holds ``block_hash`` (no recency change)."""
+        return block_hash in self._blocks
+
     def put(self, hashes: Sequence[int]) -> None:
         """Insert or refresh ``hashes`` (head last, so a prefix's head is evicted last)."""
         blocks = self._blocks

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from pointsman.replay.simulator import ReplayResult
+from pointsman.replay.simulator import ReplayResult, RequestResult
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,8 @@ class Summary:
 
     ``target_requests``: completed requests per target. ``utilization``: per on-prem
     target, ``{"prefill": f, "decode": f}`` busy fractions of provisioned GPU time.
-    Percentiles are NaN when there is nothing to measure.
+    Percentiles are NaN when there is nothing to measure. ``quality``: mean quality (0-1)
+    of the completed requests whose outcome is known (``replay.outcomes``), else NaN.
     """
 
     requests: int
@@ -74,6 +76,7 @@ class Summary:
     window_s: float
     target_requests: dict[str, int]
     utilization: dict[str, dict[str, float]]
+    quality: float = math.nan
 
     def to_dict(self) -> dict:
         """Plain JSON-ready dict (NaN stays NaN; ``json.dumps`` writes it as NaN)."""
@@ -84,8 +87,11 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else math.nan
 
 
-def summarize(result: ReplayResult, slo: SLO | None = None) -> Summary:
-    """Summarize a replay (see the module docstring for every definition)."""
+def summarize(result: ReplayResult, slo: SLO | None = None,
+              quality: Callable[[RequestResult], float | None] | None = None) -> Summary:
+    """Summarize a replay (see the module docstring for every definition). ``quality(r)``:
+    the quality 0-1 of a completed request, or None when unknown (``Summary.quality``
+    averages the known values; e.g. ``replay.outcomes.quality_of``)."""
     slo = slo or SLO()
     reqs = result.requests
     done = [r for r in reqs if r.rejected is None]
@@ -149,13 +155,22 @@ def summarize(result: ReplayResult, slo: SLO | None = None) -> Summary:
         window_s=window_s,
         target_requests=dict(Counter(r.target for r in done)),
         utilization=utilization,
+        quality=_mean_quality(reqs, quality),
     )
+
+
+def _mean_quality(reqs: Sequence[RequestResult], quality: Callable[[RequestResult], float | None] | None) -> float:
+    if quality is None:
+        return math.nan
+    known = [q for q in (quality(r) for r in reqs if r.rejected is None) if q is not None]
+    return sum(known) / len(known) if known else math.nan
 
 
 _COLUMNS = (
     ("$/Mtok", "effective_usd_per_mtok", "{:.2f}"),
     ("cost $", "total_cost_usd", "{:.2f}"),
     ("frontier", "frontier_share", "{:.1%}"),
+    ("quality", "quality", "{:.3f}"),
     ("TTFT p50", "ttft_p50_s", "{:.2f}s"),
     ("TTFT p99", "ttft_p99_s", "{:.2f}s"),
     ("TPOT p50", "tpot_p50_s", "{:.0f}ms", 1000),

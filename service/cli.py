@@ -12,7 +12,7 @@ import importlib.util
 
 import click
 
-from pointsman.service import cli_policy, cli_route
+from pointsman.service import cli_policy, cli_replay, cli_route
 
 
 @click.group()
@@ -23,6 +23,7 @@ def main() -> None:
 
 cli_route.register(main)
 cli_policy.register(main)
+cli_replay.register(main)
 
 # The training commands ship in their own module; only its absence is tolerated,
 # an error inside it is a real error.

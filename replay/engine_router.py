@@ -1,0 +1,242 @@
+"""The policy engine as a replay router: the same ``RoutingEngine`` and compiled policy that
+serve, deciding every trace request against the simulated fleet's live state.
+
+``EngineRouter(fleet, policy, estimator, *, texts=None)`` is a simulator ``Router``
+(``router(request, fleet_view) -> Assignment``) and, as ``on_complete``, the outcome path.
+What the engine reads comes from the simulator at the decision's simulated time:
+
+- **load** (``SimBoard``, the ``FleetState``'s load board): per replica
+  ``num_requests_running`` / ``num_requests_waiting`` / ``kv_cache_usage`` /
+  ``kv_cache_capacity_tokens`` as a push reading of age 0, the prompt tokens waiting for
+  prefill as Pointsman's in-flight accounting (``inflight_requests`` = waiting requests,
+  ``inflight_prompt_tokens`` = their prompt tokens: what the queue scorer prices), and
+  ``prefill_utilization`` / ``decode_utilization``: busy fractions over the last
+  ``UTILIZATION_WINDOW_S`` seconds (what the cost model prices GPU-seconds at).
+- **prefix cache** (``SimPrefixIndex``): which replica holds how many leading blocks of the
+  prompt, read from the simulated KV caches (not the engine's own dispatch-based guess),
+  the shared KV tier's runs, and the frontier tiers' prompt caches.
+- **clock**: ``FleetState`` clocks are the simulated time (Unix time = ``EPOCH_S`` + it).
+- **difficulty**: the engine's estimator on the request's text (``texts[i]``: OpenAI
+  messages; a trace without text gets one from ``replay.outcomes``, else a placeholder
+  ``"trace request i"`` that only a ``FixedDifficulty`` estimator should see).
+
+The decision becomes an ``Assignment``: its target and mode, the chosen replica(s), a
+decode replica that prefills locally (``replica_pool="decode"``), and its fallback targets
+(least-loaded replica) for admission control. ``NoEligibleTarget`` becomes a rejection
+(``no_eligible_target``). At completion the decision is settled in the ``FleetState``
+(actual cost: the frontier bill, or the cost model on the usage on-prem), as the service
+does when an outcome arrives. No budget ledger is attached: budgets are not replayed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Iterable
+
+from pointsman.datasets.traces import TraceRequest
+from pointsman.errors import RequestError
+from pointsman.policy.compiler import CompiledPolicy
+from pointsman.policy.engine import RoutingEngine
+from pointsman.policy.filters import NoEligibleTarget
+from pointsman.policy.fleet import Fleet
+from pointsman.policy.load import EndpointLoad, LoadBoard, StalenessPolicy
+from pointsman.policy.prefix_index import MOONCAKE_BLOCK_TOKENS, PrefixIndex, PrefixLookup
+from pointsman.policy.state import FleetState
+from pointsman.replay.fleet import AGGREGATED, DISAGGREGATED, ROLE_DECODE, ROLE_PREFILL
+from pointsman.replay.fleet_map import EndpointMap
+from pointsman.replay.simulator import Assignment, FleetView, RequestResult
+from pointsman.request import RouteRequest
+
+#: Unix time of the trace's t = 0 (2026-01-01T00:00:00Z): the ledger clock needs a date.
+EPOCH_S = 1_767_225_600.0
+#: Seconds of history behind the prefill/decode utilization readings.
+UTILIZATION_WINDOW_S = 30.0
+
+
+class SimBoard(LoadBoard):
+    """A load board whose readings are the simulated replicas' state at the decision time
+    (see the module docstring); dispatch and release are no-ops (the simulator counts)."""
+
+    def __init__(self, endpoints: EndpointMap) -> None:
+        super().__init__(known_endpoints=list(endpoints.by_id))
+        self.map = endpoints
+        self.view: FleetView | None = None
+        self._marks: dict[str, deque] = {}  # endpoint -> (t, prefill busy s, decode busy s) samples, oldest first
+
+    def _utilization(self, endpoint: str, replica: Any, now: float) -> tuple[float | None, float | None]:
+        prefill, decode = replica.busy_s(now)
+        marks = self._marks.get(endpoint)
+        if marks is None:
+            marks = self._marks[endpoint] = deque()
+        if not marks or marks[-1][0] < now:
+            marks.append((now, prefill, decode))
+        while len(marks) > 1 and marks[1][0] <= now - UTILIZATION_WINDOW_S:
+            marks.popleft()
+        t0, p0, d0 = marks[0]
+        span = now - t0
+        if span <= 0:
+            return None, None
+        return min(1.0, max(0.0, (prefill - p0) / span)), min(1.0, max(0.0, (decode - d0) / span))
+
+    def get_many(self, endpoints: Iterable[str], now: float | None = None,
+                 staleness: StalenessPolicy | None = None) -> dict[str, EndpointLoad]:
+        """Readings for the on-prem ``endpoints`` from the simulator (frontier ids: none)."""
+        view = self.view
+        out: dict[str, EndpointLoad] = {}
+        if view is None:
+            return out
+        now = view.now_s
+        for ep in endpoints:
+            where = self.map.by_id.get(ep)
+            if where is None or where[1] == "api":
+                continue
+            r = view.replicas(where[0], where[1])[where[2]]
+            waiting = r.num_requests_waiting
+            pu, du = self._utilization(ep, r, now)
+            out[ep] = EndpointLoad(
+                ep, "push", now, num_requests_running=r.num_requests_running, num_requests_waiting=waiting,
+                kv_cache_usage=r.kv_cache_usage, kv_cache_capacity_tokens=r.kv_capacity_tokens,
+                prefill_utilization=pu, decode_utilization=du, inflight_requests=waiting,
+                inflight_prompt_tokens=r.waiting_prompt_tokens if waiting else 0)
+        return out
+
+    def dispatch(self, endpoint: str, decision_id: str, prompt_tokens: int, now: float | None = None) -> None:
+        """No-op: the simulator's queues are the load."""
+
+    def release(self, decision_id: str) -> bool:
+        """No-op (see ``dispatch``); returns False."""
+        return False
+
+
+class SimPrefixIndex(PrefixIndex):
+    """One target's prefix index answered from the simulator (see the module docstring):
+    ``lookup`` matches the current trace request's block hashes against every replica's
+    KV cache (on-prem) or the tier's prompt cache (frontier); ``record`` is a no-op."""
+
+    def __init__(self, router: EngineRouter, target: str, frontier: bool) -> None:
+        super().__init__(block_tokens=MOONCAKE_BLOCK_TOKENS)
+        self.router, self.target, self.frontier = router, target, frontier
+
+    def lookup(self, block_hashes: Sequence[int], *, prompt_tokens: int | None = None) -> PrefixLookup:
+        """The current request's prefix on this target's replicas (``block_hashes`` are the
+        engine's re-hashed ids of the same blocks and are not needed)."""
+        req, view = self.router.current, self.router.board.view
+        hashes = (req.block_hashes or ()) if req is not None else ()
+        total = prompt_tokens if prompt_tokens is not None else len(hashes) * MOONCAKE_BLOCK_TOKENS
+        matched: dict[str, int] = {}
+        runs = None
+        if hashes and view is not None:
+            if self.frontier:
+                m = view.frontier_cached_blocks(self.target, hashes)
+                if m:
+                    matched[self.target] = m
+            else:
+                ids = self.router.map.ids
+                for role in ("aggregated", "prefill", "decode"):
+                    for ep, r in zip(ids.get((self.target, role), ()), view.replicas(self.target, role)):
+                        m = r.cached_prefix_blocks(hashes)
+                        if m:
+                            matched[ep] = m
+                tier = view.shared_tier_blocks(self.target)
+                if tier is not None:
+                    runs = [0] * (len(hashes) + 1)
+                    for i in range(len(hashes) - 1, -1, -1):
+                        runs[i] = runs[i + 1] + 1 if hashes[i] in tier else 0
+        return PrefixLookup(matched, runs, MOONCAKE_BLOCK_TOKENS, total)
+
+    def record(self, endpoint: str, block_hashes: Sequence[int], *, session_id: str | None = None,
+               now: float | None = None) -> None:
+        """No-op: the simulated caches fill as requests prefill."""
+
+
+class SimFleetState(FleetState):
+    """A ``FleetState`` on the simulated clock whose load board and prefix indexes read the
+    simulator (``SimBoard``, ``SimPrefixIndex``)."""
+
+    def __init__(self, fleet: Fleet, router: EngineRouter) -> None:
+        super().__init__(fleet, None, board=router.board, clock=lambda: EPOCH_S + router.now_s,
+                         monotonic=lambda: router.now_s)
+        self._sim_indexes = {name: SimPrefixIndex(router, name, name in router.frontier)
+                             for name in fleet.targets}
+
+    def prefix_index(self, target: str, gateway_ids: bool) -> PrefixIndex:
+        """The simulator-backed index of ``target`` (for block ids and text hashes alike)."""
+        return self._sim_indexes[target]
+
+
+class EngineRouter:
+    """The policy engine in the simulator's loop (see the module docstring).
+
+    ``fleet``: the policy ``Fleet`` the simulated fleet was built from (``fleet_map.sim_fleet``);
+    ``policy``: a compiled policy; ``estimator``: any ``Estimator`` (``FixedDifficulty`` or
+    the real one); ``texts``: per trace index, the request's messages (or None). After a
+    run, ``decisions[i]`` is ``(rule, target, mode, p_hard)`` for trace request ``i``."""
+
+    def __init__(self, fleet: Fleet, policy: CompiledPolicy, estimator: Any, *,
+                 texts: Sequence[Sequence[dict[str, Any]] | None] | None = None) -> None:
+        self.fleet = fleet
+        self.map = EndpointMap.of(fleet)
+        self.frontier = frozenset(n for n, t in fleet.targets.items() if t.kind == "frontier")
+        self.board = SimBoard(self.map)
+        self.current: TraceRequest | None = None
+        self.now_s = 0.0
+        self.state = SimFleetState(fleet, self)
+        self.engine = RoutingEngine(fleet, policy, estimator, state=self.state)
+        self.texts = texts
+        self.decisions: dict[int, tuple[str, str, str, float | None]] = {}
+        self._ids: dict[int, str] = {}
+
+    def request_for(self, index: int, req: TraceRequest) -> RouteRequest:
+        """The ``RouteRequest`` the gateway would send for trace request ``index``: its messages
+        (``texts``), exact prompt tokens, block ids and session; no output cap."""
+        messages = self.texts[index] if self.texts is not None else None
+        if not messages:
+            messages = [{"role": "user", "content": f"trace request {index}"}]
+        routing: dict[str, Any] = {"prompt_tokens": req.prompt_tokens}
+        if req.block_hashes:
+            routing["prefix_block_hashes"] = list(req.block_hashes)
+        if req.session_id:
+            routing["session_id"] = req.session_id
+        return RouteRequest.model_validate({"messages": list(messages), "routing": routing})
+
+    def __call__(self, req: TraceRequest, view: FleetView) -> Assignment:
+        """Decide ``req`` with the engine at ``view.now_s``; see the module docstring."""
+        self.current, self.now_s, self.board.view = req, view.now_s, view
+        index = view.request_index
+        try:
+            d = self.engine.route(self.request_for(index, req))
+        except NoEligibleTarget:
+            self.decisions[index] = ("(no eligible target)", "", "", None)
+            return Assignment.reject("no_eligible_target")
+        except RequestError as exc:
+            raise ValueError(f"trace request {index}: the engine refused it: {exc}") from None
+        self._ids[index] = d.decision_id
+        self.decisions[index] = (d.rule, d.target, d.mode, d.p_hard)
+        fallbacks = tuple(Assignment(f.target, f.mode if f.target not in self.frontier else AGGREGATED)
+                          for f in d.fallbacks)
+        if d.target in self.frontier:
+            return Assignment(d.target, fallbacks=fallbacks)
+        where = {e.role: self.map.by_id[e.url] for e in reversed(d.endpoints) if e.url in self.map.by_id}
+        if d.mode == DISAGGREGATED:
+            return Assignment(d.target, DISAGGREGATED, where[ROLE_PREFILL][2], where[ROLE_DECODE][2],
+                              fallbacks=fallbacks)
+        first = self.map.by_id[d.endpoints[0].url]
+        pool = ROLE_DECODE if first[1] == ROLE_DECODE else None
+        return Assignment(d.target, AGGREGATED, first[2], replica_pool=pool, fallbacks=fallbacks)
+
+    def on_complete(self, result: RequestResult) -> None:
+        """Settle the request's decision at its simulated completion (as the service does)."""
+        decision_id = self._ids.pop(result.index, None)
+        if decision_id is None:
+            return
+        if result.rejected is not None:
+            self.state.release(decision_id)
+            return
+        self.state.settle(decision_id, prompt_tokens=result.prompt_tokens, completion_tokens=result.output_tokens,
+                          cached_tokens=min(result.prefix_hit_tokens, result.prompt_tokens),
+                          actual_cost_usd=result.cost_usd if result.frontier else None,
+                          target=result.target, mode=result.mode)
+
+
+__all__ = ["EPOCH_S", "EngineRouter", "SimBoard", "SimFleetState", "SimPrefixIndex", "UTILIZATION_WINDOW_S"]

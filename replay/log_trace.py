@@ -1,0 +1,69 @@
+"""Pointsman's own decision and outcome log (``datasets.outcome_log``) as a replay trace.
+
+``load_log_trace(path, limit=, since_s=, until_s=) -> LogTrace``: one ``TraceRequest`` per
+logged decision that has an outcome with a completion token count, in time order:
+arrival = decision time - the first one's, prompt tokens = the outcome's usage (else the
+logged request features'), output tokens = the outcome's ``completion_tokens`` (at least
+1). ``texts[i]``: the stored prompt text as one user message when the log kept prompts
+(``store_prompts=True``), else None; ``quality[i]``: the outcome's ``judge_score`` (0-1 in
+the outcome schema) when the gateway reported one, else None: the quality of what *did*
+run, not of what a replayed policy would pick, so it is reported separately. The log is
+only read (its file must exist).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pointsman.datasets.outcome_log import OutcomeLog
+from pointsman.datasets.traces import TraceRequest
+from pointsman.errors import DataError
+
+
+@dataclass(frozen=True)
+class LogTrace:
+    """``requests`` (``TraceRequest``, arrival order), ``texts`` and ``quality`` per request
+    (see the module docstring), ``skipped``: decisions without a usable outcome."""
+
+    requests: list[TraceRequest]
+    texts: list[list[dict[str, Any]] | None]
+    quality: list[float | None]
+    skipped: int
+
+
+def load_log_trace(path: str | Path, *, limit: int | None = None, since_s: float | None = None,
+                   until_s: float | None = None) -> LogTrace:
+    """Read the outcome log at ``path`` as a trace (see the module docstring). Raises
+    ``DataError`` when the file does not exist or is not an outcome log."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such outcome log")
+    requests: list[TraceRequest] = []
+    texts: list[list[dict[str, Any]] | None] = []
+    quality: list[float | None] = []
+    skipped = 0
+    first: float | None = None
+    with OutcomeLog(path) as log:
+        for d in log.joined(since_s=since_s, until_s=until_s, with_outcomes_only=True):
+            done = [o for o in d.outcomes if not o.shadow and o.usage.completion_tokens is not None]
+            if not done:
+                skipped += 1
+                continue
+            o = done[0]
+            prompt = o.usage.prompt_tokens or int(d.request_features.get("prompt_tokens") or 0)
+            if prompt < 1:
+                skipped += 1
+                continue
+            first = d.time_s if first is None else first
+            requests.append(TraceRequest(d.time_s - first, prompt, max(1, o.usage.completion_tokens),
+                                         prompt_id=d.decision_id))
+            texts.append([{"role": "user", "content": d.prompt_text}] if d.prompt_text else None)
+            quality.append(o.quality.judge_score)
+            if limit is not None and len(requests) >= limit:
+                break
+    return LogTrace(requests, texts, quality, skipped)
+
+
+__all__ = ["LogTrace", "load_log_trace"]

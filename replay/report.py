@@ -1,0 +1,198 @@
+"""The replay report: a terminal table, JSON, PNG plots and a self-contained HTML page.
+
+``write_report(runs, out_dir, meta)`` writes ``report.json``, ``report.txt`` (the table),
+four PNGs and ``report.html`` (the table and the PNGs embedded as base64) and returns
+the paths. Series, per run, over the trace clock in bins of ``ReplayResult.timeline_bin_s``:
+
+- **cost per token over time** (``cost_usd_per_mtok``): cost incurred in the bin ÷ output
+  tokens of requests finishing in it, per 1M tokens: on-prem = provisioned GPU-hours of
+  the bin + energy of its busy time (``metrics`` prices), frontier = bills of requests
+  finishing in the bin;
+- **target mix over time** (``target_share``): share of the bin's arrivals that ran on
+  each target (``rejected`` for refused ones);
+- **TTFT distribution**: the empirical CDF of completed requests' TTFT;
+- **prefill vs decode utilization over time**: busy GPU-seconds in each phase ÷
+  provisioned GPU-seconds of the whole on-prem fleet in the bin.
+
+matplotlib (the ``replay`` extra) is imported only to draw.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pointsman.replay.metrics import format_table
+from pointsman.replay.runs import Run
+from pointsman.replay.simulator import ReplayResult
+
+PLOTS = (
+    ("cost_per_token", "Effective price per 1M output tokens over time"),
+    ("target_mix", "Target mix over time (share of arrivals)"),
+    ("ttft_cdf", "TTFT distribution (CDF)"),
+    ("utilization", "On-prem GPU utilization: prefill vs decode"),
+)
+
+
+def series(result: ReplayResult) -> dict[str, Any]:
+    """Time series of one replay (see the module docstring): ``t_s`` (bin starts, s from the
+    first arrival), ``cost_usd_per_mtok``, ``target_share`` {target: [...]},
+    ``prefill_utilization``, ``decode_utilization`` (lists, one value per bin; NaN where
+    nothing finished), and ``ttft_s`` (sorted TTFTs)."""
+    bin_s = result.timeline_bin_s
+    n = max((len(v["prefill_busy_s"]) for v in result.timeline.values()), default=0)
+    n = max(n, int(result.window_s // bin_s) + 1)
+    start = result.start_s
+    idx = lambda t: min(n - 1, max(0, int((t - start) // bin_s)))  # noqa: E731
+    cost = np.zeros(n)
+    tokens = np.zeros(n)
+    prefill_gpu_s = np.zeros(n)
+    decode_gpu_s = np.zeros(n)
+    fleet_gpus = 0
+    for t in result.fleet.on_prem:
+        reps = t.aggregated_replicas + t.prefill_replicas + t.decode_replicas
+        per_rep = t.gpus / reps
+        fleet_gpus += t.gpus
+        tl = result.timeline.get(t.name)
+        spec = t.replica
+        cost += t.gpus * bin_s / 3600 * (t.gpu_hour_usd + spec.gpu_idle_kw * t.electricity_usd_per_kwh)
+        if tl is not None:
+            p = np.asarray(tl["prefill_busy_s"][:n] + [0.0] * (n - len(tl["prefill_busy_s"])))
+            d = np.asarray(tl["decode_busy_s"][:n] + [0.0] * (n - len(tl["decode_busy_s"])))
+            prefill_gpu_s += p * per_rep
+            decode_gpu_s += d * per_rep
+            cost += (p + d) * per_rep / 3600 * (spec.gpu_tdp_kw - spec.gpu_idle_kw) * t.electricity_usd_per_kwh
+    mix: dict[str, np.ndarray] = {}
+    arrivals = np.zeros(n)
+    for r in result.requests:
+        i = idx(r.arrival_s)
+        arrivals[i] += 1
+        key = r.target if r.rejected is None else "rejected"
+        mix.setdefault(key, np.zeros(n))[i] += 1
+        if r.rejected is None:
+            j = idx(r.finish_s)
+            tokens[j] += r.output_tokens
+            cost[j] += r.cost_usd
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cpt = np.where(tokens > 0, cost / tokens * 1e6, np.nan)
+        share = {k: np.where(arrivals > 0, v / arrivals, np.nan).tolist() for k, v in sorted(mix.items())}
+        denom = fleet_gpus * bin_s
+        pu = (prefill_gpu_s / denom).tolist() if denom else [0.0] * n
+        du = (decode_gpu_s / denom).tolist() if denom else [0.0] * n
+    return {"t_s": [i * bin_s for i in range(n)], "cost_usd_per_mtok": cpt.tolist(), "target_share": share,
+            "prefill_utilization": pu, "decode_utilization": du,
+            "ttft_s": sorted(r.ttft_s for r in result.requests if r.rejected is None)}
+
+
+def report_dict(runs: Sequence[Run], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON report: ``meta`` (trace, fleet, seed, ...), and per run its ``kind``,
+    ``summary`` (``metrics.Summary`` fields), ``rules`` and ``series`` (TTFTs left out)."""
+    out: dict[str, Any] = {"meta": dict(meta), "runs": {}}
+    for run in runs:
+        s = series(run.result)
+        s.pop("ttft_s")
+        out["runs"][run.name] = {"kind": run.kind, "summary": run.summary.to_dict(), "rules": run.rules, "series": s}
+    return out
+
+
+def _plot(kind: str, title: str, runs: Sequence[Run], data: Mapping[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if kind == "target_mix":
+        fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.6 * len(runs) + 1), sharex=True, squeeze=False)
+        keys = sorted({k for run in runs for k in data[run.name]["target_share"]})
+        colors = [plt.get_cmap("tab10")(i % 10) for i in range(len(keys))]
+        for ax, run in zip(axes[:, 0], runs):
+            s = data[run.name]
+            zero = [0.0] * len(s["t_s"])
+            ax.stackplot(s["t_s"], [np.nan_to_num(s["target_share"].get(k, zero)) for k in keys], labels=keys,
+                         colors=colors)
+            ax.set_ylabel(run.name, rotation=0, ha="right", fontsize=8)
+            ax.set_ylim(0, 1)
+        axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+        axes[-1, 0].set_xlabel("trace time (s)")
+    else:
+        fig, ax = plt.subplots(figsize=(10, 4.5))
+        for run in runs:
+            s = data[run.name]
+            style = "-" if run.kind == "policy" else "--"
+            if kind == "cost_per_token":
+                ax.plot(s["t_s"], s["cost_usd_per_mtok"], style, label=run.name)
+                ax.set_yscale("log")
+                ax.set_ylabel("USD per 1M output tokens")
+            elif kind == "ttft_cdf":
+                x = s["ttft_s"]
+                if x:
+                    ax.plot(x, np.arange(1, len(x) + 1) / len(x), style, label=run.name)
+                ax.set_xscale("log")
+                ax.set_xlabel("TTFT (s)")
+                ax.set_ylabel("share of requests")
+            elif kind == "utilization":
+                line = ax.plot(s["t_s"], s["prefill_utilization"], style, label=f"{run.name} prefill")[0]
+                ax.plot(s["t_s"], s["decode_utilization"], ":", color=line.get_color(), label=f"{run.name} decode")
+                ax.set_ylabel("busy GPU-s / provisioned GPU-s")
+        if kind != "ttft_cdf":
+            ax.set_xlabel("trace time (s)")
+        ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _html(table: str, meta: Mapping[str, Any], pngs: Sequence[tuple[str, Path]]) -> str:
+    imgs = "\n".join(
+        f"<h2>{html.escape(title)}</h2>\n<img alt=\"{html.escape(title)}\" "
+        f"src=\"data:image/png;base64,{base64.b64encode(path.read_bytes()).decode('ascii')}\">"
+        for title, path in pngs)
+    meta_rows = "\n".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+                          for k, v in meta.items())
+    return (f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>Pointsman replay</title>"
+            f"<style>body{{font-family:sans-serif;margin:2em}}pre{{font-size:12px}}img{{max-width:100%}}"
+            f"th{{text-align:left;padding-right:1em}}</style></head><body>\n<h1>Pointsman replay</h1>\n"
+            f"<table>{meta_rows}</table>\n<pre>{html.escape(table)}</pre>\n{imgs}\n</body></html>\n")
+
+
+def write_report(runs: Sequence[Run], out_dir: str | Path, meta: Mapping[str, Any]) -> dict[str, Path]:
+    """Write ``report.txt``, ``report.json``, the PNGs of ``PLOTS`` and ``report.html`` into
+    ``out_dir`` (created if missing); returns {name: path}. JSON writes NaN as null."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    table = format_table({r.name: r.summary for r in runs})
+    paths = {"table": out / "report.txt", "json": out / "report.json", "html": out / "report.html"}
+    paths["table"].write_text(table + "\n", encoding="utf-8")
+    doc = report_dict(runs, meta)
+    paths["json"].write_text(json.dumps(_finite(doc), indent=1) + "\n", encoding="utf-8")
+    data = {r.name: series(r.result) for r in runs}
+    pngs = []
+    for kind, title in PLOTS:
+        path = out / f"{kind}.png"
+        _plot(kind, title, runs, data, path)
+        paths[kind] = path
+        pngs.append((title, path))
+    paths["html"].write_text(_html(table, meta, pngs), encoding="utf-8")
+    return paths
+
+
+def _finite(x: Any) -> Any:
+    """``x`` with NaN/inf floats replaced by None (strict JSON)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+__all__ = ["PLOTS", "report_dict", "series", "write_report"]

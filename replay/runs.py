@@ -1,0 +1,99 @@
+"""One replay comparison: every policy (the real engine in the loop) and every baseline over
+the same trace, fleet and seed.
+
+``replay_all(trace, fleet, policies, estimator, ...) -> list[Run]``. Baselines
+(``baseline_routers``), all difficulty-blind:
+
+- ``round-robin``, ``random``, ``least-loaded``, ``cache-aware``: the pickers of
+  ``replay.baselines`` over every on-prem replica that takes new requests
+  (``OnPremWide``), whatever its model; requests refused by admission control spill as
+  the fleet says.
+- ``all-on-prem``: everything to the largest on-prem target (most GPUs): the least-loaded
+  of its aggregated replicas and prefill replicas (disaggregated), as ``OnPremWide``.
+- ``all-frontier``: everything to the frontier target with the highest output price.
+
+Each run's routers are fresh; the simulator seed is shared, so runs differ only by routing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pointsman.datasets.traces import TraceRequest
+from pointsman.policy.compiler import CompiledPolicy
+from pointsman.policy.fleet import Fleet
+from pointsman.replay.baselines import BASELINES, LeastLoaded, OnPremWide, RandomPick, RoundRobin
+from pointsman.replay.engine_router import EngineRouter
+from pointsman.replay.fleet import SimFleet
+from pointsman.replay.metrics import SLO, Summary, summarize
+from pointsman.replay.outcomes import OutcomeRow, quality_of
+from pointsman.replay.simulator import ReplayResult, RequestResult, Router, simulate
+
+
+@dataclass
+class Run:
+    """One router's replay: ``name``, ``kind`` (``policy`` or ``baseline``), the simulator's
+    ``result``, its ``summary`` and, for a policy, ``rules``: requests per deciding rule."""
+
+    name: str
+    kind: str
+    result: ReplayResult
+    summary: Summary
+    rules: dict[str, int] = field(default_factory=dict)
+
+
+def baseline_routers(sim: SimFleet, seed: int = 0) -> dict[str, Router]:
+    """Fresh baseline routers by name (see the module docstring)."""
+    routers: dict[str, Router] = {}
+    if sim.on_prem:
+        for name, cls in BASELINES.items():
+            picker = cls("", seed=seed) if cls is RandomPick else cls("")
+            routers[name] = OnPremWide(picker)
+        big = max(sim.on_prem, key=lambda t: t.gpus)
+        routers["all-on-prem"] = OnPremWide(LeastLoaded(big.name), (big.name,))
+    if sim.frontier:
+        routers["all-frontier"] = RoundRobin(max(sim.frontier, key=lambda f: f.output_usd_per_mtok).name)
+    return routers
+
+
+def _counting(router: Router, tick: Callable[[int], None]) -> Router:
+    def counted(request: TraceRequest, view: Any) -> Any:
+        tick(1)
+        return router(request, view)
+
+    return counted
+
+
+def replay_all(trace: Sequence[TraceRequest], fleet: Fleet, sim: SimFleet, policies: Mapping[str, CompiledPolicy],
+               estimator: Any, *, texts: Sequence[Any] | None = None, rows: Sequence[OutcomeRow | None] | None = None,
+               seed: int = 0, baselines: bool = True, slo: SLO | None = None, timeline_bin_s: float = 10.0,
+               progress: Callable[[int], None] | None = None) -> list[Run]:
+    """Replay ``trace`` through each policy (an ``EngineRouter`` with ``estimator`` and
+    ``texts``) and, with ``baselines``, each baseline router, on ``sim`` (built from
+    ``fleet``). ``rows[i]``: trace request ``i``'s outcome row for quality, or None.
+    ``progress(n)`` is called once per routed request. Returns the runs, policies first."""
+    def quality(r: RequestResult) -> float | None:
+        return quality_of(rows[r.index], r.frontier) if rows is not None else None
+
+    def run(name: str, kind: str, router: Router, on_complete: Any = None) -> ReplayResult:
+        routed = _counting(router, progress) if progress is not None else router
+        return simulate(trace, sim, routed, seed=seed, timeline_bin_s=timeline_bin_s, on_complete=on_complete)
+
+    runs: list[Run] = []
+    for name, policy in policies.items():
+        router = EngineRouter(fleet, policy, estimator, texts=texts)
+        result = run(name, "policy", router, router.on_complete)
+        rules = Counter(d[0] for d in router.decisions.values())
+        runs.append(Run(name, "policy", result, summarize(result, slo, quality if rows else None),
+                        dict(rules.most_common())))
+    if baselines:
+        for name, router in baseline_routers(sim, seed).items():
+            result = run(name, "baseline", router)
+            runs.append(Run(name, "baseline", result, summarize(result, slo, quality if rows else None)))
+    return runs
+
+
+__all__ = ["Run", "baseline_routers", "replay_all"]

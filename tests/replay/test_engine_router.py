@@ -1,0 +1,81 @@
+"""The real RoutingEngine in the simulator's loop: it sees the simulated load and prefix
+caches, its rejections become rejections, and its decisions are settled at completion."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pointsman.datasets.traces import TraceRequest
+from pointsman.estimator.estimate import FixedDifficulty
+from pointsman.policy.compiler import load_policy
+from pointsman.policy.fleet import load_fleet
+from pointsman.replay.engine_router import EngineRouter
+from pointsman.replay.fleet_map import sim_fleet
+from pointsman.replay.simulator import simulate
+
+FLEET = """\
+apiVersion: pointsman/v1
+kind: Fleet
+targets:
+  small:
+    kind: onprem
+    model: meta-llama/Llama-3.1-8B-Instruct
+    context_window_tokens: 32768
+    usd_per_gpu_hour: 2.5
+    pools:
+      aggregated:
+        gpus_per_replica: 1
+        prefill_tokens_per_s: 50000
+        decode_tokens_per_s: 20000
+        endpoints: [{name: s0, url: "http://s0/v1"}]
+  api:
+    kind: frontier
+    provider: openai
+    model: gpt-4o-mini
+    base_url: https://api.openai.com/v1
+    context_window_tokens: 32768
+    prices: {usd_per_1m_input_tokens: 0.15, usd_per_1m_cached_input_tokens: 0.075, usd_per_1m_output_tokens: 0.6}
+"""
+
+POLICY = """\
+apiVersion: pointsman/v1
+kind: RoutingPolicy
+rules:
+  - name: warm
+    when: cache.prefix_hit_ratio >= 0.5
+    route: {target: small}
+  - name: queued
+    when: load["small"].num_requests_waiting >= 1
+    route: {target: api}
+  - name: default
+    route: {target: small}
+"""
+
+
+def req(t: float, first_block: int, p: int = 2048) -> TraceRequest:
+    return TraceRequest(arrival_s=t, prompt_tokens=p, output_tokens=4,
+                        block_hashes=tuple(range(first_block, first_block + -(-p // 512))))
+
+
+def test_engine_reads_simulated_load_and_prefix_and_is_settled(tmp_path: Path) -> None:
+    (tmp_path / "fleet.yaml").write_text(FLEET, encoding="utf-8")
+    (tmp_path / "policy.yaml").write_text(POLICY, encoding="utf-8")
+    fleet = load_fleet(tmp_path / "fleet.yaml")
+    router = EngineRouter(fleet, load_policy(tmp_path / "policy.yaml", fleet), FixedDifficulty(0.5))
+    trace = [
+        req(0.0, 1),     # A: prefills at once on s0
+        req(0.001, 10),  # B: queues behind A on s0 (waiting 0 when it is routed)
+        req(0.002, 20),  # C: one request waiting on s0 -> api
+        req(100.0, 1),   # D: A's prefix is cached on s0 -> warm
+        req(100.5, 30),  # E: cold, idle fleet -> default
+        TraceRequest(arrival_s=101.0, prompt_tokens=40000, output_tokens=2),  # F: longer than any context window
+    ]
+    result = simulate(trace, sim_fleet(fleet), router, on_complete=router.on_complete)
+    rules = [router.decisions[i][0] for i in range(len(trace))]
+    assert rules == ["default", "default", "queued", "warm", "default", "(no eligible target)"]
+    targets = [r.target for r in result.requests]
+    assert targets[:5] == ["small", "small", "api", "small", "small"]
+    d = result.requests[3]
+    assert d.prefix_hit_tokens == 2047  # all but the one token a prefill always computes
+    assert result.requests[5].rejected == "no_eligible_target" and result.requests[5].ttft_s is None
+    assert router._ids == {}  # every decision settled or released at completion

@@ -1,0 +1,94 @@
+"""The fleet file -> simulated fleet mapping (replay.fleet_map) and the fleet's replay: sections."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pointsman.errors import FleetError
+from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
+from pointsman.replay.fleet_map import DEFAULT_MAX_WAITING, EndpointMap, sim_fleet
+from pointsman.replay.hardware import H100_SXM, LLAMA_3_1_8B, replica_spec_for
+
+FLEET = """\
+apiVersion: pointsman/v1
+kind: Fleet
+targets:
+  small:
+    kind: onprem
+    model: {model}
+    context_window_tokens: 32768
+    usd_per_gpu_hour: 3.0
+    pools:
+      aggregated:
+        gpus_per_replica: 1
+        prefill_tokens_per_s: 50000
+        decode_tokens_per_s: 20000
+        endpoints:
+          - {{name: s0, url: "http://s0/v1"}}
+          - {{name: s1, url: "http://s1/v1"}}
+{replay}
+  api:
+    kind: frontier
+    provider: openai
+    model: gpt-4o
+    base_url: https://api.openai.com/v1
+    context_window_tokens: 128000
+    prices: {{usd_per_1m_input_tokens: 2.5, usd_per_1m_cached_input_tokens: 1.25, usd_per_1m_output_tokens: 10.0}}
+{fleet_replay}"""
+
+
+def write(tmp_path: Path, model: str = "meta-llama/Llama-3.1-8B-Instruct", replay: str = "",
+          fleet_replay: str = "") -> Path:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(FLEET.format(model=model, replay=replay, fleet_replay=fleet_replay), encoding="utf-8")
+    return path
+
+
+def test_default_fleet_maps_pools_prices_and_spill() -> None:
+    fleet = load_fleet(DEFAULT_FLEET_PATH)
+    sim = sim_fleet(fleet)
+    big = {t.name: t for t in sim.on_prem}["onprem-70b"]
+    assert (big.aggregated_replicas, big.prefill_replicas, big.decode_replicas) == (2, 2, 4)
+    assert big.gpus == 16 and big.replica.gpus == 2 and big.max_waiting == DEFAULT_MAX_WAITING
+    assert big.replica.kv_capacity_blocks == 220000 // 512  # pool kv_cache_capacity_tokens
+    assert big.replica.kv_bytes_per_token == 327680 and big.replica.max_model_len == 131072
+    assert big.shared_kv is not None and big.shared_kv.capacity_blocks == 1500000 // 512
+    assert "/fp8" in big.replica.name
+    assert sim.spill_target == "frontier-large"  # highest output price
+    small = {f.name: f for f in sim.frontier}["frontier-small"]
+    assert (small.input_usd_per_mtok, small.cached_input_usd_per_mtok, small.output_usd_per_mtok) == (0.15, 0.075, 0.60)
+    emap = EndpointMap.of(fleet)
+    assert emap.by_id["http://llama-70b-decode-3.inference.internal:8000/v1"] == ("onprem-70b", "decode", 3)
+    assert emap.by_id["frontier-large"] == ("frontier-large", "api", 0)
+
+
+def test_derived_coefficients_follow_the_datasheet_and_replay_keys_override(tmp_path: Path) -> None:
+    sim = sim_fleet(load_fleet(write(tmp_path)))
+    small = sim.on_prem[0]
+    expected = replica_spec_for(LLAMA_3_1_8B, H100_SXM, 1, block_tokens=512)
+    assert small.replica.prefill_s_per_token == pytest.approx(expected.prefill_s_per_token)
+    assert small.replica.kv_capacity_blocks == expected.kv_capacity_blocks
+    assert small.gpu_hour_usd == 3.0 and small.aggregated_replicas == 2
+    replay = "    replay: {weight_dtype: fp8, max_waiting: null, prefill_s_per_token: 0.0001, decode_base_s: 0.02}"
+    sim = sim_fleet(load_fleet(write(tmp_path, replay=replay, fleet_replay="replay: {spill_target: null}")))
+    small = sim.on_prem[0]
+    assert small.replica.prefill_s_per_token == 0.0001 and small.replica.decode_base_s == 0.02
+    assert small.max_waiting is None and sim.spill_target is None
+    # FP8 weights: half the weight bytes -> more KV room and a faster decode step than BF16
+    assert small.replica.kv_capacity_blocks > expected.kv_capacity_blocks
+
+
+def test_unknown_model_and_bad_replay_keys_are_located(tmp_path: Path) -> None:
+    with pytest.raises(FleetError) as err:
+        sim_fleet(load_fleet(write(tmp_path, model="acme/mystery-13b")))
+    text = str(err.value)
+    assert "fleet.yaml:6:" in text and "unknown-model" in text and "replay.model_shape" in text
+    shape = "    replay: {model_shape: {params: 13.0e+9, layers: 40, kv_heads: 8, head_dim: 128, q_dim: 5120}}"
+    sim = sim_fleet(load_fleet(write(tmp_path, model="acme/mystery-13b", replay=shape)))
+    assert sim.on_prem[0].replica.kv_bytes_per_token == 2 * 40 * 8 * 128 * 2
+    with pytest.raises(FleetError, match="spill_target 'smal' is not a frontier target"):
+        load_fleet(write(tmp_path, fleet_replay="replay: {spill_target: smal}"))
+    with pytest.raises(FleetError, match="unknown-gpu"):
+        sim_fleet(load_fleet(write(tmp_path, replay="    replay: {gpu: H200}")))
