@@ -5,8 +5,8 @@ logged decision that has an outcome with a completion token count, in time order
 arrival = decision time - the first one's, prompt tokens = the outcome's usage (else the
 logged request features'), output tokens = the outcome's ``completion_tokens`` (at least
 1). ``texts[i]``: the stored prompt text as one user message when the log kept prompts
-(``store_prompts=True``), else None; ``quality[i]``: the outcome's ``judge_score`` (0-1 in
-the outcome schema) when the gateway reported one, else None: the quality of what *did*
+(``store_prompts=True``), else None; ``quality[i]``: the outcome's ``judge_score`` (on its judge's
+own scale) when the gateway reported one, else None: the quality of what *did*
 run, not of what a replayed policy would pick, so it is reported separately. The log is
 only read (its file must exist).
 """

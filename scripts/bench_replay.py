@@ -1,28 +1,41 @@
-"""Replay speed: simulated requests per second on the shared Mooncake and Azure traces.
+"""Replay speed: simulated requests per second on the shared Mooncake and Azure traces, with
+and without prompt text, with the policy engine in the loop and without.
 
-    .venv/bin/python scripts/bench_replay.py                 # cache-aware router, best of 3
-    .venv/bin/python scripts/bench_replay.py --router round-robin --repeat 5
+    .venv/bin/python scripts/bench_replay.py                 # every mode, best of 3
+    .venv/bin/python scripts/bench_replay.py --limit 2000 --repeat 1
     .venv/bin/python scripts/bench_replay.py --table         # also the baseline comparison on Mooncake
 
-Traces come from ``$POINTSMAN_SHARED_DATASETS`` or ``<repo>/../shared/datasets``.
-These traces carry no prompt text, so this measures the simulator and a baseline
-router only (no tokenizer, no difficulty estimator). Timing is wall clock of
-``simulate`` alone (trace loading is reported separately), single process.
+Modes, per trace, on the packaged fleet file mapped by ``replay.fleet_map``:
+
+- ``baseline``: the cache-aware baseline over every on-prem replica (no engine, no text);
+- ``engine, no text``: the default policy in the real ``RoutingEngine`` with
+  ``FixedDifficulty(0.3)`` on requests that carry only token counts and block ids;
+- ``engine, text``: the same with prompt text drawn from the AlpacaEval outcome table
+  and the shipped difficulty estimator (tokenizer + static embedding + head, ONNX) run
+  on every request.
+
+Traces come from ``$POINTSMAN_SHARED_DATASETS`` or ``<repo>/../shared/datasets``. Timing is
+the wall clock of ``simulate`` alone (trace loading, the outcome-table draw and the
+estimator load are reported separately), single process.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-from pathlib import Path
 
 import click
 
+from pointsman.datasets.sources import shared_datasets_dir
 from pointsman.datasets.traces import load_trace
-from pointsman.replay.baselines import BASELINES, RoundRobin
-from pointsman.replay.fleet import default_fleet
+from pointsman.estimator.estimate import FixedDifficulty
+from pointsman.policy.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
+from pointsman.replay.baselines import CacheAware, OnPremWide
+from pointsman.replay.engine_router import EngineRouter
+from pointsman.replay.fleet_map import sim_fleet
 from pointsman.replay.metrics import format_table, summarize
+from pointsman.replay.outcomes import OutcomeDraw
+from pointsman.replay.runs import baseline_routers
 from pointsman.replay.simulator import simulate
 
 TRACES = (
@@ -32,47 +45,56 @@ TRACES = (
 )
 
 
-def shared_datasets() -> Path:
-    env = os.environ.get("POINTSMAN_SHARED_DATASETS")
-    path = Path(env) if env else Path(__file__).resolve().parents[1] / ".." / "shared" / "datasets"
-    if not path.is_dir():
-        sys.exit(f"shared datasets not found at {path} (set POINTSMAN_SHARED_DATASETS)")
-    return path
-
-
 @click.command()
-@click.option("--router", "router_name", type=click.Choice(sorted(BASELINES)), default="cache-aware", show_default=True)
-@click.option("--repeat", default=3, show_default=True, help="Runs per trace; the best is reported.")
+@click.option("--repeat", default=3, show_default=True, help="Runs per trace and mode; the best is reported.")
+@click.option("--limit", type=int, default=None, help="Only the first N requests of each trace.")
 @click.option("--table/--no-table", default=False, help="Also print the baseline comparison on Mooncake.")
 @click.option("--seed", default=0, show_default=True)
-def main(router_name: str, repeat: int, table: bool, seed: int) -> None:
-    root = shared_datasets()
-    fleet = default_fleet()
-    cls = BASELINES[router_name]
-    click.echo(f"fleet: onprem-70b {fleet.on_prem[0].aggregated_replicas} x {fleet.on_prem[0].replica.name}; router {router_name}")
-    click.echo(f"{'trace':<12} {'requests':>8} {'load s':>7} {'replay s':>9} {'sim req/s':>10} {'sim/real time':>13}")
+def main(repeat: int, limit: int | None, table: bool, seed: int) -> None:
+    root = shared_datasets_dir()
+    fleet = load_fleet(DEFAULT_FLEET_PATH)
+    sim = sim_fleet(fleet)
+    policy = load_policy(DEFAULT_POLICY_PATH, fleet)
+    from pointsman.service.loading import load_estimator
+
+    t = time.perf_counter()
+    estimator, error = load_estimator(None)
+    if error:
+        raise click.ClickException(f"estimator did not load: {error}")
+    click.echo(f"fleet {DEFAULT_FLEET_PATH.name}: {sum(t.gpus for t in sim.on_prem)} GPUs on-prem; policy "
+               f"{DEFAULT_POLICY_PATH.name}; estimator {estimator.version} (loaded in {time.perf_counter() - t:.2f} s)")
+    t = time.perf_counter()
+    draw = OutcomeDraw.load(seed=seed)
+    click.echo(f"outcome table {', '.join(draw.sources)}: {len(draw.rows)} prompts (read in {time.perf_counter() - t:.2f} s)")
+    click.echo(f"{'trace':<11} {'requests':>8} {'load s':>7}  {'mode':<16} {'replay s':>9} {'sim req/s':>10} {'sim/real':>9}")
     for name, rel in TRACES:
         t = time.perf_counter()
-        trace = load_trace(root / rel)
+        trace = load_trace(root / rel, limit=limit)
         load_s = time.perf_counter() - t
-        best = float("inf")
-        for _ in range(repeat):
-            t = time.perf_counter()
-            result = simulate(trace, fleet, cls("onprem-70b"), seed=seed)
-            best = min(best, time.perf_counter() - t)
-        click.echo(
-            f"{name:<12} {len(trace):>8} {load_s:>7.3f} {best:>9.3f} {len(trace) / best:>10.0f} "
-            f"{result.window_s / best:>12.0f}x"
+        texts = [list(draw.rows[i].messages) for i in draw.assign(len(trace))]
+        modes = (
+            ("baseline", lambda: (OnPremWide(CacheAware("")), None)),
+            ("engine, no text", lambda: _engine(EngineRouter(fleet, policy, FixedDifficulty(0.3)))),
+            ("engine, text", lambda: _engine(EngineRouter(fleet, policy, estimator, texts=texts))),
         )
+        for mode, make in modes:
+            best = float("inf")
+            for _ in range(repeat):
+                router, on_complete = make()
+                t = time.perf_counter()
+                result = simulate(trace, sim, router, seed=seed, on_complete=on_complete)
+                best = min(best, time.perf_counter() - t)
+            click.echo(f"{name:<11} {len(trace):>8} {load_s:>7.3f}  {mode:<16} {best:>9.3f} {len(trace) / best:>10.0f} "
+                       f"{result.window_s / best:>8.0f}x")
     if table:
-        trace = load_trace(root / TRACES[0][1])
-        summaries = {}
-        for bname, bcls in BASELINES.items():
-            router = bcls("onprem-70b", seed=seed) if bname == "random" else bcls("onprem-70b")
-            summaries[f"{bname} (on-prem)"] = summarize(simulate(trace, fleet, router, seed=seed))
-        summaries["all-frontier"] = summarize(simulate(trace, fleet, RoundRobin("frontier-large"), seed=seed))
-        click.echo("\nMooncake synthetic trace, default fleet (spill to frontier-large when a queue holds 16):")
+        trace = load_trace(root / TRACES[0][1], limit=limit)
+        summaries = {n: summarize(simulate(trace, sim, r, seed=seed)) for n, r in baseline_routers(sim, seed).items()}
+        click.echo(f"\nMooncake synthetic trace, {DEFAULT_FLEET_PATH.name}, baselines:")
         click.echo(format_table(summaries))
+
+
+def _engine(router: EngineRouter) -> tuple[EngineRouter, object]:
+    return router, router.on_complete
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
             raise click.ClickException(f"{trace}: no requests in the chosen window")
         rows = None
         names = [n.strip() for n in outcomes.split(",") if n.strip() and n.strip() != "none"]
-        if names and texts is None:
+        if names and (texts is None or not any(texts)):  # no prompt text: draw it
             draw = OutcomeDraw.load(names, seed)
             rows = [draw.rows[i] for i in draw.assign(len(requests))]
             texts = [list(r.messages) for r in rows]

@@ -1,0 +1,61 @@
+"""Pointsman's decision and outcome log as a replay trace (replay.log_trace), and replayed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pointsman.datasets.outcome_log import OutcomeLog, record_decision
+from pointsman.errors import DataError
+from pointsman.estimator.estimate import FixedDifficulty
+from pointsman.policy.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.engine import RoutingEngine
+from pointsman.policy.fleet import load_fleet
+from pointsman.replay.log_trace import load_log_trace
+from pointsman.request import request_from_prompt
+from pointsman.service.cli import main
+
+
+def make_log(path: Path, store_prompts: bool) -> list[str]:
+    fleet = load_fleet()
+    est = FixedDifficulty(0.3)
+    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), est)
+    ids = []
+    with OutcomeLog(path, store_prompts=store_prompts) as log:
+        for i, (prompt, out) in enumerate([("What is 2+2?", 12), ("Write a haiku.", 40), ("No outcome.", None),
+                                           ("Summarize Hamlet.", 300)]):
+            request = request_from_prompt(prompt)
+            decision = engine.route(request, dispatch=False)
+            record_decision(log, decision, request, est, time_s=1000.0 + 2.5 * i)
+            ids.append(decision.decision_id)
+            if out is not None:
+                log.append_outcomes([{"decision_id": decision.decision_id,
+                                      "usage": {"prompt_tokens": 30 + i, "completion_tokens": out},
+                                      "quality": {"judge_score": 7}}])
+    return ids
+
+
+def test_logged_decisions_with_outcomes_become_requests(tmp_path: Path) -> None:
+    ids = make_log(tmp_path / "log.db", store_prompts=True)
+    trace = load_log_trace(tmp_path / "log.db")
+    assert trace.skipped == 0  # the decision without outcome is not even joined
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in trace.requests] == [
+        (0.0, 30, 12), (2.5, 31, 40), (7.5, 33, 300)]
+    assert [r.prompt_id for r in trace.requests] == [ids[0], ids[1], ids[3]]
+    assert trace.texts[1] == [{"role": "user", "content": "Write a haiku."}]
+    assert trace.quality == [7, 7, 7]
+    assert len(load_log_trace(tmp_path / "log.db", limit=2).requests) == 2
+    make_log(tmp_path / "private.db", store_prompts=False)
+    assert load_log_trace(tmp_path / "private.db").texts == [None, None, None]
+    with pytest.raises(DataError, match="no such outcome log"):
+        load_log_trace(tmp_path / "absent.db")
+
+
+def test_replay_cli_reads_an_outcome_log(tmp_path: Path) -> None:
+    make_log(tmp_path / "log.db", store_prompts=True)
+    res = CliRunner().invoke(main, ["replay", str(tmp_path / "log.db"), "--out", str(tmp_path / "out"),
+                                    "--no-baselines"])
+    assert res.exit_code == 0, res.output
+    assert "default" in res.output and (tmp_path / "out" / "report.html").is_file()
