@@ -1,0 +1,277 @@
+#!/usr/bin/env python
+"""Load test of the decision service: decisions per second and p50/p99 latency of
+``POST /v1/route`` at several client concurrencies, with 1 and 2 uvicorn worker processes.
+
+For each worker count the script starts ``pointsman serve --workers W`` (default fleet,
+policy and bundled estimator; a temporary data folder, so the decision log is written as in
+production), then for each concurrency C runs a separate client process (an asyncio
+``httpx.AsyncClient``, C requests in flight, one keep-alive connection each) for
+``--duration`` seconds after a ``--warmup``, and prints one table row. Latency is measured
+by the client: send to full response, i.e. what a gateway sees.
+
+Prompts: real prompts from the shared outcome tables (Arena-Bench-V1 and RouteLLM MT-bench,
+``../shared/datasets``), concatenated and trimmed to ``--prompt-tokens`` tokens (default
+500) as counted by the service's own tokenizer (the bundled model's ``tokenizer.json``); the
+table's ``prompt_tokens`` column is what the service reported back.
+
+The machine's cores are shared: the load generator competes with the server for them (the
+header line says how many cores there are). ``--client-cpu N`` pins the client to core N
+(and ``--server-cpus`` pins the server) to make the split explicit.
+
+    python scripts/load_service.py [--workers 1 2] [--concurrency 1 16 64] [--duration 10]
+                                   [--prompt-tokens 500] [--json]
+
+Target (issue 6): >= 500 decisions/s at p99 <= 50 ms.
+
+Found with this script (``--uvicorn '--loop asyncio --http h11'`` vs ``'--loop uvloop'``): with
+asyncio's event loop, ``--workers 2`` made every response ~45 ms slower (p50 48 ms at
+concurrency 1, against 3.6 ms with one worker). For several workers uvicorn binds the
+listening socket itself as ``socket.socket(family=...)``, so it and every accepted socket
+have ``proto == 0``; asyncio's ``_set_nodelay`` only sets TCP_NODELAY when ``proto ==
+IPPROTO_TCP``, so Nagle's algorithm holds the response body (written after the headers)
+until the client's delayed ACK (~40 ms). uvloop sets TCP_NODELAY on every TCP connection,
+so uvloop (and httptools, faster than h11) are serving dependencies; uvicorn's default
+``--loop auto`` picks them.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import csv  # noqa: E402
+import json  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# -- prompts ---------------------------------------------------------------------------------------
+def source_prompts() -> list[str]:
+    """Prompt texts from Arena-Bench-V1 and RouteLLM MT-bench (turn 1), in file order."""
+    from pointsman.datasets.sources import shared_datasets_dir
+
+    root = shared_datasets_dir()
+    texts: list[str] = []
+    with open(root / "arena_bench_v1" / "arena_bench_v1_gpt4_single_scores.csv", newline="") as f:
+        texts += [row["prompt"] for row in csv.DictReader(f)]
+    with open(root / "routellm" / "mtbench_mixtral_vs_gpt4.csv", newline="") as f:
+        texts += [row["prompt_turn1"] for row in csv.DictReader(f) if row.get("prompt_turn1")]
+    return [t.strip() for t in texts if t and t.strip()]
+
+
+def sized_prompts(n_tokens: int, count: int = 200) -> list[str]:
+    """``count`` prompts of exactly ``n_tokens`` tokens (the service's tokenizer, without special
+    tokens): each starts at a different real prompt and continues with the following ones."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(REPO / "estimator" / "default_model" / "tokenizer.json"))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    texts = source_prompts()
+    out = []
+    for i in range(count):
+        text, j = "", i
+        while True:
+            text = (text + "\n\n" + texts[j % len(texts)]).strip()
+            enc = tokenizer.encode(text, add_special_tokens=False)
+            if len(enc.ids) >= n_tokens:
+                out.append(text[: enc.offsets[n_tokens - 1][1]])
+                break
+            j += 1
+    return out
+
+
+# -- client (runs in its own process) --------------------------------------------------------------
+async def drive(url: str, bodies: list[bytes], concurrency: int, duration_s: float, warmup_s: float,
+                api_key: str | None) -> dict[str, Any]:
+    """Keep ``concurrency`` ``/v1/route`` calls in flight for ``warmup_s + duration_s`` seconds;
+    returns counts and latencies (ms) of the calls that started after the warm-up."""
+    import httpx
+
+    headers = {"content-type": "application/json"}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    latencies: list[float] = []
+    prompt_tokens: list[int] = []
+    errors: dict[str, int] = {}
+    start = time.perf_counter()
+    cpu_start = time.process_time()
+    measure_from, stop_at = start + warmup_s, start + warmup_s + duration_s
+
+    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=30.0) as client:
+        async def worker(k: int) -> None:
+            i = k
+            while True:
+                t0 = time.perf_counter()
+                if t0 >= stop_at:
+                    return
+                body = bodies[i % len(bodies)]
+                i += concurrency
+                try:
+                    resp = await client.post("/v1/route", content=body)
+                    status = str(resp.status_code) if resp.status_code != 200 else None
+                except httpx.HTTPError as exc:
+                    status, resp = type(exc).__name__, None
+                t1 = time.perf_counter()
+                if t0 < measure_from:
+                    continue
+                if status is None:
+                    latencies.append((t1 - t0) * 1000.0)
+                    if len(prompt_tokens) < 50:
+                        prompt_tokens.append(resp.json()["prompt_tokens"])
+                else:
+                    errors[status] = errors.get(status, 0) + 1
+
+        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    elapsed = time.perf_counter() - measure_from
+    cpu_s = time.process_time() - cpu_start
+    lat = np.asarray(latencies)
+    return {"decisions": int(lat.size), "elapsed_s": elapsed, "decisions_per_s": lat.size / elapsed,
+            "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
+            "p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
+            "prompt_tokens": float(np.mean(prompt_tokens)) if prompt_tokens else None, "errors": errors,
+            # the load generator's own CPU time (warm-up included) per second of the run: its share of the cores
+            "client_cpu_cores": cpu_s / (time.perf_counter() - start)}
+
+
+def client_main(args: argparse.Namespace) -> None:
+    """``--drive``: run one client measurement and print it as one JSON line."""
+    if args.client_cpu is not None:
+        os.sched_setaffinity(0, {args.client_cpu})
+    prompts = json.loads(Path(args.prompts).read_text())
+    bodies = [json.dumps({"model": "chat", "messages": [{"role": "user", "content": p}],
+                          "routing": {"tenant": "load-test", "session_id": f"s-{i}"}}).encode()
+              for i, p in enumerate(prompts)]
+    result = asyncio.run(drive(args.drive, bodies, args.concurrency[0], args.duration, args.warmup, args.api_key))
+    print(json.dumps(result))
+
+
+# -- server ----------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(workers: int, port: int, data_dir: str, server_cpus: list[int] | None,
+                 extra_env: dict[str, str], uvicorn_args: str | None = None) -> subprocess.Popen:
+    """``pointsman serve --workers N`` on ``port`` (or, with ``uvicorn_args``, ``python -m uvicorn``
+    on the app factory with those extra options); returns once ``/healthz`` answers (60 s at most)."""
+    import httpx
+
+    env = {**os.environ, "POINTSMAN_DATA_DIR": data_dir, **extra_env}
+    if uvicorn_args is None:
+        cmd = [sys.executable, "-c", "from pointsman.service.cli import main; main()", "serve",
+               "--port", str(port), "--workers", str(workers), "--log-level", "warning"]
+    else:
+        cmd = [sys.executable, "-m", "uvicorn", "pointsman.service.app:create_app_from_env", "--factory",
+               "--port", str(port), "--workers", str(workers), "--log-level", "warning", *uvicorn_args.split()]
+    if server_cpus:
+        cmd = ["taskset", "-c", ",".join(map(str, server_cpus)), *cmd]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"pointsman serve exited:\n{proc.stdout.read().decode()[-3000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                # with several workers, give every worker time to finish its startup
+                time.sleep(1.0 if workers > 1 else 0.2)
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("pointsman serve did not answer /healthz within 60 s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def run_client(url: str, prompts_file: str, concurrency: int, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--drive", url, "--prompts", prompts_file, "--concurrency", str(concurrency),
+           "--duration", str(args.duration), "--warmup", str(args.warmup)]
+    if args.client_cpu is not None:
+        cmd += ["--client-cpu", str(args.client_cpu)]
+    if args.api_key:
+        cmd += ["--api-key", args.api_key]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per row")
+    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each row")
+    parser.add_argument("--prompt-tokens", type=int, default=500)
+    parser.add_argument("--client-cpu", type=int, default=None, help="pin the load generator to this core")
+    parser.add_argument("--server-cpus", type=int, nargs="+", default=None, help="pin the server to these cores")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra environment for the server (e.g. POINTSMAN_ROUTE_IN_THREADPOOL=true)")
+    parser.add_argument("--uvicorn", default=None, metavar="ARGS",
+                        help="run `python -m uvicorn` on the app factory with these options (e.g. "
+                             "'--loop asyncio --http h11') instead of `pointsman serve`")
+    parser.add_argument("--api-key", default=None, help="gateway key, when the server has keys configured")
+    parser.add_argument("--json", action="store_true", help="also print every row as JSON")
+    parser.add_argument("--drive", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--prompts", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.drive:
+        client_main(args)
+        return
+
+    extra_env = dict(kv.split("=", 1) for kv in args.env)
+    prompts = sized_prompts(args.prompt_tokens)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pointsman-load-") as tmp:
+        prompts_file = str(Path(tmp) / "prompts.json")
+        Path(prompts_file).write_text(json.dumps(prompts))
+        print(f"# {os.cpu_count()} cores shared by server and load generator (separate client process"
+              f"{f' pinned to core {args.client_cpu}' if args.client_cpu is not None else ', not pinned'}"
+              f"{f'; server pinned to {args.server_cpus}' if args.server_cpus else ''}); "
+              f"{len(prompts)} prompts of {args.prompt_tokens} tokens; {args.duration:g} s per row after "
+              f"{args.warmup:g} s warm-up{'; server env ' + str(extra_env) if extra_env else ''}")
+        print(f"{'workers':>7} {'conc':>5} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'prompt_tok':>10} {'client_cpu':>10}  errors")
+        for workers in args.workers:
+            port = free_port()
+            data_dir = str(Path(tmp) / f"data-w{workers}")
+            proc = start_server(workers, port, data_dir, args.server_cpus, extra_env, args.uvicorn)
+            try:
+                for conc in args.concurrency:
+                    r = run_client(f"http://127.0.0.1:{port}", prompts_file, conc, args)
+                    r.update(workers=workers, concurrency=conc)
+                    rows.append(r)
+                    print(f"{workers:>7} {conc:>5} {r['decisions_per_s']:>12.0f} {r['p50_ms']:>8.2f} "
+                          f"{r['p99_ms']:>8.2f} {r['prompt_tokens'] or 0:>10.0f} {r['client_cpu_cores']:>10.2f}  {r['errors'] or ''}", flush=True)
+            finally:
+                stop_server(proc)
+    if args.json:
+        for r in rows:
+            print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main()
