@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from pointsman.errors import RequestError
 from pointsman.service.schemas import ErrorResponse
 
 log = logging.getLogger("pointsman.service")
@@ -43,6 +44,11 @@ class HTTPError(Exception):
 def unavailable(message: str, code: str) -> HTTPError:
     """A 503 (``type`` ``unavailable``): the service cannot answer now; retrying later may work."""
     return HTTPError(503, message, type="unavailable", code=code)
+
+
+def invalid(exc: RequestError) -> HTTPError:
+    """The 422 (``invalid_value``) for a ``RequestError``: its message, ``param`` its field."""
+    return HTTPError(422, exc.message, param=exc.field, code="invalid_value")
 
 
 def _responses(*codes: int) -> dict[int | str, dict[str, object]]:

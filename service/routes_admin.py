@@ -28,7 +28,7 @@ from pointsman.errors import PolicyError, RequestError
 from pointsman.policy.budget import LedgerUnavailable
 from pointsman.service.auth import Principal, require
 from pointsman.service.bodies import read_json, validate_model
-from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError
+from pointsman.service.http_errors import ERROR_RESPONSES, invalid
 from pointsman.service.live_engine import problem_dict
 from pointsman.service.policy_reload import reload_policy, validate_policy_text
 from pointsman.service.runtime import Runtime, get_runtime
@@ -95,7 +95,7 @@ async def validate(request: Request, principal: Principal = Depends(require("adm
     try:
         item = validate_model(PolicyValidateIn, body)
     except RequestError as exc:
-        raise HTTPError(422, exc.message, param=exc.field, code="invalid_value") from None
+        raise invalid(exc) from None
     fleet = rt.live.engine.fleet
     try:
         compiled = await run_in_threadpool(validate_policy_text, item.policy, fleet, item.file or "<request>")

@@ -33,7 +33,7 @@ from pointsman.policy.filters import NoEligibleTarget
 from pointsman.request import parse_route_request
 from pointsman.service.auth import Principal, require
 from pointsman.service.bodies import decode_json, read_body
-from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, unavailable
+from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, invalid, unavailable
 from pointsman.service.runtime import Runtime, get_runtime
 from pointsman.service.schemas import RouteResponse
 
@@ -54,7 +54,7 @@ def decide(rt: Runtime, raw: bytes, key_id: str | None, started: float) -> JSONR
         except LedgerUnavailable as exc:
             raise unavailable(f"budget ledger unavailable: {exc}", "budget_ledger_unavailable") from None
         except RequestError as exc:
-            raise HTTPError(422, exc.message, param=exc.field, code="invalid_value") from None
+            raise invalid(exc) from None
     except HTTPError as exc:
         rt.metrics.decision_errors.labels(exc.code or str(exc.status)).inc()
         raise

@@ -3,7 +3,8 @@ orchestrators and Prometheus.
 
 - ``/healthz`` (liveness): 200 while the process serves; names the policy, its revision,
   the fleet revision, the estimator (version, whether it is available, why not, its
-  source) and ``auth`` (false: no API keys are configured and every caller is admin).
+  source), ``auth`` (false: no API keys are configured and every caller is admin) and the
+  last model swap attempt (``last_swap``; its ``error`` when a new version failed to load).
 - ``/readyz`` (readiness): 200 ``ready`` when the engine serves and the decision log writer
   runs; 503 ``not_ready`` otherwise (starting, stopping, writer dead). An unavailable
   estimator is ``degraded: ...`` but ready: decisions still come back through the policy's
@@ -43,7 +44,8 @@ async def healthz(request: Request) -> dict[str, Any]:
     engine = rt.live.engine
     return {"status": "ok", "policy": engine.policy.name, "policy_revision": engine.policy.revision,
             "fleet_revision": engine.fleet.revision, "estimator": estimator_health(rt),
-            "auth": request.app.state.keyring.enabled}
+            "auth": request.app.state.keyring.enabled,
+            "last_swap": None if rt.live.last_swap is None else rt.live.last_swap.to_dict()}
 
 
 @router.get("/readyz", response_model=ReadyResponse, responses={503: {"model": ReadyResponse}},

@@ -44,7 +44,7 @@ from pointsman.errors import BudgetError, DataError, RequestError
 from pointsman.policy.budget import LedgerUnavailable
 from pointsman.service.auth import Principal, require
 from pointsman.service.bodies import field_path, read_json, validate_model
-from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, unavailable
+from pointsman.service.http_errors import ERROR_RESPONSES, invalid, unavailable
 from pointsman.service.runtime import Runtime, get_runtime
 from pointsman.service.schemas import OutcomeAckOut, OutcomesResponse, TelemetryIn, TelemetryResponse
 
@@ -149,7 +149,7 @@ async def outcomes(request: Request, principal: Principal = Depends(require("gat
     try:
         items = parse_outcomes(body)
     except RequestError as exc:
-        raise HTTPError(422, exc.message, param=exc.field, code="invalid_value") from None
+        raise invalid(exc) from None
     acks = [OutcomeAckOut.model_validate(a).model_dump()
             for a in await run_in_threadpool(store_outcomes, rt, items)]
     counts: dict[str, int] = {}
@@ -196,7 +196,7 @@ async def telemetry(request: Request, principal: Principal = Depends(require("ga
     try:
         reports = parse_telemetry(body, rt)
     except RequestError as exc:
-        raise HTTPError(422, exc.message, param=exc.field, code="invalid_value") from None
+        raise invalid(exc) from None
     state = rt.live.engine.state
     fleet = state.fleet
     acks = []

@@ -91,6 +91,19 @@ class EstimatorHealth(BaseModel):
     source: str | None = None
 
 
+class SwapOut(BaseModel):
+    """The last model swap: ``ok``, ``changed``, ``version`` now and ``previous_version``, the
+    model's ``source``, the load ``error`` when it failed, ``at`` (Unix s)."""
+
+    ok: bool
+    changed: bool
+    version: str
+    previous_version: str
+    source: str | None = None
+    error: str | None = None
+    at: float
+
+
 class HealthResponse(BaseModel):
     """``GET /healthz``: the service answers; which policy, fleet and estimator it runs."""
 
@@ -100,6 +113,7 @@ class HealthResponse(BaseModel):
     fleet_revision: str
     estimator: EstimatorHealth
     auth: bool = False
+    last_swap: SwapOut | None = None
 
 
 class ReadyResponse(BaseModel):
@@ -201,19 +215,6 @@ class ReloadOut(BaseModel):
     source: str
     at: float
     problems: list[ProblemOut]
-
-
-class SwapOut(BaseModel):
-    """The last model swap: ``ok``, ``changed``, ``version`` now and ``previous_version``, the
-    model's ``source``, the load ``error`` when it failed, ``at`` (Unix s)."""
-
-    ok: bool
-    changed: bool
-    version: str
-    previous_version: str
-    source: str | None = None
-    error: str | None = None
-    at: float
 
 
 class RuleOut(BaseModel):

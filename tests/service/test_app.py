@@ -172,7 +172,7 @@ def test_healthz(client, engine):
     assert r.json() == {"status": "ok", "policy": "default", "policy_revision": engine.policy.revision,
                         "fleet_revision": engine.fleet.revision,
                         "estimator": {"version": "fixed", "available": True, "error": None, "source": None},
-                        "auth": False}
+                        "auth": False, "last_swap": None}
 
 
 def test_openapi_documents_the_request_body(client):

@@ -5,11 +5,7 @@ it acknowledged is in the outcome log (and a re-post is a duplicate, not a new o
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -19,39 +15,6 @@ import pytest
 from pointsman.datasets.outcome_log import OutcomeLog
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(data_dir, port: int) -> subprocess.Popen:
-    env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1",
-           "POINTSMAN_DATA_DIR": str(data_dir), "POINTSMAN_WATCH_POLICY": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "pointsman", "serve", "--port", str(port), "--log-level", "warning"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        assert proc.poll() is None, proc.stderr.read().decode()
-        assert time.monotonic() < deadline, "service did not start within 60 s"
-        time.sleep(0.1)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def client_loop(base: str, worker: int, acked: dict[str, dict], stop_event: threading.Event) -> None:
@@ -81,10 +44,8 @@ def client_loop(base: str, worker: int, acked: dict[str, dict], stop_event: thre
             pending.clear()
 
 
-def test_every_acknowledged_outcome_survives_sigkill(tmp_path):
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    proc = start(tmp_path, port)
+def test_every_acknowledged_outcome_survives_sigkill(tmp_path, serve):
+    proc, base = serve(tmp_path, watch_policy="false")
     acked: dict[str, dict] = {}
     stop_event = threading.Event()
     threads = [threading.Thread(target=client_loop, args=(base, w, acked, stop_event)) for w in range(2)]
@@ -101,21 +62,17 @@ def test_every_acknowledged_outcome_survives_sigkill(tmp_path):
             t.join(timeout=15)
     finally:
         stop_event.set()
-        stop(proc)
     assert proc.returncode == -signal.SIGKILL
     acknowledged = dict(acked)
     assert len(acknowledged) >= 80
 
-    proc = start(tmp_path, port)  # restart on the same data folder
-    try:
-        with OutcomeLog(tmp_path / "outcomes.db") as log:
-            missing = [oid for oid in acknowledged if log.outcome(oid) is None]
-            assert not missing, f"{len(missing)} acknowledged outcome(s) lost: {missing[:5]}"
-            for oid, sent in acknowledged.items():
-                assert log.outcome(oid).ttft_ms == sent["ttft_ms"]
-        # re-posting what was acknowledged is a duplicate: the restarted service sees it stored
-        some = list(acknowledged.values())[:10]
-        r = httpx.post(f"{base}/v1/outcomes", json=some, timeout=10)
-        assert r.status_code == 200 and r.json()["counts"] == {"duplicate": 10}
-    finally:
-        stop(proc)
+    serve(tmp_path, port=int(base.rsplit(":", 1)[1]), watch_policy="false")  # restart on the same data folder
+    with OutcomeLog(tmp_path / "outcomes.db") as log:
+        missing = [oid for oid in acknowledged if log.outcome(oid) is None]
+        assert not missing, f"{len(missing)} acknowledged outcome(s) lost: {missing[:5]}"
+        for oid, sent in acknowledged.items():
+            assert log.outcome(oid).ttft_ms == sent["ttft_ms"]
+    # re-posting what was acknowledged is a duplicate: the restarted service sees it stored
+    some = list(acknowledged.values())[:10]
+    r = httpx.post(f"{base}/v1/outcomes", json=some, timeout=10)
+    assert r.status_code == 200 and r.json()["counts"] == {"duplicate": 10}

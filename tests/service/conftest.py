@@ -1,0 +1,67 @@
+"""Fixtures for the service tests: ``serve``, a starter of real ``pointsman serve`` processes.
+
+``serve(data_dir, port=None, **env) -> (process, base_url)`` starts ``python -m pointsman
+serve`` on a free port (or ``port``) with ``POINTSMAN_DATA_DIR=data_dir`` (and ``env`` as
+``POINTSMAN_*`` variables), waits until ``/readyz`` answers 200 (60 s at most), and every
+process it started is stopped at teardown (SIGTERM, then SIGKILL).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Callable, Iterator
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    """A free local TCP port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 15 s; no-op when it already exited."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., tuple[subprocess.Popen, str]]]:
+    started: list[subprocess.Popen] = []
+
+    def start(data_dir, port: int | None = None, **settings: str) -> tuple[subprocess.Popen, str]:
+        port = port or free_port()
+        env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1",
+               "POINTSMAN_DATA_DIR": str(data_dir),
+               **{f"POINTSMAN_{k.upper()}": str(v) for k, v in settings.items()}}
+        proc = subprocess.Popen([sys.executable, "-m", "pointsman", "serve", "--port", str(port),
+                                 "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        started.append(proc)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    return proc, base
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "service did not start within 60 s"
+            time.sleep(0.1)
+
+    yield start
+    for proc in started:
+        stop(proc)
