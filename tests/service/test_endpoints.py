@@ -226,6 +226,7 @@ def test_probes_and_metrics(client):
     assert client.get("/healthz").json()["auth"] is False
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["checks"]["decision_log"] == "ok"
+    assert client.get("/docs").status_code == 200 and "/v1/outcomes" in client.get("/openapi.json").json()["paths"]
     m = client.get("/metrics")
     assert m.headers["content-type"].startswith("text/plain")
     for name in ("pointsman_decisions_total{rule=\"default\",target=\"onprem-8b\"} 1.0",

@@ -1,0 +1,151 @@
+"""The service's parts without HTTP: the decision log writer, the estimator deadline, the model
+follower's failure paths, and the API key ring."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+
+import pytest
+
+from pointsman.datasets.outcome_log import OutcomeLog
+from pointsman.estimator.estimate import DifficultyEstimate, FixedDifficulty
+from pointsman.policy.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.engine import RoutingEngine
+from pointsman.policy.fleet import load_fleet
+from pointsman.request import request_from_prompt
+from pointsman.service.auth import KeyRing
+from pointsman.service.deadline import DeadlineEstimator
+from pointsman.service.decision_log import DecisionLogWriter
+from pointsman.service.live_engine import LiveEngine
+from pointsman.service.model_follower import ModelFollower, followed, key_of
+
+
+@pytest.fixture(scope="module")
+def engine():
+    fleet = load_fleet()
+    return RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.3))
+
+
+def test_writer_commits_on_flush_and_drains_on_close(tmp_path, engine):
+    results: list[tuple[str, int]] = []
+    with OutcomeLog(tmp_path / "log.db") as log:
+        writer = DecisionLogWriter(log, flush_interval_s=30.0, on_result=lambda r, n: results.append((r, n))).start()
+        ids = []
+        for i in range(5):
+            req = request_from_prompt(f"question {i}")
+            d = engine.route(req, dispatch=False)
+            assert writer.submit(d, req, engine.estimator)
+            ids.append(d.decision_id)
+        assert writer.flush(timeout_s=10)  # does not wait for the 30 s interval
+        assert all(log.decision(i) is not None for i in ids) and writer.pending == 0
+        req = request_from_prompt("last one")
+        last = engine.route(req, dispatch=False)
+        writer.submit(last, req, engine.estimator)
+        writer.close()
+        assert log.decision(last.decision_id) is not None and not writer.alive
+        assert writer.written == 6 and sum(n for r, n in results if r == "written") == 6
+        assert not writer.submit(last, req, engine.estimator) and writer.dropped == 1  # closed: counted
+
+
+def test_writer_drops_and_counts_beyond_its_queue(tmp_path, engine):
+    with OutcomeLog(tmp_path / "log.db") as log:
+        writer = DecisionLogWriter(log, max_queue=2)  # not started: nothing drains
+        req = request_from_prompt("q")
+        d = engine.route(req, dispatch=False)
+        assert [writer.submit(d, req, engine.estimator) for _ in range(3)] == [True, True, False]
+        assert writer.dropped == 1 and writer.pending == 2
+        assert writer.flush(timeout_s=0.1) is False  # the writer is not running
+
+
+class Hanging:
+    version = "hang-1"
+    tokenizer = None
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def estimate(self, features):
+        self.release.wait(5)
+        return DifficultyEstimate(0.5, True, 1.0, None)
+
+
+class Broken:
+    version = "broken-1"
+    tokenizer = None
+
+    def estimate(self, features):
+        raise RuntimeError("onnx session lost")
+
+
+def test_deadline_turns_hangs_and_errors_into_unavailable():
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    try:
+        hanging = Hanging()
+        est = DeadlineEstimator(hanging, 20, pool)
+        first = est.estimate(None)
+        second = est.estimate(None)  # the only worker is stuck: waits in the queue, times out too
+        assert not first.available and first.error.startswith("timeout: no estimate within the 20 ms budget")
+        assert not second.available and second.error.startswith("timeout:")
+        assert est.version == "hang-1" and est.tokenizer is None
+        hanging.release.set()
+        broken = DeadlineEstimator(Broken(), 1000, pool).estimate(None)
+        assert not broken.available and broken.error == "RuntimeError: onnx session lost"
+    finally:
+        pool.shutdown(wait=True)
+    after = DeadlineEstimator(Broken(), 1000, pool).estimate(None)
+    assert not after.available and after.error.startswith("estimator pool unavailable")
+    with pytest.raises(ValueError):
+        DeadlineEstimator(Broken(), 0, pool)
+
+
+class Versioned(FixedDifficulty):
+    """A fixed-difficulty stand-in for registry version ``n``."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(0.3)
+        self.version = f"v{n}"
+        self.source = f"models:/pointsman-difficulty/{n} (@champion)"
+
+
+def test_follower_keeps_serving_when_the_registry_or_the_new_model_fails(engine):
+    live = LiveEngine(engine.with_estimator(Versioned(1)))
+    answers = iter([RuntimeError("registry down"), "2", "2"])
+
+    def resolve(spec: str) -> str:
+        a = next(answers)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    loads = iter([(None, "OSError: artifact missing"), (Versioned(2), None)])
+    swaps = []
+    f = ModelFollower(live, "champion", load=lambda spec: next(loads), resolve=resolve, on_result=swaps.append)
+    assert f.current == "1"
+    assert f.poll_once() is None and f.last_error == "RuntimeError: registry down"
+    assert live.engine.estimator.version == "v1"
+    failed = f.poll_once()
+    assert not failed.ok and failed.error == "OSError: artifact missing" and live.engine.estimator.version == "v1"
+    ok = f.poll_once()  # the next poll tries again
+    assert ok.ok and (ok.previous_version, ok.version) == ("v1", "v2") and live.engine.estimator.version == "v2"
+    assert [s.ok for s in swaps] == [False, True] and f.current == "2"
+
+
+def test_followed_specs_and_version_keys():
+    assert followed("champion") and followed("models:/m@champion")
+    assert not followed("bundled") and not followed("models:/m/3") and not followed(None) and not followed("/models/x")
+    assert key_of(Versioned(7)) == "7" and key_of(FixedDifficulty(0.1)) is None
+
+
+def test_key_ring_roles_and_constant_time_identify():
+    ring = KeyRing.parse("edge=gateway-key-1, gateway-key-2", "ops=admin-key-01")
+    assert ring.enabled and ring.counts() == {"gateway": 2, "admin": 1}
+    assert ring.identify("gateway-key-1").key_id == "edge" and ring.identify("admin-key-01").role == "admin"
+    anonymous = ring.identify("gateway-key-2")
+    assert anonymous.role == "gateway" and anonymous.key_id.startswith("key-")
+    assert ring.identify("gateway-key-") is None and ring.identify("") is None
+    assert not KeyRing.parse(None, "").enabled
+    for gateway, admin, message in [("a=x", None, "at least 8"), ("a=12345678,a=abcdefgh", None, "used twice"),
+                                    ("12345678,", None, "entry 2 is empty")]:
+        with pytest.raises(ValueError, match=message):
+            KeyRing.parse(gateway, admin)
