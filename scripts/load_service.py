@@ -4,10 +4,12 @@
 
 For each worker count the script starts ``pointsman serve --workers W`` (default fleet,
 policy and bundled estimator; a temporary data folder, so the decision log is written as in
-production), then for each concurrency C runs a separate client process (an asyncio
-``httpx.AsyncClient``, C requests in flight, one keep-alive connection each) for
-``--duration`` seconds after a ``--warmup``, and prints one table row. Latency is measured
-by the client: send to full response, i.e. what a gateway sees.
+production), then for each concurrency C runs a separate client process (asyncio, C
+requests in flight, one keep-alive connection each) for ``--duration`` seconds after a
+``--warmup``, and prints one table row. The client is aiohttp (installed with LiteLLM in the
+``test`` extra); ``--client httpx`` uses httpx, which costs about 2.5 times the client CPU per
+call. Latency is measured by the client: send to full response, i.e. what a gateway sees;
+``client_cpu`` is the load generator's share of a core.
 
 Prompts: real prompts from the shared outcome tables (Arena-Bench-V1 and RouteLLM MT-bench,
 ``../shared/datasets``), concatenated and trimmed to ``--prompt-tokens`` tokens (default
@@ -97,15 +99,13 @@ def sized_prompts(n_tokens: int, count: int = 200) -> list[str]:
 
 # -- client (runs in its own process) --------------------------------------------------------------
 async def drive(url: str, bodies: list[bytes], concurrency: int, duration_s: float, warmup_s: float,
-                api_key: str | None) -> dict[str, Any]:
-    """Keep ``concurrency`` ``/v1/route`` calls in flight for ``warmup_s + duration_s`` seconds;
-    returns counts and latencies (ms) of the calls that started after the warm-up."""
-    import httpx
-
+                api_key: str | None, client_lib: str = "aiohttp") -> dict[str, Any]:
+    """Keep ``concurrency`` ``/v1/route`` calls in flight for ``warmup_s + duration_s`` seconds
+    (``client_lib``: ``aiohttp`` or ``httpx``); returns counts and latencies (ms) of the calls
+    that started after the warm-up, and the client's own CPU use."""
     headers = {"content-type": "application/json"}
     if api_key:
         headers["authorization"] = f"Bearer {api_key}"
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     latencies: list[float] = []
     prompt_tokens: list[int] = []
     errors: dict[str, int] = {}
@@ -113,31 +113,48 @@ async def drive(url: str, bodies: list[bytes], concurrency: int, duration_s: flo
     cpu_start = time.process_time()
     measure_from, stop_at = start + warmup_s, start + warmup_s + duration_s
 
-    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=30.0) as client:
-        async def worker(k: int) -> None:
-            i = k
-            while True:
-                t0 = time.perf_counter()
-                if t0 >= stop_at:
-                    return
-                body = bodies[i % len(bodies)]
-                i += concurrency
-                try:
-                    resp = await client.post("/v1/route", content=body)
-                    status = str(resp.status_code) if resp.status_code != 200 else None
-                except httpx.HTTPError as exc:
-                    status, resp = type(exc).__name__, None
-                t1 = time.perf_counter()
-                if t0 < measure_from:
-                    continue
-                if status is None:
-                    latencies.append((t1 - t0) * 1000.0)
-                    if len(prompt_tokens) < 50:
-                        prompt_tokens.append(resp.json()["prompt_tokens"])
-                else:
-                    errors[status] = errors.get(status, 0) + 1
+    async def worker(post: Any, k: int) -> None:
+        i = k
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= stop_at:
+                return
+            body = bodies[i % len(bodies)]
+            i += concurrency
+            try:
+                status, payload = await post(body)
+            except Exception as exc:  # noqa: BLE001 - count transport errors, keep driving
+                status, payload = type(exc).__name__, None
+            t1 = time.perf_counter()
+            if t0 < measure_from:
+                continue
+            if status == 200:
+                latencies.append((t1 - t0) * 1000.0)
+                if len(prompt_tokens) < 50:
+                    prompt_tokens.append(json.loads(payload)["prompt_tokens"])
+            else:
+                errors[str(status)] = errors.get(str(status), 0) + 1
 
-        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    if client_lib == "aiohttp":
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=concurrency)
+        async with aiohttp.ClientSession(base_url=url, headers=headers, connector=connector) as session:
+            async def post(body: bytes) -> tuple[int, bytes]:
+                async with session.post("/v1/route", data=body) as resp:
+                    return resp.status, await resp.read()
+
+            await asyncio.gather(*(worker(post, k) for k in range(concurrency)))
+    else:
+        import httpx
+
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=30.0) as client:
+            async def post(body: bytes) -> tuple[int, bytes]:
+                resp = await client.post("/v1/route", content=body)
+                return resp.status_code, resp.content
+
+            await asyncio.gather(*(worker(post, k) for k in range(concurrency)))
     elapsed = time.perf_counter() - measure_from
     cpu_s = time.process_time() - cpu_start
     lat = np.asarray(latencies)
@@ -157,7 +174,8 @@ def client_main(args: argparse.Namespace) -> None:
     bodies = [json.dumps({"model": "chat", "messages": [{"role": "user", "content": p}],
                           "routing": {"tenant": "load-test", "session_id": f"s-{i}"}}).encode()
               for i, p in enumerate(prompts)]
-    result = asyncio.run(drive(args.drive, bodies, args.concurrency[0], args.duration, args.warmup, args.api_key))
+    result = asyncio.run(drive(args.drive, bodies, args.concurrency[0], args.duration, args.warmup, args.api_key,
+                               args.client))
     print(json.dumps(result))
 
 
@@ -212,6 +230,7 @@ def stop_server(proc: subprocess.Popen) -> None:
 def run_client(url: str, prompts_file: str, concurrency: int, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--drive", url, "--prompts", prompts_file, "--concurrency", str(concurrency),
            "--duration", str(args.duration), "--warmup", str(args.warmup)]
+    cmd += ["--client", args.client]
     if args.client_cpu is not None:
         cmd += ["--client-cpu", str(args.client_cpu)]
     if args.api_key:
@@ -227,6 +246,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per row")
     parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each row")
     parser.add_argument("--prompt-tokens", type=int, default=500)
+    parser.add_argument("--client", choices=["aiohttp", "httpx"], default="aiohttp",
+                        help="HTTP client of the load generator (aiohttp needs less CPU per request)")
     parser.add_argument("--client-cpu", type=int, default=None, help="pin the load generator to this core")
     parser.add_argument("--server-cpus", type=int, nargs="+", default=None, help="pin the server to these cores")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
@@ -249,7 +270,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pointsman-load-") as tmp:
         prompts_file = str(Path(tmp) / "prompts.json")
         Path(prompts_file).write_text(json.dumps(prompts))
-        print(f"# {os.cpu_count()} cores shared by server and load generator (separate client process"
+        print(f"# {os.cpu_count()} cores shared by server and load generator ({args.client} client in its own process"
               f"{f' pinned to core {args.client_cpu}' if args.client_cpu is not None else ', not pinned'}"
               f"{f'; server pinned to {args.server_cpus}' if args.server_cpus else ''}); "
               f"{len(prompts)} prompts of {args.prompt_tokens} tokens; {args.duration:g} s per row after "
