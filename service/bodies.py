@@ -11,15 +11,16 @@ checks one decoded object against a pydantic model and names the first bad field
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from pointsman.errors import RequestError
-from pointsman.service.http_errors import HTTPError
+from pointsman.service.http_errors import HTTPError, invalid
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -91,3 +92,19 @@ def validate_model(model: type[M], item: Any, prefix: str = "") -> M:
         err = exc.errors(include_url=False)[0]
         msg = "unknown field" if err["type"] == "extra_forbidden" else str(err["msg"]).removeprefix("Value error, ")
         raise RequestError(msg, field=field_path(prefix, tuple(err["loc"])) or None) from None
+
+
+async def read_parsed(request: Request, limit: int, expected: str, parse: Callable[[Any], T]) -> tuple[Any, T]:
+    """``read_json`` then ``parse(body)``; returns (body, parsed). A ``RequestError`` from ``parse``
+    becomes the 422 naming its field (``http_errors.invalid``)."""
+    body = await read_json(request, limit, expected)
+    try:
+        return body, parse(body)
+    except RequestError as exc:
+        raise invalid(exc) from None
+
+
+def json_body(schema: dict[str, Any]) -> dict[str, Any]:
+    """``openapi_extra`` documenting a required JSON request body with ``schema`` (for routes that
+    read their body as bytes, so FastAPI cannot see it)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}

@@ -24,11 +24,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from pointsman.errors import PolicyError, RequestError
+from pointsman.errors import PolicyError
 from pointsman.policy.budget import LedgerUnavailable
 from pointsman.service.auth import Principal, require
-from pointsman.service.bodies import read_json, validate_model
-from pointsman.service.http_errors import ERROR_RESPONSES, invalid
+from pointsman.service.bodies import json_body, read_parsed, validate_model
+from pointsman.service.http_errors import ERROR_RESPONSES
 from pointsman.service.live_engine import problem_dict
 from pointsman.service.policy_reload import reload_policy, validate_policy_text
 from pointsman.service.runtime import Runtime, get_runtime
@@ -85,17 +85,13 @@ async def policy(principal: Principal = Depends(require("admin")), rt: Runtime =
 
 @router.post("/v1/policy/validate", response_model=PolicyValidateResponse, responses=ERROR_RESPONSES,
              summary="Check policy text against the serving fleet without serving it",
-             openapi_extra={"requestBody": {"required": True, "content": {
-                 "application/json": {"schema": {"$ref": "#/components/schemas/PolicyValidateIn"}}}}})
+             openapi_extra=json_body({"$ref": "#/components/schemas/PolicyValidateIn"}))
 async def validate(request: Request, principal: Principal = Depends(require("admin")),
                    rt: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """Body ``{"policy": "<YAML text>", "file": "name.yaml"}``. Answers ``valid`` and, when not,
     every problem located as ``file:line:col``."""
-    body = await read_json(request, rt.settings.max_body_bytes, '{"policy": "<policy YAML text>"}')
-    try:
-        item = validate_model(PolicyValidateIn, body)
-    except RequestError as exc:
-        raise invalid(exc) from None
+    _, item = await read_parsed(request, rt.settings.max_body_bytes, '{"policy": "<policy YAML text>"}',
+                                lambda body: validate_model(PolicyValidateIn, body))
     fleet = rt.live.engine.fleet
     try:
         compiled = await run_in_threadpool(validate_policy_text, item.policy, fleet, item.file or "<request>")

@@ -32,7 +32,7 @@ from pointsman.policy.budget import LedgerUnavailable
 from pointsman.policy.filters import NoEligibleTarget
 from pointsman.request import parse_route_request
 from pointsman.service.auth import Principal, require
-from pointsman.service.bodies import decode_json, read_body
+from pointsman.service.bodies import decode_json, json_body, read_body
 from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, invalid, unavailable
 from pointsman.service.runtime import Runtime, get_runtime
 from pointsman.service.schemas import RouteResponse
@@ -74,8 +74,7 @@ def decide(rt: Runtime, raw: bytes, key_id: str | None, started: float) -> JSONR
 
 @router.post("/v1/route", response_model=RouteResponse, responses=ERROR_RESPONSES,
              summary="Decide where a chat request runs", tags=["gateway"],
-             openapi_extra={"requestBody": {"required": True, "content": {
-                 "application/json": {"schema": {"$ref": "#/components/schemas/RouteRequest"}}}}})
+             openapi_extra=json_body({"$ref": "#/components/schemas/RouteRequest"}))
 async def route(request: Request, principal: Principal = Depends(require("gateway")),
                 rt: Runtime = Depends(get_runtime)) -> JSONResponse:
     """Body: an OpenAI chat request (other OpenAI fields such as temperature, stream or

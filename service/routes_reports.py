@@ -43,8 +43,8 @@ from pointsman.datasets.outcome_schema import MAX_BATCH, OutcomeIn, parse_outcom
 from pointsman.errors import BudgetError, DataError, RequestError
 from pointsman.policy.budget import LedgerUnavailable
 from pointsman.service.auth import Principal, require
-from pointsman.service.bodies import field_path, read_json, validate_model
-from pointsman.service.http_errors import ERROR_RESPONSES, invalid, unavailable
+from pointsman.service.bodies import field_path, json_body, read_parsed, validate_model
+from pointsman.service.http_errors import ERROR_RESPONSES, unavailable
 from pointsman.service.runtime import Runtime, get_runtime
 from pointsman.service.schemas import OutcomeAckOut, OutcomesResponse, TelemetryIn, TelemetryResponse
 
@@ -139,17 +139,13 @@ OUTCOMES_SCHEMA = TypeAdapter(OutcomeIn | list[OutcomeIn]).json_schema(ref_templ
 @router.post("/v1/outcomes", response_model=OutcomesResponse, tags=["gateway"],
              responses={**ERROR_RESPONSES, 404: {"model": OutcomesResponse}, 409: {"model": OutcomesResponse}},
              summary="Report what came of decisions (one outcome or a list)",
-             openapi_extra={"requestBody": {"required": True, "content": {
-                 "application/json": {"schema": {k: v for k, v in OUTCOMES_SCHEMA.items() if k != "$defs"}}}}})
+             openapi_extra=json_body({k: v for k, v in OUTCOMES_SCHEMA.items() if k != "$defs"}))
 async def outcomes(request: Request, principal: Principal = Depends(require("gateway")),
                    rt: Runtime = Depends(get_runtime)) -> JSONResponse:
     """Store outcomes durably, then settle budgets and release load (see the module). The answer
     comes only after the outcomes are on disk."""
-    body = await read_json(request, rt.settings.max_body_bytes, "an outcome object or a list of them")
-    try:
-        items = parse_outcomes(body)
-    except RequestError as exc:
-        raise invalid(exc) from None
+    body, items = await read_parsed(request, rt.settings.max_body_bytes, "an outcome object or a list of them",
+                                    parse_outcomes)
     acks = [OutcomeAckOut.model_validate(a).model_dump()
             for a in await run_in_threadpool(store_outcomes, rt, items)]
     counts: dict[str, int] = {}
@@ -185,18 +181,14 @@ def parse_telemetry(body: Any, rt: Runtime) -> list[TelemetryIn]:
 
 @router.post("/v1/telemetry", response_model=TelemetryResponse, responses=ERROR_RESPONSES, tags=["gateway"],
              summary="Push load snapshots and endpoint health (one report or a list)",
-             openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
-                 "anyOf": [{"$ref": "#/components/schemas/TelemetryIn"},
-                           {"type": "array", "items": {"$ref": "#/components/schemas/TelemetryIn"}}]}}}}})
+             openapi_extra=json_body({"anyOf": [{"$ref": "#/components/schemas/TelemetryIn"},
+                                                {"type": "array", "items": {"$ref": "#/components/schemas/TelemetryIn"}}]}))
 async def telemetry(request: Request, principal: Principal = Depends(require("gateway")),
                     rt: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """Apply load snapshots (vLLM-standard field names) and health marks; answers each endpoint's
     merged reading."""
-    body = await read_json(request, rt.settings.max_body_bytes, "a telemetry report or a list of them")
-    try:
-        reports = parse_telemetry(body, rt)
-    except RequestError as exc:
-        raise invalid(exc) from None
+    _, reports = await read_parsed(request, rt.settings.max_body_bytes, "a telemetry report or a list of them",
+                                   lambda body: parse_telemetry(body, rt))
     state = rt.live.engine.state
     fleet = state.fleet
     acks = []
