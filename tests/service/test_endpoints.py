@@ -109,7 +109,19 @@ def test_empty_and_malformed_bodies_are_400_on_every_post(client):
         assert r.status_code == 400 and r.json()["error"]["code"] == "malformed_json"
 
 
-def test_telemetry_pushes_load_into_decisions_and_fleet(client):
+def test_every_post_enforces_the_body_limit(tmp_path):
+    app, _ = make_app(tmp_path, max_body_bytes=200)
+    with TestClient(app) as c:
+        for path, body in (("/v1/outcomes", [{"decision_id": "0" * 32}] * 20),
+                           ("/v1/telemetry", [{"endpoint": "llama-8b-0", "healthy": True}] * 20),
+                           ("/v1/policy/validate", {"policy": "x" * 300})):
+            r = c.post(path, json=body)
+            assert r.status_code == 413, r.text
+            err = r.json()["error"]
+            assert err["param"] == "max_body_bytes" and "the limit is 200 bytes" in err["message"]
+
+
+def test_telemetry_shows_in_fleet_and_metrics(client):
     fleet = client.app.state.fleet_state.fleet
     eid = next(e for e, info in fleet.endpoints.items() if info.target == "onprem-70b" and info.role == "prefill")
     r = client.post("/v1/telemetry", json=[{"endpoint": eid, "load": {"num_requests_waiting": 7,
