@@ -157,7 +157,8 @@ class PointsmanClient:
                 resp = await self._aclient().post("/v1/outcomes", json=batch, timeout=self.outcome_timeout_s)
             except httpx.HTTPError as exc:
                 reason = f"{type(exc).__name__}: {exc}"
-                await asyncio.sleep(0.1 * 2 ** attempt)
+                if attempt + 1 < self.outcome_attempts:
+                    await asyncio.sleep(0.1 * 2 ** attempt)
                 continue
             self._acked(batch, resp)
             return

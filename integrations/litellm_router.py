@@ -181,6 +181,9 @@ class PointsmanRoutingStrategy(CustomRoutingStrategyBase):
     def _apply(self, decision: dict[str, Any] | None, deployments: list[dict[str, Any]],
                kwargs: dict[str, Any]) -> dict[str, Any] | None:
         if decision is None:
+            metadata = kwargs.get("metadata")
+            if isinstance(metadata, dict):
+                metadata.pop(DECISION_KEY, None)  # a retry must not report against an earlier attempt's decision
             return default_deployment(deployments)
         chosen = pick_deployment(deployments, decision)
         if chosen is None:
