@@ -61,13 +61,18 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return schema
 
 
+def keyring_of(settings: Settings) -> KeyRing:
+    """The API keys ``settings`` configure; raises ``ValueError`` naming the setting when malformed."""
+    return KeyRing.parse(*(None if s is None else s.get_secret_value()
+                           for s in (settings.gateway_api_keys, settings.admin_api_keys)))
+
+
 def create_app(settings: Settings | None = None, engine: RoutingEngine | None = None, *,
                owns_engine: bool = False, estimator_error: str | None = None) -> FastAPI:
     """The FastAPI app (see the module). ``settings`` default to the environment. Raises
     ``ValueError`` naming the setting for malformed API key settings (before anything starts)."""
     settings = settings or Settings()
-    keyring = KeyRing.parse(*(None if s is None else s.get_secret_value()
-                              for s in (settings.gateway_api_keys, settings.admin_api_keys)))
+    keyring = keyring_of(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

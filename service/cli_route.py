@@ -216,13 +216,13 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
 
     import uvicorn
 
-    from pointsman.service.app import create_app
+    from pointsman.service.app import create_app, keyring_of
 
     overrides = dict(host=host, port=port, max_body_bytes=max_body_bytes, log_level=log_level, workers=workers,
                      fleet_path=fleet_path, policy_path=policy_path, model=model)
     settings = settings_from(**overrides)
     try:
-        create_app(settings)  # API key settings are checked here, before anything loads
+        keyring_of(settings)  # API key settings are checked here, before anything loads
     except ValueError as exc:
         raise InputError(str(exc)) from None
     loaded = load(settings)  # config errors are reported here, before the server starts

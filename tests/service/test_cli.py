@@ -217,3 +217,10 @@ def test_serve_with_a_bad_policy_exits_2_before_listening(tmp_path: Path):
     r = CliRunner().invoke(main, ["serve", "--policy", str(bad), "--port", "1"])
     assert r.exit_code == 2
     assert r.stderr.startswith(f"Error: {bad}:3:8: invalid-value: rules: List should have at least 1 item")
+
+
+def test_serve_with_malformed_api_keys_exits_2_without_echoing_them(monkeypatch):
+    monkeypatch.setenv("POINTSMAN_GATEWAY_API_KEYS", "edge=abc")
+    r = CliRunner().invoke(main, ["serve", "--port", "1"])
+    assert r.exit_code == 2
+    assert r.stderr == "Error: POINTSMAN_GATEWAY_API_KEYS: entry 1 (edge): a key needs at least 8 characters\n"
