@@ -182,3 +182,42 @@ class SharedKVStore:
                 break
             n += 1
         return n
+
+
+class PromptCache:
+    """A frontier provider's prompt cache: block hashes kept while used at least every
+    ``ttl_s`` seconds (OpenAI prompt caching: cleared after minutes of inactivity), no
+    capacity bound. Times in seconds on the trace clock, non-decreasing across ``use``."""
+
+    __slots__ = ("ttl_s", "_used")
+
+    def __init__(self, ttl_s: float) -> None:
+        if ttl_s < 0:
+            raise ValueError(f"ttl_s must be >= 0, got {ttl_s}")
+        self.ttl_s = ttl_s
+        self._used: OrderedDict[int, float] = OrderedDict()  # block hash -> last use, oldest first
+
+    def peek(self, hashes: Sequence[int], now: float) -> int:
+        """Leading ``hashes`` cached at ``now`` (no state change)."""
+        used, horizon, n = self._used, now - self.ttl_s, 0
+        for h in hashes:
+            t = used.get(h)
+            if t is None or t < horizon:
+                break
+            n += 1
+        return n
+
+    def use(self, hashes: Sequence[int], now: float) -> int:
+        """A prompt with ``hashes`` is sent at ``now``: returns its leading cached blocks, then
+        drops expired blocks and marks all of ``hashes`` used at ``now``."""
+        hit = self.peek(hashes, now)
+        used, horizon = self._used, now - self.ttl_s
+        while used:
+            first = next(iter(used.values()))
+            if first >= horizon:
+                break
+            used.popitem(last=False)
+        for h in reversed(hashes):
+            used[h] = now
+            used.move_to_end(h)
+        return hit

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
@@ -75,7 +75,7 @@ from pointsman.replay.fleet import (
     SimFleet,
 )
 from pointsman.replay.hardware import FrontierSpec
-from pointsman.replay.kvcache import PrefixCache, SharedKVStore
+from pointsman.replay.kvcache import PrefixCache, PromptCache, SharedKVStore
 
 # --------------------------------------------------------------------------- router interface
 
@@ -454,8 +454,7 @@ class _Simulator:
         self.targets = {t.name: _Target(t) for t in fleet.on_prem}
         self.frontier = {f.name: f for f in fleet.frontier}
         self.rngs = {f.name: random.Random(f"{seed}:{f.name}") for f in fleet.frontier}
-        # provider prompt caches: block hash -> last use (s), least recently used first
-        self.fcaches: dict[str, OrderedDict[int, float]] = {f.name: OrderedDict() for f in fleet.frontier}
+        self.fcaches = {f.name: PromptCache(f.prompt_cache_ttl_s) for f in fleet.frontier}
         views = {
             (name, role): tuple(ReplicaView(r) for r in reps)
             for name, tgt in self.targets.items()
@@ -628,37 +627,13 @@ class _Simulator:
         hashes = req.block_hashes
         if spec.cached_input_usd_per_mtok is None or not hashes or req.prompt_tokens < spec.prompt_cache_min_tokens:
             return 0
-        now = self.now
-        cache = self.fcaches[spec.name]
-        horizon = now - spec.prompt_cache_ttl_s
-        while cache:
-            h, used = next(iter(cache.items()))
-            if used >= horizon:
-                break
-            cache.popitem(last=False)
-        hit = 0
-        for h in hashes:
-            if h not in cache:
-                break
-            hit += 1
-        for h in reversed(hashes):
-            cache[h] = now
-            cache.move_to_end(h)
+        hit = self.fcaches[spec.name].use(hashes, self.now)
         return min(hit * spec.block_tokens, req.prompt_tokens)
 
     def frontier_cached_blocks(self, target: str, hashes: Sequence[int], now: float) -> int:
         """Leading ``hashes`` in frontier tier ``target``'s prompt cache at ``now`` (no state change)."""
         cache = self.fcaches.get(target)
-        if not cache:
-            return 0
-        ttl = self.frontier[target].prompt_cache_ttl_s
-        hit = 0
-        for h in hashes:
-            used = cache.get(h)
-            if used is None or used < now - ttl:
-                break
-            hit += 1
-        return hit
+        return 0 if cache is None else cache.peek(hashes, now)
 
     # ---- replica scheduling
 

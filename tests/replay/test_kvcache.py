@@ -70,3 +70,14 @@ def test_shared_store_prefix_and_capacity() -> None:
     assert s.prefix_blocks((1, 2, 3)) == 3 and s.prefix_blocks((1, 2, 3), start=1) == 2
     s.put((4,))  # evicts the tail of the older prefix first
     assert len(s) == 3 and s.prefix_blocks((1, 2, 3)) == 2
+
+
+def test_prompt_cache_keeps_blocks_used_within_the_ttl() -> None:
+    from pointsman.replay.kvcache import PromptCache
+
+    c = PromptCache(ttl_s=10.0)
+    assert c.use((1, 2, 3), now=0.0) == 0
+    assert c.peek((1, 2, 9), now=5.0) == 2 and c.peek((2,), now=5.0) == 1
+    assert c.use((1, 2), now=8.0) == 2  # refreshes 1 and 2, not 3
+    assert c.peek((1, 2, 3), now=15.0) == 2  # block 3 last used at 0: expired
+    assert c.use((1, 2, 3), now=30.0) == 0
