@@ -76,3 +76,17 @@ def test_every_acknowledged_outcome_survives_sigkill(tmp_path, serve):
     some = list(acknowledged.values())[:10]
     r = httpx.post(f"{base}/v1/outcomes", json=some, timeout=10)
     assert r.status_code == 200 and r.json()["counts"] == {"duplicate": 10}
+
+
+def test_two_workers_store_outcomes_whose_decision_another_worker_made(tmp_path, serve):
+    """With 2 worker processes a decision can still be in one worker's memory queue when its
+    outcome reaches the other: the outcome is retried after a flush interval and stored."""
+    _, base = serve(tmp_path, workers="2", watch_policy="false")
+    statuses = []
+    for i in range(30):
+        with httpx.Client(base_url=base, timeout=10) as c:  # a new connection: either worker
+            d = c.post("/v1/route", json={"messages": [{"role": "user", "content": f"q{i}"}]}).json()
+        with httpx.Client(base_url=base, timeout=10) as c:
+            r = c.post("/v1/outcomes", json={"decision_id": d["decision_id"], "usage": {"completion_tokens": 3}})
+        statuses.append(r.json()["acks"][0]["status"])
+    assert statuses == ["stored"] * 30
