@@ -9,7 +9,8 @@ requests in flight, one keep-alive connection each) for ``--duration`` seconds a
 ``--warmup``, and prints one table row. The client is aiohttp (installed with LiteLLM in the
 ``test`` extra); ``--client httpx`` uses httpx, which costs about 2.5 times the client CPU per
 call. Latency is measured by the client: send to full response, i.e. what a gateway sees;
-``client_cpu`` is the load generator's share of a core.
+``client_cpu`` is the load generator's share of a core; ``srv_cpu_ms`` is the server's CPU
+time (all its processes and threads, from /proc) per decision.
 
 Prompts: real prompts from the shared outcome tables (Arena-Bench-V1 and RouteLLM MT-bench,
 ``../shared/datasets``), concatenated and trimmed to ``--prompt-tokens`` tokens (default
@@ -218,6 +219,29 @@ def start_server(workers: int, port: int, data_dir: str, server_cpus: list[int] 
     raise SystemExit("pointsman serve did not answer /healthz within 60 s")
 
 
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds (user + system) used so far by process ``root`` and its live descendants (Linux /proc)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [p for p, pp in parents.items() if pp == parent and p not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    return sum(times.get(p, 0.0) for p in tree)
+
+
 def stop_server(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
@@ -275,18 +299,22 @@ def main() -> None:
               f"{f'; server pinned to {args.server_cpus}' if args.server_cpus else ''}); "
               f"{len(prompts)} prompts of {args.prompt_tokens} tokens; {args.duration:g} s per row after "
               f"{args.warmup:g} s warm-up{'; server env ' + str(extra_env) if extra_env else ''}")
-        print(f"{'workers':>7} {'conc':>5} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'prompt_tok':>10} {'client_cpu':>10}  errors")
+        print(f"{'workers':>7} {'conc':>5} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'prompt_tok':>10} {'client_cpu':>10} {'srv_cpu_ms':>10}  errors")
         for workers in args.workers:
             port = free_port()
             data_dir = str(Path(tmp) / f"data-w{workers}")
             proc = start_server(workers, port, data_dir, args.server_cpus, extra_env, args.uvicorn)
             try:
                 for conc in args.concurrency:
+                    cpu0 = tree_cpu_s(proc.pid)
                     r = run_client(f"http://127.0.0.1:{port}", prompts_file, conc, args)
-                    r.update(workers=workers, concurrency=conc)
+                    # whole run (warm-up included) over measured decisions scaled to the whole run
+                    server_cpu = tree_cpu_s(proc.pid) - cpu0
+                    n_all = r["decisions"] * (args.warmup + args.duration) / args.duration
+                    r.update(workers=workers, concurrency=conc, server_cpu_ms_per_decision=1000 * server_cpu / max(n_all, 1))
                     rows.append(r)
                     print(f"{workers:>7} {conc:>5} {r['decisions_per_s']:>12.0f} {r['p50_ms']:>8.2f} "
-                          f"{r['p99_ms']:>8.2f} {r['prompt_tokens'] or 0:>10.0f} {r['client_cpu_cores']:>10.2f}  {r['errors'] or ''}", flush=True)
+                          f"{r['p99_ms']:>8.2f} {r['prompt_tokens'] or 0:>10.0f} {r['client_cpu_cores']:>10.2f} {r['server_cpu_ms_per_decision']:>10.2f}  {r['errors'] or ''}", flush=True)
             finally:
                 stop_server(proc)
     if args.json:
