@@ -20,6 +20,7 @@ pool ``kv_cache_capacity_tokens``               KV blocks per replica (else deri
 ``shared_kv``                                   shared KV tier (capacity, restore bandwidth, latency)
 frontier ``prices``                             input, cached-input and output prices
 frontier ``prompt_cache_min_tokens``            the provider's prompt-cache threshold
+frontier ``context_window_tokens``              longest prompt + output it accepts
 ``replay.*`` (on-prem)                          GPU, weight precision, MFU, bandwidth efficiency,
                                                 overheads, batch size, admission limit, P/D link,
                                                 idle power, latency coefficients
@@ -159,7 +160,8 @@ def _frontier(name: str, t: FrontierTarget) -> FrontierSpec:
     return FrontierSpec(name=name, input_usd_per_mtok=p.usd_per_1m_input_tokens,
                         output_usd_per_mtok=p.usd_per_1m_output_tokens,
                         cached_input_usd_per_mtok=p.usd_per_1m_cached_input_tokens,
-                        prompt_cache_min_tokens=t.prompt_cache_min_tokens, block_tokens=BLOCK_TOKENS, **extra)
+                        prompt_cache_min_tokens=t.prompt_cache_min_tokens, block_tokens=BLOCK_TOKENS,
+                        max_model_len=t.context_window_tokens, **extra)
 
 
 def sim_fleet(fleet: Fleet) -> SimFleet:

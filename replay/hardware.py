@@ -338,6 +338,8 @@ class FrontierSpec:
     used at least every ``prompt_cache_ttl_s`` seconds (OpenAI: 5-10 minutes of
     inactivity; 300 s here). ``cached_input_usd_per_mtok=None`` disables the cache.
     ``block_tokens``: tokens per block hash of the replayed trace (512 for Mooncake).
+    ``max_model_len``: the tier's context window (prompt + output tokens); longer requests
+    are refused (``context_length``); None = unbounded.
     """
 
     name: str
@@ -351,6 +353,7 @@ class FrontierSpec:
     prompt_cache_min_tokens: int = 1024
     prompt_cache_ttl_s: float = 300.0
     block_tokens: int = 512
+    max_model_len: int | None = None
 
     def cost_usd(self, prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> float:
         """API bill in USD for one request with ``cached_tokens`` of its prompt served from the

@@ -46,7 +46,8 @@ Serving model of one replica (vLLM-v0-like, kept simple on purpose):
 - **Admission control**: a request routed to a replica whose waiting queue is at
   the target's ``max_waiting``, or that is too long for it, goes to the assignment's
   ``fallbacks`` in order, then to the fleet's ``spill_target`` (``spilled=True`` once it
-  runs anywhere but where it was routed), or is rejected with a reason. A router may
+  runs anywhere but where it was routed), or is rejected with a reason. A frontier tier
+  refuses requests longer than its ``max_model_len`` (``context_length``). A router may
   also reject a request itself (``Assignment.reject(reason)``).
 - **Completion callback**: ``simulate(..., on_complete=f)`` calls ``f(result)`` with the
   request's ``RequestResult`` at the simulated time it completes (a rejection: at its
@@ -532,7 +533,10 @@ class _Simulator:
         req = job.req
         job.target = a.target
         if a.target in self.frontier:
-            self._serve_frontier(job, self.frontier[a.target])
+            spec = self.frontier[a.target]
+            if spec.max_model_len is not None and req.prompt_tokens + req.output_tokens > spec.max_model_len:
+                return "context_length"
+            self._serve_frontier(job, spec)
             return None
         tgt = self.targets.get(a.target)
         if tgt is None:
@@ -598,12 +602,11 @@ class _Simulator:
 
     def _refuse(self, job: _Job, reason: str) -> None:
         spill = self.fleet.spill_target
-        if spill is not None:
-            self._serve_frontier(job, self.frontier[spill])
-        else:
-            job.target = job.routed
-            job.rejected = reason
-            self._complete(job)
+        if spill is not None and self._place(job, Assignment(spill)) is None:
+            return
+        job.target = job.routed
+        job.rejected = reason
+        self._complete(job)
 
     def _serve_frontier(self, job: _Job, spec: FrontierSpec) -> None:
         rng = self.rngs[spec.name]

@@ -105,3 +105,14 @@ def test_on_prem_wide_baseline_uses_every_pool() -> None:
                                                   ("op2", "aggregated")]
     res = simulate(trace, f, OnPremWide(CacheAware(""), ("op2",))).requests
     assert {r.target for r in res} == {"op2"}
+
+
+def test_frontier_context_window_is_enforced_on_routes_and_spills() -> None:
+    fr = FrontierSpec(name="fr", max_model_len=500)
+    f = SimFleet(on_prem=(OnPremTarget(name="op", replica=SPEC, aggregated_replicas=1),), frontier=(fr,),
+                 spill_target="fr")
+    trace = [req(0.0, 600, 2), req(0.0, 20_000, 2), req(1.0, 100, 2)]
+    a, b, c = simulate(trace, f, lambda r, v: Assignment("fr" if r.prompt_tokens == 600 else "op")).requests
+    assert a.rejected == "context_length" and a.target == "fr"  # routed there, too long for it
+    assert b.rejected == "context_length" and b.target == "op"  # too long on-prem, and for the spill target
+    assert c.rejected is None and not c.spilled
