@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from pointsman.policy.load import PushedSnapshot
+from pointsman.service.live_engine import SwapResult
 
 
 class EndpointOut(BaseModel):
@@ -91,19 +92,6 @@ class EstimatorHealth(BaseModel):
     source: str | None = None
 
 
-class SwapOut(BaseModel):
-    """The last model swap: ``ok``, ``changed``, ``version`` now and ``previous_version``, the
-    model's ``source``, the load ``error`` when it failed, ``at`` (Unix s)."""
-
-    ok: bool
-    changed: bool
-    version: str
-    previous_version: str
-    source: str | None = None
-    error: str | None = None
-    at: float
-
-
 class HealthResponse(BaseModel):
     """``GET /healthz``: the service answers; which policy, fleet and estimator it runs."""
 
@@ -113,7 +101,7 @@ class HealthResponse(BaseModel):
     fleet_revision: str
     estimator: EstimatorHealth
     auth: bool = False
-    last_swap: SwapOut | None = None
+    last_swap: SwapResult | None = None
 
 
 class ReadyResponse(BaseModel):
