@@ -21,8 +21,13 @@ The machine's cores are shared: the load generator competes with the server for 
 header line says how many cores there are). ``--client-cpu N`` pins the client to core N
 (and ``--server-cpus`` pins the server) to make the split explicit.
 
-    python scripts/load_service.py [--workers 1 2] [--concurrency 1 16 64] [--duration 10]
-                                   [--prompt-tokens 500] [--json]
+    python scripts/load_service.py [--workers 1 2] [--concurrency 1 16 64] [--rates 500 ...]
+                                   [--duration 10] [--prompt-tokens 500] [--json]
+
+``load`` is the closed-loop concurrency (that many calls always in flight: throughput at
+saturation, and latency = queueing once saturated) or, with ``--rates``, an open-loop arrival
+rate (calls start on schedule whatever the answers; latency from the scheduled start),
+which checks the target "p99 at 500 decisions/s" directly (``--rates`` with no value: none).
 
 Target (issue 6): >= 500 decisions/s at p99 <= 50 ms.
 
@@ -60,6 +65,9 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
+#: Connections the open-loop client may open (a backlog beyond it waits for a free one, and
+#: that wait counts in the latency).
+OPEN_LOOP_CONNECTIONS = 256
 
 
 # -- prompts ---------------------------------------------------------------------------------------
@@ -100,10 +108,13 @@ def sized_prompts(n_tokens: int, count: int = 200) -> list[str]:
 
 # -- client (runs in its own process) --------------------------------------------------------------
 async def drive(url: str, bodies: list[bytes], concurrency: int, duration_s: float, warmup_s: float,
-                api_key: str | None, client_lib: str = "aiohttp") -> dict[str, Any]:
-    """Keep ``concurrency`` ``/v1/route`` calls in flight for ``warmup_s + duration_s`` seconds
-    (``client_lib``: ``aiohttp`` or ``httpx``); returns counts and latencies (ms) of the calls
-    that started after the warm-up, and the client's own CPU use."""
+                api_key: str | None, client_lib: str = "aiohttp", rate: float | None = None) -> dict[str, Any]:
+    """Drive ``/v1/route`` for ``warmup_s + duration_s`` seconds and measure the calls that started
+    after the warm-up. Closed loop (``rate`` None): ``concurrency`` calls always in flight.
+    Open loop: calls start at ``rate`` per second whatever the answers (at most ``concurrency``
+    connections); latency counts from the scheduled start, so a slow server's backlog shows
+    (no coordinated omission). ``client_lib``: ``aiohttp`` or ``httpx``. Returns counts,
+    latencies (ms) and the client's own CPU use."""
     headers = {"content-type": "application/json"}
     if api_key:
         headers["authorization"] = f"Bearer {api_key}"
@@ -114,27 +125,44 @@ async def drive(url: str, bodies: list[bytes], concurrency: int, duration_s: flo
     cpu_start = time.process_time()
     measure_from, stop_at = start + warmup_s, start + warmup_s + duration_s
 
-    async def worker(post: Any, k: int) -> None:
+    async def one(post: Any, body: bytes, t0: float) -> None:
+        try:
+            status, payload = await post(body)
+        except Exception as exc:  # noqa: BLE001 - count transport errors, keep driving
+            status, payload = type(exc).__name__, None
+        t1 = time.perf_counter()
+        if t0 < measure_from:
+            return
+        if status == 200:
+            latencies.append((t1 - t0) * 1000.0)
+            if len(prompt_tokens) < 50:
+                prompt_tokens.append(json.loads(payload)["prompt_tokens"])
+        else:
+            errors[str(status)] = errors.get(str(status), 0) + 1
+
+    async def closed_loop(post: Any, k: int) -> None:
         i = k
-        while True:
-            t0 = time.perf_counter()
-            if t0 >= stop_at:
-                return
-            body = bodies[i % len(bodies)]
+        while (t0 := time.perf_counter()) < stop_at:
+            await one(post, bodies[i % len(bodies)], t0)
             i += concurrency
-            try:
-                status, payload = await post(body)
-            except Exception as exc:  # noqa: BLE001 - count transport errors, keep driving
-                status, payload = type(exc).__name__, None
-            t1 = time.perf_counter()
-            if t0 < measure_from:
-                continue
-            if status == 200:
-                latencies.append((t1 - t0) * 1000.0)
-                if len(prompt_tokens) < 50:
-                    prompt_tokens.append(json.loads(payload)["prompt_tokens"])
-            else:
-                errors[str(status)] = errors.get(str(status), 0) + 1
+
+    async def open_loop(post: Any) -> None:
+        tasks, k = set(), 0
+        while (t0 := start + k / rate) < stop_at:
+            delay = t0 - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(one(post, bodies[k % len(bodies)], t0))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            k += 1
+        await asyncio.gather(*list(tasks))
+
+    async def run(post: Any) -> None:
+        if rate:
+            await open_loop(post)
+        else:
+            await asyncio.gather(*(closed_loop(post, k) for k in range(concurrency)))
 
     if client_lib == "aiohttp":
         import aiohttp
@@ -145,7 +173,7 @@ async def drive(url: str, bodies: list[bytes], concurrency: int, duration_s: flo
                 async with session.post("/v1/route", data=body) as resp:
                     return resp.status, await resp.read()
 
-            await asyncio.gather(*(worker(post, k) for k in range(concurrency)))
+            await run(post)
     else:
         import httpx
 
@@ -155,7 +183,7 @@ async def drive(url: str, bodies: list[bytes], concurrency: int, duration_s: flo
                 resp = await client.post("/v1/route", content=body)
                 return resp.status_code, resp.content
 
-            await asyncio.gather(*(worker(post, k) for k in range(concurrency)))
+            await run(post)
     elapsed = time.perf_counter() - measure_from
     cpu_s = time.process_time() - cpu_start
     lat = np.asarray(latencies)
@@ -176,7 +204,7 @@ def client_main(args: argparse.Namespace) -> None:
                           "routing": {"tenant": "load-test", "session_id": f"s-{i}"}}).encode()
               for i, p in enumerate(prompts)]
     result = asyncio.run(drive(args.drive, bodies, args.concurrency[0], args.duration, args.warmup, args.api_key,
-                               args.client))
+                               args.client, args.rate))
     print(json.dumps(result))
 
 
@@ -251,9 +279,12 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def run_client(url: str, prompts_file: str, concurrency: int, args: argparse.Namespace) -> dict[str, Any]:
+def run_client(url: str, prompts_file: str, concurrency: int, args: argparse.Namespace,
+               rate: float | None = None) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--drive", url, "--prompts", prompts_file, "--concurrency", str(concurrency),
            "--duration", str(args.duration), "--warmup", str(args.warmup)]
+    if rate:
+        cmd += ["--rate", str(rate)]
     cmd += ["--client", args.client]
     if args.client_cpu is not None:
         cmd += ["--client-cpu", str(args.client_cpu)]
@@ -267,6 +298,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--rates", type=float, nargs="*", default=[500.0],
+                        help="open-loop rows: calls start at this many per second (default 500, the target)")
+    parser.add_argument("--rate", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per row")
     parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each row")
     parser.add_argument("--prompt-tokens", type=int, default=500)
@@ -299,22 +333,26 @@ def main() -> None:
               f"{f'; server pinned to {args.server_cpus}' if args.server_cpus else ''}); "
               f"{len(prompts)} prompts of {args.prompt_tokens} tokens; {args.duration:g} s per row after "
               f"{args.warmup:g} s warm-up{'; server env ' + str(extra_env) if extra_env else ''}")
-        print(f"{'workers':>7} {'conc':>5} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'prompt_tok':>10} {'client_cpu':>10} {'srv_cpu_ms':>10}  errors")
+        print(f"{'workers':>7} {'load':>7} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'prompt_tok':>10} {'client_cpu':>10} {'srv_cpu_ms':>10}  errors")
         for workers in args.workers:
             port = free_port()
             data_dir = str(Path(tmp) / f"data-w{workers}")
             proc = start_server(workers, port, data_dir, args.server_cpus, extra_env, args.uvicorn)
             try:
-                for conc in args.concurrency:
+                runs = [(conc, None) for conc in args.concurrency] + [(OPEN_LOOP_CONNECTIONS, r) for r in args.rates]
+                for conc, rate in runs:
                     cpu0 = tree_cpu_s(proc.pid)
-                    r = run_client(f"http://127.0.0.1:{port}", prompts_file, conc, args)
+                    r = run_client(f"http://127.0.0.1:{port}", prompts_file, conc, args, rate)
                     # whole run (warm-up included) over measured decisions scaled to the whole run
                     server_cpu = tree_cpu_s(proc.pid) - cpu0
                     n_all = r["decisions"] * (args.warmup + args.duration) / args.duration
-                    r.update(workers=workers, concurrency=conc, server_cpu_ms_per_decision=1000 * server_cpu / max(n_all, 1))
+                    r.update(workers=workers, concurrency=None if rate else conc, rate=rate,
+                             server_cpu_ms_per_decision=1000 * server_cpu / max(n_all, 1))
                     rows.append(r)
-                    print(f"{workers:>7} {conc:>5} {r['decisions_per_s']:>12.0f} {r['p50_ms']:>8.2f} "
-                          f"{r['p99_ms']:>8.2f} {r['prompt_tokens'] or 0:>10.0f} {r['client_cpu_cores']:>10.2f} {r['server_cpu_ms_per_decision']:>10.2f}  {r['errors'] or ''}", flush=True)
+                    load = f"{rate:g}/s" if rate else str(conc)
+                    print(f"{workers:>7} {load:>7} {r['decisions_per_s']:>12.0f} {r['p50_ms']:>8.2f} "
+                          f"{r['p99_ms']:>8.2f} {r['prompt_tokens'] or 0:>10.0f} {r['client_cpu_cores']:>10.2f} "
+                          f"{r['server_cpu_ms_per_decision']:>10.2f}  {r['errors'] or ''}", flush=True)
             finally:
                 stop_server(proc)
     if args.json:
