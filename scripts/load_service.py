@@ -40,6 +40,13 @@ IPPROTO_TCP``, so Nagle's algorithm holds the response body (written after the h
 until the client's delayed ACK (~40 ms). uvloop sets TCP_NODELAY on every TCP connection,
 so uvloop (and httptools, faster than h11) are serving dependencies; uvicorn's default
 ``--loop auto`` picks them.
+
+Also found: with ``--workers 2`` the keep-alive connections a client opens at once can all
+land on one worker (the worker that wakes first accepts every pending connection; uvicorn's
+workers share one listening socket), and they stay there: per-worker CPU (/proc) showed one
+worker idle in one of three concurrency-16 runs, which then ran at ~370 instead of ~600
+decisions/s. Rows with few connections vary for that reason; a gateway with many
+connections, or one listening socket per worker with SO_REUSEPORT, spreads them.
 """
 
 from __future__ import annotations
