@@ -25,7 +25,13 @@ decode replica that prefills locally (``replica_pool="decode"``), and its fallba
 (least-loaded replica) for admission control. ``NoEligibleTarget`` becomes a rejection
 (``no_eligible_target``). At completion the decision is settled in the ``FleetState``
 (actual cost: the frontier bill, or the cost model on the usage on-prem), as the service
-does when an outcome arrives. No budget ledger is attached: budgets are not replayed.
+does when an outcome arrives; a request refused after its decision is released.
+
+**budgets**: with ``ledger`` (``replay.budgets.replay_ledger``) the ``FleetState`` has a real
+budget ledger and every request carries ``routing.tenant = tenant``: the ``budget`` filter
+and signals read it, dispatch reserves the estimate (a refusal moves to the next fallback,
+none left is ``no_eligible_target``), completion settles the actual cost, all at simulated
+Unix time ``EPOCH_S + t`` (reserve, settle, release, snapshot and hold expiry alike).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from typing import Any, Iterable
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.errors import RequestError
+from pointsman.policy.budget import BudgetLedger
 from pointsman.policy.compiler import CompiledPolicy
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.filters import NoEligibleTarget
@@ -154,8 +161,8 @@ class SimFleetState(FleetState):
     """A ``FleetState`` on the simulated clock whose load board and prefix indexes read the
     simulator (``SimBoard``, ``SimPrefixIndex``)."""
 
-    def __init__(self, fleet: Fleet, router: EngineRouter) -> None:
-        super().__init__(fleet, None, board=router.board, clock=lambda: EPOCH_S + router.now_s,
+    def __init__(self, fleet: Fleet, router: EngineRouter, ledger: BudgetLedger | None = None) -> None:
+        super().__init__(fleet, ledger, board=router.board, clock=lambda: EPOCH_S + router.now_s,
                          monotonic=lambda: router.now_s)
         self._sim_indexes = {name: SimPrefixIndex(router, name, name in router.frontier)
                              for name in fleet.targets}
@@ -170,18 +177,22 @@ class EngineRouter:
 
     ``fleet``: the policy ``Fleet`` the simulated fleet was built from (``fleet_map.sim_fleet``);
     ``policy``: a compiled policy; ``estimator``: any ``Estimator`` (``FixedDifficulty`` or
-    the real one); ``texts``: per trace index, the request's messages (or None). After a
-    run, ``decisions[i]`` is ``(rule, target, mode, p_hard)`` for trace request ``i``."""
+    the real one); ``texts``: per trace index, the request's messages (or None);
+    ``ledger``: a budget ledger (None: no budgets), and ``tenant`` the budget scope
+    ``tenant:<tenant>`` every request carries (see the module docstring). After a run,
+    ``decisions[i]`` is ``(rule, target, mode, p_hard)`` for trace request ``i``."""
 
     def __init__(self, fleet: Fleet, policy: CompiledPolicy, estimator: Any, *,
-                 texts: Sequence[Sequence[dict[str, Any]] | None] | None = None) -> None:
+                 texts: Sequence[Sequence[dict[str, Any]] | None] | None = None,
+                 ledger: BudgetLedger | None = None, tenant: str | None = None) -> None:
         self.fleet = fleet
         self.map = EndpointMap.of(fleet)
         self.frontier = frozenset(n for n, t in fleet.targets.items() if t.kind == "frontier")
         self.board = SimBoard(self.map)
         self.current: TraceRequest | None = None
         self.now_s = 0.0
-        self.state = SimFleetState(fleet, self)
+        self.tenant = tenant
+        self.state = SimFleetState(fleet, self, ledger)
         self.engine = RoutingEngine(fleet, policy, estimator, state=self.state)
         self.texts = texts
         self.decisions: dict[int, tuple[str, str, str, float | None]] = {}
@@ -194,6 +205,8 @@ class EngineRouter:
         if not messages:
             messages = [{"role": "user", "content": f"trace request {index}"}]
         routing: dict[str, Any] = {"prompt_tokens": req.prompt_tokens}
+        if self.tenant:
+            routing["tenant"] = self.tenant
         if req.block_hashes:
             routing["prefix_block_hashes"] = list(req.block_hashes)
         if req.session_id:
@@ -226,17 +239,19 @@ class EngineRouter:
         return Assignment(d.target, AGGREGATED, first[2], replica_pool=pool, fallbacks=fallbacks)
 
     def on_complete(self, result: RequestResult) -> None:
-        """Settle the request's decision at its simulated completion (as the service does)."""
+        """Settle the request's decision at its simulated completion (as the service does), or
+        release it when the request was refused after its decision; at simulated Unix time."""
         decision_id = self._ids.pop(result.index, None)
         if decision_id is None:
             return
+        now = EPOCH_S + (result.finish_s if result.finish_s is not None else result.arrival_s)
         if result.rejected is not None:
-            self.state.release(decision_id)
+            self.state.release(decision_id, now=now)
             return
         self.state.settle(decision_id, prompt_tokens=result.prompt_tokens, completion_tokens=result.output_tokens,
                           cached_tokens=min(result.prefix_hit_tokens, result.prompt_tokens),
                           actual_cost_usd=result.cost_usd if result.frontier else None,
-                          target=result.target, mode=result.mode)
+                          target=result.target, mode=result.mode, now=now)
 
 
 __all__ = ["EPOCH_S", "EngineRouter", "SimBoard", "SimFleetState", "SimPrefixIndex", "UTILIZATION_WINDOW_S"]

@@ -18,6 +18,10 @@ Definitions:
   restored from a shared KV tier.
 - **GPU utilization** split into prefill and decode: busy GPU-seconds / provisioned
   GPU-seconds, per target and fleet-wide.
+- **budget** (policy runs with budgets, ``replay.runs``): USD the budget ledger holds as
+  spent (settled + still reserved) at the end, against the limit, for the budget with the
+  highest spent fraction; the ledger books per-request costs (frontier bills, on-prem by the
+  cost model), not the provisioned GPU-hours of ``cost``.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ class Summary:
     target, ``{"prefill": f, "decode": f}`` busy fractions of provisioned GPU time.
     Percentiles are NaN when there is nothing to measure. ``quality``: mean quality (0-1)
     of the completed requests whose outcome is known (``replay.outcomes``), else NaN.
+    ``budget_spent_usd`` / ``budget_limit_usd``: the binding budget's ledger spend and limit
+    at the end of a run with budgets (module docstring), else NaN.
     """
 
     requests: int
@@ -77,6 +83,8 @@ class Summary:
     target_requests: dict[str, int]
     utilization: dict[str, dict[str, float]]
     quality: float = math.nan
+    budget_spent_usd: float = math.nan
+    budget_limit_usd: float = math.nan
 
     def to_dict(self) -> dict:
         """Plain JSON-ready dict (NaN stays NaN; ``json.dumps`` writes it as NaN)."""
@@ -186,8 +194,10 @@ _COLUMNS = (
 
 
 def format_table(summaries: dict[str, Summary]) -> str:
-    """Plain-text comparison table, one row per named summary, columns as in ``_COLUMNS``."""
-    header = ["policy"] + [c[0] for c in _COLUMNS]
+    """Plain-text comparison table, one row per named summary, columns as in ``_COLUMNS``,
+    plus ``budget $`` (ledger spend / limit, ``-`` for runs without a budget) when any has one."""
+    budgets = any(not math.isnan(s.budget_limit_usd) for s in summaries.values())
+    header = ["policy"] + [c[0] for c in _COLUMNS] + (["budget $"] if budgets else [])
     rows = [header]
     for name, s in summaries.items():
         row = [name]
@@ -195,6 +205,9 @@ def format_table(summaries: dict[str, Summary]) -> str:
             value = getattr(s, col[1])
             scale = col[3] if len(col) > 3 else 1
             row.append("n/a" if isinstance(value, float) and math.isnan(value) else col[2].format(value * scale))
+        if budgets:
+            row.append("-" if math.isnan(s.budget_limit_usd)
+                       else f"{s.budget_spent_usd:.2f}/{s.budget_limit_usd:g}")
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths))) for r in rows]

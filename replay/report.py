@@ -93,12 +93,15 @@ def series(result: ReplayResult) -> dict[str, Any]:
 
 def report_dict(runs: Sequence[Run], meta: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON report: ``meta`` (trace, fleet, seed, ...), and per run its ``kind``,
-    ``summary`` (``metrics.Summary`` fields), ``rules`` and ``series`` (TTFTs left out)."""
+    ``summary`` (``metrics.Summary`` fields), ``rules``, ``budget`` (each budget that applied
+    with its ledger spend at the end, ``replay.budgets.budget_status``; empty without budgets)
+    and ``series`` (TTFTs left out)."""
     out: dict[str, Any] = {"meta": dict(meta), "runs": {}}
     for run in runs:
         s = series(run.result)
         s.pop("ttft_s")
-        out["runs"][run.name] = {"kind": run.kind, "summary": run.summary.to_dict(), "rules": run.rules, "series": s}
+        out["runs"][run.name] = {"kind": run.kind, "summary": run.summary.to_dict(), "rules": run.rules,
+                                 "budget": run.budget, "series": s}
     return out
 
 

@@ -13,20 +13,30 @@ the same trace, fleet and seed.
 - ``all-frontier``: everything to the frontier target with the highest output price.
 
 Each run's routers are fresh; the simulator seed is shared, so runs differ only by routing.
+
+With ``budgets`` every policy run gets its own empty budget ledger (``replay.budgets``) and
+its requests the scope ``tenant:<tenant>``; baselines ignore budgets. The run's ``budget``
+lists each budget that applies with its spend at the end (``replay.budgets.budget_status``),
+and its summary's ``budget_spent_usd`` / ``budget_limit_usd`` are those of the budget with the
+highest spent fraction.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+import dataclasses
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 from pointsman.datasets.traces import TraceRequest
+from pointsman.policy.budget import BudgetConfig
 from pointsman.policy.compiler import CompiledPolicy
 from pointsman.policy.fleet import Fleet
+from pointsman.replay.budgets import REPLAY_TENANT, budget_status, replay_ledger, replay_scopes
 from pointsman.replay.baselines import BASELINES, LeastLoaded, OnPremWide, RandomPick, RoundRobin
-from pointsman.replay.engine_router import EngineRouter
+from pointsman.replay.engine_router import EPOCH_S, EngineRouter
 from pointsman.replay.fleet import SimFleet
 from pointsman.replay.metrics import SLO, Summary, summarize
 from pointsman.replay.outcomes import OutcomeRow, quality_of
@@ -36,13 +46,15 @@ from pointsman.replay.simulator import ReplayResult, RequestResult, Router, simu
 @dataclass
 class Run:
     """One router's replay: ``name``, ``kind`` (``policy`` or ``baseline``), the simulator's
-    ``result``, its ``summary`` and, for a policy, ``rules``: requests per deciding rule."""
+    ``result``, its ``summary`` and, for a policy, ``rules``: requests per deciding rule, and
+    ``budget``: the budgets that applied with their spend at the end (empty without budgets)."""
 
     name: str
     kind: str
     result: ReplayResult
     summary: Summary
     rules: dict[str, int] = field(default_factory=dict)
+    budget: list[dict[str, Any]] = field(default_factory=list)
 
 
 def baseline_routers(sim: SimFleet, seed: int = 0) -> dict[str, Router]:
@@ -70,9 +82,11 @@ def _counting(router: Router, tick: Callable[[int], None]) -> Router:
 def replay_all(trace: Sequence[TraceRequest], fleet: Fleet, sim: SimFleet, policies: Mapping[str, CompiledPolicy],
                estimator: Any, *, texts: Sequence[Any] | None = None, rows: Sequence[OutcomeRow | None] | None = None,
                seed: int = 0, baselines: bool = True, slo: SLO | None = None, timeline_bin_s: float = 10.0,
-               progress: Callable[[int], None] | None = None) -> list[Run]:
+               progress: Callable[[int], None] | None = None, budgets: BudgetConfig | None = None,
+               tenant: str = REPLAY_TENANT) -> list[Run]:
     """Replay ``trace`` through each policy (an ``EngineRouter`` with ``estimator`` and
-    ``texts``) and, with ``baselines``, each baseline router, on ``sim`` (built from
+    ``texts``; with ``budgets``, a fresh budget ledger and scope ``tenant:<tenant>``, see the
+    module docstring) and, with ``baselines``, each baseline router, on ``sim`` (built from
     ``fleet``). ``rows[i]``: trace request ``i``'s outcome row for quality, or None.
     ``progress(n)`` is called once per routed request. Returns the runs, policies first."""
     def quality(r: RequestResult) -> float | None:
@@ -84,11 +98,24 @@ def replay_all(trace: Sequence[TraceRequest], fleet: Fleet, sim: SimFleet, polic
 
     runs: list[Run] = []
     for name, policy in policies.items():
-        router = EngineRouter(fleet, policy, estimator, texts=texts)
-        result = run(name, "policy", router, router.on_complete)
+        with tempfile.TemporaryDirectory(prefix="pointsman-replay-budget-") as folder:
+            ledger = replay_ledger(budgets, folder) if budgets is not None else None
+            try:
+                router = EngineRouter(fleet, policy, estimator, texts=texts, ledger=ledger,
+                                      tenant=tenant if budgets is not None else None)
+                result = run(name, "policy", router, router.on_complete)
+                spend = [] if ledger is None else budget_status(ledger, replay_scopes(tenant),
+                                                                EPOCH_S + result.end_s)
+            finally:
+                if ledger is not None:
+                    ledger.close()
+        summary = summarize(result, slo, quality if rows else None)
+        if spend:
+            top = max(spend, key=lambda b: b["spent_fraction"])
+            summary = dataclasses.replace(summary, budget_spent_usd=top["settled_usd"] + top["reserved_usd"],
+                                          budget_limit_usd=top["limit_usd"])
         rules = Counter(d[0] for d in router.decisions.values())
-        runs.append(Run(name, "policy", result, summarize(result, slo, quality if rows else None),
-                        dict(rules.most_common())))
+        runs.append(Run(name, "policy", result, summary, dict(rules.most_common()), spend))
     if baselines:
         for name, router in baseline_routers(sim, seed).items():
             result = run(name, "baseline", router)

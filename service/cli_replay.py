@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from pointsman.errors import DataError, FleetError, PolicyError
+from pointsman.errors import BudgetError, DataError, FleetError, PolicyError, RequestError
 
 
 def _estimator(spec: str):
@@ -69,27 +69,43 @@ def _load_trace(path: Path, limit: int | None, start_s: float | None, end_s: flo
 @click.option("--slo-tpot-s", type=float, default=0.1, show_default=True)
 @click.option("--bin-s", type=click.FloatRange(min=0.001), default=10.0, show_default=True,
               help="Width of the time bins of the plots, seconds.")
+@click.option("--budgets", "budgets_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="Budgets file (kind: Budgets) the policies run under, each with its own ledger "
+                                 "(default: no budgets).")
+@click.option("--tenant", default="replay", show_default=True,
+              help="Tenant of every replayed request: its budget scope is tenant:<tenant>.")
 def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Path, ...], seed: int,
                    limit: int | None, start_s: float | None, end_s: float | None, out_dir: Path,
                    estimator_spec: str, outcomes: str, baselines: bool, slo_ttft_s: float, slo_tpot_s: float,
-                   bin_s: float) -> None:
+                   bin_s: float, budgets_path: Path | None, tenant: str) -> None:
     """Replay TRACE through policies and baselines on a simulated fleet; print the comparison
     and write report.txt, report.json, report.html and PNG plots to --out."""
+    from pointsman.policy.budget import BudgetConfig
     from pointsman.policy.compiler import DEFAULT_POLICY_DIR, load_policy
     from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
     from pointsman.replay.fleet_map import sim_fleet
     from pointsman.replay.metrics import SLO, format_table
     from pointsman.replay.outcomes import OutcomeDraw
     from pointsman.replay.report import write_report
+    from pointsman.policy.state import request_scopes
+    from pointsman.replay.budgets import check_applies
     from pointsman.replay.runs import baseline_routers, replay_all
 
     try:
+        budgets = None
+        try:
+            request_scopes(tenant, None)
+        except RequestError as exc:
+            raise click.BadParameter(str(exc), param_hint="--tenant") from None
+        if budgets_path is not None:
+            budgets = BudgetConfig.load(budgets_path)
+            check_applies(budgets, tenant, str(budgets_path))
         fleet = load_fleet(fleet_path or DEFAULT_FLEET_PATH)
         sim = sim_fleet(fleet)
         paths = policy_paths or tuple(p for p in sorted(DEFAULT_POLICY_DIR.glob("*.yaml"))
                                       if not p.name.endswith(".cases.yaml"))
         policies = {p.stem: load_policy(p, fleet) for p in paths}
-        requests, texts, _ = _load_trace(trace, limit, start_s, end_s)
+        requests, texts, logged = _load_trace(trace, limit, start_s, end_s)
         if not requests:
             raise click.ClickException(f"{trace}: no requests in the chosen window")
         rows = None
@@ -99,7 +115,7 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
             rows = [draw.rows[i] for i in draw.assign(len(requests))]
             texts = [list(r.messages) for r in rows]
         estimator = _estimator(estimator_spec)
-    except (FleetError, PolicyError, DataError) as exc:
+    except (FleetError, PolicyError, DataError, BudgetError) as exc:
         raise click.ClickException(str(exc)) from None
     total = len(requests) * (len(policies) + (len(baseline_routers(sim, seed)) if baselines else 0))
     click.echo(f"replaying {len(requests)} requests of {trace.name} through {len(policies)} policies"
@@ -108,16 +124,24 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
     with click.progressbar(length=total, label="simulated requests", file=sys.stderr) as bar:
         runs = replay_all(requests, fleet, sim, policies, estimator, texts=texts, rows=rows, seed=seed,
                           baselines=baselines, slo=SLO(slo_ttft_s, slo_tpot_s), timeline_bin_s=bin_s,
-                          progress=bar.update)
+                          progress=bar.update, budgets=budgets, tenant=tenant)
     wall = time.perf_counter() - t0
     meta = {"trace": str(trace), "requests": len(requests), "fleet": str(fleet_path or DEFAULT_FLEET_PATH),
             "policies": ", ".join(str(p) for p in paths), "seed": seed, "limit": limit,
             "estimator": str(getattr(estimator, "version", estimator_spec)),
             "outcomes": ", ".join(names) if rows is not None else "none",
             "slo": f"TTFT <= {slo_ttft_s} s, TPOT <= {slo_tpot_s} s", "window_s": round(runs[0].result.window_s, 1),
+            "budgets": f"{budgets_path} (tenant:{tenant})" if budgets_path else "none",
             "wall_s": round(wall, 2)}
+    judged = [q for q in (logged or ()) if q is not None]
+    if logged is not None:
+        meta["logged_judge_score"] = (f"mean {sum(judged) / len(judged):.3f} over {len(judged)} of {len(logged)} "
+                                      f"outcomes (judge's own scale; what ran when logged)" if judged
+                                      else f"none of {len(logged)} outcomes has a judge_score")
     written = write_report(runs, out_dir, meta)
     click.echo(format_table({r.name: r.summary for r in runs}))
+    if "logged_judge_score" in meta:
+        click.echo(f"\nlogged judge_score: {meta['logged_judge_score']}")
     click.echo(f"\n{sum(len(r.result.requests) for r in runs) / wall:.0f} simulated requests/s; "
                f"report: {written['html']} ({', '.join(p.name for p in written.values())})")
 

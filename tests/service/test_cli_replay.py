@@ -62,3 +62,24 @@ def test_same_seed_same_report_and_bad_input(tmp_path: Path) -> None:
     assert res.exit_code == 1 and "unknown outcome source 'nope'" in res.output
     res = CliRunner().invoke(main, ["replay", trace, "--estimator", "fixed:x", "--out", str(tmp_path / "d")])
     assert res.exit_code == 2 and "fixed:P" in res.output
+
+
+def test_budgets_file_is_replayed_and_reported(tmp_path: Path) -> None:
+    trace = str(shared() / "mooncake/synthetic_trace.jsonl.gz")
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:t1', window: day, limit_usd: 0.05}\n", encoding="utf-8")
+    args = ["replay", trace, "--limit", "60", "--no-baselines", "--policy", str(DEFAULT_POLICY_DIR / "default.yaml")]
+    res = CliRunner().invoke(main, [*args, "--budgets", str(budgets), "--tenant", "t1", "--out", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    assert "budget $" in res.output
+    doc = json.loads((tmp_path / "a" / "report.json").read_text())
+    [b] = doc["runs"]["default"]["budget"]
+    # spent up to the limit, plus overruns: outputs longer than the 256 tokens an uncapped estimate assumes
+    assert b["scope"] == "tenant:t1" and b["limit_usd"] == 0.05 and 0.045 < b["settled_usd"] < 0.06
+    assert doc["runs"]["default"]["summary"]["rejected"] > 0  # the budget ran out
+    assert doc["meta"]["budgets"] == f"{budgets} (tenant:t1)"
+    res = CliRunner().invoke(main, [*args, "--budgets", str(budgets), "--out", str(tmp_path / "b")])
+    assert res.exit_code == 1 and "no budget applies to the replayed requests (scope tenant:replay)" in res.output
+    res = CliRunner().invoke(main, [*args, "--tenant", "a b", "--out", str(tmp_path / "b")])
+    assert res.exit_code == 2 and "--tenant" in res.output
