@@ -22,8 +22,10 @@ on-prem endpoints may also be named by their ``name`` (``Fleet.endpoint_id``).
 
 Optional ``replay`` sections (fleet-wide, per on-prem target, per frontier target) hold
 what only trace replay (``pointsman replay``, ``pointsman.replay.fleet_map``) reads:
-hardware, efficiency and admission assumptions of the simulated fleet. The engine
-ignores them. See ``docs/replay.md`` for every key and its default.
+hardware, efficiency and admission assumptions of the simulated fleet, and per target
+``quality_columns`` (outcome source -> the model column of its table that stands for the
+target when replay scores quality; the source names are checked here, the columns when
+replay reads the table). The engine ignores them. See ``docs/replay.md`` for every key and its default.
 
 ``load_fleet(path) -> Fleet`` validates the file and raises ``FleetError`` listing
 every problem as ``file:line:col: code: message``.
@@ -135,6 +137,8 @@ class SharedKV(StrictModel):
 
 
 Fraction01 = Annotated[float, Field(gt=0, le=1)]
+#: ``replay.quality_columns``: outcome source name -> model column of its table.
+QualityColumns = dict[Annotated[str, StringConstraints(min_length=1)], Annotated[str, StringConstraints(min_length=1)]]
 
 
 class ReplayModelShape(StrictModel):
@@ -159,7 +163,9 @@ class OnPremReplay(StrictModel):
     per replica; ``null`` = unbounded), the P/D link (``link_bytes_per_s``,
     ``link_latency_s``), ``idle_power_kw_per_gpu``, and the latency coefficients themselves
     (``prefill_s_per_token``, ``prefill_s_per_token_pair``, ``decode_base_s``,
-    ``decode_per_seq_s``, ``decode_per_kv_token_s``) to replace the derived ones."""
+    ``decode_per_seq_s``, ``decode_per_kv_token_s``) to replace the derived ones, and
+    ``quality_columns`` (outcome source -> the table's model column scoring this target;
+    a source not named scores on-prem targets as its weak model)."""
 
     gpu: str | None = None
     weight_dtype: Literal["bf16", "fp16", "fp8"] | None = None
@@ -179,18 +185,21 @@ class OnPremReplay(StrictModel):
     decode_base_s: PositiveFloat | None = None
     decode_per_seq_s: NonNegativeFloat | None = None
     decode_per_kv_token_s: NonNegativeFloat | None = None
+    quality_columns: QualityColumns | None = None
 
 
 class FrontierReplay(StrictModel):
     """Replay-only settings of a frontier tier: log-normal latency (``ttft_median_s``,
-    ``ttft_sigma``, ``tpot_median_s``, ``tpot_sigma``) and the prompt cache's
-    ``prompt_cache_ttl_s``; absent keys keep the simulator's defaults."""
+    ``ttft_sigma``, ``tpot_median_s``, ``tpot_sigma``), the prompt cache's
+    ``prompt_cache_ttl_s`` and ``quality_columns`` (as for on-prem; a source not named scores
+    frontier targets as its strong model); absent keys keep the simulator's defaults."""
 
     ttft_median_s: PositiveFloat | None = None
     ttft_sigma: NonNegativeFloat | None = None
     tpot_median_s: PositiveFloat | None = None
     tpot_sigma: NonNegativeFloat | None = None
     prompt_cache_ttl_s: NonNegativeFloat | None = None
+    quality_columns: QualityColumns | None = None
 
 
 class FleetReplay(StrictModel):
@@ -406,6 +415,7 @@ def _semantic_problems(spec: FleetSpec, doc: LocatedDocument) -> list[Problem]:
         problems.append(Problem(doc.file, line, col, "unknown-target",
                                 f"replay.spill_target '{spill}' is not a frontier target of this fleet "
                                 f"(frontier targets: {', '.join(frontier) or 'none'}){did_you_mean(spill, frontier)}"))
+    problems.extend(_quality_column_problems(spec, doc))
     urls: dict[str, tuple[str, str]] = {}
     names: dict[str, str] = {}
     for name, target in spec.targets.items():
@@ -435,6 +445,23 @@ def _semantic_problems(spec: FleetSpec, doc: LocatedDocument) -> list[Problem]:
                         problems.append(Problem(doc.file, line, col, "duplicate-endpoint",
                                                 f"endpoint name '{e.name}' is already used by {names[e.name]}"))
                     names.setdefault(e.name, e.url)
+    return problems
+
+
+def _quality_column_problems(spec: FleetSpec, doc: LocatedDocument) -> list[Problem]:
+    """``unknown-source`` for a ``replay.quality_columns`` key that names no outcome source
+    (``datasets.sources.SOURCES``), located at the key, with did-you-mean."""
+    from pointsman.datasets.sources import SOURCES
+
+    problems = []
+    for name, target in spec.targets.items():
+        columns = target.replay.quality_columns if target.replay is not None else None
+        for source in columns or {}:
+            if source not in SOURCES:
+                line, col = doc.mark(("targets", name, "replay", "quality_columns", source), key=True)
+                problems.append(Problem(doc.file, line, col, "unknown-source",
+                                        f"targets.{name}.replay.quality_columns: unknown outcome source '{source}' "
+                                        f"(known: {', '.join(SOURCES)}){did_you_mean(source, list(SOURCES))}"))
     return problems
 
 

@@ -90,7 +90,7 @@ def replay_all(trace: Sequence[TraceRequest], fleet: Fleet, sim: SimFleet, polic
     ``fleet``). ``rows[i]``: trace request ``i``'s outcome row for quality, or None.
     ``progress(n)`` is called once per routed request. Returns the runs, policies first."""
     def quality(r: RequestResult) -> float | None:
-        return quality_of(rows[r.index], r.frontier) if rows is not None else None
+        return quality_of(rows[r.index], r.frontier, r.target) if rows is not None else None
 
     def run(name: str, kind: str, router: Router, on_complete: Any = None) -> ReplayResult:
         routed = _counting(router, progress) if progress is not None else router

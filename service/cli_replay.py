@@ -85,7 +85,7 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
     from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
     from pointsman.replay.fleet_map import sim_fleet
     from pointsman.replay.metrics import SLO, format_table
-    from pointsman.replay.outcomes import OutcomeDraw
+    from pointsman.replay.outcomes import OutcomeDraw, quality_columns
     from pointsman.replay.report import write_report
     from pointsman.policy.state import request_scopes
     from pointsman.replay.budgets import check_applies
@@ -111,7 +111,7 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
         rows = None
         names = [n.strip() for n in outcomes.split(",") if n.strip() and n.strip() != "none"]
         if names and (texts is None or not any(texts)):  # no prompt text: draw it
-            draw = OutcomeDraw.load(names, seed)
+            draw = OutcomeDraw.load(names, seed, target_columns=quality_columns(fleet), where=fleet.file)
             rows = [draw.rows[i] for i in draw.assign(len(requests))]
             texts = [list(r.messages) for r in rows]
         estimator = _estimator(estimator_spec)

@@ -92,3 +92,20 @@ def test_unknown_model_and_bad_replay_keys_are_located(tmp_path: Path) -> None:
         load_fleet(write(tmp_path, fleet_replay="replay: {spill_target: smal}"))
     with pytest.raises(FleetError, match="unknown-gpu"):
         sim_fleet(load_fleet(write(tmp_path, replay="    replay: {gpu: H200}")))
+
+
+def test_quality_columns_are_validated_and_read(tmp_path: Path) -> None:
+    from pointsman.replay.outcomes import quality_columns
+
+    fleet = load_fleet(write(tmp_path, replay="    replay: {quality_columns: {alpacaeval_ae1: llama-2-70b-chat-hf}}"))
+    assert quality_columns(fleet) == {"small": {"alpacaeval_ae1": "llama-2-70b-chat-hf"}}
+    with pytest.raises(FleetError) as err:
+        load_fleet(write(tmp_path, replay="    replay:\n      quality_columns: {alpacaeval_ae: x}"))
+    text = str(err.value)
+    assert "fleet.yaml:18:25: unknown-source" in text and "did you mean 'alpacaeval_ae1'" in text.lower()
+    with pytest.raises(FleetError, match="quality_columns"):
+        load_fleet(write(tmp_path, replay="    replay: {quality_columns: {alpacaeval_ae1: ''}}"))
+    default = quality_columns(load_fleet(DEFAULT_FLEET_PATH))
+    assert {t: c["alpacaeval_ae1"] for t, c in default.items()} == {
+        "onprem-8b": "llama-2-7b-chat-hf", "onprem-70b": "llama-2-70b-chat-hf",
+        "frontier-small": "gpt-3.5-turbo-1106", "frontier-large": "gpt4_1106_preview"}

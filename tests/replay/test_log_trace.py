@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,7 @@ def test_replay_cli_reads_an_outcome_log(tmp_path: Path) -> None:
                                     "--no-baselines"])
     assert res.exit_code == 0, res.output
     assert "default" in res.output and (tmp_path / "out" / "report.html").is_file()
+    # the logged judge scores (of what ran then) are reported, not mixed into the policies' quality
+    assert "logged judge_score: mean 7.000 over 3 of 3 outcomes" in res.output
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert doc["meta"]["logged_judge_score"].startswith("mean 7.000 over 3 of 3")

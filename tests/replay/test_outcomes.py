@@ -45,3 +45,22 @@ def test_quality_of_picks_the_side_that_ran() -> None:
 def test_unknown_source_is_a_data_error() -> None:
     with pytest.raises(DataError, match="unknown outcome source"):
         OutcomeDraw.load(["nope"])
+
+
+def test_named_columns_score_each_target_and_a_missing_one_is_named() -> None:
+    try:
+        shared_datasets_dir()
+    except DataError:
+        pytest.skip("shared datasets not found")
+    columns = {"big": {"alpacaeval_ae1": "llama-2-70b-chat-hf"}, "other": {"routellm_mtbench": "nope"}}
+    draw = OutcomeDraw.load(["alpacaeval_ae1"], target_columns=columns)
+    assert len(draw.rows) == 604  # every row scored by all three columns
+    big = np.array([r.target_scores["big"] for r in draw.rows])
+    weak = np.array([r.weak_score for r in draw.rows])
+    assert big.mean() > weak.mean() + 0.1  # Llama-2-70B-chat (~0.93) well above Llama-2-7B-chat (~0.72)
+    row = draw.rows[0]
+    assert quality_of(row, False, "big") == row.target_scores["big"]
+    assert quality_of(row, False, "small") == row.weak_score and quality_of(row, True, "api") == row.strong_score
+    with pytest.raises(DataError, match=r"f.yaml: targets.other.replay.quality_columns.routellm_mtbench names "
+                                        r"model column 'nope', which the routellm_mtbench table lacks"):
+        OutcomeDraw.load(["routellm_mtbench"], target_columns=columns, where="f.yaml")
