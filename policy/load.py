@@ -302,13 +302,15 @@ class _Slot:
     """Per-endpoint state: latest snapshot per external source, our in-flight dispatches,
     the counts of those after the freshest snapshot, and the cached merged view."""
 
-    __slots__ = ("push", "scrape", "inflight", "inflight_tokens", "after_n", "after_tokens", "view", "stale")
+    __slots__ = ("push", "scrape", "inflight", "inflight_tokens", "newest_at", "after_n", "after_tokens", "view",
+                 "stale")
 
     def __init__(self) -> None:
         self.push: EndpointLoad | None = None
         self.scrape: EndpointLoad | None = None
         self.inflight: dict[str, _Dispatch] = {}
         self.inflight_tokens = 0
+        self.newest_at = 0.0  # max(d.at for d in inflight), 0.0 when none: kept as dispatches come and go
         self.after_n = 0
         self.after_tokens = 0
         self.view: EndpointLoad | None = None
@@ -411,6 +413,8 @@ class LoadBoard:
             slot = self._slot(endpoint)
             slot.inflight[decision_id] = d
             slot.inflight_tokens += d.prompt_tokens
+            if now > slot.newest_at or len(slot.inflight) == 1:
+                slot.newest_at = now
             ext = slot.external()
             if ext is None or d.at > ext.updated_at:
                 slot.after_n += 1
@@ -484,6 +488,8 @@ class LoadBoard:
         slot = self._slots[d.endpoint]
         del slot.inflight[decision_id]
         slot.inflight_tokens -= d.prompt_tokens
+        if d.at >= slot.newest_at:  # the newest left: rescan (expiry and most settlements remove older ones)
+            slot.newest_at = max((x.at for x in slot.inflight.values()), default=0.0)
         ext = slot.external()
         if ext is None or d.at > ext.updated_at:
             slot.after_n -= 1
@@ -524,7 +530,7 @@ class LoadBoard:
         if ext is None:
             view = EndpointLoad(
                 endpoint=endpoint, source="inflight",
-                updated_at=max((d.at for d in slot.inflight.values()), default=0.0),
+                updated_at=slot.newest_at,
                 inflight_requests=n_inflight, inflight_prompt_tokens=slot.inflight_tokens,
                 pending_requests=slot.after_n, pending_prompt_tokens=slot.after_tokens)
         else:

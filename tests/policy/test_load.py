@@ -104,6 +104,27 @@ def test_dispatch_release_idempotent_and_unknown_id_harmless():
     assert board.get(B, now=3.0).inflight_requests == 1
 
 
+def test_inflight_reading_is_as_new_as_its_newest_dispatch():
+    """An in-flight-only reading's updated_at is the newest dispatch still in flight, whatever
+    order dispatches arrive and leave in (kept incrementally, not rescanned per read)."""
+    board = LoadBoard(inflight_ttl_s=60.0)
+    for i, at in enumerate([5.0, 9.0, 7.0, 9.0, 3.0]):  # out of order, with a tie
+        board.dispatch(A, f"d{i}", 1, now=at)
+    assert board.get(A, now=10.0).updated_at == 9.0
+    board.release("d1")  # one of the two newest
+    assert board.get(A, now=10.0).updated_at == 9.0
+    board.release("d3")  # the other one
+    assert board.get(A, now=10.0).updated_at == 7.0
+    board.release("d4")  # an older one: unchanged
+    assert board.get(A, now=10.0).updated_at == 7.0
+    board.dispatch(A, "d1", 1, now=4.0)  # a new dispatch older than the newest
+    assert board.get(A, now=10.0).updated_at == 7.0
+    assert board.get(A, now=66.0).updated_at == 7.0  # d0 (5.0) and d1 (4.0) expired
+    assert board.get(A, now=68.0).updated_at == 0.0 and board.get(A, now=68.0).inflight_requests == 0
+    board.dispatch(A, "late", 1, now=70.0)
+    assert board.get(A, now=70.0).updated_at == 70.0
+
+
 def test_redispatch_moves_the_request():
     board = LoadBoard()
     board.dispatch(A, "d1", 100, now=1.0)
