@@ -31,7 +31,8 @@ class DifficultyEstimator:
     ``version``: the manifest's content version (e.g. ``pointsman-difficulty-1a2b3c4d5e6f``).
     ``source``: where the model came from (``bundled``, a directory, ``models:/NAME@ALIAS``).
     ``tokenizer``: the encoder's ``tokenizers.Tokenizer`` with padding/truncation disabled,
-    for ``extract_features(request, est.tokenizer)``.
+    for ``extract_features(request, est.tokenizer)`` (or ``tokenized_features``, whose query
+    token ids ``estimate`` takes when ``takes_query_token_ids``).
     ``timeout_ms``: time budget per ``estimate`` call; an estimate that overruns it is
     returned as unavailable (``error="timeout: ..."``). ``None`` disables the budget.
     ``intra_op_threads``: onnxruntime threads per session (1 for in-process serving).
@@ -76,20 +77,33 @@ class DifficultyEstimator:
     def __repr__(self) -> str:
         return f"DifficultyEstimator(version={self.version!r}, encoder={self.manifest.encoder.kind!r}, source={self.source!r})"
 
-    def feature_vector(self, features: RequestFeatures) -> np.ndarray:
-        """The head's input for one request: float32 (1, dim + len(FEATURE_NAMES))."""
-        emb = self.encoder.encode(features.query_text)
+    @property
+    def takes_query_token_ids(self) -> bool:
+        """True when ``estimate`` uses ``query_token_ids`` (the static encoder; the transformer
+        encoder adds special tokens and tokenizes itself)."""
+        return bool(getattr(self.encoder, "takes_token_ids", False))
+
+    def feature_vector(self, features: RequestFeatures, query_token_ids: list[int] | None = None) -> np.ndarray:
+        """The head's input for one request: float32 (1, dim + len(FEATURE_NAMES)).
+        ``query_token_ids``: see ``estimate``."""
+        if query_token_ids is not None and self.takes_query_token_ids:
+            emb = self.encoder.encode(features.query_text, query_token_ids)
+        else:
+            emb = self.encoder.encode(features.query_text)
         return np.concatenate([emb, request_vector(features)])[None, :].astype(np.float32, copy=False)
 
-    def estimate(self, features: RequestFeatures) -> DifficultyEstimate:
+    def estimate(self, features: RequestFeatures, query_token_ids: list[int] | None = None) -> DifficultyEstimate:
         """``p_hard`` for one request; never raises for a valid ``RequestFeatures``.
 
+        ``query_token_ids``: ``self.tokenizer.encode(features.query_text,
+        add_special_tokens=False).ids`` when the caller has them already
+        (``features.tokenized_features``), so the query window is not tokenized twice.
         Failures and budget overruns come back as ``available=False`` with ``error`` set.
         ``latency_ms`` is the wall time of this call; ``features`` is the head input (d,).
         """
         start = time.perf_counter()
         try:
-            x = self.feature_vector(features)
+            x = self.feature_vector(features, query_token_ids)
             p = float(self._head.run([self._head_out], {self._head_in: x})[0].reshape(-1)[0])
         except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
             elapsed = (time.perf_counter() - start) * 1000.0

@@ -60,16 +60,21 @@ class StaticEncoder:
         self.max_tokens = int(spec.max_tokens)
         self._unk = tokenizer.token_to_id("[UNK]")
 
-    def token_ids(self, text: str) -> np.ndarray:
-        """Token ids the table is indexed with: int64 (k,), k <= ``max_tokens``."""
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+    #: ``encode`` accepts ``text``'s token ids from an earlier pass (``features.tokenized_features``).
+    takes_token_ids = True
+
+    def token_ids(self, text: str, tokens: list[int] | None = None) -> np.ndarray:
+        """Token ids the table is indexed with: int64 (k,), k <= ``max_tokens``. ``tokens``:
+        ``text``'s ids without special tokens when already known (else ``text`` is tokenized)."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids if tokens is None else tokens
         if self._unk is not None:
             ids = [i for i in ids if i != self._unk]
         return np.asarray(ids[: self.max_tokens], dtype=np.int64)
 
-    def encode(self, text: str) -> np.ndarray:
-        """Embedding of ``text``: float32 (dim,), unit L2 norm (zeros if no tokens)."""
-        ids = self.token_ids(text)
+    def encode(self, text: str, tokens: list[int] | None = None) -> np.ndarray:
+        """Embedding of ``text``: float32 (dim,), unit L2 norm (zeros if no tokens). ``tokens``:
+        ``tokenizer.encode(text, add_special_tokens=False).ids`` when the caller has them."""
+        ids = self.token_ids(text, tokens)
         if ids.size == 0:
             return np.zeros(self.dim, dtype=np.float32)
         return self.session.run(None, {"input_ids": ids})[0][0]

@@ -43,6 +43,11 @@ class Estimator(Protocol):
     ``tokenizer``: the tokenizer used for counting prompt tokens, or None.
     ``estimate`` never raises for a valid ``RequestFeatures``: failures come back as
     ``available=False`` with ``error`` set.
+
+    Optional: an estimator whose ``takes_query_token_ids`` is true also accepts
+    ``estimate(features, query_token_ids)``, the ids of ``features.query_text`` from its own
+    ``tokenizer`` without special tokens (``features.tokenized_features``), and then does not
+    tokenize the query again.
     """
 
     version: str

@@ -8,16 +8,26 @@ message (head and tail), and token counting tokenizes at most
 ``COUNT_SAMPLE_CHARS`` of the conversation and extrapolates by the measured
 characters-per-token ratio. A gateway that knows the exact count passes
 ``routing.prompt_tokens`` and that wins.
+
+Tokenize once: ``tokenized_features(request, tokenizer)`` also returns the token ids of
+``query_text`` (what ``tokenizer.encode(query_text, add_special_tokens=False).ids`` gives),
+cut out of the counting pass instead of tokenizing the query window a second time. That
+is exact for tokenizers whose tokens never cross whitespace and whose normalizer works
+character by character (BERT's: ``BertNormalizer`` + ``BertPreTokenizer`` + ``WordPiece``,
+the MiniLM tokenizer): the window's ids are the ids of the words inside it, and a word the
+window cuts is tokenized alone from its part inside (a few characters).
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tokenizers import Tokenizer
+    from tokenizers import Encoding, Tokenizer
 
     from pointsman.request import RouteRequest
 
@@ -71,15 +81,88 @@ def count_tokens(text: str, tokenizer: Tokenizer | None) -> int:
     Without a tokenizer, ``ceil(chars / CHARS_PER_TOKEN)``. The tokenizer must have
     padding and truncation disabled. Cost is O(COUNT_SAMPLE_CHARS), not O(len(text)).
     """
+    return _count(text, tokenizer)[0]
+
+
+def _count(text: str, tokenizer: Tokenizer | None) -> tuple[int, Encoding | None]:
+    """``count_tokens`` and the encoding of ``text`` when it was tokenized whole (None when
+    it was sampled, empty, or counted without a tokenizer)."""
     if not text:
-        return 0
+        return 0, None
     if tokenizer is None:
-        return math.ceil(len(text) / CHARS_PER_TOKEN)
+        return math.ceil(len(text) / CHARS_PER_TOKEN), None
     sample = text if len(text) <= COUNT_SAMPLE_CHARS else bounded_window(text, COUNT_SAMPLE_CHARS)
-    n = len(tokenizer.encode(sample, add_special_tokens=False).ids)
+    encoding = tokenizer.encode(sample, add_special_tokens=False)
+    n = len(encoding.ids)
     if sample is text:
-        return n
-    return max(1, round(n * len(text) / len(sample)))
+        return n, encoding
+    return max(1, round(n * len(text) / len(sample))), None
+
+
+def splits_words_locally(tokenizer: Any) -> bool:
+    """True when ``tokenizer``'s tokens never cross whitespace or punctuation and its
+    normalizer maps characters one by one, so the tokens of a span of text are those of its
+    words (BERT's ``BertNormalizer`` + ``BertPreTokenizer`` + ``WordPiece``); then
+    ``span_token_ids`` is exact."""
+    from tokenizers import models, normalizers, pre_tokenizers
+
+    try:
+        return (isinstance(tokenizer.normalizer, normalizers.BertNormalizer)
+                and isinstance(tokenizer.pre_tokenizer, pre_tokenizers.BertPreTokenizer)
+                and isinstance(tokenizer.model, models.WordPiece))
+    except AttributeError:  # not a tokenizers.Tokenizer
+        return False
+
+
+_start = itemgetter(0)
+
+
+def span_token_ids(encoding: Encoding, text: str, a: int, b: int, tokenizer: Tokenizer) -> list[int]:
+    """The ids of ``text[a:b]`` tokenized alone (no special tokens), cut out of ``encoding``
+    (``tokenizer.encode(text, add_special_tokens=False)``): the ids of the words inside the
+    span, and for a word the span cuts, the ids of its part inside, tokenized alone. Exact
+    when ``splits_words_locally(tokenizer)``; ``a``/``b`` are character offsets."""
+    ids, offsets, words = encoding.ids, encoding.offsets, encoding.word_ids
+    i = bisect_left(offsets, a, key=_start)  # first token starting at or after a
+    j = bisect_left(offsets, b, key=_start)  # first token starting at or after b
+    out: list[int] = []
+    if i > 0:  # the word of the token before a: does it reach into the span?
+        w, last = words[i - 1], i - 1
+        while last + 1 < len(words) and words[last + 1] == w:
+            last += 1
+        end = offsets[last][1]
+        if end > a:
+            if end >= b:  # the span lies inside one word
+                return list(tokenizer.encode(text[a:b], add_special_tokens=False).ids)
+            out += tokenizer.encode(text[a:end], add_special_tokens=False).ids
+            i = last + 1
+    if j > i:  # the word of the last token starting before b: does it reach past b?
+        w, first, last = words[j - 1], j - 1, j - 1
+        while last + 1 < len(words) and words[last + 1] == w:
+            last += 1
+        if offsets[last][1] > b:
+            while first - 1 >= i and words[first - 1] == w:
+                first -= 1
+            out += ids[i:first]
+            out += tokenizer.encode(text[offsets[first][0]:b], add_special_tokens=False).ids
+            return out
+    out += ids[i:j]
+    return out
+
+
+def window_token_ids(encoding: Encoding, text: str, start: int, end: int, tokenizer: Tokenizer) -> list[int]:
+    """The ids of ``bounded_window(text[start:end], QUERY_WINDOW_CHARS)`` tokenized alone (no
+    special tokens), cut out of ``encoding`` of ``text`` (see ``span_token_ids``; the window's
+    two parts are joined by a newline, which has no token)."""
+    n = end - start
+    if n <= QUERY_WINDOW_CHARS:
+        if start == 0 and end == len(text):
+            return list(encoding.ids)
+        return span_token_ids(encoding, text, start, end, tokenizer)
+    head = (QUERY_WINDOW_CHARS * 3) // 4
+    tail = QUERY_WINDOW_CHARS - head - 1
+    return (span_token_ids(encoding, text, start, start + head, tokenizer)
+            + span_token_ids(encoding, text, end - tail, end, tokenizer))
 
 
 def extract_features(request: RouteRequest, tokenizer: Tokenizer | None = None) -> RequestFeatures:
@@ -88,17 +171,36 @@ def extract_features(request: RouteRequest, tokenizer: Tokenizer | None = None) 
     ``tokenizer``: a ``tokenizers.Tokenizer`` used for counting (the estimator's);
     ``None`` falls back to a characters-per-token estimate.
     """
+    return _extract(request, tokenizer, False)[0]
+
+
+def tokenized_features(request: RouteRequest, tokenizer: Tokenizer | None,
+                       with_ids: bool = True) -> tuple[RequestFeatures, list[int] | None]:
+    """``extract_features`` and the token ids of its ``query_text``: exactly
+    ``tokenizer.encode(query_text, add_special_tokens=False).ids``, cut out of the counting
+    pass (see the module) when ``with_ids``, the conversation was tokenized whole and
+    ``splits_words_locally(tokenizer)``; else None (the caller tokenizes the window itself)."""
+    return _extract(request, tokenizer, with_ids)
+
+
+def _extract(request: RouteRequest, tokenizer: Tokenizer | None, want_ids: bool) -> tuple[RequestFeatures, list[int] | None]:
     texts = [m.text() for m in request.messages]
     prompt_chars = sum(len(t) for t in texts)
-    query = next((t for m, t in zip(reversed(request.messages), reversed(texts)) if m.role == "user" and t), "")
-    if not query:  # no user text (e.g. an image-only turn): fall back to the last message with text
-        query = next((t for t in reversed(texts) if t), "")
+    k = next((i for i in range(len(texts) - 1, -1, -1) if request.messages[i].role == "user" and texts[i]), None)
+    if k is None:  # no user text (e.g. an image-only turn): fall back to the last message with text
+        k = next((i for i in range(len(texts) - 1, -1, -1) if texts[i]), None)
+    query = "" if k is None else texts[k]
     exact = request.routing.prompt_tokens
+    query_ids: list[int] | None = None
     if exact is not None:
         prompt_tokens = exact
     else:
         joined = "\n".join(texts)
-        prompt_tokens = count_tokens(joined, tokenizer) + TOKENS_PER_MESSAGE * len(request.messages)
+        n, encoding = _count(joined, tokenizer)
+        prompt_tokens = n + TOKENS_PER_MESSAGE * len(request.messages)
+        if want_ids and encoding is not None and k is not None and splits_words_locally(tokenizer):
+            start = sum(len(t) for t in texts[:k]) + k  # each earlier text and its newline
+            query_ids = window_token_ids(encoding, joined, start, start + len(query), tokenizer)
     n_images = sum(m.n_images() for m in request.messages)
     n_tool_calls = sum(len(m.tool_calls or ()) for m in request.messages)
     return RequestFeatures(
@@ -115,4 +217,4 @@ def extract_features(request: RouteRequest, tokenizer: Tokenizer | None = None) 
         n_images=n_images,
         n_tool_calls=n_tool_calls,
         max_output_tokens=request.max_output_tokens,
-    )
+    ), query_ids

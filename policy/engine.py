@@ -4,8 +4,11 @@ never imports FastAPI. The same engine runs in the service, the CLI and replay.
 Steps of ``route(request)`` (DESIGN.md, "The flow of one decision"):
 
 1. features: ``extract_features(request, estimator.tokenizer)`` (bounded cost);
-2. difficulty: ``estimator.estimate(features)``; an estimator that raises or returns
-   an invalid ``p_hard`` counts as unavailable (``difficulty.available == false``);
+   for an estimator that ``takes_query_token_ids``, ``tokenized_features`` also cuts the
+   query window's token ids out of the counting pass (the prompt is tokenized once);
+2. difficulty: ``estimator.estimate(features)`` (with those ids when it takes them); an
+   estimator that raises or returns an invalid ``p_hard`` counts as unavailable
+   (``difficulty.available == false``);
 3. signals: the ``request`` and ``difficulty`` namespaces, the prompt's prefix block
    hashes, and a ``live.LiveSignals`` over the ``FleetState`` that computes load,
    cache, endpoint and budget signals only as the policy reads them;
@@ -34,7 +37,7 @@ from typing import Any, Mapping
 
 from pointsman.errors import RequestError
 from pointsman.estimator.estimate import DifficultyEstimate, Estimator
-from pointsman.estimator.features import extract_features
+from pointsman.estimator.features import tokenized_features
 from pointsman.policy.budget import BudgetExceeded
 from pointsman.policy.compiler import CompiledPolicy
 from pointsman.policy.cost import CostEstimate
@@ -223,6 +226,8 @@ class RoutingEngine:
         self.state = state or FleetState(fleet)
         self.filters = filters
         self.picker = PICKERS[policy.selection.picker](policy.selection)
+        self._tokenizer = getattr(estimator, "tokenizer", None)
+        self._want_token_ids = bool(getattr(estimator, "takes_query_token_ids", False))
 
     def with_policy(self, policy: CompiledPolicy) -> RoutingEngine:
         """A new engine with ``policy`` and everything else (state included) shared."""
@@ -232,10 +237,12 @@ class RoutingEngine:
         """A new engine with ``estimator`` and everything else shared."""
         return RoutingEngine(self.fleet, self.policy, estimator, state=self.state, filters=self.filters)
 
-    def _estimate(self, features: Any) -> DifficultyEstimate:
+    def _estimate(self, features: Any, query_token_ids: list[int] | None) -> DifficultyEstimate:
         started = time.perf_counter()
         try:
-            return _checked(self.estimator.estimate(features), started)
+            if query_token_ids is None:
+                return _checked(self.estimator.estimate(features), started)
+            return _checked(self.estimator.estimate(features, query_token_ids), started)
         except Exception as exc:  # noqa: BLE001 - the estimator must never take a decision down
             return DifficultyEstimate(None, False, (time.perf_counter() - started) * 1e3,
                                       f"{type(exc).__name__}: {exc}")
@@ -253,9 +260,9 @@ class RoutingEngine:
         fields budgets cannot use; ``LedgerUnavailable`` when the budget ledger fails for a
         request with budgets (unless the state fails open)."""
         t0 = time.perf_counter()
-        features = extract_features(request, getattr(self.estimator, "tokenizer", None))
+        features, query_token_ids = tokenized_features(request, self._tokenizer, self._want_token_ids)
         t1 = time.perf_counter()
-        estimate = self._estimate(features)
+        estimate = self._estimate(features, query_token_ids)
         t2 = time.perf_counter()
         routing = request.routing
         base = {"request": request_signals(features, request, self.fleet.spec.defaults.output_tokens),

@@ -12,8 +12,8 @@ At most ``executor``'s worker count estimates run at once; when every worker is 
 new estimates wait in its queue, time out, and are cancelled there, so a hung estimator
 costs each decision at most ``timeout_ms`` and never grows a backlog.
 
-Everything else (``version``, ``tokenizer``, ``feature_vector``, ``model_dir``,
-``manifest``, ``source``) is the inner estimator's, so the outcome log and the health
+Everything else (``version``, ``tokenizer``, ``takes_query_token_ids``, ``feature_vector``,
+``model_dir``, ``manifest``, ``source``) is the inner estimator's, so the outcome log and the health
 endpoints see the real model.
 """
 
@@ -58,16 +58,25 @@ class DeadlineEstimator:
         """The inner estimator's tokenizer (None if it has none)."""
         return getattr(self.inner, "tokenizer", None)
 
+    @property
+    def takes_query_token_ids(self) -> bool:
+        """Whether the inner estimator's ``estimate`` takes ``query_token_ids``."""
+        return bool(getattr(self.inner, "takes_query_token_ids", False))
+
     def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not set yet (during unpickling); never recurse
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    def estimate(self, features: Any) -> DifficultyEstimate:
-        """The inner estimate, or unavailable with ``timeout: ...`` once ``timeout_ms`` passed."""
+    def estimate(self, features: Any, query_token_ids: list[int] | None = None) -> DifficultyEstimate:
+        """The inner estimate, or unavailable with ``timeout: ...`` once ``timeout_ms`` passed.
+        ``query_token_ids`` go to the inner estimator when given (see ``takes_query_token_ids``)."""
         started = time.perf_counter()
         try:
-            future = self._executor.submit(self.inner.estimate, features)
+            if query_token_ids is None:
+                future = self._executor.submit(self.inner.estimate, features)
+            else:
+                future = self._executor.submit(self.inner.estimate, features, query_token_ids)
         except RuntimeError as exc:  # the pool is shut down (service stopping)
             return DifficultyEstimate(None, False, 0.0, f"estimator pool unavailable: {exc}")
         try:

@@ -1,0 +1,102 @@
+"""Tokenize once: the query window's token ids cut out of the counting pass equal a second
+tokenization of the window exactly, and the estimator's head input is bit-identical with them."""
+
+import random
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from pointsman.estimator.features import (
+    COUNT_SAMPLE_CHARS,
+    QUERY_WINDOW_CHARS,
+    extract_features,
+    span_token_ids,
+    splits_words_locally,
+    tokenized_features,
+)
+from pointsman.estimator.loading import load_estimator
+from pointsman.request import parse_route_request
+
+# words and characters where a tokenizer's normalizer and word splitting get interesting:
+# control characters inside words, lowercasing that grows a character, CJK, accents and
+# combining marks (NFD reordering), emoji, words over WordPiece's 100-character limit
+ODD = ["ab\x00cd", "İstanbul", "東京タワー", "café naïve", "e\u0301\u0323x", "a\u0345\u0301b", "\ufffd",
+       "😀👍🏽", "x" * 150, "foo-bar_baz", "\t\r\n", "Ω≈ç√∫", "ﬁ", "ǅ", "\u200b", "ＡＢＣ", "!?", "3.14159",
+       "a" + "\u0301" * 5, "playing", "unbelievably"]
+WORDS = ("the of and to in is that for it as with was on be by this are from at or an which have not but "
+         "model request cache token latency prefill decode throughput server policy budget cost").split()
+
+
+@pytest.fixture(scope="module")
+def est():
+    return load_estimator("bundled")
+
+
+def _text(rng: random.Random, n_chars: int) -> str:
+    parts, size = [], 0
+    while size < n_chars:
+        piece = rng.choice(ODD) if rng.random() < 0.1 else rng.choice(WORDS)
+        piece += rng.choice([" ", " ", " ", "\n", "", ", ", ".\n\n"])
+        parts.append(piece)
+        size += len(piece)
+    return "".join(parts)[:n_chars]
+
+
+def test_the_bundled_tokenizer_splits_words_locally(est):
+    assert splits_words_locally(est.tokenizer)
+    assert est.takes_query_token_ids
+
+
+def test_span_ids_equal_tokenizing_the_span_alone(est):
+    tok, rng = est.tokenizer, random.Random(3)
+    for _ in range(400):
+        text = _text(rng, rng.choice([50, 700, 3000]))
+        enc = tok.encode(text, add_special_tokens=False)
+        a = rng.randint(0, len(text))
+        b = rng.randint(a, len(text))
+        assert span_token_ids(enc, text, a, b, tok) == tok.encode(text[a:b], add_special_tokens=False).ids, (a, b)
+
+
+def test_query_window_ids_equal_a_second_tokenization(est):
+    tok, rng = est.tokenizer, random.Random(5)
+    seen_windowed = seen_multi = 0
+    for _ in range(150):
+        messages = [{"role": rng.choice(["system", "user", "assistant", "user"]),
+                     "content": _text(rng, rng.choice([1, 300, QUERY_WINDOW_CHARS, 2500, 6000]))}
+                    for _ in range(rng.randint(1, 4))]
+        request = parse_route_request({"messages": messages})
+        features, ids = tokenized_features(request, tok)
+        assert features == extract_features(request, tok)
+        if len("\n".join(m["content"] for m in messages)) > COUNT_SAMPLE_CHARS:
+            assert ids is None  # the conversation was sampled: the caller tokenizes the window
+            continue
+        assert ids == tok.encode(features.query_text, add_special_tokens=False).ids
+        seen_windowed += features.query_chars > QUERY_WINDOW_CHARS
+        seen_multi += len(messages) > 1
+    assert seen_windowed > 10 and seen_multi > 10
+
+
+def test_head_input_is_bit_identical_with_the_ids(est):
+    rng = random.Random(11)
+    for n_chars in (20, 900, 2047, 2049, 5000):
+        request = parse_route_request({"messages": [{"role": "system", "content": _text(rng, 300)},
+                                                    {"role": "user", "content": _text(rng, n_chars)}]})
+        features, ids = tokenized_features(request, est.tokenizer)
+        assert ids is not None
+        once = est.estimate(features, ids)
+        twice = est.estimate(extract_features(request, est.tokenizer))
+        assert once.p_hard == twice.p_hard
+        assert np.array_equal(once.features, twice.features)
+
+
+def test_no_ids_without_a_whole_tokenization_or_a_word_local_tokenizer(est):
+    request = parse_route_request({"messages": [{"role": "user", "content": "what is a KV cache?"}]})
+    assert tokenized_features(request, None)[1] is None
+    assert tokenized_features(request, est.tokenizer, with_ids=False)[1] is None
+    exact = parse_route_request({"messages": [{"role": "user", "content": "hi"}], "routing": {"prompt_tokens": 9}})
+    assert tokenized_features(exact, est.tokenizer)[1] is None  # nothing was tokenized
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel()
+    assert not splits_words_locally(bpe)
+    assert tokenized_features(request, bpe)[1] is None
