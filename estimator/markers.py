@@ -90,8 +90,21 @@ FEATURE_NAMES: tuple[str, ...] = (
 )
 
 
+_ASCII_UPPER = bytes(range(ord("A"), ord("Z") + 1))
+_ASCII_DIGITS = b"0123456789"
+
+
 def _count_words(words: list[str], vocab: frozenset[str]) -> int:
-    return sum(w in vocab for w in words)
+    return sum(map(vocab.__contains__, words))
+
+
+def _upper_and_digits(text: str) -> tuple[int, int]:
+    """(characters with ``str.isupper()``, characters ``\\d`` matches) in ``text``; for ASCII text
+    (A-Z and 0-9 exactly) counted on bytes."""
+    if text.isascii():
+        raw = text.encode("ascii")
+        return len(raw) - len(raw.translate(None, _ASCII_UPPER)), len(raw) - len(raw.translate(None, _ASCII_DIGITS))
+    return sum(map(str.isupper, text)), len(_DIGIT.findall(text))
 
 
 def _count_phrases(lower: str, phrases: tuple[str, ...]) -> int:
@@ -113,9 +126,8 @@ def request_vector(features: RequestFeatures) -> np.ndarray:
     words = _WORD.findall(lower)
     head = words[:3]
     first_line_words = _WORD.findall(stripped.split("\n", 1)[0].lower()) if stripped else []
-    digits = len(_DIGIT.findall(text))
-    upper = sum(1 for c in text if c.isupper())
-    letters = sum(len(w) for w in words)
+    upper, digits = _upper_and_digits(text)
+    letters = sum(map(len, words))
     non_ascii = len(text) - len(text.encode("ascii", "ignore"))
     spaces = text.count(" ") + text.count("\n") + text.count("\t")
     symbols = max(len(text) - spaces - letters - digits - non_ascii, 0)
