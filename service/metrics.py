@@ -85,7 +85,9 @@ class ServiceMetrics:
         self.policy_reloads = Counter("pointsman_policy_reloads", "Policy reloads by result and source.",
                                       ["result", "source"], registry=r)
         self.model_swaps = Counter("pointsman_model_swaps", "Estimator swaps by result.", ["result"], registry=r)
+        # labelled children per label values: ``labels()`` builds and checks its key on every call
         self._decision_children: dict[tuple[str, str], Any] = {}
+        self._reserved_children: dict[str, Any] = {}
 
     def observe_decision(self, decision: Any, elapsed_s: float) -> None:
         """Count one answered decision (``policy.decision.Decision``) that took ``elapsed_s``."""
@@ -99,7 +101,10 @@ class ServiceMetrics:
         if decision.p_hard is not None:
             self.p_hard.observe(decision.p_hard)
         if decision.estimated_cost_usd > 0:
-            self.reserved_usd.labels(decision.target).inc(decision.estimated_cost_usd)
+            reserved = self._reserved_children.get(decision.target)
+            if reserved is None:
+                reserved = self._reserved_children[decision.target] = self.reserved_usd.labels(decision.target)
+            reserved.inc(decision.estimated_cost_usd)
 
     def observe_unavailable(self, error: str | None) -> None:
         """Count a decision without a difficulty estimate (``error`` from the estimate)."""

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from pointsman.service.http_errors import ERROR_RESPONSES
-from pointsman.service.runtime import Runtime, get_runtime
+from pointsman.service.runtime import Runtime, runtime_of
 from pointsman.service.schemas import HealthResponse, ReadyResponse
 
 router = APIRouter(tags=["operations"])
@@ -40,7 +40,7 @@ def estimator_health(rt: Runtime) -> dict[str, Any]:
             summary="Liveness and what the service runs")
 async def healthz(request: Request) -> dict[str, Any]:
     """The service is up; the policy, fleet and estimator it decides with; whether auth is on."""
-    rt = get_runtime(request)
+    rt = runtime_of(request)
     engine = rt.live.engine
     return {"status": "ok", "policy": engine.policy.name, "policy_revision": engine.policy.revision,
             "fleet_revision": engine.fleet.revision, "estimator": estimator_health(rt),
@@ -70,5 +70,5 @@ async def readyz(request: Request) -> JSONResponse:
                        503: ERROR_RESPONSES[503]})
 async def metrics(request: Request) -> Response:
     """Text exposition format 0.0.4 of every ``pointsman_*`` metric."""
-    rt = get_runtime(request)
+    rt = runtime_of(request)
     return Response(rt.metrics.render(), media_type=CONTENT_TYPE_LATEST)

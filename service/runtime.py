@@ -6,8 +6,8 @@ starts the decision log writer; ``Runtime.start_watchers`` starts the policy fil
 and the model follower as asyncio tasks; ``Runtime.close`` stops everything in order
 (watchers, then the writer drains, then the logs and the ledger close).
 
-Routes reach it as ``request.app.state.runtime`` through ``get_runtime`` (503 while the
-service is starting or stopping).
+Routes reach it as ``request.app.state.runtime`` through the dependency ``get_runtime`` (or
+``runtime_of(request)``; 503 while the service is starting or stopping).
 """
 
 from __future__ import annotations
@@ -136,9 +136,15 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
     return rt
 
 
-def get_runtime(request: Request) -> Runtime:
-    """The app's runtime (dependency); 503 while the service starts or stops."""
+def runtime_of(request: Request) -> Runtime:
+    """The app's runtime; raises ``HTTPError`` 503 while the service starts or stops."""
     rt: Runtime | None = getattr(request.app.state, "runtime", None)
     if rt is None or rt.closing:
         raise unavailable("the service is starting or stopping; retry shortly", "not_ready")
     return rt
+
+
+async def get_runtime(request: Request) -> Runtime:
+    """``runtime_of`` as a FastAPI dependency (``async``, so FastAPI calls it on the event loop
+    instead of handing a plain function to its threadpool on every request)."""
+    return runtime_of(request)
