@@ -100,3 +100,13 @@ def test_no_ids_without_a_whole_tokenization_or_a_word_local_tokenizer(est):
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel()
     assert not splits_words_locally(bpe)
     assert tokenized_features(request, bpe)[1] is None
+
+
+@pytest.mark.parametrize("text", ["", "Hello World 42", "ÀÉ Σσ ٣٤ ǅ Ⅻ 𝐀 ＡＢＣ １２ ² ß İ", "plain ascii, no caps",
+                                  "MIXED Case 2024-11-29 and 中文 ２"])
+def test_marker_upper_and_digit_counts_match_their_definitions(text):
+    import re
+
+    from pointsman.estimator.markers import _upper_and_digits
+
+    assert _upper_and_digits(text) == (sum(1 for c in text if c.isupper()), len(re.findall(r"\d", text)))
