@@ -5,7 +5,8 @@ Definitions:
 - **cost**: on-prem = for every replica, GPUs x window hours x ``gpu_hour_usd``
   (GPUs are paid while provisioned, busy or not) + energy = GPUs x (idle kW x window
   hours + (TDP - idle) kW x busy hours) x ``electricity_usd_per_kwh``; frontier = the
-  API bills. The window is first arrival to last finish.
+  API bills. The window is first arrival to the last finish or last arrival, whichever is
+  later (refused requests at the end of a trace do not shorten it).
 - **effective price per token** = total cost / output tokens produced by completed
   requests, reported per million tokens (``effective_usd_per_mtok``).
 - **frontier share**: completed requests served by a frontier tier (spilled ones included).

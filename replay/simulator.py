@@ -309,7 +309,8 @@ class ReplayResult:
 
     ``requests``: one ``RequestResult`` per trace request, in trace order.
     ``replicas``: ``ReplicaStats`` per on-prem replica. ``start_s``/``end_s``: first
-    arrival and last finish (the replay window, over which GPUs are provisioned).
+    arrival and the later of the last finish and the last arrival (the replay window, over
+    which GPUs are provisioned).
     ``timeline``: per on-prem target, busy seconds summed over its replicas in
     ``int(window_s // timeline_bin_s) + 1`` bins of ``timeline_bin_s`` from ``start_s``:
     ``{"prefill_busy_s": [...], "decode_busy_s": [...]}`` (divide by replicas x bin for utilization).
@@ -876,9 +877,11 @@ def simulate(
                 if r.cache.used_blocks or r.load() or r.state != _IDLE:
                     raise RuntimeError(f"simulator bug: {r.target}/{r.role}[{r.index}] not drained at the end")
     results = [j.result or _result(j) for j in jobs]
-    finishes = [r.finish_s for r in results if r.finish_s is not None]
+    # the window runs to the last finish or the last arrival, whichever is later: the fleet is
+    # provisioned while the trace runs even when its last requests are refused
+    ends = [r.finish_s for r in results if r.finish_s is not None] + [r.arrival_s for r in results]
     start = sim.origin
-    end = max(finishes, default=start)
+    end = max(ends, default=start)
     replicas = [
         ReplicaStats(
             target=r.target,

@@ -12,7 +12,10 @@ Modes, per trace, on the packaged fleet file mapped by ``replay.fleet_map``:
   ``FixedDifficulty(0.3)`` on requests that carry only token counts and block ids;
 - ``engine, text``: the same with prompt text drawn from the AlpacaEval outcome table
   and the shipped difficulty estimator (tokenizer + static embedding + head, ONNX) run
-  on every request.
+  on every request;
+- ``engine, budget``: ``engine, text`` with a budget ledger (``replay.budgets``: SQLite,
+  a $1M day budget for ``tenant:replay`` that never refuses): the cost of the reserve,
+  settle and snapshot calls.
 
 Traces come from ``$POINTSMAN_SHARED_DATASETS`` or ``<repo>/../shared/datasets``. Timing is
 the wall clock of ``simulate`` alone (trace loading, the outcome-table draw and the
@@ -21,6 +24,7 @@ estimator load are reported separately), single process.
 
 from __future__ import annotations
 
+import tempfile
 import time
 
 import click
@@ -28,9 +32,11 @@ import click
 from pointsman.datasets.sources import shared_datasets_dir
 from pointsman.datasets.traces import load_trace
 from pointsman.estimator.estimate import FixedDifficulty
+from pointsman.policy.budget import BudgetConfig
 from pointsman.policy.compiler import DEFAULT_POLICY_PATH, load_policy
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
 from pointsman.replay.baselines import CacheAware, OnPremWide
+from pointsman.replay.budgets import REPLAY_TENANT, replay_ledger
 from pointsman.replay.engine_router import EngineRouter
 from pointsman.replay.fleet_map import sim_fleet
 from pointsman.replay.metrics import format_table, summarize
@@ -66,6 +72,16 @@ def main(repeat: int, limit: int | None, table: bool, seed: int) -> None:
     t = time.perf_counter()
     draw = OutcomeDraw.load(seed=seed)
     click.echo(f"outcome table {', '.join(draw.sources)}: {len(draw.rows)} prompts (read in {time.perf_counter() - t:.2f} s)")
+    budgets = BudgetConfig.from_dict({"budgets": [{"scope": f"tenant:{REPLAY_TENANT}", "window": "day",
+                                                   "limit_usd": 1e6}]})
+    ledger_dir = tempfile.TemporaryDirectory(prefix="bench-replay-")
+    ledgers = iter(range(10**9))
+
+    def budgeted(texts: list) -> EngineRouter:
+        folder = f"{ledger_dir.name}/{next(ledgers)}"
+        return EngineRouter(fleet, policy, estimator, texts=texts, ledger=replay_ledger(budgets, folder),
+                            tenant=REPLAY_TENANT)
+
     click.echo(f"{'trace':<11} {'requests':>8} {'load s':>7}  {'mode':<16} {'replay s':>9} {'sim req/s':>10} {'sim/real':>9}")
     for name, rel in TRACES:
         t = time.perf_counter()
@@ -76,6 +92,7 @@ def main(repeat: int, limit: int | None, table: bool, seed: int) -> None:
             ("baseline", lambda: (OnPremWide(CacheAware("")), None)),
             ("engine, no text", lambda: _engine(EngineRouter(fleet, policy, FixedDifficulty(0.3)))),
             ("engine, text", lambda: _engine(EngineRouter(fleet, policy, estimator, texts=texts))),
+            ("engine, budget", lambda: _engine(budgeted(texts))),
         )
         for mode, make in modes:
             best = float("inf")
@@ -86,6 +103,7 @@ def main(repeat: int, limit: int | None, table: bool, seed: int) -> None:
                 best = min(best, time.perf_counter() - t)
             click.echo(f"{name:<11} {len(trace):>8} {load_s:>7.3f}  {mode:<16} {best:>9.3f} {len(trace) / best:>10.0f} "
                        f"{result.window_s / best:>8.0f}x")
+    ledger_dir.cleanup()
     if table:
         trace = load_trace(root / TRACES[0][1], limit=limit)
         summaries = {n: summarize(simulate(trace, sim, r, seed=seed)) for n, r in baseline_routers(sim, seed).items()}

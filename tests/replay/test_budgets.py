@@ -105,3 +105,35 @@ def test_a_budgets_file_that_does_not_apply_is_refused() -> None:
     check_applies(budgets, "acme")
     with pytest.raises(BudgetError, match=r"tenant:replay.*tenant:acme"):
         check_applies(budgets, "replay", "b.yaml")
+
+
+def test_the_budget_pacing_example_reserves_then_runs_out() -> None:
+    """The packaged fleet and ``budget-pacing.yaml``: every prompt hard (p_hard 0.9), a $0.02 day
+    budget. GPT-4o while the paced bar stays under 0.9, then the reserve rule's 8B model at 95%
+    spent, then nothing fits: every target refused."""
+    from pointsman.policy.compiler import DEFAULT_POLICY_DIR
+
+    fleet = load_fleet()
+    budgets = BudgetConfig.from_dict({"budgets": [{"scope": "tenant:replay", "window": "day", "limit_usd": 0.02}]})
+    policy = load_policy(DEFAULT_POLICY_DIR / "budget-pacing.yaml", fleet)
+    run = replay_all(TRACE[:30], fleet, sim_fleet(fleet), {"budget-pacing": policy}, FixedDifficulty(0.9),
+                     baselines=False, budgets=budgets)[0]
+    targets = [r.target if r.rejected is None else r.rejected for r in run.result.requests]
+    large = targets.index("onprem-70b")  # the first request GPT-4o's estimate no longer fits
+    assert large >= 3 and targets[:large] == ["frontier-large"] * large
+    assert "frontier-large" not in targets[large:]
+    # with p_hard 0.9 only the reserve rule picks the 8B model; it comes after every frontier request
+    eight = [i for i, t in enumerate(targets) if t == "onprem-8b"]
+    assert len(eight) == run.rules["budget-reserve"] >= 1
+    assert min(eight) > max(i for i, t in enumerate(targets) if t.startswith("frontier"))
+    refused = targets.index("no_eligible_target")
+    assert refused > max(eight) and set(targets[refused:]) == {"no_eligible_target"}
+    [b] = run.budget
+    assert 0.95 * 0.02 <= b["settled_usd"] + b["reserved_usd"] <= 0.0205
+
+
+def test_refused_requests_at_the_end_keep_the_window_open(tmp_path: Path) -> None:
+    """GPUs are paid until the trace ends even when its last requests are refused."""
+    run = _run(tmp_path)
+    assert run.result.requests[-1].rejected == "no_eligible_target"
+    assert run.result.end_s == TRACE[-1].arrival_s
