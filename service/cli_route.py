@@ -227,17 +227,20 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
         raise InputError(str(exc)) from None
     loaded = load(settings)  # config errors are reported here, before the server starts
     level = settings.log_level.lower()
+    # uvloop and httptools by name, not uvicorn's "auto": asyncio's loop leaves TCP_NODELAY off
+    # on the sockets of uvicorn's multi-worker listener (+40 ms per response, Nagle and delayed
+    # ACK), and uvloop sets it on every TCP connection (scripts/load_service.py's docstring)
+    server = dict(host=settings.host, port=settings.port, log_level=level, loop="uvloop", http="httptools")
     if settings.workers == 1:
         app = create_app(settings, engine=loaded.engine, owns_engine=True, estimator_error=loaded.estimator_error)
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=level)
+        uvicorn.run(app, **server)
         return
     loaded.engine.state.close()
     # each worker process builds its own app from the environment: hand the options over there
     for key, value in overrides.items():
         if value is not None:
             os.environ[f"POINTSMAN_{key.upper()}"] = str(value)
-    uvicorn.run("pointsman.service.app:create_app_from_env", factory=True, host=settings.host, port=settings.port,
-                workers=settings.workers, log_level=level)
+    uvicorn.run("pointsman.service.app:create_app_from_env", factory=True, workers=settings.workers, **server)
 
 
 def register(group: click.Group) -> None:
