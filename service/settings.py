@@ -5,8 +5,13 @@
 - ``POINTSMAN_POLICY_PATH``: routing policy (YAML + CEL); default the packaged ``default.yaml``.
 - ``POINTSMAN_MODEL``: estimator model spec for ``load_estimator`` (``bundled``, ``champion``,
   ``models:/NAME@ALIAS``, or a directory); default the bundled model.
-- ``POINTSMAN_ESTIMATOR_TIMEOUT_MS``: time budget per estimate, an overrun counts as
-  unavailable; default none.
+- ``POINTSMAN_ESTIMATOR_TIMEOUT_MS``: time budget per estimate in ms; an overrun counts as
+  unavailable (the policy's ``difficulty.available == false`` rule decides). The service
+  enforces it on a small thread pool (``service/deadline.py``), so a hung estimator holds no
+  decision longer than this; the hand-off costs about 0.04 ms of CPU per decision
+  (measured with ``scripts/profile_route.py``). Default 50 ms (the bundled static-embedding
+  model estimates in about 0.5 ms at 500 tokens; a MiniLM transformer model needs ~100 ms at
+  512 tokens on 2 cores and a larger budget); ``none`` disables it.
 - ``POINTSMAN_ESTIMATOR_THREADS``: onnxruntime threads per session; default 1.
 - ``POINTSMAN_DATA_DIR``: data folder (MLflow store, downloaded models); default ``./data``.
 - ``POINTSMAN_MAX_BODY_BYTES``: largest accepted request body in bytes; default 8 MiB (8388608).
@@ -50,13 +55,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from typing import Any
+
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pointsman.policy.compiler import DEFAULT_POLICY_PATH
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+#: Default hard time budget per difficulty estimate (ms); ``POINTSMAN_ESTIMATOR_TIMEOUT_MS=none`` disables it.
+DEFAULT_ESTIMATOR_TIMEOUT_MS = 50.0
 
 
 class Settings(BaseSettings):
@@ -67,7 +76,7 @@ class Settings(BaseSettings):
     fleet_path: Path = DEFAULT_FLEET_PATH
     policy_path: Path = DEFAULT_POLICY_PATH
     model: str | None = None
-    estimator_timeout_ms: float | None = Field(default=None, gt=0)
+    estimator_timeout_ms: float | None = Field(default=DEFAULT_ESTIMATOR_TIMEOUT_MS, gt=0)
     estimator_threads: int = Field(default=1, ge=1)
     data_dir: Path = Path("data")
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
@@ -87,6 +96,12 @@ class Settings(BaseSettings):
     model_poll_interval_s: float = Field(default=30.0, ge=0)
     route_in_threadpool: bool = False
     workers: int = Field(default=1, ge=1)
+
+    @field_validator("estimator_timeout_ms", mode="before")
+    @classmethod
+    def _no_timeout(cls, v: Any) -> Any:
+        """``none`` (any case) means no budget."""
+        return None if isinstance(v, str) and v.strip().lower() == "none" else v
 
     def outcome_log_path(self) -> Path:
         """The decision and outcome log file: ``outcome_log``, else ``<data_dir>/outcomes.db``."""

@@ -149,3 +149,46 @@ def test_key_ring_roles_and_constant_time_identify():
                                     ("12345678,", None, "entry 2 is empty")]:
         with pytest.raises(ValueError, match=message):
             KeyRing.parse(gateway, admin)
+
+
+def test_estimator_budget_defaults_to_50_ms_and_none_disables_it(monkeypatch):
+    from pointsman.service.settings import Settings
+
+    monkeypatch.delenv("POINTSMAN_ESTIMATOR_TIMEOUT_MS", raising=False)
+    assert Settings().estimator_timeout_ms == 50.0
+    monkeypatch.setenv("POINTSMAN_ESTIMATOR_TIMEOUT_MS", "none")
+    assert Settings().estimator_timeout_ms is None
+    monkeypatch.setenv("POINTSMAN_ESTIMATOR_TIMEOUT_MS", "0")
+    with pytest.raises(ValueError):
+        Settings()
+
+
+def test_query_token_ids_reach_the_estimator_through_the_deadline():
+    """The engine tokenizes the prompt once and hands the query's ids through the
+    ``DeadlineEstimator`` to an estimator that takes them; the estimate equals tokenizing again."""
+    from pointsman.estimator.loading import load_estimator
+
+    real = load_estimator("bundled")
+    seen: list[object] = []
+
+    class Recording:
+        version, tokenizer, takes_query_token_ids = real.version, real.tokenizer, True
+
+        def estimate(self, features, query_token_ids=None):
+            seen.append(query_token_ids)
+            return real.estimate(features, query_token_ids)
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    try:
+        wrapped = DeadlineEstimator(Recording(), 5000, pool)
+        assert wrapped.takes_query_token_ids
+        fleet = load_fleet()
+        engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), wrapped)
+        prompt = "Explain how a KV cache speeds up decode, step by step. " * 60  # ~3,300 chars: windowed
+        decision = engine.route(request_from_prompt(prompt), dispatch=False)
+    finally:
+        pool.shutdown()
+    features = decision.request_features
+    assert seen == [real.tokenizer.encode(features.query_text, add_special_tokens=False).ids]
+    again = real.estimate(features)
+    assert decision.p_hard == again.p_hard and (decision.head_input == again.features).all()
