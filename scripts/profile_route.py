@@ -11,7 +11,11 @@ decision log writer's) and the wall time per decision, and for the engine alone 
 ``RoutingEngine.route`` split (features, estimator, policy). With ``--profile`` it also
 prints the top of a cProfile of the calls (cumulative, then self time).
 
-    python scripts/profile_route.py [--n 3000] [--prompt-tokens 500] [--profile] [--top 40]
+The app is started as ``pointsman serve`` starts it (``create_app(freeze=True)``: the startup
+heap frozen out of the garbage collector's full collections); ``--no-freeze`` does not, and
+``--gc`` reports the collector's pauses.
+
+    python scripts/profile_route.py [--n 3000] [--prompt-tokens 500] [--profile] [--top 40] [--gc] [--no-freeze]
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import cProfile  # noqa: E402
+import gc  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import pstats  # noqa: E402
@@ -68,12 +73,40 @@ async def asgi_post(app: Any, path: str, body: bytes) -> tuple[int, bytes]:
     return status, b"".join(chunks)
 
 
-async def run(app: Any, bodies: list[bytes], n: int, profile: cProfile.Profile | None) -> dict[str, float]:
+class GCPauses:
+    """Garbage collection pauses per generation, in ms (a ``gc.callbacks`` hook while ``on``)."""
+
+    def __init__(self) -> None:
+        self.pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self.on = False
+        self._t = 0.0
+        gc.callbacks.append(self._hook)
+
+    def _hook(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        elif self.on:
+            self.pauses[info["generation"]].append((time.perf_counter() - self._t) * 1e3)
+
+    def report(self, n: int) -> str:
+        """One line per generation: count, max and total pause, total per decision."""
+        lines = []
+        for gen, p in self.pauses.items():
+            if p:
+                lines.append(f"  gen{gen}: {len(p)} collections, max {max(p):.2f} ms, total {sum(p):.1f} ms "
+                             f"({sum(p) / n:.4f} ms per decision)")
+        return "\n".join(lines) or "  no collections"
+
+
+async def run(app: Any, bodies: list[bytes], n: int, profile: cProfile.Profile | None,
+              pauses: GCPauses | None = None) -> dict[str, float]:
     """``n`` decisions (after 200 warm-up ones); CPU and wall ms per decision."""
     for i in range(200):
         status, payload = await asgi_post(app, "/v1/route", bodies[i % len(bodies)])
         if status != 200:
             raise SystemExit(f"/v1/route answered {status}: {payload[:500]!r}")
+    if pauses is not None:
+        pauses.on = True
     walls = []
     cpu0, wall0, main0 = time.process_time(), time.perf_counter(), time.thread_time()
     if profile is not None:
@@ -84,6 +117,8 @@ async def run(app: Any, bodies: list[bytes], n: int, profile: cProfile.Profile |
         walls.append((time.perf_counter() - t0) * 1e3)
     if profile is not None:
         profile.disable()
+    if pauses is not None:
+        pauses.on = False
     wall = time.perf_counter() - wall0
     main_cpu = time.thread_time() - main0
     await asyncio.sleep(0.2)  # let the decision log writer commit the last batch
@@ -115,6 +150,9 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=500)
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the measured calls")
     parser.add_argument("--top", type=int, default=40, help="rows of the profile to print")
+    parser.add_argument("--no-freeze", action="store_true",
+                        help="do not gc.freeze() the startup heap (pointsman serve does)")
+    parser.add_argument("--gc", action="store_true", help="also report garbage collection pauses (gc.callbacks)")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                         help="service setting for this run (e.g. POINTSMAN_ESTIMATOR_TIMEOUT_MS=50)")
     args = parser.parse_args()
@@ -133,13 +171,14 @@ def main() -> None:
               for i, p in enumerate(prompts)]
     with tempfile.TemporaryDirectory(prefix="pointsman-profile-") as tmp:
         settings = Settings(data_dir=Path(tmp), watch_policy=False, model_poll_interval_s=0)
-        app = create_app(settings)
+        app = create_app(settings, freeze=not args.no_freeze)
+        pauses = GCPauses() if args.gc else None
 
         async def main_async() -> dict[str, Any]:
             async with app.router.lifespan_context(app):
                 rt = app.state.runtime
                 prof = cProfile.Profile() if args.profile else None
-                res = await run(app, bodies, args.n, prof)
+                res = await run(app, bodies, args.n, prof, pauses)
                 res["engine"] = engine_split(rt.live.engine, bodies, min(args.n, 2000))
                 res["estimator"] = repr(rt.live.engine.estimator)
                 res["prof"] = prof
@@ -153,6 +192,9 @@ def main() -> None:
     e = res["engine"]
     print(f"engine.route p50: total {e['total']:.3f} ms = features {e['features']:.3f} + estimator "
           f"{e['estimator']:.3f} + policy {e['policy']:.3f}; json.loads + parse_route_request p50 {e['parse']:.3f} ms")
+    if pauses is not None:
+        print(f"garbage collection pauses during the measured decisions "
+              f"({'startup heap frozen' if not args.no_freeze else 'not frozen'}):\n{pauses.report(args.n)}")
     if res["prof"] is not None:
         for key in ("cumulative", "tottime"):
             buf = io.StringIO()

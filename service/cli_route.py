@@ -232,7 +232,8 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
     # ACK), and uvloop sets it on every TCP connection (scripts/load_service.py's docstring)
     server = dict(host=settings.host, port=settings.port, log_level=level, loop="uvloop", http="httptools")
     if settings.workers == 1:
-        app = create_app(settings, engine=loaded.engine, owns_engine=True, estimator_error=loaded.estimator_error)
+        app = create_app(settings, engine=loaded.engine, owns_engine=True, estimator_error=loaded.estimator_error,
+                         freeze=True)
         uvicorn.run(app, **server)
         return
     loaded.engine.state.close()

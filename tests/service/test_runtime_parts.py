@@ -192,3 +192,29 @@ def test_query_token_ids_reach_the_estimator_through_the_deadline():
     assert seen == [real.tokenizer.encode(features.query_text, add_special_tokens=False).ids]
     again = real.estimate(features)
     assert decision.p_hard == again.p_hard and (decision.head_input == again.features).all()
+
+
+def test_serving_app_freezes_its_startup_heap(tmp_path):
+    """``create_app(freeze=True)`` (what ``pointsman serve`` runs) moves the loaded objects out of
+    the garbage collector's full collections once started; the default app leaves the heap alone."""
+    import asyncio
+    import gc
+
+    from pointsman.service.app import create_app
+    from pointsman.service.settings import Settings
+
+    fleet = load_fleet()
+
+    async def frozen_after_start(freeze: bool) -> int:
+        engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.3))
+        app = create_app(Settings(data_dir=tmp_path, watch_policy=False, model_poll_interval_s=0), engine,
+                         freeze=freeze)
+        async with app.router.lifespan_context(app):
+            return gc.get_freeze_count()
+
+    gc.unfreeze()
+    try:
+        assert asyncio.run(frozen_after_start(False)) == 0
+        assert asyncio.run(frozen_after_start(True)) > 10_000
+    finally:
+        gc.unfreeze()
