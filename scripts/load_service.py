@@ -304,7 +304,8 @@ def run_client(url: str, prompts_file: str, concurrency: int, args: argparse.Nam
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 16, 64],
+                        help="closed-loop rows (default 1 16 64; --concurrency with no value: none)")
     parser.add_argument("--rates", type=float, nargs="*", default=[500.0],
                         help="open-loop rows: calls start at this many per second (default 500, the target)")
     parser.add_argument("--rate", type=float, default=None, help=argparse.SUPPRESS)
