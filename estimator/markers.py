@@ -51,6 +51,10 @@ _FORMAT_PHRASES = (
     "each word", "each sentence", "each line",
 )
 _CHOICES = re.compile(r"^[ \t]*\(?[A-Da-d][).:][ \t]+\S|\bAnswer:[ \t]*$|\boptions?:", re.MULTILINE)
+#: ``_CHOICES``' first branch alone, matched at the start of a line.
+_CHOICE_LINE = re.compile(r"[ \t]*\(?[A-Da-d][).:][ \t]+\S")
+#: Every ``_CODE_SYMBOLS`` match contains one of these (one per branch): without them, no match.
+_CODE_NEEDLES = ("```", "    ", "\t", "=>", ";", "{", "}", "#include", "<", "()")
 _REASONING_WORDS = frozenset(
     "reason reasoning logic logical puzzle riddle deduce infer assume assumption therefore contradiction".split()
 )
@@ -107,6 +111,22 @@ def _upper_and_digits(text: str) -> tuple[int, int]:
     return sum(map(str.isupper, text)), len(_DIGIT.findall(text))
 
 
+def _code_symbols(text: str) -> int:
+    """``len(_CODE_SYMBOLS.findall(text))``; 0 without scanning when no branch can match."""
+    if not any(needle in text for needle in _CODE_NEEDLES):
+        return 0
+    return len(_CODE_SYMBOLS.findall(text))
+
+
+def _choices(text: str) -> int:
+    """``len(_CHOICES.findall(text))``. Without ``Answer:`` or ``option`` only the first branch
+    can match; its matches start at a line start and hold no newline, so they are counted per
+    line (the same count, without trying three branches at every character)."""
+    if "Answer:" in text or "option" in text:
+        return len(_CHOICES.findall(text))
+    return sum(1 for line in text.split("\n") if _CHOICE_LINE.match(line))
+
+
 def _count_phrases(lower: str, phrases: tuple[str, ...]) -> int:
     return sum(lower.count(p) for p in phrases)
 
@@ -141,10 +161,11 @@ def request_vector(features: RequestFeatures) -> np.ndarray:
         float(features.has_images),
         math.log1p(features.n_tool_calls),
         math.log1p(text.count("\n")),
-        math.log1p(len(_CODE_SYMBOLS.findall(text)) + _count_words(words, _CODE_WORDS)),
+        math.log1p(_code_symbols(text) + _count_words(words, _CODE_WORDS)),
         math.log1p(_count_words(words, _MATH_WORDS) + _count_phrases(lower, _MATH_PHRASES)),
-        math.log1p(len(_NUMBER.findall(text))),
-        math.log1p(len(_OPERATOR.findall(text))),
+        # every number and operator match holds a digit (and an operator match without one a "\\" or "$")
+        math.log1p(len(_NUMBER.findall(text)) if digits else 0),
+        math.log1p(len(_OPERATOR.findall(text)) if digits or "\\" in text or "$" in text else 0),
         digits / n,
         symbols / n,
         min(upper / max(letters, 1), 1.0),
@@ -156,7 +177,7 @@ def request_vector(features: RequestFeatures) -> np.ndarray:
         float(any(w in _CREATIVE_WORDS for w in head)),
         float(_count_words(words, _EXPLAIN_WORDS) > 0),
         math.log1p(_count_words(words, _FORMAT_WORDS) + _count_phrases(lower, _FORMAT_PHRASES)),
-        float(len(_CHOICES.findall(text)) >= 2),
+        float(_choices(text) >= 2),
         math.log1p(_count_words(words, _REASONING_WORDS) + _count_phrases(lower, _REASONING_PHRASES)),
         float(any(w in _GIVEN_WORDS for w in first_line_words)),
         math.log1p(len(_PARAGRAPH.findall(stripped)) + (1 if stripped else 0)),

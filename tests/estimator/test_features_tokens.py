@@ -110,3 +110,24 @@ def test_marker_upper_and_digit_counts_match_their_definitions(text):
     from pointsman.estimator.markers import _upper_and_digits
 
     assert _upper_and_digits(text) == (sum(1 for c in text if c.isupper()), len(re.findall(r"\d", text)))
+
+
+def test_marker_regex_shortcuts_count_what_the_regexes_count():
+    """The shortcuts (needles before scanning, choices per line, no digits no numbers) give the
+    regexes' own counts on prompts built from the pieces each pattern looks for."""
+    from pointsman.estimator import markers as m
+
+    pieces = ["A) yes", "(b) no", "c. maybe", "D: x", "Answer:", "Answer: \n", "options:", "option:", "```",
+              "    indented", "\t", "=>", "x;", "a; \n", "{", "}", "#include <stdio.h>", "<div>", "</a-b>", "f()",
+              "3 + 4", "12,5", "1.5", "$x$", "\\frac", "\\sqrt", "\\(", "٣ × ٤", "no digits here", "\n", "\n\n",
+              " ", "Which option is right?", "B)\tfoo", "(A).", "e) not a choice"]
+    rng = random.Random(17)
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) + rng.choice(["", " ", "\n"]) for _ in range(rng.randint(0, 12)))
+        digits = m._upper_and_digits(text)[1]
+        assert m._code_symbols(text) == len(m._CODE_SYMBOLS.findall(text)), text
+        assert m._choices(text) == len(m._CHOICES.findall(text)), text
+        if not digits:
+            assert not m._NUMBER.findall(text)
+            if "\\" not in text and "$" not in text:
+                assert not m._OPERATOR.findall(text), text
