@@ -84,15 +84,21 @@ def count_tokens(text: str, tokenizer: Tokenizer | None) -> int:
     return _count(text, tokenizer)[0]
 
 
-def _count(text: str, tokenizer: Tokenizer | None) -> tuple[int, Encoding | None]:
+def _count(text: str, tokenizer: Tokenizer | None, offsets: bool = False) -> tuple[int, Encoding | None]:
     """``count_tokens`` and the encoding of ``text`` when it was tokenized whole (None when
-    it was sampled, empty, or counted without a tokenizer)."""
+    it was sampled, empty, or counted without a tokenizer). ``offsets``: the encoding must
+    carry character offsets and word ids; otherwise only its ids are meaningful (tokenizers'
+    ``encode_batch_fast`` skips offset tracking, ~15% less time)."""
     if not text:
         return 0, None
     if tokenizer is None:
         return math.ceil(len(text) / CHARS_PER_TOKEN), None
     sample = text if len(text) <= COUNT_SAMPLE_CHARS else bounded_window(text, COUNT_SAMPLE_CHARS)
-    encoding = tokenizer.encode(sample, add_special_tokens=False)
+    fast = None if offsets else getattr(tokenizer, "encode_batch_fast", None)  # tokenizers >= 0.20
+    if fast is not None:
+        encoding = fast([sample], add_special_tokens=False)[0]
+    else:
+        encoding = tokenizer.encode(sample, add_special_tokens=False)
     n = len(encoding.ids)
     if sample is text:
         return n, encoding
@@ -196,11 +202,17 @@ def _extract(request: RouteRequest, tokenizer: Tokenizer | None, want_ids: bool)
         prompt_tokens = exact
     else:
         joined = "\n".join(texts)
-        n, encoding = _count(joined, tokenizer)
+        want_ids = want_ids and k is not None and splits_words_locally(tokenizer)
+        # offsets are needed to cut the window out, unless the window is the whole conversation
+        whole = len(query) == len(joined) and len(query) <= QUERY_WINDOW_CHARS
+        n, encoding = _count(joined, tokenizer, offsets=want_ids and not whole)
         prompt_tokens = n + TOKENS_PER_MESSAGE * len(request.messages)
-        if want_ids and encoding is not None and k is not None and splits_words_locally(tokenizer):
-            start = sum(len(t) for t in texts[:k]) + k  # each earlier text and its newline
-            query_ids = window_token_ids(encoding, joined, start, start + len(query), tokenizer)
+        if want_ids and encoding is not None:
+            if whole:
+                query_ids = list(encoding.ids)
+            else:
+                start = sum(len(t) for t in texts[:k]) + k  # each earlier text and its newline
+                query_ids = window_token_ids(encoding, joined, start, start + len(query), tokenizer)
     n_images = sum(m.n_images() for m in request.messages)
     n_tool_calls = sum(len(m.tool_calls or ()) for m in request.messages)
     return RequestFeatures(
