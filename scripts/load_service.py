@@ -358,8 +358,11 @@ def main() -> None:
                              server_cpu_ms_per_decision=1000 * server_cpu / max(n_all, 1))
                     rows.append(r)
                     load = f"{rate:g}/s" if rate else str(conc)
-                    print(f"{workers:>7} {load:>7} {r['decisions_per_s']:>12.0f} {r['p50_ms']:>8.2f} "
-                          f"{r['p99_ms']:>8.2f} {r['prompt_tokens'] or 0:>10.0f} {r['client_cpu_cores']:>10.2f} "
+                    def ms(v: float | None) -> str:  # None: no call succeeded (see errors)
+                        return f"{v:>8.2f}" if v is not None else f"{'-':>8}"
+
+                    print(f"{workers:>7} {load:>7} {r['decisions_per_s']:>12.0f} {ms(r['p50_ms'])} "
+                          f"{ms(r['p99_ms'])} {r['prompt_tokens'] or 0:>10.0f} {r['client_cpu_cores']:>10.2f} "
                           f"{r['server_cpu_ms_per_decision']:>10.2f}  {r['errors'] or ''}", flush=True)
             finally:
                 stop_server(proc)
