@@ -204,8 +204,9 @@ def _extract(request: RouteRequest, tokenizer: Tokenizer | None, want_ids: bool)
         joined = "\n".join(texts)
         want_ids = want_ids and k is not None and splits_words_locally(tokenizer)
         # offsets are needed to cut the window out, unless the window is the whole conversation
+        # (or the conversation is only sampled for counting: then the caller tokenizes the window)
         whole = len(query) == len(joined) and len(query) <= QUERY_WINDOW_CHARS
-        n, encoding = _count(joined, tokenizer, offsets=want_ids and not whole)
+        n, encoding = _count(joined, tokenizer, offsets=want_ids and not whole and len(joined) <= COUNT_SAMPLE_CHARS)
         prompt_tokens = n + TOKENS_PER_MESSAGE * len(request.messages)
         if want_ids and encoding is not None:
             if whole:
