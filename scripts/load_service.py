@@ -41,6 +41,13 @@ until the client's delayed ACK (~40 ms). uvloop sets TCP_NODELAY on every TCP co
 so uvloop (and httptools, faster than h11) are serving dependencies; uvicorn's default
 ``--loop auto`` picks them.
 
+Also found: Python's cyclic garbage collector paused the server for 60-90 ms about once per
+thousand decisions (full collections scanning the ~100,000 objects of the loaded model, fleet
+and libraries), which set the p99 of the open-loop rows; ``pointsman serve`` now freezes its
+startup heap (``gc.freeze``, ``service/app.py``). This script never posts outcomes, so every
+decision stays in flight (load board, budget hold) for the rows after it: later rows run on a
+server holding tens of thousands of unsettled decisions.
+
 Also found: with ``--workers 2`` the keep-alive connections a client opens at once can all
 land on one worker (the worker that wakes first accepts every pending connection; uvicorn's
 workers share one listening socket), and they stay there: per-worker CPU (/proc) showed one

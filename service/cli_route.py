@@ -212,6 +212,7 @@ def route_command(prompt: str | None, messages_path: Path | None, as_json: bool,
 def serve_command(host: str | None, port: int | None, max_body_bytes: int | None, log_level: str | None,
                   workers: int | None, fleet_path: Path | None, policy_path: Path | None, model: str | None) -> None:
     """Run the decision service (see docs/service.md for the endpoints) with uvicorn."""
+    import importlib.util
     import os
 
     import uvicorn
@@ -229,8 +230,10 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
     level = settings.log_level.lower()
     # uvloop and httptools by name, not uvicorn's "auto": asyncio's loop leaves TCP_NODELAY off
     # on the sockets of uvicorn's multi-worker listener (+40 ms per response, Nagle and delayed
-    # ACK), and uvloop sets it on every TCP connection (scripts/load_service.py's docstring)
-    server = dict(host=settings.host, port=settings.port, log_level=level, loop="uvloop", http="httptools")
+    # ACK), and uvloop sets it on every TCP connection (scripts/load_service.py's docstring).
+    # uvloop is a serving dependency except on Windows, where it does not exist.
+    loop = "uvloop" if importlib.util.find_spec("uvloop") is not None else "auto"
+    server = dict(host=settings.host, port=settings.port, log_level=level, loop=loop, http="httptools")
     if settings.workers == 1:
         app = create_app(settings, engine=loaded.engine, owns_engine=True, estimator_error=loaded.estimator_error,
                          freeze=True)
