@@ -53,7 +53,9 @@ class Estimator(Protocol):
     version: str
     tokenizer: Tokenizer | None
 
-    def estimate(self, features: RequestFeatures) -> DifficultyEstimate: ...
+    def estimate(self, features: RequestFeatures) -> DifficultyEstimate:
+        """The difficulty of one request; never raises (failure = ``available=False``)."""
+        ...
 
 
 @dataclass

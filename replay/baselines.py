@@ -67,6 +67,7 @@ class RoundRobin(_Baseline):
         self._next = 0
 
     def pick(self, request: TraceRequest, replicas: tuple[ReplicaView, ...]) -> int:
+        """Index into ``replicas`` (0-based) of the replica this request goes to."""
         i = self._next % len(replicas)
         self._next += 1
         return i
@@ -82,6 +83,7 @@ class RandomPick(_Baseline):
         self._rng = random.Random(seed)
 
     def pick(self, request: TraceRequest, replicas: tuple[ReplicaView, ...]) -> int:
+        """Index into ``replicas`` (0-based) of the replica this request goes to."""
         return self._rng.randrange(len(replicas))
 
 
@@ -91,6 +93,7 @@ class LeastLoaded(_Baseline):
     name = "least-loaded"
 
     def pick(self, request: TraceRequest, replicas: tuple[ReplicaView, ...]) -> int:
+        """Index into ``replicas`` (0-based) of the replica this request goes to."""
         return min(range(len(replicas)), key=lambda i: _load(replicas[i]))
 
 
@@ -100,6 +103,7 @@ class CacheAware(_Baseline):
     name = "cache-aware"
 
     def pick(self, request: TraceRequest, replicas: tuple[ReplicaView, ...]) -> int:
+        """Index into ``replicas`` (0-based) of the replica this request goes to."""
         if not request.block_hashes:
             return min(range(len(replicas)), key=lambda i: _load(replicas[i]))
         return min(

@@ -131,9 +131,11 @@ class StateCollector(Collector):
         self._live, self._pending = live, pending
 
     def describe(self) -> list[Any]:
+        """Nothing at registration (the families depend on the live fleet; read at scrape time)."""
         return []
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        """The gauges of the live engine and state now (prometheus_client calls this per scrape)."""
         live = self._live()
         if live is None:
             return
