@@ -15,6 +15,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pointsman.errors import RequestError
 from pointsman.service.schemas import ErrorResponse
@@ -60,12 +61,23 @@ ERROR_RESPONSES = _responses(400, 401, 403, 413, 422, 503)
 AUTH_ERRORS = _responses(401, 403)
 
 
+_ROUTING_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that give every error the ``ErrorResponse`` shape."""
 
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, exc: HTTPError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _routing_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own answers: 404 (no such path), 405 (wrong method; keeps ``Allow``).
+        code = _ROUTING_CODES.get(exc.status_code, "http_error")
+        message = {404: f"no such endpoint: {request.url.path}",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+        return HTTPError(exc.status_code, message, code=code, headers=dict(exc.headers or {})).response()
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
