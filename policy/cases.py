@@ -153,8 +153,12 @@ def case_signals(fleet: Any, policy: Any, overrides: dict[str, dict[str, Any]]) 
     return signals
 
 
-def run_cases(path: str | Path) -> list[CaseResult]:
-    """Run every case in a cases file against its policy (see module doc)."""
+def load_cases(path: str | Path) -> tuple[CasesSpec, Any, Any, Any]:
+    """Validate a cases file without running it: ``(spec, located doc, fleet, compiled policy)``.
+
+    Checks the file's schema, every signal name its cases set, and compiles the policy it
+    names against its fleet. Raises ``PolicyError``/``FleetError`` with file:line:col.
+    """
     spec, doc = load_config(path, CasesSpec, PolicyError)
     assert isinstance(spec, CasesSpec)
     base = Path(path).parent
@@ -163,6 +167,12 @@ def run_cases(path: str | Path) -> list[CaseResult]:
     if problems:
         raise PolicyError(problems)
     policy = load_policy(base / spec.policy, fleet)
+    return spec, doc, fleet, policy
+
+
+def run_cases(path: str | Path) -> list[CaseResult]:
+    """Run every case in a cases file against its policy (see module doc)."""
+    spec, doc, fleet, policy = load_cases(path)
     results = []
     for i, case in enumerate(spec.cases):
         signals = case_signals(fleet, policy, case.signals)

@@ -2,8 +2,9 @@
 ``pointsman policy signals`` (the reference of names expressions can use).
 
 ``check`` compiles each policy file against the fleet (a file whose ``kind`` is
-``Fleet`` is validated as a fleet) and prints every problem as
-``file:line:col: code: message``; exit status 1 if any file has problems.
+``Fleet`` is validated as a fleet; one whose ``kind`` is ``PolicyCases`` as a cases file:
+its schema, signal names and the policy it names, without running the cases) and prints
+every problem as ``file:line:col: code: message``; exit status 1 if any file has problems.
 ``test`` runs cases files (``policy/cases.py``); given a policy file, it runs the
 sibling cases file (``my-policy.yaml`` -> ``my-policy.cases.yaml``); exit status 1 if
 any case fails or a file is invalid.
@@ -17,12 +18,13 @@ from pathlib import Path
 import click
 
 from pointsman.errors import ConfigError
-from pointsman.policy.cases import run_cases
+from pointsman.policy.cases import load_cases, run_cases
 from pointsman.policy.compiler import load_policy
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
 from pointsman.policy.signals import reference_markdown
 
 _FLEET_KIND = re.compile(r"^kind:\s*['\"]?Fleet['\"]?\s*(#.*)?$", re.M)
+_CASES_KIND = re.compile(r"^kind:\s*['\"]?PolicyCases['\"]?\s*(#.*)?$", re.M)
 
 
 @click.group("policy")
@@ -49,6 +51,10 @@ def check_command(files: tuple[Path, ...], fleet_path: Path | None) -> None:
             if _FLEET_KIND.search(text):
                 f = load_fleet(path)
                 click.echo(f"{path}: ok (fleet, {len(f.targets)} targets, revision {f.revision})")
+            elif _CASES_KIND.search(text):
+                spec, _, _, _ = load_cases(path)
+                click.echo(f"{path}: ok (cases, {len(spec.cases)} cases for {spec.policy}; "
+                           "run them with `pointsman policy test`)")
             else:
                 p = load_policy(path, fleet)
                 click.echo(f"{path}: ok ({len(p.rules)} rules, revision {p.revision})")

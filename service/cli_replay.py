@@ -6,10 +6,14 @@ simulated fleet and report cost, latency and quality side by side (``docs/replay
 TRACE: a Mooncake JSONL (``*.jsonl[.gz]``), an Azure LLM CSV (``*.csv[.gz]``) or a Pointsman
 outcome log (``*.db``/``*.sqlite``). Traces without prompt text get prompts and per-model
 outcomes drawn from ``--outcomes`` (seeded), so the estimator runs and quality is scored.
+
+Bad input (an invalid fleet, policy, budgets file or trace, an unknown outcome source, a bad
+``--estimator``, an unwritable ``--out``) prints one ``Error:`` line and exits with status 2.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -17,6 +21,7 @@ from pathlib import Path
 import click
 
 from pointsman.errors import BudgetError, DataError, FleetError, PolicyError, RequestError
+from pointsman.service.cli_route import InputError
 
 
 def _estimator(spec: str):
@@ -25,14 +30,17 @@ def _estimator(spec: str):
         from pointsman.estimator.estimate import FixedDifficulty
 
         try:
-            return FixedDifficulty(float(spec.removeprefix("fixed:")))
+            p_hard = float(spec.removeprefix("fixed:"))
         except ValueError:
+            p_hard = math.nan
+        if not 0.0 <= p_hard <= 1.0:  # also rejects nan
             raise click.BadParameter(f"expected fixed:P with P in [0, 1], got {spec!r}", param_hint="--estimator")
+        return FixedDifficulty(p_hard)
     from pointsman.service.loading import load_estimator
 
     est, error = load_estimator(None if spec == "default" else spec)
     if error:
-        raise click.ClickException(f"estimator {spec!r} did not load: {error}")
+        raise InputError(f"estimator {spec!r} did not load: {error}")
     return est
 
 
@@ -92,6 +100,10 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
     from pointsman.replay.runs import baseline_routers, replay_all
 
     try:
+        out_dir.mkdir(parents=True, exist_ok=True)  # before the replay, not after minutes of it
+    except OSError as exc:
+        raise InputError(f"--out {out_dir}: {exc.strerror or exc}") from None
+    try:
         budgets = None
         try:
             request_scopes(tenant, None)
@@ -107,7 +119,7 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
         policies = {p.stem: load_policy(p, fleet) for p in paths}
         requests, texts, logged = _load_trace(trace, limit, start_s, end_s)
         if not requests:
-            raise click.ClickException(f"{trace}: no requests in the chosen window")
+            raise InputError(f"{trace}: no requests in the chosen window")
         rows = None
         names = [n.strip() for n in outcomes.split(",") if n.strip() and n.strip() != "none"]
         if names and (texts is None or not any(texts)):  # no prompt text: draw it
@@ -116,7 +128,7 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
             texts = [list(r.messages) for r in rows]
         estimator = _estimator(estimator_spec)
     except (FleetError, PolicyError, DataError, BudgetError) as exc:
-        raise click.ClickException(str(exc)) from None
+        raise InputError(str(exc)) from None
     total = len(requests) * (len(policies) + (len(baseline_routers(sim, seed)) if baselines else 0))
     click.echo(f"replaying {len(requests)} requests of {trace.name} through {len(policies)} policies"
                f"{' + baselines' if baselines else ''} (seed {seed})", err=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from pydantic import ValidationError
 
 from pointsman.errors import BudgetError, ConfigError, RequestError
 from pointsman.policy.decision import Decision
@@ -54,9 +55,27 @@ def config_options(fn: Any) -> Any:
     return fn
 
 
+def validation_message(exc: ValidationError) -> str:
+    """One line for a pydantic ``ValidationError``; for ``Settings``, each bad field as its
+    environment variable, e.g. ``POINTSMAN_MAX_BODY_BYTES='abc': Input should be a valid
+    integer, ...``."""
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        name = f"POINTSMAN_{loc.upper()}" if exc.title == "Settings" and loc else loc or exc.title
+        value = f"={err['input']!r}" if "input" in err and isinstance(err["input"], (str, int, float)) else ""
+        parts.append(f"{name}{value}: {err['msg']}")
+    prefix = "invalid setting " if exc.title == "Settings" else f"invalid {exc.title}: "
+    return prefix + "; ".join(parts)
+
+
 def settings_from(**overrides: Any) -> Settings:
-    """Settings from the environment, with the given non-None values on top."""
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    """Settings from the environment, with the given non-None values on top; an invalid
+    ``POINTSMAN_*`` variable raises ``InputError`` naming it."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        raise InputError(validation_message(exc)) from None
 
 
 def load(settings: Settings, ledger: bool = True) -> LoadedEngine:

@@ -152,8 +152,18 @@ def test_policy_check(tmp_path: Path):
         f"{bad}:3:1: missing-default: no unconditional rule: end the rules with one that has no 'when' (e.g. name: default)",
         f"{bad}:5:22: unknown-signal: unknown signal 'difficulty.p_hrd'; did you mean 'difficulty.p_hard'?",
     ]
-    r = CliRunner().invoke(main, ["policy", "check", *map(str, DEFAULT_POLICY_DIR.glob("*.yaml"))])
-    assert r.exit_code == 1  # cases files are not policies
+    files = sorted(DEFAULT_POLICY_DIR.glob("*.yaml"))
+    r = CliRunner().invoke(main, ["policy", "check", *map(str, files)])
+    assert r.exit_code == 0, r.output  # cases files are validated as cases files, not as policies
+    for f, line in zip(files, r.stdout.splitlines(), strict=True):
+        kind = "cases, " if f.name.endswith(".cases.yaml") else ""
+        assert line.startswith(f"{f}: ok ({kind}"), line
+    broken = tmp_path / "broken.cases.yaml"
+    broken.write_text((DEFAULT_POLICY_DIR / "default.cases.yaml").read_text().replace(
+        "policy: default.yaml", f"policy: {DEFAULT_POLICY_PATH}").replace("difficulty:", "dificulty:", 1))
+    r = CliRunner().invoke(main, ["policy", "check", str(broken)])
+    assert r.exit_code == 1 and r.stdout.startswith(f"{broken}:") and "dificulty" in r.stdout, r.stdout
+    assert "missing required key 'rules'" not in r.stdout
     r = CliRunner().invoke(main, ["policy", "check", str(DEFAULT_POLICY_PATH)])
     assert r.exit_code == 0 and r.stdout.startswith(f"{DEFAULT_POLICY_PATH}: ok (6 rules, revision ")
 
@@ -224,3 +234,19 @@ def test_serve_with_malformed_api_keys_exits_2_without_echoing_them(monkeypatch)
     r = CliRunner().invoke(main, ["serve", "--port", "1"])
     assert r.exit_code == 2
     assert r.stderr == "Error: POINTSMAN_GATEWAY_API_KEYS: entry 1 (edge): a key needs at least 8 characters\n"
+
+
+@pytest.mark.parametrize("env", [{"POINTSMAN_MAX_BODY_BYTES": "abc"}, {"POINTSMAN_ESTIMATOR_TIMEOUT_MS": "-5"},
+                                 {"POINTSMAN_ESTIMATOR_TIMEOUT_MS": "abc"}])
+@pytest.mark.parametrize("command", [["route", "hi"], ["serve", "--port", "0"]])
+def test_invalid_setting_in_the_environment_is_one_error_line_exit_2(env, command):
+    r = CliRunner().invoke(main, command, env=env)
+    assert r.exit_code == 2, r.output
+    [name] = env
+    [line] = r.stderr.splitlines()
+    assert line.startswith(f"Error: invalid setting {name}={env[name]!r}: "), line
+
+
+def test_unwritable_output_is_one_error_line_exit_2():
+    r = CliRunner().invoke(main, ["policy", "signals", "--output", "/proc/x.md"])
+    assert r.exit_code == 2 and r.stderr.splitlines() == ["Error: /proc/x.md: No such file or directory"], r.output

@@ -59,7 +59,7 @@ def test_same_seed_same_report_and_bad_input(tmp_path: Path) -> None:
     assert docs[0] == docs[1]
     assert docs[0] != docs[2]  # another draw of prompts, frontier latencies and random picks
     res = CliRunner().invoke(main, ["replay", trace, "--outcomes", "nope", "--out", str(tmp_path / "d")])
-    assert res.exit_code == 1 and "unknown outcome source 'nope'" in res.output
+    assert res.exit_code == 2 and "unknown outcome source 'nope'" in res.output
     res = CliRunner().invoke(main, ["replay", trace, "--estimator", "fixed:x", "--out", str(tmp_path / "d")])
     assert res.exit_code == 2 and "fixed:P" in res.output
 
@@ -80,6 +80,25 @@ def test_budgets_file_is_replayed_and_reported(tmp_path: Path) -> None:
     assert doc["runs"]["default"]["summary"]["rejected"] > 0  # the budget ran out
     assert doc["meta"]["budgets"] == f"{budgets} (tenant:t1)"
     res = CliRunner().invoke(main, [*args, "--budgets", str(budgets), "--out", str(tmp_path / "b")])
-    assert res.exit_code == 1 and "no budget applies to the replayed requests (scope tenant:replay)" in res.output
+    assert res.exit_code == 2 and "no budget applies to the replayed requests (scope tenant:replay)" in res.output
     res = CliRunner().invoke(main, [*args, "--tenant", "a b", "--out", str(tmp_path / "b")])
     assert res.exit_code == 2 and "--tenant" in res.output
+
+
+def test_replay_bad_input_is_one_error_line_exit_2(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n', encoding="utf-8")
+    bad_policy = tmp_path / "bad.yaml"
+    bad_policy.write_text("apiVersion: pointsman/v1\nkind: Policy\n", encoding="utf-8")
+    cases = {
+        ("--estimator", "fixed:2"): "fixed:P with P in [0, 1]",
+        ("--estimator", "fixed:-0.1"): "fixed:P with P in [0, 1]",
+        ("--estimator", "fixed:nan"): "fixed:P with P in [0, 1]",
+        ("--out", "/proc/rr"): "--out /proc/rr",
+        ("--policy", str(bad_policy)): "bad.yaml",
+    }
+    for extra, message in cases.items():
+        res = CliRunner().invoke(main, ["replay", str(trace), "--outcomes", "none", *extra])
+        assert res.exit_code == 2, (extra, res.output)
+        assert message in res.output and "Traceback" not in res.output, (extra, res.output)
+        assert res.output.count("Error") == 1, res.output
