@@ -383,9 +383,12 @@ def _resolve_mode(fleet: Fleet, target: str, mode: str | None) -> str:
 
 
 def _expand_fallbacks(ck: _Checker, fleet: Fleet, rules: list[tuple[int, RuleSpec]],
-                      modes: dict[int, str | None]) -> dict[int, tuple[tuple[str, str], ...]]:
+                      modes: dict[int, str | None],
+                      invalid_names: frozenset[str] = frozenset()) -> dict[int, tuple[tuple[str, str], ...]]:
     """Every rule's candidates: its target, then its fallbacks expanded (``rule:NAME`` = that
-    rule's candidates, recursively); reports unknown rules and cycles at the reference."""
+    rule's candidates, recursively); reports unknown rules and cycles at the reference.
+    ``invalid_names``: rules that exist but failed validation (their problems are already
+    reported): a reference to one is skipped, not reported as unknown."""
     by_name = {r.name: i for i, r in rules}
     specs = dict(rules)
     done: dict[int, tuple[tuple[str, str], ...]] = {}
@@ -403,6 +406,8 @@ def _expand_fallbacks(ck: _Checker, fleet: Fleet, rules: list[tuple[int, RuleSpe
             if isinstance(item, str) and item.startswith(RULE_REF):
                 name = item[len(RULE_REF):]
                 k = by_name.get(name)
+                if k is None and name in invalid_names:
+                    continue
                 if k is None or k in stack:
                     if (i, j) not in reported:
                         reported.add((i, j))
@@ -494,6 +499,8 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
     except ValidationError as exc:
         ck.problems.extend(validation_problems(exc, doc, PolicySpec))
     # Keep checking what is individually valid, so every problem shows at once.
+    invalid: set[str] = set()  # names of rules that failed validation
+    invalid_default = False  # one of them has no condition: the policy has a default rule
     if spec is not None:
         variables = dict(spec.variables)
         rules = list(enumerate(spec.rules))
@@ -510,7 +517,10 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
             try:
                 rules.append((i, RuleSpec.model_validate(known)))
             except ValidationError:
-                pass
+                if isinstance(raw, dict) and isinstance(raw.get("name"), str):
+                    invalid.add(raw["name"])  # it exists: fallbacks may name it
+                if isinstance(raw, dict) and (raw.get("when") is None or raw.get("when") is True):
+                    invalid_default = True
 
     seen: dict[str, int] = {}
     default_index: int | None = None
@@ -539,8 +549,8 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
             cond = _check_condition(ck, i, source, variables, target, _role(fleet, target, mode or "aggregated"))
             conditions[i] = cond
             merge_plans(plan, cond.plan)
-    candidates = _expand_fallbacks(ck, fleet, rules, modes)
-    if default_index is None and (spec is not None or rules):
+    candidates = _expand_fallbacks(ck, fleet, rules, modes, frozenset(invalid) - seen.keys())
+    if default_index is None and not invalid_default and (spec is not None or rules):
         ck.add(("rules",), "missing-default",
                "no unconditional rule: end the rules with one that has no 'when' (e.g. name: default)", key=True)
     if ck.problems:

@@ -251,3 +251,17 @@ def test_when_true_is_unconditional_and_false_never_matches(fleet):
     policy = compile_policy(text, fleet)
     assert policy.rules[0].when == "false" and policy.rules[0].program is not None
     assert policy.rules[1].program is None
+
+
+def test_a_rule_with_its_own_errors_is_still_a_known_fallback_name(fleet):
+    text = DEFAULT_POLICY_PATH.read_text(encoding="utf-8")
+    typo = text.replace("mode: disaggregated, fallbacks: [frontier-small]", "mode: disagregated, fallbacks: [frontier-small]")
+    assert typo != text
+    found = problems(typo, fleet, "default.yaml")
+    assert len(found) == 1 and found[0].startswith("default.yaml:51:39: "), found
+    # an invalid unconditional rule still counts as the default: no spurious missing-default
+    bad_default = HEAD + ("rules:\n  - name: a\n    when: request.turns > 1\n"
+                          "    route: {target: onprem-8b, fallbacks: ['rule:default']}\n"
+                          "  - name: default\n    route: {target: onprem-8b, mode: agregated}\n")
+    found = problems(bad_default, fleet)
+    assert len(found) == 1 and found[0].startswith("p.yaml:8:38: invalid-value: rules[1].route.mode"), found
