@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from pointsman.errors import RequestError
 
@@ -134,6 +134,17 @@ class ChatMessage(BaseModel):
         return 0
 
 
+def _not_bool(v: Any) -> Any:
+    """JSON ``true``/``false`` is not a count: pydantic's lax mode would read it as 1/0."""
+    if isinstance(v, bool):
+        raise ValueError("expected an integer, got a boolean")
+    return v
+
+
+#: An integer field that rejects booleans (otherwise lenient: ``"5"`` and ``5.0`` still pass).
+Count = Annotated[int, BeforeValidator(_not_bool)]
+
+
 class RoutingContext(BaseModel):
     """Pointsman's own routing context; unknown keys are rejected.
 
@@ -149,8 +160,8 @@ class RoutingContext(BaseModel):
     team: str | None = Field(default=None, max_length=256)
     session_id: str | None = Field(default=None, max_length=256)
     slo_class: str | None = Field(default=None, max_length=64)
-    prefix_block_hashes: list[int | str] | None = Field(default=None, max_length=100_000)
-    prompt_tokens: int | None = Field(default=None, ge=0)
+    prefix_block_hashes: list[Count | str] | None = Field(default=None, max_length=100_000)
+    prompt_tokens: Count | None = Field(default=None, ge=0)
     explain: bool = False
 
     @field_validator("explain", mode="before")
@@ -170,8 +181,8 @@ class RouteRequest(BaseModel):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1, max_length=100_000)
     tools: list[dict[str, Any]] | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: Count | None = Field(default=None, ge=1)
+    max_completion_tokens: Count | None = Field(default=None, ge=1)
     user: str | None = None
     routing: RoutingContext = Field(default_factory=RoutingContext)
 

@@ -121,6 +121,13 @@ def err(r):
     ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 422, "messages[0].content[0].text", "Field required"),
     ({"messages": [USER], "max_tokens": "lots"}, 422, "max_tokens", "Input should be a valid integer"),
     ({"messages": [USER], "max_tokens": 0}, 422, "max_tokens", "Input should be greater than or equal to 1"),
+    ({"messages": [USER], "max_tokens": True}, 422, "max_tokens", "expected an integer, got a boolean"),
+    ({"messages": [USER], "max_completion_tokens": False}, 422, "max_completion_tokens",
+     "expected an integer, got a boolean"),
+    ({"messages": [USER], "routing": {"prompt_tokens": True}}, 422, "routing.prompt_tokens",
+     "expected an integer, got a boolean"),
+    ({"messages": [USER], "routing": {"prefix_block_hashes": [7, True]}}, 422, "routing.prefix_block_hashes[1]",
+     "expected an integer, got a boolean"),
     ({"messages": [USER], "routing": {"tenat": "acme"}}, 422, "routing.tenat", "unknown field; did you mean 'tenant'?"),
     ({"messages": [USER], "routing": {"explain": "please"}}, 422, "routing.explain", "Input should be a valid boolean"),
     ({"messages": [USER], "routing": []}, 422, "routing", "Input should be a valid dictionary"),
@@ -136,6 +143,11 @@ def test_bad_input_is_a_4xx_naming_the_field(client, body, status, param, messag
     got_status, got_param, got_message = err(r)
     assert (got_status, got_param) == (status, param), r.text
     assert got_message.startswith(message), got_message
+
+
+def test_other_openai_fields_stay_lenient(client):
+    r = post(client, {"messages": [USER], "temperature": True, "stream": 1, "max_tokens": "64", "n": True})
+    assert r.status_code == 200, r.text
 
 
 def test_body_over_the_limit_is_413_naming_the_limit(engine, tmp_path):
