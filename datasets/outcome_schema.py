@@ -52,6 +52,19 @@ ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:+/@=-]{0,127}$"
 _ID = re.compile(ID_PATTERN)
 #: Largest accepted batch in one call.
 MAX_BATCH = 1000
+#: Largest token count accepted in ``usage`` (each field): 100 million, far beyond any context
+#: window, and small enough that sums over many outcomes stay far inside SQLite's 64-bit integers.
+MAX_TOKENS = 100_000_000
+#: Largest latency accepted (``ttft_ms``, ``tpot_ms``, ``e2e_latency_ms``): one day, in ms.
+MAX_LATENCY_MS = 86_400_000.0
+#: Largest ``time_s`` accepted (Unix seconds; the year 2286).
+MAX_TIME_S = 1e10
+#: Largest magnitude of a judge score (``judge_score``, ``judge_reference_score``).
+MAX_JUDGE_SCORE = 1e9
+#: An ``ok`` or failed outcome may report at most this many times the serving target's
+#: ``context_window_tokens`` as ``prompt_tokens + completion_tokens`` (tokenizers differ between
+#: the gateway's count and the engine's; beyond it the usage is impossible, ``check_usage_fits``).
+CONTEXT_TOLERANCE = 1.1
 
 
 class _Strict(BaseModel):
@@ -60,14 +73,14 @@ class _Strict(BaseModel):
 
 class Usage(BaseModel):
     """Token usage of the upstream call: ``prompt_tokens``, ``cached_tokens`` (prompt tokens
-    served from a prefix cache), ``completion_tokens``; integers >= 0, each optional.
+    served from a prefix cache), ``completion_tokens``; integers in [0, ``MAX_TOKENS``], each optional.
     OpenAI's extra keys are accepted and ignored (``prompt_tokens_details.cached_tokens`` is read)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    prompt_tokens: int | None = Field(default=None, ge=0)
-    cached_tokens: int | None = Field(default=None, ge=0)
-    completion_tokens: int | None = Field(default=None, ge=0)
+    prompt_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
+    cached_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
+    completion_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
 
     @model_validator(mode="before")
     @classmethod
@@ -88,8 +101,8 @@ class Usage(BaseModel):
 class QualitySignals(_Strict):
     """Quality signals for one answer (see the module docstring for each field)."""
 
-    judge_score: float | None = None
-    judge_reference_score: float | None = None
+    judge_score: float | None = Field(default=None, ge=-MAX_JUDGE_SCORE, le=MAX_JUDGE_SCORE)
+    judge_reference_score: float | None = Field(default=None, ge=-MAX_JUDGE_SCORE, le=MAX_JUDGE_SCORE)
     judge: str | None = Field(default=None, max_length=128)
     user_rating: float | None = Field(default=None, ge=0.0, le=1.0)
     regenerated: bool | None = None
@@ -101,7 +114,9 @@ class QualitySignals(_Strict):
 
 
 class OutcomeIn(_Strict):
-    """One outcome report (see the module docstring). Times in ms are >= 0; ``time_s`` is Unix seconds."""
+    """One outcome report (see the module docstring). Latencies in ms are finite, in [0,
+    ``MAX_LATENCY_MS``]; ``time_s`` is Unix seconds in [0, ``MAX_TIME_S``]. Without ``status`` an
+    outcome is ``ok``."""
 
     decision_id: str
     outcome_id: str | None = None
@@ -111,10 +126,10 @@ class OutcomeIn(_Strict):
     status: Literal["ok", "error", "timeout", "cancelled"] = "ok"
     error: str | None = Field(default=None, max_length=1000)
     usage: Usage | None = None
-    ttft_ms: float | None = Field(default=None, ge=0.0)
-    tpot_ms: float | None = Field(default=None, ge=0.0)
-    e2e_latency_ms: float | None = Field(default=None, ge=0.0)
-    time_s: float | None = Field(default=None, ge=0.0)
+    ttft_ms: float | None = Field(default=None, ge=0.0, le=MAX_LATENCY_MS)
+    tpot_ms: float | None = Field(default=None, ge=0.0, le=MAX_LATENCY_MS)
+    e2e_latency_ms: float | None = Field(default=None, ge=0.0, le=MAX_LATENCY_MS)
+    time_s: float | None = Field(default=None, ge=0.0, le=MAX_TIME_S)
     quality: QualitySignals | None = None
 
     @field_validator("decision_id", "outcome_id")
@@ -137,19 +152,55 @@ def _field(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def parse_outcomes(body: Any) -> list[OutcomeIn]:
-    """Validate one outcome object or a list of them (at most ``MAX_BATCH``).
+class OutcomeItemError(RequestError):
+    """One invalid outcome in a batch: a ``RequestError`` whose ``field``/``message`` are its first
+    problem, and ``problems`` every ``(field, message)`` pair of the item (fields indexed into
+    the batch, ``[1].status``). ``describe()`` is ``field: message`` of each, joined by ``; ``."""
 
-    Returns the outcomes in order. Raises ``RequestError`` whose ``field`` names the first
-    offending field, indexed into the batch (``[3].usage.cached_tokens``) when a list was sent.
-    Unknown fields are errors, except inside ``usage`` (OpenAI's shape is accepted).
+    def __init__(self, problems: tuple[tuple[str | None, str], ...], *, decision_id: str | None = None,
+                 outcome_id: str | None = None) -> None:
+        super().__init__(problems[0][1], field=problems[0][0])
+        self.problems = problems
+        #: The item's ids when it sent valid ones (for its acknowledgement), else None.
+        self.decision_id = decision_id
+        self.outcome_id = outcome_id or decision_id
+
+    def describe(self) -> str:
+        """Every problem as ``field: message``, joined by ``; ``."""
+        return "; ".join(f"{f}: {m}" if f else m for f, m in self.problems)
+
+
+def _valid_id(value: Any) -> str | None:
+    return value if isinstance(value, str) and _ID.match(value) else None
+
+
+def _item_error(exc: ValidationError, prefix: tuple[Any, ...], item: dict[str, Any]) -> OutcomeItemError:
+    """The ``OutcomeItemError`` for one item's validation errors (each error's field and message)."""
+    errors = []
+    for err in exc.errors(include_url=False):
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        errors.append((_field(prefix + tuple(err["loc"])) or None, msg))
+    return OutcomeItemError(tuple(errors), decision_id=_valid_id(item.get("decision_id")),
+                            outcome_id=_valid_id(item.get("outcome_id")))
+
+
+def parse_outcome_items(body: Any) -> list[OutcomeIn | OutcomeItemError]:
+    """Validate one outcome object or a list of them (at most ``MAX_BATCH``), item by item.
+
+    Returns one entry per item, in order: the ``OutcomeIn``, or for an invalid item the
+    ``OutcomeItemError`` naming its first offending field (``[3].usage.cached_tokens``; indexed
+    when a list was sent) with all its problems in ``.problems`` (``(field, message)`` pairs).
+    Raises ``RequestError`` for what no item can survive: an empty list, an oversized batch, a
+    body or item that is not a JSON object. Unknown fields are errors, except inside ``usage``.
     """
     items = body if isinstance(body, list) else [body]
     if isinstance(body, list) and not body:
         raise RequestError("the outcome list is empty; send at least one outcome")
     if len(items) > MAX_BATCH:
         raise RequestError(f"{len(items)} outcomes in one batch; the limit is {MAX_BATCH}")
-    out: list[OutcomeIn] = []
+    out: list[OutcomeIn | OutcomeItemError] = []
     for i, item in enumerate(items):
         prefix: tuple[Any, ...] = (i,) if isinstance(body, list) else ()
         if not isinstance(item, dict):
@@ -157,9 +208,39 @@ def parse_outcomes(body: Any) -> list[OutcomeIn]:
         try:
             out.append(OutcomeIn.model_validate(item))
         except ValidationError as exc:
-            err = exc.errors(include_url=False)[0]
-            msg = str(err["msg"]).removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = "unknown field"
-            raise RequestError(msg, field=_field(prefix + tuple(err["loc"])) or None) from None
+            out.append(_item_error(exc, prefix, item))
     return out
+
+
+def parse_outcomes(body: Any) -> list[OutcomeIn]:
+    """Validate one outcome object or a list of them (at most ``MAX_BATCH``), all or nothing.
+
+    Returns the outcomes in order. Raises ``RequestError`` whose ``field`` names the first
+    offending field, indexed into the batch (``[3].usage.cached_tokens``) when a list was sent.
+    Unknown fields are errors, except inside ``usage`` (OpenAI's shape is accepted).
+    """
+    out = parse_outcome_items(body)
+    for item in out:
+        if isinstance(item, OutcomeItemError):
+            raise item
+    return out  # type: ignore[return-value]
+
+
+def check_usage_fits(usage: Usage | None, context_window_tokens: int, target: str,
+                     prefix: str = "") -> OutcomeItemError | None:
+    """Whether reported usage is possible on a target whose context window is
+    ``context_window_tokens``: ``prompt_tokens + completion_tokens`` (missing counts as 0) must
+    be at most ``context_window_tokens * CONTEXT_TOLERANCE`` (tokenizers differ). Returns None when
+    it fits, else the ``OutcomeItemError`` naming ``usage.prompt_tokens`` or ``usage.completion_tokens``
+    (whichever alone is beyond the limit) or ``usage`` (their sum), under ``prefix`` (``[3]``)."""
+    if usage is None:
+        return None
+    prompt, completion = usage.prompt_tokens or 0, usage.completion_tokens or 0
+    limit = int(context_window_tokens * CONTEXT_TOLERANCE)
+    if prompt + completion <= limit:
+        return None
+    name = "usage.prompt_tokens" if prompt > limit else "usage.completion_tokens" if completion > limit else "usage"
+    field = f"{prefix}.{name}" if prefix else name
+    msg = (f"prompt_tokens + completion_tokens = {prompt + completion:,} is impossible on target '{target}': its "
+           f"context window is {context_window_tokens:,} tokens (at most {limit:,} accepted, x{CONTEXT_TOLERANCE})")
+    return OutcomeItemError(((field, msg),))  # ids: the caller's OutcomeIn has them

@@ -16,7 +16,9 @@
   the ledger). Without a running loop (a sync caller's logging thread) it posts at once.
   ``aflush()`` waits until everything queued so far has been posted.
 - Acknowledgements (``OutcomeAckOut`` dicts) of the last 10,000 outcomes are kept in
-  ``acks`` (a deque), so callers and tests can see what the service stored.
+  ``acks`` (a deque), so callers and tests can see what the service stored. An item the
+  service rejects (``invalid``: a bad field, or usage beyond its target's context window) is
+  acknowledged, not stored, and logged with the fields named; the rest of its batch is stored.
 
 Auth: with ``api_key`` every call sends ``Authorization: Bearer <key>`` (a gateway-role key,
 ``service/auth.py``). Timeouts are in seconds; ``route_timeout_s`` bounds the whole

@@ -199,11 +199,17 @@ def check_id(value: str, name: str = "decision_id") -> str:
     return value
 
 
+#: Largest token count of one settlement (each of prompt, cached, completion): the ledgers keep
+#: running sums in 64-bit integers, which this keeps far from overflowing.
+MAX_SETTLE_TOKENS = 1_000_000_000
+
+
 def check_tokens(**counts: int) -> None:
-    """Each token count must be an int >= 0; raises ``BudgetError`` naming the first bad one."""
+    """Each token count must be an int in [0, ``MAX_SETTLE_TOKENS``]; raises ``BudgetError``
+    naming the first bad one."""
     for name, v in counts.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise BudgetError(f"{name} must be an integer >= 0, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_SETTLE_TOKENS:
+            raise BudgetError(f"{name} must be an integer in [0, {MAX_SETTLE_TOKENS:,}], got {v!r}")
 
 
 def current_time(now: float | None) -> float:

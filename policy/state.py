@@ -47,7 +47,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from pointsman.errors import BudgetError, RequestError
-from pointsman.policy.budget import BudgetLedger, BudgetSnapshot, LedgerUnavailable, Settlement, UnknownReservation
+from pointsman.policy.budget import (
+    BudgetLedger,
+    BudgetSnapshot,
+    LedgerUnavailable,
+    Settlement,
+    UnknownReservation,
+    check_tokens,
+)
 from pointsman.policy.cost import effective_prices as _effective_prices
 from pointsman.policy.cost import estimate_cost
 from pointsman.policy.fleet import Fleet, FrontierTarget
@@ -343,13 +350,11 @@ class FleetState:
         estimate used). ``target``/``mode`` are needed only when this replica did not make
         the decision (another replica, or a restart) and no ``actual_cost_usd`` is given.
         Idempotent: settling again returns the first result with ``replayed=True``.
-        Raises ``BudgetError`` for bad numbers or an unknown target, ``UnknownReservation``
+        Raises ``BudgetError`` for bad numbers (token counts outside [0, ``MAX_SETTLE_TOKENS``]) or an
+        unknown target, ``UnknownReservation``
         when the ledger has no reservation for an id this replica does not know either,
         ``LedgerUnavailable`` when the backend fails (nothing changed; retry)."""
-        for name, value in (("prompt_tokens", prompt_tokens), ("completion_tokens", completion_tokens),
-                            ("cached_tokens", cached_tokens)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise BudgetError(f"{name} must be an integer >= 0, got {value!r}")
+        check_tokens(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cached_tokens=cached_tokens)
         with self._lock:
             previous = self._settled.get(decision_id)
             record = self._records.get(decision_id)

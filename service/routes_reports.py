@@ -16,6 +16,11 @@ decision id, usage, TTFT/TPOT/end-to-end latency, status, quality signals). In o
    without usage books the decision's estimate. Settling is idempotent, so a retried
    outcome settles at most once. Shadow outcomes (evaluation traffic) never touch budgets.
 
+Before step 2 each item is checked: it must validate (``parse_outcome_items``), and its usage
+must fit the serving target's context window x ``CONTEXT_TOLERANCE`` (``usage_problem``). A
+failing item is not stored: in a list it gets an ``invalid`` ack whose message names its fields
+(``[1].status: ...``) while the other items are stored; a single one is a 422 naming the field.
+
 Idempotent: the same outcome again is ``duplicate`` (200), different content under the
 same id is ``conflict`` (409 for a single outcome). A single outcome for an unknown decision
 is 404; a list is always 200 with one acknowledgement per item. 503 when the outcome log
@@ -39,12 +44,20 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter
 
-from pointsman.datasets.outcome_schema import MAX_BATCH, OutcomeIn, parse_outcomes
+from pointsman.datasets.outcome_log import OutcomeAck
+from pointsman.datasets.outcome_schema import (
+    CONTEXT_TOLERANCE,
+    MAX_BATCH,
+    OutcomeIn,
+    OutcomeItemError,
+    check_usage_fits,
+    parse_outcome_items,
+)
 from pointsman.errors import BudgetError, DataError, RequestError
 from pointsman.policy.budget import LedgerUnavailable
 from pointsman.service.auth import Principal, require
 from pointsman.service.bodies import field_path, json_body, read_parsed, validate_model
-from pointsman.service.http_errors import ERROR_RESPONSES, unavailable
+from pointsman.service.http_errors import ERROR_RESPONSES, invalid, unavailable
 from pointsman.service.runtime import Runtime, get_runtime
 from pointsman.service.schemas import OutcomeAckOut, OutcomesResponse, TelemetryIn, TelemetryResponse
 
@@ -100,31 +113,87 @@ def _settle(rt: Runtime, item: OutcomeIn) -> dict[str, Any]:
     return {"settlement": settled.to_dict()}
 
 
-def store_outcomes(rt: Runtime, items: list[OutcomeIn]) -> list[dict[str, Any]]:
+def _served_target(rt: Runtime, item: OutcomeIn) -> str | None:
+    """The target that answered ``item``: its ``served_target``, else its decision's (in memory,
+    else in the outcome log); None when unknown. Raises ``DataError`` (outcome log)."""
+    if item.served_target:
+        return item.served_target
+    record = rt.live.engine.state.record(item.decision_id)
+    if record is not None:
+        return record.target
+    logged = rt.outcome_log.decision(item.decision_id)
+    return logged.target if logged is not None else None
+
+
+def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "") -> OutcomeItemError | None:
+    """Whether ``item``'s usage is impossible on the target that served it (more tokens than its
+    ``context_window_tokens`` x ``CONTEXT_TOLERANCE``, ``check_usage_fits``): the error naming the
+    field (under ``prefix``, ``[3]``), else None. Unknown targets are not checked (their outcome is
+    stored and its settlement says why it cannot be priced). Raises ``DataError`` (outcome log)."""
+    usage = item.usage
+    if usage is None:
+        return None
+    targets = rt.live.engine.fleet.targets
+    total = (usage.prompt_tokens or 0) + (usage.completion_tokens or 0)
+    if not targets or total <= min(t.context_window_tokens for t in targets.values()) * CONTEXT_TOLERANCE:
+        return None  # fits every target: no lookup
+    target = _served_target(rt, item)
+    if target is None or target not in targets:
+        return None
+    return check_usage_fits(usage, targets[target].context_window_tokens, target, prefix)
+
+
+def _invalid_ack(item: OutcomeIn | OutcomeItemError, problem: OutcomeItemError) -> dict[str, Any]:
+    if isinstance(item, OutcomeIn):
+        ids = {"outcome_id": item.key, "decision_id": item.decision_id}
+    else:
+        ids = {"outcome_id": problem.outcome_id, "decision_id": problem.decision_id}
+    return {**ids, "status": "invalid", "message": problem.describe(), "problem": problem}
+
+
+def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], indexed: bool = False) -> list[dict[str, Any]]:
     """Steps 1-3 of the module docstring (blocking: run in a worker thread). Returns one ack
-    dict per item. Raises ``HTTPError`` 503 when the outcome log or the ledger is unavailable."""
+    dict per item, in order; an invalid item (an ``OutcomeItemError`` from parsing, or usage
+    impossible on its target, ``usage_problem``; fields prefixed ``[i]`` when ``indexed``) is not
+    stored and gets status ``invalid``, its ``message`` naming the fields, and its error under
+    the ``problem`` key. Raises ``HTTPError`` 503 when the outcome log or the ledger is unavailable."""
     rt.writer.flush(timeout_s=10.0)
+    problems: list[OutcomeItemError | None] = [item if isinstance(item, OutcomeItemError) else None for item in items]
+    acks: list[OutcomeAck | None] = [None] * len(items)
+
+    def check_and_append(todo: list[int]) -> None:
+        for i in todo:
+            if problems[i] is None:
+                problems[i] = usage_problem(rt, items[i], f"[{i}]" if indexed else "")  # type: ignore[arg-type]
+        todo = [i for i in todo if problems[i] is None]
+        if todo:
+            for i, ack in zip(todo, rt.outcome_log.append_outcomes([items[i] for i in todo])):
+                acks[i] = ack
+
     try:
-        acks = rt.outcome_log.append_outcomes(items)
-        retry = [i for i, a in enumerate(acks) if a.status == "unknown_decision"
+        check_and_append([i for i in range(len(items)) if problems[i] is None])
+        retry = [i for i, a in enumerate(acks) if a is not None and a.status == "unknown_decision"
                  and (age := _decision_age_s(a.decision_id)) is not None and age < RECENT_DECISION_S]
         if retry:
             time.sleep(2 * rt.writer.flush_interval_s + 0.05)
             rt.writer.flush(timeout_s=10.0)
-            for i, ack in zip(retry, rt.outcome_log.append_outcomes([items[i] for i in retry])):
-                acks[i] = ack
+            check_and_append(retry)
     except DataError as exc:
         raise unavailable(f"outcome log unavailable, nothing acknowledged: {exc}", "outcome_log_unavailable") from None
     out, ledger_down = [], None
-    for item, ack in zip(items, acks):
-        rt.metrics.outcomes.labels(ack.status).inc()
-        entry: dict[str, Any] = {"outcome_id": ack.outcome_id, "decision_id": ack.decision_id, "status": ack.status,
-                                 "message": ack.message}
-        if ack.ok:
-            try:
-                entry.update(_settle(rt, item))
-            except LedgerUnavailable as exc:
-                ledger_down = exc
+    for item, ack, problem in zip(items, acks, problems):
+        if problem is not None:
+            entry = _invalid_ack(item, problem)
+        else:
+            assert ack is not None and isinstance(item, OutcomeIn)
+            entry = {"outcome_id": ack.outcome_id, "decision_id": ack.decision_id, "status": ack.status,
+                     "message": ack.message}
+            if ack.ok:
+                try:
+                    entry.update(_settle(rt, item))
+                except LedgerUnavailable as exc:
+                    ledger_down = exc
+        rt.metrics.outcomes.labels(entry["status"]).inc()
         out.append(entry)
     if ledger_down is not None:
         raise unavailable(f"outcomes stored durably, but the budget ledger is unavailable ({ledger_down}); retry: "
@@ -145,13 +214,18 @@ async def outcomes(request: Request, principal: Principal = Depends(require("gat
     """Store outcomes durably, then settle budgets and release load (see the module). The answer
     comes only after the outcomes are on disk."""
     body, items = await read_parsed(request, rt.settings.max_body_bytes, "an outcome object or a list of them",
-                                    parse_outcomes)
-    acks = [OutcomeAckOut.model_validate(a).model_dump()
-            for a in await run_in_threadpool(store_outcomes, rt, items)]
+                                    parse_outcome_items)
+    batch = isinstance(body, list)
+    if not batch and isinstance(items[0], OutcomeItemError):
+        raise invalid(items[0])
+    raw = await run_in_threadpool(store_outcomes, rt, items, batch)
+    if not batch and raw[0]["status"] == "invalid":
+        raise invalid(raw[0]["problem"])
+    acks = [OutcomeAckOut.model_validate(a).model_dump() for a in raw]
     counts: dict[str, int] = {}
     for a in acks:
         counts[a["status"]] = counts.get(a["status"], 0) + 1
-    status = 200 if isinstance(body, list) else _STATUS[acks[0]["status"]]
+    status = 200 if batch else _STATUS[acks[0]["status"]]
     return JSONResponse({"acks": acks, "counts": counts}, status_code=status)
 
 
@@ -206,4 +280,4 @@ async def telemetry(request: Request, principal: Principal = Depends(require("ga
     return {"accepted": len(reports), "endpoints": acks}
 
 
-__all__ = ["OUTCOMES_SCHEMA", "router", "store_outcomes", "parse_telemetry"]
+__all__ = ["OUTCOMES_SCHEMA", "router", "store_outcomes", "usage_problem", "parse_telemetry"]

@@ -132,14 +132,17 @@ class SettlementOut(BaseModel):
 class OutcomeAckOut(BaseModel):
     """One outcome's acknowledgement. ``status``: ``stored`` (new; durable on disk),
     ``duplicate`` (stored before with the same content; durable), ``conflict`` (stored before
-    with different content; unchanged) or ``unknown_decision`` (no such decision; not stored).
+    with different content; unchanged), ``unknown_decision`` (no such decision; not stored) or
+    ``invalid`` (an item of a batch that fails validation, or whose usage is impossible on the
+    target that served it; not stored; ``message`` names every bad field, ``[1].status: ...``).
+    ``outcome_id``/``decision_id`` are None only for an invalid item without a valid id.
     ``settlement``: the budget settlement (None for shadow outcomes, rejected ones, or when
     ``settle_error`` says why it could not be settled); ``released``: the request never ran
     (no usage reported with an error/timeout/cancelled status), so its hold was dropped."""
 
-    outcome_id: str
-    decision_id: str
-    status: Literal["stored", "duplicate", "conflict", "unknown_decision"]
+    outcome_id: str | None
+    decision_id: str | None
+    status: Literal["stored", "duplicate", "conflict", "unknown_decision", "invalid"]
     message: str | None = None
     settlement: SettlementOut | None = None
     released: bool = False

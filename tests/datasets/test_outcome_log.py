@@ -13,7 +13,16 @@ from pointsman.datasets.outcome_log import (
     feature_space_of,
     record_decision,
 )
-from pointsman.datasets.outcome_schema import MAX_BATCH, OutcomeIn, parse_outcomes
+from pointsman.datasets.outcome_schema import (
+    MAX_BATCH,
+    MAX_TOKENS,
+    OutcomeIn,
+    OutcomeItemError,
+    Usage,
+    check_usage_fits,
+    parse_outcome_items,
+    parse_outcomes,
+)
 from pointsman.errors import DataError, RequestError
 from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.estimator.features import extract_features
@@ -157,6 +166,12 @@ def test_unreadable_file_is_a_data_error(tmp_path):
     ({"decision_id": "a", "status": "exploded"}, "status", "'ok', 'error', 'timeout' or 'cancelled'"),
     ({"decision_id": "a", "usage": {"prompt_tokens": 5, "cached_tokens": 6}}, "usage", "exceeds prompt_tokens"),
     ([{"decision_id": "a"}, 7], "[1]", "expected a JSON object"),
+    ({"decision_id": "a", "usage": {"completion_tokens": 2**63}}, "usage.completion_tokens", "less than or equal to"),
+    ({"decision_id": "a", "usage": {"cached_tokens": MAX_TOKENS + 1}}, "usage.cached_tokens", "less than or equal"),
+    ({"decision_id": "a", "tpot_ms": 1e300}, "tpot_ms", "less than or equal to"),
+    ({"decision_id": "a", "time_s": 1e300}, "time_s", "less than or equal to"),
+    ({"decision_id": "a", "quality": {"judge_reference_score": 1e300}}, "quality.judge_reference_score",
+     "less than or equal to"),
 ])
 def test_bad_outcomes_name_the_field(body, field, message):
     with pytest.raises(RequestError) as err:
@@ -170,3 +185,37 @@ def test_batch_limit_and_openai_usage():
         parse_outcomes([{"decision_id": "a"}] * (MAX_BATCH + 1))
     (o,) = parse_outcomes({"decision_id": "a", "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}})
     assert isinstance(o, OutcomeIn) and o.key == "a" and o.usage.cached_tokens is None
+
+
+def test_outcome_items_are_validated_one_by_one():
+    items = parse_outcome_items([{"decision_id": "a", "usage": {"prompt_tokens": MAX_TOKENS}},
+                                 {"decision_id": "b", "status": "bogus", "ttft_ms": -1},
+                                 {"outcome_id": "o-1"}])
+    assert isinstance(items[0], OutcomeIn) and items[0].status == "ok"  # no status: ok
+    bad = items[1]
+    assert isinstance(bad, OutcomeItemError) and bad.field == "[1].status" and bad.decision_id == "b"
+    assert [f for f, _ in bad.problems] == ["[1].status", "[1].ttft_ms"]
+    assert bad.describe().startswith("[1].status: Input should be 'ok'") and "; [1].ttft_ms: " in bad.describe()
+    assert isinstance(items[2], OutcomeItemError) and items[2].describe() == "[2].decision_id: Field required"
+    assert items[2].decision_id is None and items[2].outcome_id == "o-1"
+    with pytest.raises(RequestError, match="expected a JSON object") as err:
+        parse_outcome_items([{"decision_id": "a"}, "x"])
+    assert err.value.field == "[1]"
+    with pytest.raises(OutcomeItemError):  # all or nothing
+        parse_outcomes([{"decision_id": "a"}, {"decision_id": "b", "status": "bogus"}])
+
+
+@pytest.mark.parametrize("usage,field", [
+    (Usage(prompt_tokens=1000, completion_tokens=100), None),
+    (Usage(prompt_tokens=1000, completion_tokens=100, cached_tokens=1000), None),
+    (Usage(prompt_tokens=1100), None),  # window x 1.1 exactly: tokenizers differ
+    (Usage(prompt_tokens=1101), "[2].usage.prompt_tokens"),
+    (Usage(completion_tokens=5000), "[2].usage.completion_tokens"),
+    (Usage(prompt_tokens=600, completion_tokens=600), "[2].usage"),
+    (None, None),
+])
+def test_usage_must_fit_the_context_window(usage, field):
+    err = check_usage_fits(usage, 1000, "small", "[2]")
+    assert (err.field if err else None) == field
+    if err:
+        assert "'small'" in err.message and "1,000 tokens" in err.message and err.describe().startswith(field)

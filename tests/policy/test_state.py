@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 import pytest
 
 from pointsman.errors import BudgetError, RequestError
-from pointsman.policy.budget import BudgetConfig, BudgetExceeded, UnknownReservation
+from pointsman.policy.budget import MAX_SETTLE_TOKENS, BudgetConfig, BudgetExceeded, UnknownReservation
 from pointsman.policy.budget_sqlite import SqliteLedger
 from pointsman.policy.cost import estimate_cost
 from pointsman.policy.fleet import load_fleet
@@ -79,6 +79,9 @@ def test_settle_on_another_replica_needs_the_target_or_the_cost(fleet, ledger_pa
         b.settle("never", prompt_tokens=1, completion_tokens=1, target="onprem-8b")
     with pytest.raises(BudgetError, match="completion_tokens"):
         b.settle("d1", prompt_tokens=1, completion_tokens=-1)
+    for huge in (2**63, 2**62, MAX_SETTLE_TOKENS + 1):  # the ledger's 64-bit sums never overflow
+        with pytest.raises(BudgetError, match="prompt_tokens must be an integer in"):
+            b.settle("d2", prompt_tokens=huge, completion_tokens=1, target="onprem-8b")
 
 
 def test_release_drops_the_hold_and_the_load(fleet, ledger_path):

@@ -87,14 +87,81 @@ def test_outcome_batch_answers_one_ack_per_item(client):
     assert single_unknown.status_code == 404
 
 
+def test_outcome_batch_stores_valid_items_and_acks_invalid_ones(client, tmp_path):
+    ids = [route(client)["decision_id"] for _ in range(2)]
+    batch = [{"decision_id": ids[0], "usage": {"prompt_tokens": 5, "completion_tokens": 5}},
+             {"decision_id": ids[1], "status": "bogus", "ttft_ms": -1},
+             {"status": "ok"},
+             {"decision_id": ids[1], "usage": {"prompt_tokens": 2**63}}]
+    r = client.post("/v1/outcomes", json=batch)
+    assert r.status_code == 200, r.text
+    acks = r.json()["acks"]
+    assert [a["status"] for a in acks] == ["stored", "invalid", "invalid", "invalid"]
+    assert acks[0]["settlement"]["actual_cost_usd"] > 0
+    assert acks[1]["decision_id"] == ids[1] and acks[1]["message"].startswith("[1].status: Input should be")
+    assert "[1].ttft_ms: Input should be greater than or equal to 0" in acks[1]["message"]
+    assert acks[2]["decision_id"] is None and acks[2]["outcome_id"] is None
+    assert acks[2]["message"] == "[2].decision_id: Field required"
+    assert acks[3]["message"].startswith("[3].usage.prompt_tokens: Input should be less than or equal to 100000000")
+    assert r.json()["counts"] == {"stored": 1, "invalid": 3}
+    with OutcomeLog(tmp_path / "outcomes.db") as log:
+        assert len(log.decision(ids[0]).outcomes) == 1 and log.decision(ids[1]).outcomes == ()
+    assert 'pointsman_outcomes_total{status="invalid"} 3.0' in client.get("/metrics").text
+
+
+def test_outcome_without_status_is_stored_as_ok(client, tmp_path):
+    d = route(client)
+    assert client.post("/v1/outcomes", json={"decision_id": d["decision_id"]}).status_code == 200
+    with OutcomeLog(tmp_path / "outcomes.db") as log:
+        assert log.decision(d["decision_id"]).outcomes[0].status == "ok"
+
+
+def test_usage_beyond_the_context_window_is_rejected_and_locks_nobody_out(tmp_path):
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:acme', window: day, limit_usd: 1.0}\n", encoding="utf-8")
+    app, _ = make_app(tmp_path, budgets_path=budgets)
+    acme = {"json": {"messages": [USER], "routing": {"tenant": "acme"}}}
+    with TestClient(app) as c:
+        d = c.post("/v1/route", **acme).json()
+        window = c.app.state.fleet_state.fleet.targets[d["target"]].context_window_tokens
+        r = c.post("/v1/outcomes", json={"decision_id": d["decision_id"],
+                                         "usage": {"prompt_tokens": 10, "completion_tokens": 10**7}})
+        assert r.status_code == 422 and r.json()["error"]["param"] == "usage.completion_tokens", r.text
+        assert "context window is" in r.json()["error"]["message"]
+        half = window * 6 // 10  # each fits, the sum does not
+        r = c.post("/v1/outcomes", json=[{"decision_id": d["decision_id"],
+                                          "usage": {"prompt_tokens": half, "completion_tokens": half}}])
+        ack = r.json()["acks"][0]
+        assert r.status_code == 200 and ack["status"] == "invalid" and ack["message"].startswith("[0].usage: ")
+        served = c.post("/v1/outcomes", json={"decision_id": d["decision_id"], "served_target": "frontier-large",
+                                              "shadow": True, "outcome_id": d["decision_id"] + "-s",
+                                              "usage": {"prompt_tokens": 10**7}})
+        assert served.status_code == 422 and served.json()["error"]["param"] == "usage.prompt_tokens"
+        assert c.post("/v1/route", **acme).status_code == 200  # nothing was booked
+        # within the tolerance (x1.1, tokenizers differ): stored and settled
+        r = c.post("/v1/outcomes", json={"decision_id": d["decision_id"],
+                                         "usage": {"prompt_tokens": window, "completion_tokens": window // 20}})
+        assert r.status_code == 200 and r.json()["acks"][0]["status"] == "stored", r.text
+
+
 @pytest.mark.parametrize("body,param,message", [
     ({}, "decision_id", "Field required"),
     ({"decision_id": "x" * 32, "usage": {"prompt_tokens": -1}}, "usage.prompt_tokens", "Input should be greater"),
     ({"decision_id": "x" * 32, "colour": "red"}, "colour", "unknown field"),
-    ([{"decision_id": "x" * 32}, {"decision_id": "y" * 32, "status": "meh"}], "[1].status", "Input should be"),
+    ({"decision_id": "x" * 32, "usage": {"prompt_tokens": 2**63, "completion_tokens": 1}}, "usage.prompt_tokens",
+     "Input should be less than or equal to 100000000"),
+    ({"decision_id": "x" * 32, "usage": {"prompt_tokens": 2**62, "completion_tokens": 2**62}}, "usage.prompt_tokens",
+     "Input should be less than or equal to 100000000"),
+    ({"decision_id": "x" * 32, "e2e_latency_ms": 1e300}, "e2e_latency_ms", "Input should be less than or equal"),
+    ({"decision_id": "x" * 32, "quality": {"judge_score": -1e300}}, "quality.judge_score",
+     "Input should be greater than or equal"),
+    ({"decision_id": "x" * 32, "status": "bogus"}, "status", "Input should be"),
+    ([{"decision_id": "x" * 32}, 7], "[1]", "expected a JSON object"),
     ([], None, "the outcome list is empty"),
     ("hello", None, "expected a JSON object"),
-], ids=["missing-id", "negative-tokens", "unknown-field", "batch-index", "empty-list", "string"])
+], ids=["missing-id", "negative-tokens", "unknown-field", "tokens-2**63", "tokens-2**62-each", "huge-latency",
+        "huge-judge-score", "single-bad-status", "batch-non-object-item", "empty-list", "string"])
 def test_bad_outcomes_are_422_naming_the_field(client, body, param, message):
     r = client.post("/v1/outcomes", json=body)
     assert r.status_code == 422, r.text
