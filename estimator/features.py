@@ -9,6 +9,14 @@ message (head and tail), and token counting tokenizes at most
 characters-per-token ratio. A gateway that knows the exact count passes
 ``routing.prompt_tokens`` and that wins.
 
+Long words: WordPiece (BERT's, the MiniLM tokenizer) turns any word longer than
+``max_input_chars_per_word`` (100) into one ``[UNK]``, so 600 KB of hex or DNA letters
+would count as a handful of tokens and slip past the context-window filter and the cost
+estimate. The count adds ``ceil(chars / CHARS_PER_TOKEN) - 1`` tokens for every such
+``[UNK]`` (about one token per 4 characters, what BPE tokenizers of the targets give such
+runs or more conservative). Ordinary prompts have no word that long and their count is
+unchanged; the check costs a scan of the ids for ``[UNK]`` (~20 µs per 16k characters).
+
 Tokenize once: ``tokenized_features(request, tokenizer)`` also returns the token ids of
 ``query_text`` (what ``tokenizer.encode(query_text, add_special_tokens=False).ids`` gives),
 cut out of the counting pass instead of tokenizing the query window a second time. That
@@ -21,6 +29,7 @@ window cuts is tokenized alone from its part inside (a few characters).
 from __future__ import annotations
 
 import math
+import re
 from bisect import bisect_left
 from dataclasses import dataclass
 from operator import itemgetter
@@ -37,8 +46,12 @@ QUERY_WINDOW_CHARS = 2048
 COUNT_SAMPLE_CHARS = 16384
 #: Chat-format overhead per message in tokens (role markers), as in OpenAI's counting guide.
 TOKENS_PER_MESSAGE = 4
-#: Fallback characters per token when no tokenizer is available (English text, BPE).
+#: Fallback characters per token when no tokenizer is available (English text, BPE);
+#: also the count of a word too long for WordPiece.
 CHARS_PER_TOKEN = 4.0
+#: A run of over 100 characters with no ASCII whitespace: the only place a word longer than
+#: WordPiece's ``max_input_chars_per_word`` (100 for BERT's) can be (a cheap pre-check).
+_LONG_RUN = re.compile(r"[^ \t\n\r]{101,}")
 
 
 @dataclass(frozen=True)
@@ -99,10 +112,36 @@ def _count(text: str, tokenizer: Tokenizer | None, offsets: bool = False) -> tup
         encoding = fast([sample], add_special_tokens=False)[0]
     else:
         encoding = tokenizer.encode(sample, add_special_tokens=False)
-    n = len(encoding.ids)
+    ids = encoding.ids
+    n = len(ids) + long_word_tokens(sample, ids, encoding if offsets else None, tokenizer)
     if sample is text:
         return n, encoding
     return max(1, round(n * len(text) / len(sample))), None
+
+
+def long_word_tokens(text: str, ids: list[int], encoding: Encoding | None, tokenizer: Tokenizer) -> int:
+    """Tokens to add to ``len(ids)`` (the ids of ``text``, no special tokens) for the words a
+    WordPiece tokenizer turned into a single ``[UNK]`` because they exceed its
+    ``max_input_chars_per_word``: ``ceil(chars / CHARS_PER_TOKEN) - 1`` for each (chars from
+    the offsets). 0 for other tokenizers, and when ``ids`` has no ``[UNK]`` or ``text`` no run
+    of over 100 non-whitespace characters (the cheap checks, in that order). ``encoding``:
+    ``text`` encoded with offsets, or None to encode it again here when needed. Cost
+    O(len(text))."""
+    from tokenizers import models
+
+    model = getattr(tokenizer, "model", None)
+    if not isinstance(model, models.WordPiece):
+        return 0
+    unk = tokenizer.token_to_id(model.unk_token)
+    if unk not in ids or _LONG_RUN.search(text) is None:
+        return 0
+    if encoding is None:
+        encoding = tokenizer.encode(text, add_special_tokens=False)
+    limit, extra = model.max_input_chars_per_word, 0
+    for token_id, (a, b) in zip(encoding.ids, encoding.offsets):
+        if token_id == unk and b - a > limit:
+            extra += math.ceil((b - a) / CHARS_PER_TOKEN) - 1
+    return extra
 
 
 def splits_words_locally(tokenizer: Any) -> bool:

@@ -131,3 +131,39 @@ def test_marker_regex_shortcuts_count_what_the_regexes_count():
             assert not m._NUMBER.findall(text)
             if "\\" not in text and "$" not in text:
                 assert not m._OPERATOR.findall(text), text
+
+
+def _hex(n: int, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    return "".join(rng.choice("0123456789abcdef") for _ in range(n))
+
+
+@pytest.mark.parametrize("text,at_least", [
+    ("x" * 101, 101 // 4),
+    ("see " + "x" * 101 + " here", 101 // 4 + 2),
+    ("y" * 60 + "\x1c" + "y" * 60, 120 // 4),  # the control character is dropped: one 120-char word
+    (_hex(600_000), 150_000),  # sampled for counting
+    ("ACGT" * 150_000, 150_000),
+    ("x" * 8_000_000, 2_000_000),
+])
+def test_words_longer_than_wordpiece_allows_count_one_token_per_4_chars(est, text, at_least):
+    # WordPiece makes any word over 100 characters a single [UNK]; counted as such, 8 MB is 981 tokens
+    features = extract_features(parse_route_request({"messages": [{"role": "user", "content": text}]}), est.tokenizer)
+    assert at_least <= features.prompt_tokens <= 1.05 * at_least + 10, features.prompt_tokens
+
+
+def test_long_words_count_the_same_on_the_offsets_path(est):
+    # a system message makes the user turn a window cut out of the counting pass (offsets tracked)
+    body = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hash: " + _hex(2000)}]}
+    features, ids = tokenized_features(parse_route_request(body), est.tokenizer)
+    assert ids is not None and ids.count(est.tokenizer.token_to_id("[UNK]")) == 1  # the encoder input is unchanged
+    assert features.prompt_tokens == 2 + 2 + 500 + 2 * 4  # "be brief", "hash :", [UNK] counted as 2000/4, 2 messages
+
+
+def test_ordinary_prompts_count_exactly_their_tokens(est):
+    rng = random.Random(5)
+    for n_chars in (50, 3000, COUNT_SAMPLE_CHARS):
+        text = _text(rng, n_chars).replace("x" * 150, "xyz")
+        request = parse_route_request({"messages": [{"role": "user", "content": text}]})
+        exact = len(est.tokenizer.encode(text, add_special_tokens=False).ids)
+        assert extract_features(request, est.tokenizer).prompt_tokens == exact + 4

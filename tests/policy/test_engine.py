@@ -146,3 +146,21 @@ def test_with_policy_and_estimator_return_new_engines(fleet, policy):
     assert e.route(request_from_prompt("hi")).target == "onprem-8b"
     assert e2.route(request_from_prompt("hi")).target == "frontier-small"
     assert e.with_estimator(FixedDifficulty(0.9)).route(request_from_prompt("hi")).target == "frontier-large"
+
+
+def test_long_unbroken_words_are_not_undercounted_past_the_context_window(fleet, policy):
+    # WordPiece turns a word of over 100 characters into one [UNK]: counted that way, 600 KB of
+    # hex was 77 tokens and 8 MB of "x" 981, routed to a 128k-window frontier target
+    import random
+
+    from pointsman.estimator.loading import load_estimator
+
+    real = RoutingEngine(fleet, policy, load_estimator("bundled"))
+    rng = random.Random(0)
+    fits_onprem_only = "".join(rng.choice("0123456789abcdef") for _ in range(520_000))  # ~130k tokens
+    d = real.route(request_from_prompt(fits_onprem_only), dispatch=False)
+    assert d.prompt_tokens >= 130_000
+    assert fleet.targets[d.target].context_window_tokens >= d.prompt_tokens  # not a 128,000-token frontier target
+    for text in ("".join(rng.choice("0123456789abcdef") for _ in range(600_000)), "ACGT" * 150_000, "x" * 8_000_000):
+        with pytest.raises(NoEligibleTarget, match=r"no eligible target: .*context-window: needs [\d,]+ tokens"):
+            real.route(request_from_prompt(text), dispatch=False)

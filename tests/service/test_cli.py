@@ -250,3 +250,9 @@ def test_invalid_setting_in_the_environment_is_one_error_line_exit_2(env, comman
 def test_unwritable_output_is_one_error_line_exit_2():
     r = CliRunner().invoke(main, ["policy", "signals", "--output", "/proc/x.md"])
     assert r.exit_code == 2 and r.stderr.splitlines() == ["Error: /proc/x.md: No such file or directory"], r.output
+
+
+def test_route_eight_megabytes_of_one_word_is_no_eligible_target_with_the_real_tokenizer():
+    r = CliRunner().invoke(main, ["route", "-"], input="x" * 8_000_000)  # the packaged estimator's WordPiece
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("Error: no eligible target: ") and "context-window: needs 2,000,005 tokens" in r.stderr
