@@ -100,10 +100,6 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
     from pointsman.replay.runs import baseline_routers, replay_all
 
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)  # before the replay, not after minutes of it
-    except OSError as exc:
-        raise InputError(f"--out {out_dir}: {exc.strerror or exc}") from None
-    try:
         budgets = None
         try:
             request_scopes(tenant, None)
@@ -129,6 +125,10 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
         estimator = _estimator(estimator_spec)
     except (FleetError, PolicyError, DataError, BudgetError) as exc:
         raise InputError(str(exc)) from None
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)  # before the replay, not after minutes of it
+    except OSError as exc:
+        raise InputError(f"--out {out_dir}: {exc.strerror or exc}") from None
     total = len(requests) * (len(policies) + (len(baseline_routers(sim, seed)) if baselines else 0))
     click.echo(f"replaying {len(requests)} requests of {trace.name} through {len(policies)} policies"
                f"{' + baselines' if baselines else ''} (seed {seed})", err=True)

@@ -98,7 +98,9 @@ def test_replay_bad_input_is_one_error_line_exit_2(tmp_path: Path) -> None:
         ("--policy", str(bad_policy)): "bad.yaml",
     }
     for extra, message in cases.items():
-        res = CliRunner().invoke(main, ["replay", str(trace), "--outcomes", "none", *extra])
+        out = [] if "--out" in extra else ["--out", str(tmp_path / "out")]
+        res = CliRunner().invoke(main, ["replay", str(trace), "--outcomes", "none", *out, *extra])
         assert res.exit_code == 2, (extra, res.output)
         assert message in res.output and "Traceback" not in res.output, (extra, res.output)
         assert res.output.count("Error") == 1, res.output
+    assert not (tmp_path / "out").exists()  # nothing written on bad input
