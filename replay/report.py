@@ -124,6 +124,17 @@ def _plot(kind: str, title: str, runs: Sequence[Run], data: Mapping[str, dict[st
             ax.set_ylim(0, 1)
         axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
         axes[-1, 0].set_xlabel("trace time (s)")
+    elif kind == "utilization":
+        # One panel per run (20 overlaid lines hide the two phases this plot is for).
+        fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.4 * len(runs) + 1), sharex=True, sharey=True,
+                                 squeeze=False)
+        for ax, run in zip(axes[:, 0], runs):
+            s = data[run.name]
+            ax.plot(s["t_s"], s["prefill_utilization"], "-", color="tab:blue", label="prefill")
+            ax.plot(s["t_s"], s["decode_utilization"], "-", color="tab:orange", label="decode")
+            ax.set_ylabel(run.name, rotation=0, ha="right", fontsize=8)
+        axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+        axes[-1, 0].set_xlabel("trace time (s); busy GPU-s / provisioned GPU-s per phase")
     else:
         fig, ax = plt.subplots(figsize=(10, 4.5))
         for run in runs:
@@ -140,10 +151,6 @@ def _plot(kind: str, title: str, runs: Sequence[Run], data: Mapping[str, dict[st
                 ax.set_xscale("log")
                 ax.set_xlabel("TTFT (s)")
                 ax.set_ylabel("share of requests")
-            elif kind == "utilization":
-                line = ax.plot(s["t_s"], s["prefill_utilization"], style, label=f"{run.name} prefill")[0]
-                ax.plot(s["t_s"], s["decode_utilization"], ":", color=line.get_color(), label=f"{run.name} decode")
-                ax.set_ylabel("busy GPU-s / provisioned GPU-s")
         if kind != "ttft_cdf":
             ax.set_xlabel("trace time (s)")
         ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
