@@ -8,7 +8,9 @@ order. Codes: ``yaml-syntax``, ``duplicate-key``, ``unknown-key``, ``missing-key
 ``unknown-signal``, ``unknown-variable``, ``unknown-function``, ``type-error``,
 ``not-boolean`` (expressions); ``unknown-target``, ``unsupported-mode``,
 ``duplicate-fallback``, ``unknown-rule``, ``fallback-cycle``, ``duplicate-rule``,
-``missing-default``, ``unreachable-rule`` (routing); ``unknown-picker`` (endpoint selection).
+``missing-default``, ``unreachable-rule`` (routing); ``unknown-picker`` (endpoint selection);
+``too-large`` (over a size limit of ``limits.py``: bytes, YAML nodes with aliases expanded,
+rules, tenant names; checked before anything costly, alone).
 
 Signal names are checked against ``signals.SIGNALS``: flat (``request.prompt_tokens``),
 keyed by target (``load["onprem-70b"].num_requests_waiting``, the key must be a
@@ -44,6 +46,7 @@ from pydantic import ValidationError
 from pointsman.errors import PolicyError, Problem
 from pointsman.policy.cel_refs import scan
 from pointsman.policy.fleet import Fleet, FrontierTarget
+from pointsman.policy.limits import MAX_POLICY_BYTES, MAX_YAML_NODES, check_counts
 from pointsman.policy.load import StalenessPolicy
 from pointsman.policy.located import LocatedDocument, did_you_mean, parse_yaml, read_text, validation_problems
 from pointsman.policy.schema import (RULE_REF, DisaggregationSpec, EndpointSelectionSpec, FallbackSpec, FiltersSpec,
@@ -486,8 +489,10 @@ def _check_settings(ck: _Checker, spec: PolicySpec) -> None:
 
 
 def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledPolicy:
-    """Compile policy YAML text against ``fleet``; raises ``PolicyError`` listing every problem."""
-    doc = parse_yaml(text, file, PolicyError)
+    """Compile policy YAML text against ``fleet``; raises ``PolicyError`` listing every problem
+    (or only ``too-large`` when the text is over a limit of ``limits.py``)."""
+    doc = parse_yaml(text, file, PolicyError, max_bytes=MAX_POLICY_BYTES, max_nodes=MAX_YAML_NODES)
+    check_counts(doc)
     ck = _Checker(doc, fleet)
     data = doc.data
     if not isinstance(data, dict):
@@ -590,5 +595,6 @@ def rules_by_index(rules: list[tuple[int, RuleSpec]], index: int) -> RuleSpec:
 
 
 def load_policy(path: str | Path, fleet: Fleet) -> CompiledPolicy:
-    """Read and compile a policy file; raises ``PolicyError`` (every problem, located)."""
-    return compile_policy(read_text(path, PolicyError), fleet, str(path))
+    """Read and compile a policy file; raises ``PolicyError`` (every problem, located; a file over
+    ``MAX_POLICY_BYTES`` is rejected without reading the rest)."""
+    return compile_policy(read_text(path, PolicyError, max_bytes=MAX_POLICY_BYTES), fleet, str(path))

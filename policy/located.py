@@ -12,6 +12,13 @@ problem: YAML syntax, undecodable bytes, duplicate keys, unknown keys (with
 line and column of the YAML node, and an offset inside a scalar string (a CEL
 expression) to its line and column in the file, for block, folded and quoted
 scalars alike. Lines and columns are 1-based.
+
+Size limits (``too-large``): ``parse_yaml(..., max_bytes=, max_nodes=)`` rejects text over
+``max_bytes`` before parsing, and counts YAML nodes while composing them, each alias
+weighted by the size of the node it repeats (what the located walkers and pydantic see
+once aliases are expanded), stopping at the first node past ``max_nodes``; so an alias
+bomb ("billion laughs") is rejected without being expanded. An alias inside the node it
+refers to (``&a [*a]``) expands without end and is always rejected.
 """
 
 from __future__ import annotations
@@ -155,10 +162,63 @@ def _duplicate_keys(file: str, node: yaml.Node | None) -> list[Problem]:
     return problems
 
 
-def parse_yaml(text: str, file: str, error_cls: type[ConfigError]) -> LocatedDocument:
-    """Parse one YAML document with marks; raises ``error_cls`` on syntax errors or duplicate keys."""
+class _TooLarge(Exception):
+    """Raised inside the loader when the document passes a size limit (0-based mark)."""
+
+    def __init__(self, mark: yaml.Mark, message: str) -> None:
+        super().__init__(message)
+        self.mark, self.message = mark, message
+
+
+class _CountingLoader(yaml.SafeLoader):
+    """A ``SafeLoader`` that counts nodes as it composes them, an alias counting as the whole
+    node it repeats (``expanded`` = nodes of the document with every alias expanded), and
+    raises ``_TooLarge`` at the first node or alias past ``max_nodes`` (None: no cap), or at an
+    alias used inside the node it names."""
+
+    def __init__(self, text: str, max_nodes: int | None) -> None:
+        super().__init__(text)
+        self.max_nodes = max_nodes
+        self.expanded = 0
+        self._anchor_weights: dict[str, int] = {}
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        """PyYAML's hook, counting the node (or the alias's weight) before composing it."""
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in self.anchors:  # an undefined alias is PyYAML's error
+                weight = self._anchor_weights.get(event.anchor)
+                if weight is None:
+                    raise _TooLarge(event.start_mark, f"alias *{event.anchor} is used inside the node it names, "
+                                    "so it expands without end")
+                self._count(weight, event.start_mark, f"alias *{event.anchor} (a node of {weight:,} nodes)")
+            return super().compose_node(parent, index)
+        before = self.expanded
+        self._count(1, event.start_mark, "this node")
+        node = super().compose_node(parent, index)
+        if event.anchor is not None:
+            self._anchor_weights[event.anchor] = self.expanded - before
+        return node
+
+    def _count(self, weight: int, mark: yaml.Mark, what: str) -> None:
+        self.expanded += weight
+        if self.max_nodes is not None and self.expanded > self.max_nodes:
+            raise _TooLarge(mark, f"the document passes {self.max_nodes:,} YAML nodes at {what} (an alias counts "
+                            "as the nodes it repeats, at every use)")
+
+
+def parse_yaml(text: str, file: str, error_cls: type[ConfigError], *, max_bytes: int | None = None,
+               max_nodes: int | None = None) -> LocatedDocument:
+    """Parse one YAML document with marks; raises ``error_cls`` on syntax errors or duplicate keys,
+    and with code ``too-large`` when ``text`` is over ``max_bytes`` UTF-8 bytes (located at the
+    first byte past it), its nodes with aliases expanded are more than ``max_nodes`` (located
+    at the node or alias that passes it; see the module), or an alias is recursive."""
+    if max_bytes is not None and len(text) > max_bytes // 4:  # below that, no UTF-8 text can be over
+        raw = text.encode("utf-8")
+        if len(raw) > max_bytes:
+            raise error_cls([_too_many_bytes(file, raw, len(raw), max_bytes)])
     try:
-        loader = yaml.SafeLoader(text)
+        loader = _CountingLoader(text, max_nodes)
     except yaml.reader.ReaderError as exc:  # a control character: rejected before parsing starts
         line, col = _line_col(text, exc.position)
         raise error_cls([Problem(file, line, col, "yaml-syntax", f"character #x{exc.character:04x} is not allowed "
@@ -173,6 +233,8 @@ def parse_yaml(text: str, file: str, error_cls: type[ConfigError]) -> LocatedDoc
         raise error_cls([Problem(file, line, col, "yaml-syntax", message)]) from None
     except yaml.YAMLError as exc:
         raise error_cls([Problem(file, 0, 0, "yaml-syntax", str(exc))]) from None
+    except _TooLarge as exc:
+        raise error_cls([Problem(file, exc.mark.line + 1, exc.mark.column + 1, "too-large", exc.message)]) from None
     finally:
         loader.dispose()
     problems = _duplicate_keys(file, root)
@@ -181,11 +243,23 @@ def parse_yaml(text: str, file: str, error_cls: type[ConfigError]) -> LocatedDoc
     return LocatedDocument(file=file, text=text, data=data, root=root)
 
 
-def read_text(path: str | Path, error_cls: type[ConfigError]) -> str:
-    """Read a UTF-8 file; raises ``error_cls`` with a located problem if missing or undecodable."""
+def _too_many_bytes(file: str, raw: bytes, size: int, max_bytes: int) -> Problem:
+    """A ``too-large`` problem located at the first byte past ``max_bytes`` of ``raw``."""
+    before = raw[:max_bytes].decode("utf-8", "replace")
+    line, col = _line_col(before, len(before))
+    return Problem(file, line, col, "too-large", f"{size:,} bytes; the limit is {max_bytes:,} bytes "
+                   "and the text passes it here")
+
+
+def read_text(path: str | Path, error_cls: type[ConfigError], *, max_bytes: int | None = None) -> str:
+    """Read a UTF-8 file; raises ``error_cls`` with a located problem if missing or undecodable, or
+    (code ``too-large``) longer than ``max_bytes`` bytes (only ``max_bytes + 1`` bytes are read)."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        with p.open("rb") as f:
+            raw = f.read() if max_bytes is None else f.read(max_bytes + 1)
+        if max_bytes is not None and len(raw) > max_bytes:
+            raise error_cls([_too_many_bytes(str(path), raw, max(p.stat().st_size, len(raw)), max_bytes)])
     except FileNotFoundError:
         raise error_cls([Problem(str(path), 0, 0, "file-not-found", "no such file")]) from None
     except IsADirectoryError:

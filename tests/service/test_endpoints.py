@@ -265,6 +265,27 @@ def test_reload_endpoint_swaps_a_good_file_and_rejects_a_bad_one(tmp_path):
         assert 'pointsman_policy_reloads_total{result="rejected",source="endpoint"} 1.0' in c.get("/metrics").text
 
 
+ALIAS_BOMB = ("apiVersion: pointsman/v1\nkind: RoutingPolicy\nvariables:\n  l0: &l0 [lol]\n"
+              + "".join(f"  l{k}: &l{k} [" + ", ".join([f"*l{k - 1}"] * 9) + "]\n" for k in range(1, 9))
+              + "rules:\n  - name: default\n    route: {target: onprem-8b}\n")
+
+
+def test_an_alias_bomb_is_rejected_by_validate_and_reload_and_the_policy_keeps_serving(tmp_path):
+    app, policy_path = make_app(tmp_path)
+    with TestClient(app) as c:
+        before = route(c)["policy_revision"]
+        v = c.post("/v1/policy/validate", json={"policy": ALIAS_BOMB, "file": "bomb.yaml"})
+        assert v.status_code == 200 and v.json()["valid"] is False
+        [problem] = v.json()["problems"]
+        assert (problem["file"], problem["line"], problem["code"]) == ("bomb.yaml", 9, "too-large")
+        policy_path.write_text(ALIAS_BOMB)
+        bad = c.post("/v1/policy/reload")
+        assert bad.status_code == 422 and bad.json()["ok"] is False
+        assert [(p["file"], p["code"]) for p in bad.json()["problems"]] == [(str(policy_path), "too-large")]
+        assert route(c)["policy_revision"] == before  # the running policy keeps serving
+        assert c.get("/v1/policy").json()["last_reload"]["ok"] is False
+
+
 def test_file_watch_reloads_the_policy(tmp_path):
     app, policy_path = make_app(tmp_path)
     app.state.settings.watch_policy = True
