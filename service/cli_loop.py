@@ -11,7 +11,7 @@
   ``p_hard`` threshold from recent logged traffic, through policy validation, atomically.
 
 Attached to the main group by ``register(group)``; heavy imports happen inside the
-commands. Errors print one line (``error: ...``) and exit with code 2.
+commands. Errors print one line (``Error: ...``) and exit with code 2.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ DEFAULT_WINDOW_DAYS = 7.0
 
 
 def _fail(message: str, code: int = 2) -> None:
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"Error: {message}", err=True)
     sys.exit(code)
 
 
