@@ -335,6 +335,7 @@ class PrefixIndex:
             matched = self._match(block_hashes)
             runs: list[int] | None = None
             if self.shared is not None and self._shared_blocks:
+                # runs[i]: consecutive blocks from i on held by the shared tier (one pass, from the end)
                 shared = self._shared_blocks
                 runs = [0] * (len(block_hashes) + 1)
                 for i in range(len(block_hashes) - 1, -1, -1):
@@ -348,24 +349,8 @@ class PrefixIndex:
         in the endpoint's KV cache, and tokens right after them that the shared tier holds
         (restorable at ``shared.restore_s``; 0 without a shared tier). Both capped so their
         sum is at most ``prompt_tokens`` (default: all hashed blocks)."""
-        bt = self.block_tokens
-        total = len(block_hashes) * bt if prompt_tokens is None else int(prompt_tokens)
-        with self._lock:
-            matched = self._match(block_hashes)
-            runs: list[int] | None = None
-            if self.shared is not None and self._shared_blocks:
-                # runs[i]: consecutive blocks from i on held by the shared tier (one pass, from the end)
-                shared = self._shared_blocks
-                runs = [0] * (len(block_hashes) + 1)
-                for i in range(len(block_hashes) - 1, -1, -1):
-                    if block_hashes[i] in shared:
-                        runs[i] = runs[i + 1] + 1
-        out: dict[str, tuple[int, int]] = {}
-        for e in endpoints:
-            m = matched.get(e, 0)
-            local = min(m * bt, total)
-            out[e] = (local, 0 if runs is None else min(runs[m] * bt, total - local))
-        return out
+        found = self.lookup(block_hashes, prompt_tokens=prompt_tokens)
+        return {e: found.hit(e) for e in endpoints}
 
     # -- sessions
 
