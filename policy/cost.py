@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pointsman.policy.budget import EffectivePrice
 from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget, Pool
 
 
@@ -108,28 +109,19 @@ def pool_utilization(measured: float | None, fleet: Fleet) -> float:
 
 
 @dataclass(frozen=True)
-class TargetPrice:
-    """A target's effective price per token over one window (from settled outcomes):
-    ``usd_per_token`` = spent ÷ completion tokens, ``usd_per_total_token`` = spent ÷
-    (prompt + completion) tokens (None without tokens); ``list_usd_per_output_token``:
-    the list/benchmark price of one output token for comparison (frontier: list price;
-    on-prem: decode GPU-seconds at full load × $/GPU-hour + power)."""
+class TargetPrice(EffectivePrice):
+    """A target's effective price per token over one window (``budget.EffectivePrice``: from
+    settled outcomes, ``usd_per_token`` = spent ÷ completion tokens, ``usd_per_total_token``
+    = spent ÷ (prompt + completion) tokens, None without tokens) beside
+    ``list_usd_per_output_token``: the list/benchmark price of one output token for
+    comparison (frontier: list price; on-prem: decode GPU-seconds at full load × $/GPU-hour
+    + power)."""
 
-    target: str
-    window: str
-    window_id: str
-    spent_usd: float
-    outcomes: int
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    usd_per_token: float | None
-    usd_per_total_token: float | None
     list_usd_per_output_token: float
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of every field."""
-        return dict(vars(self))
+        """JSON-ready dict of every field and both per-token prices."""
+        return {**vars(self), "usd_per_token": self.usd_per_token, "usd_per_total_token": self.usd_per_total_token}
 
 
 def list_price_per_output_token(target: OnPremTarget | FrontierTarget) -> float:
@@ -149,7 +141,5 @@ def effective_prices(ledger: Any, fleet: Fleet, window: str = "day", now: float 
     out = {}
     for name, target in fleet.targets.items():
         p = ledger.effective_price_per_token(name, window, now)
-        out[name] = TargetPrice(name, p.window, p.window_id, p.spent_usd, p.outcomes, p.prompt_tokens,
-                                p.cached_tokens, p.completion_tokens, p.usd_per_token, p.usd_per_total_token,
-                                list_price_per_output_token(target))
+        out[name] = TargetPrice(**vars(p), list_usd_per_output_token=list_price_per_output_token(target))
     return out
