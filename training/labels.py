@@ -21,6 +21,14 @@ def pairwise_worse_share(weak: np.ndarray, strong: np.ndarray, margin: float = 0
     Returns ``(y, n_pairs)``: float64 (n,) soft labels in [0, 1] (NaN where a row
     has no pair with both scores) and int64 (n,) pair counts.
     """
+    diff, valid = _pair_diffs(weak, strong)
+    return _pair_mean((diff > margin) & valid, valid)
+
+
+def _pair_diffs(weak: np.ndarray, strong: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``strong - weak`` for every (weak, strong) model pair per row: float64
+    (n, k_weak, k_strong) with 0 where either score is missing, and the bool mask of
+    pairs with both scores. Raises ``ValueError`` when the row counts differ."""
     weak = np.asarray(weak, dtype=np.float64)
     strong = np.asarray(strong, dtype=np.float64)
     if weak.ndim == 1:
@@ -29,14 +37,17 @@ def pairwise_worse_share(weak: np.ndarray, strong: np.ndarray, margin: float = 0
         strong = strong[:, None]
     if weak.shape[0] != strong.shape[0]:
         raise ValueError(f"weak has {weak.shape[0]} rows, strong has {strong.shape[0]}")
-    diff = strong[:, None, :] - weak[:, :, None]  # (n, k_weak, k_strong)
+    diff = strong[:, None, :] - weak[:, :, None]
     valid = ~np.isnan(diff)
-    worse = (np.where(valid, diff, 0.0) > margin) & valid
+    return np.where(valid, diff, 0.0), valid
+
+
+def _pair_mean(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the mean of ``values`` over valid pairs (NaN without any) and the pair count."""
     n_pairs = valid.sum(axis=(1, 2))
     with np.errstate(invalid="ignore", divide="ignore"):
-        y = worse.sum(axis=(1, 2)) / n_pairs
-    y = np.where(n_pairs > 0, y, np.nan)
-    return y, n_pairs.astype(np.int64)
+        y = values.sum(axis=(1, 2)) / n_pairs
+    return np.where(n_pairs > 0, y, np.nan), n_pairs.astype(np.int64)
 
 
 def expand_soft_labels(y: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -67,17 +78,5 @@ def pairwise_gap_share(weak: np.ndarray, strong: np.ndarray, scale: float) -> tu
     with 0/1 scores both functions agree). Returns ``(y, n_pairs)`` like
     ``pairwise_worse_share``.
     """
-    weak = np.asarray(weak, dtype=np.float64)
-    strong = np.asarray(strong, dtype=np.float64)
-    if weak.ndim == 1:
-        weak = weak[:, None]
-    if strong.ndim == 1:
-        strong = strong[:, None]
-    diff = strong[:, None, :] - weak[:, :, None]
-    valid = ~np.isnan(diff)
-    gap = np.clip(np.where(valid, diff, 0.0) / scale, 0.0, 1.0)
-    n_pairs = valid.sum(axis=(1, 2))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        y = gap.sum(axis=(1, 2)) / n_pairs
-    y = np.where(n_pairs > 0, y, np.nan)
-    return y, n_pairs.astype(np.int64)
+    diff, valid = _pair_diffs(weak, strong)
+    return _pair_mean(np.clip(diff / scale, 0.0, 1.0), valid)
