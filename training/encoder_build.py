@@ -13,7 +13,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -67,6 +67,23 @@ def _clean_tokenizer_json(text: str) -> str:
     return tok.to_str()
 
 
+def _built_once(out: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """The ``details.json`` of the encoder cached in ``out``, building it first when absent:
+    ``build(tmp)`` writes the files into a temporary sibling folder and returns the details,
+    which are written last; the folder then replaces ``out`` (an interrupted build leaves no
+    half cache)."""
+    details_path = out / "details.json"
+    if not details_path.is_file():
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        details = build(tmp)
+        (tmp / "details.json").write_text(json.dumps(details, indent=2), encoding="utf-8")
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    return json.loads(details_path.read_text(encoding="utf-8"))
+
+
 def build_static(cache_dir: Path, max_tokens: int = 512) -> BuiltEncoder:
     """Static encoder distilled from all-MiniLM-L6-v2 (model2vec, offline), int8 per-row
     table (used only when every token row keeps cosine >= 0.999 to fp32, else fp32).
@@ -75,21 +92,17 @@ def build_static(cache_dir: Path, max_tokens: int = 512) -> BuiltEncoder:
 
     base = _base_model_dir()
     out = cache_dir / "encoders" / f"static-{_base_key(base)}"
-    details_path = out / "details.json"
-    if not details_path.is_file():
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+
+    def build(tmp: Path) -> dict[str, Any]:
         table, tok_json = distill_static(base)
         (tmp / "tokenizer.json").write_text(_clean_tokenizer_json(tok_json), encoding="utf-8")
         details = build_static_onnx(table, tmp / "encoder.onnx", quantize="int8-per-row")
         if details["row_cosine_min"] < 0.999:
             details = build_static_onnx(table, tmp / "encoder.onnx", quantize="fp32")
         details["distillation"] = "model2vec.distill(pca_dims=None, sif_coefficient=1e-4, pooling=mean)"
-        (tmp / "details.json").write_text(json.dumps(details, indent=2), encoding="utf-8")
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    details = json.loads(details_path.read_text(encoding="utf-8"))
+        return details
+
+    details = _built_once(out, build)
     spec = EncoderSpec(
         kind="static",
         file="encoder.onnx",
@@ -111,11 +124,8 @@ def build_minilm(cache_dir: Path, sample_texts: list[str], max_tokens: int = 128
 
     base = _base_model_dir()
     out = cache_dir / "encoders" / f"minilm-{_base_key(base)}-{max_tokens}"
-    details_path = out / "details.json"
-    if not details_path.is_file():
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+
+    def build(tmp: Path) -> dict[str, Any]:
         (tmp / "tokenizer.json").write_text(
             _clean_tokenizer_json((base / "tokenizer.json").read_text(encoding="utf-8")), encoding="utf-8"
         )
@@ -140,10 +150,9 @@ def build_minilm(cache_dir: Path, sample_texts: list[str], max_tokens: int = 128
         (tmp / "encoder_fp32.onnx").unlink()
         (tmp / "encoder_int8.onnx").unlink()
         details["bytes"] = (tmp / "encoder.onnx").stat().st_size
-        (tmp / "details.json").write_text(json.dumps(details, indent=2), encoding="utf-8")
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    details = json.loads(details_path.read_text(encoding="utf-8"))
+        return details
+
+    details = _built_once(out, build)
     spec = EncoderSpec(
         kind="minilm",
         file="encoder.onnx",
