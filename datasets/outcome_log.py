@@ -301,28 +301,10 @@ class LoggedOutcome:
 
 
 @dataclass(frozen=True)
-class LoggedDecision:
-    """A stored decision with its outcomes (oldest first). ``head_input``: float32 (d,) or None."""
+class LoggedDecision(DecisionRecord):
+    """A stored decision (the ``DecisionRecord`` fields as read back; ``head_input`` float32
+    (d,) or None) with its outcomes, oldest first."""
 
-    decision_id: str
-    time_s: float
-    tenant: str | None
-    target: str
-    model: str
-    mode: str
-    rule: str
-    p_hard: float | None
-    difficulty_available: bool
-    estimated_cost_usd: float | None
-    estimator_version: str | None
-    policy_revision: str | None
-    fleet_revision: str | None
-    request_features: dict[str, Any]
-    feature_space: str | None
-    head_input: np.ndarray | None
-    prompt_sha256: str
-    conversation_key: str
-    prompt_text: str | None
     outcomes: tuple[LoggedOutcome, ...] = field(default_factory=tuple)
 
     def features(self) -> RequestFeatures:
