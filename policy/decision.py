@@ -91,6 +91,9 @@ class Decision:
     #: float32 (d,) or None) the decision used, for the decision log (not in ``to_dict``).
     request_features: Any = field(default=None, repr=False, compare=False)
     head_input: Any = field(default=None, repr=False, compare=False)
+    #: Why there is no difficulty estimate (``DifficultyEstimate.error``, e.g. ``timeout: ...``;
+    #: None when there is one); in the trace's ``estimator`` section, not in ``to_dict``.
+    difficulty_error: str | None = field(default=None, repr=False, compare=False)
 
     @cached_property
     def trace(self) -> dict[str, Any]:

@@ -335,6 +335,7 @@ class RoutingEngine:
             trace_builder=lambda: self._trace(live, outcome, chosen, refusals, estimate, dispatch, scopes),
             request_features=features,
             head_input=getattr(estimate, "features", None),
+            difficulty_error=estimate.error,
         )
         if routing.explain:
             decision.trace  # noqa: B018 - built now, while the signals are the decision's

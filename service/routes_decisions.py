@@ -67,9 +67,7 @@ def decide(rt: Runtime, raw: bytes, key_id: str | None, started: float) -> JSONR
     metrics = rt.metrics
     metrics.observe_decision(decision, time.perf_counter() - started)
     if not decision.difficulty_available:
-        timeout = rt.settings.estimator_timeout_ms
-        timed_out = timeout is not None and decision.timings_ms["estimator"] >= 0.99 * timeout
-        metrics.observe_unavailable("timeout" if timed_out else "error")
+        metrics.observe_unavailable(decision.difficulty_error)
     return response
 
 
