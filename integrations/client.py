@@ -9,7 +9,7 @@
   is down: ``None`` means "route the way you would without Pointsman" (fail open); the reason
   is logged (warning; 4xx as an error, since it is a client bug) and counted in ``stats``.
 - ``report(outcome)``: queue one outcome (a dict shaped like ``OutcomeIn``,
-  ``datasets/outcome_schema.py``) for ``POST /v1/outcomes``. Inside a running event loop it
+  ``pointsman/outcome.py``) for ``POST /v1/outcomes``. Inside a running event loop it
   never blocks: outcomes are batched for ``flush_interval_s`` (at most ``MAX_BATCH`` per call)
   and posted by a background task; transport errors are retried ``outcome_attempts`` times,
   then the batch is dropped and counted (the reservation it would have settled expires in
@@ -36,7 +36,7 @@ from typing import Any, Mapping, Sequence
 
 import httpx
 
-from pointsman.datasets.outcome_schema import MAX_BATCH
+from pointsman.outcome import MAX_BATCH
 
 log = logging.getLogger("pointsman.integrations")
 

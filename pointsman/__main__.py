@@ -1,6 +1,6 @@
 """``python -m pointsman`` runs the CLI."""
 
-from pointsman.service.cli import main
+from pointsman.cli.main import main
 
 if __name__ == "__main__":
     main()

@@ -152,7 +152,7 @@ class RoutingContext(BaseModel):
     (as in Mooncake traces' ``hash_ids``), oldest block first.
     ``prompt_tokens``: the gateway's exact prompt token count, if it has one.
     ``tenant`` / ``team``: who the request is for; budgets apply per tenant and team
-    (scopes ``tenant:<tenant>``, ``team:<team>``; see ``policy/budget.py``).
+    (scopes ``tenant:<tenant>``, ``team:<team>``; see ``policy/budget/``).
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -38,13 +38,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pointsman.errors import PolicyError, Problem
-from pointsman.policy.compiler import load_policy
+from pointsman.policy.rules.compiler import load_policy
 from pointsman.policy.engine import decide
-from pointsman.policy.filters import NoEligibleTarget
+from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, Mode, load_fleet
-from pointsman.policy.located import StrictModel, did_you_mean, load_config
+from pointsman.located import StrictModel, did_you_mean, load_config
 from pointsman.policy.live import StaticSignals
-from pointsman.policy.signals import RELATIVE_ROOTS, SIGNALS, example_endpoint, example_signals, relative_key
+from pointsman.policy.signals.namespaces import (
+    RELATIVE_ROOTS,
+    SIGNALS,
+    example_endpoint,
+    example_signals,
+    relative_key,
+)
 
 
 class CaseExpect(StrictModel):

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pointsman.policy.budget import EffectivePrice
+from pointsman.policy.budget.ledger import EffectivePrice
 from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget, Pool
 
 
@@ -110,7 +110,7 @@ def pool_utilization(measured: float | None, fleet: Fleet) -> float:
 
 @dataclass(frozen=True)
 class TargetPrice(EffectivePrice):
-    """A target's effective price per token over one window (``budget.EffectivePrice``: from
+    """A target's effective price per token over one window (``budget.ledger.EffectivePrice``: from
     settled outcomes, ``usd_per_token`` = spent ÷ completion tokens, ``usd_per_total_token``
     = spent ÷ (prompt + completion) tokens, None without tokens) beside
     ``list_usd_per_output_token``: the list/benchmark price of one output token for

@@ -14,7 +14,7 @@ Steps of ``route(request)`` (DESIGN.md, "The flow of one decision"):
    cache, endpoint and budget signals only as the policy reads them;
 4. policy: eligibility filters, ordered rules, then the P/D mode of the chosen
    target (``decide``, a plain function shared with policy cases);
-5. endpoints inside the chosen pool(s) (``policy/pickers.py``): the chosen endpoint
+5. endpoints inside the chosen pool(s) (``policy/selection/pickers.py``): the chosen endpoint
    first, then fallback endpoints; prefill and decode endpoints when disaggregated;
 6. estimated cost in USD on the chosen target, mode and endpoint (``policy/cost.py``);
 7. dispatch (unless ``dispatch=False``): the estimate is reserved in the budget
@@ -38,19 +38,27 @@ from typing import Any, Mapping
 from pointsman.errors import RequestError
 from pointsman.estimator.estimate import DifficultyEstimate, Estimator
 from pointsman.estimator.features import tokenized_features
-from pointsman.policy.budget import BudgetExceeded
-from pointsman.policy.compiler import CompiledPolicy
+from pointsman.policy.budget.ledger import BudgetExceeded
+from pointsman.policy.rules.compiler import CompiledPolicy
 from pointsman.policy.cost import CostEstimate
 from pointsman.policy.decision import Decision, EndpointChoice, Fallback, new_decision_id
-from pointsman.policy.disaggregation import ModeDecision, decide_mode
-from pointsman.policy.evaluator import Verdict, lookup_signal, evaluate
-from pointsman.policy.filters import FILTERS, Exclusion, FilterContext, FilterFn, NoEligibleTarget, eligibility, enabled
+from pointsman.policy.selection.pd_mode import ModeDecision, decide_mode
+from pointsman.policy.rules.evaluator import Verdict, lookup_signal, evaluate
+from pointsman.policy.selection.filters import (
+    FILTERS,
+    Exclusion,
+    FilterContext,
+    FilterFn,
+    NoEligibleTarget,
+    eligibility,
+    enabled,
+)
 from pointsman.policy.fleet import Fleet, FrontierTarget
 from pointsman.policy.live import LiveSignals, build_context, finite_or_none
-from pointsman.policy.pickers import PICKERS, PoolPick, base_url
-from pointsman.policy.prefix_index import block_hashes_from_ids, block_hashes_from_text
-from pointsman.policy.signals import RELATIVE_ROOTS, difficulty_signals, relative_key, request_signals
-from pointsman.policy.state import FleetState, request_scopes
+from pointsman.policy.selection.pickers import PICKERS, PoolPick, base_url
+from pointsman.policy.signals.prefix_index import block_hashes_from_ids, block_hashes_from_text
+from pointsman.policy.signals.namespaces import RELATIVE_ROOTS, difficulty_signals, relative_key, request_signals
+from pointsman.policy.signals.fleet_state import FleetState, request_scopes
 from pointsman.request import RouteRequest
 
 
@@ -86,7 +94,7 @@ class _Costs(Mapping):
 
 
 def resolve_mode(policy: CompiledPolicy, fleet: Fleet, source: Any, target: str, route_mode: str) -> ModeDecision:
-    """The mode ``target`` runs a route of ``route_mode`` in (``disaggregation.decide_mode``),
+    """The mode ``target`` runs a route of ``route_mode`` in (``pd_mode.decide_mode``),
     reading ``cache[target].prefix_hit_ratio`` and ``load[target].prefill_saturated`` from
     ``source`` only when the target could disaggregate."""
     t = fleet.targets[target]

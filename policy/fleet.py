@@ -42,7 +42,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import AfterValidator, Field, StringConstraints, field_validator, model_validator
 
 from pointsman.errors import FleetError, Problem
-from pointsman.policy.located import LocatedDocument, StrictModel, did_you_mean, parse_yaml, read_text, validate
+from pointsman.located import LocatedDocument, StrictModel, did_you_mean, parse_yaml, read_text, validate
 
 #: The packaged default fleet.
 DEFAULT_FLEET_PATH = Path(__file__).parent / "defaults" / "fleet.yaml"

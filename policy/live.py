@@ -4,7 +4,7 @@ the policy and the picker read it.
 A *signal source* answers, for one decision (``decide`` and the engine call these):
 
 - ``load(target)``, ``cache(target)``, ``endpoint(key)``, ``budget()``: namespace values
-  (dicts as ``policy/signals.py`` declares them; ``endpoint`` keyed ``target/role``);
+  (dicts as ``policy/signals/namespaces.py`` declares them; ``endpoint`` keyed ``target/role``);
 - ``cost(target, mode=None)``: a ``CostEstimate`` (default mode: the target's);
 - ``healthy_endpoints(target)``, ``budget_limited()``, ``budget_fits(usd)``,
   ``budget_binding()``: what the filters ask;
@@ -26,9 +26,15 @@ from typing import Any, Sequence
 from pointsman.policy.cost import CostEstimate, estimate_cost, pool_utilization
 from pointsman.policy.fleet import Fleet, FrontierTarget
 from collections.abc import Mapping
-from pointsman.policy.pickers import PickInput, PoolPick, PoolView, QueueScorer
-from pointsman.policy.signals import (SIGNALS, budget_signals, cache_signals, endpoint_signals, example_endpoint,
-                                      load_signals)
+from pointsman.policy.selection.pickers import PickInput, PoolPick, PoolView, QueueScorer
+from pointsman.policy.signals.namespaces import (
+    SIGNALS,
+    budget_signals,
+    cache_signals,
+    endpoint_signals,
+    example_endpoint,
+    load_signals,
+)
 
 _SUMS = ("num_requests_running", "num_requests_waiting")
 _MEANS = ("kv_cache_usage", "ttft_p50_ms", "tpot_p50_ms", "prefill_utilization", "decode_utilization")
@@ -334,7 +340,7 @@ class LiveSignals:
         ledger, or the ledger failed and ``budget_fail_open``)."""
         if self._snapshot is False:
             self._snapshot = None
-            from pointsman.policy.budget import LedgerUnavailable
+            from pointsman.policy.budget.ledger import LedgerUnavailable
 
             try:
                 self._snapshot = self.state.budget_snapshot(self.scopes, self.now)

@@ -1,6 +1,6 @@
 """Budgets in replay: a real budget ledger per policy run, on the simulated clock.
 
-``replay_ledger(config, folder)`` opens the embedded ``SqliteLedger`` (``policy/budget_sqlite.py``,
+``replay_ledger(config, folder)`` opens the embedded ``SqliteLedger`` (``policy/budget/sqlite_ledger.py``,
 the service's default backend) on a fresh file in ``folder`` with the budgets of ``config``
 (a ``BudgetConfig``, e.g. ``BudgetConfig.load(path)`` of a ``kind: Budgets`` file). The
 ``EngineRouter`` hands it to its ``FleetState``, so a replayed decision goes through the same
@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pointsman.errors import BudgetError
-from pointsman.policy.budget import BudgetConfig, BudgetLedger
-from pointsman.policy.budget_sqlite import SqliteLedger
+from pointsman.policy.budget.config import BudgetConfig
+from pointsman.policy.budget.ledger import BudgetLedger
+from pointsman.policy.budget.sqlite_ledger import SqliteLedger
 
 #: The tenant replayed requests belong to unless ``--tenant`` says otherwise.
 REPLAY_TENANT = "replay"

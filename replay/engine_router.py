@@ -42,17 +42,18 @@ from typing import Any, Iterable
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.errors import RequestError
-from pointsman.policy.budget import BudgetLedger
-from pointsman.policy.compiler import CompiledPolicy
+from pointsman.policy.budget.ledger import BudgetLedger
+from pointsman.policy.rules.compiler import CompiledPolicy
 from pointsman.policy.engine import RoutingEngine
-from pointsman.policy.filters import NoEligibleTarget
+from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.policy.fleet import Fleet
-from pointsman.policy.load import EndpointLoad, LoadBoard, StalenessPolicy
-from pointsman.policy.prefix_index import MOONCAKE_BLOCK_TOKENS, PrefixIndex, PrefixLookup
-from pointsman.policy.state import FleetState
-from pointsman.replay.fleet import AGGREGATED, DISAGGREGATED, ROLE_DECODE, ROLE_PREFILL
+from pointsman.policy.signals.load_board import EndpointLoad, LoadBoard, StalenessPolicy
+from pointsman.policy.signals.prefix_index import MOONCAKE_BLOCK_TOKENS, PrefixIndex, PrefixLookup
+from pointsman.policy.signals.fleet_state import FleetState
+from pointsman.replay.sim_fleet import AGGREGATED, DISAGGREGATED, ROLE_DECODE, ROLE_PREFILL
 from pointsman.replay.fleet_map import EndpointMap
-from pointsman.replay.simulator import Assignment, FleetView, RequestResult
+from pointsman.replay.router import Assignment, FleetView
+from pointsman.replay.results import RequestResult
 from pointsman.request import RouteRequest
 
 #: Unix time of the trace's t = 0 (2026-01-01T00:00:00Z): the ledger clock needs a date.

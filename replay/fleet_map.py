@@ -48,8 +48,8 @@ from pathlib import Path
 from pointsman.errors import FleetError, Problem
 from pointsman.policy.fleet import Fleet, FrontierTarget
 from pointsman.policy.fleet import OnPremTarget as FleetOnPrem
-from pointsman.policy.located import parse_yaml
-from pointsman.replay.fleet import ROLE_AGGREGATED, ROLE_DECODE, ROLE_PREFILL, OnPremTarget, SimFleet
+from pointsman.located import parse_yaml
+from pointsman.replay.sim_fleet import ROLE_AGGREGATED, ROLE_DECODE, ROLE_PREFILL, OnPremTarget, SimFleet
 from pointsman.replay.hardware import (
     GPU_PRESETS,
     FrontierSpec,

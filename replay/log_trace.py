@@ -1,4 +1,4 @@
-"""Pointsman's own decision and outcome log (``datasets.outcome_log``) as a replay trace.
+"""Pointsman's own decision and outcome log (``outcome_log``) as a replay trace.
 
 ``load_log_trace(path, limit=, since_s=, until_s=) -> LogTrace``: one ``TraceRequest`` per
 logged decision that has an outcome with a completion token count, in time order:
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pointsman.datasets.outcome_log import OutcomeLog
+from pointsman.outcome_log.store import OutcomeLog
 from pointsman.datasets.traces import TraceRequest
 from pointsman.errors import DataError
 

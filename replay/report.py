@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from pointsman.replay.metrics import format_table
+from pointsman.replay.summary import format_table
 from pointsman.replay.runs import Run
-from pointsman.replay.simulator import ReplayResult
+from pointsman.replay.results import ReplayResult
 
 PLOTS = (
     ("cost_per_token", "Effective price per 1M output tokens over time"),
@@ -93,7 +93,7 @@ def series(result: ReplayResult) -> dict[str, Any]:
 
 def report_dict(runs: Sequence[Run], meta: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON report: ``meta`` (trace, fleet, seed, ...), and per run its ``kind``,
-    ``summary`` (``metrics.Summary`` fields), ``rules``, ``budget`` (each budget that applied
+    ``summary`` (``summary.Summary`` fields), ``rules``, ``budget`` (each budget that applied
     with its ledger spend at the end, ``replay.budgets.budget_status``; empty without budgets)
     and ``series`` (TTFTs left out)."""
     out: dict[str, Any] = {"meta": dict(meta), "runs": {}}

@@ -31,16 +31,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pointsman.datasets.traces import TraceRequest
-from pointsman.policy.budget import BudgetConfig
-from pointsman.policy.compiler import CompiledPolicy
+from pointsman.policy.budget.config import BudgetConfig
+from pointsman.policy.rules.compiler import CompiledPolicy
 from pointsman.policy.fleet import Fleet
 from pointsman.replay.budgets import REPLAY_TENANT, budget_status, replay_ledger, replay_scopes
 from pointsman.replay.baselines import BASELINES, LeastLoaded, OnPremWide, RandomPick, RoundRobin
 from pointsman.replay.engine_router import EPOCH_S, EngineRouter
-from pointsman.replay.fleet import SimFleet
-from pointsman.replay.metrics import SLO, Summary, summarize
-from pointsman.replay.outcomes import OutcomeRow, quality_of
-from pointsman.replay.simulator import ReplayResult, RequestResult, Router, simulate
+from pointsman.replay.sim_fleet import SimFleet
+from pointsman.replay.summary import SLO, Summary, summarize
+from pointsman.replay.outcome_draw import OutcomeRow, quality_of
+from pointsman.replay.results import ReplayResult, RequestResult
+from pointsman.replay.router import Router
+from pointsman.replay.simulator import simulate
 
 
 @dataclass

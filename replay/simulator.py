@@ -61,12 +61,11 @@ import math
 import random
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from heapq import heappop, heappush
-from typing import Any, Callable, Protocol
+from typing import Callable
 
 from pointsman.datasets.traces import TraceRequest
-from pointsman.replay.fleet import (
+from pointsman.replay.sim_fleet import (
     AGGREGATED,
     DISAGGREGATED,
     ROLE_AGGREGATED,
@@ -77,258 +76,13 @@ from pointsman.replay.fleet import (
 )
 from pointsman.replay.hardware import FrontierSpec
 from pointsman.replay.kvcache import PrefixCache, PromptCache, SharedKVStore
+from pointsman.replay.results import ReplayResult, ReplicaStats, RequestResult
+from pointsman.replay.router import Assignment, Router
 
 # --------------------------------------------------------------------------- router interface
 
 
-@dataclass(frozen=True, slots=True)
-class Assignment:
-    """A router's answer for one request.
-
-    ``target``: a target name of the fleet, or ``None`` when the router rejects the request
-    (``rejected`` says why; see ``Assignment.reject``). ``mode``: ``"aggregated"`` or
-    ``"disaggregated"`` (on-prem only). ``replica``: index in the aggregated pool (or the
-    prefill pool when disaggregated); ``None`` = the least-loaded one. ``replica_pool``:
-    in aggregated mode, the pool ``replica`` indexes: ``None`` (the aggregated pool) or
-    ``"decode"`` (prefill locally on that decode replica). ``decode_replica``: index in the
-    decode pool; ``None`` = least loaded when the prefill ends. Replica fields are ignored
-    for frontier targets. ``fallbacks``: assignments tried in order when admission control
-    refuses this one (before the fleet's spill target).
-    """
-
-    target: str | None
-    mode: str = AGGREGATED
-    replica: int | None = None
-    decode_replica: int | None = None
-    replica_pool: str | None = None
-    fallbacks: tuple[Assignment, ...] = ()
-    rejected: str | None = None
-
-    @staticmethod
-    def reject(reason: str) -> Assignment:
-        """The router refuses the request (e.g. ``no_eligible_target``): it is rejected with ``reason``."""
-        return Assignment(None, rejected=reason)
-
-
-class ReplicaView:
-    """Read-only view of one simulated replica, as a router sees it at decision time.
-
-    Names follow vLLM's metrics: ``num_requests_waiting`` (queued for prefill, or
-    waiting for KV room on a decode replica), ``num_requests_running`` (prefilling,
-    decoding, or KV in transit to it), ``kv_cache_usage`` (fraction 0-1 of KV blocks
-    pinned by requests).
-    """
-
-    __slots__ = ("_r",)
-
-    def __init__(self, replica: _Replica) -> None:
-        self._r = replica
-
-    @property
-    def target(self) -> str:
-        """Name of the on-prem target this replica belongs to."""
-        return self._r.target
-
-    @property
-    def role(self) -> str:
-        """``aggregated``, ``prefill`` or ``decode``."""
-        return self._r.role
-
-    @property
-    def index(self) -> int:
-        """Index of the replica in its pool (what ``Assignment.replica`` refers to)."""
-        return self._r.index
-
-    @property
-    def num_requests_waiting(self) -> int:
-        """Requests queued for prefill here, or prefilled and waiting for KV room (decode pool)."""
-        r = self._r
-        return len(r.waiting) + len(r.pending)
-
-    @property
-    def num_requests_running(self) -> int:
-        """Requests prefilling, decoding, or with KV in transit to this replica."""
-        r = self._r
-        return len(r.running) + len(r.joining) + r.inbound + (r.prefill_job is not None)
-
-    @property
-    def kv_cache_usage(self) -> float:
-        """Fraction 0-1 of this replica's KV blocks pinned by requests."""
-        return self._r.cache.usage
-
-    def cached_prefix_tokens(self, request: TraceRequest) -> int:
-        """Tokens of ``request``'s prompt whose leading blocks are resident here (0 without hashes)."""
-        hashes = request.block_hashes
-        if not hashes:
-            return 0
-        blocks = self._r.cache.cached_prefix_blocks(hashes)
-        return min(blocks * self._r.spec.block_tokens, request.prompt_tokens)
-
-    def cached_prefix_blocks(self, block_hashes: Sequence[int]) -> int:
-        """Leading ``block_hashes`` resident in this replica's KV cache (no state change)."""
-        return self._r.cache.cached_prefix_blocks(block_hashes)
-
-    @property
-    def kv_capacity_tokens(self) -> int:
-        """KV capacity of this replica in tokens."""
-        return self._r.spec.kv_capacity_tokens
-
-    @property
-    def waiting_prompt_tokens(self) -> int:
-        """Prompt tokens of the requests queued here for prefill (O(queue length))."""
-        return sum(j.req.prompt_tokens for j in self._r.waiting)
-
-    def busy_s(self, now_s: float) -> tuple[float, float]:
-        """(prefill, decode) busy seconds of this replica from the start of the replay up to
-        ``now_s`` (the simulator's current time), the phase in progress counted up to now."""
-        r = self._r
-        prefill, decode = r.busy_prefill_s, r.busy_decode_s
-        if r.state == _PREFILL:
-            prefill -= max(0.0, r.prefill_end - now_s)
-        elif r.state == _DECODE:
-            decode += max(0.0, now_s - r.t0)
-        return prefill, decode
-
-
-class FleetView:
-    """Read-only fleet state handed to the router: the clock and every replica's view.
-
-    ``replicas(target, role)`` -> tuple of ``ReplicaView`` (empty for a frontier
-    target or a pool the target does not have); ``is_frontier(target)``;
-    ``target_names``; ``fleet`` is the ``SimFleet`` spec; ``request_index``: position in
-    the trace of the request being routed; ``frontier_cached_blocks(target, hashes)``: leading
-    blocks of a prompt in a frontier tier's prompt cache.
-    """
-
-    __slots__ = ("now_s", "fleet", "_views", "_frontier", "target_names", "request_index", "_sim")
-
-    def __init__(self, fleet: SimFleet, views: dict[tuple[str, str], tuple[ReplicaView, ...]],
-                 sim: _Simulator | None = None) -> None:
-        self.now_s = 0.0
-        self.fleet = fleet
-        self._views = views
-        self._frontier = frozenset(f.name for f in fleet.frontier)
-        self.target_names = tuple(fleet.target_names)
-        self.request_index = -1
-        self._sim = sim
-
-    def frontier_cached_blocks(self, target: str, block_hashes: Sequence[int]) -> int:
-        """Leading ``block_hashes`` the frontier tier ``target`` holds in its prompt cache now (0 if none)."""
-        if self._sim is None or not block_hashes:
-            return 0
-        return self._sim.frontier_cached_blocks(target, block_hashes, self.now_s)
-
-    def shared_tier_blocks(self, target: str) -> Any:
-        """The on-prem ``target``'s shared KV tier content (``kvcache.SharedKVStore``), or None."""
-        if self._sim is None or target not in self._sim.targets:
-            return None
-        return self._sim.targets[target].tier
-
-    def replicas(self, target: str, role: str = ROLE_AGGREGATED) -> tuple[ReplicaView, ...]:
-        """Views of the replicas in ``target``'s ``role`` pool, by index; () if none."""
-        return self._views.get((target, role), ())
-
-    def is_frontier(self, target: str) -> bool:
-        """True if ``target`` names a frontier API tier of the fleet."""
-        return target in self._frontier
-
-
-class Router(Protocol):
-    """``router(request, fleet_view) -> Assignment``, called once per request at its arrival."""
-
-    def __call__(self, request: TraceRequest, fleet: FleetView) -> Assignment: ...
-
-
 # --------------------------------------------------------------------------- results
-
-
-@dataclass(frozen=True, slots=True)
-class RequestResult:
-    """What happened to one trace request. Times in seconds on the trace clock.
-
-    - ``routed_target``: the router's choice (``None`` when the router rejected it); ``target``:
-      where it ran (differs when spilled to a fallback or the spill target).
-    - ``replica`` / ``decode_replica``: pool indices (``None`` for frontier).
-    - ``rejected``: ``None``, or why it was refused: ``queue_full``, ``context_length``,
-      ``kv_capacity`` (admission control), or the router's reason; rejected requests have
-      no latencies.
-    - ``queue_s``: arrival to prefill start (0 for frontier).
-    - ``ttft_s``; ``tpot_s`` = (e2e - ttft) / (output_tokens - 1), ``None`` when one
-      output token; ``e2e_s``; ``finish_s``.
-    - ``prefix_hit_tokens``: prompt tokens found in the replica's prefix cache (frontier: in the
-      provider's prompt cache, billed at the cached-input price);
-      ``restored_tokens``: restored from the shared KV tier; ``transfer_s``: P/D KV transfer.
-    - ``cost_usd``: API bill for frontier requests; 0 on-prem (on-prem cost is per GPU-hour).
-    """
-
-    index: int
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
-    routed_target: str | None
-    target: str | None
-    mode: str
-    replica: int | None
-    decode_replica: int | None
-    frontier: bool
-    spilled: bool
-    rejected: str | None
-    queue_s: float | None
-    ttft_s: float | None
-    tpot_s: float | None
-    e2e_s: float | None
-    finish_s: float | None
-    prefix_hit_tokens: int
-    restored_tokens: int
-    transfer_s: float
-    cost_usd: float
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaStats:
-    """Busy time of one replica over the replay, in seconds, split into prefill and decode.
-
-    ``prefill_tokens``: prompt tokens computed (not cached); ``decode_steps``: steps run;
-    ``restored_tokens``: tokens restored from the shared KV tier.
-    """
-
-    target: str
-    role: str
-    index: int
-    gpus: int
-    prefill_busy_s: float
-    decode_busy_s: float
-    prefill_tokens: int
-    decode_steps: int
-    restored_tokens: int
-
-
-@dataclass(frozen=True)
-class ReplayResult:
-    """Output of ``simulate``.
-
-    ``requests``: one ``RequestResult`` per trace request, in trace order.
-    ``replicas``: ``ReplicaStats`` per on-prem replica. ``start_s``/``end_s``: first
-    arrival and the later of the last finish and the last arrival (the replay window, over
-    which GPUs are provisioned).
-    ``timeline``: per on-prem target, busy seconds summed over its replicas in
-    ``int(window_s // timeline_bin_s) + 1`` bins of ``timeline_bin_s`` from ``start_s``:
-    ``{"prefill_busy_s": [...], "decode_busy_s": [...]}`` (divide by replicas x bin for utilization).
-    """
-
-    requests: list[RequestResult]
-    replicas: list[ReplicaStats]
-    fleet: SimFleet
-    start_s: float
-    end_s: float
-    seed: int
-    timeline_bin_s: float
-    timeline: dict[str, dict[str, list[float]]] = field(default_factory=dict)
-
-    @property
-    def window_s(self) -> float:
-        """Replay window length in seconds (end_s - start_s)."""
-        return self.end_s - self.start_s
 
 
 # --------------------------------------------------------------------------- simulator internals
@@ -441,6 +195,129 @@ def _add_busy(bins: list[float], start: float, end: float, origin: float, width:
     bins[last] += end - (origin + last * width)
 
 
+class SimReplicaView:
+    """``router.ReplicaView`` of one simulated replica, as a router sees it at decision time.
+
+    Names follow vLLM's metrics: ``num_requests_waiting`` (queued for prefill, or
+    waiting for KV room on a decode replica), ``num_requests_running`` (prefilling,
+    decoding, or KV in transit to it), ``kv_cache_usage`` (fraction 0-1 of KV blocks
+    pinned by requests).
+    """
+
+    __slots__ = ("_r",)
+
+    def __init__(self, replica: _Replica) -> None:
+        self._r = replica
+
+    @property
+    def target(self) -> str:
+        """Name of the on-prem target this replica belongs to."""
+        return self._r.target
+
+    @property
+    def role(self) -> str:
+        """``aggregated``, ``prefill`` or ``decode``."""
+        return self._r.role
+
+    @property
+    def index(self) -> int:
+        """Index of the replica in its pool (what ``Assignment.replica`` refers to)."""
+        return self._r.index
+
+    @property
+    def num_requests_waiting(self) -> int:
+        """Requests queued for prefill here, or prefilled and waiting for KV room (decode pool)."""
+        r = self._r
+        return len(r.waiting) + len(r.pending)
+
+    @property
+    def num_requests_running(self) -> int:
+        """Requests prefilling, decoding, or with KV in transit to this replica."""
+        r = self._r
+        return len(r.running) + len(r.joining) + r.inbound + (r.prefill_job is not None)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction 0-1 of this replica's KV blocks pinned by requests."""
+        return self._r.cache.usage
+
+    def cached_prefix_tokens(self, request: TraceRequest) -> int:
+        """Tokens of ``request``'s prompt whose leading blocks are resident here (0 without hashes)."""
+        hashes = request.block_hashes
+        if not hashes:
+            return 0
+        blocks = self._r.cache.cached_prefix_blocks(hashes)
+        return min(blocks * self._r.spec.block_tokens, request.prompt_tokens)
+
+    def cached_prefix_blocks(self, block_hashes: Sequence[int]) -> int:
+        """Leading ``block_hashes`` resident in this replica's KV cache (no state change)."""
+        return self._r.cache.cached_prefix_blocks(block_hashes)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """KV capacity of this replica in tokens."""
+        return self._r.spec.kv_capacity_tokens
+
+    @property
+    def waiting_prompt_tokens(self) -> int:
+        """Prompt tokens of the requests queued here for prefill (O(queue length))."""
+        return sum(j.req.prompt_tokens for j in self._r.waiting)
+
+    def busy_s(self, now_s: float) -> tuple[float, float]:
+        """(prefill, decode) busy seconds of this replica from the start of the replay up to
+        ``now_s`` (the simulator's current time), the phase in progress counted up to now."""
+        r = self._r
+        prefill, decode = r.busy_prefill_s, r.busy_decode_s
+        if r.state == _PREFILL:
+            prefill -= max(0.0, r.prefill_end - now_s)
+        elif r.state == _DECODE:
+            decode += max(0.0, now_s - r.t0)
+        return prefill, decode
+
+
+class SimFleetView:
+    """``router.FleetView``: read-only fleet state handed to the router: the clock and every replica's view.
+
+    ``replicas(target, role)`` -> tuple of ``ReplicaView`` (empty for a frontier
+    target or a pool the target does not have); ``is_frontier(target)``;
+    ``target_names``; ``fleet`` is the ``SimFleet`` spec; ``request_index``: position in
+    the trace of the request being routed; ``frontier_cached_blocks(target, hashes)``: leading
+    blocks of a prompt in a frontier tier's prompt cache.
+    """
+
+    __slots__ = ("now_s", "fleet", "_views", "_frontier", "target_names", "request_index", "_sim")
+
+    def __init__(self, fleet: SimFleet, views: dict[tuple[str, str], tuple[SimReplicaView, ...]],
+                 sim: _Simulator | None = None) -> None:
+        self.now_s = 0.0
+        self.fleet = fleet
+        self._views = views
+        self._frontier = frozenset(f.name for f in fleet.frontier)
+        self.target_names = tuple(fleet.target_names)
+        self.request_index = -1
+        self._sim = sim
+
+    def frontier_cached_blocks(self, target: str, block_hashes: Sequence[int]) -> int:
+        """Leading ``block_hashes`` the frontier tier ``target`` holds in its prompt cache now (0 if none)."""
+        if self._sim is None or not block_hashes:
+            return 0
+        return self._sim.frontier_cached_blocks(target, block_hashes, self.now_s)
+
+    def shared_tier_blocks(self, target: str) -> SharedKVStore | None:
+        """The on-prem ``target``'s shared KV tier content (``kvcache.SharedKVStore``), or None."""
+        if self._sim is None or target not in self._sim.targets:
+            return None
+        return self._sim.targets[target].tier
+
+    def replicas(self, target: str, role: str = ROLE_AGGREGATED) -> tuple[SimReplicaView, ...]:
+        """Views of the replicas in ``target``'s ``role`` pool, by index; () if none."""
+        return self._views.get((target, role), ())
+
+    def is_frontier(self, target: str) -> bool:
+        """True if ``target`` names a frontier API tier of the fleet."""
+        return target in self._frontier
+
+
 class _Simulator:
     def __init__(self, fleet: SimFleet, router: Router, seed: int, timeline_bin_s: float,
                  on_complete: Callable[[RequestResult], None] | None = None) -> None:
@@ -458,12 +335,12 @@ class _Simulator:
         self.rngs = {f.name: random.Random(f"{seed}:{f.name}") for f in fleet.frontier}
         self.fcaches = {f.name: PromptCache(f.prompt_cache_ttl_s) for f in fleet.frontier}
         views = {
-            (name, role): tuple(ReplicaView(r) for r in reps)
+            (name, role): tuple(SimReplicaView(r) for r in reps)
             for name, tgt in self.targets.items()
             for role, reps in tgt.pools.items()
             if reps
         }
-        self.view = FleetView(fleet, views, self)
+        self.view = SimFleetView(fleet, views, self)
 
     # ---- driver
 

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import click
 
-from pointsman.policy.budget import BudgetConfig
-from pointsman.policy.budget_redis import RedisLedger
-from pointsman.policy.budget_sqlite import SqliteLedger
+from pointsman.policy.budget.config import BudgetConfig
+from pointsman.policy.budget.redis_ledger import RedisLedger
+from pointsman.policy.budget.sqlite_ledger import SqliteLedger
 
 NOW = 1741953600.0  # 2025-03-14 12:00 UTC
 SCOPES = ("tenant:acme", "team:acme/search")

@@ -6,7 +6,7 @@ for prompts of about 30, 500 and 8,000 tokens and a 100,000-token multi-turn
 conversation, with the estimator's share of the total. Targets (issue 2): p99 <= 5 ms
 up to 512 tokens, <= 25 ms at 100,000 tokens.
 
-Uses the real estimator (``pointsman.estimator.loading.load_estimator``) when it
+Uses the real estimator (``pointsman.estimator.model_source.load_estimator``) when it
 loads, else ``FixedDifficulty`` and says so. Pins the process to one CPU
 (``os.sched_setaffinity``) and onnxruntime/OpenMP to one thread (environment set
 before anything imports onnxruntime).
@@ -15,7 +15,7 @@ before anything imports onnxruntime).
 
 ``--cel`` also measures common-expression-language's cost per evaluation with a
 reused context, a dict per call and a context built per decision (the evaluator's
-choice; see ``policy/evaluator.py``).
+choice; see ``policy/rules/evaluator.py``).
 """
 
 from __future__ import annotations
@@ -71,10 +71,10 @@ def pct(values: list[float], q: float) -> float:
 def load_engine(model: str | None) -> tuple[Any, str]:
     """(engine on the default fleet and policy, a note naming the estimator used)."""
     from pointsman.estimator.estimate import FixedDifficulty
-    from pointsman.policy.compiler import DEFAULT_POLICY_PATH, load_policy
+    from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
     from pointsman.policy.engine import RoutingEngine
     from pointsman.policy.fleet import load_fleet
-    from pointsman.service.loading import UnavailableEstimator, load_estimator
+    from pointsman.service.bootstrap import UnavailableEstimator, load_estimator
 
     fleet = load_fleet()
     policy = load_policy(DEFAULT_POLICY_PATH, fleet)

@@ -17,7 +17,7 @@ system prefix with half of them. Rules read request, difficulty, load, cache,
 endpoint and budget signals and ``cost()``; none matches until the last (the
 worst case: every rule evaluated, the picker run for ``endpoint.*``). The request's
 tenant has a budget in an SQLite ledger, read as the service reads it (a snapshot
-serves decisions for ``budget_snapshot_ttl_s`` = 50 ms, ``policy/state.py``).
+serves decisions for ``budget_snapshot_ttl_s`` = 50 ms, ``policy/signals/fleet_state.py``).
 
     python scripts/bench_policy.py [--iterations N] [--json]
 """
@@ -137,12 +137,12 @@ def timed(fn: Callable[[], Any], iterations: int) -> dict[str, float]:
 def setup(n_endpoints: int, n_rules: int, ledger_dir: Path) -> dict[str, Any]:
     """Fleet, policy, state (loads pushed, prefix index filled, SQLite ledger with a budget), engine, request."""
     from pointsman.estimator.estimate import FixedDifficulty
-    from pointsman.policy.budget import BudgetConfig
-    from pointsman.policy.budget_sqlite import SqliteLedger
-    from pointsman.policy.compiler import compile_policy
+    from pointsman.policy.budget.config import BudgetConfig
+    from pointsman.policy.budget.sqlite_ledger import SqliteLedger
+    from pointsman.policy.rules.compiler import compile_policy
     from pointsman.policy.engine import RoutingEngine, block_hashes
     from pointsman.policy.fleet import parse_fleet
-    from pointsman.policy.state import FleetState
+    from pointsman.policy.signals.fleet_state import FleetState
     from pointsman.request import parse_route_request
 
     fleet = parse_fleet(fleet_yaml(n_endpoints), "bench-fleet.yaml")
@@ -176,7 +176,7 @@ def policy_step(ctx: dict[str, Any]) -> Callable[[], Any]:
     from pointsman.estimator.features import extract_features
     from pointsman.policy.engine import block_hashes, decide, place
     from pointsman.policy.live import LiveSignals
-    from pointsman.policy.signals import difficulty_signals, request_signals
+    from pointsman.policy.signals.namespaces import difficulty_signals, request_signals
 
     engine, request = ctx["engine"], ctx["request"]
     features = extract_features(request, None)
@@ -201,7 +201,7 @@ def selection_only(ctx: dict[str, Any]) -> Callable[[], Any]:
     from pointsman.estimator.features import extract_features
     from pointsman.policy.engine import block_hashes, place
     from pointsman.policy.live import LiveSignals
-    from pointsman.policy.signals import request_signals
+    from pointsman.policy.signals.namespaces import request_signals
 
     engine, request = ctx["engine"], ctx["request"]
     req_ns = request_signals(extract_features(request, None), request, 256)
@@ -218,10 +218,10 @@ def selection_only(ctx: dict[str, Any]) -> Callable[[], Any]:
 def rules_only(ctx: dict[str, Any]) -> Callable[[], Any]:
     """Rule evaluation alone: ``evaluate`` on a prebuilt CEL context (no signal gathering)."""
     from pointsman.policy.engine import block_hashes, decide
-    from pointsman.policy.evaluator import evaluate
+    from pointsman.policy.rules.evaluator import evaluate
     from pointsman.policy.live import LiveSignals, build_context
     from pointsman.estimator.features import extract_features
-    from pointsman.policy.signals import request_signals
+    from pointsman.policy.signals.namespaces import request_signals
 
     engine, request = ctx["engine"], ctx["request"]
     base = {"request": request_signals(extract_features(request, None), request, 256),

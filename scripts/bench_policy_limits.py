@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""How long compiling takes to reject an oversized policy (``policy/limits.py``), and what
+"""How long compiling takes to reject an oversized policy (``policy/rules/limits.py``), and what
 compiling the largest accepted one costs, on one core.
 
 Inputs: an alias bomb ("billion laughs": 9 levels of 9 aliases, 567 bytes, ~4e8 nodes
@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Callable
 
 from pointsman.errors import PolicyError
-from pointsman.policy.compiler import compile_policy, load_policy
+from pointsman.policy.rules.compiler import compile_policy, load_policy
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.limits import MAX_POLICY_BYTES, MAX_RULES
+from pointsman.policy.rules.limits import MAX_POLICY_BYTES, MAX_RULES
 
 HEAD = "apiVersion: pointsman/v1\nkind: RoutingPolicy\n"
 DEFAULT = "  - name: default\n    route: {target: onprem-8b}\n"

@@ -32,15 +32,15 @@ import click
 from pointsman.datasets.sources import shared_datasets_dir
 from pointsman.datasets.traces import load_trace
 from pointsman.estimator.estimate import FixedDifficulty
-from pointsman.policy.budget import BudgetConfig
-from pointsman.policy.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.budget.config import BudgetConfig
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
 from pointsman.replay.baselines import CacheAware, OnPremWide
 from pointsman.replay.budgets import REPLAY_TENANT, replay_ledger
 from pointsman.replay.engine_router import EngineRouter
 from pointsman.replay.fleet_map import sim_fleet
-from pointsman.replay.metrics import format_table, summarize
-from pointsman.replay.outcomes import OutcomeDraw
+from pointsman.replay.summary import format_table, summarize
+from pointsman.replay.outcome_draw import OutcomeDraw
 from pointsman.replay.runs import baseline_routers
 from pointsman.replay.simulator import simulate
 
@@ -61,7 +61,7 @@ def main(repeat: int, limit: int | None, table: bool, seed: int) -> None:
     fleet = load_fleet(DEFAULT_FLEET_PATH)
     sim = sim_fleet(fleet)
     policy = load_policy(DEFAULT_POLICY_PATH, fleet)
-    from pointsman.service.loading import load_estimator
+    from pointsman.service.bootstrap import load_estimator
 
     t = time.perf_counter()
     estimator, error = load_estimator(None)

@@ -59,9 +59,9 @@ def main() -> int:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
 
-    from pointsman.policy.load import LoadBoard, StalenessPolicy
-    from pointsman.policy.metrics_scrape import parse_metrics
-    from pointsman.policy.prefix_index import (
+    from pointsman.policy.signals.load_board import LoadBoard, StalenessPolicy
+    from pointsman.policy.signals.scrape import parse_metrics
+    from pointsman.policy.signals.prefix_index import (
         PrefixIndex,
         SharedKVTier,
         block_hashes_from_ids,

@@ -35,7 +35,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pointsman.datasets.sources import shared_datasets_dir  # noqa: E402
 from pointsman.estimator.features import extract_features  # noqa: E402
-from pointsman.estimator.loading import bundled_model_dir, data_dir, load_estimator  # noqa: E402
+from pointsman.estimator.model_source import bundled_model_dir, load_estimator
+from pointsman.data_dir import data_dir  # noqa: E402
 from pointsman.request import request_from_prompt  # noqa: E402
 
 AE_TABLE = "alpacaeval/ae1_judge-gpt4_ref-text_davinci_003.csv.gz"
@@ -80,7 +81,7 @@ def latency(est, prompt: str, repeats: int) -> dict[str, float]:
 
 def bootstrap_apgr(est, n_boot: int, seed: int = 0) -> tuple[float, float]:
     """95% bootstrap interval of the AlpacaEval APGR (prompts resampled with replacement)."""
-    from pointsman.datasets.outcomes import read_outcome_table
+    from pointsman.datasets.outcome_tables import read_outcome_table
     from pointsman.training.examples import features_for_messages
     from pointsman.training.metrics import apgr
 

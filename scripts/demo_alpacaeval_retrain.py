@@ -66,14 +66,14 @@ class Traffic:
 
     def decide(self, request):
         """A decision for ``request``, logged the way the service logs it."""
-        from pointsman.datasets.outcome_log import record_decision
+        from pointsman.outcome_log.store import record_decision
 
         decision = self.engine.route(request, dispatch=False)
         record_decision(self.log, decision, request, self.estimator)
         return decision
 
     def post_outcomes(self, batch: list[dict]) -> None:
-        """Report outcomes (``datasets.outcome_schema`` payloads); every one must be acknowledged."""
+        """Report outcomes (``pointsman.outcome`` payloads); every one must be acknowledged."""
         acks = self.log.append_outcomes(batch)
         bad = [a for a in acks if not a.ok]
         if bad:
@@ -154,12 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["POINTSMAN_DATA_DIR"] = str(work / "data")
     os.environ.pop("MLFLOW_TRACKING_URI", None)  # the embedded store of the work folder
 
-    from pointsman.datasets.outcome_log import OutcomeLog
-    from pointsman.datasets.outcomes import read_outcome_table
+    from pointsman.outcome_log.store import OutcomeLog
+    from pointsman.datasets.outcome_tables import read_outcome_table
     from pointsman.datasets.sources import shared_datasets_dir
     from pointsman.estimator.difficulty import DifficultyEstimator
-    from pointsman.estimator.loading import bundled_model_dir, load_estimator
-    from pointsman.policy.compiler import DEFAULT_POLICY_PATH, load_policy
+    from pointsman.estimator.model_source import bundled_model_dir, load_estimator
+    from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
     from pointsman.policy.engine import RoutingEngine
     from pointsman.policy.fleet import load_fleet
     from pointsman.request import request_from_prompt

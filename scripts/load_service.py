@@ -237,7 +237,7 @@ def start_server(workers: int, port: int, data_dir: str, server_cpus: list[int] 
 
     env = {**os.environ, "POINTSMAN_DATA_DIR": data_dir, **extra_env}
     if uvicorn_args is None:
-        cmd = [sys.executable, "-c", "from pointsman.service.cli import main; main()", "serve",
+        cmd = [sys.executable, "-c", "from pointsman.cli.main import main; main()", "serve",
                "--port", str(port), "--workers", str(workers), "--log-level", "warning"]
     else:
         cmd = [sys.executable, "-m", "uvicorn", "pointsman.service.app:create_app_from_env", "--factory",

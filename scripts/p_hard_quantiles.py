@@ -41,7 +41,7 @@ def main() -> int:
     ap.add_argument("--from-manifest", action="store_true", help="use the manifest's published quantiles")
     args = ap.parse_args()
 
-    from pointsman.estimator.loading import load_estimator
+    from pointsman.estimator.model_source import load_estimator
     from pointsman.training.reference_set import quantile, reference_quantiles, score_reference, threshold_for_share
 
     est = load_estimator(args.model)

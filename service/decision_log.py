@@ -2,7 +2,7 @@
 
 ``/v1/route`` hands each decision to ``DecisionLogWriter.submit`` (an append to an
 in-memory queue, a few microseconds); one background thread builds the records
-(``datasets.outcome_log.decision_record``: prompt hash, request features, head-input
+(``outcome_log.records.decision_record``: prompt hash, request features, head-input
 vector; the prompt text only when the operator opted in) and commits them in batches
 with ``OutcomeLog.append_decisions`` (one SQLite transaction per batch).
 
@@ -11,7 +11,7 @@ Guarantees (what ``docs``/README state):
 - A decision is committed at most ``flush_interval_s`` (default 50 ms) plus one batch
   commit after it was answered. Committed decisions survive a killed process (WAL,
   ``synchronous=NORMAL``); a power loss may roll back the last ones, as documented in
-  ``datasets/outcome_log.py``.
+  ``outcome_log/store.py``.
 - Before an outcome is stored, ``flush()`` commits every decision this process answered
   before it, so an outcome never finds its decision still in memory here. (Another worker
   process's decision may still be in that worker's queue; ``/v1/outcomes`` retries such
@@ -32,7 +32,8 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-from pointsman.datasets.outcome_log import OutcomeLog, decision_record
+from pointsman.outcome_log.store import OutcomeLog
+from pointsman.outcome_log.records import decision_record
 from pointsman.errors import PointsmanError
 
 log = logging.getLogger("pointsman.service.decision_log")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pointsman.errors import Problem
-from pointsman.policy.compiler import CompiledPolicy
+from pointsman.policy.rules.compiler import CompiledPolicy
 from pointsman.policy.engine import RoutingEngine
 
 

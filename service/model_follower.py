@@ -56,18 +56,18 @@ class RegistryResolver:
         self._client: Any = None
 
     def __call__(self, spec: str) -> str:
-        from pointsman.estimator.loading import CHAMPION_ALIAS, REGISTERED_NAME, registry_store_exists
+        from pointsman.estimator.registry import CHAMPION_ALIAS, REGISTERED_NAME, registry_store_exists
 
         if spec == "champion":
             if not registry_store_exists():
                 return BUNDLED
             name, alias = REGISTERED_NAME, CHAMPION_ALIAS
         else:
-            from pointsman.training.registry import parse_models_uri
+            from pointsman.estimator.registry import parse_models_uri
 
             name, alias, _ = parse_models_uri(spec)
         if self._client is None:
-            from pointsman.training.registry import client
+            from pointsman.estimator.registry import client
 
             self._client = client()
         try:
@@ -81,7 +81,7 @@ class RegistryResolver:
 class ModelFollower:
     """Follows ``spec``'s alias and swaps the estimator of ``live`` (see the module).
 
-    ``load(spec) -> (estimator, error)``: loads the model (``service.loading.load_estimator``
+    ``load(spec) -> (estimator, error)``: loads the model (``service.bootstrap.load_estimator``
     with the service's timeout and threads); ``wrap(estimator)``: what to serve it as (the
     service wraps it in a ``DeadlineEstimator``); ``resolve(spec) -> key``: where the alias
     points (default ``RegistryResolver``); ``on_result(SwapResult)``: metrics hook."""

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from pointsman.errors import PolicyError
-from pointsman.policy.compiler import CompiledPolicy, compile_policy, load_policy
+from pointsman.policy.rules.compiler import CompiledPolicy, compile_policy, load_policy
 from pointsman.policy.fleet import Fleet
 from pointsman.service.live_engine import LiveEngine, ReloadResult
 

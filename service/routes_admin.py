@@ -25,7 +25,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from pointsman.errors import PolicyError
-from pointsman.policy.budget import LedgerUnavailable
+from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.service.auth import Principal, require
 from pointsman.service.bodies import json_body, read_parsed, validate_model
 from pointsman.service.http_errors import ERROR_RESPONSES

@@ -29,8 +29,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from pointsman.errors import RequestError
-from pointsman.policy.budget import LedgerUnavailable
-from pointsman.policy.filters import NoEligibleTarget
+from pointsman.policy.budget.ledger import LedgerUnavailable
+from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.request import parse_route_request
 from pointsman.service.auth import Principal, require
 from pointsman.service.bodies import decode_json, json_body, read_body

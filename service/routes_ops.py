@@ -9,7 +9,7 @@ orchestrators and Prometheus.
   runs; 503 ``not_ready`` otherwise (starting, stopping, writer dead). An unavailable
   estimator is ``degraded: ...`` but ready: decisions still come back through the policy's
   ``difficulty.available == false`` rule.
-- ``/metrics``: Prometheus text exposition (``metrics.py`` lists every name).
+- ``/metrics``: Prometheus text exposition (``prometheus.py`` lists every name).
 """
 
 from __future__ import annotations

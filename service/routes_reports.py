@@ -1,6 +1,6 @@
 """What gateways and engines report back: ``POST /v1/outcomes`` and ``POST /v1/telemetry``.
 
-``POST /v1/outcomes`` takes one outcome or a list (``datasets/outcome_schema.py``:
+``POST /v1/outcomes`` takes one outcome or a list (``pointsman/outcome.py``:
 decision id, usage, TTFT/TPOT/end-to-end latency, status, quality signals). In order:
 
 1. the decision log writer is flushed, so every decision this process answered is in the log;
@@ -44,8 +44,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter
 
-from pointsman.datasets.outcome_log import OutcomeAck
-from pointsman.datasets.outcome_schema import (
+from pointsman.outcome_log.records import OutcomeAck
+from pointsman.outcome import (
     CONTEXT_TOLERANCE,
     MAX_BATCH,
     OutcomeIn,
@@ -54,7 +54,7 @@ from pointsman.datasets.outcome_schema import (
     parse_outcome_items,
 )
 from pointsman.errors import BudgetError, DataError, RequestError
-from pointsman.policy.budget import LedgerUnavailable
+from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.service.auth import Principal, require
 from pointsman.service.bodies import field_path, json_body, read_parsed, validate_model
 from pointsman.service.http_errors import ERROR_RESPONSES, invalid, unavailable

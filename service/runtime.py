@@ -20,14 +20,14 @@ from typing import Any
 
 from fastapi import Request
 
-from pointsman.datasets.outcome_log import OutcomeLog
+from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.engine import RoutingEngine
 from pointsman.service.decision_log import DecisionLogWriter
 from pointsman.service.deadline import DeadlineEstimator, estimator_pool
 from pointsman.service.http_errors import unavailable
 from pointsman.service.live_engine import LiveEngine, ReloadResult, SwapResult
-from pointsman.service.loading import build_engine, load_estimator
-from pointsman.service.metrics import ServiceMetrics, StateCollector
+from pointsman.service.bootstrap import build_engine, load_estimator
+from pointsman.service.prometheus import ServiceMetrics, StateCollector
 from pointsman.service.model_follower import ModelFollower, followed
 from pointsman.service.policy_reload import watch_policy
 from pointsman.service.settings import Settings

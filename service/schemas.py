@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from pointsman.policy.load import PushedSnapshot
+from pointsman.policy.signals.load_board import PushedSnapshot
 from pointsman.service.live_engine import SwapResult
 
 
@@ -158,7 +158,7 @@ class OutcomesResponse(BaseModel):
 
 class TelemetryIn(BaseModel):
     """One load report for ``endpoint`` (its fleet name, URL or id): ``load`` (vLLM-standard
-    fields, see ``policy/load.py`` ``PushedSnapshot``) and/or ``healthy`` with a ``reason``."""
+    fields, see ``policy/signals/load_board.py`` ``PushedSnapshot``) and/or ``healthy`` with a ``reason``."""
 
     model_config = {"extra": "forbid"}
 

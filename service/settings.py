@@ -18,11 +18,11 @@
 - ``POINTSMAN_HOST`` / ``POINTSMAN_PORT``: bind address and port of ``pointsman serve``;
   default ``127.0.0.1:8000``.
 - ``POINTSMAN_LOG_LEVEL``: uvicorn and app log level; default ``info``.
-- ``POINTSMAN_BUDGET_LEDGER``: budget ledger URL (``policy/budget.py`` ``open_ledger``):
+- ``POINTSMAN_BUDGET_LEDGER``: budget ledger URL (``policy/budget/`` ``open_ledger``):
   ``sqlite:///path.db`` or ``redis://host:port/db`` (several service replicas share one);
   default ``sqlite`` at ``<POINTSMAN_DATA_DIR>/budget.db``.
 - ``POINTSMAN_BUDGETS_PATH``: budgets file (YAML, ``kind: Budgets``: per ``tenant:``, ``team:``
-  or ``key:`` scope a ``day`` and/or ``month`` limit in USD; see ``policy/budget.py``);
+  or ``key:`` scope a ``day`` and/or ``month`` limit in USD; see ``policy/budget/``);
   default none: every request unlimited (spend is still recorded).
 - ``POINTSMAN_BUDGET_FAIL_OPEN``: when the ledger is unreachable, route requests that have
   budgets anyway (``true``) or refuse them with 503 (``false``, default).
@@ -60,7 +60,7 @@ from typing import Any
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from pointsman.policy.compiler import DEFAULT_POLICY_PATH
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024

@@ -100,8 +100,8 @@ class BudgetLedgerFactory:
         return f"{{test-{uuid.uuid4().hex}}}:"
 
     def open(self, config=None, store: str | None = None):
-        from pointsman.policy.budget_redis import RedisLedger
-        from pointsman.policy.budget_sqlite import SqliteLedger
+        from pointsman.policy.budget.redis_ledger import RedisLedger
+        from pointsman.policy.budget.sqlite_ledger import SqliteLedger
 
         store = store or self.store()
         if self.backend == "sqlite":

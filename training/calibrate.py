@@ -46,8 +46,8 @@ import numpy as np
 from pointsman.errors import DataError, PolicyError, Problem
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pointsman.datasets.outcome_log import OutcomeLog
-    from pointsman.policy.compiler import CompiledPolicy
+    from pointsman.outcome_log.store import OutcomeLog
+    from pointsman.policy.rules.compiler import CompiledPolicy
     from pointsman.policy.fleet import Fleet
 
 MIN_SPAN_S = 3600.0
@@ -109,7 +109,7 @@ def recent_traffic(log: OutcomeLog, fleet: Fleet, frontier: str, model: Any = No
     """The decisions in ``[since_s, until_s)`` with ``p_hard`` under ``model`` (a
     ``DifficultyEstimator``; None keeps the logged values) and their frontier cost. Raises
     ``DataError`` when no decision is usable."""
-    from pointsman.datasets.outcome_log import feature_space_of
+    from pointsman.estimator.feature_space import feature_space_of
     from pointsman.policy.cost import estimate_cost
 
     target = fleet.targets.get(frontier)
@@ -245,7 +245,7 @@ def rewrite_variables(text: str, updates: dict[str, float], file: str, comment: 
     line = getattr(variables.lc, "line", 0) + 1
     for name, value in updates.items():
         if name not in variables:
-            from pointsman.policy.located import did_you_mean
+            from pointsman.located import did_you_mean
 
             raise PolicyError([Problem(file, line, 1, "unknown-variable",
                                        f"variables has no '{name}'{did_you_mean(name, list(variables))} "
@@ -274,8 +274,8 @@ def write_policy(path: str | Path, updates: dict[str, float], fleet: Fleet, comm
     """Set ``updates`` in the policy file at ``path``, compile the result against ``fleet`` and
     atomically replace the file; returns the new text. Raises ``PolicyError`` (every problem,
     located) and leaves the file untouched when the result would not compile."""
-    from pointsman.policy.compiler import compile_policy
-    from pointsman.policy.located import read_text
+    from pointsman.policy.rules.compiler import compile_policy
+    from pointsman.located import read_text
 
     path = Path(path)
     text = read_text(path, PolicyError)

@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from pointsman.datasets.outcome_log import OutcomeLog, feature_space_of
+from pointsman.outcome_log.store import OutcomeLog
+from pointsman.estimator.feature_space import feature_space_of
 from pointsman.errors import DataError, EstimatorError
-from pointsman.estimator.loading import REGISTERED_NAME
+from pointsman.estimator.registry import REGISTERED_NAME
 from pointsman.estimator.manifest import HeadSpec, Manifest, content_version
 from pointsman.training.logged_examples import head_matrix, holdout_mask, logged_examples
 from pointsman.training.metrics import apgr, ece, roc_auc
@@ -300,7 +301,8 @@ def train_challenger(
 
     run = None
     if use_mlflow:
-        from pointsman.training.registry import client, log_training_run
+        from pointsman.estimator.registry import client
+        from pointsman.training.registry import log_training_run
 
         params = {**cfg.params(), **rules_as_params(rules), "outcome_log": str(log.path),
                   "base_model": base.version, "feature_space": training["feature_space"]}

@@ -25,7 +25,7 @@ from pointsman.training.metrics import apgr, cpt, ece, roc_auc
 from pointsman.training.outcome_labels import LabelRules
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pointsman.datasets.outcome_log import OutcomeLog
+    from pointsman.outcome_log.store import OutcomeLog
     from pointsman.policy.fleet import Fleet
 
 _VERSION = re.compile(r"^models:/[^/@]+/(\d+)")

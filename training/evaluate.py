@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from pointsman.datasets.outcomes import read_outcome_table
+from pointsman.datasets.outcome_tables import read_outcome_table
 from pointsman.errors import DataError, RequestError
 from pointsman.training.examples import features_for_messages
 from pointsman.training.metrics import router_report

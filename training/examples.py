@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pointsman.datasets.outcomes import read_outcome_table
+from pointsman.datasets.outcome_tables import read_outcome_table
 from pointsman.datasets.sources import OutcomeSource
 from pointsman.datasets.splits import group_key
 from pointsman.estimator.features import RequestFeatures, extract_features

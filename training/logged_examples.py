@@ -2,10 +2,10 @@
 and its head input in a given model's feature space.
 
 ``logged_examples(log, rules, fleet)`` joins decisions and outcomes
-(``datasets.outcome_log.OutcomeLog.joined``) and labels each decision
+(``outcome_log.store.OutcomeLog.joined``) and labels each decision
 (``training.outcome_labels``). ``head_matrix(examples, estimator)`` gives the rows'
 head inputs for a ``DifficultyEstimator``: the vector logged at decision time when it
-was computed in the same feature space (``datasets.outcome_log.feature_space_of``; no
+was computed in the same feature space (``estimator.feature_space.feature_space_of``; no
 prompt text needed), else re-embedded from the stored prompt text when the operator
 opted into storing it; rows with neither are left out and counted.
 
@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pointsman.datasets.outcome_log import OutcomeLog, feature_space_of
+from pointsman.outcome_log.store import OutcomeLog
+from pointsman.estimator.feature_space import feature_space_of
 from pointsman.datasets.splits import assign_folds
 from pointsman.errors import DataError
 from pointsman.estimator.features import RequestFeatures

@@ -1,7 +1,7 @@
 """``p_hard`` labels from logged quality signals: a documented, configurable rule.
 
 ``p_hard`` is the probability that the cheaper tier's answer is worse than the frontier
-tier's. A logged decision has outcomes (``datasets.outcome_log``), each served by a fleet
+tier's. A logged decision has outcomes (``outcome_log``), each served by a fleet
 target: the *strong* tier (by default every target of kind ``frontier`` in the fleet) or
 the *weak* tier (every other target). The label of a decision comes from the first
 signal in ``LabelRules.signals`` that has data (``label_decision``):
@@ -50,7 +50,7 @@ from pointsman.errors import DataError
 from pointsman.training.labels import pairwise_gap_share, pairwise_worse_share
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pointsman.datasets.outcome_log import LoggedDecision, LoggedOutcome
+    from pointsman.outcome_log.records import LoggedDecision, LoggedOutcome
     from pointsman.policy.fleet import Fleet
 
 Signal = Literal["judge_pair", "judge_reference", "judge_pass", "escalated", "regenerated", "user_rating", "error"]

@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pointsman.errors import ModelNotFoundError, PointsmanError
-from pointsman.estimator.loading import CHAMPION_ALIAS, REGISTERED_NAME, load_estimator
+from pointsman.estimator.registry import CHAMPION_ALIAS, REGISTERED_NAME
+from pointsman.estimator.model_source import load_estimator
 from pointsman.training.challenger import CHALLENGER_ALIAS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pointsman.datasets.outcome_log import OutcomeLog
+    from pointsman.outcome_log.store import OutcomeLog
     from pointsman.policy.fleet import Fleet
     from pointsman.training.compare import Comparison
     from pointsman.training.outcome_labels import LabelRules
@@ -97,7 +98,7 @@ def evaluate_gate(cmp: Comparison, gate: Gate) -> tuple[list[str], list[str]]:
 
 
 def _client():
-    from pointsman.training.registry import client
+    from pointsman.estimator.registry import client
 
     return client()
 

@@ -19,7 +19,8 @@ import numpy as np
 
 from pointsman.datasets.sources import default_training_sources
 from pointsman.errors import EstimatorError
-from pointsman.estimator.loading import REGISTERED_NAME, data_dir
+from pointsman.estimator.registry import REGISTERED_NAME
+from pointsman.data_dir import data_dir
 from pointsman.estimator.manifest import HeadSpec, Manifest, content_version
 from pointsman.estimator.markers import FEATURE_NAMES, request_matrix
 from pointsman.training.examples import Examples, build_examples

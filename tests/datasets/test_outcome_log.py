@@ -5,15 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pointsman.datasets.outcome_log import (
-    FEATURE_FIELDS,
-    DecisionRecord,
-    OutcomeLog,
-    default_log_path,
-    feature_space_of,
-    record_decision,
-)
-from pointsman.datasets.outcome_schema import (
+from pointsman.outcome_log.records import FEATURE_FIELDS, DecisionRecord
+from pointsman.outcome_log.store import OutcomeLog, default_log_path, record_decision
+from pointsman.estimator.feature_space import feature_space_of
+from pointsman.outcome import (
     MAX_BATCH,
     MAX_TOKENS,
     OutcomeIn,
@@ -26,8 +21,8 @@ from pointsman.datasets.outcome_schema import (
 from pointsman.errors import DataError, RequestError
 from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.estimator.features import extract_features
-from pointsman.estimator.loading import load_estimator
-from pointsman.policy.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.estimator.model_source import load_estimator
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
 from pointsman.request import request_from_prompt

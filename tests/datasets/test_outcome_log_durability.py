@@ -13,14 +13,15 @@ import subprocess
 import sys
 import textwrap
 
-from pointsman.datasets.outcome_log import DecisionRecord, OutcomeLog
+from pointsman.outcome_log.records import DecisionRecord
+from pointsman.outcome_log.store import OutcomeLog
 
 N_DECISIONS = 400
 KILL_AFTER = 60
 
 WRITER = textwrap.dedent("""
     import sys
-    from pointsman.datasets.outcome_log import OutcomeLog
+    from pointsman.outcome_log.store import OutcomeLog
     log = OutcomeLog(sys.argv[1])
     for i in range(int(sys.argv[2])):
         d = f"d{i:04d}"

@@ -5,7 +5,7 @@ import gzip
 import numpy as np
 import pytest
 
-from pointsman.datasets.outcomes import read_outcome_table
+from pointsman.datasets.outcome_tables import read_outcome_table
 from pointsman.datasets.sources import SOURCES, default_training_sources, get_source
 from pointsman.datasets.splits import assign_folds, group_key
 from pointsman.errors import DataError

@@ -11,7 +11,7 @@ import pytest
 from pointsman.errors import ModelNotFoundError
 from pointsman.estimator.estimate import Estimator
 from pointsman.estimator.features import extract_features
-from pointsman.estimator.loading import bundled_model_dir, load_estimator
+from pointsman.estimator.model_source import bundled_model_dir, load_estimator
 from pointsman.estimator.manifest import content_version, read_manifest
 from pointsman.request import parse_route_request, request_from_prompt
 
@@ -137,7 +137,7 @@ def test_loader_errors(tmp_path, monkeypatch):
 def test_serving_imports_no_training_stack():
     code = """
 import sys
-from pointsman.estimator.loading import load_estimator
+from pointsman.estimator.model_source import load_estimator
 from pointsman.estimator.features import extract_features
 from pointsman.request import request_from_prompt
 est = load_estimator("bundled")

@@ -15,7 +15,7 @@ from pointsman.estimator.features import (
     splits_words_locally,
     tokenized_features,
 )
-from pointsman.estimator.loading import load_estimator
+from pointsman.estimator.model_source import load_estimator
 from pointsman.request import parse_route_request
 
 # words and characters where a tokenizer's normalizer and word splitting get interesting:

@@ -28,7 +28,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of Lit
 
 import litellm  # noqa: E402
 
-from pointsman.datasets.outcome_log import OutcomeLog  # noqa: E402
+from pointsman.outcome_log.store import OutcomeLog  # noqa: E402
 from pointsman.integrations.client import DECISION_HEADER, PointsmanClient  # noqa: E402
 from pointsman.integrations.litellm_router import (  # noqa: E402
     attach, pick_deployment,
@@ -69,7 +69,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
            "POINTSMAN_WATCH_POLICY": "false", "POINTSMAN_GATEWAY_API_KEYS": f"litellm={GATEWAY_KEY}",
            "POINTSMAN_DECISION_LOG_FLUSH_MS": "5", "MLFLOW_DISABLE_TELEMETRY": "true",
            "ORT_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-c", "from pointsman.service.cli import main; main()", "serve",
+    cmd = [sys.executable, "-c", "from pointsman.cli.main import main; main()", "serve",
            "--port", str(port), "--policy", str(policy), "--log-level", "warning"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -6,18 +6,11 @@ from datetime import datetime, timezone
 import pytest
 
 from pointsman.errors import BudgetError, ConfigError
-from pointsman.policy.budget import (
-    Budget,
-    BudgetConfig,
-    BudgetConfigError,
-    BudgetStatus,
-    BudgetSnapshot,
-    EffectivePrice,
-    open_ledger,
-    to_nusd,
-    window_of,
-)
-from pointsman.policy.budget_sqlite import SqliteLedger
+from pointsman.policy.budget.config import Budget, BudgetConfig, BudgetConfigError
+from pointsman.policy.budget.ledger import BudgetStatus, BudgetSnapshot, EffectivePrice
+from pointsman.policy.budget.factory import open_ledger
+from pointsman.policy.budget.units import to_nusd, window_of
+from pointsman.policy.budget.sqlite_ledger import SqliteLedger
 
 
 def ts(*args: int) -> float:
@@ -151,8 +144,8 @@ def test_open_ledger_by_url(tmp_path, monkeypatch):
 def test_backend_failures_are_ledger_unavailable(tmp_path):
     import socket
 
-    from pointsman.policy.budget import LedgerUnavailable
-    from pointsman.policy.budget_redis import RedisLedger
+    from pointsman.policy.budget.ledger import LedgerUnavailable
+    from pointsman.policy.budget.redis_ledger import RedisLedger
 
     (tmp_path / "file").write_text("not a folder")
     with pytest.raises(LedgerUnavailable, match="budget ledger"):

@@ -24,8 +24,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pointsman.policy.budget import NUSD_PER_USD, BudgetConfig, BudgetExceeded, to_nusd
-from pointsman.policy.budget_sqlite import SqliteLedger
+from pointsman.policy.budget.units import NUSD_PER_USD, to_nusd
+from pointsman.policy.budget.config import BudgetConfig
+from pointsman.policy.budget.ledger import BudgetExceeded
+from pointsman.policy.budget.sqlite_ledger import SqliteLedger
 
 NOW = datetime(2025, 3, 14, 12, tzinfo=timezone.utc).timestamp()
 TENANT, TEAM = "tenant:acme", "team:acme/search"

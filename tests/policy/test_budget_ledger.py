@@ -9,7 +9,8 @@ from datetime import datetime, timezone
 import pytest
 
 from pointsman.errors import BudgetError
-from pointsman.policy.budget import BudgetConfig, BudgetExceeded, BudgetLedger, UnknownReservation
+from pointsman.policy.budget.config import BudgetConfig
+from pointsman.policy.budget.ledger import BudgetExceeded, BudgetLedger, UnknownReservation
 
 T = datetime(2025, 3, 14, 12, 0, tzinfo=timezone.utc).timestamp()  # a Friday noon, UTC
 DAY = 86400.0

@@ -6,7 +6,7 @@ import pytest
 
 from pointsman.errors import PolicyError
 from pointsman.policy.cases import run_cases
-from pointsman.policy.compiler import DEFAULT_POLICY_DIR
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR
 
 CASES = sorted(DEFAULT_POLICY_DIR.glob("*.cases.yaml"))
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from pointsman.errors import PolicyError
-from pointsman.policy.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
 from pointsman.policy.fleet import load_fleet
 
 HEAD = "apiVersion: pointsman/v1\nkind: RoutingPolicy\n"

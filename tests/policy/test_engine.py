@@ -6,10 +6,10 @@ import re
 import pytest
 
 from pointsman.estimator.estimate import DifficultyEstimate, FixedDifficulty
-from pointsman.policy.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
 from pointsman.policy.cost import estimate_cost
 from pointsman.policy.engine import RoutingEngine
-from pointsman.policy.filters import NoEligibleTarget
+from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.policy.fleet import load_fleet, parse_fleet
 from pointsman.request import parse_route_request, request_from_prompt
 
@@ -153,7 +153,7 @@ def test_long_unbroken_words_are_not_undercounted_past_the_context_window(fleet,
     # hex was 77 tokens and 8 MB of "x" 981, routed to a 128k-window frontier target
     import random
 
-    from pointsman.estimator.loading import load_estimator
+    from pointsman.estimator.model_source import load_estimator
 
     real = RoutingEngine(fleet, policy, load_estimator("bundled"))
     rng = random.Random(0)

@@ -7,13 +7,14 @@ from datetime import datetime, timezone
 import pytest
 
 from pointsman.estimator.estimate import FixedDifficulty
-from pointsman.policy.budget import BudgetConfig, LedgerUnavailable
-from pointsman.policy.budget_sqlite import SqliteLedger
-from pointsman.policy.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
+from pointsman.policy.budget.config import BudgetConfig
+from pointsman.policy.budget.ledger import LedgerUnavailable
+from pointsman.policy.budget.sqlite_ledger import SqliteLedger
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
 from pointsman.policy.engine import RoutingEngine
-from pointsman.policy.filters import NoEligibleTarget
+from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.state import FleetState
+from pointsman.policy.signals.fleet_state import FleetState
 from pointsman.request import parse_route_request
 
 NOW = datetime(2025, 3, 14, 12, tzinfo=timezone.utc).timestamp()

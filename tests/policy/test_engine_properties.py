@@ -19,12 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pointsman.estimator.estimate import FixedDifficulty
-from pointsman.policy.budget import BudgetConfig, to_nusd
-from pointsman.policy.compiler import DEFAULT_POLICY_DIR, load_policy
+from pointsman.policy.budget.config import BudgetConfig
+from pointsman.policy.budget.units import to_nusd
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, load_policy
 from pointsman.policy.engine import RoutingEngine
-from pointsman.policy.filters import NoEligibleTarget
+from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.policy.fleet import FrontierTarget, load_fleet
-from pointsman.policy.state import FleetState
+from pointsman.policy.signals.fleet_state import FleetState
 from pointsman.request import parse_route_request
 
 NOW = datetime(2025, 3, 14, 12, tzinfo=timezone.utc).timestamp()
@@ -97,7 +98,7 @@ def eligible(target: str, r: dict, state: FleetState, policy) -> list[str]:
 
 @pytest.fixture(scope="module")
 def ledger(tmp_path_factory):
-    from pointsman.policy.budget_sqlite import SqliteLedger
+    from pointsman.policy.budget.sqlite_ledger import SqliteLedger
 
     led = SqliteLedger(tmp_path_factory.mktemp("props") / "budget.db", budgets())
     yield led

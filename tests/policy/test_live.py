@@ -6,11 +6,11 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pointsman.policy.compiler import compile_policy
+from pointsman.policy.rules.compiler import compile_policy
 from pointsman.policy.fleet import load_fleet
 from pointsman.policy.live import StaticSignals, TargetLoad, build_context, finite_or_none
-from pointsman.policy.load import EndpointLoad, aggregate_loads
-from pointsman.policy.signals import SIGNALS, example_signals, load_signals
+from pointsman.policy.signals.load_board import EndpointLoad, aggregate_loads
+from pointsman.policy.signals.namespaces import SIGNALS, example_signals, load_signals
 
 FLEET = load_fleet()
 maybe_int = st.one_of(st.none(), st.integers(0, 500))

@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from pointsman.errors import RequestError
-from pointsman.policy.load import (
+from pointsman.policy.signals.load_board import (
     SATURATED_WAITING,
     EndpointLoad,
     LoadBoard,

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pointsman.policy.load import LoadBoard
-from pointsman.policy.metrics_scrape import (
+from pointsman.policy.signals.load_board import LoadBoard
+from pointsman.policy.signals.scrape import (
     Buckets,
     Scraper,
     ScrapeError,

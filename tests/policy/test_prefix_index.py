@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from pointsman.policy.prefix_index import (
+from pointsman.policy.signals.prefix_index import (
     PrefixIndex,
     SharedKVTier,
     block_hashes_from_ids,

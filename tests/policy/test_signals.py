@@ -8,11 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from pointsman.policy.budget import BudgetConfig, build_snapshot
-from pointsman.policy.load import EndpointLoad
-from pointsman.policy.signals import (SIGNALS, budget_signals, cache_signals, difficulty_signals, endpoint_signals,
-                                      example_endpoint, example_signals, load_signals, reference_markdown,
-                                      request_signals)
+from pointsman.policy.budget.config import BudgetConfig
+from pointsman.policy.budget.ledger import build_snapshot
+from pointsman.policy.signals.load_board import EndpointLoad
+from pointsman.policy.signals.namespaces import (
+    SIGNALS,
+    budget_signals,
+    cache_signals,
+    difficulty_signals,
+    endpoint_signals,
+    example_endpoint,
+    example_signals,
+    load_signals,
+    reference_markdown,
+    request_signals,
+)
 from pointsman.request import parse_route_request
 
 CEL_TYPES = {"int": int, "double": float, "bool": bool, "string": str}

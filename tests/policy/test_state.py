@@ -6,12 +6,14 @@ from datetime import datetime, timezone
 import pytest
 
 from pointsman.errors import BudgetError, RequestError
-from pointsman.policy.budget import MAX_SETTLE_TOKENS, BudgetConfig, BudgetExceeded, UnknownReservation
-from pointsman.policy.budget_sqlite import SqliteLedger
+from pointsman.policy.budget.units import MAX_SETTLE_TOKENS
+from pointsman.policy.budget.config import BudgetConfig
+from pointsman.policy.budget.ledger import BudgetExceeded, UnknownReservation
+from pointsman.policy.budget.sqlite_ledger import SqliteLedger
 from pointsman.policy.cost import estimate_cost
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.metrics_scrape import ScrapeStatus
-from pointsman.policy.state import FleetState, request_scopes
+from pointsman.policy.signals.scrape import ScrapeStatus
+from pointsman.policy.signals.fleet_state import FleetState, request_scopes
 
 NOW = datetime(2025, 3, 14, 12, tzinfo=timezone.utc).timestamp()
 E8 = "http://llama-8b-0.inference.internal:8000/v1"

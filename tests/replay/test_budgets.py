@@ -11,12 +11,12 @@ import pytest
 from pointsman.datasets.traces import TraceRequest
 from pointsman.errors import BudgetError
 from pointsman.estimator.estimate import FixedDifficulty
-from pointsman.policy.budget import BudgetConfig
-from pointsman.policy.compiler import load_policy
+from pointsman.policy.budget.config import BudgetConfig
+from pointsman.policy.rules.compiler import load_policy
 from pointsman.policy.fleet import load_fleet
 from pointsman.replay.budgets import check_applies
 from pointsman.replay.fleet_map import sim_fleet
-from pointsman.replay.metrics import format_table
+from pointsman.replay.summary import format_table
 from pointsman.replay.runs import replay_all
 
 FLEET = """\
@@ -111,7 +111,7 @@ def test_the_budget_pacing_example_reserves_then_runs_out() -> None:
     """The packaged fleet and ``budget-pacing.yaml``: every prompt hard (p_hard 0.9), a $0.02 day
     budget. GPT-4o while the paced bar stays under 0.9, then the reserve rule's 8B model at 95%
     spent, then nothing fits: every target refused."""
-    from pointsman.policy.compiler import DEFAULT_POLICY_DIR
+    from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR
 
     fleet = load_fleet()
     budgets = BudgetConfig.from_dict({"budgets": [{"scope": "tenant:replay", "window": "day", "limit_usd": 0.02}]})

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.estimator.estimate import FixedDifficulty
-from pointsman.policy.compiler import load_policy
+from pointsman.policy.rules.compiler import load_policy
 from pointsman.policy.fleet import load_fleet
 from pointsman.replay.engine_router import EngineRouter
 from pointsman.replay.fleet_map import sim_fleet

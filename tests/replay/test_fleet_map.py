@@ -95,7 +95,7 @@ def test_unknown_model_and_bad_replay_keys_are_located(tmp_path: Path) -> None:
 
 
 def test_quality_columns_are_validated_and_read(tmp_path: Path) -> None:
-    from pointsman.replay.outcomes import quality_columns
+    from pointsman.replay.outcome_draw import quality_columns
 
     fleet = load_fleet(write(tmp_path, replay="    replay: {quality_columns: {alpacaeval_ae1: llama-2-70b-chat-hf}}"))
     assert quality_columns(fleet) == {"small": {"alpacaeval_ae1": "llama-2-70b-chat-hf"}}

@@ -7,7 +7,7 @@ import pytest
 
 from pointsman.datasets.sources import shared_datasets_dir
 from pointsman.errors import DataError
-from pointsman.replay.outcomes import OutcomeDraw, OutcomeRow, quality_of
+from pointsman.replay.outcome_draw import OutcomeDraw, OutcomeRow, quality_of
 
 
 @pytest.fixture(scope="module")

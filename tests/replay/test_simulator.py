@@ -13,9 +13,10 @@ import pytest
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.replay.baselines import RandomPick, RoundRobin
-from pointsman.replay.fleet import OnPremTarget, SimFleet
+from pointsman.replay.sim_fleet import OnPremTarget, SimFleet
 from pointsman.replay.hardware import FrontierSpec, LinkSpec, ReplicaSpec, SharedKVTierSpec
-from pointsman.replay.simulator import Assignment, simulate
+from pointsman.replay.router import Assignment
+from pointsman.replay.simulator import simulate
 
 SPEC = ReplicaSpec(
     name="test",

@@ -12,9 +12,10 @@ import pytest
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.replay.baselines import CacheAware, LeastLoaded, OnPremWide
-from pointsman.replay.fleet import OnPremTarget, SimFleet
+from pointsman.replay.sim_fleet import OnPremTarget, SimFleet
 from pointsman.replay.hardware import FrontierSpec, LinkSpec, ReplicaSpec
-from pointsman.replay.simulator import Assignment, simulate
+from pointsman.replay.router import Assignment
+from pointsman.replay.simulator import simulate
 
 SPEC = ReplicaSpec(name="test", gpus=1, kv_capacity_blocks=100, kv_bytes_per_token=1000, prefill_s_per_token=0.001,
                    prefill_s_per_token_pair=0.0, decode_base_s=0.010, decode_per_seq_s=0.001,

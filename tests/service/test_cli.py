@@ -7,10 +7,10 @@ import pytest
 from click.testing import CliRunner
 
 from pointsman.estimator.estimate import FixedDifficulty
-from pointsman.policy.compiler import DEFAULT_POLICY_DIR, DEFAULT_POLICY_PATH
-from pointsman.service import cli_route
-from pointsman.service.cli import main
-from pointsman.service.loading import LoadedEngine, build_engine
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, DEFAULT_POLICY_PATH
+from pointsman.cli import route as cli_route
+from pointsman.cli.main import main
+from pointsman.service.bootstrap import LoadedEngine, build_engine
 
 DECISION_KEYS = {"decision_id", "target", "model", "base_url", "mode", "endpoints", "fallbacks", "estimated_cost_usd",
                  "rule", "labels", "p_hard", "difficulty_available", "prompt_tokens", "policy_revision",

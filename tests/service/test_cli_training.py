@@ -8,9 +8,9 @@ import pytest
 from click.testing import CliRunner
 
 from pointsman.estimator.features import extract_features
-from pointsman.estimator.loading import load_estimator
+from pointsman.estimator.model_source import load_estimator
 from pointsman.request import request_from_prompt
-from pointsman.service.cli_training import register
+from pointsman.cli.training import register
 from pointsman.training import metrics as M
 
 PROMPTS = [

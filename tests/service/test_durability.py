@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from pointsman.datasets.outcome_log import OutcomeLog
+from pointsman.outcome_log.store import OutcomeLog
 
 pytestmark = pytest.mark.slow
 

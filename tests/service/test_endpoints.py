@@ -7,13 +7,13 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from pointsman.datasets.outcome_log import OutcomeLog
+from pointsman.outcome_log.store import OutcomeLog
 from pointsman.estimator.estimate import DifficultyEstimate, FixedDifficulty
-from pointsman.policy.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
 from pointsman.service.app import create_app
-from pointsman.service.loading import build_state
+from pointsman.service.bootstrap import build_state
 from pointsman.service.settings import Settings
 
 USER = {"role": "user", "content": "What is the capital of France?"}

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 from pointsman.service.app import create_app
-from pointsman.service.cli import main as cli
+from pointsman.cli.main import main as cli
 from pointsman.service.settings import Settings
 
 pytestmark = pytest.mark.slow

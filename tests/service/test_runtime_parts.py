@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from pointsman.datasets.outcome_log import OutcomeLog
+from pointsman.outcome_log.store import OutcomeLog
 from pointsman.estimator.estimate import DifficultyEstimate, FixedDifficulty
-from pointsman.policy.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
 from pointsman.request import request_from_prompt
@@ -166,7 +166,7 @@ def test_estimator_budget_defaults_to_50_ms_and_none_disables_it(monkeypatch):
 def test_query_token_ids_reach_the_estimator_through_the_deadline():
     """The engine tokenizes the prompt once and hands the query's ids through the
     ``DeadlineEstimator`` to an estimator that takes them; the estimate equals tokenizing again."""
-    from pointsman.estimator.loading import load_estimator
+    from pointsman.estimator.model_source import load_estimator
 
     real = load_estimator("bundled")
     seen: list[object] = []

@@ -17,11 +17,11 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, respons
                                                status_code_conformance)
 
 from pointsman.estimator.estimate import FixedDifficulty
-from pointsman.policy.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
 from pointsman.service.app import create_app
-from pointsman.service.loading import build_state
+from pointsman.service.bootstrap import build_state
 from pointsman.service.settings import Settings
 
 ADMIN = "admin-secret-0123"

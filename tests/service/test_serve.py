@@ -5,7 +5,7 @@ import signal
 
 import httpx
 
-from pointsman.datasets.outcome_log import OutcomeLog
+from pointsman.outcome_log.store import OutcomeLog
 
 
 def test_serve_answers_route_and_healthz(tmp_path, serve):

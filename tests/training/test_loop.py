@@ -21,14 +21,14 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from pointsman.datasets.outcome_log import OutcomeLog, record_decision
-from pointsman.estimator.loading import load_estimator
-from pointsman.policy.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.outcome_log.store import OutcomeLog, record_decision
+from pointsman.estimator.model_source import load_estimator
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
 from pointsman.request import request_from_prompt
-from pointsman.service.cli_loop import register
-from pointsman.service.cli_training import register as register_training
+from pointsman.cli.loop import register
+from pointsman.cli.training import register as register_training
 from pointsman.training.challenger import ChallengerConfig, train_challenger
 from pointsman.training.outcome_labels import LabelRules
 from pointsman.training.promote import Gate, alias_version, promote, rollback
@@ -106,7 +106,7 @@ def test_the_whole_loop_with_the_embedded_store(data, world):
     # train --from-outcomes through the CLI: a challenger, not a champion.
     res = CliRunner().invoke(cli(), ["train", "--from-outcomes", "--folds", "3", "--json"])
     assert res.exit_code == 0, res.output
-    from pointsman.training.registry import client
+    from pointsman.estimator.registry import client
 
     c = client()
     assert alias_version(c, "challenger") == "1" and alias_version(c, "champion") is None

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pointsman.datasets.outcome_log import LoggedDecision, LoggedOutcome
-from pointsman.datasets.outcome_schema import QualitySignals, Usage
+from pointsman.outcome_log.records import LoggedDecision, LoggedOutcome
+from pointsman.outcome import QualitySignals, Usage
 from pointsman.errors import DataError
 from pointsman.policy.fleet import load_fleet
 from pointsman.training.outcome_labels import LabelRules, label_decision, load_label_rules

@@ -7,7 +7,7 @@ import pytest
 
 from pointsman.datasets.sources import DEFAULT_TRAINING_SOURCES
 from pointsman.errors import DataError, ModelNotFoundError
-from pointsman.estimator.loading import bundled_model_dir, load_estimator
+from pointsman.estimator.model_source import bundled_model_dir, load_estimator
 from pointsman.training.recipe import TrainConfig
 from pointsman.training.train import train
 

@@ -1,0 +1,1 @@
+"""The ``pointsman`` command line (click). Imports every other package; imported by none."""

@@ -1,0 +1,334 @@
+"""The retraining loop on the command line: ``compare``, ``promote`` (and ``--rollback``),
+``calibrate``, and the body of ``train --from-outcomes``.
+
+- ``pointsman train --from-outcomes [LOG]``: a challenger from logged outcomes
+  (``training.challenger``), registered in MLflow with alias ``challenger``;
+- ``pointsman compare``: champion and challenger on the same held-out logged traffic;
+- ``pointsman promote``: moves ``champion`` to the challenger only if it passes the gate
+  (better APGR, ECE not worse beyond a tolerance); exit code 1 with both numbers when
+  refused; ``--rollback`` moves ``champion`` back to the previous one;
+- ``pointsman calibrate --frontier-share S | --budget-usd-per-day X``: writes the policy's
+  ``p_hard`` threshold from recent logged traffic, through policy validation, atomically.
+
+Attached to the main group by ``register(group)``; heavy imports happen inside the
+commands. Errors print one line (``Error: ...``) and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from pointsman.errors import PointsmanError
+
+DEFAULT_WINDOW_DAYS = 7.0
+
+
+def _fail(message: str, code: int = 2) -> None:
+    click.echo(f"Error: {message}", err=True)
+    sys.exit(code)
+
+
+def parse_time(value: str | None, option: str) -> float | None:
+    """Unix seconds from ``value``: a number (Unix seconds) or an ISO 8601 date/time (UTC unless it
+    names a zone); None for None. Exits with code 2 naming ``option`` on anything else."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(value)
+    except ValueError:
+        _fail(f"{option}: expected Unix seconds or an ISO 8601 time like 2025-01-31T12:00, got {value!r}")
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def _need_training() -> None:
+    try:
+        import mlflow  # noqa: F401
+        import sklearn  # noqa: F401
+    except ImportError as exc:
+        _fail(f"this command needs the train extra ({exc}); install it: pip install 'pointsman[train]'")
+
+
+def _open_log(path: Path | None):
+    from pointsman.outcome_log.store import OutcomeLog, default_log_path
+
+    p = Path(path) if path else default_log_path()
+    if not p.is_file():
+        _fail(f"no outcome log at {p} (the service writes it; pass --log PATH or set POINTSMAN_DATA_DIR)")
+    return OutcomeLog(p)
+
+
+def _fleet(path: Path | None):
+    from pointsman.policy.fleet import load_fleet
+    from pointsman.service.settings import Settings
+
+    return load_fleet(path or Settings().fleet_path)
+
+
+def _rules(path: Path | None):
+    from pointsman.training.outcome_labels import load_label_rules
+
+    return load_label_rules(path)
+
+
+def _echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=lambda v: None if v != v else str(v)))
+
+
+# ------------------------------------------------------------------ train --from-outcomes
+
+def train_from_outcomes(log_path: Path | None, *, base_spec: str | None, label_rules: Path | None, fleet: Path | None,
+                        seed: int, calibration_folds: int, output: Path | None, use_mlflow: bool, register: bool,
+                        as_json: bool, since: str | None = None, until: str | None = None, head: str | None = None,
+                        alpha: float | None = None, log: Callable[[str], None] | None = None) -> None:
+    """The body of ``pointsman train --from-outcomes``: exits 2 on bad input, prints the metrics."""
+    _need_training()
+    from pointsman.estimator.model_source import load_estimator
+    from pointsman.training.challenger import ChallengerConfig, train_challenger
+    from pointsman.training.train import metrics_json
+
+    if not use_mlflow and output is None:
+        _fail("--no-mlflow needs --output DIR (otherwise the challenger would be thrown away)")
+    echo = log or ((lambda m: click.echo(m, err=True)) if as_json else click.echo)
+    try:
+        outcome_log = _open_log(log_path)
+        kw: dict[str, Any] = {"seed": seed, "calibration_folds": calibration_folds,
+                              "since_s": parse_time(since, "--since"), "until_s": parse_time(until, "--until")}
+        if head:
+            kw["head"] = head
+        if alpha is not None:
+            kw["alpha"] = alpha
+        cfg = ChallengerConfig(**kw)
+        base = load_estimator(base_spec or "champion", intra_op_threads=2)
+        echo(f"base model (encoder and feature space): {base.version} ({base.source})")
+        command = "pointsman " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "pointsman train"
+        result = train_challenger(outcome_log, _rules(label_rules), _fleet(fleet), cfg, base, output=output,
+                                  use_mlflow=use_mlflow, register=register, command=command, log_fn=echo)
+    except (PointsmanError, ValueError) as exc:
+        _fail(str(exc))
+    if as_json:
+        click.echo(metrics_json(result.metrics))
+        return
+    for key in sorted(result.metrics):
+        if key.startswith(("heldout", "cv/", "data/")):
+            click.echo(f"  {key:40s} {result.metrics[key]:.4f}")
+    if output is not None:
+        click.echo(f"model directory: {output}")
+
+
+# ----------------------------------------------------------------------------- compare
+
+def _print_comparison(cmp: Any) -> None:
+    a, b = cmp.champion, cmp.challenger
+    click.echo(f"held-out logged decisions scored by both: {cmp.n}  (excluded: {cmp.excluded})")
+    click.echo(f"label signals: {cmp.examples.signal_counts()}")
+    click.echo("")
+    click.echo(f"{'model':11s} {'APGR':>7s} {'CPT(50%)':>9s} {'AUC':>7s} {'ECE':>7s}  version (source)")
+    for m in (a, b):
+        x = m.metrics
+        click.echo(f"{m.role:11s} {x['apgr']:7.4f} {100 * x['cpt50']:8.1f}% {x['auc']:7.4f} {x['ece']:7.4f}  "
+                   f"{m.version} ({m.source})")
+    lo, hi = cmp.apgr_delta_ci90
+    click.echo(f"\nAPGR challenger - champion: {cmp.apgr_delta:+.4f} (90% paired bootstrap {lo:+.4f} .. {hi:+.4f})")
+
+
+@click.command("compare")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Outcome log (default: <data dir>/outcomes.db).")
+@click.option("--champion", "champion_spec", default="champion", show_default=True,
+              help="Champion model spec (champion falls back to the bundled model).")
+@click.option("--challenger", "challenger_spec", default="models:/pointsman-difficulty@challenger", show_default=True,
+              help="Challenger model spec: models:/NAME@ALIAS, models:/NAME/VERSION or a model directory.")
+@click.option("--label-rules", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="YAML label rules (training.outcome_labels); default rules otherwise.")
+@click.option("--fleet", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Fleet file that tells the frontier tier apart (default: POINTSMAN_FLEET_PATH or the packaged one).")
+@click.option("--since", help="Only decisions at or after this time (Unix seconds or ISO 8601).")
+@click.option("--until", help="Only decisions before this time.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def compare_cmd(log_path, champion_spec, challenger_spec, label_rules, fleet, since, until, as_json) -> None:
+    """Score the champion and the challenger on the same held-out logged traffic (decisions neither
+    trained on) and print APGR, CPT(50%), AUC and ECE for both."""
+    _need_training()
+    from pointsman.estimator.model_source import load_estimator
+    from pointsman.training.compare import compare_models
+
+    try:
+        log = _open_log(log_path)
+        champion = load_estimator(champion_spec, intra_op_threads=2)
+        challenger = load_estimator(challenger_spec, intra_op_threads=2)
+        cmp = compare_models(log, _rules(label_rules), _fleet(fleet), champion, challenger,
+                             since_s=parse_time(since, "--since"), until_s=parse_time(until, "--until"))
+    except PointsmanError as exc:
+        _fail(str(exc))
+    if as_json:
+        _echo_json(cmp.to_dict())
+    else:
+        _print_comparison(cmp)
+
+
+# ----------------------------------------------------------------------------- promote
+
+@click.command("promote")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Outcome log (default: <data dir>/outcomes.db).")
+@click.option("--label-rules", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="YAML label rules (training.outcome_labels).")
+@click.option("--fleet", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="Fleet file.")
+@click.option("--min-apgr-gain", type=float, default=0.0, show_default=True,
+              help="The challenger's APGR must beat the champion's by more than this.")
+@click.option("--ece-tolerance", type=float, default=0.02, show_default=True,
+              help="The challenger's ECE may exceed the champion's by at most this.")
+@click.option("--min-rows", type=int, default=50, show_default=True,
+              help="Held-out decisions needed to decide.")
+@click.option("--since", help="Only decisions at or after this time (Unix seconds or ISO 8601).")
+@click.option("--until", help="Only decisions before this time.")
+@click.option("--dry-run", is_flag=True, help="Compare and log, but move no alias.")
+@click.option("--rollback", is_flag=True, help="Move @champion back to the previous champion instead.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def promote_cmd(log_path, label_rules, fleet, min_apgr_gain, ece_tolerance, min_rows, since, until, dry_run, rollback,
+                as_json) -> None:
+    """Promote @challenger to @champion if it beats the champion on held-out logged traffic (APGR)
+    without worse calibration (ECE); log the comparison to MLflow. A refused challenger exits with
+    code 1 and the reasons. --rollback moves @champion back to the previous champion."""
+    _need_training()
+    from pointsman.training import promote as P
+
+    if rollback:
+        try:
+            r = P.rollback()
+        except PointsmanError as exc:
+            _fail(str(exc))
+        to = r.champion_version or "the bundled model (no @champion)"
+        if as_json:
+            _echo_json({"rolled_back": True, "champion_version": r.champion_version,
+                        "replaced_version": r.replaced_version, "run_id": r.run_id})
+        else:
+            click.echo(f"rolled back: @champion is now {to}; replaced version {r.replaced_version or 'bundled'} "
+                       f"is @{P.PREVIOUS_ALIAS} (run {r.run_id})")
+        return
+    try:
+        gate = P.Gate(min_apgr_gain=min_apgr_gain, ece_tolerance=ece_tolerance, min_rows=min_rows)
+        result = P.promote(_open_log(log_path), _rules(label_rules), _fleet(fleet), gate,
+                           since_s=parse_time(since, "--since"), until_s=parse_time(until, "--until"),
+                           dry_run=dry_run)
+    except PointsmanError as exc:
+        _fail(str(exc))
+    if as_json:
+        _echo_json({"promoted": result.promoted, "reasons": result.reasons, "checks": result.checks,
+                    "champion_version": result.champion_version, "previous_version": result.previous_version,
+                    "run_id": result.run_id, **result.comparison.to_dict()})
+    else:
+        _print_comparison(result.comparison)
+        click.echo("")
+        if result.promoted:
+            click.echo(f"promoted: @champion is now version {result.champion_version} "
+                       f"(previous: {result.previous_version or 'bundled'}; undo with `pointsman promote --rollback`)")
+        elif not result.reasons:
+            click.echo("dry run: the challenger passes the gate; no alias moved")
+        for line in result.checks:
+            click.echo(f"  ok: {line}")
+    if result.reasons:
+        click.echo("refused: " + "; ".join(result.reasons), err=True)
+        sys.exit(1)
+
+
+# --------------------------------------------------------------------------- calibrate
+
+@click.command("calibrate")
+@click.option("--policy", "policy_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Policy file to update (default: POINTSMAN_POLICY_PATH; the packaged policies are never written).")
+@click.option("--frontier-share", type=click.FloatRange(0.0, 1.0),
+              help="Send this share (0-1) of recent traffic to the frontier.")
+@click.option("--budget-usd-per-day", type=click.FloatRange(min=0.0),
+              help="Spend at most this on the frontier target per day (projected on recent traffic).")
+@click.option("--variable", default="p_hard_frontier", show_default=True, help="The policy variable to set.")
+@click.option("--target", help="Frontier target whose cost the budget counts (default: the target of the first "
+                               "rule reading the variable).")
+@click.option("--window-days", type=click.FloatRange(min=0.0, min_open=True), default=DEFAULT_WINDOW_DAYS,
+              show_default=True, help="Recent traffic: decisions of the last N days.")
+@click.option("--since", help="Start of the traffic window instead (Unix seconds or ISO 8601).")
+@click.option("--until", help="End of the traffic window (default: now).")
+@click.option("--model", "model_spec", default="champion", show_default=True,
+              help="Re-score decisions logged by other model versions with this model.")
+@click.option("--min-threshold", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True)
+@click.option("--max-threshold", type=click.FloatRange(0.0, 1.0), default=1.0, show_default=True)
+@click.option("--pace-bound", type=click.FloatRange(0.0, 1.0),
+              help="Budget pacing: also set variables.pace_gain so the paced threshold stays <= this.")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Outcome log (default: <data dir>/outcomes.db).")
+@click.option("--fleet", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="Fleet file.")
+@click.option("--dry-run", is_flag=True, help="Print the new threshold; do not write the policy.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def calibrate_cmd(policy_path, frontier_share, budget_usd_per_day, variable, target, window_days, since, until,
+                  model_spec, min_threshold, max_threshold, pace_bound, log_path, fleet, dry_run, as_json) -> None:
+    """Set the policy's p_hard threshold from recent logged traffic: by frontier share or by a daily
+    frontier budget. The new policy is compiled before it atomically replaces the file; an invalid
+    result is refused and the file is left as it was."""
+    from pointsman.estimator.model_source import load_estimator
+    from pointsman.policy.rules.compiler import load_policy
+    from pointsman.service.settings import Settings
+    from pointsman.training import calibrate as C
+
+    if (frontier_share is None) == (budget_usd_per_day is None):
+        _fail("give exactly one of --frontier-share and --budget-usd-per-day")
+    if min_threshold > max_threshold:
+        _fail(f"--min-threshold {min_threshold} is above --max-threshold {max_threshold}")
+    if policy_path is None:
+        settings = Settings()
+        from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR
+
+        if Path(settings.policy_path).resolve().parent == DEFAULT_POLICY_DIR.resolve():
+            _fail("name the policy file to update with --policy (or POINTSMAN_POLICY_PATH); "
+                  "the packaged policies are never written")
+        policy_path = Path(settings.policy_path)
+    try:
+        fl = _fleet(fleet)
+        policy = load_policy(policy_path, fl)
+        frontier = target or C.frontier_target_of(policy, variable)
+        until_s = parse_time(until, "--until") or time.time()
+        since_s = parse_time(since, "--since")
+        if since_s is None:
+            since_s = until_s - window_days * C.DAY_S
+        model = load_estimator(model_spec, intra_op_threads=2)
+        traffic = C.recent_traffic(_open_log(log_path), fl, frontier, model, since_s=since_s, until_s=until_s)
+        cal = C.calibrate(traffic, variable, frontier_share=frontier_share, budget_usd_per_day=budget_usd_per_day,
+                          bounds=(min_threshold, max_threshold), pace_bound=pace_bound)
+        old = {k: policy.variables.get(k) for k in cal.updates}
+        if not dry_run:
+            C.write_policy(policy_path, cal.updates, fl, C.calibration_comment(cal, model.version))
+    except (PointsmanError, ValueError) as exc:
+        _fail(str(exc))
+    summary = {"policy": str(policy_path), "variable": variable, "threshold": cal.threshold, "method": cal.method,
+               "frontier_target": frontier, "frontier_share": cal.frontier_share,
+               "projected_spend_usd_per_day": cal.spend_usd_per_day, "decisions": cal.n,
+               "rescored": traffic.rescored, "skipped": traffic.skipped, "span_days": traffic.span_days,
+               "updates": cal.updates, "previous": old, "written": not dry_run, "note": cal.note}
+    if as_json:
+        _echo_json(summary)
+        return
+    for k, v in cal.updates.items():
+        click.echo(f"{policy_path}: variables.{k} {old.get(k)} -> {v}" + ("  (dry run: not written)" if dry_run else ""))
+    click.echo(f"  {cal.method}: {100 * cal.frontier_share:.1f}% of {cal.n} recent decisions to {frontier}, "
+               f"projected ${cal.spend_usd_per_day:,.2f}/day over {traffic.span_days:.2f} days"
+               + (f"; {cal.note}" if cal.note else ""))
+
+
+def register(group: click.Group) -> None:
+    """Attach ``compare``, ``promote`` and ``calibrate`` to the ``pointsman`` command group."""
+    group.add_command(compare_cmd)
+    group.add_command(promote_cmd)
+    group.add_command(calibrate_cmd)

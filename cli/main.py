@@ -1,0 +1,72 @@
+"""The ``pointsman`` command-line interface (click).
+
+Subcommands live in small modules, each with ``register(group)``, attached here:
+``route``/``serve`` (``cli_route``), ``policy check``/``policy test`` (``cli_policy``),
+``train``/``evaluate`` (``cli_training``, when installed), ``compare``/``promote``/``calibrate``
+(``cli_loop``, the retraining loop).
+
+Exit status: 0 success; 1 a check found problems (``policy check``/``policy test``
+failures, a refused promotion); 2 bad input or usage. Errors no command catches itself —
+invalid ``POINTSMAN_*`` settings (pydantic ``ValidationError``) and file-system errors
+(``OSError``: an unwritable ``--output``/``--out``) — print one ``Error:`` line and exit 2
+(``PointsmanGroup``), never a traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from pointsman.cli import policy as cli_policy
+from pointsman.cli import replay as cli_replay
+from pointsman.cli import route as cli_route
+from pointsman.cli.route import InputError, validation_message
+
+
+def os_error_message(exc: OSError) -> str:
+    """One line for a file-system error: ``<path>: <reason>`` (``strerror`` when set)."""
+    reason = exc.strerror or str(exc)
+    return f"{exc.filename}: {reason}" if exc.filename else reason
+
+
+class PointsmanGroup(click.Group):
+    """The ``pointsman`` group: turns a ``ValidationError`` or an ``OSError`` (not a broken
+    pipe, which click handles) escaping any subcommand into an ``InputError`` (one ``Error:``
+    line, exit 2)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the subcommand; see the class docstring for the errors translated."""
+        try:
+            return super().invoke(ctx)
+        except ValidationError as exc:
+            raise InputError(validation_message(exc)) from None
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                raise
+            raise InputError(os_error_message(exc)) from None
+
+
+@click.group(cls=PointsmanGroup)
+@click.version_option(package_name="pointsman")
+def main() -> None:
+    """Pointsman: a routing policy engine for LLM inference."""
+
+
+cli_route.register(main)
+cli_policy.register(main)
+cli_replay.register(main)
+
+# The training commands ship in their own module; only its absence is tolerated,
+# an error inside it is a real error.
+if importlib.util.find_spec("pointsman.cli.training") is not None:
+    from pointsman.cli import training as cli_training
+
+    cli_training.register(main)
+if importlib.util.find_spec("pointsman.cli.loop") is not None:
+    from pointsman.cli import loop as cli_loop
+
+    cli_loop.register(main)

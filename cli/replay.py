@@ -1,0 +1,163 @@
+"""``pointsman replay``: run policies (the real engine) and baselines over a trace against a
+simulated fleet and report cost, latency and quality side by side (``docs/replay.md``).
+
+    pointsman replay ../shared/datasets/mooncake/synthetic_trace.jsonl.gz --limit 1000 --out replay-out
+
+TRACE: a Mooncake JSONL (``*.jsonl[.gz]``), an Azure LLM CSV (``*.csv[.gz]``) or a Pointsman
+outcome log (``*.db``/``*.sqlite``). Traces without prompt text get prompts and per-model
+outcomes drawn from ``--outcomes`` (seeded), so the estimator runs and quality is scored.
+
+Bad input (an invalid fleet, policy, budgets file or trace, an unknown outcome source, a bad
+``--estimator``, an unwritable ``--out``) prints one ``Error:`` line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from pointsman.errors import BudgetError, DataError, FleetError, PolicyError, RequestError
+from pointsman.cli.route import InputError
+
+
+def _estimator(spec: str):
+    """``default`` -> the shipped estimator; ``fixed:P`` -> ``FixedDifficulty(P)``; else a model spec."""
+    if spec.startswith("fixed:"):
+        from pointsman.estimator.estimate import FixedDifficulty
+
+        try:
+            p_hard = float(spec.removeprefix("fixed:"))
+        except ValueError:
+            p_hard = math.nan
+        if not 0.0 <= p_hard <= 1.0:  # also rejects nan
+            raise click.BadParameter(f"expected fixed:P with P in [0, 1], got {spec!r}", param_hint="--estimator")
+        return FixedDifficulty(p_hard)
+    from pointsman.service.bootstrap import load_estimator
+
+    est, error = load_estimator(None if spec == "default" else spec)
+    if error:
+        raise InputError(f"estimator {spec!r} did not load: {error}")
+    return est
+
+
+def _load_trace(path: Path, limit: int | None, start_s: float | None, end_s: float | None):
+    """(requests, texts or None, logged quality or None)."""
+    if path.suffix in (".db", ".sqlite", ".sqlite3"):
+        from pointsman.replay.log_trace import load_log_trace
+
+        log = load_log_trace(path, limit=limit)
+        return log.requests, log.texts, log.quality
+    from pointsman.datasets.traces import load_trace
+
+    return load_trace(path, limit=limit, start_s=start_s, end_s=end_s), None, None
+
+
+@click.command("replay")
+@click.argument("trace", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--fleet", "fleet_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Fleet file (default: the packaged one).")
+@click.option("--policy", "policy_paths", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Policy file; repeat for several (default: every example policy).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the simulator, the random baseline and the draw.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Replay the first N requests.")
+@click.option("--start-s", type=float, default=None, help="Trace window start, seconds from its first record.")
+@click.option("--end-s", type=float, default=None, help="Trace window end, seconds from its first record.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("replay-out"),
+              show_default=True, help="Folder for report.txt/json/html and the PNGs.")
+@click.option("--estimator", "estimator_spec", default="default", show_default=True,
+              help="'default' (the shipped model), 'fixed:P', or a model spec as for `pointsman serve`.")
+@click.option("--outcomes", default="alpacaeval_ae1", show_default=True,
+              help="Outcome sources to draw prompts and quality from (comma-separated), or 'none'.")
+@click.option("--baselines/--no-baselines", default=True, show_default=True)
+@click.option("--slo-ttft-s", type=float, default=5.0, show_default=True)
+@click.option("--slo-tpot-s", type=float, default=0.1, show_default=True)
+@click.option("--bin-s", type=click.FloatRange(min=0.001), default=10.0, show_default=True,
+              help="Width of the time bins of the plots, seconds.")
+@click.option("--budgets", "budgets_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="Budgets file (kind: Budgets) the policies run under, each with its own ledger "
+                                 "(default: no budgets).")
+@click.option("--tenant", default="replay", show_default=True,
+              help="Tenant of every replayed request: its budget scope is tenant:<tenant>.")
+def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Path, ...], seed: int,
+                   limit: int | None, start_s: float | None, end_s: float | None, out_dir: Path,
+                   estimator_spec: str, outcomes: str, baselines: bool, slo_ttft_s: float, slo_tpot_s: float,
+                   bin_s: float, budgets_path: Path | None, tenant: str) -> None:
+    """Replay TRACE through policies and baselines on a simulated fleet; print the comparison
+    and write report.txt, report.json, report.html and PNG plots to --out."""
+    from pointsman.policy.budget.config import BudgetConfig
+    from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, load_policy
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
+    from pointsman.replay.fleet_map import sim_fleet
+    from pointsman.replay.summary import SLO, format_table
+    from pointsman.replay.outcome_draw import OutcomeDraw, quality_columns
+    from pointsman.replay.report import write_report
+    from pointsman.policy.signals.fleet_state import request_scopes
+    from pointsman.replay.budgets import check_applies
+    from pointsman.replay.runs import baseline_routers, replay_all
+
+    try:
+        budgets = None
+        try:
+            request_scopes(tenant, None)
+        except RequestError as exc:
+            raise click.BadParameter(str(exc), param_hint="--tenant") from None
+        if budgets_path is not None:
+            budgets = BudgetConfig.load(budgets_path)
+            check_applies(budgets, tenant, str(budgets_path))
+        fleet = load_fleet(fleet_path or DEFAULT_FLEET_PATH)
+        sim = sim_fleet(fleet)
+        paths = policy_paths or tuple(p for p in sorted(DEFAULT_POLICY_DIR.glob("*.yaml"))
+                                      if not p.name.endswith(".cases.yaml"))
+        policies = {p.stem: load_policy(p, fleet) for p in paths}
+        requests, texts, logged = _load_trace(trace, limit, start_s, end_s)
+        if not requests:
+            raise InputError(f"{trace}: no requests in the chosen window")
+        rows = None
+        names = [n.strip() for n in outcomes.split(",") if n.strip() and n.strip() != "none"]
+        if names and (texts is None or not any(texts)):  # no prompt text: draw it
+            draw = OutcomeDraw.load(names, seed, target_columns=quality_columns(fleet), where=fleet.file)
+            rows = [draw.rows[i] for i in draw.assign(len(requests))]
+            texts = [list(r.messages) for r in rows]
+        estimator = _estimator(estimator_spec)
+    except (FleetError, PolicyError, DataError, BudgetError) as exc:
+        raise InputError(str(exc)) from None
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)  # before the replay, not after minutes of it
+    except OSError as exc:
+        raise InputError(f"--out {out_dir}: {exc.strerror or exc}") from None
+    total = len(requests) * (len(policies) + (len(baseline_routers(sim, seed)) if baselines else 0))
+    click.echo(f"replaying {len(requests)} requests of {trace.name} through {len(policies)} policies"
+               f"{' + baselines' if baselines else ''} (seed {seed})", err=True)
+    t0 = time.perf_counter()
+    with click.progressbar(length=total, label="simulated requests", file=sys.stderr) as bar:
+        runs = replay_all(requests, fleet, sim, policies, estimator, texts=texts, rows=rows, seed=seed,
+                          baselines=baselines, slo=SLO(slo_ttft_s, slo_tpot_s), timeline_bin_s=bin_s,
+                          progress=bar.update, budgets=budgets, tenant=tenant)
+    wall = time.perf_counter() - t0
+    meta = {"trace": str(trace), "requests": len(requests), "fleet": str(fleet_path or DEFAULT_FLEET_PATH),
+            "policies": ", ".join(str(p) for p in paths), "seed": seed, "limit": limit,
+            "estimator": str(getattr(estimator, "version", estimator_spec)),
+            "outcomes": ", ".join(names) if rows is not None else "none",
+            "slo": f"TTFT <= {slo_ttft_s} s, TPOT <= {slo_tpot_s} s", "window_s": round(runs[0].result.window_s, 1),
+            "budgets": f"{budgets_path} (tenant:{tenant})" if budgets_path else "none",
+            "wall_s": round(wall, 2)}
+    judged = [q for q in (logged or ()) if q is not None]
+    if logged is not None:
+        meta["logged_judge_score"] = (f"mean {sum(judged) / len(judged):.3f} over {len(judged)} of {len(logged)} "
+                                      f"outcomes (judge's own scale; what ran when logged)" if judged
+                                      else f"none of {len(logged)} outcomes has a judge_score")
+    written = write_report(runs, out_dir, meta)
+    click.echo(format_table({r.name: r.summary for r in runs}))
+    if "logged_judge_score" in meta:
+        click.echo(f"\nlogged judge_score: {meta['logged_judge_score']}")
+    click.echo(f"\n{sum(len(r.result.requests) for r in runs) / wall:.0f} simulated requests/s; "
+               f"report: {written['html']} ({', '.join(p.name for p in written.values())})")
+
+
+def register(group: click.Group) -> None:
+    """Attach ``replay`` to the ``pointsman`` group."""
+    group.add_command(replay_command)

@@ -1,0 +1,272 @@
+"""``pointsman route`` (one decision, printed) and ``pointsman serve`` (the HTTP service).
+
+Bad input (empty prompt, empty or malformed message file, invalid UTF-8, a missing
+file, invalid fleet or policy files, a prompt no target can take) prints one clear
+``Error: ...`` line (config files: one line per located problem) and exits with
+status 2; never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from pointsman.errors import BudgetError, ConfigError, RequestError
+from pointsman.policy.decision import Decision
+from pointsman.request import parse_route_request
+from pointsman.service.bootstrap import LoadedEngine, build_engine
+from pointsman.service.settings import Settings
+
+
+class InputError(click.ClickException):
+    """Bad input: printed as one ``Error: ...`` line, exit status 2."""
+
+    exit_code = 2
+
+
+class ConfigProblems(click.ClickException):
+    """Invalid fleet or policy file: every located problem on its own line, exit status 2."""
+
+    exit_code = 2
+
+    def __init__(self, error: ConfigError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+    def show(self, file: Any = None) -> None:
+        """Print one ``Error: file:line:col: code: message`` line per problem to stderr."""
+        for problem in self.error.problems:
+            click.echo(f"Error: {problem}", err=True)
+
+
+def config_options(fn: Any) -> Any:
+    """``--fleet``, ``--policy``, ``--model``: override ``POINTSMAN_FLEET_PATH``, ``_POLICY_PATH``, ``_MODEL``."""
+    fn = click.option("--model", "model", default=None, metavar="SPEC",
+                      help="Estimator model (directory or registry URI) [env POINTSMAN_MODEL; default: the packaged model].")(fn)
+    fn = click.option("--policy", "policy_path", default=None, type=click.Path(path_type=Path),
+                      help="Policy file [env POINTSMAN_POLICY_PATH; default: the packaged default policy].")(fn)
+    fn = click.option("--fleet", "fleet_path", default=None, type=click.Path(path_type=Path),
+                      help="Fleet file [env POINTSMAN_FLEET_PATH; default: the packaged fleet].")(fn)
+    return fn
+
+
+def validation_message(exc: ValidationError) -> str:
+    """One line for a pydantic ``ValidationError``; for ``Settings``, each bad field as its
+    environment variable, e.g. ``POINTSMAN_MAX_BODY_BYTES='abc': Input should be a valid
+    integer, ...``."""
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        name = f"POINTSMAN_{loc.upper()}" if exc.title == "Settings" and loc else loc or exc.title
+        value = f"={err['input']!r}" if "input" in err and isinstance(err["input"], (str, int, float)) else ""
+        parts.append(f"{name}{value}: {err['msg']}")
+    prefix = "invalid setting " if exc.title == "Settings" else f"invalid {exc.title}: "
+    return prefix + "; ".join(parts)
+
+
+def settings_from(**overrides: Any) -> Settings:
+    """Settings from the environment, with the given non-None values on top; an invalid
+    ``POINTSMAN_*`` variable raises ``InputError`` naming it."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        raise InputError(validation_message(exc)) from None
+
+
+def load(settings: Settings, ledger: bool = True) -> LoadedEngine:
+    """Build the engine; config problems become ``ConfigProblems``, a bad ledger URL an
+    ``InputError``; estimator trouble a warning."""
+    try:
+        loaded = build_engine(settings, ledger=ledger)
+    except ConfigError as exc:
+        raise ConfigProblems(exc) from None
+    except BudgetError as exc:
+        raise InputError(f"budget ledger: {exc}") from None
+    if loaded.estimator_error:
+        click.echo(f"Warning: difficulty estimator unavailable ({loaded.estimator_error}); "
+                   "deciding with difficulty.available == false", err=True)
+    return loaded
+
+
+def _decode(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what} is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})") from None
+
+
+def _read_messages(path: Path) -> dict[str, Any]:
+    """A chat request body from a JSON file: a message list, or a full chat request object."""
+    what = f"--messages {path}"
+    try:
+        raw = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{what}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{what}: is a directory") from None
+    except OSError as exc:
+        raise InputError(f"{what}: {exc.strerror or exc}") from None
+    text = _decode(raw, what)
+    if not text.strip():
+        raise InputError(f"{what}: file is empty; expected a JSON message list or chat request")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{what}: malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise InputError(f"{what}: malformed JSON: nested too deeply") from None
+    if isinstance(data, list):
+        return {"messages": data}
+    if isinstance(data, dict) and "messages" in data:
+        return data
+    raise InputError(f"{what}: expected a JSON list of messages or an object with \"messages\", "
+                     f"got {type(data).__name__ if not isinstance(data, dict) else 'an object without messages'}")
+
+
+def _print_human(d: Decision, explain: bool) -> None:
+    p_hard = f"{d.p_hard:.3f}" if d.p_hard is not None else "unavailable"
+    t = d.timings_ms
+    lines = [
+        ("target", f"{d.target} ({d.model})"),
+        ("mode", d.mode),
+        ("base_url", d.base_url),
+        ("rule", d.rule),
+        ("p_hard", p_hard),
+        ("prompt", f"{d.prompt_tokens:,} tokens"),
+        ("cost", f"${d.estimated_cost_usd:.6f} (estimated)"),
+        ("endpoints", ", ".join(f"{e.name or e.url} ({e.role})" for e in d.endpoints)),
+        ("fallbacks", ", ".join(f.target for f in d.fallbacks) or "none"),
+        ("timings", f"features {t['features']:.2f} ms, estimator {t['estimator']:.2f} ms, "
+                    f"policy {t['policy']:.2f} ms, total {t['total']:.2f} ms"),
+        ("decision", d.decision_id),
+    ]
+    for key, value in lines:
+        click.echo(f"{key:<10} {value}")
+    if explain:
+        click.echo("rules:")
+        for r in d.trace["rules"]:
+            extra = f" ({r['error']})" if "error" in r else f" ({r['note']})" if "note" in r else ""
+            click.echo(f"  {r['rule']:<24} {r['result']}{extra}")
+        click.echo("candidates:")
+        for c in d.trace["candidates"]:
+            status = "eligible" if c["eligible"] else f"excluded: {c['excluded_by']}"
+            click.echo(f"  {c['target']:<16} {c['mode']:<14} ${c['estimated_cost_usd']:.6f}  {status}")
+
+
+@click.command("route")
+@click.argument("prompt", required=False)
+@click.option("--messages", "messages_path", type=click.Path(path_type=Path), default=None,
+              help="JSON file with an OpenAI-style message list or a full chat request ('-' for stdin).")
+@click.option("--json", "as_json", is_flag=True, help="Print the decision as one JSON object.")
+@click.option("--explain", is_flag=True, help="Include the trace: every rule evaluated, candidates and costs.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="The request's output cap.")
+@click.option("--tenant", default=None, help="routing.tenant")
+@click.option("--team", default=None, help="routing.team")
+@click.option("--session-id", default=None, help="routing.session_id")
+@click.option("--slo-class", default=None, help="routing.slo_class")
+@config_options
+def route_command(prompt: str | None, messages_path: Path | None, as_json: bool, explain: bool,
+                  max_tokens: int | None, tenant: str | None, team: str | None, session_id: str | None,
+                  slo_class: str | None,
+                  fleet_path: Path | None, policy_path: Path | None, model: str | None) -> None:
+    """Decide where PROMPT (or the chat in --messages) runs, and print the decision.
+
+    PROMPT '-' reads the prompt from stdin. A what-if: nothing is reserved or recorded
+    (budgets are read when POINTSMAN_BUDGET_LEDGER or POINTSMAN_BUDGETS_PATH is set).
+    """
+    if prompt is not None and messages_path is not None:
+        raise InputError("give either PROMPT or --messages, not both")
+    if prompt is None and messages_path is None:
+        raise InputError("give a PROMPT argument or --messages FILE")
+    if messages_path is not None:
+        body = _read_messages(messages_path)
+    else:
+        assert prompt is not None
+        text = _decode(sys.stdin.buffer.read(), "stdin") if prompt == "-" else prompt
+        if not text.strip():
+            raise InputError("the prompt is empty")
+        body = {"messages": [{"role": "user", "content": text}]}
+    routing = body.get("routing") if isinstance(body.get("routing"), dict) else {}
+    routing = dict(routing or {})
+    for key, value in (("tenant", tenant), ("team", team), ("session_id", session_id), ("slo_class", slo_class)):
+        if value is not None:
+            routing[key] = value
+    if explain:
+        routing["explain"] = True
+    if routing:
+        body["routing"] = routing
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    try:
+        request = parse_route_request(body)
+    except RequestError as exc:
+        raise InputError(str(exc)) from None
+    loaded = load(settings_from(fleet_path=fleet_path, policy_path=policy_path, model=model), ledger=False)
+    try:
+        decision = loaded.engine.route(request, dispatch=False)
+    except (RequestError, BudgetError) as exc:  # no eligible target; ledger unavailable
+        raise InputError(str(exc)) from None
+    finally:
+        loaded.engine.state.close()
+    if as_json:
+        click.echo(json.dumps(decision.to_dict(explain=explain)))
+    else:
+        _print_human(decision, explain)
+
+
+@click.command("serve")
+@click.option("--host", default=None, help="Bind address [env POINTSMAN_HOST; default 127.0.0.1].")
+@click.option("--port", type=click.IntRange(0, 65535), default=None, help="Port [env POINTSMAN_PORT; default 8000].")
+@click.option("--max-body-bytes", type=click.IntRange(min=1), default=None,
+              help="Largest accepted request body [env POINTSMAN_MAX_BODY_BYTES; default 8 MiB].")
+@click.option("--log-level", default=None, help="Log level [env POINTSMAN_LOG_LEVEL; default info].")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes [env POINTSMAN_WORKERS; default 1].")
+@config_options
+def serve_command(host: str | None, port: int | None, max_body_bytes: int | None, log_level: str | None,
+                  workers: int | None, fleet_path: Path | None, policy_path: Path | None, model: str | None) -> None:
+    """Run the decision service (see docs/service.md for the endpoints) with uvicorn."""
+    import importlib.util
+    import os
+
+    import uvicorn
+
+    from pointsman.service.app import create_app, keyring_of
+
+    overrides = dict(host=host, port=port, max_body_bytes=max_body_bytes, log_level=log_level, workers=workers,
+                     fleet_path=fleet_path, policy_path=policy_path, model=model)
+    settings = settings_from(**overrides)
+    try:
+        keyring_of(settings)  # API key settings are checked here, before anything loads
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    loaded = load(settings)  # config errors are reported here, before the server starts
+    level = settings.log_level.lower()
+    # uvloop and httptools by name, not uvicorn's "auto": asyncio's loop leaves TCP_NODELAY off
+    # on the sockets of uvicorn's multi-worker listener (+40 ms per response, Nagle and delayed
+    # ACK), and uvloop sets it on every TCP connection (scripts/load_service.py's docstring).
+    # uvloop is a serving dependency except on Windows, where it does not exist.
+    loop = "uvloop" if importlib.util.find_spec("uvloop") is not None else "auto"
+    server = dict(host=settings.host, port=settings.port, log_level=level, loop=loop, http="httptools")
+    if settings.workers == 1:
+        app = create_app(settings, engine=loaded.engine, owns_engine=True, estimator_error=loaded.estimator_error,
+                         freeze=True)
+        uvicorn.run(app, **server)
+        return
+    loaded.engine.state.close()
+    # each worker process builds its own app from the environment: hand the options over there
+    for key, value in overrides.items():
+        if value is not None:
+            os.environ[f"POINTSMAN_{key.upper()}"] = str(value)
+    uvicorn.run("pointsman.service.app:create_app_from_env", factory=True, workers=settings.workers, **server)
+
+
+def register(group: click.Group) -> None:
+    """Attach ``route`` and ``serve`` to the ``pointsman`` group."""
+    group.add_command(route_command)
+    group.add_command(serve_command)

@@ -1,0 +1,154 @@
+"""``pointsman train`` and ``pointsman evaluate``: the estimator's command-line side.
+
+Attached to the main group by ``register(group)``. Heavy imports (scikit-learn,
+pandas, MLflow, torch) happen inside the commands, so ``pointsman route``/``serve``
+start without them. Errors print one clear line to stderr and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from pointsman.errors import PointsmanError
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+def _split_names(values: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(n.strip() for v in values for n in v.split(",") if n.strip())
+
+
+@click.command("train")
+@click.option("--encoder", type=click.Choice(["static", "minilm"]), default="static", show_default=True,
+              help="Text encoder: static (distilled from MiniLM, default) or the MiniLM transformer.")
+@click.option("--output", type=click.Path(file_okay=False, path_type=Path),
+              help="Write the model directory here (e.g. estimator/default_model).")
+@click.option("--no-register", is_flag=True, help="Log the run to MLflow but do not register or move @champion.")
+@click.option("--no-mlflow", is_flag=True, help="Skip MLflow entirely (needs --output).")
+@click.option("--tables", multiple=True, metavar="NAMES",
+              help="Training sources by name (repeat or comma-separate); default: all Apache/MIT sources.")
+@click.option("--eval", "evals", multiple=True, metavar="TABLE:WEAK:STRONG",
+              help="Also evaluate on a table the model does not train on; recorded under transfer/.")
+@click.option("--encoder-from", type=click.Path(file_okay=False, path_type=Path),
+              help="Reuse the encoder of this model directory (e.g. estimator/default_model); train only the head.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--max-rows", type=int, default=None, help="Cap prompts per source (quick runs).")
+@click.option("--folds", type=int, default=5, show_default=True, help="Cross-fitting folds (held-out metrics, calibration).")
+@click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
+@click.option("--from-table", is_flag=True,
+              help="Train on the public outcome tables (the default; see --tables).")
+@click.option("--from-outcomes", "from_outcomes", is_flag=False, flag_value="-", default=None, metavar="[LOG]",
+              help="Train a challenger from the outcome log (default <data dir>/outcomes.db) on the encoder of "
+                   "--encoder-from (default: the serving champion); registered with alias @challenger.")
+@click.option("--label-rules", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="With --from-outcomes: YAML label rules (training.outcome_labels).")
+def train_cmd(encoder, output, no_register, no_mlflow, tables, evals, encoder_from, seed, max_rows, folds,
+              as_json, from_table, from_outcomes, label_rules) -> None:
+    """Train the difficulty estimator on the Apache/MIT outcome tables, evaluate it on
+    held-out prompts, export it to ONNX, log it to MLflow and (unless --no-register)
+    register it as pointsman-difficulty with alias @champion. With --from-outcomes, train a
+    challenger from logged outcomes instead (cli/loop.py)."""
+    if from_outcomes is not None:
+        if from_table or tables or max_rows:
+            _fail("--from-outcomes trains on the outcome log; it takes no --from-table, --tables or --max-rows")
+        from pointsman.cli.loop import train_from_outcomes
+
+        train_from_outcomes(None if from_outcomes == "-" else Path(from_outcomes), base_spec=encoder_from and str(encoder_from),
+                            label_rules=label_rules, fleet=None, seed=seed, calibration_folds=folds, output=output,
+                            use_mlflow=not no_mlflow, register=not no_register, as_json=as_json)
+        return
+    if label_rules is not None:
+        _fail("--label-rules applies to --from-outcomes only")
+    if no_mlflow and output is None:
+        _fail("--no-mlflow needs --output DIR (otherwise the model would be thrown away)")
+    parsed_evals = []
+    for spec in evals:
+        parts = spec.rsplit(":", 2)
+        if len(parts) != 3 or not all(parts):
+            _fail(f"--eval expects TABLE:WEAK:STRONG, got {spec!r}")
+        parsed_evals.append((parts[0], parts[1], parts[2]))
+    try:
+        from pointsman.datasets.sources import DEFAULT_TRAINING_SOURCES
+        from pointsman.training.recipe import TrainConfig
+        from pointsman.training.train import metrics_json, train
+    except ImportError as exc:
+        _fail(f"training needs the train extra ({exc}); install it: pip install 'pointsman[train]'")
+    names = _split_names(tables) or DEFAULT_TRAINING_SOURCES
+    cfg = TrainConfig(
+        encoder=encoder,
+        sources=names,
+        seed=seed,
+        n_folds=folds,
+        encoder_from=str(encoder_from) if encoder_from else None,
+        max_rows_per_source={n: max_rows for n in names} if max_rows else None,
+    )
+    command = "pointsman " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "pointsman train"
+    log = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    try:
+        result = train(cfg, output, register=not no_register, use_mlflow=not no_mlflow,
+                       evals=parsed_evals, command=command, log=log)
+    except PointsmanError as exc:
+        _fail(str(exc))
+    if as_json:
+        click.echo(metrics_json(result.metrics))
+        return
+    for key in sorted(result.metrics):
+        if key.endswith(("/apgr", "/auc", "/ece")) or key in ("heldout/chat_apgr", "heldout/ece"):
+            click.echo(f"  {key:60s} {result.metrics[key]:.4f}")
+    if output is not None:
+        click.echo(f"model directory: {output}")
+
+
+def _fmt_share(v: float) -> str:
+    return f"{100 * v:5.1f}%"
+
+
+@click.command("evaluate")
+@click.option("--table", required=True, type=click.Path(path_type=Path),
+              help="Wide outcome table (gzip or plain CSV): prompt_id, category, prompt, <model columns>.")
+@click.option("--weak", required=True, help="Model column of the cheaper model.")
+@click.option("--strong", required=True, help="Model column of the frontier model.")
+@click.option("--model", "model_spec", default="champion", show_default=True,
+              help="bundled, champion, models:/NAME@ALIAS, models:/NAME/VERSION or a model directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def evaluate_cmd(table: Path, weak: str, strong: str, model_spec: str, as_json: bool) -> None:
+    """Score every prompt of TABLE with the difficulty model and print RouteLLM's router
+    metrics (APGR, CPT(50%), CPT(80%)) and ROC-AUC for WEAK vs STRONG, next to the
+    random router and the oracle on the same rows."""
+    try:
+        from pointsman.estimator.model_source import load_estimator
+        from pointsman.training.evaluate import evaluate_table
+    except ImportError as exc:
+        _fail(f"evaluate needs the train extra ({exc}); install it: pip install 'pointsman[train]'")
+    try:
+        est = load_estimator(model_spec, intra_op_threads=2)
+        report = evaluate_table(est, table, weak, strong)
+    except PointsmanError as exc:
+        _fail(str(exc))
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    click.echo(f"table   {report['table']}  ({report['n']} of {report['n_rows']} prompts scored)")
+    click.echo(f"pair    weak {weak}  vs  strong {strong}")
+    click.echo(f"model   {report['model_version']}  ({report['model_source']})")
+    click.echo("")
+    click.echo(f"{'router':8s} {'APGR':>7s} {'CPT(50%)':>9s} {'CPT(80%)':>9s} {'AUC':>7s}")
+    click.echo(f"{'model':8s} {report['apgr']:7.4f} {_fmt_share(report['cpt50']):>9s} "
+               f"{_fmt_share(report['cpt80']):>9s} {report['auc']:7.4f}")
+    click.echo(f"{'random':8s} {report['random_apgr']:7.4f} {_fmt_share(0.5):>9s} {_fmt_share(0.8):>9s} {0.5:7.4f}")
+    click.echo(f"{'oracle':8s} {report['oracle_apgr']:7.4f} {_fmt_share(report['oracle_cpt50']):>9s} "
+               f"{_fmt_share(report['oracle_cpt80']):>9s} {1.0:7.4f}")
+
+
+def register(group: click.Group) -> None:
+    """Attach ``train`` and ``evaluate`` to the ``pointsman`` command group."""
+    group.add_command(train_cmd)
+    group.add_command(evaluate_cmd)

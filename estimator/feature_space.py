@@ -1,0 +1,50 @@
+"""Feature-space ids: which vector space a model's head reads (encoder file, tokenizer,
+token window, head feature names), so logged head inputs are reused only by a model that
+reads the same space.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+
+_SPACE_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+def feature_space_of(estimator: Any) -> str | None:
+    """The id of the vector space a ``DifficultyEstimator``'s head reads, or None for an estimator
+    without a model directory (``FixedDifficulty``).
+
+    ``"<encoder kind>-<12 hex>"``: sha256 over the encoder ONNX file, the tokenizer, the token
+    window and the head's feature names. Two models with the same encoder and request features
+    (a champion and a challenger trained with ``--encoder-from``) share it, so head inputs logged
+    under one can train and score the other. Cached per file (path, size, mtime).
+    """
+    model_dir = getattr(estimator, "model_dir", None)
+    manifest = getattr(estimator, "manifest", None)
+    if model_dir is None or manifest is None:
+        return None
+    return feature_space_id(Path(model_dir), manifest)
+
+
+def feature_space_id(model_dir: Path, manifest: Any) -> str:
+    """``feature_space_of`` for a model directory and its ``Manifest`` (see there)."""
+    enc = manifest.encoder
+    path = Path(model_dir) / enc.file
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    cached = _SPACE_CACHE.get(key)
+    if cached is None:
+        h = hashlib.sha256()
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        h.update((Path(model_dir) / enc.tokenizer).read_bytes())
+        h.update(f"|{enc.max_tokens}|{enc.add_special_tokens}|".encode())
+        h.update("\n".join(manifest.head.feature_names).encode())
+        cached = f"{enc.kind}-{h.hexdigest()[:12]}"
+        _SPACE_CACHE[key] = cached
+    return cached
+

@@ -1,0 +1,209 @@
+"""Records of the decision and outcome log: what one decision stores (``DecisionRecord``),
+what a stored outcome reads back as (``LoggedOutcome``, ``LoggedDecision``), the per-item
+acknowledgement (``OutcomeAck``), and the privacy-preserving prompt keys (sha256 of the
+conversation, the leakage-safe conversation key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pointsman.datasets.splits import group_key
+from pointsman.errors import DataError
+from pointsman.estimator.feature_space import feature_space_of
+from pointsman.estimator.features import RequestFeatures
+from pointsman.outcome import QualitySignals, Usage
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.policy.decision import Decision
+    from pointsman.request import RouteRequest
+
+
+#: ``RequestFeatures`` fields kept in the log (all but the text).
+FEATURE_FIELDS = tuple(f.name for f in fields(RequestFeatures) if f.name != "query_text")
+
+
+def conversation_text(request: RouteRequest) -> str:
+    """The conversation as one string (``role: text`` per message, newline-separated), the input of
+    ``prompt_sha256``."""
+    return "\n".join(f"{m.role}: {m.text()}" for m in request.messages)
+
+
+def prompt_sha256(request: RouteRequest) -> str:
+    """sha256 hex (64 chars) of ``conversation_text(request)`` in UTF-8."""
+    return hashlib.sha256(conversation_text(request).encode("utf-8")).hexdigest()
+
+
+def conversation_key(request: RouteRequest) -> str:
+    """Leakage-safe group key of the conversation (``datasets.splits.group_key``: sha1 prefix of
+    the normalized first user text, 16 hex), the same key public-table training splits by."""
+    return group_key([{"role": m.role, "content": m.text()} for m in request.messages])
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """One decision as the log stores it.
+
+    ``time_s``: Unix seconds of the decision. ``request_features``: ``RequestFeatures`` fields
+    without the text (``FEATURE_FIELDS``). ``head_input``: the estimator's head input, float32
+    (d,), or None (no estimator, or it failed). ``feature_space``: ``feature_space_of(estimator)``.
+    ``prompt_text``: the encoder's query window; dropped by the log unless it stores prompts.
+    """
+
+    decision_id: str
+    time_s: float
+    target: str
+    model: str
+    mode: str
+    rule: str
+    p_hard: float | None
+    difficulty_available: bool
+    estimated_cost_usd: float | None
+    estimator_version: str | None
+    policy_revision: str | None
+    fleet_revision: str | None
+    request_features: dict[str, Any]
+    prompt_sha256: str
+    conversation_key: str
+    tenant: str | None = None
+    feature_space: str | None = None
+    head_input: np.ndarray | None = None
+    prompt_text: str | None = None
+
+    @classmethod
+    def from_decision(
+        cls,
+        decision: Decision,
+        request: RouteRequest,
+        features: RequestFeatures,
+        *,
+        head_input: np.ndarray | None = None,
+        feature_space: str | None = None,
+        time_s: float | None = None,
+    ) -> DecisionRecord:
+        """The record of ``decision`` for ``request`` with its ``features`` (``extract_features``).
+
+        ``head_input``: float (d,) or (1, d) head input of the estimator that scored it (None if
+        none); ``feature_space``: its id (``feature_space_of``). ``time_s`` defaults to now.
+        """
+        vec = None
+        if head_input is not None:
+            vec = np.ascontiguousarray(np.asarray(head_input, dtype=np.float32).reshape(-1))
+        return cls(
+            decision_id=decision.decision_id,
+            time_s=time.time() if time_s is None else float(time_s),
+            target=decision.target,
+            model=decision.model,
+            mode=decision.mode,
+            rule=decision.rule,
+            p_hard=decision.p_hard,
+            difficulty_available=decision.difficulty_available,
+            estimated_cost_usd=decision.estimated_cost_usd,
+            estimator_version=decision.estimator_version,
+            policy_revision=decision.policy_revision,
+            fleet_revision=decision.fleet_revision,
+            request_features={k: getattr(features, k) for k in FEATURE_FIELDS},
+            prompt_sha256=prompt_sha256(request),
+            conversation_key=conversation_key(request),
+            tenant=request.routing.tenant,
+            feature_space=feature_space if vec is not None else None,
+            head_input=vec,
+            prompt_text=features.query_text,
+        )
+
+
+@dataclass(frozen=True)
+class OutcomeAck:
+    """What happened to one reported outcome: ``status`` is ``stored`` (new, durable),
+    ``duplicate`` (already stored with the same content; durable), ``conflict`` (already
+    stored with different content; unchanged) or ``unknown_decision`` (no such decision in the
+    log; not stored). ``message`` explains the last two."""
+
+    outcome_id: str
+    decision_id: str
+    status: str
+    message: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True for ``stored`` and ``duplicate``: the outcome is in the log."""
+        return self.status in ("stored", "duplicate")
+
+
+@dataclass(frozen=True)
+class LoggedOutcome:
+    """One stored outcome (see ``OutcomeIn`` for the fields); ``received_s``: server time of storage."""
+
+    outcome_id: str
+    decision_id: str
+    received_s: float
+    time_s: float | None
+    served_target: str | None
+    served_model: str | None
+    shadow: bool
+    status: str
+    error: str | None
+    usage: Usage
+    ttft_ms: float | None
+    tpot_ms: float | None
+    e2e_latency_ms: float | None
+    quality: QualitySignals
+
+
+@dataclass(frozen=True)
+class LoggedDecision(DecisionRecord):
+    """A stored decision (the ``DecisionRecord`` fields as read back; ``head_input`` float32
+    (d,) or None) with its outcomes, oldest first."""
+
+    outcomes: tuple[LoggedOutcome, ...] = field(default_factory=tuple)
+
+    def features(self) -> RequestFeatures:
+        """The logged ``RequestFeatures`` with ``query_text`` = the stored prompt text ('' without it).
+        Raises ``DataError`` if the log lacks a field this version of Pointsman needs."""
+        known = {f.name for f in fields(RequestFeatures)}
+        values = {k: v for k, v in self.request_features.items() if k in known}
+        values["query_text"] = self.prompt_text or ""
+        missing = known - set(values)
+        if missing:
+            raise DataError(f"decision {self.decision_id}: logged request features lack {', '.join(sorted(missing))}")
+        return RequestFeatures(**values)
+
+
+def decision_record(
+    decision: Decision,
+    request: RouteRequest,
+    estimator: Any,
+    *,
+    features: RequestFeatures | None = None,
+    head_input: np.ndarray | None = None,
+    time_s: float | None = None,
+) -> DecisionRecord:
+    """The record of one decision, not yet appended (``record_decision`` appends it; the service's
+    background writer appends many at once with ``OutcomeLog.append_decisions``).
+
+    ``features``/``head_input`` are what the engine computed for the decision (the
+    ``RequestFeatures`` and ``DifficultyEstimate.features``); they are also read from the
+    decision's ``request_features``/``head_input`` attributes when it carries them. Otherwise
+    they are recomputed here (``extract_features`` and ``estimator.feature_vector``, which costs
+    one more encoder pass). Without a ``feature_vector`` method (``FixedDifficulty``) or when the
+    estimate was unavailable, no head input is stored.
+    """
+    from pointsman.estimator.features import extract_features
+
+    features = features if features is not None else getattr(decision, "request_features", None)
+    head_input = head_input if head_input is not None else getattr(decision, "head_input", None)
+    if features is None:
+        features = extract_features(request, getattr(estimator, "tokenizer", None))
+    if head_input is None and decision.difficulty_available and hasattr(estimator, "feature_vector"):
+        try:
+            head_input = estimator.feature_vector(features)
+        except Exception:  # noqa: BLE001 - logging must never fail a decision; no vector then
+            head_input = None
+    return DecisionRecord.from_decision(decision, request, features, head_input=head_input,
+                                       feature_space=feature_space_of(estimator), time_s=time_s)
+

@@ -1,0 +1,426 @@
+"""The decision and outcome log's store (``OutcomeLog``): what Pointsman decided, and what came of it.
+
+Embedded store: one SQLite file (stdlib ``sqlite3``, WAL mode), by default
+``<data_dir>/outcomes.db`` (``$POINTSMAN_DATA_DIR``, else ``./data``). The service
+appends a decision when it decides (``append_decision``) and the outcomes the gateway
+reports (``append_outcomes``); training reads them back joined by decision id
+(``joined``). Serving-safe: imports only the standard library, numpy and pydantic.
+
+Durability. Outcomes are committed with ``PRAGMA synchronous=FULL``: when
+``append_outcomes`` returns, every outcome it reports as ``stored`` or ``duplicate`` is
+on disk (fsynced WAL), and so is every decision appended before it (the WAL is one
+sequential file). Decisions commit with ``synchronous=NORMAL``: they survive a killed
+process; on power loss the last decisions not followed by an outcome commit may roll back.
+
+Privacy. A decision keeps the request features (``RequestFeatures`` minus its text), the
+estimator's head input vector (embedding ⊕ request features, float32) so a new head can
+be trained without the prompt, a sha256 of the conversation and a leakage-safe
+conversation key (``datasets.splits.group_key``, a sha1 prefix). The prompt text (the
+bounded query window the encoder reads, at most ``QUERY_WINDOW_CHARS``) is stored only
+when the log is opened with ``store_prompts=True``.
+
+Idempotency. A decision id is stored once (a repeated append is a no-op). An outcome is
+keyed by ``outcome_id`` (default: its decision id): the same key with the same content is
+acknowledged again as ``duplicate``; with different content it is a ``conflict`` and
+nothing changes. An outcome whose decision is not in the log is ``unknown_decision``.
+
+Tables::
+
+    decisions(decision_id PK, time_s, tenant, target, model, mode, rule, p_hard,
+              difficulty_available, estimated_cost_usd, estimator_version, policy_revision,
+              fleet_revision, request_features JSON, feature_space, head_input BLOB float32,
+              prompt_sha256, conversation_key, prompt_text)
+    outcomes(outcome_id PK, decision_id, received_s, time_s, served_target, served_model,
+             shadow, status, error, prompt_tokens, cached_tokens, completion_tokens,
+             ttft_ms, tpot_ms, e2e_latency_ms, judge_score, judge_reference_score, judge,
+             user_rating, regenerated, escalated, payload_sha256)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import numpy as np
+
+from pointsman.errors import DataError
+from pointsman.estimator.features import QUERY_WINDOW_CHARS, RequestFeatures
+from pointsman.outcome import OutcomeIn, QualitySignals, Usage, parse_outcomes
+from pointsman.outcome_log.records import (
+    DecisionRecord,
+    LoggedDecision,
+    LoggedOutcome,
+    OutcomeAck,
+    decision_record,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.policy.decision import Decision
+    from pointsman.request import RouteRequest
+
+SCHEMA_VERSION = 1
+#: Default file name inside the data folder.
+DEFAULT_FILE = "outcomes.db"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS decisions (
+    decision_id TEXT PRIMARY KEY,
+    time_s REAL NOT NULL,
+    tenant TEXT,
+    target TEXT NOT NULL,
+    model TEXT NOT NULL,
+    mode TEXT NOT NULL,
+    rule TEXT NOT NULL,
+    p_hard REAL,
+    difficulty_available INTEGER NOT NULL,
+    estimated_cost_usd REAL,
+    estimator_version TEXT,
+    policy_revision TEXT,
+    fleet_revision TEXT,
+    request_features TEXT NOT NULL,
+    feature_space TEXT,
+    head_input BLOB,
+    prompt_sha256 TEXT NOT NULL,
+    conversation_key TEXT NOT NULL,
+    prompt_text TEXT
+);
+CREATE INDEX IF NOT EXISTS decisions_time ON decisions(time_s);
+CREATE TABLE IF NOT EXISTS outcomes (
+    outcome_id TEXT PRIMARY KEY,
+    decision_id TEXT NOT NULL REFERENCES decisions(decision_id),
+    received_s REAL NOT NULL,
+    time_s REAL,
+    served_target TEXT,
+    served_model TEXT,
+    shadow INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    error TEXT,
+    prompt_tokens INTEGER,
+    cached_tokens INTEGER,
+    completion_tokens INTEGER,
+    ttft_ms REAL,
+    tpot_ms REAL,
+    e2e_latency_ms REAL,
+    judge_score REAL,
+    judge_reference_score REAL,
+    judge TEXT,
+    user_rating REAL,
+    regenerated INTEGER,
+    escalated INTEGER,
+    payload_sha256 TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS outcomes_decision ON outcomes(decision_id);
+"""
+
+_DECISION_COLUMNS = (
+    "decision_id", "time_s", "tenant", "target", "model", "mode", "rule", "p_hard", "difficulty_available",
+    "estimated_cost_usd", "estimator_version", "policy_revision", "fleet_revision", "request_features",
+    "feature_space", "head_input", "prompt_sha256", "conversation_key", "prompt_text",
+)
+_OUTCOME_COLUMNS = (
+    "outcome_id", "decision_id", "received_s", "time_s", "served_target", "served_model", "shadow", "status",
+    "error", "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "e2e_latency_ms",
+    "judge_score", "judge_reference_score", "judge", "user_rating", "regenerated", "escalated", "payload_sha256",
+)
+
+
+def default_log_path() -> Path:
+    """``<data_dir>/outcomes.db``: ``$POINTSMAN_DATA_DIR`` (else ``./data``), absolute."""
+    return Path(os.environ.get("POINTSMAN_DATA_DIR") or "data").resolve() / DEFAULT_FILE
+
+
+def _payload_hash(o: OutcomeIn) -> str:
+    data = o.model_dump(mode="json")
+    data["outcome_id"] = o.key
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _bool(v: Any) -> bool | None:
+    return None if v is None else bool(v)
+
+
+class OutcomeLog:
+    """The decision and outcome log in one SQLite file (see the module docstring).
+
+    ``OutcomeLog(path=None, *, store_prompts=False, timeout_s=10.0)``: ``path`` defaults to
+    ``default_log_path()`` (parent folders are created). ``store_prompts``: keep the prompt
+    text of decisions (operator opt-in). ``timeout_s``: how long a writer waits for another
+    process's write lock before ``DataError``.
+
+    Thread-safe: one connection per log object, writes serialized by a lock; readers use
+    their own short-lived connection. Never share an ``OutcomeLog`` across ``fork``; open one
+    per process. Use as a context manager or call ``close()``.
+    """
+
+    def __init__(self, path: str | Path | None = None, *, store_prompts: bool = False, timeout_s: float = 10.0) -> None:
+        self.path = Path(path) if path is not None else default_log_path()
+        self.store_prompts = bool(store_prompts)
+        self.timeout_s = float(timeout_s)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        try:
+            self._conn = self._connect()
+            with self._lock:
+                self._conn.executescript(_SCHEMA)
+                row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+                if row is None:
+                    self._conn.execute("INSERT INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                elif int(row[0]) != SCHEMA_VERSION:
+                    raise DataError(f"{self.path}: outcome log schema version {row[0]}, this Pointsman reads {SCHEMA_VERSION}")
+        except sqlite3.DatabaseError as exc:
+            raise DataError(f"{self.path}: cannot open the outcome log ({exc})") from None
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        return conn
+
+    def __enter__(self) -> OutcomeLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"OutcomeLog({str(self.path)!r}, store_prompts={self.store_prompts})"
+
+    # ------------------------------------------------------------------ writes
+
+    def _decision_row(self, r: DecisionRecord) -> tuple[Any, ...]:
+        text = r.prompt_text if self.store_prompts else None
+        if text is not None and len(text) > QUERY_WINDOW_CHARS + 1:
+            text = text[:QUERY_WINDOW_CHARS]
+        blob = None if r.head_input is None else np.asarray(r.head_input, dtype="<f4").reshape(-1).tobytes()
+        return (
+            r.decision_id, float(r.time_s), r.tenant, r.target, r.model, r.mode, r.rule,
+            None if r.p_hard is None else float(r.p_hard), int(bool(r.difficulty_available)),
+            None if r.estimated_cost_usd is None else float(r.estimated_cost_usd), r.estimator_version,
+            r.policy_revision, r.fleet_revision, json.dumps(r.request_features, sort_keys=True),
+            r.feature_space if blob is not None else None, blob, r.prompt_sha256, r.conversation_key, text,
+        )
+
+    def append_decision(self, record: DecisionRecord) -> bool:
+        """Store one decision; returns False if its id was already stored (nothing changes).
+        Raises ``DataError`` when the store is unavailable (locked past ``timeout_s``, disk full)."""
+        return self.append_decisions([record]) == 1
+
+    def append_decisions(self, records: Sequence[DecisionRecord]) -> int:
+        """Store many decisions in one transaction; returns how many were new."""
+        rows = [self._decision_row(r) for r in records]
+        sql = f"INSERT OR IGNORE INTO decisions({', '.join(_DECISION_COLUMNS)}) VALUES ({', '.join('?' * len(_DECISION_COLUMNS))})"
+        with self._write(durable=False) as conn:
+            before = conn.total_changes
+            conn.executemany(sql, rows)
+            return conn.total_changes - before
+
+    def append_outcomes(self, outcomes: Sequence[OutcomeIn | dict[str, Any]], *,
+                        received_s: float | None = None) -> list[OutcomeAck]:
+        """Store outcomes (validated ``OutcomeIn`` or dicts, which are validated with
+        ``parse_outcomes`` rules) in one durable transaction; returns one ``OutcomeAck`` per item, in
+        order. Items with status ``stored``/``duplicate`` are on disk when this returns.
+
+        ``served_target`` defaults to the decision's target. Raises ``RequestError`` for an
+        invalid dict (nothing stored) and ``DataError`` when the store is unavailable (nothing
+        acknowledged).
+        """
+        if all(isinstance(o, OutcomeIn) for o in outcomes):
+            items = list(outcomes)
+        else:
+            items = parse_outcomes([o.model_dump() if isinstance(o, OutcomeIn) else o for o in outcomes])
+        now = time.time() if received_s is None else float(received_s)
+        acks: list[OutcomeAck] = []
+        with self._write(durable=True) as conn:
+            seen: dict[str, str] = {}
+            for o in items:
+                key, digest = o.key, _payload_hash(o)
+                prior = seen.get(key)
+                if prior is None:
+                    row = conn.execute("SELECT payload_sha256 FROM outcomes WHERE outcome_id = ?", (key,)).fetchone()
+                    prior = row[0] if row else None
+                if prior is not None:
+                    if prior == digest:
+                        acks.append(OutcomeAck(key, o.decision_id, "duplicate"))
+                    else:
+                        acks.append(OutcomeAck(key, o.decision_id, "conflict",
+                                               f"outcome {key} is already stored with different content"))
+                    continue
+                dec = conn.execute("SELECT target FROM decisions WHERE decision_id = ?", (o.decision_id,)).fetchone()
+                if dec is None:
+                    acks.append(OutcomeAck(key, o.decision_id, "unknown_decision",
+                                           f"no decision {o.decision_id} in the outcome log"))
+                    continue
+                u = o.usage or Usage()
+                q = o.quality or QualitySignals()
+                conn.execute(
+                    f"INSERT INTO outcomes({', '.join(_OUTCOME_COLUMNS)}) VALUES ({', '.join('?' * len(_OUTCOME_COLUMNS))})",
+                    (key, o.decision_id, now, o.time_s, o.served_target or dec[0], o.served_model, int(o.shadow),
+                     o.status, o.error, u.prompt_tokens, u.cached_tokens, u.completion_tokens, o.ttft_ms, o.tpot_ms,
+                     o.e2e_latency_ms, q.judge_score, q.judge_reference_score, q.judge, q.user_rating,
+                     None if q.regenerated is None else int(q.regenerated),
+                     None if q.escalated is None else int(q.escalated), digest),
+                )
+                seen[key] = digest
+                acks.append(OutcomeAck(key, o.decision_id, "stored"))
+        return acks
+
+    @contextmanager
+    def _write(self, durable: bool) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction under the log's lock; ``durable`` commits with
+        ``synchronous=FULL`` (fsync), else ``NORMAL``. SQLite errors become ``DataError`` and
+        roll the transaction back."""
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise DataError(f"{self.path}: the outcome log is closed")
+            try:
+                conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise DataError(f"{self.path}: outcome log unavailable ({exc})") from None
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise DataError(f"{self.path}: outcome log write failed ({exc})") from None
+                raise
+
+    # ------------------------------------------------------------------- reads
+
+    def _reader(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=self.timeout_s)
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    def counts(self) -> dict[str, int]:
+        """``{"decisions": n, "outcomes": m}``."""
+        with self._reader() as conn:
+            return {"decisions": conn.execute("SELECT COUNT(*) FROM decisions").fetchone()[0],
+                    "outcomes": conn.execute("SELECT COUNT(*) FROM outcomes").fetchone()[0]}
+
+    def outcome(self, outcome_id: str) -> LoggedOutcome | None:
+        """The stored outcome with this id, or None."""
+        with self._reader() as conn:
+            row = conn.execute("SELECT * FROM outcomes WHERE outcome_id = ?", (outcome_id,)).fetchone()
+        return None if row is None else _outcome(row)
+
+    def decision(self, decision_id: str) -> LoggedDecision | None:
+        """The stored decision with its outcomes, or None."""
+        got = list(self.joined(decision_ids=[decision_id]))
+        return got[0] if got else None
+
+    def joined(self, *, since_s: float | None = None, until_s: float | None = None,
+               decision_ids: Sequence[str] | None = None, with_outcomes_only: bool = False,
+               batch: int = 2000) -> Iterator[LoggedDecision]:
+        """Decisions in time order (``since_s <= time_s < until_s``; or the given ids), each with
+        its outcomes joined by decision id. ``with_outcomes_only``: skip decisions without any.
+        Streams in batches of ``batch`` decisions."""
+        where, args = [], []
+        if since_s is not None:
+            where.append("time_s >= ?")
+            args.append(float(since_s))
+        if until_s is not None:
+            where.append("time_s < ?")
+            args.append(float(until_s))
+        if decision_ids is not None:
+            ids = list(decision_ids)
+            if not ids:
+                return
+            where.append(f"decision_id IN ({', '.join('?' * len(ids))})")
+            args.extend(ids)
+        if with_outcomes_only:
+            where.append("EXISTS (SELECT 1 FROM outcomes o WHERE o.decision_id = decisions.decision_id)")
+        sql = "SELECT * FROM decisions" + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY time_s, decision_id"
+        with self._reader() as conn:
+            cur = conn.execute(sql, args)
+            while True:
+                rows = cur.fetchmany(batch)
+                if not rows:
+                    break
+                ids = [r["decision_id"] for r in rows]
+                by_id: dict[str, list[LoggedOutcome]] = {i: [] for i in ids}
+                ocur = conn.execute(
+                    f"SELECT * FROM outcomes WHERE decision_id IN ({', '.join('?' * len(ids))}) ORDER BY received_s, outcome_id",
+                    ids)
+                for orow in ocur:
+                    by_id[orow["decision_id"]].append(_outcome(orow))
+                for r in rows:
+                    yield _decision(r, tuple(by_id[r["decision_id"]]))
+
+    def p_hard_window(self, *, since_s: float | None = None, until_s: float | None = None) -> np.ndarray:
+        """Logged ``p_hard`` of decisions in the window whose estimate was available: float64 (n,)."""
+        where, args = ["difficulty_available = 1", "p_hard IS NOT NULL"], []
+        if since_s is not None:
+            where.append("time_s >= ?")
+            args.append(float(since_s))
+        if until_s is not None:
+            where.append("time_s < ?")
+            args.append(float(until_s))
+        with self._reader() as conn:
+            rows = conn.execute(f"SELECT p_hard FROM decisions WHERE {' AND '.join(where)}", args).fetchall()
+        return np.asarray([r[0] for r in rows], dtype=np.float64)
+
+
+def _outcome(row: sqlite3.Row) -> LoggedOutcome:
+    return LoggedOutcome(
+        outcome_id=row["outcome_id"], decision_id=row["decision_id"], received_s=row["received_s"],
+        time_s=row["time_s"], served_target=row["served_target"], served_model=row["served_model"],
+        shadow=bool(row["shadow"]), status=row["status"], error=row["error"],
+        usage=Usage(prompt_tokens=row["prompt_tokens"], cached_tokens=row["cached_tokens"],
+                    completion_tokens=row["completion_tokens"]),
+        ttft_ms=row["ttft_ms"], tpot_ms=row["tpot_ms"], e2e_latency_ms=row["e2e_latency_ms"],
+        quality=QualitySignals(judge_score=row["judge_score"], judge_reference_score=row["judge_reference_score"],
+                               judge=row["judge"], user_rating=row["user_rating"],
+                               regenerated=_bool(row["regenerated"]), escalated=_bool(row["escalated"])),
+    )
+
+
+def _decision(row: sqlite3.Row, outcomes: tuple[LoggedOutcome, ...]) -> LoggedDecision:
+    blob = row["head_input"]
+    return LoggedDecision(
+        decision_id=row["decision_id"], time_s=row["time_s"], tenant=row["tenant"], target=row["target"],
+        model=row["model"], mode=row["mode"], rule=row["rule"], p_hard=row["p_hard"],
+        difficulty_available=bool(row["difficulty_available"]), estimated_cost_usd=row["estimated_cost_usd"],
+        estimator_version=row["estimator_version"], policy_revision=row["policy_revision"],
+        fleet_revision=row["fleet_revision"], request_features=json.loads(row["request_features"]),
+        feature_space=row["feature_space"],
+        head_input=None if blob is None else np.frombuffer(blob, dtype="<f4").astype(np.float32),
+        prompt_sha256=row["prompt_sha256"], conversation_key=row["conversation_key"], prompt_text=row["prompt_text"],
+        outcomes=outcomes,
+    )
+
+
+def record_decision(
+    log: OutcomeLog,
+    decision: Decision,
+    request: RouteRequest,
+    estimator: Any,
+    *,
+    features: RequestFeatures | None = None,
+    head_input: np.ndarray | None = None,
+    time_s: float | None = None,
+) -> DecisionRecord:
+    """Build (``decision_record``, see there for the arguments) and append the record of one
+    decision; returns it."""
+    record = decision_record(decision, request, estimator, features=features, head_input=head_input, time_s=time_s)
+    log.append_decision(record)
+    return record

@@ -1,0 +1,156 @@
+"""The budgets file (``kind: Budgets``): limits in USD per scope and window, and the
+ledger's timing (reservation TTL, record retention). ``BudgetConfig.load(path)`` raises
+``BudgetConfigError`` with ``file:line:col`` per problem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any, Iterable, Literal
+from pydantic import AfterValidator, Field, field_validator, model_validator
+from pointsman.errors import BudgetError, ConfigError, Problem
+from pointsman.located import LocatedDocument, StrictModel, parse_yaml, read_text, validate
+from pointsman.policy.budget.units import NUSD_PER_USD, SCOPE_KINDS, SCOPE_RE
+
+
+DEFAULT_RESERVATION_TTL_S = 600.0
+
+
+DEFAULT_RECORD_RETENTION_S = 7 * 86400.0
+
+
+class BudgetConfigError(ConfigError, BudgetError):
+    """A budgets configuration is invalid; ``problems`` names every bad key
+    (``budgets[1].limit_usd``) with file:line:col when it came from a file."""
+
+
+def _check_scope(value: str) -> str:
+    if not SCOPE_RE.fullmatch(value):
+        raise ValueError(f"'{value}' is not a scope: write kind:name with kind one of {', '.join(SCOPE_KINDS)}")
+    return value
+
+
+Usd = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+
+
+Seconds = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
+
+
+class BudgetSpec(StrictModel):
+    """One budget in a file: ``scope`` (kind:name), ``window`` (day|month), ``limit_usd`` >= 0."""
+
+    scope: Annotated[str, AfterValidator(_check_scope)]
+    window: Literal["day", "month"]
+    limit_usd: Usd
+
+
+class BudgetsSpec(StrictModel):
+    """A budgets document (a file of ``kind: Budgets``, or the same keys as a dict)."""
+
+    apiVersion: Literal["pointsman/v1"] = "pointsman/v1"
+    kind: Literal["Budgets"] = "Budgets"
+    reservation_ttl_s: Seconds = DEFAULT_RESERVATION_TTL_S
+    record_retention_s: Seconds = DEFAULT_RECORD_RETENTION_S
+    budgets: list[BudgetSpec] = Field(default_factory=list)
+
+    @field_validator("budgets")
+    @classmethod
+    def _unique(cls, budgets: list[BudgetSpec]) -> list[BudgetSpec]:
+        seen: dict[tuple[str, str], int] = {}
+        for i, b in enumerate(budgets):
+            first = seen.setdefault((b.scope, b.window), i)
+            if first != i:
+                raise ValueError(f"budgets[{i}] repeats scope '{b.scope}' window '{b.window}' of budgets[{first}]")
+        return budgets
+
+    @model_validator(mode="after")
+    def _retention_covers_ttl(self) -> BudgetsSpec:
+        if self.record_retention_s < self.reservation_ttl_s:
+            raise ValueError(f"record_retention_s ({self.record_retention_s:g}) must be >= "
+                             f"reservation_ttl_s ({self.reservation_ttl_s:g})")
+        return self
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A limit of ``limit_usd`` (USD, >= 0) on ``scope`` (kind:name) over ``window`` (day|month)."""
+
+    scope: str
+    window: str
+    limit_usd: float
+
+    @property
+    def limit_nusd(self) -> int:
+        """The limit in nano-USD."""
+        return round(self.limit_usd * NUSD_PER_USD)
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    """Budgets and ledger timing. ``reservation_ttl_s``: seconds a hold counts before it
+    expires; ``record_retention_s``: seconds a reservation's record is kept for
+    idempotent settles (>= the TTL). Constructing one validates it (``BudgetConfigError``)."""
+
+    budgets: tuple[Budget, ...] = ()
+    reservation_ttl_s: float = DEFAULT_RESERVATION_TTL_S
+    record_retention_s: float = DEFAULT_RECORD_RETENTION_S
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "budgets", tuple(self.budgets))
+        _validate(self.to_dict(), LocatedDocument("<budgets>", "", self.to_dict(), None))
+
+    @cached_property
+    def _by_scope(self) -> dict[str, tuple[Budget, ...]]:
+        out: dict[str, list[Budget]] = {}
+        for b in self.budgets:
+            out.setdefault(b.scope, []).append(b)
+        return {s: tuple(bs) for s, bs in out.items()}
+
+    def budgets_for(self, scopes: Iterable[str]) -> list[Budget]:
+        """The budgets that apply to a request with these scopes (empty: unlimited)."""
+        by = self._by_scope
+        return [b for s in scopes for b in by.get(s, ())]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain-dict form ``from_dict`` reads."""
+        return {"reservation_ttl_s": self.reservation_ttl_s, "record_retention_s": self.record_retention_s,
+                "budgets": [{"scope": b.scope, "window": b.window, "limit_usd": b.limit_usd} for b in self.budgets]}
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<budgets>") -> BudgetConfig:
+        """Build from a plain dict::
+
+            {"reservation_ttl_s": 600, "budgets": [
+                {"scope": "tenant:acme", "window": "month", "limit_usd": 2000},
+                {"scope": "team:acme/search", "window": "day", "limit_usd": 50}]}
+
+        ``apiVersion: pointsman/v1`` and ``kind: Budgets`` are optional. Raises
+        ``BudgetConfigError`` listing every problem with the key it concerns
+        (``budgets[1].limit_usd: Input should be greater than or equal to 0``).
+        """
+        return _from_spec(_validate(data, LocatedDocument(source, "", data, None)))
+
+    @classmethod
+    def load(cls, path: str | Path) -> BudgetConfig:
+        """Read a YAML budgets file; raises ``BudgetConfigError`` with file:line:col per problem."""
+        text = read_text(path, BudgetConfigError)
+        doc = parse_yaml(text, str(path), BudgetConfigError)
+        return _from_spec(_validate(doc.data, doc))
+
+
+def _validate(data: Any, doc: LocatedDocument) -> BudgetsSpec:
+    if not isinstance(data, dict):
+        raise BudgetConfigError([Problem(doc.file, 0, 0, "invalid-value",
+                                         f"expected a mapping of budget settings, got {type(data).__name__}")])
+    spec = validate(doc, BudgetsSpec, BudgetConfigError)
+    assert isinstance(spec, BudgetsSpec)
+    return spec
+
+
+def _from_spec(spec: BudgetsSpec) -> BudgetConfig:
+    return BudgetConfig(budgets=tuple(Budget(b.scope, b.window, float(b.limit_usd)) for b in spec.budgets),
+                        reservation_ttl_s=float(spec.reservation_ttl_s),
+                        record_retention_s=float(spec.record_retention_s))
+

@@ -1,0 +1,334 @@
+"""The shared budget ledger for several service replicas: Redis, via the ``redis`` package.
+
+Why it cannot overspend: reserve, settle, release and snapshot are each one Lua
+script (``register_script``; sent as EVALSHA). Redis runs a script to completion
+without running any other client's command in between, so the read of the
+counters, the admission check and the hold are one atomic step for every replica
+that shares the server. Limits travel with each call (every replica holds the
+budget config), the counters live in Redis.
+
+Keys (``P`` is the prefix, default ``{pointsman-budget}:``; the braces are a hash tag
+so a cluster would keep them in one slot; amounts are integer nano-USD)::
+
+    P r:<decision_id>            hash  the reservation: state, reserved, scopes, window ids,
+                                       and after settle the actual cost, target, tokens
+                                       (TTL record_retention_s)
+    P s:<window_id>:<scope>      hash  held, settled                 (TTL: window end + keep)
+    P t:<window_id>:<target>     hash  usd, prompt, cached, completion, outcomes  (same TTL)
+    P expiry                     zset  decision_id scored by expires_s (live holds only)
+
+Every script first *sweeps*: holds whose ``expires_s`` <= now (at most 1000 per call;
+any left are swept by the next call and meanwhile still count, which can only
+refuse, never overspend) leave ``held`` and become ``expired``.
+
+``now`` is the calling replica's clock; TTLs are computed relative to it. Durability
+is Redis's own (run it with ``appendonly yes`` and ``appendfsync everysec`` to keep
+spend across a Redis restart). Tested against standalone redis-server 7.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
+
+from pointsman.errors import BudgetError
+from pointsman.policy.budget.config import BudgetConfig
+from pointsman.policy.budget.ledger import (
+    BudgetExceeded,
+    BudgetSnapshot,
+    EffectivePrice,
+    LedgerUnavailable,
+    Reservation,
+    Settlement,
+    UnknownReservation,
+    build_snapshot,
+)
+from pointsman.policy.budget.units import (
+    check_id,
+    check_scopes,
+    checked_reserve_args,
+    checked_settle_args,
+    current_time,
+    to_usd,
+    window_of,
+    windows_at,
+)
+
+DEFAULT_PREFIX = "{pointsman-budget}:"
+#: Seconds spend/usage keys outlive their window beyond record retention (a late settle
+#: can still find its window's counters).
+KEEP_AFTER_WINDOW_S = 86400
+
+# ARGV[1] prefix, ARGV[2] now (Unix seconds, as text). Amounts stay strings from
+# ARGV/HMGET (HINCRBY takes them as they are; Lua doubles are exact below 2^53 nano-USD).
+_SWEEP = """
+local P = ARGV[1]
+local NOW = ARGV[2]
+local function holds(scopes, w1, w2, amount, sign)
+  if amount == '0' then return end
+  for scope in string.gmatch(scopes, '[^\\n]+') do
+    for _, w in ipairs({w1, w2}) do
+      local sk = P .. 's:' .. w .. ':' .. scope
+      if sign > 0 or redis.call('EXISTS', sk) == 1 then
+        redis.call('HINCRBY', sk, 'held', (sign > 0) and amount or ('-' .. amount))
+      end
+    end
+  end
+end
+local function sweep()
+  local ids = redis.call('ZRANGEBYSCORE', P .. 'expiry', '-inf', NOW, 'LIMIT', 0, 1000)
+  for _, id in ipairs(ids) do
+    local rk = P .. 'r:' .. id
+    local f = redis.call('HMGET', rk, 'state', 'reserved', 'scopes', 'day', 'month')
+    if f[1] == 'held' then
+      holds(f[3], f[4], f[5], f[2], -1)
+      redis.call('HSET', rk, 'state', 'expired')
+    end
+    redis.call('ZREM', P .. 'expiry', id)
+  end
+end
+local function ttl(keep_until)
+  return string.format('%d', math.max(60, math.floor(tonumber(keep_until) - tonumber(NOW))))
+end
+sweep()
+"""
+
+# ARGV: 3 id, 4 need, 5 expires_s, 6 retention_s, 7 day_id, 8 month_id, 9 day keep-until,
+# 10 month keep-until, 11 scopes ('\n'-joined), 12 n budgets, then (scope, window_id, limit) each.
+_RESERVE = _SWEEP + """
+local id, need = ARGV[3], ARGV[4]
+local rk = P .. 'r:' .. id
+if redis.call('EXISTS', rk) == 1 then return {'dup'} end
+local n = tonumber(ARGV[12])
+for i = 0, n - 1 do
+  local sk = P .. 's:' .. ARGV[14 + 3 * i] .. ':' .. ARGV[13 + 3 * i]
+  local v = redis.call('HMGET', sk, 'held', 'settled')
+  local spent = math.max(0, tonumber(v[1]) or 0) + (tonumber(v[2]) or 0)
+  local limit = tonumber(ARGV[15 + 3 * i])
+  if spent >= limit or spent + tonumber(need) > limit then
+    return {'refused', tostring(i), string.format('%d', spent)}
+  end
+end
+holds(ARGV[11], ARGV[7], ARGV[8], need, 1)
+for scope in string.gmatch(ARGV[11], '[^\\n]+') do
+  redis.call('EXPIRE', P .. 's:' .. ARGV[7] .. ':' .. scope, ttl(ARGV[9]))
+  redis.call('EXPIRE', P .. 's:' .. ARGV[8] .. ':' .. scope, ttl(ARGV[10]))
+end
+redis.call('HSET', rk, 'state', 'held', 'reserved', need, 'scopes', ARGV[11], 'day', ARGV[7], 'month', ARGV[8],
+           'dkeep', ARGV[9], 'mkeep', ARGV[10], 'created', NOW, 'expires', ARGV[5])
+redis.call('EXPIRE', rk, ARGV[6])
+redis.call('ZADD', P .. 'expiry', ARGV[5], id)
+return {'ok'}
+"""
+
+# ARGV: 3 id, 4 actual, 5 target ('' for none), 6 prompt, 7 cached, 8 completion tokens.
+_SETTLE = _SWEEP + """
+local id, actual, target = ARGV[3], ARGV[4], ARGV[5]
+local rk = P .. 'r:' .. id
+local f = redis.call('HMGET', rk, 'state', 'reserved', 'scopes', 'day', 'month', 'dkeep', 'mkeep')
+if not f[1] then return {'unknown'} end
+if f[1] == 'settled' then
+  local r = redis.call('HMGET', rk, 'reserved', 'actual', 'settled_s', 'target', 'pt', 'ct', 'comp', 'hold_state')
+  table.insert(r, 1, 'replay')
+  return r
+end
+if f[1] == 'held' then holds(f[3], f[4], f[5], f[2], -1) end
+for scope in string.gmatch(f[3], '[^\\n]+') do
+  for _, w in ipairs({{f[4], f[6]}, {f[5], f[7]}}) do
+    local sk = P .. 's:' .. w[1] .. ':' .. scope
+    redis.call('HINCRBY', sk, 'settled', actual)
+    redis.call('EXPIRE', sk, ttl(w[2]))
+  end
+end
+if target ~= '' then
+  for _, w in ipairs({{f[4], f[6]}, {f[5], f[7]}}) do
+    local tk = P .. 't:' .. w[1] .. ':' .. target
+    redis.call('HINCRBY', tk, 'usd', actual)
+    redis.call('HINCRBY', tk, 'prompt', ARGV[6])
+    redis.call('HINCRBY', tk, 'cached', ARGV[7])
+    redis.call('HINCRBY', tk, 'completion', ARGV[8])
+    redis.call('HINCRBY', tk, 'outcomes', 1)
+    redis.call('EXPIRE', tk, ttl(w[2]))
+  end
+end
+redis.call('HSET', rk, 'state', 'settled', 'hold_state', f[1], 'actual', actual, 'settled_s', NOW,
+           'target', target, 'pt', ARGV[6], 'ct', ARGV[7], 'comp', ARGV[8])
+redis.call('ZREM', P .. 'expiry', id)
+return {'ok', f[1], f[2]}
+"""
+
+# ARGV: 3 id.
+_RELEASE = _SWEEP + """
+local rk = P .. 'r:' .. ARGV[3]
+local f = redis.call('HMGET', rk, 'state', 'reserved', 'scopes', 'day', 'month')
+if not f[1] then return {'unknown'} end
+if f[1] ~= 'held' then return {'noop'} end
+holds(f[3], f[4], f[5], f[2], -1)
+redis.call('HSET', rk, 'state', 'released')
+redis.call('ZREM', P .. 'expiry', ARGV[3])
+return {'ok'}
+"""
+
+# ARGV: 3.. spend key suffixes ('<window_id>:<scope>'); returns held, settled per key.
+_SNAPSHOT = _SWEEP + """
+local out = {}
+for i = 3, #ARGV do
+  local v = redis.call('HMGET', P .. 's:' .. ARGV[i], 'held', 'settled')
+  out[#out + 1] = v[1] or '0'
+  out[#out + 1] = v[2] or '0'
+end
+return out
+"""
+
+
+def _redis_errors() -> tuple[type[BaseException], ...]:
+    import redis
+
+    return (redis.exceptions.RedisError,)
+
+
+class RedisLedger:
+    """Budget ledger in Redis (see the module docstring for the guarantee).
+
+    ``client``: a ``redis.Redis`` with ``decode_responses=True`` (``from_url`` builds one).
+    ``prefix``: key prefix, so several ledgers can share one server. Thread-safe (the
+    client's connection pool is), fork-safe (redis-py reconnects in a child).
+    """
+
+    def __init__(self, client: Any, config: BudgetConfig | None = None, prefix: str = DEFAULT_PREFIX) -> None:
+        self.client = client
+        self.config = config or BudgetConfig()
+        self.prefix = prefix
+        self._errors = _redis_errors()
+        self._reserve = client.register_script(_RESERVE)
+        self._settle = client.register_script(_SETTLE)
+        self._release = client.register_script(_RELEASE)
+        self._snapshot = client.register_script(_SNAPSHOT)
+
+    @classmethod
+    def from_url(cls, url: str, config: BudgetConfig | None = None, timeout_s: float = 2.0) -> RedisLedger:
+        """``redis://[:password@]host:port/db`` (``rediss://``, ``unix://`` too), optional
+        query ``prefix``; other query parameters go to redis-py. Connects lazily."""
+        import redis
+
+        parts = urlsplit(url)
+        query = parse_qs(parts.query)
+        prefix = query.pop("prefix", [DEFAULT_PREFIX])[-1]
+        clean = urlunsplit(parts._replace(query=urlencode(query, doseq=True)))
+        try:
+            client = redis.Redis.from_url(clean, decode_responses=True, socket_timeout=timeout_s,
+                                          socket_connect_timeout=timeout_s)
+        except (ValueError, TypeError) as exc:
+            raise BudgetError(f"budget ledger URL '{url}': {exc}") from None
+        return cls(client, config, prefix=prefix)
+
+    def _run(self, script: Any, args: list[Any]) -> list[Any]:
+        try:
+            return script(keys=[], args=args)
+        except self._errors as exc:
+            raise LedgerUnavailable(f"budget ledger (redis): {exc}") from exc
+
+    def _head(self, now: float) -> list[str]:
+        return [self.prefix, repr(now)]
+
+    # -- the ledger -----------------------------------------------------------------------
+
+    def reserve(self, decision_id: str, scopes: Sequence[str], estimated_cost_usd: float,
+                now: float | None = None) -> Reservation:
+        """Hold ``estimated_cost_usd`` (USD) on every scope, atomically (module docstring).
+
+        Raises ``BudgetExceeded`` (nothing held), ``BudgetError`` for bad arguments or a
+        ``decision_id`` reserved before, ``LedgerUnavailable`` when Redis fails.
+        """
+        scopes, need, now = checked_reserve_args(decision_id, scopes, estimated_cost_usd, now)
+        config = self.config
+        windows = windows_at(now)
+        expires = now + config.reservation_ttl_s
+        keep = config.record_retention_s + KEEP_AFTER_WINDOW_S
+        budgets = config.budgets_for(scopes)
+        args: list[Any] = self._head(now) + [
+            decision_id, str(need), repr(expires), str(max(1, math.ceil(config.record_retention_s))),
+            windows["day"].id, windows["month"].id, repr(windows["day"].end_s + keep),
+            repr(windows["month"].end_s + keep), "\n".join(scopes), str(len(budgets))]
+        for b in budgets:
+            args += [b.scope, windows[b.window].id, str(b.limit_nusd)]
+        out = self._run(self._reserve, args)
+        if out[0] == "dup":
+            raise BudgetError(f"decision '{decision_id}' already has a reservation")
+        if out[0] == "refused":
+            b = budgets[int(out[1])]
+            raise BudgetExceeded(b.scope, b.window, windows[b.window].id, b.limit_usd, to_usd(int(out[2])),
+                                 to_usd(need))
+        return Reservation(decision_id, scopes, to_usd(need), now, expires, {k: w.id for k, w in windows.items()})
+
+    def settle(self, decision_id: str, actual_cost_usd: float, now: float | None = None,
+               target: str | None = None, prompt_tokens: int = 0, cached_tokens: int = 0,
+               completion_tokens: int = 0) -> Settlement:
+        """Replace the hold by ``actual_cost_usd`` (USD), booked in the reservation's windows,
+        and add the tokens to ``target``'s usage. A repeat returns the first settlement with
+        ``replayed=True`` and changes nothing. Raises ``UnknownReservation``, ``BudgetError``
+        for bad arguments, ``LedgerUnavailable``."""
+        actual, now = checked_settle_args(decision_id, actual_cost_usd, now, target, prompt_tokens, cached_tokens,
+                                          completion_tokens)
+        out = self._run(self._settle, self._head(now) + [
+            decision_id, str(actual), target or "", str(prompt_tokens), str(cached_tokens), str(completion_tokens)])
+        if out[0] == "unknown":
+            raise UnknownReservation(decision_id)
+        if out[0] == "replay":
+            reserved, act, settled_s, tgt, pt, ct, comp, hold_state = out[1:]
+            return Settlement(decision_id, to_usd(int(reserved)), to_usd(int(act)), float(settled_s), tgt or None,
+                              int(pt), int(ct), int(comp), hold_state, replayed=True)
+        return Settlement(decision_id, to_usd(int(out[2])), to_usd(actual), now, target, prompt_tokens, cached_tokens,
+                          completion_tokens, out[1])
+
+    def release(self, decision_id: str, now: float | None = None) -> bool:
+        """Drop the hold; True if it was live, False if already settled, released or expired.
+        Raises ``UnknownReservation``, ``LedgerUnavailable``."""
+        check_id(decision_id)
+        out = self._run(self._release, self._head(current_time(now)) + [decision_id])
+        if out[0] == "unknown":
+            raise UnknownReservation(decision_id)
+        return out[0] == "ok"
+
+    def snapshot(self, scopes: Sequence[str], now: float | None = None) -> BudgetSnapshot:
+        """Every scope in both windows at ``now`` (USD); holds past ``expires_s`` do not count.
+        Raises ``BudgetError`` for a bad scope, ``LedgerUnavailable``."""
+        scopes = check_scopes(scopes)
+        now = current_time(now)
+        keys = [(s, w.id) for s in scopes for w in windows_at(now).values()]
+        out = self._run(self._snapshot, self._head(now) + [f"{w}:{s}" for s, w in keys])
+        counters = {key: (int(out[2 * i]), int(out[2 * i + 1])) for i, key in enumerate(keys)}
+        return build_snapshot(self.config, scopes, now, counters)
+
+    def remaining(self, scopes: Sequence[str], now: float | None = None) -> dict[str, float]:
+        """``{scope: remaining USD}``, least over its windows, ``math.inf`` when unlimited."""
+        return self.snapshot(scopes, now).remaining_by_scope()
+
+    def effective_price_per_token(self, target: str, window: str = "day", now: float | None = None) -> EffectivePrice:
+        """Settled spend and tokens of ``target`` in the window containing ``now``
+        (see ``EffectivePrice``); raises ``BudgetError`` for an unknown window."""
+        check_id(target, "target")
+        w = window_of(window, current_time(now))
+        try:
+            v = self.client.hmget(f"{self.prefix}t:{w.id}:{target}", "usd", "outcomes", "prompt", "cached", "completion")
+        except self._errors as exc:
+            raise LedgerUnavailable(f"budget ledger (redis): {exc}") from exc
+        spent, outcomes, prompt, cached, completion = (int(x or 0) for x in v)
+        return EffectivePrice(target, w.kind, w.id, to_usd(spent), outcomes, prompt, cached, completion)
+
+    def set_config(self, config: BudgetConfig) -> None:
+        """Use ``config`` from the next operation on (one reference swap; holds stay)."""
+        self.config = config
+
+    def purge(self, now: float | None = None) -> int:
+        """Redis expires records by their TTL, so this only sweeps expired holds; returns 0."""
+        self.snapshot((), now)
+        return 0
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        self.client.close()
+
+    def __repr__(self) -> str:
+        return f"RedisLedger({self.client!r}, prefix={self.prefix!r})"

@@ -1,0 +1,616 @@
+"""Compile a policy file once: validate it against the schema and the fleet, compile
+every CEL condition, and report every problem at once.
+
+``compile_policy(text, fleet, file) -> CompiledPolicy`` and ``load_policy(path, fleet)``
+raise ``PolicyError`` whose ``problems`` are ``file:line:col: code: message``, in file
+order. Codes: ``yaml-syntax``, ``duplicate-key``, ``unknown-key``, ``missing-key``,
+``invalid-value`` (schema); ``cel-syntax`` (located inside the YAML scalar),
+``unknown-signal``, ``unknown-variable``, ``unknown-function``, ``type-error``,
+``not-boolean`` (expressions); ``unknown-target``, ``unsupported-mode``,
+``duplicate-fallback``, ``unknown-rule``, ``fallback-cycle``, ``duplicate-rule``,
+``missing-default``, ``unreachable-rule`` (routing); ``unknown-picker`` (endpoint selection);
+``too-large`` (over a size limit of ``limits.py``: bytes, YAML nodes with aliases expanded,
+rules, tenant names; checked before anything costly, alone).
+
+Signal names are checked against ``namespaces.SIGNALS``: flat (``request.prompt_tokens``),
+keyed by target (``load["onprem-70b"].num_requests_waiting``, the key must be a
+target) and relative to the rule's own route (``cache.prefix_hit_ratio``,
+``endpoint.num_requests_running``). A relative name is rewritten to the internal
+keyed root before CEL compiles it (``cache`` -> ``_cache["<target>"]``, ``endpoint`` ->
+``_endpoint["<target>/<role>"]``), so problems are located in the original text and
+one CEL context per decision serves every rule.
+
+The type check is a probe: each condition runs on two typical snapshots (an idle
+fleet with a short easy request, and a busy one with a long hard request,
+``example_signals``); an operator applied to mismatched types (CEL never converts,
+so ``difficulty.p_hard >= "0.6"`` has no overload) or a non-boolean result is
+reported. Branches neither probe reaches are not checked.
+
+The compiled policy keeps, per namespace, what its conditions read (``context_plan``:
+flat namespaces map to field sets, keyed ones to ``{key: fields}``; None = whole);
+the engine computes and hands CEL only those, which keeps the per-decision work and
+CEL context small (its cost grows with every map entry converted).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cel
+from pydantic import ValidationError
+
+from pointsman.errors import PolicyError, Problem
+from pointsman.policy.rules.cel_refs import scan
+from pointsman.policy.fleet import Fleet, FrontierTarget
+from pointsman.policy.rules.limits import MAX_POLICY_BYTES, MAX_YAML_NODES, check_counts
+from pointsman.policy.signals.load_board import StalenessPolicy
+from pointsman.located import LocatedDocument, did_you_mean, parse_yaml, read_text, validation_problems
+from pointsman.policy.rules.schema import (
+    RULE_REF,
+    DisaggregationSpec,
+    EndpointSelectionSpec,
+    FallbackSpec,
+    FiltersSpec,
+    PolicySpec,
+    RuleSpec,
+)
+from pointsman.policy.signals.namespaces import (
+    CEL_BUILTINS,
+    CEL_TYPE_NAMES,
+    FUNCTIONS,
+    RELATIVE_ROOTS,
+    SIGNALS,
+    example_endpoint,
+    example_load,
+    example_signals,
+    relative_key,
+)
+
+#: Packaged example policies (each with a sibling ``*.cases.yaml``).
+DEFAULT_POLICY_DIR = Path(__file__).parent.parent / "defaults" / "policies"
+DEFAULT_POLICY_PATH = DEFAULT_POLICY_DIR / "default.yaml"
+
+_CEL_ERROR = re.compile(r"<input>:(\d+):(\d+): (.*)")
+
+#: A context plan: namespace -> None (whole) | fields | {key: None | fields}.
+Plan = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CompiledRule:
+    """One compiled rule. ``program`` is None for an unconditional rule; ``when`` is the source
+    as written; ``signals`` lists the signal paths its condition reads, as written
+    (``difficulty.p_hard``, ``load["onprem-70b"].age_s``, ``cache.prefix_hit_ratio``); ``line``
+    is its line in the file. ``mode`` is the route's mode (``aggregated``,
+    ``disaggregated`` or ``auto``); ``role``: the pool role of the route's endpoint
+    (``aggregated``, ``decode`` or ``api``; what ``endpoint.*`` reads). ``candidates``:
+    (target, mode) for the target then each fallback, expanded and de-duplicated."""
+
+    name: str
+    index: int
+    when: str | None
+    program: Any
+    target: str
+    mode: str
+    fallbacks: tuple[str, ...]
+    labels: dict[str, str]
+    signals: tuple[str, ...]
+    uses_cost: bool
+    line: int
+    candidates: tuple[tuple[str, str], ...] = ()
+    role: str = "aggregated"
+
+
+@dataclass(frozen=True)
+class CompiledPolicy:
+    """A policy ready to evaluate. ``revision``: sha256 of the file text (16 hex);
+    ``fleet_revision``: the fleet it was checked against; ``context_plan``: what conditions
+    read (see the module docstring); ``staleness``, ``filters``, ``selection``,
+    ``disaggregation``: the policy's settings sections (defaults when absent)."""
+
+    name: str
+    file: str
+    revision: str
+    fleet_revision: str
+    rules: tuple[CompiledRule, ...]
+    variables: dict[str, Any]
+    labels: dict[str, str]
+    context_plan: Plan = field(default_factory=dict)
+    uses_cost: bool = False
+    staleness: StalenessPolicy = StalenessPolicy()
+    filters: FiltersSpec = FiltersSpec()
+    selection: EndpointSelectionSpec = EndpointSelectionSpec()
+    disaggregation: DisaggregationSpec = DisaggregationSpec()
+
+
+class _Checker:
+    """Collects located problems while compiling one policy document."""
+
+    def __init__(self, doc: LocatedDocument, fleet: Fleet) -> None:
+        self.doc = doc
+        self.fleet = fleet
+        self.problems: list[Problem] = []
+        self._probes: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
+
+    def probes(self, variables: dict[str, Any]) -> list[dict[str, Any]]:
+        """The type probe's snapshots (built once per compile)."""
+        if self._probes is None or self._probes[0] is not variables:
+            self._probes = (variables, _probe_snapshots(self.fleet, variables))
+        return self._probes[1]
+
+    def add(self, path: tuple[Any, ...], code: str, message: str, *, key: bool = False) -> None:
+        """Record a problem at the node (or key) at ``path``."""
+        line, col = self.doc.mark(path, key=key)
+        self.problems.append(Problem(self.doc.file, line, col, code, message))
+
+    def add_at(self, path: tuple[Any, ...], offset: int, code: str, message: str) -> None:
+        """Record a problem at character ``offset`` inside the scalar at ``path``."""
+        line, col = self.doc.scalar_position(path, offset)
+        self.problems.append(Problem(self.doc.file, line, col, code, message))
+
+    def target(self, path: tuple[Any, ...], name: str, *, key: bool = False) -> bool:
+        """True if ``name`` is a fleet target, else record ``unknown-target`` with did-you-mean."""
+        if name in self.fleet.targets:
+            return True
+        self.add(path, "unknown-target", f"unknown target '{name}'{did_you_mean(name, self.fleet.targets)}"
+                 f" (the fleet has {', '.join(self.fleet.targets)})", key=key)
+        return False
+
+
+def _cel_syntax_position(message: str, source: str) -> tuple[int, str]:
+    """(character offset in ``source``, short message) of the first error in a CEL parse error."""
+    m = _CEL_ERROR.search(message)
+    if not m:
+        return 0, message.strip().splitlines()[0] if message.strip() else "syntax error"
+    line, col, text = int(m.group(1)), int(m.group(2)), m.group(3).strip()
+    lines = source.split("\n")
+    offset = sum(len(l) + 1 for l in lines[: line - 1]) + col - 1
+    text = text.removeprefix("Syntax error: ")
+    if text.startswith("mismatched input '<EOF>'"):
+        text = "the expression ends too early (an operand or ')' is missing)"
+    elif " expecting {" in text and len(text) > 80:
+        text = text.split(" expecting {")[0]
+    if "reserved identifier: var" in text:
+        text += " (policy variables are read as variables.<name>)"
+    return min(offset, len(source)), text
+
+
+def _is_unconditional(when: str | bool | None) -> bool:
+    return when is None or when is True or (isinstance(when, str) and when.strip() == "true")
+
+
+def _add_plan(plan: Plan, root: str, key: str | None, fields: set[str] | None) -> None:
+    """Merge one read into ``plan`` (``key`` for keyed roots; ``fields`` None = whole)."""
+    if key is None:
+        if root in plan and plan[root] is None:
+            return
+        if fields is None:
+            plan[root] = None
+        else:
+            plan.setdefault(root, set()).update(fields)
+        return
+    if root in plan and plan[root] is None:
+        return
+    keyed = plan.setdefault(root, {})
+    if fields is None:
+        keyed[key] = None
+    elif keyed.get(key, set()) is not None:
+        keyed.setdefault(key, set()).update(fields)
+
+
+def merge_plans(into: Plan, other: Plan) -> None:
+    """Merge context plan ``other`` into ``into`` (in place)."""
+    for root, value in other.items():
+        if value is None:
+            into[root] = None
+        elif isinstance(value, dict):
+            for key, fields in value.items():
+                _add_plan(into, root, key, None if fields is None else set(fields))
+        else:
+            _add_plan(into, root, None, set(value))
+
+
+@dataclass
+class _Condition:
+    program: Any = None
+    paths: tuple[str, ...] = ()
+    uses_cost: bool = False
+    plan: Plan = field(default_factory=dict)
+    source: str = ""
+
+
+def _check_condition(ck: _Checker, i: int, source: str, variables: dict[str, Any], target: str | None,
+                     role: str) -> _Condition:
+    """Check one ``when`` and compile it (rewritten for relative namespaces); see the module doc."""
+    path = ("rules", i, "when")
+    out = _Condition(source=source)
+    if not source.strip():
+        ck.add(path, "cel-syntax", "empty condition: omit 'when' for an unconditional rule")
+        return out
+    try:
+        cel.compile(source)
+    except ValueError as exc:
+        offset, text = _cel_syntax_position(str(exc), source)
+        ck.add_at(path, offset, "cel-syntax", text)
+        return out
+    found = scan(source)
+    ok = True
+    paths: list[str] = []
+    rewrites: list[tuple[int, int, str]] = []
+    targets = ck.fleet.targets
+    for ref in found.refs:
+        if ref.root in found.bound or ref.root in CEL_TYPE_NAMES:
+            continue
+        ns = SIGNALS.get(ref.root)
+        if ns is None:
+            ok = False
+            if ref.root in variables:
+                msg = f"unknown name '{ref.root}'; did you mean 'variables.{ref.root}'?"
+            else:
+                msg = f"unknown name '{ref.root}'{did_you_mean(ref.root, SIGNALS)}"
+            ck.add_at(path, ref.offset, "unknown-signal", msg)
+            continue
+        fields = set(variables) if ns.fields is None else set(ns.fields)
+        dynamic = ref.root in found.dynamic_roots
+        if ns.shape == "by_target":
+            if not ref.keyed or dynamic:
+                if ref.field is not None and not ref.keyed:  # load.onprem_70b: a member, not a key
+                    ok = False
+                    ck.add_at(path, ref.field_offset or ref.offset, "unknown-signal",
+                              f"'{ref.root}' is keyed by target: write {ref.root}[\"<target>\"].<field>")
+                    continue
+                _add_plan(out.plan, ref.root, None, None)
+                paths.append(ref.root)
+                continue
+            if ref.field not in targets:
+                ok = False
+                ck.add_at(path, ref.field_offset or ref.offset, "unknown-target",
+                          f"unknown target '{ref.field}' in {ref.root}[]{did_you_mean(ref.field, targets)}")
+                continue
+            if ref.member is None:
+                _add_plan(out.plan, ref.root, ref.field, None)
+                paths.append(ref.path)
+                continue
+            if ref.member not in fields:
+                ok = False
+                hint = did_you_mean(ref.member, fields)
+                ck.add_at(path, ref.member_offset or ref.offset, "unknown-signal",
+                          f"unknown signal '{ref.root}[\"{ref.field}\"].{ref.member}'{hint}")
+                continue
+            _add_plan(out.plan, ref.root, ref.field, {ref.member})
+            paths.append(ref.path)
+            continue
+        internal, key = ref.root, None
+        if ns.shape == "relative":
+            if target is None:  # the rule's target is unknown (already reported): check names only
+                target = ""
+            internal, key = RELATIVE_ROOTS[ref.root], relative_key(ref.root, target, role)
+            rewrites.append((ref.offset, len(ref.root), f'{internal}["{key}"]'))
+        if ref.field is None or dynamic:
+            _add_plan(out.plan, internal, key, None)
+            paths.append(ref.root)
+            continue
+        if ref.field not in fields:
+            ok = False
+            code = "unknown-variable" if ref.root == "variables" else "unknown-signal"
+            what = "variable" if ref.root == "variables" else "signal"
+            hint = did_you_mean(ref.field, fields)
+            hint = hint.replace("'", f"'{ref.root}.", 1) if hint else ""
+            ck.add_at(path, ref.field_offset or ref.offset, code, f"unknown {what} '{ref.root}.{ref.field}'{hint}")
+            continue
+        _add_plan(out.plan, internal, key, {ref.field})
+        paths.append(f"{ref.root}.{ref.field}")
+    known_functions = set(FUNCTIONS) | CEL_BUILTINS
+    for call in [*found.calls, *found.methods]:
+        if call.name in FUNCTIONS:
+            out.uses_cost = out.uses_cost or call.name == "cost"
+            if call.name == "cost" and call.arg is not None and call.arg not in targets:
+                ok = False
+                ck.add_at(path, call.arg_offset or call.offset, "unknown-target",
+                          f"unknown target '{call.arg}' in cost(){did_you_mean(call.arg, targets)}")
+        elif call.name not in known_functions:
+            ok = False
+            ck.add_at(path, call.offset, "unknown-function",
+                      f"unknown function '{call.name}'{did_you_mean(call.name, known_functions)}")
+    out.paths = tuple(dict.fromkeys(paths))
+    if not ok:
+        return out
+    rewritten = source
+    for offset, length, text in sorted(rewrites, reverse=True):
+        rewritten = rewritten[:offset] + text + rewritten[offset + length:]
+    out.program = cel.compile(rewritten)
+    _probe(ck, path, out.program, variables)
+    return out
+
+
+def _endpoint_keys(fleet: Fleet) -> list[str]:
+    return [relative_key("endpoint", t, role) for t in fleet.targets for role in ("aggregated", "decode", "api")]
+
+
+def _probe_snapshots(fleet: Fleet, variables: dict[str, Any]) -> list[dict[str, Any]]:
+    """Two snapshots for the type probe: typical (idle, short, easy) and busy (long, hard, tools)."""
+    typical = example_signals(variables, fleet.targets)
+    typical["_endpoint"] = {k: example_endpoint() for k in _endpoint_keys(fleet)}
+    for value in [*typical["load"].values(), *typical["_endpoint"].values()]:  # nulls would fail any comparison
+        value.update(prefill_utilization=0.5, decode_utilization=0.5)
+    busy = example_signals(variables, fleet.targets)
+    busy["request"].update(prompt_tokens=20000, max_output_tokens=2048, max_output_tokens_set=True, turns=6,
+                           messages=12, has_tools=True, has_images=True, images=1, tenant="acme", team="search",
+                           session_id="s-1", slo_class="interactive", model="gpt-4o")
+    busy["difficulty"] = {"p_hard": 0.9, "available": True}
+    load = example_load()
+    load.update(num_requests_running=64, num_requests_waiting=40, kv_cache_usage=0.95, ttft_p50_ms=2500.0,
+                tpot_p50_ms=80.0, prefill_utilization=0.9, decode_utilization=0.9, inflight_requests=100,
+                outstanding_requests=104, age_s=3.0, endpoints=4, healthy_endpoints=3, prefill_queue_s=3.0,
+                prefill_saturated=True)
+    busy["load"] = {t: dict(load) for t in fleet.targets}
+    busy["_cache"] = {t: {"prefix_hit_ratio": 0.9, "prefix_hit_tokens": 18000, "shared_hit_ratio": 0.05,
+                          "endpoint": "e-0", "session_endpoint": "e-0", "session_target": t} for t in fleet.targets}
+    ep = example_endpoint("e-0", "http://e-0/v1")
+    ep.update({k: v for k, v in load.items() if k in ep})
+    ep.update(prefix_hit_ratio=0.9, cost_s=1.5)
+    busy["_endpoint"] = {k: dict(ep) for k in _endpoint_keys(fleet)}
+    busy["budget"] = {"limited": True, "remaining_usd": 1.5, "spent_usd": 98.5, "limit_usd": 100.0,
+                      "spent_fraction": 0.985, "window": "day", "window_elapsed_fraction": 0.6, "pace_gap": 0.385,
+                      "scope": "tenant:acme"}
+    return [typical, busy]
+
+
+def _probe(ck: _Checker, path: tuple[Any, ...], program: Any, variables: dict[str, Any]) -> None:
+    """Run the condition on the probe snapshots to catch type errors and non-boolean results."""
+    for snapshot in ck.probes(variables):
+        ctx = cel.Context(snapshot, {"cost": lambda target: 0.001})
+        try:
+            result = program.execute(ctx)
+        except TypeError as exc:
+            if "No such overload" in str(exc):
+                ck.add(path, "type-error", "an operator or function is applied to mismatched types "
+                       "(CEL never converts between int, double and string; use double(x), int(x) or string(x))")
+                return
+            continue
+        except Exception:  # data-dependent errors (missing keys, division by zero) surface at run time
+            continue
+        if not isinstance(result, bool):
+            ck.add(path, "not-boolean", f"condition must be true or false, but gives {type(result).__name__} "
+                   f"{result!r} on a typical request")
+            return
+
+
+def _role(fleet: Fleet, target: str | None, mode: str) -> str:
+    """The pool role of a route's endpoint (what ``endpoint.*`` reads)."""
+    if target is None or target not in fleet.targets:
+        return "aggregated"
+    t = fleet.targets[target]
+    if isinstance(t, FrontierTarget):
+        return "api"
+    if mode == "disaggregated" or (mode == "auto" and t.pools.aggregated is None):
+        return "decode"
+    return "aggregated"
+
+
+def _resolve_mode(fleet: Fleet, target: str, mode: str | None) -> str:
+    """The route mode for ``target``: ``mode`` if it supports it (``auto`` on a one-mode target
+    becomes that mode), else the target's default."""
+    modes = fleet.targets[target].modes
+    if mode == "auto":
+        return "auto" if len(modes) > 1 else modes[0]
+    return mode if mode in modes else modes[0]
+
+
+def _expand_fallbacks(ck: _Checker, fleet: Fleet, rules: list[tuple[int, RuleSpec]],
+                      modes: dict[int, str | None],
+                      invalid_names: frozenset[str] = frozenset()) -> dict[int, tuple[tuple[str, str], ...]]:
+    """Every rule's candidates: its target, then its fallbacks expanded (``rule:NAME`` = that
+    rule's candidates, recursively); reports unknown rules and cycles at the reference.
+    ``invalid_names``: rules that exist but failed validation (their problems are already
+    reported): a reference to one is skipped, not reported as unknown."""
+    by_name = {r.name: i for i, r in rules}
+    specs = dict(rules)
+    done: dict[int, tuple[tuple[str, str], ...]] = {}
+    reported: set[tuple[int, int]] = set()
+
+    def expand(i: int, stack: list[int]) -> tuple[tuple[str, str], ...]:
+        if i in done:
+            return done[i]
+        rule = specs[i]
+        route, mode = rule.route, modes.get(i)
+        out: list[tuple[str, str]] = []
+        if route.target in fleet.targets and mode is not None:
+            out.append((route.target, mode))
+        for j, item in enumerate(route.fallbacks):
+            if isinstance(item, str) and item.startswith(RULE_REF):
+                name = item[len(RULE_REF):]
+                k = by_name.get(name)
+                if k is None and name in invalid_names:
+                    continue
+                if k is None or k in stack:
+                    if (i, j) not in reported:
+                        reported.add((i, j))
+                        if k is None:
+                            ck.add(("rules", i, "route", "fallbacks", j), "unknown-rule",
+                                   f"unknown rule '{name}' in fallbacks{did_you_mean(name, by_name)}")
+                        else:
+                            chain = [specs[s].name for s in stack[stack.index(k):]] + [name]
+                            ck.add(("rules", i, "route", "fallbacks", j), "fallback-cycle",
+                                   "fallbacks refer back to a rule being expanded: "
+                                   + " -> ".join(f"rule '{n}'" for n in chain))
+                    continue
+                out.extend(expand(k, [*stack, k]))
+                continue
+            fb_target, fb_mode = (item.target, item.mode) if isinstance(item, FallbackSpec) else (item, None)
+            if fb_target not in fleet.targets:
+                continue
+            if fb_mode is not None and fb_mode != "auto" and fb_mode not in fleet.targets[fb_target].modes:
+                continue
+            out.append((fb_target, _resolve_mode(fleet, fb_target, fb_mode or mode)))
+        seen: set[str] = set()
+        unique = tuple(c for c in out if not (c[0] in seen or seen.add(c[0])))
+        done[i] = unique
+        return unique
+
+    for i, _ in rules:
+        expand(i, [i])
+    return done
+
+
+def _check_route(ck: _Checker, fleet: Fleet, i: int, rule: RuleSpec) -> str | None:
+    """Check a rule's target, mode and fallbacks; returns its resolved mode (None if the target is unknown)."""
+    route = rule.route
+    mode: str | None = None
+    if ck.target(("rules", i, "route", "target"), route.target):
+        modes = fleet.targets[route.target].modes
+        if route.mode is None:
+            mode = modes[0]
+        elif route.mode == "auto" or route.mode in modes:
+            mode = _resolve_mode(fleet, route.target, route.mode)
+        else:
+            ck.add(("rules", i, "route", "mode"), "unsupported-mode",
+                   f"target '{route.target}' does not support mode '{route.mode}' (it supports {', '.join(modes)})")
+    seen_fb: set[str] = {route.target}
+    for j, item in enumerate(route.fallbacks):
+        where = ("rules", i, "route", "fallbacks", j)
+        if isinstance(item, str) and item.startswith(RULE_REF):
+            name = item[len(RULE_REF):]
+            if name in seen_fb:
+                ck.add(where, "duplicate-fallback", f"'{item}' is already an earlier fallback")
+            seen_fb.add(item)
+            continue
+        fb, fb_mode = (item.target, item.mode) if isinstance(item, FallbackSpec) else (item, None)
+        target_path = (*where, "target") if isinstance(item, FallbackSpec) else where
+        if ck.target(target_path, fb):
+            if fb in seen_fb:
+                ck.add(target_path, "duplicate-fallback", f"'{fb}' is already the rule's target or an earlier fallback")
+            modes = fleet.targets[fb].modes
+            if fb_mode is not None and fb_mode != "auto" and fb_mode not in modes:
+                ck.add((*where, "mode"), "unsupported-mode",
+                       f"target '{fb}' does not support mode '{fb_mode}' (it supports {', '.join(modes)})")
+        seen_fb.add(fb)
+    return mode
+
+
+def _check_settings(ck: _Checker, spec: PolicySpec) -> None:
+    """Targets named by the filters' tenant allow-lists exist; the picker is registered."""
+    from pointsman.policy.selection.pickers import PICKERS
+
+    for target in spec.filters.tenants:
+        ck.target(("filters", "tenants", target), target, key=True)
+    picker = spec.endpoint_selection.picker
+    if picker not in PICKERS:
+        ck.add(("endpoint_selection", "picker"), "unknown-picker",
+               f"unknown picker '{picker}'{did_you_mean(picker, PICKERS)} (registered: {', '.join(PICKERS)})")
+
+
+def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledPolicy:
+    """Compile policy YAML text against ``fleet``; raises ``PolicyError`` listing every problem
+    (or only ``too-large`` when the text is over a limit of ``limits.py``)."""
+    doc = parse_yaml(text, file, PolicyError, max_bytes=MAX_POLICY_BYTES, max_nodes=MAX_YAML_NODES)
+    check_counts(doc)
+    ck = _Checker(doc, fleet)
+    data = doc.data
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else type(data).__name__
+        raise PolicyError([Problem(file, 1, 1, "invalid-value", f"expected a mapping at the top level, got {got}")])
+    spec: PolicySpec | None = None
+    try:
+        spec = PolicySpec.model_validate(data)
+    except ValidationError as exc:
+        ck.problems.extend(validation_problems(exc, doc, PolicySpec))
+    # Keep checking what is individually valid, so every problem shows at once.
+    invalid: set[str] = set()  # names of rules that failed validation
+    invalid_default = False  # one of them has no condition: the policy has a default rule
+    if spec is not None:
+        variables = dict(spec.variables)
+        rules = list(enumerate(spec.rules))
+        _check_settings(ck, spec)
+    else:
+        raw_vars = data.get("variables")
+        variables = dict(raw_vars) if isinstance(raw_vars, dict) else {}
+        raw_rules = data.get("rules") if isinstance(data.get("rules"), list) else []
+        rules = []
+        for i, raw in enumerate(raw_rules):
+            # Already reported by the whole-file validation; check the rest of the rule
+            # without its unknown keys, so its other problems show in the same run.
+            known = {k: v for k, v in raw.items() if k in RuleSpec.model_fields} if isinstance(raw, dict) else raw
+            try:
+                rules.append((i, RuleSpec.model_validate(known)))
+            except ValidationError:
+                if isinstance(raw, dict) and isinstance(raw.get("name"), str):
+                    invalid.add(raw["name"])  # it exists: fallbacks may name it
+                if isinstance(raw, dict) and (raw.get("when") is None or raw.get("when") is True):
+                    invalid_default = True
+
+    seen: dict[str, int] = {}
+    default_index: int | None = None
+    modes: dict[int, str | None] = {}
+    conditions: dict[int, _Condition] = {}
+    plan: Plan = {}
+    for i, rule in rules:
+        if rule.name in seen:
+            ck.add(("rules", i, "name"), "duplicate-rule",
+                   f"rule name '{rule.name}' is already used at line {doc.mark(('rules', seen[rule.name], 'name'))[0]}")
+        else:
+            seen[rule.name] = i
+        if default_index is not None:
+            ck.add(("rules", i, "name"), "unreachable-rule",
+                   f"rule '{rule.name}' comes after the unconditional rule '{rules_by_index(rules, default_index).name}' "
+                   f"(line {doc.mark(('rules', default_index, 'name'))[0]}) and can never match")
+        mode = _check_route(ck, fleet, i, rule)
+        modes[i] = mode
+        target = rule.route.target if rule.route.target in fleet.targets else None
+        if _is_unconditional(rule.when):
+            if default_index is None:
+                default_index = i
+            conditions[i] = _Condition()
+        else:
+            source = "false" if rule.when is False else str(rule.when)
+            cond = _check_condition(ck, i, source, variables, target, _role(fleet, target, mode or "aggregated"))
+            conditions[i] = cond
+            merge_plans(plan, cond.plan)
+    candidates = _expand_fallbacks(ck, fleet, rules, modes, frozenset(invalid) - seen.keys())
+    if default_index is None and not invalid_default and (spec is not None or rules):
+        ck.add(("rules",), "missing-default",
+               "no unconditional rule: end the rules with one that has no 'when' (e.g. name: default)", key=True)
+    if ck.problems:
+        raise PolicyError(sorted(ck.problems, key=lambda p: (p.line, p.col, p.code)))
+    assert spec is not None
+    compiled = []
+    for i, rule in rules:
+        cond, mode = conditions[i], modes[i] or "aggregated"
+        compiled.append(CompiledRule(
+            name=rule.name, index=i, when=cond.source or None, program=cond.program, target=rule.route.target,
+            mode=mode, fallbacks=tuple(t for t, _ in candidates[i][1:]), labels=dict(rule.labels),
+            signals=cond.paths, uses_cost=cond.uses_cost, line=doc.mark(("rules", i))[0],
+            candidates=candidates[i], role=_role(fleet, rule.route.target, mode)))
+    load_spec = spec.signals.load
+    return CompiledPolicy(
+        name=spec.metadata.name or Path(file).stem, file=file,
+        revision=hashlib.sha256(text.encode("utf-8")).hexdigest()[:16], fleet_revision=fleet.revision,
+        rules=tuple(compiled), variables=variables, labels=dict(spec.metadata.labels),
+        context_plan=_freeze(plan), uses_cost=any(r.uses_cost for r in compiled),
+        staleness=StalenessPolicy(load_spec.max_age_s, load_spec.on_stale), filters=spec.filters,
+        selection=spec.endpoint_selection, disaggregation=spec.disaggregation)
+
+
+def _freeze(plan: Plan) -> Plan:
+    out: Plan = {}
+    for root, value in plan.items():
+        if isinstance(value, dict):
+            out[root] = {k: (None if v is None else frozenset(v)) for k, v in value.items()}
+        else:
+            out[root] = None if value is None else frozenset(value)
+    return out
+
+
+def rules_by_index(rules: list[tuple[int, RuleSpec]], index: int) -> RuleSpec:
+    """The rule at file position ``index``."""
+    return next(r for i, r in rules if i == index)
+
+
+def load_policy(path: str | Path, fleet: Fleet) -> CompiledPolicy:
+    """Read and compile a policy file; raises ``PolicyError`` (every problem, located; a file over
+    ``MAX_POLICY_BYTES`` is rejected without reading the rest)."""
+    return compile_policy(read_text(path, PolicyError, max_bytes=MAX_POLICY_BYTES), fleet, str(path))

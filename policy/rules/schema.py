@@ -1,0 +1,170 @@
+"""The policy file's schema (pydantic; unknown keys are errors).
+
+::
+
+    apiVersion: pointsman/v1
+    kind: RoutingPolicy
+    metadata: {name: default, description: ..., labels: {team: infra}}
+    variables:                    # named constants, read as variables.<name>
+      p_hard_frontier: 0.62
+    signals:                      # how signals are read
+      load: {max_age_s: 10, on_stale: unknown}     # unknown | saturated | ignore
+    filters:                      # eligibility, before any rule (all on by default)
+      context_window: true        # prompt + output cap must fit the target's window
+      capabilities: true          # images / tools need a target that takes them
+      health: true                # a target with no healthy endpoint is ineligible
+      budget: true                # a target whose estimated cost does not fit the budget is ineligible
+      tenants:                    # allow-lists: target -> tenants allowed (others: any tenant)
+        frontier-large: [acme, globex]
+    endpoint_selection:           # inside the chosen pool (policy/selection/pickers.py)
+      picker: min-cost
+      bounded_load_epsilon: 0.25  # no endpoint above (1 + eps) x mean outstanding; null: off
+      bounded_load_floor: 2       # ... but the cap is never below 2 requests
+      fallback_endpoints: 2       # endpoints listed after the chosen one, per role
+    disaggregation:               # prefill/decode rules of thumb (policy/selection/pd_mode.py)
+      min_uncached_prompt_tokens: 512
+      min_output_tokens: 16
+      max_local_hit_ratio: 0.8
+      min_pool_gpus: 12
+      max_prefill_queue_s: 2.0
+    rules:                        # ordered; the first whose `when` is true decides
+      - name: hard-prompt
+        when: difficulty.p_hard >= variables.p_hard_frontier    # CEL; omitted = always
+        route: {target: frontier-large, mode: aggregated, fallbacks: [onprem-70b]}
+        labels: {reason: quality}
+      - name: default             # an unconditional rule is required, and must be last
+        route: {target: onprem-8b, mode: auto, fallbacks: ["rule:hard-prompt"]}
+
+**Route.** ``target`` (a fleet target), ``mode`` and ``fallbacks``. ``mode``:
+``aggregated``; ``disaggregated`` (the P/D guards still apply: a pool smaller than
+``min_pool_gpus`` or a saturated prefill pool keeps the request aggregated when the
+target has an aggregated pool); ``auto`` (the rules of thumb decide per request, see
+``policy/selection/pd_mode.py``); omitted: the target's default mode.
+
+**Fallbacks** are tried in order when the target is ineligible (filters) or refuses
+the budget reservation; the gateway gets the eligible ones as the decision's
+``fallbacks``. An item is a target name (it keeps the rule's mode when it supports
+it, else takes its own default), ``{target, mode}``, or ``"rule:NAME"``: the
+target and fallbacks of rule NAME, in order, expanded when the policy is compiled
+(recursively; a later duplicate of a target is dropped). A chain of ``rule:``
+references that returns to a rule is a ``fallback-cycle`` error.
+
+Semantics (targets exist, modes are supported, a default exists, CEL parses and
+names known signals) are checked by ``policy/rules/compiler.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StringConstraints
+
+from pointsman.policy.fleet import Metadata
+from pointsman.located import StrictModel
+
+RuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
+Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
+JsonScalar = str | int | float | bool | None
+VariableValue = JsonScalar | list[Any] | dict[str, Any]
+RouteMode = Literal["aggregated", "disaggregated", "auto"]
+#: Prefix of a fallback item that names a rule.
+RULE_REF = "rule:"
+
+
+class FallbackSpec(StrictModel):
+    """A fallback with its own mode: ``{target, mode}``."""
+
+    target: str = Field(min_length=1)
+    mode: RouteMode | None = None
+
+
+class RouteSpec(StrictModel):
+    """Where a matching rule sends the request: ``target``, optional ``mode`` (``aggregated``,
+    ``disaggregated``, ``auto``; the target's default when omitted) and ordered ``fallbacks``
+    (target names, ``{target, mode}`` or ``"rule:NAME"``; see the module docstring)."""
+
+    target: str = Field(min_length=1)
+    mode: RouteMode | None = None
+    fallbacks: list[Annotated[str, Field(min_length=1)] | FallbackSpec] = []
+
+
+class RuleSpec(StrictModel):
+    """One rule: ``name``, optional CEL condition ``when`` (absent or ``true`` = always),
+    ``route``, ``labels``."""
+
+    name: RuleName
+    description: str = ""
+    when: str | bool | None = None
+    route: RouteSpec
+    labels: dict[str, str] = {}
+
+
+class LoadSignalsSpec(StrictModel):
+    """How load readings are read: older than ``max_age_s`` seconds is stale, and a stale one
+    means ``on_stale``: ``unknown`` (default; engine fields null), ``saturated`` (full) or
+    ``ignore`` (used as is). See ``policy/signals/load_board.py``."""
+
+    max_age_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 10.0
+    on_stale: Literal["unknown", "saturated", "ignore"] = "unknown"
+
+
+class SignalsSpec(StrictModel):
+    """Signal settings: ``load`` staleness."""
+
+    load: LoadSignalsSpec = LoadSignalsSpec()
+
+
+class FiltersSpec(StrictModel):
+    """Eligibility filters (``policy/selection/filters.py``), each on unless set false; ``tenants`` maps a
+    target to the tenants allowed on it (targets not listed take every tenant; a request
+    without a tenant is not on any list)."""
+
+    context_window: bool = True
+    capabilities: bool = True
+    tenants: dict[str, list[str]] = {}
+    health: bool = True
+    budget: bool = True
+
+
+class EndpointSelectionSpec(StrictModel):
+    """Endpoint choice inside the chosen pool (``policy/selection/pickers.py``): ``picker`` (a name in
+    ``PICKERS``), ``bounded_load_epsilon`` (cap on an endpoint's outstanding requests at
+    (1 + eps) × the pool's mean, counting this request; null: no cap),
+    ``bounded_load_floor`` (the cap is never below this many requests: at low load cache
+    reuse matters more than perfect balance), ``fallback_endpoints`` (endpoints listed after
+    the chosen one, per role)."""
+
+    picker: str = "min-cost"
+    bounded_load_epsilon: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = 0.25
+    bounded_load_floor: Annotated[int, Field(ge=1)] = 2
+    fallback_endpoints: Annotated[int, Field(ge=0, le=64)] = 2
+
+
+class DisaggregationSpec(StrictModel):
+    """Prefill/decode rules of thumb (``policy/selection/pd_mode.py``). ``auto`` routes stay
+    aggregated when the uncached prompt is at most ``min_uncached_prompt_tokens``, the
+    output at most ``min_output_tokens``, or at least ``max_local_hit_ratio`` of the prefix
+    is cached on the decode side. Every disaggregated route stays aggregated (when the
+    target has an aggregated pool) when its prefill + decode pools have fewer than
+    ``min_pool_gpus`` GPUs or the prefill pool is saturated (every healthy prefill
+    endpoint queues ``max_prefill_queue_s`` or more, or reads saturated)."""
+
+    min_uncached_prompt_tokens: Annotated[int, Field(ge=0)] = 512
+    min_output_tokens: Annotated[int, Field(ge=0)] = 16
+    max_local_hit_ratio: Annotated[float, Field(ge=0, le=1)] = 0.8
+    min_pool_gpus: Annotated[int, Field(ge=0)] = 12
+    max_prefill_queue_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 2.0
+
+
+class PolicySpec(StrictModel):
+    """The validated content of a policy file."""
+
+    apiVersion: Literal["pointsman/v1"]
+    kind: Literal["RoutingPolicy"]
+    metadata: Metadata = Metadata()
+    variables: dict[Identifier, VariableValue] = {}
+    signals: SignalsSpec = SignalsSpec()
+    filters: FiltersSpec = FiltersSpec()
+    endpoint_selection: EndpointSelectionSpec = EndpointSelectionSpec()
+    disaggregation: DisaggregationSpec = DisaggregationSpec()
+    rules: list[RuleSpec] = Field(min_length=1)

@@ -1,0 +1,2 @@
+"""Selection: eligibility filters, endpoint pickers inside a pool, and the per-request
+P/D mode (aggregated or prefill/decode-disaggregated)."""

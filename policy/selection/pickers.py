@@ -1,0 +1,389 @@
+"""Endpoint selection inside the chosen pool: small scorers in physical units, a
+bounded-load guard, health filtering, and pickers registered by name (llm-d style).
+
+A pick works on one pool for one request (``PoolView``: the pool's endpoints with
+their load readings, health and prefix-cache hits, as columns). Scorers return
+**predicted seconds** per endpoint; the ``min-cost`` picker adds them and takes the
+cheapest endpoint, so cache reuse and load trade off in one physical unit:
+
+- ``prefill-work`` (``PrefillWorkScorer``): this request's own prefill, cached prefix
+  excluded; a prefix the shared KV tier holds is restored or recomputed, whichever
+  is faster;
+- ``queue`` (``QueueScorer``): prefill work already queued on the endpoint;
+- ``decode-load`` (``DecodeLoadScorer``): this request's decode time given the
+  endpoint's batch.
+
+This is the shape of Dynamo's KV router cost (``kv_overlap_score_weight ×
+prefill blocks + active decode blocks``, lower is better) with blocks turned into
+seconds by the pool's throughputs, and of Mooncake's Conductor, which sends a
+request to the instance with the least predicted TTFT (queueing + prefill given the
+prefix it can reuse or fetch). Roles: aggregated pools use all three scorers; a
+prefill pool ``prefill-work`` + ``queue``; a decode pool ``decode-load`` + ``queue``.
+
+**Bounded load** (Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing with Bounded
+Loads", 2018): no endpoint may hold more than ``max(floor, ceil((1 + eps) × (N + 1) / n))``
+outstanding requests counting this one (N outstanding over the pool's n healthy
+endpoints), so one hot prefix cannot pile every request on the replica that caches
+it; over-cap endpoints rank after every endpoint under the cap. The ``floor``
+(default 2) keeps a lightly loaded pool from bouncing a session off its cache
+because its endpoint holds one request more than an idle one. **Health**: endpoints
+marked unhealthy are never chosen. The chosen endpoint comes first, then up to
+``fallback_endpoints`` more in cost order.
+
+Cost: one pass per scorer over the pool (a list comprehension per column) plus an
+O(n log k) selection; ``scripts/bench_policy.py`` measures 8 and 256 endpoints.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+from pointsman.policy.decision import EndpointChoice
+from pointsman.policy.fleet import EndpointInfo, Pool
+from pointsman.policy.signals.prefix_index import PrefixLookup, SharedKVTier
+
+
+@dataclass(frozen=True)
+class PickInput:
+    """The request as pickers see it: ``prompt_tokens``, ``output_tokens`` (expected),
+    ``session_endpoint`` (id of the session's previous endpoint, a tie-breaker; None)."""
+
+    prompt_tokens: int
+    output_tokens: int
+    session_endpoint: str | None = None
+
+
+@dataclass
+class PoolView:
+    """The endpoints one pick chooses among, at decision time, as columns aligned with
+    ``endpoints``: ``loads`` (``EndpointLoad`` or None when nothing is known), ``healthy``
+    (bool), ``prefix`` (the prompt's ``PrefixLookup`` in the target's index, or None),
+    ``shared`` (the target's shared KV tier, or None). ``pool``: the pool whose
+    throughputs apply (None for a frontier API: one endpoint, no throughputs);
+    ``extra_pools``: per endpoint index, another pool for endpoints borrowed from it
+    (decode endpoints prefilling locally in an aggregated pick). ``role``: what the
+    chosen endpoint does (``aggregated``, ``prefill``, ``decode``, ``api``)."""
+
+    target: str
+    role: str
+    pool: Pool | None
+    endpoints: Sequence[EndpointInfo]
+    loads: Sequence[Any]
+    healthy: Sequence[bool]
+    prefix: PrefixLookup | None = None
+    shared: SharedKVTier | None = None
+    extra_pools: dict[int, Pool] = field(default_factory=dict)
+    positions: dict[str, int] | None = None
+    _hits: tuple[list[int], list[int]] | None = field(default=None, repr=False)
+    _outstanding: list[int] | None = field(default=None, repr=False)
+
+    def rates(self, attr: str) -> list[float] | float:
+        """The pool's ``prefill_tokens_per_s`` or ``decode_tokens_per_s`` (inf without a pool): one
+        number when every endpoint is of the pool, else one per endpoint."""
+        base = math.inf if self.pool is None else getattr(self.pool, attr)
+        if not self.extra_pools:
+            return base
+        out = [base] * len(self.endpoints)
+        for i, pool in self.extra_pools.items():
+            out[i] = getattr(pool, attr)
+        return out
+
+    def pool_of(self, i: int) -> Pool | None:
+        """The pool endpoint ``i`` belongs to."""
+        return self.extra_pools.get(i, self.pool)
+
+    def hits(self) -> tuple[list[int], list[int]]:
+        """``(local_hit_tokens, shared_hit_tokens)``: two lists aligned with ``endpoints`` (two
+        lists, not a tuple per endpoint: fewer objects for the garbage collector). Computed
+        once: the no-hit value for all, then the endpoints the prefix index matched."""
+        if self._hits is None:
+            n, p = len(self.endpoints), self.prefix
+            if p is None:
+                self._hits = ([0] * n, [0] * n)
+            else:
+                base_local, base_shared = p.hit("")
+                local_hits, shared_hits = [base_local] * n, [base_shared] * n
+                if p.matched:
+                    if self.positions is None:
+                        self.positions = {e.id: i for i, e in enumerate(self.endpoints)}
+                    where, bt, total, runs = self.positions, p.block_tokens, p.total_tokens, p.shared_runs
+                    matched = p.matched
+                    # walk the smaller side: the endpoints the index matched, or this view's
+                    pairs = ((where.get(e), m) for e, m in matched.items()) if len(matched) <= len(where) else \
+                        ((i, matched.get(e, 0)) for e, i in where.items())
+                    for i, m in pairs:
+                        if i is not None and m:
+                            local = m * bt if m * bt < total else total
+                            local_hits[i] = local
+                            shared_hits[i] = 0 if runs is None else min(runs[m] * bt, total - local)
+                self._hits = (local_hits, shared_hits)
+        return self._hits
+
+    def hit(self, i: int) -> tuple[int, int]:
+        """``(local_hit_tokens, shared_hit_tokens)`` of endpoint ``i``."""
+        local_hits, shared_hits = self.hits()
+        return local_hits[i], shared_hits[i]
+
+    def outstanding(self) -> list[int]:
+        """Outstanding requests per endpoint (0 when unknown; computed once)."""
+        if self._outstanding is None:  # EndpointLoad.outstanding_requests, inlined (hot loop)
+            out = []
+            for x in self.loads:
+                if x is None:
+                    out.append(0)
+                    continue
+                r, w = x.num_requests_running, x.num_requests_waiting
+                out.append(r + w if r is not None and w is not None else x.inflight_requests)
+            self._outstanding = out
+        return self._outstanding
+
+
+class Scorer(Protocol):
+    """Predicted seconds per endpoint of a pool for one request (lower is better)."""
+
+    name: str
+
+    def score(self, inp: PickInput, view: PoolView) -> list[float]:
+        """One float per ``view.endpoints``, in seconds."""
+        ...
+
+
+class PrefillWorkScorer:
+    """Seconds of this request's own prefill on each endpoint::
+
+        prefill_s = (P - L - S) / R_p + min(restore_s(S), S / R_p)
+
+    P: prompt tokens; L: tokens of its prefix cached on the endpoint; S: tokens after
+    them held by the shared KV tier (restorable: ``latency_s + S × kv_bytes_per_token /
+    bandwidth``, ``SharedKVTier.restore_s``); R_p: the pool's ``prefill_tokens_per_s``."""
+
+    name = "prefill-work"
+
+    def score(self, inp: PickInput, view: PoolView) -> list[float]:
+        """Seconds per endpoint (see the class docstring)."""
+        rates = view.rates("prefill_tokens_per_s")
+        p, shared, n = inp.prompt_tokens, view.shared, len(view.endpoints)
+        if isinstance(rates, float):
+            rates = [rates] * n
+        if view.prefix is None:
+            return [p / r for r in rates]
+        out = []
+        for local, s, rate in zip(*view.hits(), rates):
+            restore = s / rate if shared is None or s == 0 else min(shared.restore_s(s), s / rate)
+            out.append((p - local - s) / rate + restore)
+        return out
+
+
+class QueueScorer:
+    """Seconds of prefill work waiting ahead of this request on each endpoint::
+
+        queue_s = (pending_prompt_tokens + max(0, waiting - pending_requests) × mean_prompt) / R_p
+
+    ``pending_*``: Pointsman's dispatches the engine has not reported yet (exact
+    tokens); the rest of the waiting queue counts ``mean_prompt`` tokens each (the mean
+    prompt of our in-flight requests there, else this request's). A stale endpoint read
+    as saturated waits ``SATURATED_WAITING`` requests, so it ranks last."""
+
+    name = "queue"
+
+    def score(self, inp: PickInput, view: PoolView) -> list[float]:
+        """Seconds per endpoint (see the class docstring)."""
+        p = inp.prompt_tokens
+        rates = view.rates("prefill_tokens_per_s")
+        scalar = isinstance(rates, float)
+        out = []
+        append = out.append
+        for i, x in enumerate(view.loads):
+            if x is None:
+                append(0.0)
+                continue
+            waiting, inflight = x.num_requests_waiting, x.inflight_requests
+            extra = 0 if waiting is None or waiting <= x.pending_requests else waiting - x.pending_requests
+            work = x.pending_prompt_tokens
+            if extra:
+                work += extra * (x.inflight_prompt_tokens / inflight if inflight else p)
+            append(work / (rates if scalar else rates[i]))
+        return out
+
+
+class DecodeLoadScorer:
+    """Seconds of this request's decode on each endpoint, sharing the decode throughput
+    with the endpoint's batch::
+
+        decode_s = output_tokens × (b + 1) / R_d
+
+    b: outstanding requests (running + waiting, else Pointsman's in-flight count); R_d:
+    the pool's ``decode_tokens_per_s`` (aggregate over a full batch), so each of b + 1
+    requests gets 1/(b + 1) of it (an upper bound at small batches, monotone in b)."""
+
+    name = "decode-load"
+
+    def score(self, inp: PickInput, view: PoolView) -> list[float]:
+        """Seconds per endpoint (see the class docstring)."""
+        rates = view.rates("decode_tokens_per_s")
+        if isinstance(rates, float):
+            k = inp.output_tokens / rates
+            return [k * (b + 1) for b in view.outstanding()]
+        out = inp.output_tokens
+        return [out * (b + 1) / rate for b, rate in zip(view.outstanding(), rates)]
+
+
+SCORERS: dict[str, type] = {"prefill-work": PrefillWorkScorer, "queue": QueueScorer, "decode-load": DecodeLoadScorer}
+
+#: Scorers per pool role (``api``: a frontier endpoint, nothing to choose).
+ROLE_SCORERS: dict[str, tuple[str, ...]] = {
+    "aggregated": ("prefill-work", "queue", "decode-load"),
+    "prefill": ("prefill-work", "queue"),
+    "decode": ("decode-load", "queue"),
+    "api": (),
+}
+
+
+def bounded_load_cap(outstanding: Sequence[int], healthy: Sequence[bool], epsilon: float | None,
+                     floor: int = 1) -> int | None:
+    """``max(floor, ceil((1 + epsilon) × (N + 1) / n))`` over the n healthy endpoints holding N
+    outstanding requests (the request being placed counted): an endpoint may take the request
+    while its outstanding count is below the cap. None when ``epsilon`` is None or none is healthy."""
+    if epsilon is None:
+        return None
+    if all(healthy):
+        n, total = len(outstanding), sum(outstanding)
+    else:
+        n = total = 0
+        for b, ok in zip(outstanding, healthy):
+            if ok:
+                n += 1
+                total += b
+    if n == 0:
+        return None
+    return max(floor, math.ceil((1.0 + epsilon) * (total + 1) / n - 1e-9))
+
+
+@dataclass(frozen=True)
+class PoolPick:
+    """A pick in one pool: ``order`` (endpoint indexes, chosen first, then fallbacks),
+    ``costs`` (total predicted seconds per endpoint), ``parts`` (scorer name -> seconds per
+    endpoint), ``cap`` (the bounded-load cap or None), ``excluded`` (index -> reason for the
+    endpoints that could not be chosen: ``unhealthy``, ``over-cap``)."""
+
+    view: PoolView
+    order: tuple[int, ...]
+    costs: list[float]
+    parts: dict[str, list[float]]
+    cap: int | None
+    excluded: dict[int, str]
+
+    @property
+    def chosen(self) -> int | None:
+        """Index of the chosen endpoint (None when the pool has no healthy endpoint)."""
+        return self.order[0] if self.order else None
+
+    def choices(self) -> tuple[EndpointChoice, ...]:
+        """The ordered endpoints as ``EndpointChoice``s (role: the pool's role)."""
+        eps = self.view.endpoints
+        return tuple(EndpointChoice(eps[i].url, self.view.role, eps[i].name) for i in self.order)
+
+    def trace(self, limit: int = 8) -> dict[str, Any]:
+        """JSON-ready: the pool, the cap, counts of exclusions, and the best ``limit`` candidates
+        with their scores (seconds), hits, outstanding requests and exclusion."""
+        v, (local_hits, shared_hits), outstanding = self.view, self.view.hits(), self.view.outstanding()
+        shown = list(self.order)
+        if len(shown) < limit:
+            rest = sorted((i for i in range(len(v.endpoints)) if i not in set(shown)), key=lambda i: self.costs[i])
+            shown += rest[: limit - len(shown)]
+        counts: dict[str, int] = {}
+        for reason in self.excluded.values():
+            counts[reason] = counts.get(reason, 0) + 1
+        return {
+            "target": v.target, "role": v.role, "endpoints": len(v.endpoints), "bounded_load_cap": self.cap,
+            "excluded": counts,
+            "candidates": [{
+                "endpoint": v.endpoints[i].name or v.endpoints[i].url, "url": v.endpoints[i].url,
+                "rank": self.order.index(i) if i in self.order else None,
+                "cost_s": _finite(self.costs[i]), **{k: _finite(p[i]) for k, p in self.parts.items()},
+                "local_hit_tokens": local_hits[i], "shared_hit_tokens": shared_hits[i],
+                "outstanding_requests": outstanding[i], "excluded": self.excluded.get(i)}
+                for i in shown[:limit]],
+        }
+
+
+#: Seconds added to an over-cap endpoint's rank: it comes after every endpoint under the cap.
+_OVER_CAP_S = 1e12
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+class MinCostPicker:
+    """``min-cost``: the healthy endpoint under the bounded-load cap with the least predicted
+    seconds (sum of the role's scorers, ``ROLE_SCORERS``); ties go to the session's previous
+    endpoint, then file order. Then up to ``fallback_endpoints`` more in cost order
+    (over-cap endpoints after those under it). ``selection``: the policy's
+    ``EndpointSelectionSpec``."""
+
+    def __init__(self, selection: Any) -> None:
+        self.epsilon = selection.bounded_load_epsilon
+        self.floor = selection.bounded_load_floor
+        self.fallback_endpoints = selection.fallback_endpoints
+        self.scorers = {name: SCORERS[name]() for name in SCORERS}
+
+    def pick(self, inp: PickInput, view: PoolView) -> PoolPick:
+        """Order ``view``'s endpoints for ``inp`` (see the class docstring)."""
+        n = len(view.endpoints)
+        parts = {name: self.scorers[name].score(inp, view) for name in ROLE_SCORERS[view.role]}
+        columns = list(parts.values())
+        if len(columns) == 3:
+            costs = [a + b + c for a, b, c in zip(*columns)]
+        elif len(columns) == 2:
+            costs = [a + b for a, b in zip(*columns)]
+        else:
+            costs = [sum(t) for t in zip(*columns)] if columns else [0.0] * n
+        outstanding = view.outstanding()
+        cap = bounded_load_cap(outstanding, view.healthy, self.epsilon, self.floor)
+        excluded: dict[int, str] = {}
+        # rank = cost, plus _OVER_CAP_S over the cap (after every endpoint under it); unhealthy: left out
+        rank = costs[:]
+        if cap is not None:
+            for i in [i for i, b in enumerate(outstanding) if b >= cap]:
+                excluded[i] = "over-cap"
+                rank[i] += _OVER_CAP_S
+        if not all(view.healthy):
+            for i, ok in enumerate(view.healthy):
+                if not ok:
+                    excluded[i] = "unhealthy"
+        session = inp.session_endpoint
+        if session is not None:  # ties go to the session's endpoint: 1 ns earlier
+            for i, e in enumerate(view.endpoints):
+                if e.id == session:
+                    rank[i] -= 1e-9
+                    break
+        candidates = range(n) if len(excluded) == 0 else [i for i in range(n) if excluded.get(i) != "unhealthy"]
+        k = 1 + self.fallback_endpoints
+        order = tuple(sorted(candidates, key=rank.__getitem__)[:k])  # stable: file order on ties
+        return PoolPick(view, order, costs, parts, cap, excluded)
+
+
+class InOrderPicker:
+    """``in-order``: the healthy endpoints in the fleet file's order (no scores); the chosen
+    one and up to ``fallback_endpoints`` more."""
+
+    def __init__(self, selection: Any) -> None:
+        self.fallback_endpoints = selection.fallback_endpoints
+
+    def pick(self, inp: PickInput, view: PoolView) -> PoolPick:
+        """The first healthy endpoints in file order."""
+        order = tuple(i for i, ok in enumerate(view.healthy) if ok)[: 1 + self.fallback_endpoints]
+        excluded = {i: "unhealthy" for i, ok in enumerate(view.healthy) if not ok}
+        return PoolPick(view, order, [0.0] * len(view.endpoints), {}, None, excluded)
+
+
+#: Pickers by the name a policy's ``endpoint_selection.picker`` uses.
+PICKERS: dict[str, type] = {"min-cost": MinCostPicker, "in-order": InOrderPicker}
+
+
+def base_url(endpoints: tuple[EndpointChoice, ...]) -> str:
+    """The URL a gateway calls: the first ``aggregated``, ``decode`` or ``api`` endpoint."""
+    return next(e.url for e in endpoints if e.role != "prefill")

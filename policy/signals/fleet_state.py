@@ -1,0 +1,495 @@
+"""``FleetState``: the live state behind load, cache and budget signals, and the paths
+the service calls to change it.
+
+One ``FleetState`` per process (per fleet) holds:
+
+- ``board`` (``load_board.LoadBoard``): load per endpoint id — pushed snapshots, scraped
+  ``/metrics``, and Pointsman's own in-flight accounting;
+- per target, two ``prefix_index.PrefixIndex``es (128-token blocks for hashes of the
+  rendered conversation, 512-token blocks for the gateway's ``prefix_block_hashes``),
+  each endpoint bounded by its pool's ``kv_cache_capacity_tokens``, with the target's
+  shared KV tier when the fleet declares one; a frontier target's index tracks the
+  provider's prompt cache;
+- sessions: ``session_id -> (target, endpoint id)`` of its last request (TTL);
+- health: endpoint ids marked unhealthy, with a reason;
+- ``ledger`` (``budget.ledger.BudgetLedger`` or None: no budgets, nothing recorded);
+- dispatch records: what each in-flight decision holds (target, mode, endpoints,
+  estimate), so an outcome can be settled by decision id alone.
+
+The engine reads it per decision through ``observe`` (a ``live.LiveSignals``) and
+writes at dispatch (``dispatch``: reserve the estimate in the ledger, count the
+request in flight, record its prefix and session). The service calls:
+
+==========================================  ===============================================
+``settle(decision_id, prompt_tokens=...,``  an outcome arrived: actual cost into the ledger
+``completion_tokens=..., cached_tokens=...)``  (idempotent), in-flight load released
+``release(decision_id)``                    the request never ran: hold dropped, load released
+``push_load(endpoint, snapshot)``           ``POST /v1/telemetry`` (validated; ``RequestError``)
+``put_scraped(endpoint, load)`` / ``scrape_targets()`` / ``apply_scrape_status(status)``
+                                            the ``/metrics`` scraper's feed and health
+``set_health(endpoint, healthy, reason)``   mark an endpoint (un)healthy
+``effective_prices(window)``                effective price per token per target (ledger)
+``fleet_status()``                          every endpoint's signals with ages (``GET /v1/fleet``)
+``close()``                                 close the ledger
+==========================================  ===============================================
+
+Every method is thread-safe. Times: ``now`` for the ledger is Unix seconds, for load
+and sessions monotonic seconds; both default to the clocks given at construction.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, Sequence
+
+from pointsman.errors import BudgetError, RequestError
+from pointsman.policy.budget.ledger import (
+    BudgetLedger,
+    BudgetSnapshot,
+    LedgerUnavailable,
+    Settlement,
+    UnknownReservation,
+)
+from pointsman.policy.budget.units import check_tokens
+from pointsman.policy.cost import effective_prices as _effective_prices
+from pointsman.policy.cost import estimate_cost
+from pointsman.policy.fleet import Fleet, FrontierTarget
+from pointsman.policy.signals.load_board import EndpointLoad, LoadBoard
+from pointsman.policy.signals.scrape import metrics_url
+from pointsman.policy.signals.prefix_index import BLOCK_TOKENS, MOONCAKE_BLOCK_TOKENS, PrefixIndex, SharedKVTier
+
+#: KV capacity assumed for a frontier provider's prompt cache, tokens (large: it is theirs).
+FRONTIER_CACHE_TOKENS = 50_000_000
+#: Sessions remembered at most, and how long after their last request.
+MAX_SESSIONS = 200_000
+SESSION_TTL_S = 900.0
+#: Outcomes remembered after settling, for idempotent repeats on this replica.
+SETTLED_MEMORY = 100_000
+#: Budget snapshots cached at most (one per distinct scope set).
+MAX_SNAPSHOTS = 10_000
+#: Suffix of the in-flight id of a disaggregated decision's prefill leg.
+PREFILL_SUFFIX = "/prefill"
+
+
+@dataclass(frozen=True)
+class DispatchRecord:
+    """What a dispatched decision holds until its outcome: ``target``, ``mode``, endpoint
+    ids (``endpoint``: aggregated/decode/api; ``prefill_endpoint`` when disaggregated),
+    ``scopes``, ``estimated_cost_usd``, ``reserved`` (held in the ledger), ``prompt_tokens``,
+    the utilizations the estimate used, and ``at`` (monotonic s)."""
+
+    decision_id: str
+    target: str
+    mode: str
+    endpoint: str
+    prefill_endpoint: str | None
+    scopes: tuple[str, ...]
+    estimated_cost_usd: float
+    reserved: bool
+    prompt_tokens: int
+    prefill_utilization: float
+    decode_utilization: float
+    at: float
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The result of ``FleetState.settle``: ``actual_cost_usd`` booked (computed from usage by
+    the cost model unless the caller gave it), ``target``/``mode``, ``settlement`` (the
+    ledger's, None without a ledger or reservation), ``released_load`` (in-flight entries
+    released now), ``replayed`` (this outcome was settled before; nothing changed)."""
+
+    decision_id: str
+    target: str | None
+    mode: str | None
+    actual_cost_usd: float
+    settlement: Settlement | None
+    released_load: int
+    replayed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary."""
+        s = self.settlement
+        return {"decision_id": self.decision_id, "target": self.target, "mode": self.mode,
+                "actual_cost_usd": self.actual_cost_usd, "replayed": self.replayed,
+                "released_load": self.released_load,
+                "reserved_usd": None if s is None else s.reserved_usd,
+                "overrun_usd": None if s is None else s.overrun_usd,
+                "hold_state": None if s is None else s.hold_state}
+
+
+def request_scopes(tenant: str | None, team: str | None, api_key_id: str | None = None) -> tuple[str, ...]:
+    """Budget scopes of a request: ``tenant:<tenant>``, ``team:<team>``, ``key:<api key id>`` for
+    those present. Raises ``RequestError`` naming the routing field when a name has spaces
+    or is over 200 characters (scopes are ``kind:name`` with a non-space name)."""
+    out = []
+    for kind, value, fld in (("tenant", tenant, "routing.tenant"), ("team", team, "routing.team"),
+                             ("key", api_key_id, "api_key_id")):
+        if not value:
+            continue
+        if len(value) > 200 or any(c.isspace() for c in value):
+            raise RequestError(f"{kind} must be 1-200 characters without spaces (it names a budget scope)",
+                               field=fld)
+        out.append(f"{kind}:{value}")
+    return tuple(out)
+
+
+class FleetState:
+    """Live state of one fleet (see the module docstring).
+
+    ``FleetState(fleet, ledger=None, *, board=None, budget_fail_open=False, clock=time.time,
+    monotonic=time.monotonic, session_ttl_s=900)``. ``ledger``: a budget ledger
+    (``budget.factory.open_ledger``); None means no budgets and no spend records.
+    ``budget_fail_open``: when the ledger is unavailable, route requests that have budgets
+    anyway (default: refuse them with ``LedgerUnavailable``; requests without budgets are
+    routed either way). ``budget_snapshot_ttl_s``: how long a budget snapshot read from the
+    ledger serves the ``budget`` signals and filter of later decisions with the same scopes
+    (default 0.05 s; 0 reads every time). This replica's own reservations are added to the
+    cached snapshot at once; other replicas' spend shows within the TTL. The reservation at
+    dispatch always goes to the ledger, so a stale snapshot can never overspend: at worst
+    a target passes the filter and is refused at dispatch, and the next fallback is tried.
+    """
+
+    def __init__(self, fleet: Fleet, ledger: BudgetLedger | None = None, *, board: LoadBoard | None = None,
+                 budget_fail_open: bool = False, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic, session_ttl_s: float = SESSION_TTL_S,
+                 budget_snapshot_ttl_s: float = 0.05) -> None:
+        self.fleet = fleet
+        self.ledger = ledger
+        self.budget_fail_open = budget_fail_open
+        self.clock = clock
+        self.monotonic = monotonic
+        self.session_ttl_s = float(session_ttl_s)
+        known = list(fleet.endpoints) + list(fleet.aliases)
+        self.board = board or LoadBoard(known_endpoints=known)
+        self._lock = threading.Lock()
+        self._indexes: dict[tuple[str, bool], PrefixIndex] = {}
+        self._shared: dict[str, SharedKVTier | None] = {}
+        for name, target in fleet.targets.items():
+            self._shared[name] = None
+            if not isinstance(target, FrontierTarget) and target.shared_kv is not None:
+                kv = target.shared_kv
+                self._shared[name] = SharedKVTier(kv.capacity_tokens, target.kv_bytes_per_token,
+                                                  kv.bandwidth_bytes_per_s, kv.latency_s)
+            for ids in (False, True):
+                self._indexes[(name, ids)] = self._new_index(name, ids)
+        self._sessions: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
+        self._unhealthy: dict[str, str] = {}
+        self._healthy_count: dict[str, int] = {}
+        self._total_count: dict[str, int] = {}
+        for e in fleet.endpoints.values():
+            self._total_count[e.target] = self._total_count.get(e.target, 0) + 1
+        self._healthy_count = dict(self._total_count)
+        self._records: OrderedDict[str, DispatchRecord] = OrderedDict()
+        self.budget_snapshot_ttl_s = float(budget_snapshot_ttl_s)
+        self._snapshots: OrderedDict[tuple[str, ...], BudgetSnapshot] = OrderedDict()
+        self._settled: OrderedDict[str, Settled] = OrderedDict()
+        self.record_ttl_s = 600.0 if ledger is None else ledger.config.reservation_ttl_s
+
+    def _new_index(self, target: str, ids: bool) -> PrefixIndex:
+        t = self.fleet.targets[target]
+        block = MOONCAKE_BLOCK_TOKENS if ids else BLOCK_TOKENS
+        if isinstance(t, FrontierTarget):
+            return PrefixIndex(block_tokens=block, default_capacity_tokens=FRONTIER_CACHE_TOKENS)
+        index = PrefixIndex(block_tokens=block, shared=self._shared[target])
+        for pool in t.pools_by_role().values():
+            if pool.kv_cache_capacity_tokens:
+                for e in pool.endpoints:
+                    index.set_capacity(e.url, max(block, pool.kv_cache_capacity_tokens))
+        return index
+
+    # -- reads used by the engine -------------------------------------------------
+
+    def prefix_index(self, target: str, gateway_ids: bool) -> PrefixIndex:
+        """The target's prefix index for gateway block ids (512-token blocks) or text hashes (128)."""
+        return self._indexes[(target, gateway_ids)]
+
+    def shared_tier(self, target: str) -> SharedKVTier | None:
+        """The target's shared KV tier, if the fleet declares one."""
+        return self._shared[target]
+
+    def is_healthy(self, endpoint_id: str) -> bool:
+        """False when the endpoint is marked unhealthy."""
+        return endpoint_id not in self._unhealthy
+
+    def healthy_flags(self, endpoint_ids: Sequence[str]) -> list[bool]:
+        """``is_healthy`` for each id (one pass; all True without any unhealthy endpoint)."""
+        bad = self._unhealthy
+        if not bad:
+            return [True] * len(endpoint_ids)
+        return [i not in bad for i in endpoint_ids]
+
+    def unhealthy(self) -> dict[str, str]:
+        """Endpoint id -> reason, for the endpoints marked unhealthy (a copy)."""
+        with self._lock:
+            return dict(self._unhealthy)
+
+    def healthy_endpoints(self, target: str) -> int:
+        """Endpoints of ``target`` not marked unhealthy (O(1))."""
+        return self._healthy_count.get(target, 0)
+
+    def endpoint_count(self, target: str) -> int:
+        """Endpoints of ``target`` (all its pools; 1 for a frontier API)."""
+        return self._total_count.get(target, 0)
+
+    def session(self, session_id: str, now: float | None = None) -> tuple[str, str] | None:
+        """``(target, endpoint id)`` of the session's last request, or None (unknown or expired)."""
+        if not session_id:
+            return None
+        now = self.monotonic() if now is None else now
+        with self._lock:
+            entry = self._sessions.get(session_id)
+            if entry is None or entry[2] <= now:
+                return None
+            return entry[0], entry[1]
+
+    def budget_snapshot(self, scopes: Sequence[str], now: float | None = None) -> BudgetSnapshot | None:
+        """The budget snapshot of ``scopes`` at Unix time ``now``: None when no budget applies (or
+        no ledger); from the ledger, or from a read less than ``budget_snapshot_ttl_s`` old plus
+        this replica's reservations since (``BudgetSnapshot.now`` is the read's time). Raises
+        ``LedgerUnavailable`` when the backend fails."""
+        if self.ledger is None or not self.ledger.config.budgets_for(scopes):
+            return None
+        now = self.clock() if now is None else now
+        key = tuple(scopes)
+        with self._lock:
+            hit = self._snapshots.get(key)
+        if hit is not None and 0.0 <= now - hit.now <= self.budget_snapshot_ttl_s:
+            return hit
+        snap = self.ledger.snapshot(key, now)
+        with self._lock:
+            self._snapshots[key] = snap
+            self._snapshots.move_to_end(key)
+            while len(self._snapshots) > MAX_SNAPSHOTS:
+                self._snapshots.popitem(last=False)
+        return snap
+
+    def _count_reservation(self, scopes: tuple[str, ...], usd: float) -> None:
+        """Add this replica's new hold to the cached snapshots that share its scopes (lock held)."""
+        for key, snap in list(self._snapshots.items()):
+            if set(key) & set(scopes):
+                statuses = tuple(replace(st, reserved_usd=st.reserved_usd + usd) if st.scope in scopes else st
+                                 for st in snap.statuses)
+                self._snapshots[key] = BudgetSnapshot(snap.now, statuses)
+
+    def observe(self, policy: Any, picker: Any, **request: Any) -> Any:
+        """A ``live.LiveSignals`` for one decision (see ``live.LiveSignals`` for the arguments)."""
+        from pointsman.policy.live import LiveSignals
+
+        return LiveSignals(self, policy, picker, **request)
+
+    # -- dispatch (engine) ---------------------------------------------------------
+
+    def dispatch(self, decision_id: str, *, target: str, mode: str, endpoint: str, prefill_endpoint: str | None,
+                 scopes: Sequence[str], estimated_cost_usd: float, prompt_tokens: int, block_hashes: Sequence[int],
+                 gateway_ids: bool, session_id: str = "", prefill_utilization: float = 1.0,
+                 decode_utilization: float = 1.0, now: float | None = None,
+                 now_mono: float | None = None) -> DispatchRecord:
+        """Commit a decision: reserve ``estimated_cost_usd`` on ``scopes`` in the ledger (raises
+        ``BudgetExceeded`` with nothing changed when it does not fit; ``LedgerUnavailable``
+        when the backend fails and the request has budgets, unless ``budget_fail_open``),
+        then count the request in flight on its endpoint(s), record its prefix there and
+        its session. Returns the ``DispatchRecord`` that ``settle`` will use."""
+        now = self.clock() if now is None else now
+        now_mono = self.monotonic() if now_mono is None else now_mono
+        reserved = False
+        if self.ledger is not None:
+            try:
+                self.ledger.reserve(decision_id, scopes, estimated_cost_usd, now)
+                reserved = True
+            except LedgerUnavailable:
+                if self.ledger.config.budgets_for(scopes) and not self.budget_fail_open:
+                    raise
+        record = DispatchRecord(decision_id, target, mode, endpoint, prefill_endpoint, tuple(scopes),
+                                estimated_cost_usd, reserved, prompt_tokens, prefill_utilization,
+                                decode_utilization, now_mono)
+        self.board.dispatch(endpoint, decision_id, prompt_tokens, now_mono)
+        if prefill_endpoint is not None:
+            self.board.dispatch(prefill_endpoint, decision_id + PREFILL_SUFFIX, prompt_tokens, now_mono)
+        if block_hashes:
+            index = self._indexes[(target, gateway_ids)]
+            index.record(endpoint, block_hashes, now=now_mono)
+            if prefill_endpoint is not None:
+                index.record(prefill_endpoint, block_hashes, now=now_mono)
+        with self._lock:
+            if reserved and self._snapshots:
+                self._count_reservation(tuple(scopes), estimated_cost_usd)
+            if session_id:
+                self._sessions[session_id] = (target, endpoint, now_mono + self.session_ttl_s)
+                self._sessions.move_to_end(session_id)
+                while len(self._sessions) > MAX_SESSIONS:
+                    self._sessions.popitem(last=False)
+            self._records[decision_id] = record
+            horizon = now_mono - self.record_ttl_s
+            while self._records:
+                first = next(iter(self._records.values()))
+                if first.at > horizon:
+                    break
+                self._records.popitem(last=False)
+        return record
+
+    # -- outcomes (service) ---------------------------------------------------------
+
+    def record(self, decision_id: str) -> DispatchRecord | None:
+        """The in-flight record of ``decision_id`` on this replica, or None."""
+        with self._lock:
+            return self._records.get(decision_id)
+
+    def settle(self, decision_id: str, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+               actual_cost_usd: float | None = None, target: str | None = None, mode: str | None = None,
+               now: float | None = None) -> Settled:
+        """An outcome arrived: book its actual cost and release its in-flight load.
+
+        The actual cost is ``actual_cost_usd`` when given (an API bill), else the cost
+        model on the usage (``cost.estimate_cost`` with ``prompt_tokens``, ``cached_tokens``
+        and ``completion_tokens`` on the decision's target and mode, at the utilization its
+        estimate used). ``target``/``mode`` are needed only when this replica did not make
+        the decision (another replica, or a restart) and no ``actual_cost_usd`` is given.
+        Idempotent: settling again returns the first result with ``replayed=True``.
+        Raises ``BudgetError`` for bad numbers (token counts outside [0, ``MAX_SETTLE_TOKENS``]) or an
+        unknown target, ``UnknownReservation``
+        when the ledger has no reservation for an id this replica does not know either,
+        ``LedgerUnavailable`` when the backend fails (nothing changed; retry)."""
+        check_tokens(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cached_tokens=cached_tokens)
+        with self._lock:
+            previous = self._settled.get(decision_id)
+            record = self._records.get(decision_id)
+        if previous is not None:
+            return Settled(previous.decision_id, previous.target, previous.mode, previous.actual_cost_usd,
+                           previous.settlement, 0, True)
+        target = target or (record.target if record else None)
+        mode = mode or (record.mode if record else None)
+        if actual_cost_usd is None:
+            if target is None or target not in self.fleet.targets:
+                raise BudgetError(f"cannot price decision '{decision_id}': unknown here, so pass its target "
+                                  f"(and mode) or actual_cost_usd")
+            t = self.fleet.targets[target]
+            mode = mode if mode in t.modes else t.modes[0]
+            actual_cost_usd = estimate_cost(
+                target, t, mode, prompt_tokens, completion_tokens, cached_tokens,
+                prefill_utilization=record.prefill_utilization if record else None,
+                decode_utilization=record.decode_utilization if record else None).usd
+        elif isinstance(actual_cost_usd, bool) or not isinstance(actual_cost_usd, (int, float)) \
+                or not math.isfinite(actual_cost_usd) or actual_cost_usd < 0:
+            raise BudgetError(f"actual_cost_usd must be a finite number >= 0, got {actual_cost_usd!r}")
+        settlement = None
+        replayed = False
+        if self.ledger is not None and (record is None or record.reserved):
+            try:
+                settlement = self.ledger.settle(decision_id, float(actual_cost_usd), now, target=target,
+                                                prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
+                                                completion_tokens=completion_tokens)
+                replayed = settlement.replayed
+            except UnknownReservation:
+                if record is None:
+                    raise
+        released = int(self.board.release(decision_id)) + int(self.board.release(decision_id + PREFILL_SUFFIX))
+        result = Settled(decision_id, target, mode, float(actual_cost_usd), settlement, released, replayed)
+        with self._lock:
+            self._records.pop(decision_id, None)
+            self._settled[decision_id] = result
+            while len(self._settled) > SETTLED_MEMORY:
+                self._settled.popitem(last=False)
+        return result
+
+    def release(self, decision_id: str, now: float | None = None) -> bool:
+        """The request never ran (the gateway gave up before sending it): drop its budget hold
+        and release its in-flight load. Idempotent; returns True if anything was held."""
+        with self._lock:
+            record = self._records.pop(decision_id, None)
+        held = False
+        if self.ledger is not None and (record is None or record.reserved):
+            try:
+                held = self.ledger.release(decision_id, now)
+            except UnknownReservation:
+                held = False
+        released = self.board.release(decision_id) | self.board.release(decision_id + PREFILL_SUFFIX)
+        return held or released
+
+    # -- telemetry and health (service) ---------------------------------------------
+
+    def push_load(self, endpoint: str, snapshot: Mapping[str, Any], now: float | None = None) -> EndpointLoad:
+        """A pushed load snapshot for ``endpoint`` (id, URL or fleet name; vLLM field names,
+        ``load_board.PUSH_FIELDS``). Raises ``RequestError`` naming the bad field or endpoint (with
+        did-you-mean); the board is unchanged then."""
+        endpoint_id = self.fleet.endpoint_id(endpoint) or endpoint
+        return self.board.push(endpoint_id, snapshot, self.monotonic() if now is None else now)
+
+    def put_scraped(self, endpoint: str, load: EndpointLoad) -> None:
+        """A scraped reading (``scrape.Scraper`` feeds ``board`` directly; this is the same)."""
+        self.board.put_scraped(self.fleet.endpoint_id(endpoint) or endpoint, load)
+
+    def scrape_targets(self) -> dict[str, str]:
+        """On-prem endpoint id -> its ``/metrics`` URL, for ``scrape.Scraper(targets)``."""
+        return {e.id: metrics_url(e.url) for e in self.fleet.endpoints.values() if e.role != "api"}
+
+    def set_health(self, endpoint: str, healthy: bool, reason: str = "") -> None:
+        """Mark ``endpoint`` (id, URL or name) healthy or not; unhealthy endpoints are never
+        chosen, and a target without a healthy endpoint is ineligible (``health`` filter).
+        Raises ``RequestError`` for an endpoint the fleet does not have."""
+        endpoint_id = self.fleet.endpoint_id(endpoint)
+        if endpoint_id is None:
+            raise RequestError(f"unknown endpoint '{endpoint}'", field="endpoint")
+        target = self.fleet.endpoints[endpoint_id].target
+        with self._lock:
+            was = endpoint_id not in self._unhealthy
+            if healthy and not was:
+                del self._unhealthy[endpoint_id]
+                self._healthy_count[target] += 1
+            elif not healthy:
+                self._unhealthy[endpoint_id] = reason or "marked unhealthy"
+                if was:
+                    self._healthy_count[target] -= 1
+
+    def apply_scrape_status(self, status: Mapping[str, Any], max_failures: int = 3) -> list[str]:
+        """Health from a scraper's ``status()``: an endpoint whose last ``max_failures`` scrapes
+        failed is unhealthy (reason: the last error), one that answered is healthy again.
+        Returns the endpoint ids now unhealthy."""
+        for endpoint, st in status.items():
+            if self.fleet.endpoint_id(endpoint) is None:
+                continue
+            if st.consecutive_failures >= max_failures:
+                self.set_health(endpoint, False, f"scrape failed {st.consecutive_failures}x: {st.last_error}")
+            elif st.last_ok_at is not None:
+                self.set_health(endpoint, True)
+        return sorted(self.unhealthy())
+
+    # -- reporting (service) ---------------------------------------------------------
+
+    def effective_prices(self, window: str = "day", now: float | None = None) -> dict[str, Any]:
+        """Per target, the effective price per token over the UTC ``day``/``month`` window from
+        settled outcomes (``cost.TargetPrice``); empty without a ledger."""
+        if self.ledger is None:
+            return {}
+        return _effective_prices(self.ledger, self.fleet, window, self.clock() if now is None else now)
+
+    def fleet_status(self, staleness: Any = None, now: float | None = None) -> dict[str, Any]:
+        """Every endpoint's current signals with their ages, per target (for ``GET /v1/fleet``):
+        ``{target: {"endpoints": [{"id", "url", "name", "role", "healthy", "unhealthy_reason",
+        "load": {...load signals with age_s...} | None, "cached_blocks"}]}}``; ``staleness``:
+        the policy's ``StalenessPolicy`` (None: raw readings)."""
+        now = self.monotonic() if now is None else now
+        loads = self.board.get_many(self.fleet.endpoints, now, staleness)
+        unhealthy = self.unhealthy()
+        out: dict[str, Any] = {name: {"endpoints": []} for name in self.fleet.targets}
+        for e in self.fleet.endpoints.values():
+            reading = loads.get(e.id)
+            out[e.target]["endpoints"].append({
+                "id": e.id, "url": e.url, "name": e.name, "role": e.role, "healthy": e.id not in unhealthy,
+                "unhealthy_reason": unhealthy.get(e.id),
+                "load": None if reading is None else reading.signals(now),
+                "cached_blocks": self._indexes[(e.target, False)].cached_blocks(e.id)
+                + self._indexes[(e.target, True)].cached_blocks(e.id)})
+        return out
+
+    def close(self) -> None:
+        """Close the ledger (if any)."""
+        if self.ledger is not None:
+            self.ledger.close()
+
+
+__all__ = ["DispatchRecord", "FleetState", "Settled", "request_scopes"]

@@ -1,0 +1,370 @@
+"""The signals a policy's expressions can read, and the per-decision snapshot.
+
+The snapshot is a plain dict built once per decision, one key per namespace::
+
+    {"request":    {"prompt_tokens": 812, "max_output_tokens": 256, "turns": 1, ...},
+     "difficulty": {"p_hard": 0.41, "available": True},
+     "variables":  {"p_hard_frontier": 0.62, ...},
+     "load":       {"onprem-70b": {"num_requests_waiting": 3, "age_s": 0.8, ...}},
+     "budget":     {"remaining_usd": 12.5, "spent_fraction": 0.75, ...},
+     "_cache":     {"onprem-70b": {"prefix_hit_ratio": 0.9, ...}},
+     "_endpoint":  {"onprem-70b/decode": {"num_requests_running": 7, ...}}}
+
+``SIGNALS`` declares every namespace and field with its type and meaning; the
+compiler checks expressions against it (unknown names get "did you mean") and the
+reference page (``pointsman policy signals``, ``docs/policy-signals.md``) is
+generated from it. Three shapes of namespace:
+
+- flat (``request``, ``difficulty``, ``budget``): ``request.prompt_tokens``;
+- keyed by target (``load``): ``load["onprem-70b"].num_requests_waiting``; the key must
+  be a fleet target (checked at compile time when it is a string literal);
+- relative to the rule's own route (``cache``, ``endpoint``): ``cache.prefix_hit_ratio``
+  in a rule routing to ``onprem-70b`` reads that target's value. The compiler rewrites
+  these to the internal keyed roots ``_cache["<target>"]`` and
+  ``_endpoint["<target>/<role>"]`` (``relative_key``), so one CEL context per decision
+  serves every rule.
+
+The builders here turn state readings (``EndpointLoad``, ``BudgetSnapshot``) into
+those dicts; ``policy/live.py`` calls them per decision, for what the policy reads only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.estimator.estimate import DifficultyEstimate
+    from pointsman.estimator.features import RequestFeatures
+    from pointsman.request import RouteRequest
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One field of a namespace: CEL ``type`` (int, double, bool, string, null_type) and its meaning."""
+
+    type: str
+    doc: str
+    nullable: bool = False
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """A root name visible to expressions; ``fields`` None means open keys (checked elsewhere).
+
+    ``shape``: ``flat`` (``ns.field``), ``by_target`` (``ns["<target>"].field``) or
+    ``relative`` (``ns.field``, the rule's route target; see the module docstring).
+    ``aged``: its values come from measurements with an age (the trace reports ``age_s``)."""
+
+    name: str
+    doc: str
+    fields: dict[str, Signal] | None
+    shape: str = "flat"
+    aged: bool = False
+
+
+def _load_fields() -> dict[str, Signal]:
+    return {
+        "num_requests_running": Signal("int", "requests in the running batch (engine-reported; summed over the "
+                                              "endpoints); null when unknown or stale", nullable=True),
+        "num_requests_waiting": Signal("int", "requests in the waiting queue, plus Pointsman's dispatches the "
+                                              "engine has not reported yet; null when unknown or stale", nullable=True),
+        "kv_cache_usage": Signal("double", "fraction 0-1 of KV-cache blocks in use (mean over endpoints); "
+                                           "null when unknown", nullable=True),
+        "ttft_p50_ms": Signal("double", "median time to first token, ms (engine-reported); null when unknown",
+                              nullable=True),
+        "tpot_p50_ms": Signal("double", "median time per output token, ms (engine-reported); null when unknown",
+                              nullable=True),
+        "prefill_utilization": Signal("double", "fraction 0-1 of GPU time busy with prefill, when telemetry "
+                                                "reports it; else null", nullable=True),
+        "decode_utilization": Signal("double", "fraction 0-1 of GPU time busy with decode, when telemetry "
+                                               "reports it; else null", nullable=True),
+        "inflight_requests": Signal("int", "requests Pointsman dispatched there whose outcome has not arrived"),
+        "outstanding_requests": Signal("int", "running + waiting when the engine reports both, else "
+                                              "inflight_requests (never null)"),
+        "age_s": Signal("double", "seconds since the engine values were measured (the oldest endpoint's; "
+                                  "0 for in-flight accounting alone)"),
+        "stale": Signal("bool", "a reading is older than the policy's signals.load.max_age_s"),
+        "saturated": Signal("bool", "a stale reading is read as full (signals.load.on_stale: saturated)"),
+    }
+
+
+_LOAD_DOC = ("Load of one target: its endpoints' readings merged (pushed snapshots, scraped /metrics and "
+             "Pointsman's in-flight accounting; see policy/signals/load_board.py). Read as `load[\"<target>\"].<field>`. "
+             "A reading older than `signals.load.max_age_s` (default 10 s) is stale, and the policy's "
+             "`signals.load.on_stale` says what it means: `unknown` (default: engine fields become null, so a "
+             "rule comparing them errors and is skipped, named in the decision), `saturated` (read as full: "
+             "kv_cache_usage 1.0, a huge waiting queue) or `ignore` (used as is).")
+
+SIGNALS: dict[str, Namespace] = {
+    "request": Namespace("request", "Facts about the request, computed before routing.", {
+        "prompt_tokens": Signal("int", "prompt length in tokens (exact when the gateway sends routing.prompt_tokens, "
+                                       "else counted on a bounded sample and extrapolated)"),
+        "max_output_tokens": Signal("int", "the client's output cap (max_completion_tokens or max_tokens), "
+                                           "else the fleet's default output estimate"),
+        "max_output_tokens_set": Signal("bool", "true when the client capped the output"),
+        "turns": Signal("int", "number of user messages"),
+        "messages": Signal("int", "number of messages"),
+        "has_tools": Signal("bool", "tools declared, or tool calls/results in the conversation"),
+        "has_images": Signal("bool", "any image part in the conversation"),
+        "images": Signal("int", "number of image parts"),
+        "tenant": Signal("string", "routing.tenant, '' when absent"),
+        "team": Signal("string", "routing.team, '' when absent"),
+        "session_id": Signal("string", "routing.session_id, '' when absent"),
+        "slo_class": Signal("string", "routing.slo_class, '' when absent"),
+        "model": Signal("string", "the model the client asked for, '' when absent"),
+    }),
+    "difficulty": Namespace("difficulty", "The difficulty estimator's answer.", {
+        "p_hard": Signal("double", "probability in [0, 1] that the cheaper model's answer is worse than the "
+                                   "frontier model's; null when the estimator is unavailable", nullable=True),
+        "available": Signal("bool", "false when the estimator failed, timed out or is not loaded"),
+    }),
+    "variables": Namespace("variables", "The policy's named constants (its 'variables' section).", None),
+    "load": Namespace("load", _LOAD_DOC, {
+        **_load_fields(),
+        "endpoints": Signal("int", "endpoints of the target (all its pools; 1 for a frontier API)"),
+        "healthy_endpoints": Signal("int", "endpoints not marked unhealthy"),
+        "prefill_queue_s": Signal("double", "predicted seconds of prefill work queued on the least-loaded "
+                                            "prefill endpoint; null without a prefill pool", nullable=True),
+        "prefill_saturated": Signal("bool", "the prefill pool cannot take more: every healthy prefill endpoint "
+                                            "is saturated or queues at least disaggregation.max_prefill_queue_s; "
+                                            "false without a prefill pool"),
+    }, shape="by_target", aged=True),
+    "endpoint": Namespace("endpoint", "The endpoint the picker would choose first for the rule's own route: "
+                                      "in the aggregated pool for an aggregated route, the decode endpoint for a "
+                                      "disaggregated one, for `auto` the aggregated pool's when the target has one "
+                                      "(else the decode endpoint), a frontier target's API. Same load fields as "
+                                      "`load`, for one endpoint.", {
+        **_load_fields(),
+        "name": Signal("string", "the endpoint's name in the fleet file ('' when unnamed)"),
+        "url": Signal("string", "the endpoint's URL"),
+        "healthy": Signal("bool", "false when marked unhealthy (then every endpoint of the pool is)"),
+        "prefix_hit_ratio": Signal("double", "share 0-1 of this prompt's prefix cached on this endpoint"),
+        "cost_s": Signal("double", "the picker's predicted seconds for this request there "
+                                   "(queued + uncached prefill + decode; policy/selection/pickers.py)"),
+    }, shape="relative", aged=True),
+    "cache": Namespace("cache", "KV-cache locality for the rule's own route target (prefix index per endpoint, "
+                                "updated at dispatch; policy/signals/prefix_index.py).", {
+        "prefix_hit_ratio": Signal("double", "largest share 0-1 of this prompt's prefix cached on one endpoint of "
+                                             "the target that can serve it locally (aggregated or decode pool; a "
+                                             "frontier target's provider prompt cache)"),
+        "prefix_hit_tokens": Signal("int", "the tokens of that cached prefix"),
+        "shared_hit_ratio": Signal("double", "share 0-1 of the prompt, after the local hit, that the target's "
+                                             "shared KV tier holds (restorable instead of recomputed); 0 without one"),
+        "endpoint": Signal("string", "name (else URL) of the endpoint holding that prefix; '' when none"),
+        "session_endpoint": Signal("string", "name (else URL) of the endpoint of this session's previous request "
+                                             "in the target; '' when none"),
+        "session_target": Signal("string", "target of this session's previous request (any target); '' when none"),
+    }, shape="relative"),
+    "budget": Namespace("budget", "The request's budgets (scopes tenant:<request.tenant>, team:<request.team> "
+                                  "and the caller's API key) in the budget ledger, summarised by the binding "
+                                  "budget: the one with the least USD remaining. Without any budget the request "
+                                  "is unlimited: `limited` false, `remaining_usd` and `limit_usd` are infinite "
+                                  "(null in JSON traces), fractions 0.", {
+        "limited": Signal("bool", "some budget applies to the request"),
+        "remaining_usd": Signal("double", "USD left in the binding budget (infinite when unlimited)"),
+        "spent_usd": Signal("double", "USD settled plus reserved in the binding budget's window"),
+        "limit_usd": Signal("double", "the binding budget's limit in USD (infinite when unlimited)"),
+        "spent_fraction": Signal("double", "spent_usd / limit_usd (1 for a zero budget; 0 when unlimited)"),
+        "window": Signal("string", "the binding budget's window: day or month ('' when unlimited)"),
+        "window_elapsed_fraction": Signal("double", "fraction 0-1 of the binding budget's UTC window elapsed "
+                                                    "(of the current UTC day when unlimited)"),
+        "pace_gap": Signal("double", "spent_fraction - window_elapsed_fraction: > 0 when spending runs ahead "
+                                     "of time (0 when unlimited)"),
+        "scope": Signal("string", "the binding budget's scope, e.g. tenant:acme ('' when unlimited)"),
+    }),
+}
+
+#: Internal CEL roots of the relative namespaces (see the module docstring).
+RELATIVE_ROOTS: dict[str, str] = {"cache": "_cache", "endpoint": "_endpoint"}
+
+
+#: Functions the policy adds to CEL: name -> (signature, meaning).
+FUNCTIONS: dict[str, tuple[str, str]] = {
+    "cost": ("cost(target: string) -> double",
+             "estimated cost of this request on the target in USD, in the target's default mode, with the "
+             "expected cached prefix and the pool's current utilization (policy/cost.py); an unknown target "
+             "is a compile error (string literal) or a run-time error that skips the rule"),
+}
+
+#: CEL standard functions and macros that common-expression-language 0.10 implements.
+CEL_BUILTINS = frozenset({
+    "size", "contains", "startsWith", "endsWith", "matches", "int", "uint", "double", "string", "bytes",
+    "timestamp", "duration", "dyn", "type", "has", "all", "exists", "exists_one", "map", "filter",
+    "getFullYear", "getMonth", "getDayOfYear", "getDayOfMonth", "getDate", "getDayOfWeek", "getHours",
+    "getMinutes", "getSeconds", "getMilliseconds",
+})
+#: Type names that may appear as identifiers (``type(x) == int``).
+CEL_TYPE_NAMES = frozenset({"int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type"})
+
+
+def request_signals(features: RequestFeatures, request: RouteRequest, default_output_tokens: int) -> dict[str, Any]:
+    """The ``request`` namespace for one request (see ``SIGNALS['request']`` for each field)."""
+    routing = request.routing
+    cap = features.max_output_tokens
+    return {
+        "prompt_tokens": features.prompt_tokens,
+        "max_output_tokens": cap if cap else default_output_tokens,
+        "max_output_tokens_set": bool(cap),
+        "turns": features.turns,
+        "messages": features.n_messages,
+        "has_tools": features.has_tools,
+        "has_images": features.has_images,
+        "images": features.n_images,
+        "tenant": routing.tenant or "",
+        "team": routing.team or "",
+        "session_id": routing.session_id or "",
+        "slo_class": routing.slo_class or "",
+        "model": request.model or "",
+    }
+
+
+def difficulty_signals(estimate: DifficultyEstimate) -> dict[str, Any]:
+    """The ``difficulty`` namespace: ``p_hard`` (None when unavailable) and ``available``."""
+    return {"p_hard": estimate.p_hard if estimate.available else None, "available": bool(estimate.available)}
+
+
+def relative_key(namespace: str, target: str, role: str) -> str:
+    """The key of a relative namespace's value for a rule routing to ``target`` whose
+    endpoint would be in pool ``role``: ``cache`` by target, ``endpoint`` by ``target/role``."""
+    return target if namespace == "cache" else f"{target}/{role}"
+
+
+def load_signals(reading: Any, now: float | None, *, endpoints: int, healthy_endpoints: int,
+                 prefill_queue_s: float | None = None, prefill_saturated: bool = False) -> dict[str, Any]:
+    """The ``load[target]`` value from a pool-level ``EndpointLoad`` (``load_board.aggregate_loads``;
+    None when nothing is known: engine fields null, counts 0, age 0)."""
+    out = _load_values(reading, now)
+    out.update(endpoints=endpoints, healthy_endpoints=healthy_endpoints, prefill_queue_s=prefill_queue_s,
+               prefill_saturated=prefill_saturated)
+    return out
+
+
+def _load_values(reading: Any, now: float | None) -> dict[str, Any]:
+    if reading is None:
+        return {"num_requests_running": None, "num_requests_waiting": None, "kv_cache_usage": None,
+                "ttft_p50_ms": None, "tpot_p50_ms": None, "prefill_utilization": None, "decode_utilization": None,
+                "inflight_requests": 0, "outstanding_requests": 0, "age_s": 0.0, "stale": False, "saturated": False}
+    return {
+        "num_requests_running": reading.num_requests_running,
+        "num_requests_waiting": reading.num_requests_waiting,
+        "kv_cache_usage": reading.kv_cache_usage,
+        "ttft_p50_ms": reading.ttft_p50_ms,
+        "tpot_p50_ms": reading.tpot_p50_ms,
+        "prefill_utilization": reading.prefill_utilization,
+        "decode_utilization": reading.decode_utilization,
+        "inflight_requests": reading.inflight_requests,
+        "outstanding_requests": reading.outstanding_requests,
+        "age_s": reading.age_s(now),
+        "stale": reading.stale,
+        "saturated": reading.saturated,
+    }
+
+
+def endpoint_signals(reading: Any, now: float | None, *, name: str, url: str, healthy: bool,
+                     prefix_hit_ratio: float, cost_s: float) -> dict[str, Any]:
+    """The ``endpoint`` value for one endpoint (``reading``: its ``EndpointLoad`` or None)."""
+    out = _load_values(reading, now)
+    out.update(name=name, url=url, healthy=healthy, prefix_hit_ratio=prefix_hit_ratio, cost_s=cost_s)
+    return out
+
+
+def cache_signals(prefix_hit_ratio: float = 0.0, prefix_hit_tokens: int = 0, shared_hit_ratio: float = 0.0,
+                  endpoint: str = "", session_endpoint: str = "", session_target: str = "") -> dict[str, Any]:
+    """The ``cache`` value for one target (see ``SIGNALS['cache']``)."""
+    return {"prefix_hit_ratio": prefix_hit_ratio, "prefix_hit_tokens": prefix_hit_tokens,
+            "shared_hit_ratio": shared_hit_ratio, "endpoint": endpoint, "session_endpoint": session_endpoint,
+            "session_target": session_target}
+
+
+def budget_signals(snapshot: Any, now: float) -> dict[str, Any]:
+    """The ``budget`` namespace from a ``BudgetSnapshot`` (None: unlimited) at Unix time ``now``.
+    Unlimited: ``remaining_usd``/``limit_usd`` are ``math.inf`` (null in JSON traces)."""
+    from pointsman.policy.budget.units import window_of
+
+    binding = None if snapshot is None else snapshot.binding
+    if binding is None:
+        day = window_of("day", now)
+        return {"limited": False, "remaining_usd": math.inf, "spent_usd": 0.0, "limit_usd": math.inf,
+                "spent_fraction": 0.0, "window": "", "pace_gap": 0.0, "scope": "",
+                "window_elapsed_fraction": (now - day.start_s) / (day.end_s - day.start_s)}
+    w = window_of(binding.window, now)
+    elapsed = min(1.0, max(0.0, (now - w.start_s) / (w.end_s - w.start_s)))
+    limit = binding.limit_usd
+    spent = binding.spent_usd
+    fraction = spent / limit if limit > 0 else 1.0
+    return {"limited": True, "remaining_usd": binding.remaining_usd, "spent_usd": spent, "limit_usd": limit,
+            "spent_fraction": fraction, "window": binding.window, "window_elapsed_fraction": elapsed,
+            "pace_gap": fraction - elapsed, "scope": binding.scope}
+
+
+def example_signals(variables: dict[str, Any] | None = None, targets: Iterable[str] = ()) -> dict[str, Any]:
+    """A complete, typical snapshot (a short single-turn request, p_hard 0.5, an idle fleet with
+    fresh telemetry, a cold cache, no budget): the base for policy cases and for the
+    compiler's type probe; override fields per case. ``targets``: fleet target names for
+    the keyed and relative namespaces (``load``, ``_cache``; ``_endpoint`` is keyed by
+    ``target/role`` and filled by the caller, see ``example_endpoint``)."""
+    targets = list(targets)
+    return {
+        "request": {
+            "prompt_tokens": 100, "max_output_tokens": 256, "max_output_tokens_set": False, "turns": 1,
+            "messages": 1, "has_tools": False, "has_images": False, "images": 0, "tenant": "", "team": "",
+            "session_id": "", "slo_class": "", "model": "",
+        },
+        "difficulty": {"p_hard": 0.5, "available": True},
+        "variables": dict(variables or {}),
+        "load": {t: example_load() for t in targets},
+        "budget": {"limited": False, "remaining_usd": math.inf, "spent_usd": 0.0, "limit_usd": math.inf,
+                   "spent_fraction": 0.0, "window": "", "window_elapsed_fraction": 0.5, "pace_gap": 0.0, "scope": ""},
+        "_cache": {t: cache_signals() for t in targets},
+        "_endpoint": {},
+    }
+
+
+def example_load() -> dict[str, Any]:
+    """A fresh, idle ``load[target]`` value: every field known except the utilizations (null:
+    telemetry rarely reports them, and costs then use the fleet's ``assumed_utilization``)."""
+    return {"num_requests_running": 0, "num_requests_waiting": 0, "kv_cache_usage": 0.0, "ttft_p50_ms": 0.0,
+            "tpot_p50_ms": 0.0, "prefill_utilization": None, "decode_utilization": None, "inflight_requests": 0,
+            "outstanding_requests": 0, "age_s": 0.0, "stale": False, "saturated": False, "endpoints": 1,
+            "healthy_endpoints": 1, "prefill_queue_s": 0.0, "prefill_saturated": False}
+
+
+def example_endpoint(name: str = "", url: str = "") -> dict[str, Any]:
+    """A fresh, idle ``endpoint`` value (as ``example_load``, for one endpoint)."""
+    out = {k: v for k, v in example_load().items() if k in SIGNALS["endpoint"].fields}
+    out.update(name=name, url=url, healthy=True, prefix_hit_ratio=0.0, cost_s=0.0)
+    return out
+
+
+def reference_markdown() -> str:
+    """The signal and function reference for policy authors, as Markdown (generated from
+    ``SIGNALS`` and ``FUNCTIONS``; ``docs/policy-signals.md`` is this page)."""
+    lines = ["# Policy signals", "",
+             "Names a policy's `when` expressions can read (CEL). Generated from `pointsman.policy.signals.namespaces` by "
+             "`pointsman policy signals --output docs/policy-signals.md`; do not edit by hand.", "",
+             "Every signal a decision's evaluated rules read appears in its trace (`routing.explain`) with its "
+             "value and age (`age_s`; 0 for values computed at decision time). Infinite values (an unlimited "
+             "budget) appear there as null.", ""]
+    for ns in SIGNALS.values():
+        lines += [f"## `{ns.name}`", "", ns.doc, ""]
+        if ns.fields is None:
+            lines += [f"Open keys: `{ns.name}.<name>`.", ""]
+            continue
+        if ns.shape == "by_target":
+            lines += [f"Read as `{ns.name}[\"<target>\"].<field>`; the target must be in the fleet.", ""]
+        elif ns.shape == "relative":
+            lines += [f"Relative to the rule: `{ns.name}.<field>` reads the value for the target of the rule's "
+                      "own `route` (not its fallbacks).", ""]
+        lines += ["| name | type | meaning |", "|---|---|---|"]
+        prefix = f'{ns.name}["<target>"]' if ns.shape == "by_target" else ns.name
+        for name, sig in ns.fields.items():
+            t = sig.type + (" or null" if sig.nullable else "")
+            lines.append(f"| `{prefix}.{name}` | {t} | {sig.doc} |")
+        lines.append("")
+    lines += ["## Functions", "", "| signature | meaning |", "|---|---|"]
+    lines += [f"| `{sig}` | {doc} |" for sig, doc in FUNCTIONS.values()]
+    lines += ["", "CEL built-ins available: " + ", ".join(f"`{f}`" for f in sorted(CEL_BUILTINS)) + "."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,100 @@
+"""Results of one simulated replay: ``RequestResult`` per trace request, ``ReplicaStats``
+per replica, ``ReplayResult`` for the whole run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pointsman.replay.sim_fleet import (
+    SimFleet,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestResult:
+    """What happened to one trace request. Times in seconds on the trace clock.
+
+    - ``routed_target``: the router's choice (``None`` when the router rejected it); ``target``:
+      where it ran (differs when spilled to a fallback or the spill target).
+    - ``replica`` / ``decode_replica``: pool indices (``None`` for frontier).
+    - ``rejected``: ``None``, or why it was refused: ``queue_full``, ``context_length``,
+      ``kv_capacity`` (admission control), or the router's reason; rejected requests have
+      no latencies.
+    - ``queue_s``: arrival to prefill start (0 for frontier).
+    - ``ttft_s``; ``tpot_s`` = (e2e - ttft) / (output_tokens - 1), ``None`` when one
+      output token; ``e2e_s``; ``finish_s``.
+    - ``prefix_hit_tokens``: prompt tokens found in the replica's prefix cache (frontier: in the
+      provider's prompt cache, billed at the cached-input price);
+      ``restored_tokens``: restored from the shared KV tier; ``transfer_s``: P/D KV transfer.
+    - ``cost_usd``: API bill for frontier requests; 0 on-prem (on-prem cost is per GPU-hour).
+    """
+
+    index: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    routed_target: str | None
+    target: str | None
+    mode: str
+    replica: int | None
+    decode_replica: int | None
+    frontier: bool
+    spilled: bool
+    rejected: str | None
+    queue_s: float | None
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float | None
+    finish_s: float | None
+    prefix_hit_tokens: int
+    restored_tokens: int
+    transfer_s: float
+    cost_usd: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStats:
+    """Busy time of one replica over the replay, in seconds, split into prefill and decode.
+
+    ``prefill_tokens``: prompt tokens computed (not cached); ``decode_steps``: steps run;
+    ``restored_tokens``: tokens restored from the shared KV tier.
+    """
+
+    target: str
+    role: str
+    index: int
+    gpus: int
+    prefill_busy_s: float
+    decode_busy_s: float
+    prefill_tokens: int
+    decode_steps: int
+    restored_tokens: int
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Output of ``simulate``.
+
+    ``requests``: one ``RequestResult`` per trace request, in trace order.
+    ``replicas``: ``ReplicaStats`` per on-prem replica. ``start_s``/``end_s``: first
+    arrival and the later of the last finish and the last arrival (the replay window, over
+    which GPUs are provisioned).
+    ``timeline``: per on-prem target, busy seconds summed over its replicas in
+    ``int(window_s // timeline_bin_s) + 1`` bins of ``timeline_bin_s`` from ``start_s``:
+    ``{"prefill_busy_s": [...], "decode_busy_s": [...]}`` (divide by replicas x bin for utilization).
+    """
+
+    requests: list[RequestResult]
+    replicas: list[ReplicaStats]
+    fleet: SimFleet
+    start_s: float
+    end_s: float
+    seed: int
+    timeline_bin_s: float
+    timeline: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+
+    @property
+    def window_s(self) -> float:
+        """Replay window length in seconds (end_s - start_s)."""
+        return self.end_s - self.start_s
+

@@ -1,0 +1,194 @@
+"""Prometheus metrics of the decision service (``prometheus_client``), served at ``GET /metrics``.
+
+Counted as things happen (``ServiceMetrics``):
+
+==============================================  ===========================================================
+``pointsman_decisions_total{target,rule}``       decisions answered, by target and deciding rule
+``pointsman_decision_errors_total{code}``        ``/v1/route`` answers that were errors, by error code
+``pointsman_decision_latency_seconds``           histogram: ``/v1/route`` from body read to answer
+``pointsman_estimator_latency_seconds``          histogram: the estimator's share of each decision
+``pointsman_estimator_unavailable_total{reason}``  decisions without a difficulty estimate (``timeout``, ``error``)
+``pointsman_p_hard``                             histogram of ``p_hard`` (decisions with an estimate)
+``pointsman_budget_reserved_usd_total{target}``  estimated cost reserved by decisions, USD
+``pointsman_budget_spend_usd_total{target}``     actual cost settled by outcomes, USD
+``pointsman_outcomes_total{status}``             outcomes by acknowledgement (stored, duplicate, conflict, unknown_decision, invalid)
+``pointsman_telemetry_snapshots_total``          load snapshots accepted by ``/v1/telemetry``
+``pointsman_decision_log_total{result}``         decisions written to / dropped from / failed in the decision log
+``pointsman_policy_reloads_total{result,source}``  policy reloads: ``ok``, ``unchanged``, ``rejected``
+``pointsman_model_swaps_total{result}``          estimator swaps: ``ok``, ``error``
+==============================================  ===========================================================
+
+Read from the live state at scrape time (``StateCollector``):
+
+==============================================================  ===========================================
+``pointsman_serving_info{policy,policy_revision,estimator_version}``  1 for what serves now
+``pointsman_effective_price_usd_per_token{target}``               today's spend ÷ completion tokens (UTC day)
+``pointsman_pool_prefill_utilization{target,pool}``               mean reported prefill utilization (0–1)
+``pointsman_pool_decode_utilization{target,pool}``                mean reported decode utilization (0–1)
+``pointsman_load_signal_age_seconds{target,endpoint}``            age of each endpoint's pushed/scraped load
+``pointsman_inflight_requests{target,endpoint}``                  requests dispatched and not yet settled
+``pointsman_decision_log_pending``                                decisions waiting for the background writer
+==============================================================  ===========================================
+
+Utilization is per pool (aggregated, prefill, decode) and per phase, only where telemetry
+reports it: one averaged GPU-utilization number would hide the two phases. Each app has
+its own ``CollectorRegistry``; with several worker processes each worker exports its own
+counts (Prometheus sums them per instance label).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger("pointsman.service.prometheus")
+
+#: Decision latency buckets, seconds (0.25 ms to 1 s).
+LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+                   0.1, 0.25, 0.5, 1.0)
+P_HARD_BUCKETS = tuple(round(0.05 * i, 2) for i in range(1, 21))
+
+
+class ServiceMetrics:
+    """The counters and histograms of one service (see the module); ``registry`` holds them and
+    the ``StateCollector`` added with ``watch_state``."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.decisions = Counter("pointsman_decisions", "Decisions answered, by target and deciding rule.",
+                                 ["target", "rule"], registry=r)
+        self.decision_errors = Counter("pointsman_decision_errors", "/v1/route error answers, by error code.",
+                                       ["code"], registry=r)
+        self.decision_latency = Histogram("pointsman_decision_latency_seconds",
+                                          "/v1/route latency in the service, body read to answer.",
+                                          buckets=LATENCY_BUCKETS, registry=r)
+        self.estimator_latency = Histogram("pointsman_estimator_latency_seconds",
+                                           "Difficulty estimator time per decision.", buckets=LATENCY_BUCKETS,
+                                           registry=r)
+        self.estimator_unavailable = Counter("pointsman_estimator_unavailable",
+                                             "Decisions made without a difficulty estimate, by reason.", ["reason"],
+                                             registry=r)
+        self.p_hard = Histogram("pointsman_p_hard", "p_hard of decisions with a difficulty estimate.",
+                                buckets=P_HARD_BUCKETS, registry=r)
+        self.reserved_usd = Counter("pointsman_budget_reserved_usd", "Estimated cost reserved by decisions, USD.",
+                                    ["target"], registry=r)
+        self.spend_usd = Counter("pointsman_budget_spend_usd", "Actual cost settled by outcomes, USD.", ["target"],
+                                 registry=r)
+        self.outcomes = Counter("pointsman_outcomes", "Outcomes by acknowledgement status.", ["status"], registry=r)
+        self.telemetry = Counter("pointsman_telemetry_snapshots", "Load snapshots accepted.", registry=r)
+        self.decision_log = Counter("pointsman_decision_log", "Decision log writes by result.", ["result"], registry=r)
+        self.policy_reloads = Counter("pointsman_policy_reloads", "Policy reloads by result and source.",
+                                      ["result", "source"], registry=r)
+        self.model_swaps = Counter("pointsman_model_swaps", "Estimator swaps by result.", ["result"], registry=r)
+        # labelled children per label values: ``labels()`` builds and checks its key on every call
+        self._decision_children: dict[tuple[str, str], Any] = {}
+        self._reserved_children: dict[str, Any] = {}
+
+    def observe_decision(self, decision: Any, elapsed_s: float) -> None:
+        """Count one answered decision (``policy.decision.Decision``) that took ``elapsed_s``."""
+        key = (decision.target, decision.rule)
+        child = self._decision_children.get(key)
+        if child is None:
+            child = self._decision_children[key] = self.decisions.labels(*key)
+        child.inc()
+        self.decision_latency.observe(elapsed_s)
+        self.estimator_latency.observe(decision.timings_ms["estimator"] / 1000.0)
+        if decision.p_hard is not None:
+            self.p_hard.observe(decision.p_hard)
+        if decision.estimated_cost_usd > 0:
+            reserved = self._reserved_children.get(decision.target)
+            if reserved is None:
+                reserved = self._reserved_children[decision.target] = self.reserved_usd.labels(decision.target)
+            reserved.inc(decision.estimated_cost_usd)
+
+    def observe_unavailable(self, error: str | None) -> None:
+        """Count a decision without a difficulty estimate (``error`` from the estimate)."""
+        self.estimator_unavailable.labels("timeout" if (error or "").startswith("timeout") else "error").inc()
+
+    def watch_state(self, collector: Collector) -> None:
+        """Add the scrape-time collector."""
+        self.registry.register(collector)
+
+    def render(self) -> bytes:
+        """The text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+class StateCollector(Collector):
+    """Gauges read from the live engine and state at scrape time (see the module).
+    ``live()`` returns the ``LiveEngine``; ``pending()`` the decision log's queue length."""
+
+    def __init__(self, live: Callable[[], Any], pending: Callable[[], int]) -> None:
+        self._live, self._pending = live, pending
+
+    def describe(self) -> list[Any]:
+        """Nothing at registration (the families depend on the live fleet; read at scrape time)."""
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """The gauges of the live engine and state now (prometheus_client calls this per scrape)."""
+        live = self._live()
+        if live is None:
+            return
+        engine = live.engine
+        info = GaugeMetricFamily("pointsman_serving_info", "What serves now (value 1).",
+                                 labels=["policy", "policy_revision", "estimator_version"])
+        info.add_metric([engine.policy.name, engine.policy.revision, str(getattr(engine.estimator, "version", ""))], 1)
+        yield info
+        pending = GaugeMetricFamily("pointsman_decision_log_pending", "Decisions waiting for the background writer.")
+        pending.add_metric([], self._pending())
+        yield pending
+        state = engine.state
+        price = GaugeMetricFamily("pointsman_effective_price_usd_per_token",
+                                  "Effective price per output token today (UTC day), USD.", labels=["target"])
+        try:
+            for name, p in state.effective_prices("day").items():
+                if _finite(p.usd_per_token):
+                    price.add_metric([name], p.usd_per_token)
+        except Exception as exc:  # noqa: BLE001 - a ledger outage must not break the scrape
+            log.warning("effective prices unavailable for /metrics: %s", exc)
+        yield price
+        yield from self._load(engine)
+
+    def _load(self, engine: Any) -> Iterator[GaugeMetricFamily]:
+        fleet, state = engine.fleet, engine.state
+        now = state.monotonic()
+        readings = state.board.get_many(list(fleet.endpoints), now, None)
+        prefill = GaugeMetricFamily("pointsman_pool_prefill_utilization",
+                                    "Mean reported prefill utilization of a pool (0-1).", labels=["target", "pool"])
+        decode = GaugeMetricFamily("pointsman_pool_decode_utilization",
+                                   "Mean reported decode utilization of a pool (0-1).", labels=["target", "pool"])
+        age = GaugeMetricFamily("pointsman_load_signal_age_seconds",
+                                "Age of the endpoint's pushed or scraped load reading.", labels=["target", "endpoint"])
+        inflight = GaugeMetricFamily("pointsman_inflight_requests", "Requests dispatched and not yet settled.",
+                                     labels=["target", "endpoint"])
+        pools: dict[tuple[str, str], dict[str, list[float]]] = {}
+        for eid, e in fleet.endpoints.items():
+            r = readings.get(eid)
+            if r is None:
+                continue
+            label = e.name or eid
+            if r.source != "inflight":
+                age.add_metric([e.target, label], r.age_s(now))
+            if r.inflight_requests:
+                inflight.add_metric([e.target, label], r.inflight_requests)
+            acc = pools.setdefault((e.target, e.role), {"prefill": [], "decode": []})
+            if _finite(r.prefill_utilization):
+                acc["prefill"].append(r.prefill_utilization)
+            if _finite(r.decode_utilization):
+                acc["decode"].append(r.decode_utilization)
+        for (target, pool), acc in pools.items():
+            if acc["prefill"]:
+                prefill.add_metric([target, pool], sum(acc["prefill"]) / len(acc["prefill"]))
+            if acc["decode"]:
+                decode.add_metric([target, pool], sum(acc["decode"]) / len(acc["decode"]))
+        yield from (prefill, decode, age, inflight)
