@@ -20,9 +20,10 @@ import json
 import shlex
 import sys
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 
@@ -50,7 +51,7 @@ def parse_time(value: str | None, option: str) -> float | None:
     except ValueError:
         _fail(f"{option}: expected Unix seconds or an ISO 8601 time like 2025-01-31T12:00, got {value!r}")
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
 
 

@@ -19,8 +19,8 @@ import click
 
 from pointsman.errors import ConfigError
 from pointsman.policy.cases import load_cases, run_cases
-from pointsman.policy.rules.compiler import load_policy
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
+from pointsman.policy.rules.compiler import load_policy
 from pointsman.policy.signals.namespaces import reference_markdown
 
 _FLEET_KIND = re.compile(r"^kind:\s*['\"]?Fleet['\"]?\s*(#.*)?$", re.M)

@@ -33,7 +33,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pointsman.errors import DataError
@@ -192,7 +192,7 @@ def _azure_timestamp_ns(text: str) -> int | None:
     if m is None:
         return None
     try:
-        whole = datetime.fromisoformat(m.group(1)).replace(tzinfo=timezone.utc)
+        whole = datetime.fromisoformat(m.group(1)).replace(tzinfo=UTC)
     except ValueError:
         return None
     frac = m.group(2) or ""

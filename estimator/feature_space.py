@@ -9,7 +9,6 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-
 _SPACE_CACHE: dict[tuple[str, int, int], str] = {}
 
 

@@ -32,7 +32,8 @@ import asyncio
 import collections
 import logging
 import threading
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import httpx
 

@@ -57,8 +57,9 @@ import logging
 import time
 import weakref
 import zlib
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import litellm
 from litellm.integrations.custom_logger import CustomLogger

@@ -44,9 +44,10 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -224,7 +225,8 @@ class OutcomeLog:
     def append_decisions(self, records: Sequence[DecisionRecord]) -> int:
         """Store many decisions in one transaction; returns how many were new."""
         rows = [self._decision_row(r) for r in records]
-        sql = f"INSERT OR IGNORE INTO decisions({', '.join(_DECISION_COLUMNS)}) VALUES ({', '.join('?' * len(_DECISION_COLUMNS))})"
+        sql = (f"INSERT OR IGNORE INTO decisions({', '.join(_DECISION_COLUMNS)}) "
+               f"VALUES ({', '.join('?' * len(_DECISION_COLUMNS))})")
         with self._write(durable=False) as conn:
             before = conn.total_changes
             conn.executemany(sql, rows)

@@ -26,9 +26,10 @@ from __future__ import annotations
 import difflib
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError

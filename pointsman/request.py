@@ -12,7 +12,7 @@ ignored so a gateway can forward its request unchanged; Pointsman's own
 from __future__ import annotations
 
 import difflib
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
@@ -70,7 +70,7 @@ class RefusalPart(_Part):
 
 
 ContentPart = Annotated[
-    Union[TextPart, ImagePart, AudioPart, FilePart, RefusalPart], Field(discriminator="type")
+    TextPart | ImagePart | AudioPart | FilePart | RefusalPart, Field(discriminator="type")
 ]
 
 

@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pointsman.errors import PolicyError, Problem
-from pointsman.policy.rules.compiler import load_policy
-from pointsman.policy.engine import decide
-from pointsman.policy.selection.filters import NoEligibleTarget
-from pointsman.policy.fleet import DEFAULT_FLEET_PATH, Mode, load_fleet
 from pointsman.located import StrictModel, did_you_mean, load_config
+from pointsman.policy.engine import decide
+from pointsman.policy.fleet import DEFAULT_FLEET_PATH, Mode, load_fleet
 from pointsman.policy.live import StaticSignals
+from pointsman.policy.rules.compiler import load_policy
+from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.policy.signals.namespaces import (
     RELATIVE_ROOTS,
     SIGNALS,

@@ -32,18 +32,20 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from pointsman.errors import RequestError
 from pointsman.estimator.estimate import DifficultyEstimate, Estimator
 from pointsman.estimator.features import tokenized_features
 from pointsman.policy.budget.ledger import BudgetExceeded
-from pointsman.policy.rules.compiler import CompiledPolicy
 from pointsman.policy.cost import CostEstimate
 from pointsman.policy.decision import Decision, EndpointChoice, Fallback, new_decision_id
-from pointsman.policy.selection.pd_mode import ModeDecision, decide_mode
-from pointsman.policy.rules.evaluator import Verdict, lookup_signal, evaluate
+from pointsman.policy.fleet import Fleet, FrontierTarget
+from pointsman.policy.live import LiveSignals, build_context, finite_or_none
+from pointsman.policy.rules.compiler import CompiledPolicy
+from pointsman.policy.rules.evaluator import Verdict, evaluate, lookup_signal
 from pointsman.policy.selection.filters import (
     FILTERS,
     Exclusion,
@@ -53,12 +55,11 @@ from pointsman.policy.selection.filters import (
     eligibility,
     enabled,
 )
-from pointsman.policy.fleet import Fleet, FrontierTarget
-from pointsman.policy.live import LiveSignals, build_context, finite_or_none
+from pointsman.policy.selection.pd_mode import ModeDecision, decide_mode
 from pointsman.policy.selection.pickers import PICKERS, PoolPick, base_url
-from pointsman.policy.signals.prefix_index import block_hashes_from_ids, block_hashes_from_text
-from pointsman.policy.signals.namespaces import RELATIVE_ROOTS, difficulty_signals, relative_key, request_signals
 from pointsman.policy.signals.fleet_state import FleetState, request_scopes
+from pointsman.policy.signals.namespaces import RELATIVE_ROOTS, difficulty_signals, relative_key, request_signals
+from pointsman.policy.signals.prefix_index import block_hashes_from_ids, block_hashes_from_text
 from pointsman.request import RouteRequest
 
 
@@ -289,7 +290,7 @@ class RoutingEngine:
         refusals: dict[str, Exclusion] = {}
         chosen: Placement | None = None
         index = 0
-        for index, (target, mode) in enumerate(candidates):
+        for index, (target, mode) in enumerate(candidates):  # noqa: B007 - read after the loop: fallbacks follow it
             placed = place(live, target, mode)
             if placed is None:
                 refusals[target] = Exclusion("health", f"no healthy endpoint for {mode}")

@@ -37,7 +37,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, StringConstraints, field_validator, model_validator
 
@@ -294,7 +294,7 @@ class FrontierTarget(StrictModel):
         return {}
 
 
-Target = Annotated[Union[OnPremTarget, FrontierTarget], Field(discriminator="kind")]
+Target = Annotated[OnPremTarget | FrontierTarget, Field(discriminator="kind")]
 
 
 class Metadata(StrictModel):

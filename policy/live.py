@@ -20,12 +20,12 @@ policy's ``context_plan`` names, nothing more.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from operator import attrgetter
-from typing import Any, Sequence
+from typing import Any
 
 from pointsman.policy.cost import CostEstimate, estimate_cost, pool_utilization
 from pointsman.policy.fleet import Fleet, FrontierTarget
-from collections.abc import Mapping
 from pointsman.policy.selection.pickers import PickInput, PoolPick, PoolView, QueueScorer
 from pointsman.policy.signals.namespaces import (
     SIGNALS,

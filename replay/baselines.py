@@ -24,8 +24,8 @@ from __future__ import annotations
 import random
 
 from pointsman.datasets.traces import TraceRequest
-from pointsman.replay.sim_fleet import AGGREGATED, DISAGGREGATED, ROLE_AGGREGATED, ROLE_PREFILL
 from pointsman.replay.router import Assignment, FleetView, ReplicaView
+from pointsman.replay.sim_fleet import AGGREGATED, DISAGGREGATED, ROLE_AGGREGATED, ROLE_PREFILL
 
 
 class _Baseline:

@@ -21,8 +21,9 @@ its window, limit, settled and still-reserved USD at the end of the run.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from pointsman.errors import BudgetError
 from pointsman.policy.budget.config import BudgetConfig

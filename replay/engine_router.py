@@ -37,23 +37,23 @@ Unix time ``EPOCH_S + t`` (reserve, settle, release, snapshot and hold expiry al
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
-from typing import Any, Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.errors import RequestError
 from pointsman.policy.budget.ledger import BudgetLedger
-from pointsman.policy.rules.compiler import CompiledPolicy
 from pointsman.policy.engine import RoutingEngine
-from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.policy.fleet import Fleet
+from pointsman.policy.rules.compiler import CompiledPolicy
+from pointsman.policy.selection.filters import NoEligibleTarget
+from pointsman.policy.signals.fleet_state import FleetState
 from pointsman.policy.signals.load_board import EndpointLoad, LoadBoard, StalenessPolicy
 from pointsman.policy.signals.prefix_index import MOONCAKE_BLOCK_TOKENS, PrefixIndex, PrefixLookup
-from pointsman.policy.signals.fleet_state import FleetState
-from pointsman.replay.sim_fleet import AGGREGATED, DISAGGREGATED, ROLE_DECODE, ROLE_PREFILL
 from pointsman.replay.fleet_map import EndpointMap
-from pointsman.replay.router import Assignment, FleetView
 from pointsman.replay.results import RequestResult
+from pointsman.replay.router import Assignment, FleetView
+from pointsman.replay.sim_fleet import AGGREGATED, DISAGGREGATED, ROLE_DECODE, ROLE_PREFILL
 from pointsman.request import RouteRequest
 
 #: Unix time of the trace's t = 0 (2026-01-01T00:00:00Z): the ledger clock needs a date.

@@ -46,10 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pointsman.errors import FleetError, Problem
+from pointsman.located import parse_yaml
 from pointsman.policy.fleet import Fleet, FrontierTarget
 from pointsman.policy.fleet import OnPremTarget as FleetOnPrem
-from pointsman.located import parse_yaml
-from pointsman.replay.sim_fleet import ROLE_AGGREGATED, ROLE_DECODE, ROLE_PREFILL, OnPremTarget, SimFleet
 from pointsman.replay.hardware import (
     GPU_PRESETS,
     FrontierSpec,
@@ -60,6 +59,7 @@ from pointsman.replay.hardware import (
     model_preset,
     replica_spec_for,
 )
+from pointsman.replay.sim_fleet import ROLE_AGGREGATED, ROLE_DECODE, ROLE_PREFILL, OnPremTarget, SimFleet
 
 #: Requests waiting for prefill per replica before admission control refuses more (an
 #: assumption: a gateway limit that keeps queueing delay bounded; ``replay.max_waiting``).

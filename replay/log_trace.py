@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pointsman.outcome_log.store import OutcomeLog
 from pointsman.datasets.traces import TraceRequest
 from pointsman.errors import DataError
+from pointsman.outcome_log.store import OutcomeLog
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from pointsman.replay.summary import format_table
-from pointsman.replay.runs import Run
 from pointsman.replay.results import ReplayResult
+from pointsman.replay.runs import Run
+from pointsman.replay.summary import format_table
 
 PLOTS = (
     ("cost_per_token", "Effective price per 1M output tokens over time"),

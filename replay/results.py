@@ -5,6 +5,7 @@ per replica, ``ReplayResult`` for the whole run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 from pointsman.replay.sim_fleet import (
     SimFleet,
 )

@@ -23,26 +23,26 @@ highest spent fraction.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
 import dataclasses
 import tempfile
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.policy.budget.config import BudgetConfig
-from pointsman.policy.rules.compiler import CompiledPolicy
 from pointsman.policy.fleet import Fleet
-from pointsman.replay.budgets import REPLAY_TENANT, budget_status, replay_ledger, replay_scopes
+from pointsman.policy.rules.compiler import CompiledPolicy
 from pointsman.replay.baselines import BASELINES, LeastLoaded, OnPremWide, RandomPick, RoundRobin
+from pointsman.replay.budgets import REPLAY_TENANT, budget_status, replay_ledger, replay_scopes
 from pointsman.replay.engine_router import EPOCH_S, EngineRouter
-from pointsman.replay.sim_fleet import SimFleet
-from pointsman.replay.summary import SLO, Summary, summarize
 from pointsman.replay.outcome_draw import OutcomeRow, quality_of
 from pointsman.replay.results import ReplayResult, RequestResult
 from pointsman.replay.router import Router
+from pointsman.replay.sim_fleet import SimFleet
 from pointsman.replay.simulator import simulate
+from pointsman.replay.summary import SLO, Summary, summarize
 
 
 @dataclass

@@ -60,11 +60,14 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from heapq import heappop, heappush
-from typing import Callable
 
 from pointsman.datasets.traces import TraceRequest
+from pointsman.replay.hardware import FrontierSpec
+from pointsman.replay.kvcache import PrefixCache, PromptCache, SharedKVStore
+from pointsman.replay.results import ReplayResult, ReplicaStats, RequestResult
+from pointsman.replay.router import Assignment, Router
 from pointsman.replay.sim_fleet import (
     AGGREGATED,
     DISAGGREGATED,
@@ -74,10 +77,6 @@ from pointsman.replay.sim_fleet import (
     OnPremTarget,
     SimFleet,
 )
-from pointsman.replay.hardware import FrontierSpec
-from pointsman.replay.kvcache import PrefixCache, PromptCache, SharedKVStore
-from pointsman.replay.results import ReplayResult, ReplicaStats, RequestResult
-from pointsman.replay.router import Assignment, Router
 
 # --------------------------------------------------------------------------- router interface
 

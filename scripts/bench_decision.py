@@ -71,9 +71,9 @@ def pct(values: list[float], q: float) -> float:
 def load_engine(model: str | None) -> tuple[Any, str]:
     """(engine on the default fleet and policy, a note naming the estimator used)."""
     from pointsman.estimator.estimate import FixedDifficulty
-    from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
     from pointsman.policy.engine import RoutingEngine
     from pointsman.policy.fleet import load_fleet
+    from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
     from pointsman.service.bootstrap import UnavailableEstimator, load_estimator
 
     fleet = load_fleet()

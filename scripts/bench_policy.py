@@ -35,8 +35,9 @@ import random  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+from typing import Any
 
 TEMPLATES = [
     'request.prompt_tokens > 900000 && difficulty.p_hard > variables.t{i}',
@@ -139,9 +140,9 @@ def setup(n_endpoints: int, n_rules: int, ledger_dir: Path) -> dict[str, Any]:
     from pointsman.estimator.estimate import FixedDifficulty
     from pointsman.policy.budget.config import BudgetConfig
     from pointsman.policy.budget.sqlite_ledger import SqliteLedger
-    from pointsman.policy.rules.compiler import compile_policy
     from pointsman.policy.engine import RoutingEngine, block_hashes
     from pointsman.policy.fleet import parse_fleet
+    from pointsman.policy.rules.compiler import compile_policy
     from pointsman.policy.signals.fleet_state import FleetState
     from pointsman.request import parse_route_request
 
@@ -217,10 +218,10 @@ def selection_only(ctx: dict[str, Any]) -> Callable[[], Any]:
 
 def rules_only(ctx: dict[str, Any]) -> Callable[[], Any]:
     """Rule evaluation alone: ``evaluate`` on a prebuilt CEL context (no signal gathering)."""
-    from pointsman.policy.engine import block_hashes, decide
-    from pointsman.policy.rules.evaluator import evaluate
-    from pointsman.policy.live import LiveSignals, build_context
     from pointsman.estimator.features import extract_features
+    from pointsman.policy.engine import block_hashes, decide
+    from pointsman.policy.live import LiveSignals, build_context
+    from pointsman.policy.rules.evaluator import evaluate
     from pointsman.policy.signals.namespaces import request_signals
 
     engine, request = ctx["engine"], ctx["request"]

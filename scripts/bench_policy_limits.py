@@ -17,12 +17,12 @@ import argparse
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from pointsman.errors import PolicyError
-from pointsman.policy.rules.compiler import compile_policy, load_policy
 from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import compile_policy, load_policy
 from pointsman.policy.rules.limits import MAX_POLICY_BYTES, MAX_RULES
 
 HEAD = "apiVersion: pointsman/v1\nkind: RoutingPolicy\n"

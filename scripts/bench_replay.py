@@ -33,16 +33,16 @@ from pointsman.datasets.sources import shared_datasets_dir
 from pointsman.datasets.traces import load_trace
 from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.policy.budget.config import BudgetConfig
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
 from pointsman.replay.baselines import CacheAware, OnPremWide
 from pointsman.replay.budgets import REPLAY_TENANT, replay_ledger
 from pointsman.replay.engine_router import EngineRouter
 from pointsman.replay.fleet_map import sim_fleet
-from pointsman.replay.summary import format_table, summarize
 from pointsman.replay.outcome_draw import OutcomeDraw
 from pointsman.replay.runs import baseline_routers
 from pointsman.replay.simulator import simulate
+from pointsman.replay.summary import format_table, summarize
 
 TRACES = (
     ("mooncake", "mooncake/synthetic_trace.jsonl.gz"),

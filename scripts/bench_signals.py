@@ -26,8 +26,9 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "policy" / "fixtures"
@@ -60,7 +61,6 @@ def main() -> int:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
 
     from pointsman.policy.signals.load_board import LoadBoard, StalenessPolicy
-    from pointsman.policy.signals.scrape import parse_metrics
     from pointsman.policy.signals.prefix_index import (
         PrefixIndex,
         SharedKVTier,
@@ -68,6 +68,7 @@ def main() -> int:
         block_hashes_from_text,
         block_hashes_from_tokens,
     )
+    from pointsman.policy.signals.scrape import parse_metrics
 
     rng = random.Random(7)
     n = args.iterations

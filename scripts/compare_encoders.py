@@ -33,10 +33,10 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from pointsman.data_dir import data_dir  # noqa: E402
 from pointsman.datasets.sources import shared_datasets_dir  # noqa: E402
 from pointsman.estimator.features import extract_features  # noqa: E402
 from pointsman.estimator.model_source import bundled_model_dir, load_estimator
-from pointsman.data_dir import data_dir  # noqa: E402
 from pointsman.request import request_from_prompt  # noqa: E402
 
 AE_TABLE = "alpacaeval/ae1_judge-gpt4_ref-text_davinci_003.csv.gz"
@@ -146,7 +146,8 @@ def main() -> int:
     line("int8 cosine to fp32 min/mean", lambda e, m, a, l, s: (
         f"{m.encoder.details['int8_cosine_min']:.4f}/{m.encoder.details['int8_cosine_mean']:.4f}"
         if "int8_cosine_min" in m.encoder.details else
-        f"{m.encoder.details.get('row_cosine_min', float('nan')):.4f}/{m.encoder.details.get('row_cosine_mean', float('nan')):.4f} rows"))
+        f"{m.encoder.details.get('row_cosine_min', float('nan')):.4f}/"
+        f"{m.encoder.details.get('row_cosine_mean', float('nan')):.4f} rows"))
     line("model size (MB)", lambda e, m, a, l, s: f"{s / 1e6:.1f}")
     for key in ("apgr", "cpt50", "cpt80", "auc", "random_apgr", "oracle_apgr"):
         line(f"AE {key}", lambda e, m, a, l, s, key=key: f"{a[key]:.4f}")

@@ -154,14 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["POINTSMAN_DATA_DIR"] = str(work / "data")
     os.environ.pop("MLFLOW_TRACKING_URI", None)  # the embedded store of the work folder
 
-    from pointsman.outcome_log.store import OutcomeLog
     from pointsman.datasets.outcome_tables import read_outcome_table
     from pointsman.datasets.sources import shared_datasets_dir
     from pointsman.estimator.difficulty import DifficultyEstimator
     from pointsman.estimator.model_source import bundled_model_dir, load_estimator
-    from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+    from pointsman.outcome_log.store import OutcomeLog
     from pointsman.policy.engine import RoutingEngine
     from pointsman.policy.fleet import load_fleet
+    from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
     from pointsman.request import request_from_prompt
     from pointsman.training.challenger import ChallengerConfig, train_challenger
     from pointsman.training.compare import compare_models

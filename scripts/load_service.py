@@ -348,7 +348,8 @@ def main() -> None:
               f"{f'; server pinned to {args.server_cpus}' if args.server_cpus else ''}); "
               f"{len(prompts)} prompts of {args.prompt_tokens} tokens; {args.duration:g} s per row after "
               f"{args.warmup:g} s warm-up{'; server env ' + str(extra_env) if extra_env else ''}")
-        print(f"{'workers':>7} {'load':>7} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'prompt_tok':>10} {'client_cpu':>10} {'srv_cpu_ms':>10}  errors")
+        print(f"{'workers':>7} {'load':>7} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'prompt_tok':>10} "
+              f"{'client_cpu':>10} {'srv_cpu_ms':>10}  errors")
         for workers in args.workers:
             port = free_port()
             data_dir = str(Path(tmp) / f"data-w{workers}")

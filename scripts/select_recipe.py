@@ -82,11 +82,11 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from pointsman.data_dir import data_dir  # noqa: E402
 from pointsman.datasets.sources import default_training_sources  # noqa: E402
 from pointsman.datasets.splits import assign_folds  # noqa: E402
 from pointsman.estimator.encoders import load_tokenizer  # noqa: E402
 from pointsman.estimator.head import DifficultyHead  # noqa: E402
-from pointsman.data_dir import data_dir  # noqa: E402
 from pointsman.estimator.markers import request_matrix  # noqa: E402
 from pointsman.training.encoder_build import build_minilm, build_static, embed_texts  # noqa: E402
 from pointsman.training.examples import build_examples  # noqa: E402

@@ -22,13 +22,14 @@ from dataclasses import dataclass
 
 from pointsman.estimator.estimate import DifficultyEstimate
 from pointsman.policy.budget.config import BudgetConfig
-from pointsman.policy.budget.ledger import BudgetLedger
 from pointsman.policy.budget.factory import open_ledger
-from pointsman.policy.rules.compiler import load_policy
+from pointsman.policy.budget.ledger import BudgetLedger
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import load_policy
 from pointsman.policy.signals.fleet_state import FleetState
 from pointsman.service.settings import Settings
+
 
 @dataclass
 class UnavailableEstimator:

@@ -30,11 +30,12 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from pointsman.outcome_log.store import OutcomeLog
-from pointsman.outcome_log.records import decision_record
 from pointsman.errors import PointsmanError
+from pointsman.outcome_log.records import decision_record
+from pointsman.outcome_log.store import OutcomeLog
 
 log = logging.getLogger("pointsman.service.decision_log")
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pointsman.errors import Problem
-from pointsman.policy.rules.compiler import CompiledPolicy
 from pointsman.policy.engine import RoutingEngine
+from pointsman.policy.rules.compiler import CompiledPolicy
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pointsman.service.live_engine import LiveEngine, SwapResult
 
@@ -131,7 +132,7 @@ class ModelFollower:
             try:
                 await asyncio.wait_for(stop.wait(), timeout=interval_s)
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             try:
                 await asyncio.to_thread(self.poll_once)

@@ -19,12 +19,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from pointsman.errors import PolicyError
-from pointsman.policy.rules.compiler import CompiledPolicy, compile_policy, load_policy
 from pointsman.policy.fleet import Fleet
+from pointsman.policy.rules.compiler import CompiledPolicy, compile_policy, load_policy
 from pointsman.service.live_engine import LiveEngine, ReloadResult
 
 log = logging.getLogger("pointsman.service.policy")

@@ -11,7 +11,8 @@ Counted as things happen (``ServiceMetrics``):
 ``pointsman_p_hard``                             histogram of ``p_hard`` (decisions with an estimate)
 ``pointsman_budget_reserved_usd_total{target}``  estimated cost reserved by decisions, USD
 ``pointsman_budget_spend_usd_total{target}``     actual cost settled by outcomes, USD
-``pointsman_outcomes_total{status}``             outcomes by acknowledgement (stored, duplicate, conflict, unknown_decision, invalid)
+``pointsman_outcomes_total{status}``             outcomes by acknowledgement (stored, duplicate, conflict,
+                                                 unknown_decision, invalid)
 ``pointsman_telemetry_snapshots_total``          load snapshots accepted by ``/v1/telemetry``
 ``pointsman_decision_log_total{result}``         decisions written to / dropped from / failed in the decision log
 ``pointsman_policy_reloads_total{result,source}``  policy reloads: ``ok``, ``unchanged``, ``rejected``
@@ -40,7 +41,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily

@@ -32,8 +32,7 @@ from pointsman.service.http_errors import ERROR_RESPONSES
 from pointsman.service.live_engine import problem_dict
 from pointsman.service.policy_reload import reload_policy, validate_policy_text
 from pointsman.service.runtime import Runtime, get_runtime
-from pointsman.service.schemas import (FleetResponse, PolicyResponse, PolicyValidateIn, PolicyValidateResponse,
-                                       ReloadOut)
+from pointsman.service.schemas import FleetResponse, PolicyResponse, PolicyValidateIn, PolicyValidateResponse, ReloadOut
 
 router = APIRouter(tags=["admin"])
 

@@ -44,7 +44,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter
 
-from pointsman.outcome_log.records import OutcomeAck
+from pointsman.errors import BudgetError, DataError, RequestError
 from pointsman.outcome import (
     CONTEXT_TOLERANCE,
     MAX_BATCH,
@@ -53,7 +53,7 @@ from pointsman.outcome import (
     check_usage_fits,
     parse_outcome_items,
 )
-from pointsman.errors import BudgetError, DataError, RequestError
+from pointsman.outcome_log.records import OutcomeAck
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.service.auth import Principal, require
 from pointsman.service.bodies import field_path, json_body, read_parsed, validate_model

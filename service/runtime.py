@@ -22,14 +22,14 @@ from fastapi import Request
 
 from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.engine import RoutingEngine
-from pointsman.service.decision_log import DecisionLogWriter
+from pointsman.service.bootstrap import build_engine, load_estimator
 from pointsman.service.deadline import DeadlineEstimator, estimator_pool
+from pointsman.service.decision_log import DecisionLogWriter
 from pointsman.service.http_errors import unavailable
 from pointsman.service.live_engine import LiveEngine, ReloadResult, SwapResult
-from pointsman.service.bootstrap import build_engine, load_estimator
-from pointsman.service.prometheus import ServiceMetrics, StateCollector
 from pointsman.service.model_follower import ModelFollower, followed
 from pointsman.service.policy_reload import watch_policy
+from pointsman.service.prometheus import ServiceMetrics, StateCollector
 from pointsman.service.settings import Settings
 
 log = logging.getLogger("pointsman.service")
@@ -99,7 +99,7 @@ class Runtime:
         for task in self._tasks:
             try:
                 await asyncio.wait_for(task, timeout=5.0)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
+            except (TimeoutError, asyncio.CancelledError):
                 task.cancel()
             except Exception:  # noqa: BLE001 - shutting down anyway
                 log.exception("background task %s failed", task.get_name())

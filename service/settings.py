@@ -54,14 +54,13 @@ Service only (``pointsman serve``):
 from __future__ import annotations
 
 from pathlib import Path
-
 from typing import Any
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 #: Default hard time budget per difficulty estimate (ms); ``POINTSMAN_ESTIMATOR_TIMEOUT_MS=none`` disables it.

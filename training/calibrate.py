@@ -37,7 +37,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,8 +47,8 @@ from pointsman.errors import DataError, PolicyError, Problem
 
 if TYPE_CHECKING:  # pragma: no cover
     from pointsman.outcome_log.store import OutcomeLog
-    from pointsman.policy.rules.compiler import CompiledPolicy
     from pointsman.policy.fleet import Fleet
+    from pointsman.policy.rules.compiler import CompiledPolicy
 
 MIN_SPAN_S = 3600.0
 DAY_S = 86400.0
@@ -274,8 +274,8 @@ def write_policy(path: str | Path, updates: dict[str, float], fleet: Fleet, comm
     """Set ``updates`` in the policy file at ``path``, compile the result against ``fleet`` and
     atomically replace the file; returns the new text. Raises ``PolicyError`` (every problem,
     located) and leaves the file untouched when the result would not compile."""
-    from pointsman.policy.rules.compiler import compile_policy
     from pointsman.located import read_text
+    from pointsman.policy.rules.compiler import compile_policy
 
     path = Path(path)
     text = read_text(path, PolicyError)
@@ -302,7 +302,7 @@ def write_policy(path: str | Path, updates: dict[str, float], fleet: Fleet, comm
 
 def calibration_comment(cal: Calibration, model_version: str | None) -> str:
     """The end-of-line comment recorded next to a calibrated variable."""
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    when = datetime.now(UTC).strftime("%Y-%m-%d")
     how = (f"{100 * cal.frontier_share:.1f}% frontier share" if cal.method == "frontier-share"
            else f"budget, projected ${cal.spend_usd_per_day:,.2f}/day")
     return f"pointsman calibrate {when}: {how} on {cal.n} decisions" + (f" ({model_version})" if model_version else "")

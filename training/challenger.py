@@ -23,18 +23,19 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pointsman.outcome_log.store import OutcomeLog
-from pointsman.estimator.feature_space import feature_space_of
 from pointsman.errors import DataError, EstimatorError
-from pointsman.estimator.registry import REGISTERED_NAME
+from pointsman.estimator.feature_space import feature_space_of
 from pointsman.estimator.manifest import HeadSpec, Manifest, content_version
+from pointsman.estimator.registry import REGISTERED_NAME
+from pointsman.outcome_log.store import OutcomeLog
 from pointsman.training.logged_examples import head_matrix, holdout_mask, logged_examples
 from pointsman.training.metrics import apgr, ece, roc_auc
 from pointsman.training.outcome_labels import LabelRules, rules_as_params
@@ -159,7 +160,7 @@ def write_model_dir(model_dir: Path, base: DifficultyEstimator, head: Any, X_sam
                               "calibration_intercept": head.calibration_intercept_}),
         training=training,
         metrics={k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()},
-        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         pointsman_version=_pointsman_version(),
     )
     manifest.write(model_dir)
@@ -329,7 +330,7 @@ def train_challenger(
 
 
 def _iso(t: float | None) -> str:
-    return "..." if t is None else datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
+    return "..." if t is None else datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
 
 __all__ = ["CHALLENGER_ALIAS", "ChallengerConfig", "ChallengerResult", "fit_head", "heldout_report",

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pointsman.outcome_log.store import OutcomeLog
-from pointsman.estimator.feature_space import feature_space_of
 from pointsman.datasets.splits import assign_folds
 from pointsman.errors import DataError
+from pointsman.estimator.feature_space import feature_space_of
 from pointsman.estimator.features import RequestFeatures
+from pointsman.outcome_log.store import OutcomeLog
 from pointsman.training.outcome_labels import LabelRules, label_decision
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pointsman.errors import ModelNotFoundError, PointsmanError
-from pointsman.estimator.registry import CHAMPION_ALIAS, REGISTERED_NAME
 from pointsman.estimator.model_source import load_estimator
+from pointsman.estimator.registry import CHAMPION_ALIAS, REGISTERED_NAME
 from pointsman.training.challenger import CHALLENGER_ALIAS
 
 if TYPE_CHECKING:  # pragma: no cover

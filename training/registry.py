@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pointsman.data_dir import data_dir
-from pointsman.estimator.registry import REGISTERED_NAME, embedded_store, client, default_tracking_uri
+from pointsman.estimator.registry import REGISTERED_NAME, client, default_tracking_uri, embedded_store
 
 EXPERIMENT_NAME = "pointsman-difficulty"
 

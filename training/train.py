@@ -10,19 +10,20 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from pointsman.data_dir import data_dir
 from pointsman.datasets.sources import default_training_sources
 from pointsman.errors import EstimatorError
-from pointsman.estimator.registry import REGISTERED_NAME
-from pointsman.data_dir import data_dir
 from pointsman.estimator.manifest import HeadSpec, Manifest, content_version
 from pointsman.estimator.markers import FEATURE_NAMES, request_matrix
+from pointsman.estimator.registry import REGISTERED_NAME
 from pointsman.training.examples import Examples, build_examples
 from pointsman.training.metrics import apgr, ece, roc_auc
 from pointsman.training.recipe import TrainConfig
@@ -267,7 +268,7 @@ def train(
             "command": command,
         },
         metrics={k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()},
-        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         pointsman_version=_pointsman_version(),
     )
     manifest.write(model_dir)

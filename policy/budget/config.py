@@ -5,15 +5,17 @@ ledger's timing (reservation TTL, record retention). ``BudgetConfig.load(path)``
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal
+from typing import Annotated, Any, Literal
+
 from pydantic import AfterValidator, Field, field_validator, model_validator
+
 from pointsman.errors import BudgetError, ConfigError, Problem
 from pointsman.located import LocatedDocument, StrictModel, parse_yaml, read_text, validate
 from pointsman.policy.budget.units import NUSD_PER_USD, SCOPE_KINDS, SCOPE_RE
-
 
 DEFAULT_RESERVATION_TTL_S = 600.0
 

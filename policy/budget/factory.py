@@ -10,7 +10,6 @@ from pointsman.errors import BudgetError
 from pointsman.policy.budget.config import BudgetConfig
 from pointsman.policy.budget.ledger import BudgetLedger
 
-
 #: File name of the embedded ledger under the data folder.
 DEFAULT_SQLITE_NAME = "budget.db"
 

@@ -8,14 +8,14 @@ happen are in the package docstring (``pointsman.policy.budget``).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from pointsman.errors import BudgetError
 from pointsman.policy.budget.config import BudgetConfig
 from pointsman.policy.budget.units import Window, to_nusd, to_usd, windows_at
-
 
 # -- errors -----------------------------------------------------------------------------
 

@@ -29,7 +29,8 @@ spend across a Redis restart). Tested against standalone redis-server 7.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 from pointsman.errors import BudgetError

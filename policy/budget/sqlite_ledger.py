@@ -39,9 +39,9 @@ import os
 import sqlite3
 import threading
 import weakref
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
 from urllib.parse import parse_qs, urlsplit
 
 from pointsman.errors import BudgetError

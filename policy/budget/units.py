@@ -8,11 +8,11 @@ import functools
 import math
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Iterable
-from pointsman.errors import BudgetError
+from datetime import UTC, datetime, timedelta
 
+from pointsman.errors import BudgetError
 
 SCOPE_KINDS: tuple[str, ...] = ("tenant", "team", "key")
 
@@ -51,13 +51,13 @@ def window_of(kind: str, now: float) -> Window:
 
 @functools.lru_cache(maxsize=64)
 def _window_of_day(kind: str, day: int) -> Window:
-    dt = datetime.fromtimestamp(day * 86400.0, tz=timezone.utc)
+    dt = datetime.fromtimestamp(day * 86400.0, tz=UTC)
     if kind == "day":
-        start = datetime(dt.year, dt.month, dt.day, tzinfo=timezone.utc)
+        start = datetime(dt.year, dt.month, dt.day, tzinfo=UTC)
         return Window("day", f"day:{start:%Y-%m-%d}", start.timestamp(), (start + timedelta(days=1)).timestamp())
     if kind == "month":
-        start = datetime(dt.year, dt.month, 1, tzinfo=timezone.utc)
-        end = datetime(dt.year + (dt.month == 12), dt.month % 12 + 1, 1, tzinfo=timezone.utc)
+        start = datetime(dt.year, dt.month, 1, tzinfo=UTC)
+        end = datetime(dt.year + (dt.month == 12), dt.month % 12 + 1, 1, tzinfo=UTC)
         return Window("month", f"month:{start:%Y-%m}", start.timestamp(), end.timestamp())
     raise BudgetError(f"unknown budget window '{kind}' (expected one of: {', '.join(WINDOWS)})")
 

@@ -140,7 +140,8 @@ def scan(source: str) -> Scan:
             if i + 3 < n and toks[i + 2].kind == "str" and at(i + 3, ")"):
                 value = _string_value(toks[i + 2].text)
                 if value is not None:
-                    call = Call(tok.text, tok.offset, value, toks[i + 2].offset + len(re.match(r"[rRbB]*", toks[i + 2].text).group()) + 1)
+                    prefix = re.match(r"[rRbB]*", toks[i + 2].text)
+                    call = Call(tok.text, tok.offset, value, toks[i + 2].offset + len(prefix.group() if prefix else "") + 1)
             out.calls.append(call)
             continue
         # A root identifier: record its first member / literal key.

@@ -44,11 +44,10 @@ import cel
 from pydantic import ValidationError
 
 from pointsman.errors import PolicyError, Problem
-from pointsman.policy.rules.cel_refs import scan
-from pointsman.policy.fleet import Fleet, FrontierTarget
-from pointsman.policy.rules.limits import MAX_POLICY_BYTES, MAX_YAML_NODES, check_counts
-from pointsman.policy.signals.load_board import StalenessPolicy
 from pointsman.located import LocatedDocument, did_you_mean, parse_yaml, read_text, validation_problems
+from pointsman.policy.fleet import Fleet, FrontierTarget
+from pointsman.policy.rules.cel_refs import scan
+from pointsman.policy.rules.limits import MAX_POLICY_BYTES, MAX_YAML_NODES, check_counts
 from pointsman.policy.rules.schema import (
     RULE_REF,
     DisaggregationSpec,
@@ -58,6 +57,7 @@ from pointsman.policy.rules.schema import (
     PolicySpec,
     RuleSpec,
 )
+from pointsman.policy.signals.load_board import StalenessPolicy
 from pointsman.policy.signals.namespaces import (
     CEL_BUILTINS,
     CEL_TYPE_NAMES,
@@ -168,7 +168,7 @@ def _cel_syntax_position(message: str, source: str) -> tuple[int, str]:
         return 0, message.strip().splitlines()[0] if message.strip() else "syntax error"
     line, col, text = int(m.group(1)), int(m.group(2)), m.group(3).strip()
     lines = source.split("\n")
-    offset = sum(len(l) + 1 for l in lines[: line - 1]) + col - 1
+    offset = sum(len(text_line) + 1 for text_line in lines[: line - 1]) + col - 1
     text = text.removeprefix("Syntax error: ")
     if text.startswith("mismatched input '<EOF>'"):
         text = "the expression ends too early (an operand or ')' is missing)"

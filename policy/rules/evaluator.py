@@ -26,9 +26,10 @@ then ≈0.25 µs per rule. Per-decision contexts are also thread-safe (a shared
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import re
-from typing import Any, Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import cel
 

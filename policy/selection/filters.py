@@ -21,8 +21,9 @@ They run in this order, and the first that removes a target names it:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from pointsman.errors import RequestError
 from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget

@@ -37,8 +37,9 @@ O(n log k) selection; ``scripts/bench_policy.py`` measures 8 and 256 endpoints.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 from pointsman.policy.decision import EndpointChoice
 from pointsman.policy.fleet import EndpointInfo, Pool

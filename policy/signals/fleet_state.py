@@ -16,7 +16,7 @@ One ``FleetState`` per process (per fleet) holds:
 - dispatch records: what each in-flight decision holds (target, mode, endpoints,
   estimate), so an outcome can be settled by decision id alone.
 
-The engine reads it per decision through ``observe`` (a ``live.LiveSignals``) and
+The engine reads it per decision through a ``live.LiveSignals`` and
 writes at dispatch (``dispatch``: reserve the estimate in the ledger, count the
 request in flight, record its prefix and session). The service calls:
 
@@ -43,8 +43,9 @@ import math
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from pointsman.errors import BudgetError, RequestError
 from pointsman.policy.budget.ledger import (
@@ -59,8 +60,8 @@ from pointsman.policy.cost import effective_prices as _effective_prices
 from pointsman.policy.cost import estimate_cost
 from pointsman.policy.fleet import Fleet, FrontierTarget
 from pointsman.policy.signals.load_board import EndpointLoad, LoadBoard
-from pointsman.policy.signals.scrape import metrics_url
 from pointsman.policy.signals.prefix_index import BLOCK_TOKENS, MOONCAKE_BLOCK_TOKENS, PrefixIndex, SharedKVTier
+from pointsman.policy.signals.scrape import metrics_url
 
 #: KV capacity assumed for a frontier provider's prompt cache, tokens (large: it is theirs).
 FRONTIER_CACHE_TOKENS = 50_000_000
@@ -275,12 +276,6 @@ class FleetState:
                 statuses = tuple(replace(st, reserved_usd=st.reserved_usd + usd) if st.scope in scopes else st
                                  for st in snap.statuses)
                 self._snapshots[key] = BudgetSnapshot(snap.now, statuses)
-
-    def observe(self, policy: Any, picker: Any, **request: Any) -> Any:
-        """A ``live.LiveSignals`` for one decision (see ``live.LiveSignals`` for the arguments)."""
-        from pointsman.policy.live import LiveSignals
-
-        return LiveSignals(self, policy, picker, **request)
 
     # -- dispatch (engine) ---------------------------------------------------------
 

@@ -205,7 +205,7 @@ def _prefilter(text: str) -> tuple[str, bool, bool]:
         present.add(canonical)
         rows.append((canonical, canonical + line[len(name):] if canonical != name else line))
     chosen: set[str] = set()
-    for engine, fields in METRICS.items():
+    for fields in METRICS.values():
         for key, metric_names in fields.items():
             suffix = "_bucket" if key in _HISTOGRAMS else "_total" if key in _COUNTERS else ""
             for name in metric_names:
@@ -488,5 +488,5 @@ class Scraper:
             delay = max(0.0, interval_s - (time.monotonic() - started))
             try:
                 await asyncio.wait_for(stop.wait(), timeout=delay)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass

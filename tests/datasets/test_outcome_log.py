@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pointsman.outcome_log.records import FEATURE_FIELDS, DecisionRecord
-from pointsman.outcome_log.store import OutcomeLog, default_log_path, record_decision
+from pointsman.errors import DataError, RequestError
+from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.estimator.feature_space import feature_space_of
+from pointsman.estimator.features import extract_features
+from pointsman.estimator.model_source import load_estimator
 from pointsman.outcome import (
     MAX_BATCH,
     MAX_TOKENS,
@@ -18,13 +20,11 @@ from pointsman.outcome import (
     parse_outcome_items,
     parse_outcomes,
 )
-from pointsman.errors import DataError, RequestError
-from pointsman.estimator.estimate import FixedDifficulty
-from pointsman.estimator.features import extract_features
-from pointsman.estimator.model_source import load_estimator
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.outcome_log.records import FEATURE_FIELDS, DecisionRecord
+from pointsman.outcome_log.store import OutcomeLog, default_log_path, record_decision
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
 from pointsman.request import request_from_prompt
 
 

@@ -11,8 +11,8 @@ import pytest
 from pointsman.errors import ModelNotFoundError
 from pointsman.estimator.estimate import Estimator
 from pointsman.estimator.features import extract_features
-from pointsman.estimator.model_source import bundled_model_dir, load_estimator
 from pointsman.estimator.manifest import content_version, read_manifest
+from pointsman.estimator.model_source import bundled_model_dir, load_estimator
 from pointsman.request import parse_route_request, request_from_prompt
 
 HARD = [

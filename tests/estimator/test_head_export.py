@@ -7,8 +7,8 @@ from sklearn.base import clone
 from pointsman.datasets.sources import get_source
 from pointsman.estimator.export import export_head, head_parity
 from pointsman.estimator.head import DifficultyHead
-from pointsman.estimator.model_source import bundled_model_dir
 from pointsman.estimator.markers import request_matrix
+from pointsman.estimator.model_source import bundled_model_dir
 from pointsman.training.encoder_build import embed_texts, encoder_from_model_dir
 from pointsman.training.examples import build_examples
 

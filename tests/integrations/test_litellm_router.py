@@ -18,8 +18,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Iterator
 
 import httpx
 import pytest
@@ -28,11 +28,12 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of Lit
 
 import litellm  # noqa: E402
 
-from pointsman.outcome_log.store import OutcomeLog  # noqa: E402
 from pointsman.integrations.client import DECISION_HEADER, PointsmanClient  # noqa: E402
 from pointsman.integrations.litellm_router import (  # noqa: E402
-    attach, pick_deployment,
+    attach,
+    pick_deployment,
 )
+from pointsman.outcome_log.store import OutcomeLog  # noqa: E402
 
 POLICY = """\
 apiVersion: pointsman/v1
@@ -238,7 +239,7 @@ def test_failed_upstream_call_is_reported_as_error(service: dict) -> None:
     async def run():
         client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0, flush_interval_s=0.01)
         router = _router(client)
-        with pytest.raises(Exception):
+        with pytest.raises(Exception, match="upstream down"):  # noqa: B017 - LiteLLM wraps the mock's error in its own types
             await _call(router, "Prove Fermat's last theorem.", "quality", mock_response=Exception("upstream down"))
         await _settle(client, 1)
         return client

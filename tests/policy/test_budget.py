@@ -1,20 +1,20 @@
 """Budget configuration, UTC windows and snapshots: the backend-free parts of the ledger."""
 
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
 from pointsman.errors import BudgetError, ConfigError
 from pointsman.policy.budget.config import Budget, BudgetConfig, BudgetConfigError
-from pointsman.policy.budget.ledger import BudgetStatus, BudgetSnapshot, EffectivePrice
 from pointsman.policy.budget.factory import open_ledger
-from pointsman.policy.budget.units import to_nusd, window_of
+from pointsman.policy.budget.ledger import BudgetSnapshot, BudgetStatus, EffectivePrice
 from pointsman.policy.budget.sqlite_ledger import SqliteLedger
+from pointsman.policy.budget.units import to_nusd, window_of
 
 
 def ts(*args: int) -> float:
-    return datetime(*args, tzinfo=timezone.utc).timestamp()
+    return datetime(*args, tzinfo=UTC).timestamp()
 
 
 def test_from_dict_reads_budgets_and_timing():

@@ -18,18 +18,18 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pointsman.policy.budget.units import NUSD_PER_USD, to_nusd
 from pointsman.policy.budget.config import BudgetConfig
 from pointsman.policy.budget.ledger import BudgetExceeded
 from pointsman.policy.budget.sqlite_ledger import SqliteLedger
+from pointsman.policy.budget.units import NUSD_PER_USD, to_nusd
 
-NOW = datetime(2025, 3, 14, 12, tzinfo=timezone.utc).timestamp()
+NOW = datetime(2025, 3, 14, 12, tzinfo=UTC).timestamp()
 TENANT, TEAM = "tenant:acme", "team:acme/search"
 N = 32
 LEDGERS_PER_STORE = {"sqlite": 4, "redis": 2}
@@ -125,7 +125,7 @@ def violations(cfg: BudgetConfig, ledger, reqs: list[Req], accepted: list[bool],
         for r, a in zip(reqs, accepted):
             if a:
                 continue
-            fits = all(not (b.scope in r.scopes) or (
+            fits = all(b.scope not in r.scopes or (
                 spent_nusd(ledger, b.scope, b.window) < b.limit_nusd
                 and spent_nusd(ledger, b.scope, b.window) + to_nusd(r.estimate_usd) <= b.limit_nusd)
                 for b in cfg.budgets)

@@ -4,7 +4,7 @@ request, settle lower/higher, idempotent settle, release, expiry, window rollove
 effective price per token."""
 
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -12,7 +12,7 @@ from pointsman.errors import BudgetError
 from pointsman.policy.budget.config import BudgetConfig
 from pointsman.policy.budget.ledger import BudgetExceeded, BudgetLedger, UnknownReservation
 
-T = datetime(2025, 3, 14, 12, 0, tzinfo=timezone.utc).timestamp()  # a Friday noon, UTC
+T = datetime(2025, 3, 14, 12, 0, tzinfo=UTC).timestamp()  # a Friday noon, UTC
 DAY = 86400.0
 ACME = "tenant:acme"
 SEARCH = "team:acme/search"
@@ -160,7 +160,7 @@ def test_expired_reservations_stop_counting(budget_ledgers):
 
 def test_window_rollover_resets_the_budget(budget_ledgers):
     ledger = budget_ledgers.open(cfg((ACME, "day", 1.0), (ACME, "month", 1.5), ttl_s=3600))
-    midnight = datetime(2025, 3, 15, tzinfo=timezone.utc).timestamp()
+    midnight = datetime(2025, 3, 15, tzinfo=UTC).timestamp()
     ledger.reserve("late", [ACME], 1.0, midnight - 1)
     with pytest.raises(BudgetExceeded):
         ledger.reserve("x", [ACME], 0.1, midnight - 0.5)
@@ -173,7 +173,7 @@ def test_window_rollover_resets_the_budget(budget_ledgers):
     with pytest.raises(BudgetExceeded) as err:  # the month budget binds now
         ledger.reserve("y", [ACME], 0.2, midnight + 30)
     assert err.value.window == "month" and err.value.remaining_usd == pytest.approx(0.1)
-    april = datetime(2025, 4, 1, tzinfo=timezone.utc).timestamp()
+    april = datetime(2025, 4, 1, tzinfo=UTC).timestamp()
     ledger.reserve("z", [ACME], 1.0, april)
     assert ledger.remaining([ACME], april) == {ACME: 0.0}  # day full again, month 0.5 left
 

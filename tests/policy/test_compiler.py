@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from pointsman.errors import PolicyError
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
 from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
 
 HEAD = "apiVersion: pointsman/v1\nkind: RoutingPolicy\n"
 DEFAULT_RULE = "  - name: default\n    route: {target: onprem-8b}\n"

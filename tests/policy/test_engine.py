@@ -6,11 +6,11 @@ import re
 import pytest
 
 from pointsman.estimator.estimate import DifficultyEstimate, FixedDifficulty
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
 from pointsman.policy.cost import estimate_cost
 from pointsman.policy.engine import RoutingEngine
-from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.policy.fleet import load_fleet, parse_fleet
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
+from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.request import parse_route_request, request_from_prompt
 
 

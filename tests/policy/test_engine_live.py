@@ -2,7 +2,7 @@
 reserves and counts; traces show every signal with its age and stay valid JSON."""
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -10,14 +10,14 @@ from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.policy.budget.config import BudgetConfig
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.budget.sqlite_ledger import SqliteLedger
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
 from pointsman.policy.engine import RoutingEngine
-from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
+from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.policy.signals.fleet_state import FleetState
 from pointsman.request import parse_route_request
 
-NOW = datetime(2025, 3, 14, 12, tzinfo=timezone.utc).timestamp()
+NOW = datetime(2025, 3, 14, 12, tzinfo=UTC).timestamp()
 HEAD = "apiVersion: pointsman/v1\nkind: RoutingPolicy\n"
 
 

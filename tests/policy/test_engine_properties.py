@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,14 +21,14 @@ from hypothesis import strategies as st
 from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.policy.budget.config import BudgetConfig
 from pointsman.policy.budget.units import to_nusd
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, load_policy
 from pointsman.policy.engine import RoutingEngine
-from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.policy.fleet import FrontierTarget, load_fleet
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, load_policy
+from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.policy.signals.fleet_state import FleetState
 from pointsman.request import parse_route_request
 
-NOW = datetime(2025, 3, 14, 12, tzinfo=timezone.utc).timestamp()
+NOW = datetime(2025, 3, 14, 12, tzinfo=UTC).timestamp()
 FLEET = load_fleet()
 POLICIES = {p.stem: load_policy(p, FLEET) for p in sorted(DEFAULT_POLICY_DIR.glob("*.yaml"))
             if not p.name.endswith(".cases.yaml")}

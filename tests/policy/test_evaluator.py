@@ -2,10 +2,10 @@
 
 import pytest
 
+from pointsman.policy.fleet import load_fleet
 from pointsman.policy.rules.compiler import compile_policy
 from pointsman.policy.rules.evaluator import evaluate
 from pointsman.policy.selection.filters import Exclusion, NoEligibleTarget
-from pointsman.policy.fleet import load_fleet
 from pointsman.policy.signals.namespaces import example_signals
 
 HEAD = "apiVersion: pointsman/v1\nkind: RoutingPolicy\n"

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 
 from pointsman.errors import PolicyError
-from pointsman.policy.rules.compiler import compile_policy, load_policy
-from pointsman.policy.fleet import load_fleet
-from pointsman.policy.rules.limits import MAX_POLICY_BYTES, MAX_RULES, MAX_TENANT_ENTRIES, MAX_YAML_NODES
 from pointsman.located import parse_yaml
+from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import compile_policy, load_policy
+from pointsman.policy.rules.limits import MAX_POLICY_BYTES, MAX_RULES, MAX_TENANT_ENTRIES, MAX_YAML_NODES
 
 HEAD = "apiVersion: pointsman/v1\nkind: RoutingPolicy\n"
 DEFAULT_RULE = "  - name: default\n    route: {target: onprem-8b}\n"

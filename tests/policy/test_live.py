@@ -6,9 +6,9 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pointsman.policy.rules.compiler import compile_policy
 from pointsman.policy.fleet import load_fleet
 from pointsman.policy.live import StaticSignals, TargetLoad, build_context, finite_or_none
+from pointsman.policy.rules.compiler import compile_policy
 from pointsman.policy.signals.load_board import EndpointLoad, aggregate_loads
 from pointsman.policy.signals.namespaces import SIGNALS, example_signals, load_signals
 

@@ -16,8 +16,8 @@ import pytest
 from pointsman.policy.signals.load_board import LoadBoard
 from pointsman.policy.signals.scrape import (
     Buckets,
-    Scraper,
     ScrapeError,
+    Scraper,
     histogram_quantile,
     metrics_url,
     parse_metrics,

@@ -4,7 +4,7 @@ the shared KV tier's restore-vs-recompute, and fallback endpoint order."""
 import pytest
 
 from pointsman.policy.fleet import EndpointInfo, Pool
-from pointsman.policy.signals.load_board import EndpointLoad
+from pointsman.policy.rules.schema import EndpointSelectionSpec
 from pointsman.policy.selection.pickers import (
     DecodeLoadScorer,
     InOrderPicker,
@@ -15,8 +15,8 @@ from pointsman.policy.selection.pickers import (
     QueueScorer,
     bounded_load_cap,
 )
+from pointsman.policy.signals.load_board import EndpointLoad
 from pointsman.policy.signals.prefix_index import PrefixIndex, SharedKVTier
-from pointsman.policy.rules.schema import EndpointSelectionSpec
 
 POOL = Pool(gpus_per_replica=2, prefill_tokens_per_s=10_000, decode_tokens_per_s=5_000,
             endpoints=[f"http://e{i}:8000/v1" for i in range(4)])

@@ -1,13 +1,13 @@
 """The declared signals (SIGNALS) and the snapshot builders agree, and the reference lists them."""
 
-from pointsman.estimator.estimate import DifficultyEstimate
-from pointsman.estimator.features import extract_features
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from pointsman.estimator.estimate import DifficultyEstimate
+from pointsman.estimator.features import extract_features
 from pointsman.policy.budget.config import BudgetConfig
 from pointsman.policy.budget.ledger import build_snapshot
 from pointsman.policy.signals.load_board import EndpointLoad
@@ -66,7 +66,7 @@ def test_builders_match_the_declarations():
 
 
 def test_budget_signals_unlimited_and_paced():
-    now = datetime(2025, 3, 14, 18, tzinfo=timezone.utc).timestamp()  # 75% of the UTC day elapsed
+    now = datetime(2025, 3, 14, 18, tzinfo=UTC).timestamp()  # 75% of the UTC day elapsed
     free = budget_signals(None, now)
     assert set(free) == set(SIGNALS["budget"].fields)
     assert free["limited"] is False and free["remaining_usd"] == math.inf and free["pace_gap"] == 0.0

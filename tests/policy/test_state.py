@@ -1,21 +1,21 @@
 """FleetState: dispatch reserves and counts, settle books the actual cost and releases
 (idempotent, across replicas), release, health, pushes, scrape health, effective prices."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
 from pointsman.errors import BudgetError, RequestError
-from pointsman.policy.budget.units import MAX_SETTLE_TOKENS
 from pointsman.policy.budget.config import BudgetConfig
 from pointsman.policy.budget.ledger import BudgetExceeded, UnknownReservation
 from pointsman.policy.budget.sqlite_ledger import SqliteLedger
+from pointsman.policy.budget.units import MAX_SETTLE_TOKENS
 from pointsman.policy.cost import estimate_cost
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.signals.scrape import ScrapeStatus
 from pointsman.policy.signals.fleet_state import FleetState, request_scopes
+from pointsman.policy.signals.scrape import ScrapeStatus
 
-NOW = datetime(2025, 3, 14, 12, tzinfo=timezone.utc).timestamp()
+NOW = datetime(2025, 3, 14, 12, tzinfo=UTC).timestamp()
 E8 = "http://llama-8b-0.inference.internal:8000/v1"
 P70, D70 = "http://llama-70b-prefill-0.inference.internal:8000/v1", "http://llama-70b-decode-0.inference.internal:8000/v1"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.replay.baselines import BASELINES, CacheAware, LeastLoaded, RandomPick, RoundRobin
-from pointsman.replay.sim_fleet import OnPremTarget, SimFleet
 from pointsman.replay.hardware import FrontierSpec, ReplicaSpec
+from pointsman.replay.sim_fleet import OnPremTarget, SimFleet
 from pointsman.replay.simulator import simulate
 
 SPEC = ReplicaSpec(

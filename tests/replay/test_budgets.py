@@ -12,12 +12,12 @@ from pointsman.datasets.traces import TraceRequest
 from pointsman.errors import BudgetError
 from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.policy.budget.config import BudgetConfig
-from pointsman.policy.rules.compiler import load_policy
 from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import load_policy
 from pointsman.replay.budgets import check_applies
 from pointsman.replay.fleet_map import sim_fleet
-from pointsman.replay.summary import format_table
 from pointsman.replay.runs import replay_all
+from pointsman.replay.summary import format_table
 
 FLEET = """\
 apiVersion: pointsman/v1

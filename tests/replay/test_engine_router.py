@@ -7,8 +7,8 @@ from pathlib import Path
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.estimator.estimate import FixedDifficulty
-from pointsman.policy.rules.compiler import load_policy
 from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import load_policy
 from pointsman.replay.engine_router import EngineRouter
 from pointsman.replay.fleet_map import sim_fleet
 from pointsman.replay.simulator import simulate

@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pointsman.outcome_log.store import OutcomeLog, record_decision
+from pointsman.cli.main import main
 from pointsman.errors import DataError
 from pointsman.estimator.estimate import FixedDifficulty
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.outcome_log.store import OutcomeLog, record_decision
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
 from pointsman.replay.log_trace import load_log_trace
 from pointsman.request import request_from_prompt
-from pointsman.cli.main import main
 
 
 def make_log(path: Path, store_prompts: bool) -> list[str]:

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from pointsman.replay.sim_fleet import OnPremTarget, SimFleet
 from pointsman.replay.hardware import FrontierSpec, ReplicaSpec
-from pointsman.replay.summary import SLO, format_table, summarize
 from pointsman.replay.results import ReplayResult, ReplicaStats, RequestResult
+from pointsman.replay.sim_fleet import OnPremTarget, SimFleet
+from pointsman.replay.summary import SLO, format_table, summarize
 
 SPEC = ReplicaSpec(
     name="test", gpus=2, kv_capacity_blocks=100, kv_bytes_per_token=1000, prefill_s_per_token=0.001,

@@ -13,9 +13,9 @@ import pytest
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.replay.baselines import RandomPick, RoundRobin
-from pointsman.replay.sim_fleet import OnPremTarget, SimFleet
 from pointsman.replay.hardware import FrontierSpec, LinkSpec, ReplicaSpec, SharedKVTierSpec
 from pointsman.replay.router import Assignment
+from pointsman.replay.sim_fleet import OnPremTarget, SimFleet
 from pointsman.replay.simulator import simulate
 
 SPEC = ReplicaSpec(

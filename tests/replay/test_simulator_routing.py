@@ -12,9 +12,9 @@ import pytest
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.replay.baselines import CacheAware, LeastLoaded, OnPremWide
-from pointsman.replay.sim_fleet import OnPremTarget, SimFleet
 from pointsman.replay.hardware import FrontierSpec, LinkSpec, ReplicaSpec
 from pointsman.replay.router import Assignment
+from pointsman.replay.sim_fleet import OnPremTarget, SimFleet
 from pointsman.replay.simulator import simulate
 
 SPEC = ReplicaSpec(name="test", gpus=1, kv_capacity_blocks=100, kv_bytes_per_token=1000, prefill_s_per_token=0.001,

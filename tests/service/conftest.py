@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest

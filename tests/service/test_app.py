@@ -6,9 +6,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from pointsman.estimator.estimate import FixedDifficulty
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
 from pointsman.service.app import create_app
 from pointsman.service.schemas import RouteResponse
 from pointsman.service.settings import Settings

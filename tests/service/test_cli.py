@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pointsman.estimator.estimate import FixedDifficulty
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, DEFAULT_POLICY_PATH
 from pointsman.cli import route as cli_route
 from pointsman.cli.main import main
+from pointsman.estimator.estimate import FixedDifficulty
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, DEFAULT_POLICY_PATH
 from pointsman.service.bootstrap import LoadedEngine, build_engine
 
 DECISION_KEYS = {"decision_id", "target", "model", "base_url", "mode", "endpoints", "fallbacks", "estimated_cost_usd",

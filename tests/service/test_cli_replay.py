@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pointsman.datasets.sources import shared_datasets_dir
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR
-from pointsman.errors import DataError
 from pointsman.cli.main import main
+from pointsman.datasets.sources import shared_datasets_dir
+from pointsman.errors import DataError
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR
 
 POLICIES = ("budget-pacing", "cost-saver", "default", "latency-first")
 BASELINES = ("round-robin", "random", "least-loaded", "cache-aware", "all-on-prem", "all-frontier")

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from pointsman.cli.training import register
 from pointsman.estimator.features import extract_features
 from pointsman.estimator.model_source import load_estimator
 from pointsman.request import request_from_prompt
-from pointsman.cli.training import register
 from pointsman.training import metrics as M
 
 PROMPTS = [

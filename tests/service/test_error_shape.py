@@ -4,8 +4,8 @@ from fastapi.testclient import TestClient
 
 from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.policy.engine import RoutingEngine
-from pointsman.policy.rules.compiler import load_policy
 from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import load_policy
 from pointsman.service.app import create_app
 from pointsman.service.bootstrap import build_state
 from pointsman.service.settings import Settings

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from fastapi.testclient import TestClient
 
 from pointsman.estimator.estimate import DifficultyEstimate
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
 from pointsman.service.app import create_app
 from pointsman.service.model_follower import ModelFollower
 from pointsman.service.settings import Settings

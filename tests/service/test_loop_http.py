@@ -17,8 +17,8 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from pointsman.service.app import create_app
 from pointsman.cli.main import main as cli
+from pointsman.service.app import create_app
 from pointsman.service.settings import Settings
 
 pytestmark = pytest.mark.slow

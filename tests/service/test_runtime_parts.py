@@ -8,11 +8,11 @@ import threading
 
 import pytest
 
-from pointsman.outcome_log.store import OutcomeLog
 from pointsman.estimator.estimate import DifficultyEstimate, FixedDifficulty
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
 from pointsman.request import request_from_prompt
 from pointsman.service.auth import KeyRing
 from pointsman.service.deadline import DeadlineEstimator

@@ -21,14 +21,14 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from pointsman.outcome_log.store import OutcomeLog, record_decision
-from pointsman.estimator.model_source import load_estimator
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
-from pointsman.policy.engine import RoutingEngine
-from pointsman.policy.fleet import load_fleet
-from pointsman.request import request_from_prompt
 from pointsman.cli.loop import register
 from pointsman.cli.training import register as register_training
+from pointsman.estimator.model_source import load_estimator
+from pointsman.outcome_log.store import OutcomeLog, record_decision
+from pointsman.policy.engine import RoutingEngine
+from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.request import request_from_prompt
 from pointsman.training.challenger import ChallengerConfig, train_challenger
 from pointsman.training.outcome_labels import LabelRules
 from pointsman.training.promote import Gate, alias_version, promote, rollback

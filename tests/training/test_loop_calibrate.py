@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from pointsman.outcome_log.records import DecisionRecord
-from pointsman.outcome_log.store import OutcomeLog, record_decision
+from pointsman.cli.loop import register
 from pointsman.errors import PolicyError
 from pointsman.estimator.model_source import load_estimator
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, DEFAULT_POLICY_PATH, load_policy
+from pointsman.outcome_log.records import DecisionRecord
+from pointsman.outcome_log.store import OutcomeLog, record_decision
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, DEFAULT_POLICY_PATH, load_policy
 from pointsman.request import request_from_prompt
-from pointsman.cli.loop import register
 from pointsman.training import calibrate as C
 from pointsman.training.reports import confusion, drift, operating_threshold
 

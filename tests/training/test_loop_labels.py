@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pointsman.outcome_log.records import LoggedDecision, LoggedOutcome
-from pointsman.outcome import QualitySignals, Usage
 from pointsman.errors import DataError
+from pointsman.outcome import QualitySignals, Usage
+from pointsman.outcome_log.records import LoggedDecision, LoggedOutcome
 from pointsman.policy.fleet import load_fleet
 from pointsman.training.outcome_labels import LabelRules, label_decision, load_label_rules
 
