@@ -71,9 +71,9 @@ def lint_imports(staged: Path) -> subprocess.CompletedProcess[str]:
 
 def mypy(staged: Path) -> subprocess.CompletedProcess[str]:
     """mypy over the staged ``pointsman`` package with the repository's configuration; its cache
-    lives in ``<repo>/.mypy_cache`` so a second run is incremental."""
-    return _run([str(BIN / "mypy"), "--config-file", str(PYPROJECT), "--cache-dir", str(ROOT / ".mypy_cache"),
-                 "-p", "pointsman"], staged)
+    lives in ``$MYPY_CACHE_DIR`` or ``<repo>/.mypy_cache``, so a second run is incremental."""
+    cache = os.environ.get("MYPY_CACHE_DIR") or str(ROOT / ".mypy_cache")
+    return _run([str(BIN / "mypy"), "--config-file", str(PYPROJECT), "--cache-dir", cache, "-p", "pointsman"], staged)
 
 
 def main(argv: list[str]) -> int:
