@@ -1,5 +1,6 @@
 """JSON-shaped values, for the places that carry parsed or to-be-serialized JSON (decision
-traces, request bodies, report files). Recursive aliases: mypy checks them all the way down.
+traces, request bodies, report files). Recursive aliases (``TypeAliasType``, so pydantic
+validates them and mypy checks them all the way down).
 
 - ``JSONScalar``: ``str | int | float | bool | None``;
 - ``JSONValue``: a scalar, a list of values or an object;
@@ -8,8 +9,10 @@ traces, request bodies, report files). Recursive aliases: mypy checks them all t
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import Union
 
-JSONScalar: TypeAlias = str | int | float | bool | None
-JSONValue: TypeAlias = "JSONScalar | list[JSONValue] | dict[str, JSONValue]"
-JSONObject: TypeAlias = "dict[str, JSONValue]"
+from typing_extensions import TypeAliasType
+
+JSONScalar = TypeAliasType("JSONScalar", Union[str, int, float, bool, None])  # noqa: UP007 - evaluated at runtime
+JSONValue = TypeAliasType("JSONValue", Union[JSONScalar, "list[JSONValue]", "dict[str, JSONValue]"])  # noqa: UP007
+JSONObject = TypeAliasType("JSONObject", "dict[str, JSONValue]")
