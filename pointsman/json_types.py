@@ -5,10 +5,14 @@ validates them and mypy checks them all the way down).
 - ``JSONScalar``: ``str | int | float | bool | None``;
 - ``JSONValue``: a scalar, a list of values or an object;
 - ``JSONObject``: ``dict[str, JSONValue]`` (what ``json.loads`` gives for an object).
+
+``json_path(loc, prefix="")`` names a place inside a JSON document the way error messages
+do (``[2].load.num_requests_waiting``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Union
 
 from typing_extensions import TypeAliasType
@@ -16,3 +20,13 @@ from typing_extensions import TypeAliasType
 JSONScalar = TypeAliasType("JSONScalar", Union[str, int, float, bool, None])  # noqa: UP007 - evaluated at runtime
 JSONValue = TypeAliasType("JSONValue", Union[JSONScalar, "list[JSONValue]", "dict[str, JSONValue]"])  # noqa: UP007
 JSONObject = TypeAliasType("JSONObject", "dict[str, JSONValue]")
+
+
+def json_path(loc: Iterable[int | str], prefix: str = "") -> str:
+    """The place ``loc`` (object keys and list indexes, outermost first: a pydantic error
+    location) as error messages name it: ``[2].load.num_requests_waiting``, indexes in brackets
+    and keys after dots; ``prefix`` (e.g. ``[2]``, the item's index in a batch) comes first."""
+    out = prefix
+    for item in loc:
+        out += f"[{item}]" if isinstance(item, int) else ("." if out else "") + str(item)
+    return out

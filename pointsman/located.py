@@ -29,12 +29,17 @@ import typing
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias, TypeGuard, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pointsman.errors import ConfigError, Problem
+
+#: A path into the data: mapping keys and list indexes, as pydantic's error locations give them.
+Loc: TypeAlias = tuple[int | str, ...]
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class StrictModel(BaseModel):
@@ -51,15 +56,16 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
 
 @dataclass
 class LocatedDocument:
-    """A parsed YAML document: ``data`` (plain Python) and the node tree with marks."""
+    """A parsed YAML document: ``data`` (plain Python: what PyYAML's safe loader builds, so
+    mappings, lists, strings, numbers, booleans, None, dates...) and the node tree with marks."""
 
     file: str
     text: str
-    data: Any
+    data: object
     root: yaml.Node | None
 
     # -- paths into the node tree -------------------------------------------------
-    def _walk(self, path: tuple[Any, ...]) -> tuple[yaml.Node | None, yaml.Node | None, bool]:
+    def _walk(self, path: Loc) -> tuple[yaml.Node | None, yaml.Node | None, bool]:
         """Follow ``path`` as far as it matches: returns (value node, key node of the last step, complete).
 
         Items that do not match the current node (pydantic's union tags) are skipped.
@@ -69,7 +75,7 @@ class LocatedDocument:
             if isinstance(node, yaml.MappingNode):
                 found = next(((k, v) for k, v in node.value if _scalar_equals(k, item)), None)
                 if found is None:
-                    if isinstance(item, str) and not isinstance(item, bool):
+                    if isinstance(item, str):
                         complete = False
                     continue
                 key_node, node = found
@@ -82,7 +88,7 @@ class LocatedDocument:
                 complete = False
         return node, key_node, complete
 
-    def mark(self, path: tuple[Any, ...], *, key: bool = False) -> tuple[int, int]:
+    def mark(self, path: Loc, *, key: bool = False) -> tuple[int, int]:
         """(line, col) of the node at ``path`` (its key when ``key``), or of the deepest node that exists."""
         node, key_node, _ = self._walk(path)
         target = key_node if key and key_node is not None else node
@@ -90,12 +96,12 @@ class LocatedDocument:
             return (1, 1) if self.root is not None else (0, 0)
         return target.start_mark.line + 1, target.start_mark.column + 1
 
-    def node(self, path: tuple[Any, ...]) -> yaml.Node | None:
+    def node(self, path: Loc) -> yaml.Node | None:
         """The node at ``path`` when the whole path exists, else None."""
         node, _, complete = self._walk(path)
         return node if complete else None
 
-    def scalar_position(self, path: tuple[Any, ...], offset: int) -> tuple[int, int]:
+    def scalar_position(self, path: Loc, offset: int) -> tuple[int, int]:
         """(line, col) in the file of character ``offset`` of the scalar string at ``path``.
 
         Aligns the parsed value with the raw source between the node's marks, so
@@ -130,7 +136,7 @@ class LocatedDocument:
         return _line_col(raw, min(pos, len(raw)))
 
 
-def _scalar_equals(key_node: yaml.Node, item: Any) -> bool:
+def _scalar_equals(key_node: yaml.Node, item: int | str) -> bool:
     return isinstance(key_node, yaml.ScalarNode) and key_node.value == str(item)
 
 
@@ -163,12 +169,22 @@ def _duplicate_keys(file: str, node: yaml.Node | None) -> list[Problem]:
     return problems
 
 
-class _TooLarge(Exception):
-    """Raised inside the loader when the document passes a size limit (0-based mark)."""
+#: PyYAML's mark types: the pure-Python one and the C extension's (``yaml._yaml``).
+_Mark: TypeAlias = "yaml.error.Mark | yaml._yaml.Mark"
 
-    def __init__(self, mark: yaml.Mark, message: str) -> None:
+
+def _position(mark: _Mark | None) -> tuple[int, int]:
+    """1-based (line, col) of a PyYAML mark (0-based), or ``(0, 0)`` without one."""
+    return (mark.line + 1, mark.column + 1) if mark else (0, 0)
+
+
+class _TooLarge(Exception):
+    """Raised inside the loader when the document passes a size limit, at ``position`` (1-based
+    line and column; ``(0, 0)`` when PyYAML gave no mark)."""
+
+    def __init__(self, mark: _Mark | None, message: str) -> None:
         super().__init__(message)
-        self.mark, self.message = mark, message
+        self.position, self.message = _position(mark), message
 
 
 class _CountingLoader(yaml.SafeLoader):
@@ -183,25 +199,27 @@ class _CountingLoader(yaml.SafeLoader):
         self.expanded = 0
         self._anchor_weights: dict[str, int] = {}
 
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
         """PyYAML's hook, counting the node (or the alias's weight) before composing it."""
-        event = self.peek_event()
+        # compose_node is only called at a node's event (alias, scalar, sequence or mapping start)
+        event: yaml.NodeEvent = self.peek_event()  # type: ignore[no-untyped-call]  # untyped in types-PyYAML
         if isinstance(event, yaml.AliasEvent):
-            if event.anchor in self.anchors:  # an undefined alias is PyYAML's error
-                weight = self._anchor_weights.get(event.anchor)
+            anchor = event.anchor
+            if anchor is not None and anchor in self.anchors:  # an undefined alias is PyYAML's error
+                weight = self._anchor_weights.get(anchor)
                 if weight is None:
-                    raise _TooLarge(event.start_mark, f"alias *{event.anchor} is used inside the node it names, "
+                    raise _TooLarge(event.start_mark, f"alias *{anchor} is used inside the node it names, "
                                     "so it expands without end")
-                self._count(weight, event.start_mark, f"alias *{event.anchor} (a node of {weight:,} nodes)")
-            return super().compose_node(parent, index)
+                self._count(weight, event.start_mark, f"alias *{anchor} (a node of {weight:,} nodes)")
+            return super().compose_node(parent, index)  # type: ignore[arg-type]  # types-PyYAML says int; PyYAML passes nodes too
         before = self.expanded
         self._count(1, event.start_mark, "this node")
-        node = super().compose_node(parent, index)
+        node = super().compose_node(parent, index)  # type: ignore[arg-type]  # as above
         if event.anchor is not None:
             self._anchor_weights[event.anchor] = self.expanded - before
         return node
 
-    def _count(self, weight: int, mark: yaml.Mark, what: str) -> None:
+    def _count(self, weight: int, mark: _Mark | None, what: str) -> None:
         self.expanded += weight
         if self.max_nodes is not None and self.expanded > self.max_nodes:
             raise _TooLarge(mark, f"the document passes {self.max_nodes:,} YAML nodes at {what} (an alias counts "
@@ -228,14 +246,13 @@ def parse_yaml(text: str, file: str, error_cls: type[ConfigError], *, max_bytes:
         root = loader.get_single_node()
         data = loader.construct_document(root) if root is not None else None
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
+        line, col = _position(exc.problem_mark or exc.context_mark)
         message = " ".join(str(s) for s in (exc.context, exc.problem) if s) or "invalid YAML"
         raise error_cls([Problem(file, line, col, "yaml-syntax", message)]) from None
     except yaml.YAMLError as exc:
         raise error_cls([Problem(file, 0, 0, "yaml-syntax", str(exc))]) from None
     except _TooLarge as exc:
-        raise error_cls([Problem(file, exc.mark.line + 1, exc.mark.column + 1, "too-large", exc.message)]) from None
+        raise error_cls([Problem(file, *exc.position, "too-large", exc.message)]) from None
     finally:
         loader.dispose()
     problems = _duplicate_keys(file, root)
@@ -278,9 +295,9 @@ def read_text(path: str | Path, error_cls: type[ConfigError], *, max_bytes: int 
 # -- pydantic errors -> located problems ---------------------------------------------
 
 
-def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+def _allowed_keys(model: type[BaseModel], loc: Loc) -> list[str]:
     """Field names of the pydantic model found at ``loc`` (a walk through annotations)."""
-    current: Any = model
+    current: object = model
     for item in loc:
         current = _descend(current, item)
         if current is None:
@@ -288,24 +305,27 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return list(current.model_fields) if _is_model(current) else []
 
 
-def _is_model(tp: Any) -> bool:
+def _is_model(tp: object) -> TypeGuard[type[BaseModel]]:
     return isinstance(tp, type) and issubclass(tp, BaseModel)
 
 
-def _union_members(tp: Any) -> list[Any]:
+def _union_members(tp: object) -> list[object]:
+    """The members of a union annotation (``Annotated`` unwrapped, nested unions flattened);
+    ``[tp]`` for any other annotation."""
     origin = typing.get_origin(tp)
     if origin is typing.Annotated:
         return _union_members(typing.get_args(tp)[0])
     if origin in (typing.Union, types.UnionType):
-        out: list[Any] = []
+        out: list[object] = []
         for a in typing.get_args(tp):
             out.extend(_union_members(a))
         return out
     return [tp]
 
 
-def _descend(tp: Any, item: Any) -> Any:
-    """The annotation reached from ``tp`` by one location item (field name, index, key or union tag)."""
+def _descend(tp: object, item: int | str) -> object:
+    """The annotation reached from ``tp`` by one location item (field name, index, key or union
+    tag), or None."""
     members = _union_members(tp)
     for m in members:
         if _is_model(m):
@@ -340,7 +360,7 @@ def validation_problems(exc: ValidationError, doc: LocatedDocument, model: type[
             line, col = doc.mark(loc, key=True)
             where = _dotted(loc[:-1], doc)
             msg = f"unknown key '{key}'" + (f" in {where}" if where else "")
-            msg += did_you_mean(key, _allowed_keys(model, loc[:-1]))
+            msg += did_you_mean(str(key), _allowed_keys(model, loc[:-1]))
         elif kind == "missing":
             line, col = doc.mark(loc[:-1])
             where = _dotted(loc[:-1], doc)
@@ -352,7 +372,7 @@ def validation_problems(exc: ValidationError, doc: LocatedDocument, model: type[
     return problems
 
 
-def _dotted(loc: tuple[Any, ...], doc: LocatedDocument) -> str:
+def _dotted(loc: Loc, doc: LocatedDocument) -> str:
     """``targets.onprem-8b.pools[0]``, leaving out items absent from the data (union tags)."""
     out, node = "", doc.root
     for item in loc:
@@ -367,7 +387,7 @@ def _dotted(loc: tuple[Any, ...], doc: LocatedDocument) -> str:
     return out
 
 
-def validate(doc: LocatedDocument, model: type[BaseModel], error_cls: type[ConfigError]) -> BaseModel:
+def validate(doc: LocatedDocument, model: type[M], error_cls: type[ConfigError]) -> M:
     """Validate ``doc.data`` into ``model``; raises ``error_cls`` listing every problem, located."""
     if not isinstance(doc.data, dict):
         got = "an empty file" if doc.data is None else type(doc.data).__name__
@@ -378,7 +398,7 @@ def validate(doc: LocatedDocument, model: type[BaseModel], error_cls: type[Confi
         raise error_cls(sorted(validation_problems(exc, doc, model), key=lambda p: (p.line, p.col))) from None
 
 
-def load_config(path: str | Path, model: type[BaseModel], error_cls: type[ConfigError]) -> tuple[BaseModel, LocatedDocument]:
+def load_config(path: str | Path, model: type[M], error_cls: type[ConfigError]) -> tuple[M, LocatedDocument]:
     """Read, parse and validate a YAML config file; raises ``error_cls`` listing every problem."""
     text = read_text(path, error_cls)
     doc = parse_yaml(text, str(path), error_cls)

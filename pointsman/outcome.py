@@ -1,7 +1,10 @@
 """The outcome payload: what a gateway reports after a routed request ran
 (``POST /v1/outcomes``, one object or a list), validated with pydantic.
 
-Serving-safe: imports only pydantic and the error tree.
+Serving-safe: imports only pydantic, the error tree and ``json_types``.
+
+Batch bodies (one JSON object or a list of at most ``MAX_BATCH``) are read with ``batch_items``,
+``json_object`` and ``field_problem``, which the service's telemetry and policy bodies share.
 
 One outcome, as JSON (every field but ``decision_id`` is optional)::
 
@@ -39,11 +42,13 @@ Quality signals, all optional (``training/outcome_labels.py`` turns them into la
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from pointsman.errors import RequestError
+from pointsman.json_types import json_path
 
 #: Outcome statuses: the answer arrived (``ok``), failed, timed out, or the client gave up.
 STATUSES = ("ok", "error", "timeout", "cancelled")
@@ -84,7 +89,7 @@ class Usage(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _openai_cached(cls, data: Any) -> Any:
+    def _openai_cached(cls, data: object) -> object:
         if isinstance(data, dict) and data.get("cached_tokens") is None:
             details = data.get("prompt_tokens_details")
             if isinstance(details, dict) and details.get("cached_tokens") is not None:
@@ -145,13 +150,6 @@ class OutcomeIn(_Strict):
         return self.outcome_id or self.decision_id
 
 
-def _field(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for item in loc:
-        out += f"[{item}]" if isinstance(item, int) else ("." if out else "") + str(item)
-    return out
-
-
 class OutcomeItemError(RequestError):
     """One invalid outcome in a batch: a ``RequestError`` whose ``field``/``message`` are its first
     problem, and ``problems`` every ``(field, message)`` pair of the item (fields indexed into
@@ -170,23 +168,46 @@ class OutcomeItemError(RequestError):
         return "; ".join(f"{f}: {m}" if f else m for f, m in self.problems)
 
 
-def _valid_id(value: Any) -> str | None:
+def _valid_id(value: object) -> str | None:
     return value if isinstance(value, str) and _ID.match(value) else None
 
 
-def _item_error(exc: ValidationError, prefix: tuple[Any, ...], item: dict[str, Any]) -> OutcomeItemError:
+def _item_error(exc: ValidationError, prefix: str, item: dict[str, object]) -> OutcomeItemError:
     """The ``OutcomeItemError`` for one item's validation errors (each error's field and message)."""
-    errors = []
-    for err in exc.errors(include_url=False):
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field"
-        errors.append((_field(prefix + tuple(err["loc"])) or None, msg))
-    return OutcomeItemError(tuple(errors), decision_id=_valid_id(item.get("decision_id")),
-                            outcome_id=_valid_id(item.get("outcome_id")))
+    return OutcomeItemError(tuple(field_problem(err, prefix) for err in exc.errors(include_url=False)),
+                            decision_id=_valid_id(item.get("decision_id")), outcome_id=_valid_id(item.get("outcome_id")))
 
 
-def parse_outcome_items(body: Any) -> list[OutcomeIn | OutcomeItemError]:
+def field_problem(err: ErrorDetails, prefix: str = "") -> tuple[str | None, str]:
+    """``(field, message)`` of one pydantic error in a request body: the field's ``json_path``
+    under ``prefix`` (None for the body as a whole) and pydantic's message (``unknown field``
+    for a key the model forbids)."""
+    msg = "unknown field" if err["type"] == "extra_forbidden" else str(err["msg"]).removeprefix("Value error, ")
+    return json_path(err["loc"], prefix) or None, msg
+
+
+def batch_items(body: object, noun: str) -> list[tuple[str, object]]:
+    """The items of a body that is one JSON value or a list of them, each with the prefix its
+    fields are named under (``[i]`` in a list, ``""`` for a single value). Raises
+    ``RequestError`` for an empty list or one longer than ``MAX_BATCH`` (``noun``: what an item
+    is, ``outcome``)."""
+    if not isinstance(body, list):
+        return [("", body)]
+    if not body:
+        raise RequestError(f"the {noun} list is empty; send at least one {noun}")
+    if len(body) > MAX_BATCH:
+        raise RequestError(f"{len(body)} {noun}s in one batch; the limit is {MAX_BATCH}")
+    return [(f"[{i}]", item) for i, item in enumerate(body)]
+
+
+def json_object(item: object, field: str = "") -> dict[str, object]:
+    """``item`` when it is a JSON object; else raises ``RequestError`` naming ``field``."""
+    if not isinstance(item, dict):
+        raise RequestError(f"expected a JSON object, got {type(item).__name__}", field=field or None)
+    return item
+
+
+def parse_outcome_items(body: object) -> list[OutcomeIn | OutcomeItemError]:
     """Validate one outcome object or a list of them (at most ``MAX_BATCH``), item by item.
 
     Returns one entry per item, in order: the ``OutcomeIn``, or for an invalid item the
@@ -195,16 +216,9 @@ def parse_outcome_items(body: Any) -> list[OutcomeIn | OutcomeItemError]:
     Raises ``RequestError`` for what no item can survive: an empty list, an oversized batch, a
     body or item that is not a JSON object. Unknown fields are errors, except inside ``usage``.
     """
-    items = body if isinstance(body, list) else [body]
-    if isinstance(body, list) and not body:
-        raise RequestError("the outcome list is empty; send at least one outcome")
-    if len(items) > MAX_BATCH:
-        raise RequestError(f"{len(items)} outcomes in one batch; the limit is {MAX_BATCH}")
     out: list[OutcomeIn | OutcomeItemError] = []
-    for i, item in enumerate(items):
-        prefix: tuple[Any, ...] = (i,) if isinstance(body, list) else ()
-        if not isinstance(item, dict):
-            raise RequestError(f"expected a JSON object, got {type(item).__name__}", field=_field(prefix) or None)
+    for prefix, value in batch_items(body, "outcome"):
+        item = json_object(value, prefix)
         try:
             out.append(OutcomeIn.model_validate(item))
         except ValidationError as exc:
@@ -212,18 +226,19 @@ def parse_outcome_items(body: Any) -> list[OutcomeIn | OutcomeItemError]:
     return out
 
 
-def parse_outcomes(body: Any) -> list[OutcomeIn]:
+def parse_outcomes(body: object) -> list[OutcomeIn]:
     """Validate one outcome object or a list of them (at most ``MAX_BATCH``), all or nothing.
 
     Returns the outcomes in order. Raises ``RequestError`` whose ``field`` names the first
     offending field, indexed into the batch (``[3].usage.cached_tokens``) when a list was sent.
     Unknown fields are errors, except inside ``usage`` (OpenAI's shape is accepted).
     """
-    out = parse_outcome_items(body)
-    for item in out:
+    out: list[OutcomeIn] = []
+    for item in parse_outcome_items(body):
         if isinstance(item, OutcomeItemError):
             raise item
-    return out  # type: ignore[return-value]
+        out.append(item)
+    return out
 
 
 def check_usage_fits(usage: Usage | None, context_window_tokens: int, target: str,

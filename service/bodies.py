@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from pointsman.errors import RequestError
+from pointsman.json_types import JSONObject, JSONValue
+from pointsman.outcome import field_problem, json_object
 from pointsman.service.http_errors import HTTPError, invalid
 
 M = TypeVar("M", bound=BaseModel)
@@ -50,7 +52,7 @@ def too_large(size: int, limit: int, at_least: bool = False) -> HTTPError:
                      code="body_too_large")
 
 
-def decode_json(raw: bytes, expected: str = "a JSON chat request") -> Any:
+def decode_json(raw: bytes, expected: str = "a JSON chat request") -> JSONValue:
     """Strict UTF-8 and JSON decoding of a body; raises ``HTTPError`` 400 naming the problem
     (``expected`` completes the message for an empty body)."""
     if not raw.strip():
@@ -61,7 +63,8 @@ def decode_json(raw: bytes, expected: str = "a JSON chat request") -> Any:
         raise HTTPError(400, f"request body is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
                         code="invalid_utf8") from None
     try:
-        return json.loads(text)
+        value: JSONValue = json.loads(text)
+        return value
     except json.JSONDecodeError as exc:
         raise HTTPError(400, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
                         code="malformed_json") from None
@@ -69,33 +72,24 @@ def decode_json(raw: bytes, expected: str = "a JSON chat request") -> Any:
         raise HTTPError(400, "malformed JSON: nested too deeply", code="malformed_json") from None
 
 
-async def read_json(request: Request, limit: int, expected: str = "a JSON chat request") -> Any:
+async def read_json(request: Request, limit: int, expected: str = "a JSON chat request") -> JSONValue:
     """``decode_json(await read_body(request, limit))``."""
     return decode_json(await read_body(request, limit), expected)
 
 
-def field_path(prefix: str, loc: tuple[object, ...]) -> str:
-    """A pydantic error location as a field path: ``[2].load.num_requests_waiting`` (``prefix`` first)."""
-    out = prefix
-    for item in loc:
-        out += f"[{item}]" if isinstance(item, int) else ("." if out else "") + str(item)
-    return out
-
-
-def validate_model(model: type[M], item: Any, prefix: str = "") -> M:
+def validate_model(model: type[M], item: object, prefix: str = "") -> M:
     """``model.model_validate(item)``; raises ``RequestError`` naming the first bad field
-    (``prefix`` + its path; ``unknown field`` for extras) or a non-object ``item``."""
-    if not isinstance(item, dict):
-        raise RequestError(f"expected a JSON object, got {type(item).__name__}", field=prefix or None)
+    (``prefix`` + its path; ``unknown field`` for extras, ``outcome.field_problem``) or a
+    non-object ``item``."""
     try:
-        return model.model_validate(item)
+        return model.model_validate(json_object(item, prefix))
     except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        msg = "unknown field" if err["type"] == "extra_forbidden" else str(err["msg"]).removeprefix("Value error, ")
-        raise RequestError(msg, field=field_path(prefix, tuple(err["loc"])) or None) from None
+        field, msg = field_problem(exc.errors(include_url=False)[0], prefix)
+        raise RequestError(msg, field=field) from None
 
 
-async def read_parsed(request: Request, limit: int, expected: str, parse: Callable[[Any], T]) -> tuple[Any, T]:
+async def read_parsed(request: Request, limit: int, expected: str,
+                      parse: Callable[[JSONValue], T]) -> tuple[JSONValue, T]:
     """``read_json`` then ``parse(body)``; returns (body, parsed). A ``RequestError`` from ``parse``
     becomes the 422 naming its field (``http_errors.invalid``)."""
     body = await read_json(request, limit, expected)
@@ -105,7 +99,7 @@ async def read_parsed(request: Request, limit: int, expected: str, parse: Callab
         raise invalid(exc) from None
 
 
-def json_body(schema: dict[str, Any]) -> dict[str, Any]:
+def json_body(schema: JSONObject) -> JSONObject:
     """``openapi_extra`` documenting a required JSON request body with ``schema`` (for routes that
     read their body as bytes, so FastAPI cannot see it)."""
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}

@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import difflib
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Required, TypedDict
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
@@ -45,18 +46,19 @@ from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter
 
 from pointsman.errors import BudgetError, DataError, RequestError
+from pointsman.json_types import JSONObject, JSONValue, json_path
 from pointsman.outcome import (
     CONTEXT_TOLERANCE,
-    MAX_BATCH,
     OutcomeIn,
     OutcomeItemError,
+    batch_items,
     check_usage_fits,
     parse_outcome_items,
 )
 from pointsman.outcome_log.records import OutcomeAck
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.service.auth import Principal, require
-from pointsman.service.bodies import field_path, json_body, read_parsed, validate_model
+from pointsman.service.bodies import json_body, read_parsed, validate_model
 from pointsman.service.http_errors import ERROR_RESPONSES, invalid, unavailable
 from pointsman.service.runtime import Runtime, get_runtime
 from pointsman.service.schemas import OutcomeAckOut, OutcomesResponse, TelemetryIn, TelemetryResponse
@@ -78,39 +80,64 @@ def _decision_age_s(decision_id: str) -> float | None:
         return None
 
 
-def _settle(rt: Runtime, item: OutcomeIn) -> dict[str, Any]:
-    """Settle (or release) one acknowledged outcome's decision; returns the ack's extra fields.
-    Raises ``LedgerUnavailable``."""
-    state = rt.live.engine.state
+class AckEntry(TypedDict, total=False):
+    """One outcome's acknowledgement as ``store_outcomes`` builds it: ``OutcomeAckOut``'s fields
+    (``settlement``: ``Settled.to_dict()``), and for an invalid item its error (``problem``)."""
+
+    outcome_id: Required[str | None]
+    decision_id: Required[str | None]
+    status: Required[str]
+    message: Required[str | None]
+    settlement: Mapping[str, object]
+    released: bool
+    settle_error: str
+    problem: OutcomeItemError
+
+
+def _known_decision(rt: Runtime, decision_id: str) -> tuple[str, float | None] | None:
+    """(target, estimated cost in USD) of a decision: from this process's in-flight record, else
+    from the outcome log; None when neither knows it. Raises ``DataError`` (outcome log)."""
+    record = rt.live.engine.state.record(decision_id)
+    if record is not None:
+        return record.target, record.estimated_cost_usd
+    logged = rt.outcome_log.decision(decision_id)
+    return None if logged is None else (logged.target, logged.estimated_cost_usd)
+
+
+def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry) -> None:
+    """Settle (or release) one acknowledged outcome's decision, adding what it did to ``entry``
+    (``settlement``, ``released`` or ``settle_error``). Raises ``LedgerUnavailable``."""
     if item.shadow:
-        return {}
+        return
+    state = rt.live.engine.state
     usage = item.usage
-    reported = usage is not None and (usage.prompt_tokens is not None or usage.completion_tokens is not None)
-    record = state.record(item.decision_id)
-    target = item.served_target or (record.target if record else None)
-    estimate = record.estimated_cost_usd if record else None
-    if record is None and (target is None or (not reported and item.status == "ok")):
-        logged = rt.outcome_log.decision(item.decision_id)
-        if logged is not None:
-            target = target or logged.target
-            estimate = logged.estimated_cost_usd
+    reported = usage if usage is not None and (usage.prompt_tokens is not None
+                                                or usage.completion_tokens is not None) else None
+    books_estimate = reported is None and item.status == "ok"  # an ok answer without usage books the estimate
+    target, estimate = item.served_target, None
+    if not target or books_estimate:
+        known = _known_decision(rt, item.decision_id)
+        if known is not None:
+            target, estimate = target or known[0], known[1]
     try:
-        if not reported and item.status != "ok":
-            return {"released": bool(state.release(item.decision_id))}
-        if reported:
-            settled = state.settle(item.decision_id, prompt_tokens=usage.prompt_tokens or 0,
-                                   completion_tokens=usage.completion_tokens or 0,
-                                   cached_tokens=usage.cached_tokens or 0, target=target)
+        if reported is None and item.status != "ok":
+            entry["released"] = bool(state.release(item.decision_id))
+            return
+        if reported is not None:
+            settled = state.settle(item.decision_id, prompt_tokens=reported.prompt_tokens or 0,
+                                   completion_tokens=reported.completion_tokens or 0,
+                                   cached_tokens=reported.cached_tokens or 0, target=target)
         else:
             settled = state.settle(item.decision_id, prompt_tokens=0, completion_tokens=0,
                                    actual_cost_usd=estimate if estimate is not None else 0.0, target=target)
     except LedgerUnavailable:
         raise
     except BudgetError as exc:
-        return {"settle_error": str(exc)}
+        entry["settle_error"] = str(exc)
+        return
     if not settled.replayed and settled.actual_cost_usd > 0:
         rt.metrics.spend_usd.labels(settled.target or "unknown").inc(settled.actual_cost_usd)
-    return {"settlement": settled.to_dict()}
+    entry["settlement"] = settled.to_dict()
 
 
 def _served_target(rt: Runtime, item: OutcomeIn) -> str | None:
@@ -118,11 +145,8 @@ def _served_target(rt: Runtime, item: OutcomeIn) -> str | None:
     else in the outcome log); None when unknown. Raises ``DataError`` (outcome log)."""
     if item.served_target:
         return item.served_target
-    record = rt.live.engine.state.record(item.decision_id)
-    if record is not None:
-        return record.target
-    logged = rt.outcome_log.decision(item.decision_id)
-    return logged.target if logged is not None else None
+    known = _known_decision(rt, item.decision_id)
+    return None if known is None else known[0]
 
 
 def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "") -> OutcomeItemError | None:
@@ -143,15 +167,13 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "") -> OutcomeItem
     return check_usage_fits(usage, targets[target].context_window_tokens, target, prefix)
 
 
-def _invalid_ack(item: OutcomeIn | OutcomeItemError, problem: OutcomeItemError) -> dict[str, Any]:
-    if isinstance(item, OutcomeIn):
-        ids = {"outcome_id": item.key, "decision_id": item.decision_id}
-    else:
-        ids = {"outcome_id": problem.outcome_id, "decision_id": problem.decision_id}
-    return {**ids, "status": "invalid", "message": problem.describe(), "problem": problem}
+def _invalid_ack(item: OutcomeIn | OutcomeItemError, problem: OutcomeItemError) -> AckEntry:
+    ids = (item.key, item.decision_id) if isinstance(item, OutcomeIn) else (problem.outcome_id, problem.decision_id)
+    return {"outcome_id": ids[0], "decision_id": ids[1], "status": "invalid", "message": problem.describe(),
+            "problem": problem}
 
 
-def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], indexed: bool = False) -> list[dict[str, Any]]:
+def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], indexed: bool = False) -> list[AckEntry]:
     """Steps 1-3 of the module docstring (blocking: run in a worker thread). Returns one ack
     dict per item, in order; an invalid item (an ``OutcomeItemError`` from parsing, or usage
     impossible on its target, ``usage_problem``; fields prefixed ``[i]`` when ``indexed``) is not
@@ -162,12 +184,15 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
     acks: list[OutcomeAck | None] = [None] * len(items)
 
     def check_and_append(todo: list[int]) -> None:
+        valid: list[tuple[int, OutcomeIn]] = []
         for i in todo:
-            if problems[i] is None:
-                problems[i] = usage_problem(rt, items[i], f"[{i}]" if indexed else "")  # type: ignore[arg-type]
-        todo = [i for i in todo if problems[i] is None]
-        if todo:
-            for i, ack in zip(todo, rt.outcome_log.append_outcomes([items[i] for i in todo])):
+            item = items[i]
+            if isinstance(item, OutcomeIn) and problems[i] is None:
+                problems[i] = usage_problem(rt, item, f"[{i}]" if indexed else "")
+                if problems[i] is None:
+                    valid.append((i, item))
+        if valid:
+            for (i, _), ack in zip(valid, rt.outcome_log.append_outcomes([item for _, item in valid])):
                 acks[i] = ack
 
     try:
@@ -180,7 +205,8 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
             check_and_append(retry)
     except DataError as exc:
         raise unavailable(f"outcome log unavailable, nothing acknowledged: {exc}", "outcome_log_unavailable") from None
-    out, ledger_down = [], None
+    out: list[AckEntry] = []
+    ledger_down = None
     for item, ack, problem in zip(items, acks, problems):
         if problem is not None:
             entry = _invalid_ack(item, problem)
@@ -190,7 +216,7 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
                      "message": ack.message}
             if ack.ok:
                 try:
-                    entry.update(_settle(rt, item))
+                    _settle(rt, item, entry)
                 except LedgerUnavailable as exc:
                     ledger_down = exc
         rt.metrics.outcomes.labels(entry["status"]).inc()
@@ -219,37 +245,33 @@ async def outcomes(request: Request, principal: Principal = Depends(require("gat
     if not batch and isinstance(items[0], OutcomeItemError):
         raise invalid(items[0])
     raw = await run_in_threadpool(store_outcomes, rt, items, batch)
-    if not batch and raw[0]["status"] == "invalid":
+    if not batch and "problem" in raw[0]:
         raise invalid(raw[0]["problem"])
-    acks = [OutcomeAckOut.model_validate(a).model_dump() for a in raw]
+    acks = [OutcomeAckOut.model_validate(a) for a in raw]
     counts: dict[str, int] = {}
     for a in acks:
-        counts[a["status"]] = counts.get(a["status"], 0) + 1
-    status = 200 if batch else _STATUS[acks[0]["status"]]
-    return JSONResponse({"acks": acks, "counts": counts}, status_code=status)
+        counts[a.status] = counts.get(a.status, 0) + 1
+    status = 200 if batch else _STATUS[acks[0].status]
+    return JSONResponse({"acks": [a.model_dump() for a in acks], "counts": counts}, status_code=status)
 
 
-def parse_telemetry(body: Any, rt: Runtime) -> list[TelemetryIn]:
-    """Validate one report or a list; raises ``RequestError`` naming the field (``[i].load.x``)."""
-    items = body if isinstance(body, list) else [body]
-    if isinstance(body, list) and not body:
-        raise RequestError("the report list is empty; send at least one report")
-    if len(items) > MAX_BATCH:
-        raise RequestError(f"{len(items)} reports in one batch; the limit is {MAX_BATCH}")
+def parse_telemetry(body: object, rt: Runtime) -> list[tuple[str, TelemetryIn]]:
+    """Validate one report or a list: each report with its endpoint's fleet id. Raises
+    ``RequestError`` naming the field (``[i].load.x``)."""
     fleet = rt.live.engine.fleet
     out = []
-    for i, item in enumerate(items):
-        prefix = f"[{i}]" if isinstance(body, list) else ""
+    for prefix, item in batch_items(body, "report"):
         report = validate_model(TelemetryIn, item, prefix)
         if report.load is None and report.healthy is None:
             raise RequestError("a report needs 'load' and/or 'healthy'", field=prefix or None)
         if report.load is not None and not report.load.model_fields_set:
-            raise RequestError("the load snapshot is empty", field=field_path(prefix, ("load",)))
-        if fleet.endpoint_id(report.endpoint) is None:
+            raise RequestError("the load snapshot is empty", field=json_path(("load",), prefix))
+        eid = fleet.endpoint_id(report.endpoint)
+        if eid is None:
             close = difflib.get_close_matches(report.endpoint, [*fleet.aliases, *fleet.endpoints], n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise RequestError(f"unknown endpoint '{report.endpoint}'{hint}", field=field_path(prefix, ("endpoint",)))
-        out.append(report)
+            raise RequestError(f"unknown endpoint '{report.endpoint}'{hint}", field=json_path(("endpoint",), prefix))
+        out.append((eid, report))
     return out
 
 
@@ -258,16 +280,15 @@ def parse_telemetry(body: Any, rt: Runtime) -> list[TelemetryIn]:
              openapi_extra=json_body({"anyOf": [{"$ref": "#/components/schemas/TelemetryIn"},
                                                 {"type": "array", "items": {"$ref": "#/components/schemas/TelemetryIn"}}]}))
 async def telemetry(request: Request, principal: Principal = Depends(require("gateway")),
-                    rt: Runtime = Depends(get_runtime)) -> dict[str, Any]:
+                    rt: Runtime = Depends(get_runtime)) -> JSONObject:
     """Apply load snapshots (vLLM-standard field names) and health marks; answers each endpoint's
     merged reading."""
     _, reports = await read_parsed(request, rt.settings.max_body_bytes, "a telemetry report or a list of them",
                                    lambda body: parse_telemetry(body, rt))
     state = rt.live.engine.state
     fleet = state.fleet
-    acks = []
-    for r in reports:
-        eid = fleet.endpoint_id(r.endpoint)
+    acks: list[JSONValue] = []
+    for eid, r in reports:
         if r.healthy is not None:
             state.set_health(eid, r.healthy, r.reason or "")
         reading = None
