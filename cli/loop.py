@@ -11,7 +11,8 @@
   ``p_hard`` threshold from recent logged traffic, through policy validation, atomically.
 
 Attached to the main group by ``register(group)``; heavy imports happen inside the
-commands. Errors print one line (``Error: ...``) and exit with code 2.
+commands. Errors are ``cli.errors`` exceptions: bad input prints one line (``Error: ...``) and
+exits with code 2; a refused promotion exits with code 1.
 """
 
 from __future__ import annotations
@@ -23,23 +24,25 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
+from pointsman.cli.errors import CheckFailed, InputError
 from pointsman.errors import PointsmanError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.outcome_log.store import OutcomeLog
+    from pointsman.policy.fleet import Fleet
+    from pointsman.training.compare import Comparison
+    from pointsman.training.outcome_labels import LabelRules
 
 DEFAULT_WINDOW_DAYS = 7.0
 
 
-def _fail(message: str, code: int = 2) -> None:
-    click.echo(f"Error: {message}", err=True)
-    sys.exit(code)
-
-
 def parse_time(value: str | None, option: str) -> float | None:
     """Unix seconds from ``value``: a number (Unix seconds) or an ISO 8601 date/time (UTC unless it
-    names a zone); None for None. Exits with code 2 naming ``option`` on anything else."""
+    names a zone); None for None. Raises ``InputError`` naming ``option`` on anything else."""
     if value is None:
         return None
     try:
@@ -49,7 +52,8 @@ def parse_time(value: str | None, option: str) -> float | None:
     try:
         dt = datetime.fromisoformat(value)
     except ValueError:
-        _fail(f"{option}: expected Unix seconds or an ISO 8601 time like 2025-01-31T12:00, got {value!r}")
+        raise InputError(f"{option}: expected Unix seconds or an ISO 8601 time like 2025-01-31T12:00, "
+                         f"got {value!r}") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
@@ -60,32 +64,32 @@ def _need_training() -> None:
         import mlflow  # noqa: F401
         import sklearn  # noqa: F401
     except ImportError as exc:
-        _fail(f"this command needs the train extra ({exc}); install it: pip install 'pointsman[train]'")
+        raise InputError(f"this command needs the train extra ({exc}); install it: pip install 'pointsman[train]'") from None
 
 
-def _open_log(path: Path | None):
+def _open_log(path: Path | None) -> OutcomeLog:
     from pointsman.outcome_log.store import OutcomeLog, default_log_path
 
     p = Path(path) if path else default_log_path()
     if not p.is_file():
-        _fail(f"no outcome log at {p} (the service writes it; pass --log PATH or set POINTSMAN_DATA_DIR)")
+        raise InputError(f"no outcome log at {p} (the service writes it; pass --log PATH or set POINTSMAN_DATA_DIR)")
     return OutcomeLog(p)
 
 
-def _fleet(path: Path | None):
+def _fleet(path: Path | None) -> Fleet:
     from pointsman.policy.fleet import load_fleet
     from pointsman.service.settings import Settings
 
     return load_fleet(path or Settings().fleet_path)
 
 
-def _rules(path: Path | None):
+def _rules(path: Path | None) -> LabelRules:
     from pointsman.training.outcome_labels import load_label_rules
 
     return load_label_rules(path)
 
 
-def _echo_json(data: Any) -> None:
+def _echo_json(data: object) -> None:
     click.echo(json.dumps(data, indent=2, default=lambda v: None if v != v else str(v)))
 
 
@@ -95,31 +99,27 @@ def train_from_outcomes(log_path: Path | None, *, base_spec: str | None, label_r
                         seed: int, calibration_folds: int, output: Path | None, use_mlflow: bool, register: bool,
                         as_json: bool, since: str | None = None, until: str | None = None, head: str | None = None,
                         alpha: float | None = None, log: Callable[[str], None] | None = None) -> None:
-    """The body of ``pointsman train --from-outcomes``: exits 2 on bad input, prints the metrics."""
+    """The body of ``pointsman train --from-outcomes``: raises ``InputError`` on bad input, prints the metrics."""
     _need_training()
     from pointsman.estimator.model_source import load_estimator
     from pointsman.training.challenger import ChallengerConfig, train_challenger
     from pointsman.training.train import metrics_json
 
     if not use_mlflow and output is None:
-        _fail("--no-mlflow needs --output DIR (otherwise the challenger would be thrown away)")
+        raise InputError("--no-mlflow needs --output DIR (otherwise the challenger would be thrown away)")
     echo = log or ((lambda m: click.echo(m, err=True)) if as_json else click.echo)
     try:
         outcome_log = _open_log(log_path)
-        kw: dict[str, Any] = {"seed": seed, "calibration_folds": calibration_folds,
-                              "since_s": parse_time(since, "--since"), "until_s": parse_time(until, "--until")}
-        if head:
-            kw["head"] = head
-        if alpha is not None:
-            kw["alpha"] = alpha
-        cfg = ChallengerConfig(**kw)
+        cfg = ChallengerConfig(seed=seed, calibration_folds=calibration_folds, since_s=parse_time(since, "--since"),
+                               until_s=parse_time(until, "--until"), head=head or ChallengerConfig.head,
+                               alpha=ChallengerConfig.alpha if alpha is None else alpha)
         base = load_estimator(base_spec or "champion", intra_op_threads=2)
         echo(f"base model (encoder and feature space): {base.version} ({base.source})")
         command = "pointsman " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "pointsman train"
         result = train_challenger(outcome_log, _rules(label_rules), _fleet(fleet), cfg, base, output=output,
                                   use_mlflow=use_mlflow, register=register, command=command, log_fn=echo)
     except (PointsmanError, ValueError) as exc:
-        _fail(str(exc))
+        raise InputError(str(exc)) from None
     if as_json:
         click.echo(metrics_json(result.metrics))
         return
@@ -132,7 +132,7 @@ def train_from_outcomes(log_path: Path | None, *, base_spec: str | None, label_r
 
 # ----------------------------------------------------------------------------- compare
 
-def _print_comparison(cmp: Any) -> None:
+def _print_comparison(cmp: Comparison) -> None:
     a, b = cmp.champion, cmp.challenger
     click.echo(f"held-out logged decisions scored by both: {cmp.n}  (excluded: {cmp.excluded})")
     click.echo(f"label signals: {cmp.examples.signal_counts()}")
@@ -160,7 +160,8 @@ def _print_comparison(cmp: Any) -> None:
 @click.option("--since", help="Only decisions at or after this time (Unix seconds or ISO 8601).")
 @click.option("--until", help="Only decisions before this time.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def compare_cmd(log_path, champion_spec, challenger_spec, label_rules, fleet, since, until, as_json) -> None:
+def compare_cmd(log_path: Path | None, champion_spec: str, challenger_spec: str, label_rules: Path | None,
+                fleet: Path | None, since: str | None, until: str | None, as_json: bool) -> None:
     """Score the champion and the challenger on the same held-out logged traffic (decisions neither
     trained on) and print APGR, CPT(50%), AUC and ECE for both."""
     _need_training()
@@ -174,7 +175,7 @@ def compare_cmd(log_path, champion_spec, challenger_spec, label_rules, fleet, si
         cmp = compare_models(log, _rules(label_rules), _fleet(fleet), champion, challenger,
                              since_s=parse_time(since, "--since"), until_s=parse_time(until, "--until"))
     except PointsmanError as exc:
-        _fail(str(exc))
+        raise InputError(str(exc)) from None
     if as_json:
         _echo_json(cmp.to_dict())
     else:
@@ -200,8 +201,9 @@ def compare_cmd(log_path, champion_spec, challenger_spec, label_rules, fleet, si
 @click.option("--dry-run", is_flag=True, help="Compare and log, but move no alias.")
 @click.option("--rollback", is_flag=True, help="Move @champion back to the previous champion instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def promote_cmd(log_path, label_rules, fleet, min_apgr_gain, ece_tolerance, min_rows, since, until, dry_run, rollback,
-                as_json) -> None:
+def promote_cmd(log_path: Path | None, label_rules: Path | None, fleet: Path | None, min_apgr_gain: float,
+                ece_tolerance: float, min_rows: int, since: str | None, until: str | None, dry_run: bool,
+                rollback: bool, as_json: bool) -> None:
     """Promote @challenger to @champion if it beats the champion on held-out logged traffic (APGR)
     without worse calibration (ECE); log the comparison to MLflow. A refused challenger exits with
     code 1 and the reasons. --rollback moves @champion back to the previous champion."""
@@ -212,7 +214,7 @@ def promote_cmd(log_path, label_rules, fleet, min_apgr_gain, ece_tolerance, min_
         try:
             r = P.rollback()
         except PointsmanError as exc:
-            _fail(str(exc))
+            raise InputError(str(exc)) from None
         to = r.champion_version or "the bundled model (no @champion)"
         if as_json:
             _echo_json({"rolled_back": True, "champion_version": r.champion_version,
@@ -227,7 +229,7 @@ def promote_cmd(log_path, label_rules, fleet, min_apgr_gain, ece_tolerance, min_
                            since_s=parse_time(since, "--since"), until_s=parse_time(until, "--until"),
                            dry_run=dry_run)
     except PointsmanError as exc:
-        _fail(str(exc))
+        raise InputError(str(exc)) from None
     if as_json:
         _echo_json({"promoted": result.promoted, "reasons": result.reasons, "checks": result.checks,
                     "champion_version": result.champion_version, "previous_version": result.previous_version,
@@ -243,8 +245,7 @@ def promote_cmd(log_path, label_rules, fleet, min_apgr_gain, ece_tolerance, min_
         for line in result.checks:
             click.echo(f"  ok: {line}")
     if result.reasons:
-        click.echo("refused: " + "; ".join(result.reasons), err=True)
-        sys.exit(1)
+        raise CheckFailed("refused: " + "; ".join(result.reasons))
 
 
 # --------------------------------------------------------------------------- calibrate
@@ -274,8 +275,10 @@ def promote_cmd(log_path, label_rules, fleet, min_apgr_gain, ece_tolerance, min_
 @click.option("--fleet", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="Fleet file.")
 @click.option("--dry-run", is_flag=True, help="Print the new threshold; do not write the policy.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def calibrate_cmd(policy_path, frontier_share, budget_usd_per_day, variable, target, window_days, since, until,
-                  model_spec, min_threshold, max_threshold, pace_bound, log_path, fleet, dry_run, as_json) -> None:
+def calibrate_cmd(policy_path: Path | None, frontier_share: float | None, budget_usd_per_day: float | None,
+                  variable: str, target: str | None, window_days: float, since: str | None, until: str | None,
+                  model_spec: str, min_threshold: float, max_threshold: float, pace_bound: float | None,
+                  log_path: Path | None, fleet: Path | None, dry_run: bool, as_json: bool) -> None:
     """Set the policy's p_hard threshold from recent logged traffic: by frontier share or by a daily
     frontier budget. The new policy is compiled before it atomically replaces the file; an invalid
     result is refused and the file is left as it was."""
@@ -285,16 +288,16 @@ def calibrate_cmd(policy_path, frontier_share, budget_usd_per_day, variable, tar
     from pointsman.training import calibrate as C
 
     if (frontier_share is None) == (budget_usd_per_day is None):
-        _fail("give exactly one of --frontier-share and --budget-usd-per-day")
+        raise InputError("give exactly one of --frontier-share and --budget-usd-per-day")
     if min_threshold > max_threshold:
-        _fail(f"--min-threshold {min_threshold} is above --max-threshold {max_threshold}")
+        raise InputError(f"--min-threshold {min_threshold} is above --max-threshold {max_threshold}")
     if policy_path is None:
         settings = Settings()
         from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR
 
         if Path(settings.policy_path).resolve().parent == DEFAULT_POLICY_DIR.resolve():
-            _fail("name the policy file to update with --policy (or POINTSMAN_POLICY_PATH); "
-                  "the packaged policies are never written")
+            raise InputError("name the policy file to update with --policy (or POINTSMAN_POLICY_PATH); "
+                             "the packaged policies are never written")
         policy_path = Path(settings.policy_path)
     try:
         fl = _fleet(fleet)
@@ -312,7 +315,7 @@ def calibrate_cmd(policy_path, frontier_share, budget_usd_per_day, variable, tar
         if not dry_run:
             C.write_policy(policy_path, cal.updates, fl, C.calibration_comment(cal, model.version))
     except (PointsmanError, ValueError) as exc:
-        _fail(str(exc))
+        raise InputError(str(exc)) from None
     summary = {"policy": str(policy_path), "variable": variable, "threshold": cal.threshold, "method": cal.method,
                "frontier_target": frontier, "frontier_share": cal.frontier_share,
                "projected_spend_usd_per_day": cal.spend_usd_per_day, "decisions": cal.n,

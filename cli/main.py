@@ -5,8 +5,9 @@ Subcommands live in small modules, each with ``register(group)``, attached here:
 ``train``/``evaluate`` (``cli_training``, when installed), ``compare``/``promote``/``calibrate``
 (``cli_loop``, the retraining loop).
 
-Exit status: 0 success; 1 a check found problems (``policy check``/``policy test``
-failures, a refused promotion); 2 bad input or usage. Errors no command catches itself —
+Exit status (``cli.errors``: click exceptions that carry it): 0 success; 1 a check found
+problems (``CheckFailed``: ``policy check``/``policy test`` failures, a refused promotion); 2 bad
+input or usage (``InputError``, ``ConfigProblems``, click's usage errors). Errors no command catches itself —
 invalid ``POINTSMAN_*`` settings (pydantic ``ValidationError``) and file-system errors
 (``OSError``: an unwritable ``--output``/``--out``) — print one ``Error:`` line and exit 2
 (``PointsmanGroup``), never a traceback.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import importlib.util
-from typing import Any
 
 import click
 from pydantic import ValidationError
@@ -24,13 +24,7 @@ from pydantic import ValidationError
 from pointsman.cli import policy as cli_policy
 from pointsman.cli import replay as cli_replay
 from pointsman.cli import route as cli_route
-from pointsman.cli.route import InputError, validation_message
-
-
-def os_error_message(exc: OSError) -> str:
-    """One line for a file-system error: ``<path>: <reason>`` (``strerror`` when set)."""
-    reason = exc.strerror or str(exc)
-    return f"{exc.filename}: {reason}" if exc.filename else reason
+from pointsman.cli.errors import InputError, os_error_message, validation_message
 
 
 class PointsmanGroup(click.Group):
@@ -38,7 +32,7 @@ class PointsmanGroup(click.Group):
     pipe, which click handles) escaping any subcommand into an ``InputError`` (one ``Error:``
     line, exit 2)."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: click.Context) -> object:
         """Run the subcommand; see the class docstring for the errors translated."""
         try:
             return super().invoke(ctx)

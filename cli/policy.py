@@ -4,7 +4,8 @@
 ``check`` compiles each policy file against the fleet (a file whose ``kind`` is
 ``Fleet`` is validated as a fleet; one whose ``kind`` is ``PolicyCases`` as a cases file:
 its schema, signal names and the policy it names, without running the cases) and prints
-every problem as ``file:line:col: code: message``; exit status 1 if any file has problems.
+every problem as ``file:line:col: code: message`` on stdout; exit status 1 if any file has problems
+(``cli.errors.CheckFailed``).
 ``test`` runs cases files (``policy/cases.py``); given a policy file, it runs the
 sibling cases file (``my-policy.yaml`` -> ``my-policy.cases.yaml``); exit status 1 if
 any case fails or a file is invalid.
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from pointsman.cli.errors import CheckFailed
 from pointsman.errors import ConfigError
 from pointsman.policy.cases import load_cases, run_cases
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
@@ -25,6 +27,12 @@ from pointsman.policy.signals.namespaces import reference_markdown
 
 _FLEET_KIND = re.compile(r"^kind:\s*['\"]?Fleet['\"]?\s*(#.*)?$", re.M)
 _CASES_KIND = re.compile(r"^kind:\s*['\"]?PolicyCases['\"]?\s*(#.*)?$", re.M)
+
+
+def _echo_problems(exc: ConfigError) -> None:
+    """Every located problem of ``exc`` on its own stdout line (the findings of a check)."""
+    for problem in exc.problems:
+        click.echo(str(problem))
 
 
 @click.group("policy")
@@ -42,9 +50,8 @@ def check_command(files: tuple[Path, ...], fleet_path: Path | None) -> None:
     try:
         fleet = load_fleet(fleet_path or DEFAULT_FLEET_PATH)
     except ConfigError as exc:
-        for problem in exc.problems:
-            click.echo(str(problem))
-        raise SystemExit(1) from None
+        _echo_problems(exc)
+        raise CheckFailed() from None
     for path in files:
         try:
             text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
@@ -60,9 +67,9 @@ def check_command(files: tuple[Path, ...], fleet_path: Path | None) -> None:
                 click.echo(f"{path}: ok ({len(p.rules)} rules, revision {p.revision})")
         except ConfigError as exc:
             failed = True
-            for problem in exc.problems:
-                click.echo(str(problem))
-    raise SystemExit(1 if failed else 0)
+            _echo_problems(exc)
+    if failed:
+        raise CheckFailed()
 
 
 def cases_file(path: Path) -> Path:
@@ -85,8 +92,7 @@ def test_command(files: tuple[Path, ...]) -> None:
             results = run_cases(path)
         except ConfigError as exc:
             failed += 1
-            for problem in exc.problems:
-                click.echo(str(problem))
+            _echo_problems(exc)
             continue
         for r in results:
             total += 1
@@ -96,7 +102,8 @@ def test_command(files: tuple[Path, ...]) -> None:
                 failed += 1
                 click.echo(f"FAIL {path}:{r.line}: {r.name}: {r.message}")
     click.echo(f"{total - failed if failed <= total else 0} passed, {failed} failed")
-    raise SystemExit(1 if failed else 0)
+    if failed:
+        raise CheckFailed()
 
 
 @policy_group.command("signals")

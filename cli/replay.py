@@ -20,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from pointsman.cli.route import InputError
+from pointsman.cli.errors import InputError
 from pointsman.errors import BudgetError, DataError, FleetError, PolicyError, RequestError
 
 
@@ -91,13 +91,13 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
     from pointsman.policy.budget.config import BudgetConfig
     from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
     from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, load_policy
-    from pointsman.policy.signals.fleet_state import request_scopes
     from pointsman.replay.budgets import check_applies
     from pointsman.replay.fleet_map import sim_fleet
     from pointsman.replay.outcome_draw import OutcomeDraw, quality_columns
     from pointsman.replay.report import write_report
     from pointsman.replay.runs import baseline_routers, replay_all
     from pointsman.replay.summary import SLO, format_table
+    from pointsman.request import request_scopes
 
     try:
         budgets = None

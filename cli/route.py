@@ -10,41 +10,35 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, TypeVar, Unpack
 
 import click
 from pydantic import ValidationError
 
+from pointsman.cli.errors import ConfigProblems, InputError, validation_message
 from pointsman.errors import BudgetError, ConfigError, RequestError
+from pointsman.json_types import JSONObject, JSONValue
 from pointsman.policy.decision import Decision
 from pointsman.request import parse_route_request
 from pointsman.service.bootstrap import LoadedEngine, build_engine
 from pointsman.service.settings import Settings
 
-
-class InputError(click.ClickException):
-    """Bad input: printed as one ``Error: ...`` line, exit status 2."""
-
-    exit_code = 2
+F = TypeVar("F", bound=Callable[..., object])
 
 
-class ConfigProblems(click.ClickException):
-    """Invalid fleet or policy file: every located problem on its own line, exit status 2."""
+class _ServerOptions(TypedDict):
+    """What ``serve`` hands ``uvicorn.run`` in both its modes."""
 
-    exit_code = 2
-
-    def __init__(self, error: ConfigError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-    def show(self, file: Any = None) -> None:
-        """Print one ``Error: file:line:col: code: message`` line per problem to stderr."""
-        for problem in self.error.problems:
-            click.echo(f"Error: {problem}", err=True)
+    host: str
+    port: int
+    log_level: str
+    loop: str
+    http: str
 
 
-def config_options(fn: Any) -> Any:
+def config_options(fn: F) -> F:
     """``--fleet``, ``--policy``, ``--model``: override ``POINTSMAN_FLEET_PATH``, ``_POLICY_PATH``, ``_MODEL``."""
     fn = click.option("--model", "model", default=None, metavar="SPEC",
                       help="Estimator model (directory or registry URI) [env POINTSMAN_MODEL; default: the packaged model].")(fn)
@@ -55,25 +49,25 @@ def config_options(fn: Any) -> Any:
     return fn
 
 
-def validation_message(exc: ValidationError) -> str:
-    """One line for a pydantic ``ValidationError``; for ``Settings``, each bad field as its
-    environment variable, e.g. ``POINTSMAN_MAX_BODY_BYTES='abc': Input should be a valid
-    integer, ...``."""
-    parts = []
-    for err in exc.errors(include_url=False):
-        loc = ".".join(str(x) for x in err.get("loc", ()))
-        name = f"POINTSMAN_{loc.upper()}" if exc.title == "Settings" and loc else loc or exc.title
-        value = f"={err['input']!r}" if "input" in err and isinstance(err["input"], (str, int, float)) else ""
-        parts.append(f"{name}{value}: {err['msg']}")
-    prefix = "invalid setting " if exc.title == "Settings" else f"invalid {exc.title}: "
-    return prefix + "; ".join(parts)
+class SettingsOverrides(TypedDict, total=False):
+    """The ``Settings`` fields command-line options set (None: the option was not given)."""
+
+    fleet_path: Path | None
+    policy_path: Path | None
+    model: str | None
+    host: str | None
+    port: int | None
+    max_body_bytes: int | None
+    log_level: str | None
+    workers: int | None
 
 
-def settings_from(**overrides: Any) -> Settings:
+def settings_from(**overrides: Unpack[SettingsOverrides]) -> Settings:
     """Settings from the environment, with the given non-None values on top; an invalid
     ``POINTSMAN_*`` variable raises ``InputError`` naming it."""
+    given = {k: v for k, v in overrides.items() if v is not None}
     try:
-        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+        return Settings(**given)  # type: ignore[arg-type]  # the keys and value types are SettingsOverrides' (None left out)
     except ValidationError as exc:
         raise InputError(validation_message(exc)) from None
 
@@ -100,7 +94,7 @@ def _decode(raw: bytes, what: str) -> str:
         raise InputError(f"{what} is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})") from None
 
 
-def _read_messages(path: Path) -> dict[str, Any]:
+def _read_messages(path: Path) -> JSONObject:
     """A chat request body from a JSON file: a message list, or a full chat request object."""
     what = f"--messages {path}"
     try:
@@ -115,7 +109,7 @@ def _read_messages(path: Path) -> dict[str, Any]:
     if not text.strip():
         raise InputError(f"{what}: file is empty; expected a JSON message list or chat request")
     try:
-        data = json.loads(text)
+        data: JSONValue = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{what}: malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
@@ -184,15 +178,15 @@ def route_command(prompt: str | None, messages_path: Path | None, as_json: bool,
     if prompt is None and messages_path is None:
         raise InputError("give a PROMPT argument or --messages FILE")
     if messages_path is not None:
-        body = _read_messages(messages_path)
+        body: JSONObject = _read_messages(messages_path)
     else:
         assert prompt is not None
         text = _decode(sys.stdin.buffer.read(), "stdin") if prompt == "-" else prompt
         if not text.strip():
             raise InputError("the prompt is empty")
         body = {"messages": [{"role": "user", "content": text}]}
-    routing = body.get("routing") if isinstance(body.get("routing"), dict) else {}
-    routing = dict(routing or {})
+    given = body.get("routing")
+    routing: JSONObject = dict(given) if isinstance(given, dict) else {}
     for key, value in (("tenant", tenant), ("team", team), ("session_id", session_id), ("slo_class", slo_class)):
         if value is not None:
             routing[key] = value
@@ -238,8 +232,8 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
 
     from pointsman.service.app import create_app, keyring_of
 
-    overrides = dict(host=host, port=port, max_body_bytes=max_body_bytes, log_level=log_level, workers=workers,
-                     fleet_path=fleet_path, policy_path=policy_path, model=model)
+    overrides = SettingsOverrides(host=host, port=port, max_body_bytes=max_body_bytes, log_level=log_level,
+                                  workers=workers, fleet_path=fleet_path, policy_path=policy_path, model=model)
     settings = settings_from(**overrides)
     try:
         keyring_of(settings)  # API key settings are checked here, before anything loads
@@ -252,7 +246,7 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
     # ACK), and uvloop sets it on every TCP connection (scripts/load_service.py's docstring).
     # uvloop is a serving dependency except on Windows, where it does not exist.
     loop = "uvloop" if importlib.util.find_spec("uvloop") is not None else "auto"
-    server = dict(host=settings.host, port=settings.port, log_level=level, loop=loop, http="httptools")
+    server = _ServerOptions(host=settings.host, port=settings.port, log_level=level, loop=loop, http="httptools")
     if settings.workers == 1:
         app = create_app(settings, engine=loaded.engine, owns_engine=True, estimator_error=loaded.estimator_error,
                          freeze=True)

@@ -2,7 +2,8 @@
 
 Attached to the main group by ``register(group)``. Heavy imports (scikit-learn,
 pandas, MLflow, torch) happen inside the commands, so ``pointsman route``/``serve``
-start without them. Errors print one clear line to stderr and exit with code 2.
+start without them. Errors are ``cli.errors.InputError``: one ``Error: ...`` line on stderr,
+exit code 2.
 """
 
 from __future__ import annotations
@@ -14,12 +15,8 @@ from pathlib import Path
 
 import click
 
+from pointsman.cli.errors import InputError
 from pointsman.errors import PointsmanError
-
-
-def _fail(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(2)
 
 
 def _split_names(values: tuple[str, ...]) -> tuple[str, ...]:
@@ -50,37 +47,39 @@ def _split_names(values: tuple[str, ...]) -> tuple[str, ...]:
                    "--encoder-from (default: the serving champion); registered with alias @challenger.")
 @click.option("--label-rules", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="With --from-outcomes: YAML label rules (training.outcome_labels).")
-def train_cmd(encoder, output, no_register, no_mlflow, tables, evals, encoder_from, seed, max_rows, folds,
-              as_json, from_table, from_outcomes, label_rules) -> None:
+def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: bool, tables: tuple[str, ...],
+              evals: tuple[str, ...], encoder_from: Path | None, seed: int, max_rows: int | None, folds: int,
+              as_json: bool, from_table: bool, from_outcomes: str | None, label_rules: Path | None) -> None:
     """Train the difficulty estimator on the Apache/MIT outcome tables, evaluate it on
     held-out prompts, export it to ONNX, log it to MLflow and (unless --no-register)
     register it as pointsman-difficulty with alias @champion. With --from-outcomes, train a
     challenger from logged outcomes instead (cli/loop.py)."""
     if from_outcomes is not None:
         if from_table or tables or max_rows:
-            _fail("--from-outcomes trains on the outcome log; it takes no --from-table, --tables or --max-rows")
+            raise InputError("--from-outcomes trains on the outcome log; it takes no --from-table, --tables or --max-rows")
         from pointsman.cli.loop import train_from_outcomes
 
-        train_from_outcomes(None if from_outcomes == "-" else Path(from_outcomes), base_spec=encoder_from and str(encoder_from),
-                            label_rules=label_rules, fleet=None, seed=seed, calibration_folds=folds, output=output,
-                            use_mlflow=not no_mlflow, register=not no_register, as_json=as_json)
+        train_from_outcomes(None if from_outcomes == "-" else Path(from_outcomes),
+                            base_spec=None if encoder_from is None else str(encoder_from), label_rules=label_rules,
+                            fleet=None, seed=seed, calibration_folds=folds, output=output, use_mlflow=not no_mlflow,
+                            register=not no_register, as_json=as_json)
         return
     if label_rules is not None:
-        _fail("--label-rules applies to --from-outcomes only")
+        raise InputError("--label-rules applies to --from-outcomes only")
     if no_mlflow and output is None:
-        _fail("--no-mlflow needs --output DIR (otherwise the model would be thrown away)")
-    parsed_evals = []
+        raise InputError("--no-mlflow needs --output DIR (otherwise the model would be thrown away)")
+    parsed_evals: list[tuple[str, str, str]] = []
     for spec in evals:
         parts = spec.rsplit(":", 2)
         if len(parts) != 3 or not all(parts):
-            _fail(f"--eval expects TABLE:WEAK:STRONG, got {spec!r}")
+            raise InputError(f"--eval expects TABLE:WEAK:STRONG, got {spec!r}")
         parsed_evals.append((parts[0], parts[1], parts[2]))
     try:
         from pointsman.datasets.sources import DEFAULT_TRAINING_SOURCES
         from pointsman.training.recipe import TrainConfig
         from pointsman.training.train import metrics_json, train
     except ImportError as exc:
-        _fail(f"training needs the train extra ({exc}); install it: pip install 'pointsman[train]'")
+        raise InputError(f"training needs the train extra ({exc}); install it: pip install 'pointsman[train]'") from None
     names = _split_names(tables) or DEFAULT_TRAINING_SOURCES
     cfg = TrainConfig(
         encoder=encoder,
@@ -96,7 +95,7 @@ def train_cmd(encoder, output, no_register, no_mlflow, tables, evals, encoder_fr
         result = train(cfg, output, register=not no_register, use_mlflow=not no_mlflow,
                        evals=parsed_evals, command=command, log=log)
     except PointsmanError as exc:
-        _fail(str(exc))
+        raise InputError(str(exc)) from None
     if as_json:
         click.echo(metrics_json(result.metrics))
         return
@@ -127,12 +126,12 @@ def evaluate_cmd(table: Path, weak: str, strong: str, model_spec: str, as_json: 
         from pointsman.estimator.model_source import load_estimator
         from pointsman.training.evaluate import evaluate_table
     except ImportError as exc:
-        _fail(f"evaluate needs the train extra ({exc}); install it: pip install 'pointsman[train]'")
+        raise InputError(f"evaluate needs the train extra ({exc}); install it: pip install 'pointsman[train]'") from None
     try:
         est = load_estimator(model_spec, intra_op_threads=2)
         report = evaluate_table(est, table, weak, strong)
     except PointsmanError as exc:
-        _fail(str(exc))
+        raise InputError(str(exc)) from None
     if as_json:
         click.echo(json.dumps(report))
         return

@@ -80,7 +80,7 @@ def test_evaluate_unreadable_table(cli, tmp_path, content):
         path.write_bytes(content)
     res = CliRunner().invoke(cli, ["evaluate", "--table", str(path), "--weak", "a", "--strong", "b", "--model", "bundled"])
     assert res.exit_code == 2
-    assert "error:" in res.output and "Traceback" not in res.output
+    assert "Error:" in res.output and "Traceback" not in res.output
 
 
 def test_evaluate_bad_model_spec(cli, table, tmp_path):
