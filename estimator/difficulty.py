@@ -125,7 +125,8 @@ class DifficultyEstimator:
         """``p_hard`` for precomputed head inputs ``x`` float32 (n, n_features): float32 (n,)."""
         if len(x) == 0:
             return np.zeros(0, dtype=np.float32)
-        return self._head.run([self._head_out], {self._head_in: np.ascontiguousarray(x, dtype=np.float32)})[0].reshape(-1)
+        out = self._head.run([self._head_out], {self._head_in: np.ascontiguousarray(x, dtype=np.float32)})[0]
+        return np.asarray(out, dtype=np.float32).reshape(-1)
 
     def estimate_batch(self, features: list[RequestFeatures]) -> np.ndarray:
         """``p_hard`` for many requests (evaluation): float32 (n,). Raises on failure."""

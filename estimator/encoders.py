@@ -77,7 +77,7 @@ class StaticEncoder:
         ids = self.token_ids(text, tokens)
         if ids.size == 0:
             return np.zeros(self.dim, dtype=np.float32)
-        return self.session.run(None, {"input_ids": ids})[0][0]
+        return np.asarray(self.session.run(None, {"input_ids": ids})[0][0], dtype=np.float32)
 
     def encode_batch(self, texts: list[str]) -> np.ndarray:
         """Embeddings of ``texts``: float32 (n, dim)."""
@@ -105,18 +105,22 @@ class TransformerEncoder:
         self._sep = tokenizer.token_to_id("[SEP]")
         self._pad = tokenizer.token_to_id("[PAD]") or 0
 
+    #: ``encode`` tokenizes itself (with special tokens); ids from another pass are not used.
+    takes_token_ids = False
+
     def token_ids(self, text: str) -> list[int]:
         """Token ids with [CLS] … [SEP], at most ``max_tokens`` long."""
-        ids = self.tokenizer.encode(text, add_special_tokens=True).ids
+        ids: list[int] = list(self.tokenizer.encode(text, add_special_tokens=True).ids)
         if len(ids) > self.max_tokens:
             ids = ids[: self.max_tokens - 1] + [self._sep]
         return ids
 
-    def encode(self, text: str) -> np.ndarray:
-        """Embedding of ``text``: float32 (dim,), unit L2 norm."""
+    def encode(self, text: str, tokens: list[int] | None = None) -> np.ndarray:
+        """Embedding of ``text``: float32 (dim,), unit L2 norm. ``tokens`` is ignored (this
+        encoder needs its special tokens; ``takes_token_ids`` is False)."""
         ids = np.asarray([self.token_ids(text)], dtype=np.int64)
         mask = np.ones_like(ids)
-        return self.session.run(None, {"input_ids": ids, "attention_mask": mask})[0][0]
+        return np.asarray(self.session.run(None, {"input_ids": ids, "attention_mask": mask})[0][0], dtype=np.float32)
 
     def encode_batch(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         """Embeddings of ``texts``: float32 (n, dim); batches of similar length, padded."""
@@ -140,7 +144,8 @@ def make_encoder(model_dir: str | Path, spec: EncoderSpec, intra_op_threads: int
     truncation disabled). Raises ``ValueError`` for an unknown kind."""
     model_dir = Path(model_dir)
     tok = load_tokenizer(model_dir / spec.tokenizer)
-    cls = {"static": StaticEncoder, "minilm": TransformerEncoder}.get(spec.kind)
-    if cls is None:
-        raise ValueError(f"unknown encoder kind {spec.kind!r}")
-    return cls(model_dir / spec.file, tok, spec, intra_op_threads)
+    if spec.kind == "static":
+        return StaticEncoder(model_dir / spec.file, tok, spec, intra_op_threads)
+    if spec.kind == "minilm":
+        return TransformerEncoder(model_dir / spec.file, tok, spec, intra_op_threads)
+    raise ValueError(f"unknown encoder kind {spec.kind!r}")

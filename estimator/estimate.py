@@ -1,13 +1,24 @@
-"""What any difficulty estimator returns, and the protocol the engine relies on.
+"""What any difficulty estimator returns, and the protocols the engine and the log rely on.
 
 The onnxruntime ``DifficultyEstimator`` (``estimator/difficulty.py``) is the real
 one; ``FixedDifficulty`` is a static stand-in for tests, replay and policy cases.
+
+Protocols, from what every estimator has to what some offer:
+
+- ``Estimator``: ``version``, ``tokenizer``, ``estimate(features)`` (the engine's seam);
+- ``TokenIdsEstimator``: also ``takes_query_token_ids`` and ``estimate(features,
+  query_token_ids)``, so the engine tokenizes the query window once;
+- ``HeadInputEstimator``: also ``feature_vector(features)`` (the head's input, float32 (d,)),
+  so the decision log can store it when an estimate did not carry one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
+from numpy.typing import NDArray
 
 if TYPE_CHECKING:  # pragma: no cover
     from tokenizers import Tokenizer
@@ -32,7 +43,7 @@ class DifficultyEstimate:
     available: bool
     latency_ms: float
     error: str | None = None
-    features: Any = field(default=None, repr=False, compare=False)
+    features: NDArray[np.float32] | None = field(default=None, repr=False, compare=False)
 
 
 @runtime_checkable
@@ -50,11 +61,42 @@ class Estimator(Protocol):
     tokenize the query again.
     """
 
-    version: str
-    tokenizer: Tokenizer | None
+    @property
+    def version(self) -> str:
+        """The model's name and version."""
+        ...
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        """The tokenizer prompt tokens are counted with, or None (characters per token)."""
+        ...
 
     def estimate(self, features: RequestFeatures) -> DifficultyEstimate:
         """The difficulty of one request; never raises (failure = ``available=False``)."""
+        ...
+
+
+@runtime_checkable
+class TokenIdsEstimator(Estimator, Protocol):
+    """An ``Estimator`` that can take the query window's token ids (see ``Estimator``); the
+    engine passes them when ``takes_query_token_ids`` is true."""
+
+    @property
+    def takes_query_token_ids(self) -> bool:
+        """Whether ``estimate`` uses ``query_token_ids`` (its tokenizer splits words locally)."""
+        ...
+
+    def estimate(self, features: RequestFeatures, query_token_ids: list[int] | None = None) -> DifficultyEstimate:
+        """The difficulty of one request, from the ids of ``features.query_text`` when given."""
+        ...
+
+
+@runtime_checkable
+class HeadInputEstimator(Estimator, Protocol):
+    """An ``Estimator`` that exposes its head's input vector for a request."""
+
+    def feature_vector(self, features: RequestFeatures) -> NDArray[np.float32]:
+        """The head input (embedding ⊕ request features) of one request: float32 (d,)."""
         ...
 
 

@@ -17,9 +17,14 @@ scikit-learn, skl2onnx and onnx lazily, only inside the functions that need them
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
+
+from pointsman.json_types import JSONObject
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.estimator.head import DifficultyHead
 
 #: ONNX default-domain opset of every graph we write; ai.onnx.ml opset for skl2onnx.
 OPSET = 17
@@ -52,7 +57,7 @@ def quantize_rows_int8(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, scale
 
 
-def build_static_onnx(table: np.ndarray, path: str | Path, quantize: str = "int8-per-row") -> dict[str, Any]:
+def build_static_onnx(table: np.ndarray, path: str | Path, quantize: str = "int8-per-row") -> JSONObject:
     """Write the static encoder graph for ``table`` float32 (V, d) to ``path``.
 
     ``quantize``: ``"int8-per-row"`` (table stored as int8 with one float scale per row)
@@ -65,7 +70,7 @@ def build_static_onnx(table: np.ndarray, path: str | Path, quantize: str = "int8
     table = np.asarray(table, dtype=np.float32)
     vocab, dim = table.shape
     nodes, inits = [], []
-    details: dict[str, Any] = {"vocab_size": int(vocab), "dim": int(dim), "quantization": quantize}
+    details: JSONObject = {"vocab_size": int(vocab), "dim": int(dim), "quantization": quantize}
     if quantize == "int8-per-row":
         q, scale = quantize_rows_int8(table)
         deq = q.astype(np.float32) * scale[:, None]
@@ -156,7 +161,15 @@ def quantize_minilm(fp32_path: str | Path, int8_path: str | Path) -> None:
     quantize_dynamic(str(fp32_path), str(int8_path), per_channel=True, weight_type=QuantType.QInt8)
 
 
-def export_head(head: Any, n_features: int, path: str | Path) -> dict[str, Any]:
+class HeadExport(TypedDict):
+    """The head's manifest fields ``export_head`` returns."""
+
+    input: str
+    output: str
+    opset: int
+
+
+def export_head(head: DifficultyHead, n_features: int, path: str | Path) -> HeadExport:
     """Export a fitted ``DifficultyHead`` to ONNX at ``path``.
 
     The ranker pipeline is converted by skl2onnx (input ``features`` float32
@@ -179,7 +192,7 @@ def export_head(head: Any, n_features: int, path: str | Path) -> dict[str, Any]:
     graph = onx.graph
     graph.name = "pointsman_difficulty_head"  # skl2onnx names graphs with a random uuid; keep the bytes reproducible
     prob_name = next(o.name for o in graph.output if o.name == "probabilities")
-    consts = {
+    consts: dict[str, np.ndarray] = {
         "ph_index1": np.array(1, dtype=np.int64),
         "ph_lo": np.array(1e-6, dtype=np.float32),
         "ph_hi": np.array(1.0 - 1e-6, dtype=np.float32),
@@ -207,7 +220,7 @@ def export_head(head: Any, n_features: int, path: str | Path) -> dict[str, Any]:
     return {"input": "features", "output": "p_hard", "opset": OPSET}
 
 
-def head_parity(head: Any, path: str | Path, X: np.ndarray) -> float:
+def head_parity(head: DifficultyHead, path: str | Path, X: np.ndarray) -> float:
     """Max absolute difference between ``head.predict_proba(X)[:, 1]`` (scikit-learn) and
     the ONNX head at ``path`` on onnxruntime, for float32 ``X`` (n, n_features)."""
     import onnxruntime as ort

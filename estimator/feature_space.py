@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.estimator.manifest import Manifest
 
 _SPACE_CACHE: dict[tuple[str, int, int], str] = {}
 
 
-def feature_space_of(estimator: Any) -> str | None:
+def feature_space_of(estimator: object) -> str | None:
     """The id of the vector space a ``DifficultyEstimator``'s head reads, or None for an estimator
     without a model directory (``FixedDifficulty``).
 
@@ -21,14 +24,16 @@ def feature_space_of(estimator: Any) -> str | None:
     (a champion and a challenger trained with ``--encoder-from``) share it, so head inputs logged
     under one can train and score the other. Cached per file (path, size, mtime).
     """
-    model_dir = getattr(estimator, "model_dir", None)
-    manifest = getattr(estimator, "manifest", None)
-    if model_dir is None or manifest is None:
+    from pointsman.estimator.manifest import Manifest
+
+    model_dir: object = getattr(estimator, "model_dir", None)
+    manifest: object = getattr(estimator, "manifest", None)
+    if not isinstance(model_dir, (str, Path)) or not isinstance(manifest, Manifest):
         return None
     return feature_space_id(Path(model_dir), manifest)
 
 
-def feature_space_id(model_dir: Path, manifest: Any) -> str:
+def feature_space_id(model_dir: Path, manifest: Manifest) -> str:
     """``feature_space_of`` for a model directory and its ``Manifest`` (see there)."""
     enc = manifest.encoder
     path = Path(model_dir) / enc.file

@@ -1,7 +1,9 @@
 """Request features: what the policy and the estimator know about a request
 before it runs, computed at a cost bounded independently of prompt length.
 
-``extract_features(request, tokenizer=None) -> RequestFeatures``.
+``extract_features(request, tokenizer=None) -> RequestFeatures``; ``request`` is a
+``RouteRequest`` or its ``RequestView`` (the engine passes the view it built, so message
+texts are extracted once per decision).
 
 Bounded cost: the encoder sees at most ``QUERY_WINDOW_CHARS`` of the last user
 message (head and tail), and token counting tokenizes at most
@@ -33,12 +35,12 @@ import re
 from bisect import bisect_left
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pointsman.request import RequestView, RouteRequest
 
 if TYPE_CHECKING:  # pragma: no cover
     from tokenizers import Encoding, Tokenizer
-
-    from pointsman.request import RouteRequest
 
 #: Characters of the last user message the encoder sees (head 3/4 + tail 1/4).
 QUERY_WINDOW_CHARS = 2048
@@ -144,7 +146,7 @@ def long_word_tokens(text: str, ids: list[int], encoding: Encoding | None, token
     return extra
 
 
-def splits_words_locally(tokenizer: Any) -> bool:
+def splits_words_locally(tokenizer: object) -> bool:
     """True when ``tokenizer``'s tokens never cross whitespace or punctuation and its
     normalizer maps characters one by one, so the tokens of a span of text are those of its
     words (BERT's ``BertNormalizer`` + ``BertPreTokenizer`` + ``WordPiece``); then
@@ -152,9 +154,9 @@ def splits_words_locally(tokenizer: Any) -> bool:
     from tokenizers import models, normalizers, pre_tokenizers
 
     try:
-        return (isinstance(tokenizer.normalizer, normalizers.BertNormalizer)
-                and isinstance(tokenizer.pre_tokenizer, pre_tokenizers.BertPreTokenizer)
-                and isinstance(tokenizer.model, models.WordPiece))
+        return (isinstance(getattr(tokenizer, "normalizer"), normalizers.BertNormalizer)  # noqa: B009 - any object
+                and isinstance(getattr(tokenizer, "pre_tokenizer"), pre_tokenizers.BertPreTokenizer)  # noqa: B009
+                and isinstance(getattr(tokenizer, "model"), models.WordPiece))  # noqa: B009
     except AttributeError:  # not a tokenizers.Tokenizer
         return False
 
@@ -210,8 +212,8 @@ def window_token_ids(encoding: Encoding, text: str, start: int, end: int, tokeni
             + span_token_ids(encoding, text, end - tail, end, tokenizer))
 
 
-def extract_features(request: RouteRequest, tokenizer: Tokenizer | None = None) -> RequestFeatures:
-    """Compute ``RequestFeatures`` for a validated request.
+def extract_features(request: RouteRequest | RequestView, tokenizer: Tokenizer | None = None) -> RequestFeatures:
+    """Compute ``RequestFeatures`` for a validated request (or its ``RequestView``).
 
     ``tokenizer``: a ``tokenizers.Tokenizer`` used for counting (the estimator's);
     ``None`` falls back to a characters-per-token estimate.
@@ -219,7 +221,7 @@ def extract_features(request: RouteRequest, tokenizer: Tokenizer | None = None) 
     return _extract(request, tokenizer, False)[0]
 
 
-def tokenized_features(request: RouteRequest, tokenizer: Tokenizer | None,
+def tokenized_features(request: RouteRequest | RequestView, tokenizer: Tokenizer | None,
                        with_ids: bool = True) -> tuple[RequestFeatures, list[int] | None]:
     """``extract_features`` and the token ids of its ``query_text``: exactly
     ``tokenizer.encode(query_text, add_special_tokens=False).ids``, cut out of the counting
@@ -228,8 +230,10 @@ def tokenized_features(request: RouteRequest, tokenizer: Tokenizer | None,
     return _extract(request, tokenizer, with_ids)
 
 
-def _extract(request: RouteRequest, tokenizer: Tokenizer | None, want_ids: bool) -> tuple[RequestFeatures, list[int] | None]:
-    texts = [m.text() for m in request.messages]
+def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
+             want_ids: bool) -> tuple[RequestFeatures, list[int] | None]:
+    view = source if isinstance(source, RequestView) else RequestView.of(source)
+    request, texts = view.request, view.texts
     prompt_chars = sum(len(t) for t in texts)
     k = next((i for i in range(len(texts) - 1, -1, -1) if request.messages[i].role == "user" and texts[i]), None)
     if k is None:  # no user text (e.g. an image-only turn): fall back to the last message with text
@@ -247,7 +251,7 @@ def _extract(request: RouteRequest, tokenizer: Tokenizer | None, want_ids: bool)
         whole = len(query) == len(joined) and len(query) <= QUERY_WINDOW_CHARS
         n, encoding = _count(joined, tokenizer, offsets=want_ids and not whole and len(joined) <= COUNT_SAMPLE_CHARS)
         prompt_tokens = n + TOKENS_PER_MESSAGE * len(request.messages)
-        if want_ids and encoding is not None:
+        if want_ids and encoding is not None and k is not None:
             if whole:
                 query_ids = list(encoding.ids)
             else:

@@ -33,8 +33,8 @@ _EPS = 1e-6
 
 
 def _logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(np.asarray(p, dtype=np.float64), _EPS, 1.0 - _EPS)
-    return np.log(p) - np.log1p(-p)
+    q: np.ndarray = np.clip(np.asarray(p, dtype=np.float64), _EPS, 1.0 - _EPS)
+    return np.asarray(np.log(q) - np.log1p(-q), dtype=np.float64)
 
 
 def _expand(y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -20,9 +20,9 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pointsman.errors import ModelNotFoundError
+from pointsman.json_types import JSONObject
 
 MANIFEST_FILE = "manifest.json"
 FORMAT = "pointsman-difficulty/1"
@@ -49,7 +49,7 @@ class EncoderSpec:
     quantization: str
     add_special_tokens: bool
     base_model: str = "sentence-transformers/all-MiniLM-L6-v2"
-    details: dict[str, Any] = field(default_factory=dict)
+    details: JSONObject = field(default_factory=dict)
 
 
 @dataclass
@@ -67,7 +67,7 @@ class HeadSpec:
     feature_names: list[str]
     opset: int
     estimator: str
-    params: dict[str, Any] = field(default_factory=dict)
+    params: JSONObject = field(default_factory=dict)
 
 
 @dataclass
@@ -78,15 +78,15 @@ class Manifest:
     version: str
     encoder: EncoderSpec
     head: HeadSpec
-    training: dict[str, Any]
-    metrics: dict[str, Any]
+    training: JSONObject
+    metrics: JSONObject
     created_at: str
     pointsman_version: str
     format: str = FORMAT
     #: p_hard quantiles on the fixed Apache/MIT reference prompt mix
     #: (``training.reference_set.reference_quantiles``): ``{"sets", "per_set", "n",
     #: "quantiles": {"0.05": p, ..., "0.95": p}}``; empty for models trained before it existed.
-    reference_p_hard: dict[str, Any] = field(default_factory=dict)
+    reference_p_hard: JSONObject = field(default_factory=dict)
 
     def to_json(self) -> str:
         """The manifest as pretty-printed JSON text."""

@@ -18,9 +18,9 @@ registry spec is given (then MLflow, lazily).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from pointsman.data_dir import data_dir
 from pointsman.errors import ModelNotFoundError
@@ -38,24 +38,24 @@ def bundled_model_dir() -> Path:
     return Path(str(resources.files("pointsman.estimator").joinpath("default_model")))
 
 
-def _bundled(**opts: Any) -> DifficultyEstimator:
+def _bundled(open_dir: Callable[[Path, str], DifficultyEstimator]) -> DifficultyEstimator:
     path = bundled_model_dir()
     if not (path / "manifest.json").is_file():
         raise ModelNotFoundError(
             f"the bundled default model is missing from {path}; build it with "
             "`pointsman train --output estimator/default_model --no-register`"
         )
-    return DifficultyEstimator(path, source="bundled", **opts)
+    return open_dir(path, "bundled")
 
 
-def _from_registry(uri: str, **opts: Any) -> DifficultyEstimator:
+def _from_registry(uri: str, open_dir: Callable[[Path, str], DifficultyEstimator]) -> DifficultyEstimator:
     if not registry_store_exists():
         raise ModelNotFoundError(
             f"cannot resolve {uri}: no MLflow tracking store (set MLFLOW_TRACKING_URI or train first; "
             f"the embedded store would be {data_dir() / 'mlflow.db'})"
         )
     model_dir, label = download_registered_model(uri)
-    return DifficultyEstimator(model_dir, source=label, **opts)
+    return open_dir(model_dir, label)
 
 
 def load_estimator(
@@ -70,27 +70,30 @@ def load_estimator(
     onnxruntime threads (1 for in-process serving). Raises ``ModelNotFoundError`` with
     a message naming the spec and what was expected.
     """
-    opts = {"timeout_ms": timeout_ms, "intra_op_threads": intra_op_threads}
+
+    def open_dir(path: Path, source: str) -> DifficultyEstimator:
+        return DifficultyEstimator(path, source=source, timeout_ms=timeout_ms, intra_op_threads=intra_op_threads)
+
     if spec is None or str(spec) == "bundled":
-        return _bundled(**opts)
+        return _bundled(open_dir)
     text = str(spec)
     if text == "champion":
         uri = f"models:/{REGISTERED_NAME}@{CHAMPION_ALIAS}"
         if not registry_store_exists():
-            est = _bundled(**opts)
+            est = _bundled(open_dir)
             est.source = "bundled (no MLflow tracking store, so no champion)"
             return est
         try:
-            return _from_registry(uri, **opts)
+            return _from_registry(uri, open_dir)
         except ModelNotFoundError as exc:
-            est = _bundled(**opts)
+            est = _bundled(open_dir)
             est.source = f"bundled (champion unavailable: {exc})"
             return est
     if text.startswith("models:/"):
-        return _from_registry(text, **opts)
+        return _from_registry(text, open_dir)
     path = Path(text).expanduser()
     if path.is_dir():
-        return DifficultyEstimator(path, source=str(path.resolve()), **opts)
+        return open_dir(path, str(path.resolve()))
     raise ModelNotFoundError(
         f"no model at {text!r}: expected 'bundled', 'champion', 'models:/NAME@ALIAS', "
         "'models:/NAME/VERSION' or an existing model directory"

@@ -12,9 +12,13 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pointsman.data_dir import data_dir
 from pointsman.errors import ModelNotFoundError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mlflow import MlflowClient
 
 #: Registered model name in MLflow and alias of the serving model.
 REGISTERED_NAME = "pointsman-difficulty"
@@ -44,7 +48,7 @@ def embedded_store() -> bool:
     return not os.environ.get("MLFLOW_TRACKING_URI")
 
 
-def client():
+def client() -> MlflowClient:
     """An ``MlflowClient`` bound to the tracking store (``default_tracking_uri()``), used for
     tracking and the registry alike. No global MLflow state is touched (``mlflow.set_tracking_uri``
     would export ``MLFLOW_TRACKING_URI`` to the process). Creates ``data_dir()`` for the
@@ -84,7 +88,7 @@ def download_registered_model(uri: str) -> tuple[Path, str]:
     c = client()
     import mlflow
     try:
-        mv = c.get_model_version_by_alias(name, alias) if alias else c.get_model_version(name, version)
+        mv = c.get_model_version_by_alias(name, alias) if alias else c.get_model_version(name, str(version))
     except Exception as exc:  # noqa: BLE001 - MlflowException for missing model/alias/version
         what = f"alias @{alias}" if alias else f"version {version}"
         raise ModelNotFoundError(

@@ -7,16 +7,25 @@ ignored so a gateway can forward its request unchanged; Pointsman's own
 
 ``parse_route_request(body)`` validates a JSON-like mapping and raises
 ``RequestError`` whose ``field`` names the offending field (``messages[1].content[0].type``).
+
+``RequestView.of(request, api_key_id)`` normalises a validated request once for everything
+downstream: the text of each message, the rendering prefix hashing reads, the transcript the
+outcome log hashes, and the budget scopes. The engine builds one per decision; features,
+signals, prefix hashes, dispatch and the decision log all read it.
 """
 
 from __future__ import annotations
 
 import difflib
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import ErrorDetails
 
 from pointsman.errors import RequestError
+from pointsman.json_types import JSONObject, JSONValue
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -47,7 +56,7 @@ class ImagePart(_Part):
     """``{"type": "image_url", "image_url": {"url": ...}}``; the image itself is not inspected."""
 
     type: Literal["image_url", "image"]
-    image_url: Any = None
+    image_url: JSONValue = None
 
 
 class AudioPart(_Part):
@@ -105,7 +114,7 @@ class ChatMessage(BaseModel):
 
     @field_validator("content", mode="before")
     @classmethod
-    def _content_shape(cls, v: Any) -> Any:
+    def _content_shape(cls, v: object) -> object:
         if v is None or isinstance(v, list):
             return v
         if isinstance(v, str):
@@ -134,7 +143,7 @@ class ChatMessage(BaseModel):
         return 0
 
 
-def _not_bool(v: Any) -> Any:
+def _not_bool(v: object) -> object:
     """JSON ``true``/``false`` is not a count: pydantic's lax mode would read it as 1/0."""
     if isinstance(v, bool):
         raise ValueError("expected an integer, got a boolean")
@@ -166,7 +175,7 @@ class RoutingContext(BaseModel):
 
     @field_validator("explain", mode="before")
     @classmethod
-    def _null_explain(cls, v: Any) -> Any:
+    def _null_explain(cls, v: object) -> object:
         return False if v is None else v
 
 
@@ -180,7 +189,7 @@ class RouteRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1, max_length=100_000)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[JSONObject] | None = None
     max_tokens: Count | None = Field(default=None, ge=1)
     max_completion_tokens: Count | None = Field(default=None, ge=1)
     user: str | None = None
@@ -188,7 +197,7 @@ class RouteRequest(BaseModel):
 
     @field_validator("routing", mode="before")
     @classmethod
-    def _null_routing(cls, v: Any) -> Any:
+    def _null_routing(cls, v: object) -> object:
         """``"routing": null`` means no routing context."""
         return {} if v is None else v
 
@@ -202,15 +211,15 @@ class RouteRequest(BaseModel):
         return any(m.text().strip() or m.n_images() or m.tool_calls for m in self.messages)
 
 
-def _is_branch_label(item: Any) -> bool:
+def _is_branch_label(item: object) -> bool:
     """Pydantic puts union branch names (``str``, ``list[tagged-union[...]]``) into error locations."""
     return isinstance(item, str) and ("[" in item or item in {"str", "int", "list", "dict", "none"})
 
 
-def _loc(loc: tuple[Any, ...]) -> str:
+def _loc(loc: tuple[int | str, ...]) -> str:
     items = [i for i in loc if not _is_branch_label(i)]
     # A tagged union repeats the tag after the list index: (..., 0, "text", "text") -> (..., 0, "text").
-    cleaned: list[Any] = []
+    cleaned: list[int | str] = []
     for i, item in enumerate(items):
         prev_is_index = i > 0 and isinstance(items[i - 1], int)
         if prev_is_index and isinstance(item, str) and i + 1 < len(items) and isinstance(items[i + 1], str):
@@ -222,7 +231,7 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _message(err: dict[str, Any]) -> str:
+def _message(err: ErrorDetails) -> str:
     """A readable message for one pydantic error (unknown routing keys get "did you mean")."""
     kind, loc = err["type"], tuple(err["loc"])
     if kind == "extra_forbidden":
@@ -235,7 +244,7 @@ def _message(err: dict[str, Any]) -> str:
     return str(err["msg"]).removeprefix("Value error, ")
 
 
-def parse_route_request(body: Any) -> RouteRequest:
+def parse_route_request(body: object) -> RouteRequest:
     """Validate a JSON-like mapping into a ``RouteRequest``.
 
     Raises ``RequestError`` naming the first offending field (e.g.
@@ -255,6 +264,71 @@ def parse_route_request(body: Any) -> RouteRequest:
     return request
 
 
-def request_from_prompt(prompt: str, **routing: Any) -> RouteRequest:
+def request_from_prompt(prompt: str, **routing: JSONValue) -> RouteRequest:
     """A one-turn user request from a plain prompt string; raises ``RequestError`` if empty."""
     return parse_route_request({"messages": [{"role": "user", "content": prompt}], "routing": routing})
+
+
+def request_scopes(tenant: str | None, team: str | None, api_key_id: str | None = None) -> tuple[str, ...]:
+    """Budget scopes of a request: ``tenant:<tenant>``, ``team:<team>``, ``key:<api key id>`` for
+    those present. Raises ``RequestError`` naming the routing field when a name has spaces
+    or is over 200 characters (scopes are ``kind:name`` with a non-space name)."""
+    out = []
+    for kind, value, fld in (("tenant", tenant, "routing.tenant"), ("team", team, "routing.team"),
+                             ("key", api_key_id, "api_key_id")):
+        if not value:
+            continue
+        if len(value) > 200 or any(c.isspace() for c in value):
+            raise RequestError(f"{kind} must be 1-200 characters without spaces (it names a budget scope)",
+                               field=fld)
+        out.append(f"{kind}:{value}")
+    return tuple(out)
+
+
+@dataclass(frozen=True, eq=False)
+class RequestView:
+    """One validated request, normalised once for every consumer (see the module docstring).
+
+    ``request``: the ``RouteRequest``; ``texts``: ``ChatMessage.text()`` of each message, in
+    order (computed once: the features, the renderings and the query window read them);
+    ``api_key_id``: the caller's API key id (None: no key). ``scopes``, ``conversation`` and
+    ``transcript`` are computed on first use. Build with ``RequestView.of``.
+    """
+
+    request: RouteRequest
+    texts: tuple[str, ...]
+    api_key_id: str | None = None
+
+    @classmethod
+    def of(cls, request: RouteRequest, api_key_id: str | None = None) -> RequestView:
+        """The view of ``request`` made on behalf of ``api_key_id`` (None: no key)."""
+        return cls(request, tuple(m.text() for m in request.messages), api_key_id)
+
+    @cached_property
+    def scopes(self) -> tuple[str, ...]:
+        """The budget scopes: ``request_scopes`` of the routing tenant and team and the API key
+        id. Raises ``RequestError`` naming ``routing.tenant``, ``routing.team`` or ``api_key_id``
+        when a scope name is unusable."""
+        return request_scopes(self.routing.tenant, self.routing.team, self.api_key_id)
+
+    @property
+    def routing(self) -> RoutingContext:
+        """The request's ``routing`` context."""
+        return self.request.routing
+
+    @cached_property
+    def conversation(self) -> str:
+        """The conversation as one string for prefix hashing: ``role\\ntext\\n`` per message
+        (tools declared first); two requests sharing a conversation prefix share a string prefix."""
+        parts = []
+        if self.request.tools:
+            parts.append(f"tools\n{self.request.tools!r}\n")
+        for m, text in zip(self.request.messages, self.texts):
+            parts.append(f"{m.role}\n{text}\n")
+        return "".join(parts)
+
+    @cached_property
+    def transcript(self) -> str:
+        """The conversation as ``role: text`` lines joined by newlines: what the decision log's
+        ``prompt_sha256`` hashes (kept stable across versions, so logged hashes compare)."""
+        return "\n".join(f"{m.role}: {text}" for m, text in zip(self.request.messages, self.texts))

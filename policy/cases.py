@@ -33,20 +33,31 @@ its policy or its fleet is invalid (unknown signal names in a case included).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypeVar
+
+from pydantic import TypeAdapter, ValidationError
 
 from pointsman.errors import PolicyError, Problem
-from pointsman.located import StrictModel, did_you_mean, load_config
+from pointsman.json_types import JSONValue
+from pointsman.located import LocatedDocument, StrictModel, did_you_mean, load_config
 from pointsman.policy.engine import decide
-from pointsman.policy.fleet import DEFAULT_FLEET_PATH, Mode, load_fleet
+from pointsman.policy.fleet import DEFAULT_FLEET_PATH, Fleet, Mode, load_fleet
 from pointsman.policy.live import StaticSignals
-from pointsman.policy.rules.compiler import load_policy
+from pointsman.policy.rules.compiler import CompiledPolicy, load_policy
 from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.policy.signals.namespaces import (
-    RELATIVE_ROOTS,
     SIGNALS,
+    BudgetSignals,
+    CacheSignals,
+    DifficultySignals,
+    EndpointSignals,
+    LoadSignals,
+    Namespace,
+    RequestSignals,
+    Snapshot,
     example_endpoint,
     example_signals,
     relative_key,
@@ -69,7 +80,7 @@ class Case(StrictModel):
     """One case: ``name``, partial ``signals`` by namespace, ``expect``."""
 
     name: str
-    signals: dict[str, dict[str, Any]] = {}
+    signals: dict[str, dict[str, JSONValue]] = {}
     expect: CaseExpect
 
 
@@ -95,26 +106,27 @@ class CaseResult:
 
 #: Namespaces a case may set, and their shape (``by_target``: {target: {field: value}}).
 CASE_NAMESPACES = ("request", "difficulty", "load", "cache", "endpoint", "budget")
+_T = TypeVar("_T")
 
 
-def _check_signal_names(spec: CasesSpec, doc: Any, fleet: Any) -> list[Problem]:
+def _check_signal_names(spec: CasesSpec, doc: LocatedDocument, fleet: Fleet) -> list[Problem]:
     problems: list[Problem] = []
 
-    def bad(path: tuple[Any, ...], code: str, message: str) -> None:
+    def bad(path: tuple[str | int, ...], code: str, message: str) -> None:
         line, col = doc.mark(path, key=True)
         problems.append(Problem(doc.file, line, col, code, message))
 
-    def check_fields(path: tuple[Any, ...], ns: Any, fields: Any, where: str) -> None:
+    def check_fields(path: tuple[str | int, ...], ns: Namespace, fields: object, where: str) -> None:
         if not isinstance(fields, dict):
             bad(path, "invalid-value", f"{where} must be a mapping of signal names to values")
             return
         for name in fields:
-            if name not in ns.fields:
-                bad((*path, name), "unknown-signal", f"unknown signal '{where}.{name}'{did_you_mean(name, ns.fields)}")
+            if name not in (ns.fields or {}):
+                bad((*path, name), "unknown-signal", f"unknown signal '{where}.{name}'{did_you_mean(name, ns.fields or {})}")
 
     for i, case in enumerate(spec.cases):
         for root, fields in case.signals.items():
-            path = ("cases", i, "signals", root)
+            path: tuple[str | int, ...] = ("cases", i, "signals", root)
             ns = SIGNALS.get(root)
             if ns is None or root not in CASE_NAMESPACES:
                 bad(path, "unknown-signal",
@@ -132,38 +144,62 @@ def _check_signal_names(spec: CasesSpec, doc: Any, fleet: Any) -> list[Problem]:
     return problems
 
 
-def case_signals(fleet: Any, policy: Any, overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
+#: Validators of each namespace's values (pydantic's lax mode: ``200.0`` reads as the int 200,
+#: ``0.5`` for an int field or ``"x"`` for a number is an error naming the field).
+_REQUEST = TypeAdapter(RequestSignals)
+_DIFFICULTY = TypeAdapter(DifficultySignals)
+_BUDGET = TypeAdapter(BudgetSignals)
+_LOAD = TypeAdapter(LoadSignals)
+_CACHE = TypeAdapter(CacheSignals)
+_ENDPOINT = TypeAdapter(EndpointSignals)
+
+
+def _merged(adapter: TypeAdapter[_T], base: Mapping[str, object], fields: Mapping[str, object], where: str) -> _T:
+    try:
+        return adapter.validate_python({**base, **fields})
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise ValueError(f"{where}.{loc}: {err['msg']}") from None
+
+
+def case_signals(fleet: Fleet, policy: CompiledPolicy, overrides: Mapping[str, Mapping[str, object]]) -> Snapshot:
     """The full snapshot of a case: ``example_signals`` for the fleet, with ``overrides`` applied
-    (``load`` by target; ``cache``/``endpoint`` for every target or by target)."""
-    signals = example_signals(policy.variables, fleet.targets)
-    signals["_endpoint"] = {}
+    (``load`` by target; ``cache``/``endpoint`` for every target or by target), each namespace
+    validated against its declared types. Raises ``ValueError`` naming the first bad value
+    (``request.prompt_tokens: Input should be a valid integer``)."""
+    base = example_signals(policy.variables, fleet.targets)
+    endpoints: dict[str, EndpointSignals] = {}
     for t in fleet.targets:
         for rule in policy.rules:
             if rule.target == t:
-                signals["_endpoint"].setdefault(relative_key("endpoint", t, rule.role), example_endpoint())
-    for root, fields in overrides.items():
-        if root in ("request", "difficulty", "budget"):
-            signals[root].update(fields)
-        elif root == "load":
-            for target, values in fields.items():
-                signals["load"][target].update(values)
-        else:
-            internal = RELATIVE_ROOTS[root]
-            by_target = any(k in fleet.targets for k in fields)
-            for key, value in signals[internal].items():
-                target = key.partition("/")[0]
-                if by_target:
-                    value.update(fields.get(target, {}))
-                else:
-                    value.update(fields)
-    return signals
+                endpoints.setdefault(relative_key("endpoint", t, rule.role), example_endpoint())
+
+    def by_target(root: str, key: str) -> Mapping[str, object]:
+        fields = overrides.get(root, {})
+        if root != "load" and not any(k in fleet.targets for k in fields):
+            return fields  # the same fields for every target
+        value = fields.get(key.partition("/")[0], {})
+        return value if isinstance(value, Mapping) else {}
+
+    return {
+        "request": _merged(_REQUEST, base["request"], overrides.get("request", {}), "request"),
+        "difficulty": _merged(_DIFFICULTY, base["difficulty"], overrides.get("difficulty", {}), "difficulty"),
+        "variables": base["variables"],
+        "load": {t: _merged(_LOAD, v, by_target("load", t), f'load["{t}"]') for t, v in base["load"].items()},
+        "budget": _merged(_BUDGET, base["budget"], overrides.get("budget", {}), "budget"),
+        "_cache": {t: _merged(_CACHE, v, by_target("cache", t), f'cache["{t}"]') for t, v in base["_cache"].items()},
+        "_endpoint": {k: _merged(_ENDPOINT, v, by_target("endpoint", k), f'endpoint["{k}"]')
+                      for k, v in endpoints.items()},
+    }
 
 
-def load_cases(path: str | Path) -> tuple[CasesSpec, Any, Any, Any]:
+def load_cases(path: str | Path) -> tuple[CasesSpec, LocatedDocument, Fleet, CompiledPolicy]:
     """Validate a cases file without running it: ``(spec, located doc, fleet, compiled policy)``.
 
-    Checks the file's schema, every signal name its cases set, and compiles the policy it
-    names against its fleet. Raises ``PolicyError``/``FleetError`` with file:line:col.
+    Checks the file's schema, every signal name its cases set and the type of every value,
+    and compiles the policy it names against its fleet. Raises ``PolicyError``/``FleetError``
+    with file:line:col.
     """
     spec, doc = load_config(path, CasesSpec, PolicyError)
     assert isinstance(spec, CasesSpec)
@@ -173,6 +209,14 @@ def load_cases(path: str | Path) -> tuple[CasesSpec, Any, Any, Any]:
     if problems:
         raise PolicyError(problems)
     policy = load_policy(base / spec.policy, fleet)
+    for i, case in enumerate(spec.cases):
+        try:
+            case_signals(fleet, policy, case.signals)
+        except ValueError as exc:
+            line, col = doc.mark(("cases", i, "signals"), key=True)
+            problems.append(Problem(doc.file, line, col, "invalid-value", str(exc)))
+    if problems:
+        raise PolicyError(problems)
     return spec, doc, fleet, policy
 
 
@@ -185,24 +229,26 @@ def run_cases(path: str | Path) -> list[CaseResult]:
         exp = case.expect
         line = doc.mark(("cases", i))[0]
         try:
-            outcome = decide(fleet, policy, signals, StaticSignals(fleet, policy, signals))
+            outcome = decide(fleet, policy, {"request": signals["request"], "difficulty": signals["difficulty"]},
+                             StaticSignals(fleet, policy, signals))
         except NoEligibleTarget as exc:
             wrong = [] if exp.error == "no-eligible-target" else [f"unexpected error: {exc}"]
             for target, filt in (exp.excluded_by or {}).items():
-                got = exc.exclusions.get(target)
-                if got is None or got.filter != filt:
-                    wrong.append(f"excluded_by[{target}]: expected {filt!r}, got {got.filter if got else None!r}")
+                excluded = exc.exclusions.get(target)
+                if excluded is None or excluded.filter != filt:
+                    wrong.append(f"excluded_by[{target}]: expected {filt!r}, "
+                                 f"got {excluded.filter if excluded else None!r}")
             results.append(CaseResult(case.name, not wrong, "; ".join(wrong), line))
             continue
         verdict = outcome.verdict
-        got: dict[str, Any] = {"target": verdict.target, "mode": outcome.mode.mode, "rule": verdict.rule.name,
-                               "fallbacks": [t for t, _ in outcome.fallbacks], "skipped": verdict.skipped}
+        seen: dict[str, object] = {"target": verdict.target, "mode": outcome.mode.mode, "rule": verdict.rule.name,
+                                   "fallbacks": [t for t, _ in outcome.fallbacks], "skipped": verdict.skipped}
         wrong = []
         if exp.error is not None:
             wrong.append(f"expected error {exp.error}, got target {verdict.target}")
         for key in ("target", "mode", "rule", "fallbacks", "skipped"):
             want = getattr(exp, key)
-            if want is not None and want != got[key]:
-                wrong.append(f"{key}: expected {want!r}, got {got[key]!r}")
+            if want is not None and want != seen[key]:
+                wrong.append(f"{key}: expected {want!r}, got {seen[key]!r}")
         results.append(CaseResult(case.name, not wrong, "; ".join(wrong), line))
     return results

@@ -32,9 +32,8 @@ produced over the window, from the budget ledger's settled outcomes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from pointsman.policy.budget.ledger import EffectivePrice
+from pointsman.policy.budget.ledger import BudgetLedger, EffectivePrice
 from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget, Pool
 
 
@@ -54,7 +53,7 @@ class CostEstimate:
     prefill_utilization: float = 1.0
     decode_utilization: float = 1.0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         """JSON-ready dict of every field."""
         return {
             "target": self.target, "mode": self.mode, "estimated_cost_usd": self.usd,
@@ -119,7 +118,7 @@ class TargetPrice(EffectivePrice):
 
     list_usd_per_output_token: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """JSON-ready dict of every field and both per-token prices."""
         return {**vars(self), "usd_per_token": self.usd_per_token, "usd_per_total_token": self.usd_per_total_token}
 
@@ -134,7 +133,7 @@ def list_price_per_output_token(target: OnPremTarget | FrontierTarget) -> float:
     return gpu_s * (target.usd_per_gpu_hour + target.power_kw_per_gpu * target.usd_per_kwh) / 3600.0
 
 
-def effective_prices(ledger: Any, fleet: Fleet, window: str = "day", now: float | None = None) -> dict[str, TargetPrice]:
+def effective_prices(ledger: BudgetLedger, fleet: Fleet, window: str = "day", now: float | None = None) -> dict[str, TargetPrice]:
     """Per target (file order), the effective price per token over the ``day``/``month`` UTC
     window containing ``now`` (Unix s; None = now), from ``ledger.effective_price_per_token``.
     Raises ``BudgetError`` for an unknown window, ``LedgerUnavailable`` if the backend fails."""

@@ -13,7 +13,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
+
+import numpy as np
+from numpy.typing import NDArray
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.estimator.features import RequestFeatures
+    from pointsman.request import RequestView
+
+#: A decision's trace: JSON-ready (finite floats, str keys), sections as ``Decision`` lists them.
+Trace: TypeAlias = dict[str, object]
 
 
 def new_decision_id() -> str:
@@ -30,7 +40,7 @@ class EndpointChoice:
     role: str
     name: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, str | None]:
         """``{"url", "role", "name"}``."""
         return {"url": self.url, "role": self.role, "name": self.name}
 
@@ -44,7 +54,7 @@ class Fallback:
     base_url: str
     mode: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, str]:
         """``{"target", "model", "base_url", "mode"}``."""
         return {"target": self.target, "model": self.model, "base_url": self.base_url, "mode": self.mode}
 
@@ -87,23 +97,25 @@ class Decision:
     estimator_version: str
     timings_ms: dict[str, float]
     labels: dict[str, str] = field(default_factory=dict)
-    trace_builder: Callable[[], dict[str, Any]] | None = field(default=None, repr=False, compare=False)
-    #: The ``RequestFeatures`` and the estimator's head input (``DifficultyEstimate.features``,
-    #: float32 (d,) or None) the decision used, for the decision log (not in ``to_dict``).
-    request_features: Any = field(default=None, repr=False, compare=False)
-    head_input: Any = field(default=None, repr=False, compare=False)
+    trace_builder: Callable[[], Trace] | None = field(default=None, repr=False, compare=False)
+    #: The ``RequestFeatures``, the ``RequestView`` and the estimator's head input
+    #: (``DifficultyEstimate.features``, float32 (d,) or None) the decision used, for the
+    #: decision log (not in ``to_dict``).
+    request_features: RequestFeatures | None = field(default=None, repr=False, compare=False)
+    request_view: RequestView | None = field(default=None, repr=False, compare=False)
+    head_input: NDArray[np.float32] | None = field(default=None, repr=False, compare=False)
     #: Why there is no difficulty estimate (``DifficultyEstimate.error``, e.g. ``timeout: ...``;
     #: None when there is one); in the trace's ``estimator`` section, not in ``to_dict``.
     difficulty_error: str | None = field(default=None, repr=False, compare=False)
 
     @cached_property
-    def trace(self) -> dict[str, Any]:
+    def trace(self) -> Trace:
         """The decision's trace (see the class docstring); ``{}`` without a builder."""
         return self.trace_builder() if self.trace_builder is not None else {}
 
-    def to_dict(self, explain: bool = True) -> dict[str, Any]:
+    def to_dict(self, explain: bool = True) -> dict[str, object]:
         """JSON-ready dict of every field; ``trace`` only when ``explain``."""
-        d: dict[str, Any] = {
+        d: dict[str, object] = {
             "decision_id": self.decision_id,
             "target": self.target,
             "model": self.model,

@@ -32,18 +32,17 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from pointsman.errors import RequestError
-from pointsman.estimator.estimate import DifficultyEstimate, Estimator
-from pointsman.estimator.features import tokenized_features
+from pointsman.estimator.estimate import DifficultyEstimate, Estimator, TokenIdsEstimator
+from pointsman.estimator.features import RequestFeatures, tokenized_features
 from pointsman.policy.budget.ledger import BudgetExceeded
 from pointsman.policy.cost import CostEstimate
-from pointsman.policy.decision import Decision, EndpointChoice, Fallback, new_decision_id
+from pointsman.policy.decision import Decision, EndpointChoice, Fallback, Trace, new_decision_id
 from pointsman.policy.fleet import Fleet, FrontierTarget
-from pointsman.policy.live import LiveSignals, build_context, finite_or_none
+from pointsman.policy.live import BaseSignals, CelContext, LiveSignals, build_context, finite_or_none
 from pointsman.policy.rules.compiler import CompiledPolicy
 from pointsman.policy.rules.evaluator import Verdict, evaluate, lookup_signal
 from pointsman.policy.selection.filters import (
@@ -57,10 +56,11 @@ from pointsman.policy.selection.filters import (
 )
 from pointsman.policy.selection.pd_mode import ModeDecision, decide_mode
 from pointsman.policy.selection.pickers import PICKERS, PoolPick, base_url
-from pointsman.policy.signals.fleet_state import FleetState, request_scopes
+from pointsman.policy.signals.fleet_state import Dispatch, DispatchRecord, FleetState
 from pointsman.policy.signals.namespaces import RELATIVE_ROOTS, difficulty_signals, relative_key, request_signals
 from pointsman.policy.signals.prefix_index import block_hashes_from_ids, block_hashes_from_text
-from pointsman.request import RouteRequest
+from pointsman.policy.signals.source import SignalSource
+from pointsman.request import RequestView, RouteRequest
 
 
 @dataclass(frozen=True)
@@ -73,28 +73,28 @@ class Outcome:
     mode: ModeDecision
     fallbacks: tuple[tuple[str, str], ...]
     exclusions: dict[str, Exclusion | None]
-    context: dict[str, Any]
+    context: CelContext
 
 
-class _Costs(Mapping):
+class _Costs(Mapping[str, float]):
     """``cost(target)`` for CEL: USD from the signal source, computed on first use."""
 
-    def __init__(self, fleet: Fleet, source: Any) -> None:
+    def __init__(self, fleet: Fleet, source: SignalSource) -> None:
         self.fleet, self.source = fleet, source
 
     def __getitem__(self, target: str) -> float:
         if target not in self.fleet.targets:
             raise KeyError(target)
-        return self.source.cost(target).usd
+        return float(self.source.cost(target).usd)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self.fleet.targets)
 
     def __len__(self) -> int:
         return len(self.fleet.targets)
 
 
-def resolve_mode(policy: CompiledPolicy, fleet: Fleet, source: Any, target: str, route_mode: str) -> ModeDecision:
+def resolve_mode(policy: CompiledPolicy, fleet: Fleet, source: SignalSource, target: str, route_mode: str) -> ModeDecision:
     """The mode ``target`` runs a route of ``route_mode`` in (``pd_mode.decide_mode``),
     reading ``cache[target].prefix_hit_ratio`` and ``load[target].prefill_saturated`` from
     ``source`` only when the target could disaggregate."""
@@ -106,10 +106,10 @@ def resolve_mode(policy: CompiledPolicy, fleet: Fleet, source: Any, target: str,
     return decide_mode(policy.disaggregation, t, route_mode, prompt_tokens=int(source.request["prompt_tokens"]),
                        output_tokens=source.output_tokens(target),
                        prefix_hit_ratio=source.cache(target)["prefix_hit_ratio"],
-                       prefill_saturated=source.load(target)["prefill_saturated"])
+                       prefill_saturated=bool(source.load(target)["prefill_saturated"]))
 
 
-def decide(fleet: Fleet, policy: CompiledPolicy, base: dict[str, Any], source: Any,
+def decide(fleet: Fleet, policy: CompiledPolicy, base: BaseSignals, source: SignalSource,
            filters: dict[str, FilterFn] = FILTERS) -> Outcome:
     """The policy step: eligibility filters, the ordered rules on the CEL context the policy
     reads, then the P/D mode of the chosen target and of each fallback. ``base`` holds the
@@ -125,7 +125,7 @@ def decide(fleet: Fleet, policy: CompiledPolicy, base: dict[str, Any], source: A
     return Outcome(verdict, mode, fallbacks, exclusions, context)
 
 
-def _checked(estimate: Any, started: float) -> DifficultyEstimate:
+def _checked(estimate: object, started: float) -> DifficultyEstimate:
     """Treat a malformed estimate (not a DifficultyEstimate, p_hard outside [0, 1] or NaN) as unavailable."""
     if not isinstance(estimate, DifficultyEstimate):
         return DifficultyEstimate(None, False, (time.perf_counter() - started) * 1e3,
@@ -137,24 +137,18 @@ def _checked(estimate: Any, started: float) -> DifficultyEstimate:
     return estimate
 
 
-def render_conversation(request: RouteRequest) -> str:
-    """The conversation as one string for prefix hashing: ``role\\ntext\\n`` per message (tools
-    declared first); two requests sharing a conversation prefix share a string prefix."""
-    parts = []
-    if request.tools:
-        parts.append(f"tools\n{request.tools!r}\n")
-    for m in request.messages:
-        parts.append(f"{m.role}\n{m.text()}\n")
-    return "".join(parts)
-
-
-def block_hashes(request: RouteRequest) -> tuple[list[int], bool]:
+def block_hashes(view: RequestView) -> tuple[list[int], bool]:
     """(chained prefix block hashes, from gateway ids?): the gateway's ``prefix_block_hashes``
-    when given (512-token blocks), else hashes of ``render_conversation`` (128-token blocks)."""
-    ids = request.routing.prefix_block_hashes
+    when given (512-token blocks), else hashes of the view's ``conversation`` (128-token blocks).
+    Raises ``RequestError`` naming ``routing.prefix_block_hashes`` for an id that is not an int
+    or a string."""
+    ids = view.routing.prefix_block_hashes
     if ids:
-        return block_hashes_from_ids(ids), True
-    return block_hashes_from_text(render_conversation(request)), False
+        try:
+            return block_hashes_from_ids(ids), True
+        except TypeError as exc:
+            raise RequestError(str(exc), field="routing.prefix_block_hashes") from None
+    return block_hashes_from_text(view.conversation), False
 
 
 @dataclass(frozen=True)
@@ -171,6 +165,14 @@ class Placement:
     prefill_endpoint: str | None
     cost: CostEstimate
     note: str | None = None
+
+    def record(self, decision_id: str, view: RequestView, prompt_tokens: int, at: float) -> DispatchRecord:
+        """What dispatching here holds until the outcome (``reserved`` is set by the dispatch);
+        ``at``: monotonic seconds."""
+        c = self.cost
+        return DispatchRecord(decision_id, self.target, self.mode, self.endpoint, self.prefill_endpoint,
+                              view.scopes, c.usd, False, prompt_tokens, c.prefill_utilization,
+                              c.decode_utilization, at)
 
 
 def place(live: LiveSignals, target: str, mode: str) -> Placement | None:
@@ -189,26 +191,29 @@ def place(live: LiveSignals, target: str, mode: str) -> Placement | None:
                          live.cost(target, "aggregated", cached))
     note = None
     for m in (mode, *[x for x in t.modes if x != mode]):
+        picks: tuple[PoolPick, ...]
         if m == "aggregated":
             picks = (live.pick(target, "aggregated"),)
         else:
             picks = (live.pick(target, "prefill"), live.pick(target, "decode"))
-        if all(p.chosen is not None for p in picks):
-            if m != mode:
-                note = f"no healthy endpoint for {mode}; ran {m}"
-            first, main = picks[0], picks[-1]
-            local, shared = first.view.hit(first.chosen)
-            cached = local + (shared if first.view.shared is not None else 0)
-            pools = None
-            if m == "aggregated":
-                pool = first.view.pool_of(first.chosen)
-                pools = (pool, pool)
-                if pool is not t.pools.aggregated:
-                    note = (note + "; " if note else "") + "prefilled locally on a decode endpoint holding the prefix"
-            return Placement(target, m, tuple(c for p in picks for c in p.choices()), picks,
-                             main.view.endpoints[main.chosen].id,
-                             first.view.endpoints[first.chosen].id if m == "disaggregated" else None,
-                             live.cost(target, m, cached, pools), note)
+        first, main = picks[0], picks[-1]
+        first_i, main_i = first.chosen, main.chosen
+        if first_i is None or main_i is None:
+            continue
+        if m != mode:
+            note = f"no healthy endpoint for {mode}; ran {m}"
+        local, shared = first.view.hit(first_i)
+        cached = local + (shared if first.view.shared is not None else 0)
+        pools = None
+        if m == "aggregated":
+            pool = first.view.pool_of(first_i)
+            pools = None if pool is None else (pool, pool)
+            if pool is not t.pools.aggregated:
+                note = (note + "; " if note else "") + "prefilled locally on a decode endpoint holding the prefix"
+        return Placement(target, m, tuple(c for p in picks for c in p.choices()), picks,
+                         main.view.endpoints[main_i].id,
+                         first.view.endpoints[first_i].id if m == "disaggregated" else None,
+                         live.cost(target, m, cached, pools), note)
     return None
 
 
@@ -235,8 +240,9 @@ class RoutingEngine:
         self.state = state or FleetState(fleet)
         self.filters = filters
         self.picker = PICKERS[policy.selection.picker](policy.selection)
-        self._tokenizer = getattr(estimator, "tokenizer", None)
-        self._want_token_ids = bool(getattr(estimator, "takes_query_token_ids", False))
+        self._tokenizer = estimator.tokenizer
+        self._ids_estimator = estimator if isinstance(estimator, TokenIdsEstimator) and \
+            estimator.takes_query_token_ids else None
 
     def with_policy(self, policy: CompiledPolicy) -> RoutingEngine:
         """A new engine with ``policy`` and everything else (state included) shared."""
@@ -246,41 +252,41 @@ class RoutingEngine:
         """A new engine with ``estimator`` and everything else shared."""
         return RoutingEngine(self.fleet, self.policy, estimator, state=self.state, filters=self.filters)
 
-    def _estimate(self, features: Any, query_token_ids: list[int] | None) -> DifficultyEstimate:
+    def _estimate(self, features: RequestFeatures, query_token_ids: list[int] | None) -> DifficultyEstimate:
         started = time.perf_counter()
         try:
-            if query_token_ids is None:
+            if query_token_ids is None or self._ids_estimator is None:
                 return _checked(self.estimator.estimate(features), started)
-            return _checked(self.estimator.estimate(features, query_token_ids), started)
+            return _checked(self._ids_estimator.estimate(features, query_token_ids), started)
         except Exception as exc:  # noqa: BLE001 - the estimator must never take a decision down
             return DifficultyEstimate(None, False, (time.perf_counter() - started) * 1e3,
                                       f"{type(exc).__name__}: {exc}")
 
-    def route(self, request: RouteRequest, *, dispatch: bool = True, api_key_id: str | None = None) -> Decision:
+    def route(self, request: RouteRequest | RequestView, *, dispatch: bool = True,
+              api_key_id: str | None = None) -> Decision:
         """Decide where ``request`` runs and, with ``dispatch`` (default), commit it: reserve
         its estimated cost on its budget scopes (``routing.tenant``, ``routing.team``,
         ``api_key_id``), count it in flight, record its prefix. ``dispatch=False`` decides
         without changing any state (what-if: CLI, explain tools). The trace is built at once
         when ``routing.explain`` is set, else on first access of ``Decision.trace`` (from the
         decision's memoized signals; values it had not read come from the state then).
+        ``request`` may be a ``RequestView`` already built (then ``api_key_id`` is its own).
 
         Raises ``NoEligibleTarget`` (a ``RequestError``) naming the filter that removed each
         candidate, or the budget that refused each reservation; ``RequestError`` for routing
         fields budgets cannot use; ``LedgerUnavailable`` when the budget ledger fails for a
         request with budgets (unless the state fails open)."""
         t0 = time.perf_counter()
-        features, query_token_ids = tokenized_features(request, self._tokenizer, self._want_token_ids)
+        view = request if isinstance(request, RequestView) else RequestView.of(request, api_key_id)
+        features, query_token_ids = tokenized_features(view, self._tokenizer, self._ids_estimator is not None)
         t1 = time.perf_counter()
         estimate = self._estimate(features, query_token_ids)
         t2 = time.perf_counter()
-        routing = request.routing
-        base = {"request": request_signals(features, request, self.fleet.spec.defaults.output_tokens),
-                "difficulty": difficulty_signals(estimate)}
-        scopes = request_scopes(routing.tenant, routing.team, api_key_id)
-        try:
-            hashes, gateway_ids = block_hashes(request)
-        except TypeError as exc:
-            raise RequestError(str(exc), field="routing.prefix_block_hashes") from None
+        routing = view.routing
+        base: BaseSignals = {"request": request_signals(features, view, self.fleet.spec.defaults.output_tokens),
+                             "difficulty": difficulty_signals(estimate)}
+        scopes = view.scopes
+        hashes, gateway_ids = block_hashes(view)
         live = LiveSignals(self.state, self.policy, self.picker, request=base["request"], block_hashes=hashes,
                            gateway_ids=gateway_ids, scopes=scopes, session_id=routing.session_id or "")
         outcome = decide(self.fleet, self.policy, base, live, self.filters)
@@ -296,14 +302,10 @@ class RoutingEngine:
                 refusals[target] = Exclusion("health", f"no healthy endpoint for {mode}")
                 continue
             if dispatch:
-                u = placed.cost
                 try:
                     self.state.dispatch(
-                        decision_id, target=target, mode=placed.mode, endpoint=placed.endpoint,
-                        prefill_endpoint=placed.prefill_endpoint, scopes=scopes, estimated_cost_usd=u.usd,
-                        prompt_tokens=features.prompt_tokens, block_hashes=hashes, gateway_ids=gateway_ids,
-                        session_id=routing.session_id or "", prefill_utilization=u.prefill_utilization,
-                        decode_utilization=u.decode_utilization, now=live.now, now_mono=live.now_mono)
+                        Dispatch(placed.record(decision_id, view, features.prompt_tokens, live.now_mono), hashes,
+                                 gateway_ids, routing.session_id or ""), now=live.now)
                 except BudgetExceeded as exc:
                     refusals[target] = Exclusion("budget", str(exc).removeprefix("budget exceeded: "))
                     continue
@@ -317,16 +319,16 @@ class RoutingEngine:
             if fb is not None:
                 fallbacks.append(Fallback(t, self.fleet.targets[t].model, base_url(fb.endpoints), fb.mode))
         t3 = time.perf_counter()
-        target = self.fleet.targets[chosen.target]
+        placement = chosen
         decision = Decision(
             decision_id=decision_id,
-            target=chosen.target,
-            model=target.model,
-            base_url=base_url(chosen.endpoints),
-            mode=chosen.mode,
-            endpoints=chosen.endpoints,
+            target=placement.target,
+            model=self.fleet.targets[placement.target].model,
+            base_url=base_url(placement.endpoints),
+            mode=placement.mode,
+            endpoints=placement.endpoints,
             fallbacks=tuple(fallbacks),
-            estimated_cost_usd=chosen.cost.usd,
+            estimated_cost_usd=placement.cost.usd,
             rule=verdict.rule.name,
             labels=verdict.rule.labels,
             p_hard=base["difficulty"]["p_hard"],
@@ -334,16 +336,17 @@ class RoutingEngine:
             prompt_tokens=features.prompt_tokens,
             policy_revision=self.policy.revision,
             fleet_revision=self.fleet.revision,
-            estimator_version=str(getattr(self.estimator, "version", "unknown")),
+            estimator_version=str(self.estimator.version),
             timings_ms={
                 "features": (t1 - t0) * 1e3,
                 "estimator": (t2 - t1) * 1e3,
                 "policy": (t3 - t2) * 1e3,
                 "total": (t3 - t0) * 1e3,
             },
-            trace_builder=lambda: self._trace(live, outcome, chosen, refusals, estimate, dispatch, scopes),
+            trace_builder=lambda: self._trace(live, outcome, placement, refusals, estimate, dispatch, scopes),
             request_features=features,
-            head_input=getattr(estimate, "features", None),
+            request_view=view,
+            head_input=estimate.features,
             difficulty_error=estimate.error,
         )
         if routing.explain:
@@ -352,10 +355,10 @@ class RoutingEngine:
         return decision
 
     def _trace(self, live: LiveSignals, outcome: Outcome, chosen: Placement, refusals: dict[str, Exclusion],
-               estimate: DifficultyEstimate, dispatched: bool, scopes: tuple[str, ...]) -> dict[str, Any]:
+               estimate: DifficultyEstimate, dispatched: bool, scopes: tuple[str, ...]) -> Trace:
         verdict = outcome.verdict
         evaluated = self.policy.rules[: len(verdict.codes)]
-        used: dict[str, Any] = {}
+        used: dict[str, object] = {}
         for rule in evaluated:
             for path in rule.signals:
                 value = lookup_signal(outcome.context, path, rule)

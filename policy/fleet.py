@@ -37,7 +37,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, StringConstraints, field_validator, model_validator
 
@@ -97,7 +97,7 @@ class Pool(StrictModel):
 
     @field_validator("endpoints", mode="before")
     @classmethod
-    def _urls_as_endpoints(cls, v: Any) -> Any:
+    def _urls_as_endpoints(cls, v: object) -> object:
         if isinstance(v, list):
             return [{"url": e} if isinstance(e, str) else e for e in v]
         return v

@@ -20,55 +20,72 @@ policy's ``context_plan`` names, nothing more.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from operator import attrgetter
-from typing import Any
+from typing import TypeAlias, TypedDict
 
+from pointsman.policy.budget.ledger import BudgetSnapshot, LedgerUnavailable
 from pointsman.policy.cost import CostEstimate, estimate_cost, pool_utilization
-from pointsman.policy.fleet import Fleet, FrontierTarget
-from pointsman.policy.selection.pickers import PickInput, PoolPick, PoolView, QueueScorer
+from pointsman.policy.fleet import Fleet, FrontierTarget, Pool
+from pointsman.policy.rules.compiler import CompiledPolicy
+from pointsman.policy.selection.pickers import Picker, PickInput, PoolPick, PoolView, QueueScorer
+from pointsman.policy.signals.fleet_state import FleetState
+from pointsman.policy.signals.load_board import EndpointLoad
 from pointsman.policy.signals.namespaces import (
     SIGNALS,
+    BudgetSignals,
+    CacheSignals,
+    DifficultySignals,
+    EndpointSignals,
+    RequestSignals,
+    Snapshot,
     budget_signals,
     cache_signals,
     endpoint_signals,
     example_endpoint,
-    load_signals,
 )
+from pointsman.policy.signals.prefix_index import PrefixLookup
+from pointsman.policy.signals.source import SignalMap, SignalSource, number
 
 _SUMS = ("num_requests_running", "num_requests_waiting")
 _MEANS = ("kv_cache_usage", "ttft_p50_ms", "tpot_p50_ms", "prefill_utilization", "decode_utilization")
-_LOAD_FIELDS = tuple(SIGNALS["load"].fields)
+_LOAD_FIELDS = tuple(SIGNALS["load"].fields or ())
 
 
-class TargetLoad(Mapping):
+class TargetLoad(Mapping[str, object]):
     """``load[target]`` computed field by field on first read: a 256-endpoint pool costs one
     pass per field the policy reads, not one per declared field. Same values as
     ``signals.load_signals(load.aggregate_loads(...))``: counts summed (null if any endpoint
     lacks one), fractions and latencies averaged over the endpoints reporting them, ``age_s``
     of the oldest external reading, ``stale``/``saturated`` if any is."""
 
-    def __init__(self, readings: list[Any], now: float, endpoints: int, healthy_endpoints: int,
-                 prefill: Any) -> None:
+    def __init__(self, readings: list[EndpointLoad], now: float, endpoints: int, healthy_endpoints: int,
+                 prefill: Callable[[], tuple[float | None, bool]]) -> None:
         self._r, self._now, self._prefill = readings, now, prefill
-        self._values: dict[str, Any] = {"endpoints": endpoints, "healthy_endpoints": healthy_endpoints}
+        self._values: dict[str, object] = {"endpoints": endpoints, "healthy_endpoints": healthy_endpoints}
 
-    def __getitem__(self, key: str) -> Any:
+    def _sum(self, key: str) -> int | None:
+        got: list[int | None] = [getattr(x, key) for x in self._r]
+        return None if not got or None in got else sum(v for v in got if v is not None)
+
+    def __getitem__(self, key: str) -> object:
         values = self._values
         if key in values:
             return values[key]
         r = self._r
+        value: object
         if key in _SUMS:
-            got = [getattr(x, key) for x in r]
-            value = None if not got or None in got else sum(got)
+            value = self._sum(key)
         elif key in _MEANS:
-            got = [v for v in (getattr(x, key) for x in r) if v is not None]
-            value = sum(got) / len(got) if got else None
+            means: list[float] = [v for v in (getattr(x, key) for x in r) if v is not None]
+            value = sum(means) / len(means) if means else None
         elif key == "inflight_requests":
             value = sum(x.inflight_requests for x in r)
         elif key == "outstanding_requests":
-            running, waiting = self["num_requests_running"], self["num_requests_waiting"]
-            value = running + waiting if running is not None and waiting is not None else self["inflight_requests"]
+            running, waiting = self._sum("num_requests_running"), self._sum("num_requests_waiting")
+            value = running + waiting if running is not None and waiting is not None else \
+                sum(x.inflight_requests for x in r)
         elif key == "age_s":
             external = [x.updated_at for x in r if x.source != "inflight"]
             value = max(0.0, self._now - min(external)) if external else 0.0
@@ -82,46 +99,68 @@ class TargetLoad(Mapping):
         values[key] = value
         return value
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(_LOAD_FIELDS)
 
     def __len__(self) -> int:
         return len(_LOAD_FIELDS)
 
-def build_context(policy: Any, base: dict[str, Any], source: Any) -> dict[str, Any]:
+#: The ``request`` and ``difficulty`` namespaces of one decision (``decide``'s ``base``).
+class BaseSignals(TypedDict):
+    """The namespaces computed before any fleet signal: ``request`` and ``difficulty``."""
+
+    request: RequestSignals
+    difficulty: DifficultySignals
+
+
+#: The CEL variables of one decision: namespace -> its fields (flat) or key -> fields (keyed).
+CelContext: TypeAlias = dict[str, object]
+
+
+def _pick(ns: Mapping[str, object], fields: AbstractSet[str] | None, known_only: bool = False) -> Mapping[str, object]:
+    if fields is None:
+        return ns
+    return {f: ns[f] for f in fields if not known_only or f in ns}
+
+
+def build_context(policy: CompiledPolicy, base: BaseSignals, source: SignalSource) -> CelContext:
     """The CEL variables for ``policy``: its ``context_plan`` filled from ``base`` (``request``,
     ``difficulty``; ``variables`` come from the policy) and ``source`` (``load``, ``budget``,
     ``_cache``, ``_endpoint``). Keyed entries are pruned to the fields the plan names."""
-    out: dict[str, Any] = {}
+    out: CelContext = {}
     for root, plan in policy.context_plan.items():
-        if root == "variables":
-            ns = policy.variables
-            out[root] = ns if plan is None else {f: ns[f] for f in plan if f in ns}
-        elif root in ("request", "difficulty"):
-            ns = base[root]
-            out[root] = ns if plan is None else {f: ns[f] for f in plan if f in ns}
+        if isinstance(plan, dict):  # keyed: load, _cache, _endpoint
+            out[root] = _keyed(root, plan, source)
+        elif root == "variables":
+            out[root] = _pick(policy.variables, plan, known_only=True)
+        elif root == "request":
+            out[root] = _pick(base["request"], plan, known_only=True)
+        elif root == "difficulty":
+            out[root] = _pick(base["difficulty"], plan, known_only=True)
         elif root == "budget":
-            ns = source.budget()
-            out[root] = ns if plan is None else {f: ns[f] for f in plan}
-        else:  # keyed: load, _cache, _endpoint
-            get = {"load": source.load, "_cache": source.cache, "_endpoint": source.endpoint}[root]
-            keys = plan if plan is not None else _all_keys(root, source.fleet)
-            ns_out = {}
-            for key, fields in keys.items():
-                value = get(key)
-                ns_out[key] = dict(value) if fields is None else {f: value[f] for f in fields}
-            out[root] = ns_out
+            out[root] = _pick(source.budget(), plan)
+        else:  # a keyed root read whole
+            out[root] = _keyed(root, {k: None for k in _all_keys(root, source.fleet)}, source)
     return out
 
 
-def _all_keys(root: str, fleet: Fleet) -> dict[str, None]:
+def _keyed(root: str, keys: Mapping[str, AbstractSet[str] | None], source: SignalSource) -> dict[str, Mapping[str, object]]:
+    get: Callable[[str], SignalMap] = {"load": source.load, "_cache": source.cache, "_endpoint": source.endpoint}[root]
+    ns_out: dict[str, Mapping[str, object]] = {}
+    for key, fields in keys.items():
+        value = get(key)
+        ns_out[key] = dict(value) if fields is None else {f: value[f] for f in fields}
+    return ns_out
+
+
+def _all_keys(root: str, fleet: Fleet) -> list[str]:
     if root == "_endpoint":
-        keys = {}
+        keys: list[str] = []
         for name, t in fleet.targets.items():
             roles = ("api",) if isinstance(t, FrontierTarget) else tuple(r for r in t.pools_by_role() if r != "prefill")
-            keys.update({f"{name}/{r}": None for r in roles})
+            keys.extend(f"{name}/{r}" for r in roles)
         return keys
-    return {t: None for t in fleet.targets}
+    return list(fleet.targets)
 
 
 class LiveSignals:
@@ -135,14 +174,14 @@ class LiveSignals:
     blocks); ``scopes`` its budget scopes; ``now`` Unix seconds (ledger), ``now_mono``
     monotonic seconds (load, sessions)."""
 
-    def __init__(self, state: Any, policy: Any, picker: Any, *, request: dict[str, Any],
+    def __init__(self, state: FleetState, policy: CompiledPolicy, picker: Picker, *, request: RequestSignals,
                  block_hashes: Sequence[int], gateway_ids: bool, scopes: Sequence[str], session_id: str = "",
                  now: float | None = None, now_mono: float | None = None) -> None:
         self.state = state
-        self.fleet: Fleet = state.fleet
+        self._fleet: Fleet = state.fleet
         self.policy = policy
         self.picker = picker
-        self.request = request
+        self._request = request
         self.block_hashes = block_hashes
         self.gateway_ids = gateway_ids
         self.scopes = tuple(scopes)
@@ -153,15 +192,27 @@ class LiveSignals:
         self.ledger_error: str | None = None
         self._views: dict[tuple[str, str], PoolView] = {}
         self._picks: dict[tuple[str, str], PoolPick] = {}
-        self._lookups: dict[str, Any] = {}
+        self._lookups: dict[str, PrefixLookup | None] = {}
         self._load: dict[str, TargetLoad] = {}
-        self._cache: dict[str, dict[str, Any]] = {}
-        self._endpoint: dict[str, dict[str, Any]] = {}
+        self._cache: dict[str, CacheSignals] = {}
+        self._endpoint: dict[str, EndpointSignals] = {}
         self._costs: dict[tuple[str, str], CostEstimate] = {}
         self._means: dict[tuple[str, str, str], float | None] = {}
-        self._budget: dict[str, Any] | None = None
-        self._snapshot: Any = False
-        self._session: Any = False
+        self._budget: BudgetSignals | None = None
+        self._snapshot: BudgetSnapshot | None = None
+        self._snapshot_read = False
+        self._session: tuple[str, str] | None = None
+        self._session_read = False
+
+    @property
+    def fleet(self) -> Fleet:
+        """The fleet of the state."""
+        return self._fleet
+
+    @property
+    def request(self) -> RequestSignals:
+        """The ``request`` namespace."""
+        return self._request
 
     # -- pools, picks, prefix ---------------------------------------------------------
 
@@ -170,7 +221,7 @@ class LiveSignals:
         r = self.request
         return self.fleet.output_tokens(target, r["max_output_tokens"] if r["max_output_tokens_set"] else None)
 
-    def lookup(self, target: str) -> Any:
+    def lookup(self, target: str) -> PrefixLookup | None:
         """The prompt's ``PrefixLookup`` in ``target``'s index (None without hashes)."""
         if target not in self._lookups:
             self._lookups[target] = None if not self.block_hashes else self.state.prefix_index(
@@ -231,8 +282,9 @@ class LiveSignals:
 
     def session_entry(self) -> tuple[str, str] | None:
         """``(target, endpoint id)`` of this session's previous request, or None."""
-        if self._session is False:
+        if not self._session_read:
             self._session = self.state.session(self.session_id, self.now_mono)
+            self._session_read = True
         return self._session
 
     def pick(self, target: str, role: str) -> PoolPick:
@@ -254,13 +306,13 @@ class LiveSignals:
 
     # -- namespaces ------------------------------------------------------------------------
 
-    def load(self, target: str) -> Mapping[str, Any]:
+    def load(self, target: str) -> TargetLoad:
         """``load[target]`` (a ``TargetLoad``: fields computed as read): the target's endpoints
         merged, health counts, and the prefill pool's queue and saturation."""
         out = self._load.get(target)
         if out is not None:
             return out
-        readings = []
+        readings: list[EndpointLoad] = []
         for role in self.roles(target):
             readings.extend(x for x in self.pool_view(target, role).loads if x is not None)
         out = TargetLoad(readings, self.now_mono, self.state.endpoint_count(target),
@@ -287,7 +339,7 @@ class LiveSignals:
                 ids.update(self.fleet.positions.get((target, role), ()))
         return ids
 
-    def cache(self, target: str) -> dict[str, Any]:
+    def cache(self, target: str) -> CacheSignals:
         """``cache`` for ``target``: the longest cached prefix on one of its local endpoints,
         the shared tier's share after it, and this session's previous endpoint."""
         out = self._cache.get(target)
@@ -312,7 +364,7 @@ class LiveSignals:
         info = self.fleet.endpoints.get(endpoint_id)
         return endpoint_id if info is None else (info.name or info.url)
 
-    def endpoint(self, key: str) -> dict[str, Any]:
+    def endpoint(self, key: str) -> EndpointSignals:
         """``endpoint`` for key ``target/role``: the picker's first choice there."""
         out = self._endpoint.get(key)
         if out is not None:
@@ -320,12 +372,10 @@ class LiveSignals:
         target, _, role = key.partition("/")
         pick = self.pick(target, role)
         i = pick.chosen
-        if i is None:  # no healthy endpoint: the first one, flagged unhealthy
+        if i is None:  # no healthy endpoint: the first one, flagged unhealthy, nothing known about it
             info = pick.view.endpoints[0]
-            out = example_endpoint(info.name or "", info.url)
-            out.update(load_signals(None, self.now_mono, endpoints=0, healthy_endpoints=0))
-            out = {k: out[k] for k in example_endpoint()}
-            out["healthy"] = False
+            out = endpoint_signals(None, self.now_mono, name=info.name or "", url=info.url, healthy=False,
+                                   prefix_hit_ratio=0.0, cost_s=0.0)
         else:
             info, reading = pick.view.endpoints[i], pick.view.loads[i]
             local, _ = pick.view.hit(i)
@@ -335,13 +385,11 @@ class LiveSignals:
         self._endpoint[key] = out
         return out
 
-    def budget_snapshot(self) -> Any:
+    def budget_snapshot(self) -> BudgetSnapshot | None:
         """The ledger's ``BudgetSnapshot`` of this request's scopes (None: no budgets apply, no
         ledger, or the ledger failed and ``budget_fail_open``)."""
-        if self._snapshot is False:
-            self._snapshot = None
-            from pointsman.policy.budget.ledger import LedgerUnavailable
-
+        if not self._snapshot_read:
+            self._snapshot_read = True
             try:
                 self._snapshot = self.state.budget_snapshot(self.scopes, self.now)
             except LedgerUnavailable as exc:
@@ -350,7 +398,7 @@ class LiveSignals:
                     raise
         return self._snapshot
 
-    def budget(self) -> dict[str, Any]:
+    def budget(self) -> BudgetSignals:
         """The ``budget`` namespace."""
         if self._budget is None:
             self._budget = budget_signals(self.budget_snapshot(), self.now)
@@ -358,14 +406,15 @@ class LiveSignals:
 
     def budget_limited(self) -> bool:
         """True when some budget applies (and the ledger answered)."""
-        return self.budget_snapshot() is not None and self.budget_snapshot().binding is not None
+        snap = self.budget_snapshot()
+        return snap is not None and snap.binding is not None
 
     def budget_fits(self, usd: float) -> bool:
         """Would a reservation of ``usd`` pass every budget now (``BudgetSnapshot.fits``)?"""
         snap = self.budget_snapshot()
         return True if snap is None else snap.fits(usd)
 
-    def budget_binding(self) -> dict[str, Any] | None:
+    def budget_binding(self) -> BudgetSignals | None:
         """The binding budget's signals (for messages), or None when unlimited."""
         b = self.budget()
         return b if b["limited"] else None
@@ -395,7 +444,7 @@ class LiveSignals:
         return self._means[key]
 
     def cost(self, target: str, mode: str | None = None, cached_tokens: int | None = None,
-             pools: Any = None) -> CostEstimate:
+             pools: tuple[Pool, Pool] | None = None) -> CostEstimate:
         """Estimated cost in USD on ``target`` in ``mode`` (default: the target's default mode),
         with the expected cached prefix (default: the best local hit where prefill runs; a
         frontier target's provider cache) and the pools' current utilization; ``pools``
@@ -434,7 +483,7 @@ class LiveSignals:
         ``endpoint.x`` is resolved by the engine through its key)."""
         if path.startswith("load[\""):
             target = path[6:path.index("\"]")]
-            return self.load(target)["age_s"]
+            return number(self.load(target), "age_s")
         if path.startswith("budget."):
             snap = self.budget_snapshot()
             return 0.0 if snap is None else max(0.0, self.now - snap.now)
@@ -443,30 +492,39 @@ class LiveSignals:
 
 class StaticSignals:
     """A fixed snapshot as a signal source (policy cases, tests): ``signals`` holds the
-    namespaces as ``signals.example_signals`` lays them out (``load`` and ``_cache`` by
+    namespaces as ``namespaces.example_signals`` lays them out (``load`` and ``_cache`` by
     target, ``_endpoint`` by ``target/role``, ``budget``). Costs use the fleet's prices with
     ``cache[target].prefix_hit_tokens`` as the cached prefix and ``load[target]``'s
     utilizations (else the fleet's assumed one); budget checks use ``budget.remaining_usd``."""
 
-    def __init__(self, fleet: Fleet, policy: Any, signals: dict[str, Any]) -> None:
-        self.fleet = fleet
+    def __init__(self, fleet: Fleet, policy: CompiledPolicy, signals: Snapshot) -> None:
+        self._fleet = fleet
         self.policy = policy
         self.signals = signals
-        self.request = signals["request"]
 
-    def load(self, target: str) -> dict[str, Any]:
+    @property
+    def fleet(self) -> Fleet:
+        """The fleet of the snapshot."""
+        return self._fleet
+
+    @property
+    def request(self) -> RequestSignals:
+        """``signals["request"]``."""
+        return self.signals["request"]
+
+    def load(self, target: str) -> SignalMap:
         """``signals["load"][target]``."""
         return self.signals["load"][target]
 
-    def cache(self, target: str) -> dict[str, Any]:
+    def cache(self, target: str) -> CacheSignals:
         """``signals["_cache"][target]``."""
         return self.signals["_cache"][target]
 
-    def endpoint(self, key: str) -> dict[str, Any]:
+    def endpoint(self, key: str) -> EndpointSignals:
         """``signals["_endpoint"][key]``, else an idle, healthy endpoint."""
         return self.signals["_endpoint"].get(key) or example_endpoint()
 
-    def budget(self) -> dict[str, Any]:
+    def budget(self) -> BudgetSignals:
         """``signals["budget"]``."""
         return self.signals["budget"]
 
@@ -480,15 +538,19 @@ class StaticSignals:
         t = self.fleet.targets[target]
         mode = mode or t.modes[0]
         if cached_tokens is None:
-            cached_tokens = int(self.cache(target).get("prefix_hit_tokens", 0))
+            cached_tokens = int(self.cache(target)["prefix_hit_tokens"])
         load = self.load(target)
+        u_p, u_d = load.get("prefill_utilization"), load.get("decode_utilization")
         return estimate_cost(target, t, mode, int(self.request["prompt_tokens"]), self.output_tokens(target),
-                             cached_tokens, prefill_utilization=pool_utilization(load.get("prefill_utilization"), self.fleet),
-                             decode_utilization=pool_utilization(load.get("decode_utilization"), self.fleet))
+                             cached_tokens,
+                             prefill_utilization=pool_utilization(None if u_p is None else number(load, "prefill_utilization"),
+                                                                  self.fleet),
+                             decode_utilization=pool_utilization(None if u_d is None else number(load, "decode_utilization"),
+                                                                 self.fleet))
 
     def healthy_endpoints(self, target: str) -> int:
         """``load[target].healthy_endpoints``."""
-        return int(self.load(target).get("healthy_endpoints", 1))
+        return int(number(self.load(target), "healthy_endpoints", 1))
 
     def budget_limited(self) -> bool:
         """``budget.limited``."""
@@ -502,7 +564,7 @@ class StaticSignals:
         remaining = b["remaining_usd"]
         return remaining > 0 and usd <= remaining + 1e-12
 
-    def budget_binding(self) -> dict[str, Any] | None:
+    def budget_binding(self) -> BudgetSignals | None:
         """The budget signals when limited, else None."""
         b = self.budget()
         return b if b.get("limited") else None
@@ -510,11 +572,11 @@ class StaticSignals:
     def age(self, path: str) -> float:
         """``load[...]`` paths: the case's ``age_s``; others 0."""
         if path.startswith("load[\""):
-            return float(self.load(path[6:path.index("\"]")]).get("age_s", 0.0))
+            return number(self.load(path[6:path.index("\"]")]), "age_s")
         return 0.0
 
 
-def finite_or_none(value: Any) -> Any:
+def finite_or_none(value: object) -> object:
     """``value`` with infinite or NaN floats replaced by None (JSON has no infinity)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None

@@ -39,6 +39,8 @@ from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any
 
+from pointsman.request import RequestView  # noqa: E402
+
 TEMPLATES = [
     'request.prompt_tokens > 900000 && difficulty.p_hard > variables.t{i}',
     'load["big"].num_requests_waiting > 100000 + {i}',
@@ -162,7 +164,7 @@ def setup(n_endpoints: int, n_rules: int, ledger_dir: Path) -> dict[str, Any]:
     for k in range(2000):
         req = parse_route_request({"messages": [{"role": "system", "content": system if k % 2 else f"{k} " * 50},
                                                 {"role": "user", "content": f"question {k} " * 200}]})
-        hashes, _ = block_hashes(req)
+        hashes, _ = block_hashes(RequestView.of(req))
         state.prefix_index("big", False).record(rng.choice(big), hashes)
     request = parse_route_request({"messages": [{"role": "system", "content": system},
                                                 {"role": "user", "content": "a new question " * 400}],
@@ -181,9 +183,9 @@ def policy_step(ctx: dict[str, Any]) -> Callable[[], Any]:
 
     engine, request = ctx["engine"], ctx["request"]
     features = extract_features(request, None)
-    base = {"request": request_signals(features, request, 256),
+    base = {"request": request_signals(features, RequestView.of(request), 256),
             "difficulty": difficulty_signals(DifficultyEstimate(0.3, True, 0.0))}
-    hashes, ids = block_hashes(request)
+    hashes, ids = block_hashes(RequestView.of(request))
 
     def step() -> Any:
         live = LiveSignals(engine.state, engine.policy, engine.picker, request=base["request"], block_hashes=hashes,
@@ -205,8 +207,8 @@ def selection_only(ctx: dict[str, Any]) -> Callable[[], Any]:
     from pointsman.policy.signals.namespaces import request_signals
 
     engine, request = ctx["engine"], ctx["request"]
-    req_ns = request_signals(extract_features(request, None), request, 256)
-    hashes, ids = block_hashes(request)
+    req_ns = request_signals(extract_features(request, None), RequestView.of(request), 256)
+    hashes, ids = block_hashes(RequestView.of(request))
 
     def step() -> Any:
         live = LiveSignals(engine.state, engine.policy, engine.picker, request=req_ns, block_hashes=hashes,
@@ -225,9 +227,9 @@ def rules_only(ctx: dict[str, Any]) -> Callable[[], Any]:
     from pointsman.policy.signals.namespaces import request_signals
 
     engine, request = ctx["engine"], ctx["request"]
-    base = {"request": request_signals(extract_features(request, None), request, 256),
+    base = {"request": request_signals(extract_features(request, None), RequestView.of(request), 256),
             "difficulty": {"p_hard": 0.3, "available": True}}
-    hashes, ids = block_hashes(request)
+    hashes, ids = block_hashes(RequestView.of(request))
     live = LiveSignals(engine.state, engine.policy, engine.picker, request=base["request"], block_hashes=hashes,
                        gateway_ids=ids, scopes=("tenant:acme",), session_id="s-1")
     outcome = decide(engine.fleet, engine.policy, base, live)

@@ -9,11 +9,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from pointsman.errors import BudgetError, ConfigError, Problem
+from pointsman.json_types import JSONObject
 from pointsman.located import LocatedDocument, StrictModel, parse_yaml, read_text, validate
 from pointsman.policy.budget.units import NUSD_PER_USD, SCOPE_KINDS, SCOPE_RE
 
@@ -115,13 +116,13 @@ class BudgetConfig:
         by = self._by_scope
         return [b for s in scopes for b in by.get(s, ())]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """The plain-dict form ``from_dict`` reads."""
         return {"reservation_ttl_s": self.reservation_ttl_s, "record_retention_s": self.record_retention_s,
                 "budgets": [{"scope": b.scope, "window": b.window, "limit_usd": b.limit_usd} for b in self.budgets]}
 
     @classmethod
-    def from_dict(cls, data: Any, source: str = "<budgets>") -> BudgetConfig:
+    def from_dict(cls, data: object, source: str = "<budgets>") -> BudgetConfig:
         """Build from a plain dict::
 
             {"reservation_ttl_s": 600, "budgets": [
@@ -142,7 +143,7 @@ class BudgetConfig:
         return _from_spec(_validate(doc.data, doc))
 
 
-def _validate(data: Any, doc: LocatedDocument) -> BudgetsSpec:
+def _validate(data: object, doc: LocatedDocument) -> BudgetsSpec:
     if not isinstance(data, dict):
         raise BudgetConfigError([Problem(doc.file, 0, 0, "invalid-value",
                                          f"expected a mapping of budget settings, got {type(data).__name__}")])

@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from pointsman.errors import BudgetError
 from pointsman.policy.budget.config import BudgetConfig
@@ -165,17 +165,6 @@ class BudgetSnapshot:
         for s in self.statuses:
             out[s.scope] = min(out.get(s.scope, math.inf), s.remaining_usd)
         return out
-
-    def signals(self) -> dict[str, Any]:
-        """The ``budget`` namespace: ``remaining_usd``, ``spent_usd``, ``limit_usd``, ``window``
-        and ``scope`` of the binding budget, and ``limited``. Unlimited: ``remaining_usd``
-        and ``limit_usd`` are ``inf``, ``spent_usd`` 0, ``window`` and ``scope`` ''."""
-        b = self.binding
-        if b is None:
-            return {"remaining_usd": math.inf, "spent_usd": 0.0, "limit_usd": math.inf, "window": "",
-                    "scope": "", "limited": False}
-        return {"remaining_usd": b.remaining_usd, "spent_usd": b.spent_usd, "limit_usd": b.limit_usd,
-                "window": b.window, "scope": b.scope, "limited": True}
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 from pointsman.errors import BudgetError
@@ -55,6 +55,13 @@ from pointsman.policy.budget.units import (
     window_of,
     windows_at,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from redis import Redis
+    from redis.commands.core import Script
+
+#: What the ledger's Lua scripts return (``decode_responses=True``): strings and integers.
+Reply: TypeAlias = list[str | int]
 
 DEFAULT_PREFIX = "{pointsman-budget}:"
 #: Seconds spend/usage keys outlive their window beyond record retention (a late settle
@@ -197,7 +204,7 @@ class RedisLedger:
     client's connection pool is), fork-safe (redis-py reconnects in a child).
     """
 
-    def __init__(self, client: Any, config: BudgetConfig | None = None, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(self, client: Redis, config: BudgetConfig | None = None, prefix: str = DEFAULT_PREFIX) -> None:
         self.client = client
         self.config = config or BudgetConfig()
         self.prefix = prefix
@@ -224,9 +231,10 @@ class RedisLedger:
             raise BudgetError(f"budget ledger URL '{url}': {exc}") from None
         return cls(client, config, prefix=prefix)
 
-    def _run(self, script: Any, args: list[Any]) -> list[Any]:
+    def _run(self, script: Script, args: list[str]) -> Reply:
         try:
-            return script(keys=[], args=args)
+            out: Reply = script(keys=[], args=args)
+            return out
         except self._errors as exc:
             raise LedgerUnavailable(f"budget ledger (redis): {exc}") from exc
 
@@ -248,7 +256,7 @@ class RedisLedger:
         expires = now + config.reservation_ttl_s
         keep = config.record_retention_s + KEEP_AFTER_WINDOW_S
         budgets = config.budgets_for(scopes)
-        args: list[Any] = self._head(now) + [
+        args: list[str] = self._head(now) + [
             decision_id, str(need), repr(expires), str(max(1, math.ceil(config.record_retention_s))),
             windows["day"].id, windows["month"].id, repr(windows["day"].end_s + keep),
             repr(windows["month"].end_s + keep), "\n".join(scopes), str(len(budgets))]
@@ -278,10 +286,10 @@ class RedisLedger:
             raise UnknownReservation(decision_id)
         if out[0] == "replay":
             reserved, act, settled_s, tgt, pt, ct, comp, hold_state = out[1:]
-            return Settlement(decision_id, to_usd(int(reserved)), to_usd(int(act)), float(settled_s), tgt or None,
-                              int(pt), int(ct), int(comp), hold_state, replayed=True)
+            return Settlement(decision_id, to_usd(int(reserved)), to_usd(int(act)), float(settled_s),
+                              str(tgt) or None, int(pt), int(ct), int(comp), str(hold_state), replayed=True)
         return Settlement(decision_id, to_usd(int(out[2])), to_usd(actual), now, target, prompt_tokens, cached_tokens,
-                          completion_tokens, out[1])
+                          completion_tokens, str(out[1]))
 
     def release(self, decision_id: str, now: float | None = None) -> bool:
         """Drop the hold; True if it was live, False if already settled, released or expired.

@@ -95,12 +95,13 @@ class Scan:
 
 def tokenize(source: str) -> list[Token]:
     """CEL tokens of ``source`` without whitespace and comments."""
-    return [Token(m.lastgroup, m.group(), m.start()) for m in _TOKEN.finditer(source) if m.lastgroup != "ws"]
+    return [Token(m.lastgroup, m.group(), m.start()) for m in _TOKEN.finditer(source)
+            if m.lastgroup is not None and m.lastgroup != "ws"]
 
 
 def _string_value(text: str) -> str | None:
     """The value of a CEL string literal (plain or raw); None for bytes literals."""
-    prefix = re.match(r"[rRbB]*", text).group()
+    prefix = text[: len(text) - len(text.lstrip("rRbB"))]
     if "b" in prefix.lower():
         return None
     body = text[len(prefix):]

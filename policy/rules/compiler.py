@@ -36,27 +36,30 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias
 
 import cel
 from pydantic import ValidationError
 
 from pointsman.errors import PolicyError, Problem
+from pointsman.json_types import JSONValue
 from pointsman.located import LocatedDocument, did_you_mean, parse_yaml, read_text, validation_problems
 from pointsman.policy.fleet import Fleet, FrontierTarget
 from pointsman.policy.rules.cel_refs import scan
 from pointsman.policy.rules.limits import MAX_POLICY_BYTES, MAX_YAML_NODES, check_counts
 from pointsman.policy.rules.schema import (
     RULE_REF,
-    DisaggregationSpec,
-    EndpointSelectionSpec,
     FallbackSpec,
-    FiltersSpec,
     PolicySpec,
     RuleSpec,
 )
+from pointsman.policy.selection.filters import FiltersSpec
+from pointsman.policy.selection.pd_mode import DisaggregationSpec
+from pointsman.policy.selection.pickers import EndpointSelectionSpec
 from pointsman.policy.signals.load_board import StalenessPolicy
 from pointsman.policy.signals.namespaces import (
     CEL_BUILTINS,
@@ -64,6 +67,9 @@ from pointsman.policy.signals.namespaces import (
     FUNCTIONS,
     RELATIVE_ROOTS,
     SIGNALS,
+    EndpointSignals,
+    LoadSignals,
+    Snapshot,
     example_endpoint,
     example_load,
     example_signals,
@@ -76,8 +82,12 @@ DEFAULT_POLICY_PATH = DEFAULT_POLICY_DIR / "default.yaml"
 
 _CEL_ERROR = re.compile(r"<input>:(\d+):(\d+): (.*)")
 
+#: Fields of a namespace a policy reads; None: every field.
+Fields: TypeAlias = AbstractSet[str] | None
 #: A context plan: namespace -> None (whole) | fields | {key: None | fields}.
-Plan = dict[str, Any]
+Plan: TypeAlias = dict[str, Fields | dict[str, Fields]]
+#: A location in a policy document: keys and list indexes from the root.
+Path_: TypeAlias = tuple[str | int, ...]
 
 
 @dataclass(frozen=True)
@@ -93,7 +103,7 @@ class CompiledRule:
     name: str
     index: int
     when: str | None
-    program: Any
+    program: cel.Program | None
     target: str
     mode: str
     fallbacks: tuple[str, ...]
@@ -117,7 +127,7 @@ class CompiledPolicy:
     revision: str
     fleet_revision: str
     rules: tuple[CompiledRule, ...]
-    variables: dict[str, Any]
+    variables: dict[str, JSONValue]
     labels: dict[str, str]
     context_plan: Plan = field(default_factory=dict)
     uses_cost: bool = False
@@ -134,25 +144,25 @@ class _Checker:
         self.doc = doc
         self.fleet = fleet
         self.problems: list[Problem] = []
-        self._probes: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
+        self._probes: tuple[Mapping[str, JSONValue], list[Snapshot]] | None = None
 
-    def probes(self, variables: dict[str, Any]) -> list[dict[str, Any]]:
+    def probes(self, variables: Mapping[str, JSONValue]) -> list[Snapshot]:
         """The type probe's snapshots (built once per compile)."""
         if self._probes is None or self._probes[0] is not variables:
             self._probes = (variables, _probe_snapshots(self.fleet, variables))
         return self._probes[1]
 
-    def add(self, path: tuple[Any, ...], code: str, message: str, *, key: bool = False) -> None:
+    def add(self, path: Path_, code: str, message: str, *, key: bool = False) -> None:
         """Record a problem at the node (or key) at ``path``."""
         line, col = self.doc.mark(path, key=key)
         self.problems.append(Problem(self.doc.file, line, col, code, message))
 
-    def add_at(self, path: tuple[Any, ...], offset: int, code: str, message: str) -> None:
+    def add_at(self, path: Path_, offset: int, code: str, message: str) -> None:
         """Record a problem at character ``offset`` inside the scalar at ``path``."""
         line, col = self.doc.scalar_position(path, offset)
         self.problems.append(Problem(self.doc.file, line, col, code, message))
 
-    def target(self, path: tuple[Any, ...], name: str, *, key: bool = False) -> bool:
+    def target(self, path: Path_, name: str, *, key: bool = False) -> bool:
         """True if ``name`` is a fleet target, else record ``unknown-target`` with did-you-mean."""
         if name in self.fleet.targets:
             return True
@@ -185,21 +195,22 @@ def _is_unconditional(when: str | bool | None) -> bool:
 
 def _add_plan(plan: Plan, root: str, key: str | None, fields: set[str] | None) -> None:
     """Merge one read into ``plan`` (``key`` for keyed roots; ``fields`` None = whole)."""
-    if key is None:
-        if root in plan and plan[root] is None:
-            return
-        if fields is None:
-            plan[root] = None
-        else:
-            plan.setdefault(root, set()).update(fields)
-        return
     if root in plan and plan[root] is None:
         return
-    keyed = plan.setdefault(root, {})
+    if key is None:
+        current = plan.get(root)
+        plan[root] = None if fields is None else (set(current) if isinstance(current, AbstractSet) else set()) | fields
+        return
+    keyed = plan.get(root)
+    if not isinstance(keyed, dict):
+        keyed = {}
+        plan[root] = keyed
     if fields is None:
         keyed[key] = None
-    elif keyed.get(key, set()) is not None:
-        keyed.setdefault(key, set()).update(fields)
+    else:
+        have = keyed.get(key, set())
+        if have is not None:
+            keyed[key] = set(have) | fields
 
 
 def merge_plans(into: Plan, other: Plan) -> None:
@@ -216,14 +227,14 @@ def merge_plans(into: Plan, other: Plan) -> None:
 
 @dataclass
 class _Condition:
-    program: Any = None
+    program: cel.Program | None = None
     paths: tuple[str, ...] = ()
     uses_cost: bool = False
     plan: Plan = field(default_factory=dict)
     source: str = ""
 
 
-def _check_condition(ck: _Checker, i: int, source: str, variables: dict[str, Any], target: str | None,
+def _check_condition(ck: _Checker, i: int, source: str, variables: Mapping[str, JSONValue], target: str | None,
                      role: str) -> _Condition:
     """Check one ``when`` and compile it (rewritten for relative namespaces); see the module doc."""
     path = ("rules", i, "when")
@@ -269,7 +280,7 @@ def _check_condition(ck: _Checker, i: int, source: str, variables: dict[str, Any
             if ref.field not in targets:
                 ok = False
                 ck.add_at(path, ref.field_offset or ref.offset, "unknown-target",
-                          f"unknown target '{ref.field}' in {ref.root}[]{did_you_mean(ref.field, targets)}")
+                          f"unknown target '{ref.field}' in {ref.root}[]{did_you_mean(ref.field or '', targets)}")
                 continue
             if ref.member is None:
                 _add_plan(out.plan, ref.root, ref.field, None)
@@ -331,39 +342,43 @@ def _endpoint_keys(fleet: Fleet) -> list[str]:
     return [relative_key("endpoint", t, role) for t in fleet.targets for role in ("aggregated", "decode", "api")]
 
 
-def _probe_snapshots(fleet: Fleet, variables: dict[str, Any]) -> list[dict[str, Any]]:
+def _probe_snapshots(fleet: Fleet, variables: Mapping[str, JSONValue]) -> list[Snapshot]:
     """Two snapshots for the type probe: typical (idle, short, easy) and busy (long, hard, tools)."""
     typical = example_signals(variables, fleet.targets)
-    typical["_endpoint"] = {k: example_endpoint() for k in _endpoint_keys(fleet)}
-    for value in [*typical["load"].values(), *typical["_endpoint"].values()]:  # nulls would fail any comparison
-        value.update(prefill_utilization=0.5, decode_utilization=0.5)
+    # nulls would fail any comparison: the probe reads utilizations as known
+    typical_load: LoadSignals = {**example_load(), "prefill_utilization": 0.5, "decode_utilization": 0.5}
+    typical_endpoint: EndpointSignals = {**example_endpoint(), "prefill_utilization": 0.5, "decode_utilization": 0.5}
+    typical["load"] = {t: typical_load for t in fleet.targets}
+    typical["_endpoint"] = {k: typical_endpoint for k in _endpoint_keys(fleet)}
     busy = example_signals(variables, fleet.targets)
-    busy["request"].update(prompt_tokens=20000, max_output_tokens=2048, max_output_tokens_set=True, turns=6,
-                           messages=12, has_tools=True, has_images=True, images=1, tenant="acme", team="search",
-                           session_id="s-1", slo_class="interactive", model="gpt-4o")
+    busy["request"] = {"prompt_tokens": 20000, "max_output_tokens": 2048, "max_output_tokens_set": True, "turns": 6,
+                       "messages": 12, "has_tools": True, "has_images": True, "images": 1, "tenant": "acme",
+                       "team": "search", "session_id": "s-1", "slo_class": "interactive", "model": "gpt-4o"}
     busy["difficulty"] = {"p_hard": 0.9, "available": True}
-    load = example_load()
-    load.update(num_requests_running=64, num_requests_waiting=40, kv_cache_usage=0.95, ttft_p50_ms=2500.0,
-                tpot_p50_ms=80.0, prefill_utilization=0.9, decode_utilization=0.9, inflight_requests=100,
-                outstanding_requests=104, age_s=3.0, endpoints=4, healthy_endpoints=3, prefill_queue_s=3.0,
-                prefill_saturated=True)
-    busy["load"] = {t: dict(load) for t in fleet.targets}
+    load: LoadSignals = {
+        "num_requests_running": 64, "num_requests_waiting": 40, "kv_cache_usage": 0.95, "ttft_p50_ms": 2500.0,
+        "tpot_p50_ms": 80.0, "prefill_utilization": 0.9, "decode_utilization": 0.9, "inflight_requests": 100,
+        "outstanding_requests": 104, "age_s": 3.0, "stale": False, "saturated": False, "endpoints": 4,
+        "healthy_endpoints": 3, "prefill_queue_s": 3.0, "prefill_saturated": True}
+    busy["load"] = {t: load for t in fleet.targets}
     busy["_cache"] = {t: {"prefix_hit_ratio": 0.9, "prefix_hit_tokens": 18000, "shared_hit_ratio": 0.05,
                           "endpoint": "e-0", "session_endpoint": "e-0", "session_target": t} for t in fleet.targets}
-    ep = example_endpoint("e-0", "http://e-0/v1")
-    ep.update({k: v for k, v in load.items() if k in ep})
-    ep.update(prefix_hit_ratio=0.9, cost_s=1.5)
-    busy["_endpoint"] = {k: dict(ep) for k in _endpoint_keys(fleet)}
+    ep: EndpointSignals = {
+        "num_requests_running": 64, "num_requests_waiting": 40, "kv_cache_usage": 0.95, "ttft_p50_ms": 2500.0,
+        "tpot_p50_ms": 80.0, "prefill_utilization": 0.9, "decode_utilization": 0.9, "inflight_requests": 100,
+        "outstanding_requests": 104, "age_s": 3.0, "stale": False, "saturated": False, "name": "e-0",
+        "url": "http://e-0/v1", "healthy": True, "prefix_hit_ratio": 0.9, "cost_s": 1.5}
+    busy["_endpoint"] = {k: ep for k in _endpoint_keys(fleet)}
     busy["budget"] = {"limited": True, "remaining_usd": 1.5, "spent_usd": 98.5, "limit_usd": 100.0,
                       "spent_fraction": 0.985, "window": "day", "window_elapsed_fraction": 0.6, "pace_gap": 0.385,
                       "scope": "tenant:acme"}
     return [typical, busy]
 
 
-def _probe(ck: _Checker, path: tuple[Any, ...], program: Any, variables: dict[str, Any]) -> None:
+def _probe(ck: _Checker, path: Path_, program: cel.Program, variables: Mapping[str, JSONValue]) -> None:
     """Run the condition on the probe snapshots to catch type errors and non-boolean results."""
     for snapshot in ck.probes(variables):
-        ctx = cel.Context(snapshot, {"cost": lambda target: 0.001})
+        ctx = cel.Context(dict(snapshot), {"cost": lambda target: 0.001})
         try:
             result = program.execute(ctx)
         except TypeError as exc:
@@ -448,7 +463,12 @@ def _expand_fallbacks(ck: _Checker, fleet: Fleet, rules: list[tuple[int, RuleSpe
                 continue
             out.append((fb_target, _resolve_mode(fleet, fb_target, fb_mode or mode)))
         seen: set[str] = set()
-        unique = tuple(c for c in out if not (c[0] in seen or seen.add(c[0])))
+        kept = []
+        for c in out:
+            if c[0] not in seen:
+                seen.add(c[0])
+                kept.append(c)
+        unique = tuple(kept)
         done[i] = unique
         return unique
 
@@ -529,7 +549,8 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
     else:
         raw_vars = data.get("variables")
         variables = dict(raw_vars) if isinstance(raw_vars, dict) else {}
-        raw_rules = data.get("rules") if isinstance(data.get("rules"), list) else []
+        listed = data.get("rules")
+        raw_rules = listed if isinstance(listed, list) else []
         rules = []
         for i, raw in enumerate(raw_rules):
             # Already reported by the whole-file validation; check the rest of the rule

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import cel
 
@@ -48,9 +48,9 @@ class RuleResult(NamedTuple):
     error: str | None = None
     note: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """``{"rule", "result"}`` plus ``"error"`` / ``"note"`` when set."""
-        d: dict[str, Any] = {"rule": self.rule, "result": self.result}
+        d: dict[str, object] = {"rule": self.rule, "result": self.result}
         if self.error is not None:
             d["error"] = self.error
         if self.note is not None:
@@ -86,26 +86,31 @@ class Verdict:
         return [r.name for r, code in zip(self.rules, self.codes) if code == "error"]
 
 
-def context_variables(policy: CompiledPolicy, signals: Mapping[str, Any]) -> dict[str, Any]:
+def context_variables(policy: CompiledPolicy, signals: Mapping[str, object]) -> dict[str, object]:
     """The part of a full snapshot ``signals`` the policy's conditions read (see
     ``CompiledPolicy.context_plan``; keyed roots ``load``, ``_cache``, ``_endpoint`` are pruned
     per key); ``variables`` always come from the policy itself."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for root, plan in policy.context_plan.items():
         ns = policy.variables if root == "variables" else signals.get(root)
-        if ns is None:
+        if not isinstance(ns, Mapping):
             continue
         if plan is None:
             out[root] = ns
         elif isinstance(plan, dict):
-            out[root] = {k: (ns[k] if fields is None else {f: ns[k][f] for f in fields if f in ns[k]})
-                         for k, fields in plan.items() if k in ns}
+            keyed: dict[str, object] = {}
+            for k, fields in plan.items():
+                if k in ns:
+                    value = ns[k]
+                    keyed[k] = value if fields is None or not isinstance(value, Mapping) else \
+                        {f: value[f] for f in fields if f in value}
+            out[root] = keyed
         else:
             out[root] = {f: ns[f] for f in plan if f in ns}
     return out
 
 
-def _error_text(exc: Exception, rule: CompiledRule, signals: Mapping[str, Any]) -> str:
+def _error_text(exc: Exception, rule: CompiledRule, signals: Mapping[str, object]) -> str:
     """A one-line reason for a failed condition, naming null signals when they caused it."""
     if isinstance(exc, TypeError) and "No such overload" in str(exc):
         nulls = [p for p in rule.signals
@@ -136,23 +141,27 @@ def _cost_function(costs: Mapping[str, float]) -> Callable[[str], float]:
     return cost
 
 
-def lookup_signal(signals: Mapping[str, Any], path: str, rule: CompiledRule | None = None) -> Any:
+def _get(ns: object, key: str) -> object:
+    return ns.get(key) if isinstance(ns, Mapping) else None
+
+
+def lookup_signal(signals: Mapping[str, object], path: str, rule: CompiledRule | None = None) -> object:
     """The value at a signal path as written (``request.x``, ``load["t"].x``, ``cache.x``) in a
     snapshot or CEL context; None when absent."""
     if path.startswith('load["'):
         target, _, member = path[6:].partition('"]')
-        ns = (signals.get("load") or {}).get(target)
+        ns = _get(signals.get("load"), target)
         member = member.lstrip(".")
-        return ns.get(member) if isinstance(ns, dict) and member else ns
+        return _get(ns, member) if isinstance(ns, dict) and member else ns
     root, _, rest = path.partition(".")
     if root in RELATIVE_ROOTS and rule is not None:
-        ns = (signals.get(RELATIVE_ROOTS[root]) or {}).get(relative_key(root, rule.target, rule.role))
+        ns = _get(signals.get(RELATIVE_ROOTS[root]), relative_key(root, rule.target, rule.role))
     else:
         ns = signals.get(root)
-    return ns.get(rest) if isinstance(ns, dict) and rest else ns
+    return _get(ns, rest) if isinstance(ns, dict) and rest else ns
 
 
-def evaluate(policy: CompiledPolicy, signals: Mapping[str, Any], costs: Mapping[str, float] | None = None,
+def evaluate(policy: CompiledPolicy, signals: Mapping[str, object], costs: Mapping[str, float] | None = None,
              exclusions: Mapping[str, Exclusion | None] | None = None, *, pruned: bool = False) -> Verdict:
     """Run the rules in order on ``signals`` (see module doc): a full snapshot, or with
     ``pruned`` the CEL variables already reduced to the policy's plan
@@ -162,7 +171,7 @@ def evaluate(policy: CompiledPolicy, signals: Mapping[str, Any], costs: Mapping[
     matching rule has an eligible target."""
     exclusions = exclusions or {}
     functions = {"cost": _cost_function(costs or {})} if policy.uses_cost else None
-    ctx = cel.Context(signals if pruned else context_variables(policy, signals), functions)
+    ctx = cel.Context(dict(signals) if pruned else context_variables(policy, signals), functions)
     codes: list[str] = []
     details: dict[int, tuple[str | None, str | None]] = {}
     considered: list[str] = []

@@ -24,8 +24,6 @@ take about 1 ms (alias bomb, text or a file over the byte limit) up to about 1 s
 
 from __future__ import annotations
 
-from typing import Any
-
 from pointsman.errors import PolicyError, Problem
 from pointsman.located import LocatedDocument
 
@@ -43,7 +41,7 @@ def check_counts(doc: LocatedDocument) -> None:
     """Raise ``PolicyError`` (code ``too-large``, located at the first rule or the allow-list
     past the limit) when ``doc.data`` has more than ``MAX_RULES`` rules or more than
     ``MAX_TENANT_ENTRIES`` tenant names; runs on the parsed data, before schema validation."""
-    data: Any = doc.data
+    data = doc.data
     if not isinstance(data, dict):
         return
     rules = data.get("rules")

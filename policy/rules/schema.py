@@ -55,17 +55,19 @@ names known signals) are checked by ``policy/rules/compiler.py``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
 
+from pointsman.json_types import JSONValue
 from pointsman.located import StrictModel
 from pointsman.policy.fleet import Metadata
+from pointsman.policy.selection.filters import FiltersSpec
+from pointsman.policy.selection.pd_mode import DisaggregationSpec
+from pointsman.policy.selection.pickers import EndpointSelectionSpec
 
 RuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
 Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
-JsonScalar = str | int | float | bool | None
-VariableValue = JsonScalar | list[Any] | dict[str, Any]
 RouteMode = Literal["aggregated", "disaggregated", "auto"]
 #: Prefix of a fallback item that names a rule.
 RULE_REF = "rule:"
@@ -114,55 +116,13 @@ class SignalsSpec(StrictModel):
     load: LoadSignalsSpec = LoadSignalsSpec()
 
 
-class FiltersSpec(StrictModel):
-    """Eligibility filters (``policy/selection/filters.py``), each on unless set false; ``tenants`` maps a
-    target to the tenants allowed on it (targets not listed take every tenant; a request
-    without a tenant is not on any list)."""
-
-    context_window: bool = True
-    capabilities: bool = True
-    tenants: dict[str, list[str]] = {}
-    health: bool = True
-    budget: bool = True
-
-
-class EndpointSelectionSpec(StrictModel):
-    """Endpoint choice inside the chosen pool (``policy/selection/pickers.py``): ``picker`` (a name in
-    ``PICKERS``), ``bounded_load_epsilon`` (cap on an endpoint's outstanding requests at
-    (1 + eps) × the pool's mean, counting this request; null: no cap),
-    ``bounded_load_floor`` (the cap is never below this many requests: at low load cache
-    reuse matters more than perfect balance), ``fallback_endpoints`` (endpoints listed after
-    the chosen one, per role)."""
-
-    picker: str = "min-cost"
-    bounded_load_epsilon: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = 0.25
-    bounded_load_floor: Annotated[int, Field(ge=1)] = 2
-    fallback_endpoints: Annotated[int, Field(ge=0, le=64)] = 2
-
-
-class DisaggregationSpec(StrictModel):
-    """Prefill/decode rules of thumb (``policy/selection/pd_mode.py``). ``auto`` routes stay
-    aggregated when the uncached prompt is at most ``min_uncached_prompt_tokens``, the
-    output at most ``min_output_tokens``, or at least ``max_local_hit_ratio`` of the prefix
-    is cached on the decode side. Every disaggregated route stays aggregated (when the
-    target has an aggregated pool) when its prefill + decode pools have fewer than
-    ``min_pool_gpus`` GPUs or the prefill pool is saturated (every healthy prefill
-    endpoint queues ``max_prefill_queue_s`` or more, or reads saturated)."""
-
-    min_uncached_prompt_tokens: Annotated[int, Field(ge=0)] = 512
-    min_output_tokens: Annotated[int, Field(ge=0)] = 16
-    max_local_hit_ratio: Annotated[float, Field(ge=0, le=1)] = 0.8
-    min_pool_gpus: Annotated[int, Field(ge=0)] = 12
-    max_prefill_queue_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 2.0
-
-
 class PolicySpec(StrictModel):
     """The validated content of a policy file."""
 
     apiVersion: Literal["pointsman/v1"]
     kind: Literal["RoutingPolicy"]
     metadata: Metadata = Metadata()
-    variables: dict[Identifier, VariableValue] = {}
+    variables: dict[Identifier, JSONValue] = {}
     signals: SignalsSpec = SignalsSpec()
     filters: FiltersSpec = FiltersSpec()
     endpoint_selection: EndpointSelectionSpec = EndpointSelectionSpec()

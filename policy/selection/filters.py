@@ -23,10 +23,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from pointsman.errors import RequestError
+from pointsman.located import StrictModel
 from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget
+from pointsman.policy.signals.namespaces import RequestSignals
+from pointsman.policy.signals.source import SignalSource
+
+
+class FiltersSpec(StrictModel):
+    """Eligibility filters (``policy/selection/filters.py``), each on unless set false; ``tenants`` maps a
+    target to the tenants allowed on it (targets not listed take every tenant; a request
+    without a tenant is not on any list)."""
+
+    context_window: bool = True
+    capabilities: bool = True
+    tenants: dict[str, list[str]] = {}
+    health: bool = True
+    budget: bool = True
 
 
 @dataclass
@@ -35,9 +49,9 @@ class FilterContext:
     policy's ``FiltersSpec``) and ``source`` (the decision's signal source: ``healthy_endpoints(t)``,
     ``budget_limited()``, ``budget_fits(usd)``, ``budget_binding()``, ``cost(t)``)."""
 
-    request: dict[str, Any]
-    settings: Any
-    source: Any
+    request: RequestSignals
+    settings: FiltersSpec
+    source: SignalSource
 
 
 FilterFn = Callable[[str, "OnPremTarget | FrontierTarget", FilterContext], "str | None"]
@@ -99,7 +113,7 @@ FILTERS: dict[str, FilterFn] = {"context-window": context_window, "capabilities"
 _SWITCH = {"context-window": "context_window", "capabilities": "capabilities", "health": "health", "budget": "budget"}
 
 
-def enabled(settings: Any, filters: dict[str, FilterFn] = FILTERS) -> list[tuple[str, FilterFn]]:
+def enabled(settings: FiltersSpec, filters: dict[str, FilterFn] = FILTERS) -> list[tuple[str, FilterFn]]:
     """The filters the policy's ``FiltersSpec`` switches on, in order (others: always)."""
     out = []
     for name, fn in filters.items():

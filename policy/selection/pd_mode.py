@@ -44,9 +44,28 @@ Otherwise ``auto`` disaggregates.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated
 
+from pydantic import Field
+
+from pointsman.located import StrictModel
 from pointsman.policy.fleet import FrontierTarget, OnPremTarget
+
+
+class DisaggregationSpec(StrictModel):
+    """Prefill/decode rules of thumb (the policy file's ``disaggregation`` section). ``auto`` routes stay
+    aggregated when the uncached prompt is at most ``min_uncached_prompt_tokens``, the
+    output at most ``min_output_tokens``, or at least ``max_local_hit_ratio`` of the prefix
+    is cached on the decode side. Every disaggregated route stays aggregated (when the
+    target has an aggregated pool) when its prefill + decode pools have fewer than
+    ``min_pool_gpus`` GPUs or the prefill pool is saturated (every healthy prefill
+    endpoint queues ``max_prefill_queue_s`` or more, or reads saturated)."""
+
+    min_uncached_prompt_tokens: Annotated[int, Field(ge=0)] = 512
+    min_output_tokens: Annotated[int, Field(ge=0)] = 16
+    max_local_hit_ratio: Annotated[float, Field(ge=0, le=1)] = 0.8
+    min_pool_gpus: Annotated[int, Field(ge=0)] = 12
+    max_prefill_queue_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 2.0
 
 
 @dataclass(frozen=True)
@@ -55,9 +74,9 @@ class ModeDecision:
 
     mode: str
     reason: str
-    inputs: dict[str, Any]
+    inputs: dict[str, object]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """``{"mode", "reason", "inputs"}``."""
         return {"mode": self.mode, "reason": self.reason, "inputs": dict(self.inputs)}
 
@@ -69,7 +88,7 @@ def pd_pool_gpus(target: OnPremTarget | FrontierTarget) -> int:
     return target.pools.prefill.gpus + target.pools.decode.gpus
 
 
-def decide_mode(spec: Any, target: OnPremTarget | FrontierTarget, route_mode: str, *, prompt_tokens: int,
+def decide_mode(spec: DisaggregationSpec, target: OnPremTarget | FrontierTarget, route_mode: str, *, prompt_tokens: int,
                 output_tokens: int, prefix_hit_ratio: float, prefill_saturated: bool) -> ModeDecision:
     """``aggregated`` or ``disaggregated`` for a route of ``route_mode`` (``aggregated``,
     ``disaggregated`` or ``auto``) on ``target`` (rules in the module docstring). ``spec``:

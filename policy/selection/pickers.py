@@ -37,13 +37,31 @@ O(n log k) selection; ``scripts/bench_policy.py`` measures 8 and 256 endpoints.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Annotated, Protocol
 
+from pydantic import Field
+
+from pointsman.located import StrictModel
 from pointsman.policy.decision import EndpointChoice
 from pointsman.policy.fleet import EndpointInfo, Pool
+from pointsman.policy.signals.load_board import EndpointLoad
 from pointsman.policy.signals.prefix_index import PrefixLookup, SharedKVTier
+
+
+class EndpointSelectionSpec(StrictModel):
+    """Endpoint choice inside the chosen pool (``policy/selection/pickers.py``): ``picker`` (a name in
+    ``PICKERS``), ``bounded_load_epsilon`` (cap on an endpoint's outstanding requests at
+    (1 + eps) × the pool's mean, counting this request; null: no cap),
+    ``bounded_load_floor`` (the cap is never below this many requests: at low load cache
+    reuse matters more than perfect balance), ``fallback_endpoints`` (endpoints listed after
+    the chosen one, per role)."""
+
+    picker: str = "min-cost"
+    bounded_load_epsilon: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = 0.25
+    bounded_load_floor: Annotated[int, Field(ge=1)] = 2
+    fallback_endpoints: Annotated[int, Field(ge=0, le=64)] = 2
 
 
 @dataclass(frozen=True)
@@ -71,7 +89,7 @@ class PoolView:
     role: str
     pool: Pool | None
     endpoints: Sequence[EndpointInfo]
-    loads: Sequence[Any]
+    loads: Sequence[EndpointLoad | None]
     healthy: Sequence[bool]
     prefix: PrefixLookup | None = None
     shared: SharedKVTier | None = None
@@ -193,8 +211,7 @@ class QueueScorer:
         """Seconds per endpoint (see the class docstring)."""
         p = inp.prompt_tokens
         rates = view.rates("prefill_tokens_per_s")
-        scalar = isinstance(rates, float)
-        out = []
+        out: list[float] = []
         append = out.append
         for i, x in enumerate(view.loads):
             if x is None:
@@ -202,10 +219,10 @@ class QueueScorer:
                 continue
             waiting, inflight = x.num_requests_waiting, x.inflight_requests
             extra = 0 if waiting is None or waiting <= x.pending_requests else waiting - x.pending_requests
-            work = x.pending_prompt_tokens
+            work: float = x.pending_prompt_tokens
             if extra:
                 work += extra * (x.inflight_prompt_tokens / inflight if inflight else p)
-            append(work / (rates if scalar else rates[i]))
+            append(work / (rates if isinstance(rates, float) else rates[i]))
         return out
 
 
@@ -231,7 +248,9 @@ class DecodeLoadScorer:
         return [out * (b + 1) / rate for b, rate in zip(view.outstanding(), rates)]
 
 
-SCORERS: dict[str, type] = {"prefill-work": PrefillWorkScorer, "queue": QueueScorer, "decode-load": DecodeLoadScorer}
+#: Scorers by name (each constructed with no arguments).
+SCORERS: dict[str, Callable[[], Scorer]] = {"prefill-work": PrefillWorkScorer, "queue": QueueScorer,
+                                           "decode-load": DecodeLoadScorer}
 
 #: Scorers per pool role (``api``: a frontier endpoint, nothing to choose).
 ROLE_SCORERS: dict[str, tuple[str, ...]] = {
@@ -286,7 +305,7 @@ class PoolPick:
         eps = self.view.endpoints
         return tuple(EndpointChoice(eps[i].url, self.view.role, eps[i].name) for i in self.order)
 
-    def trace(self, limit: int = 8) -> dict[str, Any]:
+    def trace(self, limit: int = 8) -> dict[str, object]:
         """JSON-ready: the pool, the cap, counts of exclusions, and the best ``limit`` candidates
         with their scores (seconds), hits, outstanding requests and exclusion."""
         v, (local_hits, shared_hits), outstanding = self.view, self.view.hits(), self.view.outstanding()
@@ -325,7 +344,7 @@ class MinCostPicker:
     (over-cap endpoints after those under it). ``selection``: the policy's
     ``EndpointSelectionSpec``."""
 
-    def __init__(self, selection: Any) -> None:
+    def __init__(self, selection: EndpointSelectionSpec) -> None:
         self.epsilon = selection.bounded_load_epsilon
         self.floor = selection.bounded_load_floor
         self.fallback_endpoints = selection.fallback_endpoints
@@ -371,7 +390,7 @@ class InOrderPicker:
     """``in-order``: the healthy endpoints in the fleet file's order (no scores); the chosen
     one and up to ``fallback_endpoints`` more."""
 
-    def __init__(self, selection: Any) -> None:
+    def __init__(self, selection: EndpointSelectionSpec) -> None:
         self.fallback_endpoints = selection.fallback_endpoints
 
     def pick(self, inp: PickInput, view: PoolView) -> PoolPick:
@@ -381,8 +400,18 @@ class InOrderPicker:
         return PoolPick(view, order, [0.0] * len(view.endpoints), {}, None, excluded)
 
 
+class Picker(Protocol):
+    """Orders one pool's endpoints for one request: ``pick(inp, view) -> PoolPick`` (the chosen
+    endpoint first, then fallbacks; unhealthy endpoints never chosen). Built from the policy's
+    ``EndpointSelectionSpec``."""
+
+    def pick(self, inp: PickInput, view: PoolView) -> PoolPick:
+        """The ordering of ``view``'s endpoints for ``inp``."""
+        ...
+
+
 #: Pickers by the name a policy's ``endpoint_selection.picker`` uses.
-PICKERS: dict[str, type] = {"min-cost": MinCostPicker, "in-order": InOrderPicker}
+PICKERS: dict[str, Callable[[EndpointSelectionSpec], Picker]] = {"min-cost": MinCostPicker, "in-order": InOrderPicker}
 
 
 def base_url(endpoints: tuple[EndpointChoice, ...]) -> str:

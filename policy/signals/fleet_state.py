@@ -45,7 +45,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from pointsman.errors import BudgetError, RequestError
 from pointsman.policy.budget.ledger import (
@@ -56,12 +55,12 @@ from pointsman.policy.budget.ledger import (
     UnknownReservation,
 )
 from pointsman.policy.budget.units import check_tokens
+from pointsman.policy.cost import TargetPrice, estimate_cost
 from pointsman.policy.cost import effective_prices as _effective_prices
-from pointsman.policy.cost import estimate_cost
 from pointsman.policy.fleet import Fleet, FrontierTarget
-from pointsman.policy.signals.load_board import EndpointLoad, LoadBoard
+from pointsman.policy.signals.load_board import EndpointLoad, LoadBoard, StalenessPolicy
 from pointsman.policy.signals.prefix_index import BLOCK_TOKENS, MOONCAKE_BLOCK_TOKENS, PrefixIndex, SharedKVTier
-from pointsman.policy.signals.scrape import metrics_url
+from pointsman.policy.signals.scrape import ScrapeStatus, metrics_url
 
 #: KV capacity assumed for a frontier provider's prompt cache, tokens (large: it is theirs).
 FRONTIER_CACHE_TOKENS = 50_000_000
@@ -98,6 +97,19 @@ class DispatchRecord:
 
 
 @dataclass(frozen=True)
+class Dispatch:
+    """What ``FleetState.dispatch`` commits for one decision: the ``record`` it keeps until the
+    outcome, and what it records once without keeping: the prompt's ``block_hashes`` (from the
+    gateway's ids when ``gateway_ids``) on the chosen endpoint(s), and the ``session_id``'s
+    endpoint ('' for none)."""
+
+    record: DispatchRecord
+    block_hashes: Sequence[int]
+    gateway_ids: bool
+    session_id: str = ""
+
+
+@dataclass(frozen=True)
 class Settled:
     """The result of ``FleetState.settle``: ``actual_cost_usd`` booked (computed from usage by
     the cost model unless the caller gave it), ``target``/``mode``, ``settlement`` (the
@@ -112,7 +124,7 @@ class Settled:
     released_load: int
     replayed: bool
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """JSON-ready summary."""
         s = self.settlement
         return {"decision_id": self.decision_id, "target": self.target, "mode": self.mode,
@@ -121,22 +133,6 @@ class Settled:
                 "reserved_usd": None if s is None else s.reserved_usd,
                 "overrun_usd": None if s is None else s.overrun_usd,
                 "hold_state": None if s is None else s.hold_state}
-
-
-def request_scopes(tenant: str | None, team: str | None, api_key_id: str | None = None) -> tuple[str, ...]:
-    """Budget scopes of a request: ``tenant:<tenant>``, ``team:<team>``, ``key:<api key id>`` for
-    those present. Raises ``RequestError`` naming the routing field when a name has spaces
-    or is over 200 characters (scopes are ``kind:name`` with a non-space name)."""
-    out = []
-    for kind, value, fld in (("tenant", tenant, "routing.tenant"), ("team", team, "routing.team"),
-                             ("key", api_key_id, "api_key_id")):
-        if not value:
-            continue
-        if len(value) > 200 or any(c.isspace() for c in value):
-            raise RequestError(f"{kind} must be 1-200 characters without spaces (it names a budget scope)",
-                               field=fld)
-        out.append(f"{kind}:{value}")
-    return tuple(out)
 
 
 class FleetState:
@@ -174,6 +170,7 @@ class FleetState:
             self._shared[name] = None
             if not isinstance(target, FrontierTarget) and target.shared_kv is not None:
                 kv = target.shared_kv
+                assert target.kv_bytes_per_token is not None, "the fleet file requires kv_bytes_per_token with shared_kv"
                 self._shared[name] = SharedKVTier(kv.capacity_tokens, target.kv_bytes_per_token,
                                                   kv.bandwidth_bytes_per_s, kv.latency_s)
             for ids in (False, True):
@@ -279,47 +276,45 @@ class FleetState:
 
     # -- dispatch (engine) ---------------------------------------------------------
 
-    def dispatch(self, decision_id: str, *, target: str, mode: str, endpoint: str, prefill_endpoint: str | None,
-                 scopes: Sequence[str], estimated_cost_usd: float, prompt_tokens: int, block_hashes: Sequence[int],
-                 gateway_ids: bool, session_id: str = "", prefill_utilization: float = 1.0,
-                 decode_utilization: float = 1.0, now: float | None = None,
-                 now_mono: float | None = None) -> DispatchRecord:
-        """Commit a decision: reserve ``estimated_cost_usd`` on ``scopes`` in the ledger (raises
-        ``BudgetExceeded`` with nothing changed when it does not fit; ``LedgerUnavailable``
-        when the backend fails and the request has budgets, unless ``budget_fail_open``),
-        then count the request in flight on its endpoint(s), record its prefix there and
-        its session. Returns the ``DispatchRecord`` that ``settle`` will use."""
+    def dispatch(self, dispatch: Dispatch, now: float | None = None) -> DispatchRecord:
+        """Commit a decision: reserve ``record.estimated_cost_usd`` on ``record.scopes`` in the
+        ledger (raises ``BudgetExceeded`` with nothing changed when it does not fit;
+        ``LedgerUnavailable`` when the backend fails and the request has budgets, unless
+        ``budget_fail_open``), then count the request in flight on its endpoint(s) (at the
+        record's monotonic ``at``), record its prefix there and its session. ``now``: Unix
+        seconds for the ledger. Returns the ``DispatchRecord`` that ``settle`` will use, with
+        ``reserved`` saying whether the ledger holds the estimate."""
         now = self.clock() if now is None else now
-        now_mono = self.monotonic() if now_mono is None else now_mono
+        record = dispatch.record
+        decision_id, scopes, at = record.decision_id, record.scopes, record.at
         reserved = False
         if self.ledger is not None:
             try:
-                self.ledger.reserve(decision_id, scopes, estimated_cost_usd, now)
+                self.ledger.reserve(decision_id, scopes, record.estimated_cost_usd, now)
                 reserved = True
             except LedgerUnavailable:
                 if self.ledger.config.budgets_for(scopes) and not self.budget_fail_open:
                     raise
-        record = DispatchRecord(decision_id, target, mode, endpoint, prefill_endpoint, tuple(scopes),
-                                estimated_cost_usd, reserved, prompt_tokens, prefill_utilization,
-                                decode_utilization, now_mono)
-        self.board.dispatch(endpoint, decision_id, prompt_tokens, now_mono)
+        record = replace(record, reserved=reserved)
+        endpoint, prefill_endpoint = record.endpoint, record.prefill_endpoint
+        self.board.dispatch(endpoint, decision_id, record.prompt_tokens, at)
         if prefill_endpoint is not None:
-            self.board.dispatch(prefill_endpoint, decision_id + PREFILL_SUFFIX, prompt_tokens, now_mono)
-        if block_hashes:
-            index = self._indexes[(target, gateway_ids)]
-            index.record(endpoint, block_hashes, now=now_mono)
+            self.board.dispatch(prefill_endpoint, decision_id + PREFILL_SUFFIX, record.prompt_tokens, at)
+        if dispatch.block_hashes:
+            index = self._indexes[(record.target, dispatch.gateway_ids)]
+            index.record(endpoint, dispatch.block_hashes, now=at)
             if prefill_endpoint is not None:
-                index.record(prefill_endpoint, block_hashes, now=now_mono)
+                index.record(prefill_endpoint, dispatch.block_hashes, now=at)
         with self._lock:
             if reserved and self._snapshots:
-                self._count_reservation(tuple(scopes), estimated_cost_usd)
-            if session_id:
-                self._sessions[session_id] = (target, endpoint, now_mono + self.session_ttl_s)
-                self._sessions.move_to_end(session_id)
+                self._count_reservation(scopes, record.estimated_cost_usd)
+            if dispatch.session_id:
+                self._sessions[dispatch.session_id] = (record.target, endpoint, at + self.session_ttl_s)
+                self._sessions.move_to_end(dispatch.session_id)
                 while len(self._sessions) > MAX_SESSIONS:
                     self._sessions.popitem(last=False)
             self._records[decision_id] = record
-            horizon = now_mono - self.record_ttl_s
+            horizon = at - self.record_ttl_s
             while self._records:
                 first = next(iter(self._records.values()))
                 if first.at > horizon:
@@ -407,7 +402,7 @@ class FleetState:
 
     # -- telemetry and health (service) ---------------------------------------------
 
-    def push_load(self, endpoint: str, snapshot: Mapping[str, Any], now: float | None = None) -> EndpointLoad:
+    def push_load(self, endpoint: str, snapshot: Mapping[str, object], now: float | None = None) -> EndpointLoad:
         """A pushed load snapshot for ``endpoint`` (id, URL or fleet name; vLLM field names,
         ``load_board.PUSH_FIELDS``). Raises ``RequestError`` naming the bad field or endpoint (with
         did-you-mean); the board is unchanged then."""
@@ -440,7 +435,7 @@ class FleetState:
                 if was:
                     self._healthy_count[target] -= 1
 
-    def apply_scrape_status(self, status: Mapping[str, Any], max_failures: int = 3) -> list[str]:
+    def apply_scrape_status(self, status: Mapping[str, ScrapeStatus], max_failures: int = 3) -> list[str]:
         """Health from a scraper's ``status()``: an endpoint whose last ``max_failures`` scrapes
         failed is unhealthy (reason: the last error), one that answered is healthy again.
         Returns the endpoint ids now unhealthy."""
@@ -455,14 +450,15 @@ class FleetState:
 
     # -- reporting (service) ---------------------------------------------------------
 
-    def effective_prices(self, window: str = "day", now: float | None = None) -> dict[str, Any]:
+    def effective_prices(self, window: str = "day", now: float | None = None) -> dict[str, TargetPrice]:
         """Per target, the effective price per token over the UTC ``day``/``month`` window from
         settled outcomes (``cost.TargetPrice``); empty without a ledger."""
         if self.ledger is None:
             return {}
         return _effective_prices(self.ledger, self.fleet, window, self.clock() if now is None else now)
 
-    def fleet_status(self, staleness: Any = None, now: float | None = None) -> dict[str, Any]:
+    def fleet_status(self, staleness: StalenessPolicy | None = None,
+                     now: float | None = None) -> dict[str, dict[str, list[dict[str, object]]]]:
         """Every endpoint's current signals with their ages, per target (for ``GET /v1/fleet``):
         ``{target: {"endpoints": [{"id", "url", "name", "role", "healthy", "unhealthy_reason",
         "load": {...load signals with age_s...} | None, "cached_blocks"}]}}``; ``staleness``:
@@ -470,7 +466,7 @@ class FleetState:
         now = self.monotonic() if now is None else now
         loads = self.board.get_many(self.fleet.endpoints, now, staleness)
         unhealthy = self.unhealthy()
-        out: dict[str, Any] = {name: {"endpoints": []} for name in self.fleet.targets}
+        out: dict[str, dict[str, list[dict[str, object]]]] = {name: {"endpoints": []} for name in self.fleet.targets}
         for e in self.fleet.endpoints.values():
             reading = loads.get(e.id)
             out[e.target]["endpoints"].append({
@@ -487,4 +483,4 @@ class FleetState:
             self.ledger.close()
 
 
-__all__ = ["DispatchRecord", "FleetState", "Settled", "request_scopes"]
+__all__ = ["Dispatch", "DispatchRecord", "FleetState", "Settled"]

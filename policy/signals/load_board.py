@@ -48,11 +48,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pointsman.errors import RequestError
+from pointsman.policy.signals.source import SignalValue
 
 Source = Literal["push", "scrape", "inflight"]
 StaleMode = Literal["saturated", "unknown", "ignore"]
@@ -120,7 +121,7 @@ class EndpointLoad:
             return self.num_requests_running + self.num_requests_waiting
         return self.inflight_requests
 
-    def signals(self, now: float | None = None) -> dict[str, Any]:
+    def signals(self, now: float | None = None) -> dict[str, SignalValue]:
         """The reading as a CEL-ready dict (``load[target]`` / ``endpoint`` namespaces): the
         engine fields (null when unknown), ``inflight_requests``, ``pending_prompt_tokens``,
         ``outstanding_requests``, ``age_s``, ``source``, ``stale``, ``saturated``."""
@@ -229,7 +230,7 @@ def aggregate_loads(name: str, loads: Iterable[EndpointLoad]) -> EndpointLoad | 
 
 # ---------------------------------------------------------------- push validation
 
-def _no_bool_or_str(value: Any) -> Any:
+def _no_bool_or_str(value: object) -> object:
     if isinstance(value, (bool, str)):
         raise ValueError(f"must be a number, got {type(value).__name__} {value!r}")
     return value
@@ -254,7 +255,7 @@ class PushedSnapshot(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _numbers_only(cls, value: Any) -> Any:
+    def _numbers_only(cls, value: object) -> object:
         return _no_bool_or_str(value)
 
 
@@ -262,7 +263,7 @@ class PushedSnapshot(BaseModel):
 PUSH_FIELDS: tuple[str, ...] = tuple(PushedSnapshot.model_fields)
 
 
-def validate_snapshot(snapshot: Any) -> PushedSnapshot:
+def validate_snapshot(snapshot: object) -> PushedSnapshot:
     """Validate a pushed snapshot (a mapping); raises ``RequestError`` whose ``field`` names
     the first bad field and whose message lists every problem (with "did you mean" for
     unknown fields)."""
@@ -358,7 +359,7 @@ class LoadBoard:
 
     # -- external sources
 
-    def push(self, endpoint: str, snapshot: Mapping[str, Any], now: float | None = None) -> EndpointLoad:
+    def push(self, endpoint: str, snapshot: Mapping[str, object], now: float | None = None) -> EndpointLoad:
         """Record a pushed snapshot measured at ``now``; returns the merged reading.
 
         Raises ``RequestError`` (field ``endpoint`` or the snapshot field) on bad input;

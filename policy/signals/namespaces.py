@@ -31,14 +31,118 @@ those dicts; ``policy/live.py`` calls them per decision, for what the policy rea
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from typing_extensions import TypedDict
+
+from pointsman.json_types import JSONValue
 
 if TYPE_CHECKING:  # pragma: no cover
     from pointsman.estimator.estimate import DifficultyEstimate
     from pointsman.estimator.features import RequestFeatures
-    from pointsman.request import RouteRequest
+    from pointsman.policy.budget.ledger import BudgetSnapshot
+    from pointsman.policy.signals.load_board import EndpointLoad
+    from pointsman.request import RequestView
+
+
+class RequestSignals(TypedDict):
+    """The ``request`` namespace (``SIGNALS["request"]`` gives each field's meaning)."""
+
+    prompt_tokens: int
+    max_output_tokens: int
+    max_output_tokens_set: bool
+    turns: int
+    messages: int
+    has_tools: bool
+    has_images: bool
+    images: int
+    tenant: str
+    team: str
+    session_id: str
+    slo_class: str
+    model: str
+
+
+class DifficultySignals(TypedDict):
+    """The ``difficulty`` namespace: ``p_hard`` (None when unavailable) and ``available``."""
+
+    p_hard: float | None
+    available: bool
+
+
+class LoadValues(TypedDict):
+    """The load fields shared by ``load[target]`` and ``endpoint`` (``_load_fields``)."""
+
+    num_requests_running: int | None
+    num_requests_waiting: int | None
+    kv_cache_usage: float | None
+    ttft_p50_ms: float | None
+    tpot_p50_ms: float | None
+    prefill_utilization: float | None
+    decode_utilization: float | None
+    inflight_requests: int
+    outstanding_requests: int
+    age_s: float
+    stale: bool
+    saturated: bool
+
+
+class LoadSignals(LoadValues):
+    """``load[target]``: the load fields plus the target's endpoint counts and prefill pool state."""
+
+    endpoints: int
+    healthy_endpoints: int
+    prefill_queue_s: float | None
+    prefill_saturated: bool
+
+
+class EndpointSignals(LoadValues):
+    """``endpoint``: the load fields of one endpoint plus its identity, health, hit and cost."""
+
+    name: str
+    url: str
+    healthy: bool
+    prefix_hit_ratio: float
+    cost_s: float
+
+
+class CacheSignals(TypedDict):
+    """The ``cache`` namespace for one target."""
+
+    prefix_hit_ratio: float
+    prefix_hit_tokens: int
+    shared_hit_ratio: float
+    endpoint: str
+    session_endpoint: str
+    session_target: str
+
+
+class BudgetSignals(TypedDict):
+    """The ``budget`` namespace (``math.inf`` limits when unlimited)."""
+
+    limited: bool
+    remaining_usd: float
+    spent_usd: float
+    limit_usd: float
+    spent_fraction: float
+    window: str
+    window_elapsed_fraction: float
+    pace_gap: float
+    scope: str
+
+
+class Snapshot(TypedDict):
+    """A whole signal snapshot, as ``example_signals`` lays it out (policy cases, the type probe)."""
+
+    request: RequestSignals
+    difficulty: DifficultySignals
+    variables: Mapping[str, JSONValue]
+    load: dict[str, LoadSignals]
+    budget: BudgetSignals
+    _cache: dict[str, CacheSignals]
+    _endpoint: dict[str, EndpointSignals]
 
 
 @dataclass(frozen=True)
@@ -200,9 +304,9 @@ CEL_BUILTINS = frozenset({
 CEL_TYPE_NAMES = frozenset({"int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type"})
 
 
-def request_signals(features: RequestFeatures, request: RouteRequest, default_output_tokens: int) -> dict[str, Any]:
+def request_signals(features: RequestFeatures, view: RequestView, default_output_tokens: int) -> RequestSignals:
     """The ``request`` namespace for one request (see ``SIGNALS['request']`` for each field)."""
-    routing = request.routing
+    routing, request = view.routing, view.request
     cap = features.max_output_tokens
     return {
         "prompt_tokens": features.prompt_tokens,
@@ -221,7 +325,7 @@ def request_signals(features: RequestFeatures, request: RouteRequest, default_ou
     }
 
 
-def difficulty_signals(estimate: DifficultyEstimate) -> dict[str, Any]:
+def difficulty_signals(estimate: DifficultyEstimate) -> DifficultySignals:
     """The ``difficulty`` namespace: ``p_hard`` (None when unavailable) and ``available``."""
     return {"p_hard": estimate.p_hard if estimate.available else None, "available": bool(estimate.available)}
 
@@ -232,17 +336,15 @@ def relative_key(namespace: str, target: str, role: str) -> str:
     return target if namespace == "cache" else f"{target}/{role}"
 
 
-def load_signals(reading: Any, now: float | None, *, endpoints: int, healthy_endpoints: int,
-                 prefill_queue_s: float | None = None, prefill_saturated: bool = False) -> dict[str, Any]:
+def load_signals(reading: EndpointLoad | None, now: float | None, *, endpoints: int, healthy_endpoints: int,
+                 prefill_queue_s: float | None = None, prefill_saturated: bool = False) -> LoadSignals:
     """The ``load[target]`` value from a pool-level ``EndpointLoad`` (``load_board.aggregate_loads``;
     None when nothing is known: engine fields null, counts 0, age 0)."""
-    out = _load_values(reading, now)
-    out.update(endpoints=endpoints, healthy_endpoints=healthy_endpoints, prefill_queue_s=prefill_queue_s,
-               prefill_saturated=prefill_saturated)
-    return out
+    return {**_load_values(reading, now), "endpoints": endpoints, "healthy_endpoints": healthy_endpoints,
+            "prefill_queue_s": prefill_queue_s, "prefill_saturated": prefill_saturated}
 
 
-def _load_values(reading: Any, now: float | None) -> dict[str, Any]:
+def _load_values(reading: EndpointLoad | None, now: float | None) -> LoadValues:
     if reading is None:
         return {"num_requests_running": None, "num_requests_waiting": None, "kv_cache_usage": None,
                 "ttft_p50_ms": None, "tpot_p50_ms": None, "prefill_utilization": None, "decode_utilization": None,
@@ -263,23 +365,22 @@ def _load_values(reading: Any, now: float | None) -> dict[str, Any]:
     }
 
 
-def endpoint_signals(reading: Any, now: float | None, *, name: str, url: str, healthy: bool,
-                     prefix_hit_ratio: float, cost_s: float) -> dict[str, Any]:
+def endpoint_signals(reading: EndpointLoad | None, now: float | None, *, name: str, url: str, healthy: bool,
+                     prefix_hit_ratio: float, cost_s: float) -> EndpointSignals:
     """The ``endpoint`` value for one endpoint (``reading``: its ``EndpointLoad`` or None)."""
-    out = _load_values(reading, now)
-    out.update(name=name, url=url, healthy=healthy, prefix_hit_ratio=prefix_hit_ratio, cost_s=cost_s)
-    return out
+    return {**_load_values(reading, now), "name": name, "url": url, "healthy": healthy,
+            "prefix_hit_ratio": prefix_hit_ratio, "cost_s": cost_s}
 
 
 def cache_signals(prefix_hit_ratio: float = 0.0, prefix_hit_tokens: int = 0, shared_hit_ratio: float = 0.0,
-                  endpoint: str = "", session_endpoint: str = "", session_target: str = "") -> dict[str, Any]:
+                  endpoint: str = "", session_endpoint: str = "", session_target: str = "") -> CacheSignals:
     """The ``cache`` value for one target (see ``SIGNALS['cache']``)."""
     return {"prefix_hit_ratio": prefix_hit_ratio, "prefix_hit_tokens": prefix_hit_tokens,
             "shared_hit_ratio": shared_hit_ratio, "endpoint": endpoint, "session_endpoint": session_endpoint,
             "session_target": session_target}
 
 
-def budget_signals(snapshot: Any, now: float) -> dict[str, Any]:
+def budget_signals(snapshot: BudgetSnapshot | None, now: float) -> BudgetSignals:
     """The ``budget`` namespace from a ``BudgetSnapshot`` (None: unlimited) at Unix time ``now``.
     Unlimited: ``remaining_usd``/``limit_usd`` are ``math.inf`` (null in JSON traces)."""
     from pointsman.policy.budget.units import window_of
@@ -292,7 +393,7 @@ def budget_signals(snapshot: Any, now: float) -> dict[str, Any]:
                 "window_elapsed_fraction": (now - day.start_s) / (day.end_s - day.start_s)}
     w = window_of(binding.window, now)
     elapsed = min(1.0, max(0.0, (now - w.start_s) / (w.end_s - w.start_s)))
-    limit = binding.limit_usd
+    limit = binding.limit_usd if binding.limit_usd is not None else math.inf  # the binding status is limited
     spent = binding.spent_usd
     fraction = spent / limit if limit > 0 else 1.0
     return {"limited": True, "remaining_usd": binding.remaining_usd, "spent_usd": spent, "limit_usd": limit,
@@ -300,7 +401,7 @@ def budget_signals(snapshot: Any, now: float) -> dict[str, Any]:
             "pace_gap": fraction - elapsed, "scope": binding.scope}
 
 
-def example_signals(variables: dict[str, Any] | None = None, targets: Iterable[str] = ()) -> dict[str, Any]:
+def example_signals(variables: Mapping[str, JSONValue] | None = None, targets: Iterable[str] = ()) -> Snapshot:
     """A complete, typical snapshot (a short single-turn request, p_hard 0.5, an idle fleet with
     fresh telemetry, a cold cache, no budget): the base for policy cases and for the
     compiler's type probe; override fields per case. ``targets``: fleet target names for
@@ -323,7 +424,7 @@ def example_signals(variables: dict[str, Any] | None = None, targets: Iterable[s
     }
 
 
-def example_load() -> dict[str, Any]:
+def example_load() -> LoadSignals:
     """A fresh, idle ``load[target]`` value: every field known except the utilizations (null:
     telemetry rarely reports them, and costs then use the fleet's ``assumed_utilization``)."""
     return {"num_requests_running": 0, "num_requests_waiting": 0, "kv_cache_usage": 0.0, "ttft_p50_ms": 0.0,
@@ -332,11 +433,16 @@ def example_load() -> dict[str, Any]:
             "healthy_endpoints": 1, "prefill_queue_s": 0.0, "prefill_saturated": False}
 
 
-def example_endpoint(name: str = "", url: str = "") -> dict[str, Any]:
+def example_endpoint(name: str = "", url: str = "") -> EndpointSignals:
     """A fresh, idle ``endpoint`` value (as ``example_load``, for one endpoint)."""
-    out = {k: v for k, v in example_load().items() if k in SIGNALS["endpoint"].fields}
-    out.update(name=name, url=url, healthy=True, prefix_hit_ratio=0.0, cost_s=0.0)
-    return out
+    load = example_load()
+    return {"num_requests_running": load["num_requests_running"], "num_requests_waiting": load["num_requests_waiting"],
+            "kv_cache_usage": load["kv_cache_usage"], "ttft_p50_ms": load["ttft_p50_ms"],
+            "tpot_p50_ms": load["tpot_p50_ms"], "prefill_utilization": load["prefill_utilization"],
+            "decode_utilization": load["decode_utilization"], "inflight_requests": load["inflight_requests"],
+            "outstanding_requests": load["outstanding_requests"], "age_s": load["age_s"], "stale": load["stale"],
+            "saturated": load["saturated"], "name": name, "url": url, "healthy": True, "prefix_hit_ratio": 0.0,
+            "cost_s": 0.0}
 
 
 def reference_markdown() -> str:

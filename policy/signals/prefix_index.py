@@ -74,12 +74,20 @@ MAX_SESSIONS = 200_000
 _DIGEST = 8
 
 
+def _owner(names: list[str | None], position: int) -> str:
+    """The endpoint at bit ``position`` (a set bit always has one: freed positions are cleared first)."""
+    name = names[position]
+    assert name is not None, f"bit {position} is set but no endpoint holds it"
+    return name
+
+
 def _root(kind: bytes, salt: bytes) -> bytes:
     return hashlib.blake2b(b"pointsman/prefix/v1/" + kind + b"/" + salt, digest_size=_DIGEST).digest()
 
 
 def _chain(data: bytes, block_bytes: int, root: bytes) -> list[int]:
-    b2, parent, out = hashlib.blake2b, root, []
+    b2, parent = hashlib.blake2b, root
+    out: list[int] = []
     append, from_bytes = out.append, int.from_bytes
     for i in range(0, len(data) - block_bytes + 1, block_bytes):
         parent = b2(parent + data[i:i + block_bytes], digest_size=_DIGEST).digest()
@@ -405,19 +413,20 @@ class PrefixIndex:
         active = owners.get(block_hashes[0], 0)
         if not active:
             return {}
-        names, out = self._names, {}
+        names = self._names
+        out: dict[str, int] = {}
         depth = 1
         for h in block_hashes[1:]:
             still = active & owners.get(h, 0)
             if still != active:
                 for position in _bits(active ^ still):
-                    out[names[position]] = depth
+                    out[_owner(names, position)] = depth
                 active = still
                 if not active:
                     return out
             depth += 1
         for position in _bits(active):
-            out[names[position]] = depth
+            out[_owner(names, position)] = depth
         return out
 
     def _offload(self, block_hashes: Sequence[int]) -> None:

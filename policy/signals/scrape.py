@@ -47,6 +47,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -144,20 +145,26 @@ class EngineMetrics:
     kv_cache_capacity_tokens: int | None = None
 
 
-def _group_key(labels: dict[str, str], drop: frozenset[str]) -> tuple[tuple[str, str], ...]:
+#: Labels of one series without the ones that only tell ranks apart, sorted: a group's key.
+LabelKey: TypeAlias = tuple[tuple[str, str], ...]
+#: Parsed samples: metric name -> (labels, value) per series.
+Samples: TypeAlias = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def _group_key(labels: dict[str, str], drop: frozenset[str]) -> LabelKey:
     return tuple(sorted((k, v) for k, v in labels.items() if k not in drop))
 
 
-def _series(samples: dict[str, list], name: str) -> list[float]:
+def _series(samples: Samples, name: str) -> list[float]:
     """One value per distinct scheduler of sample ``name`` (rank duplicates counted once)."""
-    groups: dict[tuple, float] = {}
+    groups: dict[LabelKey, float] = {}
     for labels, value in samples.get(name, ()):
         key = _group_key(labels, RANK_LABELS)
         groups[key] = max(groups.get(key, value), value)
     return list(groups.values())
 
 
-def _first(samples: dict[str, list], names: tuple[str, ...], suffix: str = "") -> tuple[str, list[float]] | None:
+def _first(samples: Samples, names: tuple[str, ...], suffix: str = "") -> tuple[str, list[float]] | None:
     for name in names:
         values = _series(samples, name + suffix)
         if values:
@@ -165,12 +172,12 @@ def _first(samples: dict[str, list], names: tuple[str, ...], suffix: str = "") -
     return None
 
 
-def _histogram(samples: dict[str, list], names: tuple[str, ...]) -> Buckets | None:
+def _histogram(samples: Samples, names: tuple[str, ...]) -> Buckets | None:
     for name in names:
         rows = samples.get(name + "_bucket")
         if not rows:
             continue
-        per_group: dict[tuple, dict[float, float]] = {}
+        per_group: dict[LabelKey, dict[float, float]] = {}
         for labels, value in rows:
             le = float(labels.get("le", "nan"))
             if math.isnan(le):
@@ -226,7 +233,7 @@ def parse_metrics(text: str) -> EngineMetrics:
     kept, has_vllm, has_sglang = _prefilter(text)
     if not (has_vllm or has_sglang):
         raise ScrapeError("no vLLM or SGLang metrics on the page (is this a vLLM/SGLang /metrics URL?)")
-    samples: dict[str, list] = {}
+    samples: Samples = {}
     try:
         for family in text_string_to_metric_families(kept):
             for s in family.samples:

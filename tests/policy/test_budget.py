@@ -11,6 +11,7 @@ from pointsman.policy.budget.factory import open_ledger
 from pointsman.policy.budget.ledger import BudgetSnapshot, BudgetStatus, EffectivePrice
 from pointsman.policy.budget.sqlite_ledger import SqliteLedger
 from pointsman.policy.budget.units import to_nusd, window_of
+from pointsman.policy.signals.namespaces import budget_signals
 
 
 def ts(*args: int) -> float:
@@ -105,11 +106,13 @@ def test_snapshot_binding_fits_and_signals():
     assert snap.binding.window == "month" and snap.remaining_usd == pytest.approx(2.0)
     assert snap.remaining_by_scope() == {"tenant:a": pytest.approx(2.0), "team:b": math.inf}
     assert snap.fits(2.0) and not snap.fits(2.000001)
-    assert snap.signals() == {"remaining_usd": pytest.approx(2.0), "spent_usd": pytest.approx(98.0),
-                              "limit_usd": 100.0, "window": "month", "scope": "tenant:a", "limited": True}
+    signals = budget_signals(snap, 0.0)
+    assert {k: signals[k] for k in ("remaining_usd", "spent_usd", "limit_usd", "window", "scope", "limited")} == {
+        "remaining_usd": pytest.approx(2.0), "spent_usd": pytest.approx(98.0),
+        "limit_usd": 100.0, "window": "month", "scope": "tenant:a", "limited": True}
     unlimited = BudgetSnapshot(0.0, (_status("team:b", "day", None, 3.0, 0.0),))
     assert unlimited.binding is None and unlimited.fits(1e9)
-    assert unlimited.signals()["remaining_usd"] == math.inf and unlimited.signals()["limited"] is False
+    assert budget_signals(unlimited, 0.0)["remaining_usd"] == math.inf and budget_signals(unlimited, 0.0)["limited"] is False
     exhausted = BudgetSnapshot(0.0, (_status("tenant:a", "day", 1.0, 1.0, 0.0),))
     assert not exhausted.fits(0.0)  # an exhausted budget refuses even a free request
     zero = BudgetSnapshot(0.0, (_status("tenant:a", "day", 0.0, 0.0, 0.0),))

@@ -3,8 +3,7 @@
 import pytest
 
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.rules.schema import DisaggregationSpec
-from pointsman.policy.selection.pd_mode import decide_mode, pd_pool_gpus
+from pointsman.policy.selection.pd_mode import DisaggregationSpec, decide_mode, pd_pool_gpus
 
 SPEC = DisaggregationSpec()
 

@@ -4,9 +4,9 @@ the shared KV tier's restore-vs-recompute, and fallback endpoint order."""
 import pytest
 
 from pointsman.policy.fleet import EndpointInfo, Pool
-from pointsman.policy.rules.schema import EndpointSelectionSpec
 from pointsman.policy.selection.pickers import (
     DecodeLoadScorer,
+    EndpointSelectionSpec,
     InOrderPicker,
     MinCostPicker,
     PickInput,

@@ -23,7 +23,7 @@ from pointsman.policy.signals.namespaces import (
     reference_markdown,
     request_signals,
 )
-from pointsman.request import parse_route_request
+from pointsman.request import RequestView, parse_route_request
 
 CEL_TYPES = {"int": int, "double": float, "bool": bool, "string": str}
 
@@ -31,7 +31,7 @@ CEL_TYPES = {"int": int, "double": float, "bool": bool, "string": str}
 def test_request_snapshot_matches_the_declaration():
     req = parse_route_request({"model": "m", "messages": [{"role": "user", "content": "hi"}],
                                "routing": {"tenant": "acme"}})
-    snap = request_signals(extract_features(req), req, 256)
+    snap = request_signals(extract_features(req), RequestView.of(req), 256)
     assert set(snap) == set(SIGNALS["request"].fields)
     for name, value in snap.items():
         assert type(value) is CEL_TYPES[SIGNALS["request"].fields[name].type], name

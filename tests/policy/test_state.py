@@ -12,8 +12,9 @@ from pointsman.policy.budget.sqlite_ledger import SqliteLedger
 from pointsman.policy.budget.units import MAX_SETTLE_TOKENS
 from pointsman.policy.cost import estimate_cost
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.signals.fleet_state import FleetState, request_scopes
+from pointsman.policy.signals.fleet_state import Dispatch, DispatchRecord, FleetState
 from pointsman.policy.signals.scrape import ScrapeStatus
+from pointsman.request import request_scopes
 
 NOW = datetime(2025, 3, 14, 12, tzinfo=UTC).timestamp()
 E8 = "http://llama-8b-0.inference.internal:8000/v1"
@@ -37,9 +38,8 @@ def state(fleet, path, limit=None, **kw):
 
 
 def dispatch(st, did, target="onprem-8b", mode="aggregated", endpoint=E8, prefill=None, usd=0.01, hashes=(1, 2, 3)):
-    return st.dispatch(did, target=target, mode=mode, endpoint=endpoint, prefill_endpoint=prefill,
-                       scopes=("tenant:acme",), estimated_cost_usd=usd, prompt_tokens=400, block_hashes=list(hashes),
-                       gateway_ids=False, session_id="s1", now=NOW, now_mono=100.0)
+    record = DispatchRecord(did, target, mode, endpoint, prefill, ("tenant:acme",), usd, False, 400, 1.0, 1.0, 100.0)
+    return st.dispatch(Dispatch(record, list(hashes), False, "s1"), now=NOW)
 
 
 def test_dispatch_reserves_counts_and_records(fleet, ledger_path):
