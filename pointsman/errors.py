@@ -1,19 +1,34 @@
-"""Errors raised by Pointsman, as one tree.
+"""Errors raised by Pointsman, as one tree. The classes below are defined here; the ones
+marked with a module live beside the code that raises them and subclass these.
 
 ::
 
-    PointsmanError                 base of everything Pointsman raises on purpose
-    ├── RequestError               a routing request or outcome is malformed (HTTP 4xx);
-    │                              ``.field`` names the offending field, e.g. "messages[2].content[0].type"
-    ├── ConfigError                a configuration file is invalid; ``.problems`` lists
-    │   │                          every problem as ``file:line:col: code: message``
-    │   ├── FleetError             the fleet file (targets, pools, endpoints, prices)
-    │   └── PolicyError            a policy file (rules, filters, CEL expressions)
-    ├── EstimatorError             the difficulty estimator cannot produce p_hard
-    │   ├── ModelNotFoundError     no model at the given path or registry URI
-    │   └── EstimatorTimeout       scoring overran its time budget
-    ├── BudgetError                the budget ledger refused or failed an operation
-    └── DataError                  an outcome table or trace is unreadable or has wrong columns
+    PointsmanError                   base of everything Pointsman raises on purpose
+    ├── RequestError                 a routing request or outcome is malformed (HTTP 4xx);
+    │   │                            ``.field`` names the offending field, e.g. "messages[2].content[0].type"
+    │   ├── OutcomeItemError         one item of an outcome batch is invalid      (pointsman.outcome)
+    │   └── NoEligibleTarget         no rule produced an eligible target; ``.exclusions`` say why
+    │                                                                   (pointsman.policy.selection.filters)
+    ├── ConfigError                  a configuration file is invalid; ``.problems`` lists
+    │   │                            every problem as ``file:line:col: code: message``
+    │   ├── FleetError               the fleet file (targets, pools, endpoints, prices)
+    │   ├── PolicyError              a policy file (rules, filters, CEL expressions)
+    │   └── BudgetConfigError        a budgets file (also a BudgetError)  (pointsman.policy.budget.config)
+    ├── EstimatorError               the difficulty estimator cannot produce p_hard
+    │   └── ModelNotFoundError       no model at the given path or registry URI
+    ├── BudgetError                  the budget ledger refused or failed an operation
+    │   ├── BudgetExceeded           a reservation does not fit a budget; nothing held
+    │   ├── UnknownReservation       settle/release of an id the ledger has no record of
+    │   └── LedgerUnavailable        the backend failed; the operation had no effect
+    │                                                                   (these three: pointsman.policy.budget.ledger)
+    ├── ScrapeError                  an engine's /metrics page is unreadable   (pointsman.policy.signals.scrape)
+    ├── PromotionRefused             the challenger did not beat the champion  (pointsman.training.promote)
+    └── DataError                    an outcome table, trace or log is unreadable or has wrong columns
+
+Outside the tree, by design: the service's ``HTTPError`` (an HTTP answer, ``service/http_errors.py``)
+and the CLI's click exceptions (``cli/errors.py``), which translate these at the edges.
+An estimator that overruns its time budget is not an error: the estimate comes back
+unavailable (``DifficultyEstimate.error`` starting ``timeout:``) and the policy decides.
 
 Every error's ``str()`` is a complete, user-facing message.
 """
@@ -80,10 +95,6 @@ class EstimatorError(PointsmanError):
 
 class ModelNotFoundError(EstimatorError, FileNotFoundError):
     """No estimator model at the given directory or registry URI."""
-
-
-class EstimatorTimeout(EstimatorError, TimeoutError):
-    """Scoring a request overran the estimator's time budget (milliseconds)."""
 
 
 class BudgetError(PointsmanError):

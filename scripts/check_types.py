@@ -37,25 +37,32 @@ def package_dirs() -> dict[str, Path]:
 def stage(into: Path, extra: dict[str, str] | None = None) -> Path:
     """Build the installed layout under ``into`` (``into/pointsman/...``) from symlinks and return
     ``into``. ``extra``: ``{relative path under pointsman/: source text}`` written as real files
-    (tests use it to plant a probe module)."""
+    (tests use it to plant a probe module); every folder on a probe's path is staged as a real
+    folder of links, so the probe never lands in the repository."""
     dirs = package_dirs()
     top = into / "pointsman"
     top.mkdir(parents=True)
+    planted = {Path(p).parent for p in (extra or {})}
+    real = {parent for p in planted for parent in (p, *p.parents) if str(parent) != "."}
+
+    def link(source: Path, dest: Path, rel: Path) -> None:
+        if rel in real:  # a real folder whose entries are links (recursively, along the probe's path)
+            dest.mkdir()
+            for entry in source.iterdir():
+                link(entry, dest / entry.name, rel / entry.name)
+        else:
+            dest.symlink_to(source)
+
     for f in dirs["pointsman"].glob("*.py"):
         (top / f.name).symlink_to(f)
-    planted = {Path(p).parts[0] for p in (extra or {})}
     for name, folder in dirs.items():
-        if name == "pointsman":
-            continue
-        sub = name.split(".", 1)[1]
-        if sub in planted:  # a real folder of links, so a probe file can be added beside them
-            (top / sub).mkdir()
-            for f in folder.iterdir():
-                (top / sub / f.name).symlink_to(f)
-        else:
-            (top / sub).symlink_to(folder)
+        if name != "pointsman":
+            sub = name.split(".", 1)[1]
+            link(folder, top / sub, Path(sub))
     for rel, text in (extra or {}).items():
-        (top / rel).write_text(text)
+        target = top / rel
+        assert not target.resolve().is_relative_to(ROOT), f"probe {rel} would land in the repository"
+        target.write_text(text)
     return into
 
 

@@ -18,6 +18,9 @@ from collections.abc import Iterator
 
 import pytest
 
+# No network at test time: LiteLLM reads its packaged price map instead of fetching one.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

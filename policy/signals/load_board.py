@@ -52,8 +52,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from pointsman.json_types import JSONScalar
 from pointsman.errors import RequestError
-from pointsman.policy.signals.source import SignalValue
 
 Source = Literal["push", "scrape", "inflight"]
 StaleMode = Literal["saturated", "unknown", "ignore"]
@@ -121,7 +121,7 @@ class EndpointLoad:
             return self.num_requests_running + self.num_requests_waiting
         return self.inflight_requests
 
-    def signals(self, now: float | None = None) -> dict[str, SignalValue]:
+    def signals(self, now: float | None = None) -> dict[str, JSONScalar]:
         """The reading as a CEL-ready dict (``load[target]`` / ``endpoint`` namespaces): the
         engine fields (null when unknown), ``inflight_requests``, ``pending_prompt_tokens``,
         ``outstanding_requests``, ``age_s``, ``source``, ``stale``, ``saturated``."""
