@@ -39,13 +39,19 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pointsman.errors import DataError, PolicyError, Problem
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ruamel.yaml import YAML
+    from ruamel.yaml.comments import CommentedMap
+
+    from pointsman.estimator.difficulty import DifficultyEstimator
+    from pointsman.estimator.features import RequestFeatures
+    from pointsman.outcome_log.records import LoggedDecision
     from pointsman.outcome_log.store import OutcomeLog
     from pointsman.policy.fleet import Fleet
     from pointsman.policy.rules.compiler import CompiledPolicy
@@ -92,7 +98,7 @@ def frontier_target_of(policy: CompiledPolicy, variable: str) -> str:
     raise DataError(f"{policy.file}: no rule reads variables.{variable}; name the frontier target with --target")
 
 
-def _completion_tokens(decision: Any, frontier: str) -> int | None:
+def _completion_tokens(decision: LoggedDecision, frontier: str) -> int | None:
     best = None
     for o in decision.outcomes:
         n = o.usage.completion_tokens
@@ -104,7 +110,7 @@ def _completion_tokens(decision: Any, frontier: str) -> int | None:
     return best
 
 
-def recent_traffic(log: OutcomeLog, fleet: Fleet, frontier: str, model: Any = None, *,
+def recent_traffic(log: OutcomeLog, fleet: Fleet, frontier: str, model: DifficultyEstimator | None = None, *,
                    since_s: float | None = None, until_s: float | None = None) -> RecentTraffic:
     """The decisions in ``[since_s, until_s)`` with ``p_hard`` under ``model`` (a
     ``DifficultyEstimator``; None keeps the logged values) and their frontier cost. Raises
@@ -115,10 +121,15 @@ def recent_traffic(log: OutcomeLog, fleet: Fleet, frontier: str, model: Any = No
     target = fleet.targets.get(frontier)
     if target is None:
         raise DataError(f"unknown target {frontier!r}; the fleet has {', '.join(fleet.targets)}")
-    version = getattr(model, "version", None)
+    version = model.version if model is not None else None
     space = feature_space_of(model) if model is not None else None
-    p, cost, times = [], [], []
-    vec_rows, vecs, text_rows, texts = [], [], [], []
+    p: list[float] = []
+    cost: list[float] = []
+    times: list[float] = []
+    vec_rows: list[int] = []
+    vecs: list[np.ndarray] = []
+    text_rows: list[int] = []
+    texts: list[RequestFeatures] = []
     skipped = {"no_estimate": 0, "other_model": 0}
     for d in log.joined(since_s=since_s, until_s=until_s):
         idx = len(p)
@@ -148,9 +159,9 @@ def recent_traffic(log: OutcomeLog, fleet: Fleet, frontier: str, model: Any = No
     if not p:
         raise DataError(f"{log.path}: no recent decision with a p_hard to calibrate on ({skipped})")
     p_arr = np.asarray(p, dtype=np.float64)
-    if vecs:
+    if model is not None and vecs:
         p_arr[vec_rows] = model.predict_matrix(np.stack(vecs))
-    if texts:
+    if model is not None and texts:
         p_arr[text_rows] = model.estimate_batch(texts)
     t = np.asarray(times)
     start = t.min() if since_s is None else max(float(since_s), float(t.min()))
@@ -202,6 +213,7 @@ def calibrate(traffic: RecentTraffic, variable: str, *, frontier_share: float | 
     if frontier_share is not None:
         t, method = threshold_for_share(p, frontier_share), "frontier-share"
     else:
+        assert budget_usd_per_day is not None  # exactly one of the two is given (checked above)
         t, _ = threshold_for_budget(p, cost, traffic.span_days, float(budget_usd_per_day))
         method = "budget"
     clamped = float(min(max(t, lo), hi))
@@ -216,7 +228,7 @@ def calibrate(traffic: RecentTraffic, variable: str, *, frontier_share: float | 
                        float(cost[routed].sum()) / traffic.span_days, len(p), updates, note.strip())
 
 
-def _yaml():
+def _yaml() -> YAML:
     from ruamel.yaml import YAML
 
     y = YAML()  # round-trip: keeps comments, key order and quoting
@@ -230,6 +242,7 @@ def rewrite_variables(text: str, updates: dict[str, float], file: str, comment: 
     """``text`` (policy YAML) with ``variables.<name>`` set to each value of ``updates``; other text
     unchanged as far as a ruamel.yaml round trip allows. Raises ``PolicyError`` (located at the
     ``variables`` section) when a variable is not declared there."""
+    from ruamel.yaml.comments import CommentedMap
     from ruamel.yaml.error import YAMLError
 
     y = _yaml()
@@ -240,7 +253,7 @@ def rewrite_variables(text: str, updates: dict[str, float], file: str, comment: 
         raise PolicyError([Problem(file, (mark.line + 1) if mark else 0, (mark.column + 1) if mark else 0,
                                    "yaml-syntax", str(getattr(exc, "problem", exc)))]) from None
     variables = data.get("variables") if isinstance(data, dict) else None
-    if not isinstance(variables, dict):
+    if not isinstance(variables, CommentedMap):  # what the round-trip loader makes of every mapping
         raise PolicyError([Problem(file, 1, 1, "missing-key", "the policy has no 'variables' section to calibrate")])
     line = getattr(variables.lc, "line", 0) + 1
     for name, value in updates.items():
@@ -258,7 +271,7 @@ def rewrite_variables(text: str, updates: dict[str, float], file: str, comment: 
     return buf.getvalue()
 
 
-def _set_eol_comment(mapping: Any, key: str, comment: str) -> None:
+def _set_eol_comment(mapping: CommentedMap, key: str, comment: str) -> None:
     """Put ``# comment`` at the end of ``key``'s line, replacing an end-of-line comment already
     there but keeping the comment lines that follow it (ruamel attaches those to the same token)."""
     items = mapping.ca.items.get(key)

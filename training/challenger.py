@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import time
@@ -27,26 +26,34 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pointsman.errors import DataError, EstimatorError
+from pointsman.errors import DataError
 from pointsman.estimator.feature_space import feature_space_of
-from pointsman.estimator.manifest import HeadSpec, Manifest, content_version
-from pointsman.estimator.registry import REGISTERED_NAME
 from pointsman.outcome_log.store import OutcomeLog
+from pointsman.training.encoder_build import encoder_in
 from pointsman.training.logged_examples import head_matrix, holdout_mask, logged_examples
 from pointsman.training.metrics import apgr, ece, roc_auc
+from pointsman.training.model_dir import (
+    PROVENANCE_FILE,
+    BaseModelRecord,
+    HoldoutRecord,
+    OutcomeLogTraining,
+    rounded,
+    write_model_dir,
+)
 from pointsman.training.outcome_labels import LabelRules, rules_as_params
 
 if TYPE_CHECKING:  # pragma: no cover
     from pointsman.estimator.difficulty import DifficultyEstimator
+    from pointsman.estimator.head import DifficultyHead
+    from pointsman.estimator.manifest import Manifest
     from pointsman.policy.fleet import Fleet
+    from pointsman.training.registry import RunRecord
 
 CHALLENGER_ALIAS = "challenger"
-#: Max |scikit-learn − onnxruntime| allowed at export.
-PARITY_ATOL = 1e-4
 
 
 @dataclass
@@ -83,7 +90,7 @@ class ChallengerConfig:
         if self.holdout_folds < 2 or not 0 <= self.holdout_fold < self.holdout_folds:
             raise ValueError(f"holdout fold {self.holdout_fold} of {self.holdout_folds} folds is not valid")
 
-    def params(self) -> dict[str, Any]:
+    def params(self) -> dict[str, object]:
         """Flat parameters for MLflow."""
         return {f"challenger.{k}": v for k, v in asdict(self).items()}
 
@@ -96,11 +103,12 @@ class ChallengerResult:
     model_dir: Path
     manifest: Manifest
     metrics: dict[str, float]
-    run: Any | None
-    reports: dict[str, Any] = field(default_factory=dict)
+    run: RunRecord | None
+    reports: dict[str, float] = field(default_factory=dict)
 
 
-def fit_head(X: np.ndarray, y: np.ndarray, groups: np.ndarray, n_embedding: int, cfg: ChallengerConfig):
+def fit_head(X: np.ndarray, y: np.ndarray, groups: np.ndarray, n_embedding: int,
+             cfg: ChallengerConfig) -> DifficultyHead:
     """A fitted ``DifficultyHead`` on head inputs ``X`` float32 (n, d) and soft labels ``y`` (n,)
     (clipped to [label_clip, 1 - label_clip] for the ranker; the calibration fits ``y``)."""
     from pointsman.estimator.head import DifficultyHead
@@ -130,77 +138,6 @@ def logged_frontier_share(log: OutcomeLog, strong: frozenset[str], since_s: floa
     return float(np.mean([t in strong for t in targets])) if targets else 0.2
 
 
-def write_model_dir(model_dir: Path, base: DifficultyEstimator, head: Any, X_sample: np.ndarray,
-                    training: dict[str, Any], metrics: dict[str, float]) -> Manifest:
-    """Write a model directory: ``base``'s encoder and tokenizer, the head in ONNX, the manifest.
-    Raises ``EstimatorError`` if the ONNX head disagrees with scikit-learn on ``X_sample``."""
-    from pointsman.estimator.export import export_head, head_parity
-
-    model_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("manifest.json", "encoder.onnx", "head.onnx", "tokenizer.json", "PROVENANCE.md"):
-        (model_dir / stale).unlink(missing_ok=True)
-    spec = base.manifest.encoder
-    shutil.copyfile(base.model_dir / spec.file, model_dir / "encoder.onnx")
-    shutil.copyfile(base.model_dir / spec.tokenizer, model_dir / "tokenizer.json")
-    feature_names = list(base.manifest.head.feature_names)
-    fields_ = export_head(head, len(feature_names), model_dir / "head.onnx")
-    parity = head_parity(head, model_dir / "head.onnx", X_sample)
-    metrics["export/parity_max_abs"] = parity
-    if parity > PARITY_ATOL:
-        raise EstimatorError(f"ONNX head disagrees with scikit-learn: max |diff| {parity:.2e} > {PARITY_ATOL:g}")
-    encoder = type(spec)(**{**asdict(spec), "file": "encoder.onnx", "tokenizer": "tokenizer.json"})
-    manifest = Manifest(
-        name=REGISTERED_NAME,
-        version=content_version(model_dir, ["encoder.onnx", "tokenizer.json", "head.onnx"], feature_names,
-                                REGISTERED_NAME),
-        encoder=encoder,
-        head=HeadSpec(file="head.onnx", input=fields_["input"], output=fields_["output"], feature_names=feature_names,
-                      opset=fields_["opset"], estimator="pointsman.estimator.head.DifficultyHead",
-                      params={**head.get_params(), "calibration_slope": head.calibration_slope_,
-                              "calibration_intercept": head.calibration_intercept_}),
-        training=training,
-        metrics={k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()},
-        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        pointsman_version=_pointsman_version(),
-    )
-    manifest.write(model_dir)
-    (model_dir / "PROVENANCE.md").write_text(_provenance(manifest), encoding="utf-8")
-    return manifest
-
-
-def _pointsman_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("pointsman")
-    except Exception:  # noqa: BLE001
-        return "unknown"
-
-
-def _provenance(manifest: Manifest) -> str:
-    t = manifest.training
-    return "\n".join([
-        f"# Provenance of `{manifest.version}`",
-        "",
-        "A challenger difficulty model trained by `pointsman train --from-outcomes` on one operator's",
-        "logged decisions and outcomes; the data's terms are the operator's. Generated; do not edit.",
-        "",
-        f"- outcome log: `{t['outcome_log']}`; decisions {t['window']}",
-        f"- labeled decisions: {t['n_labeled']} (train {t['n_train']}, held out {t['n_holdout']});"
-        f" label signals: {json.dumps(t['label_signals'])}",
-        f"- encoder: from `{t['base_model']['version']}` ({t['base_model']['source']}),"
-        f" feature space `{t['feature_space']}`",
-        f"- head: {manifest.head.params.get('kind')} (alpha {manifest.head.params.get('alpha')}), Platt-calibrated",
-        f"- held-out APGR {manifest.metrics.get('heldout/apgr', float('nan')):.4f},"
-        f" ECE {manifest.metrics.get('heldout/ece', float('nan')):.4f}",
-        "",
-        "```json",
-        json.dumps(t, indent=2, default=str),
-        "```",
-        "",
-    ])
-
-
 def train_challenger(
     log: OutcomeLog,
     rules: LabelRules,
@@ -222,6 +159,7 @@ def train_challenger(
     Raises ``DataError`` when the log has too few usable labeled decisions and
     ``EstimatorError`` when the exported head disagrees with scikit-learn.
     """
+    from pointsman.training.provenance import challenger_provenance_markdown
     from pointsman.training.reports import deciles, model_report
 
     t0 = time.perf_counter()
@@ -262,42 +200,43 @@ def train_challenger(
     share = cfg.frontier_share if cfg.frontier_share is not None else logged_frontier_share(
         log, strong, cfg.since_s, cfg.until_s)
     window = f"[{_iso(cfg.since_s)}, {_iso(cfg.until_s)})"
-    training = {
-        "source": "outcome-log",
-        "outcome_log": str(log.path),
-        "window": window,
-        "since_s": cfg.since_s,
-        "until_s": cfg.until_s,
-        "data_until_s": float(rows.time_s[train_m].max()),
-        "n_labeled": len(ex),
-        "n_train": int(train_m.sum()),
-        "n_holdout": int(hold.sum()),
-        "label_signals": rows.subset(train_m).signal_counts(),
-        "label_rules": rules.model_dump(),
-        "holdout": {"n_folds": cfg.holdout_folds, "fold": cfg.holdout_fold, "seed": cfg.seed,
-                    "key": "conversation_key"},
-        "config": asdict(cfg),
-        "feature_space": feature_space_of(base),
-        "base_model": {"version": base.version, "source": base.source},
-        "p_hard_deciles": deciles(p_train),
-        "frontier_share": share,
-        "command": command,
-    }
+    training = OutcomeLogTraining(
+        source="outcome-log",
+        outcome_log=str(log.path),
+        window=window,
+        since_s=cfg.since_s,
+        until_s=cfg.until_s,
+        data_until_s=float(rows.time_s[train_m].max()),
+        n_labeled=len(ex),
+        n_train=int(train_m.sum()),
+        n_holdout=int(hold.sum()),
+        label_signals=rows.subset(train_m).signal_counts(),
+        label_rules=rules.model_dump(),
+        holdout=HoldoutRecord(n_folds=cfg.holdout_folds, fold=cfg.holdout_fold, seed=cfg.seed, key="conversation_key"),
+        config=asdict(cfg),
+        feature_space=feature_space_of(base),
+        base_model=BaseModelRecord(version=base.version, source=base.source),
+        p_hard_deciles=deciles(p_train),
+        frontier_share=share,
+        command=command,
+    )
 
     work = Path(tempfile.mkdtemp(prefix="pointsman-challenger-"))
     model_dir = work / "model" if output is None else Path(output)
     rng = np.random.default_rng(cfg.seed)
     sample = np.sort(rng.choice(len(X), size=min(256, len(X)), replace=False))
-    manifest = write_model_dir(model_dir, base, head, X[sample], training, metrics)
+    manifest = write_model_dir(model_dir, encoder_in(base.model_dir, base.manifest.encoder), head, X[sample],
+                               training, metrics)
+    (model_dir / PROVENANCE_FILE).write_text(challenger_provenance_markdown(manifest, training), encoding="utf-8")
 
     reports_dir = work / "reports"
-    reports: dict[str, Any] = {}
+    reports: dict[str, float] = {}
     if hold.sum() >= 2:
         reports = model_report(reports_dir, "challenger", y[hold], rows.weak_score[hold], rows.strong_score[hold],
                                p_hold.astype(np.float64), share, training["p_hard_deciles"])
         metrics.update({f"heldout/{k}": float(v) for k, v in reports.items()})
     metrics["train/seconds"] = time.perf_counter() - t0
-    manifest.metrics = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}
+    manifest.metrics = rounded(metrics)
     manifest.write(model_dir)
 
     run = None
@@ -313,8 +252,7 @@ def train_challenger(
                                      "pointsman.base_model": base.version})
         if reports_dir.is_dir():
             client().log_artifacts(run.run_id, str(reports_dir), artifact_path="reports")
-        log_fn(f"mlflow: run {run.run_id} in {run.tracking_uri}"
-               + (f"; registered {run.model_name} version {run.model_version} @{run.alias}" if run.model_version else ""))
+        log_fn(f"mlflow: {run.describe()}")
     if output is not None and reports_dir.is_dir():
         shutil.copytree(reports_dir, model_dir / "reports", dirs_exist_ok=True)
     if output is None and not use_mlflow:
@@ -334,4 +272,4 @@ def _iso(t: float | None) -> str:
 
 
 __all__ = ["CHALLENGER_ALIAS", "ChallengerConfig", "ChallengerResult", "fit_head", "heldout_report",
-           "logged_frontier_share", "train_challenger", "write_model_dir"]
+           "logged_frontier_share", "train_challenger"]

@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
 from pointsman.errors import DataError
+from pointsman.training.json_data import as_number, json_number, json_object_at
 from pointsman.training.logged_examples import LoggedExamples, head_matrix, holdout_mask, logged_examples
 from pointsman.training.metrics import apgr, cpt, ece, roc_auc
 from pointsman.training.outcome_labels import LabelRules
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.estimator.difficulty import DifficultyEstimator
     from pointsman.outcome_log.store import OutcomeLog
     from pointsman.policy.fleet import Fleet
 
@@ -47,6 +49,31 @@ class ModelScore:
     reference_deciles: list[float] | None = None
 
 
+class SideSummary(TypedDict):
+    """One model in ``ComparisonSummary``: where it came from and its ``score_metrics``."""
+
+    version: str
+    source: str
+    registry_version: str | None
+    apgr: float
+    cpt50: float
+    auc: float
+    ece: float
+    n: float
+
+
+class ComparisonSummary(TypedDict):
+    """``Comparison.to_dict()``: what ``pointsman compare --json`` prints (and ``promote`` logs)."""
+
+    n: int
+    champion: SideSummary
+    challenger: SideSummary
+    apgr_delta: float
+    apgr_delta_ci90: list[float]
+    excluded: dict[str, int]
+    label_signals: dict[str, int]
+
+
 @dataclass
 class Comparison:
     """Both models on the same held-out rows: ``examples`` (the rows), ``champion``,
@@ -65,14 +92,16 @@ class Comparison:
         """Rows scored by both models."""
         return len(self.examples)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ComparisonSummary:
         """JSON-ready summary (no per-row arrays)."""
-        def side(m: ModelScore) -> dict[str, Any]:
-            return {"version": m.version, "source": m.source, "registry_version": m.registry_version, **m.metrics}
+        def side(m: ModelScore) -> SideSummary:
+            x = m.metrics
+            return SideSummary(version=m.version, source=m.source, registry_version=m.registry_version,
+                               apgr=x["apgr"], cpt50=x["cpt50"], auc=x["auc"], ece=x["ece"], n=x["n"])
 
-        return {"n": self.n, "champion": side(self.champion), "challenger": side(self.challenger),
-                "apgr_delta": self.apgr_delta, "apgr_delta_ci90": list(self.apgr_delta_ci90),
-                "excluded": dict(self.excluded), "label_signals": self.examples.signal_counts()}
+        return ComparisonSummary(n=self.n, champion=side(self.champion), challenger=side(self.challenger),
+                                 apgr_delta=self.apgr_delta, apgr_delta_ci90=list(self.apgr_delta_ci90),
+                                 excluded=dict(self.excluded), label_signals=self.examples.signal_counts())
 
 
 def registry_version(source: str) -> str | None:
@@ -81,16 +110,18 @@ def registry_version(source: str) -> str | None:
     return m.group(1) if m else None
 
 
-def trained_on(est: Any, ex: LoggedExamples) -> np.ndarray:
+def trained_on(est: DifficultyEstimator, ex: LoggedExamples) -> np.ndarray:
     """Boolean (n,): rows of ``ex`` that the model ``est`` may have trained on (see the module
-    docstring); all False for a model not trained from an outcome log."""
-    training = getattr(getattr(est, "manifest", None), "training", None) or {}
+    docstring); all False for a model not trained from an outcome log. Raises ``ValueError``
+    when its manifest's holdout record is malformed."""
+    training = est.manifest.training
     if training.get("source") != "outcome-log":
         return np.zeros(len(ex), dtype=bool)
-    h = training.get("holdout") or {}
-    held = holdout_mask(ex.group, int(h.get("n_folds", 5)), int(h.get("fold", 0)), int(h.get("seed", 0)))
+    h = json_object_at(training, "holdout")
+    held = holdout_mask(ex.group, int(json_number(h, "n_folds", 5)), int(json_number(h, "fold", 0)),
+                        int(json_number(h, "seed", 0)))
     until = training.get("data_until_s")
-    after = ex.time_s > float(until) if until is not None else np.zeros(len(ex), dtype=bool)
+    after = ex.time_s > json_number(training, "data_until_s") if until is not None else np.zeros(len(ex), dtype=bool)
     return ~(held | after)
 
 
@@ -105,15 +136,17 @@ def score_metrics(ex: LoggedExamples, p: np.ndarray) -> dict[str, float]:
             "n": float(len(ex))}
 
 
-def _deciles_of(est: Any) -> list[float] | None:
-    manifest = getattr(est, "manifest", None)
-    got = (getattr(manifest, "training", None) or {}).get("p_hard_deciles")
-    if got:
-        return [float(v) for v in got]
-    quantiles = (getattr(manifest, "reference_p_hard", None) or {}).get("quantiles") or {}
+def _deciles_of(est: DifficultyEstimator) -> list[float] | None:
+    """The model's training ``p_hard`` deciles (a challenger's manifest), else the deciles of its
+    reference quantiles, else None."""
+    manifest = est.manifest
+    got = manifest.training.get("p_hard_deciles")
+    if isinstance(got, list) and got:
+        return [as_number(v, "p_hard_deciles") for v in got]
+    quantiles = json_object_at(manifest.reference_p_hard, "quantiles")
     keys = [f"{0.1 * k:.1f}" for k in range(1, 10)]
     if all(k in quantiles for k in keys):
-        return [float(quantiles[k]) for k in keys]
+        return [json_number(quantiles, k) for k in keys]
     return None
 
 
@@ -137,8 +170,9 @@ def bootstrap_delta(ex: LoggedExamples, p_a: np.ndarray, p_b: np.ndarray, n_resa
     return float(lo), float(hi)
 
 
-def compare_models(log: OutcomeLog, rules: LabelRules, fleet: Fleet | None, champion: Any, challenger: Any, *,
-                   since_s: float | None = None, until_s: float | None = None) -> Comparison:
+def compare_models(log: OutcomeLog, rules: LabelRules, fleet: Fleet | None, champion: DifficultyEstimator,
+                   challenger: DifficultyEstimator, *, since_s: float | None = None,
+                   until_s: float | None = None) -> Comparison:
     """Score ``champion`` and ``challenger`` (``DifficultyEstimator``s) on the held-out logged
     traffic in ``[since_s, until_s)``. Raises ``DataError`` when no row is left to compare on."""
     ex = logged_examples(log, rules, fleet, since_s=since_s, until_s=until_s)

@@ -14,12 +14,13 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from pointsman.estimator.encoders import make_encoder
 from pointsman.estimator.manifest import EncoderSpec
+from pointsman.json_types import JSONObject
+from pointsman.training.json_data import json_number, json_text
 
 #: Bump when the export code changes in a way that changes the artifacts.
 BUILD_REVISION = 1
@@ -68,7 +69,7 @@ def _clean_tokenizer_json(text: str) -> str:
     return tok.to_str()
 
 
-def _built_once(out: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+def _built_once(out: Path, build: Callable[[Path], JSONObject]) -> JSONObject:
     """The ``details.json`` of the encoder cached in ``out``, building it first when absent:
     ``build(tmp)`` writes the files into a temporary sibling folder and returns the details,
     which are written last; the folder then replaces ``out`` (an interrupted build leaves no
@@ -78,11 +79,21 @@ def _built_once(out: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str,
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        details = build(tmp)
-        (tmp / "details.json").write_text(json.dumps(details, indent=2), encoding="utf-8")
+        (tmp / "details.json").write_text(json.dumps(build(tmp), indent=2), encoding="utf-8")
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
-    return json.loads(details_path.read_text(encoding="utf-8"))
+    details: JSONObject = json.loads(details_path.read_text(encoding="utf-8"))
+    return details
+
+
+def _cached_encoder(out: Path, kind: str, max_tokens: int, dim: int, add_special_tokens: bool,
+                    details: JSONObject) -> BuiltEncoder:
+    """The encoder built in the cache folder ``out`` (``encoder.onnx``, ``tokenizer.json``) with its
+    manifest spec; ``details["quantization"]`` names how its weights are stored."""
+    spec = EncoderSpec(kind=kind, file="encoder.onnx", tokenizer="tokenizer.json", max_tokens=max_tokens, dim=dim,
+                       quantization=json_text(details, "quantization"), add_special_tokens=add_special_tokens,
+                       details=details)
+    return BuiltEncoder(out / "encoder.onnx", out / "tokenizer.json", spec)
 
 
 def build_static(cache_dir: Path, max_tokens: int = 512) -> BuiltEncoder:
@@ -94,27 +105,17 @@ def build_static(cache_dir: Path, max_tokens: int = 512) -> BuiltEncoder:
     base = _base_model_dir()
     out = cache_dir / "encoders" / f"static-{_base_key(base)}"
 
-    def build(tmp: Path) -> dict[str, Any]:
+    def build(tmp: Path) -> JSONObject:
         table, tok_json = distill_static(base)
         (tmp / "tokenizer.json").write_text(_clean_tokenizer_json(tok_json), encoding="utf-8")
         details = build_static_onnx(table, tmp / "encoder.onnx", quantize="int8-per-row")
-        if details["row_cosine_min"] < 0.999:
+        if json_number(details, "row_cosine_min") < 0.999:
             details = build_static_onnx(table, tmp / "encoder.onnx", quantize="fp32")
         details["distillation"] = "model2vec.distill(pca_dims=None, sif_coefficient=1e-4, pooling=mean)"
         return details
 
     details = _built_once(out, build)
-    spec = EncoderSpec(
-        kind="static",
-        file="encoder.onnx",
-        tokenizer="tokenizer.json",
-        max_tokens=max_tokens,
-        dim=int(details["dim"]),
-        quantization=details["quantization"],
-        add_special_tokens=False,
-        details=details,
-    )
-    return BuiltEncoder(out / "encoder.onnx", out / "tokenizer.json", spec)
+    return _cached_encoder(out, "static", max_tokens, int(json_number(details, "dim")), False, details)
 
 
 def build_minilm(cache_dir: Path, sample_texts: list[str], max_tokens: int = 128) -> BuiltEncoder:
@@ -126,7 +127,7 @@ def build_minilm(cache_dir: Path, sample_texts: list[str], max_tokens: int = 128
     base = _base_model_dir()
     out = cache_dir / "encoders" / f"minilm-{_base_key(base)}-{max_tokens}"
 
-    def build(tmp: Path) -> dict[str, Any]:
+    def build(tmp: Path) -> JSONObject:
         (tmp / "tokenizer.json").write_text(
             _clean_tokenizer_json((base / "tokenizer.json").read_text(encoding="utf-8")), encoding="utf-8"
         )
@@ -138,7 +139,7 @@ def build_minilm(cache_dir: Path, sample_texts: list[str], max_tokens: int = 128
         int8 = make_encoder(tmp, probe, intra_op_threads=2).encode_batch(sample_texts)
         cos = (fp32 * int8).sum(axis=1)
         use_int8 = bool(cos.min() >= INT8_MIN_COSINE)
-        details: dict[str, Any] = {
+        details: JSONObject = {
             "dim": 384,
             "int8_cosine_min": float(cos.min()),
             "int8_cosine_mean": float(cos.mean()),
@@ -153,18 +154,7 @@ def build_minilm(cache_dir: Path, sample_texts: list[str], max_tokens: int = 128
         details["bytes"] = (tmp / "encoder.onnx").stat().st_size
         return details
 
-    details = _built_once(out, build)
-    spec = EncoderSpec(
-        kind="minilm",
-        file="encoder.onnx",
-        tokenizer="tokenizer.json",
-        max_tokens=max_tokens,
-        dim=384,
-        quantization=details["quantization"],
-        add_special_tokens=True,
-        details=details,
-    )
-    return BuiltEncoder(out / "encoder.onnx", out / "tokenizer.json", spec)
+    return _cached_encoder(out, "minilm", max_tokens, 384, True, _built_once(out, build))
 
 
 def embed_texts(built: BuiltEncoder, texts: list[str], cache_dir: Path, threads: int = 2) -> np.ndarray:
@@ -191,5 +181,10 @@ def encoder_from_model_dir(model_dir: str | Path) -> BuiltEncoder:
     from pointsman.estimator.manifest import read_manifest
 
     model_dir = Path(model_dir)
-    manifest = read_manifest(model_dir)
-    return BuiltEncoder(model_dir / manifest.encoder.file, model_dir / manifest.encoder.tokenizer, manifest.encoder)
+    return encoder_in(model_dir, read_manifest(model_dir).encoder)
+
+
+def encoder_in(model_dir: Path, spec: EncoderSpec) -> BuiltEncoder:
+    """The encoder files ``spec`` names in the model directory ``model_dir`` (e.g. the serving
+    model's, ``DifficultyEstimator.model_dir`` and ``.manifest.encoder``)."""
+    return BuiltEncoder(model_dir / spec.file, model_dir / spec.tokenizer, spec)

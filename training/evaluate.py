@@ -1,6 +1,6 @@
 """Evaluating a difficulty model on a wide outcome table (``pointsman evaluate``).
 
-``evaluate_table(estimator, path, weak, strong) -> dict``: scores every prompt of
+``evaluate_table(estimator, path, weak, strong) -> TableReport``: scores every prompt of
 the table with the estimator and returns RouteLLM's router metrics for the
 weak/strong model pair (``training.metrics.router_report``) next to the random
 router and the oracle on the same rows.
@@ -9,17 +9,57 @@ router and the oracle on the same rows.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from pointsman.datasets.outcome_tables import read_outcome_table
 from pointsman.errors import DataError, RequestError
+from pointsman.estimator.features import RequestFeatures
 from pointsman.training.examples import features_for_messages
-from pointsman.training.metrics import router_report
+from pointsman.training.metrics import RouterReport, router_report
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tokenizers import Tokenizer
 
 
-def evaluate_table(estimator: Any, path: str | Path, weak: str, strong: str) -> dict[str, Any]:
+class TableScorer(Protocol):
+    """What ``evaluate_table`` needs of a model (``estimator.difficulty.DifficultyEstimator``):
+    its name and origin, the tokenizer prompt tokens are counted with, and batch scoring."""
+
+    @property
+    def version(self) -> str:
+        """The model's content version."""
+        ...
+
+    @property
+    def source(self) -> str:
+        """Where the model was loaded from."""
+        ...
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        """The tokenizer of the model's encoder."""
+        ...
+
+    def estimate_batch(self, features: list[RequestFeatures]) -> np.ndarray:
+        """``p_hard`` for many requests: (n,)."""
+        ...
+
+
+class TableReport(RouterReport):
+    """``evaluate_table``'s answer: the router metrics, then the table, the pair and the model."""
+
+    n_rows: int
+    n_skipped: int
+    weak: str
+    strong: str
+    table: str
+    model_version: str
+    model_source: str
+
+
+def evaluate_table(estimator: TableScorer, path: str | Path, weak: str, strong: str) -> TableReport:
     """Score ``path`` (gzip or plain CSV wide table) and compare ``weak`` vs ``strong`` columns.
 
     Returns ``apgr, cpt50, cpt80, auc, random_apgr, oracle_apgr, n`` (rows with both
@@ -31,7 +71,8 @@ def evaluate_table(estimator: Any, path: str | Path, weak: str, strong: str) -> 
     table = read_outcome_table(path)
     w = table.scores(weak)
     s = table.scores(strong)
-    feats, rows = [], []
+    feats: list[RequestFeatures] = []
+    rows: list[int] = []
     for i, messages in enumerate(table.messages):
         try:
             feats.append(features_for_messages(messages, estimator.tokenizer))
@@ -45,16 +86,16 @@ def evaluate_table(estimator: Any, path: str | Path, weak: str, strong: str) -> 
     if not usable.any():
         raise DataError(f"{path}: no row has a prompt and scores for both {weak!r} and {strong!r}")
     try:
-        report: dict[str, Any] = router_report(w, s, scores)
+        metrics = router_report(w, s, scores)
     except ValueError as exc:
         raise DataError(f"{path}: {exc}") from None
-    report.update(
+    return TableReport(
+        **metrics,
         n_rows=len(table),
         n_skipped=int(len(table) - usable.sum()),
         weak=weak,
         strong=strong,
         table=str(path),
-        model_version=getattr(estimator, "version", None),
-        model_source=getattr(estimator, "source", None),
+        model_version=estimator.version,
+        model_source=estimator.source,
     )
-    return report

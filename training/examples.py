@@ -6,9 +6,10 @@ request features, soft label, weight and leakage-safe group key.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -81,7 +82,7 @@ def _row_mean(scores: np.ndarray) -> np.ndarray:
     return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
-def features_for_messages(messages: list[dict[str, Any]], tokenizer: Tokenizer | None) -> RequestFeatures:
+def features_for_messages(messages: Sequence[Mapping[str, object]], tokenizer: Tokenizer | None) -> RequestFeatures:
     """``RequestFeatures`` of an OpenAI-style message list, through the same request
     validation and feature extraction the service uses (so train and serve agree)."""
     return extract_features(parse_route_request({"messages": messages}), tokenizer)
@@ -104,8 +105,15 @@ def build_examples(
     empty are dropped. Raises ``DataError`` for unreadable tables or unknown columns.
     """
     margins = {**DEFAULT_MARGINS, **(margins or {})}
-    names = ("source", "prompt_id", "group", "category", "y", "y_gap", "n_pairs", "weak_score", "strong_score")
-    cols: dict[str, list[Any]] = {k: [] for k in names}
+    src_col: list[str] = []
+    prompt_col: list[str] = []
+    group_col: list[str] = []
+    category_col: list[str] = []
+    y_col: list[float] = []
+    y_gap_col: list[float] = []
+    n_pairs_col: list[int] = []
+    weak_col: list[float] = []
+    strong_col: list[float] = []
     feats: list[RequestFeatures] = []
     licenses: dict[str, str] = {}
     anchor_rates: dict[str, dict[str, float]] = {}
@@ -133,27 +141,27 @@ def build_examples(
             if not any(str(m.get("content") or "").strip() for m in messages):
                 continue
             feats.append(features_for_messages(messages, tokenizer))
-            cols["source"].append(src.name)
-            cols["prompt_id"].append(ids[i])
-            cols["group"].append(group_key(messages))
-            cols["category"].append(cats[i])
-            cols["y"].append(y[i])
-            cols["y_gap"].append(y_gap[i])
-            cols["n_pairs"].append(n_pairs[i])
-            cols["weak_score"].append(weak_mean[i])
-            cols["strong_score"].append(strong_mean[i])
+            src_col.append(src.name)
+            prompt_col.append(ids[i])
+            group_col.append(group_key(messages))
+            category_col.append(cats[i])
+            y_col.append(y[i])
+            y_gap_col.append(y_gap[i])
+            n_pairs_col.append(n_pairs[i])
+            weak_col.append(weak_mean[i])
+            strong_col.append(strong_mean[i])
         licenses[src.name] = src.license
     return Examples(
-        source=np.asarray(cols["source"], dtype=object),
-        prompt_id=np.asarray(cols["prompt_id"], dtype=object),
-        group=np.asarray(cols["group"], dtype=object),
-        category=np.asarray(cols["category"], dtype=object),
+        source=np.asarray(src_col, dtype=object),
+        prompt_id=np.asarray(prompt_col, dtype=object),
+        group=np.asarray(group_col, dtype=object),
+        category=np.asarray(category_col, dtype=object),
         features=feats,
-        y=np.asarray(cols["y"], dtype=np.float64),
-        y_gap=np.asarray(cols["y_gap"], dtype=np.float64),
-        n_pairs=np.asarray(cols["n_pairs"], dtype=np.int64),
-        weak_score=np.asarray(cols["weak_score"], dtype=np.float64),
-        strong_score=np.asarray(cols["strong_score"], dtype=np.float64),
+        y=np.asarray(y_col, dtype=np.float64),
+        y_gap=np.asarray(y_gap_col, dtype=np.float64),
+        n_pairs=np.asarray(n_pairs_col, dtype=np.int64),
+        weak_score=np.asarray(weak_col, dtype=np.float64),
+        strong_score=np.asarray(strong_col, dtype=np.float64),
         licenses=licenses,
         anchor_rates=anchor_rates,
     )

@@ -17,7 +17,7 @@ side only, and the split of a row never depends on which other rows exist.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from pointsman.outcome_log.store import OutcomeLog
 from pointsman.training.outcome_labels import LabelRules, label_decision
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.estimator.difficulty import DifficultyEstimator
     from pointsman.policy.fleet import Fleet
 
 
@@ -90,9 +91,17 @@ def logged_examples(
     without a label are counted in ``skipped["no_label"]``. Raises ``DataError`` when the log has
     no labeled decision in the window."""
     strong = rules.strong_set(fleet)
-    cols: dict[str, list[Any]] = {k: [] for k in ("decision_id", "time_s", "group", "y", "weak_score", "strong_score",
-                                                  "signal", "p_hard_logged", "estimator_version", "feature_space",
-                                                  "has_text")}
+    ids: list[str] = []
+    times: list[float] = []
+    groups: list[str] = []
+    ys: list[float] = []
+    weak: list[float] = []
+    strong_scores: list[float] = []
+    signals: list[str] = []
+    p_logged: list[float] = []
+    versions: list[str | None] = []
+    spaces: list[str | None] = []
+    has_text: list[bool] = []
     vectors: list[np.ndarray | None] = []
     feats: list[RequestFeatures] = []
     skipped = {"no_label": 0, "bad_features": 0}
@@ -106,28 +115,31 @@ def logged_examples(
         except DataError:
             skipped["bad_features"] += 1
             continue
-        cols["decision_id"].append(d.decision_id)
-        cols["time_s"].append(d.time_s)
-        cols["group"].append(d.conversation_key)
-        cols["y"].append(label.y)
-        cols["weak_score"].append(label.weak_score)
-        cols["strong_score"].append(label.strong_score)
-        cols["signal"].append(label.signal)
-        cols["p_hard_logged"].append(np.nan if d.p_hard is None else d.p_hard)
-        cols["estimator_version"].append(d.estimator_version)
-        cols["feature_space"].append(d.feature_space)
-        cols["has_text"].append(bool(d.prompt_text))
+        ids.append(d.decision_id)
+        times.append(d.time_s)
+        groups.append(d.conversation_key)
+        ys.append(label.y)
+        weak.append(label.weak_score)
+        strong_scores.append(label.strong_score)
+        signals.append(label.signal)
+        p_logged.append(np.nan if d.p_hard is None else d.p_hard)
+        versions.append(d.estimator_version)
+        spaces.append(d.feature_space)
+        has_text.append(bool(d.prompt_text))
         vectors.append(d.head_input)
         feats.append(f)
-    if not cols["y"]:
+    if not ys:
         raise DataError(f"{log.path}: no logged decision with a usable quality signal"
                         + (" in the window" if since_s is not None or until_s is not None else "")
                         + f" ({skipped['no_label']} decisions with outcomes but no label; label signals: "
                         + ", ".join(rules.signals) + ")")
-    obj = {"decision_id", "group", "signal", "estimator_version", "feature_space"}
-    arrays = {k: np.asarray(v, dtype=object if k in obj else (bool if k == "has_text" else np.float64))
-              for k, v in cols.items()}
-    return LoggedExamples(**arrays, head_input=vectors, features=feats, skipped=skipped)
+    return LoggedExamples(
+        decision_id=np.asarray(ids, dtype=object), time_s=np.asarray(times, dtype=np.float64),
+        group=np.asarray(groups, dtype=object), y=np.asarray(ys, dtype=np.float64),
+        weak_score=np.asarray(weak, dtype=np.float64), strong_score=np.asarray(strong_scores, dtype=np.float64),
+        signal=np.asarray(signals, dtype=object), p_hard_logged=np.asarray(p_logged, dtype=np.float64),
+        estimator_version=np.asarray(versions, dtype=object), feature_space=np.asarray(spaces, dtype=object),
+        head_input=vectors, features=feats, has_text=np.asarray(has_text, dtype=bool), skipped=skipped)
 
 
 def holdout_mask(groups: np.ndarray, n_folds: int = 5, fold: int = 0, seed: int = 0) -> np.ndarray:
@@ -151,19 +163,22 @@ class HeadMatrix:
     unusable: int
 
 
-def head_matrix(examples: LoggedExamples, estimator: Any) -> HeadMatrix:
-    """Head inputs for ``estimator`` (a ``DifficultyEstimator``): logged vectors in its feature
-    space as they are, other rows re-embedded from stored prompt text (``feature_matrix``),
-    the rest left out."""
+def head_matrix(examples: LoggedExamples, estimator: DifficultyEstimator) -> HeadMatrix:
+    """Head inputs for ``estimator``: logged vectors in its feature space as they are, other rows
+    re-embedded from stored prompt text (``feature_matrix``), the rest left out."""
     space = feature_space_of(estimator)
-    same = [i for i, (s, v) in enumerate(zip(examples.feature_space, examples.head_input))
-            if space is not None and s == space and v is not None]
+    same: list[int] = []
+    logged: list[np.ndarray] = []
+    for i, (s, v) in enumerate(zip(examples.feature_space, examples.head_input)):
+        if space is not None and s == space and v is not None:
+            same.append(i)
+            logged.append(v)
     same_set = set(same)
     redo = [i for i in range(len(examples)) if i not in same_set and examples.has_text[i]]
     dim = len(estimator.manifest.head.feature_names)
     X = np.zeros((len(same) + len(redo), dim), dtype=np.float32)
     if same:
-        X[: len(same)] = np.stack([examples.head_input[i] for i in same])
+        X[: len(same)] = np.stack(logged)
     if redo:
         X[len(same):] = estimator.feature_matrix([examples.features[i] for i in redo])
     rows = np.asarray(same + redo, dtype=np.int64)

@@ -25,6 +25,7 @@ APGR exactly 0.5. The *oracle* ranks by the true gap ``s_i - w_i``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 
@@ -151,7 +152,21 @@ def ece(labels: np.ndarray, probs: np.ndarray, n_bins: int = 10) -> float:
     return float(total)
 
 
-def router_report(weak: np.ndarray, strong: np.ndarray, scores: np.ndarray) -> dict[str, float]:
+class RouterReport(TypedDict):
+    """``router_report``'s metrics (see there)."""
+
+    apgr: float
+    cpt50: float
+    cpt80: float
+    auc: float
+    random_apgr: float
+    oracle_apgr: float
+    oracle_cpt50: float
+    oracle_cpt80: float
+    n: int
+
+
+def router_report(weak: np.ndarray, strong: np.ndarray, scores: np.ndarray) -> RouterReport:
     """All router metrics for one weak/strong pair on one table: ``apgr``, ``cpt50``,
     ``cpt80``, ``auc`` (label: strong > weak), ``random_apgr``, ``oracle_apgr``,
     ``oracle_cpt50``, ``oracle_cpt80``, ``n`` (rows with both scores and a router score)."""
@@ -161,14 +176,14 @@ def router_report(weak: np.ndarray, strong: np.ndarray, scores: np.ndarray) -> d
     ok = ~(np.isnan(weak) | np.isnan(strong) | np.isnan(scores))
     w, s, p = weak[ok], strong[ok], scores[ok]
     gap = s - w
-    return {
-        "apgr": apgr(w, s, p),
-        "cpt50": cpt(w, s, p, 0.5),
-        "cpt80": cpt(w, s, p, 0.8),
-        "auc": roc_auc(weak_worse(w, s), p),
-        "random_apgr": random_apgr(w, s),
-        "oracle_apgr": oracle_apgr(w, s),
-        "oracle_cpt50": cpt(w, s, gap, 0.5),
-        "oracle_cpt80": cpt(w, s, gap, 0.8),
-        "n": int(ok.sum()),
-    }
+    return RouterReport(
+        apgr=apgr(w, s, p),
+        cpt50=cpt(w, s, p, 0.5),
+        cpt80=cpt(w, s, p, 0.8),
+        auc=roc_auc(weak_worse(w, s), p),
+        random_apgr=random_apgr(w, s),
+        oracle_apgr=oracle_apgr(w, s),
+        oracle_cpt50=cpt(w, s, gap, 0.5),
+        oracle_cpt80=cpt(w, s, gap, 0.8),
+        n=int(ok.sum()),
+    )

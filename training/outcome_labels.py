@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -55,8 +55,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from pointsman.policy.fleet import Fleet
 
 Signal = Literal["judge_pair", "judge_reference", "judge_pass", "escalated", "regenerated", "user_rating", "error"]
-SIGNALS: tuple[str, ...] = ("judge_pair", "judge_reference", "judge_pass", "escalated", "regenerated",
-                            "user_rating", "error")
+SIGNALS: tuple[Signal, ...] = ("judge_pair", "judge_reference", "judge_pass", "escalated", "regenerated",
+                               "user_rating", "error")
 
 
 class LabelRules(BaseModel):
@@ -75,7 +75,7 @@ class LabelRules(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     strong_targets: tuple[str, ...] | None = None
-    signals: tuple[Signal, ...] = SIGNALS  # type: ignore[assignment]
+    signals: tuple[Signal, ...] = SIGNALS
     judge_margin: float = Field(default=0.0, ge=0.0)
     judge_graded: bool = False
     judge_scale: float = Field(default=1.0, gt=0.0)
@@ -224,9 +224,9 @@ def label_decision(decision: LoggedDecision, rules: LabelRules, strong_targets: 
     return None
 
 
-def rules_as_params(rules: LabelRules) -> dict[str, Any]:
+def rules_as_params(rules: LabelRules) -> dict[str, object]:
     """The rules as flat MLflow parameters (``label.<field>``, lists comma-joined)."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for k, v in rules.model_dump().items():
         out[f"label.{k}"] = ",".join(v) if isinstance(v, (list, tuple)) else v
     return out

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pointsman.errors import ModelNotFoundError, PointsmanError
 from pointsman.estimator.model_source import load_estimator
@@ -34,6 +34,9 @@ from pointsman.estimator.registry import CHAMPION_ALIAS, REGISTERED_NAME
 from pointsman.training.challenger import CHALLENGER_ALIAS
 
 if TYPE_CHECKING:  # pragma: no cover
+    from mlflow import MlflowClient
+
+    from pointsman.estimator.difficulty import DifficultyEstimator
     from pointsman.outcome_log.store import OutcomeLog
     from pointsman.policy.fleet import Fleet
     from pointsman.training.compare import Comparison
@@ -78,7 +81,8 @@ def evaluate_gate(cmp: Comparison, gate: Gate) -> tuple[list[str], list[str]]:
     """(refusal reasons, passed checks) of ``cmp`` against ``gate``; promoted iff no reason.
     Every message carries both models' numbers."""
     a, b = cmp.champion.metrics, cmp.challenger.metrics
-    reasons, checks = [], []
+    reasons: list[str] = []
+    checks: list[str] = []
     if cmp.n < gate.min_rows:
         reasons.append(f"only {cmp.n} held-out decisions scored by both models; the gate needs at least {gate.min_rows}")
     gain = b["apgr"] - a["apgr"]
@@ -97,13 +101,13 @@ def evaluate_gate(cmp: Comparison, gate: Gate) -> tuple[list[str], list[str]]:
     return reasons, checks
 
 
-def _client():
+def _client() -> MlflowClient:
     from pointsman.estimator.registry import client
 
     return client()
 
 
-def alias_version(c: Any, alias: str, name: str = REGISTERED_NAME) -> str | None:
+def alias_version(c: MlflowClient, alias: str, name: str = REGISTERED_NAME) -> str | None:
     """The version number an alias points at, or None (no such model or alias)."""
     try:
         return str(c.get_model_version_by_alias(name, alias).version)
@@ -111,27 +115,21 @@ def alias_version(c: Any, alias: str, name: str = REGISTERED_NAME) -> str | None
         return None
 
 
-def load_version(version: str | None, **opts: Any):
+def load_version(version: str | None, *, intra_op_threads: int = 1) -> DifficultyEstimator:
     """The estimator of a registry version (None: the bundled model)."""
-    if version is None:
-        return load_estimator(BUNDLED, **opts)
-    return load_estimator(f"models:/{REGISTERED_NAME}/{version}", **opts)
+    spec = BUNDLED if version is None else f"models:/{REGISTERED_NAME}/{version}"
+    return load_estimator(spec, intra_op_threads=intra_op_threads)
 
 
-def _log_record(kind: str, params: dict[str, Any], metrics: dict[str, float], tags: dict[str, str],
+def _log_record(kind: str, params: Mapping[str, object], metrics: Mapping[str, float], tags: dict[str, str],
                 cmp: Comparison | None = None) -> str:
     """One run in ``PROMOTION_EXPERIMENT`` with the comparison's plots and JSON; returns its id."""
-    from mlflow.entities import Metric, Param
-
-    from pointsman.training.registry import ensure_experiment
+    from pointsman.training.registry import ensure_experiment, log_batch
 
     c = _client()
     run = c.create_run(ensure_experiment(c, PROMOTION_EXPERIMENT), tags={"pointsman.kind": kind, **tags},
                        run_name=kind)
-    now = int(time.time() * 1000)
-    c.log_batch(run.info.run_id,
-                metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None and v == v],
-                params=[Param(k, str(v)[:500]) for k, v in params.items()])
+    log_batch(c, run.info.run_id, params, metrics)
     if cmp is not None:
         with tempfile.TemporaryDirectory(prefix="pointsman-promotion-") as tmp:
             write_comparison_reports(Path(tmp), cmp)
@@ -199,7 +197,7 @@ def promote(log: OutcomeLog, rules: LabelRules, fleet: Fleet | None, gate: Gate 
                            champion_v if promoted else None, run_id, checks)
 
 
-def _move_champion(c: Any, new: str, old: str | None, run_id: str) -> None:
+def _move_champion(c: MlflowClient, new: str, old: str | None, run_id: str) -> None:
     """champion → ``new``; previous_champion → ``old`` (tag ``bundled`` when None); drop @challenger."""
     _move_previous(c, old)
     c.set_registered_model_alias(REGISTERED_NAME, CHAMPION_ALIAS, new)
@@ -241,7 +239,7 @@ def rollback() -> RollbackResult:
     return RollbackResult(None if previous == BUNDLED else previous, current, run_id)
 
 
-def _move_previous(c: Any, version: str | None) -> None:
+def _move_previous(c: MlflowClient, version: str | None) -> None:
     """previous_champion → ``version`` (alias and tag; tag ``bundled`` and no alias when None)."""
     c.set_registered_model_tag(REGISTERED_NAME, PREVIOUS_TAG, version or BUNDLED)
     if version is None:

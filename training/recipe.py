@@ -18,9 +18,9 @@ Defaults are the recipe chosen by held-out validation on the Apache/MIT sets (se
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from pointsman.datasets.sources import DEFAULT_TRAINING_SOURCES
+from pointsman.json_types import JSONObject
 
 ENCODERS = ("static", "minilm")
 
@@ -58,7 +58,7 @@ class TrainConfig:
     minilm_max_tokens: int = 128
     max_rows_per_source: dict[str, int] | None = None
     encoder_from: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: JSONObject = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.encoder not in ENCODERS:
@@ -69,9 +69,9 @@ class TrainConfig:
             raise ValueError(f"label must be 'gap' or 'worse', got {self.label!r}")
         self.sources = tuple(self.sources)
 
-    def params(self) -> dict[str, Any]:
-        """Flat parameters for MLflow (values as strings/numbers)."""
-        out: dict[str, Any] = {}
+    def params(self) -> JSONObject:
+        """Flat parameters for MLflow and the manifest's recipe (tuples comma-joined)."""
+        out: JSONObject = {}
         for k, v in asdict(self).items():
             out[k] = ",".join(v) if isinstance(v, tuple) else v
         return out

@@ -20,11 +20,15 @@ import gzip
 import random
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
 from pointsman.datasets.sources import shared_datasets_dir
+from pointsman.errors import EstimatorError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.estimator.estimate import Estimator
 
 #: (table under the shared datasets folder, prompt column) of the reference mix.
 REFERENCE_SETS: tuple[tuple[str, str], ...] = (
@@ -37,6 +41,16 @@ REFERENCE_SETS: tuple[tuple[str, str], ...] = (
 PER_SET = 300
 #: Quantile levels published in the manifest: 0.05, 0.10, ..., 0.95.
 LEVELS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 20))
+
+
+class ReferenceBlock(TypedDict):
+    """A manifest's ``reference_p_hard``: the mix (``sets`` as ``table:column``, ``per_set``), the
+    prompts scored (``n``) and the pooled quantiles (``{"0.05": p, ..., "0.95": p}``)."""
+
+    sets: list[str]
+    per_set: int
+    n: int
+    quantiles: dict[str, float]
 
 
 def reference_prompts(path: Path, column: str, n: int = PER_SET) -> list[str]:
@@ -56,40 +70,42 @@ def quantile(values: list[float] | np.ndarray, q: float) -> float:
     return float(np.quantile(np.asarray(values, dtype=np.float64), q))
 
 
-def score_reference(estimator: Any, root: str | Path | None = None, per_set: int = PER_SET) -> dict[str, list[float]]:
+def score_reference(estimator: Estimator, root: str | Path | None = None,
+                    per_set: int = PER_SET) -> dict[str, list[float]]:
     """p_hard of every reference prompt, per set: ``{table: [p_hard, ...]}``.
 
     ``estimator``: a ``DifficultyEstimator`` (scored one request at a time through
-    ``extract_features`` + ``estimate``, exactly as served)."""
+    ``extract_features`` + ``estimate``, exactly as served). Raises ``EstimatorError`` when it
+    cannot score a prompt."""
     from pointsman.estimator.features import extract_features
     from pointsman.request import request_from_prompt
 
+    def p_hard(text: str) -> float:
+        got = estimator.estimate(extract_features(request_from_prompt(text), estimator.tokenizer))
+        if got.p_hard is None:
+            raise EstimatorError(f"{estimator.version} could not score a reference prompt: {got.error}")
+        return float(got.p_hard)
+
     root = Path(root) if root else shared_datasets_dir()
-    out: dict[str, list[float]] = {}
-    for rel, column in REFERENCE_SETS:
-        out[rel] = [
-            float(estimator.estimate(extract_features(request_from_prompt(t), estimator.tokenizer)).p_hard)
-            for t in reference_prompts(root / rel, column, per_set)
-        ]
-    return out
+    return {rel: [p_hard(t) for t in reference_prompts(root / rel, column, per_set)] for rel, column in REFERENCE_SETS}
 
 
-def reference_quantiles(per_set_scores: dict[str, list[float]]) -> dict[str, Any]:
+def reference_quantiles(per_set_scores: dict[str, list[float]]) -> ReferenceBlock:
     """The manifest's ``reference_p_hard`` block from ``score_reference`` output:
     ``{"sets": [...], "per_set": N, "n": total, "quantiles": {"0.05": p, ..., "0.95": p}}``
     (quantiles of the pooled mix, p_hard values in [0, 1])."""
     pooled = [p for ps in per_set_scores.values() for p in ps]
     if not pooled:
         raise ValueError("no reference prompts were scored")
-    return {
-        "sets": [f"{rel}:{col}" for rel, col in REFERENCE_SETS],
-        "per_set": PER_SET,
-        "n": len(pooled),
-        "quantiles": {f"{q:.2f}": round(quantile(pooled, q), 6) for q in LEVELS},
-    }
+    return ReferenceBlock(
+        sets=[f"{rel}:{col}" for rel, col in REFERENCE_SETS],
+        per_set=PER_SET,
+        n=len(pooled),
+        quantiles={f"{q:.2f}": round(quantile(pooled, q), 6) for q in LEVELS},
+    )
 
 
-def threshold_for_share(reference: dict[str, Any], share: float) -> float:
+def threshold_for_share(reference: ReferenceBlock, share: float) -> float:
     """The p_hard threshold that about ``share`` (0–1) of the reference mix reaches:
     the ``1 - share`` quantile, linearly interpolated between the published levels
     (clamped to the 0.05/0.95 levels). Raises ``ValueError`` for a share outside (0, 1)."""

@@ -11,12 +11,16 @@ ONNX files, tokenizer) logged under the run's ``model/`` artifact path.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pointsman.data_dir import data_dir
 from pointsman.estimator.registry import REGISTERED_NAME, client, default_tracking_uri, embedded_store
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mlflow import MlflowClient
 
 EXPERIMENT_NAME = "pointsman-difficulty"
 
@@ -31,8 +35,13 @@ class RunRecord:
     model_version: str | None
     alias: str | None
 
+    def describe(self) -> str:
+        """``run <id> in <tracking URI>``, and ``; registered <name> version <n> @<alias>`` when registered."""
+        registered = f"; registered {self.model_name} version {self.model_version} @{self.alias}" if self.model_version else ""
+        return f"run {self.run_id} in {self.tracking_uri}{registered}"
 
-def ensure_experiment(mlflow_client, name: str = EXPERIMENT_NAME) -> str:
+
+def ensure_experiment(mlflow_client: MlflowClient, name: str = EXPERIMENT_NAME) -> str:
     """The experiment id of ``name``, created if absent (artifacts under
     ``<data_dir>/mlartifacts`` for the embedded store)."""
     exp = mlflow_client.get_experiment_by_name(name)
@@ -42,9 +51,23 @@ def ensure_experiment(mlflow_client, name: str = EXPERIMENT_NAME) -> str:
     return mlflow_client.create_experiment(name, artifact_location=location)
 
 
+def log_batch(mlflow_client: MlflowClient, run_id: str, params: Mapping[str, object],
+              metrics: Mapping[str, float]) -> None:
+    """Log ``params`` (as strings of at most 500 characters) and the finite ``metrics`` of run
+    ``run_id`` in one batch, at the current time."""
+    from mlflow.entities import Metric, Param
+
+    now = int(time.time() * 1000)
+    mlflow_client.log_batch(
+        run_id,
+        metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None and v == v],
+        params=[Param(k, str(v)[:500]) for k, v in params.items()],
+    )
+
+
 def log_training_run(
     model_dir: str | Path,
-    params: dict[str, Any],
+    params: Mapping[str, object],
     metrics: dict[str, float],
     *,
     register: bool = True,
@@ -55,19 +78,12 @@ def log_training_run(
     """Log one training run: params, metrics, the model directory as artifacts under
     ``model/``; if ``register``, create a version of ``model_name`` from them and point
     ``alias`` at it. Returns the ``RunRecord``."""
-    from mlflow.entities import Metric, Param
-
     c = client()
     uri = default_tracking_uri()
     run = c.create_run(ensure_experiment(c), tags=tags or {})
     run_id = run.info.run_id
-    now = int(time.time() * 1000)
     try:
-        c.log_batch(
-            run_id,
-            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None and v == v],
-            params=[Param(k, str(v)[:500]) for k, v in params.items()],
-        )
+        log_batch(c, run_id, params, metrics)
         c.log_artifacts(run_id, str(model_dir), artifact_path="model")
     except Exception:
         c.set_terminated(run_id, status="FAILED")

