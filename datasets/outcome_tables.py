@@ -16,12 +16,14 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pointsman.errors import DataError
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
     import pandas as pd
+    from numpy.typing import NDArray
 
 #: Columns that describe the prompt, never a model's score.
 META_COLUMNS = frozenset(
@@ -51,7 +53,7 @@ class OutcomeTable:
 
     path: Path
     frame: pd.DataFrame
-    messages: list[list[dict[str, Any]]]
+    messages: list[list[dict[str, str]]]
     model_columns: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -85,12 +87,12 @@ class OutcomeTable:
             f"Available model columns: {', '.join(self.model_columns)}"
         )
 
-    def scores(self, name: str):
+    def scores(self, name: str) -> NDArray[np.float64]:
         """Scores of model column ``name`` as a float64 array (n,); NaN where the cell is empty."""
         return self.frame[self.column(name)].to_numpy(dtype="float64")
 
 
-def _messages_for_row(row: Any, multi_turn: bool) -> list[dict[str, Any]]:
+def _messages_for_row(row: pd.Series, multi_turn: bool) -> list[dict[str, str]]:
     if not multi_turn:
         return [{"role": "user", "content": str(row["prompt"])}]
     first = str(row["prompt_turn1"])

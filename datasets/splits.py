@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 _SPACE = re.compile(r"\s+")
 
 
-def group_key(messages: Sequence[dict[str, Any]]) -> str:
+def group_key(messages: Sequence[Mapping[str, object]]) -> str:
     """A stable key for the conversation: sha1 of its first user text, lower-cased,
     whitespace collapsed (hex string, 16 chars)."""
     first = next((m.get("content") for m in messages if m.get("role") == "user"), "") or ""
@@ -26,7 +26,7 @@ def group_key(messages: Sequence[dict[str, Any]]) -> str:
     return hashlib.sha1(norm.encode("utf-8")).hexdigest()[:16]
 
 
-def assign_folds(keys: Sequence[str], n_folds: int, seed: int = 0) -> np.ndarray:
+def assign_folds(keys: Sequence[str], n_folds: int, seed: int = 0) -> NDArray[np.int64]:
     """Fold index in ``[0, n_folds)`` for each group key: int64 array (n,).
 
     Deterministic (sha1 of ``f"{seed}:{key}"``), so equal keys always share a fold and

@@ -31,10 +31,13 @@ import gzip
 import io
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
+from typing import TypeAlias
 
 from pointsman.errors import DataError
 
@@ -120,6 +123,32 @@ class _Slicer:
         return self.limit is not None and self.kept >= self.limit
 
 
+#: One record as a trace reader yields it: arrival (s from the first record), ``file:line``, the
+#: time column's name, and the function that parses the rest of the record.
+_Row: TypeAlias = tuple[float, str, str, Callable[[], TraceRequest]]
+
+
+def _sliced(rows: Generator[_Row, None, None], limit: int | None, start_s: float | None,
+            end_s: float | None) -> Iterator[TraceRequest]:
+    """The records of ``rows`` (``(arrival_s, where, time column, build)`` in file order) that
+    pass the window and the limit (``_Slicer``); ``build()`` parses the rest of a record and runs
+    only for a kept one. ``rows`` is not started when the limit is 0, and is closed as soon as
+    the window or the limit is exhausted."""
+    sl = _Slicer(limit, start_s, end_s)
+    if sl.done():
+        return
+    with closing(rows):
+        for arrival_s, where, column, build in rows:
+            verdict = sl.check(arrival_s, where, column)
+            if verdict == "stop":
+                return
+            if verdict == "skip":
+                continue
+            yield build()
+            if sl.done():
+                return
+
+
 def iter_mooncake(
     path: str | Path,
     *,
@@ -135,10 +164,11 @@ def iter_mooncake(
     or non-integer field, a ``hash_ids`` that is not a list of integers, or time
     going backwards.
     """
-    path = Path(path)
-    sl = _Slicer(limit, start_s, end_s)
-    if sl.done():
-        return
+    return _sliced(_mooncake_rows(Path(path)), limit, start_s, end_s)
+
+
+def _mooncake_rows(path: Path) -> Generator[_Row, None, None]:
+    """``_sliced`` rows of a Mooncake trace (see ``iter_mooncake``)."""
     t0_ms: float | None = None
     with _open_text(path) as fh:
         for lineno, line in enumerate(fh, start=1):
@@ -160,23 +190,19 @@ def iter_mooncake(
             if t0_ms is None:
                 t0_ms = ts
             arrival_s = (ts - t0_ms) / 1000.0
-            verdict = sl.check(arrival_s, where, "timestamp")
-            if verdict == "stop":
-                return
-            if verdict == "skip":
-                continue
-            prompt = _positive_int(row["input_length"], where, "input_length")
-            output = _positive_int(row["output_length"], where, "output_length")
-            hashes = row.get("hash_ids")
-            if hashes is not None:
-                if not isinstance(hashes, list) or not all(
-                    isinstance(h, int) and not isinstance(h, bool) for h in hashes
-                ):
-                    raise DataError(f"{where}: column 'hash_ids': expected a list of integers")
-                hashes = tuple(hashes)
-            yield TraceRequest(arrival_s, prompt, output, hashes)
-            if sl.done():
-                return
+            yield arrival_s, where, "timestamp", partial(_mooncake_request, row, where, arrival_s)
+
+
+def _mooncake_request(row: dict[str, object], where: str, arrival_s: float) -> TraceRequest:
+    """The ``TraceRequest`` of one kept Mooncake record (its counts and ``hash_ids`` checked)."""
+    prompt = _positive_int(row["input_length"], where, "input_length")
+    output = _positive_int(row["output_length"], where, "output_length")
+    hashes = row.get("hash_ids")
+    if hashes is None:
+        return TraceRequest(arrival_s, prompt, output, None)
+    if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes):
+        raise DataError(f"{where}: column 'hash_ids': expected a list of integers")
+    return TraceRequest(arrival_s, prompt, output, tuple(hashes))
 
 
 _AZURE_TS = re.compile(r"(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?")
@@ -214,10 +240,11 @@ def iter_azure_llm(
     ``file:line`` and the column for a missing header column, a bad timestamp, a
     token count that is not an integer >= 1, or time going backwards.
     """
-    path = Path(path)
-    sl = _Slicer(limit, start_s, end_s)
-    if sl.done():
-        return
+    return _sliced(_azure_rows(Path(path)), limit, start_s, end_s)
+
+
+def _azure_rows(path: Path) -> Generator[_Row, None, None]:
+    """``_sliced`` rows of an Azure LLM inference trace (see ``iter_azure_llm``)."""
     with _open_text(path) as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
@@ -246,16 +273,14 @@ def iter_azure_llm(
             if t0_ns is None:
                 t0_ns = ns
             arrival_s = (ns - t0_ns) / 1e9
-            verdict = sl.check(arrival_s, where, "TIMESTAMP")
-            if verdict == "stop":
-                return
-            if verdict == "skip":
-                continue
-            prompt = _positive_int(row[i_ctx], where, "ContextTokens")
-            output = _positive_int(row[i_gen], where, "GeneratedTokens")
-            yield TraceRequest(arrival_s, prompt, output)
-            if sl.done():
-                return
+            yield arrival_s, where, "TIMESTAMP", partial(
+                _azure_request, arrival_s, row[i_ctx], row[i_gen], where)
+
+
+def _azure_request(arrival_s: float, context_tokens: str, generated_tokens: str, where: str) -> TraceRequest:
+    """The ``TraceRequest`` of one kept Azure record (its token counts checked)."""
+    return TraceRequest(arrival_s, _positive_int(context_tokens, where, "ContextTokens"),
+                        _positive_int(generated_tokens, where, "GeneratedTokens"))
 
 
 def load_trace(
