@@ -33,10 +33,11 @@ import collections
 import logging
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TypedDict
 
 import httpx
 
+from pointsman.json_types import JSONObject
 from pointsman.outcome import MAX_BATCH
 
 log = logging.getLogger("pointsman.integrations")
@@ -44,6 +45,36 @@ log = logging.getLogger("pointsman.integrations")
 #: Response and forwarding headers of a decision.
 DECISION_HEADER = "x-pointsman-decision-id"
 TARGET_HEADER = "x-pointsman-target"
+
+
+class RoutedEndpoint(TypedDict):
+    """An endpoint of a decision (``endpoints[i]`` of ``/v1/route``'s answer)."""
+
+    url: str
+    role: str
+    name: str | None
+
+
+class RoutedFallback(TypedDict):
+    """A fallback of a decision (``fallbacks[i]``)."""
+
+    target: str
+    model: str
+    base_url: str
+    mode: str
+
+
+class RouteDecision(TypedDict):
+    """The fields of ``/v1/route``'s answer (the service's ``RouteResponse``) a gateway routes by;
+    the dict ``route``/``aroute`` return carries every field of the answer."""
+
+    decision_id: str
+    target: str
+    model: str
+    base_url: str
+    mode: str
+    endpoints: list[RoutedEndpoint]
+    fallbacks: list[RoutedFallback]
 
 
 class PointsmanClient:
@@ -69,10 +100,10 @@ class PointsmanClient:
         self._aclients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
         self._sync: httpx.Client | None = None
         self._lock = threading.Lock()
-        self._pending: list[dict[str, Any]] = []
+        self._pending: list[dict[str, object]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
-        self.acks: collections.deque[dict[str, Any]] = collections.deque(maxlen=10_000)
+        self.acks: collections.deque[JSONObject] = collections.deque(maxlen=10_000)
         self.stats: collections.Counter[str] = collections.Counter()
 
     # -- clients ------------------------------------------------------------------------------
@@ -92,41 +123,44 @@ class PointsmanClient:
             return self._sync
 
     # -- routing ------------------------------------------------------------------------------
-    async def aroute(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+    async def aroute(self, body: Mapping[str, object]) -> RouteDecision | None:
         """``POST /v1/route``; the decision dict, or ``None`` (fail open) — see the module docstring."""
         try:
             resp = await self._aclient().post("/v1/route", json=body, timeout=self.route_timeout_s)
         except httpx.HTTPError as exc:
-            return self._route_failed(f"{type(exc).__name__}: {exc}")
+            self._route_failed(f"{type(exc).__name__}: {exc}")
+            return None
         return self._decision(resp)
 
-    def route(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+    def route(self, body: Mapping[str, object]) -> RouteDecision | None:
         """Blocking ``aroute``, for sync gateways (``httpx.Client``)."""
         try:
             resp = self._client().post("/v1/route", json=body, timeout=self.route_timeout_s)
         except httpx.HTTPError as exc:
-            return self._route_failed(f"{type(exc).__name__}: {exc}")
+            self._route_failed(f"{type(exc).__name__}: {exc}")
+            return None
         return self._decision(resp)
 
-    def _decision(self, resp: httpx.Response) -> dict[str, Any] | None:
+    def _decision(self, resp: httpx.Response) -> RouteDecision | None:
         if resp.status_code == 200:
             self.stats["routed"] += 1
-            return resp.json()
+            decision: RouteDecision = resp.json()  # the service's RouteResponse
+            return decision
         detail = _error_text(resp)
         if 400 <= resp.status_code < 500:
             self.stats["route_failed"] += 1
             log.error("pointsman rejected the routing request (HTTP %d: %s); routing without it",
                       resp.status_code, detail)
             return None
-        return self._route_failed(f"HTTP {resp.status_code}: {detail}")
+        self._route_failed(f"HTTP {resp.status_code}: {detail}")
+        return None
 
     def _route_failed(self, reason: str) -> None:
         self.stats["route_failed"] += 1
         log.warning("pointsman at %s did not decide (%s); routing without it", self.base_url, reason)
-        return None
 
     # -- outcomes -----------------------------------------------------------------------------
-    def report(self, outcome: Mapping[str, Any]) -> None:
+    def report(self, outcome: Mapping[str, object]) -> None:
         """Queue one outcome; never raises and never blocks a running event loop."""
         try:
             asyncio.get_running_loop()
@@ -153,7 +187,7 @@ class PointsmanClient:
             if self._inflight:
                 await asyncio.gather(*list(self._inflight), return_exceptions=True)
 
-    async def _apost(self, batch: list[dict[str, Any]]) -> None:
+    async def _apost(self, batch: list[dict[str, object]]) -> None:
         reason = ""
         for attempt in range(self.outcome_attempts):
             try:
@@ -167,7 +201,7 @@ class PointsmanClient:
             return
         self._dropped(batch, reason)
 
-    def post_outcomes(self, batch: Sequence[Mapping[str, Any]]) -> None:
+    def post_outcomes(self, batch: Sequence[Mapping[str, object]]) -> None:
         """Post outcomes now (blocking, for sync callers); failures are logged and counted, never raised."""
         reason = ""
         for _ in range(self.outcome_attempts):
@@ -180,12 +214,12 @@ class PointsmanClient:
             return
         self._dropped(batch, reason)
 
-    def _acked(self, batch: Sequence[Mapping[str, Any]], resp: httpx.Response) -> None:
+    def _acked(self, batch: Sequence[Mapping[str, object]], resp: httpx.Response) -> None:
         if resp.status_code != 200:
             # 4xx: the batch itself is wrong (a bug; retrying cannot help); 5xx: the service failed.
             self._dropped(batch, f"HTTP {resp.status_code}: {_error_text(resp)}")
             return
-        acks = resp.json().get("acks", [])
+        acks: list[JSONObject] = resp.json().get("acks", [])  # OutcomeAckOut dicts
         self.acks.extend(acks)
         self.stats["outcomes_acked"] += len(acks)
         for ack in acks:
@@ -193,7 +227,7 @@ class PointsmanClient:
                 log.warning("pointsman did not store outcome %s: %s %s", ack.get("outcome_id"),
                             ack.get("status"), ack.get("message") or "")
 
-    def _dropped(self, batch: Sequence[Mapping[str, Any]], reason: str) -> None:
+    def _dropped(self, batch: Sequence[Mapping[str, object]], reason: str) -> None:
         self.stats["outcomes_dropped"] += len(batch)
         log.warning("dropped %d outcome(s) for pointsman at %s (%s)", len(batch), self.base_url, reason)
 

@@ -57,15 +57,17 @@ import logging
 import time
 import weakref
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Protocol, Required, SupportsInt, TypedDict, runtime_checkable
 
 import litellm
 from litellm.integrations.custom_logger import CustomLogger
-from litellm.types.router import CustomRoutingStrategyBase
+from litellm.types.router import CustomRoutingStrategyBase, DeploymentTypedDict
 
-from pointsman.integrations.client import DECISION_HEADER, PointsmanClient
+from pointsman.integrations.client import DECISION_HEADER, PointsmanClient, RouteDecision
+from pointsman.json_types import JSONObject, JSONValue
 
 log = logging.getLogger("pointsman.integrations")
 
@@ -77,24 +79,101 @@ TARGET_INFO = "pointsman_target"
 DEFAULT_INFO = "pointsman_default"
 
 
-def deployments_of(router: Any, model: str) -> list[dict[str, Any]]:
+# -- what Pointsman uses of LiteLLM's objects -------------------------------------------------
+
+class LiteLLMRouter(Protocol):
+    """What Pointsman uses of a ``litellm.Router`` on every supported version: a model group's
+    deployments and the custom-strategy hook (LiteLLM ≥ 1.100 also has ``registry()`` and
+    ``register_plugin``, used when present)."""
+
+    def get_model_list(self, model_name: str | None = None) -> list[DeploymentTypedDict] | None: ...
+
+    def set_custom_routing_strategy(self, strategy: CustomRoutingStrategyBase, /) -> None: ...
+
+
+class _Deployments(Protocol):
+    def deployments(self, model_name: str | None = None) -> list[DeploymentTypedDict] | None: ...
+
+
+@runtime_checkable
+class _HasRegistry(Protocol):
+    """LiteLLM ≥ 1.100: ``router.registry().deployments(model)``."""
+
+    def registry(self) -> _Deployments: ...
+
+
+@runtime_checkable
+class _HasRegisterPlugin(Protocol):
+    """LiteLLM ≥ 1.100: ``router.register_plugin(strategy)``."""
+
+    def register_plugin(self, plugin: CustomRoutingStrategyBase, /) -> None: ...
+
+
+class UsageReport(TypedDict, total=False):
+    """``usage`` of an outcome (``pointsman/outcome.py`` ``Usage``)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+class OutcomeReport(TypedDict, total=False):
+    """The ``/v1/outcomes`` payload of one LiteLLM call (the fields of ``OutcomeIn`` it sets)."""
+
+    decision_id: Required[str]
+    time_s: float
+    served_target: str
+    served_model: str
+    e2e_latency_ms: float
+    status: str
+    error: str
+    usage: UsageReport
+    ttft_ms: float
+    tpot_ms: float
+
+
+@dataclass(frozen=True)
+class RoutedCall:
+    """The decision a LiteLLM call carries in ``metadata["pointsman_decision"]``: its ``id``, the
+    ``served_target`` of the chosen deployment (None when unknown) and the routing client's ``id()``."""
+
+    id: str
+    served_target: str | None
+    client: int
+
+
+def _params(deployment: Mapping[str, object]) -> Mapping[str, object]:
+    """A deployment's ``litellm_params`` (empty when absent)."""
+    params = deployment.get("litellm_params")
+    return params if isinstance(params, Mapping) else {}
+
+
+def _info(deployment: Mapping[str, object]) -> Mapping[str, object]:
+    """A deployment's ``model_info`` (empty when absent)."""
+    info = deployment.get("model_info")
+    return info if isinstance(info, Mapping) else {}
+
+
+# -- choosing the deployment ------------------------------------------------------------------
+
+def deployments_of(router: LiteLLMRouter, model: str) -> list[DeploymentTypedDict]:
     """The deployments (model-list dicts) of the model group ``model``; ``[]`` when unknown."""
-    registry = getattr(router, "registry", None)
-    found = registry().deployments(model) if callable(registry) else router.get_model_list(model_name=model)
+    found = router.registry().deployments(model) if isinstance(router, _HasRegistry) else router.get_model_list(model_name=model)
     return list(found or [])
 
 
-def target_of(deployment: Mapping[str, Any]) -> str | None:
+def target_of(deployment: Mapping[str, object]) -> str | None:
     """The Pointsman target a deployment serves: ``model_info.pointsman_target``, else None."""
-    return (deployment.get("model_info") or {}).get(TARGET_INFO)
+    target = _info(deployment).get(TARGET_INFO)
+    return None if target is None else str(target)
 
 
-def _serves_model(deployment: Mapping[str, Any], model: str) -> bool:
-    name = str((deployment.get("litellm_params") or {}).get("model", ""))
+def _serves_model(deployment: Mapping[str, object], model: str) -> bool:
+    name = str(_params(deployment).get("model", ""))
     return name == model or name.endswith("/" + model)
 
 
-def pick_deployment(deployments: Sequence[dict[str, Any]], decision: Mapping[str, Any]) -> dict[str, Any] | None:
+def pick_deployment(deployments: Sequence[DeploymentTypedDict], decision: RouteDecision) -> DeploymentTypedDict | None:
     """The deployment that serves ``decision`` (a ``RouteResponse`` dict); None if none does.
 
     Tries the decided target, then each fallback in order (see the module docstring for the
@@ -110,38 +189,40 @@ def pick_deployment(deployments: Sequence[dict[str, Any]], decision: Mapping[str
             continue
         for url in urls:
             for d in found:
-                if str((d.get("litellm_params") or {}).get("api_base", "")).rstrip("/") == url.rstrip("/"):
+                if str(_params(d).get("api_base", "")).rstrip("/") == url.rstrip("/"):
                     return d
         return found[zlib.crc32(str(decision["decision_id"]).encode()) % len(found)]
     return None
 
 
-def default_deployment(deployments: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+def default_deployment(deployments: Sequence[DeploymentTypedDict]) -> DeploymentTypedDict | None:
     """The fall-back deployment: the one marked ``model_info.pointsman_default``, else the first."""
     for d in deployments:
-        if (d.get("model_info") or {}).get(DEFAULT_INFO):
+        if _info(d).get(DEFAULT_INFO):
             return d
     return deployments[0] if deployments else None
 
 
-def route_body(model: str, messages: Sequence[Any] | None, request_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def route_body(model: str, messages: Sequence[object] | None, request_kwargs: Mapping[str, object]) -> JSONObject:
     """The ``/v1/route`` body for one LiteLLM call: its chat fields plus ``metadata["pointsman"]``
     as ``routing``. Messages that are pydantic objects (LiteLLM ``Message``) are dumped to dicts."""
-    body: dict[str, Any] = {"model": model, "messages": [_plain(m) for m in (messages or [])]}
+    body: JSONObject = {"model": model, "messages": [_plain(m) for m in (messages or [])]}
     for key in ("tools", "max_tokens", "max_completion_tokens", "user"):
         if request_kwargs.get(key) is not None:
             body[key] = _plain(request_kwargs[key])
-    routing = (request_kwargs.get("metadata") or {}).get(ROUTING_KEY)
+    metadata = request_kwargs.get("metadata")
+    routing = metadata.get(ROUTING_KEY) if isinstance(metadata, Mapping) else None
     if routing:
-        body["routing"] = dict(routing)
+        body["routing"] = _plain(routing)
     return body
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> JSONValue:
     """JSON-ready copy: pydantic models dumped, other unknown objects as strings."""
     if hasattr(value, "model_dump"):
         value = value.model_dump(exclude_none=True)
-    return json.loads(json.dumps(value, default=str))
+    plain: JSONValue = json.loads(json.dumps(value, default=str))
+    return plain
 
 
 class PointsmanRoutingStrategy(CustomRoutingStrategyBase):
@@ -152,14 +233,15 @@ class PointsmanRoutingStrategy(CustomRoutingStrategyBase):
     module docstring for the mapping and the fall-back. Never raises for Pointsman's failures.
     """
 
-    def __init__(self, router: Any, client: PointsmanClient) -> None:
+    def __init__(self, router: LiteLLMRouter, client: PointsmanClient) -> None:
         self.router = router
         self.client = client
 
-    async def async_get_available_deployment(self, model: str, messages: list[dict[str, str]] | None = None,
-                                             input: str | list[object] | None = None,
-                                             specific_deployment: bool | None = False,
-                                             request_kwargs: dict[str, object] | None = None) -> dict[str, Any] | None:
+    # LiteLLM annotates both hooks "-> None" but documents and uses their value: an element of the model list.
+    async def async_get_available_deployment(  # type: ignore[override]  # see above
+            self, model: str, messages: list[dict[str, str]] | None = None, input: str | list[object] | None = None,
+            specific_deployment: bool | None = False,
+            request_kwargs: dict[str, object] | None = None) -> DeploymentTypedDict | None:
         """Ask Pointsman (async) and return the chosen deployment dict."""
         kwargs = request_kwargs if request_kwargs is not None else {}
         deployments = deployments_of(self.router, model)
@@ -168,9 +250,10 @@ class PointsmanRoutingStrategy(CustomRoutingStrategyBase):
         decision = await self.client.aroute(route_body(model, messages, kwargs))
         return self._apply(decision, deployments, kwargs)
 
-    def get_available_deployment(self, model: str, messages: list[dict[str, str]] | None = None,
-                                 input: str | list[object] | None = None, specific_deployment: bool | None = False,
-                                 request_kwargs: dict[str, object] | None = None) -> dict[str, Any] | None:
+    def get_available_deployment(  # type: ignore[override]  # as async_get_available_deployment
+            self, model: str, messages: list[dict[str, str]] | None = None, input: str | list[object] | None = None,
+            specific_deployment: bool | None = False,
+            request_kwargs: dict[str, object] | None = None) -> DeploymentTypedDict | None:
         """Ask Pointsman (blocking, for ``router.completion``) and return the chosen deployment dict."""
         kwargs = request_kwargs if request_kwargs is not None else {}
         deployments = deployments_of(self.router, model)
@@ -179,8 +262,8 @@ class PointsmanRoutingStrategy(CustomRoutingStrategyBase):
         decision = self.client.route(route_body(model, messages, kwargs))
         return self._apply(decision, deployments, kwargs)
 
-    def _apply(self, decision: dict[str, Any] | None, deployments: list[dict[str, Any]],
-               kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    def _apply(self, decision: RouteDecision | None, deployments: list[DeploymentTypedDict],
+               kwargs: dict[str, object]) -> DeploymentTypedDict | None:
         if decision is None:
             metadata = kwargs.get("metadata")
             if isinstance(metadata, dict):
@@ -198,7 +281,8 @@ class PointsmanRoutingStrategy(CustomRoutingStrategyBase):
         if isinstance(metadata, dict):
             metadata[DECISION_KEY] = {"id": decision["decision_id"], "target": decision["target"],
                                       "served_target": served, "client": id(self.client)}
-        headers = dict(kwargs.get("extra_headers") or {})
+        given = kwargs.get("extra_headers")
+        headers: dict[str, object] = dict(given) if isinstance(given, Mapping) else {}
         headers[DECISION_HEADER] = decision["decision_id"]
         kwargs["extra_headers"] = headers
         return chosen
@@ -219,26 +303,31 @@ class PointsmanOutcomeLogger(CustomLogger):
         super().__init__()
         self.clients: weakref.WeakValueDictionary[int, PointsmanClient] = weakref.WeakValueDictionary()
 
-    async def async_log_success_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
+    async def async_log_success_event(self, kwargs: Mapping[str, object], response_obj: object, start_time: object,
+                                      end_time: object) -> None:
         """Queue an ``ok`` outcome with usage and latencies."""
         self._report(kwargs, response_obj, start_time, end_time, failed=False)
 
-    async def async_log_failure_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
+    async def async_log_failure_event(self, kwargs: Mapping[str, object], response_obj: object, start_time: object,
+                                      end_time: object) -> None:
         """Queue an ``error``/``timeout`` outcome (no usage: the call's budget hold is released)."""
         self._report(kwargs, response_obj, start_time, end_time, failed=True)
 
-    def log_success_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
+    def log_success_event(self, kwargs: Mapping[str, object], response_obj: object, start_time: object,
+                          end_time: object) -> None:
         """Sync calls (``router.completion``): post the outcome from LiteLLM's logging thread."""
         self._report(kwargs, response_obj, start_time, end_time, failed=False)
 
-    def log_failure_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
+    def log_failure_event(self, kwargs: Mapping[str, object], response_obj: object, start_time: object,
+                          end_time: object) -> None:
         """Sync calls: post the failure outcome from LiteLLM's logging thread."""
         self._report(kwargs, response_obj, start_time, end_time, failed=True)
 
-    def _report(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any, *, failed: bool) -> None:
+    def _report(self, kwargs: Mapping[str, object], response_obj: object, start_time: object, end_time: object, *,
+                failed: bool) -> None:
         try:
-            decision = _decision_of(kwargs)
-            client = self.clients.get(decision.get("client")) if decision else None
+            decision = routed_call(kwargs)
+            client = self.clients.get(decision.client) if decision else None
             if client is None:
                 return
             outcome = outcome_from_call(kwargs, response_obj, start_time, end_time, failed=failed)
@@ -252,22 +341,35 @@ class PointsmanOutcomeLogger(CustomLogger):
 OUTCOME_LOGGER = PointsmanOutcomeLogger()
 
 
-def _decision_of(kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
-    metadata = (kwargs.get("litellm_params") or {}).get("metadata") or kwargs.get("metadata") or {}
-    return metadata.get(DECISION_KEY)
+def _get(mapping: object, key: str) -> object:
+    """``mapping[key]`` when ``mapping`` is a mapping holding it, else None."""
+    return mapping.get(key) if isinstance(mapping, Mapping) else None
 
 
-def outcome_from_call(kwargs: Mapping[str, Any], response_obj: Any, start_time: Any, end_time: Any, *,
-                      failed: bool) -> dict[str, Any] | None:
-    """The ``/v1/outcomes`` payload (an ``OutcomeIn`` dict) of one LiteLLM call, from LiteLLM's
-    logging ``kwargs``; None when the call carries no Pointsman decision."""
-    decision = _decision_of(kwargs)
+def routed_call(kwargs: Mapping[str, object]) -> RoutedCall | None:
+    """The decision a LiteLLM call carries (``metadata["pointsman_decision"]``, from LiteLLM's logging
+    ``kwargs``: ``litellm_params.metadata`` or ``metadata``), or None."""
+    metadata = _get(kwargs.get("litellm_params"), "metadata") or kwargs.get("metadata")
+    decision = _get(metadata, DECISION_KEY)
     if not decision:
         return None
-    outcome: dict[str, Any] = {"decision_id": decision["id"], "time_s": _seconds(end_time) or time.time()}
-    if decision.get("served_target"):
-        outcome["served_target"] = decision["served_target"]
-    model = (kwargs.get("litellm_params") or {}).get("model") or kwargs.get("model")
+    decision_id, served, client = _get(decision, "id"), _get(decision, "served_target"), _get(decision, "client")
+    if not isinstance(decision_id, str):
+        return None
+    return RoutedCall(decision_id, str(served) if served else None, client if isinstance(client, int) else 0)
+
+
+def outcome_from_call(kwargs: Mapping[str, object], response_obj: object, start_time: object, end_time: object, *,
+                      failed: bool) -> OutcomeReport | None:
+    """The ``/v1/outcomes`` payload (an ``OutcomeIn`` dict) of one LiteLLM call, from LiteLLM's
+    logging ``kwargs``; None when the call carries no Pointsman decision."""
+    decision = routed_call(kwargs)
+    if not decision:
+        return None
+    outcome: OutcomeReport = {"decision_id": decision.id, "time_s": _seconds(end_time) or time.time()}
+    if decision.served_target:
+        outcome["served_target"] = decision.served_target
+    model = _get(kwargs.get("litellm_params"), "model") or kwargs.get("model")
     if model:
         outcome["served_model"] = str(model)[:256]
     e2e_s = _elapsed(start_time, end_time)
@@ -294,27 +396,36 @@ def outcome_from_call(kwargs: Mapping[str, Any], response_obj: Any, start_time: 
     return outcome
 
 
-def _usage(response_obj: Any) -> dict[str, int] | None:
+def _usage(response_obj: object) -> UsageReport | None:
     usage = getattr(response_obj, "usage", None)
     if usage is None and isinstance(response_obj, Mapping):
         usage = response_obj.get("usage")
     if usage is None:
         return None
-    get = usage.get if isinstance(usage, Mapping) else lambda k, d=None: getattr(usage, k, d)
-    out = {k: int(get(k)) for k in ("prompt_tokens", "completion_tokens") if get(k) is not None}
+    get: Callable[[str], object] = usage.get if isinstance(usage, Mapping) else lambda k: getattr(usage, k, None)
+    out: UsageReport = {}
+    for key in ("prompt_tokens", "completion_tokens"):
+        count = _count(get(key))
+        if count is not None:
+            out[key] = count
     details = get("prompt_tokens_details")
-    cached = (details.get("cached_tokens") if isinstance(details, Mapping)
-              else getattr(details, "cached_tokens", None)) if details is not None else None
+    cached = _count(details.get("cached_tokens") if isinstance(details, Mapping)
+                    else getattr(details, "cached_tokens", None)) if details is not None else None
     if cached is not None:
-        out["cached_tokens"] = int(cached)
+        out["cached_tokens"] = cached
     return out or None
 
 
-def _is_timeout(exc: Any) -> bool:
+def _count(value: object) -> int | None:
+    """A token count LiteLLM reported (an int, or anything ``int()`` reads), else None."""
+    return int(value) if isinstance(value, (str, SupportsInt)) else None
+
+
+def _is_timeout(exc: object) -> bool:
     return isinstance(exc, (litellm.Timeout, TimeoutError)) or "timeout" in type(exc).__name__.lower()
 
 
-def _seconds(t: Any) -> float | None:
+def _seconds(t: object) -> float | None:
     if isinstance(t, datetime):
         return t.timestamp()
     if isinstance(t, (int, float)):
@@ -322,19 +433,21 @@ def _seconds(t: Any) -> float | None:
     return None
 
 
-def _elapsed(start: Any, end: Any) -> float | None:
+def _elapsed(start: object, end: object) -> float | None:
     a, b = _seconds(start), _seconds(end)
     return max(0.0, b - a) if a is not None and b is not None else None
 
 
-def attach(router: Any, client: PointsmanClient) -> PointsmanRoutingStrategy:
+def attach(router: LiteLLMRouter, client: PointsmanClient) -> PointsmanRoutingStrategy:
     """Make Pointsman route ``router`` and report its outcomes: sets a ``PointsmanRoutingStrategy``
     on the router, registers ``client`` with ``OUTCOME_LOGGER`` and adds that logger to
     ``litellm.callbacks`` once (LiteLLM's callbacks are process-wide; the logger reports only
     calls an attached client routed). Returns the strategy."""
     strategy = PointsmanRoutingStrategy(router, client)
-    register = getattr(router, "register_plugin", None) or router.set_custom_routing_strategy
-    register(strategy)
+    if isinstance(router, _HasRegisterPlugin):
+        router.register_plugin(strategy)
+    else:
+        router.set_custom_routing_strategy(strategy)
     OUTCOME_LOGGER.clients[id(client)] = client
     if not any(cb is OUTCOME_LOGGER for cb in (litellm.callbacks or [])):
         litellm.callbacks = [*(litellm.callbacks or []), OUTCOME_LOGGER]
