@@ -9,40 +9,51 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from functools import cache
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
+from numpy.typing import NDArray
+from pydantic import TypeAdapter, ValidationError
 
 from pointsman.datasets.splits import group_key
 from pointsman.errors import DataError
+from pointsman.estimator.estimate import Estimator, HeadInputEstimator
 from pointsman.estimator.feature_space import feature_space_of
 from pointsman.estimator.features import RequestFeatures
 from pointsman.outcome import QualitySignals, Usage
+from pointsman.request import RequestView, RouteRequest
 
 if TYPE_CHECKING:  # pragma: no cover
     from pointsman.policy.decision import Decision
-    from pointsman.request import RouteRequest
 
 
 #: ``RequestFeatures`` fields kept in the log (all but the text).
 FEATURE_FIELDS = tuple(f.name for f in fields(RequestFeatures) if f.name != "query_text")
+#: The value of a logged request feature (``RequestFeatures``' counts, flags and optional caps).
+FeatureValue: TypeAlias = int | bool | None
 
 
-def conversation_text(request: RouteRequest) -> str:
+def _view(request: RouteRequest | RequestView) -> RequestView:
+    return request if isinstance(request, RequestView) else RequestView.of(request)
+
+
+def conversation_text(request: RouteRequest | RequestView) -> str:
     """The conversation as one string (``role: text`` per message, newline-separated), the input of
-    ``prompt_sha256``."""
-    return "\n".join(f"{m.role}: {m.text()}" for m in request.messages)
+    ``prompt_sha256``: the request's ``RequestView.transcript``."""
+    return _view(request).transcript
 
 
-def prompt_sha256(request: RouteRequest) -> str:
+def prompt_sha256(request: RouteRequest | RequestView) -> str:
     """sha256 hex (64 chars) of ``conversation_text(request)`` in UTF-8."""
     return hashlib.sha256(conversation_text(request).encode("utf-8")).hexdigest()
 
 
-def conversation_key(request: RouteRequest) -> str:
+def conversation_key(request: RouteRequest | RequestView) -> str:
     """Leakage-safe group key of the conversation (``datasets.splits.group_key``: sha1 prefix of
     the normalized first user text, 16 hex), the same key public-table training splits by."""
-    return group_key([{"role": m.role, "content": m.text()} for m in request.messages])
+    view = _view(request)
+    return group_key([{"role": m.role, "content": text} for m, text in zip(view.request.messages, view.texts)])
 
 
 @dataclass(frozen=True)
@@ -67,22 +78,22 @@ class DecisionRecord:
     estimator_version: str | None
     policy_revision: str | None
     fleet_revision: str | None
-    request_features: dict[str, Any]
+    request_features: dict[str, FeatureValue]
     prompt_sha256: str
     conversation_key: str
     tenant: str | None = None
     feature_space: str | None = None
-    head_input: np.ndarray | None = None
+    head_input: NDArray[np.float32] | None = None
     prompt_text: str | None = None
 
     @classmethod
     def from_decision(
         cls,
         decision: Decision,
-        request: RouteRequest,
+        request: RouteRequest | RequestView,
         features: RequestFeatures,
         *,
-        head_input: np.ndarray | None = None,
+        head_input: NDArray[np.floating] | None = None,
         feature_space: str | None = None,
         time_s: float | None = None,
     ) -> DecisionRecord:
@@ -91,6 +102,7 @@ class DecisionRecord:
         ``head_input``: float (d,) or (1, d) head input of the estimator that scored it (None if
         none); ``feature_space``: its id (``feature_space_of``). ``time_s`` defaults to now.
         """
+        view = _view(request)
         vec = None
         if head_input is not None:
             vec = np.ascontiguousarray(np.asarray(head_input, dtype=np.float32).reshape(-1))
@@ -108,9 +120,9 @@ class DecisionRecord:
             policy_revision=decision.policy_revision,
             fleet_revision=decision.fleet_revision,
             request_features={k: getattr(features, k) for k in FEATURE_FIELDS},
-            prompt_sha256=prompt_sha256(request),
-            conversation_key=conversation_key(request),
-            tenant=request.routing.tenant,
+            prompt_sha256=prompt_sha256(view),
+            conversation_key=conversation_key(view),
+            tenant=view.routing.tenant,
             feature_space=feature_space if vec is not None else None,
             head_input=vec,
             prompt_text=features.query_text,
@@ -166,21 +178,30 @@ class LoggedDecision(DecisionRecord):
         """The logged ``RequestFeatures`` with ``query_text`` = the stored prompt text ('' without it).
         Raises ``DataError`` if the log lacks a field this version of Pointsman needs."""
         known = {f.name for f in fields(RequestFeatures)}
-        values = {k: v for k, v in self.request_features.items() if k in known}
+        values: dict[str, FeatureValue | str] = {k: v for k, v in self.request_features.items() if k in known}
         values["query_text"] = self.prompt_text or ""
         missing = known - set(values)
         if missing:
             raise DataError(f"decision {self.decision_id}: logged request features lack {', '.join(sorted(missing))}")
-        return RequestFeatures(**values)
+        try:
+            return _features_adapter().validate_python(values)
+        except ValidationError as exc:
+            raise DataError(f"decision {self.decision_id}: logged request features are not valid ({exc})") from None
+
+
+@cache
+def _features_adapter() -> TypeAdapter[RequestFeatures]:
+    """Builds ``RequestFeatures`` from logged values, checking each field's type (built once)."""
+    return TypeAdapter(RequestFeatures)
 
 
 def decision_record(
     decision: Decision,
     request: RouteRequest,
-    estimator: Any,
+    estimator: Estimator,
     *,
     features: RequestFeatures | None = None,
-    head_input: np.ndarray | None = None,
+    head_input: NDArray[np.floating] | None = None,
     time_s: float | None = None,
 ) -> DecisionRecord:
     """The record of one decision, not yet appended (``record_decision`` appends it; the service's
@@ -188,22 +209,24 @@ def decision_record(
 
     ``features``/``head_input`` are what the engine computed for the decision (the
     ``RequestFeatures`` and ``DifficultyEstimate.features``); they are also read from the
-    decision's ``request_features``/``head_input`` attributes when it carries them. Otherwise
-    they are recomputed here (``extract_features`` and ``estimator.feature_vector``, which costs
-    one more encoder pass). Without a ``feature_vector`` method (``FixedDifficulty``) or when the
-    estimate was unavailable, no head input is stored.
+    decision's ``request_features``/``head_input`` when it carries them (and its
+    ``request_view`` of ``request``, so the messages are not read again). Otherwise they are
+    recomputed here (``extract_features`` and ``estimator.feature_vector``, which costs one more
+    encoder pass). Without a ``feature_vector`` method (``FixedDifficulty``, not a
+    ``HeadInputEstimator``) or when the estimate was unavailable, no head input is stored.
     """
     from pointsman.estimator.features import extract_features
 
-    features = features if features is not None else getattr(decision, "request_features", None)
-    head_input = head_input if head_input is not None else getattr(decision, "head_input", None)
+    carried = decision.request_view
+    view = carried if carried is not None and carried.request is request else RequestView.of(request)
+    features = features if features is not None else decision.request_features
+    head_input = head_input if head_input is not None else decision.head_input
     if features is None:
-        features = extract_features(request, getattr(estimator, "tokenizer", None))
-    if head_input is None and decision.difficulty_available and hasattr(estimator, "feature_vector"):
+        features = extract_features(view, estimator.tokenizer)
+    if head_input is None and decision.difficulty_available and isinstance(estimator, HeadInputEstimator):
         try:
             head_input = estimator.feature_vector(features)
         except Exception:  # noqa: BLE001 - logging must never fail a decision; no vector then
             head_input = None
-    return DecisionRecord.from_decision(decision, request, features, head_input=head_input,
-                                       feature_space=feature_space_of(estimator), time_s=time_s)
-
+    return DecisionRecord.from_decision(decision, view, features, head_input=head_input,
+                                        feature_space=feature_space_of(estimator), time_s=time_s)

@@ -40,17 +40,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
+from numpy.typing import NDArray
 
+from pointsman.data_dir import data_dir
 from pointsman.errors import DataError
 from pointsman.estimator.features import QUERY_WINDOW_CHARS, RequestFeatures
 from pointsman.outcome import OutcomeIn, QualitySignals, Usage, parse_outcomes
@@ -63,8 +64,12 @@ from pointsman.outcome_log.records import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.estimator.estimate import Estimator
     from pointsman.policy.decision import Decision
     from pointsman.request import RouteRequest
+
+#: A value SQLite stores or returns (``sqlite3``'s adapted types).
+SQLValue: TypeAlias = str | int | float | bytes | None
 
 SCHEMA_VERSION = 1
 #: Default file name inside the data folder.
@@ -135,7 +140,7 @@ _OUTCOME_COLUMNS = (
 
 def default_log_path() -> Path:
     """``<data_dir>/outcomes.db``: ``$POINTSMAN_DATA_DIR`` (else ``./data``), absolute."""
-    return Path(os.environ.get("POINTSMAN_DATA_DIR") or "data").resolve() / DEFAULT_FILE
+    return data_dir() / DEFAULT_FILE
 
 
 def _payload_hash(o: OutcomeIn) -> str:
@@ -144,7 +149,7 @@ def _payload_hash(o: OutcomeIn) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _bool(v: Any) -> bool | None:
+def _bool(v: SQLValue) -> bool | None:
     return None if v is None else bool(v)
 
 
@@ -167,13 +172,14 @@ class OutcomeLog:
         self.timeout_s = float(timeout_s)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None  # None once closed
         try:
-            self._conn = self._connect()
+            self._conn = conn = self._connect()
             with self._lock:
-                self._conn.executescript(_SCHEMA)
-                row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+                conn.executescript(_SCHEMA)
+                row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
                 if row is None:
-                    self._conn.execute("INSERT INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                    conn.execute("INSERT INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
                 elif int(row[0]) != SCHEMA_VERSION:
                     raise DataError(f"{self.path}: outcome log schema version {row[0]}, this Pointsman reads {SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:
@@ -197,14 +203,14 @@ class OutcomeLog:
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
-                self._conn = None  # type: ignore[assignment]
+                self._conn = None
 
     def __repr__(self) -> str:
         return f"OutcomeLog({str(self.path)!r}, store_prompts={self.store_prompts})"
 
     # ------------------------------------------------------------------ writes
 
-    def _decision_row(self, r: DecisionRecord) -> tuple[Any, ...]:
+    def _decision_row(self, r: DecisionRecord) -> tuple[SQLValue, ...]:
         text = r.prompt_text if self.store_prompts else None
         if text is not None and len(text) > QUERY_WINDOW_CHARS + 1:
             text = text[:QUERY_WINDOW_CHARS]
@@ -232,7 +238,7 @@ class OutcomeLog:
             conn.executemany(sql, rows)
             return conn.total_changes - before
 
-    def append_outcomes(self, outcomes: Sequence[OutcomeIn | dict[str, Any]], *,
+    def append_outcomes(self, outcomes: Sequence[OutcomeIn | Mapping[str, object]], *,
                         received_s: float | None = None) -> list[OutcomeAck]:
         """Store outcomes (validated ``OutcomeIn`` or dicts, which are validated with
         ``parse_outcomes`` rules) in one durable transaction; returns one ``OutcomeAck`` per item, in
@@ -242,9 +248,8 @@ class OutcomeLog:
         invalid dict (nothing stored) and ``DataError`` when the store is unavailable (nothing
         acknowledged).
         """
-        if all(isinstance(o, OutcomeIn) for o in outcomes):
-            items = list(outcomes)
-        else:
+        items = [o for o in outcomes if isinstance(o, OutcomeIn)]
+        if len(items) < len(outcomes):
             items = parse_outcomes([o.model_dump() if isinstance(o, OutcomeIn) else o for o in outcomes])
         now = time.time() if received_s is None else float(received_s)
         acks: list[OutcomeAck] = []
@@ -336,13 +341,7 @@ class OutcomeLog:
         """Decisions in time order (``since_s <= time_s < until_s``; or the given ids), each with
         its outcomes joined by decision id. ``with_outcomes_only``: skip decisions without any.
         Streams in batches of ``batch`` decisions."""
-        where, args = [], []
-        if since_s is not None:
-            where.append("time_s >= ?")
-            args.append(float(since_s))
-        if until_s is not None:
-            where.append("time_s < ?")
-            args.append(float(until_s))
+        where, args = _window(since_s, until_s)
         if decision_ids is not None:
             ids = list(decision_ids)
             if not ids:
@@ -368,18 +367,27 @@ class OutcomeLog:
                 for r in rows:
                     yield _decision(r, tuple(by_id[r["decision_id"]]))
 
-    def p_hard_window(self, *, since_s: float | None = None, until_s: float | None = None) -> np.ndarray:
+    def p_hard_window(self, *, since_s: float | None = None, until_s: float | None = None) -> NDArray[np.float64]:
         """Logged ``p_hard`` of decisions in the window whose estimate was available: float64 (n,)."""
-        where, args = ["difficulty_available = 1", "p_hard IS NOT NULL"], []
-        if since_s is not None:
-            where.append("time_s >= ?")
-            args.append(float(since_s))
-        if until_s is not None:
-            where.append("time_s < ?")
-            args.append(float(until_s))
+        where, args = _window(since_s, until_s)
+        where[:0] = ["difficulty_available = 1", "p_hard IS NOT NULL"]
         with self._reader() as conn:
             rows = conn.execute(f"SELECT p_hard FROM decisions WHERE {' AND '.join(where)}", args).fetchall()
         return np.asarray([r[0] for r in rows], dtype=np.float64)
+
+
+def _window(since_s: float | None, until_s: float | None) -> tuple[list[str], list[SQLValue]]:
+    """SQL conditions and their arguments for decisions with ``since_s <= time_s < until_s``
+    (either bound None: open)."""
+    where: list[str] = []
+    args: list[SQLValue] = []
+    if since_s is not None:
+        where.append("time_s >= ?")
+        args.append(float(since_s))
+    if until_s is not None:
+        where.append("time_s < ?")
+        args.append(float(until_s))
+    return where, args
 
 
 def _outcome(row: sqlite3.Row) -> LoggedOutcome:
@@ -415,10 +423,10 @@ def record_decision(
     log: OutcomeLog,
     decision: Decision,
     request: RouteRequest,
-    estimator: Any,
+    estimator: Estimator,
     *,
     features: RequestFeatures | None = None,
-    head_input: np.ndarray | None = None,
+    head_input: NDArray[np.floating] | None = None,
     time_s: float | None = None,
 ) -> DecisionRecord:
     """Build (``decision_record``, see there for the arguments) and append the record of one
