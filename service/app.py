@@ -23,7 +23,6 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
@@ -48,7 +47,7 @@ log = logging.getLogger("pointsman.service")
 _BODY_MODELS: tuple[type[BaseModel], ...] = (RouteRequest, TelemetryIn, PolicyValidateIn)
 
 
-def _openapi(app: FastAPI) -> dict[str, Any]:
+def _openapi(app: FastAPI) -> dict[str, object]:
     """OpenAPI with the raw-body request models in ``components.schemas``."""
     if app.openapi_schema:
         return app.openapi_schema
@@ -110,7 +109,7 @@ def create_app(settings: Settings | None = None, engine: RoutingEngine | None = 
                   description="Routing decisions for LLM inference: model tier, pool, replica and P/D mode. "
                               "Gateways call POST /v1/route per request and report POST /v1/outcomes.")
     app.state.settings, app.state.keyring, app.state.runtime = settings, keyring, None
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]  # FastAPI documents replacing app.openapi
     install_error_handlers(app)
     for module in (routes_decisions, routes_reports, routes_admin, routes_ops):
         app.include_router(module.router)

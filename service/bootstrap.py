@@ -20,12 +20,12 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from pointsman.estimator.estimate import DifficultyEstimate
+from pointsman.estimator.estimate import DifficultyEstimate, Estimator
 from pointsman.policy.budget.config import BudgetConfig
 from pointsman.policy.budget.factory import open_ledger
 from pointsman.policy.budget.ledger import BudgetLedger
 from pointsman.policy.engine import RoutingEngine
-from pointsman.policy.fleet import load_fleet
+from pointsman.policy.fleet import Fleet, load_fleet
 from pointsman.policy.rules.compiler import load_policy
 from pointsman.policy.signals.fleet_state import FleetState
 from pointsman.service.settings import Settings
@@ -52,7 +52,7 @@ class LoadedEngine:
     estimator_error: str | None
 
 
-def load_estimator(spec: str | None, timeout_ms: float | None = None, threads: int = 1) -> tuple[object, str | None]:
+def load_estimator(spec: str | None, timeout_ms: float | None = None, threads: int = 1) -> tuple[Estimator, str | None]:
     """(estimator, error): the real estimator for ``spec`` (``timeout_ms`` budget per estimate,
     ``threads`` onnxruntime threads), or an ``UnavailableEstimator`` and why."""
     if importlib.util.find_spec("pointsman.estimator.model_source") is None:
@@ -74,12 +74,11 @@ def open_budget_ledger(settings: Settings) -> BudgetLedger:
     return open_ledger(settings.budget_ledger, config, data_dir=settings.data_dir)
 
 
-def build_state(settings: Settings, fleet: object, ledger: bool = True) -> FleetState:
+def build_state(settings: Settings, fleet: Fleet, ledger: bool = True) -> FleetState:
     """A ``FleetState`` for ``fleet`` with the configured ledger (none when ``ledger`` is False
     and neither ``budget_ledger`` nor ``budgets_path`` is set)."""
     want = ledger or settings.budget_ledger is not None or settings.budgets_path is not None
-    return FleetState(fleet, open_budget_ledger(settings) if want else None,  # type: ignore[arg-type]
-                      budget_fail_open=settings.budget_fail_open)
+    return FleetState(fleet, open_budget_ledger(settings) if want else None, budget_fail_open=settings.budget_fail_open)
 
 
 def build_engine(settings: Settings, ledger: bool = True) -> LoadedEngine:

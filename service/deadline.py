@@ -21,9 +21,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
-from pointsman.estimator.estimate import DifficultyEstimate
+from pointsman.estimator.estimate import DifficultyEstimate, Estimator, TokenIdsEstimator
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tokenizers import Tokenizer
+
+    from pointsman.estimator.features import RequestFeatures
 
 #: Threads estimating at once (each onnxruntime call is short; more only helps a hung model).
 DEFAULT_WORKERS = 4
@@ -41,42 +46,45 @@ class DeadlineEstimator:
     ``timeout_ms`` (plus thread hand-off, tens of microseconds); an exception of ``inner``
     comes back as unavailable with its text."""
 
-    def __init__(self, inner: Any, timeout_ms: float, executor: concurrent.futures.Executor) -> None:
+    def __init__(self, inner: Estimator, timeout_ms: float, executor: concurrent.futures.Executor) -> None:
         if not timeout_ms > 0:
             raise ValueError(f"timeout_ms must be > 0, got {timeout_ms!r}")
         self.inner = inner
+        #: ``inner`` when it can take query token ids (checked once; ``inner`` never changes).
+        self._takes_ids: TokenIdsEstimator | None = inner if isinstance(inner, TokenIdsEstimator) else None
         self.timeout_ms = float(timeout_ms)
         self._executor = executor
 
     @property
     def version(self) -> str:
         """The inner estimator's version."""
-        return str(getattr(self.inner, "version", "unknown"))
+        return str(self.inner.version)
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer | None:
         """The inner estimator's tokenizer (None if it has none)."""
-        return getattr(self.inner, "tokenizer", None)
+        return self.inner.tokenizer
 
     @property
     def takes_query_token_ids(self) -> bool:
         """Whether the inner estimator's ``estimate`` takes ``query_token_ids``."""
         return bool(getattr(self.inner, "takes_query_token_ids", False))
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         if name == "inner":  # not set yet (during unpickling); never recurse
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    def estimate(self, features: Any, query_token_ids: list[int] | None = None) -> DifficultyEstimate:
+    def estimate(self, features: RequestFeatures, query_token_ids: list[int] | None = None) -> DifficultyEstimate:
         """The inner estimate, or unavailable with ``timeout: ...`` once ``timeout_ms`` passed.
-        ``query_token_ids`` go to the inner estimator when given (see ``takes_query_token_ids``)."""
+        ``query_token_ids`` go to the inner estimator when given and it takes them (see
+        ``takes_query_token_ids``)."""
         started = time.perf_counter()
         try:
-            if query_token_ids is None:
+            if query_token_ids is None or self._takes_ids is None:
                 future = self._executor.submit(self.inner.estimate, features)
             else:
-                future = self._executor.submit(self.inner.estimate, features, query_token_ids)
+                future = self._executor.submit(self._takes_ids.estimate, features, query_token_ids)
         except RuntimeError as exc:  # the pool is shut down (service stopping)
             return DifficultyEstimate(None, False, 0.0, f"estimator pool unavailable: {exc}")
         try:

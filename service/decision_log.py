@@ -31,11 +31,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from pointsman.errors import PointsmanError
-from pointsman.outcome_log.records import decision_record
+from pointsman.outcome_log.records import DecisionRecord, decision_record
 from pointsman.outcome_log.store import OutcomeLog
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.estimator.estimate import Estimator
+    from pointsman.policy.decision import Decision
+    from pointsman.request import RouteRequest
 
 log = logging.getLogger("pointsman.service.decision_log")
 
@@ -44,6 +49,10 @@ MAX_BATCH = 2048
 #: Commit attempts per batch, and the pause between them (seconds).
 ATTEMPTS = 3
 RETRY_PAUSE_S = 1.0
+
+#: One queued decision: its sequence number, the decision, its request, the estimator that
+#: scored it and when it was answered (Unix s).
+_Pending: TypeAlias = "tuple[int, Decision, RouteRequest, Estimator, float]"
 
 
 class DecisionLogWriter:
@@ -60,7 +69,7 @@ class DecisionLogWriter:
         self.flush_interval_s = float(flush_interval_s)
         self.max_queue = int(max_queue)
         self._on_result = on_result
-        self._queue: deque[tuple[int, Any, Any, Any, float]] = deque()
+        self._queue: deque[_Pending] = deque()
         self._cond = threading.Condition()
         self._submitted = 0      # sequence number of the last submitted decision
         self._done = 0           # every decision up to this number is committed (or failed)
@@ -89,7 +98,7 @@ class DecisionLogWriter:
         """Decisions waiting in memory."""
         return len(self._queue)
 
-    def submit(self, decision: Any, request: Any, estimator: Any, time_s: float | None = None) -> bool:
+    def submit(self, decision: Decision, request: RouteRequest, estimator: Estimator, time_s: float | None = None) -> bool:
         """Queue one decision (never blocks). Returns False, counts and logs it when the queue is
         full or the writer is closed."""
         now = time.time() if time_s is None else time_s
@@ -139,7 +148,7 @@ class DecisionLogWriter:
             log.error("decision log queue full or closed (%d waiting); decisions are answered but not logged "
                       "(%d dropped so far)", len(self._queue), self.dropped)
 
-    def _take(self) -> list[tuple[int, Any, Any, Any, float]]:
+    def _take(self) -> list[_Pending]:
         """Wait for work, let a batch gather for up to ``flush_interval_s``, return it (lock held by caller)."""
         cond = self._cond
         cond.wait_for(lambda: self._queue or self._closing)
@@ -164,8 +173,8 @@ class DecisionLogWriter:
                 self._done = batch[-1][0]
                 self._cond.notify_all()
 
-    def _commit(self, batch: list[tuple[int, Any, Any, Any, float]]) -> None:
-        records = []
+    def _commit(self, batch: list[_Pending]) -> None:
+        records: list[DecisionRecord] = []
         for _, decision, request, estimator, time_s in batch:
             try:
                 records.append(decision_record(decision, request, estimator, time_s=time_s))

@@ -81,9 +81,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        param = ".".join(str(p) for p in err["loc"][1:]) or None
-        return HTTPError(422, err["msg"], param=param, code="invalid_value").response()
+        errors = exc.errors()
+        loc, msg = (tuple(errors[0]["loc"]), str(errors[0]["msg"])) if errors else ((), "invalid request")
+        param = ".".join(str(p) for p in loc[1:]) or None
+        return HTTPError(422, msg, param=param, code="invalid_value").response()
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
 
 from pointsman.errors import Problem
+from pointsman.estimator.estimate import Estimator
+from pointsman.json_types import JSONObject
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.rules.compiler import CompiledPolicy
 
@@ -38,7 +39,7 @@ class ReloadResult:
     source: str = "endpoint"
     at: float = field(default_factory=time.time)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """JSON-ready summary (problems as ``{file, line, col, code, message, text}``)."""
         return {"ok": self.ok, "changed": self.changed, "revision": self.revision,
                 "previous_revision": self.previous_revision, "source": self.source, "at": self.at,
@@ -59,12 +60,12 @@ class SwapResult:
     error: str | None = None
     at: float = field(default_factory=time.time)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """JSON-ready summary."""
-        return dict(vars(self))
+        return asdict(self)
 
 
-def problem_dict(p: Problem) -> dict[str, Any]:
+def problem_dict(p: Problem) -> JSONObject:
     """A located problem as JSON: its fields plus ``text`` (``file:line:col: code: message``)."""
     return {"file": p.file, "line": p.line, "col": p.col, "code": p.code, "message": p.message, "text": str(p)}
 
@@ -104,23 +105,23 @@ class LiveEngine:
             self.last_reload = result
             return result
 
-    def swap_estimator(self, estimator: Any, error: str | None = None) -> SwapResult:
+    def swap_estimator(self, estimator: Estimator, error: str | None = None) -> SwapResult:
         """Serve ``estimator`` from now on; ``error``: why it is an unavailable stand-in (None when
         it is a real model). Returns the result."""
         with self._lock:
             old = self._engine
-            before = str(getattr(old.estimator, "version", "unknown"))
+            before = str(old.estimator.version)
             self._engine = old.with_estimator(estimator)
             self.estimator_error = error
-            result = SwapResult(True, True, str(getattr(estimator, "version", "unknown")), before,
-                                getattr(estimator, "source", None), None)
+            source = getattr(estimator, "source", None)  # where a registry model came from; optional
+            result = SwapResult(True, True, str(estimator.version), before, None if source is None else str(source), None)
             self.last_swap = result
             return result
 
     def reject_estimator(self, error: str, source: str | None = None) -> SwapResult:
         """Record a model that failed to load (the running one keeps serving); returns the result."""
         with self._lock:
-            v = str(getattr(self._engine.estimator, "version", "unknown"))
+            v = str(self._engine.estimator.version)
             result = SwapResult(False, False, v, v, source, error)
             self.last_swap = result
             return result

@@ -22,8 +22,9 @@ import asyncio
 import logging
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
+from pointsman.estimator.estimate import Estimator
 from pointsman.service.live_engine import LiveEngine, SwapResult
 
 log = logging.getLogger("pointsman.service.model")
@@ -37,7 +38,7 @@ def followed(spec: str | None) -> bool:
     return spec == "champion" or (spec is not None and spec.startswith("models:/") and "@" in spec)
 
 
-def key_of(estimator: Any) -> str | None:
+def key_of(estimator: object) -> str | None:
     """Which registry version an estimator is: the version number of a registry model
     (its ``source`` is ``models:/NAME/V ...``), ``bundled`` for the bundled model, else None."""
     source = str(getattr(estimator, "source", "") or "")
@@ -47,6 +48,19 @@ def key_of(estimator: Any) -> str | None:
     return BUNDLED if source.startswith(BUNDLED) else None
 
 
+class _ModelVersion(Protocol):
+    """What the follower reads of an MLflow ``ModelVersion``."""
+
+    @property
+    def version(self) -> str | int: ...
+
+
+class _AliasReader(Protocol):
+    """What the follower uses of an ``MlflowClient``: where an alias points."""
+
+    def get_model_version_by_alias(self, name: str, alias: str) -> _ModelVersion: ...
+
+
 class RegistryResolver:
     """Where an alias points now: ``resolver(spec) -> "<version>" | "bundled"``. One MLflow client
     per resolver (``training.registry.client``; needs the ``train`` extra). Raises when the
@@ -54,7 +68,7 @@ class RegistryResolver:
     store or without the alias is ``bundled``."""
 
     def __init__(self) -> None:
-        self._client: Any = None
+        self._client: _AliasReader | None = None
 
     def __call__(self, spec: str) -> str:
         from pointsman.estimator.registry import CHAMPION_ALIAS, REGISTERED_NAME, registry_store_exists
@@ -66,7 +80,10 @@ class RegistryResolver:
         else:
             from pointsman.estimator.registry import parse_models_uri
 
-            name, alias, _ = parse_models_uri(spec)
+            name, parsed_alias, _ = parse_models_uri(spec)
+            if parsed_alias is None:  # followed() admits only alias specs
+                raise ValueError(f"{spec!r} names no alias to follow")
+            alias = parsed_alias
         if self._client is None:
             from pointsman.estimator.registry import client
 
@@ -87,8 +104,8 @@ class ModelFollower:
     service wraps it in a ``DeadlineEstimator``); ``resolve(spec) -> key``: where the alias
     points (default ``RegistryResolver``); ``on_result(SwapResult)``: metrics hook."""
 
-    def __init__(self, live: LiveEngine, spec: str, *, load: Callable[[str], tuple[Any, str | None]],
-                 wrap: Callable[[Any], Any] = lambda e: e, resolve: Callable[[str], str] | None = None,
+    def __init__(self, live: LiveEngine, spec: str, *, load: Callable[[str], tuple[Estimator, str | None]],
+                 wrap: Callable[[Estimator], Estimator] = lambda e: e, resolve: Callable[[str], str] | None = None,
                  on_result: Callable[[SwapResult], None] | None = None) -> None:
         self.live, self.spec = live, spec
         self._load, self._wrap = load, wrap

@@ -42,11 +42,16 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, TypeGuard
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.policy.decision import Decision
+    from pointsman.policy.engine import RoutingEngine
+    from pointsman.service.live_engine import LiveEngine
 
 log = logging.getLogger("pointsman.service.prometheus")
 
@@ -88,10 +93,10 @@ class ServiceMetrics:
                                       ["result", "source"], registry=r)
         self.model_swaps = Counter("pointsman_model_swaps", "Estimator swaps by result.", ["result"], registry=r)
         # labelled children per label values: ``labels()`` builds and checks its key on every call
-        self._decision_children: dict[tuple[str, str], Any] = {}
-        self._reserved_children: dict[str, Any] = {}
+        self._decision_children: dict[tuple[str, str], Counter] = {}
+        self._reserved_children: dict[str, Counter] = {}
 
-    def observe_decision(self, decision: Any, elapsed_s: float) -> None:
+    def observe_decision(self, decision: Decision, elapsed_s: float) -> None:
         """Count one answered decision (``policy.decision.Decision``) that took ``elapsed_s``."""
         key = (decision.target, decision.rule)
         child = self._decision_children.get(key)
@@ -121,7 +126,7 @@ class ServiceMetrics:
         return generate_latest(self.registry)
 
 
-def _finite(v: Any) -> bool:
+def _finite(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -129,10 +134,10 @@ class StateCollector(Collector):
     """Gauges read from the live engine and state at scrape time (see the module).
     ``live()`` returns the ``LiveEngine``; ``pending()`` the decision log's queue length."""
 
-    def __init__(self, live: Callable[[], Any], pending: Callable[[], int]) -> None:
+    def __init__(self, live: Callable[[], LiveEngine | None], pending: Callable[[], int]) -> None:
         self._live, self._pending = live, pending
 
-    def describe(self) -> list[Any]:
+    def describe(self) -> list[Metric]:
         """Nothing at registration (the families depend on the live fleet; read at scrape time)."""
         return []
 
@@ -144,7 +149,7 @@ class StateCollector(Collector):
         engine = live.engine
         info = GaugeMetricFamily("pointsman_serving_info", "What serves now (value 1).",
                                  labels=["policy", "policy_revision", "estimator_version"])
-        info.add_metric([engine.policy.name, engine.policy.revision, str(getattr(engine.estimator, "version", ""))], 1)
+        info.add_metric([engine.policy.name, engine.policy.revision, str(engine.estimator.version)], 1)
         yield info
         pending = GaugeMetricFamily("pointsman_decision_log_pending", "Decisions waiting for the background writer.")
         pending.add_metric([], self._pending())
@@ -161,7 +166,7 @@ class StateCollector(Collector):
         yield price
         yield from self._load(engine)
 
-    def _load(self, engine: Any) -> Iterator[GaugeMetricFamily]:
+    def _load(self, engine: RoutingEngine) -> Iterator[GaugeMetricFamily]:
         fleet, state = engine.fleet, engine.state
         now = state.monotonic()
         readings = state.board.get_many(list(fleet.endpoints), now, None)

@@ -18,13 +18,13 @@ All need an admin key (``auth.py``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from pointsman.errors import PolicyError
+from pointsman.json_types import JSONObject
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.service.auth import Principal, require
 from pointsman.service.bodies import json_body, read_parsed, validate_model
@@ -42,7 +42,8 @@ MAX_SOURCE_BYTES = 1_000_000
 
 @router.get("/v1/fleet", response_model=FleetResponse, responses=ERROR_RESPONSES,
             summary="Current signals per target and endpoint, with their ages")
-async def fleet(principal: Principal = Depends(require("admin")), rt: Runtime = Depends(get_runtime)) -> dict[str, Any]:
+async def fleet(principal: Principal = Depends(require("admin")),
+                rt: Runtime = Depends(get_runtime)) -> dict[str, object]:
     """Load, health and cache signals per endpoint (ages in seconds) and today's effective
     price per token per target."""
     engine = rt.live.engine
@@ -52,10 +53,9 @@ async def fleet(principal: Principal = Depends(require("admin")), rt: Runtime = 
         prices = await run_in_threadpool(state.effective_prices, "day")
     except LedgerUnavailable:
         prices = {}
-    for name, entry in targets.items():
-        price = prices.get(name)
-        entry["effective_price"] = None if price is None else price.to_dict()
-    return {"fleet_revision": engine.fleet.revision, "policy_revision": engine.policy.revision, "targets": targets}
+    priced = {name: {**entry, "effective_price": None if (price := prices.get(name)) is None else price.to_dict()}
+              for name, entry in targets.items()}
+    return {"fleet_revision": engine.fleet.revision, "policy_revision": engine.policy.revision, "targets": priced}
 
 
 def _source(path: str) -> str | None:
@@ -69,7 +69,7 @@ def _source(path: str) -> str | None:
 
 
 @router.get("/v1/policy", response_model=PolicyResponse, responses=ERROR_RESPONSES, summary="The serving policy")
-async def policy(principal: Principal = Depends(require("admin")), rt: Runtime = Depends(get_runtime)) -> dict[str, Any]:
+async def policy(principal: Principal = Depends(require("admin")), rt: Runtime = Depends(get_runtime)) -> JSONObject:
     """Name, file, revision, rules and variables of the serving policy, its file's text, and
     the last reload attempt (with its problems when it was rejected)."""
     engine = rt.live.engine
@@ -86,7 +86,7 @@ async def policy(principal: Principal = Depends(require("admin")), rt: Runtime =
              summary="Check policy text against the serving fleet without serving it",
              openapi_extra=json_body({"$ref": "#/components/schemas/PolicyValidateIn"}))
 async def validate(request: Request, principal: Principal = Depends(require("admin")),
-                   rt: Runtime = Depends(get_runtime)) -> dict[str, Any]:
+                   rt: Runtime = Depends(get_runtime)) -> JSONObject:
     """Body ``{"policy": "<YAML text>", "file": "name.yaml"}``. Answers ``valid`` and, when not,
     every problem located as ``file:line:col``."""
     _, item = await read_parsed(request, rt.settings.max_body_bytes, '{"policy": "<policy YAML text>"}',

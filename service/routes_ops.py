@@ -14,12 +14,11 @@ orchestrators and Prometheus.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from pointsman.json_types import JSONObject
 from pointsman.service.http_errors import ERROR_RESPONSES
 from pointsman.service.runtime import Runtime, runtime_of
 from pointsman.service.schemas import HealthResponse, ReadyResponse
@@ -27,7 +26,7 @@ from pointsman.service.schemas import HealthResponse, ReadyResponse
 router = APIRouter(tags=["operations"])
 
 
-def estimator_health(rt: Runtime) -> dict[str, Any]:
+def estimator_health(rt: Runtime) -> JSONObject:
     """The serving estimator's ``{version, available, error, source}``."""
     estimator = rt.live.engine.estimator
     error = rt.live.estimator_error
@@ -38,7 +37,7 @@ def estimator_health(rt: Runtime) -> dict[str, Any]:
 
 @router.get("/healthz", response_model=HealthResponse, responses={503: ERROR_RESPONSES[503]},
             summary="Liveness and what the service runs")
-async def healthz(request: Request) -> dict[str, Any]:
+async def healthz(request: Request) -> JSONObject:
     """The service is up; the policy, fleet and estimator it decides with; whether auth is on."""
     rt = runtime_of(request)
     engine = rt.live.engine

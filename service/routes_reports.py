@@ -46,7 +46,7 @@ from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter
 
 from pointsman.errors import BudgetError, DataError, RequestError
-from pointsman.json_types import JSONObject, JSONValue, json_path
+from pointsman.json_types import json_path
 from pointsman.outcome import (
     CONTEXT_TOLERANCE,
     OutcomeIn,
@@ -280,14 +280,14 @@ def parse_telemetry(body: object, rt: Runtime) -> list[tuple[str, TelemetryIn]]:
              openapi_extra=json_body({"anyOf": [{"$ref": "#/components/schemas/TelemetryIn"},
                                                 {"type": "array", "items": {"$ref": "#/components/schemas/TelemetryIn"}}]}))
 async def telemetry(request: Request, principal: Principal = Depends(require("gateway")),
-                    rt: Runtime = Depends(get_runtime)) -> JSONObject:
+                    rt: Runtime = Depends(get_runtime)) -> dict[str, object]:
     """Apply load snapshots (vLLM-standard field names) and health marks; answers each endpoint's
     merged reading."""
     _, reports = await read_parsed(request, rt.settings.max_body_bytes, "a telemetry report or a list of them",
                                    lambda body: parse_telemetry(body, rt))
     state = rt.live.engine.state
     fleet = state.fleet
-    acks: list[JSONValue] = []
+    acks: list[dict[str, object]] = []
     for eid, r in reports:
         if r.healthy is not None:
             state.set_health(eid, r.healthy, r.reason or "")

@@ -16,10 +16,10 @@ import asyncio
 import concurrent.futures
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 from fastapi import Request
 
+from pointsman.estimator.estimate import Estimator
 from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.engine import RoutingEngine
 from pointsman.service.bootstrap import build_engine, load_estimator
@@ -51,9 +51,9 @@ class Runtime:
     watching: bool = False
     closing: bool = False
     _stop: asyncio.Event | None = None
-    _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
-    def wrap(self, estimator: Any) -> Any:
+    def wrap(self, estimator: Estimator) -> Estimator:
         """``estimator`` with the service's hard time budget (``DeadlineEstimator``) when
         ``POINTSMAN_ESTIMATOR_TIMEOUT_MS`` is set; as is otherwise."""
         timeout = self.settings.estimator_timeout_ms
@@ -82,7 +82,7 @@ class Runtime:
                                                    name="pointsman-policy-watch"))
             self.watching = True
         if followed(s.model) and s.model_poll_interval_s > 0:
-            def load(spec: str) -> tuple[Any, str | None]:
+            def load(spec: str) -> tuple[Estimator, str | None]:
                 return load_estimator(spec, s.estimator_timeout_ms, s.estimator_threads)
 
             self.follower = ModelFollower(self.live, s.model or "champion", load=load, wrap=self.wrap,

@@ -7,7 +7,7 @@ validates against it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -62,7 +62,7 @@ class RouteResponse(BaseModel):
     fleet_revision: str
     estimator_version: str
     timings_ms: Timings
-    trace: dict[str, Any] | None = None
+    trace: dict[str, object] | None = None  # JSON (documented in Decision), not validated here
 
 
 class ErrorBody(BaseModel):
@@ -174,7 +174,7 @@ class TelemetryAck(BaseModel):
     endpoint: str
     target: str
     healthy: bool
-    load: dict[str, Any] | None
+    load: dict[str, object] | None
 
 
 class TelemetryResponse(BaseModel):
@@ -229,7 +229,7 @@ class PolicyResponse(BaseModel):
     revision: str
     fleet_revision: str
     rules: list[RuleOut]
-    variables: dict[str, Any]
+    variables: dict[str, object]
     source: str | None
     watching: bool
     last_reload: ReloadOut | None = None
@@ -263,4 +263,4 @@ class FleetResponse(BaseModel):
 
     fleet_revision: str
     policy_revision: str
-    targets: dict[str, dict[str, Any]]
+    targets: dict[str, dict[str, object]]

@@ -54,11 +54,11 @@ Service only (``pointsman serve``):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from pointsman.outcome_log.store import DEFAULT_FILE as DEFAULT_LOG_FILE
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH
 from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH
 
@@ -98,10 +98,10 @@ class Settings(BaseSettings):
 
     @field_validator("estimator_timeout_ms", mode="before")
     @classmethod
-    def _no_timeout(cls, v: Any) -> Any:
+    def _no_timeout(cls, v: object) -> object:
         """``none`` (any case) means no budget."""
         return None if isinstance(v, str) and v.strip().lower() == "none" else v
 
     def outcome_log_path(self) -> Path:
         """The decision and outcome log file: ``outcome_log``, else ``<data_dir>/outcomes.db``."""
-        return self.outcome_log if self.outcome_log is not None else self.data_dir / "outcomes.db"
+        return self.outcome_log if self.outcome_log is not None else self.data_dir / DEFAULT_LOG_FILE
