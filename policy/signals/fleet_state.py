@@ -39,6 +39,7 @@ and sessions monotonic seconds; both default to the clocks given at construction
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -61,6 +62,9 @@ from pointsman.policy.fleet import Fleet, FrontierTarget
 from pointsman.policy.signals.load_board import EndpointLoad, LoadBoard, StalenessPolicy
 from pointsman.policy.signals.prefix_index import BLOCK_TOKENS, MOONCAKE_BLOCK_TOKENS, PrefixIndex, SharedKVTier
 from pointsman.policy.signals.scrape import ScrapeStatus, metrics_url
+from pointsman.policy.signals.shared_state import Change, LocalSync, SharedRecord, SharedView, StateSync
+
+log = logging.getLogger("pointsman.state")
 
 #: KV capacity assumed for a frontier provider's prompt cache, tokens (large: it is theirs).
 FRONTIER_CACHE_TOKENS = 50_000_000
@@ -154,8 +158,9 @@ class FleetState:
     def __init__(self, fleet: Fleet, ledger: BudgetLedger | None = None, *, board: LoadBoard | None = None,
                  budget_fail_open: bool = False, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic, session_ttl_s: float = SESSION_TTL_S,
-                 budget_snapshot_ttl_s: float = 0.05) -> None:
+                 budget_snapshot_ttl_s: float = 0.05, sync: StateSync | None = None) -> None:
         self.fleet = fleet
+        self.sync: StateSync = sync or LocalSync()
         self.ledger = ledger
         self.budget_fail_open = budget_fail_open
         self.clock = clock
@@ -177,6 +182,7 @@ class FleetState:
                 self._indexes[(name, ids)] = self._new_index(name, ids)
         self._sessions: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
         self._unhealthy: dict[str, str] = {}
+        self._marks: dict[str, dict[str, str]] = {}  # endpoint id -> source -> reason
         self._healthy_count: dict[str, int] = {}
         self._total_count: dict[str, int] = {}
         for e in fleet.endpoints.values():
@@ -296,21 +302,33 @@ class FleetState:
                 if self.ledger.config.budgets_for(scopes) and not self.budget_fail_open:
                     raise
         record = replace(record, reserved=reserved)
+        self._apply_dispatch(record, dispatch.block_hashes, dispatch.gateway_ids, dispatch.session_id)
+        with self._lock:
+            if reserved and self._snapshots:
+                self._count_reservation(scopes, record.estimated_cost_usd)
+        if self.sync.shared:
+            self.sync.dispatch(_shared(record, self._wall_of(at)), dispatch.block_hashes, dispatch.gateway_ids,
+                               dispatch.session_id, self.session_ttl_s, self.board.inflight_ttl_s)
+        return record
+
+    def _apply_dispatch(self, record: DispatchRecord, block_hashes: Sequence[int], gateway_ids: bool,
+                        session_id: str) -> None:
+        """Count ``record`` in flight on its endpoint(s), record its prefix there and its session
+        (this process's dispatch, or another's from the shared state)."""
+        decision_id, at = record.decision_id, record.at
         endpoint, prefill_endpoint = record.endpoint, record.prefill_endpoint
         self.board.dispatch(endpoint, decision_id, record.prompt_tokens, at)
         if prefill_endpoint is not None:
             self.board.dispatch(prefill_endpoint, decision_id + PREFILL_SUFFIX, record.prompt_tokens, at)
-        if dispatch.block_hashes:
-            index = self._indexes[(record.target, dispatch.gateway_ids)]
-            index.record(endpoint, dispatch.block_hashes, now=at)
+        if block_hashes and record.target in self.fleet.targets:
+            index = self._indexes[(record.target, gateway_ids)]
+            index.record(endpoint, block_hashes, now=at)
             if prefill_endpoint is not None:
-                index.record(prefill_endpoint, dispatch.block_hashes, now=at)
+                index.record(prefill_endpoint, block_hashes, now=at)
         with self._lock:
-            if reserved and self._snapshots:
-                self._count_reservation(scopes, record.estimated_cost_usd)
-            if dispatch.session_id:
-                self._sessions[dispatch.session_id] = (record.target, endpoint, at + self.session_ttl_s)
-                self._sessions.move_to_end(dispatch.session_id)
+            if session_id:
+                self._sessions[session_id] = (record.target, endpoint, at + self.session_ttl_s)
+                self._sessions.move_to_end(session_id)
                 while len(self._sessions) > MAX_SESSIONS:
                     self._sessions.popitem(last=False)
             self._records[decision_id] = record
@@ -320,7 +338,71 @@ class FleetState:
                 if first.at > horizon:
                     break
                 self._records.popitem(last=False)
-        return record
+
+    def _apply_release(self, decision_id: str) -> int:
+        """Stop counting ``decision_id`` in flight here (this process's outcome or another's);
+        returns the in-flight entries released (0-2)."""
+        with self._lock:
+            self._records.pop(decision_id, None)
+        return int(self.board.release(decision_id)) + int(self.board.release(decision_id + PREFILL_SUFFIX))
+
+    # -- the shared state (several workers or replicas) ------------------------------
+
+    def _wall_of(self, mono: float) -> float:
+        return self.clock() - (self.monotonic() - mono)
+
+    def _mono_of(self, wall: float) -> float:
+        return self.monotonic() - (self.clock() - wall)
+
+    def start_sync(self) -> None:
+        """Follow the other processes' changes (``sync.start``): load the shared state, then
+        apply each change as it comes. A no-op for the embedded ``LocalSync``."""
+        if self.sync.shared:
+            self.sync.start(self._apply_change, self._reload_shared)
+
+    def _record_of(self, shared: SharedRecord) -> DispatchRecord:
+        return DispatchRecord(shared.decision_id, shared.target, shared.mode, shared.endpoint,
+                              shared.prefill_endpoint, tuple(shared.scopes), shared.estimated_cost_usd,
+                              shared.reserved, shared.prompt_tokens, shared.prefill_utilization,
+                              shared.decode_utilization, self._mono_of(shared.wall_s))
+
+    def _known_endpoints(self, record: DispatchRecord) -> bool:
+        eps = self.fleet.endpoints
+        return record.endpoint in eps and (record.prefill_endpoint is None or record.prefill_endpoint in eps)
+
+    def _apply_change(self, change: Change) -> None:
+        """Apply another process's change (see ``shared_state``); changes about endpoints this
+        fleet does not have (another fleet revision) are ignored."""
+        if change.kind == "dispatch" and change.record is not None:
+            record = self._record_of(change.record)
+            if self._known_endpoints(record):
+                self._apply_dispatch(record, change.block_hashes, change.gateway_ids, change.session_id)
+        elif change.kind == "release":
+            self._apply_release(change.decision_id)
+        elif change.kind == "telemetry" and change.snapshot is not None and change.endpoint in self.fleet.endpoints:
+            try:
+                self.board.push(change.endpoint, change.snapshot, self._mono_of(change.wall_s))
+            except RequestError as exc:
+                log.warning("ignoring shared telemetry of %s: %s", change.endpoint, exc)
+        elif change.kind == "health" and change.endpoint in self.fleet.endpoints:
+            self._set_health(change.endpoint, change.healthy, change.reason)
+
+    def _reload_shared(self, view: SharedView) -> None:
+        """Take the whole shared state: every live record counts in flight, every endpoint's
+        latest telemetry, every health mark."""
+        for shared in view.records:
+            record = self._record_of(shared)
+            if record.decision_id not in self._records and self._known_endpoints(record):
+                self._apply_dispatch(record, (), False, "")
+        for endpoint, (snapshot, wall) in view.telemetry.items():
+            if endpoint in self.fleet.endpoints:
+                try:
+                    self.board.push(endpoint, snapshot, self._mono_of(wall))
+                except RequestError as exc:
+                    log.warning("ignoring shared telemetry of %s: %s", endpoint, exc)
+        for endpoint, reason in view.unhealthy.items():
+            if endpoint in self.fleet.endpoints:
+                self._set_health(endpoint, False, reason)
 
     # -- outcomes (service) ---------------------------------------------------------
 
@@ -351,6 +433,8 @@ class FleetState:
         if previous is not None:
             return Settled(previous.decision_id, previous.target, previous.mode, previous.actual_cost_usd,
                            previous.settlement, 0, True)
+        taken = self._take_shared(decision_id)
+        record = record or taken
         target = target or (record.target if record else None)
         mode = mode or (record.mode if record else None)
         if actual_cost_usd is None:
@@ -377,10 +461,12 @@ class FleetState:
             except UnknownReservation:
                 if record is None:
                     raise
-        released = int(self.board.release(decision_id)) + int(self.board.release(decision_id + PREFILL_SUFFIX))
+        released = self._apply_release(decision_id)
+        if released == 0 and taken is not None:  # dispatched elsewhere, its change not applied here yet
+            released = 1 + (taken.prefill_endpoint is not None)
         result = Settled(decision_id, target, mode, float(actual_cost_usd), settlement, released, replayed)
         with self._lock:
-            self._records.pop(decision_id, None)
+            self._forget_snapshots(record.scopes if record else ())
             self._settled[decision_id] = result
             while len(self._settled) > SETTLED_MEMORY:
                 self._settled.popitem(last=False)
@@ -390,15 +476,37 @@ class FleetState:
         """The request never ran (the gateway gave up before sending it): drop its budget hold
         and release its in-flight load. Idempotent; returns True if anything was held."""
         with self._lock:
-            record = self._records.pop(decision_id, None)
+            record = self._records.get(decision_id)
+        taken = self._take_shared(decision_id)  # always: the other processes must stop counting it too
+        record = record or taken
         held = False
         if self.ledger is not None and (record is None or record.reserved):
             try:
                 held = self.ledger.release(decision_id, now)
             except UnknownReservation:
                 held = False
-        released = self.board.release(decision_id) | self.board.release(decision_id + PREFILL_SUFFIX)
+        released = self._apply_release(decision_id) > 0
+        with self._lock:
+            self._forget_snapshots(record.scopes if record else ())
         return held or released
+
+    def _take_shared(self, decision_id: str) -> DispatchRecord | None:
+        """The decision's record from the shared state (removed there, its release published to
+        every process); None without one or with the embedded ``LocalSync``."""
+        if not self.sync.shared:
+            return None
+        shared = self.sync.take(decision_id)
+        return None if shared is None else self._record_of(shared)
+
+    def _forget_snapshots(self, scopes: Sequence[str]) -> None:
+        """Drop cached budget snapshots that share a scope with a settled or released hold (lock
+        held): their holds changed, so the next read goes to the ledger (a snapshot that still
+        counted a released hold could refuse a request the ledger admits)."""
+        if not scopes or not self._snapshots:
+            return
+        mine = set(scopes)
+        for key in [k for k in self._snapshots if mine.intersection(k)]:
+            del self._snapshots[key]
 
     # -- telemetry and health (service) ---------------------------------------------
 
@@ -407,7 +515,12 @@ class FleetState:
         ``load_board.PUSH_FIELDS``). Raises ``RequestError`` naming the bad field or endpoint (with
         did-you-mean); the board is unchanged then."""
         endpoint_id = self.fleet.endpoint_id(endpoint) or endpoint
-        return self.board.push(endpoint_id, snapshot, self.monotonic() if now is None else now)
+        now = self.monotonic() if now is None else now
+        load = self.board.push(endpoint_id, snapshot, now)
+        if self.sync.shared:
+            values = {k: v for k, v in snapshot.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            self.sync.telemetry(endpoint_id, values, self._wall_of(now))
+        return load
 
     def put_scraped(self, endpoint: str, load: EndpointLoad) -> None:
         """A scraped reading (``scrape.Scraper`` feeds ``board`` directly; this is the same)."""
@@ -417,23 +530,39 @@ class FleetState:
         """On-prem endpoint id -> its ``/metrics`` URL, for ``scrape.Scraper(targets)``."""
         return {e.id: metrics_url(e.url) for e in self.fleet.endpoints.values() if e.role != "api"}
 
-    def set_health(self, endpoint: str, healthy: bool, reason: str = "") -> None:
-        """Mark ``endpoint`` (id, URL or name) healthy or not; unhealthy endpoints are never
-        chosen, and a target without a healthy endpoint is ineligible (``health`` filter).
-        Raises ``RequestError`` for an endpoint the fleet does not have."""
+    def set_health(self, endpoint: str, healthy: bool, reason: str = "", *, source: str = "operator") -> None:
+        """Mark ``endpoint`` (id, URL or name) healthy or not on behalf of ``source``
+        (``operator``: telemetry or an admin; ``scrape``; ``outcomes``). An endpoint is unhealthy
+        while any source marks it (a scrape that answers does not clear an operator's mark);
+        unhealthy endpoints are never chosen, feed no signal, and a target without a healthy
+        endpoint is ineligible (``health`` filter). Operator marks are shared with the other
+        processes. Raises ``RequestError`` for an endpoint the fleet does not have."""
         endpoint_id = self.fleet.endpoint_id(endpoint)
         if endpoint_id is None:
             raise RequestError(f"unknown endpoint '{endpoint}'", field="endpoint")
+        reason = reason or "marked unhealthy"
+        self._set_health(endpoint_id, healthy, reason, source)
+        if source == "operator" and self.sync.shared:
+            self.sync.health(endpoint_id, healthy, reason)
+
+    def _set_health(self, endpoint_id: str, healthy: bool, reason: str, source: str = "operator") -> None:
         target = self.fleet.endpoints[endpoint_id].target
         with self._lock:
+            marks = self._marks.setdefault(endpoint_id, {})
+            if healthy:
+                marks.pop(source, None)
+            else:
+                marks[source] = reason
             was = endpoint_id not in self._unhealthy
-            if healthy and not was:
-                del self._unhealthy[endpoint_id]
-                self._healthy_count[target] += 1
-            elif not healthy:
-                self._unhealthy[endpoint_id] = reason or "marked unhealthy"
+            if marks:
+                self._unhealthy[endpoint_id] = "; ".join(marks.values())
                 if was:
                     self._healthy_count[target] -= 1
+            else:
+                self._marks.pop(endpoint_id, None)
+                if not was:
+                    del self._unhealthy[endpoint_id]
+                    self._healthy_count[target] += 1
 
     def apply_scrape_status(self, status: Mapping[str, ScrapeStatus], max_failures: int = 3) -> list[str]:
         """Health from a scraper's ``status()``: an endpoint whose last ``max_failures`` scrapes
@@ -443,9 +572,10 @@ class FleetState:
             if self.fleet.endpoint_id(endpoint) is None:
                 continue
             if st.consecutive_failures >= max_failures:
-                self.set_health(endpoint, False, f"scrape failed {st.consecutive_failures}x: {st.last_error}")
+                self.set_health(endpoint, False, f"scrape failed {st.consecutive_failures}x: {st.last_error}",
+                                source="scrape")
             elif st.last_ok_at is not None:
-                self.set_health(endpoint, True)
+                self.set_health(endpoint, True, source="scrape")
         return sorted(self.unhealthy())
 
     # -- reporting (service) ---------------------------------------------------------
@@ -478,9 +608,17 @@ class FleetState:
         return out
 
     def close(self) -> None:
-        """Close the ledger (if any)."""
+        """Stop following the shared state and close the ledger (if any)."""
+        self.sync.close()
         if self.ledger is not None:
             self.ledger.close()
+
+
+def _shared(record: DispatchRecord, wall_s: float) -> SharedRecord:
+    """``record`` as it travels to the other processes (dispatch time as Unix seconds)."""
+    return SharedRecord(record.decision_id, record.target, record.mode, record.endpoint, record.prefill_endpoint,
+                        record.scopes, record.estimated_cost_usd, record.reserved, record.prompt_tokens,
+                        record.prefill_utilization, record.decode_utilization, wall_s)
 
 
 __all__ = ["Dispatch", "DispatchRecord", "FleetState", "Settled"]

@@ -52,8 +52,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from pointsman.json_types import JSONScalar
 from pointsman.errors import RequestError
+from pointsman.json_types import JSONScalar
 
 Source = Literal["push", "scrape", "inflight"]
 StaleMode = Literal["saturated", "unknown", "ignore"]

@@ -1,0 +1,503 @@
+"""Live state shared by several workers and replicas: in-flight dispatches, pushed telemetry,
+health marks and session affinity, through Redis.
+
+Every process keeps its own ``FleetState`` and decides from it without a network round trip.
+What one process changes, it also *publishes*; every other process *applies* it to its own
+state. Redis holds the authoritative copy (so a process that starts, or reconnects after a
+gap, loads it whole) and a stream of changes (so running processes follow in order):
+
+    {P}rec:<decision_id>      string  a dispatched decision's record (JSON), until its outcome
+                                      arrives or it expires (TTL = the in-flight TTL)
+    {P}tel:<endpoint id>      string  the latest pushed telemetry of an endpoint (JSON, wall clock)
+    {P}health                 hash    endpoint id -> reason, for endpoints marked unhealthy
+    {P}sess:<session_id>      string  the session's last (target, endpoint) (TTL = session TTL; for
+                                      operators: processes learn sessions from the stream)
+    {P}changes                stream  one entry per change: dispatch, release, telemetry, health
+                                      (capped at ``stream_max_len`` entries, approximately)
+
+``P`` is the key prefix, default ``{pointsman-state}:`` (one hash slot in a cluster).
+
+Round trips: a dispatch is one (a Lua script writes the record, the session and the stream
+entry); an outcome or release is one (a Lua script takes the record, whichever process wrote
+it, and appends the release); a telemetry push or a health mark is one. Decisions read only
+the local state: none. A reader thread per process blocks on the stream (``XREAD``) and
+applies the others' changes, typically within a millisecond on one host.
+
+What can go wrong, and what happens then:
+
+- **Redis unreachable**: decisions go on from the local state (this process's own dispatches
+  and its last view of the others'); writes are counted as failed
+  (``SyncStatus.write_errors``) and not retried; the reader reconnects every second and then
+  reloads the whole state, so counts converge again. Outcomes that arrive meanwhile release
+  this process's own dispatches only.
+- **The reader falls behind** the stream's cap (more than ``stream_max_len`` changes while it
+  was away): it notices the gap and reloads the whole state.
+- **A process dies** with requests in flight: their records expire after the in-flight TTL
+  and their counts with them, on every process (each expires dispatches by age).
+
+Times cross processes as wall-clock Unix seconds; each process converts them to its own
+monotonic clock when applying.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:  # pragma: no cover
+    from redis import Redis
+
+log = logging.getLogger("pointsman.state")
+
+DEFAULT_PREFIX = "{pointsman-state}:"
+#: Approximate cap of the change stream (entries); a reader further behind reloads the state.
+DEFAULT_STREAM_MAX_LEN = 200_000
+
+ChangeKind = Literal["dispatch", "release", "telemetry", "health"]
+
+
+@dataclass(frozen=True)
+class SharedRecord:
+    """What a dispatched decision holds, as it travels between processes: the fields of
+    ``fleet_state.DispatchRecord`` with the dispatch time as wall-clock ``wall_s`` (Unix s)."""
+
+    decision_id: str
+    target: str
+    mode: str
+    endpoint: str
+    prefill_endpoint: str | None
+    scopes: tuple[str, ...]
+    estimated_cost_usd: float
+    reserved: bool
+    prompt_tokens: int
+    prefill_utilization: float
+    decode_utilization: float
+    wall_s: float
+
+    def to_json(self) -> str:
+        """Compact JSON."""
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> SharedRecord:
+        """The record from ``to_json``'s text; raises ``ValueError`` for anything else."""
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("a shared record must be a JSON object")
+        data["scopes"] = tuple(data.get("scopes") or ())
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change another process made: ``kind``, the publishing ``origin``, ``wall_s``, and
+    per kind: a dispatch's ``record``, ``block_hashes`` (+ ``gateway_ids``) and ``session_id``;
+    a release's ``decision_id``; a telemetry push's ``endpoint`` and ``snapshot``; a health
+    mark's ``endpoint``, ``healthy`` and ``reason``."""
+
+    kind: ChangeKind
+    origin: str
+    wall_s: float
+    record: SharedRecord | None = None
+    block_hashes: tuple[int, ...] = ()
+    gateway_ids: bool = False
+    session_id: str = ""
+    decision_id: str = ""
+    endpoint: str = ""
+    snapshot: Mapping[str, float | int] | None = None
+    healthy: bool = True
+    reason: str = ""
+
+    def to_json(self) -> str:
+        """Compact JSON (the stream entry's ``c`` field)."""
+        data: dict[str, object] = {"kind": self.kind, "origin": self.origin, "wall_s": self.wall_s}
+        if self.record is not None:
+            data["record"] = asdict(self.record)
+        for name in ("block_hashes", "gateway_ids", "session_id", "decision_id", "endpoint", "snapshot",
+                     "healthy", "reason"):
+            value = getattr(self, name)
+            if value not in ((), False, "", None) or (name == "healthy" and self.kind == "health"):
+                data[name] = list(value) if isinstance(value, tuple) else value
+        return json.dumps(data, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Change:
+        """The change from ``to_json``'s text; raises ``ValueError``/``TypeError`` for anything else."""
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("kind") not in ("dispatch", "release", "telemetry", "health"):
+            raise ValueError(f"not a state change: {str(text)[:80]!r}")
+        record = data.pop("record", None)
+        if record is not None:
+            record["scopes"] = tuple(record.get("scopes") or ())
+            data["record"] = SharedRecord(**record)
+        if "block_hashes" in data:
+            data["block_hashes"] = tuple(int(h) for h in data["block_hashes"])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class SharedView:
+    """The whole shared state as read at start-up or after a gap: live ``records``, latest
+    ``telemetry`` per endpoint (``(snapshot, wall_s)``), ``unhealthy`` endpoints with reasons."""
+
+    records: tuple[SharedRecord, ...] = ()
+    telemetry: Mapping[str, tuple[Mapping[str, float | int], float]] = field(default_factory=dict)
+    unhealthy: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class SyncStatus:
+    """Counters of a ``StateSync`` (``/v1/fleet``, ``/metrics``): whether it ``shared`` state at
+    all, ``connected`` (the reader's last Redis call succeeded), changes ``applied`` from other
+    processes, ``reloads`` of the whole state, ``write_errors``, ``last_error``, ``lag_s`` (how
+    old the last applied change was when applied)."""
+
+    shared: bool
+    connected: bool = False
+    applied: int = 0
+    reloads: int = 0
+    write_errors: int = 0
+    last_error: str | None = None
+    lag_s: float = 0.0
+
+
+class StateSync(Protocol):
+    """How a ``FleetState`` shares its changes (see the module docstring). ``LocalSync`` (one
+    process) shares nothing; ``RedisSync`` shares through Redis."""
+
+    origin: str
+
+    @property
+    def shared(self) -> bool:
+        """True when other processes see this one's changes."""
+        ...
+
+    def start(self, apply: Callable[[Change], None], reload: Callable[[SharedView], None]) -> None:
+        """Begin following the others' changes: ``reload`` with the whole state first, then
+        ``apply`` for each change, in order, from a background thread."""
+        ...
+
+    def dispatch(self, record: SharedRecord, block_hashes: Sequence[int], gateway_ids: bool,
+                 session_id: str, session_ttl_s: float, record_ttl_s: float) -> None:
+        """Publish a dispatch (one round trip); never raises (a failure is counted)."""
+        ...
+
+    def take(self, decision_id: str) -> SharedRecord | None:
+        """Remove a decision's record, whoever dispatched it, and publish its release (one
+        round trip); the record, or None when no process holds it (or Redis failed)."""
+        ...
+
+    def telemetry(self, endpoint: str, snapshot: Mapping[str, float | int], wall_s: float) -> None:
+        """Publish a pushed telemetry snapshot (one round trip); never raises."""
+        ...
+
+    def health(self, endpoint: str, healthy: bool, reason: str) -> None:
+        """Publish a health mark (one round trip); never raises."""
+        ...
+
+    def status(self) -> SyncStatus:
+        """Counters (a copy)."""
+        ...
+
+    def close(self) -> None:
+        """Stop following and release connections."""
+        ...
+
+
+class LocalSync:
+    """The embedded default: one process, nothing shared."""
+
+    def __init__(self) -> None:
+        self.origin = f"local-{os.getpid()}"
+
+    @property
+    def shared(self) -> bool:
+        """Always False."""
+        return False
+
+    def start(self, apply: Callable[[Change], None], reload: Callable[[SharedView], None]) -> None:
+        """Nothing to follow."""
+
+    def dispatch(self, record: SharedRecord, block_hashes: Sequence[int], gateway_ids: bool,
+                 session_id: str, session_ttl_s: float, record_ttl_s: float) -> None:
+        """Nothing to publish."""
+
+    def take(self, decision_id: str) -> SharedRecord | None:
+        """No other process: None."""
+        return None
+
+    def telemetry(self, endpoint: str, snapshot: Mapping[str, float | int], wall_s: float) -> None:
+        """Nothing to publish."""
+
+    def health(self, endpoint: str, healthy: bool, reason: str) -> None:
+        """Nothing to publish."""
+
+    def status(self) -> SyncStatus:
+        """``shared=False``."""
+        return SyncStatus(shared=False, connected=True)
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+# Lua scripts: each one atomic step (Redis runs a script without interleaving other commands).
+_DISPATCH = """
+local p = ARGV[1]
+redis.call('SET', p .. 'rec:' .. ARGV[2], ARGV[3], 'PX', ARGV[4])
+if ARGV[5] ~= '' then redis.call('SET', p .. 'sess:' .. ARGV[5], ARGV[6], 'PX', ARGV[7]) end
+redis.call('XADD', p .. 'changes', 'MAXLEN', '~', ARGV[9], '*', 'c', ARGV[8])
+return 1
+"""
+_TAKE = """
+local p = ARGV[1]
+local key = p .. 'rec:' .. ARGV[2]
+local rec = redis.call('GET', key)
+if not rec then return false end
+redis.call('DEL', key)
+redis.call('XADD', p .. 'changes', 'MAXLEN', '~', ARGV[4], '*', 'c', ARGV[3])
+return rec
+"""
+_TELEMETRY = """
+local p = ARGV[1]
+redis.call('SET', p .. 'tel:' .. ARGV[2], ARGV[3])
+redis.call('XADD', p .. 'changes', 'MAXLEN', '~', ARGV[5], '*', 'c', ARGV[4])
+return 1
+"""
+_HEALTH = """
+local p = ARGV[1]
+if ARGV[3] == '1' then redis.call('HDEL', p .. 'health', ARGV[2])
+else redis.call('HSET', p .. 'health', ARGV[2], ARGV[4]) end
+redis.call('XADD', p .. 'changes', 'MAXLEN', '~', ARGV[6], '*', 'c', ARGV[5])
+return 1
+"""
+
+
+class RedisSync:
+    """Shared state in Redis (see the module docstring).
+
+    ``RedisSync(client, prefix=DEFAULT_PREFIX, stream_max_len=DEFAULT_STREAM_MAX_LEN,
+    block_ms=1000)``: ``client`` a ``redis.Redis`` with ``decode_responses=True``
+    (``from_url`` builds one). Thread-safe: writes come from request threads, the reader is
+    its own thread."""
+
+    def __init__(self, client: Redis, *, prefix: str = DEFAULT_PREFIX,
+                 stream_max_len: int = DEFAULT_STREAM_MAX_LEN, block_ms: int = 1000) -> None:
+        import redis
+
+        self.client = client
+        self.prefix = prefix
+        self.stream_max_len = int(stream_max_len)
+        self.block_ms = int(block_ms)
+        self.origin = f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._errors: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, OSError)
+        self._dispatch = client.register_script(_DISPATCH)
+        self._take = client.register_script(_TAKE)
+        self._telemetry = client.register_script(_TELEMETRY)
+        self._health = client.register_script(_HEALTH)
+        self._status = SyncStatus(shared=True)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_url(cls, url: str, *, timeout_s: float = 2.0, block_ms: int = 1000) -> RedisSync:
+        """``redis://[:password@]host:port/db`` (``rediss://``, ``unix://`` too); query ``prefix``
+        sets the key prefix. ``block_ms``: how long the reader waits per ``XREAD`` (and so at most
+        how long ``close`` waits for it). Connects lazily; raises ``ValueError`` for a malformed URL."""
+        from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
+
+        import redis
+
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"state URL '{url}': scheme '{parts.scheme}' is not redis, rediss or unix")
+        query = parse_qs(parts.query)
+        prefix = query.pop("prefix", [DEFAULT_PREFIX])[-1]
+        clean = urlunsplit(parts._replace(query=urlencode(query, doseq=True)))
+        client = redis.Redis.from_url(clean, decode_responses=True, socket_timeout=timeout_s,
+                                      socket_connect_timeout=timeout_s, health_check_interval=30)
+        return cls(client, prefix=prefix, block_ms=block_ms)
+
+    @property
+    def shared(self) -> bool:
+        """Always True."""
+        return True
+
+    # -- writes
+
+    def _write(self, what: str, call: Callable[[], object]) -> object:
+        try:
+            return call()
+        except self._errors as exc:
+            with self._lock:
+                self._status.write_errors += 1
+                self._status.last_error = f"{what}: {type(exc).__name__}: {exc}"
+            log.warning("shared state %s failed: %s", what, exc)
+            return None
+
+    def dispatch(self, record: SharedRecord, block_hashes: Sequence[int], gateway_ids: bool,
+                 session_id: str, session_ttl_s: float, record_ttl_s: float) -> None:
+        """Write the record (TTL ``record_ttl_s``), the session (TTL ``session_ttl_s``) and the change."""
+        change = Change("dispatch", self.origin, record.wall_s, record=record, block_hashes=tuple(block_hashes),
+                        gateway_ids=gateway_ids, session_id=session_id)
+        args = [self.prefix, record.decision_id, record.to_json(), str(max(1, int(record_ttl_s * 1000))),
+                session_id, json.dumps([record.target, record.endpoint]), str(max(1, int(session_ttl_s * 1000))),
+                change.to_json(), str(self.stream_max_len)]
+        self._write("dispatch", lambda: self._dispatch(keys=[], args=args))
+
+    def take(self, decision_id: str) -> SharedRecord | None:
+        """Take the record and publish its release."""
+        change = Change("release", self.origin, time.time(), decision_id=decision_id)
+        got = self._write("release", lambda: self._take(keys=[], args=[self.prefix, decision_id, change.to_json(),
+                                                                      str(self.stream_max_len)]))
+        if not isinstance(got, str):
+            return None
+        try:
+            return SharedRecord.from_json(got)
+        except (ValueError, TypeError) as exc:
+            log.warning("shared record of %s is unreadable: %s", decision_id, exc)
+            return None
+
+    def telemetry(self, endpoint: str, snapshot: Mapping[str, float | int], wall_s: float) -> None:
+        """Write the endpoint's latest snapshot and the change."""
+        change = Change("telemetry", self.origin, wall_s, endpoint=endpoint, snapshot=dict(snapshot))
+        value = json.dumps({"snapshot": dict(snapshot), "wall_s": wall_s}, separators=(",", ":"))
+        self._write("telemetry", lambda: self._telemetry(keys=[], args=[
+            self.prefix, endpoint, value, change.to_json(), str(self.stream_max_len)]))
+
+    def health(self, endpoint: str, healthy: bool, reason: str) -> None:
+        """Write (or clear) the endpoint's health mark and the change."""
+        change = Change("health", self.origin, time.time(), endpoint=endpoint, healthy=healthy, reason=reason)
+        self._write("health", lambda: self._health(keys=[], args=[
+            self.prefix, endpoint, "1" if healthy else "0", reason or "marked unhealthy", change.to_json(),
+            str(self.stream_max_len)]))
+
+    # -- following the others
+
+    def start(self, apply: Callable[[Change], None], reload: Callable[[SharedView], None]) -> None:
+        """Load the whole state (``reload``), then follow the stream from where that read ended
+        (``apply``), in a daemon thread; returns after the first load (or its failure)."""
+        last = self._load(reload)
+        self._thread = threading.Thread(target=self._follow, args=(apply, reload, last), name="pointsman-state-sync",
+                                        daemon=True)
+        self._thread.start()
+
+    def _load(self, reload: Callable[[SharedView], None]) -> str | None:
+        """Read the stream's last id, then every record, telemetry and health mark; ``reload``
+        with them. Returns the id to follow from (None when Redis failed)."""
+        try:
+            newest = self.client.xrevrange(f"{self.prefix}changes", count=1)
+            last = newest[0][0] if newest else "0-0"
+            records = []
+            keys = list(self.client.scan_iter(match=f"{self.prefix}rec:*", count=1000))
+            for value in (self.client.mget(keys) if keys else []):
+                if value is not None:
+                    try:
+                        records.append(SharedRecord.from_json(value))
+                    except (ValueError, TypeError):
+                        continue
+            telemetry: dict[str, tuple[Mapping[str, float | int], float]] = {}
+            tel_keys = list(self.client.scan_iter(match=f"{self.prefix}tel:*", count=1000))
+            for key, value in zip(tel_keys, self.client.mget(tel_keys) if tel_keys else []):
+                if value is not None:
+                    data = json.loads(value)
+                    telemetry[key[len(self.prefix) + 4:]] = (data["snapshot"], float(data["wall_s"]))
+            unhealthy = {str(k): str(v) for k, v in dict(self.client.hgetall(f"{self.prefix}health")).items()}
+        except self._errors as exc:
+            with self._lock:
+                self._status.connected = False
+                self._status.last_error = f"load: {type(exc).__name__}: {exc}"
+            log.warning("cannot load the shared state: %s", exc)
+            return None
+        reload(SharedView(tuple(records), telemetry, unhealthy))
+        with self._lock:
+            self._status.connected = True
+            self._status.reloads += 1
+        return str(last)
+
+    def _follow(self, apply: Callable[[Change], None], reload: Callable[[SharedView], None],
+                last: str | None) -> None:
+        stream = f"{self.prefix}changes"
+        while not self._stop.is_set():
+            if last is None:
+                if self._stop.wait(1.0):
+                    return
+                last = self._load(reload)
+                continue
+            try:
+                entries = _entries(self.client.xread({stream: last}, count=1000, block=self.block_ms))
+                if not entries:
+                    continue
+                if last != "0-0" and not self.client.xrange(stream, min=last, max=last):
+                    last = self._load(reload)  # our last entry was trimmed: later ones may be too
+                    continue
+            except self._errors as exc:
+                with self._lock:
+                    self._status.connected = False
+                    self._status.last_error = f"follow: {type(exc).__name__}: {exc}"
+                last = None
+                continue
+            with self._lock:
+                self._status.connected = True
+            for entry_id, fields in entries:
+                last = entry_id
+                try:
+                    change = Change.from_json(fields["c"])
+                except (ValueError, TypeError, KeyError) as exc:
+                    log.warning("skipping an unreadable state change %s: %s", entry_id, exc)
+                    continue
+                if change.origin == self.origin:
+                    continue
+                try:
+                    apply(change)
+                except Exception:  # noqa: BLE001 - one bad change must not stop the follower
+                    log.exception("applying state change %s failed", entry_id)
+                    continue
+                with self._lock:
+                    self._status.applied += 1
+                    self._status.lag_s = max(0.0, time.time() - change.wall_s)
+
+    def status(self) -> SyncStatus:
+        """Counters (a copy)."""
+        with self._lock:
+            return SyncStatus(**asdict(self._status))
+
+    def close(self) -> None:
+        """Stop the reader and close the connection pool."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.block_ms / 1000.0 + 2.0)
+        self.client.close()
+
+
+def _entries(reply: object) -> list[tuple[str, dict[str, str]]]:
+    """The ``(id, fields)`` entries of an ``XREAD`` reply for one stream (RESP2 list or RESP3 map)."""
+    if isinstance(reply, dict):
+        reply = list(reply.items())
+    if not isinstance(reply, list) or not reply:
+        return []
+    stream = reply[0]
+    entries = stream[1] if isinstance(stream, (list, tuple)) and len(stream) > 1 else []
+    out = []
+    for item in entries if isinstance(entries, list) else []:
+        entry_id, fields = item
+        out.append((str(entry_id), {str(k): str(v) for k, v in dict(fields).items()}))
+    return out
+
+
+def open_sync(url: str | None) -> StateSync:
+    """The sync a state URL names: None or ``""`` → ``LocalSync``; ``redis://``, ``rediss://``,
+    ``unix://`` → ``RedisSync``. Raises ``ValueError`` for another scheme."""
+    if not url:
+        return LocalSync()
+    return RedisSync.from_url(url)
+
+
+__all__ = ["Change", "LocalSync", "RedisSync", "SharedRecord", "SharedView", "StateSync", "SyncStatus", "open_sync"]

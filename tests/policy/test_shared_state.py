@@ -1,0 +1,145 @@
+"""Two FleetStates sharing one real Redis behave as two replicas of one fleet: what one
+dispatches, pushes or marks, the other sees; an outcome settled on either releases the load
+on both; a replica that starts late loads the shared state whole."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from urllib.parse import quote
+
+import pytest
+
+from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
+from pointsman.policy.signals.fleet_state import Dispatch, DispatchRecord, FleetState
+from pointsman.policy.signals.shared_state import Change, RedisSync, SharedRecord, open_sync
+
+E8 = "http://llama-8b-0.inference.internal:8000/v1"
+E8B = "http://llama-8b-1.inference.internal:8000/v1"
+P70 = "http://llama-70b-prefill-0.inference.internal:8000/v1"
+D70 = "http://llama-70b-decode-0.inference.internal:8000/v1"
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    return load_fleet(DEFAULT_FLEET_PATH)
+
+
+@pytest.fixture
+def pair(fleet, redis_url):
+    """Two replicas' states on one fresh key prefix."""
+    prefix = quote(f"{{t-{uuid.uuid4().hex[:8]}}}:", safe="")
+    made = []
+
+    def replica():
+        st = FleetState(fleet, sync=RedisSync.from_url(f"{redis_url}?prefix={prefix}", block_ms=100))
+        st.start_sync()
+        made.append(st)
+        return st
+
+    yield replica
+    for st in made:
+        st.close()
+
+
+def eventually(check, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = check()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.01)
+
+
+def inflight(st, endpoint):
+    load = st.board.get(endpoint)
+    return 0 if load is None else load.inflight_requests
+
+
+def dispatch(st, did, endpoint=E8, prefill=None, target="onprem-8b", mode="aggregated", session="", hashes=()):
+    record = DispatchRecord(did, target, mode, endpoint, prefill, ("tenant:acme",), 0.01, False, 300, 1.0, 1.0,
+                            st.monotonic())
+    return st.dispatch(Dispatch(record, list(hashes), False, session))
+
+
+def test_a_dispatch_counts_on_both_and_an_outcome_on_either_releases_both(pair):
+    a, b = pair(), pair()
+    dispatch(a, "d1", endpoint=D70, prefill=P70, target="onprem-70b", mode="disaggregated")
+    assert inflight(a, D70) == 1 and inflight(a, P70) == 1
+    assert eventually(lambda: inflight(b, D70) == 1 and inflight(b, P70) == 1)
+    settled = b.settle("d1", prompt_tokens=300, completion_tokens=20)   # the outcome reaches the other replica
+    assert settled.target == "onprem-70b" and settled.mode == "disaggregated" and settled.released_load == 2
+    assert inflight(b, D70) == 0
+    assert eventually(lambda: inflight(a, D70) == 0 and inflight(a, P70) == 0)
+
+
+def test_an_outcome_before_the_dispatch_change_arrives_still_prices_and_releases(pair):
+    a, b = pair(), pair()
+    dispatch(a, "d2")
+    settled = b.settle("d2", prompt_tokens=300, completion_tokens=10)  # b may not have applied it yet
+    assert settled.target == "onprem-8b" and settled.actual_cost_usd > 0 and settled.released_load >= 1
+    assert eventually(lambda: inflight(a, E8) == 0 and inflight(b, E8) == 0)
+    again = a.settle("d2", prompt_tokens=300, completion_tokens=10, target="onprem-8b")
+    assert again.released_load == 0
+
+
+def test_telemetry_health_sessions_and_prefixes_cross(pair):
+    a, b = pair(), pair()
+    a.push_load("llama-8b-1", {"num_requests_waiting": 40, "kv_cache_usage": 0.5})
+    assert eventually(lambda: (b.board.get(E8B) or None) is not None and b.board.get(E8B).num_requests_waiting == 40)
+    a.set_health("llama-8b-0", False, "drained for maintenance")
+    assert eventually(lambda: not b.is_healthy(E8) and b.healthy_endpoints("onprem-8b") == 1)
+    assert "drained" in b.unhealthy()[E8]
+    a.set_health("llama-8b-0", True)
+    assert eventually(lambda: b.is_healthy(E8))
+    dispatch(a, "d3", endpoint=E8B, session="s-1", hashes=[11, 12, 13])
+    assert eventually(lambda: b.session("s-1") == ("onprem-8b", E8B))
+    assert eventually(lambda: b.prefix_index("onprem-8b", False).match([11, 12, 13]).get(E8B) == 3)
+
+
+def test_scrape_health_stays_local_and_does_not_clear_an_operator_mark(pair, fleet):
+    a, b = pair(), pair()
+    a.set_health("llama-8b-0", False, "drained", source="operator")
+    a.set_health("llama-8b-0", True, source="scrape")           # a scrape answered: the operator mark stays
+    assert not a.is_healthy(E8)
+    a.set_health("llama-8b-1", False, "scrape failed 3x: timeout", source="scrape")
+    assert eventually(lambda: not b.is_healthy(E8))
+    time.sleep(0.1)
+    assert b.is_healthy(E8B)                                    # each replica scrapes for itself
+
+
+def test_a_replica_that_starts_late_loads_the_live_state(pair):
+    a = pair()
+    dispatch(a, "d4", endpoint=E8B)
+    a.push_load("llama-8b-0", {"num_requests_running": 7})
+    a.set_health("llama-70b-decode-1", False, "drained")
+    late = pair()
+    assert inflight(late, E8B) == 1
+    assert late.board.get(E8).num_requests_running == 7
+    assert not late.is_healthy("http://llama-70b-decode-1.inference.internal:8000/v1")
+
+
+def test_redis_down_keeps_local_accounting_and_counts_failures(fleet):
+    sync = RedisSync.from_url("redis://127.0.0.1:1/0", timeout_s=0.2)
+    st = FleetState(fleet, sync=sync)
+    dispatch(st, "d5")
+    assert inflight(st, E8) == 1
+    assert st.settle("d5", prompt_tokens=10, completion_tokens=1).released_load == 1
+    assert inflight(st, E8) == 0
+    status = sync.status()
+    assert status.write_errors == 2 and (status.last_error or "").startswith("release: ")
+    sync.close()
+
+
+def test_changes_round_trip_and_bad_urls():
+    record = SharedRecord("d", "t", "aggregated", "e", None, ("tenant:a",), 0.5, True, 10, 1.0, 1.0, 1.5e9)
+    assert SharedRecord.from_json(record.to_json()) == record
+    change = Change("dispatch", "o", 1.5e9, record=record, block_hashes=(1, 2), session_id="s")
+    assert Change.from_json(change.to_json()) == change
+    health = Change("health", "o", 1.0, endpoint="e", healthy=False, reason="x")
+    assert Change.from_json(health.to_json()) == health
+    with pytest.raises(ValueError, match="not a state change"):
+        Change.from_json('{"kind": "nope"}')
+    with pytest.raises(ValueError, match="scheme 'http'"):
+        open_sync("http://localhost:6379")
+    assert not open_sync(None).shared
