@@ -243,24 +243,29 @@ class PointsmanRoutingStrategy(CustomRoutingStrategyBase):
             specific_deployment: bool | None = False,
             request_kwargs: dict[str, object] | None = None) -> DeploymentTypedDict | None:
         """Ask Pointsman (async) and return the chosen deployment dict."""
-        kwargs = request_kwargs if request_kwargs is not None else {}
-        deployments = deployments_of(self.router, model)
-        if not deployments or messages is None:
+        deployments, kwargs, body = self._call(model, messages, request_kwargs)
+        if body is None:
             return default_deployment(deployments)
-        decision = await self.client.aroute(route_body(model, messages, kwargs))
-        return self._apply(decision, deployments, kwargs)
+        return self._apply(await self.client.aroute(body), deployments, kwargs)
 
     def get_available_deployment(  # type: ignore[override]  # as async_get_available_deployment
             self, model: str, messages: list[dict[str, str]] | None = None, input: str | list[object] | None = None,
             specific_deployment: bool | None = False,
             request_kwargs: dict[str, object] | None = None) -> DeploymentTypedDict | None:
         """Ask Pointsman (blocking, for ``router.completion``) and return the chosen deployment dict."""
+        deployments, kwargs, body = self._call(model, messages, request_kwargs)
+        if body is None:
+            return default_deployment(deployments)
+        return self._apply(self.client.route(body), deployments, kwargs)
+
+    def _call(self, model: str, messages: list[dict[str, str]] | None, request_kwargs: dict[str, object] | None
+              ) -> tuple[list[DeploymentTypedDict], dict[str, object], JSONObject | None]:
+        """The model group's deployments, the call's kwargs (``{}`` when LiteLLM passed none) and the
+        ``/v1/route`` body to ask Pointsman with (None: nothing to decide, no deployment or no messages)."""
         kwargs = request_kwargs if request_kwargs is not None else {}
         deployments = deployments_of(self.router, model)
-        if not deployments or messages is None:
-            return default_deployment(deployments)
-        decision = self.client.route(route_body(model, messages, kwargs))
-        return self._apply(decision, deployments, kwargs)
+        body = route_body(model, messages, kwargs) if deployments and messages is not None else None
+        return deployments, kwargs, body
 
     def _apply(self, decision: RouteDecision | None, deployments: list[DeploymentTypedDict],
                kwargs: dict[str, object]) -> DeploymentTypedDict | None:

@@ -139,9 +139,13 @@ class DecisionLogWriter:
 
     # -- writer thread ----------------------------------------------------------------
 
-    def _report_drop(self) -> None:
+    def _count(self, result: str, n: int) -> None:
+        """Tell the metrics hook (``on_result``) about ``n`` decisions with ``result``."""
         if self._on_result is not None:
-            self._on_result("dropped", 1)
+            self._on_result(result, n)
+
+    def _report_drop(self) -> None:
+        self._count("dropped", 1)
         now = time.monotonic()
         if now - self._last_drop_log >= 1.0:
             self._last_drop_log = now
@@ -181,8 +185,7 @@ class DecisionLogWriter:
             except Exception:  # noqa: BLE001 - one bad record must not lose the batch
                 self.failed += 1
                 log.exception("decision %s could not be turned into a log record", decision.decision_id)
-                if self._on_result is not None:
-                    self._on_result("failed", 1)
+                self._count("failed", 1)
         for attempt in range(1, ATTEMPTS + 1):
             try:
                 self.log.append_decisions(records)
@@ -191,13 +194,11 @@ class DecisionLogWriter:
                     self.failed += len(records)
                     log.error("decision log write failed %d times (%s); %d decision(s) not logged", ATTEMPTS, exc,
                               len(records))
-                    if self._on_result is not None:
-                        self._on_result("failed", len(records))
+                    self._count("failed", len(records))
                     return
                 log.warning("decision log write failed (%s); retrying in %.0f s", exc, RETRY_PAUSE_S)
                 time.sleep(RETRY_PAUSE_S)
             else:
                 self.written += len(records)
-                if self._on_result is not None:
-                    self._on_result("written", len(records))
+                self._count("written", len(records))
                 return

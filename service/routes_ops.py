@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from pointsman.json_types import JSONObject
 from pointsman.service.http_errors import ERROR_RESPONSES
-from pointsman.service.runtime import Runtime, runtime_of
+from pointsman.service.runtime import Runtime, runtime_of, serving_runtime
 from pointsman.service.schemas import HealthResponse, ReadyResponse
 
 router = APIRouter(tags=["operations"])
@@ -51,8 +51,8 @@ async def healthz(request: Request) -> JSONObject:
             summary="Readiness: engine loaded and decision log writer running")
 async def readyz(request: Request) -> JSONResponse:
     """200 ``ready`` or 503 ``not_ready`` with each check's state."""
-    rt: Runtime | None = getattr(request.app.state, "runtime", None)
-    if rt is None or rt.closing:
+    rt = serving_runtime(request)
+    if rt is None:
         return JSONResponse({"status": "not_ready", "checks": {"engine": "not loaded (starting or stopping)"}},
                             status_code=503)
     error = rt.live.estimator_error

@@ -136,10 +136,16 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
     return rt
 
 
+def serving_runtime(request: Request) -> Runtime | None:
+    """The app's runtime, or None while the service starts or stops."""
+    rt: Runtime | None = getattr(request.app.state, "runtime", None)
+    return None if rt is None or rt.closing else rt
+
+
 def runtime_of(request: Request) -> Runtime:
     """The app's runtime; raises ``HTTPError`` 503 while the service starts or stops."""
-    rt: Runtime | None = getattr(request.app.state, "runtime", None)
-    if rt is None or rt.closing:
+    rt = serving_runtime(request)
+    if rt is None:
         raise unavailable("the service is starting or stopping; retry shortly", "not_ready")
     return rt
 
