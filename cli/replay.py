@@ -17,14 +17,19 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from pointsman.cli.errors import InputError
 from pointsman.errors import BudgetError, DataError, FleetError, PolicyError, RequestError
 
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.datasets.traces import TraceRequest
+    from pointsman.estimator.estimate import Estimator
 
-def _estimator(spec: str):
+
+def _estimator(spec: str) -> Estimator:
     """``default`` -> the shipped estimator; ``fixed:P`` -> ``FixedDifficulty(P)``; else a model spec."""
     if spec.startswith("fixed:"):
         from pointsman.estimator.estimate import FixedDifficulty
@@ -44,7 +49,8 @@ def _estimator(spec: str):
     return est
 
 
-def _load_trace(path: Path, limit: int | None, start_s: float | None, end_s: float | None):
+def _load_trace(path: Path, limit: int | None, start_s: float | None, end_s: float | None
+                ) -> tuple[list[TraceRequest], list[list[dict[str, str]] | None] | None, list[float | None] | None]:
     """(requests, texts or None, logged quality or None)."""
     if path.suffix in (".db", ".sqlite", ".sqlite3"):
         from pointsman.replay.log_trace import load_log_trace
@@ -94,7 +100,7 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
     from pointsman.replay.budgets import check_applies
     from pointsman.replay.fleet_map import sim_fleet
     from pointsman.replay.outcome_draw import OutcomeDraw, quality_columns
-    from pointsman.replay.report import write_report
+    from pointsman.replay.report import ReplayMeta, write_report
     from pointsman.replay.runs import baseline_routers, replay_all
     from pointsman.replay.summary import SLO, format_table
     from pointsman.request import request_scopes
@@ -138,13 +144,14 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
                           baselines=baselines, slo=SLO(slo_ttft_s, slo_tpot_s), timeline_bin_s=bin_s,
                           progress=bar.update, budgets=budgets, tenant=tenant)
     wall = time.perf_counter() - t0
-    meta = {"trace": str(trace), "requests": len(requests), "fleet": str(fleet_path or DEFAULT_FLEET_PATH),
-            "policies": ", ".join(str(p) for p in paths), "seed": seed, "limit": limit,
-            "estimator": str(getattr(estimator, "version", estimator_spec)),
-            "outcomes": ", ".join(names) if rows is not None else "none",
-            "slo": f"TTFT <= {slo_ttft_s} s, TPOT <= {slo_tpot_s} s", "window_s": round(runs[0].result.window_s, 1),
-            "budgets": f"{budgets_path} (tenant:{tenant})" if budgets_path else "none",
-            "wall_s": round(wall, 2)}
+    meta: ReplayMeta = {
+        "trace": str(trace), "requests": len(requests), "fleet": str(fleet_path or DEFAULT_FLEET_PATH),
+        "policies": ", ".join(str(p) for p in paths), "seed": seed, "limit": limit,
+        "estimator": str(estimator.version),
+        "outcomes": ", ".join(names) if rows is not None else "none",
+        "slo": f"TTFT <= {slo_ttft_s} s, TPOT <= {slo_tpot_s} s", "window_s": round(runs[0].result.window_s, 1),
+        "budgets": f"{budgets_path} (tenant:{tenant})" if budgets_path else "none",
+        "wall_s": round(wall, 2)}
     judged = [q for q in (logged or ()) if q is not None]
     if logged is not None:
         meta["logged_judge_score"] = (f"mean {sum(judged) / len(judged):.3f} over {len(judged)} of {len(logged)} "

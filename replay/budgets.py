@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from pointsman.errors import BudgetError
 from pointsman.policy.budget.config import BudgetConfig
@@ -57,19 +57,31 @@ def replay_ledger(config: BudgetConfig, folder: str | Path) -> BudgetLedger:
     return SqliteLedger(path, config, checkpoint_interval_s=0)
 
 
-def budget_status(ledger: BudgetLedger, scopes: Sequence[str], now: float) -> list[dict[str, Any]]:
+class BudgetSpend(TypedDict):
+    """One budget at the end of a replayed run (``budget_status``); USD, ``spent_fraction`` 0-1+."""
+
+    scope: str
+    window: str
+    window_id: str
+    limit_usd: float
+    settled_usd: float
+    reserved_usd: float
+    spent_fraction: float
+
+
+def budget_status(ledger: BudgetLedger, scopes: Sequence[str], now: float) -> list[BudgetSpend]:
     """Per limited budget of ``scopes`` at Unix time ``now``: ``{scope, window, window_id,
     limit_usd, settled_usd, reserved_usd, spent_fraction}`` (USD; fraction 0-1+, settled +
     reserved over the limit, 1 for a zero budget), in ``scopes`` order, day before month."""
-    out = []
+    out: list[BudgetSpend] = []
     for s in ledger.snapshot(tuple(scopes), now).statuses:
         if s.limit_usd is None:
             continue
         spent = s.settled_usd + s.reserved_usd
-        out.append({"scope": s.scope, "window": s.window, "window_id": s.window_id, "limit_usd": s.limit_usd,
-                    "settled_usd": s.settled_usd, "reserved_usd": s.reserved_usd,
-                    "spent_fraction": spent / s.limit_usd if s.limit_usd > 0 else 1.0})
+        out.append(BudgetSpend(scope=s.scope, window=s.window, window_id=s.window_id, limit_usd=s.limit_usd,
+                               settled_usd=s.settled_usd, reserved_usd=s.reserved_usd,
+                               spent_fraction=spent / s.limit_usd if s.limit_usd > 0 else 1.0))
     return out
 
 
-__all__ = ["REPLAY_TENANT", "budget_status", "check_applies", "replay_ledger", "replay_scopes"]
+__all__ = ["REPLAY_TENANT", "BudgetSpend", "budget_status", "check_applies", "replay_ledger", "replay_scopes"]

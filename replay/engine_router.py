@@ -37,11 +37,12 @@ Unix time ``EPOCH_S + t`` (reserve, settle, release, snapshot and hold expiry al
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeAlias
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.errors import RequestError
+from pointsman.estimator.estimate import Estimator
 from pointsman.policy.budget.ledger import BudgetLedger
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import Fleet
@@ -52,7 +53,7 @@ from pointsman.policy.signals.load_board import EndpointLoad, LoadBoard, Stalene
 from pointsman.policy.signals.prefix_index import MOONCAKE_BLOCK_TOKENS, PrefixIndex, PrefixLookup
 from pointsman.replay.fleet_map import EndpointMap
 from pointsman.replay.results import RequestResult
-from pointsman.replay.router import Assignment, FleetView
+from pointsman.replay.router import Assignment, FleetView, ReplicaView
 from pointsman.replay.sim_fleet import AGGREGATED, DISAGGREGATED, ROLE_DECODE, ROLE_PREFILL
 from pointsman.request import RouteRequest
 
@@ -60,6 +61,8 @@ from pointsman.request import RouteRequest
 EPOCH_S = 1_767_225_600.0
 #: Seconds of history behind the prefill/decode utilization readings.
 UTILIZATION_WINDOW_S = 30.0
+#: One trace request's conversation: OpenAI chat messages (``role``, ``content``).
+TraceMessages: TypeAlias = Sequence[Mapping[str, str]]
 
 
 class SimBoard(LoadBoard):
@@ -70,9 +73,10 @@ class SimBoard(LoadBoard):
         super().__init__(known_endpoints=list(endpoints.by_id))
         self.map = endpoints
         self.view: FleetView | None = None
-        self._marks: dict[str, deque] = {}  # endpoint -> (t, prefill busy s, decode busy s) samples, oldest first
+        # endpoint -> (t, prefill busy s, decode busy s) samples, oldest first
+        self._marks: dict[str, deque[tuple[float, float, float]]] = {}
 
-    def _utilization(self, endpoint: str, replica: Any, now: float) -> tuple[float | None, float | None]:
+    def _utilization(self, endpoint: str, replica: ReplicaView, now: float) -> tuple[float | None, float | None]:
         prefill, decode = replica.busy_s(now)
         marks = self._marks.get(endpoint)
         if marks is None:
@@ -183,8 +187,8 @@ class EngineRouter:
     ``tenant:<tenant>`` every request carries (see the module docstring). After a run,
     ``decisions[i]`` is ``(rule, target, mode, p_hard)`` for trace request ``i``."""
 
-    def __init__(self, fleet: Fleet, policy: CompiledPolicy, estimator: Any, *,
-                 texts: Sequence[Sequence[dict[str, Any]] | None] | None = None,
+    def __init__(self, fleet: Fleet, policy: CompiledPolicy, estimator: Estimator, *,
+                 texts: Sequence[TraceMessages | None] | None = None,
                  ledger: BudgetLedger | None = None, tenant: str | None = None) -> None:
         self.fleet = fleet
         self.map = EndpointMap.of(fleet)
@@ -205,7 +209,7 @@ class EngineRouter:
         messages = self.texts[index] if self.texts is not None else None
         if not messages:
             messages = [{"role": "user", "content": f"trace request {index}"}]
-        routing: dict[str, Any] = {"prompt_tokens": req.prompt_tokens}
+        routing: dict[str, int | str | list[int]] = {"prompt_tokens": req.prompt_tokens}
         if self.tenant:
             routing["tenant"] = self.tenant
         if req.block_hashes:
@@ -255,4 +259,5 @@ class EngineRouter:
                           target=result.target, mode=result.mode, now=now)
 
 
-__all__ = ["EPOCH_S", "EngineRouter", "SimBoard", "SimFleetState", "SimPrefixIndex", "UTILIZATION_WINDOW_S"]
+__all__ = ["EPOCH_S", "EngineRouter", "SimBoard", "SimFleetState", "SimPrefixIndex", "TraceMessages",
+           "UTILIZATION_WINDOW_S"]

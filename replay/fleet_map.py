@@ -145,11 +145,11 @@ def _replica(name: str, role: str, t: FleetOnPrem, model: ModelSpec, fleet: Flee
     busy_kw = t.power_kw_per_gpu or gpu.tdp_kw
     idle_kw = hints.idle_power_kw_per_gpu if hints is not None and hints.idle_power_kw_per_gpu is not None \
         else busy_kw * gpu.idle_kw / gpu.tdp_kw
-    changes = {"name": f"{name}/{role}:{spec.name}", "max_model_len": t.context_window_tokens,
-               "gpu_tdp_kw": busy_kw, "gpu_idle_kw": idle_kw}
-    if hints is not None:
-        changes.update({k: getattr(hints, k) for k in _COEFFICIENT_KEYS if getattr(hints, k) is not None})
-    return dataclasses.replace(spec, **changes)
+    spec = dataclasses.replace(spec, name=f"{name}/{role}:{spec.name}", max_model_len=t.context_window_tokens,
+                               gpu_tdp_kw=busy_kw, gpu_idle_kw=idle_kw)
+    if hints is None:
+        return spec
+    return dataclasses.replace(spec, **{k: getattr(hints, k) for k in _COEFFICIENT_KEYS if getattr(hints, k) is not None})
 
 
 def _frontier(name: str, t: FrontierTarget) -> FrontierSpec:
@@ -179,8 +179,13 @@ def sim_fleet(fleet: Fleet) -> SimFleet:
         model = _model_of(name, t, fleet, problems)
         if model is None:
             continue
-        specs = {role: _replica(name, role, t, model, fleet, problems) for role in t.pools_by_role()}
-        if any(s is None for s in specs.values()):
+        roles = t.pools_by_role()
+        specs: dict[str, ReplicaSpec] = {}
+        for role in roles:
+            spec = _replica(name, role, t, model, fleet, problems)
+            if spec is not None:
+                specs[role] = spec
+        if len(specs) < len(roles):
             continue
         hints = t.replay
         link = LinkSpec()

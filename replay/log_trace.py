@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.errors import DataError
@@ -28,7 +27,7 @@ class LogTrace:
     (see the module docstring), ``skipped``: decisions without a usable outcome."""
 
     requests: list[TraceRequest]
-    texts: list[list[dict[str, Any]] | None]
+    texts: list[list[dict[str, str]] | None]
     quality: list[float | None]
     skipped: int
 
@@ -41,23 +40,23 @@ def load_log_trace(path: str | Path, *, limit: int | None = None, since_s: float
     if not path.is_file():
         raise DataError(f"{path}: no such outcome log")
     requests: list[TraceRequest] = []
-    texts: list[list[dict[str, Any]] | None] = []
+    texts: list[list[dict[str, str]] | None] = []
     quality: list[float | None] = []
     skipped = 0
     first: float | None = None
     with OutcomeLog(path) as log:
         for d in log.joined(since_s=since_s, until_s=until_s, with_outcomes_only=True):
-            done = [o for o in d.outcomes if not o.shadow and o.usage.completion_tokens is not None]
-            if not done:
+            o = next((o for o in d.outcomes if not o.shadow and o.usage.completion_tokens is not None), None)
+            completion = o.usage.completion_tokens if o is not None else None
+            if o is None or completion is None:
                 skipped += 1
                 continue
-            o = done[0]
             prompt = o.usage.prompt_tokens or int(d.request_features.get("prompt_tokens") or 0)
             if prompt < 1:
                 skipped += 1
                 continue
             first = d.time_s if first is None else first
-            requests.append(TraceRequest(d.time_s - first, prompt, max(1, o.usage.completion_tokens),
+            requests.append(TraceRequest(d.time_s - first, prompt, max(1, completion),
                                          prompt_id=d.decision_id))
             texts.append([{"role": "user", "content": d.prompt_text}] if d.prompt_text else None)
             quality.append(o.quality.judge_score)

@@ -33,12 +33,15 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pointsman.datasets.outcome_tables import read_outcome_table
+from pointsman.datasets.outcome_tables import OutcomeTable, read_outcome_table
 from pointsman.datasets.sources import get_source
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.policy.fleet import Fleet
 
 #: Outcome sources drawn by default (``--outcomes``); see the module docstring.
 DEFAULT_OUTCOME_SOURCES = ("alpacaeval_ae1",)
@@ -53,7 +56,7 @@ class OutcomeRow:
 
     source: str
     prompt_id: str
-    messages: tuple[dict[str, Any], ...]
+    messages: tuple[dict[str, str], ...]
     weak_score: float
     strong_score: float
     target_scores: Mapping[str, float] = dataclasses.field(default_factory=dict)
@@ -65,7 +68,7 @@ def _normalize(values: np.ndarray, score_kind: str) -> np.ndarray:
     return values
 
 
-def _side_mean(table: Any, columns: Sequence[str], kind: str) -> np.ndarray:
+def _side_mean(table: OutcomeTable, columns: Sequence[str], kind: str) -> np.ndarray:
     """Row-wise mean of the normalized scores in ``columns`` (NaN where none scored the row)."""
     stacked = np.vstack([_normalize(table.scores(c), kind) for c in columns])
     counts = np.sum(~np.isnan(stacked), axis=0)
@@ -141,12 +144,12 @@ def quality_of(row: OutcomeRow | None, frontier: bool, target: str | None = None
     return row.strong_score if frontier else row.weak_score
 
 
-def quality_columns(fleet: Any) -> dict[str, dict[str, str]]:
+def quality_columns(fleet: Fleet) -> dict[str, dict[str, str]]:
     """Target -> {outcome source: model column} from a ``policy.fleet.Fleet``'s
     ``targets.<name>.replay.quality_columns`` (targets without any are left out)."""
     out: dict[str, dict[str, str]] = {}
     for name, target in fleet.targets.items():
-        hints = getattr(target, "replay", None)
+        hints = target.replay
         if hints is not None and hints.quality_columns:
             out[name] = dict(hints.quality_columns)
     return out

@@ -25,10 +25,11 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import numpy as np
 
+from pointsman.replay.budgets import BudgetSpend
 from pointsman.replay.results import ReplayResult
 from pointsman.replay.runs import Run
 from pointsman.replay.summary import format_table
@@ -41,7 +42,58 @@ PLOTS = (
 )
 
 
-def series(result: ReplayResult) -> dict[str, Any]:
+class ReplayMeta(TypedDict):
+    """What ``pointsman replay`` ran: the header of ``report.json`` and of the HTML page."""
+
+    trace: str
+    requests: int
+    fleet: str
+    policies: str
+    seed: int
+    limit: int | None
+    estimator: str
+    outcomes: str
+    slo: str
+    window_s: float
+    budgets: str
+    wall_s: float
+    logged_judge_score: NotRequired[str]
+
+
+class Series(TypedDict):
+    """One run's time series in ``report.json`` (one value per bin; see the module docstring)."""
+
+    t_s: list[float]
+    cost_usd_per_mtok: list[float]
+    target_share: dict[str, list[float]]
+    prefill_utilization: list[float]
+    decode_utilization: list[float]
+
+
+class PlotSeries(Series):
+    """``Series`` plus the sorted TTFTs the CDF plot draws (not in ``report.json``)."""
+
+    ttft_s: list[float]
+
+
+class RunReport(TypedDict):
+    """One run in ``report.json``."""
+
+    kind: str
+    summary: dict[str, object]
+    rules: dict[str, int]
+    budget: list[BudgetSpend]
+    series: Series
+
+
+class ReplayReport(TypedDict):
+    """``report.json``: ``meta`` and every run by name."""
+
+    meta: ReplayMeta
+    runs: dict[str, RunReport]
+
+
+def series(result: ReplayResult) -> PlotSeries:
     """Time series of one replay (see the module docstring): ``t_s`` (bin starts, s from the
     first arrival), ``cost_usd_per_mtok``, ``target_share`` {target: [...]},
     ``prefill_utilization``, ``decode_utilization`` (lists, one value per bin; NaN where
@@ -50,7 +102,10 @@ def series(result: ReplayResult) -> dict[str, Any]:
     n = max((len(v["prefill_busy_s"]) for v in result.timeline.values()), default=0)
     n = max(n, int(result.window_s // bin_s) + 1)
     start = result.start_s
-    idx = lambda t: min(n - 1, max(0, int((t - start) // bin_s)))  # noqa: E731
+
+    def idx(t: float) -> int:
+        return min(n - 1, max(0, int((t - start) // bin_s)))
+
     cost = np.zeros(n)
     tokens = np.zeros(n)
     prefill_gpu_s = np.zeros(n)
@@ -74,9 +129,10 @@ def series(result: ReplayResult) -> dict[str, Any]:
     for r in result.requests:
         i = idx(r.arrival_s)
         arrivals[i] += 1
-        key = r.target if r.rejected is None else "rejected"
-        mix.setdefault(key, np.zeros(n))[i] += 1
-        if r.rejected is None:
+        if r.rejected is not None or r.target is None or r.finish_s is None:  # refused (a completed one has both)
+            mix.setdefault("rejected", np.zeros(n))[i] += 1
+        else:
+            mix.setdefault(r.target, np.zeros(n))[i] += 1
             j = idx(r.finish_s)
             tokens[j] += r.output_tokens
             cost[j] += r.cost_usd
@@ -86,26 +142,27 @@ def series(result: ReplayResult) -> dict[str, Any]:
         denom = fleet_gpus * bin_s
         pu = (prefill_gpu_s / denom).tolist() if denom else [0.0] * n
         du = (decode_gpu_s / denom).tolist() if denom else [0.0] * n
-    return {"t_s": [i * bin_s for i in range(n)], "cost_usd_per_mtok": cpt.tolist(), "target_share": share,
-            "prefill_utilization": pu, "decode_utilization": du,
-            "ttft_s": sorted(r.ttft_s for r in result.requests if r.rejected is None)}
+    return PlotSeries(t_s=[i * bin_s for i in range(n)], cost_usd_per_mtok=cpt.tolist(), target_share=share,
+                      prefill_utilization=pu, decode_utilization=du,
+                      ttft_s=sorted(r.ttft_s for r in result.requests if r.rejected is None and r.ttft_s is not None))
 
 
-def report_dict(runs: Sequence[Run], meta: Mapping[str, Any]) -> dict[str, Any]:
+def report_dict(runs: Sequence[Run], meta: ReplayMeta) -> ReplayReport:
     """The JSON report: ``meta`` (trace, fleet, seed, ...), and per run its ``kind``,
     ``summary`` (``summary.Summary`` fields), ``rules``, ``budget`` (each budget that applied
     with its ledger spend at the end, ``replay.budgets.budget_status``; empty without budgets)
     and ``series`` (TTFTs left out)."""
-    out: dict[str, Any] = {"meta": dict(meta), "runs": {}}
+    out = ReplayReport(meta=ReplayMeta(**meta), runs={})
     for run in runs:
         s = series(run.result)
-        s.pop("ttft_s")
-        out["runs"][run.name] = {"kind": run.kind, "summary": run.summary.to_dict(), "rules": run.rules,
-                                 "budget": run.budget, "series": s}
+        timeline = Series(t_s=s["t_s"], cost_usd_per_mtok=s["cost_usd_per_mtok"], target_share=s["target_share"],
+                          prefill_utilization=s["prefill_utilization"], decode_utilization=s["decode_utilization"])
+        out["runs"][run.name] = RunReport(kind=run.kind, summary=run.summary.to_dict(), rules=run.rules,
+                                          budget=run.budget, series=timeline)
     return out
 
 
-def _plot(kind: str, title: str, runs: Sequence[Run], data: Mapping[str, dict[str, Any]], path: Path) -> None:
+def _plot(kind: str, title: str, runs: Sequence[Run], data: Mapping[str, PlotSeries], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -160,7 +217,7 @@ def _plot(kind: str, title: str, runs: Sequence[Run], data: Mapping[str, dict[st
     plt.close(fig)
 
 
-def _html(table: str, meta: Mapping[str, Any], pngs: Sequence[tuple[str, Path]]) -> str:
+def _html(table: str, meta: Mapping[str, object], pngs: Sequence[tuple[str, Path]]) -> str:
     imgs = "\n".join(
         f"<h2>{html.escape(title)}</h2>\n<img alt=\"{html.escape(title)}\" "
         f"src=\"data:image/png;base64,{base64.b64encode(path.read_bytes()).decode('ascii')}\">"
@@ -173,7 +230,7 @@ def _html(table: str, meta: Mapping[str, Any], pngs: Sequence[tuple[str, Path]])
             f"<table>{meta_rows}</table>\n<pre>{html.escape(table)}</pre>\n{imgs}\n</body></html>\n")
 
 
-def write_report(runs: Sequence[Run], out_dir: str | Path, meta: Mapping[str, Any]) -> dict[str, Path]:
+def write_report(runs: Sequence[Run], out_dir: str | Path, meta: ReplayMeta) -> dict[str, Path]:
     """Write ``report.txt``, ``report.json``, the PNGs of ``PLOTS`` and ``report.html`` into
     ``out_dir`` (created if missing); returns {name: path}. JSON writes NaN as null."""
     out = Path(out_dir)
@@ -194,7 +251,7 @@ def write_report(runs: Sequence[Run], out_dir: str | Path, meta: Mapping[str, An
     return paths
 
 
-def _finite(x: Any) -> Any:
+def _finite(x: object) -> object:
     """``x`` with NaN/inf floats replaced by None (strict JSON)."""
     if isinstance(x, float):
         return x if math.isfinite(x) else None
@@ -205,4 +262,5 @@ def _finite(x: Any) -> Any:
     return x
 
 
-__all__ = ["PLOTS", "report_dict", "series", "write_report"]
+__all__ = ["PLOTS", "PlotSeries", "ReplayMeta", "ReplayReport", "RunReport", "Series", "report_dict", "series",
+           "write_report"]

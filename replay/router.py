@@ -137,7 +137,8 @@ class FleetView(Protocol):
 
 
 class Router(Protocol):
-    """``router(request, fleet_view) -> Assignment``, called once per request at its arrival."""
+    """``router(request, fleet_view) -> Assignment``, called once per request at its arrival
+    (positional arguments: implementations name them as they like)."""
 
-    def __call__(self, request: TraceRequest, fleet: FleetView) -> Assignment: ...
+    def __call__(self, request: TraceRequest, fleet: FleetView, /) -> Assignment: ...
 

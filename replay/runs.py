@@ -28,18 +28,18 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from pointsman.datasets.traces import TraceRequest
+from pointsman.estimator.estimate import Estimator
 from pointsman.policy.budget.config import BudgetConfig
 from pointsman.policy.fleet import Fleet
 from pointsman.policy.rules.compiler import CompiledPolicy
 from pointsman.replay.baselines import BASELINES, LeastLoaded, OnPremWide, RandomPick, RoundRobin
-from pointsman.replay.budgets import REPLAY_TENANT, budget_status, replay_ledger, replay_scopes
-from pointsman.replay.engine_router import EPOCH_S, EngineRouter
+from pointsman.replay.budgets import REPLAY_TENANT, BudgetSpend, budget_status, replay_ledger, replay_scopes
+from pointsman.replay.engine_router import EPOCH_S, EngineRouter, TraceMessages
 from pointsman.replay.outcome_draw import OutcomeRow, quality_of
 from pointsman.replay.results import ReplayResult, RequestResult
-from pointsman.replay.router import Router
+from pointsman.replay.router import Assignment, FleetView, Router
 from pointsman.replay.sim_fleet import SimFleet
 from pointsman.replay.simulator import simulate
 from pointsman.replay.summary import SLO, Summary, summarize
@@ -56,7 +56,7 @@ class Run:
     result: ReplayResult
     summary: Summary
     rules: dict[str, int] = field(default_factory=dict)
-    budget: list[dict[str, Any]] = field(default_factory=list)
+    budget: list[BudgetSpend] = field(default_factory=list)
 
 
 def baseline_routers(sim: SimFleet, seed: int = 0) -> dict[str, Router]:
@@ -74,7 +74,7 @@ def baseline_routers(sim: SimFleet, seed: int = 0) -> dict[str, Router]:
 
 
 def _counting(router: Router, tick: Callable[[int], None]) -> Router:
-    def counted(request: TraceRequest, view: Any) -> Any:
+    def counted(request: TraceRequest, view: FleetView, /) -> Assignment:
         tick(1)
         return router(request, view)
 
@@ -82,7 +82,8 @@ def _counting(router: Router, tick: Callable[[int], None]) -> Router:
 
 
 def replay_all(trace: Sequence[TraceRequest], fleet: Fleet, sim: SimFleet, policies: Mapping[str, CompiledPolicy],
-               estimator: Any, *, texts: Sequence[Any] | None = None, rows: Sequence[OutcomeRow | None] | None = None,
+               estimator: Estimator, *, texts: Sequence[TraceMessages | None] | None = None,
+               rows: Sequence[OutcomeRow | None] | None = None,
                seed: int = 0, baselines: bool = True, slo: SLO | None = None, timeline_bin_s: float = 10.0,
                progress: Callable[[int], None] | None = None, budgets: BudgetConfig | None = None,
                tenant: str = REPLAY_TENANT) -> list[Run]:
@@ -94,7 +95,7 @@ def replay_all(trace: Sequence[TraceRequest], fleet: Fleet, sim: SimFleet, polic
     def quality(r: RequestResult) -> float | None:
         return quality_of(rows[r.index], r.frontier, r.target) if rows is not None else None
 
-    def run(name: str, kind: str, router: Router, on_complete: Any = None) -> ReplayResult:
+    def run(router: Router, on_complete: Callable[[RequestResult], None] | None = None) -> ReplayResult:
         routed = _counting(router, progress) if progress is not None else router
         return simulate(trace, sim, routed, seed=seed, timeline_bin_s=timeline_bin_s, on_complete=on_complete)
 
@@ -105,7 +106,7 @@ def replay_all(trace: Sequence[TraceRequest], fleet: Fleet, sim: SimFleet, polic
             try:
                 router = EngineRouter(fleet, policy, estimator, texts=texts, ledger=ledger,
                                       tenant=tenant if budgets is not None else None)
-                result = run(name, "policy", router, router.on_complete)
+                result = run(router, router.on_complete)
                 spend = [] if ledger is None else budget_status(ledger, replay_scopes(tenant),
                                                                 EPOCH_S + result.end_s)
             finally:
@@ -119,8 +120,8 @@ def replay_all(trace: Sequence[TraceRequest], fleet: Fleet, sim: SimFleet, polic
         rules = Counter(d[0] for d in router.decisions.values())
         runs.append(Run(name, "policy", result, summary, dict(rules.most_common()), spend))
     if baselines:
-        for name, router in baseline_routers(sim, seed).items():
-            result = run(name, "baseline", router)
+        for name, baseline in baseline_routers(sim, seed).items():
+            result = run(baseline)
             runs.append(Run(name, "baseline", result, summarize(result, slo, quality if rows else None)))
     return runs
 

@@ -62,6 +62,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from heapq import heappop, heappush
+from typing import TypeAlias
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.replay.hardware import FrontierSpec
@@ -77,12 +78,6 @@ from pointsman.replay.sim_fleet import (
     OnPremTarget,
     SimFleet,
 )
-
-# --------------------------------------------------------------------------- router interface
-
-
-# --------------------------------------------------------------------------- results
-
 
 # --------------------------------------------------------------------------- simulator internals
 
@@ -104,23 +99,29 @@ class _Job:
         self.routed = routed
         self.target = routed
         self.mode = AGGREGATED
-        self.rep = None
-        self.drep = None
-        self.drep_index = None
-        self.hashes = ()
+        self.rep: _Replica | None = None  # on-prem: the (prefill) replica; None on a frontier tier
+        self.drep: _Replica | None = None  # disaggregated: the decode replica, once chosen
+        self.drep_index: int | None = None
+        self.hashes: Sequence[int] = ()
         self.priv = 0
         self.dpriv = 0
-        self.start_s = None
-        self.first_s = None
-        self.finish_s = None
+        self.start_s: float | None = None
+        self.first_s: float | None = None
+        self.finish_s: float | None = None
         self.hit_tokens = 0
         self.restored_tokens = 0
         self.transfer_s = 0.0
         self.spilled = False
-        self.rejected = None
+        self.rejected: str | None = None
         self.cost_usd = 0.0
         self.frontier = False
         self.result: RequestResult | None = None
+
+    def on_prem(self) -> _Replica:
+        """The replica the job was queued on (a simulator bug when it has none)."""
+        if self.rep is None:
+            raise RuntimeError(f"simulator bug: request {self.index} has no replica")
+        return self.rep
 
 
 class _Target:
@@ -153,7 +154,7 @@ class _Replica:
         self.cache = PrefixCache(self.spec.kv_capacity_blocks)
         self.waiting: deque[_Job] = deque()  # queued for prefill
         self.pending: deque[_Job] = deque()  # decode role: prefilled, waiting for KV room here
-        self.running: list = []  # heap of (end_step, seq, job)
+        self.running: list[tuple[int, int, _Job]] = []  # heap of (end_step, seq, job)
         self.joining: list[_Job] = []  # decode role: transferred, join at the next step boundary
         self.inbound = 0  # decode role: transfers in flight to this replica
         self.state = _IDLE
@@ -164,7 +165,7 @@ class _Replica:
         self.c = 0.0
         self.half = 0.0
         self.k = 0
-        self.prefill_job = None
+        self.prefill_job: _Job | None = None
         self.prefill_end = 0.0
         self.busy_prefill_s = 0.0
         self.busy_decode_s = 0.0
@@ -317,6 +318,10 @@ class SimFleetView:
         return target in self._frontier
 
 
+#: A scheduled event: (time, sequence number, kind, replica or job, replica token).
+_Event: TypeAlias = tuple[float, int, int, _Replica | _Job, int]
+
+
 class _Simulator:
     def __init__(self, fleet: SimFleet, router: Router, seed: int, timeline_bin_s: float,
                  on_complete: Callable[[RequestResult], None] | None = None) -> None:
@@ -327,7 +332,7 @@ class _Simulator:
         self.bin_s = timeline_bin_s
         self.origin = 0.0
         self.now = 0.0
-        self.heap: list = []
+        self.heap: list[_Event] = []
         self.seq = 0
         self.targets = {t.name: _Target(t) for t in fleet.on_prem}
         self.frontier = {f.name: f for f in fleet.frontier}
@@ -345,7 +350,7 @@ class _Simulator:
 
     def run(self, trace: Sequence[TraceRequest]) -> list[_Job]:
         order = sorted(range(len(trace)), key=lambda i: trace[i].arrival_s)
-        jobs: list[_Job | None] = [None] * len(trace)
+        jobs: dict[int, _Job] = {}
         if order:
             self.origin = trace[order[0]].arrival_s
         heap = self.heap
@@ -358,16 +363,16 @@ class _Simulator:
             jobs[i] = self._arrive(i, req)
         while heap:
             self._step()
-        return jobs  # type: ignore[return-value]
+        return [jobs[i] for i in range(len(trace))]
 
-    def _push(self, t: float, kind: int, obj: object, token: int = 0) -> None:
+    def _push(self, t: float, kind: int, obj: _Replica | _Job, token: int = 0) -> None:
         self.seq += 1
         heappush(self.heap, (t, self.seq, kind, obj, token))
 
     def _step(self) -> None:
         t, _, kind, obj, token = heappop(self.heap)
         self.now = t
-        if kind == _EV_REPLICA:
+        if isinstance(obj, _Replica):  # _EV_REPLICA
             if obj.token == token:
                 self._replica_done(obj)
         elif kind == _EV_TRANSFER:
@@ -409,13 +414,13 @@ class _Simulator:
         admission-control reason it was refused (nothing changed then)."""
         req = job.req
         job.target = a.target
-        if a.target in self.frontier:
-            spec = self.frontier[a.target]
-            if spec.max_model_len is not None and req.prompt_tokens + req.output_tokens > spec.max_model_len:
+        frontier = self.frontier.get(a.target) if a.target is not None else None
+        if frontier is not None:
+            if frontier.max_model_len is not None and req.prompt_tokens + req.output_tokens > frontier.max_model_len:
                 return "context_length"
-            self._serve_frontier(job, spec)
+            self._serve_frontier(job, frontier)
             return None
-        tgt = self.targets.get(a.target)
+        tgt = self.targets.get(a.target) if a.target is not None else None
         if tgt is None:
             raise ValueError(f"router returned unknown target {a.target!r}; fleet targets: {list(self.fleet.target_names)}")
         job.mode = a.mode
@@ -472,7 +477,7 @@ class _Simulator:
         return None
 
     @staticmethod
-    def _check_index(i: int | None, pool: list, a: Assignment) -> int | None:
+    def _check_index(i: int | None, pool: list[_Replica], a: Assignment) -> int | None:
         if i is not None and not 0 <= i < len(pool):
             raise ValueError(f"router returned replica index {i} for a pool of {len(pool)} in {a}")
         return i
@@ -544,12 +549,12 @@ class _Simulator:
         p = job.req.prompt_tokens
         hit = min(hit_blocks * spec.block_tokens, p - 1)
         dur = spec.prefill_s(p - hit, hit)
-        tier = rep.tgt.tier
-        if tier is not None and job.hashes and hit < p - 1:
+        tier, shared = rep.tgt.tier, rep.tgt.spec.shared_kv  # a tier exactly when the target has shared_kv
+        if tier is not None and shared is not None and job.hashes and hit < p - 1:
             extra = tier.prefix_blocks(job.hashes, hit_blocks)
             if extra:
                 restorable = min((hit_blocks + extra) * spec.block_tokens, p - 1) - hit
-                with_restore = rep.tgt.spec.shared_kv.restore_s(restorable * spec.kv_bytes_per_token) + spec.prefill_s(
+                with_restore = shared.restore_s(restorable * spec.kv_bytes_per_token) + spec.prefill_s(
                     p - hit - restorable, hit + restorable
                 )
                 if with_restore < dur:
@@ -613,6 +618,8 @@ class _Simulator:
         now = self.now
         if rep.state == _PREFILL:
             job = rep.prefill_job
+            if job is None:
+                raise RuntimeError(f"simulator bug: {rep.target}/{rep.role}[{rep.index}] ended a prefill of nothing")
             rep.prefill_job = None
             job.first_s = now
             tier = rep.tgt.tier
@@ -654,7 +661,7 @@ class _Simulator:
     # ---- P/D disaggregation
 
     def _to_decode(self, job: _Job) -> None:
-        pool = job.rep.tgt.pools[ROLE_DECODE]
+        pool = job.on_prem().tgt.pools[ROLE_DECODE]
         drep = pool[job.drep_index] if job.drep_index is not None else min(pool, key=_Replica.load)
         job.drep = drep
         drep.pending.append(job)
@@ -679,7 +686,9 @@ class _Simulator:
             self._push(self.now + job.transfer_s, _EV_TRANSFER, job)
 
     def _transfer_done(self, job: _Job) -> None:
-        prep, drep = job.rep, job.drep
+        prep, drep = job.on_prem(), job.drep
+        if drep is None:
+            raise RuntimeError(f"simulator bug: request {job.index} transferred to no decode replica")
         prep.cache.release(job.hashes, job.priv)
         if prep.state == _IDLE:
             self._schedule(prep)
@@ -696,10 +705,15 @@ class _Simulator:
 def _result(job: _Job) -> RequestResult:
     req = job.req
     rep, drep = job.rep, job.drep
-    done = job.rejected is None
-    ttft = job.first_s - job.arrival_s if done else None
-    e2e = job.finish_s - job.arrival_s if done else None
-    tpot = (job.finish_s - job.first_s) / (req.output_tokens - 1) if done and req.output_tokens > 1 else None
+    queue = ttft = tpot = e2e = None
+    if job.rejected is None:
+        start, first, finish = job.start_s, job.first_s, job.finish_s
+        if start is None or first is None or finish is None:
+            raise RuntimeError(f"simulator bug: request {job.index} completed without its start, first or last token")
+        queue = start - job.arrival_s
+        ttft = first - job.arrival_s
+        e2e = finish - job.arrival_s
+        tpot = (finish - first) / (req.output_tokens - 1) if req.output_tokens > 1 else None
     return RequestResult(
         index=job.index,
         arrival_s=job.arrival_s,
@@ -713,7 +727,7 @@ def _result(job: _Job) -> RequestResult:
         frontier=job.frontier,
         spilled=job.spilled,
         rejected=job.rejected,
-        queue_s=(job.start_s - job.arrival_s) if done else None,
+        queue_s=queue,
         ttft_s=ttft,
         tpot_s=tpot,
         e2e_s=e2e,

@@ -87,7 +87,7 @@ class Summary:
     budget_spent_usd: float = math.nan
     budget_limit_usd: float = math.nan
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         """Plain JSON-ready dict (NaN stays NaN; ``json.dumps`` writes it as NaN)."""
         return asdict(self)
 
@@ -132,10 +132,11 @@ def summarize(result: ReplayResult, slo: SLO | None = None,
     frontier_cost = sum(r.cost_usd for r in done)
     output_tokens = sum(r.output_tokens for r in done)
     total = onprem_cost + frontier_cost
-    ttfts = [r.ttft_s for r in done]
+    ttfts = [r.ttft_s for r in done if r.ttft_s is not None]  # every completed request has one
     tpots = [r.tpot_s for r in done if r.tpot_s is not None]
     good = sum(
-        1 for r in done if r.ttft_s <= slo.ttft_s and (r.tpot_s is None or r.tpot_s <= slo.tpot_s)
+        1 for r in done
+        if r.ttft_s is not None and r.ttft_s <= slo.ttft_s and (r.tpot_s is None or r.tpot_s <= slo.tpot_s)
     )
     onprem_done = [r for r in done if not r.frontier]
     onprem_prompt = sum(r.prompt_tokens for r in onprem_done)
@@ -162,7 +163,7 @@ def summarize(result: ReplayResult, slo: SLO | None = None,
         prefill_utilization=busy_prefill_gpu_s / gpu_s if gpu_s else 0.0,
         decode_utilization=busy_decode_gpu_s / gpu_s if gpu_s else 0.0,
         window_s=window_s,
-        target_requests=dict(Counter(r.target for r in done)),
+        target_requests=dict(Counter(r.target for r in done if r.target is not None)),
         utilization=utilization,
         quality=_mean_quality(reqs, quality),
     )
