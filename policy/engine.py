@@ -390,6 +390,8 @@ class RoutingEngine:
             "candidates": candidates,
             "mode": finite_or_none(mode),
             "endpoints": [p.trace() for p in chosen.picks],
+            # unhealthy endpoints fed no signal (load, cache, session, cost): which, and why
+            "dropped_endpoints": dict(live.dropped),
             "budget": {"scopes": list(scopes), "limited": live.budget_limited() if scopes else False,
                        "reserved_usd": chosen.cost.usd if dispatched else None,
                        "refusals": {t: str(e) for t, e in refusals.items()}},

@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from operator import attrgetter
 from typing import TypeAlias, TypedDict
 
 from pointsman.policy.budget.ledger import BudgetSnapshot, LedgerUnavailable
@@ -203,6 +202,7 @@ class LiveSignals:
         self._snapshot_read = False
         self._session: tuple[str, str] | None = None
         self._session_read = False
+        self.dropped: dict[str, str] = {}
 
     @property
     def fleet(self) -> Fleet:
@@ -285,6 +285,9 @@ class LiveSignals:
         if not self._session_read:
             self._session = self.state.session(self.session_id, self.now_mono)
             self._session_read = True
+            if self._session is not None and not self.state.is_healthy(self._session[1]):
+                self.dropped.setdefault(self._session[1], self.state.unhealthy().get(self._session[1], "unhealthy"))
+                self._session = None  # affinity to an endpoint nobody can use is no affinity
         return self._session
 
     def pick(self, target: str, role: str) -> PoolPick:
@@ -314,7 +317,12 @@ class LiveSignals:
             return out
         readings: list[EndpointLoad] = []
         for role in self.roles(target):
-            readings.extend(x for x in self.pool_view(target, role).loads if x is not None)
+            view = self.pool_view(target, role)
+            if all(view.healthy):
+                readings.extend(x for x in view.loads if x is not None)
+            else:  # an unhealthy endpoint's load says nothing about where a request can run
+                self.healthy_ids(target, role)
+                readings.extend(x for x, ok in zip(view.loads, view.healthy) if x is not None and ok)
         out = TargetLoad(readings, self.now_mono, self.state.endpoint_count(target),
                          self.state.healthy_endpoints(target), lambda: self._prefill_state(target))
         self._load[target] = out
@@ -332,12 +340,24 @@ class LiveSignals:
         return queue_s, not ok or all(q >= limit or (x is not None and x.saturated) for q, x in ok)
 
     def local_ids(self, target: str) -> set[str]:
-        """Endpoint ids of ``target`` that serve a request locally (aggregated, decode, api)."""
+        """Healthy endpoint ids of ``target`` that serve a request locally (aggregated, decode, api)."""
         ids: set[str] = set()
         for role in self.roles(target):
             if role != "prefill":
-                ids.update(self.fleet.positions.get((target, role), ()))
+                ids.update(self.healthy_ids(target, role))
         return ids
+
+    def healthy_ids(self, target: str, role: str) -> list[str]:
+        """Ids of ``target``'s ``role`` pool not marked unhealthy; the others are noted in
+        ``dropped`` (endpoint id -> reason), so the trace says which endpoints fed no signal."""
+        ids = list(self.fleet.positions.get((target, role), ()))
+        if self.state.healthy_endpoints(target) == self.state.endpoint_count(target):
+            return ids
+        bad = self.state.unhealthy()
+        for i in ids:
+            if i in bad:
+                self.dropped.setdefault(i, bad[i])
+        return [i for i in ids if i not in bad]
 
     def cache(self, target: str) -> CacheSignals:
         """``cache`` for ``target``: the longest cached prefix on one of its local endpoints,
@@ -438,7 +458,8 @@ class LiveSignals:
         """Mean of ``attr`` over a pool's readings that report it (memoized)."""
         key = (target, role, attr)
         if key not in self._means:
-            values = [v for v in map(attrgetter(attr), filter(None, self.pool_view(target, role).loads))
+            view = self.pool_view(target, role)
+            values = [v for v in (getattr(x, attr) for x, ok in zip(view.loads, view.healthy) if x is not None and ok)
                       if v is not None]
             self._means[key] = sum(values) / len(values) if values else None
         return self._means[key]
@@ -466,7 +487,7 @@ class LiveSignals:
                 cached_tokens = lk.hit(target)[0]
             else:
                 role = "aggregated" if mode == "aggregated" else "prefill"
-                cached_tokens = lk.best(self.fleet.positions.get((target, role), {}))[1]
+                cached_tokens = lk.best(self.healthy_ids(target, role))[1]
             u_p, u_d = self._utilizations(target, mode)
             est = estimate_cost(target, t, mode, self.prompt_tokens, self.output_tokens(target), cached_tokens,
                                 prefill_utilization=u_p, decode_utilization=u_d)
