@@ -77,6 +77,10 @@ SETTLED_MEMORY = 100_000
 MAX_SNAPSHOTS = 10_000
 #: Suffix of the in-flight id of a disaggregated decision's prefill leg.
 PREFILL_SUFFIX = "/prefill"
+#: Consecutive error outcomes (``error``/``timeout``) on one endpoint that mark it unhealthy.
+ERROR_OUTCOMES_TO_UNHEALTHY = 5
+#: Seconds an endpoint marked unhealthy by error outcomes waits before it is tried again.
+UNHEALTHY_COOLDOWN_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,50 @@ class FleetState:
         self._snapshots: OrderedDict[tuple[str, ...], BudgetSnapshot] = OrderedDict()
         self._settled: OrderedDict[str, Settled] = OrderedDict()
         self.record_ttl_s = 600.0 if ledger is None else ledger.config.reservation_ttl_s
+        self._breaker: dict[str, tuple[int, float]] = {}  # endpoint id -> (consecutive errors, tripped at)
+        self.error_outcomes_to_unhealthy = ERROR_OUTCOMES_TO_UNHEALTHY
+        self.unhealthy_cooldown_s = UNHEALTHY_COOLDOWN_S
+
+    def rebuild(self, fleet: Fleet) -> FleetState:
+        """The state for a reloaded ``fleet`` (no restart): endpoints and targets still in it keep
+        their load, prefix index entries, sessions, health marks and in-flight records (the same
+        objects, so decisions in flight on the old engine still land); removed endpoints leave
+        every index and signal; new ones start empty. The ledger and the shared-state sync carry
+        over (the sync then applies other processes' changes to the new state)."""
+        new = FleetState(fleet, self.ledger, board=self.board, budget_fail_open=self.budget_fail_open,
+                         clock=self.clock, monotonic=self.monotonic, session_ttl_s=self.session_ttl_s,
+                         budget_snapshot_ttl_s=self.budget_snapshot_ttl_s, sync=self.sync)
+        kept = set(fleet.endpoints)
+        self.board.set_endpoints(list(fleet.endpoints) + list(fleet.aliases))
+        for endpoint in self.board.endpoints():
+            if endpoint not in kept:
+                self.board.forget(endpoint)
+        for key, old in self._indexes.items():
+            target = key[0]
+            if target in fleet.targets and self._shared.get(target) == new._shared.get(target):
+                new._indexes[key] = old
+                for endpoint in list(old.endpoint_names()):
+                    if endpoint not in kept and endpoint != target:
+                        old.remove_endpoint(endpoint)
+                fresh = new._new_index(target, key[1])  # the capacities of the new fleet file
+                for endpoint, capacity in fresh.capacities().items():
+                    old.set_capacity(endpoint, capacity)
+        with self._lock:
+            new._lock = self._lock
+            new._sessions = self._sessions
+            new._records = self._records
+            new._settled = self._settled
+            new._snapshots = self._snapshots
+            new._breaker = self._breaker
+            for sid in [s for s, (tgt, ep, _) in self._sessions.items() if ep not in kept or tgt not in fleet.targets]:
+                del self._sessions[sid]
+            marks = {e: dict(m) for e, m in self._marks.items() if e in kept}
+        for endpoint, by_source in marks.items():
+            for source, reason in by_source.items():
+                new._set_health(endpoint, False, reason, source)
+        if self.sync.shared:
+            new.start_sync()
+        return new
 
     def _new_index(self, target: str, ids: bool) -> PrefixIndex:
         t = self.fleet.targets[target]
@@ -563,6 +611,48 @@ class FleetState:
                 if not was:
                     del self._unhealthy[endpoint_id]
                     self._healthy_count[target] += 1
+
+    def observe_outcome(self, decision_id: str, ok: bool, endpoint: str | None = None) -> None:
+        """A circuit breaker fed by outcomes: ``error``/``timeout`` outcomes in a row on one endpoint
+        (``error_outcomes_to_unhealthy``) mark it unhealthy (source ``outcomes``; each process counts
+        the outcomes it receives); after ``unhealthy_cooldown_s`` it is healthy again (half-open:
+        one more error re-trips it),
+        and any ``ok`` outcome there clears the count. ``endpoint``: where the request ran
+        (default: the decision's recorded endpoint); unknown decisions and endpoints are ignored.
+        Call before ``settle``/``release`` (they forget the record)."""
+        if endpoint is None:
+            record = self.record(decision_id)
+            endpoint = None if record is None else record.endpoint
+        endpoint = None if endpoint is None else self.fleet.endpoint_id(endpoint)
+        if endpoint is None or self.fleet.endpoints[endpoint].role == "api":
+            return
+        now = self.monotonic()
+        with self._lock:
+            errors, tripped = self._breaker.get(endpoint, (0, 0.0))
+            if ok:
+                self._breaker.pop(endpoint, None)
+                trip = False
+            else:
+                errors += 1
+                trip = errors >= self.error_outcomes_to_unhealthy
+                self._breaker[endpoint] = (errors, now if trip else tripped)
+        if ok:
+            self._set_health(endpoint, True, "", "outcomes")
+        elif trip:
+            self._set_health(endpoint, False, f"{errors} error outcomes in a row", "outcomes")
+
+    def recover(self, now: float | None = None) -> list[str]:
+        """Clear the ``outcomes`` mark of endpoints tripped at least ``unhealthy_cooldown_s`` ago
+        (the service calls this periodically); returns the endpoint ids cleared."""
+        now = self.monotonic() if now is None else now
+        with self._lock:
+            due = [e for e, (n, at) in self._breaker.items()
+                   if n >= self.error_outcomes_to_unhealthy and now - at >= self.unhealthy_cooldown_s]
+            for e in due:
+                self._breaker[e] = (self.error_outcomes_to_unhealthy - 1, 0.0)  # half-open: one more error trips
+        for e in due:
+            self._set_health(e, True, "", "outcomes")
+        return due
 
     def apply_scrape_status(self, status: Mapping[str, ScrapeStatus], max_failures: int = 3) -> list[str]:
         """Health from a scraper's ``status()``: an endpoint whose last ``max_failures`` scrapes

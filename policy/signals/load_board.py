@@ -352,6 +352,15 @@ class LoadBoard:
         with self._lock:
             self._known = None if endpoints is None else frozenset(endpoints)
 
+    def forget(self, endpoint: str) -> None:
+        """Drop everything known of ``endpoint`` (it left the fleet): its readings and its
+        in-flight dispatches."""
+        with self._lock:
+            slot = self._slots.pop(endpoint, None)
+            if slot is not None:
+                for decision_id in slot.inflight:
+                    self._dispatches.pop(decision_id, None)
+
     def endpoints(self) -> list[str]:
         """Endpoints the board holds any state for."""
         with self._lock:

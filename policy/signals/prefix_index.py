@@ -258,6 +258,42 @@ class PrefixIndex:
             ep.capacity_blocks = capacity_tokens // self.block_tokens
             self._evict(ep)
 
+    def endpoint_names(self) -> list[str]:
+        """Endpoints the index holds state for."""
+        with self._lock:
+            return list(self._endpoints)
+
+    def capacities(self) -> dict[str, int]:
+        """``{endpoint: KV capacity in tokens}`` as set (``set_capacity``) or defaulted."""
+        with self._lock:
+            return {name: ep.capacity_blocks * self.block_tokens for name, ep in self._endpoints.items()}
+
+    def remove(self, endpoint: str, block_hashes: Iterable[int]) -> int:
+        """``endpoint`` no longer holds these blocks (an engine's ``BlockRemoved``); returns how
+        many it held. Unknown endpoints and blocks are ignored."""
+        with self._lock:
+            ep = self._endpoints.get(endpoint)
+            if ep is None:
+                return 0
+            owners, clear, n = self._owners, ~ep.bit, 0
+            for h in block_hashes:
+                if ep.blocks.pop(h, 0) is None:
+                    n += 1
+                    mask = owners.get(h, 0) & clear
+                    if mask:
+                        owners[h] = mask
+                    else:
+                        owners.pop(h, None)
+            return n
+
+    def clear(self, endpoint: str) -> int:
+        """``endpoint`` holds nothing any more (an engine's ``AllBlocksCleared``, a restart, or a
+        gap in its event stream); keeps its capacity and sessions. Returns the blocks dropped."""
+        with self._lock:
+            ep = self._endpoints.get(endpoint)
+            blocks = list(ep.blocks) if ep is not None else []
+        return self.remove(endpoint, blocks)
+
     def remove_endpoint(self, endpoint: str) -> None:
         """Forget ``endpoint`` (left the fleet, or restarted with an empty cache) and its sessions."""
         with self._lock:

@@ -181,7 +181,9 @@ class StateSync(Protocol):
 
     def start(self, apply: Callable[[Change], None], reload: Callable[[SharedView], None]) -> None:
         """Begin following the others' changes: ``reload`` with the whole state first, then
-        ``apply`` for each change, in order, from a background thread."""
+        ``apply`` for each change, in order, from a background thread. Called again (a fleet
+        reload built a new state), it loads the whole state into the new callbacks and follows
+        on with them."""
         ...
 
     def dispatch(self, record: SharedRecord, block_hashes: Sequence[int], gateway_ids: bool,
@@ -305,6 +307,8 @@ class RedisSync:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._apply: Callable[[Change], None] = _ignore
+        self._reload: Callable[[SharedView], None] = _ignore
 
     @classmethod
     def from_url(cls, url: str, *, timeout_s: float = 2.0, block_ms: int = 1000) -> RedisSync:
@@ -383,11 +387,15 @@ class RedisSync:
 
     def start(self, apply: Callable[[Change], None], reload: Callable[[SharedView], None]) -> None:
         """Load the whole state (``reload``), then follow the stream from where that read ended
-        (``apply``), in a daemon thread; returns after the first load (or its failure)."""
+        (``apply``), in a daemon thread; returns after the first load (or its failure). Again:
+        the new callbacks get the whole state and the following changes."""
+        with self._lock:
+            self._apply, self._reload = apply, reload
         last = self._load(reload)
-        self._thread = threading.Thread(target=self._follow, args=(apply, reload, last), name="pointsman-state-sync",
-                                        daemon=True)
-        self._thread.start()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._follow, args=(last,), name="pointsman-state-sync",
+                                            daemon=True)
+            self._thread.start()
 
     def _load(self, reload: Callable[[SharedView], None]) -> str | None:
         """Read the stream's last id, then every record, telemetry and health mark; ``reload``
@@ -422,10 +430,11 @@ class RedisSync:
             self._status.reloads += 1
         return str(last)
 
-    def _follow(self, apply: Callable[[Change], None], reload: Callable[[SharedView], None],
-                last: str | None) -> None:
+    def _follow(self, last: str | None) -> None:
         stream = f"{self.prefix}changes"
         while not self._stop.is_set():
+            with self._lock:
+                apply, reload = self._apply, self._reload
             if last is None:
                 if self._stop.wait(1.0):
                     return
@@ -475,6 +484,10 @@ class RedisSync:
         if self._thread is not None:
             self._thread.join(timeout=self.block_ms / 1000.0 + 2.0)
         self.client.close()
+
+
+def _ignore(_: object) -> None:
+    """The callback before ``start``."""
 
 
 def _entries(reply: object) -> list[tuple[str, dict[str, str]]]:
