@@ -18,8 +18,6 @@ exits with code 2; a refused promotion exits with code 1.
 from __future__ import annotations
 
 import json
-import shlex
-import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -29,6 +27,7 @@ from typing import TYPE_CHECKING
 import click
 
 from pointsman.cli.errors import CheckFailed, InputError
+from pointsman.cli.training_output import echo_metrics, invoked_command, progress_log
 from pointsman.errors import PointsmanError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -103,11 +102,10 @@ def train_from_outcomes(log_path: Path | None, *, base_spec: str | None, label_r
     _need_training()
     from pointsman.estimator.model_source import load_estimator
     from pointsman.training.challenger import ChallengerConfig, train_challenger
-    from pointsman.training.train import metrics_json
 
     if not use_mlflow and output is None:
         raise InputError("--no-mlflow needs --output DIR (otherwise the challenger would be thrown away)")
-    echo = log or ((lambda m: click.echo(m, err=True)) if as_json else click.echo)
+    echo = log or progress_log(as_json)
     try:
         outcome_log = _open_log(log_path)
         cfg = ChallengerConfig(seed=seed, calibration_folds=calibration_folds, since_s=parse_time(since, "--since"),
@@ -115,19 +113,12 @@ def train_from_outcomes(log_path: Path | None, *, base_spec: str | None, label_r
                                alpha=ChallengerConfig.alpha if alpha is None else alpha)
         base = load_estimator(base_spec or "champion", intra_op_threads=2)
         echo(f"base model (encoder and feature space): {base.version} ({base.source})")
-        command = "pointsman " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "pointsman train"
         result = train_challenger(outcome_log, _rules(label_rules), _fleet(fleet), cfg, base, output=output,
-                                  use_mlflow=use_mlflow, register=register, command=command, log_fn=echo)
+                                  use_mlflow=use_mlflow, register=register, command=invoked_command(), log_fn=echo)
     except (PointsmanError, ValueError) as exc:
         raise InputError(str(exc)) from None
-    if as_json:
-        click.echo(metrics_json(result.metrics))
-        return
-    for key in sorted(result.metrics):
-        if key.startswith(("heldout", "cv/", "data/")):
-            click.echo(f"  {key:40s} {result.metrics[key]:.4f}")
-    if output is not None:
-        click.echo(f"model directory: {output}")
+    echo_metrics(result.metrics, as_json=as_json, shown=lambda key: key.startswith(("heldout", "cv/", "data/")),
+                 width=40, output=output)
 
 
 # ----------------------------------------------------------------------------- compare

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypedDict, TypeVar, Unpack
 
@@ -122,6 +122,12 @@ def _read_messages(path: Path) -> JSONObject:
                      f"got {type(data).__name__ if not isinstance(data, dict) else 'an object without messages'}")
 
 
+def _entries(trace: Mapping[str, object], section: str) -> list[Mapping[str, object]]:
+    """The entries (objects) of a list section of a decision's trace (``rules``, ``candidates``)."""
+    items = trace.get(section)
+    return [item for item in items if isinstance(item, Mapping)] if isinstance(items, list) else []
+
+
 def _print_human(d: Decision, explain: bool) -> None:
     p_hard = f"{d.p_hard:.3f}" if d.p_hard is not None else "unavailable"
     t = d.timings_ms
@@ -143,11 +149,11 @@ def _print_human(d: Decision, explain: bool) -> None:
         click.echo(f"{key:<10} {value}")
     if explain:
         click.echo("rules:")
-        for r in d.trace["rules"]:
+        for r in _entries(d.trace, "rules"):
             extra = f" ({r['error']})" if "error" in r else f" ({r['note']})" if "note" in r else ""
             click.echo(f"  {r['rule']:<24} {r['result']}{extra}")
         click.echo("candidates:")
-        for c in d.trace["candidates"]:
+        for c in _entries(d.trace, "candidates"):
             status = "eligible" if c["eligible"] else f"excluded: {c['excluded_by']}"
             click.echo(f"  {c['target']:<16} {c['mode']:<14} ${c['estimated_cost_usd']:.6f}  {status}")
 

@@ -9,13 +9,12 @@ exit code 2.
 from __future__ import annotations
 
 import json
-import shlex
-import sys
 from pathlib import Path
 
 import click
 
 from pointsman.cli.errors import InputError
+from pointsman.cli.training_output import echo_metrics, invoked_command, progress_log
 from pointsman.errors import PointsmanError
 
 
@@ -77,7 +76,7 @@ def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: b
     try:
         from pointsman.datasets.sources import DEFAULT_TRAINING_SOURCES
         from pointsman.training.recipe import TrainConfig
-        from pointsman.training.train import metrics_json, train
+        from pointsman.training.train import train
     except ImportError as exc:
         raise InputError(f"training needs the train extra ({exc}); install it: pip install 'pointsman[train]'") from None
     names = _split_names(tables) or DEFAULT_TRAINING_SOURCES
@@ -89,21 +88,13 @@ def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: b
         encoder_from=str(encoder_from) if encoder_from else None,
         max_rows_per_source={n: max_rows for n in names} if max_rows else None,
     )
-    command = "pointsman " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "pointsman train"
-    log = (lambda m: click.echo(m, err=True)) if as_json else click.echo
     try:
         result = train(cfg, output, register=not no_register, use_mlflow=not no_mlflow,
-                       evals=parsed_evals, command=command, log=log)
+                       evals=parsed_evals, command=invoked_command(), log=progress_log(as_json))
     except PointsmanError as exc:
         raise InputError(str(exc)) from None
-    if as_json:
-        click.echo(metrics_json(result.metrics))
-        return
-    for key in sorted(result.metrics):
-        if key.endswith(("/apgr", "/auc", "/ece")) or key in ("heldout/chat_apgr", "heldout/ece"):
-            click.echo(f"  {key:60s} {result.metrics[key]:.4f}")
-    if output is not None:
-        click.echo(f"model directory: {output}")
+    echo_metrics(result.metrics, as_json=as_json, width=60, output=output,
+                 shown=lambda key: key.endswith(("/apgr", "/auc", "/ece")) or key in ("heldout/chat_apgr", "heldout/ece"))
 
 
 def _fmt_share(v: float) -> str:

@@ -79,11 +79,7 @@ class PrefixCache:
         """
         pins = self._pins
         evictable = self._evictable
-        hit = 0
-        for h in hashes:
-            if h not in pins:
-                break
-            hit += 1
+        hit = self.cached_prefix_blocks(hashes)
         missing = len({h for h in hashes[hit:] if h not in pins}) if hit < len(hashes) else 0
         need = missing + private_blocks
         free = self.capacity_blocks - len(pins) - self._private

@@ -20,10 +20,14 @@ Training-only: matplotlib (Agg backend) is imported inside the plotting function
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pointsman.training.metrics import pgr_curve
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
 
 #: The deciles kept in a manifest to measure drift against.
 DECILES = tuple(round(0.1 * k, 1) for k in range(1, 10))
@@ -88,6 +92,16 @@ def _pyplot():
     return plt
 
 
+def _save(fig: Figure, path: Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` (PNG) and close it; returns ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def plot_pgr(path: Path, curves: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], title: str) -> Path:
     """PNG of PGR vs frontier share for each ``name -> (weak, strong, p_hard)``, with the random
     router (diagonal) and the oracle of the first entry."""
@@ -106,10 +120,7 @@ def plot_pgr(path: Path, curves: dict[str, tuple[np.ndarray, np.ndarray, np.ndar
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_reliability(path: Path, series: dict[str, tuple[np.ndarray, np.ndarray]], title: str, n_bins: int = 10) -> Path:
@@ -135,10 +146,7 @@ def plot_reliability(path: Path, series: dict[str, tuple[np.ndarray, np.ndarray]
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_confusion(path: Path, counts: dict[str, float], title: str) -> Path:
@@ -154,10 +162,7 @@ def plot_confusion(path: Path, counts: dict[str, float], title: str) -> Path:
     ax.set_yticks([0, 1], ["weak worse", "weak good enough"])
     ax.set_xlabel(f"routed at p_hard >= {counts['threshold']:.3f}")
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_drift(path: Path, reference_deciles: list[float], p_new: np.ndarray, title: str) -> Path:
@@ -174,10 +179,7 @@ def plot_drift(path: Path, reference_deciles: list[float], p_new: np.ndarray, ti
     ax.set_ylabel("share of requests")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def model_report(out_dir: Path, name: str, y: np.ndarray, weak: np.ndarray, strong: np.ndarray, p: np.ndarray,
