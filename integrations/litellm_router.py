@@ -238,7 +238,7 @@ class PointsmanRoutingStrategy(CustomRoutingStrategyBase):
         self.client = client
 
     # LiteLLM annotates both hooks "-> None" but documents and uses their value: an element of the model list.
-    async def async_get_available_deployment(  # type: ignore[override]  # see above
+    async def async_get_available_deployment(  # type: ignore[override]  # LiteLLM says -> None, uses the deployment
             self, model: str, messages: list[dict[str, str]] | None = None, input: str | list[object] | None = None,
             specific_deployment: bool | None = False,
             request_kwargs: dict[str, object] | None = None) -> DeploymentTypedDict | None:
@@ -248,7 +248,7 @@ class PointsmanRoutingStrategy(CustomRoutingStrategyBase):
             return default_deployment(deployments)
         return self._apply(await self.client.aroute(body), deployments, kwargs)
 
-    def get_available_deployment(  # type: ignore[override]  # as async_get_available_deployment
+    def get_available_deployment(  # type: ignore[override]  # LiteLLM says -> None, uses the deployment
             self, model: str, messages: list[dict[str, str]] | None = None, input: str | list[object] | None = None,
             specific_deployment: bool | None = False,
             request_kwargs: dict[str, object] | None = None) -> DeploymentTypedDict | None:
