@@ -35,7 +35,7 @@ from pointsman.estimator.feature_space import feature_space_of
 from pointsman.outcome_log.store import OutcomeLog
 from pointsman.training.encoder_build import encoder_in
 from pointsman.training.logged_examples import head_matrix, holdout_mask, logged_examples
-from pointsman.training.metrics import apgr, ece, roc_auc
+from pointsman.training.metrics import label_metrics
 from pointsman.training.model_dir import (
     PROVENANCE_FILE,
     BaseModelRecord,
@@ -120,16 +120,6 @@ def fit_head(X: np.ndarray, y: np.ndarray, groups: np.ndarray, n_embedding: int,
     return head.fit(X, clipped, groups=groups, calibration_y=y)
 
 
-def heldout_report(y: np.ndarray, weak: np.ndarray, strong: np.ndarray, p: np.ndarray) -> dict[str, float]:
-    """``apgr`` (NaN when the strong tier is not better on these rows), ``auc`` (label ``y > 0.5``),
-    ``ece`` (against ``y``), ``n``."""
-    try:
-        a = apgr(weak, strong, p)
-    except ValueError:
-        a = float("nan")
-    return {"apgr": a, "auc": roc_auc((y > 0.5).astype(np.float64), p), "ece": ece(y, p), "n": float(len(y))}
-
-
 def logged_frontier_share(log: OutcomeLog, strong: frozenset[str], since_s: float | None = None,
                           until_s: float | None = None) -> float:
     """Share (0-1) of logged decisions in the window whose target is a strong-tier target (0.2
@@ -187,13 +177,13 @@ def train_challenger(
                                  "train/calibration_intercept": head.calibration_intercept_}
     if cfg.calibration_folds and cfg.calibration_folds >= 2:
         oof = head.calibrate(head.oof_proba_)
-        for k, v in heldout_report(y[train_m], rows.weak_score[train_m], rows.strong_score[train_m], oof).items():
+        for k, v in label_metrics(y[train_m], rows.weak_score[train_m], rows.strong_score[train_m], oof).items():
             metrics[f"cv/{k}"] = v
     if hold.any():
-        for k, v in heldout_report(y[hold], rows.weak_score[hold], rows.strong_score[hold], p_hold).items():
+        for k, v in label_metrics(y[hold], rows.weak_score[hold], rows.strong_score[hold], p_hold).items():
             metrics[f"heldout/{k}"] = v
         p_base = base.predict_matrix(X[hold]).astype(np.float64)
-        for k, v in heldout_report(y[hold], rows.weak_score[hold], rows.strong_score[hold], p_base).items():
+        for k, v in label_metrics(y[hold], rows.weak_score[hold], rows.strong_score[hold], p_base).items():
             metrics[f"heldout_base/{k}"] = v
 
     strong = rules.strong_set(fleet)
@@ -271,5 +261,5 @@ def _iso(t: float | None) -> str:
     return "..." if t is None else datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
 
-__all__ = ["CHALLENGER_ALIAS", "ChallengerConfig", "ChallengerResult", "fit_head", "heldout_report",
+__all__ = ["CHALLENGER_ALIAS", "ChallengerConfig", "ChallengerResult", "fit_head",
            "logged_frontier_share", "train_challenger"]

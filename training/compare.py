@@ -22,7 +22,7 @@ import numpy as np
 from pointsman.errors import DataError
 from pointsman.training.json_data import as_number, json_number, json_object_at
 from pointsman.training.logged_examples import LoggedExamples, head_matrix, holdout_mask, logged_examples
-from pointsman.training.metrics import apgr, cpt, ece, roc_auc
+from pointsman.training.metrics import apgr, cpt, label_metrics
 from pointsman.training.outcome_labels import LabelRules
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -128,12 +128,12 @@ def trained_on(est: DifficultyEstimator, ex: LoggedExamples) -> np.ndarray:
 def score_metrics(ex: LoggedExamples, p: np.ndarray) -> dict[str, float]:
     """``apgr``, ``cpt50``, ``auc``, ``ece``, ``n`` of ``p_hard`` (n,) on ``ex``; APGR/CPT are NaN
     when the strong tier is not better on these rows."""
+    m = label_metrics(ex.y, ex.weak_score, ex.strong_score, p)
     try:
-        a, c = apgr(ex.weak_score, ex.strong_score, p), cpt(ex.weak_score, ex.strong_score, p, 0.5)
-    except ValueError:
-        a = c = float("nan")
-    return {"apgr": a, "cpt50": c, "auc": roc_auc((ex.y > 0.5).astype(np.float64), p), "ece": ece(ex.y, p),
-            "n": float(len(ex))}
+        c = cpt(ex.weak_score, ex.strong_score, p, 0.5)
+    except ValueError:  # exactly when APGR is undefined
+        c = float("nan")
+    return {"apgr": m["apgr"], "cpt50": c, "auc": m["auc"], "ece": m["ece"], "n": m["n"]}
 
 
 def _deciles_of(est: DifficultyEstimator) -> list[float] | None:

@@ -152,6 +152,17 @@ def ece(labels: np.ndarray, probs: np.ndarray, n_bins: int = 10) -> float:
     return float(total)
 
 
+def label_metrics(y: np.ndarray, weak: np.ndarray, strong: np.ndarray, p: np.ndarray) -> dict[str, float]:
+    """A difficulty model's scores ``p`` (n,) against soft labels ``y`` (n,) and the weak/strong
+    scores APGR weighs: ``apgr`` (NaN when the strong tier is not better on these rows), ``auc``
+    (label: the weak tier fell short, ``y > 0.5``), ``ece`` (against ``y``) and ``n``."""
+    try:
+        a = apgr(weak, strong, p)
+    except ValueError:
+        a = float("nan")
+    return {"apgr": a, "auc": roc_auc((y > 0.5).astype(np.float64), p), "ece": ece(y, p), "n": float(len(y))}
+
+
 class RouterReport(TypedDict):
     """``router_report``'s metrics (see there)."""
 

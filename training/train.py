@@ -29,7 +29,7 @@ from pointsman.estimator.markers import request_matrix
 from pointsman.training.encoder_build import BuiltEncoder
 from pointsman.training.examples import Examples, build_examples
 from pointsman.training.json_data import to_json_object
-from pointsman.training.metrics import apgr, ece, roc_auc
+from pointsman.training.metrics import label_metrics
 from pointsman.training.model_dir import (
     PARITY_ATOL,
     PROVENANCE_FILE,
@@ -115,14 +115,8 @@ def heldout_metrics(ex: Examples, p_hard: np.ndarray, cal_weight: np.ndarray) ->
     for s in np.unique(ex.source):
         m = ex.source == s
         w, st, p = ex.weak_score[m], ex.strong_score[m], p_hard[m]
-        key = f"heldout/{s}"
-        try:
-            out[f"{key}/apgr"] = apgr(w, st, p)
-        except ValueError:
-            out[f"{key}/apgr"] = float("nan")
-        out[f"{key}/auc"] = roc_auc((ex.y[m] > 0.5).astype(np.float64), p)
-        out[f"{key}/ece"] = ece(ex.y[m], p)
-        out[f"{key}/n"] = float(m.sum())
+        for k, v in label_metrics(ex.y[m], w, st, p).items():
+            out[f"heldout/{s}/{k}"] = v
     chat = [out[f"heldout/{s}/apgr"] for s in CHAT_SOURCES if f"heldout/{s}/apgr" in out]
     if chat:
         out["heldout/chat_apgr"] = float(np.mean(chat))
