@@ -3,7 +3,7 @@ held-out metrics → ONNX model directory → MLflow.
 
 ``train(config, output=None, register=True, use_mlflow=True) -> TrainResult``, in named steps:
 ``build_encoder`` (built, cached or reused), ``build_examples`` + ``head_inputs`` (the features),
-``fit_head`` with ``fit_metrics``, ``training.model_dir.write_model_dir`` (the step shared with
+``fit_head`` (with its held-out metrics), ``training.model_dir.write_model_dir`` (the step shared with
 the challenger), ``check_served`` (end to end through the serving code), ``transfer_metrics``,
 the reference quantiles, ``PROVENANCE.md`` and ``log_run`` (MLflow).
 """
@@ -292,7 +292,8 @@ def train(
     # End-to-end check through the serving code path, then transfer evaluations.
     est = DifficultyEstimator(model_dir)
     metrics["export/end_to_end_max_abs"] = check_served(est, ex, head, X, sample[:END_TO_END_SAMPLE])
-    metrics.update(transfer_metrics(est, evals or ()))
+    if evals:
+        metrics.update(transfer_metrics(est, evals))
     reference = reference_block(est, log)
     manifest.reference_p_hard = to_json_object(reference) if reference is not None else {}
     metrics["train/seconds"] = time.perf_counter() - t0
