@@ -13,10 +13,17 @@ has two parts:
    calibration labels (Platt 1999; the sigmoid method of ``CalibratedClassifierCV``).
    The map is monotone, so it changes no ranking (APGR, AUC), only the probabilities.
 
+It passes scikit-learn's ``check_estimator`` (``tests/estimator/test_head_contract.py``): inputs
+go through ``validate_data`` / ``_check_sample_weight``, predictions through ``check_is_fitted``,
+and ``__sklearn_tags__`` declares a binary classifier on dense input. The one deliberate
+departure: ``y`` may be *soft* labels in [0, 1] (the ranking target), not only two classes.
+
 Training-only: imports scikit-learn. Export with ``estimator.export.export_head``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
@@ -26,10 +33,14 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.neural_network import MLPClassifier
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import MinMaxScaler, StandardScaler
+from sklearn.utils.multiclass import type_of_target
+from sklearn.utils.validation import _check_sample_weight, check_consistent_length, check_is_fitted, column_or_1d, validate_data
 
 from pointsman.datasets.splits import assign_folds
 
 _EPS = 1e-6
+#: ``classes_`` of a head fitted on soft labels or on 0/1 labels: ``p_hard`` is the probability of 1.
+_SOFT_CLASSES = (0, 1)
 
 
 def _logit(p: np.ndarray) -> np.ndarray:
@@ -46,6 +57,54 @@ def _expand(y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
     return idx[keep], lab[keep], sw[keep]
 
 
+def _is_soft(values: np.ndarray) -> bool:
+    """Numeric values all in [0, 1] (soft labels, or the classes 0 and 1)."""
+    return values.dtype.kind in "biuf" and bool(np.all((values >= 0) & (values <= 1)))
+
+
+def _targets(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(soft labels float64 (n,), classes_)`` from a validated 1-D ``y``: soft labels in [0, 1]
+    (continuous) or 0/1 labels are taken as they are (``classes_`` [0, 1]); any other two labels
+    (strings, {-1, 1}, ...) become 1 for ``classes_[1]`` (the larger, as ``np.unique`` sorts) and
+    0 for ``classes_[0]``. Raises ``ValueError`` for more than two classes and for continuous
+    values outside [0, 1]."""
+    y_type = type_of_target(y, input_name="y", raise_unknown=True)
+    if y_type == "continuous":
+        if not _is_soft(y):
+            raise ValueError(
+                "y must be soft labels in [0, 1] or two classes; got continuous values in "
+                f"[{float(np.min(y)):g}, {float(np.max(y)):g}] (a regression target?)"
+            )
+        return np.asarray(y, dtype=np.float64), np.array(_SOFT_CLASSES)
+    if y_type != "binary":
+        raise ValueError(f"Only binary classification is supported. The type of the target is {y_type}.")
+    if _is_soft(y):
+        return np.asarray(y, dtype=np.float64), np.array(_SOFT_CLASSES)
+    classes = np.unique(y)
+    if len(classes) < 2:
+        raise ValueError(f"DifficultyHead can't train when only one class is present: {classes[0]!r}")
+    return np.asarray(y == classes[1], dtype=np.float64), classes
+
+
+def _calibration_targets(calibration_y: object, classes: np.ndarray, n: int) -> np.ndarray:
+    """``calibration_y`` as soft labels of ``classes[1]`` (n,): values in [0, 1] when the head has
+    the 0/1 classes, else labels among ``classes``."""
+    raw = np.asarray(column_or_1d(calibration_y, warn=True))
+    check_consistent_length(raw, np.empty(n))
+    if raw.dtype.kind in "biuf" and raw.dtype.kind != "b":
+        raw = raw.astype(np.float64)
+        if not np.all(np.isfinite(raw)):
+            raise ValueError("calibration_y must not contain NaN or infinity")
+    if np.array_equal(classes, _SOFT_CLASSES) and raw.dtype.kind in "biuf":
+        if not _is_soft(raw):
+            raise ValueError("calibration_y must be soft labels in [0, 1]")
+        return np.asarray(raw, dtype=np.float64)
+    unknown = np.setdiff1d(raw, classes)
+    if len(unknown):
+        raise ValueError(f"calibration_y has labels {unknown[:5].tolist()} not among the classes {classes.tolist()}")
+    return np.asarray(raw == classes[1], dtype=np.float64)
+
+
 class DifficultyHead(ClassifierMixin, BaseEstimator):
     """Calibrated ``p_hard`` from float features (n, n_embedding + n_request).
 
@@ -57,13 +116,16 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
     ``random_state``.
 
     ``fit(X, y, sample_weight=None, groups=None, calibration_y=None, calibration_weight=None)``:
-    ``y`` are soft labels in [0, 1] (the ranking target); ``groups`` are leakage-safe
+    ``y`` are soft labels in [0, 1] (the ranking target), or two class labels (``classes_[1]``,
+    the larger, is the positive class: 1 for 0/1 labels); ``groups`` are leakage-safe
     group keys for the folds (``datasets.splits.group_key``); the calibration fits
     ``calibration_y`` (default ``y``) with ``calibration_weight`` (default ``sample_weight``).
 
     Learned attributes: ``ranker_``, ``calibration_slope_``, ``calibration_intercept_``,
     ``oof_proba_`` (uncalibrated out-of-fold ranker probabilities, (n,); NaN if
-    ``n_folds == 0``), ``classes_`` ([0, 1]), ``n_features_in_``.
+    ``n_folds == 0``), ``classes_`` ([0, 1] for soft or 0/1 labels, else the two labels),
+    ``n_features_in_`` (and ``feature_names_in_`` for a DataFrame), ``n_iter_`` (iterations of
+    the final ranker's longest-running member).
     """
 
     def __init__(
@@ -85,6 +147,14 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
         self.max_iter = max_iter
         self.n_folds = n_folds
         self.random_state = random_state
+
+    def __sklearn_tags__(self) -> Any:
+        """A binary classifier (soft labels allowed) on dense, finite float input."""
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_class = False
+        tags.input_tags.sparse = False
+        tags.input_tags.allow_nan = False
+        return tags
 
     def _make_ranker(self, n_features: int) -> Pipeline:
         emb = list(range(self.n_embedding))
@@ -133,21 +203,29 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
     ) -> DifficultyHead:
         """Fit the ranker on soft labels and the Platt calibration on out-of-fold scores.
 
-        ``X`` float (n, n_features); ``y`` float (n,) in [0, 1]; weights float (n,) >= 0.
-        Raises ``ValueError`` for mismatched shapes or labels outside [0, 1].
+        ``X`` float (n, n_features), finite, dense; ``y`` float (n,) in [0, 1] or two class
+        labels; weights float (n,) >= 0, not all 0. Raises ``ValueError`` for mismatched
+        shapes, NaN or infinite values, labels outside [0, 1], more than two classes, or a
+        single class (after weighting).
         """
+        X, y_raw = validate_data(self, X, y, dtype=np.float32)
         X = np.asarray(X, dtype=np.float32)
-        y = np.asarray(y, dtype=np.float64)
+        y, classes = _targets(np.asarray(y_raw))
         n = len(X)
-        if X.ndim != 2 or len(y) != n:
-            raise ValueError(f"X must be (n, d) and y (n,); got {X.shape} and {y.shape}")
         if X.shape[1] < self.n_embedding:
             raise ValueError(f"X has {X.shape[1]} columns, fewer than n_embedding={self.n_embedding}")
-        if np.isnan(y).any() or (y < 0).any() or (y > 1).any():
-            raise ValueError("y must be soft labels in [0, 1] without NaN")
-        w = np.ones(n) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
-        cal_y = y if calibration_y is None else np.asarray(calibration_y, dtype=np.float64)
-        cal_w = w if calibration_weight is None else np.asarray(calibration_weight, dtype=np.float64)
+        w = np.asarray(_check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True))
+        if not (np.sum(w * y) > 0 and np.sum(w * (1.0 - y)) > 0):
+            only = classes[1] if np.sum(w * y) > 0 else classes[0]
+            raise ValueError(
+                f"DifficultyHead can't train when only one class is present (class {only!r}, after sample weights)"
+            )
+        if groups is not None:
+            check_consistent_length(X, groups)
+        cal_y = y if calibration_y is None else _calibration_targets(calibration_y, classes, n)
+        cal_w = w if calibration_weight is None else np.asarray(
+            _check_sample_weight(calibration_weight, X, dtype=np.float64, ensure_non_negative=True)
+        )
         self.oof_proba_ = np.full(n, np.nan)
         self.calibration_slope_, self.calibration_intercept_ = 1.0, 0.0
         if self.n_folds and self.n_folds >= 2:
@@ -166,24 +244,41 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
             self.calibration_slope_ = float(platt.coef_[0, 0])
             self.calibration_intercept_ = float(platt.intercept_[0])
         self.ranker_ = self._fit_ranker(X, y, w)
-        self.classes_ = np.array([0, 1])
-        self.n_features_in_ = X.shape[1]
+        self.classes_ = classes
+        self.n_iter_ = max(int(np.max(m.n_iter_)) for m in self.ranker_.named_steps["vote"].estimators_)
         return self
 
+    def _ranker_proba(self, X: np.ndarray) -> np.ndarray:
+        """The ranker's uncalibrated probability ``q`` of ``classes_[1]``: float64 (n,)."""
+        check_is_fitted(self)
+        X = np.asarray(validate_data(self, X, dtype=np.float32, reset=False), dtype=np.float32)
+        return np.asarray(self.ranker_.predict_proba(X)[:, 1], dtype=np.float64)
+
+    def ranker_score(self, X: np.ndarray) -> np.ndarray:
+        """Uncalibrated score ``logit(q)`` of the ranker: float64 (n,). Same order as
+        ``decision_function`` whenever the Platt slope is positive."""
+        return _logit(self._ranker_proba(X))
+
     def decision_function(self, X: np.ndarray) -> np.ndarray:
-        """Uncalibrated score ``logit(q)`` of the ranker: float64 (n,)."""
-        return _logit(self.ranker_.predict_proba(np.asarray(X, dtype=np.float32))[:, 1])
+        """Calibrated log-odds ``a * logit(q) + b`` of ``classes_[1]``: float64 (n,);
+        ``predict_proba`` is its sigmoid and ``predict`` its sign (scikit-learn's contract)."""
+        return self._platt(self._ranker_proba(X))
+
+    def _platt(self, q: np.ndarray) -> np.ndarray:
+        return np.asarray(self.calibration_slope_ * _logit(q) + self.calibration_intercept_, dtype=np.float64)
 
     def calibrate(self, q: np.ndarray) -> np.ndarray:
         """Apply the Platt map to ranker probabilities ``q`` (n,): calibrated ``p_hard`` (n,)."""
-        z = self.calibration_slope_ * _logit(q) + self.calibration_intercept_
-        return 1.0 / (1.0 + np.exp(-z))
+        check_is_fitted(self)
+        z = self._platt(q)
+        return np.asarray(1.0 / (1.0 + np.exp(-z)), dtype=np.float64)
 
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
-        """Calibrated probabilities float64 (n, 2): column 1 is ``p_hard``."""
-        p = self.calibrate(self.ranker_.predict_proba(np.asarray(X, dtype=np.float32))[:, 1])
+        """Calibrated probabilities float64 (n, 2): column 1 is ``p_hard`` (of ``classes_[1]``)."""
+        p = self.calibrate(self._ranker_proba(X))
         return np.column_stack([1.0 - p, p])
 
     def predict(self, X: np.ndarray) -> np.ndarray:
-        """1 where ``p_hard >= 0.5`` else 0: int64 (n,)."""
-        return (self.predict_proba(X)[:, 1] >= 0.5).astype(np.int64)
+        """``classes_[1]`` where ``p_hard >= 0.5`` else ``classes_[0]`` (int64 0/1 for soft labels): (n,)."""
+        positive = self.predict_proba(X)[:, 1] >= 0.5
+        return np.asarray(self.classes_[positive.astype(np.int64)])
