@@ -53,7 +53,7 @@ def test_estimator_conventions(real_xy):
     assert not np.isnan(head.oof_proba_).any()
     assert list(head.classes_) == [0, 1] and head.n_features_in_ == X.shape[1]
     # Platt is monotone: calibration never reorders the ranker's scores
-    order = np.argsort(head.decision_function(X[:50]))
+    order = np.argsort(head.ranker_score(X[:50]))
     assert np.all(np.diff(head.predict_proba(X[:50])[order, 1]) >= -1e-12)
     with pytest.raises(ValueError, match="soft labels"):
         clone(head).fit(X, y * 2)
