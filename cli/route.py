@@ -72,11 +72,11 @@ def settings_from(**overrides: Unpack[SettingsOverrides]) -> Settings:
         raise InputError(validation_message(exc)) from None
 
 
-def load(settings: Settings, ledger: bool = True) -> LoadedEngine:
-    """Build the engine; config problems become ``ConfigProblems``, a bad ledger URL an
-    ``InputError``; estimator trouble a warning."""
+def load(settings: Settings, ledger: bool = True, shared: bool = False) -> LoadedEngine:
+    """Build the engine (``shared``: with the shared-state sync, for ``serve``); config problems
+    become ``ConfigProblems``, a bad ledger URL an ``InputError``; estimator trouble a warning."""
     try:
-        loaded = build_engine(settings, ledger=ledger)
+        loaded = build_engine(settings, ledger=ledger, shared=shared)
     except ConfigError as exc:
         raise ConfigProblems(exc) from None
     except BudgetError as exc:
@@ -245,7 +245,11 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
         keyring_of(settings)  # API key settings are checked here, before anything loads
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    loaded = load(settings)  # config errors are reported here, before the server starts
+    if settings.workers > 1 and not settings.state_url:
+        raise InputError(f"--workers {settings.workers} needs shared state: set POINTSMAN_STATE_URL=redis://HOST:PORT/DB "
+                         "(each worker would otherwise count only its own requests, so load, sessions and outcome "
+                         "releases would split between them); or run one worker per process")
+    loaded = load(settings, shared=settings.workers == 1)  # config errors are reported here, before the server starts
     level = settings.log_level.lower()
     # uvloop and httptools by name, not uvicorn's "auto": asyncio's loop leaves TCP_NODELAY off
     # on the sockets of uvicorn's multi-worker listener (+40 ms per response, Nagle and delayed

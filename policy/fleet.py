@@ -66,10 +66,13 @@ NonNegativeInt = Annotated[int, Field(ge=0)]
 
 
 class Endpoint(StrictModel):
-    """One replica (or an API base URL): ``url`` (http/https), optional ``name``."""
+    """One replica (or an API base URL): ``url`` (http/https), optional ``name``, and
+    ``metrics_url``: where its engine serves Prometheus metrics (default: ``url``'s origin with
+    path ``/metrics``, where vLLM and SGLang serve them)."""
 
     url: Url
     name: str | None = None
+    metrics_url: Url | None = None
 
 
 class Capabilities(StrictModel):
@@ -314,11 +317,14 @@ class FleetDefaults(StrictModel):
     ``assumed_utilization``: GPU utilization (0–1] an on-prem pool is priced at when its
     telemetry reports none (1.0: the benchmark's full-load throughput);
     ``min_utilization``: the floor of a measured utilization, so an idle pool's price
-    per request stays finite (see ``policy/cost.py``)."""
+    per request stays finite (see ``policy/cost.py``). ``scrape_metrics``: the service scrapes
+    every on-prem endpoint's ``/metrics`` (failed scrapes mark it unhealthy); false for a fleet
+    whose engines do not serve them (or whose URLs are placeholders)."""
 
     output_tokens: PositiveInt = 256
     assumed_utilization: Fraction = 1.0
     min_utilization: Fraction = 0.1
+    scrape_metrics: bool = True
 
 
 class FleetSpec(StrictModel):
@@ -344,6 +350,7 @@ class EndpointInfo:
     target: str
     role: str
     pool: Pool | None = None
+    metrics_url: str | None = None
 
 
 def _endpoints(targets: dict[str, OnPremTarget | FrontierTarget]) -> dict[str, EndpointInfo]:
@@ -354,7 +361,7 @@ def _endpoints(targets: dict[str, OnPremTarget | FrontierTarget]) -> dict[str, E
             continue
         for role, pool in target.pools_by_role().items():
             for e in pool.endpoints:
-                out.setdefault(e.url, EndpointInfo(e.url, e.url, e.name, name, role, pool))
+                out.setdefault(e.url, EndpointInfo(e.url, e.url, e.name, name, role, pool, e.metrics_url))
     return out
 
 

@@ -28,6 +28,7 @@ from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import Fleet, load_fleet
 from pointsman.policy.rules.compiler import load_policy
 from pointsman.policy.signals.fleet_state import FleetState
+from pointsman.policy.signals.shared_state import open_sync
 from pointsman.service.settings import Settings
 
 
@@ -74,19 +75,23 @@ def open_budget_ledger(settings: Settings) -> BudgetLedger:
     return open_ledger(settings.budget_ledger, config, data_dir=settings.data_dir)
 
 
-def build_state(settings: Settings, fleet: Fleet, ledger: bool = True) -> FleetState:
+def build_state(settings: Settings, fleet: Fleet, ledger: bool = True, shared: bool = False) -> FleetState:
     """A ``FleetState`` for ``fleet`` with the configured ledger (none when ``ledger`` is False
-    and neither ``budget_ledger`` nor ``budgets_path`` is set)."""
+    and neither ``budget_ledger`` nor ``budgets_path`` is set) and, with ``shared`` (the service),
+    the shared-state sync of ``POINTSMAN_STATE_URL`` (not started: ``FleetState.start_sync``)."""
     want = ledger or settings.budget_ledger is not None or settings.budgets_path is not None
-    return FleetState(fleet, open_budget_ledger(settings) if want else None, budget_fail_open=settings.budget_fail_open)
+    sync = open_sync(settings.state_url) if shared else None
+    return FleetState(fleet, open_budget_ledger(settings) if want else None, budget_fail_open=settings.budget_fail_open,
+                      sync=sync)
 
 
-def build_engine(settings: Settings, ledger: bool = True) -> LoadedEngine:
+def build_engine(settings: Settings, ledger: bool = True, shared: bool = False) -> LoadedEngine:
     """Load fleet, policy, estimator and live state named by ``settings`` (the caller reports
-    ``estimator_error``). Raises ``FleetError``, ``PolicyError`` or ``BudgetConfigError``
-    (every problem, located) for bad config files, ``BudgetError`` for a bad ledger URL."""
+    ``estimator_error``); ``shared``: with the shared-state sync (the service; the CLI decides
+    alone). Raises ``FleetError``, ``PolicyError`` or ``BudgetConfigError`` (every problem,
+    located) for bad config files, ``BudgetError`` for a bad ledger URL."""
     fleet = load_fleet(settings.fleet_path)
     policy = load_policy(settings.policy_path, fleet)
-    state = build_state(settings, fleet, ledger)
+    state = build_state(settings, fleet, ledger, shared)
     estimator, error = load_estimator(settings.model, settings.estimator_timeout_ms, settings.estimator_threads)
     return LoadedEngine(RoutingEngine(fleet, policy, estimator, state=state), error)

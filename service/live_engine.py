@@ -80,6 +80,7 @@ class LiveEngine:
         self.estimator_error = estimator_error
         self.last_reload: ReloadResult | None = None
         self.last_swap: SwapResult | None = None
+        self.last_fleet_reload: ReloadResult | None = None
 
     @property
     def engine(self) -> RoutingEngine:
@@ -116,6 +117,23 @@ class LiveEngine:
             source = getattr(estimator, "source", None)  # where a registry model came from; optional
             result = SwapResult(True, True, str(estimator.version), before, None if source is None else str(source), None)
             self.last_swap = result
+            return result
+
+    def swap_engine(self, engine: RoutingEngine, result: ReloadResult) -> ReloadResult:
+        """Serve ``engine`` (a reloaded fleet with its recompiled policy) from now on; records
+        ``result`` as the last fleet reload and returns it."""
+        with self._lock:
+            self._engine = engine
+            self.last_fleet_reload = result
+            return result
+
+    def reject_fleet(self, problems: list[Problem], source: str = "endpoint") -> ReloadResult:
+        """Record a rejected fleet file, or one its policy does not compile against (the running
+        pair keeps serving); returns the result."""
+        with self._lock:
+            rev = self._engine.fleet.revision
+            result = ReloadResult(False, False, rev, rev, tuple(problems), source)
+            self.last_fleet_reload = result
             return result
 
     def reject_estimator(self, error: str, source: str | None = None) -> SwapResult:

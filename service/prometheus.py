@@ -17,6 +17,7 @@ Counted as things happen (``ServiceMetrics``):
 ``pointsman_decision_log_total{result}``         decisions written to / dropped from / failed in the decision log
 ``pointsman_policy_reloads_total{result,source}``  policy reloads: ``ok``, ``unchanged``, ``rejected``
 ``pointsman_model_swaps_total{result}``          estimator swaps: ``ok``, ``error``
+``pointsman_fleet_reloads_total{result,source}``   fleet reloads: ``ok``, ``unchanged``, ``rejected``
 ==============================================  ===========================================================
 
 Read from the live state at scrape time (``StateCollector``):
@@ -29,6 +30,13 @@ Read from the live state at scrape time (``StateCollector``):
 ``pointsman_load_signal_age_seconds{target,endpoint}``            age of each endpoint's pushed/scraped load
 ``pointsman_inflight_requests{target,endpoint}``                  requests dispatched and not yet settled
 ``pointsman_decision_log_pending``                                decisions waiting for the background writer
+``pointsman_endpoint_healthy{target,endpoint}``                   1 healthy, 0 marked unhealthy (any source)
+``pointsman_scrape_age_seconds{target,endpoint}``                 age of the last good scrape of the endpoint
+``pointsman_scrape_consecutive_failures{target,endpoint}``        failed scrapes in a row (0 when it answers)
+``pointsman_state_sync_connected``                                1 when the shared-state reader is connected
+``pointsman_state_sync_changes_applied``                          other processes' changes applied (monotone)
+``pointsman_state_sync_write_errors``                             shared-state writes that failed (monotone)
+``pointsman_state_sync_lag_seconds``                              age of the last change applied when applied
 ==============================================================  ===========================================
 
 Utilization is per pool (aggregated, prefill, decode) and per phase, only where telemetry
@@ -51,6 +59,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:  # pragma: no cover
     from pointsman.policy.decision import Decision
     from pointsman.policy.engine import RoutingEngine
+    from pointsman.service.feeds import SignalFeeds
     from pointsman.service.live_engine import LiveEngine
 
 log = logging.getLogger("pointsman.service.prometheus")
@@ -92,6 +101,8 @@ class ServiceMetrics:
         self.policy_reloads = Counter("pointsman_policy_reloads", "Policy reloads by result and source.",
                                       ["result", "source"], registry=r)
         self.model_swaps = Counter("pointsman_model_swaps", "Estimator swaps by result.", ["result"], registry=r)
+        self.fleet_reloads = Counter("pointsman_fleet_reloads", "Fleet reloads by result and source.",
+                                     ["result", "source"], registry=r)
         # labelled children per label values: ``labels()`` builds and checks its key on every call
         self._decision_children: dict[tuple[str, str], Counter] = {}
         self._reserved_children: dict[str, Counter] = {}
@@ -134,8 +145,9 @@ class StateCollector(Collector):
     """Gauges read from the live engine and state at scrape time (see the module).
     ``live()`` returns the ``LiveEngine``; ``pending()`` the decision log's queue length."""
 
-    def __init__(self, live: Callable[[], LiveEngine | None], pending: Callable[[], int]) -> None:
-        self._live, self._pending = live, pending
+    def __init__(self, live: Callable[[], LiveEngine | None], pending: Callable[[], int],
+                 feeds: Callable[[], SignalFeeds | None] = lambda: None) -> None:
+        self._live, self._pending, self._feeds = live, pending, feeds
 
     def describe(self) -> list[Metric]:
         """Nothing at registration (the families depend on the live fleet; read at scrape time)."""
@@ -165,6 +177,44 @@ class StateCollector(Collector):
             log.warning("effective prices unavailable for /metrics: %s", exc)
         yield price
         yield from self._load(engine)
+        yield from self._health(engine)
+        yield from self._sync(engine)
+
+    def _health(self, engine: RoutingEngine) -> Iterator[GaugeMetricFamily]:
+        fleet, state = engine.fleet, engine.state
+        healthy = GaugeMetricFamily("pointsman_endpoint_healthy", "1 when the endpoint may be chosen, 0 when marked "
+                                    "unhealthy.", labels=["target", "endpoint"])
+        for eid, e in fleet.endpoints.items():
+            healthy.add_metric([e.target, e.name or eid], 1.0 if state.is_healthy(eid) else 0.0)
+        yield healthy
+        feeds = self._feeds()
+        age = GaugeMetricFamily("pointsman_scrape_age_seconds", "Seconds since the endpoint's last good scrape.",
+                                labels=["target", "endpoint"])
+        failures = GaugeMetricFamily("pointsman_scrape_consecutive_failures", "Failed scrapes in a row.",
+                                     labels=["target", "endpoint"])
+        for eid, feed in (feeds.status() if feeds is not None else {}).items():
+            info = fleet.endpoints.get(eid)
+            if info is None:
+                continue
+            labels = [info.target, info.name or eid]
+            if feed.age_s is not None:
+                age.add_metric(labels, feed.age_s)
+            failures.add_metric(labels, feed.status.consecutive_failures)
+        yield from (age, failures)
+
+    def _sync(self, engine: RoutingEngine) -> Iterator[GaugeMetricFamily]:
+        status = engine.state.sync.status()
+        if not status.shared:
+            return
+        for name, doc, value in (
+                ("pointsman_state_sync_connected", "1 when the shared-state reader is connected.", float(status.connected)),
+                ("pointsman_state_sync_changes_applied", "Other processes' changes applied.", float(status.applied)),
+                ("pointsman_state_sync_write_errors", "Shared-state writes that failed.", float(status.write_errors)),
+                ("pointsman_state_sync_lag_seconds", "Age of the last change applied when it was applied.",
+                 status.lag_s)):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], value)
+            yield g
 
     def _load(self, engine: RoutingEngine) -> Iterator[GaugeMetricFamily]:
         fleet, state = engine.fleet, engine.state

@@ -11,6 +11,8 @@
 - ``POST /v1/policy/reload``: re-read the policy file now (``policy_reload.reload_policy``).
   200 when it serves (``changed`` false when the bytes compiled to the serving revision);
   422 with every located problem when rejected, and the running policy keeps serving.
+- ``POST /v1/fleet/reload``: re-read the fleet file now and recompile the policy against it
+  (``fleet_reload.reload_fleet``); 200 / 422 as the policy reload.
 
 All need an admin key (``auth.py``).
 """
@@ -28,6 +30,7 @@ from pointsman.json_types import JSONObject
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.service.auth import Principal, require
 from pointsman.service.bodies import json_body, read_parsed, validate_model
+from pointsman.service.fleet_reload import reload_fleet
 from pointsman.service.http_errors import ERROR_RESPONSES
 from pointsman.service.live_engine import problem_dict
 from pointsman.service.policy_reload import reload_policy, validate_policy_text
@@ -53,9 +56,24 @@ async def fleet(principal: Principal = Depends(require("admin")),
         prices = await run_in_threadpool(state.effective_prices, "day")
     except LedgerUnavailable:
         prices = {}
+    feeds = rt.feeds.status() if rt.feeds is not None else {}
+    for entry in targets.values():
+        for ep in entry["endpoints"]:
+            feed = feeds.get(str(ep["id"]))
+            ep["scrape"] = None if feed is None else {
+                "metrics_url": feed.status.metrics_url, "age_s": feed.age_s, "last_error": feed.status.last_error,
+                "consecutive_failures": feed.status.consecutive_failures,
+                "last_duration_ms": feed.status.last_duration_ms}
     priced = {name: {**entry, "effective_price": None if (price := prices.get(name)) is None else price.to_dict()}
               for name, entry in targets.items()}
-    return {"fleet_revision": engine.fleet.revision, "policy_revision": engine.policy.revision, "targets": priced}
+    sync = state.sync.status()
+    last = rt.live.last_fleet_reload
+    return {"fleet_revision": engine.fleet.revision, "policy_revision": engine.policy.revision, "targets": priced,
+            "shared_state": {"shared": sync.shared, "connected": sync.connected, "applied": sync.applied,
+                             "reloads": sync.reloads, "write_errors": sync.write_errors, "last_error": sync.last_error,
+                             "lag_s": sync.lag_s},
+            "scraping": rt.feeds is not None, "watching_fleet": rt.watching_fleet,
+            "last_fleet_reload": None if last is None else last.to_dict()}
 
 
 def _source(path: str) -> str | None:
@@ -109,4 +127,18 @@ async def reload(principal: Principal = Depends(require("admin")), rt: Runtime =
     policy they started with. A bad file is rejected with every located problem (422)."""
     path = rt.live.engine.policy.file
     result = await run_in_threadpool(reload_policy, rt.live, path, "endpoint", rt.record_reload)
+    return JSONResponse(result.to_dict(), status_code=200 if result.ok else 422)
+
+
+@router.post("/v1/fleet/reload", response_model=ReloadOut,
+             responses={**ERROR_RESPONSES, 422: {"model": ReloadOut, "description": "The fleet file (or the policy "
+                                                 "against it) was rejected; the running pair keeps serving."}},
+             summary="Re-read the fleet file, recompile the policy against it and serve both")
+async def reload_fleet_now(principal: Principal = Depends(require("admin")),
+                           rt: Runtime = Depends(get_runtime)) -> JSONResponse:
+    """Load the fleet file again, recompile the serving policy against it, rebuild the live
+    state (unchanged endpoints keep theirs) and swap the pair in. A bad fleet file, or one the
+    policy no longer compiles against, is rejected with every located problem (422)."""
+    result = await run_in_threadpool(reload_fleet, rt.live, rt.settings.fleet_path, None, "endpoint",
+                                     rt.record_fleet_reload)
     return JSONResponse(result.to_dict(), status_code=200 if result.ok else 422)

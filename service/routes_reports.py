@@ -110,6 +110,8 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry) -> None:
     if item.shadow:
         return
     state = rt.live.engine.state
+    if item.status in ("ok", "error", "timeout"):  # a cancelled request says nothing about the endpoint
+        state.observe_outcome(item.decision_id, ok=item.status == "ok")
     usage = item.usage
     reported = usage if usage is not None and (usage.prompt_tokens is not None
                                                 or usage.completion_tokens is not None) else None

@@ -1,10 +1,12 @@
 """What one running service holds: ``Runtime``, built once in the app's lifespan.
 
 ``build_runtime(settings, engine=None, ...)`` loads the engine (unless one is injected),
-wraps the estimator in its hard time budget, opens the decision and outcome log and
-starts the decision log writer; ``Runtime.start_watchers`` starts the policy file watcher
-and the model follower as asyncio tasks; ``Runtime.close`` stops everything in order
-(watchers, then the writer drains, then the logs and the ledger close).
+wraps the estimator in its hard time budget, opens the decision and outcome log, starts the
+decision log writer and the shared-state sync (``POINTSMAN_STATE_URL``);
+``Runtime.start_watchers`` starts, as asyncio tasks, the engines' signal feeds (``feeds.py``:
+``/metrics`` scraping), the policy and fleet file watchers and the model follower;
+``Runtime.close`` stops everything in order (tasks, then the writer drains, then the logs, the
+shared-state sync and the ledger close).
 
 Routes reach it as ``request.app.state.runtime`` through the dependency ``get_runtime`` (or
 ``runtime_of(request)``; 503 while the service is starting or stopping).
@@ -25,6 +27,8 @@ from pointsman.policy.engine import RoutingEngine
 from pointsman.service.bootstrap import build_engine, load_estimator
 from pointsman.service.deadline import DeadlineEstimator, estimator_pool
 from pointsman.service.decision_log import DecisionLogWriter
+from pointsman.service.feeds import SignalFeeds
+from pointsman.service.fleet_reload import watch_fleet
 from pointsman.service.http_errors import unavailable
 from pointsman.service.live_engine import LiveEngine, ReloadResult, SwapResult
 from pointsman.service.model_follower import ModelFollower, followed
@@ -48,7 +52,9 @@ class Runtime:
     owns_engine: bool = False
     pool: concurrent.futures.ThreadPoolExecutor | None = None
     follower: ModelFollower | None = None
+    feeds: SignalFeeds | None = None
     watching: bool = False
+    watching_fleet: bool = False
     closing: bool = False
     _stop: asyncio.Event | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -72,10 +78,23 @@ class Runtime:
         """Metrics hook of model swaps."""
         self.metrics.model_swaps.labels("ok" if result.ok else "error").inc()
 
+    def record_fleet_reload(self, result: ReloadResult) -> None:
+        """Metrics hook of fleet reloads."""
+        label = "rejected" if not result.ok else ("ok" if result.changed else "unchanged")
+        self.metrics.fleet_reloads.labels(label, result.source).inc()
+
     def start_watchers(self) -> None:
-        """Start the policy file watcher and the model follower (each only when configured)."""
+        """Start the signal feeds, the policy and fleet file watchers and the model follower
+        (each only when configured)."""
         s = self.settings
         self._stop = asyncio.Event()
+        if s.scrape_interval_s > 0:
+            self.feeds = SignalFeeds(self.live, s)
+            self._tasks.append(asyncio.create_task(self.feeds.run(self._stop), name="pointsman-signal-feeds"))
+        if s.watch_fleet:
+            self._tasks.append(asyncio.create_task(
+                watch_fleet(self.live, s.fleet_path, self._stop, self.record_fleet_reload), name="pointsman-fleet-watch"))
+            self.watching_fleet = True
         if s.watch_policy:
             path = self.live.engine.policy.file
             self._tasks.append(asyncio.create_task(watch_policy(self.live, path, self._stop, self.record_reload),
@@ -116,7 +135,7 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
     """Load what the service needs (see the module). Raises ``FleetError``/``PolicyError``/
     ``BudgetConfigError`` for bad config files and ``DataError`` for an unusable outcome log."""
     if engine is None:
-        loaded = build_engine(settings)
+        loaded = build_engine(settings, shared=True)
         engine, estimator_error, owns_engine = loaded.engine, loaded.estimator_error, True
         if estimator_error:
             log.warning("difficulty estimator unavailable (%s); deciding with difficulty.available == false",
@@ -132,7 +151,8 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
     rt = Runtime(settings, LiveEngine(engine, estimator_error), metrics, outcome_log, writer, owns_engine)
     if estimator_error is None:
         rt.live = LiveEngine(engine.with_estimator(rt.wrap(engine.estimator)), None)
-    metrics.watch_state(StateCollector(lambda: rt.live, lambda: rt.writer.pending))
+    metrics.watch_state(StateCollector(lambda: rt.live, lambda: rt.writer.pending, lambda: rt.feeds))
+    rt.live.engine.state.start_sync()
     return rt
 
 

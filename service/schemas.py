@@ -258,9 +258,16 @@ class PolicyValidateResponse(BaseModel):
 
 class FleetResponse(BaseModel):
     """``GET /v1/fleet``: every target with its endpoints' current signals and their ages
-    (``FleetState.fleet_status``), and its effective price per token today (``effective_price``:
-    ``cost.TargetPrice`` fields, None without a budget ledger)."""
+    (``FleetState.fleet_status``; per endpoint also ``scrape``: its metrics URL, the age of the
+    last good scrape, the last error and failures in a row), and its effective price per token
+    today (``effective_price``: ``cost.TargetPrice`` fields, None without a budget ledger)."""
 
     fleet_revision: str
     policy_revision: str
     targets: dict[str, dict[str, object]]
+    #: the shared-state sync (``POINTSMAN_STATE_URL``): whether state is shared and how it follows
+    shared_state: dict[str, object] | None = None
+    #: whether the engines' ``/metrics`` are scraped (each endpoint's ``scrape`` says how it went)
+    scraping: bool = False
+    watching_fleet: bool = False
+    last_fleet_reload: dict[str, object] | None = None

@@ -48,7 +48,17 @@ Service only (``pointsman serve``):
   ``models:/NAME@ALIAS``); default 30 s; 0 disables following.
 - ``POINTSMAN_ROUTE_IN_THREADPOOL``: run each decision in the threadpool instead of on the
   event loop; default ``false`` (measured faster on the loop, see ``scripts/load_service.py``).
-- ``POINTSMAN_WORKERS``: uvicorn worker processes of ``pointsman serve``; default 1.
+- ``POINTSMAN_WORKERS``: uvicorn worker processes of ``pointsman serve``; default 1. More than
+  one needs ``POINTSMAN_STATE_URL`` (each worker would otherwise see only its own requests).
+- ``POINTSMAN_STATE_URL``: where workers and replicas share live state (in-flight requests,
+  pushed telemetry, health marks, sessions; ``policy/signals/shared_state.py``):
+  ``redis://host:port/db``; default none: this process alone (embedded).
+- ``POINTSMAN_SCRAPE_INTERVAL_S``: how often each on-prem endpoint's ``/metrics`` is scraped;
+  default 2 s; 0 disables scraping. ``POINTSMAN_SCRAPE_TIMEOUT_S``: per scrape, default 1 s.
+  ``POINTSMAN_SCRAPE_FAILURES_TO_UNHEALTHY``: failed scrapes in a row that mark an endpoint
+  unhealthy (until it answers again); default 3.
+- ``POINTSMAN_WATCH_FLEET``: reload the fleet file (and recompile the policy against it) when
+  it changes; default ``true``.
 """
 
 from __future__ import annotations
@@ -95,6 +105,22 @@ class Settings(BaseSettings):
     model_poll_interval_s: float = Field(default=30.0, ge=0)
     route_in_threadpool: bool = False
     workers: int = Field(default=1, ge=1)
+    state_url: str | None = None
+    scrape_interval_s: float = Field(default=2.0, ge=0)
+    scrape_timeout_s: float = Field(default=1.0, gt=0)
+    scrape_failures_to_unhealthy: int = Field(default=3, ge=1)
+    watch_fleet: bool = True
+
+    @field_validator("state_url")
+    @classmethod
+    def _state_url(cls, v: str | None) -> str | None:
+        """A Redis URL (``redis://``, ``rediss://``, ``unix://``) or none."""
+        if v is None or not v.strip():
+            return None
+        scheme = v.split(":", 1)[0].lower()
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"scheme '{scheme}' is not redis, rediss or unix (e.g. redis://127.0.0.1:6379/0)")
+        return v
 
     @field_validator("estimator_timeout_ms", mode="before")
     @classmethod

@@ -575,8 +575,12 @@ class FleetState:
         self.board.put_scraped(self.fleet.endpoint_id(endpoint) or endpoint, load)
 
     def scrape_targets(self) -> dict[str, str]:
-        """On-prem endpoint id -> its ``/metrics`` URL, for ``scrape.Scraper(targets)``."""
-        return {e.id: metrics_url(e.url) for e in self.fleet.endpoints.values() if e.role != "api"}
+        """On-prem endpoint id -> its ``/metrics`` URL (the fleet's ``metrics_url``, else the base
+        URL's ``/metrics``), for ``scrape.Scraper(targets)``; none when the fleet's
+        ``defaults.scrape_metrics`` is false."""
+        if not self.fleet.spec.defaults.scrape_metrics:
+            return {}
+        return {e.id: e.metrics_url or metrics_url(e.url) for e in self.fleet.endpoints.values() if e.role != "api"}
 
     def set_health(self, endpoint: str, healthy: bool, reason: str = "", *, source: str = "operator") -> None:
         """Mark ``endpoint`` (id, URL or name) healthy or not on behalf of ``source``

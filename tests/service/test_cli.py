@@ -20,8 +20,8 @@ DECISION_KEYS = {"decision_id", "target", "model", "base_url", "mode", "endpoint
 @pytest.fixture
 def runner(monkeypatch):
     """A runner whose engine uses FixedDifficulty(0.2) (the real estimator is not under test here)."""
-    def fixed_build(settings, ledger=True):
-        loaded = build_engine(settings, ledger=ledger)
+    def fixed_build(settings, ledger=True, shared=False):
+        loaded = build_engine(settings, ledger=ledger, shared=shared)
         return LoadedEngine(loaded.engine.with_estimator(FixedDifficulty(0.2)), None)
     monkeypatch.setattr(cli_route, "build_engine", fixed_build)
     return CliRunner()

@@ -5,9 +5,13 @@ it acknowledged is in the outcome log (and a re-post is a duplicate, not a new o
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+import uuid
 
 import httpx
 import pytest
@@ -78,15 +82,29 @@ def test_every_acknowledged_outcome_survives_sigkill(tmp_path, serve):
     assert r.status_code == 200 and r.json()["counts"] == {"duplicate": 10}
 
 
-def test_two_workers_store_outcomes_whose_decision_another_worker_made(tmp_path, serve):
-    """With 2 worker processes a decision can still be in one worker's memory queue when its
-    outcome reaches the other: the outcome is retried after a flush interval and stored."""
-    _, base = serve(tmp_path, workers="2", watch_policy="false")
-    statuses = []
-    for i in range(30):
+def test_two_workers_store_outcomes_whose_decision_another_worker_made(tmp_path, serve, redis_url):
+    """With 2 worker processes (sharing live state through Redis) a decision can still be in one
+    worker's memory queue when its outcome reaches the other: the outcome is retried after a
+    flush interval and stored, and it releases the load the decision reserved, whichever worker
+    made it (issue 11's experiment: 60 route + outcome pairs on fresh connections)."""
+    prefix = f"%7Bdur-{uuid.uuid4().hex[:8]}%7D:"
+    _, base = serve(tmp_path, workers="2", watch_policy="false", state_url=f"{redis_url}?prefix={prefix}")
+    statuses, released = [], []
+    for i in range(60):
         with httpx.Client(base_url=base, timeout=10) as c:  # a new connection: either worker
             d = c.post("/v1/route", json={"messages": [{"role": "user", "content": f"q{i}"}]}).json()
         with httpx.Client(base_url=base, timeout=10) as c:
             r = c.post("/v1/outcomes", json={"decision_id": d["decision_id"], "usage": {"completion_tokens": 3}})
-        statuses.append(r.json()["acks"][0]["status"])
-    assert statuses == ["stored"] * 30
+        ack = r.json()["acks"][0]
+        statuses.append(ack["status"])
+        released.append(ack["settlement"]["released_load"])
+    assert statuses == ["stored"] * 60
+    assert all(n >= 1 for n in released), released
+
+
+def test_two_workers_without_shared_state_refuse_to_start(tmp_path):
+    env = {**os.environ, "POINTSMAN_DATA_DIR": str(tmp_path), "POINTSMAN_STATE_URL": ""}
+    done = subprocess.run([sys.executable, "-m", "pointsman", "serve", "--workers", "2", "--port", "0"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "needs shared state: set POINTSMAN_STATE_URL=redis://" in done.stderr
