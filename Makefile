@@ -1,6 +1,7 @@
 # Set-up and entry points. Two commands do everything on a fresh machine:
 #   make serve   install serving deps, build the default model if absent, run the decision service
-#   make test    install everything the tests need and run the suite
+#   make test    install everything the tests need, then lint (ruff), check the import order and the
+#                types (import-linter, mypy: scripts/check_types.py) and run the suite
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -13,7 +14,7 @@ export ORT_DISABLE_TELEMETRY := 1
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: serve test install install-train model bench clean
+.PHONY: serve test lint install install-train model bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +37,11 @@ model:
 serve: install model
 	$(BIN)/pointsman serve --host $(HOST) --port $(PORT)
 
-test: install-train
+lint: install-train
+	$(BIN)/ruff check .
+	$(BIN)/python scripts/check_types.py
+
+test: lint
 	$(BIN)/python -m pytest -q
 
 clean:
