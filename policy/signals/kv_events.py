@@ -639,6 +639,7 @@ class KVEventSubscriber:
         ctx = self._context if self._context is not None else zmq.Context()
         self._context = ctx
         sub = ctx.socket(zmq.SUB)
+        monitor: zmq.Socket[bytes] | None = None
         try:
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.RCVHWM, self.rcvhwm)
@@ -647,9 +648,13 @@ class KVEventSubscriber:
             monitor = sub.get_monitor_socket(_MONITOR_EVENTS)
             (sub.bind if self.bind else sub.connect)(self.url)
         except zmq.ZMQError as e:
+            if monitor is not None:
+                sub.disable_monitor()
+                monitor.close(linger=0)
             sub.close(linger=0)
             if self._own_context:
                 ctx.term()
+                self._context = None
             raise KVEventError(f"KV-event subscriber for {self.endpoint_id}: cannot "
                                f"{'bind' if self.bind else 'connect'} {self.url}: {e}") from e
         self._stopping.clear()
