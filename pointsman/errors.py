@@ -22,6 +22,11 @@ marked with a module live beside the code that raises them and subclass these.
     │   └── LedgerUnavailable        the backend failed; the operation had no effect
     │                                                                   (these three: pointsman.policy.budget.ledger)
     ├── ScrapeError                  an engine's /metrics page is unreadable   (pointsman.policy.signals.scrape)
+    ├── KVEventError                 a KV-cache event message or payload is malformed; also a ValueError
+    │                                                                   (pointsman.policy.signals.kv_events)
+    ├── TargetTokenizerError         a target's tokenizer.json or chat template cannot be loaded, or the
+    │                                template refused a conversation; also a ValueError
+    │                                                                   (pointsman.policy.signals.engine_hashes)
     ├── PromotionRefused             the challenger did not beat the champion  (pointsman.training.promote)
     └── DataError                    an outcome table, trace or log is unreadable or has wrong columns
 
