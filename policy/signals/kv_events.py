@@ -83,7 +83,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol, TypeAlias
+from typing import Final, Protocol, TypeAlias, cast
 
 import msgpack  # type: ignore[import-untyped]
 import zmq
@@ -118,7 +118,7 @@ class KVEventError(PointsmanError, ValueError):
 # -- records
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class BlockStored:
     """Full blocks an engine just cached, in prefix order (one request, one KV-cache group).
 
@@ -141,7 +141,7 @@ class BlockStored:
     kv_cache_spec_kind: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class BlockRemoved:
     """Blocks an engine evicted (``medium``, ``group_idx`` as in ``BlockStored``)."""
 
@@ -192,6 +192,7 @@ def _kind(v: object) -> str:
 
 
 def _hashes(v: object, where: str, name: str = "block_hashes") -> tuple[BlockHash, ...]:
+    """Validate and normalise a hash list (the slow path: bytes present, or an error to name)."""
     if type(v) is not list:
         raise KVEventError(f"KV-event batch {where}: {name} must be an array of int or bytes, got {_kind(v)}")
     out: list[BlockHash] = []
@@ -207,6 +208,15 @@ def _hashes(v: object, where: str, name: str = "block_hashes") -> tuple[BlockHas
     return tuple(out)
 
 
+def _fast_hashes(v: object, i: int, tag: str) -> tuple[BlockHash, ...]:
+    if type(v) is list:
+        try:
+            return tuple([h & MASK64 for h in v])  # ints (the common case); bytes or junk raise TypeError
+        except TypeError:
+            pass
+    return _hashes(v, _where(i, tag))
+
+
 def _parent(v: object, where: str) -> BlockHash | None:
     if v is None:
         return None
@@ -217,31 +227,55 @@ def _parent(v: object, where: str) -> BlockHash | None:
     raise KVEventError(f"KV-event batch {where}: parent_block_hash must be an int, bytes or null, got {_kind(v)}")
 
 
-def _tokens(v: object, where: str) -> tuple[TokenId, ...]:
+def _check(v: object, types: tuple[type, ...], where: str, name: str, what: str) -> None:
+    if type(v) not in types:
+        raise KVEventError(f"KV-event batch {where}: {name} must be {what}, got {_kind(v)}")
+
+
+_STR_OR_NONE: Final = (str, type(None))
+_INT_OR_NONE: Final = (int, type(None))
+_new = object.__new__
+_set = object.__setattr__
+
+
+def _stored(i: int, hashes: object, parent: object, tokens: object, block_size: object, lora_name: object,
+            medium: object, group_idx: object, kind: object) -> BlockStored:
+    """A validated ``BlockStored`` (built without the dataclass ``__init__``: this is the hot path)."""
+    if not (type(tokens) is list and type(block_size) is int and block_size >= 1
+            and type(lora_name) in _STR_OR_NONE and type(medium) in _STR_OR_NONE
+            and type(group_idx) in _INT_OR_NONE and type(kind) in _STR_OR_NONE):
+        w = _where(i, "BlockStored")
+        _check(tokens, (list,), w, "token_ids", "an array")
+        if type(block_size) is not int or block_size < 1:
+            raise KVEventError(f"KV-event batch {w}: block_size must be an integer >= 1, got {block_size!r}")
+        _check(lora_name, _STR_OR_NONE, w, "lora_name", "a string or null")
+        _check(medium, _STR_OR_NONE, w, "medium", "a string or null")
+        _check(group_idx, _INT_OR_NONE, w, "group_idx", "an integer or null")
+        _check(kind, _STR_OR_NONE, w, "kv_cache_spec_kind", "a string or null")
+    if type(parent) is int:
+        parent &= MASK64
+    elif parent is not None and type(parent) is not bytes:
+        _parent(parent, _where(i, "BlockStored"))
+    assert type(tokens) is list
     # Token ids are not checked one by one (cost); SGLang's bigram pairs become tuples.
-    if type(v) is not list:
-        raise KVEventError(f"KV-event batch {where}: token_ids must be an array, got {_kind(v)}")
-    if v and type(v[0]) is list:
-        return tuple(tuple(t) if type(t) is list else t for t in v)
-    return tuple(v)
+    token_ids = tuple(tuple(t) if type(t) is list else t for t in tokens) if tokens and type(tokens[0]) is list \
+        else tuple(tokens)
+    ev = _new(BlockStored)
+    _set(ev, "__dict__", {"block_hashes": _fast_hashes(hashes, i, "BlockStored"), "parent_block_hash": parent,
+                          "token_ids": token_ids, "block_size": block_size, "lora_name": lora_name, "medium": medium,
+                          "group_idx": group_idx, "kv_cache_spec_kind": kind})
+    return ev
 
 
-def _block_size(v: object, where: str) -> int:
-    if type(v) is not int or v < 1:
-        raise KVEventError(f"KV-event batch {where}: block_size must be an integer >= 1, got {v!r}")
-    return v
-
-
-def _opt_str(v: object, where: str, name: str) -> str | None:
-    if v is None or type(v) is str:
-        return v
-    raise KVEventError(f"KV-event batch {where}: {name} must be a string or null, got {_kind(v)}")
-
-
-def _opt_int(v: object, where: str, name: str) -> int | None:
-    if v is None or type(v) is int:
-        return v
-    raise KVEventError(f"KV-event batch {where}: {name} must be an integer or null, got {_kind(v)}")
+def _removed(i: int, hashes: object, medium: object, group_idx: object) -> BlockRemoved:
+    if type(medium) not in _STR_OR_NONE or type(group_idx) not in _INT_OR_NONE:
+        w = _where(i, "BlockRemoved")
+        _check(medium, _STR_OR_NONE, w, "medium", "a string or null")
+        _check(group_idx, _INT_OR_NONE, w, "group_idx", "an integer or null")
+    ev = _new(BlockRemoved)
+    _set(ev, "__dict__", {"block_hashes": _fast_hashes(hashes, i, "BlockRemoved"), "medium": medium,
+                          "group_idx": group_idx})
+    return ev
 
 
 def _stored_array(ev: list[object], i: int) -> BlockStored:
@@ -249,41 +283,33 @@ def _stored_array(ev: list[object], i: int) -> BlockStored:
     if n < 5:
         raise KVEventError(f"KV-event batch {_where(i, 'BlockStored')}: an array of {n} elements; at least the tag, "
                            "block_hashes, parent_block_hash, token_ids and block_size are needed")
-    w = _where(i, "BlockStored")
-    return BlockStored(_hashes(ev[1], w), _parent(ev[2], w), _tokens(ev[3], w), _block_size(ev[4], w),
-                       _opt_str(ev[7], w, "lora_name") if n > 7 else None,
-                       _opt_str(ev[6], w, "medium") if n > 6 else None,
-                       _opt_int(ev[9], w, "group_idx") if n > 9 else None,
-                       _opt_str(ev[10], w, "kv_cache_spec_kind") if n > 10 else None)
+    if n > 10:  # vLLM 0.22/0.23 and anything newer that stayed positional
+        return _stored(i, ev[1], ev[2], ev[3], ev[4], ev[7], ev[6], ev[9], ev[10])
+    return _stored(i, ev[1], ev[2], ev[3], ev[4], ev[7] if n > 7 else None, ev[6] if n > 6 else None,
+                   ev[9] if n > 9 else None, None)
 
 
 def _stored_map(ev: dict[object, object], i: int) -> BlockStored:
-    w = _where(i, "BlockStored")
-    for name in ("block_hashes", "token_ids", "block_size"):
-        if name not in ev:
-            raise KVEventError(f"KV-event batch {w}: no {name}")
     get = ev.get
-    return BlockStored(_hashes(ev["block_hashes"], w), _parent(get("parent_block_hash"), w), _tokens(ev["token_ids"], w),
-                       _block_size(ev["block_size"], w), _opt_str(get("lora_name"), w, "lora_name"),
-                       _opt_str(get("medium"), w, "medium"), _opt_int(get("group_idx"), w, "group_idx"),
-                       _opt_str(get("kv_cache_spec_kind"), w, "kv_cache_spec_kind"))
+    try:
+        hashes, tokens, block_size = ev["block_hashes"], ev["token_ids"], ev["block_size"]
+    except KeyError as e:
+        raise KVEventError(f"KV-event batch {_where(i, 'BlockStored')}: no {e.args[0]}") from None
+    return _stored(i, hashes, get("parent_block_hash"), tokens, block_size, get("lora_name"), get("medium"),
+                   get("group_idx"), get("kv_cache_spec_kind"))
 
 
 def _removed_array(ev: list[object], i: int) -> BlockRemoved:
     n = len(ev)
-    w = _where(i, "BlockRemoved")
     if n < 2:
-        raise KVEventError(f"KV-event batch {w}: no block_hashes")
-    return BlockRemoved(_hashes(ev[1], w), _opt_str(ev[2], w, "medium") if n > 2 else None,
-                        _opt_int(ev[3], w, "group_idx") if n > 3 else None)
+        raise KVEventError(f"KV-event batch {_where(i, 'BlockRemoved')}: no block_hashes")
+    return _removed(i, ev[1], ev[2] if n > 2 else None, ev[3] if n > 3 else None)
 
 
 def _removed_map(ev: dict[object, object], i: int) -> BlockRemoved:
-    w = _where(i, "BlockRemoved")
     if "block_hashes" not in ev:
-        raise KVEventError(f"KV-event batch {w}: no block_hashes")
-    return BlockRemoved(_hashes(ev["block_hashes"], w), _opt_str(ev.get("medium"), w, "medium"),
-                        _opt_int(ev.get("group_idx"), w, "group_idx"))
+        raise KVEventError(f"KV-event batch {_where(i, 'BlockRemoved')}: no block_hashes")
+    return _removed(i, ev["block_hashes"], ev.get("medium"), ev.get("group_idx"))
 
 
 _CLEARED: Final = AllBlocksCleared()
@@ -389,6 +415,13 @@ def parse_message(frames: Sequence[bytes], *, max_events: int = DEFAULT_MAX_EVEN
 # -- applying events to an index
 
 
+def _keys(hashes: tuple[BlockHash, ...]) -> Sequence[int]:
+    """``hash_key`` of each hash; the tuple itself when all are ints (already u64: the common case)."""
+    if bytes in map(type, hashes):
+        return [hash_key(h) for h in hashes]
+    return cast(tuple[int, ...], hashes)
+
+
 class KVBlockSink(Protocol):
     """What engines report, per endpoint: the index side of ``EventApplier``. Keys are
     ``hash_key`` u64s in prefix order; ``medium`` is ``"GPU"`` when the event names none.
@@ -446,7 +479,7 @@ class EventApplier:
                 if media is not None and medium not in media:
                     skipped += 1
                     continue
-                keys = [h if type(h) is int else hash_key(h) for h in ev.block_hashes]
+                keys = _keys(ev.block_hashes)
                 sink.store_blocks(endpoint_id, keys, medium)
                 stored += len(keys)
             elif type(ev) is BlockRemoved:
@@ -454,7 +487,7 @@ class EventApplier:
                 if (ev.group_idx is not None and ev.group_idx in other) or (media is not None and medium not in media):
                     skipped += 1
                     continue
-                keys = [h if type(h) is int else hash_key(h) for h in ev.block_hashes]
+                keys = _keys(ev.block_hashes)
                 sink.remove_blocks(endpoint_id, keys, medium)
                 removed += len(keys)
             else:
@@ -570,8 +603,7 @@ class SubscriberStatus:
     running: bool
 
 
-_MONITOR_EVENTS: Final = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
-                          | zmq.EVENT_MONITOR_STOPPED)
+_MONITOR_EVENTS: Final = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED
 
 
 def _check_url(url: str, what: str) -> str:
@@ -734,7 +766,7 @@ class KVEventSubscriber:
             with self._lock:
                 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     self._peers += 1
-                elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
+                elif event == zmq.EVENT_DISCONNECTED:
                     self._peers = max(0, self._peers - 1)
 
     def _error(self, message: str) -> None:
