@@ -480,3 +480,57 @@ def test_stop_closes_everything_and_bad_addresses_fail_at_start():
         KVEventSubscriber("ep-x", "tcp://no-such-host-:x", on_batch=rec.on_batch, on_reset=rec.on_reset).start()
     with pytest.raises(KVEventError, match="ZMQ address"):
         KVEventSubscriber("ep-x", "localhost:5557", on_batch=rec.on_batch, on_reset=rec.on_reset)
+
+
+# -- the stand-in engine's /metrics page (what the scraper reads)
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_standin_metrics_page_changes_at_run_time_and_dies(kind):
+    import httpx
+
+    from pointsman.policy.signals.scrape import parse_metrics
+
+    server = se.MetricsServer(se.EngineMetrics(kind)).start()
+    try:
+        server.metrics.set(running=3, waiting=40, kv_usage=0.5)
+        server.metrics.observe_ttft(0.2, n=4)
+        page = httpx.get(server.metrics_url, timeout=5).text
+        m = parse_metrics(page)
+        assert (m.engine, m.num_requests_running, m.num_requests_waiting, m.kv_cache_usage) == (kind, 3, 40, 0.5)
+        assert m.ttft is not None and m.ttft.count == 4
+        assert m.kv_cache_capacity_tokens == (16 * 8192 if kind == "vllm" else 500_000)
+        server.metrics.set(waiting=2)
+        assert parse_metrics(httpx.get(server.metrics_url, timeout=5).text).num_requests_waiting == 2
+        recorded = (Path(__file__).parent / "fixtures" / ("vllm_1.prom" if kind == "vllm" else "sglang_1.prom")).read_text()
+        server.serve_text(recorded)
+        assert httpx.get(server.metrics_url, timeout=5).text == recorded
+        server.fail_with(503)
+        assert httpx.get(server.metrics_url, timeout=5).status_code == 503
+        server.fail_with(None)
+        port = server.port
+        server.stop()  # the engine died
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(server.metrics_url, timeout=2)
+        server.start()  # and came back on the same port
+        assert server.port == port and httpx.get(server.metrics_url, timeout=5).status_code == 200
+    finally:
+        server.stop()
+
+
+def test_standin_engine_restart_empties_its_cache_and_restarts_its_sequence(subscribe):
+    engine = se.StandinEngine("vllm", version="0.26.0").start()
+    try:
+        rec = Recorder()
+        sub = subscribe(engine.events, rec)
+        seq, ev = engine.prefill(list(range(32)))
+        assert seq == 0 and len(ev.block_hashes) == 2
+        wait_for(lambda: len(rec.log) == 1, what="the first batch")
+        engine.restart()
+        assert engine.events.wait_subscribed(10)
+        seq, ev = engine.prefill(list(range(32)))  # cached again from scratch: the same hashes, seq 0
+        assert seq == 0 and len(ev.block_hashes) == 2 and ev.parent_block_hash is None
+        wait_for(lambda: len(rec.log) == 3, what="reset + batch")
+        assert rec.tss()[1] == "R" and sub.status().resets == 1
+    finally:
+        engine.stop()
