@@ -11,7 +11,7 @@ from pointsman.policy.budget.ledger import BudgetExceeded, UnknownReservation
 from pointsman.policy.budget.sqlite_ledger import SqliteLedger
 from pointsman.policy.budget.units import MAX_SETTLE_TOKENS
 from pointsman.policy.cost import estimate_cost
-from pointsman.policy.fleet import load_fleet
+from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet, parse_fleet
 from pointsman.policy.signals.fleet_state import Dispatch, DispatchRecord, FleetState
 from pointsman.policy.signals.scrape import ScrapeStatus
 from pointsman.request import request_scopes
@@ -125,8 +125,11 @@ def test_health_counts_and_scrape_status(fleet):
               "http://llama-8b-1.inference.internal:8000/v1": ScrapeStatus("m", last_ok_at=1.0)}
     assert st.apply_scrape_status(status) == [E8]
     assert "scrape failed 3x: timeout" in st.unhealthy()[E8]
-    assert set(st.scrape_targets()) == {e for e, i in fleet.endpoints.items() if i.role != "api"}
-    assert st.scrape_targets()[E8] == "http://llama-8b-0.inference.internal:8000/metrics"
+    assert st.scrape_targets() == {}  # the packaged fleet's placeholder URLs are not scraped
+    scraping = FleetState(parse_fleet(DEFAULT_FLEET_PATH.read_text().replace("scrape_metrics: false",
+                                                                                   "scrape_metrics: true")))
+    assert set(scraping.scrape_targets()) == {e for e, i in fleet.endpoints.items() if i.role != "api"}
+    assert scraping.scrape_targets()[E8] == "http://llama-8b-0.inference.internal:8000/metrics"
 
 
 def test_push_by_name_and_bad_pushes(fleet):
