@@ -7,7 +7,7 @@ has two parts:
 1. the *ranker* ``ranker_``: a ``Pipeline`` of per-block scaling (``StandardScaler`` on
    the embedding columns, ``MinMaxScaler`` on the request features, so rare 0/1 flags
    do not become huge z-scores) and a soft-voting ensemble of small MLPs trained
-   on soft labels (each row weighted by its label, see ``training.labels.expand_soft_labels``);
+   on soft labels (each row weighted by its label, see ``expand_soft_labels``);
 2. a Platt calibration ``p_hard = sigmoid(a * logit(q) + b)`` of the ranker's
    probability ``q``, fitted on out-of-fold ranker outputs (``oof_proba_``) against the
    calibration labels (Platt 1999; the sigmoid method of ``CalibratedClassifierCV``).
@@ -48,13 +48,23 @@ def _logit(p: np.ndarray) -> np.ndarray:
     return np.asarray(np.log(q) - np.log1p(-q), dtype=np.float64)
 
 
-def _expand(y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def expand_soft_labels(y: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Turn soft labels into a weighted binary problem for any scikit-learn classifier.
+
+    Row i becomes two rows: label 1 with weight ``weight[i]*y[i]`` and label 0 with
+    weight ``weight[i]*(1-y[i])``; the weighted log-loss equals the soft-label
+    cross-entropy. Returns ``(index (2n,), labels int64 (2n,), weights float64 (2n,))``
+    where ``index`` points back into the original rows (for features and groups).
+    Rows whose expanded weight is 0 are dropped.
+    """
+    y = np.asarray(y, dtype=np.float64)
+    weight = np.asarray(weight, dtype=np.float64)
     n = len(y)
-    idx = np.concatenate([np.arange(n), np.arange(n)])
-    lab = np.concatenate([np.ones(n, dtype=np.int64), np.zeros(n, dtype=np.int64)])
-    sw = np.concatenate([w * y, w * (1.0 - y)])
-    keep = sw > 0
-    return idx[keep], lab[keep], sw[keep]
+    index = np.concatenate([np.arange(n), np.arange(n)])
+    labels = np.concatenate([np.ones(n, dtype=np.int64), np.zeros(n, dtype=np.int64)])
+    weights = np.concatenate([weight * y, weight * (1.0 - y)])
+    keep = weights > 0
+    return index[keep], labels[keep], weights[keep]
 
 
 def _is_soft(values: np.ndarray) -> bool:
@@ -187,7 +197,7 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
         )
 
     def _fit_ranker(self, X: np.ndarray, y: np.ndarray, w: np.ndarray) -> Pipeline:
-        idx, lab, sw = _expand(y, w)
+        idx, lab, sw = expand_soft_labels(y, w)
         ranker = self._make_ranker(X.shape[1])
         ranker.fit(X[idx], lab, vote__sample_weight=sw)
         return ranker
@@ -239,7 +249,7 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
                 self.oof_proba_[test] = ranker.predict_proba(X[test])[:, 1]
             ok = ~np.isnan(self.oof_proba_)
             z = _logit(self.oof_proba_[ok])[:, None]
-            idx, lab, sw = _expand(cal_y[ok], cal_w[ok])
+            idx, lab, sw = expand_soft_labels(cal_y[ok], cal_w[ok])
             platt = LogisticRegression(C=1e4, max_iter=1000).fit(z[idx], lab, sample_weight=sw)
             self.calibration_slope_ = float(platt.coef_[0, 0])
             self.calibration_intercept_ = float(platt.intercept_[0])

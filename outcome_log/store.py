@@ -62,6 +62,7 @@ from pointsman.outcome_log.records import (
     OutcomeAck,
     decision_record,
 )
+from pointsman.sqlite_tx import Phase, transaction
 
 if TYPE_CHECKING:  # pragma: no cover
     from pointsman.estimator.estimate import Estimator
@@ -298,18 +299,15 @@ class OutcomeLog:
                 raise DataError(f"{self.path}: the outcome log is closed")
             try:
                 conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-                conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 raise DataError(f"{self.path}: outcome log unavailable ({exc})") from None
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise DataError(f"{self.path}: outcome log write failed ({exc})") from None
-                raise
+
+            def fail(exc: sqlite3.Error, phase: Phase) -> DataError:
+                what = "unavailable" if phase == "begin" else "write failed"
+                return DataError(f"{self.path}: outcome log {what} ({exc})")
+
+            with transaction(conn, "BEGIN IMMEDIATE", fail) as tx:
+                yield tx
 
     # ------------------------------------------------------------------- reads
 

@@ -25,7 +25,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic_core import ErrorDetails
 
 from pointsman.errors import RequestError
-from pointsman.json_types import JSONObject, JSONValue
+from pointsman.json_types import JSONObject, JSONValue, json_path
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -225,10 +225,7 @@ def _loc(loc: tuple[int | str, ...]) -> str:
         if prev_is_index and isinstance(item, str) and i + 1 < len(items) and isinstance(items[i + 1], str):
             continue
         cleaned.append(item)
-    out = ""
-    for item in cleaned:
-        out += f"[{item}]" if isinstance(item, int) else ("." if out else "") + str(item)
-    return out
+    return json_path(cleaned)
 
 
 def _message(err: ErrorDetails) -> str:

@@ -50,25 +50,6 @@ def _pair_mean(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.nd
     return np.where(n_pairs > 0, y, np.nan), n_pairs.astype(np.int64)
 
 
-def expand_soft_labels(y: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Turn soft labels into a weighted binary problem for any scikit-learn classifier.
-
-    Row i becomes two rows: label 1 with weight ``weight[i]*y[i]`` and label 0 with
-    weight ``weight[i]*(1-y[i])``; the weighted log-loss equals the soft-label
-    cross-entropy. Returns ``(index (2n,), labels int64 (2n,), weights float64 (2n,))``
-    where ``index`` points back into the original rows (for features and groups).
-    Rows whose expanded weight is 0 are dropped.
-    """
-    y = np.asarray(y, dtype=np.float64)
-    weight = np.asarray(weight, dtype=np.float64)
-    n = len(y)
-    index = np.concatenate([np.arange(n), np.arange(n)])
-    labels = np.concatenate([np.ones(n, dtype=np.int64), np.zeros(n, dtype=np.int64)])
-    weights = np.concatenate([weight * y, weight * (1.0 - y)])
-    keep = weights > 0
-    return index[keep], labels[keep], weights[keep]
-
-
 def pairwise_gap_share(weak: np.ndarray, strong: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
     """Mean positive score gap ``clip((strong - weak) / scale, 0, 1)`` over (weak, strong) pairs.
 

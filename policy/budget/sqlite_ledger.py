@@ -66,6 +66,7 @@ from pointsman.policy.budget.units import (
     window_of,
     windows_at,
 )
+from pointsman.sqlite_tx import transaction
 
 SCHEMA_VERSION = 1
 SYNCHRONOUS = ("normal", "full", "extra")
@@ -270,21 +271,9 @@ class SqliteLedger:
     def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
         """One transaction (``BEGIN IMMEDIATE`` for writes, ``BEGIN`` for consistent reads);
         rolls back on any error; SQLite errors become ``LedgerUnavailable``."""
-        with self._guard():
-            conn = self._connection()
-            try:
-                conn.execute(begin)
-            except sqlite3.Error as exc:
-                raise LedgerUnavailable(f"budget ledger {self.path}: {exc}") from exc
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise LedgerUnavailable(f"budget ledger {self.path}: {exc}") from exc
-                raise
+        with self._guard(), transaction(self._connection(), begin,
+                                        lambda exc, _: LedgerUnavailable(f"budget ledger {self.path}: {exc}")) as conn:
+            yield conn
 
     @staticmethod
     def _sweep(conn: sqlite3.Connection, now: float) -> None:

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from pointsman.training.labels import expand_soft_labels, pairwise_gap_share, pairwise_worse_share
+from pointsman.estimator.head import expand_soft_labels
+from pointsman.training.labels import pairwise_gap_share, pairwise_worse_share
 
 
 def test_worse_share_counts_pairs_and_skips_missing():
