@@ -72,7 +72,11 @@ medium defaults to ``"GPU"``. Hybrid models publish one event per KV-cache group
 ``kv_cache_spec_kind`` is not ``"full_attention"`` (sliding window, Mamba) is remembered and its
 stores and removals are skipped, since its blocks say nothing about prefix reuse (notes §1.3,
 §1.8). ``ReportedBlocks`` is a small bounded in-memory sink (the reference for tests and the
-ingestion benchmark, ``scripts/bench_kv_events.py``).
+ingestion benchmark). ``scripts/bench_kv_events.py`` measured, on one core of this 2-core
+machine while it was shared (load average ≈ 6; best of 5 passes), ``decode_batch`` + ``apply``
+at 83,000 events/s for the map layout and 109,000 for the positional one (46,000 / 90,000
+in a run under heavier load; decoding alone 120,000–200,000), with ``ReportedBlocks`` at
+≈ 87 MiB per million blocks.
 """
 
 from __future__ import annotations
