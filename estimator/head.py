@@ -23,8 +23,6 @@ Training-only: imports scikit-learn. Export with ``estimator.export.export_head`
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.compose import ColumnTransformer
@@ -33,6 +31,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.neural_network import MLPClassifier
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import MinMaxScaler, StandardScaler
+from sklearn.utils import Tags
 from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import _check_sample_weight, check_consistent_length, check_is_fitted, column_or_1d, validate_data
 
@@ -158,7 +157,7 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
         self.n_folds = n_folds
         self.random_state = random_state
 
-    def __sklearn_tags__(self) -> Any:
+    def __sklearn_tags__(self) -> Tags:
         """A binary classifier (soft labels allowed) on dense, finite float input."""
         tags = super().__sklearn_tags__()
         tags.classifier_tags.multi_class = False
