@@ -288,7 +288,7 @@ class RoutingEngine:
         scopes = view.scopes
         hashes, gateway_ids = block_hashes(view)
         live = LiveSignals(self.state, self.policy, self.picker, request=base["request"], block_hashes=hashes,
-                           gateway_ids=gateway_ids, scopes=scopes, session_id=routing.session_id or "")
+                           gateway_ids=gateway_ids, scopes=scopes, session_id=routing.session_id or "", view=view)
         outcome = decide(self.fleet, self.policy, base, live, self.filters)
         verdict = outcome.verdict
         decision_id = new_decision_id()
@@ -392,6 +392,8 @@ class RoutingEngine:
             "endpoints": [p.trace() for p in chosen.picks],
             # unhealthy endpoints fed no signal (load, cache, session, cost): which, and why
             "dropped_endpoints": dict(live.dropped),
+            # per target looked up: where its cache signals came from (engine KV events or an estimate)
+            "cache_sources": dict(live.cache_sources),
             "budget": {"scopes": list(scopes), "limited": live.budget_limited() if scopes else False,
                        "reserved_usd": chosen.cost.usd if dispatched else None,
                        "refusals": {t: str(e) for t, e in refusals.items()}},

@@ -65,14 +65,36 @@ NonNegativeFloat = Annotated[float, Field(ge=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
 
+def _check_zmq(value: str) -> str:
+    if not re.fullmatch(r"(tcp|ipc)://\S+", value) or len(value) > 2048:
+        raise ValueError(f"'{value}' is not a ZMQ address (tcp://host:port or ipc://path)")
+    return value
+
+
+ZmqUrl = Annotated[str, AfterValidator(_check_zmq)]
+
+
+class EndpointEvents(StrictModel):
+    """Where an engine publishes its KV-cache events (vLLM's and SGLang's ``--kv-events-config``):
+    ``url`` of its ZMQ PUB socket (``tcp://host:5557``), optional ``replay_url`` of its ROUTER
+    replay socket (gaps are then filled instead of dropping the endpoint's entries), ``topic``
+    (default ``""``). One data-parallel rank per entry: vLLM offsets both ports by the rank."""
+
+    url: ZmqUrl
+    replay_url: ZmqUrl | None = None
+    topic: str = ""
+
+
 class Endpoint(StrictModel):
-    """One replica (or an API base URL): ``url`` (http/https), optional ``name``, and
+    """One replica (or an API base URL): ``url`` (http/https), optional ``name``,
     ``metrics_url``: where its engine serves Prometheus metrics (default: ``url``'s origin with
-    path ``/metrics``, where vLLM and SGLang serve them)."""
+    path ``/metrics``, where vLLM and SGLang serve them), and ``kv_events``: where it publishes
+    KV-cache events (for a target with ``kv_events``)."""
 
     url: Url
     name: str | None = None
     metrics_url: Url | None = None
+    kv_events: EndpointEvents | None = None
 
 
 class Capabilities(StrictModel):
@@ -125,6 +147,28 @@ class Pools(StrictModel):
         if self.aggregated is None and self.prefill is None:
             raise ValueError("declare an 'aggregated' pool, or 'prefill' and 'decode' pools")
         return self
+
+
+class TargetEvents(StrictModel):
+    """How a target's engines hash the KV-cache blocks they report (so a request's blocks can be
+    matched against their ``BlockStored`` events; ``policy/signals/engine_hashes.py``):
+    ``tokenizer`` (the model's ``tokenizer.json``) and ``tokenizer_config`` (its
+    ``tokenizer_config.json``: the chat template and special tokens) or ``chat_template`` (a
+    Jinja file), paths relative to the fleet file; ``hash_algo`` (vLLM's
+    ``--prefix-caching-hash-algo``: ``sha256``, the default since vLLM 0.10.2, or
+    ``sha256_cbor``); ``hash_seed`` (the engines' ``PYTHONHASHSEED`` if they set one; vLLM ≥ 0.29
+    otherwise seeds with a fixed string); ``block_size`` (tokens per block, vLLM's default 16);
+    ``max_tokens`` (leading prompt tokens hashed per request). Endpoints name their event
+    sockets (``endpoints[].kv_events``); with events, the target's cache signals are what the
+    engines report, not Pointsman's estimate."""
+
+    tokenizer: str = Field(min_length=1)
+    tokenizer_config: str | None = None
+    chat_template: str | None = None
+    hash_algo: Literal["sha256", "sha256_cbor"] = "sha256"
+    hash_seed: str | None = None
+    block_size: PositiveInt = 16
+    max_tokens: PositiveInt = 32768
 
 
 class SharedKV(StrictModel):
@@ -230,6 +274,7 @@ class OnPremTarget(StrictModel):
     default_mode: Mode | None = None
     kv_bytes_per_token: PositiveInt | None = None
     shared_kv: SharedKV | None = None
+    kv_events: TargetEvents | None = None
     pools: Pools
     replay: OnPremReplay | None = None
 
@@ -351,6 +396,7 @@ class EndpointInfo:
     role: str
     pool: Pool | None = None
     metrics_url: str | None = None
+    kv_events: EndpointEvents | None = None
 
 
 def _endpoints(targets: dict[str, OnPremTarget | FrontierTarget]) -> dict[str, EndpointInfo]:
@@ -361,7 +407,7 @@ def _endpoints(targets: dict[str, OnPremTarget | FrontierTarget]) -> dict[str, E
             continue
         for role, pool in target.pools_by_role().items():
             for e in pool.endpoints:
-                out.setdefault(e.url, EndpointInfo(e.url, e.url, e.name, name, role, pool, e.metrics_url))
+                out.setdefault(e.url, EndpointInfo(e.url, e.url, e.name, name, role, pool, e.metrics_url, e.kv_events))
     return out
 
 
@@ -438,6 +484,7 @@ def _semantic_problems(spec: FleetSpec, doc: LocatedDocument) -> list[Problem]:
                                     "(needed for the restore time)"))
         if not isinstance(target, OnPremTarget):
             continue
+        problems.extend(_event_problems(name, target, doc))
         for role, pool in target.pools_by_role().items():
             for i, e in enumerate(pool.endpoints):
                 path = ("targets", name, "pools", role, "endpoints", i)
@@ -452,6 +499,29 @@ def _semantic_problems(spec: FleetSpec, doc: LocatedDocument) -> list[Problem]:
                         problems.append(Problem(doc.file, line, col, "duplicate-endpoint",
                                                 f"endpoint name '{e.name}' is already used by {names[e.name]}"))
                     names.setdefault(e.name, e.url)
+    return problems
+
+
+def _event_problems(name: str, target: OnPremTarget, doc: LocatedDocument) -> list[Problem]:
+    """A target's KV-event settings: its tokenizer files exist (relative to the fleet file), and
+    endpoints with event sockets belong to a target that says how its engines hash."""
+    problems = []
+    base = Path(doc.file).parent
+    events = target.kv_events
+    if events is not None:
+        for key in ("tokenizer", "tokenizer_config", "chat_template"):
+            value = getattr(events, key)
+            if value is not None and not (base / value).is_file():
+                line, col = doc.mark(("targets", name, "kv_events", key))
+                problems.append(Problem(doc.file, line, col, "file-not-found",
+                                        f"targets.{name}.kv_events.{key}: no file {value!r} (relative to {base})"))
+    for role, pool in target.pools_by_role().items():
+        for i, e in enumerate(pool.endpoints):
+            if e.kv_events is not None and events is None:
+                line, col = doc.mark(("targets", name, "pools", role, "endpoints", i, "kv_events"), key=True)
+                problems.append(Problem(doc.file, line, col, "missing-key",
+                                        f"endpoint {e.url} publishes KV events but target '{name}' has no "
+                                        "kv_events section (its tokenizer and hash settings)"))
     return problems
 
 

@@ -29,6 +29,7 @@ from pointsman.policy.cost import CostEstimate, estimate_cost, pool_utilization
 from pointsman.policy.fleet import Fleet, FrontierTarget, Pool
 from pointsman.policy.rules.compiler import CompiledPolicy
 from pointsman.policy.selection.pickers import Picker, PickInput, PoolPick, PoolView, QueueScorer
+from pointsman.policy.signals.engine_hashes import TargetTokenizerError
 from pointsman.policy.signals.fleet_state import FleetState
 from pointsman.policy.signals.load_board import EndpointLoad
 from pointsman.policy.signals.namespaces import (
@@ -46,6 +47,7 @@ from pointsman.policy.signals.namespaces import (
 )
 from pointsman.policy.signals.prefix_index import PrefixLookup
 from pointsman.policy.signals.source import SignalMap, SignalSource, number
+from pointsman.request import RequestView
 
 _SUMS = ("num_requests_running", "num_requests_waiting")
 _MEANS = ("kv_cache_usage", "ttft_p50_ms", "tpot_p50_ms", "prefill_utilization", "decode_utilization")
@@ -175,7 +177,7 @@ class LiveSignals:
 
     def __init__(self, state: FleetState, policy: CompiledPolicy, picker: Picker, *, request: RequestSignals,
                  block_hashes: Sequence[int], gateway_ids: bool, scopes: Sequence[str], session_id: str = "",
-                 now: float | None = None, now_mono: float | None = None) -> None:
+                 now: float | None = None, now_mono: float | None = None, view: RequestView | None = None) -> None:
         self.state = state
         self._fleet: Fleet = state.fleet
         self.policy = policy
@@ -203,6 +205,8 @@ class LiveSignals:
         self._session: tuple[str, str] | None = None
         self._session_read = False
         self.dropped: dict[str, str] = {}
+        self.cache_sources: dict[str, str] = {}
+        self.view = view
 
     @property
     def fleet(self) -> Fleet:
@@ -222,11 +226,31 @@ class LiveSignals:
         return self.fleet.output_tokens(target, r["max_output_tokens"] if r["max_output_tokens_set"] else None)
 
     def lookup(self, target: str) -> PrefixLookup | None:
-        """The prompt's ``PrefixLookup`` in ``target``'s index (None without hashes)."""
-        if target not in self._lookups:
-            self._lookups[target] = None if not self.block_hashes else self.state.prefix_index(
-                target, self.gateway_ids).lookup(self.block_hashes, prompt_tokens=self.prompt_tokens)
-        return self._lookups[target]
+        """The prompt's ``PrefixLookup`` in ``target``'s index (None without hashes): what its
+        engines report holding when the target has KV events (the request hashed as they hash),
+        else Pointsman's estimate; ``cache_sources`` says which, per target."""
+        if target in self._lookups:
+            return self._lookups[target]
+        cache = self.state.engine_cache(target)
+        found: PrefixLookup | None = None
+        if cache is not None and self.view is not None and not self.gateway_ids:
+            try:
+                keys = cache.request_keys(self.view)
+            except TargetTokenizerError as exc:
+                self.cache_sources[target] = f"estimate (the chat template failed: {exc})"
+            else:
+                self.cache_sources[target] = "engine events" + (" (no chat template: approximate)"
+                                                                if cache.approximate else "")
+                found = cache.index.lookup(keys, prompt_tokens=self.prompt_tokens) if keys else None
+                self._lookups[target] = found
+                return found
+        if target not in self.cache_sources:
+            self.cache_sources[target] = "estimate"
+        if self.block_hashes:
+            found = self.state.prefix_index(target, self.gateway_ids).lookup(self.block_hashes,
+                                                                             prompt_tokens=self.prompt_tokens)
+        self._lookups[target] = found
+        return found
 
     def pool_view(self, target: str, role: str) -> PoolView:
         """``target``'s pool ``role`` (``api`` for a frontier target) with loads, health and hits."""

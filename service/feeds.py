@@ -1,5 +1,8 @@
 """The engines' own signals flowing into the serving ``FleetState``: every on-prem endpoint's
-Prometheus ``/metrics`` page, scraped at ``POINTSMAN_SCRAPE_INTERVAL_S``.
+Prometheus ``/metrics`` page, scraped at ``POINTSMAN_SCRAPE_INTERVAL_S``, and the KV-cache
+events of the endpoints that publish them (``policy/signals/kv_events.py``: one subscriber
+thread per endpoint, ZMQ SUB plus the engine's replay socket; the events feed the target's
+``EngineCache``).
 
 ``SignalFeeds(live, settings).run(stop)`` is one asyncio task of the service. Each round it
 scrapes every on-prem endpoint of the fleet that serves now (its ``metrics_url`` from the fleet
@@ -7,7 +10,8 @@ file, else the endpoint's base URL with ``/metrics``), puts each reading on the 
 marks an endpoint unhealthy after ``POINTSMAN_SCRAPE_FAILURES_TO_UNHEALTHY`` failures in a row
 (healthy again at its next answer; source ``scrape``, so an operator's mark stays), and lets
 endpoints tripped by error outcomes out of their cool-down (``FleetState.recover``). A fleet
-reload is followed at the next round: new endpoints are scraped, removed ones are not.
+reload is followed at the next round: new endpoints are scraped and subscribed to, removed ones
+are not (their subscribers stop).
 
 How pushed telemetry and scraped readings combine (``load_board``'s merge rule): per endpoint
 the *freshest* external reading wins, whichever source it came from, plus the requests
@@ -20,13 +24,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pointsman.policy.fleet import EndpointEvents
+from pointsman.policy.signals.kv_events import (
+    EventApplier,
+    EventBatch,
+    KVEventError,
+    KVEventSubscriber,
+    SubscriberStatus,
+)
 from pointsman.policy.signals.scrape import Scraper, ScrapeStatus
 from pointsman.service.live_engine import LiveEngine
 from pointsman.service.settings import Settings
 
 log = logging.getLogger("pointsman.service.feeds")
+
+#: Seconds between checks for fleet changes when scraping is off (KV-event subscribers only).
+FOLLOW_INTERVAL_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -38,17 +54,86 @@ class FeedStatus:
     age_s: float | None
 
 
+class _LiveSink:
+    """``kv_events.KVBlockSink`` over whatever ``FleetState`` serves now (a fleet reload swaps it;
+    engine caches of unchanged targets carry over)."""
+
+    def __init__(self, live: LiveEngine) -> None:
+        self.live = live
+
+    def store_blocks(self, endpoint_id: str, keys: Sequence[int], medium: str) -> None:
+        """The endpoint's engine holds these blocks."""
+        self.live.engine.state.store_blocks(endpoint_id, keys, medium)
+
+    def remove_blocks(self, endpoint_id: str, keys: Sequence[int], medium: str) -> None:
+        """The endpoint's engine evicted these blocks."""
+        self.live.engine.state.remove_blocks(endpoint_id, keys, medium)
+
+    def clear_endpoint(self, endpoint_id: str) -> None:
+        """Drop what the endpoint's engine reported."""
+        self.live.engine.state.clear_endpoint(endpoint_id)
+
+
 class SignalFeeds:
-    """Scrapes the serving fleet's engines (see the module). ``rounds``: rounds completed."""
+    """Scrapes the serving fleet's engines and follows their KV events (see the module).
+    ``rounds``: scrape rounds completed."""
 
     def __init__(self, live: LiveEngine, settings: Settings) -> None:
         self.live = live
-        self.interval_s = settings.scrape_interval_s
+        self.scraping = settings.scrape_interval_s > 0
+        self.interval_s = settings.scrape_interval_s if self.scraping else FOLLOW_INTERVAL_S
         self.timeout_s = settings.scrape_timeout_s
         self.failures_to_unhealthy = settings.scrape_failures_to_unhealthy
         self.rounds = 0
         self._scraper: Scraper | None = None
         self._fleet_revision: str | None = None
+        self._applier = EventApplier(_LiveSink(live))
+        self._subscribers: dict[str, tuple[EndpointEvents, KVEventSubscriber]] = {}
+        self._event_fleet: str | None = None
+
+    def follow_events(self) -> None:
+        """Subscribe to every event-publishing endpoint of the serving fleet; stop the
+        subscribers of endpoints it no longer has (or whose sockets changed). Cheap when the
+        fleet did not change; a bad address is logged and that endpoint keeps its estimate."""
+        fleet = self.live.engine.fleet
+        if self._event_fleet == fleet.revision:
+            return
+        wanted = self.live.engine.state.kv_event_endpoints()
+        for endpoint, (events, subscriber) in list(self._subscribers.items()):
+            if wanted.get(endpoint) != events:
+                subscriber.stop()
+                del self._subscribers[endpoint]
+                if endpoint in fleet.endpoints:
+                    self.live.engine.state.clear_endpoint(endpoint)
+        for endpoint, events in wanted.items():
+            if endpoint in self._subscribers:
+                continue
+            subscriber = KVEventSubscriber(endpoint, events.url, topic=events.topic, replay_url=events.replay_url,
+                                           on_batch=self._on_batch, on_reset=self._on_reset)
+            try:
+                subscriber.start()
+            except KVEventError as exc:
+                log.error("%s", exc)
+                continue
+            self._subscribers[endpoint] = (events, subscriber)
+        self._event_fleet = fleet.revision
+
+    def _on_batch(self, endpoint: str, batch: EventBatch) -> None:
+        self._applier.apply(endpoint, batch)
+
+    def _on_reset(self, endpoint: str, reason: str) -> None:
+        log.warning("KV events of %s: dropping its reported cache (%s)", endpoint, reason)
+        self._applier.reset(endpoint, reason)
+
+    def events_status(self) -> dict[str, SubscriberStatus]:
+        """Per subscribed endpoint id, its subscriber's status."""
+        return {endpoint: subscriber.status() for endpoint, (_, subscriber) in self._subscribers.items()}
+
+    def stop_events(self) -> None:
+        """Stop every subscriber (service shutdown)."""
+        for _, subscriber in self._subscribers.values():
+            subscriber.stop()
+        self._subscribers.clear()
 
     def _targets_changed(self) -> bool:
         return self._fleet_revision != self.live.engine.fleet.revision
@@ -62,7 +147,11 @@ class SignalFeeds:
         return self._scraper
 
     async def poll_once(self) -> None:
-        """One round: scrape every endpoint, update health, let tripped endpoints recover."""
+        """One round: follow fleet changes for the event subscribers, scrape every endpoint,
+        update health, let tripped endpoints recover."""
+        await asyncio.to_thread(self.follow_events)
+        if not self.scraping:
+            return
         scraper = self._scraper if self._scraper is not None and not self._targets_changed() else await self._rebuild()
         state = self.live.engine.state
         await scraper.poll_once(state.board)
@@ -85,6 +174,7 @@ class SignalFeeds:
                 except TimeoutError:
                     pass
         finally:
+            await asyncio.to_thread(self.stop_events)
             if self._scraper is not None:
                 await self._scraper.aclose()
 

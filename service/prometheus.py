@@ -33,6 +33,9 @@ Read from the live state at scrape time (``StateCollector``):
 ``pointsman_endpoint_healthy{target,endpoint}``                   1 healthy, 0 marked unhealthy (any source)
 ``pointsman_scrape_age_seconds{target,endpoint}``                 age of the last good scrape of the endpoint
 ``pointsman_scrape_consecutive_failures{target,endpoint}``        failed scrapes in a row (0 when it answers)
+``pointsman_kv_events_connected{target,endpoint}``                1 when its KV-event subscriber is connected
+``pointsman_kv_events_age_seconds{target,endpoint}``              seconds since its last KV-event batch
+``pointsman_kv_events{target,endpoint,kind}``                     batches, events, gaps, resyncs, resets, errors
 ``pointsman_state_sync_connected``                                1 when the shared-state reader is connected
 ``pointsman_state_sync_changes_applied``                          other processes' changes applied (monotone)
 ``pointsman_state_sync_write_errors``                             shared-state writes that failed (monotone)
@@ -49,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeGuard
 
@@ -201,6 +205,24 @@ class StateCollector(Collector):
                 age.add_metric(labels, feed.age_s)
             failures.add_metric(labels, feed.status.consecutive_failures)
         yield from (age, failures)
+        connected = GaugeMetricFamily("pointsman_kv_events_connected", "1 when the endpoint's KV-event subscriber "
+                                      "is connected.", labels=["target", "endpoint"])
+        event_age = GaugeMetricFamily("pointsman_kv_events_age_seconds", "Seconds since the endpoint's last KV-event "
+                                      "batch.", labels=["target", "endpoint"])
+        counts = GaugeMetricFamily("pointsman_kv_events", "KV-event subscriber counts (monotone): batches, events, "
+                                   "gaps, resyncs, resets, errors.", labels=["target", "endpoint", "kind"])
+        now = time.monotonic()
+        for eid, sub in (feeds.events_status() if feeds is not None else {}).items():
+            info = fleet.endpoints.get(eid)
+            if info is None:
+                continue
+            labels = [info.target, info.name or eid]
+            connected.add_metric(labels, 1.0 if sub.connected else 0.0)
+            if sub.last_batch_at is not None:
+                event_age.add_metric(labels, max(0.0, now - sub.last_batch_at))
+            for kind in ("batches", "events", "gaps", "resyncs", "resets", "errors"):
+                counts.add_metric([*labels, kind], float(getattr(sub, kind)))
+        yield from (connected, event_age, counts)
 
     def _sync(self, engine: RoutingEngine) -> Iterator[GaugeMetricFamily]:
         status = engine.state.sync.status()

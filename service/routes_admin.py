@@ -19,6 +19,7 @@ All need an admin key (``auth.py``).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from fastapi import APIRouter, Depends, Request
@@ -57,6 +58,8 @@ async def fleet(principal: Principal = Depends(require("admin")),
     except LedgerUnavailable:
         prices = {}
     feeds = rt.feeds.status() if rt.feeds is not None else {}
+    events = rt.feeds.events_status() if rt.feeds is not None else {}
+    now = time.monotonic()
     for entry in targets.values():
         for ep in entry["endpoints"]:
             feed = feeds.get(str(ep["id"]))
@@ -64,6 +67,13 @@ async def fleet(principal: Principal = Depends(require("admin")),
                 "metrics_url": feed.status.metrics_url, "age_s": feed.age_s, "last_error": feed.status.last_error,
                 "consecutive_failures": feed.status.consecutive_failures,
                 "last_duration_ms": feed.status.last_duration_ms}
+            sub = events.get(str(ep["id"]))
+            ep["kv_events"] = None if sub is None else {
+                "url": sub.url, "connected": sub.connected, "last_seq": sub.last_seq,
+                "age_s": None if sub.last_batch_at is None else max(0.0, now - sub.last_batch_at),
+                "batches": sub.batches, "events": sub.events, "gaps": sub.gaps, "resyncs": sub.resyncs,
+                "resets": sub.resets, "errors": sub.errors, "last_error": sub.last_error, "last_reset": sub.last_reset,
+                "replay": sub.replay}
     priced = {name: {**entry, "effective_price": None if (price := prices.get(name)) is None else price.to_dict()}
               for name, entry in targets.items()}
     sync = state.sync.status()
@@ -72,7 +82,7 @@ async def fleet(principal: Principal = Depends(require("admin")),
             "shared_state": {"shared": sync.shared, "connected": sync.connected, "applied": sync.applied,
                              "reloads": sync.reloads, "write_errors": sync.write_errors, "last_error": sync.last_error,
                              "lag_s": sync.lag_s},
-            "scraping": rt.feeds is not None, "watching_fleet": rt.watching_fleet,
+            "scraping": rt.feeds is not None and rt.feeds.scraping, "watching_fleet": rt.watching_fleet,
             "last_fleet_reload": None if last is None else last.to_dict()}
 
 

@@ -88,9 +88,8 @@ class Runtime:
         (each only when configured)."""
         s = self.settings
         self._stop = asyncio.Event()
-        if s.scrape_interval_s > 0:
-            self.feeds = SignalFeeds(self.live, s)
-            self._tasks.append(asyncio.create_task(self.feeds.run(self._stop), name="pointsman-signal-feeds"))
+        self.feeds = SignalFeeds(self.live, s)  # scraping (unless its interval is 0) and KV-event subscribers
+        self._tasks.append(asyncio.create_task(self.feeds.run(self._stop), name="pointsman-signal-feeds"))
         if s.watch_fleet:
             self._tasks.append(asyncio.create_task(
                 watch_fleet(self.live, s.fleet_path, self._stop, self.record_fleet_reload), name="pointsman-fleet-watch"))

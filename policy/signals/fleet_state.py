@@ -46,6 +46,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from pointsman.errors import BudgetError, RequestError
 from pointsman.policy.budget.ledger import (
@@ -58,7 +59,8 @@ from pointsman.policy.budget.ledger import (
 from pointsman.policy.budget.units import check_tokens
 from pointsman.policy.cost import TargetPrice, estimate_cost
 from pointsman.policy.cost import effective_prices as _effective_prices
-from pointsman.policy.fleet import Fleet, FrontierTarget
+from pointsman.policy.fleet import EndpointEvents, Fleet, FrontierTarget, OnPremTarget
+from pointsman.policy.signals.engine_cache import EngineCache
 from pointsman.policy.signals.load_board import EndpointLoad, LoadBoard, StalenessPolicy
 from pointsman.policy.signals.prefix_index import BLOCK_TOKENS, MOONCAKE_BLOCK_TOKENS, PrefixIndex, SharedKVTier
 from pointsman.policy.signals.scrape import ScrapeStatus, metrics_url
@@ -184,6 +186,12 @@ class FleetState:
                                                   kv.bandwidth_bytes_per_s, kv.latency_s)
             for ids in (False, True):
                 self._indexes[(name, ids)] = self._new_index(name, ids)
+        self._engine_caches: dict[str, EngineCache] = {}
+        for name, target in fleet.targets.items():
+            if isinstance(target, OnPremTarget) and target.kv_events is not None:
+                capacity = min((p.kv_cache_capacity_tokens for p in target.pools_by_role().values()
+                                if p.kv_cache_capacity_tokens), default=None)
+                self._engine_caches[name] = EngineCache(target.kv_events, Path(fleet.file).parent, capacity)
         self._sessions: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
         self._unhealthy: dict[str, str] = {}
         self._marks: dict[str, dict[str, str]] = {}  # endpoint id -> source -> reason
@@ -225,6 +233,13 @@ class FleetState:
                 fresh = new._new_index(target, key[1])  # the capacities of the new fleet file
                 for endpoint, capacity in fresh.capacities().items():
                     old.set_capacity(endpoint, capacity)
+        for target, cache in self._engine_caches.items():
+            fresh_cache = new._engine_caches.get(target)
+            if fresh_cache is not None and fresh_cache.settings == cache.settings:  # same hashing: keep what was reported
+                new._engine_caches[target] = cache
+                for endpoint in cache.index.endpoint_names():
+                    if endpoint not in kept:
+                        cache.index.remove_endpoint(endpoint)
         with self._lock:
             new._lock = self._lock
             new._sessions = self._sessions
@@ -259,6 +274,39 @@ class FleetState:
     def prefix_index(self, target: str, gateway_ids: bool) -> PrefixIndex:
         """The target's prefix index for gateway block ids (512-token blocks) or text hashes (128)."""
         return self._indexes[(target, gateway_ids)]
+
+    def engine_cache(self, target: str) -> EngineCache | None:
+        """The target's engine-reported KV cache (KV events), or None when it has no event
+        stream (then its cache signals are Pointsman's estimate)."""
+        return self._engine_caches.get(target)
+
+    def kv_event_endpoints(self) -> dict[str, EndpointEvents]:
+        """Endpoint id -> where it publishes KV events, for the endpoints of event-fed targets."""
+        return {e.id: e.kv_events for e in self.fleet.endpoints.values()
+                if e.kv_events is not None and e.target in self._engine_caches}
+
+    def store_blocks(self, endpoint_id: str, keys: Sequence[int], medium: str) -> None:
+        """``kv_events.KVBlockSink``: the endpoint's engine reports holding these blocks."""
+        cache = self._cache_of(endpoint_id)
+        if cache is not None:
+            cache.store_blocks(endpoint_id, keys, medium)
+
+    def remove_blocks(self, endpoint_id: str, keys: Sequence[int], medium: str) -> None:
+        """``kv_events.KVBlockSink``: the endpoint's engine evicted these blocks."""
+        cache = self._cache_of(endpoint_id)
+        if cache is not None:
+            cache.remove_blocks(endpoint_id, keys, medium)
+
+    def clear_endpoint(self, endpoint_id: str) -> None:
+        """``kv_events.KVBlockSink``: drop what the endpoint's engine reported (cleared, restarted,
+        or a gap its replay could not fill)."""
+        cache = self._cache_of(endpoint_id)
+        if cache is not None:
+            cache.clear_endpoint(endpoint_id)
+
+    def _cache_of(self, endpoint_id: str) -> EngineCache | None:
+        info = self.fleet.endpoints.get(endpoint_id)
+        return None if info is None else self._engine_caches.get(info.target)
 
     def shared_tier(self, target: str) -> SharedKVTier | None:
         """The target's shared KV tier, if the fleet declares one."""
@@ -368,7 +416,7 @@ class FleetState:
         self.board.dispatch(endpoint, decision_id, record.prompt_tokens, at)
         if prefill_endpoint is not None:
             self.board.dispatch(prefill_endpoint, decision_id + PREFILL_SUFFIX, record.prompt_tokens, at)
-        if block_hashes and record.target in self.fleet.targets:
+        if block_hashes and record.target in self.fleet.targets and record.target not in self._engine_caches:
             index = self._indexes[(record.target, gateway_ids)]
             index.record(endpoint, block_hashes, now=at)
             if prefill_endpoint is not None:
@@ -697,9 +745,17 @@ class FleetState:
                 "id": e.id, "url": e.url, "name": e.name, "role": e.role, "healthy": e.id not in unhealthy,
                 "unhealthy_reason": unhealthy.get(e.id),
                 "load": None if reading is None else reading.signals(now),
-                "cached_blocks": self._indexes[(e.target, False)].cached_blocks(e.id)
-                + self._indexes[(e.target, True)].cached_blocks(e.id)})
+                "cached_blocks": self._cached_blocks(e.id, e.target),
+                "cache_source": "engine events" if e.target in self._engine_caches else "estimate"})
         return out
+
+    def _cached_blocks(self, endpoint_id: str, target: str) -> int:
+        """Blocks the endpoint holds: as its engine reports (KV events), else Pointsman's estimate."""
+        cache = self._engine_caches.get(target)
+        if cache is not None:
+            return cache.blocks(endpoint_id)
+        return self._indexes[(target, False)].cached_blocks(endpoint_id) + \
+            self._indexes[(target, True)].cached_blocks(endpoint_id)
 
     def close(self) -> None:
         """Stop following the shared state and close the ledger (if any)."""

@@ -1,0 +1,96 @@
+"""What a target's engines report holding in their KV caches, from their KV-cache events.
+
+For a target whose fleet entry has ``kv_events`` (its tokenizer and hash settings) and whose
+endpoints name their event sockets, ``EngineCache`` is the prefix index of record: a
+``PrefixIndex`` keyed by the engines' own block hashes (``BlockStored`` adds an endpoint's
+blocks, ``BlockRemoved`` removes them, ``AllBlocksCleared`` or a gap in the stream drops the
+endpoint's entries), fed by ``kv_events.EventApplier`` (it is a ``kv_events.KVBlockSink``). A
+request is matched against it through the same hashes, computed from its prompt's token ids
+as the engine computes them (``engine_hashes``: the target's tokenizer and chat template,
+vLLM's block hashing). Only the GPU tier counts as cached; blocks reported on other media
+(CPU offload, disk) are counted but not matched.
+
+Memory: the index holds one entry per (block, endpoints) plus per-endpoint LRU order;
+``scripts/bench_state.py`` measures bytes per block.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from pointsman.policy.fleet import TargetEvents
+from pointsman.policy.signals.engine_hashes import EngineHasher, TargetTokenizer
+from pointsman.policy.signals.kv_events import GPU
+from pointsman.policy.signals.prefix_index import PrefixIndex
+from pointsman.request import RequestView
+
+#: Blocks an endpoint may hold in the index at most when the fleet gives no KV capacity (the
+#: engine's removals keep it exact below this; beyond it the oldest blocks go first).
+DEFAULT_MAX_BLOCKS = 4_000_000
+
+
+class EngineCache:
+    """One target's engine-reported KV cache (see the module).
+
+    ``EngineCache(settings, base_dir, capacity_tokens=None)``: ``settings`` the target's
+    ``kv_events`` section, file paths relative to ``base_dir``; ``capacity_tokens`` an
+    endpoint's KV capacity (its pool's ``kv_cache_capacity_tokens``; bounds the index per
+    endpoint). Raises ``TargetTokenizerError`` for an unreadable tokenizer or template.
+    Thread-safe: events arrive on subscriber threads while decisions read."""
+
+    def __init__(self, settings: TargetEvents, base_dir: Path, capacity_tokens: int | None = None) -> None:
+        self.settings = settings
+        self.block_tokens = settings.block_size
+        self.hasher = EngineHasher(settings.hash_algo, settings.block_size, settings.hash_seed,
+                                   max_tokens=settings.max_tokens)
+        self.tokenizer = TargetTokenizer.from_files(
+            base_dir / settings.tokenizer,
+            tokenizer_config=None if settings.tokenizer_config is None else base_dir / settings.tokenizer_config,
+            chat_template_file=None if settings.chat_template is None else base_dir / settings.chat_template,
+            max_tokens=settings.max_tokens)
+        capacity = capacity_tokens or DEFAULT_MAX_BLOCKS * settings.block_size
+        self.index = PrefixIndex(block_tokens=settings.block_size, default_capacity_tokens=capacity)
+        self._lock = threading.Lock()
+        self._other_media = 0
+
+    # -- kv_events.KVBlockSink
+
+    def store_blocks(self, endpoint_id: str, keys: Sequence[int], medium: str) -> None:
+        """The endpoint's engine holds these blocks now (idempotent)."""
+        if medium != GPU:
+            with self._lock:
+                self._other_media += len(keys)
+            return
+        self.index.record(endpoint_id, list(keys))
+
+    def remove_blocks(self, endpoint_id: str, keys: Sequence[int], medium: str) -> None:
+        """The endpoint's engine evicted these blocks."""
+        if medium == GPU:
+            self.index.remove(endpoint_id, keys)
+
+    def clear_endpoint(self, endpoint_id: str) -> None:
+        """The endpoint holds nothing we know of (cleared, restarted, or a gap in its stream)."""
+        self.index.clear(endpoint_id)
+
+    # -- reads
+
+    def request_keys(self, view: RequestView) -> list[int]:
+        """The request's block hashes as its engines publish them (leading ``max_tokens`` tokens,
+        full blocks only). Raises ``TargetTokenizerError`` when the chat template fails."""
+        return self.hasher.keys(self.tokenizer.request_token_ids(view.request))
+
+    @property
+    def approximate(self) -> bool:
+        """True without a chat template: the keys are Pointsman's, never an engine's."""
+        return bool(self.tokenizer.approximate)
+
+    def blocks(self, endpoint_id: str) -> int:
+        """GPU blocks the endpoint's engine reports holding."""
+        return self.index.cached_blocks(endpoint_id)
+
+    def other_media_blocks(self) -> int:
+        """Blocks reported on tiers other than the GPU (not matched), in total."""
+        with self._lock:
+            return self._other_media
