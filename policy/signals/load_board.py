@@ -14,12 +14,14 @@ stale). Three sources feed it:
    arrives (idempotent; an unknown id is harmless). A dispatch whose outcome never
    arrives is dropped after ``inflight_ttl_s``.
 
-**Merge rule.** The reading of an endpoint is its *freshest external snapshot*
-(push or scrape, whichever has the later ``updated_at``) plus the requests Pointsman
-dispatched there *after* that snapshot was taken and that are still in flight: the
+**Merge rule.** The reading of an endpoint is its *freshest external snapshot* (push or
+scrape, whichever has the later ``updated_at``), each engine field it does not report
+(None) taken from the other source's snapshot — e.g. a gateway's pushed
+``prefill_utilization`` beside the scraped queue lengths — plus the requests Pointsman
+dispatched there *after* the freshest snapshot was taken and that are still in flight: the
 engine could not have counted them yet, and they enter its waiting queue first, so
 they are added to ``num_requests_waiting`` (``pending_requests``,
-``pending_prompt_tokens``). Requests dispatched before the snapshot are already in
+``pending_prompt_tokens``). The reading's age is the freshest snapshot's. Requests dispatched before the snapshot are already in
 its running/waiting counts and are not added again. With no external snapshot,
 the reading is in-flight accounting alone (``source == "inflight"``: engine fields
 null, ``inflight_requests`` and ``pending_*`` known exactly, age 0).
@@ -292,6 +294,11 @@ def validate_snapshot(snapshot: object) -> PushedSnapshot:
 
 # ---------------------------------------------------------------- the board
 
+#: The engine-reported fields of an ``EndpointLoad`` (merged across push and scrape).
+ENGINE_FIELDS: tuple[str, ...] = ("num_requests_running", "num_requests_waiting", "kv_cache_usage", "ttft_p50_ms",
+                                  "tpot_p50_ms", "prefill_utilization", "decode_utilization", "prefix_cache_hit_rate",
+                                  "kv_cache_capacity_tokens")
+
 @dataclass(slots=True)
 class _Dispatch:
     endpoint: str
@@ -303,12 +310,13 @@ class _Slot:
     """Per-endpoint state: latest snapshot per external source, our in-flight dispatches,
     the counts of those after the freshest snapshot, and the cached merged view."""
 
-    __slots__ = ("push", "scrape", "inflight", "inflight_tokens", "newest_at", "after_n", "after_tokens", "view",
-                 "stale")
+    __slots__ = ("push", "scrape", "merged", "inflight", "inflight_tokens", "newest_at", "after_n", "after_tokens",
+                 "view", "stale")
 
     def __init__(self) -> None:
         self.push: EndpointLoad | None = None
         self.scrape: EndpointLoad | None = None
+        self.merged: EndpointLoad | None = None
         self.inflight: dict[str, _Dispatch] = {}
         self.inflight_tokens = 0
         self.newest_at = 0.0  # max(d.at for d in inflight), 0.0 when none: kept as dispatches come and go
@@ -318,10 +326,18 @@ class _Slot:
         self.stale: tuple[StalenessPolicy, EndpointLoad, EndpointLoad] | None = None  # (policy, view, reading)
 
     def external(self) -> EndpointLoad | None:
+        return self.merged
+
+    def merge(self) -> None:
+        """Recompute ``merged``: the freshest snapshot, its unreported fields from the other one."""
         p, s = self.push, self.scrape
-        if p is None or (s is not None and s.updated_at > p.updated_at):
-            return s
-        return p
+        if p is None or s is None:
+            self.merged = p or s
+            return
+        newer, older = (s, p) if s.updated_at > p.updated_at else (p, s)
+        missing = {f: getattr(older, f) for f in ENGINE_FIELDS
+                   if getattr(newer, f) is None and getattr(older, f) is not None}
+        self.merged = replace(newer, **missing) if missing else newer
 
 
 class LoadBoard:
@@ -485,7 +501,9 @@ class LoadBoard:
         return slot
 
     def _rebase(self, slot: _Slot) -> None:
-        """Recount the in-flight dispatches made after the (new) freshest external snapshot."""
+        """Merge the external snapshots again and recount the in-flight dispatches made after the
+        (new) freshest one."""
+        slot.merge()
         ext = slot.external()
         t = -math.inf if ext is None else ext.updated_at
         after = [d for d in slot.inflight.values() if d.at > t]

@@ -193,7 +193,12 @@ def test_merge_uses_the_freshest_external_source():
     board.push(A, {"num_requests_running": 3, "num_requests_waiting": 1}, now=13.0)
     a = board.get(A, now=13.0)
     assert (a.source, a.num_requests_running, a.num_requests_waiting) == ("push", 3, 1)
-    assert a.kv_cache_usage is None  # a snapshot is taken whole, not field-merged with older ones
+    # the freshest snapshot wins field by field: what it does not report comes from the other source
+    # (issue 11's combination rule; a push replaces the previous push whole)
+    assert a.kv_cache_usage == 0.25
+    board.push(A, {"num_requests_running": 4}, now=14.0)
+    a = board.get(A, now=14.0)
+    assert (a.num_requests_running, a.num_requests_waiting, a.kv_cache_usage) == (4, 0, 0.25)
 
 
 def test_waiting_unknown_stays_unknown():
