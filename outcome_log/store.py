@@ -43,6 +43,7 @@ import json
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -161,6 +162,8 @@ class OutcomeLog:
     ``default_log_path()`` (parent folders are created). ``store_prompts``: keep the prompt
     text of decisions (operator opt-in). ``timeout_s``: how long a writer waits for another
     process's write lock before ``DataError``.
+    ``log_id``: this log file's id (hex, made when the file is created): the *inbox* other
+    replicas forward its decisions' outcomes to (``policy.signals.shared_state``).
 
     Thread-safe: one connection per log object, writes serialized by a lock; readers use
     their own short-lived connection. Never share an ``OutcomeLog`` across ``fork``; open one
@@ -183,6 +186,8 @@ class OutcomeLog:
                     conn.execute("INSERT INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
                 elif int(row[0]) != SCHEMA_VERSION:
                     raise DataError(f"{self.path}: outcome log schema version {row[0]}, this Pointsman reads {SCHEMA_VERSION}")
+                conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('log_id', ?)", (uuid.uuid4().hex,))
+                self.log_id: str = str(conn.execute("SELECT value FROM meta WHERE key = 'log_id'").fetchone()[0])
         except sqlite3.DatabaseError as exc:
             raise DataError(f"{self.path}: cannot open the outcome log ({exc})") from None
 

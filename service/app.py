@@ -35,7 +35,7 @@ from pointsman.request import RouteRequest
 from pointsman.service import routes_admin, routes_decisions, routes_ops, routes_reports
 from pointsman.service.auth import KeyRing
 from pointsman.service.http_errors import install_error_handlers
-from pointsman.service.routes_reports import OUTCOMES_SCHEMA
+from pointsman.service.routes_reports import OUTCOMES_SCHEMA, deliver_forwarded
 from pointsman.service.runtime import build_runtime
 from pointsman.service.schemas import PolicyValidateIn, TelemetryIn
 from pointsman.service.settings import Settings
@@ -91,7 +91,7 @@ def create_app(settings: Settings | None = None, engine: RoutingEngine | None = 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         """Build the runtime and start its watchers; close it at shutdown."""
         rt = await run_in_threadpool(build_runtime, settings, engine, owns_engine=owns_engine,
-                                     estimator_error=estimator_error)
+                                     estimator_error=estimator_error, deliver=deliver_forwarded)
         app.state.runtime, app.state.fleet_state = rt, rt.live.engine.state
         if not keyring.enabled:
             log.warning("no API keys configured (POINTSMAN_GATEWAY_API_KEYS, POINTSMAN_ADMIN_API_KEYS): "

@@ -40,6 +40,7 @@ Read from the live state at scrape time (``StateCollector``):
 ``pointsman_state_sync_changes_applied``                          other processes' changes applied (monotone)
 ``pointsman_state_sync_write_errors``                             shared-state writes that failed (monotone)
 ``pointsman_state_sync_lag_seconds``                              age of the last change applied when applied
+``pointsman_state_sync_outcomes_forwarded_in``                   outcomes other replicas forwarded here, stored (monotone)
 ==============================================================  ===========================================
 
 Utilization is per pool (aggregated, prefill, decode) and per phase, only where telemetry
@@ -233,7 +234,9 @@ class StateCollector(Collector):
                 ("pointsman_state_sync_changes_applied", "Other processes' changes applied.", float(status.applied)),
                 ("pointsman_state_sync_write_errors", "Shared-state writes that failed.", float(status.write_errors)),
                 ("pointsman_state_sync_lag_seconds", "Age of the last change applied when it was applied.",
-                 status.lag_s)):
+                 status.lag_s),
+                ("pointsman_state_sync_outcomes_forwarded_in",
+                 "Outcomes other replicas forwarded to this one's outcome log, stored.", float(status.forwarded_in))):
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], value)
             yield g

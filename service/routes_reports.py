@@ -6,10 +6,13 @@ decision id, usage, TTFT/TPOT/end-to-end latency, status, quality signals). In o
 1. the decision log writer is flushed, so every decision this process answered is in the log;
 2. the outcomes are appended to the outcome log in one durable transaction (``fsync``):
    the answer is sent only after that, so every acknowledged outcome (``stored`` or
-   ``duplicate``) survives a crash. ``unknown_decision`` outcomes whose decision is less
-   than ``RECENT_DECISION_S`` old are retried once after a decision-log flush interval
-   (another worker process may still hold that decision in memory);
-3. each stored or duplicate non-shadow outcome settles its decision
+   ``duplicate``) survives a crash. An outcome whose decision another replica logged (the
+   shared state, ``POINTSMAN_STATE_URL``, knows its inbox) is ``forwarded`` to that replica's
+   log instead (``StateSync.forward``; 202 for a single outcome) and settled here.
+   ``unknown_decision`` outcomes whose decision is less than ``RECENT_DECISION_S`` old are
+   retried once after a decision-log flush interval (another worker process may still hold
+   that decision in memory);
+3. each stored, duplicate or forwarded non-shadow outcome settles its decision
    (``FleetState.settle``: actual cost from the reported usage into the budget ledger,
    in-flight load released). An outcome with an error/timeout/cancelled status and no
    usage means the request never ran: its hold is released instead. An ``ok`` outcome
@@ -24,8 +27,12 @@ failing item is not stored: in a list it gets an ``invalid`` ack whose message n
 Idempotent: the same outcome again is ``duplicate`` (200), different content under the
 same id is ``conflict`` (409 for a single outcome). A single outcome for an unknown decision
 is 404; a list is always 200 with one acknowledgement per item. 503 when the outcome log
-is unavailable (nothing acknowledged) or the budget ledger is (outcomes stored; retry:
-the retry is a duplicate and settles).
+is unavailable (nothing acknowledged), the shared state is while an outcome needs
+forwarding, or the budget ledger is (outcomes stored; retry: the retry is a duplicate and
+settles).
+
+Outcomes other replicas forward to this one (``deliver_forwarded``, from the shared-state
+reader) are stored the same way, without settling (the receiving replica settled them).
 
 ``POST /v1/telemetry`` takes one load report or a list: ``{"endpoint": ..., "load":
 {vLLM-named fields}, "healthy": ..., "reason": ...}``. Every report is validated first
@@ -36,6 +43,8 @@ applied (``FleetState.push_load`` / ``set_health``).
 from __future__ import annotations
 
 import difflib
+import json
+import logging
 import time
 from collections.abc import Mapping
 from typing import Required, TypedDict
@@ -59,15 +68,16 @@ from pointsman.outcome_log.records import OutcomeAck
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.service.auth import Principal, require
 from pointsman.service.bodies import json_body, read_parsed, validate_model
-from pointsman.service.http_errors import ERROR_RESPONSES, invalid, unavailable
+from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, invalid, unavailable
 from pointsman.service.runtime import Runtime, get_runtime
 from pointsman.service.schemas import OutcomeAckOut, OutcomesResponse, TelemetryIn, TelemetryResponse
 
 router = APIRouter()
+log = logging.getLogger("pointsman.outcomes")
 
 #: An unknown decision younger than this (seconds, from its time-ordered id) is retried once.
 RECENT_DECISION_S = 30.0
-_STATUS = {"stored": 200, "duplicate": 200, "conflict": 409, "unknown_decision": 404}
+_STATUS = {"stored": 200, "duplicate": 200, "forwarded": 202, "conflict": 409, "unknown_decision": 404}
 
 
 def _decision_age_s(decision_id: str) -> float | None:
@@ -175,12 +185,15 @@ def _invalid_ack(item: OutcomeIn | OutcomeItemError, problem: OutcomeItemError) 
             "problem": problem}
 
 
-def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], indexed: bool = False) -> list[AckEntry]:
+def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], indexed: bool = False,
+                   settle: bool = True) -> list[AckEntry]:
     """Steps 1-3 of the module docstring (blocking: run in a worker thread). Returns one ack
     dict per item, in order; an invalid item (an ``OutcomeItemError`` from parsing, or usage
     impossible on its target, ``usage_problem``; fields prefixed ``[i]`` when ``indexed``) is not
     stored and gets status ``invalid``, its ``message`` naming the fields, and its error under
-    the ``problem`` key. Raises ``HTTPError`` 503 when the outcome log or the ledger is unavailable."""
+    the ``problem`` key. Without ``settle`` (outcomes forwarded here) nothing is settled or
+    forwarded again. Raises ``HTTPError`` 503 when the outcome log, the shared state (for an
+    outcome to forward) or the ledger is unavailable."""
     rt.writer.flush(timeout_s=10.0)
     problems: list[OutcomeItemError | None] = [item if isinstance(item, OutcomeItemError) else None for item in items]
     acks: list[OutcomeAck | None] = [None] * len(items)
@@ -197,8 +210,24 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
             for (i, _), ack in zip(valid, rt.outcome_log.append_outcomes([item for _, item in valid])):
                 acks[i] = ack
 
+    def forward(todo: list[int]) -> None:
+        sync = rt.live.engine.state.sync
+        for i in todo:
+            item, ack = items[i], acks[i]
+            assert isinstance(item, OutcomeIn) and ack is not None
+            if sync.forward(item.decision_id, item.model_dump_json(exclude_unset=True)) == "forwarded":
+                acks[i] = OutcomeAck(ack.outcome_id, ack.decision_id, "forwarded",
+                                     "another replica logged this decision: the outcome is forwarded to its "
+                                     "outcome log (idempotent there) and settled here")
+
     try:
         check_and_append([i for i in range(len(items)) if problems[i] is None])
+        if settle and rt.live.engine.state.sync.shared:
+            try:
+                forward([i for i, a in enumerate(acks) if a is not None and a.status == "unknown_decision"])
+            except DataError as exc:
+                raise unavailable(f"{exc}; outcomes for decisions logged here are stored (a retry is a duplicate)",
+                                  "shared_state_unavailable") from None
         retry = [i for i, a in enumerate(acks) if a is not None and a.status == "unknown_decision"
                  and (age := _decision_age_s(a.decision_id)) is not None and age < RECENT_DECISION_S]
         if retry:
@@ -216,7 +245,7 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
             assert ack is not None and isinstance(item, OutcomeIn)
             entry = {"outcome_id": ack.outcome_id, "decision_id": ack.decision_id, "status": ack.status,
                      "message": ack.message}
-            if ack.ok:
+            if settle and (ack.ok or ack.status == "forwarded"):
                 try:
                     _settle(rt, item, entry)
                 except LedgerUnavailable as exc:
@@ -227,6 +256,32 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
         raise unavailable(f"outcomes stored durably, but the budget ledger is unavailable ({ledger_down}); retry: "
                           "the retry is acknowledged as duplicate and settles", "budget_ledger_unavailable")
     return out
+
+
+def deliver_forwarded(rt: Runtime, payloads: list[str]) -> bool:
+    """Store outcomes other replicas forwarded to this one's outcome log (``StateSync.set_inbox``'s
+    ``deliver``; JSON texts of ``OutcomeIn``), without settling. True once stored (durable); False
+    when the log is unavailable (they are delivered again). An unreadable payload or one whose
+    decision this log lacks is logged and dropped: its budget and load were settled where it arrived."""
+    items = [item for text in payloads for item in _forwarded_items(text)]
+    try:
+        acks = store_outcomes(rt, items, indexed=True, settle=False) if items else []
+    except HTTPError as exc:
+        log.warning("forwarded outcomes not stored yet: %s", exc.message)
+        return False
+    for ack in acks:
+        if ack["status"] not in ("stored", "duplicate"):
+            log.warning("forwarded outcome %s of decision %s: %s (%s)", ack["outcome_id"], ack["decision_id"],
+                        ack["status"], ack["message"])
+    return True
+
+
+def _forwarded_items(text: str) -> list[OutcomeIn | OutcomeItemError]:
+    try:
+        return parse_outcome_items(json.loads(text))
+    except (ValueError, RequestError) as exc:
+        log.warning("dropping an unreadable forwarded outcome: %s", exc)
+        return []
 
 
 #: JSON schema of the outcomes body (one ``OutcomeIn`` or a list); the app puts its ``$defs`` in components.
@@ -303,4 +358,4 @@ async def telemetry(request: Request, principal: Principal = Depends(require("ga
     return {"accepted": len(reports), "endpoints": acks}
 
 
-__all__ = ["OUTCOMES_SCHEMA", "router", "store_outcomes", "usage_problem", "parse_telemetry"]
+__all__ = ["OUTCOMES_SCHEMA", "deliver_forwarded", "router", "store_outcomes", "usage_problem", "parse_telemetry"]

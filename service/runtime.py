@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -130,8 +131,11 @@ class Runtime:
 
 
 def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, owns_engine: bool = False,
-                  estimator_error: str | None = None) -> Runtime:
-    """Load what the service needs (see the module). Raises ``FleetError``/``PolicyError``/
+                  estimator_error: str | None = None,
+                  deliver: Callable[[Runtime, list[str]], bool] | None = None) -> Runtime:
+    """Load what the service needs (see the module). ``deliver(rt, payloads)`` stores outcomes
+    other replicas forward to this one's outcome log (``routes_reports.deliver_forwarded``;
+    without it this process receives none, and its decisions' records name no inbox). Raises ``FleetError``/``PolicyError``/
     ``BudgetConfigError`` for bad config files and ``DataError`` for an unusable outcome log."""
     if engine is None:
         loaded = build_engine(settings, shared=True)
@@ -151,6 +155,8 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
     if estimator_error is None:
         rt.live = LiveEngine(engine.with_estimator(rt.wrap(engine.estimator)), None)
     metrics.watch_state(StateCollector(lambda: rt.live, lambda: rt.writer.pending, lambda: rt.feeds))
+    if deliver is not None:
+        rt.live.engine.state.sync.set_inbox(outcome_log.log_id, lambda payloads: deliver(rt, payloads))
     rt.live.engine.state.start_sync()
     return rt
 

@@ -131,7 +131,9 @@ class SettlementOut(BaseModel):
 
 class OutcomeAckOut(BaseModel):
     """One outcome's acknowledgement. ``status``: ``stored`` (new; durable on disk),
-    ``duplicate`` (stored before with the same content; durable), ``conflict`` (stored before
+    ``duplicate`` (stored before with the same content; durable), ``forwarded`` (another
+    replica logged the decision: sent to its outcome log through the shared state, which
+    stores it or finds it a duplicate or conflict there; settled here), ``conflict`` (stored before
     with different content; unchanged), ``unknown_decision`` (no such decision; not stored) or
     ``invalid`` (an item of a batch that fails validation, or whose usage is impossible on the
     target that served it; not stored; ``message`` names every bad field, ``[1].status: ...``).
@@ -142,7 +144,7 @@ class OutcomeAckOut(BaseModel):
 
     outcome_id: str | None
     decision_id: str | None
-    status: Literal["stored", "duplicate", "conflict", "unknown_decision", "invalid"]
+    status: Literal["stored", "duplicate", "forwarded", "conflict", "unknown_decision", "invalid"]
     message: str | None = None
     settlement: SettlementOut | None = None
     released: bool = False

@@ -14,12 +14,26 @@ gap, loads it whole) and a stream of changes (so running processes follow in ord
                                       operators: processes learn sessions from the stream)
     {P}changes                stream  one entry per change: dispatch, release, telemetry, health
                                       (capped at ``stream_max_len`` entries, approximately)
+    {P}done:<decision_id>     string  the inbox of a decision whose record was taken (an outcome
+                                      arrived), for as long as the record had left to live: a
+                                      retried outcome still finds where its decision is logged
+    {P}inbox:<inbox id>       stream  outcomes another replica received for decisions logged in
+                                      this inbox's outcome log (JSON), until that log stores them
+
+An *inbox* is an outcome log: every process that writes to the same log file (the workers of
+one ``pointsman serve``) has the same inbox id (``OutcomeLog.log_id``), and each record names
+the inbox of the process that dispatched it. An outcome posted to a replica whose log lacks
+the decision is *forwarded* (``forward``): appended to the inbox stream of the log that has
+it, in the same round trip that finds it; that replica's reader stores it in its log
+(idempotent: a redelivered outcome is a duplicate there) and deletes the entry. Budget and
+load are settled by the replica that received the outcome, from the shared record.
 
 ``P`` is the key prefix, default ``{pointsman-state}:`` (one hash slot in a cluster).
 
 Round trips: a dispatch is one (a Lua script writes the record, the session and the stream
 entry); an outcome or release is one (a Lua script takes the record, whichever process wrote
-it, and appends the release); a telemetry push or a health mark is one. Decisions read only
+it, and appends the release); a forwarded outcome is one more; a telemetry push or a health
+mark is one. Decisions read only
 the local state: none. A reader thread per process blocks on the stream (``XREAD``) and
 applies the others' changes, typically within a millisecond on one host.
 
@@ -33,7 +47,12 @@ What can go wrong, and what happens then:
 - **The reader falls behind** the stream's cap (more than ``stream_max_len`` changes while it
   was away): it notices the gap and reloads the whole state.
 - **A process dies** with requests in flight: their records expire after the in-flight TTL
-  and their counts with them, on every process (each expires dispatches by age).
+  and their counts with them, on every process (each expires dispatches by age). Outcomes
+  forwarded to its inbox wait in the inbox stream until a process with that log starts again.
+- **Redis loses its data** (restarted without persistence): in-flight records, forwarded
+  outcomes not yet stored, done marks and health marks are gone; counts converge as the
+  processes reload, and an outcome for a decision no replica's log or record knows any more
+  is ``unknown_decision`` (run Redis with AOF, ``appendfsync everysec``, to bound this at 1 s).
 
 Times cross processes as wall-clock Unix seconds; each process converts them to its own
 monotonic clock when applying.
@@ -48,8 +67,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Literal, Protocol
+
+from pointsman.errors import DataError
 
 if TYPE_CHECKING:  # pragma: no cover
     from redis import Redis
@@ -61,12 +82,20 @@ DEFAULT_PREFIX = "{pointsman-state}:"
 DEFAULT_STREAM_MAX_LEN = 200_000
 
 ChangeKind = Literal["dispatch", "release", "telemetry", "health"]
+#: Where ``forward`` found an outcome's decision: ``forwarded`` (to another log's inbox),
+#: ``here`` (this process's own inbox: the log itself must have it, or will after a flush),
+#: ``unknown`` (no record or done mark in the shared state, or no shared state at all).
+ForwardResult = Literal["forwarded", "here", "unknown"]
+#: ``deliver(payloads)``: store outcomes forwarded to this inbox (JSON texts of ``OutcomeIn``);
+#: True once they are durable in the log (their entries are deleted), False to keep them.
+Deliver = Callable[[list[str]], bool]
 
 
 @dataclass(frozen=True)
 class SharedRecord:
     """What a dispatched decision holds, as it travels between processes: the fields of
-    ``fleet_state.DispatchRecord`` with the dispatch time as wall-clock ``wall_s`` (Unix s)."""
+    ``fleet_state.DispatchRecord`` with the dispatch time as wall-clock ``wall_s`` (Unix s), and
+    the ``inbox`` (outcome log id) of the process that dispatched it ("" when it has none)."""
 
     decision_id: str
     target: str
@@ -80,6 +109,7 @@ class SharedRecord:
     prefill_utilization: float
     decode_utilization: float
     wall_s: float
+    inbox: str = ""
 
     def to_json(self) -> str:
         """Compact JSON."""
@@ -157,7 +187,8 @@ class SyncStatus:
     """Counters of a ``StateSync`` (``/v1/fleet``, ``/metrics``): whether it ``shared`` state at
     all, ``connected`` (the reader's last Redis call succeeded), changes ``applied`` from other
     processes, ``reloads`` of the whole state, ``write_errors``, ``last_error``, ``lag_s`` (how
-    old the last applied change was when applied)."""
+    old the last applied change was when applied), ``forwarded_in`` (outcomes other replicas
+    forwarded to this inbox, stored)."""
 
     shared: bool
     connected: bool = False
@@ -166,6 +197,7 @@ class SyncStatus:
     write_errors: int = 0
     last_error: str | None = None
     lag_s: float = 0.0
+    forwarded_in: int = 0
 
 
 class StateSync(Protocol):
@@ -194,6 +226,18 @@ class StateSync(Protocol):
     def take(self, decision_id: str) -> SharedRecord | None:
         """Remove a decision's record, whoever dispatched it, and publish its release (one
         round trip); the record, or None when no process holds it (or Redis failed)."""
+        ...
+
+    def set_inbox(self, inbox: str, deliver: Deliver) -> None:
+        """This process logs its decisions in the outcome log ``inbox``: records it dispatches
+        name it, and outcomes other replicas forward to it are handed to ``deliver`` by the
+        reader (from ``start`` on)."""
+        ...
+
+    def forward(self, decision_id: str, payload: str) -> ForwardResult:
+        """Send an outcome (``payload``, JSON) for a decision this process's log lacks to the
+        inbox of the log that has it, found from the decision's record or done mark (one round
+        trip). Raises ``DataError`` when Redis fails (nothing was forwarded)."""
         ...
 
     def telemetry(self, endpoint: str, snapshot: Mapping[str, float | int], wall_s: float) -> None:
@@ -235,6 +279,13 @@ class LocalSync:
         """No other process: None."""
         return None
 
+    def set_inbox(self, inbox: str, deliver: Deliver) -> None:
+        """No other process forwards anything."""
+
+    def forward(self, decision_id: str, payload: str) -> ForwardResult:
+        """No other log: ``unknown``."""
+        return "unknown"
+
     def telemetry(self, endpoint: str, snapshot: Mapping[str, float | int], wall_s: float) -> None:
         """Nothing to publish."""
 
@@ -262,9 +313,27 @@ local p = ARGV[1]
 local key = p .. 'rec:' .. ARGV[2]
 local rec = redis.call('GET', key)
 if not rec then return false end
+local ttl = redis.call('PTTL', key)
+local inbox = cjson.decode(rec)['inbox']
+if ttl > 0 and type(inbox) == 'string' and inbox ~= '' then
+  redis.call('SET', p .. 'done:' .. ARGV[2], inbox, 'PX', ttl)
+end
 redis.call('DEL', key)
 redis.call('XADD', p .. 'changes', 'MAXLEN', '~', ARGV[4], '*', 'c', ARGV[3])
 return rec
+"""
+_FORWARD = """
+local p = ARGV[1]
+local inbox = redis.call('GET', p .. 'done:' .. ARGV[2])
+if not inbox then
+  local rec = redis.call('GET', p .. 'rec:' .. ARGV[2])
+  if not rec then return 'unknown' end
+  inbox = cjson.decode(rec)['inbox']
+  if type(inbox) ~= 'string' or inbox == '' then return 'unknown' end
+end
+if inbox == ARGV[3] then return 'here' end
+redis.call('XADD', p .. 'inbox:' .. inbox, '*', 'o', ARGV[4])
+return 'forwarded'
 """
 _TELEMETRY = """
 local p = ARGV[1]
@@ -301,6 +370,9 @@ class RedisSync:
         self._errors: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, OSError)
         self._dispatch = client.register_script(_DISPATCH)
         self._take = client.register_script(_TAKE)
+        self._forward = client.register_script(_FORWARD)
+        self.inbox = ""
+        self._deliver: Deliver | None = None
         self._telemetry = client.register_script(_TELEMETRY)
         self._health = client.register_script(_HEALTH)
         self._status = SyncStatus(shared=True)
@@ -349,6 +421,8 @@ class RedisSync:
     def dispatch(self, record: SharedRecord, block_hashes: Sequence[int], gateway_ids: bool,
                  session_id: str, session_ttl_s: float, record_ttl_s: float) -> None:
         """Write the record (TTL ``record_ttl_s``), the session (TTL ``session_ttl_s``) and the change."""
+        if self.inbox and not record.inbox:
+            record = replace(record, inbox=self.inbox)
         change = Change("dispatch", self.origin, record.wall_s, record=record, block_hashes=tuple(block_hashes),
                         gateway_ids=gateway_ids, session_id=session_id)
         args = [self.prefix, record.decision_id, record.to_json(), str(max(1, int(record_ttl_s * 1000))),
@@ -368,6 +442,23 @@ class RedisSync:
         except (ValueError, TypeError) as exc:
             log.warning("shared record of %s is unreadable: %s", decision_id, exc)
             return None
+
+    def set_inbox(self, inbox: str, deliver: Deliver) -> None:
+        """Name this process's outcome log; the reader hands outcomes forwarded to it to ``deliver``."""
+        with self._lock:
+            self.inbox, self._deliver = inbox, deliver
+
+    def forward(self, decision_id: str, payload: str) -> ForwardResult:
+        """See ``StateSync.forward``. Raises ``DataError`` when Redis fails."""
+        try:
+            got = self._forward(keys=[], args=[self.prefix, decision_id, self.inbox, payload])
+        except self._errors as exc:
+            with self._lock:
+                self._status.write_errors += 1
+                self._status.last_error = f"forward: {type(exc).__name__}: {exc}"
+            raise DataError(f"cannot forward the outcome of {decision_id}: shared state unavailable "
+                            f"({type(exc).__name__}: {exc})") from None
+        return "forwarded" if got == "forwarded" else "here" if got == "here" else "unknown"
 
     def telemetry(self, endpoint: str, snapshot: Mapping[str, float | int], wall_s: float) -> None:
         """Write the endpoint's latest snapshot and the change."""
@@ -432,16 +523,26 @@ class RedisSync:
 
     def _follow(self, last: str | None) -> None:
         stream = f"{self.prefix}changes"
+        inbox_last = "0-0"  # delivered entries are deleted: what is left is still to deliver
         while not self._stop.is_set():
             with self._lock:
-                apply, reload = self._apply, self._reload
+                apply, reload, inbox, deliver = self._apply, self._reload, self.inbox, self._deliver
             if last is None:
                 if self._stop.wait(1.0):
                     return
                 last = self._load(reload)
+                inbox_last = "0-0"
                 continue
+            inbox_stream = f"{self.prefix}inbox:{inbox}" if inbox and deliver is not None else None
             try:
-                entries = _entries(self.client.xread({stream: last}, count=1000, block=self.block_ms))
+                streams: dict[str | bytes | memoryview, str | bytes | memoryview | int] = {stream: last}
+                if inbox_stream:
+                    streams[inbox_stream] = inbox_last
+                replies = _streams(self.client.xread(streams, count=1000, block=self.block_ms))
+                if inbox_stream and (forwarded := replies.get(inbox_stream)):
+                    assert deliver is not None
+                    inbox_last = self._deliver_forwarded(inbox_stream, forwarded, deliver, inbox_last)
+                entries = replies.get(stream, [])
                 if not entries:
                     continue
                 if last != "0-0" and not self.client.xrange(stream, min=last, max=last):
@@ -473,6 +574,25 @@ class RedisSync:
                     self._status.applied += 1
                     self._status.lag_s = max(0.0, time.time() - change.wall_s)
 
+    def _deliver_forwarded(self, inbox_stream: str, entries: list[tuple[str, dict[str, str]]],
+                           deliver: Deliver, inbox_last: str) -> str:
+        """Hand forwarded outcomes to ``deliver``; delete their entries once stored. Returns the
+        inbox id to read from next (unchanged when delivery failed: they are read again after a
+        second). Raises what Redis raises."""
+        payloads = [fields["o"] for _, fields in entries if "o" in fields]
+        try:
+            stored = deliver(payloads) if payloads else True
+        except Exception:  # noqa: BLE001 - a failing log must not stop the follower; the entries stay
+            log.exception("storing %d forwarded outcomes failed", len(payloads))
+            stored = False
+        if not stored:
+            self._stop.wait(1.0)
+            return inbox_last
+        self.client.xdel(inbox_stream, *[entry_id for entry_id, _ in entries])
+        with self._lock:
+            self._status.forwarded_in += len(payloads)
+        return entries[-1][0]
+
     def status(self) -> SyncStatus:
         """Counters (a copy)."""
         with self._lock:
@@ -490,18 +610,18 @@ def _ignore(_: object) -> None:
     """The callback before ``start``."""
 
 
-def _entries(reply: object) -> list[tuple[str, dict[str, str]]]:
-    """The ``(id, fields)`` entries of an ``XREAD`` reply for one stream (RESP2 list or RESP3 map)."""
+def _streams(reply: object) -> dict[str, list[tuple[str, dict[str, str]]]]:
+    """Stream name -> its ``(id, fields)`` entries, from an ``XREAD`` reply (RESP2 list or RESP3 map)."""
     if isinstance(reply, dict):
         reply = list(reply.items())
-    if not isinstance(reply, list) or not reply:
-        return []
-    stream = reply[0]
-    entries = stream[1] if isinstance(stream, (list, tuple)) and len(stream) > 1 else []
-    out = []
-    for item in entries if isinstance(entries, list) else []:
-        entry_id, fields = item
-        out.append((str(entry_id), {str(k): str(v) for k, v in dict(fields).items()}))
+    if not isinstance(reply, list):
+        return {}
+    out: dict[str, list[tuple[str, dict[str, str]]]] = {}
+    for stream in reply:
+        if not isinstance(stream, (list, tuple)) or len(stream) < 2 or not isinstance(stream[1], list):
+            continue
+        out[str(stream[0])] = [(str(entry_id), {str(k): str(v) for k, v in dict(fields).items()})
+                               for entry_id, fields in stream[1]]
     return out
 
 
@@ -513,4 +633,5 @@ def open_sync(url: str | None) -> StateSync:
     return RedisSync.from_url(url)
 
 
-__all__ = ["Change", "LocalSync", "RedisSync", "SharedRecord", "SharedView", "StateSync", "SyncStatus", "open_sync"]
+__all__ = ["Change", "Deliver", "ForwardResult", "LocalSync", "RedisSync", "SharedRecord", "SharedView", "StateSync",
+           "SyncStatus", "open_sync"]

@@ -31,8 +31,10 @@ def pair(fleet, redis_url):
     prefix = quote(f"{{t-{uuid.uuid4().hex[:8]}}}:", safe="")
     made = []
 
-    def replica():
+    def replica(inbox=None):
         st = FleetState(fleet, sync=RedisSync.from_url(f"{redis_url}?prefix={prefix}", block_ms=100))
+        if inbox is not None:
+            st.sync.set_inbox(*inbox)
         st.start_sync()
         made.append(st)
         return st
@@ -81,6 +83,30 @@ def test_an_outcome_before_the_dispatch_change_arrives_still_prices_and_releases
     assert eventually(lambda: inflight(a, E8) == 0 and inflight(b, E8) == 0)
     again = a.settle("d2", prompt_tokens=300, completion_tokens=10, target="onprem-8b")
     assert again.released_load == 0
+
+
+def test_an_outcome_for_a_decision_logged_elsewhere_goes_to_that_logs_inbox(pair):
+    delivered, attempts = [], []
+
+    def deliver_a(payloads):
+        attempts.append(len(payloads))
+        if len(attempts) == 1:
+            return False  # the log was unavailable: the entries stay and come again
+        delivered.extend(payloads)
+        return True
+
+    a, b = pair(inbox=("log-a", deliver_a)), pair(inbox=("log-b", lambda payloads: True))
+    dispatch(a, "d9")
+    assert a.sync.forward("d9", "{}") == "here"            # its own log has it
+    assert b.sync.forward("nope", "{}") == "unknown"
+    assert b.sync.forward("d9", '{"decision_id":"d9"}') == "forwarded"
+    b.settle("d9", prompt_tokens=300, completion_tokens=10)  # takes the record ...
+    assert b.sync.forward("d9", '{"decision_id":"d9","n":2}') == "forwarded"  # ... its done mark still knows the inbox
+    assert eventually(lambda: len(delivered) == 2)
+    assert delivered == ['{"decision_id":"d9"}', '{"decision_id":"d9","n":2}'] and attempts[0] >= 1
+    assert a.sync.status().forwarded_in == 2 and b.sync.status().forwarded_in == 0
+    time.sleep(0.3)
+    assert len(delivered) == 2  # deleted once stored: never delivered twice
 
 
 def test_telemetry_health_sessions_and_prefixes_cross(pair):
