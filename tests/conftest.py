@@ -128,3 +128,21 @@ def budget_ledgers(request, tmp_path_factory) -> Iterator[BudgetLedgerFactory]:
     factory = BudgetLedgerFactory(request.param, tmp_path_factory.mktemp("budget"), url)
     yield factory
     factory.close_all()
+
+
+@pytest.fixture(scope="session")
+def standin():
+    """The stand-in engine module (``tests/fixtures/standin_engine.py``: vLLM/SGLang ``/metrics``
+    pages and KV-event publishers speaking the real wire formats)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "standin_engine" not in sys.modules:
+        path = Path(__file__).resolve().parent / "fixtures" / "standin_engine.py"
+        spec = importlib.util.spec_from_file_location("standin_engine", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["standin_engine"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["standin_engine"]
