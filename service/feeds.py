@@ -14,8 +14,8 @@ reload is followed at the next round: new endpoints are scraped and subscribed t
 are not (their subscribers stop).
 
 How pushed telemetry and scraped readings combine (``load_board``'s merge rule): per endpoint
-the *freshest* external reading wins, whichever source it came from, plus the requests
-Pointsman dispatched after it was measured. Every process scrapes for itself; pushed telemetry
+and per field the *freshest* external reading wins, whichever source it came from, plus the
+requests Pointsman dispatched after it was measured. Every process scrapes for itself; pushed telemetry
 is shared between processes through the state sync.
 """
 
