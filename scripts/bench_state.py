@@ -7,7 +7,9 @@ state in the same run, Redis round trips per decision, and the prefix index's me
    packaged fleet and default policy with the bundled estimator: p50/p99 in ms with the embedded
    ``LocalSync`` and with ``RedisSync`` on a ``redis-server`` this script starts on a free local
    port (requires ``redis-server`` on PATH). Each decision's outcome is settled, not timed.
-   Round trips per decision are counted on the Redis client (commands sent during ``route``).
+   Round trips per decision are counted on the Redis client (commands sent during ``route``),
+   and the shared-state write itself (``RedisSync.dispatch``) is timed on its own. The two
+   states run in alternating rounds (``--rounds``), so a busy machine slows both alike.
 2. Prefix index memory: ``PrefixIndex.record`` of one million distinct blocks over 8 endpoints,
    measured with ``tracemalloc``: bytes per block.
 
@@ -40,7 +42,7 @@ from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy  # 
 from pointsman.policy.signals.fleet_state import FleetState  # noqa: E402
 from pointsman.policy.signals.prefix_index import PrefixIndex  # noqa: E402
 from pointsman.policy.signals.shared_state import LocalSync, RedisSync, StateSync  # noqa: E402
-from pointsman.request import parse_route_request  # noqa: E402
+from pointsman.request import RouteRequest, parse_route_request  # noqa: E402
 
 WORDS = ("routing", "latency", "prefill", "decode", "cache", "budget", "replica", "policy", "token", "gateway")
 
@@ -75,28 +77,61 @@ class CountingRedis:
         client.execute_command = counted  # type: ignore[attr-defined]  # see above
 
 
-def run_decisions(sync: StateSync, n: int, counter: CountingRedis | None) -> dict[str, float]:
-    fleet = load_fleet()
-    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), load_estimator(None),
-                           state=FleetState(fleet, sync=sync))
-    engine.state.start_sync()
-    requests = [parse_route_request({"messages": [{"role": "user", "content": prompt(i)}]}) for i in range(n)]
-    for r in requests[:50]:  # warm up
-        d = engine.route(r)
-        engine.state.settle(d.decision_id, prompt_tokens=d.prompt_tokens, completion_tokens=8)
-    times, trips = [], []
-    for r in requests[50:]:
-        before = counter.commands if counter else 0
-        t0 = time.perf_counter()
-        d = engine.route(r)
-        times.append((time.perf_counter() - t0) * 1e3)
-        trips.append((counter.commands if counter else 0) - before)
-        engine.state.settle(d.decision_id, prompt_tokens=d.prompt_tokens, completion_tokens=8)
-    engine.state.close()
-    times.sort()
-    return {"p50_ms": statistics.median(times), "p99_ms": times[int(len(times) * 0.99) - 1],
-            "mean_ms": statistics.fmean(times), "redis_round_trips_per_decision": statistics.fmean(trips),
-            "max_round_trips": max(trips)}
+class Arm:
+    """One state (embedded or Redis) under test: its engine and what its decisions measured."""
+
+    def __init__(self, sync: StateSync, counter: CountingRedis | None) -> None:
+        fleet = load_fleet()
+        self.engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), load_estimator(None),
+                                    state=FleetState(fleet, sync=sync))
+        self.engine.state.start_sync()
+        self.counter = counter
+        self.times: list[float] = []
+        self.trips: list[int] = []
+        self.writes: list[float] = []
+        if sync.shared:
+            original = sync.dispatch
+
+            def timed(*args: object, **kwargs: object) -> None:
+                t0 = time.perf_counter()
+                original(*args, **kwargs)  # type: ignore[arg-type]  # the wrapped method's own arguments
+                self.writes.append((time.perf_counter() - t0) * 1e3)
+
+            sync.dispatch = timed  # type: ignore[method-assign]  # timing wrapper
+
+    def run(self, requests: list[RouteRequest], timed: bool = True) -> None:
+        for r in requests:
+            before = self.counter.commands if self.counter else 0
+            t0 = time.perf_counter()
+            d = self.engine.route(r)
+            elapsed = (time.perf_counter() - t0) * 1e3
+            if timed:
+                self.times.append(elapsed)
+                self.trips.append((self.counter.commands if self.counter else 0) - before)
+            self.engine.state.settle(d.decision_id, prompt_tokens=d.prompt_tokens, completion_tokens=8)
+
+    def result(self) -> dict[str, float]:
+        self.engine.state.close()
+        times = sorted(self.times)
+        out = {"p50_ms": statistics.median(times), "p99_ms": times[int(len(times) * 0.99) - 1],
+               "mean_ms": statistics.fmean(times), "redis_round_trips_per_decision": statistics.fmean(self.trips),
+               "max_round_trips": max(self.trips)}
+        if self.writes:
+            writes = sorted(self.writes)
+            out |= {"write_p50_ms": statistics.median(writes), "write_p99_ms": writes[int(len(writes) * 0.99) - 1]}
+        return out
+
+
+def run_arms(arms: dict[str, Arm], n: int, rounds: int) -> dict[str, dict[str, float]]:
+    """``n`` decisions per arm after 50 warm-up ones, in ``rounds`` alternating rounds."""
+    requests = [parse_route_request({"messages": [{"role": "user", "content": prompt(i)}]}) for i in range(n + 50)]
+    for arm in arms.values():
+        arm.run(requests[:50], timed=False)
+    step = max(1, n // rounds)
+    for start in range(50, n + 50, step):
+        for arm in arms.values():
+            arm.run(requests[start:start + step])
+    return {name: arm.result() for name, arm in arms.items()}
 
 
 def prefix_memory(blocks: int = 1_000_000, endpoints: int = 8) -> float:
@@ -114,12 +149,14 @@ def prefix_memory(blocks: int = 1_000_000, endpoints: int = 8) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--decisions", type=int, default=3000)
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    out: dict[str, object] = {"embedded": run_decisions(LocalSync(), args.decisions, None)}
+    out: dict[str, object] = {}
     binary = shutil.which("redis-server")
     if binary is None:
         print("redis-server not on PATH: the shared-state rows are skipped", file=sys.stderr)
+        out |= run_arms({"embedded": Arm(LocalSync(), None)}, args.decisions, args.rounds)
     else:
         port = free_port()
         with tempfile.TemporaryDirectory() as tmp:
@@ -130,7 +167,8 @@ def main() -> int:
                 sync = RedisSync.from_url(f"redis://127.0.0.1:{port}/0", block_ms=200)
                 counter = CountingRedis()
                 counter.install(sync.client)
-                out["redis"] = run_decisions(sync, args.decisions, counter)
+                out |= run_arms({"embedded": Arm(LocalSync(), None), "redis": Arm(sync, counter)},
+                                args.decisions, args.rounds)
             finally:
                 proc.terminate()
                 proc.wait(timeout=5)
@@ -138,13 +176,16 @@ def main() -> int:
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    print(f"route() at 500 tokens, dispatch included, {args.decisions - 50} decisions "
+    print(f"route() at 500 tokens, dispatch included, {args.decisions} decisions per state in {args.rounds} "
+          f"alternating rounds, load average {os.getloadavg()[0]:.1f} "
           f"(python {sys.version.split()[0]}, {Path('/proc/cpuinfo').exists() and os.cpu_count()} cpus):")
     for name in ("embedded", "redis"):
         row = out.get(name)
         if isinstance(row, dict):
             print(f"  {name:9s} p50 {row['p50_ms']:.3f} ms  p99 {row['p99_ms']:.3f} ms  mean {row['mean_ms']:.3f} ms  "
-                  f"Redis round trips/decision {row['redis_round_trips_per_decision']:.2f} (max {row['max_round_trips']})")
+                  f"Redis round trips/decision {row['redis_round_trips_per_decision']:.2f} (max {row['max_round_trips']})"
+                  + (f"  shared-state write p50 {row['write_p50_ms']:.3f} ms p99 {row['write_p99_ms']:.3f} ms"
+                     if "write_p50_ms" in row else ""))
     print(f"prefix index: {out['prefix_index_bytes_per_block']:.0f} bytes per block "
           f"({out['prefix_index_bytes_per_block'] * 1e6 / 2**20:.0f} MiB per million blocks)")
     return 0
