@@ -72,7 +72,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Final, Literal, TypeAlias, cast, get_args
+from typing import Final, Literal, TypeAlias, cast, get_args
 
 import cbor2
 import jinja2
@@ -350,7 +350,7 @@ class TargetTokenizer:
         special = {name: text for name in _SPECIAL_TOKEN_NAMES if (text := _token_text(config.get(name))) is not None}
         return cls(tokenizer, source, special_tokens=special, max_tokens=max_tokens, tool_template=tool_source)
 
-    def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None,
+    def render(self, messages: Sequence[Mapping[str, object]], *, tools: Sequence[Mapping[str, object]] | None = None,
                add_generation_prompt: bool = True) -> str:
         """The prompt text the engine builds from ``messages`` (OpenAI-style dicts, content a
         string). Without a template: ``role\\ntext\\n`` per message. Raises
@@ -374,8 +374,8 @@ class TargetTokenizer:
             ids.pop()
         return ids[:self.max_tokens]
 
-    def prompt_token_ids(self, messages: Sequence[Mapping[str, Any]], *,
-                         tools: Sequence[Mapping[str, Any]] | None = None, add_generation_prompt: bool = True) -> list[int]:
+    def prompt_token_ids(self, messages: Sequence[Mapping[str, object]], *,
+                         tools: Sequence[Mapping[str, object]] | None = None, add_generation_prompt: bool = True) -> list[int]:
         """The leading prompt token ids (at most ``max_tokens``) the engine would hash for this
         chat request: the rendered template tokenised without adding special tokens; without a
         template, the approximation with the tokenizer's special tokens."""
