@@ -33,7 +33,7 @@ import collections
 import logging
 import threading
 from collections.abc import Mapping, Sequence
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 import httpx
 
@@ -42,9 +42,10 @@ from pointsman.outcome import MAX_BATCH
 
 log = logging.getLogger("pointsman.integrations")
 
-#: Response and forwarding headers of a decision.
+#: Response and forwarding headers of a decision (the P/D contract: ``policy/decision.py``).
 DECISION_HEADER = "x-pointsman-decision-id"
 TARGET_HEADER = "x-pointsman-target"
+PREFILLER_HEADER = "x-prefiller-host-port"
 
 
 class RoutedEndpoint(TypedDict):
@@ -66,7 +67,12 @@ class RoutedFallback(TypedDict):
 
 class RouteDecision(TypedDict):
     """The fields of ``/v1/route``'s answer (the service's ``RouteResponse``) a gateway routes by;
-    the dict ``route``/``aroute`` return carries every field of the answer."""
+    the dict ``route``/``aroute`` return carries every field of the answer.
+
+    The forwarding contract (``policy/decision.py``): send to ``base_url`` — never to
+    ``endpoints[0]``, which is the prefill endpoint of a ``disaggregated`` decision — with
+    ``model`` and the ``forward_headers`` (``x-pointsman-decision-id``; ``x-prefiller-host-port``
+    naming ``prefill_url`` when disaggregated). ``forward_target(decision)`` reads them."""
 
     decision_id: str
     target: str
@@ -75,6 +81,16 @@ class RouteDecision(TypedDict):
     mode: str
     endpoints: list[RoutedEndpoint]
     fallbacks: list[RoutedFallback]
+    prefill_url: NotRequired[str | None]
+    forward_headers: NotRequired[dict[str, str]]
+
+
+def forward_target(decision: RouteDecision) -> tuple[str, dict[str, str]]:
+    """``(url, headers)`` a gateway forwards ``decision``'s request to: ``base_url`` and the
+    ``forward_headers`` (the decision id alone from a service that predates them)."""
+    headers = dict(decision.get("forward_headers") or {})
+    headers.setdefault(DECISION_HEADER, decision["decision_id"])
+    return decision["base_url"], headers
 
 
 class PointsmanClient:

@@ -29,11 +29,14 @@ Per call (``PointsmanRoutingStrategy``):
    target when its ``model_info.pointsman_target`` names it, or (without that key) when its
    ``litellm_params.model`` is the target's upstream model (``model`` of the decision, with
    or without a LiteLLM provider prefix such as ``openai/``). Among several deployments of a
-   target, the one whose ``api_base`` is the decision's first endpoint URL wins (one LiteLLM
-   deployment per replica gives Pointsman the replica pick too); otherwise the decision id
-   spreads calls over them.
-3. The decision id is forwarded upstream as the ``x-pointsman-decision-id`` header
-   (``extra_headers``) and kept in the call's ``metadata["pointsman_decision"]`` for step 4.
+   target, the one whose ``api_base`` is the decision's ``base_url`` wins, then one at another
+   non-prefill endpoint of the decision (one LiteLLM deployment per replica gives Pointsman
+   the replica pick too); otherwise the decision id spreads calls over them.
+3. The decision's ``forward_headers`` go upstream (``extra_headers``): ``x-pointsman-decision-id``
+   and, for a disaggregated decision, ``x-prefiller-host-port`` naming the prefill endpoint (the
+   deployment is the decode endpoint, ``base_url``; its llm-d routing sidecar runs the prefill
+   there: the P/D contract of ``policy/decision.py``). The decision is kept in the call's
+   ``metadata["pointsman_decision"]`` for step 4.
 4. ``PointsmanOutcomeLogger`` (one per process, ``OUTCOME_LOGGER``) posts the outcome after the call, in the background
    (``PointsmanClient.report``): usage (prompt, cached, completion tokens), end-to-end latency,
    TTFT and TPOT for streamed calls (LiteLLM's ``completion_start_time`` is the first chunk),
@@ -66,7 +69,7 @@ import litellm
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase, DeploymentTypedDict
 
-from pointsman.integrations.client import DECISION_HEADER, PointsmanClient, RouteDecision
+from pointsman.integrations.client import PointsmanClient, RouteDecision, forward_target
 from pointsman.json_types import JSONObject, JSONValue
 
 log = logging.getLogger("pointsman.integrations")
@@ -179,7 +182,10 @@ def pick_deployment(deployments: Sequence[DeploymentTypedDict], decision: RouteD
     Tries the decided target, then each fallback in order (see the module docstring for the
     mapping). Returns an element of ``deployments`` itself (LiteLLM requires that).
     """
-    choices = [(decision["target"], decision["model"], [e["url"] for e in decision.get("endpoints", [])])]
+    # where the request is sent first (base_url), then the other endpoints that serve it; never a
+    # prefill endpoint (a disaggregated decision lists those first; the decode side calls them)
+    served = [decision["base_url"], *(e["url"] for e in decision.get("endpoints", []) if e["role"] != "prefill")]
+    choices = [(decision["target"], decision["model"], served)]
     choices += [(f["target"], f["model"], [f["base_url"]]) for f in decision.get("fallbacks", [])]
     for target, model, urls in choices:
         found = [d for d in deployments if target_of(d) == target]
@@ -288,7 +294,7 @@ class PointsmanRoutingStrategy(CustomRoutingStrategyBase):
                                       "served_target": served, "client": id(self.client)}
         given = kwargs.get("extra_headers")
         headers: dict[str, object] = dict(given) if isinstance(given, Mapping) else {}
-        headers[DECISION_HEADER] = decision["decision_id"]
+        headers.update(forward_target(decision)[1])  # decision id; x-prefiller-host-port when disaggregated
         kwargs["extra_headers"] = headers
         return chosen
 

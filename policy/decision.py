@@ -4,6 +4,24 @@ A decision is plain data; ``to_dict()`` gives the JSON the service returns and t
 decision log stores. ``decision_id`` is the join key to the request's outcome: 32
 hex characters, the first 12 a millisecond Unix timestamp (so ids sort by time,
 like a ULID) and the rest random.
+
+**Where the gateway sends the request (the P/D forwarding contract).** Always to
+``base_url`` (the first ``aggregated``, ``decode`` or ``api`` endpoint of ``endpoints``), with
+``model`` set to the decision's ``model`` and the headers of ``forward_headers``:
+
+- every decision: ``x-pointsman-decision-id: <decision_id>``;
+- a ``disaggregated`` decision also names its prefill endpoint (``prefill_url``, the first
+  ``prefill`` endpoint of ``endpoints``) as ``x-prefiller-host-port: <host>:<port>`` — the
+  header llm-d's routing sidecar on the decode endpoint reads: it sends the prefill request
+  (``kv_transfer_params`` with ``do_remote_decode: true``, ``max_tokens: 1``, ``stream: false``)
+  to that host, then runs the decode locally with the prefill answer's ``kv_transfer_params``
+  (llm-d-inference-scheduler ``pkg/sidecar/proxy``; vLLM's disaggregated proxy
+  ``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py`` does the same two calls
+  itself). A gateway that is its own P/D proxy calls ``prefill_url`` first and ``base_url``
+  second; one that fronts the sidecar only forwards to ``base_url`` with the header.
+
+``endpoints[0]`` is therefore *not* where to send a disaggregated request: it is the prefill
+endpoint (``endpoints`` lists prefill endpoints before decode ones).
 """
 
 from __future__ import annotations
@@ -14,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, TypeAlias
+from urllib.parse import urlsplit
 
 import numpy as np
 from numpy.typing import NDArray
@@ -24,6 +43,24 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: A decision's trace: JSON-ready (finite floats, str keys), sections as ``Decision`` lists them.
 Trace: TypeAlias = dict[str, object]
+
+
+#: Forwarding headers of the P/D contract (see the module docstring).
+DECISION_HEADER = "x-pointsman-decision-id"
+PREFILLER_HEADER = "x-prefiller-host-port"
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def host_port(url: str) -> str:
+    """``host:port`` of an endpoint URL (``http://10.0.0.7:8000/v1`` -> ``10.0.0.7:8000``; the
+    scheme's port when the URL names none: 80 for http, 443 for https; IPv6 hosts bracketed).
+    Raises ``ValueError`` for a URL without a host."""
+    parts = urlsplit(url)
+    host = parts.hostname
+    if not host:
+        raise ValueError(f"endpoint URL '{url}' has no host")
+    port = parts.port or _DEFAULT_PORTS.get(parts.scheme.lower(), 80)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def new_decision_id() -> str:
@@ -66,7 +103,9 @@ class Decision:
     ``target``/``model``/``base_url``/``mode``: where to send (fleet target name, upstream
     model name, the URL to call: the first aggregated/decode endpoint or the API base URL;
     ``aggregated`` or ``disaggregated``). ``endpoints``: every endpoint of the chosen pool(s)
-    in preference order (prefill and decode both listed when disaggregated).
+    in preference order (prefill and decode both listed when disaggregated, prefill first).
+    ``prefill``/``forward_headers`` (properties; ``prefill_url`` and ``forward_headers`` in
+    ``to_dict``): the P/D forwarding contract of the module docstring.
     ``fallbacks``: eligible targets to try next, in order. ``estimated_cost_usd``: cost of
     the request on the chosen target and mode (``policy/cost.py``). ``rule``: the deciding
     rule; ``labels``: its labels. ``p_hard``: the estimator's probability (None when
@@ -108,6 +147,24 @@ class Decision:
     #: None when there is one); in the trace's ``estimator`` section, not in ``to_dict``.
     difficulty_error: str | None = field(default=None, repr=False, compare=False)
 
+    @property
+    def prefill(self) -> EndpointChoice | None:
+        """The prefill endpoint of a ``disaggregated`` decision (the first ``prefill`` endpoint),
+        else None."""
+        if self.mode != "disaggregated":
+            return None
+        return next((e for e in self.endpoints if e.role == "prefill"), None)
+
+    @property
+    def forward_headers(self) -> dict[str, str]:
+        """Headers the gateway adds when it forwards to ``base_url`` (the module's contract):
+        the decision id, and the prefill endpoint's ``host:port`` when disaggregated."""
+        headers = {DECISION_HEADER: self.decision_id}
+        prefill = self.prefill
+        if prefill is not None:
+            headers[PREFILLER_HEADER] = host_port(prefill.url)
+        return headers
+
     @cached_property
     def trace(self) -> Trace:
         """The decision's trace (see the class docstring); ``{}`` without a builder."""
@@ -122,6 +179,8 @@ class Decision:
             "base_url": self.base_url,
             "mode": self.mode,
             "endpoints": [e.to_dict() for e in self.endpoints],
+            "prefill_url": None if (prefill := self.prefill) is None else prefill.url,
+            "forward_headers": self.forward_headers,
             "fallbacks": [f.to_dict() for f in self.fallbacks],
             "estimated_cost_usd": self.estimated_cost_usd,
             "rule": self.rule,

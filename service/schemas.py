@@ -51,6 +51,12 @@ class RouteResponse(BaseModel):
     base_url: str
     mode: Literal["aggregated", "disaggregated"]
     endpoints: list[EndpointOut]
+    prefill_url: str | None = Field(default=None, description=(
+        "The prefill endpoint of a disaggregated decision (null otherwise). Send the request to base_url, "
+        "never to endpoints[0] (a prefill endpoint when disaggregated)."))
+    forward_headers: dict[str, str] = Field(default_factory=dict, description=(
+        "Headers to add when forwarding to base_url: x-pointsman-decision-id, and for a disaggregated "
+        "decision x-prefiller-host-port (host:port of prefill_url, read by llm-d's routing sidecar)."))
     fallbacks: list[FallbackOut]
     estimated_cost_usd: float
     rule: str

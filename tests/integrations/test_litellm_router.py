@@ -28,8 +28,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of Lit
 
 import litellm  # noqa: E402
 
-from pointsman.integrations.client import DECISION_HEADER, PointsmanClient  # noqa: E402
+from pointsman.integrations.client import DECISION_HEADER, PointsmanClient, forward_target  # noqa: E402
 from pointsman.integrations.litellm_router import (  # noqa: E402
+    PointsmanRoutingStrategy,
     attach,
     pick_deployment,
 )
@@ -289,6 +290,7 @@ def test_pick_deployment_maps_by_target_then_upstream_model_then_endpoint() -> N
          "model_info": {"pointsman_target": "frontier-small"}},
     ]
     decision = {"decision_id": "abc", "target": "onprem-8b", "model": "meta-llama/Llama-3.1-8B-Instruct",
+                "base_url": "http://llama-8b-1:8000/v1",
                 "endpoints": [{"url": "http://llama-8b-1:8000/v1", "role": "aggregated"}],
                 "fallbacks": [{"target": "frontier-small", "model": "gpt-4o-mini-2024-07-18",
                                "base_url": "https://api.openai.com/v1", "mode": "aggregated"}]}
@@ -296,6 +298,29 @@ def test_pick_deployment_maps_by_target_then_upstream_model_then_endpoint() -> N
     assert pick_deployment(deployments[2:], decision) is deployments[2]  # fallback by pointsman_target
     assert pick_deployment(deployments[:1], {**decision, "target": "onprem-70b", "model": "x", "fallbacks": []}) is None
 
+
+def test_disaggregated_decision_goes_to_the_decode_endpoint_with_the_prefiller_header() -> None:
+    """The P/D contract: the deployment is base_url's (decode), never endpoints[0] (prefill), and the
+    prefill endpoint travels as x-prefiller-host-port."""
+    model = "hosted_vllm/meta-llama/Llama-3.3-70B-Instruct"
+    deployments = [{"model_name": "chat", "litellm_params": {"model": model, "api_base": f"http://{host}:8000/v1"},
+                    "model_info": {"pointsman_target": "onprem-70b"}} for host in ("prefill-0", "decode-0", "decode-1")]
+    decision = {"decision_id": "d1", "target": "onprem-70b", "model": "meta-llama/Llama-3.3-70B-Instruct",
+                "base_url": "http://decode-1:8000/v1", "mode": "disaggregated",
+                "endpoints": [{"url": "http://prefill-0:8000/v1", "role": "prefill"},
+                              {"url": "http://decode-1:8000/v1", "role": "decode"},
+                              {"url": "http://decode-0:8000/v1", "role": "decode"}],
+                "prefill_url": "http://prefill-0:8000/v1",
+                "forward_headers": {"x-pointsman-decision-id": "d1", "x-prefiller-host-port": "prefill-0:8000"},
+                "fallbacks": []}
+    assert pick_deployment(deployments, decision) is deployments[2]
+    strategy = PointsmanRoutingStrategy(None, PointsmanClient("http://127.0.0.1:1"))
+    kwargs: dict = {"metadata": {}}
+    assert strategy._apply(decision, deployments, kwargs) is deployments[2]
+    assert kwargs["extra_headers"] == {"x-pointsman-decision-id": "d1", "x-prefiller-host-port": "prefill-0:8000"}
+    assert forward_target(decision) == ("http://decode-1:8000/v1", decision["forward_headers"])
+    old = {k: v for k, v in decision.items() if k not in ("prefill_url", "forward_headers")}
+    assert forward_target(old) == ("http://decode-1:8000/v1", {"x-pointsman-decision-id": "d1"})
 
 
 def test_sync_completion_is_routed_and_reported(service: dict) -> None:

@@ -7,6 +7,7 @@ import pytest
 
 from pointsman.estimator.estimate import DifficultyEstimate, FixedDifficulty
 from pointsman.policy.cost import estimate_cost
+from pointsman.policy.decision import host_port
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet, parse_fleet
 from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
@@ -70,7 +71,7 @@ def test_decision_fields_and_json(fleet, policy):
     assert set(d.timings_ms) == {"features", "estimator", "policy", "total"}
     assert d.labels == {"reason": "long-prompt"}
     body = json.loads(json.dumps(d.to_dict()))
-    assert set(body) == {"decision_id", "target", "model", "base_url", "mode", "endpoints", "fallbacks",
+    assert set(body) == {"decision_id", "target", "model", "base_url", "mode", "endpoints", "prefill_url", "forward_headers", "fallbacks",
                          "estimated_cost_usd", "rule", "labels", "p_hard", "difficulty_available", "prompt_tokens",
                          "policy_revision", "fleet_revision", "estimator_version", "timings_ms", "trace"}
     assert "trace" not in d.to_dict(explain=False)
@@ -81,6 +82,30 @@ def test_decision_fields_and_json(fleet, policy):
     assert [c["target"] for c in trace["candidates"]] == list(fleet.targets)
     assert trace["candidates"][1]["mode"] == "disaggregated"
     assert trace["cost"]["output_tokens"] == 100
+
+
+def test_pd_forwarding_contract(fleet, policy):
+    """A disaggregated decision: send to base_url (a decode endpoint), never endpoints[0] (a prefill
+    endpoint); the prefill endpoint is prefill_url and x-prefiller-host-port (llm-d's sidecar header)."""
+    d = engine(fleet, policy, 0.1).route(exact(4000, max_tokens=100))
+    assert d.mode == "disaggregated" and d.endpoints[0].role == "prefill"
+    body = d.to_dict(explain=False)
+    assert body["base_url"] == "http://llama-70b-decode-0.inference.internal:8000/v1" != body["endpoints"][0]["url"]
+    assert body["prefill_url"] == body["endpoints"][0]["url"] == "http://llama-70b-prefill-0.inference.internal:8000/v1"
+    assert body["forward_headers"] == {"x-pointsman-decision-id": d.decision_id,
+                                       "x-prefiller-host-port": "llama-70b-prefill-0.inference.internal:8000"}
+    agg = engine(fleet, policy, 0.05).route(exact(30)).to_dict(explain=False)
+    assert agg["mode"] == "aggregated" and agg["prefill_url"] is None
+    assert agg["forward_headers"] == {"x-pointsman-decision-id": agg["decision_id"]}
+    assert agg["base_url"] == agg["endpoints"][0]["url"]
+
+
+@pytest.mark.parametrize("url,want", [
+    ("http://10.0.0.7:8000/v1", "10.0.0.7:8000"), ("https://api.openai.com/v1", "api.openai.com:443"),
+    ("http://llama-0.internal/v1", "llama-0.internal:80"), ("http://[fd00::7]:8000", "[fd00::7]:8000"),
+])
+def test_host_port(url, want):
+    assert host_port(url) == want
 
 
 class Exploding:

@@ -12,7 +12,7 @@ from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, DEFAULT_POLICY_PATH
 from pointsman.service.bootstrap import LoadedEngine, build_engine
 
-DECISION_KEYS = {"decision_id", "target", "model", "base_url", "mode", "endpoints", "fallbacks", "estimated_cost_usd",
+DECISION_KEYS = {"decision_id", "target", "model", "base_url", "mode", "endpoints", "prefill_url", "forward_headers", "fallbacks", "estimated_cost_usd",
                  "rule", "labels", "p_hard", "difficulty_available", "prompt_tokens", "policy_revision",
                  "fleet_revision", "estimator_version", "timings_ms"}
 
