@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from pointsman.errors import RequestError
@@ -263,7 +264,7 @@ class RoutingEngine:
                                       f"{type(exc).__name__}: {exc}")
 
     def route(self, request: RouteRequest | RequestView, *, dispatch: bool = True,
-              api_key_id: str | None = None) -> Decision:
+              api_key_id: str | None = None, endpoint_subset: AbstractSet[str] | None = None) -> Decision:
         """Decide where ``request`` runs and, with ``dispatch`` (default), commit it: reserve
         its estimated cost on its budget scopes (``routing.tenant``, ``routing.team``,
         ``api_key_id``), count it in flight, record its prefix. ``dispatch=False`` decides
@@ -271,6 +272,9 @@ class RoutingEngine:
         when ``routing.explain`` is set, else on first access of ``Decision.trace`` (from the
         decision's memoized signals; values it had not read come from the state then).
         ``request`` may be a ``RequestView`` already built (then ``api_key_id`` is its own).
+        ``endpoint_subset``: endpoint ids the request may use (a proxy's subset hint); the others
+        count as unavailable for this decision (``live.LiveSignals``), so a target with none of
+        them is ineligible (filter ``health``).
 
         Raises ``NoEligibleTarget`` (a ``RequestError``) naming the filter that removed each
         candidate, or the budget that refused each reservation; ``RequestError`` for routing
@@ -288,7 +292,8 @@ class RoutingEngine:
         scopes = view.scopes
         hashes, gateway_ids = block_hashes(view)
         live = LiveSignals(self.state, self.policy, self.picker, request=base["request"], block_hashes=hashes,
-                           gateway_ids=gateway_ids, scopes=scopes, session_id=routing.session_id or "", view=view)
+                           gateway_ids=gateway_ids, scopes=scopes, session_id=routing.session_id or "", view=view,
+                           subset=endpoint_subset)
         outcome = decide(self.fleet, self.policy, base, live, self.filters)
         verdict = outcome.verdict
         decision_id = new_decision_id()

@@ -52,6 +52,8 @@ from pointsman.request import RequestView
 _SUMS = ("num_requests_running", "num_requests_waiting")
 _MEANS = ("kv_cache_usage", "ttft_p50_ms", "tpot_p50_ms", "prefill_utilization", "decode_utilization")
 _LOAD_FIELDS = tuple(SIGNALS["load"].fields or ())
+#: Why an endpoint outside a proxy's subset hint is not used (``LiveSignals.subset``; in the trace).
+SUBSET_REASON = "not in the gateway's endpoint subset"
 
 
 class TargetLoad(Mapping[str, object]):
@@ -169,16 +171,21 @@ class LiveSignals:
     is computed on first use and memoized.
 
     ``LiveSignals(state, policy, picker, *, request, block_hashes, gateway_ids, scopes,
-    session_id, now, now_mono)``: ``request`` is the ``request`` namespace dict;
+    session_id, now, now_mono, subset)``: ``request`` is the ``request`` namespace dict;
     ``block_hashes`` the prompt's chained block hashes (``gateway_ids``: from the gateway's
     ``prefix_block_hashes``, 512-token blocks; else from the rendered text, 128-token
     blocks); ``scopes`` its budget scopes; ``now`` Unix seconds (ledger), ``now_mono``
-    monotonic seconds (load, sessions)."""
+    monotonic seconds (load, sessions). ``subset``: endpoint ids the request may use (a proxy's
+    subset hint, ``service/ext_proc.py``); every other endpoint counts as unavailable for this
+    decision exactly as an unhealthy one does (no pick, no signal, a target without a usable
+    endpoint is ineligible), reason ``SUBSET_REASON``; None: every endpoint."""
 
     def __init__(self, state: FleetState, policy: CompiledPolicy, picker: Picker, *, request: RequestSignals,
                  block_hashes: Sequence[int], gateway_ids: bool, scopes: Sequence[str], session_id: str = "",
-                 now: float | None = None, now_mono: float | None = None, view: RequestView | None = None) -> None:
+                 now: float | None = None, now_mono: float | None = None, view: RequestView | None = None,
+                 subset: AbstractSet[str] | None = None) -> None:
         self.state = state
+        self.subset = None if subset is None else frozenset(subset)
         self._fleet: Fleet = state.fleet
         self.policy = policy
         self.picker = picker
@@ -262,7 +269,13 @@ class LiveSignals:
             got = self.state.board.get_many(ids, self.now_mono, self.policy.staleness)
             t = self.fleet.targets[target]
             pool = None if isinstance(t, FrontierTarget) else t.pools_by_role().get(role)
-            view = PoolView(target, role, pool, eps, list(map(got.get, ids)), self.state.healthy_flags(ids),
+            flags = self.state.healthy_flags(ids)
+            if self.subset is not None:
+                flags = [ok and i in self.subset for ok, i in zip(flags, ids)]
+                for i in ids:
+                    if i not in self.subset:
+                        self.dropped.setdefault(i, SUBSET_REASON)
+            view = PoolView(target, role, pool, eps, list(map(got.get, ids)), flags,
                             self.lookup(target), self.state.shared_tier(target),
                             positions=self.fleet.positions.get(key))
             self._views[key] = view
@@ -299,7 +312,7 @@ class LiveSignals:
                     n = len(agg.endpoints)
                     view = PoolView(target, "aggregated", t.pools.aggregated, [*agg.endpoints, *picked],
                                     [*agg.loads, *(got.get(i) for i in ids)],
-                                    [*agg.healthy, *(self.state.is_healthy(i) for i in ids)], agg.prefix, agg.shared,
+                                    [*agg.healthy, *(self.usable(i) for i in ids)], agg.prefix, agg.shared,
                                     {n + k: t.pools.decode for k in range(len(picked))})
         self._views[key] = view
         return view
@@ -309,8 +322,10 @@ class LiveSignals:
         if not self._session_read:
             self._session = self.state.session(self.session_id, self.now_mono)
             self._session_read = True
-            if self._session is not None and not self.state.is_healthy(self._session[1]):
-                self.dropped.setdefault(self._session[1], self.state.unhealthy().get(self._session[1], "unhealthy"))
+            if self._session is not None and not self.usable(self._session[1]):
+                eid = self._session[1]
+                self.dropped.setdefault(eid, self.state.unhealthy().get(eid, "unhealthy") if not self.state.is_healthy(eid)
+                                        else SUBSET_REASON)
                 self._session = None  # affinity to an endpoint nobody can use is no affinity
         return self._session
 
@@ -348,7 +363,7 @@ class LiveSignals:
                 self.healthy_ids(target, role)
                 readings.extend(x for x, ok in zip(view.loads, view.healthy) if x is not None and ok)
         out = TargetLoad(readings, self.now_mono, self.state.endpoint_count(target),
-                         self.state.healthy_endpoints(target), lambda: self._prefill_state(target))
+                         self.healthy_endpoints(target), lambda: self._prefill_state(target))
         self._load[target] = out
         return out
 
@@ -375,6 +390,11 @@ class LiveSignals:
         """Ids of ``target``'s ``role`` pool not marked unhealthy; the others are noted in
         ``dropped`` (endpoint id -> reason), so the trace says which endpoints fed no signal."""
         ids = list(self.fleet.positions.get((target, role), ()))
+        if self.subset is not None:
+            for i in ids:
+                if i not in self.subset:
+                    self.dropped.setdefault(i, SUBSET_REASON)
+            ids = [i for i in ids if i in self.subset]
         if self.state.healthy_endpoints(target) == self.state.endpoint_count(target):
             return ids
         bad = self.state.unhealthy()
@@ -382,6 +402,11 @@ class LiveSignals:
             if i in bad:
                 self.dropped.setdefault(i, bad[i])
         return [i for i in ids if i not in bad]
+
+    def usable(self, endpoint_id: str) -> bool:
+        """Whether this decision may use the endpoint: not marked unhealthy, and in ``subset``
+        when one is given."""
+        return self.state.is_healthy(endpoint_id) and (self.subset is None or endpoint_id in self.subset)
 
     def cache(self, target: str) -> CacheSignals:
         """``cache`` for ``target``: the longest cached prefix on one of its local endpoints,
@@ -464,8 +489,10 @@ class LiveSignals:
         return b if b["limited"] else None
 
     def healthy_endpoints(self, target: str) -> int:
-        """Endpoints of ``target`` not marked unhealthy."""
-        return self.state.healthy_endpoints(target)
+        """Endpoints of ``target`` not marked unhealthy (and in ``subset`` when one is given)."""
+        if self.subset is None:
+            return self.state.healthy_endpoints(target)
+        return sum(1 for role in self.roles(target) for e in self.fleet.pool_endpoints(target, role) if self.usable(e.id))
 
     # -- cost ------------------------------------------------------------------------------
 

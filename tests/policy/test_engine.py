@@ -10,6 +10,7 @@ from pointsman.policy.cost import estimate_cost
 from pointsman.policy.decision import host_port
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet, parse_fleet
+from pointsman.policy.live import SUBSET_REASON
 from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
 from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.request import parse_route_request, request_from_prompt
@@ -98,6 +99,24 @@ def test_pd_forwarding_contract(fleet, policy):
     assert agg["mode"] == "aggregated" and agg["prefill_url"] is None
     assert agg["forward_headers"] == {"x-pointsman-decision-id": agg["decision_id"]}
     assert agg["base_url"] == agg["endpoints"][0]["url"]
+
+
+def test_endpoint_subset_restricts_the_candidates(fleet, policy):
+    """A proxy's subset hint: only the named endpoints may be picked; a target with none of them is
+    ineligible (health), and the trace names the others as dropped."""
+    one = "http://llama-8b-1.inference.internal:8000/v1"
+    e = engine(fleet, policy, 0.05)
+    for _ in range(3):  # in-flight load would otherwise spread the picks over both replicas
+        d = e.route(exact(30), endpoint_subset={one})
+        assert (d.target, d.base_url, [x.url for x in d.endpoints]) == ("onprem-8b", one, [one])
+    assert d.fallbacks == ()  # no other target has an endpoint in the subset
+    assert d.trace["dropped_endpoints"]["http://llama-8b-0.inference.internal:8000/v1"] == SUBSET_REASON
+    pd = {"http://llama-70b-prefill-1.inference.internal:8000/v1", "http://llama-70b-decode-3.inference.internal:8000/v1"}
+    d = engine(fleet, policy, 0.1).route(exact(4000, max_tokens=100), endpoint_subset=pd)
+    assert d.mode == "disaggregated" and {x.url for x in d.endpoints} == pd
+    assert d.prefill is not None and d.prefill.url == "http://llama-70b-prefill-1.inference.internal:8000/v1"
+    with pytest.raises(NoEligibleTarget, match="health: no healthy endpoint"):
+        engine(fleet, policy, 0.05).route(exact(30), endpoint_subset=set())
 
 
 @pytest.mark.parametrize("url,want", [
