@@ -60,6 +60,7 @@ class SettingsOverrides(TypedDict, total=False):
     max_body_bytes: int | None
     log_level: str | None
     workers: int | None
+    ext_proc_port: int | None
 
 
 def settings_from(**overrides: Unpack[SettingsOverrides]) -> Settings:
@@ -227,9 +228,13 @@ def route_command(prompt: str | None, messages_path: Path | None, as_json: bool,
 @click.option("--log-level", default=None, help="Log level [env POINTSMAN_LOG_LEVEL; default info].")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Worker processes [env POINTSMAN_WORKERS; default 1].")
+@click.option("--ext-proc-port", type=click.IntRange(0, 65535), default=None,
+              help="Also serve Envoy ext_proc (Gateway API Inference Extension endpoint picker) on this gRPC port "
+                   "[env POINTSMAN_EXT_PROC_PORT; default off].")
 @config_options
 def serve_command(host: str | None, port: int | None, max_body_bytes: int | None, log_level: str | None,
-                  workers: int | None, fleet_path: Path | None, policy_path: Path | None, model: str | None) -> None:
+                  workers: int | None, ext_proc_port: int | None, fleet_path: Path | None, policy_path: Path | None,
+                  model: str | None) -> None:
     """Run the decision service (see docs/service.md for the endpoints) with uvicorn."""
     import importlib.util
     import os
@@ -239,8 +244,12 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
     from pointsman.service.app import create_app, keyring_of
 
     overrides = SettingsOverrides(host=host, port=port, max_body_bytes=max_body_bytes, log_level=log_level,
-                                  workers=workers, fleet_path=fleet_path, policy_path=policy_path, model=model)
+                                  workers=workers, ext_proc_port=ext_proc_port, fleet_path=fleet_path,
+                                  policy_path=policy_path, model=model)
     settings = settings_from(**overrides)
+    if settings.ext_proc_port is not None and (importlib.util.find_spec("grpc") is None
+                                               or importlib.util.find_spec("envoy") is None):
+        raise InputError("--ext-proc-port needs the ext-proc extra: pip install 'pointsman[ext-proc]' (grpcio, xds-protos)")
     try:
         keyring_of(settings)  # API key settings are checked here, before anything loads
     except ValueError as exc:

@@ -123,7 +123,7 @@ def bench_cel() -> dict[str, float]:
     """Microseconds per operation for the ways of handing signals to common-expression-language."""
     import timeit
 
-    import cel
+    from cel import cel  # the extension module (see policy/rules/evaluator.py)
 
     snap = {"request": {"prompt_tokens": 300, "max_output_tokens": 256, "turns": 1, "has_tools": False,
                         "has_images": False, "tenant": "", "session_id": "", "slo_class": ""},

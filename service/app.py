@@ -13,8 +13,12 @@ Routes (each module one concern): ``routes_decisions`` (``POST /v1/route``),
 ``routes_ops`` (``/healthz``, ``/readyz``, ``/metrics``). Auth: ``auth.py``; errors:
 ``http_errors.py``; bodies: ``bodies.py``. OpenAPI at ``/openapi.json``, docs at ``/docs``.
 
-``app.state``: ``settings``, ``keyring``, ``runtime`` (while serving) and ``fleet_state``
-(the engine's ``FleetState``).
+With ``POINTSMAN_EXT_PROC_PORT`` the lifespan also starts the ext_proc endpoint picker
+(``ext_proc.py``) on that port, after the runtime, and stops it (draining its streams and the
+outcomes they record) before the runtime closes.
+
+``app.state``: ``settings``, ``keyring``, ``runtime`` (while serving), ``fleet_state``
+(the engine's ``FleetState``) and ``ext_proc_port`` (the bound gRPC port, when started).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
@@ -36,9 +42,12 @@ from pointsman.service import routes_admin, routes_decisions, routes_ops, routes
 from pointsman.service.auth import KeyRing
 from pointsman.service.http_errors import install_error_handlers
 from pointsman.service.routes_reports import OUTCOMES_SCHEMA, deliver_forwarded
-from pointsman.service.runtime import build_runtime
+from pointsman.service.runtime import Runtime, build_runtime
 from pointsman.service.schemas import PolicyValidateIn, TelemetryIn
 from pointsman.service.settings import Settings
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.service.ext_proc import ExtProcServer
 
 log = logging.getLogger("pointsman.service")
 
@@ -79,6 +88,27 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
+@dataclass(frozen=True)
+class RunningExtProc:
+    """The endpoint picker the lifespan started: its ``server`` (``ext_proc.ExtProcServer``) and bound ``port``."""
+
+    server: ExtProcServer
+    port: int
+
+
+async def start_ext_proc(rt: Runtime, host: str, port: int) -> RunningExtProc:
+    """Start the ext_proc endpoint picker on ``host:port`` (``service/ext_proc.py``; imported only
+    here, so serving without the ``ext-proc`` extra works). Raises ``RuntimeError`` naming the extra
+    when grpcio or xds-protos is missing, ``OSError`` when the port cannot be bound."""
+    try:
+        from pointsman.service.ext_proc import ExtProcServer
+    except ImportError as exc:
+        raise RuntimeError(f"POINTSMAN_EXT_PROC_PORT needs the ext-proc extra (pip install 'pointsman[ext-proc]'): "
+                           f"{exc}") from None
+    server = ExtProcServer(rt)
+    return RunningExtProc(server, await server.start(host, port))
+
+
 def create_app(settings: Settings | None = None, engine: RoutingEngine | None = None, *,
                owns_engine: bool = False, estimator_error: str | None = None, freeze: bool = False) -> FastAPI:
     """The FastAPI app (see the module). ``settings`` default to the environment. ``freeze``:
@@ -97,11 +127,17 @@ def create_app(settings: Settings | None = None, engine: RoutingEngine | None = 
             log.warning("no API keys configured (POINTSMAN_GATEWAY_API_KEYS, POINTSMAN_ADMIN_API_KEYS): "
                         "authentication is off and every caller may change the policy")
         rt.start_watchers()
+        ext_proc = None
+        if settings.ext_proc_port is not None:
+            ext_proc = await start_ext_proc(rt, settings.host, settings.ext_proc_port)
+            app.state.ext_proc_port = ext_proc.port
         if freeze:
             freeze_heap()
         try:
             yield
         finally:
+            if ext_proc is not None:
+                await ext_proc.server.stop()
             await rt.close()
             app.state.runtime = None
 

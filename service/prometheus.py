@@ -5,7 +5,7 @@ Counted as things happen (``ServiceMetrics``):
 ==============================================  ===========================================================
 ``pointsman_decisions_total{target,rule}``       decisions answered, by target and deciding rule
 ``pointsman_decision_errors_total{code}``        ``/v1/route`` answers that were errors, by error code
-``pointsman_decision_latency_seconds``           histogram: ``/v1/route`` from body read to answer
+``pointsman_decision_latency_seconds``           histogram: body read to answer (``/v1/route`` and ext_proc)
 ``pointsman_estimator_latency_seconds``          histogram: the estimator's share of each decision
 ``pointsman_estimator_unavailable_total{reason}``  decisions without a difficulty estimate (``timeout``, ``error``)
 ``pointsman_p_hard``                             histogram of ``p_hard`` (decisions with an estimate)
@@ -18,6 +18,9 @@ Counted as things happen (``ServiceMetrics``):
 ``pointsman_policy_reloads_total{result,source}``  policy reloads: ``ok``, ``unchanged``, ``rejected``
 ``pointsman_model_swaps_total{result}``          estimator swaps: ``ok``, ``error``
 ``pointsman_fleet_reloads_total{result,source}``   fleet reloads: ``ok``, ``unchanged``, ``rejected``
+``pointsman_ext_proc_requests_total{result}``    ext_proc streams (``service/ext_proc.py``): ``routed``,
+                                                 ``passthrough``, ``bad_request``, ``too_large``, ``shed``,
+                                                 ``unavailable``, ``unsupported``
 ==============================================  ===========================================================
 
 Read from the live state at scrape time (``StateCollector``):
@@ -86,7 +89,7 @@ class ServiceMetrics:
         self.decision_errors = Counter("pointsman_decision_errors", "/v1/route error answers, by error code.",
                                        ["code"], registry=r)
         self.decision_latency = Histogram("pointsman_decision_latency_seconds",
-                                          "/v1/route latency in the service, body read to answer.",
+                                          "Decision latency in the service, body read to answer (/v1/route and ext_proc).",
                                           buckets=LATENCY_BUCKETS, registry=r)
         self.estimator_latency = Histogram("pointsman_estimator_latency_seconds",
                                            "Difficulty estimator time per decision.", buckets=LATENCY_BUCKETS,
@@ -108,6 +111,8 @@ class ServiceMetrics:
         self.model_swaps = Counter("pointsman_model_swaps", "Estimator swaps by result.", ["result"], registry=r)
         self.fleet_reloads = Counter("pointsman_fleet_reloads", "Fleet reloads by result and source.",
                                      ["result", "source"], registry=r)
+        self.ext_proc_requests = Counter("pointsman_ext_proc_requests", "ext_proc endpoint picker requests by result.",
+                                         ["result"], registry=r)
         # labelled children per label values: ``labels()`` builds and checks its key on every call
         self._decision_children: dict[tuple[str, str], Counter] = {}
         self._reserved_children: dict[str, Counter] = {}

@@ -29,9 +29,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from pointsman.errors import RequestError
+from pointsman.estimator.estimate import Estimator
 from pointsman.policy.budget.ledger import LedgerUnavailable
+from pointsman.policy.decision import Decision
 from pointsman.policy.selection.filters import NoEligibleTarget
-from pointsman.request import parse_route_request
+from pointsman.request import RouteRequest, parse_route_request
 from pointsman.service.auth import Principal, require
 from pointsman.service.bodies import decode_json, json_body, read_body
 from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, invalid, unavailable
@@ -59,16 +61,22 @@ def decide(rt: Runtime, raw: bytes, key_id: str | None, started: float) -> JSONR
     except HTTPError as exc:
         rt.metrics.decision_errors.labels(exc.code or str(exc.status)).inc()
         raise
-    rt.writer.submit(decision, request, engine.estimator)
     response = JSONResponse(decision.to_dict(explain=request.routing.explain), headers={
         "x-pointsman-decision-id": decision.decision_id,
         "x-pointsman-target": decision.target,
     })
+    commit_decision(rt, decision, request, engine.estimator, started)
+    return response
+
+
+def commit_decision(rt: Runtime, decision: Decision, request: RouteRequest, estimator: Estimator, started: float) -> None:
+    """Hand an answered decision to the decision log writer and count it (``started``: ``perf_counter``
+    when its body was complete). ``/v1/route`` and the ext_proc endpoint picker both call this."""
+    rt.writer.submit(decision, request, estimator)
     metrics = rt.metrics
     metrics.observe_decision(decision, time.perf_counter() - started)
     if not decision.difficulty_available:
         metrics.observe_unavailable(decision.difficulty_error)
-    return response
 
 
 @router.post("/v1/route", response_model=RouteResponse, responses=ERROR_RESPONSES,

@@ -59,6 +59,12 @@ Service only (``pointsman serve``):
   unhealthy (until it answers again); default 3.
 - ``POINTSMAN_WATCH_FLEET``: reload the fleet file (and recompile the policy against it) when
   it changes; default ``true``.
+- ``POINTSMAN_EXT_PROC_PORT``: also serve Envoy's ext_proc as a Gateway API Inference Extension
+  endpoint picker on this gRPC port (same host, process and engine; ``service/ext_proc.py``);
+  default none (off). Needs the ``ext-proc`` extra (grpcio, xds-protos).
+- ``POINTSMAN_EXT_PROC_DESTINATIONS``: how many ``host:port`` entries the picker puts in
+  ``x-gateway-destination-endpoint`` (the picked endpoint, then its fallback endpoints); default
+  none: all of them. Set 1 behind a plain Envoy ``ORIGINAL_DST`` cluster, which reads exactly one.
 """
 
 from __future__ import annotations
@@ -110,6 +116,8 @@ class Settings(BaseSettings):
     scrape_timeout_s: float = Field(default=1.0, gt=0)
     scrape_failures_to_unhealthy: int = Field(default=3, ge=1)
     watch_fleet: bool = True
+    ext_proc_port: int | None = Field(default=None, ge=0, le=65535)
+    ext_proc_destinations: int | None = Field(default=None, ge=1)
 
     @field_validator("state_url")
     @classmethod

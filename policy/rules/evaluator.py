@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import cel
+from cel import cel  # the Rust extension itself: xds-protos (ext_proc) also ships a cel/ package whose empty __init__ may win
 
 from pointsman.policy.rules.compiler import CompiledPolicy, CompiledRule
 from pointsman.policy.selection.filters import Exclusion, NoEligibleTarget

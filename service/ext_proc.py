@@ -1,0 +1,496 @@
+"""The endpoint picker: Pointsman answering Envoy's ext_proc stream (Gateway API Inference Extension).
+
+``pointsman serve --ext-proc-port N`` (or ``POINTSMAN_EXT_PROC_PORT``) starts, in the service's
+process and event loop, a gRPC server (``grpc.aio``) with ``envoy.service.ext_proc.v3.
+ExternalProcessor`` and the gRPC health service (``grpc.health.v1.Health``: services ``""``,
+``liveness``, ``readiness`` and ``envoy.service.ext_proc.v3.ExternalProcessor``, SERVING while
+the service runs, NOT_SERVING once it stops). It decides with the same engine and live state as
+``POST /v1/route`` (``rt.live.engine``, read once per request) and records each outcome the way
+``POST /v1/outcomes`` does (``routes_reports.store_outcomes``: the outcome log, budget settlement,
+load release), so the gateway posts nothing. Protocol: GIE's endpoint picker protocol
+(``docs/proposals/004-endpoint-picker-protocol``) and the reference picker's message flow
+(GAIE ``pkg/epp/handlers``); the wire is ``ext_proc_wire.py``, the bodies ``ext_proc_body.py``.
+
+One HTTP request = one gRPC stream. Body modes come from the filter's ``protocol_config`` (first
+message); without one, FULL_DUPLEX_STREAMED (GIE's configuration) is assumed.
+
+Request phase:
+
+1. ``request_headers``: kept (routing context from ``x-pointsman-tenant``, ``-team``,
+   ``-session-id``, ``-slo-class``; GIE's ``x-gateway-inference-objective`` is the SLO class and
+   ``x-gateway-inference-fairness-id`` the tenant when those are absent). A request without a
+   body (``end_of_stream``: ``GET /v1/models``) passes through undecided. In BUFFERED mode the
+   headers are answered at once (Envoy waits for it); in FULL_DUPLEX_STREAMED nothing is sent yet.
+2. ``request_body`` chunks, collected up to ``POINTSMAN_MAX_BODY_BYTES`` (8 MiB by default, the
+   ``/v1/route`` limit): past it the client gets **413**. At the end of the body: JSON (**400**
+   when malformed, as ``/v1/route``'s 400s; a Completions body's ``prompt`` counts as one user
+   message), ``RoutingEngine.route`` restricted to the proxy's subset hint (its ``ip:port`` /
+   ``ip`` entries matched to fleet endpoint URLs; endpoints it does not name are unavailable,
+   none left is a **503**), then the answer: request headers ``x-gateway-destination-endpoint``
+   = the ordered ``host:port`` list (the picked endpoint, then its fallback endpoints, at most
+   ``POINTSMAN_EXT_PROC_DESTINATIONS``; never a prefill endpoint) and the same value in
+   ``dynamic_metadata["envoy.lb"]["x-gateway-destination-endpoint"]``, ``x-pointsman-decision-id``,
+   ``x-pointsman-target`` and the P/D contract's ``x-prefiller-host-port`` for a disaggregated
+   decision (a client-sent one is removed otherwise; ``policy/decision.py``), with
+   ``clear_route_cache``. When the decision's upstream model differs from the body's ``model``
+   (or the body carries Pointsman's ``routing`` object) the body is rewritten
+   (``ext_proc_body.rewrite_request``), ``x-gateway-model-name`` set to the new model and
+   ``content-length`` to the new length. FULL_DUPLEX_STREAMED: the headers response, then the
+   body in chunks of at most 62,000 bytes; BUFFERED: one body response carrying it all.
+   Refusals are immediate responses with an OpenAI-shaped JSON error: **503** nothing eligible
+   (or the budget ledger down, or the service stopping), **429** when every candidate was refused
+   by its budget (the request is shed), **400** a bad request, **413** too large.
+
+Response phase: ``response_headers`` (``:status``; ``content-type: text/event-stream`` means an SSE
+stream) get ``x-pointsman-decision-id`` added; each ``response_body`` chunk is passed back as it
+came (FULL_DUPLEX_STREAMED: echoed as a streamed response; other modes: continued unchanged) and
+read for usage (``ext_proc_body.UsageReader``); the served endpoint is read from
+``metadata_context["envoy.lb"]["x-gateway-destination-endpoint-served"]``. At the end of the
+response body the outcome is recorded in the background: status ``ok`` (2xx) or ``error``
+(``upstream HTTP <status>``), usage, the serving target (the served endpoint's), the model that
+answered, ``ttft_ms`` (request headers to first response byte), ``e2e_latency_ms`` and
+``tpot_ms``. A stream that ends before the response body did (the client went away: Envoy
+resets the stream) is recorded as ``cancelled`` (its budget hold is released).
+
+Not supported: STREAMED and BUFFERED_PARTIAL request body modes (each chunk must be answered before
+the next arrives, so the headers could not carry the decision): such a stream is answered **500**
+naming the setting. The gRPC port has no authentication: bind it where only the proxy reaches it.
+
+Counted in ``pointsman_ext_proc_requests_total{result}`` (``routed``, ``passthrough``,
+``bad_request``, ``too_large``, ``shed``, ``unavailable``, ``unsupported``); decisions and their
+latency (body complete to answer) in the same metrics as ``/v1/route``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # stubs predate the asyncio servicer
+from pydantic import ValidationError
+
+from pointsman.errors import RequestError
+from pointsman.json_types import JSONObject, JSONValue
+from pointsman.outcome import OutcomeIn
+from pointsman.policy.budget.ledger import LedgerUnavailable
+from pointsman.policy.decision import DECISION_HEADER, PREFILLER_HEADER, Decision, host_port
+from pointsman.policy.fleet import Fleet
+from pointsman.policy.selection.filters import NoEligibleTarget
+from pointsman.request import RouteRequest, parse_route_request
+from pointsman.service import ext_proc_wire as wire
+from pointsman.service.bodies import decode_json
+from pointsman.service.ext_proc_body import BodyBuffer, UsageReader, rewrite_request
+from pointsman.service.http_errors import HTTPError, invalid, unavailable
+from pointsman.service.routes_decisions import commit_decision
+from pointsman.service.routes_reports import store_outcomes
+from pointsman.service.runtime import Runtime
+
+log = logging.getLogger("pointsman.service.ext_proc")
+
+SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
+HEALTH_SERVICES = ("", "liveness", "readiness", SERVICE_NAME)
+TARGET_HEADER = "x-pointsman-target"
+MODEL_NAME_HEADER = "x-gateway-model-name"
+#: Routing context from request headers (header -> ``routing`` field); the GIE ones fill what is absent.
+ROUTING_HEADERS = {"x-pointsman-tenant": "tenant", "x-pointsman-team": "team",
+                   "x-pointsman-session-id": "session_id", "x-pointsman-slo-class": "slo_class"}
+GIE_ROUTING_HEADERS = {"x-gateway-inference-fairness-id": "tenant", "x-gateway-inference-objective": "slo_class"}
+_GIE_DEFAULT_FLOW = "default-flow"
+_DEFAULT_MODE: wire.BodyMode = "FULL_DUPLEX_STREAMED"
+
+
+class EndpointIndex:
+    """A fleet's endpoints by ``host:port`` and by host (``policy.decision.host_port`` of each URL),
+    for the proxy's subset hint and served endpoint. ``EndpointIndex(fleet)``."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.revision = fleet.revision
+        self.by_host_port: dict[str, list[str]] = {}
+        self.by_host: dict[str, list[str]] = {}
+        self.target_of: dict[str, str] = {}
+        for eid, info in fleet.endpoints.items():
+            try:
+                hp = host_port(info.url)
+            except ValueError:
+                continue
+            self.by_host_port.setdefault(hp, []).append(eid)
+            self.by_host.setdefault(hp.rsplit(":", 1)[0], []).append(eid)
+            self.target_of[eid] = info.target
+
+    def subset(self, entries: Iterable[str]) -> frozenset[str]:
+        """Endpoint ids named by subset entries (``ip:port``, or ``ip``: every port); unknown ones name none."""
+        out: set[str] = set()
+        for entry in entries:
+            named = self.by_host_port.get(entry) or self.by_host.get(entry) or self.by_host.get(entry.strip("[]")) or []
+            out.update(named)
+        return frozenset(out)
+
+    def target(self, served: str) -> str | None:
+        """The target of the endpoint at ``served`` (``ip:port``), or None when the fleet has none there
+        (or several targets share it)."""
+        targets = {self.target_of[e] for e in self.by_host_port.get(served, ())}
+        return targets.pop() if len(targets) == 1 else None
+
+
+def destinations(decision: Decision, limit: int | None) -> list[str]:
+    """The ordered ``host:port`` list of a decision (picked endpoint first, its fallback endpoints
+    after; prefill endpoints left out: the decode side calls them), at most ``limit`` entries."""
+    out: list[str] = []
+    for e in decision.endpoints:
+        if e.role == "prefill":
+            continue
+        hp = host_port(e.url)
+        if hp not in out:
+            out.append(hp)
+    return out if limit is None else out[:limit]
+
+
+def _error_body(exc: HTTPError) -> bytes:
+    return json.dumps(exc.body()).encode()
+
+
+def _chat_body(body: JSONObject) -> JSONObject:
+    """The body as a chat request for the decision: a Completions ``prompt`` becomes one user message."""
+    if "messages" in body or "prompt" not in body:
+        return body
+    prompt = body["prompt"]
+    text = prompt if isinstance(prompt, str) else "\n".join(p for p in prompt if isinstance(p, str)) \
+        if isinstance(prompt, list) else ""
+    return {**body, "messages": [{"role": "user", "content": text}]}
+
+
+def routing_context(body: JSONObject, headers: dict[str, str]) -> JSONObject:
+    """The body with its ``routing`` context completed from the request headers (``ROUTING_HEADERS``,
+    then ``GIE_ROUTING_HEADERS`` for what is still absent; the body's own ``routing`` wins)."""
+    given = body.get("routing")
+    routing: JSONObject = dict(given) if isinstance(given, dict) else {}
+    for table in (ROUTING_HEADERS, GIE_ROUTING_HEADERS):
+        for header, key in table.items():
+            value = headers.get(header)
+            if value and key not in routing and not (header == "x-gateway-inference-fairness-id"
+                                                     and value == _GIE_DEFAULT_FLOW):
+                routing[key] = value
+    return {**body, "routing": routing} if routing else body
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the request phase sends: ``responses`` (protobuf messages, in order) and whether the
+    stream is ``final`` (an immediate response ends it)."""
+
+    responses: list[object]
+    final: bool = False
+
+
+class _Stream:
+    """One HTTP request's ext_proc exchange (see the module)."""
+
+    def __init__(self, server: ExtProcServer) -> None:
+        self.server = server
+        self.rt = server.rt
+        self.t0 = time.perf_counter()
+        self.headers: dict[str, str] = {}
+        self.request_mode: wire.BodyMode = _DEFAULT_MODE
+        self.response_mode: wire.BodyMode = _DEFAULT_MODE
+        self.modes_read = False
+        self.subset: tuple[str, ...] | None = None
+        self.body = BodyBuffer(self.rt.settings.max_body_bytes)
+        self.decided = False
+        self.decision: Decision | None = None
+        self.served: str | None = None
+        self.status: int | None = None
+        self.reader: UsageReader | None = None
+        self.t_first: float | None = None
+        self.recorded = False
+
+    # -- request phase -------------------------------------------------------------------------------
+
+    def _refuse(self, exc: HTTPError, result: str) -> Answer:
+        self.decided = True
+        self.server.count(result)
+        if exc.code:
+            self.rt.metrics.decision_errors.labels(exc.code).inc()
+        return Answer([wire.immediate_response(exc.status, _error_body(exc), {"content-type": "application/json"},
+                                               details=f"pointsman_{exc.code or exc.status}")], final=True)
+
+    async def handle(self, msg: wire.Message) -> Answer:
+        """The responses to one message (see the module for each kind)."""
+        if msg.subset is not None and self.subset is None:
+            self.subset = msg.subset
+        if msg.served:
+            self.served = msg.served
+        if not self.modes_read and msg.request_body_mode is not None:
+            self.request_mode, self.response_mode = msg.request_body_mode, msg.response_body_mode or _DEFAULT_MODE
+        self.modes_read = True
+        kind = msg.kind
+        if kind == "request_headers":
+            return self._request_headers(msg)
+        if kind == "request_body":
+            if self.decided:
+                return Answer([])
+            if not self.body.add(msg.body):
+                limit = self.body.limit_bytes
+                return self._refuse(HTTPError(413, f"request body is larger than {limit} bytes (POINTSMAN_MAX_BODY_BYTES)",
+                                              type="request_too_large", param="max_body_bytes", code="body_too_large"),
+                                    "too_large")
+            return await self._decide(body_ends=True) if msg.end_of_stream else Answer([])
+        if kind == "request_trailers":
+            out = [] if self.decided else (await self._decide(body_ends=False)).responses
+            return Answer([*out, wire.trailers_response("request")])
+        if kind == "response_headers":
+            return Answer([self._response_headers(msg)])
+        if kind == "response_body":
+            return Answer(self._response_body(msg))
+        if kind == "response_trailers":
+            self.finish()
+            return Answer([wire.trailers_response("response")])
+        return Answer([])
+
+    def _request_headers(self, msg: wire.Message) -> Answer:
+        self.headers = msg.headers
+        if self.request_mode not in ("FULL_DUPLEX_STREAMED", "BUFFERED", "NONE"):
+            return self._refuse(HTTPError(500, f"the ext_proc filter's request_body_mode is {self.request_mode}; "
+                                          "Pointsman needs FULL_DUPLEX_STREAMED or BUFFERED", type="internal_error",
+                                          code="unsupported_body_mode"), "unsupported")
+        if msg.end_of_stream or self.request_mode == "NONE":  # nothing to decide on: pass through
+            self.decided = True
+            self.server.count("passthrough")
+            return Answer([wire.headers_response("request")])
+        if self.request_mode == "BUFFERED":
+            return Answer([wire.headers_response("request")])
+        return Answer([])
+
+    def _parse(self, raw: bytes) -> tuple[JSONObject, RouteRequest]:
+        """Raises ``HTTPError`` 400 (the body is not a chat request)."""
+        body = decode_json(raw)
+        if not isinstance(body, dict):
+            raise HTTPError(400, "request body is not a JSON object", code="invalid_body")
+        try:
+            return body, parse_route_request(routing_context(_chat_body(body), self.headers))
+        except RequestError as exc:
+            err = invalid(exc)
+            raise HTTPError(400, err.message, param=err.param, code=err.code) from None
+
+    async def _decide(self, body_ends: bool) -> Answer:
+        self.decided = True
+        started = time.perf_counter()
+        rt = self.rt
+        if rt.closing:
+            return self._refuse(unavailable("the service is stopping; retry shortly", "not_ready"), "unavailable")
+        raw = self.body.value()
+        try:
+            body, request = self._parse(raw)
+        except HTTPError as exc:
+            return self._refuse(exc, "bad_request")
+        engine = rt.live.engine  # read once: this decision runs on this engine to the end
+        subset = None if self.subset is None else self.server.index(engine.fleet).subset(self.subset)
+        try:
+            if rt.settings.route_in_threadpool:
+                decision = await asyncio.to_thread(engine.route, request, endpoint_subset=subset)
+            else:
+                decision = engine.route(request, endpoint_subset=subset)
+        except NoEligibleTarget as exc:
+            shed = bool(exc.exclusions) and all(x is None or x.filter == "budget" for x in exc.exclusions.values()) \
+                and any(x is not None for x in exc.exclusions.values())
+            code = "budget_exhausted" if shed else "no_eligible_target"
+            return self._refuse(HTTPError(429 if shed else 503, str(exc), type=code, code=code),
+                                "shed" if shed else "unavailable")
+        except LedgerUnavailable as exc:
+            return self._refuse(unavailable(f"budget ledger unavailable: {exc}", "budget_ledger_unavailable"), "unavailable")
+        except RequestError as exc:
+            err = invalid(exc)
+            return self._refuse(HTTPError(400, err.message, param=err.param, code=err.code), "bad_request")
+        self.decision = decision
+        commit_decision(rt, decision, request, engine.estimator, started)
+        self.server.count("routed")
+        return Answer(self._routed(decision, raw, body, body_ends))
+
+    def _routed(self, decision: Decision, raw: bytes, body: JSONObject, body_ends: bool) -> list[object]:
+        dest = ",".join(destinations(decision, self.rt.settings.ext_proc_destinations))
+        set_headers = {wire.DESTINATION_KEY: dest, TARGET_HEADER: decision.target, **decision.forward_headers}
+        remove = [] if PREFILLER_HEADER in set_headers else [PREFILLER_HEADER]
+        new = rewrite_request(raw, body, decision.model)
+        if new is not None:
+            if body.get("model") != decision.model:
+                set_headers[MODEL_NAME_HEADER] = decision.model
+            set_headers["content-length"] = str(len(new))
+        metadata = {wire.LB_NAMESPACE: {wire.DESTINATION_KEY: dest}}
+        if self.request_mode == "BUFFERED":
+            return [wire.body_response("request", new, set_headers, remove, clear_route_cache=True, metadata=metadata)]
+        return [wire.headers_response("request", set_headers, remove, clear_route_cache=True, metadata=metadata),
+                *wire.streamed_body("request", raw if new is None else new, body_ends)]
+
+    # -- response phase ------------------------------------------------------------------------------
+
+    def _response_headers(self, msg: wire.Message) -> object:
+        status = msg.headers.get(":status") or msg.headers.get("status") or ""
+        self.status = int(status) if status.isdigit() else None
+        sse = msg.headers.get("content-type", "").lower().startswith("text/event-stream")
+        self.reader = UsageReader(sse, self.rt.settings.max_body_bytes)
+        if msg.end_of_stream:
+            self.finish()
+        return wire.headers_response("response", {DECISION_HEADER: self.decision.decision_id} if self.decision else None)
+
+    def _response_body(self, msg: wire.Message) -> list[object]:
+        if self.t_first is None and msg.body:
+            self.t_first = time.perf_counter()
+        if self.reader is None:
+            self.reader = UsageReader(False, self.rt.settings.max_body_bytes)
+        self.reader.feed(msg.body)
+        if msg.end_of_stream:
+            self.finish()
+        if self.response_mode == "FULL_DUPLEX_STREAMED":
+            return wire.streamed_body("response", msg.body, msg.end_of_stream)
+        return [wire.body_response("response")]
+
+    def finish(self, cancelled: bool = False) -> None:
+        """Record the outcome once (in the background); ``cancelled``: the stream ended before the response did."""
+        if self.recorded or self.decision is None:
+            return
+        self.recorded = True
+        if cancelled and self.response_mode == "NONE" and self.status is not None:
+            cancelled = False  # no response body is sent in this mode: the stream ending is the response ending
+        item = self._outcome(cancelled)
+        if item is not None:
+            self.server.record(item)
+
+    def _outcome(self, cancelled: bool) -> OutcomeIn | None:
+        d = self.decision
+        assert d is not None
+        now = time.perf_counter()
+        fields: dict[str, JSONValue] = {"decision_id": d.decision_id, "time_s": time.time(),
+                                        "e2e_latency_ms": (now - self.t0) * 1e3}
+        if self.served:
+            served_target = self.server.index(self.rt.live.engine.fleet).target(self.served)
+            if served_target:
+                fields["served_target"] = served_target
+        summary = self.reader.summary() if self.reader is not None else None
+        if summary is not None and summary.model:
+            fields["served_model"] = summary.model[:256]
+        if cancelled:
+            fields["status"] = "cancelled"
+            fields["error"] = "the stream ended before the response did (client cancelled or proxy reset)"
+        elif self.status is not None and not 200 <= self.status < 300:
+            fields["status"], fields["error"] = "error", f"upstream HTTP {self.status}"
+        else:
+            fields["status"] = "ok"
+        if self.t_first is not None:
+            fields["ttft_ms"] = (self.t_first - self.t0) * 1e3
+        if summary is not None and summary.usage:
+            fields["usage"] = dict(summary.usage)
+            n = summary.usage.get("completion_tokens", 0)
+            if self.t_first is not None and n > 1:
+                fields["tpot_ms"] = (now - self.t_first) * 1e3 / (n - 1)
+        try:
+            return OutcomeIn.model_validate(fields)
+        except ValidationError:  # impossible usage from the upstream: keep the outcome, drop the usage
+            fields.pop("usage", None)
+            fields.pop("tpot_ms", None)
+            try:
+                return OutcomeIn.model_validate(fields)
+            except ValidationError:
+                log.exception("could not build the outcome of decision %s", d.decision_id)
+                return None
+
+
+class _Picker:
+    """The ``ExternalProcessor`` servicer: ``Process`` runs one ``_Stream`` per gRPC stream."""
+
+    def __init__(self, server: ExtProcServer) -> None:
+        self.server = server
+
+    async def Process(self, requests: AsyncIterator[object], context: grpc.aio.ServicerContext[object, object]
+                      ) -> AsyncIterator[object]:
+        """The bidirectional ext_proc stream (see the module)."""
+        stream = _Stream(self.server)
+        try:
+            async for request in requests:
+                answer = await stream.handle(wire.read(request))
+                for response in answer.responses:
+                    yield response
+                if answer.final:
+                    return
+        finally:  # the stream ended (or was reset) before the response did: recorded as cancelled
+            stream.finish(cancelled=True)
+
+
+class ExtProcServer:
+    """The gRPC server of the endpoint picker (see the module). ``ExtProcServer(rt)``;
+    ``await start(host, port)`` returns the bound port; ``await stop()`` drains the streams and the
+    outcomes being recorded."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self._server: grpc.aio.Server | None = None
+        self._health = health_aio.HealthServicer()
+        self._indexes: dict[str, EndpointIndex] = {}
+        self._pending: set[asyncio.Task[None]] = set()
+        self._children: dict[str, Callable[[], None]] = {}
+
+    def count(self, result: str) -> None:
+        """Count one request's result in ``pointsman_ext_proc_requests_total``."""
+        inc = self._children.get(result)
+        if inc is None:
+            inc = self._children[result] = self.rt.metrics.ext_proc_requests.labels(result).inc
+        inc()
+
+    def index(self, fleet: Fleet) -> EndpointIndex:
+        """The ``EndpointIndex`` of ``fleet`` (built once per fleet revision)."""
+        idx = self._indexes.get(fleet.revision)
+        if idx is None:
+            self._indexes = {fleet.revision: (idx := EndpointIndex(fleet))}
+        return idx
+
+    def record(self, item: OutcomeIn) -> None:
+        """Store and settle one outcome in a worker thread (``store_outcomes``, as ``POST /v1/outcomes``)."""
+        task = asyncio.get_running_loop().create_task(self._store(item))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _store(self, item: OutcomeIn) -> None:
+        try:
+            acks = await asyncio.to_thread(store_outcomes, self.rt, [item])
+        except HTTPError as exc:
+            log.warning("outcome of decision %s not recorded: %s", item.decision_id, exc.message)
+            return
+        except Exception:  # noqa: BLE001 - a background task: log it, never lose the loop
+            log.exception("outcome of decision %s not recorded", item.decision_id)
+            return
+        if acks and acks[0]["status"] not in ("stored", "duplicate"):
+            log.warning("outcome of decision %s: %s %s", item.decision_id, acks[0]["status"], acks[0].get("message") or "")
+
+    async def drain(self) -> None:
+        """Wait for the outcomes being recorded."""
+        while self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
+
+    async def start(self, host: str, port: int) -> int:
+        """Bind ``host:port`` (0: a free port), start serving and mark every health service SERVING;
+        returns the port. ``SO_REUSEPORT`` only with several workers (they share the port)."""
+        reuse = 1 if self.rt.settings.workers > 1 else 0
+        server = grpc.aio.server(options=[("grpc.so_reuseport", reuse)])
+        wire.add_servicer(_Picker(self), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        bound = server.add_insecure_port(f"{host}:{port}")
+        if bound == 0:
+            raise OSError(f"cannot bind the ext_proc port {host}:{port}")
+        await server.start()
+        self._server = server
+        for name in HEALTH_SERVICES:
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("ext_proc endpoint picker listening on %s:%d", host, bound)
+        return bound
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """NOT_SERVING, stop accepting streams, let open ones finish for ``grace_s``, then wait for
+        the outcomes being recorded."""
+        await self._health.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(grace_s)
+        await self.drain()

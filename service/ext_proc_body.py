@@ -1,0 +1,190 @@
+"""Bodies the endpoint picker reads and writes (``service/ext_proc.py``): the request body
+collected within a size limit and rewritten for the decision, and usage read from the response
+body, JSON or a server-sent-event (SSE) stream. Plain functions of bytes; no protobuf, no I/O.
+
+- ``BodyBuffer(limit_bytes)``: chunks appended until ``limit_bytes`` (the service's
+  ``POINTSMAN_MAX_BODY_BYTES``, 8 MiB by default); ``add`` returns False once a chunk would pass it.
+- ``rewrite_request(raw, body, model)``: the bytes to forward — ``model`` set to the decision's
+  upstream model, Pointsman's own ``routing`` object removed (an upstream engine does not know it);
+  None when nothing changes. The ``model`` value is spliced into the original bytes when the key
+  ``"model"`` occurs once (about 0.01 ms on a 100,000-token body); otherwise the body is
+  re-serialized (``json.dumps``, a few ms at that size).
+- ``UsageReader(sse, limit_bytes)``: fed the response body chunk by chunk; ``summary()`` gives
+  ``ResponseSummary(usage, model, complete)``. JSON bodies are kept up to ``limit_bytes`` and parsed
+  at the end; an SSE stream is read line by line (``data: {...}`` events; the last event
+  carrying ``usage`` wins; ``data: [DONE]`` marks a complete stream), holding at most one
+  unfinished line of up to ``limit_bytes``.
+
+Usage shapes (OpenAI's): Chat Completions / Completions ``usage{prompt_tokens, completion_tokens,
+prompt_tokens_details.cached_tokens}`` (in a stream, the final chunk when the request asked for
+``stream_options.include_usage``, or every chunk with vLLM's ``continuous_usage_stats``); the
+Responses API ``usage{input_tokens, output_tokens, input_tokens_details.cached_tokens}``, at the top
+level or under ``response`` (its ``response.completed`` event). Returned in Pointsman's outcome
+shape (``pointsman/outcome.py`` ``Usage``): ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from pointsman.json_types import JSONObject, JSONValue
+
+#: A key ``"model"`` followed by a JSON string value; group 1 is the value with its quotes.
+_MODEL = re.compile(rb'"model"\s*:\s*("(?:[^"\\]|\\.)*")')
+
+
+class BodyBuffer:
+    """A request or response body collected chunk by chunk, at most ``limit_bytes`` long."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self._parts: list[bytes] = []
+        self.size = 0
+
+    def add(self, chunk: bytes) -> bool:
+        """Append ``chunk``; False (and nothing appended) when the body would pass the limit."""
+        if self.size + len(chunk) > self.limit_bytes:
+            return False
+        if chunk:
+            self._parts.append(chunk)
+            self.size += len(chunk)
+        return True
+
+    def value(self) -> bytes:
+        """The body so far."""
+        if len(self._parts) > 1:
+            self._parts = [b"".join(self._parts)]
+        return self._parts[0] if self._parts else b""
+
+
+def rewrite_request(raw: bytes, body: JSONObject, model: str | None) -> bytes | None:
+    """The request bytes to forward (see the module), or None when ``raw`` goes as it is.
+    ``body`` is ``raw`` parsed (a JSON object); ``model``: the upstream model to set (None: keep)."""
+    change_model = model is not None and body.get("model") != model
+    if "routing" not in body and not change_model:
+        return None
+    if "routing" not in body and model is not None:
+        found = list(_MODEL.finditer(raw))
+        if len(found) == 1:  # one "model" key: the top-level one (the body has it, or the scan found a nested one)
+            m = found[0]
+            if json.loads(m.group(1)) == body.get("model"):
+                return raw[:m.start(1)] + json.dumps(model).encode() + raw[m.end(1):]
+    out: JSONObject = {k: v for k, v in body.items() if k != "routing"}
+    if model is not None:
+        out["model"] = model
+    return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class ResponseSummary:
+    """What a response body said: ``usage`` in the outcome shape (None when it reported none),
+    the ``model`` that answered (None when unknown), and ``complete`` (the JSON parsed, or the SSE
+    stream reached ``[DONE]`` or a final Responses-API event)."""
+
+    usage: dict[str, int] | None
+    model: str | None
+    complete: bool
+
+
+def _count(v: JSONValue) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def usage_of(obj: JSONValue) -> tuple[dict[str, int] | None, str | None]:
+    """``(usage, model)`` of one response object or stream event (see the module for the shapes)."""
+    if not isinstance(obj, dict):
+        return None, None
+    inner = obj.get("response")
+    if isinstance(inner, dict) and "usage" in inner:  # Responses API stream event
+        obj = inner
+    model = obj.get("model")
+    u = obj.get("usage")
+    if not isinstance(u, dict):
+        return None, model if isinstance(model, str) else None
+    out: dict[str, int] = {}
+    for ours, *theirs in (("prompt_tokens", "prompt_tokens", "input_tokens"),
+                          ("completion_tokens", "completion_tokens", "output_tokens")):
+        for key in theirs:
+            n = _count(u.get(key))
+            if n is not None:
+                out[ours] = n
+                break
+    for details in ("prompt_tokens_details", "input_tokens_details"):
+        d = u.get(details)
+        if isinstance(d, dict) and (n := _count(d.get("cached_tokens"))) is not None:
+            out["cached_tokens"] = n
+            break
+    return out or None, model if isinstance(model, str) else None
+
+
+class UsageReader:
+    """Reads usage from a response body fed in chunks (see the module). ``sse``: the body is an
+    event stream (``content-type: text/event-stream``)."""
+
+    def __init__(self, sse: bool, limit_bytes: int) -> None:
+        self.sse = sse
+        self.limit_bytes = limit_bytes
+        self._buf = bytearray()
+        self._over = False
+        self.usage: dict[str, int] | None = None
+        self.model: str | None = None
+        self.done = False
+        self.bytes_seen = 0
+
+    def feed(self, chunk: bytes) -> None:
+        """Take the next chunk of the body."""
+        self.bytes_seen += len(chunk)
+        if self._over:
+            if self.sse and b"\n" in chunk:  # resynchronise on the next line
+                self._over = False
+                self._buf = bytearray(chunk[chunk.rindex(b"\n") + 1:])
+            return
+        self._buf += chunk
+        if self.sse:
+            if b"\n" in chunk:
+                cut = self._buf.rindex(b"\n")
+                lines, self._buf = bytes(self._buf[:cut]), self._buf[cut + 1:]
+                for line in lines.split(b"\n"):
+                    self._line(line)
+        if len(self._buf) > self.limit_bytes:
+            self._buf, self._over = bytearray(), True
+
+    def _line(self, line: bytes) -> None:
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            return
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            self.done = True
+            return
+        if b'"usage"' not in data and b'"model"' not in data:
+            return
+        try:
+            event = json.loads(data)
+        except ValueError:
+            return
+        usage, model = usage_of(event)
+        if usage is not None:
+            self.usage = usage
+        if model is not None:
+            self.model = model
+        if isinstance(event, dict) and event.get("type") in ("response.completed", "response.incomplete"):
+            self.done = True
+
+    def summary(self) -> ResponseSummary:
+        """What the body said, once it has ended."""
+        if self.sse:
+            if self._buf and not self._over:
+                self._line(bytes(self._buf))
+                self._buf = bytearray()
+            return ResponseSummary(self.usage, self.model, self.done)
+        if self._over or not self._buf:
+            return ResponseSummary(None, None, False)
+        try:
+            obj = json.loads(bytes(self._buf))
+        except ValueError:
+            return ResponseSummary(None, None, False)
+        usage, model = usage_of(obj)
+        return ResponseSummary(usage, model, True)

@@ -1,0 +1,370 @@
+"""The ext_proc endpoint picker driven as Envoy drives it: a real gRPC client on the served port sending
+the real protobuf messages in Envoy's order (request headers, body chunks of 64 KiB, response headers,
+response body chunks), against the service's app (lifespan started by TestClient) with a fixed-difficulty
+engine (p_hard 0.1: short prompts go to onprem-8b, long cold ones to onprem-70b disaggregated)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import time
+
+import grpc
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pointsman.estimator.estimate import FixedDifficulty
+from pointsman.outcome_log.store import OutcomeLog
+from pointsman.policy.decision import host_port
+from pointsman.policy.engine import RoutingEngine
+from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.request import parse_route_request
+from pointsman.service import ext_proc_wire as wire
+from pointsman.service.app import create_app
+from pointsman.service.bootstrap import build_state
+from pointsman.service.ext_proc import destinations
+from pointsman.service.ext_proc_body import UsageReader, rewrite_request
+from pointsman.service.settings import Settings
+
+CHUNK = 64 * 1024
+MAX_BODY = 2_000_000
+ONPREM_8B = ("llama-8b-0.inference.internal:8000", "llama-8b-1.inference.internal:8000")
+REQUEST_HEADERS = {":method": "POST", ":path": "/v1/chat/completions", ":authority": "gateway.local",
+                   "content-type": "application/json", "x-pointsman-tenant": "acme"}
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    data = tmp_path_factory.mktemp("extproc")
+    budgets = data / "budgets.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:broke', window: day, limit_usd: 1.0e-9}\n", encoding="utf-8")
+    settings = Settings(data_dir=data, watch_policy=False, watch_fleet=False, scrape_interval_s=0, ext_proc_port=0,
+                        max_body_bytes=MAX_BODY, budgets_path=budgets, decision_log_flush_ms=5)
+    fleet = load_fleet()
+    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.1),
+                           state=build_state(settings, fleet))
+    application = create_app(settings, engine=engine, owns_engine=True)
+    with TestClient(application) as client:
+        yield client.app
+
+
+def run(app, scenario):
+    """Run ``scenario(stub)`` against the app's ext_proc port in a fresh event loop."""
+    async def main():
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.state.ext_proc_port}") as channel:
+            return await scenario(wire.stub(channel), channel)
+    return asyncio.run(main())
+
+
+def chat(content: str, **extra) -> bytes:
+    return json.dumps({"model": "auto", "messages": [{"role": "user", "content": content}], **extra}).encode()
+
+
+def set_headers(response: dict, phase: str = "request") -> dict[str, str]:
+    key = f"{phase}Headers" if f"{phase}Headers" in response else f"{phase}Body"
+    mutation = response[key]["response"].get("headerMutation", {})
+    return {h["header"]["key"]: base64.b64decode(h["header"]["rawValue"]).decode() for h in mutation.get("setHeaders", [])}
+
+
+def removed_headers(response: dict) -> list[str]:
+    return response["requestHeaders"]["response"].get("headerMutation", {}).get("removeHeaders", [])
+
+
+def streamed(response: dict, phase: str) -> tuple[bytes, bool]:
+    sr = response[f"{phase}Body"]["response"]["bodyMutation"]["streamedResponse"]
+    return base64.b64decode(sr.get("body", "")), bool(sr.get("endOfStream"))
+
+
+async def request_phase(call, body: bytes, headers=REQUEST_HEADERS, metadata=None,
+                        modes=("FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED")) -> list[dict]:
+    """Envoy's request phase: headers (with protocol_config), then the body in 64 KiB chunks, all
+    written before reading (FULL_DUPLEX_STREAMED); returns the responses up to the body's end or an
+    immediate response."""
+    await call.write(wire.headers_request("request", headers, metadata=metadata, body_modes=modes))
+    chunks = [body[i:i + CHUNK] for i in range(0, len(body), CHUNK)]
+    for i, chunk in enumerate(chunks):
+        await call.write(wire.body_request("request", chunk, i == len(chunks) - 1))
+    out = []
+    while True:
+        r = wire.as_dict(await call.read())
+        out.append(r)
+        if "immediateResponse" in r or ("requestBody" in r and streamed(r, "request")[1]):
+            return out
+
+
+async def response_phase(call, status: int, content_type: str, chunks: list[bytes], served: str | None = None) -> list[dict]:
+    """Envoy's response phase: response headers, then each body chunk (echoes read one by one)."""
+    meta = {"envoy.lb": {"x-gateway-destination-endpoint-served": served}} if served else None
+    await call.write(wire.headers_request("response", {":status": str(status), "content-type": content_type},
+                                          metadata=meta))
+    out = [wire.as_dict(await call.read())]
+    for i, chunk in enumerate(chunks):
+        await call.write(wire.body_request("response", chunk, i == len(chunks) - 1, metadata=meta))
+        out.append(wire.as_dict(await call.read()))
+    return out
+
+
+def outcome_of(app, decision_id: str, timeout_s: float = 10.0):
+    rt = app.state.runtime
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        logged = rt.outcome_log.decision(decision_id)
+        if logged is not None and logged.outcomes:
+            return logged.outcomes[0]
+        time.sleep(0.02)
+    raise AssertionError(f"no outcome recorded for {decision_id}")
+
+
+def test_chat_request_is_routed_rewritten_and_its_outcome_recorded(app):
+    body = chat("What is the capital of France?", max_tokens=64, metadata={"trace": "x" * 100_000})  # two chunks
+    answer = {"id": "c1", "object": "chat.completion", "model": "meta-llama/Llama-3.1-8B-Instruct",
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": "Paris."}, "finish_reason": "stop"}],
+              "usage": {"prompt_tokens": 31, "completion_tokens": 3, "total_tokens": 34,
+                        "prompt_tokens_details": {"cached_tokens": 16}}}
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, body)
+        served = set_headers(req[0])["x-gateway-destination-endpoint"].split(",")[0]
+        resp = await response_phase(call, 200, "application/json", [json.dumps(answer).encode()], served=served)
+        await call.done_writing()
+        return req, resp
+
+    req, resp = run(app, scenario)
+    headers = set_headers(req[0])
+    decision_id = headers["x-pointsman-decision-id"]
+    dest = headers["x-gateway-destination-endpoint"].split(",")
+    assert dest[0] in ONPREM_8B and set(dest) == set(ONPREM_8B)  # picked endpoint first, then its fallback
+    assert req[0]["dynamicMetadata"]["envoy.lb"]["x-gateway-destination-endpoint"] == headers["x-gateway-destination-endpoint"]
+    assert req[0]["requestHeaders"]["response"]["clearRouteCache"] is True
+    assert headers["x-pointsman-target"] == "onprem-8b"
+    assert headers["x-gateway-model-name"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert removed_headers(req[0]) == ["x-prefiller-host-port"]  # a client cannot ask for a prefill hop
+    forwarded = b"".join(streamed(r, "request")[0] for r in req[1:])
+    assert [streamed(r, "request")[1] for r in req[1:]] == [False] * (len(req) - 2) + [True]
+    assert all(len(streamed(r, "request")[0]) <= wire.MAX_CHUNK_BYTES for r in req[1:])
+    assert int(headers["content-length"]) == len(forwarded)
+    sent = json.loads(forwarded)
+    assert sent == {**json.loads(body), "model": "meta-llama/Llama-3.1-8B-Instruct"}
+    assert set_headers(resp[0], "response") == {"x-pointsman-decision-id": decision_id}
+    assert streamed(resp[1], "response") == (json.dumps(answer).encode(), True)  # passed back as it came
+    out = outcome_of(app, decision_id)
+    assert (out.status, out.served_target, out.served_model) == ("ok", "onprem-8b", "meta-llama/Llama-3.1-8B-Instruct")
+    assert (out.usage.prompt_tokens, out.usage.cached_tokens, out.usage.completion_tokens) == (31, 16, 3)
+    assert out.e2e_latency_ms > 0 and out.ttft_ms is not None
+    assert app.state.runtime.live.engine.state.record(decision_id) is None  # settled: the load is released
+    metrics = app.state.runtime.metrics.render().decode()
+    assert 'pointsman_ext_proc_requests_total{result="routed"}' in metrics
+    assert 'pointsman_decisions_total{rule="default",target="onprem-8b"}' in metrics
+
+
+def test_streamed_sse_response_reports_usage_ttft_and_tpot(app):
+    events = [{"choices": [{"delta": {"content": w}}], "model": "m", "usage": None} for w in ("Hel", "lo", " there")]
+    events.append({"choices": [], "model": "meta-llama/Llama-3.1-8B-Instruct",
+                   "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}})
+    sse = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    cuts = [0, 17, 60, 61, 150, len(sse)]  # chunks split mid-line and mid-event
+    chunks = [sse[a:b] for a, b in zip(cuts, cuts[1:])]
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, chat("Say hello.", stream=True, stream_options={"include_usage": True}))
+        resp = await response_phase(call, 200, "text/event-stream", chunks)
+        await call.done_writing()
+        return req, resp
+
+    req, resp = run(app, scenario)
+    decision_id = set_headers(req[0])["x-pointsman-decision-id"]
+    assert b"".join(streamed(r, "response")[0] for r in resp[1:]) == sse
+    assert [streamed(r, "response")[1] for r in resp[1:]] == [False] * (len(chunks) - 1) + [True]
+    out = outcome_of(app, decision_id)
+    assert out.status == "ok" and (out.usage.prompt_tokens, out.usage.completion_tokens) == (12, 3)
+    assert out.served_target is None or out.served_target == "onprem-8b"
+    assert out.ttft_ms is not None and out.tpot_ms is not None and out.e2e_latency_ms >= out.ttft_ms
+
+
+def test_disaggregated_decision_names_decode_destinations_and_the_prefill_endpoint(app):
+    body = chat("Summarise this report.", max_tokens=100, routing={"prompt_tokens": 4000})
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, body)
+        await call.done_writing()
+        call.cancel()
+        return req
+
+    req = run(app, scenario)
+    headers = set_headers(req[0])
+    assert headers["x-pointsman-target"] == "onprem-70b"
+    assert headers["x-prefiller-host-port"] == "llama-70b-prefill-0.inference.internal:8000"
+    dest = headers["x-gateway-destination-endpoint"].split(",")
+    assert dest[0] == "llama-70b-decode-0.inference.internal:8000"
+    assert all("decode" in d for d in dest)  # never a prefill endpoint: the decode side calls it
+    assert "x-prefiller-host-port" not in removed_headers(req[0])
+    sent = json.loads(b"".join(streamed(r, "request")[0] for r in req[1:]))
+    assert "routing" not in sent and sent["model"] == "meta-llama/Llama-3.3-70B-Instruct"
+
+
+def test_subset_hint_restricts_the_pick_and_an_unknown_subset_is_503(app):
+    hint = {"envoy.lb.subset_hint": {"x-gateway-destination-endpoint-subset": ["llama-8b-1.inference.internal:8000"]}}
+    bare = {"envoy.lb.subset_hint": {"x-gateway-destination-endpoint-subset": "llama-8b-0.inference.internal"}}
+    nowhere = {"envoy.lb.subset_hint": {"x-gateway-destination-endpoint-subset": ["10.9.9.9:8000"]}}
+
+    async def scenario(stub, _):
+        out = []
+        for meta in (hint, bare, nowhere):
+            call = stub.Process()
+            out.append(await request_phase(call, chat("Hi."), metadata=meta))
+            call.cancel()
+        return out
+
+    one, port_less, none = run(app, scenario)
+    assert set_headers(one[0])["x-gateway-destination-endpoint"] == "llama-8b-1.inference.internal:8000"
+    assert set_headers(port_less[0])["x-gateway-destination-endpoint"] == "llama-8b-0.inference.internal:8000"
+    imm = none[-1]["immediateResponse"]
+    assert imm["status"]["code"] == "ServiceUnavailable"
+    error = json.loads(base64.b64decode(imm["body"]))["error"]
+    assert error["code"] == "no_eligible_target" and "health" in error["message"]
+
+
+def test_budget_refusal_is_429_and_bad_or_oversized_bodies_are_400_and_413(app):
+    shed_headers = {**REQUEST_HEADERS, "x-pointsman-tenant": "broke"}
+
+    async def scenario(stub, _):
+        out = []
+        for body, headers in ((chat("Hi."), shed_headers), (b"{not json", REQUEST_HEADERS),
+                              (b'{"messages": []}', REQUEST_HEADERS), (b"x" * (MAX_BODY + 1), REQUEST_HEADERS)):
+            call = stub.Process()
+            out.append((await request_phase(call, body, headers=headers))[-1]["immediateResponse"])
+            assert await call.read() == grpc.aio.EOF  # the picker ends the stream after an immediate response
+        return out
+
+    shed, malformed, empty, large = run(app, scenario)
+    assert shed["status"]["code"] == "TooManyRequests"
+    assert json.loads(base64.b64decode(shed["body"]))["error"]["code"] == "budget_exhausted"
+    assert malformed["status"]["code"] == "BadRequest"
+    assert json.loads(base64.b64decode(malformed["body"]))["error"]["code"] == "malformed_json"
+    assert json.loads(base64.b64decode(empty["body"]))["error"]["param"] == "messages"
+    assert large["status"]["code"] == "PayloadTooLarge"
+    assert json.loads(base64.b64decode(large["body"]))["error"]["param"] == "max_body_bytes"
+
+
+def test_client_cancelling_mid_stream_is_recorded_as_cancelled(app):
+    first = b'data: {"choices": [{"delta": {"content": "Once upon"}}]}\n\n'
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, chat("Tell me a long story.", stream=True))
+        await response_phase(call, 200, "text/event-stream", [])
+        await call.write(wire.body_request("response", first, False))
+        echo = wire.as_dict(await call.read())
+        call.cancel()  # the client went away: Envoy resets the ext_proc stream
+        return req, echo
+
+    req, echo = run(app, scenario)
+    decision_id = set_headers(req[0])["x-pointsman-decision-id"]
+    assert streamed(echo, "response") == (first, False)
+    out = outcome_of(app, decision_id)
+    assert out.status == "cancelled" and out.usage.completion_tokens is None
+    assert app.state.runtime.live.engine.state.record(decision_id) is None  # the hold is released
+
+
+def test_buffered_mode_answers_each_message_and_carries_the_decision_in_the_body_response(app):
+    async def scenario(stub, _):
+        call = stub.Process()
+        modes = ("BUFFERED", "BUFFERED")
+        await call.write(wire.headers_request("request", REQUEST_HEADERS, body_modes=modes))
+        headers_answer = wire.as_dict(await call.read())
+        await call.write(wire.body_request("request", chat("Hi there."), True))
+        body_answer = wire.as_dict(await call.read())
+        await call.write(wire.headers_request("response", {":status": "503", "content-type": "application/json"}))
+        await call.read()
+        await call.write(wire.body_request("response", b'{"error": {"message": "overloaded"}}', True))
+        last = wire.as_dict(await call.read())
+        await call.done_writing()
+        return headers_answer, body_answer, last
+
+    headers_answer, body_answer, last = run(app, scenario)
+    assert "requestHeaders" in headers_answer and not set_headers(headers_answer)
+    headers = set_headers(body_answer)
+    new_body = base64.b64decode(body_answer["requestBody"]["response"]["bodyMutation"]["body"])
+    assert headers["x-gateway-destination-endpoint"].split(",")[0] in ONPREM_8B
+    assert int(headers["content-length"]) == len(new_body) and json.loads(new_body)["model"].startswith("meta-llama/")
+    assert "responseBody" in last and "bodyMutation" not in last["responseBody"].get("response", {})
+    out = outcome_of(app, headers["x-pointsman-decision-id"])
+    assert out.status == "error" and out.error == "upstream HTTP 503"
+
+
+def test_bodyless_requests_pass_through_and_health_is_served(app):
+    async def scenario(stub, channel):
+        call = stub.Process()
+        await call.write(wire.headers_request("request", {":method": "GET", ":path": "/v1/models"}, True))
+        passthrough = wire.as_dict(await call.read())
+        call.cancel()
+        health = health_pb2_grpc.HealthStub(channel)
+        statuses = [(await health.Check(health_pb2.HealthCheckRequest(service=s))).status
+                    for s in ("", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")]
+        return passthrough, statuses
+
+    passthrough, statuses = run(app, scenario)
+    assert passthrough == {"requestHeaders": {"response": {"headerMutation": {}}}}
+    assert statuses == [health_pb2.HealthCheckResponse.SERVING] * 4
+
+
+def test_rewrite_and_usage_reader_edge_cases():
+    raw = b'{"model": "auto", "tools": [{"function": {"parameters": {"properties": {"model": {"type": "string"}}}}}]}'
+    body = json.loads(raw)
+    assert json.loads(rewrite_request(raw, body, "m")) == {**body, "model": "m"}  # nested "model" key: re-serialized
+    assert rewrite_request(b'{"model":"m","messages":[]}', {"model": "m", "messages": []}, "m") is None
+    spliced = rewrite_request(b'{"messages": [], "model" : "a\\"b"}', {"messages": [], "model": 'a"b'}, "x/y")
+    assert spliced == b'{"messages": [], "model" : "x/y"}'
+    responses = UsageReader(True, 1000)
+    for part in (b'event: response.completed\ndata: {"type": "response.completed", "response": {"model": "gpt",',
+                 b' "usage": {"input_tokens": 5, "output_tokens": 7, "input_tokens_details": {"cached_tokens": 2}}}}\n'):
+        responses.feed(part)
+    s = responses.summary()
+    assert (s.usage, s.model, s.complete) == ({"prompt_tokens": 5, "completion_tokens": 7, "cached_tokens": 2}, "gpt", True)
+    big = UsageReader(False, 10)
+    big.feed(b'{"usage": {"prompt_tokens": 1}}')
+    assert big.summary().usage is None  # beyond the limit: not kept, not parsed
+
+
+def test_pointsman_serve_runs_the_picker_beside_http(tmp_path, serve):
+    """The real process (uvloop, the bundled estimator): ``--ext-proc-port`` via its setting; a decision
+    over ext_proc is logged with its outcome, and /metrics counts it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    _, base = serve(tmp_path, ext_proc_port=port, decision_log_flush_ms=5, scrape_interval_s=0)
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = wire.stub(channel).Process()
+            req = await request_phase(call, chat("What is 2 + 2?"))
+            await response_phase(call, 200, "application/json",
+                                 [b'{"usage": {"prompt_tokens": 9, "completion_tokens": 2}}'])
+            await call.done_writing()
+            return req
+
+    req = asyncio.run(scenario())
+    decision_id = set_headers(req[0])["x-pointsman-decision-id"]
+    deadline = time.monotonic() + 10
+    while 'pointsman_outcomes_total{status="stored"}' not in (m := httpx.get(f"{base}/metrics").text):
+        assert time.monotonic() < deadline, m
+        time.sleep(0.05)
+    assert 'pointsman_ext_proc_requests_total{result="routed"} 1.0' in m
+    with OutcomeLog(tmp_path / "outcomes.db") as log:
+        assert log.decision(decision_id).outcomes[0].usage.completion_tokens == 2
+
+
+def test_destination_list_is_bounded_by_the_setting(app):
+    engine = app.state.runtime.live.engine
+    d = engine.route(parse_route_request({"messages": [{"role": "user", "content": "Hi."}]}), dispatch=False)
+    assert destinations(d, None)[0] == host_port(d.base_url) and len(destinations(d, None)) == 2
+    assert destinations(d, 1) == [host_port(d.base_url)]
