@@ -26,6 +26,9 @@ install: $(BIN)/python
 install-train: $(BIN)/python
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[train,test]'
+	# xds-protos (ext_proc) overwrites files of opentelemetry-proto and common-expression-language
+	# when pip installs it after them: reinstall those (scripts/fix_shadowed_packages.py says why)
+	$(BIN)/python scripts/fix_shadowed_packages.py
 
 # The default model ships in estimator/default_model/; rebuild it only when it is absent.
 model:

@@ -64,3 +64,19 @@ def test_installed_wheel_imports_outside_the_checkout(wheel: Path, tmp_path: Pat
     env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_no_installed_package_is_shadowed_by_xds_protos() -> None:
+    """xds-protos (the ext-proc extra) overwrites opentelemetry-proto's and common-expression-language's
+    files when installed after them; ``make install-train`` runs scripts/fix_shadowed_packages.py to
+    give them back. MLflow's tracing imports TracesData, the CEL package exports compile."""
+    check = subprocess.run([sys.executable, str(ROOT / "scripts" / "fix_shadowed_packages.py"), "--check"],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    probe = ("import cel; assert callable(cel.compile)\n"
+             "import importlib.util as u\n"
+             "if u.find_spec('opentelemetry.proto') is not None:\n"
+             "    from opentelemetry.proto.trace.v1.trace_pb2 import TracesData\n"
+             "from envoy.service.ext_proc.v3 import external_processor_pb2\n")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
