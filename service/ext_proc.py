@@ -462,7 +462,7 @@ class ExtProcServer:
         except Exception:  # noqa: BLE001 - a background task: log it, never lose the loop
             log.exception("outcome of decision %s not recorded", item.decision_id)
             return
-        if acks and acks[0]["status"] not in ("stored", "duplicate"):
+        if acks and acks[0]["status"] not in ("stored", "duplicate", "forwarded"):
             log.warning("outcome of decision %s: %s %s", item.decision_id, acks[0]["status"], acks[0].get("message") or "")
 
     async def drain(self) -> None:
