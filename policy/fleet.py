@@ -206,9 +206,11 @@ class OnPremReplay(StrictModel):
     (``docs/replay.md``): ``gpu`` (a GPU preset, default ``H100-SXM``), ``weight_dtype``
     (``bf16``/``fp16``/``fp8``), ``model_shape`` (for models without a preset), efficiency
     factors (``prefill_mfu``, ``decode_mfu``, ``bandwidth_efficiency``), per-step and
-    per-prefill overheads in seconds, ``max_batch_size``, ``max_waiting`` (admission limit
-    per replica; ``null`` = unbounded), the P/D link (``link_bytes_per_s``,
-    ``link_latency_s``), ``idle_power_kw_per_gpu``, and the latency coefficients themselves
+    per-prefill overheads in seconds, the engine's scheduler limits (``max_batch_size``:
+    vLLM's ``max_num_seqs``; ``max_num_batched_tokens``: tokens per step; ``kv_block_tokens``:
+    KV page size), ``max_waiting`` (admission limit per replica; ``null`` = unbounded), each
+    prefill replica's P/D link (``link_bytes_per_s``, ``link_latency_s``),
+    ``idle_power_kw_per_gpu``, and the latency coefficients themselves
     (``prefill_s_per_token``, ``prefill_s_per_token_pair``, ``decode_base_s``,
     ``decode_per_seq_s``, ``decode_per_kv_token_s``) to replace the derived ones, and
     ``quality_columns`` (outcome source -> the table's model column scoring this target;
@@ -223,6 +225,8 @@ class OnPremReplay(StrictModel):
     step_overhead_s: NonNegativeFloat | None = None
     prefill_overhead_s: NonNegativeFloat | None = None
     max_batch_size: PositiveInt | None = None
+    max_num_batched_tokens: PositiveInt | None = None
+    kv_block_tokens: PositiveInt | None = None
     max_waiting: NonNegativeInt | None = None
     link_bytes_per_s: PositiveFloat | None = None
     link_latency_s: NonNegativeFloat | None = None

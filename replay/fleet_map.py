@@ -22,18 +22,21 @@ frontier ``prices``                             input, cached-input and output p
 frontier ``prompt_cache_min_tokens``            the provider's prompt-cache threshold
 frontier ``context_window_tokens``              longest prompt + output it accepts
 ``replay.*`` (on-prem)                          GPU, weight precision, MFU, bandwidth efficiency,
-                                                overheads, batch size, admission limit, P/D link,
-                                                idle power, latency coefficients
+                                                overheads, scheduler limits (max_batch_size,
+                                                max_num_batched_tokens, kv_block_tokens),
+                                                admission limit, P/D link, idle power, latency
+                                                coefficients
 ``replay.*`` (frontier)                         latency distribution, prompt-cache TTL
 ``replay.spill_target`` (fleet)                 where refused on-prem requests go
 ==============================================  ============================================
 
 Defaults when the file is silent: H100 SXM (``hardware.H100_SXM``), BF16 weights, MFU
-0.5, 80% of HBM bandwidth, 0.3 ms step overhead (``hardware.replica_spec_for``), max
-batch 256, admission limit ``DEFAULT_MAX_WAITING`` requests waiting per replica, P/D
-link ``hardware.LinkSpec()``, idle power = busy power × the GPU's idle/TDP ratio, frontier
-latency ``hardware.FrontierSpec`` defaults, spill to the frontier tier with the highest
-output price.
+0.5, 80% of HBM bandwidth, 0.3 ms step overhead (``hardware.replica_spec_for``), vLLM V1's
+scheduler on an H100 (1024 sequences, 8192 tokens per step, 16-token KV pages), admission
+limit ``DEFAULT_MAX_WAITING`` requests waiting per replica, a P/D link of one NIC per GPU
+of the prefill replica (``hardware.LinkSpec.for_gpus``), idle power = busy power × the
+GPU's idle/TDP ratio, frontier latency ``hardware.FrontierSpec`` defaults, spill to the
+frontier tier with the highest output price.
 
 ``EndpointMap`` pairs the engine's endpoint ids with the simulator's replicas
 (``(target, role, index)``), in fleet-file order on both sides.
@@ -68,7 +71,7 @@ DEFAULT_MAX_WAITING = 16
 BLOCK_TOKENS = 512
 
 _DERIVE_KEYS = ("prefill_mfu", "decode_mfu", "bandwidth_efficiency", "step_overhead_s", "prefill_overhead_s",
-                "max_batch_size")
+                "max_batch_size", "max_num_batched_tokens", "kv_block_tokens")
 _COEFFICIENT_KEYS = ("prefill_s_per_token", "prefill_s_per_token_pair", "decode_base_s", "decode_per_seq_s",
                      "decode_per_kv_token_s")
 _FRONTIER_KEYS = ("ttft_median_s", "ttft_sigma", "tpot_median_s", "tpot_sigma", "prompt_cache_ttl_s")
@@ -188,7 +191,7 @@ def sim_fleet(fleet: Fleet) -> SimFleet:
         if len(specs) < len(roles):
             continue
         hints = t.replay
-        link = LinkSpec()
+        link = LinkSpec.for_gpus((specs.get(ROLE_PREFILL) or specs.get(ROLE_AGGREGATED) or next(iter(specs.values()))).gpus)
         if hints is not None and (hints.link_bytes_per_s is not None or hints.link_latency_s is not None):
             link = LinkSpec(hints.link_bytes_per_s or link.bytes_per_s,
                             link.latency_s if hints.link_latency_s is None else hints.link_latency_s)

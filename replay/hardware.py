@@ -1,28 +1,41 @@
 """Performance and price specs of simulated replicas, links and frontier tiers.
 
-A ``ReplicaSpec`` holds the coefficients of two small latency models, so a fleet
-file (or a test) can state them directly; ``replica_spec_for`` derives them from a
-model config and a GPU datasheet, roofline style:
+A ``ReplicaSpec`` holds the coefficients of one small latency model, so a fleet file (or
+a test) can state them directly; ``replica_spec_for`` derives them from a model config
+and a GPU datasheet, roofline style. One engine step (vLLM V1: every running sequence's
+next tokens in one forward pass, decodes and prefill chunks together) takes
 
-- **prefill** (compute-bound):
-  ``prefill_s(n, c) = prefill_overhead_s + n * prefill_s_per_token
-  + (n*c + n*(n+1)/2) * prefill_s_per_token_pair`` for ``n`` new prompt tokens after
-  ``c`` cached ones. The linear term is the dense matmuls (2 FLOPs per parameter per
-  token); the pair term is causal attention (QK^T and AV: 4 * layers * q_dim FLOPs per
-  (query, key) pair). Both are divided by the replica's peak BF16 FLOP/s times an MFU.
-- **decode step** (memory-bandwidth-bound, continuous batching):
-  ``decode_step_s(b, kv) = decode_base_s + b * decode_per_seq_s + kv * decode_per_kv_token_s``
-  for ``b`` running sequences whose contexts hold ``kv`` tokens in total. The base is
-  reading all weights once per step (weight bytes / effective HBM bandwidth) plus a
-  fixed overhead (scheduling, sampling, tensor-parallel all-reduces); the per-sequence
-  term is the matmul FLOPs of one token; the per-KV-token term reads that token's K and
-  V in every layer (``kv_bytes_per_token`` / effective bandwidth). Adding memory and
-  compute time (instead of taking the max) is the pessimistic side of the roofline.
+    step_s = step_overhead_s
+             + max(decode_base_s, d * decode_per_seq_s + n * prefill_s_per_token)
+             + kv * decode_per_kv_token_s
+             + pairs * prefill_s_per_token_pair
+             + (prefill_overhead_s if n else 0)
+
+for ``d`` decode tokens (one per decoding sequence) whose contexts hold ``kv`` tokens in
+total, and ``n`` prefill tokens in chunks whose causal attention covers ``pairs`` (query,
+key) pairs (a chunk of ``m`` new tokens after ``c`` computed ones: ``m*c + m*(m+1)/2``).
+
+- ``decode_base_s``: reading every weight once (weight bytes / effective HBM bandwidth),
+  the memory floor of the linear layers; ``decode_per_seq_s`` / ``prefill_s_per_token``:
+  their compute per token (2 FLOPs per parameter, at the decode / prefill MFU). The linear
+  layers take the larger of the two: memory-bound below the roofline's ridge (about 300
+  tokens per step for FP8 weights on an H100), compute-bound above it.
+- ``decode_per_kv_token_s``: reading one context token's K and V in every layer;
+  ``prefill_s_per_token_pair``: causal attention FLOPs (QK^T and AV: 4 * layers * q_dim
+  per pair) at BF16 (attention is not quantized).
+- ``step_overhead_s``: scheduling, sampling, kernel launches and tensor-parallel
+  all-reduces per step; ``prefill_overhead_s``: a fixed cost per step with prefill.
 
 KV bytes per token = 2 (K and V) * layers * kv_heads * head_dim * dtype bytes, from
 each model's Hugging Face ``config.json``. Efficiency factors (MFU, bandwidth
-efficiency, activation reserve, overheads) are assumptions, stated where they are set;
-override them per fleet.
+efficiency, activation reserve, overheads) are assumptions or calibrations, stated
+where they are set (the packaged fleet: ``policy/defaults/fleet.yaml``, calibrated by
+``scripts/fidelity.py``); override them per fleet.
+
+Scheduler limits (vLLM V1 defaults for ``vllm serve`` on an H100-class GPU,
+``vllm/engine/arg_utils.py`` @99d7eb5d): ``max_num_batched_tokens`` 8192 tokens per step,
+``max_batch_size`` (``max_num_seqs``) 1024 running sequences, KV pages (``block_size``)
+of 16 tokens (``vllm/platforms/cuda.py`` @1c0d9ecf).
 """
 
 from __future__ import annotations
@@ -146,11 +159,19 @@ WEIGHT_DTYPE_BYTES: dict[str, float] = {"bf16": 2, "fp16": 2, "fp8": 1}
 class ReplicaSpec:
     """One serving replica (one model instance on ``gpus`` GPUs): latency coefficients and limits.
 
-    Units: seconds, tokens, bytes; ``kv_capacity_blocks`` blocks of ``block_tokens``
-    tokens each. ``block_tokens`` must equal the trace's hash block size when the
-    trace carries block hashes (512 for Mooncake). ``max_batch_size``: most sequences
-    decoding at once (vLLM ``max_num_seqs``). ``max_model_len``: longest prompt + output.
+    Units: seconds, tokens, bytes. KV capacity: ``kv_capacity_blocks`` blocks of
+    ``block_tokens`` tokens (``block_tokens`` must equal the trace's hash block size when
+    the trace carries block hashes: 512 for Mooncake), allocated in pages of
+    ``kv_block_tokens`` tokens (vLLM's ``block_size``; must divide ``block_tokens``).
+    ``max_batch_size``: most sequences running at once (vLLM ``max_num_seqs``, at most
+    ``max_num_batched_tokens``); ``max_num_batched_tokens``: tokens scheduled per step
+    (vLLM's token budget). ``max_model_len``: longest prompt + output.
+    ``kv_admission``: ``"vllm"`` (allocate KV as the context grows, preempt the newest request
+    when it runs out; vLLM V1) or ``"reserve"`` (reserve prompt + output at admission and never
+    preempt: TensorRT-LLM's default ``GUARANTEED_NO_EVICT`` capacity scheduler, its docs'
+    "Useful Runtime Options" and ``SchedulerConfig``).
     ``gpu_tdp_kw``/``gpu_idle_kw``: per-GPU power when busy/idle, for energy cost.
+    The step-time coefficients are described in the module docstring.
     """
 
     name: str
@@ -163,37 +184,63 @@ class ReplicaSpec:
     decode_per_seq_s: float
     decode_per_kv_token_s: float
     prefill_overhead_s: float = 0.0
+    step_overhead_s: float = 0.0
     block_tokens: int = 512
-    max_batch_size: int = 256
+    kv_block_tokens: int = 16
+    max_batch_size: int = 1024
+    max_num_batched_tokens: int = 8192
     max_model_len: int = 131_072
+    kv_admission: str = "vllm"
     gpu_tdp_kw: float = 0.700
     gpu_idle_kw: float = 0.070
 
     def __post_init__(self) -> None:
-        if self.gpus < 1 or self.kv_capacity_blocks < 1 or self.block_tokens < 1 or self.max_batch_size < 1:
-            raise ValueError(f"replica {self.name!r}: gpus, kv_capacity_blocks, block_tokens, max_batch_size must be >= 1")
+        if self.kv_admission not in ("vllm", "reserve"):
+            raise ValueError(f"replica {self.name!r}: kv_admission must be 'vllm' or 'reserve', got "
+                             f"{self.kv_admission!r}")
+        if min(self.gpus, self.kv_capacity_blocks, self.block_tokens, self.kv_block_tokens, self.max_batch_size,
+               self.max_num_batched_tokens) < 1:
+            raise ValueError(f"replica {self.name!r}: gpus, kv_capacity_blocks, block_tokens, kv_block_tokens, "
+                             f"max_batch_size and max_num_batched_tokens must be >= 1")
+        if self.block_tokens % self.kv_block_tokens:
+            raise ValueError(f"replica {self.name!r}: kv_block_tokens {self.kv_block_tokens} does not divide "
+                             f"block_tokens {self.block_tokens}")
+        if self.max_batch_size > self.max_num_batched_tokens:
+            raise ValueError(f"replica {self.name!r}: max_batch_size {self.max_batch_size} exceeds "
+                             f"max_num_batched_tokens {self.max_num_batched_tokens} (vLLM caps max_num_seqs "
+                             f"at the token budget)")
+
+    def step_s(self, decode_tokens: int, kv_tokens: int, prefill_tokens: int = 0, pairs: float = 0.0) -> float:
+        """Seconds for one engine step (module docstring): ``decode_tokens`` decoding sequences
+        whose contexts hold ``kv_tokens`` tokens in total, plus ``prefill_tokens`` prefill
+        tokens covering ``pairs`` causal-attention (query, key) pairs."""
+        linear = decode_tokens * self.decode_per_seq_s + prefill_tokens * self.prefill_s_per_token
+        return (self.step_overhead_s + max(self.decode_base_s, linear) + kv_tokens * self.decode_per_kv_token_s
+                + pairs * self.prefill_s_per_token_pair + (self.prefill_overhead_s if prefill_tokens else 0.0))
 
     def prefill_s(self, new_tokens: int, cached_tokens: int = 0) -> float:
-        """Seconds to prefill ``new_tokens`` prompt tokens after ``cached_tokens`` cached ones.
+        """Seconds to prefill ``new_tokens`` prompt tokens after ``cached_tokens`` cached ones in
+        one step of their own (no chunking, no decodes): ``step_s(0, 0, n, pairs)``.
 
         Causal attention pairs: token i of the new ones (0-based) attends to
         ``cached_tokens + i + 1`` keys, in total ``n*c + n*(n+1)/2``.
         """
         n, c = new_tokens, cached_tokens
-        return (
-            self.prefill_overhead_s
-            + n * self.prefill_s_per_token
-            + (n * c + n * (n + 1) / 2) * self.prefill_s_per_token_pair
-        )
+        return self.step_s(0, 0, n, n * c + n * (n + 1) / 2)
 
     def decode_step_s(self, batch: int, kv_tokens: int) -> float:
-        """Seconds for one decode step of ``batch`` sequences holding ``kv_tokens`` context tokens in total."""
-        return self.decode_base_s + batch * self.decode_per_seq_s + kv_tokens * self.decode_per_kv_token_s
+        """Seconds for one decode-only step of ``batch`` sequences holding ``kv_tokens`` context tokens in total."""
+        return self.step_s(batch, kv_tokens)
 
     @property
     def kv_capacity_tokens(self) -> int:
         """KV capacity in tokens: kv_capacity_blocks * block_tokens."""
         return self.kv_capacity_blocks * self.block_tokens
+
+    @property
+    def kv_pages(self) -> int:
+        """KV capacity in pages of ``kv_block_tokens``."""
+        return self.kv_capacity_tokens // self.kv_block_tokens
 
 
 def replica_spec_for(
@@ -209,7 +256,9 @@ def replica_spec_for(
     step_overhead_s: float = 0.0003,
     prefill_overhead_s: float = 0.002,
     block_tokens: int = 512,
-    max_batch_size: int = 256,
+    kv_block_tokens: int = 16,
+    max_batch_size: int = 1024,
+    max_num_batched_tokens: int = 8192,
     weight_dtype: str = "bf16",
     kv_bytes_per_token: int | None = None,
     kv_capacity_blocks: int | None = None,
@@ -221,14 +270,16 @@ def replica_spec_for(
     - weight bytes = params * ``WEIGHT_DTYPE_BYTES[weight_dtype]``; KV bytes per token =
       ``kv_bytes_per_token`` if given, else the model's (BF16 KV).
     - prefill: s/token = 2*params / (linear peak * prefill_mfu); s/pair = 4*layers*q_dim / (BF16 peak * prefill_mfu).
-    - decode: base = weight_bytes / (bandwidth * bandwidth_efficiency) + step_overhead_s;
-      per seq = 2*params / (linear peak * decode_mfu); per KV token = kv_bytes_per_token / (bandwidth * efficiency).
+    - decode: base = weight_bytes / (bandwidth * bandwidth_efficiency) (the memory floor of a step);
+      per seq = 2*params / (linear peak * decode_mfu); per KV token = kv_bytes_per_token / (bandwidth * efficiency);
+      ``step_overhead_s`` per step.
     - KV capacity = ``kv_capacity_blocks`` if given, else (gpus * hbm_bytes * memory_utilization
       - weight_bytes - gpus * activation_reserve_bytes_per_gpu) / (kv_bytes_per_token * block_tokens), floored.
 
     Defaults are assumptions, not measurements: MFU 0.5 (large-prompt prefill on H100
     typically reaches 40-60%), 80% of peak HBM bandwidth, vLLM's default
-    ``gpu_memory_utilization`` 0.9, 4 GB per GPU for activations and CUDA graphs.
+    ``gpu_memory_utilization`` 0.9, 4 GB per GPU for activations and CUDA graphs; the
+    scheduler limits of vLLM V1 on an H100 (module docstring).
     Raises ValueError for an unknown ``weight_dtype`` or when the weights leave no room for KV cache.
     """
     if weight_dtype not in WEIGHT_DTYPE_BYTES:
@@ -250,12 +301,15 @@ def replica_spec_for(
         kv_bytes_per_token=kv_bytes,
         prefill_s_per_token=2 * model.params / (linear_peak * prefill_mfu),
         prefill_s_per_token_pair=4 * model.layers * model.q_dim / (attention_peak * prefill_mfu),
-        decode_base_s=weight_bytes / bandwidth + step_overhead_s,
+        decode_base_s=weight_bytes / bandwidth,
         decode_per_seq_s=2 * model.params / (linear_peak * decode_mfu),
         decode_per_kv_token_s=kv_bytes / bandwidth,
         prefill_overhead_s=prefill_overhead_s,
+        step_overhead_s=step_overhead_s,
         block_tokens=block_tokens,
-        max_batch_size=max_batch_size,
+        kv_block_tokens=kv_block_tokens,
+        max_batch_size=min(max_batch_size, max_num_batched_tokens),
+        max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=model.max_model_len,
         gpu_tdp_kw=gpu.tdp_kw,
         gpu_idle_kw=gpu.idle_kw,
@@ -284,20 +338,39 @@ def llama_70b_h100_tp4() -> ReplicaSpec:
     return replica_spec_for(LLAMA_3_3_70B, H100_SXM, 4, prefill_mfu=0.45, step_overhead_s=0.002)
 
 
+#: Measured KV-transfer bandwidth per GPU's NIC (bytes/s): one 400 Gb/s ConnectX-7 per GPU
+#: (as in a DGX H100) at 84% of its 50 GB/s line rate. Fitted to SGLang's P/D transfer times
+#: over Mooncake's transfer engine (4 x 400 GbE: t = 1.8 ms + bytes / 168 GB/s; peak 164.3 GB/s =
+#: 82% of line), ``kvcache-ai/Mooncake`` ``docs/source/performance/sglang/sglang-benchmark-results-v1.md``
+#: @3b5a5941; Mooncake's own README reports 87% of line over 4 x 200 Gb/s.
+NIC_BYTES_PER_S = 42e9
+#: Set-up time of one KV transfer (seconds), the intercept of the same fit.
+LINK_LATENCY_S = 0.0018
+
+
 @dataclass(frozen=True)
 class LinkSpec:
-    """Prefill-to-decode KV transfer link: ``transfer_s(bytes) = latency_s + bytes / bytes_per_s``.
+    """A prefill replica's KV transfer link (its NICs):
+    ``transfer_s(bytes) = latency_s + bytes / bytes_per_s`` for a transfer alone.
 
-    Default: 4 x 400 Gb/s RDMA NICs (one ConnectX-7 per GPU, as in a DGX H100) at
-    about 80% efficiency = 160 GB/s, 1 ms set-up latency (assumption). Links are not
-    contended in the simulator: every transfer gets the full bandwidth.
+    The link is **contended**: the simulator shares ``bytes_per_s`` equally among the
+    transfers leaving one prefill replica at the same time (processor sharing), and each
+    pays ``latency_s`` once. Default: one NIC (``NIC_BYTES_PER_S``, ``LINK_LATENCY_S``);
+    ``LinkSpec.for_gpus(n)`` is a replica of ``n`` GPUs with a NIC each. The decode side's
+    NICs are not modelled (its pool is at least as large as the prefill pool in the
+    packaged fleet).
     """
 
-    bytes_per_s: float = 160e9
-    latency_s: float = 0.001
+    bytes_per_s: float = NIC_BYTES_PER_S
+    latency_s: float = LINK_LATENCY_S
+
+    @classmethod
+    def for_gpus(cls, gpus: int) -> LinkSpec:
+        """The link of a replica of ``gpus`` GPUs, one ``NIC_BYTES_PER_S`` NIC per GPU."""
+        return cls(gpus * NIC_BYTES_PER_S, LINK_LATENCY_S)
 
     def transfer_s(self, nbytes: float) -> float:
-        """Seconds to move ``nbytes`` bytes of KV cache."""
+        """Seconds to move ``nbytes`` bytes of KV cache with the link to itself."""
         return self.latency_s + nbytes / self.bytes_per_s
 
 
@@ -305,20 +378,25 @@ class LinkSpec:
 class SharedKVTierSpec:
     """A shared KV store (LMCache-style offload to CPU DRAM or a KV accelerator).
 
-    Every completed prefill writes its prompt blocks through to the tier (LRU,
-    ``capacity_blocks``); a replica missing a prefix locally may restore the next
-    leading blocks from it in ``latency_s + bytes / restore_bytes_per_s`` seconds
-    instead of recomputing them, whichever is faster. Default bandwidth 25 GB/s
-    (one 200 Gb/s RDMA NIC, an assumption).
+    Every completed prefill writes its prompt's full blocks through to the tier (LRU,
+    ``capacity_blocks``; the write bandwidth is not modelled); a replica missing a prefix
+    locally may restore the next leading blocks from it instead of recomputing them, when
+    the restore (``latency_s + bytes / share``) is predicted faster than recomputing. The
+    restore bandwidth ``restore_bytes_per_s`` is the **tier's total**, shared equally by the
+    restores in flight to all replicas of the target (processor sharing). Default 25 GB/s
+    (one 200 Gb/s NIC in front of a remote DRAM pool, an assumption; a local host-to-device
+    copy on an H100 reaches about 50 GB/s, vLLM's offloading-connector post,
+    ``vllm-project/vllm-project.github.io`` ``_posts/2025-12-29-offloading-connector.md``).
     """
 
     capacity_blocks: int
     restore_bytes_per_s: float = 25e9
     latency_s: float = 0.001
 
-    def restore_s(self, nbytes: float) -> float:
-        """Seconds to restore ``nbytes`` bytes of KV cache onto a replica."""
-        return self.latency_s + nbytes / self.restore_bytes_per_s
+    def restore_s(self, nbytes: float, sharing: int = 1) -> float:
+        """Seconds to restore ``nbytes`` bytes of KV cache onto a replica while ``sharing``
+        restores (this one included) share the tier's bandwidth."""
+        return self.latency_s + nbytes * max(1, sharing) / self.restore_bytes_per_s
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,24 @@
-"""KV-cache block accounting with prefix caching: one ``PrefixCache`` per replica, plus a shared tier.
+"""KV-cache accounting with prefix caching: one ``PrefixCache`` per replica, plus a shared tier.
 
-Model (the one vLLM's automatic prefix caching uses, at the trace's block size):
+Model (vLLM's paged KV cache with automatic prefix caching, at two granularities):
 
-- A replica has ``capacity_blocks`` blocks. A request holds its prompt's *hashed*
-  blocks (shared with every other request carrying the same hash) and a number of
-  *private* blocks (the rest of its context: unhashed prompt tokens and output).
-- ``acquire`` pins a request's blocks when its prefill is scheduled. Leading hashes
-  already resident are a **prefix hit**; missing ones are allocated (they will be
-  computed by the prefill). Blocks after the first miss that happen to be resident
-  are pinned, not duplicated, but do not count as hit (as in vLLM, the hit stops at
-  the first miss).
+- A replica has ``capacity_blocks`` **pages**, the allocation unit (vLLM's ``block_size``,
+  16 tokens on CUDA). Prefix caching works on **hashed blocks** of the trace's block size
+  (512 tokens for Mooncake), each ``pages_per_block`` pages. With ``pages_per_block=1``
+  (the default) the two are the same.
+- A request holds its prompt's *full* hashed blocks (shared with every other request
+  carrying the same hash) and *private* pages (the rest of its context: the prompt's last,
+  partial block and the output). Only full blocks are cached, as in vLLM.
+- ``acquire`` pins a request's blocks at once; ``grow`` adds blocks and pages as a request's
+  computed context grows (chunked prefill, decode), possibly converting private pages into
+  a hashed block that another request already holds (then the pages are freed: dedup).
+  Leading hashes already resident are a **prefix hit**; blocks after the first miss that
+  happen to be resident are pinned, not duplicated, but do not count as hit.
 - ``release`` unpins; a hashed block whose pin count drops to 0 stays resident and
-  becomes evictable. Evictable blocks are evicted least-recently-released first;
-  a request's blocks are released tail first, so a prefix's tail goes before its head.
-- ``used_blocks`` counts pinned blocks only (resident-but-evictable blocks are free
-  for allocation), which is what vLLM reports as KV-cache usage.
+  becomes evictable. Evictable blocks are evicted least-recently-released first; a
+  request's blocks are released tail first, so a prefix's tail goes before its head.
+- ``used_blocks`` counts pinned pages only (resident-but-evictable blocks are free for
+  allocation), which is what vLLM reports as KV-cache usage.
 """
 
 from __future__ import annotations
@@ -24,37 +28,51 @@ from collections.abc import Sequence
 
 
 class PrefixCache:
-    """Per-replica KV blocks with prefix caching and LRU eviction of unpinned blocks.
+    """Per-replica KV pages with prefix caching and LRU eviction of unpinned hashed blocks.
 
-    ``capacity_blocks``: total blocks. Block hashes are ints (Mooncake ``hash_ids``).
-    All methods are O(number of hashes of the request) amortised.
+    ``capacity_blocks``: total pages; ``pages_per_block``: pages per hashed block (trace
+    block tokens / page tokens). Block hashes are ints (Mooncake ``hash_ids``). Counts
+    named ``*_blocks`` below are pages unless they say hashed blocks. All methods are
+    O(number of hashes passed) amortised.
     """
 
-    __slots__ = ("capacity_blocks", "_pins", "_evictable", "_private", "_pinned_hashed")
+    __slots__ = ("capacity_blocks", "pages_per_block", "_pins", "_evictable", "_private", "_pinned_hashed")
 
-    def __init__(self, capacity_blocks: int) -> None:
-        if capacity_blocks < 1:
-            raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
+    def __init__(self, capacity_blocks: int, pages_per_block: int = 1) -> None:
+        if capacity_blocks < 1 or pages_per_block < 1:
+            raise ValueError(f"capacity_blocks and pages_per_block must be >= 1, got {capacity_blocks}, "
+                             f"{pages_per_block}")
         self.capacity_blocks = capacity_blocks
+        self.pages_per_block = pages_per_block
         self._pins: dict[int, int] = {}  # resident hashed block -> pin count
         self._evictable: OrderedDict[int, None] = OrderedDict()  # resident, pin count 0, LRU first
-        self._private = 0  # private blocks allocated
+        self._private = 0  # private pages allocated
         self._pinned_hashed = 0  # resident hashed blocks with pin count > 0
 
     @property
     def used_blocks(self) -> int:
-        """Blocks pinned by requests (hashed with pin count > 0, plus private)."""
-        return self._pinned_hashed + self._private
+        """Pages pinned by requests (hashed blocks with pin count > 0, plus private pages)."""
+        return self._pinned_hashed * self.pages_per_block + self._private
 
     @property
     def resident_blocks(self) -> int:
-        """Blocks holding data: pinned plus cached-but-evictable."""
-        return len(self._pins) + self._private
+        """Pages holding data: pinned plus cached-but-evictable."""
+        return len(self._pins) * self.pages_per_block + self._private
+
+    @property
+    def cached_blocks(self) -> int:
+        """Hashed blocks resident (pinned or evictable): what a KV-event index holds for this replica."""
+        return len(self._pins)
 
     @property
     def usage(self) -> float:
         """Fraction 0-1 of capacity pinned by requests (vLLM's ``kv_cache_usage``)."""
         return self.used_blocks / self.capacity_blocks
+
+    @property
+    def free_blocks(self) -> int:
+        """Pages a private allocation can get now: capacity - pinned pages (evictable blocks count as free)."""
+        return self.capacity_blocks - self.used_blocks
 
     def cached_prefix_blocks(self, hashes: Sequence[int]) -> int:
         """Number of leading ``hashes`` resident on this replica (no state change)."""
@@ -70,24 +88,37 @@ class PrefixCache:
         """True if the block is resident (pinned or evictable)."""
         return block_hash in self._pins
 
-    def acquire(self, hashes: Sequence[int], private_blocks: int) -> int | None:
-        """Pin ``hashes`` and allocate ``private_blocks``; evict LRU unpinned blocks as needed.
+    def _room(self, hashes: Sequence[int], private_blocks: int) -> tuple[int, int] | None:
+        """(pages to evict, hashed blocks missing) for pinning ``hashes`` plus ``private_blocks``
+        pages (may be negative), or None when it cannot fit even after evicting every other
+        unpinned block."""
+        pins = self._pins
+        ppb = self.pages_per_block
+        missing = len({h for h in hashes if h not in pins}) if hashes else 0
+        need = missing * ppb + private_blocks
+        free = self.capacity_blocks - len(pins) * ppb - self._private
+        if need <= free:
+            return 0, missing
+        # evictable blocks this request is about to pin cannot make room for it
+        own = sum(1 for h in set(hashes) if pins.get(h) == 0)
+        if need > free + (len(self._evictable) - own) * ppb:
+            return None
+        return need - free, missing
 
-        Returns the number of leading hashes that were resident (the prefix hit, in
-        blocks), or ``None`` with no state change when the blocks cannot fit even after
-        evicting every unpinned block.
-        """
+    def can_grow(self, hashes: Sequence[int], private_blocks: int) -> bool:
+        """True when ``grow(hashes, private_blocks)`` would succeed (no state change)."""
+        return self._room(hashes, private_blocks) is not None
+
+    def grow(self, hashes: Sequence[int], private_blocks: int) -> bool:
+        """Pin ``hashes`` (each once more) and add ``private_blocks`` private pages (a negative
+        number frees pages: private pages that became a hashed block); evict LRU unpinned
+        blocks as needed. Returns False with no state change when it cannot fit."""
+        room = self._room(hashes, private_blocks)
+        if room is None:
+            return False
+        evict, _ = room
         pins = self._pins
         evictable = self._evictable
-        hit = self.cached_prefix_blocks(hashes)
-        missing = len({h for h in hashes[hit:] if h not in pins}) if hit < len(hashes) else 0
-        need = missing + private_blocks
-        free = self.capacity_blocks - len(pins) - self._private
-        if need > free:
-            # evictable blocks this request is about to pin cannot make room for it
-            own = sum(1 for h in set(hashes) if pins.get(h) == 0)
-            if need > free + len(evictable) - own:
-                return None
         new: list[int] = []
         for h in hashes:
             count = pins.get(h)
@@ -98,7 +129,8 @@ class PrefixCache:
                 del evictable[h]
                 self._pinned_hashed += 1
             pins[h] = count + 1
-        for _ in range(need - free):  # evict LRU unpinned blocks to make room
+        ppb = self.pages_per_block
+        for _ in range(-(-evict // ppb)):  # evict LRU unpinned blocks to make room
             victim, _ = evictable.popitem(last=False)
             del pins[victim]
         for h in new:
@@ -109,12 +141,22 @@ class PrefixCache:
             else:  # the same hash twice in one request
                 pins[h] = count + 1
         self._private += private_blocks
-        return hit
+        return True
+
+    def acquire(self, hashes: Sequence[int], private_blocks: int) -> int | None:
+        """Pin ``hashes`` and allocate ``private_blocks`` pages; evict LRU unpinned blocks as needed.
+
+        Returns the number of leading hashes that were resident (the prefix hit, in
+        hashed blocks), or ``None`` with no state change when the blocks cannot fit even
+        after evicting every unpinned block.
+        """
+        hit = self.cached_prefix_blocks(hashes)
+        return hit if self.grow(hashes, private_blocks) else None
 
     def release(self, hashes: Sequence[int], private_blocks: int) -> None:
-        """Unpin ``hashes`` (tail first) and free ``private_blocks``; hashed blocks stay cached.
+        """Unpin ``hashes`` (tail first) and free ``private_blocks`` pages; hashed blocks stay cached.
 
-        Raises ValueError if a hash is not pinned or more private blocks are freed than
+        Raises ValueError if a hash is not pinned or more private pages are freed than
         allocated (a simulator bug, never silent).
         """
         pins = self._pins

@@ -57,8 +57,9 @@ class RequestResult:
 class ReplicaStats:
     """Busy time of one replica over the replay, in seconds, split into prefill and decode.
 
-    ``prefill_tokens``: prompt tokens computed (not cached); ``decode_steps``: steps run;
-    ``restored_tokens``: tokens restored from the shared KV tier.
+    ``prefill_tokens``: prompt tokens computed (not cached; recomputation after a preemption
+    included); ``decode_steps``: engine steps run; ``restored_tokens``: tokens restored from
+    the shared KV tier; ``preemptions``: requests preempted (to be recomputed).
     """
 
     target: str
@@ -70,6 +71,7 @@ class ReplicaStats:
     prefill_tokens: int
     decode_steps: int
     restored_tokens: int
+    preemptions: int = 0
 
 
 @dataclass(frozen=True)

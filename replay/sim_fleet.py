@@ -35,7 +35,7 @@ class OnPremTarget:
       ``decode_replica`` give the P/D pools their own (e.g. another tensor-parallel degree).
     - ``aggregated_replicas`` / ``prefill_replicas`` / ``decode_replicas``: pool sizes
       (prefill and decode must both be 0 or both >= 1).
-    - ``link``: prefill-to-decode KV transfer link.
+    - ``link``: each prefill replica's KV transfer link (contended by its transfers).
     - ``shared_kv``: optional shared KV tier for this model's prefixes.
     - ``max_waiting``: admission limit per replica: a request routed to a replica
       with this many requests already waiting for prefill is spilled (to the fleet's
@@ -142,6 +142,7 @@ def default_fleet(
             aggregated_replicas=replicas_70b,
             prefill_replicas=p,
             decode_replicas=d,
+            link=LinkSpec.for_gpus(4),
             max_waiting=16,
         )
     ]

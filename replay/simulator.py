@@ -6,35 +6,49 @@ Deterministic: the same trace, fleet, router and seed give identical results
 (events at equal times run in the order they were scheduled; frontier latencies
 come from one seeded RNG per tier).
 
-Serving model of one replica (vLLM-v0-like, kept simple on purpose):
+Serving model of one replica: **vLLM V1's scheduler** (``vllm/v1/core/sched/scheduler.py``
+@b4622cf9, ``Scheduler.schedule``), one engine step at a time:
 
-- **Prefill runs to completion, one request at a time, FCFS, with priority over
-  decode**: when the replica is free and the head of its waiting queue fits (KV
-  blocks via ``PrefixCache.acquire``, and a free batch slot), it prefills that
-  request alone; otherwise it runs decode steps. The prefix hit is looked up when
-  the prefill starts, and at least one prompt token is always computed. The prefill
-  emits the first token: TTFT = prefill end - arrival.
-- **Decode is continuous batching**: each step produces one token for every
-  running sequence and takes ``ReplicaSpec.decode_step_s(batch, kv_tokens)``,
-  where a sequence's context is prompt + tokens generated so far. A sequence that
-  joins after prefill needs ``output_tokens - 1`` steps. Steps are simulated in
-  closed form between batch changes: the replica jumps to the step that completes
-  the next sequence, and an arriving prefill or a sequence joining the batch
-  interrupts it at the next step boundary (the step in flight always completes).
-- **KV**: a request pins its prompt's hashed blocks plus private blocks for the rest
-  of prompt + output (reserved up front: no preemption is modelled). Requests that
-  can never fit (or exceed ``max_model_len``) are refused at arrival.
-- **P/D disaggregation**: the prefill replica computes the prompt and the first
-  token, then the request waits for KV room and a batch slot on its decode replica;
-  the KV of the prompt blocks not already cached there moves over the target's link
-  (``LinkSpec.transfer_s``; links are not contended); the prefill replica keeps
-  its pins until the transfer ends; the sequence joins the decode batch at the next
-  step boundary. The decode replica is the router's, or the least loaded one when
-  the prefill ends.
-- **Shared KV tier** (optional per target): prompts are written through after
-  prefill; a prefill may restore the next leading blocks from the tier when
-  restore time + the remaining prefill beats recomputing them (the restore is
-  counted as prefill time).
+- **A step** has a token budget of ``ReplicaSpec.max_num_batched_tokens`` (vLLM's
+  ``max_num_batched_tokens``, 8192 for ``vllm serve`` on an H100). The *running*
+  requests are served first, in admission order: a decoding sequence takes 1 token, a
+  partially prefilled one the rest of its prompt up to the budget left (**chunked
+  prefill**). Then, only if the step preempted nothing, *waiting* requests are admitted
+  in FCFS order while budget is left and fewer than ``max_batch_size`` (vLLM's
+  ``max_num_seqs``) run: each gets its prefix-cache hit (leading full blocks resident on
+  the replica; at least one token is always computed) and a first chunk. A waiting
+  request whose KV does not fit stops admission (it never preempts). The step takes
+  ``ReplicaSpec.step_s`` of its decode tokens, their context and its prefill chunks.
+  After the step, a request whose context is computed samples a token: the first one
+  is its TTFT; the last one finishes it.
+- **KV pages are allocated incrementally** (``kv_block_tokens`` pages, vLLM's 16-token
+  ``block_size``): a prefill chunk allocates pages for its tokens, a decoding sequence one
+  page each time its context crosses a page boundary. Full prompt blocks of the trace's
+  hash size (512 tokens) are shared hashed blocks (prefix caching; ``kvcache.PrefixCache``).
+- **Preemption** when a running request's pages cannot be allocated: the *newest* running
+  request (the last admitted, vLLM FCFS ``running.pop()``) is preempted, its pages are
+  freed (hashed blocks stay cached, so it may hit its own prefix later), and it goes back
+  to the **head** of the waiting queue to be **recomputed** (prompt plus the tokens it
+  had generated, vLLM's recompute preemption); retried until the allocation fits or the
+  request itself was the victim. No request is admitted in a step that preempted.
+- **Pure decode stretches** (no prefill chunk, nothing admissible waiting) are simulated
+  in closed form between batch changes: the replica jumps to the step that completes the
+  next sequence, or to the last step whose page allocations fit; an arrival, a finished
+  transfer or restore, or freed KV interrupts it at the next step boundary (the step in
+  flight always completes).
+- **P/D disaggregation**: the prefill replica runs the prompt (chunked as above) and
+  samples the first token (TTFT), keeps the KV pinned, and the request waits for KV room
+  and a batch slot on its decode replica (the router's, or the least loaded one when the
+  prefill ends). The KV of the prompt blocks not already cached there then moves over the
+  prefill replica's link, **shared** by every transfer leaving that replica at the same
+  time (processor sharing; ``LinkSpec``); the sequence joins the decode replica's running
+  requests when the transfer ends (admitted like a waiting request: 1 token of budget).
+- **Shared KV tier** (optional per target): prompts' full blocks are written through after
+  prefill; a request being admitted may restore the next leading blocks from the tier
+  when the restore at the current share of the tier's bandwidth is predicted faster than
+  recomputing them. Restores load asynchronously (vLLM's KV-connector loads: the request
+  holds its pages and waits out of the queue, others are scheduled meanwhile) and share
+  the tier's **total** restore bandwidth (``SharedKVTierSpec``) across all replicas.
 - **Local prefill on a decode replica**: an aggregated assignment may name a replica of
   the decode pool (``Assignment.replica_pool="decode"``: the replica holding the prompt's
   prefix prefills it itself, as the policy engine decides for warm prompts); it queues,
@@ -49,14 +63,23 @@ Serving model of one replica (vLLM-v0-like, kept simple on purpose):
   runs anywhere but where it was routed), or is rejected with a reason. A frontier tier
   refuses requests longer than its ``max_model_len`` (``context_length``). A router may
   also reject a request itself (``Assignment.reject(reason)``).
-- **Completion callback**: ``simulate(..., on_complete=f)`` calls ``f(result)`` with the
-  request's ``RequestResult`` at the simulated time it completes (a rejection: at its
-  arrival), before any later arrival is routed, so a router can learn from outcomes
-  (the policy engine settles its budget reservations this way).
+- **Callbacks**: ``simulate(..., on_complete=f)`` calls ``f(result)`` with the request's
+  ``RequestResult`` at the simulated time it completes (a rejection: at its arrival),
+  before any later arrival is routed, so a router can learn from outcomes (the policy
+  engine settles its budget reservations this way); ``on_first_token=g`` calls
+  ``g(index, time_s)`` when an on-prem request's first token is sampled.
+- **Closed loop** (``closed_loop_clients=N``, benchmark replays): N clients each send the
+  trace's requests in order, the next as soon as their previous one completes; arrival
+  times are then the send times.
+
+Simplifications, kept on purpose: one partial prefill at a time is the common case but
+several may coexist as in vLLM; a request's pages are freed when it finishes (vLLM frees
+them as well); the decode side's NICs and the tier's write path are not contended.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections import deque
@@ -81,15 +104,23 @@ from pointsman.replay.sim_fleet import (
 
 # --------------------------------------------------------------------------- simulator internals
 
-_IDLE, _PREFILL, _DECODE = 0, 1, 2
-_EV_REPLICA, _EV_TRANSFER, _EV_FINISH = 0, 1, 2
+_IDLE, _STEP, _EPOCH = 0, 1, 2
+_EV_REPLICA, _EV_TRANSFER, _EV_FINISH, _EV_CHANNEL, _EV_RESTORE, _EV_ARRIVAL, _EV_WAKE = 0, 1, 2, 3, 4, 5, 6
+#: Bytes below which a shared-channel transfer counts as done (float rounding).
+_EPS_BYTES = 1e-3
 
 
 class _Job:
+    """One request in the simulator. Per-replica progress (``n_tokens``, ``n_computed``,
+    ``alloc_n``) refers to the replica the request is on now; ``held_n`` is what a prefill
+    replica keeps pinned while the KV moves to the decode replica."""
+
     __slots__ = (
         "index", "req", "arrival_s", "routed", "target", "mode", "rep", "drep", "drep_index",
-        "hashes", "priv", "dpriv", "start_s", "first_s", "finish_s", "hit_tokens",
-        "restored_tokens", "transfer_s", "spilled", "rejected", "cost_usd", "frontier", "result",
+        "hashes", "n_prompt_blocks", "pinned_k", "n_tokens", "n_computed", "alloc_n", "held_n", "generated",
+        "d_n0", "d_s0", "d_end", "ver", "decoding",
+        "start_s", "first_s", "finish_s", "hit_tokens", "restored_tokens", "transfer_s", "spilled", "rejected",
+        "cost_usd", "frontier", "result", "looked_up", "at",
     )  # fmt: skip
 
     def __init__(self, index: int, req: TraceRequest, routed: str | None) -> None:
@@ -102,9 +133,21 @@ class _Job:
         self.rep: _Replica | None = None  # on-prem: the (prefill) replica; None on a frontier tier
         self.drep: _Replica | None = None  # disaggregated: the decode replica, once chosen
         self.drep_index: int | None = None
-        self.hashes: Sequence[int] = ()
-        self.priv = 0
-        self.dpriv = 0
+        self.at: _Replica | None = None  # the replica the request is on now (decode replica after a transfer)
+        self.hashes: Sequence[int] = ()  # ids of the full blocks of the request's context (see _place)
+        self.n_prompt_blocks = 0  # of which the first ones are the trace's prompt blocks
+        self.pinned_k = 0  # hashed blocks this request holds pinned on its replica
+        self.n_tokens = req.prompt_tokens  # tokens whose KV the replica must hold before the next sample
+        self.n_computed = 0  # of those, computed on this replica
+        self.alloc_n = 0  # tokens this replica has allocated pages for
+        self.held_n = 0  # P/D: tokens still pinned on the prefill replica during the transfer
+        self.generated = 0  # output tokens sampled so far
+        self.looked_up = False
+        self.d_n0 = 0  # decoding: n_computed at step d_s0 of its replica; finishes at step d_end
+        self.d_s0 = 0
+        self.d_end = 0
+        self.ver = 0  # invalidates stale completion-heap entries
+        self.decoding = False
         self.start_s: float | None = None
         self.first_s: float | None = None
         self.finish_s: float | None = None
@@ -124,12 +167,43 @@ class _Job:
         return self.rep
 
 
+class _Channel:
+    """A bandwidth shared equally by the transfers in flight (processor sharing): a prefill
+    replica's link, or a target's shared-tier restore path. Each transfer pays ``latency_s``
+    once its bytes are through; ``done_kind`` is the event kind fired then."""
+
+    __slots__ = ("bytes_per_s", "latency_s", "done_kind", "active", "t", "token")
+
+    def __init__(self, bytes_per_s: float, latency_s: float, done_kind: int) -> None:
+        self.bytes_per_s = bytes_per_s
+        self.latency_s = latency_s
+        self.done_kind = done_kind
+        self.active: dict[_Job, float] = {}  # job -> bytes left, in start order
+        self.t = 0.0  # time the byte counts were last advanced to
+        self.token = 0
+
+    def advance(self, now: float) -> None:
+        """Move every active transfer's bytes forward to ``now`` at the equal share."""
+        if self.active and now > self.t:
+            sent = (now - self.t) * self.bytes_per_s / len(self.active)
+            for job in self.active:
+                self.active[job] -= sent
+        self.t = now
+
+    def next_done(self) -> float:
+        """Time at which the transfer with the fewest bytes left finishes its bytes."""
+        left = min(self.active.values())
+        return self.t + max(0.0, left) * len(self.active) / self.bytes_per_s
+
+
 class _Target:
-    __slots__ = ("spec", "pools", "tier", "prefill_bins", "decode_bins")
+    __slots__ = ("spec", "pools", "tier", "tier_channel", "prefill_bins", "decode_bins")
 
     def __init__(self, spec: OnPremTarget) -> None:
         self.spec = spec
-        self.tier = SharedKVStore(spec.shared_kv.capacity_blocks) if spec.shared_kv else None
+        shared = spec.shared_kv
+        self.tier = SharedKVStore(shared.capacity_blocks) if shared else None
+        self.tier_channel = _Channel(shared.restore_bytes_per_s, shared.latency_s, _EV_RESTORE) if shared else None
         self.prefill_bins: list[float] = []
         self.decode_bins: list[float] = []
         self.pools = {
@@ -140,9 +214,11 @@ class _Target:
 
 class _Replica:
     __slots__ = (
-        "tgt", "target", "role", "index", "spec", "cache", "waiting", "pending", "running", "joining",
-        "inbound", "state", "token", "steps", "kv", "t0", "c", "half", "k", "prefill_job", "prefill_end",
-        "busy_prefill_s", "busy_decode_s", "prefill_tokens", "restored_tokens",
+        "tgt", "target", "role", "index", "spec", "cache", "bt", "pg", "ppb", "link", "wake", "reserve",
+        "waiting", "running", "partials", "pending", "joining", "inbound", "loading", "held",
+        "ndec", "kv_dec", "res", "ends", "state", "token", "steps",
+        "plan", "plan_dec", "t0", "t_end", "pfrac", "c", "half", "k",
+        "busy_prefill_s", "busy_decode_s", "prefill_tokens", "restored_tokens", "preemptions",
     )  # fmt: skip
 
     def __init__(self, tgt: _Target, role: str, index: int) -> None:
@@ -150,37 +226,120 @@ class _Replica:
         self.target = tgt.spec.name
         self.role = role
         self.index = index
-        self.spec = tgt.spec.spec_for(role)
-        self.cache = PrefixCache(self.spec.kv_capacity_blocks)
-        self.waiting: deque[_Job] = deque()  # queued for prefill
+        spec = self.spec = tgt.spec.spec_for(role)
+        self.bt = spec.block_tokens
+        self.pg = spec.kv_block_tokens
+        self.ppb = spec.block_tokens // spec.kv_block_tokens
+        self.reserve = spec.kv_admission == "reserve"  # TensorRT-LLM GUARANTEED_NO_EVICT: all KV at admission
+        self.cache = PrefixCache(spec.kv_pages, self.ppb)
+        link = tgt.spec.link
+        self.link = _Channel(link.bytes_per_s, link.latency_s, _EV_TRANSFER) if role == ROLE_PREFILL else None
+        self.waiting: deque[_Job] = deque()  # queued for (re)prefill, FCFS; preempted ones at the head
+        self.running: dict[_Job, None] = {}  # admission order (the last is preempted first)
+        self.partials: dict[_Job, None] = {}  # running requests still prefilling (a suffix of running)
         self.pending: deque[_Job] = deque()  # decode role: prefilled, waiting for KV room here
-        self.running: list[tuple[int, int, _Job]] = []  # heap of (end_step, seq, job)
-        self.joining: list[_Job] = []  # decode role: transferred, join at the next step boundary
+        self.joining: deque[_Job] = deque()  # decode role: transferred, admitted at the next step
         self.inbound = 0  # decode role: transfers in flight to this replica
+        self.loading = 0  # restores from the shared tier in flight for this replica
+        self.held = 0  # prefill role: finished prefills whose KV is still being sent
+        self.ndec = 0  # decoding sequences
+        self.kv_dec = 0  # their context tokens read by the next step: sum of (n_computed + 1)
+        self.res = [0] * spec.kv_block_tokens  # decoders by the step residue at which they need a page
+        self.ends: list[tuple[int, int, int, _Job]] = []  # heap (finish step, seq, version, job)
         self.state = _IDLE
-        self.token = 0  # invalidates stale completion events
-        self.steps = 0  # decode steps run so far
-        self.kv = 0  # context tokens of the running sequences
-        self.t0 = 0.0  # decode epoch: start time, first-step time c, growth half = pk*b/2, planned steps k
-        self.c = 0.0
+        self.wake = False  # a wake-up is scheduled
+        self.token = 0  # invalidates stale step events
+        self.steps = 0  # steps run so far
+        self.plan: list[tuple[_Job, int]] = []  # the step in flight: prefill chunks (job, tokens)
+        self.plan_dec = 0  # decoders in the step in flight
+        self.t0 = 0.0  # start of the step / epoch in flight, its planned end and prefill share
+        self.t_end = 0.0
+        self.pfrac = 0.0
+        self.c = 0.0  # decode epoch: first-step time, growth half = pk*b/2, planned steps k
         self.half = 0.0
         self.k = 0
-        self.prefill_job: _Job | None = None
-        self.prefill_end = 0.0
         self.busy_prefill_s = 0.0
         self.busy_decode_s = 0.0
         self.prefill_tokens = 0
         self.restored_tokens = 0
+        self.preemptions = 0
 
     def load(self) -> int:
-        return (
-            len(self.waiting) + len(self.pending) + len(self.running) + len(self.joining)
-            + self.inbound + (self.prefill_job is not None)
-        )  # fmt: skip
+        return (len(self.waiting) + len(self.pending) + len(self.running) + len(self.joining) + self.inbound
+                + self.loading)
+
+    def seqs(self) -> int:
+        """Sequences counting against ``max_num_seqs``: running, joining, inbound and loading."""
+        return len(self.running) + len(self.joining) + self.inbound + self.loading
+
+    # ---- KV pages of one request
+
+    def pinned(self, job: _Job, n: int) -> int:
+        """Full hashed blocks a request holding ``n`` tokens pins."""
+        return min(len(job.hashes), n // self.bt)
+
+    def private(self, job: _Job, n: int) -> int:
+        """Private pages of a request holding ``n`` tokens (the tokens past its pinned blocks)."""
+        return -(-(n - self.pinned(job, n) * self.bt) // self.pg)
+
+    def pages(self, job: _Job, n: int) -> int:
+        """Pages a request holding ``n`` tokens needs (without sharing)."""
+        return self.pinned(job, n) * self.ppb + self.private(job, n)
+
+    def grow(self, job: _Job, n: int, *, dry: bool = False, reserve: int = 0) -> bool:
+        """Allocate pages for ``job`` to hold ``n`` tokens (from ``job.alloc_n``), leaving
+        ``reserve`` pages free; ``dry``: only say whether it would fit. Under ``kv_admission
+        = "reserve"`` the first allocation takes the request's whole prompt + output."""
+        a = job.alloc_n
+        if self.reserve:
+            n = max(n, job.req.prompt_tokens + job.req.output_tokens)
+        k = self.pinned(job, n)
+        new = job.hashes[self.pinned(job, a):k]
+        delta = self.private(job, n) - self.private(job, a)
+        if dry or reserve:
+            if not self.cache.can_grow(new, delta + reserve):
+                return False
+            if dry:
+                return True
+        if not self.cache.grow(new, delta):
+            return False
+        job.alloc_n = n
+        job.pinned_k = k
+        return True
+
+    def free(self, job: _Job, n: int, pinned_k: int) -> None:
+        """Release the pages of ``job`` holding ``n`` tokens, ``pinned_k`` of its blocks pinned as
+        hashed ones: the full blocks it filled as private pages since (a decoder's output) are
+        cached first, so they stay resident and evictable like the rest (vLLM caches every full block)."""
+        k = self.pinned(job, n)
+        if k > pinned_k:
+            new = job.hashes[pinned_k:k]
+            if not self.cache.grow(new, -len(new) * self.ppb):
+                raise RuntimeError(f"simulator bug: request {job.index} could not cache its full blocks")
+        self.cache.release(job.hashes[:k], self.private(job, n))
+
+    # ---- decoders (advance one token per step, tracked in aggregate)
+
+    def dec_n(self, job: _Job) -> int:
+        """Tokens computed now by a decoding ``job``."""
+        return job.d_n0 + self.steps - job.d_s0
+
+    def crossings(self, k: int) -> int:
+        """Pages the decoders need over the next ``k`` steps (page boundaries crossed)."""
+        if k <= 0 or not self.ndec or self.reserve:
+            return 0
+        pg, s = self.pg, self.steps
+        total = 0
+        for r, count in enumerate(self.res):
+            if count:
+                total += count * ((s + k - 1 - r) // pg - (s - 1 - r) // pg)
+        return total
 
 
 def _add_busy(bins: list[float], start: float, end: float, origin: float, width: float) -> None:
     """Add the interval [start, end) to per-bin busy seconds."""
+    if end <= start:
+        return
     b = int((start - origin) // width)
     last = int((end - origin) // width)
     if last >= len(bins):
@@ -198,10 +357,10 @@ def _add_busy(bins: list[float], start: float, end: float, origin: float, width:
 class SimReplicaView:
     """``router.ReplicaView`` of one simulated replica, as a router sees it at decision time.
 
-    Names follow vLLM's metrics: ``num_requests_waiting`` (queued for prefill, or
-    waiting for KV room on a decode replica), ``num_requests_running`` (prefilling,
-    decoding, or KV in transit to it), ``kv_cache_usage`` (fraction 0-1 of KV blocks
-    pinned by requests).
+    Names follow vLLM's metrics: ``num_requests_waiting`` (queued for prefill, loading from
+    the shared tier, or waiting for KV room on a decode replica), ``num_requests_running``
+    (prefilling, decoding, or KV in transit to it), ``kv_cache_usage`` (fraction 0-1 of KV
+    pages pinned by requests).
     """
 
     __slots__ = ("_r",)
@@ -226,19 +385,20 @@ class SimReplicaView:
 
     @property
     def num_requests_waiting(self) -> int:
-        """Requests queued for prefill here, or prefilled and waiting for KV room (decode pool)."""
+        """Requests queued for prefill here, loading from the shared tier, or prefilled and
+        waiting for KV room (decode pool)."""
         r = self._r
-        return len(r.waiting) + len(r.pending)
+        return len(r.waiting) + len(r.pending) + r.loading
 
     @property
     def num_requests_running(self) -> int:
         """Requests prefilling, decoding, or with KV in transit to this replica."""
         r = self._r
-        return len(r.running) + len(r.joining) + r.inbound + (r.prefill_job is not None)
+        return len(r.running) + len(r.joining) + r.inbound
 
     @property
     def kv_cache_usage(self) -> float:
-        """Fraction 0-1 of this replica's KV blocks pinned by requests."""
+        """Fraction 0-1 of this replica's KV pages pinned by requests."""
         return self._r.cache.usage
 
     def cached_prefix_tokens(self, request: TraceRequest) -> int:
@@ -254,23 +414,33 @@ class SimReplicaView:
         return self._r.cache.cached_prefix_blocks(block_hashes)
 
     @property
+    def cached_blocks(self) -> int:
+        """Hashed prompt blocks resident here (pinned or evictable): the size of a KV-event index."""
+        return self._r.cache.cached_blocks
+
+    @property
     def kv_capacity_tokens(self) -> int:
         """KV capacity of this replica in tokens."""
         return self._r.spec.kv_capacity_tokens
 
     @property
     def waiting_prompt_tokens(self) -> int:
-        """Prompt tokens of the requests queued here for prefill (O(queue length))."""
-        return sum(j.req.prompt_tokens for j in self._r.waiting)
+        """Prompt tokens not yet prefilled here: queued requests' and the rest of partially
+        prefilled ones (O(queue length))."""
+        r = self._r
+        return (sum(j.n_tokens - j.n_computed for j in r.waiting)
+                + sum(j.n_tokens - j.n_computed for j in r.partials))
 
     def busy_s(self, now_s: float) -> tuple[float, float]:
         """(prefill, decode) busy seconds of this replica from the start of the replay up to
-        ``now_s`` (the simulator's current time), the phase in progress counted up to now."""
+        ``now_s`` (the simulator's current time), the step in progress counted up to now."""
         r = self._r
         prefill, decode = r.busy_prefill_s, r.busy_decode_s
-        if r.state == _PREFILL:
-            prefill -= max(0.0, r.prefill_end - now_s)
-        elif r.state == _DECODE:
+        if r.state == _STEP:
+            left = max(0.0, r.t_end - now_s)
+            prefill -= left * r.pfrac
+            decode -= left * (1.0 - r.pfrac)
+        elif r.state == _EPOCH:
             decode += max(0.0, now_s - r.t0)
         return prefill, decode
 
@@ -318,16 +488,20 @@ class SimFleetView:
         return target in self._frontier
 
 
-#: A scheduled event: (time, sequence number, kind, replica or job, replica token).
-_Event: TypeAlias = tuple[float, int, int, _Replica | _Job, int]
+#: A scheduled event: (time, priority, sequence number, kind, replica / channel / job / request
+#: index, token). Priority 1 (waking an idle replica) runs after everything else at that time,
+#: arrivals included, so requests arriving together are scheduled together.
+_Event: TypeAlias = tuple[float, int, int, int, "_Replica | _Channel | _Job | int", int]
 
 
 class _Simulator:
     def __init__(self, fleet: SimFleet, router: Router, seed: int, timeline_bin_s: float,
-                 on_complete: Callable[[RequestResult], None] | None = None) -> None:
+                 on_complete: Callable[[RequestResult], None] | None = None,
+                 on_first_token: Callable[[int, float], None] | None = None) -> None:
         self.fleet = fleet
         self.router = router
         self.on_complete = on_complete
+        self.on_first_token = on_first_token
         self.seed = seed
         self.bin_s = timeline_bin_s
         self.origin = 0.0
@@ -345,38 +519,60 @@ class _Simulator:
             if reps
         }
         self.view = SimFleetView(fleet, views, self)
+        self.jobs: dict[int, _Job] = {}
+        self.trace: Sequence[TraceRequest] = ()
+        self.queue: deque[int] = deque()  # closed loop: trace indices not sent yet
+        self.closed = False
 
     # ---- driver
 
-    def run(self, trace: Sequence[TraceRequest]) -> list[_Job]:
+    def run(self, trace: Sequence[TraceRequest], clients: int | None = None) -> list[_Job]:
+        self.trace = trace
         order = sorted(range(len(trace)), key=lambda i: trace[i].arrival_s)
-        jobs: dict[int, _Job] = {}
         if order:
             self.origin = trace[order[0]].arrival_s
         heap = self.heap
-        for i in order:
-            req = trace[i]
-            t = req.arrival_s
-            while heap and heap[0][0] <= t:
-                self._step()
-            self.now = t
-            jobs[i] = self._arrive(i, req)
+        if clients is not None:
+            self.closed = True
+            self.queue = deque(range(len(trace)))
+            for _ in range(min(clients, len(trace))):
+                self._push(self.origin, _EV_ARRIVAL, self.queue.popleft())
+        else:
+            for i in order:
+                req = trace[i]
+                t = req.arrival_s
+                while heap and (heap[0][0] < t or (heap[0][0] == t and not heap[0][1])):
+                    self._step()
+                self.now = t
+                self.jobs[i] = self._arrive(i, req)
         while heap:
             self._step()
-        return [jobs[i] for i in range(len(trace))]
+        return [self.jobs[i] for i in range(len(trace))]
 
-    def _push(self, t: float, kind: int, obj: _Replica | _Job, token: int = 0) -> None:
+    def _push(self, t: float, kind: int, obj: _Replica | _Channel | _Job | int, token: int = 0) -> None:
         self.seq += 1
-        heappush(self.heap, (t, self.seq, kind, obj, token))
+        heappush(self.heap, (t, int(kind == _EV_WAKE), self.seq, kind, obj, token))
 
     def _step(self) -> None:
-        t, _, kind, obj, token = heappop(self.heap)
+        t, _, _, kind, obj, token = heappop(self.heap)
         self.now = t
-        if isinstance(obj, _Replica):  # _EV_REPLICA
-            if obj.token == token:
+        if isinstance(obj, _Replica):  # _EV_REPLICA, _EV_WAKE
+            if kind == _EV_WAKE:
+                obj.wake = False
+                if obj.state == _IDLE:
+                    self._next(obj)
+            elif obj.token == token:
                 self._replica_done(obj)
+        elif isinstance(obj, _Channel):  # _EV_CHANNEL
+            if obj.token == token:
+                self._channel_done(obj)
+        elif isinstance(obj, int):  # _EV_ARRIVAL (closed loop)
+            req = dataclasses.replace(self.trace[obj], arrival_s=t)
+            self.jobs[obj] = self._arrive(obj, req)
         elif kind == _EV_TRANSFER:
             self._transfer_done(obj)
+        elif kind == _EV_RESTORE:
+            self._restore_done(obj)
         else:
             self._complete(obj)
 
@@ -385,6 +581,13 @@ class _Simulator:
         job.result = _result(job)
         if self.on_complete is not None:
             self.on_complete(job.result)
+        if self.closed and self.queue:
+            self._push(self.now, _EV_ARRIVAL, self.queue.popleft())
+
+    def _first_token(self, job: _Job, t: float) -> None:
+        job.first_s = t
+        if self.on_first_token is not None:
+            self.on_first_token(job.index, t)
 
     # ---- arrival, routing, admission
 
@@ -446,34 +649,34 @@ class _Simulator:
                 f"request {job.index}: {nh} block hashes for {p} prompt tokens do not match "
                 f"block_tokens={bt} of target {a.target!r}"
             )
-        job.hashes = hashes
-        total_blocks = max(nh, -(-(p + o) // bt))
+        # Only full blocks are cached (vLLM): the trace's full prompt blocks, then ids of the
+        # request's own for the rest of its context (prompt without block ids, output), which
+        # no other request shares but which let a preempted request find its own KV again.
+        full = (p + o) // bt
+        shared = p // bt if nh else 0
+        job.n_prompt_blocks = shared
+        job.hashes = tuple(hashes[:shared]) + tuple(-(job.index * 1024 + b + 1) for b in range(shared, full))
         job.drep_index = None
-        if a.mode == AGGREGATED:
-            job.priv = total_blocks - nh
-            job.dpriv = 0
-        else:
-            job.priv = max(nh, -(-p // bt)) - nh
-            job.dpriv = total_blocks - nh
-            dspec = tgt.pools[ROLE_DECODE][0].spec
-            if total_blocks > dspec.kv_capacity_blocks:
-                return "kv_capacity"
-            job.drep_index = self._check_index(a.decode_replica, tgt.pools[ROLE_DECODE], a)
         if p + o > spec.max_model_len:
             return "context_length"
-        if (job.priv + nh if a.mode == DISAGGREGATED else total_blocks) > spec.kv_capacity_blocks:
+        rep0 = pool[0]
+        if a.mode == DISAGGREGATED:
+            dpool = tgt.pools[ROLE_DECODE]
+            if dpool[0].pages(job, p + o) > dpool[0].spec.kv_pages:
+                return "kv_capacity"
+            if rep0.pages(job, p) > spec.kv_pages:
+                return "kv_capacity"
+            job.drep_index = self._check_index(a.decode_replica, dpool, a)
+        elif rep0.pages(job, p + o) > spec.kv_pages:
             return "kv_capacity"
         idx = self._check_index(a.replica, pool, a)
         rep = pool[idx] if idx is not None else min(pool, key=_Replica.load)
         limit = tgt.spec.max_waiting
         if limit is not None and len(rep.waiting) >= limit:
             return "queue_full"
-        job.rep = rep
+        job.rep = job.at = rep
         rep.waiting.append(job)
-        if rep.state == _IDLE:
-            self._schedule(rep)
-        elif rep.state == _DECODE and len(rep.waiting) == 1:
-            self._interrupt(rep)
+        self._kick(rep)
         return None
 
     @staticmethod
@@ -501,7 +704,7 @@ class _Simulator:
         job.rep = job.drep = None
         job.start_s = self.now
         job.first_s = self.now + ttft
-        job.finish_s = job.first_s + (req.output_tokens - 1) * tpot
+        job.finish_s = self.now + ttft + (req.output_tokens - 1) * tpot
         cached = self._frontier_cache(spec, req)
         job.hit_tokens = cached
         job.cost_usd = spec.cost_usd(req.prompt_tokens, req.output_tokens, cached)
@@ -522,64 +725,238 @@ class _Simulator:
 
     # ---- replica scheduling
 
-    def _schedule(self, rep: _Replica) -> None:
-        """Start the replica's next activity; called only when it is not busy."""
-        if rep.joining:
-            for job in rep.joining:
-                self._join(rep, job)
-            rep.joining.clear()
-        if rep.waiting:
-            job = rep.waiting[0]
-            if rep.role == ROLE_PREFILL or (
-                len(rep.running) + len(rep.joining) + rep.inbound < rep.spec.max_batch_size
-            ):
-                hit = rep.cache.acquire(job.hashes, job.priv)
-                if hit is not None:
-                    rep.waiting.popleft()
-                    self._start_prefill(rep, job, hit)
-                    return
-        if rep.running:
-            self._start_decode(rep)
-            return
-        rep.state = _IDLE
+    def _kick(self, rep: _Replica) -> None:
+        """Something changed for ``rep`` (arrival, join, restore done, KV freed): start its next
+        step when idle, or end a decode epoch at the next step boundary."""
+        if rep.state == _IDLE:
+            if not rep.wake:
+                rep.wake = True
+                self._push(self.now, _EV_WAKE, rep)
+        elif rep.state == _EPOCH:
+            self._interrupt(rep)
 
-    def _start_prefill(self, rep: _Replica, job: _Job, hit_blocks: int) -> None:
+    def _admissible(self, rep: _Replica, budget: int) -> bool:
+        """Whether the step about to be planned would admit anything (no state change)."""
+        if budget <= 0:
+            return False
+        if rep.joining:
+            return True
+        if not rep.waiting or rep.seqs() >= rep.spec.max_batch_size:
+            return False
+        job = rep.waiting[0]
+        n = self._hit(rep, job)
+        restore = self._restore_plan(rep, job, n)
+        if restore is not None:
+            return rep.grow(job, n + restore, dry=True)
+        return rep.grow(job, n + min(job.n_tokens - n, budget), dry=True)
+
+    def _hit(self, rep: _Replica, job: _Job) -> int:
+        """Tokens of ``job``'s context that ``rep``'s prefix cache holds (at most all but one)."""
+        if not job.hashes:
+            return 0
+        return min(rep.cache.cached_prefix_blocks(job.hashes) * rep.bt, job.n_tokens - 1)
+
+    def _restore_plan(self, rep: _Replica, job: _Job, hit: int) -> int | None:
+        """Tokens to restore from the shared tier after ``hit`` local ones, when restoring them
+        at the tier's current share is predicted faster than recomputing; else None."""
+        tier, shared, chan = rep.tgt.tier, rep.tgt.spec.shared_kv, rep.tgt.tier_channel
+        if tier is None or shared is None or chan is None or not job.hashes or hit >= job.n_tokens - 1:
+            return None
+        start = hit // rep.bt
+        extra = tier.prefix_blocks(job.hashes, start)
+        if not extra:
+            return None
+        restorable = min((start + extra) * rep.bt, job.n_tokens - 1) - hit
+        if restorable <= 0:
+            return None
         spec = rep.spec
+        recompute = restorable * spec.prefill_s_per_token + (
+            restorable * hit + restorable * (restorable + 1) / 2) * spec.prefill_s_per_token_pair
+        restore = shared.restore_s(restorable * spec.kv_bytes_per_token, len(chan.active) + 1)
+        return restorable if restore < recompute else None
+
+    def _next(self, rep: _Replica) -> None:
+        """The replica is free at a step boundary: run a decode epoch or plan one step."""
+        spec = rep.spec
+        budget = spec.max_num_batched_tokens
+        if rep.ndec and not rep.partials and not self._admissible(rep, budget - rep.ndec):
+            ends = rep.ends
+            while ends and ends[0][2] != ends[0][3].ver:  # drop entries of preempted decoders
+                heappop(ends)
+            k_done = ends[0][0] - rep.steps if ends else 0
+            free = rep.cache.free_blocks
+            if k_done > 0 and rep.crossings(1) <= free:
+                k = k_done
+                if rep.crossings(k) > free:  # the last step whose page allocations fit
+                    lo, hi = 1, k
+                    while hi - lo > 1:
+                        mid = (lo + hi) // 2
+                        if rep.crossings(mid) <= free:
+                            lo = mid
+                        else:
+                            hi = mid
+                    k = lo
+                self._start_epoch(rep, k)
+                return
+        self._plan_step(rep)
+
+    def _plan_step(self, rep: _Replica) -> None:
+        """One vLLM V1 step: running requests in order (preempting the newest when pages run
+        out), then admissions if nothing was preempted; see the module docstring."""
+        spec = rep.spec
+        budget = spec.max_num_batched_tokens
+        s = rep.steps
+        preempted = False
+        # decoders: one token each; the ones crossing a page boundary need a page
+        need = rep.res[s % rep.pg] if rep.ndec and not rep.reserve else 0
+        if need:
+            if rep.cache.grow((), need):
+                pass
+            else:  # not all fit: allocate in admission order, preempting the newest
+                preempted = self._decoders_in_order(rep)
+        budget -= rep.ndec
+        plan: list[tuple[_Job, int]] = []
+        for job in list(rep.partials):
+            if job not in rep.running:
+                continue  # preempted meanwhile
+            num = min(job.n_tokens - job.n_computed, budget)
+            if num <= 0:
+                break
+            while not rep.grow(job, job.n_computed + num):
+                victim = next(reversed(rep.running))
+                self._preempt(rep, victim)
+                preempted = True
+                if victim is job:
+                    break
+            if job not in rep.running:
+                break
+            plan.append((job, num))
+            budget -= num
+        if not preempted:
+            budget = self._admit_waiting(rep, budget, plan)
+        ndec = rep.ndec
+        if not plan and not ndec:
+            if preempted:  # everything running was preempted: the next step may admit (vLLM's next iteration)
+                self._plan_step(rep)
+                return
+            rep.state = _IDLE
+            return
+        pre_tokens = sum(n for _, n in plan)
+        pairs = sum(n * job.n_computed + n * (n + 1) / 2 for job, n in plan)
+        dur = spec.step_s(ndec, rep.kv_dec, pre_tokens, pairs)
+        if pre_tokens:
+            prefill = pre_tokens * spec.prefill_s_per_token + pairs * spec.prefill_s_per_token_pair
+            decode = ndec * spec.decode_per_seq_s + rep.kv_dec * spec.decode_per_kv_token_s
+            rep.pfrac = prefill / (prefill + decode) if prefill + decode > 0 else 1.0
+        else:
+            rep.pfrac = 0.0
+        rep.plan, rep.plan_dec = plan, ndec
         now = self.now
-        p = job.req.prompt_tokens
-        hit = min(hit_blocks * spec.block_tokens, p - 1)
-        dur = spec.prefill_s(p - hit, hit)
-        tier, shared = rep.tgt.tier, rep.tgt.spec.shared_kv  # a tier exactly when the target has shared_kv
-        if tier is not None and shared is not None and job.hashes and hit < p - 1:
-            extra = tier.prefix_blocks(job.hashes, hit_blocks)
-            if extra:
-                restorable = min((hit_blocks + extra) * spec.block_tokens, p - 1) - hit
-                with_restore = shared.restore_s(restorable * spec.kv_bytes_per_token) + spec.prefill_s(
-                    p - hit - restorable, hit + restorable
-                )
-                if with_restore < dur:
-                    dur = with_restore
-                    job.restored_tokens = restorable
-                    rep.restored_tokens += restorable
-        job.start_s = now
-        job.hit_tokens = hit
-        rep.prefill_tokens += p - hit - job.restored_tokens
-        rep.prefill_job = job
-        rep.state = _PREFILL
+        rep.t0, rep.t_end = now, now + dur
+        rep.state = _STEP
         rep.token += 1
-        rep.busy_prefill_s += dur
-        rep.prefill_end = now + dur
-        _add_busy(rep.tgt.prefill_bins, now, now + dur, self.origin, self.bin_s)
+        rep.busy_prefill_s += dur * rep.pfrac
+        rep.busy_decode_s += dur * (1.0 - rep.pfrac)
+        tgt = rep.tgt
+        if rep.pfrac > 0:
+            _add_busy(tgt.prefill_bins, now, now + dur * rep.pfrac, self.origin, self.bin_s)
+        if rep.pfrac < 1:
+            _add_busy(tgt.decode_bins, now + dur * rep.pfrac, now + dur, self.origin, self.bin_s)
         self._push(now + dur, _EV_REPLICA, rep, rep.token)
 
-    def _start_decode(self, rep: _Replica) -> None:
+    def _decoders_in_order(self, rep: _Replica) -> bool:
+        """Allocate the crossing decoders' pages one by one in admission order, preempting the
+        newest running request whenever one does not fit. Returns True (it preempted)."""
+        pg, s = rep.pg, rep.steps
+        for job in list(rep.running):
+            if job not in rep.running:
+                continue
+            if not job.decoding or (s - job.d_s0 + job.d_n0) % pg != 0:
+                continue
+            while not rep.cache.grow((), 1):
+                victim = next(reversed(rep.running))
+                self._preempt(rep, victim)
+                if victim is job:
+                    break
+        return True
+
+    def _admit_waiting(self, rep: _Replica, budget: int, plan: list[tuple[_Job, int]]) -> int:
+        """Admit joining decoders, then waiting requests (FCFS) while budget and seats last."""
         spec = rep.spec
-        b = len(rep.running)
-        c = spec.decode_base_s + b * spec.decode_per_seq_s + rep.kv * spec.decode_per_kv_token_s
+        while rep.joining and budget > 0:  # their first step's page was reserved with the transfer
+            job = rep.joining.popleft()
+            rep.running[job] = None
+            self._add_decoder(rep, job)
+            budget -= 1
+        while rep.waiting and budget > 0 and rep.seqs() < spec.max_batch_size:
+            job = rep.waiting[0]
+            hit = self._hit(rep, job)
+            restore = self._restore_plan(rep, job, hit)
+            if restore is not None:
+                if not rep.grow(job, hit + restore):
+                    return budget
+                self._start_restore(rep, job, hit, restore)
+                continue
+            job.n_computed = hit
+            if not job.looked_up:
+                job.hit_tokens = hit
+                job.looked_up = True
+            num = min(job.n_tokens - job.n_computed, budget)
+            if not rep.grow(job, job.n_computed + num):
+                return budget
+            rep.waiting.popleft()
+            rep.running[job] = None
+            rep.partials[job] = None
+            if job.start_s is None:
+                job.start_s = self.now
+            plan.append((job, num))
+            budget -= num
+        return budget
+
+    def _add_decoder(self, rep: _Replica, job: _Job) -> None:
+        """``job`` (context computed, ``generated`` tokens sampled) decodes from this step on
+        (the page of a first step crossing a page boundary is the caller's to allocate)."""
+        job.decoding = True
+        job.d_n0 = job.n_computed
+        job.d_s0 = rep.steps
+        job.d_end = rep.steps + job.req.output_tokens - job.generated
+        job.ver += 1
+        rep.ndec += 1
+        rep.kv_dec += job.n_computed + 1
+        rep.res[(job.d_s0 - job.d_n0) % rep.pg] += 1
+        self.seq += 1
+        heappush(rep.ends, (job.d_end, self.seq, job.ver, job))
+
+    def _drop_decoder(self, rep: _Replica, job: _Job) -> int:
+        """Stop tracking a decoding ``job``; returns its computed tokens now."""
+        n = rep.dec_n(job)
+        job.generated = job.req.output_tokens - (job.d_end - rep.steps)
+        job.decoding = False
+        job.ver += 1
+        rep.ndec -= 1
+        rep.kv_dec -= n + 1
+        rep.res[(job.d_s0 - job.d_n0) % rep.pg] -= 1
+        return n
+
+    def _preempt(self, rep: _Replica, job: _Job) -> None:
+        """Preempt ``job`` (recompute): free its pages, back to the head of the waiting queue."""
+        n = self._drop_decoder(rep, job) if job.decoding else job.alloc_n
+        rep.free(job, max(n, job.alloc_n), job.pinned_k)  # a reservation may exceed the context
+        job.pinned_k = 0
+        del rep.running[job]
+        rep.partials.pop(job, None)
+        job.n_tokens = job.req.prompt_tokens + job.generated
+        job.n_computed = job.alloc_n = 0
+        rep.waiting.appendleft(job)
+        rep.preemptions += 1
+
+    def _start_epoch(self, rep: _Replica, k: int) -> None:
+        spec = rep.spec
+        b = rep.ndec
+        c = spec.step_s(b, rep.kv_dec)
         half = spec.decode_per_kv_token_s * b / 2
-        k = rep.running[0][0] - rep.steps
         rep.t0, rep.c, rep.half, rep.k = self.now, c, half, k
-        rep.state = _DECODE
+        rep.state = _EPOCH
         rep.token += 1
         self._push(self.now + k * c + half * k * (k - 1), _EV_REPLICA, rep, rep.token)
 
@@ -607,99 +984,165 @@ class _Simulator:
         rep.token += 1
         self._push(rep.t0 + t_of(j), _EV_REPLICA, rep, rep.token)
 
-    def _join(self, rep: _Replica, job: _Job) -> None:
-        """Add a prefilled sequence to the decode batch at the current step boundary."""
-        req = job.req
-        rep.kv += req.prompt_tokens + 1
-        self.seq += 1
-        heappush(rep.running, (rep.steps + req.output_tokens - 1, self.seq, job))
-
     def _replica_done(self, rep: _Replica) -> None:
         now = self.now
-        if rep.state == _PREFILL:
-            job = rep.prefill_job
-            if job is None:
-                raise RuntimeError(f"simulator bug: {rep.target}/{rep.role}[{rep.index}] ended a prefill of nothing")
-            rep.prefill_job = None
-            job.first_s = now
-            tier = rep.tgt.tier
-            if tier is not None and job.hashes:
-                tier.put(job.hashes)
-            if job.req.output_tokens == 1:
-                job.finish_s = now
-                rep.cache.release(job.hashes, job.priv)
-                if rep.role == ROLE_DECODE:
-                    self._admit(rep)
-                self._complete(job)
-            elif job.mode == AGGREGATED:
-                self._join(rep, job)
-            else:
-                self._to_decode(job)
-        else:  # decode epoch ended
+        if rep.state == _EPOCH:
+            k = rep.k
             rep.busy_decode_s += now - rep.t0
             _add_busy(rep.tgt.decode_bins, rep.t0, now, self.origin, self.bin_s)
-            running = rep.running
-            rep.kv += len(running) * rep.k
-            rep.steps += rep.k
-            freed = False
-            done = []
-            while running and running[0][0] <= rep.steps:
-                job = heappop(running)[2]
-                req = job.req
-                job.finish_s = now
-                rep.kv -= req.prompt_tokens + req.output_tokens
-                rep.cache.release(job.hashes, job.dpriv if job.mode == DISAGGREGATED else job.priv)
-                freed = freed or rep.role == ROLE_DECODE
-                done.append(job)
-            if freed:
-                self._admit(rep)
-            for job in done:
-                self._complete(job)
+            if not rep.cache.grow((), rep.crossings(k)):
+                raise RuntimeError(f"simulator bug: {rep.target}/{rep.role}[{rep.index}] decode epoch over its KV")
+            rep.steps += k
+            rep.kv_dec += rep.ndec * k
+        else:
+            rep.steps += 1
+            rep.kv_dec += rep.plan_dec
+            plan, rep.plan = rep.plan, []
+            for job, num in plan:
+                job.n_computed += num
+                rep.prefill_tokens += num
+                if job.n_computed < job.n_tokens:
+                    continue
+                del rep.partials[job]  # context computed: sample a token
+                job.generated += 1
+                if job.first_s is None:
+                    self._first_token(job, now)
+                tier = rep.tgt.tier
+                if tier is not None and job.n_prompt_blocks:
+                    tier.put(job.hashes[:job.n_prompt_blocks])
+                if rep.role == ROLE_PREFILL and job.generated < job.req.output_tokens:
+                    del rep.running[job]
+                    self._to_decode(rep, job)
+                elif job.generated >= job.req.output_tokens:
+                    self._finish(rep, job, job.n_computed)
+                else:
+                    job.n_tokens += 1
+                    self._add_decoder(rep, job)
+        ends = rep.ends
+        while ends and ends[0][0] <= rep.steps:
+            _, _, ver, job = heappop(ends)
+            if ver != job.ver or not job.decoding:
+                continue
+            self._finish(rep, job, self._drop_decoder(rep, job))
         rep.state = _IDLE
-        self._schedule(rep)
+        self._next(rep)
+
+    def _finish(self, rep: _Replica, job: _Job, n: int) -> None:
+        """``job`` sampled its last token on ``rep``, holding ``n`` tokens: free and complete it."""
+        job.finish_s = self.now
+        rep.free(job, max(n, job.alloc_n), job.pinned_k)  # a decoder's first page or a reservation may exceed n
+        job.pinned_k = 0
+        del rep.running[job]
+        if rep.role == ROLE_DECODE:
+            self._admit_pending(rep)
+        self._complete(job)
+
+    # ---- shared KV tier
+
+    def _start_restore(self, rep: _Replica, job: _Job, hit: int, tokens: int) -> None:
+        chan = rep.tgt.tier_channel
+        if chan is None:
+            raise RuntimeError("simulator bug: restore without a shared tier")
+        rep.waiting.popleft()
+        if not job.looked_up:  # the first admission's hit and restore are the request's
+            job.hit_tokens = hit
+            job.restored_tokens = tokens
+            job.looked_up = True
+        job.n_computed = hit + tokens
+        rep.restored_tokens += tokens
+        rep.loading += 1
+        if job.start_s is None:
+            job.start_s = self.now
+        self._channel_add(chan, job, tokens * rep.spec.kv_bytes_per_token)
+
+    def _restore_done(self, job: _Job) -> None:
+        """The restore is the request's admission: it runs on as a partial prefill (holding its
+        pages; a later chunk that does not fit preempts as usual)."""
+        rep = job.at
+        if rep is None:
+            raise RuntimeError(f"simulator bug: request {job.index} restored onto no replica")
+        rep.loading -= 1
+        rep.running[job] = None
+        rep.partials[job] = None
+        self._kick(rep)
+
+    # ---- shared channels (P/D links, tier restores)
+
+    def _channel_add(self, chan: _Channel, job: _Job, nbytes: float) -> None:
+        chan.advance(self.now)
+        chan.active[job] = nbytes
+        self._channel_schedule(chan)
+
+    def _channel_schedule(self, chan: _Channel) -> None:
+        chan.token += 1
+        if chan.active:
+            self._push(chan.next_done(), _EV_CHANNEL, chan, chan.token)
+
+    def _channel_done(self, chan: _Channel) -> None:
+        chan.advance(self.now)
+        done = [job for job, left in chan.active.items() if left <= _EPS_BYTES]
+        if not done:  # rounding: the smallest is within float error of done
+            done = [min(chan.active, key=chan.active.__getitem__)]
+        for job in done:
+            del chan.active[job]
+            self._push(self.now + chan.latency_s, chan.done_kind, job)
+        self._channel_schedule(chan)
 
     # ---- P/D disaggregation
 
-    def _to_decode(self, job: _Job) -> None:
-        pool = job.on_prem().tgt.pools[ROLE_DECODE]
+    def _to_decode(self, prep: _Replica, job: _Job) -> None:
+        """A prefill finished on ``prep``: keep its pages pinned and queue it for its decode replica."""
+        job.held_n = job.alloc_n
+        job.alloc_n = job.pinned_k = 0
+        prep.held += 1
+        pool = prep.tgt.pools[ROLE_DECODE]
         drep = pool[job.drep_index] if job.drep_index is not None else min(pool, key=_Replica.load)
         job.drep = drep
         drep.pending.append(job)
-        self._admit(drep)
+        self._admit_pending(drep)
 
-    def _admit(self, drep: _Replica) -> None:
+    def _admit_pending(self, drep: _Replica) -> None:
         """Start KV transfers for pending sequences while the decode replica has room (FIFO)."""
         spec = drep.spec
-        link = drep.tgt.spec.link
         while drep.pending:
-            if len(drep.running) + len(drep.joining) + drep.inbound >= spec.max_batch_size:
+            if drep.seqs() >= spec.max_batch_size:
                 return
             job = drep.pending[0]
-            hit = drep.cache.acquire(job.hashes, job.dpriv)
-            if hit is None:
+            p = job.req.prompt_tokens
+            hit = drep.cache.cached_prefix_blocks(job.hashes) if job.hashes else 0
+            # a decode epoch in flight has its page allocations still to make; the room for the
+            # first decode token is taken now, so a transferred request can always start
+            reserve = drep.crossings(drep.k) if drep.state == _EPOCH else 0
+            if not drep.grow(job, p + 1, reserve=reserve):
                 return
             drep.pending.popleft()
-            p = job.req.prompt_tokens
-            moved = p - min(hit * spec.block_tokens, p)
-            job.transfer_s = link.transfer_s(moved * spec.kv_bytes_per_token) if moved else 0.0
+            moved = p - min(hit * drep.bt, p)
             drep.inbound += 1
-            self._push(self.now + job.transfer_s, _EV_TRANSFER, job)
+            prep = job.on_prem()
+            link = prep.link
+            if moved and link is not None:
+                job.transfer_s = -self.now  # completed in _transfer_done
+                self._channel_add(link, job, moved * spec.kv_bytes_per_token)
+            else:
+                job.transfer_s = 0.0
+                self._push(self.now, _EV_TRANSFER, job)
 
     def _transfer_done(self, job: _Job) -> None:
         prep, drep = job.on_prem(), job.drep
         if drep is None:
             raise RuntimeError(f"simulator bug: request {job.index} transferred to no decode replica")
-        prep.cache.release(job.hashes, job.priv)
-        if prep.state == _IDLE:
-            self._schedule(prep)
+        if job.transfer_s < 0:
+            job.transfer_s += self.now
+        prep.free(job, job.held_n, prep.pinned(job, job.held_n))
+        prep.held -= 1
+        job.held_n = 0
+        self._kick(prep)
         drep.inbound -= 1
-        if drep.state == _DECODE:
-            drep.joining.append(job)
-            self._interrupt(drep)
-        else:
-            self._join(drep, job)
-            if drep.state == _IDLE:
-                self._schedule(drep)
+        job.at = drep
+        job.n_computed = job.req.prompt_tokens
+        job.n_tokens = job.n_computed + 1
+        drep.joining.append(job)
+        self._kick(drep)
 
 
 def _result(job: _Job) -> RequestResult:
@@ -747,24 +1190,31 @@ def simulate(
     seed: int = 0,
     timeline_bin_s: float = 10.0,
     on_complete: Callable[[RequestResult], None] | None = None,
+    on_first_token: Callable[[int, float], None] | None = None,
+    closed_loop_clients: int | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` through ``router`` against ``fleet``; see the module docstring for the model.
 
     ``trace`` need not be sorted (requests are taken in arrival order, ties in trace
     order). ``seed`` drives the frontier latency draws (a router has its own seed).
-    ``on_complete(result)`` is called for every request at its simulated completion time.
+    ``on_complete(result)`` is called for every request at its simulated completion time,
+    ``on_first_token(index, t)`` at its first token. ``closed_loop_clients=N`` ignores the
+    arrival times: N clients send the requests in trace order, each the next one when its
+    previous one completes (``RequestResult.arrival_s`` = the send time).
     Raises ValueError when the router returns an unknown target, a mode the target
     has no pool for, or a replica index out of range, or when a request's block hashes
     do not match the target's ``block_tokens``.
     """
     if timeline_bin_s <= 0:
         raise ValueError(f"timeline_bin_s must be > 0, got {timeline_bin_s}")
-    sim = _Simulator(fleet, router, seed, timeline_bin_s, on_complete)
-    jobs = sim.run(trace)
+    if closed_loop_clients is not None and closed_loop_clients < 1:
+        raise ValueError(f"closed_loop_clients must be >= 1, got {closed_loop_clients}")
+    sim = _Simulator(fleet, router, seed, timeline_bin_s, on_complete, on_first_token)
+    jobs = sim.run(trace, closed_loop_clients)
     for tgt in sim.targets.values():  # every request finished and gave its KV back
         for reps in tgt.pools.values():
             for r in reps:
-                if r.cache.used_blocks or r.load() or r.state != _IDLE:
+                if r.cache.used_blocks or r.load() or r.held or r.state != _IDLE or r.ndec or r.wake:
                     raise RuntimeError(f"simulator bug: {r.target}/{r.role}[{r.index}] not drained at the end")
     results = [j.result or _result(j) for j in jobs]
     # the window runs to the last finish or the last arrival, whichever is later: the fleet is
@@ -783,6 +1233,7 @@ def simulate(
             prefill_tokens=r.prefill_tokens,
             decode_steps=r.steps,
             restored_tokens=r.restored_tokens,
+            preemptions=r.preemptions,
         )
         for tgt in sim.targets.values()
         for reps in tgt.pools.values()
@@ -807,3 +1258,6 @@ def simulate(
         timeline_bin_s=timeline_bin_s,
         timeline=timeline,
     )
+
+
+__all__ = ["SimFleetView", "SimReplicaView", "simulate"]

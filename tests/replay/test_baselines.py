@@ -11,7 +11,7 @@ from pointsman.replay.simulator import simulate
 SPEC = ReplicaSpec(
     name="test", gpus=1, kv_capacity_blocks=100, kv_bytes_per_token=1000, prefill_s_per_token=0.001,
     prefill_s_per_token_pair=0.0, decode_base_s=0.010, decode_per_seq_s=0.001, decode_per_kv_token_s=0.0,
-    block_tokens=10,
+    block_tokens=10, kv_block_tokens=10,
 )  # fmt: skip
 FLEET = SimFleet(
     on_prem=(OnPremTarget(name="op", replica=SPEC, aggregated_replicas=3, prefill_replicas=2, decode_replicas=1),),

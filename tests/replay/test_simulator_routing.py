@@ -2,8 +2,8 @@
 router rejections, local prefill on a decode replica, the frontier prompt cache, the
 completion callback, and the fleet-wide baselines.
 
-Same test replica as test_simulator.py: prefill 1 ms per new token, decode step 10 ms +
-1 ms per running sequence, 10-token blocks, KV 1000 bytes per token.
+Same test replica as test_simulator.py: a step takes max(10 ms, 1 ms per scheduled token),
+10-token blocks and KV pages, KV 1000 bytes per token.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from pointsman.replay.simulator import simulate
 
 SPEC = ReplicaSpec(name="test", gpus=1, kv_capacity_blocks=100, kv_bytes_per_token=1000, prefill_s_per_token=0.001,
                    prefill_s_per_token_pair=0.0, decode_base_s=0.010, decode_per_seq_s=0.001,
-                   decode_per_kv_token_s=0.0, block_tokens=10, max_batch_size=8, max_model_len=10_000)
+                   decode_per_kv_token_s=0.0, block_tokens=10, kv_block_tokens=10, max_batch_size=8,
+                   max_model_len=10_000)
 FR = FrontierSpec(name="fr", block_tokens=10, prompt_cache_min_tokens=20)
 
 
@@ -51,9 +52,9 @@ def test_router_rejection_has_no_latency_and_is_reported_at_arrival() -> None:
                    lambda r, v: Assignment.reject("no_eligible_target") if r.prompt_tokens == 100 else Assignment("op"),
                    on_complete=seen.append).requests
     assert res[0].rejected == "no_eligible_target" and res[0].routed_target is None and res[0].ttft_s is None
-    # completion order: the rejection at its arrival (t=0), then B at 0.5 + 0.010 + 0.011
+    # completion order: the rejection at its arrival (t=0), then B at 0.5 + 0.010 + 0.010
     assert [r.index for r in seen] == [0, 1]
-    assert seen[1].finish_s == pytest.approx(0.521)
+    assert seen[1].finish_s == pytest.approx(0.520)
     assert seen[1] == res[1]
 
 
@@ -65,10 +66,10 @@ def test_completion_callback_runs_before_later_arrivals_are_routed() -> None:
         at_routing.append(len(finished))
         return Assignment("op")
 
-    # A: prefill 0.1 s, 1 decode step 0.011 -> done at 0.111; B arrives at 0.2.
+    # A: prefill 0.1 s, 1 decode step 0.010 -> done at 0.110; B arrives at 0.2.
     simulate([req(0.0, 100, 2), req(0.2, 10, 2)], fleet(), router, on_complete=lambda r: finished.append(r.finish_s))
     assert at_routing == [0, 1]
-    assert finished[0] == pytest.approx(0.111)
+    assert finished[0] == pytest.approx(0.110)
 
 
 def test_local_prefill_on_a_decode_replica_holding_the_prefix() -> None:
@@ -78,11 +79,11 @@ def test_local_prefill_on_a_decode_replica_holding_the_prefix() -> None:
     routes = iter([Assignment("op", "disaggregated"), Assignment("op", replica=0, replica_pool="decode")])
     a, b = simulate(trace, f, lambda r, v: next(routes)).requests
     assert a.mode == "disaggregated" and a.transfer_s == pytest.approx(0.1)  # 1e5 B at 1e6 B/s
-    # B prefills on the decode replica: 100 tokens cached there, 5 new tokens = 0.005 s, no transfer;
-    # then 2 decode steps of 0.011 s.
+    # B prefills on the decode replica: 100 tokens cached there, 5 new tokens in one 0.010 s
+    # step (the memory floor), no transfer; then 2 decode steps of 0.010 s.
     assert (b.mode, b.replica, b.transfer_s) == ("aggregated", 0, 0.0)
-    assert b.prefix_hit_tokens == 100 and b.ttft_s == pytest.approx(0.005)
-    assert b.finish_s == pytest.approx(1.005 + 2 * 0.011)
+    assert b.prefix_hit_tokens == 100 and b.ttft_s == pytest.approx(0.010)
+    assert b.finish_s == pytest.approx(1.010 + 2 * 0.010)
 
 
 def test_frontier_prompt_cache_bills_cached_prefix_within_ttl() -> None:
