@@ -1,16 +1,18 @@
 """The router interface of the simulator: what a router sees at a request's arrival
 (``FleetView`` of ``ReplicaView``s, Protocols the simulator implements) and what it
-answers (``Assignment``). Routers (``baselines``, ``engine_router``) import only this.
+answers (``Assignment``); ``ObservingRouter``: a router that also hears first tokens and
+completions (as a gateway sees them). Routers (``baselines``, ``engine_router``) import only this.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.replay.kvcache import SharedKVStore
+from pointsman.replay.results import RequestResult
 from pointsman.replay.sim_fleet import (
     AGGREGATED,
     ROLE_AGGREGATED,
@@ -104,6 +106,11 @@ class ReplicaView(Protocol):
         """Leading ``block_hashes`` resident in this replica's KV cache (no state change)."""
         ...
 
+    @property
+    def cached_blocks(self) -> int:
+        """Hashed prompt blocks resident here (pinned or evictable): the size of a KV-event index."""
+        ...
+
     def busy_s(self, now_s: float) -> tuple[float, float]:
         """(prefill, decode) busy seconds of this replica from the start of the replay up to ``now_s``."""
         ...
@@ -142,3 +149,13 @@ class Router(Protocol):
 
     def __call__(self, request: TraceRequest, fleet: FleetView, /) -> Assignment: ...
 
+
+@runtime_checkable
+class ObservingRouter(Router, Protocol):
+    """A ``Router`` that also hears what a gateway hears: ``on_first_token(index, time_s)`` when
+    an on-prem request's first token is sampled, ``on_complete(result)`` when a request
+    completes (or is rejected). The simulator calls both in simulated time."""
+
+    def on_first_token(self, index: int, time_s: float, /) -> None: ...
+
+    def on_complete(self, result: RequestResult, /) -> None: ...

@@ -10,6 +10,9 @@ the same trace, fleet and seed.
   the fleet says.
 - ``all-on-prem``: everything to the largest on-prem target (most GPUs): the least-loaded
   of its aggregated replicas and prefill replicas (disaggregated), as ``OnPremWide``.
+- ``llm-d``, ``dynamo-kv``, ``sglang-cache-aware``: the anchors of ``replay.baselines``
+  (llm-d's default scheduling profile, Dynamo's KV router cost, SGLang's cache-aware
+  policy) over the same replicas as ``OnPremWide``; they hear first tokens and completions.
 - ``all-frontier``: everything to the frontier target with the highest output price.
 
 Each run's routers are fresh; the simulator seed is shared, so runs differ only by routing.
@@ -34,12 +37,12 @@ from pointsman.estimator.estimate import Estimator
 from pointsman.policy.budget.config import BudgetConfig
 from pointsman.policy.fleet import Fleet
 from pointsman.policy.rules.compiler import CompiledPolicy
-from pointsman.replay.baselines import BASELINES, LeastLoaded, OnPremWide, RandomPick, RoundRobin
+from pointsman.replay.baselines import ANCHORS, BASELINES, LeastLoaded, OnPremWide, RandomPick, RoundRobin
 from pointsman.replay.budgets import REPLAY_TENANT, BudgetSpend, budget_status, replay_ledger, replay_scopes
 from pointsman.replay.engine_router import EPOCH_S, EngineRouter, TraceMessages
 from pointsman.replay.outcome_draw import OutcomeRow, quality_of
 from pointsman.replay.results import ReplayResult, RequestResult
-from pointsman.replay.router import Assignment, FleetView, Router
+from pointsman.replay.router import Assignment, FleetView, ObservingRouter, Router
 from pointsman.replay.sim_fleet import SimFleet
 from pointsman.replay.simulator import simulate
 from pointsman.replay.summary import SLO, Summary, summarize
@@ -68,6 +71,8 @@ def baseline_routers(sim: SimFleet, seed: int = 0) -> dict[str, Router]:
             routers[name] = OnPremWide(picker)
         big = max(sim.on_prem, key=lambda t: t.gpus)
         routers["all-on-prem"] = OnPremWide(LeastLoaded(big.name), (big.name,))
+        for name, anchor in ANCHORS.items():
+            routers[name] = anchor(seed=seed)
     if sim.frontier:
         routers["all-frontier"] = RoundRobin(max(sim.frontier, key=lambda f: f.output_usd_per_mtok).name)
     return routers
@@ -96,8 +101,12 @@ def replay_all(trace: Sequence[TraceRequest], fleet: Fleet, sim: SimFleet, polic
         return quality_of(rows[r.index], r.frontier, r.target) if rows is not None else None
 
     def run(router: Router, on_complete: Callable[[RequestResult], None] | None = None) -> ReplayResult:
+        on_first_token = None
+        if isinstance(router, ObservingRouter):
+            on_complete, on_first_token = router.on_complete, router.on_first_token
         routed = _counting(router, progress) if progress is not None else router
-        return simulate(trace, sim, routed, seed=seed, timeline_bin_s=timeline_bin_s, on_complete=on_complete)
+        return simulate(trace, sim, routed, seed=seed, timeline_bin_s=timeline_bin_s, on_complete=on_complete,
+                        on_first_token=on_first_token)
 
     runs: list[Run] = []
     for name, policy in policies.items():
