@@ -6,6 +6,8 @@ simulated fleet and report cost, latency and quality side by side (``docs/replay
 TRACE: a Mooncake JSONL (``*.jsonl[.gz]``), an Azure LLM CSV (``*.csv[.gz]``) or a Pointsman
 outcome log (``*.db``/``*.sqlite``). Traces without prompt text get prompts and per-model
 outcomes drawn from ``--outcomes`` (seeded), so the estimator runs and quality is scored.
+``--goodput`` also searches each run's goodput (``replay.goodput``: the highest arrival rate at
+which 90% of requests meet the SLO, frontier targets disabled).
 
 Bad input (an invalid fleet, policy, budgets file or trace, an unknown outcome source, a bad
 ``--estimator``, an unwritable ``--out``) prints one ``Error:`` line and exits with status 2.
@@ -79,8 +81,17 @@ def _load_trace(path: Path, limit: int | None, start_s: float | None, end_s: flo
 @click.option("--outcomes", default="alpacaeval_ae1", show_default=True,
               help="Outcome sources to draw prompts and quality from (comma-separated), or 'none'.")
 @click.option("--baselines/--no-baselines", default=True, show_default=True)
-@click.option("--slo-ttft-s", type=float, default=5.0, show_default=True)
-@click.option("--slo-tpot-s", type=float, default=0.1, show_default=True)
+@click.option("--slo-class", default=None,
+              help="Service class every request carries (routing.slo_class) and whose objectives SLO attainment "
+                   "and goodput use: a key of the fleet's slo_classes (default: its defaults.slo_class).")
+@click.option("--slo-ttft-s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Override the class's TTFT objective, seconds.")
+@click.option("--slo-tpot-s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Override the class's TPOT objective, seconds.")
+@click.option("--goodput/--no-goodput", default=False, show_default=True,
+              help="Also search each run's max goodput (frontier targets disabled) and report it per GPU.")
+@click.option("--goodput-requests", type=click.IntRange(min=0), default=2000, show_default=True,
+              help="Requests of the trace (its first ones) each goodput replay simulates; 0 = all.")
 @click.option("--bin-s", type=click.FloatRange(min=0.001), default=10.0, show_default=True,
               help="Width of the time bins of the plots, seconds.")
 @click.option("--budgets", "budgets_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -90,7 +101,8 @@ def _load_trace(path: Path, limit: int | None, start_s: float | None, end_s: flo
               help="Tenant of every replayed request: its budget scope is tenant:<tenant>.")
 def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Path, ...], seed: int,
                    limit: int | None, start_s: float | None, end_s: float | None, out_dir: Path,
-                   estimator_spec: str, outcomes: str, baselines: bool, slo_ttft_s: float, slo_tpot_s: float,
+                   estimator_spec: str, outcomes: str, baselines: bool, slo_class: str | None,
+                   slo_ttft_s: float | None, slo_tpot_s: float | None, goodput: bool, goodput_requests: int,
                    bin_s: float, budgets_path: Path | None, tenant: str) -> None:
     """Replay TRACE through policies and baselines on a simulated fleet; print the comparison
     and write report.txt, report.json, report.html and PNG plots to --out."""
@@ -100,9 +112,9 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
     from pointsman.replay.budgets import check_applies
     from pointsman.replay.fleet_map import sim_fleet
     from pointsman.replay.outcome_draw import OutcomeDraw, quality_columns
-    from pointsman.replay.report import ReplayMeta, write_report
-    from pointsman.replay.runs import baseline_routers, replay_all
-    from pointsman.replay.summary import SLO, format_table
+    from pointsman.replay.report import ReplayMeta, report_text, write_report
+    from pointsman.replay.runs import GoodputSettings, baseline_routers, replay_all
+    from pointsman.replay.summary import SLO
     from pointsman.request import request_scopes
 
     try:
@@ -115,6 +127,13 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
             budgets = BudgetConfig.load(budgets_path)
             check_applies(budgets, tenant, str(budgets_path))
         fleet = load_fleet(fleet_path or DEFAULT_FLEET_PATH)
+        try:
+            objectives = fleet.slo(slo_class)
+        except KeyError:
+            raise click.BadParameter(f"{slo_class!r} is not a service class of the fleet (its slo_classes: "
+                                     f"{', '.join(fleet.slo_classes)})", param_hint="--slo-class") from None
+        slo_name = slo_class or fleet.spec.defaults.slo_class
+        slo = SLO(slo_ttft_s or objectives.ttft_s, slo_tpot_s or objectives.tpot_s)
         sim = sim_fleet(fleet)
         paths = policy_paths or tuple(p for p in sorted(DEFAULT_POLICY_DIR.glob("*.yaml"))
                                       if not p.name.endswith(".cases.yaml"))
@@ -139,29 +158,43 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
     click.echo(f"replaying {len(requests)} requests of {trace.name} through {len(policies)} policies"
                f"{' + baselines' if baselines else ''} (seed {seed})", err=True)
     t0 = time.perf_counter()
+    settings = None
+    if goodput:
+        settings = GoodputSettings(requests=goodput_requests or None, log=lambda line: click.echo(line, err=True))
     with click.progressbar(length=total, label="simulated requests", file=sys.stderr) as bar:
         runs = replay_all(requests, fleet, sim, policies, estimator, texts=texts, rows=rows, seed=seed,
-                          baselines=baselines, slo=SLO(slo_ttft_s, slo_tpot_s), timeline_bin_s=bin_s,
-                          progress=bar.update, budgets=budgets, tenant=tenant)
+                          baselines=baselines, slo=slo, timeline_bin_s=bin_s, progress=bar.update,
+                          budgets=budgets, tenant=tenant, slo_class=slo_name, goodput=settings)
     wall = time.perf_counter() - t0
     meta: ReplayMeta = {
         "trace": str(trace), "requests": len(requests), "fleet": str(fleet_path or DEFAULT_FLEET_PATH),
         "policies": ", ".join(str(p) for p in paths), "seed": seed, "limit": limit,
         "estimator": str(estimator.version),
         "outcomes": ", ".join(names) if rows is not None else "none",
-        "slo": f"TTFT <= {slo_ttft_s} s, TPOT <= {slo_tpot_s} s", "window_s": round(runs[0].result.window_s, 1),
+        "slo": f"TTFT <= {slo.ttft_s} s, TPOT <= {slo.tpot_s} s", "window_s": round(runs[0].result.window_s, 1),
         "budgets": f"{budgets_path} (tenant:{tenant})" if budgets_path else "none",
-        "wall_s": round(wall, 2)}
+        "wall_s": round(wall, 2), "slo_class": slo_name}
+    if not any(r.block_hashes for r in requests):
+        meta["prefix_block_ids"] = ("none in this trace: no prefix cache is shared between requests, so cache-aware "
+                                    "equals least-loaded, llm-d's prefix scorer is 0, dynamo-kv and "
+                                    "sglang-cache-aware balance load only")
+    searched = [r.goodput for r in runs if r.goodput is not None]
+    if searched:
+        meta["goodput"] = (f"max rate with >= 90% of requests meeting the SLO, frontier targets disabled, on the "
+                           f"first {searched[0].requests} requests (mean rate {searched[0].base_rate_rps:.3f} req/s), "
+                           f"arrival times scaled; {searched[0].gpus} on-prem GPUs; search "
+                           f"{sum(g.wall_s for g in searched):.0f} s")
     judged = [q for q in (logged or ()) if q is not None]
     if logged is not None:
         meta["logged_judge_score"] = (f"mean {sum(judged) / len(judged):.3f} over {len(judged)} of {len(logged)} "
                                       f"outcomes (judge's own scale; what ran when logged)" if judged
                                       else f"none of {len(logged)} outcomes has a judge_score")
     written = write_report(runs, out_dir, meta)
-    click.echo(format_table({r.name: r.summary for r in runs}))
+    click.echo(report_text(runs, meta))
     if "logged_judge_score" in meta:
         click.echo(f"\nlogged judge_score: {meta['logged_judge_score']}")
-    click.echo(f"\n{sum(len(r.result.requests) for r in runs) / wall:.0f} simulated requests/s; "
+    replay_wall = wall - sum(g.wall_s for g in searched)
+    click.echo(f"\n{sum(len(r.result.requests) for r in runs) / replay_wall:.0f} simulated requests/s; "
                f"report: {written['html']} ({', '.join(p.name for p in written.values())})")
 
 

@@ -20,6 +20,11 @@ and the prefix index know it: an on-prem endpoint's ``url``; a frontier target's
 name (its API is one endpoint). ``Fleet.endpoints`` maps ids to ``EndpointInfo``;
 on-prem endpoints may also be named by their ``name`` (``Fleet.endpoint_id``).
 
+Optional ``slo_classes``: the latency objectives (TTFT and TPOT, seconds) of each service
+class a request may name in ``routing.slo_class``; ``defaults.slo_class`` is the class of a
+request that names none. Without the section, ``DEFAULT_SLO_CLASSES`` apply. Replay measures
+SLO attainment and goodput against them (``docs/replay.md``).
+
 Optional ``replay`` sections (fleet-wide, per on-prem target, per frontier target) hold
 what only trace replay (``pointsman replay``, ``pointsman.replay.fleet_map``) reads:
 hardware, efficiency and admission assumptions of the simulated fleet, and per target
@@ -360,6 +365,27 @@ class Metadata(StrictModel):
 Fraction = Annotated[float, Field(gt=0, le=1)]
 
 
+class SLOClass(StrictModel):
+    """The latency objectives of one service class, in seconds: a request meets them when its
+    time to first token is at most ``ttft_s`` and its time per output token at most ``tpot_s``."""
+
+    ttft_s: PositiveFloat
+    tpot_s: PositiveFloat
+    description: str = ""
+
+
+#: Service classes of a fleet file without ``slo_classes``: MLPerf Inference's server-scenario
+#: latency constraints (``mlcommons/inference`` ``loadgen/mlperf.conf`` @001712e9):
+#: ``interactive`` = Llama 3.1 8B's (TTFT 2,000 ms, TPOT 100 ms; the same TTFT as Llama 2 70B's,
+#: whose TPOT is 200 ms; DistServe's chatbot TPOT is 0.1 s too); ``long-context`` = Llama 3.1
+#: 405B's, MLPerf's long-context benchmark (prompts to 128K tokens: TTFT 6,000 ms, TPOT 175 ms).
+DEFAULT_SLO_CLASSES: dict[str, SLOClass] = {
+    "interactive": SLOClass(ttft_s=2.0, tpot_s=0.1, description="MLPerf Inference server scenario, Llama 3.1 8B"),
+    "long-context": SLOClass(ttft_s=6.0, tpot_s=0.175,
+                             description="MLPerf Inference server scenario, Llama 3.1 405B (long context)"),
+}
+
+
 class FleetDefaults(StrictModel):
     """Fleet-wide defaults. ``output_tokens``: output length assumed for cost when the
     request sets no ``max_tokens`` and the target has no ``default_output_tokens``.
@@ -368,12 +394,14 @@ class FleetDefaults(StrictModel):
     ``min_utilization``: the floor of a measured utilization, so an idle pool's price
     per request stays finite (see ``policy/cost.py``). ``scrape_metrics``: the service scrapes
     every on-prem endpoint's ``/metrics`` (failed scrapes mark it unhealthy); false for a fleet
-    whose engines do not serve them (or whose URLs are placeholders)."""
+    whose engines do not serve them (or whose URLs are placeholders). ``slo_class``: the service
+    class of a request that names none (a key of the fleet's ``slo_classes``)."""
 
     output_tokens: PositiveInt = 256
     assumed_utilization: Fraction = 1.0
     min_utilization: Fraction = 0.1
     scrape_metrics: bool = True
+    slo_class: str = "interactive"
 
 
 class FleetSpec(StrictModel):
@@ -384,6 +412,7 @@ class FleetSpec(StrictModel):
     metadata: Metadata = Metadata()
     defaults: FleetDefaults = FleetDefaults()
     targets: dict[TargetName, Target] = Field(min_length=1)
+    slo_classes: dict[Annotated[str, StringConstraints(min_length=1, max_length=64)], SLOClass] = {}
     replay: FleetReplay | None = None
 
 
@@ -456,6 +485,15 @@ class Fleet:
             raise KeyError(target)
         return self.pools.get((target, role), ())
 
+    @property
+    def slo_classes(self) -> dict[str, SLOClass]:
+        """The fleet's service classes by name (``DEFAULT_SLO_CLASSES`` when the file has none)."""
+        return self.spec.slo_classes or DEFAULT_SLO_CLASSES
+
+    def slo(self, slo_class: str | None = None) -> SLOClass:
+        """The objectives of ``slo_class`` (None: ``defaults.slo_class``); KeyError if unknown."""
+        return self.slo_classes[slo_class or self.spec.defaults.slo_class]
+
     def output_tokens(self, target: str, max_output_tokens: int | None) -> int:
         """Output tokens assumed for cost: the request's cap, else the target's default, else the fleet's."""
         if max_output_tokens:
@@ -465,6 +503,12 @@ class Fleet:
 
 def _semantic_problems(spec: FleetSpec, doc: LocatedDocument) -> list[Problem]:
     problems = []
+    classes = spec.slo_classes or DEFAULT_SLO_CLASSES
+    if spec.defaults.slo_class not in classes:
+        line, col = doc.mark(("defaults", "slo_class"))
+        problems.append(Problem(doc.file, line, col, "unknown-slo-class",
+                                f"defaults.slo_class '{spec.defaults.slo_class}' is not a class of slo_classes "
+                                f"({', '.join(classes)}){did_you_mean(spec.defaults.slo_class, list(classes))}"))
     spill = spec.replay.spill_target if spec.replay is not None else None
     if spill is not None and not isinstance(spec.targets.get(spill), FrontierTarget):
         line, col = doc.mark(("replay", "spill_target"))

@@ -184,12 +184,14 @@ class EngineRouter:
     ``policy``: a compiled policy; ``estimator``: any ``Estimator`` (``FixedDifficulty`` or
     the real one); ``texts``: per trace index, the request's messages (or None);
     ``ledger``: a budget ledger (None: no budgets), and ``tenant`` the budget scope
-    ``tenant:<tenant>`` every request carries (see the module docstring). After a run,
+    ``tenant:<tenant>`` every request carries (see the module docstring); ``slo_class``: the
+    ``routing.slo_class`` every request carries (None: none). After a run,
     ``decisions[i]`` is ``(rule, target, mode, p_hard)`` for trace request ``i``."""
 
     def __init__(self, fleet: Fleet, policy: CompiledPolicy, estimator: Estimator, *,
                  texts: Sequence[TraceMessages | None] | None = None,
-                 ledger: BudgetLedger | None = None, tenant: str | None = None) -> None:
+                 ledger: BudgetLedger | None = None, tenant: str | None = None,
+                 slo_class: str | None = None) -> None:
         self.fleet = fleet
         self.map = EndpointMap.of(fleet)
         self.frontier = frozenset(n for n, t in fleet.targets.items() if t.kind == "frontier")
@@ -197,6 +199,7 @@ class EngineRouter:
         self.current: TraceRequest | None = None
         self.now_s = 0.0
         self.tenant = tenant
+        self.slo_class = slo_class
         self.state = SimFleetState(fleet, self, ledger)
         self.engine = RoutingEngine(fleet, policy, estimator, state=self.state)
         self.texts = texts
@@ -212,6 +215,8 @@ class EngineRouter:
         routing: dict[str, int | str | list[int]] = {"prompt_tokens": req.prompt_tokens}
         if self.tenant:
             routing["tenant"] = self.tenant
+        if self.slo_class:
+            routing["slo_class"] = self.slo_class
         if req.block_hashes:
             routing["prefix_block_hashes"] = list(req.block_hashes)
         if req.session_id:
@@ -242,6 +247,12 @@ class EngineRouter:
         first = self.map.by_id[d.endpoints[0].url]
         pool = ROLE_DECODE if first[1] == ROLE_DECODE else None
         return Assignment(d.target, AGGREGATED, first[2], replica_pool=pool, fallbacks=fallbacks)
+
+    def disable_frontier(self) -> None:
+        """Mark every frontier endpoint unhealthy: the engine then routes on-prem only (the
+        ``health`` filter drops those targets; rules fall back or move on), as for goodput."""
+        for name in self.frontier:
+            self.state.set_health(name, False, "replay goodput: frontier targets disabled")
 
     def on_complete(self, result: RequestResult) -> None:
         """Settle the request's decision at its simulated completion (as the service does), or

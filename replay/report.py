@@ -7,7 +7,10 @@ the paths. Series, per run, over the trace clock in bins of ``ReplayResult.timel
 - **cost per token over time** (``cost_usd_per_mtok``): cost incurred in the bin ÷ output
   tokens of requests finishing in it, per 1M tokens: on-prem = provisioned GPU-hours of
   the bin + energy of its busy time (``metrics`` prices), frontier = bills of requests
-  finishing in the bin;
+  finishing in the bin; split into its on-prem and frontier parts
+  (``cost_onprem_usd_per_mtok`` + ``cost_frontier_usd_per_mtok`` = the total). The plot draws,
+  per run in its own panel, the rolling median over ``ROLLING_BINS`` bins of each part
+  (stacked) and of the total (a line);
 - **target mix over time** (``target_share``): share of the bin's arrivals that ran on
   each target (``rejected`` for refused ones);
 - **TTFT distribution**: the empirical CDF of completed requests' TTFT;
@@ -34,6 +37,9 @@ from pointsman.replay.results import ReplayResult
 from pointsman.replay.runs import Run
 from pointsman.replay.summary import format_table
 
+#: Bins in the rolling median of the cost-per-token plot (a minute at the default 10 s bins).
+ROLLING_BINS = 6
+
 PLOTS = (
     ("cost_per_token", "Effective price per 1M output tokens over time"),
     ("target_mix", "Target mix over time (share of arrivals)"),
@@ -58,6 +64,9 @@ class ReplayMeta(TypedDict):
     budgets: str
     wall_s: float
     logged_judge_score: NotRequired[str]
+    slo_class: NotRequired[str]
+    prefix_block_ids: NotRequired[str]
+    goodput: NotRequired[str]
 
 
 class Series(TypedDict):
@@ -65,6 +74,8 @@ class Series(TypedDict):
 
     t_s: list[float]
     cost_usd_per_mtok: list[float]
+    cost_onprem_usd_per_mtok: list[float]
+    cost_frontier_usd_per_mtok: list[float]
     target_share: dict[str, list[float]]
     prefill_utilization: list[float]
     decode_utilization: list[float]
@@ -84,6 +95,7 @@ class RunReport(TypedDict):
     rules: dict[str, int]
     budget: list[BudgetSpend]
     series: Series
+    goodput: NotRequired[dict[str, object]]
 
 
 class ReplayReport(TypedDict):
@@ -107,6 +119,7 @@ def series(result: ReplayResult) -> PlotSeries:
         return min(n - 1, max(0, int((t - start) // bin_s)))
 
     cost = np.zeros(n)
+    frontier_cost = np.zeros(n)
     tokens = np.zeros(n)
     prefill_gpu_s = np.zeros(n)
     decode_gpu_s = np.zeros(n)
@@ -135,14 +148,18 @@ def series(result: ReplayResult) -> PlotSeries:
             mix.setdefault(r.target, np.zeros(n))[i] += 1
             j = idx(r.finish_s)
             tokens[j] += r.output_tokens
-            cost[j] += r.cost_usd
+            frontier_cost[j] += r.cost_usd
     with np.errstate(invalid="ignore", divide="ignore"):
-        cpt = np.where(tokens > 0, cost / tokens * 1e6, np.nan)
+        onprem_cpt = np.where(tokens > 0, cost / tokens * 1e6, np.nan)
+        frontier_cpt = np.where(tokens > 0, frontier_cost / tokens * 1e6, np.nan)
+        cpt = onprem_cpt + frontier_cpt
         share = {k: np.where(arrivals > 0, v / arrivals, np.nan).tolist() for k, v in sorted(mix.items())}
         denom = fleet_gpus * bin_s
         pu = (prefill_gpu_s / denom).tolist() if denom else [0.0] * n
         du = (decode_gpu_s / denom).tolist() if denom else [0.0] * n
-    return PlotSeries(t_s=[i * bin_s for i in range(n)], cost_usd_per_mtok=cpt.tolist(), target_share=share,
+    return PlotSeries(t_s=[i * bin_s for i in range(n)], cost_usd_per_mtok=cpt.tolist(),
+                      cost_onprem_usd_per_mtok=onprem_cpt.tolist(), cost_frontier_usd_per_mtok=frontier_cpt.tolist(),
+                      target_share=share,
                       prefill_utilization=pu, decode_utilization=du,
                       ttft_s=sorted(r.ttft_s for r in result.requests if r.rejected is None and r.ttft_s is not None))
 
@@ -150,15 +167,31 @@ def series(result: ReplayResult) -> PlotSeries:
 def report_dict(runs: Sequence[Run], meta: ReplayMeta) -> ReplayReport:
     """The JSON report: ``meta`` (trace, fleet, seed, ...), and per run its ``kind``,
     ``summary`` (``summary.Summary`` fields), ``rules``, ``budget`` (each budget that applied
-    with its ledger spend at the end, ``replay.budgets.budget_status``; empty without budgets)
-    and ``series`` (TTFTs left out)."""
+    with its ledger spend at the end, ``replay.budgets.budget_status``; empty without budgets),
+    ``series`` (TTFTs left out) and, when searched, ``goodput`` (``replay.goodput.GoodputResult``:
+    the answer and every replay point)."""
     out = ReplayReport(meta=ReplayMeta(**meta), runs={})
     for run in runs:
         s = series(run.result)
-        timeline = Series(t_s=s["t_s"], cost_usd_per_mtok=s["cost_usd_per_mtok"], target_share=s["target_share"],
+        timeline = Series(t_s=s["t_s"], cost_usd_per_mtok=s["cost_usd_per_mtok"],
+                          cost_onprem_usd_per_mtok=s["cost_onprem_usd_per_mtok"],
+                          cost_frontier_usd_per_mtok=s["cost_frontier_usd_per_mtok"], target_share=s["target_share"],
                           prefill_utilization=s["prefill_utilization"], decode_utilization=s["decode_utilization"])
-        out["runs"][run.name] = RunReport(kind=run.kind, summary=run.summary.to_dict(), rules=run.rules,
-                                          budget=run.budget, series=timeline)
+        report = RunReport(kind=run.kind, summary=run.summary.to_dict(), rules=run.rules, budget=run.budget,
+                           series=timeline)
+        if run.goodput is not None:
+            report["goodput"] = run.goodput.to_dict()
+        out["runs"][run.name] = report
+    return out
+
+
+def rolling_median(values: Sequence[float], window: int = ROLLING_BINS) -> list[float]:
+    """Median of the finite values among each value and the ``window - 1`` before it (NaN
+    where there are none)."""
+    out = []
+    for i in range(len(values)):
+        w = [v for v in values[max(0, i - window + 1):i + 1] if math.isfinite(v)]
+        out.append(float(np.median(w)) if w else math.nan)
     return out
 
 
@@ -192,24 +225,34 @@ def _plot(kind: str, title: str, runs: Sequence[Run], data: Mapping[str, PlotSer
             ax.set_ylabel(run.name, rotation=0, ha="right", fontsize=8)
         axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
         axes[-1, 0].set_xlabel("trace time (s); busy GPU-s / provisioned GPU-s per phase")
+    elif kind == "cost_per_token":
+        # One panel per run, each on its own scale: the rolling medians of the on-prem and the
+        # frontier part stacked (they add up to the total), the total's rolling median on top.
+        fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.5 * len(runs) + 1), sharex=True, squeeze=False)
+        for ax, run in zip(axes[:, 0], runs):
+            s = data[run.name]
+            onprem = np.nan_to_num(rolling_median(s["cost_onprem_usd_per_mtok"]))
+            frontier = np.nan_to_num(rolling_median(s["cost_frontier_usd_per_mtok"]))
+            ax.stackplot(s["t_s"], [onprem, frontier], colors=["tab:blue", "tab:red"], alpha=0.6,
+                         labels=["on-prem part", "frontier part"])
+            ax.plot(s["t_s"], rolling_median(s["cost_usd_per_mtok"]), "-", color="black", lw=1, label="total")
+            ax.set_ylim(bottom=0)
+            ax.set_ylabel(f"{run.name}\n{run.summary.effective_usd_per_mtok:.2f} $/Mtok", rotation=0, ha="right",
+                          fontsize=8)
+        axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+        axes[-1, 0].set_xlabel(f"trace time (s); USD per 1M output tokens, rolling median of {ROLLING_BINS} bins")
     else:
         fig, ax = plt.subplots(figsize=(10, 4.5))
         for run in runs:
             s = data[run.name]
             style = "-" if run.kind == "policy" else "--"
-            if kind == "cost_per_token":
-                ax.plot(s["t_s"], s["cost_usd_per_mtok"], style, label=run.name)
-                ax.set_yscale("log")
-                ax.set_ylabel("USD per 1M output tokens")
-            elif kind == "ttft_cdf":
+            if kind == "ttft_cdf":
                 x = s["ttft_s"]
                 if x:
                     ax.plot(x, np.arange(1, len(x) + 1) / len(x), style, label=run.name)
                 ax.set_xscale("log")
                 ax.set_xlabel("TTFT (s)")
                 ax.set_ylabel("share of requests")
-        if kind != "ttft_cdf":
-            ax.set_xlabel("trace time (s)")
         ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(title)
     fig.tight_layout()
@@ -235,7 +278,7 @@ def write_report(runs: Sequence[Run], out_dir: str | Path, meta: ReplayMeta) -> 
     ``out_dir`` (created if missing); returns {name: path}. JSON writes NaN as null."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    table = format_table({r.name: r.summary for r in runs})
+    table = report_text(runs, meta)
     paths = {"table": out / "report.txt", "json": out / "report.json", "html": out / "report.html"}
     paths["table"].write_text(table + "\n", encoding="utf-8")
     doc = report_dict(runs, meta)
@@ -251,6 +294,28 @@ def write_report(runs: Sequence[Run], out_dir: str | Path, meta: ReplayMeta) -> 
     return paths
 
 
+def report_text(runs: Sequence[Run], meta: Mapping[str, object]) -> str:
+    """The comparison table, the notes of ``meta`` (block ids, goodput) and, when searched,
+    each run's goodput points."""
+    lines = [format_table({r.name: r.summary for r in runs})]
+    for key in ("prefix_block_ids", "goodput"):
+        if key in meta:
+            lines.append(f"\n{key.replace('_', ' ')}: {meta[key]}")
+    searched = [r for r in runs if r.goodput is not None]
+    if searched:
+        lines.append("\ngoodput search (scale of the arrival rate -> SLO attainment; '<' = stopped once it could not "
+                     "pass):")
+        for r in searched:
+            g = r.goodput
+            if g is None:
+                continue
+            pts = ", ".join(f"{p.scale:.3g}x {p.attainment:.1%}" if p.complete else f"{p.scale:.3g}x <{g.goal:.0%}"
+                            for p in g.points)
+            lines.append(f"  {r.name}: {g.max_goodput_rps:.3f} req/s ({g.max_goodput_rps_per_gpu:.4f}/GPU of {g.gpus}); "
+                         f"{pts}")
+    return "\n".join(lines)
+
+
 def _finite(x: object) -> object:
     """``x`` with NaN/inf floats replaced by None (strict JSON)."""
     if isinstance(x, float):
@@ -262,5 +327,5 @@ def _finite(x: object) -> object:
     return x
 
 
-__all__ = ["PLOTS", "PlotSeries", "ReplayMeta", "ReplayReport", "RunReport", "Series", "report_dict", "series",
-           "write_report"]
+__all__ = ["PLOTS", "ROLLING_BINS", "PlotSeries", "ReplayMeta", "ReplayReport", "RunReport", "Series", "report_dict",
+           "report_text", "rolling_median", "series", "write_report"]

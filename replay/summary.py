@@ -13,7 +13,11 @@ Definitions:
 - **TTFT / TPOT percentiles** over completed requests (TPOT over those with >= 2 output tokens).
 - **SLO attainment**: share of *all* requests (rejected ones fail) with TTFT <= ``slo.ttft_s``
   and TPOT <= ``slo.tpot_s`` (a one-token answer has no TPOT and passes that part);
-  **goodput** = such requests / window seconds (DistServe's definition, per second).
+  **goodput** = such requests / window seconds; **cost per SLO-meeting request** = total
+  cost / such requests (``usd_per_slo_request``).
+- **max goodput** (``replay.goodput``, when searched): DistServe's goodput, the highest
+  arrival rate at which at least 90% of requests meet both objectives, with frontier
+  targets disabled (``max_goodput_rps``), and per on-prem GPU (``max_goodput_rps_per_gpu``).
 - **prefix hit ratio**: prompt tokens found in the replica's prefix cache / prompt
   tokens of completed on-prem requests; **restored ratio**: the same for tokens
   restored from a shared KV tier.
@@ -39,11 +43,11 @@ from pointsman.replay.results import ReplayResult, RequestResult
 
 @dataclass(frozen=True)
 class SLO:
-    """Latency objectives in seconds. Defaults: TTFT 5 s (long-context prompts of
-    10k+ tokens on a 70B model take 1-2 s of prefill alone) and TPOT 100 ms (10
-    tokens/s, faster than reading speed); set them per workload."""
+    """Latency objectives in seconds. Defaults: the fleet's ``interactive`` class
+    (``policy.fleet.DEFAULT_SLO_CLASSES``: MLPerf Inference's Llama 3.1 8B server constraints,
+    TTFT 2 s, TPOT 100 ms); replay takes them from the fleet's ``slo_classes``."""
 
-    ttft_s: float = 5.0
+    ttft_s: float = 2.0
     tpot_s: float = 0.100
 
 
@@ -56,7 +60,10 @@ class Summary:
     Percentiles are NaN when there is nothing to measure. ``quality``: mean quality (0-1)
     of the completed requests whose outcome is known (``replay.outcomes``), else NaN.
     ``budget_spent_usd`` / ``budget_limit_usd``: the binding budget's ledger spend and limit
-    at the end of a run with budgets (module docstring), else NaN.
+    at the end of a run with budgets (module docstring), else NaN. ``usd_per_slo_request``:
+    total cost / SLO-meeting requests (inf when none met it). ``max_goodput_rps`` /
+    ``max_goodput_rps_per_gpu``: the goodput search's answer with frontier targets disabled
+    (``replay.goodput``), NaN when not searched.
     """
 
     requests: int
@@ -86,6 +93,9 @@ class Summary:
     quality: float = math.nan
     budget_spent_usd: float = math.nan
     budget_limit_usd: float = math.nan
+    usd_per_slo_request: float = math.nan
+    max_goodput_rps: float = math.nan
+    max_goodput_rps_per_gpu: float = math.nan
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-ready dict (NaN stays NaN; ``json.dumps`` writes it as NaN)."""
@@ -166,6 +176,7 @@ def summarize(result: ReplayResult, slo: SLO | None = None,
         target_requests=dict(Counter(r.target for r in done if r.target is not None)),
         utilization=utilization,
         quality=_mean_quality(reqs, quality),
+        usd_per_slo_request=total / good if good else math.inf,
     )
 
 
@@ -187,6 +198,7 @@ _COLUMNS = (
     ("TPOT p99", "tpot_p99_s", "{:.0f}ms", 1000),
     ("SLO", "slo_attainment", "{:.1%}"),
     ("goodput", "goodput_rps", "{:.2f}/s"),
+    ("$/SLO req", "usd_per_slo_request", "{:.4f}"),
     ("spill", "spilled", "{}"),
     ("reject", "rejected", "{}"),
     ("hit", "prefix_hit_ratio", "{:.1%}"),
@@ -195,15 +207,25 @@ _COLUMNS = (
 )
 
 
+#: Columns added when the goodput search ran.
+_GOODPUT_COLUMNS = (
+    ("max goodput", "max_goodput_rps", "{:.2f}/s"),
+    ("/GPU", "max_goodput_rps_per_gpu", "{:.3f}/s"),
+)
+
+
 def format_table(summaries: dict[str, Summary]) -> str:
-    """Plain-text comparison table, one row per named summary, columns as in ``_COLUMNS``,
-    plus ``budget $`` (ledger spend / limit, ``-`` for runs without a budget) when any has one."""
+    """Plain-text comparison table, one row per named summary, columns as in ``_COLUMNS``
+    (and ``_GOODPUT_COLUMNS`` when any summary has a searched goodput), plus ``budget $``
+    (ledger spend / limit, ``-`` for runs without a budget) when any has one."""
     budgets = any(not math.isnan(s.budget_limit_usd) for s in summaries.values())
-    header = ["policy"] + [c[0] for c in _COLUMNS] + (["budget $"] if budgets else [])
+    columns = _COLUMNS + (_GOODPUT_COLUMNS if any(not math.isnan(s.max_goodput_rps) for s in summaries.values())
+                          else ())
+    header = ["policy"] + [c[0] for c in columns] + (["budget $"] if budgets else [])
     rows = [header]
     for name, s in summaries.items():
         row = [name]
-        for col in _COLUMNS:
+        for col in columns:
             value = getattr(s, col[1])
             scale = col[3] if len(col) > 3 else 1
             row.append("n/a" if isinstance(value, float) and math.isnan(value) else col[2].format(value * scale))

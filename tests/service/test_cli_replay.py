@@ -15,7 +15,8 @@ from pointsman.errors import DataError
 from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR
 
 POLICIES = ("budget-pacing", "cost-saver", "default", "latency-first")
-BASELINES = ("round-robin", "random", "least-loaded", "cache-aware", "all-on-prem", "all-frontier")
+BASELINES = ("round-robin", "random", "least-loaded", "cache-aware", "all-on-prem", "llm-d", "dynamo-kv",
+             "sglang-cache-aware", "all-frontier")
 
 
 def shared() -> Path:
@@ -46,6 +47,32 @@ def test_replay_writes_every_report(tmp_path: Path, trace: str) -> None:
         assert (out / f"{png}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (out / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 4 and "latency-first" in page
+    # Azure traces carry no prefix block ids: the report says what that does to the cache-aware baselines
+    assert ("prefix_block_ids" in doc["meta"]) == trace.startswith("azure")
+    assert ("prefix block ids: none" in res.output) == trace.startswith("azure")
+
+
+def test_replay_goodput_reports_the_search_per_run(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["replay", str(shared() / "mooncake/synthetic_trace.jsonl.gz"), "--limit", "60",
+                                    "--policy", str(DEFAULT_POLICY_DIR / "default.yaml"), "--goodput",
+                                    "--goodput-requests", "40", "--slo-class", "long-context", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "max goodput" in res.output and "goodput search" in res.output
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["meta"]["slo_class"] == "long-context" and doc["meta"]["slo"] == "TTFT <= 6.0 s, TPOT <= 0.175 s"
+    for name, run in doc["runs"].items():
+        summary = run["summary"]
+        if name == "all-frontier":
+            assert summary["max_goodput_rps"] is None and "goodput" not in run
+            continue
+        assert summary["max_goodput_rps"] >= 0 and summary["max_goodput_rps_per_gpu"] == pytest.approx(
+            summary["max_goodput_rps"] / 18)
+        assert run["goodput"]["requests"] == 40 and run["goodput"]["points"]
+        assert summary["usd_per_slo_request"] > 0
+    bad = CliRunner().invoke(main, ["replay", str(shared() / "mooncake/synthetic_trace.jsonl.gz"), "--limit", "5",
+                                    "--slo-class", "nope", "--out", str(out)])
+    assert bad.exit_code == 2 and "interactive" in bad.output
 
 
 def test_same_seed_same_report_and_bad_input(tmp_path: Path) -> None:
