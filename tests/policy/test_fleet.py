@@ -113,3 +113,16 @@ def test_missing_and_undecodable_files(tmp_path: Path):
 def test_empty_file_is_rejected():
     with pytest.raises(FleetError, match="expected a mapping at the top level, got an empty file"):
         parse_fleet("")
+
+
+def test_slo_classes_default_and_declared():
+    fleet = parse_fleet(GOOD)  # no slo_classes: MLPerf's server constraints
+    assert (fleet.slo().ttft_s, fleet.slo().tpot_s) == (2.0, 0.1)
+    assert fleet.slo("long-context").ttft_s == 6.0 and set(fleet.slo_classes) == {"interactive", "long-context"}
+    own = parse_fleet(GOOD + "defaults: {slo_class: chat}\nslo_classes:\n  chat: {ttft_s: 1.5, tpot_s: 0.05}\n")
+    assert own.slo().ttft_s == 1.5 and set(own.slo_classes) == {"chat"}
+    with pytest.raises(KeyError):
+        own.slo("interactive")
+    with pytest.raises(FleetError, match=r"<fleet>:\d+:\d+: unknown-slo-class: defaults.slo_class 'interactiv' .*"
+                                         r"did you mean 'interactive'"):
+        parse_fleet(GOOD + "defaults: {slo_class: interactiv}\n")
