@@ -44,7 +44,15 @@ Read from the live state at scrape time (``StateCollector``):
 ``pointsman_state_sync_write_errors``                             shared-state writes that failed (monotone)
 ``pointsman_state_sync_lag_seconds``                              age of the last change applied when applied
 ``pointsman_state_sync_outcomes_forwarded_in``                   outcomes other replicas forwarded here, stored (monotone)
+``pointsman_estimator_available``                                 1 when the difficulty estimator loaded, 0 when not
+``pointsman_budget_limit_usd{scope,window}``                      each configured budget's limit (USD)
+``pointsman_budget_spent_usd{scope,window}``                      settled + reserved in the current window (USD)
+``pointsman_budget_used_ratio{scope,window}``                     spent ÷ limit (1 = exhausted; 0-limit budgets: 1)
 ==============================================================  ===========================================
+
+Counters whose label values are known in advance (``estimator_unavailable`` reasons, outcome
+statuses, ext_proc results, model swap results) start at 0 for each, so dashboards and alerts find
+their series before the first event (Prometheus: "avoid missing metrics").
 
 Utilization is per pool (aggregated, prefill, decode) and per phase, only where telemetry
 reports it: one averaged GPU-utilization number would hide the two phases. Each app has
@@ -76,6 +84,8 @@ log = logging.getLogger("pointsman.service.prometheus")
 LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
                    0.1, 0.25, 0.5, 1.0)
 P_HARD_BUCKETS = tuple(round(0.05 * i, 2) for i in range(1, 21))
+#: Results of ``pointsman_ext_proc_requests_total`` (``service/ext_proc.py``).
+EXT_PROC_RESULTS = ("routed", "passthrough", "bad_request", "too_large", "shed", "unavailable", "unsupported")
 
 
 class ServiceMetrics:
@@ -113,6 +123,14 @@ class ServiceMetrics:
                                      ["result", "source"], registry=r)
         self.ext_proc_requests = Counter("pointsman_ext_proc_requests", "ext_proc endpoint picker requests by result.",
                                          ["result"], registry=r)
+        for reason in ("timeout", "error"):
+            self.estimator_unavailable.labels(reason)
+        for status in ("stored", "duplicate", "conflict", "unknown_decision", "invalid"):
+            self.outcomes.labels(status)
+        for result in EXT_PROC_RESULTS:
+            self.ext_proc_requests.labels(result)
+        for result in ("ok", "error"):
+            self.model_swaps.labels(result)
         # labelled children per label values: ``labels()`` builds and checks its key on every call
         self._decision_children: dict[tuple[str, str], Counter] = {}
         self._reserved_children: dict[str, Counter] = {}
@@ -186,9 +204,39 @@ class StateCollector(Collector):
         except Exception as exc:  # noqa: BLE001 - a ledger outage must not break the scrape
             log.warning("effective prices unavailable for /metrics: %s", exc)
         yield price
+        available = GaugeMetricFamily("pointsman_estimator_available",
+                                      "1 when the difficulty estimator loaded, 0 when decisions run without it.")
+        available.add_metric([], 0.0 if live.estimator_error else 1.0)
+        yield available
         yield from self._load(engine)
         yield from self._health(engine)
         yield from self._sync(engine)
+        yield from self._budgets(engine)
+
+    def _budgets(self, engine: RoutingEngine) -> Iterator[GaugeMetricFamily]:
+        ledger = engine.state.ledger
+        budgets = () if ledger is None else ledger.config.budgets
+        if ledger is None or not budgets:
+            return
+        try:
+            snap = ledger.snapshot(sorted({b.scope for b in budgets}))
+        except Exception as exc:  # noqa: BLE001 - a ledger outage must not break the scrape
+            log.warning("budgets unavailable for /metrics: %s", exc)
+            return
+        labels = ["scope", "window"]
+        limit = GaugeMetricFamily("pointsman_budget_limit_usd", "Configured budget limit, USD.", labels=labels)
+        spent = GaugeMetricFamily("pointsman_budget_spent_usd", "Settled plus reserved in the current window, USD.",
+                                  labels=labels)
+        ratio = GaugeMetricFamily("pointsman_budget_used_ratio", "Spent over limit in the current window (1 = exhausted).",
+                                  labels=labels)
+        for st in snap.statuses:
+            if st.limit_usd is None:
+                continue
+            key = [st.scope, st.window]
+            limit.add_metric(key, st.limit_usd)
+            spent.add_metric(key, st.spent_usd)
+            ratio.add_metric(key, st.spent_usd / st.limit_usd if st.limit_usd > 0 else 1.0)
+        yield from (limit, spent, ratio)
 
     def _health(self, engine: RoutingEngine) -> Iterator[GaugeMetricFamily]:
         fleet, state = engine.fleet, engine.state
