@@ -11,7 +11,8 @@ Routes (each module one concern): ``routes_decisions`` (``POST /v1/route``),
 ``routes_reports`` (``POST /v1/outcomes``, ``POST /v1/telemetry``), ``routes_admin``
 (``GET /v1/fleet``, ``GET /v1/policy``, ``POST /v1/policy/validate``, ``/reload``),
 ``routes_ops`` (``/healthz``, ``/readyz``, ``/metrics``). Auth: ``auth.py``; errors:
-``http_errors.py``; bodies: ``bodies.py``. OpenAPI at ``/openapi.json``, docs at ``/docs``.
+``http_errors.py``; bodies: ``bodies.py``. OpenAPI at ``/openapi.json``, docs at ``/docs`` and
+``/redoc`` with their assets served locally (``docs_ui.py``: no CDN).
 
 With ``POINTSMAN_EXT_PROC_PORT`` the lifespan also starts the ext_proc endpoint picker
 (``ext_proc.py``) on that port, after the runtime, and stops it (draining its streams and the
@@ -40,6 +41,7 @@ from pointsman.policy.engine import RoutingEngine
 from pointsman.request import RouteRequest
 from pointsman.service import routes_admin, routes_decisions, routes_ops, routes_reports
 from pointsman.service.auth import KeyRing
+from pointsman.service.docs_ui import install_docs
 from pointsman.service.http_errors import install_error_handlers
 from pointsman.service.routes_reports import OUTCOMES_SCHEMA, deliver_forwarded
 from pointsman.service.runtime import Runtime, build_runtime
@@ -141,12 +143,13 @@ def create_app(settings: Settings | None = None, engine: RoutingEngine | None = 
             await rt.close()
             app.state.runtime = None
 
-    app = FastAPI(title="Pointsman", version=__version__, lifespan=lifespan,
+    app = FastAPI(title="Pointsman", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Routing decisions for LLM inference: model tier, pool, replica and P/D mode. "
                               "Gateways call POST /v1/route per request and report POST /v1/outcomes.")
     app.state.settings, app.state.keyring, app.state.runtime = settings, keyring, None
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]  # FastAPI documents replacing app.openapi
     install_error_handlers(app)
+    install_docs(app)
     for module in (routes_decisions, routes_reports, routes_admin, routes_ops):
         app.include_router(module.router)
     return app
