@@ -165,6 +165,12 @@ def deployments_of(router: LiteLLMRouter, model: str) -> list[DeploymentTypedDic
     return list(found or [])
 
 
+def all_deployments(router: LiteLLMRouter) -> list[DeploymentTypedDict]:
+    """Every deployment of every model group of ``router``."""
+    found = router.registry().deployments(None) if isinstance(router, _HasRegistry) else router.get_model_list()
+    return list(found or [])
+
+
 def target_of(deployment: Mapping[str, object]) -> str | None:
     """The Pointsman target a deployment serves: ``model_info.pointsman_target``, else None."""
     target = _info(deployment).get(TARGET_INFO)

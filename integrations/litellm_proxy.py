@@ -1,0 +1,199 @@
+"""Pointsman in the LiteLLM Proxy: a callback module an operator enables in the proxy's ``config.yaml``.
+
+``deploy/litellm/config.yaml`` is a complete example (the tests run the real proxy with it)::
+
+    model_list:
+      - model_name: chat
+        litellm_params: {model: hosted_vllm/meta-llama/Llama-3.1-8B-Instruct, api_base: http://llama-8b-0:8000/v1}
+        model_info: {id: llama-8b-0, pointsman_target: onprem-8b, pointsman_default: true}
+      - model_name: chat
+        litellm_params: {model: openai/gpt-4o-2024-08-06}
+        model_info: {id: gpt-4o, pointsman_target: frontier-large}
+    litellm_settings:
+      callbacks: pointsman.integrations.litellm_proxy.handler
+
+The proxy loads ``handler`` (a ``CustomLogger`` instance) by its dotted path (LiteLLM resolves a
+module path beside the config file first, then an installed module: ``litellm/proxy/types_utils/
+utils.py`` ``get_instance_fn``). Pointsman is reached at ``POINTSMAN_URL`` (default
+``http://127.0.0.1:8000``) with ``POINTSMAN_API_KEY`` (a gateway key, optional) and a routing
+budget of ``POINTSMAN_ROUTE_TIMEOUT_S`` seconds (default 0.25), read when the first request comes.
+
+Per request (LiteLLM 1.110's hooks; ``litellm.integrations.custom_logger.CustomLogger``):
+
+1. ``async_pre_call_hook`` (chat and text completions): ``POST /v1/route`` through
+   ``PointsmanClient`` with the request's messages, tools, token caps, ``user`` and
+   ``metadata.pointsman`` as the routing context (``litellm_router.route_body``). The deployment is
+   the one serving the decision (``litellm_router.pick_deployment``: ``model_info.pointsman_target``
+   or the upstream model, then the decision's ``base_url`` among several; the decision's fallbacks
+   in order), looked for in the requested model group first and then in every group, so one group
+   per tier works too. ``data["model"]`` becomes that deployment's group, the decision goes into
+   ``data["metadata"]["pointsman_decision"]`` (with the deployment's ``model_info.id``) and the
+   decision's ``forward_headers`` into ``extra_headers`` (``x-pointsman-decision-id``, and
+   ``x-prefiller-host-port`` for a disaggregated decision: the P/D contract of ``policy/decision.py``).
+2. ``async_filter_deployments``: inside the group, only that deployment remains (when it is healthy;
+   otherwise LiteLLM's own choice stands).
+3. ``async_log_success_event`` / ``async_log_failure_event``: the outcome (usage, latencies, status
+   ``ok``/``error``/``timeout``, the served target; ``litellm_router.outcome_from_call``) is queued
+   on the client and posted to ``/v1/outcomes`` in the background.
+
+Fail-open: when Pointsman does not answer within the budget (down, slow, 5xx, or it rejects the
+request) or no deployment serves its decision, the request goes to the requested group's deployment
+marked ``model_info.pointsman_default: true`` (as ``litellm_router`` does), else wherever LiteLLM's
+own strategy sends it, and no outcome is reported. A hook error is logged, never raised into the
+user's request.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+
+from litellm.integrations.custom_logger import CustomLogger
+from litellm.types.router import DeploymentTypedDict
+
+from pointsman.integrations.client import PointsmanClient, RouteDecision, forward_target
+from pointsman.integrations.litellm_router import (
+    DECISION_KEY,
+    DEFAULT_INFO,
+    LiteLLMRouter,
+    all_deployments,
+    default_deployment,
+    deployments_of,
+    outcome_from_call,
+    pick_deployment,
+    route_body,
+    routed_call,
+    target_of,
+)
+
+log = logging.getLogger("pointsman.integrations")
+
+#: Call types the pre-call hook routes (LiteLLM's ``CallTypes`` values for chat and text completions).
+ROUTED_CALLS = frozenset({"completion", "acompletion", "text_completion", "atext_completion"})
+
+
+def _router() -> LiteLLMRouter | None:
+    """The running proxy's ``litellm.Router`` (None outside the proxy or before it has one)."""
+    try:
+        from litellm.proxy import proxy_server
+    except ImportError:  # the proxy's own dependencies are not installed
+        return None
+    router: LiteLLMRouter | None = getattr(proxy_server, "llm_router", None)
+    return router
+
+
+def _deployment_id(deployment: Mapping[str, object]) -> str | None:
+    info = deployment.get("model_info")
+    value = info.get("id") if isinstance(info, Mapping) else None
+    return None if value is None else str(value)
+
+
+def _info_flag(deployment: Mapping[str, object]) -> bool:
+    """Whether the deployment is marked ``model_info.pointsman_default``."""
+    info = deployment.get("model_info")
+    return bool(info.get(DEFAULT_INFO)) if isinstance(info, Mapping) else False
+
+
+class PointsmanProxyHandler(CustomLogger):
+    """The proxy callback (see the module). ``PointsmanProxyHandler(client=None)``: ``client`` is
+    built from the ``POINTSMAN_*`` environment on first use when not given."""
+
+    def __init__(self, client: PointsmanClient | None = None) -> None:
+        super().__init__()
+        self._client = client
+
+    @property
+    def client(self) -> PointsmanClient:
+        """The ``PointsmanClient`` (built from the environment on first use)."""
+        if self._client is None:
+            self._client = PointsmanClient(os.environ.get("POINTSMAN_URL", "http://127.0.0.1:8000"),
+                                           api_key=os.environ.get("POINTSMAN_API_KEY") or None,
+                                           route_timeout_s=float(os.environ.get("POINTSMAN_ROUTE_TIMEOUT_S", "0.25")))
+        return self._client
+
+    def choose(self, decision: RouteDecision, group: str, router: LiteLLMRouter) -> DeploymentTypedDict | None:
+        """The deployment serving ``decision``: in the requested ``group`` first, then in every group."""
+        chosen = pick_deployment(deployments_of(router, group), decision)
+        return chosen if chosen is not None else pick_deployment(all_deployments(router), decision)
+
+    async def async_pre_call_hook(self, user_api_key_dict: object, cache: object, data: dict[str, object],
+                                  call_type: str) -> dict[str, object]:
+        """Decide and rewrite ``data`` (step 1 of the module); returns ``data``."""
+        try:
+            await self._route(data, call_type)
+        except Exception:  # noqa: BLE001 - a routing bug must never fail the user's request
+            log.exception("pointsman pre-call hook failed; the request goes on without it")
+        return data
+
+    async def _route(self, data: dict[str, object], call_type: str) -> None:
+        group = data.get("model")
+        router = _router()
+        if call_type not in ROUTED_CALLS or not isinstance(group, str) or router is None:
+            return
+        messages = data.get("messages")
+        if messages is None and isinstance(data.get("prompt"), str):
+            messages = [{"role": "user", "content": data["prompt"]}]
+        if not isinstance(messages, list):
+            return
+        decision = await self.client.aroute(route_body(group, messages, data))
+        chosen = None if decision is None else self.choose(decision, group, router)
+        if decision is not None and chosen is None:
+            log.warning("no LiteLLM deployment serves pointsman target %r or its fallbacks; routing without it",
+                        decision["target"])
+        metadata = data.get("metadata")
+        if not isinstance(metadata, dict):
+            metadata = data["metadata"] = {}
+        if decision is None or chosen is None:  # fail open: the group's pointsman_default, else LiteLLM's own pick
+            metadata.pop(DECISION_KEY, None)
+            fallback = default_deployment(deployments_of(router, group))
+            if fallback is not None and _info_flag(fallback):
+                metadata[DECISION_KEY] = {"deployment": _deployment_id(fallback)}
+            return
+        data["model"] = chosen["model_name"]
+        served = target_of(chosen) or decision["target"]
+        metadata[DECISION_KEY] = {"id": decision["decision_id"], "target": decision["target"],
+                                  "served_target": served, "client": id(self.client),
+                                  "deployment": _deployment_id(chosen)}
+        given = data.get("extra_headers")
+        headers: dict[str, object] = dict(given) if isinstance(given, Mapping) else {}
+        headers.update(forward_target(decision)[1])
+        data["extra_headers"] = headers
+
+    async def async_filter_deployments(self, model: str, healthy_deployments: list[dict[str, object]],
+                                       messages: Sequence[object] | None, request_kwargs: dict[str, object] | None = None,
+                                       parent_otel_span: object | None = None) -> list[dict[str, object]]:
+        """Keep only the deployment Pointsman chose (step 2); the list unchanged without one."""
+        metadata = (request_kwargs or {}).get("metadata")
+        decision = metadata.get(DECISION_KEY) if isinstance(metadata, Mapping) else None
+        wanted = decision.get("deployment") if isinstance(decision, Mapping) else None
+        if not wanted:
+            return healthy_deployments
+        kept = [d for d in healthy_deployments if _deployment_id(d) == wanted]
+        return kept or healthy_deployments
+
+    async def async_log_success_event(self, kwargs: Mapping[str, object], response_obj: object, start_time: object,
+                                      end_time: object) -> None:
+        """Report an ``ok`` outcome with usage and latencies (step 3)."""
+        self._report(kwargs, response_obj, start_time, end_time, failed=False)
+
+    async def async_log_failure_event(self, kwargs: Mapping[str, object], response_obj: object, start_time: object,
+                                      end_time: object) -> None:
+        """Report an ``error``/``timeout`` outcome (step 3; no usage: the budget hold is released)."""
+        self._report(kwargs, response_obj, start_time, end_time, failed=True)
+
+    def _report(self, kwargs: Mapping[str, object], response_obj: object, start_time: object, end_time: object, *,
+                failed: bool) -> None:
+        try:
+            call = routed_call(kwargs)
+            if call is None or call.client != id(self.client):
+                return
+            outcome = outcome_from_call(kwargs, response_obj, start_time, end_time, failed=failed)
+            if outcome is not None:
+                self.client.report(outcome)
+        except Exception:  # noqa: BLE001 - reporting must never reach the user's request
+            log.exception("could not report the pointsman outcome of a LiteLLM proxy call")
+
+
+#: The instance ``litellm_settings.callbacks`` names: ``pointsman.integrations.litellm_proxy.handler``.
+handler = PointsmanProxyHandler()

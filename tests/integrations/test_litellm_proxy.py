@@ -1,0 +1,220 @@
+"""The real LiteLLM Proxy (``litellm --config deploy/litellm/config.yaml``, a process) with Pointsman's
+callback enabled, in front of stand-in OpenAI-compatible upstreams (one tiny HTTP server per deployment,
+in this test) and a live ``pointsman serve``. A small policy routes on ``routing.slo_class`` (sent as
+``metadata.pointsman`` in the proxy request), so each request's target is known in advance.
+
+Checked: each request lands on the upstream Pointsman decided, carrying ``x-pointsman-decision-id``;
+its outcome (usage, status) arrives in Pointsman's outcome log; an upstream failure is an ``error``
+outcome; with Pointsman stopped the proxy still answers, from the deployment marked
+``pointsman_default`` (fail-open). One proxy start (~20-40 s) serves the whole module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pointsman.outcome_log.store import OutcomeLog
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "deploy" / "litellm" / "config.yaml"
+MASTER_KEY = "sk-proxy-test-0123456789"
+POLICY = """\
+apiVersion: pointsman/v1
+kind: RoutingPolicy
+metadata: {name: litellm-proxy-test}
+rules:
+  - name: quality-slo
+    when: request.slo_class == "quality"
+    route: {target: frontier-large, fallbacks: [onprem-70b]}
+  - name: batch-slo
+    when: request.slo_class == "batch"
+    route: {target: onprem-70b, fallbacks: [frontier-large]}
+  - name: default
+    route: {target: onprem-8b, fallbacks: [frontier-small]}
+"""
+
+pytest.importorskip("litellm.proxy.proxy_server", reason="the LiteLLM Proxy's packages are not installed (test extra)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Upstream:
+    """A stand-in OpenAI-compatible server: answers ``POST .../chat/completions`` with a fixed usage and
+    its own ``name`` in the content; records each request's model and decision header. ``fail``: 500."""
+
+    def __init__(self, name: str, fail: bool = False) -> None:
+        self.name, self.fail = name, fail
+        self.seen: list[dict] = []
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+                upstream.seen.append({"path": self.path, "model": body.get("model"),
+                                      "decision": self.headers.get("x-pointsman-decision-id")})
+                if upstream.fail:
+                    payload, status = {"error": {"message": "upstream is down", "type": "server_error"}}, 500
+                else:
+                    status = 200
+                    payload = {"id": "cmpl-1", "object": "chat.completion", "created": int(time.time()),
+                               "model": body.get("model"),
+                               "choices": [{"index": 0, "finish_reason": "stop",
+                                            "message": {"role": "assistant", "content": f"answer from {upstream.name}"}}],
+                               "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}}
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _wait(url: str, proc: subprocess.Popen, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+            pytest.fail(f"{what} exited: {out[-3000:]}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not answer {url} within {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """Pointsman (its own process), three stand-in upstreams and the LiteLLM Proxy with the shipped config."""
+    tmp = tmp_path_factory.mktemp("litellm-proxy")
+    policy = tmp / "policy.yaml"
+    policy.write_text(POLICY)
+    upstreams = {"llama-8b": Upstream("llama-8b"), "llama-70b": Upstream("llama-70b", fail=True),
+                 "gpt-4o": Upstream("gpt-4o")}
+    base_env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}
+    p_port, l_port = _free_port(), _free_port()
+    pointsman = subprocess.Popen(
+        [sys.executable, "-m", "pointsman", "serve", "--port", str(p_port), "--policy", str(policy),
+         "--log-level", "warning"],
+        env={**base_env, "POINTSMAN_DATA_DIR": str(tmp), "POINTSMAN_WATCH_POLICY": "false",
+             "POINTSMAN_DECISION_LOG_FLUSH_MS": "5"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # the shipped config, copied so the proxy resolves nothing beside the repository's file
+    config = tmp / "config.yaml"
+    shutil.copy(CONFIG, config)
+    proxy_env = {**base_env, "POINTSMAN_URL": f"http://127.0.0.1:{p_port}", "POINTSMAN_ROUTE_TIMEOUT_S": "2",
+                 "LITELLM_MASTER_KEY": MASTER_KEY, "LLAMA_8B_API_BASE": upstreams["llama-8b"].url,
+                 "LLAMA_70B_API_BASE": upstreams["llama-70b"].url, "OPENAI_API_BASE": upstreams["gpt-4o"].url,
+                 "OPENAI_API_KEY": "sk-upstream-not-checked", "LITELLM_OFFLINE_MODE": "true",
+                 "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY_DISABLED": "true",
+                 "LITELLM_LOG": "ERROR"}
+    proxy_env.pop("DATABASE_URL", None)
+    litellm_cli = shutil.which("litellm", path=str(Path(sys.executable).parent)) or "litellm"
+    proxy = subprocess.Popen([litellm_cli, "--config", str(config), "--host", "127.0.0.1", "--port", str(l_port)],
+                             env=proxy_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp)
+    try:
+        _wait(f"http://127.0.0.1:{p_port}/readyz", pointsman, 60, "pointsman serve")
+        _wait(f"http://127.0.0.1:{l_port}/health/liveliness", proxy, 120, "the LiteLLM Proxy")
+        yield {"proxy": f"http://127.0.0.1:{l_port}", "pointsman": pointsman, "upstreams": upstreams,
+               "outcomes": tmp / "outcomes.db"}
+    finally:
+        _stop(proxy)
+        _stop(pointsman)
+        for u in upstreams.values():
+            u.close()
+
+
+def _ask(stack: dict, slo: str | None, text: str = "What is the capital of France?") -> httpx.Response:
+    body: dict = {"model": "chat", "messages": [{"role": "user", "content": text}]}
+    if slo:
+        body["metadata"] = {"pointsman": {"slo_class": slo, "tenant": "acme"}}
+    return httpx.post(f"{stack['proxy']}/v1/chat/completions", json=body, timeout=60,
+                      headers={"authorization": f"Bearer {MASTER_KEY}"})
+
+
+def _outcome(stack: dict, decision_id: str, timeout_s: float = 15.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with OutcomeLog(stack["outcomes"]) as log:
+            logged = log.decision(decision_id)
+            if logged is not None and logged.outcomes:
+                return logged.outcomes[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no outcome for decision {decision_id}")
+
+
+def test_requests_land_where_pointsman_decided_and_outcomes_arrive(stack: dict) -> None:
+    ups = stack["upstreams"]
+    for slo, name, target in ((None, "llama-8b", "onprem-8b"), ("quality", "gpt-4o", "frontier-large")):
+        before = len(ups[name].seen)
+        r = _ask(stack, slo)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == f"answer from {name}"
+        assert len(ups[name].seen) == before + 1
+        decision_id = ups[name].seen[-1]["decision"]
+        assert decision_id, "the decision id travels to the upstream"
+        out = _outcome(stack, decision_id)
+        assert (out.status, out.served_target) == ("ok", target)
+        assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (11, 7)
+        assert out.e2e_latency_ms is not None
+
+
+def test_upstream_failure_is_reported_as_an_error_outcome(stack: dict) -> None:
+    ups = stack["upstreams"]
+    r = _ask(stack, "batch")  # onprem-70b: its stand-in answers 500
+    assert r.status_code >= 500
+    decision_id = ups["llama-70b"].seen[-1]["decision"]
+    out = _outcome(stack, decision_id)
+    assert out.status == "error" and out.served_target == "onprem-70b"
+
+
+def test_pointsman_down_fails_open_to_the_default_deployment(stack: dict) -> None:
+    """Runs last: stops Pointsman."""
+    _stop(stack["pointsman"])
+    ups = stack["upstreams"]
+    before = len(ups["llama-8b"].seen)
+    t0 = time.monotonic()
+    r = _ask(stack, "quality")  # would be frontier-large; Pointsman is gone
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "answer from llama-8b"
+    assert len(ups["llama-8b"].seen) == before + 1 and ups["llama-8b"].seen[-1]["decision"] is None
+    assert time.monotonic() - t0 < 10
