@@ -7,9 +7,10 @@ What the engine reads comes from the simulator at the decision's simulated time:
 
 - **load** (``SimBoard``, the ``FleetState``'s load board): per replica
   ``num_requests_running`` / ``num_requests_waiting`` / ``kv_cache_usage`` /
-  ``kv_cache_capacity_tokens`` as a push reading of age 0, the prompt tokens waiting for
-  prefill as Pointsman's in-flight accounting (``inflight_requests`` = waiting requests,
-  ``inflight_prompt_tokens`` = their prompt tokens: what the queue scorer prices), and
+  ``kv_cache_capacity_tokens`` as a push reading of age 0, the prompt tokens not yet
+  prefilled as exact pending work (``pending_requests`` = the waiting requests,
+  ``pending_prompt_tokens`` = their prompt tokens plus the rest of the chunked prefills in
+  progress, which vLLM counts as running: what the queue scorer prices), and
   ``prefill_utilization`` / ``decode_utilization``: busy fractions over the last
   ``UTILIZATION_WINDOW_S`` seconds (what the cost model prices GPU-seconds at).
 - **prefix cache** (``SimPrefixIndex``): which replica holds how many leading blocks of the
@@ -110,7 +111,7 @@ class SimBoard(LoadBoard):
                 ep, "push", now, num_requests_running=r.num_requests_running, num_requests_waiting=waiting,
                 kv_cache_usage=r.kv_cache_usage, kv_cache_capacity_tokens=r.kv_capacity_tokens,
                 prefill_utilization=pu, decode_utilization=du, inflight_requests=waiting,
-                inflight_prompt_tokens=r.waiting_prompt_tokens if waiting else 0)
+                pending_requests=waiting, pending_prompt_tokens=r.waiting_prompt_tokens)
         return out
 
     def dispatch(self, endpoint: str, decision_id: str, prompt_tokens: int, now: float | None = None) -> None:

@@ -79,3 +79,36 @@ def test_engine_reads_simulated_load_and_prefix_and_is_settled(tmp_path: Path) -
     assert d.prefix_hit_tokens == 2047  # all but the one token a prefill always computes
     assert result.requests[5].rejected == "no_eligible_target" and result.requests[5].ttft_s is None
     assert router._ids == {}  # every decision settled or released at completion
+
+
+QUEUE_POLICY = """\
+apiVersion: pointsman/v1
+kind: RoutingPolicy
+rules:
+  - name: long-prompt
+    when: request.prompt_tokens > 10000
+    route: {target: small}
+  - name: short-wait
+    when: endpoint.cost_s < 0.5
+    route: {target: small}
+  - name: behind-a-long-prefill
+    route: {target: api}
+"""
+
+
+def test_queue_signal_counts_the_rest_of_a_chunked_prefill_in_progress(tmp_path: Path) -> None:
+    # A (30,000 prompt tokens) starts prefilling at t = 0 in chunks of 8,192 tokens; vLLM counts
+    # it as running, not waiting. B arrives 1 us later, while the first chunk is still being
+    # computed (n_computed is booked at the step's end): the queue ahead of B on s0 is A's whole
+    # 30,000 tokens, 30,000 / 50,000 tok/s = 0.6 s; B's own prefill 100 / 50,000 = 0.002 s and
+    # its decode 4 x 2 / 20,000 = 0.0004 s: cost_s = 0.6024 >= 0.5. Hidden, it read 0.0024 s
+    # and B queued for 1.1 s behind A on s0.
+    (tmp_path / "fleet.yaml").write_text(FLEET, encoding="utf-8")
+    (tmp_path / "policy.yaml").write_text(QUEUE_POLICY, encoding="utf-8")
+    fleet = load_fleet(tmp_path / "fleet.yaml")
+    router = EngineRouter(fleet, load_policy(tmp_path / "policy.yaml", fleet), FixedDifficulty(0.5))
+    trace = [TraceRequest(arrival_s=0.0, prompt_tokens=30000, output_tokens=4),
+             TraceRequest(arrival_s=1e-6, prompt_tokens=100, output_tokens=4)]
+    result = simulate(trace, sim_fleet(fleet), router, on_complete=router.on_complete)
+    assert [router.decisions[i][0] for i in range(2)] == ["long-prompt", "behind-a-long-prefill"]
+    assert [r.target for r in result.requests] == ["small", "api"]
