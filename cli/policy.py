@@ -64,7 +64,8 @@ def check_command(files: tuple[Path, ...], fleet_path: Path | None) -> None:
                            "run them with `pointsman policy test`)")
             else:
                 p = load_policy(path, fleet)
-                click.echo(f"{path}: ok ({len(p.rules)} rules, revision {p.revision})")
+                verify = f", {len(p.verify.rules)} verify rules" if p.verify is not None else ""
+                click.echo(f"{path}: ok ({len(p.rules)} rules{verify}, revision {p.revision})")
         except ConfigError as exc:
             failed = True
             _echo_problems(exc)

@@ -27,6 +27,15 @@ rules, P/D mode) on a ``live.StaticSignals``; costs come from the fleet's prices
 ``fallbacks``, ``skipped`` (rules whose condition errored) or
 ``error: no-eligible-target`` (with ``excluded_by``: target -> filter, optional).
 
+Verify cases (the policy's ``verify`` section, ``policy/escalation.py``): a case that sets
+``draft`` signals (``example_draft`` values otherwise) or expects ``action``
+(``accept``/``escalate``), ``escalate_to`` (the escalation target) or ``verify_rule`` also runs
+the verify step on the same signals::
+
+      - name: a refusal escalates
+        signals: {draft: {refusal: true}}
+        expect: {action: escalate, escalate_to: frontier-small, verify_rule: broken-draft}
+
 ``run_cases(path) -> list[CaseResult]``; raises ``PolicyError`` if the cases file,
 its policy or its fleet is invalid (unknown signal names in a case included).
 """
@@ -44,20 +53,23 @@ from pointsman.errors import PolicyError, Problem
 from pointsman.json_types import JSONValue
 from pointsman.located import LocatedDocument, StrictModel, did_you_mean, load_config
 from pointsman.policy.engine import decide
+from pointsman.policy.escalation import judge, rule_name
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, Fleet, Mode, load_fleet
 from pointsman.policy.live import StaticSignals
 from pointsman.policy.rules.compiler import CompiledPolicy, load_policy
 from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.policy.signals.namespaces import (
-    SIGNALS,
+    VERIFY_SIGNALS,
     BudgetSignals,
     CacheSignals,
     DifficultySignals,
+    DraftSignals,
     EndpointSignals,
     LoadSignals,
     Namespace,
     RequestSignals,
     Snapshot,
+    example_draft,
     example_endpoint,
     example_signals,
     relative_key,
@@ -74,6 +86,9 @@ class CaseExpect(StrictModel):
     skipped: list[str] | None = None
     error: Literal["no-eligible-target"] | None = None
     excluded_by: dict[str, str] | None = None
+    action: Literal["accept", "escalate"] | None = None
+    escalate_to: str | None = None
+    verify_rule: str | None = None
 
 
 class Case(StrictModel):
@@ -105,7 +120,7 @@ class CaseResult:
 
 
 #: Namespaces a case may set, and their shape (``by_target``: {target: {field: value}}).
-CASE_NAMESPACES = ("request", "difficulty", "load", "cache", "endpoint", "budget")
+CASE_NAMESPACES = ("request", "difficulty", "load", "cache", "endpoint", "budget", "draft")
 _T = TypeVar("_T")
 
 
@@ -127,7 +142,7 @@ def _check_signal_names(spec: CasesSpec, doc: LocatedDocument, fleet: Fleet) -> 
     for i, case in enumerate(spec.cases):
         for root, fields in case.signals.items():
             path: tuple[str | int, ...] = ("cases", i, "signals", root)
-            ns = SIGNALS.get(root)
+            ns = VERIFY_SIGNALS.get(root)
             if ns is None or root not in CASE_NAMESPACES:
                 bad(path, "unknown-signal",
                     f"unknown signal namespace '{root}'{did_you_mean(root, CASE_NAMESPACES)}")
@@ -152,6 +167,7 @@ _BUDGET = TypeAdapter(BudgetSignals)
 _LOAD = TypeAdapter(LoadSignals)
 _CACHE = TypeAdapter(CacheSignals)
 _ENDPOINT = TypeAdapter(EndpointSignals)
+_DRAFT = TypeAdapter(DraftSignals)
 
 
 def _merged(adapter: TypeAdapter[_T], base: Mapping[str, object], fields: Mapping[str, object], where: str) -> _T:
@@ -194,6 +210,25 @@ def case_signals(fleet: Fleet, policy: CompiledPolicy, overrides: Mapping[str, M
     }
 
 
+def case_draft(overrides: Mapping[str, Mapping[str, object]]) -> DraftSignals:
+    """The ``draft`` namespace of a case: ``example_draft`` with the case's ``draft`` fields,
+    validated. Raises ``ValueError`` naming the first bad value."""
+    return _merged(_DRAFT, example_draft(), overrides.get("draft", {}), "draft")
+
+
+def _check_verify(fleet: Fleet, policy: CompiledPolicy, case: Case, signals: Snapshot) -> list[str]:
+    """Mismatches of a case's verify expectations (empty when they hold or none are set)."""
+    exp = case.expect
+    if "draft" not in case.signals and exp.action is None and exp.escalate_to is None and exp.verify_rule is None:
+        return []
+    verdict = judge(fleet, policy, {"request": signals["request"], "difficulty": signals["difficulty"]},
+                    StaticSignals(fleet, policy, signals), case_draft(case.signals))
+    seen = {"action": verdict.action, "escalate_to": verdict.target, "verify_rule": rule_name(verdict)}
+    return [f"{key}: expected {getattr(exp, key)!r}, got {seen[key]!r}"
+            for key in ("action", "escalate_to", "verify_rule") if getattr(exp, key) is not None
+            and getattr(exp, key) != seen[key]]
+
+
 def load_cases(path: str | Path) -> tuple[CasesSpec, LocatedDocument, Fleet, CompiledPolicy]:
     """Validate a cases file without running it: ``(spec, located doc, fleet, compiled policy)``.
 
@@ -212,6 +247,7 @@ def load_cases(path: str | Path) -> tuple[CasesSpec, LocatedDocument, Fleet, Com
     for i, case in enumerate(spec.cases):
         try:
             case_signals(fleet, policy, case.signals)
+            case_draft(case.signals)
         except ValueError as exc:
             line, col = doc.mark(("cases", i, "signals"), key=True)
             problems.append(Problem(doc.file, line, col, "invalid-value", str(exc)))
@@ -238,6 +274,7 @@ def run_cases(path: str | Path) -> list[CaseResult]:
                 if excluded is None or excluded.filter != filt:
                     wrong.append(f"excluded_by[{target}]: expected {filt!r}, "
                                  f"got {excluded.filter if excluded else None!r}")
+            wrong += _check_verify(fleet, policy, case, signals)
             results.append(CaseResult(case.name, not wrong, "; ".join(wrong), line))
             continue
         verdict = outcome.verdict
@@ -250,5 +287,6 @@ def run_cases(path: str | Path) -> list[CaseResult]:
             want = getattr(exp, key)
             if want is not None and want != seen[key]:
                 wrong.append(f"{key}: expected {want!r}, got {seen[key]!r}")
+        wrong += _check_verify(fleet, policy, case, signals)
         results.append(CaseResult(case.name, not wrong, "; ".join(wrong), line))
     return results

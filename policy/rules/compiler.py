@@ -12,6 +12,11 @@ order. Codes: ``yaml-syntax``, ``duplicate-key``, ``unknown-key``, ``missing-key
 ``too-large`` (over a size limit of ``limits.py``: bytes, YAML nodes with aliases expanded,
 rules, tenant names; checked before anything costly, alone).
 
+The optional ``verify`` section (``schema.VerifySpec``) compiles the same way into
+``CompiledPolicy.verify`` (``CompiledVerify``): its conditions also read ``draft.*``
+(``namespaces.VERIFY_SIGNALS``), an ``escalate`` rule's targets are checked like a route's,
+and an unconditional last rule is required (``missing-default``, ``unreachable-rule``).
+
 Signal names are checked against ``namespaces.SIGNALS``: flat (``request.prompt_tokens``),
 keyed by target (``load["onprem-70b"].num_requests_waiting``, the key must be a
 target) and relative to the rule's own route (``cache.prefix_hit_ratio``,
@@ -56,6 +61,7 @@ from pointsman.policy.rules.schema import (
     FallbackSpec,
     PolicySpec,
     RuleSpec,
+    VerifySpec,
 )
 from pointsman.policy.selection.filters import FiltersSpec
 from pointsman.policy.selection.pd_mode import DisaggregationSpec
@@ -67,9 +73,12 @@ from pointsman.policy.signals.namespaces import (
     FUNCTIONS,
     RELATIVE_ROOTS,
     SIGNALS,
+    VERIFY_SIGNALS,
     EndpointSignals,
     LoadSignals,
+    Namespace,
     Snapshot,
+    example_draft,
     example_endpoint,
     example_load,
     example_signals,
@@ -116,6 +125,37 @@ class CompiledRule:
 
 
 @dataclass(frozen=True)
+class CompiledVerifyRule:
+    """One compiled verify rule: ``action`` (``accept`` or ``escalate``); ``candidates``: the
+    escalation target then its fallbacks, each with the target's default mode (empty for
+    ``accept``); ``target``: the escalation target ('' for accept; what ``cache``/``endpoint``
+    read); the rest as ``CompiledRule``."""
+
+    name: str
+    index: int
+    when: str | None
+    program: cel.Program | None
+    action: str
+    candidates: tuple[tuple[str, str], ...]
+    labels: dict[str, str]
+    signals: tuple[str, ...]
+    uses_cost: bool
+    line: int
+    target: str = ""
+    role: str = "aggregated"
+
+
+@dataclass(frozen=True)
+class CompiledVerify:
+    """The compiled ``verify`` section: ordered ``rules`` and the ``context_plan`` their
+    conditions read (``draft`` among the roots when they read it)."""
+
+    rules: tuple[CompiledVerifyRule, ...]
+    context_plan: Plan = field(default_factory=dict)
+    uses_cost: bool = False
+
+
+@dataclass(frozen=True)
 class CompiledPolicy:
     """A policy ready to evaluate. ``revision``: sha256 of the file text (16 hex);
     ``fleet_revision``: the fleet it was checked against; ``context_plan``: what conditions
@@ -135,6 +175,7 @@ class CompiledPolicy:
     filters: FiltersSpec = FiltersSpec()
     selection: EndpointSelectionSpec = EndpointSelectionSpec()
     disaggregation: DisaggregationSpec = DisaggregationSpec()
+    verify: CompiledVerify | None = None
 
 
 class _Checker:
@@ -235,9 +276,12 @@ class _Condition:
 
 
 def _check_condition(ck: _Checker, i: int, source: str, variables: Mapping[str, JSONValue], target: str | None,
-                     role: str) -> _Condition:
-    """Check one ``when`` and compile it (rewritten for relative namespaces); see the module doc."""
-    path = ("rules", i, "when")
+                     role: str, *, where: Path_ = ("rules",), signals: Mapping[str, Namespace] = SIGNALS,
+                     probe_extra: Mapping[str, object] | None = None) -> _Condition:
+    """Check one ``when`` and compile it (rewritten for relative namespaces); see the module doc.
+    ``where``: the rules list's path (``("verify", "rules")`` for verify rules); ``signals``: the
+    namespaces it may read; ``probe_extra``: namespaces added to the type probe's snapshots."""
+    path = (*where, i, "when")
     out = _Condition(source=source)
     if not source.strip():
         ck.add(path, "cel-syntax", "empty condition: omit 'when' for an unconditional rule")
@@ -256,13 +300,15 @@ def _check_condition(ck: _Checker, i: int, source: str, variables: Mapping[str, 
     for ref in found.refs:
         if ref.root in found.bound or ref.root in CEL_TYPE_NAMES:
             continue
-        ns = SIGNALS.get(ref.root)
+        ns = signals.get(ref.root)
         if ns is None:
             ok = False
             if ref.root in variables:
                 msg = f"unknown name '{ref.root}'; did you mean 'variables.{ref.root}'?"
+            elif ref.root in VERIFY_SIGNALS:
+                msg = f"'{ref.root}' is readable in the verify section's rules only"
             else:
-                msg = f"unknown name '{ref.root}'{did_you_mean(ref.root, SIGNALS)}"
+                msg = f"unknown name '{ref.root}'{did_you_mean(ref.root, signals)}"
             ck.add_at(path, ref.offset, "unknown-signal", msg)
             continue
         fields = set(variables) if ns.fields is None else set(ns.fields)
@@ -334,7 +380,7 @@ def _check_condition(ck: _Checker, i: int, source: str, variables: Mapping[str, 
     for offset, length, text in sorted(rewrites, reverse=True):
         rewritten = rewritten[:offset] + text + rewritten[offset + length:]
     out.program = cel.compile(rewritten)
-    _probe(ck, path, out.program, variables)
+    _probe(ck, path, out.program, variables, probe_extra)
     return out
 
 
@@ -375,10 +421,12 @@ def _probe_snapshots(fleet: Fleet, variables: Mapping[str, JSONValue]) -> list[S
     return [typical, busy]
 
 
-def _probe(ck: _Checker, path: Path_, program: cel.Program, variables: Mapping[str, JSONValue]) -> None:
-    """Run the condition on the probe snapshots to catch type errors and non-boolean results."""
+def _probe(ck: _Checker, path: Path_, program: cel.Program, variables: Mapping[str, JSONValue],
+           extra: Mapping[str, object] | None = None) -> None:
+    """Run the condition on the probe snapshots (plus ``extra`` namespaces) to catch type errors
+    and non-boolean results."""
     for snapshot in ck.probes(variables):
-        ctx = cel.Context(dict(snapshot), {"cost": lambda target: 0.001})
+        ctx = cel.Context({**snapshot, **(extra or {})}, {"cost": lambda target: 0.001})
         try:
             result = program.execute(ctx)
         except TypeError as exc:
@@ -524,6 +572,61 @@ def _check_settings(ck: _Checker, spec: PolicySpec) -> None:
                f"unknown picker '{picker}'{did_you_mean(picker, PICKERS)} (registered: {', '.join(PICKERS)})")
 
 
+def _check_verify(ck: _Checker, fleet: Fleet, spec: VerifySpec, variables: Mapping[str, JSONValue]) -> CompiledVerify:
+    """Check and compile the ``verify`` section (see the module doc); problems go to ``ck``."""
+    where: Path_ = ("verify", "rules")
+    # the probe reads a typical draft and a broken one (null log-probabilities, a refusal)
+    probe = {"draft": {**example_draft(), "logprob_mean": -1.0, "logprob_min": -9.0, "low_logprob_share": 0.4}}
+    rules: list[CompiledVerifyRule] = []
+    plan: Plan = {}
+    seen: dict[str, int] = {}
+    default: int | None = None
+    for i, rule in enumerate(spec.rules):
+        at: Path_ = (*where, i)
+        if rule.name in seen:
+            ck.add((*at, "name"), "duplicate-rule", f"verify rule name '{rule.name}' is already used at line "
+                   f"{ck.doc.mark((*where, seen[rule.name], 'name'))[0]}")
+        seen.setdefault(rule.name, i)
+        if default is not None:
+            ck.add((*at, "name"), "unreachable-rule", f"verify rule '{rule.name}' comes after the unconditional "
+                   f"rule '{spec.rules[default].name}' and can never match")
+        candidates: list[tuple[str, str]] = []
+        if rule.action == "escalate":
+            if rule.escalate is None:
+                ck.add((*at, "action"), "missing-key", "an escalate rule needs 'escalate: {target, fallbacks}'")
+            else:
+                for j, name in enumerate([rule.escalate.target, *rule.escalate.fallbacks]):
+                    loc: Path_ = (*at, "escalate", "target") if j == 0 else (*at, "escalate", "fallbacks", j - 1)
+                    if ck.target(loc, name):
+                        if any(t == name for t, _ in candidates):
+                            ck.add(loc, "duplicate-fallback", f"'{name}' is already the target or an earlier fallback")
+                        else:
+                            candidates.append((name, fleet.targets[name].modes[0]))
+        elif rule.escalate is not None:
+            ck.add((*at, "escalate"), "invalid-value", "an accept rule takes no 'escalate' (or write action: escalate)")
+        target = candidates[0][0] if candidates else ""
+        role = _role(fleet, target or None, candidates[0][1] if candidates else "aggregated")
+        cond = _Condition()
+        if _is_unconditional(rule.when):
+            default = i if default is None else default
+        else:
+            source = "false" if rule.when is False else str(rule.when)
+            cond = _check_condition(ck, i, source, variables, target or None, role, where=where,
+                                    signals=VERIFY_SIGNALS, probe_extra=probe)
+            if not target and any(p.split(".")[0] in RELATIVE_ROOTS for p in cond.paths):
+                ck.add((*at, "when"), "unknown-signal", "cache.* and endpoint.* read an escalate rule's target: "
+                       "an accept rule has none")
+            merge_plans(plan, cond.plan)
+        rules.append(CompiledVerifyRule(
+            name=rule.name, index=i, when=cond.source or None, program=cond.program, action=rule.action,
+            candidates=tuple(candidates), labels=dict(rule.labels), signals=cond.paths, uses_cost=cond.uses_cost,
+            line=ck.doc.mark(at)[0], target=target, role=role))
+    if default is None:
+        ck.add(("verify", "rules"), "missing-default",
+               "no unconditional verify rule: end them with one that has no 'when' (e.g. name: accept)", key=True)
+    return CompiledVerify(tuple(rules), _freeze(plan), any(r.uses_cost for r in rules))
+
+
 def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledPolicy:
     """Compile policy YAML text against ``fleet``; raises ``PolicyError`` listing every problem
     (or only ``too-large`` when the text is over a limit of ``limits.py``)."""
@@ -592,6 +695,10 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
             conditions[i] = cond
             merge_plans(plan, cond.plan)
     candidates = _expand_fallbacks(ck, fleet, rules, modes, frozenset(invalid) - seen.keys())
+    verify: CompiledVerify | None = None
+    verify_spec = spec.verify if spec is not None else _valid_verify(data.get("verify"))
+    if verify_spec is not None:
+        verify = _check_verify(ck, fleet, verify_spec, variables)
     if default_index is None and not invalid_default and (spec is not None or rules):
         ck.add(("rules",), "missing-default",
                "no unconditional rule: end the rules with one that has no 'when' (e.g. name: default)", key=True)
@@ -613,7 +720,18 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
         rules=tuple(compiled), variables=variables, labels=dict(spec.metadata.labels),
         context_plan=_freeze(plan), uses_cost=any(r.uses_cost for r in compiled),
         staleness=StalenessPolicy(load_spec.max_age_s, load_spec.on_stale), filters=spec.filters,
-        selection=spec.endpoint_selection, disaggregation=spec.disaggregation)
+        selection=spec.endpoint_selection, disaggregation=spec.disaggregation, verify=verify)
+
+
+def _valid_verify(raw: object) -> VerifySpec | None:
+    """The ``verify`` section when it validates on its own (the file as a whole did not; its
+    schema problems are already reported), else None."""
+    if raw is None:
+        return None
+    try:
+        return VerifySpec.model_validate(raw)
+    except ValidationError:
+        return None
 
 
 def _freeze(plan: Plan) -> Plan:

@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 from cel import cel  # the Rust extension itself: xds-protos (ext_proc) also ships a cel/ package whose empty __init__ may win
 
-from pointsman.policy.rules.compiler import CompiledPolicy, CompiledRule
+from pointsman.policy.rules.compiler import CompiledPolicy, CompiledRule, CompiledVerifyRule
 from pointsman.policy.selection.filters import Exclusion, NoEligibleTarget
 from pointsman.policy.signals.namespaces import RELATIVE_ROOTS, relative_key
 
@@ -110,7 +110,7 @@ def context_variables(policy: CompiledPolicy, signals: Mapping[str, object]) -> 
     return out
 
 
-def _error_text(exc: Exception, rule: CompiledRule, signals: Mapping[str, object]) -> str:
+def _error_text(exc: Exception, rule: CompiledRule | CompiledVerifyRule, signals: Mapping[str, object]) -> str:
     """A one-line reason for a failed condition, naming null signals when they caused it."""
     if isinstance(exc, TypeError) and "No such overload" in str(exc):
         nulls = [p for p in rule.signals
@@ -145,7 +145,7 @@ def _get(ns: object, key: str) -> object:
     return ns.get(key) if isinstance(ns, Mapping) else None
 
 
-def lookup_signal(signals: Mapping[str, object], path: str, rule: CompiledRule | None = None) -> object:
+def lookup_signal(signals: Mapping[str, object], path: str, rule: CompiledRule | CompiledVerifyRule | None = None) -> object:
     """The value at a signal path as written (``request.x``, ``load["t"].x``, ``cache.x``) in a
     snapshot or CEL context; None when absent."""
     if path.startswith('load["'):

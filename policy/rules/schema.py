@@ -35,6 +35,24 @@
       - name: default             # an unconditional rule is required, and must be last
         route: {target: onprem-8b, mode: auto, fallbacks: ["rule:hard-prompt"]}
 
+**Verify** (optional; ``POST /v1/verify``, a cascade): after the chosen target answered (or
+streamed its first tokens), ordered rules over everything ``rules`` read plus ``draft.*``
+decide whether the draft is accepted or the request escalates; the first match wins, an
+unconditional last rule is required::
+
+    verify:
+      rules:
+        - name: broken-draft
+          when: draft.empty || draft.truncated || draft.refusal
+          action: escalate
+          escalate: {target: frontier-small, fallbacks: [frontier-large]}
+        - name: accept
+          action: accept
+
+An ``escalate`` rule names ``escalate: {target, fallbacks}`` (fleet targets; ``cache.*`` and
+``endpoint.*`` read that target's values); an ``accept`` rule names none and cannot read
+``cache``/``endpoint``.
+
 **Route.** ``target`` (a fleet target), ``mode`` and ``fallbacks``. ``mode``:
 ``aggregated``; ``disaggregated`` (the P/D guards still apply: a pool smaller than
 ``min_pool_gpus`` or a saturated prefill pool keeps the request aggregated when the
@@ -116,6 +134,32 @@ class SignalsSpec(StrictModel):
     load: LoadSignalsSpec = LoadSignalsSpec()
 
 
+class EscalateSpec(StrictModel):
+    """Where an escalated request goes: ``target`` (a fleet target, in its default mode) then
+    ``fallbacks`` (target names) when it is ineligible or refuses the budget hold."""
+
+    target: str = Field(min_length=1)
+    fallbacks: list[Annotated[str, Field(min_length=1)]] = []
+
+
+class VerifyRuleSpec(StrictModel):
+    """One verify rule: ``name``, optional CEL ``when`` (over route signals and ``draft.*``),
+    ``action`` (``accept`` or ``escalate``), ``escalate`` (required for ``escalate``), ``labels``."""
+
+    name: RuleName
+    description: str = ""
+    when: str | bool | None = None
+    action: Literal["accept", "escalate"]
+    escalate: EscalateSpec | None = None
+    labels: dict[str, str] = {}
+
+
+class VerifySpec(StrictModel):
+    """The ``verify`` section: ordered ``rules`` (the last one unconditional)."""
+
+    rules: list[VerifyRuleSpec] = Field(min_length=1)
+
+
 class PolicySpec(StrictModel):
     """The validated content of a policy file."""
 
@@ -128,3 +172,4 @@ class PolicySpec(StrictModel):
     endpoint_selection: EndpointSelectionSpec = EndpointSelectionSpec()
     disaggregation: DisaggregationSpec = DisaggregationSpec()
     rules: list[RuleSpec] = Field(min_length=1)
+    verify: VerifySpec | None = None

@@ -281,6 +281,64 @@ SIGNALS: dict[str, Namespace] = {
     }),
 }
 
+class DraftSignals(TypedDict):
+    """The ``draft`` namespace, read by a policy's ``verify`` rules only (``SIGNALS['draft']``)."""
+
+    p_bad: float
+    tokens: int
+    length_ratio: float
+    finish_reason: str
+    truncated: bool
+    partial: bool
+    empty: bool
+    refusal: bool
+    hedging: bool
+    repetition: float
+    has_logprobs: bool
+    logprob_mean: float | None
+    logprob_min: float | None
+    low_logprob_share: float | None
+    verifier: str
+    target: str
+    on_prem: bool
+
+
+#: The ``draft`` namespace: only ``verify`` rules see it (``VERIFY_SIGNALS``).
+DRAFT_NAMESPACE = Namespace("draft", "The draft a gateway sends to `POST /v1/verify`: what the on-prem model answered "
+                                     "(or its first tokens) and the verifier's score. Readable in the policy's "
+                                     "`verify` rules only (estimator/draft.py, estimator/verifier.py).", {
+    "p_bad": Signal("double", "the verifier's probability 0-1 that the draft loses to the frontier's answer (the "
+                              "shipped verifier is a documented heuristic: read it as a ranking)"),
+    "tokens": Signal("int", "draft length in tokens (the engine's completion_tokens, else counted)"),
+    "length_ratio": Signal("double", "draft tokens / prompt tokens"),
+    "finish_reason": Signal("string", "stop, length, content_filter, tool_calls, other; '' when unknown or streaming"),
+    "truncated": Signal("bool", "finish_reason is length: cut at the output cap"),
+    "partial": Signal("bool", "only the first tokens were sent (streaming)"),
+    "empty": Signal("bool", "no answer text and no tokens"),
+    "refusal": Signal("bool", "the draft opens with a refusal (I'm sorry, I cannot, as an AI ...)"),
+    "hedging": Signal("bool", "the draft opens by hedging (I'm not sure, it depends, I don't know ...)"),
+    "repetition": Signal("double", "share 0-1 of word trigrams that repeat an earlier one (a loop near 1)"),
+    "has_logprobs": Signal("bool", "the engine's token log-probabilities were sent"),
+    "logprob_mean": Signal("double", "mean token log-probability (<= 0); null without them", nullable=True),
+    "logprob_min": Signal("double", "lowest token log-probability; null without them", nullable=True),
+    "low_logprob_share": Signal("double", "share 0-1 of tokens with probability below 0.2; null without them",
+                                nullable=True),
+    "verifier": Signal("string", "the verifier's version (heuristic-v1 for the shipped one)"),
+    "target": Signal("string", "the target that wrote the draft (the decision's)"),
+    "on_prem": Signal("bool", "the draft came from an on-prem target (not a frontier API)"),
+})
+#: What ``verify`` rules read: every route signal plus ``draft``.
+VERIFY_SIGNALS: dict[str, Namespace] = {**SIGNALS, "draft": DRAFT_NAMESPACE}
+
+
+def example_draft() -> DraftSignals:
+    """A typical, acceptable draft (policy cases start from it; the compiler's type probe too)."""
+    return {"p_bad": 0.3, "tokens": 150, "length_ratio": 1.5, "finish_reason": "stop", "truncated": False,
+            "partial": False, "empty": False, "refusal": False, "hedging": False, "repetition": 0.0,
+            "has_logprobs": True, "logprob_mean": -0.4, "logprob_min": -3.0, "low_logprob_share": 0.1,
+            "verifier": "heuristic-v1", "target": "onprem-8b", "on_prem": True}
+
+
 #: Internal CEL roots of the relative namespaces (see the module docstring).
 RELATIVE_ROOTS: dict[str, str] = {"cache": "_cache", "endpoint": "_endpoint"}
 
@@ -454,7 +512,7 @@ def reference_markdown() -> str:
              "Every signal a decision's evaluated rules read appears in its trace (`routing.explain`) with its "
              "value and age (`age_s`; 0 for values computed at decision time). Infinite values (an unlimited "
              "budget) appear there as null.", ""]
-    for ns in SIGNALS.values():
+    for ns in VERIFY_SIGNALS.values():
         lines += [f"## `{ns.name}`", "", ns.doc, ""]
         if ns.fields is None:
             lines += [f"Open keys: `{ns.name}.<name>`.", ""]
