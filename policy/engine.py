@@ -23,6 +23,10 @@ Steps of ``route(request)`` (DESIGN.md, "The flow of one decision"):
    prefix and session are recorded (``FleetState.dispatch``). The service settles it
    when the outcome arrives (``FleetState.settle``).
 
+``verify(decision, draft)`` is the cascade's second decision (``POST /v1/verify``): the
+policy's ``verify`` rules on the decision's request and the draft, then steps 5-7 for an
+escalation, held under ``<decision_id>/escalation`` (``policy/escalation.py``).
+
 The engine is immutable: to change policy or estimator, build a new engine
 (``with_policy``, ``with_estimator``; they share the ``FleetState``) and swap the
 reference; decisions in flight finish on the engine they started with.
@@ -42,6 +46,7 @@ from pointsman.estimator.features import RequestFeatures, tokenized_features
 from pointsman.policy.budget.ledger import BudgetExceeded
 from pointsman.policy.cost import CostEstimate
 from pointsman.policy.decision import Decision, EndpointChoice, Fallback, Trace, new_decision_id
+from pointsman.policy.escalation import Escalation, escalation_id, judge, rule_name
 from pointsman.policy.fleet import Fleet, FrontierTarget
 from pointsman.policy.live import BaseSignals, CelContext, LiveSignals, build_context, finite_or_none
 from pointsman.policy.rules.compiler import CompiledPolicy
@@ -408,3 +413,52 @@ class RoutingEngine:
                           "error": estimate.error},
             "policy": {"name": self.policy.name, "file": self.policy.file},
         }
+
+    def verify(self, decision: Decision, draft: Mapping[str, object], *, dispatch: bool = True) -> Escalation:
+        """The cascade's second decision (``policy/escalation.py``) for ``decision``'s draft:
+        ``draft`` is the ``draft`` namespace (``escalation.draft_signals``). The policy's verify
+        rules run on the decision's request and difficulty and on signals read now (load,
+        budget, cache, eligibility); an escalation is placed like a route (endpoints, cost) and,
+        with ``dispatch``, committed under ``escalation_id(decision_id)``: its estimated cost
+        reserved on the decision's budget scopes, counted in flight. A target that refuses the
+        hold or has no healthy endpoint moves on to the next; when none is left the draft is
+        accepted (rule ``no-eligible-escalation``). Raises ``LedgerUnavailable`` as ``route``."""
+        view, features = decision.request_view, decision.request_features
+        if view is None or features is None:
+            raise ValueError("a decision without its request view cannot be verified")
+        base: BaseSignals = {"request": request_signals(features, view, self.fleet.spec.defaults.output_tokens),
+                             "difficulty": {"p_hard": decision.p_hard, "available": decision.difficulty_available}}
+        hashes, gateway_ids = block_hashes(view)
+        live = LiveSignals(self.state, self.policy, self.picker, request=base["request"], block_hashes=hashes,
+                           gateway_ids=gateway_ids, scopes=view.scopes, session_id=view.routing.session_id or "",
+                           view=view)
+        verdict = judge(self.fleet, self.policy, base, live, draft, self.filters)
+        labels = dict(verdict.rule.labels) if verdict.rule is not None else {}
+        if verdict.action == "accept" or verdict.target is None or verdict.mode is None:
+            return Escalation(decision.decision_id, "accept", rule_name(verdict), labels, verdict.results)
+        eid = escalation_id(decision.decision_id)
+        candidates = [(verdict.target, verdict.mode), *verdict.fallbacks]
+        refusals: dict[str, str] = {}
+        for index, (target, mode) in enumerate(candidates):
+            placed = place(live, target, mode)
+            if placed is None:
+                refusals[target] = f"no healthy endpoint for {mode}"
+                continue
+            if dispatch:
+                try:
+                    self.state.dispatch(Dispatch(placed.record(eid, view, features.prompt_tokens, live.now_mono),
+                                                 hashes, gateway_ids, view.routing.session_id or ""), now=live.now)
+                except BudgetExceeded as exc:
+                    refusals[target] = str(exc)
+                    continue
+            fallbacks = []
+            for t, m in candidates[index + 1:]:
+                fb = place(live, t, m)
+                if fb is not None:
+                    fallbacks.append(Fallback(t, self.fleet.targets[t].model, base_url(fb.endpoints), fb.mode))
+            return Escalation(decision.decision_id, "escalate", rule_name(verdict), labels, verdict.results,
+                              escalation_id=eid, target=target, model=self.fleet.targets[target].model,
+                              base_url=base_url(placed.endpoints), mode=placed.mode, endpoints=placed.endpoints,
+                              fallbacks=tuple(fallbacks), estimated_cost_usd=placed.cost.usd, refusals=refusals)
+        return Escalation(decision.decision_id, "accept", "no-eligible-escalation", {}, verdict.results,
+                          refusals=refusals)
