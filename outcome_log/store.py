@@ -34,6 +34,13 @@ Tables::
              shadow, status, error, prompt_tokens, cached_tokens, completion_tokens,
              ttft_ms, tpot_ms, e2e_latency_ms, judge_score, judge_reference_score, judge,
              user_rating, regenerated, escalated, payload_sha256)
+    verifications(decision_id PK, time_s, action, rule, p_bad, verifier, escalation_id,
+                  escalation_target, estimated_cost_usd, features JSON, draft_text)
+
+``verifications`` holds one row per verified draft (``POST /v1/verify``, a cascade): the
+verifier's answer and the draft's features (``estimator.draft.DraftFeatures``), so a verifier
+head can be trained from logged outcomes; the draft's text only when the operator opted in
+(``POINTSMAN_STORE_DRAFTS``).
 """
 
 from __future__ import annotations
@@ -126,6 +133,19 @@ CREATE TABLE IF NOT EXISTS outcomes (
     payload_sha256 TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS outcomes_decision ON outcomes(decision_id);
+CREATE TABLE IF NOT EXISTS verifications (
+    decision_id TEXT PRIMARY KEY REFERENCES decisions(decision_id),
+    time_s REAL NOT NULL,
+    action TEXT NOT NULL,
+    rule TEXT NOT NULL,
+    p_bad REAL NOT NULL,
+    verifier TEXT NOT NULL,
+    escalation_id TEXT,
+    escalation_target TEXT,
+    estimated_cost_usd REAL,
+    features TEXT NOT NULL,
+    draft_text TEXT
+);
 """
 
 _DECISION_COLUMNS = (
@@ -292,6 +312,38 @@ class OutcomeLog:
                 seen[key] = digest
                 acks.append(OutcomeAck(key, o.decision_id, "stored"))
         return acks
+
+    def append_verification(self, decision_id: str, *, time_s: float, action: str, rule: str, p_bad: float,
+                            verifier: str, features: Mapping[str, object], escalation_id: str | None = None,
+                            escalation_target: str | None = None, estimated_cost_usd: float | None = None,
+                            draft_text: str | None = None) -> bool:
+        """Store one verified draft durably (see the module); False when the decision already has
+        one (nothing changes). Raises ``DataError`` when the store is unavailable or the decision
+        is not in the log."""
+        try:
+            with self._write(durable=True) as conn:
+                before = conn.total_changes
+                conn.execute(
+                    "INSERT OR IGNORE INTO verifications(decision_id, time_s, action, rule, p_bad, verifier, "
+                    "escalation_id, escalation_target, estimated_cost_usd, features, draft_text) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (decision_id, float(time_s), action, rule, float(p_bad), verifier, escalation_id,
+                     escalation_target, estimated_cost_usd, json.dumps(dict(features), sort_keys=True), draft_text))
+                return conn.total_changes > before
+        except DataError as exc:
+            if "FOREIGN KEY" in str(exc):
+                raise DataError(f"no decision {decision_id} in the outcome log") from None
+            raise
+
+    def verification(self, decision_id: str) -> dict[str, object] | None:
+        """The stored verification of a decision (columns by name, ``features`` parsed), or None."""
+        with self._reader() as conn:
+            row = conn.execute("SELECT * FROM verifications WHERE decision_id = ?", (decision_id,)).fetchone()
+        if row is None:
+            return None
+        out = {k: row[k] for k in row.keys()}
+        out["features"] = json.loads(str(out["features"]))
+        return out
 
     @contextmanager
     def _write(self, durable: bool) -> Iterator[sqlite3.Connection]:

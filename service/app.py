@@ -39,8 +39,9 @@ from pydantic import BaseModel
 from pointsman import __version__
 from pointsman.policy.engine import RoutingEngine
 from pointsman.request import RouteRequest
-from pointsman.service import routes_admin, routes_decisions, routes_ops, routes_reports
+from pointsman.service import routes_admin, routes_decisions, routes_ops, routes_reports, routes_verify
 from pointsman.service.auth import KeyRing
+from pointsman.service.cascade import VerifyIn
 from pointsman.service.docs_ui import install_docs
 from pointsman.service.http_errors import install_error_handlers
 from pointsman.service.routes_reports import OUTCOMES_SCHEMA, deliver_forwarded
@@ -55,7 +56,7 @@ log = logging.getLogger("pointsman.service")
 
 #: Request bodies read from raw bytes (size limit, strict JSON), so not FastAPI parameters:
 #: their schemas are added to the OpenAPI components here.
-_BODY_MODELS: tuple[type[BaseModel], ...] = (RouteRequest, TelemetryIn, PolicyValidateIn)
+_BODY_MODELS: tuple[type[BaseModel], ...] = (RouteRequest, TelemetryIn, PolicyValidateIn, VerifyIn)
 
 
 def _openapi(app: FastAPI) -> dict[str, object]:
@@ -150,7 +151,7 @@ def create_app(settings: Settings | None = None, engine: RoutingEngine | None = 
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]  # FastAPI documents replacing app.openapi
     install_error_handlers(app)
     install_docs(app)
-    for module in (routes_decisions, routes_reports, routes_admin, routes_ops):
+    for module in (routes_decisions, routes_reports, routes_verify, routes_admin, routes_ops):
         app.include_router(module.router)
     return app
 

@@ -114,6 +114,8 @@ class ServiceMetrics:
         self.spend_usd = Counter("pointsman_budget_spend_usd", "Actual cost settled by outcomes, USD.", ["target"],
                                  registry=r)
         self.outcomes = Counter("pointsman_outcomes", "Outcomes by acknowledgement status.", ["status"], registry=r)
+        self.verifications = Counter("pointsman_verifications", "Drafts verified (POST /v1/verify), by action.",
+                                     ["action"], registry=r)
         self.telemetry = Counter("pointsman_telemetry_snapshots", "Load snapshots accepted.", registry=r)
         self.decision_log = Counter("pointsman_decision_log", "Decision log writes by result.", ["result"], registry=r)
         self.policy_reloads = Counter("pointsman_policy_reloads", "Policy reloads by result and source.",

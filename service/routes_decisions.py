@@ -73,6 +73,8 @@ def commit_decision(rt: Runtime, decision: Decision, request: RouteRequest, esti
     """Hand an answered decision to the decision log writer and count it (``started``: ``perf_counter``
     when its body was complete). ``/v1/route`` and the ext_proc endpoint picker both call this."""
     rt.writer.submit(decision, request, estimator)
+    if rt.live.engine.policy.verify is not None:  # the gateway may verify its draft (POST /v1/verify)
+        rt.cascade.add(decision)
     metrics = rt.metrics
     metrics.observe_decision(decision, time.perf_counter() - started)
     if not decision.difficulty_available:

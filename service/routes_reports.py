@@ -18,6 +18,9 @@ decision id, usage, TTFT/TPOT/end-to-end latency, status, quality signals). In o
    usage means the request never ran: its hold is released instead. An ``ok`` outcome
    without usage books the decision's estimate. Settling is idempotent, so a retried
    outcome settles at most once. Shadow outcomes (evaluation traffic) never touch budgets.
+   An outcome of an escalated decision (``POST /v1/verify`` said escalate; its draft was
+   settled then) settles the escalation, ``<decision_id>/escalation``, on the escalation's
+   target: the gateway reports one outcome per decision, stored once.
 
 Before step 2 each item is checked: it must validate (``parse_outcome_items``), and its usage
 must fit the serving target's context window x ``CONTEXT_TOLERANCE`` (``usage_problem``). A
@@ -45,6 +48,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import sqlite3
 import time
 from collections.abc import Mapping
 from typing import Required, TypedDict
@@ -127,20 +131,26 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry) -> None:
                                                 or usage.completion_tokens is not None) else None
     books_estimate = reported is None and item.status == "ok"  # an ok answer without usage books the estimate
     target, estimate = item.served_target, None
-    if not target or books_estimate:
+    settle_id = item.decision_id
+    escalation = _escalation_of(rt, item.decision_id)
+    if escalation is not None:
+        settle_id, target = escalation[0], item.served_target or escalation[1]
+        record = state.record(settle_id)
+        estimate = record.estimated_cost_usd if record is not None else None
+    elif not target or books_estimate:
         known = _known_decision(rt, item.decision_id)
         if known is not None:
             target, estimate = target or known[0], known[1]
     try:
         if reported is None and item.status != "ok":
-            entry["released"] = bool(state.release(item.decision_id))
+            entry["released"] = bool(state.release(settle_id))
             return
         if reported is not None:
-            settled = state.settle(item.decision_id, prompt_tokens=reported.prompt_tokens or 0,
+            settled = state.settle(settle_id, prompt_tokens=reported.prompt_tokens or 0,
                                    completion_tokens=reported.completion_tokens or 0,
                                    cached_tokens=reported.cached_tokens or 0, target=target)
         else:
-            settled = state.settle(item.decision_id, prompt_tokens=0, completion_tokens=0,
+            settled = state.settle(settle_id, prompt_tokens=0, completion_tokens=0,
                                    actual_cost_usd=estimate if estimate is not None else 0.0, target=target)
     except LedgerUnavailable:
         raise
@@ -150,6 +160,21 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry) -> None:
     if not settled.replayed and settled.actual_cost_usd > 0:
         rt.metrics.spend_usd.labels(settled.target or "unknown").inc(settled.actual_cost_usd)
     entry["settlement"] = settled.to_dict()
+
+
+def _escalation_of(rt: Runtime, decision_id: str) -> tuple[str, str] | None:
+    """(escalation id, target) when ``POST /v1/verify`` escalated the decision: held in memory,
+    else from the outcome log's ``verifications``; None otherwise. Raises ``DataError``."""
+    held = rt.cascade.escalation_of(decision_id)
+    if held is not None:
+        return held
+    try:
+        logged = rt.outcome_log.verification(decision_id)
+    except (DataError, sqlite3.Error):
+        return None
+    if logged is None or not logged.get("escalation_id") or not logged.get("escalation_target"):
+        return None
+    return str(logged["escalation_id"]), str(logged["escalation_target"])
 
 
 def _served_target(rt: Runtime, item: OutcomeIn) -> str | None:

@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from pointsman.estimator.estimate import Estimator
+from pointsman.estimator.verifier import HeuristicVerifier, Verifier, load_verifier
 from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.engine import RoutingEngine
 from pointsman.service.bootstrap import build_engine, load_estimator
+from pointsman.service.cascade import PendingDrafts
 from pointsman.service.deadline import DeadlineEstimator, estimator_pool
 from pointsman.service.decision_log import DecisionLogWriter
 from pointsman.service.feeds import SignalFeeds
@@ -51,6 +53,8 @@ class Runtime:
     outcome_log: OutcomeLog
     writer: DecisionLogWriter
     owns_engine: bool = False
+    cascade: PendingDrafts = field(default_factory=PendingDrafts)
+    verifier: Verifier = field(default_factory=HeuristicVerifier)
     pool: concurrent.futures.ThreadPoolExecutor | None = None
     follower: ModelFollower | None = None
     feeds: SignalFeeds | None = None
@@ -151,7 +155,9 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
 
     writer = DecisionLogWriter(outcome_log, flush_interval_s=settings.decision_log_flush_ms / 1000.0,
                                max_queue=settings.decision_log_queue, on_result=on_log).start()
-    rt = Runtime(settings, LiveEngine(engine, estimator_error), metrics, outcome_log, writer, owns_engine)
+    rt = Runtime(settings, LiveEngine(engine, estimator_error), metrics, outcome_log, writer, owns_engine,
+                 cascade=PendingDrafts(settings.verify_ttl_s, settings.verify_max_pending),
+                 verifier=load_verifier(settings.verifier))
     if estimator_error is None:
         rt.live = LiveEngine(engine.with_estimator(rt.wrap(engine.estimator)), None)
     metrics.watch_state(StateCollector(lambda: rt.live, lambda: rt.writer.pending, lambda: rt.feeds))

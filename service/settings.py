@@ -38,6 +38,13 @@ Service only (``pointsman serve``):
   ``<POINTSMAN_DATA_DIR>/outcomes.db``.
 - ``POINTSMAN_STORE_PROMPTS``: also store the prompt text of decisions (operator opt-in);
   default ``false``: a hash, the request features and the head-input vector only.
+- ``POINTSMAN_STORE_DRAFTS``: also store the text of drafts sent to ``POST /v1/verify``
+  (operator opt-in); default ``false``: the draft's features only.
+- ``POINTSMAN_VERIFIER``: the cascade's verifier: ``heuristic`` (default, the documented
+  heuristic of ``estimator/verifier.py``) or a directory holding a trained head.
+- ``POINTSMAN_VERIFY_TTL_S``: how long a decision can be verified after it was made; default
+  600 s (later: 410). ``POINTSMAN_VERIFY_MAX_PENDING``: decisions held for verification at most
+  (the oldest are forgotten first); default 100,000.
 - ``POINTSMAN_DECISION_LOG_FLUSH_MS``: how long a decision waits in memory before the
   background writer commits it (batched); default 50 ms. ``POINTSMAN_DECISION_LOG_QUEUE``:
   decisions held in memory at most (beyond it new ones are dropped, counted and logged);
@@ -105,6 +112,10 @@ class Settings(BaseSettings):
     admin_api_keys: SecretStr | None = None
     outcome_log: Path | None = None
     store_prompts: bool = False
+    store_drafts: bool = False
+    verifier: str | None = None
+    verify_ttl_s: float = Field(default=600.0, gt=0)
+    verify_max_pending: int = Field(default=100_000, ge=1)
     decision_log_flush_ms: float = Field(default=50.0, ge=0)
     decision_log_queue: int = Field(default=100_000, ge=1)
     watch_policy: bool = True

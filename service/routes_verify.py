@@ -1,0 +1,153 @@
+"""``POST /v1/verify``: the cascade's second decision. A gateway sends the decision id and the
+draft the decision's target answered (or its first tokens) and gets back ``accept`` or
+``escalate`` (``cascade.VerifyOut``).
+
+In order (in a worker thread; same auth as ``/v1/route``):
+
+1. the body is validated (422 naming the field); the decision must be held here
+   (``cascade.PendingDrafts``): 404 ``unknown_decision`` when nothing knows it, 410
+   ``decision_expired`` when it is older than ``POINTSMAN_VERIFY_TTL_S`` or its context is not
+   on this replica (the outcome log knows it, memory does not);
+2. a repeated verify returns the first answer with ``replayed: true``; a decision already
+   settled by its outcome (or released) is 409 ``decision_settled``;
+3. the draft's features (``estimator/draft.py``) and the verifier's ``p_bad``
+   (``POINTSMAN_VERIFIER``), then ``RoutingEngine.verify``: the policy's verify rules, and for
+   an escalation its placement, budget hold and in-flight count under
+   ``<decision_id>/escalation``;
+4. the verification is stored durably in the outcome log (the draft's features; its text with
+   ``POINTSMAN_STORE_DRAFTS``); when that fails the escalation's hold is released and the
+   answer is 503 (nothing accepted: retry);
+5. the draft is settled (its usage booked, its on-prem load released), unless it is an
+   accepted partial draft (the on-prem call goes on: its outcome settles it).
+
+The gateway then reports one outcome under the decision id: for an escalated decision it
+settles the escalation (``routes_reports``); it is stored once, like any outcome.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from pointsman.errors import BudgetError, DataError
+from pointsman.estimator.draft import draft_features
+from pointsman.estimator.verifier import Verifier
+from pointsman.json_types import JSONValue
+from pointsman.policy.budget.ledger import LedgerUnavailable
+from pointsman.policy.escalation import draft_signals
+from pointsman.policy.fleet import FrontierTarget
+from pointsman.service.auth import Principal, require
+from pointsman.service.bodies import json_body, read_parsed, validate_model
+from pointsman.service.cascade import Pending, VerifyIn, VerifyOut
+from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, unavailable
+from pointsman.service.routes_reports import _decision_age_s
+from pointsman.service.runtime import Runtime, get_runtime
+
+router = APIRouter()
+
+
+def _missing(rt: Runtime, decision_id: str) -> HTTPError:
+    """404 or 410 for a decision not held here (see the module, step 1)."""
+    age = _decision_age_s(decision_id)
+    rt.writer.flush(timeout_s=10.0)
+    try:
+        logged = rt.outcome_log.decision(decision_id) is not None
+    except DataError:
+        logged = False
+    if logged or (age is not None and age > rt.cascade.ttl_s):
+        return HTTPError(410, f"decision {decision_id} can no longer be verified: verify within "
+                              f"{rt.cascade.ttl_s:g} s (POINTSMAN_VERIFY_TTL_S), on the replica that made it",
+                         type="not_found_error", code="decision_expired", param="decision_id")
+    return HTTPError(404, f"no decision {decision_id} here (verify a decision_id from POST /v1/route)",
+                     type="not_found_error", code="unknown_decision", param="decision_id")
+
+
+def verify(rt: Runtime, body: VerifyIn, verifier: Verifier) -> dict[str, object]:
+    """Steps 1-5 of the module for one validated body; the answer as a dict. Raises ``HTTPError``."""
+    pending = rt.cascade.get(body.decision_id)
+    if pending is None:
+        raise _missing(rt, body.decision_id)
+    with pending.lock:
+        if pending.answer is not None:
+            return {**pending.answer, "replayed": True}
+        return _first_verify(rt, body, verifier, pending)
+
+
+def _first_verify(rt: Runtime, body: VerifyIn, verifier: Verifier, pending: Pending) -> dict[str, object]:
+    decision = pending.decision
+    engine = rt.live.engine
+    state = engine.state
+    if state.record(decision.decision_id) is None:
+        raise HTTPError(409, f"decision {decision.decision_id} is already settled (its outcome arrived or it was "
+                             "released): verify before reporting the outcome", type="conflict_error",
+                        code="decision_settled", param="decision_id")
+    features = draft_features(body.as_draft(), decision.prompt_tokens, decision.p_hard)
+    try:
+        p_bad = float(verifier.p_bad(features))
+    except Exception:  # noqa: BLE001 - a broken verifier head must not take the verify down
+        p_bad = math.nan
+    if not 0.0 <= p_bad <= 1.0:
+        p_bad = 0.5
+    target = engine.fleet.targets.get(decision.target)
+    on_prem = target is not None and not isinstance(target, FrontierTarget)
+    draft = draft_signals(features, p_bad, verifier.version, decision.target, on_prem)
+    try:
+        escalation = engine.verify(decision, draft)
+    except LedgerUnavailable as exc:
+        raise unavailable(f"budget ledger unavailable: {exc}", "budget_ledger_unavailable") from None
+    try:
+        rt.writer.flush(timeout_s=10.0)
+        rt.outcome_log.append_verification(
+            decision.decision_id, time_s=time.time(), action=escalation.action, rule=escalation.rule, p_bad=p_bad,
+            verifier=verifier.version, features=features.to_dict(), escalation_id=escalation.escalation_id,
+            escalation_target=escalation.target, estimated_cost_usd=escalation.estimated_cost_usd,
+            draft_text=body.draft.text if rt.settings.store_drafts else None)
+    except DataError as exc:
+        if escalation.escalation_id is not None:
+            state.release(escalation.escalation_id)
+        raise unavailable(f"outcome log unavailable, nothing accepted: {exc}", "outcome_log_unavailable") from None
+    settlement: dict[str, object] | None = None
+    if not (escalation.action == "accept" and features.partial):
+        usage = body.usage
+        try:
+            settled = state.settle(decision.decision_id,
+                                   prompt_tokens=usage.prompt_tokens if usage and usage.prompt_tokens is not None
+                                   else decision.prompt_tokens,
+                                   completion_tokens=features.tokens,
+                                   cached_tokens=usage.cached_tokens or 0 if usage else 0)
+            settlement = settled.to_dict()
+        except LedgerUnavailable as exc:
+            settlement = {"error": f"budget ledger unavailable ({exc}); the draft's outcome settles it"}
+        except BudgetError as exc:
+            settlement = {"error": str(exc)}
+    if escalation.escalation_id is not None and escalation.target is not None:
+        pending.escalation = (escalation.escalation_id, escalation.target)
+    rt.metrics.verifications.labels(escalation.action).inc()
+    out = escalation.to_dict()
+    answer = {**out, "p_bad": p_bad, "verifier": verifier.version, "draft": features.to_dict(),
+              "draft_settlement": settlement, "replayed": False}
+    pending.answer = answer
+    return answer
+
+
+def parse_verify(body: JSONValue) -> VerifyIn:
+    """Validate a verify body; raises ``RequestError`` naming the field."""
+    return validate_model(VerifyIn, body)
+
+
+@router.post("/v1/verify", response_model=VerifyOut, tags=["gateway"],
+             responses={**ERROR_RESPONSES, 404: ERROR_RESPONSES[422], 409: ERROR_RESPONSES[422],
+                        410: ERROR_RESPONSES[422]},
+             summary="Accept a draft or escalate the request (a cascade)",
+             openapi_extra=json_body({"$ref": "#/components/schemas/VerifyIn"}))
+async def verify_route(request: Request, principal: Principal = Depends(require("gateway")),
+                       rt: Runtime = Depends(get_runtime)) -> JSONResponse:
+    """Body: ``decision_id``, ``draft`` (text, finish_reason, logprobs, partial) and ``usage``.
+    Answer: accept or escalate with the target, ``p_bad``, the deciding rule and a trace."""
+    _, body = await read_parsed(request, rt.settings.max_body_bytes, "a verify object", parse_verify)
+    answer = await run_in_threadpool(verify, rt, body, rt.verifier)
+    return JSONResponse(answer)

@@ -1,0 +1,148 @@
+"""``POST /v1/verify`` (the cascade) through the app: accept or escalate real decisions, the
+escalation's budget hold and in-flight load accounted once (under ``<id>/escalation``), the
+gateway's one outcome settling it and stored once; 404 / 409 / 410; bad input never a 5xx."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pointsman.estimator.estimate import FixedDifficulty
+from pointsman.outcome_log.store import OutcomeLog
+from pointsman.policy.engine import RoutingEngine
+from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.service.app import create_app
+from pointsman.service.bootstrap import build_state
+from pointsman.service.settings import Settings
+
+GOOD = ("Kickball is played like baseball with a rubber ball that is rolled to the kicker. Each team takes turns "
+        "kicking and fielding; runners circle four bases, and the team with more runs after the innings wins. "
+        "A game usually lasts six or nine innings, three outs end a half-inning, and a ball caught in the air "
+        "is an out. Throwing the ball at a runner below the shoulders also counts, which makes base running "
+        "tactical: leads are short, and fielders cover the bases the kicker is most likely to reach.")
+REFUSAL = "I'm sorry, but I cannot help with that request."
+
+
+def _app(tmp_path, **extra: object) -> tuple[TestClient, RoutingEngine]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    policy_path = tmp_path / "policy.yaml"
+    shutil.copy(DEFAULT_POLICY_PATH, policy_path)
+    fleet = load_fleet()
+    s = Settings(data_dir=tmp_path, policy_path=policy_path, watch_policy=False, watch_fleet=False,
+                 scrape_interval_s=0, **extra)
+    engine = RoutingEngine(fleet, load_policy(policy_path, fleet), FixedDifficulty(0.3), state=build_state(s, fleet))
+    return TestClient(create_app(s, engine=engine, owns_engine=True)), engine
+
+
+def _route(client: TestClient, text: str = "Explain the rules of kickball.") -> dict:
+    r = client.post("/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": text}]})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_accept_settles_the_draft_and_replays(tmp_path):
+    client, engine = _app(tmp_path)
+    with client:
+        d = _route(client)
+        assert d["target"] == "onprem-8b" and engine.state.record(d["decision_id"]) is not None
+        body = {"decision_id": d["decision_id"], "draft": {"text": GOOD, "finish_reason": "stop",
+                                                          "logprobs": [-0.1, -0.3, -0.05]},
+                "usage": {"prompt_tokens": 12, "completion_tokens": 120}}
+        r = client.post("/v1/verify", json=body)
+        assert r.status_code == 200, r.text
+        a = r.json()
+        assert (a["action"], a["rule"], a["escalation_id"], a["replayed"]) == ("accept", "accept", None, False)
+        assert 0 <= a["p_bad"] < 0.6 and a["verifier"] == "heuristic-v1" and a["draft"]["tokens"] == 120
+        assert a["draft_settlement"]["target"] == "onprem-8b"
+        assert engine.state.record(d["decision_id"]) is None  # the draft's on-prem load is released
+        again = client.post("/v1/verify", json={**body, "draft": {"text": REFUSAL}}).json()
+        assert again == {**a, "replayed": True}
+        out = client.post("/v1/outcomes", json={"decision_id": d["decision_id"], "status": "ok",
+                                                "usage": {"prompt_tokens": 12, "completion_tokens": 120}})
+        assert out.status_code == 200 and out.json()["acks"][0]["settlement"]["replayed"] is True
+
+
+def test_escalation_is_held_once_and_settled_by_the_one_outcome(tmp_path):
+    client, engine = _app(tmp_path, store_drafts=True)
+    with client:
+        d = _route(client)
+        did = d["decision_id"]
+        r = client.post("/v1/verify", json={"decision_id": did, "draft": {"text": REFUSAL, "finish_reason": "stop"},
+                                            "usage": {"completion_tokens": 11}})
+        assert r.status_code == 200, r.text
+        a = r.json()
+        assert (a["action"], a["rule"], a["target"], a["escalation_id"]) == \
+            ("escalate", "broken-draft", "frontier-small", f"{did}/escalation")
+        assert a["model"] and a["base_url"] and a["endpoints"] and a["estimated_cost_usd"] > 0
+        assert a["draft"]["refusal"] is True and a["trace"]["rules"][-1]["rule"] == "broken-draft"
+        held = engine.state.record(f"{did}/escalation")
+        assert held is not None and held.target == "frontier-small"  # the frontier call's hold, in flight
+        assert engine.state.record(did) is None  # the draft settled at the verify
+        out = client.post("/v1/outcomes", json={"decision_id": did, "status": "ok", "served_target": "frontier-small",
+                                                "usage": {"prompt_tokens": 12, "completion_tokens": 300}})
+        ack = out.json()["acks"][0]
+        assert out.status_code == 200 and ack["status"] == "stored"
+        assert ack["settlement"]["decision_id"] == f"{did}/escalation"
+        assert ack["settlement"]["target"] == "frontier-small" and ack["settlement"]["replayed"] is False
+        assert engine.state.record(f"{did}/escalation") is None
+        dup = client.post("/v1/outcomes", json={"decision_id": did, "status": "ok", "served_target": "frontier-small",
+                                                "usage": {"prompt_tokens": 12, "completion_tokens": 300}}).json()
+        assert dup["acks"][0]["status"] == "duplicate" and dup["acks"][0]["settlement"]["replayed"] is True
+    with OutcomeLog(tmp_path / "outcomes.db") as log:
+        logged = log.decision(did)
+        assert logged is not None and len(logged.outcomes) == 1
+        v = log.verification(did)
+        assert v is not None and v["action"] == "escalate" and v["escalation_target"] == "frontier-small"
+        assert v["features"]["refusal"] is True and v["draft_text"] == REFUSAL
+
+
+def test_unknown_settled_and_expired_decisions(tmp_path):
+    client, _ = _app(tmp_path, verify_ttl_s=3600)
+    with client:
+        r = client.post("/v1/verify", json={"decision_id": "0" * 32, "draft": {"text": "x"}})
+        assert (r.status_code, r.json()["error"]["code"]) == (410, "decision_expired")  # its id says 1970
+        fresh = _route(client)["decision_id"][:12] + "f" * 20
+        r = client.post("/v1/verify", json={"decision_id": fresh, "draft": {"text": "x"}})
+        assert (r.status_code, r.json()["error"]["code"]) == (404, "unknown_decision")
+        d = _route(client)
+        client.post("/v1/outcomes", json={"decision_id": d["decision_id"], "status": "ok"})
+        r = client.post("/v1/verify", json={"decision_id": d["decision_id"], "draft": {"text": GOOD}})
+        assert (r.status_code, r.json()["error"]["code"]) == (409, "decision_settled")
+    client, _ = _app(tmp_path / "short", verify_ttl_s=1e-9)
+    with client:
+        d = _route(client)
+        r = client.post("/v1/verify", json={"decision_id": d["decision_id"], "draft": {"text": GOOD}})
+        assert (r.status_code, r.json()["error"]["code"]) == (410, "decision_expired")
+
+
+_VALUE = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**9), st.floats(allow_nan=False, allow_infinity=False),
+                   st.text(max_size=30), st.lists(st.floats(-50, 5), max_size=5))
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    client, engine = _app(tmp_path_factory.mktemp("verify"))
+    with client:
+        yield client
+
+
+@given(text=st.text(max_size=300), finish=_VALUE, logprobs=_VALUE, partial=_VALUE, usage=st.one_of(
+    st.none(), st.dictionaries(st.sampled_from(["prompt_tokens", "completion_tokens", "cached_tokens", "x"]), _VALUE)),
+    extra=st.dictionaries(st.sampled_from(["draft", "decision_id", "usage", "junk"]), _VALUE, max_size=1))
+@settings(max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+def test_bad_or_odd_drafts_of_real_decisions_never_5xx(shared, text, finish, logprobs, partial, usage, extra):
+    d = _route(shared)
+    draft: dict[str, object] = {"text": text, "finish_reason": finish, "logprobs": logprobs, "partial": partial}
+    body: dict[str, object] = {"decision_id": d["decision_id"], "draft": draft, "usage": usage, **extra}
+    r = shared.post("/v1/verify", json=body)
+    assert r.status_code in (200, 404, 410, 422), r.text
+    if r.status_code == 422:
+        assert r.json()["error"]["param"]
+    if r.status_code == 200:
+        assert r.json()["action"] in ("accept", "escalate")
+        shared.post("/v1/outcomes", json={"decision_id": d["decision_id"], "status": "ok"})
