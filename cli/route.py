@@ -61,6 +61,7 @@ class SettingsOverrides(TypedDict, total=False):
     log_level: str | None
     workers: int | None
     ext_proc_port: int | None
+    allow_unauthenticated: bool | None
 
 
 def settings_from(**overrides: Unpack[SettingsOverrides]) -> Settings:
@@ -231,27 +232,31 @@ def route_command(prompt: str | None, messages_path: Path | None, as_json: bool,
 @click.option("--ext-proc-port", type=click.IntRange(0, 65535), default=None,
               help="Also serve Envoy ext_proc (Gateway API Inference Extension endpoint picker) on this gRPC port "
                    "[env POINTSMAN_EXT_PROC_PORT; default off].")
+@click.option("--allow-unauthenticated", is_flag=True, default=None,
+              help="Serve on a non-loopback --host with no API key at all (every caller is admin) "
+                   "[env POINTSMAN_ALLOW_UNAUTHENTICATED; default: refuse to start].")
 @config_options
 def serve_command(host: str | None, port: int | None, max_body_bytes: int | None, log_level: str | None,
-                  workers: int | None, ext_proc_port: int | None, fleet_path: Path | None, policy_path: Path | None,
-                  model: str | None) -> None:
+                  workers: int | None, ext_proc_port: int | None, allow_unauthenticated: bool | None,
+                  fleet_path: Path | None, policy_path: Path | None, model: str | None) -> None:
     """Run the decision service (see docs/service.md for the endpoints) with uvicorn."""
     import importlib.util
     import os
 
     import uvicorn
 
-    from pointsman.service.app import create_app, keyring_of
+    from pointsman.service.app import create_app, keys_of
 
     overrides = SettingsOverrides(host=host, port=port, max_body_bytes=max_body_bytes, log_level=log_level,
-                                  workers=workers, ext_proc_port=ext_proc_port, fleet_path=fleet_path,
+                                  workers=workers, ext_proc_port=ext_proc_port,
+                                  allow_unauthenticated=allow_unauthenticated or None, fleet_path=fleet_path,
                                   policy_path=policy_path, model=model)
     settings = settings_from(**overrides)
     if settings.ext_proc_port is not None and (importlib.util.find_spec("grpc") is None
                                                or importlib.util.find_spec("envoy") is None):
         raise InputError("--ext-proc-port needs the ext-proc extra: pip install 'pointsman[ext-proc]' (grpcio, xds-protos)")
     try:
-        keyring_of(settings)  # API key settings are checked here, before anything loads
+        keys_of(settings)  # API key settings and files, and the safe default, are checked here, before anything loads
     except ValueError as exc:
         raise InputError(str(exc)) from None
     if settings.workers > 1 and not settings.state_url:

@@ -18,7 +18,7 @@ With ``POINTSMAN_EXT_PROC_PORT`` the lifespan also starts the ext_proc endpoint 
 (``ext_proc.py``) on that port, after the runtime, and stops it (draining its streams and the
 outcomes they record) before the runtime closes.
 
-``app.state``: ``settings``, ``keyring``, ``runtime`` (while serving), ``fleet_state``
+``app.state``: ``settings``, ``keys`` (the ``KeySource``), ``runtime`` (while serving), ``fleet_state``
 (the engine's ``FleetState``) and ``ext_proc_port`` (the bound gRPC port, when started).
 """
 
@@ -40,10 +40,10 @@ from pointsman import __version__
 from pointsman.policy.engine import RoutingEngine
 from pointsman.request import RouteRequest
 from pointsman.service import routes_admin, routes_decisions, routes_ops, routes_reports, routes_verify
-from pointsman.service.auth import KeyRing
 from pointsman.service.cascade import VerifyIn
 from pointsman.service.docs_ui import install_docs
 from pointsman.service.http_errors import install_error_handlers
+from pointsman.service.keys import KeySource, exposure_problem
 from pointsman.service.routes_reports import OUTCOMES_SCHEMA, deliver_forwarded
 from pointsman.service.runtime import Runtime, build_runtime
 from pointsman.service.schemas import PolicyValidateIn, TelemetryIn
@@ -74,10 +74,15 @@ def _openapi(app: FastAPI) -> dict[str, object]:
     return schema
 
 
-def keyring_of(settings: Settings) -> KeyRing:
-    """The API keys ``settings`` configure; raises ``ValueError`` naming the setting when malformed."""
-    return KeyRing.parse(*(None if s is None else s.get_secret_value()
-                           for s in (settings.gateway_api_keys, settings.admin_api_keys)))
+def keys_of(settings: Settings) -> KeySource:
+    """The API keys ``settings`` configure (settings and key files, ``keys.py``); raises ``ValueError``
+    naming the setting (or file and line) when malformed, or when serving on ``settings.host`` with no
+    key at all is not allowed (``keys.exposure_problem``)."""
+    keys = KeySource.from_settings(settings)
+    problem = exposure_problem(settings.host, keys.ring(), settings.allow_unauthenticated)
+    if problem is not None:
+        raise ValueError(problem)
+    return keys
 
 
 def freeze_heap() -> None:
@@ -116,9 +121,10 @@ def create_app(settings: Settings | None = None, engine: RoutingEngine | None = 
                owns_engine: bool = False, estimator_error: str | None = None, freeze: bool = False) -> FastAPI:
     """The FastAPI app (see the module). ``settings`` default to the environment. ``freeze``:
     ``freeze_heap()`` once started (``pointsman serve`` does; one app per process). Raises
-    ``ValueError`` naming the setting for malformed API key settings (before anything starts)."""
+    ``ValueError`` naming the setting for malformed API key settings or files, or for no key on a
+    non-loopback host without ``allow_unauthenticated`` (before anything starts)."""
     settings = settings or Settings()
-    keyring = keyring_of(settings)
+    keys = keys_of(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -126,7 +132,7 @@ def create_app(settings: Settings | None = None, engine: RoutingEngine | None = 
         rt = await run_in_threadpool(build_runtime, settings, engine, owns_engine=owns_engine,
                                      estimator_error=estimator_error, deliver=deliver_forwarded)
         app.state.runtime, app.state.fleet_state = rt, rt.live.engine.state
-        if not keyring.enabled:
+        if not keys.ring().enabled:
             log.warning("no API keys configured (POINTSMAN_GATEWAY_API_KEYS, POINTSMAN_ADMIN_API_KEYS): "
                         "authentication is off and every caller may change the policy")
         rt.start_watchers()
@@ -147,7 +153,7 @@ def create_app(settings: Settings | None = None, engine: RoutingEngine | None = 
     app = FastAPI(title="Pointsman", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Routing decisions for LLM inference: model tier, pool, replica and P/D mode. "
                               "Gateways call POST /v1/route per request and report POST /v1/outcomes.")
-    app.state.settings, app.state.keyring, app.state.runtime = settings, keyring, None
+    app.state.settings, app.state.keys, app.state.runtime = settings, keys, None
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]  # FastAPI documents replacing app.openapi
     install_error_handlers(app)
     install_docs(app)

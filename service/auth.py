@@ -2,7 +2,8 @@
 
 Keys come from settings (``POINTSMAN_GATEWAY_API_KEYS``, ``POINTSMAN_ADMIN_API_KEYS``):
 comma-separated entries, each ``name=secret`` or a bare ``secret`` (its name is then
-``key-`` + the first 8 hex of its sha256). A client sends its key as
+``key-`` + the first 8 hex of its sha256), and from key files re-read while serving
+(``POINTSMAN_*_API_KEYS_FILE``, ``service/keys.py``). A client sends its key as
 ``Authorization: Bearer <secret>`` or ``x-api-key: <secret>``.
 
 ========================================  =================  ==================
@@ -23,7 +24,8 @@ budget scope ``key:<name>``).
 
 With no key configured at all, authentication is off: every caller is an anonymous admin.
 That keeps the embedded-defaults quick start (``make serve`` on 127.0.0.1) working; the
-service logs a warning at startup saying so.
+service logs a warning at startup saying so, and refuses to start that way on a non-loopback
+address unless the operator allows it explicitly (``service/keys.py``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,30 @@ class _Key:
     role: str
 
 
+@dataclass(frozen=True)
+class KeyEntry:
+    """One configured key before parsing: its ``role``, its ``text`` (``name=secret`` or ``secret``)
+    and ``where`` it was written (``POINTSMAN_GATEWAY_API_KEYS: entry 2``, ``/etc/keys/gateway:3``)."""
+
+    role: str
+    text: str
+    where: str
+
+
+def setting_entries(role: str, text: str | None, setting: str) -> list[KeyEntry]:
+    """The comma-separated entries of one setting's value; raises ``ValueError`` for an empty entry
+    in a non-blank value (``a,,b``)."""
+    entries: list[KeyEntry] = []
+    for n, entry in enumerate((text or "").split(","), start=1):
+        entry = entry.strip()
+        if not entry:
+            if text and text.strip():
+                raise ValueError(f"{setting}: entry {n} is empty")
+            continue
+        entries.append(KeyEntry(role, entry, f"{setting}: entry {n}"))
+    return entries
+
+
 class KeyRing:
     """The configured keys. ``KeyRing.parse(gateway, admin)`` from the settings' strings
     (``name=secret`` or ``secret`` entries, comma-separated); raises ``ValueError`` naming the
@@ -71,33 +97,33 @@ class KeyRing:
     @classmethod
     def parse(cls, gateway: str | None, admin: str | None) -> KeyRing:
         """Parse both settings' values (plain strings, None = no keys)."""
+        return cls.of_entries([*setting_entries("gateway", gateway, "POINTSMAN_GATEWAY_API_KEYS"),
+                               *setting_entries("admin", admin, "POINTSMAN_ADMIN_API_KEYS")])
+
+    @classmethod
+    def of_entries(cls, entries: list[KeyEntry]) -> KeyRing:
+        """The ring of ``entries`` (``name=secret`` or ``secret`` each); raises ``ValueError`` naming the
+        entry's place for a secret shorter than 8 characters, a duplicate name or a duplicate secret."""
         keys: list[_Key] = []
         seen_ids: set[str] = set()
         seen_secrets: set[bytes] = set()
-        for role, text, setting in (("gateway", gateway, "POINTSMAN_GATEWAY_API_KEYS"),
-                                    ("admin", admin, "POINTSMAN_ADMIN_API_KEYS")):
-            for n, entry in enumerate((text or "").split(","), start=1):
-                entry = entry.strip()
-                if not entry:
-                    if text and text.strip():
-                        raise ValueError(f"{setting}: entry {n} is empty")
-                    continue
-                name, sep, secret = entry.partition("=")
-                if not sep:
-                    name, secret = "", entry
-                name, secret = name.strip(), secret.strip()
-                if len(secret) < 8:
-                    raise ValueError(f"{setting}: entry {n}{f' ({name})' if name else ''}: a key needs at least "
-                                     "8 characters")
-                raw = secret.encode("utf-8")
-                key_id = name or f"key-{hashlib.sha256(raw).hexdigest()[:8]}"
-                if key_id in seen_ids:
-                    raise ValueError(f"{setting}: entry {n}: key name '{key_id}' is used twice")
-                if raw in seen_secrets:
-                    raise ValueError(f"{setting}: entry {n}{f' ({name})' if name else ''}: the same key is configured twice")
-                seen_ids.add(key_id)
-                seen_secrets.add(raw)
-                keys.append(_Key(key_id, raw, role))
+        for entry in entries:
+            name, sep, secret = entry.text.partition("=")
+            if not sep:
+                name, secret = "", entry.text
+            name, secret = name.strip(), secret.strip()
+            where = f"{entry.where}{f' ({name})' if name else ''}"
+            if len(secret) < 8:
+                raise ValueError(f"{where}: a key needs at least 8 characters")
+            raw = secret.encode("utf-8")
+            key_id = name or f"key-{hashlib.sha256(raw).hexdigest()[:8]}"
+            if key_id in seen_ids:
+                raise ValueError(f"{entry.where}: key name '{key_id}' is used twice")
+            if raw in seen_secrets:
+                raise ValueError(f"{where}: the same key is configured twice")
+            seen_ids.add(key_id)
+            seen_secrets.add(raw)
+            keys.append(_Key(key_id, raw, entry.role))
         return cls(keys)
 
     @property
@@ -135,7 +161,7 @@ def require(role: str) -> Callable[..., Awaitable[Principal]]:
 
     async def dependency(request: Request, bearer: HTTPAuthorizationCredentials | None = Security(_bearer),
                    header: str | None = Security(_header)) -> Principal:
-        ring: KeyRing = request.app.state.keyring
+        ring: KeyRing = request.app.state.keys.ring()
         if not ring.enabled:
             return Principal(None, "admin")
         key = presented_key(bearer, header)

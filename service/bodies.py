@@ -2,7 +2,9 @@
 
 ``read_json(request, limit)`` reads at most ``limit`` bytes (413 beyond it, naming the
 limit and the setting ``POINTSMAN_MAX_BODY_BYTES``; checked on ``Content-Length`` and again
-while streaming, so a chunked body cannot exceed it), then decodes strict UTF-8 and JSON.
+while streaming, so a chunked body cannot exceed it; the rest of an oversized body up to 64 MiB
+is read and discarded first, so clients that write the whole body before reading see the 413,
+not a reset), then decodes strict UTF-8 and JSON.
 Every failure is an ``HTTPError`` 4xx whose message names the problem (empty body,
 byte offset of invalid UTF-8, line and column of malformed JSON). ``validate_model``
 checks one decoded object against a pydantic model and names the first bad field.
@@ -26,8 +28,13 @@ M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
 
+#: How much of an oversized body is read and discarded before its 413 (bytes, the whole body counted).
+DISCARD_LIMIT_BYTES = 64 * 1024 * 1024
+
+
 async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body, at most ``limit`` bytes; raises ``HTTPError`` 413 beyond it, 400 for a bad Content-Length."""
+    """The raw body, at most ``limit`` bytes; raises ``HTTPError`` 413 beyond it (see ``too_large``),
+    400 for a bad Content-Length."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -35,21 +42,42 @@ async def read_body(request: Request, limit: int) -> bytes:
         except ValueError:
             raise HTTPError(400, f"Content-Length {declared!r} is not a number", code="bad_content_length") from None
         if size > limit:
+            waiting = request.headers.get("expect", "").lower() == "100-continue"  # nothing sent yet: do not ask for it
+            if not waiting and size <= DISCARD_LIMIT_BYTES:
+                await _discard(request)
             raise too_large(size, limit)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > limit:
-            raise too_large(size, limit, at_least=True)
-        chunks.append(chunk)
+        if size > DISCARD_LIMIT_BYTES:
+            break
+        if size <= limit:
+            chunks.append(chunk)
+    if size > limit:  # the rest was read and discarded (up to DISCARD_LIMIT_BYTES)
+        raise too_large(size, limit, at_least=size > DISCARD_LIMIT_BYTES)
     return b"".join(chunks)
 
 
+async def _discard(request: Request) -> None:
+    """Read and drop the body, stopping past ``DISCARD_LIMIT_BYTES``. A client that writes its whole body
+    before reading the answer (Python's urllib, ``requests``) then reads the 413: closing with its bytes
+    unread would make the kernel reset the connection instead."""
+    dropped = 0
+    async for chunk in request.stream():
+        dropped += len(chunk)
+        if dropped > DISCARD_LIMIT_BYTES:
+            break
+
+
 def too_large(size: int, limit: int, at_least: bool = False) -> HTTPError:
-    """The 413 error for a body of ``size`` bytes over ``limit``."""
+    """The 413 error for a body of ``size`` bytes over ``limit``, with ``Connection: close`` (the rest of
+    the body, if any, is not read). Before it, ``read_body`` reads and discards the rest of a body of
+    up to ``DISCARD_LIMIT_BYTES`` (64 MiB), so every client reads the 413; a client that announced
+    ``Expect: 100-continue`` is answered at once, before it sends anything. A larger body is closed on
+    unread, and a client still writing it may see a connection reset."""
     return HTTPError(413, f"request body is {'over ' if at_least else ''}{size:,} bytes; the limit is {limit:,} bytes "
                           f"(setting POINTSMAN_MAX_BODY_BYTES)", type="request_too_large", param="max_body_bytes",
-                     code="body_too_large")
+                     code="body_too_large", headers={"Connection": "close"})
 
 
 def decode_json(raw: bytes, expected: str = "a JSON chat request") -> JSONValue:

@@ -43,7 +43,7 @@ async def healthz(request: Request) -> JSONObject:
     engine = rt.live.engine
     return {"status": "ok", "policy": engine.policy.name, "policy_revision": engine.policy.revision,
             "fleet_revision": engine.fleet.revision, "estimator": estimator_health(rt),
-            "auth": request.app.state.keyring.enabled,
+            "auth": request.app.state.keys.ring().enabled,
             "last_swap": None if rt.live.last_swap is None else rt.live.last_swap.to_dict()}
 
 

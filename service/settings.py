@@ -34,6 +34,13 @@ Service only (``pointsman serve``):
   post outcomes and telemetry; admin keys may also read and change policy and fleet state.
   The name is the key's id in logs and its budget scope (``key:<name>``). Default: none,
   and then authentication is off (a startup warning says so).
+- ``POINTSMAN_GATEWAY_API_KEYS_FILE`` / ``POINTSMAN_ADMIN_API_KEYS_FILE``: key files, the same
+  entries one or more per line, ``#`` comment lines; re-read within about a second when they
+  change, so keys rotate without a restart; a broken or emptied file keeps the keys in force
+  (``service/keys.py``). Default: none.
+- ``POINTSMAN_ALLOW_UNAUTHENTICATED``: serve on a non-loopback address with no API key at all
+  (``serve --allow-unauthenticated``); default ``false``: ``pointsman serve --host 0.0.0.0``
+  without keys refuses to start.
 - ``POINTSMAN_OUTCOME_LOG``: the decision and outcome log (SQLite); default
   ``<POINTSMAN_DATA_DIR>/outcomes.db``.
 - ``POINTSMAN_STORE_PROMPTS``: also store the prompt text of decisions (operator opt-in);
@@ -110,6 +117,9 @@ class Settings(BaseSettings):
     budget_fail_open: bool = False
     gateway_api_keys: SecretStr | None = None
     admin_api_keys: SecretStr | None = None
+    gateway_api_keys_file: Path | None = None
+    admin_api_keys_file: Path | None = None
+    allow_unauthenticated: bool = False
     outcome_log: Path | None = None
     store_prompts: bool = False
     store_drafts: bool = False

@@ -180,3 +180,46 @@ def test_litellm_config_enables_the_pointsman_callback():
     targets = {d["model_info"]["pointsman_target"] for d in config["model_list"]}
     assert targets <= set(load_fleet().targets)
     assert sum(bool(d["model_info"].get("pointsman_default")) for d in config["model_list"]) == 1
+
+
+def _image_env() -> dict[str, str]:
+    instructions = _dockerfile()
+    final = instructions[[i for i, (w, _) in enumerate(instructions) if w == "FROM"][-1]:]
+    return dict(part.split("=", 1) for w, a in final if w == "ENV" for part in shlex.split(a))
+
+
+def test_every_deploy_starts_under_the_safe_default_rule(tmp_path):
+    """Each shipped way to run Pointsman either binds loopback or has API keys (the image and the pod bind
+    0.0.0.0, where no key means refusing to start): the pod's keys are files of a required Secret."""
+    from pointsman.service.app import keys_of
+    from pointsman.service.settings import Settings
+
+    image = _image_env()
+    assert image["POINTSMAN_HOST"] == "0.0.0.0"
+    with pytest.raises(ValueError, match="refusing to serve on 0.0.0.0"):
+        keys_of(Settings(host=image["POINTSMAN_HOST"]))
+    run_notes = (DEPLOY / "docker" / "Dockerfile").read_text()
+    assert "--env-file pointsman.env" in run_notes and "POINTSMAN_GATEWAY_API_KEYS=envoy=<secret>" in run_notes
+
+    (deployment,) = by_kind(DEPLOY / "kubernetes" / "pointsman.yaml")["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    host = env.get("POINTSMAN_HOST", image["POINTSMAN_HOST"])
+    assert "POINTSMAN_ALLOW_UNAUTHENTICATED" not in env
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    secret_files = {}
+    for role in ("gateway", "admin"):
+        path = Path(env[f"POINTSMAN_{role.upper()}_API_KEYS_FILE"])
+        volume = volumes[mounts[str(path.parent)]]  # the whole directory: a Secret update reaches the file
+        assert volume["secret"]["secretName"] == "pointsman-keys" and not volume["secret"].get("optional")
+        secret_files[role] = tmp_path / path.name
+        secret_files[role].write_text(f"{role}-client={role}-secret-0123")  # what `kubectl create secret` writes
+    keys_of(Settings(host=host, gateway_api_keys_file=secret_files["gateway"],
+                     admin_api_keys_file=secret_files["admin"]))
+
+    unit_lines = (DEPLOY / "systemd" / "pointsman.service").read_text().splitlines()
+    environment = dict(e.split("=", 1) for line in unit_lines if line.startswith("Environment=")
+                       for e in shlex.split(line.removeprefix("Environment=")))
+    keys_of(Settings(host=environment["POINTSMAN_HOST"]))  # loopback: Envoy beside it on the same host

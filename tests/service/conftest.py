@@ -40,6 +40,16 @@ def stop(proc: subprocess.Popen) -> None:
 
 @pytest.fixture
 def serve() -> Iterator[Callable[..., tuple[subprocess.Popen, str]]]:
+    yield from _starter()
+
+
+@pytest.fixture(scope="module")
+def serve_module() -> Iterator[Callable[..., tuple[subprocess.Popen, str]]]:
+    """``serve`` whose processes live until the test module ends (one service for several tests)."""
+    yield from _starter()
+
+
+def _starter() -> Iterator[Callable[..., tuple[subprocess.Popen, str]]]:
     started: list[subprocess.Popen] = []
 
     def start(data_dir, port: int | None = None, **settings: str) -> tuple[subprocess.Popen, str]:
