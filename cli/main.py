@@ -21,6 +21,7 @@ import importlib.util
 import click
 from pydantic import ValidationError
 
+from pointsman.cli import plan as cli_plan
 from pointsman.cli import policy as cli_policy
 from pointsman.cli import replay as cli_replay
 from pointsman.cli import route as cli_route
@@ -53,6 +54,7 @@ def main() -> None:
 cli_route.register(main)
 cli_policy.register(main)
 cli_replay.register(main)
+cli_plan.register(main)
 
 # The training commands ship in their own module; only its absence is tolerated,
 # an error inside it is a real error.

@@ -148,7 +148,31 @@ H100_SXM = GPUSpec(
 )
 """NVIDIA H100 SXM5 datasheet figures (80 GB HBM3, 3.35 TB/s, 989 TFLOPS dense BF16, 1,979 dense FP8, 700 W)."""
 
-GPU_PRESETS: dict[str, GPUSpec] = {"H100-SXM": H100_SXM}
+H200_SXM = GPUSpec(
+    name="H200-SXM-141GB",
+    hbm_bytes=141e9,  # 141 GB HBM3e
+    hbm_bytes_per_s=4.8e12,  # 4.8 TB/s
+    bf16_flops=989.4e12,  # dense BF16 (the datasheet's 1,979 TFLOPS is with sparsity); the H100's compute
+    tdp_kw=0.700,  # up to 700 W
+    idle_kw=0.070,  # assumption: as the H100 SXM (10% of its maximum power)
+    fp8_flops=1978.9e12,  # dense FP8 (3,958 TFLOPS with sparsity)
+)
+"""NVIDIA H200 Tensor Core GPU datasheet figures (SXM: 141 GB HBM3e, 4.8 TB/s, 989 TFLOPS dense BF16,
+1,979 dense FP8, up to 700 W)."""
+
+A100_SXM_80GB = GPUSpec(
+    name="A100-SXM4-80GB",
+    hbm_bytes=80e9,  # 80 GB HBM2e
+    hbm_bytes_per_s=2.039e12,  # 2,039 GB/s
+    bf16_flops=312e12,  # dense BF16 tensor-core peak (624 TFLOPS with sparsity); no FP8 tensor cores
+    tdp_kw=0.400,  # 400 W
+    idle_kw=0.040,  # assumption: 10% of its maximum power, as for the H100
+)
+"""NVIDIA A100 Tensor Core GPU datasheet figures (SXM 80GB: 80 GB HBM2e, 2,039 GB/s, 312 TFLOPS dense
+BF16, no FP8: FP8 weights run their matmuls at the BF16 peak, as vLLM's weight-only FP8 kernels on
+Ampere do, 400 W)."""
+
+GPU_PRESETS: dict[str, GPUSpec] = {"H100-SXM": H100_SXM, "H200-SXM": H200_SXM, "A100-SXM-80GB": A100_SXM_80GB}
 """GPUs a fleet file may name (``replay.gpu``)."""
 
 WEIGHT_DTYPE_BYTES: dict[str, float] = {"bf16": 2, "fp16": 2, "fp8": 1}

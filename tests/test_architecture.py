@@ -50,7 +50,7 @@ def _all_modules():
     names = []
     for info in pkgutil.walk_packages(pointsman.__path__, "pointsman."):
         names.append(info.name)
-    for sub in ("estimator", "policy", "training", "service", "datasets", "replay", "integrations", "outcome_log", "cli"):
+    for sub in ("estimator", "policy", "training", "service", "datasets", "replay", "plan", "integrations", "outcome_log", "cli"):
         pkg = importlib.import_module(f"pointsman.{sub}")
         names += [i.name for i in pkgutil.walk_packages(pkg.__path__, f"pointsman.{sub}.")]
     return sorted(set(names))

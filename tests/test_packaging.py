@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SUBPACKAGES = ["estimator", "policy", "training", "service", "datasets", "replay"]
+SUBPACKAGES = ["estimator", "policy", "training", "service", "datasets", "replay", "plan"]
 
 
 @pytest.fixture(scope="module")

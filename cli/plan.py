@@ -1,0 +1,264 @@
+"""``pointsman plan``: search fleet shapes for a trace's traffic with the real engine and policy in
+the loop, report the Pareto front of monthly cost vs SLO attainment and quality, and write the
+cheapest shape meeting the goal as a fleet file (``docs/plan.md``).
+
+    pointsman plan ../shared/datasets/mooncake/synthetic_trace.jsonl.gz --slo-class long-context --scale 1,2
+
+Bad input (an invalid fleet, policy or trace, a bad ``--scale``/``--gpus``, an unwritable ``--out``)
+prints one ``Error:`` line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import shlex
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from pointsman.cli.errors import InputError
+from pointsman.errors import DataError, FleetError, PolicyError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.plan.evaluate import ShapeResult
+    from pointsman.plan.shapes import Shape, ShapeSpace
+
+
+def _floats(text: str, option: str) -> list[float]:
+    try:
+        values = sorted({float(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        values = []
+    if not values or any(not math.isfinite(v) or v <= 0 for v in values):
+        raise InputError(f"{option} {text!r}: expected positive numbers separated by commas, e.g. 1,2")
+    return values
+
+
+def _changes(space: ShapeSpace, base: Shape, rec: Shape) -> str:
+    """What ``rec`` changes against ``base``: replica counts per pool, tier sizes, GPU type."""
+    from pointsman.plan.shapes import ROLES
+
+    parts = []
+    for t in space.targets:
+        a, b = base.of(t.name), rec.of(t.name)
+        diffs = [f"{role} {a.count(role)}->{b.count(role)}" for role in ROLES if a.count(role) != b.count(role)]
+        ka, kb = space.kv_tier_tokens(base, t.name), space.kv_tier_tokens(rec, t.name)
+        if ka != kb:
+            diffs.append(f"KV tier {ka:,}->{kb:,} tokens")
+        if diffs:
+            parts.append(f"{t.name}: {', '.join(diffs)}")
+    if base.gpu != rec.gpu:
+        parts.append(f"GPU {base.gpu}->{rec.gpu}")
+    return "; ".join(parts) or "nothing"
+
+
+@click.command("plan")
+@click.argument("trace", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--fleet", "fleet_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Base fleet file whose pools are the templates (default: the packaged one).")
+@click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Policy file deciding every request (default: the packaged default policy).")
+@click.option("--slo-class", default=None, help="Service class of every request (default: the fleet's default).")
+@click.option("--slo-ttft-s", type=click.FloatRange(min=0, min_open=True), default=None, help="Override the TTFT objective, s.")
+@click.option("--slo-tpot-s", type=click.FloatRange(min=0, min_open=True), default=None, help="Override the TPOT objective, s.")
+@click.option("--goal", type=click.FloatRange(min=0, max=1), default=0.9, show_default=True,
+              help="SLO attainment the recommended shape must reach.")
+@click.option("--scale", "scale_text", default="1", show_default=True,
+              help="Traffic scales, comma-separated (e.g. 1,2): the search runs at the smallest, the front is "
+                   "replayed at every one.")
+@click.option("--budget-usd-per-month", type=click.FloatRange(min=0), default=None,
+              help="Recommend only shapes costing at most this per month.")
+@click.option("--gpus", "gpus_text", default="", help="GPU types to consider besides the fleet's, comma-separated "
+              "(H100-SXM, H200-SXM, A100-SXM-80GB).")
+@click.option("--max-replicas", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Largest replica count per pool searched (at least the base fleet's).")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="Worker processes.")
+@click.option("--time-budget-s", type=click.FloatRange(min=1), default=780, show_default=True,
+              help="Wall-clock budget; the best shape found by then is reported.")
+@click.option("--search-requests", type=click.IntRange(min=0), default=2000, show_default=True,
+              help="Search on the busiest window of this many requests, then replay the cheapest candidates on the "
+                   "whole trace; 0 = search on the whole trace.")
+@click.option("--candidates", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Search results replayed on the whole trace (with the base fleet) when the search ran on a window.")
+@click.option("--assume-monotone/--no-assume-monotone", default=True, show_default=True,
+              help="Skip shapes with no more capacity than one that missed the goal.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Plan on the first N requests.")
+@click.option("--start-s", type=float, default=None, help="Trace window start, seconds from its first record.")
+@click.option("--end-s", type=float, default=None, help="Trace window end, seconds from its first record.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the simulator and the prompt draw.")
+@click.option("--estimator", "estimator_spec", default="default", show_default=True,
+              help="'default' (the shipped model), 'fixed:P', or a model spec as for `pointsman serve`.")
+@click.option("--outcomes", default="alpacaeval_ae1", show_default=True,
+              help="Outcome sources to draw prompts and quality from (comma-separated), or 'none'.")
+@click.option("--bin-s", type=click.FloatRange(min=0.001), default=10.0, show_default=True,
+              help="Width of the utilization plots' time bins, seconds.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("plan-out"),
+              show_default=True, help="Folder for plan.txt/json/html, the PNGs and the recommended fleet.yaml.")
+def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None, slo_class: str | None,
+                 slo_ttft_s: float | None, slo_tpot_s: float | None, goal: float, scale_text: str,
+                 budget_usd_per_month: float | None, gpus_text: str, max_replicas: int, workers: int,
+                 time_budget_s: float, search_requests: int, candidates: int, assume_monotone: bool,
+                 limit: int | None, start_s: float | None,
+                 end_s: float | None, seed: int, estimator_spec: str, outcomes: str, bin_s: float,
+                 out_dir: Path) -> None:
+    """Search fleet shapes for TRACE's traffic; print the Pareto front of monthly cost vs SLO
+    attainment and quality, and write the cheapest shape meeting --goal as --out/fleet.yaml."""
+    import yaml
+
+    from pointsman.cli.replay import _estimator, _load_trace
+    from pointsman.plan.evaluate import PlanInputs
+    from pointsman.plan.planner import PlanSettings, plan
+    from pointsman.plan.report import table, write_report
+    from pointsman.plan.shapes import ShapeSpace
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
+    from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, load_policy
+    from pointsman.replay.fleet_map import sim_fleet
+    from pointsman.replay.goodput import scaled
+    from pointsman.replay.outcome_draw import OutcomeDraw, quality_columns
+    from pointsman.replay.summary import SLO
+
+    t0 = time.monotonic()
+    scales = _floats(scale_text, "--scale")
+    gpus = tuple(g.strip() for g in gpus_text.split(",") if g.strip())
+    base_path = fleet_path or DEFAULT_FLEET_PATH
+    policy_file = policy_path or DEFAULT_POLICY_DIR / "default.yaml"
+    try:
+        fleet = load_fleet(base_path)
+        doc = yaml.safe_load(base_path.read_text(encoding="utf-8"))
+        try:
+            objectives = fleet.slo(slo_class)
+        except KeyError:
+            raise InputError(f"--slo-class {slo_class!r} is not a service class of the fleet (its slo_classes: "
+                             f"{', '.join(fleet.slo_classes)})") from None
+        slo_name = slo_class or fleet.spec.defaults.slo_class
+        slo = SLO(slo_ttft_s or objectives.ttft_s, slo_tpot_s or objectives.tpot_s)
+        load_policy(policy_file, fleet)
+        sim = sim_fleet(fleet)
+        kv_bytes = {t.name: t.replica.kv_bytes_per_token for t in sim.on_prem}
+        if not kv_bytes:
+            raise InputError(f"{base_path}: no on-prem target to plan")
+        try:
+            space = ShapeSpace.of(doc, fleet, kv_bytes, gpus=gpus, max_replicas=max_replicas)
+        except ValueError as exc:
+            raise InputError(f"--gpus: {exc}") from None
+        requests, texts, _ = _load_trace(trace, limit, start_s, end_s)
+        if not requests:
+            raise InputError(f"{trace}: no requests in the chosen window")
+        rows = None
+        names = [n.strip() for n in outcomes.split(",") if n.strip() and n.strip() != "none"]
+        if names and (texts is None or not any(texts)):
+            draw = OutcomeDraw.load(names, seed, target_columns=quality_columns(fleet), where=fleet.file)
+            rows = [draw.rows[i] for i in draw.assign(len(requests))]
+            texts = [list(r.messages) for r in rows]
+        estimator = _estimator(estimator_spec)
+    except (FleetError, PolicyError, DataError) as exc:
+        raise InputError(str(exc).splitlines()[0]) from None
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--out {out_dir}: {exc.strerror or exc}") from None
+
+    trace_scaled = requests if scales[0] == 1.0 else scaled(requests, scales[0])
+    inputs = PlanInputs(trace_scaled, texts, rows, policy_file, slo, slo_name, space, seed, bin_s)
+    budget = budget_usd_per_month if budget_usd_per_month is not None else math.inf
+    settings = PlanSettings(goal=goal, budget_usd_per_month=budget, growth=tuple(x / scales[0] for x in scales),
+                            workers=workers, time_budget_s=time_budget_s, assume_monotone=assume_monotone,
+                            search_requests=search_requests or len(requests), candidates=candidates)
+
+    def log(r: ShapeResult, n: int) -> None:
+        elapsed = time.monotonic() - t0
+        where = "whole trace" if r.inputs == "full" and len(trace_scaled) > settings.search_requests else "search"
+        scale = f" x{r.scale * scales[0]:g}" if r.scale != 1.0 else ""
+        if not r.ok:
+            click.echo(f"[{elapsed:5.0f}s] {where} {r.label}: invalid ({r.error})", err=True)
+            return
+        click.echo(f"[{elapsed:5.0f}s] {where} #{n:<3d} {r.label}{scale}: ${r.usd_per_month:,.0f}/month, SLO "
+                   f"{r.slo_attainment:.1%}, quality {'n/a' if math.isnan(r.quality) else f'{r.quality:.3f}'}, {r.gpus} GPUs, "
+                   f"{r.wall_s:.1f}s"
+                   f"{'  meets' if r.slo_attainment >= goal else ''}", err=True)
+
+    click.echo(f"planning on {len(requests)} requests of {trace.name} (SLO class {slo_name}: TTFT <= {slo.ttft_s} s, "
+               f"TPOT <= {slo.tpot_s} s, goal {goal:.0%}) with {policy_file.name}, {workers} workers, time budget "
+               f"{time_budget_s:.0f} s", err=True)
+    outcome = plan(space, inputs, functools.partial(_estimator, estimator_spec), settings, log)
+    base, rec, found = outcome.base, outcome.recommended, outcome.found
+    wall = time.monotonic() - t0
+
+    marks = {base.label: "(base)"}
+    if rec is not None:
+        marks[rec.label] = "(recommended)" + (" (base)" if rec.label == base.label else "")
+    start, end = outcome.window
+    where = (f"the busiest {end - start} requests (trace seconds {trace_scaled[start].arrival_s - trace_scaled[0].arrival_s:.0f}-"
+             f"{trace_scaled[end - 1].arrival_s - trace_scaled[0].arrival_s:.0f})" if outcome.windowed else "the whole trace")
+    lines = [f"Pareto front on {where}: {len(outcome.front)} of {len(found.results)} shapes evaluated "
+             f"({len(found.invalid)} invalid, {found.pruned_cost} pruned by cost, {found.pruned_miss} by a miss; "
+             f"search {found.stopped})", "", table(outcome.front, marks), ""]
+    lines += [f"On the whole trace ({len(requests)} requests{f', x{scales[0]:g}' if scales[0] != 1 else ''}"
+              f"{'; growth at ' + ', '.join(f'x{x:g}' for x in scales) if len(scales) > 1 else ''}):", "",
+              table(outcome.full, marks, {label: {x * scales[0]: r for x, r in by.items()}
+                                          for label, by in outcome.growth.items()}), ""]
+    reproduce = ""
+    if rec is None:
+        lines.append(f"no shape replayed on the whole trace meets {goal:.0%} SLO attainment"
+                     + (f" within ${budget:,.0f}/month" if math.isfinite(budget) else ""))
+    else:
+        cmd = ["pointsman", "replay", str(trace), "--fleet", str(out_dir / "fleet.yaml"), "--policy", str(policy_file),
+               "--no-baselines", "--seed", str(seed), "--slo-class", slo_name, "--estimator", estimator_spec,
+               "--outcomes", outcomes]
+        for flag, value in (("--limit", limit), ("--start-s", start_s), ("--end-s", end_s),
+                            ("--slo-ttft-s", slo_ttft_s), ("--slo-tpot-s", slo_tpot_s)):
+            if value is not None:
+                cmd += [flag, str(value)]
+        reproduce = shlex.join(cmd) + (f"  # at the trace's own rate; planned at x{scales[0]:g}" if scales[0] != 1 else "")
+        header = (f"Planned by `pointsman plan` for {trace.name} ({len(requests)} requests, SLO class {slo_name}, "
+                  f"goal {goal:.0%}) with {policy_file.name}:\n{rec.label}: ${rec.usd_per_month:,.0f}/month, "
+                  f"SLO {rec.slo_attainment:.1%}, quality {rec.quality:.3f}.\nEndpoint URLs of added replicas are "
+                  f"placeholders. Reproduce the numbers with:\n{reproduce}")
+        fleet_file = out_dir / "fleet.yaml"
+        fleet_file.write_text(space.fleet_text(rec.shape, header, {"reproduce": reproduce}), encoding="utf-8")
+        try:
+            load_policy(policy_file, load_fleet(fleet_file))
+            checked = f"passes `pointsman policy check --fleet {fleet_file} {policy_file}`"
+        except (FleetError, PolicyError) as exc:
+            checked = f"FAILS policy check: {str(exc).splitlines()[0]}"
+        lines.append(f"recommended: {rec.label}: ${rec.usd_per_month:,.0f}/month (on-prem "
+                     f"${rec.onprem_usd_per_month:,.0f}, frontier ${rec.frontier_usd_per_month:,.0f}, KV tier "
+                     f"${rec.kv_usd_per_month:,.0f}), {rec.gpus} GPUs, SLO {rec.slo_attainment:.1%}, quality "
+                     f"{rec.quality:.3f}, ${rec.usd_per_mtok:.2f}/M output tokens, on-prem utilization "
+                     f"{rec.utilization:.1%} (prefill {rec.prefill_utilization:.1%}, decode {rec.decode_utilization:.1%})")
+        verdict = "meets" if base.slo_attainment >= goal else "misses"
+        lines.append(f"against the base fleet ({base.label}: ${base.usd_per_month:,.0f}/month, SLO "
+                     f"{base.slo_attainment:.1%}, {verdict} the {goal:.0%} goal): changes "
+                     f"{_changes(space, base.shape, rec.shape)}; "
+                     f"{'saves' if base.usd_per_month >= rec.usd_per_month else 'costs'} "
+                     f"${abs(base.usd_per_month - rec.usd_per_month):,.0f}/month")
+        if len(scales) > 1:
+            by = outcome.growth.get(rec.label, {})
+            ok = [x * scales[0] for x in sorted(by) if by[x].slo_attainment >= goal]
+            top = max(by)
+            lines.append((f"meets the goal at x{', x'.join(f'{x:g}' for x in ok)}" if ok else "meets the goal at no "
+                          "scale") + f"; at x{top * scales[0]:g}: SLO {by[top].slo_attainment:.1%}, frontier "
+                         f"${by[top].frontier_usd_per_month:,.0f}/month")
+        lines.append(f"fleet file: {fleet_file} ({checked})")
+        lines.append(f"reproduce: {reproduce}")
+    report_text = "\n".join(lines)
+    meta = {"trace": str(trace), "requests": len(requests), "fleet": str(base_path), "policy": str(policy_file),
+            "slo_class": slo_name, "slo": f"TTFT <= {slo.ttft_s} s, TPOT <= {slo.tpot_s} s", "goal": goal,
+            "scales": ", ".join(f"{x:g}" for x in scales), "seed": seed, "estimator": str(estimator.version),
+            "gpus": ", ".join(space.gpus), "workers": workers, "time_budget_s": time_budget_s, "wall_s": round(wall, 1),
+            "search_window": where, "evaluated": len(found.results), "invalid": len(found.invalid),
+            "pruned_by_cost": found.pruned_cost, "pruned_by_miss": found.pruned_miss, "stopped": found.stopped,
+            "reproduce": reproduce}
+    written = write_report(out_dir, meta, list(found.results.values()), outcome.front, outcome.full, rec, base,
+                           {label: {x * scales[0]: r for x, r in by.items()} for label, by in outcome.growth.items()},
+                           goal, report_text)
+    click.echo(report_text)
+    click.echo(f"report: {written['html']} ({', '.join(p.name for p in written.values())}); {wall:.0f} s")
+
+
+def register(group: click.Group) -> None:
+    """Attach ``plan`` to the ``pointsman`` group."""
+    group.add_command(plan_command)

@@ -1,0 +1,124 @@
+"""One plan, start to end: search (on the trace's busiest window when it is long), replay the
+cheapest candidates and the base fleet on the whole trace, recommend, and replay the
+recommended and the base shape at the other traffic scales.
+
+``plan(space, inputs, make_estimator, settings, log)`` -> ``PlanOutcome``. The time budget
+covers all of it: the search stops early enough to leave the whole-trace replays their share,
+estimated from the search's own replay times (seconds per request replayed, times the whole
+trace's requests, per round of ``workers`` replays).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from pointsman.estimator.estimate import Estimator
+from pointsman.plan.evaluate import Job, PlanInputs, ShapeResult, Workers
+from pointsman.plan.front import pareto_front, recommend
+from pointsman.plan.search import SearchResult, busiest_window, run_jobs, search, validation_candidates
+from pointsman.plan.shapes import Shape, ShapeSpace
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """``goal`` (SLO attainment to reach), ``budget_usd_per_month``, ``growth`` (traffic scales,
+    relative to the planned one, to replay the recommended and base shapes at), ``workers``,
+    ``time_budget_s``, ``assume_monotone`` (``plan.search``), ``search_requests`` (the search
+    runs on the busiest window of this many requests; the whole trace when shorter) and
+    ``candidates`` (search results replayed on the whole trace)."""
+
+    goal: float = 0.9
+    budget_usd_per_month: float = math.inf
+    growth: tuple[float, ...] = ()
+    workers: int = 2
+    time_budget_s: float = 780.0
+    assume_monotone: bool = True
+    search_requests: int = 2000
+    candidates: int = 3
+
+
+@dataclass
+class PlanOutcome:
+    """``found``: the search; ``window``: (start, end) request indices it ran on; ``windowed``:
+    whether that is less than the whole trace; ``front``: Pareto front of the search results;
+    ``full``: results on the whole trace at the planned scale (the base first); ``base`` and
+    ``recommended`` among them; ``growth``: label -> scale -> result (scale 1 included);
+    ``wall_s``."""
+
+    found: SearchResult
+    window: tuple[int, int]
+    windowed: bool
+    front: list[ShapeResult]
+    full: list[ShapeResult]
+    base: ShapeResult
+    recommended: ShapeResult | None
+    growth: dict[str, dict[float, ShapeResult]] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+
+def plan(space: ShapeSpace, inputs: PlanInputs, make_estimator: Callable[[], Estimator], settings: PlanSettings,
+         log: Callable[[ShapeResult, int], None] | None = None) -> PlanOutcome:
+    """The plan of the module docstring; ``inputs`` hold the whole (possibly scaled) trace."""
+    t0 = time.monotonic()
+    start, end = busiest_window(inputs.trace, settings.search_requests)
+    windowed = end - start < len(inputs.trace)
+    window = replace(inputs, trace=inputs.trace[start:end],
+                     texts=inputs.texts[start:end] if inputs.texts is not None else None,
+                     rows=inputs.rows[start:end] if inputs.rows is not None else None) if windowed else inputs
+    per_request_s: list[float] = []
+
+    def logged(r: ShapeResult, n: int) -> None:
+        if r.ok and r.requests:
+            per_request_s.append(r.wall_s / r.requests)
+        if log is not None:
+            log(r, n)
+
+    def rounds(jobs: int) -> int:
+        return math.ceil(jobs / settings.workers)
+
+    def full_replay_s() -> float:
+        if not per_request_s:
+            return 0.0
+        return sum(per_request_s) / len(per_request_s) * len(inputs.trace)
+
+    def search_deadline() -> float:
+        later = (rounds(1 + settings.candidates) if windowed else 0) + \
+            rounds(2 * sum(1 for x in settings.growth if x != 1.0))
+        return t0 + settings.time_budget_s - 1.2 * later * full_replay_s()
+
+    hard = t0 + settings.time_budget_s
+    with Workers({"search": window, "full": inputs}, make_estimator, settings.workers) as pool:
+        found = search(space, window, pool, goal=settings.goal, budget_usd_per_month=settings.budget_usd_per_month,
+                       deadline=search_deadline, assume_monotone=settings.assume_monotone, log=logged)
+        results = list(found.results.values())
+        if windowed:
+            picked = [r.shape for r in validation_candidates(results, settings.goal, settings.candidates,
+                                                             settings.budget_usd_per_month)]
+            jobs: list[Job] = [("full", s, 1.0) for s in [space.base, *[p for p in picked if p != space.base]]]
+            full = run_jobs(jobs, pool, logged, hard)
+        else:
+            full = results
+        full = [r for r in full if r.ok]
+        base = next((r for r in full if r.shape == space.base), None)
+        if base is None:  # the budget ran out before the base fleet's replay: do it now
+            base = next(iter(pool.map([("full", space.base, 1.0)])))
+            full.append(base)
+        full.sort(key=lambda r: r.shape != space.base)
+        rec = recommend(full, settings.goal, settings.budget_usd_per_month)
+        grown: list[Shape] = [space.base] + ([rec.shape] if rec is not None and rec.shape != space.base else [])
+        growth: dict[str, dict[float, ShapeResult]] = {}
+        for r in full:
+            if r.shape in grown:
+                growth[r.label] = {1.0: r}
+        scale_jobs: list[Job] = [("full", s, x) for s in grown for x in settings.growth if x != 1.0]
+        if scale_jobs:
+            for g in run_jobs(scale_jobs, pool, logged, max(hard, time.monotonic() + 1)):
+                growth.setdefault(g.label, {})[g.scale] = g
+    return PlanOutcome(found, (start, end), windowed, pareto_front(results), full, base, rec,
+                       growth if scale_jobs else {}, time.monotonic() - t0)
+
+
+__all__ = ["PlanOutcome", "PlanSettings", "plan"]

@@ -1,0 +1,203 @@
+"""The search over fleet shapes: local moves from the base fleet and the smallest shapes, pruned,
+in parallel, under a time budget; then the cheapest candidates replayed on the whole trace.
+
+``search(space, inputs, workers, goal=...)`` -> ``SearchResult``: every shape evaluated on the
+workers' ``search`` inputs (the whole trace, or its busiest window: ``busiest_window``). Steps:
+
+1. **starts**: the base fleet's shape, then the smallest shapes (one replica per pool: each
+   target aggregated, and with one prefill + one decode replica where it can be disaggregated;
+   the base's tier and GPU);
+2. **expand** one evaluated shape at a time: replay its neighbours (``ShapeSpace.neighbors``:
+   one replica more or fewer, one moved between pools, aggregated <-> disaggregated, the next
+   KV tier size, another GPU type) in parallel. Which shape: while none meets the goal, the one
+   with the highest attainment (an ascent); then the cheapest unexpanded shape that meets it
+   (a descent) or misses it by at most ``NEAR_MISS`` (a cheaper way up);
+3. **prune** before replaying: a neighbour whose cost floor (GPU rent, idle power, KV DRAM:
+   ``ShapeSpace.floor_usd_per_month``) is at least the best qualifying shape's monthly cost can
+   neither be recommended nor beat it (``pruned_cost``); with ``assume_monotone``, a neighbour
+   with no more replicas in any pool and no larger tier than a shape that missed the goal is
+   taken to miss it too (``pruned_miss``: more capacity is assumed never to hurt, which a
+   policy's routing does not guarantee); a shape whose fleet or policy does not compile is
+   skipped (``invalid``);
+4. stop when no shape is left to expand (``converged``) or at the deadline (``time budget``:
+   the best shape so far stands).
+
+When the search ran on a window, ``validation_candidates`` (the cheapest shapes meeting the goal
+there, or nearly) are replayed on the whole trace with the base fleet (``run_jobs``), and the
+recommendation comes from those replays only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from pointsman.datasets.traces import TraceRequest
+from pointsman.errors import FleetError, PolicyError
+from pointsman.plan.evaluate import Job, PlanInputs, ShapeResult, Workers, compile_shape
+from pointsman.plan.front import recommend
+from pointsman.plan.shapes import Pools, Shape, ShapeSpace
+
+#: Shapes missing the goal by at most this much SLO attainment are expanded once one meets it.
+NEAR_MISS = 0.15
+
+
+@dataclass
+class SearchResult:
+    """``results`` by shape (scale 1, evaluation order), ``invalid`` shapes with why, the counts of
+    pruned neighbours, ``stopped`` (``converged`` or ``time budget``) and ``wall_s``."""
+
+    results: dict[Shape, ShapeResult] = field(default_factory=dict)
+    invalid: dict[Shape, str] = field(default_factory=dict)
+    pruned_cost: int = 0
+    pruned_miss: int = 0
+    stopped: str = "converged"
+    wall_s: float = 0.0
+
+
+def smallest_shapes(space: ShapeSpace) -> list[Shape]:
+    """One replica per pool (module docstring, step 1)."""
+    base = space.base
+    out = [base]
+    for t in space.targets:
+        variants = [Pools(1, 0, 0, base.of(t.name).kv_level)]
+        if t.disaggregable:
+            variants += [Pools(1, 1, 1, base.of(t.name).kv_level), Pools(0, 1, 1, base.of(t.name).kv_level)]
+        out = [s.with_pools(t.name, v) for s in out for v in variants]
+    return out
+
+
+def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: float,
+           budget_usd_per_month: float = math.inf, deadline: float | Callable[[], float] = math.inf,
+           assume_monotone: bool = True, log: Callable[[ShapeResult, int], None] | None = None) -> SearchResult:
+    """The search of the module docstring on ``workers``' ``search`` inputs (``inputs``, for the
+    compile check); ``deadline`` on ``time.monotonic()`` (or a callable giving it, re-read after
+    each replay); ``log(result, n)`` hears each evaluated shape (n: shapes evaluated so far)."""
+    t0 = time.monotonic()
+    out = SearchResult()
+    expanded: set[Shape] = set()
+
+    def late() -> bool:
+        return time.monotonic() > (deadline() if callable(deadline) else deadline)
+
+    def compiles(shape: Shape) -> bool:
+        if shape in out.invalid:
+            return False
+        try:
+            compile_shape(inputs, shape)
+        except (FleetError, PolicyError) as exc:
+            out.invalid[shape] = str(exc).splitlines()[0]
+            return False
+        return True
+
+    def run(shapes: list[Shape]) -> bool:
+        """Evaluate ``shapes``; False when the deadline passed."""
+        for r in workers.map(("search", s, 1.0) for s in shapes):
+            if r.ok:
+                out.results[r.shape] = r
+            else:
+                out.invalid[r.shape] = r.error or "invalid"
+            if log is not None:
+                log(r, len(out.results))
+            if late():
+                return False
+        return True
+
+    def admissible(shape: Shape) -> bool:
+        if shape in out.results or shape in out.invalid or not space.valid(shape):
+            return False
+        best = recommend(list(out.results.values()), goal, budget_usd_per_month)
+        if best is not None and space.floor_usd_per_month(shape) >= best.usd_per_month:
+            out.pruned_cost += 1
+            return False
+        floor = space.floor_usd_per_month(shape)
+        if floor > budget_usd_per_month:
+            out.pruned_cost += 1
+            return False
+        if assume_monotone and any(r.slo_attainment < goal and space.covered_by(shape, r.shape)
+                                   for r in out.results.values()):
+            out.pruned_miss += 1
+            return False
+        return compiles(shape)
+
+    if not run([space.base]):
+        out.stopped, out.wall_s = "time budget", time.monotonic() - t0
+        return out
+    starts = [s for s in smallest_shapes(space) if admissible(s)]
+    if not run(starts):
+        out.stopped, out.wall_s = "time budget", time.monotonic() - t0
+        return out
+    while True:
+        if late():
+            out.stopped = "time budget"
+            break
+        best = recommend(list(out.results.values()), goal, budget_usd_per_month)
+        todo = [r for r in out.results.values() if r.shape not in expanded]
+        if best is None:
+            todo.sort(key=lambda r: (-r.slo_attainment, r.usd_per_month))
+        else:
+            todo = [r for r in todo if r.slo_attainment >= goal - NEAR_MISS
+                    and space.floor_usd_per_month(r.shape) < best.usd_per_month]
+            todo.sort(key=lambda r: (r.slo_attainment < goal, r.usd_per_month))
+        if not todo:
+            break
+        current = todo[0].shape
+        expanded.add(current)
+        batch = [s for s in space.neighbors(current) if admissible(s)]
+        if not run(batch):
+            out.stopped = "time budget"
+            break
+    out.wall_s = time.monotonic() - t0
+    return out
+
+
+def busiest_window(trace: Sequence[TraceRequest], n: int) -> tuple[int, int]:
+    """(start, end) indices of the ``n`` consecutive requests arriving in the shortest time: the
+    trace's peak, where a shape is most likely to miss the SLO (so a search on it errs on the
+    safe side); the whole trace when it has at most ``n`` requests."""
+    if n >= len(trace):
+        return 0, len(trace)
+    spans = [trace[i + n - 1].arrival_s - trace[i].arrival_s for i in range(len(trace) - n + 1)]
+    start = min(range(len(spans)), key=spans.__getitem__)
+    return start, start + n
+
+
+def validation_candidates(results: Sequence[ShapeResult], goal: float, k: int,
+                          budget_usd_per_month: float = math.inf) -> list[ShapeResult]:
+    """The ``k`` cheapest search results that meet ``goal`` within the budget, or miss it by at
+    most a third of ``NEAR_MISS`` (the whole trace may be easier than its peak window)."""
+    near = [r for r in results if r.ok and r.slo_attainment >= goal - NEAR_MISS / 3
+            and r.usd_per_month <= budget_usd_per_month]
+    return sorted(near, key=lambda r: (r.usd_per_month, -r.slo_attainment))[:k]
+
+
+def run_jobs(jobs: list[Job], workers: Workers, log: Callable[[ShapeResult, int], None] | None = None,
+             deadline: float = math.inf) -> list[ShapeResult]:
+    """``jobs`` on ``workers``; stops taking results at ``deadline``."""
+    done: list[ShapeResult] = []
+    for r in workers.map(jobs):
+        done.append(r)
+        if log is not None:
+            log(r, len(done))
+        if time.monotonic() > deadline:
+            break
+    return done
+
+
+def meets_up_to(shape: Shape, scale_results: list[ShapeResult], scales: list[float], goal: float) -> float:
+    """The highest of ``scales`` up to which ``shape`` meets ``goal`` at every scale (0 when it
+    misses at the first)."""
+    by_scale = {r.scale: r for r in scale_results if r.shape == shape and r.ok}
+    ok = 0.0
+    for x in sorted(scales):
+        r = by_scale.get(x)
+        if r is None or r.slo_attainment < goal:
+            break
+        ok = x
+    return ok
+
+
+__all__ = ["NEAR_MISS", "SearchResult", "busiest_window", "meets_up_to", "run_jobs", "search", "smallest_shapes",
+           "validation_candidates"]

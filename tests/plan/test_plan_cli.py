@@ -1,0 +1,93 @@
+"""`pointsman plan` end to end on a small synthetic trace with a known answer: a prefill-heavy
+load that one prefill replica cannot serve within the TTFT objective and two can. The plan must
+find a shape with the larger prefill pool, never recommend a dominated shape, write a fleet file
+that passes `pointsman policy check`, and `pointsman replay` on that file must reproduce the
+planner's numbers."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pointsman.cli.main import main
+from tests.plan.conftest import write_trace
+
+pytestmark = pytest.mark.usefixtures("plan_files")
+
+
+def _plan(tmp_path: Path, fleet: Path, policy: Path, trace: Path, *extra: str) -> tuple[dict, str]:
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["plan", str(trace), "--fleet", str(fleet), "--policy", str(policy),
+                                       "--estimator", "fixed:0.2", "--outcomes", "none", "--max-replicas", "3",
+                                       "--out", str(out), *extra])
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "plan.json").read_text()), result.output
+
+
+def test_prefill_heavy_load_gets_a_larger_prefill_pool(tmp_path: Path, plan_files: tuple[Path, Path]) -> None:
+    fleet, policy = plan_files
+    trace = write_trace(tmp_path / "trace.jsonl", n=160, rate_rps=10, prompt_tokens=8192, output_tokens=32)
+    report, output = _plan(tmp_path, fleet, policy, trace, "--scale", "1,2", "--workers", "2")
+    base, rec = report["base"], report["recommended"]
+    # the base fleet (1 prefill + 2 decode replicas) misses the goal: prefill is the bottleneck
+    assert base["pools"]["small"] == {"aggregated": 0, "prefill": 1, "decode": 2, "kv_level": 0}
+    assert base["slo_attainment"] < 0.9
+    assert rec is not None and rec["slo_attainment"] >= 0.9
+    assert rec["pools"]["small"]["prefill"] >= 2
+    # never a dominated shape: nothing evaluated on the whole trace meets the goal for less
+    whole = report["whole_trace"]
+    assert all(r["usd_per_month"] >= rec["usd_per_month"] for r in whole if r["slo_attainment"] >= 0.9)
+    assert not any(r["usd_per_month"] <= rec["usd_per_month"] and r["slo_attainment"] >= rec["slo_attainment"]
+                   and (r["usd_per_month"], r["slo_attainment"]) != (rec["usd_per_month"], rec["slo_attainment"])
+                   for r in report["evaluated"])
+    assert f"recommended: {rec['label']}" in output
+    assert report["growth"][rec["label"]]["2"]["scale"] == 2.0
+
+    # the written fleet passes `pointsman policy check` with the policy it was planned with
+    fleet_file = tmp_path / "out" / "fleet.yaml"
+    check = CliRunner().invoke(main, ["policy", "check", "--fleet", str(fleet_file), str(policy)])
+    assert check.exit_code == 0, check.output
+
+    # and its meta.reproduce command replays the planner's numbers
+    reproduce = report["meta"]["reproduce"]
+    assert "reproduce" in fleet_file.read_text()
+    args = shlex.split(reproduce)[1:] + ["--out", str(tmp_path / "replay")]
+    replayed = CliRunner().invoke(main, args)
+    assert replayed.exit_code == 0, replayed.output
+    summary = json.loads((tmp_path / "replay" / "report.json").read_text())["runs"]["policy"]["summary"]
+    assert summary["slo_attainment"] == pytest.approx(rec["slo_attainment"])
+    assert summary["effective_usd_per_mtok"] == pytest.approx(rec["usd_per_mtok"], rel=1e-9)
+    assert summary["ttft_p99_s"] == pytest.approx(rec["ttft_p99_s"])
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--scale", "1,x"], "--scale '1,x'"),
+    (["--gpus", "B300"], "unknown GPU 'B300'"),
+    (["--slo-class", "batch"], "'batch' is not a service class"),
+])
+def test_bad_input_is_one_error_line(tmp_path: Path, plan_files: tuple[Path, Path], extra: list[str],
+                                     message: str) -> None:
+    fleet, policy = plan_files
+    trace = write_trace(tmp_path / "trace.jsonl", n=4, rate_rps=1, prompt_tokens=512, output_tokens=4)
+    result = CliRunner().invoke(main, ["plan", str(trace), "--fleet", str(fleet), "--policy", str(policy),
+                                       "--estimator", "fixed:0.2", "--outcomes", "none",
+                                       "--out", str(tmp_path / "o"), *extra])
+    assert result.exit_code == 2
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and message in errors[0], result.output
+    assert "Traceback" not in result.output
+
+
+def test_bad_trace_is_one_error_line(tmp_path: Path, plan_files: tuple[Path, Path]) -> None:
+    fleet, policy = plan_files
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": "many"}\n', encoding="utf-8")
+    result = CliRunner().invoke(main, ["plan", str(trace), "--fleet", str(fleet), "--policy", str(policy),
+                                       "--estimator", "fixed:0.2", "--outcomes", "none", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "trace.jsonl" in errors[0], result.output

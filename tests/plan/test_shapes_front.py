@@ -1,0 +1,86 @@
+"""Fleet shapes written as fleet files, their price floors, and the Pareto front / recommendation
+(no replay: fast)."""
+
+from __future__ import annotations
+
+import math
+
+import yaml
+
+from pointsman.plan.evaluate import ShapeResult
+from pointsman.plan.front import dominates, pareto_front, recommend
+from pointsman.plan.prices import GPU_PRICES, HOURS_PER_MONTH, kv_tier_usd_per_month
+from pointsman.plan.shapes import Pools, ShapeSpace
+from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet, parse_fleet
+from pointsman.replay.fleet_map import sim_fleet
+
+
+def _space(**kw: object) -> ShapeSpace:
+    fleet = load_fleet(DEFAULT_FLEET_PATH)
+    doc = yaml.safe_load(DEFAULT_FLEET_PATH.read_text(encoding="utf-8"))
+    kv = {t.name: t.replica.kv_bytes_per_token for t in sim_fleet(fleet).on_prem}
+    return ShapeSpace.of(doc, fleet, kv, **kw)  # type: ignore[arg-type]
+
+
+def test_base_shape_is_the_packaged_fleet() -> None:
+    space = _space()
+    assert space.label(space.base) == "onprem-8b A2 | onprem-70b A2 P2 D4 KV1.5M"
+    assert space.gpus_of(space.base) == 18
+    assert space.fleet_text(space.base).count("name: llama-70b-decode-") == 4
+
+
+def test_a_shape_becomes_a_valid_fleet_file_with_its_counts_tier_and_gpu() -> None:
+    space = _space(gpus=("H200-SXM",))
+    shape = space.base.with_pools("onprem-70b", Pools(1, 6, 1, 0)).with_pools("onprem-8b", Pools(3))
+    from dataclasses import replace
+
+    shape = replace(shape, gpu="H200-SXM")
+    fleet = parse_fleet(space.fleet_text(shape, "a header", {"reproduce": "pointsman replay x"}))
+    big = fleet.targets["onprem-70b"]
+    pools = big.pools_by_role()  # type: ignore[union-attr]
+    assert [len(pools[r].endpoints) for r in ("aggregated", "prefill", "decode")] == [1, 6, 1]
+    names = [e.name for e in pools["prefill"].endpoints]
+    assert names == [f"llama-70b-prefill-{i}" for i in range(6)] and len(set(fleet.endpoints)) == len(fleet.endpoints)
+    assert big.shared_kv is None  # tier level 0: no tier
+    assert big.replay is not None and big.replay.gpu == "H200-SXM"
+    assert big.usd_per_gpu_hour == GPU_PRICES["H200-SXM"].usd_per_gpu_hour
+    assert pools["decode"].kv_cache_capacity_tokens > 220000  # 61 GB more HBM per GPU
+    assert fleet.spec.metadata.labels["reproduce"] == "pointsman replay x"
+    assert sim_fleet(fleet).on_prem[1].prefill_replicas == 6
+
+
+def test_floor_is_gpu_rent_idle_power_and_tier_dram() -> None:
+    space = _space()
+    tier = kv_tier_usd_per_month(1_500_000, 327680)
+    assert tier == 1_500_000 * 327680 / 1e9 * 0.004237 * HOURS_PER_MONTH
+    assert space.floor_usd_per_month(space.base) == 18 * (2.5 + 1.275 * 0.1 * 0.1) * HOURS_PER_MONTH + tier
+
+
+def test_neighbors_are_valid_and_one_step_away() -> None:
+    space = _space(max_replicas=4)
+    around = list(space.neighbors(space.base))
+    assert around and all(space.valid(s) for s in around)
+    labels = {space.label(s) for s in around}
+    assert "onprem-8b A2 | onprem-70b A2 P3 D3 KV1.5M" in labels  # a decode replica moved to prefill
+    assert {"onprem-8b A2 | onprem-70b A2 P2 D4 KV0.75M", "onprem-8b A2 | onprem-70b A2 P2 D4 KV3M"} <= labels  # tier sizes
+    assert "onprem-8b A2 | onprem-70b A8 KV1.5M" not in labels  # all 8 aggregated: above max_replicas
+    assert space.covered_by(space.base.with_pools("onprem-8b", Pools(1)), space.base)
+
+
+def _r(usd: float, att: float, q: float = math.nan, label: str = "") -> ShapeResult:
+    space = _space()
+    return ShapeResult(space.base, 1.0, label or f"{usd}/{att}", 1, usd_per_month=usd, slo_attainment=att, quality=q)
+
+
+def test_a_dominated_shape_is_never_recommended_or_on_the_front() -> None:
+    cheap_good = _r(100, 0.95, 0.8)
+    dominated = _r(100, 0.92, 0.8)  # same cost, lower attainment
+    dearer = _r(150, 0.99, 0.8)
+    miss = _r(50, 0.5, 0.9)
+    results = [dominated, dearer, miss, cheap_good]
+    assert dominates(cheap_good, dominated) and not dominates(dearer, cheap_good)
+    assert recommend(results, 0.9) is cheap_good
+    front = pareto_front(results)
+    assert dominated not in front and [r.usd_per_month for r in front] == [50, 100, 150]
+    assert recommend(results, 0.9, budget_usd_per_month=90) is None
+    assert recommend([dominated, dearer], 0.9) is dominated  # nothing better evaluated
