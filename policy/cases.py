@@ -67,6 +67,7 @@ from pointsman.policy.signals.namespaces import (
     EndpointSignals,
     LoadSignals,
     Namespace,
+    PredictSignals,
     RequestSignals,
     Snapshot,
     example_draft,
@@ -120,7 +121,7 @@ class CaseResult:
 
 
 #: Namespaces a case may set, and their shape (``by_target``: {target: {field: value}}).
-CASE_NAMESPACES = ("request", "difficulty", "load", "cache", "endpoint", "budget", "draft")
+CASE_NAMESPACES = ("request", "difficulty", "load", "cache", "endpoint", "budget", "draft", "predict")
 _T = TypeVar("_T")
 
 
@@ -168,6 +169,7 @@ _LOAD = TypeAdapter(LoadSignals)
 _CACHE = TypeAdapter(CacheSignals)
 _ENDPOINT = TypeAdapter(EndpointSignals)
 _DRAFT = TypeAdapter(DraftSignals)
+_PREDICT = TypeAdapter(PredictSignals)
 
 
 def _merged(adapter: TypeAdapter[_T], base: Mapping[str, object], fields: Mapping[str, object], where: str) -> _T:
@@ -193,7 +195,7 @@ def case_signals(fleet: Fleet, policy: CompiledPolicy, overrides: Mapping[str, M
 
     def by_target(root: str, key: str) -> Mapping[str, object]:
         fields = overrides.get(root, {})
-        if root != "load" and not any(k in fleet.targets for k in fields):
+        if root not in ("load", "predict") and not any(k in fleet.targets for k in fields):
             return fields  # the same fields for every target
         value = fields.get(key.partition("/")[0], {})
         return value if isinstance(value, Mapping) else {}
@@ -207,6 +209,8 @@ def case_signals(fleet: Fleet, policy: CompiledPolicy, overrides: Mapping[str, M
         "_cache": {t: _merged(_CACHE, v, by_target("cache", t), f'cache["{t}"]') for t, v in base["_cache"].items()},
         "_endpoint": {k: _merged(_ENDPOINT, v, by_target("endpoint", k), f'endpoint["{k}"]')
                       for k, v in endpoints.items()},
+        "predict": {t: _merged(_PREDICT, v, by_target("predict", t), f'predict["{t}"]')
+                    for t, v in base["predict"].items()},
     }
 
 

@@ -65,7 +65,7 @@ from pointsman.policy.selection.pickers import PICKERS, PoolPick, base_url
 from pointsman.policy.signals.fleet_state import Dispatch, DispatchRecord, FleetState
 from pointsman.policy.signals.namespaces import RELATIVE_ROOTS, difficulty_signals, relative_key, request_signals
 from pointsman.policy.signals.prefix_index import block_hashes_from_ids, block_hashes_from_text
-from pointsman.policy.signals.source import SignalSource
+from pointsman.policy.signals.source import SignalSource, number
 from pointsman.request import RequestView, RouteRequest
 
 
@@ -100,10 +100,25 @@ class _Costs(Mapping[str, float]):
         return len(self.fleet.targets)
 
 
+def _scores(source: SignalSource, target: str) -> tuple[float | None, float | None]:
+    """(aggregated, disaggregated) SLO scores of ``predict[target]``: max(TTFT / SLO TTFT,
+    TPOT / SLO TPOT) per mode, None where the mode has no prediction."""
+    p = source.predict(target)
+    slo_ttft, slo_tpot = float(number(p, "slo_ttft_s", 1.0)), float(number(p, "slo_tpot_s", 1.0))
+
+    def score(mode: str) -> float | None:
+        ttft, tpot = p.get(f"{mode}_ttft_s"), p.get(f"{mode}_tpot_s")
+        if not isinstance(ttft, (int, float)) or not isinstance(tpot, (int, float)):
+            return None
+        return max(ttft / slo_ttft, tpot / slo_tpot)
+    return score("aggregated"), score("disaggregated")
+
+
 def resolve_mode(policy: CompiledPolicy, fleet: Fleet, source: SignalSource, target: str, route_mode: str) -> ModeDecision:
     """The mode ``target`` runs a route of ``route_mode`` in (``pd_mode.decide_mode``),
     reading ``cache[target].prefix_hit_ratio`` and ``load[target].prefill_saturated`` from
-    ``source`` only when the target could disaggregate."""
+    ``source`` only when the target could disaggregate, and ``predict[target]`` for an ``auto``
+    route under ``disaggregation.by_prediction``."""
     t = fleet.targets[target]
     if "disaggregated" not in t.modes or route_mode == "aggregated":
         return ModeDecision(route_mode if route_mode in t.modes else t.modes[0],
@@ -112,7 +127,8 @@ def resolve_mode(policy: CompiledPolicy, fleet: Fleet, source: SignalSource, tar
     return decide_mode(policy.disaggregation, t, route_mode, prompt_tokens=int(source.request["prompt_tokens"]),
                        output_tokens=source.output_tokens(target),
                        prefix_hit_ratio=source.cache(target)["prefix_hit_ratio"],
-                       prefill_saturated=bool(source.load(target)["prefill_saturated"]))
+                       prefill_saturated=bool(source.load(target)["prefill_saturated"]),
+                       predicted=(lambda: _scores(source, target)) if policy.disaggregation.by_prediction else None)
 
 
 def decide(fleet: Fleet, policy: CompiledPolicy, base: BaseSignals, source: SignalSource,
@@ -408,6 +424,8 @@ class RoutingEngine:
                        "reserved_usd": chosen.cost.usd if dispatched else None,
                        "refusals": {t: str(e) for t, e in refusals.items()}},
             "cost": chosen.cost.to_dict(),
+            # predicted latency per target/mode the decision computed (policy/selection/latency.py)
+            "prediction": finite_or_none(live.predictions_trace()),
             "estimator": {"version": str(getattr(self.estimator, "version", "unknown")),
                           "available": estimate.available, "latency_ms": estimate.latency_ms,
                           "error": estimate.error},

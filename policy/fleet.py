@@ -117,12 +117,19 @@ class Pool(StrictModel):
     per second, summed over all concurrent requests). ``gpus_per_replica``: GPUs one
     replica occupies (tensor-parallel degree). ``kv_cache_capacity_tokens``: tokens of
     KV cache one replica holds (optional; the prefix index bounds itself by it).
+    For latency prediction (``policy/selection/latency.py``): ``decode_step_s``, seconds of one
+    decode step at a small batch (the inter-token latency of a lone request: reading the
+    weights once; the floor of predicted TPOT; absent: the batch share alone), and
+    ``max_num_batched_tokens``, the engine's token budget per step (vLLM's; the largest
+    prefill chunk a decode step can carry).
     """
 
     gpus_per_replica: PositiveInt
     prefill_tokens_per_s: PositiveFloat
     decode_tokens_per_s: PositiveFloat
     kv_cache_capacity_tokens: PositiveInt | None = None
+    decode_step_s: PositiveFloat | None = None
+    max_num_batched_tokens: PositiveInt = 8192
     endpoints: list[Endpoint] = Field(min_length=1)
 
     @field_validator("endpoints", mode="before")
@@ -269,7 +276,9 @@ class FleetReplay(StrictModel):
 class OnPremTarget(StrictModel):
     """An open model on our own GPUs. Prices: ``usd_per_gpu_hour`` (rental or amortized
     purchase), plus power at ``power_kw_per_gpu`` × ``usd_per_kwh`` (0 when the hourly
-    price already includes power)."""
+    price already includes power). ``kv_link_bytes_per_s``: bytes per second one prefill
+    replica sends KV to a decode replica over (P/D transfer; absent: one 400 Gb/s NIC per GPU,
+    ``latency.NIC_BYTES_PER_S``)."""
 
     kind: Literal["onprem"]
     model: str = Field(min_length=1)
@@ -282,6 +291,7 @@ class OnPremTarget(StrictModel):
     default_output_tokens: PositiveInt | None = None
     default_mode: Mode | None = None
     kv_bytes_per_token: PositiveInt | None = None
+    kv_link_bytes_per_s: PositiveFloat | None = None
     shared_kv: SharedKV | None = None
     kv_events: TargetEvents | None = None
     pools: Pools
@@ -327,7 +337,10 @@ class FrontierPrices(StrictModel):
 
 
 class FrontierTarget(StrictModel):
-    """A paid API tier: ``provider``, upstream ``model`` name, ``base_url``, list prices."""
+    """A paid API tier: ``provider``, upstream ``model`` name, ``base_url``, list prices.
+    ``ttft_median_s`` / ``tpot_median_s``: the tier's declared median latency, which latency
+    prediction uses when the tier reports none (``load`` readings' ``ttft_p50_ms`` /
+    ``tpot_p50_ms``; absent: ``latency.FRONTIER_TTFT_S`` / ``FRONTIER_TPOT_S``)."""
 
     kind: Literal["frontier"]
     provider: str = Field(min_length=1)
@@ -339,6 +352,8 @@ class FrontierTarget(StrictModel):
     prices: FrontierPrices
     prompt_cache_min_tokens: NonNegativeInt = 1024
     default_output_tokens: PositiveInt | None = None
+    ttft_median_s: PositiveFloat | None = None
+    tpot_median_s: PositiveFloat | None = None
     replay: FrontierReplay | None = None
 
     @property

@@ -3,7 +3,7 @@ the policy and the picker read it.
 
 A *signal source* answers, for one decision (``decide`` and the engine call these):
 
-- ``load(target)``, ``cache(target)``, ``endpoint(key)``, ``budget()``: namespace values
+- ``load(target)``, ``cache(target)``, ``endpoint(key)``, ``budget()``, ``predict(target)``: namespace values
   (dicts as ``policy/signals/namespaces.py`` declares them; ``endpoint`` keyed ``target/role``);
 - ``cost(target, mode=None)``: a ``CostEstimate`` (default mode: the target's);
 - ``healthy_endpoints(target)``, ``budget_limited()``, ``budget_fits(usd)``,
@@ -26,8 +26,11 @@ from typing import TypeAlias, TypedDict
 
 from pointsman.policy.budget.ledger import BudgetSnapshot, LedgerUnavailable
 from pointsman.policy.cost import CostEstimate, estimate_cost, pool_utilization
-from pointsman.policy.fleet import Fleet, FrontierTarget, Pool
+from pointsman.policy.fleet import Fleet, FrontierTarget, Pool, SLOClass
 from pointsman.policy.rules.compiler import CompiledPolicy
+from pointsman.policy.selection import latency
+from pointsman.policy.selection.latency import Prediction
+from pointsman.policy.selection.pd_mode import decide_mode
 from pointsman.policy.selection.pickers import Picker, PickInput, PoolPick, PoolView, QueueScorer
 from pointsman.policy.signals.engine_hashes import TargetTokenizerError
 from pointsman.policy.signals.fleet_state import FleetState
@@ -38,12 +41,14 @@ from pointsman.policy.signals.namespaces import (
     CacheSignals,
     DifficultySignals,
     EndpointSignals,
+    PredictSignals,
     RequestSignals,
     Snapshot,
     budget_signals,
     cache_signals,
     endpoint_signals,
     example_endpoint,
+    example_predict,
 )
 from pointsman.policy.signals.prefix_index import PrefixLookup
 from pointsman.policy.signals.source import SignalMap, SignalSource, number
@@ -148,7 +153,8 @@ def build_context(policy: CompiledPolicy, base: BaseSignals, source: SignalSourc
 
 
 def _keyed(root: str, keys: Mapping[str, AbstractSet[str] | None], source: SignalSource) -> dict[str, Mapping[str, object]]:
-    get: Callable[[str], SignalMap] = {"load": source.load, "_cache": source.cache, "_endpoint": source.endpoint}[root]
+    get: Callable[[str], SignalMap] = {"load": source.load, "_cache": source.cache, "_endpoint": source.endpoint,
+                                       "predict": source.predict}[root]
     ns_out: dict[str, Mapping[str, object]] = {}
     for key, fields in keys.items():
         value = get(key)
@@ -204,6 +210,11 @@ class LiveSignals:
         self._load: dict[str, TargetLoad] = {}
         self._cache: dict[str, CacheSignals] = {}
         self._endpoint: dict[str, EndpointSignals] = {}
+        self._predictions: dict[tuple[str, str], Prediction | None] = {}
+        self._predict: dict[str, PredictSignals] = {}
+        plan = policy.context_plan.get("_endpoint")
+        self._endpoint_predicts = isinstance(plan, dict) and any(
+            f is None or "predicted_ttft_s" in f or "predicted_tpot_s" in f for f in plan.values())
         self._costs: dict[tuple[str, str], CostEstimate] = {}
         self._means: dict[tuple[str, str, str], float | None] = {}
         self._budget: BudgetSignals | None = None
@@ -448,11 +459,70 @@ class LiveSignals:
         else:
             info, reading = pick.view.endpoints[i], pick.view.loads[i]
             local, _ = pick.view.hit(i)
+            ttft = tpot = math.inf
+            if self._endpoint_predicts:
+                p = self.prediction(target, "disaggregated" if role == "decode" else "aggregated")
+                if p is not None:
+                    ttft, tpot = p.ttft_s, p.tpot_s
             out = endpoint_signals(reading, self.now_mono, name=info.name or "", url=info.url, healthy=True,
                                    prefix_hit_ratio=min(1.0, local / max(1, self.prompt_tokens)),
-                                   cost_s=pick.costs[i])
+                                   cost_s=pick.costs[i], predicted_ttft_s=ttft, predicted_tpot_s=tpot)
         self._endpoint[key] = out
         return out
+
+    # -- predicted latency (policy/selection/latency.py) ------------------------------------
+
+    def slo(self) -> SLOClass:
+        """The request's SLO class (``routing.slo_class``, else the fleet's default)."""
+        return latency.slo_of(self.fleet, str(self.request["slo_class"]))
+
+    def prediction(self, target: str, mode: str) -> Prediction | None:
+        """The request's predicted latency on ``target`` in ``mode`` at the picker's endpoints
+        (memoized); None without that mode or a healthy endpoint for it. ``aggregated`` on a target
+        without an aggregated pool: a decode endpoint prefilling locally."""
+        key = (target, mode)
+        if key in self._predictions:
+            return self._predictions[key]
+        t = self.fleet.targets[target]
+        out: Prediction | None
+        if isinstance(t, FrontierTarget):
+            out = latency.frontier(target, t, self.pick(target, "api")) if mode == "aggregated" else None
+        elif mode == "disaggregated" and "disaggregated" not in t.modes:
+            out = None
+        else:
+            picks = (self.pick(target, "aggregated"),) if mode == "aggregated" else \
+                (self.pick(target, "prefill"), self.pick(target, "decode"))
+            out = latency.onprem(target, t, mode, picks, prompt_tokens=self.prompt_tokens,
+                                 output_tokens=self.output_tokens(target))
+        self._predictions[key] = out
+        return out
+
+    def predict(self, target: str) -> PredictSignals:
+        """``predict[target]``: both modes' predictions and the mode an ``auto`` route with
+        ``by_prediction`` would run in (the P/D guards of the policy's ``disaggregation``)."""
+        out = self._predict.get(target)
+        if out is not None:
+            return out
+        t, slo = self.fleet.targets[target], self.slo()
+        agg = self.prediction(target, "aggregated")
+        dis = None if isinstance(t, FrontierTarget) else self.prediction(target, "disaggregated")
+        chosen = agg
+        if not isinstance(t, FrontierTarget) and "disaggregated" in t.modes:
+            mode = decide_mode(self.policy.disaggregation, t, "auto", prompt_tokens=self.prompt_tokens,
+                               output_tokens=self.output_tokens(target),
+                               prefix_hit_ratio=self.cache(target)["prefix_hit_ratio"],
+                               prefill_saturated=bool(self.load(target)["prefill_saturated"]),
+                               predicted=lambda: (None if agg is None else agg.score(slo),
+                                                  None if dis is None else dis.score(slo)))
+            chosen = dis if mode.mode == "disaggregated" else agg
+        chosen = chosen or agg or dis
+        out = predict_signals(chosen, agg, dis, slo)
+        self._predict[target] = out
+        return out
+
+    def predictions_trace(self) -> dict[str, object]:
+        """The predictions this decision computed, ``target/mode`` -> ``Prediction.to_dict()`` (the trace)."""
+        return {f"{t}/{m}": None if p is None else p.to_dict() for (t, m), p in self._predictions.items()}
 
     def budget_snapshot(self) -> BudgetSnapshot | None:
         """The ledger's ``BudgetSnapshot`` of this request's scopes (None: no budgets apply, no
@@ -600,6 +670,10 @@ class StaticSignals:
         """``signals["budget"]``."""
         return self.signals["budget"]
 
+    def predict(self, target: str) -> PredictSignals:
+        """``signals["predict"][target]``, else an idle target's prediction."""
+        return self.signals["predict"].get(target) or example_predict()
+
     def output_tokens(self, target: str) -> int:
         """Output tokens expected on ``target``."""
         r = self.request
@@ -646,6 +720,22 @@ class StaticSignals:
         if path.startswith("load[\""):
             return number(self.load(path[6:path.index("\"]")]), "age_s")
         return 0.0
+
+
+def predict_signals(chosen: Prediction | None, aggregated: Prediction | None, disaggregated: Prediction | None,
+                    slo: SLOClass) -> PredictSignals:
+    """The ``predict[target]`` value from the chosen mode's prediction and each mode's (None: no
+    healthy endpoint, every time infinite and ``meets_slo`` false)."""
+    inf = math.inf
+    return {"ttft_s": chosen.ttft_s if chosen else inf, "tpot_s": chosen.tpot_s if chosen else inf,
+            "meets_slo": chosen is not None and chosen.meets(slo), "mode": chosen.mode if chosen else "",
+            "queue_s": chosen.queue_s if chosen else inf, "prefill_s": chosen.prefill_s if chosen else inf,
+            "transfer_s": chosen.transfer_s if chosen else 0.0,
+            "aggregated_ttft_s": aggregated.ttft_s if aggregated else None,
+            "aggregated_tpot_s": aggregated.tpot_s if aggregated else None,
+            "disaggregated_ttft_s": disaggregated.ttft_s if disaggregated else None,
+            "disaggregated_tpot_s": disaggregated.tpot_s if disaggregated else None,
+            "slo_ttft_s": slo.ttft_s, "slo_tpot_s": slo.tpot_s}
 
 
 def finite_or_none(value: object) -> object:

@@ -81,6 +81,7 @@ from pointsman.policy.signals.namespaces import (
     example_draft,
     example_endpoint,
     example_load,
+    example_predict,
     example_signals,
     relative_key,
 )
@@ -413,8 +414,12 @@ def _probe_snapshots(fleet: Fleet, variables: Mapping[str, JSONValue]) -> list[S
         "num_requests_running": 64, "num_requests_waiting": 40, "kv_cache_usage": 0.95, "ttft_p50_ms": 2500.0,
         "tpot_p50_ms": 80.0, "prefill_utilization": 0.9, "decode_utilization": 0.9, "inflight_requests": 100,
         "outstanding_requests": 104, "age_s": 3.0, "stale": False, "saturated": False, "name": "e-0",
-        "url": "http://e-0/v1", "healthy": True, "prefix_hit_ratio": 0.9, "cost_s": 1.5}
+        "url": "http://e-0/v1", "healthy": True, "prefix_hit_ratio": 0.9, "cost_s": 1.5, "predicted_ttft_s": 3.5,
+        "predicted_tpot_s": 0.15}
     busy["_endpoint"] = {k: ep for k in _endpoint_keys(fleet)}
+    busy["predict"] = {t: {**example_predict(3.5, 0.15), "mode": "disaggregated", "queue_s": 2.0, "prefill_s": 1.2,
+                           "transfer_s": 0.3, "disaggregated_ttft_s": 3.5, "disaggregated_tpot_s": 0.15}
+                       for t in fleet.targets}
     busy["budget"] = {"limited": True, "remaining_usd": 1.5, "spent_usd": 98.5, "limit_usd": 100.0,
                       "spent_fraction": 0.985, "window": "day", "window_elapsed_fraction": 0.6, "pace_gap": 0.385,
                       "scope": "tenant:acme"}

@@ -88,7 +88,7 @@ class Verdict:
 
 def context_variables(policy: CompiledPolicy, signals: Mapping[str, object]) -> dict[str, object]:
     """The part of a full snapshot ``signals`` the policy's conditions read (see
-    ``CompiledPolicy.context_plan``; keyed roots ``load``, ``_cache``, ``_endpoint`` are pruned
+    ``CompiledPolicy.context_plan``; keyed roots ``load``, ``predict``, ``_cache``, ``_endpoint`` are pruned
     per key); ``variables`` always come from the policy itself."""
     out: dict[str, object] = {}
     for root, plan in policy.context_plan.items():
@@ -148,9 +148,10 @@ def _get(ns: object, key: str) -> object:
 def lookup_signal(signals: Mapping[str, object], path: str, rule: CompiledRule | CompiledVerifyRule | None = None) -> object:
     """The value at a signal path as written (``request.x``, ``load["t"].x``, ``cache.x``) in a
     snapshot or CEL context; None when absent."""
-    if path.startswith('load["'):
-        target, _, member = path[6:].partition('"]')
-        ns = _get(signals.get("load"), target)
+    keyed = path.partition('["')[0]
+    if keyed in ("load", "predict") and path.startswith(f'{keyed}["'):
+        target, _, member = path[len(keyed) + 2:].partition('"]')
+        ns = _get(signals.get(keyed), target)
         member = member.lstrip(".")
         return _get(ns, member) if isinstance(ns, dict) and member else ns
     root, _, rest = path.partition(".")

@@ -38,11 +38,18 @@ policy author's decision):
    cheap where the cache is (Dynamo's router likewise prefers the worker with the
    overlap over a remote prefill).
 
-Otherwise ``auto`` disaggregates.
+Otherwise ``auto`` disaggregates, unless the policy sets ``by_prediction``:
+
+6. **by prediction**: the request's predicted latency (``policy/selection/latency.py``) in
+   each mode, scored against its SLO class (max of TTFT and TPOT over their objectives):
+   ``auto`` disaggregates only when that score is lower disaggregated, e.g. when the decode
+   pool's batch and the transfer cost less than the prefill interference and queue of the
+   aggregated pool; the guards and benefit tests above still come first.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -59,13 +66,16 @@ class DisaggregationSpec(StrictModel):
     is cached on the decode side. Every disaggregated route stays aggregated (when the
     target has an aggregated pool) when its prefill + decode pools have fewer than
     ``min_pool_gpus`` GPUs or the prefill pool is saturated (every healthy prefill
-    endpoint queues ``max_prefill_queue_s`` or more, or reads saturated)."""
+    endpoint queues ``max_prefill_queue_s`` or more, or reads saturated). ``by_prediction``: an
+    ``auto`` route that passes every rule disaggregates only when its predicted latency scores
+    better disaggregated (rule 6)."""
 
     min_uncached_prompt_tokens: Annotated[int, Field(ge=0)] = 512
     min_output_tokens: Annotated[int, Field(ge=0)] = 16
     max_local_hit_ratio: Annotated[float, Field(ge=0, le=1)] = 0.8
     min_pool_gpus: Annotated[int, Field(ge=0)] = 12
     max_prefill_queue_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 2.0
+    by_prediction: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,11 +99,13 @@ def pd_pool_gpus(target: OnPremTarget | FrontierTarget) -> int:
 
 
 def decide_mode(spec: DisaggregationSpec, target: OnPremTarget | FrontierTarget, route_mode: str, *, prompt_tokens: int,
-                output_tokens: int, prefix_hit_ratio: float, prefill_saturated: bool) -> ModeDecision:
+                output_tokens: int, prefix_hit_ratio: float, prefill_saturated: bool,
+                predicted: Callable[[], tuple[float | None, float | None]] | None = None) -> ModeDecision:
     """``aggregated`` or ``disaggregated`` for a route of ``route_mode`` (``aggregated``,
     ``disaggregated`` or ``auto``) on ``target`` (rules in the module docstring). ``spec``:
     the policy's ``DisaggregationSpec``; ``prefix_hit_ratio``: ``cache.prefix_hit_ratio`` of
-    the target; ``prefill_saturated``: ``load[target].prefill_saturated``."""
+    the target; ``prefill_saturated``: ``load[target].prefill_saturated``; ``predicted``: called
+    for rule 6 only, gives the (aggregated, disaggregated) SLO scores (None: unknown)."""
     modes = target.modes
     gpus = pd_pool_gpus(target)
     uncached = round(prompt_tokens * (1.0 - prefix_hit_ratio))
@@ -123,5 +135,14 @@ def decide_mode(spec: DisaggregationSpec, target: OnPremTarget | FrontierTarget,
     if prefix_hit_ratio >= spec.max_local_hit_ratio:
         return ModeDecision("aggregated", f"stay local: prefix hit ratio {prefix_hit_ratio:.2f} >= "
                                           f"max_local_hit_ratio {spec.max_local_hit_ratio}", inputs)
+    if predicted is not None:
+        agg, dis = predicted()
+        inputs["aggregated_score"], inputs["disaggregated_score"] = agg, dis
+        if agg is not None and (dis is None or dis >= agg):
+            return ModeDecision("aggregated", f"stay aggregated: predicted SLO score {agg:.2f} aggregated <= "
+                                              f"{'none' if dis is None else f'{dis:.2f}'} disaggregated", inputs)
+        if dis is not None:
+            return ModeDecision("disaggregated", f"disaggregate: predicted SLO score {dis:.2f} disaggregated < "
+                                                 f"{'none' if agg is None else f'{agg:.2f}'} aggregated", inputs)
     return ModeDecision("disaggregated", "disaggregate: long uncached prompt, long enough output, "
                                          "pools large enough and prefill not saturated", inputs)

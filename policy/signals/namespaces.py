@@ -8,7 +8,8 @@ The snapshot is a plain dict built once per decision, one key per namespace::
      "load":       {"onprem-70b": {"num_requests_waiting": 3, "age_s": 0.8, ...}},
      "budget":     {"remaining_usd": 12.5, "spent_fraction": 0.75, ...},
      "_cache":     {"onprem-70b": {"prefix_hit_ratio": 0.9, ...}},
-     "_endpoint":  {"onprem-70b/decode": {"num_requests_running": 7, ...}}}
+     "_endpoint":  {"onprem-70b/decode": {"num_requests_running": 7, ...}},
+     "predict":    {"onprem-70b": {"ttft_s": 0.41, "tpot_s": 0.03, "meets_slo": True, ...}}}
 
 ``SIGNALS`` declares every namespace and field with its type and meaning; the
 compiler checks expressions against it (unknown names get "did you mean") and the
@@ -16,8 +17,8 @@ reference page (``pointsman policy signals``, ``docs/policy-signals.md``) is
 generated from it. Three shapes of namespace:
 
 - flat (``request``, ``difficulty``, ``budget``): ``request.prompt_tokens``;
-- keyed by target (``load``): ``load["onprem-70b"].num_requests_waiting``; the key must
-  be a fleet target (checked at compile time when it is a string literal);
+- keyed by target (``load``, ``predict``): ``load["onprem-70b"].num_requests_waiting``; the
+  key must be a fleet target (checked at compile time when it is a string literal);
 - relative to the rule's own route (``cache``, ``endpoint``): ``cache.prefix_hit_ratio``
   in a rule routing to ``onprem-70b`` reads that target's value. The compiler rewrites
   these to the internal keyed roots ``_cache["<target>"]`` and
@@ -106,6 +107,26 @@ class EndpointSignals(LoadValues):
     healthy: bool
     prefix_hit_ratio: float
     cost_s: float
+    predicted_ttft_s: float
+    predicted_tpot_s: float
+
+
+class PredictSignals(TypedDict):
+    """``predict[target]``: predicted latency of the request there (``SIGNALS["predict"]``)."""
+
+    ttft_s: float
+    tpot_s: float
+    meets_slo: bool
+    mode: str
+    queue_s: float
+    prefill_s: float
+    transfer_s: float
+    aggregated_ttft_s: float | None
+    aggregated_tpot_s: float | None
+    disaggregated_ttft_s: float | None
+    disaggregated_tpot_s: float | None
+    slo_ttft_s: float
+    slo_tpot_s: float
 
 
 class CacheSignals(TypedDict):
@@ -143,6 +164,7 @@ class Snapshot(TypedDict):
     budget: BudgetSignals
     _cache: dict[str, CacheSignals]
     _endpoint: dict[str, EndpointSignals]
+    predict: dict[str, PredictSignals]
 
 
 @dataclass(frozen=True)
@@ -202,6 +224,10 @@ _LOAD_DOC = ("Load of one target: its endpoints' readings merged (pushed snapsho
              "rule comparing them errors and is skipped, named in the decision), `saturated` (read as full: "
              "kv_cache_usage 1.0, a huge waiting queue) or `ignore` (used as is).")
 
+_PREDICT_DOC = ("Predicted latency of this request on a target (policy/selection/latency.py), at the endpoint the "
+                "picker would choose there, from the live load, cache and telemetry signals; read as "
+                "`predict[\"<target>\"].<field>`. The inputs are in the decision's trace (`prediction`).")
+
 SIGNALS: dict[str, Namespace] = {
     "request": Namespace("request", "Facts about the request, computed before routing.", {
         "prompt_tokens": Signal("int", "prompt length in tokens (exact when the gateway sends routing.prompt_tokens, "
@@ -248,7 +274,32 @@ SIGNALS: dict[str, Namespace] = {
         "prefix_hit_ratio": Signal("double", "share 0-1 of this prompt's prefix cached on this endpoint"),
         "cost_s": Signal("double", "the picker's predicted seconds for this request there "
                                    "(queued + uncached prefill + decode; policy/selection/pickers.py)"),
+        "predicted_ttft_s": Signal("double", "predicted time to first token of this request through this endpoint, "
+                                             "seconds (its route's mode; policy/selection/latency.py; infinite when "
+                                             "unhealthy)"),
+        "predicted_tpot_s": Signal("double", "predicted mean time per output token there, seconds (as above)"),
     }, shape="relative", aged=True),
+    "predict": Namespace("predict", _PREDICT_DOC, {
+        "ttft_s": Signal("double", "predicted time to first token, seconds: prefill queued ahead + this request's "
+                                   "uncached prefill (or shared-tier restore) + P/D KV transfer; a frontier tier's "
+                                   "reported or declared median; infinite without a healthy endpoint"),
+        "tpot_s": Signal("double", "predicted mean time per output token, seconds: the decode batch's share and step "
+                                   "floor, prefill interference (aggregated, 90th percentile), doubled when free KV "
+                                   "runs short"),
+        "meets_slo": Signal("bool", "ttft_s and tpot_s within the request's SLO class (routing.slo_class, else the "
+                                    "fleet's default)"),
+        "mode": Signal("string", "the mode predicted: the better of aggregated and disaggregated by the SLO, "
+                                 "disaggregated only where the disaggregation guards allow it"),
+        "queue_s": Signal("double", "the part of ttft_s queued ahead (prefill work on the chosen endpoint)"),
+        "prefill_s": Signal("double", "the part of ttft_s for this request's own prefill"),
+        "transfer_s": Signal("double", "the part of ttft_s for the P/D KV transfer (0 aggregated)"),
+        "aggregated_ttft_s": Signal("double", "ttft_s aggregated; null without that mode", nullable=True),
+        "aggregated_tpot_s": Signal("double", "tpot_s aggregated; null without that mode", nullable=True),
+        "disaggregated_ttft_s": Signal("double", "ttft_s disaggregated; null without that mode", nullable=True),
+        "disaggregated_tpot_s": Signal("double", "tpot_s disaggregated; null without that mode", nullable=True),
+        "slo_ttft_s": Signal("double", "the request's SLO class's TTFT objective, seconds"),
+        "slo_tpot_s": Signal("double", "the request's SLO class's TPOT objective, seconds"),
+    }, shape="by_target"),
     "cache": Namespace("cache", "KV-cache locality for the rule's own route target (prefix index per endpoint, "
                                 "updated at dispatch; policy/signals/prefix_index.py).", {
         "prefix_hit_ratio": Signal("double", "largest share 0-1 of this prompt's prefix cached on one endpoint of "
@@ -424,10 +475,21 @@ def _load_values(reading: EndpointLoad | None, now: float | None) -> LoadValues:
 
 
 def endpoint_signals(reading: EndpointLoad | None, now: float | None, *, name: str, url: str, healthy: bool,
-                     prefix_hit_ratio: float, cost_s: float) -> EndpointSignals:
+                     prefix_hit_ratio: float, cost_s: float, predicted_ttft_s: float = math.inf,
+                     predicted_tpot_s: float = math.inf) -> EndpointSignals:
     """The ``endpoint`` value for one endpoint (``reading``: its ``EndpointLoad`` or None)."""
     return {**_load_values(reading, now), "name": name, "url": url, "healthy": healthy,
-            "prefix_hit_ratio": prefix_hit_ratio, "cost_s": cost_s}
+            "prefix_hit_ratio": prefix_hit_ratio, "cost_s": cost_s, "predicted_ttft_s": predicted_ttft_s,
+            "predicted_tpot_s": predicted_tpot_s}
+
+
+def example_predict(ttft_s: float = 0.2, tpot_s: float = 0.03, slo_ttft_s: float = 2.0,
+                    slo_tpot_s: float = 0.1) -> PredictSignals:
+    """A ``predict[target]`` value of an idle target (aggregated, well within the default SLO)."""
+    return {"ttft_s": ttft_s, "tpot_s": tpot_s, "meets_slo": ttft_s <= slo_ttft_s and tpot_s <= slo_tpot_s,
+            "mode": "aggregated", "queue_s": 0.0, "prefill_s": ttft_s, "transfer_s": 0.0,
+            "aggregated_ttft_s": ttft_s, "aggregated_tpot_s": tpot_s, "disaggregated_ttft_s": None,
+            "disaggregated_tpot_s": None, "slo_ttft_s": slo_ttft_s, "slo_tpot_s": slo_tpot_s}
 
 
 def cache_signals(prefix_hit_ratio: float = 0.0, prefix_hit_tokens: int = 0, shared_hit_ratio: float = 0.0,
@@ -479,6 +541,7 @@ def example_signals(variables: Mapping[str, JSONValue] | None = None, targets: I
                    "spent_fraction": 0.0, "window": "", "window_elapsed_fraction": 0.5, "pace_gap": 0.0, "scope": ""},
         "_cache": {t: cache_signals() for t in targets},
         "_endpoint": {},
+        "predict": {t: example_predict() for t in targets},
     }
 
 
@@ -500,7 +563,7 @@ def example_endpoint(name: str = "", url: str = "") -> EndpointSignals:
             "decode_utilization": load["decode_utilization"], "inflight_requests": load["inflight_requests"],
             "outstanding_requests": load["outstanding_requests"], "age_s": load["age_s"], "stale": load["stale"],
             "saturated": load["saturated"], "name": name, "url": url, "healthy": True, "prefix_hit_ratio": 0.0,
-            "cost_s": 0.0}
+            "cost_s": 0.0, "predicted_ttft_s": 0.2, "predicted_tpot_s": 0.03}
 
 
 def reference_markdown() -> str:

@@ -57,6 +57,10 @@ class SignalSource(Protocol):
         """The ``budget`` namespace."""
         ...
 
+    def predict(self, target: str) -> SignalMap:
+        """``predict[target]``: the request's predicted latency there (``PredictSignals``)."""
+        ...
+
     def output_tokens(self, target: str) -> int:
         """Output tokens expected on ``target`` (the request's cap, else the fleet's defaults)."""
         ...

@@ -1,0 +1,231 @@
+"""Predicted latency of one request per candidate: time to first token (TTFT) and time per
+output token (TPOT) on a target, in a mode, at the endpoint the picker would choose, from
+live signals. Policies read it as ``predict["<target>"]`` and ``endpoint.predicted_ttft_s``
+(``namespaces.SIGNALS``); ``auto`` routes may choose their P/D mode by it
+(``disaggregation.by_prediction``).
+
+**TTFT** (seconds)::
+
+    aggregated:     queue_s + prefill_s
+    disaggregated:  queue_s + prefill_s + transfer_s        (on the chosen prefill endpoint)
+    frontier:       the tier's reported median TTFT, else its declared one
+
+``queue_s``: prefill work already queued on the endpoint (``pickers.QueueScorer``: vLLM
+schedules the waiting queue first come, first served, so all of it runs before this
+request's prefill); ``prefill_s``: this request's own uncached prefill, or the shared KV
+tier's restore when that is faster (``pickers.PrefillWorkScorer``); ``transfer_s``: the
+prompt's KV over the prefill replica's link, ``latency + prompt × kv_bytes_per_token / link``
+(``transfer_s``; Mooncake's transfer engine measured 1.8 ms + bytes / 168 GB/s over 4 NICs).
+
+**TPOT** (seconds, the mean over the answer, as replay and DistServe measure it)::
+
+    step_s  = max(decode_step_s, (b + 1) / decode_tokens_per_s)
+    tpot_s  = (step_s + interference_s) × (2 if the KV cache is short else 1)
+
+``b``: requests outstanding on the decode-side endpoint (each shares the batch's decode
+throughput, ``pickers.DecodeLoadScorer``); ``decode_step_s``: the pool's lone-request step
+(its floor). ``interference_s`` (aggregated only; a decode pool runs no prefill): a step that
+carries a prefill chunk lasts ``chunk_s = max_num_batched_tokens / prefill_tokens_per_s``
+longer. With the endpoint's recent prefill busy fraction ``u`` (``prefill_utilization``), a
+step carries a chunk with probability ``q = u × step_s / ((1 − u) × chunk_s)`` (so that the
+time share of prefill is ``u``); over the first ``m = min(output − 1, 32)`` steps the count
+of chunked steps is Binomial(m, q), and ``interference_s`` is its 90th percentile × chunk_s /
+m: the request meets the TPOT objective with about 90% probability (DistServe's goodput
+counts requests, not means). The KV cache is *short* when the endpoint's free KV
+(``(1 − kv_cache_usage) × capacity``) cannot hold the prompt and the answer: vLLM then
+preempts and recomputes, which at least doubles the decode time.
+
+**Frontier tiers**: the medians their telemetry reports (``ttft_p50_ms``, ``tpot_p50_ms``),
+else the fleet's declared ``ttft_median_s`` / ``tpot_median_s``, else ``FRONTIER_TTFT_S`` /
+``FRONTIER_TPOT_S``.
+
+**The SLO** of a request is its ``routing.slo_class`` in the fleet (``Fleet.slo``; unknown or
+empty: the fleet's default class). ``score`` = max(TTFT / SLO TTFT, TPOT / SLO TPOT): at most
+1 meets it; lower is better. ``best_mode`` compares modes by it.
+
+Estimates err on the safe side: a full prefill chunk per chunked step, the throughput at full
+batch shared by the batch, the KV of the whole prompt transferred.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget, Pool, SLOClass
+from pointsman.policy.selection.pickers import PoolPick
+
+#: Median TTFT / TPOT (seconds) of a frontier tier that reports and declares none: the order
+#: of what public API trackers report for GPT-4o-class tiers (about 80 output tokens/s); the
+#: replay simulator's default tier draws around the same medians (``replay/hardware.py``).
+FRONTIER_TTFT_S = 0.6
+FRONTIER_TPOT_S = 0.012
+#: KV transfer bandwidth per GPU of a prefill replica (one 400 Gb/s NIC at 84% of line) and the
+#: set-up time of one transfer: the fit to SGLang's P/D transfer times over Mooncake's transfer
+#: engine (``kvcache-ai/Mooncake`` docs, sglang-benchmark-results-v1) that replay uses too.
+NIC_BYTES_PER_S = 42e9
+LINK_LATENCY_S = 0.0018
+#: Decode steps over which prefill interference is counted (the answer's start: a short
+#: answer's mean TPOT is decided there), and the percentile of that count.
+INTERFERENCE_STEPS = 32
+INTERFERENCE_QUANTILE = 0.9
+#: Highest prefill busy fraction read (1.0 would make every step a chunked one forever).
+MAX_PREFILL_SHARE = 0.95
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted latency of one request on ``target`` in ``mode`` (``aggregated`` or
+    ``disaggregated``; a frontier tier is ``aggregated``) at ``endpoint`` (id of the decode-side
+    or aggregated endpoint; the tier's name for a frontier one): ``ttft_s`` = ``queue_s`` +
+    ``prefill_s`` + ``transfer_s``, ``tpot_s``, all in seconds; ``inputs``: the signals used
+    (for the trace)."""
+
+    target: str
+    mode: str
+    ttft_s: float
+    tpot_s: float
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    transfer_s: float = 0.0
+    endpoint: str = ""
+    inputs: dict[str, float | int | str | None] = field(default_factory=dict)
+
+    def score(self, slo: SLOClass) -> float:
+        """max(TTFT / SLO TTFT, TPOT / SLO TPOT): ≤ 1 meets ``slo``; lower is better."""
+        return max(self.ttft_s / slo.ttft_s, self.tpot_s / slo.tpot_s)
+
+    def meets(self, slo: SLOClass) -> bool:
+        """TTFT and TPOT both within ``slo``."""
+        return self.ttft_s <= slo.ttft_s and self.tpot_s <= slo.tpot_s
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready: every field."""
+        return {"target": self.target, "mode": self.mode, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,
+                "queue_s": self.queue_s, "prefill_s": self.prefill_s, "transfer_s": self.transfer_s,
+                "endpoint": self.endpoint, "inputs": dict(self.inputs)}
+
+
+def slo_of(fleet: Fleet, slo_class: str) -> SLOClass:
+    """The request's SLO class in ``fleet``: ``slo_class`` when the fleet declares it, else the
+    fleet's default class (an empty or unknown name is not an error here: the request parser
+    owns that check)."""
+    classes = fleet.slo_classes
+    return classes[slo_class] if slo_class in classes else fleet.slo()
+
+
+def transfer_s(prompt_tokens: int, kv_bytes_per_token: int | None, link_bytes_per_s: float,
+               latency_s: float = LINK_LATENCY_S) -> float:
+    """Seconds to send the prompt's KV from a prefill to a decode replica:
+    ``latency_s + prompt_tokens × kv_bytes_per_token / link_bytes_per_s`` (0 without a KV size)."""
+    if not kv_bytes_per_token:
+        return 0.0
+    return latency_s + prompt_tokens * kv_bytes_per_token / link_bytes_per_s
+
+
+def binomial_quantile(m: int, q: float, quantile: float) -> int:
+    """The smallest k with P(Binomial(m, q) ≤ k) ≥ ``quantile`` (exact, by the pmf)."""
+    if m <= 0 or q <= 0.0:
+        return 0
+    if q >= 1.0:
+        return m
+    total = 0.0
+    for k in range(m + 1):
+        total += math.comb(m, k) * q ** k * (1.0 - q) ** (m - k)
+        if total >= quantile - 1e-12:
+            return k
+    return m
+
+
+def interference_s(step_s: float, chunk_s: float, prefill_share: float | None, output_tokens: int) -> float:
+    """Seconds a prefill chunk adds to this request's mean TPOT at the 90th percentile (module
+    docstring): ``prefill_share`` is the endpoint's recent prefill busy fraction (None: 0)."""
+    u = min(MAX_PREFILL_SHARE, max(0.0, prefill_share or 0.0))
+    m = min(max(0, output_tokens - 1), INTERFERENCE_STEPS)
+    if u <= 0.0 or m == 0 or chunk_s <= 0.0:
+        return 0.0
+    q = min(1.0, u * step_s / ((1.0 - u) * chunk_s))
+    return binomial_quantile(m, q, INTERFERENCE_QUANTILE) * chunk_s / m
+
+
+def tpot_s(pool: Pool, batch: int, output_tokens: int, *, prefill_share: float | None = None,
+           kv_short: bool = False) -> float:
+    """Predicted mean TPOT in seconds on one endpoint of ``pool`` that holds ``batch`` other
+    requests (module docstring); ``prefill_share`` None on a decode endpoint (no prefill
+    there); ``kv_short``: its free KV cannot hold this request (doubles the result)."""
+    step = max(pool.decode_step_s or 0.0, (batch + 1) / pool.decode_tokens_per_s)
+    extra = 0.0
+    if prefill_share is not None:
+        extra = interference_s(step, pool.max_num_batched_tokens / pool.prefill_tokens_per_s, prefill_share,
+                               output_tokens)
+    return (step + extra) * (2.0 if kv_short else 1.0)
+
+
+def kv_short(pool: Pool, pick: PoolPick, i: int, need_tokens: int) -> bool:
+    """Whether endpoint ``i`` of ``pick`` lacks free KV for ``need_tokens`` (its reading's usage
+    and capacity, else the pool's capacity; unknown usage: not short)."""
+    x = pick.view.loads[i]
+    if x is None or x.kv_cache_usage is None:
+        return False
+    capacity = x.kv_cache_capacity_tokens or pool.kv_cache_capacity_tokens
+    return capacity is not None and (1.0 - x.kv_cache_usage) * capacity < need_tokens
+
+
+def _part(pick: PoolPick, name: str, i: int) -> float:
+    col = pick.parts.get(name)
+    return 0.0 if col is None else col[i]
+
+
+def onprem(target_name: str, target: OnPremTarget, mode: str, picks: tuple[PoolPick, ...], *, prompt_tokens: int,
+           output_tokens: int) -> Prediction | None:
+    """The prediction on ``target`` in ``mode`` from the picker's picks there (aggregated: one
+    pick; disaggregated: the prefill then the decode pick), at each pick's chosen endpoint;
+    None when a pool has no healthy endpoint. The picks' scorer parts give ``queue_s`` and
+    ``prefill_s`` (a picker without scores, ``in-order``, predicts no queue: its parts are absent)."""
+    first, main = picks[0], picks[-1]
+    i, j = first.chosen, main.chosen
+    if i is None or j is None:
+        return None
+    queue, prefill = _part(first, "queue", i), _part(first, "prefill-work", i)
+    if "prefill-work" not in first.parts:
+        pool_p = first.view.pool_of(i)
+        prefill = prompt_tokens / pool_p.prefill_tokens_per_s if pool_p is not None else 0.0
+    pool = main.view.pool_of(j)
+    if pool is None:
+        return None
+    batch = main.view.outstanding()[j]
+    short = kv_short(pool, main, j, prompt_tokens + output_tokens)
+    reading = main.view.loads[j]
+    moved = 0.0
+    inputs: dict[str, float | int | str | None] = {"batch": batch, "kv_short": int(short)}
+    if mode == "aggregated":
+        share = reading.prefill_utilization if reading is not None else None
+        inputs["prefill_utilization"] = share
+        tpot = tpot_s(pool, batch, output_tokens, prefill_share=share or 0.0, kv_short=short)
+    else:
+        pp = first.view.pool_of(i)
+        link = target.kv_link_bytes_per_s or NIC_BYTES_PER_S * (pp.gpus_per_replica if pp is not None else 1)
+        moved = transfer_s(prompt_tokens, target.kv_bytes_per_token, link)
+        inputs["link_bytes_per_s"] = link
+        tpot = tpot_s(pool, batch, output_tokens, kv_short=short)
+    return Prediction(target_name, mode, queue + prefill + moved, tpot, queue, prefill, moved,
+                      main.view.endpoints[j].id, inputs)
+
+
+def frontier(target_name: str, target: FrontierTarget, pick: PoolPick) -> Prediction:
+    """The prediction on a frontier tier: its reported medians, else its declared ones, else the defaults."""
+    reading = pick.view.loads[0] if pick.view.loads else None
+    ttft = reading.ttft_p50_ms / 1e3 if reading is not None and reading.ttft_p50_ms else None
+    tpot = reading.tpot_p50_ms / 1e3 if reading is not None and reading.tpot_p50_ms else None
+    source = "reported" if ttft is not None or tpot is not None else "declared"
+    return Prediction(target_name, "aggregated", ttft or target.ttft_median_s or FRONTIER_TTFT_S,
+                      tpot or target.tpot_median_s or FRONTIER_TPOT_S, endpoint=target_name,
+                      inputs={"source": source})
+
+
+def best_mode(aggregated: Prediction | None, disaggregated: Prediction | None, slo: SLOClass) -> Prediction | None:
+    """The better of two predictions by ``Prediction.score`` (aggregated on ties: no transfer,
+    no second pool); either may be None (mode absent or no healthy endpoint)."""
+    if aggregated is None or disaggregated is None:
+        return aggregated or disaggregated
+    return disaggregated if disaggregated.score(slo) < aggregated.score(slo) else aggregated
