@@ -8,6 +8,11 @@
   request Pointsman rejects. A gateway must not fail its user's request because the router
   is down: ``None`` means "route the way you would without Pointsman" (fail open); the reason
   is logged (warning; 4xx as an error, since it is a client bug) and counted in ``stats``.
+- ``averify(decision_id, draft, usage=None)`` / ``verify(...)``: ``POST /v1/verify`` (the
+  cascade) with the draft the decision's target answered (``{"text", "finish_reason",
+  "logprobs", "partial"}``); returns the answer (``action`` ``accept`` or ``escalate`` with the
+  escalation target) or ``None`` on any failure, which means "keep the draft" (fail open, as
+  ``route``; counted as ``verify_failed``). ``verify_timeout_s`` bounds the call.
 - ``report(outcome)``: queue one outcome (a dict shaped like ``OutcomeIn``,
   ``pointsman/outcome.py``) for ``POST /v1/outcomes``. Inside a running event loop it
   never blocks: outcomes are batched for ``flush_interval_s`` (at most ``MAX_BATCH`` per call)
@@ -93,21 +98,42 @@ def forward_target(decision: RouteDecision) -> tuple[str, dict[str, str]]:
     return decision["base_url"], headers
 
 
+class VerifyAnswer(TypedDict):
+    """The fields of ``/v1/verify``'s answer (``service/cascade.py`` ``VerifyOut``) a gateway acts on;
+    the dict ``verify``/``averify`` return carries every field. With ``action == "escalate"``
+    send the request to ``base_url`` with ``model`` (``fallbacks`` next) and report the one
+    outcome under ``decision_id`` with ``served_target`` = ``target``."""
+
+    decision_id: str
+    action: str
+    p_bad: float
+    rule: str
+    escalation_id: str | None
+    target: str | None
+    model: str | None
+    base_url: str | None
+    fallbacks: list[RoutedFallback]
+    replayed: bool
+
+
 class PointsmanClient:
     """Calls ``/v1/route`` and reports to ``/v1/outcomes``; see the module docstring.
 
     ``base_url``: the service root, e.g. ``http://127.0.0.1:8000``. ``route_timeout_s``: budget
     of one routing call in seconds (default 0.25). ``outcome_timeout_s``: budget of one
-    outcome post. ``flush_interval_s``: how long outcomes wait to be batched. ``transport``:
-    an httpx transport for tests. Counters in ``stats``: ``routed``, ``route_failed``,
+    outcome post. ``verify_timeout_s``: budget of one verify call. ``flush_interval_s``: how long
+    outcomes wait to be batched. ``transport``: an httpx transport for tests. Counters in
+    ``stats``: ``routed``, ``route_failed``, ``verified``, ``verify_failed``,
     ``outcomes_acked``, ``outcomes_dropped``.
     """
 
     def __init__(self, base_url: str, *, api_key: str | None = None, route_timeout_s: float = 0.25,
-                 outcome_timeout_s: float = 5.0, flush_interval_s: float = 0.05, outcome_attempts: int = 3,
+                 verify_timeout_s: float = 0.5, outcome_timeout_s: float = 5.0, flush_interval_s: float = 0.05,
+                 outcome_attempts: int = 3,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.route_timeout_s = route_timeout_s
+        self.verify_timeout_s = verify_timeout_s
         self.outcome_timeout_s = outcome_timeout_s
         self.flush_interval_s = flush_interval_s
         self.outcome_attempts = max(1, outcome_attempts)
@@ -174,6 +200,49 @@ class PointsmanClient:
     def _route_failed(self, reason: str) -> None:
         self.stats["route_failed"] += 1
         log.warning("pointsman at %s did not decide (%s); routing without it", self.base_url, reason)
+
+    # -- the cascade --------------------------------------------------------------------------
+    @staticmethod
+    def _verify_body(decision_id: str, draft: Mapping[str, object],
+                     usage: Mapping[str, object] | None) -> dict[str, object]:
+        body: dict[str, object] = {"decision_id": decision_id, "draft": dict(draft)}
+        if usage is not None:
+            body["usage"] = dict(usage)
+        return body
+
+    async def averify(self, decision_id: str, draft: Mapping[str, object],
+                      usage: Mapping[str, object] | None = None) -> VerifyAnswer | None:
+        """``POST /v1/verify``; the answer, or ``None`` (keep the draft) — see the module docstring."""
+        try:
+            resp = await self._aclient().post("/v1/verify", json=self._verify_body(decision_id, draft, usage),
+                                              timeout=self.verify_timeout_s)
+        except httpx.HTTPError as exc:
+            self._verify_failed(f"{type(exc).__name__}: {exc}")
+            return None
+        return self._verified(resp)
+
+    def verify(self, decision_id: str, draft: Mapping[str, object],
+               usage: Mapping[str, object] | None = None) -> VerifyAnswer | None:
+        """Blocking ``averify``, for sync gateways."""
+        try:
+            resp = self._client().post("/v1/verify", json=self._verify_body(decision_id, draft, usage),
+                                       timeout=self.verify_timeout_s)
+        except httpx.HTTPError as exc:
+            self._verify_failed(f"{type(exc).__name__}: {exc}")
+            return None
+        return self._verified(resp)
+
+    def _verified(self, resp: httpx.Response) -> VerifyAnswer | None:
+        if resp.status_code == 200:
+            self.stats["verified"] += 1
+            answer: VerifyAnswer = resp.json()  # the service's VerifyOut
+            return answer
+        self._verify_failed(f"HTTP {resp.status_code}: {_error_text(resp)}")
+        return None
+
+    def _verify_failed(self, reason: str) -> None:
+        self.stats["verify_failed"] += 1
+        log.warning("pointsman at %s did not verify the draft (%s); keeping it", self.base_url, reason)
 
     # -- outcomes -----------------------------------------------------------------------------
     def report(self, outcome: Mapping[str, object]) -> None:

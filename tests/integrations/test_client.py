@@ -112,3 +112,29 @@ def test_rejected_outcome_batch_is_dropped_not_retried() -> None:
 
     client = asyncio.run(run())
     assert calls == [1] and client.stats["outcomes_dropped"] == 1
+
+
+def test_verify_returns_the_answer_and_fails_open() -> None:
+    answers = iter([httpx.Response(200, json={"decision_id": "d-1", "action": "escalate", "target": "frontier-small"}),
+                    httpx.Response(410, json={"error": {"message": "expired", "code": "decision_expired"}}),
+                    httpx.Response(503, json={"error": {"message": "not ready"}}), httpx.ReadTimeout("slow")])
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, json.loads(request.content)))
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def run():
+        client = _client(handler)
+        out = [await client.averify("d-1", {"text": "I'm sorry"}, {"completion_tokens": 3}) for _ in range(4)]
+        await client.aclose()
+        return out, client
+
+    out, client = asyncio.run(run())
+    assert out[0]["action"] == "escalate" and out[1:] == [None, None, None]
+    assert client.stats["verified"] == 1 and client.stats["verify_failed"] == 3
+    assert seen[0] == ("/v1/verify", {"decision_id": "d-1", "draft": {"text": "I'm sorry"},
+                                      "usage": {"completion_tokens": 3}})

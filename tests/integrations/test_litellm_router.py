@@ -14,14 +14,10 @@ import asyncio
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-import httpx
 import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of LiteLLM's price map
@@ -61,40 +57,9 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """``pointsman serve`` with the default fleet, the test policy and a gateway key."""
-    tmp = tmp_path_factory.mktemp("pointsman")
-    policy = tmp / "policy.yaml"
-    policy.write_text(POLICY)
-    port = _free_port()
-    env = {**os.environ, "POINTSMAN_DATA_DIR": str(tmp), "POINTSMAN_OUTCOME_LOG": str(tmp / "outcomes.db"),
-           "POINTSMAN_WATCH_POLICY": "false", "POINTSMAN_GATEWAY_API_KEYS": f"litellm={GATEWAY_KEY}",
-           "POINTSMAN_DECISION_LOG_FLUSH_MS": "5", "MLFLOW_DISABLE_TELEMETRY": "true",
-           "ORT_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-c", "from pointsman.cli.main import main; main()", "serve",
-           "--port", str(port), "--policy", str(policy), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"pointsman serve exited: {proc.stdout.read().decode()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("pointsman serve did not answer /healthz within 60 s")
-            time.sleep(0.1)
-        yield {"url": url, "outcome_log": tmp / "outcomes.db"}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+def policy_text() -> str:
+    """The policy the ``service`` fixture (conftest.py) serves."""
+    return POLICY
 
 
 DEPLOYMENTS = [

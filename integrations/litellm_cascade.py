@@ -1,0 +1,133 @@
+"""The cascade through LiteLLM: draft on the deployment Pointsman decides, ask ``POST /v1/verify``,
+and escalate when it says so.
+
+``await acascade(router, client, model=..., messages=..., **kwargs)`` (``router``: a
+``litellm.Router`` whose model group holds the deployments, as for ``litellm_router.attach``):
+
+1. ``POST /v1/route`` (``PointsmanClient.aroute``); the deployment is chosen as the routing
+   strategy chooses it (``pick_deployment``) and called with ``litellm.acompletion`` and the
+   decision's forwarding headers: this answer is the *draft*;
+2. ``POST /v1/verify`` with the draft's text, finish reason, token log-probabilities (when the
+   call asked for ``logprobs``) and usage;
+3. ``accept`` (or Pointsman unreachable: fail open, the draft stands): the draft is returned and
+   its outcome reported; ``escalate``: the deployment serving the escalation target (its
+   fallbacks next) is called and its answer returned; the one outcome of the decision is the
+   escalated call's (``served_target``, usage, the end-to-end latency of both calls). An
+   escalated call that fails returns the draft, reporting the failure.
+
+Pointsman unreachable at step 1: the call goes through ``router.acompletion`` unchanged (the
+attached routing strategy then fails open as usual). Streaming is not cascaded (the draft must
+be whole, or the gateway verifies its first tokens itself with ``partial: true``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+
+import litellm
+from litellm.types.router import DeploymentTypedDict
+
+from pointsman.integrations.client import PointsmanClient, RouteDecision, VerifyAnswer, forward_target
+from pointsman.integrations.litellm_router import (
+    LiteLLMRouter,
+    OutcomeReport,
+    _params,
+    _serves_model,
+    _usage,
+    deployments_of,
+    pick_deployment,
+    route_body,
+    target_of,
+)
+
+log = logging.getLogger("pointsman.integrations")
+
+
+def draft_of(response: object) -> dict[str, object]:
+    """The ``draft`` of ``/v1/verify`` from a LiteLLM chat response: the first choice's text,
+    finish reason and token log-probabilities (each <= 0; when the response carries them)."""
+    choices = getattr(response, "choices", None) or []
+    if not choices:
+        return {"text": ""}
+    choice = choices[0]
+    message = getattr(choice, "message", None)
+    text = getattr(message, "content", None) or ""
+    draft: dict[str, object] = {"text": str(text)}
+    finish = getattr(choice, "finish_reason", None)
+    if isinstance(finish, str) and finish:
+        draft["finish_reason"] = finish[:64]
+    content = getattr(getattr(choice, "logprobs", None), "content", None)
+    if isinstance(content, Sequence):
+        values = [float(lp) for t in content if isinstance(lp := getattr(t, "logprob", None), (int, float))]
+        draft["logprobs"] = [min(0.0, max(-1e4, v)) for v in values]
+    return draft
+
+
+def _served(deployment: DeploymentTypedDict, decision: RouteDecision) -> str | None:
+    served = target_of(deployment)
+    if served is None and _serves_model(deployment, decision["model"]):
+        served = decision["target"]
+    return served
+
+
+def _outcome(decision_id: str, served: str | None, response: object, started_s: float) -> OutcomeReport:
+    out: OutcomeReport = {"decision_id": decision_id, "status": "ok", "time_s": time.time(),
+                          "e2e_latency_ms": (time.time() - started_s) * 1000.0}
+    if served:
+        out["served_target"] = served
+    usage = _usage(response)
+    if usage:
+        out["usage"] = usage
+    return out
+
+
+def _escalation_decision(answer: VerifyAnswer) -> RouteDecision:
+    """The escalation as a ``RouteDecision`` (what ``pick_deployment`` reads)."""
+    return {"decision_id": answer["decision_id"], "target": answer["target"] or "", "model": answer["model"] or "",
+            "base_url": answer["base_url"] or "", "mode": "aggregated", "endpoints": [],
+            "fallbacks": list(answer.get("fallbacks") or [])}
+
+
+async def acascade(router: LiteLLMRouter, client: PointsmanClient, *, model: str,
+                   messages: list[dict[str, object]], **kwargs: object) -> object:
+    """Answer one chat call through the cascade (see the module); returns LiteLLM's response
+    (the draft's or the escalated call's). Never raises for Pointsman's failures; an upstream
+    failure of the draft call raises as ``litellm.acompletion`` does."""
+    deployments = deployments_of(router, model)
+    decision = await client.aroute(route_body(model, messages, kwargs)) if deployments else None
+    chosen = pick_deployment(deployments, decision) if decision is not None else None
+    if decision is None or chosen is None:
+        return await router.acompletion(model=model, messages=messages, **kwargs)  # type: ignore[attr-defined]
+    call = {k: v for k, v in kwargs.items() if k not in ("metadata", "extra_headers", "stream")}
+    given = kwargs.get("extra_headers")
+    headers = {**(dict(given) if isinstance(given, Mapping) else {}), **forward_target(decision)[1]}
+    started = time.time()
+    draft = await litellm.acompletion(**{**_params(chosen), **call, "messages": messages, "extra_headers": headers})
+    decision_id = decision["decision_id"]
+    answer = await client.averify(decision_id, draft_of(draft), _usage(draft))
+    if answer is None or answer["action"] != "escalate":
+        client.report(_outcome(decision_id, _served(chosen, decision), draft, started))
+        return draft
+    escalation = _escalation_decision(answer)
+    frontier = pick_deployment(deployments, escalation)
+    if frontier is None:
+        log.warning("no LiteLLM deployment serves escalation target %r; keeping the draft", escalation["target"])
+        client.report(_outcome(decision_id, _served(chosen, decision), draft, started))
+        return draft
+    served = _served(frontier, escalation) or escalation["target"]
+    try:
+        final = await litellm.acompletion(**{**_params(frontier), **call, "messages": messages,
+                                             "extra_headers": {**headers, **forward_target(escalation)[1]}})
+    except Exception as exc:  # noqa: BLE001 - the draft is still an answer
+        log.warning("escalated call to %s failed (%s); keeping the draft", served, exc)
+        failed: OutcomeReport = {"decision_id": decision_id, "status": "error", "served_target": served,
+                                 "error": f"{type(exc).__name__}: {exc}"[:1000], "time_s": time.time()}
+        client.report(failed)
+        return draft
+    client.report(_outcome(decision_id, served, final, started))
+    return final
+
+
+__all__ = ["acascade", "draft_of"]
