@@ -220,6 +220,7 @@ class LiveSignals:
         self._budget: BudgetSignals | None = None
         self._snapshot: BudgetSnapshot | None = None
         self._snapshot_read = False
+        self._snapshot_fresh = False
         self._session: tuple[str, str] | None = None
         self._session_read = False
         self.dropped: dict[str, str] = {}
@@ -549,8 +550,25 @@ class LiveSignals:
         return snap is not None and snap.binding is not None
 
     def budget_fits(self, usd: float) -> bool:
-        """Would a reservation of ``usd`` pass every budget now (``BudgetSnapshot.fits``)?"""
+        """Would a reservation of ``usd`` pass every budget now (``BudgetSnapshot.fits``)? A "no"
+        from a kept snapshot is confirmed by a fresh ledger read (once per decision; the fresh
+        snapshot then serves the rest of the decision), so a refusal never rests on a read
+        older than this decision."""
         snap = self.budget_snapshot()
+        if snap is None or snap.fits(usd):
+            return True
+        if not self._snapshot_fresh:
+            self._snapshot_fresh = True
+            try:
+                fresh = self.state.budget_snapshot(self.scopes, self.now, fresh=True)
+            except LedgerUnavailable as exc:
+                self.ledger_error = str(exc)
+                if not self.state.budget_fail_open:
+                    raise
+                return True
+            if fresh is not snap:
+                self._snapshot, self._budget = fresh, None
+            snap = fresh
         return True if snap is None else snap.fits(usd)
 
     def budget_binding(self) -> BudgetSignals | None:

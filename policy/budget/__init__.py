@@ -1,5 +1,7 @@
 """Budgets: spending limits in USD per tenant, team or API key over UTC calendar
-windows, with reservations that make concurrent decisions unable to overspend.
+windows, with reservations that concurrent decisions cannot race past (each admission is one
+atomic check of settled + held + estimate against the limit; an actual cost above its estimate
+can still end a window over its limit, see "What cannot happen, and what can").
 
 Vocabulary
 ----------
@@ -57,5 +59,6 @@ Backends (one URL setting, ``open_ledger``): ``sqlite:///path/to/ledger.db``
 
 Modules: ``units`` (windows, nano-USD, argument checks) → ``config`` (the budgets file) →
 ``ledger`` (the Protocol, results, errors, the shared admission rule) → ``sqlite_ledger``,
-``redis_ledger`` → ``factory`` (``open_ledger``).
+``redis_ledger`` → ``factory`` (``open_ledger``); ``snapshot_cache`` keeps ledger reads briefly for
+the decisions that follow, in step with this replica's own changes.
 """

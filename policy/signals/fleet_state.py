@@ -45,6 +45,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -56,6 +57,7 @@ from pointsman.policy.budget.ledger import (
     Settlement,
     UnknownReservation,
 )
+from pointsman.policy.budget.snapshot_cache import PendingChange, SnapshotCache
 from pointsman.policy.budget.units import check_tokens
 from pointsman.policy.cost import TargetPrice, estimate_cost
 from pointsman.policy.cost import effective_prices as _effective_prices
@@ -75,8 +77,6 @@ MAX_SESSIONS = 200_000
 SESSION_TTL_S = 900.0
 #: Outcomes remembered after settling, for idempotent repeats on this replica.
 SETTLED_MEMORY = 100_000
-#: Budget snapshots cached at most (one per distinct scope set).
-MAX_SNAPSHOTS = 10_000
 #: Suffix of the in-flight id of a disaggregated decision's prefill leg.
 PREFILL_SUFFIX = "/prefill"
 #: Consecutive error outcomes (``error``/``timeout``) on one endpoint that mark it unhealthy.
@@ -155,10 +155,12 @@ class FleetState:
     anyway (default: refuse them with ``LedgerUnavailable``; requests without budgets are
     routed either way). ``budget_snapshot_ttl_s``: how long a budget snapshot read from the
     ledger serves the ``budget`` signals and filter of later decisions with the same scopes
-    (default 0.05 s; 0 reads every time). This replica's own reservations are added to the
-    cached snapshot at once; other replicas' spend shows within the TTL. The reservation at
-    dispatch always goes to the ledger, so a stale snapshot can never overspend: at worst
-    a target passes the filter and is refused at dispatch, and the next fallback is tried.
+    (default 0.05 s; 0 reads every time; ``budget.snapshot_cache``): this replica's own
+    reservations, settlements and releases show at once, other replicas' within the TTL. The
+    reservation at dispatch always goes to the ledger, so a stale snapshot can never
+    overspend (at worst a target passes the filter and is refused at dispatch, and the next
+    fallback is tried), and a refusal by the filter is confirmed by a fresh ledger read
+    (``live.LiveSignals.budget_fits``), so a stale snapshot never refuses wrongly.
     """
 
     def __init__(self, fleet: Fleet, ledger: BudgetLedger | None = None, *, board: LoadBoard | None = None,
@@ -201,8 +203,8 @@ class FleetState:
             self._total_count[e.target] = self._total_count.get(e.target, 0) + 1
         self._healthy_count = dict(self._total_count)
         self._records: OrderedDict[str, DispatchRecord] = OrderedDict()
-        self.budget_snapshot_ttl_s = float(budget_snapshot_ttl_s)
-        self._snapshots: OrderedDict[tuple[str, ...], BudgetSnapshot] = OrderedDict()
+        self._budget_cache = None if ledger is None else SnapshotCache(ledger, budget_snapshot_ttl_s, self._lock)
+        self._budget_snapshot_ttl_s = float(budget_snapshot_ttl_s)
         self._settled: OrderedDict[str, Settled] = OrderedDict()
         self.record_ttl_s = 600.0 if ledger is None else ledger.config.reservation_ttl_s
         self._breaker: dict[str, tuple[int, float]] = {}  # endpoint id -> (consecutive errors, tripped at)
@@ -217,7 +219,7 @@ class FleetState:
         over (the sync then applies other processes' changes to the new state)."""
         new = FleetState(fleet, self.ledger, board=self.board, budget_fail_open=self.budget_fail_open,
                          clock=self.clock, monotonic=self.monotonic, session_ttl_s=self.session_ttl_s,
-                         budget_snapshot_ttl_s=self.budget_snapshot_ttl_s, sync=self.sync)
+                         budget_snapshot_ttl_s=self._budget_snapshot_ttl_s, sync=self.sync)
         kept = set(fleet.endpoints)
         self.board.set_endpoints(list(fleet.endpoints) + list(fleet.aliases))
         for endpoint in self.board.endpoints():
@@ -245,7 +247,7 @@ class FleetState:
             new._sessions = self._sessions
             new._records = self._records
             new._settled = self._settled
-            new._snapshots = self._snapshots
+            new._budget_cache = self._budget_cache
             new._breaker = self._breaker
             for sid in [s for s, (tgt, ep, _) in self._sessions.items() if ep not in kept or tgt not in fleet.targets]:
                 del self._sessions[sid]
@@ -347,34 +349,26 @@ class FleetState:
                 return None
             return entry[0], entry[1]
 
-    def budget_snapshot(self, scopes: Sequence[str], now: float | None = None) -> BudgetSnapshot | None:
+    @property
+    def budget_snapshot_ttl_s(self) -> float:
+        """Seconds a budget snapshot read from the ledger serves later decisions (0: none)."""
+        return self._budget_snapshot_ttl_s
+
+    def budget_snapshot(self, scopes: Sequence[str], now: float | None = None, *,
+                        fresh: bool = False) -> BudgetSnapshot | None:
         """The budget snapshot of ``scopes`` at Unix time ``now``: None when no budget applies (or
-        no ledger); from the ledger, or from a read less than ``budget_snapshot_ttl_s`` old plus
-        this replica's reservations since (``BudgetSnapshot.now`` is the read's time). Raises
-        ``LedgerUnavailable`` when the backend fails."""
-        if self.ledger is None or not self.ledger.config.budgets_for(scopes):
+        no ledger); else ``budget.snapshot_cache.SnapshotCache.read`` (a kept read less than
+        ``budget_snapshot_ttl_s`` old plus this replica's reservations since, or the ledger;
+        ``fresh``: the ledger). Raises ``LedgerUnavailable`` when the backend fails."""
+        if self.ledger is None or self._budget_cache is None or not self.ledger.config.budgets_for(scopes):
             return None
         now = self.clock() if now is None else now
-        key = tuple(scopes)
-        with self._lock:
-            hit = self._snapshots.get(key)
-        if hit is not None and 0.0 <= now - hit.now <= self.budget_snapshot_ttl_s:
-            return hit
-        snap = self.ledger.snapshot(key, now)
-        with self._lock:
-            self._snapshots[key] = snap
-            self._snapshots.move_to_end(key)
-            while len(self._snapshots) > MAX_SNAPSHOTS:
-                self._snapshots.popitem(last=False)
-        return snap
+        return self._budget_cache.read(scopes, now, fresh=fresh)
 
-    def _count_reservation(self, scopes: tuple[str, ...], usd: float) -> None:
-        """Add this replica's new hold to the cached snapshots that share its scopes (lock held)."""
-        for key, snap in list(self._snapshots.items()):
-            if set(key) & set(scopes):
-                statuses = tuple(replace(st, reserved_usd=st.reserved_usd + usd) if st.scope in scopes else st
-                                 for st in snap.statuses)
-                self._snapshots[key] = BudgetSnapshot(snap.now, statuses)
+    def budgets_changed(self) -> None:
+        """The budgets file was reloaded: drop every kept budget snapshot."""
+        if self._budget_cache is not None:
+            self._budget_cache.clear()
 
     # -- dispatch (engine) ---------------------------------------------------------
 
@@ -392,16 +386,15 @@ class FleetState:
         reserved = False
         if self.ledger is not None:
             try:
-                self.ledger.reserve(decision_id, scopes, record.estimated_cost_usd, now)
+                with self._budget_change(scopes) as change:
+                    self.ledger.reserve(decision_id, scopes, record.estimated_cost_usd, now)
+                    change.reserved_usd = record.estimated_cost_usd
                 reserved = True
             except LedgerUnavailable:
                 if self.ledger.config.budgets_for(scopes) and not self.budget_fail_open:
                     raise
         record = replace(record, reserved=reserved)
         self._apply_dispatch(record, dispatch.block_hashes, dispatch.gateway_ids, dispatch.session_id)
-        with self._lock:
-            if reserved and self._snapshots:
-                self._count_reservation(scopes, record.estimated_cost_usd)
         if self.sync.shared:
             self.sync.dispatch(_shared(record, self._wall_of(at)), dispatch.block_hashes, dispatch.gateway_ids,
                                dispatch.session_id, self.session_ttl_s, self.board.inflight_ttl_s)
@@ -550,9 +543,10 @@ class FleetState:
         replayed = False
         if self.ledger is not None and (record is None or record.reserved):
             try:
-                settlement = self.ledger.settle(decision_id, float(actual_cost_usd), now, target=target,
-                                                prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
-                                                completion_tokens=completion_tokens)
+                with self._budget_change(record.scopes if record else None):
+                    settlement = self.ledger.settle(decision_id, float(actual_cost_usd), now, target=target,
+                                                    prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
+                                                    completion_tokens=completion_tokens)
                 replayed = settlement.replayed
             except UnknownReservation:
                 if record is None:
@@ -562,7 +556,6 @@ class FleetState:
             released = 1 + (taken.prefill_endpoint is not None)
         result = Settled(decision_id, target, mode, float(actual_cost_usd), settlement, released, replayed)
         with self._lock:
-            self._forget_snapshots(record.scopes if record else ())
             self._settled[decision_id] = result
             while len(self._settled) > SETTLED_MEMORY:
                 self._settled.popitem(last=False)
@@ -578,12 +571,11 @@ class FleetState:
         held = False
         if self.ledger is not None and (record is None or record.reserved):
             try:
-                held = self.ledger.release(decision_id, now)
+                with self._budget_change(record.scopes if record else None):
+                    held = self.ledger.release(decision_id, now)
             except UnknownReservation:
                 held = False
         released = self._apply_release(decision_id) > 0
-        with self._lock:
-            self._forget_snapshots(record.scopes if record else ())
         return held or released
 
     def _take_shared(self, decision_id: str) -> DispatchRecord | None:
@@ -594,15 +586,12 @@ class FleetState:
         shared = self.sync.take(decision_id)
         return None if shared is None else self._record_of(shared)
 
-    def _forget_snapshots(self, scopes: Sequence[str]) -> None:
-        """Drop cached budget snapshots that share a scope with a settled or released hold (lock
-        held): their holds changed, so the next read goes to the ledger (a snapshot that still
-        counted a released hold could refuse a request the ledger admits)."""
-        if not scopes or not self._snapshots:
-            return
-        mine = set(scopes)
-        for key in [k for k in self._snapshots if mine.intersection(k)]:
-            del self._snapshots[key]
+    def _budget_change(self, scopes: Sequence[str] | None) -> AbstractContextManager[PendingChange]:
+        """Around a ledger call that changes holds on ``scopes`` (None: unknown here): keeps the
+        budget snapshot cache in step (``SnapshotCache.changing``)."""
+        if self._budget_cache is None:
+            return nullcontext(PendingChange())
+        return self._budget_cache.changing(scopes)
 
     # -- telemetry and health (service) ---------------------------------------------
 

@@ -1,0 +1,145 @@
+"""The budget snapshot cache never disagrees with the ledger in a way that refuses wrongly.
+
+Each interleaving is forced with a real SQLite ledger: ``HookedLedger`` runs a hook in the middle
+of a ledger call (after the read or the commit, before it returns), so another change lands
+exactly where a race would put it.
+"""
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import pytest
+
+from pointsman.estimator.estimate import FixedDifficulty
+from pointsman.policy.budget.config import BudgetConfig
+from pointsman.policy.budget.ledger import BudgetSnapshot, Reservation
+from pointsman.policy.budget.sqlite_ledger import SqliteLedger
+from pointsman.policy.engine import RoutingEngine
+from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import compile_policy
+from pointsman.policy.selection.filters import NoEligibleTarget
+from pointsman.policy.signals.fleet_state import Dispatch, DispatchRecord, FleetState
+from pointsman.request import parse_route_request
+
+NOW = datetime(2025, 3, 14, 12, tzinfo=UTC).timestamp()
+E8 = "http://llama-8b-0.inference.internal:8000/v1"
+ACME = ("tenant:acme",)
+
+
+class HookedLedger(SqliteLedger):
+    """A real SQLite ledger that runs ``after_read`` once a snapshot has been read and
+    ``after_reserve`` once a reservation has committed (each once, then cleared)."""
+
+    after_read: Callable[[], None] | None = None
+    after_reserve: Callable[[], None] | None = None
+    reads = 0
+
+    def snapshot(self, scopes, now=None) -> BudgetSnapshot:
+        snap = super().snapshot(scopes, now)
+        self.reads += 1
+        hook, self.after_read = self.after_read, None
+        if hook is not None:
+            hook()
+        return snap
+
+    def reserve(self, decision_id, scopes, estimated_cost_usd, now=None) -> Reservation:
+        res = super().reserve(decision_id, scopes, estimated_cost_usd, now)
+        hook, self.after_reserve = self.after_reserve, None
+        if hook is not None:
+            hook()
+        return res
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    return load_fleet()
+
+
+def replica(fleet, path, limit=1.0, ttl_s=60.0):
+    """A FleetState on the ledger at ``path`` whose kept snapshots never age out in these tests
+    (``ttl_s`` 60 s), so only the cache's own bookkeeping can make them right."""
+    config = BudgetConfig.from_dict({"budgets": [{"scope": "tenant:acme", "window": "day", "limit_usd": limit}]})
+    return FleetState(fleet, HookedLedger(path, config), clock=lambda: NOW, budget_snapshot_ttl_s=ttl_s)
+
+
+def hold(st, did, usd):
+    record = DispatchRecord(did, "onprem-8b", "aggregated", E8, None, ACME, usd, False, 400, 1.0, 1.0, 100.0)
+    return st.dispatch(Dispatch(record, [], False, ""), now=NOW)
+
+
+def reserved_usd(st):
+    return st.budget_snapshot(ACME, NOW).binding.reserved_usd
+
+
+def ledger_reserved_usd(st):
+    return st.ledger.snapshot(ACME, NOW).binding.reserved_usd
+
+
+def test_a_read_during_a_reservation_does_not_count_it_twice(fleet, tmp_path):
+    st = replica(fleet, tmp_path / "b.db")
+    # the read runs after the hold committed and before this replica counted it in its cache
+    st.ledger.after_reserve = lambda: st.budget_snapshot(ACME, NOW)
+    hold(st, "d1", 0.60)
+    assert ledger_reserved_usd(st) == pytest.approx(0.60)
+    assert reserved_usd(st) == pytest.approx(0.60)  # before: $1.20, and a $0.30 request refused
+    assert st.budget_snapshot(ACME, NOW).fits(0.30)
+
+
+def test_a_read_overlapping_a_release_is_not_kept(fleet, tmp_path):
+    st = replica(fleet, tmp_path / "b.db")
+    hold(st, "d1", 0.90)
+    # the read sees the hold; the release commits (and is applied here) before the read is kept
+    st.ledger.after_read = lambda: st.release("d1", now=NOW)
+    assert st.budget_snapshot(ACME, NOW).binding.reserved_usd == pytest.approx(0.90)  # what it read
+    assert ledger_reserved_usd(st) == 0.0
+    assert reserved_usd(st) == 0.0  # before: the released $0.90 kept counting for the TTL
+
+
+def test_a_read_overlapping_a_settlement_is_not_kept(fleet, tmp_path):
+    st = replica(fleet, tmp_path / "b.db")
+    hold(st, "d1", 0.90)
+    st.ledger.after_read = lambda: st.settle("d1", prompt_tokens=0, completion_tokens=0, actual_cost_usd=0.01,
+                                             now=NOW)
+    st.budget_snapshot(ACME, NOW)
+    snap = st.budget_snapshot(ACME, NOW)
+    assert (snap.binding.reserved_usd, snap.binding.settled_usd) == (0.0, pytest.approx(0.01))
+
+
+def test_a_settlement_of_scopes_this_replica_does_not_know_is_not_kept(fleet, tmp_path):
+    a, b = replica(fleet, tmp_path / "b.db"), replica(fleet, tmp_path / "b.db")
+    hold(b, "theirs", 0.90)  # another replica's decision; its outcome arrives here
+    assert reserved_usd(a) == pytest.approx(0.90)  # kept by a
+    a.settle("theirs", prompt_tokens=0, completion_tokens=0, actual_cost_usd=0.0, now=NOW)
+    assert reserved_usd(a) == 0.0  # before: a kept the settled hold (it did not know the scopes)
+    hold(b, "theirs-2", 0.90)
+    a.budgets_changed()  # nothing kept: the next read goes to the ledger
+    a.ledger.after_read = lambda: a.release("theirs-2", now=NOW)  # scopes unknown here, mid-read
+    a.budget_snapshot(ACME, NOW)
+    assert reserved_usd(a) == 0.0
+
+
+POLICY = """apiVersion: pointsman/v1
+kind: RoutingPolicy
+rules:
+  - name: default
+    route: {target: onprem-8b}
+"""
+
+
+def test_a_refusal_is_confirmed_by_the_ledger_not_the_cache(fleet, tmp_path):
+    a, b = replica(fleet, tmp_path / "b.db"), replica(fleet, tmp_path / "b.db")
+    engine = RoutingEngine(fleet, compile_policy(POLICY, fleet), FixedDifficulty(0.1), state=a)
+    request = parse_route_request({"messages": [{"role": "user", "content": "hi"}],
+                                   "routing": {"tenant": "acme", "explain": True}})
+    what_if = RoutingEngine(fleet, compile_policy(POLICY, fleet), FixedDifficulty(0.1), state=b)
+    est = what_if.route(request, dispatch=False).estimated_cost_usd
+    hold(b, "theirs", 1.0 - est / 2)  # another replica holds almost all of the $1
+    assert not a.budget_snapshot(ACME, NOW).fits(est)  # a keeps that read (60 s here)
+    b.release("theirs", now=NOW)  # the other replica's call failed: its hold is gone
+    reads = a.ledger.reads
+    decision = engine.route(request)  # before: "no eligible target: onprem-8b (budget: ...)"
+    assert decision.target == "onprem-8b" and a.ledger.reads == reads + 1
+    assert ledger_reserved_usd(a) == pytest.approx(est, abs=1e-9)
+    hold(b, "theirs-2", 1.0 - est - est / 2)  # now the ledger itself is full: the refusal stands, confirmed
+    with pytest.raises(NoEligibleTarget, match="budget"):
+        engine.route(request)
