@@ -21,9 +21,11 @@ One outcome, as JSON (every field but ``decision_id`` is optional)::
      "quality": {"judge_score": 0.0, "judge_reference_score": 1.0, "judge": "gpt-4o-pairwise",
                  "user_rating": 1.0, "regenerated": false, "escalated": false}}
 
-``usage`` also accepts OpenAI's shape (``total_tokens`` is ignored and
-``prompt_tokens_details.cached_tokens`` is read when ``cached_tokens`` is absent), so a
-gateway can forward the upstream response's usage as it is.
+``usage`` also accepts the upstream response's usage as it is, in the shape of OpenAI Chat
+Completions or Responses, Anthropic Messages (cache reads and 5-minute / 1-hour cache writes),
+Gemini ``usageMetadata``, Bedrock Converse, DeepSeek, vLLM or SGLang (``pointsman/usage_shapes.py``).
+Usage that cannot be priced (an unknown or mixed key, a missing prompt or output count, audio
+tokens, ...) is an error naming each field; an outcome without ``usage`` books the decision's estimate.
 
 Quality signals, all optional (``training/outcome_labels.py`` turns them into labels):
 
@@ -42,13 +44,16 @@ Quality signals, all optional (``training/outcome_labels.py`` turns them into la
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import ErrorDetails
 
 from pointsman.errors import RequestError
 from pointsman.json_types import json_path
+from pointsman.usage_shapes import MAX_TOKENS, UsageProblems, read_usage
 
 #: Outcome statuses: the answer arrived (``ok``), failed, timed out, or the client gave up.
 STATUSES = ("ok", "error", "timeout", "cancelled")
@@ -57,9 +62,6 @@ ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:+/@=-]{0,127}$"
 _ID = re.compile(ID_PATTERN)
 #: Largest accepted batch in one call.
 MAX_BATCH = 1000
-#: Largest token count accepted in ``usage`` (each field): 100 million, far beyond any context
-#: window, and small enough that sums over many outcomes stay far inside SQLite's 64-bit integers.
-MAX_TOKENS = 100_000_000
 #: Largest latency accepted (``ttft_ms``, ``tpot_ms``, ``e2e_latency_ms``): one day, in ms.
 MAX_LATENCY_MS = 86_400_000.0
 #: Largest ``time_s`` accepted (Unix seconds; the year 2286).
@@ -77,30 +79,44 @@ class _Strict(BaseModel):
 
 
 class Usage(BaseModel):
-    """Token usage of the upstream call: ``prompt_tokens``, ``cached_tokens`` (prompt tokens
-    served from a prefix cache), ``completion_tokens``; integers in [0, ``MAX_TOKENS``], each optional.
-    OpenAI's extra keys are accepted and ignored (``prompt_tokens_details.cached_tokens`` is read)."""
+    """Token usage of the upstream call in the priced form (``pointsman/usage_shapes.py``):
+    ``prompt_tokens`` (every prompt token), ``cached_tokens`` (cache reads), ``cache_write_tokens``
+    (5-minute cache writes) and ``cache_write_1h_tokens`` (1-hour writes), parts of
+    ``prompt_tokens``; ``completion_tokens`` (every output token, reasoning included); integers in
+    [0, ``MAX_TOKENS``], each optional here (``OutcomeIn`` requires the prompt and output counts).
+    Accepts any provider shape ``usage_shapes.read_usage`` reads (OpenAI Chat Completions and
+    Responses, Anthropic, Gemini, Bedrock, DeepSeek, vLLM/SGLang); raises ``UsageProblems`` (a
+    ``ValueError``) naming each field it cannot price. ``sources`` (not serialized): the field
+    each count was read from; ``missing``: the prompt or output fields the usage lacks."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra={
+        "additionalProperties": True,
+        "description": "Pointsman's keys, or the upstream's usage as it is (OpenAI Chat Completions or Responses, "
+                       "Anthropic Messages, Gemini usageMetadata, Bedrock Converse, DeepSeek, vLLM, SGLang); "
+                       "with usage, both a prompt and an output count are required."})
 
     prompt_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
     cached_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
     completion_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
+    cache_write_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
+    cache_write_1h_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
+    sources: SkipJsonSchema[dict[str, str]] = Field(default_factory=dict, exclude=True, repr=False)
+    missing: SkipJsonSchema[tuple[str, ...]] = Field(default=(), exclude=True, repr=False)
 
     @model_validator(mode="before")
     @classmethod
-    def _openai_cached(cls, data: object) -> object:
-        if isinstance(data, dict) and data.get("cached_tokens") is None:
-            details = data.get("prompt_tokens_details")
-            if isinstance(details, dict) and details.get("cached_tokens") is not None:
-                data = {**data, "cached_tokens": details["cached_tokens"]}
-        return data
+    def _read_shape(cls, data: object) -> object:
+        if not isinstance(data, Mapping):
+            return data
+        if "sources" in data or "missing" in data:
+            raise UsageProblems([(f"usage.{k}", "unknown usage field: Pointsman cannot price it")
+                                 for k in ("sources", "missing") if k in data])
+        counts = read_usage(data)
+        return {**counts.counts(), "sources": counts.sources, "missing": counts.missing}
 
-    @model_validator(mode="after")
-    def _cached_within_prompt(self) -> Usage:
-        if self.cached_tokens is not None and self.prompt_tokens is not None and self.cached_tokens > self.prompt_tokens:
-            raise ValueError(f"cached_tokens ({self.cached_tokens}) exceeds prompt_tokens ({self.prompt_tokens})")
-        return self
+    def source(self, count: str) -> str:
+        """The field ``count`` (``cache_write_1h_tokens``) was read from, ``usage.<count>`` by default."""
+        return self.sources.get(count, f"usage.{count}")
 
 
 class QualitySignals(_Strict):
@@ -144,6 +160,13 @@ class OutcomeIn(_Strict):
             raise ValueError("must be 1-128 characters of letters, digits and _.:-+/@= (starting with a letter or digit)")
         return v
 
+    @model_validator(mode="after")
+    def _usage_complete(self) -> OutcomeIn:
+        if self.usage is not None and self.usage.missing:
+            raise UsageProblems([(f, "missing: usage without both its prompt and output counts cannot be priced "
+                                     "(omit usage to book the decision's estimate)") for f in self.usage.missing])
+        return self
+
     @property
     def key(self) -> str:
         """The idempotency key: ``outcome_id``, else ``decision_id``."""
@@ -173,9 +196,17 @@ def _valid_id(value: object) -> str | None:
 
 
 def _item_error(exc: ValidationError, prefix: str, item: dict[str, object]) -> OutcomeItemError:
-    """The ``OutcomeItemError`` for one item's validation errors (each error's field and message)."""
-    return OutcomeItemError(tuple(field_problem(err, prefix) for err in exc.errors(include_url=False)),
-                            decision_id=_valid_id(item.get("decision_id")), outcome_id=_valid_id(item.get("outcome_id")))
+    """The ``OutcomeItemError`` for one item's validation errors (each error's field and message;
+    unpriceable usage names each of its fields)."""
+    problems: list[tuple[str | None, str]] = []
+    for err in exc.errors(include_url=False):
+        usage = (err.get("ctx") or {}).get("error")
+        if isinstance(usage, UsageProblems):
+            problems.extend((f"{prefix}.{f}" if prefix else f, m) for f, m in usage.problems)
+        else:
+            problems.append(field_problem(err, prefix))
+    return OutcomeItemError(tuple(problems), decision_id=_valid_id(item.get("decision_id")),
+                            outcome_id=_valid_id(item.get("outcome_id")))
 
 
 def field_problem(err: ErrorDetails, prefix: str = "") -> tuple[str | None, str]:
@@ -214,7 +245,8 @@ def parse_outcome_items(body: object) -> list[OutcomeIn | OutcomeItemError]:
     ``OutcomeItemError`` naming its first offending field (``[3].usage.cached_tokens``; indexed
     when a list was sent) with all its problems in ``.problems`` (``(field, message)`` pairs).
     Raises ``RequestError`` for what no item can survive: an empty list, an oversized batch, a
-    body or item that is not a JSON object. Unknown fields are errors, except inside ``usage``.
+    body or item that is not a JSON object. Unknown fields are errors (inside ``usage``: keys of no
+    provider's shape, ``usage_shapes``).
     """
     out: list[OutcomeIn | OutcomeItemError] = []
     for prefix, value in batch_items(body, "outcome"):
@@ -231,7 +263,7 @@ def parse_outcomes(body: object) -> list[OutcomeIn]:
 
     Returns the outcomes in order. Raises ``RequestError`` whose ``field`` names the first
     offending field, indexed into the batch (``[3].usage.cached_tokens``) when a list was sent.
-    Unknown fields are errors, except inside ``usage`` (OpenAI's shape is accepted).
+    Unknown fields are errors (inside ``usage``: keys of no provider's shape).
     """
     out: list[OutcomeIn] = []
     for item in parse_outcome_items(body):

@@ -25,6 +25,9 @@ it is not spread. The engine feeds the pool's measured ``prefill_utilization`` /
 ``decode_utilization`` (telemetry), else the fleet's ``assumed_utilization``, floored
 at ``min_utilization``. Cached prompt tokens skip prefill on-prem.
 
+Reported usage (``usage_cost``) adds prompt-cache writes at their own prices (5-minute and
+1-hour lifetimes, ``FrontierPrices``); on-prem a write is ordinary prefill.
+
 ``effective_prices(ledger, fleet, window)``: per target, everything settled ÷ tokens
 produced over the window, from the budget ledger's settled outcomes.
 """
@@ -96,6 +99,66 @@ def estimate_cost(name: str, target: OnPremTarget | FrontierTarget, mode: str, p
     rent, power = target.usd_per_gpu_hour, target.power_kw_per_gpu * target.usd_per_kwh
     usd = (prefill_gpu_s * (rent / u_p + power) + decode_gpu_s * (rent / u_d + power)) / 3600.0
     return CostEstimate(name, mode, usd, prompt_tokens, cached, output_tokens, prefill_gpu_s, decode_gpu_s, u_p, u_d)
+
+
+class UnpricedUsage(ValueError):
+    """Usage a target's prices cannot price: ``counts`` names the usage counts
+    (``cache_write_1h_tokens``) whose price ``price_keys`` (``prices.usd_per_1m_cache_write_1h_input_tokens``)
+    the target does not declare."""
+
+    def __init__(self, target: str, counts: tuple[str, ...], price_keys: tuple[str, ...]) -> None:
+        super().__init__(f"target '{target}' declares no {' or '.join(price_keys)} in the fleet file")
+        self.target, self.counts, self.price_keys = target, counts, price_keys
+
+
+_WRITE_PRICES = (("cache_write_tokens", "usd_per_1m_cache_write_input_tokens"),
+                 ("cache_write_1h_tokens", "usd_per_1m_cache_write_1h_input_tokens"))
+
+
+def unpriced_counts(name: str, target: OnPremTarget | FrontierTarget, cache_write_tokens: int = 0,
+                    cache_write_1h_tokens: int = 0) -> UnpricedUsage | None:
+    """Why usage with these cache writes cannot be priced on ``target`` (a frontier target without
+    the write price), else None. On-prem, a cache write is prefill like any uncached token."""
+    if not isinstance(target, FrontierTarget):
+        return None
+    counts = {"cache_write_tokens": cache_write_tokens, "cache_write_1h_tokens": cache_write_1h_tokens}
+    missing = [(count, key) for count, key in _WRITE_PRICES
+               if counts[count] > 0 and getattr(target.prices, key) is None]
+    if not missing:
+        return None
+    return UnpricedUsage(name, tuple(c for c, _ in missing), tuple(f"prices.{k}" for _, k in missing))
+
+
+def usage_cost(name: str, target: OnPremTarget | FrontierTarget, mode: str, *, prompt_tokens: int,
+               completion_tokens: int, cached_tokens: int = 0, cache_write_tokens: int = 0,
+               cache_write_1h_tokens: int = 0, prefill_utilization: float | None = None,
+               decode_utilization: float | None = None) -> CostEstimate:
+    """The actual cost in USD of reported usage (``pointsman.usage_shapes.UsageCounts``' counts:
+    ``cached_tokens`` and the cache writes are parts of ``prompt_tokens``). Frontier::
+
+        usd = (uncached * p_in + cached * p_cached_in + writes_5m * p_write + writes_1h * p_write_1h
+               + completion * p_out) / 1e6,   uncached = prompt - cached - writes_5m - writes_1h
+
+    (reported cache reads are priced whatever ``prompt_cache_min_tokens`` says: the provider
+    billed them). On-prem: ``estimate_cost`` (cache reads skip prefill; writes are prefill).
+    Raises ``UnpricedUsage`` when a frontier target lacks a cache-write price the usage needs,
+    ``ValueError`` when the parts exceed ``prompt_tokens``."""
+    writes = cache_write_tokens + cache_write_1h_tokens
+    if cached_tokens + writes > prompt_tokens:
+        raise ValueError(f"cached ({cached_tokens}) + cache writes ({writes}) exceed prompt_tokens ({prompt_tokens})")
+    if not isinstance(target, FrontierTarget):
+        return estimate_cost(name, target, mode, prompt_tokens, completion_tokens, cached_tokens,
+                             prefill_utilization=prefill_utilization, decode_utilization=decode_utilization)
+    problem = unpriced_counts(name, target, cache_write_tokens, cache_write_1h_tokens)
+    if problem is not None:
+        raise problem
+    p = target.prices
+    usd = ((prompt_tokens - cached_tokens - writes) * p.usd_per_1m_input_tokens
+           + cached_tokens * p.usd_per_1m_cached_input_tokens
+           + cache_write_tokens * (p.usd_per_1m_cache_write_input_tokens or 0.0)
+           + cache_write_1h_tokens * (p.usd_per_1m_cache_write_1h_input_tokens or 0.0)
+           + completion_tokens * p.usd_per_1m_output_tokens) / 1e6
+    return CostEstimate(name, mode, usd, prompt_tokens, cached_tokens, completion_tokens)
 
 
 def pool_utilization(measured: float | None, fleet: Fleet) -> float:

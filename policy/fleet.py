@@ -329,11 +329,18 @@ class OnPremTarget(StrictModel):
 
 
 class FrontierPrices(StrictModel):
-    """List prices in USD per 1M tokens: input, cached input (prompt-cache hits), output."""
+    """List prices in USD per 1M tokens: input, cached input (prompt-cache hits), output, and
+    prompt-cache writes with the provider's default 5-minute lifetime
+    (``usd_per_1m_cache_write_input_tokens``; Anthropic: 1.25 x input) and a 1-hour lifetime
+    (``usd_per_1m_cache_write_1h_input_tokens``; Anthropic: 2 x input). A write price left out
+    (None) means usage reporting such writes cannot be priced (``POST /v1/outcomes`` answers 422);
+    providers that bill writes as ordinary input (OpenAI) declare the input price."""
 
     usd_per_1m_input_tokens: NonNegativeFloat
     usd_per_1m_cached_input_tokens: NonNegativeFloat
     usd_per_1m_output_tokens: NonNegativeFloat
+    usd_per_1m_cache_write_input_tokens: NonNegativeFloat | None = None
+    usd_per_1m_cache_write_1h_input_tokens: NonNegativeFloat | None = None
 
 
 class FrontierTarget(StrictModel):

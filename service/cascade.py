@@ -44,7 +44,7 @@ class DraftIn(BaseModel):
 
 class VerifyIn(BaseModel):
     """``POST /v1/verify``'s body: the ``decision_id`` the draft answers, the ``draft`` and the
-    draft call's ``usage`` (OpenAI's shape accepted; ``completion_tokens`` counts the draft)."""
+    draft call's ``usage`` (any shape of ``pointsman/usage_shapes.py``; ``completion_tokens`` counts the draft)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 

@@ -75,7 +75,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # stubs predate the asyncio servicer
 from pydantic import ValidationError
 
-from pointsman.errors import RequestError
+from pointsman.errors import DataError, RequestError
 from pointsman.json_types import JSONObject, JSONValue
 from pointsman.outcome import OutcomeIn
 from pointsman.policy.budget.ledger import LedgerUnavailable
@@ -88,7 +88,7 @@ from pointsman.service.bodies import decode_json
 from pointsman.service.ext_proc_body import BodyBuffer, UsageReader, rewrite_request
 from pointsman.service.http_errors import HTTPError, invalid, unavailable
 from pointsman.service.routes_decisions import commit_decision
-from pointsman.service.routes_reports import store_outcomes
+from pointsman.service.routes_reports import store_outcomes, usage_problem
 from pointsman.service.runtime import Runtime
 
 log = logging.getLogger("pointsman.service.ext_proc")
@@ -384,19 +384,31 @@ class _Stream:
             fields["ttft_ms"] = (self.t_first - self.t0) * 1e3
         if summary is not None and summary.usage:
             fields["usage"] = dict(summary.usage)
-            n = summary.usage.get("completion_tokens", 0)
-            if self.t_first is not None and n > 1:
-                fields["tpot_ms"] = (now - self.t_first) * 1e3 / (n - 1)
+        out: OutcomeIn | None
+        problem: object
+        try:
+            out = OutcomeIn.model_validate(fields)
+            problem = usage_problem(self.rt, out)
+        except ValidationError as exc:
+            out, problem = None, str(exc.errors(include_url=False)[0].get("ctx", {}).get("error") or exc)
+        except DataError as exc:
+            out, problem = None, str(exc)
+        if out is not None and problem is None:
+            n = out.usage.completion_tokens if out.usage is not None else None
+            if self.t_first is not None and n is not None and n > 1:
+                return out.model_copy(update={"tpot_ms": (now - self.t_first) * 1e3 / (n - 1)})
+            return out
+        # usage Pointsman cannot price (or impossible on the target): keep the outcome without it, so
+        # an ok answer books the decision's estimate, and say so
+        self.rt.metrics.unpriced_usage.labels("ext_proc").inc()
+        log.warning("decision %s: upstream usage %s cannot be priced (%s); booking the estimate instead",
+                    d.decision_id, json.dumps(fields.get("usage"))[:500], problem)
+        fields.pop("usage", None)
         try:
             return OutcomeIn.model_validate(fields)
-        except ValidationError:  # impossible usage from the upstream: keep the outcome, drop the usage
-            fields.pop("usage", None)
-            fields.pop("tpot_ms", None)
-            try:
-                return OutcomeIn.model_validate(fields)
-            except ValidationError:
-                log.exception("could not build the outcome of decision %s", d.decision_id)
-                return None
+        except ValidationError:
+            log.exception("could not build the outcome of decision %s", d.decision_id)
+            return None
 
 
 class _Picker:

@@ -15,12 +15,15 @@ body, JSON or a server-sent-event (SSE) stream. Plain functions of bytes; no pro
   carrying ``usage`` wins; ``data: [DONE]`` marks a complete stream), holding at most one
   unfinished line of up to ``limit_bytes``.
 
-Usage shapes (OpenAI's): Chat Completions / Completions ``usage{prompt_tokens, completion_tokens,
-prompt_tokens_details.cached_tokens}`` (in a stream, the final chunk when the request asked for
-``stream_options.include_usage``, or every chunk with vLLM's ``continuous_usage_stats``); the
-Responses API ``usage{input_tokens, output_tokens, input_tokens_details.cached_tokens}``, at the top
-level or under ``response`` (its ``response.completed`` event). Returned in Pointsman's outcome
-shape (``pointsman/outcome.py`` ``Usage``): ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``.
+Usage is kept in the upstream's own shape (``pointsman/usage_shapes.py`` reads and prices it):
+``usage`` of a Chat Completions / Completions / Responses / Anthropic Messages / Bedrock Converse
+body, ``usageMetadata`` of a Gemini body, at the top level or under ``response`` (the Responses
+API's ``response.completed`` event) or ``message`` (Anthropic's ``message_start``). In a stream,
+the usage objects of successive events are merged key by key, later events winning: OpenAI's
+final chunk (``stream_options.include_usage``) or vLLM's per-chunk ``continuous_usage_stats``,
+Anthropic's ``message_start`` (input and cache counts) then ``message_delta`` (the output count),
+Gemini's cumulative ``usageMetadata``. ``data: [DONE]``, ``response.completed`` /
+``response.incomplete`` and Anthropic's ``message_stop`` mark a complete stream.
 """
 
 from __future__ import annotations
@@ -79,44 +82,29 @@ def rewrite_request(raw: bytes, body: JSONObject, model: str | None) -> bytes | 
 
 @dataclass(frozen=True)
 class ResponseSummary:
-    """What a response body said: ``usage`` in the outcome shape (None when it reported none),
+    """What a response body said: ``usage`` in the upstream's shape (None when it reported none),
     the ``model`` that answered (None when unknown), and ``complete`` (the JSON parsed, or the SSE
-    stream reached ``[DONE]`` or a final Responses-API event)."""
+    stream reached its end marker, see the module)."""
 
-    usage: dict[str, int] | None
+    usage: JSONObject | None
     model: str | None
     complete: bool
 
 
-def _count(v: JSONValue) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
-
-
-def usage_of(obj: JSONValue) -> tuple[dict[str, int] | None, str | None]:
+def usage_of(obj: JSONValue) -> tuple[JSONObject | None, str | None]:
     """``(usage, model)`` of one response object or stream event (see the module for the shapes)."""
     if not isinstance(obj, dict):
         return None, None
-    inner = obj.get("response")
-    if isinstance(inner, dict) and "usage" in inner:  # Responses API stream event
-        obj = inner
-    model = obj.get("model")
+    for wrapper in ("response", "message"):  # Responses API stream event, Anthropic message_start
+        inner = obj.get(wrapper)
+        if isinstance(inner, dict) and ("usage" in inner or "model" in inner):
+            obj = inner
+            break
+    model = obj.get("model") or obj.get("modelVersion")
     u = obj.get("usage")
     if not isinstance(u, dict):
-        return None, model if isinstance(model, str) else None
-    out: dict[str, int] = {}
-    for ours, *theirs in (("prompt_tokens", "prompt_tokens", "input_tokens"),
-                          ("completion_tokens", "completion_tokens", "output_tokens")):
-        for key in theirs:
-            n = _count(u.get(key))
-            if n is not None:
-                out[ours] = n
-                break
-    for details in ("prompt_tokens_details", "input_tokens_details"):
-        d = u.get(details)
-        if isinstance(d, dict) and (n := _count(d.get("cached_tokens"))) is not None:
-            out["cached_tokens"] = n
-            break
-    return out or None, model if isinstance(model, str) else None
+        u = obj.get("usageMetadata")
+    return u if isinstance(u, dict) else None, model if isinstance(model, str) else None
 
 
 class UsageReader:
@@ -128,7 +116,7 @@ class UsageReader:
         self.limit_bytes = limit_bytes
         self._buf = bytearray()
         self._over = False
-        self.usage: dict[str, int] | None = None
+        self.usage: JSONObject | None = None
         self.model: str | None = None
         self.done = False
         self.bytes_seen = 0
@@ -159,7 +147,7 @@ class UsageReader:
         if data == b"[DONE]":
             self.done = True
             return
-        if b'"usage"' not in data and b'"model"' not in data:
+        if b'"usage' not in data and b'"model' not in data and b'message_stop' not in data:
             return
         try:
             event = json.loads(data)
@@ -167,10 +155,11 @@ class UsageReader:
             return
         usage, model = usage_of(event)
         if usage is not None:
-            self.usage = usage
+            self.usage = {**(self.usage or {}), **usage}
         if model is not None:
             self.model = model
-        if isinstance(event, dict) and event.get("type") in ("response.completed", "response.incomplete"):
+        if isinstance(event, dict) and event.get("type") in ("response.completed", "response.incomplete",
+                                                             "message_stop"):
             self.done = True
 
     def summary(self) -> ResponseSummary:

@@ -18,6 +18,8 @@ Counted as things happen (``ServiceMetrics``):
 ``pointsman_policy_reloads_total{result,source}``  policy reloads: ``ok``, ``unchanged``, ``rejected``
 ``pointsman_model_swaps_total{result}``          estimator swaps: ``ok``, ``error``
 ``pointsman_fleet_reloads_total{result,source}``   fleet reloads: ``ok``, ``unchanged``, ``rejected``
+``pointsman_unpriced_usage_total{path}``         upstream usage Pointsman could not price (``ext_proc``: the
+                                                 outcome books the decision's estimate instead)
 ``pointsman_ext_proc_requests_total{result}``    ext_proc streams (``service/ext_proc.py``): ``routed``,
                                                  ``passthrough``, ``bad_request``, ``too_large``, ``shed``,
                                                  ``unavailable``, ``unsupported``
@@ -125,6 +127,9 @@ class ServiceMetrics:
                                      ["result", "source"], registry=r)
         self.ext_proc_requests = Counter("pointsman_ext_proc_requests", "ext_proc endpoint picker requests by result.",
                                          ["result"], registry=r)
+        self.unpriced_usage = Counter("pointsman_unpriced_usage", "Upstream usage that could not be priced "
+                                      "(the estimate was booked instead), by path.", ["path"], registry=r)
+        self.unpriced_usage.labels("ext_proc")
         for reason in ("timeout", "error"):
             self.estimator_unavailable.labels(reason)
         for status in ("stored", "duplicate", "conflict", "unknown_decision", "invalid"):

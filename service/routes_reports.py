@@ -70,9 +70,10 @@ from pointsman.outcome import (
 )
 from pointsman.outcome_log.records import OutcomeAck
 from pointsman.policy.budget.ledger import LedgerUnavailable
+from pointsman.policy.cost import unpriced_counts
 from pointsman.service.auth import Principal, require
 from pointsman.service.bodies import json_body, read_parsed, validate_model
-from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, invalid, unavailable
+from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, unavailable
 from pointsman.service.runtime import Runtime, get_runtime
 from pointsman.service.schemas import OutcomeAckOut, OutcomesResponse, TelemetryIn, TelemetryResponse
 
@@ -127,8 +128,8 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry) -> None:
     if item.status in ("ok", "error", "timeout"):  # a cancelled request says nothing about the endpoint
         state.observe_outcome(item.decision_id, ok=item.status == "ok")
     usage = item.usage
-    reported = usage if usage is not None and (usage.prompt_tokens is not None
-                                                or usage.completion_tokens is not None) else None
+    reported = usage if usage is not None and usage.prompt_tokens is not None \
+        and usage.completion_tokens is not None else None  # OutcomeIn requires both with usage
     books_estimate = reported is None and item.status == "ok"  # an ok answer without usage books the estimate
     target, estimate = item.served_target, None
     settle_id = item.decision_id
@@ -148,7 +149,9 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry) -> None:
         if reported is not None:
             settled = state.settle(settle_id, prompt_tokens=reported.prompt_tokens or 0,
                                    completion_tokens=reported.completion_tokens or 0,
-                                   cached_tokens=reported.cached_tokens or 0, target=target)
+                                   cached_tokens=reported.cached_tokens or 0, target=target,
+                                   cache_write_tokens=reported.cache_write_tokens or 0,
+                                   cache_write_1h_tokens=reported.cache_write_1h_tokens or 0)
         else:
             settled = state.settle(settle_id, prompt_tokens=0, completion_tokens=0,
                                    actual_cost_usd=estimate if estimate is not None else 0.0, target=target)
@@ -188,20 +191,36 @@ def _served_target(rt: Runtime, item: OutcomeIn) -> str | None:
 
 def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "") -> OutcomeItemError | None:
     """Whether ``item``'s usage is impossible on the target that served it (more tokens than its
-    ``context_window_tokens`` x ``CONTEXT_TOLERANCE``, ``check_usage_fits``): the error naming the
-    field (under ``prefix``, ``[3]``), else None. Unknown targets are not checked (their outcome is
-    stored and its settlement says why it cannot be priced). Raises ``DataError`` (outcome log)."""
+    ``context_window_tokens`` x ``CONTEXT_TOLERANCE``, ``check_usage_fits``) or cannot be priced
+    there (cache writes on a target without their price, ``cost.unpriced_counts``): the error naming
+    the fields (under ``prefix``, ``[3]``), else None. Unknown targets are not checked (their outcome
+    is stored and its settlement says why it cannot be priced). Raises ``DataError`` (outcome log)."""
     usage = item.usage
     if usage is None:
         return None
     targets = rt.live.engine.fleet.targets
     total = (usage.prompt_tokens or 0) + (usage.completion_tokens or 0)
-    if not targets or total <= min(t.context_window_tokens for t in targets.values()) * CONTEXT_TOLERANCE:
-        return None  # fits every target: no lookup
+    writes = (usage.cache_write_tokens or 0) + (usage.cache_write_1h_tokens or 0)
+    if not targets or (not writes and total <= min(t.context_window_tokens for t in targets.values())
+                       * CONTEXT_TOLERANCE):
+        return None  # fits every target and needs no write price: no lookup
     target = _served_target(rt, item)
     if target is None or target not in targets:
         return None
+    unpriced = unpriced_counts(target, targets[target], usage.cache_write_tokens or 0,
+                               usage.cache_write_1h_tokens or 0)
+    if unpriced is not None:
+        at = f"{prefix}." if prefix else ""
+        return OutcomeItemError(tuple((f"{at}{usage.source(c)}", f"cache writes cannot be priced: {unpriced}")
+                                      for c in unpriced.counts))
     return check_usage_fits(usage, targets[target].context_window_tokens, target, prefix)
+
+
+def _invalid_item(problem: OutcomeItemError) -> HTTPError:
+    """The 422 for one invalid outcome: ``param`` its first field, the message its first problem's
+    followed by every other problem (``; field: message``)."""
+    rest = "".join(f"; {f}: {m}" if f else f"; {m}" for f, m in problem.problems[1:])
+    return HTTPError(422, problem.message + rest, param=problem.field, code="invalid_value")
 
 
 def _invalid_ack(item: OutcomeIn | OutcomeItemError, problem: OutcomeItemError) -> AckEntry:
@@ -325,10 +344,10 @@ async def outcomes(request: Request, principal: Principal = Depends(require("gat
                                     parse_outcome_items)
     batch = isinstance(body, list)
     if not batch and isinstance(items[0], OutcomeItemError):
-        raise invalid(items[0])
+        raise _invalid_item(items[0])
     raw = await run_in_threadpool(store_outcomes, rt, items, batch)
     if not batch and "problem" in raw[0]:
-        raise invalid(raw[0]["problem"])
+        raise _invalid_item(raw[0]["problem"])
     acks = [OutcomeAckOut.model_validate(a) for a in raw]
     counts: dict[str, int] = {}
     for a in acks:

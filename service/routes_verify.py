@@ -118,7 +118,9 @@ def _first_verify(rt: Runtime, body: VerifyIn, verifier: Verifier, pending: Pend
                                    prompt_tokens=usage.prompt_tokens if usage and usage.prompt_tokens is not None
                                    else decision.prompt_tokens,
                                    completion_tokens=features.tokens,
-                                   cached_tokens=usage.cached_tokens or 0 if usage else 0)
+                                   cached_tokens=usage.cached_tokens or 0 if usage else 0,
+                                   cache_write_tokens=usage.cache_write_tokens or 0 if usage else 0,
+                                   cache_write_1h_tokens=usage.cache_write_1h_tokens or 0 if usage else 0)
             settlement = settled.to_dict()
         except LedgerUnavailable as exc:
             settlement = {"error": f"budget ledger unavailable ({exc}); the draft's outcome settles it"}

@@ -59,7 +59,7 @@ from pointsman.policy.budget.ledger import (
 )
 from pointsman.policy.budget.snapshot_cache import PendingChange, SnapshotCache
 from pointsman.policy.budget.units import check_tokens
-from pointsman.policy.cost import TargetPrice, estimate_cost
+from pointsman.policy.cost import TargetPrice, usage_cost
 from pointsman.policy.cost import effective_prices as _effective_prices
 from pointsman.policy.fleet import EndpointEvents, Fleet, FrontierTarget, OnPremTarget
 from pointsman.policy.signals.engine_cache import EngineCache
@@ -502,20 +502,22 @@ class FleetState:
 
     def settle(self, decision_id: str, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
                actual_cost_usd: float | None = None, target: str | None = None, mode: str | None = None,
-               now: float | None = None) -> Settled:
+               now: float | None = None, cache_write_tokens: int = 0, cache_write_1h_tokens: int = 0) -> Settled:
         """An outcome arrived: book its actual cost and release its in-flight load.
 
         The actual cost is ``actual_cost_usd`` when given (an API bill), else the cost
-        model on the usage (``cost.estimate_cost`` with ``prompt_tokens``, ``cached_tokens``
-        and ``completion_tokens`` on the decision's target and mode, at the utilization its
-        estimate used). ``target``/``mode`` are needed only when this replica did not make
-        the decision (another replica, or a restart) and no ``actual_cost_usd`` is given.
+        model on the usage (``cost.usage_cost`` with ``prompt_tokens``, its parts ``cached_tokens``,
+        ``cache_write_tokens`` and ``cache_write_1h_tokens``, and ``completion_tokens`` on the
+        decision's target and mode, at the utilization its estimate used). ``target``/``mode`` are
+        needed only when this replica did not make the decision (another replica, or a restart) and
+        no ``actual_cost_usd`` is given.
         Idempotent: settling again returns the first result with ``replayed=True``.
-        Raises ``BudgetError`` for bad numbers (token counts outside [0, ``MAX_SETTLE_TOKENS``]) or an
-        unknown target, ``UnknownReservation``
+        Raises ``BudgetError`` for bad numbers (token counts outside [0, ``MAX_SETTLE_TOKENS``]), an
+        unknown target or usage its prices cannot price (``cost.UnpricedUsage``), ``UnknownReservation``
         when the ledger has no reservation for an id this replica does not know either,
         ``LedgerUnavailable`` when the backend fails (nothing changed; retry)."""
-        check_tokens(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cached_tokens=cached_tokens)
+        check_tokens(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cached_tokens=cached_tokens,
+                     cache_write_tokens=cache_write_tokens, cache_write_1h_tokens=cache_write_1h_tokens)
         with self._lock:
             previous = self._settled.get(decision_id)
             record = self._records.get(decision_id)
@@ -532,10 +534,15 @@ class FleetState:
                                   f"(and mode) or actual_cost_usd")
             t = self.fleet.targets[target]
             mode = mode if mode in t.modes else t.modes[0]
-            actual_cost_usd = estimate_cost(
-                target, t, mode, prompt_tokens, completion_tokens, cached_tokens,
-                prefill_utilization=record.prefill_utilization if record else None,
-                decode_utilization=record.decode_utilization if record else None).usd
+            try:
+                actual_cost_usd = usage_cost(
+                    target, t, mode, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                    cached_tokens=cached_tokens, cache_write_tokens=cache_write_tokens,
+                    cache_write_1h_tokens=cache_write_1h_tokens,
+                    prefill_utilization=record.prefill_utilization if record else None,
+                    decode_utilization=record.decode_utilization if record else None).usd
+            except ValueError as exc:  # UnpricedUsage, or parts beyond the prompt
+                raise BudgetError(f"cannot price decision '{decision_id}': {exc}") from None
         elif isinstance(actual_cost_usd, bool) or not isinstance(actual_cost_usd, (int, float)) \
                 or not math.isfinite(actual_cost_usd) or actual_cost_usd < 0:
             raise BudgetError(f"actual_cost_usd must be a finite number >= 0, got {actual_cost_usd!r}")

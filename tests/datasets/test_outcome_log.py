@@ -159,7 +159,7 @@ def test_unreadable_file_is_a_data_error(tmp_path):
     ({"decision_id": "a b"}, "decision_id", "letters, digits"),
     ({}, "decision_id", "Field required"),
     ({"decision_id": "a", "status": "exploded"}, "status", "'ok', 'error', 'timeout' or 'cancelled'"),
-    ({"decision_id": "a", "usage": {"prompt_tokens": 5, "cached_tokens": 6}}, "usage", "exceeds prompt_tokens"),
+    ({"decision_id": "a", "usage": {"prompt_tokens": 5, "cached_tokens": 6}}, "usage.cached_tokens", "exceeds prompt_tokens"),
     ([{"decision_id": "a"}, 7], "[1]", "expected a JSON object"),
     ({"decision_id": "a", "usage": {"completion_tokens": 2**63}}, "usage.completion_tokens", "less than or equal to"),
     ({"decision_id": "a", "usage": {"cached_tokens": MAX_TOKENS + 1}}, "usage.cached_tokens", "less than or equal"),
@@ -183,7 +183,7 @@ def test_batch_limit_and_openai_usage():
 
 
 def test_outcome_items_are_validated_one_by_one():
-    items = parse_outcome_items([{"decision_id": "a", "usage": {"prompt_tokens": MAX_TOKENS}},
+    items = parse_outcome_items([{"decision_id": "a", "usage": {"prompt_tokens": MAX_TOKENS, "completion_tokens": 0}},
                                  {"decision_id": "b", "status": "bogus", "ttft_ms": -1},
                                  {"outcome_id": "o-1"}])
     assert isinstance(items[0], OutcomeIn) and items[0].status == "ok"  # no status: ok

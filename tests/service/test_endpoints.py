@@ -136,7 +136,7 @@ def test_usage_beyond_the_context_window_is_rejected_and_locks_nobody_out(tmp_pa
         assert r.status_code == 200 and ack["status"] == "invalid" and ack["message"].startswith("[0].usage: ")
         served = c.post("/v1/outcomes", json={"decision_id": d["decision_id"], "served_target": "frontier-large",
                                               "shadow": True, "outcome_id": d["decision_id"] + "-s",
-                                              "usage": {"prompt_tokens": 10**7}})
+                                              "usage": {"prompt_tokens": 10**7, "completion_tokens": 1}})
         assert served.status_code == 422 and served.json()["error"]["param"] == "usage.prompt_tokens"
         assert c.post("/v1/route", **acme).status_code == 200  # nothing was booked
         # within the tolerance (x1.1, tokenizers differ): stored and settled

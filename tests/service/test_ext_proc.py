@@ -329,7 +329,7 @@ def test_rewrite_and_usage_reader_edge_cases():
                  b' "usage": {"input_tokens": 5, "output_tokens": 7, "input_tokens_details": {"cached_tokens": 2}}}}\n'):
         responses.feed(part)
     s = responses.summary()
-    assert (s.usage, s.model, s.complete) == ({"prompt_tokens": 5, "completion_tokens": 7, "cached_tokens": 2}, "gpt", True)
+    assert (s.usage, s.model, s.complete) == ({"input_tokens": 5, "output_tokens": 7, "input_tokens_details": {"cached_tokens": 2}}, "gpt", True)
     big = UsageReader(False, 10)
     big.feed(b'{"usage": {"prompt_tokens": 1}}')
     assert big.summary().usage is None  # beyond the limit: not kept, not parsed
@@ -368,3 +368,59 @@ def test_destination_list_is_bounded_by_the_setting(app):
     d = engine.route(parse_route_request({"messages": [{"role": "user", "content": "Hi."}]}), dispatch=False)
     assert destinations(d, None)[0] == host_port(d.base_url) and len(destinations(d, None)) == 2
     assert destinations(d, 1) == [host_port(d.base_url)]
+
+
+def _anthropic_stream() -> bytes:
+    """An Anthropic Messages stream: input and cache counts in message_start, the output count in message_delta."""
+    events = [("message_start", {"type": "message_start", "message": {
+                  "id": "msg_1", "model": "claude-sonnet-4-5", "usage": {
+                      "input_tokens": 12, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 2048,
+                      "output_tokens": 1}}}),
+              ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                       "delta": {"type": "text_delta", "text": "Paris."}}),
+              ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                                 "usage": {"output_tokens": 9}}),
+              ("message_stop", {"type": "message_stop"})]
+    return b"".join(f"event: {name}\ndata: {json.dumps(e)}\n\n".encode() for name, e in events)
+
+
+def test_anthropic_stream_usage_is_read_from_its_first_and_last_events(app):
+    sse = _anthropic_stream()
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, chat("What is the capital of France?", stream=True))
+        resp = await response_phase(call, 200, "text/event-stream", [sse[:100], sse[100:]])
+        await call.done_writing()
+        return req, resp
+
+    req, _ = run(app, scenario)
+    out = outcome_of(app, set_headers(req[0])["x-pointsman-decision-id"])
+    assert out.status == "ok" and out.served_model == "claude-sonnet-4-5"
+    assert (out.usage.prompt_tokens, out.usage.cached_tokens, out.usage.completion_tokens) == (12 + 2048, 2048, 9)
+
+
+def test_unpriceable_upstream_usage_books_the_estimate_and_is_counted(app):
+    answer = {"id": "c2", "object": "chat.completion", "model": "m", "choices": [],
+              "usage": {"prompt_tokens": 40, "completion_tokens": 3, "prompt_tokens_details": {"audio_tokens": 30}}}
+    metric = app.state.runtime.metrics.unpriced_usage.labels("ext_proc")
+    before = metric._value.get()
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, chat("What is the capital of France?"))
+        await response_phase(call, 200, "application/json", [json.dumps(answer).encode()])
+        await call.done_writing()
+        return req
+
+    decision_id = set_headers(run(app, scenario)[0])["x-pointsman-decision-id"]
+    out = outcome_of(app, decision_id)
+    assert out.status == "ok" and out.usage.prompt_tokens is None  # stored without the usage it could not price
+    assert metric._value.get() == before + 1
+    state = app.state.runtime.live.engine.state
+    deadline = time.monotonic() + 10
+    while state.record(decision_id) is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    settled = state.ledger.settle(decision_id, 0.0)  # a repeat returns the first settlement
+    assert settled.replayed and settled.reserved_usd > 0
+    assert settled.actual_cost_usd == pytest.approx(settled.reserved_usd)  # the estimate was booked
