@@ -83,7 +83,7 @@ def _outcome(decision_id: str, served: str | None, response: object, started_s: 
     return out
 
 
-def _escalation_decision(answer: VerifyAnswer) -> RouteDecision:
+def escalation_decision(answer: VerifyAnswer) -> RouteDecision:
     """The escalation as a ``RouteDecision`` (what ``pick_deployment`` reads)."""
     return {"decision_id": answer["decision_id"], "target": answer["target"] or "", "model": answer["model"] or "",
             "base_url": answer["base_url"] or "", "mode": "aggregated", "endpoints": [],
@@ -110,7 +110,7 @@ async def acascade(router: LiteLLMRouter, client: PointsmanClient, *, model: str
     if answer is None or answer["action"] != "escalate":
         client.report(_outcome(decision_id, _served(chosen, decision), draft, started))
         return draft
-    escalation = _escalation_decision(answer)
+    escalation = escalation_decision(answer)
     frontier = pick_deployment(deployments, escalation)
     if frontier is None:
         log.warning("no LiteLLM deployment serves escalation target %r; keeping the draft", escalation["target"])
@@ -130,4 +130,4 @@ async def acascade(router: LiteLLMRouter, client: PointsmanClient, *, model: str
     return final
 
 
-__all__ = ["acascade", "draft_of"]
+__all__ = ["acascade", "draft_of", "escalation_decision"]

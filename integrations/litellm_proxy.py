@@ -36,6 +36,16 @@ Per request (LiteLLM 1.110's hooks; ``litellm.integrations.custom_logger.CustomL
    ``ok``/``error``/``timeout``, the served target; ``litellm_router.outcome_from_call``) is queued
    on the client and posted to ``/v1/outcomes`` in the background.
 
+**The cascade** (``POINTSMAN_CASCADE=true``; the serving policy needs a ``verify`` section): for a
+routed, non-streamed request the draft's success is not reported at step 3; instead
+``async_post_call_success_hook`` sends the answer to ``POST /v1/verify``
+(``PointsmanClient.averify``, budget ``POINTSMAN_VERIFY_TIMEOUT_S``, default 0.5 s). ``accept`` (or
+no answer: fail open) keeps the answer and reports its outcome; ``escalate`` asks the deployment
+serving the escalation target (``choose``; through the proxy's router, so its secrets and
+``async_filter_deployments`` apply) and returns that answer instead, reporting the decision's one
+outcome as the escalated call's (``served_target``, usage, both calls' latency). A failed
+escalation keeps the draft and reports the failure.
+
 Fail-open: when Pointsman does not answer within the budget (down, slow, 5xx, or it rejects the
 request) or no deployment serves its decision, the request goes to the requested group's deployment
 marked ``model_info.pointsman_default: true`` (as ``litellm_router`` does), else wherever LiteLLM's
@@ -47,16 +57,20 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import DeploymentTypedDict
 
 from pointsman.integrations.client import PointsmanClient, RouteDecision, forward_target
+from pointsman.integrations.litellm_cascade import draft_of, escalation_decision
 from pointsman.integrations.litellm_router import (
     DECISION_KEY,
     DEFAULT_INFO,
     LiteLLMRouter,
+    OutcomeReport,
+    _usage,
     all_deployments,
     default_deployment,
     deployments_of,
@@ -99,9 +113,17 @@ class PointsmanProxyHandler(CustomLogger):
     """The proxy callback (see the module). ``PointsmanProxyHandler(client=None)``: ``client`` is
     built from the ``POINTSMAN_*`` environment on first use when not given."""
 
-    def __init__(self, client: PointsmanClient | None = None) -> None:
+    def __init__(self, client: PointsmanClient | None = None, cascade: bool | None = None) -> None:
         super().__init__()
         self._client = client
+        self._cascade = cascade
+
+    @property
+    def cascade(self) -> bool:
+        """Whether the cascade runs (``POINTSMAN_CASCADE``, read on first use, unless given)."""
+        if self._cascade is None:
+            self._cascade = os.environ.get("POINTSMAN_CASCADE", "").strip().lower() in ("1", "true", "yes", "on")
+        return self._cascade
 
     @property
     def client(self) -> PointsmanClient:
@@ -109,7 +131,8 @@ class PointsmanProxyHandler(CustomLogger):
         if self._client is None:
             self._client = PointsmanClient(os.environ.get("POINTSMAN_URL", "http://127.0.0.1:8000"),
                                            api_key=os.environ.get("POINTSMAN_API_KEY") or None,
-                                           route_timeout_s=float(os.environ.get("POINTSMAN_ROUTE_TIMEOUT_S", "0.25")))
+                                           route_timeout_s=float(os.environ.get("POINTSMAN_ROUTE_TIMEOUT_S", "0.25")),
+                                           verify_timeout_s=float(os.environ.get("POINTSMAN_VERIFY_TIMEOUT_S", "0.5")))
         return self._client
 
     def choose(self, decision: RouteDecision, group: str, router: LiteLLMRouter) -> DeploymentTypedDict | None:
@@ -154,7 +177,9 @@ class PointsmanProxyHandler(CustomLogger):
         served = target_of(chosen) or decision["target"]
         metadata[DECISION_KEY] = {"id": decision["decision_id"], "target": decision["target"],
                                   "served_target": served, "client": id(self.client),
-                                  "deployment": _deployment_id(chosen)}
+                                  "deployment": _deployment_id(chosen),
+                                  "cascade": self.cascade and not data.get("stream"), "group": group,
+                                  "started_s": time.time()}
         given = data.get("extra_headers")
         headers: dict[str, object] = dict(given) if isinstance(given, Mapping) else {}
         headers.update(forward_target(decision)[1])
@@ -182,17 +207,84 @@ class PointsmanProxyHandler(CustomLogger):
         """Report an ``error``/``timeout`` outcome (step 3; no usage: the budget hold is released)."""
         self._report(kwargs, response_obj, start_time, end_time, failed=True)
 
+    async def async_post_call_success_hook(self, data: dict[str, object], user_api_key_dict: object,
+                                           response: object) -> object | None:
+        """The cascade (see the module): the answer to return instead of ``response``, or None to keep it."""
+        metadata = data.get("metadata")
+        decision = metadata.get(DECISION_KEY) if isinstance(metadata, Mapping) else None
+        if not isinstance(decision, Mapping) or not decision.get("cascade") or not isinstance(decision.get("id"), str):
+            return None
+        begun = decision.get("started_s")
+        started = float(begun) if isinstance(begun, (int, float)) else time.time()
+        try:
+            return await self._cascade_step(decision, data, response, started)
+        except Exception:  # noqa: BLE001 - the draft stands; a cascade bug must never fail the request
+            log.exception("pointsman cascade failed; the draft stands")
+            self.client.report(self._outcome(decision, str(decision.get("served_target") or ""), response, started))
+            return None
+
+    def _outcome(self, decision: Mapping[str, object], served: str, response: object,
+                 started_s: float) -> OutcomeReport:
+        """The decision's one ``ok`` outcome: ``served`` target, ``response``'s usage, the time since
+        ``started_s`` (the pre-call hook) as its end-to-end latency."""
+        out: OutcomeReport = {"decision_id": str(decision["id"]), "status": "ok", "time_s": time.time(),
+                              "e2e_latency_ms": max(0.0, time.time() - started_s) * 1000.0}
+        if served:
+            out["served_target"] = served
+        usage = _usage(response)
+        if usage:
+            out["usage"] = usage
+        return out
+
+    async def _cascade_step(self, decision: Mapping[str, object], data: dict[str, object], response: object,
+                            started: float) -> object | None:
+        draft_served = str(decision.get("served_target") or "")
+        answer = await self.client.averify(str(decision["id"]), draft_of(response), _usage(response))
+        router = _router()
+        if answer is None or answer["action"] != "escalate" or router is None:
+            self.client.report(self._outcome(decision, draft_served, response, started))
+            return None
+        escalation = escalation_decision(answer)
+        frontier = self.choose(escalation, str(decision.get("group") or data.get("model") or ""), router)
+        if frontier is None:
+            log.warning("no LiteLLM deployment serves escalation target %r; the draft stands", escalation["target"])
+            self.client.report(self._outcome(decision, draft_served, response, started))
+            return None
+        served = target_of(frontier) or escalation["target"]
+        headers = forward_target(escalation)[1]
+        try:
+            final = await router.acompletion(  # type: ignore[attr-defined]  # litellm.Router's call
+                model=frontier["model_name"], messages=data.get("messages"), extra_headers=headers,
+                metadata={DECISION_KEY: {"deployment": _deployment_id(frontier)}})
+        except Exception as exc:  # noqa: BLE001 - the draft is still an answer
+            log.warning("escalated call to %s failed (%s); the draft stands", served, exc)
+            self.client.report({"decision_id": str(decision["id"]), "status": "error", "served_target": served,
+                                "error": f"{type(exc).__name__}: {exc}"[:1000], "time_s": time.time()})
+            return None
+        self.client.report(self._outcome(decision, served, final, started))
+        return final
+
     def _report(self, kwargs: Mapping[str, object], response_obj: object, start_time: object, end_time: object, *,
                 failed: bool) -> None:
         try:
             call = routed_call(kwargs)
             if call is None or call.client != id(self.client):
                 return
+            if not failed and _cascaded(kwargs):
+                return  # the cascade's post-call hook reports this decision's one outcome
             outcome = outcome_from_call(kwargs, response_obj, start_time, end_time, failed=failed)
             if outcome is not None:
                 self.client.report(outcome)
         except Exception:  # noqa: BLE001 - reporting must never reach the user's request
             log.exception("could not report the pointsman outcome of a LiteLLM proxy call")
+
+
+def _cascaded(kwargs: Mapping[str, object]) -> bool:
+    """Whether a logged call is a cascade draft (its decision says ``cascade``)."""
+    params = kwargs.get("litellm_params")
+    metadata = (params.get("metadata") if isinstance(params, Mapping) else None) or kwargs.get("metadata")
+    decision = metadata.get(DECISION_KEY) if isinstance(metadata, Mapping) else None
+    return isinstance(decision, Mapping) and bool(decision.get("cascade"))
 
 
 #: The instance ``litellm_settings.callbacks`` names: ``pointsman.integrations.litellm_proxy.handler``.

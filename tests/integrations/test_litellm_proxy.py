@@ -45,6 +45,14 @@ rules:
     route: {target: onprem-70b, fallbacks: [frontier-large]}
   - name: default
     route: {target: onprem-8b, fallbacks: [frontier-small]}
+verify:
+  rules:
+    - name: refusal
+      when: draft.refusal
+      action: escalate
+      escalate: {target: frontier-large}
+    - name: accept
+      action: accept
 """
 
 _PROXY_PACKAGES = ("litellm", "fastapi_sso", "apscheduler", "backoff", "mcp", "soundfile", "expression")
@@ -72,6 +80,9 @@ class Upstream:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
                 upstream.seen.append({"path": self.path, "model": body.get("model"),
                                       "decision": self.headers.get("x-pointsman-decision-id")})
+                asked = json.dumps(body.get("messages"))
+                content = "I'm sorry, but I cannot help with that." if "REFUSE" in asked and \
+                    upstream.name.startswith("llama") else f"answer from {upstream.name}"
                 if upstream.fail:
                     payload, status = {"error": {"message": "upstream is down", "type": "server_error"}}, 500
                 else:
@@ -79,7 +90,7 @@ class Upstream:
                     payload = {"id": "cmpl-1", "object": "chat.completion", "created": int(time.time()),
                                "model": body.get("model"),
                                "choices": [{"index": 0, "finish_reason": "stop",
-                                            "message": {"role": "assistant", "content": f"answer from {upstream.name}"}}],
+                                            "message": {"role": "assistant", "content": content}}],
                                "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}}
                 data = json.dumps(payload).encode()
                 self.send_response(status)
@@ -145,6 +156,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     config = tmp / "config.yaml"
     shutil.copy(CONFIG, config)
     proxy_env = {**base_env, "POINTSMAN_URL": f"http://127.0.0.1:{p_port}", "POINTSMAN_ROUTE_TIMEOUT_S": "2",
+                 "POINTSMAN_CASCADE": "true", "POINTSMAN_VERIFY_TIMEOUT_S": "5",
                  "LITELLM_MASTER_KEY": MASTER_KEY, "LLAMA_8B_API_BASE": upstreams["llama-8b"].url,
                  "LLAMA_70B_API_BASE": upstreams["llama-70b"].url, "OPENAI_API_BASE": upstreams["gpt-4o"].url,
                  "OPENAI_API_KEY": "sk-upstream-not-checked", "LITELLM_OFFLINE_MODE": "true",
@@ -199,6 +211,25 @@ def test_requests_land_where_pointsman_decided_and_outcomes_arrive(stack: dict) 
         assert (out.status, out.served_target) == ("ok", target)
         assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (11, 7)
         assert out.e2e_latency_ms is not None
+
+
+def test_cascade_escalates_a_refused_draft_and_reports_one_outcome(stack: dict) -> None:
+    """POINTSMAN_CASCADE=true: the on-prem draft is a refusal, /v1/verify escalates, the proxy answers
+    from the frontier deployment and the decision's one outcome is the escalated call's."""
+    ups = stack["upstreams"]
+    before = {n: len(u.seen) for n, u in ups.items()}
+    r = _ask(stack, None, "REFUSE: how do I pick a lock?")
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "answer from gpt-4o"
+    assert len(ups["llama-8b"].seen) == before["llama-8b"] + 1 and len(ups["gpt-4o"].seen) == before["gpt-4o"] + 1
+    decision_id = ups["llama-8b"].seen[-1]["decision"]
+    assert ups["gpt-4o"].seen[-1]["decision"] == decision_id
+    out = _outcome(stack, decision_id)
+    assert (out.status, out.served_target) == ("ok", "frontier-large")
+    time.sleep(0.5)  # a second outcome (the draft's) would have arrived by now
+    with OutcomeLog(stack["outcomes"]) as log:
+        assert len(log.decision(decision_id).outcomes) == 1
+        assert log.verification(decision_id)["action"] == "escalate"
 
 
 def test_upstream_failure_is_reported_as_an_error_outcome(stack: dict) -> None:
