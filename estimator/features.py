@@ -7,8 +7,10 @@ texts are extracted once per decision).
 
 Bounded cost: the encoder sees at most ``QUERY_WINDOW_CHARS`` of the last user
 message (head and tail), and token counting tokenizes at most
-``COUNT_SAMPLE_CHARS`` of the conversation and extrapolates by the measured
-characters-per-token ratio. A gateway that knows the exact count passes
+``COUNT_SAMPLE_CHARS`` of the conversation (head, tail and 8 slices of the middle) and
+extrapolates by the measured characters-per-token ratio; ``prompt_tokens_upper`` bounds the
+count from above for the context-window filter (``token_bounds.py``: whitespace and ``[UNK]``
+spans the targets' BPE tokenizers count, and a byte scan of the whole text). A gateway that knows the exact count passes
 ``routing.prompt_tokens`` and that wins.
 
 Long words: WordPiece (BERT's, the MiniLM tokenizer) turns any word longer than
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
+from pointsman.estimator.token_bounds import class_units, extrapolated_upper, piece_upper, sample_pieces
 from pointsman.request import RequestView, RouteRequest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,6 +65,9 @@ class RequestFeatures:
 
     ``prompt_tokens``: prompt length in tokens (exact when the gateway supplied it,
     ``prompt_tokens_exact``; otherwise counted on a bounded sample and extrapolated).
+    ``prompt_tokens_upper``: a safe-side upper bound of it (``token_bounds``; the exact count
+    when supplied), what the context-window filter compares; 0 when not computed (then the count
+    is the bound).
     ``turns``: number of user messages. ``query_text``: the bounded window of the
     last user message that the encoder embeds (at most ``QUERY_WINDOW_CHARS`` chars).
     ``query_chars``: full length of the last user message in characters.
@@ -80,6 +86,7 @@ class RequestFeatures:
     n_images: int
     n_tool_calls: int
     max_output_tokens: int | None
+    prompt_tokens_upper: int = 0
 
 
 def bounded_window(text: str, limit: int) -> str:
@@ -99,26 +106,45 @@ def count_tokens(text: str, tokenizer: Tokenizer | None) -> int:
     return _count(text, tokenizer)[0]
 
 
-def _count(text: str, tokenizer: Tokenizer | None, offsets: bool = False) -> tuple[int, Encoding | None]:
-    """``count_tokens`` and the encoding of ``text`` when it was tokenized whole (None when
-    it was sampled, empty, or counted without a tokenizer). ``offsets``: the encoding must
-    carry character offsets and word ids; otherwise only its ids are meaningful (tokenizers'
-    ``encode_batch_fast`` skips offset tracking, ~15% less time)."""
-    if not text:
-        return 0, None
-    if tokenizer is None:
-        return math.ceil(len(text) / CHARS_PER_TOKEN), None
-    sample = text if len(text) <= COUNT_SAMPLE_CHARS else bounded_window(text, COUNT_SAMPLE_CHARS)
+def count_tokens_upper(text: str, tokenizer: Tokenizer | None) -> int:
+    """A safe-side upper bound of the tokens in ``text`` (``token_bounds``; >= ``count_tokens``).
+    Cost O(COUNT_SAMPLE_CHARS) tokenized plus a byte scan of ``text``."""
+    return _count(text, tokenizer)[1]
+
+
+def _encode(tokenizer: Tokenizer, texts: list[str], offsets: bool) -> list[Encoding]:
+    """``texts`` encoded without special tokens; ``offsets``: with character offsets and word ids
+    (tokenizers' ``encode_batch_fast`` skips offset tracking, ~15% less time)."""
     fast = None if offsets else getattr(tokenizer, "encode_batch_fast", None)  # tokenizers >= 0.20
-    if fast is not None:
-        encoding = fast([sample], add_special_tokens=False)[0]
-    else:
-        encoding = tokenizer.encode(sample, add_special_tokens=False)
-    ids = encoding.ids
-    n = len(ids) + long_word_tokens(sample, ids, encoding if offsets else None, tokenizer)
-    if sample is text:
-        return n, encoding
-    return max(1, round(n * len(text) / len(sample))), None
+    if fast is not None:  # one call per text: a batch goes to a thread pool (measured slower on one core)
+        return [fast([text], add_special_tokens=False)[0] for text in texts]
+    return [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+
+
+def _count(text: str, tokenizer: Tokenizer | None, offsets: bool = False) -> tuple[int, int, Encoding | None]:
+    """(``count_tokens``, ``count_tokens_upper``, the encoding of ``text`` when it was tokenized
+    whole: None when it was sampled, empty, or counted without a tokenizer). ``offsets``: the
+    encoding must carry character offsets and word ids; otherwise only its ids are meaningful.
+    Past ``COUNT_SAMPLE_CHARS`` the count tokenizes the head, the tail and slices of the middle
+    (``token_bounds.sample_pieces``) and extrapolates by their characters per token."""
+    if not text:
+        return 0, 0, None
+    if tokenizer is None:
+        n = math.ceil(len(text) / CHARS_PER_TOKEN)
+        return n, max(n, class_units(text)), None
+    pieces = sample_pieces(text, COUNT_SAMPLE_CHARS)
+    whole = len(pieces) == 1
+    encodings = _encode(tokenizer, pieces, offsets and whole)
+    n, bounds = 0, []
+    for piece, encoding in zip(pieces, encodings):
+        ids = encoding.ids
+        with_offsets = encoding if offsets and whole else None
+        n += len(ids) + long_word_tokens(piece, ids, with_offsets, tokenizer)
+        bounds.append(piece_upper(piece, ids, with_offsets, tokenizer))
+    if whole:
+        return n, max(n, sum(a + b for a, b in bounds)), encodings[0]
+    n = max(1, round(n * len(text) / sum(len(p) for p in pieces)))
+    return n, max(n, extrapolated_upper(text, pieces, bounds)), None
 
 
 def long_word_tokens(text: str, ids: list[int], encoding: Encoding | None, tokenizer: Tokenizer) -> int:
@@ -242,15 +268,17 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
     exact = request.routing.prompt_tokens
     query_ids: list[int] | None = None
     if exact is not None:
-        prompt_tokens = exact
+        prompt_tokens = prompt_upper = exact
     else:
         joined = "\n".join(texts)
         want_ids = want_ids and k is not None and splits_words_locally(tokenizer)
         # offsets are needed to cut the window out, unless the window is the whole conversation
         # (or the conversation is only sampled for counting: then the caller tokenizes the window)
         whole = len(query) == len(joined) and len(query) <= QUERY_WINDOW_CHARS
-        n, encoding = _count(joined, tokenizer, offsets=want_ids and not whole and len(joined) <= COUNT_SAMPLE_CHARS)
+        n, upper, encoding = _count(joined, tokenizer,
+                                    offsets=want_ids and not whole and len(joined) <= COUNT_SAMPLE_CHARS)
         prompt_tokens = n + TOKENS_PER_MESSAGE * len(request.messages)
+        prompt_upper = upper + TOKENS_PER_MESSAGE * len(request.messages)
         if want_ids and encoding is not None and k is not None:
             if whole:
                 query_ids = list(encoding.ids)
@@ -262,6 +290,7 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
     return RequestFeatures(
         prompt_chars=prompt_chars,
         prompt_tokens=prompt_tokens,
+        prompt_tokens_upper=prompt_upper,
         prompt_tokens_exact=exact is not None,
         turns=sum(m.role == "user" for m in request.messages),
         n_messages=len(request.messages),

@@ -398,7 +398,8 @@ def _probe_snapshots(fleet: Fleet, variables: Mapping[str, JSONValue]) -> list[S
     typical["load"] = {t: typical_load for t in fleet.targets}
     typical["_endpoint"] = {k: typical_endpoint for k in _endpoint_keys(fleet)}
     busy = example_signals(variables, fleet.targets)
-    busy["request"] = {"prompt_tokens": 20000, "max_output_tokens": 2048, "max_output_tokens_set": True, "turns": 6,
+    busy["request"] = {"prompt_tokens": 20000, "prompt_tokens_upper": 20000,
+                       "max_output_tokens": 2048, "max_output_tokens_set": True, "turns": 6,
                        "messages": 12, "has_tools": True, "has_images": True, "images": 1, "tenant": "acme",
                        "team": "search", "session_id": "s-1", "slo_class": "interactive", "model": "gpt-4o"}
     busy["difficulty"] = {"p_hard": 0.9, "available": True}

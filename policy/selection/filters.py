@@ -5,8 +5,8 @@ registered by name in ``FILTERS``; ``None`` means eligible. The policy's ``filte
 section switches each on or off (all on by default) and holds the tenant allow-lists.
 They run in this order, and the first that removes a target names it:
 
-- ``context-window``: prompt tokens plus the client's output cap (1 token when uncapped)
-  must fit the target's ``context_window_tokens``.
+- ``context-window``: the prompt's tokens (``request.prompt_tokens_upper``, a safe-side upper bound)
+  plus the client's output cap (1 token when uncapped) must fit the target's ``context_window_tokens``.
 - ``capabilities``: image inputs need ``capabilities.images``; tools need ``capabilities.tools``.
 - ``tenants``: a target with an allow-list (``filters.tenants``) takes only those tenants
   (a request without a tenant is on no list).
@@ -58,9 +58,11 @@ FilterFn = Callable[[str, "OnPremTarget | FrontierTarget", FilterContext], "str 
 
 
 def context_window(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterContext) -> str | None:
-    """Ineligible when prompt_tokens + output cap (1 if uncapped) > context_window_tokens."""
+    """Ineligible when prompt_tokens_upper (the safe-side bound of the prompt's tokens) + output cap
+    (1 if uncapped) > context_window_tokens."""
     request = ctx.request
-    need = request["prompt_tokens"] + (request["max_output_tokens"] if request["max_output_tokens_set"] else 1)
+    prompt = max(request["prompt_tokens"], request.get("prompt_tokens_upper", 0))  # a case may set only the count
+    need = prompt + (request["max_output_tokens"] if request["max_output_tokens_set"] else 1)
     if need > target.context_window_tokens:
         return f"needs {need:,} tokens > window {target.context_window_tokens:,}"
     return None

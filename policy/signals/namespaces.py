@@ -52,6 +52,7 @@ class RequestSignals(TypedDict):
     """The ``request`` namespace (``SIGNALS["request"]`` gives each field's meaning)."""
 
     prompt_tokens: int
+    prompt_tokens_upper: int
     max_output_tokens: int
     max_output_tokens_set: bool
     turns: int
@@ -232,6 +233,10 @@ SIGNALS: dict[str, Namespace] = {
     "request": Namespace("request", "Facts about the request, computed before routing.", {
         "prompt_tokens": Signal("int", "prompt length in tokens (exact when the gateway sends routing.prompt_tokens, "
                                        "else counted on a bounded sample and extrapolated)"),
+        "prompt_tokens_upper": Signal("int", "a safe-side upper bound of prompt_tokens for the targets' own "
+                                             "tokenizers (whitespace, out-of-vocabulary characters by their bytes, "
+                                             "a byte scan of the whole text; estimator/token_bounds.py); what the "
+                                             "context-window filter compares; = prompt_tokens when the gateway sends it"),
         "max_output_tokens": Signal("int", "the client's output cap (max_completion_tokens or max_tokens), "
                                            "else the fleet's default output estimate"),
         "max_output_tokens_set": Signal("bool", "true when the client capped the output"),
@@ -419,6 +424,7 @@ def request_signals(features: RequestFeatures, view: RequestView, default_output
     cap = features.max_output_tokens
     return {
         "prompt_tokens": features.prompt_tokens,
+        "prompt_tokens_upper": max(features.prompt_tokens, features.prompt_tokens_upper),
         "max_output_tokens": cap if cap else default_output_tokens,
         "max_output_tokens_set": bool(cap),
         "turns": features.turns,
@@ -530,7 +536,8 @@ def example_signals(variables: Mapping[str, JSONValue] | None = None, targets: I
     targets = list(targets)
     return {
         "request": {
-            "prompt_tokens": 100, "max_output_tokens": 256, "max_output_tokens_set": False, "turns": 1,
+            "prompt_tokens": 100, "prompt_tokens_upper": 100,
+            "max_output_tokens": 256, "max_output_tokens_set": False, "turns": 1,
             "messages": 1, "has_tools": False, "has_images": False, "images": 0, "tenant": "", "team": "",
             "session_id": "", "slo_class": "", "model": "",
         },

@@ -1,0 +1,131 @@
+"""A safe-side upper bound of a prompt's token count, for the eligibility decisions that must not
+undercount (the context-window filter): ``request.prompt_tokens_upper``.
+
+Why a bound beside the count: ``features.count_tokens`` counts with the estimator's tokenizer
+(BERT's WordPiece for the bundled model), and past ``COUNT_SAMPLE_CHARS`` it tokenizes a sample and
+extrapolates. Two things make that count too low for a target's window:
+
+- the targets' own tokenizers (BPE: OpenAI's o200k/cl100k, Claude's, DeepSeek's) count what WordPiece
+  drops or folds: whitespace runs (a newline and its indentation are a token in BPE, nothing in
+  WordPiece) and characters outside the vocabulary (a word of emoji or rare CJK characters is one
+  ``[UNK]`` in WordPiece, a few byte-level tokens per character in BPE);
+- a sample misses what it does not see: head and tail of prose around 100 KB of logs or numbers
+  in the middle extrapolated to 0.55x of the true count.
+
+The bound, per tokenized piece: its ids, plus for every ``[UNK]`` its span's UTF-8 bytes at
+``UNK_BYTES_PER_TOKEN`` per token (instead of 1), plus one token per newline. Past
+``COUNT_SAMPLE_CHARS`` the pieces are the head, the tail and ``MIDDLE_SLICES`` slices spread over the
+middle (``sample_pieces``), and the part no piece covers is bounded by the larger of two
+extrapolations: the pieces' mean tokens per character, and the largest tokens per *class unit*
+among the pieces times the class units of the unseen part. ``class_units(text)`` is a cheap count
+over the whole text (C-speed byte operations, ~1 ms per MB): ASCII punctuation characters, runs
+of ASCII letters and digits, newlines and non-ASCII characters (4-byte ones, emoji, twice), about
+the pre-tokens every tokenizer starts from; so a dense middle the slices missed still counts.
+
+Documented bound (``tests/estimator/test_token_bounds.py``, text generated in the test: prose, code,
+logs, numbers, CJK, emoji, and prose around a dense middle): the bound is >= the estimator
+tokenizer's true count, and >= 0.85x of the largest count of o200k, cl100k, Claude's and
+DeepSeek-V3's tokenizers when they are available offline (litellm ships them). It is not a proof
+for every text: a text whose unseen middle has more tokens per class unit than every piece
+(mixed scripts, say) can exceed it. A gateway that knows the exact count sends
+``routing.prompt_tokens``, and then that is both the count and the bound.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tokenizers import Encoding, Tokenizer
+
+#: Bytes of an ``[UNK]`` span per token in the bound: a 3-byte character counts 2, a 4-byte one 3 (BPE
+#: tokenizers give an emoji 1-3 tokens, a CJK character outside their merges 2-3, a hex run about one
+#: per 2-3 bytes).
+UNK_BYTES_PER_TOKEN = 1.5
+#: Slices spread over the middle of a sampled text, beside its head and tail.
+MIDDLE_SLICES = 8
+
+
+def sample_pieces(text: str, budget_chars: int) -> list[str]:
+    """``text`` as one piece when it fits ``budget_chars``, else its head (1/4 of the budget), its
+    tail (1/4) and ``MIDDLE_SLICES`` equal slices (together 1/2) at evenly spaced places of the
+    middle. Pieces are cut on character offsets (a cut word costs at most a token more)."""
+    n = len(text)
+    if n <= budget_chars:
+        return [text]
+    edge = budget_chars // 4
+    size = (budget_chars - 2 * edge) // MIDDLE_SLICES
+    middle = n - 2 * edge
+    step = middle / MIDDLE_SLICES
+    pieces = [text[:edge]]
+    for i in range(MIDDLE_SLICES):
+        start = edge + int(i * step + (step - size) / 2)
+        pieces.append(text[start:start + size])
+    pieces.append(text[n - edge:])
+    return pieces
+
+
+# byte classes: w = ASCII letter/digit, s = other ASCII whitespace, n = newline, p = ASCII punctuation
+# and control, c = UTF-8 continuation byte, u = start of a 2- or 3-byte character, e = of a 4-byte one
+_CLASSES = bytes(
+    ord("w") if (48 <= b <= 57 or 65 <= b <= 90 or 97 <= b <= 122) else
+    ord("n") if b == 10 else
+    ord("s") if b in (9, 11, 12, 13, 32) else
+    ord("p") if b < 128 else
+    ord("c") if b < 0xC0 else
+    ord("u") if b < 0xF0 else ord("e")
+    for b in range(256))
+#: the classes folded into w (a letter or digit) and x (anything else), to count runs of w with one pass
+_WORD_OR_NOT = bytes(ord("w") if b == ord("w") else ord("x") for b in range(256))
+
+
+def class_units(text: str) -> int:
+    """Cheap pre-token count of ``text``: ASCII punctuation characters + runs of ASCII letters and
+    digits + newlines + non-ASCII characters (4-byte ones twice). O(len(text)) in byte operations."""
+    if not text:
+        return 0
+    k = text.encode("utf-8", "surrogatepass").translate(_CLASSES)
+    runs = k.translate(_WORD_OR_NOT).count(b"xw") + (k[:1] == b"w")
+    return k.count(b"p") + k.count(b"n") + k.count(b"u") + 2 * k.count(b"e") + runs
+
+
+def unk_byte_tokens(text: str, ids: list[int], encoding: Encoding | None, tokenizer: Tokenizer) -> int:
+    """Tokens to add to ``len(ids)`` (``text``'s ids, no special tokens) for its ``[UNK]`` tokens,
+    each counted by its span's UTF-8 bytes at ``UNK_BYTES_PER_TOKEN`` per token instead of as 1.
+    0 when the tokenizer has no unknown token or ``ids`` holds none. ``encoding``: ``text``
+    encoded with offsets, or None to encode it again here when needed."""
+    model = getattr(tokenizer, "model", None)
+    unk_token = getattr(model, "unk_token", None)
+    unk = tokenizer.token_to_id(unk_token) if isinstance(unk_token, str) else None
+    if unk is None or unk not in ids:
+        return 0
+    if encoding is None:
+        encoding = tokenizer.encode(text, add_special_tokens=False)
+    extra = 0
+    for token_id, (a, b) in zip(encoding.ids, encoding.offsets):
+        if token_id == unk:
+            extra += math.ceil(len(text[a:b].encode("utf-8", "surrogatepass")) / UNK_BYTES_PER_TOKEN) - 1
+    return max(0, extra)
+
+
+def piece_upper(text: str, ids: list[int], encoding: Encoding | None, tokenizer: Tokenizer) -> tuple[int, int]:
+    """The bound for one tokenized piece as (ids + one token per newline, the ``[UNK]`` bytes' extra
+    tokens); the bound is their sum."""
+    return len(ids) + text.count("\n"), unk_byte_tokens(text, ids, encoding, tokenizer)
+
+
+def extrapolated_upper(text: str, pieces: list[str], bounds: list[tuple[int, int]]) -> int:
+    """The bound of ``text`` from its sampled ``pieces`` (``sample_pieces``) and their ``piece_upper``
+    values: their sum plus, for the characters no piece covers, the larger of (mean tokens per
+    character) x characters and (largest ids per class unit of a piece) x class units."""
+    total = sum(base + extra for base, extra in bounds)
+    seen_chars = sum(len(p) for p in pieces)
+    rest_chars = max(0, len(text) - seen_chars)
+    if rest_chars == 0:
+        return total
+    units = [class_units(p) for p in pieces]
+    rest_units = max(0, class_units(text) - sum(units))
+    per_char = total / max(1, seen_chars)
+    per_unit = max(base / max(1, c) for (base, _), c in zip(bounds, units))
+    return total + math.ceil(max(per_char * rest_chars, per_unit * rest_units))
