@@ -108,11 +108,19 @@ def _fmt_share(v: float) -> str:
 @click.option("--strong", required=True, help="Model column of the frontier model.")
 @click.option("--model", "model_spec", default="champion", show_default=True,
               help="bundled, champion, models:/NAME@ALIAS, models:/NAME/VERSION or a model directory.")
+@click.option("--drafts", type=click.Path(path_type=Path), default=None,
+              help="Long CSV of answers (prompt_id, model, output): add the cascade's draft-aware metrics, WEAK's "
+                   "answer as the draft (training/draft_eval.py).")
+@click.option("--draft-folds", type=click.IntRange(2, 20), default=5, show_default=True,
+              help="Cross-validation folds of the verifier head trained for --drafts.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def evaluate_cmd(table: Path, weak: str, strong: str, model_spec: str, as_json: bool) -> None:
+def evaluate_cmd(table: Path, weak: str, strong: str, model_spec: str, drafts: Path | None, draft_folds: int,
+                 as_json: bool) -> None:
     """Score every prompt of TABLE with the difficulty model and print RouteLLM's router
     metrics (APGR, CPT(50%), CPT(80%)) and ROC-AUC for WEAK vs STRONG, next to the
-    random router and the oracle on the same rows."""
+    random router and the oracle on the same rows. With --drafts, also the cascade's:
+    draft_apgr and draft_auc of a verifier reading WEAK's answer (a head in cross-validation,
+    and the shipped heuristic) and draft_cpt80, the share paying draft + frontier at CPT(80%)."""
     try:
         from pointsman.estimator.model_source import load_estimator
         from pointsman.training.evaluate import evaluate_table
@@ -121,10 +129,15 @@ def evaluate_cmd(table: Path, weak: str, strong: str, model_spec: str, as_json: 
     try:
         est = load_estimator(model_spec, intra_op_threads=2)
         report = evaluate_table(est, table, weak, strong)
+        extra: dict[str, object] = {}
+        if drafts is not None:
+            from pointsman.training.draft_eval import evaluate_drafts
+
+            extra = dict(evaluate_drafts(est, table, weak, strong, drafts, folds=draft_folds))
     except PointsmanError as exc:
         raise InputError(str(exc)) from None
     if as_json:
-        click.echo(json.dumps(report))
+        click.echo(json.dumps({**report, **extra}))
         return
     click.echo(f"table   {report['table']}  ({report['n']} of {report['n_rows']} prompts scored)")
     click.echo(f"pair    weak {weak}  vs  strong {strong}")
@@ -136,6 +149,12 @@ def evaluate_cmd(table: Path, weak: str, strong: str, model_spec: str, as_json: 
     click.echo(f"{'random':8s} {report['random_apgr']:7.4f} {_fmt_share(0.5):>9s} {_fmt_share(0.8):>9s} {0.5:7.4f}")
     click.echo(f"{'oracle':8s} {report['oracle_apgr']:7.4f} {_fmt_share(report['oracle_cpt50']):>9s} "
                f"{_fmt_share(report['oracle_cpt80']):>9s} {1.0:7.4f}")
+    if extra:
+        click.echo(f"\ncascade (drafts of {weak}, {extra['draft_n']} rows): verifier head in {draft_folds}-fold CV "
+                   f"APGR {extra['draft_apgr']:.4f} (folds {extra['draft_apgr_mean']:.3f} ± {extra['draft_apgr_std']:.3f}), "
+                   f"AUC {extra['draft_auc']:.4f}, paying draft + frontier at CPT(80%) "
+                   f"{_fmt_share(float(str(extra['draft_cpt80'])))}; "
+                   f"shipped heuristic APGR {extra['draft_heuristic_apgr']:.4f}")
 
 
 def register(group: click.Group) -> None:

@@ -76,7 +76,11 @@ class HeuristicVerifier:
 
     def p_bad(self, features: DraftFeatures) -> float:
         """The heuristic score of one draft, in (0, 1)."""
-        z = HEURISTIC_BIAS + float(self._w @ features.vector().astype(np.float64))
+        return self.p_bad_vector(features.vector())
+
+    def p_bad_vector(self, x: np.ndarray) -> float:
+        """The heuristic score of one ``DraftFeatures.vector()`` (13,), in (0, 1)."""
+        z = HEURISTIC_BIAS + float(self._w @ np.asarray(x, dtype=np.float64))
         return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
 
 

@@ -1,0 +1,90 @@
+"""The cascade's verifier in training: ``pointsman evaluate --drafts`` through the CLI on a small
+table of answers, and a trained head exported to ONNX and served by ``OnnxVerifier`` with the
+same probabilities as scikit-learn."""
+
+from __future__ import annotations
+
+import json
+
+import click
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pointsman.cli.training import register
+from pointsman.estimator.draft import FEATURE_NAMES, Draft, draft_features
+from pointsman.estimator.verifier import OnnxVerifier, load_verifier
+from pointsman.training import metrics as M
+from pointsman.training.verifier import export_verifier, fit_verifier
+
+TOPICS = ["the sea", "prime numbers", "a cat", "Dijkstra's algorithm", "France", "quadratics", "rust traits",
+          "tea", "the moon", "sorting"]
+
+
+@pytest.fixture
+def files(tmp_path):
+    """40 prompts; the weak model loses exactly where its answer is a refusal or a stub."""
+    rows, answers, weak, strong = [], [], [], []
+    for i in range(40):
+        prompt = f"Tell me something careful and specific about {TOPICS[i % 10]} (case {i})."
+        bad = i % 3 == 0
+        text = "I'm sorry, but I cannot help with that." if bad and i % 2 else "Yes." if bad else \
+            " ".join(f"Point {k}: {TOPICS[(i + k) % 10]} has property {k * i} worth noting." for k in range(12))
+        weak.append(0 if bad else 1)
+        strong.append(1)
+        rows.append(f'p{i},t,"{prompt}",{weak[-1]},{strong[-1]}')
+        answers.append(f'p{i},weak-model,"{text}",{len(text)},weak-model')
+    table = tmp_path / "t.csv"
+    table.write_text("prompt_id,category,prompt,weak-model,strong-model\n" + "\n".join(rows) + "\n")
+    drafts = tmp_path / "d.csv"
+    drafts.write_text("prompt_id,model,output,output_chars,generator\n" + "\n".join(answers) + "\n")
+    return table, drafts, np.array(weak, float), np.array(strong, float)
+
+
+def test_evaluate_drafts_through_the_cli(files, tmp_path, monkeypatch):
+    table, drafts, w, s = files
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    group = click.Group()
+    register(group)
+    args = ["evaluate", "--table", str(table), "--weak", "weak-model", "--strong", "strong-model", "--model", "bundled"]
+    res = CliRunner().invoke(group, [*args, "--drafts", str(drafts), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["draft_n"] == 40 and len(out["draft_apgr_folds"]) == 5
+    # the drafts carry the whole signal (refusals and stubs lose): the verifier finds it, the prompt cannot
+    assert out["draft_auc"] > 0.95 and out["draft_heuristic_auc"] > 0.95
+    assert out["draft_apgr"] == pytest.approx(M.oracle_apgr(w, s), abs=0.05) and out["prompt_apgr"] < out["draft_apgr"]
+    assert 0 < out["draft_cpt80"] <= 0.5
+    text = CliRunner().invoke(group, [*args, "--drafts", str(drafts)])
+    assert text.exit_code == 0 and "cascade (drafts of weak-model, 40 rows)" in text.output
+    bad = CliRunner().invoke(group, [*args, "--drafts", str(drafts).replace("d.csv", "nope.csv")])
+    assert bad.exit_code == 2 and "Error:" in bad.output and "nope.csv" in bad.output
+
+
+def test_drafts_of_an_unknown_model_are_named(files, tmp_path):
+    table, drafts, *_ = files
+    group = click.Group()
+    register(group)
+    drafts.write_text(drafts.read_text().replace(",weak-model,", ",weak-modle,"))
+    res = CliRunner().invoke(group, ["evaluate", "--table", str(table), "--weak", "weak-model", "--strong",
+                                     "strong-model", "--model", "bundled", "--drafts", str(drafts)])
+    assert res.exit_code == 2 and "did you mean 'weak-modle'" in res.output
+
+
+def test_a_trained_head_serves_from_onnx_with_sklearn_parity(tmp_path):
+    rng = np.random.default_rng(0)
+    texts = ["I'm sorry, I cannot do that.", "Sure. " + "Here is a long and careful answer. " * 20, "Maybe?", ""]
+    feats = [draft_features(Draft(text=texts[i % 4], logprobs=tuple(-rng.random(5)) if i % 2 else ()), 30,
+                            float(rng.random())) for i in range(80)]
+    x = np.stack([f.vector() for f in feats])
+    y = np.array([float(f.refusal or f.tokens < 5) for f in feats])
+    head = fit_verifier(x, y)
+    directory = export_verifier(head, tmp_path / "verifier", {"table": "synthetic", "license": "test"})
+    served = load_verifier(directory)
+    assert isinstance(served, OnnxVerifier) and served.version.startswith("verifier-")
+    np.testing.assert_allclose(served.p_bad_batch(x), head.predict_proba(x.astype(np.float64))[:, 1], atol=1e-5)
+    assert served.p_bad(feats[0]) == pytest.approx(float(head.predict_proba(x[:1].astype(np.float64))[0, 1]), abs=1e-5)
+    meta = json.loads((directory / "verifier.json").read_text())
+    assert meta["features"] == list(FEATURE_NAMES) and meta["provenance"]["license"] == "test"
+    with pytest.raises(ValueError):
+        fit_verifier(x, np.zeros(len(x)))

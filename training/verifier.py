@@ -1,0 +1,58 @@
+"""Training the cascade's verifier head: draft features in, "the draft loses" out.
+
+``fit_verifier(X, y) -> Pipeline``: a ``StandardScaler`` then an L2 ``LogisticRegression``
+(C=0.1: 13 features and a few hundred rows; a logistic head's probabilities are calibrated
+by its loss) over ``estimator.draft.FEATURE_NAMES`` rows (float32 (n, 13)); ``y`` (n,) is 1.0
+where the weak model's answer lost (``training.metrics.weak_worse``).
+
+``export_verifier(head, directory, provenance)`` writes ``verifier.onnx`` (skl2onnx, opset
+``estimator.export.OPSET``, input ``features`` float32 (n, 13), output ``probabilities``
+(n, 2), no ZipMap) and ``verifier.json`` (version = content hash, features, provenance: the
+table, its licence and the row count), which ``estimator.verifier.OnnxVerifier`` serves
+(``POINTSMAN_VERIFIER=DIR``). Training data with a non-commercial licence (AlpacaEval) is
+for evaluation: such a head must not be shipped, and its provenance says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import Pipeline, make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from pointsman.estimator.draft import FEATURE_NAMES
+from pointsman.estimator.export import ML_OPSET, OPSET
+
+#: L2 strength of the head's logistic regression (inverse).
+C = 0.1
+
+
+def fit_verifier(x: np.ndarray, y: np.ndarray) -> Pipeline:
+    """Fit the head on draft-feature rows ``x`` (n, 13) and loss labels ``y`` (n,); returns the
+    fitted pipeline. Raises ``ValueError`` when ``y`` has one class only."""
+    if len(np.unique(y)) < 2:
+        raise ValueError("the verifier needs drafts that lost and drafts that did not")
+    return make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=1000)).fit(x.astype(np.float64), y)
+
+
+def export_verifier(head: Pipeline, directory: str | Path, provenance: dict[str, object]) -> Path:
+    """Write the head as ``verifier.onnx`` + ``verifier.json`` into ``directory`` (created);
+    returns the directory."""
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import FloatTensorType
+
+    onx = convert_sklearn(head, initial_types=[("features", FloatTensorType([None, len(FEATURE_NAMES)]))],
+                          target_opset={"": OPSET, "ai.onnx.ml": ML_OPSET},
+                          options={id(head.steps[-1][1]): {"zipmap": False}})
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    data = onx.SerializeToString()
+    (out / "verifier.onnx").write_bytes(data)
+    meta = {"version": f"verifier-{hashlib.sha256(data).hexdigest()[:12]}", "features": list(FEATURE_NAMES),
+            "provenance": provenance}
+    (out / "verifier.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return out
