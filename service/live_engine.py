@@ -9,7 +9,8 @@ estimator they started with, and no decision ever sees half a change. Swaps are
 serialized by a lock, so a policy reload and a model swap at the same moment both land.
 
 ``LiveEngine`` also remembers what the last policy reload and model swap did
-(``last_reload``, ``last_swap``) for ``GET /v1/policy``, ``/healthz`` and the metrics.
+(``last_reload``, ``last_swap``) and what the model follower saw last (``follow``) for
+``GET /v1/policy``, ``/healthz`` and the metrics.
 """
 
 from __future__ import annotations
@@ -65,6 +66,27 @@ class SwapResult:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class FollowStatus:
+    """What the model follower (``service/model_follower.py``) saw at its last poll: the followed
+    ``spec``; ``serving`` (the registry version serving, ``bundled``, or None when unknown);
+    ``wanted`` (where the alias pointed, None when unread); ``registry_reachable`` (None before
+    the first poll); ``problem``: why the serving model is kept although the alias says otherwise
+    or could not be read (an unreachable registry, a vanished alias, a version that failed to
+    load), None when it follows; ``polled_at`` (Unix s)."""
+
+    spec: str
+    serving: str | None
+    wanted: str | None = None
+    registry_reachable: bool | None = None
+    problem: str | None = None
+    polled_at: float | None = None
+
+    def to_dict(self) -> JSONObject:
+        """JSON-ready summary."""
+        return asdict(self)
+
+
 def problem_dict(p: Problem) -> JSONObject:
     """A located problem as JSON: its fields plus ``text`` (``file:line:col: code: message``)."""
     return {"file": p.file, "line": p.line, "col": p.col, "code": p.code, "message": p.message, "text": str(p)}
@@ -81,6 +103,7 @@ class LiveEngine:
         self.last_reload: ReloadResult | None = None
         self.last_swap: SwapResult | None = None
         self.last_fleet_reload: ReloadResult | None = None
+        self.follow: FollowStatus | None = None
 
     @property
     def engine(self) -> RoutingEngine:

@@ -29,6 +29,8 @@ Read from the live state at scrape time (``StateCollector``):
 
 ==============================================================  ===========================================
 ``pointsman_serving_info{policy,policy_revision,estimator_version}``  1 for what serves now
+``pointsman_model_registry_reachable``                            1 when the model follower's last poll read the registry
+``pointsman_model_follow_problem``                                1 when it keeps the model against its alias (why: /healthz)
 ``pointsman_effective_price_usd_per_token{target}``               today's spend ÷ completion tokens (UTC day)
 ``pointsman_pool_prefill_utilization{target,pool}``               mean reported prefill utilization (0–1)
 ``pointsman_pool_decode_utilization{target,pool}``                mean reported decode utilization (0–1)
@@ -211,6 +213,16 @@ class StateCollector(Collector):
         except Exception as exc:  # noqa: BLE001 - a ledger outage must not break the scrape
             log.warning("effective prices unavailable for /metrics: %s", exc)
         yield price
+        follow = live.follow
+        if follow is not None and follow.registry_reachable is not None:
+            reachable = GaugeMetricFamily("pointsman_model_registry_reachable",
+                                          "1 when the model follower's last poll read the registry, else 0.")
+            reachable.add_metric([], 1.0 if follow.registry_reachable else 0.0)
+            yield reachable
+            kept = GaugeMetricFamily("pointsman_model_follow_problem", "1 when the model follower keeps the serving "
+                                     "model against its alias (registry unreachable, alias vanished, load failed).")
+            kept.add_metric([], 0.0 if follow.problem is None else 1.0)
+            yield kept
         available = GaugeMetricFamily("pointsman_estimator_available",
                                       "1 when the difficulty estimator loaded, 0 when decisions run without it.")
         available.add_metric([], 0.0 if live.estimator_error else 1.0)

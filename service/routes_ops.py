@@ -44,7 +44,8 @@ async def healthz(request: Request) -> JSONObject:
     return {"status": "ok", "policy": engine.policy.name, "policy_revision": engine.policy.revision,
             "fleet_revision": engine.fleet.revision, "estimator": estimator_health(rt),
             "auth": request.app.state.keys.ring().enabled,
-            "last_swap": None if rt.live.last_swap is None else rt.live.last_swap.to_dict()}
+            "last_swap": None if rt.live.last_swap is None else rt.live.last_swap.to_dict(),
+            "model_follow": None if rt.live.follow is None else rt.live.follow.to_dict()}
 
 
 @router.get("/readyz", response_model=ReadyResponse, responses={503: {"model": ReadyResponse}},

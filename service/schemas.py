@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from pointsman.policy.signals.load_board import PushedSnapshot
-from pointsman.service.live_engine import SwapResult
+from pointsman.service.live_engine import FollowStatus, SwapResult
 
 
 class EndpointOut(BaseModel):
@@ -108,6 +108,7 @@ class HealthResponse(BaseModel):
     estimator: EstimatorHealth
     auth: bool = False
     last_swap: SwapResult | None = None
+    model_follow: FollowStatus | None = None
 
 
 class ReadyResponse(BaseModel):

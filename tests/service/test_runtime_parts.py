@@ -122,7 +122,8 @@ def test_follower_keeps_serving_when_the_registry_or_the_new_model_fails(engine)
     swaps = []
     f = ModelFollower(live, "champion", load=lambda spec: next(loads), resolve=resolve, on_result=swaps.append)
     assert f.current == "1"
-    assert f.poll_once() is None and f.last_error == "RuntimeError: registry down"
+    assert f.poll_once() is None and f.last_error == "cannot read the model registry (RuntimeError: registry down)"
+    assert live.follow.registry_reachable is False and live.follow.serving == "1"
     assert live.engine.estimator.version == "v1"
     failed = f.poll_once()
     assert not failed.ok and failed.error == "OSError: artifact missing" and live.engine.estimator.version == "v1"
