@@ -62,6 +62,9 @@ if importlib.util.find_spec("pointsman.cli.training") is not None:
     from pointsman.cli import training as cli_training
 
     cli_training.register(main)
+    from pointsman.cli import verifier as cli_verifier
+
+    cli_verifier.register(main)
 if importlib.util.find_spec("pointsman.cli.loop") is not None:
     from pointsman.cli import loop as cli_loop
 

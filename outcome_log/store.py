@@ -345,6 +345,17 @@ class OutcomeLog:
         out["features"] = json.loads(str(out["features"]))
         return out
 
+    def verifications(self) -> list[dict[str, object]]:
+        """Every stored verification (as ``verification``), in time order."""
+        with self._reader() as conn:
+            rows = conn.execute("SELECT * FROM verifications ORDER BY time_s").fetchall()
+        out = []
+        for row in rows:
+            item = {k: row[k] for k in row.keys()}
+            item["features"] = json.loads(str(item["features"]))
+            out.append(item)
+        return out
+
     @contextmanager
     def _write(self, durable: bool) -> Iterator[sqlite3.Connection]:
         """One ``BEGIN IMMEDIATE`` transaction under the log's lock; ``durable`` commits with

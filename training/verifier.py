@@ -9,7 +9,8 @@ where the weak model's answer lost (``training.metrics.weak_worse``).
 ``estimator.export.OPSET``, input ``features`` float32 (n, 13), output ``probabilities``
 (n, 2), no ZipMap) and ``verifier.json`` (version = content hash, features, provenance: the
 table, its licence and the row count), which ``estimator.verifier.OnnxVerifier`` serves
-(``POINTSMAN_VERIFIER=DIR``). Training data with a non-commercial licence (AlpacaEval) is
+(``POINTSMAN_VERIFIER=DIR``). ``logged_examples(log, fleet)`` reads training rows from the
+outcome log (verified drafts whose outcomes carry a label). Training data with a non-commercial licence (AlpacaEval) is
 for evaluation: such a head must not be shipped, and its provenance says so.
 """
 
@@ -24,8 +25,12 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from pointsman.estimator.draft import FEATURE_NAMES
+from pointsman.errors import DataError
+from pointsman.estimator.draft import FEATURE_NAMES, DraftFeatures
 from pointsman.estimator.export import ML_OPSET, OPSET
+from pointsman.outcome_log.store import OutcomeLog
+from pointsman.policy.fleet import Fleet
+from pointsman.training.outcome_labels import LabelRules, label_decision
 
 #: L2 strength of the head's logistic regression (inverse).
 C = 0.1
@@ -56,3 +61,28 @@ def export_verifier(head: Pipeline, directory: str | Path, provenance: dict[str,
             "provenance": provenance}
     (out / "verifier.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return out
+
+
+def logged_examples(log: OutcomeLog, fleet: Fleet, rules: LabelRules | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(X, y)`` from the outcome log: every verified draft (``verifications``: its features)
+    whose decision's outcomes give a label by ``rules`` (``training.outcome_labels``; the weak
+    tier's judged or rated answers, e.g. a shadow outcome of the draft with a judge score);
+    ``y`` is 1.0 where the label says the weak tier fell short (> 0.5). Raises ``DataError``."""
+    rules = rules or LabelRules()
+    strong = rules.strong_set(fleet)
+    xs, ys = [], []
+    for row in log.verifications():
+        decision = log.decision(str(row["decision_id"]))
+        label = None if decision is None else label_decision(decision, rules, strong)
+        features = row["features"]
+        if label is None or not isinstance(features, dict):
+            continue
+        try:
+            xs.append(DraftFeatures(**features).vector())
+        except TypeError:
+            continue  # a row written by another version of the features
+        ys.append(float(label.y > 0.5))
+    if not xs:
+        raise DataError(f"{log.path}: no verified draft has a labelled outcome (judge scores or ratings of the "
+                        "weak tier's answer)")
+    return np.stack(xs), np.asarray(ys)

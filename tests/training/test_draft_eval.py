@@ -88,3 +88,27 @@ def test_a_trained_head_serves_from_onnx_with_sklearn_parity(tmp_path):
     assert meta["features"] == list(FEATURE_NAMES) and meta["provenance"]["license"] == "test"
     with pytest.raises(ValueError):
         fit_verifier(x, np.zeros(len(x)))
+
+
+def test_train_verifier_writes_a_head_the_service_can_load(files, tmp_path):
+    from pointsman.cli.main import main
+    from pointsman.outcome_log.store import OutcomeLog
+
+    table, drafts, *_ = files
+    out = tmp_path / "head"
+    res = CliRunner().invoke(main, ["train-verifier", "--table", str(table), "--weak", "weak-model", "--strong",
+                                    "strong-model", "--drafts", str(drafts), "--license", "CC-BY-NC-4.0",
+                                    "--output", str(out)])
+    assert res.exit_code == 0, res.output
+    meta = json.loads(res.output)
+    assert meta["rows"] == 40 and meta["use"].startswith("evaluation only")
+    head = load_verifier(out)
+    refusal = draft_features(Draft(text="I'm sorry, but I cannot help with that."), 20, 0.5)
+    answer = draft_features(Draft(text=" ".join(f"Point {k} is worth noting." for k in range(40))), 20, 0.5)
+    assert head.p_bad(refusal) > 0.5 > head.p_bad(answer)
+    OutcomeLog(tmp_path / "empty.db").close()
+    res = CliRunner().invoke(main, ["train-verifier", "--from-outcomes", str(tmp_path / "empty.db"),
+                                    "--output", str(tmp_path / "h2")])
+    assert res.exit_code == 2 and "no verified draft has a labelled outcome" in res.output
+    res = CliRunner().invoke(main, ["train-verifier", "--table", str(table), "--output", str(tmp_path / "h3")])
+    assert res.exit_code == 2 and "--drafts" in res.output
