@@ -13,6 +13,7 @@ endpoint                                  gateway key        admin key
 ``/v1/telemetry``
 ``GET /v1/fleet``, ``GET /v1/policy``,    no (403)           yes
 ``POST /v1/policy/validate``, ``/reload``
+``GET /v1/budgets``, ``POST .../reload``
 ``/healthz``, ``/readyz``, ``/metrics``   open (probes and Prometheus scrapes)
 ========================================  =================  ==================
 

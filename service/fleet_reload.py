@@ -7,7 +7,7 @@ sessions, health and in-flight requests; removed ones leave every signal) and sw
 engine in (``LiveEngine.swap_engine``; decisions in flight finish on the old one). A fleet
 file with problems, or one the policy no longer compiles against, is rejected as a whole with
 every problem located (``file:line:col: code: message``) and the running fleet and policy keep
-serving. ``watch_fleet`` follows the file as ``policy_reload.watch_policy`` follows the policy.
+serving. ``watch_fleet`` follows the file (``file_watch.watch_file``).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pointsman.errors import ConfigError
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
 from pointsman.policy.rules.compiler import load_policy
+from pointsman.service.file_watch import WATCH_DEBOUNCE_MS, watch_file
 from pointsman.service.live_engine import LiveEngine, ReloadResult
-from pointsman.service.policy_reload import WATCH_DEBOUNCE_MS, file_digest
 
 log = logging.getLogger("pointsman.service.fleet")
 
@@ -58,19 +58,7 @@ def reload_fleet(live: LiveEngine, fleet_path: str | Path, policy_path: str | Pa
 async def watch_fleet(live: LiveEngine, fleet_path: str | Path, stop: asyncio.Event,
                       on_result: Callable[[ReloadResult], None] | None = None,
                       debounce_ms: int = WATCH_DEBOUNCE_MS) -> None:
-    """Reload the fleet whenever the file at ``fleet_path`` changes, until ``stop`` is set.
-    Loading and compiling run in a worker thread; the event loop keeps serving."""
-    from watchfiles import awatch
-
-    path = Path(fleet_path).absolute()
-    seen = file_digest(path)
-    try:
-        async for _changes in awatch(path.parent, stop_event=stop, debounce=debounce_ms, recursive=False,
-                                     ignore_permission_denied=True):
-            digest = file_digest(path)
-            if digest is None or digest == seen:
-                continue
-            seen = digest
-            await asyncio.to_thread(reload_fleet, live, path, None, "watch", on_result)
-    except Exception:  # noqa: BLE001 - a broken watcher must not stop the service; say so
-        log.exception("fleet file watcher for %s stopped; reload with POST /v1/fleet/reload", path)
+    """Reload the fleet whenever the file at ``fleet_path`` changes, until ``stop`` is set
+    (``file_watch.watch_file``). Loading and compiling run in a worker thread."""
+    await watch_file(fleet_path, stop, lambda p: reload_fleet(live, p, None, "watch", on_result), "fleet",
+                     debounce_ms)

@@ -8,9 +8,10 @@ decides on that engine to the end, so decisions in flight finish on the policy a
 estimator they started with, and no decision ever sees half a change. Swaps are
 serialized by a lock, so a policy reload and a model swap at the same moment both land.
 
-``LiveEngine`` also remembers what the last policy reload and model swap did
-(``last_reload``, ``last_swap``) and what the model follower saw last (``follow``) for
-``GET /v1/policy``, ``/healthz`` and the metrics.
+``LiveEngine`` also remembers what the last policy reload, model swap, fleet and budgets reload
+did (``last_reload``, ``last_swap``, ``last_fleet_reload``, ``last_budgets_reload``) and what the
+model follower saw last (``follow``) for ``GET /v1/policy``, ``/v1/fleet``, ``/v1/budgets``,
+``/healthz`` and the metrics.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ class LiveEngine:
         self.last_swap: SwapResult | None = None
         self.last_fleet_reload: ReloadResult | None = None
         self.follow: FollowStatus | None = None
+        self.last_budgets_reload: ReloadResult | None = None
 
     @property
     def engine(self) -> RoutingEngine:

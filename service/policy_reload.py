@@ -7,17 +7,13 @@ with every problem located (``file:line:col: code: message``) and the running po
 keeps serving. ``validate_policy_text`` compiles text without serving it
 (``POST /v1/policy/validate``).
 
-``watch_policy(live, path, stop)`` follows the file with ``watchfiles`` (inotify, or
-polling where the platform has no file events): any change in the file's folder
-(editors that write a temporary file and rename it, Kubernetes ConfigMap symlink swaps)
-triggers a check, and the file is recompiled only when its bytes changed. Each worker
-process watches for itself, so with several workers every one of them reloads.
+``watch_policy(live, path, stop)`` follows the file (``file_watch.watch_file``): it is
+recompiled whenever its bytes change; each worker process watches for itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -25,12 +21,10 @@ from pathlib import Path
 from pointsman.errors import PolicyError
 from pointsman.policy.fleet import Fleet
 from pointsman.policy.rules.compiler import CompiledPolicy, compile_policy, load_policy
+from pointsman.service.file_watch import WATCH_DEBOUNCE_MS, watch_file
 from pointsman.service.live_engine import LiveEngine, ReloadResult
 
 log = logging.getLogger("pointsman.service.policy")
-
-#: Milliseconds of quiet after a file event before the watcher looks (editors write in bursts).
-WATCH_DEBOUNCE_MS = 200
 
 
 def validate_policy_text(text: str, fleet: Fleet, file: str = "<request>") -> CompiledPolicy:
@@ -59,30 +53,9 @@ def reload_policy(live: LiveEngine, path: str | Path, source: str = "endpoint",
     return result
 
 
-def file_digest(path: Path) -> str | None:
-    """sha256 of the file's bytes, or None when it cannot be read (being replaced, deleted)."""
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
 async def watch_policy(live: LiveEngine, path: str | Path, stop: asyncio.Event,
                        on_result: Callable[[ReloadResult], None] | None = None,
                        debounce_ms: int = WATCH_DEBOUNCE_MS) -> None:
-    """Reload the policy whenever the file at ``path`` changes, until ``stop`` is set (see the
-    module). Compiling runs in a worker thread; the event loop keeps serving."""
-    from watchfiles import awatch
-
-    path = Path(path).absolute()
-    seen = file_digest(path)
-    try:
-        async for _changes in awatch(path.parent, stop_event=stop, debounce=debounce_ms, recursive=False,
-                                     ignore_permission_denied=True):
-            digest = file_digest(path)
-            if digest is None or digest == seen:
-                continue
-            seen = digest
-            await asyncio.to_thread(reload_policy, live, path, "watch", on_result)
-    except Exception:  # noqa: BLE001 - a broken watcher must not stop the service; say so
-        log.exception("policy file watcher for %s stopped; reload with POST /v1/policy/reload", path)
+    """Reload the policy whenever the file at ``path`` changes, until ``stop`` is set
+    (``file_watch.watch_file``). Compiling runs in a worker thread; the event loop keeps serving."""
+    await watch_file(path, stop, lambda p: reload_policy(live, p, "watch", on_result), "policy", debounce_ms)

@@ -20,6 +20,7 @@ Counted as things happen (``ServiceMetrics``):
 ``pointsman_fleet_reloads_total{result,source}``   fleet reloads: ``ok``, ``unchanged``, ``rejected``
 ``pointsman_unpriced_usage_total{path}``         upstream usage Pointsman could not price (``ext_proc``: the
                                                  outcome books the decision's estimate instead)
+``pointsman_budgets_reloads_total{result,source}`` budgets file reloads: ``ok``, ``unchanged``, ``rejected``
 ``pointsman_ext_proc_requests_total{result}``    ext_proc streams (``service/ext_proc.py``): ``routed``,
                                                  ``passthrough``, ``bad_request``, ``too_large``, ``shed``,
                                                  ``unavailable``, ``unsupported``
@@ -52,6 +53,8 @@ Read from the live state at scrape time (``StateCollector``):
 ``pointsman_budget_limit_usd{scope,window}``                      each configured budget's limit (USD)
 ``pointsman_budget_spent_usd{scope,window}``                      settled + reserved in the current window (USD)
 ``pointsman_budget_used_ratio{scope,window}``                     spent ÷ limit (1 = exhausted; 0-limit budgets: 1)
+``pointsman_budget_held_usd{scope,window}``                       live reservations (part of spent) (USD)
+``pointsman_budget_remaining_usd{scope,window}``                  max(0, limit − spent): what admission allows (USD)
 ==============================================================  ===========================================
 
 Counters whose label values are known in advance (``estimator_unavailable`` reasons, outcome
@@ -127,6 +130,8 @@ class ServiceMetrics:
         self.model_swaps = Counter("pointsman_model_swaps", "Estimator swaps by result.", ["result"], registry=r)
         self.fleet_reloads = Counter("pointsman_fleet_reloads", "Fleet reloads by result and source.",
                                      ["result", "source"], registry=r)
+        self.budgets_reloads = Counter("pointsman_budgets_reloads", "Budgets file reloads by result and source.",
+                                       ["result", "source"], registry=r)
         self.ext_proc_requests = Counter("pointsman_ext_proc_requests", "ext_proc endpoint picker requests by result.",
                                          ["result"], registry=r)
         self.unpriced_usage = Counter("pointsman_unpriced_usage", "Upstream usage that could not be priced "
@@ -248,6 +253,10 @@ class StateCollector(Collector):
                                   labels=labels)
         ratio = GaugeMetricFamily("pointsman_budget_used_ratio", "Spent over limit in the current window (1 = exhausted).",
                                   labels=labels)
+        held = GaugeMetricFamily("pointsman_budget_held_usd", "Live reservations in the current window, USD.",
+                                 labels=labels)
+        remaining = GaugeMetricFamily("pointsman_budget_remaining_usd",
+                                      "Limit minus settled and reserved in the current window (>= 0), USD.", labels=labels)
         for st in snap.statuses:
             if st.limit_usd is None:
                 continue
@@ -255,7 +264,9 @@ class StateCollector(Collector):
             limit.add_metric(key, st.limit_usd)
             spent.add_metric(key, st.spent_usd)
             ratio.add_metric(key, st.spent_usd / st.limit_usd if st.limit_usd > 0 else 1.0)
-        yield from (limit, spent, ratio)
+            held.add_metric(key, st.reserved_usd)
+            remaining.add_metric(key, st.remaining_usd)
+        yield from (limit, spent, ratio, held, remaining)
 
     def _health(self, engine: RoutingEngine) -> Iterator[GaugeMetricFamily]:
         fleet, state = engine.fleet, engine.state

@@ -13,6 +13,11 @@
   422 with every located problem when rejected, and the running policy keeps serving.
 - ``POST /v1/fleet/reload``: re-read the fleet file now and recompile the policy against it
   (``fleet_reload.reload_fleet``); 200 / 422 as the policy reload.
+- ``GET /v1/budgets``: every configured budget in its current UTC window: limit, settled, held,
+  spent, remaining, when it resets (``budgets_reload.budget_statuses``); 503 while the ledger is
+  unreachable.
+- ``POST /v1/budgets/reload``: re-read the budgets file now (``budgets_reload.reload_budgets``);
+  200 / 422 as the policy reload (422 also when no budgets file is configured).
 
 All need an admin key (``auth.py``).
 """
@@ -27,16 +32,24 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from pointsman.errors import PolicyError
-from pointsman.json_types import JSONObject
+from pointsman.json_types import JSONObject, JSONValue
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.service.auth import Principal, require
 from pointsman.service.bodies import json_body, read_parsed, validate_model
+from pointsman.service.budgets_reload import budget_statuses, budgets_revision, reload_budgets
 from pointsman.service.fleet_reload import reload_fleet
-from pointsman.service.http_errors import ERROR_RESPONSES
+from pointsman.service.http_errors import ERROR_RESPONSES, unavailable
 from pointsman.service.live_engine import problem_dict
 from pointsman.service.policy_reload import reload_policy, validate_policy_text
 from pointsman.service.runtime import Runtime, get_runtime
-from pointsman.service.schemas import FleetResponse, PolicyResponse, PolicyValidateIn, PolicyValidateResponse, ReloadOut
+from pointsman.service.schemas import (
+    BudgetsResponse,
+    FleetResponse,
+    PolicyResponse,
+    PolicyValidateIn,
+    PolicyValidateResponse,
+    ReloadOut,
+)
 
 router = APIRouter(tags=["admin"])
 
@@ -151,4 +164,38 @@ async def reload_fleet_now(principal: Principal = Depends(require("admin")),
     policy no longer compiles against, is rejected with every located problem (422)."""
     result = await run_in_threadpool(reload_fleet, rt.live, rt.settings.fleet_path, None, "endpoint",
                                      rt.record_fleet_reload)
+    return JSONResponse(result.to_dict(), status_code=200 if result.ok else 422)
+
+
+@router.get("/v1/budgets", response_model=BudgetsResponse, responses=ERROR_RESPONSES,
+            summary="Every budget now: limit, settled, held, remaining, reset time")
+async def budgets(principal: Principal = Depends(require("admin")), rt: Runtime = Depends(get_runtime)) -> JSONObject:
+    """Per configured scope and window (``day``/``month``, UTC): the limit, what outcomes settled,
+    what live reservations hold, what remains for new decisions, and when the window resets
+    (``resets_at``, ISO 8601 UTC). 503 when the ledger is unreachable."""
+    ledger = rt.live.engine.state.ledger
+    if ledger is None:
+        statuses: list[JSONValue] = []
+    else:
+        try:
+            statuses = await run_in_threadpool(budget_statuses, ledger)
+        except LedgerUnavailable as exc:
+            raise unavailable(f"budget ledger unavailable: {exc}", "budget_ledger_unavailable") from None
+    last = rt.live.last_budgets_reload
+    return {"budgets": statuses, "file": None if rt.settings.budgets_path is None else str(rt.settings.budgets_path),
+            "revision": None if ledger is None else budgets_revision(ledger.config),
+            "reservation_ttl_s": None if ledger is None else ledger.config.reservation_ttl_s,
+            "watching": rt.watching_budgets, "last_reload": None if last is None else last.to_dict()}
+
+
+@router.post("/v1/budgets/reload", response_model=ReloadOut,
+             responses={**ERROR_RESPONSES, 422: {"model": ReloadOut, "description": "The budgets file was rejected "
+                                                 "(or none is configured); the running budgets keep applying."}},
+             summary="Re-read the budgets file and apply it if it is valid")
+async def reload_budgets_now(principal: Principal = Depends(require("admin")),
+                             rt: Runtime = Depends(get_runtime)) -> JSONResponse:
+    """Read the budgets file again and apply its limits from the next decision on (holds and
+    spend stay). A bad file is rejected with every located problem (422)."""
+    result = await run_in_threadpool(reload_budgets, rt.live, rt.settings.budgets_path, "endpoint",
+                                     rt.record_budgets_reload)
     return JSONResponse(result.to_dict(), status_code=200 if result.ok else 422)

@@ -4,7 +4,7 @@
 wraps the estimator in its hard time budget, opens the decision and outcome log, starts the
 decision log writer and the shared-state sync (``POINTSMAN_STATE_URL``);
 ``Runtime.start_watchers`` starts, as asyncio tasks, the engines' signal feeds (``feeds.py``:
-``/metrics`` scraping), the policy and fleet file watchers and the model follower;
+``/metrics`` scraping), the policy, fleet and budgets file watchers and the model follower;
 ``Runtime.close`` stops everything in order (tasks, then the writer drains, then the logs, the
 shared-state sync and the ledger close).
 
@@ -27,6 +27,7 @@ from pointsman.estimator.verifier import HeuristicVerifier, Verifier, load_verif
 from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.engine import RoutingEngine
 from pointsman.service.bootstrap import build_engine, load_estimator
+from pointsman.service.budgets_reload import watch_budgets
 from pointsman.service.cascade import PendingDrafts
 from pointsman.service.deadline import DeadlineEstimator, estimator_pool
 from pointsman.service.decision_log import DecisionLogWriter
@@ -60,6 +61,7 @@ class Runtime:
     feeds: SignalFeeds | None = None
     watching: bool = False
     watching_fleet: bool = False
+    watching_budgets: bool = False
     closing: bool = False
     _stop: asyncio.Event | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -88,6 +90,11 @@ class Runtime:
         label = "rejected" if not result.ok else ("ok" if result.changed else "unchanged")
         self.metrics.fleet_reloads.labels(label, result.source).inc()
 
+    def record_budgets_reload(self, result: ReloadResult) -> None:
+        """Metrics hook of budgets file reloads."""
+        label = "rejected" if not result.ok else ("ok" if result.changed else "unchanged")
+        self.metrics.budgets_reloads.labels(label, result.source).inc()
+
     def start_watchers(self) -> None:
         """Start the signal feeds, the policy and fleet file watchers and the model follower
         (each only when configured)."""
@@ -99,6 +106,11 @@ class Runtime:
             self._tasks.append(asyncio.create_task(
                 watch_fleet(self.live, s.fleet_path, self._stop, self.record_fleet_reload), name="pointsman-fleet-watch"))
             self.watching_fleet = True
+        if s.watch_budgets and s.budgets_path and self.live.engine.state.ledger is not None:
+            self._tasks.append(asyncio.create_task(
+                watch_budgets(self.live, s.budgets_path, self._stop, self.record_budgets_reload),
+                name="pointsman-budgets-watch"))
+            self.watching_budgets = True
         if s.watch_policy:
             path = self.live.engine.policy.file
             self._tasks.append(asyncio.create_task(watch_policy(self.live, path, self._stop, self.record_reload),

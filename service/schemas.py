@@ -217,6 +217,36 @@ class ReloadOut(BaseModel):
     problems: list[ProblemOut]
 
 
+class BudgetStatusOut(BaseModel):
+    """One budget now (``budgets_reload.budget_statuses``): USD amounts in the current UTC window
+    ``window_id``; ``spent_usd`` = ``settled_usd`` + ``held_usd``; ``remaining_usd`` =
+    max(0, limit - spent); ``resets_at`` ISO 8601 UTC, ``resets_in_s`` seconds from now."""
+
+    scope: str
+    window: Literal["day", "month"]
+    window_id: str
+    limit_usd: float
+    settled_usd: float
+    held_usd: float
+    spent_usd: float
+    remaining_usd: float
+    used_ratio: float
+    resets_at: str
+    resets_in_s: float
+
+
+class BudgetsResponse(BaseModel):
+    """``GET /v1/budgets``: every configured budget, the budgets file and its revision, whether a
+    watcher follows it, and the last reload attempt."""
+
+    budgets: list[BudgetStatusOut]
+    file: str | None
+    revision: str | None
+    reservation_ttl_s: float | None
+    watching: bool
+    last_reload: ReloadOut | None
+
+
 class RuleOut(BaseModel):
     """One rule of the serving policy: name, condition (CEL, None = always), route, labels, line."""
 

@@ -73,6 +73,9 @@ Service only (``pointsman serve``):
   unhealthy (until it answers again); default 3.
 - ``POINTSMAN_WATCH_FLEET``: reload the fleet file (and recompile the policy against it) when
   it changes; default ``true``.
+- ``POINTSMAN_WATCH_BUDGETS``: reload the budgets file (``POINTSMAN_BUDGETS_PATH``) when it
+  changes; default ``true``. A file with problems is rejected with located errors and the
+  running budgets keep applying (``service/budgets_reload.py``).
 - ``POINTSMAN_EXT_PROC_PORT``: also serve Envoy's ext_proc as a Gateway API Inference Extension
   endpoint picker on this gRPC port (same host, process and engine; ``service/ext_proc.py``);
   default none (off). Needs the ``ext-proc`` extra (grpcio, xds-protos).
@@ -137,6 +140,7 @@ class Settings(BaseSettings):
     scrape_timeout_s: float = Field(default=1.0, gt=0)
     scrape_failures_to_unhealthy: int = Field(default=3, ge=1)
     watch_fleet: bool = True
+    watch_budgets: bool = True
     ext_proc_port: int | None = Field(default=None, ge=0, le=65535)
     ext_proc_destinations: int | None = Field(default=None, ge=1)
 

@@ -1,0 +1,113 @@
+"""Operating budgets through the real app: ``GET /v1/budgets`` (admin), the budget gauges in
+``/metrics``, and hot reload of the budgets file (``POST /v1/budgets/reload`` and the file
+watcher): a broken file keeps the running budgets and names every problem as file:line:col."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from pointsman.service.app import create_app
+from pointsman.service.settings import Settings
+
+ADMIN = {"Authorization": "Bearer admin-secret-0123"}
+GATEWAY = {"Authorization": "Bearer gateway-secret-0123"}
+BODY = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 1000, "routing": {"tenant": "acme"}}
+
+
+def budgets_yaml(day_usd: float) -> str:
+    return ("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+            f"  - {{scope: 'tenant:acme', window: day, limit_usd: {day_usd}}}\n"
+            "  - {scope: 'tenant:acme', window: month, limit_usd: 100}\n")
+
+
+def app(tmp_path, budgets, **kw):
+    settings = Settings(data_dir=tmp_path, watch_policy=False, watch_fleet=False, scrape_interval_s=0,
+                        budgets_path=budgets, gateway_api_keys=SecretStr("gw=gateway-secret-0123"),
+                        admin_api_keys=SecretStr("ops=admin-secret-0123"), **kw)
+    return TestClient(create_app(settings))
+
+
+def status(c, window="day"):
+    r = c.get("/v1/budgets", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    return next(b for b in r.json()["budgets"] if b["window"] == window), r.json()
+
+
+def metric(c, name, scope="tenant:acme", window="day"):
+    for line in c.get("/metrics").text.splitlines():
+        if line.startswith(f'{name}{{scope="{scope}",window="{window}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} for {scope}/{window} not in /metrics")
+
+
+def test_budgets_report_limit_settled_held_remaining_and_reset(tmp_path):
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text(budgets_yaml(5))
+    with app(tmp_path, budgets, watch_budgets=False) as c:
+        assert c.get("/v1/budgets", headers=GATEWAY).status_code == 403  # admin only
+        assert c.get("/v1/budgets").status_code == 401
+        day, body = status(c)
+        assert body["file"] == str(budgets) and body["watching"] is False and body["last_reload"] is None
+        assert (day["limit_usd"], day["settled_usd"], day["held_usd"], day["remaining_usd"]) == (5.0, 0.0, 0.0, 5.0)
+        midnight = (datetime.now(UTC) + timedelta(days=1)).strftime("%Y-%m-%dT00:00:00Z")
+        assert day["resets_at"] == midnight and 0 < day["resets_in_s"] <= 86400
+        assert status(c, "month")[0]["resets_at"].endswith("-01T00:00:00Z")
+
+        decision = c.post("/v1/route", json=BODY, headers=GATEWAY).json()
+        est = decision["estimated_cost_usd"]
+        day, _ = status(c)
+        assert day["held_usd"] == pytest.approx(est, abs=1e-9) and day["remaining_usd"] == pytest.approx(5 - est, abs=1e-9)
+        assert metric(c, "pointsman_budget_held_usd") == pytest.approx(est, abs=1e-9)
+        assert metric(c, "pointsman_budget_remaining_usd") == pytest.approx(5 - est, abs=1e-9)
+
+        ack = c.post("/v1/outcomes", headers=GATEWAY, json={
+            "decision_id": decision["decision_id"], "usage": {"prompt_tokens": 10, "completion_tokens": 10}}).json()
+        actual = ack["acks"][0]["settlement"]["actual_cost_usd"]
+        day, _ = status(c)
+        assert (day["held_usd"], day["settled_usd"]) == (0.0, pytest.approx(actual, abs=1e-9))
+        assert day["spent_usd"] == pytest.approx(actual, abs=1e-9) and day["remaining_usd"] == pytest.approx(5 - actual, abs=1e-9)
+        assert metric(c, "pointsman_budget_held_usd") == 0.0
+
+
+def test_a_broken_budgets_file_keeps_the_running_budgets_and_a_valid_one_applies(tmp_path):
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text(budgets_yaml(5))
+    with app(tmp_path, budgets) as c:
+        assert status(c)[1]["watching"] is True
+        revision = status(c)[1]["revision"]
+        budgets.write_text(budgets_yaml(5).replace("window: day", "window: fortnight"))
+        r = c.post("/v1/budgets/reload", headers=ADMIN)
+        assert r.status_code == 422 and r.json()["ok"] is False
+        assert r.json()["problems"][0]["text"].startswith(f"{budgets}:4:")
+        assert "budgets[0].window" in r.json()["problems"][0]["text"]
+        day, body = status(c)
+        assert day["limit_usd"] == 5.0 and body["revision"] == revision  # the old budgets keep applying
+        assert body["last_reload"]["ok"] is False
+
+        budgets.write_text(budgets_yaml(0))  # a zero budget: nothing may be spent
+        r = c.post("/v1/budgets/reload", headers=ADMIN)
+        assert r.status_code == 200 and r.json()["changed"] is True, r.text
+        assert status(c)[0]["limit_usd"] == 0.0
+        refused = c.post("/v1/route", json=BODY, headers=GATEWAY)
+        assert refused.status_code == 422 and "budget" in refused.json()["error"]["message"]
+
+        budgets.write_text(budgets_yaml(7.5))  # the watcher applies a change without a request
+        deadline = time.monotonic() + 20
+        while status(c)[0]["limit_usd"] != 7.5:
+            assert time.monotonic() < deadline, "the budgets watcher did not apply the file within 20 s"
+            time.sleep(0.1)
+        assert status(c)[1]["last_reload"]["source"] == "watch"
+        assert c.post("/v1/route", json=BODY, headers=GATEWAY).status_code == 200
+        assert 'pointsman_budgets_reloads_total{result="rejected",source="endpoint"} 1.0' in c.get("/metrics").text
+
+
+def test_reload_without_a_budgets_file_says_so(tmp_path):
+    with app(tmp_path, None) as c:
+        r = c.post("/v1/budgets/reload", headers=ADMIN)
+        assert r.status_code == 422 and "POINTSMAN_BUDGETS_PATH" in r.json()["problems"][0]["message"]
+        assert c.get("/v1/budgets", headers=ADMIN).json()["budgets"] == []
