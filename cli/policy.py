@@ -2,7 +2,7 @@
 ``pointsman policy signals`` (the reference of names expressions can use).
 
 ``check`` compiles each policy file against the fleet (a file whose ``kind`` is
-``Fleet`` is validated as a fleet; one whose ``kind`` is ``PolicyCases`` as a cases file:
+``Fleet`` is validated as a fleet; ``Budgets`` as a budgets file; ``PolicyCases`` as a cases file:
 its schema, signal names and the policy it names, without running the cases) and prints
 every problem as ``file:line:col: code: message`` on stdout; exit status 1 if any file has problems
 (``cli.errors.CheckFailed``).
@@ -20,6 +20,7 @@ import click
 
 from pointsman.cli.errors import CheckFailed
 from pointsman.errors import ConfigError
+from pointsman.policy.budget.config import BudgetConfig
 from pointsman.policy.cases import load_cases, run_cases
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
 from pointsman.policy.rules.compiler import load_policy
@@ -27,6 +28,7 @@ from pointsman.policy.signals.namespaces import reference_markdown
 
 _FLEET_KIND = re.compile(r"^kind:\s*['\"]?Fleet['\"]?\s*(#.*)?$", re.M)
 _CASES_KIND = re.compile(r"^kind:\s*['\"]?PolicyCases['\"]?\s*(#.*)?$", re.M)
+_BUDGETS_KIND = re.compile(r"^kind:\s*['\"]?Budgets['\"]?\s*(#.*)?$", re.M)
 
 
 def _echo_problems(exc: ConfigError) -> None:
@@ -45,7 +47,8 @@ def policy_group() -> None:
 @click.option("--fleet", "fleet_path", type=click.Path(path_type=Path), default=None, envvar="POINTSMAN_FLEET_PATH",
               help="Fleet the policies route to [env POINTSMAN_FLEET_PATH; default: the packaged fleet].")
 def check_command(files: tuple[Path, ...], fleet_path: Path | None) -> None:
-    """Compile policy (or fleet) FILES and print every problem with its location."""
+    """Compile policy FILES (or validate fleet, budgets and cases files, by their ``kind``) and
+    print every problem with its location."""
     failed = False
     try:
         fleet = load_fleet(fleet_path or DEFAULT_FLEET_PATH)
@@ -58,6 +61,11 @@ def check_command(files: tuple[Path, ...], fleet_path: Path | None) -> None:
             if _FLEET_KIND.search(text):
                 f = load_fleet(path)
                 click.echo(f"{path}: ok (fleet, {len(f.targets)} targets, revision {f.revision})")
+            elif _BUDGETS_KIND.search(text):
+                b = BudgetConfig.load(path)
+                scopes = len({x.scope for x in b.budgets})
+                click.echo(f"{path}: ok (budgets, {len(b.budgets)} budgets on {scopes} scopes, "
+                           f"reservation TTL {b.reservation_ttl_s:g} s)")
             elif _CASES_KIND.search(text):
                 spec, _, _, _ = load_cases(path)
                 click.echo(f"{path}: ok (cases, {len(spec.cases)} cases for {spec.policy}; "

@@ -256,3 +256,27 @@ def test_route_eight_megabytes_of_one_word_is_no_eligible_target_with_the_real_t
     r = CliRunner().invoke(main, ["route", "-"], input="x" * 8_000_000)  # the packaged estimator's WordPiece
     assert r.exit_code == 2, r.output
     assert r.stderr.startswith("Error: no eligible target: ") and "context-window: needs 2,000,005 tokens" in r.stderr
+
+
+def test_policy_check_validates_budgets_and_fleet_files(tmp_path: Path):
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH
+
+    budgets = DEFAULT_POLICY_DIR.parent / "budgets.yaml"
+    r = CliRunner().invoke(main, ["policy", "check", str(budgets), str(DEFAULT_FLEET_PATH)])
+    assert r.exit_code == 0, r.output  # before: the Budgets file was read as a broken policy
+    assert r.stdout.splitlines()[0] == f"{budgets}: ok (budgets, 1 budgets on 1 scopes, reservation TTL 600 s)"
+    assert r.stdout.splitlines()[1].startswith(f"{DEFAULT_FLEET_PATH}: ok (fleet, 4 targets, revision ")
+    bad = tmp_path / "budgets.yaml"
+    bad.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                   "  - {scope: acme, window: day, limit_usd: 5}\n  - {scope: 'tenant:a', window: week, limit_usd: -1}\n")
+    bad_fleet = tmp_path / "fleet.yaml"
+    bad_fleet.write_text(DEFAULT_FLEET_PATH.read_text().replace("usd_per_1m_output_tokens: 0.60",
+                                                               "usd_per_1m_output_tokens: -0.60"))
+    r = CliRunner().invoke(main, ["policy", "check", str(bad), str(bad_fleet)])
+    assert r.exit_code == 1
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(f"{bad}:4:") and "budgets[0].scope: 'acme' is not a scope" in lines[0]
+    assert any(line.startswith(f"{bad}:5:") and "budgets[1].window" in line for line in lines)
+    assert any(line.startswith(f"{bad}:5:") and "budgets[1].limit_usd" in line for line in lines)
+    assert "rules" not in r.stdout  # not read as a policy
+    assert any(line.startswith(f"{bad_fleet}:") and "usd_per_1m_output_tokens" in line for line in lines), lines
