@@ -46,13 +46,30 @@ def _split_names(values: tuple[str, ...]) -> tuple[str, ...]:
                    "--encoder-from (default: the serving champion); registered with alias @challenger.")
 @click.option("--label-rules", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="With --from-outcomes: YAML label rules (training.outcome_labels).")
+@click.option("--table", "table", type=click.Path(path_type=Path),
+              help="Train on this wide outcome table (any license; see --license) instead of the public sources.")
+@click.option("--weak", "weak", multiple=True, metavar="COLS",
+              help="With --table: the cheaper model's column(s) (repeat or comma-separate).")
+@click.option("--strong", "strong", multiple=True, metavar="COLS",
+              help="With --table: the frontier model's column(s) (repeat or comma-separate).")
+@click.option("--license", "license_", default=None, metavar="SPDX",
+              help="With --table: the table's data license, recorded in the provenance (default: known for the "
+                   "shared tables, else 'unknown').")
 def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: bool, tables: tuple[str, ...],
               evals: tuple[str, ...], encoder_from: Path | None, seed: int, max_rows: int | None, folds: int,
-              as_json: bool, from_table: bool, from_outcomes: str | None, label_rules: Path | None) -> None:
+              as_json: bool, from_table: bool, from_outcomes: str | None, label_rules: Path | None,
+              table: Path | None, weak: tuple[str, ...], strong: tuple[str, ...], license_: str | None) -> None:
     """Train the difficulty estimator on the Apache/MIT outcome tables, evaluate it on
     held-out prompts, export it to ONNX, log it to MLflow and (unless --no-register)
-    register it as pointsman-difficulty with alias @champion. With --from-outcomes, train a
-    challenger from logged outcomes instead (cli/loop.py)."""
+    register it as pointsman-difficulty with alias @champion. With --table, train on one
+    wide outcome table of any license (its provenance records the license). With
+    --from-outcomes, train a challenger from logged outcomes instead (cli/loop.py)."""
+    if table is None and (weak or strong or license_):
+        raise InputError("--weak, --strong and --license apply to --table only")
+    if table is not None and (tables or from_table or from_outcomes is not None):
+        raise InputError("--table trains on one table; it takes no --tables, --from-table or --from-outcomes")
+    if table is not None and not (_split_names(weak) and _split_names(strong)):
+        raise InputError("--table needs --weak COL and --strong COL (the model columns to compare)")
     if from_outcomes is not None:
         if from_table or tables or max_rows:
             raise InputError("--from-outcomes trains on the outcome log; it takes no --from-table, --tables or --max-rows")
@@ -80,17 +97,23 @@ def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: b
     except ImportError as exc:
         raise InputError(f"training needs the train extra ({exc}); install it: pip install 'pointsman[train]'") from None
     names = _split_names(tables) or DEFAULT_TRAINING_SOURCES
-    cfg = TrainConfig(
-        encoder=encoder,
-        sources=names,
-        seed=seed,
-        n_folds=folds,
-        encoder_from=str(encoder_from) if encoder_from else None,
-        max_rows_per_source={n: max_rows for n in names} if max_rows else None,
-    )
     try:
+        sources = None
+        if table is not None:
+            from pointsman.training.table_source import table_source
+
+            sources = [table_source(table, _split_names(weak), _split_names(strong), license_)]
+            names = (sources[0].name,)
+        cfg = TrainConfig(
+            encoder=encoder,
+            sources=names,
+            seed=seed,
+            n_folds=folds,
+            encoder_from=str(encoder_from) if encoder_from else None,
+            max_rows_per_source={n: max_rows for n in names} if max_rows else None,
+        )
         result = train(cfg, output, register=not no_register, use_mlflow=not no_mlflow,
-                       evals=parsed_evals, command=invoked_command(), log=progress_log(as_json))
+                       evals=parsed_evals, command=invoked_command(), log=progress_log(as_json), sources=sources)
     except PointsmanError as exc:
         raise InputError(str(exc)) from None
     echo_metrics(result.metrics, as_json=as_json, width=60, output=output,
@@ -114,20 +137,36 @@ def _fmt_share(v: float) -> str:
 @click.option("--draft-folds", type=click.IntRange(2, 20), default=5, show_default=True,
               help="Cross-validation folds of the verifier head trained for --drafts.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--folds", type=click.IntRange(min=2), default=None,
+              help="Cross-validate instead: refit the model's head recipe on its features K times, each time "
+                   "scoring the prompts of one fold it did not see (for a model trained on this table).")
 def evaluate_cmd(table: Path, weak: str, strong: str, model_spec: str, drafts: Path | None, draft_folds: int,
-                 as_json: bool) -> None:
+                 as_json: bool, folds: int | None) -> None:
     """Score every prompt of TABLE with the difficulty model and print RouteLLM's router
     metrics (APGR, CPT(50%), CPT(80%)) and ROC-AUC for WEAK vs STRONG, next to the
-    random router and the oracle on the same rows. With --drafts, also the cascade's:
+    random router, the prompt-length router and the oracle on the same rows. With --folds K,
+    the scores are out-of-fold (K-fold cross-validation of the model's recipe on TABLE). With --drafts, also the cascade's:
     draft_apgr and draft_auc of a verifier reading WEAK's answer (a head in cross-validation,
     and the shipped heuristic) and draft_cpt80, the share paying draft + frontier at CPT(80%)."""
     try:
         from pointsman.estimator.model_source import load_estimator
+        from pointsman.training.crossval import crossval_table
         from pointsman.training.evaluate import evaluate_table
     except ImportError as exc:
         raise InputError(f"evaluate needs the train extra ({exc}); install it: pip install 'pointsman[train]'") from None
     try:
         est = load_estimator(model_spec, intra_op_threads=2)
+        if folds is not None:
+            cv = crossval_table(est, table, weak, strong, folds)
+            if as_json:
+                click.echo(json.dumps(cv))
+            else:
+                click.echo(f"{folds}-fold cross-validation of {cv['model_version']} on {table} ({cv['n']} prompts)")
+                click.echo(f"APGR out-of-fold {cv['apgr']:.4f}; per fold {cv['apgr_mean']:.4f} +- {cv['apgr_sd']:.4f} "
+                           f"({min(cv['fold_apgr']):.4f}-{max(cv['fold_apgr']):.4f}); AUC {cv['auc']:.4f}")
+                click.echo(f"random {cv['random_apgr']:.4f}  prompt length {cv['length_apgr']:.4f}  "
+                           f"oracle {cv['oracle_apgr']:.4f}")
+            return
         report = evaluate_table(est, table, weak, strong)
         extra: dict[str, object] = {}
         if drafts is not None:
@@ -147,6 +186,7 @@ def evaluate_cmd(table: Path, weak: str, strong: str, model_spec: str, drafts: P
     click.echo(f"{'model':8s} {report['apgr']:7.4f} {_fmt_share(report['cpt50']):>9s} "
                f"{_fmt_share(report['cpt80']):>9s} {report['auc']:7.4f}")
     click.echo(f"{'random':8s} {report['random_apgr']:7.4f} {_fmt_share(0.5):>9s} {_fmt_share(0.8):>9s} {0.5:7.4f}")
+    click.echo(f"{'length':8s} {report['length_apgr']:7.4f}")
     click.echo(f"{'oracle':8s} {report['oracle_apgr']:7.4f} {_fmt_share(report['oracle_cpt50']):>9s} "
                f"{_fmt_share(report['oracle_cpt80']):>9s} {1.0:7.4f}")
     if extra:

@@ -2,8 +2,9 @@
 
 ``p_hard`` is the calibrated probability that the cheaper model's answer is worse
 than the frontier model's. Pipeline per request: the query window
-(``RequestFeatures.query_text``) is embedded by the encoder (``encoder.onnx``),
-concatenated with the cheap request features of ``estimator.markers``, and scored
+(``RequestFeatures.query_text``; with the conversation block, followed by earlier user
+turns) is embedded by the encoder (``encoder.onnx``), concatenated with the cheap request
+features of ``estimator.markers`` and the optional blocks of ``estimator.conversation``, and scored
 by the head (``head.onnx``, a scikit-learn model exported with skl2onnx).
 
 Serving imports only onnxruntime, tokenizers, numpy and the standard library.
@@ -18,11 +19,13 @@ import numpy as np
 import onnxruntime as ort
 
 from pointsman.errors import ModelNotFoundError
+from pointsman.estimator.conversation import BLOCKS, head_layout
 from pointsman.estimator.encoders import make_encoder, session_options
 from pointsman.estimator.estimate import DifficultyEstimate
 from pointsman.estimator.features import RequestFeatures
+from pointsman.estimator.head_inputs import HeadInputs
 from pointsman.estimator.manifest import Manifest, read_manifest
-from pointsman.estimator.markers import FEATURE_NAMES, request_matrix, request_vector
+from pointsman.estimator.markers import FEATURE_NAMES
 
 
 class DifficultyEstimator:
@@ -55,12 +58,15 @@ class DifficultyEstimator:
         self.source: str = source or str(self.model_dir)
         self.timeout_ms = timeout_ms
         spec = self.manifest.encoder
-        expected = [f"emb_{i}" for i in range(spec.dim)] + list(FEATURE_NAMES)
-        if self.manifest.head.feature_names != expected:
+        blocks = head_layout(self.manifest.head.feature_names, spec.dim)
+        if blocks is None:
             raise ModelNotFoundError(
                 f"{self.model_dir}: head expects {len(self.manifest.head.feature_names)} features that do not match "
-                f"this Pointsman's encoder dim {spec.dim} + {len(FEATURE_NAMES)} request features; retrain the model"
+                f"this Pointsman's encoder dim {spec.dim} + {len(FEATURE_NAMES)} request features (+ optional blocks "
+                f"{', '.join(name for name, _ in BLOCKS)}); retrain the model"
             )
+        #: The optional head-input blocks this model reads (``estimator.conversation``).
+        self.blocks: tuple[str, ...] = blocks
         try:
             self.encoder = make_encoder(self.model_dir, spec, intra_op_threads)
             self._head = ort.InferenceSession(
@@ -71,6 +77,7 @@ class DifficultyEstimator:
         except Exception as exc:  # onnxruntime raises its own exception types for corrupt files
             raise ModelNotFoundError(f"{self.model_dir}: cannot load ONNX model ({type(exc).__name__}: {exc})") from None
         self.tokenizer = self.encoder.tokenizer
+        self._inputs = HeadInputs(self.encoder, blocks)
         self._head_in = self.manifest.head.input
         self._head_out = self.manifest.head.output
 
@@ -84,13 +91,9 @@ class DifficultyEstimator:
         return bool(getattr(self.encoder, "takes_token_ids", False))
 
     def feature_vector(self, features: RequestFeatures, query_token_ids: list[int] | None = None) -> np.ndarray:
-        """The head's input for one request: float32 (1, dim + len(FEATURE_NAMES)).
+        """The head's input for one request: float32 (1, n_features) (``estimator.head_inputs``).
         ``query_token_ids``: see ``estimate``."""
-        if query_token_ids is not None and self.takes_query_token_ids:
-            emb = self.encoder.encode(features.query_text, query_token_ids)
-        else:
-            emb = self.encoder.encode(features.query_text)
-        return np.concatenate([emb, request_vector(features)])[None, :].astype(np.float32, copy=False)
+        return self._inputs.vector(features, query_token_ids if self.takes_query_token_ids else None)
 
     def estimate(self, features: RequestFeatures, query_token_ids: list[int] | None = None) -> DifficultyEstimate:
         """``p_hard`` for one request; never raises for a valid ``RequestFeatures``.
@@ -117,9 +120,8 @@ class DifficultyEstimator:
         return DifficultyEstimate(min(max(p, 0.0), 1.0), True, elapsed, features=x[0])
 
     def feature_matrix(self, features: list[RequestFeatures]) -> np.ndarray:
-        """Head inputs for many requests: float32 (n, dim + len(FEATURE_NAMES))."""
-        emb = self.encoder.encode_batch([f.query_text for f in features])
-        return np.hstack([emb, request_matrix(features)]).astype(np.float32, copy=False)
+        """Head inputs for many requests: float32 (n, n_features)."""
+        return self._inputs.matrix(features)
 
     def predict_matrix(self, x: np.ndarray) -> np.ndarray:
         """``p_hard`` for precomputed head inputs ``x`` float32 (n, n_features): float32 (n,)."""

@@ -47,6 +47,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: Characters of the last user message the encoder sees (head 3/4 + tail 1/4).
 QUERY_WINDOW_CHARS = 2048
+#: Earlier user turns the estimator reads besides the last one (most recent first), and the
+#: characters of each it reads (head 3/4 + tail 1/4): the conversation's cost is bounded.
+CONTEXT_TURNS = 4
+CONTEXT_WINDOW_CHARS = 512
 #: Characters of the conversation tokenized to count tokens (head half + tail half).
 COUNT_SAMPLE_CHARS = 16384
 #: Chat-format overhead per message in tokens (role markers), as in OpenAI's counting guide.
@@ -71,6 +75,10 @@ class RequestFeatures:
     ``turns``: number of user messages. ``query_text``: the bounded window of the
     last user message that the encoder embeds (at most ``QUERY_WINDOW_CHARS`` chars).
     ``query_chars``: full length of the last user message in characters.
+    ``context_text``: bounded windows (``CONTEXT_WINDOW_CHARS`` each) of up to ``CONTEXT_TURNS``
+    earlier user turns, most recent first, joined by newlines ("" for a single-turn request):
+    what a short turn ("yes", "go on", a tool result after it) continues.
+    ``context_chars``: full length of those earlier user turns in characters.
     """
 
     prompt_chars: int
@@ -87,6 +95,8 @@ class RequestFeatures:
     n_tool_calls: int
     max_output_tokens: int | None
     prompt_tokens_upper: int = 0
+    context_text: str = ""
+    context_chars: int = 0
 
 
 def bounded_window(text: str, limit: int) -> str:
@@ -256,6 +266,18 @@ def tokenized_features(request: RouteRequest | RequestView, tokenizer: Tokenizer
     return _extract(request, tokenizer, with_ids)
 
 
+def _earlier_user_turns(request: RouteRequest, texts: tuple[str, ...], k: int | None) -> list[str]:
+    """Texts of up to ``CONTEXT_TURNS`` user messages before message ``k``, most recent first;
+    stops after that many (a long conversation costs no more)."""
+    out: list[str] = []
+    i = -1 if k is None else k - 1
+    while i >= 0 and len(out) < CONTEXT_TURNS:
+        if request.messages[i].role == "user" and texts[i]:
+            out.append(texts[i])
+        i -= 1
+    return out
+
+
 def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
              want_ids: bool) -> tuple[RequestFeatures, list[int] | None]:
     view = source if isinstance(source, RequestView) else RequestView.of(source)
@@ -285,6 +307,7 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
             else:
                 start = sum(len(t) for t in texts[:k]) + k  # each earlier text and its newline
                 query_ids = window_token_ids(encoding, joined, start, start + len(query), tokenizer)
+    context = _earlier_user_turns(request, texts, k)
     n_images = sum(m.n_images() for m in request.messages)
     n_tool_calls = sum(len(m.tool_calls or ()) for m in request.messages)
     return RequestFeatures(
@@ -302,4 +325,6 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
         n_images=n_images,
         n_tool_calls=n_tool_calls,
         max_output_tokens=request.max_output_tokens,
+        context_text="\n".join(bounded_window(t, CONTEXT_WINDOW_CHARS) for t in context),
+        context_chars=sum(len(t) for t in context),
     ), query_ids

@@ -122,7 +122,8 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
     ``C = 1/alpha``), ``hidden`` (MLP hidden units), ``alpha`` (L2 penalty), ``n_members``
     (MLPs in the soft-voting ensemble, seeds ``random_state + i``), ``max_iter``,
     ``n_folds`` (cross-fitting folds for the calibration; 0 = no calibration),
-    ``random_state``.
+    ``random_state``, ``scale`` (``blocks``: z-scores on the embedding, min-max on the request
+    features; ``standard``: z-scores on every column, so each block weighs by its spread).
 
     ``fit(X, y, sample_weight=None, groups=None, calibration_y=None, calibration_weight=None)``:
     ``y`` are soft labels in [0, 1] (the ranking target), or two class labels (``classes_[1]``,
@@ -147,6 +148,7 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
         max_iter: int = 200,
         n_folds: int = 5,
         random_state: int = 0,
+        scale: str = "blocks",
     ) -> None:
         self.n_embedding = n_embedding
         self.kind = kind
@@ -156,6 +158,7 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
         self.max_iter = max_iter
         self.n_folds = n_folds
         self.random_state = random_state
+        self.scale = scale
 
     def __sklearn_tags__(self) -> Tags:
         """A binary classifier (soft labels allowed) on dense, finite float input."""
@@ -168,9 +171,14 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
     def _make_ranker(self, n_features: int) -> Pipeline:
         emb = list(range(self.n_embedding))
         req = list(range(self.n_embedding, n_features))
-        blocks = [("embedding", StandardScaler(), emb)]
-        if req:
-            blocks.append(("request", MinMaxScaler(), req))
+        if self.scale == "standard":
+            blocks = [("all", StandardScaler(), emb + req)]
+        elif self.scale == "blocks":
+            blocks = [("embedding", StandardScaler(), emb)]
+            if req:
+                blocks.append(("request", MinMaxScaler(), req))
+        else:
+            raise ValueError(f"scale must be 'blocks' or 'standard', got {self.scale!r}")
         if self.kind == "logistic":
             members = [("logistic", LogisticRegression(C=1.0 / self.alpha, max_iter=max(self.max_iter, 1000)))]
         elif self.kind == "mlp":

@@ -52,6 +52,7 @@ class TableReport(RouterReport):
 
     n_rows: int
     n_skipped: int
+    length_apgr: float
     weak: str
     strong: str
     table: str
@@ -64,7 +65,8 @@ def evaluate_table(estimator: TableScorer, path: str | Path, weak: str, strong: 
 
     Returns ``apgr, cpt50, cpt80, auc, random_apgr, oracle_apgr, n`` (rows with both
     scores and a valid prompt), plus ``n_rows``, ``n_skipped`` (empty/invalid prompts or
-    missing scores), ``weak``, ``strong``, ``table``, ``model_version``, ``model_source``.
+    missing scores), ``length_apgr`` (the prompt-length router on the same rows), ``weak``,
+    ``strong``, ``table``, ``model_version``, ``model_source``.
     Raises ``DataError`` for an unreadable table, unknown columns (with did-you-mean),
     or when no row is usable.
     """
@@ -80,19 +82,23 @@ def evaluate_table(estimator: TableScorer, path: str | Path, weak: str, strong: 
         except RequestError:
             continue
     scores = np.full(len(table), np.nan)
+    lengths = np.full(len(table), np.nan)
     if feats:
         scores[np.asarray(rows)] = estimator.estimate_batch(feats)
+        lengths[np.asarray(rows)] = [float(f.prompt_tokens) for f in feats]
     usable = ~(np.isnan(w) | np.isnan(s) | np.isnan(scores))
     if not usable.any():
         raise DataError(f"{path}: no row has a prompt and scores for both {weak!r} and {strong!r}")
     try:
         metrics = router_report(w, s, scores)
+        length = router_report(w, s, np.where(np.isnan(scores), np.nan, lengths))["apgr"]
     except ValueError as exc:
         raise DataError(f"{path}: {exc}") from None
     return TableReport(
         **metrics,
         n_rows=len(table),
         n_skipped=int(len(table) - usable.sum()),
+        length_apgr=length,
         weak=weak,
         strong=strong,
         table=str(path),

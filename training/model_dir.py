@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, TypedDict
 import numpy as np
 
 from pointsman.errors import EstimatorError
+from pointsman.estimator.conversation import block_names
 from pointsman.estimator.manifest import MANIFEST_FILE, HeadSpec, Manifest, content_version
 from pointsman.estimator.markers import FEATURE_NAMES
 from pointsman.estimator.registry import REGISTERED_NAME
@@ -113,10 +114,11 @@ class OutcomeLogTraining(TypedDict):
     command: str
 
 
-def head_feature_names(dim: int) -> list[str]:
-    """The head's input layout for an encoder of ``dim``: ``emb_0 .. emb_{dim-1}`` then the
-    request features (``estimator.markers.FEATURE_NAMES``), as ``DifficultyEstimator`` expects."""
-    return [f"emb_{i}" for i in range(dim)] + list(FEATURE_NAMES)
+def head_feature_names(dim: int, blocks: tuple[str, ...] = ()) -> list[str]:
+    """The head's input layout for an encoder of ``dim``: ``emb_0 .. emb_{dim-1}``, the request
+    features (``estimator.markers.FEATURE_NAMES``), then the optional ``blocks``
+    (``estimator.conversation.block_names``), as ``DifficultyEstimator`` expects."""
+    return [f"emb_{i}" for i in range(dim)] + list(FEATURE_NAMES) + block_names(blocks)
 
 
 def pointsman_version() -> str:
@@ -138,9 +140,11 @@ def rounded(metrics: Mapping[str, float | int]) -> JSONObject:
 
 
 def write_model_dir(model_dir: Path, encoder: BuiltEncoder, head: DifficultyHead, X_sample: np.ndarray,
-                    training: TableTraining | OutcomeLogTraining, metrics: dict[str, float]) -> Manifest:
+                    training: TableTraining | OutcomeLogTraining, metrics: dict[str, float],
+                    blocks: tuple[str, ...] = ()) -> Manifest:
     """Write the model directory (see the module docstring) and return its manifest; records
-    ``export/parity_max_abs`` in ``metrics``. Raises ``EstimatorError`` when the ONNX head
+    ``export/parity_max_abs`` in ``metrics``. ``blocks``: the optional head-input blocks the head
+    reads (``estimator.conversation``). Raises ``EstimatorError`` when the ONNX head
     disagrees with scikit-learn on ``X_sample`` by more than ``PARITY_ATOL``."""
     from pointsman.estimator.export import export_head, head_parity
 
@@ -150,7 +154,7 @@ def write_model_dir(model_dir: Path, encoder: BuiltEncoder, head: DifficultyHead
         (model_dir / stale).unlink(missing_ok=True)
     shutil.copyfile(encoder.onnx_path, model_dir / encoder_file)
     shutil.copyfile(encoder.tokenizer_path, model_dir / tokenizer_file)
-    feature_names = head_feature_names(encoder.spec.dim)
+    feature_names = head_feature_names(encoder.spec.dim, blocks)
     fields = export_head(head, len(feature_names), model_dir / head_file)
     parity = head_parity(head, model_dir / head_file, X_sample)
     metrics["export/parity_max_abs"] = parity

