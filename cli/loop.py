@@ -5,7 +5,7 @@
   (``training.challenger``), registered in MLflow with alias ``challenger``;
 - ``pointsman compare``: champion and challenger on the same held-out logged traffic;
 - ``pointsman promote``: moves ``champion`` to the challenger only if it passes the gate
-  (better APGR, ECE not worse beyond a tolerance); exit code 1 with both numbers when
+  (better APGR, beyond bootstrap noise, ECE not worse beyond a tolerance); exit code 1 with both numbers when
   refused; ``--rollback`` moves ``champion`` back to the previous one;
 - ``pointsman calibrate --frontier-share S | --budget-usd-per-day X``: writes the policy's
   ``p_hard`` threshold from recent logged traffic, through policy validation, atomically.
@@ -183,6 +183,9 @@ def compare_cmd(log_path: Path | None, champion_spec: str, challenger_spec: str,
 @click.option("--fleet", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="Fleet file.")
 @click.option("--min-apgr-gain", type=float, default=0.0, show_default=True,
               help="The challenger's APGR must beat the champion's by more than this.")
+@click.option("--min-apgr-gain-ci-low", type=float, default=0.0, show_default=True,
+              help="The lower end of the 90% paired-bootstrap interval of the APGR gain (same held-out rows) "
+                   "must exceed this: a gain within resampling noise is refused.")
 @click.option("--ece-tolerance", type=float, default=0.02, show_default=True,
               help="The challenger's ECE may exceed the champion's by at most this.")
 @click.option("--min-rows", type=int, default=50, show_default=True,
@@ -193,8 +196,8 @@ def compare_cmd(log_path: Path | None, champion_spec: str, challenger_spec: str,
 @click.option("--rollback", is_flag=True, help="Move @champion back to the previous champion instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def promote_cmd(log_path: Path | None, label_rules: Path | None, fleet: Path | None, min_apgr_gain: float,
-                ece_tolerance: float, min_rows: int, since: str | None, until: str | None, dry_run: bool,
-                rollback: bool, as_json: bool) -> None:
+                min_apgr_gain_ci_low: float, ece_tolerance: float, min_rows: int, since: str | None,
+                until: str | None, dry_run: bool, rollback: bool, as_json: bool) -> None:
     """Promote @challenger to @champion if it beats the champion on held-out logged traffic (APGR)
     without worse calibration (ECE); log the comparison to MLflow. A refused challenger exits with
     code 1 and the reasons. --rollback moves @champion back to the previous champion."""
@@ -215,7 +218,8 @@ def promote_cmd(log_path: Path | None, label_rules: Path | None, fleet: Path | N
                        f"is @{P.PREVIOUS_ALIAS} (run {r.run_id})")
         return
     try:
-        gate = P.Gate(min_apgr_gain=min_apgr_gain, ece_tolerance=ece_tolerance, min_rows=min_rows)
+        gate = P.Gate(min_apgr_gain=min_apgr_gain, min_apgr_gain_ci_low=min_apgr_gain_ci_low,
+                      ece_tolerance=ece_tolerance, min_rows=min_rows)
         result = P.promote(_open_log(log_path), _rules(label_rules), _fleet(fleet), gate,
                            since_s=parse_time(since, "--since"), until_s=parse_time(until, "--until"),
                            dry_run=dry_run)
@@ -311,7 +315,12 @@ def calibrate_cmd(policy_path: Path | None, frontier_share: float | None, budget
                "frontier_target": frontier, "frontier_share": cal.frontier_share,
                "projected_spend_usd_per_day": cal.spend_usd_per_day, "decisions": cal.n,
                "rescored": traffic.rescored, "skipped": traffic.skipped, "span_days": traffic.span_days,
-               "updates": cal.updates, "previous": old, "written": not dry_run, "note": cal.note}
+               "updates": cal.updates, "previous": old, "written": not dry_run, "note": cal.note,
+               "warnings": []}
+    warning = C.projection_warning(traffic)
+    if warning is not None:
+        summary["warnings"] = [warning]
+        click.echo(f"Warning: {warning}", err=True)
     if as_json:
         _echo_json(summary)
         return

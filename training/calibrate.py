@@ -58,6 +58,20 @@ if TYPE_CHECKING:  # pragma: no cover
 
 MIN_SPAN_S = 3600.0
 DAY_S = 86400.0
+#: Logged traffic (days) below which a $/day projection gets a warning: a shorter window has not
+#: seen a whole daily cycle (night and day load, batch jobs), so scaling it to a day can be far off.
+MIN_PROJECTION_DAYS = 1.0
+
+
+def projection_warning(traffic: RecentTraffic) -> str | None:
+    """A warning when less than ``MIN_PROJECTION_DAYS`` of logged traffic backs the $/day
+    projection (None otherwise). ``span_days`` is at least ``MIN_SPAN_S`` (1 h) by construction."""
+    if traffic.span_days >= MIN_PROJECTION_DAYS:
+        return None
+    hours = traffic.span_days * 24.0
+    return (f"the $/day projection rests on {len(traffic.p_hard)} decisions over {hours:.1f} h of logged traffic "
+            f"(less than {MIN_PROJECTION_DAYS:g} day): it has not seen a whole daily cycle; calibrate again once "
+            f"a day or more is logged (--window-days, --since)")
 
 
 @dataclass

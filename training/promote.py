@@ -7,6 +7,10 @@ logged traffic (``training.compare``) and moves ``champion`` only when the chall
 passes the ``Gate``:
 
 - APGR: ``challenger − champion > min_apgr_gain`` (default 0: strictly better);
+- APGR beyond noise: the lower end of the 90% paired-bootstrap interval of that gain, on the
+  same held-out rows (``compare.bootstrap_delta``, 1000 resamples), must be
+  ``> min_apgr_gain_ci_low`` (default 0: a gain the resampling cannot tell from none is refused;
+  on ~600 rows that interval is about ±0.08 wide);
 - calibration: ``challenger ECE <= champion ECE + ece_tolerance`` (default 0.02, about the
   bin-noise of ECE on a few hundred rows);
 - enough evidence: at least ``min_rows`` held-out decisions scored by both (default 50).
@@ -58,6 +62,7 @@ class Gate:
     """Promotion thresholds (see the module docstring)."""
 
     min_apgr_gain: float = 0.0
+    min_apgr_gain_ci_low: float = 0.0
     ece_tolerance: float = 0.02
     min_rows: int = 50
 
@@ -92,6 +97,13 @@ def evaluate_gate(cmp: Comparison, gate: Gate) -> tuple[list[str], list[str]]:
         reasons.append(apgr_msg)
     else:
         checks.append(apgr_msg)
+    lo, hi = cmp.apgr_delta_ci90
+    ci_msg = (f"APGR gain 90% paired bootstrap interval {lo:+.4f} .. {hi:+.4f} over {cmp.n} held-out decisions "
+              f"(lower end required > {gate.min_apgr_gain_ci_low:+.4f})")
+    if not lo > gate.min_apgr_gain_ci_low:  # NaN (no defined resample) refuses too
+        reasons.append(ci_msg + ": the gain is within resampling noise")
+    else:
+        checks.append(ci_msg)
     ece_msg = (f"ECE challenger {b['ece']:.4f} vs champion {a['ece']:.4f} "
                f"(allowed up to {a['ece'] + gate.ece_tolerance:.4f} = champion + {gate.ece_tolerance:g})")
     if not b["ece"] <= a["ece"] + gate.ece_tolerance:

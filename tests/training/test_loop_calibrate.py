@@ -3,6 +3,7 @@ validation (atomic, comments kept, invalid results refused); report numbers by h
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import click
@@ -151,3 +152,26 @@ def test_calibrate_command(tmp_path, monkeypatch, fleet):
     res = CliRunner().invoke(cli, ["calibrate", "--policy", str(policy), "--frontier-share", "0.2",
                                    "--since", "yesterday"])
     assert res.exit_code == 2 and "--since: expected Unix seconds or an ISO 8601 time" in res.output
+
+
+def test_calibrate_warns_when_less_than_a_day_backs_the_projection(tmp_path, monkeypatch, fleet):
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    est = load_estimator("bundled")
+    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), est)
+    with OutcomeLog() as log:  # a few minutes of traffic, logged just now
+        for i in range(20):
+            request = request_from_prompt(f"Question {i}: prove the theorem about primes")
+            record_decision(log, engine.route(request, dispatch=False), request, est)
+    policy = tmp_path / "policy.yaml"
+    shutil.copyfile(DEFAULT_POLICY_PATH, policy)
+    cli = click.Group()
+    register(cli)
+    res = CliRunner().invoke(cli, ["calibrate", "--budget-usd-per-day", "5", "--policy", str(policy), "--json",
+                                   "--model", "bundled", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    warning = "the $/day projection rests on 20 decisions over 1.0 h of logged traffic (less than 1 day)"
+    assert res.stderr.startswith(f"Warning: {warning}")  # before: no warning
+    assert json.loads(res.stdout)["warnings"][0].startswith(warning)
+    day = C.RecentTraffic(np.zeros(3), np.zeros(3), span_days=1.0)
+    assert C.projection_warning(day) is None  # a whole day backs it
