@@ -113,11 +113,15 @@ class _HasRegisterPlugin(Protocol):
 
 
 class UsageReport(TypedDict, total=False):
-    """``usage`` of an outcome (``pointsman/outcome.py`` ``Usage``)."""
+    """``usage`` of an outcome in Pointsman's keys (``pointsman/outcome.py`` ``Usage``): the cache
+    writes LiteLLM reports for Anthropic calls (``cache_creation_input_tokens``, 1-hour part in
+    ``prompt_tokens_details.cache_creation_token_details``) are priced at the fleet's write prices."""
 
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    cache_write_tokens: int
+    cache_write_1h_tokens: int
 
 
 class OutcomeReport(TypedDict, total=False):
@@ -430,7 +434,19 @@ def _usage(response_obj: object) -> UsageReport | None:
                     else getattr(details, "cached_tokens", None)) if details is not None else None
     if cached is not None:
         out["cached_tokens"] = cached
+    writes = _count(get("cache_creation_input_tokens"))
+    if writes:
+        split = _field(details, "cache_creation_token_details")
+        hour = _count(_field(split, "ephemeral_1h_input_tokens")) or 0
+        out["cache_write_tokens"], out["cache_write_1h_tokens"] = max(0, writes - hour), min(hour, writes)
     return out or None
+
+
+def _field(obj: object, key: str) -> object:
+    """``obj[key]`` of a mapping, ``obj.key`` of an object, None when absent."""
+    if obj is None:
+        return None
+    return obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
 
 
 def _count(value: object) -> int | None:

@@ -28,12 +28,17 @@ Google Gemini          ``usageMetadata``: ``promptTokenCount`` (cached included)
 AWS Bedrock Converse   ``inputTokens`` (uncached only), ``cacheReadInputTokens``,
                        ``cacheWriteInputTokens`` split by ``cacheDetails[{ttl: 5m|1h, inputTokens}]``,
                        ``outputTokens``, ``totalTokens`` (= the four)
+LiteLLM (a LiteLLM     Chat Completions keys (``prompt_tokens`` includes reads and writes) with Anthropic's
+Proxy upstream)        ``cache_read_input_tokens``, ``cache_creation_input_tokens`` beside them, the split
+                       in ``prompt_tokens_details.cache_creation_token_details``
 =====================  =================================================================================
 
 What cannot be priced from per-token list prices is a problem, never a silent 0: an unknown key,
 keys of two shapes mixed, a count that is not an integer in [0, ``MAX_TOKENS``], counts that
 contradict each other (a total, a split), audio tokens (priced apart from text), paid server
-tools (Anthropic's web search/fetch requests), a non-standard service tier. ``read_usage`` raises
+tools (Anthropic's web search/fetch/tool search requests), a pricing modifier (a non-standard
+``service_tier``, ``inference_geo`` other than global, ``speed`` other than standard),
+Anthropic's per-iteration usage. ``read_usage`` raises
 ``UsageProblems`` naming each field (``usage.cache_creation.ephemeral_1h_input_tokens``). A
 missing prompt or output count is not raised here (stored rows may lack one) but listed in
 ``UsageCounts.missing`` for the caller to refuse.
@@ -118,8 +123,8 @@ class _Reader:
         if not isinstance(v, Mapping):
             self.problems.append((f"usage.{key}", "expected a JSON object"))
             return None
-        for k in v:
-            if k not in allowed:
+        for k, n in v.items():
+            if k not in allowed and n not in (None, 0):  # a null or zero count costs nothing
                 self.problems.append((f"usage.{key}.{k}", "unknown usage field: Pointsman cannot price it"))
         return v
 
@@ -144,8 +149,12 @@ _OPENAI_COMPLETION_DETAILS = frozenset({"reasoning_tokens", "audio_tokens", "acc
                                         "rejected_prediction_tokens", "text_tokens", "image_tokens"})
 _RESPONSES = frozenset({"input_tokens", "output_tokens", "total_tokens", "input_tokens_details",
                         "output_tokens_details"})
+_ANTHROPIC_EXTRAS = frozenset({"server_tool_use", "service_tier", "inference_geo", "speed", "iterations"})
 _ANTHROPIC = frozenset({"input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
-                        "cache_creation", "server_tool_use", "service_tier"})
+                        "cache_creation"}) | _ANTHROPIC_EXTRAS
+#: LiteLLM's OpenAI-shaped usage of an Anthropic call (a LiteLLM Proxy upstream): ``prompt_tokens``
+#: includes the cache reads and writes, Anthropic's cache keys beside them.
+_LITELLM = _OPENAI | _ANTHROPIC_EXTRAS | {"cache_creation_input_tokens", "cache_read_input_tokens"}
 _GEMINI = frozenset({"promptTokenCount", "candidatesTokenCount", "totalTokenCount", "cachedContentTokenCount",
                      "thoughtsTokenCount", "toolUsePromptTokenCount", "promptTokensDetails", "cacheTokensDetails",
                      "candidatesTokensDetails", "toolUsePromptTokensDetails", "trafficType"})
@@ -226,18 +235,80 @@ def _anthropic(r: _Reader) -> UsageCounts:
                 "the sum of usage.cache_creation.ephemeral_5m_input_tokens and ephemeral_1h_input_tokens")
         if writes is None and (w5 or w1h):
             writes = (w5 or 0) + (w1h or 0)
-    tools = r.obj("server_tool_use", frozenset({"web_search_requests", "web_fetch_requests"}))
-    if tools:
-        for key in ("web_search_requests", "web_fetch_requests"):
-            if n := r.count(key, tools, "server_tool_use."):
-                r.problems.append((f"usage.server_tool_use.{key}",
-                                   f"{n:,} server tool requests are billed per request; Pointsman prices tokens only"))
-    tier = r.raw.get("service_tier")
-    if tier is not None and tier != "standard":
-        r.problems.append(("usage.service_tier", f"{tier!r}: Pointsman prices the standard tier's list prices only"))
+    _anthropic_extras(r)
     prompt = None if uncached is None else uncached + (reads or 0) + (writes or 0)
     return UsageCounts("anthropic", prompt, reads, completion, w5, w1h, sources,
                        _missing(uncached, completion, "usage.input_tokens", "usage.output_tokens"))
+
+
+_SERVER_TOOLS = ("web_search_requests", "web_fetch_requests", "tool_search_requests")
+#: Values of Anthropic's pricing modifiers that leave the list prices as they are.
+_LIST_PRICED = {"service_tier": ("standard",), "inference_geo": ("global", "not_available"), "speed": ("standard",)}
+
+
+def _anthropic_extras(r: _Reader) -> None:
+    """Anthropic's keys beside the counts: paid server tools, pricing modifiers (a priority or batch
+    tier, US-only inference at 1.1x, fast mode), per-iteration usage: each is a problem unless it
+    leaves the list price as it is."""
+    tools = r.obj("server_tool_use", frozenset(_SERVER_TOOLS))
+    if tools:
+        for key in _SERVER_TOOLS:
+            if n := r.count(key, tools, "server_tool_use."):
+                r.problems.append((f"usage.server_tool_use.{key}",
+                                   f"{n:,} server tool requests are billed per request; Pointsman prices tokens only"))
+    for key, plain in _LIST_PRICED.items():
+        value = r.raw.get(key)
+        if value is not None and value not in plain:
+            r.problems.append((f"usage.{key}", f"{value!r} changes the price; Pointsman prices "
+                                               f"{' / '.join(plain)} at the fleet's list prices only"))
+    if r.raw.get("iterations"):
+        r.problems.append(("usage.iterations", "per-iteration usage (context management) is not priced; report "
+                                               "the summed counts"))
+
+
+_LITELLM_WRITE_DETAILS = ("cache_creation_tokens", "cache_write_tokens", "cache_creation_token_details")
+
+
+def _litellm(r: _Reader) -> UsageCounts:
+    """LiteLLM's OpenAI-shaped usage of an Anthropic call: ``prompt_tokens`` includes reads and
+    writes; ``cache_read_input_tokens`` / ``cache_creation_input_tokens`` beside it, the 5-minute /
+    1-hour split in ``prompt_tokens_details.cache_creation_token_details``."""
+    pd = r.raw.get("prompt_tokens_details")
+    split = pd.get("cache_creation_token_details") if isinstance(pd, Mapping) else None
+    inner = {k: v for k, v in r.raw.items() if k in _OPENAI}
+    if isinstance(pd, Mapping):
+        inner["prompt_tokens_details"] = {k: v for k, v in pd.items() if k not in _LITELLM_WRITE_DETAILS}
+    sub = _Reader(inner)
+    counts = _openai(sub)
+    r.problems.extend(sub.problems)
+    reads, writes = r.count("cache_read_input_tokens"), r.count("cache_creation_input_tokens")
+    sources = dict(counts.sources)
+    cached = counts.cached_tokens
+    if reads is not None:
+        r.agree("usage.cache_read_input_tokens", reads, cached, sources.get("cached_tokens", "the cache reads"))
+        cached = reads if cached is None else cached
+        sources.setdefault("cached_tokens", "usage.cache_read_input_tokens")
+    if isinstance(pd, Mapping):
+        for key in ("cache_creation_tokens", "cache_write_tokens"):
+            r.agree(f"usage.prompt_tokens_details.{key}", r.count(key, pd, "prompt_tokens_details."), writes,
+                    "usage.cache_creation_input_tokens")
+    w5, w1h = writes, None
+    sources["cache_write_tokens"] = "usage.cache_creation_input_tokens"
+    if isinstance(split, Mapping):
+        path = "prompt_tokens_details.cache_creation_token_details."
+        for key, n in split.items():
+            if key not in ("ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens") and n not in (None, 0):
+                r.problems.append((f"usage.{path}{key}", "a cache lifetime with no fleet price (5 minutes and "
+                                                         "1 hour are priced)"))
+        w5, w1h = r.count("ephemeral_5m_input_tokens", split, path), r.count("ephemeral_1h_input_tokens", split, path)
+        w5 = (writes or 0) - (w1h or 0) if w5 is None else w5
+        r.agree("usage.cache_creation_input_tokens", writes, (w5 or 0) + (w1h or 0),
+                f"the sum of usage.{path}ephemeral_5m_input_tokens and ephemeral_1h_input_tokens")
+        sources.update(cache_write_tokens=f"usage.{path}ephemeral_5m_input_tokens",
+                       cache_write_1h_tokens=f"usage.{path}ephemeral_1h_input_tokens")
+    _anthropic_extras(r)
+    return UsageCounts("litellm", counts.prompt_tokens, cached, counts.completion_tokens, w5, w1h, sources,
+                       counts.missing)
 
 
 def _modalities(r: _Reader, key: str, why: str) -> None:
@@ -314,7 +385,7 @@ def _missing(prompt: int | None, completion: int | None, prompt_name: str, compl
 _SHAPES: tuple[tuple[str, frozenset[str], Callable[[_Reader], UsageCounts]], ...] = (
     ("OpenAI Chat Completions", _OPENAI, _openai), ("OpenAI Responses", _RESPONSES, _responses),
     ("Anthropic Messages", _ANTHROPIC, _anthropic), ("Gemini usageMetadata", _GEMINI, _gemini),
-    ("Bedrock Converse", _BEDROCK, _bedrock))
+    ("Bedrock Converse", _BEDROCK, _bedrock), ("LiteLLM (OpenAI-shaped Anthropic)", _LITELLM, _litellm))
 
 
 def read_usage(raw: Mapping[str, object]) -> UsageCounts:

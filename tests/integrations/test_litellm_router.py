@@ -27,6 +27,7 @@ import litellm  # noqa: E402
 from pointsman.integrations.client import DECISION_HEADER, PointsmanClient, forward_target  # noqa: E402
 from pointsman.integrations.litellm_router import (  # noqa: E402
     PointsmanRoutingStrategy,
+    _usage,
     attach,
     pick_deployment,
 )
@@ -301,3 +302,26 @@ def test_sync_completion_is_routed_and_reported(service: dict) -> None:
     assert response._hidden_params["model_id"] == "frontier-dep"
     (ack,) = list(client.acks)
     assert ack["status"] == "stored" and ack["settlement"]["target"] == "frontier-large"
+
+
+def test_anthropic_usage_from_litellm_keeps_its_cache_reads_and_writes() -> None:
+    """LiteLLM's own translation of an Anthropic usage object: what the integration reports, and the
+    object as a LiteLLM Proxy upstream would send it, read into the same priced counts."""
+    from litellm.llms.anthropic.chat.transformation import AnthropicConfig
+
+    from pointsman.outcome import parse_outcomes
+    from pointsman.usage_shapes import read_usage
+
+    raw = {"input_tokens": 100, "output_tokens": 80, "cache_read_input_tokens": 2000,
+           "cache_creation_input_tokens": 1500,
+           "cache_creation": {"ephemeral_5m_input_tokens": 1000, "ephemeral_1h_input_tokens": 500}}
+    usage = AnthropicConfig().calculate_usage(raw, reasoning_content=None)
+    reported = _usage({"usage": usage})
+    assert reported == {"prompt_tokens": 3600, "completion_tokens": 80, "cached_tokens": 2000,
+                        "cache_write_tokens": 1000, "cache_write_1h_tokens": 500}
+    want = (3600, 2000, 1000, 500, 80)
+    for sent in (reported, json.loads(usage.model_dump_json())):
+        u = parse_outcomes({"decision_id": "d1", "usage": sent})[0].usage
+        assert (u.prompt_tokens, u.cached_tokens, u.cache_write_tokens, u.cache_write_1h_tokens,
+                u.completion_tokens) == want
+    assert read_usage(raw).counts() == read_usage(reported).counts()

@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pointsman.estimator.estimate import FixedDifficulty
+from pointsman.outcome import parse_outcomes
 from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.decision import host_port
 from pointsman.policy.engine import RoutingEngine
@@ -424,3 +425,25 @@ def test_unpriceable_upstream_usage_books_the_estimate_and_is_counted(app):
     settled = state.ledger.settle(decision_id, 0.0)  # a repeat returns the first settlement
     assert settled.replayed and settled.reserved_usd > 0
     assert settled.actual_cost_usd == pytest.approx(settled.reserved_usd)  # the estimate was booked
+
+
+@pytest.mark.parametrize("sse,parts,usage,model", [
+    (False, [b'{"candidates": [], "modelVersion": "gemini-2.5-flash", "usageMetadata": {"promptTokenCount": 9, ',
+             b'"candidatesTokenCount": 4, "thoughtsTokenCount": 6, "totalTokenCount": 19}}'],
+     {"promptTokenCount": 9, "candidatesTokenCount": 4, "thoughtsTokenCount": 6, "totalTokenCount": 19},
+     "gemini-2.5-flash"),
+    (True, [b'data: {"modelVersion": "gemini-2.5-flash", "usageMetadata": {"promptTokenCount": 9}}\r\n\r\n',
+            b'data: {"modelVersion": "gemini-2.5-flash", "usageMetadata": {"promptTokenCount": 9, '
+            b'"candidatesTokenCount": 4, "totalTokenCount": 13}}\r\n\r\n'],
+     {"promptTokenCount": 9, "candidatesTokenCount": 4, "totalTokenCount": 13}, "gemini-2.5-flash"),
+    (False, [b'{"output": {"message": {"role": "assistant"}}, "stopReason": "end_turn", "usage": {"inputTokens": 3, '
+             b'"outputTokens": 2, "cacheReadInputTokens": 5, "totalTokens": 10}}'],
+     {"inputTokens": 3, "outputTokens": 2, "cacheReadInputTokens": 5, "totalTokens": 10}, None),
+])
+def test_usage_reader_keeps_each_providers_shape(sse, parts, usage, model):
+    reader = UsageReader(sse, 10_000)
+    for part in parts:
+        reader.feed(part)
+    s = reader.summary()
+    assert (s.usage, s.model) == (usage, model)
+    parse_outcomes({"decision_id": "d1", "usage": s.usage})  # and the outcome schema reads it
