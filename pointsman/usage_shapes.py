@@ -360,7 +360,7 @@ def _bedrock(r: _Reader) -> UsageCounts:
         else:
             by_ttl = {"5m": 0, "1h": 0}
             for i, d in enumerate(details):
-                if not isinstance(d, Mapping) or set(d) - {"ttl", "inputTokens"} or d.get("ttl") not in by_ttl:
+                if not isinstance(d, Mapping) or set(d) - {"ttl", "inputTokens"} or d.get("ttl") not in ("5m", "1h"):
                     r.problems.append((f"usage.cacheDetails[{i}]", "expected {ttl: 5m | 1h, inputTokens}"))
                     continue
                 by_ttl[str(d["ttl"])] += r.count("inputTokens", d, f"cacheDetails[{i}].") or 0

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.policy.engine import RoutingEngine
@@ -209,3 +211,28 @@ def test_read_usage_names_every_problem_at_once():
     assert [f for f, _ in err.value.problems] == [
         "usage.input_tokens", "usage.cache_read_input_tokens", "usage.server_tool_use.web_fetch_requests",
         "usage.service_tier"]
+
+
+_KEYS = sorted({"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details", "cached_tokens",
+                "input_tokens", "output_tokens", "cache_creation", "cache_creation_input_tokens", "server_tool_use",
+                "promptTokenCount", "promptTokensDetails", "inputTokens", "cacheDetails", "cacheWriteInputTokens",
+                "ttl", "modality", "tokenCount", "audio_tokens", "ephemeral_1h_input_tokens", "service_tier", "x",
+                "cache_creation_token_details", "cache_read_input_tokens", "iterations"})
+_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-5, 2**70), st.floats(allow_nan=False),
+                  st.sampled_from(["5m", "1h", "AUDIO", "TEXT", "standard", "us"]))
+_JSON = st.recursive(_LEAF, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                    st.dictionaries(st.sampled_from(_KEYS), inner, max_size=4)),
+                     max_leaves=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.sampled_from(_KEYS), _JSON, max_size=6))
+def test_any_usage_object_is_read_or_refused_by_field_never_a_crash(usage):
+    try:
+        counts = read_usage(usage)
+    except UsageProblems as exc:
+        assert exc.problems and all(f.startswith("usage") for f, _ in exc.problems)
+    else:
+        assert all(v is None or 0 <= v <= 100_000_000 for v in counts.counts().values())
+        parts = (counts.cached_tokens or 0) + (counts.cache_write_tokens or 0) + (counts.cache_write_1h_tokens or 0)
+        assert counts.prompt_tokens is None or parts <= counts.prompt_tokens
