@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import math
 import shlex
+import signal
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -76,9 +78,10 @@ def _changes(space: ShapeSpace, base: Shape, rec: Shape) -> str:
 @click.option("--max-replicas", type=click.IntRange(min=1), default=8, show_default=True,
               help="Largest replica count per pool searched (at least the base fleet's).")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="Worker processes.")
-@click.option("--time-budget-s", type=click.FloatRange(min=1), default=780, show_default=True,
-              help="Wall-clock budget; the best shape found by then is reported.")
-@click.option("--search-requests", type=click.IntRange(min=0), default=2000, show_default=True,
+@click.option("--time-budget-s", type=click.FloatRange(min=1), default=720, show_default=True,
+              help="Wall-clock budget of the search and validation (growth replays always complete); the best "
+                   "shape found by then is reported.")
+@click.option("--search-requests", type=click.IntRange(min=0), default=1000, show_default=True,
               help="Search on the busiest window of this many requests, then replay the cheapest candidates on the "
                    "whole trace; 0 = search on the whole trace.")
 @click.option("--candidates", type=click.IntRange(min=1), default=3, show_default=True,
@@ -183,6 +186,8 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
     click.echo(f"planning on {len(requests)} requests of {trace.name} (SLO class {slo_name}: TTFT <= {slo.ttft_s} s, "
                f"TPOT <= {slo.tpot_s} s, goal {goal:.0%}) with {policy_file.name}, {workers} workers, time budget "
                f"{time_budget_s:.0f} s", err=True)
+    # a SIGTERM unwinds like Ctrl-C, so the worker processes are terminated with the plan
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     outcome = plan(space, inputs, functools.partial(_estimator, estimator_spec), settings, log)
     base, rec, found = outcome.base, outcome.recommended, outcome.found
     wall = time.monotonic() - t0
@@ -236,12 +241,15 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
                      f"{'saves' if base.usd_per_month >= rec.usd_per_month else 'costs'} "
                      f"${abs(base.usd_per_month - rec.usd_per_month):,.0f}/month")
         if len(scales) > 1:
-            by = outcome.growth.get(rec.label, {})
-            ok = [x * scales[0] for x in sorted(by) if by[x].slo_attainment >= goal]
-            top = max(by)
-            lines.append((f"meets the goal at x{', x'.join(f'{x:g}' for x in ok)}" if ok else "meets the goal at no "
-                          "scale") + f"; at x{top * scales[0]:g}: SLO {by[top].slo_attainment:.1%}, frontier "
-                         f"${by[top].frontier_usd_per_month:,.0f}/month")
+            for shape_result, name in ((rec, "recommended"), (base, "base")):
+                by = outcome.growth.get(shape_result.label, {})
+                ok = [f"x{x * scales[0]:g}" for x in sorted(by) if by[x].slo_attainment >= goal]
+                at = "; ".join(f"x{x * scales[0]:g}: SLO {by[x].slo_attainment:.1%}, frontier "
+                               f"${by[x].frontier_usd_per_month:,.0f}/month, total ${by[x].usd_per_month:,.0f}/month"
+                               for x in sorted(by))
+                lines.append(f"growth ({name}): meets the goal at {', '.join(ok) if ok else 'no scale'}; {at}")
+                if name == "recommended" and shape_result.label == base.label:
+                    break
         lines.append(f"fleet file: {fleet_file} ({checked})")
         lines.append(f"reproduce: {reproduce}")
     report_text = "\n".join(lines)

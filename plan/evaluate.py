@@ -34,7 +34,7 @@ from pointsman.policy.fleet import Fleet, parse_fleet
 from pointsman.policy.rules.compiler import CompiledPolicy, load_policy
 from pointsman.replay.engine_router import TraceMessages
 from pointsman.replay.fleet_map import sim_fleet
-from pointsman.replay.goodput import MemoEstimator, scaled
+from pointsman.replay.goodput import MemoEstimator, meets, scaled
 from pointsman.replay.outcome_draw import OutcomeRow
 from pointsman.replay.runs import replay_all
 from pointsman.replay.summary import SLO
@@ -68,7 +68,9 @@ class ShapeResult:
     busy shares of the provisioned on-prem GPU time; ``per_target``: per on-prem target
     ``{"prefill": u, "decode": u}``; ``series``: ``t_s`` and per target its prefill and decode
     utilization per time bin; ``error``: why the shape is invalid (then every number is NaN); ``requests``: requests replayed;
-    ``inputs``: which inputs of the plan (``search`` window or ``full`` trace) it ran on."""
+    ``inputs``: which inputs of the plan (``search`` window or ``full`` trace) it ran on;
+    ``misses``: per on-prem target the requests routed there that missed the SLO, by first cause
+    (``rejected``, ``ttft``, ``tpot``): where the shape is short of capacity."""
 
     shape: Shape
     scale: float
@@ -93,6 +95,7 @@ class ShapeResult:
     error: str | None = None
     requests: int = 0
     inputs: str = ""
+    misses: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -135,6 +138,14 @@ def evaluate(inputs: PlanInputs, estimator: Estimator, shape: Shape, scale: floa
             busy = list(tl.get(f"{phase}_busy_s", []))[:n]
             busy += [0.0] * (n - len(busy))
             series[f"{t.name}/{phase}"] = [b * (t.gpus / reps) / (t.gpus * inputs.bin_s) for b in busy]
+    on_prem = {t.name for t in result.fleet.on_prem}
+    misses: dict[str, dict[str, int]] = {name: {"rejected": 0, "ttft": 0, "tpot": 0} for name in on_prem}
+    for r in result.requests:
+        if r.routed_target not in on_prem or meets(r, inputs.slo):
+            continue
+        cause = "rejected" if r.rejected is not None or r.ttft_s is None else \
+            "ttft" if r.ttft_s > inputs.slo.ttft_s else "tpot"
+        misses[r.routed_target][cause] += 1
     return ShapeResult(
         shape, scale, label, gpus, usd_per_month=total, onprem_usd_per_month=s.onprem_cost_usd * month,
         frontier_usd_per_month=s.frontier_cost_usd * month, kv_usd_per_month=kv,
@@ -142,7 +153,7 @@ def evaluate(inputs: PlanInputs, estimator: Estimator, shape: Shape, scale: floa
         quality=s.quality, frontier_share=s.frontier_share, ttft_p99_s=s.ttft_p99_s, tpot_p99_s=s.tpot_p99_s,
         utilization=s.prefill_utilization + s.decode_utilization, prefill_utilization=s.prefill_utilization,
         decode_utilization=s.decode_utilization, per_target=s.utilization, series=series,
-        wall_s=time.perf_counter() - t0, requests=len(trace))
+        wall_s=time.perf_counter() - t0, requests=len(trace), misses=misses)
 
 
 # -- worker processes ------------------------------------------------------------------------

@@ -3,9 +3,10 @@ cheapest candidates and the base fleet on the whole trace, recommend, and replay
 recommended and the base shape at the other traffic scales.
 
 ``plan(space, inputs, make_estimator, settings, log)`` -> ``PlanOutcome``. The time budget
-covers all of it: the search stops early enough to leave the whole-trace replays their share,
+covers all of it but the growth replays, which always complete: the search stops early enough to
+leave the whole-trace replays their share,
 estimated from the search's own replay times (seconds per request replayed, times the whole
-trace's requests, per round of ``workers`` replays).
+trace's requests, per round of ``workers`` replays: one round of candidates, one per other scale).
 """
 
 from __future__ import annotations
@@ -28,15 +29,16 @@ class PlanSettings:
     relative to the planned one, to replay the recommended and base shapes at), ``workers``,
     ``time_budget_s``, ``assume_monotone`` (``plan.search``), ``search_requests`` (the search
     runs on the busiest window of this many requests; the whole trace when shorter) and
-    ``candidates`` (search results replayed on the whole trace)."""
+    ``candidates`` (search results replayed on the whole trace, cheapest first, ``workers`` at a
+    time with the base fleet in the first round, until one meets the goal)."""
 
     goal: float = 0.9
     budget_usd_per_month: float = math.inf
     growth: tuple[float, ...] = ()
     workers: int = 2
-    time_budget_s: float = 780.0
+    time_budget_s: float = 720.0
     assume_monotone: bool = True
-    search_requests: int = 2000
+    search_requests: int = 1000
     candidates: int = 3
 
 
@@ -85,9 +87,9 @@ def plan(space: ShapeSpace, inputs: PlanInputs, make_estimator: Callable[[], Est
         return sum(per_request_s) / len(per_request_s) * len(inputs.trace)
 
     def search_deadline() -> float:
-        later = (rounds(1 + settings.candidates) if windowed else 0) + \
+        later = (1 if windowed else 0) + \
             rounds(2 * sum(1 for x in settings.growth if x != 1.0))
-        return t0 + settings.time_budget_s - 1.2 * later * full_replay_s()
+        return t0 + settings.time_budget_s - 1.5 * later * full_replay_s()
 
     hard = t0 + settings.time_budget_s
     with Workers({"search": window, "full": inputs}, make_estimator, settings.workers) as pool:
@@ -97,8 +99,13 @@ def plan(space: ShapeSpace, inputs: PlanInputs, make_estimator: Callable[[], Est
         if windowed:
             picked = [r.shape for r in validation_candidates(results, settings.goal, settings.candidates,
                                                              settings.budget_usd_per_month)]
-            jobs: list[Job] = [("full", s, 1.0) for s in [space.base, *[p for p in picked if p != space.base]]]
-            full = run_jobs(jobs, pool, logged, hard)
+            queue: list[Shape] = [space.base, *[p for p in picked if p != space.base]]
+            full = []
+            while queue and time.monotonic() < hard:  # a round at a time, until one meets the goal
+                chunk, queue = queue[:settings.workers], queue[settings.workers:]
+                full += run_jobs([("full", s, 1.0) for s in chunk], pool, logged, hard)
+                if recommend(full, settings.goal, settings.budget_usd_per_month) is not None:
+                    break
         else:
             full = results
         full = [r for r in full if r.ok]
@@ -114,8 +121,8 @@ def plan(space: ShapeSpace, inputs: PlanInputs, make_estimator: Callable[[], Est
             if r.shape in grown:
                 growth[r.label] = {1.0: r}
         scale_jobs: list[Job] = [("full", s, x) for s in grown for x in settings.growth if x != 1.0]
-        if scale_jobs:
-            for g in run_jobs(scale_jobs, pool, logged, max(hard, time.monotonic() + 1)):
+        if scale_jobs:  # always completed: the growth of the recommended shape is part of the answer
+            for g in run_jobs(scale_jobs, pool, logged):
                 growth.setdefault(g.label, {})[g.scale] = g
     return PlanOutcome(found, (start, end), windowed, pareto_front(results), full, base, rec,
                        growth if scale_jobs else {}, time.monotonic() - t0)

@@ -65,7 +65,8 @@ def result_dict(r: ShapeResult, with_series: bool = False) -> dict[str, object]:
         "usd_per_mtok": r.usd_per_mtok, "slo_attainment": r.slo_attainment, "quality": r.quality,
         "frontier_share": r.frontier_share, "ttft_p99_s": r.ttft_p99_s, "tpot_p99_s": r.tpot_p99_s,
         "utilization": r.utilization, "prefill_utilization": r.prefill_utilization,
-        "decode_utilization": r.decode_utilization, "per_target_utilization": r.per_target, "wall_s": r.wall_s,
+        "decode_utilization": r.decode_utilization, "per_target_utilization": r.per_target, "misses": r.misses,
+        "requests": r.requests, "wall_s": r.wall_s,
     }
     if with_series:
         d["series"] = r.series

@@ -7,14 +7,18 @@ workers' ``search`` inputs (the whole trace, or its busiest window: ``busiest_wi
 1. **starts**: the base fleet's shape, then the smallest shapes (one replica per pool: each
    target aggregated, and with one prefill + one decode replica where it can be disaggregated;
    the base's tier and GPU);
-2. **expand** one evaluated shape at a time: replay its neighbours (``ShapeSpace.neighbors``:
-   one replica more or fewer, one moved between pools, aggregated <-> disaggregated, the next
-   KV tier size, another GPU type) in parallel. Which shape: while none meets the goal, the one
-   with the highest attainment (an ascent); then the cheapest unexpanded shape that meets it
-   (a descent) or misses it by at most ``NEAR_MISS`` (a cheaper way up);
+2. **expand** one evaluated shape at a time: replay up to ``batch_size`` of its neighbours
+   (``ShapeSpace.neighbors``: one replica more or fewer, one moved between pools, aggregated <->
+   disaggregated, the next KV tier size, another GPU type) in parallel. Which shape: while none
+   meets the goal, the one with the highest attainment (an ascent), its neighbours ordered by
+   where its misses are (``_priority``: prefill replicas for TTFT misses, decode replicas for
+   TPOT misses, per dollar); then the cheapest not fully expanded shape that meets the goal (a
+   descent, largest saving first) or misses it by at most ``NEAR_MISS`` (a cheaper way up);
 3. **prune** before replaying: a neighbour whose cost floor (GPU rent, idle power, KV DRAM:
    ``ShapeSpace.floor_usd_per_month``) is at least the best qualifying shape's monthly cost can
-   neither be recommended nor beat it (``pruned_cost``); with ``assume_monotone``, a neighbour
+   neither be recommended nor beat it, and from a shape that meets the goal only neighbours
+   with no higher floor are tried (moves and shrinks: added GPUs would have to save more in
+   frontier bills than they cost) (``pruned_cost``); with ``assume_monotone``, a neighbour
    with no more replicas in any pool and no larger tier than a shape that missed the goal is
    taken to miss it too (``pruned_miss``: more capacity is assumed never to hurt, which a
    policy's routing does not guarantee); a shape whose fleet or policy does not compile is
@@ -69,12 +73,32 @@ def smallest_shapes(space: ShapeSpace) -> list[Shape]:
     return out
 
 
+def _priority(space: ShapeSpace, current: ShapeResult, shape: Shape, ascending: bool) -> tuple[float, float]:
+    """Sort key of a neighbour (lower first). Ascending: replicas added where ``current``'s
+    misses are (prefill replicas for TTFT misses, decode for TPOT, aggregated for both, all
+    three for rejections), per dollar of floor added. Descending: the largest saving first."""
+    delta = space.floor_usd_per_month(shape) - space.floor_usd_per_month(current.shape)
+    if not ascending:
+        return (delta, 0.0)
+    gain = 0.0
+    for t in space.targets:
+        m = current.misses.get(t.name, {})
+        ttft, tpot, rej = m.get("ttft", 0), m.get("tpot", 0), m.get("rejected", 0)
+        a, b = current.shape.of(t.name), shape.of(t.name)
+        gain += (b.prefill - a.prefill) * (ttft + rej) + (b.decode - a.decode) * (tpot + rej) \
+            + (b.aggregated - a.aggregated) * (ttft + tpot + rej) + (b.kv_level - a.kv_level) * ttft * 0.5
+    return (-gain / max(delta, 1.0) if gain > 0 else 1.0, delta)
+
+
 def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: float,
            budget_usd_per_month: float = math.inf, deadline: float | Callable[[], float] = math.inf,
-           assume_monotone: bool = True, log: Callable[[ShapeResult, int], None] | None = None) -> SearchResult:
+           assume_monotone: bool = True, log: Callable[[ShapeResult, int], None] | None = None,
+           batch_size: int = 4) -> SearchResult:
     """The search of the module docstring on ``workers``' ``search`` inputs (``inputs``, for the
     compile check); ``deadline`` on ``time.monotonic()`` (or a callable giving it, re-read after
-    each replay); ``log(result, n)`` hears each evaluated shape (n: shapes evaluated so far)."""
+    each replay); ``log(result, n)`` hears each evaluated shape (n: shapes evaluated so far);
+    ``batch_size``: neighbours replayed per expansion (the best first, ``_priority``; a shape is
+    expanded again until none is left)."""
     t0 = time.monotonic()
     out = SearchResult()
     expanded: set[Shape] = set()
@@ -105,8 +129,11 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
                 return False
         return True
 
-    def admissible(shape: Shape) -> bool:
+    def admissible(shape: Shape, ceiling: float = math.inf) -> bool:
         if shape in out.results or shape in out.invalid or not space.valid(shape):
+            return False
+        if space.floor_usd_per_month(shape) > ceiling:
+            out.pruned_cost += 1
             return False
         best = recommend(list(out.results.values()), goal, budget_usd_per_month)
         if best is not None and space.floor_usd_per_month(shape) >= best.usd_per_month:
@@ -143,10 +170,15 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
             todo.sort(key=lambda r: (r.slo_attainment < goal, r.usd_per_month))
         if not todo:
             break
-        current = todo[0].shape
-        expanded.add(current)
-        batch = [s for s in space.neighbors(current) if admissible(s)]
-        if not run(batch):
+        current = todo[0]
+        meets_goal = current.slo_attainment >= goal
+        floor = space.floor_usd_per_month(current.shape)
+        batch = [s for s in space.neighbors(current.shape)
+                 if admissible(s, floor if meets_goal else math.inf)]
+        batch.sort(key=lambda s: _priority(space, current, s, not meets_goal))
+        if len(batch) <= batch_size:
+            expanded.add(current.shape)
+        if not run(batch[:batch_size]):
             out.stopped = "time budget"
             break
     out.wall_s = time.monotonic() - t0
