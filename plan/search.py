@@ -24,7 +24,7 @@ workers' ``search`` inputs (the whole trace, or its busiest window: ``busiest_wi
    policy's routing does not guarantee); a shape whose fleet or policy does not compile is
    skipped (``invalid``);
 4. stop when no shape is left to expand (``converged``) or at the deadline (``time budget``:
-   the best shape so far stands).
+   the best shape so far stands); the starts are always replayed.
 
 When the search ran on a window, ``validation_candidates`` (the cheapest shapes meeting the goal
 there, or nearly) are replayed on the whole trace with the base fleet (``run_jobs``), and the
@@ -116,8 +116,8 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
             return False
         return True
 
-    def run(shapes: list[Shape]) -> bool:
-        """Evaluate ``shapes``; False when the deadline passed."""
+    def run(shapes: list[Shape], always: bool = False) -> bool:
+        """Evaluate ``shapes`` (all of them when ``always``); False when the deadline passed."""
         for r in workers.map(("search", s, 1.0) for s in shapes):
             if r.ok:
                 out.results[r.shape] = r
@@ -125,9 +125,9 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
                 out.invalid[r.shape] = r.error or "invalid"
             if log is not None:
                 log(r, len(out.results))
-            if late():
+            if late() and not always:
                 return False
-        return True
+        return not late()
 
     def admissible(shape: Shape, ceiling: float = math.inf) -> bool:
         if shape in out.results or shape in out.invalid or not space.valid(shape):
@@ -149,11 +149,9 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
             return False
         return compiles(shape)
 
-    if not run([space.base]):
-        out.stopped, out.wall_s = "time budget", time.monotonic() - t0
-        return out
+    run([space.base], always=True)
     starts = [s for s in smallest_shapes(space) if admissible(s)]
-    if not run(starts):
+    if not run(starts, always=True):
         out.stopped, out.wall_s = "time budget", time.monotonic() - t0
         return out
     while True:
