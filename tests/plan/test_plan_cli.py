@@ -2,7 +2,7 @@
 load that one prefill replica cannot serve within the TTFT objective and two can. The plan must
 find a shape with the larger prefill pool, never recommend a dominated shape, write a fleet file
 that passes `pointsman policy check`, and `pointsman replay` on that file must reproduce the
-planner's numbers."""
+planner's numbers. Also: bad input, and the search's time budget."""
 
 from __future__ import annotations
 
@@ -11,9 +11,18 @@ import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from pointsman.cli.main import main
+from pointsman.datasets.traces import load_trace
+from pointsman.estimator.estimate import FixedDifficulty
+from pointsman.plan.evaluate import PlanInputs, Workers
+from pointsman.plan.search import search
+from pointsman.plan.shapes import ShapeSpace
+from pointsman.policy.fleet import load_fleet
+from pointsman.replay.fleet_map import sim_fleet
+from pointsman.replay.summary import SLO
 from tests.plan.conftest import write_trace
 
 pytestmark = pytest.mark.usefixtures("plan_files")
@@ -96,3 +105,19 @@ def test_bad_trace_is_one_error_line(tmp_path: Path, plan_files: tuple[Path, Pat
     assert result.exit_code == 2
     errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "trace.jsonl" in errors[0], result.output
+
+
+
+def test_the_time_budget_stops_the_search_with_the_best_so_far(tmp_path: Path, plan_files: tuple[Path, Path]) -> None:
+    fleet_path, policy = plan_files
+    trace = write_trace(tmp_path / "trace.jsonl", n=24, rate_rps=2, prompt_tokens=1024, output_tokens=8)
+    fleet = load_fleet(fleet_path)
+    kv = {t.name: t.replica.kv_bytes_per_token for t in sim_fleet(fleet).on_prem}
+    space = ShapeSpace.of(yaml.safe_load(fleet_path.read_text()), fleet, kv, max_replicas=3)
+    inputs = PlanInputs(load_trace(trace), None, None, policy, SLO(2.0, 0.1), "interactive", space)
+    with Workers({"search": inputs, "full": inputs}, lambda: FixedDifficulty(0.2), 1) as workers:
+        found = search(space, inputs, workers, goal=0.9, deadline=0.0)  # already over
+    # the starts (the base and the smallest shapes) are replayed, nothing more: the best so far stands
+    assert found.stopped == "time budget"
+    assert {space.label(s) for s in found.results} == {"small A0 P1 D2", "small A0 P1 D1"}
+    assert all(r.slo_attainment >= 0.9 for r in found.results.values())  # a light load
