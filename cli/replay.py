@@ -29,6 +29,7 @@ from pointsman.errors import BudgetError, DataError, FleetError, PolicyError, Re
 if TYPE_CHECKING:  # pragma: no cover
     from pointsman.datasets.traces import TraceRequest
     from pointsman.estimator.estimate import Estimator
+    from pointsman.replay.cascade import DraftBook
 
 
 def _estimator(spec: str) -> Estimator:
@@ -97,13 +98,19 @@ def _load_trace(path: Path, limit: int | None, start_s: float | None, end_s: flo
 @click.option("--budgets", "budgets_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="Budgets file (kind: Budgets) the policies run under, each with its own ledger "
                                  "(default: no budgets).")
+@click.option("--cascade/--no-cascade", default=True, show_default=True,
+              help="Run policies that have a verify section as a cascade: the draft is the answer of the model "
+                   "standing for the target (--drafts), escalations pay both calls (docs/cascade.md).")
+@click.option("--drafts", "drafts_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Answers per model and prompt (prompt_id, model, output); default the shared AlpacaEval answers.")
 @click.option("--tenant", default="replay", show_default=True,
               help="Tenant of every replayed request: its budget scope is tenant:<tenant>.")
 def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Path, ...], seed: int,
                    limit: int | None, start_s: float | None, end_s: float | None, out_dir: Path,
                    estimator_spec: str, outcomes: str, baselines: bool, slo_class: str | None,
                    slo_ttft_s: float | None, slo_tpot_s: float | None, goodput: bool, goodput_requests: int,
-                   bin_s: float, budgets_path: Path | None, tenant: str) -> None:
+                   bin_s: float, budgets_path: Path | None, cascade: bool, drafts_path: Path | None,
+                   tenant: str) -> None:
     """Replay TRACE through policies and baselines on a simulated fleet; print the comparison
     and write report.txt, report.json, report.html and PNG plots to --out."""
     from pointsman.policy.budget.config import BudgetConfig
@@ -148,6 +155,7 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
             rows = [draw.rows[i] for i in draw.assign(len(requests))]
             texts = [list(r.messages) for r in rows]
         estimator = _estimator(estimator_spec)
+        book, cascade_note = _drafts(cascade, drafts_path, rows is not None)
     except (FleetError, PolicyError, DataError, BudgetError) as exc:
         raise InputError(str(exc)) from None
     try:
@@ -164,7 +172,7 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
     with click.progressbar(length=total, label="simulated requests", file=sys.stderr) as bar:
         runs = replay_all(requests, fleet, sim, policies, estimator, texts=texts, rows=rows, seed=seed,
                           baselines=baselines, slo=slo, timeline_bin_s=bin_s, progress=bar.update,
-                          budgets=budgets, tenant=tenant, slo_class=slo_name, goodput=settings)
+                          budgets=budgets, tenant=tenant, slo_class=slo_name, goodput=settings, cascade=book)
     wall = time.perf_counter() - t0
     meta: ReplayMeta = {
         "trace": str(trace), "requests": len(requests), "fleet": str(fleet_path or DEFAULT_FLEET_PATH),
@@ -173,7 +181,7 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
         "outcomes": ", ".join(names) if rows is not None else "none",
         "slo": f"TTFT <= {slo.ttft_s} s, TPOT <= {slo.tpot_s} s", "window_s": round(runs[0].result.window_s, 1),
         "budgets": f"{budgets_path} (tenant:{tenant})" if budgets_path else "none",
-        "wall_s": round(wall, 2), "slo_class": slo_name}
+        "wall_s": round(wall, 2), "slo_class": slo_name, "cascade": cascade_note}
     if not any(r.block_hashes for r in requests):
         meta["prefix_block_ids"] = ("none in this trace: no prefix cache is shared between requests, so cache-aware "
                                     "equals least-loaded, llm-d's prefix scorer is 0, dynamo-kv and "
@@ -196,6 +204,29 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
     replay_wall = wall - sum(g.wall_s for g in searched)
     click.echo(f"\n{sum(len(r.result.requests) for r in runs) / replay_wall:.0f} simulated requests/s; "
                f"report: {written['html']} ({', '.join(p.name for p in written.values())})")
+
+
+def _drafts(cascade: bool, path: Path | None, drawn: bool) -> tuple[DraftBook | None, str]:
+    """The drafts the cascade reads and a line for the report. Raises ``DataError`` for a
+    ``--drafts`` file that does not exist."""
+    from pointsman.datasets.sources import shared_datasets_dir
+    from pointsman.replay.cascade import DraftBook
+
+    if not cascade:
+        return None, "off (--no-cascade)"
+    if not drawn:
+        return None, "off (no outcome rows to draw drafts for)"
+    if path is not None and not path.is_file():
+        raise DataError(f"--drafts {path}: no such file")
+    if path is None:
+        try:
+            path = shared_datasets_dir() / "alpacaeval" / "model_outputs_long.csv.gz"
+        except DataError:
+            return None, "off (no shared datasets folder for the default drafts)"
+        if not path.is_file():
+            return None, f"off ({path} not found)"
+    return DraftBook(path), (f"on for policies with a verify section: drafts from {path}, the shipped heuristic "
+                             "verifier; escalations pay draft + frontier, latencies add")
 
 
 def register(group: click.Group) -> None:

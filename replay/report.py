@@ -67,6 +67,7 @@ class ReplayMeta(TypedDict):
     slo_class: NotRequired[str]
     prefix_block_ids: NotRequired[str]
     goodput: NotRequired[str]
+    cascade: NotRequired[str]
 
 
 class Series(TypedDict):

@@ -28,6 +28,8 @@ class RequestResult:
       provider's prompt cache, billed at the cached-input price);
       ``restored_tokens``: restored from the shared KV tier; ``transfer_s``: P/D KV transfer.
     - ``cost_usd``: API bill for frontier requests; 0 on-prem (on-prem cost is per GPU-hour).
+    - ``escalated``: the cascade escalated it after its on-prem draft (``replay.cascade``): it paid
+      both calls, and ``target`` is the frontier tier that answered.
     """
 
     index: int
@@ -51,6 +53,7 @@ class RequestResult:
     restored_tokens: int
     transfer_s: float
     cost_usd: float
+    escalated: bool = False
 
 
 @dataclass(frozen=True, slots=True)

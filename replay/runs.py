@@ -48,9 +48,10 @@ from pointsman.policy.fleet import Fleet
 from pointsman.policy.rules.compiler import CompiledPolicy
 from pointsman.replay.baselines import ANCHORS, BASELINES, LeastLoaded, OnPremWide, RandomPick, RoundRobin
 from pointsman.replay.budgets import REPLAY_TENANT, BudgetSpend, budget_status, replay_ledger, replay_scopes
+from pointsman.replay.cascade import DraftBook, apply_cascade
 from pointsman.replay.engine_router import EPOCH_S, EngineRouter, TraceMessages
 from pointsman.replay.goodput import GoodputResult, MemoEstimator, RouterFactory, frontier_guard, on_prem_only, search
-from pointsman.replay.outcome_draw import OutcomeRow, quality_of
+from pointsman.replay.outcome_draw import OutcomeRow, quality_columns, quality_of
 from pointsman.replay.results import ReplayResult, RequestResult
 from pointsman.replay.router import Assignment, FleetView, ObservingRouter, Router
 from pointsman.replay.sim_fleet import SimFleet
@@ -150,13 +151,15 @@ def replay_all(trace: Sequence[TraceRequest], fleet: Fleet, sim: SimFleet, polic
                seed: int = 0, baselines: bool = True, slo: SLO | None = None, timeline_bin_s: float = 10.0,
                progress: Callable[[int], None] | None = None, budgets: BudgetConfig | None = None,
                tenant: str = REPLAY_TENANT, slo_class: str | None = None,
-               goodput: GoodputSettings | None = None) -> list[Run]:
+               goodput: GoodputSettings | None = None, cascade: DraftBook | None = None) -> list[Run]:
     """Replay ``trace`` through each policy (an ``EngineRouter`` with ``estimator`` and
     ``texts``; with ``budgets``, a fresh budget ledger and scope ``tenant:<tenant>``, see the
     module docstring) and, with ``baselines``, each baseline router, on ``sim`` (built from
     ``fleet``); every request carries ``routing.slo_class = slo_class``. ``rows[i]``: trace
     request ``i``'s outcome row for quality, or None. ``progress(n)`` is called once per
-    routed request. With ``goodput``, each run's goodput is searched too (module docstring).
+    routed request. With ``goodput``, each run's goodput is searched too (module docstring). With
+    ``cascade`` (the drafts) and ``rows``, a policy with a ``verify`` section runs as a cascade
+    (``replay.cascade``: escalated requests pay the draft and the frontier call, latencies add).
     Returns the runs, policies first."""
     def quality(r: RequestResult) -> float | None:
         return quality_of(rows[r.index], r.frontier, r.target) if rows is not None else None
@@ -177,6 +180,9 @@ def replay_all(trace: Sequence[TraceRequest], fleet: Fleet, sim: SimFleet, polic
                 router = EngineRouter(fleet, policy, estimator, texts=texts, ledger=ledger,
                                       tenant=tenant if budgets is not None else None, slo_class=slo_class)
                 result = run(router, router.on_complete)
+                if cascade is not None and rows is not None:
+                    result = apply_cascade(result, rows, fleet, sim, policy, router.decisions, cascade,
+                                           quality_columns(fleet))
                 spend = [] if ledger is None else budget_status(ledger, replay_scopes(tenant),
                                                                 EPOCH_S + result.end_s)
             finally:

@@ -63,7 +63,8 @@ class Summary:
     at the end of a run with budgets (module docstring), else NaN. ``usd_per_slo_request``:
     total cost / SLO-meeting requests (inf when none met it). ``max_goodput_rps`` /
     ``max_goodput_rps_per_gpu``: the goodput search's answer with frontier targets disabled
-    (``replay.goodput``), NaN when not searched.
+    (``replay.goodput``), NaN when not searched. ``escalated``: completed requests the cascade
+    escalated after their on-prem draft (``replay.cascade``; they count as frontier requests).
     """
 
     requests: int
@@ -96,6 +97,7 @@ class Summary:
     usd_per_slo_request: float = math.nan
     max_goodput_rps: float = math.nan
     max_goodput_rps_per_gpu: float = math.nan
+    escalated: int = 0
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-ready dict (NaN stays NaN; ``json.dumps`` writes it as NaN)."""
@@ -177,6 +179,7 @@ def summarize(result: ReplayResult, slo: SLO | None = None,
         utilization=utilization,
         quality=_mean_quality(reqs, quality),
         usd_per_slo_request=total / good if good else math.inf,
+        escalated=sum(r.escalated for r in done),
     )
 
 
@@ -200,6 +203,7 @@ _COLUMNS = (
     ("goodput", "goodput_rps", "{:.2f}/s"),
     ("$/SLO req", "usd_per_slo_request", "{:.4f}"),
     ("spill", "spilled", "{}"),
+    ("escalated", "escalated", "{}"),
     ("reject", "rejected", "{}"),
     ("hit", "prefix_hit_ratio", "{:.1%}"),
     ("util P", "prefill_utilization", "{:.1%}"),

@@ -165,7 +165,7 @@ def test_policy_check(tmp_path: Path):
     assert r.exit_code == 1 and r.stdout.startswith(f"{broken}:") and "dificulty" in r.stdout, r.stdout
     assert "missing required key 'rules'" not in r.stdout
     r = CliRunner().invoke(main, ["policy", "check", str(DEFAULT_POLICY_PATH)])
-    assert r.exit_code == 0 and r.stdout.startswith(f"{DEFAULT_POLICY_PATH}: ok (6 rules, revision ")
+    assert r.exit_code == 0 and r.stdout.startswith(f"{DEFAULT_POLICY_PATH}: ok (6 rules, 4 verify rules, revision ")
 
 
 def test_policy_check_prints_three_different_mistakes_with_their_locations(tmp_path: Path):
@@ -212,13 +212,13 @@ def test_policy_test_runs_every_shipped_example():
 def test_policy_test_on_a_policy_runs_its_sibling_cases():
     r = CliRunner().invoke(main, ["policy", "test", str(DEFAULT_POLICY_DIR / "budget-pacing.yaml")])
     assert r.exit_code == 0, r.output
-    assert "budget-pacing.cases.yaml" in r.stdout and r.stdout.splitlines()[-1] == "8 passed, 0 failed"
+    assert "budget-pacing.cases.yaml" in r.stdout and r.stdout.splitlines()[-1] == "10 passed, 0 failed"
 
 
 def test_policy_test():
     r = CliRunner().invoke(main, ["policy", "test", str(DEFAULT_POLICY_DIR / "default.cases.yaml")])
     assert r.exit_code == 0, r.output
-    assert r.stdout.splitlines()[-1] == "13 passed, 0 failed"
+    assert r.stdout.splitlines()[-1] == "19 passed, 0 failed"
 
 
 def test_serve_with_a_bad_policy_exits_2_before_listening(tmp_path: Path):

@@ -1,0 +1,95 @@
+"""The cascade in replay (``replay/cascade.py``): a policy's verify rules on each on-prem draft;
+an escalated request pays the draft and the frontier call, its latencies add, its quality is the
+frontier's; accepted drafts and frontier requests are untouched; ``pointsman replay`` reports it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pointsman.datasets.sources import get_source
+from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
+from pointsman.replay.cascade import DraftBook, apply_cascade
+from pointsman.replay.fleet_map import sim_fleet
+from pointsman.replay.outcome_draw import OutcomeRow, quality_of
+from pointsman.replay.results import ReplayResult, RequestResult
+from pointsman.replay.summary import summarize
+
+FLEET = load_fleet()
+SIM = sim_fleet(FLEET)
+WEAK = get_source("alpacaeval_ae1").weak[0]
+GOOD = ("Kickball is played like baseball with a rubber ball rolled to the kicker; runners circle four bases, "
+        "and the team with more runs after the innings wins. Three outs end a half-inning.")
+
+
+class Book(DraftBook):
+    """Drafts from a dict: (model, prompt id) -> text."""
+
+    def __init__(self, texts: dict[tuple[str, str], str]) -> None:
+        super().__init__("unused.csv")
+        self.texts = texts
+
+    def text(self, model: str, prompt_id: str) -> str | None:
+        return self.texts.get((model, prompt_id))
+
+
+def _request(i: int, target: str, frontier: bool = False) -> RequestResult:
+    return RequestResult(index=i, arrival_s=float(i), prompt_tokens=200, output_tokens=101, routed_target=target,
+                         target=target, mode="aggregated", replica=None if frontier else 0, decode_replica=None,
+                         frontier=frontier, spilled=False, rejected=None, queue_s=0.0, ttft_s=0.2, tpot_s=0.02,
+                         e2e_s=2.2, finish_s=i + 2.2, prefix_hit_tokens=0, restored_tokens=0, transfer_s=0.0,
+                         cost_usd=0.01 if frontier else 0.0)
+
+
+def test_escalations_pay_both_calls_and_take_the_frontier_quality():
+    policy = load_policy(DEFAULT_POLICY_PATH, FLEET)  # broken drafts -> frontier-small
+    reqs = [_request(0, "onprem-8b"), _request(1, "onprem-8b"), _request(2, "frontier-large", frontier=True),
+            _request(3, "onprem-8b")]
+    rows = [OutcomeRow("alpacaeval_ae1", f"p{i}", ({"role": "user", "content": "q"},), 0.2, 0.9) for i in range(4)]
+    book = Book({(WEAK, "p0"): GOOD, (WEAK, "p1"): "I'm sorry, but I cannot help with that.",
+                 (WEAK, "p2"): "I'm sorry, but I cannot."})  # p3: no draft -> left as it ran
+    result = ReplayResult(reqs, [], SIM, 0.0, 10.0, 0, 10.0)
+    decisions = {i: ("default", "onprem-8b", "aggregated", 0.3) for i in range(4)}
+    out = apply_cascade(result, rows, FLEET, SIM, policy, decisions, book, {})
+    kept, escalated, frontier, no_draft = out.requests
+    assert kept == reqs[0] and frontier == reqs[2] and no_draft == reqs[3]
+    small = next(f for f in SIM.frontier if f.name == "frontier-small")
+    assert escalated.escalated and escalated.frontier and escalated.target == "frontier-small"
+    call_s = small.ttft_median_s + small.tpot_median_s * 100
+    assert escalated.e2e_s == pytest.approx(2.2 + call_s) and escalated.ttft_s == pytest.approx(2.2 + small.ttft_median_s)
+    assert escalated.cost_usd == pytest.approx((200 * small.input_usd_per_mtok + 101 * small.output_usd_per_mtok) / 1e6)
+    assert quality_of(rows[1], escalated.frontier, escalated.target) == 0.9
+    summary = summarize(out, None, lambda r: quality_of(rows[r.index], r.frontier, r.target))
+    assert summary.escalated == 1 and summary.frontier_share == pytest.approx(0.5)
+    assert summary.quality > summarize(result, None, lambda r: quality_of(rows[r.index], r.frontier, r.target)).quality
+    no_verify = compile_policy("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
+                               "  - name: default\n    route: {target: onprem-8b}\n", FLEET, "p.yaml")
+    assert apply_cascade(result, rows, FLEET, SIM, no_verify, decisions, book, {}) is result
+
+
+def test_replay_reports_the_cascade(tmp_path):
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{i:02d}.0000000,{300 + 7 * i},{40 + i}\n" for i in range(40)))
+    drafts = tmp_path / "drafts.csv"
+    lines = [f"ae{i:03d},{WEAK},\"I'm sorry, but I cannot help with that.\"" for i in range(1, 806)]
+    drafts.write_text("prompt_id,model,output\n" + "\n".join(lines) + "\n")
+    args = ["replay", str(trace), "--policy", str(DEFAULT_POLICY_PATH), "--no-baselines", "--estimator", "fixed:0.1"]
+    on = CliRunner().invoke(main, [*args, "--drafts", str(drafts), "--out", str(tmp_path / "on")])
+    assert on.exit_code == 0, on.output
+    off = CliRunner().invoke(main, [*args, "--no-cascade", "--out", str(tmp_path / "off")])
+    assert off.exit_code == 0, off.output
+    assert "escalated" in next(line for line in on.output.splitlines() if line.startswith("policy")).split()
+    report_on = json.loads((tmp_path / "on" / "report.json").read_text())
+    report_off = json.loads((tmp_path / "off" / "report.json").read_text())
+    assert report_on["runs"]["default"]["summary"]["escalated"] > 0  # every draft is a refusal
+    assert report_off["runs"]["default"]["summary"]["escalated"] == 0
+    assert report_on["meta"]["cascade"].startswith("on") and report_off["meta"]["cascade"].startswith("off")
+    assert report_on["runs"]["default"]["summary"]["total_cost_usd"] > report_off["runs"]["default"]["summary"][
+        "total_cost_usd"]
