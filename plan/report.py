@@ -91,7 +91,7 @@ def _plot_front(results: Sequence[ShapeResult], front: Sequence[ShapeResult], re
     ax.scatter([r.usd_per_month for r in results], [r.slo_attainment for r in results], s=14, c="#bbb",
                label="evaluated (search)")
     ax.plot([r.usd_per_month for r in front], [r.slo_attainment for r in front], "o-", c="#1f77b4",
-            label="front (search)")
+            label="front (search; cost, SLO, quality)")
     ax.scatter([r.usd_per_month for r in full], [r.slo_attainment for r in full], marker="D", s=30, c="#ff7f0e",
                label="whole trace")
     ax.scatter([base.usd_per_month], [base.slo_attainment], marker="s", s=80, c="#d62728", label="base fleet")
