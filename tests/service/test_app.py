@@ -185,7 +185,7 @@ def test_healthz(client, engine):
     assert r.json() == {"status": "ok", "policy": "default", "policy_revision": engine.policy.revision,
                         "fleet_revision": engine.fleet.revision,
                         "estimator": {"version": "fixed", "available": True, "error": None, "source": None},
-                        "auth": False, "last_swap": None}
+                        "auth": False, "last_swap": None, "model_follow": None}
 
 
 def test_openapi_documents_the_request_body(client):
