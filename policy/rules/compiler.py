@@ -89,6 +89,8 @@ from pointsman.policy.signals.namespaces import (
 #: Packaged example policies (each with a sibling ``*.cases.yaml``).
 DEFAULT_POLICY_DIR = Path(__file__).parent.parent / "defaults" / "policies"
 DEFAULT_POLICY_PATH = DEFAULT_POLICY_DIR / "default.yaml"
+#: The static policy (the default before the SLO-aware one): difficulty, prompt length and cache locality alone.
+STATIC_POLICY_PATH = DEFAULT_POLICY_DIR / "static.yaml"
 
 _CEL_ERROR = re.compile(r"<input>:(\d+):(\d+): (.*)")
 

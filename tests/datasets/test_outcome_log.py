@@ -24,14 +24,14 @@ from pointsman.outcome_log.records import FEATURE_FIELDS, DecisionRecord
 from pointsman.outcome_log.store import OutcomeLog, default_log_path, record_decision
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
 from pointsman.request import request_from_prompt
 
 
 @pytest.fixture(scope="module")
 def fleet_policy():
     fleet = load_fleet()
-    return fleet, load_policy(DEFAULT_POLICY_PATH, fleet)
+    return fleet, load_policy(STATIC_POLICY_PATH, fleet)
 
 
 @pytest.fixture(scope="module")

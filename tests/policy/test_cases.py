@@ -25,7 +25,7 @@ def test_shipped_cases_pass(path):
 
 
 def test_a_wrong_expectation_fails_with_a_message(tmp_path: Path):
-    (tmp_path / "p.yaml").write_text((DEFAULT_POLICY_DIR / "default.yaml").read_text())
+    (tmp_path / "p.yaml").write_text((DEFAULT_POLICY_DIR / "static.yaml").read_text())
     (tmp_path / "p.cases.yaml").write_text(
         "apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: p.yaml\ncases:\n"
         "  - name: wrong\n    signals: {difficulty: {p_hard: 0.9}}\n    expect: {target: onprem-8b, rule: default}\n")
@@ -35,7 +35,7 @@ def test_a_wrong_expectation_fails_with_a_message(tmp_path: Path):
 
 
 def test_unknown_signal_in_a_case_is_a_located_error(tmp_path: Path):
-    (tmp_path / "p.yaml").write_text((DEFAULT_POLICY_DIR / "default.yaml").read_text())
+    (tmp_path / "p.yaml").write_text((DEFAULT_POLICY_DIR / "static.yaml").read_text())
     path = tmp_path / "p.cases.yaml"
     path.write_text("apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: p.yaml\ncases:\n"
                     "  - name: typo\n    signals:\n      difficulty: {phard: 0.9}\n    expect: {target: onprem-8b}\n")

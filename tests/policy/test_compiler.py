@@ -6,7 +6,7 @@ import pytest
 
 from pointsman.errors import PolicyError
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
+from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, compile_policy, load_policy
 
 HEAD = "apiVersion: pointsman/v1\nkind: RoutingPolicy\n"
 DEFAULT_RULE = "  - name: default\n    route: {target: onprem-8b}\n"
@@ -24,7 +24,7 @@ def problems(text: str, fleet, file: str = "p.yaml") -> list[str]:
 
 
 def test_default_policy_compiles(fleet):
-    policy = load_policy(DEFAULT_POLICY_PATH, fleet)
+    policy = load_policy(STATIC_POLICY_PATH, fleet)
     assert [r.name for r in policy.rules] == [
         "estimator-unavailable", "hard-prompt", "long-cold-prompt", "long-warm-prompt", "medium-prompt", "default"]
     assert policy.rules[-1].program is None
@@ -254,11 +254,11 @@ def test_when_true_is_unconditional_and_false_never_matches(fleet):
 
 
 def test_a_rule_with_its_own_errors_is_still_a_known_fallback_name(fleet):
-    text = DEFAULT_POLICY_PATH.read_text(encoding="utf-8")
+    text = STATIC_POLICY_PATH.read_text(encoding="utf-8")
     typo = text.replace("mode: disaggregated, fallbacks: [frontier-small]", "mode: disagregated, fallbacks: [frontier-small]")
     assert typo != text
-    found = problems(typo, fleet, "default.yaml")
-    assert len(found) == 1 and found[0].startswith("default.yaml:51:39: "), found
+    found = problems(typo, fleet, "static.yaml")
+    assert len(found) == 1 and found[0].startswith("static.yaml:51:39: "), found
     # an invalid unconditional rule still counts as the default: no spurious missing-default
     bad_default = HEAD + ("rules:\n  - name: a\n    when: request.turns > 1\n"
                           "    route: {target: onprem-8b, fallbacks: ['rule:default']}\n"

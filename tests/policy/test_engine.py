@@ -11,7 +11,7 @@ from pointsman.policy.decision import host_port
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet, parse_fleet
 from pointsman.policy.live import SUBSET_REASON
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
+from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, compile_policy, load_policy
 from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.request import parse_route_request, request_from_prompt
 
@@ -23,7 +23,7 @@ def fleet():
 
 @pytest.fixture(scope="module")
 def policy(fleet):
-    return load_policy(DEFAULT_POLICY_PATH, fleet)
+    return load_policy(STATIC_POLICY_PATH, fleet)
 
 
 def engine(fleet, policy, p_hard=0.1):

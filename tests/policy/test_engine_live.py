@@ -12,7 +12,7 @@ from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.budget.sqlite_ledger import SqliteLedger
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
+from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, compile_policy, load_policy
 from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.policy.signals.fleet_state import FleetState
 from pointsman.request import parse_route_request
@@ -37,7 +37,7 @@ def fleet():
 
 
 def make(fleet, policy_text=None, p_hard=0.1, ledger=None, **kw):
-    policy = load_policy(DEFAULT_POLICY_PATH, fleet) if policy_text is None else compile_policy(HEAD + policy_text, fleet)
+    policy = load_policy(STATIC_POLICY_PATH, fleet) if policy_text is None else compile_policy(HEAD + policy_text, fleet)
     clock = Clock()
     state = FleetState(fleet, ledger, clock=lambda: NOW, monotonic=clock, **kw)
     return RoutingEngine(fleet, policy, FixedDifficulty(p_hard), state=state), clock

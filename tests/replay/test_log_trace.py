@@ -14,7 +14,7 @@ from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.outcome_log.store import OutcomeLog, record_decision
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
 from pointsman.replay.log_trace import load_log_trace
 from pointsman.request import request_from_prompt
 
@@ -22,7 +22,7 @@ from pointsman.request import request_from_prompt
 def make_log(path: Path, store_prompts: bool) -> list[str]:
     fleet = load_fleet()
     est = FixedDifficulty(0.3)
-    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), est)
+    engine = RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), est)
     ids = []
     with OutcomeLog(path, store_prompts=store_prompts) as log:
         for i, (prompt, out) in enumerate([("What is 2+2?", 12), ("Write a haiku.", 40), ("No outcome.", None),

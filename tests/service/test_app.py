@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
 from pointsman.service.app import create_app
 from pointsman.service.schemas import RouteResponse
 from pointsman.service.settings import Settings
@@ -19,7 +19,7 @@ USER = {"role": "user", "content": "What is the capital of France?"}
 @pytest.fixture(scope="module")
 def engine():
     fleet = load_fleet()
-    return RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.2))
+    return RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), FixedDifficulty(0.2))
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +182,7 @@ def test_a_prompt_larger_than_every_context_window_is_a_clear_422(engine, tmp_pa
 def test_healthz(client, engine):
     r = client.get("/healthz")
     assert r.status_code == 200
-    assert r.json() == {"status": "ok", "policy": "default", "policy_revision": engine.policy.revision,
+    assert r.json() == {"status": "ok", "policy": "static", "policy_revision": engine.policy.revision,
                         "fleet_revision": engine.fleet.revision,
                         "estimator": {"version": "fixed", "available": True, "error": None, "source": None},
                         "auth": False, "last_swap": None, "model_follow": None}
@@ -198,6 +198,7 @@ def test_openapi_documents_the_request_body(client):
 def test_lifespan_builds_the_engine_from_settings(tmp_path, monkeypatch):
     monkeypatch.setenv("POINTSMAN_MODEL", str(tmp_path / "no-such-model"))
     monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("POINTSMAN_POLICY_PATH", str(STATIC_POLICY_PATH))  # its estimator-unavailable rule
     with TestClient(create_app()) as c:
         r = post(c, {"messages": [USER]})
         assert r.status_code == 200

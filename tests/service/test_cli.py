@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from pointsman.cli import route as cli_route
 from pointsman.cli.main import main
 from pointsman.estimator.estimate import FixedDifficulty
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, DEFAULT_POLICY_PATH
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, STATIC_POLICY_PATH
 from pointsman.service.bootstrap import LoadedEngine, build_engine
 
 DECISION_KEYS = {"decision_id", "target", "model", "base_url", "mode", "endpoints", "prefill_url", "forward_headers", "fallbacks", "estimated_cost_usd",
@@ -19,7 +19,9 @@ DECISION_KEYS = {"decision_id", "target", "model", "base_url", "mode", "endpoint
 
 @pytest.fixture
 def runner(monkeypatch):
-    """A runner whose engine uses FixedDifficulty(0.2) (the real estimator is not under test here)."""
+    """A runner whose engine uses FixedDifficulty(0.2) (the real estimator is not under test here)
+    and the static policy, whose rules these tests exercise by name."""
+    monkeypatch.setenv("POINTSMAN_POLICY_PATH", str(STATIC_POLICY_PATH))
     def fixed_build(settings, ledger=True, shared=False):
         loaded = build_engine(settings, ledger=ledger, shared=shared)
         return LoadedEngine(loaded.engine.with_estimator(FixedDifficulty(0.2)), None)
@@ -130,11 +132,12 @@ def test_route_reads_settings_from_the_environment(runner, tmp_path: Path, monke
     monkeypatch.setenv("POINTSMAN_POLICY_PATH", str(policy))
     assert json.loads(run(runner, "route", "--json", "hi").stdout)["target"] == "frontier-small"
     # an explicit option beats the environment
-    assert json.loads(run(runner, "route", "--json", "--policy", str(DEFAULT_POLICY_PATH), "hi").stdout)["target"] == "onprem-8b"
+    assert json.loads(run(runner, "route", "--json", "--policy", str(STATIC_POLICY_PATH), "hi").stdout)["target"] == "onprem-8b"
 
 
 def test_route_without_the_real_estimator_still_decides(tmp_path: Path):
-    r = CliRunner().invoke(main, ["route", "--json", "--model", str(tmp_path / "no-model"), "hi"])
+    r = CliRunner().invoke(main, ["route", "--json", "--policy", str(STATIC_POLICY_PATH), "--model",
+                                  str(tmp_path / "no-model"), "hi"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     if not d["difficulty_available"]:
@@ -146,7 +149,7 @@ def test_policy_check(tmp_path: Path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n  - name: a\n    when: difficulty.p_hrd > 0.5\n"
                    "    route: {target: onprem-8b}\n")
-    r = CliRunner().invoke(main, ["policy", "check", str(DEFAULT_POLICY_PATH), str(bad)])
+    r = CliRunner().invoke(main, ["policy", "check", str(STATIC_POLICY_PATH), str(bad)])
     assert r.exit_code == 1
     assert r.stdout.splitlines()[1:] == [
         f"{bad}:3:1: missing-default: no unconditional rule: end the rules with one that has no 'when' (e.g. name: default)",
@@ -159,11 +162,13 @@ def test_policy_check(tmp_path: Path):
         kind = "cases, " if f.name.endswith(".cases.yaml") else ""
         assert line.startswith(f"{f}: ok ({kind}"), line
     broken = tmp_path / "broken.cases.yaml"
-    broken.write_text((DEFAULT_POLICY_DIR / "default.cases.yaml").read_text().replace(
-        "policy: default.yaml", f"policy: {DEFAULT_POLICY_PATH}").replace("difficulty:", "dificulty:", 1))
+    broken.write_text((DEFAULT_POLICY_DIR / "static.cases.yaml").read_text().replace(
+        "policy: static.yaml", f"policy: {STATIC_POLICY_PATH}").replace("difficulty:", "dificulty:", 1))
     r = CliRunner().invoke(main, ["policy", "check", str(broken)])
     assert r.exit_code == 1 and r.stdout.startswith(f"{broken}:") and "dificulty" in r.stdout, r.stdout
     assert "missing required key 'rules'" not in r.stdout
+    r = CliRunner().invoke(main, ["policy", "check", str(STATIC_POLICY_PATH)])
+    assert r.exit_code == 0 and r.stdout.startswith(f"{STATIC_POLICY_PATH}: ok (6 rules, 4 verify rules, revision ")
     r = CliRunner().invoke(main, ["policy", "check", str(DEFAULT_POLICY_PATH)])
     assert r.exit_code == 0 and r.stdout.startswith(f"{DEFAULT_POLICY_PATH}: ok (6 rules, 4 verify rules, revision ")
 
@@ -216,7 +221,7 @@ def test_policy_test_on_a_policy_runs_its_sibling_cases():
 
 
 def test_policy_test():
-    r = CliRunner().invoke(main, ["policy", "test", str(DEFAULT_POLICY_DIR / "default.cases.yaml")])
+    r = CliRunner().invoke(main, ["policy", "test", str(DEFAULT_POLICY_DIR / "static.cases.yaml")])
     assert r.exit_code == 0, r.output
     assert r.stdout.splitlines()[-1] == "19 passed, 0 failed"
 

@@ -11,7 +11,7 @@ from pointsman.estimator.estimate import DifficultyEstimate, FixedDifficulty
 from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
 from pointsman.service.app import create_app
 from pointsman.service.bootstrap import build_state
 from pointsman.service.settings import Settings
@@ -24,7 +24,7 @@ def make_app(tmp_path, estimator=None, **kw):
     """An app on a copy of the default policy in ``tmp_path`` (so reload tests can edit it)."""
     policy_path = tmp_path / "policy.yaml"
     if not policy_path.exists():
-        shutil.copy(DEFAULT_POLICY_PATH, policy_path)
+        shutil.copy(STATIC_POLICY_PATH, policy_path)
     fleet = load_fleet()
     settings = Settings(data_dir=tmp_path, policy_path=policy_path, watch_policy=False, **kw)
     engine = RoutingEngine(fleet, load_policy(policy_path, fleet), estimator or FixedDifficulty(0.2),
@@ -230,8 +230,8 @@ def test_fleet_has_effective_prices_after_outcomes(client):
 
 def test_policy_read_and_validate(client):
     p = client.get("/v1/policy").json()
-    assert p["name"] == "default" and p["rules"][0]["name"] == "estimator-unavailable"
-    assert p["source"].startswith("# The default routing policy")
+    assert p["name"] == "static" and p["rules"][0]["name"] == "estimator-unavailable"
+    assert p["source"].startswith("# The static routing policy")
     ok = client.post("/v1/policy/validate", json={"policy": p["source"]}).json()
     assert ok["valid"] is True and ok["revision"] == p["revision"]
     bad_text = p["source"].replace("difficulty.p_hard >= variables.p_hard_frontier", "difficulty.p_hardd >= 1")

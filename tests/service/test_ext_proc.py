@@ -23,7 +23,7 @@ from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.decision import host_port
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
 from pointsman.request import parse_route_request
 from pointsman.service import ext_proc_wire as wire
 from pointsman.service.app import create_app
@@ -48,7 +48,7 @@ def app(tmp_path_factory):
     settings = Settings(data_dir=data, watch_policy=False, watch_fleet=False, scrape_interval_s=0, ext_proc_port=0,
                         max_body_bytes=MAX_BODY, budgets_path=budgets, decision_log_flush_ms=5)
     fleet = load_fleet()
-    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.1),
+    engine = RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), FixedDifficulty(0.1),
                            state=build_state(settings, fleet))
     application = create_app(settings, engine=engine, owns_engine=True)
     with TestClient(application) as client:

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from pointsman.estimator.estimate import DifficultyEstimate
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
 from pointsman.service.app import create_app
 from pointsman.service.model_follower import ModelFollower
 from pointsman.service.settings import Settings
@@ -44,7 +44,7 @@ class RegistryModel:
 
 def test_policy_reload_and_model_swap_under_traffic_drop_nothing(tmp_path):
     policy_path = tmp_path / "policy.yaml"
-    shutil.copy(DEFAULT_POLICY_PATH, policy_path)
+    shutil.copy(STATIC_POLICY_PATH, policy_path)
     fleet = load_fleet()
     engine = RoutingEngine(fleet, load_policy(policy_path, fleet), RegistryModel(0.2, 1))
     app = create_app(Settings(data_dir=tmp_path, policy_path=policy_path, watch_policy=False, estimator_timeout_ms=500),

@@ -12,7 +12,7 @@ from pointsman.estimator.estimate import DifficultyEstimate, FixedDifficulty
 from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
 from pointsman.request import request_from_prompt
 from pointsman.service.auth import KeyRing
 from pointsman.service.deadline import DeadlineEstimator
@@ -24,7 +24,7 @@ from pointsman.service.model_follower import ModelFollower, followed, key_of
 @pytest.fixture(scope="module")
 def engine():
     fleet = load_fleet()
-    return RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.3))
+    return RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), FixedDifficulty(0.3))
 
 
 def test_writer_commits_on_flush_and_drains_on_close(tmp_path, engine):
@@ -184,7 +184,7 @@ def test_query_token_ids_reach_the_estimator_through_the_deadline():
         wrapped = DeadlineEstimator(Recording(), 5000, pool)
         assert wrapped.takes_query_token_ids
         fleet = load_fleet()
-        engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), wrapped)
+        engine = RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), wrapped)
         prompt = "Explain how a KV cache speeds up decode, step by step. " * 60  # ~3,300 chars: windowed
         decision = engine.route(request_from_prompt(prompt), dispatch=False)
     finally:
@@ -207,7 +207,7 @@ def test_serving_app_freezes_its_startup_heap(tmp_path):
     fleet = load_fleet()
 
     async def frozen_after_start(freeze: bool) -> int:
-        engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.3))
+        engine = RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), FixedDifficulty(0.3))
         app = create_app(Settings(data_dir=tmp_path, watch_policy=False, model_poll_interval_s=0), engine,
                          freeze=freeze)
         async with app.router.lifespan_context(app):

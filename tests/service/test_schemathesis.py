@@ -18,7 +18,7 @@ from schemathesis.specs.openapi.checks import content_type_conformance, response
 from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
 from pointsman.service.app import create_app
 from pointsman.service.bootstrap import build_state
 from pointsman.service.settings import Settings
@@ -32,7 +32,7 @@ def api(tmp_path_factory):
     """The app (lifespan running) and its schema loaded by schemathesis from ``/openapi.json``."""
     tmp = tmp_path_factory.mktemp("schemathesis")
     policy_path = tmp / "policy.yaml"
-    shutil.copy(DEFAULT_POLICY_PATH, policy_path)
+    shutil.copy(STATIC_POLICY_PATH, policy_path)
     fleet = load_fleet()
     s = Settings(data_dir=tmp, policy_path=policy_path, watch_policy=False, admin_api_keys=f"ops={ADMIN}",
                  gateway_api_keys="edge=gw-secret-0123")

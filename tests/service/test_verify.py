@@ -15,7 +15,7 @@ from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
 from pointsman.service.app import create_app
 from pointsman.service.bootstrap import build_state
 from pointsman.service.settings import Settings
@@ -31,7 +31,7 @@ REFUSAL = "I'm sorry, but I cannot help with that request."
 def _app(tmp_path, **extra: object) -> tuple[TestClient, RoutingEngine]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     policy_path = tmp_path / "policy.yaml"
-    shutil.copy(DEFAULT_POLICY_PATH, policy_path)
+    shutil.copy(STATIC_POLICY_PATH, policy_path)
     fleet = load_fleet()
     s = Settings(data_dir=tmp_path, policy_path=policy_path, watch_policy=False, watch_fleet=False,
                  scrape_interval_s=0, **extra)

@@ -27,7 +27,7 @@ from pointsman.estimator.model_source import load_estimator
 from pointsman.outcome_log.store import OutcomeLog, record_decision
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
 from pointsman.request import request_from_prompt
 from pointsman.training.challenger import ChallengerConfig, train_challenger
 from pointsman.training.outcome_labels import LabelRules
@@ -84,7 +84,7 @@ def data(tmp_path, monkeypatch):
 def world():
     fleet = load_fleet()
     est = load_estimator("bundled")
-    return fleet, est, RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), est)
+    return fleet, est, RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), est)
 
 
 def cli():

@@ -18,7 +18,7 @@ from pointsman.outcome_log.records import DecisionRecord
 from pointsman.outcome_log.store import OutcomeLog, record_decision
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, STATIC_POLICY_PATH, load_policy
 from pointsman.request import request_from_prompt
 from pointsman.training import calibrate as C
 from pointsman.training.reports import confusion, drift, operating_threshold
@@ -69,7 +69,7 @@ def test_thresholds_by_share_and_by_budget(tmp_path, fleet):
 
 def test_write_policy_keeps_the_file_and_refuses_invalid_results(tmp_path, fleet):
     path = tmp_path / "policy.yaml"
-    shutil.copyfile(DEFAULT_POLICY_PATH, path)
+    shutil.copyfile(STATIC_POLICY_PATH, path)
     before = path.read_text()
     C.write_policy(path, {"p_hard_frontier": 0.4321}, fleet, "pointsman calibrate: test")
     after = path.read_text()
@@ -130,7 +130,7 @@ def test_calibrate_command(tmp_path, monkeypatch, fleet):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("POINTSMAN_POLICY_PATH", raising=False)
     est = load_estimator("bundled")
-    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), est)
+    engine = RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), est)
     prompts = [f"Question {i}: " + ("prove the theorem about primes" if i % 3 else "say hi") for i in range(30)]
     with OutcomeLog() as log:
         for text in prompts:
@@ -138,7 +138,7 @@ def test_calibrate_command(tmp_path, monkeypatch, fleet):
             record_decision(log, engine.route(request, dispatch=False), request, est)
         logged = log.p_hard_window()
     policy = tmp_path / "policy.yaml"
-    shutil.copyfile(DEFAULT_POLICY_PATH, policy)
+    shutil.copyfile(STATIC_POLICY_PATH, policy)
     cli = click.Group()
     register(cli)
     res = CliRunner().invoke(cli, ["calibrate", "--frontier-share", "0.2", "--policy", str(policy), "--json"])
