@@ -19,7 +19,7 @@ from pointsman.estimator.features import COUNT_SAMPLE_CHARS, extract_features
 from pointsman.estimator.model_source import load_estimator
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
 from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.request import request_from_prompt
 
@@ -172,7 +172,7 @@ def test_a_dense_middle_is_not_extrapolated_from_the_prose_around_it(tokenizer):
 def test_the_context_window_filter_compares_the_bound():
     """Prose around ~200k tokens of numbers: the sampled count said it fits a 128k window, it does not."""
     fleet = load_fleet()
-    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), load_estimator("bundled"))
+    engine = RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), load_estimator("bundled"))
     text = dense_middle(random.Random(9), "numbers", 300_000)
     true = len(engine.estimator.tokenizer.encode(text, add_special_tokens=False).ids)
     assert true > max(t.context_window_tokens for t in fleet.targets.values())

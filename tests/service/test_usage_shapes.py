@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
 from pointsman.service.app import create_app
 from pointsman.service.bootstrap import build_state
 from pointsman.service.settings import Settings
@@ -47,7 +47,7 @@ def client(tmp_path_factory):
     settings = Settings(data_dir=data, fleet_path=fleet_path, watch_policy=False, watch_fleet=False,
                         scrape_interval_s=0)
     fleet = load_fleet(fleet_path)
-    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.2),
+    engine = RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), FixedDifficulty(0.2),
                            state=build_state(settings, fleet))
     with TestClient(create_app(settings, engine=engine, owns_engine=True)) as c:
         yield c
