@@ -158,13 +158,13 @@ def test_calibrate_warns_when_less_than_a_day_backs_the_projection(tmp_path, mon
     monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     est = load_estimator("bundled")
-    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), est)
+    engine = RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), est)
     with OutcomeLog() as log:  # a few minutes of traffic, logged just now
         for i in range(20):
             request = request_from_prompt(f"Question {i}: prove the theorem about primes")
             record_decision(log, engine.route(request, dispatch=False), request, est)
     policy = tmp_path / "policy.yaml"
-    shutil.copyfile(DEFAULT_POLICY_PATH, policy)
+    shutil.copyfile(STATIC_POLICY_PATH, policy)
     cli = click.Group()
     register(cli)
     res = CliRunner().invoke(cli, ["calibrate", "--budget-usd-per-day", "5", "--policy", str(policy), "--json",
