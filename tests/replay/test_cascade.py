@@ -10,7 +10,7 @@ import pytest
 
 from pointsman.datasets.sources import get_source
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, compile_policy, load_policy
+from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, compile_policy, load_policy
 from pointsman.replay.cascade import DraftBook, apply_cascade
 from pointsman.replay.fleet_map import sim_fleet
 from pointsman.replay.outcome_draw import OutcomeRow, quality_of
@@ -44,7 +44,7 @@ def _request(i: int, target: str, frontier: bool = False) -> RequestResult:
 
 
 def test_escalations_pay_both_calls_and_take_the_frontier_quality():
-    policy = load_policy(DEFAULT_POLICY_PATH, FLEET)  # broken drafts -> frontier-small
+    policy = load_policy(STATIC_POLICY_PATH, FLEET)  # broken drafts -> frontier-small; its 8B routes draft on WEAK
     reqs = [_request(0, "onprem-8b"), _request(1, "onprem-8b"), _request(2, "frontier-large", frontier=True),
             _request(3, "onprem-8b")]
     rows = [OutcomeRow("alpacaeval_ae1", f"p{i}", ({"role": "user", "content": "q"},), 0.2, 0.9) for i in range(4)]
@@ -80,7 +80,7 @@ def test_replay_reports_the_cascade(tmp_path):
     drafts = tmp_path / "drafts.csv"
     lines = [f"ae{i:03d},{WEAK},\"I'm sorry, but I cannot help with that.\"" for i in range(1, 806)]
     drafts.write_text("prompt_id,model,output\n" + "\n".join(lines) + "\n")
-    args = ["replay", str(trace), "--policy", str(DEFAULT_POLICY_PATH), "--no-baselines", "--estimator", "fixed:0.1"]
+    args = ["replay", str(trace), "--policy", str(STATIC_POLICY_PATH), "--no-baselines", "--estimator", "fixed:0.1"]
     on = CliRunner().invoke(main, [*args, "--drafts", str(drafts), "--out", str(tmp_path / "on")])
     assert on.exit_code == 0, on.output
     off = CliRunner().invoke(main, [*args, "--no-cascade", "--out", str(tmp_path / "off")])
@@ -88,8 +88,8 @@ def test_replay_reports_the_cascade(tmp_path):
     assert "escalated" in next(line for line in on.output.splitlines() if line.startswith("policy")).split()
     report_on = json.loads((tmp_path / "on" / "report.json").read_text())
     report_off = json.loads((tmp_path / "off" / "report.json").read_text())
-    assert report_on["runs"]["default"]["summary"]["escalated"] > 0  # every draft is a refusal
-    assert report_off["runs"]["default"]["summary"]["escalated"] == 0
+    assert report_on["runs"]["static"]["summary"]["escalated"] > 0  # every draft is a refusal
+    assert report_off["runs"]["static"]["summary"]["escalated"] == 0
     assert report_on["meta"]["cascade"].startswith("on") and report_off["meta"]["cascade"].startswith("off")
-    assert report_on["runs"]["default"]["summary"]["total_cost_usd"] > report_off["runs"]["default"]["summary"][
+    assert report_on["runs"]["static"]["summary"]["total_cost_usd"] > report_off["runs"]["static"]["summary"][
         "total_cost_usd"]

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from pointsman.cli import route as cli_route
 from pointsman.cli.main import main
 from pointsman.estimator.estimate import FixedDifficulty
-from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, STATIC_POLICY_PATH
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, DEFAULT_POLICY_PATH, STATIC_POLICY_PATH
 from pointsman.service.bootstrap import LoadedEngine, build_engine
 
 DECISION_KEYS = {"decision_id", "target", "model", "base_url", "mode", "endpoints", "prefill_url", "forward_headers", "fallbacks", "estimated_cost_usd",
