@@ -94,7 +94,7 @@ def test_two_workers_store_outcomes_whose_decision_another_worker_made(tmp_path,
         with httpx.Client(base_url=base, timeout=10) as c:  # a new connection: either worker
             d = c.post("/v1/route", json={"messages": [{"role": "user", "content": f"q{i}"}]}).json()
         with httpx.Client(base_url=base, timeout=10) as c:
-            r = c.post("/v1/outcomes", json={"decision_id": d["decision_id"], "usage": {"completion_tokens": 3}})
+            r = c.post("/v1/outcomes", json={"decision_id": d["decision_id"], "usage": {"prompt_tokens": 12, "completion_tokens": 3}})
         ack = r.json()["acks"][0]
         statuses.append(ack["status"])
         released.append(ack["settlement"]["released_load"])
