@@ -13,21 +13,24 @@ extrapolates. Two things make that count too low for a target's window:
   in the middle extrapolated to 0.55x of the true count.
 
 The bound, per tokenized piece: its ids, plus for every ``[UNK]`` its span's UTF-8 bytes at
-``UNK_BYTES_PER_TOKEN`` per token (instead of 1), plus one token per newline. Past
+``UNK_BYTES_PER_TOKEN`` per token (instead of 1), plus one token per newline; at least its
+``class_units`` (below), which count what WordPiece's normalizer drops (control and zero-width
+characters, tabs, long runs of spaces). Past
 ``COUNT_SAMPLE_CHARS`` the pieces are the head, the tail and ``MIDDLE_SLICES`` slices spread over the
 middle (``sample_pieces``), and the part no piece covers is bounded by the larger of two
 extrapolations: the pieces' mean tokens per character, and the largest tokens per *class unit*
 among the pieces times the class units of the unseen part. ``class_units(text)`` is a cheap count
-over the whole text (C-speed byte operations, ~1 ms per MB): ASCII punctuation characters, runs
-of ASCII letters and digits, newlines and non-ASCII characters (4-byte ones, emoji, twice), about
-the pre-tokens every tokenizer starts from; so a dense middle the slices missed still counts.
+over the whole text (C-speed byte operations): ASCII punctuation and control characters, runs of
+ASCII letters and digits, newlines, tabs, runs of spaces and non-ASCII characters (4-byte ones,
+emoji, twice), about the pre-tokens every tokenizer starts from; so a dense middle the slices missed still counts.
 
 Documented bound (``tests/estimator/test_token_bounds.py``, text generated in the test: prose, code,
-logs, numbers, CJK, emoji, and prose around a dense middle): the bound is >= the estimator
+logs, numbers, CJK, emoji, whitespace/control padding, and prose around a dense middle): the bound is >= the estimator
 tokenizer's true count, and >= 0.85x of the largest count of o200k, cl100k, Claude's and
 DeepSeek-V3's tokenizers when they are available offline (litellm ships them). It is not a proof
 for every text: a text whose unseen middle has more tokens per class unit than every piece
-(mixed scripts, say) can exceed it. A gateway that knows the exact count sends
+(mixed scripts, say) can exceed it; uniformly random CJK code points reach 0.84x of cl100k's count,
+a run of combining marks 0.5x of Claude's. A gateway that knows the exact count sends
 ``routing.prompt_tokens``, and then that is both the count and the bound.
 """
 
@@ -71,23 +74,30 @@ def sample_pieces(text: str, budget_chars: int) -> list[str]:
 _CLASSES = bytes(
     ord("w") if (48 <= b <= 57 or 65 <= b <= 90 or 97 <= b <= 122) else
     ord("n") if b == 10 else
-    ord("s") if b in (9, 11, 12, 13, 32) else
+    ord("t") if b == 9 else
+    ord("s") if b in (11, 12, 13, 32) else
     ord("p") if b < 128 else
     ord("c") if b < 0xC0 else
     ord("u") if b < 0xF0 else ord("e")
     for b in range(256))
-#: the classes folded into w (a letter or digit) and x (anything else), to count runs of w with one pass
-_WORD_OR_NOT = bytes(ord("w") if b == ord("w") else ord("x") for b in range(256))
+#: the classes folded into w (a letter or digit), s (a space) and x (anything else), to count runs
+_FOLDED = bytes(b if b in (ord("w"), ord("s")) else ord("x") for b in range(256))
 
 
 def class_units(text: str) -> int:
-    """Cheap pre-token count of ``text``: ASCII punctuation characters + runs of ASCII letters and
-    digits + newlines + non-ASCII characters (4-byte ones twice). O(len(text)) in byte operations."""
+    """Cheap pre-token count of ``text``: ASCII punctuation and control characters + runs of ASCII
+    letters and digits + newlines + tabs + runs of 2 or more spaces, and every 16 spaces in a row,
+    + non-ASCII characters
+    (4-byte ones twice). What WordPiece drops and BPE counts (control and zero-width characters,
+    tabs, long runs of spaces) is in it. O(len(text)) in byte operations."""
     if not text:
         return 0
     k = text.encode("utf-8", "surrogatepass").translate(_CLASSES)
-    runs = k.translate(_WORD_OR_NOT).count(b"xw") + (k[:1] == b"w")
-    return k.count(b"p") + k.count(b"n") + k.count(b"u") + 2 * k.count(b"e") + runs
+    folded = k.translate(_FOLDED)
+    runs = folded.count(b"xw") + folded.count(b"sw") + (k[:1] == b"w")
+    space_runs = folded.count(b"xss") + folded.count(b"wss") + (k[:2] == b"ss")
+    return (k.count(b"p") + k.count(b"n") + k.count(b"t") + k.count(b"s" * 16) + k.count(b"u") + 2 * k.count(b"e")
+            + runs + space_runs)
 
 
 def unk_byte_tokens(text: str, ids: list[int], encoding: Encoding | None, tokenizer: Tokenizer) -> int:
@@ -110,9 +120,11 @@ def unk_byte_tokens(text: str, ids: list[int], encoding: Encoding | None, tokeni
 
 
 def piece_upper(text: str, ids: list[int], encoding: Encoding | None, tokenizer: Tokenizer) -> tuple[int, int]:
-    """The bound for one tokenized piece as (ids + one token per newline, the ``[UNK]`` bytes' extra
-    tokens); the bound is their sum."""
-    return len(ids) + text.count("\n"), unk_byte_tokens(text, ids, encoding, tokenizer)
+    """The bound for one tokenized piece as (ids + one token per newline, the rest up to the bound:
+    the ``[UNK]`` bytes' extra tokens, or more when ``class_units`` is larger than both together)."""
+    base = len(ids) + text.count("\n")
+    bound = max(base + unk_byte_tokens(text, ids, encoding, tokenizer), class_units(text))
+    return base, bound - base
 
 
 def extrapolated_upper(text: str, pieces: list[str], bounds: list[tuple[int, int]]) -> int:
@@ -127,5 +139,5 @@ def extrapolated_upper(text: str, pieces: list[str], bounds: list[tuple[int, int
     units = [class_units(p) for p in pieces]
     rest_units = max(0, class_units(text) - sum(units))
     per_char = total / max(1, seen_chars)
-    per_unit = max(base / max(1, c) for (base, _), c in zip(bounds, units))
+    per_unit = max(1.0, *(base / max(1, c) for (base, _), c in zip(bounds, units)))
     return total + math.ceil(max(per_char * rest_chars, per_unit * rest_units))

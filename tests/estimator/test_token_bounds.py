@@ -1,8 +1,8 @@
 """Token counts that never undercount beyond the documented bound (``estimator/token_bounds.py``):
 ``prompt_tokens_upper`` is >= the estimator tokenizer's true count and >= 0.85x the largest count of
 the other real tokenizers available offline (o200k, cl100k, Claude's, DeepSeek-V3's, shipped with
-litellm), for prose, code, logs, numbers, CJK and emoji generated here, short and sampled, and for
-prose around a dense middle; and the context-window filter compares that bound."""
+litellm), for prose, code, logs, numbers, CJK, emoji and whitespace/control padding generated here,
+short and sampled, and for prose around a dense middle; and the context-window filter compares that bound."""
 
 from __future__ import annotations
 
@@ -80,7 +80,17 @@ def emoji(rng: random.Random, n: int) -> str:
     return "".join(out)[:n]
 
 
-KINDS = {"prose": prose, "code": code, "logs": logs, "numbers": numbers, "cjk": cjk, "emoji": emoji}
+def padded(rng: random.Random, n: int) -> str:
+    """Words between what WordPiece drops and BPE counts: tabs, runs of spaces, zero-width and control characters."""
+    out, size = [], 0
+    while size < n:
+        part = rng.choice(WORDS) + rng.choice(["\t\t", "       ", "\u200b\u200b", "\x01", " \t", "\n\t\t"])
+        out.append(part)
+        size += len(part)
+    return "".join(out)[:n]
+
+
+KINDS = {"prose": prose, "code": code, "logs": logs, "numbers": numbers, "cjk": cjk, "emoji": emoji, "padded": padded}
 
 
 def dense_middle(rng: random.Random, middle: str, n: int) -> str:
