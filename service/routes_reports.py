@@ -194,11 +194,18 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "") -> OutcomeItem
     ``context_window_tokens`` x ``CONTEXT_TOLERANCE``, ``check_usage_fits``) or cannot be priced
     there (cache writes on a target without their price, ``cost.unpriced_counts``): the error naming
     the fields (under ``prefix``, ``[3]``), else None. Unknown targets are not checked (their outcome
-    is stored and its settlement says why it cannot be priced). Raises ``DataError`` (outcome log)."""
+    is stored and its settlement says why it cannot be priced), but a non-shadow outcome's
+    ``served_target`` the fleet does not have is an error: such an outcome could never settle, and its decision's budget hold and
+    in-flight load would stay taken. Raises ``DataError`` (outcome log)."""
+    targets = rt.live.engine.fleet.targets
+    at = f"{prefix}." if prefix else ""
+    if item.served_target is not None and not item.shadow and targets and item.served_target not in targets:
+        close = difflib.get_close_matches(item.served_target, list(targets), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else f"; the fleet's targets: {', '.join(sorted(targets))}"
+        return OutcomeItemError(((f"{at}served_target", f"unknown target '{item.served_target}'{hint}"),))
     usage = item.usage
     if usage is None:
         return None
-    targets = rt.live.engine.fleet.targets
     total = (usage.prompt_tokens or 0) + (usage.completion_tokens or 0)
     writes = (usage.cache_write_tokens or 0) + (usage.cache_write_1h_tokens or 0)
     if not targets or (not writes and total <= min(t.context_window_tokens for t in targets.values())
@@ -210,7 +217,6 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "") -> OutcomeItem
     unpriced = unpriced_counts(target, targets[target], usage.cache_write_tokens or 0,
                                usage.cache_write_1h_tokens or 0)
     if unpriced is not None:
-        at = f"{prefix}." if prefix else ""
         return OutcomeItemError(tuple((f"{at}{usage.source(c)}", f"cache writes cannot be priced: {unpriced}")
                                       for c in unpriced.counts))
     return check_usage_fits(usage, targets[target].context_window_tokens, target, prefix)
