@@ -35,6 +35,10 @@ class HeadInputs:
         self._takes_ids = isinstance(encoder, StaticEncoder)
 
     def _ids(self, text: str) -> list[int]:
+        # no offsets needed: tokenizers' encode_batch_fast (>= 0.20) skips tracking them
+        fast = getattr(self._tokenizer, "encode_batch_fast", None)
+        if fast is not None:
+            return list(fast([text], add_special_tokens=False)[0].ids)
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
     def _embed(self, f: RequestFeatures, ids: list[int] | None) -> np.ndarray:

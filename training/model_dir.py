@@ -150,10 +150,14 @@ def write_model_dir(model_dir: Path, encoder: BuiltEncoder, head: DifficultyHead
 
     encoder_file, tokenizer_file, head_file = MODEL_FILES
     model_dir.mkdir(parents=True, exist_ok=True)
-    for stale in (MANIFEST_FILE, *MODEL_FILES, PROVENANCE_FILE):
+    # a head retrained in place (``--encoder-from`` the output directory) keeps its encoder files
+    in_place = encoder.onnx_path.resolve() == (model_dir / encoder_file).resolve() \
+        and encoder.tokenizer_path.resolve() == (model_dir / tokenizer_file).resolve()
+    for stale in (MANIFEST_FILE, *(MODEL_FILES[2:] if in_place else MODEL_FILES), PROVENANCE_FILE):
         (model_dir / stale).unlink(missing_ok=True)
-    shutil.copyfile(encoder.onnx_path, model_dir / encoder_file)
-    shutil.copyfile(encoder.tokenizer_path, model_dir / tokenizer_file)
+    if not in_place:
+        shutil.copyfile(encoder.onnx_path, model_dir / encoder_file)
+        shutil.copyfile(encoder.tokenizer_path, model_dir / tokenizer_file)
     feature_names = head_feature_names(encoder.spec.dim, blocks)
     fields = export_head(head, len(feature_names), model_dir / head_file)
     parity = head_parity(head, model_dir / head_file, X_sample)

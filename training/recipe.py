@@ -1,18 +1,17 @@
 """The training recipe of the difficulty estimator, as data (``TrainConfig``).
 
-Defaults are the recipe chosen by held-out validation on the Apache/MIT sets (see
-``estimator/default_model/PROVENANCE.md`` for how and on what evidence):
+Defaults are the recipe chosen by leave-one-chat-source-out on the licensed chat sets
+(``scripts/select_recipe_v2.py``; ``estimator/default_model/PROVENANCE.md`` has the table):
 
-- all six Apache/MIT outcome sources, one unit of weight per prompt (MMLU's 14k
-  prompts dominate; on held-out Arena-Bench and MT-bench prompts this beat equal or
-  square-root source weights);
+- the two Apache-2.0 chat sources, Arena-Bench-V1 and RouteLLM MT-bench, one unit of weight
+  per prompt (the benchmark tables of the v1 mix transfer worse to chat prompts);
 - ranking label: the graded gap share (``training.labels.pairwise_gap_share``),
   smoothed to [0.02, 0.98] and shifted in logit space so each source is centered on
-  its own mean (``center_sources``): only the *within*-source variation, not which
-  model pair a source happened to use, drives the ranking;
-- head: soft-voting ensemble of 3 one-layer MLPs (16 units, L2 alpha 10) on
-  embedding ⊕ request features, Platt-calibrated on out-of-fold scores against the
-  pairwise "weak worse" share with equal weight per source.
+  its own mean (``center_sources``);
+- head: one logistic regression (L2 alpha 3000) on z-scored embedding ⊕ request features
+  ⊕ the conversation block (``estimator.conversation``: the embedding reads earlier user turns
+  after the last one), Platt-calibrated on out-of-fold scores against the pairwise "weak
+  worse" share with equal weight per source.
 """
 
 from __future__ import annotations
@@ -49,19 +48,19 @@ class TrainConfig:
     label_offsets: str = "center"
     label_clip: float = 0.02
     source_weights: dict[str, float] | None = None
-    head: str = "mlp"
+    head: str = "logistic"
     hidden: int = 16
-    alpha: float = 10.0
+    alpha: float = 3000.0
     n_members: int = 3
     max_iter: int = 200
     n_folds: int = 5
-    scale: str = "blocks"
+    scale: str = "standard"
     seed: int = 0
     static_max_tokens: int = 512
     minilm_max_tokens: int = 128
     max_rows_per_source: dict[str, int] | None = None
     encoder_from: str | None = None
-    blocks: tuple[str, ...] = ()
+    blocks: tuple[str, ...] = ("conversation",)
     extra: JSONObject = field(default_factory=dict)
 
     def __post_init__(self) -> None:

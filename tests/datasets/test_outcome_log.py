@@ -50,7 +50,7 @@ def test_decision_and_outcomes_join_by_decision_id(tmp_path, fleet_policy, bundl
     log = OutcomeLog(tmp_path / "log.db")
     decision, request = decide(fleet_policy, bundled, "Prove that there are infinitely many primes.", tenant="acme")
     rec = record_decision(log, decision, request, bundled, time_s=1000.0)
-    assert rec.head_input.dtype == np.float32 and rec.head_input.shape == (384 + 28,)
+    assert rec.head_input.dtype == np.float32 and rec.head_input.shape == (len(bundled.manifest.head.feature_names),)
     assert rec.feature_space == feature_space_of(bundled) and rec.feature_space.startswith("static-")
     acks = log.append_outcomes([
         {"decision_id": decision.decision_id, "usage": {"prompt_tokens": 20, "completion_tokens": 300,

@@ -119,3 +119,30 @@ def test_rarity_orders_common_and_rare_words(encoder):
     rare = rarity.vector(tok.encode("linearizability of hazard pointers", add_special_tokens=False).ids)
     assert rare[0] > common[0] and rare[3] > common[3]
     assert np.all(rarity.vector([]) == 0)
+
+
+def test_shipped_model_reads_the_conversation():
+    """Through the engine's path (tokenized_features -> estimate with the query's ids)."""
+    from pointsman.estimator.features import tokenized_features
+    from pointsman.estimator.model_source import load_estimator
+
+    est = load_estimator("bundled")
+    assert "conversation" in est.blocks
+
+    def p_hard(*turns):
+        messages = []
+        for i, t in enumerate(turns):
+            messages.append({"role": "user", "content": t})
+            if i < len(turns) - 1:
+                messages.append({"role": "assistant", "content": "Here is a first answer."})
+        f, ids = tokenized_features(parse_route_request({"messages": messages}), est.tokenizer)
+        got = est.estimate(f, ids)
+        assert got.available, got.error
+        np.testing.assert_allclose(est.feature_vector(f)[0], got.features, atol=1e-6)  # ids path == text path
+        return got.p_hard
+
+    hard, easy = p_hard(HARD), p_hard(EASY)
+    assert hard > easy
+    after_hard, after_easy = p_hard(HARD, "yes, do it"), p_hard(EASY, "yes, do it")
+    assert after_hard > after_easy
+    assert abs(after_hard - hard) < abs(after_easy - hard)
