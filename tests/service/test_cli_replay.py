@@ -14,7 +14,7 @@ from pointsman.datasets.sources import shared_datasets_dir
 from pointsman.errors import DataError
 from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR
 
-POLICIES = ("budget-pacing", "cascade", "cost-saver", "default", "latency-first")
+POLICIES = ("budget-pacing", "cascade", "cost-saver", "default", "latency-first", "static")
 BASELINES = ("round-robin", "random", "least-loaded", "cache-aware", "all-on-prem", "llm-d", "dynamo-kv",
              "sglang-cache-aware", "all-frontier")
 
