@@ -190,6 +190,8 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     outcome = plan(space, inputs, functools.partial(_estimator, estimator_spec), settings, log)
     base, rec, found = outcome.base, outcome.recommended, outcome.found
+    if not base.ok:  # the packaged (base) fleet could not even be replayed: nothing to compare shapes with
+        raise InputError(f"{trace}: {base.error}")
     wall = time.monotonic() - t0
 
     marks = {base.label: "(base)"}

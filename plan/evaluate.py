@@ -124,7 +124,11 @@ def evaluate(inputs: PlanInputs, estimator: Estimator, shape: Shape, scale: floa
                      seed=inputs.seed, baselines=False, slo=inputs.slo, timeline_bin_s=inputs.bin_s,
                      slo_class=inputs.slo_class)[0]
     s, result = run.summary, run.result
-    month = HOURS_PER_MONTH * 3600 / s.window_s if s.window_s > 0 else math.nan
+    if s.window_s <= 0:  # every arrival at one instant and nothing served: no rate to scale to a month
+        return ShapeResult(shape, scale, label, gpus, requests=len(trace),
+                           error="the replay window is 0 s (all arrivals at one instant, none served): "
+                                 "no monthly cost")
+    month = HOURS_PER_MONTH * 3600 / s.window_s
     kv = space.kv_usd_per_month(shape)
     total = s.total_cost_usd * month + kv
     tokens = s.output_tokens * month

@@ -108,6 +108,22 @@ def test_bad_trace_is_one_error_line(tmp_path: Path, plan_files: tuple[Path, Pat
 
 
 
+def test_a_trace_no_shape_can_serve_at_one_instant_is_one_error_line(tmp_path: Path,
+                                                                      plan_files: tuple[Path, Path]) -> None:
+    """One arrival too long for every context window: nothing is served and the replay window is
+    0 s, so no shape has a monthly cost (the planner used to price every shape at $nan/month and
+    search until its time budget)."""
+    fleet, policy = plan_files
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 1000000000, "output_length": 5}\n', encoding="utf-8")
+    result = CliRunner().invoke(main, ["plan", str(trace), "--fleet", str(fleet), "--policy", str(policy),
+                                       "--estimator", "fixed:0.2", "--outcomes", "none", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "replay window is 0 s" in errors[0], result.output
+    assert "nan" not in result.output
+
+
 def test_the_time_budget_stops_the_search_with_the_best_so_far(tmp_path: Path, plan_files: tuple[Path, Path]) -> None:
     fleet_path, policy = plan_files
     trace = write_trace(tmp_path / "trace.jsonl", n=24, rate_rps=2, prompt_tokens=1024, output_tokens=8)
