@@ -108,21 +108,22 @@ def test_a_budgets_file_that_does_not_apply_is_refused() -> None:
 
 
 def test_the_budget_pacing_example_reserves_then_runs_out() -> None:
-    """The packaged fleet and ``budget-pacing.yaml``: every prompt hard (p_hard 0.9), a $0.02 day
-    budget. GPT-4o while the paced bar stays under 0.9, then the reserve rule's 8B model at 95%
-    spent, then nothing fits: every target refused."""
+    """The packaged fleet and ``budget-pacing.yaml``: every prompt as hard as can be (p_hard 1.0; the
+    paced bar starts at the v2 estimator's p_hard_frontier, 0.74), a $0.02 day budget. GPT-4o while
+    the paced bar stays under 1.0, then the reserve rule's 8B model at 95% spent, then nothing fits:
+    every target refused."""
     from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR
 
     fleet = load_fleet()
     budgets = BudgetConfig.from_dict({"budgets": [{"scope": "tenant:replay", "window": "day", "limit_usd": 0.02}]})
     policy = load_policy(DEFAULT_POLICY_DIR / "budget-pacing.yaml", fleet)
-    run = replay_all(TRACE[:30], fleet, sim_fleet(fleet), {"budget-pacing": policy}, FixedDifficulty(0.9),
+    run = replay_all(TRACE[:30], fleet, sim_fleet(fleet), {"budget-pacing": policy}, FixedDifficulty(1.0),
                      baselines=False, budgets=budgets)[0]
     targets = [r.target if r.rejected is None else r.rejected for r in run.result.requests]
     large = targets.index("onprem-70b")  # the first request GPT-4o's estimate no longer fits
     assert large >= 3 and targets[:large] == ["frontier-large"] * large
     assert "frontier-large" not in targets[large:]
-    # with p_hard 0.9 only the reserve rule picks the 8B model; it comes after every frontier request
+    # with p_hard 1.0 only the reserve rule picks the 8B model; it comes after every frontier request
     eight = [i for i, t in enumerate(targets) if t == "onprem-8b"]
     assert len(eight) == run.rules["budget-reserve"] >= 1
     assert min(eight) > max(i for i, t in enumerate(targets) if t.startswith("frontier"))
