@@ -197,7 +197,8 @@ def test_loop_against_an_mlflow_server(tmp_path, monkeypatch, world):
         assert champion.version == got.manifest.version and champion.source.endswith("(@champion)")
         assert not (tmp_path / "data" / "mlflow.db").exists()  # nothing went to the embedded store
         assert rollback().champion_version is None
-        assert np.isfinite(champion.predict_matrix(np.zeros((1, 412), dtype=np.float32))).all()
+        n_features = len(champion.manifest.head.feature_names)
+        assert np.isfinite(champion.predict_matrix(np.zeros((1, n_features), dtype=np.float32))).all()
     finally:
         proc.terminate()
         try:
