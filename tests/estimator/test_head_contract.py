@@ -203,12 +203,17 @@ PINNED = {
 def test_predictions_match_the_values_before_the_sklearn_conventions(name):
     head, X = _pinned_fit(name)
     want = PINNED[name]
-    # the same floating-point operations as before: equal to the last bit on the same machine
-    np.testing.assert_allclose(head.predict_proba(X)[:, 1], want["proba"], rtol=1e-12, atol=0)
-    np.testing.assert_allclose(head.ranker_score(X), want["ranker_score"], rtol=1e-12, atol=0)
-    np.testing.assert_allclose(head.oof_proba_[:8], want["oof"], rtol=1e-12, atol=0)
+    # The same computation as before, to the precision the library versions allow: the values were
+    # pinned on one scikit-learn/scipy/numpy build, and a newer build (scikit-learn 1.9.1, scipy
+    # 1.17.1, numpy 2.4.6) moves the float32 MLPs by ~4e-8 relative (float32 rounding, BLAS) and the
+    # logistic ranker by ~1.4e-4 (lbfgs stops at its tol=1e-4, at an iterate that moves with the
+    # release). Each is held to its own solver's precision, far below any change of the recipe.
+    rtol = 1e-3 if name == "logistic" else 1e-6
+    np.testing.assert_allclose(head.predict_proba(X)[:, 1], want["proba"], rtol=rtol, atol=0)
+    np.testing.assert_allclose(head.ranker_score(X), want["ranker_score"], rtol=rtol, atol=0)
+    np.testing.assert_allclose(head.oof_proba_[:8], want["oof"], rtol=rtol, atol=0)
     np.testing.assert_array_equal(head.predict(X), want["predict"])
-    assert head.calibration_slope_ == pytest.approx(want["slope"], rel=1e-12)
-    assert head.calibration_intercept_ == pytest.approx(want["intercept"], rel=1e-12, abs=1e-15)
+    assert head.calibration_slope_ == pytest.approx(want["slope"], rel=rtol)
+    assert head.calibration_intercept_ == pytest.approx(want["intercept"], rel=rtol, abs=1e-15)
     assert head.classes_.tolist() == [0, 1]
     assert clone(head).get_params() == head.get_params()
