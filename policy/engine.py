@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
@@ -46,7 +46,7 @@ from pointsman.estimator.features import RequestFeatures, tokenized_features
 from pointsman.policy.budget.ledger import BudgetExceeded
 from pointsman.policy.cost import CostEstimate
 from pointsman.policy.decision import Decision, EndpointChoice, Fallback, Trace, new_decision_id
-from pointsman.policy.escalation import Escalation, escalation_id, judge, rule_name
+from pointsman.policy.escalation import Escalation, TargetCosts, escalation_id, judge, rule_name
 from pointsman.policy.fleet import Fleet, FrontierTarget
 from pointsman.policy.live import BaseSignals, CelContext, LiveSignals, build_context, finite_or_none
 from pointsman.policy.rules.compiler import CompiledPolicy
@@ -80,24 +80,6 @@ class Outcome:
     fallbacks: tuple[tuple[str, str], ...]
     exclusions: dict[str, Exclusion | None]
     context: CelContext
-
-
-class _Costs(Mapping[str, float]):
-    """``cost(target)`` for CEL: USD from the signal source, computed on first use."""
-
-    def __init__(self, fleet: Fleet, source: SignalSource) -> None:
-        self.fleet, self.source = fleet, source
-
-    def __getitem__(self, target: str) -> float:
-        if target not in self.fleet.targets:
-            raise KeyError(target)
-        return float(self.source.cost(target).usd)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.fleet.targets)
-
-    def __len__(self) -> int:
-        return len(self.fleet.targets)
 
 
 def _scores(source: SignalSource, target: str) -> tuple[float | None, float | None]:
@@ -141,7 +123,7 @@ def decide(fleet: Fleet, policy: CompiledPolicy, base: BaseSignals, source: Sign
     exclusions = eligibility(fleet, FilterContext(base["request"], policy.filters, source),
                              enabled(policy.filters, filters))
     context = build_context(policy, base, source)
-    verdict = evaluate(policy, context, _Costs(fleet, source), exclusions, pruned=True)
+    verdict = evaluate(policy, context, TargetCosts(fleet, source), exclusions, pruned=True)
     mode = resolve_mode(policy, fleet, source, verdict.target, verdict.mode)
     fallbacks = tuple((t, resolve_mode(policy, fleet, source, t, m).mode) for t, m in verdict.fallbacks)
     return Outcome(verdict, mode, fallbacks, exclusions, context)
