@@ -188,3 +188,49 @@ def test_the_context_window_filter_compares_the_bound():
     assert true > max(t.context_window_tokens for t in fleet.targets.values())
     with pytest.raises(NoEligibleTarget, match=r"context-window: needs [\d,]+ tokens"):
         engine.route(request_from_prompt(text), dispatch=False)
+
+
+def _class_units_reference(text: str) -> int:
+    """``class_units`` spelled out character by character (the docstring's definition)."""
+    units, prev, spaces = 0, "", 0
+    for ch in text:
+        o = ord(ch)
+        word = ch.isascii() and ch.isalnum()
+        space = ch in " \x0b\x0c\r"
+        if word and prev != "w":
+            units += 1
+        if space:
+            spaces += 1
+            if spaces == 2:
+                units += 1  # a run of 2 or more spaces
+            if spaces % 16 == 0:
+                units += 1  # every 16 spaces in a row
+        else:
+            spaces = 0
+        if not (word or space or ch == "\n" or ch == "\t") and o < 128:
+            units += 1  # ASCII punctuation and control characters
+        elif ch in "\n\t":
+            units += 1
+        elif o >= 128:
+            units += 2 if o >= 0x10000 else 1
+        prev = "w" if word else "s" if space else "x"
+    return units
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 3, 40, 3000, 9000, 40_000])
+def test_class_units_counts_by_its_definition_on_both_paths(size):
+    """The byte-method path (short texts) and the numpy path (from ``NUMPY_FROM_BYTES``) give the
+    character-by-character count, on text mixing every class (runs of spaces of every length)."""
+    from pointsman.estimator.token_bounds import NUMPY_FROM_BYTES, class_units
+
+    rng = random.Random(size)
+    alphabet = ["word", "Z9", " ", "  ", " " * 17, " " * 33, "\t", "\n", "\r", "\x0b\x0c", ".", ",;", "\u00e9",
+                "\u4e2d", "\U0001f600", "\x00", "\x7f", "\u200b", "x" * 120]
+    parts, n = [], 0
+    while n < size:
+        parts.append(rng.choice(alphabet))
+        n += len(parts[-1].encode("utf-8"))
+    text = "".join(parts)[:size]
+    assert class_units(text) == _class_units_reference(text)
+    if size >= 9000:
+        assert len(text.encode("utf-8", "surrogatepass")) >= NUMPY_FROM_BYTES  # the numpy path ran
