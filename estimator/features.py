@@ -152,7 +152,7 @@ def _count(text: str, tokenizer: Tokenizer | None, offsets: bool = False) -> tup
         n += len(ids) + long_word_tokens(piece, ids, with_offsets, tokenizer)
         bounds.append(piece_upper(piece, ids, with_offsets, tokenizer))
     if whole:
-        return n, max(n, sum(a + b for a, b in bounds)), encodings[0]
+        return n, max(n, sum(a + b for a, b, _ in bounds)), encodings[0]
     n = max(1, round(n * len(text) / sum(len(p) for p in pieces)))
     return n, max(n, extrapolated_upper(text, pieces, bounds)), None
 

@@ -148,25 +148,26 @@ def unk_byte_tokens(text: str, ids: list[int], encoding: Encoding | None, tokeni
     return max(0, extra)
 
 
-def piece_upper(text: str, ids: list[int], encoding: Encoding | None, tokenizer: Tokenizer) -> tuple[int, int]:
+def piece_upper(text: str, ids: list[int], encoding: Encoding | None, tokenizer: Tokenizer) -> tuple[int, int, int]:
     """The bound for one tokenized piece as (ids + one token per newline, the rest up to the bound:
-    the ``[UNK]`` bytes' extra tokens, or more when ``class_units`` is larger than both together)."""
+    the ``[UNK]`` bytes' extra tokens, or more when ``class_units`` is larger than both together,
+    the piece's ``class_units``)."""
     base = len(ids) + text.count("\n")
-    bound = max(base + unk_byte_tokens(text, ids, encoding, tokenizer), class_units(text))
-    return base, bound - base
+    units = class_units(text)
+    bound = max(base + unk_byte_tokens(text, ids, encoding, tokenizer), units)
+    return base, bound - base, units
 
 
-def extrapolated_upper(text: str, pieces: list[str], bounds: list[tuple[int, int]]) -> int:
+def extrapolated_upper(text: str, pieces: list[str], bounds: list[tuple[int, int, int]]) -> int:
     """The bound of ``text`` from its sampled ``pieces`` (``sample_pieces``) and their ``piece_upper``
     values: their sum plus, for the characters no piece covers, the larger of (mean tokens per
     character) x characters and (largest ids per class unit of a piece) x class units."""
-    total = sum(base + extra for base, extra in bounds)
+    total = sum(base + extra for base, extra, _ in bounds)
     seen_chars = sum(len(p) for p in pieces)
     rest_chars = max(0, len(text) - seen_chars)
     if rest_chars == 0:
         return total
-    units = [class_units(p) for p in pieces]
-    rest_units = max(0, class_units(text) - sum(units))
+    rest_units = max(0, class_units(text) - sum(units for _, _, units in bounds))
     per_char = total / max(1, seen_chars)
-    per_unit = max(1.0, *(base / max(1, c) for (base, _), c in zip(bounds, units)))
+    per_unit = max(1.0, *(base / max(1, units) for base, _, units in bounds))
     return total + math.ceil(max(per_char * rest_chars, per_unit * rest_units))
