@@ -11,7 +11,8 @@ message (head and tail), and token counting tokenizes at most
 extrapolates by the measured characters-per-token ratio; ``prompt_tokens_upper`` bounds the
 count from above for the context-window filter (``token_bounds.py``: whitespace and ``[UNK]``
 spans the targets' BPE tokenizers count, and a byte scan of the whole text). A gateway that knows the exact count passes
-``routing.prompt_tokens`` and that wins.
+``routing.prompt_tokens`` and that wins, unless it implies over ``MAX_CHARS_PER_SUPPLIED_TOKEN``
+characters per token (then the prompt is counted here).
 
 Long words: WordPiece (BERT's, the MiniLM tokenizer) turns any word longer than
 ``max_input_chars_per_word`` (100) into one ``[UNK]``, so 600 KB of hex or DNA letters
@@ -58,6 +59,12 @@ TOKENS_PER_MESSAGE = 4
 #: Fallback characters per token when no tokenizer is available (English text, BPE);
 #: also the count of a word too long for WordPiece.
 CHARS_PER_TOKEN = 4.0
+#: Most characters per token a gateway's ``routing.prompt_tokens`` may imply before Pointsman counts the
+#: prompt itself: tokenizers in use average 3-5 characters of text per token, and only runs of
+#: whitespace or repeated characters reach 16. A supplied count below ``prompt_chars / 16`` is taken for a
+#: mistake (a count of the last turn, of a truncated copy, or of another request): Pointsman counts the
+#: prompt and bounds it itself, as when no count is supplied, and ``prompt_tokens_exact`` is False.
+MAX_CHARS_PER_SUPPLIED_TOKEN = 16
 #: A run of over 100 characters with no ASCII whitespace: the only place a word longer than
 #: WordPiece's ``max_input_chars_per_word`` (100 for BERT's) can be (a cheap pre-check).
 _LONG_RUN = re.compile(r"[^ \t\n\r]{101,}")
@@ -288,6 +295,8 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
         k = next((i for i in range(len(texts) - 1, -1, -1) if texts[i]), None)
     query = "" if k is None else texts[k]
     exact = request.routing.prompt_tokens
+    if exact is not None and exact * MAX_CHARS_PER_SUPPLIED_TOKEN < prompt_chars:
+        exact = None  # implausibly low: count the prompt here (``MAX_CHARS_PER_SUPPLIED_TOKEN``)
     query_ids: list[int] | None = None
     if exact is not None:
         prompt_tokens = prompt_upper = exact

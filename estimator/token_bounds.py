@@ -31,7 +31,8 @@ DeepSeek-V3's tokenizers when they are available offline (litellm ships them). I
 for every text: a text whose unseen middle has more tokens per class unit than every piece
 (mixed scripts, say) can exceed it; uniformly random CJK code points reach 0.84x of cl100k's count,
 a run of combining marks 0.5x of Claude's. A gateway that knows the exact count sends
-``routing.prompt_tokens``, and then that is both the count and the bound.
+``routing.prompt_tokens``, and then that is both the count and the bound (unless it is implausibly low:
+``features.MAX_CHARS_PER_SUPPLIED_TOKEN``).
 """
 
 from __future__ import annotations

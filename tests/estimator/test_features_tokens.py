@@ -167,3 +167,37 @@ def test_ordinary_prompts_count_exactly_their_tokens(est):
         request = parse_route_request({"messages": [{"role": "user", "content": text}]})
         exact = len(est.tokenizer.encode(text, add_special_tokens=False).ids)
         assert extract_features(request, est.tokenizer).prompt_tokens == exact + 4
+
+
+def test_an_implausibly_low_supplied_count_does_not_shrink_the_bound(est):
+    """A gateway's ``routing.prompt_tokens`` of 10 for 200 KB of text (a count of the last turn, say) is
+    not trusted: the prompt is counted and bounded as if no count was sent; a plausible one wins."""
+    text = "The cache holds the prefix of every request. " * 4500  # ~200 KB, ~45k tokens
+    low = parse_route_request({"messages": [{"role": "user", "content": text}], "routing": {"prompt_tokens": 10}})
+    unsent = parse_route_request({"messages": [{"role": "user", "content": text}]})
+    f_low, f_unsent = extract_features(low, est.tokenizer), extract_features(unsent, est.tokenizer)
+    assert not f_low.prompt_tokens_exact
+    assert (f_low.prompt_tokens, f_low.prompt_tokens_upper) == (f_unsent.prompt_tokens, f_unsent.prompt_tokens_upper)
+    assert f_low.prompt_tokens_upper > 40_000
+    plausible = parse_route_request({"messages": [{"role": "user", "content": text}],
+                                     "routing": {"prompt_tokens": len(text) // 16 + 1}})
+    f_ok = extract_features(plausible, est.tokenizer)
+    assert f_ok.prompt_tokens_exact and f_ok.prompt_tokens == f_ok.prompt_tokens_upper == len(text) // 16 + 1
+
+
+def test_the_context_window_filter_sees_through_an_implausibly_low_supplied_count():
+    """Through the engine: 600 KB sent with ``routing.prompt_tokens: 10`` fits no target's window, so the
+    decision is refused by the ``context_window`` filter instead of being routed (finding B)."""
+    from pointsman.policy.selection.filters import NoEligibleTarget
+    from pointsman.estimator.estimate import FixedDifficulty
+    from pointsman.policy.engine import RoutingEngine
+    from pointsman.policy.fleet import load_fleet
+    from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+
+    fleet = load_fleet()
+    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.3))
+    text = "Summarise this log line by line. " * 20_000  # ~660 KB, ~140k tokens by any tokenizer
+    request = parse_route_request({"messages": [{"role": "user", "content": text}], "routing": {"prompt_tokens": 10}})
+    with pytest.raises(NoEligibleTarget) as refused:
+        engine.route(request)
+    assert "context-window: needs" in str(refused.value)
