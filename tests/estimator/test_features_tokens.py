@@ -188,11 +188,11 @@ def test_an_implausibly_low_supplied_count_does_not_shrink_the_bound(est):
 def test_the_context_window_filter_sees_through_an_implausibly_low_supplied_count():
     """Through the engine: 600 KB sent with ``routing.prompt_tokens: 10`` fits no target's window, so the
     decision is refused by the ``context_window`` filter instead of being routed (finding B)."""
-    from pointsman.policy.selection.filters import NoEligibleTarget
     from pointsman.estimator.estimate import FixedDifficulty
     from pointsman.policy.engine import RoutingEngine
     from pointsman.policy.fleet import load_fleet
     from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+    from pointsman.policy.selection.filters import NoEligibleTarget
 
     fleet = load_fleet()
     engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.3))
