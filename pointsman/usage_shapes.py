@@ -24,7 +24,8 @@ Anthropic Messages     ``input_tokens`` (uncached only), ``cache_read_input_toke
 Google Gemini          ``usageMetadata``: ``promptTokenCount`` (cached included) +
                        ``toolUsePromptTokenCount``, ``cachedContentTokenCount``, ``candidatesTokenCount``
                        + ``thoughtsTokenCount`` (billed as output), ``totalTokenCount``,
-                       ``*TokensDetails`` ``[{modality, tokenCount}]``; zero counts may be omitted (proto3)
+                       ``*TokensDetails`` ``[{modality, tokenCount}]``; zero counts may be omitted (proto3):
+                       an absent output count is ``totalTokenCount`` minus the rest, missing without a total
 AWS Bedrock Converse   ``inputTokens`` (uncached only), ``cacheReadInputTokens``,
                        ``cacheWriteInputTokens`` split by ``cacheDetails[{ttl: 5m|1h, inputTokens}]``,
                        ``outputTokens``, ``totalTokens`` (= the four)
@@ -329,17 +330,21 @@ def _modalities(r: _Reader, key: str, why: str) -> None:
 
 def _gemini(r: _Reader) -> UsageCounts:
     prompt = r.count("promptTokenCount")
-    # proto3 JSON omits zero counts: an absent output or tool count is 0
-    candidates, thoughts = r.count("candidatesTokenCount") or 0, r.count("thoughtsTokenCount") or 0
+    # proto3 JSON omits zero counts: an absent tool or thoughts count is 0, and an absent output count is
+    # what totalTokenCount leaves (0 when it equals the rest); with no total either it is missing, not 0
+    thoughts, total = r.count("thoughtsTokenCount") or 0, r.count("totalTokenCount")
     tool, cached = r.count("toolUsePromptTokenCount") or 0, r.count("cachedContentTokenCount")
+    candidates = r.count("candidatesTokenCount")
+    if candidates is None and total is not None and prompt is not None:
+        candidates = max(0, total - prompt - tool - thoughts)
     for key, why in (("promptTokensDetails", "audio input tokens"), ("cacheTokensDetails", "cached audio tokens"),
                      ("toolUsePromptTokensDetails", "audio tool-use tokens"),
                      ("candidatesTokensDetails", "audio output tokens")):
         _modalities(r, key, why)
     if (traffic := r.raw.get("trafficType")) is not None and not isinstance(traffic, str):
         r.problems.append(("usage.trafficType", "expected a string"))
-    completion = candidates + thoughts
-    r.agree("usage.totalTokenCount", r.count("totalTokenCount"), _sum(prompt, tool, completion),
+    completion = None if candidates is None else candidates + thoughts
+    r.agree("usage.totalTokenCount", total, _sum(prompt, tool, completion),
             "usage.promptTokenCount + toolUsePromptTokenCount + candidatesTokenCount + thoughtsTokenCount")
     return UsageCounts("gemini", None if prompt is None else prompt + tool, cached, completion, None, None,
                        {"prompt_tokens": "usage.promptTokenCount", "completion_tokens": "usage.candidatesTokenCount",
