@@ -17,6 +17,12 @@ from pointsman.cli.errors import InputError
 from pointsman.cli.training_output import echo_metrics, invoked_command, progress_log
 from pointsman.errors import PointsmanError
 
+#: ``train --table``'s label-panel weight, warm-start sources and their share (docs/retraining.md has
+#: the 5-fold numbers on the shared AlpacaEval table that chose them).
+TABLE_PANEL_WEIGHT = 0.5
+TABLE_WARM_START = ("arena_bench_v1", "routellm_mtbench")
+TABLE_WARM_START_SHARE = 0.5
+
 
 def _split_names(values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(n.strip() for v in values for n in v.split(",") if n.strip())
@@ -55,17 +61,28 @@ def _split_names(values: tuple[str, ...]) -> tuple[str, ...]:
 @click.option("--license", "license_", default=None, metavar="SPDX",
               help="With --table: the table's data license, recorded in the provenance (default: known for the "
                    "shared tables, else 'unknown').")
+@click.option("--panel-weight", type=click.FloatRange(0.0, 1.0), default=None, metavar="W",
+              help="With --table: share of each prompt's label taken from the table's other model columns (the "
+                   "label panel: how often the many models fall short of the strong ones) instead of the weak × "
+                   f"strong pairs alone; default {TABLE_PANEL_WEIGHT}, 0 turns it off.")
+@click.option("--warm-start", "warm_start", default=None, metavar="NAMES",
+              help="With --table: licensed sources trained on beside the table (comma-separated; default "
+                   f"{','.join(TABLE_WARM_START)}; 'none' turns it off).")
+@click.option("--warm-start-share", type=click.FloatRange(min=0.0), default=None, metavar="S",
+              help=f"With --table: the warm-start rows together weigh S × the table's rows (default {TABLE_WARM_START_SHARE}).")
 def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: bool, tables: tuple[str, ...],
               evals: tuple[str, ...], encoder_from: Path | None, seed: int, max_rows: int | None, folds: int,
               as_json: bool, from_table: bool, from_outcomes: str | None, label_rules: Path | None,
-              table: Path | None, weak: tuple[str, ...], strong: tuple[str, ...], license_: str | None) -> None:
+              table: Path | None, weak: tuple[str, ...], strong: tuple[str, ...], license_: str | None,
+              panel_weight: float | None, warm_start: str | None, warm_start_share: float | None) -> None:
     """Train the difficulty estimator on the Apache/MIT outcome tables, evaluate it on
     held-out prompts, export it to ONNX, log it to MLflow and (unless --no-register)
     register it as pointsman-difficulty with alias @champion. With --table, train on one
     wide outcome table of any license (its provenance records the license). With
     --from-outcomes, train a challenger from logged outcomes instead (cli/loop.py)."""
-    if table is None and (weak or strong or license_):
-        raise InputError("--weak, --strong and --license apply to --table only")
+    if table is None and (weak or strong or license_ or panel_weight is not None or warm_start is not None
+                          or warm_start_share is not None):
+        raise InputError("--weak, --strong, --license, --panel-weight and --warm-start(-share) apply to --table only")
     if table is not None and (tables or from_table or from_outcomes is not None):
         raise InputError("--table trains on one table; it takes no --tables, --from-table or --from-outcomes")
     if table is not None and not (_split_names(weak) and _split_names(strong)):
@@ -97,6 +114,8 @@ def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: b
     except ImportError as exc:
         raise InputError(f"training needs the train extra ({exc}); install it: pip install 'pointsman[train]'") from None
     names = _split_names(tables) or DEFAULT_TRAINING_SOURCES
+    panel_w, share = 0.0, 0.0  # the public-sources recipe has neither a label panel nor a warm start
+    warm: tuple[str, ...] = ()
     try:
         sources = None
         if table is not None:
@@ -104,6 +123,10 @@ def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: b
 
             sources = [table_source(table, _split_names(weak), _split_names(strong), license_)]
             names = (sources[0].name,)
+            warm = TABLE_WARM_START if warm_start is None else tuple(
+                n for n in _split_names((warm_start,)) if n != "none")
+            panel_w = TABLE_PANEL_WEIGHT if panel_weight is None else panel_weight
+            share = TABLE_WARM_START_SHARE if warm_start_share is None else warm_start_share
         cfg = TrainConfig(
             encoder=encoder,
             sources=names,
@@ -111,6 +134,9 @@ def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: b
             n_folds=folds,
             encoder_from=str(encoder_from) if encoder_from else None,
             max_rows_per_source={n: max_rows for n in names} if max_rows else None,
+            panel_weight=panel_w,
+            warm_start=warm,
+            warm_start_share=share,
         )
         result = train(cfg, output, register=not no_register, use_mlflow=not no_mlflow,
                        evals=parsed_evals, command=invoked_command(), log=progress_log(as_json), sources=sources)

@@ -40,6 +40,8 @@ class OutcomeSource:
     ``anchor``: a weak model present in every training source (Mixtral-8x7B-Instruct),
     whose rate of falling short of the source's strong models lines the sources up on
     one scale (``TrainConfig.label_offsets="anchor"``); ``None`` if absent.
+    ``panel``: more model columns (any strength) whose outcomes on the same prompt denoise the
+    weak/strong label (``TrainConfig.panel_weight``, ``training.examples``); ``()`` for none.
     """
 
     name: str
@@ -51,6 +53,7 @@ class OutcomeSource:
     domain: str
     origin: str
     anchor: str | None = None
+    panel: tuple[str, ...] = ()
 
     @property
     def trainable(self) -> bool:
@@ -58,7 +61,10 @@ class OutcomeSource:
         return self.license in TRAINABLE_LICENSES
 
     def path(self, root: str | Path | None = None) -> Path:
-        """Absolute path of the table under ``root`` (default ``shared_datasets_dir()``)."""
+        """Absolute path of the table under ``root`` (default ``shared_datasets_dir()``); an absolute
+        ``relpath`` (an operator's table, ``training.table_source``) is that path."""
+        if Path(self.relpath).is_absolute():
+            return Path(self.relpath)
         return Path(root or shared_datasets_dir()) / self.relpath
 
 

@@ -9,7 +9,11 @@ the prompts of that fold. The out-of-fold scores are ranked for the ``weak``/``s
 range), and the baselines on the same rows (random, prompt length, oracle).
 
 Labels: when the model was trained on this same table (``pointsman train --table``), the
-training columns it used (possibly several weak and strong models); else ``weak`` vs ``strong``.
+training columns it used (possibly several weak and strong models, and its label panel); else
+``weak`` vs ``strong`` with the table's other columns as the panel. A recipe with a label panel
+(``panel_weight``) mixes the panel's outcomes into the labels of the training folds' rows only;
+a recipe with a warm start (``warm_start``) trains every refit on those licensed sources' rows
+too (never on this table's rows outside the fold), weighed as in training (``rank_weights``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from pointsman.estimator.difficulty import DifficultyEstimator
 
 #: Recipe keys a refitted head takes from the model's manifest.
-_HEAD_KEYS = ("label", "label_offsets", "label_clip", "head", "hidden", "alpha", "n_members", "max_iter", "seed", "scale")
+_HEAD_KEYS = ("label", "label_offsets", "label_clip", "head", "hidden", "alpha", "n_members", "max_iter", "seed", "scale",
+              "panel_weight", "warm_start_share")
 
 
 class CrossValReport(RouterReport):
@@ -61,19 +66,25 @@ def recipe_of(est: DifficultyEstimator) -> TrainConfig:
                 setattr(cfg, key, value)
             elif isinstance(value, int) and isinstance(getattr(cfg, key), float):
                 setattr(cfg, key, float(value))
+        warm = recipe.get("warm_start")
+        if isinstance(warm, str):
+            cfg.warm_start = tuple(n for n in warm.split(",") if n)
     return cfg
 
 
-def training_columns(est: DifficultyEstimator, path: Path, weak: str, strong: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The weak and strong columns the model trained on when it trained on ``path``, else ``(weak,), (strong,)``."""
+def training_columns(est: DifficultyEstimator, path: Path, weak: str, strong: str
+                     ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...] | None]:
+    """The weak, strong and panel columns the model trained on when it trained on ``path``, else
+    ``(weak,), (strong,), None`` (None: the table's columns other than ``strong``)."""
     sources = est.manifest.training.get("sources")
     if isinstance(sources, list):
         for s in sources:
             if isinstance(s, dict) and Path(str(s.get("table", ""))).resolve() == path.resolve():
-                w, st = s.get("weak_models"), s.get("strong_models")
+                w, st, panel = s.get("weak_models"), s.get("strong_models"), s.get("panel_models")
                 if isinstance(w, list) and isinstance(st, list) and w and st:
-                    return tuple(map(str, w)), tuple(map(str, st))
-    return (weak,), (strong,)
+                    return (tuple(map(str, w)), tuple(map(str, st)),
+                            tuple(map(str, panel)) if isinstance(panel, list) else None)
+    return (weak,), (strong,), None
 
 
 def crossval_table(est: DifficultyEstimator, path: str | Path, weak: str, strong: str, folds: int = 5) -> CrossValReport:
@@ -81,35 +92,45 @@ def crossval_table(est: DifficultyEstimator, path: str | Path, weak: str, strong
 
     Raises ``DataError`` for an unreadable table, unknown columns, ``folds < 2``, or a fold whose
     training part has a single class."""
+    from pointsman.datasets.sources import default_training_sources
     from pointsman.estimator.head import DifficultyHead
-    from pointsman.training.train import ranking_labels
+    from pointsman.training.train import rank_weights, ranking_labels
 
     if folds < 2:
         raise DataError(f"--folds must be at least 2, got {folds}")
     path = Path(path)
     table = read_outcome_table(path)
     w_all, s_all = table.scores(weak), table.scores(strong)
-    train_weak, train_strong = training_columns(est, path, weak, strong)
-    source = table_source(path, train_weak, train_strong)
-    ex = build_examples([source], tokenizer=est.tokenizer, seed=0)
+    train_weak, train_strong, panel = training_columns(est, path, weak, strong)
+    source = table_source(path, train_weak, train_strong, panel=panel)
+    cfg = recipe_of(est)
+    warm = [n for n in cfg.warm_start if n != source.name]
+    ex_all = build_examples([source, *(default_training_sources(warm) if warm else [])], tokenizer=est.tokenizer,
+                            seed=0)
+    own = ex_all.source == source.name
+    ex = ex_all.subset(own)
     if len(ex) < folds:
         raise DataError(f"{path}: {len(ex)} labeled prompts, fewer than --folds {folds}")
     row_of = {pid: i for i, pid in enumerate(table.prompt_ids)}
     rows = np.asarray([row_of[str(p)] for p in ex.prompt_id])
-    cfg = recipe_of(est)
-    X = est.feature_matrix(ex.features)
-    y = ranking_labels(ex, cfg)
+    X_all = est.feature_matrix(ex_all.features)
+    X = X_all[own]
     fold = assign_folds([str(g) for g in ex.group], folds, seed=cfg.seed)
+    fold_all = np.full(len(ex_all), -1)
+    fold_all[own] = fold
     scores = np.full(len(ex), np.nan)
     for f in range(folds):
         test = fold == f
         if not test.any():
             continue
+        # this table's other folds and every warm-start row, but none of a conversation in the test fold
+        train_rows = (fold_all != f) & ~np.isin(ex_all.group, ex.group[test])
         head = DifficultyHead(n_embedding=est.manifest.encoder.dim, kind=cfg.head, hidden=cfg.hidden, alpha=cfg.alpha,
                               n_members=cfg.n_members, max_iter=cfg.max_iter, n_folds=0, random_state=cfg.seed,
                               scale=cfg.scale)
+        fit_ex = ex_all.subset(train_rows)  # labels (and their per-source centering) from the training rows only
         try:
-            head.fit(X[~test], y[~test])
+            head.fit(X_all[train_rows], ranking_labels(fit_ex, cfg), rank_weights(fit_ex, cfg))
         except ValueError as exc:
             raise DataError(f"{path}: fold {f}: {exc}") from None
         scores[test] = head.ranker_score(X[test])

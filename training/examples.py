@@ -36,7 +36,10 @@ class Examples:
     ``source``: source name per row; ``prompt_id``; ``group``: leakage-safe key
     (``datasets.splits.group_key``); ``features``: ``RequestFeatures`` per row;
     ``y``: float64 soft label in [0, 1]; ``n_pairs``: weak/strong pairs behind ``y``;
-    ``category``: the table's category.
+    ``category``: the table's category. ``y_panel``/``y_panel_gap``: the same labels over the
+    source's panel × strong model pairs (``OutcomeSource.panel``: many models' outcomes on the
+    prompt, a less noisy measure of its difficulty), NaN where the source has no panel or the row
+    no panel pair.
     """
 
     source: np.ndarray
@@ -51,6 +54,14 @@ class Examples:
     strong_score: np.ndarray
     licenses: dict[str, str] = field(default_factory=dict)
     anchor_rates: dict[str, dict[str, float]] = field(default_factory=dict)
+    y_panel: np.ndarray = field(default_factory=lambda: np.empty(0))
+    y_panel_gap: np.ndarray = field(default_factory=lambda: np.empty(0))
+
+    def __post_init__(self) -> None:
+        if len(self.y_panel) != len(self.y):
+            self.y_panel = np.full(len(self.y), np.nan)
+        if len(self.y_panel_gap) != len(self.y):
+            self.y_panel_gap = np.full(len(self.y), np.nan)
 
     def __len__(self) -> int:
         return len(self.y)
@@ -71,6 +82,8 @@ class Examples:
             strong_score=self.strong_score[idx],
             licenses=dict(self.licenses),
             anchor_rates=dict(self.anchor_rates),
+            y_panel=self.y_panel[idx],
+            y_panel_gap=self.y_panel_gap[idx],
         )
 
 
@@ -97,7 +110,8 @@ def build_examples(
     seed: int = 0,
 ) -> Examples:
     """Load each source's table and label every prompt over the source's weak × strong
-    models (``pairwise_worse_share`` and ``pairwise_gap_share``).
+    models (``pairwise_worse_share`` and ``pairwise_gap_share``), and over its panel × strong
+    models when it has a panel (``OutcomeSource.panel``: ``y_panel``, ``y_panel_gap``).
 
     ``margins``: per score kind (default ``DEFAULT_MARGINS``). ``max_rows_per_source``:
     keep a deterministic random subset (``seed``) of at most that many rows of a
@@ -114,6 +128,8 @@ def build_examples(
     n_pairs_col: list[int] = []
     weak_col: list[float] = []
     strong_col: list[float] = []
+    panel_col: list[float] = []
+    panel_gap_col: list[float] = []
     feats: list[RequestFeatures] = []
     licenses: dict[str, str] = {}
     anchor_rates: dict[str, dict[str, float]] = {}
@@ -123,6 +139,11 @@ def build_examples(
         strong = np.stack([table.scores(c) for c in src.strong], axis=1)
         y, n_pairs = pairwise_worse_share(weak, strong, margins[src.score_kind])
         y_gap, _ = pairwise_gap_share(weak, strong, SCORE_SCALES[src.score_kind])
+        y_panel = y_panel_gap = np.full(len(y), np.nan)
+        if src.panel:
+            panel = np.stack([table.scores(c) for c in src.panel], axis=1)
+            y_panel, _ = pairwise_worse_share(panel, strong, margins[src.score_kind])
+            y_panel_gap, _ = pairwise_gap_share(panel, strong, SCORE_SCALES[src.score_kind])
         weak_mean = _row_mean(weak)
         strong_mean = _row_mean(strong)
         rows = np.flatnonzero(n_pairs > 0)
@@ -150,6 +171,8 @@ def build_examples(
             n_pairs_col.append(n_pairs[i])
             weak_col.append(weak_mean[i])
             strong_col.append(strong_mean[i])
+            panel_col.append(y_panel[i])
+            panel_gap_col.append(y_panel_gap[i])
         licenses[src.name] = src.license
     return Examples(
         source=np.asarray(src_col, dtype=object),
@@ -164,4 +187,6 @@ def build_examples(
         strong_score=np.asarray(strong_col, dtype=np.float64),
         licenses=licenses,
         anchor_rates=anchor_rates,
+        y_panel=np.asarray(panel_col, dtype=np.float64),
+        y_panel_gap=np.asarray(panel_gap_col, dtype=np.float64),
     )

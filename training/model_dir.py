@@ -25,7 +25,7 @@ import shutil
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 import numpy as np
 
@@ -50,7 +50,8 @@ HEAD_ESTIMATOR = "pointsman.estimator.head.DifficultyHead"
 
 
 class SourceRecord(TypedDict):
-    """One training source in a ``TableTraining`` block."""
+    """One training source in a ``TableTraining`` block; ``panel_models``: its label panel
+    (``OutcomeSource.panel``), when it has one."""
 
     name: str
     table: str
@@ -60,6 +61,7 @@ class SourceRecord(TypedDict):
     weak_models: list[str]
     strong_models: list[str]
     prompts: int
+    panel_models: NotRequired[list[str]]
 
 
 class TableTraining(TypedDict):

@@ -40,6 +40,12 @@ class TrainConfig:
     ``encoder_from``: reuse the encoder of this model directory instead of building one
     (its kind overrides ``encoder``). ``blocks``: optional head-input blocks
     (``estimator.conversation``: ``rarity``, ``conversation``).
+    ``panel_weight``: share 0-1 of the ranking label taken from the source's panel (many models'
+    outcomes on the prompt, ``OutcomeSource.panel``) instead of its own weak × strong pairs: label
+    denoising (``training.train.ranking_labels``); sources without a panel keep their label.
+    ``warm_start``: licensed sources (``datasets.sources.SOURCES``) trained on beside the given
+    ones, together weighing ``warm_start_share`` × the given sources' rows (``rank_weights``); the
+    calibration reads the given sources only.
     """
 
     encoder: str = "static"
@@ -61,6 +67,9 @@ class TrainConfig:
     max_rows_per_source: dict[str, int] | None = None
     encoder_from: str | None = None
     blocks: tuple[str, ...] = ("conversation",)
+    panel_weight: float = 0.0
+    warm_start: tuple[str, ...] = ()
+    warm_start_share: float = 0.0
     extra: JSONObject = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -72,6 +81,11 @@ class TrainConfig:
             raise ValueError(f"label must be 'gap' or 'worse', got {self.label!r}")
         self.sources = tuple(self.sources)
         self.blocks = tuple(self.blocks)
+        self.warm_start = tuple(self.warm_start)
+        if not 0.0 <= self.panel_weight <= 1.0:
+            raise ValueError(f"panel_weight must be in [0, 1], got {self.panel_weight}")
+        if self.warm_start_share < 0.0:
+            raise ValueError(f"warm_start_share must be >= 0, got {self.warm_start_share}")
         unknown = set(self.blocks) - {name for name, _ in BLOCKS}
         if unknown:
             raise ValueError(f"blocks must be among {', '.join(name for name, _ in BLOCKS)}, got {sorted(unknown)}")

@@ -23,7 +23,7 @@ import numpy as np
 
 from pointsman.data_dir import data_dir
 from pointsman.datasets.sources import OutcomeSource, default_training_sources
-from pointsman.errors import EstimatorError
+from pointsman.errors import DataError, EstimatorError
 from pointsman.estimator.manifest import Manifest
 from pointsman.estimator.markers import request_matrix
 from pointsman.training.encoder_build import BuiltEncoder
@@ -68,12 +68,17 @@ class TrainResult:
 
 
 def ranking_labels(ex: Examples, cfg: TrainConfig) -> np.ndarray:
-    """The head's training target (n,) in (0, 1): ``y_gap`` or ``y``, clipped to
+    """The head's training target (n,) in (0, 1): ``y_gap`` or ``y``, mixed with the panel's
+    (``y_panel_gap`` or ``y_panel``, weight ``cfg.panel_weight``, where a row has one), clipped to
     [label_clip, 1 - label_clip], then shifted per source in logit space by
     ``logit(target) - logit(source mean)`` where target is 0.5 for
     ``label_offsets="center"`` and the source's anchor rate for ``"anchor"`` (no shift
     for ``"none"``)."""
     y = (ex.y_gap if cfg.label == "gap" else ex.y).astype(np.float64)
+    if cfg.panel_weight > 0:
+        panel = ex.y_panel_gap if cfg.label == "gap" else ex.y_panel
+        ok = ~np.isnan(panel)
+        y[ok] = (1.0 - cfg.panel_weight) * y[ok] + cfg.panel_weight * panel[ok]
     lo, hi = cfg.label_clip, 1.0 - cfg.label_clip
     y = np.clip(y, lo, hi)
     if cfg.label_offsets == "none":
@@ -107,6 +112,18 @@ def source_weights(ex: Examples, totals: dict[str, float] | None) -> np.ndarray:
     return w * len(ex) / w.sum()
 
 
+def rank_weights(ex: Examples, cfg: TrainConfig) -> np.ndarray:
+    """The ranker's row weights (n,): ``source_weights(ex, cfg.source_weights)``, or with a warm
+    start (``cfg.warm_start`` rows present, ``cfg.warm_start_share`` > 0) one per row of the other
+    sources and, for the warm-start rows together, ``warm_start_share`` × that many, split by rows."""
+    warm = np.isin(ex.source, list(cfg.warm_start))
+    if not (warm.any() and (~warm).any() and cfg.warm_start_share > 0):
+        return source_weights(ex, cfg.source_weights)
+    w = np.ones(len(ex))
+    w[warm] = cfg.warm_start_share * (~warm).sum() / warm.sum()
+    return w
+
+
 def heldout_metrics(ex: Examples, p_hard: np.ndarray, cal_weight: np.ndarray) -> dict[str, float]:
     """Per-source held-out metrics from out-of-fold ``p_hard`` (n,): APGR (weak tier vs
     strong tier mean scores), AUC (label: the weak model is worse in most pairs, ``y > 0.5``), ECE
@@ -125,8 +142,8 @@ def heldout_metrics(ex: Examples, p_hard: np.ndarray, cal_weight: np.ndarray) ->
     total = 0.0
     for b in range(10):
         mb = bins == b
-        if mb.any():
-            wb = cal_weight[mb]
+        wb = cal_weight[mb]
+        if wb.sum() > 0:
             total += wb.sum() / cal_weight.sum() * abs(np.average(p_hard[mb], weights=wb) - np.average(ex.y[mb], weights=wb))
     out["heldout/ece"] = float(total)
     return out
@@ -170,8 +187,9 @@ def fit_head(cfg: TrainConfig, n_embedding: int, ex: Examples, X: np.ndarray,
     from pointsman.estimator.head import DifficultyHead
 
     y_rank = ranking_labels(ex, cfg)
-    w_rank = source_weights(ex, cfg.source_weights)
-    w_cal = source_weights(ex, {s.name: 1.0 for s in sources})
+    w_rank = rank_weights(ex, cfg)
+    own = [s.name for s in sources if s.name not in cfg.warm_start] or [s.name for s in sources]
+    w_cal = source_weights(ex, {name: 1.0 for name in own})
     head = DifficultyHead(n_embedding=n_embedding, kind=cfg.head, hidden=cfg.hidden, alpha=cfg.alpha,
                           n_members=cfg.n_members, max_iter=cfg.max_iter, n_folds=cfg.n_folds, random_state=cfg.seed,
                           scale=cfg.scale)
@@ -191,7 +209,8 @@ def table_training(cfg: TrainConfig, sources: list[OutcomeSource], ex: Examples,
         recipe=cfg.params(),
         sources=[SourceRecord(name=s.name, table=s.relpath, license=s.license, origin=s.origin,
                               score_kind=s.score_kind, weak_models=list(s.weak), strong_models=list(s.strong),
-                              prompts=int((ex.source == s.name).sum())) for s in sources],
+                              prompts=int((ex.source == s.name).sum()),
+                              **({"panel_models": list(s.panel)} if s.panel else {})) for s in sources],
         label=LABEL,
         base_model=BASE_MODEL,
         command=command,
@@ -224,11 +243,16 @@ def transfer_metrics(est: DifficultyEstimator, evals: Sequence[tuple[str, str, s
 
 def reference_block(est: DifficultyEstimator, log: Callable[[str], None]) -> ReferenceBlock | None:
     """The manifest's ``reference_p_hard`` (``training.reference_set``), or None when the
-    reference tables are not in the shared datasets folder (e.g. a trimmed test copy)."""
+    reference tables are not in the shared datasets folder (e.g. a trimmed test copy) or there is
+    no such folder (an operator's machine training on its own table)."""
     from pointsman.datasets.sources import shared_datasets_dir
     from pointsman.training.reference_set import REFERENCE_SETS, reference_quantiles, score_reference
 
-    root = shared_datasets_dir()
+    try:
+        root = shared_datasets_dir()
+    except DataError:
+        log("reference p_hard quantiles skipped: no shared datasets folder")
+        return None
     if not all((root / rel).is_file() for rel, _ in REFERENCE_SETS):
         log("reference p_hard quantiles skipped: reference tables not found")
         return None
@@ -266,7 +290,8 @@ def train(
     ``champion``; ``use_mlflow=False`` skips MLflow entirely. ``evals``: extra
     (table, weak, strong) transfer evaluations recorded as ``transfer/<table>/...``.
     ``sources``: train on these instead of ``cfg.sources`` (``training.table_source``: a table of
-    any license, recorded in the provenance; ``cfg.sources`` becomes their names).
+    any license, recorded in the provenance), plus the licensed ``cfg.warm_start`` sources;
+    ``cfg.sources`` becomes their names.
     Raises ``DataError`` for unreadable data or (without ``sources``) non-Apache/MIT sources and
     ``EstimatorError`` if the exported ONNX head disagrees with scikit-learn.
     """
@@ -278,6 +303,9 @@ def train(
     if sources is None:
         sources = default_training_sources(cfg.sources)
     else:
+        given = {s.name for s in sources}
+        warm = [n for n in cfg.warm_start if n not in given]
+        sources = sources + (default_training_sources(warm) if warm else [])
         cfg.sources = tuple(s.name for s in sources)
     cache = data_dir() / "cache"
     log(f"sources: {', '.join(f'{s.name} ({s.license})' for s in sources)}")
@@ -328,4 +356,4 @@ def metrics_json(metrics: dict[str, float]) -> str:
     return json.dumps({k: (None if v != v else v) for k, v in sorted(metrics.items())}, indent=2)
 
 
-__all__ = ["TrainConfig", "TrainResult", "train", "ranking_labels", "source_weights", "heldout_metrics"]
+__all__ = ["TrainConfig", "TrainResult", "train", "ranking_labels", "source_weights", "rank_weights", "heldout_metrics"]

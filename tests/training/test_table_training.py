@@ -41,10 +41,11 @@ def table(tmp_path):
     return path
 
 
-def _train(cli, table, out, *extra):
-    return CliRunner().invoke(cli, ["train", "--table", str(table), "--weak", "small,small-b", "--strong", "big",
+def _train(cli, table, out, *extra, weak="small,small-b"):
+    warm = () if "--warm-start" in extra else ("--warm-start", "none")
+    return CliRunner().invoke(cli, ["train", "--table", str(table), "--weak", weak, "--strong", "big",
                                     "--encoder-from", str(bundled_model_dir()), "--folds", "2", "--no-mlflow",
-                                    "--output", str(out), "--json", *extra])
+                                    "--output", str(out), "--json", *warm, *extra])
 
 
 def test_train_table_then_crossvalidate(cli, table, tmp_path, monkeypatch):
@@ -94,4 +95,92 @@ def test_train_table_bad_arguments(cli, table, tmp_path, args, message):
 
 def test_weak_without_table_is_refused(cli, tmp_path):
     res = CliRunner().invoke(cli, ["train", "--weak", "a", "--no-mlflow", "--output", str(tmp_path / "m")])
+    assert res.exit_code == 2 and "--table only" in res.output
+
+
+ARENA_WEAK = ["mistralai/Mistral-7B-Instruct-v0.1", "Llama-2-70b-chat", "vicuna-33b-v1.3", "openchat_3.5",
+              "Starling-LM-7B-alpha", "mistralai/Mixtral-8x7B-Instruct-v0.1"]
+
+
+@pytest.fixture
+def shared(tmp_path, monkeypatch):
+    """A shared datasets folder whose Arena-Bench-V1 table is 30 hard/easy chat prompts (1-10 scores)."""
+    root = tmp_path / "shared"
+    (root / "arena_bench_v1").mkdir(parents=True)
+    rows = ["prompt_id,category,prompt," + ",".join(f'"{c}"' for c in ARENA_WEAK) + ",gpt-4-1106-preview,gpt-4-0314"]
+    for i, w in enumerate(WORDS):
+        for j, t in enumerate(TOPICS_HARD):
+            rows.append(f'ah{i}{j},x,"{t.format(w)} (arena)",' + ",".join(["3"] * 6) + ",9,8")
+            rows.append(f'ae{i}{j},x,"{TOPICS_EASY[j].format(w)} (arena)",' + ",".join(["8"] * 6) + ",8,8")
+    (root / "arena_bench_v1" / "arena_bench_v1_gpt4_single_scores.csv").write_text("\n".join(rows) + "\n")
+    monkeypatch.setenv("POINTSMAN_SHARED_DATASETS", str(root))
+    return root
+
+
+@pytest.fixture
+def noisy_table(tmp_path):
+    """60 prompts where the weak column's own verdicts are mostly noise (it loses about 2 in 3 hard prompts
+    and 1 in 3 easy ones, drawn at random, unrelated to the words) while five panel models lose every hard
+    prompt and no easy one: the panel says which prompts are hard, the pair alone barely does."""
+    rows = ["prompt_id,category,prompt,small,p1,p2,p3,p4,p5,big"]
+    coin = np.random.default_rng(7).random(60)
+    i = 0
+    for w in WORDS:
+        for t in TOPICS_HARD:
+            rows.append(f'h{i},x,"{t.format(w)}",{int(coin[i] < 1 / 3)},0,0,0,0,0,1')
+            i += 1
+        for t in TOPICS_EASY:
+            rows.append(f'e{i},x,"{t.format(w)}",{int(coin[i] < 2 / 3)},1,1,1,1,1,1')
+            i += 1
+    path = tmp_path / "noisy.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def _crossval(cli, model, table, weak="small"):
+    res = CliRunner().invoke(cli, ["evaluate", "--model", str(model), "--table", str(table), "--weak", weak,
+                                   "--strong", "big", "--folds", "3", "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def test_label_panel_denoises_the_pair_and_is_recorded(cli, noisy_table, tmp_path, monkeypatch):
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    scores = {}
+    for weight in ("0", "1"):
+        out = tmp_path / f"m{weight}"
+        res = _train(cli, noisy_table, out, "--panel-weight", weight, weak="small")
+        assert res.exit_code == 0, res.output
+        manifest = json.loads((out / "manifest.json").read_text())
+        (src,) = manifest["training"]["sources"]
+        assert src["panel_models"] == ["small", "p1", "p2", "p3", "p4", "p5"]  # every column but the strong one
+        assert manifest["training"]["recipe"]["panel_weight"] == float(weight)
+        scores[weight] = _crossval(cli, out, noisy_table)
+    # judged on the noisy pair itself, the refits that learned from the panel rank it better out of fold
+    assert scores["1"]["apgr"] > scores["0"]["apgr"] + 0.05
+    assert scores["1"]["apgr"] <= scores["1"]["oracle_apgr"] + 1e-9
+
+
+def test_warm_start_trains_beside_licensed_rows_and_crossval_keeps_them(cli, table, shared, tmp_path, monkeypatch):
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    out = tmp_path / "warm"
+    res = _train(cli, table, out, "--warm-start", "arena_bench_v1", "--warm-start-share", "1")
+    assert res.exit_code == 0, res.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    names = {s["name"]: s for s in manifest["training"]["sources"]}
+    assert set(names) == {"ops", "arena_bench_v1"}
+    assert names["arena_bench_v1"]["license"] == "Apache-2.0" and names["arena_bench_v1"]["prompts"] == 60
+    assert manifest["training"]["recipe"]["warm_start"] == "arena_bench_v1"
+    assert "not a shippable default" in (out / "PROVENANCE.md").read_text()  # the table's licence is unknown
+    cv = _crossval(cli, out, table)
+    assert cv["n"] == 60 and cv["apgr"] > 0.7  # scored on the table's rows only, the warm rows always train
+
+
+def test_warm_start_of_an_unknown_source_is_named(cli, table, tmp_path):
+    res = _train(cli, table, tmp_path / "m", "--warm-start", "arena_bench")
+    assert res.exit_code == 2 and "arena_bench" in res.output and "Traceback" not in res.output
+
+
+def test_panel_and_warm_start_options_need_a_table(cli, tmp_path):
+    res = CliRunner().invoke(cli, ["train", "--panel-weight", "0.5", "--no-mlflow", "--output", str(tmp_path / "m")])
     assert res.exit_code == 2 and "--table only" in res.output
