@@ -161,7 +161,8 @@ def _fmt_share(v: float) -> str:
               help="Long CSV of answers (prompt_id, model, output): add the cascade's draft-aware metrics, WEAK's "
                    "answer as the draft (training/draft_eval.py).")
 @click.option("--draft-folds", type=click.IntRange(2, 20), default=5, show_default=True,
-              help="Cross-validation folds of the verifier head trained for --drafts.")
+              help="Cross-validation folds of the verifier head trained for --drafts (with --folds, the same folds "
+                   "as the prompt head's instead).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--folds", type=click.IntRange(min=2), default=None,
               help="Cross-validate instead: refit the model's head recipe on its features K times, each time "
@@ -173,31 +174,35 @@ def evaluate_cmd(table: Path, weak: str, strong: str, model_spec: str, drafts: P
     random router, the prompt-length router and the oracle on the same rows. With --folds K,
     the scores are out-of-fold (K-fold cross-validation of the model's recipe on TABLE). With --drafts, also the cascade's:
     draft_apgr and draft_auc of a verifier reading WEAK's answer (a head in cross-validation,
-    and the shipped heuristic) and draft_cpt80, the share paying draft + frontier at CPT(80%)."""
+    and the shipped heuristic) and draft_cpt80, the share paying draft + frontier at CPT(80%);
+    with --folds and --drafts, the verifier reads each row's out-of-fold p_hard, in the same folds."""
     try:
         from pointsman.estimator.model_source import load_estimator
-        from pointsman.training.crossval import crossval_table
+        from pointsman.training.crossval import crossval_report, crossval_scores
+        from pointsman.training.draft_eval import evaluate_drafts
         from pointsman.training.evaluate import evaluate_table
     except ImportError as exc:
         raise InputError(f"evaluate needs the train extra ({exc}); install it: pip install 'pointsman[train]'") from None
     try:
         est = load_estimator(model_spec, intra_op_threads=2)
         if folds is not None:
-            cv = crossval_table(est, table, weak, strong, folds)
+            oof = crossval_scores(est, table, weak, strong, folds, calibrated=drafts is not None)
+            cv = crossval_report(est, table, weak, strong, oof)
+            cv_drafts = {} if drafts is None else dict(evaluate_drafts(est, table, weak, strong, drafts, oof=oof))
             if as_json:
-                click.echo(json.dumps(cv))
+                click.echo(json.dumps({**cv, **cv_drafts}))
             else:
                 click.echo(f"{folds}-fold cross-validation of {cv['model_version']} on {table} ({cv['n']} prompts)")
                 click.echo(f"APGR out-of-fold {cv['apgr']:.4f}; per fold {cv['apgr_mean']:.4f} +- {cv['apgr_sd']:.4f} "
                            f"({min(cv['fold_apgr']):.4f}-{max(cv['fold_apgr']):.4f}); AUC {cv['auc']:.4f}")
                 click.echo(f"random {cv['random_apgr']:.4f}  prompt length {cv['length_apgr']:.4f}  "
                            f"oracle {cv['oracle_apgr']:.4f}")
+                if cv_drafts:
+                    _echo_cascade(weak, cv_drafts, f"the same {folds} folds, out-of-fold p_hard")
             return
         report = evaluate_table(est, table, weak, strong)
         extra: dict[str, object] = {}
         if drafts is not None:
-            from pointsman.training.draft_eval import evaluate_drafts
-
             extra = dict(evaluate_drafts(est, table, weak, strong, drafts, folds=draft_folds))
     except PointsmanError as exc:
         raise InputError(str(exc)) from None
@@ -216,11 +221,16 @@ def evaluate_cmd(table: Path, weak: str, strong: str, model_spec: str, drafts: P
     click.echo(f"{'oracle':8s} {report['oracle_apgr']:7.4f} {_fmt_share(report['oracle_cpt50']):>9s} "
                f"{_fmt_share(report['oracle_cpt80']):>9s} {1.0:7.4f}")
     if extra:
-        click.echo(f"\ncascade (drafts of {weak}, {extra['draft_n']} rows): verifier head in {draft_folds}-fold CV "
-                   f"APGR {extra['draft_apgr']:.4f} (folds {extra['draft_apgr_mean']:.3f} ± {extra['draft_apgr_std']:.3f}), "
-                   f"AUC {extra['draft_auc']:.4f}, paying draft + frontier at CPT(80%) "
-                   f"{_fmt_share(float(str(extra['draft_cpt80'])))}; "
-                   f"shipped heuristic APGR {extra['draft_heuristic_apgr']:.4f}")
+        _echo_cascade(weak, extra, f"{draft_folds}-fold CV")
+
+
+def _echo_cascade(weak: str, extra: dict[str, object], how: str) -> None:
+    """The cascade's line of ``evaluate --drafts`` (``training.draft_eval.DraftReport``)."""
+    click.echo(f"\ncascade (drafts of {weak}, {extra['draft_n']} rows): verifier head in {how} "
+               f"APGR {extra['draft_apgr']:.4f} (folds {extra['draft_apgr_mean']:.3f} ± {extra['draft_apgr_std']:.3f}), "
+               f"AUC {extra['draft_auc']:.4f}, paying draft + frontier at CPT(80%) "
+               f"{_fmt_share(float(str(extra['draft_cpt80'])))}; "
+               f"shipped heuristic APGR {extra['draft_heuristic_apgr']:.4f}")
 
 
 def register(group: click.Group) -> None:

@@ -53,7 +53,7 @@ def train_verifier_cmd(table: Path | None, weak: str | None, strong: str | None,
             from pointsman.training.draft_eval import draft_matrix
             from pointsman.training.metrics import weak_worse
 
-            x, w, s, _ = draft_matrix(load_estimator(model_spec), table, weak, strong, drafts)
+            x, w, s, _, _ = draft_matrix(load_estimator(model_spec), table, weak, strong, drafts)
             y = weak_worse(w, s)
             source = {"table": str(table), "weak": weak, "strong": strong, "drafts": str(drafts)}
         head = fit_verifier(x, y)

@@ -8,10 +8,15 @@ to ``MAX_LOGPROBS`` values). ``DraftFeatures.vector()`` is the verifier head's i
 float32 of shape ``(len(FEATURE_NAMES),)``, in ``FEATURE_NAMES`` order.
 
 Markers (``refusal``, ``hedging``) are English phrase lists read in the first
-``MARKER_CHARS`` characters (a refusal says so at once); ``repetition`` is the share of word
-trigrams that repeat an earlier one (0 = none, near 1 = a loop), over the first
-``REPETITION_WORDS`` words. Length counts: ``tokens`` is the engine's ``completion_tokens``
-when given, else the number of log-probabilities, else characters / 4.
+``MARKER_CHARS`` characters (a refusal says so at once); ``caveats`` counts apologies,
+disclaimers, moralizing and filler ("I apologize", "not appropriate", "respectful", "I hope this
+helps", ...) in the first ``CAVEAT_CHARS`` characters (a chat model that lectures instead of
+answering loses; on the shared AlpacaEval answers of llama-2-7b-chat the count alone predicts a
+loss with AUC 0.70); ``list_items`` counts lines that open a bulleted or numbered item (a
+structured answer) in the text read; ``repetition`` is the share of word trigrams that repeat an
+earlier one (0 = none, near 1 = a loop), over the first ``REPETITION_WORDS`` words. Length
+counts: ``tokens`` is the engine's ``completion_tokens`` when given, else the number of
+log-probabilities, else characters / 4.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ MAX_DRAFT_CHARS = 32_768
 MAX_LOGPROBS = 8_192
 #: Characters the refusal and hedging markers look at.
 MARKER_CHARS = 600
+#: Characters the caveat count reads.
+CAVEAT_CHARS = 2_000
 #: Words the repetition measure reads.
 REPETITION_WORDS = 2_000
 #: A token whose log-probability is below this is "low confidence" (probability < 0.2).
@@ -44,6 +51,12 @@ _HEDGING = re.compile(
     r"|i (?:do not|don'?t) have (?:enough|access|the ability)|may or may not|i (?:cannot|can'?t) (?:be sure|verify)"
     r"|without more (?:information|context)|my knowledge cutoff)",
     re.IGNORECASE)
+_CAVEATS = re.compile(
+    r"\b(?:i apologi[sz]e|i cannot|i can'?t|not (?:appropriate|ethical|possible)|respectful|harmful|offensive"
+    r"|safe and|positive and|i'?m just an ai|as a responsible|i must inform|i would like to clarify"
+    r"|not a (?:valid|meaningful)|does ?n[o']t make sense|please let me know|i hope this helps|is there anything else)",
+    re.IGNORECASE)
+_LIST_ITEM = re.compile(r"^[ \t]*(?:[-*•+]|\d{1,3}[.)])[ \t]+\S", re.MULTILINE)
 _WORD = re.compile(r"\w+")
 #: Finish reasons the engines report (OpenAI's set); anything else reads as ``other``.
 FINISH_REASONS = ("stop", "length", "content_filter", "tool_calls", "function_call")
@@ -68,14 +81,16 @@ class Draft:
 
 #: The verifier head's input, in order (``DraftFeatures.vector``).
 FEATURE_NAMES = ("log_tokens", "log_length_ratio", "empty", "truncated", "partial", "refusal", "hedging",
-                 "repetition", "has_logprobs", "logprob_mean", "logprob_min", "low_logprob_share", "p_hard")
+                 "repetition", "has_logprobs", "logprob_mean", "logprob_min", "low_logprob_share", "p_hard",
+                 "log_caveats", "log_list_items")
 
 
 @dataclass(frozen=True)
 class DraftFeatures:
     """The features of one draft (see the module). ``length_ratio``: draft tokens / prompt
     tokens (prompt at least 1); ``logprob_*`` are None without log-probabilities;
-    ``p_hard``: the decision's difficulty estimate (0.5 when unavailable)."""
+    ``p_hard``: the decision's difficulty estimate (0.5 when unavailable); ``caveats``,
+    ``list_items``: counts (see the module; 0 in rows logged before they existed)."""
 
     tokens: int
     length_ratio: float
@@ -90,6 +105,8 @@ class DraftFeatures:
     logprob_min: float | None
     low_logprob_share: float | None
     p_hard: float
+    caveats: int = 0
+    list_items: int = 0
 
     def vector(self) -> NDArray[np.float32]:
         """The head's input, float32 ``(len(FEATURE_NAMES),)``: counts as log1p, flags 0/1,
@@ -99,14 +116,15 @@ class DraftFeatures:
             math.log1p(self.tokens), math.log(max(self.length_ratio, 1e-3)), float(self.empty),
             float(self.truncated), float(self.partial), float(self.refusal), float(self.hedging), self.repetition,
             float(has), self.logprob_mean or 0.0, self.logprob_min or 0.0, self.low_logprob_share or 0.0,
-            self.p_hard], dtype=np.float32)
+            self.p_hard, math.log1p(self.caveats), math.log1p(self.list_items)], dtype=np.float32)
 
     def to_dict(self) -> dict[str, object]:
         """The features as a JSON-ready dict (the outcome log's ``verifications`` row, traces)."""
         return {"tokens": self.tokens, "length_ratio": self.length_ratio, "finish_reason": self.finish_reason,
                 "truncated": self.truncated, "partial": self.partial, "empty": self.empty, "refusal": self.refusal,
                 "hedging": self.hedging, "repetition": self.repetition, "logprob_mean": self.logprob_mean,
-                "logprob_min": self.logprob_min, "low_logprob_share": self.low_logprob_share, "p_hard": self.p_hard}
+                "logprob_min": self.logprob_min, "low_logprob_share": self.low_logprob_share, "p_hard": self.p_hard,
+                "caveats": self.caveats, "list_items": self.list_items}
 
 
 def repetition(text: str) -> float:
@@ -142,4 +160,5 @@ def draft_features(draft: Draft, prompt_tokens: int, p_hard: float | None) -> Dr
         truncated=finish == "length", partial=bool(draft.partial), empty=tokens == 0 or not text.strip() and not logprobs,
         refusal=bool(_REFUSAL.search(head)), hedging=bool(_HEDGING.search(head)), repetition=repetition(text),
         logprob_mean=mean, logprob_min=min_, low_logprob_share=low,
-        p_hard=0.5 if p_hard is None or not math.isfinite(p_hard) else float(p_hard))
+        p_hard=0.5 if p_hard is None or not math.isfinite(p_hard) else float(p_hard),
+        caveats=len(_CAVEATS.findall(text[:CAVEAT_CHARS])), list_items=len(_LIST_ITEM.findall(text)))

@@ -43,6 +43,8 @@ HEURISTIC_WEIGHTS: dict[str, float] = {
     "logprob_min": 0.0,
     "low_logprob_share": 1.5,
     "p_hard": 2.5,             # the prompt's own difficulty
+    "log_caveats": 0.0,        # added for trained heads; the heuristic's weights predate them
+    "log_list_items": 0.0,
 }
 #: Bias: a 150-token, unremarkable answer to a p_hard 0.5 prompt scores about 0.3.
 HEURISTIC_BIAS = 0.6 * math.log1p(150) - 2.5 * 0.5 - 0.85
@@ -79,7 +81,7 @@ class HeuristicVerifier:
         return self.p_bad_vector(features.vector())
 
     def p_bad_vector(self, x: np.ndarray) -> float:
-        """The heuristic score of one ``DraftFeatures.vector()`` (13,), in (0, 1)."""
+        """The heuristic score of one ``DraftFeatures.vector()`` (``len(FEATURE_NAMES)``,), in (0, 1)."""
         z = HEURISTIC_BIAS + float(self._w @ np.asarray(x, dtype=np.float64))
         return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
 

@@ -18,6 +18,7 @@ too (never on this table's rows outside the fold), weighed as in training (``ran
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -87,8 +88,32 @@ def training_columns(est: DifficultyEstimator, path: Path, weak: str, strong: st
     return (weak,), (strong,), None
 
 
-def crossval_table(est: DifficultyEstimator, path: str | Path, weak: str, strong: str, folds: int = 5) -> CrossValReport:
-    """K-fold cross-validation of ``est``'s recipe on the table at ``path`` (see the module).
+@dataclass(frozen=True)
+class OutOfFold:
+    """Out-of-fold scores of one table's labeled prompts, aligned arrays (n,): ``prompt_id``,
+    ``fold`` (int64, 0..K-1, by conversation), ``score`` (the refitted ranker's logit, float64),
+    ``p_hard`` (its Platt-calibrated probability, float64; NaN unless asked for), ``prompt_tokens``
+    (float64), ``weak``/``strong`` (the scores of the evaluated pair, float64, NaN where empty);
+    ``folds``: K; ``train_weak``/``train_strong``: the columns whose labels the refits learned."""
+
+    folds: int
+    prompt_id: np.ndarray
+    fold: np.ndarray
+    score: np.ndarray
+    p_hard: np.ndarray
+    prompt_tokens: np.ndarray
+    weak: np.ndarray
+    strong: np.ndarray
+    train_weak: tuple[str, ...]
+    train_strong: tuple[str, ...]
+
+
+def crossval_scores(est: DifficultyEstimator, path: str | Path, weak: str, strong: str, folds: int = 5,
+                    calibrated: bool = False) -> OutOfFold:
+    """The out-of-fold scores of K-fold cross-validation of ``est``'s recipe on the table at ``path``
+    (see the module). ``calibrated``: also each refit's Platt-calibrated ``p_hard`` (its own
+    cross-fitting on the training folds, ``cfg.n_folds`` inner folds; what the served model's
+    ``p_hard`` would be), at about ``cfg.n_folds + 1`` times the cost.
 
     Raises ``DataError`` for an unreadable table, unknown columns, ``folds < 2``, or a fold whose
     training part has a single class."""
@@ -119,6 +144,8 @@ def crossval_table(est: DifficultyEstimator, path: str | Path, weak: str, strong
     fold_all = np.full(len(ex_all), -1)
     fold_all[own] = fold
     scores = np.full(len(ex), np.nan)
+    p_hard = np.full(len(ex), np.nan)
+    inner = cfg.n_folds if calibrated and cfg.n_folds >= 2 else 0
     for f in range(folds):
         test = fold == f
         if not test.any():
@@ -126,15 +153,27 @@ def crossval_table(est: DifficultyEstimator, path: str | Path, weak: str, strong
         # this table's other folds and every warm-start row, but none of a conversation in the test fold
         train_rows = (fold_all != f) & ~np.isin(ex_all.group, ex.group[test])
         head = DifficultyHead(n_embedding=est.manifest.encoder.dim, kind=cfg.head, hidden=cfg.hidden, alpha=cfg.alpha,
-                              n_members=cfg.n_members, max_iter=cfg.max_iter, n_folds=0, random_state=cfg.seed,
+                              n_members=cfg.n_members, max_iter=cfg.max_iter, n_folds=inner, random_state=cfg.seed,
                               scale=cfg.scale)
         fit_ex = ex_all.subset(train_rows)  # labels (and their per-source centering) from the training rows only
         try:
-            head.fit(X_all[train_rows], ranking_labels(fit_ex, cfg), rank_weights(fit_ex, cfg))
+            head.fit(X_all[train_rows], ranking_labels(fit_ex, cfg), rank_weights(fit_ex, cfg), groups=fit_ex.group,
+                     calibration_y=fit_ex.y, calibration_weight=(fit_ex.source == source.name).astype(np.float64))
         except ValueError as exc:
             raise DataError(f"{path}: fold {f}: {exc}") from None
         scores[test] = head.ranker_score(X[test])
-    w, s = w_all[rows], s_all[rows]
+        if inner:
+            p_hard[test] = head.predict_proba(X[test])[:, 1]
+    return OutOfFold(folds=folds, prompt_id=np.asarray(ex.prompt_id, dtype=object), fold=fold, score=scores, p_hard=p_hard,
+                     prompt_tokens=np.asarray([float(feat.prompt_tokens) for feat in ex.features]),
+                     weak=w_all[rows], strong=s_all[rows], train_weak=train_weak, train_strong=train_strong)
+
+
+def crossval_report(est: DifficultyEstimator, path: str | Path, weak: str, strong: str, oof: OutOfFold
+                    ) -> CrossValReport:
+    """The router metrics of out-of-fold scores ``oof`` (``crossval_scores``): pooled, per fold, and
+    the baselines on the same rows (random, prompt length, oracle)."""
+    w, s, scores, fold, folds = oof.weak, oof.strong, oof.score, oof.fold, oof.folds
     report = router_report(w, s, scores)
     per_fold: list[float] = []
     for f in range(folds):
@@ -143,16 +182,15 @@ def crossval_table(est: DifficultyEstimator, path: str | Path, weak: str, strong
             per_fold.append(apgr(w[m], s[m], scores[m]))
         except ValueError:  # the strong model is not better on this fold's rows
             continue
-    lengths = np.asarray([float(feat.prompt_tokens) for feat in ex.features])
     return CrossValReport(
         **report,
         folds=folds,
         fold_apgr=[round(a, 6) for a in per_fold],
         apgr_mean=float(np.mean(per_fold)) if per_fold else float("nan"),
         apgr_sd=float(np.std(per_fold, ddof=1)) if len(per_fold) > 1 else float("nan"),
-        length_apgr=apgr(w, s, lengths),
-        train_weak=list(train_weak),
-        train_strong=list(train_strong),
+        length_apgr=apgr(w, s, oof.prompt_tokens),
+        train_weak=list(oof.train_weak),
+        train_strong=list(oof.train_strong),
         table=str(path),
         weak=weak,
         strong=strong,
@@ -160,4 +198,11 @@ def crossval_table(est: DifficultyEstimator, path: str | Path, weak: str, strong
     )
 
 
-__all__ = ["CrossValReport", "crossval_table", "recipe_of", "training_columns"]
+def crossval_table(est: DifficultyEstimator, path: str | Path, weak: str, strong: str, folds: int = 5) -> CrossValReport:
+    """K-fold cross-validation of ``est``'s recipe on the table at ``path`` (see the module):
+    ``crossval_report`` of ``crossval_scores``. Raises ``DataError`` like ``crossval_scores``."""
+    return crossval_report(est, path, weak, strong, crossval_scores(est, path, weak, strong, folds))
+
+
+__all__ = ["CrossValReport", "OutOfFold", "crossval_report", "crossval_scores", "crossval_table", "recipe_of",
+           "training_columns"]

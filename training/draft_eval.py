@@ -16,12 +16,19 @@ and ``draft_cpt80`` is the share of requests that pay both a draft and a frontie
 the cascade escalates enough of them (highest ``p_bad`` first) to recover 80% of the gap
 (RouteLLM's CPT(80%), applied to escalations). ``prompt_apgr`` is the estimator alone on
 the same rows, the baseline measured in the same run.
+
+For a model trained on the table itself, its ``p_hard`` has seen every row's label; pass the
+out-of-fold scores of its recipe's cross-validation (``oof``, ``training.crossval.crossval_scores``
+with ``calibrated=True``; ``pointsman evaluate --folds K --drafts``): each row's ``p_hard`` then
+comes from a refit that never saw it, and the verifier head's folds are the same folds (by
+conversation), so neither stage sees a row it scores (``draft_prompt_scores: "out-of-fold"``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
@@ -34,6 +41,9 @@ from pointsman.training.evaluate import TableScorer
 from pointsman.training.examples import features_for_messages
 from pointsman.training.metrics import apgr, cpt, roc_auc, weak_worse
 from pointsman.training.verifier import fit_verifier
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.training.crossval import OutOfFold
 
 
 class DraftReport(TypedDict):
@@ -51,18 +61,23 @@ class DraftReport(TypedDict):
     prompt_apgr: float
     draft_n: int
     drafts: str
+    draft_prompt_scores: str
 
 
-def draft_matrix(estimator: TableScorer, table: str | Path, weak: str, strong: str, drafts: str | Path
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(X, weak scores, strong scores, p_hard)`` over the rows with a prompt, both scores and a
-    draft: ``X`` float32 (n, len(FEATURE_NAMES)) of draft features. Raises ``DataError``."""
+def draft_matrix(estimator: TableScorer, table: str | Path, weak: str, strong: str, drafts: str | Path,
+                 p_hard_of: Mapping[str, float] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """``(X, weak scores, strong scores, p_hard, prompt ids)`` over the rows with a prompt, both
+    scores and a draft: ``X`` float32 (n, len(FEATURE_NAMES)) of draft features. ``p_hard_of``:
+    each prompt id's ``p_hard`` (rows without one are left out), instead of the estimator's.
+    Raises ``DataError``."""
     t = read_outcome_table(table)
     answers = read_drafts(drafts, weak)
     w_all, s_all = t.scores(weak), t.scores(strong)
     rows, feats, texts = [], [], []
     for i, (pid, messages) in enumerate(zip(t.prompt_ids, t.messages)):
-        if pid not in answers or np.isnan(w_all[i]) or np.isnan(s_all[i]):
+        if pid not in answers or np.isnan(w_all[i]) or np.isnan(s_all[i]) or (p_hard_of is not None
+                                                                             and pid not in p_hard_of):
             continue
         try:
             feats.append(features_for_messages(messages, estimator.tokenizer))
@@ -72,26 +87,41 @@ def draft_matrix(estimator: TableScorer, table: str | Path, weak: str, strong: s
         texts.append(answers[pid])
     if len(rows) < 10:
         raise DataError(f"{drafts}: only {len(rows)} rows of {table} have a draft of '{weak}' and both scores")
-    p_hard = np.asarray(estimator.estimate_batch(feats), dtype=np.float64)
+    ids = [t.prompt_ids[i] for i in rows]
+    if p_hard_of is None:
+        p_hard = np.asarray(estimator.estimate_batch(feats), dtype=np.float64)
+    else:
+        p_hard = np.asarray([p_hard_of[pid] for pid in ids], dtype=np.float64)
     x = np.stack([draft_features(Draft(text=text), f.prompt_tokens, float(p)).vector()
                   for text, f, p in zip(texts, feats, p_hard)])
     idx = np.asarray(rows)
-    return x, w_all[idx], s_all[idx], p_hard
+    return x, w_all[idx], s_all[idx], p_hard, ids
 
 
 def evaluate_drafts(estimator: TableScorer, table: str | Path, weak: str, strong: str, drafts: str | Path,
-                    folds: int = 5, seed: int = 0) -> DraftReport:
-    """The draft-aware metrics of the module. Raises ``DataError`` (unreadable files, too few rows)."""
-    x, w, s, p_hard = draft_matrix(estimator, table, weak, strong, drafts)
+                    folds: int = 5, seed: int = 0, oof: OutOfFold | None = None) -> DraftReport:
+    """The draft-aware metrics of the module; with ``oof``, out-of-fold ``p_hard`` and its folds
+    (``folds`` is then ``oof.folds``). Raises ``DataError`` (unreadable files, too few rows)."""
+    p_hard_of = None if oof is None else {str(pid): float(p) for pid, p in zip(oof.prompt_id, oof.p_hard)
+                                          if np.isfinite(p)}
+    x, w, s, p_hard, ids = draft_matrix(estimator, table, weak, strong, drafts, p_hard_of)
     y = weak_worse(w, s)
+    if oof is not None:
+        fold_of = {str(pid): int(f) for pid, f in zip(oof.prompt_id, oof.fold)}
+        row_fold = np.asarray([fold_of[pid] for pid in ids])
+        folds = oof.folds
+        test_rows = [np.flatnonzero(row_fold == k) for k in range(folds)]
+    else:
+        order = np.random.default_rng(seed).permutation(len(y))
+        test_rows = [order[k::folds] for k in range(folds)]
     heuristic = HeuristicVerifier()
     h = np.array([heuristic.p_bad_vector(row) for row in x])
-    order = np.random.default_rng(seed).permutation(len(y))
     cv = np.empty(len(y))
     per_fold = []
-    for k in range(folds):
-        test = order[k::folds]
-        train = np.setdiff1d(order, test)
+    for test in test_rows:
+        if not len(test):
+            continue
+        train = np.setdiff1d(np.arange(len(y)), test)
         head = fit_verifier(x[train], y[train])
         cv[test] = head.predict_proba(x[test])[:, 1]
         per_fold.append(apgr(w[test], s[test], cv[test]))
@@ -100,4 +130,4 @@ def evaluate_drafts(estimator: TableScorer, table: str | Path, weak: str, strong
         draft_apgr_mean=float(np.mean(per_fold)), draft_apgr_std=float(np.std(per_fold)),
         draft_cpt80=cpt(w, s, cv, 0.8), draft_heuristic_apgr=apgr(w, s, h), draft_heuristic_auc=roc_auc(y, h),
         draft_heuristic_cpt80=cpt(w, s, h, 0.8), prompt_apgr=apgr(w, s, p_hard), draft_n=int(len(y)),
-        drafts=str(drafts))
+        drafts=str(drafts), draft_prompt_scores="model" if oof is None else "out-of-fold")

@@ -12,8 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from pointsman.cli.training import register
-from pointsman.estimator.draft import FEATURE_NAMES, Draft, draft_features
-from pointsman.estimator.verifier import OnnxVerifier, load_verifier
+from pointsman.estimator.draft import FEATURE_NAMES, Draft, DraftFeatures, draft_features
+from pointsman.estimator.model_source import bundled_model_dir
+from pointsman.estimator.verifier import HeuristicVerifier, OnnxVerifier, load_verifier
 from pointsman.training import metrics as M
 from pointsman.training.verifier import export_verifier, fit_verifier
 
@@ -112,3 +113,45 @@ def test_train_verifier_writes_a_head_the_service_can_load(files, tmp_path):
     assert res.exit_code == 2 and "no verified draft has a labelled outcome" in res.output
     res = CliRunner().invoke(main, ["train-verifier", "--table", str(table), "--output", str(tmp_path / "h3")])
     assert res.exit_code == 2 and "--drafts" in res.output
+
+
+def test_caveats_and_list_items_are_counted_and_logged_rows_without_them_still_load():
+    lecture = ("I apologize, but I cannot provide that. It is not appropriate to ask; please be respectful. "
+               "I hope this helps! Is there anything else?")
+    f = draft_features(Draft(text=lecture), 10, 0.5)
+    assert f.caveats == 6 and f.list_items == 0
+    listed = draft_features(Draft(text="Steps:\n1. Boil water\n2) Add tea\n - stir\n* serve\n3.5 is a number\n-x"), 10, 0.5)
+    assert listed.caveats == 0 and listed.list_items == 4
+    v = listed.vector()
+    assert v.shape == (len(FEATURE_NAMES),) and v[FEATURE_NAMES.index("log_list_items")] == pytest.approx(np.log1p(4))
+    assert listed.to_dict()["list_items"] == 4
+    old_row = {k: v for k, v in f.to_dict().items() if k not in ("caveats", "list_items")}  # an older version's log
+    assert DraftFeatures(**old_row).vector()[FEATURE_NAMES.index("log_caveats")] == 0.0
+    # the shipped heuristic does not read them: its p_bad is the same with or without them
+    heuristic = HeuristicVerifier()
+    assert heuristic.p_bad(f) == pytest.approx(heuristic.p_bad(DraftFeatures(**old_row)))
+
+
+def test_crossvalidated_drafts_read_out_of_fold_p_hard(files, tmp_path, monkeypatch):
+    """A model trained on the table itself: with --folds, each draft's p_hard comes from a refit that
+    never saw its row, and the verifier's folds are the prompt head's."""
+    table, drafts, w, s = files
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    group = click.Group()
+    register(group)
+    model = tmp_path / "model"
+    res = CliRunner().invoke(group, ["train", "--table", str(table), "--weak", "weak-model", "--strong", "strong-model",
+                                     "--encoder-from", str(bundled_model_dir()), "--folds", "2", "--warm-start", "none",
+                                     "--no-mlflow", "--output", str(model), "--json"])
+    assert res.exit_code == 0, res.output
+    args = ["evaluate", "--model", str(model), "--table", str(table), "--weak", "weak-model", "--strong",
+            "strong-model", "--folds", "4"]
+    res = CliRunner().invoke(group, [*args, "--drafts", str(drafts), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["draft_prompt_scores"] == "out-of-fold" and out["folds"] == 4 and len(out["draft_apgr_folds"]) == 4
+    assert out["draft_n"] == 40 and out["draft_auc"] > 0.95 and "fold_apgr" in out
+    in_sample = CliRunner().invoke(group, [*args[:-2], "--drafts", str(drafts), "--json"])
+    assert json.loads(in_sample.output)["draft_prompt_scores"] == "model"
+    text = CliRunner().invoke(group, [*args, "--drafts", str(drafts)])
+    assert text.exit_code == 0 and "the same 4 folds, out-of-fold p_hard" in text.output
