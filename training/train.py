@@ -203,14 +203,19 @@ def fit_head(cfg: TrainConfig, n_embedding: int, ex: Examples, X: np.ndarray,
     return head, metrics
 
 
+def _source_record(s: OutcomeSource, prompts: int) -> SourceRecord:
+    record = SourceRecord(name=s.name, table=s.relpath, license=s.license, origin=s.origin, score_kind=s.score_kind,
+                          weak_models=list(s.weak), strong_models=list(s.strong), prompts=prompts)
+    if s.panel:
+        record["panel_models"] = list(s.panel)
+    return record
+
+
 def table_training(cfg: TrainConfig, sources: list[OutcomeSource], ex: Examples, command: str) -> TableTraining:
     """The manifest's ``training`` block: the recipe, every source with its license and prompt count."""
     return TableTraining(
         recipe=cfg.params(),
-        sources=[SourceRecord(name=s.name, table=s.relpath, license=s.license, origin=s.origin,
-                              score_kind=s.score_kind, weak_models=list(s.weak), strong_models=list(s.strong),
-                              prompts=int((ex.source == s.name).sum()),
-                              **({"panel_models": list(s.panel)} if s.panel else {})) for s in sources],
+        sources=[_source_record(s, int((ex.source == s.name).sum())) for s in sources],
         label=LABEL,
         base_model=BASE_MODEL,
         command=command,
