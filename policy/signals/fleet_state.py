@@ -524,28 +524,23 @@ class FleetState:
         if previous is not None:
             return Settled(previous.decision_id, previous.target, previous.mode, previous.actual_cost_usd,
                            previous.settlement, 0, True)
+        tokens = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "cached_tokens": cached_tokens, "cache_write_tokens": cache_write_tokens,
+                  "cache_write_1h_tokens": cache_write_1h_tokens}
+        if actual_cost_usd is not None:
+            if isinstance(actual_cost_usd, bool) or not isinstance(actual_cost_usd, (int, float)) \
+                    or not math.isfinite(actual_cost_usd) or actual_cost_usd < 0:
+                raise BudgetError(f"actual_cost_usd must be a finite number >= 0, got {actual_cost_usd!r}")
+        elif record is None and target is not None:
+            # priced once before the shared record is taken: a bad target or unpriceable usage must
+            # leave it in place for the corrected report (the price with its utilizations follows)
+            self._price(decision_id, target, mode, None, tokens)
         taken = self._take_shared(decision_id)
         record = record or taken
         target = target or (record.target if record else None)
         mode = mode or (record.mode if record else None)
         if actual_cost_usd is None:
-            if target is None or target not in self.fleet.targets:
-                raise BudgetError(f"cannot price decision '{decision_id}': unknown here, so pass its target "
-                                  f"(and mode) or actual_cost_usd")
-            t = self.fleet.targets[target]
-            mode = mode if mode in t.modes else t.modes[0]
-            try:
-                actual_cost_usd = usage_cost(
-                    target, t, mode, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                    cached_tokens=cached_tokens, cache_write_tokens=cache_write_tokens,
-                    cache_write_1h_tokens=cache_write_1h_tokens,
-                    prefill_utilization=record.prefill_utilization if record else None,
-                    decode_utilization=record.decode_utilization if record else None).usd
-            except ValueError as exc:  # UnpricedUsage, or parts beyond the prompt
-                raise BudgetError(f"cannot price decision '{decision_id}': {exc}") from None
-        elif isinstance(actual_cost_usd, bool) or not isinstance(actual_cost_usd, (int, float)) \
-                or not math.isfinite(actual_cost_usd) or actual_cost_usd < 0:
-            raise BudgetError(f"actual_cost_usd must be a finite number >= 0, got {actual_cost_usd!r}")
+            actual_cost_usd, mode = self._price(decision_id, target, mode, record, tokens)
         settlement = None
         replayed = False
         if self.ledger is not None and (record is None or record.reserved):
@@ -567,6 +562,23 @@ class FleetState:
             while len(self._settled) > SETTLED_MEMORY:
                 self._settled.popitem(last=False)
         return result
+
+    def _price(self, decision_id: str, target: str | None, mode: str | None, record: DispatchRecord | None,
+               tokens: dict[str, int]) -> tuple[float, str]:
+        """(USD of ``tokens`` (``settle``'s counts) on ``target``, the mode priced: ``mode``, or the
+        target's first mode when it has no such mode), at the utilizations ``record`` was estimated
+        with. Raises ``BudgetError`` for an unknown target or usage its prices cannot price."""
+        if target is None or target not in self.fleet.targets:
+            raise BudgetError(f"cannot price decision '{decision_id}': unknown here, so pass its target "
+                              f"(and mode) or actual_cost_usd")
+        t = self.fleet.targets[target]
+        mode = mode if mode in t.modes else t.modes[0]
+        try:
+            return usage_cost(target, t, mode, **tokens,
+                              prefill_utilization=record.prefill_utilization if record else None,
+                              decode_utilization=record.decode_utilization if record else None).usd, mode
+        except ValueError as exc:  # UnpricedUsage, or parts beyond the prompt
+            raise BudgetError(f"cannot price decision '{decision_id}': {exc}") from None
 
     def release(self, decision_id: str, now: float | None = None) -> bool:
         """The request never ran (the gateway gave up before sending it): drop its budget hold

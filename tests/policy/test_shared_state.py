@@ -10,6 +10,7 @@ from urllib.parse import quote
 
 import pytest
 
+from pointsman.errors import BudgetError
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
 from pointsman.policy.signals.fleet_state import Dispatch, DispatchRecord, FleetState
 from pointsman.policy.signals.shared_state import Change, RedisSync, SharedRecord, open_sync
@@ -83,6 +84,19 @@ def test_an_outcome_before_the_dispatch_change_arrives_still_prices_and_releases
     assert eventually(lambda: inflight(a, E8) == 0 and inflight(b, E8) == 0)
     again = a.settle("d2", prompt_tokens=300, completion_tokens=10, target="onprem-8b")
     assert again.released_load == 0
+
+
+def test_a_refused_outcome_leaves_the_shared_record_for_the_corrected_one(pair):
+    """Finding E: an outcome naming an unknown target is refused before the other replica's record is
+    taken, so the corrected report still finds the decision's target, prices it and releases its load."""
+    a, b = pair(), pair()
+    dispatch(a, "d3")
+    with pytest.raises(BudgetError, match="unknown here"):
+        b.settle("d3", prompt_tokens=300, completion_tokens=10, target="no-such-target")
+    assert inflight(a, E8) == 1
+    settled = b.settle("d3", prompt_tokens=300, completion_tokens=10)
+    assert settled.target == "onprem-8b" and settled.actual_cost_usd > 0 and settled.released_load >= 1
+    assert eventually(lambda: inflight(a, E8) == 0)
 
 
 def test_an_outcome_for_a_decision_logged_elsewhere_goes_to_that_logs_inbox(pair):
