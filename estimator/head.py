@@ -11,7 +11,9 @@ has two parts:
 2. a Platt calibration ``p_hard = sigmoid(a * logit(q) + b)`` of the ranker's
    probability ``q``, fitted on out-of-fold ranker outputs (``oof_proba_``) against the
    calibration labels (Platt 1999; the sigmoid method of ``CalibratedClassifierCV``).
-   The map is monotone, so it changes no ranking (APGR, AUC), only the probabilities.
+   The map is increasing (a fitted slope below ``MIN_CALIBRATION_SLOPE``, out-of-fold scores that
+   do not rank the labels, is raised to it, flat at the base rate), so it changes no ranking (APGR,
+   AUC), only the probabilities.
 
 It passes scikit-learn's ``check_estimator`` (``tests/estimator/test_head_contract.py``): inputs
 go through ``validate_data`` / ``_check_sample_weight``, predictions through ``check_is_fitted``,
@@ -38,6 +40,9 @@ from sklearn.utils.validation import _check_sample_weight, check_consistent_leng
 from pointsman.datasets.splits import assign_folds
 
 _EPS = 1e-6
+#: Smallest Platt slope kept: a fitted slope below it (out-of-fold scores that do not rank the
+#: labels) becomes this, with the intercept of the base rate, so the map stays increasing.
+MIN_CALIBRATION_SLOPE = 0.01
 #: ``classes_`` of a head fitted on soft labels or on 0/1 labels: ``p_hard`` is the probability of 1.
 _SOFT_CLASSES = (0, 1)
 
@@ -260,6 +265,13 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
             platt = LogisticRegression(C=1e4, max_iter=1000).fit(z[idx], lab, sample_weight=sw)
             self.calibration_slope_ = float(platt.coef_[0, 0])
             self.calibration_intercept_ = float(platt.intercept_[0])
+            if self.calibration_slope_ < MIN_CALIBRATION_SLOPE:
+                # Out-of-fold scores that do not rank the labels (few or noisy rows) fit a slope <= 0,
+                # which would reverse the ranker's order: keep the order, flat at the base rate.
+                base_rate = float(np.clip(np.average(cal_y[ok], weights=cal_w[ok]), _EPS, 1.0 - _EPS))
+                self.calibration_slope_ = MIN_CALIBRATION_SLOPE
+                self.calibration_intercept_ = float(_logit(np.array([base_rate]))[0]
+                                                    - MIN_CALIBRATION_SLOPE * np.average(z[:, 0], weights=cal_w[ok]))
         self.ranker_ = self._fit_ranker(X, y, w)
         self.classes_ = classes
         self.n_iter_ = max(int(np.max(m.n_iter_)) for m in self.ranker_.named_steps["vote"].estimators_)

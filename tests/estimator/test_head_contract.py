@@ -35,14 +35,13 @@ _SAMPLE_WEIGHT_EQUIVALENCE = (
 
 def expected_failed_checks(head: DifficultyHead) -> dict[str, str]:
     """The checks ``head`` is known to fail, with the reason (see the module docstring)."""
-    out = {"check_sample_weight_equivalence_on_dense_data": _SAMPLE_WEIGHT_EQUIVALENCE}
-    if head.kind == "logistic":
-        out["check_methods_subset_invariance"] = (
-            "the logistic ranker runs in float32 (scikit-learn keeps coef_ float32 for float32 "
-            "input; the ONNX export serves float32), and float32 BLAS rounds a row alone "
-            "differently from the same row in a batch (~5e-7 relative, above the check's rtol=1e-7)"
-        )
-    return out
+    # check_methods_subset_invariance of the logistic kind used to be listed: float32 BLAS rounds a
+    # row alone differently from the same row in a batch (~5e-7 relative, above the check's
+    # rtol=1e-7). On the check's 20 rows the 2-fold out-of-fold Platt slope comes out below
+    # MIN_CALIBRATION_SLOPE and is now floored at it, which shrinks that difference below the
+    # tolerance, so the check passes for both kinds.
+    del head  # the same list for both kinds
+    return {"check_sample_weight_equivalence_on_dense_data": _SAMPLE_WEIGHT_EQUIVALENCE}
 
 
 @pytest.mark.slow  # fits ~250 small heads
@@ -217,3 +216,24 @@ def test_predictions_match_the_values_before_the_sklearn_conventions(name):
     assert head.calibration_intercept_ == pytest.approx(want["intercept"], rel=rtol, abs=1e-15)
     assert head.classes_.tolist() == [0, 1]
     assert clone(head).get_params() == head.get_params()
+
+
+def test_calibration_never_reverses_the_rankers_order():
+    """On labels the features do not predict, out-of-fold scores can fit a Platt slope below 0,
+    which would flip the ranking: the slope is floored at ``MIN_CALIBRATION_SLOPE`` (flat at the
+    base rate), so ``p_hard`` orders rows as the ranker does."""
+    from pointsman.estimator.head import MIN_CALIBRATION_SLOPE
+
+    floored = 0
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        X = rng.normal(size=(40, 5)).astype(np.float32)
+        y = rng.integers(0, 2, 40).astype(np.float64)
+        head = DifficultyHead(n_embedding=0, kind="logistic", alpha=1.0, n_folds=4, random_state=seed).fit(X, y)
+        assert head.calibration_slope_ >= MIN_CALIBRATION_SLOPE
+        probe = rng.normal(size=(30, 5)).astype(np.float32)
+        assert np.array_equal(np.argsort(head.predict_proba(probe)[:, 1]), np.argsort(head.ranker_score(probe)))
+        if head.calibration_slope_ == MIN_CALIBRATION_SLOPE:
+            floored += 1
+            assert head.predict_proba(probe)[:, 1].mean() == pytest.approx(y.mean(), abs=0.02)
+    assert floored >= 1  # the noise made at least one fit want a reversing slope
