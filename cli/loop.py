@@ -97,8 +97,10 @@ def _echo_json(data: object) -> None:
 def train_from_outcomes(log_path: Path | None, *, base_spec: str | None, label_rules: Path | None, fleet: Path | None,
                         seed: int, calibration_folds: int, output: Path | None, use_mlflow: bool, register: bool,
                         as_json: bool, since: str | None = None, until: str | None = None, head: str | None = None,
-                        alpha: float | None = None, log: Callable[[str], None] | None = None) -> None:
-    """The body of ``pointsman train --from-outcomes``: raises ``InputError`` on bad input, prints the metrics."""
+                        alpha: float | None = None, log: Callable[[str], None] | None = None,
+                        warm_start: bool = True) -> None:
+    """The body of ``pointsman train --from-outcomes``: raises ``InputError`` on bad input, prints the metrics.
+    ``warm_start``: add the shipped recipe's licensed chat rows (``training.warm_start``)."""
     _need_training()
     from pointsman.estimator.model_source import load_estimator
     from pointsman.training.challenger import ChallengerConfig, train_challenger
@@ -110,7 +112,7 @@ def train_from_outcomes(log_path: Path | None, *, base_spec: str | None, label_r
         outcome_log = _open_log(log_path)
         cfg = ChallengerConfig(seed=seed, calibration_folds=calibration_folds, since_s=parse_time(since, "--since"),
                                until_s=parse_time(until, "--until"), head=head or ChallengerConfig.head,
-                               alpha=ChallengerConfig.alpha if alpha is None else alpha)
+                               alpha=ChallengerConfig.alpha if alpha is None else alpha, warm_start=warm_start)
         base = load_estimator(base_spec or "champion", intra_op_threads=2)
         echo(f"base model (encoder and feature space): {base.version} ({base.source})")
         result = train_challenger(outcome_log, _rules(label_rules), _fleet(fleet), cfg, base, output=output,

@@ -52,6 +52,10 @@ def _split_names(values: tuple[str, ...]) -> tuple[str, ...]:
                    "--encoder-from (default: the serving champion); registered with alias @challenger.")
 @click.option("--label-rules", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="With --from-outcomes: YAML label rules (training.outcome_labels).")
+@click.option("--no-warm-start", is_flag=True,
+              help="With --from-outcomes: train on the logged rows only (by default the licensed chat rows of the "
+                   "shipped recipe join them, each weighing 200/(n+200) of a logged row: training.warm_start). "
+                   "With --table: the same as --warm-start none.")
 @click.option("--table", "table", type=click.Path(path_type=Path),
               help="Train on this wide outcome table (any license; see --license) instead of the public sources.")
 @click.option("--weak", "weak", multiple=True, metavar="COLS",
@@ -73,8 +77,9 @@ def _split_names(values: tuple[str, ...]) -> tuple[str, ...]:
 def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: bool, tables: tuple[str, ...],
               evals: tuple[str, ...], encoder_from: Path | None, seed: int, max_rows: int | None, folds: int,
               as_json: bool, from_table: bool, from_outcomes: str | None, label_rules: Path | None,
-              table: Path | None, weak: tuple[str, ...], strong: tuple[str, ...], license_: str | None,
-              panel_weight: float | None, warm_start: str | None, warm_start_share: float | None) -> None:
+              no_warm_start: bool, table: Path | None, weak: tuple[str, ...], strong: tuple[str, ...],
+              license_: str | None, panel_weight: float | None, warm_start: str | None,
+              warm_start_share: float | None) -> None:
     """Train the difficulty estimator on the Apache/MIT outcome tables, evaluate it on
     held-out prompts, export it to ONNX, log it to MLflow and (unless --no-register)
     register it as pointsman-difficulty with alias @champion. With --table, train on one
@@ -95,10 +100,14 @@ def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: b
         train_from_outcomes(None if from_outcomes == "-" else Path(from_outcomes),
                             base_spec=None if encoder_from is None else str(encoder_from), label_rules=label_rules,
                             fleet=None, seed=seed, calibration_folds=folds, output=output, use_mlflow=not no_mlflow,
-                            register=not no_register, as_json=as_json)
+                            register=not no_register, as_json=as_json, warm_start=not no_warm_start)
         return
     if label_rules is not None:
         raise InputError("--label-rules applies to --from-outcomes only")
+    if no_warm_start and table is None:
+        raise InputError("--no-warm-start applies to --from-outcomes and --table only")
+    if no_warm_start and warm_start is not None:
+        raise InputError("give --no-warm-start or --warm-start NAMES, not both")
     if no_mlflow and output is None:
         raise InputError("--no-mlflow needs --output DIR (otherwise the model would be thrown away)")
     parsed_evals: list[tuple[str, str, str]] = []
@@ -123,7 +132,7 @@ def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: b
 
             sources = [table_source(table, _split_names(weak), _split_names(strong), license_)]
             names = (sources[0].name,)
-            warm = TABLE_WARM_START if warm_start is None else tuple(
+            warm = () if no_warm_start else TABLE_WARM_START if warm_start is None else tuple(
                 n for n in _split_names((warm_start,)) if n != "none")
             panel_w = TABLE_PANEL_WEIGHT if panel_weight is None else panel_weight
             share = TABLE_WARM_START_SHARE if warm_start_share is None else warm_start_share

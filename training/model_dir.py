@@ -91,6 +91,25 @@ class BaseModelRecord(TypedDict):
     source: str
 
 
+class WarmStartRecord(TypedDict):
+    """The prior rows a challenger trained on beside the logged ones (``training.warm_start``):
+    ``enabled`` (asked for), ``prior_rows`` (0 when off or skipped) per ``prior_sources`` with their
+    ``prior_licenses``, ``prior_weight_per_row`` (``half_n / (logged_rows + half_n)``, a logged row
+    weighs 1) and ``prior_weight_total``, ``logged_rows``/``logged_weight_total``, ``half_n``, and
+    ``skipped``: why the prior was left out although enabled (None otherwise)."""
+
+    enabled: bool
+    prior_rows: int
+    prior_sources: dict[str, int]
+    prior_licenses: dict[str, str]
+    prior_weight_per_row: float
+    prior_weight_total: float
+    logged_rows: int
+    logged_weight_total: float
+    half_n: float
+    skipped: str | None
+
+
 class OutcomeLogTraining(TypedDict):
     """The manifest's ``training`` block of a challenger trained from logged outcomes
     (``training.challenger``); ``compare.trained_on`` reads ``source``, ``holdout`` and
@@ -114,6 +133,7 @@ class OutcomeLogTraining(TypedDict):
     p_hard_deciles: list[float]
     frontier_share: float
     command: str
+    warm_start: WarmStartRecord
 
 
 def head_feature_names(dim: int, blocks: tuple[str, ...] = ()) -> list[str]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from pointsman.estimator.manifest import Manifest
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pointsman.training.model_dir import OutcomeLogTraining, TableTraining
+    from pointsman.training.model_dir import OutcomeLogTraining, TableTraining, WarmStartRecord
     from pointsman.training.reference_set import ReferenceBlock
 
 #: How the default recipe was chosen; kept here so every generated PROVENANCE.md carries it.
@@ -162,6 +162,18 @@ def provenance_markdown(manifest: Manifest, tr: TableTraining, ref: ReferenceBlo
     return "\n".join(lines)
 
 
+def _warm_start_line(w: WarmStartRecord) -> str:
+    if not w["enabled"]:
+        return f"off (--no-warm-start); {w['logged_rows']} logged rows"
+    if w["skipped"]:
+        return f"skipped ({w['skipped']}); {w['logged_rows']} logged rows"
+    licenses = ", ".join(f"{k} {v}" for k, v in sorted(w["prior_licenses"].items()))
+    return (f"{w['prior_rows']} prior rows of the shipped recipe ({licenses}) at "
+            f"{w['prior_weight_per_row']:.4f} each (total {w['prior_weight_total']:.1f}; "
+            f"{w['half_n']:g} / (n + {w['half_n']:g})) beside {w['logged_rows']} logged rows at 1; "
+            "calibrated on the logged rows")
+
+
 def challenger_provenance_markdown(manifest: Manifest, t: OutcomeLogTraining) -> str:
     """The PROVENANCE.md text of a challenger trained by ``pointsman train --from-outcomes``
     (``training.challenger``), from its manifest, whose ``training`` block is ``t``."""
@@ -177,6 +189,7 @@ def challenger_provenance_markdown(manifest: Manifest, t: OutcomeLogTraining) ->
         f"- encoder: from `{t['base_model']['version']}` ({t['base_model']['source']}),"
         f" feature space `{t['feature_space']}`",
         f"- head: {manifest.head.params.get('kind')} (alpha {manifest.head.params.get('alpha')}), Platt-calibrated",
+        f"- warm start: {_warm_start_line(t['warm_start'])}",
         f"- held-out APGR {manifest.metrics.get('heldout/apgr', float('nan')):.4f},"
         f" ECE {manifest.metrics.get('heldout/ece', float('nan')):.4f}",
         "",
