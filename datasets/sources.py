@@ -148,6 +148,10 @@ SOURCES: dict[str, OutcomeSource] = {
             ("gpt-4-1106-preview", "gpt-4-0314"),
             domain="chat", origin="lmarena/arena-hard-auto (Arena-Bench-V1, Chatbot Arena prompts)",
             anchor=_MIXTRAL,
+            # every instruction-following model below the frontier (llama-13b, a base model, left out)
+            panel=("Llama-2-70b-chat", "Starling-LM-7B-alpha", "claude-1", "claude-2.1", "claude-instant-1",
+                   "gpt-3.5-turbo", "gpt-3.5-turbo-1106", "mistralai/Mistral-7B-Instruct-v0.1",
+                   "mistralai/Mixtral-8x7B-Instruct-v0.1", "openchat_3.5", "palm-2-chat-bison-001", "vicuna-33b-v1.3"),
         ),
         OutcomeSource(
             "alpacaeval_ae1", "alpacaeval/ae1_judge-gpt4_ref-text_davinci_003.csv.gz", "CC-BY-NC-4.0",

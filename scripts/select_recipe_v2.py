@@ -12,6 +12,13 @@ blocks, then logistic before MLP, then the stronger penalty).
     nice -n 10 .venv/bin/python scripts/select_recipe_v2.py [--only NAME ...] [--json]
 
 Static encoder of the shipped model (``estimator/default_model``); prints one line per candidate.
+
+``--round 3`` (issue 16's second pass): the shipped recipe against label denoising with
+Arena-Bench-V1's 12-model panel (``panel_weight`` 0.25/0.5/1, alpha 1000/3000) and against the
+chat rows plus another licensed source at a small weight (``warm_start``: ZeroEval GSM8K or
+CRUXEval, RouteLLM MMLU at 0.1/0.3 of the chat rows' weight). Measured: every candidate within
+``TIE`` of the shipped recipe or below it (best 0.6586 vs 0.6573), so it stays; no round-3
+candidate's AlpacaEval score was looked at.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from pointsman.training.encoder_build import encoder_from_model_dir  # noqa: E40
 from pointsman.training.examples import Examples, build_examples  # noqa: E402
 from pointsman.training.metrics import apgr  # noqa: E402
 from pointsman.training.recipe import TrainConfig  # noqa: E402
-from pointsman.training.train import head_inputs, ranking_labels  # noqa: E402
+from pointsman.training.train import head_inputs, rank_weights, ranking_labels  # noqa: E402
 
 CHAT = ("arena_bench_v1", "routellm_mtbench")
 ALL6 = ("routellm_mmlu", "routellm_gsm8k", "routellm_mtbench", "zeroeval_gsm8k", "zeroeval_crux", "arena_bench_v1")
@@ -77,6 +84,22 @@ def candidates() -> list[Candidate]:
     return out
 
 
+def candidates_round3() -> list[Candidate]:
+    """Round 3: the shipped recipe, label panels on Arena-Bench-V1, and one more licensed source at a
+    small weight beside the chat rows (see the module)."""
+    base: dict[str, object] = {"head": "logistic", "scale": "standard", "blocks": ("conversation",)}
+    out = [Candidate("chat_lr_conv_a3000", CHAT, {**base, "alpha": 3000.0})]
+    for weight in (0.25, 0.5, 1.0):
+        for alpha in (1000.0, 3000.0):
+            out.append(Candidate(f"chat_lr_conv_a{alpha:g}_panel{weight:g}", CHAT,
+                                 {**base, "alpha": alpha, "panel_weight": weight}))
+    for extra in ("zeroeval_gsm8k", "zeroeval_crux", "routellm_mmlu"):
+        for share in (0.1, 0.3):
+            out.append(Candidate(f"chat_lr_conv_a3000+{extra}@{share:g}", (*CHAT, extra),
+                                 {**base, "alpha": 3000.0, "warm_start": (extra,), "warm_start_share": share}))
+    return out
+
+
 def cost(c: Candidate) -> tuple[int, int, float]:
     """Tie-break order: fewer blocks, logistic first, stronger penalty first."""
     p = c.params
@@ -97,7 +120,7 @@ def loco(c: Candidate, ex: Examples, X_by_blocks: dict[tuple[str, ...], np.ndarr
         y = ranking_labels(sub, cfg)
         head = DifficultyHead(n_embedding=dim, kind=cfg.head, hidden=cfg.hidden, alpha=cfg.alpha,
                               n_members=cfg.n_members, max_iter=cfg.max_iter, n_folds=0, random_state=cfg.seed,
-                              scale=cfg.scale).fit(X[train], y)
+                              scale=cfg.scale).fit(X[train], y, rank_weights(sub, cfg))
         out[held] = apgr(ex.weak_score[test], ex.strong_score[test], head.ranker_score(X[test]))
     out["loco"] = float(np.mean([out[s] for s in CHAT]))
     return out
@@ -108,8 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--round", type=int, choices=(2, 3), default=2, help="2: the v2 grid; 3: panels and extra sources")
     args = ap.parse_args(argv)
-    grid = [c for c in candidates() if not args.only or c.name in args.only]
+    grid = [c for c in (candidates() if args.round == 2 else candidates_round3()) if not args.only or c.name in args.only]
     needed = sorted({s for c in grid for s in c.sources})
     built = encoder_from_model_dir(bundled_model_dir())
     ex = build_examples(default_training_sources(needed), tokenizer=load_tokenizer(built.tokenizer_path))

@@ -203,10 +203,11 @@ def fit_head(cfg: TrainConfig, n_embedding: int, ex: Examples, X: np.ndarray,
     return head, metrics
 
 
-def _source_record(s: OutcomeSource, prompts: int) -> SourceRecord:
+def _source_record(s: OutcomeSource, prompts: int, reads_panel: bool) -> SourceRecord:
+    """``s`` as the manifest records it; its label panel only when the recipe reads it (``reads_panel``)."""
     record = SourceRecord(name=s.name, table=s.relpath, license=s.license, origin=s.origin, score_kind=s.score_kind,
                           weak_models=list(s.weak), strong_models=list(s.strong), prompts=prompts)
-    if s.panel:
+    if s.panel and reads_panel:
         record["panel_models"] = list(s.panel)
     return record
 
@@ -215,7 +216,7 @@ def table_training(cfg: TrainConfig, sources: list[OutcomeSource], ex: Examples,
     """The manifest's ``training`` block: the recipe, every source with its license and prompt count."""
     return TableTraining(
         recipe=cfg.params(),
-        sources=[_source_record(s, int((ex.source == s.name).sum())) for s in sources],
+        sources=[_source_record(s, int((ex.source == s.name).sum()), cfg.panel_weight > 0) for s in sources],
         label=LABEL,
         base_model=BASE_MODEL,
         command=command,

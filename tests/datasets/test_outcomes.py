@@ -97,3 +97,18 @@ def test_group_keys_and_folds_are_stable_and_leak_free():
     assert set(assign_folds([str(i) for i in range(200)], 5)) == {0, 1, 2, 3, 4}
     with pytest.raises(ValueError):
         assign_folds(keys, 1)
+
+
+def test_a_label_panel_names_table_columns_and_never_a_strong_one():
+    """Arena-Bench-V1's label panel (``OutcomeSource.panel``): real columns of its table, no frontier
+    model, every weak one; the panel's labels come out of ``build_examples`` beside the pair's."""
+    from pointsman.training.examples import build_examples
+
+    src = get_source("arena_bench_v1")
+    table = read_outcome_table(src.path())
+    assert set(src.panel) <= set(table.model_columns) and not set(src.panel) & set(src.strong)
+    assert set(src.weak) <= set(src.panel) and "llama-13b" not in src.panel
+    ex = build_examples([src], max_rows_per_source={src.name: 30})
+    assert len(ex.y_panel) == len(ex) and np.all((ex.y_panel_gap >= 0) & (ex.y_panel_gap <= 1))
+    # more models than the six weak ones: the panel's share is a different (denoised) number somewhere
+    assert np.any(np.abs(ex.y_panel - ex.y) > 1e-9)

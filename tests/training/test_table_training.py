@@ -99,7 +99,8 @@ def test_weak_without_table_is_refused(cli, tmp_path):
 
 
 ARENA_WEAK = ["mistralai/Mistral-7B-Instruct-v0.1", "Llama-2-70b-chat", "vicuna-33b-v1.3", "openchat_3.5",
-              "Starling-LM-7B-alpha", "mistralai/Mixtral-8x7B-Instruct-v0.1"]
+              "Starling-LM-7B-alpha", "mistralai/Mixtral-8x7B-Instruct-v0.1", "claude-1", "claude-2.1",
+              "claude-instant-1", "gpt-3.5-turbo", "gpt-3.5-turbo-1106", "palm-2-chat-bison-001"]  # and its label panel
 
 
 @pytest.fixture
@@ -110,8 +111,8 @@ def shared(tmp_path, monkeypatch):
     rows = ["prompt_id,category,prompt," + ",".join(f'"{c}"' for c in ARENA_WEAK) + ",gpt-4-1106-preview,gpt-4-0314"]
     for i, w in enumerate(WORDS):
         for j, t in enumerate(TOPICS_HARD):
-            rows.append(f'ah{i}{j},x,"{t.format(w)} (arena)",' + ",".join(["3"] * 6) + ",9,8")
-            rows.append(f'ae{i}{j},x,"{TOPICS_EASY[j].format(w)} (arena)",' + ",".join(["8"] * 6) + ",8,8")
+            rows.append(f'ah{i}{j},x,"{t.format(w)} (arena)",' + ",".join(["3"] * len(ARENA_WEAK)) + ",9,8")
+            rows.append(f'ae{i}{j},x,"{TOPICS_EASY[j].format(w)} (arena)",' + ",".join(["8"] * len(ARENA_WEAK)) + ",8,8")
     (root / "arena_bench_v1" / "arena_bench_v1_gpt4_single_scores.csv").write_text("\n".join(rows) + "\n")
     monkeypatch.setenv("POINTSMAN_SHARED_DATASETS", str(root))
     return root
@@ -153,7 +154,10 @@ def test_label_panel_denoises_the_pair_and_is_recorded(cli, noisy_table, tmp_pat
         assert res.exit_code == 0, res.output
         manifest = json.loads((out / "manifest.json").read_text())
         (src,) = manifest["training"]["sources"]
-        assert src["panel_models"] == ["small", "p1", "p2", "p3", "p4", "p5"]  # every column but the strong one
+        if weight == "1":  # every column but the strong one; named only when the recipe reads it
+            assert src["panel_models"] == ["small", "p1", "p2", "p3", "p4", "p5"]
+        else:
+            assert "panel_models" not in src
         assert manifest["training"]["recipe"]["panel_weight"] == float(weight)
         scores[weight] = _crossval(cli, out, noisy_table)
     # judged on the noisy pair itself, the refits that learned from the panel rank it better out of fold
