@@ -79,10 +79,17 @@ def keys_of(settings: Settings) -> KeySource:
     naming the setting (or file and line) when malformed, or when serving on ``settings.host`` with no
     key at all is not allowed (``keys.exposure_problem``)."""
     keys = KeySource.from_settings(settings)
-    problem = exposure_problem(settings.host, keys.ring(), settings.allow_unauthenticated)
-    if problem is not None:
-        raise ValueError(problem)
+    hosts = [settings.host] + ([ext_proc_host(settings)] if settings.ext_proc_port is not None else [])
+    for host in hosts:
+        problem = exposure_problem(host, keys.ring(), settings.allow_unauthenticated)
+        if problem is not None:
+            raise ValueError(problem)
     return keys
+
+
+def ext_proc_host(settings: Settings) -> str:
+    """The address the ext_proc port binds: ``POINTSMAN_EXT_PROC_HOST``, else the HTTP host."""
+    return settings.ext_proc_host or settings.host
 
 
 def freeze_heap() -> None:
@@ -104,16 +111,17 @@ class RunningExtProc:
     port: int
 
 
-async def start_ext_proc(rt: Runtime, host: str, port: int) -> RunningExtProc:
+async def start_ext_proc(rt: Runtime, host: str, port: int, keys: KeySource | None = None) -> RunningExtProc:
     """Start the ext_proc endpoint picker on ``host:port`` (``service/ext_proc.py``; imported only
-    here, so serving without the ``ext-proc`` extra works). Raises ``RuntimeError`` naming the extra
-    when grpcio or xds-protos is missing, ``OSError`` when the port cannot be bound."""
+    here, so serving without the ``ext-proc`` extra works); with ``keys`` that hold any key, each stream
+    must present one. Raises ``RuntimeError`` naming the extra when grpcio or xds-protos is missing,
+    ``OSError`` when the port cannot be bound."""
     try:
         from pointsman.service.ext_proc import ExtProcServer
     except ImportError as exc:
         raise RuntimeError(f"POINTSMAN_EXT_PROC_PORT needs the ext-proc extra (pip install 'pointsman[ext-proc]'): "
                            f"{exc}") from None
-    server = ExtProcServer(rt)
+    server = ExtProcServer(rt, keys)
     return RunningExtProc(server, await server.start(host, port))
 
 
@@ -138,7 +146,7 @@ def create_app(settings: Settings | None = None, engine: RoutingEngine | None = 
         rt.start_watchers()
         ext_proc = None
         if settings.ext_proc_port is not None:
-            ext_proc = await start_ext_proc(rt, settings.host, settings.ext_proc_port)
+            ext_proc = await start_ext_proc(rt, ext_proc_host(settings), settings.ext_proc_port, keys)
             app.state.ext_proc_port = ext_proc.port
         if freeze:
             freeze_heap()

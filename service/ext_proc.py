@@ -54,10 +54,17 @@ resets the stream) is recorded as ``cancelled`` (its budget hold is released).
 
 Not supported: STREAMED and BUFFERED_PARTIAL request body modes (each chunk must be answered before
 the next arrives, so the headers could not carry the decision): such a stream is answered **500**
-naming the setting. The gRPC port has no authentication: bind it where only the proxy reaches it.
+naming the setting.
+
+Authentication: with API keys configured (``POINTSMAN_GATEWAY_API_KEYS``, ``..._ADMIN_API_KEYS`` or their
+files), a stream must carry a gateway or admin key in its gRPC metadata, ``authorization: Bearer <key>``
+or ``x-api-key: <key>`` (Envoy: the ext_proc filter's ``grpc_service.initial_metadata``); without one,
+or with an unknown one, it ends UNAUTHENTICATED before any message is read, and the proxy applies its
+``failure_mode_allow``. The key's name is the decision's ``api_key_id`` (its ``key:<name>`` budget
+scope), as over HTTP. The port binds ``POINTSMAN_EXT_PROC_HOST`` (default the HTTP host).
 
 Counted in ``pointsman_ext_proc_requests_total{result}`` (``routed``, ``passthrough``,
-``bad_request``, ``too_large``, ``shed``, ``unavailable``, ``unsupported``); decisions and their
+``bad_request``, ``too_large``, ``shed``, ``unavailable``, ``unsupported``, ``unauthenticated``); decisions and their
 latency (body complete to answer) in the same metrics as ``/v1/route``.
 """
 
@@ -84,9 +91,11 @@ from pointsman.policy.fleet import Fleet
 from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.request import RouteRequest, parse_route_request
 from pointsman.service import ext_proc_wire as wire
+from pointsman.service.auth import Principal
 from pointsman.service.bodies import decode_json
 from pointsman.service.ext_proc_body import BodyBuffer, UsageReader, rewrite_request
 from pointsman.service.http_errors import HTTPError, invalid, unavailable
+from pointsman.service.keys import KeySource
 from pointsman.service.routes_decisions import commit_decision
 from pointsman.service.routes_reports import store_outcomes, usage_problem
 from pointsman.service.runtime import Runtime
@@ -191,9 +200,10 @@ class Answer:
 class _Stream:
     """One HTTP request's ext_proc exchange (see the module)."""
 
-    def __init__(self, server: ExtProcServer) -> None:
+    def __init__(self, server: ExtProcServer, api_key_id: str | None = None) -> None:
         self.server = server
         self.rt = server.rt
+        self.api_key_id = api_key_id
         self.t0 = time.perf_counter()
         self.headers: dict[str, str] = {}
         self.request_mode: wire.BodyMode = _DEFAULT_MODE
@@ -292,9 +302,10 @@ class _Stream:
         subset = None if self.subset is None else self.server.index(engine.fleet).subset(self.subset)
         try:
             if rt.settings.route_in_threadpool:
-                decision = await asyncio.to_thread(engine.route, request, endpoint_subset=subset)
+                decision = await asyncio.to_thread(engine.route, request, api_key_id=self.api_key_id,
+                                                     endpoint_subset=subset)
             else:
-                decision = engine.route(request, endpoint_subset=subset)
+                decision = engine.route(request, api_key_id=self.api_key_id, endpoint_subset=subset)
         except NoEligibleTarget as exc:
             shed = bool(exc.exclusions) and all(x is None or x.filter == "budget" for x in exc.exclusions.values()) \
                 and any(x is not None for x in exc.exclusions.values())
@@ -419,8 +430,15 @@ class _Picker:
 
     async def Process(self, requests: AsyncIterator[object], context: grpc.aio.ServicerContext[object, object]
                       ) -> AsyncIterator[object]:
-        """The bidirectional ext_proc stream (see the module)."""
-        stream = _Stream(self.server)
+        """The bidirectional ext_proc stream (see the module); UNAUTHENTICATED without a valid key
+        when keys are configured."""
+        principal = self.server.authenticate(context.invocation_metadata() or ())
+        if principal is None:
+            self.server.count("unauthenticated")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "this ext_proc port needs an API key in the stream's metadata: "
+                                "'authorization: Bearer <key>' or 'x-api-key' (Envoy: grpc_service.initial_metadata)")
+        stream = _Stream(self.server, principal.key_id if principal else None)
         try:
             async for request in requests:
                 answer = await stream.handle(wire.read(request))
@@ -437,13 +455,29 @@ class ExtProcServer:
     ``await start(host, port)`` returns the bound port; ``await stop()`` drains the streams and the
     outcomes being recorded."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, keys: KeySource | None = None) -> None:
         self.rt = rt
+        self.keys = keys
         self._server: grpc.aio.Server | None = None
         self._health = health_aio.HealthServicer()
         self._indexes: dict[str, EndpointIndex] = {}
         self._pending: set[asyncio.Task[None]] = set()
         self._children: dict[str, Callable[[], None]] = {}
+
+    def authenticate(self, metadata: Iterable[tuple[str, str | bytes]]) -> Principal | None:
+        """The caller of a stream from its gRPC ``metadata``: an anonymous admin when no key is configured,
+        the key's principal when ``authorization: Bearer <key>`` or ``x-api-key`` names a configured key,
+        else None (refuse)."""
+        ring = self.keys.ring() if self.keys is not None else None
+        if ring is None or not ring.enabled:
+            return Principal(None, "admin")
+        for name, value in metadata:
+            text = value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
+            key = text[7:].strip() if name == "authorization" and text[:7].lower() == "bearer " else \
+                text.strip() if name == "x-api-key" else None
+            if key:
+                return ring.identify(key)
+        return None
 
     def count(self, result: str) -> None:
         """Count one request's result in ``pointsman_ext_proc_requests_total``."""

@@ -77,8 +77,12 @@ Service only (``pointsman serve``):
   changes; default ``true``. A file with problems is rejected with located errors and the
   running budgets keep applying (``service/budgets_reload.py``).
 - ``POINTSMAN_EXT_PROC_PORT``: also serve Envoy's ext_proc as a Gateway API Inference Extension
-  endpoint picker on this gRPC port (same host, process and engine; ``service/ext_proc.py``);
-  default none (off). Needs the ``ext-proc`` extra (grpcio, xds-protos).
+  endpoint picker on this gRPC port (same process and engine; ``service/ext_proc.py``);
+  default none (off). Needs the ``ext-proc`` extra (grpcio, xds-protos). With API keys configured,
+  each stream must carry a gateway or admin key in its gRPC metadata (``authorization: Bearer <key>``
+  or ``x-api-key``: Envoy's ``grpc_service.initial_metadata``), else it ends UNAUTHENTICATED.
+- ``POINTSMAN_EXT_PROC_HOST``: the address the ext_proc port binds; default the HTTP host
+  (``POINTSMAN_HOST``). A non-loopback one without API keys is refused as for the HTTP host.
 - ``POINTSMAN_EXT_PROC_DESTINATIONS``: how many ``host:port`` entries the picker puts in
   ``x-gateway-destination-endpoint`` (the picked endpoint, then its fallback endpoints); default
   none: all of them. Set 1 behind a plain Envoy ``ORIGINAL_DST`` cluster, which reads exactly one.
@@ -142,6 +146,7 @@ class Settings(BaseSettings):
     watch_fleet: bool = True
     watch_budgets: bool = True
     ext_proc_port: int | None = Field(default=None, ge=0, le=65535)
+    ext_proc_host: str | None = None
     ext_proc_destinations: int | None = Field(default=None, ge=1)
 
     @field_validator("state_url")

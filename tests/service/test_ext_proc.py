@@ -273,7 +273,10 @@ def test_client_cancelling_mid_stream_is_recorded_as_cancelled(app):
     assert streamed(echo, "response") == (first, False)
     out = outcome_of(app, decision_id)
     assert out.status == "cancelled" and out.usage.completion_tokens is None
-    assert app.state.runtime.live.engine.state.record(decision_id) is None  # the hold is released
+    deadline = time.monotonic() + 5  # the outcome can reach the log a moment before the hold is released
+    while app.state.runtime.live.engine.state.record(decision_id) is not None:
+        assert time.monotonic() < deadline, "the cancelled request's hold was never released"
+        time.sleep(0.01)
 
 
 def test_buffered_mode_answers_each_message_and_carries_the_decision_in_the_body_response(app):
@@ -447,3 +450,54 @@ def test_usage_reader_keeps_each_providers_shape(sse, parts, usage, model):
     s = reader.summary()
     assert (s.usage, s.model) == (usage, model)
     parse_outcomes({"decision_id": "d1", "usage": s.usage})  # and the outcome schema reads it
+
+
+@pytest.fixture(scope="module")
+def keyed_app(tmp_path_factory):
+    """The service with a gateway key configured and the picker on its own host setting."""
+    data = tmp_path_factory.mktemp("extproc-keys")
+    settings = Settings(data_dir=data, watch_policy=False, watch_fleet=False, scrape_interval_s=0, ext_proc_port=0,
+                        ext_proc_host="127.0.0.1", gateway_api_keys="gw=s3cret-gateway-key",
+                        decision_log_flush_ms=5)
+    fleet = load_fleet()
+    engine = RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), FixedDifficulty(0.1),
+                           state=build_state(settings, fleet))
+    with TestClient(create_app(settings, engine=engine, owns_engine=True)) as client:
+        yield client.app
+
+
+@pytest.mark.parametrize("metadata", [None, (("authorization", "Bearer wrong"),), (("x-api-key", ""),)],
+                         ids=["no key", "unknown key", "empty key"])
+def test_with_keys_configured_a_stream_without_a_valid_key_is_unauthenticated(keyed_app, metadata):
+    """Finding C: the gRPC port no longer routes for anyone who reaches it once keys are configured."""
+    async def scenario(stub, _):
+        call = stub.Process(metadata=metadata)  # refused before any message is read
+        return await call.code(), await call.details()
+
+    code, details = run(keyed_app, scenario)
+    assert code == grpc.StatusCode.UNAUTHENTICATED and "needs an API key" in details
+
+
+@pytest.mark.parametrize("header", ["authorization", "x-api-key"])
+def test_a_gateway_key_in_the_stream_metadata_routes_under_its_budget_scope(keyed_app, header):
+    """Envoy's ``grpc_service.initial_metadata`` carries the key; the decision holds ``key:gw``, as over HTTP."""
+    value = "Bearer s3cret-gateway-key" if header == "authorization" else "s3cret-gateway-key"
+
+    async def scenario(stub, _):
+        call = stub.Process(metadata=((header, value),))
+        req = await request_phase(call, chat("What is 2 + 2?"))
+        decision_id = set_headers(req[0])["x-pointsman-decision-id"]
+        in_flight = keyed_app.state.fleet_state.record(decision_id)  # held until the stream ends
+        call.cancel()
+        return decision_id, in_flight
+
+    decision_id, in_flight = run(keyed_app, scenario)
+    assert "key:gw" in in_flight.scopes
+    assert outcome_of(keyed_app, decision_id).status == "cancelled"
+
+
+def test_an_exposed_picker_without_keys_is_refused_at_start():
+    """A non-loopback ``POINTSMAN_EXT_PROC_HOST`` without API keys refuses to start, as the HTTP host does."""
+    settings = Settings(ext_proc_port=0, ext_proc_host="0.0.0.0", watch_policy=False, watch_fleet=False)
+    with pytest.raises(ValueError, match="refusing to serve on 0.0.0.0"):
+        create_app(settings)
