@@ -66,12 +66,12 @@ def _need_training() -> None:
         raise InputError(f"this command needs the train extra ({exc}); install it: pip install 'pointsman[train]'") from None
 
 
-def _open_log(path: Path | None) -> OutcomeLog:
+def _open_log(path: Path | None, option: str = "--log PATH") -> OutcomeLog:
     from pointsman.outcome_log.store import OutcomeLog, default_log_path
 
     p = Path(path) if path else default_log_path()
     if not p.is_file():
-        raise InputError(f"no outcome log at {p} (the service writes it; pass --log PATH or set POINTSMAN_DATA_DIR)")
+        raise InputError(f"no outcome log at {p} (the service writes it; pass {option} or set POINTSMAN_DATA_DIR)")
     return OutcomeLog(p)
 
 
@@ -109,7 +109,7 @@ def train_from_outcomes(log_path: Path | None, *, base_spec: str | None, label_r
         raise InputError("--no-mlflow needs --output DIR (otherwise the challenger would be thrown away)")
     echo = log or progress_log(as_json)
     try:
-        outcome_log = _open_log(log_path)
+        outcome_log = _open_log(log_path, "--from-outcomes LOG")
         cfg = ChallengerConfig(seed=seed, calibration_folds=calibration_folds, since_s=parse_time(since, "--since"),
                                until_s=parse_time(until, "--until"), head=head or ChallengerConfig.head,
                                alpha=ChallengerConfig.alpha if alpha is None else alpha, warm_start=warm_start)

@@ -173,6 +173,10 @@ def test_bad_log_path_is_one_clear_error(tmp_path, kind):
                                      str(tmp_path / "m")])
     assert res.exit_code == 2, res.output
     assert res.output.startswith("Error: ") and str(path) in res.output
+    if kind != "not-sqlite":
+        assert "no outcome log at" in res.output and "pass --from-outcomes LOG" in res.output
+    else:
+        assert "cannot open the outcome log (file is not a database)" in res.output
     assert res.exception is None or isinstance(res.exception, SystemExit)
 
 
