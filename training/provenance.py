@@ -121,9 +121,15 @@ def provenance_markdown(manifest: Manifest, tr: TableTraining, ref: ReferenceBlo
             f"| {s['name']} | `{s['table']}` | {s['license']} | {s['prompts']} | "
             f"{', '.join(s['weak_models'])} | {', '.join(s['strong_models'])} |"
         )
+    panels = [s for s in tr["sources"] if s.get("panel_models")]
+    recipe = tr["recipe"]
     lines += [
         "",
         "Origins: " + "; ".join(f"{s['name']}: {s['origin']}" for s in tr["sources"]) + ".",
+        *[f"\nLabel panel of {s['name']} (weight {recipe.get('panel_weight')} of each prompt's label): "
+          f"{', '.join(s.get('panel_models', []))}." for s in panels],
+        *([f"\nWarm start: {recipe.get('warm_start')}, together weighing {recipe.get('warm_start_share')} x the other "
+           "sources' rows; the calibration reads the other sources only."] if recipe.get("warm_start") else []),
         "",
         *_license_note(tr),
         "",

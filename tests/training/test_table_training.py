@@ -156,6 +156,7 @@ def test_label_panel_denoises_the_pair_and_is_recorded(cli, noisy_table, tmp_pat
         (src,) = manifest["training"]["sources"]
         if weight == "1":  # every column but the strong one; named only when the recipe reads it
             assert src["panel_models"] == ["small", "p1", "p2", "p3", "p4", "p5"]
+            assert "Label panel of noisy (weight 1.0 of each prompt's label): small, p1" in (out / "PROVENANCE.md").read_text()
         else:
             assert "panel_models" not in src
         assert manifest["training"]["recipe"]["panel_weight"] == float(weight)
@@ -175,7 +176,9 @@ def test_warm_start_trains_beside_licensed_rows_and_crossval_keeps_them(cli, tab
     assert set(names) == {"ops", "arena_bench_v1"}
     assert names["arena_bench_v1"]["license"] == "Apache-2.0" and names["arena_bench_v1"]["prompts"] == 60
     assert manifest["training"]["recipe"]["warm_start"] == "arena_bench_v1"
-    assert "not a shippable default" in (out / "PROVENANCE.md").read_text()  # the table's licence is unknown
+    provenance = (out / "PROVENANCE.md").read_text()
+    assert "not a shippable default" in provenance  # the table's licence is unknown
+    assert "Warm start: arena_bench_v1, together weighing 1.0 x the other sources' rows" in provenance
     cv = _crossval(cli, out, table)
     assert cv["n"] == 60 and cv["apgr"] > 0.7  # scored on the table's rows only, the warm rows always train
 
