@@ -72,9 +72,12 @@ def _served(deployment: DeploymentTypedDict, decision: RouteDecision) -> str | N
     return served
 
 
-def _outcome(decision_id: str, served: str | None, response: object, started_s: float) -> OutcomeReport:
+def ok_outcome(decision_id: str, served: str | None, response: object, started_s: float) -> OutcomeReport:
+    """A decision's one ``ok`` outcome: the ``served`` target, ``response``'s usage (LiteLLM's), and the
+    time since ``started_s`` (``time.time()``, seconds) as its end-to-end latency in milliseconds. Used by
+    the cascade here and by the proxy callback (``litellm_proxy``)."""
     out: OutcomeReport = {"decision_id": decision_id, "status": "ok", "time_s": time.time(),
-                          "e2e_latency_ms": (time.time() - started_s) * 1000.0}
+                          "e2e_latency_ms": max(0.0, time.time() - started_s) * 1000.0}
     if served:
         out["served_target"] = served
     usage = _usage(response)
@@ -108,13 +111,13 @@ async def acascade(router: LiteLLMRouter, client: PointsmanClient, *, model: str
     decision_id = decision["decision_id"]
     answer = await client.averify(decision_id, draft_of(draft), _usage(draft))
     if answer is None or answer["action"] != "escalate":
-        client.report(_outcome(decision_id, _served(chosen, decision), draft, started))
+        client.report(ok_outcome(decision_id, _served(chosen, decision), draft, started))
         return draft
     escalation = escalation_decision(answer)
     frontier = pick_deployment(deployments, escalation)
     if frontier is None:
         log.warning("no LiteLLM deployment serves escalation target %r; keeping the draft", escalation["target"])
-        client.report(_outcome(decision_id, _served(chosen, decision), draft, started))
+        client.report(ok_outcome(decision_id, _served(chosen, decision), draft, started))
         return draft
     served = _served(frontier, escalation) or escalation["target"]
     try:
@@ -126,7 +129,7 @@ async def acascade(router: LiteLLMRouter, client: PointsmanClient, *, model: str
                                  "error": f"{type(exc).__name__}: {exc}"[:1000], "time_s": time.time()}
         client.report(failed)
         return draft
-    client.report(_outcome(decision_id, served, final, started))
+    client.report(ok_outcome(decision_id, served, final, started))
     return final
 
 

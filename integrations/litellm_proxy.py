@@ -64,12 +64,11 @@ from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import DeploymentTypedDict
 
 from pointsman.integrations.client import PointsmanClient, RouteDecision, forward_target
-from pointsman.integrations.litellm_cascade import draft_of, escalation_decision
+from pointsman.integrations.litellm_cascade import draft_of, escalation_decision, ok_outcome
 from pointsman.integrations.litellm_router import (
     DECISION_KEY,
     DEFAULT_INFO,
     LiteLLMRouter,
-    OutcomeReport,
     _usage,
     all_deployments,
     default_deployment,
@@ -220,21 +219,8 @@ class PointsmanProxyHandler(CustomLogger):
             return await self._cascade_step(decision, data, response, started)
         except Exception:  # noqa: BLE001 - the draft stands; a cascade bug must never fail the request
             log.exception("pointsman cascade failed; the draft stands")
-            self.client.report(self._outcome(decision, str(decision.get("served_target") or ""), response, started))
+            self.client.report(ok_outcome(str(decision["id"]), str(decision.get("served_target") or ""), response, started))
             return None
-
-    def _outcome(self, decision: Mapping[str, object], served: str, response: object,
-                 started_s: float) -> OutcomeReport:
-        """The decision's one ``ok`` outcome: ``served`` target, ``response``'s usage, the time since
-        ``started_s`` (the pre-call hook) as its end-to-end latency."""
-        out: OutcomeReport = {"decision_id": str(decision["id"]), "status": "ok", "time_s": time.time(),
-                              "e2e_latency_ms": max(0.0, time.time() - started_s) * 1000.0}
-        if served:
-            out["served_target"] = served
-        usage = _usage(response)
-        if usage:
-            out["usage"] = usage
-        return out
 
     async def _cascade_step(self, decision: Mapping[str, object], data: dict[str, object], response: object,
                             started: float) -> object | None:
@@ -242,13 +228,13 @@ class PointsmanProxyHandler(CustomLogger):
         answer = await self.client.averify(str(decision["id"]), draft_of(response), _usage(response))
         router = _router()
         if answer is None or answer["action"] != "escalate" or router is None:
-            self.client.report(self._outcome(decision, draft_served, response, started))
+            self.client.report(ok_outcome(str(decision["id"]), draft_served, response, started))
             return None
         escalation = escalation_decision(answer)
         frontier = self.choose(escalation, str(decision.get("group") or data.get("model") or ""), router)
         if frontier is None:
             log.warning("no LiteLLM deployment serves escalation target %r; the draft stands", escalation["target"])
-            self.client.report(self._outcome(decision, draft_served, response, started))
+            self.client.report(ok_outcome(str(decision["id"]), draft_served, response, started))
             return None
         served = target_of(frontier) or escalation["target"]
         headers = forward_target(escalation)[1]
@@ -261,7 +247,7 @@ class PointsmanProxyHandler(CustomLogger):
             self.client.report({"decision_id": str(decision["id"]), "status": "error", "served_target": served,
                                 "error": f"{type(exc).__name__}: {exc}"[:1000], "time_s": time.time()})
             return None
-        self.client.report(self._outcome(decision, served, final, started))
+        self.client.report(ok_outcome(str(decision["id"]), served, final, started))
         return final
 
     def _report(self, kwargs: Mapping[str, object], response_obj: object, start_time: object, end_time: object, *,
