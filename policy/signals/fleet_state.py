@@ -206,10 +206,15 @@ class FleetState:
         self._budget_cache = None if ledger is None else SnapshotCache(ledger, budget_snapshot_ttl_s, self._lock)
         self._budget_snapshot_ttl_s = float(budget_snapshot_ttl_s)
         self._settled: OrderedDict[str, Settled] = OrderedDict()
-        self.record_ttl_s = 600.0 if ledger is None else ledger.config.reservation_ttl_s
         self._breaker: dict[str, tuple[int, float]] = {}  # endpoint id -> (consecutive errors, tripped at)
         self.error_outcomes_to_unhealthy = ERROR_OUTCOMES_TO_UNHEALTHY
         self.unhealthy_cooldown_s = UNHEALTHY_COOLDOWN_S
+
+    @property
+    def record_ttl_s(self) -> float:
+        """Seconds an in-flight record lives without an outcome: the ledger's ``reservation_ttl_s`` as it
+        is now (a budgets reload that changes it applies to the next dispatch), else 600."""
+        return 600.0 if self.ledger is None else float(self.ledger.config.reservation_ttl_s)
 
     def rebuild(self, fleet: Fleet) -> FleetState:
         """The state for a reloaded ``fleet`` (no restart): endpoints and targets still in it keep

@@ -111,3 +111,16 @@ def test_reload_without_a_budgets_file_says_so(tmp_path):
         r = c.post("/v1/budgets/reload", headers=ADMIN)
         assert r.status_code == 422 and "POINTSMAN_BUDGETS_PATH" in r.json()["problems"][0]["message"]
         assert c.get("/v1/budgets", headers=ADMIN).json()["budgets"] == []
+
+
+def test_a_reload_that_changes_the_reservation_ttl_applies_to_the_in_flight_records(tmp_path):
+    """The in-flight record's lifetime (shared records' TTL, the local sweep) follows the reloaded
+    ``reservation_ttl_s``: it was read once at start."""
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text("reservation_ttl_s: 600\n" + budgets_yaml(5))
+    with app(tmp_path, budgets, watch_budgets=False) as c:
+        state = c.app.state.fleet_state
+        assert state.record_ttl_s == 600.0
+        budgets.write_text("reservation_ttl_s: 120\n" + budgets_yaml(5))
+        assert c.post("/v1/budgets/reload", headers=ADMIN).status_code == 200
+        assert c.app.state.fleet_state.record_ttl_s == 120.0
