@@ -310,8 +310,17 @@ def train(
         sources = default_training_sources(cfg.sources)
     else:
         given = {s.name for s in sources}
-        warm = [n for n in cfg.warm_start if n not in given]
-        sources = sources + (default_training_sources(warm) if warm else [])
+        warm_names = [n for n in cfg.warm_start if n not in given]
+        warm = default_training_sources(warm_names) if warm_names else []
+        for src in warm:
+            try:
+                found = src.path().is_file()
+            except DataError:
+                found = False
+            if not found:
+                raise DataError(f"the warm start reads {src.name} ({src.relpath}), which is not in the shared datasets "
+                                "folder: set POINTSMAN_SHARED_DATASETS, or train on the table alone (--warm-start none)")
+        sources = sources + warm
         cfg.sources = tuple(s.name for s in sources)
     cache = data_dir() / "cache"
     log(f"sources: {', '.join(f'{s.name} ({s.license})' for s in sources)}")

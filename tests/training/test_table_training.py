@@ -191,3 +191,13 @@ def test_warm_start_of_an_unknown_source_is_named(cli, table, tmp_path):
 def test_panel_and_warm_start_options_need_a_table(cli, tmp_path):
     res = CliRunner().invoke(cli, ["train", "--panel-weight", "0.5", "--no-mlflow", "--output", str(tmp_path / "m")])
     assert res.exit_code == 2 and "--table only" in res.output
+
+
+def test_warm_start_without_the_shared_tables_says_how_to_go_on(cli, table, tmp_path, monkeypatch):
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("POINTSMAN_SHARED_DATASETS", str(tmp_path / "no-shared"))
+    res = _train(cli, table, tmp_path / "m", "--warm-start", "arena_bench_v1")
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "warm start reads arena_bench_v1" in res.output and "--warm-start none" in res.output
+    res = _train(cli, table, tmp_path / "m")  # --warm-start none: the table alone trains anywhere
+    assert res.exit_code == 0, res.output
