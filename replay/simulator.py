@@ -89,7 +89,7 @@ from typing import TypeAlias
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.replay.hardware import FrontierSpec
-from pointsman.replay.kvcache import PrefixCache, PromptCache, SharedKVStore
+from pointsman.replay.kvcache import PromptCache
 from pointsman.replay.results import ReplayResult, ReplicaStats, RequestResult
 from pointsman.replay.router import Assignment, Router
 from pointsman.replay.sim_fleet import (
@@ -98,400 +98,35 @@ from pointsman.replay.sim_fleet import (
     ROLE_AGGREGATED,
     ROLE_DECODE,
     ROLE_PREFILL,
-    OnPremTarget,
     SimFleet,
+)
+from pointsman.replay.sim_state import (
+    EPOCH,
+    EPS_BYTES,
+    EV_ARRIVAL,
+    EV_CHANNEL,
+    EV_FINISH,
+    EV_REPLICA,
+    EV_RESTORE,
+    EV_TRANSFER,
+    EV_WAKE,
+    IDLE,
+    STEP,
+    SimChannel,
+    SimFleetView,
+    SimJob,
+    SimReplica,
+    SimReplicaView,
+    SimTarget,
+    add_busy,
 )
 
 # --------------------------------------------------------------------------- simulator internals
 
-_IDLE, _STEP, _EPOCH = 0, 1, 2
-_EV_REPLICA, _EV_TRANSFER, _EV_FINISH, _EV_CHANNEL, _EV_RESTORE, _EV_ARRIVAL, _EV_WAKE = 0, 1, 2, 3, 4, 5, 6
-#: Bytes below which a shared-channel transfer counts as done (float rounding).
-_EPS_BYTES = 1e-3
-
-
-class _Job:
-    """One request in the simulator. Per-replica progress (``n_tokens``, ``n_computed``,
-    ``alloc_n``) refers to the replica the request is on now; ``held_n`` is what a prefill
-    replica keeps pinned while the KV moves to the decode replica."""
-
-    __slots__ = (
-        "index", "req", "arrival_s", "routed", "target", "mode", "rep", "drep", "drep_index",
-        "hashes", "n_prompt_blocks", "pinned_k", "n_tokens", "n_computed", "alloc_n", "held_n", "generated",
-        "d_n0", "d_s0", "d_end", "ver", "decoding",
-        "start_s", "first_s", "finish_s", "hit_tokens", "restored_tokens", "transfer_s", "spilled", "rejected",
-        "cost_usd", "frontier", "result", "looked_up", "at",
-    )  # fmt: skip
-
-    def __init__(self, index: int, req: TraceRequest, routed: str | None) -> None:
-        self.index = index
-        self.req = req
-        self.arrival_s = req.arrival_s
-        self.routed = routed
-        self.target = routed
-        self.mode = AGGREGATED
-        self.rep: _Replica | None = None  # on-prem: the (prefill) replica; None on a frontier tier
-        self.drep: _Replica | None = None  # disaggregated: the decode replica, once chosen
-        self.drep_index: int | None = None
-        self.at: _Replica | None = None  # the replica the request is on now (decode replica after a transfer)
-        self.hashes: Sequence[int] = ()  # ids of the full blocks of the request's context (see _place)
-        self.n_prompt_blocks = 0  # of which the first ones are the trace's prompt blocks
-        self.pinned_k = 0  # hashed blocks this request holds pinned on its replica
-        self.n_tokens = req.prompt_tokens  # tokens whose KV the replica must hold before the next sample
-        self.n_computed = 0  # of those, computed on this replica
-        self.alloc_n = 0  # tokens this replica has allocated pages for
-        self.held_n = 0  # P/D: tokens still pinned on the prefill replica during the transfer
-        self.generated = 0  # output tokens sampled so far
-        self.looked_up = False
-        self.d_n0 = 0  # decoding: n_computed at step d_s0 of its replica; finishes at step d_end
-        self.d_s0 = 0
-        self.d_end = 0
-        self.ver = 0  # invalidates stale completion-heap entries
-        self.decoding = False
-        self.start_s: float | None = None
-        self.first_s: float | None = None
-        self.finish_s: float | None = None
-        self.hit_tokens = 0
-        self.restored_tokens = 0
-        self.transfer_s = 0.0
-        self.spilled = False
-        self.rejected: str | None = None
-        self.cost_usd = 0.0
-        self.frontier = False
-        self.result: RequestResult | None = None
-
-    def on_prem(self) -> _Replica:
-        """The replica the job was queued on (a simulator bug when it has none)."""
-        if self.rep is None:
-            raise RuntimeError(f"simulator bug: request {self.index} has no replica")
-        return self.rep
-
-
-class _Channel:
-    """A bandwidth shared equally by the transfers in flight (processor sharing): a prefill
-    replica's link, or a target's shared-tier restore path. Each transfer pays ``latency_s``
-    once its bytes are through; ``done_kind`` is the event kind fired then."""
-
-    __slots__ = ("bytes_per_s", "latency_s", "done_kind", "active", "t", "token")
-
-    def __init__(self, bytes_per_s: float, latency_s: float, done_kind: int) -> None:
-        self.bytes_per_s = bytes_per_s
-        self.latency_s = latency_s
-        self.done_kind = done_kind
-        self.active: dict[_Job, float] = {}  # job -> bytes left, in start order
-        self.t = 0.0  # time the byte counts were last advanced to
-        self.token = 0
-
-    def advance(self, now: float) -> None:
-        """Move every active transfer's bytes forward to ``now`` at the equal share."""
-        if self.active and now > self.t:
-            sent = (now - self.t) * self.bytes_per_s / len(self.active)
-            for job in self.active:
-                self.active[job] -= sent
-        self.t = now
-
-    def next_done(self) -> float:
-        """Time at which the transfer with the fewest bytes left finishes its bytes."""
-        left = min(self.active.values())
-        return self.t + max(0.0, left) * len(self.active) / self.bytes_per_s
-
-
-class _Target:
-    __slots__ = ("spec", "pools", "tier", "tier_channel", "prefill_bins", "decode_bins")
-
-    def __init__(self, spec: OnPremTarget) -> None:
-        self.spec = spec
-        shared = spec.shared_kv
-        self.tier = SharedKVStore(shared.capacity_blocks) if shared else None
-        self.tier_channel = _Channel(shared.restore_bytes_per_s, shared.latency_s, _EV_RESTORE) if shared else None
-        self.prefill_bins: list[float] = []
-        self.decode_bins: list[float] = []
-        self.pools = {
-            role: [_Replica(self, role, i) for i in range(spec.pool_size(role))]
-            for role in (ROLE_AGGREGATED, ROLE_PREFILL, ROLE_DECODE)
-        }
-
-
-class _Replica:
-    __slots__ = (
-        "tgt", "target", "role", "index", "spec", "cache", "bt", "pg", "ppb", "link", "wake", "reserve",
-        "waiting", "running", "partials", "pending", "joining", "inbound", "loading", "held",
-        "ndec", "kv_dec", "res", "ends", "state", "token", "steps",
-        "plan", "plan_dec", "t0", "t_end", "pfrac", "c", "half", "k",
-        "busy_prefill_s", "busy_decode_s", "prefill_tokens", "restored_tokens", "preemptions",
-    )  # fmt: skip
-
-    def __init__(self, tgt: _Target, role: str, index: int) -> None:
-        self.tgt = tgt
-        self.target = tgt.spec.name
-        self.role = role
-        self.index = index
-        spec = self.spec = tgt.spec.spec_for(role)
-        self.bt = spec.block_tokens
-        self.pg = spec.kv_block_tokens
-        self.ppb = spec.block_tokens // spec.kv_block_tokens
-        self.reserve = spec.kv_admission == "reserve"  # TensorRT-LLM GUARANTEED_NO_EVICT: all KV at admission
-        self.cache = PrefixCache(spec.kv_pages, self.ppb)
-        link = tgt.spec.link
-        self.link = _Channel(link.bytes_per_s, link.latency_s, _EV_TRANSFER) if role == ROLE_PREFILL else None
-        self.waiting: deque[_Job] = deque()  # queued for (re)prefill, FCFS; preempted ones at the head
-        self.running: dict[_Job, None] = {}  # admission order (the last is preempted first)
-        self.partials: dict[_Job, None] = {}  # running requests still prefilling (a suffix of running)
-        self.pending: deque[_Job] = deque()  # decode role: prefilled, waiting for KV room here
-        self.joining: deque[_Job] = deque()  # decode role: transferred, admitted at the next step
-        self.inbound = 0  # decode role: transfers in flight to this replica
-        self.loading = 0  # restores from the shared tier in flight for this replica
-        self.held = 0  # prefill role: finished prefills whose KV is still being sent
-        self.ndec = 0  # decoding sequences
-        self.kv_dec = 0  # their context tokens read by the next step: sum of (n_computed + 1)
-        self.res = [0] * spec.kv_block_tokens  # decoders by the step residue at which they need a page
-        self.ends: list[tuple[int, int, int, _Job]] = []  # heap (finish step, seq, version, job)
-        self.state = _IDLE
-        self.wake = False  # a wake-up is scheduled
-        self.token = 0  # invalidates stale step events
-        self.steps = 0  # steps run so far
-        self.plan: list[tuple[_Job, int]] = []  # the step in flight: prefill chunks (job, tokens)
-        self.plan_dec = 0  # decoders in the step in flight
-        self.t0 = 0.0  # start of the step / epoch in flight, its planned end and prefill share
-        self.t_end = 0.0
-        self.pfrac = 0.0
-        self.c = 0.0  # decode epoch: first-step time, growth half = pk*b/2, planned steps k
-        self.half = 0.0
-        self.k = 0
-        self.busy_prefill_s = 0.0
-        self.busy_decode_s = 0.0
-        self.prefill_tokens = 0
-        self.restored_tokens = 0
-        self.preemptions = 0
-
-    def load(self) -> int:
-        return (len(self.waiting) + len(self.pending) + len(self.running) + len(self.joining) + self.inbound
-                + self.loading)
-
-    def seqs(self) -> int:
-        """Sequences counting against ``max_num_seqs``: running, joining, inbound and loading."""
-        return len(self.running) + len(self.joining) + self.inbound + self.loading
-
-    # ---- KV pages of one request
-
-    def pinned(self, job: _Job, n: int) -> int:
-        """Full hashed blocks a request holding ``n`` tokens pins."""
-        return min(len(job.hashes), n // self.bt)
-
-    def private(self, job: _Job, n: int) -> int:
-        """Private pages of a request holding ``n`` tokens (the tokens past its pinned blocks)."""
-        return -(-(n - self.pinned(job, n) * self.bt) // self.pg)
-
-    def pages(self, job: _Job, n: int) -> int:
-        """Pages a request holding ``n`` tokens needs (without sharing)."""
-        return self.pinned(job, n) * self.ppb + self.private(job, n)
-
-    def grow(self, job: _Job, n: int, *, dry: bool = False, reserve: int = 0) -> bool:
-        """Allocate pages for ``job`` to hold ``n`` tokens (from ``job.alloc_n``), leaving
-        ``reserve`` pages free; ``dry``: only say whether it would fit. Under ``kv_admission
-        = "reserve"`` the first allocation takes the request's whole prompt + output."""
-        a = job.alloc_n
-        if self.reserve:
-            n = max(n, job.req.prompt_tokens + job.req.output_tokens)
-        k = self.pinned(job, n)
-        new = job.hashes[self.pinned(job, a):k]
-        delta = self.private(job, n) - self.private(job, a)
-        if dry or reserve:
-            if not self.cache.can_grow(new, delta + reserve):
-                return False
-            if dry:
-                return True
-        if not self.cache.grow(new, delta):
-            return False
-        job.alloc_n = n
-        job.pinned_k = k
-        return True
-
-    def free(self, job: _Job, n: int, pinned_k: int) -> None:
-        """Release the pages of ``job`` holding ``n`` tokens, ``pinned_k`` of its blocks pinned as
-        hashed ones: the full blocks it filled as private pages since (a decoder's output) are
-        cached first, so they stay resident and evictable like the rest (vLLM caches every full block)."""
-        k = self.pinned(job, n)
-        if k > pinned_k:
-            new = job.hashes[pinned_k:k]
-            if not self.cache.grow(new, -len(new) * self.ppb):
-                raise RuntimeError(f"simulator bug: request {job.index} could not cache its full blocks")
-        self.cache.release(job.hashes[:k], self.private(job, n))
-
-    # ---- decoders (advance one token per step, tracked in aggregate)
-
-    def dec_n(self, job: _Job) -> int:
-        """Tokens computed now by a decoding ``job``."""
-        return job.d_n0 + self.steps - job.d_s0
-
-    def crossings(self, k: int) -> int:
-        """Pages the decoders need over the next ``k`` steps (page boundaries crossed)."""
-        if k <= 0 or not self.ndec or self.reserve:
-            return 0
-        pg, s = self.pg, self.steps
-        total = 0
-        for r, count in enumerate(self.res):
-            if count:
-                total += count * ((s + k - 1 - r) // pg - (s - 1 - r) // pg)
-        return total
-
-
-def _add_busy(bins: list[float], start: float, end: float, origin: float, width: float) -> None:
-    """Add the interval [start, end) to per-bin busy seconds."""
-    if end <= start:
-        return
-    b = int((start - origin) // width)
-    last = int((end - origin) // width)
-    if last >= len(bins):
-        bins.extend([0.0] * (last + 1 - len(bins)))
-    if b == last:
-        bins[b] += end - start
-        return
-    edge = origin + (b + 1) * width
-    bins[b] += edge - start
-    for i in range(b + 1, last):
-        bins[i] += width
-    bins[last] += end - (origin + last * width)
-
-
-class SimReplicaView:
-    """``router.ReplicaView`` of one simulated replica, as a router sees it at decision time.
-
-    Names follow vLLM's metrics: ``num_requests_waiting`` (queued for prefill, loading from
-    the shared tier, or waiting for KV room on a decode replica), ``num_requests_running``
-    (prefilling, decoding, or KV in transit to it), ``kv_cache_usage`` (fraction 0-1 of KV
-    pages pinned by requests).
-    """
-
-    __slots__ = ("_r",)
-
-    def __init__(self, replica: _Replica) -> None:
-        self._r = replica
-
-    @property
-    def target(self) -> str:
-        """Name of the on-prem target this replica belongs to."""
-        return self._r.target
-
-    @property
-    def role(self) -> str:
-        """``aggregated``, ``prefill`` or ``decode``."""
-        return self._r.role
-
-    @property
-    def index(self) -> int:
-        """Index of the replica in its pool (what ``Assignment.replica`` refers to)."""
-        return self._r.index
-
-    @property
-    def num_requests_waiting(self) -> int:
-        """Requests queued for prefill here, loading from the shared tier, or prefilled and
-        waiting for KV room (decode pool)."""
-        r = self._r
-        return len(r.waiting) + len(r.pending) + r.loading
-
-    @property
-    def num_requests_running(self) -> int:
-        """Requests prefilling, decoding, or with KV in transit to this replica."""
-        r = self._r
-        return len(r.running) + len(r.joining) + r.inbound
-
-    @property
-    def kv_cache_usage(self) -> float:
-        """Fraction 0-1 of this replica's KV pages pinned by requests."""
-        return self._r.cache.usage
-
-    def cached_prefix_tokens(self, request: TraceRequest) -> int:
-        """Tokens of ``request``'s prompt whose leading blocks are resident here (0 without hashes)."""
-        hashes = request.block_hashes
-        if not hashes:
-            return 0
-        blocks = self._r.cache.cached_prefix_blocks(hashes)
-        return min(blocks * self._r.spec.block_tokens, request.prompt_tokens)
-
-    def cached_prefix_blocks(self, block_hashes: Sequence[int]) -> int:
-        """Leading ``block_hashes`` resident in this replica's KV cache (no state change)."""
-        return self._r.cache.cached_prefix_blocks(block_hashes)
-
-    @property
-    def cached_blocks(self) -> int:
-        """Hashed prompt blocks resident here (pinned or evictable): the size of a KV-event index."""
-        return self._r.cache.cached_blocks
-
-    @property
-    def kv_capacity_tokens(self) -> int:
-        """KV capacity of this replica in tokens."""
-        return self._r.spec.kv_capacity_tokens
-
-    @property
-    def waiting_prompt_tokens(self) -> int:
-        """Prompt tokens not yet prefilled here: queued requests' and the rest of partially
-        prefilled ones (O(queue length))."""
-        r = self._r
-        return (sum(j.n_tokens - j.n_computed for j in r.waiting)
-                + sum(j.n_tokens - j.n_computed for j in r.partials))
-
-    def busy_s(self, now_s: float) -> tuple[float, float]:
-        """(prefill, decode) busy seconds of this replica from the start of the replay up to
-        ``now_s`` (the simulator's current time), the step in progress counted up to now."""
-        r = self._r
-        prefill, decode = r.busy_prefill_s, r.busy_decode_s
-        if r.state == _STEP:
-            left = max(0.0, r.t_end - now_s)
-            prefill -= left * r.pfrac
-            decode -= left * (1.0 - r.pfrac)
-        elif r.state == _EPOCH:
-            decode += max(0.0, now_s - r.t0)
-        return prefill, decode
-
-
-class SimFleetView:
-    """``router.FleetView``: read-only fleet state handed to the router: the clock and every replica's view.
-
-    ``replicas(target, role)`` -> tuple of ``ReplicaView`` (empty for a frontier
-    target or a pool the target does not have); ``is_frontier(target)``;
-    ``target_names``; ``fleet`` is the ``SimFleet`` spec; ``request_index``: position in
-    the trace of the request being routed; ``frontier_cached_blocks(target, hashes)``: leading
-    blocks of a prompt in a frontier tier's prompt cache.
-    """
-
-    __slots__ = ("now_s", "fleet", "_views", "_frontier", "target_names", "request_index", "_sim")
-
-    def __init__(self, fleet: SimFleet, views: dict[tuple[str, str], tuple[SimReplicaView, ...]],
-                 sim: _Simulator | None = None) -> None:
-        self.now_s = 0.0
-        self.fleet = fleet
-        self._views = views
-        self._frontier = frozenset(f.name for f in fleet.frontier)
-        self.target_names = tuple(fleet.target_names)
-        self.request_index = -1
-        self._sim = sim
-
-    def frontier_cached_blocks(self, target: str, block_hashes: Sequence[int]) -> int:
-        """Leading ``block_hashes`` the frontier tier ``target`` holds in its prompt cache now (0 if none)."""
-        if self._sim is None or not block_hashes:
-            return 0
-        return self._sim.frontier_cached_blocks(target, block_hashes, self.now_s)
-
-    def shared_tier_blocks(self, target: str) -> SharedKVStore | None:
-        """The on-prem ``target``'s shared KV tier content (``kvcache.SharedKVStore``), or None."""
-        if self._sim is None or target not in self._sim.targets:
-            return None
-        return self._sim.targets[target].tier
-
-    def replicas(self, target: str, role: str = ROLE_AGGREGATED) -> tuple[SimReplicaView, ...]:
-        """Views of the replicas in ``target``'s ``role`` pool, by index; () if none."""
-        return self._views.get((target, role), ())
-
-    def is_frontier(self, target: str) -> bool:
-        """True if ``target`` names a frontier API tier of the fleet."""
-        return target in self._frontier
-
-
 #: A scheduled event: (time, priority, sequence number, kind, replica / channel / job / request
 #: index, token). Priority 1 (waking an idle replica) runs after everything else at that time,
 #: arrivals included, so requests arriving together are scheduled together.
-_Event: TypeAlias = tuple[float, int, int, int, "_Replica | _Channel | _Job | int", int]
+_Event: TypeAlias = tuple[float, int, int, int, "SimReplica | SimChannel | SimJob | int", int]
 
 
 class _Simulator:
@@ -508,7 +143,7 @@ class _Simulator:
         self.now = 0.0
         self.heap: list[_Event] = []
         self.seq = 0
-        self.targets = {t.name: _Target(t) for t in fleet.on_prem}
+        self.targets = {t.name: SimTarget(t) for t in fleet.on_prem}
         self.frontier = {f.name: f for f in fleet.frontier}
         self.rngs = {f.name: random.Random(f"{seed}:{f.name}") for f in fleet.frontier}
         self.fcaches = {f.name: PromptCache(f.prompt_cache_ttl_s) for f in fleet.frontier}
@@ -519,14 +154,14 @@ class _Simulator:
             if reps
         }
         self.view = SimFleetView(fleet, views, self)
-        self.jobs: dict[int, _Job] = {}
+        self.jobs: dict[int, SimJob] = {}
         self.trace: Sequence[TraceRequest] = ()
         self.queue: deque[int] = deque()  # closed loop: trace indices not sent yet
         self.closed = False
 
     # ---- driver
 
-    def run(self, trace: Sequence[TraceRequest], clients: int | None = None) -> list[_Job]:
+    def run(self, trace: Sequence[TraceRequest], clients: int | None = None) -> list[SimJob]:
         self.trace = trace
         order = sorted(range(len(trace)), key=lambda i: trace[i].arrival_s)
         if order:
@@ -536,7 +171,7 @@ class _Simulator:
             self.closed = True
             self.queue = deque(range(len(trace)))
             for _ in range(min(clients, len(trace))):
-                self._push(self.origin, _EV_ARRIVAL, self.queue.popleft())
+                self._push(self.origin, EV_ARRIVAL, self.queue.popleft())
         else:
             for i in order:
                 req = trace[i]
@@ -549,54 +184,54 @@ class _Simulator:
             self._step()
         return [self.jobs[i] for i in range(len(trace))]
 
-    def _push(self, t: float, kind: int, obj: _Replica | _Channel | _Job | int, token: int = 0) -> None:
+    def _push(self, t: float, kind: int, obj: SimReplica | SimChannel | SimJob | int, token: int = 0) -> None:
         self.seq += 1
-        heappush(self.heap, (t, int(kind == _EV_WAKE), self.seq, kind, obj, token))
+        heappush(self.heap, (t, int(kind == EV_WAKE), self.seq, kind, obj, token))
 
     def _step(self) -> None:
         t, _, _, kind, obj, token = heappop(self.heap)
         self.now = t
-        if isinstance(obj, _Replica):  # _EV_REPLICA, _EV_WAKE
-            if kind == _EV_WAKE:
+        if isinstance(obj, SimReplica):  # EV_REPLICA, EV_WAKE
+            if kind == EV_WAKE:
                 obj.wake = False
-                if obj.state == _IDLE:
+                if obj.state == IDLE:
                     self._next(obj)
             elif obj.token == token:
                 self._replica_done(obj)
-        elif isinstance(obj, _Channel):  # _EV_CHANNEL
+        elif isinstance(obj, SimChannel):  # EV_CHANNEL
             if obj.token == token:
                 self._channel_done(obj)
-        elif isinstance(obj, int):  # _EV_ARRIVAL (closed loop)
+        elif isinstance(obj, int):  # EV_ARRIVAL (closed loop)
             req = dataclasses.replace(self.trace[obj], arrival_s=t)
             self.jobs[obj] = self._arrive(obj, req)
-        elif kind == _EV_TRANSFER:
+        elif kind == EV_TRANSFER:
             self._transfer_done(obj)
-        elif kind == _EV_RESTORE:
+        elif kind == EV_RESTORE:
             self._restore_done(obj)
         else:
             self._complete(obj)
 
-    def _complete(self, job: _Job) -> None:
+    def _complete(self, job: SimJob) -> None:
         """The request is done (finished or rejected): build its result, tell the observer."""
         job.result = _result(job)
         if self.on_complete is not None:
             self.on_complete(job.result)
         if self.closed and self.queue:
-            self._push(self.now, _EV_ARRIVAL, self.queue.popleft())
+            self._push(self.now, EV_ARRIVAL, self.queue.popleft())
 
-    def _first_token(self, job: _Job, t: float) -> None:
+    def _first_token(self, job: SimJob, t: float) -> None:
         job.first_s = t
         if self.on_first_token is not None:
             self.on_first_token(job.index, t)
 
     # ---- arrival, routing, admission
 
-    def _arrive(self, index: int, req: TraceRequest) -> _Job:
+    def _arrive(self, index: int, req: TraceRequest) -> SimJob:
         view = self.view
         view.now_s = self.now
         view.request_index = index
         a = self.router(req, view)
-        job = _Job(index, req, a.target)
+        job = SimJob(index, req, a.target)
         if a.target is None:
             job.rejected = a.rejected or "rejected_by_router"
             self._complete(job)
@@ -612,7 +247,7 @@ class _Simulator:
             job.spilled = True
         return job
 
-    def _place(self, job: _Job, a: Assignment) -> str | None:
+    def _place(self, job: SimJob, a: Assignment) -> str | None:
         """Queue ``job`` where ``a`` says (or serve it on a frontier tier); returns None, or the
         admission-control reason it was refused (nothing changed then)."""
         req = job.req
@@ -670,7 +305,7 @@ class _Simulator:
         elif rep0.pages(job, p + o) > spec.kv_pages:
             return "kv_capacity"
         idx = self._check_index(a.replica, pool, a)
-        rep = pool[idx] if idx is not None else min(pool, key=_Replica.load)
+        rep = pool[idx] if idx is not None else min(pool, key=SimReplica.load)
         limit = tgt.spec.max_waiting
         if limit is not None and len(rep.waiting) >= limit:
             return "queue_full"
@@ -680,12 +315,12 @@ class _Simulator:
         return None
 
     @staticmethod
-    def _check_index(i: int | None, pool: list[_Replica], a: Assignment) -> int | None:
+    def _check_index(i: int | None, pool: list[SimReplica], a: Assignment) -> int | None:
         if i is not None and not 0 <= i < len(pool):
             raise ValueError(f"router returned replica index {i} for a pool of {len(pool)} in {a}")
         return i
 
-    def _refuse(self, job: _Job, reason: str) -> None:
+    def _refuse(self, job: SimJob, reason: str) -> None:
         spill = self.fleet.spill_target
         if spill is not None and self._place(job, Assignment(spill)) is None:
             return
@@ -693,7 +328,7 @@ class _Simulator:
         job.rejected = reason
         self._complete(job)
 
-    def _serve_frontier(self, job: _Job, spec: FrontierSpec) -> None:
+    def _serve_frontier(self, job: SimJob, spec: FrontierSpec) -> None:
         rng = self.rngs[spec.name]
         req = job.req
         ttft = rng.lognormvariate(math.log(spec.ttft_median_s), spec.ttft_sigma)
@@ -708,7 +343,7 @@ class _Simulator:
         cached = self._frontier_cache(spec, req)
         job.hit_tokens = cached
         job.cost_usd = spec.cost_usd(req.prompt_tokens, req.output_tokens, cached)
-        self._push(job.finish_s, _EV_FINISH, job)
+        self._push(job.finish_s, EV_FINISH, job)
 
     def _frontier_cache(self, spec: FrontierSpec, req: TraceRequest) -> int:
         """Prompt tokens served from the provider's prompt cache; records the prompt's blocks."""
@@ -725,17 +360,17 @@ class _Simulator:
 
     # ---- replica scheduling
 
-    def _kick(self, rep: _Replica) -> None:
+    def _kick(self, rep: SimReplica) -> None:
         """Something changed for ``rep`` (arrival, join, restore done, KV freed): start its next
         step when idle, or end a decode epoch at the next step boundary."""
-        if rep.state == _IDLE:
+        if rep.state == IDLE:
             if not rep.wake:
                 rep.wake = True
-                self._push(self.now, _EV_WAKE, rep)
-        elif rep.state == _EPOCH:
+                self._push(self.now, EV_WAKE, rep)
+        elif rep.state == EPOCH:
             self._interrupt(rep)
 
-    def _admissible(self, rep: _Replica, budget: int) -> bool:
+    def _admissible(self, rep: SimReplica, budget: int) -> bool:
         """Whether the step about to be planned would admit anything (no state change)."""
         if budget <= 0:
             return False
@@ -750,13 +385,13 @@ class _Simulator:
             return rep.grow(job, n + restore, dry=True)
         return rep.grow(job, n + min(job.n_tokens - n, budget), dry=True)
 
-    def _hit(self, rep: _Replica, job: _Job) -> int:
+    def _hit(self, rep: SimReplica, job: SimJob) -> int:
         """Tokens of ``job``'s context that ``rep``'s prefix cache holds (at most all but one)."""
         if not job.hashes:
             return 0
         return min(rep.cache.cached_prefix_blocks(job.hashes) * rep.bt, job.n_tokens - 1)
 
-    def _restore_plan(self, rep: _Replica, job: _Job, hit: int) -> int | None:
+    def _restore_plan(self, rep: SimReplica, job: SimJob, hit: int) -> int | None:
         """Tokens to restore from the shared tier after ``hit`` local ones, when restoring them
         at the tier's current share is predicted faster than recomputing; else None."""
         tier, shared, chan = rep.tgt.tier, rep.tgt.spec.shared_kv, rep.tgt.tier_channel
@@ -775,7 +410,7 @@ class _Simulator:
         restore = shared.restore_s(restorable * spec.kv_bytes_per_token, len(chan.active) + 1)
         return restorable if restore < recompute else None
 
-    def _next(self, rep: _Replica) -> None:
+    def _next(self, rep: SimReplica) -> None:
         """The replica is free at a step boundary: run a decode epoch or plan one step."""
         spec = rep.spec
         budget = spec.max_num_batched_tokens
@@ -800,7 +435,7 @@ class _Simulator:
                 return
         self._plan_step(rep)
 
-    def _plan_step(self, rep: _Replica) -> None:
+    def _plan_step(self, rep: SimReplica) -> None:
         """One vLLM V1 step: running requests in order (preempting the newest when pages run
         out), then admissions if nothing was preempted; see the module docstring."""
         spec = rep.spec
@@ -815,7 +450,7 @@ class _Simulator:
             else:  # not all fit: allocate in admission order, preempting the newest
                 preempted = self._decoders_in_order(rep)
         budget -= rep.ndec
-        plan: list[tuple[_Job, int]] = []
+        plan: list[tuple[SimJob, int]] = []
         for job in list(rep.partials):
             if job not in rep.running:
                 continue  # preempted meanwhile
@@ -839,7 +474,7 @@ class _Simulator:
             if preempted:  # everything running was preempted: the next step may admit (vLLM's next iteration)
                 self._plan_step(rep)
                 return
-            rep.state = _IDLE
+            rep.state = IDLE
             return
         pre_tokens = sum(n for _, n in plan)
         pairs = sum(n * job.n_computed + n * (n + 1) / 2 for job, n in plan)
@@ -853,18 +488,18 @@ class _Simulator:
         rep.plan, rep.plan_dec = plan, ndec
         now = self.now
         rep.t0, rep.t_end = now, now + dur
-        rep.state = _STEP
+        rep.state = STEP
         rep.token += 1
         rep.busy_prefill_s += dur * rep.pfrac
         rep.busy_decode_s += dur * (1.0 - rep.pfrac)
         tgt = rep.tgt
         if rep.pfrac > 0:
-            _add_busy(tgt.prefill_bins, now, now + dur * rep.pfrac, self.origin, self.bin_s)
+            add_busy(tgt.prefill_bins, now, now + dur * rep.pfrac, self.origin, self.bin_s)
         if rep.pfrac < 1:
-            _add_busy(tgt.decode_bins, now + dur * rep.pfrac, now + dur, self.origin, self.bin_s)
-        self._push(now + dur, _EV_REPLICA, rep, rep.token)
+            add_busy(tgt.decode_bins, now + dur * rep.pfrac, now + dur, self.origin, self.bin_s)
+        self._push(now + dur, EV_REPLICA, rep, rep.token)
 
-    def _decoders_in_order(self, rep: _Replica) -> bool:
+    def _decoders_in_order(self, rep: SimReplica) -> bool:
         """Allocate the crossing decoders' pages one by one in admission order, preempting the
         newest running request whenever one does not fit. Returns True (it preempted)."""
         pg, s = rep.pg, rep.steps
@@ -880,7 +515,7 @@ class _Simulator:
                     break
         return True
 
-    def _admit_waiting(self, rep: _Replica, budget: int, plan: list[tuple[_Job, int]]) -> int:
+    def _admit_waiting(self, rep: SimReplica, budget: int, plan: list[tuple[SimJob, int]]) -> int:
         """Admit joining decoders, then waiting requests (FCFS) while budget and seats last."""
         spec = rep.spec
         while rep.joining and budget > 0:  # their first step's page was reserved with the transfer
@@ -913,7 +548,7 @@ class _Simulator:
             budget -= num
         return budget
 
-    def _add_decoder(self, rep: _Replica, job: _Job) -> None:
+    def _add_decoder(self, rep: SimReplica, job: SimJob) -> None:
         """``job`` (context computed, ``generated`` tokens sampled) decodes from this step on
         (the page of a first step crossing a page boundary is the caller's to allocate)."""
         job.decoding = True
@@ -927,7 +562,7 @@ class _Simulator:
         self.seq += 1
         heappush(rep.ends, (job.d_end, self.seq, job.ver, job))
 
-    def _drop_decoder(self, rep: _Replica, job: _Job) -> int:
+    def _drop_decoder(self, rep: SimReplica, job: SimJob) -> int:
         """Stop tracking a decoding ``job``; returns its computed tokens now."""
         n = rep.dec_n(job)
         job.generated = job.req.output_tokens - (job.d_end - rep.steps)
@@ -938,7 +573,7 @@ class _Simulator:
         rep.res[(job.d_s0 - job.d_n0) % rep.pg] -= 1
         return n
 
-    def _preempt(self, rep: _Replica, job: _Job) -> None:
+    def _preempt(self, rep: SimReplica, job: SimJob) -> None:
         """Preempt ``job`` (recompute): free its pages, back to the head of the waiting queue."""
         n = self._drop_decoder(rep, job) if job.decoding else job.alloc_n
         rep.free(job, max(n, job.alloc_n), job.pinned_k)  # a reservation may exceed the context
@@ -950,17 +585,17 @@ class _Simulator:
         rep.waiting.appendleft(job)
         rep.preemptions += 1
 
-    def _start_epoch(self, rep: _Replica, k: int) -> None:
+    def _start_epoch(self, rep: SimReplica, k: int) -> None:
         spec = rep.spec
         b = rep.ndec
         c = spec.step_s(b, rep.kv_dec)
         half = spec.decode_per_kv_token_s * b / 2
         rep.t0, rep.c, rep.half, rep.k = self.now, c, half, k
-        rep.state = _EPOCH
+        rep.state = EPOCH
         rep.token += 1
-        self._push(self.now + k * c + half * k * (k - 1), _EV_REPLICA, rep, rep.token)
+        self._push(self.now + k * c + half * k * (k - 1), EV_REPLICA, rep, rep.token)
 
-    def _interrupt(self, rep: _Replica) -> None:
+    def _interrupt(self, rep: SimReplica) -> None:
         """End the current decode epoch at the first step boundary at or after now."""
         elapsed = self.now - rep.t0
         c, half = rep.c, rep.half
@@ -982,14 +617,14 @@ class _Simulator:
             return
         rep.k = j
         rep.token += 1
-        self._push(rep.t0 + t_of(j), _EV_REPLICA, rep, rep.token)
+        self._push(rep.t0 + t_of(j), EV_REPLICA, rep, rep.token)
 
-    def _replica_done(self, rep: _Replica) -> None:
+    def _replica_done(self, rep: SimReplica) -> None:
         now = self.now
-        if rep.state == _EPOCH:
+        if rep.state == EPOCH:
             k = rep.k
             rep.busy_decode_s += now - rep.t0
-            _add_busy(rep.tgt.decode_bins, rep.t0, now, self.origin, self.bin_s)
+            add_busy(rep.tgt.decode_bins, rep.t0, now, self.origin, self.bin_s)
             if not rep.cache.grow((), rep.crossings(k)):
                 raise RuntimeError(f"simulator bug: {rep.target}/{rep.role}[{rep.index}] decode epoch over its KV")
             rep.steps += k
@@ -1024,10 +659,10 @@ class _Simulator:
             if ver != job.ver or not job.decoding:
                 continue
             self._finish(rep, job, self._drop_decoder(rep, job))
-        rep.state = _IDLE
+        rep.state = IDLE
         self._next(rep)
 
-    def _finish(self, rep: _Replica, job: _Job, n: int) -> None:
+    def _finish(self, rep: SimReplica, job: SimJob, n: int) -> None:
         """``job`` sampled its last token on ``rep``, holding ``n`` tokens: free and complete it."""
         job.finish_s = self.now
         rep.free(job, max(n, job.alloc_n), job.pinned_k)  # a decoder's first page or a reservation may exceed n
@@ -1039,7 +674,7 @@ class _Simulator:
 
     # ---- shared KV tier
 
-    def _start_restore(self, rep: _Replica, job: _Job, hit: int, tokens: int) -> None:
+    def _start_restore(self, rep: SimReplica, job: SimJob, hit: int, tokens: int) -> None:
         chan = rep.tgt.tier_channel
         if chan is None:
             raise RuntimeError("simulator bug: restore without a shared tier")
@@ -1055,7 +690,7 @@ class _Simulator:
             job.start_s = self.now
         self._channel_add(chan, job, tokens * rep.spec.kv_bytes_per_token)
 
-    def _restore_done(self, job: _Job) -> None:
+    def _restore_done(self, job: SimJob) -> None:
         """The restore is the request's admission: it runs on as a partial prefill (holding its
         pages; a later chunk that does not fit preempts as usual)."""
         rep = job.at
@@ -1068,19 +703,19 @@ class _Simulator:
 
     # ---- shared channels (P/D links, tier restores)
 
-    def _channel_add(self, chan: _Channel, job: _Job, nbytes: float) -> None:
+    def _channel_add(self, chan: SimChannel, job: SimJob, nbytes: float) -> None:
         chan.advance(self.now)
         chan.active[job] = nbytes
         self._channel_schedule(chan)
 
-    def _channel_schedule(self, chan: _Channel) -> None:
+    def _channel_schedule(self, chan: SimChannel) -> None:
         chan.token += 1
         if chan.active:
-            self._push(chan.next_done(), _EV_CHANNEL, chan, chan.token)
+            self._push(chan.next_done(), EV_CHANNEL, chan, chan.token)
 
-    def _channel_done(self, chan: _Channel) -> None:
+    def _channel_done(self, chan: SimChannel) -> None:
         chan.advance(self.now)
-        done = [job for job, left in chan.active.items() if left <= _EPS_BYTES]
+        done = [job for job, left in chan.active.items() if left <= EPS_BYTES]
         if not done:  # rounding: the smallest is within float error of done
             done = [min(chan.active, key=chan.active.__getitem__)]
         for job in done:
@@ -1090,18 +725,18 @@ class _Simulator:
 
     # ---- P/D disaggregation
 
-    def _to_decode(self, prep: _Replica, job: _Job) -> None:
+    def _to_decode(self, prep: SimReplica, job: SimJob) -> None:
         """A prefill finished on ``prep``: keep its pages pinned and queue it for its decode replica."""
         job.held_n = job.alloc_n
         job.alloc_n = job.pinned_k = 0
         prep.held += 1
         pool = prep.tgt.pools[ROLE_DECODE]
-        drep = pool[job.drep_index] if job.drep_index is not None else min(pool, key=_Replica.load)
+        drep = pool[job.drep_index] if job.drep_index is not None else min(pool, key=SimReplica.load)
         job.drep = drep
         drep.pending.append(job)
         self._admit_pending(drep)
 
-    def _admit_pending(self, drep: _Replica) -> None:
+    def _admit_pending(self, drep: SimReplica) -> None:
         """Start KV transfers for pending sequences while the decode replica has room (FIFO)."""
         spec = drep.spec
         while drep.pending:
@@ -1112,7 +747,7 @@ class _Simulator:
             hit = drep.cache.cached_prefix_blocks(job.hashes) if job.hashes else 0
             # a decode epoch in flight has its page allocations still to make; the room for the
             # first decode token is taken now, so a transferred request can always start
-            reserve = drep.crossings(drep.k) if drep.state == _EPOCH else 0
+            reserve = drep.crossings(drep.k) if drep.state == EPOCH else 0
             if not drep.grow(job, p + 1, reserve=reserve):
                 return
             drep.pending.popleft()
@@ -1125,9 +760,9 @@ class _Simulator:
                 self._channel_add(link, job, moved * spec.kv_bytes_per_token)
             else:
                 job.transfer_s = 0.0
-                self._push(self.now, _EV_TRANSFER, job)
+                self._push(self.now, EV_TRANSFER, job)
 
-    def _transfer_done(self, job: _Job) -> None:
+    def _transfer_done(self, job: SimJob) -> None:
         prep, drep = job.on_prem(), job.drep
         if drep is None:
             raise RuntimeError(f"simulator bug: request {job.index} transferred to no decode replica")
@@ -1145,7 +780,7 @@ class _Simulator:
         self._kick(drep)
 
 
-def _result(job: _Job) -> RequestResult:
+def _result(job: SimJob) -> RequestResult:
     req = job.req
     rep, drep = job.rep, job.drep
     queue = ttft = tpot = e2e = None
@@ -1214,7 +849,7 @@ def simulate(
     for tgt in sim.targets.values():  # every request finished and gave its KV back
         for reps in tgt.pools.values():
             for r in reps:
-                if r.cache.used_blocks or r.load() or r.held or r.state != _IDLE or r.ndec or r.wake:
+                if r.cache.used_blocks or r.load() or r.held or r.state != IDLE or r.ndec or r.wake:
                     raise RuntimeError(f"simulator bug: {r.target}/{r.role}[{r.index}] not drained at the end")
     results = [j.result or _result(j) for j in jobs]
     # the window runs to the last finish or the last arrival, whichever is later: the fleet is
