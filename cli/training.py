@@ -74,17 +74,24 @@ def _split_names(values: tuple[str, ...]) -> tuple[str, ...]:
                    f"{','.join(TABLE_WARM_START)}; 'none' turns it off).")
 @click.option("--warm-start-share", type=click.FloatRange(min=0.0), default=None, metavar="S",
               help=f"With --table: the warm-start rows together weigh S × the table's rows (default {TABLE_WARM_START_SHARE}).")
+@click.option("--drafts", type=click.Path(path_type=Path), default=None,
+              help="With --table: long CSV of answers (prompt_id, model, output); also train the cascade's verifier "
+                   "head on the --weak columns' answers and write it into the model directory "
+                   "(training/table_verifier.py; POINTSMAN_VERIFIER=DIR, evaluate --model DIR --drafts).")
 def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: bool, tables: tuple[str, ...],
               evals: tuple[str, ...], encoder_from: Path | None, seed: int, max_rows: int | None, folds: int,
               as_json: bool, from_table: bool, from_outcomes: str | None, label_rules: Path | None,
               no_warm_start: bool, table: Path | None, weak: tuple[str, ...], strong: tuple[str, ...],
               license_: str | None, panel_weight: float | None, warm_start: str | None,
-              warm_start_share: float | None) -> None:
+              warm_start_share: float | None, drafts: Path | None) -> None:
     """Train the difficulty estimator on the Apache/MIT outcome tables, evaluate it on
     held-out prompts, export it to ONNX, log it to MLflow and (unless --no-register)
     register it as pointsman-difficulty with alias @champion. With --table, train on one
-    wide outcome table of any license (its provenance records the license). With
+    wide outcome table of any license (its provenance records the license); with --drafts too,
+    also the cascade's verifier head on the weak columns' answers. With
     --from-outcomes, train a challenger from logged outcomes instead (cli/loop.py)."""
+    if drafts is not None and table is None:
+        raise InputError("--drafts needs --table PATH: the drafts are the weak model's answers to that table's prompts")
     if table is None and (weak or strong or license_ or panel_weight is not None or warm_start is not None
                           or warm_start_share is not None):
         raise InputError("--weak, --strong, --license, --panel-weight and --warm-start(-share) apply to --table only")
@@ -148,7 +155,8 @@ def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: b
             warm_start_share=share,
         )
         result = train(cfg, output, register=not no_register, use_mlflow=not no_mlflow,
-                       evals=parsed_evals, command=invoked_command(), log=progress_log(as_json), sources=sources)
+                       evals=parsed_evals, command=invoked_command(), log=progress_log(as_json), sources=sources,
+                       drafts=drafts)
     except PointsmanError as exc:
         raise InputError(str(exc)) from None
     echo_metrics(result.metrics, as_json=as_json, width=60, output=output,
@@ -184,9 +192,13 @@ def evaluate_cmd(table: Path, weak: str, strong: str, model_spec: str, drafts: P
     the scores are out-of-fold (K-fold cross-validation of the model's recipe on TABLE). With --drafts, also the cascade's:
     draft_apgr and draft_auc of a verifier reading WEAK's answer (a head in cross-validation,
     and the shipped heuristic) and draft_cpt80, the share paying draft + frontier at CPT(80%);
-    with --folds and --drafts, the verifier reads each row's out-of-fold p_hard, in the same folds."""
+    a model directory with its own verifier head (train --table --drafts) is scored with that head
+    instead (JSON verifier: head, else cv-head);
+    with --folds and --drafts, the verifier reads each row's out-of-fold p_hard, in the same folds
+    (a head refitted per fold, also for a model with its own head)."""
     try:
         from pointsman.estimator.model_source import load_estimator
+        from pointsman.estimator.verifier import model_verifier
         from pointsman.training.crossval import crossval_report, crossval_scores
         from pointsman.training.draft_eval import evaluate_drafts
         from pointsman.training.evaluate import evaluate_table
@@ -212,7 +224,8 @@ def evaluate_cmd(table: Path, weak: str, strong: str, model_spec: str, drafts: P
         report = evaluate_table(est, table, weak, strong)
         extra: dict[str, object] = {}
         if drafts is not None:
-            extra = dict(evaluate_drafts(est, table, weak, strong, drafts, folds=draft_folds))
+            extra = dict(evaluate_drafts(est, table, weak, strong, drafts, folds=draft_folds,
+                                         head=model_verifier(est.model_dir)))
     except PointsmanError as exc:
         raise InputError(str(exc)) from None
     if as_json:
@@ -233,9 +246,17 @@ def evaluate_cmd(table: Path, weak: str, strong: str, model_spec: str, drafts: P
         _echo_cascade(weak, extra, f"{draft_folds}-fold CV")
 
 
+def _verifier_words(extra: dict[str, object], how: str) -> str:
+    """Which verifier scored the cascade's line: the model's own head (in sample or not), else heads in ``how``."""
+    if extra["verifier"] != "head":
+        return f"verifier head in {how}"
+    return f"the model's verifier head {extra['verifier_version']}" + (
+        " (in sample: trained on this table)" if extra["verifier_in_sample"] else "")
+
+
 def _echo_cascade(weak: str, extra: dict[str, object], how: str) -> None:
     """The cascade's line of ``evaluate --drafts`` (``training.draft_eval.DraftReport``)."""
-    click.echo(f"\ncascade (drafts of {weak}, {extra['draft_n']} rows): verifier head in {how} "
+    click.echo(f"\ncascade (drafts of {weak}, {extra['draft_n']} rows): {_verifier_words(extra, how)} "
                f"APGR {extra['draft_apgr']:.4f} (folds {extra['draft_apgr_mean']:.3f} ± {extra['draft_apgr_std']:.3f}), "
                f"AUC {extra['draft_auc']:.4f}, paying draft + frontier at CPT(80%) "
                f"{_fmt_share(float(str(extra['draft_cpt80'])))}; "

@@ -34,7 +34,7 @@ def train_verifier_cmd(table: Path | None, weak: str | None, strong: str | None,
                        from_outcomes: Path | None, model_spec: str, license_: str, output: Path) -> None:
     """Train the cascade's verifier head (a scaled logistic regression over the draft features)
     and write verifier.onnx + verifier.json into OUTPUT."""
-    from pointsman.training.verifier import export_verifier, fit_verifier, logged_examples
+    from pointsman.training.verifier import export_verifier, fit_verifier, logged_examples, verifier_use
 
     try:
         if from_outcomes is not None:
@@ -61,9 +61,8 @@ def train_verifier_cmd(table: Path | None, weak: str | None, strong: str | None,
         raise InputError(str(exc)) from None
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    noncommercial = "nc" in license_.lower().replace("-", " ").split() or "non-commercial" in license_.lower()
     provenance = {**source, "license": license_, "rows": int(len(y)), "positives": int(y.sum()),
-                  "use": "evaluation only (non-commercial training data)" if noncommercial else "any"}
+                  "use": verifier_use(license_)}
     export_verifier(head, output, provenance)
     click.echo(json.dumps({"output": str(output), **provenance}))
 

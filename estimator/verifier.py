@@ -14,6 +14,9 @@ frontier model's answer), for ``POST /v1/verify`` and the policy's ``verify`` ru
 
 ``load_verifier(spec)``: ``None``/``"heuristic"`` -> ``HeuristicVerifier``; a directory ->
 ``OnnxVerifier``. Raises ``ModelNotFoundError`` for a directory without a valid head.
+``model_verifier(model_dir)``: the head a difficulty model directory carries beside its own
+files (``pointsman train --table --drafts`` writes ``VERIFIER_FILES`` there, so the same
+directory serves as ``POINTSMAN_VERIFIER``), or None when it carries none.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ HEURISTIC_WEIGHTS: dict[str, float] = {
 #: Bias: a 150-token, unremarkable answer to a p_hard 0.5 prompt scores about 0.3.
 HEURISTIC_BIAS = 0.6 * math.log1p(150) - 2.5 * 0.5 - 0.85
 HEURISTIC_VERSION = "heuristic-v1"
+#: A trained head's files in its directory: the ONNX graph and its metadata (version, features, provenance).
+VERIFIER_FILES = ("verifier.onnx", "verifier.json")
 
 
 @runtime_checkable
@@ -96,10 +101,10 @@ class OnnxVerifier:
 
         d = Path(directory)
         try:
-            meta = json.loads((d / "verifier.json").read_text(encoding="utf-8"))
+            meta = json.loads((d / VERIFIER_FILES[1]).read_text(encoding="utf-8"))
             opts = ort.SessionOptions()
             opts.intra_op_num_threads = 1
-            self._session = ort.InferenceSession(str(d / "verifier.onnx"), opts, providers=["CPUExecutionProvider"])
+            self._session = ort.InferenceSession(str(d / VERIFIER_FILES[0]), opts, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own exception types for corrupt files
             raise ModelNotFoundError(f"no verifier head in {d}: {exc}") from None
         if not isinstance(meta, dict) or list(meta.get("features", [])) != list(FEATURE_NAMES):
@@ -123,3 +128,10 @@ def load_verifier(spec: str | Path | None = None) -> Verifier:
     if spec is None or str(spec) in ("", "heuristic"):
         return HeuristicVerifier()
     return OnnxVerifier(spec)
+
+
+def model_verifier(model_dir: str | Path) -> OnnxVerifier | None:
+    """The verifier head in the difficulty model directory ``model_dir`` (see the module), or None
+    when it holds no ``verifier.json``. Raises ``ModelNotFoundError`` for a head that does not load."""
+    d = Path(model_dir)
+    return OnnxVerifier(d) if (d / VERIFIER_FILES[1]).is_file() else None

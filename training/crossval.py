@@ -18,7 +18,6 @@ too (never on this table's rows outside the fold), weighed as in training (``ran
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +28,7 @@ from pointsman.datasets.splits import assign_folds
 from pointsman.errors import DataError
 from pointsman.training.examples import build_examples
 from pointsman.training.metrics import RouterReport, apgr, router_report
+from pointsman.training.out_of_fold import OutOfFold
 from pointsman.training.recipe import TrainConfig
 from pointsman.training.table_source import table_source
 
@@ -86,26 +86,6 @@ def training_columns(est: DifficultyEstimator, path: Path, weak: str, strong: st
                     return (tuple(map(str, w)), tuple(map(str, st)),
                             tuple(map(str, panel)) if isinstance(panel, list) else None)
     return (weak,), (strong,), None
-
-
-@dataclass(frozen=True)
-class OutOfFold:
-    """Out-of-fold scores of one table's labeled prompts, aligned arrays (n,): ``prompt_id``,
-    ``fold`` (int64, 0..K-1, by conversation), ``score`` (the refitted ranker's logit, float64),
-    ``p_hard`` (its Platt-calibrated probability, float64; NaN unless asked for), ``prompt_tokens``
-    (float64), ``weak``/``strong`` (the scores of the evaluated pair, float64, NaN where empty);
-    ``folds``: K; ``train_weak``/``train_strong``: the columns whose labels the refits learned."""
-
-    folds: int
-    prompt_id: np.ndarray
-    fold: np.ndarray
-    score: np.ndarray
-    p_hard: np.ndarray
-    prompt_tokens: np.ndarray
-    weak: np.ndarray
-    strong: np.ndarray
-    train_weak: tuple[str, ...]
-    train_strong: tuple[str, ...]
 
 
 def crossval_scores(est: DifficultyEstimator, path: str | Path, weak: str, strong: str, folds: int = 5,

@@ -11,6 +11,12 @@ row's draft is the weak model's answer (``datasets.drafts``); its features
   (``training.verifier.fit_verifier``: each row scored by a head that never saw it):
   ``draft_apgr`` / ``draft_auc`` with the per-fold APGRs ``draft_apgr_folds`` and their mean
   and standard deviation. This is an evaluation: nothing trained here is kept;
+- or, given ``head`` (the model directory's own verifier head, ``estimator.verifier.model_verifier``;
+  ``pointsman train --table --drafts`` writes one), that head: ``draft_apgr`` / ``draft_auc`` of its
+  scores, ``draft_apgr_folds`` its APGR on the same row subsets. ``verifier`` says which scored
+  (``head`` or ``cv-head``), ``verifier_version`` names it, and ``verifier_in_sample`` is true when
+  the head was trained on this table (its ``verifier.json`` names it): then its numbers are in
+  sample, and ``--folds K`` (which refits the head's recipe per fold) is the honest measure;
 
 and ``draft_cpt80`` is the share of requests that pay both a draft and a frontier call when
 the cascade escalates enough of them (highest ``p_bad`` first) to recover 80% of the gap
@@ -28,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TypedDict
 
 import numpy as np
 
@@ -36,14 +42,12 @@ from pointsman.datasets.drafts import read_drafts
 from pointsman.datasets.outcome_tables import read_outcome_table
 from pointsman.errors import DataError, RequestError
 from pointsman.estimator.draft import Draft, draft_features
-from pointsman.estimator.verifier import HeuristicVerifier
+from pointsman.estimator.verifier import HeuristicVerifier, OnnxVerifier
 from pointsman.training.evaluate import TableScorer
 from pointsman.training.examples import features_for_messages
 from pointsman.training.metrics import apgr, cpt, roc_auc, weak_worse
+from pointsman.training.out_of_fold import OutOfFold
 from pointsman.training.verifier import fit_verifier
-
-if TYPE_CHECKING:  # pragma: no cover
-    from pointsman.training.crossval import OutOfFold
 
 
 class DraftReport(TypedDict):
@@ -62,6 +66,20 @@ class DraftReport(TypedDict):
     draft_n: int
     drafts: str
     draft_prompt_scores: str
+    verifier: str
+    verifier_version: str
+    verifier_in_sample: bool
+
+
+#: ``DraftReport.verifier_version`` of heads trained in cross-validation on the table.
+CV_HEAD = "training.verifier.fit_verifier, refitted per fold"
+
+
+def trained_on(head: OnnxVerifier, table: str | Path) -> bool:
+    """Whether ``head``'s ``verifier.json`` provenance names ``table`` as its training table."""
+    provenance = head.metadata.get("provenance")
+    named = provenance.get("table") if isinstance(provenance, dict) else None
+    return isinstance(named, str) and Path(named).resolve() == Path(table).resolve()
 
 
 def draft_matrix(estimator: TableScorer, table: str | Path, weak: str, strong: str, drafts: str | Path,
@@ -99,9 +117,11 @@ def draft_matrix(estimator: TableScorer, table: str | Path, weak: str, strong: s
 
 
 def evaluate_drafts(estimator: TableScorer, table: str | Path, weak: str, strong: str, drafts: str | Path,
-                    folds: int = 5, seed: int = 0, oof: OutOfFold | None = None) -> DraftReport:
+                    folds: int = 5, seed: int = 0, oof: OutOfFold | None = None,
+                    head: OnnxVerifier | None = None) -> DraftReport:
     """The draft-aware metrics of the module; with ``oof``, out-of-fold ``p_hard`` and its folds
-    (``folds`` is then ``oof.folds``). Raises ``DataError`` (unreadable files, too few rows)."""
+    (``folds`` is then ``oof.folds``); with ``head``, that head scores instead of heads trained
+    in cross-validation. Raises ``DataError`` (unreadable files, too few rows)."""
     p_hard_of = None if oof is None else {str(pid): float(p) for pid, p in zip(oof.prompt_id, oof.p_hard)
                                           if np.isfinite(p)}
     x, w, s, p_hard, ids = draft_matrix(estimator, table, weak, strong, drafts, p_hard_of)
@@ -116,18 +136,22 @@ def evaluate_drafts(estimator: TableScorer, table: str | Path, weak: str, strong
         test_rows = [order[k::folds] for k in range(folds)]
     heuristic = HeuristicVerifier()
     h = np.array([heuristic.p_bad_vector(row) for row in x])
-    cv = np.empty(len(y))
+    scored = np.empty(len(y))  # p_bad of each row: the model's own head, else a head that never saw it
     per_fold = []
+    if head is not None:
+        scored[:] = head.p_bad_batch(x)
     for test in test_rows:
         if not len(test):
             continue
-        train = np.setdiff1d(np.arange(len(y)), test)
-        head = fit_verifier(x[train], y[train])
-        cv[test] = head.predict_proba(x[test])[:, 1]
-        per_fold.append(apgr(w[test], s[test], cv[test]))
+        if head is None:
+            train = np.setdiff1d(np.arange(len(y)), test)
+            scored[test] = fit_verifier(x[train], y[train]).predict_proba(x[test])[:, 1]
+        per_fold.append(apgr(w[test], s[test], scored[test]))
     return DraftReport(
-        draft_apgr=apgr(w, s, cv), draft_auc=roc_auc(y, cv), draft_apgr_folds=[float(a) for a in per_fold],
+        draft_apgr=apgr(w, s, scored), draft_auc=roc_auc(y, scored), draft_apgr_folds=[float(a) for a in per_fold],
         draft_apgr_mean=float(np.mean(per_fold)), draft_apgr_std=float(np.std(per_fold)),
-        draft_cpt80=cpt(w, s, cv, 0.8), draft_heuristic_apgr=apgr(w, s, h), draft_heuristic_auc=roc_auc(y, h),
+        draft_cpt80=cpt(w, s, scored, 0.8), draft_heuristic_apgr=apgr(w, s, h), draft_heuristic_auc=roc_auc(y, h),
         draft_heuristic_cpt80=cpt(w, s, h, 0.8), prompt_apgr=apgr(w, s, p_hard), draft_n=int(len(y)),
-        drafts=str(drafts), draft_prompt_scores="model" if oof is None else "out-of-fold")
+        drafts=str(drafts), draft_prompt_scores="model" if oof is None else "out-of-fold",
+        verifier="cv-head" if head is None else "head", verifier_version=CV_HEAD if head is None else head.version,
+        verifier_in_sample=head is not None and trained_on(head, table))

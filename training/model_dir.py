@@ -2,8 +2,8 @@
 
 ``write_model_dir(model_dir, encoder, head, X_sample, training, metrics) -> Manifest``:
 
-1. remove the model files an earlier run left there (``MODEL_FILES``, the manifest and
-   ``PROVENANCE.md``);
+1. remove the model files an earlier run left there (``MODEL_FILES``, the manifest,
+   ``PROVENANCE.md`` and a verifier head, ``estimator.verifier.VERIFIER_FILES``);
 2. copy the encoder's ONNX file and tokenizer in as ``encoder.onnx`` and ``tokenizer.json``;
 3. export the fitted head to ONNX (``head.onnx``, ``estimator.export.export_head``) and check it
    against scikit-learn on ``X_sample``: the max absolute difference is recorded as
@@ -34,6 +34,7 @@ from pointsman.estimator.conversation import block_names
 from pointsman.estimator.manifest import MANIFEST_FILE, HeadSpec, Manifest, content_version
 from pointsman.estimator.markers import FEATURE_NAMES
 from pointsman.estimator.registry import REGISTERED_NAME
+from pointsman.estimator.verifier import VERIFIER_FILES
 from pointsman.json_types import JSONObject
 from pointsman.training.encoder_build import BuiltEncoder
 from pointsman.training.json_data import to_json_object
@@ -64,15 +65,39 @@ class SourceRecord(TypedDict):
     panel_models: NotRequired[list[str]]
 
 
+class VerifierRecord(TypedDict):
+    """The cascade's verifier head a table-trained model carries (``training.table_verifier``;
+    ``pointsman train --table --drafts``): its ``files`` in the model directory and ``version``;
+    the ``table`` and its ``license``, the ``drafts`` file and the (weak, strong) column ``pairs``
+    whose drafts and verdicts it learned, ``rows`` (drafts) and ``positives`` (drafts that lost);
+    ``p_hard``: where its prompt-difficulty feature came from (``out-of-fold``: the difficulty
+    head's cross-fitting; ``model``: the trained model's own, in sample); ``use``: ``any`` or
+    evaluation only (``training.verifier.verifier_use``); ``parity_max_abs``: max |scikit-learn −
+    onnxruntime| on its training rows."""
+
+    files: list[str]
+    version: str
+    table: str
+    license: str
+    drafts: str
+    pairs: list[list[str]]
+    rows: int
+    positives: int
+    p_hard: str
+    use: str
+    parity_max_abs: float
+
+
 class TableTraining(TypedDict):
     """The manifest's ``training`` block of a model trained on the public outcome tables
-    (``training.train``)."""
+    (``training.train``); ``verifier``: with ``--drafts``, its verifier head."""
 
     recipe: JSONObject
     sources: list[SourceRecord]
     label: str
     base_model: str
     command: str
+    verifier: NotRequired[VerifierRecord]
 
 
 class HoldoutRecord(TypedDict):
@@ -175,7 +200,7 @@ def write_model_dir(model_dir: Path, encoder: BuiltEncoder, head: DifficultyHead
     # a head retrained in place (``--encoder-from`` the output directory) keeps its encoder files
     in_place = encoder.onnx_path.resolve() == (model_dir / encoder_file).resolve() \
         and encoder.tokenizer_path.resolve() == (model_dir / tokenizer_file).resolve()
-    for stale in (MANIFEST_FILE, *(MODEL_FILES[2:] if in_place else MODEL_FILES), PROVENANCE_FILE):
+    for stale in (MANIFEST_FILE, *(MODEL_FILES[2:] if in_place else MODEL_FILES), PROVENANCE_FILE, *VERIFIER_FILES):
         (model_dir / stale).unlink(missing_ok=True)
     if not in_place:
         shutil.copyfile(encoder.onnx_path, model_dir / encoder_file)
@@ -204,4 +229,5 @@ def write_model_dir(model_dir: Path, encoder: BuiltEncoder, head: DifficultyHead
 
 
 __all__ = ["MODEL_FILES", "PARITY_ATOL", "PROVENANCE_FILE", "BaseModelRecord", "HoldoutRecord", "OutcomeLogTraining",
-           "SourceRecord", "TableTraining", "head_feature_names", "pointsman_version", "rounded", "write_model_dir"]
+           "SourceRecord", "TableTraining", "VerifierRecord", "head_feature_names", "pointsman_version", "rounded",
+           "write_model_dir"]

@@ -77,6 +77,37 @@ def _license_note(tr: TableTraining) -> list[str]:
             " (`pointsman train --table`); its use follows those terms. It is not a shippable default."]
 
 
+def _verifier_section(tr: TableTraining) -> list[str]:
+    """The verifier head's section (``pointsman train --table --drafts``), empty without one."""
+    from pointsman.training.verifier import EVALUATION_ONLY
+
+    v = tr.get("verifier")
+    if v is None:
+        return []
+    weak = ", ".join(sorted({w for w, _ in v["pairs"]}))
+    strong = ", ".join(sorted({s for _, s in v["pairs"]}))
+    p_hard = ("the difficulty head's out-of-fold p_hard (its cross-fitting)" if v["p_hard"] == "out-of-fold"
+              else "this model's own p_hard (in sample)")
+    if v["use"] == EVALUATION_ONLY:
+        use = (f"**Not for shipping:** the verifier head was trained on {v['license']} data (non-commercial):"
+               " evaluation only. Never serve it in production or ship it as a default.")
+    else:
+        use = f"**Data license:** {v['license']}; the verifier head's use follows its terms."
+    return [
+        "## Verifier head",
+        "",
+        f"`{v['files'][0]}` + `{v['files'][1]}` (`{v['version']}`): the cascade's verifier head (scaled logistic",
+        "regression over the draft features of `estimator/draft.py`, `training/verifier.py`), trained by `--drafts`",
+        f"on `{v['drafts']}`: the answers of {weak} as drafts, labelled \"the draft lost to {strong}\",",
+        f"{v['rows']} drafts ({v['positives']} lost); the prompt's p_hard feature from {p_hard}.",
+        "`POINTSMAN_VERIFIER=<this directory>` serves it; `pointsman evaluate --model <this directory> --drafts`",
+        "scores with it.",
+        "",
+        use,
+        "",
+    ]
+
+
 def provenance_markdown(manifest: Manifest, tr: TableTraining, ref: ReferenceBlock | None, command: str) -> str:
     """The PROVENANCE.md text (Markdown) for ``manifest``, whose ``training`` block is ``tr`` and
     ``reference_p_hard`` is ``ref`` (None when the reference tables were not there)."""
@@ -138,7 +169,7 @@ def provenance_markdown(manifest: Manifest, tr: TableTraining, ref: ReferenceBlo
         "```json",
     ]
     selection = [RECIPE_SELECTION, ""] if _license_note(tr)[0].startswith("**Not used") else []
-    lines += [json.dumps(tr["recipe"], indent=2), "```", "", *selection, "## Metrics", ""]
+    lines += [json.dumps(tr["recipe"], indent=2), "```", "", *selection, *_verifier_section(tr), "## Metrics", ""]
     lines += ["| metric | value |", "|---|---|"]
     for k, v in sorted(manifest.metrics.items()):
         lines.append(f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |")

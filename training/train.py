@@ -5,7 +5,8 @@ held-out metrics → ONNX model directory → MLflow.
 ``build_encoder`` (built, cached or reused), ``build_examples`` + ``head_inputs`` (the features),
 ``fit_head`` (with its held-out metrics), ``training.model_dir.write_model_dir`` (the step shared with
 the challenger), ``check_served`` (end to end through the serving code), ``transfer_metrics``,
-the reference quantiles, ``PROVENANCE.md`` and ``log_run`` (MLflow).
+the reference quantiles, with ``drafts`` the cascade's verifier head (``training.table_verifier``),
+``PROVENANCE.md`` and ``log_run`` (MLflow).
 """
 
 from __future__ import annotations
@@ -149,6 +150,17 @@ def heldout_metrics(ex: Examples, p_hard: np.ndarray, cal_weight: np.ndarray) ->
     return out
 
 
+def oof_p_hard(head: DifficultyHead, ex: Examples, source: str) -> dict[str, float] | None:
+    """Each prompt id of ``source``'s examples mapped to its out-of-fold calibrated ``p_hard`` from
+    the head's cross-fitting (``DifficultyHead.oof_proba_``); None without cross-fitting."""
+    oof = getattr(head, "oof_proba_", None)
+    if oof is None or not np.isfinite(oof).any():
+        return None
+    p = head.calibrate(oof)
+    own = (ex.source == source) & np.isfinite(p)
+    return {str(pid): float(v) for pid, v in zip(ex.prompt_id[own], p[own])}
+
+
 def build_encoder(cfg: TrainConfig, sources: list[OutcomeSource], cache: Path) -> BuiltEncoder:
     """The run's encoder: reused from ``cfg.encoder_from`` (its kind becomes ``cfg.encoder``), else
     the static one or MiniLM built (and cached) under ``cache``; MiniLM's int8 check embeds 200
@@ -287,6 +299,7 @@ def train(
     command: str = "pointsman train",
     log: Callable[[str], None] = print,
     sources: list[OutcomeSource] | None = None,
+    drafts: str | Path | None = None,
 ) -> TrainResult:
     """Run one training and return its ``TrainResult``.
 
@@ -297,7 +310,10 @@ def train(
     (table, weak, strong) transfer evaluations recorded as ``transfer/<table>/...``.
     ``sources``: train on these instead of ``cfg.sources`` (``training.table_source``: a table of
     any license, recorded in the provenance), plus the licensed ``cfg.warm_start`` sources;
-    ``cfg.sources`` becomes their names.
+    ``cfg.sources`` becomes their names. ``drafts`` (with ``sources``): a long CSV of answers
+    (``prompt_id, model, output``) to the first source's prompts; the cascade's verifier head is
+    trained on its weak columns' drafts with out-of-fold ``p_hard`` and written into the model
+    directory (``training.table_verifier``; the manifest's ``training.verifier``).
     Raises ``DataError`` for unreadable data or (without ``sources``) non-Apache/MIT sources and
     ``EstimatorError`` if the exported ONNX head disagrees with scikit-learn.
     """
@@ -306,6 +322,8 @@ def train(
     from pointsman.training.provenance import provenance_markdown
 
     t0 = time.perf_counter()
+    if drafts is not None and sources is None:
+        raise ValueError("drafts need the table they answer (sources)")
     if sources is None:
         sources = default_training_sources(cfg.sources)
     else:
@@ -322,6 +340,11 @@ def train(
                                 "folder: set POINTSMAN_SHARED_DATASETS, or train on the table alone (--warm-start none)")
         sources = sources + warm
         cfg.sources = tuple(s.name for s in sources)
+    if drafts is not None:  # a bad drafts file fails before the training, not after it
+        from pointsman.datasets.drafts import read_drafts
+
+        for weak in sources[0].weak:
+            read_drafts(drafts, weak)
     cache = data_dir() / "cache"
     log(f"sources: {', '.join(f'{s.name} ({s.license})' for s in sources)}")
 
@@ -351,6 +374,14 @@ def train(
     if evals:
         metrics.update(transfer_metrics(est, evals))
     reference = reference_block(est, log)
+    if drafts is not None:
+        from pointsman.training.table_verifier import train_table_verifier
+
+        record = train_table_verifier(est, sources[0], drafts, model_dir, oof_p_hard(head, ex, sources[0].name))
+        training["verifier"] = record
+        manifest.training = to_json_object(training)
+        metrics["verifier/rows"], metrics["verifier/positives"] = float(record["rows"]), float(record["positives"])
+        log(f"verifier head: {record['version']} on {record['rows']} drafts ({record['use']})")
     manifest.reference_p_hard = to_json_object(reference) if reference is not None else {}
     metrics["train/seconds"] = time.perf_counter() - t0
     manifest.metrics = rounded(metrics)
@@ -371,4 +402,5 @@ def metrics_json(metrics: dict[str, float]) -> str:
     return json.dumps({k: (None if v != v else v) for k, v in sorted(metrics.items())}, indent=2)
 
 
-__all__ = ["TrainConfig", "TrainResult", "train", "ranking_labels", "source_weights", "rank_weights", "heldout_metrics"]
+__all__ = ["TrainConfig", "TrainResult", "train", "ranking_labels", "source_weights", "rank_weights", "heldout_metrics",
+           "oof_p_hard"]

@@ -11,7 +11,7 @@ where the weak model's answer lost (``training.metrics.weak_worse``).
 table, its licence and the row count), which ``estimator.verifier.OnnxVerifier`` serves
 (``POINTSMAN_VERIFIER=DIR``). ``logged_examples(log, fleet)`` reads training rows from the
 outcome log (verified drafts whose outcomes carry a label). Training data with a non-commercial licence (AlpacaEval) is
-for evaluation: such a head must not be shipped, and its provenance says so.
+for evaluation: such a head must not be shipped, and its provenance says so (``verifier_use(license)``).
 """
 
 from __future__ import annotations
@@ -28,12 +28,26 @@ from sklearn.preprocessing import StandardScaler
 from pointsman.errors import DataError
 from pointsman.estimator.draft import FEATURE_NAMES, DraftFeatures
 from pointsman.estimator.export import ML_OPSET, OPSET
+from pointsman.estimator.verifier import VERIFIER_FILES
 from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.fleet import Fleet
 from pointsman.training.outcome_labels import LabelRules, label_decision
 
 #: L2 strength of the head's logistic regression (inverse).
 C = 0.1
+#: ``verifier_use`` of a head trained on non-commercial data.
+EVALUATION_ONLY = "evaluation only (non-commercial training data)"
+
+
+def is_noncommercial(license_: str) -> bool:
+    """Whether a licence name marks non-commercial data (``CC-BY-NC-4.0``, ``... non-commercial``)."""
+    return "nc" in license_.lower().replace("-", " ").split() or "non-commercial" in license_.lower()
+
+
+def verifier_use(license_: str) -> str:
+    """What a head trained on data under ``license_`` may be used for, as its provenance records it:
+    ``EVALUATION_ONLY`` for non-commercial data (never ship it), else ``"any"``."""
+    return EVALUATION_ONLY if is_noncommercial(license_) else "any"
 
 
 def fit_verifier(x: np.ndarray, y: np.ndarray) -> Pipeline:
@@ -56,10 +70,10 @@ def export_verifier(head: Pipeline, directory: str | Path, provenance: dict[str,
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     data = onx.SerializeToString()
-    (out / "verifier.onnx").write_bytes(data)
+    (out / VERIFIER_FILES[0]).write_bytes(data)
     meta = {"version": f"verifier-{hashlib.sha256(data).hexdigest()[:12]}", "features": list(FEATURE_NAMES),
             "provenance": provenance}
-    (out / "verifier.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    (out / VERIFIER_FILES[1]).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return out
 
 

@@ -155,3 +155,65 @@ def test_crossvalidated_drafts_read_out_of_fold_p_hard(files, tmp_path, monkeypa
     assert json.loads(in_sample.output)["draft_prompt_scores"] == "model"
     text = CliRunner().invoke(group, [*args, "--drafts", str(drafts)])
     assert text.exit_code == 0 and "the same 4 folds, out-of-fold p_hard" in text.output
+
+
+def test_train_table_with_drafts_carries_a_verifier_head_that_evaluate_uses(files, tmp_path, monkeypatch):
+    """``train --table --drafts`` writes the verifier head into the model directory (manifest,
+    PROVENANCE.md: a non-commercial table makes it evaluation only); ``evaluate --model DIR --drafts``
+    scores with that head and says so; a retrain without --drafts leaves no stale head behind."""
+    from pointsman.estimator.verifier import OnnxVerifier, model_verifier
+
+    table, drafts, w, s = files
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    group = click.Group()
+    register(group)
+    model = tmp_path / "model"
+    train = ["train", "--table", str(table), "--weak", "weak-model", "--strong", "strong-model", "--encoder-from",
+             str(bundled_model_dir()), "--folds", "2", "--warm-start", "none", "--no-mlflow", "--output", str(model)]
+    res = CliRunner().invoke(group, [*train, "--license", "CC-BY-NC-4.0", "--drafts", str(drafts), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["verifier/rows"] == 40
+    head = model_verifier(model)
+    assert isinstance(head, OnnxVerifier) and isinstance(load_verifier(model), OnnxVerifier)  # POINTSMAN_VERIFIER=DIR
+    record = json.loads((model / "manifest.json").read_text())["training"]["verifier"]
+    assert record["version"] == head.version and record["rows"] == 40 and record["positives"] == int((w < s).sum())
+    assert record["p_hard"] == "out-of-fold" and record["pairs"] == [["weak-model", "strong-model"]]
+    assert record["use"].startswith("evaluation only") and record["parity_max_abs"] < 1e-4
+    provenance = (model / "PROVENANCE.md").read_text()
+    assert "## Verifier head" in provenance and f"`{head.version}`" in provenance
+    assert "**Not for shipping:** the verifier head was trained on CC-BY-NC-4.0 data" in provenance
+
+    args = ["evaluate", "--model", str(model), "--table", str(table), "--weak", "weak-model", "--strong",
+            "strong-model", "--drafts", str(drafts)]
+    res = CliRunner().invoke(group, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["verifier"] == "head" and out["verifier_version"] == head.version and out["verifier_in_sample"]
+    assert out["draft_n"] == 40 and out["draft_auc"] > 0.95 and len(out["draft_apgr_folds"]) == 5
+    assert out["draft_apgr"] == pytest.approx(M.oracle_apgr(w, s), abs=0.05)
+    text = CliRunner().invoke(group, args)
+    assert text.exit_code == 0 and f"the model's verifier head {head.version} (in sample" in text.output
+    cv = json.loads(CliRunner().invoke(group, [*args, "--folds", "2", "--json"]).output)
+    assert cv["verifier"] == "cv-head" and not cv["verifier_in_sample"]  # refitted per fold: it saw every row
+
+    res = CliRunner().invoke(group, [*train, "--json"])  # the same directory, no drafts this time
+    assert res.exit_code == 0, res.output
+    assert model_verifier(model) is None and not (model / "verifier.onnx").exists()
+    assert "verifier" not in json.loads((model / "manifest.json").read_text())["training"]
+    out = json.loads(CliRunner().invoke(group, [*args, "--json"]).output)
+    assert out["verifier"] == "cv-head" and not out["verifier_in_sample"]
+
+
+def test_train_drafts_need_a_table_and_answers_of_the_weak_column(files, tmp_path, monkeypatch):
+    table, drafts, *_ = files
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    group = click.Group()
+    register(group)
+    res = CliRunner().invoke(group, ["train", "--drafts", str(drafts), "--no-mlflow", "--output", str(tmp_path / "m")])
+    assert res.exit_code == 2 and "--drafts needs --table PATH" in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    drafts.write_text(drafts.read_text().replace(",weak-model,", ",weak-modle,"))
+    res = CliRunner().invoke(group, ["train", "--table", str(table), "--weak", "weak-model", "--strong", "strong-model",
+                                     "--encoder-from", str(bundled_model_dir()), "--folds", "2", "--warm-start", "none",
+                                     "--drafts", str(drafts), "--no-mlflow", "--output", str(tmp_path / "m")])
+    assert res.exit_code == 2 and "did you mean 'weak-modle'" in res.output and "Traceback" not in res.output
