@@ -84,7 +84,8 @@ class Outcome:
 
 def _scores(source: SignalSource, target: str) -> tuple[float | None, float | None]:
     """(aggregated, disaggregated) SLO scores of ``predict[target]``: max(TTFT / SLO TTFT,
-    TPOT / SLO TPOT) per mode, None where the mode has no prediction."""
+    TPOT / SLO TPOT, batch TPOT / SLO TPOT) per mode (``latency.Prediction.score``; the batch's
+    TPOT is aggregated only), None where the mode has no prediction."""
     p = source.predict(target)
     slo_ttft, slo_tpot = float(number(p, "slo_ttft_s", 1.0)), float(number(p, "slo_tpot_s", 1.0))
 
@@ -92,6 +93,9 @@ def _scores(source: SignalSource, target: str) -> tuple[float | None, float | No
         ttft, tpot = p.get(f"{mode}_ttft_s"), p.get(f"{mode}_tpot_s")
         if not isinstance(ttft, (int, float)) or not isinstance(tpot, (int, float)):
             return None
+        stall = p.get(f"{mode}_batch_tpot_s")
+        if isinstance(stall, (int, float)):
+            tpot = max(tpot, stall)
         return max(ttft / slo_ttft, tpot / slo_tpot)
     return score("aggregated"), score("disaggregated")
 

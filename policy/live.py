@@ -746,11 +746,14 @@ def predict_signals(chosen: Prediction | None, aggregated: Prediction | None, di
     healthy endpoint, every time infinite and ``meets_slo`` false)."""
     inf = math.inf
     return {"ttft_s": chosen.ttft_s if chosen else inf, "tpot_s": chosen.tpot_s if chosen else inf,
+            "batch_tpot_s": chosen.batch_tpot_s if chosen else 0.0,
+            "slo_score": chosen.score(slo) if chosen else inf,
             "meets_slo": chosen is not None and chosen.meets(slo), "mode": chosen.mode if chosen else "",
             "queue_s": chosen.queue_s if chosen else inf, "prefill_s": chosen.prefill_s if chosen else inf,
             "transfer_s": chosen.transfer_s if chosen else 0.0,
             "aggregated_ttft_s": aggregated.ttft_s if aggregated else None,
             "aggregated_tpot_s": aggregated.tpot_s if aggregated else None,
+            "aggregated_batch_tpot_s": aggregated.batch_tpot_s if aggregated else None,
             "disaggregated_ttft_s": disaggregated.ttft_s if disaggregated else None,
             "disaggregated_tpot_s": disaggregated.tpot_s if disaggregated else None,
             "slo_ttft_s": slo.ttft_s, "slo_tpot_s": slo.tpot_s}

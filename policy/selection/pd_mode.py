@@ -44,7 +44,12 @@ Otherwise ``auto`` disaggregates, unless the policy sets ``by_prediction``:
    each mode, scored against its SLO class (max of TTFT and TPOT over their objectives):
    ``auto`` disaggregates only when that score is lower disaggregated, e.g. when the decode
    pool's batch and the transfer cost less than the prefill interference and queue of the
-   aggregated pool; the guards and benefit tests above still come first.
+   aggregated pool; the guards and benefit tests above still come first. With
+   ``prefer_disaggregated`` it disaggregates whenever the disaggregated prediction meets the
+   SLO (score at most 1), and compares scores only when it does not: a decode pool runs no
+   prefill, so no other request's prefill chunk can break a short answer's TPOT there, which
+   the aggregated prediction can only estimate from recent load (bursts of long prompts beat
+   it), while the KV transfer costs milliseconds (DistServe's case for disaggregation).
 """
 
 from __future__ import annotations
@@ -68,7 +73,8 @@ class DisaggregationSpec(StrictModel):
     ``min_pool_gpus`` GPUs or the prefill pool is saturated (every healthy prefill
     endpoint queues ``max_prefill_queue_s`` or more, or reads saturated). ``by_prediction``: an
     ``auto`` route that passes every rule disaggregates only when its predicted latency scores
-    better disaggregated (rule 6)."""
+    better disaggregated (rule 6); with ``prefer_disaggregated`` too, it disaggregates whenever the
+    disaggregated prediction meets the SLO."""
 
     min_uncached_prompt_tokens: Annotated[int, Field(ge=0)] = 512
     min_output_tokens: Annotated[int, Field(ge=0)] = 16
@@ -76,6 +82,7 @@ class DisaggregationSpec(StrictModel):
     min_pool_gpus: Annotated[int, Field(ge=0)] = 12
     max_prefill_queue_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 2.0
     by_prediction: bool = False
+    prefer_disaggregated: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,6 +145,9 @@ def decide_mode(spec: DisaggregationSpec, target: OnPremTarget | FrontierTarget,
     if predicted is not None:
         agg, dis = predicted()
         inputs["aggregated_score"], inputs["disaggregated_score"] = agg, dis
+        if spec.prefer_disaggregated and dis is not None and dis <= 1.0:
+            return ModeDecision("disaggregated", f"disaggregate: predicted SLO score {dis:.2f} disaggregated meets "
+                                                 "the SLO (prefer_disaggregated)", inputs)
         if agg is not None and (dis is None or dis >= agg):
             return ModeDecision("aggregated", f"stay aggregated: predicted SLO score {agg:.2f} aggregated <= "
                                               f"{'none' if dis is None else f'{dis:.2f}'} disaggregated", inputs)

@@ -117,6 +117,8 @@ class PredictSignals(TypedDict):
 
     ttft_s: float
     tpot_s: float
+    batch_tpot_s: float
+    slo_score: float
     meets_slo: bool
     mode: str
     queue_s: float
@@ -124,6 +126,7 @@ class PredictSignals(TypedDict):
     transfer_s: float
     aggregated_ttft_s: float | None
     aggregated_tpot_s: float | None
+    aggregated_batch_tpot_s: float | None
     disaggregated_ttft_s: float | None
     disaggregated_tpot_s: float | None
     slo_ttft_s: float
@@ -292,8 +295,15 @@ SIGNALS: dict[str, Namespace] = {
         "tpot_s": Signal("double", "predicted mean time per output token, seconds: the decode batch's share and step "
                                    "floor, prefill interference (aggregated, 90th percentile), doubled when free KV "
                                    "runs short"),
-        "meets_slo": Signal("bool", "ttft_s and tpot_s within the request's SLO class (routing.slo_class, else the "
-                                    "fleet's default)"),
+        "batch_tpot_s": Signal("double", "predicted TPOT of the requests already decoding on the chosen aggregated "
+                                         "endpoint once the prefill queued there and this request's run in their "
+                                         "steps, seconds (step + (queue_s + prefill_s) / 6, a short answer's steps); "
+                                         "0 disaggregated, on a frontier tier or with nothing running there"),
+        "slo_score": Signal("double", "max(ttft_s / slo_ttft_s, max(tpot_s, batch_tpot_s) / slo_tpot_s): at most 1 "
+                                      "meets the SLO, lower is better (what the P/D choice compares); infinite "
+                                      "without a healthy endpoint"),
+        "meets_slo": Signal("bool", "ttft_s, tpot_s and batch_tpot_s within the request's SLO class "
+                                    "(routing.slo_class, else the fleet's default)"),
         "mode": Signal("string", "the mode predicted: the better of aggregated and disaggregated by the SLO, "
                                  "disaggregated only where the disaggregation guards allow it"),
         "queue_s": Signal("double", "the part of ttft_s queued ahead (prefill work on the chosen endpoint)"),
@@ -301,6 +311,7 @@ SIGNALS: dict[str, Namespace] = {
         "transfer_s": Signal("double", "the part of ttft_s for the P/D KV transfer (0 aggregated)"),
         "aggregated_ttft_s": Signal("double", "ttft_s aggregated; null without that mode", nullable=True),
         "aggregated_tpot_s": Signal("double", "tpot_s aggregated; null without that mode", nullable=True),
+        "aggregated_batch_tpot_s": Signal("double", "batch_tpot_s aggregated; null without that mode", nullable=True),
         "disaggregated_ttft_s": Signal("double", "ttft_s disaggregated; null without that mode", nullable=True),
         "disaggregated_tpot_s": Signal("double", "tpot_s disaggregated; null without that mode", nullable=True),
         "slo_ttft_s": Signal("double", "the request's SLO class's TTFT objective, seconds"),
@@ -493,9 +504,12 @@ def endpoint_signals(reading: EndpointLoad | None, now: float | None, *, name: s
 def example_predict(ttft_s: float = 0.2, tpot_s: float = 0.03, slo_ttft_s: float = 2.0,
                     slo_tpot_s: float = 0.1) -> PredictSignals:
     """A ``predict[target]`` value of an idle target (aggregated, well within the default SLO)."""
-    return {"ttft_s": ttft_s, "tpot_s": tpot_s, "meets_slo": ttft_s <= slo_ttft_s and tpot_s <= slo_tpot_s,
+    return {"ttft_s": ttft_s, "tpot_s": tpot_s, "batch_tpot_s": 0.0,
+            "slo_score": max(ttft_s / slo_ttft_s, tpot_s / slo_tpot_s),
+            "meets_slo": ttft_s <= slo_ttft_s and tpot_s <= slo_tpot_s,
             "mode": "aggregated", "queue_s": 0.0, "prefill_s": ttft_s, "transfer_s": 0.0,
-            "aggregated_ttft_s": ttft_s, "aggregated_tpot_s": tpot_s, "disaggregated_ttft_s": None,
+            "aggregated_ttft_s": ttft_s, "aggregated_tpot_s": tpot_s, "aggregated_batch_tpot_s": 0.0,
+            "disaggregated_ttft_s": None,
             "disaggregated_tpot_s": None, "slo_ttft_s": slo_ttft_s, "slo_tpot_s": slo_tpot_s}
 
 

@@ -118,11 +118,18 @@ def test_predicted_ttft_over_the_slo_overflows_through_the_engine(fleet) -> None
     # TPOT: batch 30 -> 31 / 6,651 = 4.7 ms < the 21 ms floor
     assert p["tpot_s"] == pytest.approx(0.021) and p["inputs"]["batch"] == 30
     assert d.trace["prediction"]["frontier-small/aggregated"]["ttft_s"] == pytest.approx(0.6)
-    # a shorter queue is not over the SLO
+    # a shorter queue is not over the SLO when nothing decodes there
+    for ep in ("llama-70b-0", "llama-70b-1"):
+        engine.state.push_load(ep, {"num_requests_running": 0, "num_requests_waiting": 2}, now=clock.t)
+    d = engine.route(req(6096), dispatch=False)
+    assert d.rule == "onprem-in-slo"  # 2 x 0.5 + 0.5 = 1.5 s <= 2 s
+    # with 10 answers decoding there, those 1.5 s of prefill stall them past the TPOT objective:
+    # 21 ms + 1.5 s / 6 steps = 0.271 s > 0.1 s, so the placement misses the SLO (meets_slo false)
     for ep in ("llama-70b-0", "llama-70b-1"):
         engine.state.push_load(ep, {"num_requests_running": 10, "num_requests_waiting": 2}, now=clock.t)
     d = engine.route(req(6096), dispatch=False)
-    assert d.rule == "onprem-in-slo"  # 2 x 0.5 + 0.5 = 1.5 s <= 2 s
+    assert d.rule == "overflow"
+    assert d.trace["prediction"]["onprem-70b/aggregated"]["batch_tpot_s"] == pytest.approx(0.021 + 1.5 / 6)
 
 
 AUTO = """\
@@ -153,3 +160,66 @@ def test_pd_by_prediction_keeps_the_guards_and_follows_the_queue(fleet) -> None:
     d = engine.route(req(400), dispatch=False)
     assert d.mode == "aggregated" and "min_uncached_prompt_tokens" in d.trace["mode"]["reason"]
     assert d.trace["signals"]["endpoint.predicted_ttft_s [onprem-70b]"]["value"] > 0.0
+
+
+def test_batch_tpot_spreads_the_queued_and_own_prefill_over_a_short_answer() -> None:
+    # nothing running on the endpoint: no one to stall
+    assert latency.batch_tpot_s(POOL, 0, 0, 0.5) == 0.0
+    assert latency.batch_tpot_s(POOL, 3, None, 0.5) == 0.0
+    # 3 running: step = max(0.02, 3 / 1000 = 0.003) = 0.02 s; 0.3 s of prefill over 6 steps = 0.05 s
+    assert latency.STALL_STEPS == 6
+    assert latency.batch_tpot_s(POOL, 3, 3, 0.3) == pytest.approx(0.02 + 0.3 / 6)
+    # a batch of 49: (49 / 1000 = 0.049 s) over the floor, + 0.06 / 6
+    assert latency.batch_tpot_s(POOL, 49, 40, 0.06) == pytest.approx(0.049 + 0.01)
+    # the SLO score counts the batch's TPOT: 0.07 / 0.1 = 0.7 > 0.5 / 2 and 0.03 / 0.1
+    slo = latency.slo_of(load_fleet(), "")
+    p = Prediction("t", "aggregated", ttft_s=0.5, tpot_s=0.03, batch_tpot_s=0.07)
+    assert p.score(slo) == pytest.approx(0.7) and p.meets(slo)
+    assert not Prediction("t", "aggregated", ttft_s=0.5, tpot_s=0.03, batch_tpot_s=0.11).meets(slo)
+
+
+STALL = """\
+rules:
+  - name: seventy
+    when: predict["onprem-70b"].aggregated_batch_tpot_s <= 0.05
+    route: {target: onprem-70b, mode: aggregated}
+  - name: small
+    route: {target: onprem-8b}
+"""
+
+
+def test_a_long_prompt_beside_running_answers_is_predicted_to_stall_them(fleet) -> None:
+    engine, clock = engine_for(fleet, STALL)
+    # idle: nothing decodes on the aggregated replicas, no stall to predict
+    d = engine.route(req(6096), dispatch=False)
+    assert d.rule == "seventy" and d.trace["prediction"]["onprem-70b/aggregated"]["batch_tpot_s"] == 0.0
+    # 4 running on each aggregated replica, nothing queued: the 6,096-token prefill (0.5 s at
+    # 12,192 tok/s) joins their steps: 21 ms step + 0.5 s / 6 = 0.104 s > 0.05 -> the 8B model
+    for ep in ("llama-70b-0", "llama-70b-1"):
+        engine.state.push_load(ep, {"num_requests_running": 4, "num_requests_waiting": 0}, now=clock.t)
+    d = engine.route(req(6096), dispatch=False)
+    p = d.trace["prediction"]["onprem-70b/aggregated"]
+    assert d.rule == "small" and p["batch_tpot_s"] == pytest.approx(0.021 + 0.5 / 6)
+    assert p["inputs"]["running"] == 4
+    # a 609-token prompt stalls them 0.05 s / 6: 0.0293 s <= 0.05 -> stays on the 70B model
+    d = engine.route(req(609), dispatch=False)
+    assert d.rule == "seventy"
+    assert d.trace["prediction"]["onprem-70b/aggregated"]["batch_tpot_s"] == pytest.approx(0.021 + 609 / 12192 / 6)
+
+
+PREFER = AUTO.replace("by_prediction: true", "by_prediction: true, prefer_disaggregated: true")
+
+
+def test_prefer_disaggregated_takes_the_pd_pool_while_it_meets_the_slo(fleet) -> None:
+    engine, clock = engine_for(fleet, PREFER)
+    # idle, 8,000 cold tokens: aggregated scores better (no transfer), but the P/D pool meets the
+    # SLO (0.656 s + 33 ms of transfer; 21 ms TPOT) -> disaggregated
+    d = engine.route(req(8000), dispatch=False)
+    assert d.mode == "disaggregated" and "prefer_disaggregated" in d.trace["mode"]["reason"]
+    # the prefill pool queues 3 requests (of this one's size) on each replica: 3 x 0.656 = 1.97 s
+    # (under the 2 s saturation guard) + 0.656 + 0.033 = 2.66 s > 2 s -> it misses the SLO; the
+    # idle aggregated pool scores better
+    for ep in ("llama-70b-prefill-0", "llama-70b-prefill-1"):
+        engine.state.push_load(ep, {"num_requests_running": 0, "num_requests_waiting": 3}, now=clock.t)
+    d = engine.route(req(8000), dispatch=False)
+    assert d.mode == "aggregated" and d.trace["mode"]["reason"].startswith("stay aggregated: predicted SLO score")
