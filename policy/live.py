@@ -297,7 +297,9 @@ class LiveSignals:
         """Where an aggregated request can run on ``target``: its aggregated pool, plus the decode
         endpoints that can prefill locally — those holding at least
         ``disaggregation.max_local_hit_ratio`` of the prompt's prefix, or every decode
-        endpoint when the target has no aggregated pool."""
+        endpoint when the target has no aggregated pool or, with
+        ``disaggregation.short_prompts_on_decode``, when the prompt has at most
+        ``min_uncached_prompt_tokens`` tokens."""
         key = (target, "aggregated+local")
         view = self._views.get(key)
         if view is not None:
@@ -315,8 +317,12 @@ class LiveSignals:
                 lk, need = self.lookup(target), self.policy.disaggregation.max_local_hit_ratio * self.prompt_tokens
                 where = self.fleet.positions[(target, "decode")]
                 decode = self.fleet.pool_endpoints(target, "decode")
-                picked = [] if lk is None else [decode[where[e]] for e, m in lk.matched.items()
-                                                if e in where and m * lk.block_tokens >= max(1.0, need)]
+                spec = self.policy.disaggregation
+                if spec.short_prompts_on_decode and self.prompt_tokens <= spec.min_uncached_prompt_tokens:
+                    picked = list(decode)  # a short prompt may prefill on any decode endpoint
+                else:
+                    picked = [] if lk is None else [decode[where[e]] for e, m in lk.matched.items()
+                                                    if e in where and m * lk.block_tokens >= max(1.0, need)]
                 view = agg
                 if picked:
                     ids = [e.id for e in picked]

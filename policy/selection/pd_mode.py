@@ -20,7 +20,12 @@ Guards, for every route that would disaggregate (``disaggregated`` or ``auto``):
 A tripped guard keeps the request aggregated: one endpoint runs both phases, on the
 target's aggregated pool or — where the prompt's prefix is cached on a decode
 endpoint, or the target has no aggregated pool — on a decode endpoint that
-prefills locally (Dynamo's conditional disaggregation; ``engine.place``).
+prefills locally (Dynamo's conditional disaggregation; ``engine.place``). With
+``short_prompts_on_decode``, a prompt of at most ``min_uncached_prompt_tokens`` tokens
+may prefill locally on any decode endpoint too (the picker chooses among both pools): its
+prefill (at most 512 tokens, 42 ms on the packaged 70B replicas) barely stalls the answers
+decoding there, and the decode pool's replicas share the short requests with the aggregated
+pool instead of leaving them all to it.
 
 Benefit tests, for ``auto`` routes only (an explicit ``disaggregated`` route is the
 policy author's decision):
@@ -74,7 +79,9 @@ class DisaggregationSpec(StrictModel):
     endpoint queues ``max_prefill_queue_s`` or more, or reads saturated). ``by_prediction``: an
     ``auto`` route that passes every rule disaggregates only when its predicted latency scores
     better disaggregated (rule 6); with ``prefer_disaggregated`` too, it disaggregates whenever the
-    disaggregated prediction meets the SLO."""
+    disaggregated prediction meets the SLO. ``short_prompts_on_decode``: a prompt of at most
+    ``min_uncached_prompt_tokens`` tokens, which stays aggregated, may also run (prefill and
+    decode) on any endpoint of the decode pool, not only the aggregated pool (module docstring)."""
 
     min_uncached_prompt_tokens: Annotated[int, Field(ge=0)] = 512
     min_output_tokens: Annotated[int, Field(ge=0)] = 16
@@ -83,6 +90,7 @@ class DisaggregationSpec(StrictModel):
     max_prefill_queue_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 2.0
     by_prediction: bool = False
     prefer_disaggregated: bool = False
+    short_prompts_on_decode: bool = False
 
 
 @dataclass(frozen=True)

@@ -223,3 +223,31 @@ def test_prefer_disaggregated_takes_the_pd_pool_while_it_meets_the_slo(fleet) ->
         engine.state.push_load(ep, {"num_requests_running": 0, "num_requests_waiting": 3}, now=clock.t)
     d = engine.route(req(8000), dispatch=False)
     assert d.mode == "aggregated" and d.trace["mode"]["reason"].startswith("stay aggregated: predicted SLO score")
+
+
+SHORT = """\
+disaggregation: {short_prompts_on_decode: true}
+rules:
+  - name: seventy
+    route: {target: onprem-70b, mode: auto}
+"""
+
+
+def test_short_prompts_on_decode_spreads_short_prompts_over_the_decode_pool(fleet) -> None:
+    engine, clock = engine_for(fleet, SHORT)
+    off, _ = engine_for(fleet, AUTO)
+    # the aggregated replicas each run 8 and queue 2 short prompts (400 tokens each: 0.066 s of
+    # queued prefill), the decode replicas are idle
+    for e in (engine, off):
+        for ep in ("llama-70b-0", "llama-70b-1"):
+            e.state.push_load(ep, {"num_requests_running": 8, "num_requests_waiting": 2}, now=clock.t)
+    # a 400-token prompt stays aggregated (the 512-token guard); with the option it may prefill
+    # on a decode endpoint, whose cost is lower (no queue, batch 0), and it runs there
+    d = engine.route(req(400), dispatch=False)
+    assert d.mode == "aggregated" and d.endpoints[0].name.startswith("llama-70b-decode-")
+    # without it: an aggregated endpoint
+    d = off.route(req(400), dispatch=False)
+    assert d.mode == "aggregated" and d.endpoints[0].name in ("llama-70b-0", "llama-70b-1")
+    # a 600-token prompt is not short: it disaggregates (rules of thumb), never prefills on a decode endpoint
+    d = engine.route(req(600), dispatch=False)
+    assert d.mode == "disaggregated" and d.endpoints[0].role == "prefill"
