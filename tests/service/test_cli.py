@@ -218,7 +218,7 @@ def test_policy_test_runs_every_shipped_example():
 def test_policy_test_on_a_policy_runs_its_sibling_cases():
     r = CliRunner().invoke(main, ["policy", "test", str(DEFAULT_POLICY_DIR / "budget-pacing.yaml")])
     assert r.exit_code == 0, r.output
-    assert "budget-pacing.cases.yaml" in r.stdout and r.stdout.splitlines()[-1] == "10 passed, 0 failed"
+    assert "budget-pacing.cases.yaml" in r.stdout and r.stdout.splitlines()[-1] == "12 passed, 0 failed"
 
 
 def test_policy_test():
