@@ -27,16 +27,18 @@ def cli():
 @pytest.fixture
 def table(tmp_path):
     """60 prompts: the weak model loses the hard ones to the strong model, ties on the easy ones."""
-    rows = ["prompt_id,category,prompt,small,small-b,big"]
-    i = 0
+    return _write_table(tmp_path / "ops.csv", "small,small-b,big", lambda i, hard: "0,0.5,1" if hard else "1,1,1")
+
+
+def _write_table(path, columns, scores):
+    """A wide table of the WORDS x TOPICS prompts (hard ones first per word); ``scores(i, hard)`` gives
+    row ``i``'s model columns as CSV text."""
+    rows, i = [f"prompt_id,category,prompt,{columns}"], 0
     for w in WORDS:
-        for t in TOPICS_HARD:
-            rows.append(f'h{i},x,"{t.format(w)}",0,0.5,1')
-            i += 1
-        for t in TOPICS_EASY:
-            rows.append(f'e{i},x,"{t.format(w)}",1,1,1')
-            i += 1
-    path = tmp_path / "ops.csv"
+        for hard, topics in ((True, TOPICS_HARD), (False, TOPICS_EASY)):
+            for t in topics:
+                rows.append(f'{"h" if hard else "e"}{i},x,"{t.format(w)}",{scores(i, hard)}')
+                i += 1
     path.write_text("\n".join(rows) + "\n")
     return path
 
@@ -123,19 +125,10 @@ def noisy_table(tmp_path):
     """60 prompts where the weak column's own verdicts are mostly noise (it loses about 2 in 3 hard prompts
     and 1 in 3 easy ones, drawn at random, unrelated to the words) while five panel models lose every hard
     prompt and no easy one: the panel says which prompts are hard, the pair alone barely does."""
-    rows = ["prompt_id,category,prompt,small,p1,p2,p3,p4,p5,big"]
     coin = np.random.default_rng(7).random(60)
-    i = 0
-    for w in WORDS:
-        for t in TOPICS_HARD:
-            rows.append(f'h{i},x,"{t.format(w)}",{int(coin[i] < 1 / 3)},0,0,0,0,0,1')
-            i += 1
-        for t in TOPICS_EASY:
-            rows.append(f'e{i},x,"{t.format(w)}",{int(coin[i] < 2 / 3)},1,1,1,1,1,1')
-            i += 1
-    path = tmp_path / "noisy.csv"
-    path.write_text("\n".join(rows) + "\n")
-    return path
+    return _write_table(tmp_path / "noisy.csv", "small,p1,p2,p3,p4,p5,big",
+                        lambda i, hard: f"{int(coin[i] < 1 / 3)},0,0,0,0,0,1" if hard else
+                        f"{int(coin[i] < 2 / 3)},1,1,1,1,1,1")
 
 
 def _crossval(cli, model, table, weak="small"):
