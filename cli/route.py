@@ -61,6 +61,7 @@ class SettingsOverrides(TypedDict, total=False):
     log_level: str | None
     workers: int | None
     ext_proc_port: int | None
+    ext_proc_host: str | None
     allow_unauthenticated: bool | None
 
 
@@ -232,12 +233,16 @@ def route_command(prompt: str | None, messages_path: Path | None, as_json: bool,
 @click.option("--ext-proc-port", type=click.IntRange(0, 65535), default=None,
               help="Also serve Envoy ext_proc (Gateway API Inference Extension endpoint picker) on this gRPC port "
                    "[env POINTSMAN_EXT_PROC_PORT; default off].")
+@click.option("--ext-proc-host", default=None,
+              help="Bind address of the ext_proc port; with API keys, each stream must carry one in its gRPC "
+                   "metadata [env POINTSMAN_EXT_PROC_HOST; default the --host].")
 @click.option("--allow-unauthenticated", is_flag=True, default=None,
               help="Serve on a non-loopback --host with no API key at all (every caller is admin) "
                    "[env POINTSMAN_ALLOW_UNAUTHENTICATED; default: refuse to start].")
 @config_options
 def serve_command(host: str | None, port: int | None, max_body_bytes: int | None, log_level: str | None,
-                  workers: int | None, ext_proc_port: int | None, allow_unauthenticated: bool | None,
+                  workers: int | None, ext_proc_port: int | None, ext_proc_host: str | None,
+                  allow_unauthenticated: bool | None,
                   fleet_path: Path | None, policy_path: Path | None, model: str | None) -> None:
     """Run the decision service (see docs/service.md for the endpoints) with uvicorn."""
     import importlib.util
@@ -248,7 +253,7 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
     from pointsman.service.app import create_app, keys_of
 
     overrides = SettingsOverrides(host=host, port=port, max_body_bytes=max_body_bytes, log_level=log_level,
-                                  workers=workers, ext_proc_port=ext_proc_port,
+                                  workers=workers, ext_proc_port=ext_proc_port, ext_proc_host=ext_proc_host,
                                   allow_unauthenticated=allow_unauthenticated or None, fleet_path=fleet_path,
                                   policy_path=policy_path, model=model)
     settings = settings_from(**overrides)

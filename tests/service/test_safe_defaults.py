@@ -37,6 +37,14 @@ def test_serve_on_a_network_without_keys_refuses_to_start_naming_the_settings_an
         assert name in r.stderr
 
 
+def test_an_exposed_ext_proc_host_without_keys_refuses_to_start_on_a_loopback_http_host(no_keys):
+    """The ext_proc port binds ``--ext-proc-host``: exposing it alone is refused as an exposed --host is."""
+    r = CliRunner().invoke(main, ["serve", "--host", "127.0.0.1", "--port", "1", "--ext-proc-port", "0",
+                                  "--ext-proc-host", "0.0.0.0"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("Error: refusing to serve on 0.0.0.0 without API keys")
+
+
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost", "127.0.0.2"])
 def test_loopback_hosts_may_serve_without_keys(tmp_path, host):
     create_app(Settings(data_dir=tmp_path, host=host))  # no ValueError
