@@ -175,17 +175,19 @@ def _chat_body(body: JSONObject) -> JSONObject:
 
 
 def routing_context(body: JSONObject, headers: dict[str, str]) -> JSONObject:
-    """The body with its ``routing`` context completed from the request headers (``ROUTING_HEADERS``,
-    then ``GIE_ROUTING_HEADERS`` for what is still absent; the body's own ``routing`` wins)."""
-    given = body.get("routing")
-    routing: JSONObject = dict(given) if isinstance(given, dict) else {}
+    """The body with its ``routing`` context taken from the request headers only (``ROUTING_HEADERS``,
+    then ``GIE_ROUTING_HEADERS`` for what is still absent). Behind a proxy the body is the end client's:
+    a ``routing`` object in it (a tenant, a team, a token count of the client's choosing) is dropped, so a
+    client cannot pick the budget it spends or shrink the token count the context-window filter reads."""
+    routing: JSONObject = {}
     for table in (ROUTING_HEADERS, GIE_ROUTING_HEADERS):
         for header, key in table.items():
             value = headers.get(header)
             if value and key not in routing and not (header == "x-gateway-inference-fairness-id"
                                                      and value == _GIE_DEFAULT_FLOW):
                 routing[key] = value
-    return {**body, "routing": routing} if routing else body
+    rest = {k: v for k, v in body.items() if k != "routing"}
+    return {**rest, "routing": routing} if routing else rest
 
 
 @dataclass(frozen=True)

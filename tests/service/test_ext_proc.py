@@ -191,7 +191,7 @@ def test_streamed_sse_response_reports_usage_ttft_and_tpot(app):
 
 
 def test_disaggregated_decision_names_decode_destinations_and_the_prefill_endpoint(app):
-    body = chat("Summarise this report.", max_tokens=100, routing={"prompt_tokens": 4000})
+    body = chat("Summarise this report. " + "The quarterly cache hit ratio rose again. " * 600, max_tokens=100)
 
     async def scenario(stub, _):
         call = stub.Process()
@@ -501,3 +501,18 @@ def test_an_exposed_picker_without_keys_is_refused_at_start():
     settings = Settings(ext_proc_port=0, ext_proc_host="0.0.0.0", watch_policy=False, watch_fleet=False)
     with pytest.raises(ValueError, match="refusing to serve on 0.0.0.0"):
         create_app(settings)
+
+
+def test_the_end_clients_routing_object_is_dropped_and_the_gateways_headers_decide(app):
+    """Behind a proxy the body is the client's: its ``routing`` (a tenant with budget left, a token count of
+    its choosing) must not override the gateway's ``x-pointsman-tenant``. ``tenant:broke`` has no budget."""
+    body = chat("What is 2 + 2?", routing={"tenant": "someone-else", "prompt_tokens": 1})
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, body, headers={**REQUEST_HEADERS, "x-pointsman-tenant": "broke"})
+        call.cancel()
+        return req
+
+    req = run(app, scenario)
+    assert req[-1]["immediateResponse"]["status"]["code"] == "TooManyRequests"  # the gateway's tenant's budget
