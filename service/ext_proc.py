@@ -60,8 +60,10 @@ Authentication: with API keys configured (``POINTSMAN_GATEWAY_API_KEYS``, ``..._
 files), a stream must carry a gateway or admin key in its gRPC metadata, ``authorization: Bearer <key>``
 or ``x-api-key: <key>`` (Envoy: the ext_proc filter's ``grpc_service.initial_metadata``); without one,
 or with an unknown one, it ends UNAUTHENTICATED before any message is read, and the proxy applies its
-``failure_mode_allow``. The key's name is the decision's ``api_key_id`` (its ``key:<name>`` budget
-scope), as over HTTP. The port binds ``POINTSMAN_EXT_PROC_HOST`` (default the HTTP host).
+``failure_mode_allow``. ``POINTSMAN_EXT_PROC_REQUIRE_KEY=false`` turns this off for the picker port alone
+(a Gateway API ``InferencePool`` cannot send metadata; the network must then keep others out). The
+key's name is the decision's ``api_key_id`` (its ``key:<name>`` budget scope), as over HTTP; a bearer
+token wins over ``x-api-key``, as over HTTP. The port binds ``POINTSMAN_EXT_PROC_HOST`` (default the HTTP host).
 
 Counted in ``pointsman_ext_proc_requests_total{result}`` (``routed``, ``passthrough``,
 ``bad_request``, ``too_large``, ``shed``, ``unavailable``, ``unsupported``, ``unauthenticated``); decisions and their
@@ -471,15 +473,17 @@ class ExtProcServer:
         the key's principal when ``authorization: Bearer <key>`` or ``x-api-key`` names a configured key,
         else None (refuse)."""
         ring = self.keys.ring() if self.keys is not None else None
-        if ring is None or not ring.enabled:
+        if ring is None or not ring.enabled or not self.rt.settings.ext_proc_require_key:
             return Principal(None, "admin")
+        bearer = header = None  # the first of each; the bearer token wins, as over HTTP (auth.presented_key)
         for name, value in metadata:
             text = value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
-            key = text[7:].strip() if name == "authorization" and text[:7].lower() == "bearer " else \
-                text.strip() if name == "x-api-key" else None
-            if key:
-                return ring.identify(key)
-        return None
+            if name == "authorization" and bearer is None and text[:7].lower() == "bearer ":
+                bearer = text[7:].strip()
+            elif name == "x-api-key" and header is None:
+                header = text.strip()
+        key = bearer or header
+        return ring.identify(key) if key else None
 
     def count(self, result: str) -> None:
         """Count one request's result in ``pointsman_ext_proc_requests_total``."""

@@ -83,6 +83,10 @@ Service only (``pointsman serve``):
   or ``x-api-key``: Envoy's ``grpc_service.initial_metadata``), else it ends UNAUTHENTICATED.
 - ``POINTSMAN_EXT_PROC_HOST``: the address the ext_proc port binds; default the HTTP host
   (``POINTSMAN_HOST``). A non-loopback one without API keys is refused as for the HTTP host.
+- ``POINTSMAN_EXT_PROC_REQUIRE_KEY``: with API keys configured, streams to the ext_proc port must carry
+  one (default ``true``). ``false`` for a Gateway API gateway, whose ``InferencePool`` cannot send
+  metadata: then restrict the port to the gateway by the network (``deploy/kubernetes/pointsman.yaml``'s
+  NetworkPolicy); decisions made that way have no ``key:`` budget scope.
 - ``POINTSMAN_EXT_PROC_DESTINATIONS``: how many ``host:port`` entries the picker puts in
   ``x-gateway-destination-endpoint`` (the picked endpoint, then its fallback endpoints); default
   none: all of them. Set 1 behind a plain Envoy ``ORIGINAL_DST`` cluster, which reads exactly one.
@@ -147,6 +151,7 @@ class Settings(BaseSettings):
     watch_budgets: bool = True
     ext_proc_port: int | None = Field(default=None, ge=0, le=65535)
     ext_proc_host: str | None = None
+    ext_proc_require_key: bool = True
     ext_proc_destinations: int | None = Field(default=None, ge=1)
 
     @field_validator("state_url")

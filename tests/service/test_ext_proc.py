@@ -516,3 +516,21 @@ def test_the_end_clients_routing_object_is_dropped_and_the_gateways_headers_deci
 
     req = run(app, scenario)
     assert req[-1]["immediateResponse"]["status"]["code"] == "TooManyRequests"  # the gateway's tenant's budget
+
+
+def test_the_picker_port_may_take_no_key_and_a_bearer_token_wins_as_over_http():
+    """``ext_proc_require_key=false`` (a Gateway API InferencePool sends no metadata) admits a keyless
+    stream; with keys required, the bearer token decides even after a wrong ``x-api-key``, as over HTTP."""
+    from types import SimpleNamespace
+
+    from pointsman.service.ext_proc import ExtProcServer
+    from pointsman.service.keys import KeySource
+
+    keys = KeySource.from_settings(Settings(gateway_api_keys="gw=s3cret-gateway-key"))
+    open_port = ExtProcServer(SimpleNamespace(settings=Settings(ext_proc_require_key=False)), keys)
+    assert open_port.authenticate(()) is not None and open_port.authenticate(()).key_id is None
+    keyed = ExtProcServer(SimpleNamespace(settings=Settings()), keys)
+    assert keyed.authenticate(()) is None
+    both = (("x-api-key", "wrong"), ("authorization", "Bearer s3cret-gateway-key"))
+    assert keyed.authenticate(both).key_id == "gw"
+    assert keyed.authenticate((("authorization", "Bearer wrong"), ("x-api-key", "s3cret-gateway-key"))) is None
