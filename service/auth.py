@@ -116,6 +116,9 @@ class KeyRing:
             where = f"{entry.where}{f' ({name})' if name else ''}"
             if len(secret) < 8:
                 raise ValueError(f"{where}: a key needs at least 8 characters")
+            if len(name) > 200 or any(c.isspace() for c in name):
+                raise ValueError(f"{entry.where}: a key name must be 1-200 characters without spaces "
+                                 f"(it names the key:<name> budget scope), got {name[:40]!r}")
             raw = secret.encode("utf-8")
             key_id = name or f"key-{hashlib.sha256(raw).hexdigest()[:8]}"
             if key_id in seen_ids:

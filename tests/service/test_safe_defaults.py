@@ -132,7 +132,9 @@ def test_key_source_keeps_the_keys_in_force_when_a_file_breaks(tmp_path):
 
 
 @pytest.mark.parametrize("text,message", [("", "holds no key"), ("# only a comment\n", "holds no key"),
-                                          ("edge=abc\n", ":1 (edge): a key needs at least 8 characters")])
+                                          ("edge=abc\n", ":1 (edge): a key needs at least 8 characters"),
+                                          ("edge gw=secret-12345678\n", ":1: a key name must be 1-200 characters "
+                                                                        "without spaces")])
 def test_a_bad_key_file_at_start_is_one_error_line_exit_2(tmp_path, no_keys, monkeypatch, text, message):
     path = tmp_path / "gateway.keys"
     path.write_text(text)
