@@ -65,6 +65,21 @@ class SettingsOverrides(TypedDict, total=False):
     allow_unauthenticated: bool | None
 
 
+def _check_bindable(host: str, port: int, option: str) -> None:
+    """Raise ``InputError`` naming ``option`` when ``host:port`` cannot be bound now (in use, or no such
+    address); the socket is closed at once (SO_REUSEADDR, so the server binds it right after)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+        family, _, _, _, address = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as exc:
+        raise InputError(f"{option}: cannot bind {host}:{port}: {exc.strerror or exc}") from None
+
+
 def settings_from(**overrides: Unpack[SettingsOverrides]) -> Settings:
     """Settings from the environment, with the given non-None values on top; an invalid
     ``POINTSMAN_*`` variable raises ``InputError`` naming it."""
@@ -260,6 +275,8 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
     if settings.ext_proc_port is not None and (importlib.util.find_spec("grpc") is None
                                                or importlib.util.find_spec("envoy") is None):
         raise InputError("--ext-proc-port needs the ext-proc extra: pip install 'pointsman[ext-proc]' (grpcio, xds-protos)")
+    if settings.ext_proc_port:  # a busy or unbindable ext_proc port is one Error: line, not a traceback at startup
+        _check_bindable(settings.ext_proc_host or settings.host, settings.ext_proc_port, "--ext-proc-port")
     try:
         keys_of(settings)  # API key settings and files, and the safe default, are checked here, before anything loads
     except ValueError as exc:

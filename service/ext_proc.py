@@ -529,9 +529,13 @@ class ExtProcServer:
         server = grpc.aio.server(options=[("grpc.so_reuseport", reuse)])
         wire.add_servicer(_Picker(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        bound = server.add_insecure_port(f"{host}:{port}")
+        address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"  # IPv6
+        try:
+            bound = server.add_insecure_port(address)
+        except RuntimeError as exc:  # grpcio raises this, not OSError, for a busy port or a bad address
+            raise OSError(f"cannot bind the ext_proc port {address}: {exc}") from None
         if bound == 0:
-            raise OSError(f"cannot bind the ext_proc port {host}:{port}")
+            raise OSError(f"cannot bind the ext_proc port {address}")
         await server.start()
         self._server = server
         for name in HEALTH_SERVICES:

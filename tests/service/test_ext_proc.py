@@ -534,3 +534,17 @@ def test_the_picker_port_may_take_no_key_and_a_bearer_token_wins_as_over_http():
     both = (("x-api-key", "wrong"), ("authorization", "Bearer s3cret-gateway-key"))
     assert keyed.authenticate(both).key_id == "gw"
     assert keyed.authenticate((("authorization", "Bearer wrong"), ("x-api-key", "s3cret-gateway-key"))) is None
+
+
+def test_the_picker_binds_an_ipv6_loopback(tmp_path):
+    """``POINTSMAN_EXT_PROC_HOST=::1`` is a loopback host: the address is bracketed for gRPC."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    settings = Settings(data_dir=tmp_path, watch_policy=False, watch_fleet=False, scrape_interval_s=0,
+                        ext_proc_port=0, ext_proc_host="::1")
+    try:
+        with TestClient(create_app(settings)) as client:
+            port = client.app.state.ext_proc_port
+    except OSError as exc:  # an IPv6-less kernel
+        pytest.skip(f"cannot bind ::1 here: {exc}")
+    assert port > 0

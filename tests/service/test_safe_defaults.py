@@ -143,3 +143,16 @@ def test_a_bad_key_file_at_start_is_one_error_line_exit_2(tmp_path, no_keys, mon
     assert r.exit_code == 2, r.output
     assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1 and message in r.stderr
     assert "abc" not in r.stderr.replace("a key", "")
+
+
+def test_a_busy_ext_proc_port_is_one_error_line_exit_2(no_keys):
+    """grpcio reports a busy port as a RuntimeError deep in the startup: serve checks it first."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = CliRunner().invoke(main, ["serve", "--port", "1", "--ext-proc-port", str(port)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"Error: --ext-proc-port: cannot bind 127.0.0.1:{port}")
