@@ -374,6 +374,8 @@ def _bedrock(r: _Reader) -> UsageCounts:
                 sources.update(cache_write_tokens="usage.cacheDetails[ttl=5m].inputTokens",
                                cache_write_1h_tokens="usage.cacheDetails[ttl=1h].inputTokens")
                 r.agree("usage.cacheWriteInputTokens", writes, w5 + w1h, "the sum of usage.cacheDetails[].inputTokens")
+                if writes is None:  # the split without its total: the writes are the split's sum
+                    writes = w5 + w1h
     r.agree("usage.totalTokens", r.count("totalTokens"), _sum(uncached, completion, reads or 0, writes or 0),
             "usage.inputTokens + outputTokens + cacheReadInputTokens + cacheWriteInputTokens")
     prompt = None if uncached is None else uncached + (reads or 0) + (writes or 0)
