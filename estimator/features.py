@@ -11,8 +11,9 @@ message (head and tail), and token counting tokenizes at most
 extrapolates by the measured characters-per-token ratio; ``prompt_tokens_upper`` bounds the
 count from above for the context-window filter (``token_bounds.py``: whitespace and ``[UNK]``
 spans the targets' BPE tokenizers count, and a byte scan of the whole text). A gateway that knows the exact count passes
-``routing.prompt_tokens`` and that wins, unless it implies over ``MAX_CHARS_PER_SUPPLIED_TOKEN``
-characters per token (then the prompt is counted here).
+``routing.prompt_tokens`` and that wins, unless it is implausibly low (``_plausible``: over
+``MAX_CHARS_PER_SUPPLIED_TOKEN`` characters per token, under a token per message, or under
+``MIN_SUPPLIED_PER_UNIT`` of the text's class units); then the prompt is counted here.
 
 Long words: WordPiece (BERT's, the MiniLM tokenizer) turns any word longer than
 ``max_input_chars_per_word`` (100) into one ``[UNK]``, so 600 KB of hex or DNA letters
@@ -33,6 +34,7 @@ window cuts is tokenized alone from its part inside (a few characters).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from bisect import bisect_left
@@ -59,12 +61,22 @@ TOKENS_PER_MESSAGE = 4
 #: Fallback characters per token when no tokenizer is available (English text, BPE);
 #: also the count of a word too long for WordPiece.
 CHARS_PER_TOKEN = 4.0
+#: Tokens of one image input in the count and in the safe-side bound: OpenAI's high detail gives a
+#: 1024x1024 image 85 + 4 x 170 = 765 tokens and at most 85 + 8 x 170 = 1,445; Anthropic's about
+#: width x height / 750, at most ~1,600; Gemini 258. Images are not seen, so the count takes the common
+#: case and the bound the largest.
+IMAGE_TOKENS = 765
+IMAGE_TOKENS_UPPER = 1600
 #: Most characters per token a gateway's ``routing.prompt_tokens`` may imply before Pointsman counts the
 #: prompt itself: tokenizers in use average 3-5 characters of text per token, and only runs of
 #: whitespace or repeated characters reach 16. A supplied count below ``prompt_chars / 16`` is taken for a
 #: mistake (a count of the last turn, of a truncated copy, or of another request): Pointsman counts the
 #: prompt and bounds it itself, as when no count is supplied, and ``prompt_tokens_exact`` is False.
 MAX_CHARS_PER_SUPPLIED_TOKEN = 16
+#: Least share of the prompt's ``token_bounds.class_units`` (runs of letters and digits, punctuation,
+#: non-ASCII characters: about one per word or symbol) a supplied count may be: BPE tokenizers give
+#: 0.7-1.3 tokens per unit on prose and code, so half of them is a count of part of the prompt.
+MIN_SUPPLIED_PER_UNIT = 0.5
 #: A run of over 100 characters with no ASCII whitespace: the only place a word longer than
 #: WordPiece's ``max_input_chars_per_word`` (100 for BERT's) can be (a cheap pre-check).
 _LONG_RUN = re.compile(r"[^ \t\n\r]{101,}")
@@ -75,7 +87,8 @@ class RequestFeatures:
     """Cheap facts about one request.
 
     ``prompt_tokens``: prompt length in tokens (exact when the gateway supplied it,
-    ``prompt_tokens_exact``; otherwise counted on a bounded sample and extrapolated).
+    ``prompt_tokens_exact``; otherwise counted on a bounded sample and extrapolated, the tool
+    definitions' JSON included and ``IMAGE_TOKENS`` per image).
     ``prompt_tokens_upper``: a safe-side upper bound of it (``token_bounds``; the exact count
     when supplied), what the context-window filter compares; 0 when not computed (then the count
     is the bound).
@@ -285,6 +298,16 @@ def _earlier_user_turns(request: RouteRequest, texts: tuple[str, ...], k: int | 
     return out
 
 
+def _plausible(supplied: int, texts: tuple[str, ...], prompt_chars: int, n_messages: int) -> bool:
+    """Whether a gateway's ``routing.prompt_tokens`` can be the prompt's count: at least one token per
+    message plus ``prompt_chars / MAX_CHARS_PER_SUPPLIED_TOKEN``, and at least ``MIN_SUPPLIED_PER_UNIT`` of
+    the text's ``class_units`` (its pre-tokens: a count of the last turn of a long conversation falls
+    below it). O(prompt characters) in byte operations, no tokenizer."""
+    if supplied < n_messages + prompt_chars / MAX_CHARS_PER_SUPPLIED_TOKEN:
+        return False
+    return supplied >= MIN_SUPPLIED_PER_UNIT * sum(class_units(t) for t in texts)
+
+
 def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
              want_ids: bool) -> tuple[RequestFeatures, list[int] | None]:
     view = source if isinstance(source, RequestView) else RequestView.of(source)
@@ -295,21 +318,26 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
         k = next((i for i in range(len(texts) - 1, -1, -1) if texts[i]), None)
     query = "" if k is None else texts[k]
     exact = request.routing.prompt_tokens
-    if exact is not None and exact * MAX_CHARS_PER_SUPPLIED_TOKEN < prompt_chars:
+    tools_text = json.dumps(request.tools, separators=(",", ":"), ensure_ascii=False) if request.tools else ""
+    if exact is not None and not _plausible(exact, texts + (tools_text,), prompt_chars + len(tools_text),
+                                            len(request.messages)):
         exact = None  # implausibly low: count the prompt here (``MAX_CHARS_PER_SUPPLIED_TOKEN``)
     query_ids: list[int] | None = None
     if exact is not None:
         prompt_tokens = prompt_upper = exact
     else:
-        joined = "\n".join(texts)
+        # tool definitions are prompt text for every provider: counted after the messages (so the
+        # messages' offsets hold); images by IMAGE_TOKENS / IMAGE_TOKENS_UPPER each
+        joined = "\n".join(texts) + ("\n" + tools_text if tools_text else "")
         want_ids = want_ids and k is not None and splits_words_locally(tokenizer)
         # offsets are needed to cut the window out, unless the window is the whole conversation
         # (or the conversation is only sampled for counting: then the caller tokenizes the window)
         whole = len(query) == len(joined) and len(query) <= QUERY_WINDOW_CHARS
         n, upper, encoding = _count(joined, tokenizer,
                                     offsets=want_ids and not whole and len(joined) <= COUNT_SAMPLE_CHARS)
-        prompt_tokens = n + TOKENS_PER_MESSAGE * len(request.messages)
-        prompt_upper = upper + TOKENS_PER_MESSAGE * len(request.messages)
+        images = sum(m.n_images() for m in request.messages)
+        prompt_tokens = n + TOKENS_PER_MESSAGE * len(request.messages) + IMAGE_TOKENS * images
+        prompt_upper = upper + TOKENS_PER_MESSAGE * len(request.messages) + IMAGE_TOKENS_UPPER * images
         if want_ids and encoding is not None and k is not None:
             if whole:
                 query_ids = list(encoding.ids)

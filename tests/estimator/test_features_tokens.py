@@ -180,9 +180,9 @@ def test_an_implausibly_low_supplied_count_does_not_shrink_the_bound(est):
     assert (f_low.prompt_tokens, f_low.prompt_tokens_upper) == (f_unsent.prompt_tokens, f_unsent.prompt_tokens_upper)
     assert f_low.prompt_tokens_upper > 40_000
     plausible = parse_route_request({"messages": [{"role": "user", "content": text}],
-                                     "routing": {"prompt_tokens": len(text) // 16 + 1}})
+                                     "routing": {"prompt_tokens": 40_000}})  # about its real count
     f_ok = extract_features(plausible, est.tokenizer)
-    assert f_ok.prompt_tokens_exact and f_ok.prompt_tokens == f_ok.prompt_tokens_upper == len(text) // 16 + 1
+    assert f_ok.prompt_tokens_exact and f_ok.prompt_tokens == f_ok.prompt_tokens_upper == 40_000
 
 
 def test_the_context_window_filter_sees_through_an_implausibly_low_supplied_count():
@@ -201,3 +201,52 @@ def test_the_context_window_filter_sees_through_an_implausibly_low_supplied_coun
     with pytest.raises(NoEligibleTarget) as refused:
         engine.route(request)
     assert "context-window: needs" in str(refused.value)
+
+
+def test_a_count_of_the_last_turn_only_or_without_the_messages_is_not_trusted(est):
+    """Review finding 4: a supplied count that covers the last turn of a long conversation (15 characters
+    per token overall, under the 16 limit) or leaves out 60,000 short messages is counted here instead."""
+    turn = "The router reads the cache state before it decides where the prompt goes. "
+    convo = [{"role": "user", "content": turn * 800}, {"role": "assistant", "content": turn * 800},
+             {"role": "user", "content": turn * 400}]
+    last_turn_only = extract_features(parse_route_request({"messages": convo, "routing": {"prompt_tokens": 5_700}}),
+                                      est.tokenizer)
+    assert not last_turn_only.prompt_tokens_exact and last_turn_only.prompt_tokens > 25_000
+    many = [{"role": "user" if i % 2 == 0 else "assistant", "content": "ok"} for i in range(6_000)]
+    short = extract_features(parse_route_request({"messages": many, "routing": {"prompt_tokens": 750}}), est.tokenizer)
+    assert not short.prompt_tokens_exact and short.prompt_tokens >= 6_000
+    honest = extract_features(parse_route_request({"messages": convo, "routing": {"prompt_tokens": 28_000}}),
+                              est.tokenizer)
+    assert honest.prompt_tokens_exact and honest.prompt_tokens == 28_000
+
+
+def test_tool_definitions_and_images_count_as_prompt_tokens(est):
+    """Review finding 3: 800 KB of tool definitions and 200 images counted as no tokens, so the request
+    passed the context-window filter at a tiny estimated cost. Tools count as their JSON text (after the
+    messages), images as IMAGE_TOKENS each (IMAGE_TOKENS_UPPER in the bound)."""
+    from pointsman.estimator.features import IMAGE_TOKENS, IMAGE_TOKENS_UPPER
+    from pointsman.policy.selection.filters import NoEligibleTarget
+
+    tool = {"type": "function", "function": {"name": "lookup", "description": "Look up a record by its key. " * 40,
+                                             "parameters": {"type": "object", "properties": {}}}}
+    plain = {"messages": [{"role": "user", "content": "Which tool fits?"}]}
+    with_tools = {**plain, "tools": [tool] * 600}  # ~800 KB of JSON
+    f_plain = extract_features(parse_route_request(plain), est.tokenizer)
+    f_tools = extract_features(parse_route_request(with_tools), est.tokenizer)
+    assert f_tools.prompt_tokens > 100_000 and f_tools.prompt_tokens_upper >= f_tools.prompt_tokens
+    assert f_tools.query_text == f_plain.query_text  # the estimator still reads the user's turn
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png", "detail": "high"}}
+    pics = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Which tool fits?"}] + [image] * 200}]}
+    f_pics = extract_features(parse_route_request(pics), est.tokenizer)
+    assert f_pics.prompt_tokens - f_plain.prompt_tokens == 200 * IMAGE_TOKENS
+    assert f_pics.prompt_tokens_upper - f_plain.prompt_tokens_upper == 200 * IMAGE_TOKENS_UPPER
+
+    from pointsman.estimator.estimate import FixedDifficulty
+    from pointsman.policy.engine import RoutingEngine
+    from pointsman.policy.fleet import load_fleet
+    from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+
+    fleet = load_fleet()
+    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.3))
+    with pytest.raises(NoEligibleTarget, match="context-window: needs"):
+        engine.route(parse_route_request(with_tools))

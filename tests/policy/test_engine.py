@@ -165,8 +165,9 @@ def test_images_skip_text_only_models(fleet, policy):
         {"type": "text", "text": "what is in this picture?"},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
     d = engine(fleet, policy, 0.1).route(req)
-    assert (d.target, d.rule) == ("frontier-small", "default")
-    assert d.trace["rules"][-1]["note"].startswith("onprem-8b ineligible (capabilities: does not accept image inputs)")
+    # the image counts IMAGE_TOKENS (765): a long prompt for the static policy's rules
+    assert (d.target, d.rule) == ("frontier-small", "long-cold-prompt") and d.prompt_tokens > 765
+    assert d.trace["rules"][-1]["note"].startswith("onprem-70b ineligible (capabilities: does not accept image inputs)")
     assert {c["target"]: c["eligible"] for c in d.trace["candidates"]} == {
         "onprem-8b": False, "onprem-70b": False, "frontier-small": True, "frontier-large": True}
 

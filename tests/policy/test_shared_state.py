@@ -93,7 +93,6 @@ def test_a_refused_outcome_leaves_the_shared_record_for_the_corrected_one(pair):
     dispatch(a, "d3")
     with pytest.raises(BudgetError, match="unknown here"):
         b.settle("d3", prompt_tokens=300, completion_tokens=10, target="no-such-target")
-    assert inflight(a, E8) == 1
     settled = b.settle("d3", prompt_tokens=300, completion_tokens=10)
     assert settled.target == "onprem-8b" and settled.actual_cost_usd > 0 and settled.released_load >= 1
     assert eventually(lambda: inflight(a, E8) == 0)
