@@ -235,7 +235,7 @@ _PREDICT_DOC = ("Predicted latency of this request on a target (policy/selection
 SIGNALS: dict[str, Namespace] = {
     "request": Namespace("request", "Facts about the request, computed before routing.", {
         "prompt_tokens": Signal("int", "prompt length in tokens (exact when the gateway sends routing.prompt_tokens "
-                                       "and it implies <= 16 characters per token, "
+                                       "and it is plausible; tools and images counted, "
                                        "else counted on a bounded sample and extrapolated)"),
         "prompt_tokens_upper": Signal("int", "a safe-side upper bound of prompt_tokens for the targets' own "
                                              "tokenizers (whitespace, out-of-vocabulary characters by their bytes, "
