@@ -214,8 +214,11 @@ def evaluate_cmd(table: Path, weak: str, strong: str, model_spec: str, drafts: P
                 click.echo(json.dumps({**cv, **cv_drafts}))
             else:
                 click.echo(f"{folds}-fold cross-validation of {cv['model_version']} on {table} ({cv['n']} prompts)")
-                click.echo(f"APGR out-of-fold {cv['apgr']:.4f}; per fold {cv['apgr_mean']:.4f} +- {cv['apgr_sd']:.4f} "
-                           f"({min(cv['fold_apgr']):.4f}-{max(cv['fold_apgr']):.4f}); AUC {cv['auc']:.4f}")
+                spread = f" ({min(cv['fold_apgr']):.4f}-{max(cv['fold_apgr']):.4f})" if cv["fold_apgr"] else ""
+                undefined = (f"; {cv['folds_undefined']} fold(s) left out: the strong model is not better on "
+                             "their rows (APGR undefined)") if cv["folds_undefined"] else ""
+                click.echo(f"APGR out-of-fold {cv['apgr']:.4f}; per fold {cv['apgr_mean']:.4f} +- {cv['apgr_sd']:.4f}"
+                           f"{spread}; AUC {cv['auc']:.4f}{undefined}")
                 click.echo(f"random {cv['random_apgr']:.4f}  prompt length {cv['length_apgr']:.4f}  "
                            f"oracle {cv['oracle_apgr']:.4f}")
                 if cv_drafts:
@@ -260,7 +263,9 @@ def _echo_cascade(weak: str, extra: dict[str, object], how: str) -> None:
                f"APGR {extra['draft_apgr']:.4f} (folds {extra['draft_apgr_mean']:.3f} ± {extra['draft_apgr_std']:.3f}), "
                f"AUC {extra['draft_auc']:.4f}, paying draft + frontier at CPT(80%) "
                f"{_fmt_share(float(str(extra['draft_cpt80'])))}; "
-               f"shipped heuristic APGR {extra['draft_heuristic_apgr']:.4f}")
+               f"shipped heuristic APGR {extra['draft_heuristic_apgr']:.4f}"
+               + (f"; {extra['draft_folds_undefined']} fold(s) left out (APGR undefined on their rows)"
+                  if extra.get("draft_folds_undefined") else ""))
 
 
 def register(group: click.Group) -> None:

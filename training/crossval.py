@@ -45,6 +45,7 @@ class CrossValReport(RouterReport):
 
     folds: int
     fold_apgr: list[float]
+    folds_undefined: int
     apgr_mean: float
     apgr_sd: float
     length_apgr: float
@@ -156,16 +157,18 @@ def crossval_report(est: DifficultyEstimator, path: str | Path, weak: str, stron
     w, s, scores, fold, folds = oof.weak, oof.strong, oof.score, oof.fold, oof.folds
     report = router_report(w, s, scores)
     per_fold: list[float] = []
+    undefined = 0  # folds where the strong model is not better on the fold's rows: APGR undefined, said
     for f in range(folds):
         m = (fold == f) & ~np.isnan(w) & ~np.isnan(s)
         try:
             per_fold.append(apgr(w[m], s[m], scores[m]))
-        except ValueError:  # the strong model is not better on this fold's rows
-            continue
+        except ValueError:
+            undefined += 1
     return CrossValReport(
         **report,
         folds=folds,
         fold_apgr=[round(a, 6) for a in per_fold],
+        folds_undefined=undefined,
         apgr_mean=float(np.mean(per_fold)) if per_fold else float("nan"),
         apgr_sd=float(np.std(per_fold, ddof=1)) if len(per_fold) > 1 else float("nan"),
         length_apgr=apgr(w, s, oof.prompt_tokens),

@@ -56,6 +56,7 @@ class DraftReport(TypedDict):
     draft_apgr: float
     draft_auc: float
     draft_apgr_folds: list[float]
+    draft_folds_undefined: int
     draft_apgr_mean: float
     draft_apgr_std: float
     draft_cpt80: float
@@ -121,7 +122,9 @@ def evaluate_drafts(estimator: TableScorer, table: str | Path, weak: str, strong
                     head: OnnxVerifier | None = None) -> DraftReport:
     """The draft-aware metrics of the module; with ``oof``, out-of-fold ``p_hard`` and its folds
     (``folds`` is then ``oof.folds``); with ``head``, that head scores instead of heads trained
-    in cross-validation. Raises ``DataError`` (unreadable files, too few rows)."""
+    in cross-validation. Raises ``DataError`` (unreadable files, too few rows, or rows on which the
+    strong model is not better on average: APGR undefined); a fold where it is undefined is left out
+    of ``draft_apgr_folds`` and counted in ``draft_folds_undefined``."""
     p_hard_of = None if oof is None else {str(pid): float(p) for pid, p in zip(oof.prompt_id, oof.p_hard)
                                           if np.isfinite(p)}
     x, w, s, p_hard, ids = draft_matrix(estimator, table, weak, strong, drafts, p_hard_of)
@@ -140,16 +143,29 @@ def evaluate_drafts(estimator: TableScorer, table: str | Path, weak: str, strong
     per_fold = []
     if head is not None:
         scored[:] = head.p_bad_batch(x)
+    undefined = 0  # folds whose rows have the strong model no better on average: APGR undefined there
     for test in test_rows:
         if not len(test):
             continue
         if head is None:
             train = np.setdiff1d(np.arange(len(y)), test)
-            scored[test] = fit_verifier(x[train], y[train]).predict_proba(x[test])[:, 1]
-        per_fold.append(apgr(w[test], s[test], scored[test]))
+            try:
+                scored[test] = fit_verifier(x[train], y[train]).predict_proba(x[test])[:, 1]
+            except ValueError as exc:  # a fold's training rows hold no lost draft (or only lost ones)
+                raise DataError(f"{drafts}: cross-validating the verifier on {len(y)} rows: {exc}") from None
+        try:
+            per_fold.append(apgr(w[test], s[test], scored[test]))
+        except ValueError:
+            undefined += 1
+    try:
+        pooled = apgr(w, s, scored)
+    except ValueError as exc:
+        raise DataError(f"{drafts}: on the {len(y)} rows with a draft, {exc}") from None
     return DraftReport(
-        draft_apgr=apgr(w, s, scored), draft_auc=roc_auc(y, scored), draft_apgr_folds=[float(a) for a in per_fold],
-        draft_apgr_mean=float(np.mean(per_fold)), draft_apgr_std=float(np.std(per_fold)),
+        draft_apgr=pooled, draft_folds_undefined=undefined, draft_auc=roc_auc(y, scored),
+        draft_apgr_folds=[float(a) for a in per_fold],
+        draft_apgr_mean=float(np.mean(per_fold)) if per_fold else float("nan"),
+        draft_apgr_std=float(np.std(per_fold)) if per_fold else float("nan"),
         draft_cpt80=cpt(w, s, scored, 0.8), draft_heuristic_apgr=apgr(w, s, h), draft_heuristic_auc=roc_auc(y, h),
         draft_heuristic_cpt80=cpt(w, s, h, 0.8), prompt_apgr=apgr(w, s, p_hard), draft_n=int(len(y)),
         drafts=str(drafts), draft_prompt_scores="model" if oof is None else "out-of-fold",

@@ -217,3 +217,24 @@ def test_train_drafts_need_a_table_and_answers_of_the_weak_column(files, tmp_pat
                                      "--encoder-from", str(bundled_model_dir()), "--folds", "2", "--warm-start", "none",
                                      "--drafts", str(drafts), "--no-mlflow", "--output", str(tmp_path / "m")])
     assert res.exit_code == 2 and "did you mean 'weak-modle'" in res.output and "Traceback" not in res.output
+
+
+def test_undefined_apgr_and_a_fold_without_losses_are_error_lines(files, tmp_path, monkeypatch):
+    """Review finding 7: where the strong model is not better on the rows with drafts the APGR is undefined:
+    one Error: line (it was a traceback), as is a fold whose verifier has no lost draft to learn from."""
+    table, drafts, _, _ = files
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    group = click.Group()
+    register(group)
+    tie = tmp_path / "tie.csv"  # the weak model wins every prompt: no gap to recover
+    tie.write_text("\n".join(line.rsplit(",", 2)[0] + ",1,1" if i else line
+                             for i, line in enumerate(table.read_text().splitlines())) + "\n")
+    args = ["evaluate", "--table", str(tie), "--weak", "weak-model", "--strong", "strong-model", "--model", "bundled"]
+    res = CliRunner().invoke(group, [*args, "--drafts", str(drafts), "--json"])
+    assert res.exit_code == 2 and "Error:" in res.output and "not better than weak" in res.output, res.output
+    one_loss = tmp_path / "one.csv"  # one lost prompt: some fold's verifier has no lost draft to learn from
+    lines = tie.read_text().splitlines()
+    lines[1] = lines[1].rsplit(",", 2)[0] + ",0,1"
+    one_loss.write_text("\n".join(lines) + "\n")
+    res = CliRunner().invoke(group, [*args[:2], str(one_loss), *args[3:], "--drafts", str(drafts), "--json"])
+    assert res.exit_code == 2 and "Error:" in res.output and "lost and drafts that did not" in res.output, res.output
