@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from pointsman.cli.loop import register
 from pointsman.cli.training import register as register_training
 from pointsman.estimator.model_source import load_estimator
-from pointsman.outcome_log.store import OutcomeLog, record_decision
+from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
 from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
@@ -32,6 +32,7 @@ from pointsman.request import request_from_prompt
 from pointsman.training.challenger import ChallengerConfig, train_challenger
 from pointsman.training.outcome_labels import LabelRules
 from pointsman.training.promote import Gate, alias_version, promote, rollback
+from tests.training.conftest import log_traffic as logged
 
 COOKING = ["braise short ribs", "temper dark chocolate", "make a sourdough starter", "poach an egg", "cook risotto",
            "caramelize onions", "roast a whole chicken", "make fresh pasta", "bake a souffle", "fry tofu crisply",
@@ -49,28 +50,9 @@ GATE = Gate(min_rows=15)
 
 
 def log_traffic(log: OutcomeLog, engine: RoutingEngine, est, *, inverted: bool = False) -> int:
-    """Route every synthetic prompt, log the decision and the judged answers of both tiers (the one
-    the decision did not pick as a shadow); ``inverted`` swaps which topic the on-prem model fails."""
-    n = 0
-    for topics, hard in ((COOKING, True), (GARDENING, False)):
-        for x in topics:
-            for template in TEMPLATES:
-                request = request_from_prompt(template.format(x=x))
-                decision = engine.route(request, dispatch=False)
-                record_decision(log, decision, request, est)
-                fails = hard != inverted
-                to_frontier = decision.target.startswith("frontier")
-                acks = log.append_outcomes([
-                    {"decision_id": decision.decision_id, "outcome_id": decision.decision_id + "-onprem",
-                     "served_target": "onprem-8b", "served_model": "llama-3.1-8b", "shadow": to_frontier,
-                     "quality": {"judge_score": 0.0 if fails else 1.0, "judge": JUDGE}},
-                    {"decision_id": decision.decision_id, "outcome_id": decision.decision_id + "-frontier",
-                     "served_target": "frontier-large", "served_model": "gpt-4o", "shadow": not to_frontier,
-                     "quality": {"judge_score": 1.0, "judge": JUDGE}},
-                ])
-                assert all(a.status == "stored" for a in acks)
-                n += 1
-    return n
+    """Route every synthetic prompt and log it with its judged answers (``conftest.log_traffic``):
+    cooking is what the on-prem model fails; ``inverted`` swaps the topics."""
+    return logged(log, engine, est, COOKING, GARDENING, TEMPLATES, judge=JUDGE, inverted=inverted)
 
 
 @pytest.fixture

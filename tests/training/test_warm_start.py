@@ -19,13 +19,13 @@ from pointsman.datasets.sources import DEFAULT_TRAINING_SOURCES, SOURCES
 from pointsman.errors import DataError
 from pointsman.estimator.head import DifficultyHead
 from pointsman.estimator.model_source import load_estimator
-from pointsman.outcome_log.store import OutcomeLog, record_decision
+from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
 from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
-from pointsman.request import request_from_prompt
 from pointsman.training.challenger import ChallengerConfig, fit_head, warm_start_record
 from pointsman.training.warm_start import PRIOR_HALF_N, PriorRows, prior_rows, prior_weight
+from tests.training.conftest import log_traffic
 
 HARD = ["prove the four colour theorem", "derive the Black-Scholes equation", "write a lock-free queue in C++",
         "explain the Riemann hypothesis", "design a distributed consensus protocol", "optimise a SQL query plan"]
@@ -53,20 +53,7 @@ def outcome_log(tmp_path, monkeypatch, bundled):
     fleet = load_fleet()
     engine = RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), bundled)
     log = OutcomeLog(tmp_path / "outcomes.db")
-    for topics, hard in ((HARD, True), (EASY, False)):
-        for x in topics:
-            for template in TEMPLATES:
-                request = request_from_prompt(template.format(x=x))
-                d = engine.route(request, dispatch=False)
-                record_decision(log, d, request, bundled)
-                front = d.target.startswith("frontier")
-                acks = log.append_outcomes([
-                    {"decision_id": d.decision_id, "outcome_id": d.decision_id + "-onprem", "served_target": "onprem-8b",
-                     "shadow": front, "quality": {"judge_score": 0.0 if hard else 1.0, "judge": "j"}},
-                    {"decision_id": d.decision_id, "outcome_id": d.decision_id + "-frontier",
-                     "served_target": "frontier-large", "shadow": not front, "quality": {"judge_score": 1.0, "judge": "j"}},
-                ])
-                assert all(a.status == "stored" for a in acks)
+    assert log_traffic(log, engine, bundled, HARD, EASY, TEMPLATES, judge="j") == 48
     log.close()
     return tmp_path / "outcomes.db"
 
