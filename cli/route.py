@@ -266,6 +266,7 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
     import uvicorn
 
     from pointsman.service.app import create_app, keys_of
+    from pointsman.service.app import ext_proc_host as ext_proc_bind_host
 
     overrides = SettingsOverrides(host=host, port=port, max_body_bytes=max_body_bytes, log_level=log_level,
                                   workers=workers, ext_proc_port=ext_proc_port, ext_proc_host=ext_proc_host,
@@ -276,7 +277,7 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
                                                or importlib.util.find_spec("envoy") is None):
         raise InputError("--ext-proc-port needs the ext-proc extra: pip install 'pointsman[ext-proc]' (grpcio, xds-protos)")
     if settings.ext_proc_port:  # a busy or unbindable ext_proc port is one Error: line, not a traceback at startup
-        _check_bindable(settings.ext_proc_host or settings.host, settings.ext_proc_port, "--ext-proc-port")
+        _check_bindable(ext_proc_bind_host(settings), settings.ext_proc_port, "--ext-proc-port")
     try:
         keys_of(settings)  # API key settings and files, and the safe default, are checked here, before anything loads
     except ValueError as exc:

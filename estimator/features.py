@@ -318,10 +318,11 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
         k = next((i for i in range(len(texts) - 1, -1, -1) if texts[i]), None)
     query = "" if k is None else texts[k]
     exact = request.routing.prompt_tokens
+    n_images = sum(m.n_images() for m in request.messages)
     tools_text = json.dumps(request.tools, separators=(",", ":"), ensure_ascii=False) if request.tools else ""
     if exact is not None and not _plausible(exact, texts + (tools_text,), prompt_chars + len(tools_text),
                                             len(request.messages)):
-        exact = None  # implausibly low: count the prompt here (``MAX_CHARS_PER_SUPPLIED_TOKEN``)
+        exact = None  # implausibly low (``_plausible``): count the prompt here
     query_ids: list[int] | None = None
     if exact is not None:
         prompt_tokens = prompt_upper = exact
@@ -335,9 +336,8 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
         whole = len(query) == len(joined) and len(query) <= QUERY_WINDOW_CHARS
         n, upper, encoding = _count(joined, tokenizer,
                                     offsets=want_ids and not whole and len(joined) <= COUNT_SAMPLE_CHARS)
-        images = sum(m.n_images() for m in request.messages)
-        prompt_tokens = n + TOKENS_PER_MESSAGE * len(request.messages) + IMAGE_TOKENS * images
-        prompt_upper = upper + TOKENS_PER_MESSAGE * len(request.messages) + IMAGE_TOKENS_UPPER * images
+        prompt_tokens = n + TOKENS_PER_MESSAGE * len(request.messages) + IMAGE_TOKENS * n_images
+        prompt_upper = upper + TOKENS_PER_MESSAGE * len(request.messages) + IMAGE_TOKENS_UPPER * n_images
         if want_ids and encoding is not None and k is not None:
             if whole:
                 query_ids = list(encoding.ids)
@@ -345,7 +345,6 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
                 start = sum(len(t) for t in texts[:k]) + k  # each earlier text and its newline
                 query_ids = window_token_ids(encoding, joined, start, start + len(query), tokenizer)
     context = _earlier_user_turns(request, texts, k)
-    n_images = sum(m.n_images() for m in request.messages)
     n_tool_calls = sum(len(m.tool_calls or ()) for m in request.messages)
     return RequestFeatures(
         prompt_chars=prompt_chars,

@@ -266,6 +266,15 @@ def request_from_prompt(prompt: str, **routing: JSONValue) -> RouteRequest:
     return parse_route_request({"messages": [{"role": "user", "content": prompt}], "routing": routing})
 
 
+#: Longest name of a budget scope (``tenant:<name>``, ``team:<name>``, ``key:<name>``), in characters.
+MAX_SCOPE_NAME_CHARS = 200
+
+
+def valid_scope_name(name: str) -> bool:
+    """Whether ``name`` may name a budget scope: 1 to ``MAX_SCOPE_NAME_CHARS`` characters, no whitespace."""
+    return 0 < len(name) <= MAX_SCOPE_NAME_CHARS and not any(c.isspace() for c in name)
+
+
 def request_scopes(tenant: str | None, team: str | None, api_key_id: str | None = None) -> tuple[str, ...]:
     """Budget scopes of a request: ``tenant:<tenant>``, ``team:<team>``, ``key:<api key id>`` for
     those present. Raises ``RequestError`` naming the routing field when a name has spaces
@@ -275,7 +284,7 @@ def request_scopes(tenant: str | None, team: str | None, api_key_id: str | None 
                              ("key", api_key_id, "api_key_id")):
         if not value:
             continue
-        if len(value) > 200 or any(c.isspace() for c in value):
+        if not valid_scope_name(value):
             raise RequestError(f"{kind} must be 1-200 characters without spaces (it names a budget scope)",
                                field=fld)
         out.append(f"{kind}:{value}")

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from fastapi import Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
+from pointsman.request import valid_scope_name
 from pointsman.service.http_errors import HTTPError
 
 ROLES = ("gateway", "admin")
@@ -116,7 +117,7 @@ class KeyRing:
             where = f"{entry.where}{f' ({name})' if name else ''}"
             if len(secret) < 8:
                 raise ValueError(f"{where}: a key needs at least 8 characters")
-            if len(name) > 200 or any(c.isspace() for c in name):
+            if name and not valid_scope_name(name):
                 raise ValueError(f"{entry.where}: a key name must be 1-200 characters without spaces "
                                  f"(it names the key:<name> budget scope), got {name[:40]!r}")
             raw = secret.encode("utf-8")
