@@ -6,13 +6,15 @@ while streaming, so a chunked body cannot exceed it; the rest of an oversized bo
 is read and discarded first, so clients that write the whole body before reading see the 413,
 not a reset), then decodes strict UTF-8 and JSON.
 Every failure is an ``HTTPError`` 4xx whose message names the problem (empty body,
-byte offset of invalid UTF-8, line and column of malformed JSON). ``validate_model``
+byte offset of invalid UTF-8, line and column of malformed JSON, the place of an integer with
+more digits than Python converts). ``validate_model``
 checks one decoded object against a pydantic model and names the first bad field.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -20,7 +22,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from pointsman.errors import RequestError
-from pointsman.json_types import JSONObject, JSONValue
+from pointsman.json_types import JSONObject, JSONValue, json_path
 from pointsman.outcome import field_problem, json_object
 from pointsman.service.http_errors import HTTPError, invalid
 
@@ -98,6 +100,40 @@ def decode_json(raw: bytes, expected: str = "a JSON chat request") -> JSONValue:
                         code="malformed_json") from None
     except RecursionError:
         raise HTTPError(400, "malformed JSON: nested too deeply", code="malformed_json") from None
+    except ValueError:  # an integer past Python's int-conversion limit (sys.get_int_max_str_digits)
+        raise _number_too_long(text) from None
+
+
+class _LongInt:
+    """An integer literal too long to convert, kept as its digit count to name its place."""
+
+    def __init__(self, literal: str) -> None:
+        self.digits = len(literal.lstrip("-"))
+
+
+def _number_too_long(text: str) -> HTTPError:
+    """The 400 naming the first integer of ``text`` (valid JSON) that has more digits than Python
+    converts (``sys.get_int_max_str_digits``, 4,300 by default): parsed again with such literals kept
+    as ``_LongInt``, then found by a walk. Only called after ``json.loads`` refused it."""
+    limit = sys.get_int_max_str_digits()
+
+    def parse_int(literal: str) -> int | _LongInt:
+        return _LongInt(literal) if limit and len(literal.lstrip("-")) > limit else int(literal)
+
+    try:
+        parsed = json.loads(text, parse_int=parse_int)
+    except RecursionError:
+        return HTTPError(400, "malformed JSON: nested too deeply", code="malformed_json")
+    stack: list[tuple[tuple[int | str, ...], object]] = [((), parsed)]
+    while stack:
+        loc, value = stack.pop()
+        if isinstance(value, _LongInt):
+            where = json_path(loc) or "the body"
+            return HTTPError(400, f"the integer at {where} has {value.digits:,} digits; numbers may have at most "
+                                  f"{limit:,}", param=json_path(loc) or None, code="number_too_long")
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        stack.extend(reversed([((*loc, k), v) for k, v in items]))
+    return HTTPError(400, "request body has a number that cannot be read", code="number_too_long")
 
 
 async def read_json(request: Request, limit: int, expected: str = "a JSON chat request") -> JSONValue:

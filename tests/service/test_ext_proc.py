@@ -548,3 +548,17 @@ def test_the_picker_binds_an_ipv6_loopback(tmp_path):
     except OSError as exc:  # an IPv6-less kernel
         pytest.skip(f"cannot bind ::1 here: {exc}")
     assert port > 0
+
+
+def test_an_integer_past_the_conversion_limit_is_a_400_naming_its_field(app):
+    """Issue 22: a 5,000-digit ``seed`` ended the stream INTERNAL (Python's int-conversion limit)."""
+    body = b'{"model": "auto", "messages": [{"role": "user", "content": "Hi."}], "seed": ' + b"9" * 5000 + b"}"
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        return (await request_phase(call, body))[-1]["immediateResponse"]
+
+    refused = run(app, scenario)
+    assert refused["status"]["code"] == "BadRequest"
+    error = json.loads(base64.b64decode(refused["body"]))["error"]
+    assert error["code"] == "number_too_long" and error["param"] == "seed"
