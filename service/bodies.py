@@ -1,10 +1,13 @@
-"""Reading request bodies: size-limited, strict UTF-8, strict JSON.
+"""Reading request bodies: size-limited, time-limited, strict UTF-8, strict JSON.
 
-``read_json(request, limit)`` reads at most ``limit`` bytes (413 beyond it, naming the
-limit and the setting ``POINTSMAN_MAX_BODY_BYTES``; checked on ``Content-Length`` and again
+``read_json(request, settings)`` reads at most ``settings.max_body_bytes`` bytes (413 beyond it,
+naming the limit and the setting ``POINTSMAN_MAX_BODY_BYTES``; checked on ``Content-Length`` and again
 while streaming, so a chunked body cannot exceed it; the rest of an oversized body up to 64 MiB
 is read and discarded first, so clients that write the whole body before reading see the 413,
-not a reset), then decodes strict UTF-8 and JSON.
+not a reset) within ``settings.body_read_timeout_s`` of the request's headers (408 and
+``Connection: close`` past it: a client that stalls mid-body holds no connection for longer;
+uvicorn has no such timeout of its own), then decodes strict UTF-8 and JSON. A client that
+closes the connection mid-body is a 400 ``client_disconnected`` (nobody reads it; not an internal error).
 Every failure is an ``HTTPError`` 4xx whose message names the problem (empty body,
 byte offset of invalid UTF-8, line and column of malformed JSON, the place of an integer with
 more digits than Python converts). ``validate_model``
@@ -13,6 +16,7 @@ checks one decoded object against a pydantic model and names the first bad field
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from collections.abc import Callable
@@ -20,11 +24,13 @@ from typing import TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from pointsman.errors import RequestError
 from pointsman.json_types import JSONObject, JSONValue, json_path
 from pointsman.outcome import field_problem, json_object
 from pointsman.service.http_errors import HTTPError, invalid
+from pointsman.service.settings import Settings
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -34,9 +40,24 @@ T = TypeVar("T")
 DISCARD_LIMIT_BYTES = 64 * 1024 * 1024
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body, at most ``limit`` bytes; raises ``HTTPError`` 413 beyond it (see ``too_large``),
-    400 for a bad Content-Length."""
+async def read_body(request: Request, settings: Settings) -> bytes:
+    """The raw body, at most ``settings.max_body_bytes`` bytes, read within ``settings.body_read_timeout_s``
+    seconds; raises ``HTTPError`` 413 beyond the size (see ``too_large``), 408 past the time (``Connection:
+    close``), 400 for a bad Content-Length or a client gone mid-body."""
+    timeout_s = settings.body_read_timeout_s
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_body(request, settings.max_body_bytes)
+    except TimeoutError:
+        raise HTTPError(408, f"the request body did not arrive within {timeout_s:g} s of its headers "
+                             "(setting POINTSMAN_BODY_READ_TIMEOUT_S)", type="request_timeout",
+                        param="body_read_timeout_s", code="body_timeout", headers={"Connection": "close"}) from None
+    except ClientDisconnect:
+        raise HTTPError(400, "the client closed the connection before its body ended",
+                        code="client_disconnected") from None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -136,9 +157,9 @@ def _number_too_long(text: str) -> HTTPError:
     return HTTPError(400, "request body has a number that cannot be read", code="number_too_long")
 
 
-async def read_json(request: Request, limit: int, expected: str = "a JSON chat request") -> JSONValue:
-    """``decode_json(await read_body(request, limit))``."""
-    return decode_json(await read_body(request, limit), expected)
+async def read_json(request: Request, settings: Settings, expected: str = "a JSON chat request") -> JSONValue:
+    """``decode_json(await read_body(request, settings))``."""
+    return decode_json(await read_body(request, settings), expected)
 
 
 def validate_model(model: type[M], item: object, prefix: str = "") -> M:
@@ -152,11 +173,11 @@ def validate_model(model: type[M], item: object, prefix: str = "") -> M:
         raise RequestError(msg, field=field) from None
 
 
-async def read_parsed(request: Request, limit: int, expected: str,
+async def read_parsed(request: Request, settings: Settings, expected: str,
                       parse: Callable[[JSONValue], T]) -> tuple[JSONValue, T]:
     """``read_json`` then ``parse(body)``; returns (body, parsed). A ``RequestError`` from ``parse``
     becomes the 422 naming its field (``http_errors.invalid``)."""
-    body = await read_json(request, limit, expected)
+    body = await read_json(request, settings, expected)
     try:
         return body, parse(body)
     except RequestError as exc:

@@ -57,7 +57,7 @@ def _responses(*codes: int) -> dict[int | str, dict[str, object]]:
 
 
 #: OpenAPI ``responses`` for the error codes each kind of endpoint can answer.
-ERROR_RESPONSES = _responses(400, 401, 403, 413, 422, 503)
+ERROR_RESPONSES = _responses(400, 401, 403, 408, 413, 422, 503)
 AUTH_ERRORS = _responses(401, 403)
 
 

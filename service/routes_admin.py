@@ -130,7 +130,7 @@ async def validate(request: Request, principal: Principal = Depends(require("adm
                    rt: Runtime = Depends(get_runtime)) -> JSONObject:
     """Body ``{"policy": "<YAML text>", "file": "name.yaml"}``. Answers ``valid`` and, when not,
     every problem located as ``file:line:col``."""
-    _, item = await read_parsed(request, rt.settings.max_body_bytes, '{"policy": "<policy YAML text>"}',
+    _, item = await read_parsed(request, rt.settings, '{"policy": "<policy YAML text>"}',
                                 lambda body: validate_model(PolicyValidateIn, body))
     fleet = rt.live.engine.fleet
     try:

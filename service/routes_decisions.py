@@ -91,7 +91,7 @@ async def route(request: Request, principal: Principal = Depends(require("gatewa
     with the trace when ``routing.explain`` is true; headers ``x-pointsman-decision-id`` and
     ``x-pointsman-target``."""
     started = time.perf_counter()
-    raw = await read_body(request, rt.settings.max_body_bytes)
+    raw = await read_body(request, rt.settings)
     if rt.settings.route_in_threadpool:
         return await run_in_threadpool(decide, rt, raw, principal.key_id, started)
     return decide(rt, raw, principal.key_id, started)

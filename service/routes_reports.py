@@ -346,7 +346,7 @@ async def outcomes(request: Request, principal: Principal = Depends(require("gat
                    rt: Runtime = Depends(get_runtime)) -> JSONResponse:
     """Store outcomes durably, then settle budgets and release load (see the module). The answer
     comes only after the outcomes are on disk."""
-    body, items = await read_parsed(request, rt.settings.max_body_bytes, "an outcome object or a list of them",
+    body, items = await read_parsed(request, rt.settings, "an outcome object or a list of them",
                                     parse_outcome_items)
     batch = isinstance(body, list)
     if not batch and isinstance(items[0], OutcomeItemError):
@@ -390,7 +390,7 @@ async def telemetry(request: Request, principal: Principal = Depends(require("ga
                     rt: Runtime = Depends(get_runtime)) -> dict[str, object]:
     """Apply load snapshots (vLLM-standard field names) and health marks; answers each endpoint's
     merged reading."""
-    _, reports = await read_parsed(request, rt.settings.max_body_bytes, "a telemetry report or a list of them",
+    _, reports = await read_parsed(request, rt.settings, "a telemetry report or a list of them",
                                    lambda body: parse_telemetry(body, rt))
     state = rt.live.engine.state
     fleet = state.fleet

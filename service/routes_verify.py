@@ -150,6 +150,6 @@ async def verify_route(request: Request, principal: Principal = Depends(require(
                        rt: Runtime = Depends(get_runtime)) -> JSONResponse:
     """Body: ``decision_id``, ``draft`` (text, finish_reason, logprobs, partial) and ``usage``.
     Answer: accept or escalate with the target, ``p_bad``, the deciding rule and a trace."""
-    _, body = await read_parsed(request, rt.settings.max_body_bytes, "a verify object", parse_verify)
+    _, body = await read_parsed(request, rt.settings, "a verify object", parse_verify)
     answer = await run_in_threadpool(verify, rt, body, rt.verifier)
     return JSONResponse(answer)

@@ -73,7 +73,7 @@ class RouteResponse(BaseModel):
 
 class ErrorBody(BaseModel):
     """What went wrong: ``message`` (complete sentence), ``type`` (``invalid_request_error``,
-    ``request_too_large``, ``no_eligible_target``, ``internal_error``), ``param`` (the offending
+    ``request_too_large``, ``request_timeout``, ``no_eligible_target``, ``internal_error``), ``param`` (the offending
     field, e.g. ``messages[0].content``, or null), ``code`` (a short machine-readable code)."""
 
     message: str

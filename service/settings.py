@@ -15,6 +15,9 @@
 - ``POINTSMAN_ESTIMATOR_THREADS``: onnxruntime threads per session; default 1.
 - ``POINTSMAN_DATA_DIR``: data folder (MLflow store, downloaded models); default ``./data``.
 - ``POINTSMAN_MAX_BODY_BYTES``: largest accepted request body in bytes; default 8 MiB (8388608).
+- ``POINTSMAN_BODY_READ_TIMEOUT_S``: time a request's body may take to arrive after its headers
+  (``service/bodies.py``); past it the answer is 408 ``body_timeout`` and the connection closes.
+  Default 10 s (8 MiB at about 7 Mbit/s; a gateway on the same network sends it in milliseconds).
 - ``POINTSMAN_HOST`` / ``POINTSMAN_PORT``: bind address and port of ``pointsman serve``;
   default ``127.0.0.1:8000``.
 - ``POINTSMAN_LOG_LEVEL``: uvicorn and app log level; default ``info``.
@@ -120,6 +123,7 @@ class Settings(BaseSettings):
     estimator_threads: int = Field(default=1, ge=1)
     data_dir: Path = Path("data")
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
+    body_read_timeout_s: float = Field(default=10.0, gt=0)
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     log_level: str = "info"

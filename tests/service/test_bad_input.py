@@ -3,6 +3,10 @@ SQLite ledger and outcome log): each test failed before its fix."""
 
 from __future__ import annotations
 
+import json
+import socket
+
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -13,6 +17,7 @@ from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
 from pointsman.service.app import create_app
 from pointsman.service.bootstrap import build_state
 from pointsman.service.settings import Settings
+from tests.service.conftest import stop
 
 USER = '{"role": "user", "content": "What is the capital of France?"}'
 HUGE = "9" * 5000  # past Python's int-conversion limit (4,300 digits)
@@ -42,3 +47,51 @@ def test_an_integer_past_the_conversion_limit_is_a_400_naming_its_field(client, 
     error = r.json()["error"]
     assert error["code"] == "number_too_long" and error["param"] == param
     assert "5,000 digits" in error["message"] and param in error["message"]
+
+
+def _exchange(base: str, head: bytes, body_start: bytes, wait_s: float = 30.0) -> bytes:
+    """Send ``head`` and the start of a body to a real server, then nothing; what it answers
+    until it closes the connection (at most ``wait_s``: the bound of the test, not an assert)."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=wait_s) as s:
+        s.sendall(head + body_start)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except TimeoutError:
+            out += b"<no close>"
+        return out
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_body_that_stalls_after_its_headers_is_a_408_and_the_connection_closes(tmp_path, serve, framing):
+    """Issue 22: a client that sent its headers and part of a body, then nothing, held the
+    connection with no timeout (40 s+, then logged as an internal error)."""
+    _, base = serve(tmp_path, body_read_timeout_s="1", scrape_interval_s="0")
+    start = b'{"messages": [{"role": "user", "content": "Hi'
+    if framing == "chunked":
+        head = b"POST /v1/route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        start = f"{len(start) + 100:x}\r\n".encode() + start
+    else:
+        head = (b"POST /v1/route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % (len(start) + 100))
+    answer = _exchange(base, head, start)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:300]
+    assert answer.endswith(b"}"), answer[-300:]  # closed after the answer
+    error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+    assert error["code"] == "body_timeout" and error["param"] == "body_read_timeout_s"
+    assert "POINTSMAN_BODY_READ_TIMEOUT_S" in error["message"]
+    assert httpx.post(f"{base}/v1/route", json={"messages": [{"role": "user", "content": "Hi."}]}).status_code == 200
+
+
+def test_a_client_gone_mid_body_is_no_internal_error(tmp_path, serve):
+    proc, base = serve(tmp_path, scrape_interval_s="0")
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(b"POST /v1/route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 1000\r\n\r\n{\"messages\": [")
+    assert httpx.post(f"{base}/v1/route", json={"messages": [{"role": "user", "content": "Hi."}]}).status_code == 200
+    stop(proc)
+    log = proc.stderr.read().decode()
+    assert "internal error" not in log and "Traceback" not in log, log
