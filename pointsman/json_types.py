@@ -4,7 +4,9 @@ validates them and mypy checks them all the way down).
 
 - ``JSONScalar``: ``str | int | float | bool | None``;
 - ``JSONValue``: a scalar, a list of values or an object;
-- ``JSONObject``: ``dict[str, JSONValue]`` (what ``json.loads`` gives for an object).
+- ``JSONObject``: ``dict[str, JSONValue]`` (what ``json.loads`` gives for an object);
+- ``JSONBool``: a boolean field of a request body that takes JSON ``true``/``false`` only
+  (pydantic's lax ``bool`` would read ``"yes"``, ``"on"``, ``1`` and ``"0"`` as booleans).
 
 ``json_path(loc, prefix="")`` names a place inside a JSON document the way error messages
 do (``[2].load.num_requests_waiting``).
@@ -13,13 +15,15 @@ do (``[2].load.num_requests_waiting``).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Union
+from typing import Annotated, Union
 
+from pydantic import Strict
 from typing_extensions import TypeAliasType
 
 JSONScalar = TypeAliasType("JSONScalar", Union[str, int, float, bool, None])  # noqa: UP007 - evaluated at runtime
 JSONValue = TypeAliasType("JSONValue", Union[JSONScalar, "list[JSONValue]", "dict[str, JSONValue]"])  # noqa: UP007
 JSONObject = TypeAliasType("JSONObject", "dict[str, JSONValue]")
+JSONBool = Annotated[bool, Strict()]
 
 
 def json_path(loc: Iterable[int | str], prefix: str = "") -> str:

@@ -52,7 +52,7 @@ from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import ErrorDetails
 
 from pointsman.errors import RequestError
-from pointsman.json_types import json_path
+from pointsman.json_types import JSONBool, json_path
 from pointsman.usage_shapes import MAX_TOKENS, UsageProblems, read_usage
 
 #: Outcome statuses: the answer arrived (``ok``), failed, timed out, or the client gave up.
@@ -126,8 +126,8 @@ class QualitySignals(_Strict):
     judge_reference_score: float | None = Field(default=None, ge=-MAX_JUDGE_SCORE, le=MAX_JUDGE_SCORE)
     judge: str | None = Field(default=None, max_length=128)
     user_rating: float | None = Field(default=None, ge=0.0, le=1.0)
-    regenerated: bool | None = None
-    escalated: bool | None = None
+    regenerated: JSONBool | None = None
+    escalated: JSONBool | None = None
 
     def is_empty(self) -> bool:
         """True when no signal is set."""
@@ -143,7 +143,7 @@ class OutcomeIn(_Strict):
     outcome_id: str | None = None
     served_target: str | None = Field(default=None, max_length=128)
     served_model: str | None = Field(default=None, max_length=256)
-    shadow: bool = False
+    shadow: JSONBool = False
     status: Literal["ok", "error", "timeout", "cancelled"] = "ok"
     error: str | None = Field(default=None, max_length=1000)
     usage: Usage | None = None

@@ -25,7 +25,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic_core import ErrorDetails
 
 from pointsman.errors import RequestError
-from pointsman.json_types import JSONObject, JSONValue, json_path
+from pointsman.json_types import JSONBool, JSONObject, JSONValue, json_path
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -171,7 +171,7 @@ class RoutingContext(BaseModel):
     slo_class: str | None = Field(default=None, max_length=64)
     prefix_block_hashes: list[Count | str] | None = Field(default=None, max_length=100_000)
     prompt_tokens: Count | None = Field(default=None, ge=0)
-    explain: bool = False
+    explain: JSONBool = False
 
     @field_validator("explain", mode="before")
     @classmethod

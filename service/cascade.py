@@ -20,6 +20,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from pointsman.estimator.draft import Draft
+from pointsman.json_types import JSONBool
 from pointsman.outcome import ID_PATTERN, Usage
 from pointsman.policy.decision import Decision
 from pointsman.service.schemas import EndpointOut, FallbackOut
@@ -39,7 +40,7 @@ class DraftIn(BaseModel):
     text: str = Field(default="", max_length=MAX_DRAFT_TEXT_CHARS)
     finish_reason: str | None = Field(default=None, max_length=64)
     logprobs: list[Annotated[float, Field(ge=-1e4, le=0.0)]] | None = Field(default=None, max_length=MAX_DRAFT_LOGPROBS)
-    partial: bool = False
+    partial: JSONBool = False
 
 
 class VerifyIn(BaseModel):

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from pointsman.json_types import JSONBool
 from pointsman.policy.signals.load_board import PushedSnapshot
 from pointsman.service.live_engine import FollowStatus, SwapResult
 
@@ -173,7 +174,7 @@ class TelemetryIn(BaseModel):
 
     endpoint: str
     load: PushedSnapshot | None = None
-    healthy: bool | None = None
+    healthy: JSONBool | None = None
     reason: str | None = Field(default=None, max_length=500)
 
 

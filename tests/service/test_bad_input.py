@@ -95,3 +95,19 @@ def test_a_client_gone_mid_body_is_no_internal_error(tmp_path, serve):
     stop(proc)
     log = proc.stderr.read().decode()
     assert "internal error" not in log and "Traceback" not in log, log
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/telemetry", {"endpoint": "http://llama-8b-0.inference.internal:8000/v1", "healthy": "yes"}, "healthy"),
+    ("/v1/telemetry", {"endpoint": "http://llama-8b-0.inference.internal:8000/v1", "healthy": 0}, "healthy"),
+    ("/v1/route", {"messages": [{"role": "user", "content": "Hi."}], "routing": {"explain": "on"}}, "routing.explain"),
+    ("/v1/outcomes", {"decision_id": "d1", "shadow": "yes"}, "shadow"),
+    ("/v1/outcomes", {"decision_id": "d1", "quality": {"regenerated": 1}}, "quality.regenerated"),
+])
+def test_a_boolean_field_takes_only_true_or_false(client, path, body, param):
+    """Issue 22: ``healthy: "yes"`` was read as true (pydantic's lax bool: "yes", "on", 1, "1"), and
+    ``shadow: "yes"`` made an outcome a shadow one, never settled."""
+    r = client.post(path, json=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["param"] == param
+    assert "boolean" in r.json()["error"]["message"]
