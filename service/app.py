@@ -12,7 +12,8 @@ Routes (each module one concern): ``routes_decisions`` (``POST /v1/route``),
 (``GET /v1/fleet``, ``GET /v1/policy``, ``POST /v1/policy/validate``, ``/reload``),
 ``routes_ops`` (``/healthz``, ``/readyz``, ``/metrics``). Auth: ``auth.py``; errors:
 ``http_errors.py``; bodies: ``bodies.py``. OpenAPI at ``/openapi.json``, docs at ``/docs`` and
-``/redoc`` with their assets served locally (``docs_ui.py``: no CDN).
+``/redoc`` with their assets served locally (``docs_ui.py``: no CDN). The access log shows no
+query-string value (``access_log.py``: a key put in a URL is not logged).
 
 With ``POINTSMAN_EXT_PROC_PORT`` the lifespan also starts the ext_proc endpoint picker
 (``ext_proc.py``) on that port, after the runtime, and stops it (draining its streams and the
@@ -39,7 +40,7 @@ from pydantic import BaseModel
 from pointsman import __version__
 from pointsman.policy.engine import RoutingEngine
 from pointsman.request import RouteRequest
-from pointsman.service import routes_admin, routes_decisions, routes_ops, routes_reports, routes_verify
+from pointsman.service import access_log, routes_admin, routes_decisions, routes_ops, routes_reports, routes_verify
 from pointsman.service.cascade import VerifyIn
 from pointsman.service.docs_ui import install_docs
 from pointsman.service.http_errors import install_error_handlers
@@ -137,6 +138,7 @@ def create_app(settings: Settings | None = None, engine: RoutingEngine | None = 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         """Build the runtime and start its watchers; close it at shutdown."""
+        access_log.install()  # after uvicorn configured its loggers: no query-string value is logged
         rt = await run_in_threadpool(build_runtime, settings, engine, owns_engine=owns_engine,
                                      estimator_error=estimator_error, deliver=deliver_forwarded)
         app.state.runtime, app.state.fleet_state = rt, rt.live.engine.state

@@ -4,7 +4,8 @@ Keys come from settings (``POINTSMAN_GATEWAY_API_KEYS``, ``POINTSMAN_ADMIN_API_K
 comma-separated entries, each ``name=secret`` or a bare ``secret`` (its name is then
 ``key-`` + the first 8 hex of its sha256), and from key files re-read while serving
 (``POINTSMAN_*_API_KEYS_FILE``, ``service/keys.py``). A client sends its key as
-``Authorization: Bearer <secret>`` or ``x-api-key: <secret>``.
+``Authorization: Bearer <secret>`` or ``x-api-key: <secret>``; never in the query string (URLs are
+logged, by proxies too: a 401 says so, and the service's access log drops query values, ``access_log.py``).
 
 ========================================  =================  ==================
 endpoint                                  gateway key        admin key
@@ -171,7 +172,9 @@ def require(role: str) -> Callable[..., Awaitable[Principal]]:
             return Principal(None, "admin")
         key = presented_key(bearer, header)
         if key is None:
-            raise HTTPError(401, "this endpoint needs an API key: send 'Authorization: Bearer <key>' or 'x-api-key'",
+            query = " (a key in the URL's query string is not read: URLs are logged)" if request.url.query else ""
+            raise HTTPError(401, "this endpoint needs an API key: send 'Authorization: Bearer <key>' or "
+                                 f"'x-api-key'{query}",
                             type="authentication_error", code="missing_api_key",
                             headers={"WWW-Authenticate": "Bearer"})
         principal = ring.identify(key)

@@ -4,7 +4,11 @@ SQLite ledger and outcome log): each test failed before its fix."""
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
+import time
 
 import httpx
 import pytest
@@ -17,7 +21,7 @@ from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
 from pointsman.service.app import create_app
 from pointsman.service.bootstrap import build_state
 from pointsman.service.settings import Settings
-from tests.service.conftest import stop
+from tests.service.conftest import free_port, stop
 
 USER = '{"role": "user", "content": "What is the capital of France?"}'
 HUGE = "9" * 5000  # past Python's int-conversion limit (4,300 digits)
@@ -111,3 +115,37 @@ def test_a_boolean_field_takes_only_true_or_false(client, path, body, param):
     assert r.status_code == 422, r.text
     assert r.json()["error"]["param"] == param
     assert "boolean" in r.json()["error"]["message"]
+
+
+def test_a_key_in_the_query_string_is_not_read_and_not_logged(tmp_path):
+    """Issue 22: ``?api_key=<secret>`` was written to the access log as it came. The service reads keys
+    from headers only (docs/service.md, Auth); the access log keeps a query's names, not its values."""
+    secret = "sk-live-0123456789abcdef"
+    port = free_port()
+    env = {**os.environ, "POINTSMAN_DATA_DIR": str(tmp_path), "POINTSMAN_SCRAPE_INTERVAL_S": "0",
+           "POINTSMAN_GATEWAY_API_KEYS": f"gw={secret}"}
+    proc = subprocess.Popen([sys.executable, "-m", "pointsman", "serve", "--port", str(port), "--log-level", "info"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+        r = httpx.post(f"{base}/v1/route?api_key={secret}&x=1", json={"messages": [{"role": "user", "content": "Hi."}]})
+        assert r.status_code == 401, r.text
+        assert "query string" in r.json()["error"]["message"]
+        assert httpx.get(f"{base}/healthz?token={secret}").status_code == 200
+        ok = httpx.post(f"{base}/v1/route", json={"messages": [{"role": "user", "content": "Hi."}]},
+                        headers={"authorization": f"Bearer {secret}"})
+        assert ok.status_code == 200
+    finally:
+        stop(proc)
+    log = proc.stdout.read().decode()
+    assert "POST /v1/route?api_key=[redacted]&x=[redacted] HTTP/1.1" in log, log
+    assert "GET /healthz?token=[redacted]" in log, log
+    assert secret not in log
