@@ -39,7 +39,15 @@ Request phase:
    body in chunks of at most 62,000 bytes; BUFFERED: one body response carrying it all.
    Refusals are immediate responses with an OpenAI-shaped JSON error: **503** nothing eligible
    (or the budget ledger down, or the service stopping), **429** when every candidate was refused
-   by its budget (the request is shed), **400** a bad request, **413** too large.
+   by its budget (the request is shed), **400** a bad request, **413** too large. A refusal sent
+   before the request body ended (413) is followed by reading and dropping the rest of the body
+   (up to ``bodies.DISCARD_LIMIT_BYTES``, within ``POINTSMAN_BODY_READ_TIMEOUT_S``) before the stream
+   ends, so a sender still writing its chunks reads the 413 instead of a failed write (``INTERNAL``);
+   nothing past the limit is kept.
+
+Message order: a request body or trailers before the request headers, or a second set of request
+headers, is not Envoy's protocol: the stream ends ``INVALID_ARGUMENT`` naming the order, and
+nothing is decided (the proxy applies its ``failure_mode_allow``).
 
 Response phase: ``response_headers`` (``:status``; ``content-type: text/event-stream`` means an SSE
 stream) get ``x-pointsman-decision-id`` added; each ``response_body`` chunk is passed back as it
@@ -66,13 +74,15 @@ key's name is the decision's ``api_key_id`` (its ``key:<name>`` budget scope), a
 token wins over ``x-api-key``, as over HTTP. The port binds ``POINTSMAN_EXT_PROC_HOST`` (default the HTTP host).
 
 Counted in ``pointsman_ext_proc_requests_total{result}`` (``routed``, ``passthrough``,
-``bad_request``, ``too_large``, ``shed``, ``unavailable``, ``unsupported``, ``unauthenticated``); decisions and their
+``bad_request``, ``too_large``, ``shed``, ``unavailable``, ``unsupported``, ``unauthenticated``,
+``protocol_error``); decisions and their
 latency (body complete to answer) in the same metrics as ``/v1/route``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -94,7 +104,7 @@ from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.request import RouteRequest, parse_route_request
 from pointsman.service import ext_proc_wire as wire
 from pointsman.service.auth import Principal
-from pointsman.service.bodies import decode_json
+from pointsman.service.bodies import DISCARD_LIMIT_BYTES, decode_json
 from pointsman.service.ext_proc_body import BodyBuffer, UsageReader, rewrite_request
 from pointsman.service.http_errors import HTTPError, invalid, unavailable
 from pointsman.service.keys import KeySource
@@ -192,6 +202,11 @@ def routing_context(body: JSONObject, headers: dict[str, str]) -> JSONObject:
     return {**rest, "routing": routing} if routing else rest
 
 
+class ProtocolError(Exception):
+    """Messages out of Envoy's order (a request body before the request headers): the stream ends
+    ``INVALID_ARGUMENT`` with this message."""
+
+
 @dataclass(frozen=True)
 class Answer:
     """What the request phase sends: ``responses`` (protobuf messages, in order) and whether the
@@ -216,6 +231,8 @@ class _Stream:
         self.subset: tuple[str, ...] | None = None
         self.body = BodyBuffer(self.rt.settings.max_body_bytes)
         self.decided = False
+        self.headers_seen = False
+        self.request_ended = False  # the request's body (or headers without one) or trailers arrived
         self.decision: Decision | None = None
         self.served: str | None = None
         self.status: int | None = None
@@ -243,7 +260,13 @@ class _Stream:
             self.request_mode, self.response_mode = msg.request_body_mode, msg.response_body_mode or _DEFAULT_MODE
         self.modes_read = True
         kind = msg.kind
+        if kind in ("request_headers", "request_body", "request_trailers"):
+            if self.headers_seen == (kind == "request_headers"):
+                raise ProtocolError(f"{kind} {'again after' if self.headers_seen else 'before'} request_headers: "
+                                    "not Envoy's ext_proc message order")
+            self.request_ended = self.request_ended or msg.end_of_stream or kind == "request_trailers"
         if kind == "request_headers":
+            self.headers_seen = True
             return self._request_headers(msg)
         if kind == "request_body":
             if self.decided:
@@ -445,13 +468,32 @@ class _Picker:
         stream = _Stream(self.server, principal.key_id if principal else None)
         try:
             async for request in requests:
-                answer = await stream.handle(wire.read(request))
+                try:
+                    answer = await stream.handle(wire.read(request))
+                except ProtocolError as exc:
+                    self.server.count("protocol_error")
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
                 for response in answer.responses:
                     yield response
                 if answer.final:
-                    return
+                    break
+            if not stream.request_ended:  # refused mid-body: the sender may still be writing it
+                await _drop_rest(requests, stream.rt.settings.body_read_timeout_s)
         finally:  # the stream ended (or was reset) before the response did: recorded as cancelled
             stream.finish(cancelled=True)
+
+
+async def _drop_rest(requests: AsyncIterator[object], timeout_s: float) -> None:
+    """Read and drop the rest of a request body (after an immediate response sent before it ended), up
+    to ``DISCARD_LIMIT_BYTES`` and ``timeout_s`` seconds; stops at its end or at any other message."""
+    dropped = 0
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            async for request in requests:
+                msg = wire.read(request)
+                dropped += len(msg.body)
+                if msg.kind != "request_body" or msg.end_of_stream or dropped > DISCARD_LIMIT_BYTES:
+                    return
 
 
 class ExtProcServer:

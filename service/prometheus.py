@@ -23,7 +23,8 @@ Counted as things happen (``ServiceMetrics``):
 ``pointsman_budgets_reloads_total{result,source}`` budgets file reloads: ``ok``, ``unchanged``, ``rejected``
 ``pointsman_ext_proc_requests_total{result}``    ext_proc streams (``service/ext_proc.py``): ``routed``,
                                                  ``passthrough``, ``bad_request``, ``too_large``, ``shed``,
-                                                 ``unavailable``, ``unsupported``, ``unauthenticated``
+                                                 ``unavailable``, ``unsupported``, ``unauthenticated``,
+                                                 ``protocol_error``
 ==============================================  ===========================================================
 
 Read from the live state at scrape time (``StateCollector``):
@@ -93,7 +94,7 @@ LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.
 P_HARD_BUCKETS = tuple(round(0.05 * i, 2) for i in range(1, 21))
 #: Results of ``pointsman_ext_proc_requests_total`` (``service/ext_proc.py``).
 EXT_PROC_RESULTS = ("routed", "passthrough", "bad_request", "too_large", "shed", "unavailable", "unsupported",
-                    "unauthenticated")
+                    "unauthenticated", "protocol_error")
 
 
 class ServiceMetrics:

@@ -562,3 +562,43 @@ def test_an_integer_past_the_conversion_limit_is_a_400_naming_its_field(app):
     assert refused["status"]["code"] == "BadRequest"
     error = json.loads(base64.b64decode(refused["body"]))["error"]
     assert error["code"] == "number_too_long" and error["param"] == "seed"
+
+
+@pytest.mark.parametrize("first", ["request_body", "request_trailers"])
+def test_a_request_phase_message_before_the_request_headers_ends_the_stream_invalid_argument(app, first):
+    """Issue 22: a request body sent before its headers was decided on (no routing context, no
+    headers to answer) instead of refused. Envoy never sends that order: the stream ends
+    INVALID_ARGUMENT naming the order, and nothing is decided."""
+    routed = app.state.runtime.metrics.ext_proc_requests.labels("routed")._value.get()
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        if first == "request_body":
+            await call.write(wire.body_request("request", chat("Hi."), True))
+        else:
+            await call.write(wire.pb.ProcessingRequest(request_trailers=wire.pb.HttpTrailers()))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call.read()
+        return err.value
+
+    err = run(app, scenario)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert first in err.details() and "request_headers" in err.details()
+    assert app.state.runtime.metrics.ext_proc_requests.labels("routed")._value.get() == routed
+
+
+def test_a_body_past_the_limit_in_64_kib_chunks_is_a_413_and_the_rest_is_read_and_dropped(app):
+    """Issue 22: a 12 MiB body in 64 KiB chunks (limit 2 MB here) ended INTERNAL at the sender: the
+    picker answered 413 and closed the stream while the sender still wrote the rest of the body."""
+    body = chat("x" * (12 * 1024 * 1024))
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        answer = (await request_phase(call, body))[-1]
+        return answer, await call.read(), await call.code()
+
+    answer, after, code = run(app, scenario)
+    refused = answer["immediateResponse"]
+    assert refused["status"]["code"] == "PayloadTooLarge"
+    assert json.loads(base64.b64decode(refused["body"]))["error"]["code"] == "body_too_large"
+    assert after == grpc.aio.EOF and code == grpc.StatusCode.OK
