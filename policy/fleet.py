@@ -93,7 +93,8 @@ class EndpointEvents(StrictModel):
 class Endpoint(StrictModel):
     """One replica (or an API base URL): ``url`` (http/https), optional ``name``,
     ``metrics_url``: where its engine serves Prometheus metrics (default: ``url``'s origin with
-    path ``/metrics``, where vLLM and SGLang serve them), and ``kv_events``: where it publishes
+    path ``/metrics``, where vLLM and SGLang serve them; naming one asks for the endpoint to be scraped
+    unless the fleet sets ``defaults.scrape_metrics: false``), and ``kv_events``: where it publishes
     KV-cache events (for a target with ``kv_events``)."""
 
     url: Url
@@ -414,15 +415,16 @@ class FleetDefaults(StrictModel):
     ``assumed_utilization``: GPU utilization (0–1] an on-prem pool is priced at when its
     telemetry reports none (1.0: the benchmark's full-load throughput);
     ``min_utilization``: the floor of a measured utilization, so an idle pool's price
-    per request stays finite (see ``policy/cost.py``). ``scrape_metrics``: the service scrapes
-    every on-prem endpoint's ``/metrics`` (failed scrapes mark it unhealthy); false for a fleet
-    whose engines do not serve them (or whose URLs are placeholders). ``slo_class``: the service
-    class of a request that names none (a key of the fleet's ``slo_classes``)."""
+    per request stays finite (see ``policy/cost.py``). ``scrape_metrics``: whose engine ``/metrics``
+    the service scrapes (failed scrapes in a row mark an endpoint unhealthy): ``true`` every on-prem
+    endpoint's (its ``metrics_url``, else its URL's ``/metrics``); absent only the endpoints that name
+    a ``metrics_url``; ``false`` none. ``slo_class``: the service class of a request that names none
+    (a key of the fleet's ``slo_classes``)."""
 
     output_tokens: PositiveInt = 256
     assumed_utilization: Fraction = 1.0
     min_utilization: Fraction = 0.1
-    scrape_metrics: bool = True
+    scrape_metrics: bool | None = None
     slo_class: str = "interactive"
 
 

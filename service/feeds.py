@@ -5,9 +5,11 @@ thread per endpoint, ZMQ SUB plus the engine's replay socket; the events feed th
 ``EngineCache``).
 
 ``SignalFeeds(live, settings).run(stop)`` is one asyncio task of the service. Each round it
-scrapes every on-prem endpoint of the fleet that serves now (its ``metrics_url`` from the fleet
-file, else the endpoint's base URL with ``/metrics``), puts each reading on the load board,
-marks an endpoint unhealthy after ``POINTSMAN_SCRAPE_FAILURES_TO_UNHEALTHY`` failures in a row
+scrapes the on-prem endpoints of the fleet that serves now that the fleet asks to be scraped
+(``FleetState.scrape_targets``: every one with ``defaults.scrape_metrics: true``, else those naming a
+``metrics_url``), puts each reading on the load board, logs one warning per endpoint whose scrape
+fails (again only after it answered in between), marks an endpoint unhealthy after
+``POINTSMAN_SCRAPE_FAILURES_TO_UNHEALTHY`` failures in a row
 (healthy again at its next answer; source ``scrape``, so an operator's mark stays), and lets
 endpoints tripped by error outcomes out of their cool-down (``FleetState.recover``). A fleet
 reload is followed at the next round: new endpoints are scraped and subscribed to, removed ones
@@ -87,6 +89,7 @@ class SignalFeeds:
         self.rounds = 0
         self._scraper: Scraper | None = None
         self._fleet_revision: str | None = None
+        self._warned: set[str] = set()  # endpoints whose failing scrape was logged (until one answers)
         self._applier = EventApplier(_LiveSink(live))
         self._subscribers: dict[str, tuple[EndpointEvents, KVEventSubscriber]] = {}
         self._event_fleet: str | None = None
@@ -142,9 +145,28 @@ class SignalFeeds:
         state = self.live.engine.state
         if self._scraper is not None:
             await self._scraper.aclose()
-        self._scraper = Scraper(state.scrape_targets(), timeout_s=self.timeout_s)
+        targets = state.scrape_targets()
+        self._scraper = Scraper(targets, timeout_s=self.timeout_s)
         self._fleet_revision = state.fleet.revision
+        on_prem = sum(e.role != "api" for e in state.fleet.endpoints.values())
+        log.info("scraping the /metrics of %d of %d on-prem endpoints every %g s (fleet defaults.scrape_metrics: %s)",
+                 len(targets), on_prem, self.interval_s, state.fleet.spec.defaults.scrape_metrics)
         return self._scraper
+
+    def _warn_failing(self, status: dict[str, ScrapeStatus]) -> None:
+        """One warning per endpoint whose scrape fails, until a scrape of it answers again."""
+        fleet = self.live.engine.fleet
+        for endpoint, st in status.items():
+            if st.consecutive_failures == 0:
+                self._warned.discard(endpoint)
+            elif endpoint not in self._warned:
+                self._warned.add(endpoint)
+                info = fleet.endpoints.get(endpoint)
+                log.warning("cannot scrape the /metrics of endpoint %s (%s) at %s: %s; after %d failures in a row "
+                            "it is marked unhealthy and gets no requests. If Pointsman cannot reach its engine's "
+                            "/metrics, set the endpoint's metrics_url or the fleet's defaults.scrape_metrics: false",
+                            info.name if info is not None and info.name else endpoint, endpoint, st.metrics_url,
+                            st.last_error, self.failures_to_unhealthy)
 
     async def poll_once(self) -> None:
         """One round: follow fleet changes for the event subscribers, scrape every endpoint,
@@ -155,7 +177,9 @@ class SignalFeeds:
         scraper = self._scraper if self._scraper is not None and not self._targets_changed() else await self._rebuild()
         state = self.live.engine.state
         await scraper.poll_once(state.board)
-        state.apply_scrape_status(scraper.status(), self.failures_to_unhealthy)
+        status = scraper.status()
+        self._warn_failing(status)
+        state.apply_scrape_status(status, self.failures_to_unhealthy)
         state.recover()
         self.rounds += 1
 

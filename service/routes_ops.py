@@ -8,7 +8,9 @@ orchestrators and Prometheus.
 - ``/readyz`` (readiness): 200 ``ready`` when the engine serves and the decision log writer
   runs; 503 ``not_ready`` otherwise (starting, stopping, writer dead). An unavailable
   estimator is ``degraded: ...`` but ready: decisions still come back through the policy's
-  ``difficulty.available == false`` rule.
+  ``difficulty.available == false`` rule. ``endpoints``: each fleet endpoint's health, why it is
+  unhealthy, and its ``/metrics`` scrape state (``endpoint_readiness``); ``checks["endpoints"]``
+  counts the unhealthy ones.
 - ``/metrics``: Prometheus text exposition (``prometheus.py`` lists every name).
 """
 
@@ -61,8 +63,41 @@ async def readyz(request: Request) -> JSONResponse:
               "estimator": "ok" if error is None else f"degraded: {error}",
               "decision_log": "ok" if rt.writer.alive else "writer thread stopped"}
     ready = rt.writer.alive
-    return JSONResponse({"status": "ready" if ready else "not_ready", "checks": checks},
+    endpoints = endpoint_readiness(rt)
+    sick = sum(not e["healthy"] for e in endpoints.values())
+    checks["endpoints"] = f"{sick} of {len(endpoints)} unhealthy (see endpoints)" if sick else "ok"
+    return JSONResponse({"status": "ready" if ready else "not_ready", "checks": checks, "endpoints": endpoints},
                         status_code=200 if ready else 503)
+
+
+def endpoint_readiness(rt: Runtime) -> dict[str, JSONObject]:
+    """Per fleet endpoint id, ``schemas.EndpointReadiness`` fields: health, reason and scrape state."""
+    state = rt.live.engine.state
+    scraping = rt.feeds is not None and rt.feeds.scraping
+    scraped = state.scrape_targets()
+    feeds = rt.feeds.status() if rt.feeds is not None else {}
+    setting = state.fleet.spec.defaults.scrape_metrics
+    unhealthy = state.unhealthy()
+    out: dict[str, JSONObject] = {}
+    for eid, info in state.fleet.endpoints.items():
+        feed = feeds.get(eid)
+        if info.role == "api":
+            scrape = "off: an API endpoint"
+        elif not scraping:
+            scrape = "off: POINTSMAN_SCRAPE_INTERVAL_S is 0"
+        elif eid not in scraped:
+            scrape = ("off: the fleet sets defaults.scrape_metrics: false" if setting is False else
+                      "off: the fleet sets no metrics_url for it and defaults.scrape_metrics is not true")
+        elif feed is None or (feed.age_s is None and feed.status.consecutive_failures == 0):
+            scrape = "pending: not scraped yet"
+        elif feed.status.consecutive_failures:
+            scrape = (f"failing: {feed.status.last_error} ({feed.status.consecutive_failures} in a row, "
+                      f"at {feed.status.metrics_url})")
+        else:
+            scrape = f"ok: last scraped {feed.age_s or 0.0:.1f} s ago"
+        out[eid] = {"name": info.name, "target": info.target, "healthy": eid not in unhealthy,
+                    "reason": unhealthy.get(eid), "scrape": scrape}
+    return out
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response,

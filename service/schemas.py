@@ -112,12 +112,27 @@ class HealthResponse(BaseModel):
     model_follow: FollowStatus | None = None
 
 
+class EndpointReadiness(BaseModel):
+    """One fleet endpoint in ``/readyz``: its ``name`` and ``target``, whether it is ``healthy`` and
+    why not (``reason``: every source's, e.g. ``scrape failed 3x: ...``), and its ``scrape`` state:
+    ``ok: ...``, ``failing: <error> (<n> in a row)``, ``pending: ...`` or ``off: <why>``."""
+
+    name: str | None
+    target: str
+    healthy: bool
+    reason: str | None = None
+    scrape: str
+
+
 class ReadyResponse(BaseModel):
     """``GET /readyz``: ``ready`` when the engine serves and the decision log writer runs;
-    ``checks`` names each part's state (``ok``, ``degraded: ...`` or what is wrong)."""
+    ``checks`` names each part's state (``ok``, ``degraded: ...`` or what is wrong);
+    ``endpoints`` each fleet endpoint's health and scrape state, by id (they do not decide readiness:
+    an engine down makes its requests go elsewhere, not this service unready)."""
 
     status: Literal["ready", "not_ready"]
     checks: dict[str, str]
+    endpoints: dict[str, EndpointReadiness] = {}
 
 
 class SettlementOut(BaseModel):

@@ -70,8 +70,9 @@ Service only (``pointsman serve``):
 - ``POINTSMAN_STATE_URL``: where workers and replicas share live state (in-flight requests,
   pushed telemetry, health marks, sessions; ``policy/signals/shared_state.py``):
   ``redis://host:port/db``; default none: this process alone (embedded).
-- ``POINTSMAN_SCRAPE_INTERVAL_S``: how often each on-prem endpoint's ``/metrics`` is scraped;
-  default 2 s; 0 disables scraping. ``POINTSMAN_SCRAPE_TIMEOUT_S``: per scrape, default 1 s.
+- ``POINTSMAN_SCRAPE_INTERVAL_S``: how often the ``/metrics`` of the endpoints the fleet asks to be
+  scraped are read (``defaults.scrape_metrics: true``: every on-prem one; absent: those naming a
+  ``metrics_url``; ``false``: none); default 2 s; 0 disables scraping. ``POINTSMAN_SCRAPE_TIMEOUT_S``: per scrape, default 1 s.
   ``POINTSMAN_SCRAPE_FAILURES_TO_UNHEALTHY``: failed scrapes in a row that mark an endpoint
   unhealthy (until it answers again); default 3.
 - ``POINTSMAN_WATCH_FLEET``: reload the fleet file (and recompile the policy against it) when

@@ -219,9 +219,10 @@ class FleetState:
     def rebuild(self, fleet: Fleet) -> FleetState:
         """The state for a reloaded ``fleet`` (no restart): endpoints and targets still in it keep
         their load, prefix index entries, sessions, health marks and in-flight records (the same
-        objects, so decisions in flight on the old engine still land); removed endpoints leave
-        every index and signal; new ones start empty. The ledger and the shared-state sync carry
-        over (the sync then applies other processes' changes to the new state)."""
+        objects, so decisions in flight on the old engine still land; a scrape mark only while the
+        endpoint is still scraped); removed endpoints leave every index and signal; new ones start
+        empty. The ledger and the shared-state sync carry over (the sync then applies other
+        processes' changes to the new state)."""
         new = FleetState(fleet, self.ledger, board=self.board, budget_fail_open=self.budget_fail_open,
                          clock=self.clock, monotonic=self.monotonic, session_ttl_s=self.session_ttl_s,
                          budget_snapshot_ttl_s=self._budget_snapshot_ttl_s, sync=self.sync)
@@ -257,9 +258,11 @@ class FleetState:
             for sid in [s for s, (tgt, ep, _) in self._sessions.items() if ep not in kept or tgt not in fleet.targets]:
                 del self._sessions[sid]
             marks = {e: dict(m) for e, m in self._marks.items() if e in kept}
+        scraped = new.scrape_targets()
         for endpoint, by_source in marks.items():
             for source, reason in by_source.items():
-                new._set_health(endpoint, False, reason, source)
+                if source != "scrape" or endpoint in scraped:  # no longer scraped: nothing would clear it
+                    new._set_health(endpoint, False, reason, source)
         if self.sync.shared:
             new.start_sync()
         return new
@@ -636,12 +639,15 @@ class FleetState:
         self.board.put_scraped(self.fleet.endpoint_id(endpoint) or endpoint, load)
 
     def scrape_targets(self) -> dict[str, str]:
-        """On-prem endpoint id -> its ``/metrics`` URL (the fleet's ``metrics_url``, else the base
-        URL's ``/metrics``), for ``scrape.Scraper(targets)``; none when the fleet's
-        ``defaults.scrape_metrics`` is false."""
-        if not self.fleet.spec.defaults.scrape_metrics:
+        """On-prem endpoint id -> its ``/metrics`` URL, for ``scrape.Scraper(targets)``, as the fleet's
+        ``defaults.scrape_metrics`` says: ``true`` every on-prem endpoint (its ``metrics_url``, else the
+        base URL's ``/metrics``); absent (None) only the endpoints that name a ``metrics_url``; ``false``
+        none. An endpoint not listed is never scraped, so never marked unhealthy by scraping."""
+        scrape = self.fleet.spec.defaults.scrape_metrics
+        if scrape is False:
             return {}
-        return {e.id: e.metrics_url or metrics_url(e.url) for e in self.fleet.endpoints.values() if e.role != "api"}
+        return {e.id: e.metrics_url or metrics_url(e.url) for e in self.fleet.endpoints.values()
+                if e.role != "api" and (scrape or e.metrics_url)}
 
     def set_health(self, endpoint: str, healthy: bool, reason: str = "", *, source: str = "operator") -> None:
         """Mark ``endpoint`` (id, URL or name) healthy or not on behalf of ``source``

@@ -132,6 +132,25 @@ def test_health_counts_and_scrape_status(fleet):
     assert scraping.scrape_targets()[E8] == "http://llama-8b-0.inference.internal:8000/metrics"
 
 
+def test_only_endpoints_the_fleet_asks_for_are_scraped_and_a_scrape_mark_ends_with_the_scraping():
+    """Issue 22: a fleet without ``defaults.scrape_metrics`` scraped every on-prem endpoint; and a
+    fleet reload that stopped scraping one kept its ``scrape`` mark, which nothing would clear."""
+    text = DEFAULT_FLEET_PATH.read_text()
+    absent = text.replace("  scrape_metrics: false\n", "").replace(
+        '- {name: llama-8b-0, url: "http://llama-8b-0.inference.internal:8000/v1"}',
+        '- {name: llama-8b-0, url: "http://llama-8b-0.inference.internal:8000/v1", '
+        'metrics_url: "http://llama-8b-0.inference.internal:9090/metrics"}')
+    assert absent != text and "scrape_metrics" not in absent.split("slo_classes")[0]
+    st = FleetState(parse_fleet(absent))
+    assert st.scrape_targets() == {E8: "http://llama-8b-0.inference.internal:9090/metrics"}
+    st.set_health(E8, False, "scrape failed 3x: timeout", source="scrape")
+    st.set_health(E8, False, "drained", source="operator")
+    kept = st.rebuild(parse_fleet(absent))  # still scraped: both marks stay
+    assert kept.unhealthy() == {E8: "scrape failed 3x: timeout; drained"}
+    off = kept.rebuild(parse_fleet(absent.replace("defaults:\n", "defaults:\n  scrape_metrics: false\n")))
+    assert off.scrape_targets() == {} and off.unhealthy() == {E8: "drained"}
+
+
 def test_push_by_name_and_bad_pushes(fleet):
     st = FleetState(fleet)
     load = st.push_load("llama-8b-0", {"num_requests_running": 3, "kv_cache_usage": 0.5}, now=10.0)

@@ -1,0 +1,107 @@
+"""Scraping engines' ``/metrics`` is opt-in, and says how it goes (issue 22), through real ``pointsman
+serve`` processes: a fleet written by a user without ``defaults.scrape_metrics`` scraped every on-prem
+endpoint, and with engines whose ``/metrics`` Pointsman cannot reach (another port, a network policy)
+three failed scrapes marked each unhealthy, every request was refused ``no healthy endpoint``, and
+nothing at start said why."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from tests.service.conftest import free_port, stop
+
+INTERVAL_S = "0.1"
+
+
+def fleet(scrape: str | None) -> str:
+    """Two on-prem targets whose engines are unreachable: ``small`` with no ``metrics_url``, ``big``
+    with one; ``scrape``: the ``defaults.scrape_metrics`` value to write (None: leave it out)."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    defaults = "{output_tokens: 64}" if scrape is None else f"{{output_tokens: 64, scrape_metrics: {scrape}}}"
+    pool = """    pools:
+      aggregated:
+        gpus_per_replica: 1
+        prefill_tokens_per_s: 20000
+        decode_tokens_per_s: 20000
+        endpoints:
+"""
+    return f"""apiVersion: pointsman/v1
+kind: Fleet
+defaults: {defaults}
+targets:
+  small:
+    kind: onprem
+    model: meta-llama/Llama-3.1-8B-Instruct
+    context_window_tokens: 131072
+    usd_per_gpu_hour: 2.5
+{pool}          - {{name: s0, url: "{dead}/small/v1"}}
+  big:
+    kind: onprem
+    model: meta-llama/Llama-3.3-70B-Instruct
+    context_window_tokens: 131072
+    usd_per_gpu_hour: 2.5
+{pool}          - {{name: b0, url: "{dead}/big/v1", metrics_url: "{dead}/big/metrics"}}
+"""
+
+
+POLICY = """apiVersion: pointsman/v1
+kind: RoutingPolicy
+rules:
+  - name: default
+    route: {target: small}
+"""
+
+
+def start(tmp_path, serve, scrape: str | None):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "fleet.yaml").write_text(fleet(scrape))
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    return serve(tmp_path / "data", fleet_path=tmp_path / "fleet.yaml", policy_path=tmp_path / "policy.yaml",
+                 scrape_interval_s=INTERVAL_S, scrape_timeout_s="0.2", scrape_failures_to_unhealthy="3",
+                 watch_fleet="false", watch_policy="false")
+
+
+def endpoints_when(base: str, done, timeout_s: float = 30.0) -> dict:
+    """``/readyz``'s ``endpoints`` (by name) once ``done(endpoints)`` holds (or at ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ready = httpx.get(f"{base}/readyz").json()
+        eps = {e["name"]: e for e in ready.get("endpoints", {}).values()}
+        if (eps and done(eps)) or time.monotonic() > deadline:
+            return eps
+        time.sleep(0.05)
+
+
+def test_a_fleet_without_scrape_metrics_scrapes_only_endpoints_that_name_a_metrics_url(tmp_path, serve):
+    proc, base = start(tmp_path, serve, scrape=None)
+    eps = endpoints_when(base, lambda eps: not eps["b0"]["healthy"])
+    # b0 names a metrics_url: scraped, and three failures made it unhealthy, /readyz says why
+    assert eps["b0"]["healthy"] is False, eps
+    assert eps["b0"]["reason"].startswith("scrape failed 3x"), eps
+    assert eps["b0"]["scrape"].startswith("failing"), eps
+    # s0 does not, and the fleet does not set scrape_metrics: never scraped, never unhealthy
+    assert eps["s0"]["healthy"] is True and eps["s0"]["reason"] is None, eps
+    assert eps["s0"]["scrape"] == "off: the fleet sets no metrics_url for it and defaults.scrape_metrics is not true"
+    assert httpx.get(f"{base}/readyz").status_code == 200
+    r = httpx.post(f"{base}/v1/route", json={"messages": [{"role": "user", "content": "Hi."}]})
+    assert r.status_code == 200 and r.json()["target"] == "small", r.text
+    stop(proc)
+    log = proc.stderr.read().decode()
+    warnings = [line for line in log.splitlines() if "cannot scrape" in line]
+    assert len(warnings) == 1 and "b0" in warnings[0] and "/big/metrics" in warnings[0], log  # once, many rounds
+
+
+def test_scrape_metrics_true_scrapes_every_on_prem_endpoint_and_false_none(tmp_path, serve):
+    _, base = start(tmp_path / "on", serve, scrape="true")
+    eps = endpoints_when(base, lambda eps: not eps["b0"]["healthy"] and not eps["s0"]["healthy"])
+    assert not eps["s0"]["healthy"] and not eps["b0"]["healthy"], eps
+    assert all(e["reason"].startswith("scrape failed") for e in eps.values()), eps
+    refused = httpx.post(f"{base}/v1/route", json={"messages": [{"role": "user", "content": "Hi."}]})
+    assert refused.status_code == 422 and "no healthy endpoint" in refused.text
+
+    _, base = start(tmp_path / "off", serve, scrape="false")
+    eps = endpoints_when(base, lambda eps: True)
+    assert all(e["healthy"] and e["scrape"] == "off: the fleet sets defaults.scrape_metrics: false"
+               for e in eps.values()), eps
