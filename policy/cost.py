@@ -101,32 +101,12 @@ def estimate_cost(name: str, target: OnPremTarget | FrontierTarget, mode: str, p
     return CostEstimate(name, mode, usd, prompt_tokens, cached, output_tokens, prefill_gpu_s, decode_gpu_s, u_p, u_d)
 
 
-class UnpricedUsage(ValueError):
-    """Usage a target's prices cannot price: ``counts`` names the usage counts
-    (``cache_write_1h_tokens``) whose price ``price_keys`` (``prices.usd_per_1m_cache_write_1h_input_tokens``)
-    the target does not declare."""
-
-    def __init__(self, target: str, counts: tuple[str, ...], price_keys: tuple[str, ...]) -> None:
-        super().__init__(f"target '{target}' declares no {' or '.join(price_keys)} in the fleet file")
-        self.target, self.counts, self.price_keys = target, counts, price_keys
-
-
-_WRITE_PRICES = (("cache_write_tokens", "usd_per_1m_cache_write_input_tokens"),
-                 ("cache_write_1h_tokens", "usd_per_1m_cache_write_1h_input_tokens"))
-
-
-def unpriced_counts(name: str, target: OnPremTarget | FrontierTarget, cache_write_tokens: int = 0,
-                    cache_write_1h_tokens: int = 0) -> UnpricedUsage | None:
-    """Why usage with these cache writes cannot be priced on ``target`` (a frontier target without
-    the write price), else None. On-prem, a cache write is prefill like any uncached token."""
-    if not isinstance(target, FrontierTarget):
-        return None
-    counts = {"cache_write_tokens": cache_write_tokens, "cache_write_1h_tokens": cache_write_1h_tokens}
-    missing = [(count, key) for count, key in _WRITE_PRICES
-               if counts[count] > 0 and getattr(target.prices, key) is None]
-    if not missing:
-        return None
-    return UnpricedUsage(name, tuple(c for c, _ in missing), tuple(f"prices.{k}" for _, k in missing))
+#: Price of a prompt-cache write per input token's price when the fleet declares none: Anthropic's
+#: published multipliers (docs.anthropic.com "Pricing", prompt caching; Bedrock's are the same),
+#: 1.25x for the default 5-minute lifetime and 2x for 1 hour. Only Anthropic-shaped usage reports
+#: writes, and no provider charges more, so an undeclared write price errs high, never books 0.
+CACHE_WRITE_MULTIPLIER = 1.25
+CACHE_WRITE_1H_MULTIPLIER = 2.0
 
 
 def usage_cost(name: str, target: OnPremTarget | FrontierTarget, mode: str, *, prompt_tokens: int,
@@ -140,23 +120,24 @@ def usage_cost(name: str, target: OnPremTarget | FrontierTarget, mode: str, *, p
                + completion * p_out) / 1e6,   uncached = prompt - cached - writes_5m - writes_1h
 
     (reported cache reads are priced whatever ``prompt_cache_min_tokens`` says: the provider
-    billed them). On-prem: ``estimate_cost`` (cache reads skip prefill; writes are prefill).
-    Raises ``UnpricedUsage`` when a frontier target lacks a cache-write price the usage needs,
-    ``ValueError`` when the parts exceed ``prompt_tokens``."""
+    billed them; a write price the target does not declare is ``CACHE_WRITE_MULTIPLIER`` (1.25) or
+    ``CACHE_WRITE_1H_MULTIPLIER`` (2) x ``p_in``, Anthropic's published ones). On-prem: ``estimate_cost``
+    (cache reads skip prefill; writes are prefill). Raises ``ValueError`` when the parts exceed
+    ``prompt_tokens``."""
     writes = cache_write_tokens + cache_write_1h_tokens
     if cached_tokens + writes > prompt_tokens:
         raise ValueError(f"cached ({cached_tokens}) + cache writes ({writes}) exceed prompt_tokens ({prompt_tokens})")
     if not isinstance(target, FrontierTarget):
         return estimate_cost(name, target, mode, prompt_tokens, completion_tokens, cached_tokens,
                              prefill_utilization=prefill_utilization, decode_utilization=decode_utilization)
-    problem = unpriced_counts(name, target, cache_write_tokens, cache_write_1h_tokens)
-    if problem is not None:
-        raise problem
     p = target.prices
+    p_write = p.usd_per_1m_cache_write_input_tokens
+    p_write_1h = p.usd_per_1m_cache_write_1h_input_tokens
     usd = ((prompt_tokens - cached_tokens - writes) * p.usd_per_1m_input_tokens
            + cached_tokens * p.usd_per_1m_cached_input_tokens
-           + cache_write_tokens * (p.usd_per_1m_cache_write_input_tokens or 0.0)
-           + cache_write_1h_tokens * (p.usd_per_1m_cache_write_1h_input_tokens or 0.0)
+           + cache_write_tokens * (CACHE_WRITE_MULTIPLIER * p.usd_per_1m_input_tokens if p_write is None else p_write)
+           + cache_write_1h_tokens * (CACHE_WRITE_1H_MULTIPLIER * p.usd_per_1m_input_tokens
+                                      if p_write_1h is None else p_write_1h)
            + completion_tokens * p.usd_per_1m_output_tokens) / 1e6
     return CostEstimate(name, mode, usd, prompt_tokens, cached_tokens, completion_tokens)
 

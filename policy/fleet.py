@@ -334,8 +334,9 @@ class FrontierPrices(StrictModel):
     prompt-cache writes with the provider's default 5-minute lifetime
     (``usd_per_1m_cache_write_input_tokens``; Anthropic: 1.25 x input) and a 1-hour lifetime
     (``usd_per_1m_cache_write_1h_input_tokens``; Anthropic: 2 x input). A write price left out
-    (None) means usage reporting such writes cannot be priced (``POST /v1/outcomes`` answers 422);
-    providers that bill writes as ordinary input (OpenAI) declare the input price."""
+    (None) is priced at those published multipliers of the input price (``cost.CACHE_WRITE_MULTIPLIER``:
+    the highest any provider charges, so the booking errs high); providers that bill writes as
+    ordinary input (OpenAI) declare the input price."""
 
     usd_per_1m_input_tokens: NonNegativeFloat
     usd_per_1m_cached_input_tokens: NonNegativeFloat

@@ -70,7 +70,6 @@ from pointsman.outcome import (
 )
 from pointsman.outcome_log.records import OutcomeAck
 from pointsman.policy.budget.ledger import LedgerUnavailable
-from pointsman.policy.cost import unpriced_counts
 from pointsman.service.auth import Principal, require
 from pointsman.service.bodies import json_body, read_parsed, validate_model
 from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, unavailable
@@ -191,8 +190,7 @@ def _served_target(rt: Runtime, item: OutcomeIn) -> str | None:
 
 def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "") -> OutcomeItemError | None:
     """Whether ``item``'s usage is impossible on the target that served it (more tokens than its
-    ``context_window_tokens`` x ``CONTEXT_TOLERANCE``, ``check_usage_fits``) or cannot be priced
-    there (cache writes on a target without their price, ``cost.unpriced_counts``): the error naming
+    ``context_window_tokens`` x ``CONTEXT_TOLERANCE``, ``check_usage_fits``): the error naming
     the fields (under ``prefix``, ``[3]``), else None. Unknown targets are not checked (their outcome
     is stored and its settlement says why it cannot be priced), but a non-shadow outcome's
     ``served_target`` the fleet does not have is an error: such an outcome could never settle, and its decision's budget hold and
@@ -207,18 +205,11 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "") -> OutcomeItem
     if usage is None:
         return None
     total = (usage.prompt_tokens or 0) + (usage.completion_tokens or 0)
-    writes = (usage.cache_write_tokens or 0) + (usage.cache_write_1h_tokens or 0)
-    if not targets or (not writes and total <= min(t.context_window_tokens for t in targets.values())
-                       * CONTEXT_TOLERANCE):
-        return None  # fits every target and needs no write price: no lookup
+    if not targets or total <= min(t.context_window_tokens for t in targets.values()) * CONTEXT_TOLERANCE:
+        return None  # fits every target: no lookup
     target = _served_target(rt, item)
     if target is None or target not in targets:
         return None
-    unpriced = unpriced_counts(target, targets[target], usage.cache_write_tokens or 0,
-                               usage.cache_write_1h_tokens or 0)
-    if unpriced is not None:
-        return OutcomeItemError(tuple((f"{at}{usage.source(c)}", f"cache writes cannot be priced: {unpriced}")
-                                      for c in unpriced.counts))
     return check_usage_fits(usage, targets[target].context_window_tokens, target, prefix)
 
 

@@ -521,7 +521,7 @@ class FleetState:
         no ``actual_cost_usd`` is given.
         Idempotent: settling again returns the first result with ``replayed=True``.
         Raises ``BudgetError`` for bad numbers (token counts outside [0, ``MAX_SETTLE_TOKENS``]), an
-        unknown target or usage its prices cannot price (``cost.UnpricedUsage``), ``UnknownReservation``
+        unknown target or cache parts beyond the prompt, ``UnknownReservation``
         when the ledger has no reservation for an id this replica does not know either,
         ``LedgerUnavailable`` when the backend fails (nothing changed; retry)."""
         check_tokens(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cached_tokens=cached_tokens,
@@ -585,7 +585,7 @@ class FleetState:
             return usage_cost(target, t, mode, **tokens,
                               prefill_utilization=record.prefill_utilization if record else None,
                               decode_utilization=record.decode_utilization if record else None).usd, mode
-        except ValueError as exc:  # UnpricedUsage, or parts beyond the prompt
+        except ValueError as exc:  # parts beyond the prompt
             raise BudgetError(f"cannot price decision '{decision_id}': {exc}") from None
 
     def release(self, decision_id: str, now: float | None = None) -> bool:

@@ -138,6 +138,15 @@ PRICED = [
     ("Pointsman's own keys with a cache write", "claude",
      {"prompt_tokens": 1000, "cached_tokens": 200, "cache_write_tokens": 300, "completion_tokens": 10},
      (500 * 3.0 + 200 * 0.30 + 300 * 3.75 + 10 * 15.0) / 1e6),
+    # issue 22: these were 422s that left the decision in flight and its hold held (a retry could
+    # never price them); a write price the fleet leaves out is Anthropic's published 2x / 1.25x input
+    ("a 1-hour cache write on a target without that price: 2x input", "gemini",
+     {"input_tokens": 10, "output_tokens": 5, "cache_creation_input_tokens": 2000,
+      "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 2000}},
+     (10 * 0.30 + 2000 * 2 * 0.30 + 5 * 2.50) / 1e6),
+    ("a Bedrock cache write on a target without a write price: 1.25x input", "deepseek",
+     {"inputTokens": 10, "outputTokens": 5, "cacheWriteInputTokens": 100, "totalTokens": 115},
+     (10 * 0.28 + 100 * 1.25 * 0.28 + 5 * 0.42) / 1e6),
 ]
 
 
@@ -151,6 +160,7 @@ def test_every_shape_books_its_list_price_in_the_ledger(client, shape, target, u
     assert ack["status"] == "stored" and ack["settlement"]["target"] == target
     assert ack["settlement"]["actual_cost_usd"] == pytest.approx(usd, abs=1e-9)  # the ledger counts nano-USD
     assert _spent_usd(client, target) - before == pytest.approx(usd, abs=1e-9)
+    assert client.app.state.fleet_state.record(decision_id) is None  # settled: nothing in flight, no hold
     logged = client.app.state.runtime.outcome_log.decision(decision_id).outcomes[0]
     assert logged.usage.prompt_tokens == read_usage(usage).prompt_tokens > 0  # never stored with 0 tokens
 
@@ -168,13 +178,6 @@ UNPRICEABLE = [
     ("no count at all", "frontier-large", {}, ["usage.prompt_tokens", "usage.completion_tokens"]),
     ("Gemini with only a prompt count (finding F: was booked as 0 output tokens)", "gemini",
      {"promptTokenCount": 100}, ["usage.candidatesTokenCount"]),
-    ("a 1-hour cache write on a target without that price", "gemini",
-     {"input_tokens": 10, "output_tokens": 5, "cache_creation_input_tokens": 2000,
-      "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 2000}},
-     ["usage.cache_creation.ephemeral_1h_input_tokens"]),
-    ("a Bedrock cache write on a target without a write price", "deepseek",
-     {"inputTokens": 10, "outputTokens": 5, "cacheWriteInputTokens": 100, "totalTokens": 115},
-     ["usage.cacheWriteInputTokens"]),
     ("OpenAI audio input tokens", "frontier-large",
      {"prompt_tokens": 100, "completion_tokens": 10, "prompt_tokens_details": {"audio_tokens": 50}},
      ["usage.prompt_tokens_details.audio_tokens"]),
