@@ -34,6 +34,7 @@ reference; decisions in flight finish on the engine they started with.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Mapping
@@ -248,6 +249,7 @@ class RoutingEngine:
         self.state = state or FleetState(fleet)
         self.filters = filters
         self.picker = PICKERS[policy.selection.picker](policy.selection)
+        self._turns = itertools.count()  # decisions made: tied endpoints take turns by it (pickers.MinCostPicker)
         self._tokenizer = estimator.tokenizer
         self._ids_estimator = estimator if isinstance(estimator, TokenIdsEstimator) and \
             estimator.takes_query_token_ids else None
@@ -300,7 +302,7 @@ class RoutingEngine:
         hashes, gateway_ids = block_hashes(view)
         live = LiveSignals(self.state, self.policy, self.picker, request=base["request"], block_hashes=hashes,
                            gateway_ids=gateway_ids, scopes=scopes, session_id=routing.session_id or "", view=view,
-                           subset=endpoint_subset)
+                           subset=endpoint_subset, turn=next(self._turns))
         outcome = decide(self.fleet, self.policy, base, live, self.filters)
         verdict = outcome.verdict
         decision_id = new_decision_id()
@@ -435,7 +437,7 @@ class RoutingEngine:
         hashes, gateway_ids = block_hashes(view)
         live = LiveSignals(self.state, self.policy, self.picker, request=base["request"], block_hashes=hashes,
                            gateway_ids=gateway_ids, scopes=view.scopes, session_id=view.routing.session_id or "",
-                           view=view)
+                           view=view, turn=next(self._turns))
         verdict = judge(self.fleet, self.policy, base, live, draft, self.filters)
         labels = dict(verdict.rule.labels) if verdict.rule is not None else {}
         if verdict.action == "accept" or verdict.target is None or verdict.mode is None:

@@ -67,11 +67,13 @@ class EndpointSelectionSpec(StrictModel):
 @dataclass(frozen=True)
 class PickInput:
     """The request as pickers see it: ``prompt_tokens``, ``output_tokens`` (expected),
-    ``session_endpoint`` (id of the session's previous endpoint, a tie-breaker; None)."""
+    ``session_endpoint`` (id of the session's previous endpoint, a tie-breaker; None), ``turn``
+    (the engine's count of decisions before this one: tied endpoints take turns by it)."""
 
     prompt_tokens: int
     output_tokens: int
     session_endpoint: str | None = None
+    turn: int = 0
 
 
 @dataclass
@@ -340,7 +342,10 @@ def _finite(x: float) -> float | None:
 class MinCostPicker:
     """``min-cost``: the healthy endpoint under the bounded-load cap with the least predicted
     seconds (sum of the role's scorers, ``ROLE_SCORERS``); ties go to the session's previous
-    endpoint, then file order. Then up to ``fallback_endpoints`` more in cost order
+    endpoint, then take turns: the endpoints tied for the least rank, in file order, are rotated
+    by the request's ``turn`` (the engine's decision count), so tied endpoints share picks evenly,
+    and the same request with the same turn on the same view gets the same pick (a replay too).
+    Then up to ``fallback_endpoints`` more in cost order
     (over-cap endpoints after those under it). ``selection``: the policy's
     ``EndpointSelectionSpec``."""
 
@@ -382,8 +387,14 @@ class MinCostPicker:
                     break
         candidates = range(n) if len(excluded) == 0 else [i for i in range(n) if excluded.get(i) != "unhealthy"]
         k = 1 + self.fallback_endpoints
-        order = tuple(sorted(candidates, key=rank.__getitem__)[:k])  # stable: file order on ties
-        return PoolPick(view, order, costs, parts, cap, excluded)
+        ordered = sorted(candidates, key=rank.__getitem__)  # stable: file order on ties
+        tied = 1
+        while tied < len(ordered) and rank[ordered[tied]] == rank[ordered[0]]:
+            tied += 1
+        if tied > 1:  # take turns among the endpoints tied for the least rank
+            turn = inp.turn % tied
+            ordered[:tied] = ordered[turn:tied] + ordered[:turn]
+        return PoolPick(view, tuple(ordered[:k]), costs, parts, cap, excluded)
 
 
 class InOrderPicker:
