@@ -8,6 +8,13 @@ ignored so a gateway can forward its request unchanged; Pointsman's own
 ``parse_route_request(body)`` validates a JSON-like mapping and raises
 ``RequestError`` whose ``field`` names the offending field (``messages[1].content[0].type``).
 
+``canonical(text)`` is the one form of every string Pointsman compares as an identity (tenant, team,
+session id, SLO class, budget scope and key names, tenant allow-lists): Unicode NFC with the
+default-ignorable code points (zero-width spaces and joiners, soft hyphens, BOMs, variation
+selectors, bidi controls; Unicode's ``Default_Ignorable_Code_Point``) removed, so look-alike spellings
+are one identity. The routing fields are canonical once validated; one that is empty once
+normalised is refused.
+
 ``RequestView.of(request, api_key_id)`` normalises a validated request once for everything
 downstream: the text of each message, the rendering prefix hashing reads, the transcript the
 outcome log hashes, and the budget scopes. The engine builds one per decision; features,
@@ -17,6 +24,8 @@ signals, prefix hashes, dispatch and the decision log all read it.
 from __future__ import annotations
 
 import difflib
+import re
+import unicodedata
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Annotated, Literal
@@ -28,6 +37,29 @@ from pointsman.errors import RequestError
 from pointsman.json_types import JSONBool, JSONObject, JSONValue, json_path
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
+#: Unicode's ``Default_Ignorable_Code_Point`` (DerivedCoreProperties.txt): invisible when rendered.
+_IGNORABLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"
+                        "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3"
+                        "\U0001d173-\U0001d17a\U000e0000-\U000e0fff]")
+
+
+def canonical(text: str) -> str:
+    """``text`` as one identity: default-ignorable code points removed, then Unicode NFC (see the module)."""
+    if text.isascii():
+        return text
+    return unicodedata.normalize("NFC", _IGNORABLE.sub("", text))
+
+
+def _identity(value: str | None) -> str | None:
+    """A routing identity field, canonical; refuses one that is empty once normalised."""
+    if value is None or value == "":
+        return value
+    out = canonical(value)
+    if not out:
+        raise ValueError("has only invisible characters (zero-width or other default-ignorable code points)")
+    return out
 
 
 def _check_utf8(value: str, what: str = "text") -> str:
@@ -173,6 +205,8 @@ class RoutingContext(BaseModel):
     prompt_tokens: Count | None = Field(default=None, ge=0)
     explain: JSONBool = False
 
+    _identities = field_validator("tenant", "team", "session_id", "slo_class")(lambda cls, v: _identity(v))
+
     @field_validator("explain", mode="before")
     @classmethod
     def _null_explain(cls, v: object) -> object:
@@ -271,8 +305,9 @@ MAX_SCOPE_NAME_CHARS = 200
 
 
 def valid_scope_name(name: str) -> bool:
-    """Whether ``name`` may name a budget scope: 1 to ``MAX_SCOPE_NAME_CHARS`` characters, no whitespace."""
-    return 0 < len(name) <= MAX_SCOPE_NAME_CHARS and not any(c.isspace() for c in name)
+    """Whether ``name`` may name a budget scope: 1 to ``MAX_SCOPE_NAME_CHARS`` characters, no whitespace,
+    and ``canonical`` (a key name written NFD or with a zero-width space would be a second identity)."""
+    return 0 < len(name) <= MAX_SCOPE_NAME_CHARS and not any(c.isspace() for c in name) and canonical(name) == name
 
 
 def request_scopes(tenant: str | None, team: str | None, api_key_id: str | None = None) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from pointsman.errors import BudgetError, ConfigError, Problem
 from pointsman.json_types import JSONObject
 from pointsman.located import LocatedDocument, StrictModel, parse_yaml, read_text, validate
 from pointsman.policy.budget.units import NUSD_PER_USD, SCOPE_KINDS, SCOPE_RE
+from pointsman.request import canonical
 
 DEFAULT_RESERVATION_TTL_S = 600.0
 
@@ -30,6 +31,8 @@ class BudgetConfigError(ConfigError, BudgetError):
 
 
 def _check_scope(value: str) -> str:
+    """A budget scope, ``request.canonical`` (so it matches a request's scope however either was spelt)."""
+    value = canonical(value)
     if not SCOPE_RE.fullmatch(value):
         raise ValueError(f"'{value}' is not a scope: write kind:name with kind one of {', '.join(SCOPE_KINDS)}")
     return value

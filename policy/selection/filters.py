@@ -23,22 +23,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import AfterValidator
 
 from pointsman.errors import RequestError
 from pointsman.located import StrictModel
 from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget
 from pointsman.policy.signals.namespaces import RequestSignals
 from pointsman.policy.signals.source import SignalSource
+from pointsman.request import canonical
 
 
 class FiltersSpec(StrictModel):
     """Eligibility filters (``policy/selection/filters.py``), each on unless set false; ``tenants`` maps a
     target to the tenants allowed on it (targets not listed take every tenant; a request
-    without a tenant is not on any list)."""
+    without a tenant is not on any list; names are ``request.canonical``, as a request's tenant is)."""
 
     context_window: bool = True
     capabilities: bool = True
-    tenants: dict[str, list[str]] = {}
+    tenants: dict[str, list[Annotated[str, AfterValidator(canonical)]]] = {}
     health: bool = True
     budget: bool = True
 

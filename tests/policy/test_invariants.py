@@ -3,17 +3,21 @@ before its fix (the failing example is in the commit that fixed it)."""
 
 from __future__ import annotations
 
+import unicodedata
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pointsman.errors import RequestError
 from pointsman.estimator.estimate import FixedDifficulty
+from pointsman.policy.budget.config import BudgetConfig
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import EndpointInfo, Pool, load_fleet
 from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
 from pointsman.policy.selection.pickers import EndpointSelectionSpec, MinCostPicker, PickInput, PoolView
 from pointsman.policy.signals.fleet_state import FleetState
 from pointsman.policy.signals.load_board import EndpointLoad
-from pointsman.request import request_from_prompt
+from pointsman.request import RequestView, parse_route_request, request_from_prompt
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -53,3 +57,40 @@ def test_the_engine_shares_tied_endpoints_evenly(prompts):
         engine.state.settle(d.decision_id, prompt_tokens=d.prompt_tokens, completion_tokens=10)
     assert len(prompts) < 2 or len(counts) == 2, counts
     assert max(counts.values()) - min(counts.values(), default=0) <= 1, counts
+
+
+ZERO_WIDTH = ("\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u00ad")
+NAMES = st.text(st.characters(codec="utf-8", categories=("L", "M", "N")), min_size=1, max_size=20)
+
+
+def _look_alikes(draw, name: str) -> list[str]:
+    zw = draw(st.sampled_from(ZERO_WIDTH))
+    at = draw(st.integers(0, len(name)))
+    return [name, unicodedata.normalize("NFD", name), unicodedata.normalize("NFC", name), name[:at] + zw + name[at:]]
+
+
+@FAST
+@given(data=st.data(), name=NAMES)
+def test_one_identity_per_string(data, name):
+    """Look-alike strings — NFC, NFD, a zero-width character inside — are one tenant, team and session
+    (one budget scope, one ``request.tenant``), or all refused; a budgets file naming the scope in any
+    of those forms limits every one of them. Before: an NFD tenant missed its tenant's $0 budget, and a
+    zero-width variant was a second, unlimited scope."""
+    views, refused = [], 0
+    variants = _look_alikes(data.draw, name)
+    for v in variants:
+        try:
+            req = parse_route_request({"messages": [{"role": "user", "content": "hi"}],
+                                       "routing": {"tenant": v, "team": v, "session_id": v}})
+            views.append(RequestView.of(req))
+        except RequestError:
+            refused += 1
+    assert refused in (0, len(variants)), (variants, refused)
+    if refused:
+        return
+    assert len({view.scopes for view in views}) == 1, [view.scopes for view in views]
+    assert len({(view.routing.tenant, view.routing.session_id) for view in views}) == 1
+    written = data.draw(st.sampled_from(variants))
+    config = BudgetConfig.from_dict({"apiVersion": "pointsman/v1", "kind": "Budgets",
+                                      "budgets": [{"scope": f"tenant:{written}", "window": "day", "limit_usd": 0}]})
+    assert all(config.budgets_for(view.scopes) for view in views), (written, [view.scopes for view in views])
