@@ -193,6 +193,7 @@ class LiveSignals:
                  subset: AbstractSet[str] | None = None, turn: int = 0) -> None:
         self.state = state
         self.turn = turn
+        self._conversation_bytes: int | None = None
         self.subset = None if subset is None else frozenset(subset)
         self._fleet: Fleet = state.fleet
         self.policy = policy
@@ -268,10 +269,18 @@ class LiveSignals:
         if target not in self.cache_sources:
             self.cache_sources[target] = "estimate"
         if self.block_hashes:
-            found = self.state.prefix_index(target, self.gateway_ids).lookup(self.block_hashes,
-                                                                             prompt_tokens=self.prompt_tokens)
+            found = self.state.prefix_index(target, self.gateway_ids).lookup(
+                self.block_hashes, prompt_tokens=self.prompt_tokens, text_bytes=self._text_bytes())
         self._lookups[target] = found
         return found
+
+    def _text_bytes(self) -> int | None:
+        """UTF-8 bytes of the conversation the text block hashes cover (None: gateway ids, or no view)."""
+        if self.gateway_ids or self.view is None:
+            return None
+        if self._conversation_bytes is None:
+            self._conversation_bytes = len(self.view.conversation.encode("utf-8"))
+        return self._conversation_bytes
 
     def pool_view(self, target: str, role: str) -> PoolView:
         """``target``'s pool ``role`` (``api`` for a frontier target) with loads, health and hits."""

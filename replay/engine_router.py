@@ -131,9 +131,11 @@ class SimPrefixIndex(PrefixIndex):
         super().__init__(block_tokens=MOONCAKE_BLOCK_TOKENS)
         self.router, self.target, self.frontier = router, target, frontier
 
-    def lookup(self, block_hashes: Sequence[int], *, prompt_tokens: int | None = None) -> PrefixLookup:
+    def lookup(self, block_hashes: Sequence[int], *, prompt_tokens: int | None = None,
+               text_bytes: int | None = None) -> PrefixLookup:
         """The current request's prefix on this target's replicas (``block_hashes`` are the
-        engine's re-hashed ids of the same blocks and are not needed)."""
+        engine's re-hashed ids of the same blocks and are not needed; the trace's blocks are
+        ``MOONCAKE_BLOCK_TOKENS`` tokens each, so ``text_bytes`` is not needed either)."""
         req, view = self.router.current, self.router.board.view
         hashes = (req.block_hashes or ()) if req is not None else ()
         total = prompt_tokens if prompt_tokens is not None else len(hashes) * MOONCAKE_BLOCK_TOKENS

@@ -136,9 +136,9 @@ class PoolView:
                         ((i, matched.get(e, 0)) for e, i in where.items())
                     for i, m in pairs:
                         if i is not None and m:
-                            local = m * bt if m * bt < total else total
+                            local = int(m * bt) if m * bt < total else total
                             local_hits[i] = local
-                            shared_hits[i] = 0 if runs is None else min(runs[m] * bt, total - local)
+                            shared_hits[i] = 0 if runs is None else min(int(runs[m] * bt), total - local)
                 self._hits = (local_hits, shared_hits)
         return self._hits
 

@@ -171,21 +171,23 @@ class PrefixLookup:
     endpoint in O(1): ``matched`` (endpoint -> leading blocks held; only endpoints holding
     the first block), ``shared_runs`` (``shared_runs[i]``: consecutive blocks from block
     ``i`` on that the shared tier holds; None without one or when empty),
-    ``block_tokens``, ``total_tokens`` (the prompt's tokens, the cap of every hit)."""
+    ``block_tokens`` (this prompt's tokens per block: the index's block size, or for text blocks the
+    prompt's own tokens per block of its bytes, ``PrefixIndex.lookup``), ``total_tokens`` (the prompt's
+    tokens, the cap of every hit). Hits are whole tokens, rounded down."""
 
     matched: dict[str, int]
     shared_runs: list[int] | None
-    block_tokens: int
+    block_tokens: float
     total_tokens: int
 
     def hit(self, endpoint: str) -> tuple[int, int]:
         """``(local_hit_tokens, shared_hit_tokens)`` on ``endpoint``, as ``PrefixIndex.hit_tokens``."""
         m = self.matched.get(endpoint, 0)
-        local = min(m * self.block_tokens, self.total_tokens)
+        local = min(int(m * self.block_tokens), self.total_tokens)
         runs = self.shared_runs
         if runs is None:
             return local, 0
-        return local, min(runs[m] * self.block_tokens, self.total_tokens - local)
+        return local, min(int(runs[m] * self.block_tokens), self.total_tokens - local)
 
     def best(self, endpoints: Iterable[str]) -> tuple[str | None, int]:
         """The endpoint among ``endpoints`` holding the longest prefix and its local hit tokens
@@ -195,7 +197,7 @@ class PrefixLookup:
         for e, m in self.matched.items():
             if m > blocks and e in wanted:
                 best, blocks = e, m
-        return best, min(blocks * self.block_tokens, self.total_tokens)
+        return best, min(int(blocks * self.block_tokens), self.total_tokens)
 
 
 class _Endpoint:
@@ -369,12 +371,18 @@ class PrefixIndex:
             return {e: 0.0 for e in endpoints}
         return {e: min(1.0, matched.get(e, 0) / denominator) for e in endpoints}
 
-    def lookup(self, block_hashes: Sequence[int], *, prompt_tokens: int | None = None) -> PrefixLookup:
+    def lookup(self, block_hashes: Sequence[int], *, prompt_tokens: int | None = None,
+               text_bytes: int | None = None) -> PrefixLookup:
         """Match ``block_hashes`` once (one lock) for reading many endpoints' hits
         (``PrefixLookup.hit``, ``best``); ``prompt_tokens`` caps every hit (default: all
-        hashed blocks)."""
-        bt = self.block_tokens
-        total = len(block_hashes) * bt if prompt_tokens is None else int(prompt_tokens)
+        hashed blocks). ``text_bytes``: the blocks are ``block_hashes_from_text``'s of a text of this
+        many UTF-8 bytes, so a block counts ``prompt_tokens x block bytes / text_bytes`` tokens (the
+        prompt's own density), not ``block_tokens``: hits are the matched share of the prompt's text,
+        and the text after the matched blocks (a follow-up's new turn) is uncached."""
+        bt: float = self.block_tokens
+        if text_bytes and prompt_tokens is not None:
+            bt = prompt_tokens * max(1, int(round(self.block_tokens * CHARS_PER_TOKEN))) / text_bytes
+        total = int(len(block_hashes) * bt) if prompt_tokens is None else int(prompt_tokens)
         with self._lock:
             matched = self._match(block_hashes)
             runs: list[int] | None = None

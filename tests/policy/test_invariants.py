@@ -13,7 +13,7 @@ from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.policy.budget.config import BudgetConfig
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import EndpointInfo, Pool, load_fleet
-from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
+from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, compile_policy, load_policy
 from pointsman.policy.selection.pickers import EndpointSelectionSpec, MinCostPicker, PickInput, PoolView
 from pointsman.policy.signals.fleet_state import FleetState
 from pointsman.policy.signals.load_board import EndpointLoad
@@ -94,3 +94,36 @@ def test_one_identity_per_string(data, name):
     config = BudgetConfig.from_dict({"apiVersion": "pointsman/v1", "kind": "Budgets",
                                       "budgets": [{"scope": f"tenant:{written}", "window": "day", "limit_usd": 0}]})
     assert all(config.budgets_for(view.scopes) for view in views), (written, [view.scopes for view in views])
+
+
+_WORD = st.sampled_from(["the", "cache", "of", "a", "conversation", "information", "international",
+                         "accommodation", "turn", "prefill", "decode", "endpoint", "é", "数据", "42", "x\ny"])
+#: Texts of a few runs of one word each (runs make long texts likely within a few examples).
+WORDS = st.lists(st.tuples(_WORD, st.integers(1, 400)), min_size=1, max_size=5).map(
+    lambda runs: " ".join(" ".join([w] * n) for w, n in runs))
+
+
+@FAST
+@given(first=WORDS, answer=WORDS, follow_up=WORDS)
+def test_the_new_part_of_a_follow_up_is_not_counted_cached(first, answer, follow_up):
+    """Conservation in cache accounting, through the engine (default fleet, onprem-8b): after turn 1 is
+    dispatched, turn 2 (turn 1, the answer, a new question) counts as cached at most the share of its
+    text the fleet has seen — never the new part, never more than its prompt. Before: 128-token blocks
+    of 512 bytes were counted as 128 tokens each, so a text of more than 4 bytes per token (English)
+    was counted 100% cached (708 new tokens of 3,022 in the fault campaign)."""
+    fleet = load_fleet()
+    policy = compile_policy("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
+                            "  - name: all\n    route: {target: onprem-8b, mode: aggregated}\n", fleet)
+    engine = RoutingEngine(fleet, policy, FixedDifficulty(0.1), state=FleetState(fleet))
+    turn1 = [{"role": "user", "content": first}]
+    d1 = engine.route(parse_route_request({"messages": turn1}))
+    turn2 = [*turn1, {"role": "assistant", "content": answer}, {"role": "user", "content": follow_up}]
+    req2 = parse_route_request({"messages": turn2, "routing": {"explain": True}})
+    d2 = engine.route(req2)
+    assert d1.target == d2.target == "onprem-8b"
+    seen = len(RequestView.of(parse_route_request({"messages": turn1})).conversation.encode())
+    total = len(RequestView.of(req2).conversation.encode())
+    for pool in d2.trace["endpoints"]:
+        for c in pool["candidates"]:
+            assert c["local_hit_tokens"] + c["shared_hit_tokens"] <= d2.prompt_tokens
+            assert c["local_hit_tokens"] <= d2.prompt_tokens * seen / total + 1e-9, (c, d1.prompt_tokens, seen, total)
