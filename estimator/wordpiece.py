@@ -126,11 +126,11 @@ class WordPieceIds:
             return self._whole(text)
         chunks = text.split()
         library = self._library
-        new = 0
+        new: set[str] = set()
         for chunk in chunks:
             if not chunk.isascii() and chunk not in library:
-                new += 1
-                if new > MAX_LIBRARY_CHUNKS:
+                new.add(chunk)
+                if len(new) > MAX_LIBRARY_CHUNKS:
                     return self._whole(text)
         ascii_chunks = self._chunks
         return list(chain.from_iterable(ascii_chunks[c] if c.isascii() else library[c] for c in chunks))
