@@ -20,6 +20,7 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from pointsman.estimator.manifest import EncoderSpec
+from pointsman.estimator.wordpiece import word_piece_ids
 
 
 def session_options(intra_op_threads: int = 1) -> ort.SessionOptions:
@@ -59,6 +60,7 @@ class StaticEncoder:
         self.dim = int(spec.dim)
         self.max_tokens = int(spec.max_tokens)
         self._unk = tokenizer.token_to_id("[UNK]")
+        self._word_pieces = word_piece_ids(tokenizer)  # the library's ids, faster (``wordpiece``)
 
     #: ``encode`` accepts ``text``'s token ids from an earlier pass (``features.tokenized_features``).
     takes_token_ids = True
@@ -66,7 +68,10 @@ class StaticEncoder:
     def token_ids(self, text: str, tokens: list[int] | None = None) -> np.ndarray:
         """Token ids the table is indexed with: int64 (k,), k <= ``max_tokens``. ``tokens``:
         ``text``'s ids without special tokens when already known (else ``text`` is tokenized)."""
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids if tokens is None else tokens
+        if tokens is None:
+            tokens = self._word_pieces(text) if self._word_pieces is not None else \
+                self.tokenizer.encode(text, add_special_tokens=False).ids
+        ids = tokens
         if self._unk is not None:
             ids = [i for i in ids if i != self._unk]
         return np.asarray(ids[: self.max_tokens], dtype=np.int64)

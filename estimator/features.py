@@ -43,6 +43,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from pointsman.estimator.token_bounds import class_units, extrapolated_upper, piece_upper, sample_pieces
+from pointsman.estimator.wordpiece import word_piece_ids
 from pointsman.request import RequestView, RouteRequest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -164,10 +165,15 @@ def _count(text: str, tokenizer: Tokenizer | None, offsets: bool = False) -> tup
         return n, max(n, class_units(text)), None
     pieces = sample_pieces(text, COUNT_SAMPLE_CHARS)
     whole = len(pieces) == 1
-    encodings = _encode(tokenizer, pieces, offsets and whole)
+    fast = None if offsets and whole else word_piece_ids(tokenizer)
+    encodings: list[Encoding] | list[None]
+    if fast is not None:  # the same ids as the library's, without its offsets (``wordpiece``)
+        ids_of, encodings = [fast(piece) for piece in pieces], [None] * len(pieces)
+    else:
+        encodings = _encode(tokenizer, pieces, offsets and whole)
+        ids_of = [encoding.ids for encoding in encodings]
     n, bounds = 0, []
-    for piece, encoding in zip(pieces, encodings):
-        ids = encoding.ids
+    for piece, ids, encoding in zip(pieces, ids_of, encodings):
         with_offsets = encoding if offsets and whole else None
         n += len(ids) + long_word_tokens(piece, ids, with_offsets, tokenizer)
         bounds.append(piece_upper(piece, ids, with_offsets, tokenizer))
@@ -331,14 +337,18 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
         # messages' offsets hold); images by IMAGE_TOKENS / IMAGE_TOKENS_UPPER each
         joined = "\n".join(texts) + ("\n" + tools_text if tools_text else "")
         want_ids = want_ids and k is not None and splits_words_locally(tokenizer)
-        # offsets are needed to cut the window out, unless the window is the whole conversation
-        # (or the conversation is only sampled for counting: then the caller tokenizes the window)
+        # the conversation only sampled for counting: the caller tokenizes the window
+        fast = word_piece_ids(tokenizer) if want_ids and len(joined) <= COUNT_SAMPLE_CHARS else None
+        # offsets are needed to cut the window out, unless the window is the whole conversation,
+        # or the window is tokenized alone at the fast tokenizer's cost (``wordpiece``)
         whole = len(query) == len(joined) and len(query) <= QUERY_WINDOW_CHARS
-        n, upper, encoding = _count(joined, tokenizer,
-                                    offsets=want_ids and not whole and len(joined) <= COUNT_SAMPLE_CHARS)
+        n, upper, encoding = _count(joined, tokenizer, offsets=want_ids and fast is None and not whole
+                                    and len(joined) <= COUNT_SAMPLE_CHARS)
+        if fast is not None:
+            query_ids = fast(bounded_window(query, QUERY_WINDOW_CHARS))
         prompt_tokens = n + TOKENS_PER_MESSAGE * len(request.messages) + IMAGE_TOKENS * n_images
         prompt_upper = upper + TOKENS_PER_MESSAGE * len(request.messages) + IMAGE_TOKENS_UPPER * n_images
-        if want_ids and encoding is not None and k is not None:
+        if want_ids and fast is None and encoding is not None and k is not None:
             if whole:
                 query_ids = list(encoding.ids)
             else:

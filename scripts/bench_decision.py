@@ -1,122 +1,319 @@
 #!/usr/bin/env python
-"""In-process decision latency of ``RoutingEngine.route`` on one core.
+"""Server CPU per decision, in process, and where it goes stage by stage; checked against a budget.
 
-Prints p50/p99 of the whole decision and of each step (features, estimator, policy)
-for prompts of about 30, 500 and 8,000 tokens and a 100,000-token multi-turn
-conversation, with the estimator's share of the total. Targets (issue 2): p99 <= 5 ms
-up to 512 tokens, <= 25 ms at 100,000 tokens.
+Builds the real app (``create_app(freeze=True)`` as ``pointsman serve`` does: default fleet and
+policy, the bundled estimator behind its deadline, the decision log writer on a temporary
+folder) and calls it through ASGI (no sockets, no HTTP client: only the server's work counts),
+for three workloads built from real prompts of the shared outcome tables
+(``scripts/load_service.py``'s ``source_prompts``):
 
-Uses the real estimator (``pointsman.estimator.model_source.load_estimator``) when it
-loads, else ``FixedDifficulty`` and says so. Pins the process to one CPU
-(``os.sched_setaffinity``) and onnxruntime/OpenMP to one thread (environment set
-before anything imports onnxruntime).
+- ``20 words``: the first 20 words of a prompt;
+- ``500 tokens``: prompts cut at 500 tokens (the service's tokenizer);
+- ``100k tokens``: a 41-turn conversation of about 100,000 tokens;
 
-    python scripts/bench_decision.py [--model SPEC] [--iterations N] [--json] [--cel]
+and the outcome path: ``route+outcome``, a ``POST /v1/route`` of 500 tokens followed by its
+``POST /v1/outcomes`` (usage, latency), the pair's CPU.
 
-``--cel`` also measures common-expression-language's cost per evaluation with a
-reused context, a dict per call and a context built per decision (the evaluator's
-choice; see ``policy/rules/evaluator.py``).
+Per workload, two passes on the same app:
+
+1. CPU: ``--n`` requests (after warm-up); the process CPU time (every thread: the event loop,
+   the estimator's pool, the decision log writer, the outcome threadpool) per request, and the
+   event loop thread's share;
+2. stages: the same requests again with a timer around each stage of the path (functions of
+   ``service.routes_decisions``, ``policy.engine``, ``estimator``), the median microseconds per
+   request of each stage, ``framework`` (ASGI, FastAPI routing and dependencies: the request's wall
+   time less its stages) and ``other`` (steps of ``RoutingEngine.route`` between the timed ones:
+   request and difficulty signals, prefix block hashes, the Decision). A stage whose function
+   does not exist in this version of the code is left out.
+
+``--budget FILE`` (default ``scripts/decision_budget.json``) compares the CPU per request and
+every stage with the committed budget and exits 1 when one is over it by more than the noise
+allowance (``--tolerance``, default 0.35 = 35%, plus 15 us for a stage): the regression check
+of ``docs/architecture.md``'s stage budget. ``--write-budget`` writes the measured values as the
+new budget instead. The machine's cores may be shared: CPU time is the robust number, stage
+medians less so; run twice before believing a failure.
+
+    python scripts/bench_decision.py [--n 1500] [--json] [--no-check] [--write-budget]
+                                     [--workloads "20 words" "500 tokens"] [--profile] [--cel]
+
+``--profile`` prints a cProfile (self time) of the CPU pass per workload. ``--cel`` also
+measures common-expression-language's cost per evaluation with a reused context, a dict per
+call and a context built per decision (the evaluator's choice; see ``policy/rules/evaluator.py``).
 """
 
 from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import cProfile  # noqa: E402
+import functools  # noqa: E402
+import importlib  # noqa: E402
+import inspect  # noqa: E402
+import io  # noqa: E402
 import json  # noqa: E402
-import random  # noqa: E402
+import pstats  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-WORDS = ("the of and to in is that for it as with was on be by this are from at or an which have not but "
-         "model request cache token latency prefill decode throughput server policy budget cost router GPU "
-         "function return value error string number list python code write explain why how what when where "
-         "data table query index memory thread process network packet protocol design system user answer "
-         "question example compute integral derivative matrix vector proof theorem lemma history science").split()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+BUDGET = Path(__file__).resolve().parent / "decision_budget.json"
+WORKLOADS = ("20 words", "500 tokens", "100k tokens", "route+outcome")
+#: Timed stages: name -> (module, attribute path); a method is "Class.method". Nested stages
+#: (everything under ``route``) are subtracted from their parent in the report.
+STAGES: dict[str, tuple[str, str]] = {
+    "read_body": ("pointsman.service.routes_decisions", "read_body"),
+    "decode_json": ("pointsman.service.routes_decisions", "decode_json"),
+    "parse": ("pointsman.service.routes_decisions", "parse_route_request"),
+    "route": ("pointsman.policy.engine", "RoutingEngine.route"),
+    "view": ("pointsman.request", "RequestView.of"),
+    "features": ("pointsman.policy.engine", "tokenized_features"),
+    "estimator": ("pointsman.policy.engine", "RoutingEngine._estimate"),
+    "policy": ("pointsman.policy.engine", "decide"),
+    "place": ("pointsman.policy.engine", "place"),
+    "dispatch": ("pointsman.policy.signals.fleet_state", "FleetState.dispatch"),
+    "to_dict": ("pointsman.policy.decision", "Decision.to_dict"),
+    "json_response": ("pointsman.service.routes_decisions", "JSONResponse"),
+    "commit": ("pointsman.service.routes_decisions", "commit_decision"),
+    "outcome_parse": ("pointsman.service.routes_reports", "parse_outcome_items"),
+    "outcome_store": ("pointsman.service.routes_reports", "store_outcomes"),
+}
+#: Stages timed inside ``route`` (its ``other`` is what is left).
+IN_ROUTE = ("view", "features", "estimator", "policy", "place", "dispatch")
 
 
-def text_of(n_words: int, rng: random.Random) -> str:
-    """English-like filler text of ``n_words`` words from a fixed vocabulary."""
-    return " ".join(rng.choice(WORDS) for _ in range(n_words))
+# -- workloads -------------------------------------------------------------------------------------
+def workload_bodies(name: str, count: int = 40) -> list[bytes]:
+    """``count`` distinct /v1/route bodies of workload ``name`` (real prompts; a tenant and a session each)."""
+    from load_service import sized_prompts, source_prompts
 
+    texts = source_prompts()
+    if name == "20 words":
+        prompts = [" ".join(t.split()[:20]) for t in texts if len(t.split()) >= 20][:count]
+        messages = [[{"role": "user", "content": p}] for p in prompts]
+    elif name in ("500 tokens", "route+outcome"):
+        messages = [[{"role": "user", "content": p}] for p in sized_prompts(500, count=count)]
+    elif name == "100k tokens":
+        count = min(count, 8)  # 400 KB each
+        messages = []
+        for i in range(count):
+            j, conv = i * 97, [{"role": "system", "content": texts[i]}]
 
-def workloads(rng: random.Random) -> list[tuple[str, dict[str, Any]]]:
-    """(label, chat request body) for the four sizes; word counts are tuned to the token targets
-    as counted by the MiniLM (BERT WordPiece) tokenizer, ~1.1 tokens per word of this vocabulary."""
-    conv: list[dict[str, Any]] = [{"role": "system", "content": text_of(200, rng)}]
-    for _ in range(40):  # 40 turns of ~1,250 tokens each way: ~100k tokens
-        conv.append({"role": "user", "content": text_of(1120, rng)})
-        conv.append({"role": "assistant", "content": text_of(1120, rng)})
-    conv.append({"role": "user", "content": text_of(60, rng) + " What should we do next?"})
-    return [
-        ("~30 tokens", {"messages": [{"role": "user", "content": text_of(22, rng) + "?"}]}),
-        ("~500 tokens", {"messages": [{"role": "user", "content": text_of(455, rng)}]}),
-        ("~8,000 tokens", {"messages": [{"role": "user", "content": text_of(7250, rng)}]}),
-        ("~100k-token conversation", {"messages": conv}),
-    ]
-
-
-def pct(values: list[float], q: float) -> float:
-    """The q-th percentile (0-100), nearest-rank."""
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q / 100 * len(s) + 0.5) - 1))]
-
-
-def load_engine(model: str | None) -> tuple[Any, str]:
-    """(engine on the default fleet and policy, a note naming the estimator used)."""
-    from pointsman.estimator.estimate import FixedDifficulty
-    from pointsman.policy.engine import RoutingEngine
-    from pointsman.policy.fleet import load_fleet
-    from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
-    from pointsman.service.bootstrap import UnavailableEstimator, load_estimator
-
-    fleet = load_fleet()
-    policy = load_policy(DEFAULT_POLICY_PATH, fleet)
-    estimator, error = load_estimator(model)
-    if isinstance(estimator, UnavailableEstimator):
-        note = f"real estimator NOT loaded ({error}); using FixedDifficulty(0.3): estimator time is ~0"
-        estimator = FixedDifficulty(0.3)
+            def turn(chars: int) -> str:
+                nonlocal j
+                out = ""
+                while len(out) < chars:
+                    out += texts[j % len(texts)] + "\n\n"
+                    j += 1
+                return out[:chars]
+            for _ in range(20):  # ~2,400 tokens a turn each way
+                conv += [{"role": "user", "content": turn(10_000)}, {"role": "assistant", "content": turn(10_000)}]
+            conv.append({"role": "user", "content": texts[(i * 31 + 5) % len(texts)]})
+            messages.append(conv)
     else:
-        note = f"real estimator {getattr(estimator, 'version', '?')}"
-    return RoutingEngine(fleet, policy, estimator), note
+        raise SystemExit(f"unknown workload {name!r} (one of {', '.join(WORKLOADS)})")
+    return [json.dumps({"model": "chat", "messages": m, "routing": {"tenant": "bench", "session_id": f"s-{i}"}}).encode()
+            for i, m in enumerate(messages)]
 
 
-def bench_route(engine: Any, body: dict[str, Any], iterations: int) -> dict[str, Any]:
-    """Time ``iterations`` decisions of one request (after 50 warm-up ones); milliseconds per step."""
-    from pointsman.request import parse_route_request
+def outcome_body(decision: dict[str, Any]) -> bytes:
+    """The ``POST /v1/outcomes`` body a gateway sends for an answered ``decision``."""
+    return json.dumps({"decision_id": decision["decision_id"], "status": "ok", "served_target": decision["target"],
+                       "usage": {"prompt_tokens": decision["prompt_tokens"], "completion_tokens": 180},
+                       "ttft_ms": 120.0, "tpot_ms": 18.0, "e2e_latency_ms": 3400.0}).encode()
 
-    request = parse_route_request(body)
-    for _ in range(min(50, iterations)):
-        engine.route(request)
-    total, feats, est, pol, parse = [], [], [], [], []
-    tokens = 0
-    for _ in range(iterations):
+
+# -- ASGI ------------------------------------------------------------------------------------------
+async def asgi_post(app: Any, path: str, body: bytes) -> tuple[int, bytes]:
+    """One ASGI HTTP request to ``app``; returns (status, response body)."""
+    from profile_route import asgi_post as post
+
+    return await post(app, path, body)
+
+
+async def one(app: Any, workload: str, body: bytes) -> None:
+    """One request of ``workload`` (a route, and its outcome for ``route+outcome``)."""
+    status, payload = await asgi_post(app, "/v1/route", body)
+    if status != 200:
+        raise SystemExit(f"/v1/route answered {status}: {payload[:500]!r}")
+    if workload == "route+outcome":
+        status, answer = await asgi_post(app, "/v1/outcomes", outcome_body(json.loads(payload)))
+        if status != 200:
+            raise SystemExit(f"/v1/outcomes answered {status}: {answer[:500]!r}")
+
+
+# -- stage timers ----------------------------------------------------------------------------------
+class StageClock:
+    """Wraps the ``STAGES`` functions with timers while installed; ``totals`` accumulates seconds
+    per stage for the current request (``take()`` returns and resets them)."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}
+        self.present: list[str] = []
+        self._undo: list[Callable[[], None]] = []
+
+    def _wrap(self, name: str, fn: Any) -> Any:
+        totals, clock = self.totals, time.perf_counter
+
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def timed_async(*a: Any, **k: Any) -> Any:
+                t0 = clock()
+                try:
+                    return await fn(*a, **k)
+                finally:
+                    totals[name] = totals.get(name, 0.0) + clock() - t0
+            return timed_async
+
+        @functools.wraps(fn)
+        def timed(*a: Any, **k: Any) -> Any:
+            t0 = clock()
+            try:
+                return fn(*a, **k)
+            finally:
+                totals[name] = totals.get(name, 0.0) + clock() - t0
+        return timed
+
+    def install(self) -> None:
+        for name, (module_name, path) in STAGES.items():
+            try:
+                owner: Any = importlib.import_module(module_name)
+            except ImportError:
+                continue
+            *parents, attr = path.split(".")
+            for p in parents:
+                owner = getattr(owner, p, None)
+            raw = None if owner is None else inspect.getattr_static(owner, attr, None)
+            if raw is None:
+                continue
+            if isinstance(raw, classmethod):
+                wrapped: Any = classmethod(self._wrap(name, raw.__func__))
+            elif isinstance(raw, staticmethod):
+                wrapped = staticmethod(self._wrap(name, raw.__func__))
+            else:
+                wrapped = self._wrap(name, raw)
+            setattr(owner, attr, wrapped)
+            self._undo.append(functools.partial(setattr, owner, attr, raw))
+            self.present.append(name)
+
+    def uninstall(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def take(self) -> dict[str, float]:
+        out = dict(self.totals)
+        self.totals.clear()
+        return out
+
+
+# -- passes ----------------------------------------------------------------------------------------
+async def cpu_pass(app: Any, workload: str, bodies: list[bytes], n: int,
+                   profile: cProfile.Profile | None) -> dict[str, float]:
+    """``n`` requests; process CPU (all threads) and the loop thread's CPU per request, in ms."""
+    walls = []
+    cpu0, loop0 = time.process_time(), time.thread_time()
+    if profile is not None:
+        profile.enable()
+    for i in range(n):
         t0 = time.perf_counter()
-        d = engine.route(request)
-        total.append((time.perf_counter() - t0) * 1e3)
-        feats.append(d.timings_ms["features"])
-        est.append(d.timings_ms["estimator"])
-        pol.append(d.timings_ms["policy"])
-        tokens = d.prompt_tokens
-    for _ in range(max(10, iterations // 10)):
-        t0 = time.perf_counter()
-        parse_route_request(body)
-        parse.append((time.perf_counter() - t0) * 1e3)
-    return {
-        "prompt_tokens": tokens, "target": d.target, "rule": d.rule, "n": iterations,
-        "total_p50_ms": pct(total, 50), "total_p99_ms": pct(total, 99),
-        "features_p50_ms": pct(feats, 50), "features_p99_ms": pct(feats, 99),
-        "estimator_p50_ms": pct(est, 50), "estimator_p99_ms": pct(est, 99),
-        "policy_p50_ms": pct(pol, 50), "policy_p99_ms": pct(pol, 99),
-        "estimator_share": sum(est) / sum(total) if sum(total) else 0.0,
-        "parse_p50_ms": pct(parse, 50),
-    }
+        await one(app, workload, bodies[i % len(bodies)])
+        walls.append(time.perf_counter() - t0)
+    if profile is not None:
+        profile.disable()
+    loop_cpu = time.thread_time() - loop0
+    app.state.runtime.writer.flush(timeout_s=30.0)  # the decision log writer's share of these requests
+    await asyncio.sleep(0.05)
+    cpu = time.process_time() - cpu0
+    return {"cpu_ms": cpu * 1e3 / n, "loop_cpu_ms": loop_cpu * 1e3 / n, "wall_p50_ms": statistics.median(walls) * 1e3}
+
+
+async def stage_pass(app: Any, workload: str, bodies: list[bytes], n: int) -> dict[str, float]:
+    """Median microseconds per request of each stage (see the module), ``framework`` and ``other``."""
+    clock = StageClock()
+    clock.install()
+    rows: list[dict[str, float]] = []
+    try:
+        for i in range(n):
+            clock.take()
+            t0 = time.perf_counter()
+            await one(app, workload, bodies[i % len(bodies)])
+            wall = time.perf_counter() - t0
+            row = clock.take()
+            route = row.get("route", 0.0)
+            row["other"] = max(0.0, route - sum(row.get(s, 0.0) for s in IN_ROUTE))
+            top = [s for s in row if s not in IN_ROUTE and s != "other"]
+            row["framework"] = max(0.0, wall - sum(row[s] for s in top))
+            row.pop("route", None)
+            row["request"] = wall
+            rows.append(row)
+    finally:
+        clock.uninstall()
+    names = sorted({k for r in rows for k in r}, key=lambda s: (s == "request", list(STAGES).index(s)
+                                                                 if s in STAGES else len(STAGES)))
+    return {s: statistics.median(r.get(s, 0.0) for r in rows) * 1e6 for s in names}
+
+
+def bench(workloads: list[str], n: int, profile: bool) -> dict[str, Any]:
+    """Both passes for every workload on one app; the results as a dict."""
+    from pointsman.service.app import create_app
+    from pointsman.service.settings import Settings
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="pointsman-bench-") as tmp:
+        settings = Settings(data_dir=Path(tmp), watch_policy=False, model_poll_interval_s=0)
+        app = create_app(settings, freeze=True)
+
+        async def run() -> None:
+            async with app.router.lifespan_context(app):
+                out["estimator"] = repr(app.state.runtime.live.engine.estimator)
+                for w in workloads:
+                    bodies = workload_bodies(w)
+                    k = n if w != "100k tokens" else max(20, n // 10)
+                    for i in range(min(200, k)):
+                        await one(app, w, bodies[i % len(bodies)])
+                    prof = cProfile.Profile() if profile else None
+                    res: dict[str, Any] = await cpu_pass(app, w, bodies, k, prof)
+                    res["stages_us"] = await stage_pass(app, w, bodies, k)
+                    res["n"] = k
+                    if prof is not None:
+                        buf = io.StringIO()
+                        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(35)
+                        res["profile"] = buf.getvalue()
+                    out[w] = res
+
+        asyncio.run(run())
+    return out
+
+
+# -- budget ----------------------------------------------------------------------------------------
+def check(results: dict[str, Any], budget: dict[str, Any], tolerance: float) -> list[str]:
+    """Over-budget lines: CPU per request over ``budget x (1 + tolerance)``, a stage over
+    ``budget x (1 + tolerance) + 15 us``. Workloads or stages without a budget are not checked."""
+    problems = []
+    for w, b in budget.get("workloads", {}).items():
+        r = results.get(w)
+        if r is None:
+            continue
+        if r["cpu_ms"] > b["cpu_ms"] * (1 + tolerance):
+            problems.append(f"{w}: server CPU {r['cpu_ms']:.3f} ms per request > budget {b['cpu_ms']:.3f} ms "
+                            f"(+{tolerance:.0%})")
+        for s, limit in b.get("stages_us", {}).items():
+            got = r["stages_us"].get(s)
+            if got is not None and s != "request" and got > limit * (1 + tolerance) + 15:
+                problems.append(f"{w}: stage {s} {got:.0f} us > budget {limit:.0f} us (+{tolerance:.0%} + 15 us)")
+    return problems
 
 
 def bench_cel() -> dict[str, float]:
@@ -136,16 +333,11 @@ def bench_cel() -> dict[str, float]:
     progs = [cel.compile(e) for e in exprs]
     ctx = cel.Context(snap)
 
-    def per(fn: Any, n: int = 20000) -> float:
-        return min(timeit.repeat(fn, number=n, repeat=5)) / n * 1e6
+    def per(fn: Any, number: int = 20000) -> float:
+        return min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6
 
-    def new_ctx_full() -> None:
-        c = cel.Context(snap)
-        for p in progs:
-            p.execute(c)
-
-    def new_ctx_pruned() -> None:
-        c = cel.Context(pruned)
+    def new_ctx(s: dict[str, Any]) -> None:
+        c = cel.Context(s)
         for p in progs:
             p.execute(c)
 
@@ -157,51 +349,67 @@ def bench_cel() -> dict[str, float]:
         "one_eval_reused_context_us": per(lambda: progs[1].execute(ctx)),
         "one_eval_dict_per_call_us": per(lambda: progs[1].execute(snap)),
         "decision_4_rules_dict_per_call_us": per(dict_each),
-        "decision_4_rules_context_per_decision_full_snapshot_us": per(new_ctx_full),
-        "decision_4_rules_context_per_decision_pruned_us": per(new_ctx_pruned),
+        "decision_4_rules_context_per_decision_full_snapshot_us": per(lambda: new_ctx(snap)),
+        "decision_4_rules_context_per_decision_pruned_us": per(lambda: new_ctx(pruned)),
     }
 
 
 def main() -> None:
-    """Parse arguments, pin to one CPU, run every workload, print the table (or JSON)."""
+    """Parse arguments, run the workloads, print the table (or JSON), check the budget."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=os.environ.get("POINTSMAN_MODEL"), help="estimator model spec")
-    parser.add_argument("--iterations", type=int, default=1000, help="decisions per workload (100k: a fifth)")
+    parser.add_argument("--n", type=int, default=1500, help="requests per pass (100k tokens: a tenth, at least 20)")
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--budget", type=Path, default=BUDGET, help="the committed budget (JSON)")
+    parser.add_argument("--tolerance", type=float, default=0.35, help="noise allowance over the budget (fraction)")
+    parser.add_argument("--no-check", action="store_true", help="do not compare with the budget")
+    parser.add_argument("--write-budget", action="store_true", help="write the measured values to --budget")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of each CPU pass")
     parser.add_argument("--cel", action="store_true", help="also measure CEL evaluation strategies")
     args = parser.parse_args()
 
-    pinned = "no"
-    if hasattr(os, "sched_setaffinity"):
-        cpu = min(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cpu})
-        pinned = f"cpu {cpu}"
-    engine, note = load_engine(args.model)
-    rng = random.Random(7)
-    results = {}
-    for label, body in workloads(rng):
-        n = args.iterations if "100k" not in label else max(20, args.iterations // 5)
-        results[label] = bench_route(engine, body, n)
-    out: dict[str, Any] = {"estimator": note, "pinned": pinned, "python": sys.version.split()[0], "results": results}
+    results = bench(args.workloads, args.n, args.profile)
+    out: dict[str, Any] = {"python": sys.version.split()[0], "cores": os.cpu_count(), **results}
     if args.cel:
         out["cel"] = bench_cel()
+    if args.write_budget:
+        old = json.loads(args.budget.read_text()) if args.budget.exists() else {}
+        workloads = old.get("workloads", {})
+        for w in args.workloads:
+            r = results[w]
+            workloads[w] = {"cpu_ms": round(r["cpu_ms"], 3),
+                            "stages_us": {s: round(v, 1) for s, v in r["stages_us"].items()}}
+        args.budget.write_text(json.dumps({"about": "scripts/bench_decision.py --write-budget; docs/architecture.md",
+                                           "workloads": workloads}, indent=2) + "\n")
+    problems = [] if args.no_check or args.write_budget or not args.budget.exists() else \
+        check(results, json.loads(args.budget.read_text()), args.tolerance)
+    out["budget_problems"] = problems
     if args.json:
-        print(json.dumps(out, indent=2))
-        return
-    print(f"estimator: {note}; pinned to {pinned}; OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
-    print(f"{'workload':<26}{'tokens':>8}{'p50 ms':>9}{'p99 ms':>9}{'est p50':>9}{'est p99':>9}"
-          f"{'feat p50':>9}{'pol p50':>9}{'est share':>10}{'parse p50':>10}  target/rule")
-    for label, r in results.items():
-        print(f"{label:<26}{r['prompt_tokens']:>8,}{r['total_p50_ms']:>9.3f}{r['total_p99_ms']:>9.3f}"
-              f"{r['estimator_p50_ms']:>9.3f}{r['estimator_p99_ms']:>9.3f}{r['features_p50_ms']:>9.3f}"
-              f"{r['policy_p50_ms']:>9.3f}{r['estimator_share']:>10.0%}{r['parse_p50_ms']:>10.3f}  "
-              f"{r['target']}/{r['rule']}")
-    print("targets: p99 <= 5 ms up to 512 tokens, <= 25 ms at 100k tokens "
-          "(route() only; parse p50 is the RouteRequest validation a service adds)")
-    if args.cel:
-        print("CEL (common-expression-language), microseconds:")
-        for k, v in out["cel"].items():
-            print(f"  {k:<58}{v:8.2f}")
+        print(json.dumps({k: v for k, v in out.items()
+                          if not isinstance(v, dict) or "profile" not in v} if not args.profile else out, indent=2))
+    else:
+        print(f"estimator: {results['estimator']}; {os.cpu_count()} cores; in process (ASGI)")
+        stages = [s for s in [*STAGES, "other", "framework"] if s != "route"
+                  and any(s in results[w]["stages_us"] for w in args.workloads)]
+        print(f"{'':<22}" + "".join(f"{w:>15}" for w in args.workloads))
+        print(f"{'server CPU ms':<22}" + "".join(f"{results[w]['cpu_ms']:>15.3f}" for w in args.workloads))
+        print(f"{'  event loop ms':<22}" + "".join(f"{results[w]['loop_cpu_ms']:>15.3f}" for w in args.workloads))
+        print(f"{'wall p50 ms':<22}" + "".join(f"{results[w]['wall_p50_ms']:>15.3f}" for w in args.workloads))
+        print("stages, median us per request:")
+        for s in stages:
+            print(f"  {s:<20}" + "".join(f"{results[w]['stages_us'].get(s, float('nan')):>15.1f}"
+                                         for w in args.workloads))
+        if args.profile:
+            for w in args.workloads:
+                print(f"--- {w}\n{results[w]['profile']}")
+        if args.cel:
+            print("CEL (common-expression-language), microseconds:")
+            for k, v in out["cel"].items():
+                print(f"  {k:<58}{v:8.2f}")
+        for p in problems:
+            print(f"OVER BUDGET: {p}")
+    if problems:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
