@@ -166,12 +166,12 @@ def _count(text: str, tokenizer: Tokenizer | None, offsets: bool = False) -> tup
     pieces = sample_pieces(text, COUNT_SAMPLE_CHARS)
     whole = len(pieces) == 1
     fast = None if offsets and whole else word_piece_ids(tokenizer)
-    encodings: list[Encoding] | list[None]
+    encodings: list[Encoding | None]
     if fast is not None:  # the same ids as the library's, without its offsets (``wordpiece``)
         ids_of, encodings = [fast(piece) for piece in pieces], [None] * len(pieces)
     else:
-        encodings = _encode(tokenizer, pieces, offsets and whole)
-        ids_of = [encoding.ids for encoding in encodings]
+        encoded = _encode(tokenizer, pieces, offsets and whole)
+        ids_of, encodings = [encoding.ids for encoding in encoded], list(encoded)
     n, bounds = 0, []
     for piece, ids, encoding in zip(pieces, ids_of, encodings):
         with_offsets = encoding if offsets and whole else None
