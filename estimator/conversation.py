@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pointsman.estimator.features import SHORT_TURN_CHARS
 from pointsman.estimator.markers import FEATURE_NAMES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,8 +39,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 CONVERSATION_NAMES: tuple[str, ...] = ("log_context_chars", "short_followup")
 RARITY_NAMES: tuple[str, ...] = ("mean_log_word_rank", "p90_log_word_rank", "rare_word_share", "subword_share")
-#: A last user turn shorter than this, after an earlier user turn, is a short follow-up.
-SHORT_TURN_CHARS = 64
 #: Word rank beyond which a word start counts as rare.
 RARE_RANK = 10_000
 #: The optional blocks, in the order they follow ``FEATURE_NAMES`` in a head's input.

@@ -55,6 +55,10 @@ QUERY_WINDOW_CHARS = 2048
 #: characters of each it reads (head 3/4 + tail 1/4): the conversation's cost is bounded.
 CONTEXT_TURNS = 4
 CONTEXT_WINDOW_CHARS = 512
+#: A last user turn shorter than this (characters), after an earlier user turn, is a short follow-up
+#: ("yes", "go on", "thanks, do it"): its difficulty is the difficulty of the turn it continues
+#: (``RequestFeatures.continues``).
+SHORT_TURN_CHARS = 64
 #: Characters of the conversation tokenized to count tokens (head half + tail half).
 COUNT_SAMPLE_CHARS = 16384
 #: Chat-format overhead per message in tokens (role markers), as in OpenAI's counting guide.
@@ -100,6 +104,10 @@ class RequestFeatures:
     earlier user turns, most recent first, joined by newlines ("" for a single-turn request):
     what a short turn ("yes", "go on", a tool result after it) continues.
     ``context_chars``: full length of those earlier user turns in characters.
+    ``continues``: for a short follow-up (a last user turn under ``SHORT_TURN_CHARS`` characters
+    after an earlier user turn), the features of the conversation as it stood at that earlier
+    turn (messages up to and including it, a supplied token count dropped), which the difficulty
+    estimator reads instead (``difficulty_view``); None otherwise.
     """
 
     prompt_chars: int
@@ -118,6 +126,14 @@ class RequestFeatures:
     prompt_tokens_upper: int = 0
     context_text: str = ""
     context_chars: int = 0
+    continues: RequestFeatures | None = None
+
+
+def difficulty_view(features: RequestFeatures) -> RequestFeatures:
+    """The features the difficulty estimator reads: ``features``, or for a short follow-up the
+    request it continues (``RequestFeatures.continues``), so "yes, go on" after a proof is exactly as
+    hard as the proof."""
+    return features if features.continues is None else features.continues
 
 
 def bounded_window(text: str, limit: int) -> str:
@@ -355,6 +371,7 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
                 start = sum(len(t) for t in texts[:k]) + k  # each earlier text and its newline
                 query_ids = window_token_ids(encoding, joined, start, start + len(query), tokenizer)
     context = _earlier_user_turns(request, texts, k)
+    continues = _continued(view, k, tokenizer) if k is not None and len(query) < SHORT_TURN_CHARS else None
     n_tool_calls = sum(len(m.tool_calls or ()) for m in request.messages)
     return RequestFeatures(
         prompt_chars=prompt_chars,
@@ -373,4 +390,21 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
         max_output_tokens=request.max_output_tokens,
         context_text="\n".join(bounded_window(t, CONTEXT_WINDOW_CHARS) for t in context),
         context_chars=sum(len(t) for t in context),
+        continues=continues,
     ), query_ids
+
+
+def _continued(view: RequestView, k: int, tokenizer: Tokenizer | None) -> RequestFeatures | None:
+    """The features of ``view``'s conversation cut after the turn a short follow-up at message ``k``
+    continues: the latest earlier user turn of at least ``SHORT_TURN_CHARS`` characters, else the
+    first user turn with text (None when there is no earlier user turn). The cut request keeps the
+    system prompt, tools and earlier turns, and drops a supplied token count (it counts the whole).
+    The cut's own last turn is long or the first, so it continues nothing: one extra count at most."""
+    request, texts = view.request, view.texts
+    users = [i for i in range(k) if request.messages[i].role == "user" and texts[i]]
+    if not users:
+        return None
+    j = next((i for i in reversed(users) if len(texts[i]) >= SHORT_TURN_CHARS), users[0])
+    routing = request.routing.model_copy(update={"prompt_tokens": None})
+    cut = request.model_copy(update={"messages": request.messages[: j + 1], "routing": routing})
+    return _extract(RequestView(cut, texts[: j + 1], view.api_key_id), tokenizer, False)[0]

@@ -73,19 +73,19 @@ def test_tool_result_after_a_user_turn_reads_that_turn():
     assert f.query_text == HARD and f.context_text == ""
 
 
-def test_short_turn_inherits_what_it_continues(encoder):
-    inputs = HeadInputs(encoder, ("conversation",))
-    dim = encoder.dim
-    hard = inputs.vector(_features(HARD, tokenizer=encoder.tokenizer))[0, :dim]
-    yes_after_hard = inputs.vector(_features(HARD, "yes, do it", tokenizer=encoder.tokenizer))[0, :dim]
-    yes_after_easy = inputs.vector(_features(EASY, "yes, do it", tokenizer=encoder.tokenizer))[0, :dim]
-    assert _cos(yes_after_hard, hard) > 0.9
-    assert _cos(yes_after_hard, hard) > _cos(yes_after_easy, hard) + 0.2
-    # a model without the block reads the last turn only: "yes" looks the same after either
-    plain = HeadInputs(encoder, ())
-    a = plain.vector(_features(HARD, "yes, do it", tokenizer=encoder.tokenizer))
-    b = plain.vector(_features(EASY, "yes, do it", tokenizer=encoder.tokenizer))
-    np.testing.assert_array_equal(a[0, :dim], b[0, :dim])
+@pytest.mark.parametrize("blocks", [(), ("conversation",), ("rarity", "conversation")])
+def test_short_turn_reads_exactly_what_it_continues(encoder, blocks):
+    """A short follow-up ("yes, do it") is read as the request it continues, whatever the layout:
+    its head input is the continued request's, through a chain of short turns too."""
+    inputs = HeadInputs(encoder, blocks)
+    tok = encoder.tokenizer
+    hard = inputs.vector(_features(HARD, tokenizer=tok))
+    np.testing.assert_array_equal(inputs.vector(_features(HARD, "yes, do it", tokenizer=tok)), hard)
+    np.testing.assert_array_equal(inputs.vector(_features(HARD, "ok", "go on", tokenizer=tok)), hard)
+    easy = inputs.vector(_features(EASY, tokenizer=tok))
+    np.testing.assert_array_equal(inputs.vector(_features(EASY, "yes, do it", tokenizer=tok)), easy)
+    rows = [_features(HARD, "yes, do it", tokenizer=tok), _features(EASY, "thanks", tokenizer=tok)]
+    np.testing.assert_allclose(inputs.matrix(rows), np.vstack([hard, easy]), atol=1e-6)
 
 
 def test_long_turn_keeps_its_own_difficulty(encoder):
