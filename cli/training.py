@@ -168,10 +168,13 @@ def _fmt_share(v: float) -> str:
 
 
 @click.command("evaluate")
-@click.option("--table", required=True, type=click.Path(path_type=Path),
+@click.option("--table", type=click.Path(path_type=Path),
               help="Wide outcome table (gzip or plain CSV): prompt_id, category, prompt, <model columns>.")
-@click.option("--weak", required=True, help="Model column of the cheaper model.")
-@click.option("--strong", required=True, help="Model column of the frontier model.")
+@click.option("--weak", help="Model column of the cheaper model.")
+@click.option("--strong", help="Model column of the frontier model.")
+@click.option("--pairs", "pairs", metavar="FILE|sanity",
+              help="Score a sanity suite instead of a table: JSON Lines of (easy, hard) request pairs; 'sanity' is "
+                   "the shipped suite (training/sanity.py). Prints the concordance with its 95% interval.")
 @click.option("--model", "model_spec", default="champion", show_default=True,
               help="bundled, champion, models:/NAME@ALIAS, models:/NAME/VERSION or a model directory.")
 @click.option("--drafts", type=click.Path(path_type=Path), default=None,
@@ -184,8 +187,8 @@ def _fmt_share(v: float) -> str:
 @click.option("--folds", type=click.IntRange(min=2), default=None,
               help="Cross-validate instead: refit the model's head recipe on its features K times, each time "
                    "scoring the prompts of one fold it did not see (for a model trained on this table).")
-def evaluate_cmd(table: Path, weak: str, strong: str, model_spec: str, drafts: Path | None, draft_folds: int,
-                 as_json: bool, folds: int | None) -> None:
+def evaluate_cmd(table: Path | None, weak: str | None, strong: str | None, pairs: str | None, model_spec: str,
+                 drafts: Path | None, draft_folds: int, as_json: bool, folds: int | None) -> None:
     """Score every prompt of TABLE with the difficulty model and print RouteLLM's router
     metrics (APGR, CPT(50%), CPT(80%)) and ROC-AUC for WEAK vs STRONG, next to the
     random router, the prompt-length router and the oracle on the same rows. With --folds K,
@@ -195,7 +198,20 @@ def evaluate_cmd(table: Path, weak: str, strong: str, model_spec: str, drafts: P
     a model directory with its own verifier head (train --table --drafts) is scored with that head
     instead (JSON verifier: head, else cv-head);
     with --folds and --drafts, the verifier reads each row's out-of-fold p_hard, in the same folds
-    (a head refitted per fold, also for a model with its own head)."""
+    (a head refitted per fold, also for a model with its own head).
+
+    With --pairs FILE (or --pairs sanity, the shipped suite), score every (easy, hard) request pair
+    instead and print the concordance (share of pairs whose hard request gets the higher p_hard, ties
+    half) with its 95% Wilson interval, per category, the approval check and the 10 worst pairs."""
+    if pairs is not None:
+        if table is not None or weak or strong or drafts is not None or folds is not None:
+            raise InputError("--pairs scores a sanity suite; it takes no --table, --weak, --strong, --drafts or --folds")
+        from pointsman.cli.sanity import evaluate_pairs
+
+        evaluate_pairs(pairs, model_spec, as_json)
+        return
+    if table is None or not weak or not strong:
+        raise InputError("evaluate needs --table PATH --weak COL --strong COL, or --pairs FILE|sanity")
     try:
         from pointsman.estimator.model_source import load_estimator
         from pointsman.estimator.verifier import model_verifier
