@@ -5,7 +5,8 @@
   (``training.challenger``), registered in MLflow with alias ``challenger``;
 - ``pointsman compare``: champion and challenger on the same held-out logged traffic;
 - ``pointsman promote``: moves ``champion`` to the challenger only if it passes the gate
-  (better APGR, beyond bootstrap noise, ECE not worse beyond a tolerance); exit code 1 with both numbers when
+  (better APGR, beyond bootstrap noise, ECE not worse beyond a tolerance, sanity-suite concordance not
+  lower beyond a tolerance); exit code 1 with both numbers when
   refused; ``--rollback`` moves ``champion`` back to the previous one;
 - ``pointsman calibrate --frontier-share S | --budget-usd-per-day X``: writes the policy's
   ``p_hard`` threshold from recent logged traffic, through policy validation, atomically.
@@ -192,17 +193,22 @@ def compare_cmd(log_path: Path | None, champion_spec: str, challenger_spec: str,
               help="The challenger's ECE may exceed the champion's by at most this.")
 @click.option("--min-rows", type=int, default=50, show_default=True,
               help="Held-out decisions needed to decide.")
+@click.option("--max-sanity-drop", type=float, default=0.02, show_default=True,
+              help="The challenger's concordance on the shipped sanity suite (obviously easy vs obviously hard "
+                   "requests, `evaluate --pairs sanity`) may fall below the champion's by at most this; 1 turns the "
+                   "check off.")
 @click.option("--since", help="Only decisions at or after this time (Unix seconds or ISO 8601).")
 @click.option("--until", help="Only decisions before this time.")
 @click.option("--dry-run", is_flag=True, help="Compare and log, but move no alias.")
 @click.option("--rollback", is_flag=True, help="Move @champion back to the previous champion instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def promote_cmd(log_path: Path | None, label_rules: Path | None, fleet: Path | None, min_apgr_gain: float,
-                min_apgr_gain_ci_low: float, ece_tolerance: float, min_rows: int, since: str | None,
-                until: str | None, dry_run: bool, rollback: bool, as_json: bool) -> None:
+                min_apgr_gain_ci_low: float, ece_tolerance: float, min_rows: int, max_sanity_drop: float,
+                since: str | None, until: str | None, dry_run: bool, rollback: bool, as_json: bool) -> None:
     """Promote @challenger to @champion if it beats the champion on held-out logged traffic (APGR)
-    without worse calibration (ECE); log the comparison to MLflow. A refused challenger exits with
-    code 1 and the reasons. --rollback moves @champion back to the previous champion."""
+    without worse calibration (ECE) and without ranking the sanity suite's pairs worse; log the
+    comparison to MLflow. A refused challenger exits with code 1 and the reasons. --rollback moves
+    @champion back to the previous champion."""
     _need_training()
     from pointsman.training import promote as P
 
@@ -221,7 +227,7 @@ def promote_cmd(log_path: Path | None, label_rules: Path | None, fleet: Path | N
         return
     try:
         gate = P.Gate(min_apgr_gain=min_apgr_gain, min_apgr_gain_ci_low=min_apgr_gain_ci_low,
-                      ece_tolerance=ece_tolerance, min_rows=min_rows)
+                      ece_tolerance=ece_tolerance, min_rows=min_rows, max_sanity_drop=max_sanity_drop)
         result = P.promote(_open_log(log_path), _rules(label_rules), _fleet(fleet), gate,
                            since_s=parse_time(since, "--since"), until_s=parse_time(until, "--until"),
                            dry_run=dry_run)
@@ -230,7 +236,9 @@ def promote_cmd(log_path: Path | None, label_rules: Path | None, fleet: Path | N
     if as_json:
         _echo_json({"promoted": result.promoted, "reasons": result.reasons, "checks": result.checks,
                     "champion_version": result.champion_version, "previous_version": result.previous_version,
-                    "run_id": result.run_id, **result.comparison.to_dict()})
+                    "run_id": result.run_id, **result.comparison.to_dict(),
+                    "sanity": None if result.sanity is None else {
+                        role: r.summary() for role, r in zip(("champion", "challenger"), result.sanity)}})
     else:
         _print_comparison(result.comparison)
         click.echo("")

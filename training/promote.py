@@ -13,7 +13,13 @@ passes the ``Gate``:
   on ~600 rows that interval is about ±0.08 wide);
 - calibration: ``challenger ECE <= champion ECE + ece_tolerance`` (default 0.02, about the
   bin-noise of ECE on a few hundred rows);
-- enough evidence: at least ``min_rows`` held-out decisions scored by both (default 50).
+- enough evidence: at least ``min_rows`` held-out decisions scored by both (default 50);
+- sanity: the challenger's concordance on the shipped sanity suite (``training.sanity``: pairs of an
+  obviously easy and an obviously hard request, never trained on) must be
+  ``>= champion's - max_sanity_drop`` (default 0.02: about 5 of the shipped suite's 266 pairs). Both models score
+  the same pairs, so the noise of the difference is far below the ±0.06 of either 95% interval; a
+  challenger that learned from its own logged outcomes that easy requests are hard (a broken judge,
+  a skewed label rule) can gain APGR on that traffic and is still refused here.
 
 Every promotion attempt, passed or refused, is logged as a run of the MLflow experiment
 ``pointsman-promotion`` (both models' metrics, the gate, the verdict and its reasons,
@@ -36,6 +42,7 @@ from pointsman.errors import ModelNotFoundError, PointsmanError
 from pointsman.estimator.model_source import load_estimator
 from pointsman.estimator.registry import CHAMPION_ALIAS, REGISTERED_NAME
 from pointsman.training.challenger import CHALLENGER_ALIAS
+from pointsman.training.sanity import SHIPPED, SanityReport, concordance, read_pairs
 
 if TYPE_CHECKING:  # pragma: no cover
     from mlflow import MlflowClient
@@ -65,13 +72,14 @@ class Gate:
     min_apgr_gain_ci_low: float = 0.0
     ece_tolerance: float = 0.02
     min_rows: int = 50
+    max_sanity_drop: float = 0.02
 
 
 @dataclass
 class PromotionResult:
     """``promoted`` or not, the ``reasons`` (refusals) or the passed checks, the ``comparison``,
     the new and previous champion versions (``None``/"bundled" for the bundled model), the
-    MLflow run id of the promotion record."""
+    MLflow run id of the promotion record, the (champion, challenger) sanity reports."""
 
     promoted: bool
     reasons: list[str]
@@ -80,10 +88,13 @@ class PromotionResult:
     previous_version: str | None
     run_id: str | None = None
     checks: list[str] = field(default_factory=list)
+    sanity: tuple[SanityReport, SanityReport] | None = None
 
 
-def evaluate_gate(cmp: Comparison, gate: Gate) -> tuple[list[str], list[str]]:
-    """(refusal reasons, passed checks) of ``cmp`` against ``gate``; promoted iff no reason.
+def evaluate_gate(cmp: Comparison, gate: Gate,
+                  sanity: tuple[SanityReport, SanityReport] | None = None) -> tuple[list[str], list[str]]:
+    """(refusal reasons, passed checks) of ``cmp`` against ``gate`` and of the (champion,
+    challenger) ``sanity`` reports on the same pairs (None: not checked); promoted iff no reason.
     Every message carries both models' numbers."""
     a, b = cmp.champion.metrics, cmp.challenger.metrics
     reasons: list[str] = []
@@ -110,6 +121,17 @@ def evaluate_gate(cmp: Comparison, gate: Gate) -> tuple[list[str], list[str]]:
         reasons.append(ece_msg)
     else:
         checks.append(ece_msg)
+    if sanity is not None:
+        old, new = sanity
+        lo, hi = new.ci95
+        floor = old.concordance - gate.max_sanity_drop
+        sanity_msg = (f"sanity concordance challenger {new.concordance:.4f} (95% CI {lo:.4f}-{hi:.4f}) vs champion "
+                      f"{old.concordance:.4f} on {new.n} easy/hard pairs (allowed down to {floor:.4f} = champion - "
+                      f"{gate.max_sanity_drop:g})")
+        if not new.concordance >= floor:
+            reasons.append(sanity_msg + ": the challenger ranks obviously easy requests above obviously hard ones more often")
+        else:
+            checks.append(sanity_msg)
     return reasons, checks
 
 
@@ -173,8 +195,9 @@ def write_comparison_reports(out_dir: Path, cmp: Comparison, frontier_share: flo
 
 def promote(log: OutcomeLog, rules: LabelRules, fleet: Fleet | None, gate: Gate = Gate(), *,
             since_s: float | None = None, until_s: float | None = None, dry_run: bool = False) -> PromotionResult:
-    """Compare ``@challenger`` with ``@champion`` (bundled if none) on held-out logged traffic, log
-    the comparison to MLflow, and move the aliases when the gate passes (not with ``dry_run``).
+    """Compare ``@challenger`` with ``@champion`` (bundled if none) on held-out logged traffic and on
+    the shipped sanity suite, log the comparison to MLflow, and move the aliases when the gate passes
+    (not with ``dry_run``).
 
     Raises ``PromotionRefused`` when there is no challenger or it already is the champion;
     ``DataError`` when there is no held-out traffic. A refused gate is a result with
@@ -191,7 +214,9 @@ def promote(log: OutcomeLog, rules: LabelRules, fleet: Fleet | None, gate: Gate 
         raise PromotionRefused(f"version {challenger_v} is already @{CHAMPION_ALIAS}")
     champion, challenger = load_version(champion_v, intra_op_threads=2), load_version(challenger_v, intra_op_threads=2)
     cmp = compare_models(log, rules, fleet, champion, challenger, since_s=since_s, until_s=until_s)
-    reasons, checks = evaluate_gate(cmp, gate)
+    pairs = read_pairs(SHIPPED)
+    sanity = concordance(champion, pairs), concordance(challenger, pairs)
+    reasons, checks = evaluate_gate(cmp, gate, sanity)
     promoted = not reasons and not dry_run
     params = {"champion_version": champion_v or BUNDLED, "challenger_version": challenger_v,
               "champion_model": champion.version, "challenger_model": challenger.version,
@@ -199,14 +224,17 @@ def promote(log: OutcomeLog, rules: LabelRules, fleet: Fleet | None, gate: Gate 
     metrics = {**{f"champion/{k}": v for k, v in cmp.champion.metrics.items()},
                **{f"challenger/{k}": v for k, v in cmp.challenger.metrics.items()},
                "apgr_delta": cmp.apgr_delta, "apgr_delta_ci90_low": cmp.apgr_delta_ci90[0],
-               "apgr_delta_ci90_high": cmp.apgr_delta_ci90[1], "n": float(cmp.n)}
+               "apgr_delta_ci90_high": cmp.apgr_delta_ci90[1], "n": float(cmp.n),
+               **{f"{role}/sanity_{k}": v for role, r in zip(("champion", "challenger"), sanity)
+                  for k, v in (("concordance", r.concordance), ("ci95_low", r.ci95[0]), ("ci95_high", r.ci95[1]),
+                               ("approvals_ok", float(r.approvals_ok)))}}
     verdict = "promoted" if promoted else ("passed (dry run)" if not reasons else "refused")
     run_id = _log_record("promotion", params, metrics,
                          {"pointsman.verdict": verdict, "pointsman.reasons": "; ".join(reasons or checks)[:5000]}, cmp)
     if promoted:
         _move_champion(c, challenger_v, champion_v, run_id)
     return PromotionResult(promoted, reasons, cmp, challenger_v if promoted else champion_v,
-                           champion_v if promoted else None, run_id, checks)
+                           champion_v if promoted else None, run_id, checks, sanity)
 
 
 def _move_champion(c: MlflowClient, new: str, old: str | None, run_id: str) -> None:

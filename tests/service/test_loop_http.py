@@ -90,7 +90,8 @@ def test_retraining_loop_over_http(tmp_path, monkeypatch):
         assert res.exit_code == 0, res.output
         res = runner.invoke(cli, ["compare", "--json"])
         assert res.exit_code == 0, res.output
-        res = runner.invoke(cli, ["promote", "--min-rows", "15"])
+        # the synthetic mountaineering world asks nothing of the sanity suite (tests/training/test_loop.py tests that gate)
+        res = runner.invoke(cli, ["promote", "--min-rows", "15", "--max-sanity-drop", "1"])
         assert res.exit_code == 0, res.output
 
         health = wait_for_version(c, lambda e: e["source"] == "models:/pointsman-difficulty/1 (@champion)")
@@ -107,7 +108,7 @@ def test_retraining_loop_over_http(tmp_path, monkeypatch):
         assert send_traffic(c, inverted=True) == {champion}
         res = runner.invoke(cli, ["train", "--from-outcomes", str(bad_log), "--folds", "3", "--json"])
         assert res.exit_code == 0, res.output
-        res = runner.invoke(cli, ["promote", "--min-rows", "15"])  # compared on the service's main log
+        res = runner.invoke(cli, ["promote", "--min-rows", "15", "--max-sanity-drop", "1"])  # on the service's main log
         assert res.exit_code == 1, res.output
         assert "refused: APGR challenger" in res.output and "vs champion" in res.output
         numbers = res.output.split("refused: APGR challenger ")[1].split(" (gain")[0].split(" vs champion ")

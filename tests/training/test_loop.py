@@ -10,6 +10,7 @@ model has never seen that split, so a head trained on the logged head inputs bea
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -32,6 +33,7 @@ from pointsman.request import request_from_prompt
 from pointsman.training.challenger import ChallengerConfig, train_challenger
 from pointsman.training.outcome_labels import LabelRules
 from pointsman.training.promote import Gate, alias_version, promote, rollback
+from pointsman.training.sanity import read_pairs
 from tests.training.conftest import log_traffic as logged
 
 COOKING = ["braise short ribs", "temper dark chocolate", "make a sourdough starter", "poach an egg", "cook risotto",
@@ -46,7 +48,9 @@ GARDENING = ["prune roses", "repot a fern", "grow tomatoes on a balcony", "compo
 TEMPLATES = ["How do I {x}?", "What is the best way to {x} at home?", "Give me step by step advice to {x}.",
              "Explain to a beginner how to {x}.", "What mistakes should I avoid when I {x}?"]
 JUDGE = "pairwise-judge-0-1"
-GATE = Gate(min_rows=15)
+# The synthetic cooking/gardening world asks nothing of the sanity suite (its challenger ranks 0.35 of the
+# pairs against the bundled model's 0.46): the sanity gate has its own test below.
+GATE = Gate(min_rows=15, max_sanity_drop=1.0)
 
 
 def log_traffic(log: OutcomeLog, engine: RoutingEngine, est, *, inverted: bool = False) -> int:
@@ -120,7 +124,7 @@ def test_the_whole_loop_with_the_embedded_store(data, world):
     log_traffic(bad_log, engine.with_estimator(champion), champion, inverted=True)
     bad = train_challenger(bad_log, LabelRules(), fleet, CFG, champion, log_fn=lambda m: None)
     assert alias_version(c, "challenger") == bad.run.model_version == "2"
-    res = CliRunner().invoke(cli(), ["promote", "--min-rows", "15"])
+    res = CliRunner().invoke(cli(), ["promote", "--min-rows", "15", "--max-sanity-drop", "1"])
     assert res.exit_code == 1, res.output
     assert "refused: APGR challenger" in res.output and "vs champion" in res.output
     numbers = [float(x) for x in res.output.split("refused: APGR challenger ")[1].split(" (gain")[0].split(" vs champion ")]
@@ -134,6 +138,42 @@ def test_the_whole_loop_with_the_embedded_store(data, world):
     again = rollback()
     assert again.champion_version == "1" and alias_version(c, "champion") == "1"
     assert load_estimator("champion").version == champion.version
+
+
+@pytest.mark.slow
+def test_promote_refuses_a_challenger_that_ranks_the_sanity_suite_worse(data, world):
+    """A broken judge fails the on-prem model on obviously easy requests and passes it on obviously hard
+    ones (the sanity suite's own single-message pairs, here on purpose: a challenger built to be bad).
+    The challenger learned from that log beats the champion on its held-out traffic, yet ranks the sanity
+    pairs far worse: promote refuses it for that alone, and --max-sanity-drop 1 lets it through."""
+    fleet, bundled, engine = world
+    log = OutcomeLog()
+    pairs = [p for p in read_pairs("sanity") if isinstance(p.easy, str) and isinstance(p.hard, str)]
+    assert logged(log, engine, bundled, [p.easy for p in pairs], [p.hard for p in pairs], ["{x}"], judge=JUDGE) > 300
+    bad = train_challenger(log, LabelRules(), fleet, ChallengerConfig(calibration_folds=3, alpha=10.0, warm_start=False),
+                           bundled, log_fn=lambda m: None)
+    assert bad.run.model_version == "1"
+    from pointsman.estimator.registry import client
+
+    res = CliRunner().invoke(cli(), ["promote", "--min-rows", "15", "--json"])
+    assert res.exit_code == 1, res.output
+    out = json.loads(res.stdout)
+    champion, challenger = out["sanity"]["champion"], out["sanity"]["challenger"]
+    assert champion["model_version"] == bundled.version and challenger["model_version"] == bad.manifest.version
+    assert challenger["concordance"] < champion["concordance"] - 0.02 and champion["n"] == challenger["n"] >= 240
+    assert len(out["reasons"]) == 1 and out["reasons"][0].startswith(
+        f"sanity concordance challenger {challenger['concordance']:.4f}"), out["reasons"]
+    assert f"vs champion {champion['concordance']:.4f}" in out["reasons"][0]
+    assert out["challenger"]["apgr"] > out["champion"]["apgr"]  # it did win on its own traffic
+    c = client()
+    assert alias_version(c, "champion") is None
+    run = c.search_runs([c.get_experiment_by_name("pointsman-promotion").experiment_id])[0]
+    assert run.data.tags["pointsman.verdict"] == "refused"
+    assert run.data.metrics["challenger/sanity_concordance"] == pytest.approx(challenger["concordance"])
+
+    res = CliRunner().invoke(cli(), ["promote", "--min-rows", "15", "--max-sanity-drop", "1"])
+    assert res.exit_code == 0, res.output
+    assert "ok: sanity concordance challenger" in res.output and alias_version(c, "champion") == "1"
 
 
 def _free_port() -> int:

@@ -1,4 +1,5 @@
-"""The promotion gate refuses an APGR gain the paired bootstrap cannot tell from noise.
+"""The promotion gate refuses an APGR gain the paired bootstrap cannot tell from noise, and a
+challenger whose sanity-suite concordance falls more than the tolerance below the champion's.
 
 604 held-out rows (the size of the issue's example) with real APGR and the real paired bootstrap
 (``compare.bootstrap_delta``): a challenger whose gain is positive but inside resampling noise is
@@ -12,6 +13,7 @@ from pointsman.training.compare import Comparison, ModelScore, bootstrap_delta
 from pointsman.training.logged_examples import LoggedExamples
 from pointsman.training.metrics import apgr
 from pointsman.training.promote import Gate, evaluate_gate
+from pointsman.training.sanity import PairScore, SanityReport
 
 N = 604
 
@@ -58,3 +60,25 @@ def test_a_gain_within_noise_is_refused_and_a_clear_one_passes():
     assert clear.apgr_delta_ci90[0] > 0
     reasons, checks = evaluate_gate(clear, Gate())
     assert reasons == [] and any("paired bootstrap interval" in c for c in checks)
+
+
+def sanity_report(concordant: int, n: int = 100) -> SanityReport:
+    """A report in which ``concordant`` of ``n`` pairs are ranked the right way."""
+    pairs = [PairScore(f"p{i}", "code", "en", 0.2, 0.8, 10, 10) if i < concordant else
+             PairScore(f"p{i}", "code", "en", 0.8, 0.2, 10, 10) for i in range(n)]
+    return SanityReport("pairs.jsonl", "m", "m", pairs, [])
+
+
+def test_the_sanity_gate_allows_a_drop_up_to_the_tolerance_and_refuses_more():
+    rng = np.random.default_rng(7)
+    ex = examples(rng)
+    gap = ex.strong_score - ex.weak_score
+    cmp = comparison(ex, 0.3 * gap + rng.random(N), 1.5 * gap + rng.random(N))  # a clear APGR gain
+    champion = sanity_report(90)
+    assert evaluate_gate(cmp, Gate(), (champion, sanity_report(88)))[0] == []  # 0.88 >= 0.90 - 0.02
+    reasons, _ = evaluate_gate(cmp, Gate(), (champion, sanity_report(87)))
+    assert reasons == ["sanity concordance challenger 0.8700 (95% CI 0.7902-0.9224) vs champion 0.9000 on 100 easy/hard "
+                       "pairs (allowed down to 0.8800 = champion - 0.02): the challenger ranks obviously easy requests "
+                       "above obviously hard ones more often"]
+    assert evaluate_gate(cmp, Gate(max_sanity_drop=1.0), (champion, sanity_report(0)))[0] == []  # the override
+    assert evaluate_gate(cmp, Gate())[0] == []  # no sanity reports: not checked
