@@ -48,8 +48,8 @@ GARDENING = ["prune roses", "repot a fern", "grow tomatoes on a balcony", "compo
 TEMPLATES = ["How do I {x}?", "What is the best way to {x} at home?", "Give me step by step advice to {x}.",
              "Explain to a beginner how to {x}.", "What mistakes should I avoid when I {x}?"]
 JUDGE = "pairwise-judge-0-1"
-# The synthetic cooking/gardening world asks nothing of the sanity suite (its challenger ranks 0.35 of the
-# pairs against the bundled model's 0.46): the sanity gate has its own test below.
+# The synthetic cooking/gardening world asks nothing of the sanity suite (its challenger ranks the pairs
+# worse than the bundled model: 0.35 vs 0.46 when this was written): the sanity gate has its own test below.
 GATE = Gate(min_rows=15, max_sanity_drop=1.0)
 
 
