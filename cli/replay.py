@@ -33,6 +33,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from pointsman.policy.rules.compiler import CompiledPolicy
     from pointsman.replay.cascade import DraftBook
     from pointsman.replay.report import ReplayMeta
+    from pointsman.replay.runs import Run
+    from pointsman.replay.sim_fleet import SimFleet
+    from pointsman.replay.summary import SLO
 
 
 def _estimator(spec: str) -> Estimator:
@@ -200,6 +203,8 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
                            f"first {searched[0].requests} requests (mean rate {searched[0].base_rate_rps:.3f} req/s), "
                            f"arrival times scaled; {searched[0].gpus} on-prem GPUs; search "
                            f"{sum(g.wall_s for g in searched):.0f} s")
+    if searched:
+        _goodput_limit(runs, requests, sim, slo, meta)
     judged = [q for q in (logged or ()) if q is not None]
     if logged is not None:
         meta["logged_judge_score"] = (f"mean {sum(judged) / len(judged):.3f} over {len(judged)} of {len(logged)} "
@@ -212,6 +217,24 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
     replay_wall = wall - sum(g.wall_s for g in searched)
     click.echo(f"\n{sum(len(r.result.requests) for r in runs) / replay_wall:.0f} simulated requests/s; "
                f"report: {written['html']} ({', '.join(p.name for p in written.values())})")
+
+
+def _goodput_limit(runs: list[Run], requests: list[TraceRequest], sim: SimFleet, slo: SLO, meta: ReplayMeta) -> None:
+    """Where a run reaches the goal at no rate (goodput 0), say what limits it in ``meta``
+    (``goodput_limit``, ``goodput_floor``: ``replay.goodput.slo_floor`` on the goodput sample)
+    instead of leaving a ratio to zero."""
+    import dataclasses
+
+    from pointsman.replay.goodput import slo_floor
+
+    zero = [r for r in runs if r.goodput is not None and r.goodput.max_goodput_rps <= 0]
+    if not zero or zero[0].goodput is None:
+        return
+    first = zero[0].goodput
+    floor = slo_floor(requests[: first.requests], sim, slo)
+    meta["goodput_limit"] = (f"{', '.join(r.name for r in zero)} reach {first.goal:.0%} SLO attainment at no rate "
+                             f"(down to 1/64 of the trace's): {floor.sentence(first.goal)}")
+    meta["goodput_floor"] = dataclasses.asdict(floor)
 
 
 def _load_policies(paths: tuple[Path, ...], fleet: Fleet) -> tuple[dict[str, CompiledPolicy], dict[str, str]]:

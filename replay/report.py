@@ -69,6 +69,8 @@ class ReplayMeta(TypedDict):
     goodput: NotRequired[str]
     cascade: NotRequired[str]
     skipped: NotRequired[dict[str, str]]
+    goodput_limit: NotRequired[str]
+    goodput_floor: NotRequired[dict[str, object]]
 
 
 class Series(TypedDict):
@@ -300,7 +302,7 @@ def report_text(runs: Sequence[Run], meta: Mapping[str, object]) -> str:
     """The comparison table, the notes of ``meta`` (block ids, goodput, skipped policies) and, when searched,
     each run's goodput points."""
     lines = [format_table({r.name: r.summary for r in runs})]
-    for key in ("prefix_block_ids", "goodput"):
+    for key in ("prefix_block_ids", "goodput", "goodput_limit"):
         if key in meta:
             lines.append(f"\n{key.replace('_', ' ')}: {meta[key]}")
     skipped = meta.get("skipped")

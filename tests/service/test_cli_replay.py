@@ -170,3 +170,29 @@ def test_a_planned_fleet_replays_every_example_policy_that_fits_and_names_the_re
                                     "--out", str(out)])
     assert res.exit_code == 2 and "onprem-700b" in res.output and "skipped" not in res.output
 
+
+def test_a_zero_goodput_says_what_limits_it(tmp_path: Path) -> None:
+    """A 20 ms TTFT objective on the Azure code trace (2k-token prompts): most prompts cannot be
+    prefilled that fast on any replica, so no run has a goodput, and the report says why (from the
+    hardware model) instead of leaving a ratio to zero."""
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["replay", str(shared() / "azure_llm_2023/AzureLLMInferenceTrace_code.csv"),
+                                    "--limit", "40", "--goodput", "--goodput-requests", "40", "--policy",
+                                    str(DEFAULT_POLICY_DIR / "default.yaml"), "--slo-ttft-s", "0.02", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((out / "report.json").read_text())
+    zero = [name for name, run in doc["runs"].items() if run["summary"]["max_goodput_rps"] == 0]
+    assert "default" in zero and "round-robin" in zero
+    floor = doc["meta"]["goodput_floor"]
+    assert floor["requests"] == 40 and floor["prefill_over_ttft"] > 4 and floor["best_attainment"] < 0.9
+    assert floor["over_ttft_by_target"]["onprem-70b"] >= floor["over_ttft_by_target"]["onprem-8b"]
+    line = doc["meta"]["goodput_limit"]
+    assert line.startswith("default, round-robin") and "reach 90% SLO attainment at no rate" in line
+    assert f"at most {floor['best_attainment']:.1%} can meet the SLO at any rate" in line
+    assert "goodput limit: " + line in res.output
+    # with a goodput, no limit line
+    res = CliRunner().invoke(main, ["replay", str(shared() / "azure_llm_2023/AzureLLMInferenceTrace_code.csv"),
+                                    "--limit", "40", "--goodput", "--goodput-requests", "40", "--no-baselines",
+                                    "--policy", str(DEFAULT_POLICY_DIR / "default.yaml"), "--out", str(out)])
+    assert res.exit_code == 0 and "goodput limit" not in res.output
+    assert "goodput_limit" not in json.loads((out / "report.json").read_text())["meta"]
