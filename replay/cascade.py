@@ -18,7 +18,7 @@ feed ``policy.escalation.judge``; an escalation to a frontier tier pays **both c
 **Early verification** (the policy's ``verify.prefix_tokens`` N): the gateway verifies the
 draft's first N tokens while it streams and cancels it on escalate. ``EarlyVerify`` decides at
 routing time, in the simulator's loop (``EngineRouter(cut=...)``): the verdict on the draft's
-first N tokens (``prefix_draft``: its first 4N characters, ``partial``; a draft no longer than
+first N tokens (``estimator.draft.draft_prefix``: its first 4N characters, ``partial``; a draft no longer than
 that is whole), and an escalated draft is simulated with its output cut to N tokens
 (``Assignment.output_tokens``), so it holds its replica for its prefill and N decode steps only.
 ``apply_cascade(..., early=...)`` then turns each cut draft into its escalation: the frontier
@@ -42,7 +42,7 @@ from pointsman.datasets.drafts import read_drafts
 from pointsman.datasets.sources import get_source
 from pointsman.datasets.traces import TraceRequest
 from pointsman.errors import DataError
-from pointsman.estimator.draft import Draft, draft_features
+from pointsman.estimator.draft import Draft, draft_features, draft_prefix
 from pointsman.estimator.verifier import HeuristicVerifier, Verifier
 from pointsman.policy.escalation import draft_signals, judge
 from pointsman.policy.fleet import Fleet
@@ -61,9 +61,6 @@ from pointsman.replay.hardware import FrontierSpec
 from pointsman.replay.outcome_draw import OutcomeRow
 from pointsman.replay.results import ReplayResult, RequestResult
 from pointsman.replay.sim_fleet import SimFleet
-
-#: Characters per token where a draft's length in tokens is not known (as ``draft_features``).
-CHARS_PER_TOKEN = 4
 
 #: Where the shared answers live (``../shared/datasets`` beside the repository).
 DEFAULT_DRAFTS = Path("../shared/datasets/alpacaeval/model_outputs_long.csv.gz")
@@ -91,15 +88,6 @@ def draft_model(row: OutcomeRow, target: str, columns: Mapping[str, Mapping[str,
     """The model whose answer is ``target``'s draft for ``row`` (see the module)."""
     named = columns.get(target, {}).get(row.source)
     return named if named else get_source(row.source).weak[0]
-
-
-def prefix_draft(text: str, prefix_tokens: int | None) -> Draft:
-    """What a gateway verifies of the answer ``text``: with ``prefix_tokens`` N, its first N tokens
-    (the first ``CHARS_PER_TOKEN`` x N characters, ``partial``, no finish reason yet) when it is
-    longer than that; else the whole answer (finish reason ``stop``)."""
-    if prefix_tokens is None or len(text) <= CHARS_PER_TOKEN * prefix_tokens:
-        return Draft(text=text, finish_reason="stop")
-    return Draft(text=text[: CHARS_PER_TOKEN * prefix_tokens], completion_tokens=prefix_tokens, partial=True)
 
 
 class _Judge:
@@ -150,7 +138,7 @@ class EarlyVerify:
         text = None if row is None else self.drafts.text(draft_model(row, target, self.columns), row.prompt_id)
         if text is None:
             return None
-        spec = self.judge.escalation(prefix_draft(text, self.prefix_tokens), target, request.prompt_tokens,
+        spec = self.judge.escalation(draft_prefix(text, self.prefix_tokens), target, request.prompt_tokens,
                                      request.output_tokens, p_hard)
         if spec is None:
             return None
@@ -199,7 +187,7 @@ def apply_cascade(result: ReplayResult, rows: Sequence[OutcomeRow | None], fleet
         assert judged is not None
         text = drafts.text(draft_model(row, r.target, columns), row.prompt_id)
         p_hard = decisions.get(r.index, ("", "", "", None))[3]
-        spec = None if text is None else judged.escalation(prefix_draft(text, None), r.target, r.prompt_tokens,
+        spec = None if text is None else judged.escalation(draft_prefix(text, None), r.target, r.prompt_tokens,
                                                            r.output_tokens, p_hard)
         out.append(r if spec is None else _escalate(r, spec, r.e2e_s, r.output_tokens))
     return dataclasses.replace(result, requests=out)

@@ -57,7 +57,7 @@ def test_accept_settles_the_draft_and_replays(tmp_path):
         assert r.status_code == 200, r.text
         a = r.json()
         assert (a["action"], a["rule"], a["escalation_id"], a["replayed"]) == ("accept", "accept", None, False)
-        assert 0 <= a["p_bad"] < 0.6 and a["verifier"] == "heuristic-v1" and a["draft"]["tokens"] == 120
+        assert 0 <= a["p_bad"] < 0.6 and a["verifier"] == "heuristic-v2" and a["draft"]["tokens"] == 120
         assert a["draft_settlement"]["target"] == "onprem-8b"
         assert engine.state.record(d["decision_id"]) is None  # the draft's on-prem load is released
         again = client.post("/v1/verify", json={**body, "draft": {"text": REFUSAL}}).json()
