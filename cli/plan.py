@@ -25,8 +25,11 @@ from pointsman.cli.errors import InputError
 from pointsman.errors import DataError, FleetError, PolicyError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.datasets.traces import TraceRequest
     from pointsman.plan.evaluate import ShapeResult
     from pointsman.plan.shapes import Shape, ShapeSpace
+    from pointsman.replay.hardware import FrontierSpec
+    from pointsman.replay.outcome_draw import OutcomeRow
 
 
 def _floats(text: str, option: str) -> list[float]:
@@ -71,6 +74,9 @@ def _changes(space: ShapeSpace, base: Shape, rec: Shape) -> str:
 @click.option("--scale", "scale_text", default="1", show_default=True,
               help="Traffic scales, comma-separated (e.g. 1,2): the search runs at the smallest, the front is "
                    "replayed at every one.")
+@click.option("--min-quality-share", type=click.FloatRange(min=0, max=1), default=0.95, show_default=True,
+              help="Quality floor of the recommended shape, as a share of all-frontier's quality on the trace's "
+                   "outcome rows (everything on the frontier target with the highest output price); 0 = none.")
 @click.option("--budget-usd-per-month", type=click.FloatRange(min=0), default=None,
               help="Recommend only shapes costing at most this per month.")
 @click.option("--gpus", "gpus_text", default="", help="GPU types to consider besides the fleet's, comma-separated "
@@ -101,7 +107,8 @@ def _changes(space: ShapeSpace, base: Shape, rec: Shape) -> str:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("plan-out"),
               show_default=True, help="Folder for plan.txt/json/html, the PNGs and the recommended fleet.yaml.")
 def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None, slo_class: str | None,
-                 slo_ttft_s: float | None, slo_tpot_s: float | None, goal: float, scale_text: str,
+                 slo_ttft_s: float | None, slo_tpot_s: float | None, goal: float, min_quality_share: float,
+                 scale_text: str,
                  budget_usd_per_month: float | None, gpus_text: str, max_replicas: int, workers: int,
                  time_budget_s: float, search_requests: int, candidates: int, assume_monotone: bool,
                  limit: int | None, start_s: float | None,
@@ -164,12 +171,21 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
     except OSError as exc:
         raise InputError(f"--out {out_dir}: {exc.strerror or exc}") from None
 
+    frontier = max(sim.frontier, key=lambda f: f.output_usd_per_mtok) if sim.frontier else None
+    reference = _all_frontier(requests, rows, frontier)
+    min_quality = min_quality_share * reference[0] if reference is not None else 0.0
+    quality_floor = ("none (--min-quality-share 0)" if min_quality_share == 0 else
+                     "none: no outcome rows or no frontier target to compare with" if reference is None else
+                     f"{min_quality:.3f} = {min_quality_share:g} x all-frontier's {reference[0]:.3f} ({frontier.name} "
+                     f"on every request; all-frontier at list prices ${reference[1]:.2f}/M output tokens)"
+                     if frontier is not None else "none")
     trace_scaled = requests if scales[0] == 1.0 else scaled(requests, scales[0])
     inputs = PlanInputs(trace_scaled, texts, rows, policy_file, slo, slo_name, space, seed, bin_s)
     budget = budget_usd_per_month if budget_usd_per_month is not None else math.inf
     settings = PlanSettings(goal=goal, budget_usd_per_month=budget, growth=tuple(x / scales[0] for x in scales),
                             workers=workers, time_budget_s=time_budget_s, assume_monotone=assume_monotone,
-                            search_requests=search_requests or len(requests), candidates=candidates)
+                            search_requests=search_requests or len(requests), candidates=candidates,
+                            min_quality=min_quality)
 
     def log(r: ShapeResult, n: int) -> None:
         elapsed = time.monotonic() - t0
@@ -208,8 +224,10 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
               table(outcome.full, marks, {label: {x * scales[0]: r for x, r in by.items()}
                                           for label, by in outcome.growth.items()}), ""]
     reproduce = ""
+    lines.append(f"quality floor: {quality_floor}")
     if rec is None:
         lines.append(f"no shape replayed on the whole trace meets {goal:.0%} SLO attainment"
+                     + (f" and quality {min_quality:.3f}" if min_quality > 0 else "")
                      + (f" within ${budget:,.0f}/month" if math.isfinite(budget) else ""))
     else:
         cmd = ["pointsman", "replay", str(trace), "--fleet", str(out_dir / "fleet.yaml"), "--policy", str(policy_file),
@@ -234,7 +252,9 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
         lines.append(f"recommended: {rec.label}: ${rec.usd_per_month:,.0f}/month (on-prem "
                      f"${rec.onprem_usd_per_month:,.0f}, frontier ${rec.frontier_usd_per_month:,.0f}, KV tier "
                      f"${rec.kv_usd_per_month:,.0f}), {rec.gpus} GPUs, SLO {rec.slo_attainment:.1%}, quality "
-                     f"{rec.quality:.3f}, ${rec.usd_per_mtok:.2f}/M output tokens, on-prem utilization "
+                     f"{rec.quality:.3f}, ${rec.usd_per_mtok:.2f}/M output tokens"
+                     + (f" ({1 - rec.usd_per_mtok / reference[1]:.1%} below all-frontier's ${reference[1]:.2f})"
+                        if reference is not None and reference[1] > 0 else "") + ", on-prem utilization "
                      f"{rec.utilization:.1%} (prefill {rec.prefill_utilization:.1%}, decode {rec.decode_utilization:.1%})")
         verdict = "meets" if base.slo_attainment >= goal else "misses"
         lines.append(f"against the base fleet ({base.label}: ${base.usd_per_month:,.0f}/month, SLO "
@@ -257,6 +277,9 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
     report_text = "\n".join(lines)
     meta = {"trace": str(trace), "requests": len(requests), "fleet": str(base_path), "policy": str(policy_file),
             "slo_class": slo_name, "slo": f"TTFT <= {slo.ttft_s} s, TPOT <= {slo.tpot_s} s", "goal": goal,
+            "min_quality_share": min_quality_share, "min_quality": min_quality, "quality_floor": quality_floor,
+            "all_frontier_quality": reference[0] if reference is not None else None,
+            "all_frontier_usd_per_mtok": reference[1] if reference is not None else None,
             "scales": ", ".join(f"{x:g}" for x in scales), "seed": seed, "estimator": str(estimator.version),
             "gpus": ", ".join(space.gpus), "workers": workers, "time_budget_s": time_budget_s, "wall_s": round(wall, 1),
             "search_window": where, "evaluated": len(found.results), "invalid": len(found.invalid),
@@ -267,6 +290,23 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
                            goal, report_text)
     click.echo(report_text)
     click.echo(f"report: {written['html']} ({', '.join(p.name for p in written.values())}); {wall:.0f} s")
+
+
+def _all_frontier(requests: list[TraceRequest], rows: list[OutcomeRow] | None, frontier: FrontierSpec | None
+                  ) -> tuple[float, float] | None:
+    """(quality, $/M output tokens) of sending every request to ``frontier``: the mean of its score
+    on the outcome rows (``replay.outcome_draw.quality_of``) and its list prices (no prompt cache: an
+    upper bound); None without rows or a frontier target."""
+    from pointsman.replay.outcome_draw import quality_of
+
+    if rows is None or frontier is None or not requests:
+        return None
+    scores = [q for q in (quality_of(r, True, frontier.name) for r in rows) if q is not None]
+    if not scores:
+        return None
+    usd = sum(r.prompt_tokens * frontier.input_usd_per_mtok + r.output_tokens * frontier.output_usd_per_mtok
+              for r in requests) / 1e6
+    return sum(scores) / len(scores), usd / sum(r.output_tokens for r in requests) * 1e6
 
 
 def register(group: click.Group) -> None:

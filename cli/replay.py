@@ -29,7 +29,13 @@ from pointsman.errors import BudgetError, DataError, FleetError, PolicyError, Re
 if TYPE_CHECKING:  # pragma: no cover
     from pointsman.datasets.traces import TraceRequest
     from pointsman.estimator.estimate import Estimator
+    from pointsman.policy.fleet import Fleet
+    from pointsman.policy.rules.compiler import CompiledPolicy
     from pointsman.replay.cascade import DraftBook
+    from pointsman.replay.report import ReplayMeta
+    from pointsman.replay.runs import Run
+    from pointsman.replay.sim_fleet import SimFleet
+    from pointsman.replay.summary import SLO
 
 
 def _estimator(spec: str) -> Estimator:
@@ -115,11 +121,11 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
     and write report.txt, report.json, report.html and PNG plots to --out."""
     from pointsman.policy.budget.config import BudgetConfig
     from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
-    from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, load_policy
+    from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR
     from pointsman.replay.budgets import check_applies
     from pointsman.replay.fleet_map import sim_fleet
     from pointsman.replay.outcome_draw import OutcomeDraw, quality_columns
-    from pointsman.replay.report import ReplayMeta, report_text, write_report
+    from pointsman.replay.report import report_text, write_report
     from pointsman.replay.runs import GoodputSettings, baseline_routers, replay_all
     from pointsman.replay.summary import SLO
     from pointsman.request import request_scopes
@@ -144,7 +150,7 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
         sim = sim_fleet(fleet)
         paths = policy_paths or tuple(p for p in sorted(DEFAULT_POLICY_DIR.glob("*.yaml"))
                                       if not p.name.endswith(".cases.yaml"))
-        policies = {p.stem: load_policy(p, fleet) for p in paths}
+        policies, skipped = _load_policies(paths, fleet)
         requests, texts, logged = _load_trace(trace, limit, start_s, end_s)
         if not requests:
             raise InputError(f"{trace}: no requests in the chosen window")
@@ -163,6 +169,9 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
     except OSError as exc:
         raise InputError(f"--out {out_dir}: {exc.strerror or exc}") from None
     total = len(requests) * (len(policies) + (len(baseline_routers(sim, seed)) if baselines else 0))
+    if total == 0:
+        raise InputError("nothing to replay: " + "; ".join(f"{n}: {why}" for n, why in skipped.items())
+                         + ("" if baselines else " (and --no-baselines)"))
     click.echo(f"replaying {len(requests)} requests of {trace.name} through {len(policies)} policies"
                f"{' + baselines' if baselines else ''} (seed {seed})", err=True)
     t0 = time.perf_counter()
@@ -182,6 +191,8 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
         "slo": f"TTFT <= {slo.ttft_s} s, TPOT <= {slo.tpot_s} s", "window_s": round(runs[0].result.window_s, 1),
         "budgets": f"{budgets_path} (tenant:{tenant})" if budgets_path else "none",
         "wall_s": round(wall, 2), "slo_class": slo_name, "cascade": cascade_note}
+    if skipped:
+        meta["skipped"] = skipped
     if not any(r.block_hashes for r in requests):
         meta["prefix_block_ids"] = ("none in this trace: no prefix cache is shared between requests, so cache-aware "
                                     "equals least-loaded, llm-d's prefix scorer is 0, dynamo-kv and "
@@ -192,6 +203,8 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
                            f"first {searched[0].requests} requests (mean rate {searched[0].base_rate_rps:.3f} req/s), "
                            f"arrival times scaled; {searched[0].gpus} on-prem GPUs; search "
                            f"{sum(g.wall_s for g in searched):.0f} s")
+    if searched:
+        _goodput_limit(runs, requests, sim, slo, meta)
     judged = [q for q in (logged or ()) if q is not None]
     if logged is not None:
         meta["logged_judge_score"] = (f"mean {sum(judged) / len(judged):.3f} over {len(judged)} of {len(logged)} "
@@ -204,6 +217,47 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
     replay_wall = wall - sum(g.wall_s for g in searched)
     click.echo(f"\n{sum(len(r.result.requests) for r in runs) / replay_wall:.0f} simulated requests/s; "
                f"report: {written['html']} ({', '.join(p.name for p in written.values())})")
+
+
+def _goodput_limit(runs: list[Run], requests: list[TraceRequest], sim: SimFleet, slo: SLO, meta: ReplayMeta) -> None:
+    """Where a run reaches the goal at no rate (goodput 0), say what limits it in ``meta``
+    (``goodput_limit``, ``goodput_floor``: ``replay.goodput.slo_floor`` on the goodput sample)
+    instead of leaving a ratio to zero."""
+    import dataclasses
+
+    from pointsman.replay.goodput import slo_floor
+
+    zero = [r for r in runs if r.goodput is not None and r.goodput.max_goodput_rps <= 0]
+    if not zero or zero[0].goodput is None:
+        return
+    first = zero[0].goodput
+    floor = slo_floor(requests[: first.requests], sim, slo)
+    meta["goodput_limit"] = (f"{', '.join(r.name for r in zero)} reach {first.goal:.0%} SLO attainment at no rate "
+                             f"(down to 1/64 of the trace's): {floor.sentence(first.goal)}")
+    meta["goodput_floor"] = dataclasses.asdict(floor)
+
+
+def _load_policies(paths: tuple[Path, ...], fleet: Fleet) -> tuple[dict[str, CompiledPolicy], dict[str, str]]:
+    """``({name: policy}, {name: why skipped})``: each policy compiled for ``fleet``; one that does
+    not fit it (it compiles for the packaged fleet, not for this one: e.g. a P/D mode pinned on a
+    target the fleet runs aggregated only) is skipped with the compiler's first line as the reason.
+    Raises ``PolicyError`` for a policy that compiles for neither (a broken file)."""
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
+    from pointsman.policy.rules.compiler import load_policy
+
+    policies: dict[str, CompiledPolicy] = {}
+    skipped: dict[str, str] = {}
+    packaged: Fleet | None = None
+    for path in paths:
+        try:
+            policies[path.stem] = load_policy(path, fleet)
+        except PolicyError as exc:
+            packaged = packaged or load_fleet(DEFAULT_FLEET_PATH)
+            if Path(packaged.file).resolve() == Path(fleet.file).resolve():
+                raise
+            load_policy(path, packaged)  # raises for a broken policy: that is an input error, not a misfit
+            skipped[path.stem] = f"does not fit {fleet.file}: {str(exc).splitlines()[0]}"
+    return policies, skipped
 
 
 def _drafts(cascade: bool, path: Path | None, drawn: bool) -> tuple[DraftBook | None, str]:

@@ -127,6 +127,21 @@ class DraftFeatures:
                 "caveats": self.caveats, "list_items": self.list_items}
 
 
+#: Characters per token where a draft's length in tokens is not known (``draft_features`` counts so).
+CHARS_PER_TOKEN = 4
+
+
+def draft_prefix(text: str, prefix_tokens: int | None) -> Draft:
+    """What a gateway verifies of the answer ``text`` with early verification: its first
+    ``prefix_tokens`` N tokens (the first ``CHARS_PER_TOKEN`` x N characters, ``partial``, N
+    ``completion_tokens``, no finish reason yet) when it is longer than that; else the whole
+    answer (finish reason ``stop``), as when ``prefix_tokens`` is None. For training and replay
+    on answers stored whole."""
+    if prefix_tokens is None or len(text) <= CHARS_PER_TOKEN * prefix_tokens:
+        return Draft(text=text, finish_reason="stop")
+    return Draft(text=text[: CHARS_PER_TOKEN * prefix_tokens], completion_tokens=prefix_tokens, partial=True)
+
+
 def repetition(text: str) -> float:
     """Share 0-1 of word trigrams in the first ``REPETITION_WORDS`` words of ``text`` that
     repeat an earlier trigram (0 for fewer than 4 words)."""

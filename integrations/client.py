@@ -10,7 +10,8 @@
   is logged (warning; 4xx as an error, since it is a client bug) and counted in ``stats``.
 - ``averify(decision_id, draft, usage=None)`` / ``verify(...)``: ``POST /v1/verify`` (the
   cascade) with the draft the decision's target answered (``{"text", "finish_reason",
-  "logprobs", "partial"}``); returns the answer (``action`` ``accept`` or ``escalate`` with the
+  "logprobs", "partial"}``; with the decision's ``verify_prefix_tokens`` N, its first N tokens while
+  it streams, ``partial: true``); returns the answer (``action`` ``accept`` or ``escalate`` with the
   escalation target) or ``None`` on any failure, which means "keep the draft" (fail open, as
   ``route``; counted as ``verify_failed``). ``verify_timeout_s`` bounds the call.
 - ``report(outcome)``: queue one outcome (a dict shaped like ``OutcomeIn``,
@@ -88,6 +89,7 @@ class RouteDecision(TypedDict):
     fallbacks: list[RoutedFallback]
     prefill_url: NotRequired[str | None]
     forward_headers: NotRequired[dict[str, str]]
+    verify_prefix_tokens: NotRequired[int | None]
 
 
 def forward_target(decision: RouteDecision) -> tuple[str, dict[str, str]]:

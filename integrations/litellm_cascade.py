@@ -8,7 +8,12 @@ and escalate when it says so.
    strategy chooses it (``pick_deployment``) and called with ``litellm.acompletion`` and the
    decision's forwarding headers: this answer is the *draft*;
 2. ``POST /v1/verify`` with the draft's text, finish reason, token log-probabilities (when the
-   call asked for ``logprobs``) and usage;
+   call asked for ``logprobs``) and usage; when the decision carries ``verify_prefix_tokens`` N
+   (the policy's early verification), the draft is streamed and its first N tokens (streamed
+   chunks) are verified while it streams (``partial: true``, ``completion_tokens`` N): on escalate
+   the draft's stream is closed (cancelled: the verify booked its N tokens, and no outcome is
+   reported for it), on accept it runs to its end, which the outcome reports; a draft shorter than
+   N is verified whole;
 3. ``accept`` (or Pointsman unreachable: fail open, the draft stands): the draft is returned and
    its outcome reported; ``escalate``: the deployment serving the escalation target (its
    fallbacks next) is called and its answer returned; the one outcome of the decision is the
@@ -16,8 +21,8 @@ and escalate when it says so.
    escalated call that fails returns the draft, reporting the failure.
 
 Pointsman unreachable at step 1: the call goes through ``router.acompletion`` unchanged (the
-attached routing strategy then fails open as usual). Streaming is not cascaded (the draft must
-be whole, or the gateway verifies its first tokens itself with ``partial: true``).
+attached routing strategy then fails open as usual). The caller's own ``stream`` is not cascaded
+(the answer returned is whole).
 """
 
 from __future__ import annotations
@@ -65,6 +70,35 @@ def draft_of(response: object) -> dict[str, object]:
     return draft
 
 
+async def _early(client: PointsmanClient, decision_id: str, params: dict[str, object], prefix_tokens: int
+                 ) -> tuple[object | None, VerifyAnswer | None]:
+    """Stream the draft and verify its first ``prefix_tokens`` chunks (one token each from vLLM and
+    SGLang) while it streams: ``(None, answer)`` when the answer escalates (the stream is closed), else
+    ``(the whole draft as one response, answer)``; a draft that ends first is verified whole."""
+    stream = await litellm.acompletion(**params, stream=True)
+    chunks: list[object] = []
+    text: list[str] = []
+    answer: VerifyAnswer | None = None
+    asked = False
+    async for chunk in stream:
+        chunks.append(chunk)
+        choices = getattr(chunk, "choices", None) or []
+        delta = getattr(getattr(choices[0], "delta", None), "content", None) if choices else None
+        if delta:
+            text.append(str(delta))
+        if not asked and len(text) >= prefix_tokens and not (choices and getattr(choices[0], "finish_reason", None)):
+            asked = True
+            answer = await client.averify(decision_id, {"text": "".join(text), "partial": True},
+                                          {"completion_tokens": len(text)})
+            if answer is not None and answer["action"] == "escalate":
+                await stream.aclose()
+                return None, answer
+    draft = litellm.stream_chunk_builder(chunks, messages=params.get("messages"))  # type: ignore[arg-type]
+    if not asked:
+        answer = await client.averify(decision_id, draft_of(draft), _usage(draft))
+    return draft, answer
+
+
 def _served(deployment: DeploymentTypedDict, decision: RouteDecision) -> str | None:
     served = target_of(deployment)
     if served is None and _serves_model(deployment, decision["model"]):
@@ -107,14 +141,23 @@ async def acascade(router: LiteLLMRouter, client: PointsmanClient, *, model: str
     given = kwargs.get("extra_headers")
     headers = {**(dict(given) if isinstance(given, Mapping) else {}), **forward_target(decision)[1]}
     started = time.time()
-    draft = await litellm.acompletion(**{**_params(chosen), **call, "messages": messages, "extra_headers": headers})
     decision_id = decision["decision_id"]
-    answer = await client.averify(decision_id, draft_of(draft), _usage(draft))
+    params = {**_params(chosen), **call, "messages": messages, "extra_headers": headers}
+    prefix = decision.get("verify_prefix_tokens")
+    if prefix:
+        draft, answer = await _early(client, decision_id, params, int(prefix))
+    else:
+        draft = await litellm.acompletion(**params)
+        answer = await client.averify(decision_id, draft_of(draft), _usage(draft))
     if answer is None or answer["action"] != "escalate":
         client.report(ok_outcome(decision_id, _served(chosen, decision), draft, started))
         return draft
     escalation = escalation_decision(answer)
     frontier = pick_deployment(deployments, escalation)
+    if frontier is None and draft is None:  # the draft was cancelled: nothing to keep
+        log.warning("no LiteLLM deployment serves escalation target %r; the draft was cancelled",
+                    escalation["target"])
+        return await router.acompletion(model=model, messages=messages, **kwargs)  # type: ignore[attr-defined]
     if frontier is None:
         log.warning("no LiteLLM deployment serves escalation target %r; keeping the draft", escalation["target"])
         client.report(ok_outcome(decision_id, _served(chosen, decision), draft, started))
@@ -124,10 +167,12 @@ async def acascade(router: LiteLLMRouter, client: PointsmanClient, *, model: str
         final = await litellm.acompletion(**{**_params(frontier), **call, "messages": messages,
                                              "extra_headers": {**headers, **forward_target(escalation)[1]}})
     except Exception as exc:  # noqa: BLE001 - the draft is still an answer
-        log.warning("escalated call to %s failed (%s); keeping the draft", served, exc)
         failed: OutcomeReport = {"decision_id": decision_id, "status": "error", "served_target": served,
                                  "error": f"{type(exc).__name__}: {exc}"[:1000], "time_s": time.time()}
         client.report(failed)
+        if draft is None:  # cancelled at its prefix: no answer to keep, the failure is the caller's
+            raise
+        log.warning("escalated call to %s failed (%s); keeping the draft", served, exc)
         return draft
     client.report(ok_outcome(decision_id, served, final, started))
     return final

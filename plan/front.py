@@ -3,10 +3,11 @@
 A shape **dominates** another when it costs no more per month, attains no less of the SLO and
 scores no lower quality, and is strictly better in one of the three (quality NaN counts as 0:
 without outcome rows every shape ties on it). The **front** is the shapes no other dominates.
-The **recommendation** is the cheapest shape whose SLO attainment reaches ``goal`` (and whose
-cost is within ``budget_usd_per_month``), ties broken by higher attainment, then quality: such a
-shape is on the front (whatever dominated it would be a cheaper, or equally cheap and better,
-shape meeting the goal). When none meets the goal, nothing is recommended.
+The **recommendation** is the cheapest shape whose SLO attainment reaches ``goal``, whose quality
+reaches ``min_quality`` (the quality floor, ``pointsman plan --min-quality-share``; NaN quality
+counts as 0) and whose cost is within ``budget_usd_per_month``, ties broken by higher attainment,
+then quality: such a shape is on the front (whatever dominated it would be a cheaper, or equally
+cheap and better, shape meeting both). When none meets them, nothing is recommended.
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ def pareto_front(results: Sequence[ShapeResult]) -> list[ShapeResult]:
 
 
 def recommend(results: Sequence[ShapeResult], goal: float,
-              budget_usd_per_month: float = math.inf) -> ShapeResult | None:
-    """The recommended shape (module docstring), or None when no valid shape meets ``goal``
-    within the budget."""
-    ok = [r for r in results if r.ok and r.slo_attainment >= goal and r.usd_per_month <= budget_usd_per_month]
+              budget_usd_per_month: float = math.inf, min_quality: float = 0.0) -> ShapeResult | None:
+    """The recommended shape (module docstring), or None when no valid shape meets ``goal`` and
+    ``min_quality`` within the budget."""
+    ok = [r for r in results if r.ok and r.slo_attainment >= goal and r.usd_per_month <= budget_usd_per_month
+          and _q(r) >= min_quality]
     if not ok:
         return None
     return min(ok, key=lambda r: (r.usd_per_month, -r.slo_attainment, -_q(r)))

@@ -30,7 +30,8 @@ class PlanSettings:
     ``time_budget_s``, ``assume_monotone`` (``plan.search``), ``search_requests`` (the search
     runs on the busiest window of this many requests; the whole trace when shorter) and
     ``candidates`` (search results replayed on the whole trace, cheapest first, ``workers`` at a
-    time with the base fleet in the first round, until one meets the goal)."""
+    time with the base fleet in the first round, until one meets the goal); ``min_quality``: the
+    quality floor a recommended shape must reach too (``front.recommend``; 0 = none)."""
 
     goal: float = 0.9
     budget_usd_per_month: float = math.inf
@@ -40,6 +41,7 @@ class PlanSettings:
     assume_monotone: bool = True
     search_requests: int = 1000
     candidates: int = 3
+    min_quality: float = 0.0
 
 
 @dataclass
@@ -94,17 +96,18 @@ def plan(space: ShapeSpace, inputs: PlanInputs, make_estimator: Callable[[], Est
     hard = t0 + settings.time_budget_s
     with Workers({"search": window, "full": inputs}, make_estimator, settings.workers) as pool:
         found = search(space, window, pool, goal=settings.goal, budget_usd_per_month=settings.budget_usd_per_month,
-                       deadline=search_deadline, assume_monotone=settings.assume_monotone, log=logged)
+                       deadline=search_deadline, assume_monotone=settings.assume_monotone, log=logged,
+                       min_quality=settings.min_quality)
         results = list(found.results.values())
         if windowed:
             picked = [r.shape for r in validation_candidates(results, settings.goal, settings.candidates,
-                                                             settings.budget_usd_per_month)]
+                                                             settings.budget_usd_per_month, settings.min_quality)]
             queue: list[Shape] = [space.base, *[p for p in picked if p != space.base]]
             full = []
             while queue and time.monotonic() < hard:  # a round at a time, until one meets the goal
                 chunk, queue = queue[:settings.workers], queue[settings.workers:]
                 full += run_jobs([("full", s, 1.0) for s in chunk], pool, logged, hard)
-                if recommend(full, settings.goal, settings.budget_usd_per_month) is not None:
+                if recommend(full, settings.goal, settings.budget_usd_per_month, settings.min_quality) is not None:
                     break
         else:
             full = results
@@ -114,7 +117,7 @@ def plan(space: ShapeSpace, inputs: PlanInputs, make_estimator: Callable[[], Est
             base = next(iter(pool.map([("full", space.base, 1.0)])))
             full.append(base)
         full.sort(key=lambda r: r.shape != space.base)
-        rec = recommend(full, settings.goal, settings.budget_usd_per_month)
+        rec = recommend(full, settings.goal, settings.budget_usd_per_month, settings.min_quality)
         grown: list[Shape] = [space.base] + ([rec.shape] if rec is not None and rec.shape != space.base else [])
         growth: dict[str, dict[float, ShapeResult]] = {}
         for r in full:

@@ -93,9 +93,10 @@ def _priority(space: ShapeSpace, current: ShapeResult, shape: Shape, ascending: 
 def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: float,
            budget_usd_per_month: float = math.inf, deadline: float | Callable[[], float] = math.inf,
            assume_monotone: bool = True, log: Callable[[ShapeResult, int], None] | None = None,
-           batch_size: int = 4) -> SearchResult:
+           batch_size: int = 4, min_quality: float = 0.0) -> SearchResult:
     """The search of the module docstring on ``workers``' ``search`` inputs (``inputs``, for the
-    compile check); ``deadline`` on ``time.monotonic()`` (or a callable giving it, re-read after
+    compile check); ``min_quality``: the quality floor a recommendation meets too (``front.recommend``;
+    the ascent still follows SLO attainment); ``deadline`` on ``time.monotonic()`` (or a callable giving it, re-read after
     each replay); ``log(result, n)`` hears each evaluated shape (n: shapes evaluated so far);
     ``batch_size``: neighbours replayed per expansion (the best first, ``_priority``; a shape is
     expanded again until none is left)."""
@@ -135,7 +136,7 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
         if space.floor_usd_per_month(shape) > ceiling:
             out.pruned_cost += 1
             return False
-        best = recommend(list(out.results.values()), goal, budget_usd_per_month)
+        best = recommend(list(out.results.values()), goal, budget_usd_per_month, min_quality)
         if best is not None and space.floor_usd_per_month(shape) >= best.usd_per_month:
             out.pruned_cost += 1
             return False
@@ -158,7 +159,7 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
         if late():
             out.stopped = "time budget"
             break
-        best = recommend(list(out.results.values()), goal, budget_usd_per_month)
+        best = recommend(list(out.results.values()), goal, budget_usd_per_month, min_quality)
         todo = [r for r in out.results.values() if r.shape not in expanded]
         if best is None:
             todo.sort(key=lambda r: (-r.slo_attainment, r.usd_per_month))
@@ -195,11 +196,13 @@ def busiest_window(trace: Sequence[TraceRequest], n: int) -> tuple[int, int]:
 
 
 def validation_candidates(results: Sequence[ShapeResult], goal: float, k: int,
-                          budget_usd_per_month: float = math.inf) -> list[ShapeResult]:
+                          budget_usd_per_month: float = math.inf, min_quality: float = 0.0) -> list[ShapeResult]:
     """The ``k`` cheapest search results that meet ``goal`` within the budget, or miss it by at
-    most a third of ``NEAR_MISS`` (the whole trace may be easier than its peak window)."""
+    most a third of ``NEAR_MISS`` (the whole trace may be easier than its peak window), and whose
+    quality is within ``NEAR_MISS`` / 3 of ``min_quality`` (NaN quality passes only a floor of 0)."""
     near = [r for r in results if r.ok and r.slo_attainment >= goal - NEAR_MISS / 3
-            and r.usd_per_month <= budget_usd_per_month]
+            and r.usd_per_month <= budget_usd_per_month
+            and (min_quality <= 0 or (not math.isnan(r.quality) and r.quality >= min_quality - NEAR_MISS / 3))]
     return sorted(near, key=lambda r: (r.usd_per_month, -r.slo_attainment))[:k]
 
 

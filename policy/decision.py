@@ -115,7 +115,9 @@ class Decision:
     in milliseconds. ``trace``: every rule evaluated with its result or error, the
     signals read with their values and ages, every candidate with its cost and eligibility,
     the P/D mode with its reason, the endpoint candidates with their scores and the budget
-    reservation. It is built by ``trace_builder`` on first access (the engine builds it at
+    reservation. ``verify_prefix_tokens``: the policy's ``verify.prefix_tokens`` (verify the draft's
+    first N tokens while it streams, ``POST /v1/verify``), None when it verifies whole drafts or has no
+    verify section. It is built by ``trace_builder`` on first access (the engine builds it at
     once when the request asks to explain; otherwise a decision nobody inspects costs none).
     """
 
@@ -136,6 +138,7 @@ class Decision:
     estimator_version: str
     timings_ms: dict[str, float]
     labels: dict[str, str] = field(default_factory=dict)
+    verify_prefix_tokens: int | None = None
     trace_builder: Callable[[], Trace] | None = field(default=None, repr=False, compare=False)
     #: The ``RequestFeatures``, the ``RequestView`` and the estimator's head input
     #: (``DifficultyEstimate.features``, float32 (d,) or None) the decision used, for the
@@ -192,6 +195,7 @@ class Decision:
             "fleet_revision": self.fleet_revision,
             "estimator_version": self.estimator_version,
             "timings_ms": dict(self.timings_ms),
+            "verify_prefix_tokens": self.verify_prefix_tokens,
         }
         if explain:
             d["trace"] = self.trace

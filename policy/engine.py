@@ -345,6 +345,7 @@ class RoutingEngine:
             estimated_cost_usd=placement.cost.usd,
             rule=verdict.rule.name,
             labels=verdict.rule.labels,
+            verify_prefix_tokens=self.policy.verify.prefix_tokens if self.policy.verify is not None else None,
             p_hard=base["difficulty"]["p_hard"],
             difficulty_available=base["difficulty"]["available"],
             prompt_tokens=features.prompt_tokens,

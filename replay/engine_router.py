@@ -38,7 +38,7 @@ Unix time ``EPOCH_S + t`` (reserve, settle, release, snapshot and hold expiry al
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeAlias
 
 from pointsman.datasets.traces import TraceRequest
@@ -64,6 +64,9 @@ EPOCH_S = 1_767_225_600.0
 UTILIZATION_WINDOW_S = 30.0
 #: One trace request's conversation: OpenAI chat messages (``role``, ``content``).
 TraceMessages: TypeAlias = Sequence[Mapping[str, str]]
+#: ``cut(index, request, target, p_hard)``: the output tokens after which an on-prem draft stops
+#: (an early verification escalated it and the gateway cancels it), or None (it runs to its end).
+DraftCut: TypeAlias = Callable[[int, TraceRequest, str, "float | None"], "int | None"]
 
 
 class SimBoard(LoadBoard):
@@ -188,14 +191,16 @@ class EngineRouter:
     the real one); ``texts``: per trace index, the request's messages (or None);
     ``ledger``: a budget ledger (None: no budgets), and ``tenant`` the budget scope
     ``tenant:<tenant>`` every request carries (see the module docstring); ``slo_class``: the
-    ``routing.slo_class`` every request carries (None: none). After a run,
+    ``routing.slo_class`` every request carries (None: none); ``cut``: where an on-prem draft
+    stops (``DraftCut``, ``replay.cascade.EarlyVerify``; None: every answer runs in full). After a run,
     ``decisions[i]`` is ``(rule, target, mode, p_hard)`` for trace request ``i``."""
 
     def __init__(self, fleet: Fleet, policy: CompiledPolicy, estimator: Estimator, *,
                  texts: Sequence[TraceMessages | None] | None = None,
                  ledger: BudgetLedger | None = None, tenant: str | None = None,
-                 slo_class: str | None = None) -> None:
+                 slo_class: str | None = None, cut: DraftCut | None = None) -> None:
         self.fleet = fleet
+        self.cut = cut
         self.map = EndpointMap.of(fleet)
         self.frontier = frozenset(n for n, t in fleet.targets.items() if t.kind == "frontier")
         self.board = SimBoard(self.map)
@@ -243,13 +248,14 @@ class EngineRouter:
                           for f in d.fallbacks)
         if d.target in self.frontier:
             return Assignment(d.target, fallbacks=fallbacks)
+        stop = self.cut(index, req, d.target, d.p_hard) if self.cut is not None else None
         where = {e.role: self.map.by_id[e.url] for e in reversed(d.endpoints) if e.url in self.map.by_id}
         if d.mode == DISAGGREGATED:
             return Assignment(d.target, DISAGGREGATED, where[ROLE_PREFILL][2], where[ROLE_DECODE][2],
-                              fallbacks=fallbacks)
+                              fallbacks=fallbacks, output_tokens=stop)
         first = self.map.by_id[d.endpoints[0].url]
         pool = ROLE_DECODE if first[1] == ROLE_DECODE else None
-        return Assignment(d.target, AGGREGATED, first[2], replica_pool=pool, fallbacks=fallbacks)
+        return Assignment(d.target, AGGREGATED, first[2], replica_pool=pool, fallbacks=fallbacks, output_tokens=stop)
 
     def disable_frontier(self) -> None:
         """Mark every frontier endpoint unhealthy: the engine then routes on-prem only (the
@@ -273,5 +279,5 @@ class EngineRouter:
                           target=result.target, mode=result.mode, now=now)
 
 
-__all__ = ["EPOCH_S", "EngineRouter", "SimBoard", "SimFleetState", "SimPrefixIndex", "TraceMessages",
+__all__ = ["EPOCH_S", "DraftCut", "EngineRouter", "SimBoard", "SimFleetState", "SimPrefixIndex", "TraceMessages",
            "UTILIZATION_WINDOW_S"]

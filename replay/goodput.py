@@ -22,6 +22,10 @@ rejected or misses either objective (a one-token answer has no TPOT and passes t
 unhealthy and baselines that never leave on-prem, on a fleet without a spill target;
 ``frontier_guard`` rejects any assignment that still names a frontier tier.
 ``MemoEstimator`` keeps each prompt's difficulty across the points (the same text at every rate).
+
+``slo_floor(trace, sim, slo)`` says why a goodput is 0 at any rate: the requests that miss the SLO
+on an idle fleet by the hardware model alone (too long for every context window, a cold prefill
+longer than the TTFT objective on every target, a one-sequence decode step over the TPOT one).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import TYPE_CHECKING
 from pointsman.datasets.traces import TraceRequest
 from pointsman.estimator.estimate import DifficultyEstimate, Estimator, TokenIdsEstimator
 from pointsman.estimator.features import RequestFeatures
+from pointsman.replay.hardware import ReplicaSpec
 from pointsman.replay.results import RequestResult
 from pointsman.replay.router import Assignment, FleetView, Router
 from pointsman.replay.sim_fleet import SimFleet
@@ -178,6 +183,88 @@ def search(trace: Sequence[TraceRequest], make_router: RouterFactory, sim: SimFl
                          time.perf_counter() - t0, goal)
 
 
+@dataclass(frozen=True)
+class SloFloor:
+    """What no rate can fix: of ``requests`` requests, those that miss the SLO on an idle on-prem
+    fleet by the hardware model alone (``slo_floor``). ``too_long``: longer than every on-prem
+    target's context window; ``prefill_over_ttft``: the rest whose cold prefill alone (no prefix
+    cache hit, chunked at the replica's token budget, no other request) exceeds the TTFT objective
+    on every target; ``decode_over_tpot``: the rest whose one-sequence decode step exceeds the TPOT
+    objective on every target. ``best_attainment``: the share left, the most that can meet the SLO
+    at any rate. ``over_ttft_by_target``: per on-prem target, the share of requests it cannot
+    serve within the TTFT objective even idle (too long, or its prefill alone over it): what a
+    router that sends requests there regardless of length pays."""
+
+    requests: int
+    too_long: int
+    prefill_over_ttft: int
+    decode_over_tpot: int
+    best_attainment: float
+    over_ttft_by_target: dict[str, float]
+    ttft_s: float
+    tpot_s: float
+
+    def sentence(self, goal: float = ATTAINMENT_GOAL) -> str:
+        """The floor as one line of the report."""
+        n = max(self.requests, 1)
+        by = ", ".join(f"{name} {share:.1%}" for name, share in self.over_ttft_by_target.items())
+        parts = [f"of the first {self.requests} prompts, the share whose prefill alone on an idle replica exceeds "
+                 f"the TTFT objective ({self.ttft_s:g} s; hardware model, no prefix cache hit): {by}; on every "
+                 f"target {self.prefill_over_ttft} ({self.prefill_over_ttft / n:.1%})"]
+        if self.too_long:
+            parts.append(f"{self.too_long} ({self.too_long / n:.1%}) exceed every on-prem context window")
+        if self.decode_over_tpot:
+            parts.append(f"{self.decode_over_tpot} ({self.decode_over_tpot / n:.1%}) decode one token slower than the "
+                         f"TPOT objective ({self.tpot_s:g} s) alone")
+        verdict = (f"so at most {self.best_attainment:.1%} can meet the SLO at any rate, below the {goal:.0%} goal"
+                   if self.best_attainment < goal else
+                   f"so {self.best_attainment:.1%} could meet it with each prompt on a target fast enough for it: a run "
+                   f"at 0 is limited by where it sends long prompts (a target over {1 - goal:.0%} above) or by "
+                   "queueing behind them")
+        return "; ".join(parts) + "; " + verdict
+
+
+def idle_prefill_s(replica: ReplicaSpec, prompt_tokens: int) -> float:
+    """Seconds to prefill ``prompt_tokens`` cold on an idle ``replica``: chunks of its
+    ``max_num_batched_tokens``, each a step of its own after the chunks before it."""
+    done, total = 0, 0.0
+    while done < prompt_tokens:
+        chunk = min(replica.max_num_batched_tokens, prompt_tokens - done)
+        total += replica.prefill_s(chunk, done)
+        done += chunk
+    return total
+
+
+def slo_floor(trace: Sequence[TraceRequest], sim: SimFleet, slo: SLO) -> SloFloor:
+    """The requests of ``trace`` that miss ``slo`` on ``sim``'s on-prem fleet whatever the rate
+    (``SloFloor``). Raises ``ValueError`` for a fleet without on-prem targets or an empty trace."""
+    if not sim.on_prem or not trace:
+        raise ValueError("slo_floor needs on-prem targets and requests")
+    # a target's fastest replica spec for the first token (its P/D prefill pool may have its own)
+    specs = {t.name: [s for s in (t.replica, t.prefill_replica) if s is not None] for t in sim.on_prem}
+    too_long = prefill = decode = 0
+    over = dict.fromkeys(specs, 0)
+    for r in trace:
+        ttft: dict[str, float] = {}
+        tpot: dict[str, float] = {}
+        for name, options in specs.items():
+            fits = [s for s in options if r.prompt_tokens + 1 <= s.max_model_len]
+            if fits:
+                ttft[name] = min(idle_prefill_s(s, r.prompt_tokens) for s in fits)
+                tpot[name] = min(s.decode_step_s(1, r.prompt_tokens + 1) for s in fits)
+            if ttft.get(name, math.inf) > slo.ttft_s:
+                over[name] += 1
+        if not ttft:
+            too_long += 1
+        elif min(ttft.values()) > slo.ttft_s:
+            prefill += 1
+        elif min(tpot[name] for name in ttft if ttft[name] <= slo.ttft_s) > slo.tpot_s:
+            decode += 1
+    n = len(trace)
+    return SloFloor(n, too_long, prefill, decode, (n - too_long - prefill - decode) / n,
+                    {name: c / n for name, c in over.items()}, slo.ttft_s, slo.tpot_s)
+
+
 def frontier_guard(router: Router, sim: SimFleet) -> Router:
     """``router`` with frontier targets disabled: an assignment naming one (or falling back to
     one) is rejected (``frontier_disabled``) or loses those fallbacks."""
@@ -236,5 +323,6 @@ class MemoEstimator:
         return hit
 
 
-__all__ = ["ATTAINMENT_GOAL", "GoodputPoint", "GoodputResult", "MemoEstimator", "RouterFactory", "attainment",
-           "frontier_guard", "mean_rate", "meets", "on_prem_only", "scaled", "search"]
+__all__ = ["ATTAINMENT_GOAL", "GoodputPoint", "GoodputResult", "MemoEstimator", "RouterFactory", "SloFloor",
+           "attainment", "frontier_guard", "idle_prefill_s", "mean_rate", "meets", "on_prem_only", "scaled", "search",
+           "slo_floor"]

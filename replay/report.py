@@ -68,6 +68,9 @@ class ReplayMeta(TypedDict):
     prefix_block_ids: NotRequired[str]
     goodput: NotRequired[str]
     cascade: NotRequired[str]
+    skipped: NotRequired[dict[str, str]]
+    goodput_limit: NotRequired[str]
+    goodput_floor: NotRequired[dict[str, object]]
 
 
 class Series(TypedDict):
@@ -296,12 +299,16 @@ def write_report(runs: Sequence[Run], out_dir: str | Path, meta: ReplayMeta) -> 
 
 
 def report_text(runs: Sequence[Run], meta: Mapping[str, object]) -> str:
-    """The comparison table, the notes of ``meta`` (block ids, goodput) and, when searched,
+    """The comparison table, the notes of ``meta`` (block ids, goodput, skipped policies) and, when searched,
     each run's goodput points."""
     lines = [format_table({r.name: r.summary for r in runs})]
-    for key in ("prefix_block_ids", "goodput"):
+    for key in ("prefix_block_ids", "goodput", "goodput_limit"):
         if key in meta:
             lines.append(f"\n{key.replace('_', ' ')}: {meta[key]}")
+    skipped = meta.get("skipped")
+    if isinstance(skipped, Mapping) and skipped:
+        lines.append("\nskipped policies (not replayed):")
+        lines += [f"  {name}: {why}" for name, why in skipped.items()]
     searched = [r for r in runs if r.goodput is not None]
     if searched:
         lines.append("\ngoodput search (scale of the arrival rate -> SLO attainment; '<' = stopped once it could not "

@@ -29,7 +29,9 @@ class RequestResult:
       ``restored_tokens``: restored from the shared KV tier; ``transfer_s``: P/D KV transfer.
     - ``cost_usd``: API bill for frontier requests; 0 on-prem (on-prem cost is per GPU-hour).
     - ``escalated``: the cascade escalated it after its on-prem draft (``replay.cascade``): it paid
-      both calls, and ``target`` is the frontier tier that answered.
+      both calls, and ``target`` is the frontier tier that answered; ``escalation_delay_s``: the
+      seconds from arrival to the escalated call's start (the draft's prefill and the tokens it
+      decoded before the verify: what the cascade added to the latency), None when not escalated.
     """
 
     index: int
@@ -54,6 +56,7 @@ class RequestResult:
     transfer_s: float
     cost_usd: float
     escalated: bool = False
+    escalation_delay_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,9 @@ class Assignment:
     ``"decode"`` (prefill locally on that decode replica). ``decode_replica``: index in the
     decode pool; ``None`` = least loaded when the prefill ends. Replica fields are ignored
     for frontier targets. ``fallbacks``: assignments tried in order when admission control
-    refuses this one (before the fleet's spill target).
+    refuses this one (before the fleet's spill target). ``output_tokens``: on an on-prem placement
+    of this assignment (not its fallbacks), the answer stops after this many tokens (a draft an
+    early verification cancelled, ``replay.cascade``); None = the request's own length.
     """
 
     target: str | None
@@ -42,6 +44,7 @@ class Assignment:
     replica_pool: str | None = None
     fallbacks: tuple[Assignment, ...] = ()
     rejected: str | None = None
+    output_tokens: int | None = None
 
     @staticmethod
     def reject(reason: str) -> Assignment:

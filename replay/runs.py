@@ -48,7 +48,7 @@ from pointsman.policy.fleet import Fleet
 from pointsman.policy.rules.compiler import CompiledPolicy
 from pointsman.replay.baselines import ANCHORS, BASELINES, LeastLoaded, OnPremWide, RandomPick, RoundRobin
 from pointsman.replay.budgets import REPLAY_TENANT, BudgetSpend, budget_status, replay_ledger, replay_scopes
-from pointsman.replay.cascade import DraftBook, apply_cascade
+from pointsman.replay.cascade import DraftBook, EarlyVerify, apply_cascade
 from pointsman.replay.engine_router import EPOCH_S, EngineRouter, TraceMessages
 from pointsman.replay.goodput import GoodputResult, MemoEstimator, RouterFactory, frontier_guard, on_prem_only, search
 from pointsman.replay.outcome_draw import OutcomeRow, quality_columns, quality_of
@@ -159,7 +159,9 @@ def replay_all(trace: Sequence[TraceRequest], fleet: Fleet, sim: SimFleet, polic
     request ``i``'s outcome row for quality, or None. ``progress(n)`` is called once per
     routed request. With ``goodput``, each run's goodput is searched too (module docstring). With
     ``cascade`` (the drafts) and ``rows``, a policy with a ``verify`` section runs as a cascade
-    (``replay.cascade``: escalated requests pay the draft and the frontier call, latencies add).
+    (``replay.cascade``: escalated requests pay the draft and the frontier call, latencies add; with
+    the policy's ``verify.prefix_tokens`` N, the verdict comes at the draft's N-th token and an
+    escalated draft is cut there in the simulation: early verification).
     Returns the runs, policies first."""
     def quality(r: RequestResult) -> float | None:
         return quality_of(rows[r.index], r.frontier, r.target) if rows is not None else None
@@ -177,12 +179,16 @@ def replay_all(trace: Sequence[TraceRequest], fleet: Fleet, sim: SimFleet, polic
         with tempfile.TemporaryDirectory(prefix="pointsman-replay-budget-") as folder:
             ledger = replay_ledger(budgets, folder) if budgets is not None else None
             try:
+                early = None
+                if (cascade is not None and rows is not None and policy.verify is not None
+                        and policy.verify.prefix_tokens is not None):
+                    early = EarlyVerify(rows, fleet, sim, policy, cascade, quality_columns(fleet))
                 router = EngineRouter(fleet, policy, estimator, texts=texts, ledger=ledger,
-                                      tenant=tenant if budgets is not None else None, slo_class=slo_class)
+                                      tenant=tenant if budgets is not None else None, slo_class=slo_class, cut=early)
                 result = run(router, router.on_complete)
                 if cascade is not None and rows is not None:
                     result = apply_cascade(result, rows, fleet, sim, policy, router.decisions, cascade,
-                                           quality_columns(fleet))
+                                           quality_columns(fleet), early=early.escalations if early else None)
                 spend = [] if ledger is None else budget_status(ledger, replay_scopes(tenant),
                                                                 EPOCH_S + result.end_s)
             finally:

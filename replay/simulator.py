@@ -236,7 +236,10 @@ class _Simulator:
             job.rejected = a.rejected or "rejected_by_router"
             self._complete(job)
             return job
+        if a.output_tokens is not None and a.target in self.targets:  # a draft cancelled after its first tokens
+            job.req = dataclasses.replace(req, output_tokens=max(1, min(req.output_tokens, a.output_tokens)))
         reason = self._place(job, a)
+        job.req = req if reason is not None else job.req
         for fb in a.fallbacks:
             if reason is None:
                 break

@@ -64,7 +64,9 @@ class Summary:
     total cost / SLO-meeting requests (inf when none met it). ``max_goodput_rps`` /
     ``max_goodput_rps_per_gpu``: the goodput search's answer with frontier targets disabled
     (``replay.goodput``), NaN when not searched. ``escalated``: completed requests the cascade
-    escalated after their on-prem draft (``replay.cascade``; they count as frontier requests).
+    escalated after their on-prem draft (``replay.cascade``; they count as frontier requests);
+    ``escalation_delay_p50_s`` / ``_p99_s``: percentiles of their ``escalation_delay_s`` (the latency
+    the cascade added: arrival to the escalated call's start), NaN without escalations.
     """
 
     requests: int
@@ -98,6 +100,8 @@ class Summary:
     max_goodput_rps: float = math.nan
     max_goodput_rps_per_gpu: float = math.nan
     escalated: int = 0
+    escalation_delay_p50_s: float = math.nan
+    escalation_delay_p99_s: float = math.nan
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-ready dict (NaN stays NaN; ``json.dumps`` writes it as NaN)."""
@@ -151,6 +155,7 @@ def summarize(result: ReplayResult, slo: SLO | None = None,
         if r.ttft_s is not None and r.ttft_s <= slo.ttft_s and (r.tpot_s is None or r.tpot_s <= slo.tpot_s)
     )
     onprem_done = [r for r in done if not r.frontier]
+    delays = [r.escalation_delay_s for r in done if r.escalation_delay_s is not None]
     onprem_prompt = sum(r.prompt_tokens for r in onprem_done)
     return Summary(
         requests=len(reqs),
@@ -180,6 +185,8 @@ def summarize(result: ReplayResult, slo: SLO | None = None,
         quality=_mean_quality(reqs, quality),
         usd_per_slo_request=total / good if good else math.inf,
         escalated=sum(r.escalated for r in done),
+        escalation_delay_p50_s=_pct(delays, 50),
+        escalation_delay_p99_s=_pct(delays, 99),
     )
 
 

@@ -20,7 +20,9 @@ decision id, usage, TTFT/TPOT/end-to-end latency, status, quality signals). In o
    outcome settles at most once. Shadow outcomes (evaluation traffic) never touch budgets.
    An outcome of an escalated decision (``POST /v1/verify`` said escalate; its draft was
    settled then) settles the escalation, ``<decision_id>/escalation``, on the escalation's
-   target: the gateway reports one outcome per decision, stored once.
+   target: the gateway reports one outcome per decision, stored once. A report of the draft itself
+   (``served_target`` the draft's target, e.g. the stream an early verification cancelled) is
+   refused as ``invalid``: the verify booked the draft's tokens already.
 
 Before step 2 each item is checked: it must validate (``parse_outcome_items``), and its usage
 must fit the serving target's context window x ``CONTEXT_TOLERANCE`` (``usage_problem``). A
@@ -194,9 +196,18 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "") -> OutcomeItem
     the fields (under ``prefix``, ``[3]``), else None. Unknown targets are not checked (their outcome
     is stored and its settlement says why it cannot be priced), but a non-shadow outcome's
     ``served_target`` the fleet does not have is an error: such an outcome could never settle, and its decision's budget hold and
-    in-flight load would stay taken. Raises ``DataError`` (outcome log)."""
+    in-flight load would stay taken. So is an outcome of an escalated decision (held here) served by the
+    draft's target: the verify settled that draft (an early verification cancels it), and taking its
+    report as the decision's one outcome would book its tokens twice and settle the escalation with
+    them. Raises ``DataError`` (outcome log)."""
     targets = rt.live.engine.fleet.targets
     at = f"{prefix}." if prefix else ""
+    escalated = rt.cascade.escalated_from(item.decision_id) if item.served_target is not None else None
+    if escalated is not None and not item.shadow and item.served_target == escalated[0] != escalated[1]:
+        return OutcomeItemError(((f"{at}served_target", (
+            f"decision {item.decision_id} was escalated to '{escalated[1]}' at its verify, which settled the draft "
+            f"on '{escalated[0]}' (its tokens are booked): report the escalated call's outcome, not the cancelled "
+            "draft's")),))
     if item.served_target is not None and not item.shadow and targets and item.served_target not in targets:
         close = difflib.get_close_matches(item.served_target, list(targets), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else f"; the fleet's targets: {', '.join(sorted(targets))}"

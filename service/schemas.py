@@ -69,6 +69,9 @@ class RouteResponse(BaseModel):
     fleet_revision: str
     estimator_version: str
     timings_ms: Timings
+    verify_prefix_tokens: int | None = Field(default=None, description=(
+        "With a cascade (the policy's verify section): verify the draft's first N tokens while it streams "
+        "(POST /v1/verify with partial: true) and cancel it on escalate; null: verify the whole draft."))
     trace: dict[str, object] | None = None  # JSON (documented in Decision), not validated here
 
 

@@ -41,7 +41,7 @@ import numpy as np
 from pointsman.datasets.drafts import read_drafts
 from pointsman.datasets.outcome_tables import read_outcome_table
 from pointsman.errors import DataError, RequestError
-from pointsman.estimator.draft import Draft, draft_features
+from pointsman.estimator.draft import Draft, draft_features, draft_prefix
 from pointsman.estimator.verifier import HeuristicVerifier, OnnxVerifier
 from pointsman.training.evaluate import TableScorer
 from pointsman.training.examples import features_for_messages
@@ -84,12 +84,13 @@ def trained_on(head: OnnxVerifier, table: str | Path) -> bool:
 
 
 def draft_matrix(estimator: TableScorer, table: str | Path, weak: str, strong: str, drafts: str | Path,
-                 p_hard_of: Mapping[str, float] | None = None
+                 p_hard_of: Mapping[str, float] | None = None, prefix_tokens: int | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """``(X, weak scores, strong scores, p_hard, prompt ids)`` over the rows with a prompt, both
     scores and a draft: ``X`` float32 (n, len(FEATURE_NAMES)) of draft features. ``p_hard_of``:
     each prompt id's ``p_hard`` (rows without one are left out), instead of the estimator's.
-    Raises ``DataError``."""
+    ``prefix_tokens`` N: each draft cut to its first N tokens as early verification sees it
+    (``estimator.draft.draft_prefix``); None: the whole draft. Raises ``DataError``."""
     t = read_outcome_table(table)
     answers = read_drafts(drafts, weak)
     w_all, s_all = t.scores(weak), t.scores(strong)
@@ -111,7 +112,8 @@ def draft_matrix(estimator: TableScorer, table: str | Path, weak: str, strong: s
         p_hard = np.asarray(estimator.estimate_batch(feats), dtype=np.float64)
     else:
         p_hard = np.asarray([p_hard_of[pid] for pid in ids], dtype=np.float64)
-    x = np.stack([draft_features(Draft(text=text), f.prompt_tokens, float(p)).vector()
+    x = np.stack([draft_features(draft_prefix(text, prefix_tokens) if prefix_tokens else Draft(text=text),
+                                 f.prompt_tokens, float(p)).vector()
                   for text, f, p in zip(texts, feats, p_hard)])
     idx = np.asarray(rows)
     return x, w_all[idx], s_all[idx], p_hard, ids

@@ -150,12 +150,14 @@ class CompiledVerifyRule:
 
 @dataclass(frozen=True)
 class CompiledVerify:
-    """The compiled ``verify`` section: ordered ``rules`` and the ``context_plan`` their
-    conditions read (``draft`` among the roots when they read it)."""
+    """The compiled ``verify`` section: ordered ``rules``, the ``context_plan`` their
+    conditions read (``draft`` among the roots when they read it) and ``prefix_tokens``: the
+    draft tokens a gateway verifies while the draft streams (None: the whole draft)."""
 
     rules: tuple[CompiledVerifyRule, ...]
     context_plan: Plan = field(default_factory=dict)
     uses_cost: bool = False
+    prefix_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -632,7 +634,7 @@ def _check_verify(ck: _Checker, fleet: Fleet, spec: VerifySpec, variables: Mappi
     if default is None:
         ck.add(("verify", "rules"), "missing-default",
                "no unconditional verify rule: end them with one that has no 'when' (e.g. name: accept)", key=True)
-    return CompiledVerify(tuple(rules), _freeze(plan), any(r.uses_cost for r in rules))
+    return CompiledVerify(tuple(rules), _freeze(plan), any(r.uses_cost for r in rules), spec.prefix_tokens)
 
 
 def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledPolicy:

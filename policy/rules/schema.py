@@ -155,9 +155,12 @@ class VerifyRuleSpec(StrictModel):
 
 
 class VerifySpec(StrictModel):
-    """The ``verify`` section: ordered ``rules`` (the last one unconditional)."""
+    """The ``verify`` section: ordered ``rules`` (the last one unconditional) and ``prefix_tokens``:
+    verify the draft's first N tokens while it streams (early verification: an escalation starts
+    after N tokens and the draft is cancelled), or the whole draft when omitted."""
 
     rules: list[VerifyRuleSpec] = Field(min_length=1)
+    prefix_tokens: int | None = Field(default=None, ge=1, le=8192)
 
 
 class PolicySpec(StrictModel):

@@ -391,7 +391,7 @@ DRAFT_NAMESPACE = Namespace("draft", "The draft a gateway sends to `POST /v1/ver
     "logprob_min": Signal("double", "lowest token log-probability; null without them", nullable=True),
     "low_logprob_share": Signal("double", "share 0-1 of tokens with probability below 0.2; null without them",
                                 nullable=True),
-    "verifier": Signal("string", "the verifier's version (heuristic-v1 for the shipped one)"),
+    "verifier": Signal("string", "the verifier's version (heuristic-v2 for the shipped one)"),
     "target": Signal("string", "the target that wrote the draft (the decision's)"),
     "on_prem": Signal("bool", "the draft came from an on-prem target (not a frontier API)"),
 })
@@ -404,7 +404,7 @@ def example_draft() -> DraftSignals:
     return {"p_bad": 0.3, "tokens": 150, "length_ratio": 1.5, "finish_reason": "stop", "truncated": False,
             "partial": False, "empty": False, "refusal": False, "hedging": False, "repetition": 0.0,
             "has_logprobs": True, "logprob_mean": -0.4, "logprob_min": -3.0, "low_logprob_share": 0.1,
-            "verifier": "heuristic-v1", "target": "onprem-8b", "on_prem": True}
+            "verifier": "heuristic-v2", "target": "onprem-8b", "on_prem": True}
 
 
 #: Internal CEL roots of the relative namespaces (see the module docstring).

@@ -137,3 +137,30 @@ def test_the_time_budget_stops_the_search_with_the_best_so_far(tmp_path: Path, p
     assert found.stopped == "time budget"
     assert {space.label(s) for s in found.results} == {"small A0 P1 D2", "small A0 P1 D1"}
     assert all(r.slo_attainment >= 0.9 for r in found.results.values())  # a light load
+
+
+def test_the_quality_floor_is_all_frontiers_quality_times_the_share(tmp_path: Path) -> None:
+    """On the packaged fleet with AlpacaEval outcome rows: the floor is --min-quality-share x the
+    quality of everything on frontier-large, the recommended shape reaches it, and the report gives
+    its $/Mtok against all-frontier's; then the replay the plan's reproduce command runs works."""
+    from pointsman.datasets.sources import shared_datasets_dir
+    from pointsman.errors import DataError
+
+    try:
+        trace = shared_datasets_dir() / "azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+    except DataError:
+        pytest.skip("shared datasets not found")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["plan", str(trace), "--limit", "60", "--estimator", "fixed:0.2", "--max-replicas",
+                                    "2", "--workers", "1", "--search-requests", "0", "--time-budget-s", "60",
+                                    "--min-quality-share", "0.97", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    report = json.loads((out / "plan.json").read_text())
+    meta, rec = report["meta"], report["recommended"]
+    assert 0.5 < meta["all_frontier_quality"] <= 1 and meta["all_frontier_usd_per_mtok"] > 0
+    assert meta["min_quality"] == pytest.approx(0.97 * meta["all_frontier_quality"])
+    assert rec is not None and rec["quality"] >= meta["min_quality"] and rec["slo_attainment"] >= 0.9
+    assert "quality floor: " in res.output and "below all-frontier's $" in res.output
+    reproduce = shlex.split(meta["reproduce"])[1:]
+    again = CliRunner().invoke(main, [*reproduce, "--out", str(tmp_path / "replay")])
+    assert again.exit_code == 0, again.output

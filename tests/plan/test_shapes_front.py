@@ -84,3 +84,18 @@ def test_a_dominated_shape_is_never_recommended_or_on_the_front() -> None:
     assert dominated not in front and [r.usd_per_month for r in front] == [50, 100, 150]
     assert recommend(results, 0.9, budget_usd_per_month=90) is None
     assert recommend([dominated, dearer], 0.9) is dominated  # nothing better evaluated
+
+
+def test_the_quality_floor_is_a_constraint_of_the_recommendation_and_the_candidates() -> None:
+    from pointsman.plan.search import validation_candidates
+
+    cheap_low = _r(100, 0.95, 0.80)
+    dear_high = _r(150, 0.93, 0.93)
+    unscored = _r(60, 0.99, math.nan)  # no outcome rows: its quality is unknown
+    results = [cheap_low, dear_high, unscored]
+    assert recommend(results, 0.9) is unscored  # no floor: the cheapest meeting the SLO
+    assert recommend(results, 0.9, min_quality=0.9) is dear_high  # the floor binds
+    assert recommend(results, 0.9, min_quality=0.95) is None
+    assert cheap_low in pareto_front(results)  # the front is still cost x SLO x quality
+    assert validation_candidates(results, 0.9, 3, min_quality=0.9) == [dear_high]
+    assert validation_candidates(results, 0.9, 3) == [unscored, cheap_low, dear_high]

@@ -74,7 +74,7 @@ def test_decision_fields_and_json(fleet, policy):
     body = json.loads(json.dumps(d.to_dict()))
     assert set(body) == {"decision_id", "target", "model", "base_url", "mode", "endpoints", "prefill_url", "forward_headers", "fallbacks",
                          "estimated_cost_usd", "rule", "labels", "p_hard", "difficulty_available", "prompt_tokens",
-                         "policy_revision", "fleet_revision", "estimator_version", "timings_ms", "trace"}
+                         "policy_revision", "fleet_revision", "estimator_version", "timings_ms", "verify_prefix_tokens", "trace"}
     assert "trace" not in d.to_dict(explain=False)
     trace = body["trace"]
     assert [r["rule"] for r in trace["rules"]] == ["estimator-unavailable", "hard-prompt", "long-cold-prompt"]

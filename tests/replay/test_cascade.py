@@ -93,3 +93,37 @@ def test_replay_reports_the_cascade(tmp_path):
     assert report_on["meta"]["cascade"].startswith("on") and report_off["meta"]["cascade"].startswith("off")
     assert report_on["runs"]["static"]["summary"]["total_cost_usd"] > report_off["runs"]["static"]["summary"][
         "total_cost_usd"]
+
+
+def test_early_verification_cuts_the_draft_and_adds_only_its_first_tokens(tmp_path):
+    """The same refusing drafts verified whole and at their 8th token (``verify.prefix_tokens``):
+    the same requests escalate, each answering the trace's whole output from the frontier, but the
+    early one starts the frontier call after 8 draft tokens (less added latency, less decode work
+    on-prem)."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{i:02d}.0000000,{300 + 7 * i},{200 + i}\n" for i in range(40)))
+    drafts = tmp_path / "drafts.csv"
+    refusal = "I'm sorry, but I cannot help with that. " * 20  # far longer than 8 tokens
+    drafts.write_text("prompt_id,model,output\n" + "\n".join(
+        f"ae{i:03d},{WEAK},\"{refusal}\"" for i in range(1, 806)) + "\n")
+    early = tmp_path / "early.yaml"
+    early.write_text(STATIC_POLICY_PATH.read_text().replace("\nverify:\n", "\nverify:\n  prefix_tokens: 8\n"))
+    res = CliRunner().invoke(main, ["replay", str(trace), "--policy", str(STATIC_POLICY_PATH), "--policy", str(early),
+                                    "--no-baselines", "--estimator", "fixed:0.1", "--drafts", str(drafts),
+                                    "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    runs = json.loads((tmp_path / "out" / "report.json").read_text())["runs"]
+    whole, cut = runs["static"]["summary"], runs["early"]["summary"]
+    # every 8B draft refuses (the 70B model's stand-in has no drafts in this file: it is kept)
+    assert whole["escalated"] == cut["escalated"] == whole["target_requests"]["frontier-small"] > 0
+    assert runs["static"]["rules"] == runs["early"]["rules"]
+    assert cut["output_tokens"] == whole["output_tokens"]  # the frontier answers the whole output
+    assert cut["escalation_delay_p99_s"] < whole["escalation_delay_p50_s"]
+    assert cut["escalation_delay_p50_s"] < 0.5 * whole["escalation_delay_p50_s"]
+    assert cut["decode_utilization"] < whole["decode_utilization"]  # cancelled drafts free their replicas
+    assert cut["ttft_p99_s"] < whole["ttft_p99_s"]

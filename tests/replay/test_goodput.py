@@ -110,3 +110,33 @@ def test_memo_estimator_answers_each_prompt_once() -> None:
     g = RequestFeatures(10, 3, True, 1, 1, 0, 10, "other", False, False, 0, 0, None)
     assert [memo.estimate(x).p_hard for x in (f, f, g, f)] == [0.4] * 4
     assert calls == ["hello", "other"] and not memo.takes_query_token_ids
+
+
+def test_slo_floor_names_what_no_rate_fixes_and_bounds_every_search_point() -> None:
+    """7 prompts of 100 tokens (one 0.1 s step), 2 of 300 (three chunks: 0.3 s idle) and one longer
+    than the context window, against a 0.25 s TTFT: at most 70% can meet it at any rate, so the
+    goodput is 0, and no replay point of the search beats the floor."""
+    import dataclasses
+
+    from pointsman.replay.goodput import idle_prefill_s, slo_floor
+
+    spec = dataclasses.replace(SPEC, max_model_len=1000)
+    fleet = SimFleet(on_prem=(OnPremTarget(name="op", replica=spec, aggregated_replicas=1),))
+    lengths = [100] * 7 + [300, 300, 2000]
+    trace = [TraceRequest(arrival_s=float(i), prompt_tokens=n, output_tokens=1) for i, n in enumerate(lengths)]
+    assert idle_prefill_s(spec, 100) == pytest.approx(S) and idle_prefill_s(spec, 300) == pytest.approx(3 * S)
+    slo = SLO(ttft_s=0.25, tpot_s=1.0)
+    floor = slo_floor(trace, fleet, slo)
+    assert (floor.too_long, floor.prefill_over_ttft, floor.decode_over_tpot) == (1, 2, 0)
+    assert floor.best_attainment == pytest.approx(0.7) and floor.over_ttft_by_target == {"op": pytest.approx(0.3)}
+    assert "at most 70.0% can meet the SLO at any rate" in floor.sentence()
+    def route():  # noqa: ANN202 - a RouterFactory
+        return (lambda r, v: Assignment("op")), None, None
+
+    found = search(trace, route, fleet, slo)
+    assert found.max_goodput_rps == 0 and found.points
+    for x in (1.0, 1 / 64, 64.0):  # whole replays (goal 0 never stops early): never above the floor
+        att, complete = attainment(scaled(trace, x), fleet, route, slo, goal=0.0)
+        assert complete and att <= floor.best_attainment + 1e-9
+    with pytest.raises(ValueError):
+        slo_floor([], fleet, slo)

@@ -15,7 +15,7 @@ from pointsman.service.bootstrap import LoadedEngine, build_engine
 
 DECISION_KEYS = {"decision_id", "target", "model", "base_url", "mode", "endpoints", "prefill_url", "forward_headers", "fallbacks", "estimated_cost_usd",
                  "rule", "labels", "p_hard", "difficulty_available", "prompt_tokens", "policy_revision",
-                 "fleet_revision", "estimator_version", "timings_ms"}
+                 "fleet_revision", "estimator_version", "timings_ms", "verify_prefix_tokens"}
 
 
 @pytest.fixture

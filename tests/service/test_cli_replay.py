@@ -131,3 +131,68 @@ def test_replay_bad_input_is_one_error_line_exit_2(tmp_path: Path) -> None:
         assert message in res.output and "Traceback" not in res.output, (extra, res.output)
         assert res.output.count("Error") == 1, res.output
     assert not (tmp_path / "out").exists()  # nothing written on bad input
+
+
+def test_a_planned_fleet_replays_every_example_policy_that_fits_and_names_the_rest(tmp_path: Path) -> None:
+    """A planned fleet without P/D (as `pointsman plan` writes it): static.yaml pins a disaggregated
+    mode on onprem-70b, so it is skipped with its reason; the other example policies run, exit 0."""
+    import yaml
+
+    from pointsman.plan.shapes import Pools, ShapeSpace
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
+    from pointsman.replay.fleet_map import sim_fleet
+
+    base = load_fleet(DEFAULT_FLEET_PATH)
+    space = ShapeSpace.of(yaml.safe_load(DEFAULT_FLEET_PATH.read_text(encoding="utf-8")), base,
+                          {t.name: t.replica.kv_bytes_per_token for t in sim_fleet(base).on_prem})
+    planned = tmp_path / "fleet.yaml"
+    planned.write_text(space.fleet_text(space.base.with_pools("onprem-70b", Pools(2, 0, 0, 0)), "planned"),
+                       encoding="utf-8")
+    trace = str(shared() / "azure_llm_2023/AzureLLMInferenceTrace_conv.csv")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["replay", trace, "--fleet", str(planned), "--limit", "30", "--no-baselines",
+                                    "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((out / "report.json").read_text())
+    assert set(doc["meta"]["skipped"]) == {"static"}
+    assert "disaggregated" in doc["meta"]["skipped"]["static"] and str(planned) in doc["meta"]["skipped"]["static"]
+    assert set(doc["runs"]) == set(POLICIES) - {"static"}
+    assert all(sum(r["rules"].values()) == 30 for r in doc["runs"].values())
+    assert "skipped policies (not replayed):\n  static: does not fit" in res.output
+    # nothing left to run is an error naming why; a broken policy is still an input error, not a skip
+    res = CliRunner().invoke(main, ["replay", trace, "--fleet", str(planned), "--limit", "5", "--no-baselines",
+                                    "--policy", str(DEFAULT_POLICY_DIR / "static.yaml"), "--out", str(out)])
+    assert res.exit_code == 2 and "nothing to replay: static: does not fit" in res.output
+    broken = tmp_path / "broken.yaml"
+    broken.write_text((DEFAULT_POLICY_DIR / "static.yaml").read_text(encoding="utf-8").replace(
+        "target: onprem-70b, mode: aggregated", "target: onprem-700b, mode: aggregated"), encoding="utf-8")
+    res = CliRunner().invoke(main, ["replay", trace, "--fleet", str(planned), "--limit", "5", "--policy", str(broken),
+                                    "--out", str(out)])
+    assert res.exit_code == 2 and "onprem-700b" in res.output and "skipped" not in res.output
+
+
+def test_a_zero_goodput_says_what_limits_it(tmp_path: Path) -> None:
+    """A 20 ms TTFT objective on the Azure code trace (2k-token prompts): most prompts cannot be
+    prefilled that fast on any replica, so no run has a goodput, and the report says why (from the
+    hardware model) instead of leaving a ratio to zero."""
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["replay", str(shared() / "azure_llm_2023/AzureLLMInferenceTrace_code.csv"),
+                                    "--limit", "40", "--goodput", "--goodput-requests", "40", "--policy",
+                                    str(DEFAULT_POLICY_DIR / "default.yaml"), "--slo-ttft-s", "0.02", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((out / "report.json").read_text())
+    zero = [name for name, run in doc["runs"].items() if run["summary"]["max_goodput_rps"] == 0]
+    assert "default" in zero and "round-robin" in zero
+    floor = doc["meta"]["goodput_floor"]
+    assert floor["requests"] == 40 and floor["prefill_over_ttft"] > 4 and floor["best_attainment"] < 0.9
+    assert floor["over_ttft_by_target"]["onprem-70b"] >= floor["over_ttft_by_target"]["onprem-8b"]
+    line = doc["meta"]["goodput_limit"]
+    assert line.startswith("default, round-robin") and "reach 90% SLO attainment at no rate" in line
+    assert f"at most {floor['best_attainment']:.1%} can meet the SLO at any rate" in line
+    assert "goodput limit: " + line in res.output
+    # with a goodput, no limit line
+    res = CliRunner().invoke(main, ["replay", str(shared() / "azure_llm_2023/AzureLLMInferenceTrace_code.csv"),
+                                    "--limit", "40", "--goodput", "--goodput-requests", "40", "--no-baselines",
+                                    "--policy", str(DEFAULT_POLICY_DIR / "default.yaml"), "--out", str(out)])
+    assert res.exit_code == 0 and "goodput limit" not in res.output
+    assert "goodput_limit" not in json.loads((out / "report.json").read_text())["meta"]

@@ -57,7 +57,7 @@ def test_accept_settles_the_draft_and_replays(tmp_path):
         assert r.status_code == 200, r.text
         a = r.json()
         assert (a["action"], a["rule"], a["escalation_id"], a["replayed"]) == ("accept", "accept", None, False)
-        assert 0 <= a["p_bad"] < 0.6 and a["verifier"] == "heuristic-v1" and a["draft"]["tokens"] == 120
+        assert 0 <= a["p_bad"] < 0.6 and a["verifier"] == "heuristic-v2" and a["draft"]["tokens"] == 120
         assert a["draft_settlement"]["target"] == "onprem-8b"
         assert engine.state.record(d["decision_id"]) is None  # the draft's on-prem load is released
         again = client.post("/v1/verify", json={**body, "draft": {"text": REFUSAL}}).json()
@@ -99,6 +99,57 @@ def test_escalation_is_held_once_and_settled_by_the_one_outcome(tmp_path):
         v = log.verification(did)
         assert v is not None and v["action"] == "escalate" and v["escalation_target"] == "frontier-small"
         assert v["features"]["refusal"] is True and v["draft_text"] == REFUSAL
+
+
+def test_a_cancelled_early_draft_is_paid_once_and_its_escalation_released_once(tmp_path):
+    """Early verification through the app, with a budget ledger: the draft's first 16 tokens are
+    verified (``partial``) and escalated; the verify books those tokens and releases the draft's hold
+    and load; a longer prefix verified again changes nothing; the cancelled draft's own report is
+    refused (it would book its tokens again and settle the escalation with them); the escalated call's
+    outcome settles the escalation hold once, and a retry of it books nothing."""
+    budgets = tmp_path / "budgets.yaml"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:acme', window: day, limit_usd: 100}\n")
+    client, engine = _app(tmp_path / "svc", budgets_path=budgets)
+
+    def spend() -> tuple[float, float]:
+        b = client.get("/v1/budgets").json()["budgets"][0]
+        return b["settled_usd"], b["held_usd"]
+
+    with client:
+        d = client.post("/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": "Explain kickball."}],
+                                           "routing": {"tenant": "acme"}}).json()
+        did = d["decision_id"]
+        assert d["target"] == "onprem-8b" and spend() == (0.0, pytest.approx(d["estimated_cost_usd"], rel=1e-3))
+        prefix = {"decision_id": did, "draft": {"text": REFUSAL[:24], "partial": True},
+                  "usage": {"prompt_tokens": 12, "completion_tokens": 16}}
+        a = client.post("/v1/verify", json=prefix).json()
+        assert (a["action"], a["rule"], a["draft"]["partial"], a["draft"]["tokens"]) == ("escalate", "broken-draft", True, 16)
+        draft_usd = a["draft_settlement"]["actual_cost_usd"]
+        assert 0 < draft_usd and a["draft_settlement"]["released_load"] == 1
+        assert engine.state.record(did) is None and engine.state.record(f"{did}/escalation") is not None
+        settled, held = spend()
+        assert settled == pytest.approx(draft_usd, rel=1e-3) and held == pytest.approx(a["estimated_cost_usd"], rel=1e-3)
+        longer = client.post("/v1/verify", json={**prefix, "draft": {"text": REFUSAL, "partial": True},
+                                                 "usage": {"prompt_tokens": 12, "completion_tokens": 40}}).json()
+        assert longer == {**a, "replayed": True} and spend() == (settled, held)
+        draft_report = {"decision_id": did, "status": "cancelled", "served_target": "onprem-8b",
+                        "usage": {"prompt_tokens": 12, "completion_tokens": 16}}
+        r = client.post("/v1/outcomes", json=draft_report)
+        assert r.status_code == 422 and "report the escalated call's outcome" in r.json()["error"]["message"]
+        assert spend() == (settled, held) and engine.state.record(f"{did}/escalation") is not None
+        final = {"decision_id": did, "status": "ok", "served_target": "frontier-small",
+                 "usage": {"prompt_tokens": 12, "completion_tokens": 300}}
+        ack = client.post("/v1/outcomes", json=final).json()["acks"][0]
+        assert ack["status"] == "stored" and ack["settlement"]["decision_id"] == f"{did}/escalation"
+        assert ack["settlement"]["hold_state"] == "held" and ack["settlement"]["released_load"] == 1
+        frontier_usd = ack["settlement"]["actual_cost_usd"]
+        assert spend() == (pytest.approx(draft_usd + frontier_usd, rel=1e-3), 0.0)
+        assert engine.state.record(f"{did}/escalation") is None
+        again = client.post("/v1/outcomes", json=final).json()["acks"][0]
+        assert again["status"] == "duplicate" and again["settlement"]["replayed"] is True
+        assert spend() == (pytest.approx(draft_usd + frontier_usd, rel=1e-3), 0.0)
 
 
 def test_unknown_settled_and_expired_decisions(tmp_path):

@@ -4,12 +4,15 @@ same probabilities as scikit-learn."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import click
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pointsman.cli.training import register
 from pointsman.estimator.draft import FEATURE_NAMES, Draft, DraftFeatures, draft_features
@@ -238,3 +241,29 @@ def test_undefined_apgr_and_a_fold_without_losses_are_error_lines(files, tmp_pat
     one_loss.write_text("\n".join(lines) + "\n")
     res = CliRunner().invoke(group, [*args[:2], str(one_loss), *args[3:], "--drafts", str(drafts), "--json"])
     assert res.exit_code == 2 and "Error:" in res.output and "lost and drafts that did not" in res.output, res.output
+
+
+@settings(max_examples=40, deadline=None)
+@given(text=st.text(min_size=0, max_size=3000), n=st.integers(1, 400), p_hard=st.floats(0, 1))
+def test_a_prefix_scores_as_a_typical_length_answer_and_a_whole_draft_as_it_is(text, n, p_hard):
+    """Early verification: ``draft_prefix`` cuts an answer to its first N tokens (4N characters,
+    partial) or keeps it whole; the heuristic reads a partial draft's length as a 150-token answer,
+    so a prefix of the same text scores the same whatever N (its markers permitting), and a whole
+    draft scores as before (v1)."""
+    from pointsman.estimator.draft import draft_prefix
+    from pointsman.estimator.verifier import PREFIX_REFERENCE_TOKENS
+
+    d = draft_prefix(text, n)
+    heuristic = HeuristicVerifier()
+    if len(text) > 4 * n:
+        assert d.partial and d.text == text[: 4 * n] and d.completion_tokens == n and d.finish_reason == ""
+        f = draft_features(d, 100, p_hard)
+        same_text_other_n = dataclasses.replace(f, tokens=7 * n + 3)
+        assert heuristic.p_bad(f) == pytest.approx(heuristic.p_bad(same_text_other_n))
+        whole_like = dataclasses.replace(f, partial=False, tokens=PREFIX_REFERENCE_TOKENS)
+        assert heuristic.p_bad(f) == pytest.approx(heuristic.p_bad(whole_like))
+    else:
+        assert d == Draft(text=text, finish_reason="stop")
+        f = draft_features(d, 100, p_hard)
+        longer = dataclasses.replace(f, tokens=f.tokens + 100)
+        assert heuristic.p_bad(longer) < heuristic.p_bad(f)  # a longer whole answer passes more
