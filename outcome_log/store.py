@@ -199,7 +199,10 @@ class OutcomeLog:
         self.path = Path(path) if path is not None else default_log_path()
         self.store_prompts = bool(store_prompts)
         self.timeout_s = float(timeout_s)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DataError(f"{self.path}: cannot open the outcome log ({exc})") from None
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None  # None once closed
         #: Why the last write failed (None after a write that succeeded): ``/readyz`` reports it.
