@@ -6,8 +6,9 @@ Scenarios (``--scenario``, default all):
 
 - ``redis-kill`` / ``redis-kill-open``: two replicas (own data folders, as on two hosts) share one
   redis-server for the budget ledger and the live state; clients route on one replica and post
-  each outcome to the *other*; Redis is SIGKILLed for ``--outage-s`` (5 s) mid-run and restarted
-  on its append-only file (``appendfsync always``, so the restart itself loses nothing), with
+  every other outcome to the *other* replica (the rest to the same one); Redis is SIGKILLed for
+  ``--outage-s`` (5 s) mid-run and restarted on its append-only file (``appendfsync always``, so
+  the restart itself loses nothing), with
   ``POINTSMAN_BUDGET_FAIL_OPEN`` false (the default: requests with budgets are refused with 503
   meanwhile, and are not answered decisions) and true;
 - ``replica-kill``: the same pair, one replica SIGKILLed mid-run; clients carry on with the
@@ -235,7 +236,8 @@ def try_outcome(replicas: list[Replica], target: int, body: dict[str, object], t
 def client(k: int, replicas: list[Replica], tally: Tally, stop: threading.Event, hold_s: float,
            deadline: list[float]) -> None:
     """Route on replica k + n (mod n replicas) and post each outcome ``hold_s`` later (the request
-    runs meanwhile) to the next replica; outcomes answered 503 or dropped are retried every 0.2 s
+    runs meanwhile), every other one to the next replica (the other of two), the others to the
+    same one; outcomes answered 503 or dropped are retried every 0.2 s
     while routing goes on, as a gateway's outcome queue would. After ``stop``, only the retries,
     until ``deadline[0]``."""
     n = 0
@@ -267,7 +269,7 @@ def client(k: int, replicas: list[Replica], tally: Tally, stop: threading.Event,
             decision_id = r.json()["decision_id"]
             with tally.lock:
                 tally.decisions[decision_id] = tenant
-            pending.append((time.monotonic() + hold_s, route_on + 1, {
+            pending.append((time.monotonic() + hold_s, route_on + 1 + n % 2, {  # every other one to the other replica
                 "decision_id": decision_id, "outcome_id": f"c{k}-{n}",
                 "usage": {"prompt_tokens": 200 + 7 * n, "completion_tokens": 50 + n}, "ttft_ms": 120.0}))
             time.sleep(0.02)

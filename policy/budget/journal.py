@@ -20,14 +20,28 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping
 from contextlib import closing
 from pathlib import Path
+from typing import TypedDict, cast
 
 from pointsman.policy.budget.ledger import LedgerUnavailable
 
 #: Default file name under the data folder.
 DEFAULT_JOURNAL_NAME = "spend-journal.db"
+
+
+class SettleArgs(TypedDict):
+    """``BudgetLedger.settle``'s keyword arguments besides the decision id: what a journal entry
+    keeps (USD, Unix seconds, token counts, the decision's scopes and time)."""
+
+    actual_cost_usd: float
+    now: float
+    target: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    scopes: list[str] | None
+    issued_s: float | None
 
 
 class SpendJournal:
@@ -48,7 +62,7 @@ class SpendJournal:
         conn.execute("PRAGMA synchronous=FULL")
         return conn
 
-    def add(self, decision_id: str, args: Mapping[str, object]) -> bool:
+    def add(self, decision_id: str, args: SettleArgs) -> bool:
         """Keep one settlement (``BudgetLedger.settle`` keyword arguments besides the id) durably;
         False when the decision already has one (kept as it was). Raises ``LedgerUnavailable``
         when the file cannot be written (then nothing is acknowledged)."""
@@ -60,14 +74,14 @@ class SpendJournal:
         except sqlite3.Error as exc:
             raise LedgerUnavailable(f"spend journal {self.path}: {exc}") from None
 
-    def pending(self, limit: int = 1000) -> list[tuple[str, dict[str, object]]]:
+    def pending(self, limit: int = 1000) -> list[tuple[str, SettleArgs]]:
         """Up to ``limit`` ``(decision_id, settle arguments)`` waiting; raises ``LedgerUnavailable``."""
         try:
             with closing(self._connect()) as conn:
                 rows = conn.execute("SELECT decision_id, args FROM journal LIMIT ?", (limit,)).fetchall()
         except sqlite3.Error as exc:
             raise LedgerUnavailable(f"spend journal {self.path}: {exc}") from None
-        return [(str(d), json.loads(a)) for d, a in rows]
+        return [(str(d), cast(SettleArgs, json.loads(a))) for d, a in rows]
 
     def done(self, decision_ids: list[str]) -> None:
         """Forget entries the ledger has taken; raises ``LedgerUnavailable``."""
@@ -86,4 +100,4 @@ class SpendJournal:
             return 0
 
 
-__all__ = ["DEFAULT_JOURNAL_NAME", "SpendJournal"]
+__all__ = ["DEFAULT_JOURNAL_NAME", "SettleArgs", "SpendJournal"]

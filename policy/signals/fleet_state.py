@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pointsman.errors import BudgetError, RequestError
-from pointsman.policy.budget.journal import SpendJournal
+from pointsman.policy.budget.journal import SettleArgs, SpendJournal
 from pointsman.policy.budget.ledger import (
     BudgetLedger,
     BudgetSnapshot,
@@ -596,20 +596,20 @@ class FleetState:
         settlement = None
         replayed = journaled = False
         if self.ledger is not None:
-            args: dict[str, object] = {
+            args: SettleArgs = {
+                "actual_cost_usd": float(actual_cost_usd), "now": self.clock() if now is None else now,
                 "target": target, "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens,
                 "completion_tokens": completion_tokens,
                 "scopes": None if record is None else list(record.scopes),
                 "issued_s": None if record is None else self._wall_of(record.at)}
             try:
                 with self._budget_change(record.scopes if record else None):
-                    settlement = self.ledger.settle(decision_id, float(actual_cost_usd), now, **args)  # type: ignore[arg-type]
+                    settlement = self.ledger.settle(decision_id, **args)
                 replayed = settlement.replayed
             except LedgerUnavailable:
                 if record is None or self.journal is None:
                     raise
-                self.journal.add(decision_id, {"actual_cost_usd": float(actual_cost_usd),
-                                               "now": self.clock() if now is None else now, **args})
+                self.journal.add(decision_id, args)
                 journaled = True
         released = self._apply_release(decision_id)
         if released == 0 and taken is not None:  # dispatched elsewhere, its change not applied here yet
@@ -634,10 +634,9 @@ class FleetState:
             return 0
         done, booked = [], 0
         for decision_id, args in entries:
-            scopes = args.get("scopes")
             try:
-                with self._budget_change(scopes if isinstance(scopes, list) else None):
-                    settlement = self.ledger.settle(decision_id, **args)  # type: ignore[arg-type]
+                with self._budget_change(args["scopes"]):
+                    settlement = self.ledger.settle(decision_id, **args)
                 booked += not settlement.replayed
             except LedgerUnavailable:
                 break
