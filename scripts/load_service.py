@@ -244,7 +244,7 @@ async def drive_pairs(url_a: str, url_b: str, bodies: list[bytes], rate: float, 
             if t0 >= measure_from:
                 errors[f"route {status}"] = errors.get(f"route {status}", 0) + 1
             return
-        outcome = json.dumps({"decision_id": json.loads(payload)["decision_id"], "outcome_id": f"p{k}",
+        outcome = json.dumps({"decision_id": json.loads(payload)["decision_id"], "outcome_id": f"p{rate:g}-{k}",
                               "usage": {"prompt_tokens": 500, "completion_tokens": 100 + k % 50},
                               "ttft_ms": 150.0}).encode()
         try:

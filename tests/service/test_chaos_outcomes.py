@@ -24,7 +24,7 @@ chaos = importlib.util.module_from_spec(_spec)
 sys.modules["chaos_outcomes"] = chaos
 _spec.loader.exec_module(chaos)
 
-SHORT = {"clients_n": 4, "run_s": 3.0, "ttl_s": 3.0}
+SHORT = {"clients_n": 4, "run_s": 2.0, "ttl_s": 2.0}
 
 
 @pytest.fixture(autouse=True)
