@@ -45,8 +45,8 @@ issue 22's fix an outcome on the process that had not logged its decision waited
 retried (``RECENT_DECISION_S``): outcome p50 160-185 ms, p99 300-650 ms, and 19, 6 and 30
 outcomes lost (final 404) at 50, 100 and 200 pairs/s. With signed ids and orphan outcomes: p50
 4.5 ms at 50 pairs/s (19-21 ms once the route path saturates at ~90 pairs/s on that machine), p99
-107-594 ms, 0 lost. What is left of the p99 is the outcome's ``fsync`` (a durable SQLite commit on
-that disk alone had p50 3.8 ms, p99 98 ms) and CPU queueing.
+107-594 ms, 0 lost. What is left of the p99 is the outcome's ``fsync`` (acknowledged only once on
+disk) and CPU queueing on that shared machine.
 
 Found with this script (``--uvicorn '--loop asyncio --http h11'`` vs ``'--loop uvloop'``): with
 asyncio's event loop, ``--workers 2`` made every response ~45 ms slower (p50 48 ms at
