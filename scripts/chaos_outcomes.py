@@ -26,6 +26,8 @@ answer (404, 409, 422) is final. Printed per scenario:
   ``lost`` = sent - acked (final refusals + never acknowledged), ``retries`` (503s and drops);
 - per tenant, ``booked_usd`` (the ledger's settled spend) vs ``acked_usd`` (the sum of each
   decision's acknowledged settlement); ``journal`` settlements still waiting for the ledger;
+- for the Redis outages, ``journal_pending_before_restart``: settlements the replicas kept in their
+  spend journals (``pointsman_spend_journal_pending``) just before Redis came back;
 - ``inflight_after_ttl`` per live replica (the load board's in-flight requests, ``/v1/fleet``),
   read ``--ttl-s`` + 1 s after the last dispatch, and ``held_usd_after_ttl`` (budget holds);
 - for ``replica-kill``, ``survivor_inflight_at_kill``; for ``disk-full``, what ``/readyz`` and an
@@ -365,6 +367,14 @@ def inflight(replica: Replica) -> int:
                for t in fleet["targets"].values() for e in t["endpoints"])
 
 
+def journal_pending(replica: Replica) -> int:
+    """The replica's ``pointsman_spend_journal_pending`` (``/metrics``; 0 when it has none)."""
+    for line in httpx.get(f"{replica.base}/metrics", timeout=10).text.splitlines():
+        if line.startswith("pointsman_spend_journal_pending "):
+            return int(float(line.split()[1]))
+    return 0
+
+
 def acked_usd(tally: Tally) -> dict[str, float]:
     """Each tenant's acknowledged spend (one settlement per decision)."""
     out = dict.fromkeys(TENANTS, 0.0)
@@ -418,11 +428,12 @@ def redis_kill(root: Path, *, fail_open: bool, clients_n: int = 8, run_s: float 
             time.sleep(run_s / 2)
             redis.kill()
             time.sleep(outage_s)
+            journaled = sum(journal_pending(r) for r in replicas)
             redis.start()
             time.sleep(run_s / 2)
         last = time.monotonic()
         return {"scenario": f"redis SIGKILLed {outage_s:g} s, fail-{'open' if fail_open else 'closed'}",
-                **report(tally, redis.url, replicas, ttl_s, last)}
+                "journal_pending_before_restart": journaled, **report(tally, redis.url, replicas, ttl_s, last)}
     finally:
         for r in replicas:
             r.stop()

@@ -44,7 +44,9 @@ def assert_conserved(result: dict) -> None:
 
 @pytest.mark.parametrize("fail_open", [False, True], ids=["fail-closed", "fail-open"])
 def test_redis_sigkilled_loses_no_outcome_and_books_every_acknowledged_dollar(tmp_path, fail_open):
-    assert_conserved(chaos.redis_kill(tmp_path, fail_open=fail_open, outage_s=2.0, **SHORT))
+    result = chaos.redis_kill(tmp_path, fail_open=fail_open, outage_s=2.0, **SHORT)
+    assert result["journal_pending_before_restart"] > 0  # outcomes during the outage were acknowledged, journaled
+    assert_conserved(result)  # ... and booked once Redis was back
 
 
 def test_a_sigkilled_replicas_load_is_released_within_the_reservation_ttl(tmp_path):
