@@ -40,11 +40,11 @@ its ``POST /v1/outcomes`` (usage included) to the *second* one, which did not lo
 Printed per rate: pairs/s, route p50/p99, outcome p50/p99 (ms, from sending the outcome),
 ``lost`` (answered decisions whose outcome was not acknowledged) and the errors.
 
-Found with ``--pairs 50 100 200`` (2 cores shared with other jobs, load average ~10): before
-issue 22's fix an outcome on the process that had not logged its decision waited 150 ms and
-retried (``RECENT_DECISION_S``): outcome p50 160-185 ms, p99 300-650 ms, and 19, 6 and 30
-outcomes lost (final 404) at 50, 100 and 200 pairs/s. With signed ids and orphan outcomes: p50
-4.5 ms at 50 pairs/s (19-21 ms once the route path saturates at ~90 pairs/s on that machine), p99
+Found with ``--pairs 50 100 200`` (two runs; 2 cores shared with other jobs, load average
+~10): before issue 22's fix an outcome on the process that had not logged its decision waited
+150 ms and retried (``RECENT_DECISION_S``): outcome p50 160-185 ms, p99 265-650 ms, and 4-37
+outcomes lost per row (final 404). With signed ids and orphan outcomes: p50 4.5-7 ms at 50
+pairs/s (12-21 ms once the route path saturates at ~100 pairs/s on that machine), p99
 107-594 ms, 0 lost. What is left of the p99 is the outcome's ``fsync`` (acknowledged only once on
 disk) and CPU queueing on that shared machine.
 
