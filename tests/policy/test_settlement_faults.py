@@ -57,7 +57,7 @@ STEP = st.one_of(
 )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(steps=st.lists(STEP, min_size=1, max_size=25))
 def test_booked_spend_equals_acknowledged_across_replicas_and_outages(steps):
     with tempfile.TemporaryDirectory() as tmp:
