@@ -18,8 +18,9 @@ import click
 from pydantic import ValidationError
 
 from pointsman.cli.errors import ConfigProblems, InputError, validation_message
-from pointsman.errors import BudgetError, ConfigError, RequestError
+from pointsman.errors import BudgetError, ConfigError, DataError, RequestError
 from pointsman.json_types import JSONObject, JSONValue
+from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.decision import Decision
 from pointsman.request import parse_route_request
 from pointsman.service.bootstrap import LoadedEngine, build_engine
@@ -99,6 +100,8 @@ def load(settings: Settings, ledger: bool = True, shared: bool = False) -> Loade
         raise ConfigProblems(exc) from None
     except BudgetError as exc:
         raise InputError(f"budget ledger: {exc}") from None
+    except DataError as exc:  # the data folder (decision signing key) unusable: one Error: line
+        raise InputError(str(exc)) from None
     if loaded.estimator_error:
         click.echo(f"Warning: difficulty estimator unavailable ({loaded.estimator_error}); "
                    "deciding with difficulty.available == false", err=True)
@@ -287,6 +290,10 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
                          "(each worker would otherwise count only its own requests, so load, sessions and outcome "
                          "releases would split between them); or run one worker per process")
     loaded = load(settings, shared=settings.workers == 1)  # config errors are reported here, before the server starts
+    try:  # an unwritable data folder is one Error: line here, not a traceback from the app's start-up
+        OutcomeLog(settings.outcome_log_path()).close()
+    except DataError as exc:
+        raise InputError(str(exc)) from None
     level = settings.log_level.lower()
     # uvloop and httptools by name, not uvicorn's "auto": asyncio's loop leaves TCP_NODELAY off
     # on the sockets of uvicorn's multi-worker listener (+40 ms per response, Nagle and delayed

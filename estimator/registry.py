@@ -77,6 +77,26 @@ def parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
     return m["name"], m["alias"], m["version"]
 
 
+#: What an MLflow client error says when the tracking server could not be reached at all.
+_UNREACHABLE = ("Max retries exceeded", "Connection refused", "Failed to establish a new connection",
+                "Name or service not known", "timed out", "ConnectionError", "Temporary failure in name resolution")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """True when ``exc`` (or what caused it) says the tracking server did not answer, as opposed to
+    answering that the model, alias or version does not exist."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, (ConnectionError, TimeoutError)) or any(m in str(seen) for m in _UNREACHABLE):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def download_registered_model(uri: str) -> tuple[Path, str]:
     """Resolve ``uri`` in the registry and return ``(model_dir, label)``.
 
@@ -90,6 +110,10 @@ def download_registered_model(uri: str) -> tuple[Path, str]:
     try:
         mv = c.get_model_version_by_alias(name, alias) if alias else c.get_model_version(name, str(version))
     except Exception as exc:  # noqa: BLE001 - MlflowException for missing model/alias/version
+        if _unreachable(exc):
+            raise ModelNotFoundError(
+                f"{uri}: the MLflow tracking server {default_tracking_uri()} is unreachable ({_first_line(exc)})"
+            ) from None
         what = f"alias @{alias}" if alias else f"version {version}"
         raise ModelNotFoundError(
             f"{uri}: registered model {name!r} has no {what} in {default_tracking_uri()} ({type(exc).__name__})"

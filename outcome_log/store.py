@@ -22,7 +22,12 @@ when the log is opened with ``store_prompts=True``.
 Idempotency. A decision id is stored once (a repeated append is a no-op). An outcome is
 keyed by ``outcome_id`` (default: its decision id): the same key with the same content is
 acknowledged again as ``duplicate``; with different content it is a ``conflict`` and
-nothing changes. An outcome whose decision is not in the log is ``unknown_decision``.
+nothing changes. An outcome whose decision is not in the log is ``unknown_decision``, unless
+the caller vouches for the decision (``known``: the service verified its signed id): then it is
+stored as an *orphan* until its decision arrives (another worker's decision still in that
+worker's memory, a decision whose log write failed, another replica's decision whose outcome
+could not be forwarded). ``joined`` pairs an outcome with its decision whenever both are here;
+the ``REFERENCES`` clauses are not enforced for that reason.
 
 Tables::
 
@@ -194,9 +199,14 @@ class OutcomeLog:
         self.path = Path(path) if path is not None else default_log_path()
         self.store_prompts = bool(store_prompts)
         self.timeout_s = float(timeout_s)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DataError(f"{self.path}: cannot open the outcome log ({exc})") from None
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None  # None once closed
+        #: Why the last write failed (None after a write that succeeded): ``/readyz`` reports it.
+        self.write_error: str | None = None
         try:
             self._conn = conn = self._connect()
             with self._lock:
@@ -215,7 +225,7 @@ class OutcomeLog:
         conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA foreign_keys=OFF")  # outcomes may arrive before their decision (orphans)
         return conn
 
     def __enter__(self) -> OutcomeLog:
@@ -265,15 +275,18 @@ class OutcomeLog:
             return conn.total_changes - before
 
     def append_outcomes(self, outcomes: Sequence[OutcomeIn | Mapping[str, object]], *,
-                        received_s: float | None = None) -> list[OutcomeAck]:
+                        received_s: float | None = None,
+                        known: Mapping[str, str] | None = None) -> list[OutcomeAck]:
         """Store outcomes (validated ``OutcomeIn`` or dicts, which are validated with
         ``parse_outcomes`` rules) in one durable transaction; returns one ``OutcomeAck`` per item, in
         order. Items with status ``stored``/``duplicate`` are on disk when this returns.
 
-        ``served_target`` defaults to the decision's target. Raises ``RequestError`` for an
-        invalid dict (nothing stored) and ``DataError`` when the store is unavailable (nothing
-        acknowledged).
+        ``served_target`` defaults to the decision's target. ``known``: decision id -> target of
+        decisions the caller vouches for; their outcomes are stored even when the decision is not
+        (yet) in the log. Raises ``RequestError`` for an invalid dict (nothing stored) and
+        ``DataError`` when the store is unavailable (nothing acknowledged).
         """
+        known = known or {}
         items = [o for o in outcomes if isinstance(o, OutcomeIn)]
         if len(items) < len(outcomes):
             items = parse_outcomes([o.model_dump() if isinstance(o, OutcomeIn) else o for o in outcomes])
@@ -295,6 +308,8 @@ class OutcomeLog:
                                                f"outcome {key} is already stored with different content"))
                     continue
                 dec = conn.execute("SELECT target FROM decisions WHERE decision_id = ?", (o.decision_id,)).fetchone()
+                if dec is None and o.decision_id in known:
+                    dec = (known[o.decision_id],)
                 if dec is None:
                     acks.append(OutcomeAck(key, o.decision_id, "unknown_decision",
                                            f"no decision {o.decision_id} in the outcome log"))
@@ -320,20 +335,17 @@ class OutcomeLog:
         """Store one verified draft durably (see the module); False when the decision already has
         one (nothing changes). Raises ``DataError`` when the store is unavailable or the decision
         is not in the log."""
-        try:
-            with self._write(durable=True) as conn:
-                before = conn.total_changes
-                conn.execute(
-                    "INSERT OR IGNORE INTO verifications(decision_id, time_s, action, rule, p_bad, verifier, "
-                    "escalation_id, escalation_target, estimated_cost_usd, features, draft_text) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (decision_id, float(time_s), action, rule, float(p_bad), verifier, escalation_id,
-                     escalation_target, estimated_cost_usd, json.dumps(dict(features), sort_keys=True), draft_text))
-                return conn.total_changes > before
-        except DataError as exc:
-            if "FOREIGN KEY" in str(exc):
-                raise DataError(f"no decision {decision_id} in the outcome log") from None
-            raise
+        with self._write(durable=True) as conn:
+            if conn.execute("SELECT 1 FROM decisions WHERE decision_id = ?", (decision_id,)).fetchone() is None:
+                raise DataError(f"no decision {decision_id} in the outcome log")
+            before = conn.total_changes
+            conn.execute(
+                "INSERT OR IGNORE INTO verifications(decision_id, time_s, action, rule, p_bad, verifier, "
+                "escalation_id, escalation_target, estimated_cost_usd, features, draft_text) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (decision_id, float(time_s), action, rule, float(p_bad), verifier, escalation_id,
+                 escalation_target, estimated_cost_usd, json.dumps(dict(features), sort_keys=True), draft_text))
+            return conn.total_changes > before
 
     def verification(self, decision_id: str) -> dict[str, object] | None:
         """The stored verification of a decision (columns by name, ``features`` parsed), or None."""
@@ -374,8 +386,27 @@ class OutcomeLog:
                 what = "unavailable" if phase == "begin" else "write failed"
                 return DataError(f"{self.path}: outcome log {what} ({exc})")
 
-            with transaction(conn, "BEGIN IMMEDIATE", fail) as tx:
-                yield tx
+            try:
+                with transaction(conn, "BEGIN IMMEDIATE", fail) as tx:
+                    yield tx
+            except DataError as exc:
+                self.write_error = str(exc)
+                raise
+            self.write_error = None
+
+    def writable(self, probe_bytes: int = 65536) -> str | None:
+        """None when the log takes writes; else why not. While the last write failed, a probe
+        (``probe_bytes`` written and deleted in one durable transaction: roughly a batch of
+        decisions) decides, so a disk that has room again is noticed without traffic."""
+        if self.write_error is None:
+            return None
+        try:
+            with self._write(durable=True) as conn:
+                conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('probe', ?)", ("x" * probe_bytes,))
+                conn.execute("DELETE FROM meta WHERE key = 'probe'")
+        except DataError as exc:
+            return str(exc)
+        return None
 
     # ------------------------------------------------------------------- reads
 

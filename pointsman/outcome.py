@@ -57,8 +57,9 @@ from pointsman.usage_shapes import MAX_TOKENS, UsageProblems, read_usage
 
 #: Outcome statuses: the answer arrived (``ok``), failed, timed out, or the client gave up.
 STATUSES = ("ok", "error", "timeout", "cancelled")
-#: Ids (decision, outcome): 1–128 characters of letters, digits and ``_.:-+/@=``.
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:+/@=-]{0,127}$"
+#: Ids (decision, outcome): 1–1,024 characters of letters, digits and ``_.:-+/@=`` (a signed decision id
+#: carries its claims: ``policy/signals/signed_ids.py``).
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:+/@=-]{0,1023}$"
 _ID = re.compile(ID_PATTERN)
 #: Largest accepted batch in one call.
 MAX_BATCH = 1000
@@ -157,7 +158,7 @@ class OutcomeIn(_Strict):
     @classmethod
     def _id(cls, v: str | None) -> str | None:
         if v is not None and not _ID.match(v):
-            raise ValueError("must be 1-128 characters of letters, digits and _.:-+/@= (starting with a letter or digit)")
+            raise ValueError("must be 1-1024 characters of letters, digits and _.:-+/@= (starting with a letter or digit)")
         return v
 
     @model_validator(mode="after")

@@ -3,7 +3,8 @@
 A decision is plain data; ``to_dict()`` gives the JSON the service returns and the
 decision log stores. ``decision_id`` is the join key to the request's outcome: 32
 hex characters, the first 12 a millisecond Unix timestamp (so ids sort by time,
-like a ULID) and the rest random.
+like a ULID) and the rest random; a dispatched decision's id is followed by its signed claims
+(``<32 hex>.<claims>.<mac>``, ``policy/signals/signed_ids.py``), so any replica can settle it.
 
 **Where the gateway sends the request (the P/D forwarding contract).** Always to
 ``base_url`` (the first ``aggregated``, ``decode`` or ``api`` endpoint of ``endpoints``), with

@@ -305,7 +305,7 @@ class RoutingEngine:
                            subset=endpoint_subset, turn=next(self._turns))
         outcome = decide(self.fleet, self.policy, base, live, self.filters)
         verdict = outcome.verdict
-        decision_id = new_decision_id()
+        decision_id = base_id = new_decision_id()
         candidates = [(verdict.target, outcome.mode.mode), *outcome.fallbacks]
         refusals: dict[str, Exclusion] = {}
         chosen: Placement | None = None
@@ -317,9 +317,9 @@ class RoutingEngine:
                 continue
             if dispatch:
                 try:
-                    self.state.dispatch(
-                        Dispatch(placed.record(decision_id, view, features.prompt_tokens, live.now_mono), hashes,
-                                 gateway_ids, routing.session_id or ""), now=live.now)
+                    decision_id = self.state.dispatch(  # the id as dispatched: signed with its claims
+                        Dispatch(placed.record(base_id, view, features.prompt_tokens, live.now_mono), hashes,
+                                 gateway_ids, routing.session_id or ""), now=live.now).decision_id
                 except BudgetExceeded as exc:
                     refusals[target] = Exclusion("budget", str(exc).removeprefix("budget exceeded: "))
                     continue

@@ -31,6 +31,23 @@ which checks the target "p99 at 500 decisions/s" directly (``--rates`` with no v
 
 Target (issue 6): >= 500 decisions/s at p99 <= 50 ms.
 
+``--pairs RATE ...`` measures route+outcome pairs instead (issue 22: two workers with Redis at
+200 pairs/s, 0 lost, outcome p99 <= 25 ms): the script starts a redis-server and two ``pointsman
+serve`` processes on one data folder (the workers of one host: one outcome log, one inbox, one
+signing key) with ``POINTSMAN_STATE_URL`` and ``POINTSMAN_BUDGET_LEDGER`` on that Redis; pairs start
+at RATE per second (open loop), each ``POST /v1/route`` to the first process and, once answered,
+its ``POST /v1/outcomes`` (usage included) to the *second* one, which did not log the decision.
+Printed per rate: pairs/s, route p50/p99, outcome p50/p99 (ms, from sending the outcome),
+``lost`` (answered decisions whose outcome was not acknowledged) and the errors.
+
+Found with ``--pairs 50 100 200`` (two runs; 2 cores shared with other jobs, load average
+~10): before issue 22's fix an outcome on the process that had not logged its decision waited
+150 ms and retried (``RECENT_DECISION_S``): outcome p50 160-185 ms, p99 265-650 ms, and 4-37
+outcomes lost per row (final 404). With signed ids and orphan outcomes: p50 4.5-7 ms at 50
+pairs/s (12-21 ms once the route path saturates at ~100 pairs/s on that machine), p99
+107-594 ms, 0 lost. What is left of the p99 is the outcome's ``fsync`` (acknowledged only once on
+disk) and CPU queueing on that shared machine.
+
 Found with this script (``--uvicorn '--loop asyncio --http h11'`` vs ``'--loop uvloop'``): with
 asyncio's event loop, ``--workers 2`` made every response ~45 ms slower (p50 48 ms at
 concurrency 1, against 3.6 ms with one worker). For several workers uvicorn binds the
@@ -209,6 +226,134 @@ async def drive(url: str, bodies: list[bytes], concurrency: int, duration_s: flo
             "client_cpu_cores": cpu_s / (time.perf_counter() - start)}
 
 
+async def drive_pairs(url_a: str, url_b: str, bodies: list[bytes], rate: float, duration_s: float,
+                      warmup_s: float) -> dict[str, Any]:
+    """Open-loop route+outcome pairs (module docstring, ``--pairs``): routes on ``url_a``, each
+    outcome on ``url_b``. Returns counts, route and outcome latencies (ms) and ``lost``."""
+    import aiohttp
+
+    headers = {"content-type": "application/json"}
+    route_ms: list[float] = []
+    outcome_ms: list[float] = []
+    errors: dict[str, int] = {}
+    lost = 0
+    start = time.perf_counter()
+    measure_from, stop_at = start + warmup_s, start + warmup_s + duration_s
+
+    async def pair(a: Any, b: Any, body: bytes, k: int, t0: float) -> None:
+        nonlocal lost
+        try:
+            async with a.post("/v1/route", data=body) as resp:
+                status, payload = resp.status, await resp.read()
+        except Exception as exc:  # noqa: BLE001 - count transport errors, keep driving
+            status, payload = type(exc).__name__, b""
+        t1 = time.perf_counter()
+        if status != 200:
+            if t0 >= measure_from:
+                errors[f"route {status}"] = errors.get(f"route {status}", 0) + 1
+            return
+        outcome = json.dumps({"decision_id": json.loads(payload)["decision_id"], "outcome_id": f"p{rate:g}-{k}",
+                              "usage": {"prompt_tokens": 500, "completion_tokens": 100 + k % 50},
+                              "ttft_ms": 150.0}).encode()
+        try:
+            async with b.post("/v1/outcomes", data=outcome) as resp:
+                ostatus, answer = resp.status, await resp.read()
+        except Exception as exc:  # noqa: BLE001
+            ostatus, answer = type(exc).__name__, b""
+        t2 = time.perf_counter()
+        acked = ostatus in (200, 202) and json.loads(answer)["acks"][0]["status"] in ("stored", "duplicate",
+                                                                                     "forwarded")
+        if not acked:
+            lost += 1
+            errors[f"outcome {ostatus}"] = errors.get(f"outcome {ostatus}", 0) + 1
+        if t0 >= measure_from:
+            route_ms.append((t1 - t0) * 1000.0)
+            if acked:
+                outcome_ms.append((t2 - t1) * 1000.0)
+
+    connector_a = aiohttp.TCPConnector(limit=OPEN_LOOP_CONNECTIONS)
+    connector_b = aiohttp.TCPConnector(limit=OPEN_LOOP_CONNECTIONS)
+    async with aiohttp.ClientSession(base_url=url_a, headers=headers, connector=connector_a) as a, \
+            aiohttp.ClientSession(base_url=url_b, headers=headers, connector=connector_b) as b:
+        tasks, k = set(), 0
+        while (t0 := start + k / rate) < stop_at:
+            delay = t0 - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(pair(a, b, bodies[k % len(bodies)], k, t0))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            k += 1
+        await asyncio.gather(*list(tasks))
+    elapsed = time.perf_counter() - measure_from
+    r, o = np.asarray(route_ms), np.asarray(outcome_ms)
+
+    def pct(x: Any, q: float) -> float | None:
+        return float(np.percentile(x, q)) if x.size else None
+
+    return {"pairs": int(r.size), "pairs_per_s": r.size / elapsed, "route_p50_ms": pct(r, 50),
+            "route_p99_ms": pct(r, 99), "outcome_p50_ms": pct(o, 50), "outcome_p99_ms": pct(o, 99),
+            "lost": lost, "errors": errors}
+
+
+def start_redis() -> tuple[subprocess.Popen, str]:
+    """A redis-server on a free port without persistence; (process, URL)."""
+    import shutil
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("--pairs needs redis-server on PATH (apt-get install -y redis-server)")
+    port = free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--loglevel", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(64).startswith(b"+PONG"):
+                    return proc, f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("redis-server did not start")
+
+
+def pairs_main(args: argparse.Namespace, prompts_file: str, tmp: str) -> None:
+    """``--pairs``: the two processes on one data folder and Redis, one row per rate."""
+    redis_proc, url = start_redis()
+    env = {"POINTSMAN_STATE_URL": url, "POINTSMAN_BUDGET_LEDGER": url, "POINTSMAN_WATCH_POLICY": "false",
+           **dict(kv.split("=", 1) for kv in args.env)}
+    data_dir = str(Path(tmp) / "data-pairs")
+    ports = [free_port(), free_port()]
+    procs = []
+    try:
+        for port in ports:  # one after the other: the first creates the log and the signing key
+            procs.append(start_server(1, port, data_dir, args.server_cpus, env, args.uvicorn))
+        print(f"{'pairs/s':>8} {'done/s':>8} {'route p50':>10} {'route p99':>10} {'outcome p50':>12} "
+              f"{'outcome p99':>12} {'lost':>5}  errors")
+        for rate in args.pairs:
+            cmd = [sys.executable, __file__, "--drive", f"http://127.0.0.1:{ports[0]}", "--drive-b",
+                   f"http://127.0.0.1:{ports[1]}", "--prompts", prompts_file, "--rate", str(rate),
+                   "--duration", str(args.duration), "--warmup", str(args.warmup)]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+
+            def ms(v: float | None) -> str:
+                return f"{v:.2f}" if v is not None else "-"
+
+            print(f"{rate:>8g} {r['pairs_per_s']:>8.0f} {ms(r['route_p50_ms']):>10} {ms(r['route_p99_ms']):>10} "
+                  f"{ms(r['outcome_p50_ms']):>12} {ms(r['outcome_p99_ms']):>12} {r['lost']:>5}  {r['errors'] or ''}",
+                  flush=True)
+            if args.json:
+                print(json.dumps({"rate": rate, **r}))
+    finally:
+        for proc in procs:
+            stop_server(proc)
+        redis_proc.terminate()
+        redis_proc.wait(timeout=10)
+
+
 def client_main(args: argparse.Namespace) -> None:
     """``--drive``: run one client measurement and print it as one JSON line."""
     if args.client_cpu is not None:
@@ -217,6 +362,10 @@ def client_main(args: argparse.Namespace) -> None:
     bodies = [json.dumps({"model": "chat", "messages": [{"role": "user", "content": p}],
                           "routing": {"tenant": "load-test", "session_id": f"s-{i}"}}).encode()
               for i, p in enumerate(prompts)]
+    if args.drive_b:
+        result = asyncio.run(drive_pairs(args.drive, args.drive_b, bodies, args.rate, args.duration, args.warmup))
+        print(json.dumps(result))
+        return
     result = asyncio.run(drive(args.drive, bodies, args.concurrency[0], args.duration, args.warmup, args.api_key,
                                args.client, args.rate))
     print(json.dumps(result))
@@ -330,7 +479,10 @@ def main() -> None:
                              "'--loop asyncio --http h11') instead of `pointsman serve`")
     parser.add_argument("--api-key", default=None, help="gateway key, when the server has keys configured")
     parser.add_argument("--json", action="store_true", help="also print every row as JSON")
+    parser.add_argument("--pairs", type=float, nargs="+", default=None, metavar="RATE",
+                        help="route+outcome pairs per second on two processes with Redis state (see the docstring)")
     parser.add_argument("--drive", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--drive-b", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--prompts", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.drive:
@@ -343,6 +495,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pointsman-load-") as tmp:
         prompts_file = str(Path(tmp) / "prompts.json")
         Path(prompts_file).write_text(json.dumps(prompts))
+        if args.pairs:
+            print(f"# {os.cpu_count()} cores shared; route+outcome pairs, two serve processes on one data folder "
+                  f"with Redis state and ledger; {args.prompt_tokens}-token prompts; {args.duration:g} s per row "
+                  f"after {args.warmup:g} s warm-up")
+            pairs_main(args, prompts_file, tmp)
+            return
         print(f"# {os.cpu_count()} cores shared by server and load generator ({args.client} client in its own process"
               f"{f' pinned to core {args.client_cpu}' if args.client_cpu is not None else ', not pinned'}"
               f"{f'; server pinned to {args.server_cpus}' if args.server_cpus else ''}); "

@@ -19,16 +19,19 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 
 from pointsman.estimator.estimate import DifficultyEstimate, Estimator
 from pointsman.policy.budget.config import BudgetConfig
 from pointsman.policy.budget.factory import open_ledger
+from pointsman.policy.budget.journal import DEFAULT_JOURNAL_NAME, SpendJournal
 from pointsman.policy.budget.ledger import BudgetLedger
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import Fleet, load_fleet
 from pointsman.policy.rules.compiler import load_policy
 from pointsman.policy.signals.fleet_state import FleetState
 from pointsman.policy.signals.shared_state import open_sync
+from pointsman.service.decision_key import decision_signer
 from pointsman.service.settings import Settings
 
 
@@ -80,9 +83,13 @@ def build_state(settings: Settings, fleet: Fleet, ledger: bool = True, shared: b
     and neither ``budget_ledger`` nor ``budgets_path`` is set) and, with ``shared`` (the service),
     the shared-state sync of ``POINTSMAN_STATE_URL`` (not started: ``FleetState.start_sync``)."""
     want = ledger or settings.budget_ledger is not None or settings.budgets_path is not None
-    sync = open_sync(settings.state_url) if shared else None
+    if not shared:
+        return FleetState(fleet, open_budget_ledger(settings) if want else None,
+                          budget_fail_open=settings.budget_fail_open)
+    sync = open_sync(settings.state_url)
     return FleetState(fleet, open_budget_ledger(settings) if want else None, budget_fail_open=settings.budget_fail_open,
-                      sync=sync)
+                      sync=sync, signer=decision_signer(settings, sync),
+                      journal=SpendJournal(Path(settings.data_dir) / DEFAULT_JOURNAL_NAME) if want else None)
 
 
 def build_engine(settings: Settings, ledger: bool = True, shared: bool = False) -> LoadedEngine:

@@ -240,6 +240,11 @@ class StateCollector(Collector):
         yield from self._budgets(engine)
 
     def _budgets(self, engine: RoutingEngine) -> Iterator[GaugeMetricFamily]:
+        if engine.state.journal is not None:
+            journal = GaugeMetricFamily("pointsman_spend_journal_pending", "Settlements acknowledged while the budget "
+                                        "ledger was unavailable, waiting in the spend journal to be booked.")
+            journal.add_metric([], len(engine.state.journal))
+            yield journal
         ledger = engine.state.ledger
         budgets = () if ledger is None else ledger.config.budgets
         if ledger is None or not budgets:

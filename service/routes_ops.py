@@ -5,8 +5,10 @@ orchestrators and Prometheus.
   the fleet revision, the estimator (version, whether it is available, why not, its
   source), ``auth`` (false: no API keys are configured and every caller is admin) and the
   last model swap attempt (``last_swap``; its ``error`` when a new version failed to load).
-- ``/readyz`` (readiness): 200 ``ready`` when the engine serves and the decision log writer
-  runs; 503 ``not_ready`` otherwise (starting, stopping, writer dead). An unavailable
+- ``/readyz`` (readiness): 200 ``ready`` when the engine serves, the decision log writer
+  runs and the outcome log takes writes (``OutcomeLog.writable``: its last write succeeded, or a
+  probe write does now); 503 ``not_ready`` otherwise (starting, stopping, writer dead, disk full:
+  outcomes are then a retryable 503 too). An unavailable
   estimator is ``degraded: ...`` but ready: decisions still come back through the policy's
   ``difficulty.available == false`` rule. ``endpoints``: each fleet endpoint's health, why it is
   unhealthy, and its ``/metrics`` scrape state (``endpoint_readiness``); ``checks["endpoints"]``
@@ -17,6 +19,7 @@ orchestrators and Prometheus.
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -62,7 +65,9 @@ async def readyz(request: Request) -> JSONResponse:
     checks = {"engine": "ok",
               "estimator": "ok" if error is None else f"degraded: {error}",
               "decision_log": "ok" if rt.writer.alive else "writer thread stopped"}
-    ready = rt.writer.alive
+    log_error = await run_in_threadpool(rt.outcome_log.writable)
+    checks["outcome_log"] = "ok" if log_error is None else f"not writable: {log_error}"
+    ready = rt.writer.alive and log_error is None
     endpoints = endpoint_readiness(rt)
     sick = sum(not e["healthy"] for e in endpoints.values())
     checks["endpoints"] = f"{sick} of {len(endpoints)} unhealthy (see endpoints)" if sick else "ok"

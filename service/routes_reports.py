@@ -3,20 +3,23 @@
 ``POST /v1/outcomes`` takes one outcome or a list (``pointsman/outcome.py``:
 decision id, usage, TTFT/TPOT/end-to-end latency, status, quality signals). In order:
 
-1. the decision log writer is flushed, so every decision this process answered is in the log;
-2. the outcomes are appended to the outcome log in one durable transaction (``fsync``):
-   the answer is sent only after that, so every acknowledged outcome (``stored`` or
-   ``duplicate``) survives a crash. An outcome whose decision another replica logged (the
-   shared state, ``POINTSMAN_STATE_URL``, knows its inbox) is ``forwarded`` to that replica's
-   log instead (``StateSync.forward``; 202 for a single outcome) and settled here.
-   ``unknown_decision`` outcomes whose decision is less than ``RECENT_DECISION_S`` old are
-   retried once after a decision-log flush interval (another worker process may still hold
-   that decision in memory);
+1. the decision log writer commits what this process decided (at once, at most ``FLUSH_WAIT_S``),
+   so an outcome and its decision made here join in the log; each outcome's decision is known
+   from its signed id (``FleetState.known``: any replica or
+   worker with the shared key reads its target, scopes, estimate and inbox; or this process's
+   own record). An outcome whose decision another replica logs (the id names its inbox) is
+   ``forwarded`` to that replica's log (``StateSync.forward``; 202 for a single outcome) and
+   settled here; when the shared state cannot take it, it is stored here instead;
+2. the others are appended to the outcome log in one durable transaction (``fsync``): the
+   answer is sent only after that, so every acknowledged outcome (``stored`` or ``duplicate``)
+   survives a crash. A known decision that is not (yet) in this log (another worker's, still in
+   its memory; one whose log write failed) does not hold its outcome back: it is stored as an
+   orphan and joins its decision when that arrives (``OutcomeLog.append_outcomes`` ``known``);
 3. each stored, duplicate or forwarded non-shadow outcome settles its decision
-   (``FleetState.settle``: actual cost from the reported usage into the budget ledger,
-   in-flight load released). An outcome with an error/timeout/cancelled status and no
-   usage means the request never ran: its hold is released instead. An ``ok`` outcome
-   without usage books the decision's estimate. Settling is idempotent, so a retried
+   (``FleetState.settle``: actual cost from the reported usage into the budget ledger, or the
+   spend journal while the ledger is unavailable; in-flight load released). An outcome with an
+   error/timeout/cancelled status and no usage means the request never ran: its hold is released
+   instead. An ``ok`` outcome without usage books the decision's estimate. Settling is idempotent, so a retried
    outcome settles at most once. Shadow outcomes (evaluation traffic) never touch budgets.
    An outcome of an escalated decision (``POST /v1/verify`` said escalate; its draft was
    settled then) settles the escalation, ``<decision_id>/escalation``, on the escalation's
@@ -31,10 +34,10 @@ failing item is not stored: in a list it gets an ``invalid`` ack whose message n
 
 Idempotent: the same outcome again is ``duplicate`` (200), different content under the
 same id is ``conflict`` (409 for a single outcome). A single outcome for an unknown decision
-is 404; a list is always 200 with one acknowledgement per item. 503 when the outcome log
-is unavailable (nothing acknowledged), the shared state is while an outcome needs
-forwarding, or the budget ledger is (outcomes stored; retry: the retry is a duplicate and
-settles).
+(an id no key here signed, nor this log or process knows) is 404; a list is always 200 with
+one acknowledgement per item. 503 when the outcome log is unavailable (nothing acknowledged;
+``/readyz`` says so too), or the budget ledger is and the spend journal cannot take the
+settlement (outcomes stored; retry: the retry is a duplicate and settles).
 
 Outcomes other replicas forward to this one (``deliver_forwarded``, from the shared-state
 reader) are stored the same way, without settling (the receiving replica settled them).
@@ -51,7 +54,6 @@ import difflib
 import json
 import logging
 import sqlite3
-import time
 from collections.abc import Mapping
 from typing import Required, TypedDict
 
@@ -81,19 +83,10 @@ from pointsman.service.schemas import OutcomeAckOut, OutcomesResponse, Telemetry
 router = APIRouter()
 log = logging.getLogger("pointsman.outcomes")
 
-#: An unknown decision younger than this (seconds, from its time-ordered id) is retried once.
-RECENT_DECISION_S = 30.0
+#: How long an outcome waits for this process's decision log writer (seconds): it commits at once
+#: when asked, so normally a millisecond; past this (a stalled disk) the outcome goes on without it.
+FLUSH_WAIT_S = 1.0
 _STATUS = {"stored": 200, "duplicate": 200, "forwarded": 202, "conflict": 409, "unknown_decision": 404}
-
-
-def _decision_age_s(decision_id: str) -> float | None:
-    """Seconds since a Pointsman decision id was made (its first 12 hex are a ms timestamp); None for other ids."""
-    if len(decision_id) != 32:
-        return None
-    try:
-        return time.time() - int(decision_id[:12], 16) / 1000.0
-    except ValueError:
-        return None
 
 
 class AckEntry(TypedDict, total=False):
@@ -111,9 +104,10 @@ class AckEntry(TypedDict, total=False):
 
 
 def _known_decision(rt: Runtime, decision_id: str) -> tuple[str, float | None] | None:
-    """(target, estimated cost in USD) of a decision: from this process's in-flight record, else
-    from the outcome log; None when neither knows it. Raises ``DataError`` (outcome log)."""
-    record = rt.live.engine.state.record(decision_id)
+    """(target, estimated cost in USD) of a decision: from its signed id or this process's
+    in-flight record (``FleetState.known``), else from the outcome log (an unsigned id another
+    process made); None when none knows it. Raises ``DataError`` (outcome log)."""
+    record = rt.live.engine.state.known(decision_id)
     if record is not None:
         return record.target, record.estimated_cost_usd
     logged = rt.outcome_log.decision(decision_id)
@@ -246,46 +240,38 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
     the ``problem`` key. Without ``settle`` (outcomes forwarded here) nothing is settled or
     forwarded again. Raises ``HTTPError`` 503 when the outcome log, the shared state (for an
     outcome to forward) or the ledger is unavailable."""
-    rt.writer.flush(timeout_s=10.0)
+    rt.writer.flush(timeout_s=FLUSH_WAIT_S)  # this process's decisions first, so its own outcomes join in the log
+    state = rt.live.engine.state
+    sync = state.sync
     problems: list[OutcomeItemError | None] = [item if isinstance(item, OutcomeItemError) else None for item in items]
     acks: list[OutcomeAck | None] = [None] * len(items)
-
-    def check_and_append(todo: list[int]) -> None:
-        valid: list[tuple[int, OutcomeIn]] = []
-        for i in todo:
-            item = items[i]
-            if isinstance(item, OutcomeIn) and problems[i] is None:
-                problems[i] = usage_problem(rt, item, f"[{i}]" if indexed else "")
-                if problems[i] is None:
-                    valid.append((i, item))
-        if valid:
-            for (i, _), ack in zip(valid, rt.outcome_log.append_outcomes([item for _, item in valid])):
-                acks[i] = ack
-
-    def forward(todo: list[int]) -> None:
-        sync = rt.live.engine.state.sync
-        for i in todo:
-            item, ack = items[i], acks[i]
-            assert isinstance(item, OutcomeIn) and ack is not None
-            if sync.forward(item.decision_id, item.model_dump_json(exclude_unset=True)) == "forwarded":
-                acks[i] = OutcomeAck(ack.outcome_id, ack.decision_id, "forwarded",
-                                     "another replica logged this decision: the outcome is forwarded to its "
-                                     "outcome log (idempotent there) and settled here")
-
+    known: dict[str, str] = {}  # decision id -> target, for decisions vouched for (stored even if not logged here)
+    here: list[tuple[int, OutcomeIn]] = []
     try:
-        check_and_append([i for i in range(len(items)) if problems[i] is None])
-        if settle and rt.live.engine.state.sync.shared:
-            try:
-                forward([i for i, a in enumerate(acks) if a is not None and a.status == "unknown_decision"])
-            except DataError as exc:
-                raise unavailable(f"{exc}; outcomes for decisions logged here are stored (a retry is a duplicate)",
-                                  "shared_state_unavailable") from None
-        retry = [i for i, a in enumerate(acks) if a is not None and a.status == "unknown_decision"
-                 and (age := _decision_age_s(a.decision_id)) is not None and age < RECENT_DECISION_S]
-        if retry:
-            time.sleep(2 * rt.writer.flush_interval_s + 0.05)
-            rt.writer.flush(timeout_s=10.0)
-            check_and_append(retry)
+        for i, item in enumerate(items):
+            if not isinstance(item, OutcomeIn) or problems[i] is not None:
+                continue
+            problems[i] = usage_problem(rt, item, f"[{i}]" if indexed else "")
+            if problems[i] is not None:
+                continue
+            record = state.known(item.decision_id)
+            if record is not None:
+                known[item.decision_id] = record.target
+            claims = state.claims(item.decision_id)
+            if settle and sync.shared and claims is not None and claims.inbox and claims.inbox != sync.inbox:
+                try:
+                    sync.forward(claims.inbox, item.model_dump_json(exclude_unset=True))
+                except DataError as exc:  # stored here instead: never refused for the shared state's sake
+                    log.warning("outcome %s stored here, not forwarded: %s", item.key, exc)
+                else:
+                    acks[i] = OutcomeAck(item.key, item.decision_id, "forwarded",
+                                         "another replica logs this decision: the outcome is forwarded to its "
+                                         "outcome log (idempotent there) and settled here")
+                    continue
+            here.append((i, item))
+        if here:
+            for (i, _), stored in zip(here, rt.outcome_log.append_outcomes([item for _, item in here], known=known)):
+                acks[i] = stored
     except DataError as exc:
         raise unavailable(f"outcome log unavailable, nothing acknowledged: {exc}", "outcome_log_unavailable") from None
     out: list[AckEntry] = []

@@ -7,7 +7,7 @@ In order (in a worker thread; same auth as ``/v1/route``):
 1. the body is validated (422 naming the field); the decision must be held here
    (``cascade.PendingDrafts``): 404 ``unknown_decision`` when nothing knows it, 410
    ``decision_expired`` when it is older than ``POINTSMAN_VERIFY_TTL_S`` or its context is not
-   on this replica (the outcome log knows it, memory does not);
+   on this replica (its signed id or the outcome log knows it, memory does not);
 2. a repeated verify returns the first answer with ``replayed: true``; a decision already
    settled by its outcome (or released) is 409 ``decision_settled``;
 3. the draft's features (``estimator/draft.py``) and the verifier's ``p_bad``
@@ -44,7 +44,6 @@ from pointsman.service.auth import Principal, require
 from pointsman.service.bodies import json_body, read_parsed, validate_model
 from pointsman.service.cascade import Pending, VerifyIn, VerifyOut
 from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, unavailable
-from pointsman.service.routes_reports import _decision_age_s
 from pointsman.service.runtime import Runtime, get_runtime
 
 router = APIRouter()
@@ -52,13 +51,15 @@ router = APIRouter()
 
 def _missing(rt: Runtime, decision_id: str) -> HTTPError:
     """404 or 410 for a decision not held here (see the module, step 1)."""
-    age = _decision_age_s(decision_id)
-    rt.writer.flush(timeout_s=10.0)
-    try:
-        logged = rt.outcome_log.decision(decision_id) is not None
-    except DataError:
-        logged = False
-    if logged or (age is not None and age > rt.cascade.ttl_s):
+    claims = rt.live.engine.state.claims(decision_id)
+    logged = claims is not None
+    if not logged:
+        rt.writer.flush(timeout_s=10.0)
+        try:
+            logged = rt.outcome_log.decision(decision_id) is not None
+        except DataError:
+            logged = False
+    if logged:  # a decision this service made (its signed id, or the log), not held here
         return HTTPError(410, f"decision {decision_id} can no longer be verified: verify within "
                               f"{rt.cascade.ttl_s:g} s (POINTSMAN_VERIFY_TTL_S), on the replica that made it",
                          type="not_found_error", code="decision_expired", param="decision_id")

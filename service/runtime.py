@@ -4,7 +4,8 @@
 wraps the estimator in its hard time budget, opens the decision and outcome log, starts the
 decision log writer and the shared-state sync (``POINTSMAN_STATE_URL``);
 ``Runtime.start_watchers`` starts, as asyncio tasks, the engines' signal feeds (``feeds.py``:
-``/metrics`` scraping), the policy, fleet and budgets file watchers and the model follower;
+``/metrics`` scraping), the policy, fleet and budgets file watchers, the model follower and the
+spend journal's replay (``replay_journal``);
 ``Runtime.close`` stops everything in order (tasks, then the writer drains, then the logs, the
 shared-state sync and the ledger close).
 
@@ -19,17 +20,20 @@ import concurrent.futures
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from fastapi import Request
 
 from pointsman.estimator.estimate import Estimator
 from pointsman.estimator.verifier import HeuristicVerifier, Verifier, load_verifier
 from pointsman.outcome_log.store import OutcomeLog
+from pointsman.policy.budget.journal import DEFAULT_JOURNAL_NAME, SpendJournal
 from pointsman.policy.engine import RoutingEngine
 from pointsman.service.bootstrap import build_engine, load_estimator
 from pointsman.service.budgets_reload import watch_budgets
 from pointsman.service.cascade import PendingDrafts
 from pointsman.service.deadline import DeadlineEstimator, estimator_pool
+from pointsman.service.decision_key import decision_signer
 from pointsman.service.decision_log import DecisionLogWriter
 from pointsman.service.feeds import SignalFeeds
 from pointsman.service.fleet_reload import watch_fleet
@@ -111,6 +115,8 @@ class Runtime:
                 watch_budgets(self.live, s.budgets_path, self._stop, self.record_budgets_reload),
                 name="pointsman-budgets-watch"))
             self.watching_budgets = True
+        if self.live.engine.state.journal is not None:
+            self._tasks.append(asyncio.create_task(self.replay_journal(), name="pointsman-spend-journal"))
         if s.watch_policy:
             path = self.live.engine.policy.file
             self._tasks.append(asyncio.create_task(watch_policy(self.live, path, self._stop, self.record_reload),
@@ -124,6 +130,22 @@ class Runtime:
                                           on_result=self.record_swap)
             self._tasks.append(asyncio.create_task(self.follower.run(s.model_poll_interval_s, self._stop),
                                                    name="pointsman-model-follower"))
+
+    async def replay_journal(self, interval_s: float = 1.0) -> None:
+        """Every ``interval_s``, book the settlements the spend journal kept while the ledger was
+        unavailable (``FleetState.replay_journal``), until the service stops."""
+        assert self._stop is not None
+        while not self._stop.is_set():
+            try:
+                booked = await asyncio.to_thread(self.live.engine.state.replay_journal)
+                if booked:
+                    log.info("spend journal: %d settlement(s) booked in the ledger", booked)
+            except Exception:  # noqa: BLE001 - keep replaying; the entries stay
+                log.exception("spend journal replay failed")
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=interval_s)
+            except TimeoutError:
+                pass
 
     async def close(self) -> None:
         """Stop the watchers, drain the decision log, close the logs, the pool and (when owned)
@@ -161,6 +183,11 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
                         estimator_error)
     metrics = ServiceMetrics()
     outcome_log = OutcomeLog(settings.outcome_log_path(), store_prompts=settings.store_prompts)
+    state = engine.state
+    if state.signer is None:  # an injected engine: the service always answers signed ids
+        state.signer = decision_signer(settings, state.sync)
+    if state.journal is None and state.ledger is not None:
+        state.journal = SpendJournal(Path(settings.data_dir) / DEFAULT_JOURNAL_NAME)
 
     def on_log(result: str, n: int) -> None:
         metrics.decision_log.labels(result).inc(n)

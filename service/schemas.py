@@ -128,7 +128,8 @@ class EndpointReadiness(BaseModel):
 
 
 class ReadyResponse(BaseModel):
-    """``GET /readyz``: ``ready`` when the engine serves and the decision log writer runs;
+    """``GET /readyz``: ``ready`` when the engine serves, the decision log writer runs and the
+    outcome log takes writes;
     ``checks`` names each part's state (``ok``, ``degraded: ...`` or what is wrong);
     ``endpoints`` each fleet endpoint's health and scrape state, by id (they do not decide readiness:
     an engine down makes its requests go elsewhere, not this service unready)."""
@@ -142,7 +143,10 @@ class SettlementOut(BaseModel):
     """What an outcome did to the budget ledger and the load board (``FleetState.settle``):
     ``actual_cost_usd`` booked, ``replayed`` (settled before; nothing changed),
     ``released_load`` (in-flight entries released), the reservation it replaced and by how
-    much the actual cost overran it (USD), and the hold's state in the ledger."""
+    much the actual cost overran it (USD), and the hold's state in the ledger (``held``, ``expired``,
+    ``released``, ``unreserved``: admitted without a reservation, booked from the signed id's
+    scopes; ``journaled``: the ledger was unavailable, kept in the spend journal and booked when it
+    returns)."""
 
     decision_id: str
     target: str | None

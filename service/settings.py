@@ -46,6 +46,10 @@ Service only (``pointsman serve``):
   without keys refuses to start.
 - ``POINTSMAN_OUTCOME_LOG``: the decision and outcome log (SQLite); default
   ``<POINTSMAN_DATA_DIR>/outcomes.db``.
+- ``POINTSMAN_DECISION_KEY``: the secret every replica signs decision ids with (HMAC-SHA256 of
+  the claims settling needs: ``policy/signals/signed_ids.py``); default: a random key kept in
+  the shared state (``POINTSMAN_STATE_URL``; cached as ``<data_dir>/decision.key`` for a start
+  while Redis is away), else in ``<data_dir>/decision.key`` (the workers of one host share it).
 - ``POINTSMAN_STORE_PROMPTS``: also store the prompt text of decisions (operator opt-in);
   default ``false``: a hash, the request features and the head-input vector only.
 - ``POINTSMAN_STORE_DRAFTS``: also store the text of drafts sent to ``POST /v1/verify``
@@ -149,6 +153,7 @@ class Settings(BaseSettings):
     route_in_threadpool: bool = False
     workers: int = Field(default=1, ge=1)
     state_url: str | None = None
+    decision_key: SecretStr | None = None
     scrape_interval_s: float = Field(default=2.0, ge=0)
     scrape_timeout_s: float = Field(default=1.0, gt=0)
     scrape_failures_to_unhealthy: int = Field(default=3, ge=1)

@@ -79,7 +79,8 @@ class Settlement:
     """The actual cost booked for a decision. ``overrun_usd = max(0, actual - reserved)``.
     ``replayed`` is True when this settle repeated an earlier one (nothing changed; the
     fields are the first settlement's). ``hold_state`` says what the hold was when the
-    first settle arrived: ``held``, ``expired`` or ``released``."""
+    first settle arrived: ``held``, ``expired``, ``released``, or ``unreserved`` (never reserved: booked
+    from the decision's scopes)."""
 
     decision_id: str
     reserved_usd: float
@@ -226,9 +227,13 @@ class BudgetLedger(Protocol):
 
     def settle(self, decision_id: str, actual_cost_usd: float, now: float | None = None,
                target: str | None = None, prompt_tokens: int = 0, cached_tokens: int = 0,
-               completion_tokens: int = 0) -> Settlement:
+               completion_tokens: int = 0, scopes: Sequence[str] | None = None,
+               issued_s: float | None = None) -> Settlement:
         """Replace the hold by the actual cost (idempotent: a repeat returns the first
-        settlement with ``replayed=True``); raises ``UnknownReservation``."""
+        settlement with ``replayed=True``). Without a reservation (the ledger was down at
+        dispatch, or the decision was never reserved), ``scopes`` and ``issued_s`` (the decision's
+        Unix time) book it in that time's windows, ``hold_state`` ``unreserved``; raises
+        ``UnknownReservation`` when there is no reservation and no ``scopes``."""
         ...
 
     def release(self, decision_id: str, now: float | None = None) -> bool:

@@ -130,12 +130,20 @@ redis.call('ZADD', P .. 'expiry', ARGV[5], id)
 return {'ok'}
 """
 
-# ARGV: 3 id, 4 actual, 5 target ('' for none), 6 prompt, 7 cached, 8 completion tokens.
+# ARGV: 3 id, 4 actual, 5 target ('' for none), 6 prompt, 7 cached, 8 completion tokens; without a
+# reservation, 9 scopes ('\n'-joined; '' = unknown), 10 day_id, 11 month_id, 12 day keep-until,
+# 13 month keep-until, 14 retention_s book it as 'unreserved'.
 _SETTLE = _SWEEP + """
 local id, actual, target = ARGV[3], ARGV[4], ARGV[5]
 local rk = P .. 'r:' .. id
 local f = redis.call('HMGET', rk, 'state', 'reserved', 'scopes', 'day', 'month', 'dkeep', 'mkeep')
-if not f[1] then return {'unknown'} end
+if not f[1] then
+  if ARGV[9] == '' then return {'unknown'} end
+  f = {'unreserved', '0', ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13]}
+  redis.call('HSET', rk, 'state', 'unreserved', 'reserved', '0', 'scopes', ARGV[9], 'day', ARGV[10],
+             'month', ARGV[11], 'dkeep', ARGV[12], 'mkeep', ARGV[13], 'created', NOW, 'expires', NOW)
+  redis.call('EXPIRE', rk, ARGV[14])
+end
 if f[1] == 'settled' then
   local r = redis.call('HMGET', rk, 'reserved', 'actual', 'settled_s', 'target', 'pt', 'ct', 'comp', 'hold_state')
   table.insert(r, 1, 'replay')
@@ -273,15 +281,26 @@ class RedisLedger:
 
     def settle(self, decision_id: str, actual_cost_usd: float, now: float | None = None,
                target: str | None = None, prompt_tokens: int = 0, cached_tokens: int = 0,
-               completion_tokens: int = 0) -> Settlement:
+               completion_tokens: int = 0, scopes: Sequence[str] | None = None,
+               issued_s: float | None = None) -> Settlement:
         """Replace the hold by ``actual_cost_usd`` (USD), booked in the reservation's windows,
-        and add the tokens to ``target``'s usage. A repeat returns the first settlement with
-        ``replayed=True`` and changes nothing. Raises ``UnknownReservation``, ``BudgetError``
-        for bad arguments, ``LedgerUnavailable``."""
+        and add the tokens to ``target``'s usage. Without a reservation, ``scopes`` (and
+        ``issued_s``, the decision's Unix time: its windows; default ``now``) book it as an
+        ``unreserved`` settlement. A repeat returns the first settlement with ``replayed=True`` and
+        changes nothing. Raises ``UnknownReservation`` (no reservation, no ``scopes``),
+        ``BudgetError`` for bad arguments, ``LedgerUnavailable``."""
         actual, now = checked_settle_args(decision_id, actual_cost_usd, now, target, prompt_tokens, cached_tokens,
                                           completion_tokens)
+        unreserved = ["", "", "", "", "", ""]
+        if scopes is not None:
+            windows = windows_at(now if issued_s is None else float(issued_s))
+            keep = self.config.record_retention_s + KEEP_AFTER_WINDOW_S
+            unreserved = ["\n".join(check_scopes(scopes)) or "\n", windows["day"].id, windows["month"].id,
+                          repr(windows["day"].end_s + keep), repr(windows["month"].end_s + keep),
+                          str(max(1, math.ceil(self.config.record_retention_s)))]
         out = self._run(self._settle, self._head(now) + [
-            decision_id, str(actual), target or "", str(prompt_tokens), str(cached_tokens), str(completion_tokens)])
+            decision_id, str(actual), target or "", str(prompt_tokens), str(cached_tokens), str(completion_tokens),
+            *unreserved])
         if out[0] == "unknown":
             raise UnknownReservation(decision_id)
         if out[0] == "replay":

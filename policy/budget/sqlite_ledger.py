@@ -328,23 +328,34 @@ class SqliteLedger:
 
     def settle(self, decision_id: str, actual_cost_usd: float, now: float | None = None,
                target: str | None = None, prompt_tokens: int = 0, cached_tokens: int = 0,
-               completion_tokens: int = 0) -> Settlement:
+               completion_tokens: int = 0, scopes: Sequence[str] | None = None,
+               issued_s: float | None = None) -> Settlement:
         """Replace the hold by ``actual_cost_usd`` (USD), booked in the reservation's windows,
-        and add the tokens to ``target``'s usage. A repeat returns the first settlement with
-        ``replayed=True`` and changes nothing. Raises ``UnknownReservation``, ``BudgetError``
-        for bad arguments, ``LedgerUnavailable``."""
+        and add the tokens to ``target``'s usage. Without a reservation, ``scopes`` (and
+        ``issued_s``, the decision's Unix time: its windows; default ``now``) book it as an
+        ``unreserved`` settlement. A repeat returns the first settlement with ``replayed=True`` and
+        changes nothing. Raises ``UnknownReservation`` (no reservation, no ``scopes``),
+        ``BudgetError`` for bad arguments, ``LedgerUnavailable``."""
         actual, now = checked_settle_args(decision_id, actual_cost_usd, now, target, prompt_tokens, cached_tokens,
                                           completion_tokens)
+        booked = None if scopes is None else check_scopes(scopes)
         with self._transaction("BEGIN IMMEDIATE") as conn:
             self._sweep(conn, now)
             row = conn.execute(_SELECT_RES, (decision_id,)).fetchone()
             if row is None:
-                raise UnknownReservation(decision_id)
-            state, scopes, day_id, month_id, reserved = row[:5]
+                if booked is None:
+                    raise UnknownReservation(decision_id)
+                at = now if issued_s is None else float(issued_s)
+                windows = windows_at(at)
+                row = ("unreserved", "\n".join(booked), windows["day"].id, windows["month"].id, 0)
+                conn.execute("INSERT INTO budget_reservations (decision_id, scopes, day_id, month_id, reserved_nusd, "
+                             "created_s, expires_s, state) VALUES (?, ?, ?, ?, 0, ?, ?, 'unreserved')",
+                             (decision_id, row[1], row[2], row[3], at, at))
+            state, scopes_text, day_id, month_id, reserved = row[:5]
             if state == "settled":
                 return Settlement(decision_id, to_usd(reserved), to_usd(row[6]), row[7], row[8], row[9], row[10],
                                   row[11], row[5], replayed=True)
-            keys = [(s, w) for s in _split(scopes) for w in (day_id, month_id)]
+            keys = [(s, w) for s in _split(scopes_text) for w in (day_id, month_id)]
             if state == "held" and reserved:
                 conn.executemany(_ADD_HELD, [(s, w, -reserved) for s, w in keys])
             conn.executemany(_ADD_SETTLED, [(s, w, actual) for s, w in keys])

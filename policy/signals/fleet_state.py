@@ -50,6 +50,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pointsman.errors import BudgetError, RequestError
+from pointsman.policy.budget.journal import SettleArgs, SpendJournal
 from pointsman.policy.budget.ledger import (
     BudgetLedger,
     BudgetSnapshot,
@@ -67,6 +68,7 @@ from pointsman.policy.signals.load_board import EndpointLoad, LoadBoard, Stalene
 from pointsman.policy.signals.prefix_index import BLOCK_TOKENS, MOONCAKE_BLOCK_TOKENS, PrefixIndex, SharedKVTier
 from pointsman.policy.signals.scrape import ScrapeStatus, metrics_url
 from pointsman.policy.signals.shared_state import Change, LocalSync, SharedRecord, SharedView, StateSync
+from pointsman.policy.signals.signed_ids import Claims, DecisionSigner
 
 log = logging.getLogger("pointsman.state")
 
@@ -124,7 +126,8 @@ class Settled:
     """The result of ``FleetState.settle``: ``actual_cost_usd`` booked (computed from usage by
     the cost model unless the caller gave it), ``target``/``mode``, ``settlement`` (the
     ledger's, None without a ledger or reservation), ``released_load`` (in-flight entries
-    released now), ``replayed`` (this outcome was settled before; nothing changed)."""
+    released now), ``replayed`` (this outcome was settled before; nothing changed), ``journaled``
+    (the ledger was unavailable: kept in the spend journal, booked when it returns)."""
 
     decision_id: str
     target: str | None
@@ -133,6 +136,7 @@ class Settled:
     settlement: Settlement | None
     released_load: int
     replayed: bool
+    journaled: bool = False
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready summary."""
@@ -142,7 +146,7 @@ class Settled:
                 "released_load": self.released_load,
                 "reserved_usd": None if s is None else s.reserved_usd,
                 "overrun_usd": None if s is None else s.overrun_usd,
-                "hold_state": None if s is None else s.hold_state}
+                "hold_state": "journaled" if self.journaled else None if s is None else s.hold_state}
 
 
 class FleetState:
@@ -161,21 +165,29 @@ class FleetState:
     overspend (at worst a target passes the filter and is refused at dispatch, and the next
     fallback is tried), and a refusal by the filter is confirmed by a fresh ledger read
     (``live.LiveSignals.budget_fits``), so a stale snapshot never refuses wrongly.
+    ``signer``: signs the ids of dispatched decisions with their claims (``signed_ids``), so any
+    process holding the same key settles their outcomes (None: ids stay unsigned, and only a
+    process that knows the record settles). ``journal``: where settlements go while the ledger
+    is unavailable (``budget.journal``; None: ``settle`` raises ``LedgerUnavailable`` then).
+    The load board's in-flight TTL is ``record_ttl_s``.
     """
 
     def __init__(self, fleet: Fleet, ledger: BudgetLedger | None = None, *, board: LoadBoard | None = None,
                  budget_fail_open: bool = False, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic, session_ttl_s: float = SESSION_TTL_S,
-                 budget_snapshot_ttl_s: float = 0.05, sync: StateSync | None = None) -> None:
+                 budget_snapshot_ttl_s: float = 0.05, sync: StateSync | None = None,
+                 signer: DecisionSigner | None = None, journal: SpendJournal | None = None) -> None:
         self.fleet = fleet
         self.sync: StateSync = sync or LocalSync()
         self.ledger = ledger
+        self.signer = signer
+        self.journal = journal
         self.budget_fail_open = budget_fail_open
         self.clock = clock
         self.monotonic = monotonic
         self.session_ttl_s = float(session_ttl_s)
         known = list(fleet.endpoints) + list(fleet.aliases)
-        self.board = board or LoadBoard(known_endpoints=known)
+        self.board = board or LoadBoard(known_endpoints=known, inflight_ttl_s=self.record_ttl_s)
         self._lock = threading.Lock()
         self._indexes: dict[tuple[str, bool], PrefixIndex] = {}
         self._shared: dict[str, SharedKVTier | None] = {}
@@ -225,7 +237,8 @@ class FleetState:
         processes' changes to the new state)."""
         new = FleetState(fleet, self.ledger, board=self.board, budget_fail_open=self.budget_fail_open,
                          clock=self.clock, monotonic=self.monotonic, session_ttl_s=self.session_ttl_s,
-                         budget_snapshot_ttl_s=self._budget_snapshot_ttl_s, sync=self.sync)
+                         budget_snapshot_ttl_s=self._budget_snapshot_ttl_s, sync=self.sync, signer=self.signer,
+                         journal=self.journal)
         kept = set(fleet.endpoints)
         self.board.set_endpoints(list(fleet.endpoints) + list(fleet.aliases))
         for endpoint in self.board.endpoints():
@@ -374,9 +387,11 @@ class FleetState:
         return self._budget_cache.read(scopes, now, fresh=fresh)
 
     def budgets_changed(self) -> None:
-        """The budgets file was reloaded: drop every kept budget snapshot."""
+        """The budgets file was reloaded: drop every kept budget snapshot; in-flight entries now
+        expire at its reservation TTL."""
         if self._budget_cache is not None:
             self._budget_cache.clear()
+        self.board.inflight_ttl_s = self.record_ttl_s
 
     # -- dispatch (engine) ---------------------------------------------------------
 
@@ -387,9 +402,16 @@ class FleetState:
         ``budget_fail_open``), then count the request in flight on its endpoint(s) (at the
         record's monotonic ``at``), record its prefix there and its session. ``now``: Unix
         seconds for the ledger. Returns the ``DispatchRecord`` that ``settle`` will use, with
-        ``reserved`` saying whether the ledger holds the estimate."""
+        ``reserved`` saying whether the ledger holds the estimate, and its id signed with its
+        claims when the state has a ``signer`` (an id holding a ``.`` already, such as an
+        escalation's, stays as it is): the caller answers that id."""
         now = self.clock() if now is None else now
         record = dispatch.record
+        if self.signer is not None and "." not in record.decision_id:
+            record = replace(record, decision_id=self.signer.sign(
+                record.decision_id, target=record.target, mode=record.mode, scopes=record.scopes,
+                estimated_cost_usd=record.estimated_cost_usd, prefill_utilization=record.prefill_utilization,
+                decode_utilization=record.decode_utilization, inbox=self.sync.inbox))
         decision_id, scopes, at = record.decision_id, record.scopes, record.at
         reserved = False
         if self.ledger is not None:
@@ -508,6 +530,23 @@ class FleetState:
         with self._lock:
             return self._records.get(decision_id)
 
+    def claims(self, decision_id: str) -> Claims | None:
+        """What a signed id says about its decision (``signed_ids``); None for an unsigned,
+        forged or altered id, or without a signer."""
+        return None if self.signer is None else self.signer.verify(decision_id)
+
+    def known(self, decision_id: str) -> DispatchRecord | None:
+        """What settling ``decision_id`` needs: this replica's in-flight record, else its signed
+        id's claims as a record (no endpoint; dispatched at the id's time); None when neither."""
+        record = self.record(decision_id)
+        if record is not None:
+            return record
+        c = self.claims(decision_id)
+        if c is None:
+            return None
+        return DispatchRecord(decision_id, c.target, c.mode, "", None, c.scopes, c.estimated_cost_usd, False, 0,
+                              c.prefill_utilization, c.decode_utilization, self._mono_of(c.issued_s))
+
     def settle(self, decision_id: str, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
                actual_cost_usd: float | None = None, target: str | None = None, mode: str | None = None,
                now: float | None = None, cache_write_tokens: int = 0, cache_write_1h_tokens: int = 0) -> Settled:
@@ -516,22 +555,27 @@ class FleetState:
         The actual cost is ``actual_cost_usd`` when given (an API bill), else the cost
         model on the usage (``cost.usage_cost`` with ``prompt_tokens``, its parts ``cached_tokens``,
         ``cache_write_tokens`` and ``cache_write_1h_tokens``, and ``completion_tokens`` on the
-        decision's target and mode, at the utilization its estimate used). ``target``/``mode`` are
-        needed only when this replica did not make the decision (another replica, or a restart) and
-        no ``actual_cost_usd`` is given.
-        Idempotent: settling again returns the first result with ``replayed=True``.
+        decision's target and mode, at the utilization its estimate used). The decision is known
+        from this replica's record, else its signed id (``known``), else the shared state's
+        record; ``target``/``mode`` are needed only when none knows it and no ``actual_cost_usd``
+        is given. The ledger books it on the decision's scopes in its dispatch time's windows,
+        reserved or not (a decision admitted while the ledger was down has no reservation); while
+        the ledger is unavailable the settlement goes to the spend journal (``journaled``) and is
+        booked when the ledger returns (``replay_journal``).
+        Idempotent: settling again returns the first result with ``replayed=True`` (the ledger
+        books a decision id once, whichever replica settles it).
         Raises ``BudgetError`` for bad numbers (token counts outside [0, ``MAX_SETTLE_TOKENS``]), an
         unknown target or cache parts beyond the prompt, ``UnknownReservation``
-        when the ledger has no reservation for an id this replica does not know either,
-        ``LedgerUnavailable`` when the backend fails (nothing changed; retry)."""
+        when the ledger has no reservation for an id nothing here knows either,
+        ``LedgerUnavailable`` when the backend fails and there is no journal or nothing known to
+        journal (nothing changed; retry)."""
         check_tokens(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cached_tokens=cached_tokens,
                      cache_write_tokens=cache_write_tokens, cache_write_1h_tokens=cache_write_1h_tokens)
         with self._lock:
             previous = self._settled.get(decision_id)
-            record = self._records.get(decision_id)
         if previous is not None:
-            return Settled(previous.decision_id, previous.target, previous.mode, previous.actual_cost_usd,
-                           previous.settlement, 0, True)
+            return replace(previous, released_load=0, replayed=True)
+        record = self.known(decision_id)
         tokens = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "cached_tokens": cached_tokens, "cache_write_tokens": cache_write_tokens,
                   "cache_write_1h_tokens": cache_write_1h_tokens}
@@ -550,26 +594,58 @@ class FleetState:
         if actual_cost_usd is None:
             actual_cost_usd, mode = self._price(decision_id, target, mode, record, tokens)
         settlement = None
-        replayed = False
-        if self.ledger is not None and (record is None or record.reserved):
+        replayed = journaled = False
+        if self.ledger is not None:
+            args: SettleArgs = {
+                "actual_cost_usd": float(actual_cost_usd), "now": self.clock() if now is None else now,
+                "target": target, "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens,
+                "completion_tokens": completion_tokens,
+                "scopes": None if record is None else list(record.scopes),
+                "issued_s": None if record is None else self._wall_of(record.at)}
             try:
                 with self._budget_change(record.scopes if record else None):
-                    settlement = self.ledger.settle(decision_id, float(actual_cost_usd), now, target=target,
-                                                    prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
-                                                    completion_tokens=completion_tokens)
+                    settlement = self.ledger.settle(decision_id, **args)
                 replayed = settlement.replayed
-            except UnknownReservation:
-                if record is None:
+            except LedgerUnavailable:
+                if record is None or self.journal is None:
                     raise
+                self.journal.add(decision_id, args)
+                journaled = True
         released = self._apply_release(decision_id)
         if released == 0 and taken is not None:  # dispatched elsewhere, its change not applied here yet
             released = 1 + (taken.prefill_endpoint is not None)
-        result = Settled(decision_id, target, mode, float(actual_cost_usd), settlement, released, replayed)
+        result = Settled(decision_id, target, mode, float(actual_cost_usd), settlement, released, replayed, journaled)
         with self._lock:
             self._settled[decision_id] = result
             while len(self._settled) > SETTLED_MEMORY:
                 self._settled.popitem(last=False)
         return result
+
+    def replay_journal(self, limit: int = 1000) -> int:
+        """Book settlements the spend journal kept while the ledger was down (idempotent: the
+        ledger settles an id once; entries are deleted once taken). Returns how many were
+        booked now; 0 without a journal or while the ledger is still unavailable."""
+        if self.journal is None or self.ledger is None:
+            return 0
+        try:
+            entries = self.journal.pending(limit)
+        except LedgerUnavailable as exc:
+            log.warning("cannot read the spend journal: %s", exc)
+            return 0
+        done, booked = [], 0
+        for decision_id, args in entries:
+            try:
+                with self._budget_change(args["scopes"]):
+                    settlement = self.ledger.settle(decision_id, **args)
+                booked += not settlement.replayed
+            except LedgerUnavailable:
+                break
+            except BudgetError as exc:  # the ledger refuses it for good (e.g. purged): say so, drop it
+                log.error("journaled settlement of %s refused by the ledger: %s", decision_id, exc)
+            done.append(decision_id)
+        if done:
+            self.journal.done(done)
+        return booked
 
     def _price(self, decision_id: str, target: str | None, mode: str | None, record: DispatchRecord | None,
                tokens: dict[str, int]) -> tuple[float, str]:
@@ -590,7 +666,8 @@ class FleetState:
 
     def release(self, decision_id: str, now: float | None = None) -> bool:
         """The request never ran (the gateway gave up before sending it): drop its budget hold
-        and release its in-flight load. Idempotent; returns True if anything was held."""
+        and release its in-flight load. Idempotent; returns True if anything was held. With the
+        ledger unavailable the hold stays until its reservation TTL (logged)."""
         with self._lock:
             record = self._records.get(decision_id)
         taken = self._take_shared(decision_id)  # always: the other processes must stop counting it too
@@ -602,6 +679,8 @@ class FleetState:
                     held = self.ledger.release(decision_id, now)
             except UnknownReservation:
                 held = False
+            except LedgerUnavailable as exc:
+                log.warning("hold of %s not released (it expires at its reservation TTL): %s", decision_id, exc)
         released = self._apply_release(decision_id) > 0
         return held or released
 

@@ -14,19 +14,16 @@ gap, loads it whole) and a stream of changes (so running processes follow in ord
                                       operators: processes learn sessions from the stream)
     {P}changes                stream  one entry per change: dispatch, release, telemetry, health
                                       (capped at ``stream_max_len`` entries, approximately)
-    {P}done:<decision_id>     string  the inbox of a decision whose record was taken (an outcome
-                                      arrived), for as long as the record had left to live: a
-                                      retried outcome still finds where its decision is logged
     {P}inbox:<inbox id>       stream  outcomes another replica received for decisions logged in
                                       this inbox's outcome log (JSON), until that log stores them
 
 An *inbox* is an outcome log: every process that writes to the same log file (the workers of
-one ``pointsman serve``) has the same inbox id (``OutcomeLog.log_id``), and each record names
-the inbox of the process that dispatched it. An outcome posted to a replica whose log lacks
-the decision is *forwarded* (``forward``): appended to the inbox stream of the log that has
-it, in the same round trip that finds it; that replica's reader stores it in its log
-(idempotent: a redelivered outcome is a duplicate there) and deletes the entry. Budget and
-load are settled by the replica that received the outcome, from the shared record.
+one ``pointsman serve``) has the same inbox id (``OutcomeLog.log_id``), and each decision's
+signed id names the inbox of the process that dispatched it (``signed_ids``). An outcome posted
+to a replica with another inbox is *forwarded* (``forward``): appended to that inbox's stream;
+that replica's reader stores it in its log (idempotent: a redelivered outcome is a duplicate
+there) and deletes the entry. Budget and load are settled by the replica that received the
+outcome, from the signed id.
 
 ``P`` is the key prefix, default ``{pointsman-state}:`` (one hash slot in a cluster).
 
@@ -41,18 +38,19 @@ What can go wrong, and what happens then:
 
 - **Redis unreachable**: decisions go on from the local state (this process's own dispatches
   and its last view of the others'); writes are counted as failed
-  (``SyncStatus.write_errors``) and not retried; the reader reconnects every second and then
-  reloads the whole state, so counts converge again. Outcomes that arrive meanwhile release
-  this process's own dispatches only.
+  (``SyncStatus.write_errors``) and not retried, except releases: an outcome's release is kept
+  in memory and published once Redis answers again (so the dispatching process stops counting
+  it); the reader reconnects every second and then reloads the whole state, so counts converge
+  again.
 - **The reader falls behind** the stream's cap (more than ``stream_max_len`` changes while it
   was away): it notices the gap and reloads the whole state.
 - **A process dies** with requests in flight: their records expire after the in-flight TTL
-  and their counts with them, on every process (each expires dispatches by age). Outcomes
+  (the budget reservation TTL) and their counts with them, on every process (each expires
+  dispatches by age). Outcomes
   forwarded to its inbox wait in the inbox stream until a process with that log starts again.
 - **Redis loses its data** (restarted without persistence): in-flight records, forwarded
-  outcomes not yet stored, done marks and health marks are gone; counts converge as the
-  processes reload, and an outcome for a decision no replica's log or record knows any more
-  is ``unknown_decision`` (run Redis with AOF, ``appendfsync everysec``, to bound this at 1 s).
+  outcomes not yet stored and health marks are gone; counts converge as the processes reload
+  (run Redis with AOF, ``appendfsync everysec``, to bound this at 1 s).
 
 Times cross processes as wall-clock Unix seconds; each process converts them to its own
 monotonic clock when applying.
@@ -66,6 +64,7 @@ import os
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -82,10 +81,8 @@ DEFAULT_PREFIX = "{pointsman-state}:"
 DEFAULT_STREAM_MAX_LEN = 200_000
 
 ChangeKind = Literal["dispatch", "release", "telemetry", "health"]
-#: Where ``forward`` found an outcome's decision: ``forwarded`` (to another log's inbox),
-#: ``here`` (this process's own inbox: the log itself must have it, or will after a flush),
-#: ``unknown`` (no record or done mark in the shared state, or no shared state at all).
-ForwardResult = Literal["forwarded", "here", "unknown"]
+#: Releases kept while Redis is unreachable, at most (the oldest are dropped: their records expire).
+MAX_UNSENT_RELEASES = 100_000
 #: ``deliver(payloads)``: store outcomes forwarded to this inbox (JSON texts of ``OutcomeIn``);
 #: True once they are durable in the log (their entries are deleted), False to keep them.
 Deliver = Callable[[list[str]], bool]
@@ -205,6 +202,8 @@ class StateSync(Protocol):
     process) shares nothing; ``RedisSync`` shares through Redis."""
 
     origin: str
+    #: This process's inbox (outcome log id; '' for none): signed decision ids name it.
+    inbox: str
 
     @property
     def shared(self) -> bool:
@@ -225,7 +224,8 @@ class StateSync(Protocol):
 
     def take(self, decision_id: str) -> SharedRecord | None:
         """Remove a decision's record, whoever dispatched it, and publish its release (one
-        round trip); the record, or None when no process holds it (or Redis failed)."""
+        round trip; kept and published later when Redis fails); the record, or None when no
+        process holds it (or Redis failed)."""
         ...
 
     def set_inbox(self, inbox: str, deliver: Deliver) -> None:
@@ -234,10 +234,9 @@ class StateSync(Protocol):
         reader (from ``start`` on)."""
         ...
 
-    def forward(self, decision_id: str, payload: str) -> ForwardResult:
-        """Send an outcome (``payload``, JSON) for a decision this process's log lacks to the
-        inbox of the log that has it, found from the decision's record or done mark (one round
-        trip). Raises ``DataError`` when Redis fails (nothing was forwarded)."""
+    def forward(self, inbox: str, payload: str) -> None:
+        """Send an outcome (``payload``, JSON) to another log's ``inbox`` (one round trip).
+        Raises ``DataError`` when Redis fails or nothing is shared (nothing was forwarded)."""
         ...
 
     def telemetry(self, endpoint: str, snapshot: Mapping[str, float | int], wall_s: float) -> None:
@@ -262,6 +261,7 @@ class LocalSync:
 
     def __init__(self) -> None:
         self.origin = f"local-{os.getpid()}"
+        self.inbox = ""
 
     @property
     def shared(self) -> bool:
@@ -282,9 +282,9 @@ class LocalSync:
     def set_inbox(self, inbox: str, deliver: Deliver) -> None:
         """No other process forwards anything."""
 
-    def forward(self, decision_id: str, payload: str) -> ForwardResult:
-        """No other log: ``unknown``."""
-        return "unknown"
+    def forward(self, inbox: str, payload: str) -> None:
+        """No other log: raises ``DataError``."""
+        raise DataError(f"no shared state to forward an outcome to inbox {inbox}")
 
     def telemetry(self, endpoint: str, snapshot: Mapping[str, float | int], wall_s: float) -> None:
         """Nothing to publish."""
@@ -312,28 +312,9 @@ _TAKE = """
 local p = ARGV[1]
 local key = p .. 'rec:' .. ARGV[2]
 local rec = redis.call('GET', key)
-if not rec then return false end
-local ttl = redis.call('PTTL', key)
-local inbox = cjson.decode(rec)['inbox']
-if ttl > 0 and type(inbox) == 'string' and inbox ~= '' then
-  redis.call('SET', p .. 'done:' .. ARGV[2], inbox, 'PX', ttl)
-end
-redis.call('DEL', key)
+if rec then redis.call('DEL', key) end
 redis.call('XADD', p .. 'changes', 'MAXLEN', '~', ARGV[4], '*', 'c', ARGV[3])
 return rec
-"""
-_FORWARD = """
-local p = ARGV[1]
-local inbox = redis.call('GET', p .. 'done:' .. ARGV[2])
-if not inbox then
-  local rec = redis.call('GET', p .. 'rec:' .. ARGV[2])
-  if not rec then return 'unknown' end
-  inbox = cjson.decode(rec)['inbox']
-  if type(inbox) ~= 'string' or inbox == '' then return 'unknown' end
-end
-if inbox == ARGV[3] then return 'here' end
-redis.call('XADD', p .. 'inbox:' .. inbox, '*', 'o', ARGV[4])
-return 'forwarded'
 """
 _TELEMETRY = """
 local p = ARGV[1]
@@ -370,8 +351,8 @@ class RedisSync:
         self._errors: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, OSError)
         self._dispatch = client.register_script(_DISPATCH)
         self._take = client.register_script(_TAKE)
-        self._forward = client.register_script(_FORWARD)
         self.inbox = ""
+        self._unsent: deque[str] = deque(maxlen=MAX_UNSENT_RELEASES)  # releases Redis did not take
         self._deliver: Deliver | None = None
         self._telemetry = client.register_script(_TELEMETRY)
         self._health = client.register_script(_HEALTH)
@@ -431,10 +412,16 @@ class RedisSync:
         self._write("dispatch", lambda: self._dispatch(keys=[], args=args))
 
     def take(self, decision_id: str) -> SharedRecord | None:
-        """Take the record and publish its release."""
+        """Take the record and publish its release (kept for later when Redis fails)."""
         change = Change("release", self.origin, time.time(), decision_id=decision_id)
-        got = self._write("release", lambda: self._take(keys=[], args=[self.prefix, decision_id, change.to_json(),
-                                                                      str(self.stream_max_len)]))
+        try:
+            got = self._take(keys=[], args=[self.prefix, decision_id, change.to_json(), str(self.stream_max_len)])
+        except self._errors as exc:
+            with self._lock:
+                self._status.write_errors += 1
+                self._status.last_error = f"release: {type(exc).__name__}: {exc}"
+                self._unsent.append(decision_id)
+            return None
         if not isinstance(got, str):
             return None
         try:
@@ -448,17 +435,44 @@ class RedisSync:
         with self._lock:
             self.inbox, self._deliver = inbox, deliver
 
-    def forward(self, decision_id: str, payload: str) -> ForwardResult:
+    def forward(self, inbox: str, payload: str) -> None:
         """See ``StateSync.forward``. Raises ``DataError`` when Redis fails."""
         try:
-            got = self._forward(keys=[], args=[self.prefix, decision_id, self.inbox, payload])
+            self.client.xadd(f"{self.prefix}inbox:{inbox}", {"o": payload})
         except self._errors as exc:
             with self._lock:
                 self._status.write_errors += 1
                 self._status.last_error = f"forward: {type(exc).__name__}: {exc}"
-            raise DataError(f"cannot forward the outcome of {decision_id}: shared state unavailable "
+            raise DataError(f"cannot forward an outcome to inbox {inbox}: shared state unavailable "
                             f"({type(exc).__name__}: {exc})") from None
-        return "forwarded" if got == "forwarded" else "here" if got == "here" else "unknown"
+
+    def shared_key(self, candidate: str) -> str:
+        """The decision signing key every replica shares (hex): ``candidate`` stored the first
+        time (``SET NX``), else the one stored before. Raises ``DataError`` when Redis fails."""
+        key = f"{self.prefix}decision-key"
+        try:
+            self.client.set(key, candidate, nx=True)
+            got = self.client.get(key)
+        except self._errors as exc:
+            raise DataError(f"cannot read the decision signing key from the shared state "
+                            f"({type(exc).__name__}: {exc})") from None
+        if not isinstance(got, str) or not got:
+            raise DataError("the shared state holds no decision signing key")
+        return got
+
+    def _send_releases(self) -> None:
+        """Publish the releases Redis did not take while it was away (after a reload). Raises
+        what Redis raises (the rest stay kept)."""
+        while True:
+            with self._lock:
+                if not self._unsent:
+                    return
+                decision_id = self._unsent[0]
+            change = Change("release", self.origin, time.time(), decision_id=decision_id)
+            self._take(keys=[], args=[self.prefix, decision_id, change.to_json(), str(self.stream_max_len)])
+            with self._lock:
+                if self._unsent and self._unsent[0] == decision_id:
+                    self._unsent.popleft()
 
     def telemetry(self, endpoint: str, snapshot: Mapping[str, float | int], wall_s: float) -> None:
         """Write the endpoint's latest snapshot and the change."""
@@ -532,6 +546,12 @@ class RedisSync:
                     return
                 last = self._load(reload)
                 inbox_last = "0-0"
+                if last is not None:
+                    try:
+                        self._send_releases()
+                    except self._errors as exc:
+                        log.warning("releases not published yet: %s", exc)
+                        last = None
                 continue
             inbox_stream = f"{self.prefix}inbox:{inbox}" if inbox and deliver is not None else None
             try:
@@ -633,5 +653,5 @@ def open_sync(url: str | None) -> StateSync:
     return RedisSync.from_url(url)
 
 
-__all__ = ["Change", "Deliver", "ForwardResult", "LocalSync", "RedisSync", "SharedRecord", "SharedView", "StateSync",
+__all__ = ["Change", "Deliver", "LocalSync", "RedisSync", "SharedRecord", "SharedView", "StateSync",
            "SyncStatus", "open_sync"]

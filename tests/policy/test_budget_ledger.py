@@ -108,6 +108,23 @@ def test_settle_is_idempotent(budget_ledgers):
     assert (price.outcomes, price.completion_tokens, price.cached_tokens) == (1, 5, 4)
 
 
+def test_a_settlement_without_reservation_books_its_scopes_once_in_its_own_windows(budget_ledgers):
+    """A decision admitted while the ledger was down has no reservation: its settlement books on
+    the scopes it names, in the windows of the decision's time (not the settle's), once; a late
+    reserve of the same id is refused and changes nothing (issue 22: this spend was never booked)."""
+    ledger = budget_ledgers.open(cfg((ACME, "day", 1.0)))
+    with pytest.raises(UnknownReservation):
+        ledger.settle("u", 0.3, T)  # no reservation, no scopes: unknown, as before
+    first = ledger.settle("u", 0.3, T + DAY, target="t", completion_tokens=7, scopes=[ACME, SEARCH], issued_s=T)
+    again = ledger.settle("u", 0.9, T + DAY, scopes=[ACME], issued_s=T)
+    assert (first.hold_state, first.replayed, again.replayed, again.actual_cost_usd) == ("unreserved", False, True, 0.3)
+    assert spent(ledger, ACME) == spent(ledger, SEARCH) == pytest.approx(0.3)  # the decision's day, not the settle's
+    assert spent(ledger, ACME, T + DAY) == 0.0
+    with pytest.raises(BudgetError):
+        ledger.reserve("u", [ACME], 0.1, T)
+    assert spent(ledger, ACME) == pytest.approx(0.3)
+
+
 def test_unknown_ids_and_bad_arguments_are_errors(budget_ledgers):
     ledger = budget_ledgers.open(cfg((ACME, "day", 1.0)))
     with pytest.raises(UnknownReservation, match="no reservation for decision 'nope'"):

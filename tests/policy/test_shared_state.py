@@ -98,7 +98,7 @@ def test_a_refused_outcome_leaves_the_shared_record_for_the_corrected_one(pair):
     assert eventually(lambda: inflight(a, E8) == 0)
 
 
-def test_an_outcome_for_a_decision_logged_elsewhere_goes_to_that_logs_inbox(pair):
+def test_an_outcome_forwarded_to_another_logs_inbox_is_delivered_once(pair):
     delivered, attempts = [], []
 
     def deliver_a(payloads):
@@ -109,12 +109,8 @@ def test_an_outcome_for_a_decision_logged_elsewhere_goes_to_that_logs_inbox(pair
         return True
 
     a, b = pair(inbox=("log-a", deliver_a)), pair(inbox=("log-b", lambda payloads: True))
-    dispatch(a, "d9")
-    assert a.sync.forward("d9", "{}") == "here"            # its own log has it
-    assert b.sync.forward("nope", "{}") == "unknown"
-    assert b.sync.forward("d9", '{"decision_id":"d9"}') == "forwarded"
-    b.settle("d9", prompt_tokens=300, completion_tokens=10)  # takes the record ...
-    assert b.sync.forward("d9", '{"decision_id":"d9","n":2}') == "forwarded"  # ... its done mark still knows the inbox
+    b.sync.forward("log-a", '{"decision_id":"d9"}')  # the signed id names the inbox: no lookup
+    b.sync.forward("log-a", '{"decision_id":"d9","n":2}')
     assert eventually(lambda: len(delivered) == 2)
     assert delivered == ['{"decision_id":"d9"}', '{"decision_id":"d9","n":2}'] and attempts[0] >= 1
     assert eventually(lambda: a.sync.status().forwarded_in == 2) and b.sync.status().forwarded_in == 0

@@ -156,9 +156,10 @@ def test_unknown_settled_and_expired_decisions(tmp_path):
     client, _ = _app(tmp_path, verify_ttl_s=3600)
     with client:
         r = client.post("/v1/verify", json={"decision_id": "0" * 32, "draft": {"text": "x"}})
-        assert (r.status_code, r.json()["error"]["code"]) == (410, "decision_expired")  # its id says 1970
-        fresh = _route(client)["decision_id"][:12] + "f" * 20
-        r = client.post("/v1/verify", json={"decision_id": fresh, "draft": {"text": "x"}})
+        assert (r.status_code, r.json()["error"]["code"]) == (404, "unknown_decision")  # no id this service signed
+        signed = _route(client)["decision_id"]
+        forged = signed[:12] + "f" * 20 + signed[32:]  # another decision's claims and signature
+        r = client.post("/v1/verify", json={"decision_id": forged, "draft": {"text": "x"}})
         assert (r.status_code, r.json()["error"]["code"]) == (404, "unknown_decision")
         d = _route(client)
         client.post("/v1/outcomes", json={"decision_id": d["decision_id"], "status": "ok"})

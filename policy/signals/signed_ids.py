@@ -1,0 +1,94 @@
+"""Signed decision ids: the id itself carries what settling its outcome needs, so any replica
+(or worker) settles an outcome without the shared state or the decision log.
+
+A dispatched decision's id reads ``<base>.<claims>.<mac>``:
+
+- ``base``: 32 hex, the first 12 a millisecond Unix timestamp (ids sort by time), the rest random;
+- ``claims``: base64url (no padding) of compact JSON: ``t`` target, ``m`` mode, ``s`` budget
+  scopes, ``e`` estimated cost in USD, ``pu``/``du`` the prefill/decode utilizations the estimate
+  used, ``i`` the inbox (outcome log id) of the process that logs the decision;
+- ``mac``: base64url of the first 12 bytes of HMAC-SHA256(key, ``base.claims``). Every replica
+  holds the same key (``service/decision_key.py`` says where it comes from), so a forged or
+  altered id does not verify and is ``unknown_decision``.
+
+The claims are readable by whoever sees the id (gateways, engines' logs): scopes name tenants,
+teams and API key ids (never a secret). Typical length 150-250 characters; at most
+``MAX_ID_CHARS`` (1,024; ids are checked to that length everywhere).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass
+
+#: Longest decision or outcome id accepted anywhere (characters).
+MAX_ID_CHARS = 1024
+#: Bytes of the HMAC-SHA256 kept in an id (96 bits).
+MAC_BYTES = 12
+
+
+@dataclass(frozen=True)
+class Claims:
+    """What a signed id says about its decision: ``target``, ``mode``, budget ``scopes``,
+    ``estimated_cost_usd``, the utilizations its estimate used, ``issued_s`` (Unix seconds, from the
+    id's timestamp: the budget windows a settlement books into) and ``inbox`` ('' for none)."""
+
+    target: str
+    mode: str
+    scopes: tuple[str, ...]
+    estimated_cost_usd: float
+    prefill_utilization: float
+    decode_utilization: float
+    issued_s: float
+    inbox: str
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class DecisionSigner:
+    """Signs and verifies decision ids with one shared ``key`` (bytes, at least 16).
+    Thread-safe (stateless). Raises ``ValueError`` for a short key."""
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) < 16:
+            raise ValueError("a decision signing key needs at least 16 bytes")
+        self._key = bytes(key)
+
+    def _mac(self, signed: str) -> str:
+        return _b64(hmac.new(self._key, signed.encode(), hashlib.sha256).digest()[:MAC_BYTES])
+
+    def sign(self, base_id: str, *, target: str, mode: str, scopes: tuple[str, ...], estimated_cost_usd: float,
+             prefill_utilization: float, decode_utilization: float, inbox: str) -> str:
+        """The signed id of ``base_id`` (``decision.new_decision_id()``) with these claims."""
+        payload = {"t": target, "m": mode, "s": list(scopes), "e": estimated_cost_usd, "pu": prefill_utilization,
+                   "du": decode_utilization, "i": inbox}
+        signed = f"{base_id}.{_b64(json.dumps(payload, separators=(',', ':')).encode())}"
+        return f"{signed}.{self._mac(signed)}"
+
+    def verify(self, decision_id: str) -> Claims | None:
+        """The claims of a genuine signed id; None for anything else (an unsigned id, a wrong
+        signature, a malformed payload). Never raises."""
+        parts = decision_id.split(".")
+        if len(parts) != 3 or len(decision_id) > MAX_ID_CHARS or len(parts[0]) != 32:
+            return None
+        signed = f"{parts[0]}.{parts[1]}"
+        if not hmac.compare_digest(self._mac(signed), parts[2]):
+            return None
+        try:
+            data = json.loads(_unb64(parts[1]))
+            return Claims(str(data["t"]), str(data["m"]), tuple(str(s) for s in data["s"]), float(data["e"]),
+                          float(data["pu"]), float(data["du"]), int(parts[0][:12], 16) / 1000.0, str(data["i"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+__all__ = ["MAX_ID_CHARS", "Claims", "DecisionSigner"]

@@ -1,0 +1,122 @@
+"""Settlement is conserved across replicas and ledger outages, as a property (issue 22): two
+``FleetState`` replicas share one ledger and the signing key, each with its own spend journal;
+decisions are dispatched on either, with the ledger up or down; their outcomes (the same report,
+retried) arrive on either replica, with the ledger up or down; journals are replayed at any
+moment. Whatever the order, once the ledger is back and both journals are replayed, the tenant's
+booked spend equals the sum of the acknowledged settlements (one per decision), nothing is left
+in a journal, and each decision is booked once. Signed ids: claims survive the round trip, and a
+forged or altered id does not verify."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pointsman.policy.budget.config import BudgetConfig
+from pointsman.policy.budget.journal import SpendJournal
+from pointsman.policy.budget.ledger import LedgerUnavailable
+from pointsman.policy.budget.sqlite_ledger import SqliteLedger
+from pointsman.policy.decision import new_decision_id
+from pointsman.policy.fleet import load_fleet
+from pointsman.policy.signals.fleet_state import Dispatch, DispatchRecord, FleetState
+from pointsman.policy.signals.signed_ids import DecisionSigner
+
+NOW = time.time()  # the ids' own timestamps are the wall clock: a decision books in the windows of its time
+E8 = "http://llama-8b-0.inference.internal:8000/v1"
+SCOPES = ("tenant:acme", "team:acme/search")
+FLEET = load_fleet()
+
+
+class Outage:
+    """The shared ledger behind a switch: while ``down``, every call fails as a backend would
+    (``LedgerUnavailable``, nothing changed)."""
+
+    def __init__(self, ledger: SqliteLedger) -> None:
+        self.ledger, self.down = ledger, False
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self.ledger, name)
+        if name in ("reserve", "settle", "release", "snapshot") and callable(attr):
+            def call(*args: object, **kwargs: object) -> object:
+                if self.down:
+                    raise LedgerUnavailable("budget ledger: connection refused")
+                return attr(*args, **kwargs)
+            return call
+        return attr
+
+
+STEP = st.one_of(
+    st.tuples(st.just("route"), st.integers(0, 1), st.booleans()),
+    st.tuples(st.just("outcome"), st.integers(0, 7), st.integers(0, 1), st.booleans()),
+    st.tuples(st.just("replay"), st.integers(0, 1), st.booleans()),
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(steps=st.lists(STEP, min_size=1, max_size=25))
+def test_booked_spend_equals_acknowledged_across_replicas_and_outages(steps):
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        ledger = Outage(SqliteLedger(root / "budget.db", BudgetConfig()))
+        signer = DecisionSigner(b"k" * 32)
+        replicas = [FleetState(FLEET, ledger, clock=lambda: NOW, signer=signer,  # type: ignore[arg-type]
+                               journal=SpendJournal(root / f"journal-{i}.db")) for i in range(2)]
+        decisions: list[str] = []
+        acked: dict[str, float] = {}
+        for step in steps:
+            if step[0] == "route":
+                _, r, up = step
+                ledger.down = not up
+                record = DispatchRecord(new_decision_id(), "onprem-8b", "aggregated", E8, None, SCOPES, 0.01, False,
+                                        400, 0.7, 0.4, replicas[r].monotonic())
+                decisions.append(replicas[r].dispatch(Dispatch(record, [], False), now=NOW).decision_id)
+            elif step[0] == "outcome" and decisions:
+                _, k, r, up = step
+                decision_id = decisions[k % len(decisions)]
+                ledger.down = not up
+                n = decisions.index(decision_id)  # the same report, retried
+                try:
+                    settled = replicas[r].settle(decision_id, prompt_tokens=300 + n, completion_tokens=20 + n, now=NOW)
+                except LedgerUnavailable:
+                    continue  # not acknowledged (a 503): the gateway retries
+                acked.setdefault(decision_id, settled.actual_cost_usd)
+                assert settled.actual_cost_usd == pytest.approx(acked[decision_id], abs=1e-12)
+            elif step[0] == "replay":
+                _, r, up = step
+                ledger.down = not up
+                replicas[r].replay_journal()
+        ledger.down = False
+        for replica in replicas:
+            replica.replay_journal()
+            assert replica.journal is not None and len(replica.journal) == 0
+        for scope in SCOPES:
+            booked = next(s for s in ledger.snapshot([scope], NOW).statuses if s.window == "day").settled_usd
+            assert booked == pytest.approx(sum(acked.values()), abs=1e-9 * (len(acked) + 1))
+        for decision_id in acked:  # booked once: a repeat anywhere is a replay
+            again = replicas[0].settle(decision_id, prompt_tokens=1, completion_tokens=1, now=NOW)
+            assert again.replayed
+        ledger.ledger.close()
+
+
+def test_signed_ids_round_trip_and_refuse_forgeries():
+    signer = DecisionSigner(b"s" * 32)
+    base = new_decision_id()
+    signed = signer.sign(base, target="onprem-8b", mode="aggregated", scopes=SCOPES, estimated_cost_usd=0.0123,
+                         prefill_utilization=0.5, decode_utilization=0.25, inbox="log-a")
+    claims = signer.verify(signed)
+    assert claims is not None and signed.startswith(base + ".")
+    assert (claims.target, claims.scopes, claims.estimated_cost_usd, claims.inbox) == ("onprem-8b", SCOPES, 0.0123,
+                                                                                      "log-a")
+    assert abs(claims.issued_s - int(base[:12], 16) / 1000) < 1e-9
+    other = signer.sign(new_decision_id(), target="frontier-large", mode="aggregated", scopes=("tenant:x",),
+                        estimated_cost_usd=9.0, prefill_utilization=1.0, decode_utilization=1.0, inbox="")
+    payload = other.split(".")[1]
+    assert signer.verify(f"{base}.{payload}.{signed.split('.')[2]}") is None  # claims swapped
+    assert signer.verify(signed[:-1] + ("A" if signed[-1] != "A" else "B")) is None  # signature altered
+    assert DecisionSigner(b"t" * 32).verify(signed) is None  # another key
+    assert signer.verify(base) is None and signer.verify("x.y.z") is None
