@@ -175,7 +175,8 @@ def export_head(head: DifficultyHead, n_features: int, path: str | Path) -> Head
     The ranker pipeline is converted by skl2onnx (input ``features`` float32
     (n, n_features), opset ``OPSET``, ai.onnx.ml ``ML_OPSET``, no ZipMap); nodes for
     ``p_hard = sigmoid(a * logit(clip(q)) + b)`` are appended so the single output is
-    ``p_hard`` float32 (n,). Returns the head's manifest fields (input, output, opset).
+    ``p_hard`` float32 (n,); with a gate (``head.gate_coef_``), ``q`` is first lowered by it
+    (``DifficultyHead._gated``: a MatMul on the features, a Softplus). Returns the head's manifest fields (input, output, opset).
     """
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -200,11 +201,33 @@ def export_head(head: DifficultyHead, n_features: int, path: str | Path) -> Head
         "ph_slope": np.array(head.calibration_slope_, dtype=np.float32),
         "ph_intercept": np.array(head.calibration_intercept_, dtype=np.float32),
     }
+    nodes = [helper.make_node("Gather", [prob_name, "ph_index1"], ["ph_q"], axis=1)]
+    if head.gate_coef_ is not None:  # q lowered by the gate, exactly as DifficultyHead._gated
+        consts.update({
+            "gate_coef": np.asarray(head.gate_coef_, dtype=np.float32).reshape(-1, 1),
+            "gate_bias": np.array(head.gate_intercept_ + head.gate_shift, dtype=np.float32),
+            "gate_weight": np.array(head.gate_weight, dtype=np.float32),
+            "gate_axes": np.array([1], dtype=np.int64),
+        })
+        nodes += [
+            helper.make_node("Clip", ["ph_q", "ph_lo", "ph_hi"], ["gate_qc"]),
+            helper.make_node("Sub", ["ph_one", "gate_qc"], ["gate_q0"]),
+            helper.make_node("Div", ["gate_qc", "gate_q0"], ["gate_odds"]),
+            helper.make_node("Log", ["gate_odds"], ["gate_logit"]),
+            helper.make_node("MatMul", ["features", "gate_coef"], ["gate_g2"]),
+            helper.make_node("Squeeze", ["gate_g2", "gate_axes"], ["gate_g"]),
+            helper.make_node("Add", ["gate_g", "gate_bias"], ["gate_gs"]),
+            helper.make_node("Neg", ["gate_gs"], ["gate_neg"]),
+            helper.make_node("Softplus", ["gate_neg"], ["gate_sp"]),
+            helper.make_node("Mul", ["gate_sp", "gate_weight"], ["gate_pen"]),
+            helper.make_node("Sub", ["gate_logit", "gate_pen"], ["gate_z"]),
+            helper.make_node("Sigmoid", ["gate_z"], ["ph_qg"]),
+        ]
+    q = "ph_qg" if head.gate_coef_ is not None else "ph_q"
     graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
     graph.node.extend(
-        [
-            helper.make_node("Gather", [prob_name, "ph_index1"], ["ph_q"], axis=1),
-            helper.make_node("Clip", ["ph_q", "ph_lo", "ph_hi"], ["ph_qc"]),
+        nodes + [
+            helper.make_node("Clip", [q, "ph_lo", "ph_hi"], ["ph_qc"]),
             helper.make_node("Sub", ["ph_one", "ph_qc"], ["ph_q0"]),
             helper.make_node("Div", ["ph_qc", "ph_q0"], ["ph_odds"]),
             helper.make_node("Log", ["ph_odds"], ["ph_logit"]),

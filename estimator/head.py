@@ -14,6 +14,13 @@ has two parts:
    The map is increasing (a fitted slope below ``MIN_CALIBRATION_SLOPE``, out-of-fold scores that
    do not rank the labels, is raised to it, flat at the base rate), so it changes no ranking (APGR,
    AUC), only the probabilities.
+3. optionally (``gate_weight`` > 0 and rows marked ``easy_anchor`` in ``fit``) a *gate*: a linear
+   classifier ``g(x)`` of "a substantive request" against easy anchors (requests every chat model
+   answers acceptably: greetings, look-ups, edits of pasted text), which lowers the ranker's
+   log-odds by ``gate_weight * softplus(-(g(x) + gate_shift))``: about 0 for a request that looks
+   substantive, up to ``gate_weight`` x its distance past the boundary for one that looks trivial.
+   The ranker never sees the anchors (their comparison labels do not exist), so it ranks
+   substantive requests as before; the calibration sees both.
 
 It passes scikit-learn's ``check_estimator`` (``tests/estimator/test_head_contract.py``): inputs
 go through ``validate_data`` / ``_check_sample_weight``, predictions through ``check_is_fitted``,
@@ -128,15 +135,21 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
     (MLPs in the soft-voting ensemble, seeds ``random_state + i``), ``max_iter``,
     ``n_folds`` (cross-fitting folds for the calibration; 0 = no calibration),
     ``random_state``, ``scale`` (``blocks``: z-scores on the embedding, min-max on the request
-    features; ``standard``: z-scores on every column, so each block weighs by its spread).
+    features; ``standard``: z-scores on every column, so each block weighs by its spread),
+    ``gate_weight`` / ``gate_shift`` / ``gate_alpha`` (the easy-anchor gate, see the module; L2
+    penalty ``gate_alpha`` on z-scored inputs; weight 0 = no gate).
 
     ``fit(X, y, sample_weight=None, groups=None, calibration_y=None, calibration_weight=None)``:
     ``y`` are soft labels in [0, 1] (the ranking target), or two class labels (``classes_[1]``,
     the larger, is the positive class: 1 for 0/1 labels); ``groups`` are leakage-safe
     group keys for the folds (``datasets.splits.group_key``); the calibration fits
-    ``calibration_y`` (default ``y``) with ``calibration_weight`` (default ``sample_weight``).
+    ``calibration_y`` (default ``y``) with ``calibration_weight`` (default ``sample_weight``);
+    ``easy_anchor`` bool (n,) marks easy-anchor rows: the ranker skips them and, with
+    ``gate_weight`` > 0, the gate learns them (their ``y`` is ignored; their calibration label is
+    their ``calibration_y``).
 
-    Learned attributes: ``ranker_``, ``calibration_slope_``, ``calibration_intercept_``,
+    Learned attributes: ``ranker_``, ``gate_coef_`` float64 (n_features,) and ``gate_intercept_``
+    (the gate on raw inputs; None without a gate), ``calibration_slope_``, ``calibration_intercept_``,
     ``oof_proba_`` (uncalibrated out-of-fold ranker probabilities, (n,); NaN if
     ``n_folds == 0``), ``classes_`` ([0, 1] for soft or 0/1 labels, else the two labels),
     ``n_features_in_`` (and ``feature_names_in_`` for a DataFrame), ``n_iter_`` (iterations of
@@ -154,6 +167,9 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
         n_folds: int = 5,
         random_state: int = 0,
         scale: str = "blocks",
+        gate_weight: float = 0.0,
+        gate_shift: float = 2.0,
+        gate_alpha: float = 10.0,
     ) -> None:
         self.n_embedding = n_embedding
         self.kind = kind
@@ -164,6 +180,9 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
         self.n_folds = n_folds
         self.random_state = random_state
         self.scale = scale
+        self.gate_weight = gate_weight
+        self.gate_shift = gate_shift
+        self.gate_alpha = gate_alpha
 
     def __sklearn_tags__(self) -> Tags:
         """A binary classifier (soft labels allowed) on dense, finite float input."""
@@ -222,6 +241,7 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
         groups: np.ndarray | list[str] | None = None,
         calibration_y: np.ndarray | None = None,
         calibration_weight: np.ndarray | None = None,
+        easy_anchor: np.ndarray | None = None,
     ) -> DifficultyHead:
         """Fit the ranker on soft labels and the Platt calibration on out-of-fold scores.
 
@@ -248,6 +268,15 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
         cal_w = w if calibration_weight is None else np.asarray(
             _check_sample_weight(calibration_weight, X, dtype=np.float64, ensure_non_negative=True)
         )
+        anchor = np.zeros(n, dtype=bool) if easy_anchor is None else np.asarray(column_or_1d(easy_anchor), dtype=bool)
+        check_consistent_length(X, anchor)
+        if anchor.all():
+            raise ValueError("every row is an easy anchor: the ranker has nothing to learn from")
+        real = ~anchor
+        self.gate_coef_: np.ndarray | None = None
+        self.gate_intercept_ = 0.0
+        if self.gate_weight > 0 and anchor.any():
+            self._fit_gate(X, anchor, w)
         self.oof_proba_ = np.full(n, np.nan)
         self.calibration_slope_, self.calibration_intercept_ = 1.0, 0.0
         if self.n_folds and self.n_folds >= 2:
@@ -257,8 +286,8 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
                 test = folds == f
                 if not test.any() or test.all():
                     continue
-                ranker = self._fit_ranker(X[~test], y[~test], w[~test])
-                self.oof_proba_[test] = ranker.predict_proba(X[test])[:, 1]
+                ranker = self._fit_ranker(X[~test & real], y[~test & real], w[~test & real])
+                self.oof_proba_[test] = self._gated(ranker.predict_proba(X[test])[:, 1], X[test])
             ok = ~np.isnan(self.oof_proba_)
             z = _logit(self.oof_proba_[ok])[:, None]
             idx, lab, sw = expand_soft_labels(cal_y[ok], cal_w[ok])
@@ -272,16 +301,44 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
                 self.calibration_slope_ = MIN_CALIBRATION_SLOPE
                 self.calibration_intercept_ = float(_logit(np.array([base_rate]))[0]
                                                     - MIN_CALIBRATION_SLOPE * np.average(z[:, 0], weights=cal_w[ok]))
-        self.ranker_ = self._fit_ranker(X, y, w)
+        self.ranker_ = self._fit_ranker(X[real], y[real], w[real])
         self.classes_ = classes
         self.n_iter_ = max(int(np.max(m.n_iter_)) for m in self.ranker_.named_steps["vote"].estimators_)
         return self
 
+    def _fit_gate(self, X: np.ndarray, anchor: np.ndarray, w: np.ndarray) -> None:
+        """Fit the gate (substantive 1 / easy anchor 0) on z-scored ``X``, the anchors weighing as
+        much in all as the other rows (each side keeps its rows' relative ``w``), and store it on
+        raw inputs: ``gate_coef_`` (n_features,), ``gate_intercept_``."""
+        real = ~anchor
+        gw = np.where(anchor, w / max(w[anchor].sum(), _EPS), w / max(w[real].sum(), _EPS))
+        scaler = StandardScaler().fit(X)
+        gate = LogisticRegression(C=1.0 / self.gate_alpha, max_iter=3000)
+        gate.fit(scaler.transform(X), real.astype(np.int64), sample_weight=gw * len(gw) / gw.sum())
+        coef = gate.coef_[0] / scaler.scale_
+        self.gate_coef_ = np.asarray(coef, dtype=np.float64)
+        self.gate_intercept_ = float(gate.intercept_[0] - np.dot(coef, scaler.mean_))
+
+    def gate_score(self, X: np.ndarray) -> np.ndarray:
+        """The gate's log-odds that each request is substantive, not an easy anchor: float64 (n,);
+        +inf without a gate."""
+        if self.gate_coef_ is None:
+            return np.full(len(X), np.inf)
+        return np.asarray(np.asarray(X, dtype=np.float64) @ self.gate_coef_ + self.gate_intercept_, dtype=np.float64)
+
+    def _gated(self, q: np.ndarray, X: np.ndarray) -> np.ndarray:
+        """``q`` lowered by the gate: sigmoid(logit(q) - gate_weight * softplus(-(g + gate_shift)))."""
+        if self.gate_coef_ is None:
+            return np.asarray(q, dtype=np.float64)
+        z = _logit(q) - self.gate_weight * np.logaddexp(0.0, -(self.gate_score(X) + self.gate_shift))
+        return np.asarray(1.0 / (1.0 + np.exp(-z)), dtype=np.float64)
+
     def _ranker_proba(self, X: np.ndarray) -> np.ndarray:
-        """The ranker's uncalibrated probability ``q`` of ``classes_[1]``: float64 (n,)."""
+        """The ranker's uncalibrated probability ``q`` of ``classes_[1]``, lowered by the gate when
+        there is one: float64 (n,)."""
         check_is_fitted(self)
         X = np.asarray(validate_data(self, X, dtype=np.float32, reset=False), dtype=np.float32)
-        return np.asarray(self.ranker_.predict_proba(X)[:, 1], dtype=np.float64)
+        return self._gated(np.asarray(self.ranker_.predict_proba(X)[:, 1], dtype=np.float64), X)
 
     def ranker_score(self, X: np.ndarray) -> np.ndarray:
         """Uncalibrated score ``logit(q)`` of the ranker: float64 (n,). Same order as

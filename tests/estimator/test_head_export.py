@@ -57,3 +57,31 @@ def test_estimator_conventions(real_xy):
     assert np.all(np.diff(head.predict_proba(X[:50])[order, 1]) >= -1e-12)
     with pytest.raises(ValueError, match="soft labels"):
         clone(head).fit(X, y * 2)
+
+
+def test_gate_lowers_anchors_and_exports_with_parity(tmp_path):
+    """The easy-anchor gate: the ranker never sees the anchors, the gate pushes requests that look
+    like them down, and the ONNX head computes exactly what scikit-learn does (MatMul + Softplus)."""
+
+    rng = np.random.default_rng(0)
+    n, d = 600, 12
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    anchor = np.zeros(n, dtype=bool)
+    anchor[:150] = True
+    X[:150, 1] += 3.0  # the anchors sit apart on one direction
+    y = 1.0 / (1.0 + np.exp(-X[:, 0]))
+    kw = dict(n_embedding=6, kind="logistic", alpha=10.0, n_folds=3)
+    gated = DifficultyHead(**kw, gate_weight=3.0, gate_shift=2.0, gate_alpha=10.0).fit(
+        X, y, easy_anchor=anchor, calibration_y=np.where(anchor, 0.0, y))
+    plain = DifficultyHead(**kw).fit(X[~anchor], y[~anchor])
+    # the ranker is the same model either way: it is fitted on the substantive rows only
+    np.testing.assert_allclose(gated.ranker_.predict_proba(X)[:, 1], plain.ranker_.predict_proba(X)[:, 1])
+    p = gated.predict_proba(X)[:, 1]
+    assert p[anchor].mean() < 0.5 * p[~anchor].mean()
+    assert gated.gate_score(X[anchor]).mean() < 0 < gated.gate_score(X[~anchor]).mean()
+    path = tmp_path / "head.onnx"
+    export_head(gated, d, path)
+    assert head_parity(gated, path, X) < 1e-5
+    assert plain.gate_coef_ is None and np.isinf(plain.gate_score(X)).all()
+    with pytest.raises(ValueError, match="every row is an easy anchor"):
+        DifficultyHead(**kw, gate_weight=1.0).fit(X, y, easy_anchor=np.ones(n, dtype=bool))
