@@ -66,6 +66,21 @@ class Examples:
     def __len__(self) -> int:
         return len(self.y)
 
+    def concat(self, other: Examples) -> Examples:
+        """The rows of ``self`` followed by ``other``'s (licenses and anchor rates merged)."""
+        def cat(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            return np.concatenate([a, b])
+
+        return Examples(
+            source=cat(self.source, other.source), prompt_id=cat(self.prompt_id, other.prompt_id),
+            group=cat(self.group, other.group), category=cat(self.category, other.category),
+            features=self.features + other.features, y=cat(self.y, other.y), y_gap=cat(self.y_gap, other.y_gap),
+            n_pairs=cat(self.n_pairs, other.n_pairs), weak_score=cat(self.weak_score, other.weak_score),
+            strong_score=cat(self.strong_score, other.strong_score), licenses={**self.licenses, **other.licenses},
+            anchor_rates={**self.anchor_rates, **other.anchor_rates}, y_panel=cat(self.y_panel, other.y_panel),
+            y_panel_gap=cat(self.y_panel_gap, other.y_panel_gap),
+        )
+
     def subset(self, mask: np.ndarray) -> Examples:
         """Rows where boolean ``mask`` (n,) is True (or the given int indices)."""
         idx = np.flatnonzero(mask) if np.asarray(mask).dtype == bool else np.asarray(mask)
@@ -189,4 +204,29 @@ def build_examples(
         anchor_rates=anchor_rates,
         y_panel=np.asarray(panel_col, dtype=np.float64),
         y_panel_gap=np.asarray(panel_gap_col, dtype=np.float64),
+    )
+
+
+#: The source name of the easy anchors' rows (``datasets.easy_anchors``).
+EASY_ANCHORS = "easy_anchors"
+
+
+def anchor_examples(tokenizer: Tokenizer | None, root: str | Path | None = None) -> Examples:
+    """The easy anchors (``datasets.easy_anchors.easy_anchor_prompts``) as examples of source
+    ``EASY_ANCHORS``: label 0 (the cheap answer is acceptable), no model scores (NaN), one pair each.
+    Raises ``DataError`` when the shared datasets folder is missing."""
+    from pointsman.datasets.easy_anchors import easy_anchor_prompts
+
+    prompts = easy_anchor_prompts(root)
+    n = len(prompts)
+    messages = [[{"role": "user", "content": p}] for p in prompts]
+    return Examples(
+        source=np.full(n, EASY_ANCHORS, dtype=object),
+        prompt_id=np.asarray([f"anchor-{i:04d}" for i in range(n)], dtype=object),
+        group=np.asarray([group_key(m) for m in messages], dtype=object),
+        category=np.full(n, "easy", dtype=object),
+        features=[features_for_messages(m, tokenizer) for m in messages],
+        y=np.zeros(n), y_gap=np.zeros(n), n_pairs=np.ones(n, dtype=np.int64),
+        weak_score=np.full(n, np.nan), strong_score=np.full(n, np.nan),
+        licenses={EASY_ANCHORS: "Apache-2.0"},
     )

@@ -11,7 +11,10 @@ Defaults are the recipe chosen by leave-one-chat-source-out on the licensed chat
 - head: one logistic regression (L2 alpha 3000) on z-scored embedding ⊕ request features
   ⊕ the conversation block (``estimator.conversation``: the embedding reads earlier user turns
   after the last one), Platt-calibrated on out-of-fold scores against the pairwise "weak
-  worse" share with equal weight per source.
+  worse" share with equal weight per source;
+- v3: the easy anchors (``datasets.easy_anchors``: requests every chat model answers acceptably,
+  label 0) and the head's gate (``estimator.head``: weight 2, shift 2, L2 alpha 100), chosen by
+  the sanity suite and leave-one-chat-source-out together (``scripts/select_recipe_v3.py``).
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ class TrainConfig:
     ``warm_start``: licensed sources (``datasets.sources.SOURCES``) trained on beside the given
     ones, together weighing ``warm_start_share`` × the given sources' rows (``rank_weights``); the
     calibration reads the given sources only.
+    ``easy_anchors``: add the easy anchors (``datasets.easy_anchors``) as rows labelled 0, which
+    the ranker skips and the head's gate learns (``gate_weight`` > 0; ``gate_shift``, ``gate_alpha``:
+    ``estimator.head.DifficultyHead``); their total weight in the calibration is one source's.
     """
 
     encoder: str = "static"
@@ -70,6 +76,10 @@ class TrainConfig:
     panel_weight: float = 0.0
     warm_start: tuple[str, ...] = ()
     warm_start_share: float = 0.0
+    easy_anchors: bool = True
+    gate_weight: float = 2.0
+    gate_shift: float = 2.0
+    gate_alpha: float = 100.0
     extra: JSONObject = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -84,6 +94,8 @@ class TrainConfig:
         self.warm_start = tuple(self.warm_start)
         if not 0.0 <= self.panel_weight <= 1.0:
             raise ValueError(f"panel_weight must be in [0, 1], got {self.panel_weight}")
+        if self.gate_weight < 0.0 or self.gate_alpha <= 0.0:
+            raise ValueError(f"gate_weight must be >= 0 and gate_alpha > 0, got {self.gate_weight}, {self.gate_alpha}")
         if self.warm_start_share < 0.0:
             raise ValueError(f"warm_start_share must be >= 0, got {self.warm_start_share}")
         unknown = set(self.blocks) - {name for name, _ in BLOCKS}

@@ -29,7 +29,7 @@ from pointsman.estimator.features import difficulty_view
 from pointsman.estimator.manifest import Manifest
 from pointsman.estimator.markers import request_matrix
 from pointsman.training.encoder_build import BuiltEncoder
-from pointsman.training.examples import Examples, build_examples
+from pointsman.training.examples import EASY_ANCHORS, Examples, anchor_examples, build_examples
 from pointsman.training.json_data import to_json_object
 from pointsman.training.metrics import label_metrics
 from pointsman.training.model_dir import (
@@ -199,17 +199,23 @@ def fit_head(cfg: TrainConfig, n_embedding: int, ex: Examples, X: np.ndarray,
     cross-fitting folds (``heldout_metrics``, with ``n_folds >= 2``), the calibration and the size."""
     from pointsman.estimator.head import DifficultyHead
 
-    y_rank = ranking_labels(ex, cfg)
-    w_rank = rank_weights(ex, cfg)
+    anchor = ex.source == EASY_ANCHORS
+    real = ex.subset(~anchor)
+    y_rank, w_rank = np.zeros(len(ex)), np.zeros(len(ex))
+    y_rank[~anchor], w_rank[~anchor] = ranking_labels(real, cfg), rank_weights(real, cfg)
+    w_rank[anchor] = w_rank[~anchor].sum() / max(int(anchor.sum()), 1)  # the gate weighs the two sides equally anyway
     own = [s.name for s in sources if s.name not in cfg.warm_start] or [s.name for s in sources]
-    w_cal = source_weights(ex, {name: 1.0 for name in own})
+    w_cal = source_weights(ex, {name: 1.0 for name in own + ([EASY_ANCHORS] if anchor.any() else [])})
     head = DifficultyHead(n_embedding=n_embedding, kind=cfg.head, hidden=cfg.hidden, alpha=cfg.alpha,
                           n_members=cfg.n_members, max_iter=cfg.max_iter, n_folds=cfg.n_folds, random_state=cfg.seed,
-                          scale=cfg.scale)
-    head.fit(X, y_rank, w_rank, groups=ex.group, calibration_y=ex.y, calibration_weight=w_cal)
+                          scale=cfg.scale, gate_weight=cfg.gate_weight, gate_shift=cfg.gate_shift,
+                          gate_alpha=cfg.gate_alpha)
+    head.fit(X, y_rank, w_rank, groups=ex.group, calibration_y=ex.y, calibration_weight=w_cal, easy_anchor=anchor)
     metrics: dict[str, float] = {}
     if cfg.n_folds and cfg.n_folds >= 2:
-        metrics.update(heldout_metrics(ex, head.calibrate(head.oof_proba_), w_cal))
+        metrics.update(heldout_metrics(real, head.calibrate(head.oof_proba_[~anchor]), w_cal[~anchor]))
+        if anchor.any():
+            metrics["heldout/easy_anchors/mean_p_hard"] = float(np.mean(head.calibrate(head.oof_proba_[anchor])))
     metrics["train/calibration_slope"] = head.calibration_slope_
     metrics["train/calibration_intercept"] = head.calibration_intercept_
     metrics["train/n_prompts"] = float(len(ex))
@@ -353,6 +359,8 @@ def train(
     built = build_encoder(cfg, sources, cache)
     ex = build_examples(sources, tokenizer=load_tokenizer(built.tokenizer_path),
                         max_rows_per_source=cfg.max_rows_per_source, seed=cfg.seed)
+    if cfg.easy_anchors:
+        ex = ex.concat(anchor_examples(load_tokenizer(built.tokenizer_path)))
     log(f"examples: {len(ex)} prompts; encoder {built.spec.kind} ({built.spec.quantization}, dim {built.spec.dim})")
     X = head_inputs(built, ex, cache, cfg.blocks)
     log(f"features: {X.shape}; fitting head ({cfg.n_folds}-fold cross-fitting + final fit)")
