@@ -90,7 +90,9 @@ class VerifierRecord(TypedDict):
 
 class TableTraining(TypedDict):
     """The manifest's ``training`` block of a model trained on the public outcome tables
-    (``training.train``); ``verifier``: with ``--drafts``, its verifier head."""
+    (``training.train``); ``verifier``: with ``--drafts``, its verifier head; ``easy_anchors``: the
+    count of easy-anchor rows (``datasets.easy_anchors``) when the recipe adds them; ``reliability``:
+    the reliability diagram of the out-of-fold ``p_hard`` (``training.train.reliability``)."""
 
     recipe: JSONObject
     sources: list[SourceRecord]
@@ -98,6 +100,8 @@ class TableTraining(TypedDict):
     base_model: str
     command: str
     verifier: NotRequired[VerifierRecord]
+    easy_anchors: NotRequired[int]
+    reliability: NotRequired[list[JSONObject]]
 
 
 class HoldoutRecord(TypedDict):

@@ -152,6 +152,11 @@ def provenance_markdown(manifest: Manifest, tr: TableTraining, ref: ReferenceBlo
             f"| {s['name']} | `{s['table']}` | {s['license']} | {s['prompts']} | "
             f"{', '.join(s['weak_models'])} | {', '.join(s['strong_models'])} |"
         )
+    if tr.get("easy_anchors"):
+        lines.append(
+            f"| easy_anchors | `datasets/easy_anchors.py` (templates) + paragraphs of "
+            f"`arena_bench_v1/model_outputs_long.csv.gz` | Apache-2.0 | {tr['easy_anchors']} | (label 0 by construction) | — |"
+        )
     panels = [s for s in tr["sources"] if s.get("panel_models")]
     recipe = tr["recipe"]
     lines += [
@@ -159,6 +164,10 @@ def provenance_markdown(manifest: Manifest, tr: TableTraining, ref: ReferenceBlo
         "Origins: " + "; ".join(f"{s['name']}: {s['origin']}" for s in tr["sources"]) + ".",
         *[f"\nLabel panel of {s['name']} (weight {recipe.get('panel_weight')} of each prompt's label): "
           f"{', '.join(s.get('panel_models', []))}." for s in panels],
+        *(["\nEasy anchors: requests every instruction-following chat model answers acceptably (greetings, look-ups,"
+           " small arithmetic, beginner code and SQL, light edits of a pasted paragraph), made from Pointsman's own"
+           " templates and never from the sanity suite; the ranker skips them, the head's gate learns them"
+           " (`estimator/head.py`), the calibration counts them as one source labelled 0."] if tr.get("easy_anchors") else []),
         *([f"\nWarm start: {recipe.get('warm_start')}, together weighing {recipe.get('warm_start_share')} x the other "
            "sources' rows; the calibration reads the other sources only."] if recipe.get("warm_start") else []),
         "",
@@ -186,6 +195,18 @@ def provenance_markdown(manifest: Manifest, tr: TableTraining, ref: ReferenceBlo
             "| quantile | " + " | ".join(k for k in q) + " |",
             "|---|" + "---|" * len(q),
             "| p_hard | " + " | ".join(f"{v:.3f}" for v in q.values()) + " |",
+        ]
+    if tr.get("reliability"):
+        lines += [
+            "",
+            "## Reliability of p_hard (out-of-fold, every source and the easy anchors weighing one source each)",
+            "",
+            "Observed: the mean label (the share of weak/strong model pairs in which the weak model's answer",
+            "was worse; 0 for an easy anchor) of the rows whose out-of-fold p_hard fell in the bin.",
+            "",
+            "| p_hard | rows | mean p_hard | observed |",
+            "|---|---|---|---|",
+            *[f"| {b['p_hard']} | {b['n']} | {b['mean_p_hard']} | {b['observed']} |" for b in tr["reliability"]],
         ]
     lines += [
         "",

@@ -28,6 +28,7 @@ from pointsman.errors import DataError, EstimatorError
 from pointsman.estimator.features import difficulty_view
 from pointsman.estimator.manifest import Manifest
 from pointsman.estimator.markers import request_matrix
+from pointsman.json_types import JSONObject
 from pointsman.training.encoder_build import BuiltEncoder
 from pointsman.training.examples import EASY_ANCHORS, Examples, anchor_examples, build_examples
 from pointsman.training.json_data import to_json_object
@@ -151,6 +152,23 @@ def heldout_metrics(ex: Examples, p_hard: np.ndarray, cal_weight: np.ndarray) ->
     return out
 
 
+def reliability(p_hard: np.ndarray, y: np.ndarray, weight: np.ndarray, bins: int = 10) -> list[JSONObject]:
+    """The reliability diagram of calibrated ``p_hard`` (n,) against labels ``y`` (n,) in [0, 1]
+    with row weights (n,): per decile of p_hard that holds rows, its range, row count, weighted mean
+    p_hard and weighted mean label (NaN rows skipped)."""
+    ok = np.isfinite(p_hard) & np.isfinite(y)
+    p, t, w = p_hard[ok], y[ok], weight[ok]
+    which = np.clip((p * bins).astype(int), 0, bins - 1)
+    out: list[JSONObject] = []
+    for b in range(bins):
+        m = which == b
+        if m.any() and w[m].sum() > 0:
+            out.append({"p_hard": f"{b / bins:.1f}-{(b + 1) / bins:.1f}", "n": int(m.sum()),
+                        "mean_p_hard": round(float(np.average(p[m], weights=w[m])), 4),
+                        "observed": round(float(np.average(t[m], weights=w[m])), 4)})
+    return out
+
+
 def oof_p_hard(head: DifficultyHead, ex: Examples, source: str) -> dict[str, float] | None:
     """Each prompt id of ``source``'s examples mapped to its out-of-fold calibrated ``p_hard`` from
     the head's cross-fitting (``DifficultyHead.oof_proba_``); None without cross-fitting."""
@@ -233,13 +251,17 @@ def _source_record(s: OutcomeSource, prompts: int, reads_panel: bool) -> SourceR
 
 def table_training(cfg: TrainConfig, sources: list[OutcomeSource], ex: Examples, command: str) -> TableTraining:
     """The manifest's ``training`` block: the recipe, every source with its license and prompt count."""
-    return TableTraining(
+    training = TableTraining(
         recipe=cfg.params(),
         sources=[_source_record(s, int((ex.source == s.name).sum()), cfg.panel_weight > 0) for s in sources],
         label=LABEL,
         base_model=BASE_MODEL,
         command=command,
     )
+    anchors = int((ex.source == EASY_ANCHORS).sum())
+    if anchors:
+        training["easy_anchors"] = anchors
+    return training
 
 
 def check_served(est: DifficultyEstimator, ex: Examples, head: DifficultyHead, X: np.ndarray,
@@ -375,6 +397,9 @@ def train(
     rng = np.random.default_rng(cfg.seed)
     sample = np.sort(rng.choice(len(X), size=min(PARITY_SAMPLE, len(X)), replace=False))
     training = table_training(cfg, sources, ex, command)
+    if cfg.n_folds and cfg.n_folds >= 2:
+        w_cal = source_weights(ex, {name: 1.0 for name in np.unique(ex.source)})
+        training["reliability"] = reliability(head.calibrate(head.oof_proba_), ex.y, w_cal)
     manifest = write_model_dir(model_dir, built, head, X[sample], training, metrics, cfg.blocks)
 
     # End-to-end check through the serving code path, then transfer evaluations.
