@@ -22,7 +22,7 @@ def group_key(messages: Sequence[Mapping[str, object]]) -> str:
     first = next((m.get("content") for m in messages if m.get("role") == "user"), "") or ""
     if not isinstance(first, str):
         first = str(first)
-    norm = _SPACE.sub(" ", first.strip().lower())
+    norm = " ".join(first.lower().split())  # = _SPACE.sub(" ", first.strip().lower()): \s is what str.split splits at
     return hashlib.sha1(norm.encode("utf-8")).hexdigest()[:16]
 
 

@@ -13,6 +13,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from pointsman.estimator.manifest import Manifest
 
 _SPACE_CACHE: dict[tuple[str, int, int], str] = {}
+#: ``feature_space_of`` per loaded model: id(manifest) -> (manifest, model_dir, space id).
+_LOADED: dict[int, tuple[Manifest, str | Path, str]] = {}
 
 
 def feature_space_of(estimator: object) -> str | None:
@@ -22,7 +24,8 @@ def feature_space_of(estimator: object) -> str | None:
     ``"<encoder kind>-<12 hex>"``: sha256 over the encoder ONNX file, the tokenizer, the token
     window and the head's feature names. Two models with the same encoder and request features
     (a champion and a challenger trained with ``--encoder-from``) share it, so head inputs logged
-    under one can train and score the other. Cached per file (path, size, mtime).
+    under one can train and score the other. Cached per file (path, size, mtime), and per loaded
+    model (its ``Manifest`` object: the files it was loaded from are read once).
     """
     from pointsman.estimator.manifest import Manifest
 
@@ -30,7 +33,14 @@ def feature_space_of(estimator: object) -> str | None:
     manifest: object = getattr(estimator, "manifest", None)
     if not isinstance(model_dir, (str, Path)) or not isinstance(manifest, Manifest):
         return None
-    return feature_space_id(Path(model_dir), manifest)
+    known = _LOADED.get(id(manifest))  # the decision log asks once per decision: no stat each time
+    if known is not None and known[0] is manifest and known[1] == model_dir:
+        return known[2]
+    space = feature_space_id(Path(model_dir), manifest)
+    if len(_LOADED) >= 16:
+        _LOADED.clear()
+    _LOADED[id(manifest)] = (manifest, model_dir, space)
+    return space
 
 
 def feature_space_id(model_dir: Path, manifest: Manifest) -> str:

@@ -43,7 +43,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from pointsman.estimator.token_bounds import class_units, extrapolated_upper, piece_upper, sample_pieces
-from pointsman.estimator.wordpiece import word_piece_ids
+from pointsman.estimator.wordpiece import UnkOffsets, word_piece, word_piece_ids
 from pointsman.request import RequestView, RouteRequest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -174,38 +174,48 @@ def _count(text: str, tokenizer: Tokenizer | None, offsets: bool = False) -> tup
     encoding must carry character offsets and word ids; otherwise only its ids are meaningful.
     Past ``COUNT_SAMPLE_CHARS`` the count tokenizes the head, the tail and slices of the middle
     (``token_bounds.sample_pieces``) and extrapolates by their characters per token."""
+    n, upper, encoding, _ = _count_ids(text, tokenizer, offsets)
+    return n, upper, encoding
+
+
+def _count_ids(text: str, tokenizer: Tokenizer | None,
+               offsets: bool = False) -> tuple[int, int, Encoding | None, list[int] | None]:
+    """``_count`` and the ids of ``text`` when it was tokenized whole (else None)."""
     if not text:
-        return 0, 0, None
+        return 0, 0, None, None
     if tokenizer is None:
         n = math.ceil(len(text) / CHARS_PER_TOKEN)
-        return n, max(n, class_units(text)), None
+        return n, max(n, class_units(text)), None, None
     pieces = sample_pieces(text, COUNT_SAMPLE_CHARS)
     whole = len(pieces) == 1
-    fast = None if offsets and whole else word_piece_ids(tokenizer)
+    fast = None if offsets and whole else word_piece(tokenizer)
     encodings: list[Encoding | None]
     if fast is not None:  # the same ids as the library's, without its offsets (``wordpiece``)
-        ids_of, encodings = [fast(piece) for piece in pieces], [None] * len(pieces)
+        ids_of, encodings = [fast.ids(piece) for piece in pieces], [None] * len(pieces)
     else:
         encoded = _encode(tokenizer, pieces, offsets and whole)
         ids_of, encodings = [encoding.ids for encoding in encoded], list(encoded)
     n, bounds = 0, []
     for piece, ids, encoding in zip(pieces, ids_of, encodings):
-        with_offsets = encoding if offsets and whole else None
+        with_offsets: Encoding | UnkOffsets | None = encoding if offsets and whole else None
+        if fast is not None and fast.unk in ids:  # the [UNK] spans without a second library pass
+            with_offsets = fast.unk_offsets(piece)
         n += len(ids) + long_word_tokens(piece, ids, with_offsets, tokenizer)
         bounds.append(piece_upper(piece, ids, with_offsets, tokenizer))
     if whole:
-        return n, max(n, sum(a + b for a, b, _ in bounds)), encodings[0]
+        return n, max(n, sum(a + b for a, b, _ in bounds)), encodings[0], ids_of[0]
     n = max(1, round(n * len(text) / sum(len(p) for p in pieces)))
-    return n, max(n, extrapolated_upper(text, pieces, bounds)), None
+    return n, max(n, extrapolated_upper(text, pieces, bounds)), None, None
 
 
-def long_word_tokens(text: str, ids: list[int], encoding: Encoding | None, tokenizer: Tokenizer) -> int:
+def long_word_tokens(text: str, ids: list[int], encoding: Encoding | UnkOffsets | None, tokenizer: Tokenizer) -> int:
     """Tokens to add to ``len(ids)`` (the ids of ``text``, no special tokens) for the words a
     WordPiece tokenizer turned into a single ``[UNK]`` because they exceed its
     ``max_input_chars_per_word``: ``ceil(chars / CHARS_PER_TOKEN) - 1`` for each (chars from
     the offsets). 0 for other tokenizers, and when ``ids`` has no ``[UNK]`` or ``text`` no run
     of over 100 non-whitespace characters (the cheap checks, in that order). ``encoding``:
-    ``text`` encoded with offsets, or None to encode it again here when needed. Cost
+    ``text`` encoded with offsets (or its ``[UNK]`` tokens alone, ``wordpiece.UnkOffsets``), or None
+    to encode it again here when needed. Cost
     O(len(text))."""
     from tokenizers import models
 
@@ -358,10 +368,11 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
         # offsets are needed to cut the window out, unless the window is the whole conversation,
         # or the window is tokenized alone at the fast tokenizer's cost (``wordpiece``)
         whole = len(query) == len(joined) and len(query) <= QUERY_WINDOW_CHARS
-        n, upper, encoding = _count(joined, tokenizer, offsets=want_ids and fast is None and not whole
-                                    and len(joined) <= COUNT_SAMPLE_CHARS)
-        if fast is not None:
-            query_ids = fast(bounded_window(query, QUERY_WINDOW_CHARS))
+        n, upper, encoding, joined_ids = _count_ids(joined, tokenizer, offsets=want_ids and fast is None and not whole
+                                                    and len(joined) <= COUNT_SAMPLE_CHARS)
+        if fast is not None:  # the window is the conversation itself: its ids are the count's
+            query_ids = list(joined_ids) if whole and joined_ids is not None else \
+                fast(bounded_window(query, QUERY_WINDOW_CHARS))
         prompt_tokens = n + TOKENS_PER_MESSAGE * len(request.messages) + IMAGE_TOKENS * n_images
         prompt_upper = upper + TOKENS_PER_MESSAGE * len(request.messages) + IMAGE_TOKENS_UPPER * n_images
         if want_ids and fast is None and encoding is not None and k is not None:

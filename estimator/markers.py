@@ -20,7 +20,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from pointsman.estimator.features import RequestFeatures
 
 _WORD = re.compile(r"[a-z]+(?:\+\+)?")
-_CODE_SYMBOLS = re.compile(r"```|^ {4,}\S|\t|=>|;[ \t]*$|[{}]|#include|</?[a-zA-Z][\w-]{0,20}>|\w\(\)", re.MULTILINE)
+#: The code-symbol pattern's branches, in order, each with the strings one of which every match of it holds.
+_CODE_BRANCHES = ((r"```", ("```",)), (r"^ {4,}\S", ("    ",)), (r"\t", ("\t",)), (r"=>", ("=>",)),
+                  (r";[ \t]*$", (";",)), (r"[{}]", ("{", "}")), (r"#include", ("#include",)),
+                  (r"</?[a-zA-Z][\w-]{0,20}>", ("<",)), (r"\w\(\)", ("()",)))
+#: The math-operator pattern's branches, each with what every match of it holds (None: a digit).
+_OPERATOR_BRANCHES = ((r"\d\s*[-+*/^=<>×÷%]\s*\d", None), (r"\\frac", "\\"), (r"\\sqrt", "\\"),
+                      (r"\$[^$\n]+\$", "$"), (r"\\\(", "\\"))
+_CODE_SYMBOLS = re.compile("|".join(b for b, _ in _CODE_BRANCHES), re.MULTILINE)
 _CODE_WORDS = frozenset(
     "def return import class function print select console python javascript java c++ sql rust golang bash "
     "typescript html css regex api json yaml docker kubernetes linux git code script compile bug debug "
@@ -34,7 +41,7 @@ _MATH_WORDS = frozenset(
 _MATH_PHRASES = ("how many", "how much", "square root")
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
 _DIGIT = re.compile(r"\d")
-_OPERATOR = re.compile(r"\d\s*[-+*/^=<>×÷%]\s*\d|\\frac|\\sqrt|\$[^$\n]+\$|\\\(")
+_OPERATOR = re.compile("|".join(b for b, _ in _OPERATOR_BRANCHES))
 _WH_WORDS = frozenset("what who whom whose when where which why how".split())
 _YESNO_WORDS = frozenset("is are was were can could do does did will would should shall has have may".split())
 _CREATIVE_WORDS = frozenset(
@@ -53,8 +60,19 @@ _FORMAT_PHRASES = (
 _CHOICES = re.compile(r"^[ \t]*\(?[A-Da-d][).:][ \t]+\S|\bAnswer:[ \t]*$|\boptions?:", re.MULTILINE)
 #: ``_CHOICES``' first branch alone, matched at the start of a line.
 _CHOICE_LINE = re.compile(r"[ \t]*\(?[A-Da-d][).:][ \t]+\S")
-#: Every ``_CODE_SYMBOLS`` match contains one of these (one per branch): without them, no match.
-_CODE_NEEDLES = ("```", "    ", "\t", "=>", ";", "{", "}", "#include", "<", "()")
+_SUBSETS: dict[tuple[str, tuple[bool, ...]], re.Pattern[str] | None] = {}
+
+
+def _subset(name: str, branches: tuple[str, ...], present: tuple[bool, ...], flags: int = 0) -> re.Pattern[str] | None:
+    """The alternation of the ``branches`` marked ``present``, in their order (None: none is): it finds the
+    same matches as the whole alternation in a text where the others cannot match (at every place the
+    first branch that matches is the same), and a pattern of one literal-led branch is scanned for its
+    first character instead of trying every branch at every character. Compiled once per subset."""
+    key = (name, present)
+    if key not in _SUBSETS:
+        chosen = [b for b, p in zip(branches, present) if p]
+        _SUBSETS[key] = re.compile("|".join(chosen), flags) if chosen else None
+    return _SUBSETS[key]
 _REASONING_WORDS = frozenset(
     "reason reasoning logic logical puzzle riddle deduce infer assume assumption therefore contradiction".split()
 )
@@ -98,24 +116,74 @@ _ASCII_UPPER = bytes(range(ord("A"), ord("Z") + 1))
 _ASCII_DIGITS = b"0123456789"
 
 
+#: Bytes that are not ASCII lower-case letters, mapped to a space (UTF-8 bytes of other characters are >= 0x80).
+_NOT_A_TO_Z = bytes(b if 97 <= b <= 122 else 32 for b in range(256))
+_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
+
+
+def _words(lower: str) -> list[str]:
+    """``_WORD.findall(lower)``: without ``++`` in ``lower`` its words are its runs of ``[a-z]``, split out
+    with byte operations instead of a match object per word."""
+    if "++" in lower:
+        return _WORD.findall(lower)
+    return lower.encode("utf-8", "surrogatepass").translate(_NOT_A_TO_Z).decode("ascii").split()
+
+
 def _count_words(words: list[str], vocab: frozenset[str]) -> int:
     return sum(map(vocab.__contains__, words))
 
 
+#: The word lists ``request_vector`` counts, by name.
+_VOCABS: dict[str, frozenset[str]] = {"code": _CODE_WORDS, "math": _MATH_WORDS, "explain": _EXPLAIN_WORDS,
+                                      "format": _FORMAT_WORDS, "reasoning": _REASONING_WORDS}
+
+
+def _lists_of_words() -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {}
+    for name, vocab in _VOCABS.items():
+        for w in vocab:
+            out[w] = (*out.get(w, ()), name)
+    return out
+
+
+#: For each word of the lists, the names of the lists it is in.
+_VOCAB_OF = _lists_of_words()
+
+
+def _vocab_counts(words: list[str]) -> dict[str, int]:
+    """``_count_words(words, vocab)`` for every list of ``_VOCABS``, in one lookup per word."""
+    counts = dict.fromkeys(_VOCABS, 0)
+    for w in filter(_VOCAB_OF.__contains__, words):
+        for name in _VOCAB_OF[w]:
+            counts[name] += 1
+    return counts
+
+
 def _upper_and_digits(text: str) -> tuple[int, int]:
-    """(characters with ``str.isupper()``, characters ``\\d`` matches) in ``text``; for ASCII text
+    """(characters with ``str.isupper()``, characters ``\\d`` matches) in ``text``; its ASCII characters
     (A-Z and 0-9 exactly) counted on bytes."""
-    if text.isascii():
-        raw = text.encode("ascii")
-        return len(raw) - len(raw.translate(None, _ASCII_UPPER)), len(raw) - len(raw.translate(None, _ASCII_DIGITS))
-    return sum(map(str.isupper, text)), len(_DIGIT.findall(text))
+    raw = text.encode("ascii", "ignore")  # the ASCII characters
+    upper, digits = len(raw) - len(raw.translate(None, _ASCII_UPPER)), len(raw) - len(raw.translate(None, _ASCII_DIGITS))
+    if len(raw) == len(text):
+        return upper, digits
+    rest = "".join(_NON_ASCII.findall(text))  # the others, looked at one by one
+    return upper + sum(map(str.isupper, rest)), digits + len(_DIGIT.findall(rest))
 
 
 def _code_symbols(text: str) -> int:
-    """``len(_CODE_SYMBOLS.findall(text))``; 0 without scanning when no branch can match."""
-    if not any(needle in text for needle in _CODE_NEEDLES):
-        return 0
-    return len(_CODE_SYMBOLS.findall(text))
+    """``len(_CODE_SYMBOLS.findall(text))``, with only the branches whose strings ``text`` holds (``_subset``);
+    0 without scanning when none does."""
+    present = tuple(any(needle in text for needle in needles) for _, needles in _CODE_BRANCHES)
+    pattern = _subset("code", tuple(b for b, _ in _CODE_BRANCHES), present, re.MULTILINE)
+    return 0 if pattern is None else len(pattern.findall(text))
+
+
+def _operators(text: str, digits: int) -> int:
+    """``len(_OPERATOR.findall(text))`` (``digits``: how many characters of ``text`` ``\\d`` matches), with
+    only the branches ``text`` can match (``_subset``)."""
+    present = tuple(digits > 0 if needle is None else needle in text for _, needle in _OPERATOR_BRANCHES)
+    pattern = _subset("operator", tuple(b for b, _ in _OPERATOR_BRANCHES), present)
+    return 0 if pattern is None else len(pattern.findall(text))
 
 
 def _choices(text: str) -> int:
@@ -143,9 +211,10 @@ def request_vector(features: RequestFeatures) -> np.ndarray:
     n = max(len(text), 1)
     stripped = text.strip()
     lower = text.lower()
-    words = _WORD.findall(lower)
+    words = _words(lower)
+    vocab = _vocab_counts(words)
     head = words[:3]
-    first_line_words = _WORD.findall(stripped.split("\n", 1)[0].lower()) if stripped else []
+    first_line_words = _words(stripped.split("\n", 1)[0].lower()) if stripped else []
     upper, digits = _upper_and_digits(text)
     letters = sum(map(len, words))
     non_ascii = len(text) - len(text.encode("ascii", "ignore"))
@@ -161,11 +230,11 @@ def request_vector(features: RequestFeatures) -> np.ndarray:
         float(features.has_images),
         math.log1p(features.n_tool_calls),
         math.log1p(text.count("\n")),
-        math.log1p(_code_symbols(text) + _count_words(words, _CODE_WORDS)),
-        math.log1p(_count_words(words, _MATH_WORDS) + _count_phrases(lower, _MATH_PHRASES)),
+        math.log1p(_code_symbols(text) + vocab["code"]),
+        math.log1p(vocab["math"] + _count_phrases(lower, _MATH_PHRASES)),
         # every number and operator match holds a digit (and an operator match without one a "\\" or "$")
         math.log1p(len(_NUMBER.findall(text)) if digits else 0),
-        math.log1p(len(_OPERATOR.findall(text)) if digits or "\\" in text or "$" in text else 0),
+        math.log1p(_operators(text, digits)),
         digits / n,
         symbols / n,
         min(upper / max(letters, 1), 1.0),
@@ -175,10 +244,10 @@ def request_vector(features: RequestFeatures) -> np.ndarray:
         float(bool(head) and head[0] in _WH_WORDS),
         float(bool(head) and head[0] in _YESNO_WORDS),
         float(any(w in _CREATIVE_WORDS for w in head)),
-        float(_count_words(words, _EXPLAIN_WORDS) > 0),
-        math.log1p(_count_words(words, _FORMAT_WORDS) + _count_phrases(lower, _FORMAT_PHRASES)),
+        float(vocab["explain"] > 0),
+        math.log1p(vocab["format"] + _count_phrases(lower, _FORMAT_PHRASES)),
         float(_choices(text) >= 2),
-        math.log1p(_count_words(words, _REASONING_WORDS) + _count_phrases(lower, _REASONING_PHRASES)),
+        math.log1p(vocab["reasoning"] + _count_phrases(lower, _REASONING_PHRASES)),
         float(any(w in _GIVEN_WORDS for w in first_line_words)),
         math.log1p(len(_PARAGRAPH.findall(stripped)) + (1 if stripped else 0)),
     )

@@ -45,6 +45,8 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     from tokenizers import Encoding, Tokenizer
 
+    from pointsman.estimator.wordpiece import UnkOffsets
+
 #: Bytes of an ``[UNK]`` span per token in the bound: a 3-byte character counts 2, a 4-byte one 3 (BPE
 #: tokenizers give an emoji 1-3 tokens, a CJK character outside their merges 2-3, a hex run about one
 #: per 2-3 bytes).
@@ -130,11 +132,12 @@ def _class_units_numpy(raw: bytes) -> int:
     return int(ascii_other + newlines + tabs + leads + runs + space_runs + sixteens)
 
 
-def unk_byte_tokens(text: str, ids: list[int], encoding: Encoding | None, tokenizer: Tokenizer) -> int:
+def unk_byte_tokens(text: str, ids: list[int], encoding: Encoding | UnkOffsets | None, tokenizer: Tokenizer) -> int:
     """Tokens to add to ``len(ids)`` (``text``'s ids, no special tokens) for its ``[UNK]`` tokens,
     each counted by its span's UTF-8 bytes at ``UNK_BYTES_PER_TOKEN`` per token instead of as 1.
     0 when the tokenizer has no unknown token or ``ids`` holds none. ``encoding``: ``text``
-    encoded with offsets, or None to encode it again here when needed."""
+    encoded with offsets (or its ``[UNK]`` tokens alone, ``wordpiece.UnkOffsets``), or None to encode
+    it again here when needed."""
     model = getattr(tokenizer, "model", None)
     unk_token = getattr(model, "unk_token", None)
     unk = tokenizer.token_to_id(unk_token) if isinstance(unk_token, str) else None
@@ -149,7 +152,8 @@ def unk_byte_tokens(text: str, ids: list[int], encoding: Encoding | None, tokeni
     return max(0, extra)
 
 
-def piece_upper(text: str, ids: list[int], encoding: Encoding | None, tokenizer: Tokenizer) -> tuple[int, int, int]:
+def piece_upper(text: str, ids: list[int], encoding: Encoding | UnkOffsets | None,
+                tokenizer: Tokenizer) -> tuple[int, int, int]:
     """The bound for one tokenized piece as (ids + one token per newline, the rest up to the bound:
     the ``[UNK]`` bytes' extra tokens, or more when ``class_units`` is larger than both together,
     the piece's ``class_units``)."""

@@ -21,6 +21,12 @@ is encoded by ``tokenizers`` whole: Python's ``str.split`` and BERT disagree on 
 words there (BERT drops ``\\x0b``, ``\\x1c`` ... where Python splits), and a text of thousands of
 distinct short non-ASCII chunks costs less in one library call than in one call each.
 
+``unk_offsets(text)`` gives the character offsets of the ``[UNK]`` tokens of ``text`` (what the library's
+``encoding.offsets`` says for them), for the token-count bounds (``features``, ``token_bounds``) without a
+second library pass over the whole text: an ASCII word is its own span, a non-ASCII chunk holding an
+``[UNK]`` is encoded alone by the library (its offsets shifted by the chunk's start; BERT tokens never
+cross whitespace, and a character the normalizer drops at a chunk's start belongs to no token either way).
+
 The tables are bounded (``MAX_ENTRIES`` each, then cleared); they are shared by the threads of one
 process (dict operations hold the GIL; two threads may compute the same entry twice). Equality with
 ``tokenizers`` is a property test over generated text (``tests/estimator/test_wordpiece.py``).
@@ -32,7 +38,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable
 from itertools import chain
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:  # pragma: no cover
     from tokenizers import Tokenizer
@@ -47,6 +53,19 @@ MAX_LIBRARY_CHUNKS = 32
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 #: A lower-cased ASCII chunk's words: runs of letters and digits, and each punctuation character.
 _ASCII_WORDS = re.compile(r"[a-z0-9]+|[!-/:-@\[-`{-~]")
+#: Whitespace-separated chunks with their places (``\S`` is the complement of what ``str.split`` splits at).
+_CHUNK = re.compile(r"\S+")
+
+
+class UnkOffsets:
+    """The ``[UNK]`` tokens of a text as an encoding-like object: ``ids`` (the unknown token's id, once per
+    ``[UNK]``) and ``offsets`` (their (start, end) character offsets), in order."""
+
+    __slots__ = ("ids", "offsets")
+
+    def __init__(self, ids: list[int], offsets: list[tuple[int, int]]) -> None:
+        self.ids = ids
+        self.offsets = offsets
 
 
 class _Table(dict[str, tuple[int, ...]]):
@@ -74,14 +93,21 @@ class WordPieceIds:
         self._tokenizer = tokenizer
         #: added (special) tokens are matched in the raw text before normalization: such a text goes whole
         self._specials = re.compile("|".join(map(re.escape, specials)), re.IGNORECASE) if specials else None
+        #: a character every special token starts with and no case mapping changes ("[" for BERT's):
+        #: a text without it holds none (the case-insensitive search is the slow part)
+        firsts = {t[0] for t in specials if t}
+        first = firsts.pop() if len(firsts) == 1 else None
+        self._special_start = first if first is not None and first.lower() == first.upper() == first else None
         self._vocab = vocab
         self._unk = unk
+        #: The unknown token's id.
+        self.unk = unk
         self._max_word = max_word_chars
         self._prefix = prefix
         self._longest = max(map(len, vocab)) if vocab else 1
         self._words = _Table(self._pieces)
-        self._chunks = _Table(self._ascii_chunk)
-        self._library = _Table(self._library_chunk)
+        #: chunk -> ids: split here (ASCII) or by the library (any other character)
+        self._chunks = _Table(self._chunk)
 
     def _pieces(self, word: str) -> tuple[int, ...]:
         """WordPiece of one lower-cased ASCII word: greedy longest match, ``##`` continuations."""
@@ -108,50 +134,97 @@ class WordPieceIds:
     def _ascii_chunk(self, chunk: str) -> tuple[int, ...]:
         return tuple(chain.from_iterable(map(self._words.__getitem__, _ASCII_WORDS.findall(chunk.lower()))))
 
-    def _library_chunk(self, chunk: str) -> tuple[int, ...]:
+    def _chunk(self, chunk: str) -> tuple[int, ...]:
+        if chunk.isascii():
+            return self._ascii_chunk(chunk)
         return tuple(self._tokenizer.encode(chunk, add_special_tokens=False).ids)
 
     def _whole(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
+    def _goes_whole(self, text: str) -> bool:
+        """Whether ``text`` goes to the library whole whatever its chunks: special-token text,
+        control characters, NEL."""
+        if self._specials is not None and (self._special_start is None or self._special_start in text) \
+                and self._specials.search(text) is not None:
+            return True
+        return _CONTROL.search(text) is not None or ("\x85" in text and not text.isascii())
+
+    def _chunk_ids(self, text: str) -> list[tuple[int, ...]] | None:
+        """The ids of each chunk of ``text``, or None when ``text`` goes to the library whole (``_goes_whole``,
+        or more than ``MAX_LIBRARY_CHUNKS`` distinct non-ASCII chunks not in the table yet)."""
+        if self._goes_whole(text):
+            return None
+        chunks, table = text.split(), self._chunks
+        if text.isascii():
+            return list(map(table.__getitem__, chunks))
+        got: list[tuple[int, ...] | None] = list(map(table.get, chunks))
+        if None in got:  # new chunks: too many new non-ASCII ones cost less in one library call
+            new = {c for c, ids in zip(chunks, got) if ids is None and not c.isascii()}
+            if len(new) > MAX_LIBRARY_CHUNKS:
+                return None
+            return [table[c] if ids is None else ids for c, ids in zip(chunks, got)]
+        return cast("list[tuple[int, ...]]", got)  # no None in it
+
     def ids(self, text: str) -> list[int]:
         """The token ids of ``text`` without special tokens (exactly ``tokenizers``')."""
-        if self._specials is not None and self._specials.search(text) is not None:
+        got = self._chunk_ids(text)
+        if got is None:
             return self._whole(text)
-        if text.isascii():
-            if _CONTROL.search(text) is not None:
-                return self._whole(text)
-            return list(chain.from_iterable(map(self._chunks.__getitem__, text.split())))
-        if _CONTROL.search(text) is not None or "\x85" in text:
-            return self._whole(text)
-        chunks = text.split()
-        library = self._library
-        new: set[str] = set()
-        for chunk in chunks:
-            if not chunk.isascii() and chunk not in library:
-                new.add(chunk)
-                if len(new) > MAX_LIBRARY_CHUNKS:
-                    return self._whole(text)
-        ascii_chunks = self._chunks
-        return list(chain.from_iterable(ascii_chunks[c] if c.isascii() else library[c] for c in chunks))
+        return list(chain.from_iterable(got))
+
+    def unk_offsets(self, text: str) -> UnkOffsets:
+        """The ``[UNK]`` tokens of ``text`` and their character offsets, as the library's encoding of
+        ``text`` (no special tokens) has them (see the module). Cost: a scan of ``text``'s chunks and a
+        library call per non-ASCII chunk holding an ``[UNK]`` (the whole text when ``ids`` would send it whole)."""
+        unk, ids, offsets = self._unk, [], []
+        if self._chunk_ids(text) is None:
+            encoding = self._tokenizer.encode(text, add_special_tokens=False)
+            for token_id, span in zip(encoding.ids, encoding.offsets):
+                if token_id == unk:
+                    ids.append(unk)
+                    offsets.append(span)
+            return UnkOffsets(ids, offsets)
+        for m in _CHUNK.finditer(text):
+            chunk, start = m.group(), m.start()
+            if chunk.isascii():
+                if unk not in self._chunks[chunk]:
+                    continue
+                for w in _ASCII_WORDS.finditer(chunk.lower()):
+                    if self._words[w.group()] == (unk,):
+                        ids.append(unk)
+                        offsets.append((start + w.start(), start + w.end()))
+            elif unk in self._chunks[chunk]:
+                encoding = self._tokenizer.encode(chunk, add_special_tokens=False)
+                for token_id, (a, b) in zip(encoding.ids, encoding.offsets):
+                    if token_id == unk:
+                        ids.append(unk)
+                        offsets.append((start + a, start + b))
+        return UnkOffsets(ids, offsets)
 
 
 _BUILT: OrderedDict[int, tuple[Tokenizer, WordPieceIds | None]] = OrderedDict()
 
 
-def word_piece_ids(tokenizer: Tokenizer | None) -> Callable[[str], list[int]] | None:
-    """``WordPieceIds(tokenizer).ids`` when ``tokenizer`` is BERT's kind (``BertNormalizer`` with
+def word_piece(tokenizer: Tokenizer | None) -> WordPieceIds | None:
+    """``WordPieceIds(tokenizer)`` when ``tokenizer`` is BERT's kind (``BertNormalizer`` with
     lower-casing and text cleaning, ``BertPreTokenizer``, ``WordPiece``), else None. Built once per
     tokenizer object (the last four are kept)."""
     if tokenizer is None:
         return None
     got = _BUILT.get(id(tokenizer))
     if got is not None and got[0] is tokenizer:
-        return None if got[1] is None else got[1].ids
+        return got[1]
     built = _build(tokenizer)
     _BUILT[id(tokenizer)] = (tokenizer, built)
     while len(_BUILT) > 4:
         _BUILT.popitem(last=False)
+    return built
+
+
+def word_piece_ids(tokenizer: Tokenizer | None) -> Callable[[str], list[int]] | None:
+    """``word_piece(tokenizer).ids``, or None when ``tokenizer`` is not BERT's kind."""
+    built = word_piece(tokenizer)
     return None if built is None else built.ids
 
 
@@ -180,4 +253,4 @@ def _build(tokenizer: Tokenizer) -> WordPieceIds | None:
                         specials)
 
 
-__all__ = ["MAX_LIBRARY_CHUNKS", "WordPieceIds", "word_piece_ids"]
+__all__ = ["MAX_LIBRARY_CHUNKS", "UnkOffsets", "WordPieceIds", "word_piece", "word_piece_ids"]

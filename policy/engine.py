@@ -50,7 +50,7 @@ from pointsman.policy.decision import Decision, EndpointChoice, Fallback, Trace,
 from pointsman.policy.escalation import Escalation, TargetCosts, escalation_id, judge, rule_name
 from pointsman.policy.fleet import Fleet, FrontierTarget
 from pointsman.policy.live import BaseSignals, CelContext, LiveSignals, build_context, finite_or_none
-from pointsman.policy.rules.compiler import CompiledPolicy
+from pointsman.policy.rules.compiler import CompiledPolicy, Plan
 from pointsman.policy.rules.evaluator import Verdict, evaluate, lookup_signal
 from pointsman.policy.selection.filters import (
     FILTERS,
@@ -118,17 +118,43 @@ def resolve_mode(policy: CompiledPolicy, fleet: Fleet, source: SignalSource, tar
                        predicted=(lambda: _scores(source, target)) if policy.disaggregation.by_prediction else None)
 
 
+class _GrowingContext:
+    """``decide(lazy=True)``'s CEL variables: ``self(i)`` builds them for ``policy.rule_plans[i]`` when
+    rule ``i`` reads more than the rules before it (else None, the current ones hold)."""
+
+    def __init__(self, policy: CompiledPolicy, base: BaseSignals, source: SignalSource) -> None:
+        self.policy, self.base, self.source = policy, base, source
+        self.plan: Plan | None = None
+        self.context: CelContext = {}
+
+    def __call__(self, i: int) -> CelContext | None:
+        plan = self.policy.rule_plans[i]
+        if plan is self.plan:
+            return None
+        self.plan, self.context = plan, build_context(self.policy, self.base, self.source, plan)
+        return self.context
+
+
 def decide(fleet: Fleet, policy: CompiledPolicy, base: BaseSignals, source: SignalSource,
-           filters: dict[str, FilterFn] = FILTERS) -> Outcome:
+           filters: dict[str, FilterFn] = FILTERS, *, lazy: bool = False) -> Outcome:
     """The policy step: eligibility filters, the ordered rules on the CEL context the policy
     reads, then the P/D mode of the chosen target and of each fallback. ``base`` holds the
     ``request`` and ``difficulty`` namespaces; ``source`` is a signal source
-    (``live.LiveSignals`` or ``live.StaticSignals``). Raises ``NoEligibleTarget`` when no
-    matching rule has an eligible target."""
+    (``live.LiveSignals`` or ``live.StaticSignals``). ``lazy``: the context grows rule by rule
+    (``policy.rule_plans``), so signals only the rules after the deciding one read are not computed
+    (the same verdict: a condition reads only what its plan names); ``Outcome.context`` then holds
+    what the evaluated rules read. Raises ``NoEligibleTarget`` when no matching rule has an
+    eligible target."""
     exclusions = eligibility(fleet, FilterContext(base["request"], policy.filters, source),
                              enabled(policy.filters, filters))
-    context = build_context(policy, base, source)
-    verdict = evaluate(policy, context, TargetCosts(fleet, source), exclusions, pruned=True)
+    costs = TargetCosts(fleet, source)
+    if lazy and policy.rule_plans:
+        growing = _GrowingContext(policy, base, source)
+        verdict = evaluate(policy, {}, costs, exclusions, pruned=True, context_for=growing)
+        context = growing.context
+    else:
+        context = build_context(policy, base, source)
+        verdict = evaluate(policy, context, costs, exclusions, pruned=True)
     mode = resolve_mode(policy, fleet, source, verdict.target, verdict.mode)
     fallbacks = tuple((t, resolve_mode(policy, fleet, source, t, m).mode) for t, m in verdict.fallbacks)
     return Outcome(verdict, mode, fallbacks, exclusions, context)
@@ -303,7 +329,8 @@ class RoutingEngine:
         live = LiveSignals(self.state, self.policy, self.picker, request=base["request"], block_hashes=hashes,
                            gateway_ids=gateway_ids, scopes=scopes, session_id=routing.session_id or "", view=view,
                            subset=endpoint_subset, turn=next(self._turns))
-        outcome = decide(self.fleet, self.policy, base, live, self.filters)
+        # lazily unless explaining: the trace lists every prediction the full context computes
+        outcome = decide(self.fleet, self.policy, base, live, self.filters, lazy=not routing.explain)
         verdict = outcome.verdict
         decision_id = base_id = new_decision_id()
         candidates = [(verdict.target, outcome.mode.mode), *outcome.fallbacks]

@@ -27,7 +27,7 @@ from typing import TypeAlias, TypedDict
 from pointsman.policy.budget.ledger import BudgetSnapshot, LedgerUnavailable
 from pointsman.policy.cost import CostEstimate, estimate_cost, pool_utilization
 from pointsman.policy.fleet import Fleet, FrontierTarget, Pool, SLOClass
-from pointsman.policy.rules.compiler import CompiledPolicy
+from pointsman.policy.rules.compiler import CompiledPolicy, Plan
 from pointsman.policy.selection import latency
 from pointsman.policy.selection.latency import Prediction
 from pointsman.policy.selection.pd_mode import decide_mode
@@ -131,12 +131,14 @@ def _pick(ns: Mapping[str, object], fields: AbstractSet[str] | None, known_only:
     return {f: ns[f] for f in fields if not known_only or f in ns}
 
 
-def build_context(policy: CompiledPolicy, base: BaseSignals, source: SignalSource) -> CelContext:
-    """The CEL variables for ``policy``: its ``context_plan`` filled from ``base`` (``request``,
-    ``difficulty``; ``variables`` come from the policy) and ``source`` (``load``, ``budget``,
-    ``_cache``, ``_endpoint``). Keyed entries are pruned to the fields the plan names."""
+def build_context(policy: CompiledPolicy, base: BaseSignals, source: SignalSource,
+                  context_plan: Plan | None = None) -> CelContext:
+    """The CEL variables for ``policy``: its ``context_plan`` (or the one given, e.g. one of its
+    ``rule_plans``) filled from ``base`` (``request``, ``difficulty``; ``variables`` come from the
+    policy) and ``source`` (``load``, ``budget``, ``_cache``, ``_endpoint``). Keyed entries are pruned to
+    the fields the plan names."""
     out: CelContext = {}
-    for root, plan in policy.context_plan.items():
+    for root, plan in (policy.context_plan if context_plan is None else context_plan).items():
         if isinstance(plan, dict):  # keyed: load, _cache, _endpoint
             out[root] = _keyed(root, plan, source)
         elif root == "variables":

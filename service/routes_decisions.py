@@ -12,10 +12,9 @@ Errors: 400 (empty, malformed JSON, invalid UTF-8), 413 (over the size limit), 4
 (a field is wrong: ``param`` names it; or no target can take the request:
 ``no_eligible_target``), 503 (budget ledger down, service starting).
 
-The decision runs on the event loop by default: about 1.3 ms of CPU for the engine at 500
-tokens (features 0.6, estimator 0.5, policy 0.15) and about 1.9 ms for the whole request in
-process (``scripts/profile_route.py``), which the measurements in ``scripts/load_service.py``
-found faster than a threadpool hop on two cores. ``POINTSMAN_ROUTE_IN_THREADPOOL=true`` moves
+The decision runs on the event loop by default (its cost per stage: ``docs/architecture.md``,
+the budget ``scripts/bench_decision.py`` checks), which the measurements in
+``scripts/load_service.py`` found faster than a threadpool hop on two cores. ``POINTSMAN_ROUTE_IN_THREADPOOL=true`` moves
 it to the threadpool instead. A hung estimator cannot hold the loop past
 ``POINTSMAN_ESTIMATOR_TIMEOUT_MS`` (default 50 ms, ``deadline.py``).
 """

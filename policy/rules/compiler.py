@@ -181,6 +181,11 @@ class CompiledPolicy:
     selection: EndpointSelectionSpec = EndpointSelectionSpec()
     disaggregation: DisaggregationSpec = DisaggregationSpec()
     verify: CompiledVerify | None = None
+    #: Per rule, what the conditions up to and including it read (the plans of rules 0..i merged; a
+    #: rule that reads nothing new shares the previous rule's object): the engine builds the CEL
+    #: context rule by rule, so a decision made by an early rule computes no signal only later ones
+    #: read (``policy.engine.decide``). Empty: build ``context_plan`` at once.
+    rule_plans: tuple[Plan, ...] = ()
 
 
 class _Checker:
@@ -724,13 +729,20 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
             signals=cond.paths, uses_cost=cond.uses_cost, line=doc.mark(("rules", i))[0],
             candidates=candidates[i], role=_role(fleet, rule.route.target, mode)))
     load_spec = spec.signals.load
+    so_far: Plan = {}
+    rule_plans: list[Plan] = []
+    for i, _ in rules:
+        merge_plans(so_far, conditions[i].plan)
+        frozen = _freeze(so_far)
+        rule_plans.append(rule_plans[-1] if rule_plans and rule_plans[-1] == frozen else frozen)
     return CompiledPolicy(
         name=spec.metadata.name or Path(file).stem, file=file,
         revision=hashlib.sha256(text.encode("utf-8")).hexdigest()[:16], fleet_revision=fleet.revision,
         rules=tuple(compiled), variables=variables, labels=dict(spec.metadata.labels),
         context_plan=_freeze(plan), uses_cost=any(r.uses_cost for r in compiled),
         staleness=StalenessPolicy(load_spec.max_age_s, load_spec.on_stale), filters=spec.filters,
-        selection=spec.endpoint_selection, disaggregation=spec.disaggregation, verify=verify)
+        selection=spec.endpoint_selection, disaggregation=spec.disaggregation, verify=verify,
+        rule_plans=tuple(rule_plans))
 
 
 def _valid_verify(raw: object) -> VerifySpec | None:

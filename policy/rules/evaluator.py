@@ -163,13 +163,17 @@ def lookup_signal(signals: Mapping[str, object], path: str, rule: CompiledRule |
 
 
 def evaluate(policy: CompiledPolicy, signals: Mapping[str, object], costs: Mapping[str, float] | None = None,
-             exclusions: Mapping[str, Exclusion | None] | None = None, *, pruned: bool = False) -> Verdict:
+             exclusions: Mapping[str, Exclusion | None] | None = None, *, pruned: bool = False,
+             context_for: Callable[[int], Mapping[str, object] | None] | None = None) -> Verdict:
     """Run the rules in order on ``signals`` (see module doc): a full snapshot, or with
     ``pruned`` the CEL variables already reduced to the policy's plan
     (``live.build_context``). ``costs``: USD per target for ``cost(target)`` (any mapping; a
     missing target raises KeyError, which skips the rule); ``exclusions``: target ->
-    ``Exclusion`` or None (missing = eligible). Raises ``NoEligibleTarget`` when no
-    matching rule has an eligible target."""
+    ``Exclusion`` or None (missing = eligible). ``context_for(i)``: with ``pruned``, called before
+    each condition (rule index ``i``): the CEL variables to use from that rule on when it reads more
+    than the current ones (``policy.rule_plans``), else None; the context is built then, so signals
+    only later rules read are not computed for a decision an earlier rule makes. Raises
+    ``NoEligibleTarget`` when no matching rule has an eligible target."""
     exclusions = exclusions or {}
     functions = {"cost": _cost_function(costs or {})} if policy.uses_cost else None
     ctx = cel.Context(dict(signals) if pruned else context_variables(policy, signals), functions)
@@ -179,6 +183,11 @@ def evaluate(policy: CompiledPolicy, signals: Mapping[str, object], costs: Mappi
     append = codes.append
     for i, rule in enumerate(policy.rules):
         if rule.program is not None:
+            if context_for is not None:
+                grown = context_for(i)
+                if grown is not None:
+                    signals = grown
+                    ctx = cel.Context(dict(grown), functions)
             try:
                 value = rule.program.execute(ctx)
             except Exception as exc:  # noqa: BLE001 - any evaluation failure skips the rule

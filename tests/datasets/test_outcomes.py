@@ -112,3 +112,14 @@ def test_a_label_panel_names_table_columns_and_never_a_strong_one():
     assert len(ex.y_panel) == len(ex) and np.all((ex.y_panel_gap >= 0) & (ex.y_panel_gap <= 1))
     # more models than the six weak ones: the panel's share is a different (denoised) number somewhere
     assert np.any(np.abs(ex.y_panel - ex.y) > 1e-9)
+
+
+def test_group_key_collapses_whitespace_as_the_regex_did():
+    """``group_key`` joins ``str.split()``: the same key as ``re.sub(r"\\s+", " ", text.strip().lower())``."""
+    import hashlib
+    import re
+
+    texts = ["  Hello\u2003World\x1c\x1d x\u00a0y\u3000z\t\n ", "ÀB\u0085c  d", "", "\u200b a \u200b", "İstanbul  K"]
+    for text in texts:
+        norm = re.sub(r"\s+", " ", text.strip().lower())
+        assert group_key([{"role": "user", "content": text}]) == hashlib.sha1(norm.encode()).hexdigest()[:16]

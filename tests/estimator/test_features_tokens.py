@@ -5,6 +5,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from pointsman.estimator.features import (
@@ -113,8 +115,8 @@ def test_marker_upper_and_digit_counts_match_their_definitions(text):
 
 
 def test_marker_regex_shortcuts_count_what_the_regexes_count():
-    """The shortcuts (needles before scanning, choices per line, no digits no numbers) give the
-    regexes' own counts on prompts built from the pieces each pattern looks for."""
+    """The shortcuts (only the branches whose strings the text holds, choices per line, no digits no
+    numbers) give the regexes' own counts on prompts built from the pieces each pattern looks for."""
     from pointsman.estimator import markers as m
 
     pieces = ["A) yes", "(b) no", "c. maybe", "D: x", "Answer:", "Answer: \n", "options:", "option:", "```",
@@ -126,11 +128,26 @@ def test_marker_regex_shortcuts_count_what_the_regexes_count():
         text = "".join(rng.choice(pieces) + rng.choice(["", " ", "\n"]) for _ in range(rng.randint(0, 12)))
         digits = m._upper_and_digits(text)[1]
         assert m._code_symbols(text) == len(m._CODE_SYMBOLS.findall(text)), text
+        assert m._operators(text, digits) == len(m._OPERATOR.findall(text)), text
         assert m._choices(text) == len(m._CHOICES.findall(text)), text
         if not digits:
             assert not m._NUMBER.findall(text)
             if "\\" not in text and "$" not in text:
                 assert not m._OPERATOR.findall(text), text
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(list("abcXYZ09 +\n\t.-_") + ["++", "C++", "\u212a", "İ", "é", "ß", "ǅ", "٣", "２",
+                                                             "Ⅻ", "😀", "\ud800", "中"]), max_size=60).map("".join))
+def test_marker_words_and_counts_match_their_definitions(text):
+    import re
+
+    from pointsman.estimator import markers as m
+
+    assert m._words(text.lower()) == m._WORD.findall(text.lower())
+    words = m._words(text.lower()) + ["sum", "code", "json", "format", "explain", "logic", "given"] * (len(text) % 3)
+    assert m._vocab_counts(words) == {name: m._count_words(words, vocab) for name, vocab in m._VOCABS.items()}
+    assert m._upper_and_digits(text) == (sum(1 for c in text if c.isupper()), len(re.findall(r"\d", text)))
 
 
 def _hex(n: int, seed: int = 0) -> str:

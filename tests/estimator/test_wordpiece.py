@@ -37,6 +37,12 @@ def reference():
 
 def _same(reference, ids, text: str) -> None:
     assert ids(text) == reference.encode(text, add_special_tokens=False).ids, repr(text)
+    pieces = wordpiece.word_piece(reference)
+    if getattr(ids, "__self__", None) is pieces:  # the [UNK] offsets equal the library's too
+        encoding = reference.encode(text, add_special_tokens=False)
+        unk = pieces.unk_offsets(text)
+        expected = [span for token_id, span in zip(encoding.ids, encoding.offsets) if token_id == pieces.unk]
+        assert (unk.offsets, unk.ids) == (expected, [pieces.unk] * len(expected)), repr(text)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -68,6 +74,7 @@ def test_many_new_non_ascii_chunks_go_to_the_library_whole(reference, monkeypatc
     ids = word_piece_ids(reference)
     text = " ".join(f"é{i}" for i in range(3 * wordpiece.MAX_LIBRARY_CHUNKS))
     _same(reference, ids, text)
+    _same(reference, ids, text + " 😀 x" + "y" * 101)
 
 
 def test_the_tables_are_bounded(reference, monkeypatch):

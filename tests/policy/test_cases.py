@@ -41,3 +41,30 @@ def test_unknown_signal_in_a_case_is_a_located_error(tmp_path: Path):
                     "  - name: typo\n    signals:\n      difficulty: {phard: 0.9}\n    expect: {target: onprem-8b}\n")
     with pytest.raises(PolicyError, match=r"p.cases.yaml:7:20: unknown-signal: unknown signal 'difficulty.phard'; did you mean 'p_hard'\?"):
         run_cases(path)
+
+
+@pytest.mark.parametrize("path", CASES, ids=lambda p: p.name)
+def test_the_context_grown_rule_by_rule_decides_as_the_whole_one(path):
+    """``decide(lazy=True)`` (the engine's path: signals only later rules read are not computed) gives
+    every shipped case the same verdict, modes, fallbacks and errors as the context built at once."""
+    from pointsman.policy.cases import case_signals, load_cases
+    from pointsman.policy.engine import decide
+    from pointsman.policy.live import StaticSignals
+    from pointsman.policy.selection.filters import NoEligibleTarget
+
+    spec, _, fleet, policy = load_cases(path)
+    assert len(policy.rule_plans) == len(policy.rules)
+    for case in spec.cases:
+        signals = case_signals(fleet, policy, case.signals)
+        base = {"request": signals["request"], "difficulty": signals["difficulty"]}
+        got = []
+        for lazy in (False, True):
+            try:
+                o = decide(fleet, policy, base, StaticSignals(fleet, policy, signals), lazy=lazy)
+            except NoEligibleTarget as exc:
+                got.append(("no-eligible-target", exc.exclusions))
+                continue
+            v = o.verdict
+            got.append((v.rule.name, v.target, v.mode, v.fallbacks, v.codes, v.details, o.mode, o.fallbacks,
+                        o.exclusions))
+        assert got[0] == got[1], case.name
