@@ -129,14 +129,21 @@ def fit_head(X: np.ndarray, y: np.ndarray, groups: np.ndarray, n_embedding: int,
 
     With ``prior`` (m rows, same feature space), the ranker also trains on ``prior.X`` against
     ``prior.y_rank``, each prior row weighing ``prior_weight(n, cfg.prior_half_n)`` (a logged row
-    weighs 1); the calibration sees the logged rows only. The logged rows come first, so
+    weighs 1); the calibration sees the logged rows only. Prior rows of the easy anchors
+    (``training.examples.EASY_ANCHORS``) train the shipped recipe's gate, not the ranker. The logged rows come first, so
     ``head.oof_proba_[:n]`` are theirs. The one training step of ``train --from-outcomes`` and
     ``scripts/learning_curve.py``."""
     from pointsman.estimator.head import DifficultyHead
+    from pointsman.training.examples import EASY_ANCHORS
+    from pointsman.training.recipe import TrainConfig
 
+    anchor = np.zeros(0, dtype=bool) if prior is None else np.asarray(prior.source == EASY_ANCHORS, dtype=bool)
+    recipe = TrainConfig()  # the shipped recipe's gate, when the prior carries its easy anchors
     head = DifficultyHead(n_embedding=n_embedding, kind=cfg.head, hidden=cfg.hidden, alpha=cfg.alpha,
                           n_members=cfg.n_members, max_iter=cfg.max_iter, n_folds=cfg.calibration_folds,
-                          random_state=cfg.seed, scale=cfg.scale)
+                          random_state=cfg.seed, scale=cfg.scale,
+                          gate_weight=recipe.gate_weight if anchor.any() else 0.0, gate_shift=recipe.gate_shift,
+                          gate_alpha=recipe.gate_alpha)
     clipped = np.clip(y, cfg.label_clip, 1.0 - cfg.label_clip)
     if prior is None or len(prior) == 0:
         return head.fit(X, clipped, groups=groups, calibration_y=y)
@@ -145,7 +152,8 @@ def fit_head(X: np.ndarray, y: np.ndarray, groups: np.ndarray, n_embedding: int,
     return head.fit(np.vstack([X, prior.X]), np.concatenate([clipped, prior.y_rank]), weight,
                     groups=np.concatenate([np.asarray(groups, dtype=object), prior.group]),
                     calibration_y=np.concatenate([y, prior.y]),
-                    calibration_weight=np.concatenate([np.ones(n), np.zeros(m)]))
+                    calibration_weight=np.concatenate([np.ones(n), np.zeros(m)]),
+                    easy_anchor=np.concatenate([np.zeros(n, dtype=bool), anchor]))
 
 
 def warm_start_record(cfg: ChallengerConfig, n_logged: int, prior: PriorRows | None,

@@ -7,7 +7,8 @@ shipped model's 0.65 on the same prompts, warm-started 0.65 (``scripts/learning_
 ``docs/retraining.md``). ``prior_rows(base)`` builds the
 rows of the shipped recipe (``training.recipe.TrainConfig`` defaults: its Apache-2.0 chat
 sources through ``datasets.sources.default_training_sources``, which refuses non-commercial
-data such as AlpacaEval; its labels through ``training.train.ranking_labels``) in the feature
+data such as AlpacaEval; its labels through ``training.train.ranking_labels``; its easy anchors,
+which train the challenger's gate) in the feature
 space of ``base`` (``DifficultyEstimator.feature_matrix``, the serving code path), and
 ``prior_weight(n, half)`` weighs each of them against a logged row's weight of 1::
 
@@ -81,15 +82,19 @@ def prior_rows(base: DifficultyEstimator, recipe: TrainConfig | None = None,
     of ``base``. ``root``: the shared datasets folder (default ``datasets.sources.shared_datasets_dir``).
     Raises ``DataError`` when the tables are missing or a source is not Apache-2.0/MIT."""
     from pointsman.datasets.sources import default_training_sources
-    from pointsman.training.examples import build_examples
+    from pointsman.training.examples import anchor_examples, build_examples
     from pointsman.training.recipe import TrainConfig
     from pointsman.training.train import ranking_labels
 
     cfg = recipe or TrainConfig()
     ex = build_examples(default_training_sources(cfg.sources), root, tokenizer=base.tokenizer,
                         max_rows_per_source=cfg.max_rows_per_source, seed=cfg.seed)
+    y_rank = ranking_labels(ex, cfg)
+    if cfg.easy_anchors:  # the gate's rows: their ranking target is never read (the ranker skips them)
+        anchors = anchor_examples(base.tokenizer, root)
+        ex, y_rank = ex.concat(anchors), np.concatenate([y_rank, np.zeros(len(anchors))])
     return PriorRows(X=np.asarray(base.feature_matrix(ex.features), dtype=np.float32),
-                     y_rank=ranking_labels(ex, cfg), y=ex.y.astype(np.float64), group=ex.group.astype(object),
+                     y_rank=y_rank, y=ex.y.astype(np.float64), group=ex.group.astype(object),
                      source=ex.source, licenses=dict(ex.licenses))
 
 
