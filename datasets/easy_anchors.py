@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from pointsman.datasets.sources import shared_datasets_dir
+from pointsman.errors import DataError
 
 #: Template anchors and pasted-text anchors made per training run.
 EASY_ANCHORS, PASTED_ANCHORS = 1100, 300
@@ -115,8 +116,8 @@ TRANSFORM = [
 def _pasted_anchors(paragraphs: list[str], n: int, seed: int) -> list[str]:
     """``n`` light edits (``TRANSFORM``) of a paragraph's first 200-800 characters."""
     rng = random.Random(seed)
-    out = []
-    for _ in range(n):
+    out: list[str] = []
+    for _ in range(n if paragraphs else 0):
         p = rng.choice(paragraphs)
         cut = rng.randint(200, 800)
         out.append(rng.choice(TRANSFORM).format(x=p[:cut], l=rng.choice(LANGS)))
@@ -124,8 +125,15 @@ def _pasted_anchors(paragraphs: list[str], n: int, seed: int) -> list[str]:
 
 
 def _paragraphs(root: str | Path | None) -> list[str]:
-    """Paragraphs of over 150 characters from the first 3,000 answers of ``PASTE_SOURCE``."""
-    path = Path(root or shared_datasets_dir()) / PASTE_SOURCE
+    """Paragraphs of over 150 characters from the first 3,000 answers of ``PASTE_SOURCE``; none when
+    the shared datasets (or that file) are not there, as on an operator's machine training on its
+    own table: the template anchors still hold."""
+    try:
+        path = Path(root or shared_datasets_dir()) / PASTE_SOURCE
+    except DataError:
+        return []
+    if not path.is_file():
+        return []
     with gzip.open(path, "rt", encoding="utf-8") as fh:
         answers = pd.read_csv(fh)["output"].dropna().astype(str).tolist()[:3000]
     return [p.strip() for a in answers for p in a.split("\n\n") if len(p.strip()) > 150]
@@ -133,6 +141,5 @@ def _paragraphs(root: str | Path | None) -> list[str]:
 
 def easy_anchor_prompts(root: str | Path | None = None, n: int = EASY_ANCHORS, seed: int = 0) -> list[str]:
     """The easy anchors: up to ``n`` template requests (duplicates dropped) and ``PASTED_ANCHORS``
-    light edits of pasted paragraphs, sorted. Raises ``DataError`` when the shared datasets folder
-    is missing (``shared_datasets_dir``)."""
+    light edits of pasted paragraphs (none without ``PASTE_SOURCE``), sorted."""
     return sorted(set(_template_anchors(n, seed)) | set(_pasted_anchors(_paragraphs(root), PASTED_ANCHORS, seed)))

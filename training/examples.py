@@ -214,7 +214,7 @@ EASY_ANCHORS = "easy_anchors"
 def anchor_examples(tokenizer: Tokenizer | None, root: str | Path | None = None) -> Examples:
     """The easy anchors (``datasets.easy_anchors.easy_anchor_prompts``) as examples of source
     ``EASY_ANCHORS``: label 0 (the cheap answer is acceptable), no model scores (NaN), one pair each.
-    Raises ``DataError`` when the shared datasets folder is missing."""
+    Without the shared datasets, the template anchors alone."""
     from pointsman.datasets.easy_anchors import easy_anchor_prompts
 
     prompts = easy_anchor_prompts(root)

@@ -13,6 +13,7 @@ import pytest
 
 from pointsman.datasets.sources import DEFAULT_TRAINING_SOURCES, SOURCES
 from pointsman.errors import DataError
+from pointsman.training.examples import EASY_ANCHORS
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "learning_curve.py"
 HARD = ["prove the four colour theorem", "derive the Black-Scholes equation", "write a lock-free queue in C++",
@@ -50,7 +51,7 @@ def test_learning_curve_on_a_tiny_table(table, tmp_path):
     res = _run(table, tmp_path / "w", "--json")
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads(res.stdout)
-    assert out["logged"] == 60 and out["prior_rows"] > 0 and set(out["prior_sources"]) == set(DEFAULT_TRAINING_SOURCES)
+    assert out["logged"] == 60 and out["prior_rows"] > 0 and set(out["prior_sources"]) == {*DEFAULT_TRAINING_SOURCES, EASY_ANCHORS}
     assert (tmp_path / "w" / "outcomes.db").is_file()  # a real outcome log
     rows = {r["key"]: r for r in out["rows"]}
     assert list(rows) == ["10", "all"] and rows["10"]["n"] == 10 and 30 < rows["all"]["n"] < 60

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from pointsman.datasets.easy_anchors import easy_anchor_prompts
 from pointsman.datasets.sources import DEFAULT_TRAINING_SOURCES
 from pointsman.errors import DataError, ModelNotFoundError
 from pointsman.estimator.model_source import bundled_model_dir, load_estimator
@@ -36,7 +37,8 @@ def test_tiny_training_writes_a_loadable_model(data):
     assert [s["name"] for s in manifest["training"]["sources"]] == list(DEFAULT_TRAINING_SOURCES)
     m = result.metrics
     assert m["export/parity_max_abs"] < 1e-4 and m["export/end_to_end_max_abs"] < 1e-4
-    assert 0.0 <= m["heldout/chat_apgr"] <= 1.5 and m["train/n_prompts"] == len(DEFAULT_TRAINING_SOURCES) * 40
+    assert 0.0 <= m["heldout/chat_apgr"] <= 1.5 and m["train/n_prompts"] == len(DEFAULT_TRAINING_SOURCES) * 40 + len(easy_anchor_prompts())
+    assert m["heldout/easy_anchors/mean_p_hard"] < 0.2  # the gate learned the easy anchors
     prov = (out / "PROVENANCE.md").read_text()
     assert "Apache-2.0" in prov and "CC BY-NC" in prov and "pointsman train" in prov
     ref = manifest["reference_p_hard"]

@@ -24,6 +24,7 @@ from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
 from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
 from pointsman.training.challenger import ChallengerConfig, fit_head, warm_start_record
+from pointsman.training.examples import EASY_ANCHORS
 from pointsman.training.warm_start import PRIOR_HALF_N, PriorRows, prior_rows, prior_weight
 from tests.training.conftest import log_traffic
 
@@ -116,7 +117,7 @@ def test_train_from_outcomes_warm_starts_by_default(outcome_log, tmp_path, bundl
     prior = prior_rows(bundled)
     assert warm["enabled"] and warm["skipped"] is None
     assert warm["prior_rows"] == len(prior) > 0 and warm["prior_sources"] == prior.counts()
-    assert set(warm["prior_sources"]) == set(DEFAULT_TRAINING_SOURCES) and "alpacaeval" not in warm["prior_sources"]
+    assert set(warm["prior_sources"]) == {*DEFAULT_TRAINING_SOURCES, EASY_ANCHORS} and "alpacaeval" not in warm["prior_sources"]
     assert set(warm["prior_licenses"].values()) <= {"Apache-2.0", "MIT"}
     assert warm["logged_rows"] == n_train and 0 < n_train < 48
     assert warm["prior_weight_per_row"] == pytest.approx(200.0 / (n_train + 200.0))
