@@ -484,13 +484,14 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
 def fill(path: Path) -> Path:
     """Fill the file system of ``path`` with one file (until ENOSPC); returns it."""
     filler = path / "filler"
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError:
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:  # unbuffered: nothing is left to flush (and fail with ENOSPC again) at close
+        while os.write(fd, b"\0" * 65536) > 0:
             pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
     return filler
 
 
