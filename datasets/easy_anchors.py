@@ -8,12 +8,17 @@ never seen an easy request; the anchors teach the difficulty head's gate (``esti
 ``arena_bench_v1/model_outputs_long.csv.gz`` (Apache-2.0).
 
 ``easy_anchor_prompts(root=None, n=EASY_ANCHORS, seed=0) -> list[str]``: deterministic, sorted,
-unique. Written before the sanity suite (``sanity_pairs.jsonl``) was read, and never from it.
+unique. Written before the sanity suite (``sanity_pairs.jsonl``) was read, and never from it; any
+anchor that is also a request of the shipped sanity sets is dropped (decontamination: a few trivial
+strings such as "Thanks!" occur in both). Latin script only: the outcome tables hold almost no other
+script, so anchors in Chinese, Japanese, Korean or Cyrillic taught the gate that the script itself
+means easy (a Japanese proof request scored 0.0001).
 """
 
 from __future__ import annotations
 
 import gzip
+import json
 import random
 from pathlib import Path
 
@@ -22,6 +27,8 @@ import pandas as pd
 from pointsman.datasets.sources import shared_datasets_dir
 from pointsman.errors import DataError
 
+#: The sanity sets whose requests no anchor may repeat (``easy_anchor_prompts``).
+SANITY_FILES = ("sanity_pairs.jsonl", "sanity_holdout_pairs.jsonl")
 #: Template anchors and pasted-text anchors made per training run.
 EASY_ANCHORS, PASTED_ANCHORS = 1100, 300
 #: The Apache-2.0 answers whose paragraphs the pasted-text anchors cut (under the shared datasets).
@@ -37,8 +44,8 @@ TOPICS = ["the sea", "autumn", "a cat", "coffee", "the moon", "rain", "friendshi
 GREET = ["hi", "hello", "hey", "good morning", "good evening", "hi there", "hey, how are you?", "thanks!", "thank you",
          "thanks a lot", "ok", "okay", "cool", "great, thanks", "nice", "bye", "see you", "lol", "yes", "no", "sure",
          "got it", "perfect", "awesome", "hello!", "what's up?", "how are you today?", "good night", "cheers", "ty",
-         "Hallo", "Danke", "Bonjour", "Merci", "Hola", "Gracias", "Ciao", "Grazie", "Olá", "Obrigado", "你好", "谢谢",
-         "こんにちは", "ありがとう", "Привет", "Спасибо", "안녕하세요", "Hej", "Tack"]
+         "Hallo", "Danke", "Bonjour", "Merci", "Hola", "Gracias", "Ciao", "Grazie", "Olá", "Obrigado",
+         "Hej", "Tack"]
 SIMPLE = [
     "What is the capital of {cn}?", "Which continent is {cn} in?", "What language is spoken in {cn}?",
     "What is {a} + {b}?", "What is {a} times {b}?", "What is {a} minus {b}?", "Is {a} an even number?",
@@ -84,8 +91,8 @@ DOMAIN = [
     "Wie spät ist es?", "Wie heißt die Hauptstadt von Deutschland?", "Übersetze 'Haus' ins Englische.",
     "Quelle est la capitale de la France ?", "Comment dit-on 'chat' en anglais ?", "¿Qué hora es?",
     "¿Cuál es la capital de España?",
-    "Traduce 'hola' al inglés.", "Qual é a capital do Brasil?", "Как дела?", "Какая столица России?", "今天星期几？",
-    "中国的首都是哪里？", "日本の首都はどこですか？", "「ありがとう」は英語で何ですか？",
+    "Traduce 'hola' al inglés.", "Qual é a capital do Brasil?",
+
 ]
 DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"]
 
@@ -142,4 +149,27 @@ def _paragraphs(root: str | Path | None) -> list[str]:
 def easy_anchor_prompts(root: str | Path | None = None, n: int = EASY_ANCHORS, seed: int = 0) -> list[str]:
     """The easy anchors: up to ``n`` template requests (duplicates dropped) and ``PASTED_ANCHORS``
     light edits of pasted paragraphs (none without ``PASTE_SOURCE``), sorted."""
-    return sorted(set(_template_anchors(n, seed)) | set(_pasted_anchors(_paragraphs(root), PASTED_ANCHORS, seed)))
+    made = set(_template_anchors(n, seed)) | set(_pasted_anchors(_paragraphs(root), PASTED_ANCHORS, seed))
+    seen = _sanity_texts()
+    return sorted(a for a in made if _norm(a) not in seen)
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.casefold().split())
+
+
+def _sanity_texts() -> frozenset[str]:
+    """Every user message of the shipped sanity sets (``SANITY_FILES``), normalised (case, spaces)."""
+    out: set[str] = set()
+    for name in SANITY_FILES:
+        path = Path(__file__).with_name(name)
+        if not path.is_file():
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            pair = json.loads(line)
+            for request in (pair.get("easy"), pair.get("hard")):
+                messages = [{"role": "user", "content": request}] if isinstance(request, str) else request or []
+                out.update(_norm(str(m.get("content") or "")) for m in messages if m.get("role") == "user")
+    return frozenset(out)

@@ -12,6 +12,7 @@ Serving imports only onnxruntime, tokenizers, numpy and the standard library.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -101,13 +102,22 @@ class DifficultyEstimator:
         ``query_token_ids``: ``self.tokenizer.encode(features.query_text,
         add_special_tokens=False).ids`` when the caller has them already
         (``features.tokenized_features``), so the query window is not tokenized twice.
+        A short follow-up (``features.continues``) gets the larger ``p_hard`` of the request it continues
+        and of itself read alone (no context): "yes, go on" after a proof scores the proof, and a short
+        hard question after "hi" keeps its own score (the safe side both ways).
         Failures and budget overruns come back as ``available=False`` with ``error`` set.
         ``latency_ms`` is the wall time of this call; ``features`` is the head input (d,).
         """
         start = time.perf_counter()
         try:
-            x = self.feature_vector(features, query_token_ids)
-            p = float(self._head.run([self._head_out], {self._head_in: x})[0].reshape(-1)[0])
+            if features.continues is None:
+                x = self.feature_vector(features, query_token_ids)
+            else:  # a short follow-up: the request it continues, or the turn read alone if that is harder
+                alone = dataclasses.replace(features, context_text="", context_chars=0, continues=None)
+                x = np.vstack([self.feature_vector(features.continues), self.feature_vector(alone, query_token_ids)])
+            ps = self._head.run([self._head_out], {self._head_in: x})[0].reshape(-1)
+            best = int(np.argmax(ps))
+            p, x = float(ps[best]), x[best:best + 1]
         except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
             elapsed = (time.perf_counter() - start) * 1000.0
             return DifficultyEstimate(None, False, elapsed, f"{type(exc).__name__}: {exc}")

@@ -56,7 +56,7 @@ QUERY_WINDOW_CHARS = 2048
 CONTEXT_TURNS = 4
 CONTEXT_WINDOW_CHARS = 512
 #: A last user turn shorter than this (characters), after an earlier user turn, is a short follow-up
-#: ("yes", "go on", "thanks, do it"): its difficulty is the difficulty of the turn it continues
+#: ("yes", "go on", "thanks, do it"): it is at least as hard as the turn it continues
 #: (``RequestFeatures.continues``).
 SHORT_TURN_CHARS = 64
 #: Characters of the conversation tokenized to count tokens (head half + tail half).
@@ -105,9 +105,10 @@ class RequestFeatures:
     what a short turn ("yes", "go on", a tool result after it) continues.
     ``context_chars``: full length of those earlier user turns in characters.
     ``continues``: for a short follow-up (a last user turn under ``SHORT_TURN_CHARS`` characters
-    after an earlier user turn), the features of the conversation as it stood at that earlier
-    turn (messages up to and including it, a supplied token count dropped), which the difficulty
-    estimator reads instead (``difficulty_view``); None otherwise.
+    after an earlier user turn), the features of the conversation as it stood at the turn it
+    continues (messages up to and including it, a supplied token count dropped); the difficulty
+    estimator takes the larger ``p_hard`` of the two (``DifficultyEstimator.estimate``); None
+    otherwise.
     """
 
     prompt_chars: int
@@ -127,13 +128,6 @@ class RequestFeatures:
     context_text: str = ""
     context_chars: int = 0
     continues: RequestFeatures | None = None
-
-
-def difficulty_view(features: RequestFeatures) -> RequestFeatures:
-    """The features the difficulty estimator reads: ``features``, or for a short follow-up the
-    request it continues (``RequestFeatures.continues``), so "yes, go on" after a proof is exactly as
-    hard as the proof."""
-    return features if features.continues is None else features.continues
 
 
 def bounded_window(text: str, limit: int) -> str:

@@ -273,10 +273,9 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
         if anchor.all():
             raise ValueError("every row is an easy anchor: the ranker has nothing to learn from")
         real = ~anchor
+        gated = self.gate_weight > 0 and anchor.any()
         self.gate_coef_: np.ndarray | None = None
         self.gate_intercept_ = 0.0
-        if self.gate_weight > 0 and anchor.any():
-            self._fit_gate(X, anchor, w)
         self.oof_proba_ = np.full(n, np.nan)
         self.calibration_slope_, self.calibration_intercept_ = 1.0, 0.0
         if self.n_folds and self.n_folds >= 2:
@@ -287,6 +286,8 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
                 if not test.any() or test.all():
                     continue
                 ranker = self._fit_ranker(X[~test & real], y[~test & real], w[~test & real])
+                self.gate_coef_, self.gate_intercept_ = (  # the gate out of fold too
+                    self._fit_gate(X[~test], anchor[~test], w[~test]) if gated else (None, 0.0))
                 self.oof_proba_[test] = self._gated(ranker.predict_proba(X[test])[:, 1], X[test])
             ok = ~np.isnan(self.oof_proba_)
             z = _logit(self.oof_proba_[ok])[:, None]
@@ -301,23 +302,25 @@ class DifficultyHead(ClassifierMixin, BaseEstimator):
                 self.calibration_slope_ = MIN_CALIBRATION_SLOPE
                 self.calibration_intercept_ = float(_logit(np.array([base_rate]))[0]
                                                     - MIN_CALIBRATION_SLOPE * np.average(z[:, 0], weights=cal_w[ok]))
+        self.gate_coef_, self.gate_intercept_ = self._fit_gate(X, anchor, w) if gated else (None, 0.0)
         self.ranker_ = self._fit_ranker(X[real], y[real], w[real])
         self.classes_ = classes
         self.n_iter_ = max(int(np.max(m.n_iter_)) for m in self.ranker_.named_steps["vote"].estimators_)
         return self
 
-    def _fit_gate(self, X: np.ndarray, anchor: np.ndarray, w: np.ndarray) -> None:
-        """Fit the gate (substantive 1 / easy anchor 0) on z-scored ``X``, the anchors weighing as
-        much in all as the other rows (each side keeps its rows' relative ``w``), and store it on
-        raw inputs: ``gate_coef_`` (n_features,), ``gate_intercept_``."""
+    def _fit_gate(self, X: np.ndarray, anchor: np.ndarray, w: np.ndarray) -> tuple[np.ndarray | None, float]:
+        """The gate (substantive 1 / easy anchor 0) fitted on z-scored ``X``, the anchors weighing as
+        much in all as the other rows (each side keeps its rows' relative ``w``), on raw inputs:
+        ``(coef (n_features,), intercept)``; ``(None, 0.0)`` when a side is empty."""
         real = ~anchor
+        if not (anchor.any() and real.any()):
+            return None, 0.0
         gw = np.where(anchor, w / max(w[anchor].sum(), _EPS), w / max(w[real].sum(), _EPS))
         scaler = StandardScaler().fit(X)
         gate = LogisticRegression(C=1.0 / self.gate_alpha, max_iter=3000)
         gate.fit(scaler.transform(X), real.astype(np.int64), sample_weight=gw * len(gw) / gw.sum())
         coef = gate.coef_[0] / scaler.scale_
-        self.gate_coef_ = np.asarray(coef, dtype=np.float64)
-        self.gate_intercept_ = float(gate.intercept_[0] - np.dot(coef, scaler.mean_))
+        return np.asarray(coef, dtype=np.float64), float(gate.intercept_[0] - np.dot(coef, scaler.mean_))
 
     def gate_score(self, X: np.ndarray) -> np.ndarray:
         """The gate's log-odds that each request is substantive, not an easy anchor: float64 (n,);

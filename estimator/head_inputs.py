@@ -13,7 +13,7 @@ import numpy as np
 
 from pointsman.estimator.conversation import VocabularyRarity, conversation_vector
 from pointsman.estimator.encoders import StaticEncoder, TransformerEncoder
-from pointsman.estimator.features import RequestFeatures, difficulty_view
+from pointsman.estimator.features import RequestFeatures
 from pointsman.estimator.markers import request_matrix, request_vector
 from pointsman.estimator.wordpiece import word_piece_ids
 
@@ -70,8 +70,6 @@ class HeadInputs:
         """The head's input for one request: float32 (1, d). ``query_token_ids``:
         ``tokenizer.encode(features.query_text, add_special_tokens=False).ids`` when known."""
         ids = query_token_ids
-        if features.continues is not None:  # a short follow-up reads the request it continues
-            features, ids = difficulty_view(features), None
         if ids is None and (self._rarity is not None or (self.reads_conversation and features.context_text)) \
                 and self._takes_ids:
             ids = self._ids(features.query_text)
@@ -82,9 +80,7 @@ class HeadInputs:
     def matrix(self, features: list[RequestFeatures], query_embeddings: np.ndarray | None = None) -> np.ndarray:
         """Head inputs for many requests: float32 (n, d). ``query_embeddings``: the embeddings of
         the ``query_text``s (n, dim) when already computed (a training cache); rows with a
-        conversation context are embedded again with it. A short follow-up's row is the request it
-        continues (``features.difficulty_view``): pass embeddings of those views' ``query_text``."""
-        features = [difficulty_view(f) for f in features]
+        conversation context are embedded again with it."""
         emb = self.encoder.encode_batch([f.query_text for f in features]) if query_embeddings is None \
             else np.array(query_embeddings, dtype=np.float32, copy=True)
         ids: list[list[int] | None] = [None] * len(features)

@@ -25,7 +25,6 @@ import numpy as np
 from pointsman.data_dir import data_dir
 from pointsman.datasets.sources import OutcomeSource, default_training_sources
 from pointsman.errors import DataError, EstimatorError
-from pointsman.estimator.features import difficulty_view
 from pointsman.estimator.manifest import Manifest
 from pointsman.estimator.markers import request_matrix
 from pointsman.json_types import JSONObject
@@ -203,7 +202,7 @@ def head_inputs(built: BuiltEncoder, ex: Examples, cache: Path, blocks: tuple[st
     from pointsman.estimator.head_inputs import HeadInputs
     from pointsman.training.encoder_build import embed_texts
 
-    emb = embed_texts(built, [difficulty_view(f).query_text for f in ex.features], cache)
+    emb = embed_texts(built, [f.query_text for f in ex.features], cache)
     if not blocks:
         return np.hstack([emb, request_matrix(ex.features)]).astype(np.float32)
     encoder = make_encoder(built.onnx_path.parent, built.spec, intra_op_threads=2)

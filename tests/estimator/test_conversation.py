@@ -1,6 +1,8 @@
 """Conversations read whole: earlier user turns in bounded windows, a short turn inheriting what it
 continues, the optional head-input blocks (``estimator.conversation``, ``estimator.head_inputs``)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -12,6 +14,7 @@ from pointsman.estimator.conversation import (
     conversation_vector,
     head_layout,
 )
+from pointsman.estimator.difficulty import DifficultyEstimator
 from pointsman.estimator.encoders import make_encoder
 from pointsman.estimator.features import CONTEXT_TURNS, CONTEXT_WINDOW_CHARS, extract_features
 from pointsman.estimator.head_inputs import HeadInputs
@@ -73,19 +76,25 @@ def test_tool_result_after_a_user_turn_reads_that_turn():
     assert f.query_text == HARD and f.context_text == ""
 
 
-@pytest.mark.parametrize("blocks", [(), ("conversation",), ("rarity", "conversation")])
-def test_short_turn_reads_exactly_what_it_continues(encoder, blocks):
-    """A short follow-up ("yes, do it") is read as the request it continues, whatever the layout:
-    its head input is the continued request's, through a chain of short turns too."""
-    inputs = HeadInputs(encoder, blocks)
-    tok = encoder.tokenizer
-    hard = inputs.vector(_features(HARD, tokenizer=tok))
-    np.testing.assert_array_equal(inputs.vector(_features(HARD, "yes, do it", tokenizer=tok)), hard)
-    np.testing.assert_array_equal(inputs.vector(_features(HARD, "ok", "go on", tokenizer=tok)), hard)
-    easy = inputs.vector(_features(EASY, tokenizer=tok))
-    np.testing.assert_array_equal(inputs.vector(_features(EASY, "yes, do it", tokenizer=tok)), easy)
-    rows = [_features(HARD, "yes, do it", tokenizer=tok), _features(EASY, "thanks", tokenizer=tok)]
-    np.testing.assert_allclose(inputs.matrix(rows), np.vstack([hard, easy]), atol=1e-6)
+def test_a_short_follow_up_is_at_least_as_hard_as_what_it_continues():
+    """The estimator scores a short follow-up as the larger p_hard of the request it continues and of
+    itself read alone: "yes, do it" after a hard request scores at least the request alone (exactly it
+    when the follow-up alone scores lower), and a short hard question after "hi" keeps its own score."""
+    est = DifficultyEstimator(bundled_model_dir())
+    tok = est.tokenizer
+
+    def p(f):
+        return est.estimate(f).p_hard
+
+    for first, short in ((HARD, "yes, do it"), (HARD, "go on"), (EASY, "thanks"), ("hi", "Prove the Collatz conjecture.")):
+        f = _features(first, short, tokenizer=tok)
+        assert f.continues is not None and f.continues.query_text == first
+        alone = p(dataclasses.replace(f, context_text="", context_chars=0, continues=None))
+        assert p(f) == max(alone, p(f.continues))
+        assert p(f) >= p(_features(first, tokenizer=tok))  # the continued request alone: the same features
+    # a chain of short turns continues the last long one (or the first turn): one cut, no recursion
+    chain = _features(HARD, "ok", "go on", tokenizer=tok)
+    assert chain.continues is not None and chain.continues.query_text == HARD and chain.continues.continues is None
 
 
 def test_long_turn_keeps_its_own_difficulty(encoder):
@@ -138,7 +147,11 @@ def test_shipped_model_reads_the_conversation():
         f, ids = tokenized_features(parse_route_request({"messages": messages}), est.tokenizer)
         got = est.estimate(f, ids)
         assert got.available, got.error
-        np.testing.assert_allclose(est.feature_vector(f)[0], got.features, atol=1e-6)  # ids path == text path
+        if f.continues is None:
+            np.testing.assert_allclose(est.feature_vector(f)[0], got.features, atol=1e-6)  # ids path == text path
+        else:  # a short follow-up: the head input of what it continues, or of itself read alone
+            alone = dataclasses.replace(f, context_text="", context_chars=0, continues=None)
+            assert min(np.abs(est.feature_vector(g)[0] - got.features).max() for g in (f.continues, alone)) < 1e-6
         return got.p_hard
 
     hard, easy = p_hard(HARD), p_hard(EASY)
