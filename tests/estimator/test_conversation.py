@@ -2,9 +2,12 @@
 continues, the optional head-input blocks (``estimator.conversation``, ``estimator.head_inputs``)."""
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pointsman.estimator.conversation import (
     CONVERSATION_NAMES,
@@ -159,3 +162,24 @@ def test_shipped_model_reads_the_conversation():
     after_hard, after_easy = p_hard(HARD, "yes, do it"), p_hard(EASY, "yes, do it")
     assert after_hard > after_easy
     assert abs(after_hard - hard) < abs(after_easy - hard)
+
+
+_WORDS = st.sampled_from("prove the queue lock free thanks please write a sql query sort list hello go on ok yes "
+                         "design raft consensus capital france translate typo derive theorem kernel".split())
+
+
+@settings(max_examples=40, deadline=None)
+@given(first=st.lists(_WORDS, min_size=1, max_size=40).map(" ".join),
+       short=st.lists(_WORDS, min_size=1, max_size=6).map(" ".join).filter(lambda t: len(t) < 64))
+def test_a_short_follow_up_never_lowers_p_hard(first, short):
+    """Invariant over generated conversations: a short follow-up scores at least what the request it
+    continues scores alone (the follow-up rule only raises p_hard)."""
+    est = _bundled()
+    f = _features(first, short, tokenizer=est.tokenizer)
+    alone = est.estimate(_features(f.continues.query_text, tokenizer=est.tokenizer)).p_hard
+    assert est.estimate(f).p_hard >= alone - 1e-6  # float32: a batch of two runs differs in the last bits
+
+
+@functools.cache
+def _bundled() -> DifficultyEstimator:
+    return DifficultyEstimator(bundled_model_dir())
