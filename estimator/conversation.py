@@ -7,11 +7,12 @@ their layout:
 - ``CONVERSATION_NAMES`` (and a conversation-aware embedding): the encoder sees the last user
   message's token ids first, then those of up to ``features.CONTEXT_TURNS`` earlier user turns
   (``RequestFeatures.context_text``, bounded windows), cut at the encoder's token window. The
-  static encoder averages token vectors, so a short turn ("yes", "go on", "do it") is dominated
-  by the request it continues and inherits its difficulty, while a long turn keeps its own
-  (its tokens come first and outnumber the context's). Facts: ``log1p`` of the earlier user
-  turns' characters, and whether the last turn is a short follow-up (< ``SHORT_TURN_CHARS``
-  characters after an earlier user turn).
+  static encoder averages token vectors, so a long turn keeps its own difficulty (its tokens come
+  first and outnumber the context's). Facts: ``log1p`` of the earlier user turns' characters, and
+  whether the last turn is a short follow-up (< ``SHORT_TURN_CHARS`` characters after an earlier
+  user turn). Since v3 the estimator never feeds a short follow-up's own input to the head: it
+  scores the request it continues and the turn read alone (``DifficultyEstimator.estimate``), so
+  ``short_followup`` is 0 at serving; the column stays for the head's layout.
 - ``RARITY_NAMES``: word rarity from the tokenizer's own vocabulary order (no extra data).
   WordPiece vocabularies of BERT's family list whole words roughly by corpus frequency after
   the single characters, so ``log1p(id - first word id)`` is a log frequency rank; rare words
