@@ -21,6 +21,7 @@ increasing: it changes no ranking).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -37,7 +38,7 @@ from pointsman.training.examples import EASY_ANCHORS, anchor_examples, build_exa
 from pointsman.training.metrics import apgr  # noqa: E402
 from pointsman.training.recipe import TrainConfig  # noqa: E402
 from pointsman.training.sanity import messages_of, read_pairs  # noqa: E402
-from pointsman.training.train import build_encoder, head_inputs, rank_weights, ranking_labels  # noqa: E402
+from pointsman.training.train import anchored_rank_targets, build_encoder, head_inputs  # noqa: E402
 
 AE = ("alpacaeval_ae1",)
 GRID = {"gate_weight": (1.0, 2.0, 4.0), "gate_shift": (1.0, 2.0, 3.0), "gate_alpha": (100.0,)}
@@ -67,13 +68,11 @@ def unacceptable_share(ex) -> np.ndarray:
 def _head(cfg: TrainConfig, ex, X: np.ndarray, gate: dict[str, float] | None, label: str):
     from pointsman.estimator.head import DifficultyHead
 
-    anchor = ex.source == EASY_ANCHORS
-    real = ex.subset(~anchor)
     if label == "acceptable":  # the same per-source centering as the gap label, on the other target
-        real.y_gap = unacceptable_share(real)
-    y, w = np.zeros(len(ex)), np.zeros(len(ex))
-    y[~anchor], w[~anchor] = ranking_labels(real, cfg), rank_weights(real, cfg)
-    w[anchor] = w[~anchor].sum() / max(int(anchor.sum()), 1)
+        real = ex.source != EASY_ANCHORS
+        ex = dataclasses.replace(ex, y_gap=ex.y_gap.copy())
+        ex.y_gap[real] = unacceptable_share(ex.subset(real))
+    y, w, anchor = anchored_rank_targets(ex, cfg)
     head = DifficultyHead(n_embedding=384, kind=cfg.head, alpha=cfg.alpha, n_folds=0, scale=cfg.scale,
                           **(gate or {"gate_weight": 0.0}))
     return head.fit(X, y, w, easy_anchor=anchor)

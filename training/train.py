@@ -209,6 +209,26 @@ def head_inputs(built: BuiltEncoder, ex: Examples, cache: Path, blocks: tuple[st
     return HeadInputs(encoder, blocks).matrix(ex.features, emb)
 
 
+def anchored_rank_targets(ex: Examples, cfg: TrainConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ranker's targets and weights (n,) and the easy-anchor mask (n,) bool: ``ranking_labels`` and
+    ``rank_weights`` of the rows that are not easy anchors; the anchors (which the ranker skips) get
+    target 0 and, together, the other rows' total weight (the gate weighs the two sides equally anyway)."""
+    anchor = ex.source == EASY_ANCHORS
+    real = ex.subset(~anchor)
+    y_rank, w_rank = np.zeros(len(ex)), np.zeros(len(ex))
+    y_rank[~anchor], w_rank[~anchor] = ranking_labels(real, cfg), rank_weights(real, cfg)
+    w_rank[anchor] = w_rank[~anchor].sum() / max(int(anchor.sum()), 1)
+    return y_rank, w_rank, anchor
+
+
+def calibration_weights(ex: Examples, cfg: TrainConfig, sources: list[OutcomeSource]) -> np.ndarray:
+    """The calibration's row weights (n,): one unit per own source (not the warm start's) and one for
+    the easy anchors when there are any (``source_weights``)."""
+    own = [s.name for s in sources if s.name not in cfg.warm_start] or [s.name for s in sources]
+    anchors = [EASY_ANCHORS] if (ex.source == EASY_ANCHORS).any() else []
+    return source_weights(ex, {name: 1.0 for name in own + anchors})
+
+
 def fit_head(cfg: TrainConfig, n_embedding: int, ex: Examples, X: np.ndarray,
              sources: list[OutcomeSource]) -> tuple[DifficultyHead, dict[str, float]]:
     """The fitted head (ranker on ``ranking_labels`` with ``cfg.source_weights``, Platt-calibrated
@@ -216,13 +236,8 @@ def fit_head(cfg: TrainConfig, n_embedding: int, ex: Examples, X: np.ndarray,
     cross-fitting folds (``heldout_metrics``, with ``n_folds >= 2``), the calibration and the size."""
     from pointsman.estimator.head import DifficultyHead
 
-    anchor = ex.source == EASY_ANCHORS
-    real = ex.subset(~anchor)
-    y_rank, w_rank = np.zeros(len(ex)), np.zeros(len(ex))
-    y_rank[~anchor], w_rank[~anchor] = ranking_labels(real, cfg), rank_weights(real, cfg)
-    w_rank[anchor] = w_rank[~anchor].sum() / max(int(anchor.sum()), 1)  # the gate weighs the two sides equally anyway
-    own = [s.name for s in sources if s.name not in cfg.warm_start] or [s.name for s in sources]
-    w_cal = source_weights(ex, {name: 1.0 for name in own + ([EASY_ANCHORS] if anchor.any() else [])})
+    y_rank, w_rank, anchor = anchored_rank_targets(ex, cfg)
+    w_cal = calibration_weights(ex, cfg, sources)
     head = DifficultyHead(n_embedding=n_embedding, kind=cfg.head, hidden=cfg.hidden, alpha=cfg.alpha,
                           n_members=cfg.n_members, max_iter=cfg.max_iter, n_folds=cfg.n_folds, random_state=cfg.seed,
                           scale=cfg.scale, gate_weight=cfg.gate_weight, gate_shift=cfg.gate_shift,
@@ -230,7 +245,7 @@ def fit_head(cfg: TrainConfig, n_embedding: int, ex: Examples, X: np.ndarray,
     head.fit(X, y_rank, w_rank, groups=ex.group, calibration_y=ex.y, calibration_weight=w_cal, easy_anchor=anchor)
     metrics: dict[str, float] = {}
     if cfg.n_folds and cfg.n_folds >= 2:
-        metrics.update(heldout_metrics(real, head.calibrate(head.oof_proba_[~anchor]), w_cal[~anchor]))
+        metrics.update(heldout_metrics(ex.subset(~anchor), head.calibrate(head.oof_proba_[~anchor]), w_cal[~anchor]))
         if anchor.any():
             metrics["heldout/easy_anchors/mean_p_hard"] = float(np.mean(head.calibrate(head.oof_proba_[anchor])))
     metrics["train/calibration_slope"] = head.calibration_slope_
@@ -397,8 +412,7 @@ def train(
     sample = np.sort(rng.choice(len(X), size=min(PARITY_SAMPLE, len(X)), replace=False))
     training = table_training(cfg, sources, ex, command)
     if cfg.n_folds and cfg.n_folds >= 2:
-        w_cal = source_weights(ex, {name: 1.0 for name in np.unique(ex.source)})
-        training["reliability"] = reliability(head.calibrate(head.oof_proba_), ex.y, w_cal)
+        training["reliability"] = reliability(head.calibrate(head.oof_proba_), ex.y, calibration_weights(ex, cfg, sources))
     manifest = write_model_dir(model_dir, built, head, X[sample], training, metrics, cfg.blocks)
 
     # End-to-end check through the serving code path, then transfer evaluations.
