@@ -29,6 +29,11 @@ from pointsman.estimator.manifest import Manifest, read_manifest
 from pointsman.estimator.markers import FEATURE_NAMES
 
 
+def read_alone(features: RequestFeatures) -> RequestFeatures:
+    """A short follow-up's turn read without its conversation (no context, continues nothing)."""
+    return dataclasses.replace(features, context_text="", context_chars=0, continues=None)
+
+
 class DifficultyEstimator:
     """Scores requests with the model in one model directory (see ``estimator.manifest``).
 
@@ -113,8 +118,8 @@ class DifficultyEstimator:
             if features.continues is None:
                 x = self.feature_vector(features, query_token_ids)
             else:  # a short follow-up: the request it continues, or the turn read alone if that is harder
-                alone = dataclasses.replace(features, context_text="", context_chars=0, continues=None)
-                x = np.vstack([self.feature_vector(features.continues), self.feature_vector(alone, query_token_ids)])
+                x = np.vstack([self.feature_vector(features.continues),
+                               self.feature_vector(read_alone(features), query_token_ids)])
             ps = self._head.run([self._head_out], {self._head_in: x})[0].reshape(-1)
             best = int(np.argmax(ps))
             p, x = float(ps[best]), x[best:best + 1]
@@ -141,7 +146,14 @@ class DifficultyEstimator:
         return np.asarray(out, dtype=np.float32).reshape(-1)
 
     def estimate_batch(self, features: list[RequestFeatures]) -> np.ndarray:
-        """``p_hard`` for many requests (evaluation): float32 (n,). Raises on failure."""
+        """``p_hard`` for many requests (evaluation): float32 (n,), each as ``estimate`` scores it (a
+        short follow-up the larger of its two readings). Raises on failure."""
         if not features:
             return np.zeros(0, dtype=np.float32)
-        return self.predict_matrix(self.feature_matrix(features))
+        p = self.predict_matrix(self.feature_matrix(features))
+        follow = [i for i, f in enumerate(features) if f.continues is not None]
+        if follow:
+            continued = self.predict_matrix(self.feature_matrix([c for f in features if (c := f.continues) is not None]))
+            alone = self.predict_matrix(self.feature_matrix([read_alone(features[i]) for i in follow]))
+            p[follow] = np.maximum(continued, alone)
+        return p

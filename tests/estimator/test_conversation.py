@@ -1,7 +1,6 @@
 """Conversations read whole: earlier user turns in bounded windows, a short turn inheriting what it
 continues, the optional head-input blocks (``estimator.conversation``, ``estimator.head_inputs``)."""
 
-import dataclasses
 import functools
 
 import numpy as np
@@ -17,7 +16,7 @@ from pointsman.estimator.conversation import (
     conversation_vector,
     head_layout,
 )
-from pointsman.estimator.difficulty import DifficultyEstimator
+from pointsman.estimator.difficulty import DifficultyEstimator, read_alone
 from pointsman.estimator.encoders import make_encoder
 from pointsman.estimator.features import CONTEXT_TURNS, CONTEXT_WINDOW_CHARS, extract_features
 from pointsman.estimator.head_inputs import HeadInputs
@@ -92,7 +91,7 @@ def test_a_short_follow_up_is_at_least_as_hard_as_what_it_continues():
     for first, short in ((HARD, "yes, do it"), (HARD, "go on"), (EASY, "thanks"), ("hi", "Prove the Collatz conjecture.")):
         f = _features(first, short, tokenizer=tok)
         assert f.continues is not None and f.continues.query_text == first
-        alone = p(dataclasses.replace(f, context_text="", context_chars=0, continues=None))
+        alone = p(read_alone(f))
         assert p(f) == max(alone, p(f.continues))
         assert p(f) >= p(_features(first, tokenizer=tok))  # the continued request alone: the same features
     # a chain of short turns continues the last long one (or the first turn): one cut, no recursion
@@ -153,7 +152,7 @@ def test_shipped_model_reads_the_conversation():
         if f.continues is None:
             np.testing.assert_allclose(est.feature_vector(f)[0], got.features, atol=1e-6)  # ids path == text path
         else:  # a short follow-up: the head input of what it continues, or of itself read alone
-            alone = dataclasses.replace(f, context_text="", context_chars=0, continues=None)
+            alone = read_alone(f)
             assert min(np.abs(est.feature_vector(g)[0] - got.features).max() for g in (f.continues, alone)) < 1e-6
         return got.p_hard
 
@@ -178,6 +177,18 @@ def test_a_short_follow_up_never_lowers_p_hard(first, short):
     f = _features(first, short, tokenizer=est.tokenizer)
     alone = est.estimate(_features(f.continues.query_text, tokenizer=est.tokenizer)).p_hard
     assert est.estimate(f).p_hard >= alone - 1e-6  # float32: a batch of two runs differs in the last bits
+
+
+@settings(max_examples=25, deadline=None)
+@given(turns=st.lists(st.lists(_WORDS, min_size=1, max_size=30).map(" ".join), min_size=1, max_size=4))
+def test_batch_scores_each_request_as_the_service_does(turns):
+    """Invariant over generated conversations: ``estimate_batch`` (``pointsman evaluate --table``) gives
+    each request the ``p_hard`` ``estimate`` (the service) gives it, short follow-ups included (before,
+    the batch read a follow-up with its context, not its two readings)."""
+    est = _bundled()
+    feats = [_features(*turns[: k + 1], tokenizer=est.tokenizer) for k in range(len(turns))]
+    single = [est.estimate(f).p_hard for f in feats]
+    np.testing.assert_allclose(est.estimate_batch(feats), single, atol=1e-5)
 
 
 @functools.cache
