@@ -38,8 +38,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import ROUND_FLOOR, Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -231,15 +232,36 @@ def calibrate(traffic: RecentTraffic, variable: str, *, frontier_share: float | 
         t, _ = threshold_for_budget(p, cost, traffic.span_days, float(budget_usd_per_day))
         method = "budget"
     clamped = float(min(max(t, lo), hi))
-    note = "" if clamped == t else f" (clamped from {t:.4f} to [{lo:g}, {hi:g}])"
-    routed = p >= clamped
-    updates = {variable: round(clamped, 4)}
+    note = "" if clamped == t else f"clamped from {t:.4g} to [{lo:g}, {hi:g}]"
+    written = short_threshold(p, clamped)
+    routed = p >= written
+    share = float(routed.mean())
+    if frontier_share is not None and abs(share - frontier_share) > max(0.02, 1.0 / len(p)):
+        tied = int(np.sum(p == clamped))
+        note = "; ".join(filter(None, [note, f"{tied} of {len(p)} decisions share p_hard {clamped:.4g}: the nearest "
+                                             f"share the threshold can give is {share:.3f}, not {frontier_share:g}"]))
+    updates = {variable: written}
     if pace_bound is not None:
-        if not clamped <= pace_bound <= 1.0:
-            raise ValueError(f"pace bound {pace_bound} must be between the threshold {clamped:.4f} and 1")
-        updates["pace_gain"] = round(pace_bound - clamped, 4)
-    return Calibration(variable, round(clamped, 4), method, float(routed.mean()),
-                       float(cost[routed].sum()) / traffic.span_days, len(p), updates, note.strip())
+        if not written <= pace_bound <= 1.0:
+            raise ValueError(f"pace bound {pace_bound} must be between the threshold {written:g} and 1")
+        updates["pace_gain"] = round(pace_bound - written, 4)
+    return Calibration(variable, written, method, share, float(cost[routed].sum()) / traffic.span_days, len(p),
+                       updates, note)
+
+
+def short_threshold(p: np.ndarray, threshold: float) -> float:
+    """The shortest decimal (2 to 17 digits, rounded down) that routes exactly the ``p`` values the
+    exact ``threshold`` routes (``p >= threshold``): what ``calibrate`` writes into the policy, so the
+    file does what its report says. Rounding to a fixed 4 digits wrote 0.0 for a threshold of 2.7e-7
+    and sent every request to the frontier."""
+    below = p[p < threshold]
+    floor = float(below.max()) if below.size else -np.inf
+    exact = Decimal(repr(float(threshold)))
+    for digits in range(2, 18):
+        r = float(exact.quantize(Decimal(1).scaleb(-digits), rounding=ROUND_FLOOR))
+        if floor < r <= threshold:
+            return r
+    return float(threshold)
 
 
 def _yaml() -> YAML:
@@ -249,7 +271,15 @@ def _yaml() -> YAML:
     y.preserve_quotes = True
     y.width = 4096
     y.indent(mapping=2, sequence=4, offset=2)
+    y.representer.add_representer(float, _represent_float)
     return y
+
+
+def _represent_float(representer: Any, value: float) -> Any:
+    """A float as the policy loader (PyYAML, YAML 1.1) reads a float back: positional notation, no
+    exponent (ruamel's YAML 1.2 writes 1e-09, which YAML 1.1 reads as a string)."""
+    text = np.format_float_positional(value, trim="0", unique=True)
+    return representer.represent_scalar("tag:yaml.org,2002:float", text)
 
 
 def rewrite_variables(text: str, updates: dict[str, float], file: str, comment: str | None = None) -> str:
