@@ -27,11 +27,16 @@ from pointsman.cli import replay as cli_replay
 from pointsman.cli import route as cli_route
 from pointsman.cli.errors import InputError, os_error_message, validation_message
 
+#: The extra (``pyproject.toml``) that installs each optional top-level package a command may import.
+EXTRA_OF = {"pandas": "replay", "matplotlib": "replay", "ruamel": "train", "mlflow": "train", "sklearn": "train",
+            "torch": "train", "skl2onnx": "train", "onnx": "train", "sentence_transformers": "train",
+            "model2vec": "train", "grpc": "ext-proc", "xds": "ext-proc", "litellm": "litellm-proxy"}
+
 
 class PointsmanGroup(click.Group):
-    """The ``pointsman`` group: turns a ``ValidationError`` or an ``OSError`` (not a broken
-    pipe, which click handles) escaping any subcommand into an ``InputError`` (one ``Error:``
-    line, exit 2)."""
+    """The ``pointsman`` group: turns a ``ValidationError``, an ``OSError`` (not a broken pipe,
+    which click handles) or a missing optional package (``EXTRA_OF``: which extra to install)
+    escaping any subcommand into an ``InputError`` (one ``Error:`` line, exit 2)."""
 
     def invoke(self, ctx: click.Context) -> object:
         """Run the subcommand; see the class docstring for the errors translated."""
@@ -39,6 +44,12 @@ class PointsmanGroup(click.Group):
             return super().invoke(ctx)
         except ValidationError as exc:
             raise InputError(validation_message(exc)) from None
+        except ModuleNotFoundError as exc:
+            extra = EXTRA_OF.get((exc.name or "").split(".")[0])
+            if extra is None:
+                raise
+            raise InputError(f"this command needs the {extra} extra (no module named {exc.name!r}); "
+                             f"install it: pip install 'pointsman[{extra}]'") from None
         except OSError as exc:
             if exc.errno == errno.EPIPE:
                 raise

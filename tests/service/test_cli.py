@@ -2,6 +2,8 @@
 
 import json
 import re
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -289,3 +291,37 @@ def test_policy_check_validates_budgets_and_fleet_files(tmp_path: Path):
     assert any(line.startswith(f"{bad}:5:") and "budgets[1].limit_usd" in line for line in lines)
     assert "rules" not in r.stdout  # not read as a policy
     assert any(line.startswith(f"{bad_fleet}:") and "usd_per_1m_output_tokens" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("module, args, extra", [
+    ("pandas", ["replay", "--limit", "5", "{trace}"], "replay"),
+    ("ruamel", ["calibrate", "--policy", "{policy}", "--frontier-share", "0.2", "--log", "{log}"], "train"),
+])
+def test_a_missing_extra_is_one_error_line_naming_it(monkeypatch, tmp_path: Path, module, args, extra):
+    """After ``make serve`` (no replay or train extra), ``pointsman replay`` and ``pointsman
+    calibrate`` said ModuleNotFoundError in a traceback; now one ``Error:`` line names the extra."""
+    from pointsman.datasets.sources import shared_datasets_dir
+    from pointsman.estimator.model_source import load_estimator
+    from pointsman.outcome_log.records import DecisionRecord
+    from pointsman.outcome_log.store import OutcomeLog
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(STATIC_POLICY_PATH.read_text())
+    version = str(load_estimator("bundled").version)  # the model calibrate reads by default
+    with OutcomeLog(tmp_path / "log.db") as log:  # one decision to calibrate on
+        log.append_decisions([DecisionRecord(
+            decision_id="d1", time_s=time.time() - 60, target="onprem-8b", model="m", mode="aggregated",
+            rule="default", p_hard=0.5, difficulty_available=True, estimated_cost_usd=0.0, estimator_version=version,
+            policy_revision="p", fleet_revision="f", request_features={"prompt_tokens": 100, "max_output_tokens": None},
+            prompt_sha256="0" * 64, conversation_key="0" * 16)])
+    values = {"trace": str(shared_datasets_dir() / "mooncake" / "synthetic_trace.jsonl.gz"), "policy": str(policy),
+              "log": str(tmp_path / "log.db")}
+    for name in list(sys.modules):
+        if name == module or name.startswith(module + "."):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, module, None)  # import raises ModuleNotFoundError
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    r = CliRunner().invoke(main, [a.format(**values) for a in args])
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith(f"Error: this command needs the {extra} extra") and "Traceback" not in r.output
+    assert f"pip install 'pointsman[{extra}]'" in r.output
