@@ -149,8 +149,17 @@ def _entries(trace: Mapping[str, object], section: str) -> list[Mapping[str, obj
     return [item for item in items if isinstance(item, Mapping)] if isinstance(items, list) else []
 
 
+#: How ``--explain`` names the reading of a short follow-up that ``p_hard`` is (``DifficultyEstimate.reading``).
+READINGS = {"continued": "of the request this short follow-up continues",
+            "alone": "of this short follow-up read alone, above the request it continues"}
+
+
 def _print_human(d: Decision, explain: bool) -> None:
     p_hard = f"{d.p_hard:.3f}" if d.p_hard is not None else "unavailable"
+    estimator = d.trace.get("estimator") if explain else None
+    reading = estimator.get("reading") if isinstance(estimator, Mapping) else None
+    if reading in READINGS:
+        p_hard += f" ({READINGS[reading]})"
     t = d.timings_ms
     lines = [
         ("target", f"{d.target} ({d.model})"),

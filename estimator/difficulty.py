@@ -30,7 +30,11 @@ from pointsman.estimator.markers import FEATURE_NAMES
 
 
 def read_alone(features: RequestFeatures) -> RequestFeatures:
-    """A short follow-up's turn read without its conversation (no context, continues nothing)."""
+    """A short follow-up's turn read without its conversation: ``features.alone`` (a one-turn request
+    of the system messages, tools and the turn); for features built without it (read back from the
+    outcome log), the request without its earlier user turns' context."""
+    if features.alone is not None:
+        return features.alone
     return dataclasses.replace(features, context_text="", context_chars=0, continues=None)
 
 
@@ -123,6 +127,7 @@ class DifficultyEstimator:
             ps = self._head.run([self._head_out], {self._head_in: x})[0].reshape(-1)
             best = int(np.argmax(ps))
             p, x = float(ps[best]), x[best:best + 1]
+            reading = "request" if features.continues is None else ("continued", "alone")[best]
         except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
             elapsed = (time.perf_counter() - start) * 1000.0
             return DifficultyEstimate(None, False, elapsed, f"{type(exc).__name__}: {exc}")
@@ -132,7 +137,7 @@ class DifficultyEstimator:
         if self.timeout_ms is not None and elapsed > self.timeout_ms:
             return DifficultyEstimate(None, False, elapsed, f"timeout: {elapsed:.2f} ms > budget {self.timeout_ms:g} ms",
                                       features=x[0])
-        return DifficultyEstimate(min(max(p, 0.0), 1.0), True, elapsed, features=x[0])
+        return DifficultyEstimate(min(max(p, 0.0), 1.0), True, elapsed, features=x[0], reading=reading)
 
     def feature_matrix(self, features: list[RequestFeatures]) -> np.ndarray:
         """Head inputs for many requests: float32 (n, n_features)."""

@@ -37,6 +37,9 @@ class DifficultyEstimate:
     ``features``: the head's input for this request, float32 array (d,) (embedding ⊕ request
     features), when the estimator computed one (also on a timeout), else None; the outcome
     log stores it so a new head can be trained without the prompt text.
+    ``reading``: which reading of the request ``p_hard`` is: ``request`` (the request as it is),
+    or for a short follow-up (``RequestFeatures.continues``) the larger of ``continued`` (the
+    request it continues) and ``alone`` (the follow-up read alone).
     """
 
     p_hard: float | None
@@ -44,6 +47,7 @@ class DifficultyEstimate:
     latency_ms: float
     error: str | None = None
     features: NDArray[np.float32] | None = field(default=None, repr=False, compare=False)
+    reading: str = "request"
 
 
 @runtime_checkable

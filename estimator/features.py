@@ -106,9 +106,10 @@ class RequestFeatures:
     ``context_chars``: full length of those earlier user turns in characters.
     ``continues``: for a short follow-up (a last user turn under ``SHORT_TURN_CHARS`` characters
     after an earlier user turn), the features of the conversation as it stood at the turn it
-    continues (messages up to and including it, a supplied token count dropped); the difficulty
-    estimator takes the larger ``p_hard`` of the two (``DifficultyEstimator.estimate``); None
-    otherwise.
+    continues (messages up to and including it, a supplied token count dropped); None otherwise.
+    ``alone``: with ``continues``, the features of the follow-up read alone: a one-turn request of
+    the system and developer messages, the tools and the last user message. The difficulty
+    estimator takes the larger ``p_hard`` of these two readings (``DifficultyEstimator.estimate``).
     """
 
     prompt_chars: int
@@ -128,6 +129,7 @@ class RequestFeatures:
     context_text: str = ""
     context_chars: int = 0
     continues: RequestFeatures | None = None
+    alone: RequestFeatures | None = None
 
 
 def bounded_window(text: str, limit: int) -> str:
@@ -335,7 +337,9 @@ def _plausible(supplied: int, texts: tuple[str, ...], prompt_chars: int, n_messa
 
 
 def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
-             want_ids: bool) -> tuple[RequestFeatures, list[int] | None]:
+             want_ids: bool, readings: bool = True) -> tuple[RequestFeatures, list[int] | None]:
+    """The features (and with ``want_ids`` the query window's token ids); ``readings``: also a short
+    follow-up's two readings (``continues``, ``alone``), which are read without theirs: one level."""
     view = source if isinstance(source, RequestView) else RequestView.of(source)
     request, texts = view.request, view.texts
     prompt_chars = sum(len(t) for t in texts)
@@ -376,7 +380,9 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
                 start = sum(len(t) for t in texts[:k]) + k  # each earlier text and its newline
                 query_ids = window_token_ids(encoding, joined, start, start + len(query), tokenizer)
     context = _earlier_user_turns(request, texts, k)
-    continues = _continued(view, k, tokenizer) if k is not None and len(query) < SHORT_TURN_CHARS else None
+    follow_up = readings and k is not None and len(query) < SHORT_TURN_CHARS
+    continues = _continued(view, k, tokenizer) if follow_up and k is not None else None
+    alone = _alone(view, k, tokenizer) if continues is not None and k is not None else None
     n_tool_calls = sum(len(m.tool_calls or ()) for m in request.messages)
     return RequestFeatures(
         prompt_chars=prompt_chars,
@@ -396,20 +402,34 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
         context_text="\n".join(bounded_window(t, CONTEXT_WINDOW_CHARS) for t in context),
         context_chars=sum(len(t) for t in context),
         continues=continues,
+        alone=alone,
     ), query_ids
 
 
 def _continued(view: RequestView, k: int, tokenizer: Tokenizer | None) -> RequestFeatures | None:
     """The features of ``view``'s conversation cut after the turn a short follow-up at message ``k``
-    continues: the latest earlier user turn of at least ``SHORT_TURN_CHARS`` characters, else the
-    first user turn with text (None when there is no earlier user turn). The cut request keeps the
-    system prompt, tools and earlier turns, and drops a supplied token count (it counts the whole).
-    The cut's own last turn is long or the first, so it continues nothing: one extra count at most."""
+    continues: the latest of the ``CONTEXT_TURNS`` earlier user turns with text that has at least
+    ``SHORT_TURN_CHARS`` characters, else the earliest of them (None when there is no earlier user
+    turn): a short turn inherits from what the conversation's recent turns asked, not from a request
+    further back. The cut request keeps the system prompt, tools and earlier turns, and drops a
+    supplied token count (it counts the whole). The cut is read without readings of its own (a
+    chain of short turns is one cut, not a recursion): one extra count at most."""
     request, texts = view.request, view.texts
-    users = [i for i in range(k) if request.messages[i].role == "user" and texts[i]]
+    users = [i for i in range(k) if request.messages[i].role == "user" and texts[i]][-CONTEXT_TURNS:]
     if not users:
         return None
     j = next((i for i in reversed(users) if len(texts[i]) >= SHORT_TURN_CHARS), users[0])
     routing = request.routing.model_copy(update={"prompt_tokens": None})
     cut = request.model_copy(update={"messages": request.messages[: j + 1], "routing": routing})
-    return _extract(RequestView(cut, texts[: j + 1], view.api_key_id), tokenizer, False)[0]
+    return _extract(RequestView(cut, texts[: j + 1], view.api_key_id), tokenizer, False, readings=False)[0]
+
+
+def _alone(view: RequestView, k: int, tokenizer: Tokenizer | None) -> RequestFeatures:
+    """The features of message ``k`` (a short follow-up) read alone: the request cut to its system
+    and developer messages and message ``k`` (tools kept, a supplied token count dropped)."""
+    request, texts = view.request, view.texts
+    keep = [i for i in range(k) if request.messages[i].role in ("system", "developer")] + [k]
+    routing = request.routing.model_copy(update={"prompt_tokens": None})
+    cut = request.model_copy(update={"messages": [request.messages[i] for i in keep], "routing": routing})
+    return _extract(RequestView(cut, tuple(texts[i] for i in keep), view.api_key_id), tokenizer, False,
+                    readings=False)[0]

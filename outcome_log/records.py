@@ -29,8 +29,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 #: ``RequestFeatures`` fields kept in the log (all but the text).
-#: (``continues``, the features of the turn a short follow-up continues, is derived, not logged.)
-FEATURE_FIELDS = tuple(f.name for f in fields(RequestFeatures) if f.name not in ("query_text", "continues"))
+#: (``continues`` and ``alone``, a short follow-up's two readings, are derived, not logged.)
+FEATURE_FIELDS = tuple(f.name for f in fields(RequestFeatures) if f.name not in ("query_text", "continues", "alone"))
 #: The value of a logged request feature (``RequestFeatures``' counts, flags and optional caps).
 FeatureValue: TypeAlias = int | bool | None
 
@@ -178,7 +178,7 @@ class LoggedDecision(DecisionRecord):
     def features(self) -> RequestFeatures:
         """The logged ``RequestFeatures`` with ``query_text`` = the stored prompt text ('' without it).
         Raises ``DataError`` if the log lacks a field this version of Pointsman needs."""
-        known = {f.name for f in fields(RequestFeatures)} - {"continues"}
+        known = {f.name for f in fields(RequestFeatures)} - {"continues", "alone"}
         values: dict[str, FeatureValue | str] = {k: v for k, v in self.request_features.items() if k in known}
         values["query_text"] = self.prompt_text or ""
         missing = known - set(values)

@@ -444,7 +444,7 @@ class RoutingEngine:
             "prediction": finite_or_none(live.predictions_trace()),
             "estimator": {"version": str(getattr(self.estimator, "version", "unknown")),
                           "available": estimate.available, "latency_ms": estimate.latency_ms,
-                          "error": estimate.error},
+                          "error": estimate.error, "reading": estimate.reading},
             "policy": {"name": self.policy.name, "file": self.policy.file},
         }
 
