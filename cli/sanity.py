@@ -8,6 +8,7 @@ Bad input: one ``Error: file:line: field '...': ...`` line, exit status 2.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -17,7 +18,7 @@ from pointsman.errors import PointsmanError
 
 def evaluate_pairs(pairs: str, model_spec: str, as_json: bool) -> None:
     """Score ``pairs`` (a file or ``sanity``) with the model of ``model_spec`` and print the report."""
-    from pointsman.training.sanity import APPROVAL_TOLERANCE, concordance, read_pairs
+    from pointsman.training.sanity import APPROVAL_TOLERANCE, concordance, read_pairs, shipped_pairs_path
 
     try:
         report = concordance(model_spec, read_pairs(pairs))  # a bad file fails before a model is loaded
@@ -28,7 +29,10 @@ def evaluate_pairs(pairs: str, model_spec: str, as_json: bool) -> None:
         return
     lo, hi = report.ci95
     wins = sum(p.credit == 1.0 for p in report.pairs)
-    click.echo(f"pairs   {report.pairs_file}  ({report.n} pairs, never trained on)")
+    chosen_on = Path(report.pairs_file).resolve() == shipped_pairs_path().resolve()
+    click.echo(f"pairs   {report.pairs_file}  ({report.n} pairs, never trained on"
+               + ("; the shipped recipe was chosen on them: datasets/sanity_holdout_pairs.jsonl was not)"
+                  if chosen_on else ")"))
     click.echo(f"model   {report.model_version}  ({report.model_source})")
     click.echo("")
     click.echo(f"concordance {report.concordance:.4f}  95% CI {lo:.4f}-{hi:.4f} (Wilson)  "
