@@ -281,8 +281,10 @@ def table_training(cfg: TrainConfig, sources: list[OutcomeSource], ex: Examples,
 def check_served(est: DifficultyEstimator, ex: Examples, head: DifficultyHead, X: np.ndarray,
                  rows: np.ndarray) -> float:
     """Max |served p_hard − trained head| on the examples ``rows``, through the serving code path
-    (features → encoder → ONNX head). Raises ``EstimatorError`` above ``PARITY_ATOL``."""
-    served = est.estimate_batch([ex.features[i] for i in rows])
+    (features → encoder → ONNX head), each row read as it is (a short follow-up's two readings,
+    ``estimate_batch``, are a serving rule above the head, not its parity). Raises
+    ``EstimatorError`` above ``PARITY_ATOL``."""
+    served = est.predict_matrix(est.feature_matrix([ex.features[i] for i in rows]))
     e2e = float(np.max(np.abs(served - head.predict_proba(X[rows])[:, 1])))
     if e2e > PARITY_ATOL:
         raise EstimatorError(f"served p_hard disagrees with the trained head: max |diff| {e2e:.2e}")
