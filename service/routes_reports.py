@@ -54,6 +54,7 @@ import difflib
 import json
 import logging
 import sqlite3
+import time
 from collections.abc import Mapping
 from typing import Required, TypedDict
 
@@ -334,6 +335,7 @@ async def outcomes(request: Request, principal: Principal = Depends(require("gat
                    rt: Runtime = Depends(get_runtime)) -> JSONResponse:
     """Store outcomes durably, then settle budgets and release load (see the module). The answer
     comes only after the outcomes are on disk."""
+    started = time.perf_counter()
     body, items = await read_parsed(request, rt.settings, "an outcome object or a list of them",
                                     parse_outcome_items)
     batch = isinstance(body, list)
@@ -347,7 +349,9 @@ async def outcomes(request: Request, principal: Principal = Depends(require("gat
     for a in acks:
         counts[a.status] = counts.get(a.status, 0) + 1
     status = 200 if batch else _STATUS[acks[0].status]
-    return JSONResponse({"acks": [a.model_dump() for a in acks], "counts": counts}, status_code=status)
+    response = JSONResponse({"acks": [a.model_dump() for a in acks], "counts": counts}, status_code=status)
+    rt.metrics.outcome_latency.observe(time.perf_counter() - started)
+    return response
 
 
 def parse_telemetry(body: object, rt: Runtime) -> list[tuple[str, TelemetryIn]]:
