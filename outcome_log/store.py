@@ -9,8 +9,11 @@ reports (``append_outcomes``); training reads them back joined by decision id
 Durability. Outcomes are committed with ``PRAGMA synchronous=FULL``: when
 ``append_outcomes`` returns, every outcome it reports as ``stored`` or ``duplicate`` is
 on disk (fsynced WAL), and so is every decision appended before it (the WAL is one
-sequential file). Decisions commit with ``synchronous=NORMAL``: they survive a killed
-process; on power loss the last decisions not followed by an outcome commit may roll back.
+sequential file). Concurrent ``append_outcomes`` calls are group-committed
+(``pointsman.group_commit``): the calls that arrive while one commit's ``fsync`` runs share
+the next transaction and ``fsync``, and each returns only after that ``fsync``.
+Decisions commit with ``synchronous=NORMAL``: they survive a killed process; on power loss
+the last decisions not followed by an outcome commit may roll back.
 
 Privacy. A decision keeps the request features (``RequestFeatures`` minus its text), the
 estimator's head input vector (embedding ⊕ request features, float32) so a new head can
@@ -58,6 +61,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -67,6 +71,7 @@ from numpy.typing import NDArray
 from pointsman.data_dir import data_dir
 from pointsman.errors import DataError
 from pointsman.estimator.features import QUERY_WINDOW_CHARS, RequestFeatures
+from pointsman.group_commit import GroupCommit
 from pointsman.outcome import OutcomeIn, QualitySignals, Usage, parse_outcomes
 from pointsman.outcome_log.records import (
     DecisionRecord,
@@ -180,6 +185,16 @@ def _bool(v: SQLValue) -> bool | None:
     return None if v is None else bool(v)
 
 
+@dataclass(frozen=True)
+class _OutcomeCall:
+    """One ``append_outcomes`` call waiting for the group commit: its validated items, the
+    decisions its caller vouches for (id -> target) and when they were received (Unix s)."""
+
+    items: list[OutcomeIn]
+    known: dict[str, str]
+    received_s: float
+
+
 class OutcomeLog:
     """The decision and outcome log in one SQLite file (see the module docstring).
 
@@ -190,7 +205,8 @@ class OutcomeLog:
     ``log_id``: this log file's id (hex, made when the file is created): the *inbox* other
     replicas forward its decisions' outcomes to (``policy.signals.shared_state``).
 
-    Thread-safe: one connection per log object, writes serialized by a lock; readers use
+    Thread-safe: one connection per log object, writes serialized by a lock (outcome writes of
+    concurrent callers share one transaction: ``append_outcomes``); readers use
     their own short-lived connection. Never share an ``OutcomeLog`` across ``fork``; open one
     per process. Use as a context manager or call ``close()``.
     """
@@ -204,6 +220,7 @@ class OutcomeLog:
         except OSError as exc:
             raise DataError(f"{self.path}: cannot open the outcome log ({exc})") from None
         self._lock = threading.Lock()
+        self._group: GroupCommit[_OutcomeCall, list[OutcomeAck]] = GroupCommit(self._store_outcomes)
         self._conn: sqlite3.Connection | None = None  # None once closed
         #: Why the last write failed (None after a write that succeeded): ``/readyz`` reports it.
         self.write_error: str | None = None
@@ -278,55 +295,68 @@ class OutcomeLog:
                         received_s: float | None = None,
                         known: Mapping[str, str] | None = None) -> list[OutcomeAck]:
         """Store outcomes (validated ``OutcomeIn`` or dicts, which are validated with
-        ``parse_outcomes`` rules) in one durable transaction; returns one ``OutcomeAck`` per item, in
-        order. Items with status ``stored``/``duplicate`` are on disk when this returns.
+        ``parse_outcomes`` rules) durably; returns one ``OutcomeAck`` per item, in order. Items with
+        status ``stored``/``duplicate`` are on disk (fsynced) when this returns.
+
+        Group commit: calls from several threads at once share one transaction and one ``fsync``
+        (``_GroupCommit``): a call waits for the commit in progress, if any, and then commits
+        everything queued meanwhile, its own items included.
 
         ``served_target`` defaults to the decision's target. ``known``: decision id -> target of
         decisions the caller vouches for; their outcomes are stored even when the decision is not
         (yet) in the log. Raises ``RequestError`` for an invalid dict (nothing stored) and
-        ``DataError`` when the store is unavailable (nothing acknowledged).
+        ``DataError`` when the store is unavailable (nothing of the shared transaction acknowledged).
         """
-        known = known or {}
         items = [o for o in outcomes if isinstance(o, OutcomeIn)]
         if len(items) < len(outcomes):
             items = parse_outcomes([o.model_dump() if isinstance(o, OutcomeIn) else o for o in outcomes])
         now = time.time() if received_s is None else float(received_s)
-        acks: list[OutcomeAck] = []
+        return self._group.run(_OutcomeCall(items, dict(known or {}), now))
+
+    def _store_outcomes(self, calls: Sequence[_OutcomeCall]) -> list[list[OutcomeAck]]:
+        """``append_outcomes`` for several calls in one durable transaction (the group commit's
+        committer): each call's acks, in order. Raises ``DataError`` (nothing committed)."""
+        results: list[list[OutcomeAck]] = []
         with self._write(durable=True) as conn:
             seen: dict[str, str] = {}
-            for o in items:
-                key, digest = o.key, _payload_hash(o)
-                prior = seen.get(key)
-                if prior is None:
-                    row = conn.execute("SELECT payload_sha256 FROM outcomes WHERE outcome_id = ?", (key,)).fetchone()
-                    prior = row[0] if row else None
-                if prior is not None:
-                    if prior == digest:
-                        acks.append(OutcomeAck(key, o.decision_id, "duplicate"))
-                    else:
-                        acks.append(OutcomeAck(key, o.decision_id, "conflict",
-                                               f"outcome {key} is already stored with different content"))
-                    continue
-                dec = conn.execute("SELECT target FROM decisions WHERE decision_id = ?", (o.decision_id,)).fetchone()
-                if dec is None and o.decision_id in known:
-                    dec = (known[o.decision_id],)
-                if dec is None:
-                    acks.append(OutcomeAck(key, o.decision_id, "unknown_decision",
-                                           f"no decision {o.decision_id} in the outcome log"))
-                    continue
-                u = o.usage or Usage()
-                q = o.quality or QualitySignals()
-                conn.execute(
-                    f"INSERT INTO outcomes({', '.join(_OUTCOME_COLUMNS)}) VALUES ({', '.join('?' * len(_OUTCOME_COLUMNS))})",
-                    (key, o.decision_id, now, o.time_s, o.served_target or dec[0], o.served_model, int(o.shadow),
-                     o.status, o.error, u.prompt_tokens, u.cached_tokens, u.completion_tokens, o.ttft_ms, o.tpot_ms,
-                     o.e2e_latency_ms, q.judge_score, q.judge_reference_score, q.judge, q.user_rating,
-                     None if q.regenerated is None else int(q.regenerated),
-                     None if q.escalated is None else int(q.escalated), digest),
-                )
-                seen[key] = digest
-                acks.append(OutcomeAck(key, o.decision_id, "stored"))
-        return acks
+            for call in calls:
+                acks: list[OutcomeAck] = []
+                for o in call.items:
+                    acks.append(self._insert_outcome(conn, o, call.known, call.received_s, seen))
+                results.append(acks)
+        return results
+
+    @staticmethod
+    def _insert_outcome(conn: sqlite3.Connection, o: OutcomeIn, known: Mapping[str, str], now: float,
+                        seen: dict[str, str]) -> OutcomeAck:
+        """Insert one outcome inside the open transaction; ``seen``: key -> payload hash of the
+        outcomes inserted in it so far."""
+        key, digest = o.key, _payload_hash(o)
+        prior = seen.get(key)
+        if prior is None:
+            row = conn.execute("SELECT payload_sha256 FROM outcomes WHERE outcome_id = ?", (key,)).fetchone()
+            prior = row[0] if row else None
+        if prior is not None:
+            if prior == digest:
+                return OutcomeAck(key, o.decision_id, "duplicate")
+            return OutcomeAck(key, o.decision_id, "conflict", f"outcome {key} is already stored with different content")
+        dec = conn.execute("SELECT target FROM decisions WHERE decision_id = ?", (o.decision_id,)).fetchone()
+        if dec is None and o.decision_id in known:
+            dec = (known[o.decision_id],)
+        if dec is None:
+            return OutcomeAck(key, o.decision_id, "unknown_decision", f"no decision {o.decision_id} in the outcome log")
+        u = o.usage or Usage()
+        q = o.quality or QualitySignals()
+        conn.execute(
+            f"INSERT INTO outcomes({', '.join(_OUTCOME_COLUMNS)}) VALUES ({', '.join('?' * len(_OUTCOME_COLUMNS))})",
+            (key, o.decision_id, now, o.time_s, o.served_target or dec[0], o.served_model, int(o.shadow),
+             o.status, o.error, u.prompt_tokens, u.cached_tokens, u.completion_tokens, o.ttft_ms, o.tpot_ms,
+             o.e2e_latency_ms, q.judge_score, q.judge_reference_score, q.judge, q.user_rating,
+             None if q.regenerated is None else int(q.regenerated),
+             None if q.escalated is None else int(q.escalated), digest),
+        )
+        seen[key] = digest
+        return OutcomeAck(key, o.decision_id, "stored")
 
     def append_verification(self, decision_id: str, *, time_s: float, action: str, rule: str, p_bad: float,
                             verifier: str, features: Mapping[str, object], escalation_id: str | None = None,

@@ -1,0 +1,96 @@
+"""Group commit (``pointsman.group_commit``, what ``OutcomeLog.append_outcomes`` runs on): calls
+queued behind a commit in progress share the next one, each gets its own result, and a failed
+commit fails exactly the calls it held."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from pointsman.group_commit import GroupCommit
+from pointsman.outcome_log.store import OutcomeLog
+
+
+def _wait_until(cond, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.001)
+
+
+def test_calls_behind_a_commit_share_the_next_one_and_get_their_own_results():
+    gate, batches = threading.Event(), []
+
+    def commit(calls: Sequence[int]) -> list[int]:
+        batches.append(list(calls))
+        if len(batches) == 1:
+            gate.wait(10)  # the first commit's fsync, still running while the others arrive
+        return [c * 10 for c in calls]
+
+    group: GroupCommit[int, int] = GroupCommit(commit)
+    results: dict[int, int] = {}
+
+    def call(i: int) -> None:
+        results[i] = group.run(i)
+
+    first = threading.Thread(target=call, args=(0,))
+    first.start()
+    _wait_until(lambda: len(batches) == 1)
+    others = [threading.Thread(target=call, args=(i,)) for i in range(1, 9)]
+    for t in others:
+        t.start()
+    _wait_until(lambda: len(group._queue) == 8)
+    gate.set()
+    for t in [first, *others]:
+        t.join(10)
+    assert batches[0] == [0] and sorted(batches[1]) == list(range(1, 9)) and len(batches) == 2
+    assert results == {i: i * 10 for i in range(9)}
+    assert (group.batches, group.calls) == (2, 9)
+
+
+def test_a_failed_commit_fails_its_calls_only():
+    calls_seen: list[list[str]] = []
+
+    def commit(calls: Sequence[str]) -> list[str]:
+        calls_seen.append(list(calls))
+        if "bad" in calls:
+            raise OSError("disk full")
+        return [c.upper() for c in calls]
+
+    group: GroupCommit[str, str] = GroupCommit(commit)
+    with pytest.raises(OSError, match="disk full"):
+        group.run("bad")
+    assert group.run("ok") == "OK"  # the next batch is tried anew
+    assert calls_seen == [["bad"], ["ok"]]
+
+
+def test_concurrent_appends_are_each_acknowledged_once_and_stored(tmp_path):
+    """Threads appending at once (some the same outcome): every acknowledged outcome is in the log,
+    each key stored once, repeats acknowledged as duplicate, the same content never a conflict."""
+    known = {f"d{i}": "onprem-8b" for i in range(40)}
+    acks: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    with OutcomeLog(tmp_path / "log.db") as log:
+        def write(k: int) -> None:
+            for i in range(k, 40, 4):
+                for _ in range(2):  # each outcome twice: once stored, once duplicate
+                    got = log.append_outcomes([{"decision_id": f"d{i}", "usage": {"prompt_tokens": 10,
+                                                                                    "completion_tokens": i}}],
+                                              known=known)
+                    with lock:
+                        acks.extend((a.outcome_id, a.status) for a in got)
+
+        threads = [threading.Thread(target=write, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert log.counts()["outcomes"] == 40
+        for i in range(40):
+            stored = log.outcome(f"d{i}")
+            assert stored is not None and stored.usage.completion_tokens == i
+    statuses = sorted(s for key, s in acks)
+    assert statuses == ["duplicate"] * 40 + ["stored"] * 40
