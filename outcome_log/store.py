@@ -11,7 +11,14 @@ Durability. Outcomes are committed with ``PRAGMA synchronous=FULL``: when
 on disk (fsynced WAL), and so is every decision appended before it (the WAL is one
 sequential file). Concurrent ``append_outcomes`` calls are group-committed
 (``pointsman.group_commit``): the calls that arrive while one commit's ``fsync`` runs share
-the next transaction and ``fsync``, and each returns only after that ``fsync``.
+the next transaction and ``fsync``, and each returns only after that ``fsync``. So an
+acknowledgement waits for at least one ``fsync``: its latency's tail is the disk's ``fsync``
+tail. Opened with ``fsync_interval_s > 0`` the log trades that for a bounded window instead:
+outcomes commit with ``synchronous=NORMAL`` (written to the WAL, in the OS page cache, when
+``append_outcomes`` returns: they survive the death of the process, SIGKILL included), and a
+background thread (``_WalSyncer``) ``fsync``s the WAL at most ``fsync_interval_s`` after each
+commit; an OS crash or power loss may lose the outcomes acknowledged in that last interval
+plus one ``fsync``.
 Decisions commit with ``synchronous=NORMAL``: they survive a killed process; on power loss
 the last decisions not followed by an outcome commit may roll back.
 
@@ -55,6 +62,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 import sqlite3
 import threading
 import time
@@ -86,6 +95,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from pointsman.estimator.estimate import Estimator
     from pointsman.policy.decision import Decision
     from pointsman.request import RouteRequest
+
+log = logging.getLogger("pointsman.outcome_log")
 
 #: A value SQLite stores or returns (``sqlite3``'s adapted types).
 SQLValue: TypeAlias = str | int | float | bytes | None
@@ -195,13 +206,83 @@ class _OutcomeCall:
     received_s: float
 
 
+class _WalSyncer:
+    """``fsync``s a WAL file at most ``interval_s`` after each ``dirty()`` (see the module,
+    Durability), in a daemon thread started by the first ``dirty()``. ``error``: why the last
+    ``fsync`` failed (None after one that succeeded). ``close()`` syncs what is dirty and stops."""
+
+    def __init__(self, wal_path: Path, interval_s: float) -> None:
+        self.wal_path, self.interval_s = wal_path, float(interval_s)
+        self._cond = threading.Condition()
+        self._dirty = self._closing = False
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None
+        #: fsyncs done (each covers every commit before it).
+        self.syncs = 0
+
+    def dirty(self) -> None:
+        """A commit is in the WAL but not yet on disk."""
+        with self._cond:
+            self._dirty = True
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="pointsman-outcome-log-fsync", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Sync what is dirty and stop the thread (idempotent)."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._dirty or self._closing)
+                if not self._dirty:
+                    return
+                self._dirty = False
+            self._sync()
+            with self._cond:  # the next sync no sooner than interval_s after this one (unless closing)
+                self._cond.wait_for(lambda: self._closing, timeout=self.interval_s)
+
+    def _sync(self) -> None:
+        try:
+            fd = os.open(self.wal_path, os.O_RDONLY)
+        except FileNotFoundError:  # no WAL (checkpointed and removed at close): nothing to sync
+            return
+        except OSError as exc:
+            self._failed(exc)
+            return
+        try:
+            os.fsync(fd)  # flushes the file's dirty pages, whoever wrote them
+        except OSError as exc:
+            self._failed(exc)
+        else:
+            self.error = None
+            self.syncs += 1
+        finally:
+            os.close(fd)
+
+    def _failed(self, exc: OSError) -> None:
+        self.error = f"{self.wal_path}: fsync failed ({exc})"
+        log.error("outcome log: %s; acknowledged outcomes may not be on disk yet", self.error)
+        with self._cond:
+            self._dirty = True  # try again after the interval
+
+
 class OutcomeLog:
     """The decision and outcome log in one SQLite file (see the module docstring).
 
-    ``OutcomeLog(path=None, *, store_prompts=False, timeout_s=10.0)``: ``path`` defaults to
-    ``default_log_path()`` (parent folders are created). ``store_prompts``: keep the prompt
-    text of decisions (operator opt-in). ``timeout_s``: how long a writer waits for another
-    process's write lock before ``DataError``.
+    ``OutcomeLog(path=None, *, store_prompts=False, timeout_s=10.0, fsync_interval_s=0.0)``:
+    ``path`` defaults to ``default_log_path()`` (parent folders are created). ``store_prompts``:
+    keep the prompt text of decisions (operator opt-in). ``timeout_s``: how long a writer waits
+    for another process's write lock before ``DataError``. ``fsync_interval_s``: 0 (default)
+    acknowledges outcomes after their ``fsync``; > 0, once in the WAL, ``fsync``ed in the
+    background at most that many seconds later (the module's Durability).
     ``log_id``: this log file's id (hex, made when the file is created): the *inbox* other
     replicas forward its decisions' outcomes to (``policy.signals.shared_state``).
 
@@ -211,10 +292,15 @@ class OutcomeLog:
     per process. Use as a context manager or call ``close()``.
     """
 
-    def __init__(self, path: str | Path | None = None, *, store_prompts: bool = False, timeout_s: float = 10.0) -> None:
+    def __init__(self, path: str | Path | None = None, *, store_prompts: bool = False, timeout_s: float = 10.0,
+                 fsync_interval_s: float = 0.0) -> None:
         self.path = Path(path) if path is not None else default_log_path()
         self.store_prompts = bool(store_prompts)
         self.timeout_s = float(timeout_s)
+        if not fsync_interval_s >= 0:
+            raise ValueError(f"fsync_interval_s must be >= 0, got {fsync_interval_s!r}")
+        self._syncer = _WalSyncer(self.path.with_name(self.path.name + "-wal"), fsync_interval_s) \
+            if fsync_interval_s > 0 else None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -252,7 +338,9 @@ class OutcomeLog:
         self.close()
 
     def close(self) -> None:
-        """Close the connection (idempotent)."""
+        """Sync what the background ``fsync`` has not yet, close the connection (idempotent)."""
+        if self._syncer is not None:
+            self._syncer.close()
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
@@ -317,13 +405,15 @@ class OutcomeLog:
         """``append_outcomes`` for several calls in one durable transaction (the group commit's
         committer): each call's acks, in order. Raises ``DataError`` (nothing committed)."""
         results: list[list[OutcomeAck]] = []
-        with self._write(durable=True) as conn:
+        with self._write(durable=self._syncer is None) as conn:
             seen: dict[str, str] = {}
             for call in calls:
                 acks: list[OutcomeAck] = []
                 for o in call.items:
                     acks.append(self._insert_outcome(conn, o, call.known, call.received_s, seen))
                 results.append(acks)
+        if self._syncer is not None:
+            self._syncer.dirty()
         return results
 
     @staticmethod
@@ -427,7 +517,10 @@ class OutcomeLog:
     def writable(self, probe_bytes: int = 65536) -> str | None:
         """None when the log takes writes; else why not. While the last write failed, a probe
         (``probe_bytes`` written and deleted in one durable transaction: roughly a batch of
-        decisions) decides, so a disk that has room again is noticed without traffic."""
+        decisions) decides, so a disk that has room again is noticed without traffic. With a
+        background ``fsync`` (``fsync_interval_s``), its last failure also makes the log not writable."""
+        if self._syncer is not None and self._syncer.error is not None:
+            return self._syncer.error
         if self.write_error is None:
             return None
         try:

@@ -94,3 +94,28 @@ def test_concurrent_appends_are_each_acknowledged_once_and_stored(tmp_path):
             assert stored is not None and stored.usage.completion_tokens == i
     statuses = sorted(s for key, s in acks)
     assert statuses == ["duplicate"] * 40 + ["stored"] * 40
+
+
+def test_background_fsync_mode_syncs_each_commit_and_reports_a_failed_fsync(tmp_path):
+    """``fsync_interval_s > 0``: appends return once in the WAL, the syncer ``fsync``s after them
+    (at close at the latest), and an ``fsync`` failure makes the log not writable (``/readyz``)."""
+    with OutcomeLog(tmp_path / "log.db", fsync_interval_s=0.01) as log:
+        acks = log.append_outcomes([{"decision_id": "d1"}], known={"d1": "onprem-8b"})
+        assert [a.status for a in acks] == ["stored"]
+        syncer = log._syncer
+        assert syncer is not None
+        _wait_until(lambda: syncer.syncs >= 1)
+        assert log.writable() is None
+        wal = syncer.wal_path
+        (tmp_path / "a-file").write_text("")
+        syncer.wal_path = tmp_path / "a-file" / "x-wal"  # a WAL that cannot be opened (ENOTDIR), even as root
+        log.append_outcomes([{"decision_id": "d2"}], known={"d2": "onprem-8b"})
+        _wait_until(lambda: syncer.error is not None)
+        assert "fsync failed" in (log.writable() or "")
+        syncer.wal_path = wal  # the disk is back: the retried sync clears the error
+        _wait_until(lambda: syncer.error is None)
+        assert log.writable() is None
+    with OutcomeLog(tmp_path / "log.db") as log:
+        assert log.outcome("d1") is not None and log.outcome("d2") is not None
+    with pytest.raises(ValueError, match="fsync_interval_s"):
+        OutcomeLog(tmp_path / "other.db", fsync_interval_s=-1)
