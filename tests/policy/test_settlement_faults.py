@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pointsman.policy.budget.config import BudgetConfig
-from pointsman.policy.budget.journal import SpendJournal
+from pointsman.policy.budget.journal import SettleArgs, SpendJournal
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.budget.sqlite_ledger import SqliteLedger
 from pointsman.policy.decision import new_decision_id
@@ -144,3 +144,29 @@ def test_signed_escalation_ids_verify_only_unaltered(cut, char):
         assert signer.verify(altered) is None
     assert DecisionSigner(b"t" * 32).verify(eid) is None
     assert signer.verify(f"{decision}/escalation") is None  # the unsigned form
+
+
+def test_concurrent_journal_adds_keep_one_settlement_per_decision(tmp_path):
+    """Threads journaling at once (group-committed): every decision id is kept once, the first
+    ``add`` of each says new and every other says kept, and all of them read back."""
+    import threading
+
+    journal = SpendJournal(tmp_path / "journal.db")
+    args: SettleArgs = {"actual_cost_usd": 0.01, "now": NOW, "target": "onprem-8b", "prompt_tokens": 1,
+                        "cached_tokens": 0, "completion_tokens": 1, "scopes": list(SCOPES), "issued_s": NOW}
+    new: list[bool] = []
+    lock = threading.Lock()
+
+    def add(k: int) -> None:
+        for i in range(30):
+            got = journal.add(f"d{(i + k) % 30}", args)
+            with lock:
+                new.append(got)
+
+    threads = [threading.Thread(target=add, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert new.count(True) == 30 and len(new) == 120
+    assert sorted(d for d, _ in journal.pending()) == sorted(f"d{i}" for i in range(30)) and len(journal) == 30
