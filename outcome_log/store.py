@@ -16,7 +16,7 @@ acknowledgement waits for at least one ``fsync``: its latency's tail is the disk
 tail. Opened with ``fsync_interval_s > 0`` the log trades that for a bounded window instead:
 outcomes commit with ``synchronous=NORMAL`` (written to the WAL, in the OS page cache, when
 ``append_outcomes`` returns: they survive the death of the process, SIGKILL included), and a
-background thread (``_WalSyncer``) ``fsync``s the WAL at most ``fsync_interval_s`` after each
+background thread (``_WalKeeper``) ``fsync``s the WAL at most ``fsync_interval_s`` after each
 commit; an OS crash or power loss may lose the outcomes acknowledged in that last interval
 plus one ``fsync``.
 Decisions commit with ``synchronous=NORMAL``: they survive a killed process; on power loss
@@ -69,7 +69,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
@@ -104,6 +104,8 @@ SQLValue: TypeAlias = str | int | float | bytes | None
 SCHEMA_VERSION = 1
 #: Default file name inside the data folder.
 DEFAULT_FILE = "outcomes.db"
+#: WAL size from which the background keeper checkpoints (SQLite's automatic checkpoint: 1,000 pages).
+CHECKPOINT_BYTES = 4 * 1024 * 1024
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -206,31 +208,40 @@ class _OutcomeCall:
     received_s: float
 
 
-class _WalSyncer:
-    """``fsync``s a WAL file at most ``interval_s`` after each ``dirty()`` (see the module,
-    Durability), in a daemon thread started by the first ``dirty()``. ``error``: why the last
-    ``fsync`` failed (None after one that succeeded). ``close()`` syncs what is dirty and stops."""
+class _WalKeeper:
+    """Keeps the log's WAL off the request path, in a daemon thread started by the first
+    ``dirty()``: at most every ``interval_s`` after a commit, ``fsync``s the WAL when outcomes
+    wait for it (``fsync_interval_s > 0``: the module's Durability; ``fsync`` True) and
+    checkpoints it (``PRAGMA wal_checkpoint(PASSIVE)`` on its own connection) when it holds
+    ``CHECKPOINT_BYTES`` or more. The log's connection never checkpoints (``wal_autocheckpoint=0``):
+    SQLite's automatic checkpoint runs inside whichever commit crosses 1,000 pages and costs it two
+    more ``fsync``s and the copy, which all the outcomes of that group commit would wait for.
+    ``error``: why the last ``fsync`` failed (None after one that succeeded). ``close()`` does
+    what is due and stops."""
 
-    def __init__(self, wal_path: Path, interval_s: float) -> None:
-        self.wal_path, self.interval_s = wal_path, float(interval_s)
+    def __init__(self, db_path: Path, fsync_interval_s: float, checkpoint_interval_s: float = 1.0) -> None:
+        self.db_path, self.wal_path = db_path, db_path.with_name(db_path.name + "-wal")
+        self.fsync = fsync_interval_s > 0
+        self.interval_s = float(fsync_interval_s) if self.fsync else float(checkpoint_interval_s)
         self._cond = threading.Condition()
-        self._dirty = self._closing = False
+        self._dirty = self._unsynced = self._closing = False
         self._thread: threading.Thread | None = None
         self.error: str | None = None
-        #: fsyncs done (each covers every commit before it).
-        self.syncs = 0
+        #: fsyncs and checkpoints done (an fsync covers every commit before it).
+        self.syncs = self.checkpoints = 0
 
-    def dirty(self) -> None:
-        """A commit is in the WAL but not yet on disk."""
+    def dirty(self, unsynced: bool) -> None:
+        """A commit is in the WAL; ``unsynced``: acknowledged outcomes wait for its ``fsync``."""
         with self._cond:
             self._dirty = True
+            self._unsynced = self._unsynced or (unsynced and self.fsync)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="pointsman-outcome-log-fsync", daemon=True)
+                self._thread = threading.Thread(target=self._run, name="pointsman-outcome-log-wal", daemon=True)
                 self._thread.start()
             self._cond.notify_all()
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Sync what is dirty and stop the thread (idempotent)."""
+        """Do what is due and stop the thread (idempotent)."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
@@ -244,9 +255,11 @@ class _WalSyncer:
                 self._cond.wait_for(lambda: self._dirty or self._closing)
                 if not self._dirty:
                     return
-                self._dirty = False
-            self._sync()
-            with self._cond:  # the next sync no sooner than interval_s after this one (unless closing)
+                unsynced, self._dirty, self._unsynced = self._unsynced, False, False
+            if unsynced:
+                self._sync()
+            self._checkpoint()
+            with self._cond:  # the next round no sooner than interval_s after this one (unless closing)
                 self._cond.wait_for(lambda: self._closing, timeout=self.interval_s)
 
     def _sync(self) -> None:
@@ -271,7 +284,17 @@ class _WalSyncer:
         self.error = f"{self.wal_path}: fsync failed ({exc})"
         log.error("outcome log: %s; acknowledged outcomes may not be on disk yet", self.error)
         with self._cond:
-            self._dirty = True  # try again after the interval
+            self._dirty = self._unsynced = True  # try again after the interval
+
+    def _checkpoint(self) -> None:
+        try:
+            if os.path.getsize(self.wal_path) < CHECKPOINT_BYTES:
+                return
+            with closing(sqlite3.connect(self.db_path, timeout=1.0, isolation_level=None)) as conn:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            self.checkpoints += 1
+        except (OSError, sqlite3.Error) as exc:  # the WAL grows until the next one succeeds
+            log.warning("outcome log: checkpoint of %s failed (%s); retrying after the next commit", self.db_path, exc)
 
 
 class OutcomeLog:
@@ -299,8 +322,7 @@ class OutcomeLog:
         self.timeout_s = float(timeout_s)
         if not fsync_interval_s >= 0:
             raise ValueError(f"fsync_interval_s must be >= 0, got {fsync_interval_s!r}")
-        self._syncer = _WalSyncer(self.path.with_name(self.path.name + "-wal"), fsync_interval_s) \
-            if fsync_interval_s > 0 else None
+        self._keeper = _WalKeeper(self.path, fsync_interval_s)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -328,6 +350,7 @@ class OutcomeLog:
         conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run in the background (_WalKeeper)
         conn.execute("PRAGMA foreign_keys=OFF")  # outcomes may arrive before their decision (orphans)
         return conn
 
@@ -339,8 +362,7 @@ class OutcomeLog:
 
     def close(self) -> None:
         """Sync what the background ``fsync`` has not yet, close the connection (idempotent)."""
-        if self._syncer is not None:
-            self._syncer.close()
+        self._keeper.close()
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
@@ -405,15 +427,14 @@ class OutcomeLog:
         """``append_outcomes`` for several calls in one durable transaction (the group commit's
         committer): each call's acks, in order. Raises ``DataError`` (nothing committed)."""
         results: list[list[OutcomeAck]] = []
-        with self._write(durable=self._syncer is None) as conn:
+        with self._write(durable=not self._keeper.fsync) as conn:
             seen: dict[str, str] = {}
             for call in calls:
                 acks: list[OutcomeAck] = []
                 for o in call.items:
                     acks.append(self._insert_outcome(conn, o, call.known, call.received_s, seen))
                 results.append(acks)
-        if self._syncer is not None:
-            self._syncer.dirty()
+        self._keeper.dirty(unsynced=True)
         return results
 
     @staticmethod
@@ -513,14 +534,15 @@ class OutcomeLog:
                 self.write_error = str(exc)
                 raise
             self.write_error = None
+        self._keeper.dirty(unsynced=False)  # the WAL grew: checkpointed in the background
 
     def writable(self, probe_bytes: int = 65536) -> str | None:
         """None when the log takes writes; else why not. While the last write failed, a probe
         (``probe_bytes`` written and deleted in one durable transaction: roughly a batch of
         decisions) decides, so a disk that has room again is noticed without traffic. With a
         background ``fsync`` (``fsync_interval_s``), its last failure also makes the log not writable."""
-        if self._syncer is not None and self._syncer.error is not None:
-            return self._syncer.error
+        if self._keeper.error is not None:
+            return self._keeper.error
         if self.write_error is None:
             return None
         try:

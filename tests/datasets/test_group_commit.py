@@ -102,8 +102,8 @@ def test_background_fsync_mode_syncs_each_commit_and_reports_a_failed_fsync(tmp_
     with OutcomeLog(tmp_path / "log.db", fsync_interval_s=0.01) as log:
         acks = log.append_outcomes([{"decision_id": "d1"}], known={"d1": "onprem-8b"})
         assert [a.status for a in acks] == ["stored"]
-        syncer = log._syncer
-        assert syncer is not None
+        syncer = log._keeper
+        assert syncer.fsync
         _wait_until(lambda: syncer.syncs >= 1)
         assert log.writable() is None
         wal = syncer.wal_path
@@ -119,3 +119,23 @@ def test_background_fsync_mode_syncs_each_commit_and_reports_a_failed_fsync(tmp_
         assert log.outcome("d1") is not None and log.outcome("d2") is not None
     with pytest.raises(ValueError, match="fsync_interval_s"):
         OutcomeLog(tmp_path / "other.db", fsync_interval_s=-1)
+
+
+def test_the_wal_is_checkpointed_in_the_background_never_in_a_commit(tmp_path, monkeypatch):
+    """The log's connection never checkpoints (no commit pays for one); the keeper thread does, once
+    the WAL holds ``CHECKPOINT_BYTES``, in both durability modes."""
+    import sqlite3
+
+    from pointsman.outcome_log import store
+
+    monkeypatch.setattr(store, "CHECKPOINT_BYTES", 64 * 1024)
+    for fsync_interval_s in (0.0, 0.01):
+        path = tmp_path / f"log-{fsync_interval_s}.db"
+        with OutcomeLog(path, fsync_interval_s=fsync_interval_s) as log:
+            assert log._conn is not None and log._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+            log._keeper.interval_s = 0.01
+            for i in range(120):
+                log.append_outcomes([{"decision_id": f"d{i}", "status": "error", "error": "x" * 1000}], known={f"d{i}": "onprem-8b"})
+            _wait_until(lambda: log._keeper.checkpoints >= 1)
+        with sqlite3.connect(path) as conn:  # nothing lost on the way
+            assert conn.execute("SELECT COUNT(*) FROM outcomes").fetchone()[0] == 120
