@@ -138,7 +138,7 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str
     escalation = escalation or _escalation_of(rt, item.decision_id)
     if escalation is not None:
         settle_id, target = escalation[0], item.served_target or escalation[1]
-        record = state.record(settle_id)
+        record = state.known(settle_id)  # this replica's hold, else the signed id's claims
         estimate = record.estimated_cost_usd if record is not None else None
     elif not target or books_estimate:
         known = _known_decision(rt, item.decision_id)

@@ -190,10 +190,17 @@ def test_any_replica_settles_an_escalation_from_its_signed_id_and_refuses_a_forg
         assert again["status"] == "duplicate" and again["settlement"]["replayed"] is True
         on_a = a_client.post("/v1/outcomes", json={"decision_id": did, **outcome}).json()["acks"][0]
         assert on_a["status"] == "stored" and on_a["settlement"]["decision_id"] == eid  # A settles its own hold
+        did2 = _route(a_client)["decision_id"]  # an ok outcome without usage books the escalation's estimate
+        v2 = a_client.post("/v1/verify", json={"decision_id": did2, "draft": {"text": REFUSAL, "finish_reason": "stop"},
+                                               "usage": {"completion_tokens": 11}}).json()
+        no_usage = b_client.post("/v1/outcomes", json={"decision_id": v2["escalation_id"], "status": "ok"}).json()
+        s2 = no_usage["acks"][0]["settlement"]
+        assert (s2["decision_id"], s2["target"]) == (v2["escalation_id"], v2["target"])
+        assert s2["actual_cost_usd"] == pytest.approx(v2["estimated_cost_usd"])
     with OutcomeLog(tmp_path / "b" / "outcomes.db") as log:
         stored = log.outcome(did)
         assert stored is not None and stored.decision_id == did and stored.served_target == v["target"]
-        assert log.counts()["outcomes"] == 1
+        assert log.counts()["outcomes"] == 2
 
 
 def test_unknown_settled_and_expired_decisions(tmp_path):
