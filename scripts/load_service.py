@@ -53,6 +53,16 @@ pairs/s (12-21 ms once the route path saturates at ~100 pairs/s on that machine)
 107-594 ms, 0 lost. What is left of the p99 is the outcome's ``fsync`` (acknowledged only once on
 disk) and CPU queueing on that shared machine.
 
+Then (stage timers in the outcome path, 2 serve processes + Redis): at 200 pairs/s the slowest 2%
+of outcomes spent 123 ms waiting for the outcome log's lock behind other outcomes' ``fsync``s.
+With group commit (``pointsman/group_commit.py``) and the WAL checkpointed in the background, an
+outcome waits for the ``fsync`` in flight and its own batch's: at 50 pairs/s on a quieter moment
+(load average ~5) outcome p99 16.6 ms (server <= 15 ms), and 8.2 ms (<= 7.5 ms) with
+``POINTSMAN_OUTCOME_FSYNC_MS=100``; at 200 pairs/s the machine generated 159/s, outcome p99 49 ms.
+A lone 4 KiB ``fsync`` on that disk has p99 94 ms, the floor of any acknowledgement that waits for
+one; at load average 7-12 every variant's server-side p99 sat in the 100-250 ms buckets (the
+threadpool hop and the loop's wake-up: CPU queueing, ``docs/service.md`` Durability).
+
 Found with this script (``--uvicorn '--loop asyncio --http h11'`` vs ``'--loop uvloop'``): with
 asyncio's event loop, ``--workers 2`` made every response ~45 ms slower (p50 48 ms at
 concurrency 1, against 3.6 ms with one worker). For several workers uvicorn binds the
