@@ -9,8 +9,18 @@ reports (``append_outcomes``); training reads them back joined by decision id
 Durability. Outcomes are committed with ``PRAGMA synchronous=FULL``: when
 ``append_outcomes`` returns, every outcome it reports as ``stored`` or ``duplicate`` is
 on disk (fsynced WAL), and so is every decision appended before it (the WAL is one
-sequential file). Decisions commit with ``synchronous=NORMAL``: they survive a killed
-process; on power loss the last decisions not followed by an outcome commit may roll back.
+sequential file). Concurrent ``append_outcomes`` calls are group-committed
+(``pointsman.group_commit``): the calls that arrive while one commit's ``fsync`` runs share
+the next transaction and ``fsync``, and each returns only after that ``fsync``. So an
+acknowledgement waits for at least one ``fsync``: its latency's tail is the disk's ``fsync``
+tail. Opened with ``fsync_interval_s > 0`` the log trades that for a bounded window instead:
+outcomes commit with ``synchronous=NORMAL`` (written to the WAL, in the OS page cache, when
+``append_outcomes`` returns: they survive the death of the process, SIGKILL included), and a
+background thread (``_WalKeeper``) ``fsync``s the WAL at most ``fsync_interval_s`` after each
+commit; an OS crash or power loss may lose the outcomes acknowledged in that last interval
+plus one ``fsync``.
+Decisions commit with ``synchronous=NORMAL``: they survive a killed process; on power loss
+the last decisions not followed by an outcome commit may roll back.
 
 Privacy. A decision keeps the request features (``RequestFeatures`` minus its text), the
 estimator's head input vector (embedding ⊕ request features, float32) so a new head can
@@ -52,12 +62,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -67,6 +80,7 @@ from numpy.typing import NDArray
 from pointsman.data_dir import data_dir
 from pointsman.errors import DataError
 from pointsman.estimator.features import QUERY_WINDOW_CHARS, RequestFeatures
+from pointsman.group_commit import GroupCommit
 from pointsman.outcome import OutcomeIn, QualitySignals, Usage, parse_outcomes
 from pointsman.outcome_log.records import (
     DecisionRecord,
@@ -82,12 +96,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from pointsman.policy.decision import Decision
     from pointsman.request import RouteRequest
 
+log = logging.getLogger("pointsman.outcome_log")
+
 #: A value SQLite stores or returns (``sqlite3``'s adapted types).
 SQLValue: TypeAlias = str | int | float | bytes | None
 
 SCHEMA_VERSION = 1
 #: Default file name inside the data folder.
 DEFAULT_FILE = "outcomes.db"
+#: WAL size from which the background keeper checkpoints (SQLite's automatic checkpoint: 1,000 pages).
+CHECKPOINT_BYTES = 4 * 1024 * 1024
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -180,30 +198,137 @@ def _bool(v: SQLValue) -> bool | None:
     return None if v is None else bool(v)
 
 
+@dataclass(frozen=True)
+class _OutcomeCall:
+    """One ``append_outcomes`` call waiting for the group commit: its validated items, the
+    decisions its caller vouches for (id -> target) and when they were received (Unix s)."""
+
+    items: list[OutcomeIn]
+    known: dict[str, str]
+    received_s: float
+
+
+class _WalKeeper:
+    """Keeps the log's WAL off the request path, in a daemon thread started by the first
+    ``dirty()``: at most every ``interval_s`` after a commit, ``fsync``s the WAL when outcomes
+    wait for it (``fsync_interval_s > 0``: the module's Durability; ``fsync`` True) and
+    checkpoints it (``PRAGMA wal_checkpoint(PASSIVE)`` on its own connection) when it holds
+    ``CHECKPOINT_BYTES`` or more. The log's connection never checkpoints (``wal_autocheckpoint=0``):
+    SQLite's automatic checkpoint runs inside whichever commit crosses 1,000 pages and costs it two
+    more ``fsync``s and the copy, which all the outcomes of that group commit would wait for.
+    ``error``: why the last ``fsync`` failed (None after one that succeeded). ``close()`` does
+    what is due and stops."""
+
+    def __init__(self, db_path: Path, fsync_interval_s: float, checkpoint_interval_s: float = 1.0) -> None:
+        self.db_path, self.wal_path = db_path, db_path.with_name(db_path.name + "-wal")
+        self.fsync = fsync_interval_s > 0
+        self.interval_s = float(fsync_interval_s) if self.fsync else float(checkpoint_interval_s)
+        self._cond = threading.Condition()
+        self._dirty = self._unsynced = self._closing = False
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None
+        #: fsyncs and checkpoints done (an fsync covers every commit before it).
+        self.syncs = self.checkpoints = 0
+
+    def dirty(self, unsynced: bool) -> None:
+        """A commit is in the WAL; ``unsynced``: acknowledged outcomes wait for its ``fsync``."""
+        with self._cond:
+            self._dirty = True
+            self._unsynced = self._unsynced or (unsynced and self.fsync)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="pointsman-outcome-log-wal", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Do what is due and stop the thread (idempotent)."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._dirty or self._closing)
+                if not self._dirty:
+                    return
+                unsynced, self._dirty, self._unsynced = self._unsynced, False, False
+            if unsynced:
+                self._sync()
+            self._checkpoint()
+            with self._cond:  # the next round no sooner than interval_s after this one (unless closing)
+                self._cond.wait_for(lambda: self._closing, timeout=self.interval_s)
+
+    def _sync(self) -> None:
+        try:
+            fd = os.open(self.wal_path, os.O_RDONLY)
+        except FileNotFoundError:  # no WAL (checkpointed and removed at close): nothing to sync
+            return
+        except OSError as exc:
+            self._failed(exc)
+            return
+        try:
+            os.fsync(fd)  # flushes the file's dirty pages, whoever wrote them
+        except OSError as exc:
+            self._failed(exc)
+        else:
+            self.error = None
+            self.syncs += 1
+        finally:
+            os.close(fd)
+
+    def _failed(self, exc: OSError) -> None:
+        self.error = f"{self.wal_path}: fsync failed ({exc})"
+        log.error("outcome log: %s; acknowledged outcomes may not be on disk yet", self.error)
+        with self._cond:
+            self._dirty = self._unsynced = True  # try again after the interval
+
+    def _checkpoint(self) -> None:
+        try:
+            if os.path.getsize(self.wal_path) < CHECKPOINT_BYTES:
+                return
+            with closing(sqlite3.connect(self.db_path, timeout=1.0, isolation_level=None)) as conn:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            self.checkpoints += 1
+        except (OSError, sqlite3.Error) as exc:  # the WAL grows until the next one succeeds
+            log.warning("outcome log: checkpoint of %s failed (%s); retrying after the next commit", self.db_path, exc)
+
+
 class OutcomeLog:
     """The decision and outcome log in one SQLite file (see the module docstring).
 
-    ``OutcomeLog(path=None, *, store_prompts=False, timeout_s=10.0)``: ``path`` defaults to
-    ``default_log_path()`` (parent folders are created). ``store_prompts``: keep the prompt
-    text of decisions (operator opt-in). ``timeout_s``: how long a writer waits for another
-    process's write lock before ``DataError``.
+    ``OutcomeLog(path=None, *, store_prompts=False, timeout_s=10.0, fsync_interval_s=0.0)``:
+    ``path`` defaults to ``default_log_path()`` (parent folders are created). ``store_prompts``:
+    keep the prompt text of decisions (operator opt-in). ``timeout_s``: how long a writer waits
+    for another process's write lock before ``DataError``. ``fsync_interval_s``: 0 (default)
+    acknowledges outcomes after their ``fsync``; > 0, once in the WAL, ``fsync``ed in the
+    background at most that many seconds later (the module's Durability).
     ``log_id``: this log file's id (hex, made when the file is created): the *inbox* other
     replicas forward its decisions' outcomes to (``policy.signals.shared_state``).
 
-    Thread-safe: one connection per log object, writes serialized by a lock; readers use
+    Thread-safe: one connection per log object, writes serialized by a lock (outcome writes of
+    concurrent callers share one transaction: ``append_outcomes``); readers use
     their own short-lived connection. Never share an ``OutcomeLog`` across ``fork``; open one
     per process. Use as a context manager or call ``close()``.
     """
 
-    def __init__(self, path: str | Path | None = None, *, store_prompts: bool = False, timeout_s: float = 10.0) -> None:
+    def __init__(self, path: str | Path | None = None, *, store_prompts: bool = False, timeout_s: float = 10.0,
+                 fsync_interval_s: float = 0.0) -> None:
         self.path = Path(path) if path is not None else default_log_path()
         self.store_prompts = bool(store_prompts)
         self.timeout_s = float(timeout_s)
+        if not fsync_interval_s >= 0:
+            raise ValueError(f"fsync_interval_s must be >= 0, got {fsync_interval_s!r}")
+        self._keeper = _WalKeeper(self.path, fsync_interval_s)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise DataError(f"{self.path}: cannot open the outcome log ({exc})") from None
         self._lock = threading.Lock()
+        self._group: GroupCommit[_OutcomeCall, list[OutcomeAck]] = GroupCommit(self._store_outcomes)
         self._conn: sqlite3.Connection | None = None  # None once closed
         #: Why the last write failed (None after a write that succeeded): ``/readyz`` reports it.
         self.write_error: str | None = None
@@ -225,6 +350,7 @@ class OutcomeLog:
         conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run in the background (_WalKeeper)
         conn.execute("PRAGMA foreign_keys=OFF")  # outcomes may arrive before their decision (orphans)
         return conn
 
@@ -235,7 +361,8 @@ class OutcomeLog:
         self.close()
 
     def close(self) -> None:
-        """Close the connection (idempotent)."""
+        """Sync what the background ``fsync`` has not yet, close the connection (idempotent)."""
+        self._keeper.close()
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
@@ -278,55 +405,69 @@ class OutcomeLog:
                         received_s: float | None = None,
                         known: Mapping[str, str] | None = None) -> list[OutcomeAck]:
         """Store outcomes (validated ``OutcomeIn`` or dicts, which are validated with
-        ``parse_outcomes`` rules) in one durable transaction; returns one ``OutcomeAck`` per item, in
-        order. Items with status ``stored``/``duplicate`` are on disk when this returns.
+        ``parse_outcomes`` rules) durably; returns one ``OutcomeAck`` per item, in order. Items with
+        status ``stored``/``duplicate`` are on disk (fsynced) when this returns.
+
+        Group commit: calls from several threads at once share one transaction and one ``fsync``
+        (``_GroupCommit``): a call waits for the commit in progress, if any, and then commits
+        everything queued meanwhile, its own items included.
 
         ``served_target`` defaults to the decision's target. ``known``: decision id -> target of
         decisions the caller vouches for; their outcomes are stored even when the decision is not
         (yet) in the log. Raises ``RequestError`` for an invalid dict (nothing stored) and
-        ``DataError`` when the store is unavailable (nothing acknowledged).
+        ``DataError`` when the store is unavailable (nothing of the shared transaction acknowledged).
         """
-        known = known or {}
         items = [o for o in outcomes if isinstance(o, OutcomeIn)]
         if len(items) < len(outcomes):
             items = parse_outcomes([o.model_dump() if isinstance(o, OutcomeIn) else o for o in outcomes])
         now = time.time() if received_s is None else float(received_s)
-        acks: list[OutcomeAck] = []
-        with self._write(durable=True) as conn:
+        return self._group.run(_OutcomeCall(items, dict(known or {}), now))
+
+    def _store_outcomes(self, calls: Sequence[_OutcomeCall]) -> list[list[OutcomeAck]]:
+        """``append_outcomes`` for several calls in one durable transaction (the group commit's
+        committer): each call's acks, in order. Raises ``DataError`` (nothing committed)."""
+        results: list[list[OutcomeAck]] = []
+        with self._write(durable=not self._keeper.fsync) as conn:
             seen: dict[str, str] = {}
-            for o in items:
-                key, digest = o.key, _payload_hash(o)
-                prior = seen.get(key)
-                if prior is None:
-                    row = conn.execute("SELECT payload_sha256 FROM outcomes WHERE outcome_id = ?", (key,)).fetchone()
-                    prior = row[0] if row else None
-                if prior is not None:
-                    if prior == digest:
-                        acks.append(OutcomeAck(key, o.decision_id, "duplicate"))
-                    else:
-                        acks.append(OutcomeAck(key, o.decision_id, "conflict",
-                                               f"outcome {key} is already stored with different content"))
-                    continue
-                dec = conn.execute("SELECT target FROM decisions WHERE decision_id = ?", (o.decision_id,)).fetchone()
-                if dec is None and o.decision_id in known:
-                    dec = (known[o.decision_id],)
-                if dec is None:
-                    acks.append(OutcomeAck(key, o.decision_id, "unknown_decision",
-                                           f"no decision {o.decision_id} in the outcome log"))
-                    continue
-                u = o.usage or Usage()
-                q = o.quality or QualitySignals()
-                conn.execute(
-                    f"INSERT INTO outcomes({', '.join(_OUTCOME_COLUMNS)}) VALUES ({', '.join('?' * len(_OUTCOME_COLUMNS))})",
-                    (key, o.decision_id, now, o.time_s, o.served_target or dec[0], o.served_model, int(o.shadow),
-                     o.status, o.error, u.prompt_tokens, u.cached_tokens, u.completion_tokens, o.ttft_ms, o.tpot_ms,
-                     o.e2e_latency_ms, q.judge_score, q.judge_reference_score, q.judge, q.user_rating,
-                     None if q.regenerated is None else int(q.regenerated),
-                     None if q.escalated is None else int(q.escalated), digest),
-                )
-                seen[key] = digest
-                acks.append(OutcomeAck(key, o.decision_id, "stored"))
-        return acks
+            for call in calls:
+                acks: list[OutcomeAck] = []
+                for o in call.items:
+                    acks.append(self._insert_outcome(conn, o, call.known, call.received_s, seen))
+                results.append(acks)
+        self._keeper.dirty(unsynced=True)
+        return results
+
+    @staticmethod
+    def _insert_outcome(conn: sqlite3.Connection, o: OutcomeIn, known: Mapping[str, str], now: float,
+                        seen: dict[str, str]) -> OutcomeAck:
+        """Insert one outcome inside the open transaction; ``seen``: key -> payload hash of the
+        outcomes inserted in it so far."""
+        key, digest = o.key, _payload_hash(o)
+        prior = seen.get(key)
+        if prior is None:
+            row = conn.execute("SELECT payload_sha256 FROM outcomes WHERE outcome_id = ?", (key,)).fetchone()
+            prior = row[0] if row else None
+        if prior is not None:
+            if prior == digest:
+                return OutcomeAck(key, o.decision_id, "duplicate")
+            return OutcomeAck(key, o.decision_id, "conflict", f"outcome {key} is already stored with different content")
+        dec = conn.execute("SELECT target FROM decisions WHERE decision_id = ?", (o.decision_id,)).fetchone()
+        if dec is None and o.decision_id in known:
+            dec = (known[o.decision_id],)
+        if dec is None:
+            return OutcomeAck(key, o.decision_id, "unknown_decision", f"no decision {o.decision_id} in the outcome log")
+        u = o.usage or Usage()
+        q = o.quality or QualitySignals()
+        conn.execute(
+            f"INSERT INTO outcomes({', '.join(_OUTCOME_COLUMNS)}) VALUES ({', '.join('?' * len(_OUTCOME_COLUMNS))})",
+            (key, o.decision_id, now, o.time_s, o.served_target or dec[0], o.served_model, int(o.shadow),
+             o.status, o.error, u.prompt_tokens, u.cached_tokens, u.completion_tokens, o.ttft_ms, o.tpot_ms,
+             o.e2e_latency_ms, q.judge_score, q.judge_reference_score, q.judge, q.user_rating,
+             None if q.regenerated is None else int(q.regenerated),
+             None if q.escalated is None else int(q.escalated), digest),
+        )
+        seen[key] = digest
+        return OutcomeAck(key, o.decision_id, "stored")
 
     def append_verification(self, decision_id: str, *, time_s: float, action: str, rule: str, p_bad: float,
                             verifier: str, features: Mapping[str, object], escalation_id: str | None = None,
@@ -393,11 +534,15 @@ class OutcomeLog:
                 self.write_error = str(exc)
                 raise
             self.write_error = None
+        self._keeper.dirty(unsynced=False)  # the WAL grew: checkpointed in the background
 
     def writable(self, probe_bytes: int = 65536) -> str | None:
         """None when the log takes writes; else why not. While the last write failed, a probe
         (``probe_bytes`` written and deleted in one durable transaction: roughly a batch of
-        decisions) decides, so a disk that has room again is noticed without traffic."""
+        decisions) decides, so a disk that has room again is noticed without traffic. With a
+        background ``fsync`` (``fsync_interval_s``), its last failure also makes the log not writable."""
+        if self._keeper.error is not None:
+            return self._keeper.error
         if self.write_error is None:
             return None
         try:

@@ -25,7 +25,8 @@ Steps of ``route(request)`` (DESIGN.md, "The flow of one decision"):
 
 ``verify(decision, draft)`` is the cascade's second decision (``POST /v1/verify``): the
 policy's ``verify`` rules on the decision's request and the draft, then steps 5-7 for an
-escalation, held under ``<decision_id>/escalation`` (``policy/escalation.py``).
+escalation, held under ``<decision_id>/escalation`` (``policy/escalation.py``; signed with its claims
+when the state signs ids: ``signals/signed_ids.py``).
 
 The engine is immutable: to change policy or estimator, build a new engine
 (``with_policy``, ``with_estimator``; they share the ``FleetState``) and swap the
@@ -478,10 +479,12 @@ class RoutingEngine:
             if placed is None:
                 refusals[target] = f"no healthy endpoint for {mode}"
                 continue
+            held = eid
             if dispatch:
                 try:
-                    self.state.dispatch(Dispatch(placed.record(eid, view, features.prompt_tokens, live.now_mono),
-                                                 hashes, gateway_ids, view.routing.session_id or ""), now=live.now)
+                    held = self.state.dispatch(Dispatch(placed.record(eid, view, features.prompt_tokens, live.now_mono),
+                                                        hashes, gateway_ids, view.routing.session_id or ""),
+                                               now=live.now).decision_id  # signed (the state's signer)
                 except BudgetExceeded as exc:
                     refusals[target] = str(exc)
                     continue
@@ -491,7 +494,7 @@ class RoutingEngine:
                 if fb is not None:
                     fallbacks.append(Fallback(t, self.fleet.targets[t].model, base_url(fb.endpoints), fb.mode))
             return Escalation(decision.decision_id, "escalate", rule_name(verdict), labels, verdict.results,
-                              escalation_id=eid, target=target, model=self.fleet.targets[target].model,
+                              escalation_id=held, target=target, model=self.fleet.targets[target].model,
                               base_url=base_url(placed.endpoints), mode=placed.mode, endpoints=placed.endpoints,
                               fallbacks=tuple(fallbacks), estimated_cost_usd=placed.cost.usd, refusals=refusals)
         return Escalation(decision.decision_id, "accept", "no-eligible-escalation", {}, verdict.results,

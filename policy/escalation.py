@@ -108,8 +108,9 @@ class Escalation:
     """What ``RoutingEngine.verify`` answers for one draft.
 
     ``action``: ``accept`` or ``escalate``; ``rule``: the deciding verify rule (see
-    ``rule_name``); ``escalation_id``: ``<decision_id>/escalation``, the id the frontier call's
-    budget hold and in-flight load are held under (None for accept); ``target``, ``model``,
+    ``rule_name``); ``escalation_id``: ``<decision_id>/escalation`` (signed:
+    ``<decision_id>/escalation.<claims>.<mac>``), the id the frontier call's budget hold and
+    in-flight load are held under and its outcome may be reported under (None for accept); ``target``, ``model``,
     ``base_url``, ``mode``, ``endpoints``, ``fallbacks``, ``estimated_cost_usd``: where the
     escalated request goes (as a ``Decision``'s; None/empty for accept); ``results``: every
     verify rule evaluated; ``refusals``: escalation targets that refused the budget hold or
@@ -140,5 +141,7 @@ class Escalation:
 
 
 def escalation_id(decision_id: str) -> str:
-    """The id an escalation of ``decision_id`` is accounted under: ``<decision_id>/escalation``."""
+    """The id an escalation of ``decision_id`` is accounted under: ``<decision_id>/escalation``
+    (``FleetState.dispatch`` appends its signed claims when the decision id is signed:
+    ``signals/signed_ids.py``)."""
     return f"{decision_id}/escalation"

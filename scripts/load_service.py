@@ -38,7 +38,12 @@ signing key) with ``POINTSMAN_STATE_URL`` and ``POINTSMAN_BUDGET_LEDGER`` on tha
 at RATE per second (open loop), each ``POST /v1/route`` to the first process and, once answered,
 its ``POST /v1/outcomes`` (usage included) to the *second* one, which did not log the decision.
 Printed per rate: pairs/s, route p50/p99, outcome p50/p99 (ms, from sending the outcome),
-``lost`` (answered decisions whose outcome was not acknowledged) and the errors.
+the server's own outcome p50/p99 (``srv p50<=``/``srv p99<=``: the upper bound of the
+``pointsman_outcome_latency_seconds`` bucket holding it, counted over the row from the second
+process's ``/metrics``: request to acknowledgement inside the server, without the client's
+and the network's share), ``lost`` (answered decisions whose outcome was not acknowledged)
+and the errors. The server-side column matters when this machine cannot generate the rate
+(``done/s`` below ``pairs/s``: the client and the route path saturate the cores).
 
 Found with ``--pairs 50 100 200`` (two runs; 2 cores shared with other jobs, load average
 ~10): before issue 22's fix an outcome on the process that had not logged its decision waited
@@ -47,6 +52,16 @@ outcomes lost per row (final 404). With signed ids and orphan outcomes: p50 4.5-
 pairs/s (12-21 ms once the route path saturates at ~100 pairs/s on that machine), p99
 107-594 ms, 0 lost. What is left of the p99 is the outcome's ``fsync`` (acknowledged only once on
 disk) and CPU queueing on that shared machine.
+
+Then (stage timers in the outcome path, 2 serve processes + Redis): at 200 pairs/s the slowest 2%
+of outcomes spent 123 ms waiting for the outcome log's lock behind other outcomes' ``fsync``s.
+With group commit (``pointsman/group_commit.py``) and the WAL checkpointed in the background, an
+outcome waits for the ``fsync`` in flight and its own batch's: at 50 pairs/s on a quieter moment
+(load average ~5) outcome p99 16.6 ms (server <= 15 ms), and 8.2 ms (<= 7.5 ms) with
+``POINTSMAN_OUTCOME_FSYNC_MS=100``; at 200 pairs/s the machine generated 159/s, outcome p99 49 ms.
+A lone 4 KiB ``fsync`` on that disk has p99 94 ms, the floor of any acknowledgement that waits for
+one; at load average 7-12 every variant's server-side p99 sat in the 100-250 ms buckets (the
+threadpool hop and the loop's wake-up: CPU queueing, ``docs/service.md`` Durability).
 
 Found with this script (``--uvicorn '--loop asyncio --http h11'`` vs ``'--loop uvloop'``): with
 asyncio's event loop, ``--workers 2`` made every response ~45 ms slower (p50 48 ms at
@@ -319,6 +334,33 @@ def start_redis() -> tuple[subprocess.Popen, str]:
     raise SystemExit("redis-server did not start")
 
 
+def outcome_buckets(url: str) -> dict[float, float]:
+    """The cumulative ``pointsman_outcome_latency_seconds`` histogram of the server at ``url``:
+    upper bound (s) -> count."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("pointsman_outcome_latency_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
+    """The upper bound (ms) of the histogram bucket holding quantile ``q`` (0-1) of the observations
+    made between two ``outcome_buckets`` readings; None when there were none."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    for bound, count in zip(bounds, counts):
+        if count >= q * counts[-1]:
+            return bound * 1000.0
+    return None
+
+
 def pairs_main(args: argparse.Namespace, prompts_file: str, tmp: str) -> None:
     """``--pairs``: the two processes on one data folder and Redis, one row per rate."""
     redis_proc, url = start_redis()
@@ -331,20 +373,25 @@ def pairs_main(args: argparse.Namespace, prompts_file: str, tmp: str) -> None:
         for port in ports:  # one after the other: the first creates the log and the signing key
             procs.append(start_server(1, port, data_dir, args.server_cpus, env, args.uvicorn))
         print(f"{'pairs/s':>8} {'done/s':>8} {'route p50':>10} {'route p99':>10} {'outcome p50':>12} "
-              f"{'outcome p99':>12} {'lost':>5}  errors")
+              f"{'outcome p99':>12} {'srv p50<=':>10} {'srv p99<=':>10} {'lost':>5}  errors")
         for rate in args.pairs:
+            before = outcome_buckets(f"http://127.0.0.1:{ports[1]}")
             cmd = [sys.executable, __file__, "--drive", f"http://127.0.0.1:{ports[0]}", "--drive-b",
                    f"http://127.0.0.1:{ports[1]}", "--prompts", prompts_file, "--rate", str(rate),
                    "--duration", str(args.duration), "--warmup", str(args.warmup)]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True)
             r = json.loads(out.stdout.strip().splitlines()[-1])
+            after = outcome_buckets(f"http://127.0.0.1:{ports[1]}")
+            r["server_outcome_p50_le_ms"] = bucket_quantile(before, after, 0.50)
+            r["server_outcome_p99_le_ms"] = bucket_quantile(before, after, 0.99)
 
             def ms(v: float | None) -> str:
                 return f"{v:.2f}" if v is not None else "-"
 
             print(f"{rate:>8g} {r['pairs_per_s']:>8.0f} {ms(r['route_p50_ms']):>10} {ms(r['route_p99_ms']):>10} "
-                  f"{ms(r['outcome_p50_ms']):>12} {ms(r['outcome_p99_ms']):>12} {r['lost']:>5}  {r['errors'] or ''}",
-                  flush=True)
+                  f"{ms(r['outcome_p50_ms']):>12} {ms(r['outcome_p99_ms']):>12} "
+                  f"{ms(r['server_outcome_p50_le_ms']):>10} {ms(r['server_outcome_p99_le_ms']):>10} "
+                  f"{r['lost']:>5}  {r['errors'] or ''}", flush=True)
             if args.json:
                 print(json.dumps({"rate": rate, **r}))
     finally:

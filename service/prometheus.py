@@ -7,6 +7,8 @@ Counted as things happen (``ServiceMetrics``):
 ``pointsman_decision_errors_total{code}``        ``/v1/route`` answers that were errors, by error code
 ``pointsman_decision_latency_seconds``           histogram: body read to answer (``/v1/route`` and ext_proc)
 ``pointsman_estimator_latency_seconds``          histogram: the estimator's share of each decision
+``pointsman_outcome_latency_seconds``            histogram: ``POST /v1/outcomes``, request to acknowledgement
+                                                 (stored durably and settled)
 ``pointsman_estimator_unavailable_total{reason}``  decisions without a difficulty estimate (``timeout``, ``error``)
 ``pointsman_p_hard``                             histogram of ``p_hard`` (decisions with an estimate)
 ``pointsman_budget_reserved_usd_total{target}``  estimated cost reserved by decisions, USD
@@ -89,8 +91,8 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("pointsman.service.prometheus")
 
 #: Decision latency buckets, seconds (0.25 ms to 1 s).
-LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
-                   0.1, 0.25, 0.5, 1.0)
+LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.05,
+                   0.075, 0.1, 0.25, 0.5, 1.0)
 P_HARD_BUCKETS = tuple(round(0.05 * i, 2) for i in range(1, 21))
 #: Results of ``pointsman_ext_proc_requests_total`` (``service/ext_proc.py``).
 EXT_PROC_RESULTS = ("routed", "passthrough", "bad_request", "too_large", "shed", "unavailable", "unsupported",
@@ -113,6 +115,9 @@ class ServiceMetrics:
         self.estimator_latency = Histogram("pointsman_estimator_latency_seconds",
                                            "Difficulty estimator time per decision.", buckets=LATENCY_BUCKETS,
                                            registry=r)
+        self.outcome_latency = Histogram("pointsman_outcome_latency_seconds",
+                                         "POST /v1/outcomes latency in the service, request to acknowledgement.",
+                                         buckets=LATENCY_BUCKETS, registry=r)
         self.estimator_unavailable = Counter("pointsman_estimator_unavailable",
                                              "Decisions made without a difficulty estimate, by reason.", ["reason"],
                                              registry=r)

@@ -23,7 +23,11 @@ decision id, usage, TTFT/TPOT/end-to-end latency, status, quality signals). In o
    outcome settles at most once. Shadow outcomes (evaluation traffic) never touch budgets.
    An outcome of an escalated decision (``POST /v1/verify`` said escalate; its draft was
    settled then) settles the escalation, ``<decision_id>/escalation``, on the escalation's
-   target: the gateway reports one outcome per decision, stored once. A report of the draft itself
+   target: the gateway reports one outcome per decision, stored once. Reported under the decision
+   id, the escalation is found where the verify ran (this process's memory, else the outcome
+   log); reported under the signed ``escalation_id`` the verify answered, any replica settles it
+   from the id and stores it as the decision's outcome (``_of_escalation``); a forged or altered
+   escalation id is ``unknown_decision`` (404). A report of the draft itself
    (``served_target`` the draft's target, e.g. the stream an early verification cancelled) is
    refused as ``invalid``: the verify booked the draft's tokens already.
 
@@ -54,6 +58,7 @@ import difflib
 import json
 import logging
 import sqlite3
+import time
 from collections.abc import Mapping
 from typing import Required, TypedDict
 
@@ -114,9 +119,11 @@ def _known_decision(rt: Runtime, decision_id: str) -> tuple[str, float | None] |
     return None if logged is None else (logged.target, logged.estimated_cost_usd)
 
 
-def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry) -> None:
+def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str, str] | None = None) -> None:
     """Settle (or release) one acknowledged outcome's decision, adding what it did to ``entry``
-    (``settlement``, ``released`` or ``settle_error``). Raises ``LedgerUnavailable``."""
+    (``settlement``, ``released`` or ``settle_error``); ``escalation``: (escalation id, target) when
+    the outcome was reported under a signed escalation id (else looked up: ``_escalation_of``).
+    Raises ``LedgerUnavailable``."""
     if item.shadow:
         return
     state = rt.live.engine.state
@@ -128,10 +135,10 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry) -> None:
     books_estimate = reported is None and item.status == "ok"  # an ok answer without usage books the estimate
     target, estimate = item.served_target, None
     settle_id = item.decision_id
-    escalation = _escalation_of(rt, item.decision_id)
+    escalation = escalation or _escalation_of(rt, item.decision_id)
     if escalation is not None:
         settle_id, target = escalation[0], item.served_target or escalation[1]
-        record = state.record(settle_id)
+        record = state.known(settle_id)  # this replica's hold, else the signed id's claims
         estimate = record.estimated_cost_usd if record is not None else None
     elif not target or books_estimate:
         known = _known_decision(rt, item.decision_id)
@@ -173,6 +180,17 @@ def _escalation_of(rt: Runtime, decision_id: str) -> tuple[str, str] | None:
     if logged is None or not logged.get("escalation_id") or not logged.get("escalation_target"):
         return None
     return str(logged["escalation_id"]), str(logged["escalation_target"])
+
+
+def _of_escalation(rt: Runtime, item: OutcomeIn) -> tuple[OutcomeIn, tuple[str, str] | None]:
+    """An outcome reported under a signed escalation id (``POST /v1/verify``'s ``escalation_id``) is
+    its decision's one outcome: the item under the decision's id (its key too, unless it has an
+    ``outcome_id``: reported under either id it is stored once) with (escalation id, target) to
+    settle; any other item as it is, with None. Any replica with the key reads it from the id."""
+    claims = rt.live.engine.state.claims(item.decision_id)
+    if claims is None or not claims.escalates:
+        return item, None
+    return item.model_copy(update={"decision_id": claims.escalates}), (item.decision_id, claims.target)
 
 
 def _served_target(rt: Runtime, item: OutcomeIn) -> str | None:
@@ -247,10 +265,15 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
     acks: list[OutcomeAck | None] = [None] * len(items)
     known: dict[str, str] = {}  # decision id -> target, for decisions vouched for (stored even if not logged here)
     here: list[tuple[int, OutcomeIn]] = []
+    escalations: dict[int, tuple[str, str]] = {}  # item -> (escalation id, target): reported under a signed one
+    items = list(items)
     try:
         for i, item in enumerate(items):
             if not isinstance(item, OutcomeIn) or problems[i] is not None:
                 continue
+            item, escalation = _of_escalation(rt, item)
+            if escalation is not None:
+                items[i], escalations[i] = item, escalation
             problems[i] = usage_problem(rt, item, f"[{i}]" if indexed else "")
             if problems[i] is not None:
                 continue
@@ -276,7 +299,7 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
         raise unavailable(f"outcome log unavailable, nothing acknowledged: {exc}", "outcome_log_unavailable") from None
     out: list[AckEntry] = []
     ledger_down = None
-    for item, ack, problem in zip(items, acks, problems):
+    for i, (item, ack, problem) in enumerate(zip(items, acks, problems)):
         if problem is not None:
             entry = _invalid_ack(item, problem)
         else:
@@ -285,7 +308,7 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
                      "message": ack.message}
             if settle and (ack.ok or ack.status == "forwarded"):
                 try:
-                    _settle(rt, item, entry)
+                    _settle(rt, item, entry, escalations.get(i))
                 except LedgerUnavailable as exc:
                     ledger_down = exc
         rt.metrics.outcomes.labels(entry["status"]).inc()
@@ -334,6 +357,7 @@ async def outcomes(request: Request, principal: Principal = Depends(require("gat
                    rt: Runtime = Depends(get_runtime)) -> JSONResponse:
     """Store outcomes durably, then settle budgets and release load (see the module). The answer
     comes only after the outcomes are on disk."""
+    started = time.perf_counter()
     body, items = await read_parsed(request, rt.settings, "an outcome object or a list of them",
                                     parse_outcome_items)
     batch = isinstance(body, list)
@@ -347,7 +371,9 @@ async def outcomes(request: Request, principal: Principal = Depends(require("gat
     for a in acks:
         counts[a.status] = counts.get(a.status, 0) + 1
     status = 200 if batch else _STATUS[acks[0].status]
-    return JSONResponse({"acks": [a.model_dump() for a in acks], "counts": counts}, status_code=status)
+    response = JSONResponse({"acks": [a.model_dump() for a in acks], "counts": counts}, status_code=status)
+    rt.metrics.outcome_latency.observe(time.perf_counter() - started)
+    return response
 
 
 def parse_telemetry(body: object, rt: Runtime) -> list[tuple[str, TelemetryIn]]:

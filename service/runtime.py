@@ -182,7 +182,8 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
             log.warning("difficulty estimator unavailable (%s); deciding with difficulty.available == false",
                         estimator_error)
     metrics = ServiceMetrics()
-    outcome_log = OutcomeLog(settings.outcome_log_path(), store_prompts=settings.store_prompts)
+    outcome_log = OutcomeLog(settings.outcome_log_path(), store_prompts=settings.store_prompts,
+                             fsync_interval_s=settings.outcome_fsync_ms / 1000.0)
     state = engine.state
     if state.signer is None:  # an injected engine: the service always answers signed ids
         state.signer = decision_signer(settings, state.sync)

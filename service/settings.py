@@ -63,6 +63,10 @@ Service only (``pointsman serve``):
   background writer commits it (batched); default 50 ms. ``POINTSMAN_DECISION_LOG_QUEUE``:
   decisions held in memory at most (beyond it new ones are dropped, counted and logged);
   default 100,000.
+- ``POINTSMAN_OUTCOME_FSYNC_MS``: 0 (default): an outcome is acknowledged after its ``fsync``
+  (concurrent outcomes share one); > 0: once written to the outcome log's WAL (it survives the
+  process being killed), ``fsync``ed in the background at most this long after (an OS crash or
+  power loss may lose that last interval's acknowledged outcomes). ``outcome_log/store.py``.
 - ``POINTSMAN_WATCH_POLICY``: reload the policy when its file changes; default ``true``.
 - ``POINTSMAN_MODEL_POLL_INTERVAL_S``: how often the service asks the MLflow registry
   where the followed alias points (only when ``POINTSMAN_MODEL`` is ``champion`` or
@@ -147,6 +151,7 @@ class Settings(BaseSettings):
     verify_ttl_s: float = Field(default=600.0, gt=0)
     verify_max_pending: int = Field(default=100_000, ge=1)
     decision_log_flush_ms: float = Field(default=50.0, ge=0)
+    outcome_fsync_ms: float = Field(default=0.0, ge=0)
     decision_log_queue: int = Field(default=100_000, ge=1)
     watch_policy: bool = True
     model_poll_interval_s: float = Field(default=30.0, ge=0)

@@ -68,7 +68,7 @@ from pointsman.policy.signals.load_board import EndpointLoad, LoadBoard, Stalene
 from pointsman.policy.signals.prefix_index import BLOCK_TOKENS, MOONCAKE_BLOCK_TOKENS, PrefixIndex, SharedKVTier
 from pointsman.policy.signals.scrape import ScrapeStatus, metrics_url
 from pointsman.policy.signals.shared_state import Change, LocalSync, SharedRecord, SharedView, StateSync
-from pointsman.policy.signals.signed_ids import Claims, DecisionSigner
+from pointsman.policy.signals.signed_ids import ESCALATION_SUFFIX, Claims, DecisionSigner
 
 log = logging.getLogger("pointsman.state")
 
@@ -403,8 +403,9 @@ class FleetState:
         record's monotonic ``at``), record its prefix there and its session. ``now``: Unix
         seconds for the ledger. Returns the ``DispatchRecord`` that ``settle`` will use, with
         ``reserved`` saying whether the ledger holds the estimate, and its id signed with its
-        claims when the state has a ``signer`` (an id holding a ``.`` already, such as an
-        escalation's, stays as it is): the caller answers that id."""
+        claims when the state has a ``signer`` (an escalation's, ``<signed id>/escalation``, with its
+        own claims: ``signed_ids``; another id holding a ``.`` stays as it is): the caller answers
+        that id."""
         now = self.clock() if now is None else now
         record = dispatch.record
         if self.signer is not None and "." not in record.decision_id:
@@ -412,6 +413,12 @@ class FleetState:
                 record.decision_id, target=record.target, mode=record.mode, scopes=record.scopes,
                 estimated_cost_usd=record.estimated_cost_usd, prefill_utilization=record.prefill_utilization,
                 decode_utilization=record.decode_utilization, inbox=self.sync.inbox))
+        elif self.signer is not None and record.decision_id.endswith(ESCALATION_SUFFIX) \
+                and self.signer.verify(record.decision_id.removesuffix(ESCALATION_SUFFIX)) is not None:
+            record = replace(record, decision_id=self.signer.sign_escalation(
+                record.decision_id.removesuffix(ESCALATION_SUFFIX), target=record.target, mode=record.mode,
+                estimated_cost_usd=record.estimated_cost_usd, prefill_utilization=record.prefill_utilization,
+                decode_utilization=record.decode_utilization, issued_s=now))
         decision_id, scopes, at = record.decision_id, record.scopes, record.at
         reserved = False
         if self.ledger is not None:

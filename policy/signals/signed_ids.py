@@ -11,6 +11,12 @@ A dispatched decision's id reads ``<base>.<claims>.<mac>``:
   holds the same key (``service/decision_key.py`` says where it comes from), so a forged or
   altered id does not verify and is ``unknown_decision``.
 
+An escalation's id (``POST /v1/verify`` escalated the decision: ``policy/escalation.py``) is
+signed too, so any replica settles the escalated call's outcome: ``<decision id>/escalation.<claims>.<mac>``,
+the claims the escalation's own (``t``, ``m``, ``e``, ``pu``, ``du`` and ``ts``, the Unix time of
+its hold in ms), the MAC over everything before it; its scopes and inbox are those of the
+decision id it carries, which must verify too. ``Claims.escalates`` names that decision.
+
 The claims are readable by whoever sees the id (gateways, engines' logs): scopes name tenants,
 teams and API key ids (never a secret). Typical length 150-250 characters; at most
 ``MAX_ID_CHARS`` (1,024; ids are checked to that length everywhere).
@@ -34,7 +40,8 @@ MAC_BYTES = 12
 class Claims:
     """What a signed id says about its decision: ``target``, ``mode``, budget ``scopes``,
     ``estimated_cost_usd``, the utilizations its estimate used, ``issued_s`` (Unix seconds, from the
-    id's timestamp: the budget windows a settlement books into) and ``inbox`` ('' for none)."""
+    id's timestamp: the budget windows a settlement books into), ``inbox`` ('' for none) and, for an
+    escalation's id, ``escalates``: the decision id it escalates."""
 
     target: str
     mode: str
@@ -44,6 +51,11 @@ class Claims:
     decode_utilization: float
     issued_s: float
     inbox: str
+    escalates: str = ""  # an escalation's claims: the decision id it escalates ('' for a decision)
+
+
+#: What an escalation id's part before its claims ends with (``policy.escalation.escalation_id``).
+ESCALATION_SUFFIX = "/escalation"
 
 
 def _b64(data: bytes) -> str:
@@ -74,9 +86,20 @@ class DecisionSigner:
         signed = f"{base_id}.{_b64(json.dumps(payload, separators=(',', ':')).encode())}"
         return f"{signed}.{self._mac(signed)}"
 
+    def sign_escalation(self, decision_id: str, *, target: str, mode: str, estimated_cost_usd: float,
+                        prefill_utilization: float, decode_utilization: float, issued_s: float) -> str:
+        """The signed id of the escalation of ``decision_id`` (itself a signed id) with these claims
+        (``issued_s``: Unix seconds of its hold)."""
+        payload = {"t": target, "m": mode, "e": estimated_cost_usd, "pu": prefill_utilization,
+                   "du": decode_utilization, "ts": int(issued_s * 1000)}
+        signed = f"{decision_id}{ESCALATION_SUFFIX}.{_b64(json.dumps(payload, separators=(',', ':')).encode())}"
+        return f"{signed}.{self._mac(signed)}"
+
     def verify(self, decision_id: str) -> Claims | None:
-        """The claims of a genuine signed id; None for anything else (an unsigned id, a wrong
-        signature, a malformed payload). Never raises."""
+        """The claims of a genuine signed id, a decision's or an escalation's; None for anything else
+        (an unsigned id, a wrong signature, a malformed payload). Never raises."""
+        if ESCALATION_SUFFIX + "." in decision_id:
+            return self._verify_escalation(decision_id)
         parts = decision_id.split(".")
         if len(parts) != 3 or len(decision_id) > MAX_ID_CHARS or len(parts[0]) != 32:
             return None
@@ -90,5 +113,22 @@ class DecisionSigner:
         except (ValueError, KeyError, TypeError):
             return None
 
+    def _verify_escalation(self, escalation_id: str) -> Claims | None:
+        head, sep, mac = escalation_id.rpartition(".")
+        prefix, _, claims = head.rpartition(".")
+        if not sep or len(escalation_id) > MAX_ID_CHARS or not prefix.endswith(ESCALATION_SUFFIX) \
+                or not hmac.compare_digest(self._mac(head), mac):
+            return None
+        decision = self.verify(prefix.removesuffix(ESCALATION_SUFFIX))
+        if decision is None or decision.escalates:
+            return None
+        try:
+            data = json.loads(_unb64(claims))
+            return Claims(str(data["t"]), str(data["m"]), decision.scopes, float(data["e"]), float(data["pu"]),
+                          float(data["du"]), int(data["ts"]) / 1000.0, decision.inbox,
+                          prefix.removesuffix(ESCALATION_SUFFIX))
+        except (ValueError, KeyError, TypeError):
+            return None
 
-__all__ = ["MAX_ID_CHARS", "Claims", "DecisionSigner"]
+
+__all__ = ["ESCALATION_SUFFIX", "MAX_ID_CHARS", "Claims", "DecisionSigner"]

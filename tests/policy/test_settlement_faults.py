@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pointsman.policy.budget.config import BudgetConfig
-from pointsman.policy.budget.journal import SpendJournal
+from pointsman.policy.budget.journal import SettleArgs, SpendJournal
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.budget.sqlite_ledger import SqliteLedger
 from pointsman.policy.decision import new_decision_id
@@ -120,3 +120,53 @@ def test_signed_ids_round_trip_and_refuse_forgeries():
     assert signer.verify(signed[:-1] + ("A" if signed[-1] != "A" else "B")) is None  # signature altered
     assert DecisionSigner(b"t" * 32).verify(signed) is None  # another key
     assert signer.verify(base) is None and signer.verify("x.y.z") is None
+
+
+@given(cut=st.integers(0, 400), char=st.sampled_from("AZaz09-_./"))
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+def test_signed_escalation_ids_verify_only_unaltered(cut, char):
+    """An escalation id carries its own claims and its decision's (scopes, inbox); any one-character
+    change anywhere in it (the decision id it carries, its claims, its MAC) makes it not verify."""
+    signer = DecisionSigner(b"s" * 32)
+    decision = signer.sign(new_decision_id(), target="onprem-8b", mode="aggregated", scopes=SCOPES,
+                           estimated_cost_usd=0.0123, prefill_utilization=0.5, decode_utilization=0.25, inbox="log-a")
+    eid = signer.sign_escalation(decision, target="frontier-small", mode="aggregated", estimated_cost_usd=0.5,
+                                 prefill_utilization=0.0, decode_utilization=0.0, issued_s=1_700_000_000.25)
+    claims = signer.verify(eid)
+    assert claims is not None and claims.escalates == decision
+    assert (claims.target, claims.scopes, claims.inbox, claims.estimated_cost_usd, claims.issued_s) == \
+        ("frontier-small", SCOPES, "log-a", 0.5, 1_700_000_000.25)
+    plain = signer.verify(decision)
+    assert plain is not None and plain.escalates == ""
+    i = cut % len(eid)
+    altered = eid[:i] + char + eid[i + 1:]
+    if altered != eid:
+        assert signer.verify(altered) is None
+    assert DecisionSigner(b"t" * 32).verify(eid) is None
+    assert signer.verify(f"{decision}/escalation") is None  # the unsigned form
+
+
+def test_concurrent_journal_adds_keep_one_settlement_per_decision(tmp_path):
+    """Threads journaling at once (group-committed): every decision id is kept once, the first
+    ``add`` of each says new and every other says kept, and all of them read back."""
+    import threading
+
+    journal = SpendJournal(tmp_path / "journal.db")
+    args: SettleArgs = {"actual_cost_usd": 0.01, "now": NOW, "target": "onprem-8b", "prompt_tokens": 1,
+                        "cached_tokens": 0, "completion_tokens": 1, "scopes": list(SCOPES), "issued_s": NOW}
+    new: list[bool] = []
+    lock = threading.Lock()
+
+    def add(k: int) -> None:
+        for i in range(30):
+            got = journal.add(f"d{(i + k) % 30}", args)
+            with lock:
+                new.append(got)
+
+    threads = [threading.Thread(target=add, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert new.count(True) == 30 and len(new) == 120
+    assert sorted(d for d, _ in journal.pending()) == sorted(f"d{i}" for i in range(30)) and len(journal) == 30

@@ -85,6 +85,8 @@ def test_outcome_batch_answers_one_ack_per_item(client):
     assert r.json()["counts"] == {"stored": 3, "unknown_decision": 1}
     single_unknown = client.post("/v1/outcomes", json={"decision_id": "1" * 32})
     assert single_unknown.status_code == 404
+    # each answered request is timed once (the batch once, the 404 too)
+    assert "pointsman_outcome_latency_seconds_count 2.0" in client.get("/metrics").text
 
 
 def test_outcome_batch_stores_valid_items_and_acks_invalid_ones(client, tmp_path):

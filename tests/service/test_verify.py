@@ -76,20 +76,21 @@ def test_escalation_is_held_once_and_settled_by_the_one_outcome(tmp_path):
                                             "usage": {"completion_tokens": 11}})
         assert r.status_code == 200, r.text
         a = r.json()
-        assert (a["action"], a["rule"], a["target"], a["escalation_id"]) == \
-            ("escalate", "broken-draft", "frontier-small", f"{did}/escalation")
+        eid = a["escalation_id"]
+        assert (a["action"], a["rule"], a["target"]) == ("escalate", "broken-draft", "frontier-small")
+        assert eid.startswith(f"{did}/escalation.")  # signed with its own claims
         assert a["model"] and a["base_url"] and a["endpoints"] and a["estimated_cost_usd"] > 0
         assert a["draft"]["refusal"] is True and a["trace"]["rules"][-1]["rule"] == "broken-draft"
-        held = engine.state.record(f"{did}/escalation")
+        held = engine.state.record(eid)
         assert held is not None and held.target == "frontier-small"  # the frontier call's hold, in flight
         assert engine.state.record(did) is None  # the draft settled at the verify
         out = client.post("/v1/outcomes", json={"decision_id": did, "status": "ok", "served_target": "frontier-small",
                                                 "usage": {"prompt_tokens": 12, "completion_tokens": 300}})
         ack = out.json()["acks"][0]
         assert out.status_code == 200 and ack["status"] == "stored"
-        assert ack["settlement"]["decision_id"] == f"{did}/escalation"
+        assert ack["settlement"]["decision_id"] == eid
         assert ack["settlement"]["target"] == "frontier-small" and ack["settlement"]["replayed"] is False
-        assert engine.state.record(f"{did}/escalation") is None
+        assert engine.state.record(eid) is None
         dup = client.post("/v1/outcomes", json={"decision_id": did, "status": "ok", "served_target": "frontier-small",
                                                 "usage": {"prompt_tokens": 12, "completion_tokens": 300}}).json()
         assert dup["acks"][0]["status"] == "duplicate" and dup["acks"][0]["settlement"]["replayed"] is True
@@ -128,7 +129,8 @@ def test_a_cancelled_early_draft_is_paid_once_and_its_escalation_released_once(t
         assert (a["action"], a["rule"], a["draft"]["partial"], a["draft"]["tokens"]) == ("escalate", "broken-draft", True, 16)
         draft_usd = a["draft_settlement"]["actual_cost_usd"]
         assert 0 < draft_usd and a["draft_settlement"]["released_load"] == 1
-        assert engine.state.record(did) is None and engine.state.record(f"{did}/escalation") is not None
+        eid = a["escalation_id"]
+        assert engine.state.record(did) is None and engine.state.record(eid) is not None
         settled, held = spend()
         assert settled == pytest.approx(draft_usd, rel=1e-3) and held == pytest.approx(a["estimated_cost_usd"], rel=1e-3)
         longer = client.post("/v1/verify", json={**prefix, "draft": {"text": REFUSAL, "partial": True},
@@ -138,18 +140,67 @@ def test_a_cancelled_early_draft_is_paid_once_and_its_escalation_released_once(t
                         "usage": {"prompt_tokens": 12, "completion_tokens": 16}}
         r = client.post("/v1/outcomes", json=draft_report)
         assert r.status_code == 422 and "report the escalated call's outcome" in r.json()["error"]["message"]
-        assert spend() == (settled, held) and engine.state.record(f"{did}/escalation") is not None
+        assert spend() == (settled, held) and engine.state.record(eid) is not None
         final = {"decision_id": did, "status": "ok", "served_target": "frontier-small",
                  "usage": {"prompt_tokens": 12, "completion_tokens": 300}}
         ack = client.post("/v1/outcomes", json=final).json()["acks"][0]
-        assert ack["status"] == "stored" and ack["settlement"]["decision_id"] == f"{did}/escalation"
+        assert ack["status"] == "stored" and ack["settlement"]["decision_id"] == eid
         assert ack["settlement"]["hold_state"] == "held" and ack["settlement"]["released_load"] == 1
         frontier_usd = ack["settlement"]["actual_cost_usd"]
         assert spend() == (pytest.approx(draft_usd + frontier_usd, rel=1e-3), 0.0)
-        assert engine.state.record(f"{did}/escalation") is None
+        assert engine.state.record(eid) is None
         again = client.post("/v1/outcomes", json=final).json()["acks"][0]
         assert again["status"] == "duplicate" and again["settlement"]["replayed"] is True
         assert spend() == (pytest.approx(draft_usd + frontier_usd, rel=1e-3), 0.0)
+
+
+def test_any_replica_settles_an_escalation_from_its_signed_id_and_refuses_a_forged_one(tmp_path):
+    """Two replicas with one decision key and nothing else shared (their own data folders and
+    ledgers): A routes, verifies and escalates; the escalated call's outcome, reported to B under
+    the escalation id A answered, is stored as the decision's outcome and settles the escalation on
+    its target there, once; the same outcome reported to A under the decision id is a duplicate.
+    Escalation ids altered anywhere (claims, MAC, the decision id they carry) are 404 on B."""
+    key = "one secret every replica shares"
+    a_client, _ = _app(tmp_path / "a", decision_key=key)
+    b_client, b_engine = _app(tmp_path / "b", decision_key=key)
+    with a_client, b_client:
+        did = _route(a_client)["decision_id"]
+        v = a_client.post("/v1/verify", json={"decision_id": did, "draft": {"text": REFUSAL, "finish_reason": "stop"},
+                                              "usage": {"completion_tokens": 11}}).json()
+        eid = v["escalation_id"]
+        assert v["action"] == "escalate" and eid.startswith(f"{did}/escalation.")
+        claims = b_engine.state.claims(eid)
+        assert claims is not None and (claims.target, claims.escalates) == (v["target"], did)
+        assert claims.estimated_cost_usd == pytest.approx(v["estimated_cost_usd"])
+        outcome = {"status": "ok", "served_target": v["target"], "usage": {"prompt_tokens": 12, "completion_tokens": 300}}
+        head, claims_b64, mac = eid.rsplit(".", 2)
+        other = _route(a_client)["decision_id"]
+        for forged in (f"{head}.{claims_b64}.{'A' * len(mac)}",  # MAC replaced
+                       f"{head}.{claims_b64[:-2]}xy.{mac}",  # claims altered
+                       f"{other}/escalation.{claims_b64}.{mac}"):  # moved to another (genuine) decision
+            r = b_client.post("/v1/outcomes", json={"decision_id": forged, **outcome})
+            assert (r.status_code, r.json()["acks"][0]["status"]) == (404, "unknown_decision"), forged
+        r = b_client.post("/v1/outcomes", json={"decision_id": eid, **outcome})
+        ack = r.json()["acks"][0]
+        assert r.status_code == 200 and (ack["status"], ack["decision_id"], ack["outcome_id"]) == ("stored", did, did)
+        s = ack["settlement"]
+        assert (s["decision_id"], s["target"], s["replayed"], s["hold_state"]) == (eid, v["target"], False, "unreserved")
+        assert s["actual_cost_usd"] > 0
+        again = b_client.post("/v1/outcomes", json={"decision_id": eid, **outcome}).json()["acks"][0]
+        assert again["status"] == "duplicate" and again["settlement"]["replayed"] is True
+        on_a = a_client.post("/v1/outcomes", json={"decision_id": did, **outcome}).json()["acks"][0]
+        assert on_a["status"] == "stored" and on_a["settlement"]["decision_id"] == eid  # A settles its own hold
+        did2 = _route(a_client)["decision_id"]  # an ok outcome without usage books the escalation's estimate
+        v2 = a_client.post("/v1/verify", json={"decision_id": did2, "draft": {"text": REFUSAL, "finish_reason": "stop"},
+                                               "usage": {"completion_tokens": 11}}).json()
+        no_usage = b_client.post("/v1/outcomes", json={"decision_id": v2["escalation_id"], "status": "ok"}).json()
+        s2 = no_usage["acks"][0]["settlement"]
+        assert (s2["decision_id"], s2["target"]) == (v2["escalation_id"], v2["target"])
+        assert s2["actual_cost_usd"] == pytest.approx(v2["estimated_cost_usd"])
+    with OutcomeLog(tmp_path / "b" / "outcomes.db") as log:
+        stored = log.outcome(did)
+        assert stored is not None and stored.decision_id == did and stored.served_target == v["target"]
+        assert log.counts()["outcomes"] == 2
 
 
 def test_unknown_settled_and_expired_decisions(tmp_path):
