@@ -79,6 +79,7 @@ from pointsman.outcome import (
 )
 from pointsman.outcome_log.records import OutcomeAck
 from pointsman.policy.budget.ledger import LedgerUnavailable
+from pointsman.policy.cost import estimate_cost
 from pointsman.service.auth import Principal, require
 from pointsman.service.bodies import json_body, read_parsed, validate_model
 from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, unavailable
@@ -108,15 +109,41 @@ class AckEntry(TypedDict, total=False):
     problem: OutcomeItemError
 
 
-def _known_decision(rt: Runtime, decision_id: str) -> tuple[str, float | None] | None:
-    """(target, estimated cost in USD) of a decision: from its signed id or this process's
-    in-flight record (``FleetState.known``), else from the outcome log (an unsigned id another
-    process made); None when none knows it. Raises ``DataError`` (outcome log)."""
+def _known_decision(rt: Runtime, decision_id: str) -> tuple[str, float | None, int] | None:
+    """(target, estimated cost in USD, prompt tokens the estimate counted, 0 when unknown) of a
+    decision: from its signed id or this process's in-flight record (``FleetState.known``), else from
+    the outcome log (an unsigned id another process made); None when none knows it. Raises
+    ``DataError`` (outcome log)."""
     record = rt.live.engine.state.known(decision_id)
     if record is not None:
-        return record.target, record.estimated_cost_usd
+        return record.target, record.estimated_cost_usd, record.prompt_tokens
     logged = rt.outcome_log.decision(decision_id)
-    return None if logged is None else (logged.target, logged.estimated_cost_usd)
+    if logged is None:
+        return None
+    return logged.target, logged.estimated_cost_usd, int(logged.request_features.get("prompt_tokens") or 0)
+
+
+def estimate_booking(rt: Runtime, served: str | None, known: tuple[str, float | None, int] | None
+                     ) -> tuple[float, int, int]:
+    """What an ``ok`` outcome without usage books: (USD, prompt tokens, completion tokens). The
+    decision's estimate when ``served`` is the decision's target; on another target the larger of
+    that estimate and the same request priced there (the decision's prompt tokens, the target's
+    output estimate ``Fleet.output_tokens``), so a fallback to a dearer target is not booked at the
+    cheaper one's price. The tokens are the estimate's (the effective price per token divides by
+    them). ``known``: ``_known_decision``'s answer."""
+    if known is None:
+        return 0.0, 0, 0
+    decision_target, estimate, prompt = known
+    fleet = rt.live.engine.fleet
+    target = served or decision_target
+    spec = fleet.targets.get(target)
+    if spec is None:
+        return float(estimate or 0.0), prompt, 0
+    completion = fleet.output_tokens(target, None)
+    usd = float(estimate or 0.0)
+    if target != decision_target:
+        usd = max(usd, estimate_cost(target, spec, spec.modes[0], prompt, completion).usd)
+    return usd, prompt, completion
 
 
 def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str, str] | None = None) -> None:
@@ -133,17 +160,18 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str
     reported = usage if usage is not None and usage.prompt_tokens is not None \
         and usage.completion_tokens is not None else None  # OutcomeIn requires both with usage
     books_estimate = reported is None and item.status == "ok"  # an ok answer without usage books the estimate
-    target, estimate = item.served_target, None
+    target = item.served_target
+    known: tuple[str, float | None, int] | None = None
     settle_id = item.decision_id
     escalation = escalation or _escalation_of(rt, item.decision_id)
     if escalation is not None:
         settle_id, target = escalation[0], item.served_target or escalation[1]
         record = state.known(settle_id)  # this replica's hold, else the signed id's claims
-        estimate = record.estimated_cost_usd if record is not None else None
+        known = (escalation[1], record.estimated_cost_usd, record.prompt_tokens) if record is not None else None
     elif not target or books_estimate:
         known = _known_decision(rt, item.decision_id)
         if known is not None:
-            target, estimate = target or known[0], known[1]
+            target = target or known[0]
     try:
         if reported is None and item.status != "ok":
             entry["released"] = bool(state.release(settle_id))
@@ -155,8 +183,9 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str
                                    cache_write_tokens=reported.cache_write_tokens or 0,
                                    cache_write_1h_tokens=reported.cache_write_1h_tokens or 0)
         else:
-            settled = state.settle(settle_id, prompt_tokens=0, completion_tokens=0,
-                                   actual_cost_usd=estimate if estimate is not None else 0.0, target=target)
+            usd, prompt, completion = estimate_booking(rt, target, known)
+            settled = state.settle(settle_id, prompt_tokens=prompt, completion_tokens=completion,
+                                   actual_cost_usd=usd, target=target)
     except LedgerUnavailable:
         raise
     except BudgetError as exc:

@@ -412,7 +412,8 @@ class FleetState:
             record = replace(record, decision_id=self.signer.sign(
                 record.decision_id, target=record.target, mode=record.mode, scopes=record.scopes,
                 estimated_cost_usd=record.estimated_cost_usd, prefill_utilization=record.prefill_utilization,
-                decode_utilization=record.decode_utilization, inbox=self.sync.inbox))
+                decode_utilization=record.decode_utilization, inbox=self.sync.inbox,
+                prompt_tokens=record.prompt_tokens))
         elif self.signer is not None and record.decision_id.endswith(ESCALATION_SUFFIX) \
                 and self.signer.verify(record.decision_id.removesuffix(ESCALATION_SUFFIX)) is not None:
             record = replace(record, decision_id=self.signer.sign_escalation(
@@ -551,8 +552,8 @@ class FleetState:
         c = self.claims(decision_id)
         if c is None:
             return None
-        return DispatchRecord(decision_id, c.target, c.mode, "", None, c.scopes, c.estimated_cost_usd, False, 0,
-                              c.prefill_utilization, c.decode_utilization, self._mono_of(c.issued_s))
+        return DispatchRecord(decision_id, c.target, c.mode, "", None, c.scopes, c.estimated_cost_usd, False,
+                              c.prompt_tokens, c.prefill_utilization, c.decode_utilization, self._mono_of(c.issued_s))
 
     def settle(self, decision_id: str, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
                actual_cost_usd: float | None = None, target: str | None = None, mode: str | None = None,

@@ -6,7 +6,8 @@ A dispatched decision's id reads ``<base>.<claims>.<mac>``:
 - ``base``: 32 hex, the first 12 a millisecond Unix timestamp (ids sort by time), the rest random;
 - ``claims``: base64url (no padding) of compact JSON: ``t`` target, ``m`` mode, ``s`` budget
   scopes, ``e`` estimated cost in USD, ``pu``/``du`` the prefill/decode utilizations the estimate
-  used, ``i`` the inbox (outcome log id) of the process that logs the decision;
+  used, ``i`` the inbox (outcome log id) of the process that logs the decision, ``p`` the prompt
+  tokens the estimate counted (what an outcome without usage is priced on; 0 in older ids);
 - ``mac``: base64url of the first 12 bytes of HMAC-SHA256(key, ``base.claims``). Every replica
   holds the same key (``service/decision_key.py`` says where it comes from), so a forged or
   altered id does not verify and is ``unknown_decision``.
@@ -40,8 +41,9 @@ MAC_BYTES = 12
 class Claims:
     """What a signed id says about its decision: ``target``, ``mode``, budget ``scopes``,
     ``estimated_cost_usd``, the utilizations its estimate used, ``issued_s`` (Unix seconds, from the
-    id's timestamp: the budget windows a settlement books into), ``inbox`` ('' for none) and, for an
-    escalation's id, ``escalates``: the decision id it escalates."""
+    id's timestamp: the budget windows a settlement books into), ``inbox`` ('' for none), for an
+    escalation's id ``escalates``: the decision id it escalates, and ``prompt_tokens`` the estimate
+    counted (the decision's, for an escalation; 0 when the id does not say)."""
 
     target: str
     mode: str
@@ -52,6 +54,7 @@ class Claims:
     issued_s: float
     inbox: str
     escalates: str = ""  # an escalation's claims: the decision id it escalates ('' for a decision)
+    prompt_tokens: int = 0
 
 
 #: What an escalation id's part before its claims ends with (``policy.escalation.escalation_id``).
@@ -79,10 +82,10 @@ class DecisionSigner:
         return _b64(hmac.new(self._key, signed.encode(), hashlib.sha256).digest()[:MAC_BYTES])
 
     def sign(self, base_id: str, *, target: str, mode: str, scopes: tuple[str, ...], estimated_cost_usd: float,
-             prefill_utilization: float, decode_utilization: float, inbox: str) -> str:
+             prefill_utilization: float, decode_utilization: float, inbox: str, prompt_tokens: int = 0) -> str:
         """The signed id of ``base_id`` (``decision.new_decision_id()``) with these claims."""
         payload = {"t": target, "m": mode, "s": list(scopes), "e": estimated_cost_usd, "pu": prefill_utilization,
-                   "du": decode_utilization, "i": inbox}
+                   "du": decode_utilization, "i": inbox, "p": int(prompt_tokens)}
         signed = f"{base_id}.{_b64(json.dumps(payload, separators=(',', ':')).encode())}"
         return f"{signed}.{self._mac(signed)}"
 
@@ -109,7 +112,8 @@ class DecisionSigner:
         try:
             data = json.loads(_unb64(parts[1]))
             return Claims(str(data["t"]), str(data["m"]), tuple(str(s) for s in data["s"]), float(data["e"]),
-                          float(data["pu"]), float(data["du"]), int(parts[0][:12], 16) / 1000.0, str(data["i"]))
+                          float(data["pu"]), float(data["du"]), int(parts[0][:12], 16) / 1000.0, str(data["i"]),
+                          prompt_tokens=max(0, int(data.get("p", 0))))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -126,7 +130,7 @@ class DecisionSigner:
             data = json.loads(_unb64(claims))
             return Claims(str(data["t"]), str(data["m"]), decision.scopes, float(data["e"]), float(data["pu"]),
                           float(data["du"]), int(data["ts"]) / 1000.0, decision.inbox,
-                          prefix.removesuffix(ESCALATION_SUFFIX))
+                          prefix.removesuffix(ESCALATION_SUFFIX), prompt_tokens=decision.prompt_tokens)
         except (ValueError, KeyError, TypeError):
             return None
 

@@ -124,3 +124,35 @@ def test_a_reload_that_changes_the_reservation_ttl_applies_to_the_in_flight_reco
         budgets.write_text("reservation_ttl_s: 120\n" + budgets_yaml(5))
         assert c.post("/v1/budgets/reload", headers=ADMIN).status_code == 200
         assert c.app.state.fleet_state.record_ttl_s == 120.0
+
+
+def test_an_ok_outcome_without_usage_books_the_target_that_served_it(tmp_path):
+    """An ``ok`` outcome without usage books the decision's estimate, counting its estimated tokens
+    (so the effective price per token is not inflated), and when another target served it, at least
+    the request's price there: it booked the decision's target's estimate under the served target's
+    name (an on-prem estimate for a frontier-large answer, 45x too little). Found by a fresh-eyes test."""
+    from pointsman.policy.cost import estimate_cost
+
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text(budgets_yaml(5))
+    with app(tmp_path, budgets, watch_budgets=False) as c:
+        fleet = c.app.state.runtime.live.engine.fleet
+        body = {"messages": [{"role": "user", "content": "Summarise the plot of Hamlet in two sentences."}],
+                "routing": {"tenant": "acme"}}
+        same = c.post("/v1/route", json=body, headers=GATEWAY).json()
+        other = c.post("/v1/route", json=body, headers=GATEWAY).json()
+        assert same["target"] == other["target"] != "frontier-large"
+        r = c.post("/v1/outcomes", json={"decision_id": same["decision_id"], "status": "ok"}, headers=GATEWAY)
+        settled = r.json()["acks"][0]["settlement"]
+        assert settled["actual_cost_usd"] == pytest.approx(same["estimated_cost_usd"])
+        price = c.get("/v1/fleet", headers=ADMIN).json()["targets"][same["target"]]["effective_price"]
+        assert price["completion_tokens"] == fleet.output_tokens(same["target"], None) > 0  # not 0: no inflated $/token
+        assert price["prompt_tokens"] == same["prompt_tokens"]
+        r = c.post("/v1/outcomes", json={"decision_id": other["decision_id"], "status": "ok",
+                                         "served_target": "frontier-large"}, headers=GATEWAY)
+        settled = r.json()["acks"][0]["settlement"]
+        large = fleet.targets["frontier-large"]
+        want = estimate_cost("frontier-large", large, large.modes[0], other["prompt_tokens"],
+                             fleet.output_tokens("frontier-large", None)).usd
+        assert settled["target"] == "frontier-large"
+        assert settled["actual_cost_usd"] == pytest.approx(want) and want > 10 * other["estimated_cost_usd"]
