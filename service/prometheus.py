@@ -85,6 +85,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:  # pragma: no cover
     from pointsman.policy.decision import Decision
     from pointsman.policy.engine import RoutingEngine
+    from pointsman.policy.signals.fleet_state import Settled
     from pointsman.service.feeds import SignalFeeds
     from pointsman.service.live_engine import LiveEngine
 
@@ -167,11 +168,21 @@ class ServiceMetrics:
         self.estimator_latency.observe(decision.timings_ms["estimator"] / 1000.0)
         if decision.p_hard is not None:
             self.p_hard.observe(decision.p_hard)
-        if decision.estimated_cost_usd > 0:
-            reserved = self._reserved_children.get(decision.target)
+        self.observe_hold(decision.target, decision.estimated_cost_usd)
+
+    def observe_hold(self, target: str, usd: float) -> None:
+        """Count ``usd`` reserved for a call to ``target`` (a decision's, or a cascade escalation's)."""
+        if usd > 0:
+            reserved = self._reserved_children.get(target)
             if reserved is None:
-                reserved = self._reserved_children[decision.target] = self.reserved_usd.labels(decision.target)
-            reserved.inc(decision.estimated_cost_usd)
+                reserved = self._reserved_children[target] = self.reserved_usd.labels(target)
+            reserved.inc(usd)
+
+    def observe_settlement(self, settled: Settled) -> None:
+        """Count a settlement's cost (an outcome's, or a draft's at ``POST /v1/verify``), once: a
+        replayed one is not counted again."""
+        if not settled.replayed and settled.actual_cost_usd > 0:
+            self.spend_usd.labels(settled.target or "unknown").inc(settled.actual_cost_usd)
 
     def observe_unavailable(self, error: str | None) -> None:
         """Count a decision without a difficulty estimate (``error`` from the estimate)."""

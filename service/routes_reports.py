@@ -191,8 +191,7 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str
     except BudgetError as exc:
         entry["settle_error"] = str(exc)
         return
-    if not settled.replayed and settled.actual_cost_usd > 0:
-        rt.metrics.spend_usd.labels(settled.target or "unknown").inc(settled.actual_cost_usd)
+    rt.metrics.observe_settlement(settled)
     entry["settlement"] = settled.to_dict()
 
 

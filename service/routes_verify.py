@@ -123,6 +123,7 @@ def _first_verify(rt: Runtime, body: VerifyIn, verifier: Verifier, pending: Pend
                                    cache_write_tokens=usage.cache_write_tokens or 0 if usage else 0,
                                    cache_write_1h_tokens=usage.cache_write_1h_tokens or 0 if usage else 0)
             settlement = settled.to_dict()
+            rt.metrics.observe_settlement(settled)
         except LedgerUnavailable as exc:
             settlement = {"error": f"budget ledger unavailable ({exc}); the draft's outcome settles it"}
         except BudgetError as exc:
@@ -130,6 +131,8 @@ def _first_verify(rt: Runtime, body: VerifyIn, verifier: Verifier, pending: Pend
     if escalation.escalation_id is not None and escalation.target is not None:
         pending.escalation = (escalation.escalation_id, escalation.target)
     rt.metrics.verifications.labels(escalation.action).inc()
+    if escalation.escalation_id is not None and escalation.target is not None:
+        rt.metrics.observe_hold(escalation.target, escalation.estimated_cost_usd or 0.0)
     out = escalation.to_dict()
     answer = {**out, "p_bad": p_bad, "verifier": verifier.version, "draft": features.to_dict(),
               "draft_settlement": settlement, "replayed": False}

@@ -39,6 +39,13 @@ def _app(tmp_path, **extra: object) -> tuple[TestClient, RoutingEngine]:
     return TestClient(create_app(s, engine=engine, owns_engine=True)), engine
 
 
+def _metric(client: TestClient, name: str, target: str) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(f'{name}{{target="{target}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def _route(client: TestClient, text: str = "Explain the rules of kickball.") -> dict:
     r = client.post("/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": text}]})
     assert r.status_code == 200, r.text
@@ -94,6 +101,13 @@ def test_escalation_is_held_once_and_settled_by_the_one_outcome(tmp_path):
         dup = client.post("/v1/outcomes", json={"decision_id": did, "status": "ok", "served_target": "frontier-small",
                                                 "usage": {"prompt_tokens": 12, "completion_tokens": 300}}).json()
         assert dup["acks"][0]["status"] == "duplicate" and dup["acks"][0]["settlement"]["replayed"] is True
+        # /metrics counts what the ledger booked: the draft settled at the verify, the escalation's
+        # hold and the escalated call's settlement (the verify's were left out)
+        spent = {t: _metric(client, "pointsman_budget_spend_usd_total", t) for t in ("onprem-8b", "frontier-small")}
+        assert spent["onprem-8b"] > 0 and spent["onprem-8b"] == pytest.approx(a["draft_settlement"]["actual_cost_usd"])
+        assert spent["frontier-small"] == pytest.approx(ack["settlement"]["actual_cost_usd"])
+        assert _metric(client, "pointsman_budget_reserved_usd_total", "frontier-small") == \
+            pytest.approx(a["estimated_cost_usd"])
     with OutcomeLog(tmp_path / "outcomes.db") as log:
         logged = log.decision(did)
         assert logged is not None and len(logged.outcomes) == 1
