@@ -6,6 +6,7 @@ nothing at start said why."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
@@ -79,7 +80,8 @@ def test_a_fleet_without_scrape_metrics_scrapes_only_endpoints_that_name_a_metri
     eps = endpoints_when(base, lambda eps: not eps["b0"]["healthy"])
     # b0 names a metrics_url: scraped, and three failures made it unhealthy, /readyz says why
     assert eps["b0"]["healthy"] is False, eps
-    assert eps["b0"]["reason"].startswith("scrape failed 3x"), eps
+    failed = re.match(r"scrape failed (\d+)x", eps["b0"]["reason"] or "")
+    assert failed is not None and int(failed.group(1)) >= 3, eps  # a loaded machine may poll after the 4th
     assert eps["b0"]["scrape"].startswith("failing"), eps
     # s0 does not, and the fleet does not set scrape_metrics: never scraped, never unhealthy
     assert eps["s0"]["healthy"] is True and eps["s0"]["reason"] is None, eps
