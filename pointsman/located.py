@@ -24,6 +24,7 @@ refers to (``&a [*a]``) expands without end and is always rejected.
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from collections.abc import Iterable
@@ -191,7 +192,9 @@ class _CountingLoader(yaml.SafeLoader):
     """A ``SafeLoader`` that counts nodes as it composes them, an alias counting as the whole
     node it repeats (``expanded`` = nodes of the document with every alias expanded), and
     raises ``_TooLarge`` at the first node or alias past ``max_nodes`` (None: no cap), or at an
-    alias used inside the node it names."""
+    alias used inside the node it names. It reads ``1e-3`` and ``2.5E4`` as floats, as YAML 1.2
+    does and ``pointsman calibrate``'s writer (ruamel) writes them; YAML 1.1 read them as strings,
+    so a threshold written that way failed as a CEL type error on the rule that used it."""
 
     def __init__(self, text: str, max_nodes: int | None) -> None:
         super().__init__(text)
@@ -224,6 +227,10 @@ class _CountingLoader(yaml.SafeLoader):
         if self.max_nodes is not None and self.expanded > self.max_nodes:
             raise _TooLarge(mark, f"the document passes {self.max_nodes:,} YAML nodes at {what} (an alias counts "
                             "as the nodes it repeats, at every use)")
+
+
+_CountingLoader.add_implicit_resolver(  # YAML 1.2's exponent floats without a dot (see the class)
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
 
 
 def parse_yaml(text: str, file: str, error_cls: type[ConfigError], *, max_bytes: int | None = None,

@@ -265,3 +265,14 @@ def test_a_rule_with_its_own_errors_is_still_a_known_fallback_name(fleet):
                           "  - name: default\n    route: {target: onprem-8b, mode: agregated}\n")
     found = problems(bad_default, fleet)
     assert len(found) == 1 and found[0].startswith("p.yaml:8:38: invalid-value: rules[1].route.mode"), found
+
+
+@pytest.mark.parametrize("written, value", [("1e-3", 0.001), ("2.5E-1", 0.25), ("6.5e-1", 0.65), ("1.0e-3", 0.001)])
+def test_an_exponent_threshold_is_a_number(fleet, written, value):
+    """``1e-3`` is a float, as YAML 1.2 reads it (and ``pointsman calibrate`` may write a small
+    threshold so); YAML 1.1 read it as a string, and the policy failed with a CEL type error at the
+    rule that compared it."""
+    text = STATIC_POLICY_PATH.read_text()
+    line = next(x for x in text.splitlines() if x.strip().startswith("p_hard_frontier:"))
+    policy = compile_policy(text.replace(line, f"  p_hard_frontier: {written}"), fleet, "policy.yaml")
+    assert policy.variables["p_hard_frontier"] == value
