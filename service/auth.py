@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from fastapi import Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from starlette.requests import HTTPConnection
 
 from pointsman.request import valid_scope_name
 from pointsman.service.http_errors import HTTPError
@@ -159,31 +160,48 @@ def presented_key(bearer: HTTPAuthorizationCredentials | None, header: str | Non
     return header or None
 
 
+def header_key(request: HTTPConnection) -> str | None:
+    """``presented_key`` read from ``request``'s headers directly, as FastAPI's ``HTTPBearer`` and
+    ``APIKeyHeader`` read them (``Authorization: Bearer <key>``, the scheme in any case; else
+    ``x-api-key``): the hot paths (``app.PointsmanApp``) authenticate without dependency injection."""
+    headers = request.headers
+    scheme, _, credentials = (headers.get("authorization") or "").partition(" ")
+    credentials = credentials.strip()
+    if scheme.lower() == "bearer" and credentials:
+        return credentials
+    return headers.get("x-api-key") or None
+
+
+def authenticate(request: HTTPConnection, role: str, key: str | None) -> Principal:
+    """The principal of ``key`` (the key ``request`` presented) when it may call an endpoint of ``role``
+    (``gateway``: gateway or admin keys; ``admin``: admin keys only). Raises ``HTTPError`` 401/403 (see the module)."""
+    ring: KeyRing = request.app.state.keys.ring()
+    if not ring.enabled:
+        return Principal(None, "admin")
+    if key is None:
+        query = " (a key in the URL's query string is not read: URLs are logged)" if request.url.query else ""
+        raise HTTPError(401, "this endpoint needs an API key: send 'Authorization: Bearer <key>' or "
+                             f"'x-api-key'{query}",
+                        type="authentication_error", code="missing_api_key",
+                        headers={"WWW-Authenticate": "Bearer"})
+    principal = ring.identify(key)
+    if principal is None:
+        raise HTTPError(401, "the API key is not valid", type="authentication_error", code="invalid_api_key",
+                        headers={"WWW-Authenticate": "Bearer"})
+    if role == "admin" and principal.role != "admin":
+        raise HTTPError(403, f"this endpoint needs an admin key; key '{principal.key_id}' has the "
+                             f"{principal.role} role", type="permission_error", code="forbidden")
+    return principal
+
+
 def require(role: str) -> Callable[..., Awaitable[Principal]]:
-    """A FastAPI dependency admitting callers whose key has ``role`` (``gateway``: gateway or
-    admin keys; ``admin``: admin keys only). Raises ``HTTPError`` 401/403 (see the module)."""
+    """A FastAPI dependency admitting callers whose key has ``role`` (``authenticate``; the security
+    schemes it declares document the keys in OpenAPI)."""
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
 
     async def dependency(request: Request, bearer: HTTPAuthorizationCredentials | None = Security(_bearer),
-                   header: str | None = Security(_header)) -> Principal:
-        ring: KeyRing = request.app.state.keys.ring()
-        if not ring.enabled:
-            return Principal(None, "admin")
-        key = presented_key(bearer, header)
-        if key is None:
-            query = " (a key in the URL's query string is not read: URLs are logged)" if request.url.query else ""
-            raise HTTPError(401, "this endpoint needs an API key: send 'Authorization: Bearer <key>' or "
-                                 f"'x-api-key'{query}",
-                            type="authentication_error", code="missing_api_key",
-                            headers={"WWW-Authenticate": "Bearer"})
-        principal = ring.identify(key)
-        if principal is None:
-            raise HTTPError(401, "the API key is not valid", type="authentication_error", code="invalid_api_key",
-                            headers={"WWW-Authenticate": "Bearer"})
-        if role == "admin" and principal.role != "admin":
-            raise HTTPError(403, f"this endpoint needs an admin key; key '{principal.key_id}' has the "
-                                 f"{principal.role} role", type="permission_error", code="forbidden")
-        return principal
+                         header: str | None = Security(_header)) -> Principal:
+        return authenticate(request, role, presented_key(bearer, header))
 
     return dependency

@@ -12,17 +12,22 @@ Every failure is an ``HTTPError`` 4xx whose message names the problem (empty bod
 byte offset of invalid UTF-8, line and column of malformed JSON, the place of an integer with
 more digits than Python converts). ``validate_model``
 checks one decoded object against a pydantic model and names the first bad field.
+
+Answers: ``JSONAnswer``, Starlette's ``JSONResponse`` encoded by orjson (the same JSON, a tenth of the CPU).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import orjson
 from fastapi import Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
@@ -182,6 +187,36 @@ async def read_parsed(request: Request, settings: Settings, expected: str,
         return body, parse(body)
     except RequestError as exc:
         raise invalid(exc) from None
+
+
+class JSONAnswer(JSONResponse):
+    """``JSONResponse`` rendered by orjson: compact UTF-8 JSON, as Starlette writes it. What orjson
+    does not encode as the standard library would (an integer past 64 bits, a non-string key) is
+    rendered by ``JSONResponse`` itself, which also refuses NaN and infinities as before."""
+
+    def render(self, content: Any) -> bytes:
+        """The body: ``content`` as JSON bytes."""
+        try:
+            body = orjson.dumps(content)
+        except orjson.JSONEncodeError:
+            return super().render(content)
+        return super().render(content) if b"null" in body and not _finite(content) else body
+
+
+def _finite(content: Any) -> bool:
+    """Whether ``content`` holds no NaN or infinite float (orjson writes null for one, where
+    ``JSONResponse`` refuses it). Walks dicts, lists and tuples."""
+    stack = [content]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple):
+            stack.extend(value)
+        elif isinstance(value, float) and not math.isfinite(value):
+            return False
+    return True
+
 
 
 def json_body(schema: JSONObject) -> JSONObject:

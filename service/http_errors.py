@@ -88,6 +88,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("internal error on %s %s", request.method, request.url.path)
-        return HTTPError(500, "internal error; the service log has the details", type="internal_error",
-                         code="internal_error").response()
+        return internal_error(request)
+
+
+def internal_error(request: Request) -> JSONResponse:
+    """The 500 for an unexpected exception while answering ``request`` (logged with its traceback;
+    the answer says only that)."""
+    log.exception("internal error on %s %s", request.method, request.url.path)
+    return HTTPError(500, "internal error; the service log has the details", type="internal_error",
+                     code="internal_error").response()

@@ -25,7 +25,6 @@ import time
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
 
 from pointsman.errors import RequestError
 from pointsman.estimator.estimate import Estimator
@@ -33,16 +32,16 @@ from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.decision import Decision
 from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.request import RouteRequest, parse_route_request
-from pointsman.service.auth import Principal, require
-from pointsman.service.bodies import decode_json, json_body, read_body
+from pointsman.service.auth import Principal, authenticate, header_key, require
+from pointsman.service.bodies import JSONAnswer, decode_json, json_body, read_body
 from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, invalid, unavailable
-from pointsman.service.runtime import Runtime, get_runtime
+from pointsman.service.runtime import Runtime, get_runtime, runtime_of
 from pointsman.service.schemas import RouteResponse
 
 router = APIRouter()
 
 
-def decide(rt: Runtime, raw: bytes, key_id: str | None, started: float) -> JSONResponse:
+def decide(rt: Runtime, raw: bytes, key_id: str | None, started: float) -> JSONAnswer:
     """Parse ``raw``, decide, log and count the decision; returns the response. Raises
     ``HTTPError`` (counted in ``pointsman_decision_errors_total``)."""
     try:
@@ -60,7 +59,7 @@ def decide(rt: Runtime, raw: bytes, key_id: str | None, started: float) -> JSONR
     except HTTPError as exc:
         rt.metrics.decision_errors.labels(exc.code or str(exc.status)).inc()
         raise
-    response = JSONResponse(decision.to_dict(explain=request.routing.explain), headers={
+    response = JSONAnswer(decision.to_dict(explain=request.routing.explain), headers={
         "x-pointsman-decision-id": decision.decision_id,
         "x-pointsman-target": decision.target,
     })
@@ -84,11 +83,23 @@ def commit_decision(rt: Runtime, decision: Decision, request: RouteRequest, esti
              summary="Decide where a chat request runs", tags=["gateway"],
              openapi_extra=json_body({"$ref": "#/components/schemas/RouteRequest"}))
 async def route(request: Request, principal: Principal = Depends(require("gateway")),
-                rt: Runtime = Depends(get_runtime)) -> JSONResponse:
+                rt: Runtime = Depends(get_runtime)) -> JSONAnswer:
     """Body: an OpenAI chat request (other OpenAI fields such as temperature, stream or
     response_format are accepted and ignored) plus ``routing`` context. Answer: the decision,
     with the trace when ``routing.explain`` is true; headers ``x-pointsman-decision-id`` and
     ``x-pointsman-target``."""
+    return await answer(request, rt, principal)
+
+
+async def route_hot(request: Request) -> JSONAnswer:
+    """``route`` without FastAPI's dependency injection (``app.PointsmanApp`` serves ``POST /v1/route``
+    with it): the same key check, runtime and answer. Raises ``HTTPError``."""
+    principal = authenticate(request, "gateway", header_key(request))
+    return await answer(request, runtime_of(request), principal)
+
+
+async def answer(request: Request, rt: Runtime, principal: Principal) -> JSONAnswer:
+    """Read the body and decide (on the loop, or the threadpool with ``route_in_threadpool``)."""
     started = time.perf_counter()
     raw = await read_body(request, rt.settings)
     if rt.settings.route_in_threadpool:

@@ -64,7 +64,6 @@ from typing import Required, TypedDict
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter
 
 from pointsman.errors import BudgetError, DataError, RequestError
@@ -80,10 +79,10 @@ from pointsman.outcome import (
 from pointsman.outcome_log.records import OutcomeAck
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.cost import estimate_cost
-from pointsman.service.auth import Principal, require
-from pointsman.service.bodies import json_body, read_parsed, validate_model
+from pointsman.service.auth import Principal, authenticate, header_key, require
+from pointsman.service.bodies import JSONAnswer, json_body, read_parsed, validate_model
 from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, unavailable
-from pointsman.service.runtime import Runtime, get_runtime
+from pointsman.service.runtime import Runtime, get_runtime, runtime_of
 from pointsman.service.schemas import OutcomeAckOut, OutcomesResponse, TelemetryIn, TelemetryResponse
 
 router = APIRouter()
@@ -382,9 +381,21 @@ OUTCOMES_SCHEMA = TypeAdapter(OutcomeIn | list[OutcomeIn]).json_schema(ref_templ
              summary="Report what came of decisions (one outcome or a list)",
              openapi_extra=json_body({k: v for k, v in OUTCOMES_SCHEMA.items() if k != "$defs"}))
 async def outcomes(request: Request, principal: Principal = Depends(require("gateway")),
-                   rt: Runtime = Depends(get_runtime)) -> JSONResponse:
+                   rt: Runtime = Depends(get_runtime)) -> JSONAnswer:
     """Store outcomes durably, then settle budgets and release load (see the module). The answer
     comes only after the outcomes are on disk."""
+    return await answer_outcomes(request, rt)
+
+
+async def outcomes_hot(request: Request) -> JSONAnswer:
+    """``outcomes`` without FastAPI's dependency injection (``app.PointsmanApp`` serves ``POST
+    /v1/outcomes`` with it): the same key check, runtime and answer. Raises ``HTTPError``."""
+    authenticate(request, "gateway", header_key(request))
+    return await answer_outcomes(request, runtime_of(request))
+
+
+async def answer_outcomes(request: Request, rt: Runtime) -> JSONAnswer:
+    """Read, store and settle the outcomes of ``request``; the answer (see the module)."""
     started = time.perf_counter()
     body, items = await read_parsed(request, rt.settings, "an outcome object or a list of them",
                                     parse_outcome_items)
@@ -399,7 +410,7 @@ async def outcomes(request: Request, principal: Principal = Depends(require("gat
     for a in acks:
         counts[a.status] = counts.get(a.status, 0) + 1
     status = 200 if batch else _STATUS[acks[0].status]
-    response = JSONResponse({"acks": [a.model_dump() for a in acks], "counts": counts}, status_code=status)
+    response = JSONAnswer({"acks": [a.model_dump() for a in acks], "counts": counts}, status_code=status)
     rt.metrics.outcome_latency.observe(time.perf_counter() - started)
     return response
 

@@ -1,0 +1,123 @@
+"""The hot paths (``app.PointsmanApp``: ``POST /v1/route`` and ``/v1/outcomes`` without FastAPI's
+layers) answer exactly as the FastAPI routes do, which still serve them under a ``root_path``; and
+``JSONAnswer`` (orjson) writes the JSON ``JSONResponse`` writes."""
+
+import json
+import math
+
+import pytest
+from fastapi.responses import JSONResponse
+from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import SecretStr
+
+from pointsman.estimator.estimate import FixedDifficulty
+from pointsman.policy.engine import RoutingEngine
+from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import load_policy
+from pointsman.service import app as app_module
+from pointsman.service.app import create_app
+from pointsman.service.bodies import JSONAnswer
+from pointsman.service.bootstrap import build_state
+from pointsman.service.settings import Settings
+
+KEY = "gateway-secret-0123"
+BODY = {"model": "chat", "messages": [{"role": "user", "content": "Summarise the plot of Hamlet."}],
+        "routing": {"tenant": "acme"}}
+
+
+def _app(tmp_path):
+    fleet = load_fleet()
+    s = Settings(data_dir=tmp_path, watch_policy=False, gateway_api_keys=SecretStr(f"edge={KEY}"))
+    engine = RoutingEngine(fleet, load_policy(s.policy_path, fleet), FixedDifficulty(0.2), state=build_state(s, fleet))
+    return create_app(s, engine=engine, owns_engine=True)
+
+
+def _exchange(c: TestClient, calls: list[int]) -> list[tuple[int, object, dict[str, str]]]:
+    """The answers to a fixed series of calls (decision ids and timings blanked)."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    out = []
+
+    def keep(r):
+        body = r.json()
+        text = json.dumps(body, sort_keys=True)
+        for value in {body.get("decision_id"), *(a.get("decision_id") for a in body.get("acks", []))} - {None}:
+            text = text.replace(value, "<id>")
+        kept = json.loads(text)
+        kept.pop("timings_ms", None)
+        headers = {k: v for k, v in r.headers.items() if k in ("www-authenticate", "content-type", "x-pointsman-target")}
+        out.append((r.status_code, kept, headers))
+        return body
+
+    keep(c.post("/v1/route", json=BODY))  # no key
+    keep(c.post("/v1/route", json=BODY, headers={"x-api-key": "wrong-key-123"}))
+    keep(c.post("/v1/route", json=BODY, headers={"Authorization": f"Basic {KEY}"}))  # not a bearer: no key
+    keep(c.post("/v1/route", content=b"{nope", headers=auth))
+    keep(c.post("/v1/route", json={**BODY, "routing": {"tenat": "x"}}, headers=auth))
+    keep(c.post("/v1/route", content=b"", headers=auth))
+    decision = keep(c.post("/v1/route", json=BODY, headers={"x-api-key": KEY}))
+    keep(c.post("/v1/route", json={**BODY, "routing": {"explain": True}}, headers={"authorization": f"bearer {KEY}"}))
+    outcome = {"decision_id": decision["decision_id"], "status": "ok", "served_target": decision["target"],
+               "usage": {"prompt_tokens": 12, "completion_tokens": 40}, "e2e_latency_ms": 900.0}
+    keep(c.post("/v1/outcomes", json=outcome))
+    keep(c.post("/v1/outcomes", json=outcome, headers=auth))
+    keep(c.post("/v1/outcomes", json=outcome, headers=auth))  # duplicate
+    keep(c.post("/v1/outcomes", json={**outcome, "status": "bogus"}, headers=auth))
+    keep(c.post("/v1/outcomes", json=[outcome, {"decision_id": "nope"}], headers=auth))
+    calls.append(len(out))
+    return out
+
+
+def test_hot_paths_answer_as_the_fastapi_routes(tmp_path, monkeypatch):
+    served: list[str] = []
+    hot = dict(app_module.HOT_PATHS)
+    for path, handler in hot.items():
+        async def counted(request, handler=handler, path=path):
+            served.append(path)
+            return await handler(request)
+        monkeypatch.setitem(app_module.HOT_PATHS, path, counted)
+    calls: list[int] = []
+    with TestClient(_app(tmp_path / "hot")) as c:
+        direct = _exchange(c, calls)
+    assert len(served) == calls[0]  # every call took the hot path
+    with TestClient(_app(tmp_path / "routed"), root_path="/pointsman") as c:
+        routed = _exchange(c, calls)
+    assert len(served) == calls[0]  # none did under a root_path: the FastAPI routes answered
+    assert [r[0] for r in direct] == [401, 401, 401, 400, 422, 400, 200, 200, 401, 200, 200, 422, 200]
+    assert direct == routed
+
+
+def test_an_unexpected_error_on_a_hot_path_is_the_logged_500(tmp_path, monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("pointsman.service.routes_decisions.decide", broken)
+    with TestClient(_app(tmp_path), raise_server_exceptions=False) as c:
+        r = c.post("/v1/route", json=BODY, headers={"x-api-key": KEY})
+    assert r.status_code == 500
+    assert r.json() == {"error": {"message": "internal error; the service log has the details",
+                                  "type": "internal_error", "param": None, "code": "internal_error"}}
+    assert "boom" in caplog.text
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=150, deadline=None)
+@given(json_values)
+def test_json_answer_writes_what_json_response_writes(value):
+    assert json.loads(JSONAnswer(value).body) == json.loads(JSONResponse(value).body)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_json_answer_refuses_what_json_response_refuses(bad):
+    for value in (bad, {"a": [1, {"b": bad}]}, [None, bad]):
+        with pytest.raises(ValueError):
+            JSONResponse(value)
+        with pytest.raises(ValueError):
+            JSONAnswer(value)
