@@ -109,10 +109,18 @@ def too_large(size: int, limit: int, at_least: bool = False) -> HTTPError:
 
 
 def decode_json(raw: bytes, expected: str = "a JSON chat request") -> JSONValue:
-    """Strict UTF-8 and JSON decoding of a body; raises ``HTTPError`` 400 naming the problem
-    (``expected`` completes the message for an empty body)."""
+    """Strict UTF-8 and JSON decoding of a body (``json.loads``' values: orjson's reading when it
+    is the same); raises ``HTTPError`` 400 naming the problem (``expected`` completes the message for
+    an empty body)."""
     if not raw.strip():
         raise HTTPError(400, f"request body is empty; expected {expected}", code="empty_body")
+    try:  # orjson first (about twice as fast); the standard library's reading when it refuses or may differ
+        fast: JSONValue = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        pass
+    else:
+        if not _wide_float(fast):
+            return fast
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -128,6 +136,25 @@ def decode_json(raw: bytes, expected: str = "a JSON chat request") -> JSONValue:
         raise HTTPError(400, "malformed JSON: nested too deeply", code="malformed_json") from None
     except ValueError:  # an integer past Python's int-conversion limit (sys.get_int_max_str_digits)
         raise _number_too_long(text) from None
+
+
+def _wide_float(value: JSONValue) -> bool:
+    """Whether ``value`` (orjson's reading) holds a float of magnitude >= 2**63: orjson reads an integer
+    past 64 bits as a float, where ``json.loads`` keeps the integer (a float literal that large reads
+    the same either way). Walks dicts and lists."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, float) and not -_WIDE < v < _WIDE:
+            return True
+    return False
+
+
+_WIDE = float(2**63)
 
 
 class _LongInt:

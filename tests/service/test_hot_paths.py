@@ -1,6 +1,7 @@
 """The hot paths (``app.PointsmanApp``: ``POST /v1/route`` and ``/v1/outcomes`` without FastAPI's
-layers) answer exactly as the FastAPI routes do, which still serve them under a ``root_path``; and
-``JSONAnswer`` (orjson) writes the JSON ``JSONResponse`` writes."""
+layers) answer exactly as the FastAPI routes do, which still serve them under a ``root_path``;
+``JSONAnswer`` (orjson) writes the JSON ``JSONResponse`` writes, and ``decode_json`` (orjson first)
+reads and refuses what ``json.loads`` does."""
 
 import json
 import math
@@ -18,8 +19,9 @@ from pointsman.policy.fleet import load_fleet
 from pointsman.policy.rules.compiler import load_policy
 from pointsman.service import app as app_module
 from pointsman.service.app import create_app
-from pointsman.service.bodies import JSONAnswer
+from pointsman.service.bodies import JSONAnswer, decode_json
 from pointsman.service.bootstrap import build_state
+from pointsman.service.http_errors import HTTPError
 from pointsman.service.settings import Settings
 
 KEY = "gateway-secret-0123"
@@ -121,3 +123,39 @@ def test_json_answer_refuses_what_json_response_refuses(bad):
             JSONResponse(value)
         with pytest.raises(ValueError):
             JSONAnswer(value)
+
+
+def _reading(raw: bytes) -> str:
+    """What the standard library reads from ``raw`` (as JSON text, so int/float and NaN compare), or ERROR."""
+    try:
+        return json.dumps(json.loads(raw.decode("utf-8")))
+    except (ValueError, RecursionError):
+        return "ERROR"
+
+
+def _decoded(raw: bytes) -> str:
+    try:
+        return json.dumps(decode_json(raw))
+    except HTTPError:
+        return "ERROR"
+
+
+wide_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**80, 2**80) | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(wide_json, st.sampled_from([None, "utf-8", "ascii"]))
+def test_decode_json_reads_what_json_loads_reads(value, encoding):
+    raw = json.dumps(value, ensure_ascii=encoding == "ascii").encode("utf-8")
+    assert _decoded(raw) == _reading(raw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=40) | st.sampled_from([b'"\\ud800"', b"[1e400]", b"NaN", b'{"a":1,"a":2}', b"\xef\xbb\xbf{}",
+                                                  b'"\xed\xa0\x80"', b"[" * 2000 + b"]" * 2000, b"[1,]", b'"\xc0\xaf"']))
+def test_decode_json_refuses_what_json_loads_refuses(raw):
+    if raw.strip():
+        assert _decoded(raw) == _reading(raw)
