@@ -35,6 +35,13 @@ medians less so; run twice before believing a failure.
 
     python scripts/bench_decision.py [--n 1500] [--json] [--no-check] [--write-budget]
                                      [--workloads "20 words" "500 tokens"] [--profile] [--cel]
+                                     [--baseline REV [--rounds 3]]
+
+``--baseline REV`` (with ``--rounds K``, default 3) measures the code of git revision ``REV`` against
+this checkout's, alternating: K runs of each, every run a fresh process of this script (the same
+measurement, ``--json --no-check`` with the other options given), ``REV``'s packages first on
+``PYTHONPATH`` (from ``git archive``; the model files come from there too); prints each workload's
+median server CPU per request for both, every run's value and the load average before it.
 
 ``--profile`` prints a cProfile (self time) of the CPU pass per workload. ``--cel`` also
 measures common-expression-language's cost per evaluation with a reused context, a dict per
@@ -60,9 +67,12 @@ import io  # noqa: E402
 import json  # noqa: E402
 import pstats  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tarfile  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+import tomllib  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -354,6 +364,50 @@ def bench_cel() -> dict[str, float]:
     }
 
 
+# -- baseline --------------------------------------------------------------------------------------
+def baseline_path(rev: str, tmp: Path) -> Path:
+    """A folder to put first on ``PYTHONPATH`` so that ``pointsman`` imports git revision ``rev``'s code:
+    ``rev``'s tree (``git archive``) under ``tmp`` and the import package laid out from its
+    ``pyproject.toml`` ``package-dir`` with symlinks. Raises ``CalledProcessError`` for an unknown ``rev``."""
+    tree = tmp / "tree"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), "archive", rev],
+                             check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(tree, filter="data")
+    dirs = tomllib.loads((tree / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    root = tmp / "path" / "pointsman"
+    root.mkdir(parents=True)
+    for f in (tree / dirs["pointsman"]).iterdir():
+        (root / f.name).symlink_to(f)
+    for name, folder in dirs.items():
+        if name != "pointsman":
+            (root / name.removeprefix("pointsman.")).symlink_to(tree / folder)
+    return tmp / "path"
+
+
+def compare(rev: str, rounds: int, argv: list[str]) -> dict[str, Any]:
+    """``rounds`` runs of ``rev``'s code and of this checkout's, alternating (see the module); per
+    workload the CPU per request of every run (ms) and their medians, and the load average before each run."""
+    runs: dict[str, list[dict[str, Any]]] = {"base": [], "head": []}
+    with tempfile.TemporaryDirectory(prefix="pointsman-baseline-") as tmp:
+        path = baseline_path(rev, Path(tmp))
+        for _ in range(rounds):
+            for side in runs:
+                env = dict(os.environ)
+                if side == "base":
+                    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(path), env.get("PYTHONPATH")) if p)
+                load = os.getloadavg()[0]
+                out = subprocess.run([sys.executable, __file__, "--json", "--no-check", *argv], env=env, check=True,
+                                     capture_output=True, text=True).stdout
+                runs[side].append({"load": load, **json.loads(out)})
+    workloads = [w for w in WORKLOADS if w in runs["head"][0]]
+    return {"baseline": rev, "rounds": rounds, "load_before_runs": {s: [r["load"] for r in rs] for s, rs in runs.items()},
+            **{w: {s: {"cpu_ms_runs": [round(r[w]["cpu_ms"], 3) for r in rs],
+                       "cpu_ms": round(statistics.median(r[w]["cpu_ms"] for r in rs), 3)} for s, rs in runs.items()}
+               for w in workloads}}
+
+
 def main() -> None:
     """Parse arguments, run the workloads, print the table (or JSON), check the budget."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -366,7 +420,22 @@ def main() -> None:
     parser.add_argument("--write-budget", action="store_true", help="write the measured values to --budget")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of each CPU pass")
     parser.add_argument("--cel", action="store_true", help="also measure CEL evaluation strategies")
+    parser.add_argument("--baseline", metavar="REV", help="measure git revision REV's code against this, alternating")
+    parser.add_argument("--rounds", type=int, default=3, help="with --baseline: runs of each")
     args = parser.parse_args()
+    if args.baseline:
+        forwarded = ["--n", str(args.n), "--workloads", *args.workloads]
+        result = compare(args.baseline, args.rounds, forwarded)
+        if args.json:
+            print(json.dumps(result, indent=2))
+            return
+        print(f"server CPU ms per request, median of {args.rounds} alternating runs "
+              f"(load average before the runs: {result['load_before_runs']})")
+        print(f"{'':<16}{args.baseline[:12]:>14}{'this':>10}  runs (baseline | this)")
+        for w in args.workloads:
+            b, h = result[w]["base"], result[w]["head"]
+            print(f"{w:<16}{b['cpu_ms']:>14.3f}{h['cpu_ms']:>10.3f}  {b['cpu_ms_runs']} | {h['cpu_ms_runs']}")
+        return
 
     results = bench(args.workloads, args.n, args.profile)
     out: dict[str, Any] = {"python": sys.version.split()[0], "cores": os.cpu_count(), **results}
