@@ -13,7 +13,9 @@ Routes (each module one concern): ``routes_decisions`` (``POST /v1/route``),
 ``routes_ops`` (``/healthz``, ``/readyz``, ``/metrics``). Auth: ``auth.py``; errors:
 ``http_errors.py``; bodies: ``bodies.py``. OpenAPI at ``/openapi.json``, docs at ``/docs`` and
 ``/redoc`` with their assets served locally (``docs_ui.py``: no CDN). The access log shows no
-query-string value (``access_log.py``: a key put in a URL is not logged).
+query-string value (``access_log.py``: a key put in a URL is not logged). The app is a
+``PointsmanApp``: the gateway's per-request calls (``POST /v1/route``, ``POST /v1/outcomes``) skip
+FastAPI's middleware stack, routing and dependency injection (``HOT_PATHS``), with the same answers.
 
 With ``POINTSMAN_EXT_PROC_PORT`` the lifespan also starts the ext_proc endpoint picker
 (``ext_proc.py``) on that port, after the runtime, and stops it (draining its streams and the
