@@ -160,7 +160,10 @@ def test_chat_request_is_routed_rewritten_and_its_outcome_recorded(app):
     assert (out.status, out.served_target, out.served_model) == ("ok", "onprem-8b", "meta-llama/Llama-3.1-8B-Instruct")
     assert (out.usage.prompt_tokens, out.usage.cached_tokens, out.usage.completion_tokens) == (31, 16, 3)
     assert out.e2e_latency_ms > 0 and out.ttft_ms is not None
-    assert app.state.runtime.live.engine.state.record(decision_id) is None  # settled: the load is released
+    state, deadline = app.state.runtime.live.engine.state, time.monotonic() + 10.0
+    while state.record(decision_id) is not None and time.monotonic() < deadline:
+        time.sleep(0.02)  # stored, then settled, in the same background task: the log shows it first
+    assert state.record(decision_id) is None  # settled: the load is released
     metrics = app.state.runtime.metrics.render().decode()
     assert 'pointsman_ext_proc_requests_total{result="routed"}' in metrics
     assert 'pointsman_decisions_total{rule="default",target="onprem-8b"}' in metrics
