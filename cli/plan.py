@@ -25,11 +25,16 @@ from pointsman.cli.errors import InputError
 from pointsman.errors import DataError, FleetError, PolicyError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Sequence
+
     from pointsman.datasets.traces import TraceRequest
+    from pointsman.estimator.estimate import Estimator
     from pointsman.plan.evaluate import ShapeResult
     from pointsman.plan.shapes import Shape, ShapeSpace
-    from pointsman.replay.hardware import FrontierSpec
+    from pointsman.plan.tuning import TuningSpace
+    from pointsman.replay.engine_router import TraceMessages
     from pointsman.replay.outcome_draw import OutcomeRow
+    from pointsman.replay.sim_fleet import SimFleet
 
 
 def _floats(text: str, option: str) -> list[float]:
@@ -57,6 +62,9 @@ def _changes(space: ShapeSpace, base: Shape, rec: Shape) -> str:
             parts.append(f"{t.name}: {', '.join(diffs)}")
     if base.gpu != rec.gpu:
         parts.append(f"GPU {base.gpu}->{rec.gpu}")
+    knobs = space.policy.label(rec.tuning)
+    if base.tuning != rec.tuning and knobs:
+        parts.append(f"policy {knobs}")
     return "; ".join(parts) or "nothing"
 
 
@@ -104,6 +112,15 @@ def _changes(space: ShapeSpace, base: Shape, rec: Shape) -> str:
               help="Outcome sources to draw prompts and quality from (comma-separated), or 'none'.")
 @click.option("--bin-s", type=click.FloatRange(min=0.001), default=10.0, show_default=True,
               help="Width of the utilization plots' time bins, seconds.")
+@click.option("--tune", "tune_specs", multiple=True, metavar="NAME=V1,V2",
+              help="A policy setting searched with the fleet shape: a numeric policy variable or "
+                   "verify.prefix_tokens, and its values (qP: the P-quantile of the trace's p_hard); repeat for "
+                   "several. Default: every p_hard* variable over the trace's p_hard quantiles 0.5-0.98, every "
+                   "p_bad* variable over 0.3-0.6, verify.prefix_tokens over 16-128; 'none': the policy as written.")
+@click.option("--cascade/--no-cascade", default=True, show_default=True,
+              help="Replay a policy's verify section as a cascade (as `pointsman replay`, whose default it is).")
+@click.option("--drafts", "drafts_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The cascade's drafts, as for `pointsman replay` (default the shared AlpacaEval answers).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("plan-out"),
               show_default=True, help="Folder for plan.txt/json/html, the PNGs and the recommended fleet.yaml.")
 def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None, slo_class: str | None,
@@ -113,12 +130,12 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
                  time_budget_s: float, search_requests: int, candidates: int, assume_monotone: bool,
                  limit: int | None, start_s: float | None,
                  end_s: float | None, seed: int, estimator_spec: str, outcomes: str, bin_s: float,
-                 out_dir: Path) -> None:
+                 tune_specs: tuple[str, ...], cascade: bool, drafts_path: Path | None, out_dir: Path) -> None:
     """Search fleet shapes for TRACE's traffic; print the Pareto front of monthly cost vs SLO
     attainment and quality, and write the cheapest shape meeting --goal as --out/fleet.yaml."""
     import yaml
 
-    from pointsman.cli.replay import _estimator, _load_trace
+    from pointsman.cli.replay import _drafts, _estimator, _load_trace
     from pointsman.plan.evaluate import PlanInputs
     from pointsman.plan.planner import PlanSettings, plan
     from pointsman.plan.report import table, write_report
@@ -164,6 +181,9 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
             rows = [draw.rows[i] for i in draw.assign(len(requests))]
             texts = [list(r.messages) for r in rows]
         estimator = _estimator(estimator_spec)
+        book, _ = _drafts(cascade, drafts_path, rows is not None)
+        tuning = _tuning(policy_file, tune_specs, texts, estimator)
+        space = space.with_policy(tuning)
     except (FleetError, PolicyError, DataError) as exc:
         raise InputError(str(exc).splitlines()[0]) from None
     try:
@@ -172,15 +192,15 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
         raise InputError(f"--out {out_dir}: {exc.strerror or exc}") from None
 
     frontier = max(sim.frontier, key=lambda f: f.output_usd_per_mtok) if sim.frontier else None
-    reference = _all_frontier(requests, rows, frontier)
+    reference = _all_frontier(requests, rows, sim, seed)
     min_quality = min_quality_share * reference[0] if reference is not None else 0.0
     quality_floor = ("none (--min-quality-share 0)" if min_quality_share == 0 else
                      "none: no outcome rows or no frontier target to compare with" if reference is None else
                      f"{min_quality:.3f} = {min_quality_share:g} x all-frontier's {reference[0]:.3f} ({frontier.name} "
-                     f"on every request; all-frontier at list prices ${reference[1]:.2f}/M output tokens)"
+                     f"on every request, replayed: its frontier bill ${reference[1]:.2f}/M output tokens)"
                      if frontier is not None else "none")
     trace_scaled = requests if scales[0] == 1.0 else scaled(requests, scales[0])
-    inputs = PlanInputs(trace_scaled, texts, rows, policy_file, slo, slo_name, space, seed, bin_s)
+    inputs = PlanInputs(trace_scaled, texts, rows, policy_file, slo, slo_name, space, seed, bin_s, book)
     budget = budget_usd_per_month if budget_usd_per_month is not None else math.inf
     settings = PlanSettings(goal=goal, budget_usd_per_month=budget, growth=tuple(x / scales[0] for x in scales),
                             workers=workers, time_budget_s=time_budget_s, assume_monotone=assume_monotone,
@@ -230,13 +250,17 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
                      + (f" and quality {min_quality:.3f}" if min_quality > 0 else "")
                      + (f" within ${budget:,.0f}/month" if math.isfinite(budget) else ""))
     else:
-        cmd = ["pointsman", "replay", str(trace), "--fleet", str(out_dir / "fleet.yaml"), "--policy", str(policy_file),
+        tuned = rec.shape.tuning != space.base.tuning
+        rec_policy = out_dir / "policy.yaml" if tuned else policy_file
+        cmd = ["pointsman", "replay", str(trace), "--fleet", str(out_dir / "fleet.yaml"), "--policy", str(rec_policy),
                "--no-baselines", "--seed", str(seed), "--slo-class", slo_name, "--estimator", estimator_spec,
                "--outcomes", outcomes]
         for flag, value in (("--limit", limit), ("--start-s", start_s), ("--end-s", end_s),
-                            ("--slo-ttft-s", slo_ttft_s), ("--slo-tpot-s", slo_tpot_s)):
+                            ("--slo-ttft-s", slo_ttft_s), ("--slo-tpot-s", slo_tpot_s), ("--drafts", drafts_path)):
             if value is not None:
                 cmd += [flag, str(value)]
+        if not cascade:
+            cmd.append("--no-cascade")
         reproduce = shlex.join(cmd) + (f"  # at the trace's own rate; planned at x{scales[0]:g}" if scales[0] != 1 else "")
         header = (f"Planned by `pointsman plan` for {trace.name} ({len(requests)} requests, SLO class {slo_name}, "
                   f"goal {goal:.0%}) with {policy_file.name}:\n{rec.label}: ${rec.usd_per_month:,.0f}/month, "
@@ -244,9 +268,14 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
                   f"placeholders. Reproduce the numbers with:\n{reproduce}")
         fleet_file = out_dir / "fleet.yaml"
         fleet_file.write_text(space.fleet_text(rec.shape, header, {"reproduce": reproduce}), encoding="utf-8")
+        if tuned:
+            rec_policy.write_text(space.policy.policy_text(rec.shape.tuning, (
+                f"{policy_file} with the settings `pointsman plan` chose for {trace.name} on {fleet_file}: "
+                f"{space.policy.label(rec.shape.tuning)}\n(comments of the original are not kept). Reproduce the "
+                f"numbers with:\n{reproduce}")), encoding="utf-8")
         try:
-            load_policy(policy_file, load_fleet(fleet_file))
-            checked = f"passes `pointsman policy check --fleet {fleet_file} {policy_file}`"
+            load_policy(rec_policy, load_fleet(fleet_file))
+            checked = f"passes `pointsman policy check --fleet {fleet_file} {rec_policy}`"
         except (FleetError, PolicyError) as exc:
             checked = f"FAILS policy check: {str(exc).splitlines()[0]}"
         lines.append(f"recommended: {rec.label}: ${rec.usd_per_month:,.0f}/month (on-prem "
@@ -273,6 +302,8 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
                 if name == "recommended" and shape_result.label == base.label:
                     break
         lines.append(f"fleet file: {fleet_file} ({checked})")
+        if tuned:
+            lines.append(f"policy file: {rec_policy} ({policy_file.name} with {space.policy.label(rec.shape.tuning)})")
         lines.append(f"reproduce: {reproduce}")
     report_text = "\n".join(lines)
     meta = {"trace": str(trace), "requests": len(requests), "fleet": str(base_path), "policy": str(policy_file),
@@ -292,21 +323,71 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
     click.echo(f"report: {written['html']} ({', '.join(p.name for p in written.values())}); {wall:.0f} s")
 
 
-def _all_frontier(requests: list[TraceRequest], rows: list[OutcomeRow] | None, frontier: FrontierSpec | None
-                  ) -> tuple[float, float] | None:
-    """(quality, $/M output tokens) of sending every request to ``frontier``: the mean of its score
-    on the outcome rows (``replay.outcome_draw.quality_of``) and its list prices (no prompt cache: an
-    upper bound); None without rows or a frontier target."""
-    from pointsman.replay.outcome_draw import quality_of
+def _tuning(policy_file: Path, specs: tuple[str, ...], texts: Sequence[TraceMessages | None] | None,
+            estimator: Estimator) -> TuningSpace:
+    """The policy settings to search (``plan.tuning``): ``--tune`` specs, or the default knobs;
+    quantiles from the estimator's p_hard over the trace's prompts. Raises ``InputError``."""
+    import yaml
 
-    if rows is None or frontier is None or not requests:
+    from pointsman.plan.tuning import TuningSpace, default_knobs, parse_tune, resolve
+
+    doc = yaml.safe_load(policy_file.read_text(encoding="utf-8"))
+    if specs == ("none",):
+        return TuningSpace(doc)
+    try:
+        parsed = [parse_tune(s) for s in specs] if specs else default_knobs(doc)
+        needs_scores = any(v.startswith("q") for _, values in parsed for v in values)
+        return TuningSpace(doc, resolve(doc, parsed, _trace_p_hard(texts, estimator) if needs_scores else []))
+    except ValueError as exc:
+        raise InputError(f"--tune {exc}") from None
+
+
+def _trace_p_hard(texts: Sequence[TraceMessages | None] | None, estimator: Estimator) -> list[float]:
+    """The estimator's p_hard of each request with a prompt (as the engine computes it), in trace
+    order; unavailable estimates are left out."""
+    from pointsman.estimator.estimate import TokenIdsEstimator
+    from pointsman.estimator.features import tokenized_features
+    from pointsman.request import RequestView, RouteRequest
+
+    seen: dict[str, float | None] = {}
+    out: list[float] = []
+    for messages in texts or []:
+        if not messages:
+            continue
+        key = repr(messages)
+        if key not in seen:
+            view = RequestView.of(RouteRequest.model_validate({"messages": list(messages)}), None)
+            if isinstance(estimator, TokenIdsEstimator) and estimator.takes_query_token_ids:
+                features, token_ids = tokenized_features(view, estimator.tokenizer, True)
+                est = estimator.estimate(features, token_ids)
+            else:
+                est = estimator.estimate(tokenized_features(view, estimator.tokenizer, False)[0])
+            seen[key] = est.p_hard if est.available else None
+        p = seen[key]
+        if p is not None:
+            out.append(p)
+    return out
+
+
+def _all_frontier(requests: list[TraceRequest], rows: list[OutcomeRow] | None, sim: SimFleet, seed: int
+                  ) -> tuple[float, float] | None:
+    """(quality, $/M output tokens) of sending every request to the frontier target with the
+    highest output price: ``pointsman replay``'s ``all-frontier`` baseline, replayed here on the
+    whole trace (same seed, its prompt cache at the cached price), counting its frontier bill only
+    (an all-frontier deployment rents no GPUs; the replay's row also bills the fleet's idle
+    GPUs). None without outcome rows or a frontier target."""
+    from pointsman.replay.outcome_draw import quality_of
+    from pointsman.replay.runs import baseline_routers
+    from pointsman.replay.simulator import simulate
+    from pointsman.replay.summary import summarize
+
+    if rows is None or not sim.frontier or not requests:
         return None
-    scores = [q for q in (quality_of(r, True, frontier.name) for r in rows) if q is not None]
-    if not scores:
+    result = simulate(requests, sim, baseline_routers(sim, seed)["all-frontier"], seed=seed)
+    s = summarize(result, None, lambda r: quality_of(rows[r.index], r.frontier, r.target))
+    if math.isnan(s.quality) or not s.output_tokens:
         return None
-    usd = sum(r.prompt_tokens * frontier.input_usd_per_mtok + r.output_tokens * frontier.output_usd_per_mtok
-              for r in requests) / 1e6
-    return sum(scores) / len(scores), usd / sum(r.output_tokens for r in requests) * 1e6
+    return s.quality, s.frontier_cost_usd / s.output_tokens * 1e6
 
 
 def register(group: click.Group) -> None:

@@ -3,8 +3,9 @@
 ``evaluate(inputs, shape, scale) -> ShapeResult``: the shape's fleet file (``ShapeSpace.fleet_text``)
 is validated and the policy compiled against it (a policy that does not compile on that fleet
 makes the shape invalid: ``ShapeResult.error``), then replayed exactly as ``pointsman replay``
-would (``replay.runs.replay_all`` with the same seed, prompts, outcome rows and SLO class; arrival
-times scaled by ``scale`` with ``replay.goodput.scaled``) and priced:
+would (``replay.runs.replay_all`` with the same seed, prompts, outcome rows, SLO class and cascade
+drafts, the policy with the shape's settings (``plan.tuning``); arrival times scaled by ``scale``
+with ``replay.goodput.scaled``) and priced:
 
 - the window's costs (``replay.summary``: on-prem GPU-hours and energy, frontier bills) times
   ``HOURS_PER_MONTH x 3600 / window_s``: the trace's traffic as if it went on all month;
@@ -31,7 +32,8 @@ from pointsman.estimator.estimate import Estimator
 from pointsman.plan.prices import HOURS_PER_MONTH
 from pointsman.plan.shapes import Shape, ShapeSpace
 from pointsman.policy.fleet import Fleet, parse_fleet
-from pointsman.policy.rules.compiler import CompiledPolicy, load_policy
+from pointsman.policy.rules.compiler import CompiledPolicy, compile_policy, load_policy
+from pointsman.replay.cascade import DraftBook
 from pointsman.replay.engine_router import TraceMessages
 from pointsman.replay.fleet_map import sim_fleet
 from pointsman.replay.goodput import MemoEstimator, meets, scaled
@@ -44,7 +46,8 @@ from pointsman.replay.summary import SLO
 class PlanInputs:
     """What every replay of a plan shares: the ``trace`` (already windowed), per request its
     prompt ``texts`` and outcome ``rows`` (or None), the ``policy_path``, ``slo`` and ``slo_class``,
-    the simulator ``seed``, the plots' ``bin_s`` and the shape ``space``."""
+    the simulator ``seed``, the plots' ``bin_s``, the shape ``space`` and the cascade's ``drafts``
+    (None: a policy's verify section is not replayed, as ``pointsman replay --no-cascade``)."""
 
     trace: Sequence[TraceRequest]
     texts: Sequence[TraceMessages | None] | None
@@ -55,6 +58,7 @@ class PlanInputs:
     space: ShapeSpace
     seed: int = 0
     bin_s: float = 10.0
+    drafts: DraftBook | None = None
 
 
 @dataclass(frozen=True)
@@ -104,9 +108,12 @@ class ShapeResult:
 
 
 def compile_shape(inputs: PlanInputs, shape: Shape) -> tuple[Fleet, CompiledPolicy]:
-    """(fleet, compiled policy) of ``shape``; raises ``FleetError`` / ``PolicyError``."""
+    """(fleet, compiled policy) of ``shape`` (its policy settings applied); raises ``FleetError`` /
+    ``PolicyError``."""
     fleet = parse_fleet(inputs.space.fleet_text(shape), "<plan shape>")
-    return fleet, load_policy(inputs.policy_path, fleet)
+    if not inputs.space.policy.knobs:
+        return fleet, load_policy(inputs.policy_path, fleet)
+    return fleet, compile_policy(inputs.space.policy.policy_text(shape.tuning), fleet, str(inputs.policy_path))
 
 
 def evaluate(inputs: PlanInputs, estimator: Estimator, shape: Shape, scale: float = 1.0) -> ShapeResult:
@@ -122,7 +129,7 @@ def evaluate(inputs: PlanInputs, estimator: Estimator, shape: Shape, scale: floa
     trace = list(inputs.trace) if scale == 1.0 else scaled(inputs.trace, scale)
     run = replay_all(trace, fleet, sim, {"plan": policy}, estimator, texts=inputs.texts, rows=inputs.rows,
                      seed=inputs.seed, baselines=False, slo=inputs.slo, timeline_bin_s=inputs.bin_s,
-                     slo_class=inputs.slo_class)[0]
+                     slo_class=inputs.slo_class, cascade=inputs.drafts)[0]
     s, result = run.summary, run.result
     if s.window_s <= 0:  # every arrival at one instant and nothing served: no rate to scale to a month
         return ShapeResult(shape, scale, label, gpus, requests=len(trace),

@@ -89,7 +89,7 @@ def plan(space: ShapeSpace, inputs: PlanInputs, make_estimator: Callable[[], Est
         return sum(per_request_s) / len(per_request_s) * len(inputs.trace)
 
     def search_deadline() -> float:
-        later = (1 if windowed else 0) + \
+        later = (rounds(1 + settings.candidates) if windowed else 0) + \
             rounds(2 * sum(1 for x in settings.growth if x != 1.0))
         return t0 + settings.time_budget_s - 1.5 * later * full_replay_s()
 

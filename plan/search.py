@@ -9,11 +9,13 @@ workers' ``search`` inputs (the whole trace, or its busiest window: ``busiest_wi
    the base's tier and GPU);
 2. **expand** one evaluated shape at a time: replay up to ``batch_size`` of its neighbours
    (``ShapeSpace.neighbors``: one replica more or fewer, one moved between pools, aggregated <->
-   disaggregated, the next KV tier size, another GPU type) in parallel. Which shape: while none
-   meets the goal, the one with the highest attainment (an ascent), its neighbours ordered by
-   where its misses are (``_priority``: prefill replicas for TTFT misses, decode replicas for
-   TPOT misses, per dollar); then the cheapest not fully expanded shape that meets the goal (a
-   descent, largest saving first) or misses it by at most ``NEAR_MISS`` (a cheaper way up);
+   disaggregated, the next KV tier size, another GPU type, one policy knob to its next value) in
+   parallel. Which shape: while none qualifies (the SLO goal and the quality floor), the one
+   closest to qualifying (``_shortfall``: attainment under the goal plus quality under the floor;
+   an ascent), its neighbours ordered by where its misses are (``_priority``: prefill replicas for
+   TTFT misses, decode replicas for TPOT misses, per dollar; policy knobs first when only quality
+   is short); then the cheapest not fully expanded shape that qualifies (a descent, largest
+   saving first) or falls short by at most ``NEAR_MISS`` (a cheaper way up);
 3. **prune** before replaying: a neighbour whose cost floor (GPU rent, idle power, KV DRAM:
    ``ShapeSpace.floor_usd_per_month``) is at least the best qualifying shape's monthly cost can
    neither be recommended nor beat it, and from a shape that meets the goal only neighbours
@@ -73,13 +75,25 @@ def smallest_shapes(space: ShapeSpace) -> list[Shape]:
     return out
 
 
-def _priority(space: ShapeSpace, current: ShapeResult, shape: Shape, ascending: bool) -> tuple[float, float]:
+def _shortfall(r: ShapeResult, goal: float, min_quality: float) -> float:
+    """How far ``r`` is from qualifying: SLO attainment under ``goal`` plus quality under
+    ``min_quality`` (NaN quality: 0), both shares."""
+    q = 0.0 if math.isnan(r.quality) else r.quality
+    return max(0.0, goal - r.slo_attainment) + max(0.0, min_quality - q)
+
+
+def _priority(space: ShapeSpace, current: ShapeResult, shape: Shape, ascending: bool,
+              quality_short: bool = False) -> tuple[float, float]:
     """Sort key of a neighbour (lower first). Ascending: replicas added where ``current``'s
     misses are (prefill replicas for TTFT misses, decode for TPOT, aggregated for both, all
-    three for rejections), per dollar of floor added. Descending: the largest saving first."""
+    three for rejections), per dollar of floor added; when ``current`` meets the SLO goal but
+    not the quality floor (``quality_short``), a policy setting changed first (it costs no GPU).
+    Descending: the largest saving first."""
     delta = space.floor_usd_per_month(shape) - space.floor_usd_per_month(current.shape)
     if not ascending:
         return (delta, 0.0)
+    if quality_short and shape.tuning != current.shape.tuning:
+        return (-math.inf, delta)
     gain = 0.0
     for t in space.targets:
         m = current.misses.get(t.name, {})
@@ -162,19 +176,20 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
         best = recommend(list(out.results.values()), goal, budget_usd_per_month, min_quality)
         todo = [r for r in out.results.values() if r.shape not in expanded]
         if best is None:
-            todo.sort(key=lambda r: (-r.slo_attainment, r.usd_per_month))
+            todo.sort(key=lambda r: (_shortfall(r, goal, min_quality), r.usd_per_month))
         else:
-            todo = [r for r in todo if r.slo_attainment >= goal - NEAR_MISS
+            todo = [r for r in todo if _shortfall(r, goal, min_quality) <= NEAR_MISS
                     and space.floor_usd_per_month(r.shape) < best.usd_per_month]
-            todo.sort(key=lambda r: (r.slo_attainment < goal, r.usd_per_month))
+            todo.sort(key=lambda r: (_shortfall(r, goal, min_quality) > 0, r.usd_per_month))
         if not todo:
             break
         current = todo[0]
-        meets_goal = current.slo_attainment >= goal
+        meets_goal = _shortfall(current, goal, min_quality) == 0
         floor = space.floor_usd_per_month(current.shape)
         batch = [s for s in space.neighbors(current.shape)
                  if admissible(s, floor if meets_goal else math.inf)]
-        batch.sort(key=lambda s: _priority(space, current, s, not meets_goal))
+        short = current.slo_attainment >= goal and not meets_goal
+        batch.sort(key=lambda s: _priority(space, current, s, not meets_goal, short))
         if len(batch) <= batch_size:
             expanded.add(current.shape)
         if not run(batch[:batch_size]):
@@ -197,13 +212,23 @@ def busiest_window(trace: Sequence[TraceRequest], n: int) -> tuple[int, int]:
 
 def validation_candidates(results: Sequence[ShapeResult], goal: float, k: int,
                           budget_usd_per_month: float = math.inf, min_quality: float = 0.0) -> list[ShapeResult]:
-    """The ``k`` cheapest search results that meet ``goal`` within the budget, or miss it by at
-    most a third of ``NEAR_MISS`` (the whole trace may be easier than its peak window), and whose
-    quality is within ``NEAR_MISS`` / 3 of ``min_quality`` (NaN quality passes only a floor of 0)."""
+    """Up to ``k`` search results within the budget that meet ``goal`` and ``min_quality``, cheapest
+    first, then (the whole trace may be easier than its peak window) those missing either by at
+    most a third of ``NEAR_MISS`` (NaN quality passes only a floor of 0), cheapest first; results
+    with the same cost, attainment and quality as one already taken (policy settings that changed
+    no decision) are left out."""
     near = [r for r in results if r.ok and r.slo_attainment >= goal - NEAR_MISS / 3
             and r.usd_per_month <= budget_usd_per_month
             and (min_quality <= 0 or (not math.isnan(r.quality) and r.quality >= min_quality - NEAR_MISS / 3))]
-    return sorted(near, key=lambda r: (r.usd_per_month, -r.slo_attainment))[:k]
+    near.sort(key=lambda r: (_shortfall(r, goal, min_quality) > 0, r.usd_per_month, -r.slo_attainment))
+    out: list[ShapeResult] = []
+    seen: set[tuple[float, float, float]] = set()
+    for r in near:
+        key = (r.usd_per_month, r.slo_attainment, r.quality)
+        if key not in seen and len(out) < k:
+            seen.add(key)
+            out.append(r)
+    return out
 
 
 def run_jobs(jobs: list[Job], workers: Workers, log: Callable[[ShapeResult, int], None] | None = None,

@@ -22,11 +22,12 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import yaml
 
 from pointsman.plan.prices import GPU_PRICES, HOURS_PER_MONTH, kv_tier_usd_per_month
+from pointsman.plan.tuning import Tuning, TuningSpace
 from pointsman.policy.fleet import Fleet, OnPremTarget
 from pointsman.replay.hardware import GPU_PRESETS
 
@@ -57,10 +58,12 @@ class Pools:
 @dataclass(frozen=True, order=True)
 class Shape:
     """One fleet shape: ``pools`` per on-prem target (in the base fleet's order) and ``gpu``, the
-    GPU preset every on-prem replica runs on."""
+    GPU preset every on-prem replica runs on; ``tuning``: the policy's settings replayed with it
+    (``plan.tuning``: one value index per knob; () when nothing is tuned)."""
 
     pools: tuple[tuple[str, Pools], ...]
     gpu: str
+    tuning: Tuning = ()
 
     def of(self, target: str) -> Pools:
         """The pools of ``target``."""
@@ -96,13 +99,19 @@ def _base_gpu(target: OnPremTarget) -> str:
 class ShapeSpace:
     """The shapes a plan searches (module docstring): ``targets`` in the base fleet's order,
     ``gpus`` (GPU presets; the base fleet's first), ``max_replicas`` per pool, ``base`` (the base
-    fleet's own shape) and the base fleet ``doc`` (YAML as loaded)."""
+    fleet's own shape, the policy as written) and the base fleet ``doc`` (YAML as loaded);
+    ``policy``: the policy settings searched with the shape (``with_policy``)."""
 
     doc: Mapping[str, object]
     targets: tuple[TargetSpace, ...]
     gpus: tuple[str, ...]
     max_replicas: int
     base: Shape
+    policy: TuningSpace = field(default_factory=lambda: TuningSpace({}))
+
+    def with_policy(self, policy: TuningSpace) -> ShapeSpace:
+        """This space searching ``policy``'s knobs too (the base shape takes the policy as written)."""
+        return replace(self, policy=policy, base=replace(self.base, tuning=policy.base))
 
     @classmethod
     def of(cls, doc: Mapping[str, object], fleet: Fleet, kv_bytes: Mapping[str, int], *,
@@ -157,12 +166,13 @@ class ShapeSpace:
                 return False
             if p.aggregated + p.prefill == 0:
                 return False
-        return shape.gpu in self.gpus
+        return shape.gpu in self.gpus and len(shape.tuning) == len(self.policy.knobs)
 
     def neighbors(self, shape: Shape) -> Iterator[Shape]:
         """Valid shapes one step away: one replica more or fewer in one pool, one moved between
         two pools of a target, all of a target's replicas switched between aggregated and
-        prefill + decode (GPUs kept), the next tier capacity up or down, another GPU type."""
+        prefill + decode (GPUs kept), the next tier capacity up or down, another GPU type, one
+        policy knob to its next value (``TuningSpace.neighbors``)."""
         seen: set[Shape] = set()
 
         def emit(s: Shape) -> Iterator[Shape]:
@@ -195,11 +205,14 @@ class ShapeSpace:
                 yield from emit(shape.with_pools(t.name, replace(p, kv_level=p.kv_level + d)))
         for g in self.gpus:
             yield from emit(replace(shape, gpu=g))
+        for tuning in self.policy.neighbors(shape.tuning):
+            yield from emit(replace(shape, tuning=tuning))
 
     def covered_by(self, small: Shape, big: Shape) -> bool:
         """Whether ``big`` has at least as many replicas in every pool and at least the tier of
-        ``small``, on the same GPU type (so ``small`` cannot serve more, if capacity never hurts)."""
-        if small.gpu != big.gpu:
+        ``small``, on the same GPU type and policy settings (so ``small`` cannot serve more, if
+        capacity never hurts)."""
+        if small.gpu != big.gpu or small.tuning != big.tuning:
             return False
         for t in self.targets:
             a, b = small.of(t.name), big.of(t.name)
@@ -244,7 +257,8 @@ class ShapeSpace:
         return total
 
     def label(self, shape: Shape) -> str:
-        """``onprem-8b A2 | onprem-70b A2 P2 D4 KV1.5M`` (+ `` | H200-SXM`` off the base GPU)."""
+        """``onprem-8b A2 | onprem-70b A2 P2 D4 KV1.5M`` (+ `` | H200-SXM`` off the base GPU, + `` |
+        p_hard_frontier=0.61`` for policy knobs off the policy's own values)."""
         parts = []
         for t in self.targets:
             p = shape.of(t.name)
@@ -253,7 +267,9 @@ class ShapeSpace:
             if tier:
                 s += f" KV{tier / 1e6:g}M"
             parts.append(s)
-        return " | ".join(parts) + ("" if shape.gpu == self.gpus[0] else f" | {shape.gpu}")
+        knobs = self.policy.label(shape.tuning)
+        return " | ".join(parts) + ("" if shape.gpu == self.gpus[0] else f" | {shape.gpu}") \
+            + (f" | {knobs}" if knobs else "")
 
     # -- the fleet file ----------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from pointsman.plan.evaluate import PlanInputs, Workers
 from pointsman.plan.search import search
 from pointsman.plan.shapes import ShapeSpace
 from pointsman.policy.fleet import load_fleet
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR
 from pointsman.replay.fleet_map import sim_fleet
 from pointsman.replay.summary import SLO
 from tests.plan.conftest import write_trace
@@ -164,3 +165,84 @@ def test_the_quality_floor_is_all_frontiers_quality_times_the_share(tmp_path: Pa
     reproduce = shlex.split(meta["reproduce"])[1:]
     again = CliRunner().invoke(main, [*reproduce, "--out", str(tmp_path / "replay")])
     assert again.exit_code == 0, again.output
+
+
+def _shared_conv() -> Path:
+    from pointsman.datasets.sources import shared_datasets_dir
+    from pointsman.errors import DataError
+
+    try:
+        return shared_datasets_dir() / "azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+    except DataError:
+        pytest.skip("shared datasets not found")
+
+
+def test_the_plan_tunes_a_threshold_with_the_shape_and_its_policy_file_reproduces(tmp_path: Path) -> None:
+    """The default policy with p_hard_frontier 0.1 sends every prompt (p_hard 0.2 here) to
+    frontier-large. --tune p_hard_frontier=q0.5,0.9: q0.5 resolves to 0.2 (the trace's median,
+    still everything on the frontier), 0.9 keeps the prompts on-prem, far cheaper; the plan
+    recommends it, writes it into --out/policy.yaml, and `pointsman replay` with the reproduce
+    command (the cascade on, as in the plan's replays) gives the plan's SLO attainment, quality and
+    $/Mtok exactly."""
+    policy = tmp_path / "all-large.yaml"
+    policy.write_text((DEFAULT_POLICY_DIR / "default.yaml").read_text().replace(
+        "  p_hard_frontier: 0.65", "  p_hard_frontier: 0.1"), encoding="utf-8")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["plan", str(_shared_conv()), "--limit", "40", "--estimator", "fixed:0.2",
+                                    "--policy", str(policy), "--max-replicas", "2", "--workers", "1",
+                                    "--search-requests", "0", "--time-budget-s", "60", "--min-quality-share", "0",
+                                    "--tune", "p_hard_frontier=q0.5,0.9", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    report = json.loads((out / "plan.json").read_text())
+    labels = {r["label"] for r in report["evaluated"]}
+    assert any(label.endswith("| p_hard_frontier=0.2") for label in labels), labels  # the quantile, resolved
+    rec = report["recommended"]
+    assert rec is not None and rec["label"].endswith("| p_hard_frontier=0.9"), rec
+    assert "policy p_hard_frontier=0.9" in res.output
+    written = yaml.safe_load((out / "policy.yaml").read_text())
+    assert written["variables"]["p_hard_frontier"] == 0.9
+    reproduce = shlex.split(report["meta"]["reproduce"])[1:]
+    assert reproduce[reproduce.index("--policy") + 1] == str(out / "policy.yaml")
+    again = CliRunner().invoke(main, [*reproduce, "--out", str(tmp_path / "replay")])
+    assert again.exit_code == 0, again.output
+    summary = json.loads((tmp_path / "replay" / "report.json").read_text())["runs"]["policy"]["summary"]
+    assert summary["slo_attainment"] == pytest.approx(rec["slo_attainment"])
+    assert summary["quality"] == pytest.approx(rec["quality"])
+    assert summary["effective_usd_per_mtok"] == pytest.approx(rec["usd_per_mtok"], rel=1e-9)
+
+
+def test_the_plan_replays_the_cascade_as_its_reproduce_command_does(tmp_path: Path) -> None:
+    """The packaged default policy (verify section, early verification) planned on a slice: the
+    recommended shape's quality and cost are those `pointsman replay` gives with the cascade on
+    (the plan used to replay without it while its reproduce command ran with it)."""
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["plan", str(_shared_conv()), "--limit", "60", "--estimator", "fixed:0.2",
+                                    "--max-replicas", "2", "--workers", "1", "--search-requests", "0",
+                                    "--time-budget-s", "30", "--min-quality-share", "0", "--tune", "none",
+                                    "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    report = json.loads((out / "plan.json").read_text())
+    rec = report["recommended"]
+    assert not (out / "policy.yaml").exists()  # nothing tuned: the policy as written
+    reproduce = shlex.split(report["meta"]["reproduce"])[1:]
+    assert "--no-cascade" not in reproduce
+    for flags, same in (([], True), (["--no-cascade"], False)):
+        again = CliRunner().invoke(main, [*reproduce, *flags, "--out", str(tmp_path / "replay")])
+        assert again.exit_code == 0, again.output
+        summary = json.loads((tmp_path / "replay" / "report.json").read_text())["runs"]["default"]["summary"]
+        assert (summary["quality"] == pytest.approx(rec["quality"])) is same or summary["escalated"] == 0
+        if same:
+            assert summary["effective_usd_per_mtok"] == pytest.approx(rec["usd_per_mtok"], rel=1e-9)
+
+
+@pytest.mark.parametrize("tune, message", [
+    ("nope=1", "nope: not a numeric variable of the policy"),
+    ("p_hard_frontier=qx", "p_hard_frontier=qx: expected a number or qP"),
+    ("p_hard_frontier", "expected NAME=V1,V2"),
+])
+def test_a_bad_tune_is_one_error_line(tmp_path: Path, tune: str, message: str) -> None:
+    res = CliRunner().invoke(main, ["plan", str(_shared_conv()), "--limit", "5", "--estimator", "fixed:0.2",
+                                    "--tune", tune, "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2
+    errors = [line for line in res.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and message in errors[0], res.output
