@@ -173,7 +173,7 @@ def test_policy_check(tmp_path: Path):
     r = CliRunner().invoke(main, ["policy", "check", str(STATIC_POLICY_PATH)])
     assert r.exit_code == 0 and r.stdout.startswith(f"{STATIC_POLICY_PATH}: ok (6 rules, 4 verify rules, revision ")
     r = CliRunner().invoke(main, ["policy", "check", str(DEFAULT_POLICY_PATH)])
-    assert r.exit_code == 0 and r.stdout.startswith(f"{DEFAULT_POLICY_PATH}: ok (6 rules, 3 verify rules, revision ")
+    assert r.exit_code == 0 and r.stdout.startswith(f"{DEFAULT_POLICY_PATH}: ok (7 rules, 4 verify rules, revision ")
 
 
 def test_policy_check_prints_three_different_mistakes_with_their_locations(tmp_path: Path):
