@@ -6,7 +6,8 @@ recommended and the base shape at the other traffic scales.
 covers all of it but the growth replays, which always complete: the search stops early enough to
 leave the whole-trace replays their share,
 estimated from the search's own replay times (seconds per request replayed, times the whole
-trace's requests, per round of ``workers`` replays: one round of candidates, one per other scale).
+trace's requests, per round of ``workers`` replays: the rounds of the base and ``candidates``, one per
+other scale).
 """
 
 from __future__ import annotations
