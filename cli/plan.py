@@ -205,7 +205,7 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
     settings = PlanSettings(goal=goal, budget_usd_per_month=budget, growth=tuple(x / scales[0] for x in scales),
                             workers=workers, time_budget_s=time_budget_s, assume_monotone=assume_monotone,
                             search_requests=search_requests or len(requests), candidates=candidates,
-                            min_quality=min_quality)
+                            min_quality=min_quality, frontier=frontier.name if frontier is not None else None)
 
     def log(r: ShapeResult, n: int) -> None:
         elapsed = time.monotonic() - t0

@@ -3,8 +3,9 @@ cheapest candidates and the base fleet on the whole trace, recommend, and replay
 recommended and the base shape at the other traffic scales.
 
 ``plan(space, inputs, make_estimator, settings, log)`` -> ``PlanOutcome``. The time budget
-covers all of it but the growth replays, which always complete: the search stops early enough to
-leave the whole-trace replays their share,
+covers all of it but the validation and growth replays, which always complete (at most
+``candidates`` + 1 whole-trace replays, then two per other scale): the search stops early enough to
+leave them their share,
 estimated from the search's own replay times (seconds per request replayed, times the whole
 trace's requests, per round of ``workers`` replays: the rounds of the base and ``candidates``, one per
 other scale).
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from pointsman.estimator.estimate import Estimator
@@ -22,6 +23,7 @@ from pointsman.plan.evaluate import Job, PlanInputs, ShapeResult, Workers
 from pointsman.plan.front import pareto_front, recommend
 from pointsman.plan.search import SearchResult, busiest_window, run_jobs, search, validation_candidates
 from pointsman.plan.shapes import Shape, ShapeSpace
+from pointsman.replay.outcome_draw import OutcomeRow, quality_of
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,9 @@ class PlanSettings:
     runs on the busiest window of this many requests; the whole trace when shorter) and
     ``candidates`` (search results replayed on the whole trace, cheapest first, ``workers`` at a
     time with the base fleet in the first round, until one meets the goal); ``min_quality``: the
-    quality floor a recommended shape must reach too (``front.recommend``; 0 = none)."""
+    quality floor a recommended shape must reach too (``front.recommend``; 0 = none), set on
+    the whole trace; ``frontier``: the target all-frontier runs on (its quality on the outcome rows
+    is what the floor is a share of), which scales the floor to the search window's prompts."""
 
     goal: float = 0.9
     budget_usd_per_month: float = math.inf
@@ -43,6 +47,25 @@ class PlanSettings:
     search_requests: int = 1000
     candidates: int = 3
     min_quality: float = 0.0
+    frontier: str | None = None
+
+
+def window_floor(min_quality: float, whole: Sequence[OutcomeRow | None] | None,
+                 part: Sequence[OutcomeRow | None] | None, frontier: str | None) -> float:
+    """The quality floor on a window of the trace: ``min_quality`` (set against all-frontier's
+    quality on the ``whole`` trace's outcome rows) times the ratio of all-frontier's quality on
+    the window's rows (``part``) to that on the whole trace's: a window of harder prompts gets a
+    lower floor, as all-frontier's own quality is lower there. ``min_quality`` itself without rows
+    or a frontier target."""
+    if min_quality <= 0 or frontier is None or not whole or not part:
+        return min_quality
+
+    def mean(rows: Sequence[OutcomeRow | None]) -> float:
+        scores = [q for q in (quality_of(r, True, frontier) for r in rows) if q is not None]
+        return sum(scores) / len(scores) if scores else math.nan
+
+    a, b = mean(whole), mean(part)
+    return min_quality * b / a if a > 0 and not math.isnan(b) else min_quality
 
 
 @dataclass
@@ -94,20 +117,21 @@ def plan(space: ShapeSpace, inputs: PlanInputs, make_estimator: Callable[[], Est
             rounds(2 * sum(1 for x in settings.growth if x != 1.0))
         return t0 + settings.time_budget_s - 1.5 * later * full_replay_s()
 
-    hard = t0 + settings.time_budget_s
     with Workers({"search": window, "full": inputs}, make_estimator, settings.workers) as pool:
+        floor = window_floor(settings.min_quality, inputs.rows, window.rows, settings.frontier) if windowed \
+            else settings.min_quality
         found = search(space, window, pool, goal=settings.goal, budget_usd_per_month=settings.budget_usd_per_month,
                        deadline=search_deadline, assume_monotone=settings.assume_monotone, log=logged,
-                       min_quality=settings.min_quality)
+                       min_quality=floor)
         results = list(found.results.values())
         if windowed:
             picked = [r.shape for r in validation_candidates(results, settings.goal, settings.candidates,
-                                                             settings.budget_usd_per_month, settings.min_quality)]
+                                                             settings.budget_usd_per_month, floor)]
             queue: list[Shape] = [space.base, *[p for p in picked if p != space.base]]
             full = []
-            while queue and time.monotonic() < hard:  # a round at a time, until one meets the goal
+            while queue:  # a round at a time, until one meets the goal (always: at most candidates + 1)
                 chunk, queue = queue[:settings.workers], queue[settings.workers:]
-                full += run_jobs([("full", s, 1.0) for s in chunk], pool, logged, hard)
+                full += run_jobs([("full", s, 1.0) for s in chunk], pool, logged)
                 if recommend(full, settings.goal, settings.budget_usd_per_month, settings.min_quality) is not None:
                     break
         else:
