@@ -15,7 +15,7 @@ workers' ``search`` inputs (the whole trace, or its busiest window: ``busiest_wi
    an ascent), its neighbours ordered by where its misses are (``_priority``: prefill replicas for
    TTFT misses, decode replicas for TPOT misses, per dollar; policy knobs first when only quality
    is short); then the cheapest not fully expanded shape that qualifies (a descent, largest
-   saving first) or falls short by at most ``NEAR_MISS`` (a cheaper way up);
+   saving first) or falls short by at most ``NEAR_MISS`` (a cheaper way up), cheapest first;
 3. **prune** before replaying: a neighbour whose cost floor (GPU rent, idle power, KV DRAM:
    ``ShapeSpace.floor_usd_per_month``) is at least the best qualifying shape's monthly cost can
    neither be recommended nor beat it, and from a shape that meets the goal only neighbours
@@ -180,7 +180,7 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
         else:
             todo = [r for r in todo if _shortfall(r, goal, min_quality) <= NEAR_MISS
                     and space.floor_usd_per_month(r.shape) < best.usd_per_month]
-            todo.sort(key=lambda r: (_shortfall(r, goal, min_quality) > 0, r.usd_per_month))
+            todo.sort(key=lambda r: r.usd_per_month)
         if not todo:
             break
         current = todo[0]
