@@ -129,10 +129,11 @@ def plan(space: ShapeSpace, inputs: PlanInputs, make_estimator: Callable[[], Est
                                                              settings.budget_usd_per_month, floor)]
             queue: list[Shape] = [space.base, *[p for p in picked if p != space.base]]
             full = []
-            while queue:  # a round at a time, until one meets the goal (always: at most candidates + 1)
+            while queue:  # a round at a time, until a candidate meets the goal (always: at most candidates + 1)
                 chunk, queue = queue[:settings.workers], queue[settings.workers:]
                 full += run_jobs([("full", s, 1.0) for s in chunk], pool, logged)
-                if recommend(full, settings.goal, settings.budget_usd_per_month, settings.min_quality) is not None:
+                best = recommend(full, settings.goal, settings.budget_usd_per_month, settings.min_quality)
+                if best is not None and best.shape != space.base:
                     break
         else:
             full = results
