@@ -74,7 +74,8 @@ class PlanOutcome:
     whether that is less than the whole trace; ``front``: Pareto front of the search results;
     ``full``: results on the whole trace at the planned scale (the base first); ``base`` and
     ``recommended`` among them; ``growth``: label -> scale -> result (scale 1 included);
-    ``wall_s``."""
+    ``wall_s``; ``search_floor``: the quality floor the search used on its window
+    (``window_floor``)."""
 
     found: SearchResult
     window: tuple[int, int]
@@ -85,6 +86,7 @@ class PlanOutcome:
     recommended: ShapeResult | None
     growth: dict[str, dict[float, ShapeResult]] = field(default_factory=dict)
     wall_s: float = 0.0
+    search_floor: float = 0.0
 
 
 def plan(space: ShapeSpace, inputs: PlanInputs, make_estimator: Callable[[], Estimator], settings: PlanSettings,
@@ -154,7 +156,7 @@ def plan(space: ShapeSpace, inputs: PlanInputs, make_estimator: Callable[[], Est
             for g in run_jobs(scale_jobs, pool, logged):
                 growth.setdefault(g.label, {})[g.scale] = g
     return PlanOutcome(found, (start, end), windowed, pareto_front(results), full, base, rec,
-                       growth if scale_jobs else {}, time.monotonic() - t0)
+                       growth if scale_jobs else {}, time.monotonic() - t0, floor)
 
 
 __all__ = ["PlanOutcome", "PlanSettings", "plan"]

@@ -18,7 +18,7 @@ from pointsman.cli.main import main
 from pointsman.datasets.traces import load_trace
 from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.plan.evaluate import PlanInputs, Workers
-from pointsman.plan.search import search
+from pointsman.plan.search import busiest_window, search
 from pointsman.plan.shapes import ShapeSpace
 from pointsman.policy.fleet import load_fleet
 from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR
@@ -246,3 +246,32 @@ def test_a_bad_tune_is_one_error_line(tmp_path: Path, tune: str, message: str) -
     assert res.exit_code == 2
     errors = [line for line in res.output.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and message in errors[0], res.output
+
+
+def test_the_search_windows_quality_floor_is_scaled_to_its_prompts(tmp_path: Path) -> None:
+    """Searching on the busiest 30 of 60 requests: the floor there is --min-quality-share x
+    all-frontier's quality on those 30 requests' outcome rows (another draw of prompts than the
+    whole trace's, on which the recommendation's floor stays)."""
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH
+    from pointsman.replay.outcome_draw import OutcomeDraw, quality_columns, quality_of
+
+    trace = _shared_conv()
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["plan", str(trace), "--limit", "60", "--search-requests", "30", "--estimator",
+                                    "fixed:0.2", "--max-replicas", "2", "--workers", "1", "--time-budget-s", "20",
+                                    "--tune", "none", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    meta = json.loads((out / "plan.json").read_text())["meta"]
+    fleet = load_fleet(DEFAULT_FLEET_PATH)
+    draw = OutcomeDraw.load(["alpacaeval_ae1"], 0, target_columns=quality_columns(fleet))
+    requests = load_trace(trace, limit=60)
+    rows = [draw.rows[i] for i in draw.assign(len(requests))]
+    start, end = busiest_window(requests, 30)
+
+    def all_frontier(part: list) -> float:
+        return sum(quality_of(r, True, "frontier-large") for r in part) / len(part)
+
+    assert meta["min_quality"] == pytest.approx(0.95 * all_frontier(rows), rel=1e-6)
+    expected = meta["min_quality"] * all_frontier(rows[start:end]) / all_frontier(rows)
+    assert meta["search_min_quality"] == pytest.approx(expected)
+    assert meta["search_min_quality"] != pytest.approx(meta["min_quality"])  # the slice's draw differs
