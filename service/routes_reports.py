@@ -276,11 +276,31 @@ def _invalid_ack(item: OutcomeIn | OutcomeItemError, problem: OutcomeItemError) 
             "problem": problem}
 
 
+def not_the_callers(rt: Runtime, item: OutcomeIn, caller: Principal | None, prefix: str = "") -> OutcomeItemError | None:
+    """Whether ``caller`` may not report ``item``: a decision routed under a gateway key (its
+    ``key:<name>`` budget scope, from this replica's record or the signed id) takes its outcome from
+    that key or an admin key only, so a decision id seen in a forwarded header cannot spend another
+    key's budget. The error on ``decision_id`` (under ``prefix``), else None (also for a decision
+    nothing here knows, and with authentication off)."""
+    if caller is None or caller.key_id is None or caller.role == "admin":
+        return None
+    state = rt.live.engine.state
+    record = state.known(item.decision_id)
+    keys = [s for s in (record.scopes if record is not None else ()) if s.startswith("key:")]
+    if not keys or f"key:{caller.key_id}" in keys:
+        return None
+    field = f"{prefix}.decision_id" if prefix else "decision_id"
+    return OutcomeItemError(((field, f"decision {item.decision_id} was routed with another gateway key; only "
+                                     "that key or an admin key may report its outcome"),),
+                            decision_id=item.decision_id, outcome_id=item.key)
+
+
 def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], indexed: bool = False,
-                   settle: bool = True) -> list[AckEntry]:
+                   settle: bool = True, caller: Principal | None = None) -> list[AckEntry]:
     """Steps 1-3 of the module docstring (blocking: run in a worker thread). Returns one ack
-    dict per item, in order; an invalid item (an ``OutcomeItemError`` from parsing, or usage
-    impossible on its target, ``usage_problem``; fields prefixed ``[i]`` when ``indexed``) is not
+    dict per item, in order; an invalid item (an ``OutcomeItemError`` from parsing, usage
+    impossible on its target, ``usage_problem``, or a decision of another gateway key than
+    ``caller``'s, ``not_the_callers``; fields prefixed ``[i]`` when ``indexed``) is not
     stored and gets status ``invalid``, its ``message`` naming the fields, and its error under
     the ``problem`` key. Without ``settle`` (outcomes forwarded here) nothing is settled or
     forwarded again. Raises ``HTTPError`` 503 when the outcome log, the shared state (for an
@@ -301,7 +321,8 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
             item, escalation = _of_escalation(rt, item)
             if escalation is not None:
                 items[i], escalations[i] = item, escalation
-            problems[i] = usage_problem(rt, item, f"[{i}]" if indexed else "")
+            problems[i] = usage_problem(rt, item, f"[{i}]" if indexed else "") \
+                or not_the_callers(rt, item, caller, f"[{i}]" if indexed else "")
             if problems[i] is not None:
                 continue
             record = state.known(item.decision_id)
@@ -384,17 +405,17 @@ async def outcomes(request: Request, principal: Principal = Depends(require("gat
                    rt: Runtime = Depends(get_runtime)) -> JSONAnswer:
     """Store outcomes durably, then settle budgets and release load (see the module). The answer
     comes only after the outcomes are on disk."""
-    return await answer_outcomes(request, rt)
+    return await answer_outcomes(request, rt, principal)
 
 
 async def outcomes_hot(request: Request) -> JSONAnswer:
     """``outcomes`` without FastAPI's dependency injection (``app.PointsmanApp`` serves ``POST
     /v1/outcomes`` with it): the same key check, runtime and answer. Raises ``HTTPError``."""
-    authenticate(request, "gateway", header_key(request))
-    return await answer_outcomes(request, runtime_of(request))
+    principal = authenticate(request, "gateway", header_key(request))
+    return await answer_outcomes(request, runtime_of(request), principal)
 
 
-async def answer_outcomes(request: Request, rt: Runtime) -> JSONAnswer:
+async def answer_outcomes(request: Request, rt: Runtime, principal: Principal | None = None) -> JSONAnswer:
     """Read, store and settle the outcomes of ``request``; the answer (see the module)."""
     started = time.perf_counter()
     body, items = await read_parsed(request, rt.settings, "an outcome object or a list of them",
@@ -402,7 +423,7 @@ async def answer_outcomes(request: Request, rt: Runtime) -> JSONAnswer:
     batch = isinstance(body, list)
     if not batch and isinstance(items[0], OutcomeItemError):
         raise _invalid_item(items[0])
-    raw = await run_in_threadpool(store_outcomes, rt, items, batch)
+    raw = await run_in_threadpool(store_outcomes, rt, items, batch, True, principal)
     if not batch and "problem" in raw[0]:
         raise _invalid_item(raw[0]["problem"])
     acks = [OutcomeAckOut.model_validate(a) for a in raw]

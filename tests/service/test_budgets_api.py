@@ -156,3 +156,31 @@ def test_an_ok_outcome_without_usage_books_the_target_that_served_it(tmp_path):
                              fleet.output_tokens("frontier-large", None)).usd
         assert settled["target"] == "frontier-large"
         assert settled["actual_cost_usd"] == pytest.approx(want) and want > 10 * other["estimated_cost_usd"]
+
+
+def test_only_the_routing_key_or_an_admin_reports_a_key_budgets_outcome(tmp_path):
+    """A decision routed under gateway key ``gw`` (budget scope ``key:gw``) takes its outcome from
+    ``gw`` or an admin key, not from another gateway key: the decision id travels in headers to the
+    upstream, and key ``other`` booked $0.65 to ``key:gw`` with it. Found by a fresh-eyes test."""
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text(budgets_yaml(5))
+    settings = Settings(data_dir=tmp_path, watch_policy=False, watch_fleet=False, scrape_interval_s=0,
+                        budgets_path=budgets, watch_budgets=False,
+                        gateway_api_keys=SecretStr("gw=gateway-secret-0123,other=other-secret-0123"),
+                        admin_api_keys=SecretStr("ops=admin-secret-0123"))
+    other = {"Authorization": "Bearer other-secret-0123"}
+    usage = {"prompt_tokens": 100_000, "completion_tokens": 40_000}
+    with TestClient(create_app(settings)) as c:
+        mine, ops = (c.post("/v1/route", json=BODY, headers=GATEWAY).json() for _ in range(2))
+        r = c.post("/v1/outcomes", json={"decision_id": mine["decision_id"], "status": "ok", "usage": usage},
+                   headers=other)
+        assert r.status_code == 422 and r.json()["error"]["param"] == "decision_id", r.text
+        assert "another gateway key" in r.json()["error"]["message"]
+        batch = c.post("/v1/outcomes", json=[{"decision_id": mine["decision_id"], "status": "ok", "usage": usage}],
+                       headers=other).json()
+        assert batch["acks"][0]["status"] == "invalid" and batch["counts"] == {"invalid": 1}
+        assert status(c)[0]["settled_usd"] == 0  # nothing booked by the other key
+        for headers, d in ((GATEWAY, mine), (ADMIN, ops)):  # the routing key, and an admin
+            r = c.post("/v1/outcomes", json={"decision_id": d["decision_id"], "status": "ok",
+                                             "usage": {"prompt_tokens": 10, "completion_tokens": 5}}, headers=headers)
+            assert r.status_code == 200 and r.json()["acks"][0]["status"] == "stored", r.text
