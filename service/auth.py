@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from fastapi import Request, Security
@@ -192,6 +192,17 @@ def authenticate(request: HTTPConnection, role: str, key: str | None) -> Princip
         raise HTTPError(403, f"this endpoint needs an admin key; key '{principal.key_id}' has the "
                              f"{principal.role} role", type="permission_error", code="forbidden")
     return principal
+
+
+def may_report(principal: Principal | None, scopes: Iterable[str]) -> bool:
+    """Whether ``principal`` may report on (verify a draft of, or post the outcome of) a decision
+    with these budget ``scopes``: a decision routed under a gateway key (``key:<name>``) only by
+    that key or an admin key, so a decision id seen in a forwarded header cannot spend another
+    key's budget; any decision with authentication off or without a key scope."""
+    if principal is None or principal.key_id is None or principal.role == "admin":
+        return True
+    keys = [s for s in scopes if s.startswith("key:")]
+    return not keys or f"key:{principal.key_id}" in keys
 
 
 def require(role: str) -> Callable[..., Awaitable[Principal]]:

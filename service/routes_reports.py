@@ -79,7 +79,7 @@ from pointsman.outcome import (
 from pointsman.outcome_log.records import OutcomeAck
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.cost import estimate_cost
-from pointsman.service.auth import Principal, authenticate, header_key, require
+from pointsman.service.auth import Principal, authenticate, header_key, may_report, require
 from pointsman.service.bodies import JSONAnswer, json_body, read_parsed, validate_model
 from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, unavailable
 from pointsman.service.runtime import Runtime, get_runtime, runtime_of
@@ -282,12 +282,8 @@ def not_the_callers(rt: Runtime, item: OutcomeIn, caller: Principal | None, pref
     that key or an admin key only, so a decision id seen in a forwarded header cannot spend another
     key's budget. The error on ``decision_id`` (under ``prefix``), else None (also for a decision
     nothing here knows, and with authentication off)."""
-    if caller is None or caller.key_id is None or caller.role == "admin":
-        return None
-    state = rt.live.engine.state
-    record = state.known(item.decision_id)
-    keys = [s for s in (record.scopes if record is not None else ()) if s.startswith("key:")]
-    if not keys or f"key:{caller.key_id}" in keys:
+    record = rt.live.engine.state.known(item.decision_id) if caller is not None else None
+    if record is None or may_report(caller, record.scopes):
         return None
     field = f"{prefix}.decision_id" if prefix else "decision_id"
     return OutcomeItemError(((field, f"decision {item.decision_id} was routed with another gateway key; only "

@@ -40,7 +40,7 @@ from pointsman.json_types import JSONValue
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.escalation import draft_signals
 from pointsman.policy.fleet import FrontierTarget
-from pointsman.service.auth import Principal, require
+from pointsman.service.auth import Principal, may_report, require
 from pointsman.service.bodies import json_body, read_parsed, validate_model
 from pointsman.service.cascade import Pending, VerifyIn, VerifyOut
 from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, unavailable
@@ -155,5 +155,9 @@ async def verify_route(request: Request, principal: Principal = Depends(require(
     """Body: ``decision_id``, ``draft`` (text, finish_reason, logprobs, partial) and ``usage``.
     Answer: accept or escalate with the target, ``p_bad``, the deciding rule and a trace."""
     _, body = await read_parsed(request, rt.settings, "a verify object", parse_verify)
+    record = rt.live.engine.state.known(body.decision_id)
+    if record is not None and not may_report(principal, record.scopes):
+        raise HTTPError(422, f"decision {body.decision_id} was routed with another gateway key; only that key or "
+                             "an admin key may verify its draft", param="decision_id", code="invalid_value")
     answer = await run_in_threadpool(verify, rt, body, rt.verifier)
     return JSONResponse(answer)

@@ -159,8 +159,8 @@ def test_an_ok_outcome_without_usage_books_the_target_that_served_it(tmp_path):
 
 
 def test_only_the_routing_key_or_an_admin_reports_a_key_budgets_outcome(tmp_path):
-    """A decision routed under gateway key ``gw`` (budget scope ``key:gw``) takes its outcome from
-    ``gw`` or an admin key, not from another gateway key: the decision id travels in headers to the
+    """A decision routed under gateway key ``gw`` (budget scope ``key:gw``) takes its outcome (and a
+    draft's verify) from ``gw`` or an admin key, not from another gateway key: the decision id travels in headers to the
     upstream, and key ``other`` booked $0.65 to ``key:gw`` with it. Found by a fresh-eyes test."""
     budgets = tmp_path / "budgets.yaml"
     budgets.write_text(budgets_yaml(5))
@@ -179,6 +179,9 @@ def test_only_the_routing_key_or_an_admin_reports_a_key_budgets_outcome(tmp_path
         batch = c.post("/v1/outcomes", json=[{"decision_id": mine["decision_id"], "status": "ok", "usage": usage}],
                        headers=other).json()
         assert batch["acks"][0]["status"] == "invalid" and batch["counts"] == {"invalid": 1}
+        v = c.post("/v1/verify", json={"decision_id": mine["decision_id"], "draft": {"text": "Hi there."},
+                                       "usage": usage}, headers=other)  # would book the draft's tokens
+        assert v.status_code == 422 and v.json()["error"]["param"] == "decision_id", v.text
         assert status(c)[0]["settled_usd"] == 0  # nothing booked by the other key
         for headers, d in ((GATEWAY, mine), (ADMIN, ops)):  # the routing key, and an admin
             r = c.post("/v1/outcomes", json={"decision_id": d["decision_id"], "status": "ok",
