@@ -79,6 +79,7 @@ from pointsman.outcome import (
 from pointsman.outcome_log.records import OutcomeAck
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.cost import estimate_cost
+from pointsman.policy.signals.fleet_state import DispatchRecord
 from pointsman.service.auth import Principal, authenticate, header_key, may_report, require
 from pointsman.service.bodies import JSONAnswer, json_body, read_parsed, validate_model
 from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, unavailable
@@ -276,13 +277,13 @@ def _invalid_ack(item: OutcomeIn | OutcomeItemError, problem: OutcomeItemError) 
             "problem": problem}
 
 
-def not_the_callers(rt: Runtime, item: OutcomeIn, caller: Principal | None, prefix: str = "") -> OutcomeItemError | None:
+def not_the_callers(item: OutcomeIn, record: DispatchRecord | None, caller: Principal | None,
+                    prefix: str = "") -> OutcomeItemError | None:
     """Whether ``caller`` may not report ``item``: a decision routed under a gateway key (its
-    ``key:<name>`` budget scope, from this replica's record or the signed id) takes its outcome from
-    that key or an admin key only, so a decision id seen in a forwarded header cannot spend another
-    key's budget. The error on ``decision_id`` (under ``prefix``), else None (also for a decision
-    nothing here knows, and with authentication off)."""
-    record = rt.live.engine.state.known(item.decision_id) if caller is not None else None
+    ``key:<name>`` budget scope, in ``record``: ``FleetState.known``, this replica's record or the
+    signed id) takes its outcome from that key or an admin key only, so a decision id seen in a
+    forwarded header cannot spend another key's budget. The error on ``decision_id`` (under
+    ``prefix``), else None (also for a decision nothing here knows, and with authentication off)."""
     if record is None or may_report(caller, record.scopes):
         return None
     field = f"{prefix}.decision_id" if prefix else "decision_id"
@@ -317,11 +318,11 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
             item, escalation = _of_escalation(rt, item)
             if escalation is not None:
                 items[i], escalations[i] = item, escalation
+            record = state.known(item.decision_id)
             problems[i] = usage_problem(rt, item, f"[{i}]" if indexed else "") \
-                or not_the_callers(rt, item, caller, f"[{i}]" if indexed else "")
+                or not_the_callers(item, record, caller, f"[{i}]" if indexed else "")
             if problems[i] is not None:
                 continue
-            record = state.known(item.decision_id)
             if record is not None:
                 known[item.decision_id] = record.target
             claims = state.claims(item.decision_id)
