@@ -87,7 +87,7 @@ class DifficultyEstimator:
         except Exception as exc:  # onnxruntime raises its own exception types for corrupt files
             raise ModelNotFoundError(f"{self.model_dir}: cannot load ONNX model ({type(exc).__name__}: {exc})") from None
         self.tokenizer = self.encoder.tokenizer
-        self._inputs = HeadInputs(self.encoder, blocks)
+        self._inputs = HeadInputs(self.encoder, blocks, self.manifest.head.pooling)
         self._head_in = self.manifest.head.input
         self._head_out = self.manifest.head.output
 

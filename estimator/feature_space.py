@@ -1,5 +1,5 @@
 """Feature-space ids: which vector space a model's head reads (encoder file, tokenizer,
-token window, head feature names), so logged head inputs are reused only by a model that
+token window, head feature names, pooling), so logged head inputs are reused only by a model that
 reads the same space.
 """
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from pointsman.estimator.manifest import Manifest
 
-_SPACE_CACHE: dict[tuple[str, int, int], str] = {}
+_SPACE_CACHE: dict[tuple[str, int, int, tuple[str, ...], str], str] = {}
 #: ``feature_space_of`` per loaded model: id(manifest) -> (manifest, model_dir, space id).
 _LOADED: dict[int, tuple[Manifest, str | Path, str]] = {}
 
@@ -22,7 +22,8 @@ def feature_space_of(estimator: object) -> str | None:
     without a model directory (``FixedDifficulty``).
 
     ``"<encoder kind>-<12 hex>"``: sha256 over the encoder ONNX file, the tokenizer, the token
-    window and the head's feature names. Two models with the same encoder and request features
+    window, the head's feature names and its pooling (a ``mean`` pooling adds nothing: ids of models
+trained before pooling existed are unchanged). Two models with the same encoder and request features
     (a champion and a challenger trained with ``--encoder-from``) share it, so head inputs logged
     under one can train and score the other. Cached per file (path, size, mtime), and per loaded
     model (its ``Manifest`` object: the files it was loaded from are read once).
@@ -48,7 +49,7 @@ def feature_space_id(model_dir: Path, manifest: Manifest) -> str:
     enc = manifest.encoder
     path = Path(model_dir) / enc.file
     st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, tuple(manifest.head.feature_names), manifest.head.pooling)
     cached = _SPACE_CACHE.get(key)
     if cached is None:
         h = hashlib.sha256()
@@ -58,6 +59,8 @@ def feature_space_id(model_dir: Path, manifest: Manifest) -> str:
         h.update((Path(model_dir) / enc.tokenizer).read_bytes())
         h.update(f"|{enc.max_tokens}|{enc.add_special_tokens}|".encode())
         h.update("\n".join(manifest.head.feature_names).encode())
+        if manifest.head.pooling != "mean":
+            h.update(f"|pooling={manifest.head.pooling}".encode())
         cached = f"{enc.kind}-{h.hexdigest()[:12]}"
         _SPACE_CACHE[key] = cached
     return cached

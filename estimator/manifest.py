@@ -27,6 +27,8 @@ from pointsman.json_types import JSONObject
 MANIFEST_FILE = "manifest.json"
 FORMAT = "pointsman-difficulty/1"
 ENCODER_KINDS = ("static", "minilm")
+#: How a head's embedding columns pool the query (``estimator.head_inputs``).
+POOLINGS = ("mean", "instruction")
 
 
 @dataclass
@@ -59,6 +61,8 @@ class HeadSpec:
     ``input``/``output``: tensor names (float32 (n, n_features) in, ``p_hard`` (n,) out).
     ``feature_names``: the head's input columns in order (``emb_0..emb_{dim-1}`` then
     ``estimator.markers.FEATURE_NAMES``). ``opset``: ONNX default-domain opset.
+    ``pooling``: how the ``emb_*`` columns pool the query (``POOLINGS``, ``estimator.head_inputs``;
+    ``mean`` for models trained before ``instruction`` existed).
     """
 
     file: str
@@ -68,6 +72,7 @@ class HeadSpec:
     opset: int
     estimator: str
     params: JSONObject = field(default_factory=dict)
+    pooling: str = "mean"
 
 
 @dataclass
@@ -133,14 +138,18 @@ def read_manifest(model_dir: str | Path) -> Manifest:
         raise ModelNotFoundError(f"{path}: invalid manifest ({type(exc).__name__}: {exc})") from None
     if manifest.encoder.kind not in ENCODER_KINDS:
         raise ModelNotFoundError(f"{path}: unknown encoder kind {manifest.encoder.kind!r}; known: {ENCODER_KINDS}")
+    if manifest.head.pooling not in POOLINGS:
+        raise ModelNotFoundError(f"{path}: unknown head pooling {manifest.head.pooling!r}; known: {POOLINGS}")
     for name in (manifest.encoder.file, manifest.encoder.tokenizer, manifest.head.file):
         if not (model_dir / name).is_file():
             raise ModelNotFoundError(f"{model_dir}: manifest names {name!r} but the file is missing")
     return manifest
 
 
-def content_version(model_dir: str | Path, files: list[str], feature_names: list[str], name: str) -> str:
-    """``"<name>-<first 12 hex of sha256>"`` over ``files`` (in order) and the feature names.
+def content_version(model_dir: str | Path, files: list[str], feature_names: list[str], name: str,
+                    pooling: str = "mean") -> str:
+    """``"<name>-<first 12 hex of sha256>"`` over ``files`` (in order), the feature names and the head's
+    pooling (a ``mean`` pooling adds nothing: versions of models trained before pooling existed hold).
 
     Stable per artifact: the same ONNX files, tokenizer and features give the same version.
     """
@@ -149,4 +158,6 @@ def content_version(model_dir: str | Path, files: list[str], feature_names: list
         h.update(f.encode())
         h.update(hashlib.sha256((Path(model_dir) / f).read_bytes()).digest())
     h.update("\n".join(feature_names).encode())
+    if pooling != "mean":
+        h.update(f"\npooling={pooling}".encode())
     return f"{name}-{h.hexdigest()[:12]}"

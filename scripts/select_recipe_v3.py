@@ -2,7 +2,8 @@
 """Choose difficulty v3's easy-anchor gate by two criteria that no single one can game: the sanity
 suite's concordance (``datasets/sanity_pairs.jsonl``, never trained on) and leave-one-chat-source-out
 APGR (``scripts/select_recipe_v2.py``'s ``loco``: train without Arena-Bench-V1, score it; the same for
-RouteLLM MT-bench). ``criterion`` is their mean; AlpacaEval is printed for the record and never chosen on.
+RouteLLM MT-bench). ``criterion`` is their mean; AlpacaEval and the holdout suite
+(``datasets/sanity_holdout_pairs.jsonl``) are printed for the record and never chosen on.
 
 Two ranking labels: ``gap`` (v2's: the graded strong - weak score gap over model pairs, centered per
 source) and ``acceptable`` ("is the cheap answer good enough?": the share of the source's weak models
@@ -15,7 +16,7 @@ anchors (``datasets.easy_anchors``) and the head's gate at the given weight, shi
 ``--no-anchors`` rows are the v2 recipe. Heads are fitted without cross-fitting (the Platt map is
 increasing: it changes no ranking).
 
-    nice -n 10 .venv/bin/python scripts/select_recipe_v3.py [--json]
+    nice -n 10 .venv/bin/python scripts/select_recipe_v3.py [--pooling mean|instruction] [--json]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import dataclasses
 import itertools
 import json
 import os
+from pathlib import Path
 
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
@@ -33,6 +35,8 @@ import numpy as np  # noqa: E402
 from pointsman.data_dir import data_dir  # noqa: E402
 from pointsman.datasets.sources import default_training_sources, get_source  # noqa: E402
 from pointsman.estimator.difficulty import DifficultyEstimator  # noqa: E402
+from pointsman.estimator.head_inputs import HeadInputs  # noqa: E402
+from pointsman.estimator.manifest import POOLINGS  # noqa: E402
 from pointsman.estimator.model_source import bundled_model_dir  # noqa: E402
 from pointsman.training.examples import EASY_ANCHORS, anchor_examples, build_examples, features_for_messages  # noqa: E402
 from pointsman.training.metrics import apgr  # noqa: E402
@@ -81,8 +85,10 @@ def _head(cfg: TrainConfig, ex, X: np.ndarray, gate: dict[str, float] | None, la
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--pooling", choices=POOLINGS, default=TrainConfig.pooling,
+                    help="how the embedding pools the query (estimator.head_inputs)")
     args = ap.parse_args()
-    cfg = TrainConfig(encoder_from=str(bundled_model_dir()))
+    cfg = TrainConfig(encoder_from=str(bundled_model_dir()), pooling=args.pooling)
     sources = default_training_sources(cfg.sources)
     cache = data_dir() / "cache"
     built = build_encoder(cfg, sources, cache)
@@ -90,22 +96,29 @@ def main() -> None:
     chat = build_examples(sources, tokenizer=est.tokenizer)
     anchors = anchor_examples(est.tokenizer)
     both = chat.concat(anchors)
-    X_all = head_inputs(built, both, cache, cfg.blocks)
-    pairs = read_pairs("sanity")
+    X_all = head_inputs(built, both, cache, cfg.blocks, cfg.pooling)
+    inputs = HeadInputs(est.encoder, cfg.blocks, cfg.pooling)
 
     def vec(request) -> np.ndarray:
-        return est.feature_vector(features_for_messages(messages_of(request), est.tokenizer))[0]
+        return inputs.vector(features_for_messages(messages_of(request), est.tokenizer))[0]
 
-    E, H = np.stack([vec(p.easy) for p in pairs]), np.stack([vec(p.hard) for p in pairs])
+    suites = {}
+    for name in ("sanity", str(Path(__file__).resolve().parents[1] / "datasets" / "sanity_holdout_pairs.jsonl")):
+        pairs = read_pairs(name)
+        suites[name] = (np.stack([vec(p.easy) for p in pairs]), np.stack([vec(p.hard) for p in pairs]))
     ae = build_examples([get_source(n) for n in AE], tokenizer=est.tokenizer)
-    X_ae = head_inputs(built, ae, cache, cfg.blocks)
+    X_ae = head_inputs(built, ae, cache, cfg.blocks, cfg.pooling)
+
+    def concordance(head, name: str) -> float:
+        E, H = suites[name]
+        d = head.decision_function(H) - head.decision_function(E)
+        return float(np.mean(d > 0) + 0.5 * np.mean(d == 0))
 
     def measure(gate: dict[str, float] | None, label: str) -> dict[str, float]:
         keep = np.ones(len(both), dtype=bool) if gate else both.source != EASY_ANCHORS
         out: dict[str, float] = {}
         head = _head(cfg, both.subset(keep), X_all[keep], gate, label)
-        d = head.decision_function(H) - head.decision_function(E)
-        out["sanity"] = float(np.mean(d > 0) + 0.5 * np.mean(d == 0))
+        out["sanity"], out["holdout"] = (concordance(head, name) for name in suites)
         for held in ("arena_bench_v1", "routellm_mtbench"):
             train = keep & (both.source != held)
             h = _head(cfg, both.subset(train), X_all[train], gate, label)
@@ -125,10 +138,12 @@ def main() -> None:
     if args.json:
         print(json.dumps({name: r for name, r in rows}, indent=2))
         return
-    print(f"{'candidate':32s} {'sanity':>7s} {'arena':>7s} {'mtbench':>7s} {'loco':>7s} {'criterion':>9s} {'AE apgr':>8s}")
+    print(f"pooling: {cfg.pooling}")
+    print(f"{'candidate':32s} {'sanity':>7s} {'arena':>7s} {'mtbench':>7s} {'loco':>7s} {'criterion':>9s} {'AE apgr':>8s} "
+          f"{'holdout':>8s}")
     for name, r in sorted(rows, key=lambda kv: -kv[1]["criterion"]):
         print(f"{name:32s} {r['sanity']:7.4f} {r['arena_bench_v1']:7.4f} {r['routellm_mtbench']:7.4f} {r['loco']:7.4f} "
-              f"{r['criterion']:9.4f} {r['alpacaeval_apgr']:8.4f}")
+              f"{r['criterion']:9.4f} {r['alpacaeval_apgr']:8.4f} {r['holdout']:8.4f}")
 
 
 if __name__ == "__main__":

@@ -295,7 +295,7 @@ def train_challenger(
     rng = np.random.default_rng(cfg.seed)
     sample = np.sort(rng.choice(len(X), size=min(256, len(X)), replace=False))
     manifest = write_model_dir(model_dir, encoder_in(base.model_dir, base.manifest.encoder), head, X[sample],
-                               training, metrics, base.blocks)
+                               training, metrics, base.blocks, base.manifest.head.pooling)
     (model_dir / PROVENANCE_FILE).write_text(challenger_provenance_markdown(manifest, training), encoding="utf-8")
 
     reports_dir = work / "reports"

@@ -192,10 +192,11 @@ def rounded(metrics: Mapping[str, float | int]) -> JSONObject:
 
 def write_model_dir(model_dir: Path, encoder: BuiltEncoder, head: DifficultyHead, X_sample: np.ndarray,
                     training: TableTraining | OutcomeLogTraining, metrics: dict[str, float],
-                    blocks: tuple[str, ...] = ()) -> Manifest:
+                    blocks: tuple[str, ...] = (), pooling: str = "mean") -> Manifest:
     """Write the model directory (see the module docstring) and return its manifest; records
     ``export/parity_max_abs`` in ``metrics``. ``blocks``: the optional head-input blocks the head
-    reads (``estimator.conversation``). Raises ``EstimatorError`` when the ONNX head
+    reads (``estimator.conversation``); ``pooling``: how its embedding pools the query
+    (``estimator.manifest.POOLINGS``). Raises ``EstimatorError`` when the ONNX head
     disagrees with scikit-learn on ``X_sample`` by more than ``PARITY_ATOL``."""
     from pointsman.estimator.export import export_head, head_parity
 
@@ -217,10 +218,10 @@ def write_model_dir(model_dir: Path, encoder: BuiltEncoder, head: DifficultyHead
         raise EstimatorError(f"ONNX head disagrees with scikit-learn: max |diff| {parity:.2e} > {PARITY_ATOL:g}")
     manifest = Manifest(
         name=REGISTERED_NAME,
-        version=content_version(model_dir, list(MODEL_FILES), feature_names, REGISTERED_NAME),
+        version=content_version(model_dir, list(MODEL_FILES), feature_names, REGISTERED_NAME, pooling),
         encoder=dataclasses.replace(encoder.spec, file=encoder_file, tokenizer=tokenizer_file),
         head=HeadSpec(file=head_file, input=fields["input"], output=fields["output"], feature_names=feature_names,
-                      opset=fields["opset"], estimator=HEAD_ESTIMATOR,
+                      opset=fields["opset"], estimator=HEAD_ESTIMATOR, pooling=pooling,
                       params={**head.get_params(), "calibration_slope": head.calibration_slope_,
                               "calibration_intercept": head.calibration_intercept_}),
         training=to_json_object(training),

@@ -61,6 +61,21 @@ was fixed before its first look. Result on ae1 (llama-2-7b-chat-hf vs gpt4_1106_
 --weak llama-2-7b-chat-hf --strong gpt4_1106_preview --json`): APGR 0.608 (AUC 0.641) against
 0.578 for the v1 default, 0.518 for the prompt-length router, 0.500 random and 0.892 oracle;
 below the 0.62 target.
+
+### v3 and v3.1: easy anchors, then the instruction weighed apart
+
+By `scripts/select_recipe_v3.py`: the mean of the sanity suite's concordance
+(`datasets/sanity_pairs.jsonl`, never trained on) and LOCO, which neither side can game alone;
+AlpacaEval and the holdout suite (`datasets/sanity_holdout_pairs.jsonl`) are printed, never chosen
+on. v3 added the easy anchors and the head's gate (weight 2, shift 2, L2 100). v3.1 pools the
+embedding with a request's instruction weighed apart from material pasted after it (`pooling:
+instruction`, `estimator/head_inputs.py`): "Translate this into English: <paragraphs>" is read as a
+translation request, not as the paragraphs. Same gate, heads fitted without cross-fitting:
+
+| pooling | sanity | LOCO | criterion | holdout (not chosen on) | AlpacaEval APGR |
+|---|---|---|---|---|---|
+| mean (v3) | 0.887 | 0.561 | 0.724 | 0.742 | 0.547 |
+| **instruction** (v3.1, shipped) | 0.936 | 0.582 | 0.759 | 0.858 | 0.547 |
 """
 
 

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 from pointsman.datasets.sources import DEFAULT_TRAINING_SOURCES
 from pointsman.estimator.conversation import BLOCKS
+from pointsman.estimator.manifest import POOLINGS
 from pointsman.json_types import JSONObject
 
 ENCODERS = ("static", "minilm")
@@ -42,7 +43,9 @@ class TrainConfig:
     ``static_max_tokens``/``minilm_max_tokens``: encoder token windows.
     ``encoder_from``: reuse the encoder of this model directory instead of building one
     (its kind overrides ``encoder``). ``blocks``: optional head-input blocks
-    (``estimator.conversation``: ``rarity``, ``conversation``).
+    (``estimator.conversation``: ``rarity``, ``conversation``). ``pooling``: how the embedding pools the
+    query (``estimator.manifest.POOLINGS``; ``instruction`` weighs the instruction apart from pasted material,
+    ``estimator.head_inputs``).
     ``panel_weight``: share 0-1 of the ranking label taken from the source's panel (many models'
     outcomes on the prompt, ``OutcomeSource.panel``) instead of its own weak × strong pairs: label
     denoising (``training.train.ranking_labels``); sources without a panel keep their label.
@@ -73,6 +76,7 @@ class TrainConfig:
     max_rows_per_source: dict[str, int] | None = None
     encoder_from: str | None = None
     blocks: tuple[str, ...] = ("conversation",)
+    pooling: str = "instruction"
     panel_weight: float = 0.0
     warm_start: tuple[str, ...] = ()
     warm_start_share: float = 0.0
@@ -87,6 +91,8 @@ class TrainConfig:
             raise ValueError(f"encoder must be one of {ENCODERS}, got {self.encoder!r}")
         if self.label_offsets not in ("none", "center", "anchor"):
             raise ValueError(f"label_offsets must be none, center or anchor, got {self.label_offsets!r}")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
         if self.label not in ("gap", "worse"):
             raise ValueError(f"label must be 'gap' or 'worse', got {self.label!r}")
         self.sources = tuple(self.sources)

@@ -195,18 +195,20 @@ def build_encoder(cfg: TrainConfig, sources: list[OutcomeSource], cache: Path) -
     return build_minilm(cache, [f.query_text for f in probe.features], cfg.minilm_max_tokens)
 
 
-def head_inputs(built: BuiltEncoder, ex: Examples, cache: Path, blocks: tuple[str, ...] = ()) -> np.ndarray:
+def head_inputs(built: BuiltEncoder, ex: Examples, cache: Path, blocks: tuple[str, ...] = (),
+                pooling: str = "mean") -> np.ndarray:
     """The head's input for every example, through the serving code (``estimator.head_inputs``):
-    embedding ⊕ request features ⊕ ``blocks``, float32 (n, d); query embeddings cached."""
+    embedding ⊕ request features ⊕ ``blocks``, float32 (n, d), the embedding pooled by ``pooling``
+    (``estimator.manifest.POOLINGS``); query embeddings cached."""
     from pointsman.estimator.encoders import make_encoder
     from pointsman.estimator.head_inputs import HeadInputs
     from pointsman.training.encoder_build import embed_texts
 
     emb = embed_texts(built, [f.query_text for f in ex.features], cache)
-    if not blocks:
+    if not blocks and pooling == "mean":
         return np.hstack([emb, request_matrix(ex.features)]).astype(np.float32)
     encoder = make_encoder(built.onnx_path.parent, built.spec, intra_op_threads=2)
-    return HeadInputs(encoder, blocks).matrix(ex.features, emb)
+    return HeadInputs(encoder, blocks, pooling).matrix(ex.features, emb)
 
 
 def anchored_rank_targets(ex: Examples, cfg: TrainConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -400,7 +402,7 @@ def train(
     if cfg.easy_anchors:
         ex = ex.concat(anchor_examples(load_tokenizer(built.tokenizer_path)))
     log(f"examples: {len(ex)} prompts; encoder {built.spec.kind} ({built.spec.quantization}, dim {built.spec.dim})")
-    X = head_inputs(built, ex, cache, cfg.blocks)
+    X = head_inputs(built, ex, cache, cfg.blocks, cfg.pooling)
     log(f"features: {X.shape}; fitting head ({cfg.n_folds}-fold cross-fitting + final fit)")
     head, metrics = fit_head(cfg, built.spec.dim, ex, X, sources)
 
@@ -415,7 +417,7 @@ def train(
     training = table_training(cfg, sources, ex, command)
     if cfg.n_folds and cfg.n_folds >= 2:
         training["reliability"] = reliability(head.calibrate(head.oof_proba_), ex.y, calibration_weights(ex, cfg, sources))
-    manifest = write_model_dir(model_dir, built, head, X[sample], training, metrics, cfg.blocks)
+    manifest = write_model_dir(model_dir, built, head, X[sample], training, metrics, cfg.blocks, cfg.pooling)
 
     # End-to-end check through the serving code path, then transfer evaluations.
     est = DifficultyEstimator(model_dir)

@@ -48,7 +48,8 @@ def test_bundled_model_loads_and_follows_the_protocol(est):
     manifest = read_manifest(bundled_model_dir())
     assert est.version == manifest.version and est.version.startswith("pointsman-difficulty-")
     files = [manifest.encoder.file, manifest.encoder.tokenizer, manifest.head.file]
-    assert content_version(bundled_model_dir(), files, manifest.head.feature_names, manifest.name) == est.version
+    assert content_version(bundled_model_dir(), files, manifest.head.feature_names, manifest.name,
+                           manifest.head.pooling) == est.version
     assert {s["license"] for s in manifest.training["sources"]} <= {"Apache-2.0", "MIT"}
     assert not any("alpaca" in s["name"] for s in manifest.training["sources"])
 

@@ -186,7 +186,7 @@ def test_the_plan_tunes_a_threshold_with_the_shape_and_its_policy_file_reproduce
     $/Mtok exactly."""
     policy = tmp_path / "all-large.yaml"
     policy.write_text((DEFAULT_POLICY_DIR / "default.yaml").read_text().replace(
-        "  p_hard_frontier: 0.65", "  p_hard_frontier: 0.1"), encoding="utf-8")
+        "  p_hard_frontier: 0.67", "  p_hard_frontier: 0.1"), encoding="utf-8")
     out = tmp_path / "out"
     res = CliRunner().invoke(main, ["plan", str(_shared_conv()), "--limit", "40", "--estimator", "fixed:0.2",
                                     "--policy", str(policy), "--max-replicas", "2", "--workers", "1",

@@ -39,10 +39,10 @@ def exact(tokens: int, **extra):
 @pytest.mark.parametrize("p_hard,tokens,target,mode,rule", [
     (0.05, 30, "onprem-8b", "aggregated", "default"),
     (0.49, 511, "onprem-8b", "aggregated", "default"),
-    (0.51, 100, "onprem-70b", "aggregated", "medium-prompt"),
+    (0.54, 100, "onprem-70b", "aggregated", "medium-prompt"),
     (0.60, 8000, "onprem-70b", "disaggregated", "long-cold-prompt"),
     (0.10, 512, "onprem-70b", "disaggregated", "long-cold-prompt"),
-    (0.65, 30, "frontier-large", "aggregated", "hard-prompt"),
+    (0.67, 30, "frontier-large", "aggregated", "hard-prompt"),
     (0.99, 100000, "frontier-large", "aggregated", "hard-prompt"),
     (None, 30, "onprem-70b", "aggregated", "estimator-unavailable"),
 ])

@@ -109,7 +109,7 @@ def test_a_budgets_file_that_does_not_apply_is_refused() -> None:
 
 def test_the_budget_pacing_example_reserves_then_runs_out() -> None:
     """The packaged fleet and ``budget-pacing.yaml``: every prompt as hard as can be (p_hard 1.0; the
-    paced bar starts at the v3 estimator's p_hard_frontier, 0.65), a $0.02 day budget. GPT-4o while
+    paced bar starts at the v3.1 estimator's p_hard_frontier, 0.67), a $0.02 day budget. GPT-4o while
     the paced bar stays under 1.0, then the reserve rule's 8B model at 95% spent, then nothing fits:
     every target refused."""
     from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR

@@ -251,7 +251,7 @@ def test_reload_endpoint_swaps_a_good_file_and_rejects_a_bad_one(tmp_path):
     with TestClient(app) as c:
         before = route(c)["policy_revision"]
         text = policy_path.read_text()
-        policy_path.write_text(text.replace("p_hard_frontier: 0.65", "p_hard_frontier: 0.10"))
+        policy_path.write_text(text.replace("p_hard_frontier: 0.67", "p_hard_frontier: 0.10"))
         r = c.post("/v1/policy/reload")
         assert r.status_code == 200 and r.json()["changed"] is True
         d = route(c)
@@ -295,7 +295,7 @@ def test_file_watch_reloads_the_policy(tmp_path):
         assert c.get("/v1/policy").json()["watching"] is True
         before = route(c)["policy_revision"]
         time.sleep(0.3)  # let the watcher start
-        policy_path.write_text(policy_path.read_text().replace("p_hard_frontier: 0.65", "p_hard_frontier: 0.11"))
+        policy_path.write_text(policy_path.read_text().replace("p_hard_frontier: 0.67", "p_hard_frontier: 0.11"))
         deadline = time.monotonic() + 20
         while route(c)["policy_revision"] == before:
             assert time.monotonic() < deadline, "the watcher did not reload the policy within 20 s"

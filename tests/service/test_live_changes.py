@@ -76,7 +76,7 @@ def test_policy_reload_and_model_swap_under_traffic_drop_nothing(tmp_path):
 
             wait_for(40)
             # 1. the policy file changes and the reload endpoint serves it
-            policy_path.write_text(policy_path.read_text().replace("p_hard_frontier: 0.65", "p_hard_frontier: 0.15"))
+            policy_path.write_text(policy_path.read_text().replace("p_hard_frontier: 0.67", "p_hard_frontier: 0.15"))
             reload = c.post("/v1/policy/reload").json()
             assert reload["ok"] and reload["changed"]
             reloaded_at = time.monotonic()
