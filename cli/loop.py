@@ -60,11 +60,10 @@ def parse_time(value: str | None, option: str) -> float | None:
 
 
 def _need_training() -> None:
-    try:
-        import mlflow  # noqa: F401
-        import sklearn  # noqa: F401
-    except ImportError as exc:
-        raise InputError(f"this command needs the train extra ({exc}); install it: pip install 'pointsman[train]'") from None
+    """Import the train extra's packages before any work: a missing one is ``cli.main``'s one
+    ``Error:`` line naming the extra (``EXTRA_OF``), not a traceback after minutes of training."""
+    import mlflow  # noqa: F401
+    import sklearn  # noqa: F401
 
 
 def _open_log(path: Path | None, option: str = "--log PATH") -> OutcomeLog:
