@@ -109,37 +109,42 @@ class AckEntry(TypedDict, total=False):
     problem: OutcomeItemError
 
 
-def _known_decision(rt: Runtime, decision_id: str) -> tuple[str, float | None, int] | None:
-    """(target, estimated cost in USD, prompt tokens the estimate counted, 0 when unknown) of a
-    decision: from its signed id or this process's in-flight record (``FleetState.known``), else from
-    the outcome log (an unsigned id another process made); None when none knows it. Raises
-    ``DataError`` (outcome log)."""
+#: What settling knows of a decision: (target, estimated cost in USD, prompt tokens the estimate
+#: counted, the client's output cap it assumed; each count 0 when unknown or none).
+Known = tuple[str, float | None, int, int]
+
+
+def _known_decision(rt: Runtime, decision_id: str) -> Known | None:
+    """What settling knows of a decision (``Known``): from its signed id or this process's in-flight
+    record (``FleetState.known``), else from the outcome log (an unsigned id another process made);
+    None when none knows it. Raises ``DataError`` (outcome log)."""
     record = rt.live.engine.state.known(decision_id)
     if record is not None:
-        return record.target, record.estimated_cost_usd, record.prompt_tokens
+        return record.target, record.estimated_cost_usd, record.prompt_tokens, record.output_cap_tokens
     logged = rt.outcome_log.decision(decision_id)
     if logged is None:
         return None
-    return logged.target, logged.estimated_cost_usd, int(logged.request_features.get("prompt_tokens") or 0)
+    rf = logged.request_features
+    return (logged.target, logged.estimated_cost_usd, int(rf.get("prompt_tokens") or 0),
+            int(rf.get("max_output_tokens") or 0))
 
 
-def estimate_booking(rt: Runtime, served: str | None, known: tuple[str, float | None, int] | None
-                     ) -> tuple[float, int, int]:
+def estimate_booking(rt: Runtime, served: str | None, known: Known | None) -> tuple[float, int, int]:
     """What an ``ok`` outcome without usage books: (USD, prompt tokens, completion tokens). The
     decision's estimate when ``served`` is the decision's target; on another target the larger of
-    that estimate and the same request priced there (the decision's prompt tokens, the target's
-    output estimate ``Fleet.output_tokens``), so a fallback to a dearer target is not booked at the
-    cheaper one's price. The tokens are the estimate's (the effective price per token divides by
-    them). ``known``: ``_known_decision``'s answer."""
+    that estimate and the same request priced there (the decision's prompt tokens, and its output
+    cap, else the target's output estimate: ``Fleet.output_tokens``), so a fallback to a dearer
+    target is not booked at the cheaper one's price. The tokens are the estimate's (the effective
+    price per token divides by them). ``known``: ``_known_decision``'s answer."""
     if known is None:
         return 0.0, 0, 0
-    decision_target, estimate, prompt = known
+    decision_target, estimate, prompt, cap = known
     fleet = rt.live.engine.fleet
     target = served or decision_target
     spec = fleet.targets.get(target)
     if spec is None:
         return float(estimate or 0.0), prompt, 0
-    completion = fleet.output_tokens(target, None)
+    completion = fleet.output_tokens(target, cap or None)
     usd = float(estimate or 0.0)
     if target != decision_target:
         usd = max(usd, estimate_cost(target, spec, spec.modes[0], prompt, completion).usd)
@@ -161,13 +166,14 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str
         and usage.completion_tokens is not None else None  # OutcomeIn requires both with usage
     books_estimate = reported is None and item.status == "ok"  # an ok answer without usage books the estimate
     target = item.served_target
-    known: tuple[str, float | None, int] | None = None
+    known: Known | None = None
     settle_id = item.decision_id
     escalation = escalation or _escalation_of(rt, item.decision_id)
     if escalation is not None:
         settle_id, target = escalation[0], item.served_target or escalation[1]
         record = state.known(settle_id)  # this replica's hold, else the signed id's claims
-        known = (escalation[1], record.estimated_cost_usd, record.prompt_tokens) if record is not None else None
+        known = (escalation[1], record.estimated_cost_usd, record.prompt_tokens,
+                 record.output_cap_tokens) if record is not None else None
     elif not target or books_estimate:
         known = _known_decision(rt, item.decision_id)
         if known is not None:

@@ -158,6 +158,29 @@ def test_an_ok_outcome_without_usage_books_the_target_that_served_it(tmp_path):
         assert settled["actual_cost_usd"] == pytest.approx(want) and want > 10 * other["estimated_cost_usd"]
 
 
+def test_an_ok_outcome_without_usage_on_another_target_keeps_the_requests_output_cap(tmp_path):
+    """A request capped at 4,000 output tokens, routed on-prem and answered by frontier-large without
+    usage, books the request priced there with its cap, as the decision's own estimate counts it:
+    it booked the fleet's default 256 output tokens ($0.002575 instead of $0.040015, 15.5x too little).
+    The cap travels in the signed id, so any replica books the same. Found by a fresh-eyes test."""
+    from pointsman.policy.cost import estimate_cost
+
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text(budgets_yaml(5))
+    with app(tmp_path, budgets, watch_budgets=False) as c:
+        fleet = c.app.state.runtime.live.engine.fleet
+        body = {**BODY, "max_tokens": 4000}
+        d = c.post("/v1/route", json=body, headers=GATEWAY).json()
+        assert d["target"] != "frontier-large"
+        r = c.post("/v1/outcomes", json={"decision_id": d["decision_id"], "status": "ok",
+                                         "served_target": "frontier-large"}, headers=GATEWAY)
+        settled = r.json()["acks"][0]["settlement"]
+        large = fleet.targets["frontier-large"]
+        want = estimate_cost("frontier-large", large, large.modes[0], d["prompt_tokens"], 4000).usd
+        assert settled["actual_cost_usd"] == pytest.approx(want)  # before: 256 output tokens' worth
+        assert status(c)[0]["settled_usd"] == pytest.approx(want, abs=1e-9)
+
+
 def test_only_the_routing_key_or_an_admin_reports_a_key_budgets_outcome(tmp_path):
     """A decision routed under gateway key ``gw`` (budget scope ``key:gw``) takes its outcome (and a
     draft's verify) from ``gw`` or an admin key, not from another gateway key: the decision id travels in headers to the
