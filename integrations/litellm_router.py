@@ -44,9 +44,11 @@ Per call (``PointsmanRoutingStrategy``):
    delays the user's call.
 
 Fall-back: when Pointsman does not answer within ``route_timeout_s`` (connection refused,
-timeout, 5xx) or rejects the request (4xx), or no deployment serves the decided target or
+timeout, 5xx) or rejects the request as invalid (4xx), or no deployment serves the decided target or
 its fallbacks, the call goes to the group's deployment marked ``model_info.pointsman_default:
-true``, else the group's first deployment; a call without a decision reports no outcome.
+true``, else the group's first deployment; a call without a decision reports no outcome. A budget
+refusal (every target over the call's budget, HTTP 429) is not routed around: the call raises
+``client.BudgetExhausted``.
 
 Limits: LiteLLM asks the strategy again for each retry, and each attempt gets its own
 decision (its failure is reported as an ``error`` outcome of the previous decision only if
@@ -246,7 +248,8 @@ class PointsmanRoutingStrategy(CustomRoutingStrategyBase):
 
     ``router``: the ``litellm.Router`` it is set on (to read the model group's deployments);
     ``client``: a ``PointsmanClient``. Returns an element of the router's model list; see the
-    module docstring for the mapping and the fall-back. Never raises for Pointsman's failures.
+    module docstring for the mapping and the fall-back. Never raises for Pointsman's failures; raises
+    ``BudgetExhausted`` when Pointsman refuses the call for its budget.
     """
 
     def __init__(self, router: LiteLLMRouter, client: PointsmanClient) -> None:

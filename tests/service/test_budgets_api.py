@@ -94,7 +94,11 @@ def test_a_broken_budgets_file_keeps_the_running_budgets_and_a_valid_one_applies
         assert r.status_code == 200 and r.json()["ok"] is True and r.json()["revision"] != revision, r.text
         assert status(c)[0]["limit_usd"] == 0.0
         refused = c.post("/v1/route", json=BODY, headers=GATEWAY)
-        assert refused.status_code == 422 and "budget" in refused.json()["error"]["message"]
+        # a refusal for the budget alone, as the ext_proc picker's (before: 422 no_eligible_target, which
+        # the Python client and the LiteLLM integrations took for a failure and routed around)
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "budget_exhausted", refused.text
+        assert "tenant:acme" in refused.json()["error"]["message"]
+        assert 'pointsman_decision_errors_total{code="budget_exhausted"} 1.0' in c.get("/metrics").text
 
         budgets.write_text(budgets_yaml(7.5))  # the watcher applies a change without a request
         deadline = time.monotonic() + 20
