@@ -22,7 +22,7 @@ Usage::
 Per call (``PointsmanRoutingStrategy``):
 
 1. ``POST /v1/route`` with the call's ``messages``, ``tools``, ``max_tokens``/
-   ``max_completion_tokens`` and ``user``, and ``metadata["pointsman"]`` as the ``routing``
+   ``max_completion_tokens``, ``n`` and ``user``, and ``metadata["pointsman"]`` as the ``routing``
    context (tenant, team, session_id, slo_class, prefix_block_hashes, prompt_tokens).
 2. The deployment is chosen among the model group's deployments by ``pick_deployment``:
    the decision's ``target`` first, then its ``fallbacks`` in order; a deployment serves a
@@ -225,7 +225,7 @@ def route_body(model: str, messages: Sequence[object] | None, request_kwargs: Ma
     """The ``/v1/route`` body for one LiteLLM call: its chat fields plus ``metadata["pointsman"]``
     as ``routing``. Messages that are pydantic objects (LiteLLM ``Message``) are dumped to dicts."""
     body: JSONObject = {"model": model, "messages": [_plain(m) for m in (messages or [])]}
-    for key in ("tools", "max_tokens", "max_completion_tokens", "user"):
+    for key in ("tools", "max_tokens", "max_completion_tokens", "n", "user"):
         if request_kwargs.get(key) is not None:
             body[key] = _plain(request_kwargs[key])
     metadata = request_kwargs.get("metadata")

@@ -185,6 +185,29 @@ def test_an_ok_outcome_without_usage_on_another_target_keeps_the_requests_output
         assert status(c)[0]["settled_usd"] == pytest.approx(want, abs=1e-9)
 
 
+def test_a_request_for_n_answers_reserves_n_answers(tmp_path):
+    """OpenAI's ``n``: every answer is decoded and billed. A request for 5 answers of at most 100 tokens
+    is estimated, and held in its budget, at 500 output tokens; it was held at 100 (n was ignored:
+    frontier-large $0.001035 held for up to $0.005035 of answers). Found by a fresh-eyes test."""
+    from pointsman.policy.cost import estimate_cost
+
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text(budgets_yaml(5))
+    with app(tmp_path, budgets, watch_budgets=False) as c:
+        fleet = c.app.state.runtime.live.engine.fleet
+        body = {**BODY, "max_tokens": 100, "n": 5}
+        d = c.post("/v1/route", json=body, headers=GATEWAY).json()
+        spec = fleet.targets[d["target"]]
+        trace = c.post("/v1/route", json={**body, "routing": {"explain": True}}, headers=GATEWAY).json()["trace"]
+        assert trace["cost"]["output_tokens"] == 500  # before: 100
+        if d["target"].startswith("frontier"):
+            assert d["estimated_cost_usd"] == pytest.approx(
+                estimate_cost(d["target"], spec, spec.modes[0], d["prompt_tokens"], 500).usd)
+        assert status(c)[0]["held_usd"] == pytest.approx(d["estimated_cost_usd"], abs=1e-9)
+        bad = c.post("/v1/route", json={**body, "n": 0}, headers=GATEWAY)
+        assert bad.status_code == 422 and bad.json()["error"]["param"] == "n"
+
+
 def test_only_the_routing_key_or_an_admin_reports_a_key_budgets_outcome(tmp_path):
     """A decision routed under gateway key ``gw`` (budget scope ``key:gw``) takes its outcome (and a
     draft's verify) from ``gw`` or an admin key, not from another gateway key: the decision id travels in headers to the
