@@ -19,7 +19,8 @@ decision id, usage, TTFT/TPOT/end-to-end latency, status, quality signals). In o
    (``FleetState.settle``: actual cost from the reported usage into the budget ledger, or the
    spend journal while the ledger is unavailable; in-flight load released). An outcome with an
    error/timeout/cancelled status and no usage means the request never ran: its hold is released
-   instead. An ``ok`` outcome without usage books the decision's estimate. Settling is idempotent, so a retried
+   instead. An ``ok`` outcome without usage books the decision's estimate, and so does a
+   ``cancelled`` one with a ``ttft_ms`` (its answer had started, so it ran). Settling is idempotent, so a retried
    outcome settles at most once. Shadow outcomes (evaluation traffic) never touch budgets.
    An outcome of an escalated decision (``POST /v1/verify`` said escalate; its draft was
    settled then) settles the escalation, ``<decision_id>/escalation``, on the escalation's
@@ -164,7 +165,11 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str
     usage = item.usage
     reported = usage if usage is not None and usage.prompt_tokens is not None \
         and usage.completion_tokens is not None else None  # OutcomeIn requires both with usage
-    books_estimate = reported is None and item.status == "ok"  # an ok answer without usage books the estimate
+    # an ok answer without usage books the estimate, and so does a cancelled one whose answer had started
+    # (ttft_ms): it ran, and the upstream bills what it generated; released, a client cancelling every
+    # stream just before its usage chunk spent nothing against its budget
+    books_estimate = reported is None and (item.status == "ok" or (item.status == "cancelled"
+                                                                  and item.ttft_ms is not None))
     target = item.served_target
     known: Known | None = None
     settle_id = item.decision_id
@@ -179,7 +184,7 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str
         if known is not None:
             target = target or known[0]
     try:
-        if reported is None and item.status != "ok":
+        if reported is None and not books_estimate:
             entry["released"] = bool(state.release(settle_id))
             return
         if reported is not None:
