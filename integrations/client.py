@@ -8,6 +8,10 @@
   request Pointsman rejects. A gateway must not fail its user's request because the router
   is down: ``None`` means "route the way you would without Pointsman" (fail open); the reason
   is logged (warning; 4xx as an error, since it is a client bug) and counted in ``stats``.
+  A budget refusal is not such a failure: every target is over the request's budget (429
+  ``budget_exhausted``), so routing without Pointsman would spend past it, unbooked; ``route``
+  raises ``BudgetExhausted`` instead (counted as ``budget_refused``), and the gateway refuses the
+  request (the LiteLLM integrations let it reach the caller).
 - ``averify(decision_id, draft, usage=None)`` / ``verify(...)``: ``POST /v1/verify`` (the
   cascade) with the draft the decision's target answered (``{"text", "finish_reason",
   "logprobs", "partial"}``; with the decision's ``verify_prefix_tokens`` N, its first N tokens while
@@ -52,6 +56,12 @@ log = logging.getLogger("pointsman.integrations")
 DECISION_HEADER = "x-pointsman-decision-id"
 TARGET_HEADER = "x-pointsman-target"
 PREFILLER_HEADER = "x-prefiller-host-port"
+
+
+class BudgetExhausted(Exception):
+    """``/v1/route`` refused the request because every target is over its budget (HTTP 429
+    ``budget_exhausted``); ``str()`` is the service's message naming each target's budget. Not a
+    failure to fail open on: routing the request elsewhere would spend past the budget."""
 
 
 class RoutedEndpoint(TypedDict):
@@ -168,7 +178,8 @@ class PointsmanClient:
 
     # -- routing ------------------------------------------------------------------------------
     async def aroute(self, body: Mapping[str, object]) -> RouteDecision | None:
-        """``POST /v1/route``; the decision dict, or ``None`` (fail open) — see the module docstring."""
+        """``POST /v1/route``; the decision dict, or ``None`` (fail open) — see the module docstring.
+        Raises ``BudgetExhausted`` when every target is over the request's budget."""
         try:
             resp = await self._aclient().post("/v1/route", json=body, timeout=self.route_timeout_s)
         except httpx.HTTPError as exc:
@@ -191,6 +202,9 @@ class PointsmanClient:
             decision: RouteDecision = resp.json()  # the service's RouteResponse
             return decision
         detail = _error_text(resp)
+        if resp.status_code == 429 and _error_code(resp) == "budget_exhausted":
+            self.stats["budget_refused"] += 1
+            raise BudgetExhausted(detail)
         if 400 <= resp.status_code < 500:
             self.stats["route_failed"] += 1
             log.error("pointsman rejected the routing request (HTTP %d: %s); routing without it",
@@ -334,6 +348,15 @@ class PointsmanClient:
             if self._sync is not None:
                 self._sync.close()
                 self._sync = None
+
+
+def _error_code(resp: httpx.Response) -> str | None:
+    """The service's error code (``{"error": {"code": ...}}``), None without one."""
+    try:
+        err = resp.json().get("error")
+    except (ValueError, AttributeError):
+        return None
+    return str(err.get("code")) if isinstance(err, dict) else None
 
 
 def _error_text(resp: httpx.Response) -> str:

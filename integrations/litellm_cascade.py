@@ -131,7 +131,8 @@ async def acascade(router: LiteLLMRouter, client: PointsmanClient, *, model: str
                    messages: list[dict[str, object]], **kwargs: object) -> object:
     """Answer one chat call through the cascade (see the module); returns LiteLLM's response
     (the draft's or the escalated call's). Never raises for Pointsman's failures; an upstream
-    failure of the draft call raises as ``litellm.acompletion`` does."""
+    failure of the draft call raises as ``litellm.acompletion`` does, and a budget refusal raises
+    ``client.BudgetExhausted``."""
     deployments = deployments_of(router, model)
     decision = await client.aroute(route_body(model, messages, kwargs)) if deployments else None
     chosen = pick_deployment(deployments, decision) if decision is not None else None

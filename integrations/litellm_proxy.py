@@ -47,10 +47,11 @@ outcome as the escalated call's (``served_target``, usage, both calls' latency).
 escalation keeps the draft and reports the failure.
 
 Fail-open: when Pointsman does not answer within the budget (down, slow, 5xx, or it rejects the
-request) or no deployment serves its decision, the request goes to the requested group's deployment
+request as invalid) or no deployment serves its decision, the request goes to the requested group's deployment
 marked ``model_info.pointsman_default: true`` (as ``litellm_router`` does), else wherever LiteLLM's
 own strategy sends it, and no outcome is reported. A hook error is logged, never raised into the
-user's request.
+user's request. A budget refusal (every target over the request's budget: ``BudgetExhausted``) is not
+routed around: the proxy answers it 429.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ from collections.abc import Mapping, Sequence
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import DeploymentTypedDict
 
-from pointsman.integrations.client import PointsmanClient, RouteDecision, forward_target
+from pointsman.integrations.client import BudgetExhausted, PointsmanClient, RouteDecision, forward_target
 from pointsman.integrations.litellm_cascade import draft_of, escalation_decision, ok_outcome
 from pointsman.integrations.litellm_router import (
     DECISION_KEY,
@@ -144,6 +145,10 @@ class PointsmanProxyHandler(CustomLogger):
         """Decide and rewrite ``data`` (step 1 of the module); returns ``data``."""
         try:
             await self._route(data, call_type)
+        except BudgetExhausted as exc:  # a refusal, not a failure: served elsewhere it would spend past the budget
+            from fastapi import HTTPException
+
+            raise HTTPException(status_code=429, detail=f"budget exhausted: {exc}") from None
         except Exception:  # noqa: BLE001 - a routing bug must never fail the user's request
             log.exception("pointsman pre-call hook failed; the request goes on without it")
         return data

@@ -22,7 +22,7 @@ Usage::
 Per call (``PointsmanRoutingStrategy``):
 
 1. ``POST /v1/route`` with the call's ``messages``, ``tools``, ``max_tokens``/
-   ``max_completion_tokens`` and ``user``, and ``metadata["pointsman"]`` as the ``routing``
+   ``max_completion_tokens``, ``n`` and ``user``, and ``metadata["pointsman"]`` as the ``routing``
    context (tenant, team, session_id, slo_class, prefix_block_hashes, prompt_tokens).
 2. The deployment is chosen among the model group's deployments by ``pick_deployment``:
    the decision's ``target`` first, then its ``fallbacks`` in order; a deployment serves a
@@ -44,9 +44,11 @@ Per call (``PointsmanRoutingStrategy``):
    delays the user's call.
 
 Fall-back: when Pointsman does not answer within ``route_timeout_s`` (connection refused,
-timeout, 5xx) or rejects the request (4xx), or no deployment serves the decided target or
+timeout, 5xx) or rejects the request as invalid (4xx), or no deployment serves the decided target or
 its fallbacks, the call goes to the group's deployment marked ``model_info.pointsman_default:
-true``, else the group's first deployment; a call without a decision reports no outcome.
+true``, else the group's first deployment; a call without a decision reports no outcome. A budget
+refusal (every target over the call's budget, HTTP 429) is not routed around: the call raises
+``client.BudgetExhausted``.
 
 Limits: LiteLLM asks the strategy again for each retry, and each attempt gets its own
 decision (its failure is reported as an ``error`` outcome of the previous decision only if
@@ -223,7 +225,7 @@ def route_body(model: str, messages: Sequence[object] | None, request_kwargs: Ma
     """The ``/v1/route`` body for one LiteLLM call: its chat fields plus ``metadata["pointsman"]``
     as ``routing``. Messages that are pydantic objects (LiteLLM ``Message``) are dumped to dicts."""
     body: JSONObject = {"model": model, "messages": [_plain(m) for m in (messages or [])]}
-    for key in ("tools", "max_tokens", "max_completion_tokens", "user"):
+    for key in ("tools", "max_tokens", "max_completion_tokens", "n", "user"):
         if request_kwargs.get(key) is not None:
             body[key] = _plain(request_kwargs[key])
     metadata = request_kwargs.get("metadata")
@@ -246,7 +248,8 @@ class PointsmanRoutingStrategy(CustomRoutingStrategyBase):
 
     ``router``: the ``litellm.Router`` it is set on (to read the model group's deployments);
     ``client``: a ``PointsmanClient``. Returns an element of the router's model list; see the
-    module docstring for the mapping and the fall-back. Never raises for Pointsman's failures.
+    module docstring for the mapping and the fall-back. Never raises for Pointsman's failures; raises
+    ``BudgetExhausted`` when Pointsman refuses the call for its budget.
     """
 
     def __init__(self, router: LiteLLMRouter, client: PointsmanClient) -> None:

@@ -218,6 +218,8 @@ class RouteRequest(BaseModel):
 
     Extra top-level OpenAI fields (temperature, stream, ...) are ignored.
     ``max_tokens`` / ``max_completion_tokens``: the output token cap, if the client set one.
+    ``n``: OpenAI's number of answers (choices, 1-128): each is decoded and billed as output, the
+    prompt once, so the expected output (cost and decode time) is ``n`` answers' worth.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -226,6 +228,7 @@ class RouteRequest(BaseModel):
     tools: list[JSONObject] | None = None
     max_tokens: Count | None = Field(default=None, ge=1)
     max_completion_tokens: Count | None = Field(default=None, ge=1)
+    n: int | None = Field(default=None, ge=1, le=128)
     user: str | None = None
     routing: RoutingContext = Field(default_factory=RoutingContext)
 

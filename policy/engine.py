@@ -208,7 +208,7 @@ class Placement:
         c = self.cost
         return DispatchRecord(decision_id, self.target, self.mode, self.endpoint, self.prefill_endpoint,
                               view.scopes, c.usd, False, prompt_tokens, c.prefill_utilization,
-                              c.decode_utilization, at)
+                              c.decode_utilization, at, view.request.max_output_tokens or 0)
 
 
 def place(live: LiveSignals, target: str, mode: str) -> Placement | None:

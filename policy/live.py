@@ -245,9 +245,11 @@ class LiveSignals:
     # -- pools, picks, prefix ---------------------------------------------------------
 
     def output_tokens(self, target: str) -> int:
-        """Output tokens expected on ``target`` (the request's cap, else the fleet's defaults)."""
+        """Output tokens expected on ``target``: the request's cap, else the fleet's defaults, for each
+        of its ``n`` answers (OpenAI's ``n``: every answer is decoded and billed)."""
         r = self.request
-        return self.fleet.output_tokens(target, r["max_output_tokens"] if r["max_output_tokens_set"] else None)
+        answers = (self.view.request.n or 1) if self.view is not None else 1
+        return answers * self.fleet.output_tokens(target, r["max_output_tokens"] if r["max_output_tokens_set"] else None)
 
     def lookup(self, target: str) -> PrefixLookup | None:
         """The prompt's ``PrefixLookup`` in ``target``'s index (None without hashes): what its

@@ -334,8 +334,7 @@ class _Stream:
             else:
                 decision = engine.route(request, api_key_id=self.api_key_id, endpoint_subset=subset)
         except NoEligibleTarget as exc:
-            shed = bool(exc.exclusions) and all(x is None or x.filter == "budget" for x in exc.exclusions.values()) \
-                and any(x is not None for x in exc.exclusions.values())
+            shed = exc.by_budget
             code = "budget_exhausted" if shed else "no_eligible_target"
             return self._refuse(HTTPError(429 if shed else 503, str(exc), type=code, code=code),
                                 "shed" if shed else "unavailable")

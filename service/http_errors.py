@@ -58,6 +58,8 @@ def _responses(*codes: int) -> dict[int | str, dict[str, object]]:
 
 #: OpenAPI ``responses`` for the error codes each kind of endpoint can answer.
 ERROR_RESPONSES = _responses(400, 401, 403, 408, 413, 422, 503)
+#: ``POST /v1/route`` also refuses a request its budgets exclude (429 ``budget_exhausted``).
+ROUTE_ERRORS = _responses(400, 401, 403, 408, 413, 422, 429, 503)
 AUTH_ERRORS = _responses(401, 403)
 
 

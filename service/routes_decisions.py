@@ -10,7 +10,8 @@ key name) and handed to the decision log writer, which commits it in the backgro
 
 Errors: 400 (empty, malformed JSON, invalid UTF-8), 413 (over the size limit), 422
 (a field is wrong: ``param`` names it; or no target can take the request:
-``no_eligible_target``), 503 (budget ledger down, service starting).
+``no_eligible_target``), 429 ``budget_exhausted`` (every target excluded was excluded by its
+budget: a refusal, as the ext_proc picker's), 503 (budget ledger down, service starting).
 
 The decision runs on the event loop by default (its cost per stage: ``docs/architecture.md``,
 the budget ``scripts/bench_decision.py`` checks), which the measurements in
@@ -34,7 +35,7 @@ from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.request import RouteRequest, parse_route_request
 from pointsman.service.auth import Principal, authenticate, header_key, require
 from pointsman.service.bodies import JSONAnswer, decode_json, json_body, read_body
-from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, invalid, unavailable
+from pointsman.service.http_errors import ROUTE_ERRORS, HTTPError, invalid, unavailable
 from pointsman.service.runtime import Runtime, get_runtime, runtime_of
 from pointsman.service.schemas import RouteResponse
 
@@ -51,6 +52,8 @@ def decide(rt: Runtime, raw: bytes, key_id: str | None, started: float) -> JSONA
             request = parse_route_request(body)
             decision = engine.route(request, api_key_id=key_id)
         except NoEligibleTarget as exc:
+            if exc.by_budget:  # as the ext_proc picker: a refusal the gateway must not route around
+                raise HTTPError(429, str(exc), type="budget_exhausted", code="budget_exhausted") from None
             raise HTTPError(422, str(exc), type="no_eligible_target", code="no_eligible_target") from None
         except LedgerUnavailable as exc:
             raise unavailable(f"budget ledger unavailable: {exc}", "budget_ledger_unavailable") from None
@@ -79,7 +82,7 @@ def commit_decision(rt: Runtime, decision: Decision, request: RouteRequest, esti
         metrics.observe_unavailable(decision.difficulty_error)
 
 
-@router.post("/v1/route", response_model=RouteResponse, responses=ERROR_RESPONSES,
+@router.post("/v1/route", response_model=RouteResponse, responses=ROUTE_ERRORS,
              summary="Decide where a chat request runs", tags=["gateway"],
              openapi_extra=json_body({"$ref": "#/components/schemas/RouteRequest"}))
 async def route(request: Request, principal: Principal = Depends(require("gateway")),

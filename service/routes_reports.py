@@ -19,7 +19,8 @@ decision id, usage, TTFT/TPOT/end-to-end latency, status, quality signals). In o
    (``FleetState.settle``: actual cost from the reported usage into the budget ledger, or the
    spend journal while the ledger is unavailable; in-flight load released). An outcome with an
    error/timeout/cancelled status and no usage means the request never ran: its hold is released
-   instead. An ``ok`` outcome without usage books the decision's estimate. Settling is idempotent, so a retried
+   instead. An ``ok`` outcome without usage books the decision's estimate, and so does a
+   ``cancelled`` one with a ``ttft_ms`` (its answer had started, so it ran). Settling is idempotent, so a retried
    outcome settles at most once. Shadow outcomes (evaluation traffic) never touch budgets.
    An outcome of an escalated decision (``POST /v1/verify`` said escalate; its draft was
    settled then) settles the escalation, ``<decision_id>/escalation``, on the escalation's
@@ -109,37 +110,42 @@ class AckEntry(TypedDict, total=False):
     problem: OutcomeItemError
 
 
-def _known_decision(rt: Runtime, decision_id: str) -> tuple[str, float | None, int] | None:
-    """(target, estimated cost in USD, prompt tokens the estimate counted, 0 when unknown) of a
-    decision: from its signed id or this process's in-flight record (``FleetState.known``), else from
-    the outcome log (an unsigned id another process made); None when none knows it. Raises
-    ``DataError`` (outcome log)."""
+#: What settling knows of a decision: (target, estimated cost in USD, prompt tokens the estimate
+#: counted, the client's output cap it assumed; each count 0 when unknown or none).
+Known = tuple[str, float | None, int, int]
+
+
+def _known_decision(rt: Runtime, decision_id: str) -> Known | None:
+    """What settling knows of a decision (``Known``): from its signed id or this process's in-flight
+    record (``FleetState.known``), else from the outcome log (an unsigned id another process made);
+    None when none knows it. Raises ``DataError`` (outcome log)."""
     record = rt.live.engine.state.known(decision_id)
     if record is not None:
-        return record.target, record.estimated_cost_usd, record.prompt_tokens
+        return record.target, record.estimated_cost_usd, record.prompt_tokens, record.output_cap_tokens
     logged = rt.outcome_log.decision(decision_id)
     if logged is None:
         return None
-    return logged.target, logged.estimated_cost_usd, int(logged.request_features.get("prompt_tokens") or 0)
+    rf = logged.request_features
+    return (logged.target, logged.estimated_cost_usd, int(rf.get("prompt_tokens") or 0),
+            int(rf.get("max_output_tokens") or 0))
 
 
-def estimate_booking(rt: Runtime, served: str | None, known: tuple[str, float | None, int] | None
-                     ) -> tuple[float, int, int]:
+def estimate_booking(rt: Runtime, served: str | None, known: Known | None) -> tuple[float, int, int]:
     """What an ``ok`` outcome without usage books: (USD, prompt tokens, completion tokens). The
     decision's estimate when ``served`` is the decision's target; on another target the larger of
-    that estimate and the same request priced there (the decision's prompt tokens, the target's
-    output estimate ``Fleet.output_tokens``), so a fallback to a dearer target is not booked at the
-    cheaper one's price. The tokens are the estimate's (the effective price per token divides by
-    them). ``known``: ``_known_decision``'s answer."""
+    that estimate and the same request priced there (the decision's prompt tokens, and its output
+    cap, else the target's output estimate: ``Fleet.output_tokens``), so a fallback to a dearer
+    target is not booked at the cheaper one's price. The tokens are the estimate's (the effective
+    price per token divides by them). ``known``: ``_known_decision``'s answer."""
     if known is None:
         return 0.0, 0, 0
-    decision_target, estimate, prompt = known
+    decision_target, estimate, prompt, cap = known
     fleet = rt.live.engine.fleet
     target = served or decision_target
     spec = fleet.targets.get(target)
     if spec is None:
         return float(estimate or 0.0), prompt, 0
-    completion = fleet.output_tokens(target, None)
+    completion = fleet.output_tokens(target, cap or None)
     usd = float(estimate or 0.0)
     if target != decision_target:
         usd = max(usd, estimate_cost(target, spec, spec.modes[0], prompt, completion).usd)
@@ -159,21 +165,26 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str
     usage = item.usage
     reported = usage if usage is not None and usage.prompt_tokens is not None \
         and usage.completion_tokens is not None else None  # OutcomeIn requires both with usage
-    books_estimate = reported is None and item.status == "ok"  # an ok answer without usage books the estimate
+    # an ok answer without usage books the estimate, and so does a cancelled one whose answer had started
+    # (ttft_ms): it ran, and the upstream bills what it generated; released, a client cancelling every
+    # stream just before its usage chunk spent nothing against its budget
+    books_estimate = reported is None and (item.status == "ok" or (item.status == "cancelled"
+                                                                  and item.ttft_ms is not None))
     target = item.served_target
-    known: tuple[str, float | None, int] | None = None
+    known: Known | None = None
     settle_id = item.decision_id
     escalation = escalation or _escalation_of(rt, item.decision_id)
     if escalation is not None:
         settle_id, target = escalation[0], item.served_target or escalation[1]
         record = state.known(settle_id)  # this replica's hold, else the signed id's claims
-        known = (escalation[1], record.estimated_cost_usd, record.prompt_tokens) if record is not None else None
+        known = (escalation[1], record.estimated_cost_usd, record.prompt_tokens,
+                 record.output_cap_tokens) if record is not None else None
     elif not target or books_estimate:
         known = _known_decision(rt, item.decision_id)
         if known is not None:
             target = target or known[0]
     try:
-        if reported is None and item.status != "ok":
+        if reported is None and not books_estimate:
             entry["released"] = bool(state.release(settle_id))
             return
         if reported is not None:

@@ -57,7 +57,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from pointsman.policy.fleet import Fleet
     from pointsman.policy.rules.compiler import CompiledPolicy
 
-MIN_SPAN_S = 3600.0
+#: The shortest span (seconds) the $/day projection divides by: only there so one decision logged
+#: this instant does not divide by zero. A longer floor understated the rate of a short log (20
+#: decisions logged in seconds were projected as an hour's spend, 1/6 of a 10-minute log's $/day),
+#: so a budget threshold admitted that many times the budget; the real span errs high instead.
+MIN_SPAN_S = 1.0
 DAY_S = 86400.0
 #: Logged traffic (days) below which a $/day projection gets a warning: a shorter window has not
 #: seen a whole daily cycle (night and day load, batch jobs), so scaling it to a day can be far off.
@@ -66,11 +70,12 @@ MIN_PROJECTION_DAYS = 1.0
 
 def projection_warning(traffic: RecentTraffic) -> str | None:
     """A warning when less than ``MIN_PROJECTION_DAYS`` of logged traffic backs the $/day
-    projection (None otherwise). ``span_days`` is at least ``MIN_SPAN_S`` (1 h) by construction."""
+    projection (None otherwise), saying how long the logged traffic spans (minutes below an hour)."""
     if traffic.span_days >= MIN_PROJECTION_DAYS:
         return None
     hours = traffic.span_days * 24.0
-    return (f"the $/day projection rests on {len(traffic.p_hard)} decisions over {hours:.1f} h of logged traffic "
+    span = f"{hours:.1f} h" if hours >= 1.0 else f"{hours * 60.0:.1f} min"
+    return (f"the $/day projection rests on {len(traffic.p_hard)} decisions over {span} of logged traffic "
             f"(less than {MIN_PROJECTION_DAYS:g} day): it has not seen a whole daily cycle; calibrate again once "
             f"a day or more is logged (--window-days, --since)")
 

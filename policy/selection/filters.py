@@ -166,3 +166,10 @@ class NoEligibleTarget(RequestError):
         self.considered = considered
         parts = [f"{t} ({exclusions[t]})" if exclusions.get(t) else t for t in considered]
         super().__init__("no eligible target: " + "; ".join(parts))
+
+    @property
+    def by_budget(self) -> bool:
+        """True when budgets alone refused the request: every target excluded was excluded by the
+        ``budget`` filter or its reservation (``budget_exhausted``: 429, never to be routed around)."""
+        found = [x for x in self.exclusions.values() if x is not None]
+        return bool(found) and all(x.filter == "budget" for x in found)

@@ -92,7 +92,8 @@ class DispatchRecord:
     """What a dispatched decision holds until its outcome: ``target``, ``mode``, endpoint
     ids (``endpoint``: aggregated/decode/api; ``prefill_endpoint`` when disaggregated),
     ``scopes``, ``estimated_cost_usd``, ``reserved`` (held in the ledger), ``prompt_tokens``,
-    the utilizations the estimate used, and ``at`` (monotonic s)."""
+    the utilizations the estimate used, ``at`` (monotonic s) and ``output_cap_tokens``, the
+    client's output cap the estimate assumed (0: none, or not known here)."""
 
     decision_id: str
     target: str
@@ -106,6 +107,7 @@ class DispatchRecord:
     prefill_utilization: float
     decode_utilization: float
     at: float
+    output_cap_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -413,7 +415,7 @@ class FleetState:
                 record.decision_id, target=record.target, mode=record.mode, scopes=record.scopes,
                 estimated_cost_usd=record.estimated_cost_usd, prefill_utilization=record.prefill_utilization,
                 decode_utilization=record.decode_utilization, inbox=self.sync.inbox,
-                prompt_tokens=record.prompt_tokens))
+                prompt_tokens=record.prompt_tokens, output_cap_tokens=record.output_cap_tokens))
         elif self.signer is not None and record.decision_id.endswith(ESCALATION_SUFFIX) \
                 and self.signer.verify(record.decision_id.removesuffix(ESCALATION_SUFFIX)) is not None:
             record = replace(record, decision_id=self.signer.sign_escalation(
@@ -553,7 +555,8 @@ class FleetState:
         if c is None:
             return None
         return DispatchRecord(decision_id, c.target, c.mode, "", None, c.scopes, c.estimated_cost_usd, False,
-                              c.prompt_tokens, c.prefill_utilization, c.decode_utilization, self._mono_of(c.issued_s))
+                              c.prompt_tokens, c.prefill_utilization, c.decode_utilization, self._mono_of(c.issued_s),
+                              c.output_cap_tokens)
 
     def settle(self, decision_id: str, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
                actual_cost_usd: float | None = None, target: str | None = None, mode: str | None = None,

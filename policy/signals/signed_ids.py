@@ -42,8 +42,9 @@ class Claims:
     """What a signed id says about its decision: ``target``, ``mode``, budget ``scopes``,
     ``estimated_cost_usd``, the utilizations its estimate used, ``issued_s`` (Unix seconds, from the
     id's timestamp: the budget windows a settlement books into), ``inbox`` ('' for none), for an
-    escalation's id ``escalates``: the decision id it escalates, and ``prompt_tokens`` the estimate
-    counted (the decision's, for an escalation; 0 when the id does not say)."""
+    escalation's id ``escalates``: the decision id it escalates, ``prompt_tokens`` the estimate
+    counted and ``output_cap_tokens`` the client's output cap (``max_tokens``) it assumed (the
+    decision's, for an escalation; 0 when the id does not say, or no cap)."""
 
     target: str
     mode: str
@@ -55,6 +56,7 @@ class Claims:
     inbox: str
     escalates: str = ""  # an escalation's claims: the decision id it escalates ('' for a decision)
     prompt_tokens: int = 0
+    output_cap_tokens: int = 0
 
 
 #: What an escalation id's part before its claims ends with (``policy.escalation.escalation_id``).
@@ -82,10 +84,13 @@ class DecisionSigner:
         return _b64(hmac.new(self._key, signed.encode(), hashlib.sha256).digest()[:MAC_BYTES])
 
     def sign(self, base_id: str, *, target: str, mode: str, scopes: tuple[str, ...], estimated_cost_usd: float,
-             prefill_utilization: float, decode_utilization: float, inbox: str, prompt_tokens: int = 0) -> str:
+             prefill_utilization: float, decode_utilization: float, inbox: str, prompt_tokens: int = 0,
+             output_cap_tokens: int = 0) -> str:
         """The signed id of ``base_id`` (``decision.new_decision_id()``) with these claims."""
         payload = {"t": target, "m": mode, "s": list(scopes), "e": estimated_cost_usd, "pu": prefill_utilization,
                    "du": decode_utilization, "i": inbox, "p": int(prompt_tokens)}
+        if output_cap_tokens:
+            payload["o"] = int(output_cap_tokens)
         signed = f"{base_id}.{_b64(json.dumps(payload, separators=(',', ':')).encode())}"
         return f"{signed}.{self._mac(signed)}"
 
@@ -113,7 +118,8 @@ class DecisionSigner:
             data = json.loads(_unb64(parts[1]))
             return Claims(str(data["t"]), str(data["m"]), tuple(str(s) for s in data["s"]), float(data["e"]),
                           float(data["pu"]), float(data["du"]), int(parts[0][:12], 16) / 1000.0, str(data["i"]),
-                          prompt_tokens=max(0, int(data.get("p", 0))))
+                          prompt_tokens=max(0, int(data.get("p", 0))),
+                          output_cap_tokens=max(0, int(data.get("o", 0))))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -130,7 +136,8 @@ class DecisionSigner:
             data = json.loads(_unb64(claims))
             return Claims(str(data["t"]), str(data["m"]), decision.scopes, float(data["e"]), float(data["pu"]),
                           float(data["du"]), int(data["ts"]) / 1000.0, decision.inbox,
-                          prefix.removesuffix(ESCALATION_SUFFIX), prompt_tokens=decision.prompt_tokens)
+                          prefix.removesuffix(ESCALATION_SUFFIX), prompt_tokens=decision.prompt_tokens,
+                          output_cap_tokens=decision.output_cap_tokens)
         except (ValueError, KeyError, TypeError):
             return None
 

@@ -1,5 +1,6 @@
 """Fixtures of the integration tests: ``service``, a live ``pointsman serve`` (a subprocess on a
-free port) serving the requesting module's ``policy_text`` fixture, with gateway key ``GATEWAY_KEY``."""
+free port) serving the requesting module's ``policy_text`` fixture, with gateway key ``GATEWAY_KEY``
+and one budget: tenant ``broke`` may spend $0 a day (``BROKE_TENANT``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import httpx
 import pytest
 
 GATEWAY_KEY = "gw-secret-for-tests"
+BROKE_TENANT = "broke"
 
 
 def _free_port() -> int:
@@ -29,9 +31,13 @@ def service(tmp_path_factory: pytest.TempPathFactory, policy_text: str) -> Itera
     tmp = tmp_path_factory.mktemp("pointsman")
     policy = tmp / "policy.yaml"
     policy.write_text(policy_text)
+    budgets = tmp / "budgets.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       f"  - {{scope: 'tenant:{BROKE_TENANT}', window: day, limit_usd: 0}}\n")
     port = _free_port()
     env = {**os.environ, "POINTSMAN_DATA_DIR": str(tmp), "POINTSMAN_OUTCOME_LOG": str(tmp / "outcomes.db"),
            "POINTSMAN_WATCH_POLICY": "false", "POINTSMAN_GATEWAY_API_KEYS": f"litellm={GATEWAY_KEY}",
+           "POINTSMAN_BUDGETS_PATH": str(budgets), "POINTSMAN_WATCH_BUDGETS": "false",
            "POINTSMAN_DECISION_LOG_FLUSH_MS": "5", "MLFLOW_DISABLE_TELEMETRY": "true",
            "ORT_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-c", "from pointsman.cli.main import main; main()", "serve",

@@ -143,6 +143,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     tmp = tmp_path_factory.mktemp("litellm-proxy")
     policy = tmp / "policy.yaml"
     policy.write_text(POLICY)
+    budgets = tmp / "budgets.yaml"  # tenant broke may spend $0 a day
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:broke', window: day, limit_usd: 0}\n")
     upstreams = {"llama-8b": Upstream("llama-8b"), "llama-70b": Upstream("llama-70b", fail=True),
                  "gpt-4o": Upstream("gpt-4o")}
     base_env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}
@@ -151,6 +154,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         [sys.executable, "-m", "pointsman", "serve", "--port", str(p_port), "--policy", str(policy),
          "--log-level", "warning"],
         env={**base_env, "POINTSMAN_DATA_DIR": str(tmp), "POINTSMAN_WATCH_POLICY": "false",
+             "POINTSMAN_BUDGETS_PATH": str(budgets), "POINTSMAN_WATCH_BUDGETS": "false",
              "POINTSMAN_DECISION_LOG_FLUSH_MS": "5"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     # the shipped config, copied so the proxy resolves nothing beside the repository's file
     config = tmp / "config.yaml"
@@ -178,10 +182,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             u.close()
 
 
-def _ask(stack: dict, slo: str | None, text: str = "What is the capital of France?") -> httpx.Response:
+def _ask(stack: dict, slo: str | None, text: str = "What is the capital of France?",
+         tenant: str = "acme") -> httpx.Response:
     body: dict = {"model": "chat", "messages": [{"role": "user", "content": text}]}
-    if slo:
-        body["metadata"] = {"pointsman": {"slo_class": slo, "tenant": "acme"}}
+    if slo or tenant != "acme":
+        body["metadata"] = {"pointsman": {"slo_class": slo, "tenant": tenant}}
     return httpx.post(f"{stack['proxy']}/v1/chat/completions", json=body, timeout=60,
                       headers={"authorization": f"Bearer {MASTER_KEY}"})
 
@@ -239,6 +244,17 @@ def test_upstream_failure_is_reported_as_an_error_outcome(stack: dict) -> None:
     decision_id = ups["llama-70b"].seen[-1]["decision"]
     out = _outcome(stack, decision_id)
     assert out.status == "error" and out.served_target == "onprem-70b"
+
+
+def test_a_budget_refusal_is_answered_429_not_routed_around(stack: dict) -> None:
+    """Tenant ``broke`` has $0 a day: the proxy answers 429 and no upstream is called. Before, the
+    callback failed open on Pointsman's refusal and llama-8b served it, unbudgeted, no outcome."""
+    ups = stack["upstreams"]
+    before = {n: len(u.seen) for n, u in ups.items()}
+    r = _ask(stack, None, tenant="broke")
+    assert r.status_code == 429, r.text
+    assert "budget exhausted" in r.text and "tenant:broke" in r.text
+    assert {n: len(u.seen) for n, u in ups.items()} == before
 
 
 def test_pointsman_down_fails_open_to_the_default_deployment(stack: dict) -> None:

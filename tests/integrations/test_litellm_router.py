@@ -24,7 +24,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of Lit
 
 import litellm  # noqa: E402
 
-from pointsman.integrations.client import DECISION_HEADER, PointsmanClient, forward_target  # noqa: E402
+from pointsman.integrations.client import DECISION_HEADER, BudgetExhausted, PointsmanClient, forward_target  # noqa: E402
 from pointsman.integrations.litellm_router import (  # noqa: E402
     PointsmanRoutingStrategy,
     _usage,
@@ -244,6 +244,25 @@ def test_wrong_key_is_rejected_and_the_call_still_succeeds(service: dict) -> Non
     response, client = asyncio.run(run())
     assert response._hidden_params["model_id"] == "onprem-dep"
     assert client.stats["route_failed"] == 1
+
+
+def test_a_budget_refusal_is_not_routed_around(service: dict) -> None:
+    """Tenant ``broke`` has $0 a day: Pointsman refuses its call (429 ``budget_exhausted``) and the
+    call raises. Before, the client took the refusal (then a 422) for a failure to fail open on, and
+    the Router served the call on its default deployment, unbudgeted and with no outcome reported."""
+    async def run():
+        client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0)
+        router = _router(client)
+        try:
+            with pytest.raises(BudgetExhausted, match="tenant:broke"):
+                await router.acompletion(model="chat", messages=[{"role": "user", "content": "hello"}],
+                                         metadata={"pointsman": {"tenant": "broke"}})
+        finally:
+            await client.aclose()
+        return client
+
+    client = asyncio.run(run())
+    assert client.stats["budget_refused"] == 1 and client.stats["route_failed"] == 0 and not client.acks
 
 
 def test_pick_deployment_maps_by_target_then_upstream_model_then_endpoint() -> None:

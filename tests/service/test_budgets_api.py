@@ -94,7 +94,11 @@ def test_a_broken_budgets_file_keeps_the_running_budgets_and_a_valid_one_applies
         assert r.status_code == 200 and r.json()["ok"] is True and r.json()["revision"] != revision, r.text
         assert status(c)[0]["limit_usd"] == 0.0
         refused = c.post("/v1/route", json=BODY, headers=GATEWAY)
-        assert refused.status_code == 422 and "budget" in refused.json()["error"]["message"]
+        # a refusal for the budget alone, as the ext_proc picker's (before: 422 no_eligible_target, which
+        # the Python client and the LiteLLM integrations took for a failure and routed around)
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "budget_exhausted", refused.text
+        assert "tenant:acme" in refused.json()["error"]["message"]
+        assert 'pointsman_decision_errors_total{code="budget_exhausted"} 1.0' in c.get("/metrics").text
 
         budgets.write_text(budgets_yaml(7.5))  # the watcher applies a change without a request
         deadline = time.monotonic() + 20
@@ -156,6 +160,52 @@ def test_an_ok_outcome_without_usage_books_the_target_that_served_it(tmp_path):
                              fleet.output_tokens("frontier-large", None)).usd
         assert settled["target"] == "frontier-large"
         assert settled["actual_cost_usd"] == pytest.approx(want) and want > 10 * other["estimated_cost_usd"]
+
+
+def test_an_ok_outcome_without_usage_on_another_target_keeps_the_requests_output_cap(tmp_path):
+    """A request capped at 4,000 output tokens, routed on-prem and answered by frontier-large without
+    usage, books the request priced there with its cap, as the decision's own estimate counts it:
+    it booked the fleet's default 256 output tokens ($0.002575 instead of $0.040015, 15.5x too little).
+    The cap travels in the signed id, so any replica books the same. Found by a fresh-eyes test."""
+    from pointsman.policy.cost import estimate_cost
+
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text(budgets_yaml(5))
+    with app(tmp_path, budgets, watch_budgets=False) as c:
+        fleet = c.app.state.runtime.live.engine.fleet
+        body = {**BODY, "max_tokens": 4000}
+        d = c.post("/v1/route", json=body, headers=GATEWAY).json()
+        assert d["target"] != "frontier-large"
+        r = c.post("/v1/outcomes", json={"decision_id": d["decision_id"], "status": "ok",
+                                         "served_target": "frontier-large"}, headers=GATEWAY)
+        settled = r.json()["acks"][0]["settlement"]
+        large = fleet.targets["frontier-large"]
+        want = estimate_cost("frontier-large", large, large.modes[0], d["prompt_tokens"], 4000).usd
+        assert settled["actual_cost_usd"] == pytest.approx(want)  # before: 256 output tokens' worth
+        assert status(c)[0]["settled_usd"] == pytest.approx(want, abs=1e-9)
+
+
+def test_a_request_for_n_answers_reserves_n_answers(tmp_path):
+    """OpenAI's ``n``: every answer is decoded and billed. A request for 5 answers of at most 100 tokens
+    is estimated, and held in its budget, at 500 output tokens; it was held at 100 (n was ignored:
+    frontier-large $0.001035 held for up to $0.005035 of answers). Found by a fresh-eyes test."""
+    from pointsman.policy.cost import estimate_cost
+
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text(budgets_yaml(5))
+    with app(tmp_path, budgets, watch_budgets=False) as c:
+        fleet = c.app.state.runtime.live.engine.fleet
+        body = {**BODY, "max_tokens": 100, "n": 5}
+        d = c.post("/v1/route", json=body, headers=GATEWAY).json()
+        spec = fleet.targets[d["target"]]
+        trace = c.post("/v1/route", json={**body, "routing": {"explain": True}}, headers=GATEWAY).json()["trace"]
+        assert trace["cost"]["output_tokens"] == 500  # before: 100
+        if d["target"].startswith("frontier"):
+            assert d["estimated_cost_usd"] == pytest.approx(
+                estimate_cost(d["target"], spec, spec.modes[0], d["prompt_tokens"], 500).usd)
+        assert status(c)[0]["held_usd"] == pytest.approx(d["estimated_cost_usd"], abs=1e-9)
+        bad = c.post("/v1/route", json={**body, "n": 0}, headers=GATEWAY)
+        assert bad.status_code == 422 and bad.json()["error"]["param"] == "n"
 
 
 def test_only_the_routing_key_or_an_admin_reports_a_key_budgets_outcome(tmp_path):

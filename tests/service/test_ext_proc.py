@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import re
 import socket
@@ -282,6 +283,42 @@ def test_client_cancelling_mid_stream_is_recorded_as_cancelled(app):
     while app.state.runtime.live.engine.state.record(decision_id) is not None:
         assert time.monotonic() < deadline, "the cancelled request's hold was never released"
         time.sleep(0.01)
+
+
+def test_a_stream_cancelled_after_its_answer_started_books_its_estimate(app):
+    """The upstream answered 200 and streamed a chunk, then the client went away: the request ran and the
+    upstream bills what it generated, so the decision's estimate is booked. Before, the hold was released
+    and $0 booked: a client cancelling each stream just before its usage chunk never spent its budget.
+    A stream cancelled before any response byte still only releases its hold."""
+    first = b'data: {"choices": [{"delta": {"content": "Once upon"}}]}\n\n'
+    state = app.state.fleet_state
+
+    def spent(target):
+        return state.ledger.effective_price_per_token(target, "day").spent_usd
+
+    async def scenario(stub, _, *, answer):
+        call = stub.Process()
+        req = await request_phase(call, chat("Tell me a long story.", stream=True))
+        headers = set_headers(req[0])
+        before = spent(headers["x-pointsman-target"])
+        if answer:
+            await response_phase(call, 200, "text/event-stream", [])
+            await call.write(wire.body_request("response", first, False))
+            await call.read()
+        call.cancel()
+        return headers["x-pointsman-decision-id"], headers["x-pointsman-target"], before
+
+    for answer in (True, False):
+        decision_id, target, before = run(app, functools.partial(scenario, answer=answer))
+        out = outcome_of(app, decision_id)
+        assert out.status == "cancelled" and (out.ttft_ms is not None) == answer
+        deadline = time.monotonic() + 5  # the outcome can reach the log a moment before it settles
+        while state.record(decision_id) is not None:
+            assert time.monotonic() < deadline, "the cancelled request was never settled or released"
+            time.sleep(0.01)
+        booked = spent(target) - before
+        estimate = state.claims(decision_id).estimated_cost_usd
+        assert booked == pytest.approx(estimate if answer else 0.0, abs=1e-9), (answer, booked)  # before: 0 both
 
 
 def test_buffered_mode_answers_each_message_and_carries_the_decision_in_the_body_response(app):

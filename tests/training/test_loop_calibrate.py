@@ -197,8 +197,38 @@ def test_calibrate_warns_when_less_than_a_day_backs_the_projection(tmp_path, mon
     res = CliRunner().invoke(cli, ["calibrate", "--budget-usd-per-day", "5", "--policy", str(policy), "--json",
                                    "--model", "bundled", "--dry-run"])
     assert res.exit_code == 0, res.output
-    warning = "the $/day projection rests on 20 decisions over 1.0 h of logged traffic (less than 1 day)"
+    warning = json.loads(res.stdout)["warnings"][0]
+    assert warning.startswith("the $/day projection rests on 20 decisions over ")
+    assert " min of logged traffic (less than 1 day)" in warning  # logged in seconds (before: "1.0 h")
     assert res.stderr.startswith(f"Warning: {warning}")  # before: no warning
-    assert json.loads(res.stdout)["warnings"][0].startswith(warning)
     day = C.RecentTraffic(np.zeros(3), np.zeros(3), span_days=1.0)
     assert C.projection_warning(day) is None  # a whole day backs it
+
+
+def test_budget_threshold_projects_a_short_log_at_its_own_rate(tmp_path, monkeypatch, fleet):
+    """20 decisions over the last 10 minutes, each costing ``one`` on frontier-large, and a budget of
+    288 x ``one`` a day: 10 minutes of it (1/144 of a day) pays for two requests, the two hardest.
+    Before, the span was floored at an hour, so the same log was projected at 1/6 of its rate and the
+    threshold sent 12 of 20 (60%) to the frontier: six times the budget."""
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    version = load_estimator("bundled").version
+    with OutcomeLog() as log:
+        log.append_decisions([DecisionRecord(**{**vars(record(i, (i + 1) / 20, t=NOW - 600 + 30 * i)),
+                                                "estimator_version": version}) for i in range(20)])
+    target = fleet.targets["frontier-large"]
+    one = (1000 * target.prices.usd_per_1m_input_tokens
+           + fleet.output_tokens("frontier-large", None) * target.prices.usd_per_1m_output_tokens) / 1e6
+    policy = tmp_path / "policy.yaml"
+    shutil.copyfile(STATIC_POLICY_PATH, policy)
+    cli = click.Group()
+    register(cli)
+    res = CliRunner().invoke(cli, ["calibrate", "--budget-usd-per-day", repr(288 * one), "--policy", str(policy),
+                                   "--json", "--model", "bundled", "--dry-run", "--target", "frontier-large",
+                                   "--since", str(NOW - 86400), "--until", str(NOW)])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["span_days"] == pytest.approx(600 / 86400)
+    assert (out["threshold"], out["frontier_share"]) == (0.95, 0.1)  # before: 0.45 and 0.6
+    assert out["projected_spend_usd_per_day"] == pytest.approx(288 * one)
+    assert "over 10.0 min of logged traffic" in out["warnings"][0]
