@@ -399,7 +399,7 @@ class FleetState:
 
     def dispatch(self, dispatch: Dispatch, now: float | None = None) -> DispatchRecord:
         """Commit a decision: reserve ``record.estimated_cost_usd`` on ``record.scopes`` in the
-        ledger (raises ``BudgetExceeded`` with nothing changed when it does not fit;
+        ledger when a budget applies to one of them (raises ``BudgetExceeded`` with nothing changed when it does not fit;
         ``LedgerUnavailable`` when the backend fails and the request has budgets, unless
         ``budget_fail_open``), then count the request in flight on its endpoint(s) (at the
         record's monotonic ``at``), record its prefix there and its session. ``now``: Unix
@@ -424,14 +424,16 @@ class FleetState:
                 decode_utilization=record.decode_utilization, issued_s=now))
         decision_id, scopes, at = record.decision_id, record.scopes, record.at
         reserved = False
-        if self.ledger is not None:
+        # a request no budget applies to holds nothing: its spend is booked at settlement (on the scopes
+        # its record or signed id carries, ``settle``), so no ledger write is on its decision's path
+        if self.ledger is not None and self.ledger.config.budgets_for(scopes):
             try:
                 with self._budget_change(scopes) as change:
                     self.ledger.reserve(decision_id, scopes, record.estimated_cost_usd, now)
                     change.reserved_usd = record.estimated_cost_usd
                 reserved = True
             except LedgerUnavailable:
-                if self.ledger.config.budgets_for(scopes) and not self.budget_fail_open:
+                if not self.budget_fail_open:
                     raise
         record = replace(record, reserved=reserved)
         self._apply_dispatch(record, dispatch.block_hashes, dispatch.gateway_ids, dispatch.session_id)

@@ -57,12 +57,18 @@ STEP = st.one_of(
 )
 
 
+#: A budget on the tenant, far above what the steps spend: its decisions hold their estimate at dispatch.
+BUDGETED = BudgetConfig.from_dict({"budgets": [{"scope": "tenant:acme", "window": "day", "limit_usd": 1e6}]})
+
+
 @settings(max_examples=25, deadline=None)
-@given(steps=st.lists(STEP, min_size=1, max_size=25))
-def test_booked_spend_equals_acknowledged_across_replicas_and_outages(steps):
+@given(steps=st.lists(STEP, min_size=1, max_size=25), budgeted=st.booleans())
+def test_booked_spend_equals_acknowledged_across_replicas_and_outages(steps, budgeted):
+    """``budgeted``: the tenant has a budget (each dispatch holds its estimate in the ledger, refused
+    while the ledger is down) or none (a dispatch writes nothing to the ledger; settlement books it)."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        ledger = Outage(SqliteLedger(root / "budget.db", BudgetConfig()))
+        ledger = Outage(SqliteLedger(root / "budget.db", BUDGETED if budgeted else BudgetConfig()))
         signer = DecisionSigner(b"k" * 32)
         replicas = [FleetState(FLEET, ledger, clock=lambda: NOW, signer=signer,  # type: ignore[arg-type]
                                journal=SpendJournal(root / f"journal-{i}.db")) for i in range(2)]
@@ -74,7 +80,13 @@ def test_booked_spend_equals_acknowledged_across_replicas_and_outages(steps):
                 ledger.down = not up
                 record = DispatchRecord(new_decision_id(), "onprem-8b", "aggregated", E8, None, SCOPES, 0.01, False,
                                         400, 0.7, 0.4, replicas[r].monotonic())
-                decisions.append(replicas[r].dispatch(Dispatch(record, [], False), now=NOW).decision_id)
+                try:
+                    dispatched = replicas[r].dispatch(Dispatch(record, [], False), now=NOW)
+                except LedgerUnavailable:
+                    assert budgeted and not up  # fail-closed: a budgeted request is refused, nothing held
+                    continue
+                assert dispatched.reserved == budgeted
+                decisions.append(dispatched.decision_id)
             elif step[0] == "outcome" and decisions:
                 _, k, r, up = step
                 decision_id = decisions[k % len(decisions)]
