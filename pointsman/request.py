@@ -372,6 +372,12 @@ class RequestView:
         return "".join(parts)
 
     @cached_property
+    def conversation_utf8(self) -> bytes:
+        """``conversation`` in UTF-8, encoded once: the text prefix block hashes read it, and the cache
+        signals its length."""
+        return self.conversation.encode("utf-8")
+
+    @cached_property
     def transcript(self) -> str:
         """The conversation as ``role: text`` lines joined by newlines: what the decision log's
         ``prompt_sha256`` hashes (kept stable across versions, so logged hashes compare)."""

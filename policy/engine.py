@@ -184,7 +184,7 @@ def block_hashes(view: RequestView) -> tuple[list[int], bool]:
             return block_hashes_from_ids(ids), True
         except TypeError as exc:
             raise RequestError(str(exc), field="routing.prefix_block_hashes") from None
-    return block_hashes_from_text(view.conversation), False
+    return block_hashes_from_text(view.conversation_utf8), False
 
 
 @dataclass(frozen=True)

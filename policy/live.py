@@ -195,7 +195,6 @@ class LiveSignals:
                  subset: AbstractSet[str] | None = None, turn: int = 0) -> None:
         self.state = state
         self.turn = turn
-        self._conversation_bytes: int | None = None
         self.subset = None if subset is None else frozenset(subset)
         self._fleet: Fleet = state.fleet
         self.policy = policy
@@ -282,9 +281,7 @@ class LiveSignals:
         """UTF-8 bytes of the conversation the text block hashes cover (None: gateway ids, or no view)."""
         if self.gateway_ids or self.view is None:
             return None
-        if self._conversation_bytes is None:
-            self._conversation_bytes = len(self.view.conversation.encode("utf-8"))
-        return self._conversation_bytes
+        return len(self.view.conversation_utf8)
 
     def pool_view(self, target: str, role: str) -> PoolView:
         """``target``'s pool ``role`` (``api`` for a frontier target) with loads, health and hits."""

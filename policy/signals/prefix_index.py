@@ -95,13 +95,15 @@ def _chain(data: bytes, block_bytes: int, root: bytes) -> list[int]:
     return out
 
 
-def block_hashes_from_text(text: str, block_tokens: int = BLOCK_TOKENS, *,
+def block_hashes_from_text(text: str | bytes, block_tokens: int = BLOCK_TOKENS, *,
                            chars_per_token: float = CHARS_PER_TOKEN, salt: bytes = b"") -> list[int]:
     """Chained 64-bit hashes of the full ``block_tokens × chars_per_token``-byte blocks of
-    ``text``'s UTF-8 (see the module docstring for the approximation). ``salt``
-    separates caches that must not match (e.g. different models or LoRA adapters)."""
+    ``text``'s UTF-8 (``text`` may be given encoded already; see the module docstring for the
+    approximation). ``salt`` separates caches that must not match (e.g. different models or LoRA
+    adapters)."""
     block_bytes = max(1, int(round(block_tokens * chars_per_token)))
-    return _chain(text.encode("utf-8"), block_bytes, _root(b"text", salt))
+    data = text if isinstance(text, bytes) else text.encode("utf-8")
+    return _chain(data, block_bytes, _root(b"text", salt))
 
 
 def block_hashes_from_tokens(token_ids: Sequence[int], block_tokens: int = BLOCK_TOKENS, *,
