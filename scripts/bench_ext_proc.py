@@ -25,8 +25,15 @@ Prompts: real prompts from the shared outcome tables (Arena-Bench-V1 and RouteLL
 at the wanted token count, so no two requests share a prefix.
 
     python scripts/bench_ext_proc.py [--sizes 500 100000] [--requests 200] [--warmup 10] [--json]
+                                     [--rates 400 800 --duration 10]
 
 Targets (issue 13): ext_proc p99 <= 10 ms at 500 tokens and <= 50 ms at 100,000 tokens.
+
+``--rates R ...`` measures ext_proc decisions per second instead (issue 24: >= 800/s at p99 <= 25 ms):
+for each rate and size, streams start on schedule at R per second for ``--duration`` seconds (open
+loop, after a second of warm-up at that rate; one stream per request on one channel), each as above
+(request phase timed from its scheduled start, response phase untimed); printed per row: streams
+done per second, p50/p99 ms, errors, and the server's CPU (all its threads, from /proc) per decision.
 """
 
 from __future__ import annotations
@@ -170,12 +177,58 @@ async def bench(base: str, grpc_port: int, sizes: list[int], n: int, warmup: int
     return results
 
 
+def server_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def rate_row(stub: object, bodies: list[bytes], rate: float, duration: float, pid: int) -> dict[str, float]:
+    """Open loop: streams start at ``rate`` per second (a second of warm-up, then ``duration`` s measured);
+    latency from each stream's scheduled start to the end of its request phase."""
+    async def one(k: int, at: float, out: list[float] | None, errors: list[str]) -> None:
+        await asyncio.sleep(max(0.0, at - time.perf_counter()))
+        try:
+            await ext_proc_call(stub, bodies[k % len(bodies)])
+        except Exception as exc:  # noqa: BLE001 - counted, the row goes on
+            errors.append(type(exc).__name__)
+            return
+        if out is not None:
+            out.append((time.perf_counter() - at) * 1e3)
+
+    errors: list[str] = []
+    start = time.perf_counter() + 0.05
+    await asyncio.gather(*(one(k, start + k / rate, None, errors) for k in range(int(rate))))  # warm-up
+    lat: list[float] = []
+    n = int(rate * duration)
+    cpu0, t0 = server_cpu_s(pid), time.perf_counter()
+    await asyncio.gather(*(one(k, t0 + k / rate, lat, errors) for k in range(n)))
+    wall, cpu = time.perf_counter() - t0, server_cpu_s(pid) - cpu0
+    a = np.array(lat) if lat else np.array([float("nan")])
+    return {"rate": rate, "done_per_s": len(lat) / wall, "p50_ms": float(np.percentile(a, 50)),
+            "p99_ms": float(np.percentile(a, 99)), "errors": len(errors), "srv_cpu_ms": cpu * 1e3 / max(1, len(lat))}
+
+
+async def rates(grpc_port: int, sizes: list[int], rate_list: list[float], duration: float,
+                pid: int) -> dict[str, list[dict[str, float]]]:
+    out: dict[str, list[dict[str, float]]] = {}
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        stub = wire.stub(channel)
+        for size in sizes:
+            bodies = [body_of(p) for p in sized_prompts(size, 50)]
+            out[str(size)] = [await rate_row(stub, bodies, r, duration, pid) for r in rate_list]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[500, 100_000])
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--rates", type=float, nargs="+", default=None, metavar="RATE",
+                    help="open-loop ext_proc decisions per second instead (see the module)")
+    ap.add_argument("--duration", type=float, default=10.0, help="measured seconds per --rates row")
     args = ap.parse_args()
     port, grpc_port = free_port(), free_port()
     with tempfile.TemporaryDirectory() as data:
@@ -195,10 +248,20 @@ def main() -> None:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit("pointsman serve did not start")
                 time.sleep(0.1)
-            results = asyncio.run(bench(base, grpc_port, args.sizes, args.requests, args.warmup))
+            if args.rates:
+                rows = asyncio.run(rates(grpc_port, args.sizes, args.rates, args.duration, proc.pid))
+            else:
+                results = asyncio.run(bench(base, grpc_port, args.sizes, args.requests, args.warmup))
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
+    if args.rates:
+        print(json.dumps(rows, indent=2) if args.json else
+              f"# ext_proc, open loop, {os.cpu_count()} cores shared by server and client\n"
+              f"{'tokens':>8} {'rate/s':>7} {'done/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} {'srv_cpu_ms':>10}\n"
+              + "\n".join(f"{size:>8} {r['rate']:>7.0f} {r['done_per_s']:>7.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+                          f"{r['errors']:>6.0f} {r['srv_cpu_ms']:>10.2f}" for size, rs in rows.items() for r in rs))
+        return
     if args.json:
         print(json.dumps(results, indent=2))
         return
