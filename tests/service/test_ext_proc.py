@@ -468,8 +468,9 @@ def test_unpriceable_upstream_usage_books_the_estimate_and_is_counted(app):
     while state.record(decision_id) is not None and time.monotonic() < deadline:
         time.sleep(0.02)
     settled = state.ledger.settle(decision_id, 0.0)  # a repeat returns the first settlement
-    assert settled.replayed and settled.reserved_usd > 0
-    assert settled.actual_cost_usd == pytest.approx(settled.reserved_usd)  # the estimate was booked
+    claims = state.claims(decision_id)  # the decision's estimate, carried by its signed id (no budget: no hold)
+    assert settled.replayed and claims is not None and claims.estimated_cost_usd > 0
+    assert settled.actual_cost_usd == pytest.approx(claims.estimated_cost_usd, abs=1e-9)  # booked (in nano-USD)
 
 
 @pytest.mark.parametrize("sse,parts,usage,model", [
