@@ -4,7 +4,9 @@ in parallel, under a time budget; then the cheapest candidates replayed on the w
 ``search(space, inputs, workers, goal=...)`` -> ``SearchResult``: every shape evaluated on the
 workers' ``search`` inputs (the whole trace, or its busiest window: ``busiest_window``). Steps:
 
-1. **starts**: the base fleet's shape, then the smallest shapes (one replica per pool: each
+1. **starts**: the base fleet's shape, the base with its prefill replicas twice as wide (long
+   prompts that miss the TTFT objective on any number of template replicas), then the smallest
+   shapes (one replica per pool: each
    target aggregated, and with one prefill + one decode replica where it can be disaggregated,
    the prefill replica also twice as wide; the base's tier and GPU);
 2. **expand** one evaluated shape at a time: replay up to ``batch_size`` of its neighbours
@@ -38,7 +40,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.errors import FleetError, PolicyError
@@ -64,8 +66,13 @@ class SearchResult:
 
 
 def smallest_shapes(space: ShapeSpace) -> list[Shape]:
-    """One replica per pool (module docstring, step 1)."""
+    """The base with its prefill replicas twice as wide, then one replica per pool (module docstring,
+    step 1)."""
     base = space.base
+    wide = base
+    for t in space.targets:
+        if base.of(t.name).prefill:
+            wide = wide.with_pools(t.name, replace(base.of(t.name), prefill_tp=2))
     out = [base]
     for t in space.targets:
         variants = [Pools(1, 0, 0, base.of(t.name).kv_level)]
@@ -73,7 +80,7 @@ def smallest_shapes(space: ShapeSpace) -> list[Shape]:
             kv = base.of(t.name).kv_level
             variants += [Pools(1, 1, 1, kv), Pools(0, 1, 1, kv), Pools(0, 1, 1, kv, prefill_tp=2)]
         out = [s.with_pools(t.name, v) for s in out for v in variants]
-    return out
+    return ([wide] if wide != base else []) + out
 
 
 def _shortfall(r: ShapeResult, goal: float, min_quality: float) -> float:
