@@ -12,12 +12,14 @@ workers' ``search`` inputs (the whole trace, or its busiest window: ``busiest_wi
 2. **expand** one evaluated shape at a time: replay up to ``batch_size`` of its neighbours
    (``ShapeSpace.neighbors``: one replica more or fewer, one moved between pools, aggregated <->
    disaggregated, prefill replicas twice or half as wide, the next KV tier size, another GPU type,
-   one policy knob to its next value) in parallel. Which shape: while none qualifies (the SLO goal and the quality floor), the one
-   closest to qualifying (``_shortfall``: attainment under the goal plus quality under the floor;
-   an ascent), its neighbours ordered by where its misses are (``_priority``: prefill GPUs for
-   TTFT misses, decode replicas for TPOT misses, per dollar; policy knobs, then wider prefill
-   replicas first when only quality is short); then the cheapest not fully expanded shape that qualifies (a descent, largest
-   saving first) or falls short by at most ``NEAR_MISS`` (a cheaper way up), cheapest first;
+   one policy knob to its next value) in parallel. Which shape: while none qualifies (the SLO
+   goal and the quality floor), the one closest to qualifying (``_shortfall``: attainment under
+   the goal plus quality under the floor; an ascent), its neighbours ordered by where its misses
+   are (``_priority``: prefill GPUs for TTFT misses, decode replicas for TPOT misses, per dollar;
+   policy knobs, then wider prefill replicas first when only quality is short); then, in turn,
+   the cheapest not fully expanded shape that qualifies (a descent, largest saving first) and the
+   cheapest that falls short by at most ``NEAR_MISS`` (a cheaper way up; near misses alone would
+   crowd out the descent: every policy setting of a cheap near miss is another near miss);
 3. **prune** before replaying: a neighbour whose cost floor (GPU rent, idle power, KV DRAM:
    ``ShapeSpace.floor_usd_per_month``) is at least the best qualifying shape's monthly cost can
    neither be recommended nor beat it, and from a shape that meets the goal only neighbours
@@ -129,6 +131,7 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
     t0 = time.monotonic()
     out = SearchResult()
     expanded: set[Shape] = set()
+    turn = 0
 
     def late() -> bool:
         return time.monotonic() > (deadline() if callable(deadline) else deadline)
@@ -196,6 +199,10 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
         if not todo:
             break
         current = todo[0]
+        if best is not None:  # alternate: the cheapest qualifying shape, then the cheapest near miss
+            kind = [r for r in todo if (_shortfall(r, goal, min_quality) == 0) == (turn % 2 == 0)]
+            current = kind[0] if kind else current
+            turn += 1
         meets_goal = _shortfall(current, goal, min_quality) == 0
         floor = space.floor_usd_per_month(current.shape)
         batch = [s for s in space.neighbors(current.shape)
