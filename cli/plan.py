@@ -58,6 +58,8 @@ def _changes(space: ShapeSpace, base: Shape, rec: Shape) -> str:
         ka, kb = space.kv_tier_tokens(base, t.name), space.kv_tier_tokens(rec, t.name)
         if ka != kb:
             diffs.append(f"KV tier {ka:,}->{kb:,} tokens")
+        if a.prefill_tp != b.prefill_tp:
+            diffs.append(f"prefill replicas x{a.prefill_tp}->x{b.prefill_tp} the template's GPUs")
         if diffs:
             parts.append(f"{t.name}: {', '.join(diffs)}")
     if base.gpu != rec.gpu:
@@ -250,7 +252,7 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
                      + (f" and quality {min_quality:.3f}" if min_quality > 0 else "")
                      + (f" within ${budget:,.0f}/month" if math.isfinite(budget) else ""))
     else:
-        tuned = rec.shape.tuning != space.base.tuning
+        tuned = not space.policy_as_written(rec.shape)
         rec_policy = out_dir / "policy.yaml" if tuned else policy_file
         cmd = ["pointsman", "replay", str(trace), "--fleet", str(out_dir / "fleet.yaml"), "--policy", str(rec_policy),
                "--no-baselines", "--seed", str(seed), "--slo-class", slo_name, "--estimator", estimator_spec,
@@ -269,9 +271,13 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
         fleet_file = out_dir / "fleet.yaml"
         fleet_file.write_text(space.fleet_text(rec.shape, header, {"reproduce": reproduce}), encoding="utf-8")
         if tuned:
-            rec_policy.write_text(space.policy.policy_text(rec.shape.tuning, (
+            guard = space.pd_guard(rec.shape)
+            chosen = " ".join(x for x in (space.policy.label(rec.shape.tuning),
+                                          f"disaggregation.min_pool_gpus={guard} (the planned P/D pool's GPUs)"
+                                          if guard is not None else "") if x)
+            rec_policy.write_text(space.policy_text(rec.shape, (
                 f"{policy_file} with the settings `pointsman plan` chose for {trace.name} on {fleet_file}: "
-                f"{space.policy.label(rec.shape.tuning)}\n(comments of the original are not kept). Reproduce the "
+                f"{chosen}\n(comments of the original are not kept). Reproduce the "
                 f"numbers with:\n{reproduce}")), encoding="utf-8")
         try:
             load_policy(rec_policy, load_fleet(fleet_file))
@@ -303,7 +309,7 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
                     break
         lines.append(f"fleet file: {fleet_file} ({checked})")
         if tuned:
-            lines.append(f"policy file: {rec_policy} ({policy_file.name} with {space.policy.label(rec.shape.tuning)})")
+            lines.append(f"policy file: {rec_policy} ({policy_file.name} with {chosen})")
         lines.append(f"reproduce: {reproduce}")
     report_text = "\n".join(lines)
     meta = {"trace": str(trace), "requests": len(requests), "fleet": str(base_path), "policy": str(policy_file),

@@ -111,9 +111,9 @@ def compile_shape(inputs: PlanInputs, shape: Shape) -> tuple[Fleet, CompiledPoli
     """(fleet, compiled policy) of ``shape`` (its policy settings applied); raises ``FleetError`` /
     ``PolicyError``."""
     fleet = parse_fleet(inputs.space.fleet_text(shape), "<plan shape>")
-    if not inputs.space.policy.knobs:
+    if inputs.space.policy_as_written(shape):
         return fleet, load_policy(inputs.policy_path, fleet)
-    return fleet, compile_policy(inputs.space.policy.policy_text(shape.tuning), fleet, str(inputs.policy_path))
+    return fleet, compile_policy(inputs.space.policy_text(shape), fleet, str(inputs.policy_path))
 
 
 def evaluate(inputs: PlanInputs, estimator: Estimator, shape: Shape, scale: float = 1.0) -> ShapeResult:

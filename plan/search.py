@@ -4,18 +4,22 @@ in parallel, under a time budget; then the cheapest candidates replayed on the w
 ``search(space, inputs, workers, goal=...)`` -> ``SearchResult``: every shape evaluated on the
 workers' ``search`` inputs (the whole trace, or its busiest window: ``busiest_window``). Steps:
 
-1. **starts**: the base fleet's shape, then the smallest shapes (one replica per pool: each
-   target aggregated, and with one prefill + one decode replica where it can be disaggregated;
-   the base's tier and GPU);
+1. **starts**: the base fleet's shape, the base with its prefill replicas twice as wide (long
+   prompts that miss the TTFT objective on any number of template replicas), then the smallest
+   shapes (one replica per pool: each
+   target aggregated, and with one prefill + one decode replica where it can be disaggregated,
+   the prefill replica also twice as wide; the base's tier and GPU);
 2. **expand** one evaluated shape at a time: replay up to ``batch_size`` of its neighbours
    (``ShapeSpace.neighbors``: one replica more or fewer, one moved between pools, aggregated <->
-   disaggregated, the next KV tier size, another GPU type, one policy knob to its next value) in
-   parallel. Which shape: while none qualifies (the SLO goal and the quality floor), the one
-   closest to qualifying (``_shortfall``: attainment under the goal plus quality under the floor;
-   an ascent), its neighbours ordered by where its misses are (``_priority``: prefill replicas for
-   TTFT misses, decode replicas for TPOT misses, per dollar; policy knobs first when only quality
-   is short); then the cheapest not fully expanded shape that qualifies (a descent, largest
-   saving first) or falls short by at most ``NEAR_MISS`` (a cheaper way up), cheapest first;
+   disaggregated, prefill replicas twice or half as wide, the next KV tier size, another GPU type,
+   one policy knob to its next value) in parallel. Which shape: while none qualifies (the SLO
+   goal and the quality floor), the one closest to qualifying (``_shortfall``: attainment under
+   the goal plus quality under the floor; an ascent), its neighbours ordered by where its misses
+   are (``_priority``: prefill GPUs for TTFT misses, decode replicas for TPOT misses, per dollar;
+   policy knobs, then wider prefill replicas first when only quality is short); then, in turn,
+   the cheapest not fully expanded shape that qualifies (a descent, largest saving first) and the
+   cheapest that falls short by at most ``NEAR_MISS`` (a cheaper way up; near misses alone would
+   crowd out the descent: every policy setting of a cheap near miss is another near miss);
 3. **prune** before replaying: a neighbour whose cost floor (GPU rent, idle power, KV DRAM:
    ``ShapeSpace.floor_usd_per_month``) is at least the best qualifying shape's monthly cost can
    neither be recommended nor beat it, and from a shape that meets the goal only neighbours
@@ -38,7 +42,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.errors import FleetError, PolicyError
@@ -64,15 +68,21 @@ class SearchResult:
 
 
 def smallest_shapes(space: ShapeSpace) -> list[Shape]:
-    """One replica per pool (module docstring, step 1)."""
+    """The base with its prefill replicas twice as wide, then one replica per pool (module docstring,
+    step 1)."""
     base = space.base
+    wide = base
+    for t in space.targets:
+        if base.of(t.name).prefill:
+            wide = wide.with_pools(t.name, replace(base.of(t.name), prefill_tp=2))
     out = [base]
     for t in space.targets:
         variants = [Pools(1, 0, 0, base.of(t.name).kv_level)]
         if t.disaggregable:
-            variants += [Pools(1, 1, 1, base.of(t.name).kv_level), Pools(0, 1, 1, base.of(t.name).kv_level)]
+            kv = base.of(t.name).kv_level
+            variants += [Pools(1, 1, 1, kv), Pools(0, 1, 1, kv), Pools(0, 1, 1, kv, prefill_tp=2)]
         out = [s.with_pools(t.name, v) for s in out for v in variants]
-    return out
+    return ([wide] if wide != base else []) + out
 
 
 def _shortfall(r: ShapeResult, goal: float, min_quality: float) -> float:
@@ -87,19 +97,23 @@ def _priority(space: ShapeSpace, current: ShapeResult, shape: Shape, ascending: 
     """Sort key of a neighbour (lower first). Ascending: replicas added where ``current``'s
     misses are (prefill replicas for TTFT misses, decode for TPOT, aggregated for both, all
     three for rejections), per dollar of floor added; when ``current`` meets the SLO goal but
-    not the quality floor (``quality_short``), a policy setting changed first (it costs no GPU).
+    not the quality floor (``quality_short``), a policy setting changed first (it costs no GPU),
+    then wider prefill replicas (long prompts that overflow to a frontier tier because their
+    prefill alone would miss the TTFT objective stay on-prem).
     Descending: the largest saving first."""
     delta = space.floor_usd_per_month(shape) - space.floor_usd_per_month(current.shape)
     if not ascending:
         return (delta, 0.0)
     if quality_short and shape.tuning != current.shape.tuning:
         return (-math.inf, delta)
+    if quality_short and any(shape.of(t.name).prefill_tp > current.shape.of(t.name).prefill_tp for t in space.targets):
+        return (-1e9, delta)  # wider prefill replicas keep long prompts on-prem instead of overflowing
     gain = 0.0
     for t in space.targets:
         m = current.misses.get(t.name, {})
         ttft, tpot, rej = m.get("ttft", 0), m.get("tpot", 0), m.get("rejected", 0)
         a, b = current.shape.of(t.name), shape.of(t.name)
-        gain += (b.prefill - a.prefill) * (ttft + rej) + (b.decode - a.decode) * (tpot + rej) \
+        gain += (b.prefill * b.prefill_tp - a.prefill * a.prefill_tp) * (ttft + rej) + (b.decode - a.decode) * (tpot + rej) \
             + (b.aggregated - a.aggregated) * (ttft + tpot + rej) + (b.kv_level - a.kv_level) * ttft * 0.5
     return (-gain / max(delta, 1.0) if gain > 0 else 1.0, delta)
 
@@ -117,6 +131,7 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
     t0 = time.monotonic()
     out = SearchResult()
     expanded: set[Shape] = set()
+    turn = 0
 
     def late() -> bool:
         return time.monotonic() > (deadline() if callable(deadline) else deadline)
@@ -184,6 +199,10 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
         if not todo:
             break
         current = todo[0]
+        if best is not None:  # alternate: the cheapest qualifying shape, then the cheapest near miss
+            kind = [r for r in todo if (_shortfall(r, goal, min_quality) == 0) == (turn % 2 == 0)]
+            current = kind[0] if kind else current
+            turn += 1
         meets_goal = _shortfall(current, goal, min_quality) == 0
         floor = space.floor_usd_per_month(current.shape)
         batch = [s for s in space.neighbors(current.shape)

@@ -10,6 +10,21 @@ capacity times ``KV_FACTORS``. ``ShapeSpace.fleet_text(shape)`` writes the base 
 the shape's endpoint lists, tier and GPU; new endpoints are named after the base ones
 (``llama-70b-prefill-2``), URLs placeholders in the base's pattern: replace them when you deploy.
 
+A disaggregated target's prefill replicas may be wider than the template (``Pools.prefill_tp``: 2 or
+4 times its ``gpus_per_replica``, at most ``MAX_GPUS_PER_REPLICA``): tensor parallelism over more
+GPUs divides a long prompt's prefill time, which no number of replicas can (a prompt whose prefill
+on an idle template replica exceeds the TTFT objective misses it on any count of them). The wider
+pool's ``prefill_tokens_per_s`` and ``decode_tokens_per_s`` scale with its GPUs and its KV cache
+gets 90% of the added HBM; the simulator derives its FLOP/s and bandwidth from the GPU count
+(``replay.hardware``: linear in the GPUs, with the target's calibrated MFU: an optimistic reading of
+tensor parallelism, which loses some of it to all-reduces).
+
+``policy_text(shape)`` is the policy the shape is replayed with: its tuned settings
+(``plan.tuning``) and, when the shape has a P/D pool smaller than the policy's
+``disaggregation.min_pool_gpus`` guard (12 GPUs by default), that guard lowered to the pool's
+GPUs: a P/D pool the plan rents is one the policy may use (otherwise every request stays
+aggregated and the pool's replicas idle or serve as aggregated ones).
+
 A GPU type other than the base fleet's (``plan.prices.GPU_PRICES``) sets ``replay.gpu``,
 ``usd_per_gpu_hour`` and ``power_kw_per_gpu`` of every on-prem target, scales each pool's
 ``prefill_tokens_per_s`` by the ratio of dense matmul FLOP/s and ``decode_tokens_per_s`` by the
@@ -34,6 +49,12 @@ from pointsman.replay.hardware import GPU_PRESETS
 #: Shared KV tier capacities searched, as multiples of the base fleet's tier (0 = no tier).
 KV_FACTORS = (0.0, 0.5, 1.0, 2.0)
 
+#: GPUs of the widest replica searched (one 8-GPU node).
+MAX_GPUS_PER_REPLICA = 8
+
+#: ``disaggregation.min_pool_gpus`` of a policy that does not set it (``DisaggregationSpec``'s default).
+DEFAULT_MIN_POOL_GPUS = 12
+
 #: Idle power as a share of busy power (``replay.hardware``'s H100 assumption, 70 W of 700 W).
 IDLE_POWER_SHARE = 0.1
 
@@ -42,13 +63,15 @@ ROLES = ("aggregated", "prefill", "decode")
 
 @dataclass(frozen=True, order=True)
 class Pools:
-    """Replica counts of one on-prem target (``aggregated``, ``prefill``, ``decode``) and the
-    index of its shared KV tier capacity in ``TargetSpace.kv_levels``."""
+    """Replica counts of one on-prem target (``aggregated``, ``prefill``, ``decode``), the
+    index of its shared KV tier capacity in ``TargetSpace.kv_levels`` and ``prefill_tp``: how many
+    times the template's GPUs each prefill replica has (1, 2 or 4; module docstring)."""
 
     aggregated: int
     prefill: int = 0
     decode: int = 0
     kv_level: int = 0
+    prefill_tp: int = 1
 
     def count(self, role: str) -> int:
         """Replicas of the pool with ``role``."""
@@ -164,6 +187,9 @@ class ShapeSpace:
                 return False
             if (p.prefill > 0) != (p.decode > 0) or (p.prefill and not t.disaggregable):
                 return False
+            if p.prefill_tp not in (1, 2, 4) or (p.prefill_tp > 1 and not p.prefill) \
+                    or p.prefill_tp * t.gpus_per_replica.get("prefill", 1) > MAX_GPUS_PER_REPLICA:
+                return False
             if p.aggregated + p.prefill == 0:
                 return False
         return shape.gpu in self.gpus and len(shape.tuning) == len(self.policy.knobs)
@@ -171,8 +197,9 @@ class ShapeSpace:
     def neighbors(self, shape: Shape) -> Iterator[Shape]:
         """Valid shapes one step away: one replica more or fewer in one pool, one moved between
         two pools of a target, all of a target's replicas switched between aggregated and
-        prefill + decode (GPUs kept), the next tier capacity up or down, another GPU type, one
-        policy knob to its next value (``TuningSpace.neighbors``)."""
+        prefill + decode (GPUs kept), prefill replicas twice or half as wide, the next tier
+        capacity up or down, another GPU type, one policy knob to its next value
+        (``TuningSpace.neighbors``)."""
         seen: set[Shape] = set()
 
         def emit(s: Shape) -> Iterator[Shape]:
@@ -186,7 +213,7 @@ class ShapeSpace:
                 for d in (-1, 1):
                     yield from emit(shape.with_pools(t.name, replace(p, **{role: p.count(role) + d})))
                     if role != "aggregated" and p.count(role) + d == 0:  # the pair goes together
-                        yield from emit(shape.with_pools(t.name, replace(p, prefill=0, decode=0)))
+                        yield from emit(shape.with_pools(t.name, replace(p, prefill=0, decode=0, prefill_tp=1)))
             if t.disaggregable and p.prefill == 0:
                 yield from emit(shape.with_pools(t.name, replace(p, prefill=1, decode=1)))
                 yield from emit(shape.with_pools(t.name, replace(p, aggregated=p.aggregated - 2, prefill=1, decode=1)))
@@ -200,7 +227,9 @@ class ShapeSpace:
                                                                  decode=half)))
             if p.prefill:
                 yield from emit(shape.with_pools(t.name, replace(p, aggregated=p.aggregated + p.prefill + p.decode,
-                                                                 prefill=0, decode=0)))
+                                                                 prefill=0, decode=0, prefill_tp=1)))
+                for tp in (p.prefill_tp * 2, p.prefill_tp // 2):
+                    yield from emit(shape.with_pools(t.name, replace(p, prefill_tp=tp)))
             for d in (-1, 1):
                 yield from emit(shape.with_pools(t.name, replace(p, kv_level=p.kv_level + d)))
         for g in self.gpus:
@@ -209,14 +238,15 @@ class ShapeSpace:
             yield from emit(replace(shape, tuning=tuning))
 
     def covered_by(self, small: Shape, big: Shape) -> bool:
-        """Whether ``big`` has at least as many replicas in every pool and at least the tier of
-        ``small``, on the same GPU type and policy settings (so ``small`` cannot serve more, if
-        capacity never hurts)."""
+        """Whether ``big`` has at least as many replicas in every pool, prefill replicas at least as
+        wide and at least the tier of ``small``, on the same GPU type and policy settings (so
+        ``small`` cannot serve more, if capacity never hurts)."""
         if small.gpu != big.gpu or small.tuning != big.tuning:
             return False
         for t in self.targets:
             a, b = small.of(t.name), big.of(t.name)
-            if a.aggregated > b.aggregated or a.prefill > b.prefill or a.decode > b.decode or a.kv_level > b.kv_level:
+            if a.aggregated > b.aggregated or a.prefill > b.prefill or a.decode > b.decode or a.kv_level > b.kv_level \
+                    or (a.prefill and a.prefill_tp > b.prefill_tp):
                 return False
         return True
 
@@ -235,7 +265,7 @@ class ShapeSpace:
             if target is None or t.name == target:
                 p = shape.of(t.name)
                 total += sum(p.count(r) * t.gpus_per_replica.get(r, t.gpus_per_replica.get("aggregated", 1))
-                             for r in ROLES)
+                             * (p.prefill_tp if r == "prefill" else 1) for r in ROLES)
         return total
 
     def kv_tier_tokens(self, shape: Shape, target: str) -> int:
@@ -257,12 +287,14 @@ class ShapeSpace:
         return total
 
     def label(self, shape: Shape) -> str:
-        """``onprem-8b A2 | onprem-70b A2 P2 D4 KV1.5M`` (+ `` | H200-SXM`` off the base GPU, + `` |
+        """``onprem-8b A2 | onprem-70b A2 P2 D4 KV1.5M`` (``P2/TP4``: prefill replicas of 4 GPUs, wider
+        than the template's) (+ `` | H200-SXM`` off the base GPU, + `` |
         p_hard_frontier=0.61`` for policy knobs off the policy's own values)."""
         parts = []
         for t in self.targets:
             p = shape.of(t.name)
-            s = f"{t.name} A{p.aggregated}" + (f" P{p.prefill} D{p.decode}" if p.prefill else "")
+            wide = f"/TP{p.prefill_tp * t.gpus_per_replica.get('prefill', 1)}" if p.prefill_tp > 1 else ""
+            s = f"{t.name} A{p.aggregated}" + (f" P{p.prefill}{wide} D{p.decode}" if p.prefill else "")
             tier = t.kv_levels[p.kv_level]
             if tier:
                 s += f" KV{tier / 1e6:g}M"
@@ -270,6 +302,28 @@ class ShapeSpace:
         knobs = self.policy.label(shape.tuning)
         return " | ".join(parts) + ("" if shape.gpu == self.gpus[0] else f" | {shape.gpu}") \
             + (f" | {knobs}" if knobs else "")
+
+    # -- the policy --------------------------------------------------------------------------
+
+    def pd_guard(self, shape: Shape) -> int | None:
+        """The ``disaggregation.min_pool_gpus`` the shape's policy needs (module docstring): the GPUs
+        of its smallest P/D pool when that is below the policy's own guard, else None."""
+        if not self.policy.doc:  # no policy document: the policy file as written
+            return None
+        section = self.policy.doc.get("disaggregation")
+        own = section.get("min_pool_gpus", DEFAULT_MIN_POOL_GPUS) if isinstance(section, dict) else \
+            DEFAULT_MIN_POOL_GPUS
+        pd = [self.gpus_of(replace(shape, pools=((t.name, replace(shape.of(t.name), aggregated=0)),)), t.name)
+              for t in self.targets if shape.of(t.name).prefill]
+        return min(pd) if pd and min(pd) < own else None
+
+    def policy_as_written(self, shape: Shape) -> bool:
+        """Whether ``shape`` replays the policy file itself (no setting tuned, no guard lowered)."""
+        return shape.tuning == self.base.tuning and self.pd_guard(shape) is None
+
+    def policy_text(self, shape: Shape, header: str = "") -> str:
+        """The policy ``shape`` is replayed with, as YAML after ``header`` comment lines (module docstring)."""
+        return self.policy.policy_text(shape.tuning, header, self.pd_guard(shape))
 
     # -- the fleet file ----------------------------------------------------------------------
 
@@ -291,7 +345,12 @@ class ShapeSpace:
                     continue
                 pool = copy.deepcopy(templates[role])
                 pool["endpoints"] = _endpoints(pool.get("endpoints", []), n, f"{t.name}-{role}")
+                if role == "prefill" and p.prefill_tp > 1:
+                    _widen(pool, p.prefill_tp, self.gpus[0], t.kv_bytes_per_token)
                 pools[role] = pool
+            mode = raw.get("default_mode")
+            if (mode == "aggregated" and not p.aggregated) or (mode == "disaggregated" and not p.prefill):
+                raw["default_mode"] = "disaggregated" if p.prefill else "aggregated"  # the mode the shape has
             tier = t.kv_levels[p.kv_level]
             if tier:
                 raw["shared_kv"]["capacity_tokens"] = tier
@@ -330,6 +389,17 @@ def _endpoints(base: list[object], n: int, stem: str) -> list[object]:
     return out
 
 
+def _widen(pool: dict[str, object], times: int, gpu: str, kv_bytes: int) -> None:
+    """Make one pool's replicas ``times`` as wide (module docstring), on GPU preset ``gpu``."""
+    gpus = int(pool["gpus_per_replica"])  # type: ignore[call-overload]
+    pool["gpus_per_replica"] = gpus * times
+    for key in ("prefill_tokens_per_s", "decode_tokens_per_s"):
+        pool[key] = round(float(pool[key]) * times, 1)  # type: ignore[arg-type]
+    if pool.get("kv_cache_capacity_tokens"):
+        extra = gpus * (times - 1) * GPU_PRESETS[gpu].hbm_bytes * 0.9 / kv_bytes
+        pool["kv_cache_capacity_tokens"] = int(pool["kv_cache_capacity_tokens"] + extra)
+
+
 def _regpu(raw: dict[str, object], old: str, new: str, kv_bytes: int) -> None:
     """Move one target's raw fleet entry from GPU ``old`` to ``new`` (module docstring)."""
     a, b = GPU_PRESETS[old], GPU_PRESETS[new]
@@ -350,4 +420,4 @@ def _regpu(raw: dict[str, object], old: str, new: str, kv_bytes: int) -> None:
             pool["kv_cache_capacity_tokens"] = max(1, int(pool["kv_cache_capacity_tokens"] + extra))
 
 
-__all__ = ["KV_FACTORS", "ROLES", "Pools", "Shape", "ShapeSpace", "TargetSpace"]
+__all__ = ["DEFAULT_MIN_POOL_GPUS", "KV_FACTORS", "MAX_GPUS_PER_REPLICA", "ROLES", "Pools", "Shape", "ShapeSpace", "TargetSpace"]

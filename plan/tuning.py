@@ -175,9 +175,12 @@ class TuningSpace:
         return " ".join(f"{k.name.removeprefix('verify.')}={k.text(i)}"
                         for k, i in zip(self.knobs, tuning, strict=True) if i != k.base)
 
-    def policy_text(self, tuning: Tuning, header: str = "") -> str:
-        """The policy document with ``tuning`` applied, as YAML after ``header`` comment lines."""
+    def policy_text(self, tuning: Tuning, header: str = "", min_pool_gpus: int | None = None) -> str:
+        """The policy document with ``tuning`` applied (and ``disaggregation.min_pool_gpus`` set when
+        given), as YAML after ``header`` comment lines."""
         doc = yaml.safe_load(yaml.safe_dump(dict(self.doc)))  # a deep copy of plain data
+        if min_pool_gpus is not None:
+            doc.setdefault("disaggregation", {})["min_pool_gpus"] = min_pool_gpus
         for k, i in zip(self.knobs, tuning, strict=True):
             v = k.values[i]
             if k.name == PREFIX_TOKENS:

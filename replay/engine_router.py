@@ -55,7 +55,7 @@ from pointsman.policy.signals.prefix_index import MOONCAKE_BLOCK_TOKENS, PrefixI
 from pointsman.replay.fleet_map import EndpointMap
 from pointsman.replay.results import RequestResult
 from pointsman.replay.router import Assignment, FleetView, ReplicaView
-from pointsman.replay.sim_fleet import AGGREGATED, DISAGGREGATED, ROLE_DECODE, ROLE_PREFILL
+from pointsman.replay.sim_fleet import AGGREGATED, DISAGGREGATED, ROLE_AGGREGATED, ROLE_DECODE, ROLE_PREFILL
 from pointsman.request import RouteRequest
 
 #: Unix time of the trace's t = 0 (2026-01-01T00:00:00Z): the ledger clock needs a date.
@@ -244,8 +244,7 @@ class EngineRouter:
             raise ValueError(f"trace request {index}: the engine refused it: {exc}") from None
         self._ids[index] = d.decision_id
         self.decisions[index] = (d.rule, d.target, d.mode, d.p_hard)
-        fallbacks = tuple(Assignment(f.target, f.mode if f.target not in self.frontier else AGGREGATED)
-                          for f in d.fallbacks)
+        fallbacks = tuple(self._fallback(f.target, f.mode) for f in d.fallbacks)
         if d.target in self.frontier:
             return Assignment(d.target, fallbacks=fallbacks)
         stop = self.cut(index, req, d.target, d.p_hard) if self.cut is not None else None
@@ -256,6 +255,17 @@ class EngineRouter:
         first = self.map.by_id[d.endpoints[0].url]
         pool = ROLE_DECODE if first[1] == ROLE_DECODE else None
         return Assignment(d.target, AGGREGATED, first[2], replica_pool=pool, fallbacks=fallbacks, output_tokens=stop)
+
+    def _fallback(self, target: str, mode: str) -> Assignment:
+        """A decision's fallback as an assignment: a frontier tier aggregated; an on-prem target
+        without an aggregated pool runs an aggregated fallback on a decode replica that prefills
+        locally, as the engine places one (``engine.place``)."""
+        if target in self.frontier:
+            return Assignment(target, AGGREGATED)
+        if mode == AGGREGATED and not any(t == target and role == ROLE_AGGREGATED
+                                          for t, role, _ in self.map.by_id.values()):
+            return Assignment(target, AGGREGATED, replica_pool=ROLE_DECODE)
+        return Assignment(target, mode)
 
     def disable_frontier(self) -> None:
         """Mark every frontier endpoint unhealthy: the engine then routes on-prem only (the

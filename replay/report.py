@@ -32,6 +32,7 @@ from typing import NotRequired, TypedDict
 
 import numpy as np
 
+from pointsman.replay.breakdown import format_rows
 from pointsman.replay.budgets import BudgetSpend
 from pointsman.replay.results import ReplayResult
 from pointsman.replay.runs import Run
@@ -100,6 +101,7 @@ class RunReport(TypedDict):
     budget: list[BudgetSpend]
     series: Series
     goodput: NotRequired[dict[str, object]]
+    by_rule: NotRequired[list[dict[str, object]]]
 
 
 class ReplayReport(TypedDict):
@@ -172,7 +174,8 @@ def report_dict(runs: Sequence[Run], meta: ReplayMeta) -> ReplayReport:
     """The JSON report: ``meta`` (trace, fleet, seed, ...), and per run its ``kind``,
     ``summary`` (``summary.Summary`` fields), ``rules``, ``budget`` (each budget that applied
     with its ledger spend at the end, ``replay.budgets.budget_status``; empty without budgets),
-    ``series`` (TTFTs left out) and, when searched, ``goodput`` (``replay.goodput.GoodputResult``:
+    ``series`` (TTFTs left out), for a policy with outcome rows ``by_rule`` (``replay.breakdown``) and,
+    when searched, ``goodput`` (``replay.goodput.GoodputResult``:
     the answer and every replay point)."""
     out = ReplayReport(meta=ReplayMeta(**meta), runs={})
     for run in runs:
@@ -185,6 +188,8 @@ def report_dict(runs: Sequence[Run], meta: ReplayMeta) -> ReplayReport:
                            series=timeline)
         if run.goodput is not None:
             report["goodput"] = run.goodput.to_dict()
+        if run.by_rule:
+            report["by_rule"] = [x.to_dict() for x in run.by_rule]
         out["runs"][run.name] = report
     return out
 
@@ -299,8 +304,8 @@ def write_report(runs: Sequence[Run], out_dir: str | Path, meta: ReplayMeta) -> 
 
 
 def report_text(runs: Sequence[Run], meta: Mapping[str, object]) -> str:
-    """The comparison table, the notes of ``meta`` (block ids, goodput, skipped policies) and, when searched,
-    each run's goodput points."""
+    """The comparison table, the notes of ``meta`` (block ids, goodput, skipped policies), each policy's
+    requests by deciding rule (``replay.breakdown``) and, when searched, each run's goodput points."""
     lines = [format_table({r.name: r.summary for r in runs})]
     for key in ("prefix_block_ids", "goodput", "goodput_limit"):
         if key in meta:
@@ -309,6 +314,11 @@ def report_text(runs: Sequence[Run], meta: Mapping[str, object]) -> str:
     if isinstance(skipped, Mapping) and skipped:
         lines.append("\nskipped policies (not replayed):")
         lines += [f"  {name}: {why}" for name, why in skipped.items()]
+    for r in runs:
+        if r.by_rule:
+            lines.append(f"\n{r.name} by deciding rule (missed: SLO missed or rejected; ref: all-frontier's quality "
+                         "on the same requests; gap: the rule's share of the run's quality gap to it):")
+            lines.append(format_rows(r.by_rule))
     searched = [r for r in runs if r.goodput is not None]
     if searched:
         lines.append("\ngoodput search (scale of the arrival rate -> SLO attainment; '<' = stopped once it could not "

@@ -47,6 +47,7 @@ from pointsman.policy.budget.config import BudgetConfig
 from pointsman.policy.fleet import Fleet
 from pointsman.policy.rules.compiler import CompiledPolicy
 from pointsman.replay.baselines import ANCHORS, BASELINES, LeastLoaded, OnPremWide, RandomPick, RoundRobin
+from pointsman.replay.breakdown import RuleRow, by_rule
 from pointsman.replay.budgets import REPLAY_TENANT, BudgetSpend, budget_status, replay_ledger, replay_scopes
 from pointsman.replay.cascade import DraftBook, EarlyVerify, apply_cascade
 from pointsman.replay.engine_router import EPOCH_S, EngineRouter, TraceMessages
@@ -62,8 +63,10 @@ from pointsman.replay.summary import SLO, Summary, summarize
 @dataclass
 class Run:
     """One router's replay: ``name``, ``kind`` (``policy`` or ``baseline``), the simulator's
-    ``result``, its ``summary`` and, for a policy, ``rules``: requests per deciding rule, and
-    ``budget``: the budgets that applied with their spend at the end (empty without budgets)."""
+    ``result``, its ``summary`` and, for a policy, ``rules``: requests per deciding rule,
+    ``budget``: the budgets that applied with their spend at the end (empty without budgets), and
+    ``by_rule``: where each rule's requests ran, what they scored against all-frontier and what
+    they paid (``replay.breakdown``; empty without outcome rows)."""
 
     name: str
     kind: str
@@ -72,6 +75,7 @@ class Run:
     rules: dict[str, int] = field(default_factory=dict)
     budget: list[BudgetSpend] = field(default_factory=list)
     goodput: GoodputResult | None = None
+    by_rule: list[RuleRow] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -166,6 +170,11 @@ def replay_all(trace: Sequence[TraceRequest], fleet: Fleet, sim: SimFleet, polic
     def quality(r: RequestResult) -> float | None:
         return quality_of(rows[r.index], r.frontier, r.target) if rows is not None else None
 
+    priciest = max(sim.frontier, key=lambda f: f.output_usd_per_mtok).name if sim.frontier else None
+
+    def reference(r: RequestResult) -> float | None:  # all-frontier's quality
+        return quality_of(rows[r.index], True, priciest) if rows is not None and priciest is not None else None
+
     def run(router: Router, on_complete: Callable[[RequestResult], None] | None = None) -> ReplayResult:
         on_first_token = None
         if isinstance(router, ObservingRouter):
@@ -200,7 +209,9 @@ def replay_all(trace: Sequence[TraceRequest], fleet: Fleet, sim: SimFleet, polic
             summary = dataclasses.replace(summary, budget_spent_usd=top["settled_usd"] + top["reserved_usd"],
                                           budget_limit_usd=top["limit_usd"])
         rules = Counter(d[0] for d in router.decisions.values())
-        runs.append(Run(name, "policy", result, summary, dict(rules.most_common()), spend))
+        rows_by_rule = by_rule(result, router.decisions, slo or SLO(), quality, reference) \
+            if rows is not None and priciest is not None else []
+        runs.append(Run(name, "policy", result, summary, dict(rules.most_common()), spend, by_rule=rows_by_rule))
     if baselines:
         for name, baseline in baseline_routers(sim, seed).items():
             result = run(baseline)

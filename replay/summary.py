@@ -58,7 +58,8 @@ class Summary:
     ``target_requests``: completed requests per target. ``utilization``: per on-prem
     target, ``{"prefill": f, "decode": f}`` busy fractions of provisioned GPU time.
     Percentiles are NaN when there is nothing to measure. ``quality``: mean quality (0-1)
-    of the completed requests whose outcome is known (``replay.outcomes``), else NaN.
+    of the requests whose outcome is known (``replay.outcomes``), a rejected one scoring 0 (it
+    got no answer: a router cannot raise its quality by refusing hard prompts), else NaN.
     ``budget_spent_usd`` / ``budget_limit_usd``: the binding budget's ledger spend and limit
     at the end of a run with budgets (module docstring), else NaN. ``usd_per_slo_request``:
     total cost / SLO-meeting requests (inf when none met it). ``max_goodput_rps`` /
@@ -112,11 +113,18 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else math.nan
 
 
+def meets_slo(r: RequestResult, slo: SLO) -> bool:
+    """Whether ``r`` completed with TTFT and TPOT within ``slo`` (a one-token answer has no TPOT)."""
+    return r.rejected is None and r.ttft_s is not None and r.ttft_s <= slo.ttft_s and \
+        (r.tpot_s is None or r.tpot_s <= slo.tpot_s)
+
+
 def summarize(result: ReplayResult, slo: SLO | None = None,
               quality: Callable[[RequestResult], float | None] | None = None) -> Summary:
     """Summarize a replay (see the module docstring for every definition). ``quality(r)``:
-    the quality 0-1 of a completed request, or None when unknown (``Summary.quality``
-    averages the known values; e.g. ``replay.outcome_draw.quality_of``)."""
+    the quality 0-1 of a request had it completed where it ran, or None when unknown
+    (``Summary.quality`` averages the known values, 0 for a rejected request; e.g.
+    ``replay.outcome_draw.quality_of``)."""
     slo = slo or SLO()
     reqs = result.requests
     done = [r for r in reqs if r.rejected is None]
@@ -150,10 +158,7 @@ def summarize(result: ReplayResult, slo: SLO | None = None,
     total = onprem_cost + frontier_cost
     ttfts = [r.ttft_s for r in done if r.ttft_s is not None]  # every completed request has one
     tpots = [r.tpot_s for r in done if r.tpot_s is not None]
-    good = sum(
-        1 for r in done
-        if r.ttft_s is not None and r.ttft_s <= slo.ttft_s and (r.tpot_s is None or r.tpot_s <= slo.tpot_s)
-    )
+    good = sum(1 for r in done if meets_slo(r, slo))
     onprem_done = [r for r in done if not r.frontier]
     delays = [r.escalation_delay_s for r in done if r.escalation_delay_s is not None]
     onprem_prompt = sum(r.prompt_tokens for r in onprem_done)
@@ -193,7 +198,7 @@ def summarize(result: ReplayResult, slo: SLO | None = None,
 def _mean_quality(reqs: Sequence[RequestResult], quality: Callable[[RequestResult], float | None] | None) -> float:
     if quality is None:
         return math.nan
-    known = [q for q in (quality(r) for r in reqs if r.rejected is None) if q is not None]
+    known = [0.0 if r.rejected is not None else q for r, q in ((r, quality(r)) for r in reqs) if q is not None]
     return sum(known) / len(known) if known else math.nan
 
 

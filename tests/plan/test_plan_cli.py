@@ -45,10 +45,11 @@ def test_prefill_heavy_load_gets_a_larger_prefill_pool(tmp_path: Path, plan_file
     report, output = _plan(tmp_path, fleet, policy, trace, "--scale", "1,2", "--workers", "2", "--search-requests", "80")
     base, rec = report["base"], report["recommended"]
     # the base fleet (1 prefill + 2 decode replicas) misses the goal: prefill is the bottleneck
-    assert base["pools"]["small"] == {"aggregated": 0, "prefill": 1, "decode": 2, "kv_level": 0}
+    assert base["pools"]["small"] == {"aggregated": 0, "prefill": 1, "decode": 2, "kv_level": 0, "prefill_tp": 1}
     assert base["slo_attainment"] < 0.9
     assert rec is not None and rec["slo_attainment"] >= 0.9
-    assert rec["pools"]["small"]["prefill"] >= 2
+    # more prefill GPUs: more prefill replicas, or wider ones (tensor parallelism)
+    assert rec["pools"]["small"]["prefill"] * rec["pools"]["small"]["prefill_tp"] >= 2
     assert rec["requests"] == 160 and all(r["requests"] == 80 for r in report["evaluated"])
     # never a dominated shape: nothing replayed on the whole trace meets the goal for less, and the
     # shape is on the search's Pareto front
@@ -134,9 +135,11 @@ def test_the_time_budget_stops_the_search_with_the_best_so_far(tmp_path: Path, p
     inputs = PlanInputs(load_trace(trace), None, None, policy, SLO(2.0, 0.1), "interactive", space)
     with Workers({"search": inputs, "full": inputs}, lambda: FixedDifficulty(0.2), 1) as workers:
         found = search(space, inputs, workers, goal=0.9, deadline=0.0)  # already over
-    # the starts (the base and the smallest shapes) are replayed, nothing more: the best so far stands
+    # the starts are replayed, nothing more: the best so far stands (the base with wider prefill
+    # replicas is pruned: the base meets the goal for less)
     assert found.stopped == "time budget"
-    assert {space.label(s) for s in found.results} == {"small A0 P1 D2", "small A0 P1 D1"}
+    assert {space.label(s) for s in found.results} == {"small A0 P1 D2", "small A0 P1 D1", "small A0 P1/TP2 D1"}
+    assert found.pruned_cost >= 1
     assert all(r.slo_attainment >= 0.9 for r in found.results.values())  # a light load
 
 

@@ -99,3 +99,39 @@ def test_the_quality_floor_is_a_constraint_of_the_recommendation_and_the_candida
     assert cheap_low in pareto_front(results)  # the front is still cost x SLO x quality
     assert validation_candidates(results, 0.9, 3, min_quality=0.9) == [dear_high]
     assert validation_candidates(results, 0.9, 3) == [unscored, cheap_low, dear_high]
+
+
+def test_wider_prefill_replicas_and_a_usable_small_pd_pool() -> None:
+    from dataclasses import replace
+
+    import yaml as _yaml
+
+    from pointsman.plan.tuning import TuningSpace
+    from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, compile_policy
+
+    space = _space()
+    space = space.with_policy(TuningSpace(_yaml.safe_load(DEFAULT_POLICY_PATH.read_text(encoding="utf-8"))))
+    small = space.base.with_pools("onprem-70b", Pools(0, 1, 1, 0)).with_pools("onprem-8b", Pools(1))
+    wide = small.with_pools("onprem-70b", Pools(0, 1, 1, 0, prefill_tp=2))
+    assert wide in set(space.neighbors(small)) and small in set(space.neighbors(wide))
+    assert space.label(wide) == "onprem-8b A1 | onprem-70b A0 P1/TP4 D1"
+    assert space.gpus_of(wide) == space.gpus_of(small) + 2 == 7
+    assert space.covered_by(small, wide) and not space.covered_by(wide, small)
+    assert not space.valid(small.with_pools("onprem-70b", Pools(0, 1, 1, 0, prefill_tp=8)))  # 16 GPUs a replica
+    fleet = parse_fleet(space.fleet_text(wide))
+    big = fleet.targets["onprem-70b"]
+    pools = big.pools_by_role()  # type: ignore[union-attr]
+    base_pools = load_fleet(DEFAULT_FLEET_PATH).targets["onprem-70b"].pools_by_role()  # type: ignore[union-attr]
+    assert pools["prefill"].gpus_per_replica == 4 and pools["decode"].gpus_per_replica == 2
+    assert pools["prefill"].prefill_tokens_per_s == 2 * base_pools["prefill"].prefill_tokens_per_s
+    assert pools["prefill"].kv_cache_capacity_tokens > 2 * base_pools["prefill"].kv_cache_capacity_tokens
+    assert big.default_mode == "disaggregated"  # no aggregated pool left: the fleet's default mode follows
+    sim = sim_fleet(fleet).on_prem[1]
+    assert sim.spec_for("prefill").gpus == 4 and sim.spec_for("decode").gpus == 2
+    # a 6-GPU P/D pool is below the default policy's 12-GPU guard: the planned policy lowers it,
+    # so the pool it rents is one the policy may use; the packaged shape keeps the policy as written
+    assert space.pd_guard(wide) == 6 and not space.policy_as_written(wide)
+    policy = compile_policy(space.policy_text(wide), fleet, "planned.yaml")
+    assert policy.disaggregation.min_pool_gpus == 6
+    assert space.pd_guard(space.base) is None and space.policy_as_written(space.base)
+    assert space.pd_guard(replace(small, pools=small.with_pools("onprem-70b", Pools(2)).pools)) is None

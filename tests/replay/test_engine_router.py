@@ -112,3 +112,27 @@ def test_queue_signal_counts_the_rest_of_a_chunked_prefill_in_progress(tmp_path:
     result = simulate(trace, sim_fleet(fleet), router, on_complete=router.on_complete)
     assert [router.decisions[i][0] for i in range(2)] == ["long-prompt", "behind-a-long-prefill"]
     assert [r.target for r in result.requests] == ["small", "api"]
+
+
+def test_an_aggregated_fallback_on_a_target_without_an_aggregated_pool_runs_on_a_decode_replica():
+    """A planned fleet may give a target only P/D pools: a decision's aggregated fallback there
+    (e.g. ``{target: onprem-70b, mode: auto}`` resolved aggregated) prefills locally on a decode
+    replica, as the engine places it, instead of naming a pool the simulator does not have."""
+    import yaml as _yaml
+
+    from pointsman.estimator.estimate import FixedDifficulty
+    from pointsman.plan.shapes import Pools, ShapeSpace
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet, parse_fleet
+    from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+    from pointsman.replay.engine_router import EngineRouter
+    from pointsman.replay.fleet_map import sim_fleet as _sim_fleet
+
+    base = load_fleet(DEFAULT_FLEET_PATH)
+    kv = {t.name: t.replica.kv_bytes_per_token for t in _sim_fleet(base).on_prem}
+    space = ShapeSpace.of(_yaml.safe_load(DEFAULT_FLEET_PATH.read_text(encoding="utf-8")), base, kv)
+    fleet = parse_fleet(space.fleet_text(space.base.with_pools("onprem-70b", Pools(0, 1, 1, 0))))
+    router = EngineRouter(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.2))
+    a = router._fallback("onprem-70b", "aggregated")
+    assert (a.target, a.mode, a.replica_pool) == ("onprem-70b", "aggregated", "decode")
+    assert router._fallback("onprem-8b", "aggregated").replica_pool is None  # it has an aggregated pool
+    assert router._fallback("frontier-small", "aggregated").mode == "aggregated"
