@@ -13,7 +13,9 @@ Optional per on-prem target: ``kv_bytes_per_token`` (KV-cache bytes one token
 occupies) and ``shared_kv`` (a shared KV tier, LMCache-style, from which a cached
 prefix can be restored onto any endpoint of the target at a transfer cost instead of
 being recomputed). Per frontier target: ``prompt_cache_min_tokens`` (the provider
-caches prompt prefixes only from this length; OpenAI: 1,024 tokens).
+caches prompt prefixes only from this length; OpenAI: 1,024 tokens) and
+``prompt_cache_ttl_s`` (a cached prefix unused this long is gone; OpenAI: 5-10 minutes,
+default 300 s), read by the service's cost estimate and by replay alike.
 
 Endpoint ids: every endpoint has an id, unique in the fleet, by which load, health
 and the prefix index know it: an on-prem endpoint's ``url``; a frontier target's
@@ -254,9 +256,10 @@ class OnPremReplay(StrictModel):
 
 class FrontierReplay(StrictModel):
     """Replay-only settings of a frontier tier: log-normal latency (``ttft_median_s``,
-    ``ttft_sigma``, ``tpot_median_s``, ``tpot_sigma``), the prompt cache's
-    ``prompt_cache_ttl_s`` and ``quality_columns`` (as for on-prem; a source not named scores
-    frontier targets as its strong model); absent keys keep the simulator's defaults."""
+    ``ttft_sigma``, ``tpot_median_s``, ``tpot_sigma``) and ``quality_columns`` (as for on-prem;
+    a source not named scores frontier targets as its strong model); absent keys keep the
+    simulator's defaults. ``prompt_cache_ttl_s`` is accepted only to say it moved to the target
+    (``moved-key``): the service's estimate uses the same lifetime."""
 
     ttft_median_s: PositiveFloat | None = None
     ttft_sigma: NonNegativeFloat | None = None
@@ -349,7 +352,10 @@ class FrontierTarget(StrictModel):
     """A paid API tier: ``provider``, upstream ``model`` name, ``base_url``, list prices.
     ``ttft_median_s`` / ``tpot_median_s``: the tier's declared median latency, which latency
     prediction uses when the tier reports none (``load`` readings' ``ttft_p50_ms`` /
-    ``tpot_p50_ms``; absent: ``latency.FRONTIER_TTFT_S`` / ``FRONTIER_TPOT_S``)."""
+    ``tpot_p50_ms``; absent: ``latency.FRONTIER_TTFT_S`` / ``FRONTIER_TPOT_S``).
+    ``prompt_cache_min_tokens`` / ``prompt_cache_ttl_s``: the provider caches prompt prefixes
+    from this many tokens on and clears one unused for this many seconds (OpenAI: 1,024 tokens,
+    5-10 minutes); the cost estimate and replay credit a cached prefix only within the lifetime."""
 
     kind: Literal["frontier"]
     provider: str = Field(min_length=1)
@@ -360,6 +366,7 @@ class FrontierTarget(StrictModel):
     capabilities: Capabilities = Capabilities(images=True)
     prices: FrontierPrices
     prompt_cache_min_tokens: NonNegativeInt = 1024
+    prompt_cache_ttl_s: NonNegativeFloat = 300.0
     default_output_tokens: PositiveInt | None = None
     ttft_median_s: PositiveFloat | None = None
     tpot_median_s: PositiveFloat | None = None
@@ -555,6 +562,12 @@ def _semantic_problems(spec: FleetSpec, doc: LocatedDocument) -> list[Problem]:
             problems.append(Problem(doc.file, line, col, "missing-key",
                                     f"target '{name}' has a shared_kv tier but no kv_bytes_per_token "
                                     "(needed for the restore time)"))
+        if isinstance(target, FrontierTarget) and target.replay is not None \
+                and target.replay.prompt_cache_ttl_s is not None:
+            line, col = doc.mark(("targets", name, "replay", "prompt_cache_ttl_s"), key=True)
+            problems.append(Problem(doc.file, line, col, "moved-key",
+                                    f"targets.{name}.replay.prompt_cache_ttl_s moved to targets.{name}.prompt_cache_ttl_s "
+                                    "(the service's cost estimate uses the prompt-cache lifetime too, not only replay)"))
         if not isinstance(target, OnPremTarget):
             continue
         problems.extend(_event_problems(name, target, doc))

@@ -273,7 +273,7 @@ class LiveSignals:
             self.cache_sources[target] = "estimate"
         if self.block_hashes:
             found = self.state.prefix_index(target, self.gateway_ids).lookup(
-                self.block_hashes, prompt_tokens=self.prompt_tokens, text_bytes=self._text_bytes())
+                self.block_hashes, prompt_tokens=self.prompt_tokens, text_bytes=self._text_bytes(), now=self.now_mono)
         self._lookups[target] = found
         return found
 

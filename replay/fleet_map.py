@@ -74,7 +74,7 @@ _DERIVE_KEYS = ("prefill_mfu", "decode_mfu", "bandwidth_efficiency", "step_overh
                 "max_batch_size", "max_num_batched_tokens", "kv_block_tokens")
 _COEFFICIENT_KEYS = ("prefill_s_per_token", "prefill_s_per_token_pair", "decode_base_s", "decode_per_seq_s",
                      "decode_per_kv_token_s")
-_FRONTIER_KEYS = ("ttft_median_s", "ttft_sigma", "tpot_median_s", "tpot_sigma", "prompt_cache_ttl_s")
+_FRONTIER_KEYS = ("ttft_median_s", "ttft_sigma", "tpot_median_s", "tpot_sigma")
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,8 @@ def _frontier(name: str, t: FrontierTarget) -> FrontierSpec:
     return FrontierSpec(name=name, input_usd_per_mtok=p.usd_per_1m_input_tokens,
                         output_usd_per_mtok=p.usd_per_1m_output_tokens,
                         cached_input_usd_per_mtok=p.usd_per_1m_cached_input_tokens,
-                        prompt_cache_min_tokens=t.prompt_cache_min_tokens, block_tokens=BLOCK_TOKENS,
+                        prompt_cache_min_tokens=t.prompt_cache_min_tokens,
+                        prompt_cache_ttl_s=t.prompt_cache_ttl_s, block_tokens=BLOCK_TOKENS,
                         max_model_len=t.context_window_tokens, **extra)
 
 

@@ -10,6 +10,8 @@ Prints p50/p99 (µs) of:
   each holding a random-length prefix of it plus other cached chains, with and
   without a shared tier. Target: well under 0.2 ms.
 - ``PrefixIndex.record`` of a 200-block prompt (dispatch-time update).
+- a frontier target's one-endpoint index, ``lookup`` and ``record`` of a 200-block prompt,
+  without and with a prompt-cache lifetime (``block_ttl_s``, checked lazily per query).
 - ``LoadBoard.get_many`` of 256 endpoints with staleness applied, ``get`` of one,
   and a ``dispatch`` + ``release`` pair.
 - parsing a recorded vLLM and SGLang ``/metrics`` page (background scraper cost).
@@ -105,6 +107,14 @@ def main() -> int:
     results["prefix_record_200_blocks"] = measure(lambda: idx.record(endpoints[3], prompt), n)
     cold = [rng.getrandbits(64) for _ in range(200)]
     results["prefix_match_cold_prompt"] = measure(lambda: idx.match(cold), n)
+    # a frontier target's index (one endpoint) with and without the prompt-cache lifetime (expiry check)
+    for name, ttl in (("frontier", None), ("frontier_ttl", 300.0)):
+        api = PrefixIndex(block_ttl_s=ttl)
+        for _ in range(1000):
+            api.record("api", [rng.getrandbits(64) for _ in range(20)])
+        api.record("api", prompt)
+        results[f"prefix_lookup_{name}_200_blocks"] = measure(lambda api=api: api.lookup(prompt), n)
+        results[f"prefix_record_{name}_200_blocks"] = measure(lambda api=api: api.record("api", prompt), n)
 
     # ---- load board
     board = LoadBoard()

@@ -253,7 +253,8 @@ class FleetState:
                 for endpoint in list(old.endpoint_names()):
                     if endpoint not in kept and endpoint != target:
                         old.remove_endpoint(endpoint)
-                fresh = new._new_index(target, key[1])  # the capacities of the new fleet file
+                fresh = new._new_index(target, key[1])  # the capacities and cache lifetime of the new fleet file
+                old.block_ttl_s = fresh.block_ttl_s
                 for endpoint, capacity in fresh.capacities().items():
                     old.set_capacity(endpoint, capacity)
         for target, cache in self._engine_caches.items():
@@ -286,7 +287,8 @@ class FleetState:
         t = self.fleet.targets[target]
         block = MOONCAKE_BLOCK_TOKENS if ids else BLOCK_TOKENS
         if isinstance(t, FrontierTarget):
-            return PrefixIndex(block_tokens=block, default_capacity_tokens=FRONTIER_CACHE_TOKENS)
+            return PrefixIndex(block_tokens=block, default_capacity_tokens=FRONTIER_CACHE_TOKENS,
+                               block_ttl_s=t.prompt_cache_ttl_s)
         index = PrefixIndex(block_tokens=block, shared=self._shared[target])
         for pool in t.pools_by_role().values():
             if pool.kv_cache_capacity_tokens:

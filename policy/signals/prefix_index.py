@@ -28,6 +28,11 @@ recently used blocks (a prompt's blocks are touched tail first, so its tail is
 evicted before its head, as vLLM frees blocks). It is updated at dispatch
 (``record``) rather than from engine KV events as Dynamo's indexer is, so it is an
 estimate: what the engine evicted under memory pressure we only learn by capacity.
+With ``block_ttl_s`` (a frontier provider's prompt cache, which clears a prefix unused for
+5-10 minutes) a block also expires that long after its last touch: each block keeps its
+last-touch time, the LRU order is the touch order, so expired blocks sit at the old end and
+are dropped lazily before each query (amortised O(1) per recorded block). Records arriving
+out of order (another replica's, by the sync's clock skew) can keep a block up to that skew longer.
 ``match(block_hashes)`` walks the chain from the first block over a global map
 ``block hash → bitmask of endpoints`` (the flattened form of Dynamo's radix-tree
 indexer), intersecting masks until no endpoint is left; each endpoint's score is
@@ -208,7 +213,7 @@ class _Endpoint:
     def __init__(self, bit: int, capacity_blocks: int) -> None:
         self.bit = bit
         self.capacity_blocks = capacity_blocks
-        self.blocks: OrderedDict[int, None] = OrderedDict()  # LRU first
+        self.blocks: OrderedDict[int, float] = OrderedDict()  # block -> last touch (monotonic s), LRU first
 
 
 def _bits(mask: int) -> Iterable[int]:
@@ -224,18 +229,23 @@ class PrefixIndex:
     ``block_tokens``: tokens per block (must match the hashes' block size);
     ``default_capacity_tokens``: KV capacity of an endpoint until ``set_capacity``;
     ``session_ttl_s`` / ``max_sessions``: session affinity bounds; ``shared``: the
-    shared KV tier, if the fleet has one. Times are monotonic seconds.
+    shared KV tier, if the fleet has one; ``block_ttl_s``: a block not touched for this long is
+    no longer held (None: only capacity evicts; a frontier provider's prompt-cache lifetime).
+    Times are monotonic seconds (``now`` arguments; default ``time.monotonic()``).
     """
 
     def __init__(self, *, block_tokens: int = BLOCK_TOKENS, default_capacity_tokens: int = DEFAULT_CAPACITY_TOKENS,
                  session_ttl_s: float = SESSION_TTL_S, max_sessions: int = MAX_SESSIONS,
-                 shared: SharedKVTier | None = None) -> None:
+                 shared: SharedKVTier | None = None, block_ttl_s: float | None = None) -> None:
         if block_tokens < 1:
             raise ValueError(f"block_tokens: must be >= 1, got {block_tokens}")
         if default_capacity_tokens < block_tokens:
             raise ValueError(f"default_capacity_tokens: must hold at least one block ({block_tokens} tokens)")
         if not session_ttl_s > 0 or max_sessions < 1:
             raise ValueError("session_ttl_s and max_sessions must be > 0")
+        if block_ttl_s is not None and not (math.isfinite(block_ttl_s) and block_ttl_s >= 0):
+            raise ValueError(f"block_ttl_s: must be a finite number >= 0, got {block_ttl_s!r}")
+        self.block_ttl_s = block_ttl_s
         self.block_tokens = block_tokens
         self.default_capacity_tokens = default_capacity_tokens
         self.session_ttl_s = float(session_ttl_s)
@@ -281,7 +291,7 @@ class PrefixIndex:
                 return 0
             owners, clear, n = self._owners, ~ep.bit, 0
             for h in block_hashes:
-                if ep.blocks.pop(h, 0) is None:
+                if ep.blocks.pop(h, None) is not None:
                     n += 1
                     mask = owners.get(h, 0) & clear
                     if mask:
@@ -329,21 +339,25 @@ class PrefixIndex:
                now: float | None = None) -> None:
         """A request with these block hashes was dispatched to ``endpoint``: after its prefill
         the endpoint holds them. Touches them (tail first), evicts LRU blocks beyond capacity,
-        writes them through to the shared tier if configured, and sets session affinity."""
+        writes them through to the shared tier if configured, and sets session affinity.
+        ``now``: monotonic seconds of the dispatch (the blocks' touch time)."""
+        now = time.monotonic() if now is None else now
         with self._lock:
             ep = self._endpoint(endpoint)
-            bit, blocks, owners = ep.bit, ep.blocks, self._owners
+            bit, blocks, owners, timed = ep.bit, ep.blocks, self._owners, self.block_ttl_s is not None
             for h in reversed(block_hashes):
                 if h in blocks:
                     blocks.move_to_end(h)
+                    if timed:  # without a lifetime the touch time is never read: skip the store
+                        blocks[h] = now
                 else:
-                    blocks[h] = None
+                    blocks[h] = now
                     owners[h] = owners.get(h, 0) | bit
             self._evict(ep)
             if self.shared is not None and self.shared.write_through:
                 self._offload(block_hashes)
             if session_id:
-                self._touch_session(session_id, endpoint, time.monotonic() if now is None else now)
+                self._touch_session(session_id, endpoint, now)
 
     def offload(self, block_hashes: Sequence[int]) -> None:
         """Store these blocks in the shared tier (e.g. an idle agent session's KV); no-op without one."""
@@ -353,18 +367,19 @@ class PrefixIndex:
 
     # -- queries
 
-    def match(self, block_hashes: Sequence[int]) -> dict[str, int]:
-        """Endpoint -> number of leading ``block_hashes`` it holds, for endpoints holding at
-        least the first block (others: 0, absent). O(blocks matched), one lock."""
+    def match(self, block_hashes: Sequence[int], *, now: float | None = None) -> dict[str, int]:
+        """Endpoint -> number of leading ``block_hashes`` it holds at ``now`` (monotonic s), for
+        endpoints holding at least the first block (others: 0, absent). O(blocks matched), one lock."""
         with self._lock:
+            self._expire(now)
             return self._match(block_hashes)
 
     def hit_ratios(self, block_hashes: Sequence[int], endpoints: Iterable[str], *,
-                   prompt_tokens: int | None = None) -> dict[str, float]:
+                   prompt_tokens: int | None = None, now: float | None = None) -> dict[str, float]:
         """``prefix_hit_ratio`` (0–1) per endpoint in ``endpoints``: matched blocks × block_tokens
         ÷ ``prompt_tokens`` (capped at 1), or matched ÷ number of blocks when
         ``prompt_tokens`` is None. 0 for a prompt without a full block."""
-        matched = self.match(block_hashes)
+        matched = self.match(block_hashes, now=now)
         if prompt_tokens is not None:
             denominator = float(prompt_tokens) / self.block_tokens
         else:
@@ -374,18 +389,20 @@ class PrefixIndex:
         return {e: min(1.0, matched.get(e, 0) / denominator) for e in endpoints}
 
     def lookup(self, block_hashes: Sequence[int], *, prompt_tokens: int | None = None,
-               text_bytes: int | None = None) -> PrefixLookup:
+               text_bytes: int | None = None, now: float | None = None) -> PrefixLookup:
         """Match ``block_hashes`` once (one lock) for reading many endpoints' hits
         (``PrefixLookup.hit``, ``best``); ``prompt_tokens`` caps every hit (default: all
         hashed blocks). ``text_bytes``: the blocks are ``block_hashes_from_text``'s of a text of this
         many UTF-8 bytes, so a block counts ``prompt_tokens x block bytes / text_bytes`` tokens (the
         prompt's own density), not ``block_tokens``: hits are the matched share of the prompt's text,
-        and the text after the matched blocks (a follow-up's new turn) is uncached."""
+        and the text after the matched blocks (a follow-up's new turn) is uncached. ``now``: monotonic
+        seconds of the query (blocks older than ``block_ttl_s`` then are not held)."""
         bt: float = self.block_tokens
         if text_bytes and prompt_tokens is not None:
             bt = prompt_tokens * max(1, int(round(self.block_tokens * CHARS_PER_TOKEN))) / text_bytes
         total = int(len(block_hashes) * bt) if prompt_tokens is None else int(prompt_tokens)
         with self._lock:
+            self._expire(now)
             matched = self._match(block_hashes)
             runs: list[int] | None = None
             if self.shared is not None and self._shared_blocks:
@@ -398,12 +415,12 @@ class PrefixIndex:
         return PrefixLookup(matched, runs, bt, total)
 
     def hit_tokens(self, block_hashes: Sequence[int], endpoints: Iterable[str], *,
-                   prompt_tokens: int | None = None) -> dict[str, tuple[int, int]]:
+                   prompt_tokens: int | None = None, now: float | None = None) -> dict[str, tuple[int, int]]:
         """Per endpoint, ``(local_hit_tokens, shared_hit_tokens)``: tokens of the prompt's prefix
         in the endpoint's KV cache, and tokens right after them that the shared tier holds
         (restorable at ``shared.restore_s``; 0 without a shared tier). Both capped so their
         sum is at most ``prompt_tokens`` (default: all hashed blocks)."""
-        found = self.lookup(block_hashes, prompt_tokens=prompt_tokens)
+        found = self.lookup(block_hashes, prompt_tokens=prompt_tokens, now=now)
         return {e: found.hit(e) for e in endpoints}
 
     # -- sessions
@@ -441,6 +458,26 @@ class PrefixIndex:
                 self._names.append(name)
             ep = self._endpoints[name] = _Endpoint(1 << position, self.default_capacity_tokens // self.block_tokens)
         return ep
+
+    def _expire(self, now: float | None) -> None:
+        """Drop blocks last touched more than ``block_ttl_s`` before ``now`` (no-op without a TTL)."""
+        ttl = self.block_ttl_s
+        if ttl is None:
+            return
+        cutoff = (time.monotonic() if now is None else now) - ttl
+        owners = self._owners
+        for ep in self._endpoints.values():
+            blocks, clear = ep.blocks, ~ep.bit
+            while blocks:
+                victim, touched = next(iter(blocks.items()))
+                if touched >= cutoff:  # held while used within the lifetime, as replay's PromptCache
+                    break
+                del blocks[victim]
+                mask = owners[victim] & clear
+                if mask:
+                    owners[victim] = mask
+                else:
+                    del owners[victim]
 
     def _evict(self, ep: _Endpoint) -> None:
         blocks, owners, clear = ep.blocks, self._owners, ~ep.bit

@@ -1,9 +1,11 @@
 """PrefixIndex: chained block hashes, LRU bound per endpoint, leading-block matches and ratios,
-session affinity with TTL, and the shared KV tier."""
+session affinity with TTL, the shared KV tier, and block lifetimes (a provider prompt cache)."""
 
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pointsman.policy.signals.prefix_index import (
     PrefixIndex,
@@ -212,3 +214,23 @@ def test_concurrent_record_and_match_stay_consistent():
     assert stats["cached_blocks"] == 4 * 50
     # every owner bit corresponds to a block its endpoint really holds
     assert sum(bin(m).count("1") for m in idx._owners.values()) == stats["cached_blocks"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.floats(0, 400)), min_size=1, max_size=12))
+def test_blocks_expire_a_lifetime_after_their_last_touch(uses):
+    """With ``block_ttl_s`` a prompt's blocks are held exactly while touched within the lifetime
+    (as replay's ``PromptCache``), whatever the order of prompts; expired blocks are dropped."""
+    ttl, prompts = 300.0, [block_hashes_from_ids([1, 2, 3][: k + 1]) for k in range(3)]
+    idx, now, last = PrefixIndex(block_tokens=1, block_ttl_s=ttl), 0.0, {}
+    for which, gap in uses:
+        now += gap
+        if which < 3:
+            idx.record("api", prompts[which], now=now)
+            for h in prompts[which]:
+                last[h] = now
+        held = [h for h in prompts[2] if h in last and last[h] >= now - ttl]
+        expected = next((i for i, h in enumerate(prompts[2]) if h not in held), len(prompts[2]))
+        assert idx.match(prompts[2], now=now).get("api", 0) == expected
+        assert idx.cached_blocks("api") == len(held)
+    assert PrefixIndex(block_tokens=1).match(prompts[2], now=1e9) == {}  # nothing recorded: no credit

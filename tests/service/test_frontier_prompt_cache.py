@@ -1,0 +1,63 @@
+"""The frontier provider's prompt cache expires in the service's cost estimate: a repeat within
+the target's ``prompt_cache_TTL_S`` is estimated with its cached prefix, one after it without
+(over HTTP, a fake monotonic clock on the fleet state)."""
+
+import pytest
+from fastapi.testclient import TestClient
+
+from pointsman.estimator.estimate import FixedDifficulty
+from pointsman.policy.engine import RoutingEngine
+from pointsman.policy.fleet import DEFAULT_FLEET_PATH, FleetError, load_fleet, parse_fleet
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+from pointsman.replay.fleet_map import sim_fleet
+from pointsman.service.app import create_app
+from pointsman.service.bootstrap import build_state
+from pointsman.service.settings import Settings
+
+TTL_S = 300.0  # the packaged fleet's frontier-large prompt_cache_TTL_S (the default; replay reads it too)
+# About 1,800 tokens of one prompt: above the provider's 1,024-token caching threshold.
+PROMPT = " ".join(f"Paragraph {i}: the quarterly report lists revenue, costs and margins." for i in range(150))
+
+
+@pytest.fixture
+def routed(tmp_path):
+    """(route(), clock): routes PROMPT (hard: the default policy sends it to frontier-large) at ``clock[0]``."""
+    fleet = load_fleet()
+    settings = Settings(data_dir=tmp_path, policy_path=DEFAULT_POLICY_PATH, watch_policy=False)
+    state = build_state(settings, fleet)
+    clock = [1000.0]
+    state.monotonic = lambda: clock[0]
+    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.95), state=state)
+    with TestClient(create_app(settings, engine=engine, owns_engine=True)) as c:
+        def route() -> dict:
+            r = c.post("/v1/route", json={"messages": [{"role": "user", "content": PROMPT}]})
+            assert r.status_code == 200, r.text
+            assert r.json()["target"] == "frontier-large", r.json()
+            return r.json()
+        yield route, clock
+
+
+def test_a_repeat_within_the_lifetime_is_estimated_cached_after_it_uncached(routed):
+    route, clock = routed
+    cold = route()["estimated_cost_usd"]
+    clock[0] += TTL_S / 2
+    warm = route()["estimated_cost_usd"]
+    assert warm < cold  # most of the prompt counted cached
+    clock[0] += TTL_S + 1  # the prefix unused longer than the lifetime: the provider cleared it
+    assert route()["estimated_cost_usd"] == cold
+
+
+def test_the_service_and_replay_read_one_lifetime_and_the_old_key_names_its_new_place():
+    text = DEFAULT_FLEET_PATH.read_text(encoding="utf-8")
+    large = "prompt_cache_min_tokens: 1024   # as frontier-small\n    prompt_cache_ttl_s: 300"
+    assert large in text
+    fleet = parse_fleet(text.replace(large, large.replace("300", "600")))
+    assert fleet.targets["frontier-large"].prompt_cache_ttl_s == 600
+    assert {f.name: f.prompt_cache_ttl_s for f in sim_fleet(fleet).frontier}["frontier-large"] == 600
+    old = text.replace("    replay:\n      quality_columns:\n        alpacaeval_ae1: gpt-3.5-turbo-1106",
+                       "    replay:\n      prompt_cache_ttl_s: 600\n      quality_columns:\n"
+                       "        alpacaeval_ae1: gpt-3.5-turbo-1106", 1)
+    assert old != text
+    with pytest.raises(FleetError, match=r"moved-key: targets.frontier-small.replay.prompt_cache_ttl_s moved to "
+                                         r"targets.frontier-small.prompt_cache_ttl_s"):
+        parse_fleet(old)
