@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pointsman.errors import RequestError
 from pointsman.estimator.estimate import DifficultyEstimate, Estimator, TokenIdsEstimator
 from pointsman.estimator.features import RequestFeatures, tokenized_features
+from pointsman.located import did_you_mean
 from pointsman.policy.budget.ledger import BudgetExceeded
 from pointsman.policy.cost import CostEstimate
 from pointsman.policy.decision import Decision, EndpointChoice, Fallback, Trace, new_decision_id
@@ -171,6 +172,15 @@ def _checked(estimate: object, started: float) -> DifficultyEstimate:
         if not isinstance(p, (int, float)) or math.isnan(p) or not 0.0 <= p <= 1.0:
             return DifficultyEstimate(None, False, estimate.latency_ms, f"invalid p_hard {p!r}")
     return estimate
+
+
+def check_slo_class(fleet: Fleet, slo_class: str | None) -> None:
+    """Raises ``RequestError`` naming ``routing.slo_class`` (and the fleet's classes) when
+    ``slo_class`` is not one of ``fleet.slo_classes``; None (no class named) passes."""
+    classes = fleet.slo_classes
+    if slo_class is not None and slo_class not in classes:
+        raise RequestError(f"unknown SLO class '{slo_class}' (the fleet's classes: {', '.join(classes)})"
+                           f"{did_you_mean(slo_class, list(classes))}", field="routing.slo_class")
 
 
 def block_hashes(view: RequestView) -> tuple[list[int], bool]:
@@ -314,10 +324,12 @@ class RoutingEngine:
 
         Raises ``NoEligibleTarget`` (a ``RequestError``) naming the filter that removed each
         candidate, or the budget that refused each reservation; ``RequestError`` for routing
-        fields budgets cannot use; ``LedgerUnavailable`` when the budget ledger fails for a
-        request with budgets (unless the state fails open)."""
+        fields budgets cannot use or a ``routing.slo_class`` the fleet does not declare;
+        ``LedgerUnavailable`` when the budget ledger fails for a request with budgets (unless the
+        state fails open)."""
         t0 = time.perf_counter()
         view = request if isinstance(request, RequestView) else RequestView.of(request, api_key_id)
+        check_slo_class(self.fleet, view.routing.slo_class)
         features, query_token_ids = tokenized_features(view, self._tokenizer, self._ids_estimator is not None)
         t1 = time.perf_counter()
         estimate = self._estimate(features, query_token_ids)

@@ -18,7 +18,9 @@ Request phase:
 
 1. ``request_headers``: kept (routing context from ``x-pointsman-tenant``, ``-team``,
    ``-session-id``, ``-slo-class``; GIE's ``x-gateway-inference-objective`` is the SLO class and
-   ``x-gateway-inference-fairness-id`` the tenant when those are absent). A request without a
+   ``x-gateway-inference-fairness-id`` the tenant when those are absent; an objective that is no
+   SLO class of the fleet is ignored with a warning logged once, an unknown ``x-pointsman-slo-class``
+   is a **400**: ``routing_context``). A request without a
    body (``end_of_stream``: ``GET /v1/models``) passes through undecided. In BUFFERED mode the
    headers are answered at once (Envoy waits for it); in FULL_DUPLEX_STREAMED nothing is sent yet.
 2. ``request_body`` chunks, collected up to ``POINTSMAN_MAX_BODY_BYTES`` (8 MiB by default, the
@@ -86,7 +88,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from dataclasses import dataclass
 
 import grpc
@@ -121,8 +123,12 @@ MODEL_NAME_HEADER = "x-gateway-model-name"
 #: Routing context from request headers (header -> ``routing`` field); the GIE ones fill what is absent.
 ROUTING_HEADERS = {"x-pointsman-tenant": "tenant", "x-pointsman-team": "team",
                    "x-pointsman-session-id": "session_id", "x-pointsman-slo-class": "slo_class"}
-GIE_ROUTING_HEADERS = {"x-gateway-inference-fairness-id": "tenant", "x-gateway-inference-objective": "slo_class"}
+#: GIE's objective header (an InferenceObjective name), read as the SLO class when it names one.
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+GIE_ROUTING_HEADERS = {"x-gateway-inference-fairness-id": "tenant", OBJECTIVE_HEADER: "slo_class"}
 _GIE_DEFAULT_FLOW = "default-flow"
+_MAX_WARNED = 64
+_warned_objectives: set[str] = set()
 _DEFAULT_MODE: wire.BodyMode = "FULL_DUPLEX_STREAMED"
 
 
@@ -186,18 +192,34 @@ def _chat_body(body: JSONObject) -> JSONObject:
     return {**body, "messages": [{"role": "user", "content": text}]}
 
 
-def routing_context(body: JSONObject, headers: dict[str, str]) -> JSONObject:
+def _warn_unknown_objective(objective: str, slo_classes: Collection[str]) -> None:
+    """Log once per name (at most ``_MAX_WARNED`` names per process) that a GIE objective is no SLO class."""
+    if objective in _warned_objectives or len(_warned_objectives) >= _MAX_WARNED:
+        return
+    _warned_objectives.add(objective)
+    log.warning("%s '%s' is not an SLO class of the fleet (%s): such requests get the fleet's default class",
+                OBJECTIVE_HEADER, objective, ", ".join(slo_classes))
+
+
+def routing_context(body: JSONObject, headers: dict[str, str], slo_classes: Collection[str] = ()) -> JSONObject:
     """The body with its ``routing`` context taken from the request headers only (``ROUTING_HEADERS``,
-    then ``GIE_ROUTING_HEADERS`` for what is still absent). Behind a proxy the body is the end client's:
+    then ``GIE_ROUTING_HEADERS`` for what is still absent). GIE's objective header names an
+    InferenceObjective of the cluster, not necessarily one of the fleet's ``slo_classes``: one that is
+    not is left out (the request gets the fleet's default class, as GIE gives an unknown objective the
+    default priority) and logged once per name; ``x-pointsman-slo-class`` is ours and is checked by the
+    engine (an unknown class is a 400). Behind a proxy the body is the end client's:
     a ``routing`` object in it (a tenant, a team, a token count of the client's choosing) is dropped, so a
     client cannot pick the budget it spends or shrink the token count the context-window filter reads."""
     routing: JSONObject = {}
     for table in (ROUTING_HEADERS, GIE_ROUTING_HEADERS):
         for header, key in table.items():
             value = headers.get(header)
-            if value and key not in routing and not (header == "x-gateway-inference-fairness-id"
-                                                     and value == _GIE_DEFAULT_FLOW):
-                routing[key] = value
+            if not value or key in routing or (header == "x-gateway-inference-fairness-id" and value == _GIE_DEFAULT_FLOW):
+                continue
+            if header == OBJECTIVE_HEADER and value not in slo_classes:
+                _warn_unknown_objective(value, slo_classes)
+                continue
+            routing[key] = value
     rest = {k: v for k, v in body.items() if k != "routing"}
     return {**rest, "routing": routing} if routing else rest
 
@@ -303,13 +325,13 @@ class _Stream:
             return Answer([wire.headers_response("request")])
         return Answer([])
 
-    def _parse(self, raw: bytes) -> tuple[JSONObject, RouteRequest]:
+    def _parse(self, raw: bytes, fleet: Fleet) -> tuple[JSONObject, RouteRequest]:
         """Raises ``HTTPError`` 400 (the body is not a chat request)."""
         body = decode_json(raw)
         if not isinstance(body, dict):
             raise HTTPError(400, "request body is not a JSON object", code="invalid_body")
         try:
-            return body, parse_route_request(routing_context(_chat_body(body), self.headers))
+            return body, parse_route_request(routing_context(_chat_body(body), self.headers, fleet.slo_classes))
         except RequestError as exc:
             err = invalid(exc)
             raise HTTPError(400, err.message, param=err.param, code=err.code) from None
@@ -321,11 +343,11 @@ class _Stream:
         if rt.closing:
             return self._refuse(unavailable("the service is stopping; retry shortly", "not_ready"), "unavailable")
         raw = self.body.value()
+        engine = rt.live.engine  # read once: this decision runs on this engine to the end
         try:
-            body, request = self._parse(raw)
+            body, request = self._parse(raw, engine.fleet)
         except HTTPError as exc:
             return self._refuse(exc, "bad_request")
-        engine = rt.live.engine  # read once: this decision runs on this engine to the end
         subset = None if self.subset is None else self.server.index(engine.fleet).subset(self.subset)
         try:
             if rt.settings.route_in_threadpool:

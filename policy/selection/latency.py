@@ -133,8 +133,8 @@ class Prediction:
 
 def slo_of(fleet: Fleet, slo_class: str) -> SLOClass:
     """The request's SLO class in ``fleet``: ``slo_class`` when the fleet declares it, else the
-    fleet's default class (an empty or unknown name is not an error here: the request parser
-    owns that check)."""
+    fleet's default class (an empty or unknown name is not an error here: ``RoutingEngine.route``
+    refuses an unknown ``routing.slo_class`` before any signal is read, ``engine.check_slo_class``)."""
     classes = fleet.slo_classes
     return classes[slo_class] if slo_class in classes else fleet.slo()
 

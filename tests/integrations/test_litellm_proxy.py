@@ -37,11 +37,11 @@ apiVersion: pointsman/v1
 kind: RoutingPolicy
 metadata: {name: litellm-proxy-test}
 rules:
-  - name: quality-slo
-    when: request.slo_class == "quality"
+  - name: long-context-slo
+    when: request.slo_class == "long-context"
     route: {target: frontier-large, fallbacks: [onprem-70b]}
-  - name: batch-slo
-    when: request.slo_class == "batch"
+  - name: interactive-slo
+    when: request.slo_class == "interactive"
     route: {target: onprem-70b, fallbacks: [frontier-large]}
   - name: default
     route: {target: onprem-8b, fallbacks: [frontier-small]}
@@ -204,7 +204,7 @@ def _outcome(stack: dict, decision_id: str, timeout_s: float = 15.0):
 
 def test_requests_land_where_pointsman_decided_and_outcomes_arrive(stack: dict) -> None:
     ups = stack["upstreams"]
-    for slo, name, target in ((None, "llama-8b", "onprem-8b"), ("quality", "gpt-4o", "frontier-large")):
+    for slo, name, target in ((None, "llama-8b", "onprem-8b"), ("long-context", "gpt-4o", "frontier-large")):
         before = len(ups[name].seen)
         r = _ask(stack, slo)
         assert r.status_code == 200, r.text
@@ -239,7 +239,7 @@ def test_cascade_escalates_a_refused_draft_and_reports_one_outcome(stack: dict) 
 
 def test_upstream_failure_is_reported_as_an_error_outcome(stack: dict) -> None:
     ups = stack["upstreams"]
-    r = _ask(stack, "batch")  # onprem-70b: its stand-in answers 500
+    r = _ask(stack, "interactive")  # onprem-70b: its stand-in answers 500
     assert r.status_code >= 500
     decision_id = ups["llama-70b"].seen[-1]["decision"]
     out = _outcome(stack, decision_id)
@@ -263,7 +263,7 @@ def test_pointsman_down_fails_open_to_the_default_deployment(stack: dict) -> Non
     ups = stack["upstreams"]
     before = len(ups["llama-8b"].seen)
     t0 = time.monotonic()
-    r = _ask(stack, "quality")  # would be frontier-large; Pointsman is gone
+    r = _ask(stack, "long-context")  # would be frontier-large; Pointsman is gone
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] == "answer from llama-8b"
     assert len(ups["llama-8b"].seen) == before + 1 and ups["llama-8b"].seen[-1]["decision"] is None

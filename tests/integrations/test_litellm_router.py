@@ -38,11 +38,11 @@ apiVersion: pointsman/v1
 kind: RoutingPolicy
 metadata: {name: litellm-test}
 rules:
-  - name: quality-slo
-    when: request.slo_class == "quality"
+  - name: long-context-slo
+    when: request.slo_class == "long-context"
     route: {target: frontier-large, fallbacks: [onprem-70b]}
-  - name: batch-slo
-    when: request.slo_class == "batch"
+  - name: interactive-slo
+    when: request.slo_class == "interactive"
     route: {target: onprem-70b, fallbacks: [frontier-large]}
   - name: default
     route: {target: onprem-8b, fallbacks: [frontier-small]}
@@ -102,9 +102,9 @@ def test_router_sends_each_call_where_pointsman_decided_and_reports_outcomes(ser
         client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0, flush_interval_s=0.01)
         router = _router(client)
         responses = [
-            await _call(router, "Prove that there are infinitely many primes.", "quality"),
+            await _call(router, "Prove that there are infinitely many primes.", "long-context"),
             await _call(router, "Say hello.", None),
-            await _call(router, "Summarise this log file.", "batch"),  # onprem-70b has no deployment
+            await _call(router, "Summarise this log file.", "interactive"),  # onprem-70b has no deployment
         ]
         await _settle(client, 3)
         return responses, client
@@ -118,7 +118,7 @@ def test_router_sends_each_call_where_pointsman_decided_and_reports_outcomes(ser
     assert client.stats["outcomes_acked"] == 3 and client.stats["outcomes_dropped"] == 0
     acks = list(client.acks)
     assert [a["status"] for a in acks] == ["stored"] * 3
-    # the batch call was decided for onprem-70b, which has no deployment: it ran on the
+    # the interactive call was decided for onprem-70b, which has no deployment: it ran on the
     # decision's first fallback that has one, the outcome names the target that served it,
     # and the service settled it there
     assert [a["settlement"]["target"] for a in acks] == ["frontier-large", "onprem-8b", "frontier-large"]
@@ -127,7 +127,7 @@ def test_router_sends_each_call_where_pointsman_decided_and_reports_outcomes(ser
         stored = [outcome_log.outcome(a["outcome_id"]) for a in acks]
         decided = [outcome_log.decision(a["decision_id"]) for a in acks]
     assert [(d.target, d.rule, d.tenant) for d in decided] == [
-        ("frontier-large", "quality-slo", "acme"), ("onprem-8b", "default", None), ("onprem-70b", "batch-slo", "acme")]
+        ("frontier-large", "long-context-slo", "acme"), ("onprem-8b", "default", None), ("onprem-70b", "interactive-slo", "acme")]
     assert [o.served_target for o in stored] == ["frontier-large", "onprem-8b", "frontier-large"]
     assert all(o.status == "ok" and o.usage.prompt_tokens and o.usage.completion_tokens for o in stored)
     assert all(o.e2e_latency_ms is not None and o.e2e_latency_ms >= 0 for o in stored)
@@ -137,7 +137,7 @@ def test_streamed_calls_report_ttft(service: dict) -> None:
     async def run():
         client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0, flush_interval_s=0.01)
         router = _router(client)
-        stream = await _call(router, "Write a poem.", "quality", stream=True)
+        stream = await _call(router, "Write a poem.", "long-context", stream=True)
         text = "".join([c.choices[0].delta.content or "" async for c in stream])
         await _settle(client, 1)
         return text, client
@@ -207,7 +207,7 @@ def test_failed_upstream_call_is_reported_as_error(service: dict) -> None:
         client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0, flush_interval_s=0.01)
         router = _router(client)
         with pytest.raises(Exception, match="upstream down"):  # noqa: B017 - LiteLLM wraps the mock's error in its own types
-            await _call(router, "Prove Fermat's last theorem.", "quality", mock_response=Exception("upstream down"))
+            await _call(router, "Prove Fermat's last theorem.", "long-context", mock_response=Exception("upstream down"))
         await _settle(client, 1)
         return client
 
@@ -223,7 +223,7 @@ def test_unreachable_pointsman_falls_back_to_the_default_deployment() -> None:
     async def run():
         client = PointsmanClient(f"http://127.0.0.1:{_free_port()}", route_timeout_s=0.2)
         router = _router(client)
-        response = await _call(router, "Prove that there are infinitely many primes.", "quality")
+        response = await _call(router, "Prove that there are infinitely many primes.", "long-context")
         await client.aclose()
         return response, client
 
@@ -237,7 +237,7 @@ def test_wrong_key_is_rejected_and_the_call_still_succeeds(service: dict) -> Non
     async def run():
         client = PointsmanClient(service["url"], api_key="not-a-key", route_timeout_s=5.0)
         router = _router(client)
-        response = await _call(router, "Prove that there are infinitely many primes.", "quality")
+        response = await _call(router, "Prove that there are infinitely many primes.", "long-context")
         await client.aclose()
         return response, client
 
@@ -312,7 +312,7 @@ def test_sync_completion_is_routed_and_reported(service: dict) -> None:
     client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0)
     router = _router(client)
     response = router.completion(model="chat", messages=[{"role": "user", "content": "Prove it."}],
-                                 metadata={"pointsman": {"slo_class": "quality"}})
+                                 metadata={"pointsman": {"slo_class": "long-context"}})
     for _ in range(250):  # LiteLLM posts sync outcomes from its logging thread
         if client.acks:
             break

@@ -149,3 +149,16 @@ def test_a_key_in_the_query_string_is_not_read_and_not_logged(tmp_path):
     assert "POST /v1/route?api_key=[redacted]&x=[redacted] HTTP/1.1" in log, log
     assert "GET /healthz?token=[redacted]" in log, log
     assert secret not in log
+
+
+@pytest.mark.parametrize(("name", "hint"), [("Interactive", "; did you mean 'interactive'?"), ("batch", "")])
+def test_an_unknown_slo_class_is_a_422_naming_the_fleets_classes(client, name, hint):
+    """An SLO class the fleet does not declare used to get the default class's objectives silently."""
+    r = client.post("/v1/route", json={"messages": [{"role": "user", "content": "Hi."}], "routing": {"slo_class": name}})
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["param"] == "routing.slo_class"
+    assert error["message"] == f"unknown SLO class '{name}' (the fleet's classes: interactive, long-context){hint}"
+    ok = client.post("/v1/route", json={"messages": [{"role": "user", "content": "Hi."}],
+                                        "routing": {"slo_class": "long-context"}})
+    assert ok.status_code == 200, ok.text

@@ -9,6 +9,7 @@ import asyncio
 import base64
 import functools
 import json
+import logging
 import re
 import socket
 import time
@@ -645,3 +646,27 @@ def test_a_body_past_the_limit_in_64_kib_chunks_is_a_413_and_the_rest_is_read_an
     assert refused["status"]["code"] == "PayloadTooLarge"
     assert json.loads(base64.b64decode(refused["body"]))["error"]["code"] == "body_too_large"
     assert after == grpc.aio.EOF and code == grpc.StatusCode.OK
+
+
+def test_an_unknown_gie_objective_gets_the_default_class_and_an_unknown_slo_class_header_is_a_400(app, caplog):
+    """GIE's objective header names a cluster InferenceObjective: one that is no SLO class of the fleet is
+    routed with the default class and logged once; our own ``x-pointsman-slo-class`` must name a class."""
+    async def scenario(stub, _):
+        out = []
+        for headers in ({**REQUEST_HEADERS, "x-gateway-inference-objective": "premium-chat"},
+                        {**REQUEST_HEADERS, "x-gateway-inference-objective": "premium-chat"},
+                        {**REQUEST_HEADERS, "x-pointsman-slo-class": "Interactive"}):
+            call = stub.Process()
+            out.append((await request_phase(call, chat("What is 2 + 2?"), headers=headers))[-1])
+            call.cancel()
+        return out
+
+    with caplog.at_level(logging.WARNING, logger="pointsman.service.ext_proc"):
+        gie, again, ours = run(app, scenario)
+    assert "immediateResponse" not in gie and "immediateResponse" not in again  # routed
+    warned = [r.getMessage() for r in caplog.records if "premium-chat" in r.getMessage()]
+    assert warned == ["x-gateway-inference-objective 'premium-chat' is not an SLO class of the fleet "
+                      "(interactive, long-context): such requests get the fleet's default class"]
+    assert ours["immediateResponse"]["status"]["code"] == "BadRequest"
+    error = json.loads(base64.b64decode(ours["immediateResponse"]["body"]))["error"]
+    assert error["param"] == "routing.slo_class" and "did you mean 'interactive'" in error["message"]
