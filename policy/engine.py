@@ -50,7 +50,7 @@ from pointsman.policy.budget.ledger import BudgetExceeded
 from pointsman.policy.cost import CostEstimate
 from pointsman.policy.decision import Decision, EndpointChoice, Fallback, Trace, new_decision_id
 from pointsman.policy.escalation import Escalation, TargetCosts, escalation_id, judge, rule_name
-from pointsman.policy.fleet import Fleet, FrontierTarget
+from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget
 from pointsman.policy.live import BaseSignals, CelContext, LiveSignals, build_context, finite_or_none
 from pointsman.policy.rules.compiler import CompiledPolicy, Plan
 from pointsman.policy.rules.evaluator import Verdict, evaluate, lookup_signal
@@ -64,7 +64,7 @@ from pointsman.policy.selection.filters import (
     enabled,
 )
 from pointsman.policy.selection.pd_mode import ModeDecision, decide_mode
-from pointsman.policy.selection.pickers import PICKERS, PoolPick, base_url
+from pointsman.policy.selection.pickers import PICKERS, PoolPick, PoolView, base_url
 from pointsman.policy.signals.fleet_state import Dispatch, DispatchRecord, FleetState
 from pointsman.policy.signals.namespaces import RELATIVE_ROOTS, difficulty_signals, relative_key, request_signals
 from pointsman.policy.signals.prefix_index import block_hashes_from_ids, block_hashes_from_text
@@ -221,6 +221,21 @@ class Placement:
                               c.decode_utilization, at, view.request.max_output_tokens or 0)
 
 
+def _local_prefill_note(t: OnPremTarget, view: PoolView, local_hit_tokens: int) -> str:
+    """The trace note for an aggregated request prefilled on a decode endpoint: it holds the prefix,
+    or it holds none of it and why it ran there (no aggregated pool, none healthy, or a short prompt)."""
+    if local_hit_tokens > 0:
+        return "prefilled locally on a decode endpoint holding the prefix"
+    agg = t.pools.aggregated
+    if agg is None:
+        why = "the target has no aggregated pool"
+    elif not any(ok for i, ok in enumerate(view.healthy) if view.pool_of(i) is agg):
+        why = "no healthy aggregated endpoint"
+    else:
+        why = "a short prompt may prefill on any decode endpoint"
+    return f"prefilled locally on a decode endpoint holding none of the prefix ({why})"
+
+
 def place(live: LiveSignals, target: str, mode: str) -> Placement | None:
     """Pick endpoints for ``target`` in ``mode`` and price the request there (cached prefix:
     the chosen prefill-side endpoint's local hit plus what its shared tier restores faster
@@ -255,7 +270,7 @@ def place(live: LiveSignals, target: str, mode: str) -> Placement | None:
             pool = first.view.pool_of(first_i)
             pools = None if pool is None else (pool, pool)
             if pool is not t.pools.aggregated:
-                note = (note + "; " if note else "") + "prefilled locally on a decode endpoint holding the prefix"
+                note = (note + "; " if note else "") + _local_prefill_note(t, first.view, local)
         return Placement(target, m, tuple(c for p in picks for c in p.choices()), picks,
                          main.view.endpoints[main_i].id,
                          first.view.endpoints[first_i].id if m == "disaggregated" else None,
