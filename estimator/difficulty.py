@@ -24,7 +24,7 @@ from pointsman.estimator.conversation import BLOCKS, head_layout
 from pointsman.estimator.encoders import make_encoder, session_options
 from pointsman.estimator.estimate import DifficultyEstimate
 from pointsman.estimator.features import RequestFeatures
-from pointsman.estimator.head_inputs import HeadInputs
+from pointsman.estimator.head_inputs import HeadInputs, short_instruction
 from pointsman.estimator.manifest import Manifest, read_manifest
 from pointsman.estimator.markers import FEATURE_NAMES
 
@@ -120,14 +120,20 @@ class DifficultyEstimator:
         start = time.perf_counter()
         try:
             if features.continues is None:
-                x = self.feature_vector(features, query_token_ids)
+                x, readings = self.feature_vector(features, query_token_ids), ["request"]
             else:  # a short follow-up: the request it continues, or the turn read alone if that is harder
                 x = np.vstack([self.feature_vector(features.continues),
                                self.feature_vector(read_alone(features), query_token_ids)])
+                readings = ["continued", "alone"]
+            whole = features if features.continues is None else features.continues
+            if self._doubts_instruction(whole):  # a short instruction may be a greeting: the mean reading too
+                ids = query_token_ids if features.continues is None and self.takes_query_token_ids else None
+                x = np.vstack([x, self._inputs.vector(whole, ids, pooled=False)])
+                readings.append("whole")
             ps = self._head.run([self._head_out], {self._head_in: x})[0].reshape(-1)
             best = int(np.argmax(ps))
             p, x = float(ps[best]), x[best:best + 1]
-            reading = "request" if features.continues is None else ("continued", "alone")[best]
+            reading = readings[best]
         except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
             elapsed = (time.perf_counter() - start) * 1000.0
             return DifficultyEstimate(None, False, elapsed, f"{type(exc).__name__}: {exc}")
@@ -138,6 +144,12 @@ class DifficultyEstimator:
             return DifficultyEstimate(None, False, elapsed, f"timeout: {elapsed:.2f} ms > budget {self.timeout_ms:g} ms",
                                       features=x[0])
         return DifficultyEstimate(min(max(p, 0.0), 1.0), True, elapsed, features=x[0], reading=reading)
+
+    def _doubts_instruction(self, features: RequestFeatures) -> bool:
+        """Whether ``features`` is pooled with an instruction short enough to be a preamble
+        (``head_inputs.short_instruction``): then the query read as one mean is scored too, and the larger
+        ``p_hard`` counts ("Hello there. <a derivation>" must not read as "Hello there.")."""
+        return self._inputs.pools(features) and short_instruction(features.query_text)
 
     def feature_matrix(self, features: list[RequestFeatures]) -> np.ndarray:
         """Head inputs for many requests: float32 (n, n_features)."""
@@ -155,10 +167,19 @@ class DifficultyEstimator:
         short follow-up the larger of its two readings). Raises on failure."""
         if not features:
             return np.zeros(0, dtype=np.float32)
-        p = self.predict_matrix(self.feature_matrix(features))
+        p = self._with_whole(features, self.predict_matrix(self.feature_matrix(features)))
         follow = [i for i, f in enumerate(features) if f.continues is not None]
         if follow:
-            continued = self.predict_matrix(self.feature_matrix([c for f in features if (c := f.continues) is not None]))
+            continues = [c for f in features if (c := f.continues) is not None]
+            continued = self._with_whole(continues, self.predict_matrix(self.feature_matrix(continues)))
             alone = self.predict_matrix(self.feature_matrix([read_alone(features[i]) for i in follow]))
             p[follow] = np.maximum(continued, alone)
+        return p
+
+    def _with_whole(self, features: list[RequestFeatures], p: np.ndarray) -> np.ndarray:
+        """``p`` (n,) raised to the whole reading's ``p_hard`` where ``_doubts_instruction``, as ``estimate``."""
+        doubt = [i for i, f in enumerate(features) if self._doubts_instruction(f)]
+        if doubt:
+            whole = self.predict_matrix(self._inputs.matrix([features[i] for i in doubt], pooled=False))
+            p[doubt] = np.maximum(p[doubt], whole)
         return p

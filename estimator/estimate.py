@@ -39,7 +39,9 @@ class DifficultyEstimate:
     log stores it so a new head can be trained without the prompt text.
     ``reading``: which reading of the request ``p_hard`` is: ``request`` (the request as it is),
     or for a short follow-up (``RequestFeatures.continues``) the larger of ``continued`` (the
-    request it continues) and ``alone`` (the follow-up read alone).
+    request it continues) and ``alone`` (the follow-up read alone); ``whole`` when the request (or
+    the one continued) has a short instruction that may be a preamble and its query read as one mean
+    scored higher (``estimator.head_inputs.short_instruction``).
     """
 
     p_hard: float | None

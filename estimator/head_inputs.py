@@ -39,6 +39,11 @@ INSTRUCTION_MAX_CHARS = 300
 PASTED_MIN_CHARS = 120
 #: The instruction's weight against the rest's in the pooled embedding.
 INSTRUCTION_WEIGHT = 2.0
+#: An instruction of at most this many words may be a greeting or a label ("Hello there.", "Question:",
+#: "Hi! I have a question."), not the task, unless it ends with a colon after two words or more
+#: ("Summarize this:", "Translate this into German:": what introduces pasted material): the estimator
+#: then also reads the query as one mean and keeps the larger ``p_hard`` (``short_instruction``; the safe side).
+SHORT_INSTRUCTION_WORDS = 5
 #: Where an instruction can end: after a line break, or after a colon, question mark or full stop and a
 #: space. Every cut is just after a whitespace character, so WordPiece (which never joins across
 #: whitespace) gives the query's ids as the instruction's ids followed by the rest's.
@@ -56,6 +61,17 @@ def instruction_end(query: str) -> int:
         if m.end() >= 8 and len(query) - m.end() >= PASTED_MIN_CHARS:
             return m.end()
     return 0
+
+
+def short_instruction(query: str) -> bool:
+    """Whether ``query``'s instruction (``instruction_end``) may be a preamble, so the pooled reading alone
+    could miss the task after it: at most ``SHORT_INSTRUCTION_WORDS`` words, and not two or more ending
+    with a colon."""
+    cut = instruction_end(query)
+    if not cut:
+        return False
+    words = query[:cut].split()
+    return len(words) <= SHORT_INSTRUCTION_WORDS and not (len(words) >= 2 and words[-1].endswith(":"))
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -95,9 +111,14 @@ class HeadInputs:
             return list(fast([text], add_special_tokens=False)[0].ids)
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def _embed(self, f: RequestFeatures, ids: list[int] | None) -> np.ndarray:
+    def pools(self, f: RequestFeatures) -> bool:
+        """Whether this layout pools ``f``'s embedding with its instruction apart (``instruction_end``)."""
+        return self.pooling == "instruction" and not (self.reads_conversation and f.context_text) \
+            and instruction_end(f.query_text) > 0
+
+    def _embed(self, f: RequestFeatures, ids: list[int] | None, pooled: bool = True) -> np.ndarray:
         context = f.context_text if self.reads_conversation else ""
-        cut = instruction_end(f.query_text) if self.pooling == "instruction" and not context else 0
+        cut = instruction_end(f.query_text) if pooled and self.pooling == "instruction" and not context else 0
         if cut:
             return self._instruction_pooled(f.query_text, cut, ids)
         if self._takes_ids:
@@ -133,21 +154,25 @@ class HeadInputs:
             out.append(conversation_vector(f))
         return out
 
-    def vector(self, features: RequestFeatures, query_token_ids: list[int] | None = None) -> np.ndarray:
+    def vector(self, features: RequestFeatures, query_token_ids: list[int] | None = None,
+               pooled: bool = True) -> np.ndarray:
         """The head's input for one request: float32 (1, d). ``query_token_ids``:
-        ``tokenizer.encode(features.query_text, add_special_tokens=False).ids`` when known."""
+        ``tokenizer.encode(features.query_text, add_special_tokens=False).ids`` when known.
+        ``pooled=False``: the query read as one mean whatever the layout's pooling (the "whole" reading)."""
         ids = query_token_ids
         if ids is None and (self._rarity is not None or (self.reads_conversation and features.context_text)) \
                 and self._takes_ids:
             ids = self._ids(features.query_text)
-        emb = self._embed(features, ids)
+        emb = self._embed(features, ids, pooled)
         parts = [emb, request_vector(features), *self._extra(features, ids)]
         return np.concatenate(parts)[None, :].astype(np.float32, copy=False)
 
-    def matrix(self, features: list[RequestFeatures], query_embeddings: np.ndarray | None = None) -> np.ndarray:
+    def matrix(self, features: list[RequestFeatures], query_embeddings: np.ndarray | None = None,
+               pooled: bool = True) -> np.ndarray:
         """Head inputs for many requests: float32 (n, d). ``query_embeddings``: the embeddings of
         the ``query_text``s (n, dim) when already computed (a training cache); rows with a
-        conversation context, or an instruction apart (``instruction_end``), are embedded again."""
+        conversation context, or an instruction apart (``instruction_end``), are embedded again.
+        ``pooled=False``: as ``vector``'s."""
         emb = self.encoder.encode_batch([f.query_text for f in features]) if query_embeddings is None \
             else np.array(query_embeddings, dtype=np.float32, copy=True)
         ids: list[list[int] | None] = [None] * len(features)
@@ -155,8 +180,8 @@ class HeadInputs:
             ids = [self._ids(f.query_text) for f in features]
         for i, f in enumerate(features):  # the rows whose embedding is not the query window's alone
             context = self.reads_conversation and bool(f.context_text)
-            if context or (self.pooling == "instruction" and instruction_end(f.query_text)):
-                emb[i] = self._embed(f, ids[i])
+            if context or (pooled and self.pools(f)):
+                emb[i] = self._embed(f, ids[i], pooled)
         cols = [emb, request_matrix(features)]
         if self._rarity is not None or self.reads_conversation:
             cols.append(np.stack([np.concatenate(self._extra(f, i)) for f, i in zip(features, ids)])
@@ -164,4 +189,5 @@ class HeadInputs:
         return np.hstack(cols).astype(np.float32, copy=False)
 
 
-__all__ = ["INSTRUCTION_WEIGHT", "POOLINGS", "HeadInputs", "instruction_end"]
+__all__ = ["INSTRUCTION_WEIGHT", "POOLINGS", "SHORT_INSTRUCTION_WORDS", "HeadInputs", "instruction_end",
+           "short_instruction"]

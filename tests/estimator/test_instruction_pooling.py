@@ -25,6 +25,7 @@ from pointsman.estimator.head_inputs import (
     PASTED_MIN_CHARS,
     HeadInputs,
     instruction_end,
+    short_instruction,
 )
 from pointsman.estimator.manifest import read_manifest
 from pointsman.estimator.model_source import bundled_model_dir
@@ -117,7 +118,7 @@ def test_the_manifest_names_the_pooling_and_it_is_part_of_the_feature_space(tmp_
     assert shipped.manifest.head.pooling == "instruction"
     mean = DifficultyEstimator(_copy_with_pooling(tmp_path, "mean"))
     assert feature_space_of(mean) != feature_space_of(shipped)  # logged inputs of one do not train the other
-    f = _features("Please translate this into English: " + LETTER)
+    f = _features("Please translate this letter into plain English for me: " + LETTER)
     assert mean.estimate(f).p_hard != pytest.approx(shipped.estimate(f).p_hard, abs=1e-4)
     raw = json.loads((bundled_model_dir() / "manifest.json").read_text())
     raw["head"].pop("pooling")  # a model trained before pooling existed reads the plain mean
@@ -145,3 +146,27 @@ def test_a_pasted_easy_request_stays_on_prem_through_route(monkeypatch):
         easy = route(ask + NOTE)
         assert not easy["target"].startswith("frontier"), (ask, easy)
         assert easy["p_hard"] < hard["p_hard"], (ask, easy["p_hard"], hard["p_hard"])
+
+
+def test_a_greeting_or_label_before_a_hard_request_does_not_lower_it():
+    """A preamble of a few words ("Hello there.", "Question:") is cut as the instruction; read pooled alone
+    it would weigh the greeting twice and send the request on-prem (found by a fresh-eyes tester: a
+    Black-Scholes derivation 0.686 -> 0.154). The estimator also reads such a query as one mean and keeps
+    the larger p_hard (reading "whole"), through ``estimate`` and ``estimate_batch`` alike."""
+    est = DifficultyEstimator(bundled_model_dir())
+    task = ("Derive the Black-Scholes partial differential equation from a self-financing delta-hedged portfolio "
+            "using Ito's lemma, state every assumption, and explain where the drift of the stock disappears and "
+            "why the risk-free rate replaces it.")
+    alone = est.estimate(_features(task)).p_hard
+    lowered = 0
+    for preamble in ("Hello there. ", "Question: ", "Hi! I have a question.\n", "Thanks in advance!\n"):
+        f = _features(preamble + task)
+        assert short_instruction(f.query_text)
+        pooled_only = float(est.predict_matrix(est.feature_vector(f))[0])
+        lowered += pooled_only < alone - 0.05
+        got = est.estimate(f)
+        assert got.p_hard >= pooled_only and got.p_hard == pytest.approx(alone, abs=0.03), (preamble, got, alone)
+        assert est.estimate_batch([f])[0] == pytest.approx(got.p_hard, abs=1e-6)
+    assert lowered >= 2  # the pooled reading alone does lower it: the test would fail without the whole reading
+    long_ask = "Could you please check this message for spelling mistakes and fix them? "
+    assert instruction_end(long_ask + NOTE) and not short_instruction(long_ask + NOTE)  # a real instruction
