@@ -8,7 +8,7 @@
   request Pointsman rejects. A gateway must not fail its user's request because the router
   is down: ``None`` means "route the way you would without Pointsman" (fail open); the reason
   is logged (warning; 4xx as an error, since it is a client bug) and counted in ``stats``.
-  A budget refusal is not such a failure: every target is over the request's budget (429
+  A budget refusal is not such a failure: every target that could take it is over its budget (429
   ``budget_exhausted``), so routing without Pointsman would spend past it, unbooked; ``route``
   raises ``BudgetExhausted`` instead (counted as ``budget_refused``), and the gateway refuses the
   request (the LiteLLM integrations let it reach the caller).

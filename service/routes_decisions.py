@@ -10,8 +10,8 @@ key name) and handed to the decision log writer, which commits it in the backgro
 
 Errors: 400 (empty, malformed JSON, invalid UTF-8), 413 (over the size limit), 422
 (a field is wrong: ``param`` names it; or no target can take the request:
-``no_eligible_target``), 429 ``budget_exhausted`` (every target excluded was excluded by its
-budget: a refusal, as the ext_proc picker's), 503 (budget ledger down, service starting).
+``no_eligible_target``), 429 ``budget_exhausted`` (a target that could take the request was
+excluded by its budget: a refusal, as the ext_proc picker's), 503 (budget ledger down, service starting).
 
 The decision runs on the event loop by default (its cost per stage: ``docs/architecture.md``,
 the budget ``scripts/bench_decision.py`` checks), which the measurements in

@@ -169,7 +169,9 @@ class NoEligibleTarget(RequestError):
 
     @property
     def by_budget(self) -> bool:
-        """True when budgets alone refused the request: every target excluded was excluded by the
-        ``budget`` filter or its reservation (``budget_exhausted``: 429, never to be routed around)."""
-        found = [x for x in self.exclusions.values() if x is not None]
-        return bool(found) and all(x.filter == "budget" for x in found)
+        """True when a budget refused the request: some target was excluded by the ``budget`` filter or
+        its reservation (``budget_exhausted``: 429, never to be routed around). The budget filter runs
+        last, so such a target passed every other filter: the request could be served, only over its
+        budget, whatever the others were excluded by (an image on text-only targets, a prompt longer
+        than their window, an unhealthy pool); routing it without Pointsman would spend past it."""
+        return any(x is not None and x.filter == "budget" for x in self.exclusions.values())

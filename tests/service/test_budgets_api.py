@@ -162,6 +162,23 @@ def test_an_ok_outcome_without_usage_books_the_target_that_served_it(tmp_path):
         assert settled["actual_cost_usd"] == pytest.approx(want) and want > 10 * other["estimated_cost_usd"]
 
 
+def test_a_budget_refusal_is_429_when_other_targets_cannot_take_the_request(tmp_path):
+    """A tenant over its budget sends an image: the on-prem targets are text-only (capabilities), the
+    frontier ones refused by the budget. Every target that could serve it is over budget, so it is a
+    refusal (429 budget_exhausted), not a failure to fail open on: it was 422 no_eligible_target, which
+    PointsmanClient and the LiteLLM integrations route around, serving the image unbudgeted on the
+    gateway's default deployment. Found by a fresh-eyes test."""
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text(budgets_yaml(0))
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    body = {**BODY, "messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, image]}]}
+    with app(tmp_path, budgets, watch_budgets=False) as c:
+        refused = c.post("/v1/route", json=body, headers=GATEWAY)
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "budget_exhausted", refused.text
+        message = refused.json()["error"]["message"]
+        assert "capabilities" in message and "tenant:acme" in message
+
+
 def test_an_ok_outcome_without_usage_on_another_target_keeps_the_requests_output_cap(tmp_path):
     """A request capped at 4,000 output tokens, routed on-prem and answered by frontier-large without
     usage, books the request priced there with its cap, as the decision's own estimate counts it:
