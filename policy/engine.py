@@ -214,11 +214,13 @@ class Placement:
 
     def record(self, decision_id: str, view: RequestView, prompt_tokens: int, at: float) -> DispatchRecord:
         """What dispatching here holds until the outcome (``reserved`` is set by the dispatch);
-        ``at``: monotonic seconds."""
-        c = self.cost
+        ``at``: monotonic seconds. The output cap is the output the estimate counted (``max_tokens``, else
+        the fleet's default, for each of OpenAI's ``n`` answers) when the request set either, else 0."""
+        c, r = self.cost, view.request
+        cap = c.output_tokens if r.max_output_tokens or (r.n or 1) > 1 else 0
         return DispatchRecord(decision_id, self.target, self.mode, self.endpoint, self.prefill_endpoint,
                               view.scopes, c.usd, False, prompt_tokens, c.prefill_utilization,
-                              c.decode_utilization, at, view.request.max_output_tokens or 0)
+                              c.decode_utilization, at, cap)
 
 
 def _local_prefill_note(t: OnPremTarget, view: PoolView, local_hit_tokens: int) -> str:

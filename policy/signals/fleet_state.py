@@ -93,7 +93,7 @@ class DispatchRecord:
     ids (``endpoint``: aggregated/decode/api; ``prefill_endpoint`` when disaggregated),
     ``scopes``, ``estimated_cost_usd``, ``reserved`` (held in the ledger), ``prompt_tokens``,
     the utilizations the estimate used, ``at`` (monotonic s) and ``output_cap_tokens``, the
-    client's output cap the estimate assumed (0: none, or not known here)."""
+    client's output cap the estimate assumed, for all of its ``n`` answers (0: none, or not known here)."""
 
     decision_id: str
     target: str

@@ -43,7 +43,7 @@ class Claims:
     ``estimated_cost_usd``, the utilizations its estimate used, ``issued_s`` (Unix seconds, from the
     id's timestamp: the budget windows a settlement books into), ``inbox`` ('' for none), for an
     escalation's id ``escalates``: the decision id it escalates, ``prompt_tokens`` the estimate
-    counted and ``output_cap_tokens`` the client's output cap (``max_tokens``) it assumed (the
+    counted and ``output_cap_tokens`` the client's output cap it assumed (``max_tokens`` x ``n``; the
     decision's, for an escalation; 0 when the id does not say, or no cap)."""
 
     target: str

@@ -202,6 +202,36 @@ def test_an_ok_outcome_without_usage_on_another_target_keeps_the_requests_output
         assert status(c)[0]["settled_usd"] == pytest.approx(want, abs=1e-9)
 
 
+def test_an_ok_outcome_without_usage_on_another_target_books_all_n_answers(tmp_path):
+    """OpenAI's ``n``: 3 answers of at most 4,000 tokens, routed on-prem and answered by frontier-large
+    without usage, book 12,000 output tokens there, as the decision's own estimate counts them; the
+    signed id carried the per-answer cap, so the booking priced one answer (a third), and without a cap
+    it carried none (one answer of the fleet's default). Found by a fresh-eyes test."""
+    from pointsman.policy.cost import estimate_cost
+
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text(budgets_yaml(5))
+    with app(tmp_path, budgets, watch_budgets=False) as c:
+        fleet = c.app.state.runtime.live.engine.fleet
+        d = c.post("/v1/route", json={**BODY, "max_tokens": 4000, "n": 3}, headers=GATEWAY).json()
+        assert d["target"] != "frontier-large"
+        r = c.post("/v1/outcomes", json={"decision_id": d["decision_id"], "status": "ok",
+                                         "served_target": "frontier-large"}, headers=GATEWAY)
+        settled = r.json()["acks"][0]["settlement"]
+        large = fleet.targets["frontier-large"]
+        want = estimate_cost("frontier-large", large, large.modes[0], d["prompt_tokens"], 3 * 4000).usd
+        assert settled["actual_cost_usd"] == pytest.approx(want)  # before: one answer's 4,000 tokens
+        assert status(c)[0]["settled_usd"] == pytest.approx(want, abs=1e-9)
+        # without a cap: 3 answers of the fleet's default output each (before: one)
+        d = c.post("/v1/route", json={k: v for k, v in {**BODY, "n": 3}.items() if k != "max_tokens"},
+                   headers=GATEWAY).json()
+        r = c.post("/v1/outcomes", json={"decision_id": d["decision_id"], "status": "ok",
+                                         "served_target": "frontier-large"}, headers=GATEWAY)
+        default = fleet.output_tokens("frontier-large", None)
+        want = estimate_cost("frontier-large", large, large.modes[0], d["prompt_tokens"], 3 * default).usd
+        assert r.json()["acks"][0]["settlement"]["actual_cost_usd"] == pytest.approx(want)
+
+
 def test_a_request_for_n_answers_reserves_n_answers(tmp_path):
     """OpenAI's ``n``: every answer is decoded and billed. A request for 5 answers of at most 100 tokens
     is estimated, and held in its budget, at 500 output tokens; it was held at 100 (n was ignored:
