@@ -497,7 +497,7 @@ class FleetState:
         return DispatchRecord(shared.decision_id, shared.target, shared.mode, shared.endpoint,
                               shared.prefill_endpoint, tuple(shared.scopes), shared.estimated_cost_usd,
                               shared.reserved, shared.prompt_tokens, shared.prefill_utilization,
-                              shared.decode_utilization, self._mono_of(shared.wall_s))
+                              shared.decode_utilization, self._mono_of(shared.wall_s), shared.output_cap_tokens)
 
     def _known_endpoints(self, record: DispatchRecord) -> bool:
         eps = self.fleet.endpoints
@@ -881,7 +881,8 @@ def _shared(record: DispatchRecord, wall_s: float) -> SharedRecord:
     """``record`` as it travels to the other processes (dispatch time as Unix seconds)."""
     return SharedRecord(record.decision_id, record.target, record.mode, record.endpoint, record.prefill_endpoint,
                         record.scopes, record.estimated_cost_usd, record.reserved, record.prompt_tokens,
-                        record.prefill_utilization, record.decode_utilization, wall_s)
+                        record.prefill_utilization, record.decode_utilization, wall_s,
+                        output_cap_tokens=record.output_cap_tokens)
 
 
 __all__ = ["Dispatch", "DispatchRecord", "FleetState", "Settled"]

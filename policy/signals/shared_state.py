@@ -107,6 +107,7 @@ class SharedRecord:
     decode_utilization: float
     wall_s: float
     inbox: str = ""
+    output_cap_tokens: int = 0
 
     def to_json(self) -> str:
         """Compact JSON."""

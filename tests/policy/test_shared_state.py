@@ -178,3 +178,18 @@ def test_changes_round_trip_and_bad_urls():
     with pytest.raises(ValueError, match="scheme 'http'"):
         open_sync("http://localhost:6379")
     assert not open_sync(None).shared
+
+
+def test_the_other_replica_knows_the_decisions_output_cap(pair):
+    """An ok outcome without usage answered by another target is booked at the decision's output cap
+    (``routes_reports.estimate_booking``, from ``known``). The replica the outcome reaches holds the
+    decision's record from the shared state, which ``known`` prefers to the signed id; it dropped the
+    cap (0: the fleet's default 256 output tokens, a request capped at 4,000 booked 15.5x too little on
+    frontier-large). Found by a fresh-eyes test."""
+    a, b = pair(), pair()
+    record = DispatchRecord("d-cap", "onprem-8b", "aggregated", E8, None, ("tenant:acme",), 0.01, False, 300, 1.0,
+                            1.0, a.monotonic(), output_cap_tokens=4000)
+    a.dispatch(Dispatch(record, [], False, ""))
+    assert eventually(lambda: b.record("d-cap") is not None)
+    known = b.known("d-cap")
+    assert known is not None and known.output_cap_tokens == 4000  # before: 0
