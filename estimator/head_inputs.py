@@ -44,6 +44,10 @@ INSTRUCTION_WEIGHT = 2.0
 #: ("Summarize this:", "Translate this into German:": what introduces pasted material): the estimator
 #: then also reads the query as one mean and keeps the larger ``p_hard`` (``short_instruction``; the safe side).
 SHORT_INSTRUCTION_WORDS = 5
+#: Words that make a colon a label's, not an instruction's: "Quick question:", "Here is my question:",
+#: "Background info:" announce the request itself, where "Summarize this:" announces material.
+LABEL_WORDS = frozenset("question questions q query context background info information problem task prompt "
+                        "request note details frage pregunta domanda vraag".split())
 #: Where an instruction can end: after a line break, or after a colon, question mark or full stop and a
 #: space. Every cut is just after a whitespace character, so WordPiece (which never joins across
 #: whitespace) gives the query's ids as the instruction's ids followed by the rest's.
@@ -65,13 +69,17 @@ def instruction_end(query: str) -> int:
 
 def short_instruction(query: str) -> bool:
     """Whether ``query``'s instruction (``instruction_end``) may be a preamble, so the pooled reading alone
-    could miss the task after it: at most ``SHORT_INSTRUCTION_WORDS`` words, and not two or more ending
-    with a colon."""
+    could miss the task after it: at most ``SHORT_INSTRUCTION_WORDS`` words, unless they are two or more
+    ending with a colon whose last word is not a label's (``LABEL_WORDS``)."""
     cut = instruction_end(query)
     if not cut:
         return False
-    words = query[:cut].split()
-    return len(words) <= SHORT_INSTRUCTION_WORDS and not (len(words) >= 2 and words[-1].endswith(":"))
+    head = query[:cut].rstrip()
+    words = [w for w in (w.strip(":").strip("?!.,").lower() for w in head.split()) if w]
+    if len(words) > SHORT_INSTRUCTION_WORDS:
+        return False
+    introduces_material = head.endswith(":") and len(words) >= 2 and words[-1] not in LABEL_WORDS
+    return not introduces_material
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -189,5 +197,5 @@ class HeadInputs:
         return np.hstack(cols).astype(np.float32, copy=False)
 
 
-__all__ = ["INSTRUCTION_WEIGHT", "POOLINGS", "SHORT_INSTRUCTION_WORDS", "HeadInputs", "instruction_end",
+__all__ = ["INSTRUCTION_WEIGHT", "LABEL_WORDS", "POOLINGS", "SHORT_INSTRUCTION_WORDS", "HeadInputs", "instruction_end",
            "short_instruction"]

@@ -159,7 +159,8 @@ def test_a_greeting_or_label_before_a_hard_request_does_not_lower_it():
             "why the risk-free rate replaces it.")
     alone = est.estimate(_features(task)).p_hard
     lowered = 0
-    for preamble in ("Hello there. ", "Question: ", "Hi! I have a question.\n", "Thanks in advance!\n"):
+    for preamble in ("Hello there. ", "Question: ", "Hi! I have a question.\n", "Thanks in advance!\n",
+                     "Quick question: ", "Here is my question:\n", "Question : "):
         f = _features(preamble + task)
         assert short_instruction(f.query_text)
         pooled_only = float(est.predict_matrix(est.feature_vector(f))[0])
@@ -168,5 +169,6 @@ def test_a_greeting_or_label_before_a_hard_request_does_not_lower_it():
         assert got.p_hard >= pooled_only and got.p_hard == pytest.approx(alone, abs=0.03), (preamble, got, alone)
         assert est.estimate_batch([f])[0] == pytest.approx(got.p_hard, abs=1e-6)
     assert lowered >= 2  # the pooled reading alone does lower it: the test would fail without the whole reading
-    long_ask = "Could you please check this message for spelling mistakes and fix them? "
-    assert instruction_end(long_ask + NOTE) and not short_instruction(long_ask + NOTE)  # a real instruction
+    for ask in ("Could you please check this message for spelling mistakes and fix them? ", "Summarize this: ",
+                "Translate this into German: "):  # real instructions, read pooled alone
+        assert instruction_end(ask + NOTE) and not short_instruction(ask + NOTE), ask
