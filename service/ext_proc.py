@@ -58,9 +58,10 @@ read for usage (``ext_proc_body.UsageReader``); the served endpoint is read from
 ``metadata_context["envoy.lb"]["x-gateway-destination-endpoint-served"]``. At the end of the
 response body the outcome is recorded in the background: status ``ok`` (2xx) or ``error``
 (``upstream HTTP <status>``), usage, the serving target (the served endpoint's), the model that
-answered, ``ttft_ms`` (request headers to first response byte), ``e2e_latency_ms`` and
-``tpot_ms``. A stream that ends before the response body did (the client went away: Envoy
-resets the stream) is recorded as ``cancelled`` (its budget hold is released).
+answered, ``ttft_ms`` (request headers to first response byte; not for an ``error``, whose body
+is no answer), ``e2e_latency_ms`` and ``tpot_ms``. A stream that ends before the response body did
+(the client went away: Envoy resets the stream) is recorded as ``cancelled``: its budget hold is
+released, or its estimate booked when its answer had started (``ttft_ms``).
 
 Not supported: STREAMED and BUFFERED_PARTIAL request body modes (each chunk must be answered before
 the next arrives, so the headers could not carry the decision): such a stream is answered **500**
@@ -439,8 +440,8 @@ class _Stream:
             fields["status"], fields["error"] = "error", f"upstream HTTP {self.status}"
         else:
             fields["status"] = "ok"
-        if self.t_first is not None:
-            fields["ttft_ms"] = (self.t_first - self.t0) * 1e3
+        if self.t_first is not None and fields["status"] != "error":  # an error body's first byte is no token:
+            fields["ttft_ms"] = (self.t_first - self.t0) * 1e3          # without ttft_ms the hold is released
         if summary is not None and summary.usage:
             fields["usage"] = dict(summary.usage)
         out: OutcomeIn | None

@@ -18,10 +18,10 @@ decision id, usage, TTFT/TPOT/end-to-end latency, status, quality signals). In o
 3. each stored, duplicate or forwarded non-shadow outcome settles its decision
    (``FleetState.settle``: actual cost from the reported usage into the budget ledger, or the
    spend journal while the ledger is unavailable; in-flight load released). An outcome with an
-   error/timeout/cancelled status and no usage means the request never ran: its hold is released
-   instead. An ``ok`` outcome without usage books the decision's estimate, and so does a
-   ``cancelled`` one with a ``ttft_ms`` (its answer had started, so it ran). Settling is idempotent, so a retried
-   outcome settles at most once. Shadow outcomes (evaluation traffic) never touch budgets.
+   error/timeout/cancelled status, no usage and no ``ttft_ms`` means the request never ran: its hold is
+   released instead. An ``ok`` outcome without usage books the decision's estimate, and so does an
+   error/timeout/cancelled one with a ``ttft_ms`` (its answer had started, so it ran and is billed).
+   Settling is idempotent, so a retried outcome settles at most once. Shadow outcomes (evaluation traffic) never touch budgets.
    An outcome of an escalated decision (``POST /v1/verify`` said escalate; its draft was
    settled then) settles the escalation, ``<decision_id>/escalation``, on the escalation's
    target: the gateway reports one outcome per decision, stored once. Reported under the decision
@@ -165,11 +165,10 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str
     usage = item.usage
     reported = usage if usage is not None and usage.prompt_tokens is not None \
         and usage.completion_tokens is not None else None  # OutcomeIn requires both with usage
-    # an ok answer without usage books the estimate, and so does a cancelled one whose answer had started
-    # (ttft_ms): it ran, and the upstream bills what it generated; released, a client cancelling every
-    # stream just before its usage chunk spent nothing against its budget
-    books_estimate = reported is None and (item.status == "ok" or (item.status == "cancelled"
-                                                                  and item.ttft_ms is not None))
+    # an ok answer without usage books the estimate, and so does a cancelled, failed or timed-out one whose
+    # answer had started (ttft_ms): it ran, and the upstream bills what it generated; released, a client
+    # cancelling every stream just before its usage chunk spent nothing against its budget
+    books_estimate = reported is None and (item.status == "ok" or item.ttft_ms is not None)
     target = item.served_target
     known: Known | None = None
     settle_id = item.decision_id

@@ -411,3 +411,21 @@ def test_bad_key_settings_are_rejected_without_echoing_the_secret(tmp_path):
     assert "short" not in str(exc.value).replace("at least", "")
     with pytest.raises(ValueError, match="configured twice"):
         make_app(tmp_path, gateway_api_keys="a=same-secret-1", admin_api_keys="b=same-secret-1")
+
+
+def test_a_failed_or_timed_out_answer_that_had_started_books_its_estimate(client):
+    """An error or timeout after the first token (``ttft_ms``) ran and is billed by the upstream: without
+    usage it books the decision's estimate, as a cancelled stream that had started does; one that never
+    started releases its hold (found by a fresh-eyes tester: they released it, so a client could spend
+    nothing by reporting each answer as failed mid-stream)."""
+    ids = [route(client)["decision_id"] for _ in range(4)]
+    batch = [{"decision_id": ids[0], "status": "error", "error": "upstream 500 mid-stream", "ttft_ms": 120.0},
+             {"decision_id": ids[1], "status": "timeout", "ttft_ms": 95.0},
+             {"decision_id": ids[2], "status": "error", "error": "upstream 500"},
+             {"decision_id": ids[3], "status": "timeout"}]
+    acks = client.post("/v1/outcomes", json=batch).json()["acks"]
+    for ack in acks[:2]:
+        assert ack["settlement"] is not None and ack["settlement"]["actual_cost_usd"] > 0, ack
+        assert ack["released"] is False, ack
+    for ack in acks[2:]:
+        assert ack["released"] is True and ack["settlement"] is None, ack
