@@ -45,9 +45,11 @@ INSTRUCTION_WEIGHT = 2.0
 #: then also reads the query as one mean and keeps the larger ``p_hard`` (``short_instruction``; the safe side).
 SHORT_INSTRUCTION_WORDS = 5
 #: Words that make a colon a label's, not an instruction's: "Quick question:", "Here is my question:",
-#: "Background info:" announce the request itself, where "Summarize this:" announces material.
-LABEL_WORDS = frozenset("question questions q query context background info information problem task prompt "
-                        "request note details frage pregunta domanda vraag".split())
+#: "Background info:" announce the request itself (or its context), where "Summarize this note:" announces
+#: material. "Answer this question:" counts as a label too: the rest is the task, and reading it whole is
+#: the safe side.
+LABEL_WORDS = frozenset("question questions q query context background problem task frage pregunta domanda "
+                        "vraag".split())
 #: Where an instruction can end: after a line break, or after a colon, question mark or full stop and a
 #: space. Every cut is just after a whitespace character, so WordPiece (which never joins across
 #: whitespace) gives the query's ids as the instruction's ids followed by the rest's.
@@ -70,7 +72,7 @@ def instruction_end(query: str) -> int:
 def short_instruction(query: str) -> bool:
     """Whether ``query``'s instruction (``instruction_end``) may be a preamble, so the pooled reading alone
     could miss the task after it: at most ``SHORT_INSTRUCTION_WORDS`` words, unless they are two or more
-    ending with a colon whose last word is not a label's (``LABEL_WORDS``)."""
+    ending with a colon and holding no label's word (``LABEL_WORDS``)."""
     cut = instruction_end(query)
     if not cut:
         return False
@@ -78,7 +80,7 @@ def short_instruction(query: str) -> bool:
     words = [w for w in (w.strip(":").strip("?!.,").lower() for w in head.split()) if w]
     if len(words) > SHORT_INSTRUCTION_WORDS:
         return False
-    introduces_material = head.endswith(":") and len(words) >= 2 and words[-1] not in LABEL_WORDS
+    introduces_material = head.endswith(":") and len(words) >= 2 and LABEL_WORDS.isdisjoint(words)
     return not introduces_material
 
 

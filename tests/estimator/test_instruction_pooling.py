@@ -170,5 +170,5 @@ def test_a_greeting_or_label_before_a_hard_request_does_not_lower_it():
         assert est.estimate_batch([f])[0] == pytest.approx(got.p_hard, abs=1e-6)
     assert lowered >= 2  # the pooled reading alone does lower it: the test would fail without the whole reading
     for ask in ("Could you please check this message for spelling mistakes and fix them? ", "Summarize this: ",
-                "Translate this into German: "):  # real instructions, read pooled alone
+                "Translate this into German: ", "Summarize this note: "):  # real instructions, read pooled alone
         assert instruction_end(ask + NOTE) and not short_instruction(ask + NOTE), ask
