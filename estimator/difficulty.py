@@ -149,7 +149,8 @@ class DifficultyEstimator:
         """Whether ``features`` is pooled with an instruction short enough to be a preamble
         (``head_inputs.short_instruction``): then the query read as one mean is scored too, and the larger
         ``p_hard`` counts ("Hello there. <a derivation>" must not read as "Hello there.")."""
-        return self._inputs.pools(features) and short_instruction(features.query_text)
+        cut = self._inputs.instruction_cut(features)
+        return cut > 0 and short_instruction(features.query_text[:cut])
 
     def feature_matrix(self, features: list[RequestFeatures]) -> np.ndarray:
         """Head inputs for many requests: float32 (n, n_features)."""

@@ -69,14 +69,11 @@ def instruction_end(query: str) -> int:
     return 0
 
 
-def short_instruction(query: str) -> bool:
-    """Whether ``query``'s instruction (``instruction_end``) may be a preamble, so the pooled reading alone
-    could miss the task after it: at most ``SHORT_INSTRUCTION_WORDS`` words, unless they are two or more
-    ending with a colon and holding no label's word (``LABEL_WORDS``)."""
-    cut = instruction_end(query)
-    if not cut:
-        return False
-    head = query[:cut].rstrip()
+def short_instruction(instruction: str) -> bool:
+    """Whether ``instruction`` (a query cut at ``instruction_end``) may be a preamble, so the pooled reading
+    alone could miss the task after it: at most ``SHORT_INSTRUCTION_WORDS`` words, unless they are two or
+    more ending with a colon and holding no label's word (``LABEL_WORDS``)."""
+    head = instruction.rstrip()
     words = [w for w in (w.strip(":").strip("?!.,").lower() for w in head.split()) if w]
     if len(words) > SHORT_INSTRUCTION_WORDS:
         return False
@@ -121,14 +118,16 @@ class HeadInputs:
             return list(fast([text], add_special_tokens=False)[0].ids)
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def pools(self, f: RequestFeatures) -> bool:
-        """Whether this layout pools ``f``'s embedding with its instruction apart (``instruction_end``)."""
-        return self.pooling == "instruction" and not (self.reads_conversation and f.context_text) \
-            and instruction_end(f.query_text) > 0
+    def instruction_cut(self, f: RequestFeatures) -> int:
+        """Where this layout pools ``f``'s instruction apart from the rest (``instruction_end``), 0 when it
+        reads the query as one mean (``mean`` pooling, a turn read with its context, no instruction found)."""
+        if self.pooling != "instruction" or (self.reads_conversation and f.context_text):
+            return 0
+        return instruction_end(f.query_text)
 
     def _embed(self, f: RequestFeatures, ids: list[int] | None, pooled: bool = True) -> np.ndarray:
         context = f.context_text if self.reads_conversation else ""
-        cut = instruction_end(f.query_text) if pooled and self.pooling == "instruction" and not context else 0
+        cut = self.instruction_cut(f) if pooled else 0
         if cut:
             return self._instruction_pooled(f.query_text, cut, ids)
         if self._takes_ids:
@@ -190,7 +189,7 @@ class HeadInputs:
             ids = [self._ids(f.query_text) for f in features]
         for i, f in enumerate(features):  # the rows whose embedding is not the query window's alone
             context = self.reads_conversation and bool(f.context_text)
-            if context or (pooled and self.pools(f)):
+            if context or (pooled and self.instruction_cut(f)):
                 emb[i] = self._embed(f, ids[i], pooled)
         cols = [emb, request_matrix(features)]
         if self._rarity is not None or self.reads_conversation:

@@ -162,7 +162,8 @@ def test_a_greeting_or_label_before_a_hard_request_does_not_lower_it():
     for preamble in ("Hello there. ", "Question: ", "Hi! I have a question.\n", "Thanks in advance!\n",
                      "Quick question: ", "Here is my question:\n", "Question : "):
         f = _features(preamble + task)
-        assert short_instruction(f.query_text)
+        cut = instruction_end(f.query_text)
+        assert cut and short_instruction(f.query_text[:cut])
         pooled_only = float(est.predict_matrix(est.feature_vector(f))[0])
         lowered += pooled_only < alone - 0.05
         got = est.estimate(f)
@@ -171,4 +172,5 @@ def test_a_greeting_or_label_before_a_hard_request_does_not_lower_it():
     assert lowered >= 2  # the pooled reading alone does lower it: the test would fail without the whole reading
     for ask in ("Could you please check this message for spelling mistakes and fix them? ", "Summarize this: ",
                 "Translate this into German: ", "Summarize this note: "):  # real instructions, read pooled alone
-        assert instruction_end(ask + NOTE) and not short_instruction(ask + NOTE), ask
+        cut = instruction_end(ask + NOTE)
+        assert cut and not short_instruction((ask + NOTE)[:cut]), ask
