@@ -4,7 +4,8 @@ draft the decision's target answered (or its first tokens) and gets back ``accep
 
 In order (in a worker thread; same auth as ``/v1/route``):
 
-1. the body is validated (422 naming the field); the decision must be held here
+1. the body is validated (422 naming the field; usage beyond the decision's target's context window
+   x ``CONTEXT_TOLERANCE`` too, as ``POST /v1/outcomes`` refuses it); the decision must be held here
    (``cascade.PendingDrafts``): 404 ``unknown_decision`` when nothing knows it, 410
    ``decision_expired`` when it is older than ``POINTSMAN_VERIFY_TTL_S`` or its context is not
    on this replica (its signed id or the outcome log knows it, memory does not);
@@ -37,6 +38,7 @@ from pointsman.errors import BudgetError, DataError
 from pointsman.estimator.draft import draft_features
 from pointsman.estimator.verifier import Verifier
 from pointsman.json_types import JSONValue
+from pointsman.outcome import check_usage_fits
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.escalation import draft_signals
 from pointsman.policy.fleet import FrontierTarget
@@ -86,6 +88,10 @@ def _first_verify(rt: Runtime, body: VerifyIn, verifier: Verifier, pending: Pend
         raise HTTPError(409, f"decision {decision.decision_id} is already settled (its outcome arrived or it was "
                              "released): verify before reporting the outcome", type="conflict_error",
                         code="decision_settled", param="decision_id")
+    target = engine.fleet.targets.get(decision.target)
+    impossible = check_usage_fits(body.usage, target.context_window_tokens, decision.target) if target else None
+    if impossible is not None:  # as POST /v1/outcomes: such usage would book dollars against the budget
+        raise HTTPError(422, impossible.message, param=impossible.field, code="invalid_value")
     features = draft_features(body.as_draft(), decision.prompt_tokens, decision.p_hard)
     try:
         p_bad = float(verifier.p_bad(features))
@@ -93,7 +99,6 @@ def _first_verify(rt: Runtime, body: VerifyIn, verifier: Verifier, pending: Pend
         p_bad = math.nan
     if not 0.0 <= p_bad <= 1.0:
         p_bad = 0.5
-    target = engine.fleet.targets.get(decision.target)
     on_prem = target is not None and not isinstance(target, FrontierTarget)
     draft = draft_signals(features, p_bad, verifier.version, decision.target, on_prem)
     try:

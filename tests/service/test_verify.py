@@ -263,3 +263,21 @@ def test_bad_or_odd_drafts_of_real_decisions_never_5xx(shared, text, finish, log
     if r.status_code == 200:
         assert r.json()["action"] in ("accept", "escalate")
         shared.post("/v1/outcomes", json={"decision_id": d["decision_id"], "status": "ok"})
+
+
+def test_impossible_draft_usage_is_a_422_and_books_nothing(tmp_path):
+    """The outcome path refuses usage beyond the serving target's context window (one gateway bug
+    reporting 10^8 tokens must not book dollars against a tenant and lock it out); the verify settles the
+    draft from its usage too, so it must refuse the same usage, before anything is decided or booked."""
+    client, engine = _app(tmp_path)
+    with client:
+        d = _route(client)
+        huge = {"prompt_tokens": 100_000_000, "completion_tokens": 100_000_000}
+        r = client.post("/v1/verify", json={"decision_id": d["decision_id"], "draft": {"text": GOOD},
+                                            "usage": huge})
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["param"] == "usage.prompt_tokens"
+        assert engine.state.record(d["decision_id"]) is not None  # nothing settled: the draft is still in flight
+        ok = client.post("/v1/verify", json={"decision_id": d["decision_id"], "draft": {"text": GOOD},
+                                             "usage": {"prompt_tokens": 12, "completion_tokens": 120}})
+        assert ok.status_code == 200 and ok.json()["draft_settlement"]["actual_cost_usd"] < 0.01
