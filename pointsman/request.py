@@ -92,13 +92,15 @@ class ImagePart(_Part):
 
 
 class AudioPart(_Part):
-    """``{"type": "input_audio", ...}``; counted, not inspected."""
+    """``{"type": "input_audio", ...}``; not inspected: no token count (its length is not known), but the
+    request needs a target with ``capabilities.audio``."""
 
     type: Literal["input_audio"]
 
 
 class FilePart(_Part):
-    """``{"type": "file", ...}``; counted, not inspected."""
+    """``{"type": "file", ...}`` (a PDF, ...); not inspected: no token count (its length is not known), but
+    the request needs a target with ``capabilities.files``."""
 
     type: Literal["file"]
 
@@ -174,6 +176,10 @@ class ChatMessage(BaseModel):
             return sum(isinstance(p, ImagePart) for p in self.content)
         return 0
 
+    def has_part(self, kind: type[AudioPart] | type[FilePart]) -> bool:
+        """Whether the content has a part of ``kind`` (``AudioPart``, ``FilePart``)."""
+        return isinstance(self.content, list) and any(isinstance(p, kind) for p in self.content)
+
 
 def _not_bool(v: object) -> object:
     """JSON ``true``/``false`` is not a count: pydantic's lax mode would read it as 1/0."""
@@ -244,8 +250,13 @@ class RouteRequest(BaseModel):
         return self.max_completion_tokens or self.max_tokens
 
     def has_content(self) -> bool:
-        """True when any message carries text, an image or a tool call."""
-        return any(m.text().strip() or m.n_images() or m.tool_calls for m in self.messages)
+        """True when any message carries text, an image, audio, a file or a tool call."""
+        return any(m.text().strip() or m.n_images() or m.tool_calls or m.has_part(AudioPart) or m.has_part(FilePart)
+                   for m in self.messages)
+
+    def has_part(self, kind: type[AudioPart] | type[FilePart]) -> bool:
+        """Whether any message has a content part of ``kind`` (``AudioPart``, ``FilePart``)."""
+        return any(m.has_part(kind) for m in self.messages)
 
 
 def _is_branch_label(item: object) -> bool:
@@ -294,7 +305,8 @@ def parse_route_request(body: object) -> RouteRequest:
         # Discriminated unions add the tag to loc; keep it readable.
         raise RequestError(_message(err), field=_loc(tuple(err["loc"])) or None) from None
     if not request.has_content():
-        raise RequestError("prompt is empty: no message has text, images or tool calls", field="messages")
+        raise RequestError("prompt is empty: no message has text, images, audio, files or tool calls",
+                           field="messages")
     return request
 
 

@@ -106,10 +106,13 @@ class Endpoint(StrictModel):
 
 
 class Capabilities(StrictModel):
-    """What requests a target can serve: tool calls, image inputs."""
+    """What requests a target can serve: tool calls, image inputs, audio inputs (``input_audio``
+    parts), file inputs (``file`` parts: PDFs, ...)."""
 
     tools: bool = True
     images: bool = False
+    audio: bool = False
+    files: bool = False
 
 
 class Pool(StrictModel):

@@ -7,7 +7,8 @@ They run in this order, and the first that removes a target names it:
 
 - ``context-window``: the prompt's tokens (``request.prompt_tokens_upper``, a safe-side upper bound)
   plus the client's output cap (1 token when uncapped) must fit the target's ``context_window_tokens``.
-- ``capabilities``: image inputs need ``capabilities.images``; tools need ``capabilities.tools``.
+- ``capabilities``: image inputs need ``capabilities.images``, audio inputs ``capabilities.audio``, file
+  inputs ``capabilities.files``; tools need ``capabilities.tools``.
 - ``tenants``: a target with an allow-list (``filters.tenants``) takes only those tenants
   (a request without a tenant is on no list).
 - ``health``: a target needs at least one endpoint not marked unhealthy.
@@ -73,9 +74,14 @@ def context_window(name: str, target: OnPremTarget | FrontierTarget, ctx: Filter
 
 
 def capabilities(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterContext) -> str | None:
-    """Ineligible when the request has images (tools) and the target does not take them."""
-    if ctx.request["has_images"] and not target.capabilities.images:
+    """Ineligible when the request has images (audio, files, tools) and the target does not take them."""
+    caps = target.capabilities
+    if ctx.request["has_images"] and not caps.images:
         return "does not accept image inputs"
+    if ctx.request["has_audio"] and not caps.audio:
+        return "does not accept audio inputs"
+    if ctx.request["has_files"] and not caps.files:
+        return "does not accept file inputs"
     if ctx.request["has_tools"] and not target.capabilities.tools:
         return "does not support tools"
     return None

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from typing_extensions import TypedDict
 
 from pointsman.json_types import JSONValue
+from pointsman.request import AudioPart, FilePart
 
 if TYPE_CHECKING:  # pragma: no cover
     from pointsman.estimator.estimate import DifficultyEstimate
@@ -60,6 +61,8 @@ class RequestSignals(TypedDict):
     has_tools: bool
     has_images: bool
     images: int
+    has_audio: bool
+    has_files: bool
     tenant: str
     team: str
     session_id: str
@@ -249,6 +252,8 @@ SIGNALS: dict[str, Namespace] = {
         "has_tools": Signal("bool", "tools declared, or tool calls/results in the conversation"),
         "has_images": Signal("bool", "any image part in the conversation"),
         "images": Signal("int", "number of image parts"),
+        "has_audio": Signal("bool", "any input_audio part in the conversation (not counted in prompt_tokens)"),
+        "has_files": Signal("bool", "any file part (a PDF, ...) in the conversation (not counted in prompt_tokens)"),
         "tenant": Signal("string", "routing.tenant, '' when absent"),
         "team": Signal("string", "routing.team, '' when absent"),
         "session_id": Signal("string", "routing.session_id, '' when absent"),
@@ -444,6 +449,8 @@ def request_signals(features: RequestFeatures, view: RequestView, default_output
         "has_tools": features.has_tools,
         "has_images": features.has_images,
         "images": features.n_images,
+        "has_audio": request.has_part(AudioPart),
+        "has_files": request.has_part(FilePart),
         "tenant": routing.tenant or "",
         "team": routing.team or "",
         "session_id": routing.session_id or "",
@@ -553,7 +560,8 @@ def example_signals(variables: Mapping[str, JSONValue] | None = None, targets: I
         "request": {
             "prompt_tokens": 100, "prompt_tokens_upper": 100,
             "max_output_tokens": 256, "max_output_tokens_set": False, "turns": 1,
-            "messages": 1, "has_tools": False, "has_images": False, "images": 0, "tenant": "", "team": "",
+            "messages": 1, "has_tools": False, "has_images": False, "images": 0, "has_audio": False, "has_files": False,
+            "tenant": "", "team": "",
             "session_id": "", "slo_class": "", "model": "",
         },
         "difficulty": {"p_hard": 0.5, "available": True},

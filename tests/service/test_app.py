@@ -88,6 +88,27 @@ def test_content_parts_images_tool_calls_and_results_work(client, messages):
         assert body["target"] == "onprem-8b"
 
 
+AUDIO = {"type": "input_audio", "input_audio": {"data": "UklGRiQAAABXQVZF" * 1000, "format": "wav"}}
+PDF = {"type": "file", "file": {"filename": "report.pdf", "file_data": "data:application/pdf;base64,JVBERi0x" * 1000}}
+
+
+def test_audio_and_file_parts_go_only_to_targets_that_take_them(client):
+    """An input_audio or file part is content (not "prompt is empty") and needs a target declaring
+    capabilities.audio / capabilities.files: the packaged fleet's open models are text-only, so a PDF
+    goes to the frontier (OpenAI reads PDFs) and audio finds no target (no audio model in the fleet),
+    never the on-prem Llama that cannot read either."""
+    pdf = post(client, {"messages": [{"role": "user", "content": [{"type": "text", "text": "Summarize this."}, PDF]}],
+                        "routing": {"explain": True}})
+    assert pdf.status_code == 200, pdf.text
+    assert pdf.json()["target"] == "frontier-small"
+    candidates = {c["target"]: c for c in pdf.json()["trace"]["candidates"]}
+    assert "file inputs" in json.dumps(candidates["onprem-8b"])
+    for content in ([{"type": "text", "text": "Transcribe this."}, AUDIO], [AUDIO]):
+        r = post(client, {"messages": [{"role": "user", "content": content}]})
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["code"] == "no_eligible_target" and "audio inputs" in r.json()["error"]["message"]
+
+
 def test_null_optional_fields_are_accepted(client):
     r = post(client, {"model": None, "messages": [USER, {"role": "assistant", "content": None, "name": None,
                                                           "tool_calls": None}, USER],
