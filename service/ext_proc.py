@@ -392,7 +392,7 @@ class _Stream:
         status = msg.headers.get(":status") or msg.headers.get("status") or ""
         self.status = int(status) if status.isdigit() else None
         sse = msg.headers.get("content-type", "").lower().startswith("text/event-stream")
-        self.reader = UsageReader(sse, self.rt.settings.max_body_bytes)
+        self.reader = UsageReader(sse, self.rt.settings.max_body_bytes, msg.headers.get("content-encoding", ""))
         if msg.end_of_stream:
             self.finish()
         return wire.headers_response("response", {DECISION_HEADER: self.decision.decision_id} if self.decision else None)
@@ -444,6 +444,10 @@ class _Stream:
             fields["ttft_ms"] = (self.t_first - self.t0) * 1e3          # without ttft_ms the hold is released
         if summary is not None and summary.usage:
             fields["usage"] = dict(summary.usage)
+        elif self.reader is not None and self.reader.undecodable and fields["status"] == "ok":
+            self.rt.metrics.unpriced_usage.labels("ext_proc").inc()
+            log.warning("decision %s: the response's content-encoding cannot be decoded, so its usage is not read; "
+                        "booking the estimate instead (gzip and deflate are read)", d.decision_id)
         out: OutcomeIn | None
         problem: object
         try:

@@ -9,11 +9,13 @@ body, JSON or a server-sent-event (SSE) stream. Plain functions of bytes; no pro
   None when nothing changes. The ``model`` value is spliced into the original bytes when the key
   ``"model"`` occurs once (about 0.01 ms on a 100,000-token body); otherwise the body is
   re-serialized (``json.dumps``, a few ms at that size).
-- ``UsageReader(sse, limit_bytes)``: fed the response body chunk by chunk; ``summary()`` gives
-  ``ResponseSummary(usage, model, complete)``. JSON bodies are kept up to ``limit_bytes`` and parsed
-  at the end; an SSE stream is read line by line (``data: {...}`` events; the last event
-  carrying ``usage`` wins; ``data: [DONE]`` marks a complete stream), holding at most one
-  unfinished line of up to ``limit_bytes``.
+- ``UsageReader(sse, limit_bytes, encoding)``: fed the response body chunk by chunk; ``summary()`` gives
+  ``ResponseSummary(usage, model, complete)``. A body sent with ``content-encoding: gzip`` or ``deflate``
+  (OpenAI compresses when the client accepts it, and Envoy hands ext_proc the encoded bytes) is decoded
+  as it comes; another encoding (``br``, ``zstd``) cannot be read (``undecodable``: no usage). JSON
+  bodies are kept up to ``limit_bytes`` (decoded) and parsed at the end; an SSE stream is read line
+  by line (``data: {...}`` events; the last event carrying ``usage`` wins; ``data: [DONE]`` marks a
+  complete stream), holding at most one unfinished line of up to ``limit_bytes``.
 
 Usage is kept in the upstream's own shape (``pointsman/usage_shapes.py`` reads and prices it):
 ``usage`` of a Chat Completions / Completions / Responses / Anthropic Messages / Bedrock Converse
@@ -30,9 +32,16 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 from dataclasses import dataclass
 
 from pointsman.json_types import JSONObject, JSONValue
+
+#: Content encodings the usage reader decodes (zlib: gzip, and deflate in the zlib format) and the identity ones.
+DECODED_ENCODINGS = frozenset({"gzip", "x-gzip", "deflate"})
+IDENTITY_ENCODINGS = frozenset({"", "identity"})
+#: Most decoded bytes produced per step (an encoded chunk may expand a thousandfold).
+_DECODE_STEP_BYTES = 65536
 
 #: A key ``"model"`` followed by a JSON string value; group 1 is the value with its quotes.
 _MODEL = re.compile(rb'"model"\s*:\s*("(?:[^"\\]|\\.)*")')
@@ -109,9 +118,14 @@ def usage_of(obj: JSONValue) -> tuple[JSONObject | None, str | None]:
 
 class UsageReader:
     """Reads usage from a response body fed in chunks (see the module). ``sse``: the body is an
-    event stream (``content-type: text/event-stream``)."""
+    event stream (``content-type: text/event-stream``); ``encoding``: its ``content-encoding``
+    (``gzip``/``deflate`` decoded; another one leaves ``undecodable`` True and reads nothing)."""
 
-    def __init__(self, sse: bool, limit_bytes: int) -> None:
+    def __init__(self, sse: bool, limit_bytes: int, encoding: str = "") -> None:
+        encoding = encoding.strip().lower()
+        self.undecodable = encoding not in DECODED_ENCODINGS | IDENTITY_ENCODINGS
+        # gzip, or HTTP's deflate (the zlib format, RFC 9110); wbits | 32 reads either header
+        self._inflate = zlib.decompressobj(zlib.MAX_WBITS | 32) if encoding in DECODED_ENCODINGS else None
         self.sse = sse
         self.limit_bytes = limit_bytes
         self._buf = bytearray()
@@ -122,8 +136,24 @@ class UsageReader:
         self.bytes_seen = 0
 
     def feed(self, chunk: bytes) -> None:
-        """Take the next chunk of the body."""
+        """Take the next chunk of the body (as it came, encoded or not)."""
         self.bytes_seen += len(chunk)
+        if self.undecodable:
+            return
+        if self._inflate is None:
+            self._feed(chunk)
+            return
+        try:
+            data = self._inflate.decompress(chunk, _DECODE_STEP_BYTES)
+            while True:
+                self._feed(data)
+                if not self._inflate.unconsumed_tail:
+                    break
+                data = self._inflate.decompress(self._inflate.unconsumed_tail, _DECODE_STEP_BYTES)
+        except zlib.error:  # not what its header says: nothing read from it is trusted
+            self.undecodable, self._buf, self.usage = True, bytearray(), None
+
+    def _feed(self, chunk: bytes) -> None:
         if self._over:
             if self.sse and b"\n" in chunk:  # resynchronise on the next line
                 self._over = False
@@ -164,6 +194,8 @@ class UsageReader:
 
     def summary(self) -> ResponseSummary:
         """What the body said, once it has ended."""
+        if self.undecodable:
+            return ResponseSummary(None, None, False)
         if self.sse:
             if self._buf and not self._over:
                 self._line(bytes(self._buf))

@@ -670,3 +670,61 @@ def test_an_unknown_gie_objective_gets_the_default_class_and_an_unknown_slo_clas
     assert ours["immediateResponse"]["status"]["code"] == "BadRequest"
     error = json.loads(base64.b64decode(ours["immediateResponse"]["body"]))["error"]
     assert error["param"] == "routing.slo_class" and "did you mean 'interactive'" in error["message"]
+
+
+@pytest.mark.parametrize("sse", [False, True], ids=["json", "sse"])
+def test_a_gzip_encoded_response_has_its_usage_read(app, sse):
+    """OpenAI answers gzip when the client accepts it (httpx and the OpenAI SDK send Accept-Encoding: gzip), and
+    Envoy passes the upstream's encoded bytes to ext_proc: the usage must be read from the decoded body, not
+    lost (an ok outcome without usage books the decision's estimate: 64 output tokens here, not 3,000)."""
+    import gzip
+
+    usage = {"prompt_tokens": 12, "completion_tokens": 3000, "total_tokens": 3012}
+    if sse:
+        events = [{"choices": [{"delta": {"content": "Hi"}}], "model": "m", "usage": None},
+                  {"choices": [], "model": "m", "usage": usage}]
+        raw = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    else:
+        raw = json.dumps({"id": "c", "object": "chat.completion", "model": "m", "usage": usage,
+                          "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}}]}).encode()
+    body = gzip.compress(raw)
+    chunks = [body[:10], body[10:]]
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, chat("Say hello.", max_tokens=64, stream=sse))
+        meta = None
+        await call.write(wire.headers_request("response", {":status": "200", "content-encoding": "gzip",
+                                                           "content-type": "text/event-stream" if sse
+                                                           else "application/json"}, metadata=meta))
+        out = [wire.as_dict(await call.read())]
+        for i, chunk in enumerate(chunks):
+            await call.write(wire.body_request("response", chunk, i == len(chunks) - 1))
+            out.append(wire.as_dict(await call.read()))
+        await call.done_writing()
+        return req, out
+
+    req, resp = run(app, scenario)
+    assert b"".join(streamed(r, "response")[0] for r in resp[1:]) == body  # passed back as it came
+    out = outcome_of(app, set_headers(req[0])["x-pointsman-decision-id"])
+    assert out.status == "ok" and out.usage is not None
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (12, 3000)
+
+
+def test_usage_reader_decodes_gzip_and_deflate_in_any_cut_and_reads_nothing_from_brotli():
+    import gzip
+    import zlib
+
+    raw = json.dumps({"model": "m", "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}}).encode()
+    for encoding, body in (("gzip", gzip.compress(raw)), ("deflate", zlib.compress(raw)), ("", raw)):
+        for cut in (1, 3, len(body) // 2):
+            reader = UsageReader(False, 1_000_000, encoding)
+            for i in range(0, len(body), cut):
+                reader.feed(body[i:i + cut])
+            assert reader.summary().usage == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
+    reader = UsageReader(False, 1_000_000, "br")
+    reader.feed(raw)
+    assert reader.undecodable and reader.summary().usage is None
+    reader = UsageReader(False, 1_000_000, "gzip")  # not gzip at all
+    reader.feed(raw)
+    assert reader.undecodable and reader.summary().usage is None
