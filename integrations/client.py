@@ -21,9 +21,11 @@
 - ``report(outcome)``: queue one outcome (a dict shaped like ``OutcomeIn``,
   ``pointsman/outcome.py``) for ``POST /v1/outcomes``. Inside a running event loop it
   never blocks: outcomes are batched for ``flush_interval_s`` (at most ``MAX_BATCH`` per call)
-  and posted by a background task; transport errors are retried ``outcome_attempts`` times,
-  then the batch is dropped and counted (the reservation it would have settled expires in
-  the ledger). Without a running loop (a sync caller's logging thread) it posts at once.
+  and posted by a background task; transport errors and retryable answers (408 and 5xx: the
+  service's 503 ``outcome_log_unavailable`` or ``budget_ledger_unavailable`` acknowledged nothing,
+  or settles on the retry) are retried ``outcome_attempts`` times, then the batch is dropped and
+  counted (the reservation it would have settled expires in the ledger); another 4xx is dropped at
+  once. Without a running loop (a sync caller's logging thread) it posts at once.
   ``aflush()`` waits until everything queued so far has been posted.
 - Acknowledgements (``OutcomeAckOut`` dicts) of the last 10,000 outcomes are kept in
   ``acks`` (a deque), so callers and tests can see what the service stored. An item the
@@ -295,11 +297,13 @@ class PointsmanClient:
                 resp = await self._aclient().post("/v1/outcomes", json=batch, timeout=self.outcome_timeout_s)
             except httpx.HTTPError as exc:
                 reason = f"{type(exc).__name__}: {exc}"
-                if attempt + 1 < self.outcome_attempts:
-                    await asyncio.sleep(0.1 * 2 ** attempt)
-                continue
-            self._acked(batch, resp)
-            return
+            else:
+                if not _retryable(resp):
+                    self._acked(batch, resp)
+                    return
+                reason = f"HTTP {resp.status_code}: {_error_text(resp)}"
+            if attempt + 1 < self.outcome_attempts:
+                await asyncio.sleep(0.1 * 2 ** attempt)
         self._dropped(batch, reason)
 
     def post_outcomes(self, batch: Sequence[Mapping[str, object]]) -> None:
@@ -311,13 +315,14 @@ class PointsmanClient:
             except httpx.HTTPError as exc:
                 reason = f"{type(exc).__name__}: {exc}"
                 continue
-            self._acked(batch, resp)
-            return
+            if not _retryable(resp):
+                self._acked(batch, resp)
+                return
+            reason = f"HTTP {resp.status_code}: {_error_text(resp)}"
         self._dropped(batch, reason)
 
     def _acked(self, batch: Sequence[Mapping[str, object]], resp: httpx.Response) -> None:
-        if resp.status_code != 200:
-            # 4xx: the batch itself is wrong (a bug; retrying cannot help); 5xx: the service failed.
+        if resp.status_code != 200:  # 4xx: the batch itself is wrong (a bug; retrying cannot help)
             self._dropped(batch, f"HTTP {resp.status_code}: {_error_text(resp)}")
             return
         acks: list[JSONObject] = resp.json().get("acks", [])  # OutcomeAckOut dicts
@@ -348,6 +353,13 @@ class PointsmanClient:
             if self._sync is not None:
                 self._sync.close()
                 self._sync = None
+
+
+def _retryable(resp: httpx.Response) -> bool:
+    """Whether an outcomes answer asks for the same batch again: 408 (the body arrived too slowly) or a
+    5xx (the service stored nothing, or stored it and settles on the retry, which it acknowledges as
+    ``duplicate``)."""
+    return resp.status_code == 408 or resp.status_code >= 500
 
 
 def _error_code(resp: httpx.Response) -> str | None:

@@ -64,3 +64,53 @@ def test_a_full_outcome_log_disk_is_not_ready_and_a_retryable_503(tmp_path):
     assert result["outcome_while_full"] == "503 outcome_log_unavailable"
     assert result["readyz_after"] == 200 and result["outcome_retried_after"] == 200
     assert_conserved(result)
+
+
+def test_the_python_client_retries_a_503_outcome_instead_of_dropping_it(tmp_path, serve):
+    """The service answers a retryable 503 when its outcome log cannot take an outcome (nothing
+    acknowledged: retry); PointsmanClient dropped any non-200 batch at once, so a moment of a full disk
+    lost the outcome for good (its spend never booked, its hold left to expire). Against a real
+    ``pointsman serve`` whose outcome log fills up: the first post is a 503, the disk is freed, and the
+    client's retry is stored and settled."""
+    import asyncio
+
+    import httpx
+
+    from pointsman.integrations.client import PointsmanClient
+
+    try:
+        mount = chaos.tmpfs(tmp_path / "log", "16m")
+        log_dir = mount.__enter__()
+    except PermissionError as exc:
+        pytest.skip(str(exc))
+    try:
+        _, base = serve(tmp_path / "data", outcome_log=str(log_dir / "outcomes.db"))
+        seen: list[int] = []
+
+        class FreeTheDiskAfterA503(httpx.AsyncHTTPTransport):
+            async def handle_async_request(self, request):
+                response = await super().handle_async_request(request)
+                if request.url.path == "/v1/outcomes":
+                    seen.append(response.status_code)
+                    if response.status_code == 503:
+                        (log_dir / "filler").unlink()
+                return response
+
+        async def run() -> PointsmanClient:
+            client = PointsmanClient(base, transport=FreeTheDiskAfterA503(), flush_interval_s=0.0,
+                                     route_timeout_s=10.0)
+            decision = await client.aroute({"messages": [{"role": "user", "content": "Name three rivers."}]})
+            assert decision is not None
+            chaos.fill(log_dir)
+            client.report({"decision_id": decision["decision_id"], "status": "ok",
+                           "usage": {"prompt_tokens": 12, "completion_tokens": 40}})
+            await client.aclose()
+            return client
+
+        client = asyncio.run(run())
+        assert seen[0] == 503 and seen[-1] == 200, seen
+        assert client.stats["outcomes_dropped"] == 0
+        (ack,) = client.acks
+        assert ack["status"] == "stored" and ack["settlement"]["actual_cost_usd"] > 0
+    finally:
+        mount.__exit__(None, None, None)
