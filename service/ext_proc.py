@@ -183,14 +183,24 @@ def _error_body(exc: HTTPError) -> bytes:
     return json.dumps(exc.body()).encode()
 
 
+#: Most answers a request may count (``RouteRequest.n``'s bound).
+MAX_ANSWERS = 128
+
+
 def _chat_body(body: JSONObject) -> JSONObject:
-    """The body as a chat request for the decision: a Completions ``prompt`` becomes one user message."""
+    """The body as a chat request for the decision: a Completions ``prompt`` becomes one user message;
+    a list of prompts is a batch, answered (and billed) once per prompt, so its ``n`` answers per
+    prompt count as ``n`` x prompts answers (at most ``MAX_ANSWERS``)."""
     if "messages" in body or "prompt" not in body:
         return body
     prompt = body["prompt"]
-    text = prompt if isinstance(prompt, str) else "\n".join(p for p in prompt if isinstance(p, str)) \
-        if isinstance(prompt, list) else ""
-    return {**body, "messages": [{"role": "user", "content": text}]}
+    texts = [prompt] if isinstance(prompt, str) else [p for p in prompt if isinstance(p, str)] \
+        if isinstance(prompt, list) else []
+    out: JSONObject = {**body, "messages": [{"role": "user", "content": "\n".join(texts)}]}
+    n = body.get("n", 1)
+    if len(texts) > 1 and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+        out["n"] = min(MAX_ANSWERS, n * len(texts))
+    return out
 
 
 def _warn_unknown_objective(objective: str, slo_classes: Collection[str]) -> None:

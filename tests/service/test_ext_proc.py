@@ -728,3 +728,21 @@ def test_usage_reader_decodes_gzip_and_deflate_in_any_cut_and_reads_nothing_from
     reader = UsageReader(False, 1_000_000, "gzip")  # not gzip at all
     reader.feed(raw)
     assert reader.undecodable and reader.summary().usage is None
+
+
+def test_a_completions_batch_prompt_counts_an_answer_per_prompt(app):
+    """A Completions ``prompt`` list is a batch: the upstream answers each prompt (and ``n`` answers each),
+    billing every answer's output; the decision's output estimate (its hold) must count them all, as it
+    counts OpenAI's ``n``, not one answer for the whole batch."""
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, json.dumps({"model": "auto", "prompt": ["Name a river."] * 20,
+                                                    "max_tokens": 100, "n": 2}).encode(),
+                                  headers={**REQUEST_HEADERS, ":path": "/v1/completions"})
+        await call.done_writing()
+        return req
+
+    req = run(app, scenario)
+    decision_id = set_headers(req[0])["x-pointsman-decision-id"]
+    claims = app.state.runtime.live.engine.state.claims(decision_id)
+    assert claims is not None and claims.output_cap_tokens == 20 * 2 * 100
