@@ -108,7 +108,7 @@ from pointsman.request import RouteRequest, parse_route_request
 from pointsman.service import ext_proc_wire as wire
 from pointsman.service.auth import Principal
 from pointsman.service.bodies import DISCARD_LIMIT_BYTES, decode_json
-from pointsman.service.ext_proc_body import BodyBuffer, UsageReader, rewrite_request
+from pointsman.service.ext_proc_body import BodyBuffer, UsageReader, chat_request, rewrite_request
 from pointsman.service.http_errors import HTTPError, invalid, unavailable
 from pointsman.service.keys import KeySource
 from pointsman.service.routes_decisions import commit_decision
@@ -181,26 +181,6 @@ def destinations(decision: Decision, limit: int | None) -> list[str]:
 
 def _error_body(exc: HTTPError) -> bytes:
     return json.dumps(exc.body()).encode()
-
-
-#: Most answers a request may count (``RouteRequest.n``'s bound).
-MAX_ANSWERS = 128
-
-
-def _chat_body(body: JSONObject) -> JSONObject:
-    """The body as a chat request for the decision: a Completions ``prompt`` becomes one user message;
-    a list of prompts is a batch, answered (and billed) once per prompt, so its ``n`` answers per
-    prompt count as ``n`` x prompts answers (at most ``MAX_ANSWERS``)."""
-    if "messages" in body or "prompt" not in body:
-        return body
-    prompt = body["prompt"]
-    texts = [prompt] if isinstance(prompt, str) else [p for p in prompt if isinstance(p, str)] \
-        if isinstance(prompt, list) else []
-    out: JSONObject = {**body, "messages": [{"role": "user", "content": "\n".join(texts)}]}
-    n = body.get("n", 1)
-    if len(texts) > 1 and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
-        out["n"] = min(MAX_ANSWERS, n * len(texts))
-    return out
 
 
 def _warn_unknown_objective(objective: str, slo_classes: Collection[str]) -> None:
@@ -342,7 +322,7 @@ class _Stream:
         if not isinstance(body, dict):
             raise HTTPError(400, "request body is not a JSON object", code="invalid_body")
         try:
-            return body, parse_route_request(routing_context(_chat_body(body), self.headers, fleet.slo_classes))
+            return body, parse_route_request(routing_context(chat_request(body), self.headers, fleet.slo_classes))
         except RequestError as exc:
             err = invalid(exc)
             raise HTTPError(400, err.message, param=err.param, code=err.code) from None

@@ -89,6 +89,131 @@ def rewrite_request(raw: bytes, body: JSONObject, model: str | None) -> bytes | 
     return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+#: Most answers a request may count (``RouteRequest.n``'s bound).
+MAX_ANSWERS = 128
+#: Content part types of the Responses and Anthropic Messages APIs read as text (with the key holding it).
+_TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
+_IMAGE_PARTS = frozenset({"input_image", "image", "image_url"})
+_FILE_PARTS = frozenset({"input_file", "document", "file"})
+_AUDIO_PARTS = frozenset({"input_audio"})
+
+
+def chat_request(body: JSONObject) -> JSONObject:
+    """The request body as the chat request the decision reads (``pointsman.request.RouteRequest``):
+
+    - Chat Completions: as it is;
+    - Completions: ``prompt`` one user message; a list of prompts is a batch, answered (and billed)
+      once per prompt, so its ``n`` answers per prompt count as ``n`` x prompts answers (at most
+      ``MAX_ANSWERS``); token ids carry no text and are left out (an all-ids prompt is refused: empty);
+    - Responses (``input``): ``instructions`` a system message, ``input`` (a string, or message items
+      with ``input_text`` / ``input_image`` / ``input_file`` / ``input_audio`` parts, and
+      ``function_call`` / ``function_call_output`` items) the messages, ``max_output_tokens`` the cap;
+    - Anthropic Messages (``system`` beside ``messages``): the system prompt a system message, its
+      ``image`` / ``document`` / ``tool_use`` / ``tool_result`` blocks read as image, file and text.
+
+    So every prompt token is counted and every input kind reaches the capability filter."""
+    if "messages" in body:
+        if "system" not in body and not any(isinstance(m, dict) and isinstance(m.get("content"), list)
+                                            and any(isinstance(p, dict) and p.get("type") not in _CHAT_PARTS
+                                                    for p in m["content"]) for m in _list(body["messages"])):
+            return body
+        messages = [_message(m) for m in _list(body["messages"])]
+        system = body.get("system")
+        head = [] if system is None else [{"role": "system", "content": _content(system)}]
+        return {**{k: v for k, v in body.items() if k != "system"}, "messages": head + messages}
+    if "input" in body:
+        return _responses(body)
+    if "prompt" not in body:
+        return body
+    prompt = body["prompt"]
+    texts = [prompt] if isinstance(prompt, str) else [p for p in prompt if isinstance(p, str)] \
+        if isinstance(prompt, list) else []
+    out: JSONObject = {**body, "messages": [{"role": "user", "content": "\n".join(texts)}]}
+    n = body.get("n", 1)
+    if len(texts) > 1 and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+        out["n"] = min(MAX_ANSWERS, n * len(texts))
+    return out
+
+
+#: Chat Completions content part types (``pointsman.request.ContentPart``).
+_CHAT_PARTS = frozenset({"text", "image_url", "image", "input_audio", "file", "refusal"})
+
+
+def _list(value: JSONValue) -> list[JSONValue]:
+    return value if isinstance(value, list) else []
+
+
+def _text(value: JSONValue) -> str:
+    """The text of a string, a list of text blocks, or anything else (its JSON)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(b, dict) and isinstance(b.get("text"), str) for b in value):
+        return "\n".join(str(b["text"]) for b in value if isinstance(b, dict))
+    return "" if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def _part(block: JSONValue) -> JSONObject:
+    """One content block of any of the APIs as a Chat Completions part."""
+    if not isinstance(block, dict):
+        return {"type": "text", "text": _text(block)}
+    kind = block.get("type")
+    if not isinstance(kind, str):
+        return {"type": "text", "text": json.dumps(block, ensure_ascii=False)}
+    if kind in _TEXT_PARTS:
+        return {"type": "text", "text": _text(block.get(_TEXT_PARTS[kind]))}
+    if kind in _IMAGE_PARTS:
+        return {"type": "image_url", "image_url": block.get("image_url") or block.get("source")}
+    if kind in _FILE_PARTS:
+        return {"type": "file"}
+    if kind in _AUDIO_PARTS:
+        return {"type": "input_audio"}
+    if kind == "tool_use":
+        return {"type": "text", "text": f"{block.get('name', '')}({json.dumps(block.get('input'), ensure_ascii=False)})"}
+    if kind == "tool_result":
+        return {"type": "text", "text": _text(block.get("content"))}
+    return {"type": "text", "text": json.dumps(block, ensure_ascii=False)}  # counted as what it is
+
+
+def _content(value: JSONValue) -> JSONValue:
+    return [_part(b) for b in value] if isinstance(value, list) else _text(value)
+
+
+def _message(item: JSONValue) -> JSONValue:
+    if not isinstance(item, dict):
+        return item
+    if isinstance(item.get("content"), list):
+        return {**item, "content": _content(item["content"])}
+    return item
+
+
+def _responses(body: JSONObject) -> JSONObject:
+    """A Responses API body as a chat request (see ``chat_request``)."""
+    messages: list[JSONValue] = []
+    if body.get("instructions") is not None:
+        messages.append({"role": "system", "content": _text(body["instructions"])})
+    items = body["input"]
+    for item in items if isinstance(items, list) else [{"role": "user", "content": items}]:
+        if not isinstance(item, dict):
+            messages.append({"role": "user", "content": _text(item)})
+            continue
+        kind = item.get("type", "message")
+        if kind == "message" or "role" in item:
+            role = item.get("role")
+            role = role if isinstance(role, str) and role in ("system", "developer", "user", "assistant") else "user"
+            messages.append({"role": role, "content": _content(item.get("content"))})
+        elif kind == "function_call":
+            messages.append({"role": "assistant", "content": f"{item.get('name', '')}({_text(item.get('arguments'))})"})
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "content": _text(item.get("output"))})
+        else:  # reasoning, item references, ...: counted as their JSON
+            messages.append({"role": "user", "content": json.dumps(item, ensure_ascii=False)})
+    out: JSONObject = {k: v for k, v in body.items() if k not in ("input", "instructions", "max_output_tokens")}
+    out["messages"] = messages or [{"role": "user", "content": ""}]
+    if body.get("max_output_tokens") is not None:
+        out["max_tokens"] = body["max_output_tokens"]
+    return out
+
+
 @dataclass(frozen=True)
 class ResponseSummary:
     """What a response body said: ``usage`` in the upstream's shape (None when it reported none),

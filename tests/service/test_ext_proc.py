@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import json
 import logging
@@ -19,6 +20,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.outcome import parse_outcomes
@@ -746,3 +749,53 @@ def test_a_completions_batch_prompt_counts_an_answer_per_prompt(app):
     decision_id = set_headers(req[0])["x-pointsman-decision-id"]
     claims = app.state.runtime.live.engine.state.claims(decision_id)
     assert claims is not None and claims.output_cap_tokens == 20 * 2 * 100
+
+
+@pytest.mark.parametrize("path, body, prompt_floor", [
+    ("/v1/responses", {"model": "auto", "instructions": "Be terse. " * 500, "max_output_tokens": 300,
+                       "input": [{"role": "user", "content": [{"type": "input_text", "text": "Name a river."}]},
+                                 {"type": "function_call", "name": "lookup", "arguments": "{\"q\": \"rivers\"}"},
+                                 {"type": "function_call_output", "output": "Nile, Amazon"}]}, 1000),
+    ("/v1/responses", {"model": "auto", "input": "Name a river."}, 1),
+    ("/v1/messages", {"model": "auto", "max_tokens": 300, "system": "Be terse. " * 500,
+                      "messages": [{"role": "user", "content": "Name a river."},
+                                   {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "lookup",
+                                                                      "input": {"q": "rivers"}}]},
+                                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                                                 "content": "Nile, Amazon"}]}]}, 1000),
+], ids=["responses", "responses-string", "anthropic-messages"])
+def test_responses_and_anthropic_requests_are_routed_with_every_prompt_token(app, path, body, prompt_floor):
+    """The picker reads the usage of Responses and Anthropic Messages answers, so their requests come through
+    it too: a Responses body (``input``, ``instructions``) was refused 400 'messages: Field required', and an
+    Anthropic body's top-level ``system`` prompt was not counted (nor were its tool blocks accepted). Both are
+    routed now, the system prompt / instructions counted, the body forwarded as it came."""
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, json.dumps(body).encode(), headers={**REQUEST_HEADERS, ":path": path})
+        await call.done_writing()
+        return req
+
+    req = run(app, scenario)
+    assert "immediateResponse" not in req[0], req[0]
+    decision_id = set_headers(req[0])["x-pointsman-decision-id"]
+    claims = app.state.runtime.live.engine.state.claims(decision_id)
+    assert claims is not None and claims.prompt_tokens >= prompt_floor
+    assert claims.output_cap_tokens == (300 if "max" in json.dumps(body) else 0)
+    forwarded = json.loads(b"".join(streamed(r, "request")[0] for r in req[1:]))
+    assert {k: v for k, v in forwarded.items() if k != "model"} == {k: v for k, v in body.items() if k != "model"}
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5), lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(["type", "text", "role", "content", "input", "system", "messages", "prompt", "n", "name", "output", "arguments", "source", "image_url", "refusal"]), c, max_size=4), max_leaves=15)  # noqa: E501
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["messages", "system", "input", "prompt", "n", "instructions",
+                                        "max_output_tokens", "model"]), _JSON, max_size=4))
+def test_any_json_body_reads_as_a_chat_request_or_a_clear_request_error(body):
+    """Whatever a client sends, the picker's reading of it never raises anything but a ``RequestError``
+    (a 400 naming the field), never a ``TypeError`` that would end the stream ``INTERNAL``."""
+    from pointsman.errors import RequestError
+    from pointsman.service.ext_proc_body import chat_request
+
+    with contextlib.suppress(RequestError):
+        parse_route_request(chat_request(body))
