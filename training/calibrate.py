@@ -11,7 +11,7 @@ default; a request goes to the frontier when ``p_hard >= t``):
   (``policy.cost.estimate_cost`` at list prices, with the logged prompt tokens and the
   completion tokens of a logged frontier answer when there is one, else of any logged
   answer, else the fleet's output estimate), divided by the days the window's traffic
-  covers (at least one hour).
+  covers (at least ``MIN_SPAN_S``, one second; below a day the projection is printed with a warning).
 
 ``p_hard`` of each recent decision is re-scored with the serving model (``model``) when it
 was logged by another model version: from the logged head input when it is in the
