@@ -114,7 +114,7 @@ def budget(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterContext)
     if source.budget_fits(usd):
         return None
     b = source.budget_binding()
-    where = f" {b['scope']} has ${b['remaining_usd']:.6f} of ${b['limit_usd']:.2f} left this {b['window']}" if b else ""
+    where = f" {b['scope']} has ${b['remaining_usd']:.6f} of ${b['limit_usd']:.6f} left this {b['window']}" if b else ""
     return f"estimated ${usd:.6f} does not fit the budget:{where}".rstrip(":")
 
 

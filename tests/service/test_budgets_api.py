@@ -284,3 +284,14 @@ def test_only_the_routing_key_or_an_admin_reports_a_key_budgets_outcome(tmp_path
             r = c.post("/v1/outcomes", json={"decision_id": d["decision_id"], "status": "ok",
                                              "usage": {"prompt_tokens": 10, "completion_tokens": 5}}, headers=headers)
             assert r.status_code == 200 and r.json()["acks"][0]["status"] == "stored", r.text
+
+
+def test_a_refusal_names_a_small_limit_as_it_is(tmp_path):
+    """A limit under a cent was printed '$0.00' in the refusal ('has $0.000010 of $0.00 left'): the
+    limit is printed with the remaining amount's precision."""
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text(budgets_yaml(0.00001))
+    with app(tmp_path, budgets, watch_budgets=False) as c:
+        refused = c.post("/v1/route", json=BODY, headers=GATEWAY)
+        assert refused.status_code == 429, refused.text
+        assert "tenant:acme has $0.000010 of $0.000010 left this day" in refused.json()["error"]["message"]
