@@ -113,14 +113,14 @@ def chat_request(body: JSONObject) -> JSONObject:
 
     So every prompt token is counted and every input kind reaches the capability filter."""
     if "messages" in body:
-        if "system" not in body and not any(isinstance(m, dict) and isinstance(m.get("content"), list)
-                                            and any(isinstance(p, dict) and p.get("type") not in _CHAT_PARTS
-                                                    for p in m["content"]) for m in _list(body["messages"])):
+        if "system" not in body and not any(_foreign_parts(m) for m in _list(body["messages"])):
             return body
-        messages = [_message(m) for m in _list(body["messages"])]
+        messages: list[JSONValue] = []
         system = body.get("system")
-        head = [] if system is None else [{"role": "system", "content": _content(system)}]
-        return {**{k: v for k, v in body.items() if k != "system"}, "messages": head + messages}
+        if system is not None:
+            messages.append({"role": "system", "content": _content(system)})
+        messages += [_message(m) for m in _list(body["messages"])]
+        return {**{k: v for k, v in body.items() if k != "system"}, "messages": messages}
     if "input" in body:
         return _responses(body)
     if "prompt" not in body:
@@ -137,6 +137,13 @@ def chat_request(body: JSONObject) -> JSONObject:
 
 #: Chat Completions content part types (``pointsman.request.ContentPart``).
 _CHAT_PARTS = frozenset({"text", "image_url", "image", "input_audio", "file", "refusal"})
+
+
+def _foreign_parts(message: JSONValue) -> bool:
+    """Whether a message has content blocks that are no Chat Completions part (Anthropic's, ...)."""
+    content = message.get("content") if isinstance(message, dict) else None
+    return isinstance(content, list) and any(isinstance(p, dict) and p.get("type") not in _CHAT_PARTS
+                                             for p in content)
 
 
 def _list(value: JSONValue) -> list[JSONValue]:
