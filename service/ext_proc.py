@@ -447,6 +447,14 @@ class _Stream:
             out, problem = None, str(exc.errors(include_url=False)[0].get("ctx", {}).get("error") or exc)
         except DataError as exc:
             out, problem = None, str(exc)
+        if out is not None and problem is None and cancelled and summary is not None and not summary.complete \
+                and self._below_estimate(out):
+            # the client went away mid-answer: the usage read so far is partial (Anthropic's message_start
+            # carries a placeholder output count of 1), while the upstream generated, and bills, more
+            log.info("decision %s: the cancelled stream's partial usage (%s output tokens) is below the "
+                     "estimate; booking the estimate", d.decision_id, out.usage.completion_tokens if out.usage else None)
+            fields.pop("usage", None)
+            out = OutcomeIn.model_validate(fields)
         if out is not None and problem is None:
             n = out.usage.completion_tokens if out.usage is not None else None
             if self.t_first is not None and n is not None and n > 1:
@@ -463,6 +471,20 @@ class _Stream:
         except ValidationError:
             log.exception("could not build the outcome of decision %s", d.decision_id)
             return None
+
+
+    def _below_estimate(self, out: OutcomeIn) -> bool:
+        """Whether ``out``'s usage counts fewer output tokens than its decision's estimate (the client's
+        cap, or the target's output estimate)."""
+        d = self.decision
+        assert d is not None
+        fleet = self.rt.live.engine.fleet
+        target = out.served_target or d.target
+        if out.usage is None or target not in fleet.targets:
+            return False
+        record = self.rt.live.engine.state.known(d.decision_id)
+        cap = record.output_cap_tokens if record is not None else 0
+        return (out.usage.completion_tokens or 0) < fleet.output_tokens(target, cap or None)
 
 
 class _Picker:

@@ -799,3 +799,37 @@ def test_any_json_body_reads_as_a_chat_request_or_a_clear_request_error(body):
 
     with contextlib.suppress(RequestError):
         parse_route_request(chat_request(body))
+
+
+def test_a_cancelled_anthropic_stream_does_not_book_its_first_events_placeholder_output(app):
+    """Anthropic's message_start carries the input counts and a placeholder output count (1); the real one
+    comes in message_delta at the end. A client that went away mid-answer left only message_start's usage,
+    which booked 1 output token for an answer the upstream had been generating (and bills): a client
+    cancelling each stream before its end spent almost nothing. A cancelled stream's partial usage that
+    counts fewer output tokens than the decision's estimate books the estimate instead."""
+    start = _anthropic_stream().split(b"\n\n")[0] + b"\n\n"  # event: message_start, output_tokens 1
+    delta = b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0, ' \
+            b'"delta": {"type": "text_delta", "text": "Once upon a time"}}\n\n'
+    state = app.state.fleet_state
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, chat("Tell me a long story.", stream=True))
+        await response_phase(call, 200, "text/event-stream", [])
+        for chunk in (start, delta * 20):
+            await call.write(wire.body_request("response", chunk, False))
+            await call.read()
+        call.cancel()
+        return set_headers(req[0])
+
+    headers = run(app, scenario)
+    decision_id, target = headers["x-pointsman-decision-id"], headers["x-pointsman-target"]
+    before = state.ledger.effective_price_per_token(target, "day").completion_tokens
+    out = outcome_of(app, decision_id)
+    assert out.status == "cancelled"
+    deadline = time.monotonic() + 5
+    while state.record(decision_id) is not None:
+        assert time.monotonic() < deadline, "the cancelled request was never settled"
+        time.sleep(0.01)
+    booked = state.ledger.effective_price_per_token(target, "day").completion_tokens - before
+    assert booked == app.state.runtime.live.engine.fleet.output_tokens(target, None)  # before: 1
