@@ -281,3 +281,19 @@ def test_impossible_draft_usage_is_a_422_and_books_nothing(tmp_path):
         ok = client.post("/v1/verify", json={"decision_id": d["decision_id"], "draft": {"text": GOOD},
                                              "usage": {"prompt_tokens": 12, "completion_tokens": 120}})
         assert ok.status_code == 200 and ok.json()["draft_settlement"]["actual_cost_usd"] < 0.01
+
+
+def test_cache_parts_beyond_the_prompt_are_a_422_not_an_unsettled_draft(tmp_path):
+    """Usage whose cached tokens exceed the prompt cannot be priced: the verify answered 200 with a
+    draft_settlement error and left the draft's hold and load in place, and a corrected verify only
+    replayed that answer. It is a 422 naming the field now, and the corrected verify settles the draft."""
+    client, engine = _app(tmp_path)
+    with client:
+        d = _route(client)
+        bad = client.post("/v1/verify", json={"decision_id": d["decision_id"], "draft": {"text": GOOD},
+                                              "usage": {"cached_tokens": 5000, "completion_tokens": 120}})
+        assert bad.status_code == 422 and bad.json()["error"]["param"] == "usage.cached_tokens", bad.text
+        ok = client.post("/v1/verify", json={"decision_id": d["decision_id"], "draft": {"text": GOOD},
+                                             "usage": {"prompt_tokens": 12, "completion_tokens": 120}})
+        assert ok.status_code == 200 and "actual_cost_usd" in ok.json()["draft_settlement"], ok.text
+        assert engine.state.record(d["decision_id"]) is None
