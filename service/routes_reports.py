@@ -240,7 +240,8 @@ def _served_target(rt: Runtime, item: OutcomeIn) -> str | None:
     return None if known is None else known[0]
 
 
-def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "") -> OutcomeItemError | None:
+def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
+                  escalated_to: str | None = None) -> OutcomeItemError | None:
     """Whether ``item``'s usage is impossible on the target that served it (more tokens than its
     ``context_window_tokens`` x ``CONTEXT_TOLERANCE``, ``check_usage_fits``): the error naming
     the fields (under ``prefix``, ``[3]``), else None. Unknown targets are not checked (their outcome
@@ -249,10 +250,15 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "") -> OutcomeItem
     in-flight load would stay taken. So is an outcome of an escalated decision (held here) served by the
     draft's target: the verify settled that draft (an early verification cancels it), and taking its
     report as the decision's one outcome would book its tokens twice and settle the escalation with
-    them. Raises ``DataError`` (outcome log)."""
+    them; ``escalated_to``: the escalation's target when the item was reported under a signed escalation
+    id (any replica: the draft's target is its decision's, from the decision's signed id). Raises
+    ``DataError`` (outcome log)."""
     targets = rt.live.engine.fleet.targets
     at = f"{prefix}." if prefix else ""
     escalated = rt.cascade.escalated_from(item.decision_id) if item.served_target is not None else None
+    if escalated is None and escalated_to is not None and item.served_target is not None:
+        drafted = rt.live.engine.state.claims(item.decision_id)
+        escalated = None if drafted is None else (drafted.target, escalated_to)
     if escalated is not None and not item.shadow and item.served_target == escalated[0] != escalated[1]:
         return OutcomeItemError(((f"{at}served_target", (
             f"decision {item.decision_id} was escalated to '{escalated[1]}' at its verify, which settled the draft "
@@ -329,7 +335,8 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
             if escalation is not None:
                 items[i], escalations[i] = item, escalation
             record = state.known(item.decision_id)
-            problems[i] = usage_problem(rt, item, f"[{i}]" if indexed else "") \
+            problems[i] = usage_problem(rt, item, f"[{i}]" if indexed else "",
+                                        escalation[1] if escalation is not None else None) \
                 or not_the_callers(item, record, caller, f"[{i}]" if indexed else "")
             if problems[i] is not None:
                 continue

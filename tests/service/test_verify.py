@@ -297,3 +297,28 @@ def test_cache_parts_beyond_the_prompt_are_a_422_not_an_unsettled_draft(tmp_path
                                              "usage": {"prompt_tokens": 12, "completion_tokens": 120}})
         assert ok.status_code == 200 and "actual_cost_usd" in ok.json()["draft_settlement"], ok.text
         assert engine.state.record(d["decision_id"]) is None
+
+
+def test_the_cancelled_draft_reported_under_the_escalation_id_is_refused_on_any_replica(tmp_path):
+    """The replica that verified refuses an outcome of an escalated decision served by the draft's target
+    (the cancelled draft: the verify booked its tokens, and taking it as the one outcome would settle the
+    frontier escalation at the on-prem price). Another replica, given the signed escalation id, took it:
+    the escalation was booked as the draft's on-prem tokens and the frontier call's own outcome then only
+    replayed. The escalation id names its decision, whose signed id names the draft's target: refused too."""
+    key = "one secret every replica shares"
+    a_client, _ = _app(tmp_path / "a", decision_key=key)
+    b_client, _ = _app(tmp_path / "b", decision_key=key)
+    with a_client, b_client:
+        d = _route(a_client)
+        v = a_client.post("/v1/verify", json={"decision_id": d["decision_id"], "draft": {"text": REFUSAL, "partial": True},
+                                              "usage": {"completion_tokens": 11}}).json()
+        assert v["action"] == "escalate" and v["target"] != d["target"]
+        draft = {"decision_id": v["escalation_id"], "status": "cancelled", "served_target": d["target"],
+                 "usage": {"prompt_tokens": 12, "completion_tokens": 11}}
+        for client in (a_client, b_client):
+            r = client.post("/v1/outcomes", json=draft)
+            assert r.status_code == 422 and r.json()["error"]["param"] == "served_target", r.text
+        ok = b_client.post("/v1/outcomes", json={**draft, "status": "ok", "served_target": v["target"],
+                                                 "usage": {"prompt_tokens": 12, "completion_tokens": 300}})
+        s = ok.json()["acks"][0]["settlement"]
+        assert (s["target"], s["replayed"]) == (v["target"], False)
