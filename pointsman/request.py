@@ -180,6 +180,13 @@ class ChatMessage(BaseModel):
         """Whether the content has a part of ``kind`` (``AudioPart``, ``FilePart``)."""
         return isinstance(self.content, list) and any(isinstance(p, kind) for p in self.content)
 
+    def has_cache_control(self) -> bool:
+        """Whether this message or one of its content parts carries ``cache_control`` (a prompt-cache
+        breakpoint, Anthropic's explicit prompt caching as LiteLLM passes it)."""
+        if "cache_control" in (self.model_extra or {}):
+            return True
+        return isinstance(self.content, list) and any("cache_control" in (p.model_extra or {}) for p in self.content)
+
 
 def _not_bool(v: object) -> object:
     """JSON ``true``/``false`` is not a count: pydantic's lax mode would read it as 1/0."""
@@ -257,6 +264,12 @@ class RouteRequest(BaseModel):
     def has_part(self, kind: type[AudioPart] | type[FilePart]) -> bool:
         """Whether any message has a content part of ``kind`` (``AudioPart``, ``FilePart``)."""
         return any(m.has_part(kind) for m in self.messages)
+
+    def has_cache_control(self) -> bool:
+        """Whether a message, a content part or a tool marks a prompt-cache breakpoint (``cache_control``):
+        what a provider with explicit prompt caching (``FrontierTarget.prompt_cache``: Anthropic) caches."""
+        return any(m.has_cache_control() for m in self.messages) \
+            or any(isinstance(t, dict) and "cache_control" in t for t in self.tools or ())
 
 
 def _is_branch_label(item: object) -> bool:

@@ -6,7 +6,11 @@ Frontier (list prices, per 1M tokens)::
 
 ``cached_prompt_tokens`` is the expected cached prefix (the provider's prompt cache,
 tracked by the prefix index); providers cache only prompts of at least
-``prompt_cache_min_tokens`` (OpenAI: 1,024), so below that nothing is cached.
+``prompt_cache_min_tokens`` (OpenAI: 1,024), so below that nothing is cached. A target with
+explicit caching (``prompt_cache: explicit``, Anthropic) caches only a request that marks
+``cache_control``: unmarked, nothing is credited; marked, the uncached part of a long enough
+prompt is priced as a cache write (``usd_per_1m_cache_write_input_tokens``, else 1.25 x input),
+which errs high for the part after the last breakpoint.
 
 On-prem (GPU-seconds of each phase at the pool's full-load throughput, spread over
 the pool's current utilization, plus power for the busy GPU-seconds)::
@@ -76,19 +80,24 @@ def _check_utilization(name: str, value: float) -> float:
 def estimate_cost(name: str, target: OnPremTarget | FrontierTarget, mode: str, prompt_tokens: int,
                   output_tokens: int, cached_prompt_tokens: int = 0, utilization: float = 1.0, *,
                   prefill_utilization: float | None = None, decode_utilization: float | None = None,
-                  pools: tuple[Pool, Pool] | None = None) -> CostEstimate:
+                  pools: tuple[Pool, Pool] | None = None, cache_control: bool = False) -> CostEstimate:
     """Cost in USD of ``prompt_tokens`` in and ``output_tokens`` out on ``target`` in ``mode``
     (formulas in the module docstring). ``utilization`` applies to both phases unless
     ``prefill_utilization`` / ``decode_utilization`` are given; ``pools`` (prefill pool,
     decode pool) overrides the mode's pools (an aggregated request prefilled locally on a
-    decode endpoint runs both phases on the decode pool). Raises ``KeyError`` if the
-    target lacks the mode's pools and ``ValueError`` for a utilization outside (0, 1]."""
+    decode endpoint runs both phases on the decode pool). ``cache_control``: the request marks a
+    prompt-cache breakpoint (read by a frontier target with ``prompt_cache: explicit`` only). Raises
+    ``KeyError`` if the target lacks the mode's pools and ``ValueError`` for a utilization outside (0, 1]."""
     cached = max(0, min(cached_prompt_tokens, prompt_tokens))
     if isinstance(target, FrontierTarget):
-        if prompt_tokens < target.prompt_cache_min_tokens:
-            cached = 0
         p = target.prices
-        usd = ((prompt_tokens - cached) * p.usd_per_1m_input_tokens + cached * p.usd_per_1m_cached_input_tokens
+        p_uncached = p.usd_per_1m_input_tokens
+        if prompt_tokens < target.prompt_cache_min_tokens or (target.prompt_cache == "explicit" and not cache_control):
+            cached = 0
+        elif target.prompt_cache == "explicit":  # the marked prompt's uncached part is written to the cache
+            p_write = p.usd_per_1m_cache_write_input_tokens
+            p_uncached = CACHE_WRITE_MULTIPLIER * p_uncached if p_write is None else p_write
+        usd = ((prompt_tokens - cached) * p_uncached + cached * p.usd_per_1m_cached_input_tokens
                + output_tokens * p.usd_per_1m_output_tokens) / 1e6
         return CostEstimate(name, mode, usd, prompt_tokens, cached, output_tokens)
     u_p = _check_utilization("utilization", utilization if prefill_utilization is None else prefill_utilization)

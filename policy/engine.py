@@ -66,7 +66,13 @@ from pointsman.policy.selection.filters import (
 from pointsman.policy.selection.pd_mode import ModeDecision, decide_mode
 from pointsman.policy.selection.pickers import PICKERS, PoolPick, PoolView, base_url
 from pointsman.policy.signals.fleet_state import Dispatch, DispatchRecord, FleetState
-from pointsman.policy.signals.namespaces import RELATIVE_ROOTS, difficulty_signals, relative_key, request_signals
+from pointsman.policy.signals.namespaces import (
+    RELATIVE_ROOTS,
+    RequestSignals,
+    difficulty_signals,
+    relative_key,
+    request_signals,
+)
 from pointsman.policy.signals.prefix_index import block_hashes_from_ids, block_hashes_from_text
 from pointsman.policy.signals.source import SignalSource, number
 from pointsman.request import RequestView, RouteRequest
@@ -195,6 +201,16 @@ def block_hashes(view: RequestView) -> tuple[list[int], bool]:
         except TypeError as exc:
             raise RequestError(str(exc), field="routing.prefix_block_hashes") from None
     return block_hashes_from_text(view.conversation_utf8), False
+
+
+def cached_hashes(fleet: Fleet, target: str, hashes: list[int], request: RequestSignals) -> list[int]:
+    """The block hashes a dispatch to ``target`` leaves in its cache: none on a frontier target with
+    explicit prompt caching (``prompt_cache: explicit``) for a request that marks no ``cache_control``,
+    which the provider does not cache; else ``hashes``."""
+    t = fleet.targets.get(target)
+    if isinstance(t, FrontierTarget) and t.prompt_cache == "explicit" and not request.get("has_cache_control"):
+        return []
+    return hashes
 
 
 @dataclass(frozen=True)
@@ -375,7 +391,8 @@ class RoutingEngine:
             if dispatch:
                 try:
                     decision_id = self.state.dispatch(  # the id as dispatched: signed with its claims
-                        Dispatch(placed.record(base_id, view, features.prompt_tokens, live.now_mono), hashes,
+                        Dispatch(placed.record(base_id, view, features.prompt_tokens, live.now_mono),
+                                 cached_hashes(self.fleet, target, hashes, base["request"]),
                                  gateway_ids, routing.session_id or ""), now=live.now).decision_id
                 except BudgetExceeded as exc:
                     refusals[target] = Exclusion("budget", str(exc).removeprefix("budget exceeded: "))
@@ -512,7 +529,8 @@ class RoutingEngine:
             if dispatch:
                 try:
                     held = self.state.dispatch(Dispatch(placed.record(eid, view, features.prompt_tokens, live.now_mono),
-                                                        hashes, gateway_ids, view.routing.session_id or ""),
+                                                        cached_hashes(self.fleet, target, hashes, base["request"]),
+                                                        gateway_ids, view.routing.session_id or ""),
                                                now=live.now).decision_id  # signed (the state's signer)
                 except BudgetExceeded as exc:
                     refusals[target] = str(exc)

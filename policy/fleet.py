@@ -358,7 +358,12 @@ class FrontierTarget(StrictModel):
     ``tpot_p50_ms``; absent: ``latency.FRONTIER_TTFT_S`` / ``FRONTIER_TPOT_S``).
     ``prompt_cache_min_tokens`` / ``prompt_cache_ttl_s``: the provider caches prompt prefixes
     from this many tokens on and clears one unused for this many seconds (OpenAI: 1,024 tokens,
-    5-10 minutes); the cost estimate and replay credit a cached prefix only within the lifetime."""
+    5-10 minutes); the cost estimate and replay credit a cached prefix only within the lifetime.
+    ``prompt_cache``: ``automatic`` (OpenAI, DeepSeek, Gemini's implicit caching: every long enough
+    prompt is cached, writes bill as input) or ``explicit`` (Anthropic, Claude on Bedrock and Vertex:
+    only a request that marks a breakpoint with ``cache_control`` is cached, and its uncached prompt
+    bills as a cache write, ``usd_per_1m_cache_write_input_tokens``): the estimate of an unmarked
+    request credits no cache, and replay (whose requests carry no ``cache_control``) caches nothing."""
 
     kind: Literal["frontier"]
     provider: str = Field(min_length=1)
@@ -370,6 +375,7 @@ class FrontierTarget(StrictModel):
     prices: FrontierPrices
     prompt_cache_min_tokens: NonNegativeInt = 1024
     prompt_cache_ttl_s: NonNegativeFloat = 300.0
+    prompt_cache: Literal["automatic", "explicit"] = "automatic"
     default_output_tokens: PositiveInt | None = None
     ttft_median_s: PositiveFloat | None = None
     tpot_median_s: PositiveFloat | None = None

@@ -20,6 +20,7 @@ pool ``kv_cache_capacity_tokens``               KV blocks per replica (else deri
 ``shared_kv``                                   shared KV tier (capacity, restore bandwidth, latency)
 frontier ``prices``                             input, cached-input and output prices
 frontier ``prompt_cache_min_tokens``            the provider's prompt-cache threshold
+frontier ``prompt_cache: explicit``             no prompt cache (a trace's requests mark no cache_control)
 frontier ``context_window_tokens``              longest prompt + output it accepts
 ``replay.*`` (on-prem)                          GPU, weight precision, MFU, bandwidth efficiency,
                                                 overheads, scheduler limits (max_batch_size,
@@ -162,7 +163,8 @@ def _frontier(name: str, t: FrontierTarget) -> FrontierSpec:
         extra = {k: getattr(t.replay, k) for k in _FRONTIER_KEYS if getattr(t.replay, k) is not None}
     return FrontierSpec(name=name, input_usd_per_mtok=p.usd_per_1m_input_tokens,
                         output_usd_per_mtok=p.usd_per_1m_output_tokens,
-                        cached_input_usd_per_mtok=p.usd_per_1m_cached_input_tokens,
+                        # explicit caching caches only requests marking cache_control, which a trace's do not
+                        cached_input_usd_per_mtok=None if t.prompt_cache == "explicit" else p.usd_per_1m_cached_input_tokens,
                         prompt_cache_min_tokens=t.prompt_cache_min_tokens,
                         prompt_cache_ttl_s=t.prompt_cache_ttl_s, block_tokens=BLOCK_TOKENS,
                         max_model_len=t.context_window_tokens, **extra)

@@ -63,6 +63,7 @@ class RequestSignals(TypedDict):
     images: int
     has_audio: bool
     has_files: bool
+    has_cache_control: bool
     tenant: str
     team: str
     session_id: str
@@ -254,6 +255,8 @@ SIGNALS: dict[str, Namespace] = {
         "images": Signal("int", "number of image parts"),
         "has_audio": Signal("bool", "any input_audio part in the conversation (not counted in prompt_tokens)"),
         "has_files": Signal("bool", "any file part (a PDF, ...) in the conversation (not counted in prompt_tokens)"),
+        "has_cache_control": Signal("bool", "a message, content part or tool marks a prompt-cache breakpoint "
+                                            "(cache_control): what an explicit-cache frontier target caches"),
         "tenant": Signal("string", "routing.tenant, '' when absent"),
         "team": Signal("string", "routing.team, '' when absent"),
         "session_id": Signal("string", "routing.session_id, '' when absent"),
@@ -451,6 +454,7 @@ def request_signals(features: RequestFeatures, view: RequestView, default_output
         "images": features.n_images,
         "has_audio": request.has_part(AudioPart),
         "has_files": request.has_part(FilePart),
+        "has_cache_control": request.has_cache_control(),
         "tenant": routing.tenant or "",
         "team": routing.team or "",
         "session_id": routing.session_id or "",
@@ -561,6 +565,7 @@ def example_signals(variables: Mapping[str, JSONValue] | None = None, targets: I
             "prompt_tokens": 100, "prompt_tokens_upper": 100,
             "max_output_tokens": 256, "max_output_tokens_set": False, "turns": 1,
             "messages": 1, "has_tools": False, "has_images": False, "images": 0, "has_audio": False, "has_files": False,
+            "has_cache_control": False,
             "tenant": "", "team": "",
             "session_id": "", "slo_class": "", "model": "",
         },

@@ -19,22 +19,53 @@ TTL_S = 300.0  # the packaged fleet's frontier-large prompt_cache_TTL_S (the def
 PROMPT = " ".join(f"Paragraph {i}: the quarterly report lists revenue, costs and margins." for i in range(150))
 
 
-@pytest.fixture
-def routed(tmp_path):
-    """(route(), clock): routes PROMPT (hard: the default policy sends it to frontier-large) at ``clock[0]``."""
-    fleet = load_fleet()
+#: frontier-large as an Anthropic-style tier: cached only where a request marks cache_control, writes at 1.25x.
+EXPLICIT = ("prompt_cache_ttl_s: 300\n", "prompt_cache_ttl_s: 300\n    prompt_cache: explicit\n")
+WRITE = ("usd_per_1m_cache_write_input_tokens: 2.50      # as", "usd_per_1m_cache_write_input_tokens: 3.125      # as")
+
+
+def _routed(tmp_path, fleet):
     settings = Settings(data_dir=tmp_path, policy_path=DEFAULT_POLICY_PATH, watch_policy=False)
     state = build_state(settings, fleet)
     clock = [1000.0]
     state.monotonic = lambda: clock[0]
     engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.95), state=state)
     with TestClient(create_app(settings, engine=engine, owns_engine=True)) as c:
-        def route() -> dict:
-            r = c.post("/v1/route", json={"messages": [{"role": "user", "content": PROMPT}]})
+        def route(marked: bool = False) -> dict:
+            content = [{"type": "text", "text": PROMPT, **({"cache_control": {"type": "ephemeral"}} if marked else {})}]
+            r = c.post("/v1/route", json={"messages": [{"role": "user", "content": content}]})
             assert r.status_code == 200, r.text
             assert r.json()["target"] == "frontier-large", r.json()
             return r.json()
         yield route, clock
+
+
+@pytest.fixture
+def routed(tmp_path):
+    """(route(marked=False), clock): routes PROMPT (hard: the default policy sends it to frontier-large) at
+    ``clock[0]``, as a text part marked with ``cache_control`` when ``marked``."""
+    yield from _routed(tmp_path, load_fleet())
+
+
+def test_explicit_caching_credits_only_a_marked_prompt_and_prices_its_write(tmp_path):
+    text = DEFAULT_FLEET_PATH.read_text(encoding="utf-8")
+    for old, new in (EXPLICIT, WRITE):
+        head, found, tail = text.rpartition(old)  # the last: frontier-large's
+        assert found and head.rfind("frontier-large:") > head.rfind("frontier-small:")
+        text = head + new + tail
+    fleet = parse_fleet(text)
+    assert fleet.targets["frontier-large"].prompt_cache == "explicit"
+    assert fleet.targets["frontier-small"].prompt_cache == "automatic"
+    routes = _routed(tmp_path, fleet)
+    route, clock = next(routes)
+    cold = route()["estimated_cost_usd"]
+    clock[0] += 1.0
+    assert route()["estimated_cost_usd"] == cold  # unmarked: the provider caches nothing, nothing credited
+    marked = route(marked=True)["estimated_cost_usd"]
+    assert marked > cold  # the first marked request writes its prompt at the write price (1.25x input here)
+    clock[0] += 1.0
+    assert route(marked=True)["estimated_cost_usd"] < cold  # its repeat reads the prefix the marked one wrote
+    assert {f.name: f.cached_input_usd_per_mtok for f in sim_fleet(fleet).frontier}["frontier-large"] is None
 
 
 def test_a_repeat_within_the_lifetime_is_estimated_cached_after_it_uncached(routed):
