@@ -61,7 +61,10 @@ response body the outcome is recorded in the background: status ``ok`` (2xx) or 
 answered, ``ttft_ms`` (request headers to first response byte; not for an ``error``, whose body
 is no answer), ``e2e_latency_ms`` and ``tpot_ms``. A stream that ends before the response body did
 (the client went away: Envoy resets the stream) is recorded as ``cancelled``: its budget hold is
-released, or its estimate booked when its answer had started (``ttft_ms``).
+released, or its estimate booked when its answer had started (``ttft_ms``). A stream that carried no
+usage (OpenAI streams none without ``stream_options.include_usage``) books its estimate, or, when it
+streamed more text deltas than the estimate's output tokens, that count (a lower bound:
+``UsageReader.streamed_tokens``) with the prompt the decision counted.
 
 Not supported: STREAMED and BUFFERED_PARTIAL request body modes (each chunk must be answered before
 the next arrives, so the headers could not carry the decision): such a stream is answered **500**
@@ -434,6 +437,15 @@ class _Stream:
             fields["ttft_ms"] = (self.t_first - self.t0) * 1e3          # without ttft_ms the hold is released
         if summary is not None and summary.usage:
             fields["usage"] = dict(summary.usage)
+        elif summary is not None and fields["status"] != "error" \
+                and summary.streamed_tokens > self._estimated_output(fields.get("served_target")):
+            # a stream without usage (no stream_options.include_usage) longer than the estimate: book at least
+            # what it streamed (each text delta is a token or more) with the prompt the decision counted
+            n = summary.streamed_tokens
+            log.info("decision %s: the stream carried no usage and streamed at least %d output tokens, above "
+                     "the estimate; booking those", d.decision_id, n)
+            fields["usage"] = {"prompt_tokens": d.prompt_tokens, "completion_tokens": n,
+                               "total_tokens": d.prompt_tokens + n}
         elif self.reader is not None and self.reader.undecodable and fields["status"] == "ok":
             self.rt.metrics.unpriced_usage.labels("ext_proc").inc()
             log.warning("decision %s: the response's content-encoding cannot be decoded, so its usage is not read; "
@@ -474,17 +486,21 @@ class _Stream:
 
 
     def _below_estimate(self, out: OutcomeIn) -> bool:
-        """Whether ``out``'s usage counts fewer output tokens than its decision's estimate (the client's
-        cap, or the target's output estimate)."""
+        """Whether ``out``'s usage counts fewer output tokens than its decision's estimate."""
+        return out.usage is not None and (out.usage.completion_tokens or 0) < self._estimated_output(out.served_target)
+
+    def _estimated_output(self, served_target: JSONValue) -> int:
+        """Output tokens the decision's estimate counts on the target that served (else the decision's):
+        the client's cap (times OpenAI's ``n``), else the target's output estimate; 0 for an unknown target."""
         d = self.decision
         assert d is not None
         fleet = self.rt.live.engine.fleet
-        target = out.served_target or d.target
-        if out.usage is None or target not in fleet.targets:
-            return False
+        target = served_target if isinstance(served_target, str) and served_target else d.target
+        if target not in fleet.targets:
+            return 0
         record = self.rt.live.engine.state.known(d.decision_id)
         cap = record.output_cap_tokens if record is not None else 0
-        return (out.usage.completion_tokens or 0) < fleet.output_tokens(target, cap or None)
+        return fleet.output_tokens(target, cap or None)
 
 
 class _Picker:

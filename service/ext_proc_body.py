@@ -26,6 +26,12 @@ final chunk (``stream_options.include_usage``) or vLLM's per-chunk ``continuous_
 Anthropic's ``message_start`` (input and cache counts) then ``message_delta`` (the output count),
 Gemini's cumulative ``usageMetadata``. ``data: [DONE]``, ``response.completed`` /
 ``response.incomplete`` and Anthropic's ``message_stop`` mark a complete stream.
+
+A stream without usage (OpenAI's Chat Completions streams carry none unless the client asks with
+``stream_options.include_usage``) still shows its length: ``streamed_tokens`` counts the non-empty
+text values its events stream (``content``, ``text``, ``delta``, ``arguments``, ``reasoning_content``,
+``partial_json``, ``thinking``), each at least one token, so it is a lower bound of the output tokens
+(an engine may send several tokens per event).
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ IDENTITY_ENCODINGS = frozenset({"", "identity"})
 #: Most decoded bytes produced per step (an encoded chunk may expand a thousandfold).
 _DECODE_STEP_BYTES = 65536
 
+#: A streamed piece of output: a non-empty string value of a key a stream's deltas carry text in.
+_STREAMED = re.compile(rb'"(?:content|text|delta|arguments|reasoning_content|partial_json|thinking)"\s*:\s*"(?!")')
 #: A key ``"model"`` followed by a JSON string value; group 1 is the value with its quotes.
 _MODEL = re.compile(rb'"model"\s*:\s*("(?:[^"\\]|\\.)*")')
 
@@ -224,12 +232,14 @@ def _responses(body: JSONObject) -> JSONObject:
 @dataclass(frozen=True)
 class ResponseSummary:
     """What a response body said: ``usage`` in the upstream's shape (None when it reported none),
-    the ``model`` that answered (None when unknown), and ``complete`` (the JSON parsed, or the SSE
-    stream reached its end marker, see the module)."""
+    the ``model`` that answered (None when unknown), ``complete`` (the JSON parsed, or the SSE
+    stream reached its end marker, see the module) and ``streamed_tokens``, a lower bound of an SSE
+    stream's output tokens (see the module; 0 for a JSON body)."""
 
     usage: JSONObject | None
     model: str | None
     complete: bool
+    streamed_tokens: int = 0
 
 
 def usage_of(obj: JSONValue) -> tuple[JSONObject | None, str | None]:
@@ -266,6 +276,7 @@ class UsageReader:
         self.model: str | None = None
         self.done = False
         self.bytes_seen = 0
+        self.streamed_tokens = 0
 
     def feed(self, chunk: bytes) -> None:
         """Take the next chunk of the body (as it came, encoded or not)."""
@@ -309,6 +320,7 @@ class UsageReader:
         if data == b"[DONE]":
             self.done = True
             return
+        self.streamed_tokens += len(_STREAMED.findall(data))
         if b'"usage' not in data and b'"model' not in data and b'message_stop' not in data:
             return
         try:
@@ -332,7 +344,7 @@ class UsageReader:
             if self._buf and not self._over:
                 self._line(bytes(self._buf))
                 self._buf = bytearray()
-            return ResponseSummary(self.usage, self.model, self.done)
+            return ResponseSummary(self.usage, self.model, self.done, self.streamed_tokens)
         if self._over or not self._buf:
             return ResponseSummary(None, None, False)
         try:

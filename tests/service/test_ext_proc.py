@@ -199,6 +199,35 @@ def test_streamed_sse_response_reports_usage_ttft_and_tpot(app):
     assert out.ttft_ms is not None and out.tpot_ms is not None and out.e2e_latency_ms >= out.ttft_ms
 
 
+@pytest.mark.parametrize("deltas", [3, 900])
+def test_a_stream_without_usage_books_at_least_the_deltas_it_streamed(app, deltas):
+    """OpenAI streams carry no usage unless the client asks (``stream_options.include_usage``): a 900-delta
+    answer to an uncapped request booked the fleet's default output estimate (256 tokens). Now it books at
+    least what it streamed; a short one still books the estimate."""
+    events = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]}]
+    events += [{"choices": [{"delta": {"content": f" w{i}"}}]} for i in range(deltas)]
+    events.append({"choices": [{"delta": {}, "finish_reason": "stop"}]})
+    sse = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    chunks = [sse[i:i + 4096] for i in range(0, len(sse), 4096)]
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, chat("Tell me a long story.", stream=True))
+        await response_phase(call, 200, "text/event-stream", chunks)
+        await call.done_writing()
+        return req
+
+    req = run(app, scenario)
+    headers = set_headers(req[0])
+    out = outcome_of(app, headers["x-pointsman-decision-id"])
+    estimate = app.state.fleet_state.fleet.output_tokens(headers["x-pointsman-target"], None)
+    assert out.status == "ok" and 3 < estimate < 900
+    if deltas > estimate:
+        assert out.usage is not None and out.usage.completion_tokens == deltas  # before: none, the estimate booked
+    else:
+        assert out.usage is None or out.usage.completion_tokens is None  # the estimate is booked
+
+
 def test_disaggregated_decision_names_decode_destinations_and_the_prefill_endpoint(app):
     body = chat("Summarise this report. " + "The quarterly cache hit ratio rose again. " * 600, max_tokens=100)
 
