@@ -441,11 +441,11 @@ class _Stream:
                 and summary.streamed_tokens > self._estimated_output(fields.get("served_target")):
             # a stream without usage (no stream_options.include_usage) longer than the estimate: book at least
             # what it streamed (each text delta is a token or more) with the prompt the decision counted
-            n = summary.streamed_tokens
+            streamed = summary.streamed_tokens
             log.info("decision %s: the stream carried no usage and streamed at least %d output tokens, above "
-                     "the estimate; booking those", d.decision_id, n)
-            fields["usage"] = {"prompt_tokens": d.prompt_tokens, "completion_tokens": n,
-                               "total_tokens": d.prompt_tokens + n}
+                     "the estimate; booking those", d.decision_id, streamed)
+            fields["usage"] = {"prompt_tokens": d.prompt_tokens, "completion_tokens": streamed,
+                               "total_tokens": d.prompt_tokens + streamed}
         elif self.reader is not None and self.reader.undecodable and fields["status"] == "ok":
             self.rt.metrics.unpriced_usage.labels("ext_proc").inc()
             log.warning("decision %s: the response's content-encoding cannot be decoded, so its usage is not read; "
