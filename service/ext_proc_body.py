@@ -298,10 +298,10 @@ class UsageReader:
 
     def _feed(self, chunk: bytes) -> None:
         if self._over:
-            if self.sse and b"\n" in chunk:  # resynchronise on the next line
-                self._over = False
-                self._buf = bytearray(chunk[chunk.rindex(b"\n") + 1:])
-            return
+            if not (self.sse and b"\n" in chunk):
+                return
+            self._over = False  # resynchronise after the end of the long line: the lines after it are read
+            chunk = chunk[chunk.index(b"\n") + 1:]
         self._buf += chunk
         if self.sse:
             if b"\n" in chunk:

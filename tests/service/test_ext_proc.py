@@ -528,6 +528,25 @@ def test_usage_reader_keeps_each_providers_shape(sse, parts, usage, model):
     parse_outcomes({"decision_id": "d1", "usage": s.usage})  # and the outcome schema reads it
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.integers(0, 5), st.lists(st.integers(1, 400), min_size=1, max_size=12))
+def test_the_usage_reader_reads_every_event_after_a_line_past_its_limit(deltas, long_at, cuts):
+    """An SSE line longer than the reader's limit is skipped, and reading resumes at the next line,
+    however the stream is cut into chunks: the usage and the deltas after the long line are all read
+    (before: resuming at a chunk's last newline dropped the complete lines inside that chunk)."""
+    lines = [b'data: {"choices": [{"delta": {"content": "w"}}]}' for _ in range(deltas)]
+    lines.insert(min(long_at, len(lines)), b"data: " + b"x" * 3000)
+    lines.append(b'data: {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": %d}}' % deltas)
+    sse = b"\n".join(lines) + b"\n\ndata: [DONE]\n\n"
+    reader, at = UsageReader(True, 1000), 0
+    for cut in cuts * (len(sse) // sum(cuts) + 1):
+        reader.feed(sse[at:at + cut])
+        at += cut
+    s = reader.summary()
+    assert s.usage == {"prompt_tokens": 4, "completion_tokens": deltas} and s.complete
+    assert s.streamed_tokens == deltas  # each delta before the long line and after it
+
+
 @pytest.fixture(scope="module")
 def keyed_app(tmp_path_factory):
     """The service with a gateway key configured and the picker on its own host setting."""
