@@ -43,7 +43,9 @@ What can go wrong, and what happens then:
   it); the reader reconnects every second and then reloads the whole state, so counts converge
   again.
 - **The reader falls behind** the stream's cap (more than ``stream_max_len`` changes while it
-  was away): it notices the gap and reloads the whole state.
+  was away): it notices the gap and reloads the whole state. It looks for a gap only after a full
+  read (``READ_COUNT`` entries, or ``stream_max_len``): a shorter one holds every entry after its last,
+  so none was trimmed (one round trip per read fewer).
 - **A process dies** with requests in flight: their records expire after the in-flight TTL
   (the budget reservation TTL) and their counts with them, on every process (each expires
   dispatches by age). Outcomes
@@ -81,6 +83,8 @@ DEFAULT_PREFIX = "{pointsman-state}:"
 DEFAULT_STREAM_MAX_LEN = 200_000
 
 ChangeKind = Literal["dispatch", "release", "telemetry", "health"]
+#: Stream entries the reader takes per ``XREAD``.
+READ_COUNT = 1000
 #: Releases kept while Redis is unreachable, at most (the oldest are dropped: their records expire).
 MAX_UNSENT_RELEASES = 100_000
 #: ``deliver(payloads)``: store outcomes forwarded to this inbox (JSON texts of ``OutcomeIn``);
@@ -559,14 +563,17 @@ class RedisSync:
                 streams: dict[str | bytes | memoryview, str | bytes | memoryview | int] = {stream: last}
                 if inbox_stream:
                     streams[inbox_stream] = inbox_last
-                replies = _streams(self.client.xread(streams, count=1000, block=self.block_ms))
+                replies = _streams(self.client.xread(streams, count=READ_COUNT, block=self.block_ms))
                 if inbox_stream and (forwarded := replies.get(inbox_stream)):
                     assert deliver is not None
                     inbox_last = self._deliver_forwarded(inbox_stream, forwarded, deliver, inbox_last)
                 entries = replies.get(stream, [])
                 if not entries:
                     continue
-                if last != "0-0" and not self.client.xrange(stream, min=last, max=last):
+                # Trimming keeps the newest stream_max_len entries: had it taken our last entry, every
+                # entry left would be newer and XREAD would have returned a full batch. Only then look.
+                if last != "0-0" and len(entries) >= min(READ_COUNT, self.stream_max_len) \
+                        and not self.client.xrange(stream, min=last, max=last):
                     last = self._load(reload)  # our last entry was trimmed: later ones may be too
                     continue
             except self._errors as exc:

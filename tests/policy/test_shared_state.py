@@ -32,8 +32,11 @@ def pair(fleet, redis_url):
     prefix = quote(f"{{t-{uuid.uuid4().hex[:8]}}}:", safe="")
     made = []
 
-    def replica(inbox=None):
-        st = FleetState(fleet, sync=RedisSync.from_url(f"{redis_url}?prefix={prefix}", block_ms=100))
+    def replica(inbox=None, stream_max_len=None):
+        sync = RedisSync.from_url(f"{redis_url}?prefix={prefix}", block_ms=100)
+        if stream_max_len is not None:
+            sync.stream_max_len = stream_max_len
+        st = FleetState(fleet, sync=sync)
         if inbox is not None:
             st.sync.set_inbox(*inbox)
         st.start_sync()
@@ -152,6 +155,18 @@ def test_a_replica_that_starts_late_loads_the_live_state(pair):
     assert inflight(late, E8B) == 1
     assert late.board.get(E8).num_requests_running == 7
     assert not late.is_healthy("http://llama-70b-decode-1.inference.internal:8000/v1")
+
+
+def test_a_replica_whose_reader_fell_behind_the_stream_cap_reloads_the_state(pair):
+    """The change stream is capped (``stream_max_len``); a reader held up while more changes than the cap
+    arrived finds its last entry trimmed and loads the state whole, so it counts every dispatch."""
+    a, b = pair(stream_max_len=50), pair(stream_max_len=50)
+    with b.sync._lock:  # the reader waits for this lock between reads: held up
+        for i in range(300):
+            dispatch(a, f"behind-{i}")
+        assert a.sync.client.xlen(f"{a.sync.prefix}changes") < 300  # trimmed
+    assert eventually(lambda: inflight(b, E8) == 300)
+    assert b.sync.status().reloads >= 2
 
 
 def test_redis_down_keeps_local_accounting_and_counts_failures(fleet):
