@@ -63,6 +63,18 @@ A lone 4 KiB ``fsync`` on that disk has p99 94 ms, the floor of any acknowledgem
 one; at load average 7-12 every variant's server-side p99 sat in the 100-250 ms buckets (the
 threadpool hop and the loop's wake-up: CPU queueing, ``docs/service.md`` Durability).
 
+``pauses`` (every row): how often the machine itself stopped while the row ran, warm-up included
+(``PauseProbe``: wake-ups of a 1 ms sleep in this idle process more than 30 ms late), as
+``count/longest ms``. Found with it (issue 24): at 200 pairs/s on a quiet moment the route p50 was
+~5 ms but its p99 ~125 ms. A loop-lag probe inside both serve processes and a plain Python
+process sleeping 1 ms at a time, run side by side, saw the *same* stalls at the same instants:
+~100 ms each, starting on a 100 ms grid, with the VM's steal time rising (``/proc/stat``) -- the
+host descheduling the whole VM's vCPUs, 30-40 times in 30 s while the pairs ran (3 in 20 s without
+them). A stall of 100 ms holds every call in flight and the backlog behind it, which sets the p99;
+no periodic task of the service (checkpoint, group commit, state sync, file watchers, GC) showed up
+in the samples taken during the stalls. Less CPU per call makes them rarer; only a quieter
+machine removes them.
+
 Found with this script (``--uvicorn '--loop asyncio --http h11'`` vs ``'--loop uvloop'``): with
 asyncio's event loop, ``--workers 2`` made every response ~45 ms slower (p50 48 ms at
 concurrency 1, against 3.6 ms with one worker). For several workers uvicorn binds the
@@ -114,6 +126,45 @@ REPO = Path(__file__).resolve().parent.parent
 #: Connections the open-loop client may open (a backlog beyond it waits for a free one, and
 #: that wait counts in the latency).
 OPEN_LOOP_CONNECTIONS = 256
+
+
+class PauseProbe:
+    """Pauses of the machine itself while a row runs: a thread of this (otherwise idle) process sleeps
+    1 ms at a time and counts the wake-ups that came more than ``threshold_ms`` late. Such a gap
+    stops every process at once (on the shared VM this was written on, ~100 ms with steal time: the
+    host descheduling the vCPUs), so no server-side fix can remove the latency it adds to the calls in
+    flight. ``with PauseProbe() as probe: ...``; then ``probe.count`` and ``probe.longest_ms``."""
+
+    def __init__(self, threshold_ms: float = 30.0) -> None:
+        self.threshold_s = threshold_ms / 1000.0
+        self.count, self.longest_ms = 0, 0.0
+        self._stop = False
+        self._thread: Any = None
+
+    def _run(self) -> None:
+        last = time.perf_counter()
+        while not self._stop:
+            time.sleep(0.001)
+            now = time.perf_counter()
+            if now - last > self.threshold_s:
+                self.count += 1
+                self.longest_ms = max(self.longest_ms, (now - last) * 1000.0)
+            last = now
+
+    def __enter__(self) -> PauseProbe:
+        import threading
+
+        self._thread = threading.Thread(target=self._run, name="pause-probe", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop = True
+        self._thread.join()
+
+    def column(self) -> str:
+        """``count/longest ms`` for a table row."""
+        return f"{self.count}/{self.longest_ms:.0f}"
 
 
 # -- prompts ---------------------------------------------------------------------------------------
@@ -373,14 +424,16 @@ def pairs_main(args: argparse.Namespace, prompts_file: str, tmp: str) -> None:
         for port in ports:  # one after the other: the first creates the log and the signing key
             procs.append(start_server(1, port, data_dir, args.server_cpus, env, args.uvicorn))
         print(f"{'pairs/s':>8} {'done/s':>8} {'route p50':>10} {'route p99':>10} {'outcome p50':>12} "
-              f"{'outcome p99':>12} {'srv p50<=':>10} {'srv p99<=':>10} {'lost':>5}  errors")
+              f"{'outcome p99':>12} {'srv p50<=':>10} {'srv p99<=':>10} {'lost':>5} {'pauses':>8}  errors")
         for rate in args.pairs:
             before = outcome_buckets(f"http://127.0.0.1:{ports[1]}")
             cmd = [sys.executable, __file__, "--drive", f"http://127.0.0.1:{ports[0]}", "--drive-b",
                    f"http://127.0.0.1:{ports[1]}", "--prompts", prompts_file, "--rate", str(rate),
                    "--duration", str(args.duration), "--warmup", str(args.warmup)]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+            with PauseProbe() as probe:
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True)
             r = json.loads(out.stdout.strip().splitlines()[-1])
+            r["machine_pauses"], r["machine_pause_longest_ms"] = probe.count, probe.longest_ms
             after = outcome_buckets(f"http://127.0.0.1:{ports[1]}")
             r["server_outcome_p50_le_ms"] = bucket_quantile(before, after, 0.50)
             r["server_outcome_p99_le_ms"] = bucket_quantile(before, after, 0.99)
@@ -391,7 +444,7 @@ def pairs_main(args: argparse.Namespace, prompts_file: str, tmp: str) -> None:
             print(f"{rate:>8g} {r['pairs_per_s']:>8.0f} {ms(r['route_p50_ms']):>10} {ms(r['route_p99_ms']):>10} "
                   f"{ms(r['outcome_p50_ms']):>12} {ms(r['outcome_p99_ms']):>12} "
                   f"{ms(r['server_outcome_p50_le_ms']):>10} {ms(r['server_outcome_p99_le_ms']):>10} "
-                  f"{r['lost']:>5}  {r['errors'] or ''}", flush=True)
+                  f"{r['lost']:>5} {probe.column():>8}  {r['errors'] or ''}", flush=True)
             if args.json:
                 print(json.dumps({"rate": rate, **r}))
     finally:
@@ -554,7 +607,7 @@ def main() -> None:
               f"{len(prompts)} prompts of {args.prompt_tokens} tokens; {args.duration:g} s per row after "
               f"{args.warmup:g} s warm-up{'; server env ' + str(extra_env) if extra_env else ''}")
         print(f"{'workers':>7} {'load':>7} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'prompt_tok':>10} "
-              f"{'client_cpu':>10} {'srv_cpu_ms':>10}  errors")
+              f"{'client_cpu':>10} {'srv_cpu_ms':>10} {'pauses':>8}  errors")
         for workers in args.workers:
             port = free_port()
             data_dir = str(Path(tmp) / f"data-w{workers}")
@@ -563,12 +616,14 @@ def main() -> None:
                 runs = [(conc, None) for conc in args.concurrency] + [(OPEN_LOOP_CONNECTIONS, r) for r in args.rates]
                 for conc, rate in runs:
                     cpu0 = tree_cpu_s(proc.pid)
-                    r = run_client(f"http://127.0.0.1:{port}", prompts_file, conc, args, rate)
+                    with PauseProbe() as probe:
+                        r = run_client(f"http://127.0.0.1:{port}", prompts_file, conc, args, rate)
                     # whole run (warm-up included) over measured decisions scaled to the whole run
                     server_cpu = tree_cpu_s(proc.pid) - cpu0
                     n_all = r["decisions"] * (args.warmup + args.duration) / args.duration
                     r.update(workers=workers, concurrency=None if rate else conc, rate=rate,
-                             server_cpu_ms_per_decision=1000 * server_cpu / max(n_all, 1))
+                             server_cpu_ms_per_decision=1000 * server_cpu / max(n_all, 1),
+                             machine_pauses=probe.count, machine_pause_longest_ms=probe.longest_ms)
                     rows.append(r)
                     load = f"{rate:g}/s" if rate else str(conc)
                     def ms(v: float | None) -> str:  # None: no call succeeded (see errors)
@@ -576,7 +631,7 @@ def main() -> None:
 
                     print(f"{workers:>7} {load:>7} {r['decisions_per_s']:>12.0f} {ms(r['p50_ms'])} "
                           f"{ms(r['p99_ms'])} {r['prompt_tokens'] or 0:>10.0f} {r['client_cpu_cores']:>10.2f} "
-                          f"{r['server_cpu_ms_per_decision']:>10.2f}  {r['errors'] or ''}", flush=True)
+                          f"{r['server_cpu_ms_per_decision']:>10.2f} {probe.column():>8}  {r['errors'] or ''}", flush=True)
             finally:
                 stop_server(proc)
     if args.json:
