@@ -60,6 +60,9 @@ def _changes(space: ShapeSpace, base: Shape, rec: Shape) -> str:
             diffs.append(f"KV tier {ka:,}->{kb:,} tokens")
         if a.prefill_tp != b.prefill_tp:
             diffs.append(f"prefill replicas x{a.prefill_tp}->x{b.prefill_tp} the template's GPUs")
+        if a.max_num_batched_tokens != b.max_num_batched_tokens:
+            diffs.append(f"step budget (max_num_batched_tokens) {a.max_num_batched_tokens or 'template'}->"
+                         f"{b.max_num_batched_tokens or 'template'} tokens")
         if diffs:
             parts.append(f"{t.name}: {', '.join(diffs)}")
     if base.gpu != rec.gpu:

@@ -73,7 +73,8 @@ def check_command(files: tuple[Path, ...], fleet_path: Path | None) -> None:
             else:
                 p = load_policy(path, fleet)
                 verify = f", {len(p.verify.rules)} verify rules" if p.verify is not None else ""
-                click.echo(f"{path}: ok ({len(p.rules)} rules{verify}, revision {p.revision})")
+                left = "".join(f"; rule '{name}' left out: {why}" for name, why in p.omitted)
+                click.echo(f"{path}: ok ({len(p.rules)} rules{verify}, revision {p.revision}{left})")
         except ConfigError as exc:
             failed = True
             _echo_problems(exc)

@@ -59,7 +59,7 @@ def result_dict(r: ShapeResult, with_series: bool = False) -> dict[str, object]:
     d: dict[str, object] = {
         "label": r.label, "scale": r.scale, "gpus": r.gpus, "gpu": r.shape.gpu,
         "pools": {name: {"aggregated": p.aggregated, "prefill": p.prefill, "decode": p.decode, "kv_level": p.kv_level,
-                         "prefill_tp": p.prefill_tp}
+                         "prefill_tp": p.prefill_tp, "max_num_batched_tokens": p.max_num_batched_tokens}
                   for name, p in r.shape.pools},
         "usd_per_month": r.usd_per_month, "onprem_usd_per_month": r.onprem_usd_per_month,
         "frontier_usd_per_month": r.frontier_usd_per_month, "kv_usd_per_month": r.kv_usd_per_month,

@@ -8,11 +8,13 @@ workers' ``search`` inputs (the whole trace, or its busiest window: ``busiest_wi
    prompts that miss the TTFT objective on any number of template replicas), then the smallest
    shapes (one replica per pool: each
    target aggregated, and with one prefill + one decode replica where it can be disaggregated,
-   the prefill replica also twice as wide; the base's tier and GPU);
+   the prefill replica also twice as wide; the base's tier and GPU), and one aggregated replica per
+   target at the smallest step budget (``STEP_TOKENS``: short answers beside long prompts);
 2. **expand** one evaluated shape at a time: replay up to ``batch_size`` of its neighbours
    (``ShapeSpace.neighbors``: one replica more or fewer, one moved between pools, aggregated <->
-   disaggregated, prefill replicas twice or half as wide, the next KV tier size, another GPU type,
-   one policy knob to its next value) in parallel. Which shape: while none qualifies (the SLO
+   disaggregated, prefill replicas twice or half as wide, another step budget, a target dropped,
+   the next KV tier size, another GPU type, one policy knob to its next value) in parallel.
+   Which shape: while none qualifies (the SLO
    goal and the quality floor), the one closest to qualifying (``_shortfall``: attainment under
    the goal plus quality under the floor; an ascent), its neighbours ordered by where its misses
    are (``_priority``: prefill GPUs for TTFT misses, decode replicas for TPOT misses, per dollar;
@@ -48,7 +50,7 @@ from pointsman.datasets.traces import TraceRequest
 from pointsman.errors import FleetError, PolicyError
 from pointsman.plan.evaluate import Job, PlanInputs, ShapeResult, Workers, compile_shape
 from pointsman.plan.front import recommend
-from pointsman.plan.shapes import Pools, Shape, ShapeSpace
+from pointsman.plan.shapes import STEP_TOKENS, Pools, Shape, ShapeSpace
 
 #: Shapes missing the goal by at most this much SLO attainment are expanded once one meets it.
 NEAR_MISS = 0.15
@@ -68,8 +70,8 @@ class SearchResult:
 
 
 def smallest_shapes(space: ShapeSpace) -> list[Shape]:
-    """The base with its prefill replicas twice as wide, then one replica per pool (module docstring,
-    step 1)."""
+    """The base with its prefill replicas twice as wide, then one replica per pool, then one
+    aggregated replica per target at the smallest step budget (module docstring, step 1)."""
     base = space.base
     wide = base
     for t in space.targets:
@@ -82,7 +84,11 @@ def smallest_shapes(space: ShapeSpace) -> list[Shape]:
             kv = base.of(t.name).kv_level
             variants += [Pools(1, 1, 1, kv), Pools(0, 1, 1, kv), Pools(0, 1, 1, kv, prefill_tp=2)]
         out = [s.with_pools(t.name, v) for s in out for v in variants]
-    return ([wide] if wide != base else []) + out
+    first = out[0]  # one aggregated replica per target, also at the smallest step budget (module docstring)
+    chunked = first
+    for t in space.targets:
+        chunked = chunked.with_pools(t.name, replace(first.of(t.name), max_num_batched_tokens=min(STEP_TOKENS)))
+    return ([wide] if wide != base else []) + out + [chunked]
 
 
 def _shortfall(r: ShapeResult, goal: float, min_quality: float) -> float:

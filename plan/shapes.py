@@ -19,11 +19,24 @@ gets 90% of the added HBM; the simulator derives its FLOP/s and bandwidth from t
 (``replay.hardware``: linear in the GPUs, with the target's calibrated MFU: an optimistic reading of
 tensor parallelism, which loses some of it to all-reduces).
 
+A target's pools that decode (aggregated and decode) may run with a smaller step budget than the
+template's (``Pools.max_num_batched_tokens``: one of ``STEP_TOKENS``; vLLM's
+``--max-num-batched-tokens``, the pool's ``max_num_batched_tokens``): a step then carries a prefill
+chunk of at most that many tokens beside the answers decoding there, so a long prompt stalls each of
+their steps by one small chunk instead of its whole prefill (a 512-token budget on the packaged 70B
+replica: 42 ms at most). The policy's stall check reads the same budget
+(``policy.selection.latency.batch_tpot_s``), and the simulator schedules with it. Prefill pools keep
+the template's budget (a larger one prefills no slower).
+
 ``policy_text(shape)`` is the policy the shape is replayed with: its tuned settings
 (``plan.tuning``) and, when the shape has a P/D pool smaller than the policy's
 ``disaggregation.min_pool_gpus`` guard (12 GPUs by default), that guard lowered to the pool's
 GPUs: a P/D pool the plan rents is one the policy may use (otherwise every request stays
 aggregated and the pool's replicas idle or serve as aggregated ones).
+
+A target with no replica at all is left out of the fleet file (a pool nobody uses is not rented):
+valid only when the policy compiles without it, e.g. the default policy, whose 8B rules are
+``if_fleet_has: [onprem-8b]`` (``policy.rules.schema``); at least one on-prem target stays.
 
 A GPU type other than the base fleet's (``plan.prices.GPU_PRICES``) sets ``replay.gpu``,
 ``usd_per_gpu_hour`` and ``power_kw_per_gpu`` of every on-prem target, scales each pool's
@@ -55,6 +68,9 @@ MAX_GPUS_PER_REPLICA = 8
 #: ``disaggregation.min_pool_gpus`` of a policy that does not set it (``DisaggregationSpec``'s default).
 DEFAULT_MIN_POOL_GPUS = 12
 
+#: Step budgets (tokens per engine step) searched for the pools that decode, besides the template's.
+STEP_TOKENS = (2048, 512)
+
 #: Idle power as a share of busy power (``replay.hardware``'s H100 assumption, 70 W of 700 W).
 IDLE_POWER_SHARE = 0.1
 
@@ -64,14 +80,17 @@ ROLES = ("aggregated", "prefill", "decode")
 @dataclass(frozen=True, order=True)
 class Pools:
     """Replica counts of one on-prem target (``aggregated``, ``prefill``, ``decode``), the
-    index of its shared KV tier capacity in ``TargetSpace.kv_levels`` and ``prefill_tp``: how many
-    times the template's GPUs each prefill replica has (1, 2 or 4; module docstring)."""
+    index of its shared KV tier capacity in ``TargetSpace.kv_levels``, ``prefill_tp``: how many
+    times the template's GPUs each prefill replica has (1, 2 or 4) and ``max_num_batched_tokens``:
+    the step budget of its aggregated and decode pools (0: the template's; else one of
+    ``STEP_TOKENS``; module docstring)."""
 
     aggregated: int
     prefill: int = 0
     decode: int = 0
     kv_level: int = 0
     prefill_tp: int = 1
+    max_num_batched_tokens: int = 0
 
     def count(self, role: str) -> int:
         """Replicas of the pool with ``role``."""
@@ -179,7 +198,10 @@ class ShapeSpace:
 
     def valid(self, shape: Shape) -> bool:
         """Counts within 0..max_replicas, prefill and decode both or neither (and only where the
-        base declares them), at least one replica per target, a known tier level."""
+        base declares them), an aggregated or prefill replica in each target kept (one without
+        any replica is dropped; at least one target is kept), a known tier level and step budget."""
+        if self.targets and all(_dropped(shape.of(t.name)) for t in self.targets):
+            return False
         for t in self.targets:
             p = shape.of(t.name)
             counts = (p.aggregated, p.prefill, p.decode)
@@ -190,15 +212,15 @@ class ShapeSpace:
             if p.prefill_tp not in (1, 2, 4) or (p.prefill_tp > 1 and not p.prefill) \
                     or p.prefill_tp * t.gpus_per_replica.get("prefill", 1) > MAX_GPUS_PER_REPLICA:
                 return False
-            if p.aggregated + p.prefill == 0:
+            if (p.aggregated + p.prefill == 0 and not _dropped(p)) or p.max_num_batched_tokens not in (0, *STEP_TOKENS):
                 return False
         return shape.gpu in self.gpus and len(shape.tuning) == len(self.policy.knobs)
 
     def neighbors(self, shape: Shape) -> Iterator[Shape]:
         """Valid shapes one step away: one replica more or fewer in one pool, one moved between
         two pools of a target, all of a target's replicas switched between aggregated and
-        prefill + decode (GPUs kept), prefill replicas twice or half as wide, the next tier
-        capacity up or down, another GPU type, one policy knob to its next value
+        prefill + decode (GPUs kept), prefill replicas twice or half as wide, another step budget,
+        the next tier capacity up or down, another GPU type, one policy knob to its next value
         (``TuningSpace.neighbors``)."""
         seen: set[Shape] = set()
 
@@ -230,6 +252,8 @@ class ShapeSpace:
                                                                  prefill=0, decode=0, prefill_tp=1)))
                 for tp in (p.prefill_tp * 2, p.prefill_tp // 2):
                     yield from emit(shape.with_pools(t.name, replace(p, prefill_tp=tp)))
+            for budget in (0, *STEP_TOKENS):
+                yield from emit(shape.with_pools(t.name, replace(p, max_num_batched_tokens=budget)))
             for d in (-1, 1):
                 yield from emit(shape.with_pools(t.name, replace(p, kv_level=p.kv_level + d)))
         for g in self.gpus:
@@ -239,14 +263,14 @@ class ShapeSpace:
 
     def covered_by(self, small: Shape, big: Shape) -> bool:
         """Whether ``big`` has at least as many replicas in every pool, prefill replicas at least as
-        wide and at least the tier of ``small``, on the same GPU type and policy settings (so
-        ``small`` cannot serve more, if capacity never hurts)."""
+        wide and at least the tier of ``small``, on the same GPU type, step budgets and policy
+        settings (so ``small`` cannot serve more, if capacity never hurts)."""
         if small.gpu != big.gpu or small.tuning != big.tuning:
             return False
         for t in self.targets:
             a, b = small.of(t.name), big.of(t.name)
             if a.aggregated > b.aggregated or a.prefill > b.prefill or a.decode > b.decode or a.kv_level > b.kv_level \
-                    or (a.prefill and a.prefill_tp > b.prefill_tp):
+                    or (a.prefill and a.prefill_tp > b.prefill_tp) or a.max_num_batched_tokens != b.max_num_batched_tokens:
                 return False
         return True
 
@@ -270,7 +294,8 @@ class ShapeSpace:
 
     def kv_tier_tokens(self, shape: Shape, target: str) -> int:
         """Shared KV tier capacity of ``target`` in ``shape``, tokens (0 = none)."""
-        return self.target(target).kv_levels[shape.of(target).kv_level]
+        p = shape.of(target)
+        return 0 if _dropped(p) else self.target(target).kv_levels[p.kv_level]
 
     def kv_usd_per_month(self, shape: Shape) -> float:
         """DRAM rent of every shared KV tier of ``shape`` per month (``plan.prices``)."""
@@ -288,16 +313,21 @@ class ShapeSpace:
 
     def label(self, shape: Shape) -> str:
         """``onprem-8b A2 | onprem-70b A2 P2 D4 KV1.5M`` (``P2/TP4``: prefill replicas of 4 GPUs, wider
-        than the template's) (+ `` | H200-SXM`` off the base GPU, + `` |
+        than the template's; ``B512``: a step budget of 512 tokens) (+ `` | H200-SXM`` off the base GPU, + `` |
         p_hard_frontier=0.61`` for policy knobs off the policy's own values)."""
         parts = []
         for t in self.targets:
             p = shape.of(t.name)
+            if _dropped(p):
+                parts.append(f"{t.name} none")
+                continue
             wide = f"/TP{p.prefill_tp * t.gpus_per_replica.get('prefill', 1)}" if p.prefill_tp > 1 else ""
             s = f"{t.name} A{p.aggregated}" + (f" P{p.prefill}{wide} D{p.decode}" if p.prefill else "")
             tier = t.kv_levels[p.kv_level]
             if tier:
                 s += f" KV{tier / 1e6:g}M"
+            if p.max_num_batched_tokens:
+                s += f" B{p.max_num_batched_tokens}"
             parts.append(s)
         knobs = self.policy.label(shape.tuning)
         return " | ".join(parts) + ("" if shape.gpu == self.gpus[0] else f" | {shape.gpu}") \
@@ -333,8 +363,11 @@ class ShapeSpace:
         targets = doc["targets"]
         assert isinstance(targets, dict)
         for t in self.targets:
-            raw = targets[t.name]
             p = shape.of(t.name)
+            if _dropped(p):
+                del targets[t.name]
+                continue
+            raw = targets[t.name]
             pools = raw["pools"]
             templates = {r: pools.get(r) for r in ROLES}
             templates["aggregated"] = templates["aggregated"] or templates["prefill"]
@@ -347,6 +380,8 @@ class ShapeSpace:
                 pool["endpoints"] = _endpoints(pool.get("endpoints", []), n, f"{t.name}-{role}")
                 if role == "prefill" and p.prefill_tp > 1:
                     _widen(pool, p.prefill_tp, self.gpus[0], t.kv_bytes_per_token)
+                if role != "prefill" and p.max_num_batched_tokens:
+                    pool["max_num_batched_tokens"] = p.max_num_batched_tokens
                 pools[role] = pool
             mode = raw.get("default_mode")
             if (mode == "aggregated" and not p.aggregated) or (mode == "disaggregated" and not p.prefill):
@@ -371,6 +406,11 @@ class ShapeSpace:
         body = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=120)
         comments = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
         return comments + body
+
+
+def _dropped(p: Pools) -> bool:
+    """Whether a target with pools ``p`` is left out of the fleet (no replica at all)."""
+    return p.aggregated == p.prefill == p.decode == 0
 
 
 def _endpoints(base: list[object], n: int, stem: str) -> list[object]:
@@ -420,4 +460,5 @@ def _regpu(raw: dict[str, object], old: str, new: str, kv_bytes: int) -> None:
             pool["kv_cache_capacity_tokens"] = max(1, int(pool["kv_cache_capacity_tokens"] + extra))
 
 
-__all__ = ["DEFAULT_MIN_POOL_GPUS", "KV_FACTORS", "MAX_GPUS_PER_REPLICA", "ROLES", "Pools", "Shape", "ShapeSpace", "TargetSpace"]
+__all__ = ["DEFAULT_MIN_POOL_GPUS", "KV_FACTORS", "MAX_GPUS_PER_REPLICA", "ROLES", "STEP_TOKENS", "Pools", "Shape",
+           "ShapeSpace", "TargetSpace"]

@@ -126,8 +126,9 @@ class Pool(StrictModel):
     For latency prediction (``policy/selection/latency.py``): ``decode_step_s``, seconds of one
     decode step at a small batch (the inter-token latency of a lone request: reading the
     weights once; the floor of predicted TPOT; absent: the batch share alone), and
-    ``max_num_batched_tokens``, the engine's token budget per step (vLLM's; the largest
-    prefill chunk a decode step can carry).
+    ``max_num_batched_tokens``, the engine's token budget per step (vLLM's
+    ``--max-num-batched-tokens``: the largest prefill chunk a decode step can carry; replay's
+    simulator schedules the pool's replicas with it too).
     """
 
     gpus_per_replica: PositiveInt
@@ -225,8 +226,9 @@ class OnPremReplay(StrictModel):
     (``bf16``/``fp16``/``fp8``), ``model_shape`` (for models without a preset), efficiency
     factors (``prefill_mfu``, ``decode_mfu``, ``bandwidth_efficiency``), per-step and
     per-prefill overheads in seconds, the engine's scheduler limits (``max_batch_size``:
-    vLLM's ``max_num_seqs``; ``max_num_batched_tokens``: tokens per step; ``kv_block_tokens``:
-    KV page size), ``max_waiting`` (admission limit per replica; ``null`` = unbounded), each
+    vLLM's ``max_num_seqs``; ``kv_block_tokens``: KV page size; the tokens per step are the
+    pool's ``max_num_batched_tokens``, which the engine reads too), ``max_waiting`` (admission
+    limit per replica; ``null`` = unbounded), each
     prefill replica's P/D link (``link_bytes_per_s``, ``link_latency_s``),
     ``idle_power_kw_per_gpu``, and the latency coefficients themselves
     (``prefill_s_per_token``, ``prefill_s_per_token_pair``, ``decode_base_s``,
@@ -243,7 +245,6 @@ class OnPremReplay(StrictModel):
     step_overhead_s: NonNegativeFloat | None = None
     prefill_overhead_s: NonNegativeFloat | None = None
     max_batch_size: PositiveInt | None = None
-    max_num_batched_tokens: PositiveInt | None = None
     kv_block_tokens: PositiveInt | None = None
     max_waiting: NonNegativeInt | None = None
     link_bytes_per_s: PositiveFloat | None = None

@@ -6,7 +6,8 @@ replayed with), to replay a shape the plan did not recommend by hand::
 
 ``--pools TARGET=A[,P,D]``: aggregated, prefill and decode replicas (targets not named keep the
 base fleet's counts; the shared KV tier is dropped unless ``--kv-level`` keeps it);
-``--prefill-tp TARGET=X``: prefill replicas X (1, 2, 4) times the template's GPUs. The policy is
+``--prefill-tp TARGET=X``: prefill replicas X (1, 2, 4) times the template's GPUs;
+``--step-tokens TARGET=N``: the step budget of its aggregated and decode pools (``STEP_TOKENS``). The policy is
 written as ``plan.shapes.ShapeSpace.policy_text`` gives it (the policy's settings as written; a P/D
 pool below its ``disaggregation.min_pool_gpus`` lowers that guard). Prints the shape's label and GPUs.
 """
@@ -32,6 +33,8 @@ def main() -> None:
     ap.add_argument("--policy", type=Path, default=DEFAULT_POLICY_PATH)
     ap.add_argument("--pools", action="append", default=[], metavar="TARGET=A[,P,D]")
     ap.add_argument("--prefill-tp", action="append", default=[], metavar="TARGET=X")
+    ap.add_argument("--step-tokens", action="append", default=[], metavar="TARGET=N",
+                    help="step budget (max_num_batched_tokens) of the target's aggregated and decode pools")
     ap.add_argument("--kv-level", action="append", default=[], metavar="TARGET=I",
                     help="index of the tier capacity (0 = none, the default here)")
     ap.add_argument("--out", type=Path, required=True)
@@ -52,6 +55,8 @@ def main() -> None:
         shape = shape.with_pools(name, Pools(a, p, d, shape.of(name).kv_level))
     for name, tp in pairs(args.prefill_tp).items():
         shape = shape.with_pools(name, replace(shape.of(name), prefill_tp=int(tp)))
+    for name, budget in pairs(args.step_tokens).items():
+        shape = shape.with_pools(name, replace(shape.of(name), max_num_batched_tokens=int(budget)))
     for name, level in pairs(args.kv_level).items():
         shape = shape.with_pools(name, replace(shape.of(name), kv_level=int(level)))
     if not space.valid(shape):

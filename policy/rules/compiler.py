@@ -181,6 +181,8 @@ class CompiledPolicy:
     selection: EndpointSelectionSpec = EndpointSelectionSpec()
     disaggregation: DisaggregationSpec = DisaggregationSpec()
     verify: CompiledVerify | None = None
+    #: Rules left out because the fleet lacks a target of their ``if_fleet_has``: (name, reason).
+    omitted: tuple[tuple[str, str], ...] = ()
     #: Per rule, what the conditions up to and including it read (the plans of rules 0..i merged; a
     #: rule that reads nothing new shares the previous rule's object): the engine builds the CEL
     #: context rule by rule, so a decision made by an early rule computes no signal only later ones
@@ -683,6 +685,8 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
                 if isinstance(raw, dict) and (raw.get("when") is None or raw.get("when") is True):
                     invalid_default = True
 
+    rules, omitted = _omit_rules(ck, fleet, rules)
+    invalid |= {name for name, _ in omitted}
     seen: dict[str, int] = {}
     default_index: int | None = None
     modes: dict[int, str | None] = {}
@@ -743,7 +747,33 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
         context_plan=_freeze(plan), uses_cost=any(r.uses_cost for r in compiled),
         staleness=StalenessPolicy(load_spec.max_age_s, load_spec.on_stale), filters=spec.filters,
         selection=spec.endpoint_selection, disaggregation=spec.disaggregation, verify=verify,
-        rule_plans=tuple(rule_plans))
+        rule_plans=tuple(rule_plans), omitted=tuple(omitted))
+
+
+def _names_target(rule: RuleSpec, name: str) -> bool:
+    """Whether ``rule`` routes to ``name`` (target or fallback) or reads a ``["name"]`` key."""
+    fallbacks = {f.target if isinstance(f, FallbackSpec) else f for f in rule.route.fallbacks}
+    when = rule.when if isinstance(rule.when, str) else ""
+    return name == rule.route.target or name in fallbacks or f'["{name}"]' in when or f"['{name}']" in when
+
+
+def _omit_rules(ck: _Checker, fleet: Fleet, rules: list[tuple[int, RuleSpec]]
+                ) -> tuple[list[tuple[int, RuleSpec]], list[tuple[str, str]]]:
+    """The rules kept on ``fleet`` and the (name, reason) of those left out by ``if_fleet_has``
+    (schema module docstring); a listed target the rule does not name is an ``invalid-value``."""
+    kept: list[tuple[int, RuleSpec]] = []
+    omitted: list[tuple[str, str]] = []
+    for i, rule in rules:
+        unnamed = [t for t in rule.if_fleet_has if not _names_target(rule, t)]
+        for t in unnamed:
+            ck.add(("rules", i, "if_fleet_has", rule.if_fleet_has.index(t)), "invalid-value",
+                   f"if_fleet_has lists '{t}', which rule '{rule.name}' neither routes to nor reads")
+        missing = [t for t in rule.if_fleet_has if t not in fleet.targets]
+        if missing and not unnamed:
+            omitted.append((rule.name, f"the fleet has no {', '.join(repr(t) for t in missing)}"))
+            continue
+        kept.append((i, rule))
+    return kept, omitted
 
 
 def _valid_verify(raw: object) -> VerifySpec | None:

@@ -53,6 +53,14 @@ An ``escalate`` rule names ``escalate: {target, fallbacks}`` (fleet targets; ``c
 ``endpoint.*`` read that target's values); an ``accept`` rule names none and cannot read
 ``cache``/``endpoint``.
 
+**Rules for an optional target.** A rule with ``if_fleet_has: [onprem-8b]`` is left out on a
+fleet without ``onprem-8b`` instead of failing the compile (``unknown-target``), so one policy
+serves fleets with and without that model (``pointsman plan`` may drop a target no request
+reaches). The rule must name every target it lists (its route, a fallback or a
+``["<target>"]`` key in its condition: ``invalid-value`` otherwise, which catches a misspelled
+name); ``pointsman policy check`` and replay reports name the rules left out; a ``rule:NAME``
+fallback to one is skipped. A rule without ``if_fleet_has`` is checked as before.
+
 **Route.** ``target`` (a fleet target), ``mode`` and ``fallbacks``. ``mode``:
 ``aggregated``; ``disaggregated`` (the P/D guards still apply: a pool smaller than
 ``min_pool_gpus`` or a saturated prefill pool keeps the request aggregated when the
@@ -110,13 +118,16 @@ class RouteSpec(StrictModel):
 
 class RuleSpec(StrictModel):
     """One rule: ``name``, optional CEL condition ``when`` (absent or ``true`` = always),
-    ``route``, ``labels``."""
+    ``route``, ``labels``; ``if_fleet_has``: targets the rule needs (it must name each, in its
+    route or condition): on a fleet without one of them the rule is left out, and
+    ``CompiledPolicy.omitted`` says so (module docstring)."""
 
     name: RuleName
     description: str = ""
     when: str | bool | None = None
     route: RouteSpec
     labels: dict[str, str] = {}
+    if_fleet_has: list[Annotated[str, Field(min_length=1)]] = []
 
 
 class LoadSignalsSpec(StrictModel):

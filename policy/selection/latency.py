@@ -38,11 +38,18 @@ preempts and recomputes, which at least doubles the decode time.
 **The batch's TPOT** (aggregated only): this request's uncached prefill runs in the steps of
 the requests already decoding on the endpoint, after the prefill queued there (vLLM's chunked
 prefill puts running decodes and prefill chunks in one step, running requests first), so each
-of them waits ``queue_s + prefill_s`` longer over its answer::
+of them waits ``queue_s + prefill_s`` longer over its answer, but no step outlasts one chunk::
 
-    batch_tpot_s = step_s + (queue_s + prefill_s) / STALL_STEPS      (0 when nothing runs there)
+    batch_tpot_s = step_s + min((queue_s + prefill_s) / STALL_STEPS, max(0, chunk_s − step_s))
+                   (0 when nothing runs there)
 
-``STALL_STEPS``: a short answer's decode steps, over which the stall is spread. A placement
+``STALL_STEPS``: a short answer's decode steps, over which the stall is spread; ``chunk_s =
+max_num_batched_tokens / prefill_tokens_per_s``: a step carrying a full chunk of the pool's step
+budget (vLLM's ``--max-num-batched-tokens``). Such a step computes the chunk and the decodes in one
+forward pass, whose linear layers read the weights once: it lasts about ``max(step_s, chunk_s)``
+(the roofline the replay simulator steps by, ``replay/hardware.py``), so the decodes' TPOT is at most
+that whatever the prompt: a 512-token budget on the packaged aggregated 70B replica caps it at 42 ms
+(the simulator: about 40 ms), the default 8,192 at 0.67 s. A placement
 meets the SLO only when this too is within the TPOT objective: a 6,000-token prompt on an
 aggregated 70B replica (0.49 s of prefill) breaks the 0.1 s TPOT of the short answers decoding
 there ((6 x 21 ms + 0.49 s) / 6 = 0.10 s per token), while in a prefill pool it delays no
@@ -189,11 +196,15 @@ def tpot_s(pool: Pool, batch: int, output_tokens: int, *, prefill_share: float |
 def batch_tpot_s(pool: Pool, batch: int, running: int | None, prefill_s: float) -> float:
     """Predicted TPOT of the ``running`` requests decoding on an aggregated endpoint of ``pool``
     (``batch`` outstanding there) when ``prefill_s`` seconds of prefill (the queue there and this
-    request's own) run in their steps:
-    ``max(decode_step_s, batch / decode_tokens_per_s) + prefill_s / STALL_STEPS``; 0 when none runs."""
+    request's own) run in their steps: ``step + min(prefill_s / STALL_STEPS, max(0, chunk_s - step))``
+    with ``step = max(decode_step_s, batch / decode_tokens_per_s)`` and ``chunk_s =
+    max_num_batched_tokens / prefill_tokens_per_s`` (no step outlasts one chunk of the pool's step
+    budget; module docstring); 0 when none runs."""
     if not running:
         return 0.0
-    return max(pool.decode_step_s or 0.0, batch / pool.decode_tokens_per_s) + prefill_s / STALL_STEPS
+    step = max(pool.decode_step_s or 0.0, batch / pool.decode_tokens_per_s)
+    chunk_s = pool.max_num_batched_tokens / pool.prefill_tokens_per_s
+    return step + min(prefill_s / STALL_STEPS, max(0.0, chunk_s - step))
 
 
 def kv_short(pool: Pool, pick: PoolPick, i: int, need_tokens: int) -> bool:

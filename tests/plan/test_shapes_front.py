@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import yaml
 
 from pointsman.plan.evaluate import ShapeResult
@@ -135,3 +136,37 @@ def test_wider_prefill_replicas_and_a_usable_small_pd_pool() -> None:
     assert policy.disaggregation.min_pool_gpus == 6
     assert space.pd_guard(space.base) is None and space.policy_as_written(space.base)
     assert space.pd_guard(replace(small, pools=small.with_pools("onprem-70b", Pools(2)).pools)) is None
+
+
+def test_a_step_budget_and_a_dropped_target_are_shapes_of_the_search() -> None:
+    import yaml as _yaml
+
+    from pointsman.errors import PolicyError
+    from pointsman.plan.tuning import TuningSpace
+    from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, STATIC_POLICY_PATH, compile_policy
+
+    space = _space()
+    space = space.with_policy(TuningSpace(_yaml.safe_load(DEFAULT_POLICY_PATH.read_text(encoding="utf-8"))))
+    small = space.base.with_pools("onprem-70b", Pools(1)).with_pools("onprem-8b", Pools(1))
+    chunked = small.with_pools("onprem-70b", Pools(1, max_num_batched_tokens=512))
+    alone = chunked.with_pools("onprem-8b", Pools(0))
+    around = set(space.neighbors(small))
+    assert chunked in around and small.with_pools("onprem-8b", Pools(0)) in around  # one step each
+    assert alone in set(space.neighbors(chunked))
+    assert space.label(alone) == "onprem-8b none | onprem-70b A1 B512"
+    assert space.gpus_of(alone) == 2 and space.floor_usd_per_month(alone) < space.floor_usd_per_month(chunked)
+    assert not space.covered_by(small, chunked) and not space.covered_by(chunked, small)  # budgets differ
+    assert not space.valid(alone.with_pools("onprem-70b", Pools(0)))  # some on-prem target stays
+    assert not space.valid(small.with_pools("onprem-70b", Pools(1, max_num_batched_tokens=300)))
+    fleet = parse_fleet(space.fleet_text(alone))
+    assert list(fleet.targets) == ["onprem-70b", "frontier-small", "frontier-large"]
+    pools = fleet.targets["onprem-70b"].pools_by_role()  # type: ignore[union-attr]
+    assert pools["aggregated"].max_num_batched_tokens == 512
+    assert sim_fleet(fleet).on_prem[0].replica.max_num_batched_tokens == 512  # the simulator steps with it
+    # the default policy compiles without the 8B model (its 8B rules are if_fleet_has), the
+    # static one does not: the search skips such a shape as invalid
+    policy = compile_policy(space.policy_text(alone), fleet, "planned.yaml")
+    assert [name for name, _ in policy.omitted] == ["onprem-8b-in-slo", "onprem-8b-first"]
+    assert "onprem-8b" not in {t for r in policy.rules for t, _ in r.candidates}
+    with pytest.raises(PolicyError, match="unknown-target"):
+        compile_policy(STATIC_POLICY_PATH.read_text(encoding="utf-8"), fleet, "static.yaml")

@@ -3,6 +3,7 @@ through the real RoutingEngine: a predicted TTFT over the SLO overflows before t
 served, P/D by prediction keeps its guards, and the trace carries the inputs."""
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -205,6 +206,28 @@ def test_a_long_prompt_beside_running_answers_is_predicted_to_stall_them(fleet) 
     d = engine.route(req(609), dispatch=False)
     assert d.rule == "seventy"
     assert d.trace["prediction"]["onprem-70b/aggregated"]["batch_tpot_s"] == pytest.approx(0.021 + 609 / 12192 / 6)
+
+
+def test_a_small_step_budget_caps_the_stall_at_one_chunk(tmp_path) -> None:
+    # POOL: step 0.02 s, chunk_s = 1,000 / 10,000 = 0.1 s: 0.3 s of prefill spread over 6 steps
+    # (0.05 s each) is under one chunk's 0.08 s beyond the step; 3 s of it is not
+    assert latency.batch_tpot_s(POOL, 3, 3, 0.3) == pytest.approx(0.02 + 0.05)
+    assert latency.batch_tpot_s(POOL, 3, 3, 3.0) == pytest.approx(0.1)
+    # a budget whose chunk is shorter than a decode step adds nothing: the chunk rides the step
+    tiny = POOL.model_copy(update={"max_num_batched_tokens": 100})
+    assert latency.batch_tpot_s(tiny, 3, 3, 3.0) == pytest.approx(0.02)
+    # through the engine: the packaged fleet with the aggregated 70B pool at vLLM's
+    # --max-num-batched-tokens 512 (chunk_s = 512 / 12,192 = 42 ms): the 6,096-token prompt that
+    # stalls 4 running answers to 0.104 s at 8,192 (the test above) stalls them 42 ms at most
+    head, _, tail = Path(load_fleet().file).read_text(encoding="utf-8").partition("  onprem-70b:\n")
+    text = head + "  onprem-70b:\n" + tail.replace("max_num_batched_tokens: 8192", "max_num_batched_tokens: 512", 1)
+    (tmp_path / "fleet.yaml").write_text(text, encoding="utf-8")
+    engine, clock = engine_for(load_fleet(tmp_path / "fleet.yaml"), STALL)
+    for ep in ("llama-70b-0", "llama-70b-1"):
+        engine.state.push_load(ep, {"num_requests_running": 4, "num_requests_waiting": 0}, now=clock.t)
+    d = engine.route(req(6096), dispatch=False)
+    assert d.rule == "seventy"
+    assert d.trace["prediction"]["onprem-70b/aggregated"]["batch_tpot_s"] == pytest.approx(512 / 12192)
 
 
 PREFER = AUTO.replace("by_prediction: true", "by_prediction: true, prefer_disaggregated: true")

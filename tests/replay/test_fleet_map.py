@@ -109,3 +109,20 @@ def test_quality_columns_are_validated_and_read(tmp_path: Path) -> None:
     assert {t: c["alpacaeval_ae1"] for t, c in default.items()} == {
         "onprem-8b": "llama-2-7b-chat-hf", "onprem-70b": "llama-2-70b-chat-hf",
         "frontier-small": "gpt-3.5-turbo-1106", "frontier-large": "gpt4_1106_preview"}
+
+
+def test_each_pool_steps_with_its_own_token_budget(tmp_path: Path) -> None:
+    # the pool's max_num_batched_tokens (vLLM's --max-num-batched-tokens, which the engine's
+    # latency prediction reads too) is the simulated replica's step budget; the P/D prefill pool
+    # keeps its own
+    text = DEFAULT_FLEET_PATH.read_text(encoding="utf-8")
+    head, _, tail = text.partition("  onprem-70b:\n")
+    tail = tail.replace("max_num_batched_tokens: 8192", "max_num_batched_tokens: 512", 1)  # the aggregated pool
+    (tmp_path / "fleet.yaml").write_text(head + "  onprem-70b:\n" + tail, encoding="utf-8")
+    big = {t.name: t for t in sim_fleet(load_fleet(tmp_path / "fleet.yaml")).on_prem}["onprem-70b"]
+    assert big.replica.max_num_batched_tokens == 512
+    assert big.replica.max_batch_size == 512  # vLLM caps max_num_seqs at the token budget
+    assert big.prefill_replica is not None and big.prefill_replica.max_num_batched_tokens == 8192
+    # the target-wide replay key it replaces is refused, not silently ignored
+    with pytest.raises(FleetError, match="max_num_batched_tokens"):
+        load_fleet(write(tmp_path, replay="    replay: {max_num_batched_tokens: 512}"))

@@ -176,6 +176,33 @@ def test_policy_check(tmp_path: Path):
     assert r.exit_code == 0 and r.stdout.startswith(f"{DEFAULT_POLICY_PATH}: ok (7 rules, 4 verify rules, revision ")
 
 
+def test_policy_check_names_the_rules_a_fleet_without_their_target_leaves_out(tmp_path: Path):
+    # the packaged fleet without the 8B model: the default policy's two 8B rules are
+    # `if_fleet_has: [onprem-8b]`, so they are left out and named; the rest compiles
+    text = (DEFAULT_POLICY_DIR.parent / "fleet.yaml").read_text(encoding="utf-8")
+    head, _, rest = text.partition("  onprem-8b:\n")
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(head + rest[rest.index("  onprem-70b:\n"):], encoding="utf-8")
+    r = CliRunner().invoke(main, ["policy", "check", "--fleet", str(fleet), str(DEFAULT_POLICY_PATH)])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip().endswith("rule 'onprem-8b-in-slo' left out: the fleet has no 'onprem-8b'; "
+                                     "rule 'onprem-8b-first' left out: the fleet has no 'onprem-8b')"), r.stdout
+    assert "(5 rules, 4 verify rules" in r.stdout
+    # a policy that routes to the 8B model without if_fleet_has still fails there, located
+    r = CliRunner().invoke(main, ["policy", "check", "--fleet", str(fleet), str(STATIC_POLICY_PATH)])
+    assert r.exit_code == 1 and "unknown-target: unknown target 'onprem-8b'" in r.stdout
+    # a misspelled if_fleet_has (a name the rule neither routes to nor reads) is an error, not a
+    # rule silently left out on every fleet
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n  - name: small\n"
+                   "    if_fleet_has: [onprem-8B]\n    when: predict[\"onprem-8b\"].meets_slo\n"
+                   "    route: {target: onprem-8b}\n  - name: default\n    route: {target: onprem-70b}\n")
+    r = CliRunner().invoke(main, ["policy", "check", str(bad)])
+    assert r.exit_code == 1
+    assert r.stdout.splitlines() == [f"{bad}:5:20: invalid-value: if_fleet_has lists 'onprem-8B', which rule "
+                                     "'small' neither routes to nor reads"]
+
+
 def test_policy_check_prints_three_different_mistakes_with_their_locations(tmp_path: Path):
     bad = tmp_path / "three.yaml"
     bad.write_text("""\
