@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pointsman.plan.evaluate import ShapeResult
     from pointsman.plan.shapes import Shape, ShapeSpace
     from pointsman.plan.tuning import TuningSpace
+    from pointsman.policy.fleet import Fleet
     from pointsman.replay.engine_router import TraceMessages
     from pointsman.replay.outcome_draw import OutcomeRow
     from pointsman.replay.sim_fleet import SimFleet
@@ -187,7 +188,7 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
             texts = [list(r.messages) for r in rows]
         estimator = _estimator(estimator_spec)
         book, _ = _drafts(cascade, drafts_path, rows is not None)
-        tuning = _tuning(policy_file, tune_specs, texts, estimator)
+        tuning = _tuning(policy_file, tune_specs, texts, estimator, _frontier_prices(fleet, requests))
         space = space.with_policy(tuning)
     except (FleetError, PolicyError, DataError) as exc:
         raise InputError(str(exc).splitlines()[0]) from None
@@ -333,10 +334,26 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
     click.echo(f"report: {written['html']} ({', '.join(p.name for p in written.values())}); {wall:.0f} s")
 
 
+def _frontier_prices(fleet: Fleet, requests: Sequence[TraceRequest]) -> list[float]:
+    """Each request's estimated USD on the fleet's frontier target with the highest output price
+    (``cost(target)`` without a cached prefix: the fleet's default output length, as the engine
+    assumes for a request without max_tokens); [] without a frontier target (``plan.tuning``)."""
+    from pointsman.policy.cost import estimate_cost
+    from pointsman.policy.fleet import FrontierTarget
+
+    tiers = [(n, t) for n, t in fleet.targets.items() if isinstance(t, FrontierTarget)]
+    if not tiers:
+        return []
+    name, tier = max(tiers, key=lambda nt: nt[1].prices.usd_per_1m_output_tokens)
+    out = fleet.spec.defaults.output_tokens
+    return [estimate_cost(name, tier, "aggregated", r.prompt_tokens, out).usd for r in requests]
+
+
 def _tuning(policy_file: Path, specs: tuple[str, ...], texts: Sequence[TraceMessages | None] | None,
-            estimator: Estimator) -> TuningSpace:
+            estimator: Estimator, prices_usd: Sequence[float] = ()) -> TuningSpace:
     """The policy settings to search (``plan.tuning``): ``--tune`` specs, or the default knobs;
-    quantiles from the estimator's p_hard over the trace's prompts. Raises ``InputError``."""
+    quantiles from the estimator's p_hard over the trace's prompts and of ``prices_usd`` (each
+    request's frontier price, ``_frontier_prices``). Raises ``InputError``."""
     import yaml
 
     from pointsman.plan.tuning import TuningSpace, default_knobs, parse_tune, resolve
@@ -347,7 +364,8 @@ def _tuning(policy_file: Path, specs: tuple[str, ...], texts: Sequence[TraceMess
     try:
         parsed = [parse_tune(s) for s in specs] if specs else default_knobs(doc)
         needs_scores = any(v.startswith("q") for _, values in parsed for v in values)
-        return TuningSpace(doc, resolve(doc, parsed, _trace_p_hard(texts, estimator) if needs_scores else []))
+        return TuningSpace(doc, resolve(doc, parsed, _trace_p_hard(texts, estimator) if needs_scores else [],
+                                        prices_usd))
     except ValueError as exc:
         raise InputError(f"--tune {exc}") from None
 

@@ -4,10 +4,15 @@ A **knob** is a numeric policy variable (``variables.<name>``, e.g. ``p_hard_fro
 cascade's ``verify.prefix_tokens``, with the values the plan may give it. ``pointsman plan --tune
 NAME=V1,V2,...`` names them; a value ``qP`` is the P-quantile of the difficulty estimator's
 ``p_hard`` over the planned trace's prompts (``resolve``), so a threshold follows the shipped
-estimator when it is retrained instead of being a number tuned to an old one. Without ``--tune``
-(``default_knobs``): every variable whose name starts with ``p_hard`` over ``DEFAULT_QUANTILES``
-of the trace, every ``p_bad*`` variable over ``DEFAULT_P_BAD`` and ``verify.prefix_tokens`` over
-``DEFAULT_PREFIX_TOKENS`` when the policy sets it.
+estimator when it is retrained instead of being a number tuned to an old one; a value ``cP`` is
+the P-quantile of the trace's requests' estimated price on the frontier target with the highest
+output price (what ``cost("<that target>")`` gives a request there without a cached prefix: its
+prompt at the input price, the fleet's default output length at the output price), so a price
+cap follows the trace's prompt lengths. Without ``--tune`` (``default_knobs``): every variable
+whose name starts with ``p_hard`` over ``DEFAULT_QUANTILES`` of the trace, every ``p_bad*``
+variable over ``DEFAULT_P_BAD``, every variable whose name ends with ``_max_usd`` over
+``DEFAULT_COST_QUANTILES`` and ``verify.prefix_tokens`` over ``DEFAULT_PREFIX_TOKENS`` when the
+policy sets it.
 
 A knob's values always hold the policy's own value (the base), sorted; a ``Tuning`` is one index
 per knob, and the base tuning is the policy as written. ``policy_text(tuning)`` writes the policy
@@ -29,6 +34,8 @@ PREFIX_TOKENS = "verify.prefix_tokens"
 #: Quantiles of the trace's p_hard searched for a ``p_hard*`` variable without ``--tune``.
 DEFAULT_QUANTILES = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98)
 
+#: Quantiles of the trace's frontier price per request searched for a ``*_max_usd`` variable.
+DEFAULT_COST_QUANTILES = (0.2, 0.4, 0.6, 0.8, 0.9)
 #: Verifier thresholds searched for a ``p_bad*`` variable without ``--tune``.
 DEFAULT_P_BAD = (0.3, 0.4, 0.5, 0.6)
 
@@ -85,11 +92,12 @@ def _own(doc: Mapping[str, object], name: str) -> float | None:
 
 
 def resolve(doc: Mapping[str, object], specs: Sequence[tuple[str, Sequence[str]]],
-            p_hard: Sequence[float]) -> tuple[Knob, ...]:
+            p_hard: Sequence[float], costs_usd: Sequence[float] = ()) -> tuple[Knob, ...]:
     """The knobs of ``specs`` ((name, raw values) pairs) against the policy document ``doc``;
-    ``p_hard``: the trace's scores, for ``qP`` values. Raises ``ValueError`` for a name that is
-    not a numeric variable of the policy (or ``PREFIX_TOKENS`` without a ``verify`` section), a
-    value that is not a number, a quantile outside 0-1 or without scores."""
+    ``p_hard``: the trace's scores, for ``qP`` values; ``costs_usd``: its requests' frontier
+    prices, for ``cP`` values (module docstring). Raises ``ValueError`` for a name that is not a
+    numeric variable of the policy (or ``PREFIX_TOKENS`` without a ``verify`` section), a value
+    that is not a number, a quantile outside 0-1 or without scores or prices."""
     knobs = []
     for name, raw in specs:
         own = _own(doc, name)
@@ -102,18 +110,19 @@ def resolve(doc: Mapping[str, object], specs: Sequence[tuple[str, Sequence[str]]
         values = set()
         for v in raw:
             try:
-                if v.startswith("q"):
+                if v.startswith(("q", "c")):
                     q = float(v[1:])
-                    if not 0 <= q <= 1 or not p_hard:
+                    of = p_hard if v.startswith("q") else costs_usd
+                    if not 0 <= q <= 1 or not of:
                         raise ValueError
-                    values.add(round(quantile(p_hard, q), 3))
+                    values.add(round(quantile(of, q), 3 if v.startswith("q") else 5))
                 else:
                     x = float(v)
                     if not math.isfinite(x):
                         raise ValueError
                     values.add(x)
             except ValueError:
-                raise ValueError(f"{name}={v}: expected a number or qP with P in [0, 1]"
+                raise ValueError(f"{name}={v}: expected a number, qP or cP with P in [0, 1]"
                                  + ("" if p_hard else " (no p_hard scores for a quantile)")) from None
         if name == PREFIX_TOKENS and any(x < 0 or x != int(x) for x in values):
             raise ValueError(f"{name}: expected whole numbers of tokens (0: verify the whole draft)")
@@ -126,7 +135,8 @@ def resolve(doc: Mapping[str, object], specs: Sequence[tuple[str, Sequence[str]]
 def default_knobs(doc: Mapping[str, object]) -> list[tuple[str, list[str]]]:
     """Without ``--tune``: every numeric ``p_hard*`` variable over ``DEFAULT_QUANTILES`` of the
     trace's p_hard, every numeric ``p_bad*`` variable (a verifier threshold) over
-    ``DEFAULT_P_BAD``, and ``verify.prefix_tokens`` over ``DEFAULT_PREFIX_TOKENS`` when the
+    ``DEFAULT_P_BAD``, every numeric ``*_max_usd`` variable over ``DEFAULT_COST_QUANTILES`` of the
+    trace's frontier prices, and ``verify.prefix_tokens`` over ``DEFAULT_PREFIX_TOKENS`` when the
     policy sets it."""
     variables = doc.get("variables")
     out: list[tuple[str, list[str]]] = []
@@ -138,6 +148,8 @@ def default_knobs(doc: Mapping[str, object]) -> list[tuple[str, list[str]]]:
             out.append((name, [f"q{q:g}" for q in DEFAULT_QUANTILES]))
         elif name.startswith("p_bad"):
             out.append((name, [f"{v:g}" for v in DEFAULT_P_BAD]))
+        elif name.endswith("_max_usd"):
+            out.append((name, [f"c{q:g}" for q in DEFAULT_COST_QUANTILES]))
     if _own(doc, PREFIX_TOKENS) is not None:
         out.append((PREFIX_TOKENS, [str(v) for v in DEFAULT_PREFIX_TOKENS]))
     return out

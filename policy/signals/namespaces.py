@@ -305,7 +305,9 @@ SIGNALS: dict[str, Namespace] = {
                                    "runs short"),
         "batch_tpot_s": Signal("double", "predicted TPOT of the requests already decoding on the chosen aggregated "
                                          "endpoint once the prefill queued there and this request's run in their "
-                                         "steps, seconds (step + (queue_s + prefill_s) / 6, a short answer's steps); "
+                                         "steps, seconds (step + min((queue_s + prefill_s) / 6, chunk_s - step): a "
+                                         "short answer's 6 steps, none longer than one chunk of the pool's "
+                                         "max_num_batched_tokens, chunk_s); "
                                          "0 disaggregated, on a frontier tier or with nothing running there"),
         "slo_score": Signal("double", "max(ttft_s / slo_ttft_s, max(tpot_s, batch_tpot_s) / slo_tpot_s): at most 1 "
                                       "meets the SLO, lower is better (what the P/D choice compares); infinite "

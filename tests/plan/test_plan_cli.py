@@ -216,6 +216,32 @@ def test_the_plan_tunes_a_threshold_with_the_shape_and_its_policy_file_reproduce
     assert summary["effective_usd_per_mtok"] == pytest.approx(rec["usd_per_mtok"], rel=1e-9)
 
 
+def test_a_price_cap_is_searched_over_the_traces_frontier_prices(tmp_path: Path) -> None:
+    """The default policy with every prompt hard (p_hard_frontier 0.1 against fixed:0.2): its
+    hard_prompt_max_usd (a `*_max_usd` variable, searched without --tune) takes the quantiles of
+    the trace's frontier-large prices (cost("frontier-large") without a cached prefix: prompt at
+    $2.50/M, the fleet's 256 default output tokens at $10/M); the median cap keeps the dearer half
+    of the prompts off the large tier, which the plan finds cheaper."""
+    from pointsman.datasets.traces import load_trace
+    from pointsman.plan.tuning import quantile
+
+    policy = tmp_path / "all-large.yaml"
+    policy.write_text((DEFAULT_POLICY_DIR / "default.yaml").read_text().replace(
+        "  p_hard_frontier: 0.67", "  p_hard_frontier: 0.1"), encoding="utf-8")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["plan", str(_shared_conv()), "--limit", "40", "--estimator", "fixed:0.2",
+                                    "--policy", str(policy), "--max-replicas", "1", "--workers", "1",
+                                    "--search-requests", "0", "--time-budget-s", "60", "--min-quality-share", "0",
+                                    "--tune", "hard_prompt_max_usd=c0.5", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    prices = [(r.prompt_tokens * 2.5 + 256 * 10.0) / 1e6 for r in load_trace(_shared_conv(), limit=40)]
+    cap = round(quantile(prices, 0.5), 5)
+    report = json.loads((out / "plan.json").read_text())
+    rec = report["recommended"]
+    assert rec is not None and rec["label"].endswith(f"| hard_prompt_max_usd={cap:.4g}"), (cap, rec["label"])
+    assert yaml.safe_load((out / "policy.yaml").read_text())["variables"]["hard_prompt_max_usd"] == cap
+
+
 def test_the_plan_replays_the_cascade_as_its_reproduce_command_does(tmp_path: Path) -> None:
     """The packaged default policy (verify section, early verification) planned on a slice: the
     recommended shape's quality and cost are those `pointsman replay` gives with the cascade on
@@ -242,7 +268,8 @@ def test_the_plan_replays_the_cascade_as_its_reproduce_command_does(tmp_path: Pa
 
 @pytest.mark.parametrize("tune, message", [
     ("nope=1", "nope: not a numeric variable of the policy"),
-    ("p_hard_frontier=qx", "p_hard_frontier=qx: expected a number or qP"),
+    ("p_hard_frontier=qx", "p_hard_frontier=qx: expected a number, qP or cP"),
+    ("hard_prompt_max_usd=c2", "hard_prompt_max_usd=c2: expected a number, qP or cP"),
     ("p_hard_frontier", "expected NAME=V1,V2"),
 ])
 def test_a_bad_tune_is_one_error_line(tmp_path: Path, tune: str, message: str) -> None:
