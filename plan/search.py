@@ -103,15 +103,16 @@ def _priority(space: ShapeSpace, current: ShapeResult, shape: Shape, ascending: 
     """Sort key of a neighbour (lower first). Ascending: replicas added where ``current``'s
     misses are (prefill replicas for TTFT misses, decode for TPOT, aggregated for both, all
     three for rejections), per dollar of floor added; when ``current`` meets the SLO goal but
-    not the quality floor (``quality_short``), a policy setting changed first (it costs no GPU),
-    then wider prefill replicas (long prompts that overflow to a frontier tier because their
-    prefill alone would miss the TTFT objective stay on-prem).
+    not the quality floor (``quality_short``), a policy setting changed first (it costs no GPU; a
+    move toward quality first, ``TuningSpace.toward_quality``), then wider prefill replicas (long
+    prompts that overflow to a frontier tier because their prefill alone would miss the TTFT
+    objective stay on-prem).
     Descending: the largest saving first."""
     delta = space.floor_usd_per_month(shape) - space.floor_usd_per_month(current.shape)
     if not ascending:
         return (delta, 0.0)
     if quality_short and shape.tuning != current.shape.tuning:
-        return (-math.inf, delta)
+        return (-math.inf, 0.0 if space.policy.toward_quality(current.shape.tuning, shape.tuning) else 1.0)
     if quality_short and any(shape.of(t.name).prefill_tp > current.shape.of(t.name).prefill_tp for t in space.targets):
         return (-1e9, delta)  # wider prefill replicas keep long prompts on-prem instead of overflowing
     gain = 0.0

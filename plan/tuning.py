@@ -178,6 +178,18 @@ class TuningSpace:
                     out.append(tuning[:i] + (j,) + tuning[i + 1:])
         return out
 
+    def toward_quality(self, before: Tuning, after: Tuning) -> bool:
+        """Whether ``after`` moves a knob the way that sends more to the frontier tiers (more
+        quality, more cost): a ``p_hard*`` or ``p_bad*`` threshold down, a ``*_max_usd`` cap up
+        (by the knobs' names, as ``default_knobs`` reads them); other knobs: False."""
+        for k, a, b in zip(self.knobs, before, after, strict=True):
+            if a != b:
+                if k.name.startswith(("p_hard", "p_bad")):
+                    return b < a
+                if k.name.endswith("_max_usd"):
+                    return b > a
+        return False
+
     def values(self, tuning: Tuning) -> dict[str, float]:
         """Knob name -> value of ``tuning``."""
         return {k.name: k.values[i] for k, i in zip(self.knobs, tuning, strict=True)}

@@ -170,3 +170,23 @@ def test_a_step_budget_and_a_dropped_target_are_shapes_of_the_search() -> None:
     assert "onprem-8b" not in {t for r in policy.rules for t, _ in r.candidates}
     with pytest.raises(PolicyError, match="unknown-target"):
         compile_policy(STATIC_POLICY_PATH.read_text(encoding="utf-8"), fleet, "static.yaml")
+
+
+def test_a_quality_short_near_miss_tries_the_settings_that_buy_quality_first() -> None:
+    from pointsman.plan.search import _priority
+    from pointsman.plan.tuning import Knob, TuningSpace
+
+    knobs = (Knob("p_hard_frontier", (0.5, 0.67, 0.8), 1), Knob("hard_prompt_max_usd", (0.004, 0.008, 1000.0), 2),
+             Knob("verify.prefix_tokens", (16.0, 32.0), 1))
+    space = _space().with_policy(TuningSpace({"variables": {}}, knobs))
+    here = (1, 1, 1)
+    assert space.policy.toward_quality(here, (0, 1, 1)) and not space.policy.toward_quality(here, (2, 1, 1))
+    assert space.policy.toward_quality(here, (1, 2, 1)) and not space.policy.toward_quality(here, (1, 0, 1))
+    assert not space.policy.toward_quality(here, (1, 1, 0))
+    from dataclasses import replace as _replace
+
+    current = ShapeResult(_replace(space.base, tuning=here), 1.0, "x", 18, usd_per_month=1.0, slo_attainment=1.0,
+                          quality=0.9)
+    order = sorted(space.policy.neighbors(here),
+                   key=lambda t: _priority(space, current, _replace(space.base, tuning=t), True, True))
+    assert order[:2] == [(0, 1, 1), (1, 2, 1)]  # a lower threshold, a higher cap: more on the frontier
