@@ -182,6 +182,17 @@ def _shared_conv() -> Path:
         pytest.skip("shared datasets not found")
 
 
+def _plan_all_large(tmp_path: Path, out: Path, *args: str):
+    """``pointsman plan`` on 40 conv requests, every prompt hard: the default policy with p_hard_frontier
+    0.1 against ``fixed:0.2``, the whole trace searched, no quality floor, ``args`` added."""
+    policy = tmp_path / "all-large.yaml"
+    policy.write_text((DEFAULT_POLICY_DIR / "default.yaml").read_text().replace(
+        "  p_hard_frontier: 0.67", "  p_hard_frontier: 0.1"), encoding="utf-8")
+    return CliRunner().invoke(main, ["plan", str(_shared_conv()), "--limit", "40", "--estimator", "fixed:0.2",
+                                     "--policy", str(policy), "--workers", "1", "--search-requests", "0",
+                                     "--time-budget-s", "60", "--min-quality-share", "0", *args, "--out", str(out)])
+
+
 def test_the_plan_tunes_a_threshold_with_the_shape_and_its_policy_file_reproduces(tmp_path: Path) -> None:
     """The default policy with p_hard_frontier 0.1 sends every prompt (p_hard 0.2 here) to
     frontier-large. --tune p_hard_frontier=q0.5,0.9: q0.5 resolves to 0.2 (the trace's median,
@@ -189,14 +200,8 @@ def test_the_plan_tunes_a_threshold_with_the_shape_and_its_policy_file_reproduce
     recommends it, writes it into --out/policy.yaml, and `pointsman replay` with the reproduce
     command (the cascade on, as in the plan's replays) gives the plan's SLO attainment, quality and
     $/Mtok exactly."""
-    policy = tmp_path / "all-large.yaml"
-    policy.write_text((DEFAULT_POLICY_DIR / "default.yaml").read_text().replace(
-        "  p_hard_frontier: 0.67", "  p_hard_frontier: 0.1"), encoding="utf-8")
     out = tmp_path / "out"
-    res = CliRunner().invoke(main, ["plan", str(_shared_conv()), "--limit", "40", "--estimator", "fixed:0.2",
-                                    "--policy", str(policy), "--max-replicas", "2", "--workers", "1",
-                                    "--search-requests", "0", "--time-budget-s", "60", "--min-quality-share", "0",
-                                    "--tune", "p_hard_frontier=q0.5,0.9", "--out", str(out)])
+    res = _plan_all_large(tmp_path, out, "--max-replicas", "2", "--tune", "p_hard_frontier=q0.5,0.9")
     assert res.exit_code == 0, res.output
     report = json.loads((out / "plan.json").read_text())
     labels = {r["label"] for r in report["evaluated"]}
@@ -225,14 +230,8 @@ def test_a_price_cap_is_searched_over_the_traces_frontier_prices(tmp_path: Path)
     from pointsman.datasets.traces import load_trace
     from pointsman.plan.tuning import quantile
 
-    policy = tmp_path / "all-large.yaml"
-    policy.write_text((DEFAULT_POLICY_DIR / "default.yaml").read_text().replace(
-        "  p_hard_frontier: 0.67", "  p_hard_frontier: 0.1"), encoding="utf-8")
     out = tmp_path / "out"
-    res = CliRunner().invoke(main, ["plan", str(_shared_conv()), "--limit", "40", "--estimator", "fixed:0.2",
-                                    "--policy", str(policy), "--max-replicas", "1", "--workers", "1",
-                                    "--search-requests", "0", "--time-budget-s", "60", "--min-quality-share", "0",
-                                    "--tune", "hard_prompt_max_usd=c0.5", "--out", str(out)])
+    res = _plan_all_large(tmp_path, out, "--max-replicas", "1", "--tune", "hard_prompt_max_usd=c0.5")
     assert res.exit_code == 0, res.output
     prices = [(r.prompt_tokens * 2.5 + 256 * 10.0) / 1e6 for r in load_trace(_shared_conv(), limit=40)]
     cap = round(quantile(prices, 0.5), 5)
