@@ -168,7 +168,15 @@ def _text(value: JSONValue) -> str:
 
 
 def _part(block: JSONValue) -> JSONObject:
-    """One content block of any of the APIs as a Chat Completions part."""
+    """One content block of any of the APIs as a Chat Completions part, keeping its ``cache_control``
+    (Anthropic's prompt-cache breakpoint: what an explicit-cache target caches, ``has_cache_control``)."""
+    part = _chat_part(block)
+    if isinstance(block, dict) and "cache_control" in block:
+        part["cache_control"] = block["cache_control"]
+    return part
+
+
+def _chat_part(block: JSONValue) -> JSONObject:
     if not isinstance(block, dict):
         return {"type": "text", "text": _text(block)}
     kind = block.get("type")

@@ -881,3 +881,48 @@ def test_a_cancelled_anthropic_stream_does_not_book_its_first_events_placeholder
         time.sleep(0.01)
     booked = state.ledger.effective_price_per_token(target, "day").completion_tokens - before
     assert booked == app.state.runtime.live.engine.fleet.output_tokens(target, None)  # before: 1
+
+
+def test_an_anthropic_cache_control_breakpoint_reaches_the_explicit_cache_estimate(tmp_path):
+    """Anthropic's prompt caching is marked on content blocks (most often the system prompt's); the picker
+    rebuilds an Anthropic body's system and blocks as chat parts, which dropped their ``cache_control``, so
+    a marked request to a ``prompt_cache: explicit`` target was estimated as unmarked: its cache write
+    (1.25x input) not priced, its repeat credited no cached prefix -- found by a fresh-eyes tester."""
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH, parse_fleet
+    from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH
+
+    text = DEFAULT_FLEET_PATH.read_text(encoding="utf-8")
+    for old, new in (("prompt_cache_ttl_s: 300\n", "prompt_cache_ttl_s: 300\n    prompt_cache: explicit\n"),
+                     ("usd_per_1m_cache_write_input_tokens: 2.50  ", "usd_per_1m_cache_write_input_tokens: 3.125  ")):
+        head, found, tail = text.rpartition(old)  # the last: frontier-large's, an Anthropic-style tier (writes 1.25x)
+        assert found
+        text = head + new + tail
+    fleet = parse_fleet(text)
+    settings_ = Settings(data_dir=tmp_path, watch_policy=False, watch_fleet=False, scrape_interval_s=0,
+                         ext_proc_port=0, max_body_bytes=MAX_BODY, decision_log_flush_ms=5)
+    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.95),
+                           state=build_state(settings_, fleet))
+    system = " ".join(f"Paragraph {i}: the quarterly report lists revenue, costs and margins." for i in range(150))
+
+    def body(marked: bool) -> bytes:
+        block = {"type": "text", "text": system, **({"cache_control": {"type": "ephemeral"}} if marked else {})}
+        return json.dumps({"model": "auto", "max_tokens": 300, "system": [block],
+                           "messages": [{"role": "user", "content": [{"type": "text", "text": "Summarise it."}]}]}
+                          ).encode()
+
+    with TestClient(create_app(settings_, engine=engine, owns_engine=True)) as client:
+        def estimate(marked: bool) -> float:
+            async def scenario(stub, _):
+                call = stub.Process()
+                req = await request_phase(call, body(marked), headers={**REQUEST_HEADERS, ":path": "/v1/messages"})
+                await call.done_writing()
+                return req
+            req = run(client.app, scenario)
+            assert "immediateResponse" not in req[0], req[0]
+            claims = engine.state.claims(set_headers(req[0])["x-pointsman-decision-id"])
+            assert claims is not None and claims.target == "frontier-large"
+            return claims.estimated_cost_usd
+
+        cold = estimate(marked=False)
+        assert estimate(marked=True) > cold  # the first marked request writes its prompt at the write price
+        assert estimate(marked=True) < cold  # its repeat reads the prefix the marked one wrote
