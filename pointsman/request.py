@@ -271,6 +271,15 @@ class RouteRequest(BaseModel):
         return any(m.has_cache_control() for m in self.messages) \
             or any(isinstance(t, dict) and "cache_control" in t for t in self.tools or ())
 
+    def has_cache_control_1h(self) -> bool:
+        """Whether a breakpoint asks Anthropic's 1-hour cache lifetime (``cache_control: {ttl: "1h"}``),
+        whose write is priced higher (``usd_per_1m_cache_write_1h_input_tokens``; 2 x input) than the 5-minute one."""
+        marks = [m.model_extra.get("cache_control") for m in self.messages if m.model_extra]
+        marks += [p.model_extra.get("cache_control") for m in self.messages if isinstance(m.content, list)
+                  for p in m.content if p.model_extra]
+        marks += [t.get("cache_control") for t in self.tools or () if isinstance(t, dict)]
+        return any(isinstance(c, dict) and c.get("ttl") == "1h" for c in marks)
+
 
 def _is_branch_label(item: object) -> bool:
     """Pydantic puts union branch names (``str``, ``list[tagged-union[...]]``) into error locations."""

@@ -80,13 +80,15 @@ def _check_utilization(name: str, value: float) -> float:
 def estimate_cost(name: str, target: OnPremTarget | FrontierTarget, mode: str, prompt_tokens: int,
                   output_tokens: int, cached_prompt_tokens: int = 0, utilization: float = 1.0, *,
                   prefill_utilization: float | None = None, decode_utilization: float | None = None,
-                  pools: tuple[Pool, Pool] | None = None, cache_control: bool = False) -> CostEstimate:
+                  pools: tuple[Pool, Pool] | None = None, cache_control: bool = False,
+                  cache_write_1h: bool = False) -> CostEstimate:
     """Cost in USD of ``prompt_tokens`` in and ``output_tokens`` out on ``target`` in ``mode``
     (formulas in the module docstring). ``utilization`` applies to both phases unless
     ``prefill_utilization`` / ``decode_utilization`` are given; ``pools`` (prefill pool,
     decode pool) overrides the mode's pools (an aggregated request prefilled locally on a
     decode endpoint runs both phases on the decode pool). ``cache_control``: the request marks a
-    prompt-cache breakpoint (read by a frontier target with ``prompt_cache: explicit`` only). Raises
+    prompt-cache breakpoint (read by a frontier target with ``prompt_cache: explicit`` only);
+    ``cache_write_1h``: a breakpoint asks the 1-hour lifetime, whose write price applies. Raises
     ``KeyError`` if the target lacks the mode's pools and ``ValueError`` for a utilization outside (0, 1]."""
     cached = max(0, min(cached_prompt_tokens, prompt_tokens))
     if isinstance(target, FrontierTarget):
@@ -95,8 +97,9 @@ def estimate_cost(name: str, target: OnPremTarget | FrontierTarget, mode: str, p
         if prompt_tokens < target.prompt_cache_min_tokens or (target.prompt_cache == "explicit" and not cache_control):
             cached = 0
         elif target.prompt_cache == "explicit":  # the marked prompt's uncached part is written to the cache
-            p_write = p.usd_per_1m_cache_write_input_tokens
-            p_uncached = CACHE_WRITE_MULTIPLIER * p_uncached if p_write is None else p_write
+            p_write, multiplier = ((p.usd_per_1m_cache_write_1h_input_tokens, CACHE_WRITE_1H_MULTIPLIER) if cache_write_1h
+                                   else (p.usd_per_1m_cache_write_input_tokens, CACHE_WRITE_MULTIPLIER))
+            p_uncached = multiplier * p_uncached if p_write is None else p_write
         usd = ((prompt_tokens - cached) * p_uncached + cached * p.usd_per_1m_cached_input_tokens
                + output_tokens * p.usd_per_1m_output_tokens) / 1e6
         return CostEstimate(name, mode, usd, prompt_tokens, cached, output_tokens)

@@ -208,6 +208,7 @@ class LiveSignals:
         self.now_mono = state.monotonic() if now_mono is None else now_mono
         self.prompt_tokens = int(request["prompt_tokens"])
         self._cache_control = bool(request.get("has_cache_control"))
+        self._cache_1h = bool(request.get("has_cache_control_1h"))
         self.ledger_error: str | None = None
         self._views: dict[tuple[str, str], PoolView] = {}
         self._picks: dict[tuple[str, str], PoolPick] = {}
@@ -636,7 +637,7 @@ class LiveSignals:
             u_p, u_d = self._utilizations(target, mode)
             return estimate_cost(target, t, mode, self.prompt_tokens, self.output_tokens(target), cached_tokens or 0,
                                  prefill_utilization=u_p, decode_utilization=u_d, pools=pools,
-                                 cache_control=self._cache_control)
+                                 cache_control=self._cache_control, cache_write_1h=self._cache_1h)
         if cached_tokens is None and key in self._costs:
             return self._costs[key]
         if cached_tokens is None:
@@ -650,12 +651,14 @@ class LiveSignals:
                 cached_tokens = lk.best(self.healthy_ids(target, role))[1]
             u_p, u_d = self._utilizations(target, mode)
             est = estimate_cost(target, t, mode, self.prompt_tokens, self.output_tokens(target), cached_tokens,
-                                prefill_utilization=u_p, decode_utilization=u_d, cache_control=self._cache_control)
+                                prefill_utilization=u_p, decode_utilization=u_d, cache_control=self._cache_control,
+                             cache_write_1h=self._cache_1h)
             self._costs[key] = est
             return est
         u_p, u_d = self._utilizations(target, mode)
         return estimate_cost(target, t, mode, self.prompt_tokens, self.output_tokens(target), cached_tokens,
-                             prefill_utilization=u_p, decode_utilization=u_d, cache_control=self._cache_control)
+                             prefill_utilization=u_p, decode_utilization=u_d, cache_control=self._cache_control,
+                             cache_write_1h=self._cache_1h)
 
     # -- trace -----------------------------------------------------------------------------
 
@@ -732,7 +735,8 @@ class StaticSignals:
                                                                   self.fleet),
                              decode_utilization=pool_utilization(None if u_d is None else number(load, "decode_utilization"),
                                                                  self.fleet),
-                             cache_control=bool(self.request.get("has_cache_control")))
+                             cache_control=bool(self.request.get("has_cache_control")),
+                             cache_write_1h=bool(self.request.get("has_cache_control_1h")))
 
     def healthy_endpoints(self, target: str) -> int:
         """``load[target].healthy_endpoints``."""

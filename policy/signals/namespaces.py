@@ -64,6 +64,7 @@ class RequestSignals(TypedDict):
     has_audio: bool
     has_files: bool
     has_cache_control: bool
+    has_cache_control_1h: bool
     tenant: str
     team: str
     session_id: str
@@ -257,6 +258,8 @@ SIGNALS: dict[str, Namespace] = {
         "has_files": Signal("bool", "any file part (a PDF, ...) in the conversation (not counted in prompt_tokens)"),
         "has_cache_control": Signal("bool", "a message, content part or tool marks a prompt-cache breakpoint "
                                             "(cache_control): what an explicit-cache frontier target caches"),
+        "has_cache_control_1h": Signal("bool", "a cache_control breakpoint asks the 1-hour lifetime (ttl '1h'), "
+                                               "whose cache write is priced higher"),
         "tenant": Signal("string", "routing.tenant, '' when absent"),
         "team": Signal("string", "routing.team, '' when absent"),
         "session_id": Signal("string", "routing.session_id, '' when absent"),
@@ -457,6 +460,7 @@ def request_signals(features: RequestFeatures, view: RequestView, default_output
         "has_audio": request.has_part(AudioPart),
         "has_files": request.has_part(FilePart),
         "has_cache_control": request.has_cache_control(),
+        "has_cache_control_1h": request.has_cache_control_1h(),
         "tenant": routing.tenant or "",
         "team": routing.team or "",
         "session_id": routing.session_id or "",
@@ -567,7 +571,7 @@ def example_signals(variables: Mapping[str, JSONValue] | None = None, targets: I
             "prompt_tokens": 100, "prompt_tokens_upper": 100,
             "max_output_tokens": 256, "max_output_tokens_set": False, "turns": 1,
             "messages": 1, "has_tools": False, "has_images": False, "images": 0, "has_audio": False, "has_files": False,
-            "has_cache_control": False,
+            "has_cache_control": False, "has_cache_control_1h": False,
             "tenant": "", "team": "",
             "session_id": "", "slo_class": "", "model": "",
         },

@@ -22,6 +22,7 @@ PROMPT = " ".join(f"Paragraph {i}: the quarterly report lists revenue, costs and
 #: frontier-large as an Anthropic-style tier: cached only where a request marks cache_control, writes at 1.25x.
 EXPLICIT = ("prompt_cache_ttl_s: 300\n", "prompt_cache_ttl_s: 300\n    prompt_cache: explicit\n")
 WRITE = ("usd_per_1m_cache_write_input_tokens: 2.50      # as", "usd_per_1m_cache_write_input_tokens: 3.125      # as")
+WRITE_1H = ("usd_per_1m_cache_write_1h_input_tokens: 2.50", "usd_per_1m_cache_write_1h_input_tokens: 5.00")
 
 
 def _routed(tmp_path, fleet):
@@ -31,8 +32,9 @@ def _routed(tmp_path, fleet):
     state.monotonic = lambda: clock[0]
     engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.95), state=state)
     with TestClient(create_app(settings, engine=engine, owns_engine=True)) as c:
-        def route(marked: bool = False) -> dict:
-            content = [{"type": "text", "text": PROMPT, **({"cache_control": {"type": "ephemeral"}} if marked else {})}]
+        def route(marked: bool = False, ttl: str | None = None) -> dict:
+            mark = {"type": "ephemeral", **({"ttl": ttl} if ttl else {})}
+            content = [{"type": "text", "text": PROMPT, **({"cache_control": mark} if marked else {})}]
             r = c.post("/v1/route", json={"messages": [{"role": "user", "content": content}]})
             assert r.status_code == 200, r.text
             assert r.json()["target"] == "frontier-large", r.json()
@@ -47,13 +49,20 @@ def routed(tmp_path):
     yield from _routed(tmp_path, load_fleet())
 
 
-def test_explicit_caching_credits_only_a_marked_prompt_and_prices_its_write(tmp_path):
+def _explicit_fleet():
+    """The packaged fleet with frontier-large as an Anthropic-style tier (writes 1.25x input, 2x for 1 hour)."""
     text = DEFAULT_FLEET_PATH.read_text(encoding="utf-8")
     for old, new in (EXPLICIT, WRITE):
         head, found, tail = text.rpartition(old)  # the last: frontier-large's
         assert found and head.rfind("frontier-large:") > head.rfind("frontier-small:")
         text = head + new + tail
-    fleet = parse_fleet(text)
+    head, found, tail = text.rpartition(WRITE_1H[0])  # the line after the 5-minute write price's
+    assert found and "frontier-large:" not in tail
+    return parse_fleet(head + WRITE_1H[1] + tail)
+
+
+def test_explicit_caching_credits_only_a_marked_prompt_and_prices_its_write(tmp_path):
+    fleet = _explicit_fleet()
     assert fleet.targets["frontier-large"].prompt_cache == "explicit"
     assert fleet.targets["frontier-small"].prompt_cache == "automatic"
     routes = _routed(tmp_path, fleet)
@@ -92,3 +101,22 @@ def test_the_service_and_replay_read_one_lifetime_and_the_old_key_names_its_new_
     with pytest.raises(FleetError, match=r"moved-key: targets.frontier-small.replay.prompt_cache_ttl_s moved to "
                                          r"targets.frontier-small.prompt_cache_ttl_s"):
         parse_fleet(old)
+
+
+def test_a_one_hour_breakpoint_is_estimated_at_the_one_hour_write_price(tmp_path):
+    """Anthropic prices a write with ``cache_control: {ttl: "1h"}`` at 2x input, the default 5-minute one at
+    1.25x; the estimate priced every marked write at the 5-minute price, low for a 1-hour one (the estimate
+    holds the budget and compares targets, so it errs high, never low) -- found by a fresh-eyes tester."""
+    fleet = _explicit_fleet()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    routes = _routed(tmp_path / "a", fleet)
+    five = next(routes)[0](marked=True)
+    routes.close()
+    routes = _routed(tmp_path / "b", fleet)
+    hour = next(routes)[0](marked=True, ttl="1h")
+    routes.close()
+    assert hour["prompt_tokens"] == five["prompt_tokens"]
+    # the whole prompt is written: the difference is the prompt at (5.00 - 3.125) $/Mtok
+    assert hour["estimated_cost_usd"] - five["estimated_cost_usd"] == pytest.approx(
+        hour["prompt_tokens"] * (5.00 - 3.125) / 1e6, rel=1e-6)
