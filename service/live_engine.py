@@ -11,11 +11,13 @@ serialized by a lock, so a policy reload and a model swap at the same moment bot
 ``LiveEngine`` also remembers what the last policy reload, model swap, fleet and budgets reload
 did (``last_reload``, ``last_swap``, ``last_fleet_reload``, ``last_budgets_reload``) and what the
 model follower saw last (``follow``) for ``GET /v1/policy``, ``/v1/fleet``, ``/v1/budgets``,
-``/healthz`` and the metrics.
+``/healthz`` and the metrics. Whenever a policy starts serving, each of its rules left out on the
+fleet (``if_fleet_has``) is logged as a warning (``warn_omitted``).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,6 +27,15 @@ from pointsman.estimator.estimate import Estimator
 from pointsman.json_types import JSONObject
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.rules.compiler import CompiledPolicy
+
+log = logging.getLogger("pointsman.service.policy")
+
+
+def warn_omitted(policy: CompiledPolicy) -> None:
+    """Log a warning naming each rule of ``policy`` left out on its fleet (``if_fleet_has``): a target
+    removed from the fleet, or misspelled there, turns such rules off instead of failing the load."""
+    for name, why in policy.omitted:
+        log.warning("policy %s: rule '%s' left out (if_fleet_has): %s", policy.file, name, why)
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,7 @@ class LiveEngine:
 
     def __init__(self, engine: RoutingEngine, estimator_error: str | None = None) -> None:
         self._engine = engine
+        warn_omitted(engine.policy)
         self._lock = threading.Lock()
         self.estimator_error = estimator_error
         self.last_reload: ReloadResult | None = None
@@ -119,6 +131,7 @@ class LiveEngine:
             changed = policy.revision != old.policy.revision or policy.file != old.policy.file
             if changed:
                 self._engine = old.with_policy(policy)
+                warn_omitted(policy)
             result = ReloadResult(True, changed, policy.revision, old.policy.revision, (), source)
             self.last_reload = result
             return result
@@ -150,6 +163,7 @@ class LiveEngine:
         with self._lock:
             self._engine = engine
             self.last_fleet_reload = result
+            warn_omitted(engine.policy)
             return result
 
     def reject_fleet(self, problems: list[Problem], source: str = "endpoint") -> ReloadResult:

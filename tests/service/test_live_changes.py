@@ -110,3 +110,32 @@ def test_policy_reload_and_model_swap_under_traffic_drop_nothing(tmp_path):
     assert any(v == "difficulty-v1" for *_, v in results)
     assert health["estimator"]["version"] == "difficulty-v2" and health["policy_revision"] == new_revision
     assert 'pointsman_model_swaps_total{result="ok"} 1.0' in metrics
+
+
+def test_a_fleet_reload_that_leaves_rules_out_says_so(tmp_path, caplog):
+    """A rule with ``if_fleet_has`` is left out on a fleet without its target instead of failing the load, so
+    a fleet edit that drops (or misspells) onprem-8b turned the default policy's two 8B rules off while the
+    service logged nothing (only ``pointsman policy check`` named them); before ``if_fleet_has`` such a reload
+    was refused. The service now logs each rule left out whenever a policy starts serving -- found by a
+    fresh-eyes tester."""
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH
+    from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH
+
+    fleet_path = tmp_path / "fleet.yaml"
+    text = DEFAULT_FLEET_PATH.read_text(encoding="utf-8")
+    fleet_path.write_text(text, encoding="utf-8")
+    settings = Settings(data_dir=tmp_path, fleet_path=fleet_path, policy_path=DEFAULT_POLICY_PATH, watch_policy=False,
+                        watch_fleet=False)
+    fleet = load_fleet(fleet_path)
+    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), RegistryModel(0.2, 1))
+    with TestClient(create_app(settings, engine=engine, owns_engine=True)) as c:
+        assert not [r for r in caplog.records if "left out" in r.getMessage()]
+        head, _, rest = text.partition("  onprem-8b:\n")
+        fleet_path.write_text(head + "  onprem-70b:\n" + rest.partition("  onprem-70b:\n")[2], encoding="utf-8")
+        r = c.post("/v1/fleet/reload")
+        assert r.status_code == 200 and r.json()["changed"], r.text
+        rules = [x["name"] for x in c.get("/v1/policy").json()["rules"]]
+    assert "onprem-8b-first" not in rules and "default" in rules
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "left out" in r.getMessage()]
+    assert len(warned) == 2 and all("the fleet has no 'onprem-8b'" in w for w in warned), warned
+    assert {w.split("'")[1] for w in warned} == {"onprem-8b-in-slo", "onprem-8b-first"}
