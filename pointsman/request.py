@@ -406,6 +406,24 @@ class RequestView:
         return "".join(parts)
 
     @cached_property
+    def cache_breakpoint_bytes(self) -> int:
+        """Bytes of ``conversation_utf8`` up to the last ``cache_control`` breakpoint (0 when none): what a
+        provider with explicit prompt caching caches. A mark on the tools ends after them; one on a message
+        or on its last part ends after that message; one on an earlier part ends before the message (its
+        place inside the message's text is not kept: the cached prefix is counted short, the safe side)."""
+        end = len(f"tools\n{self.request.tools!r}\n".encode()) if self.request.tools else 0
+        cut = end if any(isinstance(t, dict) and "cache_control" in t for t in self.request.tools or ()) else 0
+        for m, text in zip(self.request.messages, self.texts):
+            start, end = end, end + len(f"{m.role}\n{text}\n".encode())
+            parts = m.content if isinstance(m.content, list) else []
+            marked = [i for i, p in enumerate(parts) if "cache_control" in (p.model_extra or {})]
+            if "cache_control" in (m.model_extra or {}) or (marked and marked[-1] == len(parts) - 1):
+                cut = end
+            elif marked:
+                cut = max(cut, start)
+        return cut
+
+    @cached_property
     def conversation_utf8(self) -> bytes:
         """``conversation`` in UTF-8, encoded once: the text prefix block hashes read it, and the cache
         signals its length."""

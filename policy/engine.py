@@ -73,7 +73,7 @@ from pointsman.policy.signals.namespaces import (
     relative_key,
     request_signals,
 )
-from pointsman.policy.signals.prefix_index import block_hashes_from_ids, block_hashes_from_text
+from pointsman.policy.signals.prefix_index import TEXT_BLOCK_BYTES, block_hashes_from_ids, block_hashes_from_text
 from pointsman.policy.signals.source import SignalSource, number
 from pointsman.request import RequestView, RouteRequest
 
@@ -203,14 +203,20 @@ def block_hashes(view: RequestView) -> tuple[list[int], bool]:
     return block_hashes_from_text(view.conversation_utf8), False
 
 
-def cached_hashes(fleet: Fleet, target: str, hashes: list[int], request: RequestSignals) -> list[int]:
-    """The block hashes a dispatch to ``target`` leaves in its cache: none on a frontier target with
-    explicit prompt caching (``prompt_cache: explicit``) for a request that marks no ``cache_control``,
-    which the provider does not cache; else ``hashes``."""
+def cached_hashes(fleet: Fleet, target: str, hashes: list[int], request: RequestSignals,
+                  view: RequestView | None = None, gateway_ids: bool = False) -> list[int]:
+    """The block hashes a dispatch to ``target`` leaves in its cache: on a frontier target with explicit
+    prompt caching (``prompt_cache: explicit``), none for a request that marks no ``cache_control`` (the
+    provider caches nothing) and, for a marked one, those of the text up to its last breakpoint
+    (``RequestView.cache_breakpoint_bytes``; all of gateway-given ids, whose text is unknown); else ``hashes``."""
     t = fleet.targets.get(target)
-    if isinstance(t, FrontierTarget) and t.prompt_cache == "explicit" and not request.get("has_cache_control"):
+    if not (isinstance(t, FrontierTarget) and t.prompt_cache == "explicit"):
+        return hashes
+    if not request.get("has_cache_control"):
         return []
-    return hashes
+    if view is None or gateway_ids:
+        return hashes
+    return hashes[:view.cache_breakpoint_bytes // TEXT_BLOCK_BYTES]
 
 
 @dataclass(frozen=True)
@@ -392,7 +398,7 @@ class RoutingEngine:
                 try:
                     decision_id = self.state.dispatch(  # the id as dispatched: signed with its claims
                         Dispatch(placed.record(base_id, view, features.prompt_tokens, live.now_mono),
-                                 cached_hashes(self.fleet, target, hashes, base["request"]),
+                                 cached_hashes(self.fleet, target, hashes, base["request"], view, gateway_ids),
                                  gateway_ids, routing.session_id or ""), now=live.now).decision_id
                 except BudgetExceeded as exc:
                     refusals[target] = Exclusion("budget", str(exc).removeprefix("budget exceeded: "))
@@ -529,7 +535,8 @@ class RoutingEngine:
             if dispatch:
                 try:
                     held = self.state.dispatch(Dispatch(placed.record(eid, view, features.prompt_tokens, live.now_mono),
-                                                        cached_hashes(self.fleet, target, hashes, base["request"]),
+                                                        cached_hashes(self.fleet, target, hashes, base["request"], view,
+                                                                      gateway_ids),
                                                         gateway_ids, view.routing.session_id or ""),
                                                now=live.now).decision_id  # signed (the state's signer)
                 except BudgetExceeded as exc:

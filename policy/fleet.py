@@ -362,8 +362,9 @@ class FrontierTarget(StrictModel):
     5-10 minutes); the cost estimate and replay credit a cached prefix only within the lifetime.
     ``prompt_cache``: ``automatic`` (OpenAI, DeepSeek, Gemini's implicit caching: every long enough
     prompt is cached, writes bill as input) or ``explicit`` (Anthropic, Claude on Bedrock and Vertex:
-    only a request that marks a breakpoint with ``cache_control`` is cached, and its uncached prompt
-    bills as a cache write, ``usd_per_1m_cache_write_input_tokens``): the estimate of an unmarked
+    only a request that marks a breakpoint with ``cache_control`` is cached, up to its last breakpoint,
+    and its uncached prompt bills as a cache write, ``usd_per_1m_cache_write_input_tokens``, or
+    ``usd_per_1m_cache_write_1h_input_tokens`` for a 1-hour breakpoint): the estimate of an unmarked
     request credits no cache, and replay (whose requests carry no ``cache_control``) caches nothing."""
 
     kind: Literal["frontier"]

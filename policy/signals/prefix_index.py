@@ -100,6 +100,10 @@ def _chain(data: bytes, block_bytes: int, root: bytes) -> list[int]:
     return out
 
 
+#: Bytes of text per block ``block_hashes_from_text`` hashes by default.
+TEXT_BLOCK_BYTES = max(1, int(round(BLOCK_TOKENS * CHARS_PER_TOKEN)))
+
+
 def block_hashes_from_text(text: str | bytes, block_tokens: int = BLOCK_TOKENS, *,
                            chars_per_token: float = CHARS_PER_TOKEN, salt: bytes = b"") -> list[int]:
     """Chained 64-bit hashes of the full ``block_tokens × chars_per_token``-byte blocks of

@@ -32,10 +32,10 @@ def _routed(tmp_path, fleet):
     state.monotonic = lambda: clock[0]
     engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.95), state=state)
     with TestClient(create_app(settings, engine=engine, owns_engine=True)) as c:
-        def route(marked: bool = False, ttl: str | None = None) -> dict:
+        def route(marked: bool = False, ttl: str | None = None, messages: list | None = None) -> dict:
             mark = {"type": "ephemeral", **({"ttl": ttl} if ttl else {})}
             content = [{"type": "text", "text": PROMPT, **({"cache_control": mark} if marked else {})}]
-            r = c.post("/v1/route", json={"messages": [{"role": "user", "content": content}]})
+            r = c.post("/v1/route", json={"messages": messages or [{"role": "user", "content": content}]})
             assert r.status_code == 200, r.text
             assert r.json()["target"] == "frontier-large", r.json()
             return r.json()
@@ -120,3 +120,30 @@ def test_a_one_hour_breakpoint_is_estimated_at_the_one_hour_write_price(tmp_path
     # the whole prompt is written: the difference is the prompt at (5.00 - 3.125) $/Mtok
     assert hour["estimated_cost_usd"] - five["estimated_cost_usd"] == pytest.approx(
         hour["prompt_tokens"] * (5.00 - 3.125) / 1e6, rel=1e-6)
+
+
+def test_an_explicit_cache_holds_the_prompt_only_up_to_its_last_breakpoint(tmp_path):
+    """The provider caches a marked request's prefix up to its last ``cache_control`` breakpoint; the text
+    after it is not written. The prefix index kept the whole marked prompt, so a repeat of a request whose
+    system prompt is marked (and whose long question is not) was credited the question as cached too and
+    estimated low -- found by a fresh-eyes tester."""
+    question = " ".join(f"Question {i}: how did the margins of the quarter move, and why?" for i in range(150))
+
+    def messages(mark_system: bool) -> list:
+        mark = {"cache_control": {"type": "ephemeral"}}
+        return [{"role": "system", "content": [{"type": "text", "text": PROMPT, **(mark if mark_system else {})}]},
+                {"role": "user", "content": [{"type": "text", "text": question, **({} if mark_system else mark)}]}]
+
+    repeats = {}
+    for mark_system in (True, False):
+        (tmp_path / str(mark_system)).mkdir()
+        routes = _routed(tmp_path / str(mark_system), _explicit_fleet())
+        route, clock = next(routes)
+        first = route(messages=messages(mark_system))
+        clock[0] += 1.0
+        repeats[mark_system] = route(messages=messages(mark_system))["estimated_cost_usd"]
+        assert repeats[mark_system] < first["estimated_cost_usd"]  # a cached prefix is read
+        routes.close()
+    # marked at the end, the whole prompt is read from the cache; marked after the system prompt, the question
+    # (about 1,900 tokens) is not, and pays the input price (2.50 $/Mtok) instead of the cached one (1.25 $/Mtok)
+    assert repeats[True] - repeats[False] > 1500 * (2.50 - 1.25) / 1e6
