@@ -234,7 +234,8 @@ class OnPremReplay(StrictModel):
     (``prefill_s_per_token``, ``prefill_s_per_token_pair``, ``decode_base_s``,
     ``decode_per_seq_s``, ``decode_per_kv_token_s``) to replace the derived ones, and
     ``quality_columns`` (outcome source -> the table's model column scoring this target;
-    a source not named scores on-prem targets as its weak model)."""
+    a source not named scores on-prem targets as its weak model). ``max_num_batched_tokens`` is accepted
+    only to say it moved to each pool (``moved-key``)."""
 
     gpu: str | None = None
     weight_dtype: Literal["bf16", "fp16", "fp8"] | None = None
@@ -250,6 +251,7 @@ class OnPremReplay(StrictModel):
     link_bytes_per_s: PositiveFloat | None = None
     link_latency_s: NonNegativeFloat | None = None
     idle_power_kw_per_gpu: NonNegativeFloat | None = None
+    max_num_batched_tokens: PositiveInt | None = None
     prefill_s_per_token: PositiveFloat | None = None
     prefill_s_per_token_pair: NonNegativeFloat | None = None
     decode_base_s: PositiveFloat | None = None
@@ -581,6 +583,12 @@ def _semantic_problems(spec: FleetSpec, doc: LocatedDocument) -> list[Problem]:
                                     "(the service's cost estimate uses the prompt-cache lifetime too, not only replay)"))
         if not isinstance(target, OnPremTarget):
             continue
+        if target.replay is not None and target.replay.max_num_batched_tokens is not None:
+            line, col = doc.mark(("targets", name, "replay", "max_num_batched_tokens"), key=True)
+            problems.append(Problem(doc.file, line, col, "moved-key",
+                                    f"targets.{name}.replay.max_num_batched_tokens moved to each pool: "
+                                    f"targets.{name}.pools.<role>.max_num_batched_tokens (the engine's stall "
+                                    "check reads it too, and P/D pools may differ)"))
         problems.extend(_event_problems(name, target, doc))
         for role, pool in target.pools_by_role().items():
             for i, e in enumerate(pool.endpoints):

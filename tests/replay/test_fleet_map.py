@@ -124,5 +124,5 @@ def test_each_pool_steps_with_its_own_token_budget(tmp_path: Path) -> None:
     assert big.replica.max_batch_size == 512  # vLLM caps max_num_seqs at the token budget
     assert big.prefill_replica is not None and big.prefill_replica.max_num_batched_tokens == 8192
     # the target-wide replay key it replaces is refused, not silently ignored
-    with pytest.raises(FleetError, match="max_num_batched_tokens"):
+    with pytest.raises(FleetError, match=r"moved-key: targets.small.replay.max_num_batched_tokens moved to each pool"):
         load_fleet(write(tmp_path, replay="    replay: {max_num_batched_tokens: 512}"))
