@@ -180,12 +180,11 @@ class ChatMessage(BaseModel):
         """Whether the content has a part of ``kind`` (``AudioPart``, ``FilePart``)."""
         return isinstance(self.content, list) and any(isinstance(p, kind) for p in self.content)
 
-    def has_cache_control(self) -> bool:
-        """Whether this message or one of its content parts carries ``cache_control`` (a prompt-cache
-        breakpoint, Anthropic's explicit prompt caching as LiteLLM passes it)."""
-        if "cache_control" in (self.model_extra or {}):
-            return True
-        return isinstance(self.content, list) and any("cache_control" in (p.model_extra or {}) for p in self.content)
+    def cache_marks(self) -> list[object]:
+        """The ``cache_control`` values (prompt-cache breakpoints, Anthropic's explicit prompt caching as
+        LiteLLM passes it) on this message and on its content parts, in order; [] when none."""
+        owners = [self, *(self.content if isinstance(self.content, list) else ())]
+        return [o.model_extra["cache_control"] for o in owners if o.model_extra and "cache_control" in o.model_extra]
 
 
 def _not_bool(v: object) -> object:
@@ -265,20 +264,21 @@ class RouteRequest(BaseModel):
         """Whether any message has a content part of ``kind`` (``AudioPart``, ``FilePart``)."""
         return any(m.has_part(kind) for m in self.messages)
 
+    def cache_marks(self) -> list[object]:
+        """The ``cache_control`` values on the tools, the messages and their content parts: the prompt-cache
+        breakpoints a provider with explicit prompt caching (``FrontierTarget.prompt_cache``: Anthropic)
+        caches up to; [] when none."""
+        marks = [t["cache_control"] for t in self.tools or () if isinstance(t, dict) and "cache_control" in t]
+        return marks + [c for m in self.messages for c in m.cache_marks()]
+
     def has_cache_control(self) -> bool:
-        """Whether a message, a content part or a tool marks a prompt-cache breakpoint (``cache_control``):
-        what a provider with explicit prompt caching (``FrontierTarget.prompt_cache``: Anthropic) caches."""
-        return any(m.has_cache_control() for m in self.messages) \
-            or any(isinstance(t, dict) and "cache_control" in t for t in self.tools or ())
+        """Whether a tool, a message or a content part marks a prompt-cache breakpoint (``cache_marks``)."""
+        return bool(self.cache_marks())
 
     def has_cache_control_1h(self) -> bool:
         """Whether a breakpoint asks Anthropic's 1-hour cache lifetime (``cache_control: {ttl: "1h"}``),
         whose write is priced higher (``usd_per_1m_cache_write_1h_input_tokens``; 2 x input) than the 5-minute one."""
-        marks = [m.model_extra.get("cache_control") for m in self.messages if m.model_extra]
-        marks += [p.model_extra.get("cache_control") for m in self.messages if isinstance(m.content, list)
-                  for p in m.content if p.model_extra]
-        marks += [t.get("cache_control") for t in self.tools or () if isinstance(t, dict)]
-        return any(isinstance(c, dict) and c.get("ttl") == "1h" for c in marks)
+        return any(isinstance(c, dict) and c.get("ttl") == "1h" for c in self.cache_marks())
 
 
 def _is_branch_label(item: object) -> bool:
@@ -395,15 +395,17 @@ class RequestView:
         return self.request.routing
 
     @cached_property
+    def _segments(self) -> tuple[str, ...]:
+        """``conversation``'s pieces: the tools declared (``tools\\n<tools>\\n``, when any), then
+        ``role\\ntext\\n`` per message."""
+        tools = (f"tools\n{self.request.tools!r}\n",) if self.request.tools else ()
+        return tools + tuple(f"{m.role}\n{text}\n" for m, text in zip(self.request.messages, self.texts))
+
+    @cached_property
     def conversation(self) -> str:
         """The conversation as one string for prefix hashing: ``role\\ntext\\n`` per message
         (tools declared first); two requests sharing a conversation prefix share a string prefix."""
-        parts = []
-        if self.request.tools:
-            parts.append(f"tools\n{self.request.tools!r}\n")
-        for m, text in zip(self.request.messages, self.texts):
-            parts.append(f"{m.role}\n{text}\n")
-        return "".join(parts)
+        return "".join(self._segments)
 
     @cached_property
     def cache_breakpoint_bytes(self) -> int:
@@ -411,15 +413,18 @@ class RequestView:
         provider with explicit prompt caching caches. A mark on the tools ends after them; one on a message
         or on its last part ends after that message; one on an earlier part ends before the message (its
         place inside the message's text is not kept: the cached prefix is counted short, the safe side)."""
-        end = len(f"tools\n{self.request.tools!r}\n".encode()) if self.request.tools else 0
-        cut = end if any(isinstance(t, dict) and "cache_control" in t for t in self.request.tools or ()) else 0
-        for m, text in zip(self.request.messages, self.texts):
-            start, end = end, end + len(f"{m.role}\n{text}\n".encode())
+        segments = iter(self._segments)
+        end = cut = 0
+        if self.request.tools:
+            end = len(next(segments).encode())
+            cut = end if any(isinstance(t, dict) and "cache_control" in t for t in self.request.tools) else 0
+        for m, segment in zip(self.request.messages, segments):
+            start, end = end, end + len(segment.encode())
             parts = m.content if isinstance(m.content, list) else []
-            marked = [i for i, p in enumerate(parts) if "cache_control" in (p.model_extra or {})]
-            if "cache_control" in (m.model_extra or {}) or (marked and marked[-1] == len(parts) - 1):
+            last_marked = bool(parts) and "cache_control" in (parts[-1].model_extra or {})
+            if "cache_control" in (m.model_extra or {}) or last_marked:
                 cut = end
-            elif marked:
+            elif m.cache_marks():  # a mark on an earlier part
                 cut = max(cut, start)
         return cut
 
