@@ -633,15 +633,11 @@ class LiveSignals:
         t = self.fleet.targets[target]
         mode = mode or t.modes[0]
         key = (target, mode)
-        if pools is not None:
-            u_p, u_d = self._utilizations(target, mode)
-            return estimate_cost(target, t, mode, self.prompt_tokens, self.output_tokens(target), cached_tokens or 0,
-                                 prefill_utilization=u_p, decode_utilization=u_d, pools=pools,
-                                 cache_control=self._cache_control, cache_write_1h=self._cache_1h)
-        if cached_tokens is None and key in self._costs:
+        memo = cached_tokens is None and pools is None  # the default estimate, kept per (target, mode)
+        if memo and key in self._costs:
             return self._costs[key]
         if cached_tokens is None:
-            lk = self.lookup(target)
+            lk = None if pools is not None else self.lookup(target)
             if lk is None:
                 cached_tokens = 0
             elif isinstance(t, FrontierTarget):
@@ -649,16 +645,13 @@ class LiveSignals:
             else:
                 role = "aggregated" if mode == "aggregated" else "prefill"
                 cached_tokens = lk.best(self.healthy_ids(target, role))[1]
-            u_p, u_d = self._utilizations(target, mode)
-            est = estimate_cost(target, t, mode, self.prompt_tokens, self.output_tokens(target), cached_tokens,
-                                prefill_utilization=u_p, decode_utilization=u_d, cache_control=self._cache_control,
-                             cache_write_1h=self._cache_1h)
-            self._costs[key] = est
-            return est
         u_p, u_d = self._utilizations(target, mode)
-        return estimate_cost(target, t, mode, self.prompt_tokens, self.output_tokens(target), cached_tokens,
-                             prefill_utilization=u_p, decode_utilization=u_d, cache_control=self._cache_control,
-                             cache_write_1h=self._cache_1h)
+        est = estimate_cost(target, t, mode, self.prompt_tokens, self.output_tokens(target), cached_tokens,
+                            prefill_utilization=u_p, decode_utilization=u_d, pools=pools,
+                            cache_control=self._cache_control, cache_write_1h=self._cache_1h)
+        if memo:
+            self._costs[key] = est
+        return est
 
     # -- trace -----------------------------------------------------------------------------
 
