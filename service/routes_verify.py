@@ -93,13 +93,15 @@ def _first_verify(rt: Runtime, body: VerifyIn, verifier: Verifier, pending: Pend
     if impossible is not None:  # as POST /v1/outcomes: such usage would book dollars against the budget
         raise HTTPError(422, impossible.message, param=impossible.field, code="invalid_value")
     usage = body.usage
-    if usage is not None:  # parts of a prompt beyond it cannot be priced: refused now, not a settlement error later
-        prompt = usage.prompt_tokens if usage.prompt_tokens is not None else decision.prompt_tokens
+    if usage is not None and usage.prompt_tokens is None:  # with a prompt count, parsing checked the parts
+        # (usage_shapes): without one the draft is settled at the decision's count, which they must fit in,
+        # refused now, not a settlement error later
+        prompt = decision.prompt_tokens
         parts = (usage.cached_tokens or 0) + (usage.cache_write_tokens or 0) + (usage.cache_write_1h_tokens or 0)
         if parts > prompt:
-            raise HTTPError(422, f"cached and cache-write tokens ({parts:,}) exceed the prompt's {prompt:,} tokens"
-                                 + ("" if usage.prompt_tokens is not None else " (the decision's count: send "
-                                    "usage.prompt_tokens)"), param="usage.cached_tokens", code="invalid_value")
+            raise HTTPError(422, f"cached and cache-write tokens ({parts:,}) exceed the prompt's {prompt:,} tokens "
+                                 "(the decision's count: send usage.prompt_tokens)", param="usage.cached_tokens",
+                            code="invalid_value")
     features = draft_features(body.as_draft(), decision.prompt_tokens, decision.p_hard)
     try:
         p_bad = float(verifier.p_bad(features))
