@@ -546,6 +546,15 @@ class Fleet:
         return self.targets[target].default_output_tokens or self.spec.defaults.output_tokens
 
 
+#: Per target kind, the replay key that moved (accepted only to say so, ``moved-key``) and where it lives now.
+_MOVED_REPLAY_KEYS = {
+    "frontier": ("prompt_cache_ttl_s", "targets.{name}.prompt_cache_ttl_s (the service's cost estimate uses the "
+                                       "prompt-cache lifetime too, not only replay)"),
+    "onprem": ("max_num_batched_tokens", "each pool: targets.{name}.pools.<role>.max_num_batched_tokens (the engine's "
+                                         "stall check reads it too, and P/D pools may differ)"),
+}
+
+
 def _semantic_problems(spec: FleetSpec, doc: LocatedDocument) -> list[Problem]:
     problems = []
     classes = spec.slo_classes or DEFAULT_SLO_CLASSES
@@ -575,20 +584,13 @@ def _semantic_problems(spec: FleetSpec, doc: LocatedDocument) -> list[Problem]:
             problems.append(Problem(doc.file, line, col, "missing-key",
                                     f"target '{name}' has a shared_kv tier but no kv_bytes_per_token "
                                     "(needed for the restore time)"))
-        if isinstance(target, FrontierTarget) and target.replay is not None \
-                and target.replay.prompt_cache_ttl_s is not None:
-            line, col = doc.mark(("targets", name, "replay", "prompt_cache_ttl_s"), key=True)
+        moved = _MOVED_REPLAY_KEYS[target.kind]
+        if target.replay is not None and getattr(target.replay, moved[0]) is not None:
+            line, col = doc.mark(("targets", name, "replay", moved[0]), key=True)
             problems.append(Problem(doc.file, line, col, "moved-key",
-                                    f"targets.{name}.replay.prompt_cache_ttl_s moved to targets.{name}.prompt_cache_ttl_s "
-                                    "(the service's cost estimate uses the prompt-cache lifetime too, not only replay)"))
+                                    f"targets.{name}.replay.{moved[0]} moved to {moved[1].format(name=name)}"))
         if not isinstance(target, OnPremTarget):
             continue
-        if target.replay is not None and target.replay.max_num_batched_tokens is not None:
-            line, col = doc.mark(("targets", name, "replay", "max_num_batched_tokens"), key=True)
-            problems.append(Problem(doc.file, line, col, "moved-key",
-                                    f"targets.{name}.replay.max_num_batched_tokens moved to each pool: "
-                                    f"targets.{name}.pools.<role>.max_num_batched_tokens (the engine's stall "
-                                    "check reads it too, and P/D pools may differ)"))
         problems.extend(_event_problems(name, target, doc))
         for role, pool in target.pools_by_role().items():
             for i, e in enumerate(pool.endpoints):

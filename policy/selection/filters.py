@@ -82,7 +82,7 @@ def capabilities(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterCo
         return "does not accept audio inputs"
     if ctx.request["has_files"] and not caps.files:
         return "does not accept file inputs"
-    if ctx.request["has_tools"] and not target.capabilities.tools:
+    if ctx.request["has_tools"] and not caps.tools:
         return "does not support tools"
     return None
 
