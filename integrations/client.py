@@ -116,7 +116,8 @@ class VerifyAnswer(TypedDict):
     """The fields of ``/v1/verify``'s answer (``service/cascade.py`` ``VerifyOut``) a gateway acts on;
     the dict ``verify``/``averify`` return carries every field. With ``action == "escalate"``
     send the request to ``base_url`` with ``model`` (``fallbacks`` next) and report the one
-    outcome under ``decision_id`` with ``served_target`` = ``target``."""
+    outcome under ``escalation_id`` (any replica settles it; under ``decision_id`` only the replica
+    that verified) with ``served_target`` = ``target``."""
 
     decision_id: str
     action: str

@@ -127,6 +127,22 @@ def escalation_decision(answer: VerifyAnswer) -> RouteDecision:
             "fallbacks": list(answer.get("fallbacks") or [])}
 
 
+def unused_escalation(answer: VerifyAnswer) -> OutcomeReport:
+    """The outcome of an escalation the gateway did not make (no deployment serves its target; the
+    draft, settled at the verify, is the answer): ``cancelled`` under its ``escalation_id``, which
+    releases the escalation's budget hold and in-flight load on any replica. The draft's own outcome
+    is not reported: the verify booked it, and the replica that verified refuses it as the decision's."""
+    return {"decision_id": escalation_report_id(answer), "status": "cancelled", "time_s": time.time()}
+
+
+def escalation_report_id(answer: VerifyAnswer) -> str:
+    """The id to report an escalated call's outcome under: the verify's signed ``escalation_id``
+    (any replica settles the escalation from it; under the decision id only the replica that
+    verified knows the draft was escalated, and another books nothing for the frontier call), else
+    the decision id (a service without signed ids)."""
+    return answer.get("escalation_id") or answer["decision_id"]
+
+
 async def acascade(router: LiteLLMRouter, client: PointsmanClient, *, model: str,
                    messages: list[dict[str, object]], **kwargs: object) -> object:
     """Answer one chat call through the cascade (see the module); returns LiteLLM's response
@@ -161,22 +177,23 @@ async def acascade(router: LiteLLMRouter, client: PointsmanClient, *, model: str
         return await router.acompletion(model=model, messages=messages, **kwargs)  # type: ignore[attr-defined]
     if frontier is None:
         log.warning("no LiteLLM deployment serves escalation target %r; keeping the draft", escalation["target"])
-        client.report(ok_outcome(decision_id, _served(chosen, decision), draft, started))
+        client.report(unused_escalation(answer))
         return draft
     served = _served(frontier, escalation) or escalation["target"]
+    reported_id = escalation_report_id(answer)
     try:
         final = await litellm.acompletion(**{**_params(frontier), **call, "messages": messages,
                                              "extra_headers": {**headers, **forward_target(escalation)[1]}})
     except Exception as exc:  # noqa: BLE001 - the draft is still an answer
-        failed: OutcomeReport = {"decision_id": decision_id, "status": "error", "served_target": served,
+        failed: OutcomeReport = {"decision_id": reported_id, "status": "error", "served_target": served,
                                  "error": f"{type(exc).__name__}: {exc}"[:1000], "time_s": time.time()}
         client.report(failed)
         if draft is None:  # cancelled at its prefix: no answer to keep, the failure is the caller's
             raise
         log.warning("escalated call to %s failed (%s); keeping the draft", served, exc)
         return draft
-    client.report(ok_outcome(decision_id, served, final, started))
+    client.report(ok_outcome(reported_id, served, final, started))
     return final
 
 
-__all__ = ["acascade", "draft_of", "escalation_decision"]
+__all__ = ["acascade", "draft_of", "escalation_decision", "escalation_report_id", "unused_escalation"]

@@ -65,7 +65,13 @@ from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import DeploymentTypedDict
 
 from pointsman.integrations.client import BudgetExhausted, PointsmanClient, RouteDecision, forward_target
-from pointsman.integrations.litellm_cascade import draft_of, escalation_decision, ok_outcome
+from pointsman.integrations.litellm_cascade import (
+    draft_of,
+    escalation_decision,
+    escalation_report_id,
+    ok_outcome,
+    unused_escalation,
+)
 from pointsman.integrations.litellm_router import (
     DECISION_KEY,
     DEFAULT_INFO,
@@ -232,16 +238,18 @@ class PointsmanProxyHandler(CustomLogger):
         draft_served = str(decision.get("served_target") or "")
         answer = await self.client.averify(str(decision["id"]), draft_of(response), _usage(response))
         router = _router()
-        if answer is None or answer["action"] != "escalate" or router is None:
+        if answer is None or answer["action"] != "escalate":
             self.client.report(ok_outcome(str(decision["id"]), draft_served, response, started))
             return None
         escalation = escalation_decision(answer)
-        frontier = self.choose(escalation, str(decision.get("group") or data.get("model") or ""), router)
-        if frontier is None:
+        frontier = self.choose(escalation, str(decision.get("group") or data.get("model") or ""), router) \
+            if router is not None else None
+        if frontier is None or router is None:
             log.warning("no LiteLLM deployment serves escalation target %r; the draft stands", escalation["target"])
-            self.client.report(ok_outcome(str(decision["id"]), draft_served, response, started))
+            self.client.report(unused_escalation(answer))
             return None
         served = target_of(frontier) or escalation["target"]
+        reported_id = escalation_report_id(answer)
         headers = forward_target(escalation)[1]
         try:
             final = await router.acompletion(  # type: ignore[attr-defined]  # litellm.Router's call
@@ -249,10 +257,10 @@ class PointsmanProxyHandler(CustomLogger):
                 metadata={DECISION_KEY: {"deployment": _deployment_id(frontier)}})
         except Exception as exc:  # noqa: BLE001 - the draft is still an answer
             log.warning("escalated call to %s failed (%s); the draft stands", served, exc)
-            self.client.report({"decision_id": str(decision["id"]), "status": "error", "served_target": served,
+            self.client.report({"decision_id": reported_id, "status": "error", "served_target": served,
                                 "error": f"{type(exc).__name__}: {exc}"[:1000], "time_s": time.time()})
             return None
-        self.client.report(ok_outcome(str(decision["id"]), served, final, started))
+        self.client.report(ok_outcome(reported_id, served, final, started))
         return final
 
     def _report(self, kwargs: Mapping[str, object], response_obj: object, start_time: object, end_time: object, *,

@@ -203,6 +203,17 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str
         return
     rt.metrics.observe_settlement(settled)
     entry["settlement"] = settled.to_dict()
+    if escalation is None and settled.replayed and item.served_target and settled.target \
+            and settled.target != item.served_target:
+        # booked before on another target: the draft a verify on another replica settled (this report is
+        # its escalated call's, which nothing here knows of), or an earlier outcome; either way these
+        # tokens are not booked, and an acknowledgement that looked settled would hide it
+        entry["settle_error"] = (
+            f"decision {item.decision_id} was already settled on '{settled.target}', so this report's usage on "
+            f"'{item.served_target}' is not booked. If a verify escalated it, report the escalated call under the "
+            "escalation_id the verify answered (any replica settles it; under the decision id only the replica "
+            "that verified knows of the escalation)")
+        log.warning("outcome of %s on %s not booked: %s", item.decision_id, item.served_target, entry["settle_error"])
 
 
 def _escalation_of(rt: Runtime, decision_id: str) -> tuple[str, str] | None:

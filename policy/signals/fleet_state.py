@@ -578,7 +578,8 @@ class FleetState:
         the ledger is unavailable the settlement goes to the spend journal (``journaled``) and is
         booked when the ledger returns (``replay_journal``).
         Idempotent: settling again returns the first result with ``replayed=True`` (the ledger
-        books a decision id once, whichever replica settles it).
+        books a decision id once, whichever replica settles it; a replay the ledger reports carries
+        the target and cost it booked then, not this call's).
         Raises ``BudgetError`` for bad numbers (token counts outside [0, ``MAX_SETTLE_TOKENS``]), an
         unknown target or cache parts beyond the prompt, ``UnknownReservation``
         when the ledger has no reservation for an id nothing here knows either,
@@ -626,6 +627,8 @@ class FleetState:
                     raise
                 self.journal.add(decision_id, args)
                 journaled = True
+        if settlement is not None and settlement.replayed:  # what the ledger booked then, not this report's price
+            target, actual_cost_usd = settlement.target or target, settlement.actual_cost_usd
         released = self._apply_release(decision_id)
         if released == 0 and taken is not None:  # dispatched elsewhere, its change not applied here yet
             released = 1 + (taken.prefill_endpoint is not None)

@@ -61,6 +61,8 @@ ROUTER = litellm.Router(model_list=[
     _deployment("refuses", "onprem-8b", "I'm sorry, but I cannot help with that.", model="hosted_vllm/llama",
                 api_base="http://onprem:8000/v1"),
     _deployment("refuses", "frontier-large", "frontier answer", model="openai/gpt-4o", api_key="sk-not-used"),
+    _deployment("no-frontier", "onprem-8b", "I'm sorry, but I cannot help with that.", model="hosted_vllm/llama",
+                api_base="http://onprem:8000/v1"),
 ], num_retries=0)
 
 
@@ -73,11 +75,14 @@ def test_a_good_draft_is_kept_and_a_refusal_escalates_once(service: dict) -> Non
     async def run() -> tuple[list, PointsmanClient]:
         client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0, verify_timeout_s=5.0,
                                  flush_interval_s=0.01)
+        queue = client.report
+        client.report = lambda outcome: (reported.append(str(outcome["decision_id"])), queue(outcome))[1]  # type: ignore[method-assign]
         out = [await acascade(ROUTER, client, model=group, messages=[{"role": "user", "content": "Rules of kickball?"}])
                for group in ("good", "refuses")]
         await _settle(client, 2)
         return out, client
 
+    reported: list[str] = []
     (kept, escalated), client = asyncio.run(run())
     assert kept.choices[0].message.content == GOOD
     assert escalated.choices[0].message.content == "frontier answer"
@@ -87,6 +92,8 @@ def test_a_good_draft_is_kept_and_a_refusal_escalates_once(service: dict) -> Non
     assert acks[0]["settlement"]["decision_id"] == acks[0]["decision_id"]
     assert acks[1]["settlement"]["decision_id"].startswith(acks[1]["decision_id"] + "/escalation.")  # signed
     assert acks[1]["settlement"]["target"] == "frontier-large"
+    # the escalated call is reported under its signed escalation id, which any replica settles
+    assert reported == [acks[0]["decision_id"], acks[1]["settlement"]["decision_id"]]
     with OutcomeLog(service["outcome_log"]) as log:
         good, bad = (log.decision(a["decision_id"]) for a in acks)
         assert len(good.outcomes) == 1 and good.outcomes[0].served_target == "onprem-8b"
@@ -106,3 +113,23 @@ def test_pointsman_down_fails_open_to_the_router() -> None:
 
     for _ in range(3):  # the default deployment every time, not LiteLLM's random pick
         assert asyncio.run(run()).choices[0].message.content.startswith("I'm sorry")
+
+
+def test_an_escalation_no_deployment_serves_keeps_the_draft_and_releases_its_hold(service: dict) -> None:
+    """No deployment of the group serves the escalation's target: the draft (settled at the verify) is
+    the answer, and the escalation is reported ``cancelled`` under its id, which releases its hold; the
+    draft's own outcome is not reported again (the verifying replica would refuse it)."""
+    async def run() -> tuple[object, PointsmanClient]:
+        client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0, verify_timeout_s=5.0,
+                                 flush_interval_s=0.01)
+        answer = await acascade(ROUTER, client, model="no-frontier", messages=[{"role": "user", "content": "Hi?"}])
+        await _settle(client, 1)
+        return answer, client
+
+    answer, client = asyncio.run(run())
+    assert answer.choices[0].message.content.startswith("I'm sorry")
+    (ack,) = client.acks
+    assert ack["status"] == "stored" and ack["released"] is True and ack.get("settle_error") is None
+    with OutcomeLog(service["outcome_log"]) as log:
+        (stored,) = log.decision(ack["decision_id"]).outcomes
+        assert stored.status == "cancelled"

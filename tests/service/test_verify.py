@@ -322,3 +322,30 @@ def test_the_cancelled_draft_reported_under_the_escalation_id_is_refused_on_any_
                                                  "usage": {"prompt_tokens": 12, "completion_tokens": 300}})
         s = ok.json()["acks"][0]["settlement"]
         assert (s["target"], s["replayed"]) == (v["target"], False)
+
+
+def test_an_escalated_call_reported_under_the_decision_id_to_another_replica_says_it_is_not_booked(tmp_path):
+    """Two replicas sharing one ledger: A verifies and escalates (the draft is settled in the ledger),
+    the escalated call's outcome reaches B under the decision id. B cannot know of the escalation, and
+    the ledger already booked the decision on the draft's target: the ack says the frontier usage is not
+    booked and how to report it, instead of a replayed settlement that looks done; reported under the
+    escalation id it is booked once."""
+    key = "one secret every replica shares"
+    ledger = f"sqlite:///{tmp_path / 'shared-budget.db'}"
+    a_client, _ = _app(tmp_path / "a", decision_key=key, budget_ledger=ledger)
+    b_client, _ = _app(tmp_path / "b", decision_key=key, budget_ledger=ledger)
+    with a_client, b_client:
+        d = _route(a_client)
+        v = a_client.post("/v1/verify", json={"decision_id": d["decision_id"], "usage": {"completion_tokens": 11},
+                                              "draft": {"text": REFUSAL, "finish_reason": "stop"}}).json()
+        assert v["action"] == "escalate" and v["target"] != d["target"]
+        outcome = {"status": "ok", "served_target": v["target"], "usage": {"prompt_tokens": 12, "completion_tokens": 300}}
+        ack = b_client.post("/v1/outcomes", json={"decision_id": d["decision_id"], **outcome}).json()["acks"][0]
+        assert ack["status"] == "stored" and ack["settlement"]["replayed"] is True
+        assert ack["settlement"]["target"] == d["target"]  # what the ledger booked, not this report
+        assert "not booked" in ack["settle_error"] and "escalation_id" in ack["settle_error"]
+        again = b_client.post("/v1/outcomes", json={"decision_id": v["escalation_id"], **outcome}).json()["acks"][0]
+        assert again["status"] == "duplicate" and again["settle_error"] is None
+        s = again["settlement"]
+        assert (s["decision_id"], s["target"], s["replayed"]) == (v["escalation_id"], v["target"], False)
+        assert s["actual_cost_usd"] > 0
