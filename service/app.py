@@ -172,7 +172,8 @@ def create_app(settings: Settings | None = None, engine: RoutingEngine | None = 
         """Build the runtime and start its watchers; close it at shutdown."""
         access_log.install()  # after uvicorn configured its loggers: no query-string value is logged
         rt = await run_in_threadpool(build_runtime, settings, engine, owns_engine=owns_engine,
-                                     estimator_error=estimator_error, deliver=deliver_forwarded)
+                                     estimator_error=estimator_error, deliver=deliver_forwarded,
+                                     answer_verify=routes_verify.answer_relayed)
         app.state.runtime, app.state.fleet_state = rt, rt.live.engine.state
         if not keys.ring().enabled:
             log.warning("no API keys configured (POINTSMAN_GATEWAY_API_KEYS, POINTSMAN_ADMIN_API_KEYS): "

@@ -5,8 +5,8 @@ of ``POST /v1/verify`` (``routes_verify.py``).
 section, what a verify needs (the ``Decision`` with its request view) for ``ttl_s`` seconds,
 at most ``max_entries`` of them (the oldest forgotten first), and each decision's first
 verify answer (a repeated verify replays it) and escalation (the gateway's outcome settles
-it). A verify must therefore reach the replica that made the decision; another replica
-answers 410 (its context is not here). Thread-safe.
+it). Another process sharing the state relays a verify here (``verify_relay.py``); without
+shared state a verify must reach the process that made the decision (elsewhere: 410). Thread-safe.
 """
 
 from __future__ import annotations

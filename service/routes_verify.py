@@ -8,7 +8,8 @@ In order (in a worker thread; same auth as ``/v1/route``):
    x ``CONTEXT_TOLERANCE`` too, as ``POST /v1/outcomes`` refuses it); the decision must be held here
    (``cascade.PendingDrafts``): 404 ``unknown_decision`` when nothing knows it, 410
    ``decision_expired`` when it is older than ``POINTSMAN_VERIFY_TTL_S`` or its context is not
-   on this replica (its signed id or the outcome log knows it, memory does not);
+   on this replica (its signed id or the outcome log knows it, memory does not) and, with shared
+   state, no other process holding it answered the relayed verify (``verify_relay``);
 2. a repeated verify returns the first answer with ``replayed: true``; a decision already
    settled by its outcome (or released) is 409 ``decision_settled``;
 3. the draft's features (``estimator/draft.py``) and the verifier's ``p_bad``
@@ -29,12 +30,13 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from pointsman.errors import BudgetError, DataError
+from pointsman.errors import BudgetError, DataError, RequestError
 from pointsman.estimator.draft import draft_features
 from pointsman.estimator.verifier import Verifier
 from pointsman.json_types import JSONValue
@@ -45,7 +47,7 @@ from pointsman.policy.fleet import FrontierTarget
 from pointsman.service.auth import Principal, may_report, require
 from pointsman.service.bodies import json_body, read_parsed, validate_model
 from pointsman.service.cascade import Pending, VerifyIn, VerifyOut
-from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, unavailable
+from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, invalid, unavailable
 from pointsman.service.runtime import Runtime, get_runtime
 
 router = APIRouter()
@@ -70,7 +72,37 @@ def _missing(rt: Runtime, decision_id: str) -> HTTPError:
 
 
 def verify(rt: Runtime, body: VerifyIn, verifier: Verifier) -> dict[str, object]:
-    """Steps 1-5 of the module for one validated body; the answer as a dict. Raises ``HTTPError``."""
+    """Steps 1-5 of the module for one validated body; the answer as a dict. A decision another
+    process of the shared state holds is verified there (``verify_relay``). Raises ``HTTPError``."""
+    if rt.relay is not None and rt.cascade.get(body.decision_id) is None:
+        claims = rt.live.engine.state.claims(body.decision_id)
+        if claims is not None and not claims.escalates and time.time() - claims.issued_s <= rt.cascade.ttl_s:
+            relayed = rt.relay.ask(body.decision_id, body.model_dump(mode="json", exclude_unset=True))
+            if relayed is not None:
+                status, answer = relayed
+                if status == 200:
+                    return answer
+                found = answer.get("error")
+                error: dict[str, Any] = found if isinstance(found, dict) else {}
+                raise HTTPError(status, str(error.get("message") or "the relayed verify failed"),
+                                type=str(error.get("type") or "server_error"), param=error.get("param"),
+                                code=error.get("code"))
+    return verify_here(rt, body, verifier)
+
+
+def answer_relayed(rt: Runtime, raw: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """The (HTTP status, body) of a verify another process relayed here (``verify_relay``): this
+    process's own steps 1-5, never relayed again."""
+    try:
+        return 200, verify_here(rt, parse_verify(raw), rt.verifier)
+    except HTTPError as exc:
+        return exc.status, exc.body()
+    except RequestError as exc:
+        return 422, invalid(exc).body()
+
+
+def verify_here(rt: Runtime, body: VerifyIn, verifier: Verifier) -> dict[str, object]:
+    """``verify`` on this process only (404/410 when the decision is not held here)."""
     pending = rt.cascade.get(body.decision_id)
     if pending is None:
         raise _missing(rt, body.decision_id)

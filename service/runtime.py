@@ -2,7 +2,8 @@
 
 ``build_runtime(settings, engine=None, ...)`` loads the engine (unless one is injected),
 wraps the estimator in its hard time budget, opens the decision and outcome log, starts the
-decision log writer and the shared-state sync (``POINTSMAN_STATE_URL``);
+decision log writer, the shared-state sync (``POINTSMAN_STATE_URL``) and, on Redis, the verify
+relay (``verify_relay.py``: a verify reaching a process that does not hold its decision);
 ``Runtime.start_watchers`` starts, as asyncio tasks, the engines' signal feeds (``feeds.py``:
 ``/metrics`` scraping), the policy, fleet and budgets file watchers, the model follower and the
 spend journal's replay (``replay_journal``);
@@ -21,6 +22,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fastapi import Request
 
@@ -29,6 +31,7 @@ from pointsman.estimator.verifier import HeuristicVerifier, Verifier, load_verif
 from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.budget.journal import DEFAULT_JOURNAL_NAME, SpendJournal
 from pointsman.policy.engine import RoutingEngine
+from pointsman.policy.signals.shared_state import RedisSync
 from pointsman.service.bootstrap import build_engine, load_estimator
 from pointsman.service.budgets_reload import watch_budgets
 from pointsman.service.cascade import PendingDrafts
@@ -43,6 +46,7 @@ from pointsman.service.model_follower import ModelFollower, followed
 from pointsman.service.policy_reload import watch_policy
 from pointsman.service.prometheus import ServiceMetrics, StateCollector
 from pointsman.service.settings import Settings
+from pointsman.service.verify_relay import VerifyRelay
 
 log = logging.getLogger("pointsman.service")
 
@@ -62,6 +66,7 @@ class Runtime:
     verifier: Verifier = field(default_factory=HeuristicVerifier)
     pool: concurrent.futures.ThreadPoolExecutor | None = None
     follower: ModelFollower | None = None
+    relay: VerifyRelay | None = None
     feeds: SignalFeeds | None = None
     watching: bool = False
     watching_fleet: bool = False
@@ -162,6 +167,8 @@ class Runtime:
                 log.exception("background task %s failed", task.get_name())
         await asyncio.to_thread(self.writer.close)
         self.outcome_log.close()
+        if self.relay is not None:
+            await asyncio.to_thread(self.relay.close)
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
         if self.owns_engine:
@@ -170,10 +177,14 @@ class Runtime:
 
 def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, owns_engine: bool = False,
                   estimator_error: str | None = None,
-                  deliver: Callable[[Runtime, list[str]], bool] | None = None) -> Runtime:
+                  deliver: Callable[[Runtime, list[str]], bool] | None = None,
+                  answer_verify: Callable[[Runtime, dict[str, Any]], tuple[int, dict[str, Any]]] | None = None
+                  ) -> Runtime:
     """Load what the service needs (see the module). ``deliver(rt, payloads)`` stores outcomes
     other replicas forward to this one's outcome log (``routes_reports.deliver_forwarded``;
-    without it this process receives none, and its decisions' records name no inbox). Raises ``FleetError``/``PolicyError``/
+    without it this process receives none, and its decisions' records name no inbox);
+    ``answer_verify(rt, body)`` answers verifies other processes relay here
+    (``routes_verify.answer_relayed``; with Redis shared state only). Raises ``FleetError``/``PolicyError``/
     ``BudgetConfigError`` for bad config files and ``DataError`` for an unusable outcome log."""
     if engine is None:
         loaded = build_engine(settings, shared=True)
@@ -204,6 +215,10 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
     if deliver is not None:
         rt.live.engine.state.sync.set_inbox(outcome_log.log_id, lambda payloads: deliver(rt, payloads))
     rt.live.engine.state.start_sync()
+    sync = rt.live.engine.state.sync
+    if answer_verify is not None and isinstance(sync, RedisSync):
+        rt.relay = VerifyRelay.for_sync(sync, lambda decision_id: rt.cascade.get(decision_id) is not None,
+                                        lambda body: answer_verify(rt, body)).start()
     return rt
 
 
