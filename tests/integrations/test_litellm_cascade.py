@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of LiteLLM's price map
 
@@ -21,21 +22,7 @@ from pointsman.outcome_log.store import OutcomeLog  # noqa: E402
 
 GATEWAY_KEY = "gw-secret-for-tests"  # the service fixture's key (conftest.py)
 
-POLICY = """\
-apiVersion: pointsman/v1
-kind: RoutingPolicy
-rules:
-  - name: default
-    route: {target: onprem-8b, fallbacks: [frontier-small]}
-verify:
-  rules:
-    - name: refusal
-      when: draft.refusal
-      action: escalate
-      escalate: {target: frontier-large}
-    - name: accept
-      action: accept
-"""
+POLICY = (Path(__file__).resolve().parents[1] / "fixtures" / "cascade_policy.yaml").read_text()
 GOOD = ("Kickball is played like baseball with a rubber ball rolled to the kicker; runners circle four bases "
         "and the team with more runs after the innings wins.")
 

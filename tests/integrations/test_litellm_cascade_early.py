@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of LiteLLM's price map
 
@@ -19,22 +20,8 @@ from pointsman.integrations.litellm_cascade import acascade  # noqa: E402
 from pointsman.outcome_log.store import OutcomeLog  # noqa: E402
 
 GATEWAY_KEY = "gw-secret-for-tests"  # the service fixture's key (conftest.py)
-POLICY = """\
-apiVersion: pointsman/v1
-kind: RoutingPolicy
-rules:
-  - name: default
-    route: {target: onprem-8b, fallbacks: [frontier-small]}
-verify:
-  prefix_tokens: 4
-  rules:
-    - name: refusal
-      when: draft.refusal
-      action: escalate
-      escalate: {target: frontier-large}
-    - name: accept
-      action: accept
-"""
+POLICY = (Path(__file__).resolve().parents[1] / "fixtures" / "cascade_policy.yaml").read_text().replace(
+    "verify:\n", "verify:\n  prefix_tokens: 4\n")
 GOOD = "Kickball is played like baseball with a rubber ball rolled to the kicker; runners circle four bases."
 REFUSAL = "I'm sorry, but I cannot help with that request, and I will not explain why at any length."
 

@@ -6,27 +6,13 @@ request on a fresh connection (either worker). Before the relay about half of th
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import httpx
 import pytest
 
 pytestmark = pytest.mark.slow
 
-POLICY = """\
-apiVersion: pointsman/v1
-kind: RoutingPolicy
-rules:
-  - name: default
-    route: {target: onprem-8b, fallbacks: [frontier-small]}
-verify:
-  rules:
-    - name: refusal
-      when: draft.refusal
-      action: escalate
-      escalate: {target: frontier-large}
-    - name: accept
-      action: accept
-"""
 REFUSAL = "I'm sorry, but I cannot help with that request."
 
 
@@ -36,8 +22,7 @@ def _post(base: str, path: str, body: dict) -> httpx.Response:
 
 
 def test_every_verify_is_answered_by_the_worker_holding_its_decision(tmp_path, serve, redis_url):
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY)
+    policy = Path(__file__).resolve().parents[1] / "fixtures" / "cascade_policy.yaml"
     prefix = f"%7Brelay-{uuid.uuid4().hex[:8]}%7D:"
     _, base = serve(tmp_path / "data", workers="2", watch_policy="false", policy_path=str(policy),
                     state_url=f"{redis_url}?prefix={prefix}")
