@@ -12,6 +12,16 @@ down) the verify is answered as before: 410 ``decision_expired``. The verify was
 validated where it arrived; the holder trusts what comes through Redis as it trusts the shared state.
 Cost: a round trip through Redis and a thread hand-off on each side (about a millisecond), paid only
 by relayed verifies.
+
+A 410 must mean that nothing was verified: the gateway then keeps its draft and reports it as the
+decision's outcome, which the holder refuses once it escalated the decision (it settled the draft,
+and its escalation's hold would wait for the reservation TTL). So a late holder (paused, swapping,
+its CPU taken for longer than ``timeout_s``) must not verify a relay its asker gave up on: each side
+takes the reply's claim key (``SET NX``) first. The holder verifies only after taking it; an asker
+that times out answers 410 only when it took the claim, else the holder is verifying and its answer
+is awaited (up to ``ANSWER_WAIT_S`` more; past that a retryable 503, whose retry is answered with the
+verify's answer, ``replayed``). A message whose asker's ``deadline`` has passed (delivered late, by a
+Redis that hung) is dropped without taking the claim.
 """
 
 from __future__ import annotations
@@ -19,15 +29,21 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
+import math
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("pointsman.verify_relay")
 
-#: How long a reply waits for the asking process to take it (s).
+#: How long a reply (and its claim key) waits for the asking process to take it (s).
 REPLY_TTL_S = 60
+
+#: How long an asker whose holder took the claim waits for its answer after ``timeout_s`` (s): the
+#: holder's verify commits the decision log and the verification (each up to 10 s when the disk stalls).
+ANSWER_WAIT_S = 25.0
 
 #: ``answer(body)``: the holder's (HTTP status, JSON body) for a relayed verify body.
 Answer = Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]
@@ -72,20 +88,39 @@ class VerifyRelay:
 
     def ask(self, decision_id: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
         """The holder's (status, body) for the verify ``body`` of ``decision_id``; None when no
-        process answered within ``timeout_s`` or Redis failed (logged). Blocks up to ``timeout_s``."""
+        process took it within ``timeout_s`` (then none will: see the module) or Redis failed (logged).
+        Blocks up to ``timeout_s``, or up to ``ANSWER_WAIT_S`` more once a holder took it; a holder
+        that took it and did not answer by then is a 503 ``verify_in_progress`` (retry)."""
         reply = f"{self.prefix}verify-reply:{uuid.uuid4().hex}"
-        message = json.dumps({"decision_id": decision_id, "body": body, "reply": reply}, separators=(",", ":"))
+        message = json.dumps({"decision_id": decision_id, "body": body, "reply": reply,
+                              "deadline": time.time() + self.timeout_s}, separators=(",", ":"))
         try:
             if not self.client.publish(self.channel, message):
                 return None
             got = self.client.blpop([reply], timeout=self.timeout_s)
+            if got is None:
+                if self.client.set(f"{reply}:claim", "asker", nx=True, ex=REPLY_TTL_S):
+                    return None  # no holder took it, and none will now
+                got = self._await(reply, ANSWER_WAIT_S)  # a holder took it late: its answer is on the way
         except self._errors as exc:
             log.warning("verify of %s not relayed: %s", decision_id, exc)
             return None
         if got is None:
-            return None
+            return 503, {"error": {"message": f"the process holding decision {decision_id} took its verify and "
+                                              "has not answered yet; retry (a retry returns its answer)",
+                                   "type": "unavailable", "param": None, "code": "verify_in_progress"}}
         data = json.loads(got[1])
         return int(data["status"]), dict(data["body"])
+
+    def _await(self, reply: str, wait_s: float) -> Any:
+        """``BLPOP`` on ``reply`` for up to ``wait_s`` in steps of ``timeout_s`` (the socket timeout
+        outlasts one step); None when nothing came."""
+        end = time.monotonic() + wait_s
+        while (left := end - time.monotonic()) > 0:
+            got = self.client.blpop([reply], timeout=min(self.timeout_s, max(left, 0.01)))
+            if got is not None:
+                return got
+        return None
 
     def _listen(self) -> None:
         while not self._stop.is_set():
@@ -107,13 +142,24 @@ class VerifyRelay:
         try:
             data = json.loads(str(raw))
             decision_id, body, reply = str(data["decision_id"]), dict(data["body"]), str(data["reply"])
+            deadline = float(data.get("deadline", math.inf))
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("dropping an unreadable relayed verify: %s", exc)
             return
         if self.holds(decision_id):
+            if time.time() > deadline:  # its asker has given up (answered 410): delivered late
+                log.warning("dropping the relayed verify of %s: it arrived after its asker's deadline", decision_id)
+                return
             self._pool.submit(self._reply, body, reply)
 
     def _reply(self, body: dict[str, Any], reply: str) -> None:
+        try:  # the asker answers 410 once it has the claim: never verify behind its back
+            if not self.client.set(f"{reply}:claim", "holder", nx=True, ex=REPLY_TTL_S):
+                log.warning("not verifying a relayed verify: its asker gave up waiting (answered 410)")
+                return
+        except self._errors as exc:
+            log.warning("relayed verify not taken: %s", exc)
+            return
         try:
             status, answer = self.answer(body)
         except Exception:  # noqa: BLE001 - the asking process must get an answer, not a timeout
@@ -138,4 +184,4 @@ class VerifyRelay:
         self.client.close()
 
 
-__all__ = ["Answer", "REPLY_TTL_S", "VerifyRelay"]
+__all__ = ["ANSWER_WAIT_S", "Answer", "REPLY_TTL_S", "VerifyRelay"]
