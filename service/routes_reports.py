@@ -254,22 +254,25 @@ def _served_target(rt: Runtime, item: OutcomeIn) -> str | None:
 def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
                   escalated_to: str | None = None) -> OutcomeItemError | None:
     """Whether ``item``'s usage is impossible on the target that served it (more tokens than its
-    ``context_window_tokens`` x ``CONTEXT_TOLERANCE``, ``check_usage_fits``): the error naming
-    the fields (under ``prefix``, ``[3]``), else None. Unknown targets are not checked (their outcome
-    is stored and its settlement says why it cannot be priced), but a non-shadow outcome's
-    ``served_target`` the fleet does not have is an error: such an outcome could never settle, and its decision's budget hold and
-    in-flight load would stay taken. So is an outcome of an escalated decision (held here) served by the
-    draft's target: the verify settled that draft (an early verification cancels it), and taking its
-    report as the decision's one outcome would book its tokens twice and settle the escalation with
-    them; ``escalated_to``: the escalation's target when the item was reported under a signed escalation
-    id (any replica: the draft's target is its decision's, from the decision's signed id). Raises
-    ``DataError`` (outcome log)."""
+    ``context_window_tokens`` x ``CONTEXT_TOLERANCE``, ``check_usage_fits``): the error naming the fields
+    (under ``prefix``, ``[3]``), else None. Unknown targets are not checked (their outcome is stored and its
+    settlement says why it cannot be priced), but a non-shadow outcome's ``served_target`` the fleet does
+    not have is an error: such an outcome could never settle, and its decision's budget hold and in-flight
+    load would stay taken. So is an outcome of an escalated decision (verified here, or by a process sharing
+    this outcome log) served by the draft's target: the verify settled that draft (an early verification
+    cancels it), and taking its report as the decision's one outcome would book its tokens twice and settle
+    the escalation with them; ``escalated_to``: the escalation's target when the item was reported under a
+    signed escalation id (any replica: the draft's target is its decision's, from the decision's signed id).
+    Raises ``DataError`` (outcome log)."""
     targets = rt.live.engine.fleet.targets
     at = f"{prefix}." if prefix else ""
     escalated = rt.cascade.escalated_from(item.decision_id) if item.served_target is not None else None
-    if escalated is None and escalated_to is not None and item.served_target is not None:
-        drafted = rt.live.engine.state.claims(item.decision_id)
-        escalated = None if drafted is None else (drafted.target, escalated_to)
+    if escalated is None and item.served_target is not None and not item.shadow:
+        if escalated_to is None:  # another worker's verify (or one before a restart): in the outcome log
+            logged = _escalation_of(rt, item.decision_id)
+            escalated_to = None if logged is None else logged[1]
+        drafted = rt.live.engine.state.claims(item.decision_id) if escalated_to is not None else None
+        escalated = None if drafted is None or escalated_to is None else (drafted.target, escalated_to)
     if escalated is not None and not item.shadow and item.served_target == escalated[0] != escalated[1]:
         return OutcomeItemError(((f"{at}served_target", (
             f"decision {item.decision_id} was escalated to '{escalated[1]}' at its verify, which settled the draft "

@@ -349,3 +349,30 @@ def test_an_escalated_call_reported_under_the_decision_id_to_another_replica_say
         s = again["settlement"]
         assert (s["decision_id"], s["target"], s["replayed"]) == (v["escalation_id"], v["target"], False)
         assert s["actual_cost_usd"] > 0
+
+
+def test_the_cancelled_draft_reported_to_the_other_worker_is_refused_and_the_escalation_booked_once(tmp_path):
+    """Two workers of one ``serve`` (one data folder: outcome log, ledger, key). Worker A verifies and
+    escalates; the cancelled draft's report reaches worker B under the decision id. B does not hold the
+    verify in memory, but the outcome log it shares with A has it: before, B took the draft's report as
+    the decision's one outcome, booked its on-prem tokens as the escalation (the draft's twice) and
+    released its hold, and the frontier call's own outcome was then a 409 conflict that booked nothing.
+    Now B refuses the draft's report as A does, and the escalated call's outcome books the escalation."""
+    a_client, _ = _app(tmp_path / "svc")
+    b_client, _ = _app(tmp_path / "svc")
+    with a_client, b_client:
+        d = _route(a_client)
+        v = a_client.post("/v1/verify", json={"decision_id": d["decision_id"], "draft": {"text": REFUSAL, "partial": True},
+                                              "usage": {"completion_tokens": 11}}).json()
+        assert v["action"] == "escalate" and v["target"] != d["target"]
+        draft = {"decision_id": d["decision_id"], "status": "cancelled", "served_target": d["target"], "ttft_ms": 40,
+                 "usage": {"prompt_tokens": 12, "completion_tokens": 30}}
+        r = b_client.post("/v1/outcomes", json=draft)
+        assert r.status_code == 422 and r.json()["error"]["param"] == "served_target", r.text
+        ok = b_client.post("/v1/outcomes", json={"decision_id": v["escalation_id"], "status": "ok",
+                                                 "served_target": v["target"],
+                                                 "usage": {"prompt_tokens": 12, "completion_tokens": 300}})
+        ack = ok.json()["acks"][0]
+        assert ok.status_code == 200 and ack["status"] == "stored", ok.text
+        s = ack["settlement"]
+        assert (s["decision_id"], s["target"], s["replayed"]) == (v["escalation_id"], v["target"], False)
