@@ -18,7 +18,9 @@ and escalate when it says so.
    its outcome reported; ``escalate``: the deployment serving the escalation target (its
    fallbacks next) is called and its answer returned; the one outcome of the decision is the
    escalated call's (``served_target``, usage, the end-to-end latency of both calls). An
-   escalated call that fails returns the draft, reporting the failure.
+   escalated call that fails returns the draft, reporting the failure. An escalation no deployment
+   serves is reported ``cancelled`` under its ``escalation_id`` (releasing its hold), and the draft is
+   returned, or, when it was cancelled at its prefix, the call goes through ``router.acompletion``.
 
 Pointsman unreachable at step 1: the call goes through ``router.acompletion`` unchanged (the
 attached routing strategy then fails open as usual). The caller's own ``stream`` is not cascaded
@@ -174,6 +176,7 @@ async def acascade(router: LiteLLMRouter, client: PointsmanClient, *, model: str
     if frontier is None and draft is None:  # the draft was cancelled: nothing to keep
         log.warning("no LiteLLM deployment serves escalation target %r; the draft was cancelled",
                     escalation["target"])
+        client.report(unused_escalation(answer))  # releases its hold (the router's call is a decision of its own)
         return await router.acompletion(model=model, messages=messages, **kwargs)  # type: ignore[attr-defined]
     if frontier is None:
         log.warning("no LiteLLM deployment serves escalation target %r; keeping the draft", escalation["target"])

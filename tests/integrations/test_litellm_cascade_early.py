@@ -36,6 +36,7 @@ ROUTER = litellm.Router(model_list=[
     _deployment("good", "frontier-large", "frontier answer", model="openai/gpt-4o", api_key="sk-not-used"),
     _deployment("refuses", "onprem-8b", REFUSAL, model="hosted_vllm/llama", api_base="http://onprem:8000/v1"),
     _deployment("refuses", "frontier-large", "frontier answer", model="openai/gpt-4o", api_key="sk-not-used"),
+    _deployment("on-prem-only", "onprem-8b", REFUSAL, model="hosted_vllm/llama", api_base="http://onprem:8000/v1"),
 ], num_retries=0)
 
 
@@ -80,3 +81,28 @@ def test_the_prefix_is_verified_while_the_draft_streams(service: dict) -> None:
         assert v_good["features"]["tokens"] == 4
         assert v_bad["action"] == "escalate" and v_bad["rule"] == "refusal"
         assert v_bad["features"]["partial"] is True and v_bad["features"]["tokens"] == 4
+
+
+def test_an_escalation_no_deployment_serves_is_released_when_the_draft_was_cancelled(service: dict) -> None:
+    """The refusal escalates at its prefix and its stream is closed, but the group has no deployment of the
+    escalation's target: the call goes through the router unrouted, and the escalation is reported
+    ``cancelled`` under its id, which releases its hold and in-flight load. Before, nothing was reported:
+    the hold on frontier-large stayed counted against the budget until the reservation TTL."""
+    async def run() -> PointsmanClient:
+        client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0, verify_timeout_s=5.0,
+                                 flush_interval_s=0.01)
+        await acascade(ROUTER, client, model="on-prem-only", messages=[{"role": "user", "content": "Rules of tag?"}])
+        for _ in range(100):
+            await client.aflush()
+            if client.acks:
+                break
+            await asyncio.sleep(0.02)
+        await client.aclose()
+        return client
+
+    client = asyncio.run(run())
+    assert [(a["status"], a["released"]) for a in client.acks] == [("stored", True)]
+    with OutcomeLog(service["outcome_log"]) as log:
+        decision = log.decision(client.acks[0]["decision_id"])
+        assert [o.status for o in decision.outcomes] == ["cancelled"]
+        assert log.verification(decision.decision_id)["action"] == "escalate"
