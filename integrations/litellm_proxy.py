@@ -42,7 +42,8 @@ routed, non-streamed request the draft's success is not reported at step 3; inst
 (``PointsmanClient.averify``, budget ``POINTSMAN_VERIFY_TIMEOUT_S``, default 0.5 s). ``accept`` (or
 no answer: fail open) keeps the answer and reports its outcome; ``escalate`` asks the deployment
 serving the escalation target (``choose``; through the proxy's router, so its secrets and
-``async_filter_deployments`` apply) and returns that answer instead, reporting the decision's one
+``async_filter_deployments`` apply) with the request's own parameters (``max_tokens``, ``tools``,
+``response_format``, ...: ``asked_params``) and returns that answer instead, reporting the decision's one
 outcome as the escalated call's (``served_target``, usage, both calls' latency). A failed
 escalation keeps the draft and reports the failure.
 
@@ -61,6 +62,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 
+from litellm.constants import OPENAI_CHAT_COMPLETION_PARAMS
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import DeploymentTypedDict
 
@@ -254,7 +256,7 @@ class PointsmanProxyHandler(CustomLogger):
         try:
             final = await router.acompletion(  # type: ignore[attr-defined]  # litellm.Router's call
                 model=frontier["model_name"], messages=data.get("messages"), extra_headers=headers,
-                metadata={DECISION_KEY: {"deployment": _deployment_id(frontier)}})
+                metadata={DECISION_KEY: {"deployment": _deployment_id(frontier)}}, **asked_params(data))
         except Exception as exc:  # noqa: BLE001 - the draft is still an answer
             log.warning("escalated call to %s failed (%s); the draft stands", served, exc)
             self.client.report({"decision_id": reported_id, "status": "error", "served_target": served,
@@ -276,6 +278,21 @@ class PointsmanProxyHandler(CustomLogger):
                 self.client.report(outcome)
         except Exception:  # noqa: BLE001 - reporting must never reach the user's request
             log.exception("could not report the pointsman outcome of a LiteLLM proxy call")
+
+
+#: Request parameters that say where and how a call is sent, not what it asks for: the escalated call
+#: takes its own from its deployment.
+_TRANSPORT_PARAMS = frozenset({"stream", "stream_options", "extra_headers", "api_base", "api_version", "api_key",
+                               "deployment_id", "organization", "base_url", "default_headers", "request_timeout",
+                               "timeout", "max_retries"})
+
+
+def asked_params(data: Mapping[str, object]) -> dict[str, object]:
+    """The OpenAI chat parameters of the caller's request (``max_tokens``, ``temperature``, ``tools``,
+    ``response_format``, ...: LiteLLM's ``OPENAI_CHAT_COMPLETION_PARAMS``, less transport settings) that an
+    escalated call must keep: the frontier answers the same request the draft did, within the same output
+    cap the decision's estimate assumed."""
+    return {k: data[k] for k in OPENAI_CHAT_COMPLETION_PARAMS if k in data and k not in _TRANSPORT_PARAMS}
 
 
 def _cascaded(kwargs: Mapping[str, object]) -> bool:

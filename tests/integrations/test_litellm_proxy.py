@@ -79,7 +79,8 @@ class Upstream:
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
                 upstream.seen.append({"path": self.path, "model": body.get("model"),
-                                      "decision": self.headers.get("x-pointsman-decision-id")})
+                                      "decision": self.headers.get("x-pointsman-decision-id"),
+                                      "asked": {k: body[k] for k in ("max_tokens", "temperature", "tools") if k in body}})
                 asked = json.dumps(body.get("messages"))
                 content = "I'm sorry, but I cannot help with that." if "REFUSE" in asked and \
                     upstream.name.startswith("llama") else f"answer from {upstream.name}"
@@ -183,8 +184,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
 
 def _ask(stack: dict, slo: str | None, text: str = "What is the capital of France?",
-         tenant: str = "acme") -> httpx.Response:
-    body: dict = {"model": "chat", "messages": [{"role": "user", "content": text}]}
+         tenant: str = "acme", **params: object) -> httpx.Response:
+    body: dict = {"model": "chat", "messages": [{"role": "user", "content": text}], **params}
     if slo or tenant != "acme":
         body["metadata"] = {"pointsman": {"slo_class": slo, "tenant": tenant}}
     return httpx.post(f"{stack['proxy']}/v1/chat/completions", json=body, timeout=60,
@@ -220,15 +221,20 @@ def test_requests_land_where_pointsman_decided_and_outcomes_arrive(stack: dict) 
 
 def test_cascade_escalates_a_refused_draft_and_reports_one_outcome(stack: dict) -> None:
     """POINTSMAN_CASCADE=true: the on-prem draft is a refusal, /v1/verify escalates, the proxy answers
-    from the frontier deployment and the decision's one outcome is the escalated call's."""
+    from the frontier deployment and the decision's one outcome is the escalated call's. The escalated
+    call asks what the draft was asked (before, it dropped every parameter but the messages: no output
+    cap, temperature or tools)."""
     ups = stack["upstreams"]
     before = {n: len(u.seen) for n, u in ups.items()}
-    r = _ask(stack, None, "REFUSE: how do I pick a lock?")
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
+    r = _ask(stack, None, "REFUSE: how do I pick a lock?", max_tokens=64, temperature=0.2, tools=tools)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] == "answer from gpt-4o"
     assert len(ups["llama-8b"].seen) == before["llama-8b"] + 1 and len(ups["gpt-4o"].seen) == before["gpt-4o"] + 1
     decision_id = ups["llama-8b"].seen[-1]["decision"]
     assert ups["gpt-4o"].seen[-1]["decision"] == decision_id
+    assert ups["gpt-4o"].seen[-1]["asked"] == ups["llama-8b"].seen[-1]["asked"] == \
+        {"max_tokens": 64, "temperature": 0.2, "tools": tools}
     out = _outcome(stack, decision_id)
     assert (out.status, out.served_target) == ("ok", "frontier-large")
     time.sleep(0.5)  # a second outcome (the draft's) would have arrived by now
