@@ -88,7 +88,9 @@ def judge(fleet: Fleet, policy: CompiledPolicy, base: BaseSignals, source: Signa
     exclusions = eligibility(fleet, FilterContext(base["request"], policy.filters, source),
                              enabled(policy.filters, filters))
     context = verify_context(policy, base, source, draft)
-    return evaluate_verify(policy.verify, context, TargetCosts(fleet, source), exclusions)
+    drafted = draft.get("target")
+    return evaluate_verify(policy.verify, context, TargetCosts(fleet, source), exclusions,
+                           drafted if isinstance(drafted, str) else None)
 
 
 def rule_name(verdict: VerifyVerdict) -> str:

@@ -376,3 +376,39 @@ def test_the_cancelled_draft_reported_to_the_other_worker_is_refused_and_the_esc
         assert ok.status_code == 200 and ack["status"] == "stored", ok.text
         s = ack["settlement"]
         assert (s["decision_id"], s["target"], s["replayed"]) == (v["escalation_id"], v["target"], False)
+
+
+def test_an_escalation_never_falls_back_to_the_draft_s_own_target(tmp_path):
+    """A verify rule escalating to frontier-large with the drafting onprem-8b among its fallbacks: the
+    escalation listed onprem-8b as a fallback, and a gateway that took it (frontier-large down) reported
+    an outcome served by onprem-8b, which is refused as the cancelled draft's (422): the escalation's hold
+    stayed and the call went unbooked. With frontier-large over budget the escalation itself went to
+    onprem-8b, and then the draft's own report settled it (the draft's tokens booked twice). The draft's
+    target is now no candidate of an escalation away from it (policy/rules/verify.py)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
+        "  - name: default\n    route: {target: onprem-8b}\n"
+        "verify:\n  rules:\n"
+        "    - name: refusal\n      when: draft.refusal\n      action: escalate\n"
+        "      escalate: {target: frontier-large, fallbacks: [onprem-8b, frontier-small]}\n"
+        "    - name: accept\n      action: accept\n")
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:tight', window: day, limit_usd: 0.0001}\n")
+    fleet = load_fleet()
+    s = Settings(data_dir=tmp_path / "svc", policy_path=policy, watch_policy=False, watch_fleet=False,
+                 scrape_interval_s=0, budgets_path=budgets)
+    engine = RoutingEngine(fleet, load_policy(policy, fleet), FixedDifficulty(0.3), state=build_state(s, fleet))
+    with TestClient(create_app(s, engine=engine, owns_engine=True)) as client:
+        verdicts = []
+        for tenant in ("acme", "tight"):
+            d = client.post("/v1/route", json={"messages": [{"role": "user", "content": "Explain kickball."}],
+                                               "routing": {"tenant": tenant}}).json()
+            assert d["target"] == "onprem-8b"
+            v = client.post("/v1/verify", json={"decision_id": d["decision_id"], "usage": {"completion_tokens": 11},
+                                                "draft": {"text": REFUSAL, "finish_reason": "stop"}}).json()
+            verdicts.append((v["action"], v["target"], [f["target"] for f in v["fallbacks"]]))
+    # tight: frontier-large (~$0.0026 held) and frontier-small (~$0.00016) are over its $0.0001
+    assert verdicts == [("escalate", "frontier-large", ["frontier-small"]), ("accept", None, [])]
