@@ -386,13 +386,18 @@ def routed_call(kwargs: Mapping[str, object]) -> RoutedCall | None:
 def outcome_from_call(kwargs: Mapping[str, object], response_obj: object, start_time: object, end_time: object, *,
                       failed: bool) -> OutcomeReport | None:
     """The ``/v1/outcomes`` payload (an ``OutcomeIn`` dict) of one LiteLLM call, from LiteLLM's
-    logging ``kwargs``; None when the call carries no Pointsman decision."""
+    logging ``kwargs``; None when the call carries no Pointsman decision. ``served_target`` is the
+    ``pointsman_target`` of the deployment LiteLLM logged as serving the call, else the chosen one's."""
     decision = routed_call(kwargs)
     if not decision:
         return None
     outcome: OutcomeReport = {"decision_id": decision.id, "time_s": _seconds(end_time) or time.time()}
-    if decision.served_target:
-        outcome["served_target"] = decision.served_target
+    # the deployment that served the call (LiteLLM logs its model_info), which is not the one chosen when
+    # LiteLLM went elsewhere (the proxy's chosen deployment cooling down): priced on what served it
+    used = _get(_get(kwargs.get("litellm_params"), "model_info"), TARGET_INFO)
+    served = str(used) if used else decision.served_target
+    if served:
+        outcome["served_target"] = served
     model = _get(kwargs.get("litellm_params"), "model") or kwargs.get("model")
     if model:
         outcome["served_model"] = str(model)[:256]
