@@ -40,6 +40,7 @@ import dataclasses
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,7 +143,8 @@ def _margin_gap(margin: float) -> Callable[[OutcomeSource, OutcomeTable], np.nda
         weak = np.stack([table.scores(c) for c in src.weak], axis=1)
         strong = np.stack([table.scores(c) for c in src.strong], axis=1)
         d = (strong[:, None, :] - weak[:, :, None]).reshape(len(weak), -1)
-        with np.errstate(invalid="ignore"):
+        with warnings.catch_warnings():  # a prompt no pair graded: NaN, read as 0.5
+            warnings.simplefilter("ignore", RuntimeWarning)
             share = np.nanmean(np.where(np.isnan(d), np.nan, d > margin), axis=1)
         return np.asarray(np.nan_to_num(share, nan=0.5))
     return fn
