@@ -22,6 +22,17 @@ workers' ``search`` inputs (the whole trace, or its busiest window: ``busiest_wi
    the cheapest not fully expanded shape that qualifies (a descent, largest saving first) and the
    cheapest that falls short by at most ``NEAR_MISS`` (a cheaper way up; near misses alone would
    crowd out the descent: every policy setting of a cheap near miss is another near miss);
+   Before each expansion, the cheapest fleet (replica counts, widths, budgets, tier, GPU; lowest
+   cost floor first, so smaller shapes first) that meets the SLO goal and has not been **tuned**
+   yet is: with a quality floor, the policy's frontier threshold and price cap
+   (``TuningSpace.threshold_axes``) are set by bisection against the floor (``staircase``:
+   quality rises as the threshold falls and as the cap rises, so for each cap, from the policy's
+   own down, the highest threshold that still qualifies is found in about log2 of its values
+   replays, ``workers`` probes per round; a lower cap's threshold is at most the one above's, a
+   cap at which even the lowest threshold misses ends it, as do two caps in a row that saved
+   nothing). Each cap's answer is the cheapest setting of that cap on that fleet (a higher
+   threshold routes no more to the frontier); fleets whose floor is at least the best qualifying
+   cost are not tuned;
 3. **prune** before replaying: a neighbour whose cost floor (GPU rent, idle power, KV DRAM:
    ``ShapeSpace.floor_usd_per_month``) is at least the best qualifying shape's monthly cost can
    neither be recommended nor beat it, and from a shape that meets the goal only neighbours
@@ -41,6 +52,7 @@ recommendation comes from those replays only.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -51,6 +63,7 @@ from pointsman.errors import FleetError, PolicyError
 from pointsman.plan.evaluate import Job, PlanInputs, ShapeResult, Workers, compile_shape
 from pointsman.plan.front import recommend
 from pointsman.plan.shapes import STEP_TOKENS, Pools, Shape, ShapeSpace
+from pointsman.plan.tuning import TuningSpace
 
 #: Shapes missing the goal by at most this much SLO attainment are expanded once one meets it.
 NEAR_MISS = 0.15
@@ -125,6 +138,65 @@ def _priority(space: ShapeSpace, current: ShapeResult, shape: Shape, ascending: 
     return (-gain / max(delta, 1.0) if gain > 0 else 1.0, delta)
 
 
+def _between(lo: int, hi: int, k: int) -> list[int]:
+    """Up to ``k`` indices strictly between ``lo`` and ``hi``, evenly spaced (a k-ary search's probes;
+    the midpoint when ``k`` is 1)."""
+    n = min(k, hi - lo - 1)
+    return sorted({lo + round((i + 1) * (hi - lo) / (n + 1)) for i in range(n)} - {lo, hi}) if n > 0 else []
+
+
+def _edge(shape_at: Callable[[int], Shape], top: int, probe: Callable[[list[Shape]], bool],
+          ok: Callable[[Shape], bool], k: int) -> int | None:
+    """The highest ``j`` in 0..``top`` whose ``shape_at(j)`` qualifies, where 0..edge qualify and the
+    rest do not (-1: none does), by k-ary search (``k`` probes per round); None at the deadline."""
+    good, bad = -1, top + 1
+    while bad - good > 1:
+        js = _between(good, bad, k)
+        if not probe([shape_at(j) for j in js]):
+            return None
+        bad = min([bad, *(j for j in js if not ok(shape_at(j)))])
+        good = max([good, *(j for j in js if j < bad and ok(shape_at(j)))])
+    return good
+
+
+def staircase(shape: Shape, policy: TuningSpace, probe: Callable[[list[Shape]], bool],
+              ok: Callable[[Shape], bool], usd: Callable[[Shape], float], k: int = 1) -> bool:
+    """Set ``shape``'s frontier threshold and price cap (``policy.threshold_axes()``) by bisection
+    against the quality floor (module docstring, step 2): ``probe(shapes)`` replays them (False at
+    the deadline), ``ok(shape)`` says whether a replayed one qualifies (SLO goal and floor),
+    ``usd(shape)`` its monthly cost; ``k`` probes per round. With a cap and no threshold knob, the
+    lowest cap that qualifies. Returns False when the deadline passed; the replays are the
+    caller's (``probe``)."""
+    t, c = policy.threshold_axes()
+
+    def at(cap: int | None, j: int | None) -> Shape:
+        tuning = list(shape.tuning)
+        for i, v in ((t, j), (c, cap)):
+            if i is not None and v is not None:
+                tuning[i] = v
+        return replace(shape, tuning=tuple(tuning))
+
+    if t is None:
+        if c is not None:  # quality rises with the cap: the edge of the caps counted from the top
+            n = len(policy.knobs[c].values) - 1
+            return _edge(lambda j: at(n - j, None), n, probe, ok, k) is not None
+        return True
+    caps: list[int | None] = list(range(len(policy.knobs[c].values) - 1, -1, -1)) if c is not None else [None]
+    top, best, stale = len(policy.knobs[t].values) - 1, math.inf, 0
+    for cap in caps:
+        good = _edge(functools.partial(at, cap), top, probe, ok, k)
+        if good is None:
+            return False
+        if good < 0:  # even the lowest threshold misses: a lower cap sends still less to the frontier
+            break
+        cost = usd(at(cap, good))
+        best, stale = (cost, 0) if cost < best else (best, stale + 1)
+        if stale >= 2:
+            break
+        top = good  # a lower cap needs a threshold at most this one to reach the same floor
+    return True
+
+
 def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: float,
            budget_usd_per_month: float = math.inf, deadline: float | Callable[[], float] = math.inf,
            assume_monotone: bool = True, log: Callable[[ShapeResult, int], None] | None = None,
@@ -186,6 +258,28 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
             return False
         return compiles(shape)
 
+    tuned: set[tuple[tuple[tuple[str, Pools], ...], str]] = set()
+
+    def qualifies(r: ShapeResult | None) -> bool:
+        return r is not None and _shortfall(r, goal, min_quality) == 0
+
+    def probe(shapes: list[Shape]) -> bool:
+        """Replay those of ``shapes`` not evaluated yet; False at the deadline."""
+        todo = [s for s in dict.fromkeys(shapes) if s not in out.results and s not in out.invalid and compiles(s)]
+        return run(todo) if todo else not late()
+
+    def tune(r: ShapeResult) -> bool:
+        return staircase(r.shape, space.policy, probe, lambda s: qualifies(out.results.get(s)),
+                         lambda s: out.results[s].usd_per_month, max(1, workers.processes))
+
+    def untuned(best: ShapeResult | None) -> ShapeResult | None:
+        """The cheapest-floor result meeting the SLO goal whose fleet is not tuned yet (module docstring)."""
+        if space.policy.threshold_axes() == (None, None) or min_quality <= 0:
+            return None
+        ready = [r for r in out.results.values() if r.slo_attainment >= goal and (r.shape.pools, r.shape.gpu) not in tuned
+                 and (best is None or space.floor_usd_per_month(r.shape) < best.usd_per_month)]
+        return min(ready, key=lambda r: (space.floor_usd_per_month(r.shape), r.usd_per_month), default=None)
+
     run([space.base], always=True)
     starts = [s for s in smallest_shapes(space) if admissible(s)]
     if not run(starts, always=True):
@@ -196,6 +290,13 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
             out.stopped = "time budget"
             break
         best = recommend(list(out.results.values()), goal, budget_usd_per_month, min_quality)
+        fleet = untuned(best)
+        if fleet is not None:
+            tuned.add((fleet.shape.pools, fleet.shape.gpu))
+            if not tune(fleet):
+                out.stopped = "time budget"
+                break
+            continue
         todo = [r for r in out.results.values() if r.shape not in expanded]
         if best is None:
             todo.sort(key=lambda r: (_shortfall(r, goal, min_quality), r.usd_per_month))
@@ -284,4 +385,4 @@ def meets_up_to(shape: Shape, scale_results: list[ShapeResult], scales: list[flo
 
 
 __all__ = ["NEAR_MISS", "SearchResult", "busiest_window", "meets_up_to", "run_jobs", "search", "smallest_shapes",
-           "validation_candidates"]
+           "staircase", "validation_candidates"]

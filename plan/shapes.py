@@ -225,6 +225,9 @@ class ShapeSpace:
         seen: set[Shape] = set()
 
         def emit(s: Shape) -> Iterator[Shape]:
+            for gone in self.targets:  # a dropped target's tier, width and budget do not exist: one shape
+                if _dropped(s.of(gone.name)):
+                    s = s.with_pools(gone.name, Pools(0))
             if s != shape and s not in seen and self.valid(s):
                 seen.add(s)
                 yield s

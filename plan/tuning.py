@@ -31,11 +31,12 @@ import yaml
 #: The knob ``verify.prefix_tokens`` (the cascade's early verification, docs/cascade.md).
 PREFIX_TOKENS = "verify.prefix_tokens"
 
-#: Quantiles of the trace's p_hard searched for a ``p_hard*`` variable without ``--tune``.
-DEFAULT_QUANTILES = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98)
+#: Quantiles of the trace's p_hard searched for a ``p_hard*`` variable without ``--tune`` (a fine grid:
+#: the search bisects it against the quality floor, ``plan.search``, so 13 values cost about 4 replays).
+DEFAULT_QUANTILES = (0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.98)
 
 #: Quantiles of the trace's frontier price per request searched for a ``*_max_usd`` variable.
-DEFAULT_COST_QUANTILES = (0.2, 0.4, 0.6, 0.8, 0.9)
+DEFAULT_COST_QUANTILES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 #: Verifier thresholds searched for a ``p_bad*`` variable without ``--tune``.
 DEFAULT_P_BAD = (0.3, 0.4, 0.5, 0.6)
 
@@ -189,6 +190,15 @@ class TuningSpace:
                 if k.name.endswith("_max_usd"):
                     return b > a
         return False
+
+    def threshold_axes(self) -> tuple[int | None, int | None]:
+        """(index of the first ``p_hard*`` knob, index of the first ``*_max_usd`` knob), None where the
+        policy has none: the frontier threshold (quality falls as its index rises) and the price cap
+        (quality rises with its index) that ``plan.search`` bisects against the quality floor. In the
+        default policy: ``p_hard_frontier`` and ``hard_prompt_max_usd``, the hard-prompt rule's two."""
+        names = [k.name for k in self.knobs]
+        return (next((i for i, n in enumerate(names) if n.startswith("p_hard")), None),
+                next((i for i, n in enumerate(names) if n.endswith("_max_usd")), None))
 
     def values(self, tuning: Tuning) -> dict[str, float]:
         """Knob name -> value of ``tuning``."""

@@ -241,6 +241,26 @@ def test_a_price_cap_is_searched_over_the_traces_frontier_prices(tmp_path: Path)
     assert yaml.safe_load((out / "policy.yaml").read_text())["variables"]["hard_prompt_max_usd"] == cap
 
 
+def test_a_fleet_meeting_the_slo_gets_its_price_cap_by_bisection_against_the_floor(tmp_path: Path) -> None:
+    """Every prompt hard (p_hard_frontier 0.1 against fixed:0.2): the cap alone decides how many go to
+    the large tier, so quality rises with it. Once a fleet meets the SLO goal the plan bisects the cap
+    against the quality floor: the first cap it replays is the middle of the six values (the median
+    price), not the neighbour of the policy's own 1000 a one-step move would take, and it recommends
+    a capped setting meeting the floor."""
+    from pointsman.plan.tuning import quantile
+
+    out = tmp_path / "out"
+    res = _plan_all_large(tmp_path, out, "--max-replicas", "1", "--min-quality-share", "0.97",
+                          "--tune", "hard_prompt_max_usd=c0.1,c0.3,c0.5,c0.7,c0.9")
+    assert res.exit_code == 0, res.output
+    report = json.loads((out / "plan.json").read_text())
+    capped = [r["label"] for r in report["evaluated"] if "hard_prompt_max_usd=" in r["label"]]
+    prices = [(r.prompt_tokens * 2.5 + 256 * 10.0) / 1e6 for r in load_trace(_shared_conv(), limit=40)]
+    assert capped and capped[0].endswith(f"| hard_prompt_max_usd={round(quantile(prices, 0.5), 5):.4g}"), capped
+    rec, floor = report["recommended"], report["meta"]["min_quality"]
+    assert rec is not None and "hard_prompt_max_usd=" in rec["label"] and rec["quality"] >= floor > 0
+
+
 def test_the_plan_replays_the_cascade_as_its_reproduce_command_does(tmp_path: Path) -> None:
     """The packaged default policy (verify section, early verification) planned on a slice: the
     recommended shape's quality and cost are those `pointsman replay` gives with the cascade on

@@ -7,6 +7,8 @@ import math
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pointsman.plan.evaluate import ShapeResult
 from pointsman.plan.front import dominates, pareto_front, recommend
@@ -190,3 +192,54 @@ def test_a_quality_short_near_miss_tries_the_settings_that_buy_quality_first() -
     order = sorted(space.policy.neighbors(here),
                    key=lambda t: _priority(space, current, _replace(space.base, tuning=t), True, True))
     assert order[:2] == [(0, 1, 1), (1, 2, 1)]  # a lower threshold, a higher cap: more on the frontier
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-1, 9), min_size=1, max_size=6).map(sorted), st.integers(1, 3),
+       st.lists(st.floats(0, 100), min_size=66, max_size=66))
+def test_the_threshold_staircase_finds_each_caps_highest_qualifying_threshold(
+        edge: list[int], k: int, noise: list[float]) -> None:
+    """A monotone quality floor on a grid of 10 thresholds x len(edge) caps: at cap c the
+    thresholds 0..edge[c] qualify (a higher cap qualifies at least as high: ``edge`` sorted). The
+    staircase probes each cap it visits until it knows that cap's edge exactly, visits caps from the
+    highest down, stops at a cap where nothing qualifies, and needs far fewer replays than the grid;
+    with the cost falling with the cap (as on a trace where a cap saves frontier spend) it visits
+    every cap down to the first where nothing qualifies."""
+
+    from pointsman.plan.search import staircase
+    from pointsman.plan.shapes import Shape
+    from pointsman.plan.tuning import Knob, TuningSpace
+
+    caps = len(edge)
+    policy = TuningSpace({"variables": {}}, (Knob("p_bad_escalate", (0.4, 1.0), 1),
+                                             Knob("p_hard_frontier", tuple(i / 10 for i in range(10)), 5),
+                                             Knob("hard_prompt_max_usd", tuple(float(c) for c in range(caps)), caps - 1)))
+    assert policy.threshold_axes() == (1, 2)
+    shape = Shape((), "H100-SXM", (0, 5, caps - 1))
+    probed: list[tuple[int, int]] = []
+
+    def probe(shapes: list[Shape]) -> bool:
+        assert 1 <= len(shapes) <= k and all(s.tuning[0] == 0 for s in shapes)  # other knobs kept
+        probed.extend((s.tuning[1], s.tuning[2]) for s in shapes)
+        return True
+
+    def ok(s: Shape) -> bool:
+        assert (s.tuning[1], s.tuning[2]) in probed  # only replayed shapes are read
+        return s.tuning[1] <= edge[s.tuning[2]]
+
+    def usd(s: Shape) -> float:  # cheaper at a higher threshold and a lower cap
+        return 1000.0 - 10 * s.tuning[1] + 100 * s.tuning[2] + noise[s.tuning[1] * 6 + s.tuning[2]] / 1000
+    assert staircase(shape, policy, probe, ok, usd, k)
+    visited = sorted({c for _, c in probed}, reverse=True)
+    expect = [c for c in range(caps - 1, -1, -1) if c == caps - 1 or edge[c + 1] >= 0]
+    assert visited == expect
+    top = 9  # the highest threshold that may qualify at the next cap down: the edge of the cap above
+    for c in visited:
+        at = {t for t, cc in probed if cc == c}
+        if edge[c] < 0:
+            assert 0 in at
+        else:  # the edge is known: it qualified, and the next threshold up failed (or could not qualify)
+            assert edge[c] in at and (edge[c] == top or edge[c] + 1 in at)
+            top = edge[c]
+    assert len(probed) <= caps * 5 and len(probed) == len(set(probed))
+    assert not staircase(shape, policy, lambda shapes: False, ok, usd, k)
