@@ -22,7 +22,8 @@ workers' ``search`` inputs (the whole trace, or its busiest window: ``busiest_wi
    the cheapest not fully expanded shape that qualifies (a descent, largest saving first) and the
    cheapest that falls short by at most ``NEAR_MISS`` (a cheaper way up; near misses alone would
    crowd out the descent: every policy setting of a cheap near miss is another near miss);
-   Before each expansion, the cheapest fleet (replica counts, widths, budgets, tier, GPU; lowest
+   Taking turns with the expansions (so a smaller fleet among a tuned one's neighbours is
+   tuned next), the cheapest fleet (replica counts, widths, budgets, tier, GPU; lowest
    cost floor first, so smaller shapes first) that meets the SLO goal and has not been **tuned**
    yet is: with a quality floor, the policy's frontier threshold and price cap
    (``TuningSpace.threshold_axes``) are set by bisection against the floor (``staircase``:
@@ -259,6 +260,7 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
         return compiles(shape)
 
     tuned: set[tuple[tuple[tuple[str, Pools], ...], str]] = set()
+    tune_next = True
 
     def qualifies(r: ShapeResult | None) -> bool:
         return r is not None and _shortfall(r, goal, min_quality) == 0
@@ -290,13 +292,6 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
             out.stopped = "time budget"
             break
         best = recommend(list(out.results.values()), goal, budget_usd_per_month, min_quality)
-        fleet = untuned(best)
-        if fleet is not None:
-            tuned.add((fleet.shape.pools, fleet.shape.gpu))
-            if not tune(fleet):
-                out.stopped = "time budget"
-                break
-            continue
         todo = [r for r in out.results.values() if r.shape not in expanded]
         if best is None:
             todo.sort(key=lambda r: (_shortfall(r, goal, min_quality), r.usd_per_month))
@@ -304,6 +299,15 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
             todo = [r for r in todo if _shortfall(r, goal, min_quality) <= NEAR_MISS
                     and space.floor_usd_per_month(r.shape) < best.usd_per_month]
             todo.sort(key=lambda r: r.usd_per_month)
+        fleet = untuned(best)
+        if fleet is not None and (tune_next or not todo):  # tunings and expansions take turns
+            tune_next = False
+            tuned.add((fleet.shape.pools, fleet.shape.gpu))
+            if not tune(fleet):
+                out.stopped = "time budget"
+                break
+            continue
+        tune_next = True  # after an expansion: a smaller fleet among its neighbours is tuned next
         if not todo:
             break
         current = todo[0]
