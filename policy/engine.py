@@ -302,6 +302,19 @@ def place(live: LiveSignals, target: str, mode: str) -> Placement | None:
     return None
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """Steps 0-1 of one decision (``RoutingEngine.prepare``): the request's ``view``, its ``features``,
+    the query window's token ids for an estimator that takes them (else None), and when the steps
+    started and ended (``time.perf_counter`` seconds: the decision's timings count from ``started``)."""
+
+    view: RequestView
+    features: RequestFeatures
+    query_token_ids: list[int] | None
+    started: float
+    features_done: float
+
+
 class RoutingEngine:
     """Decides where requests run.
 
@@ -348,8 +361,20 @@ class RoutingEngine:
             return DifficultyEstimate(None, False, (time.perf_counter() - started) * 1e3,
                                       f"{type(exc).__name__}: {exc}")
 
-    def route(self, request: RouteRequest | RequestView, *, dispatch: bool = True,
-              api_key_id: str | None = None, endpoint_subset: AbstractSet[str] | None = None) -> Decision:
+    def prepare(self, request: RouteRequest | RequestView, api_key_id: str | None = None) -> Prepared:
+        """Steps 0-1 of ``route`` alone: the request's view (``api_key_id`` as in ``route``) and its
+        features, so a caller may obtain the estimate (step 2) its own way, e.g. awaiting the
+        estimator's pool without blocking an event loop, and pass both to ``route``. Raises
+        ``RequestError`` for a ``routing.slo_class`` the fleet does not declare."""
+        started = time.perf_counter()
+        view = request if isinstance(request, RequestView) else RequestView.of(request, api_key_id)
+        check_slo_class(self.fleet, view.routing.slo_class)
+        features, query_token_ids = tokenized_features(view, self._tokenizer, self._ids_estimator is not None)
+        return Prepared(view, features, query_token_ids, started, time.perf_counter())
+
+    def route(self, request: RouteRequest | RequestView | Prepared, *, dispatch: bool = True,
+              api_key_id: str | None = None, endpoint_subset: AbstractSet[str] | None = None,
+              estimate: DifficultyEstimate | None = None) -> Decision:
         """Decide where ``request`` runs and, with ``dispatch`` (default), commit it: reserve
         its estimated cost on its budget scopes (``routing.tenant``, ``routing.team``,
         ``api_key_id``), count it in flight, record its prefix. ``dispatch=False`` decides
@@ -360,18 +385,21 @@ class RoutingEngine:
         ``endpoint_subset``: endpoint ids the request may use (a proxy's subset hint); the others
         count as unavailable for this decision (``live.LiveSignals``), so a target with none of
         them is ineligible (filter ``health``).
+        ``request`` may also be ``prepare``'s answer, with the ``estimate`` of its features (step 2:
+        the estimator is not called then; a malformed estimate counts as unavailable, as one the
+        estimator returns).
 
         Raises ``NoEligibleTarget`` (a ``RequestError``) naming the filter that removed each
         candidate, or the budget that refused each reservation; ``RequestError`` for routing
         fields budgets cannot use or a ``routing.slo_class`` the fleet does not declare;
         ``LedgerUnavailable`` when the budget ledger fails for a request with budgets (unless the
         state fails open)."""
-        t0 = time.perf_counter()
-        view = request if isinstance(request, RequestView) else RequestView.of(request, api_key_id)
-        check_slo_class(self.fleet, view.routing.slo_class)
-        features, query_token_ids = tokenized_features(view, self._tokenizer, self._ids_estimator is not None)
-        t1 = time.perf_counter()
-        estimate = self._estimate(features, query_token_ids)
+        prepared = request if isinstance(request, Prepared) else self.prepare(request, api_key_id)
+        view, features, t0, t1 = prepared.view, prepared.features, prepared.started, prepared.features_done
+        if estimate is None:
+            estimate = self._estimate(features, prepared.query_token_ids)
+        else:
+            estimate = _checked(estimate, t1)
         t2 = time.perf_counter()
         routing = view.routing
         base: BaseSignals = {"request": request_signals(features, view, self.fleet.spec.defaults.output_tokens),

@@ -31,6 +31,10 @@ which checks the target "p99 at 500 decisions/s" directly (``--rates`` with no v
 
 Target (issue 6): >= 500 decisions/s at p99 <= 50 ms.
 
+With more than one worker the server needs shared state: unless ``--env POINTSMAN_STATE_URL=...`` names
+one, the script starts a redis-server for those rows and gives the server ``POINTSMAN_STATE_URL`` and
+``POINTSMAN_BUDGET_LEDGER`` on it (as ``--pairs`` does).
+
 ``--pairs RATE ...`` measures route+outcome pairs instead (issue 22: two workers with Redis at
 200 pairs/s, 0 lost, outcome p99 <= 25 ms): the script starts a redis-server and two ``pointsman
 serve`` processes on one data folder (the workers of one host: one outcome log, one inbox, one
@@ -373,7 +377,7 @@ def start_redis() -> tuple[subprocess.Popen, str]:
 
     binary = shutil.which("redis-server")
     if binary is None:
-        raise SystemExit("--pairs needs redis-server on PATH (apt-get install -y redis-server)")
+        raise SystemExit("--pairs and --workers > 1 need redis-server on PATH (apt-get install -y redis-server)")
     port = free_port()
     proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                              "--loglevel", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -616,7 +620,11 @@ def main() -> None:
         for workers in args.workers:
             port = free_port()
             data_dir = str(Path(tmp) / f"data-w{workers}")
-            proc = start_server(workers, port, data_dir, args.server_cpus, extra_env, args.uvicorn)
+            redis_proc, env = None, extra_env
+            if workers > 1 and "POINTSMAN_STATE_URL" not in extra_env:  # several workers share state through Redis
+                redis_proc, url = start_redis()
+                env = {"POINTSMAN_STATE_URL": url, "POINTSMAN_BUDGET_LEDGER": url, **extra_env}
+            proc = start_server(workers, port, data_dir, args.server_cpus, env, args.uvicorn)
             try:
                 runs = [(conc, None) for conc in args.concurrency] + [(OPEN_LOOP_CONNECTIONS, r) for r in args.rates]
                 for conc, rate in runs:
@@ -639,6 +647,9 @@ def main() -> None:
                           f"{r['server_cpu_ms_per_decision']:>10.2f} {probe.column():>8}  {r['errors'] or ''}", flush=True)
             finally:
                 stop_server(proc)
+                if redis_proc is not None:
+                    redis_proc.terminate()
+                    redis_proc.wait(timeout=10)
     if args.json:
         for r in rows:
             print(json.dumps(r))

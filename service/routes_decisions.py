@@ -15,14 +15,17 @@ excluded by its budget: a refusal, as the ext_proc picker's), 503 (budget ledger
 
 The decision runs on the event loop by default (its cost per stage: ``docs/architecture.md``,
 the budget ``scripts/bench_decision.py`` checks), which the measurements in
-``scripts/load_service.py`` found faster than a threadpool hop on two cores. ``POINTSMAN_ROUTE_IN_THREADPOOL=true`` moves
-it to the threadpool instead. A hung estimator cannot hold the loop past
+``scripts/load_service.py`` found faster than a threadpool hop on two cores; the loop never waits
+on it: the estimate is awaited on the estimator's pool and the dispatch's shared-state write on
+its writer thread (``route_on_loop``). ``POINTSMAN_ROUTE_IN_THREADPOOL=true`` moves the decision
+to the threadpool instead (blocking waits there). A hung estimator cannot hold a decision past
 ``POINTSMAN_ESTIMATOR_TIMEOUT_MS`` (default 50 ms, ``deadline.py``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Set as AbstractSet
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
@@ -31,10 +34,13 @@ from pointsman.errors import RequestError
 from pointsman.estimator.estimate import Estimator
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.decision import Decision
+from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.selection.filters import NoEligibleTarget
+from pointsman.policy.signals.shared_state import deferred_writes
 from pointsman.request import RouteRequest, parse_route_request
 from pointsman.service.auth import Principal, authenticate, header_key, require
 from pointsman.service.bodies import JSONAnswer, decode_json, json_body, read_body
+from pointsman.service.deadline import DeadlineEstimator
 from pointsman.service.http_errors import ROUTE_ERRORS, HTTPError, invalid, unavailable
 from pointsman.service.runtime import Runtime, get_runtime, runtime_of
 from pointsman.service.schemas import RouteResponse
@@ -42,26 +48,79 @@ from pointsman.service.schemas import RouteResponse
 router = APIRouter()
 
 
+async def route_on_loop(engine: RoutingEngine, request: RouteRequest, *, api_key_id: str | None = None,
+                        endpoint_subset: AbstractSet[str] | None = None) -> Decision:
+    """``engine.route(request, ...)`` on the event loop without blocking it: the estimate is awaited
+    on the estimator's pool (``DeadlineEstimator.estimate_async``) and the dispatch's shared-state
+    write is sent by its writer thread and awaited (``shared_state.deferred_writes``) before the
+    decision is returned, so its id is in Redis before anyone sees it. Between the two the loop
+    serves other requests. The same decision and errors as ``engine.route``."""
+    prepared = engine.prepare(request, api_key_id)
+    estimator = engine.estimator
+    estimate = await estimator.estimate_async(prepared.features, prepared.query_token_ids) \
+        if isinstance(estimator, DeadlineEstimator) else None
+    with deferred_writes() as pending:
+        decision = engine.route(prepared, endpoint_subset=endpoint_subset, estimate=estimate)
+    await pending.written()
+    return decision
+
+
 def decide(rt: Runtime, raw: bytes, key_id: str | None, started: float) -> JSONAnswer:
-    """Parse ``raw``, decide, log and count the decision; returns the response. Raises
-    ``HTTPError`` (counted in ``pointsman_decision_errors_total``)."""
+    """Parse ``raw``, decide in the calling thread (the threadpool's, with ``route_in_threadpool``),
+    log and count the decision; returns the response. Raises ``HTTPError`` (counted in
+    ``pointsman_decision_errors_total``)."""
+    engine, request = _parsed(rt, raw)
+    try:
+        decision = engine.route(request, api_key_id=key_id)
+    except (NoEligibleTarget, LedgerUnavailable, RequestError) as exc:
+        raise refusal(rt, exc) from None
+    return answered(rt, engine, request, decision, started)
+
+
+async def decide_on_loop(rt: Runtime, raw: bytes, key_id: str | None, started: float) -> JSONAnswer:
+    """``decide`` on the event loop, awaiting the estimate and the shared-state write (``route_on_loop``)."""
+    engine, request = _parsed(rt, raw)
+    try:
+        decision = await route_on_loop(engine, request, api_key_id=key_id)
+    except (NoEligibleTarget, LedgerUnavailable, RequestError) as exc:
+        raise refusal(rt, exc) from None
+    return answered(rt, engine, request, decision, started)
+
+
+def _parsed(rt: Runtime, raw: bytes) -> tuple[RoutingEngine, RouteRequest]:
+    """The engine to decide on (read once: the decision runs on it to the end) and the request.
+    Raises ``HTTPError`` 400/422 (counted)."""
     try:
         body = decode_json(raw)
-        engine = rt.live.engine  # read once: this decision runs on this engine to the end
+        engine = rt.live.engine
         try:
-            request = parse_route_request(body)
-            decision = engine.route(request, api_key_id=key_id)
-        except NoEligibleTarget as exc:
-            if exc.by_budget:  # as the ext_proc picker: a refusal the gateway must not route around
-                raise HTTPError(429, str(exc), type="budget_exhausted", code="budget_exhausted") from None
-            raise HTTPError(422, str(exc), type="no_eligible_target", code="no_eligible_target") from None
-        except LedgerUnavailable as exc:
-            raise unavailable(f"budget ledger unavailable: {exc}", "budget_ledger_unavailable") from None
+            return engine, parse_route_request(body)
         except RequestError as exc:
             raise invalid(exc) from None
     except HTTPError as exc:
         rt.metrics.decision_errors.labels(exc.code or str(exc.status)).inc()
         raise
+
+
+def refusal(rt: Runtime, exc: NoEligibleTarget | LedgerUnavailable | RequestError) -> HTTPError:
+    """The answer to a decision the engine refused, counted in ``pointsman_decision_errors_total``:
+    429 ``budget_exhausted`` when a budget excluded a target that could take it (as the ext_proc
+    picker: a refusal the gateway must not route around), 422 ``no_eligible_target``, 503 when the
+    budget ledger is unavailable, 422 naming a bad field."""
+    if isinstance(exc, NoEligibleTarget):
+        error = HTTPError(429, str(exc), type="budget_exhausted", code="budget_exhausted") if exc.by_budget \
+            else HTTPError(422, str(exc), type="no_eligible_target", code="no_eligible_target")
+    elif isinstance(exc, LedgerUnavailable):
+        error = unavailable(f"budget ledger unavailable: {exc}", "budget_ledger_unavailable")
+    else:
+        error = invalid(exc)
+    rt.metrics.decision_errors.labels(error.code or str(error.status)).inc()
+    return error
+
+
+def answered(rt: Runtime, engine: RoutingEngine, request: RouteRequest, decision: Decision,
+             started: float) -> JSONAnswer:
+    """The answer to a decision, handed to the decision log and counted (``commit_decision``)."""
     response = JSONAnswer(decision.to_dict(explain=request.routing.explain), headers={
         "x-pointsman-decision-id": decision.decision_id,
         "x-pointsman-target": decision.target,
@@ -107,4 +166,4 @@ async def answer(request: Request, rt: Runtime, principal: Principal) -> JSONAns
     raw = await read_body(request, rt.settings)
     if rt.settings.route_in_threadpool:
         return await run_in_threadpool(decide, rt, raw, principal.key_id, started)
-    return decide(rt, raw, principal.key_id, started)
+    return await decide_on_loop(rt, raw, principal.key_id, started)

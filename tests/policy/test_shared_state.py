@@ -4,6 +4,7 @@ on both; a replica that starts late loads the shared state whole."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from urllib.parse import quote
@@ -13,7 +14,7 @@ import pytest
 from pointsman.errors import BudgetError
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
 from pointsman.policy.signals.fleet_state import Dispatch, DispatchRecord, FleetState
-from pointsman.policy.signals.shared_state import Change, RedisSync, SharedRecord, open_sync
+from pointsman.policy.signals.shared_state import Change, RedisSync, SharedRecord, deferred_writes, open_sync
 
 E8 = "http://llama-8b-0.inference.internal:8000/v1"
 E8B = "http://llama-8b-1.inference.internal:8000/v1"
@@ -87,6 +88,28 @@ def test_an_outcome_before_the_dispatch_change_arrives_still_prices_and_releases
     assert eventually(lambda: inflight(a, E8) == 0 and inflight(b, E8) == 0)
     again = a.settle("d2", prompt_tokens=300, completion_tokens=10, target="onprem-8b")
     assert again.released_load == 0
+
+
+def test_deferred_dispatches_are_in_redis_once_awaited_in_order(pair):
+    """What the service does on its event loop (``deferred_writes``): dispatches queued for the
+    writer thread, pipelined, and awaited before the ids leave. Once awaited, each record is in Redis
+    (the other replica's outcome takes it: its target and both in-flight entries), and the changes
+    arrived in the order they were made (the last session wins on the other replica)."""
+    a, b = pair(), pair()
+    ids = [f"q{i}" for i in range(40)]
+
+    async def decide_all() -> None:
+        with deferred_writes() as pending:
+            for i, did in enumerate(ids):
+                dispatch(a, did, endpoint=E8 if i % 2 else E8B, session="s-deferred")
+        await pending.written()
+
+    asyncio.run(decide_all())
+    for did in ids:   # nothing applied on b yet is needed: the record is taken from Redis
+        assert a.sync.take(did) is not None
+    assert eventually(lambda: b.session("s-deferred") is not None)
+    assert eventually(lambda: b.session("s-deferred")[1] == b.fleet.endpoint_id(E8))  # the last dispatch's
+    assert a.sync.status().write_errors == 0
 
 
 def test_a_refused_outcome_leaves_the_shared_record_for_the_corrected_one(pair):
