@@ -561,7 +561,8 @@ class ExtProcServer:
         self._server: grpc.aio.Server | None = None
         self._health = health_aio.HealthServicer()
         self._indexes: dict[str, EndpointIndex] = {}
-        self._pending: set[asyncio.Task[None]] = set()
+        self._outbox: list[OutcomeIn] = []  # outcomes to record, stored in batches (``record``)
+        self._recorder: asyncio.Task[None] | None = None
         self._children: dict[str, Callable[[], None]] = {}
 
     def authenticate(self, metadata: Iterable[tuple[str, str | bytes]]) -> Principal | None:
@@ -596,27 +597,37 @@ class ExtProcServer:
         return idx
 
     def record(self, item: OutcomeIn) -> None:
-        """Store and settle one outcome in a worker thread (``store_outcomes``, as ``POST /v1/outcomes``)."""
-        task = asyncio.get_running_loop().create_task(self._store(item))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        """Store and settle one outcome in a worker thread (``store_outcomes``, as ``POST /v1/outcomes``),
+        with the others recorded meanwhile: the outcomes that end while one batch is being stored are
+        stored together by the next (one decision log flush and one outcome log commit per batch, not
+        per stream; nobody waits for the acknowledgement, so nothing is held back)."""
+        self._outbox.append(item)
+        if self._recorder is None or self._recorder.done():
+            self._recorder = asyncio.get_running_loop().create_task(self._store_all())
 
-    async def _store(self, item: OutcomeIn) -> None:
+    async def _store_all(self) -> None:
+        while self._outbox:
+            items, self._outbox = self._outbox, []
+            await self._store(items)
+
+    async def _store(self, items: list[OutcomeIn]) -> None:
         try:
-            acks = await asyncio.to_thread(store_outcomes, self.rt, [item])
+            acks = await asyncio.to_thread(store_outcomes, self.rt, list(items))
         except HTTPError as exc:
-            log.warning("outcome of decision %s not recorded: %s", item.decision_id, exc.message)
+            for item in items:
+                log.warning("outcome of decision %s not recorded: %s", item.decision_id, exc.message)
             return
         except Exception:  # noqa: BLE001 - a background task: log it, never lose the loop
-            log.exception("outcome of decision %s not recorded", item.decision_id)
+            log.exception("outcomes of decisions %s not recorded", ", ".join(i.decision_id for i in items))
             return
-        if acks and acks[0]["status"] not in ("stored", "duplicate", "forwarded"):
-            log.warning("outcome of decision %s: %s %s", item.decision_id, acks[0]["status"], acks[0].get("message") or "")
+        for item, ack in zip(items, acks, strict=False):
+            if ack["status"] not in ("stored", "duplicate", "forwarded"):
+                log.warning("outcome of decision %s: %s %s", item.decision_id, ack["status"], ack.get("message") or "")
 
     async def drain(self) -> None:
         """Wait for the outcomes being recorded."""
-        while self._pending:
-            await asyncio.gather(*list(self._pending), return_exceptions=True)
+        while self._recorder is not None and not self._recorder.done():
+            await asyncio.gather(self._recorder, return_exceptions=True)
 
     async def start(self, host: str, port: int) -> int:
         """Bind ``host:port`` (0: a free port), start serving and mark every health service SERVING;
