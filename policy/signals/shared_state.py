@@ -82,6 +82,7 @@ from pointsman.errors import DataError
 if TYPE_CHECKING:  # pragma: no cover
     from redis import Redis
     from redis.commands.core import Script
+    from redis.connection import ConnectionInterface
 
 log = logging.getLogger("pointsman.state")
 
@@ -552,6 +553,7 @@ class RedisSync:
         self._health = client.register_script(_HEALTH)
         self._status = SyncStatus(shared=True)
         self._lock = threading.Lock()
+        self._reader_conn: ConnectionInterface | None = None  # the reader thread's own (``_xread``)
         self._writer = _DispatchWriter(client, self._dispatch, self._errors, self._write_failed("dispatch"))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -763,7 +765,7 @@ class RedisSync:
                 streams: dict[str | bytes | memoryview, str | bytes | memoryview | int] = {stream: last}
                 if inbox_stream:
                     streams[inbox_stream] = inbox_last
-                replies = _streams(self.client.xread(streams, count=READ_COUNT, block=self.block_ms))
+                replies = _streams(self._xread(streams))
                 if inbox_stream and (forwarded := replies.get(inbox_stream)):
                     assert deliver is not None
                     inbox_last = self._deliver_forwarded(inbox_stream, forwarded, deliver, inbox_last)
@@ -802,6 +804,22 @@ class RedisSync:
                     self._status.applied += 1
                     self._status.lag_s = max(0.0, time.time() - change.wall_s)
 
+    def _xread(self, streams: Mapping[str | bytes | memoryview, str | bytes | memoryview | int]) -> object:
+        """One blocking ``XREAD`` of ``streams`` (name -> last id read) on the reader's own connection:
+        the pool's checkout, retry and reply-conversion layers cost about as much CPU per read as
+        applying its change (one read per change at moderate rates). The raw reply (``_streams``
+        reads it); raises what Redis raises (the connection is dropped, and made again next read)."""
+        conn = self._reader_conn
+        if conn is None:
+            conn = self._reader_conn = self.client.connection_pool.make_connection()
+        try:
+            conn.send_command("XREAD", "COUNT", READ_COUNT, "BLOCK", self.block_ms, "STREAMS",  # type: ignore[no-untyped-call]
+                              *streams.keys(), *streams.values())
+            return conn.read_response()
+        except BaseException:
+            conn.disconnect()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+            raise
+
     def _deliver_forwarded(self, inbox_stream: str, entries: list[tuple[str, dict[str, str]]],
                            deliver: Deliver, inbox_last: str) -> str:
         """Hand forwarded outcomes to ``deliver``; delete their entries once stored. Returns the
@@ -832,6 +850,8 @@ class RedisSync:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.block_ms / 1000.0 + 2.0)
+        if self._reader_conn is not None:
+            self._reader_conn.disconnect()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
         self.client.close()
 
 
@@ -849,9 +869,16 @@ def _streams(reply: object) -> dict[str, list[tuple[str, dict[str, str]]]]:
     for stream in reply:
         if not isinstance(stream, (list, tuple)) or len(stream) < 2 or not isinstance(stream[1], list):
             continue
-        out[str(stream[0])] = [(str(entry_id), {str(k): str(v) for k, v in dict(fields).items()})
-                               for entry_id, fields in stream[1]]
+        out[str(stream[0])] = [(str(entry_id), _fields(fields)) for entry_id, fields in stream[1]]
     return out
+
+
+def _fields(fields: object) -> dict[str, str]:
+    """A stream entry's fields: a flat ``[k1, v1, k2, v2, ...]`` (a raw RESP2 reply) or a mapping
+    (what ``redis-py`` makes of one)."""
+    if isinstance(fields, list):
+        return {str(k): str(v) for k, v in zip(fields[::2], fields[1::2], strict=False)}
+    return {str(k): str(v) for k, v in dict(fields).items()}  # type: ignore[call-overload]  # a mapping
 
 
 def open_sync(url: str | None) -> StateSync:
