@@ -42,6 +42,7 @@ signing key) with ``POINTSMAN_STATE_URL`` and ``POINTSMAN_BUDGET_LEDGER`` on tha
 at RATE per second (open loop), each ``POST /v1/route`` to the first process and, once answered,
 its ``POST /v1/outcomes`` (usage included) to the *second* one, which did not log the decision.
 Printed per rate: pairs/s, route p50/p99, outcome p50/p99 (ms, from sending the outcome),
+``srv_cpu_ms`` (both processes' CPU, every thread, per route+outcome pair),
 the server's own outcome p50/p99 (``srv p50<=``/``srv p99<=``: the upper bound of the
 ``pointsman_outcome_latency_seconds`` bucket holding it, counted over the row from the second
 process's ``/metrics``: request to acknowledgement inside the server, without the client's
@@ -83,6 +84,11 @@ them). A stall of 100 ms holds every call in flight and the backlog behind it, w
 no periodic task of the service (checkpoint, group commit, state sync, file watchers, GC) showed up
 in the samples taken during the stalls. Less CPU per call makes them rarer; only a quieter
 machine removes them.
+
+Then (issue 24, py-spy on the deciding process at 200 pairs/s): its event loop spent 29% of its time
+blocked on the estimator's pool and 20% on the dispatch's Redis write; both are awaited now
+(``routes_decisions.route_on_loop``), and at 200 pairs/s offered on a machine at load average ~14 the
+two processes did 180 pairs/s at 4.70 ms of CPU per pair against main's 153 at 5.65 (same run).
 
 Found with this script (``--uvicorn '--loop asyncio --http h11'`` vs ``'--loop uvloop'``): with
 asyncio's event loop, ``--workers 2`` made every response ~45 ms slower (p50 48 ms at
@@ -433,15 +439,19 @@ def pairs_main(args: argparse.Namespace, prompts_file: str, tmp: str) -> None:
         for port in ports:  # one after the other: the first creates the log and the signing key
             procs.append(start_server(1, port, data_dir, args.server_cpus, env, args.uvicorn))
         print(f"{'pairs/s':>8} {'done/s':>8} {'route p50':>10} {'route p99':>10} {'outcome p50':>12} "
-              f"{'outcome p99':>12} {'srv p50<=':>10} {'srv p99<=':>10} {'lost':>5} {'pauses':>8}  errors")
+              f"{'outcome p99':>12} {'srv p50<=':>10} {'srv p99<=':>10} {'lost':>5} {'srv_cpu_ms':>10} {'pauses':>8}  errors")
         for rate in args.pairs:
             before = outcome_buckets(f"http://127.0.0.1:{ports[1]}")
             cmd = [sys.executable, __file__, "--drive", f"http://127.0.0.1:{ports[0]}", "--drive-b",
                    f"http://127.0.0.1:{ports[1]}", "--prompts", prompts_file, "--rate", str(rate),
                    "--duration", str(args.duration), "--warmup", str(args.warmup)]
+            cpu0 = sum(tree_cpu_s(p.pid) for p in procs)
             with PauseProbe() as probe:
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True)
             r = json.loads(out.stdout.strip().splitlines()[-1])
+            # both processes' CPU over the whole row (warm-up included) per pair, the pairs scaled to the whole row
+            r["server_cpu_ms_per_pair"] = 1000 * (sum(tree_cpu_s(p.pid) for p in procs) - cpu0) / max(
+                r["pairs"] * (args.warmup + args.duration) / args.duration, 1)
             r["machine_pauses"], r["machine_pause_longest_ms"] = probe.count, probe.longest_ms
             after = outcome_buckets(f"http://127.0.0.1:{ports[1]}")
             r["server_outcome_p50_le_ms"] = bucket_quantile(before, after, 0.50)
@@ -453,7 +463,7 @@ def pairs_main(args: argparse.Namespace, prompts_file: str, tmp: str) -> None:
             print(f"{rate:>8g} {r['pairs_per_s']:>8.0f} {ms(r['route_p50_ms']):>10} {ms(r['route_p99_ms']):>10} "
                   f"{ms(r['outcome_p50_ms']):>12} {ms(r['outcome_p99_ms']):>12} "
                   f"{ms(r['server_outcome_p50_le_ms']):>10} {ms(r['server_outcome_p99_le_ms']):>10} "
-                  f"{r['lost']:>5} {probe.column():>8}  {r['errors'] or ''}", flush=True)
+                  f"{r['lost']:>5} {r['server_cpu_ms_per_pair']:>10.2f} {probe.column():>8}  {r['errors'] or ''}", flush=True)
             if args.json:
                 print(json.dumps({"rate": rate, **r}))
     finally:

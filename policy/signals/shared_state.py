@@ -28,10 +28,11 @@ outcome, from the signed id.
 ``P`` is the key prefix, default ``{pointsman-state}:`` (one hash slot in a cluster).
 
 Round trips: a dispatch is one (a Lua script writes the record, the session and the stream
-entry); an outcome or release is one (a Lua script takes the record, whichever process wrote
-it, and appends the release); a forwarded outcome is one more; a telemetry push or a health
-mark is one. Decisions read only
-the local state: none. A reader thread per process blocks on the stream (``XREAD``) and
+entry; the service's decisions on its event loop queue it for a writer thread, which pipelines what
+is queued, and await it before answering: ``deferred_writes``); an outcome or release is one (a Lua
+script takes the record, whichever process wrote it, and appends the release); a forwarded
+outcome is one more; a telemetry push or a health mark is one. Decisions read only the local
+state: none. A reader thread per process blocks on the stream (``XREAD``) and
 applies the others' changes, typically within a millisecond on one host.
 
 What can go wrong, and what happens then:
