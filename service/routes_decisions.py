@@ -65,7 +65,7 @@ async def route_on_loop(engine: RoutingEngine, request: RouteRequest, *, api_key
     return decision
 
 
-def decide(rt: Runtime, raw: bytes, key_id: str | None, started: float) -> JSONAnswer:
+def decide_in_thread(rt: Runtime, raw: bytes, key_id: str | None, started: float) -> JSONAnswer:
     """Parse ``raw``, decide in the calling thread (the threadpool's, with ``route_in_threadpool``),
     log and count the decision; returns the response. Raises ``HTTPError`` (counted in
     ``pointsman_decision_errors_total``)."""
@@ -77,8 +77,10 @@ def decide(rt: Runtime, raw: bytes, key_id: str | None, started: float) -> JSONA
     return answered(rt, engine, request, decision, started)
 
 
-async def decide_on_loop(rt: Runtime, raw: bytes, key_id: str | None, started: float) -> JSONAnswer:
-    """``decide`` on the event loop, awaiting the estimate and the shared-state write (``route_on_loop``)."""
+async def decide(rt: Runtime, raw: bytes, key_id: str | None, started: float) -> JSONAnswer:
+    """Parse ``raw``, decide on the event loop, awaiting the estimate and the shared-state write
+    (``route_on_loop``), log and count the decision; returns the response. Raises ``HTTPError``
+    (counted in ``pointsman_decision_errors_total``)."""
     engine, request = _parsed(rt, raw)
     try:
         decision = await route_on_loop(engine, request, api_key_id=key_id)
@@ -165,5 +167,5 @@ async def answer(request: Request, rt: Runtime, principal: Principal) -> JSONAns
     started = time.perf_counter()
     raw = await read_body(request, rt.settings)
     if rt.settings.route_in_threadpool:
-        return await run_in_threadpool(decide, rt, raw, principal.key_id, started)
-    return await decide_on_loop(rt, raw, principal.key_id, started)
+        return await run_in_threadpool(decide_in_thread, rt, raw, principal.key_id, started)
+    return await decide(rt, raw, principal.key_id, started)

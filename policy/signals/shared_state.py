@@ -499,10 +499,12 @@ class _DispatchWriter:
                     elif isinstance(result, Exception):
                         self._on_error(result)
         except self._errors as exc:
-            self._on_error(exc)
+            for _ in batch:  # each write failed, as each would have on its own
+                self._on_error(exc)
         except Exception as exc:  # noqa: BLE001 - a writer that dies would hold every waiting answer
             log.exception("shared state writer failed")
-            self._on_error(exc)
+            for _ in batch:
+                self._on_error(exc)
         with self._cond:
             callbacks = [cb for queued in batch for cb in queued.callbacks]
             for queued in batch:
