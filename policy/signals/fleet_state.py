@@ -220,6 +220,9 @@ class FleetState:
         self._budget_cache = None if ledger is None else SnapshotCache(ledger, budget_snapshot_ttl_s, self._lock)
         self._budget_snapshot_ttl_s = float(budget_snapshot_ttl_s)
         self._settled: OrderedDict[str, Settled] = OrderedDict()
+        # ids taken from the shared state here before their dispatch change was applied here: that change,
+        # when it comes, must not count them in flight (this process's own release is not applied again)
+        self._released_early: OrderedDict[str, float] = OrderedDict()
         self._breaker: dict[str, tuple[int, float]] = {}  # endpoint id -> (consecutive errors, tripped at)
         self.error_outcomes_to_unhealthy = ERROR_OUTCOMES_TO_UNHEALTHY
         self.unhealthy_cooldown_s = UNHEALTHY_COOLDOWN_S
@@ -508,7 +511,9 @@ class FleetState:
         fleet does not have (another fleet revision) are ignored."""
         if change.kind == "dispatch" and change.record is not None:
             record = self._record_of(change.record)
-            if self._known_endpoints(record):
+            with self._lock:
+                early = self._released_early.pop(record.decision_id, None) is not None
+            if not early and self._known_endpoints(record):
                 self._apply_dispatch(record, change.block_hashes, change.gateway_ids, change.session_id)
         elif change.kind == "release":
             self._apply_release(change.decision_id)
@@ -632,6 +637,7 @@ class FleetState:
         released = self._apply_release(decision_id)
         if released == 0 and taken is not None:  # dispatched elsewhere, its change not applied here yet
             released = 1 + (taken.prefill_endpoint is not None)
+            self._release_early(decision_id)
         result = Settled(decision_id, target, mode, float(actual_cost_usd), settlement, released, replayed, journaled)
         with self._lock:
             self._settled[decision_id] = result
@@ -700,7 +706,19 @@ class FleetState:
             except LedgerUnavailable as exc:
                 log.warning("hold of %s not released (it expires at its reservation TTL): %s", decision_id, exc)
         released = self._apply_release(decision_id) > 0
+        if not released and taken is not None:
+            self._release_early(decision_id)
         return held or released
+
+    def _release_early(self, decision_id: str) -> None:
+        """Remember that ``decision_id`` was released here before its dispatch change arrived (the
+        outcome reached this process first), for ``record_ttl_s``: the change is then not applied."""
+        now = self.monotonic()
+        with self._lock:
+            self._released_early[decision_id] = now + self.record_ttl_s
+            while self._released_early and (len(self._released_early) > SETTLED_MEMORY
+                                            or next(iter(self._released_early.values())) < now):
+                self._released_early.popitem(last=False)
 
     def _take_shared(self, decision_id: str) -> DispatchRecord | None:
         """The decision's record from the shared state (removed there, its release published to

@@ -90,6 +90,27 @@ def test_an_outcome_before_the_dispatch_change_arrives_still_prices_and_releases
     assert again.released_load == 0
 
 
+def test_a_dispatch_change_applied_after_its_outcome_counts_nothing(pair):
+    """The outcome reaches replica b before b's reader applied the dispatch (b behind, as under load):
+    b takes the record from Redis and releases it; the dispatch change, applied afterwards, must not count
+    the finished request in flight on b until the TTL (b's own release change is never applied to b)."""
+    a, b = pair(), pair()
+    held, apply = [], b.sync._apply
+    b.sync._apply = held.append  # b's reader falls behind: what it reads waits here
+    time.sleep(0.3)  # the reader takes its apply function before each XREAD (block_ms 100)
+    dispatch(a, "d5", endpoint=D70, prefill=P70, target="onprem-70b", mode="disaggregated")
+    assert eventually(lambda: any(c.kind == "dispatch" and c.record.decision_id == "d5" for c in held))
+    settled = b.settle("d5", prompt_tokens=300, completion_tokens=10)
+    assert settled.released_load == 2
+    b.sync._apply = apply
+    for change in held:  # b catches up
+        apply(change)
+    assert (inflight(b, D70), inflight(b, P70)) == (0, 0)
+    assert eventually(lambda: inflight(a, D70) == 0 and inflight(a, P70) == 0)
+    dispatch(a, "d6")  # later dispatches still count on b
+    assert eventually(lambda: inflight(b, E8) == 1)
+
+
 def test_deferred_dispatches_are_in_redis_once_awaited_in_order(pair):
     """What the service does on its event loop (``deferred_writes``): dispatches queued for the
     writer thread, pipelined, and awaited before the ids leave. Once awaited, each record is in Redis
