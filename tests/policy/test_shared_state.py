@@ -103,6 +103,7 @@ def test_a_dispatch_change_applied_after_its_outcome_counts_nothing(pair):
     settled = b.settle("d5", prompt_tokens=300, completion_tokens=10)
     assert settled.released_load == 2
     b.sync._apply = apply
+    time.sleep(0.3)
     for change in held:  # b catches up
         apply(change)
     assert (inflight(b, D70), inflight(b, P70)) == (0, 0)
