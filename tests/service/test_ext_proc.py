@@ -434,7 +434,7 @@ def test_pointsman_serve_runs_the_picker_beside_http(tmp_path, serve):
     req = asyncio.run(scenario())
     decision_id = set_headers(req[0])["x-pointsman-decision-id"]
     deadline = time.monotonic() + 10
-    while 'pointsman_outcomes_total{status="stored"}' not in (m := httpx.get(f"{base}/metrics").text):
+    while 'pointsman_outcomes_total{status="stored"} 1.0' not in (m := httpx.get(f"{base}/metrics").text):
         assert time.monotonic() < deadline, m
         time.sleep(0.05)
     assert 'pointsman_ext_proc_requests_total{result="routed"} 1.0' in m
