@@ -166,7 +166,9 @@ def test_push_by_name_and_bad_pushes(fleet):
 
 
 def test_effective_prices_from_settled_outcomes(fleet, ledger_path):
-    st = state(fleet, ledger_path)
+    # the records are made at monotonic 100 s: with the real monotonic clock (the machine's uptime) their
+    # wall time, and so the day they are booked in, moved to the day before NOW once the uptime passed 12 h
+    st = state(fleet, ledger_path, monotonic=lambda: 100.0)
     for i in range(3):
         dispatch(st, f"d{i}", target="frontier-small", endpoint="frontier-small")
         st.settle(f"d{i}", prompt_tokens=1000, completion_tokens=500, actual_cost_usd=0.0006, now=NOW)
