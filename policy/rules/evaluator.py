@@ -12,7 +12,14 @@
 When no rule yields an eligible target, ``NoEligibleTarget`` is raised naming the
 filter that removed each target.
 
-CEL context: one ``cel.Context`` per evaluation, holding only the namespaces and
+Conditions in the subset of ``closures.py`` (comparisons joined by ``&&``/``||``: every packaged
+policy's but one) run as Python closures on the CEL variables themselves, with CEL's results; a
+closure that cannot be sure of CEL's answer (a null, a missing key, mixed types) defers to CEL, and
+so does every other condition. Converting the variables into a ``cel.Context`` costs more than
+evaluating the conditions (~100 µs for the default policy's on this machine, load average ~9), so
+the context is built only when a condition defers.
+
+CEL context: one ``cel.Context`` per evaluation (built on first need), holding only the namespaces and
 fields the policy reads (``CompiledPolicy.context_plan``) and, when used, the
 ``cost(target)`` function. Measured with common-expression-language 0.10 on this
 machine (``python scripts/bench_decision.py --cel``): a condition on a reused context
@@ -33,6 +40,7 @@ from typing import NamedTuple
 
 from cel import cel  # the Rust extension itself: xds-protos (ext_proc) also ships a cel/ package whose empty __init__ may win
 
+from pointsman.policy.rules.closures import DEFER
 from pointsman.policy.rules.compiler import CompiledPolicy, CompiledRule, CompiledVerifyRule
 from pointsman.policy.selection.filters import Exclusion, NoEligibleTarget
 from pointsman.policy.signals.namespaces import RELATIVE_ROOTS, relative_key
@@ -175,8 +183,10 @@ def evaluate(policy: CompiledPolicy, signals: Mapping[str, object], costs: Mappi
     only later rules read are not computed for a decision an earlier rule makes. Raises
     ``NoEligibleTarget`` when no matching rule has an eligible target."""
     exclusions = exclusions or {}
-    functions = {"cost": _cost_function(costs or {})} if policy.uses_cost else None
-    ctx = cel.Context(dict(signals) if pruned else context_variables(policy, signals), functions)
+    cost = _cost_function(costs or {})
+    functions = {"cost": cost} if policy.uses_cost else None
+    variables = signals if pruned else context_variables(policy, signals)
+    ctx: cel.Context | None = None  # built when a rule needs CEL itself (``closures``: most do not)
     codes: list[str] = []
     details: dict[int, tuple[str | None, str | None]] = {}
     considered: list[str] = []
@@ -186,10 +196,14 @@ def evaluate(policy: CompiledPolicy, signals: Mapping[str, object], costs: Mappi
             if context_for is not None:
                 grown = context_for(i)
                 if grown is not None:
-                    signals = grown
-                    ctx = cel.Context(dict(grown), functions)
+                    signals = variables = grown
+                    ctx = None
             try:
-                value = rule.program.execute(ctx)
+                value = DEFER if rule.fast is None else rule.fast(variables, cost)
+                if value is DEFER:
+                    if ctx is None:
+                        ctx = cel.Context(dict(variables), functions)
+                    value = rule.program.execute(ctx)
             except Exception as exc:  # noqa: BLE001 - any evaluation failure skips the rule
                 append("error")
                 details[i] = (_error_text(exc, rule, signals), None)
