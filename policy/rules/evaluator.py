@@ -16,8 +16,8 @@ Conditions in the subset of ``closures.py`` (comparisons joined by ``&&``/``||``
 policy's but one) run as Python closures on the CEL variables themselves, with CEL's results; a
 closure that cannot be sure of CEL's answer (a null, a missing key, mixed types) defers to CEL, and
 so does every other condition. Converting the variables into a ``cel.Context`` costs more than
-evaluating the conditions (~100 µs for the default policy's on this machine, load average ~9), so
-the context is built only when a condition defers.
+evaluating the conditions (``scripts/bench_decision.py --cel``), so the context is built only when a
+condition defers.
 
 CEL context: one ``cel.Context`` per evaluation (built on first need), holding only the namespaces and
 fields the policy reads (``CompiledPolicy.context_plan``) and, when used, the
