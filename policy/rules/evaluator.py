@@ -170,6 +170,20 @@ def lookup_signal(signals: Mapping[str, object], path: str, rule: CompiledRule |
     return _get(ns, rest) if isinstance(ns, dict) and rest else ns
 
 
+def _has_bad_text(variables: Mapping[str, object]) -> bool:
+    """Whether a string of the CEL variables (namespace -> fields, or key -> fields) cannot be encoded
+    as UTF-8 (a lone surrogate): the one value ``cel.Context`` fails to convert."""
+    for ns in variables.values():
+        for value in ns.values() if isinstance(ns, Mapping) else (ns,):
+            for v in value.values() if isinstance(value, Mapping) else (value,):
+                if isinstance(v, str) and not v.isascii():
+                    try:
+                        v.encode("utf-8")
+                    except UnicodeEncodeError:
+                        return True
+    return False
+
+
 def evaluate(policy: CompiledPolicy, signals: Mapping[str, object], costs: Mapping[str, float] | None = None,
              exclusions: Mapping[str, Exclusion | None] | None = None, *, pruned: bool = False,
              context_for: Callable[[int], Mapping[str, object] | None] | None = None) -> Verdict:
@@ -186,7 +200,9 @@ def evaluate(policy: CompiledPolicy, signals: Mapping[str, object], costs: Mappi
     cost = _cost_function(costs or {})
     functions = {"cost": cost} if policy.uses_cost else None
     variables = signals if pruned else context_variables(policy, signals)
-    ctx: cel.Context | None = None  # built when a rule needs CEL itself (``closures``: most do not)
+    # built when a rule needs CEL itself (``closures``: most do not), or at once when CEL cannot
+    # convert the variables: it raises then, for the whole evaluation, as it always did
+    ctx: cel.Context | None = cel.Context(dict(variables), functions) if _has_bad_text(variables) else None
     codes: list[str] = []
     details: dict[int, tuple[str | None, str | None]] = {}
     considered: list[str] = []
@@ -197,7 +213,7 @@ def evaluate(policy: CompiledPolicy, signals: Mapping[str, object], costs: Mappi
                 grown = context_for(i)
                 if grown is not None:
                     signals = variables = grown
-                    ctx = None
+                    ctx = cel.Context(dict(grown), functions) if _has_bad_text(grown) else None
             try:
                 value = DEFER if rule.fast is None else rule.fast(variables, cost)
                 if value is DEFER:

@@ -24,7 +24,7 @@ from pointsman.policy.cases import case_signals
 from pointsman.policy.fleet import load_fleet
 from pointsman.policy.rules.closures import DEFER, closure
 from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, CompiledPolicy, load_policy
-from pointsman.policy.rules.evaluator import evaluate
+from pointsman.policy.rules.evaluator import context_variables, evaluate
 
 FIELDS = ("a", "b", "c")
 TARGETS = ("t1", "t2", "gone")
@@ -170,3 +170,16 @@ def test_packaged_policies_decide_as_on_cel(p_hard: float | None, prompt_tokens:
         fast, slow = evaluate(policy, snapshot, prices), evaluate(on_cel, snapshot, prices)
         assert (fast.rule.name, fast.target, fast.mode, fast.fallbacks, fast.codes, fast.details) == \
             (slow.rule.name, slow.target, slow.mode, slow.fallbacks, slow.codes, slow.details), name
+
+
+def test_text_cel_cannot_convert_fails_the_evaluation_as_before() -> None:
+    """A lone surrogate in a string of the CEL variables (a routing field from a JSON escape) cannot be
+    converted into a ``cel.Context``: the evaluation raises, with closures as without them."""
+    fleet = load_fleet()
+    _, policy, on_cel = _policies()[0]
+    snapshot = case_signals(fleet, policy, {})
+    variables = context_variables(policy, snapshot)
+    variables["request"] = {**variables.get("request", {}), "tenant": "a\ud800"}
+    for p in (policy, on_cel):
+        with pytest.raises(ValueError, match="onvert"):
+            evaluate(p, variables, {t: 0.001 for t in fleet.targets}, pruned=True)
