@@ -72,7 +72,7 @@ class StaticEncoder:
             tokens = self._word_pieces(text) if self._word_pieces is not None else \
                 self.tokenizer.encode(text, add_special_tokens=False).ids
         ids = tokens
-        if self._unk is not None:
+        if self._unk is not None and self._unk in ids:  # the scan in C; the filter only when needed
             ids = [i for i in ids if i != self._unk]
         return np.asarray(ids[: self.max_tokens], dtype=np.int64)
 

@@ -213,24 +213,60 @@ def long_word_tokens(text: str, ids: list[int], encoding: Encoding | UnkOffsets 
     ``text`` encoded with offsets (or its ``[UNK]`` tokens alone, ``wordpiece.UnkOffsets``), or None
     to encode it again here when needed. Cost
     O(len(text))."""
-    from tokenizers import models
-
-    model = getattr(tokenizer, "model", None)
-    if not isinstance(model, models.WordPiece):
+    word_piece_model = _word_piece_model(tokenizer)
+    if word_piece_model is None:
         return 0
-    unk = tokenizer.token_to_id(model.unk_token)
+    unk, limit = word_piece_model
     if unk not in ids or _LONG_RUN.search(text) is None:
         return 0
     if encoding is None:
         encoding = tokenizer.encode(text, add_special_tokens=False)
-    limit, extra = model.max_input_chars_per_word, 0
+    extra = 0
     for token_id, (a, b) in zip(encoding.ids, encoding.offsets):
         if token_id == unk and b - a > limit:
             extra += math.ceil((b - a) / CHARS_PER_TOKEN) - 1
     return extra
 
 
+#: Per tokenizer object (by id, the object kept to check identity): (``[UNK]`` id, WordPiece's
+#: ``max_input_chars_per_word``) or None for a tokenizer that is not WordPiece, and
+#: ``splits_words_locally``. Read per decision: the tokenizers objects' properties cost a few µs each.
+_TOKENIZER_FACTS: dict[int, tuple[object, tuple[int | None, int] | None, bool]] = {}
+
+
+def _facts(tokenizer: object) -> tuple[tuple[int | None, int] | None, bool]:
+    got = _TOKENIZER_FACTS.get(id(tokenizer))
+    if got is not None and got[0] is tokenizer:
+        return got[1], got[2]
+    from tokenizers import models
+
+    model = getattr(tokenizer, "model", None)
+    word_piece_model = None
+    if isinstance(model, models.WordPiece):
+        unk = getattr(tokenizer, "token_to_id")(model.unk_token)  # noqa: B009 - any object
+        word_piece_model = (unk, int(model.max_input_chars_per_word))
+    local = _splits_words_locally(tokenizer)
+    if len(_TOKENIZER_FACTS) >= 8:
+        _TOKENIZER_FACTS.clear()
+    _TOKENIZER_FACTS[id(tokenizer)] = (tokenizer, word_piece_model, local)
+    return word_piece_model, local
+
+
+def _word_piece_model(tokenizer: object) -> tuple[int | None, int] | None:
+    """(``[UNK]`` id, ``max_input_chars_per_word``) of a WordPiece tokenizer, else None (cached)."""
+    return _facts(tokenizer)[0]
+
+
 def splits_words_locally(tokenizer: object) -> bool:
+    """True when ``tokenizer``'s tokens never cross whitespace or punctuation and its
+    normalizer maps characters one by one, so the tokens of a span of text are those of its
+    words (BERT's ``BertNormalizer`` + ``BertPreTokenizer`` + ``WordPiece``); then
+    ``span_token_ids`` is exact. Cached per tokenizer object (a tokenizer's pipeline is set
+    when it is loaded: ``encoders.load_tokenizer``)."""
+    return False if tokenizer is None else _facts(tokenizer)[1]
+
+
+def _splits_words_locally(tokenizer: object) -> bool:
     """True when ``tokenizer``'s tokens never cross whitespace or punctuation and its
     normalizer maps characters one by one, so the tokens of a span of text are those of its
     words (BERT's ``BertNormalizer`` + ``BertPreTokenizer`` + ``WordPiece``); then

@@ -132,15 +132,32 @@ def _class_units_numpy(raw: bytes) -> int:
     return int(ascii_other + newlines + tabs + leads + runs + space_runs + sixteens)
 
 
+#: Per tokenizer object (by id; the object kept to check identity): its unknown token's id or None.
+_UNK_IDS: dict[int, tuple[object, int | None]] = {}
+
+
+def unk_id(tokenizer: Tokenizer) -> int | None:
+    """The id of ``tokenizer``'s model's unknown token (None without one), read once per tokenizer
+    object (the tokenizers objects' properties cost a few µs a read; a tokenizer's model is set when it is
+    loaded, ``encoders.load_tokenizer``)."""
+    got = _UNK_IDS.get(id(tokenizer))
+    if got is not None and got[0] is tokenizer:
+        return got[1]
+    unk_token = getattr(getattr(tokenizer, "model", None), "unk_token", None)
+    unk = tokenizer.token_to_id(unk_token) if isinstance(unk_token, str) else None
+    if len(_UNK_IDS) >= 8:
+        _UNK_IDS.clear()
+    _UNK_IDS[id(tokenizer)] = (tokenizer, unk)
+    return unk
+
+
 def unk_byte_tokens(text: str, ids: list[int], encoding: Encoding | UnkOffsets | None, tokenizer: Tokenizer) -> int:
     """Tokens to add to ``len(ids)`` (``text``'s ids, no special tokens) for its ``[UNK]`` tokens,
     each counted by its span's UTF-8 bytes at ``UNK_BYTES_PER_TOKEN`` per token instead of as 1.
     0 when the tokenizer has no unknown token or ``ids`` holds none. ``encoding``: ``text``
     encoded with offsets (or its ``[UNK]`` tokens alone, ``wordpiece.UnkOffsets``), or None to encode
     it again here when needed."""
-    model = getattr(tokenizer, "model", None)
-    unk_token = getattr(model, "unk_token", None)
-    unk = tokenizer.token_to_id(unk_token) if isinstance(unk_token, str) else None
+    unk = unk_id(tokenizer)
     if unk is None or unk not in ids:
         return 0
     if encoding is None:

@@ -55,6 +55,7 @@ from pointsman.json_types import JSONValue
 from pointsman.located import LocatedDocument, did_you_mean, parse_yaml, read_text, validation_problems
 from pointsman.policy.fleet import Fleet, FrontierTarget
 from pointsman.policy.rules.cel_refs import scan
+from pointsman.policy.rules.closures import Condition, closure
 from pointsman.policy.rules.limits import MAX_POLICY_BYTES, MAX_YAML_NODES, check_counts
 from pointsman.policy.rules.schema import (
     RULE_REF,
@@ -110,7 +111,8 @@ class CompiledRule:
     is its line in the file. ``mode`` is the route's mode (``aggregated``,
     ``disaggregated`` or ``auto``); ``role``: the pool role of the route's endpoint
     (``aggregated``, ``decode`` or ``api``; what ``endpoint.*`` reads). ``candidates``:
-    (target, mode) for the target then each fallback, expanded and de-duplicated."""
+    (target, mode) for the target then each fallback, expanded and de-duplicated. ``fast``: the
+    condition as a Python closure with CEL's results (``closures.closure``; None: CEL only)."""
 
     name: str
     index: int
@@ -125,6 +127,7 @@ class CompiledRule:
     line: int
     candidates: tuple[tuple[str, str], ...] = ()
     role: str = "aggregated"
+    fast: Condition | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -732,7 +735,8 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
             name=rule.name, index=i, when=cond.source or None, program=cond.program, target=rule.route.target,
             mode=mode, fallbacks=tuple(t for t, _ in candidates[i][1:]), labels=dict(rule.labels),
             signals=cond.paths, uses_cost=cond.uses_cost, line=doc.mark(("rules", i))[0],
-            candidates=candidates[i], role=_role(fleet, rule.route.target, mode)))
+            candidates=candidates[i], role=_role(fleet, rule.route.target, mode),
+            fast=None if cond.program is None else closure(cond.program.source)))
     load_spec = spec.signals.load
     so_far: Plan = {}
     rule_plans: list[Plan] = []

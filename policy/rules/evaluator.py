@@ -12,7 +12,14 @@
 When no rule yields an eligible target, ``NoEligibleTarget`` is raised naming the
 filter that removed each target.
 
-CEL context: one ``cel.Context`` per evaluation, holding only the namespaces and
+Conditions in the subset of ``closures.py`` (comparisons joined by ``&&``/``||``: every packaged
+policy's but one) run as Python closures on the CEL variables themselves, with CEL's results; a
+closure that cannot be sure of CEL's answer (a null, a missing key, mixed types) defers to CEL, and
+so does every other condition. Converting the variables into a ``cel.Context`` costs more than
+evaluating the conditions (``scripts/bench_decision.py --cel``), so the context is built only when a
+condition defers.
+
+CEL context: one ``cel.Context`` per evaluation (built on first need), holding only the namespaces and
 fields the policy reads (``CompiledPolicy.context_plan``) and, when used, the
 ``cost(target)`` function. Measured with common-expression-language 0.10 on this
 machine (``python scripts/bench_decision.py --cel``): a condition on a reused context
@@ -33,6 +40,7 @@ from typing import NamedTuple
 
 from cel import cel  # the Rust extension itself: xds-protos (ext_proc) also ships a cel/ package whose empty __init__ may win
 
+from pointsman.policy.rules.closures import DEFER
 from pointsman.policy.rules.compiler import CompiledPolicy, CompiledRule, CompiledVerifyRule
 from pointsman.policy.selection.filters import Exclusion, NoEligibleTarget
 from pointsman.policy.signals.namespaces import RELATIVE_ROOTS, relative_key
@@ -162,6 +170,20 @@ def lookup_signal(signals: Mapping[str, object], path: str, rule: CompiledRule |
     return _get(ns, rest) if isinstance(ns, dict) and rest else ns
 
 
+def _has_bad_text(variables: Mapping[str, object]) -> bool:
+    """Whether a string of the CEL variables (namespace -> fields, or key -> fields) cannot be encoded
+    as UTF-8 (a lone surrogate): the one value ``cel.Context`` fails to convert."""
+    for ns in variables.values():
+        for value in ns.values() if isinstance(ns, Mapping) else (ns,):
+            for v in value.values() if isinstance(value, Mapping) else (value,):
+                if isinstance(v, str) and not v.isascii():
+                    try:
+                        v.encode("utf-8")
+                    except UnicodeEncodeError:
+                        return True
+    return False
+
+
 def evaluate(policy: CompiledPolicy, signals: Mapping[str, object], costs: Mapping[str, float] | None = None,
              exclusions: Mapping[str, Exclusion | None] | None = None, *, pruned: bool = False,
              context_for: Callable[[int], Mapping[str, object] | None] | None = None) -> Verdict:
@@ -175,8 +197,12 @@ def evaluate(policy: CompiledPolicy, signals: Mapping[str, object], costs: Mappi
     only later rules read are not computed for a decision an earlier rule makes. Raises
     ``NoEligibleTarget`` when no matching rule has an eligible target."""
     exclusions = exclusions or {}
-    functions = {"cost": _cost_function(costs or {})} if policy.uses_cost else None
-    ctx = cel.Context(dict(signals) if pruned else context_variables(policy, signals), functions)
+    cost = _cost_function(costs or {})
+    functions = {"cost": cost} if policy.uses_cost else None
+    variables = signals if pruned else context_variables(policy, signals)
+    # built when a rule needs CEL itself (``closures``: most do not), or at once when CEL cannot
+    # convert the variables: it raises then, for the whole evaluation, as it always did
+    ctx: cel.Context | None = cel.Context(dict(variables), functions) if _has_bad_text(variables) else None
     codes: list[str] = []
     details: dict[int, tuple[str | None, str | None]] = {}
     considered: list[str] = []
@@ -186,10 +212,14 @@ def evaluate(policy: CompiledPolicy, signals: Mapping[str, object], costs: Mappi
             if context_for is not None:
                 grown = context_for(i)
                 if grown is not None:
-                    signals = grown
-                    ctx = cel.Context(dict(grown), functions)
+                    signals = variables = grown
+                    ctx = cel.Context(dict(grown), functions) if _has_bad_text(grown) else None
             try:
-                value = rule.program.execute(ctx)
+                value = DEFER if rule.fast is None else rule.fast(variables, cost)
+                if value is DEFER:
+                    if ctx is None:
+                        ctx = cel.Context(dict(variables), functions)
+                    value = rule.program.execute(ctx)
             except Exception as exc:  # noqa: BLE001 - any evaluation failure skips the rule
                 append("error")
                 details[i] = (_error_text(exc, rule, signals), None)
