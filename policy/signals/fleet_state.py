@@ -59,7 +59,7 @@ from pointsman.policy.budget.ledger import (
     UnknownReservation,
 )
 from pointsman.policy.budget.snapshot_cache import PendingChange, SnapshotCache
-from pointsman.policy.budget.units import check_tokens
+from pointsman.policy.budget.units import NUSD_PER_USD, check_tokens
 from pointsman.policy.cost import TargetPrice, usage_cost
 from pointsman.policy.cost import effective_prices as _effective_prices
 from pointsman.policy.fleet import EndpointEvents, Fleet, FrontierTarget, OnPremTarget
@@ -632,7 +632,11 @@ class FleetState:
                     raise
                 self.journal.add(decision_id, args)
                 journaled = True
-        if settlement is not None and settlement.replayed:  # what the ledger booked then, not this report's price
+        if settlement is not None and settlement.replayed and (
+                settlement.target not in (None, target)
+                or abs(settlement.actual_cost_usd - float(actual_cost_usd)) > 1.0 / NUSD_PER_USD):
+            # booked then on another target or at another price: say what the ledger holds, not this report's
+            # price (within the ledger's nano-USD rounding the two are the same booking)
             target, actual_cost_usd = settlement.target or target, settlement.actual_cost_usd
         released = self._apply_release(decision_id)
         if released == 0 and taken is not None:  # dispatched elsewhere, its change not applied here yet
