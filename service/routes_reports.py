@@ -173,6 +173,12 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str
     known: Known | None = None
     settle_id = item.decision_id
     escalation = escalation or _escalation_of(rt, item.decision_id)
+    drafted = state.claims(item.decision_id) if escalation is not None and item.served_target else None
+    if escalation is not None and drafted is not None and item.served_target == drafted.target != escalation[1]:
+        # the gateway kept the whole draft the verify booked (usage_problem let only that through): the
+        # escalation was never made
+        entry["released"] = bool(state.release(escalation[0]))
+        return
     if escalation is not None:
         settle_id, target = escalation[0], item.served_target or escalation[1]
         record = state.known(settle_id)  # this replica's hold, else the signed id's claims
@@ -231,6 +237,21 @@ def _escalation_of(rt: Runtime, decision_id: str) -> tuple[str, str] | None:
     return str(logged["escalation_id"]), str(logged["escalation_target"])
 
 
+def _verified_whole(rt: Runtime, decision_id: str) -> bool:
+    """Whether the decision's verify read its whole draft (not a prefix): held here, else in the outcome
+    log; False when unknown. A gateway that kept such a draft (its verify answer came too late, or it
+    chose not to escalate) reports it served by the draft's target: the verify booked exactly that draft,
+    so the outcome is the decision's and the unused escalation is released (``_settle``). Raises
+    ``DataError`` (outcome log)."""
+    pending = rt.cascade.get(decision_id)
+    answer = pending.answer if pending is not None else None
+    features: object = answer.get("draft") if answer is not None else None
+    if features is None:
+        logged = rt.outcome_log.verification(decision_id)
+        features = None if logged is None else logged.get("features")
+    return isinstance(features, dict) and features.get("partial") is False
+
+
 def _of_escalation(rt: Runtime, item: OutcomeIn) -> tuple[OutcomeIn, tuple[str, str] | None]:
     """An outcome reported under a signed escalation id (``POST /v1/verify``'s ``escalation_id``) is
     its decision's one outcome: the item under the decision's id (its key too, unless it has an
@@ -259,9 +280,11 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
     settlement says why it cannot be priced), but a non-shadow outcome's ``served_target`` the fleet does
     not have is an error: such an outcome could never settle, and its decision's budget hold and in-flight
     load would stay taken. So is an outcome of an escalated decision (verified here, or by a process sharing
-    this outcome log) served by the draft's target: the verify settled that draft (an early verification
-    cancels it), and taking its report as the decision's one outcome would book its tokens twice and settle
-    the escalation with them; ``escalated_to``: the escalation's target when the item was reported under a
+    this outcome log) served by the draft's target after a verify of a prefix: the verify booked that prefix
+    and the draft was to be cancelled, and taking its report as the decision's one outcome would book its
+    tokens twice and settle the escalation with them (after a verify of the whole draft such a report is
+    the kept draft: stored, and the unused escalation released, ``_verified_whole``); ``escalated_to``: the
+    escalation's target when the item was reported under a
     signed escalation id (any replica: the draft's target is its decision's, from the decision's signed id).
     Raises ``DataError`` (outcome log)."""
     targets = rt.live.engine.fleet.targets
@@ -273,7 +296,8 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
             escalated_to = None if logged is None else logged[1]
         drafted = rt.live.engine.state.claims(item.decision_id) if escalated_to is not None else None
         escalated = None if drafted is None or escalated_to is None else (drafted.target, escalated_to)
-    if escalated is not None and not item.shadow and item.served_target == escalated[0] != escalated[1]:
+    if escalated is not None and not item.shadow and item.served_target == escalated[0] != escalated[1] \
+            and not _verified_whole(rt, item.decision_id):
         return OutcomeItemError(((f"{at}served_target", (
             f"decision {item.decision_id} was escalated to '{escalated[1]}' at its verify, which settled the draft "
             f"on '{escalated[0]}' (its tokens are booked): report the escalated call's outcome, not the cancelled "

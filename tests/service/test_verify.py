@@ -412,3 +412,33 @@ def test_an_escalation_never_falls_back_to_the_draft_s_own_target(tmp_path):
             verdicts.append((v["action"], v["target"], [f["target"] for f in v["fallbacks"]]))
     # tight: frontier-large (~$0.0026 held) and frontier-small (~$0.00016) are over its $0.0001
     assert verdicts == [("escalate", "frontier-large", ["frontier-small"]), ("accept", None, [])]
+
+
+def test_a_kept_whole_draft_after_an_escalation_is_its_outcome_and_releases_the_escalation(tmp_path):
+    """The gateway's verify answer came too late (its timeout is shorter than a relayed or slow verify)
+    and it kept the whole draft the verify had read: reported served by the draft's target, the outcome is
+    stored as the decision's (the verify booked exactly that draft; nothing is booked again) and the unused
+    escalation's budget hold and in-flight load are released at once, not left to the reservation TTL.
+    After a verify of a prefix the same report is still refused (the draft was to be cancelled)."""
+    client, engine = _app(tmp_path)
+    with client:
+        d = _route(client)
+        v = client.post("/v1/verify", json={"decision_id": d["decision_id"], "usage": {"completion_tokens": 11},
+                                            "draft": {"text": REFUSAL, "finish_reason": "stop"}}).json()
+        assert v["action"] == "escalate" and engine.state.record(v["escalation_id"]) is not None
+        kept = {"decision_id": d["decision_id"], "status": "ok", "served_target": d["target"],
+                "usage": {"prompt_tokens": 12, "completion_tokens": 11}}
+        r = client.post("/v1/outcomes", json=kept)
+        ack = r.json()["acks"][0]
+        assert r.status_code == 200 and (ack["status"], ack["released"], ack["settlement"]) == ("stored", True, None)
+        assert engine.state.record(v["escalation_id"]) is None
+        spent = _metric(client, "pointsman_budget_spend_usd_total", d["target"])
+        assert spent == pytest.approx(v["draft_settlement"]["actual_cost_usd"])  # the draft, booked once
+        d2 = _route(client)
+        client.post("/v1/verify", json={"decision_id": d2["decision_id"], "usage": {"completion_tokens": 4},
+                                        "draft": {"text": REFUSAL, "partial": True}})
+        refused = client.post("/v1/outcomes", json={**kept, "decision_id": d2["decision_id"]})
+        assert refused.status_code == 422 and refused.json()["error"]["param"] == "served_target"
+    with OutcomeLog(tmp_path / "outcomes.db") as log:
+        (stored,) = log.decision(d["decision_id"]).outcomes
+        assert stored.served_target == d["target"]
