@@ -78,18 +78,25 @@ class DeadlineEstimator:
             raise AttributeError(name)
         return getattr(self.inner, name)
 
+    def _submit(self, features: RequestFeatures, query_token_ids: list[int] | None
+                ) -> concurrent.futures.Future[DifficultyEstimate] | DifficultyEstimate:
+        """The inner estimate submitted to the pool, or the unavailable estimate when the pool is shut
+        down (the service stopping)."""
+        try:
+            if query_token_ids is None or self._takes_ids is None:
+                return self._executor.submit(self.inner.estimate, features)
+            return self._executor.submit(self._takes_ids.estimate, features, query_token_ids)
+        except RuntimeError as exc:
+            return DifficultyEstimate(None, False, 0.0, f"estimator pool unavailable: {exc}")
+
     def estimate(self, features: RequestFeatures, query_token_ids: list[int] | None = None) -> DifficultyEstimate:
         """The inner estimate, or unavailable with ``timeout: ...`` once ``timeout_ms`` passed.
         ``query_token_ids`` go to the inner estimator when given and it takes them (see
         ``takes_query_token_ids``)."""
         started = time.perf_counter()
-        try:
-            if query_token_ids is None or self._takes_ids is None:
-                future = self._executor.submit(self.inner.estimate, features)
-            else:
-                future = self._executor.submit(self._takes_ids.estimate, features, query_token_ids)
-        except RuntimeError as exc:  # the pool is shut down (service stopping)
-            return DifficultyEstimate(None, False, 0.0, f"estimator pool unavailable: {exc}")
+        future = self._submit(features, query_token_ids)
+        if isinstance(future, DifficultyEstimate):
+            return future
         try:
             return future.result(timeout=self.timeout_ms / 1000.0)
         except concurrent.futures.TimeoutError:
@@ -105,13 +112,9 @@ class DeadlineEstimator:
         requests while the pool estimates (the blocking wait held the loop for the estimate and the
         threads' hand-offs, ~50% of its time at saturation: issue 24). The same answers."""
         started = time.perf_counter()
-        try:
-            if query_token_ids is None or self._takes_ids is None:
-                future = self._executor.submit(self.inner.estimate, features)
-            else:
-                future = self._executor.submit(self._takes_ids.estimate, features, query_token_ids)
-        except RuntimeError as exc:  # the pool is shut down (service stopping)
-            return DifficultyEstimate(None, False, 0.0, f"estimator pool unavailable: {exc}")
+        future = self._submit(features, query_token_ids)
+        if isinstance(future, DifficultyEstimate):
+            return future
         try:
             async with asyncio.timeout(self.timeout_ms / 1000.0):
                 return await asyncio.wrap_future(future)

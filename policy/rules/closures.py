@@ -149,14 +149,14 @@ class _Parser:
         left = self.and_()
         while self.peek() == "||":
             self.take()
-            left = _or(left, self.and_())
+            left = _junction(True, left, self.and_())
         return left
 
     def and_(self) -> _Node:
         left = self.relation()
         while self.peek() == "&&":
             self.take()
-            left = _and(left, self.relation())
+            left = _junction(False, left, self.relation())
         return left
 
     def relation(self) -> _Node:
@@ -292,32 +292,20 @@ def _binary(op: Callable[[Any, Any], Any], left: _Node, right: _Node) -> _Node:
     return binary
 
 
-def _and(left: _Node, right: _Node) -> _Node:
-    def and_(v: Mapping[str, object], cost: Callable[[str], float]) -> object:
+def _junction(shortcut: bool, left: _Node, right: _Node) -> _Node:
+    """``&&`` (``shortcut`` False: a false left side decides) or ``||`` (True): booleans only, as
+    CEL on booleans; anything else defers to CEL (which also knows its error-absorbing rules)."""
+    def junction(v: Mapping[str, object], cost: Callable[[str], float]) -> object:
         a = left(v, cost)
-        if a is False:
-            return False
-        if a is not True:
+        if a is shortcut:
+            return shortcut
+        if a is not (not shortcut):
             raise _Defer
         b = right(v, cost)
         if type(b) is not bool:
             raise _Defer
         return b
-    return and_
-
-
-def _or(left: _Node, right: _Node) -> _Node:
-    def or_(v: Mapping[str, object], cost: Callable[[str], float]) -> object:
-        a = left(v, cost)
-        if a is True:
-            return True
-        if a is not False:
-            raise _Defer
-        b = right(v, cost)
-        if type(b) is not bool:
-            raise _Defer
-        return b
-    return or_
+    return junction
 
 
 def _not(node: _Node) -> _Node:
