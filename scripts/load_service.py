@@ -87,7 +87,7 @@ machine removes them.
 
 Then (issue 24, py-spy on the deciding process at 200 pairs/s): its event loop spent 29% of its time
 blocked on the estimator's pool and 20% on the dispatch's Redis write; both are awaited now
-(``routes_decisions.route_on_loop``), and at 200 pairs/s offered on a machine at load average ~14 the
+(``routes_decisions.route_async``), and at 200 pairs/s offered on a machine at load average ~14 the
 two processes did 180 pairs/s at 4.70 ms of CPU per pair against main's 153 at 5.65 (same run).
 
 Found with this script (``--uvicorn '--loop asyncio --http h11'`` vs ``'--loop uvloop'``): with

@@ -8,7 +8,7 @@ estimate is unavailable (``error`` starts with ``timeout:``), the engine decides
 ``difficulty.available == false`` (the policy's rule for that case) and the trace's
 ``estimator`` section says why. The late estimate is discarded when it finishes.
 ``estimate_async`` is the same for a caller on an event loop: it awaits the pool instead of
-blocking the loop (``routes_decisions.route_on_loop``).
+blocking the loop (``routes_decisions.route_async``).
 
 At most ``executor``'s worker count estimates run at once; when every worker is stuck,
 new estimates wait in its queue, time out, and are cancelled there, so a hung estimator

@@ -114,7 +114,7 @@ from pointsman.service.bodies import DISCARD_LIMIT_BYTES, decode_json
 from pointsman.service.ext_proc_body import BodyBuffer, UsageReader, chat_request, rewrite_request
 from pointsman.service.http_errors import HTTPError, invalid, unavailable
 from pointsman.service.keys import KeySource
-from pointsman.service.routes_decisions import commit_decision, route_on_loop
+from pointsman.service.routes_decisions import commit_decision, route_async
 from pointsman.service.routes_reports import store_outcomes, usage_problem
 from pointsman.service.runtime import Runtime
 
@@ -344,11 +344,8 @@ class _Stream:
             return self._refuse(exc, "bad_request")
         subset = None if self.subset is None else self.server.index(engine.fleet).subset(self.subset)
         try:
-            if rt.settings.route_in_threadpool:
-                decision = await asyncio.to_thread(engine.route, request, api_key_id=self.api_key_id,
-                                                     endpoint_subset=subset)
-            else:
-                decision = await route_on_loop(engine, request, api_key_id=self.api_key_id, endpoint_subset=subset)
+            decision = await route_async(engine, request, in_thread=rt.settings.route_in_threadpool,
+                                         api_key_id=self.api_key_id, endpoint_subset=subset)
         except NoEligibleTarget as exc:
             shed = exc.by_budget
             code = "budget_exhausted" if shed else "no_eligible_target"

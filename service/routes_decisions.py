@@ -17,18 +17,18 @@ The decision runs on the event loop by default (its cost per stage: ``docs/archi
 the budget ``scripts/bench_decision.py`` checks), which the measurements in
 ``scripts/load_service.py`` found faster than a threadpool hop on two cores; the loop never waits
 on it: the estimate is awaited on the estimator's pool and the dispatch's shared-state write on
-its writer thread (``route_on_loop``). ``POINTSMAN_ROUTE_IN_THREADPOOL=true`` moves the decision
+its writer thread (``route_async``). ``POINTSMAN_ROUTE_IN_THREADPOOL=true`` moves the decision
 to the threadpool instead (blocking waits there). A hung estimator cannot hold a decision past
 ``POINTSMAN_ESTIMATOR_TIMEOUT_MS`` (default 50 ms, ``deadline.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Set as AbstractSet
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.concurrency import run_in_threadpool
 
 from pointsman.errors import RequestError
 from pointsman.estimator.estimate import Estimator
@@ -48,13 +48,16 @@ from pointsman.service.schemas import RouteResponse
 router = APIRouter()
 
 
-async def route_on_loop(engine: RoutingEngine, request: RouteRequest, *, api_key_id: str | None = None,
-                        endpoint_subset: AbstractSet[str] | None = None) -> Decision:
-    """``engine.route(request, ...)`` on the event loop without blocking it: the estimate is awaited
-    on the estimator's pool (``DeadlineEstimator.estimate_async``) and the dispatch's shared-state
-    write is sent by its writer thread and awaited (``shared_state.deferred_writes``) before the
-    decision is returned, so its id is in Redis before anyone sees it. Between the two the loop
-    serves other requests. The same decision and errors as ``engine.route``."""
+async def route_async(engine: RoutingEngine, request: RouteRequest, *, in_thread: bool = False,
+                      api_key_id: str | None = None, endpoint_subset: AbstractSet[str] | None = None) -> Decision:
+    """``engine.route(request, ...)`` for a caller on the event loop, without blocking it: the estimate
+    is awaited on the estimator's pool (``DeadlineEstimator.estimate_async``) and the dispatch's
+    shared-state write is sent by its writer thread and awaited (``shared_state.deferred_writes``)
+    before the decision is returned, so its id is in Redis before anyone sees it; between the two the
+    loop serves other requests. ``in_thread`` (``POINTSMAN_ROUTE_IN_THREADPOOL``): the whole route runs
+    in a worker thread instead (blocking waits there). The same decision and errors as ``engine.route``."""
+    if in_thread:
+        return await asyncio.to_thread(engine.route, request, api_key_id=api_key_id, endpoint_subset=endpoint_subset)
     prepared = engine.prepare(request, api_key_id)
     estimator = engine.estimator
     estimate = await estimator.estimate_async(prepared.features, prepared.query_token_ids) \
@@ -65,25 +68,13 @@ async def route_on_loop(engine: RoutingEngine, request: RouteRequest, *, api_key
     return decision
 
 
-def decide_in_thread(rt: Runtime, raw: bytes, key_id: str | None, started: float) -> JSONAnswer:
-    """Parse ``raw``, decide in the calling thread (the threadpool's, with ``route_in_threadpool``),
-    log and count the decision; returns the response. Raises ``HTTPError`` (counted in
-    ``pointsman_decision_errors_total``)."""
-    engine, request = _parsed(rt, raw)
-    try:
-        decision = engine.route(request, api_key_id=key_id)
-    except (NoEligibleTarget, LedgerUnavailable, RequestError) as exc:
-        raise refusal(rt, exc) from None
-    return answered(rt, engine, request, decision, started)
-
-
 async def decide(rt: Runtime, raw: bytes, key_id: str | None, started: float) -> JSONAnswer:
-    """Parse ``raw``, decide on the event loop, awaiting the estimate and the shared-state write
-    (``route_on_loop``), log and count the decision; returns the response. Raises ``HTTPError``
+    """Parse ``raw``, decide (``route_async``: on the event loop, or in a worker thread with
+    ``route_in_threadpool``), log and count the decision; returns the response. Raises ``HTTPError``
     (counted in ``pointsman_decision_errors_total``)."""
     engine, request = _parsed(rt, raw)
     try:
-        decision = await route_on_loop(engine, request, api_key_id=key_id)
+        decision = await route_async(engine, request, in_thread=rt.settings.route_in_threadpool, api_key_id=key_id)
     except (NoEligibleTarget, LedgerUnavailable, RequestError) as exc:
         raise refusal(rt, exc) from None
     return answered(rt, engine, request, decision, started)
@@ -166,6 +157,4 @@ async def answer(request: Request, rt: Runtime, principal: Principal) -> JSONAns
     """Read the body and decide (on the loop, or the threadpool with ``route_in_threadpool``)."""
     started = time.perf_counter()
     raw = await read_body(request, rt.settings)
-    if rt.settings.route_in_threadpool:
-        return await run_in_threadpool(decide_in_thread, rt, raw, principal.key_id, started)
     return await decide(rt, raw, principal.key_id, started)

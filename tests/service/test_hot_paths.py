@@ -29,9 +29,9 @@ BODY = {"model": "chat", "messages": [{"role": "user", "content": "Summarise the
         "routing": {"tenant": "acme"}}
 
 
-def _app(tmp_path):
+def _app(tmp_path, **extra):
     fleet = load_fleet()
-    s = Settings(data_dir=tmp_path, watch_policy=False, gateway_api_keys=SecretStr(f"edge={KEY}"))
+    s = Settings(data_dir=tmp_path, watch_policy=False, gateway_api_keys=SecretStr(f"edge={KEY}"), **extra)
     engine = RoutingEngine(fleet, load_policy(s.policy_path, fleet), FixedDifficulty(0.2), state=build_state(s, fleet))
     return create_app(s, engine=engine, owns_engine=True)
 
@@ -88,6 +88,17 @@ def test_hot_paths_answer_as_the_fastapi_routes(tmp_path, monkeypatch):
     assert len(served) == calls[0]  # none did under a root_path: the FastAPI routes answered
     assert [r[0] for r in direct] == [401, 401, 401, 400, 422, 400, 200, 200, 401, 200, 200, 422, 200]
     assert direct == routed
+
+
+def test_deciding_in_the_threadpool_answers_as_on_the_loop(tmp_path):
+    """``POINTSMAN_ROUTE_IN_THREADPOOL``: the whole route in a worker thread (``route_async(in_thread=True)``)
+    answers every call of the series exactly as the event loop's path does."""
+    calls: list[int] = []
+    with TestClient(_app(tmp_path / "loop")) as c:
+        on_loop = _exchange(c, calls)
+    with TestClient(_app(tmp_path / "thread", route_in_threadpool=True)) as c:
+        in_thread = _exchange(c, calls)
+    assert in_thread == on_loop and [r[0] for r in on_loop].count(200) == 5
 
 
 def test_an_unexpected_error_on_a_hot_path_is_the_logged_500(tmp_path, monkeypatch, caplog):
