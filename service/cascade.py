@@ -137,12 +137,6 @@ class PendingDrafts:
             item = self._items.get(decision_id)
         return None if item is None else item.escalation
 
-    def escalated_from(self, decision_id: str) -> tuple[str, str] | None:
-        """(the draft's target, the escalation's target) of an escalated decision held here, else None."""
-        with self._lock:
-            item = self._items.get(decision_id)
-        return None if item is None or item.escalation is None else (item.decision.target, item.escalation[1])
-
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)

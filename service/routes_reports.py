@@ -61,6 +61,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Mapping
+from types import EllipsisType
 from typing import Required, TypedDict
 
 from fastapi import APIRouter, Depends, Request
@@ -152,11 +153,11 @@ def estimate_booking(rt: Runtime, served: str | None, known: Known | None) -> tu
     return usd, prompt, completion
 
 
-def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str, str] | None = None) -> None:
+def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str, str] | None) -> None:
     """Settle (or release) one acknowledged outcome's decision, adding what it did to ``entry``
-    (``settlement``, ``released`` or ``settle_error``); ``escalation``: (escalation id, target) when
-    the outcome was reported under a signed escalation id (else looked up: ``_escalation_of``).
-    Raises ``LedgerUnavailable``."""
+    (``settlement``, ``released`` or ``settle_error``); ``escalation``: (escalation id, target) when a
+    verify escalated the decision (reported under the signed escalation id, or ``_escalation_of``),
+    else None. Raises ``LedgerUnavailable``."""
     if item.shadow:
         return
     state = rt.live.engine.state
@@ -172,9 +173,7 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str
     target = item.served_target
     known: Known | None = None
     settle_id = item.decision_id
-    escalation = escalation or _escalation_of(rt, item.decision_id)
-    drafted = state.claims(item.decision_id) if escalation is not None and item.served_target else None
-    if escalation is not None and drafted is not None and item.served_target == drafted.target != escalation[1]:
+    if escalation is not None and _reports_the_draft(rt, item, escalation):
         # the gateway kept the whole draft the verify booked (usage_problem let only that through): the
         # escalation was never made
         entry["released"] = bool(state.release(escalation[0]))
@@ -252,6 +251,16 @@ def _verified_whole(rt: Runtime, decision_id: str) -> bool:
     return isinstance(features, dict) and features.get("partial") is False
 
 
+def _reports_the_draft(rt: Runtime, item: OutcomeIn, escalation: tuple[str, str]) -> bool:
+    """Whether ``item``, an outcome of a decision a verify escalated to ``escalation[1]``, was served
+    by the draft's target (the decision's: its signed id, this replica's record, else the outcome log),
+    not the escalation's. Raises ``DataError`` (outcome log)."""
+    if item.served_target is None or item.served_target == escalation[1]:
+        return False
+    drafted = _known_decision(rt, item.decision_id)
+    return drafted is not None and item.served_target == drafted[0]
+
+
 def _of_escalation(rt: Runtime, item: OutcomeIn) -> tuple[OutcomeIn, tuple[str, str] | None]:
     """An outcome reported under a signed escalation id (``POST /v1/verify``'s ``escalation_id``) is
     its decision's one outcome: the item under the decision's id (its key too, unless it has an
@@ -273,35 +282,31 @@ def _served_target(rt: Runtime, item: OutcomeIn) -> str | None:
 
 
 def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
-                  escalated_to: str | None = None) -> OutcomeItemError | None:
+                  escalation: tuple[str, str] | None | EllipsisType = ...) -> OutcomeItemError | None:
     """Whether ``item``'s usage is impossible on the target that served it (more tokens than its
     ``context_window_tokens`` x ``CONTEXT_TOLERANCE``, ``check_usage_fits``): the error naming the fields
     (under ``prefix``, ``[3]``), else None. Unknown targets are not checked (their outcome is stored and its
     settlement says why it cannot be priced), but a non-shadow outcome's ``served_target`` the fleet does
     not have is an error: such an outcome could never settle, and its decision's budget hold and in-flight
-    load would stay taken. So is an outcome of an escalated decision (verified here, or by a process sharing
-    this outcome log) served by the draft's target after a verify of a prefix: the verify booked that prefix
-    and the draft was to be cancelled, and taking its report as the decision's one outcome would book its
-    tokens twice and settle the escalation with them (after a verify of the whole draft such a report is
-    the kept draft: stored, and the unused escalation released, ``_verified_whole``); ``escalated_to``: the
-    escalation's target when the item was reported under a
-    signed escalation id (any replica: the draft's target is its decision's, from the decision's signed id).
-    Raises ``DataError`` (outcome log)."""
+    load would stay taken. So is an outcome of an escalated decision served by the draft's target after a
+    verify of a prefix: the verify booked that prefix and the draft was to be cancelled, and taking its
+    report as the decision's one outcome would book its tokens twice and settle the escalation with them
+    (after a verify of the whole draft such a report is the kept draft: stored, and the unused escalation
+    released, ``_verified_whole``). ``escalation``: (escalation id, target) of the decision's verify, or
+    None, when the caller has it (reported under a signed escalation id, or looked up once for settling
+    too); by default looked up (``_escalation_of``: held here, else in the outcome log, which the
+    workers of one service share). Raises ``DataError`` (outcome log)."""
     targets = rt.live.engine.fleet.targets
     at = f"{prefix}." if prefix else ""
-    escalated = rt.cascade.escalated_from(item.decision_id) if item.served_target is not None else None
-    if escalated is None and item.served_target is not None and not item.shadow:
-        if escalated_to is None:  # another worker's verify (or one before a restart): in the outcome log
-            logged = _escalation_of(rt, item.decision_id)
-            escalated_to = None if logged is None else logged[1]
-        drafted = rt.live.engine.state.claims(item.decision_id) if escalated_to is not None else None
-        escalated = None if drafted is None or escalated_to is None else (drafted.target, escalated_to)
-    if escalated is not None and not item.shadow and item.served_target == escalated[0] != escalated[1] \
-            and not _verified_whole(rt, item.decision_id):
-        return OutcomeItemError(((f"{at}served_target", (
-            f"decision {item.decision_id} was escalated to '{escalated[1]}' at its verify, which settled the draft "
-            f"on '{escalated[0]}' (its tokens are booked): report the escalated call's outcome, not the cancelled "
-            "draft's")),))
+    if item.served_target is not None and not item.shadow:
+        if escalation is ...:
+            escalation = _escalation_of(rt, item.decision_id)
+        if escalation is not None and _reports_the_draft(rt, item, escalation) \
+                and not _verified_whole(rt, item.decision_id):
+            return OutcomeItemError(((f"{at}served_target", (
+                f"decision {item.decision_id} was escalated to '{escalation[1]}' at its verify, which settled the "
+                f"draft on '{item.served_target}' (its tokens are booked): report the escalated call's outcome, not "
+                "the cancelled draft's")),))
     if item.served_target is not None and not item.shadow and targets and item.served_target not in targets:
         close = difflib.get_close_matches(item.served_target, list(targets), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else f"; the fleet's targets: {', '.join(sorted(targets))}"
@@ -363,18 +368,21 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
     acks: list[OutcomeAck | None] = [None] * len(items)
     known: dict[str, str] = {}  # decision id -> target, for decisions vouched for (stored even if not logged here)
     here: list[tuple[int, OutcomeIn]] = []
-    escalations: dict[int, tuple[str, str]] = {}  # item -> (escalation id, target): reported under a signed one
+    escalations: dict[int, tuple[str, str]] = {}  # item -> (escalation id, target) of an escalated decision
     items = list(items)
     try:
         for i, item in enumerate(items):
             if not isinstance(item, OutcomeIn) or problems[i] is not None:
                 continue
-            item, escalation = _of_escalation(rt, item)
+            item, escalation = _of_escalation(rt, item)  # reported under a signed escalation id
             if escalation is not None:
-                items[i], escalations[i] = item, escalation
+                items[i] = item
+            elif not item.shadow:  # a verify held here or in the outcome log: looked up once, checked and settled
+                escalation = _escalation_of(rt, item.decision_id)
+            if escalation is not None:
+                escalations[i] = escalation
             record = state.known(item.decision_id)
-            problems[i] = usage_problem(rt, item, f"[{i}]" if indexed else "",
-                                        escalation[1] if escalation is not None else None) \
+            problems[i] = usage_problem(rt, item, f"[{i}]" if indexed else "", escalation) \
                 or not_the_callers(item, record, caller, f"[{i}]" if indexed else "")
             if problems[i] is not None:
                 continue
