@@ -34,6 +34,7 @@ window cuts is tokenized alone from its part inside (a few characters).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
-from pointsman.estimator.token_bounds import class_units, extrapolated_upper, piece_upper, sample_pieces
+from pointsman.estimator.token_bounds import class_units, extrapolated_upper, piece_upper, sample_pieces, unk_id
 from pointsman.estimator.wordpiece import UnkOffsets, word_piece, word_piece_ids
 from pointsman.request import RequestView, RouteRequest
 
@@ -228,28 +229,18 @@ def long_word_tokens(text: str, ids: list[int], encoding: Encoding | UnkOffsets 
     return extra
 
 
-#: Per tokenizer object (by id, the object kept to check identity): (``[UNK]`` id, WordPiece's
-#: ``max_input_chars_per_word``) or None for a tokenizer that is not WordPiece, and
-#: ``splits_words_locally``. Read per decision: the tokenizers objects' properties cost a few µs each.
-_TOKENIZER_FACTS: dict[int, tuple[object, tuple[int | None, int] | None, bool]] = {}
-
-
+@functools.lru_cache(maxsize=8)
 def _facts(tokenizer: object) -> tuple[tuple[int | None, int] | None, bool]:
-    got = _TOKENIZER_FACTS.get(id(tokenizer))
-    if got is not None and got[0] is tokenizer:
-        return got[1], got[2]
+    """Per tokenizer object, read once (the tokenizers objects' properties cost a few µs each, and a
+    tokenizer's pipeline is set when it is loaded): (``[UNK]`` id, WordPiece's
+    ``max_input_chars_per_word``), None for a tokenizer that is not WordPiece; and
+    ``splits_words_locally``."""
     from tokenizers import models
 
     model = getattr(tokenizer, "model", None)
-    word_piece_model = None
-    if isinstance(model, models.WordPiece):
-        unk = getattr(tokenizer, "token_to_id")(model.unk_token)  # noqa: B009 - any object
-        word_piece_model = (unk, int(model.max_input_chars_per_word))
-    local = _splits_words_locally(tokenizer)
-    if len(_TOKENIZER_FACTS) >= 8:
-        _TOKENIZER_FACTS.clear()
-    _TOKENIZER_FACTS[id(tokenizer)] = (tokenizer, word_piece_model, local)
-    return word_piece_model, local
+    word_piece_model = (unk_id(tokenizer), int(model.max_input_chars_per_word)) \
+        if isinstance(model, models.WordPiece) else None
+    return word_piece_model, _splits_words_locally(tokenizer)
 
 
 def _word_piece_model(tokenizer: object) -> tuple[int | None, int] | None:

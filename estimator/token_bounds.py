@@ -37,6 +37,7 @@ a run of combining marks 0.5x of Claude's. A gateway that knows the exact count 
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -132,23 +133,13 @@ def _class_units_numpy(raw: bytes) -> int:
     return int(ascii_other + newlines + tabs + leads + runs + space_runs + sixteens)
 
 
-#: Per tokenizer object (by id; the object kept to check identity): its unknown token's id or None.
-_UNK_IDS: dict[int, tuple[object, int | None]] = {}
-
-
+@functools.lru_cache(maxsize=8)
 def unk_id(tokenizer: Tokenizer) -> int | None:
     """The id of ``tokenizer``'s model's unknown token (None without one), read once per tokenizer
     object (the tokenizers objects' properties cost a few µs a read; a tokenizer's model is set when it is
     loaded, ``encoders.load_tokenizer``)."""
-    got = _UNK_IDS.get(id(tokenizer))
-    if got is not None and got[0] is tokenizer:
-        return got[1]
     unk_token = getattr(getattr(tokenizer, "model", None), "unk_token", None)
-    unk = tokenizer.token_to_id(unk_token) if isinstance(unk_token, str) else None
-    if len(_UNK_IDS) >= 8:
-        _UNK_IDS.clear()
-    _UNK_IDS[id(tokenizer)] = (tokenizer, unk)
-    return unk
+    return tokenizer.token_to_id(unk_token) if isinstance(unk_token, str) else None
 
 
 def unk_byte_tokens(text: str, ids: list[int], encoding: Encoding | UnkOffsets | None, tokenizer: Tokenizer) -> int:
