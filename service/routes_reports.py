@@ -74,6 +74,7 @@ from pointsman.outcome import (
     CONTEXT_TOLERANCE,
     OutcomeIn,
     OutcomeItemError,
+    Usage,
     batch_items,
     check_usage_fits,
     parse_outcome_items,
@@ -174,9 +175,8 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str
     known: Known | None = None
     settle_id = item.decision_id
     if escalation is not None and _reports_the_draft(rt, item, escalation):
-        # the gateway kept the whole draft the verify booked (usage_problem let only that through): the
-        # escalation was never made
-        entry["released"] = bool(state.release(escalation[0]))
+        # the gateway kept the draft (usage_problem let no cancelled one through): the escalation was never made
+        _settle_kept_draft(rt, item, entry, escalation[0], reported, books_estimate)
         return
     if escalation is not None:
         settle_id, target = escalation[0], item.served_target or escalation[1]
@@ -236,19 +236,50 @@ def _escalation_of(rt: Runtime, decision_id: str) -> tuple[str, str] | None:
     return str(logged["escalation_id"]), str(logged["escalation_target"])
 
 
-def _verified_whole(rt: Runtime, decision_id: str) -> bool:
-    """Whether the decision's verify read its whole draft (not a prefix): held here, else in the outcome
-    log; False when unknown. A gateway that kept such a draft (its verify answer came too late, or it
-    chose not to escalate) reports it served by the draft's target: the verify booked exactly that draft,
-    so the outcome is the decision's and the unused escalation is released (``_settle``). Raises
-    ``DataError`` (outcome log)."""
+def _verified_draft(rt: Runtime, decision_id: str) -> dict[str, object] | None:
+    """The draft features the decision's verify read (``DraftFeatures.to_dict``: ``tokens``, ``partial``,
+    ...): held here, else in the outcome log; None when unknown. Raises ``DataError`` (outcome log)."""
     pending = rt.cascade.get(decision_id)
     answer = pending.answer if pending is not None else None
     features: object = answer.get("draft") if answer is not None else None
     if features is None:
         logged = rt.outcome_log.verification(decision_id)
         features = None if logged is None else logged.get("features")
-    return isinstance(features, dict) and features.get("partial") is False
+    return features if isinstance(features, dict) else None
+
+
+def _settle_kept_draft(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation_id: str,
+                       reported: Usage | None, books_estimate: bool) -> None:
+    """The gateway kept the draft of a decision its verify escalated (the verify's answer came after the
+    gateway's timeout): ``item`` is the decision's outcome and the escalation was never made. After a
+    verify of the whole draft the verify booked exactly that draft, so the escalation is released
+    (``entry["released"]``). After a verify of its first ``tokens`` tokens the verify booked the prompt and
+    those tokens; the rest of the draft (the report's completion tokens beyond them, else the decision's
+    output cap beyond them when the report has no usage but its answer ran) is booked under the escalation
+    id on the draft's target, which settles the escalation's hold (``entry["settlement"]``): the draft paid
+    once, the hold released once. Raises ``LedgerUnavailable``."""
+    state = rt.live.engine.state
+    verified = _verified_draft(rt, item.decision_id) or {}
+    prefix = verified.get("tokens")
+    if verified.get("partial") is not True or not isinstance(prefix, int):
+        entry["released"] = bool(state.release(escalation_id))
+        return
+    if reported is not None:
+        rest = (reported.completion_tokens or 0) - prefix
+    elif books_estimate:
+        record = state.known(item.decision_id)
+        rest = (record.output_cap_tokens if record is not None else 0) - prefix
+    else:
+        entry["released"] = bool(state.release(escalation_id))
+        return
+    try:
+        settled = state.settle(escalation_id, prompt_tokens=0, completion_tokens=max(0, rest),
+                               target=item.served_target)
+    except BudgetError as exc:
+        entry["settle_error"] = str(exc)
+        return
+    rt.metrics.observe_settlement(settled)
+    entry["settlement"] = settled.to_dict()
 
 
 def _reports_the_draft(rt: Runtime, item: OutcomeIn, escalation: tuple[str, str]) -> bool:
@@ -288,11 +319,11 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
     (under ``prefix``, ``[3]``), else None. Unknown targets are not checked (their outcome is stored and its
     settlement says why it cannot be priced), but a non-shadow outcome's ``served_target`` the fleet does
     not have is an error: such an outcome could never settle, and its decision's budget hold and in-flight
-    load would stay taken. So is an outcome of an escalated decision served by the draft's target after a
-    verify of a prefix: the verify booked that prefix and the draft was to be cancelled, and taking its
-    report as the decision's one outcome would book its tokens twice and settle the escalation with them
-    (after a verify of the whole draft such a report is the kept draft: stored, and the unused escalation
-    released, ``_verified_whole``). ``escalation``: (escalation id, target) of the decision's verify, or
+    load would stay taken. So is a ``cancelled`` outcome of an escalated decision served by the draft's
+    target (the cancelled draft: the verify booked its tokens, and taking its report as the decision's one
+    outcome would settle the escalation with them and leave the escalated call's outcome a conflict); any
+    other status is the draft the gateway kept (``_settle_kept_draft``). ``escalation``: (escalation id,
+    target) of the decision's verify, or
     None, when the caller has it (reported under a signed escalation id, or looked up once for settling
     too); by default looked up (``_escalation_of``: held here, else in the outcome log, which the
     workers of one service share). Raises ``DataError`` (outcome log)."""
@@ -301,8 +332,7 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
     if item.served_target is not None and not item.shadow:
         if escalation is ...:
             escalation = _escalation_of(rt, item.decision_id)
-        if escalation is not None and _reports_the_draft(rt, item, escalation) \
-                and not _verified_whole(rt, item.decision_id):
+        if escalation is not None and item.status == "cancelled" and _reports_the_draft(rt, item, escalation):
             return OutcomeItemError(((f"{at}served_target", (
                 f"decision {item.decision_id} was escalated to '{escalation[1]}' at its verify, which settled the "
                 f"draft on '{item.served_target}' (its tokens are booked): report the escalated call's outcome, not "

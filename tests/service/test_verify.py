@@ -418,8 +418,7 @@ def test_a_kept_whole_draft_after_an_escalation_is_its_outcome_and_releases_the_
     """The gateway's verify answer came too late (its timeout is shorter than a relayed or slow verify)
     and it kept the whole draft the verify had read: reported served by the draft's target, the outcome is
     stored as the decision's (the verify booked exactly that draft; nothing is booked again) and the unused
-    escalation's budget hold and in-flight load are released at once, not left to the reservation TTL.
-    After a verify of a prefix the same report is still refused (the draft was to be cancelled)."""
+    escalation's budget hold and in-flight load are released at once, not left to the reservation TTL."""
     client, engine = _app(tmp_path)
     with client:
         d = _route(client)
@@ -434,11 +433,67 @@ def test_a_kept_whole_draft_after_an_escalation_is_its_outcome_and_releases_the_
         assert engine.state.record(v["escalation_id"]) is None
         spent = _metric(client, "pointsman_budget_spend_usd_total", d["target"])
         assert spent == pytest.approx(v["draft_settlement"]["actual_cost_usd"])  # the draft, booked once
-        d2 = _route(client)
-        client.post("/v1/verify", json={"decision_id": d2["decision_id"], "usage": {"completion_tokens": 4},
-                                        "draft": {"text": REFUSAL, "partial": True}})
-        refused = client.post("/v1/outcomes", json={**kept, "decision_id": d2["decision_id"]})
-        assert refused.status_code == 422 and refused.json()["error"]["param"] == "served_target"
     with OutcomeLog(tmp_path / "outcomes.db") as log:
         (stored,) = log.decision(d["decision_id"]).outcomes
         assert stored.served_target == d["target"]
+
+
+def test_a_kept_draft_after_a_prefix_verify_is_paid_once_and_closes_the_escalation(tmp_path):
+    """Early verification escalated on the draft's first 16 tokens, but the answer came after the
+    gateway's timeout and it kept the draft (the client's behaviour): the draft's ``ok`` report is the
+    decision's outcome. The verify booked the prompt and 16 tokens; the rest of the draft is booked under
+    the escalation id on the draft's target, which settles the escalation's hold and load once: the spend
+    is the draft's alone, nothing held, and the tokens beyond the prefix are what is booked (104 then 208
+    of them cost 1 : 2). Before, the report was refused (422): the outcome was lost, the draft's tokens
+    beyond the prefix went unbooked and the escalation held its frontier estimate until the TTL. A
+    ``cancelled`` draft report is still refused, and an escalated call reported after the kept draft is
+    not booked silently."""
+    budgets = tmp_path / "budgets.yaml"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:acme', window: day, limit_usd: 100}\n")
+    client, engine = _app(tmp_path / "svc", budgets_path=budgets)
+
+    def spend() -> tuple[float, float]:
+        b = client.get("/v1/budgets").json()["budgets"][0]
+        return b["settled_usd"], b["held_usd"]
+
+    def early(completion: int) -> tuple[dict, dict, dict]:
+        d = client.post("/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": "Explain kickball."}],
+                                           "routing": {"tenant": "acme"}}).json()
+        v = client.post("/v1/verify", json={"decision_id": d["decision_id"], "draft": {"text": REFUSAL[:24], "partial": True},
+                                            "usage": {"prompt_tokens": 12, "completion_tokens": 16}}).json()
+        assert v["action"] == "escalate" and v["draft"]["tokens"] == 16 and v["target"] != d["target"]
+        kept = {"decision_id": d["decision_id"], "status": "ok", "served_target": d["target"],
+                "usage": {"prompt_tokens": 12, "completion_tokens": completion}}
+        r = client.post("/v1/outcomes", json=kept)
+        assert r.status_code == 200, r.text
+        return d, v, r.json()["acks"][0]
+
+    with client:
+        before = spend()[0]
+        d, v, ack = early(120)
+        s = ack["settlement"]
+        assert ack["status"] == "stored" and ack["settle_error"] is None
+        assert (s["decision_id"], s["target"], s["replayed"], s["released_load"]) == (v["escalation_id"], d["target"],
+                                                                                      False, 1)
+        assert engine.state.record(v["escalation_id"]) is None
+        draft_usd = v["draft_settlement"]["actual_cost_usd"]
+        rest_104 = s["actual_cost_usd"]
+        assert rest_104 > 0 and spend() == (pytest.approx(before + draft_usd + rest_104, abs=3e-9), 0.0)
+        late = client.post("/v1/outcomes", json={"decision_id": v["escalation_id"], "status": "ok",
+                                                 "served_target": v["target"],
+                                                 "usage": {"prompt_tokens": 12, "completion_tokens": 300}})
+        assert late.status_code == 409 and late.json()["acks"][0]["status"] == "conflict", late.text
+        assert spend() == (pytest.approx(before + draft_usd + rest_104, abs=3e-9), 0.0)
+        _, _, ack2 = early(224)
+        assert ack2["settlement"]["actual_cost_usd"] == pytest.approx(2 * rest_104, rel=1e-6)
+        d3 = client.post("/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": "Explain kickball."}],
+                                            "routing": {"tenant": "acme"}}).json()
+        v3 = client.post("/v1/verify", json={"decision_id": d3["decision_id"], "draft": {"text": REFUSAL[:24], "partial": True},
+                                             "usage": {"prompt_tokens": 12, "completion_tokens": 16}}).json()
+        cancelled = client.post("/v1/outcomes", json={"decision_id": d3["decision_id"], "status": "cancelled",
+                                                      "served_target": d3["target"],
+                                                      "usage": {"prompt_tokens": 12, "completion_tokens": 16}})
+        assert cancelled.status_code == 422 and cancelled.json()["error"]["param"] == "served_target"
+        assert engine.state.record(v3["escalation_id"]) is not None
