@@ -111,6 +111,19 @@ def _deployment_id(deployment: Mapping[str, object]) -> str | None:
     return None if value is None else str(value)
 
 
+def served_by(response: object, router: LiteLLMRouter | None) -> str | None:
+    """The ``pointsman_target`` of the deployment that answered ``response`` (LiteLLM's
+    ``_hidden_params["model_id"]``, looked up in ``router.model_list``); None when unknown."""
+    hidden = getattr(response, "_hidden_params", None)
+    model_id = hidden.get("model_id") if isinstance(hidden, Mapping) else None
+    if not model_id or router is None:
+        return None
+    for deployment in getattr(router, "model_list", None) or ():
+        if isinstance(deployment, Mapping) and _deployment_id(deployment) == str(model_id):
+            return target_of(deployment)
+    return None
+
+
 def _info_flag(deployment: Mapping[str, object]) -> bool:
     """Whether the deployment is marked ``model_info.pointsman_default``."""
     info = deployment.get("model_info")
@@ -238,8 +251,14 @@ class PointsmanProxyHandler(CustomLogger):
     async def _cascade_step(self, decision: Mapping[str, object], data: dict[str, object], response: object,
                             started: float) -> object | None:
         draft_served = str(decision.get("served_target") or "")
-        answer = await self.client.averify(str(decision["id"]), draft_of(response), _usage(response))
         router = _router()
+        served = served_by(response, router)
+        if served is not None and served != draft_served:
+            # LiteLLM's own pick answered (the chosen deployment cooling down): no draft of the decision's
+            # target to verify, and its outcome is priced where it ran
+            self.client.report(ok_outcome(str(decision["id"]), served, response, started))
+            return None
+        answer = await self.client.averify(str(decision["id"]), draft_of(response), _usage(response))
         if answer is None or answer["action"] != "escalate":
             self.client.report(ok_outcome(str(decision["id"]), draft_served, response, started))
             return None
