@@ -48,7 +48,14 @@ from pointsman.policy.fleet import Fleet
 from pointsman.policy.rules.compiler import CompiledPolicy
 from pointsman.replay.baselines import ANCHORS, BASELINES, LeastLoaded, OnPremWide, RandomPick, RoundRobin
 from pointsman.replay.breakdown import RuleRow, by_rule
-from pointsman.replay.budgets import REPLAY_TENANT, BudgetSpend, budget_status, replay_ledger, replay_scopes
+from pointsman.replay.budgets import (
+    REPLAY_TENANT,
+    BudgetSpend,
+    book_escalations,
+    budget_status,
+    replay_ledger,
+    replay_scopes,
+)
 from pointsman.replay.cascade import DraftBook, EarlyVerify, apply_cascade
 from pointsman.replay.engine_router import EPOCH_S, EngineRouter, TraceMessages
 from pointsman.replay.goodput import GoodputResult, MemoEstimator, RouterFactory, frontier_guard, on_prem_only, search
@@ -196,8 +203,11 @@ def replay_all(trace: Sequence[TraceRequest], fleet: Fleet, sim: SimFleet, polic
                                       tenant=tenant if budgets is not None else None, slo_class=slo_class, cut=early)
                 result = run(router, router.on_complete)
                 if cascade is not None and rows is not None:
+                    drafts = result
                     result = apply_cascade(result, rows, fleet, sim, policy, router.decisions, cascade,
                                            quality_columns(fleet), early=early.escalations if early else None)
+                    if ledger is not None:
+                        book_escalations(ledger, replay_scopes(tenant), drafts, result, EPOCH_S)
                 spend = [] if ledger is None else budget_status(ledger, replay_scopes(tenant),
                                                                 EPOCH_S + result.end_s)
             finally:

@@ -127,3 +127,39 @@ def test_early_verification_cuts_the_draft_and_adds_only_its_first_tokens(tmp_pa
     assert cut["escalation_delay_p50_s"] < 0.5 * whole["escalation_delay_p50_s"]
     assert cut["decode_utilization"] < whole["decode_utilization"]  # cancelled drafts free their replicas
     assert cut["ttft_p99_s"] < whole["ttft_p99_s"]
+
+
+def test_the_budget_ledger_books_the_escalated_calls(tmp_path):
+    """With ``--budgets`` the ledger is the run's spend: on a fleet whose GPUs cost nothing, what it
+    booked equals the frontier bills, escalated calls included, whole-draft and early verification
+    alike. Before, an escalation's frontier call (applied after the simulation) was never booked:
+    the ledger held the draft's $0 and the report's budget column left every escalation out."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{i:02d}.0000000,{300 + 7 * i},{200 + i}\n" for i in range(40)))
+    drafts = tmp_path / "drafts.csv"
+    refusal = "I'm sorry, but I cannot help with that. " * 20
+    drafts.write_text("prompt_id,model,output\n" + "\n".join(
+        f"ae{i:03d},{WEAK},\"{refusal}\"" for i in range(1, 806)) + "\n")
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(DEFAULT_FLEET_PATH.read_text().replace("usd_per_gpu_hour: 2.50", "usd_per_gpu_hour: 0.0")
+                     .replace("usd_per_kwh: 0.10", "usd_per_kwh: 0.0"))
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:replay', window: day, limit_usd: 1000}\n")
+    early = tmp_path / "early.yaml"
+    early.write_text(STATIC_POLICY_PATH.read_text().replace("\nverify:\n", "\nverify:\n  prefix_tokens: 8\n"))
+    res = CliRunner().invoke(main, ["replay", str(trace), "--fleet", str(fleet), "--policy", str(STATIC_POLICY_PATH),
+                                    "--policy", str(early), "--no-baselines", "--estimator", "fixed:0.1",
+                                    "--drafts", str(drafts), "--budgets", str(budgets), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    runs = json.loads((tmp_path / "out" / "report.json").read_text())["runs"]
+    for name in ("static", "early"):
+        summary = runs[name]["summary"]
+        assert summary["escalated"] > 0 and summary["onprem_cost_usd"] == 0.0
+        assert summary["budget_spent_usd"] == pytest.approx(summary["frontier_cost_usd"], abs=1e-6), name
