@@ -37,10 +37,9 @@ from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.service.auth import Principal, require
 from pointsman.service.bodies import json_body, read_parsed, validate_model
 from pointsman.service.budgets_reload import budget_statuses, budgets_revision, reload_budgets
-from pointsman.service.fleet_reload import reload_fleet
 from pointsman.service.http_errors import ERROR_RESPONSES, unavailable
-from pointsman.service.live_engine import problem_dict
-from pointsman.service.policy_reload import reload_policy, validate_policy_text
+from pointsman.service.live_engine import ReloadResult, problem_dict
+from pointsman.service.policy_reload import validate_policy_text
 from pointsman.service.runtime import Runtime, get_runtime
 from pointsman.service.schemas import (
     BudgetsResponse,
@@ -148,9 +147,7 @@ async def validate(request: Request, principal: Principal = Depends(require("adm
 async def reload(principal: Principal = Depends(require("admin")), rt: Runtime = Depends(get_runtime)) -> JSONResponse:
     """Compile the serving policy's file again and swap it in; decisions in flight finish on the
     policy they started with. A bad file is rejected with every located problem (422)."""
-    path = rt.live.engine.policy.file
-    result = await run_in_threadpool(reload_policy, rt.live, path, "endpoint", rt.record_reload)
-    return JSONResponse(result.to_dict(), status_code=200 if result.ok else 422)
+    return await _reload_everywhere(rt, "policy")
 
 
 @router.post("/v1/fleet/reload", response_model=ReloadOut,
@@ -162,9 +159,7 @@ async def reload_fleet_now(principal: Principal = Depends(require("admin")),
     """Load the fleet file again, recompile the serving policy against it, rebuild the live
     state (unchanged endpoints keep theirs) and swap the pair in. A bad fleet file, or one the
     policy no longer compiles against, is rejected with every located problem (422)."""
-    result = await run_in_threadpool(reload_fleet, rt.live, rt.settings.fleet_path, None, "endpoint",
-                                     rt.record_fleet_reload)
-    return JSONResponse(result.to_dict(), status_code=200 if result.ok else 422)
+    return await _reload_everywhere(rt, "fleet")
 
 
 @router.get("/v1/budgets", response_model=BudgetsResponse, responses=ERROR_RESPONSES,
@@ -196,6 +191,21 @@ async def reload_budgets_now(principal: Principal = Depends(require("admin")),
                              rt: Runtime = Depends(get_runtime)) -> JSONResponse:
     """Read the budgets file again and apply its limits from the next decision on (holds and
     spend stay). A bad file is rejected with every located problem (422)."""
-    result = await run_in_threadpool(reload_budgets, rt.live, rt.settings.budgets_path, "endpoint",
-                                     rt.record_budgets_reload)
+    return await _reload_everywhere(rt, "budgets")
+
+
+async def _reload_everywhere(rt: Runtime, what: str) -> JSONResponse:
+    """Reload ``what`` here (``Runtime.reload_file``) and, when that applied, announce it to every other
+    worker and replica sharing the state (``StateSync.announce_reload``), which re-read their own copy:
+    without it only the worker that took the call applied the file (``--workers 2``: half the requests
+    kept the old budgets). 200 with the result, 422 when rejected."""
+    def run() -> ReloadResult:
+        result = rt.reload_file(what)
+        if result is None:  # budgets: none configured
+            result = reload_budgets(rt.live, rt.settings.budgets_path, "endpoint", rt.record_budgets_reload)
+        if result.ok:
+            rt.live.engine.state.sync.announce_reload(what)
+        return result
+
+    result = await run_in_threadpool(run)
     return JSONResponse(result.to_dict(), status_code=200 if result.ok else 422)

@@ -33,17 +33,17 @@ from pointsman.policy.budget.journal import DEFAULT_JOURNAL_NAME, SpendJournal
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.signals.shared_state import RedisSync
 from pointsman.service.bootstrap import build_engine, load_estimator
-from pointsman.service.budgets_reload import watch_budgets
+from pointsman.service.budgets_reload import reload_budgets, watch_budgets
 from pointsman.service.cascade import PendingDrafts
 from pointsman.service.deadline import DeadlineEstimator, estimator_pool
 from pointsman.service.decision_key import decision_signer
 from pointsman.service.decision_log import DecisionLogWriter
 from pointsman.service.feeds import SignalFeeds
-from pointsman.service.fleet_reload import watch_fleet
+from pointsman.service.fleet_reload import reload_fleet, watch_fleet
 from pointsman.service.http_errors import unavailable
 from pointsman.service.live_engine import LiveEngine, ReloadResult, SwapResult
 from pointsman.service.model_follower import ModelFollower, followed
-from pointsman.service.policy_reload import watch_policy
+from pointsman.service.policy_reload import reload_policy, watch_policy
 from pointsman.service.prometheus import ServiceMetrics, StateCollector
 from pointsman.service.settings import Settings
 from pointsman.service.verify_relay import VerifyRelay
@@ -103,6 +103,19 @@ class Runtime:
         """Metrics hook of budgets file reloads."""
         label = "rejected" if not result.ok else ("ok" if result.changed else "unchanged")
         self.metrics.budgets_reloads.labels(label, result.source).inc()
+
+    def reload_file(self, what: str) -> ReloadResult | None:
+        """Re-read the ``policy``, ``fleet`` or ``budgets`` file now (source ``endpoint``): what the admin
+        endpoints do, and what every other worker and replica does when one of them announces such a
+        reload (``StateSync.announce_reload``); None for anything else or without a budgets file."""
+        s = self.settings
+        if what == "policy":
+            return reload_policy(self.live, self.live.engine.policy.file, "endpoint", self.record_reload)
+        if what == "fleet":
+            return reload_fleet(self.live, s.fleet_path, None, "endpoint", self.record_fleet_reload)
+        if what == "budgets" and s.budgets_path:
+            return reload_budgets(self.live, s.budgets_path, "endpoint", self.record_budgets_reload)
+        return None
 
     def start_watchers(self) -> None:
         """Start the signal feeds, the policy and fleet file watchers and the model follower
@@ -216,6 +229,7 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
         rt.live.engine.state.sync.set_inbox(outcome_log.log_id, lambda payloads: deliver(rt, payloads))
     rt.live.engine.state.start_sync()
     sync = rt.live.engine.state.sync
+    sync.on_reload(rt.reload_file)  # another worker's or replica's admin reload: re-read the same file here
     if answer_verify is not None and isinstance(sync, RedisSync):
         rt.relay = VerifyRelay.for_sync(sync, lambda decision_id: rt.cascade.get(decision_id) is not None,
                                         lambda body: answer_verify(rt, body)).start()

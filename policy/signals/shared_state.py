@@ -12,7 +12,8 @@ gap, loads it whole) and a stream of changes (so running processes follow in ord
     {P}health                 hash    endpoint id -> reason, for endpoints marked unhealthy
     {P}sess:<session_id>      string  the session's last (target, endpoint) (TTL = session TTL; for
                                       operators: processes learn sessions from the stream)
-    {P}changes                stream  one entry per change: dispatch, release, telemetry, health
+    {P}changes                stream  one entry per change: dispatch, release, telemetry, health, and
+                                      an admin's reload of a file (each process re-reads its own copy)
                                       (capped at ``stream_max_len`` entries, approximately)
     {P}inbox:<inbox id>       stream  outcomes another replica received for decisions logged in
                                       this inbox's outcome log (JSON), until that log stores them
@@ -91,7 +92,7 @@ DEFAULT_PREFIX = "{pointsman-state}:"
 #: Approximate cap of the change stream (entries); a reader further behind reloads the state.
 DEFAULT_STREAM_MAX_LEN = 200_000
 
-ChangeKind = Literal["dispatch", "release", "telemetry", "health"]
+ChangeKind = Literal["dispatch", "release", "telemetry", "health", "reload"]
 #: Stream entries the reader takes per ``XREAD``.
 READ_COUNT = 1000
 #: Releases kept while Redis is unreachable, at most (the oldest are dropped: their records expire).
@@ -165,7 +166,8 @@ class Change:
     """One change another process made: ``kind``, the publishing ``origin``, ``wall_s``, and
     per kind: a dispatch's ``record``, ``block_hashes`` (+ ``gateway_ids``) and ``session_id``;
     a release's ``decision_id``; a telemetry push's ``endpoint`` and ``snapshot``; a health
-    mark's ``endpoint``, ``healthy`` and ``reason``."""
+    mark's ``endpoint``, ``healthy`` and ``reason``; a reload's file (``policy``, ``fleet``, ``budgets``)
+    in ``reason``."""
 
     kind: ChangeKind
     origin: str
@@ -196,7 +198,8 @@ class Change:
     def from_json(cls, text: str | bytes) -> Change:
         """The change from ``to_json``'s text; raises ``ValueError``/``TypeError`` for anything else."""
         data = orjson.loads(text)
-        if not isinstance(data, dict) or data.get("kind") not in ("dispatch", "release", "telemetry", "health"):
+        if not isinstance(data, dict) or data.get("kind") not in ("dispatch", "release", "telemetry", "health",
+                                                               "reload"):
             raise ValueError(f"not a state change: {str(text)[:80]!r}")
         record = data.pop("record", None)
         if record is not None:
@@ -350,6 +353,15 @@ class StateSync(Protocol):
         """Publish a health mark (one round trip); never raises."""
         ...
 
+    def announce_reload(self, what: str) -> None:
+        """Tell every other process that an admin reloaded its ``what`` file (``policy``, ``fleet``,
+        ``budgets``) through an endpoint, so they re-read theirs too (one round trip); never raises."""
+        ...
+
+    def on_reload(self, hook: Callable[[str], object]) -> None:
+        """Call ``hook(what)`` (from the reader thread) for every other process's ``announce_reload``."""
+        ...
+
     def status(self) -> SyncStatus:
         """Counters (a copy)."""
         ...
@@ -394,6 +406,12 @@ class LocalSync:
 
     def health(self, endpoint: str, healthy: bool, reason: str) -> None:
         """Nothing to publish."""
+
+    def announce_reload(self, what: str) -> None:
+        """No other process to tell."""
+
+    def on_reload(self, hook: Callable[[str], object]) -> None:
+        """No other process announces anything."""
 
     def status(self) -> SyncStatus:
         """``shared=False``."""
@@ -562,6 +580,7 @@ class RedisSync:
         self._thread: threading.Thread | None = None
         self._apply: Callable[[Change], None] = _ignore
         self._reload: Callable[[SharedView], None] = _ignore
+        self._reload_hook: Callable[[str], object] = _ignore
 
     @classmethod
     def from_url(cls, url: str, *, timeout_s: float = 2.0, block_ms: int = 1000) -> RedisSync:
@@ -698,6 +717,17 @@ class RedisSync:
             self.prefix, endpoint, "1" if healthy else "0", reason or "marked unhealthy", change.to_json(),
             str(self.stream_max_len)]))
 
+    def announce_reload(self, what: str) -> None:
+        """Append a ``reload`` change naming ``what`` to the change stream."""
+        change = Change("reload", self.origin, time.time(), reason=what)
+        self._write("reload", lambda: self.client.xadd(f"{self.prefix}changes", {"c": change.to_json()},
+                                                       maxlen=self.stream_max_len, approximate=True))
+
+    def on_reload(self, hook: Callable[[str], object]) -> None:
+        """Hand the others' ``reload`` changes to ``hook`` (``StateSync.on_reload``)."""
+        with self._lock:
+            self._reload_hook = hook
+
     # -- following the others
 
     def start(self, apply: Callable[[Change], None], reload: Callable[[SharedView], None]) -> None:
@@ -799,7 +829,12 @@ class RedisSync:
                 if change.origin == self.origin:
                     continue
                 try:
-                    apply(change)
+                    if change.kind == "reload":
+                        with self._lock:
+                            hook = self._reload_hook
+                        hook(change.reason)
+                    else:
+                        apply(change)
                 except Exception:  # noqa: BLE001 - one bad change must not stop the follower
                     log.exception("applying state change %s failed", entry_id)
                     continue
