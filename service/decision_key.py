@@ -5,9 +5,11 @@ receive an outcome.
 Where it comes from, first found:
 
 1. ``POINTSMAN_DECISION_KEY`` (a secret; its SHA-256 is the key);
-2. with a shared state (``POINTSMAN_STATE_URL``): a random key stored in Redis the first time
-   any replica starts (``SET NX``), cached in ``<data_dir>/decision.key`` so a replica can start
-   while Redis is away;
+2. with a shared state (``POINTSMAN_STATE_URL``): a key stored in Redis the first time any
+   replica starts (``SET NX``): the one it cached in ``<data_dir>/decision.key`` if any (so a
+   replica restarted after Redis lost its data keeps signing with the key the running replicas
+   verify with), else a random one; cached there so a replica can start while Redis is away. To
+   change the key, set ``POINTSMAN_DECISION_KEY``;
 3. ``<data_dir>/decision.key``: created once (random, mode 0600; the workers of one host share it).
 """
 
@@ -77,9 +79,14 @@ def decision_signer(settings: Settings, sync: StateSync) -> DecisionSigner:
     path = Path(settings.data_dir) / KEY_FILE
     if isinstance(sync, RedisSync):
         try:
-            hex_key = sync.shared_key(secrets.token_hex(32))
-        except DataError as exc:
             cached = _read(path)
+        except DataError as exc:  # unreadable: Redis's key (or a new one) replaces it below
+            log.warning("%s", exc)
+            cached = None
+        try:
+            # the cached key first: after Redis lost its data, the replicas still running sign with it
+            hex_key = sync.shared_key(cached.hex() if cached is not None else secrets.token_hex(32))
+        except DataError as exc:
             if cached is None:
                 raise DataError(f"{exc}, and no copy is cached in {path}: start Redis, or set POINTSMAN_DECISION_KEY "
                                 "to the same secret on every replica") from None
