@@ -124,7 +124,7 @@ CACHE_WRITE_1H_MULTIPLIER = 2.0
 def usage_cost(name: str, target: OnPremTarget | FrontierTarget, mode: str, *, prompt_tokens: int,
                completion_tokens: int, cached_tokens: int = 0, cache_write_tokens: int = 0,
                cache_write_1h_tokens: int = 0, prefill_utilization: float | None = None,
-               decode_utilization: float | None = None) -> CostEstimate:
+               decode_utilization: float | None = None, pools: tuple[Pool, Pool] | None = None) -> CostEstimate:
     """The actual cost in USD of reported usage (``pointsman.usage_shapes.UsageCounts``' counts:
     ``cached_tokens`` and the cache writes are parts of ``prompt_tokens``). Frontier::
 
@@ -134,14 +134,15 @@ def usage_cost(name: str, target: OnPremTarget | FrontierTarget, mode: str, *, p
     (reported cache reads are priced whatever ``prompt_cache_min_tokens`` says: the provider
     billed them; a write price the target does not declare is ``CACHE_WRITE_MULTIPLIER`` (1.25) or
     ``CACHE_WRITE_1H_MULTIPLIER`` (2) x ``p_in``, Anthropic's published ones). On-prem: ``estimate_cost``
-    (cache reads skip prefill; writes are prefill). Raises ``ValueError`` when the parts exceed
-    ``prompt_tokens``."""
+    (cache reads skip prefill; writes are prefill; ``pools``: the pools it ran on, as there). Raises
+    ``ValueError`` when the parts exceed ``prompt_tokens``."""
     writes = cache_write_tokens + cache_write_1h_tokens
     if cached_tokens + writes > prompt_tokens:
         raise ValueError(f"cached ({cached_tokens}) + cache writes ({writes}) exceed prompt_tokens ({prompt_tokens})")
     if not isinstance(target, FrontierTarget):
         return estimate_cost(name, target, mode, prompt_tokens, completion_tokens, cached_tokens,
-                             prefill_utilization=prefill_utilization, decode_utilization=decode_utilization)
+                             prefill_utilization=prefill_utilization, decode_utilization=decode_utilization,
+                             pools=pools)
     p = target.prices
     p_write = p.usd_per_1m_cache_write_input_tokens
     p_write_1h = p.usd_per_1m_cache_write_1h_input_tokens

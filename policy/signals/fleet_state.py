@@ -609,7 +609,8 @@ class FleetState:
             # leave it in place for the corrected report (the price with its utilizations follows)
             self._price(decision_id, target, mode, None, tokens)
         taken = self._take_shared(decision_id)
-        record = record or taken
+        if taken is not None and (record is None or not record.endpoint):
+            record = taken  # the shared record names the endpoints (the pools it ran on); a signed id does not
         target = target or (record.target if record else None)
         mode = mode or (record.mode if record else None)
         if actual_cost_usd is None:
@@ -679,16 +680,25 @@ class FleetState:
                tokens: dict[str, int]) -> tuple[float, str]:
         """(USD of ``tokens`` (``settle``'s counts) on ``target``, the mode priced: ``mode``, or the
         target's first mode when it has no such mode), at the utilizations ``record`` was estimated
-        with. Raises ``BudgetError`` for an unknown target or usage its prices cannot price."""
+        with and on the pools of its endpoints (an aggregated request prefilled on a decode endpoint
+        runs both phases on the decode pool; without the endpoints, the mode's pools). Raises
+        ``BudgetError`` for an unknown target or usage its prices cannot price."""
         if target is None or target not in self.fleet.targets:
             raise BudgetError(f"cannot price decision '{decision_id}': unknown here, so pass its target "
                               f"(and mode) or actual_cost_usd")
         t = self.fleet.targets[target]
         mode = mode if mode in t.modes else t.modes[0]
+        pools = None
+        if record is not None and record.target == target and record.mode == mode:
+            eps = self.fleet.endpoints
+            decode = eps.get(record.endpoint)
+            prefill = eps.get(record.prefill_endpoint) if record.prefill_endpoint else decode
+            if decode is not None and prefill is not None and decode.pool is not None and prefill.pool is not None:
+                pools = (prefill.pool, decode.pool)
         try:
             return usage_cost(target, t, mode, **tokens,
                               prefill_utilization=record.prefill_utilization if record else None,
-                              decode_utilization=record.decode_utilization if record else None).usd, mode
+                              decode_utilization=record.decode_utilization if record else None, pools=pools).usd, mode
         except ValueError as exc:  # parts beyond the prompt
             raise BudgetError(f"cannot price decision '{decision_id}': {exc}") from None
 
