@@ -11,7 +11,10 @@
   A budget refusal is not such a failure: every target that could take it is over its budget (429
   ``budget_exhausted``), so routing without Pointsman would spend past it, unbooked; ``route``
   raises ``BudgetExhausted`` instead (counted as ``budget_refused``), and the gateway refuses the
-  request (the LiteLLM integrations let it reach the caller).
+  request (the LiteLLM integrations let it reach the caller). So is a request with a budget the service
+  refused because its budget ledger is down (503 ``budget_ledger_unavailable``: the service is
+  fail-closed, ``POINTSMAN_BUDGET_FAIL_OPEN=false``, the default): routed without Pointsman it would spend
+  with nothing reserved or booked, so ``route`` raises ``BudgetUnavailable`` (a ``BudgetExhausted``).
 - ``averify(decision_id, draft, usage=None)`` / ``verify(...)``: ``POST /v1/verify`` (the
   cascade) with the draft the decision's target answered (``{"text", "finish_reason",
   "logprobs", "partial"}``; with the decision's ``verify_prefix_tokens`` N, its first N tokens while
@@ -64,6 +67,13 @@ class BudgetExhausted(Exception):
     """``/v1/route`` refused the request because every target is over its budget (HTTP 429
     ``budget_exhausted``); ``str()`` is the service's message naming each target's budget. Not a
     failure to fail open on: routing the request elsewhere would spend past the budget."""
+
+
+class BudgetUnavailable(BudgetExhausted):
+    """``/v1/route`` refused a request with a budget because the budget ledger is unavailable and the
+    service is fail-closed (HTTP 503 ``budget_ledger_unavailable``; ``POINTSMAN_BUDGET_FAIL_OPEN=true``
+    routes such requests instead, booking their spend when the ledger returns). Not a failure to fail
+    open on: routed without Pointsman the request would spend with nothing reserved or ever booked."""
 
 
 class RoutedEndpoint(TypedDict):
@@ -182,7 +192,8 @@ class PointsmanClient:
     # -- routing ------------------------------------------------------------------------------
     async def aroute(self, body: Mapping[str, object]) -> RouteDecision | None:
         """``POST /v1/route``; the decision dict, or ``None`` (fail open) — see the module docstring.
-        Raises ``BudgetExhausted`` when every target is over the request's budget."""
+        Raises ``BudgetExhausted`` when every target is over the request's budget, ``BudgetUnavailable``
+        when its budget cannot be checked (the ledger is down and the service fail-closed)."""
         try:
             resp = await self._aclient().post("/v1/route", json=body, timeout=self.route_timeout_s)
         except httpx.HTTPError as exc:
@@ -208,6 +219,9 @@ class PointsmanClient:
         if resp.status_code == 429 and _error_code(resp) == "budget_exhausted":
             self.stats["budget_refused"] += 1
             raise BudgetExhausted(detail)
+        if resp.status_code == 503 and _error_code(resp) == "budget_ledger_unavailable":
+            self.stats["budget_refused"] += 1
+            raise BudgetUnavailable(detail)
         if 400 <= resp.status_code < 500:
             self.stats["route_failed"] += 1
             log.error("pointsman rejected the routing request (HTTP %d: %s); routing without it",

@@ -66,7 +66,13 @@ from litellm.constants import OPENAI_CHAT_COMPLETION_PARAMS
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import DeploymentTypedDict
 
-from pointsman.integrations.client import BudgetExhausted, PointsmanClient, RouteDecision, forward_target
+from pointsman.integrations.client import (
+    BudgetExhausted,
+    BudgetUnavailable,
+    PointsmanClient,
+    RouteDecision,
+    forward_target,
+)
 from pointsman.integrations.litellm_cascade import (
     draft_of,
     escalation_decision,
@@ -169,6 +175,8 @@ class PointsmanProxyHandler(CustomLogger):
         except BudgetExhausted as exc:  # a refusal, not a failure: served elsewhere it would spend past the budget
             from fastapi import HTTPException
 
+            if isinstance(exc, BudgetUnavailable):  # the budget cannot be checked now: retry later
+                raise HTTPException(status_code=503, detail=str(exc)) from None
             raise HTTPException(status_code=429, detail=f"budget exhausted: {exc}") from None
         except Exception:  # noqa: BLE001 - a routing bug must never fail the user's request
             log.exception("pointsman pre-call hook failed; the request goes on without it")
