@@ -1,7 +1,7 @@
 """How a content-free first line moves ``p_hard``: the shipped sanity suite's hard requests scored
 alone and behind each of ``PREAMBLES`` ("Hello there. <request>"), as the service scores them.
 
-    python scripts/preamble_probe.py [--model SPEC] [--threshold 0.67] [--preamble TEXT ...] [--pairs-out FILE]
+    python scripts/preamble_probe.py [--model SPEC] [--threshold 0.45] [--preamble TEXT ...] [--pairs-out FILE]
 
 Prints, per preamble, the mean ``p_hard`` change of the hard requests and the share of them at or above
 ``--threshold`` (the default policy's ``p_hard_frontier``: the frontier's share). ``--pairs-out`` writes
@@ -27,7 +27,7 @@ PREAMBLES = ("Hi! I have a question.\n", "Hello there. ", "Thanks in advance!\n"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="bundled")
-    ap.add_argument("--threshold", type=float, default=0.67)
+    ap.add_argument("--threshold", type=float, default=0.45)
     ap.add_argument("--preamble", action="append", help="a preamble to probe (repeatable; default: PREAMBLES; "
                     "a literal \\n is a line break)")
     ap.add_argument("--pairs-out")

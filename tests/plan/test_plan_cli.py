@@ -184,10 +184,14 @@ def _shared_conv() -> Path:
 
 def _plan_all_large(tmp_path: Path, out: Path, *args: str):
     """``pointsman plan`` on 40 conv requests, every prompt hard: the default policy with p_hard_frontier
-    0.1 against ``fixed:0.2``, the whole trace searched, no quality floor, ``args`` added."""
+    0.1 against ``fixed:0.2``, the whole trace searched, no quality floor, ``args`` added. Its own
+    hard_prompt_max_usd, $0.04, is over every one of these prompts' large-tier prices (4,085 tokens at
+    most: $0.0128), so as written every prompt goes to the large tier."""
     policy = tmp_path / "all-large.yaml"
-    policy.write_text((DEFAULT_POLICY_DIR / "default.yaml").read_text().replace(
-        "  p_hard_frontier: 0.67", "  p_hard_frontier: 0.1"), encoding="utf-8")
+    text = (DEFAULT_POLICY_DIR / "default.yaml").read_text().replace(
+        "  p_hard_frontier: 0.45\n", "  p_hard_frontier: 0.1\n")
+    assert "  p_hard_frontier: 0.1\n" in text and "  hard_prompt_max_usd: 0.04\n" in text
+    policy.write_text(text, encoding="utf-8")
     return CliRunner().invoke(main, ["plan", str(_shared_conv()), "--limit", "40", "--estimator", "fixed:0.2",
                                      "--policy", str(policy), "--workers", "1", "--search-requests", "0",
                                      "--time-budget-s", "60", "--min-quality-share", "0", *args, "--out", str(out)])
@@ -245,8 +249,8 @@ def test_a_fleet_meeting_the_slo_gets_its_price_cap_by_bisection_against_the_flo
     """Every prompt hard (p_hard_frontier 0.1 against fixed:0.2): the cap alone decides how many go to
     the large tier, so quality rises with it. Once a fleet meets the SLO goal the plan bisects the cap
     against the quality floor: the first cap it replays is the middle of the six values (the median
-    price), not the neighbour of the policy's own 1000 a one-step move would take, and it recommends
-    a capped setting meeting the floor."""
+    price), not the neighbour of the policy's own $0.04 (above them all) a one-step move would take,
+    and it recommends a capped setting meeting the floor."""
     from pointsman.plan.tuning import quantile
 
     out = tmp_path / "out"
