@@ -13,7 +13,10 @@ training columns it used (possibly several weak and strong models, and its label
 ``weak`` vs ``strong`` with the table's other columns as the panel. A recipe with a label panel
 (``panel_weight``) mixes the panel's outcomes into the labels of the training folds' rows only;
 a recipe with a warm start (``warm_start``) trains every refit on those licensed sources' rows
-too (never on this table's rows outside the fold), weighed as in training (``rank_weights``).
+too (never on this table's rows outside the fold), weighed as in training (``rank_weights``); a recipe
+with the easy anchors and a gate (``easy_anchors``, ``gate_weight`` > 0) trains every refit's gate on
+the anchors as ``train`` does (``anchored_rank_targets``, ``calibration_weights``), so the scores are
+those of the head ``train`` writes.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: Recipe keys a refitted head takes from the model's manifest.
 _HEAD_KEYS = ("label", "label_offsets", "label_clip", "head", "hidden", "alpha", "n_members", "max_iter", "seed", "scale",
-              "panel_weight", "warm_start_share")
+              "panel_weight", "warm_start_share", "easy_anchors", "gate_weight", "gate_shift", "gate_alpha")
 
 
 class CrossValReport(RouterReport):
@@ -58,10 +61,12 @@ class CrossValReport(RouterReport):
 
 
 def recipe_of(est: DifficultyEstimator) -> TrainConfig:
-    """The head recipe a model was trained with (``TrainConfig``; defaults for keys it lacks)."""
+    """The head recipe a model was trained with (``TrainConfig``; defaults for keys it lacks, except
+    ``easy_anchors``: a recipe that does not name them was trained without them)."""
     recipe = est.manifest.training.get("recipe")
     cfg = TrainConfig()
     if isinstance(recipe, dict):
+        cfg.easy_anchors = False
         for key in _HEAD_KEYS:
             value = recipe.get(key)
             if value is not None and isinstance(value, type(getattr(cfg, key))):
@@ -100,7 +105,8 @@ def crossval_scores(est: DifficultyEstimator, path: str | Path, weak: str, stron
     training part has a single class."""
     from pointsman.datasets.sources import default_training_sources
     from pointsman.estimator.head import DifficultyHead
-    from pointsman.training.train import rank_weights, ranking_labels
+    from pointsman.training.examples import anchor_examples
+    from pointsman.training.train import anchored_rank_targets, calibration_weights
 
     if folds < 2:
         raise DataError(f"--folds must be at least 2, got {folds}")
@@ -127,6 +133,8 @@ def crossval_scores(est: DifficultyEstimator, path: str | Path, weak: str, stron
     scores = np.full(len(ex), np.nan)
     p_hard = np.full(len(ex), np.nan)
     inner = cfg.n_folds if calibrated and cfg.n_folds >= 2 else 0
+    anchors = anchor_examples(est.tokenizer) if cfg.easy_anchors and cfg.gate_weight > 0 else None
+    X_anchors = est.feature_matrix(anchors.features) if anchors is not None else None
     for f in range(folds):
         test = fold == f
         if not test.any():
@@ -135,11 +143,17 @@ def crossval_scores(est: DifficultyEstimator, path: str | Path, weak: str, stron
         train_rows = (fold_all != f) & ~np.isin(ex_all.group, ex.group[test])
         head = DifficultyHead(n_embedding=est.manifest.encoder.dim, kind=cfg.head, hidden=cfg.hidden, alpha=cfg.alpha,
                               n_members=cfg.n_members, max_iter=cfg.max_iter, n_folds=inner, random_state=cfg.seed,
-                              scale=cfg.scale)
+                              scale=cfg.scale, gate_weight=cfg.gate_weight, gate_shift=cfg.gate_shift,
+                              gate_alpha=cfg.gate_alpha)
         fit_ex = ex_all.subset(train_rows)  # labels (and their per-source centering) from the training rows only
+        X_fit = X_all[train_rows]
+        if anchors is not None and X_anchors is not None:
+            keep = ~np.isin(anchors.group, ex.group[test])
+            fit_ex, X_fit = fit_ex.concat(anchors.subset(keep)), np.vstack([X_fit, X_anchors[keep]])
+        y_rank, w_rank, anchor = anchored_rank_targets(fit_ex, cfg)
         try:
-            head.fit(X_all[train_rows], ranking_labels(fit_ex, cfg), rank_weights(fit_ex, cfg), groups=fit_ex.group,
-                     calibration_y=fit_ex.y, calibration_weight=(fit_ex.source == source.name).astype(np.float64))
+            head.fit(X_fit, y_rank, w_rank, groups=fit_ex.group, calibration_y=fit_ex.y,
+                     calibration_weight=calibration_weights(fit_ex, cfg, [source]), easy_anchor=anchor)
         except ValueError as exc:
             raise DataError(f"{path}: fold {f}: {exc}") from None
         scores[test] = head.ranker_score(X[test])

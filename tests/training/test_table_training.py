@@ -194,3 +194,32 @@ def test_warm_start_without_the_shared_tables_says_how_to_go_on(cli, table, tmp_
     assert "warm start reads arena_bench_v1" in res.output and "--warm-start none" in res.output
     res = _train(cli, table, tmp_path / "m")  # --warm-start none: the table alone trains anywhere
     assert res.exit_code == 0, res.output
+
+
+def test_crossval_refits_the_recipes_gate(cli, table, tmp_path, monkeypatch):
+    """``evaluate --folds`` scores the head ``train`` writes: a recipe with the easy anchors refits the gate
+    in every fold, which only ever lowers a prompt's score (the ranker is the same) and lowers some; a
+    recipe that does not name the anchors (trained before them) refits none."""
+    import shutil
+
+    from pointsman.estimator.difficulty import DifficultyEstimator
+    from pointsman.training.crossval import crossval_scores, recipe_of
+
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    gated = tmp_path / "gated"
+    res = _train(cli, table, gated)
+    assert res.exit_code == 0, res.output
+    recipe = json.loads((gated / "manifest.json").read_text())["training"]["recipe"]
+    assert recipe["easy_anchors"] is True and recipe["gate_weight"] > 0
+    plain = tmp_path / "plain"
+    shutil.copytree(gated, plain)
+    manifest = json.loads((plain / "manifest.json").read_text())
+    del manifest["training"]["recipe"]["easy_anchors"]
+    (plain / "manifest.json").write_text(json.dumps(manifest))
+    est_gated, est_plain = DifficultyEstimator(gated), DifficultyEstimator(plain)
+    assert recipe_of(est_gated).easy_anchors and not recipe_of(est_plain).easy_anchors
+    with_gate = crossval_scores(est_gated, table, "small", "big", 3)
+    without = crossval_scores(est_plain, table, "small", "big", 3)
+    assert np.array_equal(with_gate.prompt_id, without.prompt_id)
+    assert np.all(with_gate.score <= without.score + 1e-6)
+    assert np.any(with_gate.score < without.score - 1e-3)
