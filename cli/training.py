@@ -17,11 +17,14 @@ from pointsman.cli.errors import InputError
 from pointsman.cli.training_output import echo_metrics, invoked_command, progress_log
 from pointsman.errors import PointsmanError
 
-#: ``train --table``'s label-panel weight, warm-start sources and their share (docs/retraining.md has
-#: the 5-fold numbers on the shared AlpacaEval table that chose them).
+#: ``train --table``'s label-panel weight, warm-start sources and their share, and its gate's shift: the
+#: chat recipe's gate (shift 2) lowers short open prompts a table may label hard, shift 4 only requests that
+#: look far more like an easy anchor (docs/retraining.md has the 5-fold numbers on the shared AlpacaEval
+#: table and the sanity suite that chose them).
 TABLE_PANEL_WEIGHT = 0.5
 TABLE_WARM_START = ("arena_bench_v1", "routellm_mtbench")
 TABLE_WARM_START_SHARE = 0.5
+TABLE_GATE_SHIFT = 4.0
 
 
 def _split_names(values: tuple[str, ...]) -> tuple[str, ...]:
@@ -128,6 +131,7 @@ def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: b
     from pointsman.training.train import train
     names = _split_names(tables) or DEFAULT_TRAINING_SOURCES
     panel_w, share = 0.0, 0.0  # the public-sources recipe has neither a label panel nor a warm start
+    gate_shift = TrainConfig.gate_shift
     warm: tuple[str, ...] = ()
     try:
         sources = None
@@ -140,6 +144,7 @@ def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: b
                 n for n in _split_names((warm_start,)) if n != "none")
             panel_w = TABLE_PANEL_WEIGHT if panel_weight is None else panel_weight
             share = TABLE_WARM_START_SHARE if warm_start_share is None else warm_start_share
+            gate_shift = TABLE_GATE_SHIFT
         cfg = TrainConfig(
             encoder=encoder,
             sources=names,
@@ -150,6 +155,7 @@ def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: b
             panel_weight=panel_w,
             warm_start=warm,
             warm_start_share=share,
+            gate_shift=gate_shift,
         )
         result = train(cfg, output, register=not no_register, use_mlflow=not no_mlflow,
                        evals=parsed_evals, command=invoked_command(), log=progress_log(as_json), sources=sources,

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from pointsman.cli.training import register
+from pointsman.cli.training import TABLE_GATE_SHIFT, register
 from pointsman.estimator.model_source import bundled_model_dir
+from pointsman.training.recipe import TrainConfig
 
 TOPICS_HARD = ["Prove that {} is irrational.", "Derive the closed form of the {} recurrence and prove it.",
                "Implement a lock-free {} in C++ and argue linearizability."]
@@ -211,6 +212,7 @@ def test_crossval_refits_the_recipes_gate(cli, table, tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     recipe = json.loads((gated / "manifest.json").read_text())["training"]["recipe"]
     assert recipe["easy_anchors"] is True and recipe["gate_weight"] > 0
+    assert recipe["gate_shift"] == TABLE_GATE_SHIFT != TrainConfig.gate_shift  # a table's gate, not the chat recipe's
     plain = tmp_path / "plain"
     shutil.copytree(gated, plain)
     manifest = json.loads((plain / "manifest.json").read_text())
