@@ -35,6 +35,8 @@ from dataclasses import dataclass
 MAX_ID_CHARS = 1024
 #: Bytes of the HMAC-SHA256 kept in an id (96 bits).
 MAC_BYTES = 12
+#: The claims' compact JSON (``json.dumps(..., separators=(",", ":"))``'s encoder, built once).
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -73,15 +75,18 @@ def _unb64(text: str) -> bytes:
 
 class DecisionSigner:
     """Signs and verifies decision ids with one shared ``key`` (bytes, at least 16).
-    Thread-safe (stateless). Raises ``ValueError`` for a short key."""
+    Thread-safe (its keyed HMAC state is only ever copied). Raises ``ValueError`` for a short key."""
 
     def __init__(self, key: bytes) -> None:
         if len(key) < 16:
             raise ValueError("a decision signing key needs at least 16 bytes")
         self._key = bytes(key)
+        self._keyed = hmac.new(self._key, digestmod=hashlib.sha256)  # never updated: only copied
 
     def _mac(self, signed: str) -> str:
-        return _b64(hmac.new(self._key, signed.encode(), hashlib.sha256).digest()[:MAC_BYTES])
+        mac = self._keyed.copy()  # the key's pads hashed once (``__init__``): ~30% of an HMAC's cost
+        mac.update(signed.encode())
+        return _b64(mac.digest()[:MAC_BYTES])
 
     def sign(self, base_id: str, *, target: str, mode: str, scopes: tuple[str, ...], estimated_cost_usd: float,
              prefill_utilization: float, decode_utilization: float, inbox: str, prompt_tokens: int = 0,
@@ -91,7 +96,7 @@ class DecisionSigner:
                    "du": decode_utilization, "i": inbox, "p": int(prompt_tokens)}
         if output_cap_tokens:
             payload["o"] = int(output_cap_tokens)
-        signed = f"{base_id}.{_b64(json.dumps(payload, separators=(',', ':')).encode())}"
+        signed = f"{base_id}.{_b64(_COMPACT.encode(payload).encode())}"
         return f"{signed}.{self._mac(signed)}"
 
     def sign_escalation(self, decision_id: str, *, target: str, mode: str, estimated_cost_usd: float,
@@ -100,7 +105,7 @@ class DecisionSigner:
         (``issued_s``: Unix seconds of its hold)."""
         payload = {"t": target, "m": mode, "e": estimated_cost_usd, "pu": prefill_utilization,
                    "du": decode_utilization, "ts": int(issued_s * 1000)}
-        signed = f"{decision_id}{ESCALATION_SUFFIX}.{_b64(json.dumps(payload, separators=(',', ':')).encode())}"
+        signed = f"{decision_id}{ESCALATION_SUFFIX}.{_b64(_COMPACT.encode(payload).encode())}"
         return f"{signed}.{self._mac(signed)}"
 
     def verify(self, decision_id: str) -> Claims | None:
