@@ -440,7 +440,8 @@ class FleetState:
             except LedgerUnavailable:
                 if not self.budget_fail_open:
                     raise
-        record = replace(record, reserved=reserved)
+        if record.reserved != reserved:
+            record = replace(record, reserved=reserved)
         self._apply_dispatch(record, dispatch.block_hashes, dispatch.gateway_ids, dispatch.session_id)
         if self.sync.shared:
             self.sync.dispatch(_shared(record, self._wall_of(at)), dispatch.block_hashes, dispatch.gateway_ids,
