@@ -57,6 +57,9 @@ def test_accept_settles_the_draft_and_replays(tmp_path):
     with client:
         d = _route(client)
         assert d["target"] == "onprem-8b" and engine.state.record(d["decision_id"]) is not None
+        held = client.app.state.runtime.cascade.get(d["decision_id"]).decision
+        # held for the verify without its trace builder (which keeps the decision's signals alive): the same decision
+        assert held.trace_builder is None and held.to_dict(explain=False) == d
         body = {"decision_id": d["decision_id"], "draft": {"text": GOOD, "finish_reason": "stop",
                                                           "logprobs": [-0.1, -0.3, -0.05]},
                 "usage": {"prompt_tokens": 12, "completion_tokens": 120}}
