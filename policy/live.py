@@ -19,6 +19,7 @@ policy's ``context_plan`` names, nothing more.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -395,21 +396,13 @@ class LiveSignals:
             else:  # an unhealthy endpoint's load says nothing about where a request can run
                 self.healthy_ids(target, role)
                 readings.extend(x for x, ok in zip(view.loads, view.healthy) if x is not None and ok)
-        out = TargetLoad(readings, self.now_mono, self.state.endpoint_count(target),
-                         self.healthy_endpoints(target), lambda: self._prefill_state(target))
+        # the prefill pool's view (built above), not ``self``: a TargetLoad holding this LiveSignals would
+        # make a reference cycle, so every decision's signals would wait for the cyclic garbage collector
+        out = TargetLoad(readings, self.now_mono, self.state.endpoint_count(target), self.healthy_endpoints(target),
+                         functools.partial(_prefill_state, self._views.get((target, "prefill")), self.prompt_tokens,
+                                           self.policy.disaggregation.max_prefill_queue_s))
         self._load[target] = out
         return out
-
-    def _prefill_state(self, target: str) -> tuple[float | None, bool]:
-        """(least predicted prefill queue seconds over healthy prefill endpoints, saturated?)."""
-        if "prefill" not in self.roles(target):
-            return None, False
-        view = self.pool_view(target, "prefill")
-        queues = QueueScorer().score(PickInput(self.prompt_tokens, 0), view)
-        ok = [(q, x) for q, x, h in zip(queues, view.loads, view.healthy) if h]
-        limit = self.policy.disaggregation.max_prefill_queue_s
-        queue_s = min((q for q, _ in ok), default=None)
-        return queue_s, not ok or all(q >= limit or (x is not None and x.saturated) for q, x in ok)
 
     def local_ids(self, target: str) -> set[str]:
         """Healthy endpoint ids of ``target`` that serve a request locally (aggregated, decode, api)."""
@@ -757,6 +750,18 @@ class StaticSignals:
         if path.startswith("load[\""):
             return number(self.load(path[6:path.index("\"]")]), "age_s")
         return 0.0
+
+
+def _prefill_state(view: PoolView | None, prompt_tokens: int, limit_s: float) -> tuple[float | None, bool]:
+    """(least predicted prefill queue seconds over the healthy endpoints of a target's prefill pool
+    ``view``, saturated?): a queue of ``limit_s`` or more, or a saturated reading, on every one (or none
+    healthy); (None, False) without a prefill pool."""
+    if view is None:
+        return None, False
+    queues = QueueScorer().score(PickInput(prompt_tokens, 0), view)
+    ok = [(q, x) for q, x, h in zip(queues, view.loads, view.healthy) if h]
+    queue_s = min((q for q, _ in ok), default=None)
+    return queue_s, not ok or all(q >= limit_s or (x is not None and x.saturated) for q, x in ok)
 
 
 def predict_signals(chosen: Prediction | None, aggregated: Prediction | None, disaggregated: Prediction | None,
