@@ -231,3 +231,27 @@ rules:
     d = engine.route(req())
     assert d.rule == "default" and d.endpoints[0].name == "llama-8b-1"  # the picker's choice, not busy
     assert d.trace["signals"]["endpoint.num_requests_waiting [onprem-8b]"] == {"value": 1, "age_s": 1.0}
+
+
+def test_a_decision_leaves_no_reference_cycle(fleet):
+    """Every decision's signals, pool views and picks are freed when the decision is dropped, not left
+    to the cyclic garbage collector (whose full passes scan whatever it has not freed yet): the default
+    policy reads load, predictions, cache and endpoint signals for an easy prompt and a hard one."""
+    import gc
+
+    from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH
+
+    state = FleetState(fleet, clock=lambda: NOW, monotonic=Clock())
+    for p_hard in (0.1, 0.9):
+        engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(p_hard), state=state)
+        engine.route(req("warm up", session_id="s"))
+        gc.collect()
+        gc.disable()
+        try:
+            for i in range(20):
+                decision = engine.route(req(f"question {i} " * (i + 1), session_id=f"s{i % 3}", tenant="t"))
+                assert decision.trace["rules"]  # built from the decision's signals, then dropped with it
+                del decision
+            assert gc.collect() == 0
+        finally:
+            gc.enable()
