@@ -116,7 +116,7 @@ class PendingDrafts:
         reads and which holds every signal, pool view and pick of the decision (~100 objects the garbage
         collector's full passes would scan for ``ttl_s``, against ~30 for the copy)."""
         now = time.monotonic() if now_mono is None else now_mono
-        held = replace(decision, trace_builder=None)
+        held = decision if decision.trace_builder is None else replace(decision, trace_builder=None)
         with self._lock:
             self._items[decision.decision_id] = Pending(held, now)
             while len(self._items) > self.max_entries:

@@ -356,8 +356,7 @@ class _Stream:
         except RequestError as exc:
             err = invalid(exc)
             return self._refuse(HTTPError(400, err.message, param=err.param, code=err.code), "bad_request")
-        self.decision = decision
-        commit_decision(rt, decision, request, engine.estimator, started)
+        self.decision = commit_decision(rt, decision, request, engine.estimator, started)  # held for the stream
         self.server.count("routed")
         return Answer(self._routed(decision, raw, body, body_ends))
 

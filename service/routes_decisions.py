@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Set as AbstractSet
+from dataclasses import replace
 
 from fastapi import APIRouter, Depends, Request
 
@@ -122,16 +123,21 @@ def answered(rt: Runtime, engine: RoutingEngine, request: RouteRequest, decision
     return response
 
 
-def commit_decision(rt: Runtime, decision: Decision, request: RouteRequest, estimator: Estimator, started: float) -> None:
+def commit_decision(rt: Runtime, decision: Decision, request: RouteRequest, estimator: Estimator,
+                    started: float) -> Decision:
     """Hand an answered decision to the decision log writer and count it (``started``: ``perf_counter``
-    when its body was complete). ``/v1/route`` and the ext_proc endpoint picker both call this."""
-    rt.writer.submit(decision, request, estimator)
+    when its body was complete). ``/v1/route`` and the ext_proc endpoint picker both call this. Returns
+    what the writer (and the cascade) hold: the decision without its trace builder (the answer is written;
+    the builder keeps every signal, pool view and pick of the decision alive while they hold it)."""
+    kept = replace(decision, trace_builder=None)
+    rt.writer.submit(kept, request, estimator)
     if rt.live.engine.policy.verify is not None:  # the gateway may verify its draft (POST /v1/verify)
-        rt.cascade.add(decision)
+        rt.cascade.add(kept)
     metrics = rt.metrics
     metrics.observe_decision(decision, time.perf_counter() - started)
     if not decision.difficulty_available:
         metrics.observe_unavailable(decision.difficulty_error)
+    return kept
 
 
 @router.post("/v1/route", response_model=RouteResponse, responses=ROUTE_ERRORS,
