@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -112,13 +112,10 @@ class PendingDrafts:
         self._lock = threading.Lock()
 
     def add(self, decision: Decision, now_mono: float | None = None) -> None:
-        """Hold ``decision`` for verification: a copy without its trace builder, which a verify never
-        reads and which holds every signal, pool view and pick of the decision (~100 objects the garbage
-        collector's full passes would scan for ``ttl_s``, against ~30 for the copy)."""
+        """Hold ``decision`` for verification."""
         now = time.monotonic() if now_mono is None else now_mono
-        held = decision if decision.trace_builder is None else replace(decision, trace_builder=None)
         with self._lock:
-            self._items[decision.decision_id] = Pending(held, now)
+            self._items[decision.decision_id] = Pending(decision, now)
             while len(self._items) > self.max_entries:
                 self._items.popitem(last=False)
 
