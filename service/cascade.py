@@ -3,7 +3,9 @@ of ``POST /v1/verify`` (``routes_verify.py``).
 
 ``PendingDrafts`` holds, per decision this process answered while its policy had a ``verify``
 section, what a verify needs (the ``Decision`` with its request view) for ``ttl_s`` seconds,
-at most ``max_entries`` of them (the oldest forgotten first), and each decision's first
+at most ``max_entries`` of them holding at most ``max_chars`` characters of request text (the
+oldest forgotten first: a verify of a forgotten decision is 410, and the gateway keeps its draft;
+an escalation is then read from the outcome log, which logged it), and each decision's first
 verify answer (a repeated verify replays it) and escalation (the gateway's outcome settles
 it). Another process sharing the state relays a verify here (``verify_relay.py``); without
 shared state a verify must reach the process that made the decision (elsewhere: 410). Thread-safe.
@@ -98,30 +100,48 @@ class Pending:
 
     decision: Decision
     made_mono: float
+    chars: int = 0
     answer: dict[str, object] | None = None
     escalation: tuple[str, str] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class PendingDrafts:
-    """Decisions that may still be verified (see the module). ``PendingDrafts(ttl_s, max_entries)``."""
+    """Decisions that may still be verified (see the module). ``PendingDrafts(ttl_s, max_entries,
+    max_chars)``: ``max_chars`` bounds the request text held (characters of the messages' texts), so
+    memory stays bounded whatever the prompts' length (100,000 decisions of 100k-token prompts held
+    for the TTL would be tens of GB)."""
 
-    def __init__(self, ttl_s: float = 600.0, max_entries: int = 100_000) -> None:
-        self.ttl_s, self.max_entries = float(ttl_s), int(max_entries)
+    def __init__(self, ttl_s: float = 600.0, max_entries: int = 100_000, max_chars: int = 256 * 2**20) -> None:
+        self.ttl_s, self.max_entries, self.max_chars = float(ttl_s), int(max_entries), int(max_chars)
         self._items: OrderedDict[str, Pending] = OrderedDict()
+        self._chars = 0
         self._lock = threading.Lock()
 
     def add(self, decision: Decision, now_mono: float | None = None) -> None:
-        """Hold ``decision`` for verification."""
+        """Hold ``decision`` for verification, forgetting the oldest held decisions while one is past
+        ``ttl_s`` or the held ones exceed ``max_entries`` or ``max_chars`` (this one is kept)."""
         now = time.monotonic() if now_mono is None else now_mono
+        view = decision.request_view
+        chars = sum(map(len, view.texts)) if view is not None else 0
         with self._lock:
-            self._items[decision.decision_id] = Pending(decision, now)
-            while len(self._items) > self.max_entries:
+            old = self._items.pop(decision.decision_id, None)
+            if old is not None:
+                self._chars -= old.chars
+            self._items[decision.decision_id] = Pending(decision, now, chars)
+            self._chars += chars
+            while len(self._items) > 1:
+                first = next(iter(self._items.values()))
+                if now - first.made_mono <= self.ttl_s and len(self._items) <= self.max_entries \
+                        and self._chars <= self.max_chars:
+                    break
                 self._items.popitem(last=False)
+                self._chars -= first.chars
 
     def get(self, decision_id: str, now_mono: float | None = None) -> Pending | None:
         """The pending decision, or None when unknown here or older than ``ttl_s`` (then forgotten,
-        unless it was escalated: its escalation is kept until ``escalation_of`` is asked)."""
+        unless it was escalated: its escalation is kept until ``add`` forgets it, after ``ttl_s`` too; the outcome
+        log has it then)."""
         now = time.monotonic() if now_mono is None else now_mono
         with self._lock:
             item = self._items.get(decision_id)
@@ -129,6 +149,7 @@ class PendingDrafts:
                 return item
             if item.escalation is None:
                 del self._items[decision_id]
+                self._chars -= item.chars
             return None
 
     def escalation_of(self, decision_id: str) -> tuple[str, str] | None:

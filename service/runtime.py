@@ -220,7 +220,8 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
     writer = DecisionLogWriter(outcome_log, flush_interval_s=settings.decision_log_flush_ms / 1000.0,
                                max_queue=settings.decision_log_queue, on_result=on_log).start()
     rt = Runtime(settings, LiveEngine(engine, estimator_error), metrics, outcome_log, writer, owns_engine,
-                 cascade=PendingDrafts(settings.verify_ttl_s, settings.verify_max_pending),
+                 cascade=PendingDrafts(settings.verify_ttl_s, settings.verify_max_pending,
+                                               settings.verify_max_pending_chars),
                  verifier=load_verifier(settings.verifier))
     if estimator_error is None:
         rt.live = LiveEngine(engine.with_estimator(rt.wrap(engine.estimator)), None)

@@ -500,3 +500,46 @@ def test_a_kept_draft_after_a_prefix_verify_is_paid_once_and_closes_the_escalati
                                                       "usage": {"prompt_tokens": 12, "completion_tokens": 16}})
         assert cancelled.status_code == 422 and cancelled.json()["error"]["param"] == "served_target"
         assert engine.state.record(v3["escalation_id"]) is not None
+
+
+def test_the_request_text_held_for_verification_is_bounded(tmp_path):
+    """``POINTSMAN_VERIFY_MAX_PENDING_CHARS``: a decision is held with its request view until verified or
+    expired; with long prompts 100,000 held decisions would be tens of GB. Past the cap the oldest are
+    forgotten (410: the gateway keeps its draft), the newest still verify."""
+    client, _ = _app(tmp_path, verify_max_pending_chars=2500)
+    with client:
+        ids = [_route(client, f"Explain the rules of kickball, variant {i}. " + "x" * 1000)["decision_id"]
+               for i in range(3)]
+        codes = [client.post("/v1/verify", json={"decision_id": i, "draft": {"text": GOOD, "finish_reason": "stop"},
+                                                 "usage": {"completion_tokens": 20}}).status_code for i in ids]
+    assert codes == [410, 200, 200]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(adds=st.lists(st.tuples(st.integers(0, 400), st.floats(0, 50)), min_size=1, max_size=40),
+       max_entries=st.integers(1, 8), max_chars=st.integers(1, 1500))
+def test_pending_drafts_forget_the_oldest_first_within_every_bound(adds, max_entries, max_chars):
+    """Over any sequence of decisions (request text length, seconds since the previous one): after each
+    add the held decisions are the newest ones (a suffix, in order), the one just added among them, and
+    unless it is alone, they fit ``max_entries`` and ``max_chars`` and none is older than the TTL."""
+    from pointsman.policy.decision import Decision
+    from pointsman.request import RequestView, parse_route_request
+    from pointsman.service.cascade import PendingDrafts
+
+    ttl = 60.0
+    pending = PendingDrafts(ttl, max_entries, max_chars)
+    now, made, sizes = 0.0, [], []
+    for i, (chars, gap) in enumerate(adds):
+        now += gap
+        view = RequestView.of(parse_route_request({"messages": [{"role": "user", "content": "q" * max(chars, 1)}]}))
+        decision = Decision(f"d{i}", "t", "m", "", "aggregated", (), (), 0.0, "r", None, False, 1, "", "", "", {},
+                            request_view=view)
+        pending.add(decision, now)
+        made.append(now)
+        sizes.append(max(chars, 1))
+        held = [j for j in range(i + 1) if pending.get(f"d{j}", now) is not None]
+        assert held == list(range(i + 1 - len(held), i + 1)) and held[-1] == i
+        if len(held) > 1:
+            assert len(held) <= max_entries and sum(sizes[j] for j in held) <= max_chars
+            assert all(now - made[j] <= ttl for j in held)
+        assert len(pending) == len(held)
