@@ -9,7 +9,8 @@ Batch bodies (one JSON object or a list of at most ``MAX_BATCH``) are read with 
 One outcome, as JSON (every field but ``decision_id`` is optional)::
 
     {"decision_id": "0190f3c2a1b2...",          # from the decision (x-pointsman-decision-id)
-     "outcome_id": "0190f3c2a1b2...-shadow-1",   # default: the decision id (one outcome per decision)
+     "outcome_id": "0190f3c2a1b2...-shadow-1",   # default: the decision id (one outcome per decision; a
+                                                #   shadow's: <decision id>/shadow:<served_target>)
      "served_target": "onprem-8b",              # the fleet target that answered (fallback, experiment);
      "served_model": "llama-3.1-8b",            #   default: the decision's target; upstream model name
      "shadow": false,                           # true: answered for evaluation only, never shown to the user
@@ -170,8 +171,12 @@ class OutcomeIn(_Strict):
 
     @property
     def key(self) -> str:
-        """The idempotency key: ``outcome_id``, else ``decision_id``."""
-        return self.outcome_id or self.decision_id
+        """The idempotency key: ``outcome_id``, else ``decision_id`` for the decision's one outcome and
+        ``<decision_id>/shadow:<served_target>`` for a shadow's (one per target), so a shadow outcome
+        never takes the key of the outcome that settles the decision."""
+        if self.outcome_id:
+            return self.outcome_id
+        return f"{self.decision_id}/shadow:{self.served_target or ''}" if self.shadow else self.decision_id
 
 
 class OutcomeItemError(RequestError):

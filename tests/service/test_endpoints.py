@@ -429,3 +429,23 @@ def test_a_failed_or_timed_out_answer_that_had_started_books_its_estimate(client
         assert ack["released"] is False, ack
     for ack in acks[2:]:
         assert ack["released"] is True and ack["settlement"] is None, ack
+
+
+def test_a_shadow_outcome_without_its_own_id_leaves_the_decision_to_its_real_outcome(client):
+    """A shadow answer (evaluation only) reported first, without an ``outcome_id``, took the decision
+    id as its key: the real outcome was then a 409 conflict, stored nowhere and never settled (its
+    spend unbooked, its hold kept to the TTL). A shadow's default key is now its own, one per target."""
+    d = route(client)
+    shadow = {"decision_id": d["decision_id"], "shadow": True, "served_target": "frontier-large",
+              "usage": {"prompt_tokens": 12, "completion_tokens": 30}, "quality": {"judge_score": 0.7}}
+    first = client.post("/v1/outcomes", json=shadow).json()["acks"][0]
+    assert first["status"] == "stored" and first["settlement"] is None
+    real = client.post("/v1/outcomes", json={"decision_id": d["decision_id"],
+                                             "usage": {"prompt_tokens": 12, "completion_tokens": 40}})
+    ack = real.json()["acks"][0]
+    assert real.status_code == 200 and ack["status"] == "stored", real.text
+    assert ack["settlement"]["replayed"] is False and ack["settlement"]["actual_cost_usd"] > 0
+    again = client.post("/v1/outcomes", json=shadow).json()["acks"][0]
+    assert again["status"] == "duplicate"
+    other = client.post("/v1/outcomes", json={**shadow, "served_target": "frontier-small"}).json()["acks"][0]
+    assert other["status"] == "stored"
