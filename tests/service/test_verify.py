@@ -5,6 +5,7 @@ gateway's one outcome settling it and stored once; 404 / 409 / 410; bad input ne
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 
 import pytest
 from fastapi.testclient import TestClient
@@ -37,6 +38,21 @@ def _app(tmp_path, **extra: object) -> tuple[TestClient, RoutingEngine]:
                  scrape_interval_s=0, **extra)
     engine = RoutingEngine(fleet, load_policy(policy_path, fleet), FixedDifficulty(0.3), state=build_state(s, fleet))
     return TestClient(create_app(s, engine=engine, owns_engine=True)), engine
+
+
+def _budgeted_app(tmp_path) -> tuple[TestClient, RoutingEngine, Callable[[], tuple[float, float]]]:
+    """``_app`` with a $100 day budget on ``tenant:acme`` and its (settled, held) USD reader."""
+    budgets = tmp_path / "budgets.yaml"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:acme', window: day, limit_usd: 100}\n")
+    client, engine = _app(tmp_path / "svc", budgets_path=budgets)
+
+    def spend() -> tuple[float, float]:
+        b = client.get("/v1/budgets").json()["budgets"][0]
+        return b["settled_usd"], b["held_usd"]
+
+    return client, engine, spend
 
 
 def _metric(client: TestClient, name: str, target: str) -> float:
@@ -125,15 +141,7 @@ def test_a_cancelled_early_draft_is_paid_once_and_its_escalation_released_once(t
     and load; a longer prefix verified again changes nothing; the cancelled draft's own report is
     refused (it would book its tokens again and settle the escalation with them); the escalated call's
     outcome settles the escalation hold once, and a retry of it books nothing."""
-    budgets = tmp_path / "budgets.yaml"
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
-                       "  - {scope: 'tenant:acme', window: day, limit_usd: 100}\n")
-    client, engine = _app(tmp_path / "svc", budgets_path=budgets)
-
-    def spend() -> tuple[float, float]:
-        b = client.get("/v1/budgets").json()["budgets"][0]
-        return b["settled_usd"], b["held_usd"]
+    client, engine, spend = _budgeted_app(tmp_path)
 
     with client:
         d = client.post("/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": "Explain kickball."}],
@@ -451,15 +459,7 @@ def test_a_kept_draft_after_a_prefix_verify_is_paid_once_and_closes_the_escalati
     beyond the prefix went unbooked and the escalation held its frontier estimate until the TTL. A
     ``cancelled`` draft report is still refused, and an escalated call reported after the kept draft is
     not booked silently."""
-    budgets = tmp_path / "budgets.yaml"
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
-                       "  - {scope: 'tenant:acme', window: day, limit_usd: 100}\n")
-    client, engine = _app(tmp_path / "svc", budgets_path=budgets)
-
-    def spend() -> tuple[float, float]:
-        b = client.get("/v1/budgets").json()["budgets"][0]
-        return b["settled_usd"], b["held_usd"]
+    client, engine, spend = _budgeted_app(tmp_path)
 
     def early(completion: int) -> tuple[dict, dict, dict]:
         d = client.post("/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": "Explain kickball."}],
