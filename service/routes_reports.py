@@ -255,7 +255,8 @@ def _settle_kept_draft(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation
     verify of the whole draft the verify booked exactly that draft, so the escalation is released
     (``entry["released"]``). After a verify of its first ``tokens`` tokens the verify booked the prompt and
     those tokens; the rest of the draft (the report's completion tokens beyond them, else the decision's
-    output cap beyond them when the report has no usage but its answer ran) is booked under the escalation
+    output estimate beyond them when the report has no usage but its answer ran: its cap, else the target's
+    default output tokens, ``Fleet.output_tokens``) is booked under the escalation
     id on the draft's target, which settles the escalation's hold (``entry["settlement"]``): the draft paid
     once, the hold released once. Raises ``LedgerUnavailable``."""
     state = rt.live.engine.state
@@ -267,8 +268,13 @@ def _settle_kept_draft(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation
     if reported is not None:
         rest = (reported.completion_tokens or 0) - prefix
     elif books_estimate:
+        # the decision's output estimate, as an ok outcome without usage books (``estimate_booking``): its cap,
+        # else the target's default; the cap alone is 0 without max_tokens, which booked nothing past the prefix
         record = state.known(item.decision_id)
-        rest = (record.output_cap_tokens if record is not None else 0) - prefix
+        fleet = rt.live.engine.fleet
+        cap = record.output_cap_tokens if record is not None else 0
+        target = item.served_target
+        rest = (fleet.output_tokens(target, cap or None) if target in fleet.targets else cap) - prefix
     else:
         entry["released"] = bool(state.release(escalation_id))
         return

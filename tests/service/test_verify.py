@@ -543,3 +543,37 @@ def test_pending_drafts_forget_the_oldest_first_within_every_bound(adds, max_ent
             assert len(held) <= max_entries and sum(sizes[j] for j in held) <= max_chars
             assert all(now - made[j] <= ttl for j in held)
         assert len(pending) == len(held)
+
+
+def test_a_kept_draft_without_usage_books_its_output_estimate_beyond_the_prefix(tmp_path):
+    """A kept draft reported ``ok`` without usage (its answer ran; the gateway lost the usage chunk) books
+    the decision's output estimate beyond the verified prefix, as any ok outcome without usage books its
+    estimate (``estimate_booking``). Without ``max_tokens`` that estimate is the target's default output
+    tokens: before, the kept draft booked the cap alone, 0 - 16 -> 0 tokens, so the draft cost only its
+    verified prefix ($6.7e-07 of an $8.3e-06 estimate) while the ack looked settled."""
+    budgets = tmp_path / "budgets.yaml"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:acme', window: day, limit_usd: 100}\n")
+    client, engine = _app(tmp_path / "svc", budgets_path=budgets)
+
+    def kept(extra: dict) -> tuple[dict, dict]:
+        d = client.post("/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": "Explain kickball."}],
+                                           "routing": {"tenant": "acme"}, **extra}).json()
+        v = client.post("/v1/verify", json={"decision_id": d["decision_id"], "draft": {"text": REFUSAL[:24], "partial": True},
+                                            "usage": {"prompt_tokens": 12, "completion_tokens": 16}}).json()
+        assert v["action"] == "escalate" and v["draft"]["tokens"] == 16
+        r = client.post("/v1/outcomes", json={"decision_id": d["decision_id"], "status": "ok",
+                                              "served_target": d["target"]})
+        assert r.status_code == 200, r.text
+        return d, r.json()["acks"][0]["settlement"]
+
+    with client:
+        d, s = kept({})
+        assert s["target"] == d["target"] and engine.state.record(s["decision_id"]) is None
+        default = engine.fleet.output_tokens(d["target"], None)
+        _, capped = kept({"max_tokens": default})  # the same output estimate, stated by the client
+        assert capped["actual_cost_usd"] > 0
+        assert s["actual_cost_usd"] == pytest.approx(capped["actual_cost_usd"], rel=1e-9)
+        held = client.get("/v1/budgets").json()["budgets"][0]["held_usd"]
+        assert held == 0.0
