@@ -12,6 +12,9 @@ gap, loads it whole) and a stream of changes (so running processes follow in ord
     {P}health                 hash    endpoint id -> reason, for endpoints marked unhealthy
     {P}sess:<session_id>      string  the session's last (target, endpoint) (TTL = session TTL; for
                                       operators: processes learn sessions from the stream)
+    {P}reloads                hash    file (policy, fleet, budgets) -> how many times an admin reloaded it
+                                      through an endpoint; a process back from a gap re-reads those whose
+                                      count changed (the announce in the stream may fall in the gap)
     {P}changes                stream  one entry per change: dispatch, release, telemetry, health, and
                                       an admin's reload of a file (each process re-reads its own copy)
                                       (capped at ``stream_max_len`` entries, approximately)
@@ -569,6 +572,8 @@ class RedisSync:
         self._take = client.register_script(_TAKE)
         self.inbox = ""
         self._unsent: deque[str] = deque(maxlen=MAX_UNSENT_RELEASES)  # releases Redis did not take
+        self._unsent_reloads: dict[str, None] = {}  # reload announcements Redis did not take, in order
+        self._reload_counts: dict[str, str] = {}  # {P}reloads as of the last load
         self._deliver: Deliver | None = None
         self._telemetry = client.register_script(_TELEMETRY)
         self._health = client.register_script(_HEALTH)
@@ -718,10 +723,39 @@ class RedisSync:
             str(self.stream_max_len)]))
 
     def announce_reload(self, what: str) -> None:
-        """Append a ``reload`` change naming ``what`` to the change stream."""
+        """Count the reload of ``what`` in ``{P}reloads`` and append a ``reload`` change naming it to the
+        change stream. When Redis fails it is kept and announced once the reader is back (``_send_reloads``),
+        and every process compares the counts at each reconnect (``_missed_reloads``): before, an announce
+        while Redis was down was dropped, the endpoint answered ok, and the other workers kept the old file."""
+        try:
+            self._announce(what)
+        except self._errors as exc:
+            self._write_failed("reload")(exc)
+            with self._lock:
+                self._unsent_reloads[what] = None
+
+    def _announce(self, what: str) -> None:
         change = Change("reload", self.origin, time.time(), reason=what)
-        self._write("reload", lambda: self.client.xadd(f"{self.prefix}changes", {"c": change.to_json()},
-                                                       maxlen=self.stream_max_len, approximate=True))
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hincrby(f"{self.prefix}reloads", what, 1)
+        pipe.xadd(f"{self.prefix}changes", {"c": change.to_json()}, maxlen=self.stream_max_len, approximate=True)
+        pipe.execute()
+
+    def _send_reloads(self) -> None:
+        """Announce the reloads Redis did not take while it was away. Raises what Redis raises (kept)."""
+        with self._lock:
+            pending = list(self._unsent_reloads)
+        for what in pending:
+            self._announce(what)
+            with self._lock:
+                self._unsent_reloads.pop(what, None)
+
+    def _missed_reloads(self, first: bool) -> list[str]:
+        """The files another process reloaded while this reader was away: those whose ``{P}reloads`` count
+        changed since the last load (none at the first). Raises what Redis raises."""
+        counts = {str(k): str(v) for k, v in dict(self.client.hgetall(f"{self.prefix}reloads")).items()}
+        seen, self._reload_counts = self._reload_counts, counts
+        return [] if first else [what for what, n in counts.items() if seen.get(what) != n]
 
     def on_reload(self, hook: Callable[[str], object]) -> None:
         """Hand the others' ``reload`` changes to ``hook`` (``StateSync.on_reload``)."""
@@ -737,9 +771,14 @@ class RedisSync:
         with self._lock:
             self._apply, self._reload = apply, reload
         last = self._load(reload)
+        if last is not None:
+            try:
+                self._missed_reloads(first=True)  # the reloads counted so far: this process read its files since
+            except self._errors as exc:
+                log.warning("cannot read the shared reload counts: %s", exc)
         if self._thread is None:
-            self._thread = threading.Thread(target=self._follow, args=(last,), name="pointsman-state-sync",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._follow, args=(last, last is None),
+                                            name="pointsman-state-sync", daemon=True)
             self._thread.start()
 
     def _load(self, reload: Callable[[SharedView], None]) -> str | None:
@@ -775,7 +814,9 @@ class RedisSync:
             self._status.reloads += 1
         return str(last)
 
-    def _follow(self, last: str | None) -> None:
+    def _follow(self, last: str | None, first: bool) -> None:
+        """Follow the stream from ``last`` (None: load the whole state first; ``first``: that load is the
+        process's first, so no reload was missed before it)."""
         stream = f"{self.prefix}changes"
         inbox_last = "0-0"  # delivered entries are deleted: what is left is still to deliver
         while not self._stop.is_set():
@@ -789,9 +830,20 @@ class RedisSync:
                 if last is not None:
                     try:
                         self._send_releases()
+                        self._send_reloads()
+                        missed = self._missed_reloads(first)
                     except self._errors as exc:
-                        log.warning("releases not published yet: %s", exc)
+                        log.warning("releases or reloads not published yet: %s", exc)
                         last = None
+                        continue
+                    first = False
+                    with self._lock:
+                        hook = self._reload_hook
+                    for what in missed:
+                        try:
+                            hook(what)
+                        except Exception:  # noqa: BLE001 - one bad file must not stop the follower
+                            log.exception("reloading %s announced while this process was away failed", what)
                 continue
             inbox_stream = f"{self.prefix}inbox:{inbox}" if inbox and deliver is not None else None
             try:
