@@ -45,7 +45,9 @@ one acknowledgement per item. 503 when the outcome log is unavailable (nothing a
 settlement (outcomes stored; retry: the retry is a duplicate and settles).
 
 Outcomes other replicas forward to this one (``deliver_forwarded``, from the shared-state
-reader) are stored the same way, without settling (the receiving replica settled them).
+reader) are stored the same way, without settling (the receiving replica settled them), but for a
+draft the gateway kept of a decision this replica's verify escalated: only here are the escalation
+and the verified prefix known, so it is settled here (``_settle_kept_draft``).
 
 ``POST /v1/telemetry`` takes one load report or a list: ``{"endpoint": ..., "load":
 {vLLM-named fields}, "healthy": ..., "reason": ...}``. Every report is validated first
@@ -394,9 +396,11 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
     impossible on its target, ``usage_problem``, or a decision of another gateway key than
     ``caller``'s, ``not_the_callers``; fields prefixed ``[i]`` when ``indexed``) is not
     stored and gets status ``invalid``, its ``message`` naming the fields, and its error under
-    the ``problem`` key. Without ``settle`` (outcomes forwarded here) nothing is settled or
-    forwarded again. Raises ``HTTPError`` 503 when the outcome log, the shared state (for an
-    outcome to forward) or the ledger is unavailable."""
+    the ``problem`` key. Without ``settle`` (outcomes forwarded here) nothing is forwarded again and
+    nothing is settled but a draft the gateway kept of a decision this replica's verify escalated
+    (``_settle_kept_draft``: only here are that escalation and the verified prefix known). Raises
+    ``HTTPError`` 503 when the outcome log, the shared state (for an outcome to forward) or the ledger
+    is unavailable."""
     rt.writer.flush(timeout_s=FLUSH_WAIT_S)  # this process's decisions first, so its own outcomes join in the log
     state = rt.live.engine.state
     sync = state.sync
@@ -450,9 +454,14 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
             assert ack is not None and isinstance(item, OutcomeIn)
             entry = {"outcome_id": ack.outcome_id, "decision_id": ack.decision_id, "status": ack.status,
                      "message": ack.message}
-            if settle and (ack.ok or ack.status == "forwarded"):
+            escalation = escalations.get(i)
+            if settle and (ack.ok or ack.status == "forwarded") or not settle and ack.ok and escalation is not None \
+                    and _reports_the_draft(rt, item, escalation):
+                # forwarded here: a kept draft of a decision this replica verified and escalated is settled here,
+                # where the verify's escalation and draft features are known; the replica it reached settled the
+                # decision id (the draft, already booked: replayed) and could not close the escalation
                 try:
-                    _settle(rt, item, entry, escalations.get(i))
+                    _settle(rt, item, entry, escalation)
                 except LedgerUnavailable as exc:
                     ledger_down = exc
         rt.metrics.outcomes.labels(entry["status"]).inc()
@@ -465,8 +474,9 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
 
 def deliver_forwarded(rt: Runtime, payloads: list[str]) -> bool:
     """Store outcomes other replicas forwarded to this one's outcome log (``StateSync.set_inbox``'s
-    ``deliver``; JSON texts of ``OutcomeIn``), without settling. True once stored (durable); False
-    when the log is unavailable (they are delivered again). An unreadable payload or one whose
+    ``deliver``; JSON texts of ``OutcomeIn``), without settling (but a kept draft of a decision this replica
+    escalated, ``store_outcomes``). True once stored (durable); False when the log or the budget ledger is
+    unavailable (they are delivered again). An unreadable payload or one whose
     decision this log lacks is logged and dropped: its budget and load were settled where it arrived."""
     items = [item for text in payloads for item in _forwarded_items(text)]
     try:
