@@ -154,6 +154,11 @@ READINGS = {"continued": "of the request this short follow-up continues",
             "alone": "of this short follow-up read alone, above the request it continues"}
 
 
+def _shown(value: object) -> str:
+    """A signal's value for the terminal: floats to 6 significant digits, anything else as JSON."""
+    return f"{value:.6g}" if isinstance(value, float) else json.dumps(value, ensure_ascii=False, default=str)
+
+
 def _print_human(d: Decision, explain: bool) -> None:
     p_hard = f"{d.p_hard:.3f}" if d.p_hard is not None else "unavailable"
     estimator = d.trace.get("estimator") if explain else None
@@ -182,6 +187,11 @@ def _print_human(d: Decision, explain: bool) -> None:
         for r in _entries(d.trace, "rules"):
             extra = f" ({r['error']})" if "error" in r else f" ({r['note']})" if "note" in r else ""
             click.echo(f"  {r['rule']:<24} {r['result']}{extra}")
+        signals = d.trace.get("signals")
+        if isinstance(signals, Mapping) and signals:
+            click.echo("signals (the values the rules read):")
+            for name, read in signals.items():
+                click.echo(f"  {name:<40} {_shown(read.get('value') if isinstance(read, Mapping) else read)}")
         click.echo("candidates:")
         for c in _entries(d.trace, "candidates"):
             status = "eligible" if c["eligible"] else f"excluded: {c['excluded_by']}"

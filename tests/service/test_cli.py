@@ -352,3 +352,22 @@ def test_a_missing_extra_is_one_error_line_naming_it(monkeypatch, tmp_path: Path
     assert r.exit_code == 2, r.output
     assert r.output.startswith(f"Error: this command needs the {extra} extra") and "Traceback" not in r.output
     assert f"pip install 'pointsman[{extra}]'" in r.output
+
+
+def test_route_explain_prints_the_values_the_rules_read(runner):
+    """``route --explain`` (text) lists every signal the policy read with its value, as the JSON trace
+    has them, so a rule that did not match says why (a threshold, a price cap) without ``--json``."""
+    traced = json.loads(run(runner, "route", "--json", "--explain", "Prove Fermat's little theorem.").stdout)["trace"]
+    assert traced["signals"], "the packaged policy reads signals"
+    out = run(runner, "route", "--explain", "Prove Fermat's little theorem.").stdout.splitlines()
+    start = out.index("signals (the values the rules read):")
+    shown = dict(line.split(None, 1) for line in out[start + 1:start + 1 + len(traced["signals"])])
+    assert shown["difficulty.p_hard"] == "0.2" and any(name.startswith("variables.") for name in shown)
+    both = set(shown) & set(traced["signals"])  # the first call's dispatch may add a cache read to the second
+    assert len(both) >= len(traced["signals"]) - 1
+    for name in both:
+        value = traced["signals"][name]["value"]
+        if isinstance(value, float):
+            assert float(shown[name]) == pytest.approx(value, rel=1e-5)
+        else:
+            assert shown[name] == json.dumps(value)
