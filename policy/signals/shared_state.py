@@ -96,6 +96,8 @@ DEFAULT_PREFIX = "{pointsman-state}:"
 DEFAULT_STREAM_MAX_LEN = 200_000
 
 ChangeKind = Literal["dispatch", "release", "telemetry", "health", "reload"]
+#: Seconds between the reader's checks of ``{P}reloads`` (``RedisSync._check_reloads``).
+RELOAD_CHECK_S = 5.0
 #: Stream entries the reader takes per ``XREAD``.
 READ_COUNT = 1000
 #: Releases kept while Redis is unreachable, at most (the oldest are dropped: their records expire).
@@ -725,8 +727,9 @@ class RedisSync:
     def announce_reload(self, what: str) -> None:
         """Count the reload of ``what`` in ``{P}reloads`` and append a ``reload`` change naming it to the
         change stream. When Redis fails it is kept and announced once the reader is back (``_send_reloads``),
-        and every process compares the counts at each reconnect (``_missed_reloads``): before, an announce
-        while Redis was down was dropped, the endpoint answered ok, and the other workers kept the old file."""
+        and every process compares the counts at each reconnect and every few seconds (``_check_reloads``):
+        before, an announce while Redis was down was dropped, the endpoint answered ok, and the other workers
+        kept the old file."""
         try:
             self._announce(what)
         except self._errors as exc:
@@ -750,12 +753,27 @@ class RedisSync:
             with self._lock:
                 self._unsent_reloads.pop(what, None)
 
-    def _missed_reloads(self, first: bool) -> list[str]:
-        """The files another process reloaded while this reader was away: those whose ``{P}reloads`` count
-        changed since the last load (none at the first). Raises what Redis raises."""
+    def _check_reloads(self, first: bool) -> None:
+        """Re-read the files another process reloaded that this one has not: those whose ``{P}reloads``
+        count changed since this process last took it (at the first check: none, only the counts are
+        taken). Called at each reconnect and every ``RELOAD_CHECK_S`` while following, so an announce
+        the stream did not bring (it fell in a gap, or Redis lost it) still arrives; a hook that raises
+        leaves its count untaken and is tried again at the next check. Raises what Redis raises."""
         counts = {str(k): str(v) for k, v in dict(self.client.hgetall(f"{self.prefix}reloads")).items()}
-        seen, self._reload_counts = self._reload_counts, counts
-        return [] if first else [what for what, n in counts.items() if seen.get(what) != n]
+        if first:
+            self._reload_counts = counts
+            return
+        with self._lock:
+            hook = self._reload_hook
+        for what, n in counts.items():
+            if self._reload_counts.get(what) == n:
+                continue
+            try:
+                hook(what)
+            except Exception:  # noqa: BLE001 - one bad file must not stop the follower; tried again later
+                log.exception("reloading %s announced by another process failed", what)
+                continue
+            self._reload_counts[what] = n
 
     def on_reload(self, hook: Callable[[str], object]) -> None:
         """Hand the others' ``reload`` changes to ``hook`` (``StateSync.on_reload``)."""
@@ -773,7 +791,7 @@ class RedisSync:
         last = self._load(reload)
         if last is not None:
             try:
-                self._missed_reloads(first=True)  # the reloads counted so far: this process read its files since
+                self._check_reloads(first=True)  # the reloads counted so far: this process read its files since
             except self._errors as exc:
                 log.warning("cannot read the shared reload counts: %s", exc)
         if self._thread is None:
@@ -819,6 +837,7 @@ class RedisSync:
         process's first, so no reload was missed before it)."""
         stream = f"{self.prefix}changes"
         inbox_last = "0-0"  # delivered entries are deleted: what is left is still to deliver
+        next_check = time.monotonic() + RELOAD_CHECK_S
         while not self._stop.is_set():
             with self._lock:
                 apply, reload, inbox, deliver = self._apply, self._reload, self.inbox, self._deliver
@@ -831,20 +850,20 @@ class RedisSync:
                     try:
                         self._send_releases()
                         self._send_reloads()
-                        missed = self._missed_reloads(first)
+                        self._check_reloads(first)
                     except self._errors as exc:
                         log.warning("releases or reloads not published yet: %s", exc)
                         last = None
                         continue
                     first = False
-                    with self._lock:
-                        hook = self._reload_hook
-                    for what in missed:
-                        try:
-                            hook(what)
-                        except Exception:  # noqa: BLE001 - one bad file must not stop the follower
-                            log.exception("reloading %s announced while this process was away failed", what)
+                    next_check = time.monotonic() + RELOAD_CHECK_S
                 continue
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + RELOAD_CHECK_S
+                try:
+                    self._check_reloads(first=False)
+                except self._errors as exc:
+                    log.warning("cannot read the shared reload counts: %s", exc)
             inbox_stream = f"{self.prefix}inbox:{inbox}" if inbox and deliver is not None else None
             try:
                 streams: dict[str | bytes | memoryview, str | bytes | memoryview | int] = {stream: last}
