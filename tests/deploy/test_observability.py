@@ -107,26 +107,31 @@ def prometheus(tmp_path_factory, standin):
     budgets = tmp / "budgets.yaml"
     budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
                        "  - {scope: 'tenant:acme', window: day, limit_usd: 0.05}\n", encoding="utf-8")
-    port, grpc_port, prom_port = _free_port(), _free_port(), _free_port()
-    env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1",
-           "POINTSMAN_DATA_DIR": str(tmp), "POINTSMAN_FLEET_PATH": str(fleet), "POINTSMAN_BUDGETS_PATH": str(budgets),
-           "POINTSMAN_SCRAPE_INTERVAL_S": "0.5", "POINTSMAN_DECISION_LOG_FLUSH_MS": "5",
-           "POINTSMAN_EXT_PROC_PORT": str(grpc_port)}
-    service = subprocess.Popen([sys.executable, "-m", "pointsman", "serve", "--port", str(port), "--log-level", "warning"],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
-    procs = [service]
+    procs: list[subprocess.Popen] = []
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert service.poll() is None, service.stderr.read().decode()
-            assert time.monotonic() < deadline, "pointsman serve did not start"
-            time.sleep(0.1)
+        for attempt in range(3):  # a port found free can be taken (another test's ephemeral port) before serve binds it
+            port, grpc_port, prom_port = _free_port(), _free_port(), _free_port()
+            env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1",
+                   "POINTSMAN_DATA_DIR": str(tmp), "POINTSMAN_FLEET_PATH": str(fleet),
+                   "POINTSMAN_BUDGETS_PATH": str(budgets), "POINTSMAN_SCRAPE_INTERVAL_S": "0.5",
+                   "POINTSMAN_DECISION_LOG_FLUSH_MS": "5", "POINTSMAN_EXT_PROC_PORT": str(grpc_port)}
+            service = subprocess.Popen([sys.executable, "-m", "pointsman", "serve", "--port", str(port), "--log-level",
+                                        "warning"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            procs.append(service)
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while service.poll() is None:
+                try:
+                    if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "pointsman serve did not start"
+                time.sleep(0.1)
+            if service.poll() is None:
+                break
+            error = service.stderr.read().decode()
+            assert "address already in use" in error and attempt < 2, error
         _traffic(base)
         # the shipped scrape config, pointed at this service and this rule file
         config = yaml.safe_load(SCRAPE_CONFIG.read_text())

@@ -53,24 +53,27 @@ def _starter() -> Iterator[Callable[..., tuple[subprocess.Popen, str]]]:
     started: list[subprocess.Popen] = []
 
     def start(data_dir, port: int | None = None, **settings: str) -> tuple[subprocess.Popen, str]:
-        port = port or free_port()
         env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1",
                "POINTSMAN_DATA_DIR": str(data_dir),
                **{f"POINTSMAN_{k.upper()}": str(v) for k, v in settings.items()}}
-        proc = subprocess.Popen([sys.executable, "-m", "pointsman", "serve", "--port", str(port),
-                                 "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        started.append(proc)
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    return proc, base
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, proc.stderr.read().decode()
-            assert time.monotonic() < deadline, "service did not start within 60 s"
-            time.sleep(0.1)
+        for attempt in range(3):  # a port found free can be taken (another test's ephemeral port) before serve binds
+            chosen = port or free_port()
+            proc = subprocess.Popen([sys.executable, "-m", "pointsman", "serve", "--port", str(chosen),
+                                     "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            started.append(proc)
+            base = f"http://127.0.0.1:{chosen}"
+            deadline = time.monotonic() + 60
+            while proc.poll() is None:
+                try:
+                    if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                        return proc, base
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "service did not start within 60 s"
+                time.sleep(0.1)
+            error = proc.stderr.read().decode()
+            assert port is None and "address already in use" in error and attempt < 2, error
+        raise AssertionError("unreachable")
 
     yield start
     for proc in started:
