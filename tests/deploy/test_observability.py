@@ -16,9 +16,7 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,6 +25,7 @@ import pytest
 import yaml
 
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH
+from tests.service.conftest import free_port, start_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "pointsman-dashboard.json"
@@ -44,12 +43,6 @@ def _binary(name: str) -> str:
             pytest.fail(f"POINTSMAN_REQUIRE_PROMETHEUS=1 but {reason}")
         pytest.skip(reason)
     return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -82,7 +75,7 @@ def _fleet(tmp: Path, standin) -> tuple[Path, list]:
     """The default fleet with every on-prem endpoint on a stand-in engine's /metrics, one on a dead port."""
     doc = yaml.safe_load(DEFAULT_FLEET_PATH.read_text())
     doc["defaults"]["scrape_metrics"] = True
-    servers, dead = [], _free_port()
+    servers, dead = [], free_port()
     for target in doc["targets"].values():
         for pool in (target.get("pools") or {}).values():
             for ep in pool["endpoints"]:
@@ -109,29 +102,13 @@ def prometheus(tmp_path_factory, standin):
                        "  - {scope: 'tenant:acme', window: day, limit_usd: 0.05}\n", encoding="utf-8")
     procs: list[subprocess.Popen] = []
     try:
-        for attempt in range(3):  # a port found free can be taken (another test's ephemeral port) before serve binds it
-            port, grpc_port, prom_port = _free_port(), _free_port(), _free_port()
-            env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1",
-                   "POINTSMAN_DATA_DIR": str(tmp), "POINTSMAN_FLEET_PATH": str(fleet),
-                   "POINTSMAN_BUDGETS_PATH": str(budgets), "POINTSMAN_SCRAPE_INTERVAL_S": "0.5",
-                   "POINTSMAN_DECISION_LOG_FLUSH_MS": "5", "POINTSMAN_EXT_PROC_PORT": str(grpc_port)}
-            service = subprocess.Popen([sys.executable, "-m", "pointsman", "serve", "--port", str(port), "--log-level",
-                                        "warning"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            procs.append(service)
-            base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            while service.poll() is None:
-                try:
-                    if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "pointsman serve did not start"
-                time.sleep(0.1)
-            if service.poll() is None:
-                break
-            error = service.stderr.read().decode()
-            assert "address already in use" in error and attempt < 2, error
+        def settings() -> dict[str, str]:  # a fresh ext_proc port with each try of a fresh HTTP port
+            return {"POINTSMAN_DATA_DIR": str(tmp), "POINTSMAN_FLEET_PATH": str(fleet),
+                    "POINTSMAN_BUDGETS_PATH": str(budgets), "POINTSMAN_SCRAPE_INTERVAL_S": "0.5",
+                    "POINTSMAN_DECISION_LOG_FLUSH_MS": "5", "POINTSMAN_EXT_PROC_PORT": str(free_port())}
+
+        _, base = start_serve(settings, procs)
+        port, prom_port = int(base.rsplit(":", 1)[1]), free_port()
         _traffic(base)
         # the shipped scrape config, pointed at this service and this rule file
         config = yaml.safe_load(SCRAPE_CONFIG.read_text())
