@@ -67,8 +67,10 @@ def _check_url(value: str) -> str:
 
 Url = Annotated[str, AfterValidator(_check_url)]
 PositiveInt = Annotated[int, Field(gt=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
-NonNegativeFloat = Annotated[float, Field(ge=0)]
+# Finite: an infinite price or rate made every estimate inf (NaN: every comparison false), and
+# /v1/route then answered 500 for every request (inf is not JSON).
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
 

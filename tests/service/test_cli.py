@@ -371,3 +371,22 @@ def test_route_explain_prints_the_values_the_rules_read(runner):
             assert float(shown[name]) == pytest.approx(value, rel=1e-5)
         else:
             assert shown[name] == json.dumps(value)
+
+
+@pytest.mark.parametrize("line, value", [
+    ("usd_per_1m_input_tokens: 2.50", ".inf"), ("usd_per_1m_output_tokens: 0.60", ".nan"),
+    ("usd_per_gpu_hour: 2.50", ".inf"), ("prefill_tokens_per_s: 55200", ".inf"),
+])
+def test_a_fleet_with_an_infinite_or_nan_number_is_refused(tmp_path: Path, line, value):
+    """Before: `.inf` passed the fleet's `ge=0`, every estimate on that target was inf, `route --json`
+    printed `Infinity` (not JSON) and `serve` answered every /v1/route with a 500."""
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH
+
+    fleet = tmp_path / "fleet.yaml"
+    key = line.split(":")[0]
+    fleet.write_text(DEFAULT_FLEET_PATH.read_text().replace(line, f"{key}: {value}", 1))
+    r = CliRunner().invoke(main, ["policy", "check", "--fleet", str(fleet), str(DEFAULT_POLICY_PATH)])
+    assert r.exit_code == 1, r.output
+    assert f"{fleet}:" in r.output and key in r.output and "finite" in r.output, r.output
+    r = CliRunner().invoke(main, ["route", "--json", "--fleet", str(fleet), "hi"])
+    assert r.exit_code == 2 and "Infinity" not in r.output, r.output
