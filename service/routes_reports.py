@@ -146,10 +146,10 @@ def estimate_booking(rt: Runtime, served: str | None, known: Known | None) -> tu
     decision_target, estimate, prompt, cap = known
     fleet = rt.live.engine.fleet
     target = served or decision_target
-    spec = fleet.targets.get(target)
+    spec = rt.live.engine.state.target_spec(target)
     if spec is None:
         return float(estimate or 0.0), prompt, 0
-    completion = fleet.output_tokens(target, cap or None)
+    completion = cap or spec.default_output_tokens or fleet.spec.defaults.output_tokens
     usd = float(estimate or 0.0)
     if target != decision_target:
         usd = max(usd, estimate_cost(target, spec, spec.modes[0], prompt, completion).usd)
@@ -336,6 +336,7 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
     too); by default looked up (``_escalation_of``: held here, else in the outcome log, which the
     workers of one service share). Raises ``DataError`` (outcome log)."""
     targets = rt.live.engine.fleet.targets
+    spec_of = rt.live.engine.state.target_spec  # a target a fleet reload removed still prices its decisions
     at = f"{prefix}." if prefix else ""
     if item.served_target is not None and not item.shadow:
         if escalation is ...:
@@ -345,7 +346,7 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
                 f"decision {item.decision_id} was escalated to '{escalation[1]}' at its verify, which settled the "
                 f"draft on '{item.served_target}' (its tokens are booked): report the escalated call's outcome, not "
                 "the cancelled draft's")),))
-    if item.served_target is not None and not item.shadow and targets and item.served_target not in targets:
+    if item.served_target is not None and not item.shadow and targets and spec_of(item.served_target) is None:
         close = difflib.get_close_matches(item.served_target, list(targets), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else f"; the fleet's targets: {', '.join(sorted(targets))}"
         return OutcomeItemError(((f"{at}served_target", f"unknown target '{item.served_target}'{hint}"),))
@@ -356,9 +357,10 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
     if not targets or total <= min(t.context_window_tokens for t in targets.values()) * CONTEXT_TOLERANCE:
         return None  # fits every target: no lookup
     target = _served_target(rt, item)
-    if target is None or target not in targets:
+    spec = None if target is None else spec_of(target)
+    if target is None or spec is None:
         return None
-    return check_usage_fits(usage, targets[target].context_window_tokens, target, prefix)
+    return check_usage_fits(usage, spec.context_window_tokens, target, prefix)
 
 
 def _invalid_item(problem: OutcomeItemError) -> HTTPError:

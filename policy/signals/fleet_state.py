@@ -217,6 +217,8 @@ class FleetState:
             self._total_count[e.target] = self._total_count.get(e.target, 0) + 1
         self._healthy_count = dict(self._total_count)
         self._records: OrderedDict[str, DispatchRecord] = OrderedDict()
+        #: targets a fleet reload removed (``rebuild``), kept to price the outcomes of decisions made on them
+        self.retired_targets: dict[str, OnPremTarget | FrontierTarget] = {}
         self._budget_cache = None if ledger is None else SnapshotCache(ledger, budget_snapshot_ttl_s, self._lock)
         self._budget_snapshot_ttl_s = float(budget_snapshot_ttl_s)
         self._settled: OrderedDict[str, Settled] = OrderedDict()
@@ -239,11 +241,14 @@ class FleetState:
         objects, so decisions in flight on the old engine still land; a scrape mark only while the
         endpoint is still scraped); removed endpoints leave every index and signal; new ones start
         empty. The ledger and the shared-state sync carry over (the sync then applies other
-        processes' changes to the new state)."""
+        processes' changes to the new state). Removed targets stay in ``retired_targets`` to price
+        the outcomes of their decisions still in flight."""
         new = FleetState(fleet, self.ledger, board=self.board, budget_fail_open=self.budget_fail_open,
                          clock=self.clock, monotonic=self.monotonic, session_ttl_s=self.session_ttl_s,
                          budget_snapshot_ttl_s=self._budget_snapshot_ttl_s, sync=self.sync, signer=self.signer,
                          journal=self.journal)
+        new.retired_targets = {n: t for n, t in {**self.retired_targets, **self.fleet.targets}.items()
+                               if n not in fleet.targets}
         kept = set(fleet.endpoints)
         self.board.set_endpoints(list(fleet.endpoints) + list(fleet.aliases))
         for endpoint in self.board.endpoints():
@@ -677,6 +682,11 @@ class FleetState:
             self.journal.done(done)
         return booked
 
+    def target_spec(self, name: str) -> OnPremTarget | FrontierTarget | None:
+        """The fleet's target ``name``, else the one a fleet reload removed (its decisions' outcomes
+        still arrive and are priced as it was), else None."""
+        return self.fleet.targets.get(name) or self.retired_targets.get(name)
+
     def _price(self, decision_id: str, target: str | None, mode: str | None, record: DispatchRecord | None,
                tokens: dict[str, int]) -> tuple[float, str]:
         """(USD of ``tokens`` (``settle``'s counts) on ``target``, the mode priced: ``mode``, or the
@@ -684,10 +694,10 @@ class FleetState:
         with and on the pools of its endpoints (an aggregated request prefilled on a decode endpoint
         runs both phases on the decode pool; without the endpoints, the mode's pools). Raises
         ``BudgetError`` for an unknown target or usage its prices cannot price."""
-        if target is None or target not in self.fleet.targets:
+        t = None if target is None else self.target_spec(target)
+        if target is None or t is None:
             raise BudgetError(f"cannot price decision '{decision_id}': unknown here, so pass its target "
                               f"(and mode) or actual_cost_usd")
-        t = self.fleet.targets[target]
         mode = mode if mode in t.modes else t.modes[0]
         pools = None
         if record is not None and record.target == target and record.mode == mode:
