@@ -33,23 +33,24 @@ def reload_fleet(live: LiveEngine, fleet_path: str | Path, policy_path: str | Pa
     """Read the fleet at ``fleet_path``, recompile the policy (``policy_path``, default the
     serving policy's file) against it and serve both (see the module); returns the result (also
     passed to ``on_result``). Never raises for bad files: the problems are in the result."""
-    engine = live.engine
-    try:
-        fleet = load_fleet(fleet_path)
-        if fleet.revision == engine.fleet.revision:
-            result = ReloadResult(True, False, fleet.revision, fleet.revision, (), source)
-            live.last_fleet_reload = result
-        else:
-            policy = load_policy(policy_path or engine.policy.file, fleet)
-            state = engine.state.rebuild(fleet)
-            new = RoutingEngine(fleet, policy, engine.estimator, state=state, filters=engine.filters)
-            result = live.swap_engine(new, ReloadResult(True, True, fleet.revision, engine.fleet.revision, (), source))
-            log.info("fleet %s reloaded (%s): revision %s -> %s; policy %s recompiled (revision %s)", fleet_path,
-                     source, result.previous_revision, result.revision, policy.file, policy.revision)
-    except ConfigError as exc:
-        result = live.reject_fleet(exc.problems, source)
-        log.error("fleet %s rejected (%d problem(s)); still serving fleet revision %s:\n%s", fleet_path,
-                  len(exc.problems), result.revision, "\n".join(str(p) for p in exc.problems))
+    with live.changing():  # held to the swap: a model swapped in meanwhile is not overwritten
+        engine = live.engine
+        try:
+            fleet = load_fleet(fleet_path)
+            if fleet.revision == engine.fleet.revision:
+                result = ReloadResult(True, False, fleet.revision, fleet.revision, (), source)
+                live.last_fleet_reload = result
+            else:
+                policy = load_policy(policy_path or engine.policy.file, fleet)
+                state = engine.state.rebuild(fleet)
+                new = RoutingEngine(fleet, policy, engine.estimator, state=state, filters=engine.filters)
+                result = live.swap_engine(new, ReloadResult(True, True, fleet.revision, engine.fleet.revision, (), source))
+                log.info("fleet %s reloaded (%s): revision %s -> %s; policy %s recompiled (revision %s)", fleet_path,
+                         source, result.previous_revision, result.revision, policy.file, policy.revision)
+        except ConfigError as exc:
+            result = live.reject_fleet(exc.problems, source)
+            log.error("fleet %s rejected (%d problem(s)); still serving fleet revision %s:\n%s", fleet_path,
+                      len(exc.problems), result.revision, "\n".join(str(p) for p in exc.problems))
     if on_result is not None:
         on_result(result)
     return result

@@ -6,7 +6,9 @@ a policy reload or a model swap builds a new engine (``with_policy`` /
 replaces the reference in one assignment. A request reads ``live.engine`` once and
 decides on that engine to the end, so decisions in flight finish on the policy and
 estimator they started with, and no decision ever sees half a change. Swaps are
-serialized by a lock, so a policy reload and a model swap at the same moment both land.
+serialized by a lock, so a policy reload and a model swap at the same moment both land; a
+fleet or policy reload holds it (``changing``) from reading the serving engine to swapping the
+one it built from it, so a model swapped in meanwhile is not replaced by the old one.
 
 ``LiveEngine`` also remembers what the last policy reload, model swap, fleet and budgets reload
 did (``last_reload``, ``last_swap``, ``last_fleet_reload``, ``last_budgets_reload``) and what the
@@ -20,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 
 from pointsman.errors import Problem
@@ -111,7 +114,7 @@ class LiveEngine:
     def __init__(self, engine: RoutingEngine, estimator_error: str | None = None) -> None:
         self._engine = engine
         warn_omitted(engine.policy)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self.estimator_error = estimator_error
         self.last_reload: ReloadResult | None = None
         self.last_swap: SwapResult | None = None
@@ -123,6 +126,11 @@ class LiveEngine:
     def engine(self) -> RoutingEngine:
         """The engine new decisions use (read it once per decision)."""
         return self._engine
+
+    def changing(self) -> AbstractContextManager[object]:
+        """Hold while reading ``engine``, building a changed engine from it and swapping that in
+        (a reload): no other swap lands in between, to be overwritten. Decisions never wait on it."""
+        return self._lock
 
     def swap_policy(self, policy: CompiledPolicy, source: str = "endpoint") -> ReloadResult:
         """Serve ``policy`` from now on (a no-op when its revision already serves); returns the result."""

@@ -36,18 +36,18 @@ def reload_policy(live: LiveEngine, path: str | Path, source: str = "endpoint",
                   on_result: Callable[[ReloadResult], None] | None = None) -> ReloadResult:
     """Read, compile and swap in the policy at ``path`` (see the module); returns the result
     (also passed to ``on_result``). Never raises for a bad file: the problems are in the result."""
-    engine = live.engine
-    try:
-        policy = load_policy(path, engine.fleet)
-    except PolicyError as exc:
-        result = live.reject_policy(exc.problems, source)
-        log.error("policy %s rejected (%d problem(s)); still serving revision %s:\n%s", path, len(exc.problems),
-                  result.revision, "\n".join(str(p) for p in exc.problems))
-    else:
-        result = live.swap_policy(policy, source)
-        if result.changed:
-            log.info("policy %s reloaded (%s): revision %s -> %s", path, source, result.previous_revision,
-                     result.revision)
+    with live.changing():  # compiled against the fleet it will serve with (a fleet reload waits)
+        try:
+            policy = load_policy(path, live.engine.fleet)
+        except PolicyError as exc:
+            result = live.reject_policy(exc.problems, source)
+            log.error("policy %s rejected (%d problem(s)); still serving revision %s:\n%s", path, len(exc.problems),
+                      result.revision, "\n".join(str(p) for p in exc.problems))
+        else:
+            result = live.swap_policy(policy, source)
+            if result.changed:
+                log.info("policy %s reloaded (%s): revision %s -> %s", path, source, result.previous_revision,
+                         result.revision)
     if on_result is not None:
         on_result(result)
     return result
