@@ -18,12 +18,34 @@ A command raises one of these and click prints it and exits (``ClickException.sh
 
 from __future__ import annotations
 
+import math
 from typing import IO
 
 import click
 from pydantic import ValidationError
 
 from pointsman.errors import ConfigError
+
+
+class FiniteFloat(click.ParamType):
+    """A float option that refuses NaN and infinities (click's ``float`` and ``FloatRange`` take
+    ``nan``, which compares false with everything: a trace window ``--end-s nan`` silently meant none)."""
+
+    name = "float"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        """``value`` as a finite float; fails (exit 2) otherwise."""
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+#: ``--seed``: numpy's generators take no negative seed (a traceback before).
+SEED = click.IntRange(min=0)
 
 
 class InputError(click.ClickException):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from pointsman.cli.errors import InputError
+from pointsman.cli.errors import SEED, FiniteFloat, InputError
 from pointsman.errors import DataError, FleetError, PolicyError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -109,9 +109,9 @@ def _changes(space: ShapeSpace, base: Shape, rec: Shape) -> str:
 @click.option("--assume-monotone/--no-assume-monotone", default=True, show_default=True,
               help="Skip shapes with no more capacity than one that missed the goal.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Plan on the first N requests.")
-@click.option("--start-s", type=float, default=None, help="Trace window start, seconds from its first record.")
-@click.option("--end-s", type=float, default=None, help="Trace window end, seconds from its first record.")
-@click.option("--seed", default=0, show_default=True, help="Seed of the simulator and the prompt draw.")
+@click.option("--start-s", type=FiniteFloat(), default=None, help="Trace window start, seconds from its first record.")
+@click.option("--end-s", type=FiniteFloat(), default=None, help="Trace window end, seconds from its first record.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the simulator and the prompt draw.")
 @click.option("--estimator", "estimator_spec", default="default", show_default=True,
               help="'default' (the shipped model), 'fixed:P', or a model spec as for `pointsman serve`.")
 @click.option("--outcomes", default="alpacaeval_ae1", show_default=True,

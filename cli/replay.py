@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from pointsman.cli.errors import InputError
+from pointsman.cli.errors import SEED, FiniteFloat, InputError
 from pointsman.errors import BudgetError, DataError, FleetError, PolicyError, RequestError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,10 +77,10 @@ def _load_trace(path: Path, limit: int | None, start_s: float | None, end_s: flo
               help="Fleet file (default: the packaged one).")
 @click.option("--policy", "policy_paths", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Policy file; repeat for several (default: every example policy).")
-@click.option("--seed", default=0, show_default=True, help="Seed of the simulator, the random baseline and the draw.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the simulator, the random baseline and the draw.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Replay the first N requests.")
-@click.option("--start-s", type=float, default=None, help="Trace window start, seconds from its first record.")
-@click.option("--end-s", type=float, default=None, help="Trace window end, seconds from its first record.")
+@click.option("--start-s", type=FiniteFloat(), default=None, help="Trace window start, seconds from its first record.")
+@click.option("--end-s", type=FiniteFloat(), default=None, help="Trace window end, seconds from its first record.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("replay-out"),
               show_default=True, help="Folder for report.txt/json/html and the PNGs.")
 @click.option("--estimator", "estimator_spec", default="default", show_default=True,

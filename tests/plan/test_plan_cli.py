@@ -86,6 +86,8 @@ def test_prefill_heavy_load_gets_a_larger_prefill_pool(tmp_path: Path, plan_file
     (["--scale", "1,x"], "--scale '1,x'"),
     (["--gpus", "B300"], "unknown GPU 'B300'"),
     (["--slo-class", "batch"], "'batch' is not a service class"),
+    (["--seed", "-1"], "'--seed': -1 is not in the range x>=0"),  # before: numpy's ValueError, a traceback
+    (["--end-s", "nan"], "'--end-s': 'nan' is not a finite number"),  # before: taken as no end
 ])
 def test_bad_input_is_one_error_line(tmp_path: Path, plan_files: tuple[Path, Path], extra: list[str],
                                      message: str) -> None:
