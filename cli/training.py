@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from pointsman.cli.errors import InputError
+from pointsman.cli.errors import SEED, InputError
 from pointsman.cli.training_output import echo_metrics, invoked_command, progress_log
 from pointsman.errors import PointsmanError
 
@@ -44,8 +44,8 @@ def _split_names(values: tuple[str, ...]) -> tuple[str, ...]:
               help="Also evaluate on a table the model does not train on; recorded under transfer/.")
 @click.option("--encoder-from", type=click.Path(file_okay=False, path_type=Path),
               help="Reuse the encoder of this model directory (e.g. estimator/default_model); train only the head.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--max-rows", type=int, default=None, help="Cap prompts per source (quick runs).")
+@click.option("--seed", type=SEED, default=0, show_default=True)
+@click.option("--max-rows", type=click.IntRange(min=1), default=None, help="Cap prompts per source (quick runs).")
 @click.option("--folds", type=int, default=5, show_default=True, help="Cross-fitting folds (held-out metrics, calibration).")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
 @click.option("--from-table", is_flag=True,

@@ -93,3 +93,13 @@ def test_train_refuses_non_commercial_tables(cli, tmp_path):
     res = CliRunner().invoke(cli, ["train", "--tables", "arena_bench_v1,alpacaeval_ae1", "--no-mlflow",
                                    "--output", str(tmp_path / "m")])
     assert res.exit_code == 2 and "refusing" in res.output
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--seed", "-1"], "'--seed': -1 is not in the range x>=0"),  # before: numpy's ValueError, a traceback
+    (["--max-rows", "-3"], "'--max-rows': -3 is not in the range x>=1"),  # before: "negative dimensions"
+])
+def test_train_bad_numbers_are_one_error_line(cli, tmp_path, extra, message):
+    res = CliRunner().invoke(cli, ["train", "--no-mlflow", "--output", str(tmp_path / "m"), *extra])
+    assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output, res.output
+    assert not (tmp_path / "m").exists()
