@@ -25,7 +25,6 @@ All need an admin key (``auth.py``).
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
@@ -51,10 +50,6 @@ from pointsman.service.schemas import (
 )
 
 router = APIRouter(tags=["admin"])
-
-#: Largest policy text ``GET /v1/policy`` returns (bytes); longer files are left out (``source`` None).
-MAX_SOURCE_BYTES = 1_000_000
-
 
 @router.get("/v1/fleet", response_model=FleetResponse, responses=ERROR_RESPONSES,
             summary="Current signals per target and endpoint, with their ages")
@@ -98,27 +93,18 @@ async def fleet(principal: Principal = Depends(require("admin")),
             "last_fleet_reload": None if last is None else last.to_dict()}
 
 
-def _source(path: str) -> str | None:
-    try:
-        p = Path(path)
-        if p.stat().st_size > MAX_SOURCE_BYTES:
-            return None
-        return p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
 @router.get("/v1/policy", response_model=PolicyResponse, responses=ERROR_RESPONSES, summary="The serving policy")
 async def policy(principal: Principal = Depends(require("admin")), rt: Runtime = Depends(get_runtime)) -> JSONObject:
-    """Name, file, revision, rules and variables of the serving policy, its file's text, and
-    the last reload attempt (with its problems when it was rejected)."""
+    """Name, file, revision, rules and variables of the serving policy, the text it was compiled
+    from (not the file's text now: a rejected or pending edit is not serving), and the last reload
+    attempt (with its problems when it was rejected)."""
     engine = rt.live.engine
     p = engine.policy
     last = rt.live.last_reload
     return {"name": p.name, "file": p.file, "revision": p.revision, "fleet_revision": p.fleet_revision,
             "rules": [{"name": r.name, "when": r.when, "target": r.target, "mode": r.mode,
                        "fallbacks": list(r.fallbacks), "labels": dict(r.labels), "line": r.line} for r in p.rules],
-            "variables": p.variables, "source": _source(p.file), "watching": rt.watching,
+            "variables": p.variables, "source": p.source or None, "watching": rt.watching,
             "last_reload": None if last is None else last.to_dict()}
 
 

@@ -191,6 +191,8 @@ class CompiledPolicy:
     #: context rule by rule, so a decision made by an early rule computes no signal only later ones
     #: read (``policy.engine.decide``). Empty: build ``context_plan`` at once.
     rule_plans: tuple[Plan, ...] = ()
+    #: The YAML text compiled (what serves, whatever the file holds now).
+    source: str = field(default="", repr=False, compare=False)
 
 
 class _Checker:
@@ -751,7 +753,7 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
         context_plan=_freeze(plan), uses_cost=any(r.uses_cost for r in compiled),
         staleness=StalenessPolicy(load_spec.max_age_s, load_spec.on_stale), filters=spec.filters,
         selection=spec.endpoint_selection, disaggregation=spec.disaggregation, verify=verify,
-        rule_plans=tuple(rule_plans), omitted=tuple(omitted))
+        rule_plans=tuple(rule_plans), omitted=tuple(omitted), source=text)
 
 
 def _names_target(rule: RuleSpec, name: str) -> bool:

@@ -1,6 +1,7 @@
 """Every endpoint besides /v1/route over HTTP (FastAPI TestClient): outcomes, telemetry, fleet,
 policy read/validate/reload, probes, metrics, and the auth matrix."""
 
+import hashlib
 import shutil
 import time
 
@@ -263,7 +264,11 @@ def test_reload_endpoint_swaps_a_good_file_and_rejects_a_bad_one(tmp_path):
         problem = bad.json()["problems"][0]
         assert problem["file"] == str(policy_path) and problem["line"] > 1 and "frontier-larg" in problem["message"]
         assert route(c)["policy_revision"] == d["policy_revision"]  # the running policy keeps serving
-        assert c.get("/v1/policy").json()["last_reload"]["ok"] is False
+        served = c.get("/v1/policy").json()
+        assert served["last_reload"]["ok"] is False
+        # its text is the serving policy's (before: the file re-read, i.e. the rejected text)
+        assert served["source"] == text.replace("p_hard_frontier: 0.67", "p_hard_frontier: 0.10")
+        assert hashlib.sha256(served["source"].encode()).hexdigest()[:16] == served["revision"]
         assert 'pointsman_policy_reloads_total{result="rejected",source="endpoint"} 1.0' in c.get("/metrics").text
 
 
