@@ -25,7 +25,7 @@ from pointsman.estimator.encoders import make_encoder, session_options
 from pointsman.estimator.estimate import DifficultyEstimate
 from pointsman.estimator.features import RequestFeatures
 from pointsman.estimator.head_inputs import HeadInputs, short_instruction
-from pointsman.estimator.manifest import Manifest, read_manifest
+from pointsman.estimator.manifest import Manifest, content_version, read_manifest
 from pointsman.estimator.markers import FEATURE_NAMES
 
 
@@ -50,8 +50,9 @@ class DifficultyEstimator:
     returned as unavailable (``error="timeout: ..."``). ``None`` disables the budget.
     ``intra_op_threads``: onnxruntime threads per session (1 for in-process serving).
 
-    Raises ``ModelNotFoundError`` when the directory is not a valid model directory or
-    the head's feature layout does not match this version of Pointsman.
+    Raises ``ModelNotFoundError`` when the directory is not a valid model directory, its files'
+    content version (``manifest.content_version``) is not the manifest's ``version``, or the
+    head's feature layout does not match this version of Pointsman.
     """
 
     def __init__(
@@ -64,7 +65,14 @@ class DifficultyEstimator:
     ) -> None:
         self.model_dir = Path(model_dir)
         self.manifest: Manifest = read_manifest(self.model_dir)
-        self.version: str = self.manifest.version
+        m = self.manifest
+        files = [m.encoder.file, m.encoder.tokenizer, m.head.file]
+        found = content_version(self.model_dir, files, m.head.feature_names, m.name, m.head.pooling)
+        if found != m.version:  # decisions name the version: it must be the files' that score them
+            raise ModelNotFoundError(f"{self.model_dir}: its files are {found}, not the manifest's version {m.version} "
+                                     "(a file replaced or the manifest edited after training); refusing to serve it "
+                                     "under a version it is not")
+        self.version: str = m.version
         self.source: str = source or str(self.model_dir)
         self.timeout_ms = timeout_ms
         spec = self.manifest.encoder

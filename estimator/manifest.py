@@ -11,7 +11,8 @@ A model directory holds::
 
 ``version`` is ``"<name>-<sha256 prefix>"`` of the ONNX files, the tokenizer and the
 feature names, so two directories with the same artifacts report the same version
-and a decision can name the exact model that scored it.
+and a decision can name the exact model that scored it; a directory whose files are not
+its manifest's version is refused at load (``DifficultyEstimator``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The shipped model and the onnxruntime DifficultyEstimator contract."""
 
 import json
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from pointsman.errors import ModelNotFoundError
+from pointsman.estimator.difficulty import DifficultyEstimator
 from pointsman.estimator.estimate import Estimator
 from pointsman.estimator.features import extract_features
 from pointsman.estimator.manifest import content_version, read_manifest
@@ -176,3 +178,31 @@ def test_manifest_without_reference_quantiles_still_loads(tmp_path):
     (old / "manifest.json").write_text(json.dumps(manifest))
     est = load_estimator(old)
     assert est.manifest.reference_p_hard == {} and est.version == manifest["version"]
+
+
+@pytest.mark.parametrize("replaced", ["head", "tokenizer"])
+def test_a_model_directory_whose_files_are_not_its_manifests_version_is_refused(tmp_path, replaced):
+    """Before: a directory whose head.onnx was replaced by another model's (a half-finished copy, an edit)
+    loaded and scored with the new head while every decision named the manifest's version. Through the
+    CLI: the estimator is refused (unavailable) instead, and no decision names the shipped version."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    model = tmp_path / "model"
+    shutil.copytree(bundled_model_dir(), model)
+    if replaced == "head":  # another valid head: the shipped one's ONNX with its metadata changed
+        import onnx
+
+        head = onnx.load(str(model / "head.onnx"))
+        head.producer_version = "edited"
+        onnx.save(head, str(model / "head.onnx"))
+    else:
+        (model / "tokenizer.json").write_text((model / "tokenizer.json").read_text() + "\n")
+    with pytest.raises(ModelNotFoundError, match="not the manifest's version"):
+        DifficultyEstimator(model)
+    shipped = read_manifest(bundled_model_dir()).version
+    r = CliRunner().invoke(main, ["route", "--json", "--model", str(model), "Prove that sqrt(2) is irrational."])
+    assert r.exit_code == 0 and "not the manifest's version" in r.stderr, r.output
+    decision = json.loads(r.stdout)
+    assert decision["difficulty_available"] is False and decision["estimator_version"] != shipped, decision

@@ -27,7 +27,7 @@ from pointsman.estimator.head_inputs import (
     instruction_end,
     short_instruction,
 )
-from pointsman.estimator.manifest import read_manifest
+from pointsman.estimator.manifest import content_version, read_manifest
 from pointsman.estimator.model_source import bundled_model_dir
 from pointsman.request import parse_route_request
 
@@ -109,6 +109,8 @@ def _copy_with_pooling(tmp_path: Path, pooling: str) -> Path:
     shutil.copytree(bundled_model_dir(), model)
     raw = json.loads((model / "manifest.json").read_text())
     raw["head"]["pooling"] = pooling
+    raw["version"] = content_version(model, ["encoder.onnx", "tokenizer.json", "head.onnx"],
+                                     raw["head"]["feature_names"], raw["name"], pooling)  # pooling is in the version
     (model / "manifest.json").write_text(json.dumps(raw))
     return model
 

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 from pointsman.cli.main import main as cli
+from pointsman.estimator.manifest import content_version
 from pointsman.estimator.model_source import bundled_model_dir
 from pointsman.estimator.registry import REGISTERED_NAME, client
 from pointsman.service.app import create_app
@@ -29,11 +30,16 @@ USER = {"messages": [{"role": "user", "content": "How do I poach an egg?"}]}
 
 
 def model_copy(tmp_path: Path, tag: str) -> tuple[Path, str]:
-    """The bundled model directory under another manifest version (``<version>-<tag>``)."""
+    """The bundled model directory as another version: its tokenizer file padded with ``tag`` as trailing
+    whitespace (the same tokenizer, other bytes), the manifest naming the files' content version."""
     out = tmp_path / f"model-{tag}"
     shutil.copytree(BUNDLED_DIR, out, ignore=shutil.ignore_patterns("PROVENANCE.md"))
+    tokenizer = out / "tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text() + " " * (1 + sum(map(ord, tag))))
     manifest = json.loads((out / "manifest.json").read_text())
-    manifest["version"] = f"{manifest['version']}-{tag}"
+    manifest["version"] = content_version(out, ["encoder.onnx", "tokenizer.json", "head.onnx"],
+                                          manifest["head"]["feature_names"], manifest["name"],
+                                          manifest["head"].get("pooling", "mean"))
     (out / "manifest.json").write_text(json.dumps(manifest))
     return out, manifest["version"]
 
