@@ -8,9 +8,10 @@ default; a request goes to the frontier when ``p_hard >= t``):
 - a **budget** in USD per day: ``t`` is the lowest threshold whose projected frontier spend
   over the window, per day, stays within the budget. Projected spend = the sum, over the
   decisions at or above ``t``, of each request's cost on the frontier target
-  (``policy.cost.estimate_cost`` at list prices, with the logged prompt tokens and the
-  completion tokens of a logged frontier answer when there is one, else of any logged
-  answer, else the fleet's output estimate), divided by the days the window's traffic
+  (``policy.cost.estimate_cost`` at list prices, with the larger of the decision's prompt
+  tokens and the prompt tokens its logged outcomes reported, and the completion tokens of a
+  logged frontier answer when there is one, else of any logged answer, else the fleet's
+  output estimate), divided by the days the window's traffic
   covers (at least ``MIN_SPAN_S``, one second; below a day the projection is printed with a warning).
 
 ``p_hard`` of each recent decision is re-scored with the serving model (``model``) when it
@@ -170,7 +171,9 @@ def recent_traffic(log: OutcomeLog, fleet: Fleet, frontier: str, model: Difficul
             skipped["other_model"] += 1
             continue
         rf = d.request_features
-        prompt = int(rf.get("prompt_tokens") or 0)
+        # the larger of Pointsman's count (the estimator's tokenizer) and what an upstream reported (billed)
+        prompt = max([int(rf.get("prompt_tokens") or 0)]
+                     + [o.usage.prompt_tokens for o in d.outcomes if o.usage.prompt_tokens is not None])
         out = _completion_tokens(d, frontier)
         if out is None:
             out = fleet.output_tokens(frontier, rf.get("max_output_tokens"))

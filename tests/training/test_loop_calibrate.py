@@ -232,3 +232,33 @@ def test_budget_threshold_projects_a_short_log_at_its_own_rate(tmp_path, monkeyp
     assert (out["threshold"], out["frontier_share"]) == (0.95, 0.1)  # before: 0.45 and 0.6
     assert out["projected_spend_usd_per_day"] == pytest.approx(288 * one)
     assert "over 10.0 min of logged traffic" in out["warnings"][0]
+
+
+def test_budget_projection_prices_the_prompt_tokens_the_upstream_reported(tmp_path, monkeypatch, fleet):
+    """The decision counted 1,000 prompt tokens (the estimator's WordPiece), the frontier's answer reported
+    3,000 (what it billed: code and whitespace count more in BPE). Before, the $/day projection priced the
+    1,000, so a budget threshold admitted what cost more than the budget."""
+    from pointsman.outcome import parse_outcomes
+
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    version = load_estimator("bundled").version
+    with OutcomeLog() as log:
+        log.append_decisions([DecisionRecord(**{**vars(record(i, (i + 1) / 10, t=NOW - 86400 + 8640 * i)),
+                                                "estimator_version": version}) for i in range(10)])
+        log.append_outcomes(parse_outcomes([{"decision_id": f"d{i:05d}", "served_target": "frontier-large",
+                                             "usage": {"prompt_tokens": 3000, "completion_tokens": 100}}
+                                            for i in range(10)]))
+    p = fleet.targets["frontier-large"].prices
+    billed = (3000 * p.usd_per_1m_input_tokens + 100 * p.usd_per_1m_output_tokens) / 1e6
+    policy = tmp_path / "policy.yaml"
+    shutil.copyfile(STATIC_POLICY_PATH, policy)
+    cli = click.Group()
+    register(cli)
+    res = CliRunner().invoke(cli, ["calibrate", "--budget-usd-per-day", repr(3 * billed), "--policy", str(policy),
+                                   "--json", "--model", "bundled", "--dry-run", "--target", "frontier-large",
+                                   "--since", str(NOW - 86400), "--until", str(NOW)])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["projected_spend_usd_per_day"] == pytest.approx(3 * billed)  # before: 7 x the 1,000-token price
+    assert (out["threshold"], out["frontier_share"]) == (0.8, 0.3)  # before: 0.4 and 0.7, billed 2.3x the budget
