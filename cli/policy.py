@@ -95,24 +95,24 @@ def cases_file(path: Path) -> Path:
 def test_command(files: tuple[Path, ...]) -> None:
     """Run policy cases FILES (input signals -> expected target, mode, rule); a policy file
     runs its sibling cases file."""
-    failed = 0
-    total = 0
+    passed = failed = unreadable = 0
     for path in map(cases_file, files):
         try:
             results = run_cases(path)
         except ConfigError as exc:
-            failed += 1
+            unreadable += 1
             _echo_problems(exc)
             continue
         for r in results:
-            total += 1
             if r.passed:
+                passed += 1
                 click.echo(f"PASS {path}:{r.line}: {r.name}")
             else:
                 failed += 1
                 click.echo(f"FAIL {path}:{r.line}: {r.name}: {r.message}")
-    click.echo(f"{total - failed if failed <= total else 0} passed, {failed} failed")
-    if failed:
+    click.echo(f"{passed} passed, {failed} failed"
+               + (f"; {unreadable} file(s) not run: their problems are listed above" if unreadable else ""))
+    if failed or unreadable:
         raise CheckFailed()
 
 

@@ -133,7 +133,8 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
     try:
         budgets = None
         try:
-            request_scopes(tenant, None)
+            if not request_scopes(tenant, None):  # '' names no scope: the service refuses it too
+                raise RequestError("tenant must be 1-200 characters without spaces (it names a budget scope)")
         except RequestError as exc:
             raise click.BadParameter(str(exc), param_hint="--tenant") from None
         if budgets_path is not None:

@@ -31,6 +31,13 @@ def _split_names(values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(n.strip() for v in values for n in v.split(",") if n.strip())
 
 
+
+def _folds(value: int) -> int:
+    """``--folds``: 0 (no cross-fitting) or 2 and more; one fold has nothing to hold out."""
+    if value == 1:
+        raise click.BadParameter("1 fold holds nothing out: give 0 (no cross-fitting) or 2 and more")
+    return value
+
 @click.command("train")
 @click.option("--encoder", type=click.Choice(["static", "minilm"]), default="static", show_default=True,
               help="Text encoder: static (distilled from MiniLM, default) or the MiniLM transformer.")
@@ -46,7 +53,8 @@ def _split_names(values: tuple[str, ...]) -> tuple[str, ...]:
               help="Reuse the encoder of this model directory (e.g. estimator/default_model); train only the head.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--max-rows", type=click.IntRange(min=1), default=None, help="Cap prompts per source (quick runs).")
-@click.option("--folds", type=int, default=5, show_default=True, help="Cross-fitting folds (held-out metrics, calibration).")
+@click.option("--folds", type=click.IntRange(min=0), default=5, show_default=True, callback=lambda ctx, param, v: _folds(v),
+              help="Cross-fitting folds (held-out metrics, calibration); 0: none.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
 @click.option("--from-table", is_flag=True,
               help="Train on the public outcome tables (the default; see --tables).")

@@ -390,3 +390,15 @@ def test_a_fleet_with_an_infinite_or_nan_number_is_refused(tmp_path: Path, line,
     assert f"{fleet}:" in r.output and key in r.output and "finite" in r.output, r.output
     r = CliRunner().invoke(main, ["route", "--json", "--fleet", str(fleet), "hi"])
     assert r.exit_code == 2 and "Infinity" not in r.output, r.output
+
+
+def test_policy_test_counts_cases_and_unreadable_files_apart(tmp_path: Path):
+    """A cases file that cannot be read is not one failed case: the tally names it apart and the command
+    fails (before: three bad cases in one file read '0 passed, 1 failed' next to the other file's passes)."""
+    good = DEFAULT_POLICY_DIR / "static.cases.yaml"
+    bad = tmp_path / "bad.cases.yaml"
+    bad.write_text(good.read_text().replace("policy: static.yaml", f"policy: {DEFAULT_POLICY_DIR / 'static.yaml'}")
+                   .replace("expect: {", "expext: {"))
+    r = CliRunner().invoke(main, ["policy", "test", str(good), str(bad)])
+    assert r.exit_code != 0
+    assert r.stdout.splitlines()[-1] == "19 passed, 0 failed; 1 file(s) not run: their problems are listed above"

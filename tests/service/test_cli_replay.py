@@ -108,8 +108,9 @@ def test_budgets_file_is_replayed_and_reported(tmp_path: Path) -> None:
     assert doc["meta"]["budgets"] == f"{budgets} (tenant:t1)"
     res = CliRunner().invoke(main, [*args, "--budgets", str(budgets), "--out", str(tmp_path / "b")])
     assert res.exit_code == 2 and "no budget applies to the replayed requests (scope tenant:replay)" in res.output
-    res = CliRunner().invoke(main, [*args, "--tenant", "a b", "--out", str(tmp_path / "b")])
-    assert res.exit_code == 2 and "--tenant" in res.output
+    for bad in ("a b", ""):  # '' named no scope: the budgets silently did not apply
+        res = CliRunner().invoke(main, [*args, "--tenant", bad, "--out", str(tmp_path / "b")])
+        assert res.exit_code == 2 and "--tenant" in res.output
 
 
 def test_replay_bad_input_is_one_error_line_exit_2(tmp_path: Path) -> None:

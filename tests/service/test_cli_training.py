@@ -98,6 +98,8 @@ def test_train_refuses_non_commercial_tables(cli, tmp_path):
 @pytest.mark.parametrize("extra, message", [
     (["--seed", "-1"], "'--seed': -1 is not in the range x>=0"),  # before: numpy's ValueError, a traceback
     (["--max-rows", "-3"], "'--max-rows': -3 is not in the range x>=1"),  # before: "negative dimensions"
+    (["--folds", "-1"], "'--folds': -1 is not in the range x>=0"),  # before: silently no cross-fitting
+    (["--folds", "1"], "1 fold holds nothing out"),
 ])
 def test_train_bad_numbers_are_one_error_line(cli, tmp_path, extra, message):
     res = CliRunner().invoke(cli, ["train", "--no-mlflow", "--output", str(tmp_path / "m"), *extra])
