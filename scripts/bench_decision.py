@@ -21,10 +21,11 @@ Per workload, two passes on the same app:
    event loop thread's share;
 2. stages: the same requests again with a timer around each stage of the path (functions of
    ``service.routes_decisions``, ``policy.engine``, ``estimator``), the median microseconds per
-   request of each stage, ``framework`` (ASGI, FastAPI routing and dependencies: the request's wall
-   time less its stages) and ``other`` (steps of ``RoutingEngine.route`` between the timed ones:
-   request and difficulty signals, prefix block hashes, the Decision). A stage whose function
-   does not exist in this version of the code is left out.
+   request of each stage, ``framework`` (ASGI, the hot path's dispatch and key check: the request's
+   wall time less its stages) and ``other`` (steps of the decision, ``routes_decisions.route_async``,
+   between the timed ones: request and difficulty signals, prefix block hashes, the Decision). The
+   benchmark stops with an error when a stage's function does not exist or a stage the workload
+   goes through was never called (its cost would silently count as ``framework``).
 
 ``--budget FILE`` (default ``scripts/decision_budget.json``) compares the CPU per request and
 every stage with the committed budget and exits 1 when one is over it by more than the noise
@@ -35,13 +36,14 @@ medians less so; run twice before believing a failure.
 
     python scripts/bench_decision.py [--n 1500] [--json] [--no-check] [--write-budget]
                                      [--workloads "20 words" "500 tokens"] [--profile] [--cel]
-                                     [--baseline REV [--rounds 3]] [--inline-estimator]
+                                     [--baseline REV [--rounds 3]] [--inline-estimator] [--no-stages]
 
 ``--baseline REV`` (with ``--rounds K``, default 3) measures the code of git revision ``REV`` against
 this checkout's, alternating: K runs of each, every run a fresh process of this script (the same
 measurement, ``--json --no-check`` with the other options given), ``REV``'s packages first on
 ``PYTHONPATH`` (from ``git archive``; the model files come from there too); prints each workload's
-median server CPU per request for both, every run's value and the load average before it.
+median server CPU per request for both, every run's value and the load average before it (the runs
+measure the CPU pass alone: ``--no-stages``).
 
 ``--inline-estimator`` runs the estimator on the event loop's thread instead of handing it to the
 deadline's pool (``service/deadline.py``; no deadline then): what that hand-off costs, measured by
@@ -83,27 +85,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 BUDGET = Path(__file__).resolve().parent / "decision_budget.json"
 WORKLOADS = ("20 words", "500 tokens", "100k tokens", "route+outcome")
-#: Timed stages: name -> (module, attribute path); a method is "Class.method". Nested stages
-#: (everything under ``route``) are subtracted from their parent in the report.
-STAGES: dict[str, tuple[str, str]] = {
-    "read_body": ("pointsman.service.routes_decisions", "read_body"),
-    "decode_json": ("pointsman.service.routes_decisions", "decode_json"),
-    "parse": ("pointsman.service.routes_decisions", "parse_route_request"),
-    "route": ("pointsman.policy.engine", "RoutingEngine.route"),
-    "view": ("pointsman.request", "RequestView.of"),
-    "features": ("pointsman.policy.engine", "tokenized_features"),
-    "estimator": ("pointsman.policy.engine", "RoutingEngine._estimate"),
-    "policy": ("pointsman.policy.engine", "decide"),
-    "place": ("pointsman.policy.engine", "place"),
-    "dispatch": ("pointsman.policy.signals.fleet_state", "FleetState.dispatch"),
-    "to_dict": ("pointsman.policy.decision", "Decision.to_dict"),
-    "json_response": ("pointsman.service.routes_decisions", "JSONAnswer"),
-    "commit": ("pointsman.service.routes_decisions", "commit_decision"),
-    "outcome_parse": ("pointsman.service.routes_reports", "parse_outcome_items"),
-    "outcome_store": ("pointsman.service.routes_reports", "store_outcomes"),
+#: Timed stages: name -> the functions timed for it, each (module, attribute path); a method is
+#: "Class.method". A stage's functions are alternatives (the path calls one of them). Nested stages
+#: (everything under ``route``) are subtracted from their parent in the report. Every stage a
+#: workload goes through must be called in it (``StageClock.missing``): a timer around a function
+#: the path no longer calls would silently move its cost into ``framework``.
+STAGES: dict[str, tuple[tuple[str, str], ...]] = {
+    "read_body": (("pointsman.service.routes_decisions", "read_body"),),
+    "decode_json": (("pointsman.service.routes_decisions", "decode_json"),),
+    "parse": (("pointsman.service.routes_decisions", "parse_route_request"),),
+    # the whole decision: prepare (view, features), the estimate (awaited on the pool), engine.route
+    "route": (("pointsman.service.routes_decisions", "route_async"),),
+    "view": (("pointsman.request", "RequestView.of"),),
+    "features": (("pointsman.policy.engine", "tokenized_features"),),
+    # the pool's hand-off awaited on the loop (route_async), or the engine's own call (in a thread)
+    "estimator": (("pointsman.service.deadline", "DeadlineEstimator.estimate_async"),
+                  ("pointsman.policy.engine", "RoutingEngine._estimate")),
+    "policy": (("pointsman.policy.engine", "decide"),),
+    "place": (("pointsman.policy.engine", "place"),),
+    "dispatch": (("pointsman.policy.signals.fleet_state", "FleetState.dispatch"),),
+    "to_dict": (("pointsman.policy.decision", "Decision.to_dict"),),
+    "json_response": (("pointsman.service.routes_decisions", "JSONAnswer"),),
+    "commit": (("pointsman.service.routes_decisions", "commit_decision"),),
+    "outcome_parse": (("pointsman.service.routes_reports", "parse_outcome_items"),),
+    "outcome_store": (("pointsman.service.routes_reports", "store_outcomes"),),
 }
 #: Stages timed inside ``route`` (its ``other`` is what is left).
 IN_ROUTE = ("view", "features", "estimator", "policy", "place", "dispatch")
+#: Stages only the outcome path goes through.
+OUTCOME_STAGES = ("outcome_parse", "outcome_store")
+
+
+def expected_stages(workload: str) -> list[str]:
+    """The stages a request of ``workload`` goes through (each must be called in its stage pass)."""
+    return [s for s in STAGES if workload == "route+outcome" or s not in OUTCOME_STAGES]
 
 
 # -- workloads -------------------------------------------------------------------------------------
@@ -173,7 +188,6 @@ class StageClock:
 
     def __init__(self) -> None:
         self.totals: dict[str, float] = {}
-        self.present: list[str] = []
         self._undo: list[Callable[[], None]] = []
 
     def _wrap(self, name: str, fn: Any) -> Any:
@@ -199,26 +213,26 @@ class StageClock:
         return timed
 
     def install(self) -> None:
-        for name, (module_name, path) in STAGES.items():
-            try:
+        """Wrap every stage function with its timer. Raises ``SystemExit`` naming a stage function
+        that does not exist (renamed or moved: the stage would not be measured)."""
+        for name, functions in STAGES.items():
+            for module_name, path in functions:
                 owner: Any = importlib.import_module(module_name)
-            except ImportError:
-                continue
-            *parents, attr = path.split(".")
-            for p in parents:
-                owner = getattr(owner, p, None)
-            raw = None if owner is None else inspect.getattr_static(owner, attr, None)
-            if raw is None:
-                continue
-            if isinstance(raw, classmethod):
-                wrapped: Any = classmethod(self._wrap(name, raw.__func__))
-            elif isinstance(raw, staticmethod):
-                wrapped = staticmethod(self._wrap(name, raw.__func__))
-            else:
-                wrapped = self._wrap(name, raw)
-            setattr(owner, attr, wrapped)
-            self._undo.append(functools.partial(setattr, owner, attr, raw))
-            self.present.append(name)
+                *parents, attr = path.split(".")
+                for p in parents:
+                    owner = getattr(owner, p, None)
+                raw = None if owner is None else inspect.getattr_static(owner, attr, None)
+                if raw is None:
+                    raise SystemExit(f"stage {name}: {module_name}.{path} does not exist; "
+                                     "time the stage where the path now runs it (STAGES)")
+                if isinstance(raw, classmethod):
+                    wrapped: Any = classmethod(self._wrap(name, raw.__func__))
+                elif isinstance(raw, staticmethod):
+                    wrapped = staticmethod(self._wrap(name, raw.__func__))
+                else:
+                    wrapped = self._wrap(name, raw)
+                setattr(owner, attr, wrapped)
+                self._undo.append(functools.partial(setattr, owner, attr, raw))
 
     def uninstall(self) -> None:
         while self._undo:
@@ -256,6 +270,7 @@ async def stage_pass(app: Any, workload: str, bodies: list[bytes], n: int) -> di
     clock = StageClock()
     clock.install()
     rows: list[dict[str, float]] = []
+    called: set[str] = set()
     try:
         for i in range(n):
             clock.take()
@@ -263,6 +278,7 @@ async def stage_pass(app: Any, workload: str, bodies: list[bytes], n: int) -> di
             await one(app, workload, bodies[i % len(bodies)])
             wall = time.perf_counter() - t0
             row = clock.take()
+            called.update(row)
             route = row.get("route", 0.0)
             row["other"] = max(0.0, route - sum(row.get(s, 0.0) for s in IN_ROUTE))
             top = [s for s in row if s not in IN_ROUTE and s != "other"]
@@ -272,25 +288,35 @@ async def stage_pass(app: Any, workload: str, bodies: list[bytes], n: int) -> di
             rows.append(row)
     finally:
         clock.uninstall()
+    missing = [s for s in expected_stages(workload) if s not in called]
+    if missing:
+        raise SystemExit(f"{workload}: stage(s) {', '.join(missing)} never called (timed functions: "
+                         + "; ".join(f"{s} = " + ", ".join(f"{m}.{p}" for m, p in STAGES[s]) for s in missing)
+                         + "): the path no longer runs them there; time them where it does (STAGES)")
     names = sorted({k for r in rows for k in r}, key=lambda s: (s == "request", list(STAGES).index(s)
                                                                  if s in STAGES else len(STAGES)))
     return {s: statistics.median(r.get(s, 0.0) for r in rows) * 1e6 for s in names}
 
 
 def run_estimator_inline() -> None:
-    """Make ``DeadlineEstimator.estimate`` call its inner estimator on the caller's thread (no pool
-    hand-off, no deadline): ``--inline-estimator``, to measure what the hand-off costs. This process only."""
+    """Make ``DeadlineEstimator.estimate`` and ``estimate_async`` call the inner estimator on the caller's
+    thread (no pool hand-off, no deadline): ``--inline-estimator``, to measure what the hand-off costs.
+    This process only."""
     from pointsman.service.deadline import DeadlineEstimator
 
     def estimate(self: Any, features: Any, query_token_ids: list[int] | None = None) -> Any:
         if query_token_ids is None or self._takes_ids is None:
             return self.inner.estimate(features)
         return self._takes_ids.estimate(features, query_token_ids)
+
+    async def estimate_async(self: Any, features: Any, query_token_ids: list[int] | None = None) -> Any:
+        return estimate(self, features, query_token_ids)
     DeadlineEstimator.estimate = estimate  # type: ignore[method-assign]
+    DeadlineEstimator.estimate_async = estimate_async  # type: ignore[method-assign]
 
 
-def bench(workloads: list[str], n: int, profile: bool) -> dict[str, Any]:
-    """Both passes for every workload on one app; the results as a dict."""
+def bench(workloads: list[str], n: int, profile: bool, stages: bool = True) -> dict[str, Any]:
+    """Both passes for every workload on one app (the CPU pass alone without ``stages``); the results as a dict."""
     from pointsman.service.app import create_app
     from pointsman.service.settings import Settings
 
@@ -309,7 +335,7 @@ def bench(workloads: list[str], n: int, profile: bool) -> dict[str, Any]:
                         await one(app, w, bodies[i % len(bodies)])
                     prof = cProfile.Profile() if profile else None
                     res: dict[str, Any] = await cpu_pass(app, w, bodies, k, prof)
-                    res["stages_us"] = await stage_pass(app, w, bodies, k)
+                    res["stages_us"] = await stage_pass(app, w, bodies, k) if stages else {}
                     res["n"] = k
                     if prof is not None:
                         buf = io.StringIO()
@@ -324,7 +350,8 @@ def bench(workloads: list[str], n: int, profile: bool) -> dict[str, Any]:
 # -- budget ----------------------------------------------------------------------------------------
 def check(results: dict[str, Any], budget: dict[str, Any], tolerance: float) -> list[str]:
     """Over-budget lines: CPU per request over ``budget x (1 + tolerance)``, a stage over
-    ``budget x (1 + tolerance) + 15 us``. Workloads or stages without a budget are not checked."""
+    ``budget x (1 + tolerance) + 15 us``, a budgeted stage not measured. Workloads or stages without
+    a budget are not checked."""
     problems = []
     for w, b in budget.get("workloads", {}).items():
         r = results.get(w)
@@ -335,7 +362,9 @@ def check(results: dict[str, Any], budget: dict[str, Any], tolerance: float) -> 
                             f"(+{tolerance:.0%})")
         for s, limit in b.get("stages_us", {}).items():
             got = r["stages_us"].get(s)
-            if got is not None and s != "request" and got > limit * (1 + tolerance) + 15:
+            if got is None:
+                problems.append(f"{w}: stage {s} has a budget but was not measured")
+            elif s != "request" and got > limit * (1 + tolerance) + 15:
                 problems.append(f"{w}: stage {s} {got:.0f} us > budget {limit:.0f} us (+{tolerance:.0%} + 15 us)")
     return problems
 
@@ -436,13 +465,15 @@ def main() -> None:
     parser.add_argument("--cel", action="store_true", help="also measure CEL evaluation strategies")
     parser.add_argument("--baseline", metavar="REV", help="measure git revision REV's code against this, alternating")
     parser.add_argument("--rounds", type=int, default=3, help="with --baseline: runs of each")
+    parser.add_argument("--no-stages", action="store_true",
+                        help="the CPU pass alone (no stage timers; no budget check of the stages)")
     parser.add_argument("--inline-estimator", action="store_true",
                         help="estimate on the event loop's thread, not the deadline's pool (measures the hand-off)")
     args = parser.parse_args()
     if args.inline_estimator:
         run_estimator_inline()
     if args.baseline:
-        forwarded = ["--n", str(args.n), "--workloads", *args.workloads]
+        forwarded = ["--n", str(args.n), "--no-stages", "--workloads", *args.workloads]
         result = compare(args.baseline, args.rounds, forwarded)
         if args.json:
             print(json.dumps(result, indent=2))
@@ -455,7 +486,9 @@ def main() -> None:
             print(f"{w:<16}{b['cpu_ms']:>14.3f}{h['cpu_ms']:>10.3f}  {b['cpu_ms_runs']} | {h['cpu_ms_runs']}")
         return
 
-    results = bench(args.workloads, args.n, args.profile)
+    if args.no_stages and args.write_budget:
+        parser.error("--write-budget needs the stages (drop --no-stages)")
+    results = bench(args.workloads, args.n, args.profile, stages=not args.no_stages)
     out: dict[str, Any] = {"python": sys.version.split()[0], "cores": os.cpu_count(), **results}
     if args.cel:
         out["cel"] = bench_cel()
@@ -468,7 +501,7 @@ def main() -> None:
                             "stages_us": {s: round(v, 1) for s, v in r["stages_us"].items()}}
         args.budget.write_text(json.dumps({"about": "scripts/bench_decision.py --write-budget; docs/architecture.md",
                                            "workloads": workloads}, indent=2) + "\n")
-    problems = [] if args.no_check or args.write_budget or not args.budget.exists() else \
+    problems = [] if args.no_check or args.no_stages or args.write_budget or not args.budget.exists() else \
         check(results, json.loads(args.budget.read_text()), args.tolerance)
     out["budget_problems"] = problems
     if args.json:
