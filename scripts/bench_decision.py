@@ -42,8 +42,12 @@ medians less so; run twice before believing a failure.
 this checkout's, alternating: K runs of each, every run a fresh process of this script (the same
 measurement, ``--json --no-check`` with the other options given), ``REV``'s packages first on
 ``PYTHONPATH`` (from ``git archive``; the model files come from there too); prints each workload's
-median server CPU per request for both, every run's value and the load average before it (the runs
-measure the CPU pass alone: ``--no-stages``).
+median server CPU per request for both, every run's value and the load average before it, and the
+medians per thread group (the runs measure the CPU pass alone: ``--no-stages``).
+
+The CPU pass also reports each thread group's CPU per request (the event loop, the estimator's
+pool, the decision log writer, other threads; each thread's CPU clock). ``--profile``'s cProfile
+counts the event loop thread's CPU time (``time.thread_time``), not wall time.
 
 ``--inline-estimator`` runs the estimator on the event loop's thread instead of handing it to the
 deadline's pool (``service/deadline.py``; no deadline then): what that hand-off costs, measured by
@@ -245,11 +249,35 @@ class StageClock:
 
 
 # -- passes ----------------------------------------------------------------------------------------
+#: Thread name prefix -> the row its CPU is reported in (``threads_ms``); other threads are ``other``.
+THREAD_GROUPS = {"pointsman-estimator": "estimator pool", "pointsman-decision-log": "decision log writer"}
+
+
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds so far of this process's Python threads by ``THREAD_GROUPS`` row (the event loop's
+    thread is ``loop``: the caller's), from each thread's CPU clock. A thread that ended is not counted."""
+    import threading
+
+    out: dict[str, float] = {}
+    me = threading.get_ident()
+    for t in threading.enumerate():
+        if t.ident is None:
+            continue
+        try:
+            cpu = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+        except (OSError, ProcessLookupError):  # ended meanwhile
+            continue
+        row = "loop" if t.ident == me else next((v for k, v in THREAD_GROUPS.items() if t.name.startswith(k)), "other")
+        out[row] = out.get(row, 0.0) + cpu
+    return out
+
+
 async def cpu_pass(app: Any, workload: str, bodies: list[bytes], n: int,
                    profile: cProfile.Profile | None) -> dict[str, float]:
-    """``n`` requests; process CPU (all threads) and the loop thread's CPU per request, in ms."""
+    """``n`` requests; process CPU (all threads), and each thread group's (``threads_ms``: the loop,
+    the estimator pool, the decision log writer, other threads) per request, in ms."""
     walls = []
-    cpu0, loop0 = time.process_time(), time.thread_time()
+    cpu0, loop0, threads0 = time.process_time(), time.thread_time(), thread_cpu_s()
     if profile is not None:
         profile.enable()
     for i in range(n):
@@ -262,7 +290,10 @@ async def cpu_pass(app: Any, workload: str, bodies: list[bytes], n: int,
     app.state.runtime.writer.flush(timeout_s=30.0)  # the decision log writer's share of these requests
     await asyncio.sleep(0.05)
     cpu = time.process_time() - cpu0
-    return {"cpu_ms": cpu * 1e3 / n, "loop_cpu_ms": loop_cpu * 1e3 / n, "wall_p50_ms": statistics.median(walls) * 1e3}
+    threads1 = thread_cpu_s()
+    threads = {k: round((v - threads0.get(k, 0.0)) * 1e3 / n, 4) for k, v in threads1.items() if k != "loop"}
+    return {"cpu_ms": cpu * 1e3 / n, "loop_cpu_ms": loop_cpu * 1e3 / n, "threads_ms": threads,
+            "wall_p50_ms": statistics.median(walls) * 1e3}
 
 
 async def stage_pass(app: Any, workload: str, bodies: list[bytes], n: int) -> dict[str, float]:
@@ -333,7 +364,9 @@ def bench(workloads: list[str], n: int, profile: bool, stages: bool = True) -> d
                     k = n if w != "100k tokens" else max(20, n // 10)
                     for i in range(min(200, k)):
                         await one(app, w, bodies[i % len(bodies)])
-                    prof = cProfile.Profile() if profile else None
+                    # the loop thread's CPU time, not wall: a wall-clock profile charges the GIL waits
+                    # behind the estimator's pool to whatever the loop was running then
+                    prof = cProfile.Profile(time.thread_time) if profile else None
                     res: dict[str, Any] = await cpu_pass(app, w, bodies, k, prof)
                     res["stages_us"] = await stage_pass(app, w, bodies, k) if stages else {}
                     res["n"] = k
@@ -447,7 +480,12 @@ def compare(rev: str, rounds: int, argv: list[str]) -> dict[str, Any]:
     workloads = [w for w in WORKLOADS if w in runs["head"][0]]
     return {"baseline": rev, "rounds": rounds, "load_before_runs": {s: [r["load"] for r in rs] for s, rs in runs.items()},
             **{w: {s: {"cpu_ms_runs": [round(r[w]["cpu_ms"], 3) for r in rs],
-                       "cpu_ms": round(statistics.median(r[w]["cpu_ms"] for r in rs), 3)} for s, rs in runs.items()}
+                       "cpu_ms": round(statistics.median(r[w]["cpu_ms"] for r in rs), 3),
+                       "threads_ms": {"loop": round(statistics.median(r[w]["loop_cpu_ms"] for r in rs), 3),
+                                      **{g: round(statistics.median(r[w].get("threads_ms", {}).get(g, 0.0)
+                                                                    for r in rs), 3)
+                                         for g in THREAD_GROUPS.values()}}}
+                   for s, rs in runs.items()}
                for w in workloads}}
 
 
@@ -484,6 +522,8 @@ def main() -> None:
         for w in args.workloads:
             b, h = result[w]["base"], result[w]["head"]
             print(f"{w:<16}{b['cpu_ms']:>14.3f}{h['cpu_ms']:>10.3f}  {b['cpu_ms_runs']} | {h['cpu_ms_runs']}")
+            for g in b["threads_ms"]:
+                print(f"  {g:<14}{b['threads_ms'][g]:>14.3f}{h['threads_ms'][g]:>10.3f}")
         return
 
     if args.no_stages and args.write_budget:
@@ -514,6 +554,9 @@ def main() -> None:
         print(f"{'':<22}" + "".join(f"{w:>15}" for w in args.workloads))
         print(f"{'server CPU ms':<22}" + "".join(f"{results[w]['cpu_ms']:>15.3f}" for w in args.workloads))
         print(f"{'  event loop ms':<22}" + "".join(f"{results[w]['loop_cpu_ms']:>15.3f}" for w in args.workloads))
+        for row in [*THREAD_GROUPS.values(), "other"]:
+            print(f"{'  ' + row + ' ms':<22}" + "".join(f"{results[w]['threads_ms'].get(row, 0.0):>15.3f}"
+                                                        for w in args.workloads))
         print(f"{'wall p50 ms':<22}" + "".join(f"{results[w]['wall_p50_ms']:>15.3f}" for w in args.workloads))
         print("stages, median us per request:")
         for s in stages:
