@@ -14,6 +14,12 @@ At most ``executor``'s worker count estimates run at once; when every worker is 
 new estimates wait in its queue, time out, and are cancelled there, so a hung estimator
 costs each decision at most ``timeout_ms`` and never grows a backlog.
 
+The service's executor is an ``EstimatorPool`` (``estimator_pool``): a fixed set of threads on one
+queue whose ``post`` hands an estimate to a thread and its answer back to the event loop directly
+(``loop.call_soon_threadsafe``), without ``concurrent.futures`` futures, ``asyncio.wrap_future`` and
+``asyncio.timeout``: that machinery cost about as much CPU per decision as the 20-word estimate
+itself (``scripts/bench_decision.py``; ``docs/architecture.md``). Any other ``Executor`` works too.
+
 Everything else (``version``, ``tokenizer``, ``takes_query_token_ids``, ``feature_vector``,
 ``model_dir``, ``manifest``, ``source``) is the inner estimator's, so the outcome log and the health
 endpoints see the real model.
@@ -23,8 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import queue
+import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from pointsman.estimator.estimate import DifficultyEstimate, Estimator, TokenIdsEstimator
 
@@ -37,9 +46,126 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_WORKERS = 4
 
 
-def estimator_pool(workers: int = DEFAULT_WORKERS) -> concurrent.futures.ThreadPoolExecutor:
+#: A queued job: (function, arguments, the caller's future or None, the loop and the waiter of a ``post``).
+_Job = tuple[Callable[..., Any], tuple[Any, ...], "concurrent.futures.Future[Any] | None",
+             "asyncio.AbstractEventLoop | None", "asyncio.Future[Any] | None"]
+
+
+def _deliver(waiter: asyncio.Future[Any], value: Any, ok: bool) -> None:
+    """On the waiter's loop: its result (``ok``) or exception, unless it was cancelled or timed out meanwhile."""
+    if not waiter.done():
+        if ok:
+            waiter.set_result(value)
+        else:
+            waiter.set_exception(value)
+
+
+class EstimatorPool(concurrent.futures.Executor):
+    """``workers`` daemon threads (named ``{name}_{i}``) running jobs from one queue, in order.
+
+    ``submit(fn, *args)`` returns a ``concurrent.futures.Future`` (as ``ThreadPoolExecutor``);
+    ``post(loop, fn, *args)`` returns an ``asyncio.Future`` of ``loop`` that a worker completes
+    through ``loop.call_soon_threadsafe``: a job whose future is cancelled (or done) before a worker
+    takes it does not run. Both raise ``RuntimeError`` after ``shutdown``."""
+
+    def __init__(self, workers: int = DEFAULT_WORKERS, name: str = "pointsman-estimator") -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers!r}")
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(workers)]
+        for t in self._threads:
+            t.start()
+
+    def _put(self, job: _Job) -> None:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._jobs.put(job)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        """Run ``fn(*args, **kwargs)`` on a worker; its future. Raises ``RuntimeError`` after ``shutdown``."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._put(((lambda: fn(*args, **kwargs)) if kwargs else fn, args if not kwargs else (), future, None, None))
+        return future
+
+    def post(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], /, *args: Any) -> asyncio.Future[Any]:
+        """Run ``fn(*args)`` on a worker; an ``asyncio.Future`` of ``loop`` (call on ``loop``'s thread) with its
+        result or exception. Cancel it to drop the job if no worker took it yet. Raises ``RuntimeError``
+        after ``shutdown``."""
+        waiter = loop.create_future()
+        self._put((fn, args, None, loop, waiter))
+        return waiter
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            self._run(*job)
+            del job  # not kept alive while waiting for the next
+
+    @staticmethod
+    def _run(fn: Callable[..., Any], args: tuple[Any, ...], future: concurrent.futures.Future[Any] | None,
+             loop: asyncio.AbstractEventLoop | None, waiter: asyncio.Future[Any] | None) -> None:
+        if future is not None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, as ThreadPoolExecutor does
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            return
+        if loop is None or waiter is None or waiter.done():  # cancelled or timed out while queued
+            return
+        try:
+            value, ok = fn(*args), True
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            value, ok = exc, False
+        try:
+            loop.call_soon_threadsafe(_deliver, waiter, value, ok)
+        except RuntimeError:  # the loop closed meanwhile: nobody waits
+            pass
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No new jobs; with ``cancel_futures`` the queued ones are cancelled (their futures and waiters);
+        the workers end after the jobs left. ``wait``: until they have."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                if cancel_futures:
+                    while True:
+                        try:
+                            job = self._jobs.get_nowait()
+                        except queue.Empty:
+                            break
+                        if job is not None:
+                            _, _, future, loop, waiter = job
+                            if future is not None:
+                                future.cancel()
+                            elif loop is not None and waiter is not None:
+                                try:
+                                    loop.call_soon_threadsafe(waiter.cancel)
+                                except RuntimeError:
+                                    pass
+                for _ in self._threads:
+                    self._jobs.put(None)
+        if wait:
+            for t in self._threads:
+                if t is not threading.current_thread():
+                    t.join()
+
+
+def estimator_pool(workers: int = DEFAULT_WORKERS) -> EstimatorPool:
     """The thread pool ``DeadlineEstimator``s run on (one per service process)."""
-    return concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pointsman-estimator")
+    return EstimatorPool(workers, "pointsman-estimator")
+
+
+def _expire(waiter: asyncio.Future[Any], expired: list[bool]) -> None:
+    """``estimate_async``'s deadline: mark and cancel the wait (the job is dropped if still queued)."""
+    if not waiter.done():
+        expired.append(True)
+        waiter.cancel()
 
 
 class DeadlineEstimator:
@@ -110,20 +236,34 @@ class DeadlineEstimator:
                              query_token_ids: list[int] | None = None) -> DifficultyEstimate:
         """``estimate`` awaited on an event loop instead of blocking it: the loop serves other
         requests while the pool estimates (the blocking wait held the loop for the estimate and the
-        threads' hand-offs, ~50% of its time at saturation: issue 24). The same answers."""
+        threads' hand-offs, ~50% of its time at saturation: issue 24). The same answers. The wait
+        ends at the deadline (a timer on the loop; the job is dropped if no worker took it yet);
+        cancelling the caller cancels the wait as well."""
         started = time.perf_counter()
-        future = self._submit(features, query_token_ids)
-        if isinstance(future, DifficultyEstimate):
-            return future
+        loop = asyncio.get_running_loop()
+        fn, args = (self.inner.estimate, (features,)) if query_token_ids is None or self._takes_ids is None \
+            else (self._takes_ids.estimate, (features, query_token_ids))
         try:
-            async with asyncio.timeout(self.timeout_ms / 1000.0):
-                return await asyncio.wrap_future(future)
-        except TimeoutError:
-            future.cancel()
+            if isinstance(self._executor, EstimatorPool):
+                waiter = self._executor.post(loop, fn, *args)
+            else:
+                waiter = asyncio.wrap_future(self._executor.submit(fn, *args), loop=loop)
+        except RuntimeError as exc:
+            return DifficultyEstimate(None, False, 0.0, f"estimator pool unavailable: {exc}")
+        expired: list[bool] = []
+        deadline = loop.call_later(self.timeout_ms / 1000.0, _expire, waiter, expired)
+        try:
+            estimate: DifficultyEstimate = await waiter
+            return estimate
+        except asyncio.CancelledError:
+            if not expired:  # the caller was cancelled
+                raise
             return self._late(started)
         except Exception as exc:  # noqa: BLE001 - an estimator must never take a decision down
             elapsed = (time.perf_counter() - started) * 1000.0
             return DifficultyEstimate(None, False, elapsed, f"{type(exc).__name__}: {exc}")
+        finally:
+            deadline.cancel()
 
     def _late(self, started: float) -> DifficultyEstimate:
         """The unavailable estimate of one that did not come within the budget."""

@@ -64,7 +64,7 @@ class Runtime:
     owns_engine: bool = False
     cascade: PendingDrafts = field(default_factory=PendingDrafts)
     verifier: Verifier = field(default_factory=HeuristicVerifier)
-    pool: concurrent.futures.ThreadPoolExecutor | None = None
+    pool: concurrent.futures.Executor | None = None
     follower: ModelFollower | None = None
     relay: VerifyRelay | None = None
     feeds: SignalFeeds | None = None

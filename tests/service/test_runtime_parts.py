@@ -3,6 +3,7 @@ follower's failure paths, and the API key ring."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
 
@@ -15,7 +16,7 @@ from pointsman.policy.fleet import load_fleet
 from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
 from pointsman.request import request_from_prompt
 from pointsman.service.auth import KeyRing
-from pointsman.service.deadline import DeadlineEstimator
+from pointsman.service.deadline import DeadlineEstimator, estimator_pool
 from pointsman.service.decision_log import DecisionLogWriter
 from pointsman.service.live_engine import LiveEngine
 from pointsman.service.model_follower import ModelFollower, followed, key_of
@@ -97,6 +98,47 @@ def test_deadline_turns_hangs_and_errors_into_unavailable():
     assert not after.available and after.error.startswith("estimator pool unavailable")
     with pytest.raises(ValueError):
         DeadlineEstimator(Broken(), 0, pool)
+
+
+def test_deadline_on_the_event_loop_through_the_service_pool():
+    """``estimate_async`` on the service's pool (``estimator_pool``, what ``pointsman serve`` uses): a hung
+    estimator times out, a queued estimate behind it times out too and never runs, an error comes back
+    as unavailable, a good estimate as itself, and a cancelled caller stays cancelled."""
+    pool = estimator_pool(workers=1)
+    hanging = Hanging()
+    calls: list[object] = []
+
+    class Counting(Hanging):
+        def estimate(self, features):
+            calls.append(features)
+            return super().estimate(features)
+
+    async def scenario() -> None:
+        est = DeadlineEstimator(Counting(), 20, pool)
+        est.inner.release = hanging.release
+        first, second = await asyncio.gather(est.estimate_async("a"), est.estimate_async("b"))
+        assert first.error.startswith("timeout: no estimate within the 20 ms budget")
+        assert second.error.startswith("timeout:")
+        hanging.release.set()
+        broken = await DeadlineEstimator(Broken(), 1000, pool).estimate_async(None)
+        assert not broken.available and broken.error == "RuntimeError: onnx session lost"
+        good = await DeadlineEstimator(FixedDifficulty(0.25), 1000, pool).estimate_async(None)
+        assert good.available and good.p_hard == 0.25
+        hanging.release.clear()
+        waiting = asyncio.ensure_future(DeadlineEstimator(hanging, 5000, pool).estimate_async(None))
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    try:
+        asyncio.run(scenario())
+        assert calls == ["a"]  # "b" timed out in the queue and was dropped there
+    finally:
+        hanging.release.set()
+        pool.shutdown(wait=True)
+    after = asyncio.run(DeadlineEstimator(Broken(), 1000, pool).estimate_async(None))
+    assert not after.available and after.error.startswith("estimator pool unavailable")
 
 
 class Versioned(FixedDifficulty):
