@@ -136,7 +136,7 @@ class DifficultyEstimator:
             whole = features if features.continues is None else features.continues
             if self._doubts_instruction(whole):  # a short instruction may be a greeting: the mean reading too
                 ids = query_token_ids if features.continues is None and self.takes_query_token_ids else None
-                x = np.vstack([x, self._inputs.vector(whole, ids, pooled=False)])
+                x = np.vstack([x, self._inputs.whole(x[:1], whole, ids)])  # x[0] is ``whole``'s pooled reading
                 readings.append("whole")
             ps = self._head.run([self._head_out], {self._head_in: x})[0].reshape(-1)
             best = int(np.argmax(ps))

@@ -168,13 +168,27 @@ class HeadInputs:
         """The head's input for one request: float32 (1, d). ``query_token_ids``:
         ``tokenizer.encode(features.query_text, add_special_tokens=False).ids`` when known.
         ``pooled=False``: the query read as one mean whatever the layout's pooling (the "whole" reading)."""
-        ids = query_token_ids
-        if ids is None and (self._rarity is not None or (self.reads_conversation and features.context_text)) \
-                and self._takes_ids:
-            ids = self._ids(features.query_text)
+        ids = self._query_ids(features, query_token_ids)
         emb = self._embed(features, ids, pooled)
         parts = [emb, request_vector(features), *self._extra(features, ids)]
         return np.concatenate(parts)[None, :].astype(np.float32, copy=False)
+
+    def _query_ids(self, features: RequestFeatures, query_token_ids: list[int] | None) -> list[int] | None:
+        """The query's ids ``vector`` reads: ``query_token_ids``, else tokenized when a block or the context needs them."""
+        if query_token_ids is None and self._takes_ids and \
+                (self._rarity is not None or (self.reads_conversation and features.context_text)):
+            return self._ids(features.query_text)
+        return query_token_ids
+
+    def whole(self, pooled_row: np.ndarray, features: RequestFeatures,
+              query_token_ids: list[int] | None = None) -> np.ndarray:
+        """``vector(features, query_token_ids, pooled=False)`` from ``pooled_row``, ``vector(features,
+        query_token_ids)`` float32 (1, d): the same markers and blocks (they do not depend on the pooling),
+        only the embedding read again as one mean. Float32 (1, d), bit-identical to ``vector``'s."""
+        emb = self._embed(features, self._query_ids(features, query_token_ids), pooled=False)
+        out = pooled_row.copy()
+        out[0, :emb.shape[0]] = emb
+        return out
 
     def matrix(self, features: list[RequestFeatures], query_embeddings: np.ndarray | None = None,
                pooled: bool = True) -> np.ndarray:

@@ -170,19 +170,31 @@ def _upper_and_digits(text: str) -> tuple[int, int]:
     return upper + sum(map(str.isupper, rest)), digits + len(_DIGIT.findall(rest))
 
 
+#: Every string of ``_CODE_BRANCHES``, and for each branch the positions of its strings in that tuple.
+_CODE_NEEDLES = tuple(dict.fromkeys(n for _, needles in _CODE_BRANCHES for n in needles))
+_CODE_NEEDLE_AT = tuple(tuple(_CODE_NEEDLES.index(n) for n in needles) for _, needles in _CODE_BRANCHES)
+_CODE_PATTERNS = tuple(b for b, _ in _CODE_BRANCHES)
+_OPERATOR_PATTERNS = tuple(b for b, _ in _OPERATOR_BRANCHES)
+
+
 def _code_symbols(text: str) -> int:
     """``len(_CODE_SYMBOLS.findall(text))``, with only the branches whose strings ``text`` holds (``_subset``);
     0 without scanning when none does."""
-    present = tuple(any(needle in text for needle in needles) for _, needles in _CODE_BRANCHES)
-    pattern = _subset("code", tuple(b for b, _ in _CODE_BRANCHES), present, re.MULTILINE)
+    held = tuple(map(text.__contains__, _CODE_NEEDLES))
+    if not any(held):
+        return 0
+    present = tuple(any(held[i] for i in at) for at in _CODE_NEEDLE_AT)
+    pattern = _subset("code", _CODE_PATTERNS, present, re.MULTILINE)
     return 0 if pattern is None else len(pattern.findall(text))
 
 
 def _operators(text: str, digits: int) -> int:
     """``len(_OPERATOR.findall(text))`` (``digits``: how many characters of ``text`` ``\\d`` matches), with
     only the branches ``text`` can match (``_subset``)."""
+    if not digits and "\\" not in text and "$" not in text:  # every branch's match holds one of these
+        return 0
     present = tuple(digits > 0 if needle is None else needle in text for _, needle in _OPERATOR_BRANCHES)
-    pattern = _subset("operator", tuple(b for b, _ in _OPERATOR_BRANCHES), present)
+    pattern = _subset("operator", _OPERATOR_PATTERNS, present)
     return 0 if pattern is None else len(pattern.findall(text))
 
 
@@ -196,7 +208,7 @@ def _choices(text: str) -> int:
 
 
 def _count_phrases(lower: str, phrases: tuple[str, ...]) -> int:
-    return sum(lower.count(p) for p in phrases)
+    return sum(map(lower.count, phrases))
 
 
 def request_vector(features: RequestFeatures) -> np.ndarray:

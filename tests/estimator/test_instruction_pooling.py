@@ -29,7 +29,7 @@ from pointsman.estimator.head_inputs import (
 )
 from pointsman.estimator.manifest import content_version, read_manifest
 from pointsman.estimator.model_source import bundled_model_dir
-from pointsman.request import parse_route_request
+from pointsman.request import RequestView, parse_route_request
 
 NOTE = ("Hi team, just a reminder that the office will be closed on Monday for the bank holiday. The cleaners will "
         "come on Tuesday morning instead, so please clear your desks before you leave on Friday. If you need to collect "
@@ -176,3 +176,26 @@ def test_a_greeting_or_label_before_a_hard_request_does_not_lower_it():
                 "Translate this into German: ", "Summarize this note: "):  # real instructions, read pooled alone
         cut = instruction_end(ask + NOTE)
         assert cut and not short_instruction((ask + NOTE)[:cut]), ask
+
+
+def test_the_whole_reading_reuses_the_pooled_rows_markers_bit_identically():
+    """``HeadInputs.whole`` (what ``estimate`` scores a doubted instruction with) equals ``vector(pooled=False)``
+    to the bit: only the embedding differs between the two readings, with and without the query's ids,
+    for a turn alone and for one read with its conversation."""
+    est = DifficultyEstimator(bundled_model_dir())
+    inputs = est._inputs
+    task = "Derive the Black-Scholes equation from a delta-hedged portfolio using Ito's lemma, step by step."
+    turns = [[{"role": "user", "content": "Hello there. " + task + " " + NOTE}],
+             [{"role": "user", "content": NOTE}, {"role": "assistant", "content": LETTER},
+              {"role": "user", "content": "Hello there. " + task + " " + NOTE}]]
+    cases = [tokenized_features(RequestView.of(parse_route_request({"messages": m}), None), est.tokenizer, True)
+             for m in turns]
+    assert inputs.instruction_cut(cases[0][0]) > 0  # the first is read pooled: the readings differ
+    assert not np.array_equal(inputs.vector(*cases[0]), inputs.vector(*cases[0], pooled=False))
+    for f, ids in cases:
+        for given_ids in (ids, None):
+            pooled = inputs.vector(f, given_ids)
+            expected = inputs.vector(f, given_ids, pooled=False)
+            got = inputs.whole(pooled, f, given_ids)
+            assert got.dtype == expected.dtype and got.shape == expected.shape
+            np.testing.assert_array_equal(got, expected)
