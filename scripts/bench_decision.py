@@ -523,7 +523,7 @@ def main() -> None:
             b, h = result[w]["base"], result[w]["head"]
             print(f"{w:<16}{b['cpu_ms']:>14.3f}{h['cpu_ms']:>10.3f}  {b['cpu_ms_runs']} | {h['cpu_ms_runs']}")
             for g in b["threads_ms"]:
-                print(f"  {g:<14}{b['threads_ms'][g]:>14.3f}{h['threads_ms'][g]:>10.3f}")
+                print(f"  {g:<20}{b['threads_ms'][g]:>8.3f}{h['threads_ms'][g]:>10.3f}")
         return
 
     if args.no_stages and args.write_budget:

@@ -232,17 +232,22 @@ class JSONAnswer(JSONResponse):
 
 def _finite(content: Any) -> bool:
     """Whether ``content`` holds no NaN or infinite float (orjson writes null for one, where
-    ``JSONResponse`` refuses it). Walks dicts, lists and tuples."""
-    stack = [content]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict):
-            stack.extend(value.values())
-        elif isinstance(value, list | tuple):
-            stack.extend(value)
-        elif isinstance(value, float) and not math.isfinite(value):
-            return False
-    return True
+    ``JSONResponse`` refuses it). Walks dicts, lists and tuples (recursively: ``render`` calls it only on
+    what orjson encoded, at most 255 levels deep); the exact types first, their subclasses after."""
+    t = type(content)
+    if t is float:
+        return bool(content - content == 0.0)  # nan - nan and inf - inf are nan
+    if t is dict:
+        return all(map(_finite, content.values()))
+    if t is list or t is tuple:
+        return all(map(_finite, content))
+    if t is str or t is int or t is bool or content is None:
+        return True
+    if isinstance(content, dict):
+        return all(map(_finite, content.values()))
+    if isinstance(content, list | tuple):
+        return all(map(_finite, content))
+    return not isinstance(content, float) or math.isfinite(content)
 
 
 

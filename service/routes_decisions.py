@@ -25,9 +25,9 @@ to the threadpool instead (blocking waits there). A hung estimator cannot hold a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Set as AbstractSet
-from dataclasses import replace
 
 from fastapi import APIRouter, Depends, Request
 
@@ -129,7 +129,7 @@ def commit_decision(rt: Runtime, decision: Decision, request: RouteRequest, esti
     when its body was complete). ``/v1/route`` and the ext_proc endpoint picker both call this. Returns
     what the writer (and the cascade) hold: the decision without its trace builder (the answer is written;
     the builder keeps every signal, pool view and pick of the decision alive while they hold it)."""
-    kept = replace(decision, trace_builder=None)
+    kept = without_trace_builder(decision)
     rt.writer.submit(kept, request, estimator)
     if rt.live.engine.policy.verify is not None:  # the gateway may verify its draft (POST /v1/verify)
         rt.cascade.add(kept)
@@ -137,6 +137,21 @@ def commit_decision(rt: Runtime, decision: Decision, request: RouteRequest, esti
     metrics.observe_decision(decision, time.perf_counter() - started)
     if not decision.difficulty_available:
         metrics.observe_unavailable(decision.difficulty_error)
+    return kept
+
+
+#: ``Decision``'s constructor arguments (every field is one): what ``without_trace_builder`` copies.
+_DECISION_FIELDS = frozenset(f.name for f in dataclasses.fields(Decision))
+
+
+def without_trace_builder(decision: Decision) -> Decision:
+    """``dataclasses.replace(decision, trace_builder=None)`` at a fifth of its cost (~2 us against ~10 on
+    a decision's 23 fields): a new ``Decision`` holding the same field values (shallow, as ``replace``),
+    no trace builder and no trace built yet (so its ``trace`` is ``{}``, as the replaced one's)."""
+    kept = object.__new__(type(decision))
+    fields = decision.__dict__
+    kept.__dict__.update({k: fields[k] for k in _DECISION_FIELDS})
+    kept.__dict__["trace_builder"] = None
     return kept
 
 

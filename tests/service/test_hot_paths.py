@@ -3,6 +3,7 @@ layers) answer exactly as the FastAPI routes do, which still serve them under a 
 ``JSONAnswer`` (orjson) writes the JSON ``JSONResponse`` writes, and ``decode_json`` (orjson first)
 reads and refuses what ``json.loads`` does."""
 
+import collections
 import json
 import math
 
@@ -134,6 +135,28 @@ def test_json_answer_refuses_what_json_response_refuses(bad):
             JSONResponse(value)
         with pytest.raises(ValueError):
             JSONAnswer(value)
+
+
+json_values_nan = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=4) | st.lists(inner, max_size=3).map(tuple)
+    | st.dictionaries(st.text(max_size=4), inner, max_size=4)
+    | st.dictionaries(st.text(max_size=4), inner, max_size=3).map(collections.OrderedDict),
+    max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_values_nan)
+def test_json_answer_refuses_exactly_what_json_response_refuses(value):
+    """NaN and infinities anywhere (lists, tuples, dicts and a dict subclass): ``JSONAnswer`` refuses what
+    ``JSONResponse`` refuses and writes the same JSON otherwise."""
+    try:
+        expected = JSONResponse(value).body
+    except ValueError:
+        with pytest.raises(ValueError):
+            JSONAnswer(value)
+        return
+    assert json.loads(JSONAnswer(value).body) == json.loads(expected)
 
 
 def _reading(raw: bytes) -> str:

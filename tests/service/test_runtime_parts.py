@@ -141,6 +141,23 @@ def test_deadline_on_the_event_loop_through_the_service_pool():
     assert not after.available and after.error.startswith("estimator pool unavailable")
 
 
+def test_the_kept_decision_is_the_decision_without_its_trace_builder(engine):
+    """``commit_decision`` hands the writer ``without_trace_builder(decision)``: the same as
+    ``dataclasses.replace(decision, trace_builder=None)``, field by field, with and without a built trace."""
+    import dataclasses
+
+    from pointsman.request import parse_route_request
+    from pointsman.service.routes_decisions import without_trace_builder
+
+    for explain in (False, True):
+        decision = engine.route(parse_route_request({"messages": [{"role": "user", "content": "Prove that 2+2=4."}],
+                                                     "routing": {"explain": explain}}), dispatch=False)
+        kept, replaced = without_trace_builder(decision), dataclasses.replace(decision, trace_builder=None)
+        assert type(kept) is type(replaced) and kept is not decision
+        assert kept.__dict__ == replaced.__dict__ and kept == replaced
+        assert kept.trace == replaced.trace == {} and decision.trace_builder is not None
+
+
 class Versioned(FixedDifficulty):
     """A fixed-difficulty stand-in for registry version ``n``."""
 
