@@ -17,8 +17,8 @@ costs each decision at most ``timeout_ms`` and never grows a backlog.
 The service's executor is an ``EstimatorPool`` (``estimator_pool``): a fixed set of threads on one
 queue whose ``post`` hands an estimate to a thread and its answer back to the event loop directly
 (``loop.call_soon_threadsafe``), without ``concurrent.futures`` futures, ``asyncio.wrap_future`` and
-``asyncio.timeout``: that machinery cost about as much CPU per decision as the 20-word estimate
-itself (``scripts/bench_decision.py``; ``docs/architecture.md``). Any other ``Executor`` works too.
+``asyncio.timeout`` (``scripts/bench_decision.py``; ``docs/architecture.md``), and the worker that
+went idle last takes the next estimate. Any other ``Executor`` works too.
 
 Everything else (``version``, ``tokenizer``, ``takes_query_token_ids``, ``feature_vector``,
 ``model_dir``, ``manifest``, ``source``) is the inner estimator's, so the outcome log and the health
@@ -28,8 +28,8 @@ endpoints see the real model.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -61,7 +61,9 @@ def _deliver(waiter: asyncio.Future[Any], value: Any, ok: bool) -> None:
 
 
 class EstimatorPool(concurrent.futures.Executor):
-    """``workers`` daemon threads (named ``{name}_{i}``) running jobs from one queue, in order.
+    """``workers`` daemon threads (named ``{name}_{i}``) running jobs from one queue, in order. A new job
+    wakes the worker that went idle last (its caches are the warmest; a shared queue's waiters take
+    turns, so each estimate ran on the coldest thread).
 
     ``submit(fn, *args)`` returns a ``concurrent.futures.Future`` (as ``ThreadPoolExecutor``);
     ``post(loop, fn, *args)`` returns an ``asyncio.Future`` of ``loop`` that a worker completes
@@ -71,7 +73,9 @@ class EstimatorPool(concurrent.futures.Executor):
     def __init__(self, workers: int = DEFAULT_WORKERS, name: str = "pointsman-estimator") -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers!r}")
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._jobs: collections.deque[_Job] = collections.deque()
+        #: Idle workers' wake-up locks (held while idle), the last to go idle last.
+        self._idle: list[threading.Lock] = []
         self._lock = threading.Lock()
         self._closed = False
         self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(workers)]
@@ -82,7 +86,9 @@ class EstimatorPool(concurrent.futures.Executor):
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            self._jobs.put(job)
+            self._jobs.append(job)
+            if self._idle:
+                self._idle.pop().release()
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
         """Run ``fn(*args, **kwargs)`` on a worker; its future. Raises ``RuntimeError`` after ``shutdown``."""
@@ -99,7 +105,18 @@ class EstimatorPool(concurrent.futures.Executor):
         return waiter
 
     def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
+        wake = threading.Lock()
+        wake.acquire()  # held while working; released by ``_put`` or ``shutdown`` to wake this worker
+        while True:
+            with self._lock:
+                job = self._jobs.popleft() if self._jobs else None
+                if job is None:
+                    if self._closed:
+                        return
+                    self._idle.append(wake)
+            if job is None:
+                wake.acquire()
+                continue
             self._run(*job)
             del job  # not kept alive while waiting for the next
 
@@ -131,25 +148,18 @@ class EstimatorPool(concurrent.futures.Executor):
         """No new jobs; with ``cancel_futures`` the queued ones are cancelled (their futures and waiters);
         the workers end after the jobs left. ``wait``: until they have."""
         with self._lock:
-            if not self._closed:
-                self._closed = True
-                if cancel_futures:
-                    while True:
-                        try:
-                            job = self._jobs.get_nowait()
-                        except queue.Empty:
-                            break
-                        if job is not None:
-                            _, _, future, loop, waiter = job
-                            if future is not None:
-                                future.cancel()
-                            elif loop is not None and waiter is not None:
-                                try:
-                                    loop.call_soon_threadsafe(waiter.cancel)
-                                except RuntimeError:
-                                    pass
-                for _ in self._threads:
-                    self._jobs.put(None)
+            self._closed = True
+            while cancel_futures and self._jobs:
+                _, _, future, loop, waiter = self._jobs.popleft()
+                if future is not None:
+                    future.cancel()
+                elif loop is not None and waiter is not None:
+                    try:
+                        loop.call_soon_threadsafe(waiter.cancel)
+                    except RuntimeError:  # the loop is closed: nobody waits
+                        pass
+            while self._idle:
+                self._idle.pop().release()
         if wait:
             for t in self._threads:
                 if t is not threading.current_thread():

@@ -158,6 +158,29 @@ def test_the_kept_decision_is_the_decision_without_its_trace_builder(engine):
         assert kept.trace == replaced.trace == {} and decision.trace_builder is not None
 
 
+def test_estimator_pool_runs_as_many_jobs_at_once_as_it_has_workers_and_drains_on_shutdown():
+    """Four workers take four blocking jobs at once (each job wakes an idle worker); a fifth waits in the
+    queue and runs when one frees; after ``shutdown`` nothing new is taken and the queued jobs still run."""
+    pool = estimator_pool(workers=4)
+    release, started = threading.Event(), threading.Semaphore(0)
+
+    def job(i: int) -> int:
+        started.release()
+        release.wait(10)
+        return i
+
+    futures = [pool.submit(job, i) for i in range(5)]
+    for _ in range(4):
+        assert started.acquire(timeout=10)
+    assert not started.acquire(timeout=0.05) and not futures[4].done()  # no fifth worker
+    pool.shutdown(wait=False)
+    with pytest.raises(RuntimeError):
+        pool.submit(job, 6)
+    release.set()
+    assert [f.result(timeout=10) for f in futures] == [0, 1, 2, 3, 4]
+    pool.shutdown(wait=True)
+
+
 class Versioned(FixedDifficulty):
     """A fixed-difficulty stand-in for registry version ``n``."""
 
