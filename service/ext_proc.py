@@ -26,9 +26,9 @@ Request phase:
 2. ``request_body`` chunks, collected up to ``POINTSMAN_MAX_BODY_BYTES`` (8 MiB by default, the
    ``/v1/route`` limit): past it the client gets **413**. At the end of the body: JSON (**400**
    when malformed, as ``/v1/route``'s 400s; a Completions body's ``prompt`` counts as one user
-   message), ``RoutingEngine.route`` restricted to the proxy's subset hint (its ``ip:port`` /
-   ``ip`` entries matched to fleet endpoint URLs; endpoints it does not name are unavailable,
-   none left is a **503**), then the answer: request headers ``x-gateway-destination-endpoint``
+   message, a prompt of token ids as exactly its ids), ``RoutingEngine.route`` restricted to the
+   proxy's subset hint (its ``ip:port`` / ``ip`` entries matched to fleet endpoint URLs; endpoints
+   it does not name are unavailable, none left is a **503**), then the answer: request headers ``x-gateway-destination-endpoint``
    = the ordered ``host:port`` list (the picked endpoint, then its fallback endpoints, at most
    ``POINTSMAN_EXT_PROC_DESTINATIONS``; never a prefill endpoint) and the same value in
    ``dynamic_metadata["envoy.lb"]["x-gateway-destination-endpoint"]``, ``x-pointsman-decision-id``,
@@ -111,7 +111,7 @@ from pointsman.request import RouteRequest, parse_route_request
 from pointsman.service import ext_proc_wire as wire
 from pointsman.service.auth import Principal
 from pointsman.service.bodies import DISCARD_LIMIT_BYTES, decode_json
-from pointsman.service.ext_proc_body import BodyBuffer, UsageReader, chat_request, rewrite_request
+from pointsman.service.ext_proc_body import BodyBuffer, UsageReader, chat_request, prompt_token_ids, rewrite_request
 from pointsman.service.http_errors import HTTPError, invalid, unavailable
 from pointsman.service.keys import KeySource
 from pointsman.service.routes_decisions import commit_decision, route_async
@@ -325,7 +325,12 @@ class _Stream:
         if not isinstance(body, dict):
             raise HTTPError(400, "request body is not a JSON object", code="invalid_body")
         try:
-            return body, parse_route_request(routing_context(chat_request(body), self.headers, fleet.slo_classes))
+            chat = routing_context(chat_request(body), self.headers, fleet.slo_classes)
+            ids = prompt_token_ids(body)
+            if ids is not None:  # the ids are the prompt's tokens: its exact count, not the ids' text's
+                routing = chat.get("routing")
+                chat["routing"] = {**(routing if isinstance(routing, dict) else {}), "prompt_tokens": ids}
+            return body, parse_route_request(chat)
         except RequestError as exc:
             err = invalid(exc)
             raise HTTPError(400, err.message, param=err.param, code=err.code) from None

@@ -41,6 +41,7 @@ import re
 import zlib
 from dataclasses import dataclass
 
+from pointsman.errors import RequestError
 from pointsman.json_types import JSONObject, JSONValue
 
 #: Content encodings the usage reader decodes (zlib: gzip, and deflate in the zlib format) and the identity ones.
@@ -112,7 +113,8 @@ def chat_request(body: JSONObject) -> JSONObject:
     - Chat Completions: as it is;
     - Completions: ``prompt`` one user message; a list of prompts is a batch, answered (and billed)
       once per prompt, so its ``n`` answers per prompt count as ``n`` x prompts answers (at most
-      ``MAX_ANSWERS``); token ids carry no text and are left out (an all-ids prompt is refused: empty);
+      ``MAX_ANSWERS``); a prompt of token ids is read as its ids (``completions_prompts``), counted
+      exactly by ``prompt_token_ids``; a list mixing the forms is refused (``RequestError``);
     - Responses (``input``): ``instructions`` a system message, ``input`` (a string, or message items
       with ``input_text`` / ``input_image`` / ``input_file`` / ``input_audio`` parts, and
       ``function_call`` / ``function_call_output`` items) the messages, ``max_output_tokens`` the cap;
@@ -133,14 +135,50 @@ def chat_request(body: JSONObject) -> JSONObject:
         return _responses(body)
     if "prompt" not in body:
         return body
-    prompt = body["prompt"]
-    texts = [prompt] if isinstance(prompt, str) else [p for p in prompt if isinstance(p, str)] \
-        if isinstance(prompt, list) else []
+    texts = completions_prompts(body["prompt"])
     out: JSONObject = {**body, "messages": [{"role": "user", "content": "\n".join(texts)}]}
     n = body.get("n", 1)
     if len(texts) > 1 and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
         out["n"] = min(MAX_ANSWERS, n * len(texts))
     return out
+
+
+def _token_ids(value: JSONValue) -> bool:
+    """Whether ``value`` is a non-empty list of token ids (JSON integers, not booleans)."""
+    return isinstance(value, list) and bool(value) and all(type(i) is int for i in value)
+
+
+def completions_prompts(prompt: JSONValue) -> list[str]:
+    """The prompts of a Completions ``prompt`` as texts: a string, a list of strings, a list of token
+    ids (one prompt) or a list of token id lists (a batch), the four forms of the OpenAI and vLLM APIs.
+    A prompt of token ids is written as its ids separated by spaces (the same ids, the same text: its
+    prefix blocks stay its own); ``prompt_token_ids`` gives its exact token count.
+    Raises ``RequestError`` (``param`` ``prompt``) for anything else: a list mixing the forms, an empty
+    list, an empty prompt of ids, an id that is not an integer."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return [p for p in prompt if isinstance(p, str)]
+    if _token_ids(prompt):
+        return [" ".join(map(str, _list(prompt)))]
+    if isinstance(prompt, list) and prompt and all(_token_ids(p) for p in prompt):
+        return [" ".join(map(str, _list(p))) for p in prompt]
+    raise RequestError("prompt must be a string, a list of strings, a list of token ids or a list of token id "
+                       "lists (non-empty; the forms not mixed)", field="prompt")
+
+
+def prompt_token_ids(body: JSONObject) -> int | None:
+    """The number of token ids a Completions body's ``prompt`` carries (every prompt of a batch), which is
+    its exact prompt token count for the model whose tokenizer made them; None when the prompt is text
+    (or the body is no Completions body). Call after ``chat_request`` accepted the body."""
+    if "messages" in body or "input" in body:
+        return None
+    prompt = body.get("prompt")
+    if _token_ids(prompt):
+        return len(_list(prompt))
+    if isinstance(prompt, list) and prompt and all(_token_ids(p) for p in prompt):
+        return sum(len(_list(p)) for p in prompt)
+    return None
 
 
 #: Chat Completions content part types (``pointsman.request.ContentPart``).

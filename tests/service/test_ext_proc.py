@@ -799,6 +799,41 @@ def test_a_completions_batch_prompt_counts_an_answer_per_prompt(app):
     assert claims is not None and claims.output_cap_tokens == 20 * 2 * 100
 
 
+def test_a_completions_prompt_of_token_ids_is_counted_exactly(app):
+    """The OpenAI and vLLM Completions APIs take ``prompt`` as a string, a list of strings, a list of token
+    ids or a list of token id lists. A prompt of ids was refused 400 'prompt is empty' (ids were dropped as
+    "no text"), and an id list beside text prompts was not counted at all. The ids are the upstream's
+    tokens: their number is the prompt's exact token count (and each id list of a batch is one prompt,
+    answered ``n`` times). A list mixing the forms is in neither API: a 400 naming ``prompt``."""
+    ids = list(range(1000, 1000 + 3000))
+
+    async def scenario(stub, _):
+        out = []
+        for body in ({"model": "auto", "prompt": ids, "max_tokens": 50},
+                     {"model": "auto", "prompt": [ids[:700], ids[700:1000], [42]], "max_tokens": 50, "n": 2},
+                     {"model": "auto", "prompt": ["Name a river.", ids[:500]], "max_tokens": 50},
+                     {"model": "auto", "prompt": [], "max_tokens": 50},
+                     {"model": "auto", "prompt": [[]], "max_tokens": 50}):
+            call = stub.Process()
+            out.append(await request_phase(call, json.dumps(body).encode(),
+                                           headers={**REQUEST_HEADERS, ":path": "/v1/completions"}))
+            await call.done_writing()
+        return out
+
+    one, batch, *refused = run(app, scenario)
+    claims = app.state.runtime.live.engine.state.claims
+    first = claims(set_headers(one[0])["x-pointsman-decision-id"])
+    assert first is not None and first.prompt_tokens == 3000 and first.output_cap_tokens == 50
+    second = claims(set_headers(batch[0])["x-pointsman-decision-id"])
+    assert second is not None and second.prompt_tokens == 1001 and second.output_cap_tokens == 3 * 2 * 50
+    forwarded = json.loads(b"".join(streamed(r, "request")[0] for r in one[1:]))
+    assert forwarded["prompt"] == ids  # forwarded as it came
+    for req in refused:
+        imm = req[-1]["immediateResponse"]
+        assert imm["status"]["code"] == "BadRequest"
+        assert json.loads(base64.b64decode(imm["body"]))["error"]["param"] == "prompt"
+
+
 @pytest.mark.parametrize("path, body, prompt_floor", [
     ("/v1/responses", {"model": "auto", "instructions": "Be terse. " * 500, "max_output_tokens": 300,
                        "input": [{"role": "user", "content": [{"type": "input_text", "text": "Name a river."}]},
