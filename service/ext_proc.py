@@ -111,7 +111,7 @@ from pointsman.request import RouteRequest, parse_route_request
 from pointsman.service import ext_proc_wire as wire
 from pointsman.service.auth import Principal
 from pointsman.service.bodies import DISCARD_LIMIT_BYTES, decode_json
-from pointsman.service.ext_proc_body import BodyBuffer, UsageReader, chat_request, prompt_token_ids, rewrite_request
+from pointsman.service.ext_proc_body import BodyBuffer, UsageReader, chat_request, rewrite_request, with_prompt_token_ids
 from pointsman.service.http_errors import HTTPError, invalid, unavailable
 from pointsman.service.keys import KeySource
 from pointsman.service.routes_decisions import commit_decision, route_async
@@ -326,11 +326,7 @@ class _Stream:
             raise HTTPError(400, "request body is not a JSON object", code="invalid_body")
         try:
             chat = routing_context(chat_request(body), self.headers, fleet.slo_classes)
-            ids = prompt_token_ids(body)
-            if ids is not None:  # the ids are the prompt's tokens: its exact count, not the ids' text's
-                routing = chat.get("routing")
-                chat["routing"] = {**(routing if isinstance(routing, dict) else {}), "prompt_tokens": ids}
-            return body, parse_route_request(chat)
+            return body, parse_route_request(with_prompt_token_ids(chat, body))
         except RequestError as exc:
             err = invalid(exc)
             raise HTTPError(400, err.message, param=err.param, code=err.code) from None

@@ -167,6 +167,18 @@ def completions_prompts(prompt: JSONValue) -> list[str]:
                        "lists (non-empty; the forms not mixed)", field="prompt")
 
 
+def with_prompt_token_ids(chat: JSONObject, body: JSONObject) -> JSONObject:
+    """``chat`` (``chat_request(body)`` with its routing context) with ``routing.prompt_tokens`` set to the
+    number of token ids ``body``'s Completions ``prompt`` carries (``prompt_token_ids``), unless the routing
+    context already has a count; ``chat`` itself otherwise."""
+    ids = prompt_token_ids(body)
+    routing = chat.get("routing")
+    routing = routing if isinstance(routing, dict) else {}
+    if ids is None or routing.get("prompt_tokens") is not None:
+        return chat
+    return {**chat, "routing": {**routing, "prompt_tokens": ids}}
+
+
 def prompt_token_ids(body: JSONObject) -> int | None:
     """The number of token ids a Completions body's ``prompt`` carries (every prompt of a batch), which is
     its exact prompt token count for the model whose tokenizer made them; None when the prompt is text

@@ -109,6 +109,36 @@ def test_audio_and_file_parts_go_only_to_targets_that_take_them(client):
         assert r.json()["error"]["code"] == "no_eligible_target" and "audio inputs" in r.json()["error"]["message"]
 
 
+def test_anthropic_responses_and_completions_bodies_are_read_with_every_prompt_token(client):
+    """A gateway in front of Anthropic's Messages API posts its body as it is: ``/v1/route`` accepted it
+    and ignored its top-level ``system`` prompt, so a 20,000-token system prompt was routed and priced as
+    if absent (the same decision and cost as the bare question). Responses and Completions bodies were a
+    422 'messages: Field required'. They are read as the ext_proc picker reads them now: the system
+    prompt, the instructions and a prompt of token ids are counted (the ids exactly)."""
+    big = "You are a meticulous assistant who checks every step. " * 2000
+    question = "What is 2 + 2?"
+
+    def tokens(body):
+        r = post(client, {**body, "routing": {"explain": True}})
+        assert r.status_code == 200, r.text
+        return r.json()["trace"]["cost"]["prompt_tokens"]
+
+    bare = tokens({"messages": [{"role": "user", "content": question}]})
+    chat = tokens({"messages": [{"role": "system", "content": big}, {"role": "user", "content": question}]})
+    assert chat > 15_000 > bare
+    anthropic = tokens({"model": "claude", "max_tokens": 100, "system": [{"type": "text", "text": big}],
+                        "messages": [{"role": "user", "content": question},
+                                     {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "calc",
+                                                                        "input": {"q": "2+2"}}]},
+                                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                                                                   "content": "4"}]}]})
+    assert anthropic >= chat
+    assert tokens({"model": "auto", "instructions": big, "input": question}) >= chat
+    assert tokens({"model": "auto", "prompt": list(range(5000, 5000 + 1234)), "max_tokens": 10}) == 1234
+    r = post(client, {"model": "auto", "prompt": ["text", [1, 2, 3]]})
+    assert err(r)[:2] == (422, "prompt")
+
+
 def test_null_optional_fields_are_accepted(client):
     r = post(client, {"model": None, "messages": [USER, {"role": "assistant", "content": None, "name": None,
                                                           "tool_calls": None}, USER],
