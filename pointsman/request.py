@@ -232,6 +232,7 @@ class RouteRequest(BaseModel):
     ``max_tokens`` / ``max_completion_tokens``: the output token cap, if the client set one.
     ``n``: OpenAI's number of answers (choices, 1-128): each is decoded and billed as output, the
     prompt once, so the expected output (cost and decode time) is ``n`` answers' worth.
+    ``modalities`` / ``audio``: OpenAI's output modalities and audio output parameters (``has_audio``).
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -242,6 +243,8 @@ class RouteRequest(BaseModel):
     max_completion_tokens: Count | None = Field(default=None, ge=1)
     n: int | None = Field(default=None, ge=1, le=128)
     user: str | None = None
+    modalities: list[str] | None = None
+    audio: JSONObject | None = None
     routing: RoutingContext = Field(default_factory=RoutingContext)
 
     @field_validator("routing", mode="before")
@@ -263,6 +266,13 @@ class RouteRequest(BaseModel):
     def has_part(self, kind: type[AudioPart] | type[FilePart]) -> bool:
         """Whether any message has a content part of ``kind`` (``AudioPart``, ``FilePart``)."""
         return any(m.has_part(kind) for m in self.messages)
+
+    def has_audio(self) -> bool:
+        """Whether the request needs a model that takes audio: an ``input_audio`` part, an audio answer
+        asked (``"audio"`` in ``modalities``, or ``audio`` output parameters), or an earlier audio answer
+        referenced (an assistant message's ``audio: {"id": ...}``)."""
+        return self.has_part(AudioPart) or "audio" in (self.modalities or ()) or self.audio is not None \
+            or any(m.model_extra is not None and m.model_extra.get("audio") is not None for m in self.messages)
 
     def cache_marks(self) -> list[object]:
         """The ``cache_control`` values on the tools, the messages and their content parts: the prompt-cache

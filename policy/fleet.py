@@ -109,7 +109,7 @@ class Endpoint(StrictModel):
 
 class Capabilities(StrictModel):
     """What requests a target can serve: tool calls, image inputs, audio inputs (``input_audio``
-    parts), file inputs (``file`` parts: PDFs, ...)."""
+    parts) and answers (``modalities: ["audio"]``), file inputs (``file`` parts: PDFs, ...)."""
 
     tools: bool = True
     images: bool = False

@@ -7,7 +7,7 @@ They run in this order, and the first that removes a target names it:
 
 - ``context-window``: the prompt's tokens (``request.prompt_tokens_upper``, a safe-side upper bound)
   plus the client's output cap (1 token when uncapped) must fit the target's ``context_window_tokens``.
-- ``capabilities``: image inputs need ``capabilities.images``, audio inputs ``capabilities.audio``, file
+- ``capabilities``: image inputs need ``capabilities.images``, audio inputs and answers ``capabilities.audio``, file
   inputs ``capabilities.files``; tools need ``capabilities.tools``.
 - ``tenants``: a target with an allow-list (``filters.tenants``) takes only those tenants
   (a request without a tenant is on no list).
@@ -79,7 +79,7 @@ def capabilities(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterCo
     if ctx.request["has_images"] and not caps.images:
         return "does not accept image inputs"
     if ctx.request["has_audio"] and not caps.audio:
-        return "does not accept audio inputs"
+        return "does not accept audio inputs or outputs"
     if ctx.request["has_files"] and not caps.files:
         return "does not accept file inputs"
     if ctx.request["has_tools"] and not caps.tools:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from typing_extensions import TypedDict
 
 from pointsman.json_types import JSONValue
-from pointsman.request import AudioPart, FilePart
+from pointsman.request import FilePart
 
 if TYPE_CHECKING:  # pragma: no cover
     from pointsman.estimator.estimate import DifficultyEstimate
@@ -254,7 +254,8 @@ SIGNALS: dict[str, Namespace] = {
         "has_tools": Signal("bool", "tools declared, or tool calls/results in the conversation"),
         "has_images": Signal("bool", "any image part in the conversation"),
         "images": Signal("int", "number of image parts"),
-        "has_audio": Signal("bool", "any input_audio part in the conversation (not counted in prompt_tokens)"),
+        "has_audio": Signal("bool", "any input_audio part in the conversation (not counted in prompt_tokens), "
+                                     "or an audio answer asked (modalities, audio) or referenced"),
         "has_files": Signal("bool", "any file part (a PDF, ...) in the conversation (not counted in prompt_tokens)"),
         "has_cache_control": Signal("bool", "a message, content part or tool marks a prompt-cache breakpoint "
                                             "(cache_control): what an explicit-cache frontier target caches"),
@@ -457,7 +458,7 @@ def request_signals(features: RequestFeatures, view: RequestView, default_output
         "has_tools": features.has_tools,
         "has_images": features.has_images,
         "images": features.n_images,
-        "has_audio": request.has_part(AudioPart),
+        "has_audio": request.has_audio(),
         "has_files": request.has_part(FilePart),
         "has_cache_control": request.has_cache_control(),
         "has_cache_control_1h": request.has_cache_control_1h(),

@@ -109,6 +109,19 @@ def test_audio_and_file_parts_go_only_to_targets_that_take_them(client):
         assert r.json()["error"]["code"] == "no_eligible_target" and "audio inputs" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("extra", [
+    {"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}},
+    {"messages": [USER, {"role": "assistant", "audio": {"id": "audio_abc123"}}, USER]},
+], ids=["audio-answer", "earlier-audio-answer"])
+def test_a_request_for_an_audio_answer_goes_only_to_targets_that_take_audio(client, extra):
+    """OpenAI's audio answers (gpt-4o-audio-preview: ``modalities: ["text", "audio"]``, or an assistant turn
+    referencing one by id) were routed like text: to the on-prem Llama (200, onprem-*), which answers in text
+    only. They need ``capabilities.audio`` like an ``input_audio`` part: no target of the packaged fleet."""
+    r = post(client, {"messages": [USER], **extra})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["code"] == "no_eligible_target" and "audio inputs or outputs" in r.json()["error"]["message"]
+
+
 def test_anthropic_responses_and_completions_bodies_are_read_with_every_prompt_token(client):
     """A gateway in front of Anthropic's Messages API posts its body as it is: ``/v1/route`` accepted it
     and ignored its top-level ``system`` prompt, so a 20,000-token system prompt was routed and priced as
