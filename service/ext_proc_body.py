@@ -40,6 +40,7 @@ import json
 import re
 import zlib
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from pointsman.errors import RequestError
 from pointsman.json_types import JSONObject, JSONValue
@@ -112,7 +113,8 @@ def chat_request(body: JSONObject) -> JSONObject:
 
     - Chat Completions: as it is;
     - Completions: ``prompt`` one user message; a list of prompts is a batch, answered (and billed)
-      once per prompt, so its ``n`` answers per prompt count as ``n`` x prompts answers (at most
+      once per prompt, so its ``n`` answers per prompt (``best_of`` when larger: generated and billed,
+      ``n`` of them returned) count as ``n`` x prompts answers (at most
       ``MAX_ANSWERS``); a prompt of token ids is read as its ids (``completions_prompts``), counted
       exactly by ``prompt_token_ids``; a list mixing the forms is refused (``RequestError``);
     - Responses (``input``): ``instructions`` a system message, ``input`` (a string, or message items
@@ -137,10 +139,18 @@ def chat_request(body: JSONObject) -> JSONObject:
         return body
     texts = completions_prompts(body["prompt"])
     out: JSONObject = {**body, "messages": [{"role": "user", "content": "\n".join(texts)}]}
-    n = body.get("n", 1)
-    if len(texts) > 1 and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+    n = asked = body.get("n", 1)
+    best_of = body.get("best_of")  # answers generated (and billed) server-side, n of them returned
+    if _answers(best_of) and (_answers(n) or n is None) and best_of > (n or 1):
+        n = best_of
+    if (len(texts) > 1 or n != asked) and _answers(n):
         out["n"] = min(MAX_ANSWERS, n * len(texts))
     return out
+
+
+def _answers(value: JSONValue) -> TypeGuard[int]:
+    """Whether ``value`` is a number of answers (a JSON integer >= 1, not a boolean)."""
+    return type(value) is int and value >= 1
 
 
 def _token_ids(value: JSONValue) -> bool:

@@ -799,6 +799,25 @@ def test_a_completions_batch_prompt_counts_an_answer_per_prompt(app):
     assert claims is not None and claims.output_cap_tokens == 20 * 2 * 100
 
 
+def test_a_completions_best_of_counts_every_answer_generated(app):
+    """Completions' ``best_of`` answers are generated and billed server-side, ``n`` of them returned: the
+    hold counted ``n`` (one answer's output for ``best_of: 5``)."""
+    async def scenario(stub, _):
+        out = []
+        for body in ({"model": "auto", "prompt": "Name a river.", "max_tokens": 100, "best_of": 5},
+                     {"model": "auto", "prompt": ["Name a river.", "Name a lake."], "max_tokens": 100, "n": 2,
+                      "best_of": 3}):
+            call = stub.Process()
+            out.append(await request_phase(call, json.dumps(body).encode(),
+                                           headers={**REQUEST_HEADERS, ":path": "/v1/completions"}))
+            await call.done_writing()
+        return out
+
+    claims = app.state.runtime.live.engine.state.claims
+    caps = [claims(set_headers(req[0])["x-pointsman-decision-id"]).output_cap_tokens for req in run(app, scenario)]
+    assert caps == [5 * 100, 2 * 3 * 100]
+
+
 def test_a_completions_prompt_of_token_ids_is_counted_exactly(app):
     """The OpenAI and vLLM Completions APIs take ``prompt`` as a string, a list of strings, a list of token
     ids or a list of token id lists. A prompt of ids was refused 400 'prompt is empty' (ids were dropped as
