@@ -39,11 +39,19 @@ import json
 import math
 import re
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
-from pointsman.estimator.token_bounds import class_units, extrapolated_upper, piece_upper, sample_pieces, unk_id
+from pointsman.estimator.token_bounds import (
+    class_units,
+    class_units_utf8,
+    extrapolated_upper,
+    piece_upper,
+    sample_pieces,
+    unk_id,
+)
 from pointsman.estimator.wordpiece import UnkOffsets, word_piece, word_piece_ids
 from pointsman.request import RequestView, RouteRequest
 
@@ -175,14 +183,16 @@ def _count(text: str, tokenizer: Tokenizer | None, offsets: bool = False) -> tup
     return n, upper, encoding
 
 
-def _count_ids(text: str, tokenizer: Tokenizer | None,
-               offsets: bool = False) -> tuple[int, int, Encoding | None, list[int] | None]:
-    """``_count`` and the ids of ``text`` when it was tokenized whole (else None)."""
+def _count_ids(text: str, tokenizer: Tokenizer | None, offsets: bool = False,
+               utf8: Callable[[], bytes | None] | None = None) -> tuple[int, int, Encoding | None, list[int] | None]:
+    """``_count`` and the ids of ``text`` when it was tokenized whole (else None). ``utf8``: gives
+    ``text`` in UTF-8 (or None) when the caller has its pieces encoded already (``RequestView.utf8``), for
+    the whole-text class units (``token_bounds.class_units_utf8``) without encoding it again."""
     if not text:
         return 0, 0, None, None
     if tokenizer is None:
         n = math.ceil(len(text) / CHARS_PER_TOKEN)
-        return n, max(n, class_units(text)), None, None
+        return n, max(n, _text_units(text, utf8)), None, None
     pieces = sample_pieces(text, COUNT_SAMPLE_CHARS)
     whole = len(pieces) == 1
     fast = None if offsets and whole else word_piece(tokenizer)
@@ -202,7 +212,13 @@ def _count_ids(text: str, tokenizer: Tokenizer | None,
     if whole:
         return n, max(n, sum(a + b for a, b, _ in bounds)), encodings[0], ids_of[0]
     n = max(1, round(n * len(text) / sum(len(p) for p in pieces)))
-    return n, max(n, extrapolated_upper(text, pieces, bounds)), None, None
+    return n, max(n, extrapolated_upper(text, pieces, bounds, _text_units(text, utf8))), None, None
+
+
+def _text_units(text: str, utf8: Callable[[], bytes | None] | None) -> int:
+    """``class_units(text)``, from ``utf8()`` (``text`` in UTF-8) when it gives the bytes."""
+    raw = None if utf8 is None else utf8()
+    return class_units(text) if raw is None else class_units_utf8(raw)
 
 
 def long_word_tokens(text: str, ids: list[int], encoding: Encoding | UnkOffsets | None, tokenizer: Tokenizer) -> int:
@@ -394,7 +410,8 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
         # or the window is tokenized alone at the fast tokenizer's cost (``wordpiece``)
         whole = len(query) == len(joined) and len(query) <= QUERY_WINDOW_CHARS
         n, upper, encoding, joined_ids = _count_ids(joined, tokenizer, offsets=want_ids and fast is None and not whole
-                                                    and len(joined) <= COUNT_SAMPLE_CHARS)
+                                                    and len(joined) <= COUNT_SAMPLE_CHARS,
+                                                    utf8=_joined_utf8(view, tools_text))
         if fast is not None:  # the window is the conversation itself: its ids are the count's
             query_ids = list(joined_ids) if whole and joined_ids is not None else \
                 fast(bounded_window(query, QUERY_WINDOW_CHARS))
@@ -433,6 +450,29 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
     ), query_ids
 
 
+def _joined_utf8(view: RequestView, tools_text: str) -> Callable[[], bytes | None]:
+    """A function giving ``"\\n".join(view.texts)`` (and ``"\\n" + tools_text`` when any) in UTF-8, joined
+    from the view's encoded texts (``RequestView.utf8``, encoded once per decision), or None for a text with
+    a lone surrogate (``utf8`` refuses it; the count then encodes the text with ``surrogatepass`` itself)."""
+    def joined() -> bytes | None:
+        try:
+            texts = view.utf8
+        except UnicodeEncodeError:
+            return None
+        tools = ("\n" + tools_text).encode("utf-8", "surrogatepass") if tools_text else b""
+        return b"\n".join(texts) + tools
+    return joined
+
+
+def _cut_view(view: RequestView, request: RouteRequest, keep: list[int]) -> RequestView:
+    """A view of ``request`` (``view``'s request cut to the messages at ``keep``) sharing ``view``'s texts
+    and, when encoded already, their UTF-8."""
+    cut = RequestView(request, tuple(view.texts[i] for i in keep), view.api_key_id)
+    if "utf8" in view.__dict__:  # functools.cached_property's slot
+        cut.__dict__["utf8"] = tuple(view.utf8[i] for i in keep)
+    return cut
+
+
 def _continued(view: RequestView, k: int, tokenizer: Tokenizer | None) -> RequestFeatures | None:
     """The features of ``view``'s conversation cut after the turn a short follow-up at message ``k``
     continues: the latest of the ``CONTEXT_TURNS`` earlier user turns with text that has at least
@@ -448,15 +488,14 @@ def _continued(view: RequestView, k: int, tokenizer: Tokenizer | None) -> Reques
     j = next((i for i in reversed(users) if len(texts[i]) >= SHORT_TURN_CHARS), users[0])
     routing = request.routing.model_copy(update={"prompt_tokens": None})
     cut = request.model_copy(update={"messages": request.messages[: j + 1], "routing": routing})
-    return _extract(RequestView(cut, texts[: j + 1], view.api_key_id), tokenizer, False, readings=False)[0]
+    return _extract(_cut_view(view, cut, list(range(j + 1))), tokenizer, False, readings=False)[0]
 
 
 def _alone(view: RequestView, k: int, tokenizer: Tokenizer | None) -> RequestFeatures:
     """The features of message ``k`` (a short follow-up) read alone: the request cut to its system
     and developer messages and message ``k`` (tools kept, a supplied token count dropped)."""
-    request, texts = view.request, view.texts
+    request = view.request
     keep = [i for i in range(k) if request.messages[i].role in ("system", "developer")] + [k]
     routing = request.routing.model_copy(update={"prompt_tokens": None})
     cut = request.model_copy(update={"messages": [request.messages[i] for i in keep], "routing": routing})
-    return _extract(RequestView(cut, tuple(texts[i] for i in keep), view.api_key_id), tokenizer, False,
-                    readings=False)[0]
+    return _extract(_cut_view(view, cut, keep), tokenizer, False, readings=False)[0]

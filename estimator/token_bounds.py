@@ -105,9 +105,16 @@ def class_units(text: str) -> int:
     ``NUMPY_FROM_BYTES``; both ways give the same count, ``tests/estimator/test_token_bounds.py``)."""
     if not text:
         return 0
-    raw = text.encode("utf-8", "surrogatepass")
+    return class_units_utf8(text.encode("utf-8", "surrogatepass"))
+
+
+def class_units_utf8(raw: bytes) -> int:
+    """``class_units`` of a text given as its UTF-8 ``raw`` (``surrogatepass`` for a lone surrogate), for a
+    caller that has the bytes already (``RequestView.utf8``): the same count without encoding again."""
     if len(raw) >= NUMPY_FROM_BYTES:
         return _class_units_numpy(raw)
+    if not raw:
+        return 0
     k = raw.translate(_CLASSES)
     folded = k.translate(_FOLDED)
     runs = folded.count(b"xw") + folded.count(b"sw") + (k[:1] == b"w")
@@ -118,18 +125,23 @@ def class_units(text: str) -> int:
 
 def _class_units_numpy(raw: bytes) -> int:
     """``class_units`` of UTF-8 ``raw`` (at least 3 bytes) with numpy: the byte classes of ``_CLASSES`` as
-    boolean masks (uint8 arithmetic wraps, so ``a - 48 < 10`` tests 48..57), run starts as rising edges."""
+    boolean masks (uint8 arithmetic wraps, so ``a - 48 < 10`` tests 48..57), run starts as rising edges.
+    Passes a text cannot need are skipped: the lead bytes of an ASCII text, the space runs and the 16-space
+    count of a text with fewer adjacent spaces than they need."""
     a = np.frombuffer(raw, dtype=np.uint8)
+    cnz = np.count_nonzero
+    high = cnz(a >= 0x80)
+    leads = cnz(a >= 0xC0) + cnz(a >= 0xF0) if high else 0  # u once, e twice
     word = ((a | 32) - 97 < 26) | (a - 48 < 10)  # ASCII letter or digit
     space = (a == 32) | (a - 11 < 3)  # 11, 12, 13, 32
-    high = np.count_nonzero(a >= 0x80)
-    newlines, tabs = np.count_nonzero(a == 10), np.count_nonzero(a == 9)
-    ascii_other = len(a) - high - np.count_nonzero(word) - np.count_nonzero(space) - newlines - tabs  # class p
-    leads = np.count_nonzero(a >= 0xC0) + np.count_nonzero(a >= 0xF0)  # u once, e twice
-    runs = np.count_nonzero(word[1:] > word[:-1]) + int(word[0])
+    newlines, tabs = cnz(a == 10), cnz(a == 9)
+    ascii_other = len(a) - high - cnz(word) - cnz(space) - newlines - tabs  # class p
+    runs = cnz(word[1:] > word[:-1]) + int(word[0])
     pairs = space[1:] & space[:-1]  # pairs[i]: a space at i and at i + 1
-    space_runs = np.count_nonzero(pairs[1:] > space[:-2]) + int(pairs[0])
-    sixteens = space.view(np.uint8).tobytes().count(b"\x01" * 16)
+    n_pairs = cnz(pairs)
+    space_runs = cnz(pairs[1:] > space[:-2]) + int(pairs[0]) if n_pairs else 0
+    # 16 spaces in a row hold 15 pairs
+    sixteens = space.view(np.uint8).tobytes().count(b"\x01" * 16) if n_pairs >= 15 else 0
     return int(ascii_other + newlines + tabs + leads + runs + space_runs + sixteens)
 
 
@@ -171,16 +183,19 @@ def piece_upper(text: str, ids: list[int], encoding: Encoding | UnkOffsets | Non
     return base, bound - base, units
 
 
-def extrapolated_upper(text: str, pieces: list[str], bounds: list[tuple[int, int, int]]) -> int:
+def extrapolated_upper(text: str, pieces: list[str], bounds: list[tuple[int, int, int]],
+                       units: int | None = None) -> int:
     """The bound of ``text`` from its sampled ``pieces`` (``sample_pieces``) and their ``piece_upper``
     values: their sum plus, for the characters no piece covers, the larger of (mean tokens per
-    character) x characters and (largest ids per class unit of a piece) x class units."""
+    character) x characters and (largest ids per class unit of a piece) x class units. ``units``:
+    ``class_units(text)`` when the caller has it (``class_units_utf8`` of bytes it has), else computed."""
     total = sum(base + extra for base, extra, _ in bounds)
     seen_chars = sum(len(p) for p in pieces)
     rest_chars = max(0, len(text) - seen_chars)
     if rest_chars == 0:
         return total
-    rest_units = max(0, class_units(text) - sum(units for _, _, units in bounds))
+    units = class_units(text) if units is None else units
+    rest_units = max(0, units - sum(piece_units for _, _, piece_units in bounds))
     per_char = total / max(1, seen_chars)
-    per_unit = max(1.0, *(base / max(1, units) for base, _, units in bounds))
+    per_unit = max(1.0, *(base / max(1, piece_units) for base, _, piece_units in bounds))
     return total + math.ceil(max(per_char * rest_chars, per_unit * rest_units))

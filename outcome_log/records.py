@@ -6,7 +6,6 @@ conversation, the leakage-safe conversation key).
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field, fields
 from functools import cache
@@ -46,8 +45,9 @@ def conversation_text(request: RouteRequest | RequestView) -> str:
 
 
 def prompt_sha256(request: RouteRequest | RequestView) -> str:
-    """sha256 hex (64 chars) of ``conversation_text(request)`` in UTF-8."""
-    return hashlib.sha256(conversation_text(request).encode("utf-8")).hexdigest()
+    """sha256 hex (64 chars) of ``conversation_text(request)`` in UTF-8 (``RequestView.prompt_sha256``: hashed
+    from the texts' UTF-8 piece by piece, the transcript not built)."""
+    return _view(request).prompt_sha256()
 
 
 def conversation_key(request: RouteRequest | RequestView) -> str:

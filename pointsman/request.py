@@ -16,7 +16,7 @@ are one identity. The routing fields are canonical once validated; one that is e
 normalised is refused.
 
 ``RequestView.of(request, api_key_id)`` normalises a validated request once for everything
-downstream: the text of each message, the rendering prefix hashing reads, the transcript the
+downstream: the text of each message (and its UTF-8, encoded once), the rendering prefix hashing reads, the transcript the
 outcome log hashes, and the budget scopes. The engine builds one per decision; features,
 signals, prefix hashes, dispatch and the decision log all read it.
 """
@@ -24,6 +24,7 @@ signals, prefix hashes, dispatch and the decision log all read it.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -379,8 +380,8 @@ class RequestView:
 
     ``request``: the ``RouteRequest``; ``texts``: ``ChatMessage.text()`` of each message, in
     order (computed once: the features, the renderings and the query window read them);
-    ``api_key_id``: the caller's API key id (None: no key). ``scopes``, ``conversation`` and
-    ``transcript`` are computed on first use. Build with ``RequestView.of``.
+    ``api_key_id``: the caller's API key id (None: no key). ``scopes``, ``utf8`` (the texts in UTF-8, encoded
+    once) and the renderings are computed on first use. Build with ``RequestView.of``.
     """
 
     request: RouteRequest
@@ -405,17 +406,33 @@ class RequestView:
         return self.request.routing
 
     @cached_property
-    def _segments(self) -> tuple[str, ...]:
-        """``conversation``'s pieces: the tools declared (``tools\\n<tools>\\n``, when any), then
-        ``role\\ntext\\n`` per message."""
-        tools = (f"tools\n{self.request.tools!r}\n",) if self.request.tools else ()
-        return tools + tuple(f"{m.role}\n{text}\n" for m, text in zip(self.request.messages, self.texts))
+    def utf8(self) -> tuple[bytes, ...]:
+        """``texts`` in UTF-8, each encoded once (raises ``UnicodeEncodeError`` for a lone surrogate, which
+        ``parse_route_request`` refuses): what the token bound's byte scan, the prefix block hashes, the cache
+        signals' byte lengths and the decision log's ``prompt_sha256`` read, so the conversation is neither
+        copied into other strings nor encoded again for each of them (at 100k tokens each copy is ~0.4 MB, and
+        a decision the cascade holds kept them all)."""
+        return tuple(text.encode("utf-8") for text in self.texts)
+
+    @cached_property
+    def _tools_segment(self) -> bytes:
+        """``conversation_utf8``'s first piece: ``tools\n<tools>\n`` in UTF-8 (b"" without tools)."""
+        return f"tools\n{self.request.tools!r}\n".encode() if self.request.tools else b""
+
+    def _segments_utf8(self) -> list[bytes]:
+        """``conversation_utf8``'s pieces: the tools' segment (when any), then ``role\n``, the text and
+        ``\n`` per message."""
+        out = [self._tools_segment] if self.request.tools else []
+        for m, text in zip(self.request.messages, self.utf8):
+            out += (m.role.encode(), b"\n", text, b"\n")
+        return out
 
     @cached_property
     def conversation(self) -> str:
-        """The conversation as one string for prefix hashing: ``role\\ntext\\n`` per message
+        """The conversation as one string for prefix hashing: ``role\ntext\n`` per message
         (tools declared first); two requests sharing a conversation prefix share a string prefix."""
-        return "".join(self._segments)
+        tools = (f"tools\n{self.request.tools!r}\n",) if self.request.tools else ()
+        return "".join(tools + tuple(f"{m.role}\n{text}\n" for m, text in zip(self.request.messages, self.texts)))
 
     @cached_property
     def cache_breakpoint_bytes(self) -> int:
@@ -423,13 +440,12 @@ class RequestView:
         provider with explicit prompt caching caches. A mark on the tools ends after them; one on a message
         or on its last part ends after that message; one on an earlier part ends before the message (its
         place inside the message's text is not kept: the cached prefix is counted short, the safe side)."""
-        segments = iter(self._segments)
         end = cut = 0
         if self.request.tools:
-            end = len(next(segments).encode())
+            end = len(self._tools_segment)
             cut = end if any(isinstance(t, dict) and "cache_control" in t for t in self.request.tools) else 0
-        for m, segment in zip(self.request.messages, segments):
-            start, end = end, end + len(segment.encode())
+        for m, text in zip(self.request.messages, self.utf8):
+            start, end = end, end + len(m.role) + len(text) + 2  # role\ntext\n (roles are ASCII)
             parts = m.content if isinstance(m.content, list) else []
             last_marked = bool(parts) and "cache_control" in (parts[-1].model_extra or {})
             if "cache_control" in (m.model_extra or {}) or last_marked:
@@ -438,11 +454,25 @@ class RequestView:
                 cut = max(cut, start)
         return cut
 
-    @cached_property
+    @property
     def conversation_utf8(self) -> bytes:
-        """``conversation`` in UTF-8, encoded once: the text prefix block hashes read it, and the cache
-        signals its length."""
-        return self.conversation.encode("utf-8")
+        """``conversation`` in UTF-8, joined from ``utf8`` (not kept: the prefix block hashes read it once;
+        ``conversation_bytes`` is its length)."""
+        return b"".join(self._segments_utf8())
+
+    @cached_property
+    def conversation_bytes(self) -> int:
+        """``len(conversation_utf8)``, without joining it: the cache signals' byte length."""
+        return sum(map(len, self._segments_utf8()))
+
+    def prompt_sha256(self) -> str:
+        """sha256 hex (64 chars) of ``transcript`` in UTF-8, hashed from ``utf8`` piece by piece (the
+        transcript is not built)."""
+        h = hashlib.sha256()
+        for i, (m, text) in enumerate(zip(self.request.messages, self.utf8)):
+            h.update(f"\n{m.role}: ".encode() if i else f"{m.role}: ".encode())
+            h.update(text)
+        return h.hexdigest()
 
     @cached_property
     def transcript(self) -> str:

@@ -284,7 +284,7 @@ class LiveSignals:
         """UTF-8 bytes of the conversation the text block hashes cover (None: gateway ids, or no view)."""
         if self.gateway_ids or self.view is None:
             return None
-        return len(self.view.conversation_utf8)
+        return self.view.conversation_bytes
 
     def pool_view(self, target: str, role: str) -> PoolView:
         """``target``'s pool ``role`` (``api`` for a frontier target) with loads, health and hits."""

@@ -14,6 +14,8 @@ import string
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pointsman.estimator.features import COUNT_SAMPLE_CHARS, extract_features
 from pointsman.estimator.model_source import load_estimator
@@ -234,3 +236,22 @@ def test_class_units_counts_by_its_definition_on_both_paths(size):
     assert class_units(text) == _class_units_reference(text)
     if size >= 9000:
         assert len(text.encode("utf-8", "surrogatepass")) >= NUMPY_FROM_BYTES  # the numpy path ran
+
+
+_FRAGMENTS = ["word", "Z9", " ", "  ", " " * 15, " " * 16, "\t", "\n", "\r", "\x0b\x0c", ".", ",;", "\u00e9",
+              "\u4e2d", "\U0001f600", "\x00", "\x7f", "\u200b", "x" * 120, "\ud800"]
+
+
+@given(st.lists(st.sampled_from(_FRAGMENTS), min_size=1, max_size=40), st.text(max_size=30))
+@settings(max_examples=60, deadline=None)
+def test_class_units_of_long_text_is_the_reference_count(parts, extra):
+    """The numpy path (with its skipped passes: ASCII text, few adjacent spaces) and the UTF-8 entry point
+    count what the character-by-character definition counts, over generated text long enough for numpy."""
+    from pointsman.estimator.token_bounds import NUMPY_FROM_BYTES, class_units, class_units_utf8
+
+    unit = "".join(parts) + extra
+    raw_unit = len(unit.encode("utf-8", "surrogatepass"))
+    text = unit * (NUMPY_FROM_BYTES // max(1, raw_unit) + 1)
+    raw = text.encode("utf-8", "surrogatepass")
+    assert len(raw) >= NUMPY_FROM_BYTES
+    assert class_units(text) == class_units_utf8(raw) == _class_units_reference(text)

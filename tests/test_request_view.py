@@ -1,0 +1,66 @@
+"""``RequestView``'s renderings read from the texts' UTF-8 (encoded once) are what the strings they replace
+give: the conversation's bytes and length, the cache breakpoint's bytes, the transcript's sha256."""
+
+from __future__ import annotations
+
+import hashlib
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pointsman.request import RequestView, parse_route_request
+
+_TEXT = st.text(st.characters(blacklist_categories=["Cs"]), max_size=40)
+_ROLE = st.sampled_from(["system", "developer", "user", "assistant", "tool"])
+_MARK = {"type": "ephemeral"}
+
+
+@st.composite
+def _message(draw: st.DrawFn) -> dict[str, object]:
+    role = draw(_ROLE)
+    if draw(st.booleans()):
+        out: dict[str, object] = {"role": role, "content": draw(_TEXT)}
+    else:
+        parts = []
+        for _ in range(draw(st.integers(1, 3))):
+            part: dict[str, object] = {"type": "text", "text": draw(_TEXT)}
+            if draw(st.booleans()):
+                part["cache_control"] = _MARK
+            parts.append(part)
+        out = {"role": role, "content": parts}
+    if draw(st.booleans()):
+        out["cache_control"] = _MARK
+    return out
+
+
+def _old_breakpoint(view: RequestView) -> int:
+    """``cache_breakpoint_bytes`` as it was computed from the rendered segments (the reference)."""
+    tools = (f"tools\n{view.request.tools!r}\n",) if view.request.tools else ()
+    segments = iter(tools + tuple(f"{m.role}\n{t}\n" for m, t in zip(view.request.messages, view.texts)))
+    end = cut = 0
+    if view.request.tools:
+        end = len(next(segments).encode())
+        cut = end if any(isinstance(t, dict) and "cache_control" in t for t in view.request.tools) else 0
+    for m, segment in zip(view.request.messages, segments):
+        start, end = end, end + len(segment.encode())
+        parts = m.content if isinstance(m.content, list) else []
+        if "cache_control" in (m.model_extra or {}) or (parts and "cache_control" in (parts[-1].model_extra or {})):
+            cut = end
+        elif m.cache_marks():
+            cut = max(cut, start)
+    return cut
+
+
+@given(st.lists(_message(), min_size=1, max_size=5), st.sampled_from([None, [{"type": "function", "x": "é"}],
+                                                                      [{"cache_control": _MARK, "n": "😀"}]]))
+@settings(max_examples=150, deadline=None)
+def test_renderings_from_utf8_equal_the_strings_they_replace(messages, tools):
+    body: dict[str, object] = {"messages": messages + [{"role": "user", "content": "hello"}]}
+    if tools is not None:
+        body["tools"] = tools
+    view = RequestView.of(parse_route_request(body))
+    assert view.conversation_utf8 == view.conversation.encode("utf-8")
+    assert view.conversation_bytes == len(view.conversation.encode("utf-8"))
+    assert view.prompt_sha256() == hashlib.sha256(view.transcript.encode("utf-8")).hexdigest()
+    assert view.cache_breakpoint_bytes == _old_breakpoint(view)
+    assert view.utf8 == tuple(t.encode("utf-8") for t in view.texts)
