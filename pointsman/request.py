@@ -31,7 +31,16 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_core import ErrorDetails
 
 from pointsman.errors import RequestError
@@ -63,13 +72,32 @@ def _identity(value: str | None) -> str | None:
     return out
 
 
-def _check_utf8(value: str, what: str = "text") -> str:
-    """Reject strings that cannot be encoded as UTF-8 (lone surrogates from invalid bytes)."""
+def _check_utf8(value: str, what: str = "text", info: ValidationInfo | None = None) -> str:
+    """Reject strings that cannot be encoded as UTF-8 (lone surrogates from invalid bytes). With ``info``
+    whose context has ``"utf8"`` (``parse_route_request``'s), a non-ASCII string's encoding is kept there by
+    its ``id`` for ``RequestView.utf8``, so a long text is not encoded twice."""
     try:
-        value.encode("utf-8")
+        encoded = value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValueError(f"{what} is not valid UTF-8 (bad character at offset {exc.start})") from None
+    if info is not None and isinstance(info.context, dict) and len(value) >= _KEPT_UTF8_CHARS:
+        info.context["utf8"][id(value)] = (value, encoded)
     return value
+
+
+class _Encoded(dict[int, tuple[str, bytes]]):
+    """``id(text)`` -> (text, its UTF-8): a cache, not part of the request's value, so any two are equal
+    (a ``RouteRequest`` compares its private attributes)."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Encoded)
+
+    __hash__ = None
+
+
+#: Shortest text whose encoding ``_check_utf8`` keeps for ``RequestView.utf8`` (shorter ones cost less to
+#: encode again than to look up).
+_KEPT_UTF8_CHARS = 4096
 
 
 class _Part(BaseModel):
@@ -82,7 +110,10 @@ class TextPart(_Part):
     type: Literal["text"]
     text: str
 
-    _utf8 = field_validator("text")(lambda cls, v: _check_utf8(v))
+    @field_validator("text")
+    @classmethod
+    def _utf8(cls, v: str, info: ValidationInfo) -> str:
+        return _check_utf8(v, "text", info)
 
 
 class ImagePart(_Part):
@@ -149,11 +180,11 @@ class ChatMessage(BaseModel):
 
     @field_validator("content", mode="before")
     @classmethod
-    def _content_shape(cls, v: object) -> object:
+    def _content_shape(cls, v: object, info: ValidationInfo) -> object:
         if v is None or isinstance(v, list):
             return v
         if isinstance(v, str):
-            return _check_utf8(v, "content")
+            return _check_utf8(v, "content", info)
         raise ValueError(f"content must be a string, a list of content parts or null, not {type(v).__name__}")
 
     def text(self) -> str:
@@ -237,6 +268,9 @@ class RouteRequest(BaseModel):
     """
 
     model_config = ConfigDict(extra="ignore")
+    #: texts of at least 4,096 characters ``parse_route_request`` encoded to check them, by ``id``, with the
+    #: text (``RequestView.utf8`` reads them instead of encoding them again)
+    _utf8: _Encoded = PrivateAttr(default_factory=_Encoded)
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1, max_length=100_000)
     tools: list[JSONObject] | None = None
@@ -330,8 +364,9 @@ def parse_route_request(body: object) -> RouteRequest:
     """
     if not isinstance(body, dict):
         raise RequestError(f"expected a JSON object, got {type(body).__name__}")
+    encoded = _Encoded()
     try:
-        request = RouteRequest.model_validate(body)
+        request = RouteRequest.model_validate(body, context={"utf8": encoded})
     except ValidationError as exc:
         # The deepest location is the most specific one (union branches report at equal depth).
         err = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
@@ -340,6 +375,7 @@ def parse_route_request(body: object) -> RouteRequest:
     if not request.has_content():
         raise RequestError("prompt is empty: no message has text, images, audio, files or tool calls",
                            field="messages")
+    request._utf8 = encoded
     return request
 
 
@@ -412,7 +448,9 @@ class RequestView:
         signals' byte lengths and the decision log's ``prompt_sha256`` read, so the conversation is neither
         copied into other strings nor encoded again for each of them (at 100k tokens each copy is ~0.4 MB, and
         a decision the cascade holds kept them all)."""
-        return tuple(text.encode("utf-8") for text in self.texts)
+        kept = self.request._utf8
+        return tuple(got[1] if (got := kept.get(id(text))) is not None and got[0] is text else text.encode("utf-8")
+                     for text in self.texts)
 
     @cached_property
     def _tools_segment(self) -> bytes:

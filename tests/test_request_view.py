@@ -64,3 +64,16 @@ def test_renderings_from_utf8_equal_the_strings_they_replace(messages, tools):
     assert view.prompt_sha256() == hashlib.sha256(view.transcript.encode("utf-8")).hexdigest()
     assert view.cache_breakpoint_bytes == _old_breakpoint(view)
     assert view.utf8 == tuple(t.encode("utf-8") for t in view.texts)
+
+
+def test_a_long_texts_check_encoding_is_the_views_and_requests_still_compare_by_value():
+    """``parse_route_request`` keeps the UTF-8 it checked a long text with; the view reads it (not encoded
+    again), a text the request no longer holds is encoded afresh, and two parses of one body are equal."""
+    body = {"messages": [{"role": "user", "content": "é😀 " * 2000}, {"role": "user", "content": "short"}]}
+    a, b = parse_route_request(body), parse_route_request(body)
+    assert a == b
+    view = RequestView.of(a)
+    assert view.utf8[0] is a._utf8[id(a.messages[0].content)][1]
+    assert view.utf8 == tuple(t.encode("utf-8") for t in view.texts)
+    other = a.model_copy(update={"messages": [a.messages[1]]})
+    assert RequestView.of(other).utf8 == (b"short",)
