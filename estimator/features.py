@@ -45,8 +45,8 @@ from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from pointsman.estimator.token_bounds import (
+    UNITS_MEMO,
     class_units,
-    class_units_utf8,
     extrapolated_upper,
     piece_upper,
     sample_pieces,
@@ -184,15 +184,15 @@ def _count(text: str, tokenizer: Tokenizer | None, offsets: bool = False) -> tup
 
 
 def _count_ids(text: str, tokenizer: Tokenizer | None, offsets: bool = False,
-               utf8: Callable[[], bytes | None] | None = None) -> tuple[int, int, Encoding | None, list[int] | None]:
-    """``_count`` and the ids of ``text`` when it was tokenized whole (else None). ``utf8``: gives
-    ``text`` in UTF-8 (or None) when the caller has its pieces encoded already (``RequestView.utf8``), for
-    the whole-text class units (``token_bounds.class_units_utf8``) without encoding it again."""
+               units: Callable[[], int | None] | None = None) -> tuple[int, int, Encoding | None, list[int] | None]:
+    """``_count`` and the ids of ``text`` when it was tokenized whole (else None). ``units``: gives
+    ``class_units(text)`` (or None) when the caller can count it cheaper (``_joined_units``: from the texts
+    encoded once, and what the session's last turn counted)."""
     if not text:
         return 0, 0, None, None
     if tokenizer is None:
         n = math.ceil(len(text) / CHARS_PER_TOKEN)
-        return n, max(n, _text_units(text, utf8)), None, None
+        return n, max(n, _text_units(text, units)), None, None
     pieces = sample_pieces(text, COUNT_SAMPLE_CHARS)
     whole = len(pieces) == 1
     fast = None if offsets and whole else word_piece(tokenizer)
@@ -212,13 +212,13 @@ def _count_ids(text: str, tokenizer: Tokenizer | None, offsets: bool = False,
     if whole:
         return n, max(n, sum(a + b for a, b, _ in bounds)), encodings[0], ids_of[0]
     n = max(1, round(n * len(text) / sum(len(p) for p in pieces)))
-    return n, max(n, extrapolated_upper(text, pieces, bounds, _text_units(text, utf8))), None, None
+    return n, max(n, extrapolated_upper(text, pieces, bounds, _text_units(text, units))), None, None
 
 
-def _text_units(text: str, utf8: Callable[[], bytes | None] | None) -> int:
-    """``class_units(text)``, from ``utf8()`` (``text`` in UTF-8) when it gives the bytes."""
-    raw = None if utf8 is None else utf8()
-    return class_units(text) if raw is None else class_units_utf8(raw)
+def _text_units(text: str, units: Callable[[], int | None] | None) -> int:
+    """``class_units(text)``, from ``units()`` when it gives the count."""
+    got = None if units is None else units()
+    return class_units(text) if got is None else got
 
 
 def long_word_tokens(text: str, ids: list[int], encoding: Encoding | UnkOffsets | None, tokenizer: Tokenizer) -> int:
@@ -411,7 +411,7 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
         whole = len(query) == len(joined) and len(query) <= QUERY_WINDOW_CHARS
         n, upper, encoding, joined_ids = _count_ids(joined, tokenizer, offsets=want_ids and fast is None and not whole
                                                     and len(joined) <= COUNT_SAMPLE_CHARS,
-                                                    utf8=_joined_utf8(view, tools_text))
+                                                    units=_joined_units(view, tools_text))
         if fast is not None:  # the window is the conversation itself: its ids are the count's
             query_ids = list(joined_ids) if whole and joined_ids is not None else \
                 fast(bounded_window(query, QUERY_WINDOW_CHARS))
@@ -450,18 +450,23 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
     ), query_ids
 
 
-def _joined_utf8(view: RequestView, tools_text: str) -> Callable[[], bytes | None]:
-    """A function giving ``"\\n".join(view.texts)`` (and ``"\\n" + tools_text`` when any) in UTF-8, joined
-    from the view's encoded texts (``RequestView.utf8``, encoded once per decision), or None for a text with
-    a lone surrogate (``utf8`` refuses it; the count then encodes the text with ``surrogatepass`` itself)."""
-    def joined() -> bytes | None:
+def _joined_units(view: RequestView, tools_text: str) -> Callable[[], int | None]:
+    """A function giving ``class_units`` of ``"\\n".join(view.texts)`` (and ``"\\n" + tools_text`` when any),
+    from the view's encoded texts (``RequestView.utf8``, encoded once per decision) and, for the messages,
+    ``token_bounds.UNITS_MEMO`` under the view's session (a next turn counts what it adds); None for a text
+    with a lone surrogate (``utf8`` refuses it; the count then encodes the text with ``surrogatepass``)."""
+    def units() -> int | None:
         try:
             texts = view.utf8
         except UnicodeEncodeError:
             return None
-        tools = ("\n" + tools_text).encode("utf-8", "surrogatepass") if tools_text else b""
-        return b"\n".join(texts) + tools
-    return joined
+        routing = view.routing
+        key = ("units", view.api_key_id, routing.tenant, routing.session_id) if routing.session_id else None
+        out = UNITS_MEMO.units(b"\n".join(texts), key)
+        if tools_text:  # a newline ends every run: the tools' count adds (``UnitsMemo``)
+            out += 1 + class_units(tools_text)
+        return out
+    return units
 
 
 def _cut_view(view: RequestView, request: RouteRequest, keep: list[int]) -> RequestView:

@@ -27,6 +27,8 @@ import difflib
 import hashlib
 import re
 import unicodedata
+import weakref
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Annotated, Literal
@@ -36,9 +38,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    PrivateAttr,
     ValidationError,
-    ValidationInfo,
     field_validator,
 )
 from pydantic_core import ErrorDetails
@@ -72,29 +72,40 @@ def _identity(value: str | None) -> str | None:
     return out
 
 
-def _check_utf8(value: str, what: str = "text", info: ValidationInfo | None = None) -> str:
-    """Reject strings that cannot be encoded as UTF-8 (lone surrogates from invalid bytes). With ``info``
-    whose context has ``"utf8"`` (``parse_route_request``'s), a non-ASCII string's encoding is kept there by
-    its ``id`` for ``RequestView.utf8``, so a long text is not encoded twice."""
+def _check_utf8(value: str, what: str = "text", keep: bool = False) -> str:
+    """Reject strings that cannot be encoded as UTF-8 (lone surrogates from invalid bytes). ``keep``: inside
+    ``parse_route_request``, a text of ``_KEPT_UTF8_CHARS`` or more keeps its encoding (by its ``id``) for
+    ``RequestView.utf8``, so a long text is not encoded twice."""
     try:
         encoded = value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValueError(f"{what} is not valid UTF-8 (bad character at offset {exc.start})") from None
-    if info is not None and isinstance(info.context, dict) and len(value) >= _KEPT_UTF8_CHARS:
-        info.context["utf8"][id(value)] = (value, encoded)
+    if keep and len(value) >= _KEPT_UTF8_CHARS and (kept := _KEEPING.get()) is not None:
+        kept[id(value)] = (value, encoded)
     return value
 
 
-class _Encoded(dict[int, tuple[str, bytes]]):
-    """``id(text)`` -> (text, its UTF-8): a cache, not part of the request's value, so any two are equal
-    (a ``RouteRequest`` compares its private attributes)."""
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Encoded)
-
-    __hash__ = None
+#: ``id(text)`` -> (text, its UTF-8): the encodings ``_check_utf8`` kept while one request was validated.
+_Encoded = dict[int, tuple[str, bytes]]
+#: ``id(request)`` -> (a weak reference to it, its texts' kept encodings), for ``RequestView.utf8``; an entry
+#: leaves with its request (kept outside the model: a private attribute costs every request ~3 µs to set up).
+_KEPT: dict[int, tuple[weakref.ref[RouteRequest], _Encoded]] = {}
 
 
+def _keep(request: RouteRequest, encoded: _Encoded) -> None:
+    """Keep ``encoded`` for ``request`` until it is freed."""
+    rid = id(request)
+    _KEPT[rid] = (weakref.ref(request, lambda _: _KEPT.pop(rid, None)), encoded)
+
+
+def _kept(request: RouteRequest) -> _Encoded | None:
+    """The encodings kept for ``request`` (None: none)."""
+    got = _KEPT.get(id(request))
+    return got[1] if got is not None and got[0]() is request else None
+
+
+#: Where ``_check_utf8`` keeps long texts' encodings while ``parse_route_request`` validates (None elsewhere).
+_KEEPING: ContextVar[_Encoded | None] = ContextVar("pointsman_request_utf8", default=None)
 #: Shortest text whose encoding ``_check_utf8`` keeps for ``RequestView.utf8`` (shorter ones cost less to
 #: encode again than to look up).
 _KEPT_UTF8_CHARS = 4096
@@ -112,8 +123,8 @@ class TextPart(_Part):
 
     @field_validator("text")
     @classmethod
-    def _utf8(cls, v: str, info: ValidationInfo) -> str:
-        return _check_utf8(v, "text", info)
+    def _utf8(cls, v: str) -> str:
+        return _check_utf8(v, "text", True)
 
 
 class ImagePart(_Part):
@@ -180,11 +191,11 @@ class ChatMessage(BaseModel):
 
     @field_validator("content", mode="before")
     @classmethod
-    def _content_shape(cls, v: object, info: ValidationInfo) -> object:
+    def _content_shape(cls, v: object) -> object:
         if v is None or isinstance(v, list):
             return v
         if isinstance(v, str):
-            return _check_utf8(v, "content", info)
+            return _check_utf8(v, "content", True)
         raise ValueError(f"content must be a string, a list of content parts or null, not {type(v).__name__}")
 
     def text(self) -> str:
@@ -268,9 +279,6 @@ class RouteRequest(BaseModel):
     """
 
     model_config = ConfigDict(extra="ignore")
-    #: texts of at least 4,096 characters ``parse_route_request`` encoded to check them, by ``id``, with the
-    #: text (``RequestView.utf8`` reads them instead of encoding them again)
-    _utf8: _Encoded = PrivateAttr(default_factory=_Encoded)
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1, max_length=100_000)
     tools: list[JSONObject] | None = None
@@ -364,18 +372,22 @@ def parse_route_request(body: object) -> RouteRequest:
     """
     if not isinstance(body, dict):
         raise RequestError(f"expected a JSON object, got {type(body).__name__}")
-    encoded = _Encoded()
+    encoded: _Encoded = {}
+    token = _KEEPING.set(encoded)  # (a validation context costs ~3 µs a request; a context variable does not)
     try:
-        request = RouteRequest.model_validate(body, context={"utf8": encoded})
+        request = RouteRequest.model_validate(body)
     except ValidationError as exc:
         # The deepest location is the most specific one (union branches report at equal depth).
         err = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
         # Discriminated unions add the tag to loc; keep it readable.
         raise RequestError(_message(err), field=_loc(tuple(err["loc"])) or None) from None
+    finally:
+        _KEEPING.reset(token)
     if not request.has_content():
         raise RequestError("prompt is empty: no message has text, images, audio, files or tool calls",
                            field="messages")
-    request._utf8 = encoded
+    if encoded:
+        _keep(request, encoded)
     return request
 
 
@@ -448,7 +460,9 @@ class RequestView:
         signals' byte lengths and the decision log's ``prompt_sha256`` read, so the conversation is neither
         copied into other strings nor encoded again for each of them (at 100k tokens each copy is ~0.4 MB, and
         a decision the cascade holds kept them all)."""
-        kept = self.request._utf8
+        kept = _kept(self.request) if _KEPT else None
+        if not kept:
+            return tuple(text.encode("utf-8") for text in self.texts)
         return tuple(got[1] if (got := kept.get(id(text))) is not None and got[0] is text else text.encode("utf-8")
                      for text in self.texts)
 
@@ -501,7 +515,8 @@ class RequestView:
     @cached_property
     def conversation_bytes(self) -> int:
         """``len(conversation_utf8)``, without joining it: the cache signals' byte length."""
-        return sum(map(len, self._segments_utf8()))
+        return len(self._tools_segment) + sum(len(m.role) + len(text) + 2  # role\ntext\n (roles are ASCII)
+                                              for m, text in zip(self.request.messages, self.utf8))
 
     def prompt_sha256(self) -> str:
         """sha256 hex (64 chars) of ``transcript`` in UTF-8, hashed from ``utf8`` piece by piece (the

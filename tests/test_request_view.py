@@ -70,10 +70,17 @@ def test_a_long_texts_check_encoding_is_the_views_and_requests_still_compare_by_
     """``parse_route_request`` keeps the UTF-8 it checked a long text with; the view reads it (not encoded
     again), a text the request no longer holds is encoded afresh, and two parses of one body are equal."""
     body = {"messages": [{"role": "user", "content": "é😀 " * 2000}, {"role": "user", "content": "short"}]}
+    from pointsman.request import _KEPT, _kept
+
     a, b = parse_route_request(body), parse_route_request(body)
     assert a == b
+    kept = _kept(a)
+    assert kept is not None and list(kept) == [id(a.messages[0].content)]  # the long text only
     view = RequestView.of(a)
-    assert view.utf8[0] is a._utf8[id(a.messages[0].content)][1]
+    assert view.utf8[0] is kept[id(a.messages[0].content)][1]
     assert view.utf8 == tuple(t.encode("utf-8") for t in view.texts)
     other = a.model_copy(update={"messages": [a.messages[1]]})
     assert RequestView.of(other).utf8 == (b"short",)
+    ids = id(a), id(b)
+    del a, b, view, other, kept
+    assert not set(ids) & set(_KEPT)  # an entry leaves with its request

@@ -56,6 +56,7 @@ All ``PrefixIndex`` methods are thread-safe (one lock).
 from __future__ import annotations
 
 import array
+import functools
 import hashlib
 import math
 import threading
@@ -90,7 +91,9 @@ def _owner(names: list[str | None], position: int) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=64)
 def _root(kind: bytes, salt: bytes) -> bytes:
+    """The chain's root digest for ``kind`` and ``salt`` (computed once each)."""
     return hashlib.blake2b(b"pointsman/prefix/v1/" + kind + b"/" + salt, digest_size=_DIGEST).digest()
 
 
