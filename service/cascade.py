@@ -3,7 +3,7 @@ of ``POST /v1/verify`` (``routes_verify.py``).
 
 ``PendingDrafts`` holds, per decision this process answered while its policy had a ``verify``
 section, what a verify needs (the ``Decision`` with its request view) for ``ttl_s`` seconds,
-at most ``max_entries`` of them holding at most ``max_chars`` characters of request text (the
+at most ``max_entries`` of them holding at most ``max_bytes`` of request text (``held_bytes``; the
 oldest forgotten first: a verify of a forgotten decision is 410, and the gateway keeps its draft;
 an escalation is then read from the outcome log, which logged it), and each decision's first
 verify answer (a repeated verify replays it) and escalation (the gateway's outcome settles
@@ -13,6 +13,7 @@ shared state a verify must reach the process that made the decision (elsewhere: 
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -100,43 +101,57 @@ class Pending:
 
     decision: Decision
     made_mono: float
-    chars: int = 0
+    held_bytes: int = 0
     answer: dict[str, object] | None = None
     escalation: tuple[str, str] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+
+def held_bytes(decision: Decision) -> int:
+    """Bytes of request text ``decision`` keeps alive through its request view: each message text's
+    ``str`` (1, 2 or 4 bytes a character, as CPython stores it) and its UTF-8 (``RequestView.utf8``, which
+    the route path encodes and the view keeps); 0 without a view."""
+    view = decision.request_view
+    if view is None:
+        return 0
+    try:
+        utf8 = sum(map(len, view.utf8))
+    except UnicodeEncodeError:  # a lone surrogate (parse_route_request refuses them): at most 4 bytes a character
+        utf8 = 4 * sum(map(len, view.texts))
+    return sum(map(sys.getsizeof, view.texts)) + utf8
+
 class PendingDrafts:
     """Decisions that may still be verified (see the module). ``PendingDrafts(ttl_s, max_entries,
-    max_chars)``: ``max_chars`` bounds the request text held (characters of the messages' texts), so
-    memory stays bounded whatever the prompts' length (100,000 decisions of 100k-token prompts held
-    for the TTL would be tens of GB)."""
+    max_bytes)``: ``max_bytes`` bounds the memory of the request text held (``held_bytes``: the messages'
+    texts and their UTF-8), so memory stays bounded whatever the prompts' length and script (100,000
+    decisions of 100k-token prompts held for the TTL would be tens of GB; a character is 1 to 4 bytes
+    in each form)."""
 
-    def __init__(self, ttl_s: float = 600.0, max_entries: int = 100_000, max_chars: int = 256 * 2**20) -> None:
-        self.ttl_s, self.max_entries, self.max_chars = float(ttl_s), int(max_entries), int(max_chars)
+    def __init__(self, ttl_s: float = 600.0, max_entries: int = 100_000, max_bytes: int = 512 * 2**20) -> None:
+        self.ttl_s, self.max_entries, self.max_bytes = float(ttl_s), int(max_entries), int(max_bytes)
         self._items: OrderedDict[str, Pending] = OrderedDict()
-        self._chars = 0
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def add(self, decision: Decision, now_mono: float | None = None) -> None:
         """Hold ``decision`` for verification, forgetting the oldest held decisions while one is past
-        ``ttl_s`` or the held ones exceed ``max_entries`` or ``max_chars`` (this one is kept)."""
+        ``ttl_s`` or the held ones exceed ``max_entries`` or ``max_bytes`` (this one is kept)."""
         now = time.monotonic() if now_mono is None else now_mono
-        view = decision.request_view
-        chars = sum(map(len, view.texts)) if view is not None else 0
+        size = held_bytes(decision)
         with self._lock:
             old = self._items.pop(decision.decision_id, None)
             if old is not None:
-                self._chars -= old.chars
-            self._items[decision.decision_id] = Pending(decision, now, chars)
-            self._chars += chars
+                self._bytes -= old.held_bytes
+            self._items[decision.decision_id] = Pending(decision, now, size)
+            self._bytes += size
             while len(self._items) > 1:
                 first = next(iter(self._items.values()))
                 if now - first.made_mono <= self.ttl_s and len(self._items) <= self.max_entries \
-                        and self._chars <= self.max_chars:
+                        and self._bytes <= self.max_bytes:
                     break
                 self._items.popitem(last=False)
-                self._chars -= first.chars
+                self._bytes -= first.held_bytes
 
     def get(self, decision_id: str, now_mono: float | None = None) -> Pending | None:
         """The pending decision, or None when unknown here or older than ``ttl_s`` (then forgotten,
@@ -149,7 +164,7 @@ class PendingDrafts:
                 return item
             if item.escalation is None:
                 del self._items[decision_id]
-                self._chars -= item.chars
+                self._bytes -= item.held_bytes
             return None
 
     def escalation_of(self, decision_id: str) -> tuple[str, str] | None:

@@ -221,7 +221,7 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
                                max_queue=settings.decision_log_queue, on_result=on_log).start()
     rt = Runtime(settings, LiveEngine(engine, estimator_error), metrics, outcome_log, writer, owns_engine,
                  cascade=PendingDrafts(settings.verify_ttl_s, settings.verify_max_pending,
-                                               settings.verify_max_pending_chars),
+                                               settings.verify_max_pending_bytes),
                  verifier=load_verifier(settings.verifier))
     if estimator_error is None:
         rt.live = LiveEngine(engine.with_estimator(rt.wrap(engine.estimator)), None)

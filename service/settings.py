@@ -58,8 +58,9 @@ Service only (``pointsman serve``):
   heuristic of ``estimator/verifier.py``) or a directory holding a trained head.
 - ``POINTSMAN_VERIFY_TTL_S``: how long a decision can be verified after it was made; default
   600 s (later: 410). ``POINTSMAN_VERIFY_MAX_PENDING``: decisions held for verification at most
-  (the oldest are forgotten first); default 100,000. ``POINTSMAN_VERIFY_MAX_PENDING_CHARS``: their
-  request text held at most (characters; the oldest forgotten first); default 268,435,456 (256 Mi).
+  (the oldest are forgotten first); default 100,000. ``POINTSMAN_VERIFY_MAX_PENDING_BYTES``: the memory
+  of their request text at most (its ``str`` and UTF-8 forms; the oldest forgotten first); default
+  536,870,912 (512 MiB).
 - ``POINTSMAN_DECISION_LOG_FLUSH_MS``: how long a decision waits in memory before the
   background writer commits it (batched); default 50 ms. ``POINTSMAN_DECISION_LOG_QUEUE``:
   decisions held in memory at most (beyond it new ones are dropped, counted and logged);
@@ -151,7 +152,7 @@ class Settings(BaseSettings):
     verifier: str | None = None
     verify_ttl_s: float = Field(default=600.0, gt=0)
     verify_max_pending: int = Field(default=100_000, ge=1)
-    verify_max_pending_chars: int = Field(default=256 * 2**20, ge=1)
+    verify_max_pending_bytes: int = Field(default=512 * 2**20, ge=1)
     decision_log_flush_ms: float = Field(default=50.0, ge=0)
     outcome_fsync_ms: float = Field(default=0.0, ge=0)
     decision_log_queue: int = Field(default=100_000, ge=1)

@@ -5,6 +5,7 @@ gateway's one outcome settling it and stored once; 404 / 409 / 410; bad input ne
 from __future__ import annotations
 
 import shutil
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -502,45 +503,51 @@ def test_a_kept_draft_after_a_prefix_verify_is_paid_once_and_closes_the_escalati
         assert engine.state.record(v3["escalation_id"]) is not None
 
 
-def test_the_request_text_held_for_verification_is_bounded(tmp_path):
-    """``POINTSMAN_VERIFY_MAX_PENDING_CHARS``: a decision is held with its request view until verified or
+@pytest.mark.parametrize("filler, codes", [("x", [410, 200, 200]), ("\N{GRINNING FACE}", [410, 410, 200])],
+                         ids=["ascii", "emoji"])
+def test_the_request_text_held_for_verification_is_bounded(tmp_path, filler, codes):
+    """``POINTSMAN_VERIFY_MAX_PENDING_BYTES``: a decision is held with its request view until verified or
     expired; with long prompts 100,000 held decisions would be tens of GB. Past the cap the oldest are
-    forgotten (410: the gateway keeps its draft), the newest still verify."""
-    client, _ = _app(tmp_path, verify_max_pending_chars=2500)
+    forgotten (410: the gateway keeps its draft), the newest still verify. The cap is bytes, not characters:
+    1,000 emoji hold about 8 KB (4 bytes each as a ``str`` and in UTF-8), 1,000 ASCII letters about 2 KB
+    (before, a cap in characters let an emoji-laden prompt hold four times what it allowed)."""
+    client, _ = _app(tmp_path, verify_max_pending_bytes=5000)
     with client:
-        ids = [_route(client, f"Explain the rules of kickball, variant {i}. " + "x" * 1000)["decision_id"]
+        ids = [_route(client, f"Explain the rules of kickball, variant {i}. " + filler * 1000)["decision_id"]
                for i in range(3)]
-        codes = [client.post("/v1/verify", json={"decision_id": i, "draft": {"text": GOOD, "finish_reason": "stop"},
-                                                 "usage": {"completion_tokens": 20}}).status_code for i in ids]
-    assert codes == [410, 200, 200]
+        got = [client.post("/v1/verify", json={"decision_id": i, "draft": {"text": GOOD, "finish_reason": "stop"},
+                                               "usage": {"completion_tokens": 20}}).status_code for i in ids]
+    assert got == codes
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(adds=st.lists(st.tuples(st.integers(0, 400), st.floats(0, 50)), min_size=1, max_size=40),
-       max_entries=st.integers(1, 8), max_chars=st.integers(1, 1500))
-def test_pending_drafts_forget_the_oldest_first_within_every_bound(adds, max_entries, max_chars):
+@given(adds=st.lists(st.tuples(st.text(st.sampled_from("qé中\N{GRINNING FACE}"), min_size=1, max_size=400),
+                               st.floats(0, 50)), min_size=1, max_size=40),
+       max_entries=st.integers(1, 8), max_bytes=st.integers(1, 6000))
+def test_pending_drafts_forget_the_oldest_first_within_every_bound(adds, max_entries, max_bytes):
     """Over any sequence of decisions (request text length, seconds since the previous one): after each
     add the held decisions are the newest ones (a suffix, in order), the one just added among them, and
-    unless it is alone, they fit ``max_entries`` and ``max_chars`` and none is older than the TTL."""
+    unless it is alone, they fit ``max_entries`` and ``max_bytes`` (each text's ``str`` and UTF-8 sizes) and
+    none is older than the TTL."""
     from pointsman.policy.decision import Decision
     from pointsman.request import RequestView, parse_route_request
     from pointsman.service.cascade import PendingDrafts
 
     ttl = 60.0
-    pending = PendingDrafts(ttl, max_entries, max_chars)
+    pending = PendingDrafts(ttl, max_entries, max_bytes)
     now, made, sizes = 0.0, [], []
-    for i, (chars, gap) in enumerate(adds):
+    for i, (text, gap) in enumerate(adds):
         now += gap
-        view = RequestView.of(parse_route_request({"messages": [{"role": "user", "content": "q" * max(chars, 1)}]}))
+        view = RequestView.of(parse_route_request({"messages": [{"role": "user", "content": text}]}))
         decision = Decision(f"d{i}", "t", "m", "", "aggregated", (), (), 0.0, "r", None, False, 1, "", "", "", {},
                             request_view=view)
         pending.add(decision, now)
         made.append(now)
-        sizes.append(max(chars, 1))
+        sizes.append(sys.getsizeof(text) + len(text.encode("utf-8")))
         held = [j for j in range(i + 1) if pending.get(f"d{j}", now) is not None]
         assert held == list(range(i + 1 - len(held), i + 1)) and held[-1] == i
         if len(held) > 1:
-            assert len(held) <= max_entries and sum(sizes[j] for j in held) <= max_chars
+            assert len(held) <= max_entries and sum(sizes[j] for j in held) <= max_bytes
             assert all(now - made[j] <= ttl for j in held)
         assert len(pending) == len(held)
 
