@@ -32,12 +32,14 @@ outcome, from the signed id.
 ``P`` is the key prefix, default ``{pointsman-state}:`` (one hash slot in a cluster).
 
 Round trips: a dispatch is one (a Lua script writes the record, the session and the stream
-entry; the service's decisions on its event loop queue it for a writer thread, which pipelines what
-is queued, and await it before answering: ``deferred_writes``); an outcome or release is one (a Lua
-script takes the record, whichever process wrote it, and appends the release); a forwarded
-outcome is one more; a telemetry push or a health mark is one. Decisions read only the local
-state: none. A reader thread per process blocks on the stream (``XREAD``) and
-applies the others' changes, typically within a millisecond on one host.
+entry; the service's decisions on its event loop queue it for a writer thread, which sends what
+is queued in one script call, and await it before answering: ``deferred_writes``); an outcome or
+release is one (a Lua script takes the record, whichever process wrote it, and appends the release);
+a forwarded outcome is one more; a telemetry push or a health mark is one. Decisions read only the
+local state: none. A reader thread per process blocks on the stream (``XREAD``) and applies the
+others' changes, within ``READ_INTERVAL_S`` (5 ms) and a round trip of their write: while changes
+keep coming it reads at most every 5 ms, taking what arrived meanwhile. Each stream entry names its
+process (field ``o``), so a reader skips its own without parsing them.
 
 What can go wrong, and what happens then:
 
@@ -100,9 +102,14 @@ ChangeKind = Literal["dispatch", "release", "telemetry", "health", "reload"]
 RELOAD_CHECK_S = 5.0
 #: Stream entries the reader takes per ``XREAD``.
 READ_COUNT = 1000
+#: Seconds from one ``XREAD`` that brought changes to the next, at least: while changes keep coming,
+#: each read takes what arrived meanwhile (a read's own cost, the round trip and the thread's wake-up,
+#: was as large as applying a change: one read per change at moderate rates). Another process's change
+#: is applied within this much (plus the round trip) of its write.
+READ_INTERVAL_S = 0.005
 #: Releases kept while Redis is unreachable, at most (the oldest are dropped: their records expire).
 MAX_UNSENT_RELEASES = 100_000
-#: Dispatch writes the writer thread sends in one pipeline at most (``deferred_writes``).
+#: Dispatch writes the writer thread sends in one script call at most (``deferred_writes``).
 MAX_PIPELINE = 512
 #: ``deliver(payloads)``: store outcomes forwarded to this inbox (JSON texts of ``OutcomeIn``);
 #: True once they are durable in the log (their entries are deleted), False to keep them.
@@ -427,11 +434,14 @@ class LocalSync:
 
 
 # Lua scripts: each one atomic step (Redis runs a script without interleaving other commands).
+#: Dispatches, in order: ARGV = prefix, stream cap, origin, then 7 per dispatch (``RedisSync.dispatch``).
 _DISPATCH = """
-local p = ARGV[1]
-redis.call('SET', p .. 'rec:' .. ARGV[2], ARGV[3], 'PX', ARGV[4])
-if ARGV[5] ~= '' then redis.call('SET', p .. 'sess:' .. ARGV[5], ARGV[6], 'PX', ARGV[7]) end
-redis.call('XADD', p .. 'changes', 'MAXLEN', '~', ARGV[9], '*', 'c', ARGV[8])
+local p, cap, origin = ARGV[1], ARGV[2], ARGV[3]
+for i = 4, #ARGV, 7 do
+  redis.call('SET', p .. 'rec:' .. ARGV[i], ARGV[i + 1], 'PX', ARGV[i + 2])
+  if ARGV[i + 3] ~= '' then redis.call('SET', p .. 'sess:' .. ARGV[i + 3], ARGV[i + 4], 'PX', ARGV[i + 5]) end
+  redis.call('XADD', p .. 'changes', 'MAXLEN', '~', cap, '*', 'o', origin, 'c', ARGV[i + 6])
+end
 return 1
 """
 _TAKE = """
@@ -439,37 +449,41 @@ local p = ARGV[1]
 local key = p .. 'rec:' .. ARGV[2]
 local rec = redis.call('GET', key)
 if rec then redis.call('DEL', key) end
-redis.call('XADD', p .. 'changes', 'MAXLEN', '~', ARGV[4], '*', 'c', ARGV[3])
+redis.call('XADD', p .. 'changes', 'MAXLEN', '~', ARGV[4], '*', 'o', ARGV[5], 'c', ARGV[3])
 return rec
 """
 _TELEMETRY = """
 local p = ARGV[1]
 redis.call('SET', p .. 'tel:' .. ARGV[2], ARGV[3])
-redis.call('XADD', p .. 'changes', 'MAXLEN', '~', ARGV[5], '*', 'c', ARGV[4])
+redis.call('XADD', p .. 'changes', 'MAXLEN', '~', ARGV[5], '*', 'o', ARGV[6], 'c', ARGV[4])
 return 1
 """
 _HEALTH = """
 local p = ARGV[1]
 if ARGV[3] == '1' then redis.call('HDEL', p .. 'health', ARGV[2])
 else redis.call('HSET', p .. 'health', ARGV[2], ARGV[4]) end
-redis.call('XADD', p .. 'changes', 'MAXLEN', '~', ARGV[6], '*', 'c', ARGV[5])
+redis.call('XADD', p .. 'changes', 'MAXLEN', '~', ARGV[6], '*', 'o', ARGV[7], 'c', ARGV[5])
 return 1
 """
 
 
 class _DispatchWriter:
     """The thread that sends deferred dispatch writes (``deferred_writes``): whatever is queued when
-    it wakes goes to Redis in one pipeline (``EVALSHA`` of the dispatch script per write, in queue
-    order, so each process's writes land in the order it made them). A failed write is counted
-    (``on_error``) and done, as a failed direct write: never retried, never raised. Started on
-    the first write; ``close`` sends what is queued and stops."""
+    it wakes goes to Redis as one call of the dispatch script (``EVALSHA``, all of them in queue
+    order, so each process's writes land in the order it made them), on the writer's own connection
+    (the client's pool, retry and pipeline layers cost more CPU than the round trip). A failed write
+    is counted (``on_error``) and done, as a failed direct write: never raised; a call that lost its
+    connection is sent once more on a new one, as the client does. Started on the first write;
+    ``close`` sends what is queued and stops."""
 
-    def __init__(self, client: Redis, script: Script, errors: tuple[type[BaseException], ...],
-                 on_error: Callable[[BaseException], None]) -> None:
+    def __init__(self, client: Redis, script: Script, head: Callable[[], list[str]],
+                 errors: tuple[type[BaseException], ...], on_error: Callable[[BaseException], None]) -> None:
+        from redis.exceptions import ConnectionError as RedisConnectionError
         from redis.exceptions import NoScriptError
 
-        self._client, self._script, self._errors, self._on_error = client, script, errors, on_error
-        self._no_script = NoScriptError
+        self._client, self._script, self._head, self._errors, self._on_error = client, script, head, errors, on_error
+        self._no_script, self._lost = NoScriptError, RedisConnectionError
+        self._conn: ConnectionInterface | None = None
         self._queue: deque[_Queued] = deque()
         self._cond = threading.Condition()
         self._closing = False
@@ -510,17 +524,11 @@ class _DispatchWriter:
 
     def _send(self, batch: list[_Queued]) -> None:
         try:
-            if len(batch) == 1:
-                self._one(batch[0])
-            else:
-                pipe = self._client.pipeline(transaction=False)
-                for queued in batch:
-                    pipe.evalsha(self._script.sha, 0, *queued.args)
-                for queued, result in zip(batch, pipe.execute(raise_on_error=False), strict=True):
-                    if isinstance(result, self._no_script):  # Redis restarted: the script is loaded again
-                        self._one(queued)
-                    elif isinstance(result, Exception):
-                        self._on_error(result)
+            args = [*self._head(), *[arg for queued in batch for arg in queued.args]]
+            try:
+                self._eval(args)
+            except self._lost:  # a connection Redis closed (it restarted): once more on a new one
+                self._eval(args)
         except self._errors as exc:
             for _ in batch:  # each write failed, as each would have on its own
                 self._on_error(exc)
@@ -536,11 +544,23 @@ class _DispatchWriter:
         for callback in callbacks:
             callback()
 
-    def _one(self, queued: _Queued) -> None:
+    def _eval(self, args: list[str]) -> None:
+        """One call of the script on the writer's connection (made when there is none); raises what
+        Redis raises (the connection is dropped then)."""
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = self._client.connection_pool.make_connection()
         try:
-            self._script(keys=[], args=queued.args)
-        except self._errors as exc:
-            self._on_error(exc)
+            try:
+                conn.send_command("EVALSHA", self._script.sha, 0, *args)  # type: ignore[no-untyped-call]
+                conn.read_response()
+            except self._no_script:  # a Redis that restarted has no scripts: load it with the call
+                conn.send_command("EVAL", self._script.script, 0, *args)  # type: ignore[no-untyped-call]
+                conn.read_response()
+        except BaseException:
+            self._conn = None
+            conn.disconnect()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+            raise
 
     def close(self, timeout_s: float) -> None:
         """Send what is queued and stop the thread."""
@@ -550,6 +570,8 @@ class _DispatchWriter:
             thread = self._thread
         if thread is not None:
             thread.join(timeout_s)
+        if self._conn is not None:
+            self._conn.disconnect()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
 
 
 class RedisSync:
@@ -582,7 +604,8 @@ class RedisSync:
         self._status = SyncStatus(shared=True)
         self._lock = threading.Lock()
         self._reader_conn: ConnectionInterface | None = None  # the reader thread's own (``_xread``)
-        self._writer = _DispatchWriter(client, self._dispatch, self._errors, self._write_failed("dispatch"))
+        self._writer = _DispatchWriter(client, self._dispatch, self._dispatch_head, self._errors,
+                                       self._write_failed("dispatch"))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._apply: Callable[[Change], None] = _ignore
@@ -638,20 +661,24 @@ class RedisSync:
             record = replace(record, inbox=self.inbox)
         change = Change("dispatch", self.origin, record.wall_s, record=record, block_hashes=tuple(block_hashes),
                         gateway_ids=gateway_ids, session_id=session_id)
-        args = [self.prefix, record.decision_id, record.to_json(), str(max(1, int(record_ttl_s * 1000))),
-                session_id, json.dumps([record.target, record.endpoint]), str(max(1, int(session_ttl_s * 1000))),
-                change.to_json(), str(self.stream_max_len)]
+        args = [record.decision_id, record.to_json(), str(max(1, int(record_ttl_s * 1000))), session_id,
+                _dumps([record.target, record.endpoint]), str(max(1, int(session_ttl_s * 1000))), change.to_json()]
         pending = _DEFERRED.get()
         if pending is not None:
             pending.add(self._writer, self._writer.put(args))
             return
-        self._write("dispatch", lambda: self._dispatch(keys=[], args=args))
+        self._write("dispatch", lambda: self._dispatch(keys=[], args=[*self._dispatch_head(), *args]))
+
+    def _dispatch_head(self) -> list[str]:
+        """The dispatch script's first arguments (``_DISPATCH``)."""
+        return [self.prefix, str(self.stream_max_len), self.origin]
 
     def take(self, decision_id: str) -> SharedRecord | None:
         """Take the record and publish its release (kept for later when Redis fails)."""
         change = Change("release", self.origin, time.time(), decision_id=decision_id)
         try:
-            got = self._take(keys=[], args=[self.prefix, decision_id, change.to_json(), str(self.stream_max_len)])
+            got = self._take(keys=[], args=[self.prefix, decision_id, change.to_json(), str(self.stream_max_len),
+                                            self.origin])
         except self._errors as exc:
             with self._lock:
                 self._status.write_errors += 1
@@ -705,7 +732,8 @@ class RedisSync:
                     return
                 decision_id = self._unsent[0]
             change = Change("release", self.origin, time.time(), decision_id=decision_id)
-            self._take(keys=[], args=[self.prefix, decision_id, change.to_json(), str(self.stream_max_len)])
+            self._take(keys=[], args=[self.prefix, decision_id, change.to_json(), str(self.stream_max_len),
+                                      self.origin])
             with self._lock:
                 if self._unsent and self._unsent[0] == decision_id:
                     self._unsent.popleft()
@@ -715,14 +743,14 @@ class RedisSync:
         change = Change("telemetry", self.origin, wall_s, endpoint=endpoint, snapshot=dict(snapshot))
         value = json.dumps({"snapshot": dict(snapshot), "wall_s": wall_s}, separators=(",", ":"))
         self._write("telemetry", lambda: self._telemetry(keys=[], args=[
-            self.prefix, endpoint, value, change.to_json(), str(self.stream_max_len)]))
+            self.prefix, endpoint, value, change.to_json(), str(self.stream_max_len), self.origin]))
 
     def health(self, endpoint: str, healthy: bool, reason: str) -> None:
         """Write (or clear) the endpoint's health mark and the change."""
         change = Change("health", self.origin, time.time(), endpoint=endpoint, healthy=healthy, reason=reason)
         self._write("health", lambda: self._health(keys=[], args=[
             self.prefix, endpoint, "1" if healthy else "0", reason or "marked unhealthy", change.to_json(),
-            str(self.stream_max_len)]))
+            str(self.stream_max_len), self.origin]))
 
     def announce_reload(self, what: str) -> None:
         """Count the reload of ``what`` in ``{P}reloads`` and append a ``reload`` change naming it to the
@@ -741,7 +769,8 @@ class RedisSync:
         change = Change("reload", self.origin, time.time(), reason=what)
         pipe = self.client.pipeline(transaction=True)
         pipe.hincrby(f"{self.prefix}reloads", what, 1)
-        pipe.xadd(f"{self.prefix}changes", {"c": change.to_json()}, maxlen=self.stream_max_len, approximate=True)
+        pipe.xadd(f"{self.prefix}changes", {"o": self.origin, "c": change.to_json()}, maxlen=self.stream_max_len,
+                  approximate=True)
         pipe.execute()
 
     def _send_reloads(self) -> None:
@@ -838,6 +867,7 @@ class RedisSync:
         stream = f"{self.prefix}changes"
         inbox_last = "0-0"  # delivered entries are deleted: what is left is still to deliver
         next_check = time.monotonic() + RELOAD_CHECK_S
+        next_read = 0.0  # READ_INTERVAL_S after the last read that brought changes
         while not self._stop.is_set():
             with self._lock:
                 apply, reload, inbox, deliver = self._apply, self._reload, self.inbox, self._deliver
@@ -865,6 +895,9 @@ class RedisSync:
                 except self._errors as exc:
                     log.warning("cannot read the shared reload counts: %s", exc)
             inbox_stream = f"{self.prefix}inbox:{inbox}" if inbox and deliver is not None else None
+            if (wait_s := next_read - time.monotonic()) > 0 and self._stop.wait(wait_s):
+                return
+            next_read = time.monotonic() + READ_INTERVAL_S
             try:
                 streams: dict[str | bytes | memoryview, str | bytes | memoryview | int] = {stream: last}
                 if inbox_stream:
@@ -875,13 +908,15 @@ class RedisSync:
                     inbox_last = self._deliver_forwarded(inbox_stream, forwarded, deliver, inbox_last)
                 entries = replies.get(stream, [])
                 if not entries:
+                    next_read = 0.0  # the read waited for the next change: take it at once
                     continue
                 # Trimming keeps the newest stream_max_len entries: had it taken our last entry, every
                 # entry left would be newer and XREAD would have returned a full batch. Only then look.
-                if last != "0-0" and len(entries) >= min(READ_COUNT, self.stream_max_len) \
-                        and not self.client.xrange(stream, min=last, max=last):
-                    last = self._load(reload)  # our last entry was trimmed: later ones may be too
-                    continue
+                if len(entries) >= min(READ_COUNT, self.stream_max_len):
+                    next_read = 0.0  # behind: read on at once
+                    if last != "0-0" and not self.client.xrange(stream, min=last, max=last):
+                        last = self._load(reload)  # our last entry was trimmed: later ones may be too
+                        continue
             except self._errors as exc:
                 with self._lock:
                     self._status.connected = False
@@ -892,6 +927,8 @@ class RedisSync:
                 self._status.connected = True
             for entry_id, fields in entries:
                 last = entry_id
+                if fields.get("o") == self.origin:  # this process's own change: nothing to parse or apply
+                    continue
                 try:
                     change = Change.from_json(fields["c"])
                 except (ValueError, TypeError, KeyError) as exc:

@@ -134,6 +134,29 @@ def test_deferred_dispatches_are_in_redis_once_awaited_in_order(pair):
     assert a.sync.status().write_errors == 0
 
 
+def test_deferred_dispatches_survive_a_lost_connection_and_lost_scripts(pair):
+    """The writer thread sends deferred dispatches on its own connection. When Redis closes it and
+    forgets its scripts (what a restart does), the next dispatches are still written: once more on a
+    new connection, the script loaded with the call; none is counted failed, and the other replica
+    applies them."""
+    a, b = pair(), pair()
+
+    async def decide(ids) -> None:
+        with deferred_writes() as pending:
+            for did in ids:
+                dispatch(a, did)
+        await pending.written()
+
+    asyncio.run(decide(["r0"]))
+    local_port = a.sync._writer._conn._sock.getsockname()[1]
+    a.sync.client.execute_command("CLIENT", "KILL", "ADDR", f"127.0.0.1:{local_port}")
+    a.sync.client.script_flush()
+    asyncio.run(decide(["r1", "r2"]))
+    assert a.sync.status().write_errors == 0
+    assert [a.sync.take(did) is not None for did in ("r0", "r1", "r2")] == [True, True, True]
+    assert eventually(lambda: b.sync.status().applied == 6)  # the three dispatches and their releases
+
+
 def test_a_refused_outcome_leaves_the_shared_record_for_the_corrected_one(pair):
     """Finding E: an outcome naming an unknown target is refused before the other replica's record is
     taken, so the corrected report still finds the decision's target, prices it and releases its load."""
