@@ -427,19 +427,22 @@ def bucket_quantile(before: dict[float, float], after: dict[float, float], q: fl
     return None
 
 
-def pairs_main(args: argparse.Namespace, prompts_file: str, tmp: str) -> None:
-    """``--pairs``: the two processes on one data folder and Redis, one row per rate."""
+def pairs_main(args: argparse.Namespace, prompts_file: str, tmp: str, code: str = "",
+               code_env: dict[str, str] | None = None) -> None:
+    """``--pairs``: the two processes on one data folder and Redis, one row per rate. ``code``: the
+    label of the code measured (``--baseline``; printed first in each row), ``code_env`` its environment."""
     redis_proc, url = start_redis()
     env = {"POINTSMAN_STATE_URL": url, "POINTSMAN_BUDGET_LEDGER": url, "POINTSMAN_WATCH_POLICY": "false",
-           **dict(kv.split("=", 1) for kv in args.env)}
-    data_dir = str(Path(tmp) / "data-pairs")
+           **dict(kv.split("=", 1) for kv in args.env), **(code_env or {})}
+    data_dir = str(Path(tmp) / f"data-pairs-{code}-{time.monotonic_ns()}")
     ports = [free_port(), free_port()]
     procs = []
     try:
         for port in ports:  # one after the other: the first creates the log and the signing key
             procs.append(start_server(1, port, data_dir, args.server_cpus, env, args.uvicorn))
-        print(f"{'pairs/s':>8} {'done/s':>8} {'route p50':>10} {'route p99':>10} {'outcome p50':>12} "
-              f"{'outcome p99':>12} {'srv p50<=':>10} {'srv p99<=':>10} {'lost':>5} {'srv_cpu_ms':>10} {'pauses':>8}  errors")
+        print(f"{'code':>8} " * bool(code) + f"{'pairs/s':>8} {'done/s':>8} {'route p50':>10} {'route p99':>10} "
+              f"{'outcome p50':>12} {'outcome p99':>12} {'srv p50<=':>10} {'srv p99<=':>10} {'lost':>5} "
+              f"{'srv_cpu_ms':>10} {'pauses':>8}  errors")
         for rate in args.pairs:
             before = outcome_buckets(f"http://127.0.0.1:{ports[1]}")
             cmd = [sys.executable, __file__, "--drive", f"http://127.0.0.1:{ports[0]}", "--drive-b",
@@ -460,12 +463,13 @@ def pairs_main(args: argparse.Namespace, prompts_file: str, tmp: str) -> None:
             def ms(v: float | None) -> str:
                 return f"{v:.2f}" if v is not None else "-"
 
-            print(f"{rate:>8g} {r['pairs_per_s']:>8.0f} {ms(r['route_p50_ms']):>10} {ms(r['route_p99_ms']):>10} "
+            print(f"{code[:8]:>8} " * bool(code) + f"{rate:>8g} {r['pairs_per_s']:>8.0f} "
+                  f"{ms(r['route_p50_ms']):>10} {ms(r['route_p99_ms']):>10} "
                   f"{ms(r['outcome_p50_ms']):>12} {ms(r['outcome_p99_ms']):>12} "
                   f"{ms(r['server_outcome_p50_le_ms']):>10} {ms(r['server_outcome_p99_le_ms']):>10} "
                   f"{r['lost']:>5} {r['server_cpu_ms_per_pair']:>10.2f} {probe.column():>8}  {r['errors'] or ''}", flush=True)
             if args.json:
-                print(json.dumps({"rate": rate, **r}))
+                print(json.dumps({"code": code, "rate": rate, **r}))
     finally:
         for proc in procs:
             stop_server(proc)
@@ -576,6 +580,48 @@ def run_client(url: str, prompts_file: str, concurrency: int, args: argparse.Nam
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def worker_rows(args: argparse.Namespace, workers: int, prompts_file: str, tmp: str, extra_env: dict[str, str],
+                code: str) -> list[dict[str, Any]]:
+    """The rows of one ``pointsman serve --workers W`` (with Redis state when ``workers`` > 1), printed
+    as they come; ``code``: the label of the code measured (``--baseline``; printed first in each row)."""
+    rows = []
+    port = free_port()
+    data_dir = str(Path(tmp) / f"data-w{workers}-{code}-{time.monotonic_ns()}")
+    redis_proc, env = None, extra_env
+    if workers > 1 and "POINTSMAN_STATE_URL" not in extra_env:  # several workers share state through Redis
+        redis_proc, url = start_redis()
+        env = {"POINTSMAN_STATE_URL": url, "POINTSMAN_BUDGET_LEDGER": url, **extra_env}
+    proc = start_server(workers, port, data_dir, args.server_cpus, env, args.uvicorn)
+    try:
+        runs = [(conc, None) for conc in args.concurrency] + [(OPEN_LOOP_CONNECTIONS, r) for r in args.rates]
+        for conc, rate in runs:
+            cpu0 = tree_cpu_s(proc.pid)
+            with PauseProbe() as probe:
+                r = run_client(f"http://127.0.0.1:{port}", prompts_file, conc, args, rate)
+            # whole run (warm-up included) over measured decisions scaled to the whole run
+            server_cpu = tree_cpu_s(proc.pid) - cpu0
+            n_all = r["decisions"] * (args.warmup + args.duration) / args.duration
+            r.update(code=code, workers=workers, concurrency=None if rate else conc, rate=rate,
+                     server_cpu_ms_per_decision=1000 * server_cpu / max(n_all, 1),
+                     machine_pauses=probe.count, machine_pause_longest_ms=probe.longest_ms)
+            rows.append(r)
+            load = f"{rate:g}/s" if rate else str(conc)
+
+            def ms(v: float | None) -> str:  # None: no call succeeded (see errors)
+                return f"{v:>8.2f}" if v is not None else f"{'-':>8}"
+
+            print(f"{code[:8]:>8} " * bool(code) + f"{workers:>7} {load:>7} {r['decisions_per_s']:>12.0f} "
+                  f"{ms(r['p50_ms'])} {ms(r['p99_ms'])} {r['prompt_tokens'] or 0:>10.0f} "
+                  f"{r['client_cpu_cores']:>10.2f} {r['server_cpu_ms_per_decision']:>10.2f} {probe.column():>8}  "
+                  f"{r['errors'] or ''}", flush=True)
+    finally:
+        stop_server(proc)
+        if redis_proc is not None:
+            redis_proc.terminate()
+            redis_proc.wait(timeout=10)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
@@ -600,6 +646,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="also print every row as JSON")
     parser.add_argument("--pairs", type=float, nargs="+", default=None, metavar="RATE",
                         help="route+outcome pairs per second on two processes with Redis state (see the docstring)")
+    parser.add_argument("--baseline", metavar="REV", default=None,
+                        help="also measure git revision REV's server code, alternating with this checkout's")
+    parser.add_argument("--rounds", type=int, default=2, help="with --baseline: runs of each")
     parser.add_argument("--drive", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--drive-b", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--prompts", default=None, help=argparse.SUPPRESS)
@@ -610,56 +659,36 @@ def main() -> None:
 
     extra_env = dict(kv.split("=", 1) for kv in args.env)
     prompts = sized_prompts(args.prompt_tokens)
-    rows = []
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="pointsman-load-") as tmp:
+        codes: list[tuple[str, dict[str, str]]] = [("", {})]
+        if args.baseline:  # REV's code first on the servers' PYTHONPATH, alternating with this checkout's
+            from bench_decision import baseline_path
+
+            (Path(tmp) / "baseline").mkdir()
+            path = str(baseline_path(args.baseline, Path(tmp) / "baseline"))
+            base_env = {"PYTHONPATH": os.pathsep.join(p for p in (path, os.environ.get("PYTHONPATH")) if p)}
+            codes = [(args.baseline[:8], base_env), ("this", {})] * args.rounds
         prompts_file = str(Path(tmp) / "prompts.json")
         Path(prompts_file).write_text(json.dumps(prompts))
         if args.pairs:
             print(f"# {os.cpu_count()} cores shared; route+outcome pairs, two serve processes on one data folder "
                   f"with Redis state and ledger; {args.prompt_tokens}-token prompts; {args.duration:g} s per row "
                   f"after {args.warmup:g} s warm-up")
-            pairs_main(args, prompts_file, tmp)
+            for code, code_env in codes:
+                pairs_main(args, prompts_file, tmp, code, code_env)
             return
         print(f"# {os.cpu_count()} cores shared by server and load generator ({args.client} client in its own process"
               f"{f' pinned to core {args.client_cpu}' if args.client_cpu is not None else ', not pinned'}"
               f"{f'; server pinned to {args.server_cpus}' if args.server_cpus else ''}); "
               f"{len(prompts)} prompts of {args.prompt_tokens} tokens; {args.duration:g} s per row after "
               f"{args.warmup:g} s warm-up{'; server env ' + str(extra_env) if extra_env else ''}")
-        print(f"{'workers':>7} {'load':>7} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'prompt_tok':>10} "
-              f"{'client_cpu':>10} {'srv_cpu_ms':>10} {'pauses':>8}  errors")
+        label = "code" if args.baseline else ""
+        print(f"{'code':>8} " * bool(label) + f"{'workers':>7} {'load':>7} {'decisions/s':>12} {'p50 ms':>8} "
+              f"{'p99 ms':>8} {'prompt_tok':>10} {'client_cpu':>10} {'srv_cpu_ms':>10} {'pauses':>8}  errors")
         for workers in args.workers:
-            port = free_port()
-            data_dir = str(Path(tmp) / f"data-w{workers}")
-            redis_proc, env = None, extra_env
-            if workers > 1 and "POINTSMAN_STATE_URL" not in extra_env:  # several workers share state through Redis
-                redis_proc, url = start_redis()
-                env = {"POINTSMAN_STATE_URL": url, "POINTSMAN_BUDGET_LEDGER": url, **extra_env}
-            proc = start_server(workers, port, data_dir, args.server_cpus, env, args.uvicorn)
-            try:
-                runs = [(conc, None) for conc in args.concurrency] + [(OPEN_LOOP_CONNECTIONS, r) for r in args.rates]
-                for conc, rate in runs:
-                    cpu0 = tree_cpu_s(proc.pid)
-                    with PauseProbe() as probe:
-                        r = run_client(f"http://127.0.0.1:{port}", prompts_file, conc, args, rate)
-                    # whole run (warm-up included) over measured decisions scaled to the whole run
-                    server_cpu = tree_cpu_s(proc.pid) - cpu0
-                    n_all = r["decisions"] * (args.warmup + args.duration) / args.duration
-                    r.update(workers=workers, concurrency=None if rate else conc, rate=rate,
-                             server_cpu_ms_per_decision=1000 * server_cpu / max(n_all, 1),
-                             machine_pauses=probe.count, machine_pause_longest_ms=probe.longest_ms)
-                    rows.append(r)
-                    load = f"{rate:g}/s" if rate else str(conc)
-                    def ms(v: float | None) -> str:  # None: no call succeeded (see errors)
-                        return f"{v:>8.2f}" if v is not None else f"{'-':>8}"
-
-                    print(f"{workers:>7} {load:>7} {r['decisions_per_s']:>12.0f} {ms(r['p50_ms'])} "
-                          f"{ms(r['p99_ms'])} {r['prompt_tokens'] or 0:>10.0f} {r['client_cpu_cores']:>10.2f} "
-                          f"{r['server_cpu_ms_per_decision']:>10.2f} {probe.column():>8}  {r['errors'] or ''}", flush=True)
-            finally:
-                stop_server(proc)
-                if redis_proc is not None:
-                    redis_proc.terminate()
-                    redis_proc.wait(timeout=10)
+            for code, code_env in codes:
+                rows += worker_rows(args, workers, prompts_file, tmp, {**extra_env, **code_env}, code)
     if args.json:
         for r in rows:
             print(json.dumps(r))
