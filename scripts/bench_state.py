@@ -15,11 +15,20 @@ state in the same run, Redis round trips per decision, and the prefix index's me
 
 Issue 11's targets: p99 <= 5 ms at 500 tokens with the shared state, at most one Redis round
 trip per decision.
+
+``--sync-cpu RATE [--seconds 8] [--baseline REV --rounds 3]`` measures instead what sharing the state
+costs in CPU (issue 24): two ``FleetState``s on one Redis (two workers), dispatching RATE per second in
+all, alternately, on one asyncio loop as the service does (``deferred_writes``, awaited), with each one's
+reader applying the other's changes; prints the CPU per dispatch (us) of the process and of its threads
+(``/proc``: the loop, both readers, both writers) and the write's p50/p99 as awaited. The same with the
+embedded ``LocalSync`` (nothing shared) is the floor. With ``--baseline``, git revision ``REV``'s code and
+this checkout's alternate in fresh processes (``bench_decision.py``'s ``baseline_path``).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -39,9 +48,9 @@ from pointsman.estimator.model_source import load_estimator  # noqa: E402
 from pointsman.policy.engine import RoutingEngine  # noqa: E402
 from pointsman.policy.fleet import load_fleet  # noqa: E402
 from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy  # noqa: E402
-from pointsman.policy.signals.fleet_state import FleetState  # noqa: E402
+from pointsman.policy.signals.fleet_state import Dispatch, DispatchRecord, FleetState  # noqa: E402
 from pointsman.policy.signals.prefix_index import PrefixIndex  # noqa: E402
-from pointsman.policy.signals.shared_state import LocalSync, RedisSync, StateSync  # noqa: E402
+from pointsman.policy.signals.shared_state import LocalSync, RedisSync, StateSync, deferred_writes  # noqa: E402
 from pointsman.request import RouteRequest, parse_route_request  # noqa: E402
 
 WORDS = ("routing", "latency", "prefill", "decode", "cache", "budget", "replica", "policy", "token", "gateway")
@@ -146,12 +155,121 @@ def prefix_memory(blocks: int = 1_000_000, endpoints: int = 8) -> float:
     return used / blocks
 
 
+def sync_cpu(url: str | None, rate: float, seconds: float) -> dict[str, object]:
+    """CPU per dispatch of the shared state (``--sync-cpu``; ``url`` None: ``LocalSync``): us for the
+    process and per thread name, over ``seconds`` after a second of warm-up; the awaited write's p50/p99 (ms)."""
+    fleet = load_fleet()
+    endpoints = [e for e in fleet.endpoints if "llama-8b" in e][:2]
+    states = [FleetState(fleet, sync=RedisSync.from_url(url) if url else LocalSync()) for _ in range(2)]
+    for st in states:
+        st.start_sync()
+    waits: list[float] = []
+
+    async def one(k: int) -> None:
+        st = states[k % 2]  # a signed id's length: 32 hex, the claims, the MAC
+        did = f"{k:032x}.{'c' * 150}.{'m' * 16}"
+        record = DispatchRecord(did, "onprem-8b", "aggregated", endpoints[k % len(endpoints)], None,
+                                ("tenant:load-test",), 0.0012, False, 500, 0.4, 0.3, st.monotonic())
+        t0 = time.perf_counter()
+        with deferred_writes() as pending:
+            st.dispatch(Dispatch(record, [4 * k + i for i in range(4)], False, f"s-{k % 200}"))
+        await pending.written()
+        waits.append((time.perf_counter() - t0) * 1e3)
+
+    async def drive(duration_s: float) -> int:
+        start, k, tasks = time.perf_counter(), 0, set()
+        while (at := start + k / rate) < start + duration_s:
+            if (delay := at - time.perf_counter()) > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(one(k))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            k += 1
+        await asyncio.gather(*tasks)
+        return k
+
+    def thread_cpu() -> dict[str, float]:
+        out: dict[str, float] = {}
+        for t in threading.enumerate():
+            try:
+                fields = Path(f"/proc/self/task/{t.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out[t.name] = out.get(t.name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return out
+
+    asyncio.run(drive(1.0))
+    time.sleep(0.2)
+    waits.clear()
+    before, cpu0 = thread_cpu(), time.process_time()
+    n = asyncio.run(drive(seconds))
+    time.sleep(0.1)  # the readers apply the last changes
+    after, cpu1 = thread_cpu(), time.process_time()
+    for st in states:
+        st.close()
+    waits.sort()
+    return {"dispatches": n, "process_us": 1e6 * (cpu1 - cpu0) / n,
+            "threads_us": {name: 1e6 * (t - before.get(name, 0.0)) / n for name, t in after.items()
+                           if t > before.get(name, 0.0)},
+            "write_p50_ms": statistics.median(waits), "write_p99_ms": waits[int(len(waits) * 0.99) - 1],
+            "write_errors": sum(st.sync.status().write_errors for st in states)}
+
+
+def sync_cpu_main(args: argparse.Namespace) -> int:
+    """``--sync-cpu``: the rows, on a redis-server started here (or ``--redis-url``)."""
+    if args.redis_url or args.embedded:
+        print(json.dumps(sync_cpu(None if args.embedded else args.redis_url, args.sync_cpu, args.seconds)))
+        return 0
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("--sync-cpu needs redis-server on PATH")
+    port = free_port()
+    sides: list[tuple[str, dict[str, str], list[str]]] = [("embedded", {}, ["--embedded"])]
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                                 "no", "--dir", tmp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        redis_args = ["--redis-url", f"redis://127.0.0.1:{port}/0"]
+        if args.baseline:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from bench_decision import baseline_path
+
+            base = {"PYTHONPATH": os.pathsep.join(p for p in (str(baseline_path(args.baseline, Path(tmp))),
+                                                              os.environ.get("PYTHONPATH")) if p)}
+            sides += [(args.baseline[:10], base, redis_args), ("this", {}, redis_args)] * args.rounds
+        else:
+            sides += [("redis", {}, redis_args)] * args.rounds
+        try:
+            time.sleep(0.3)
+            print(f"shared state CPU per dispatch (us), {args.sync_cpu:g} dispatches/s over two states, "
+                  f"{args.seconds:g} s per run, load average {os.getloadavg()[0]:.1f}")
+            for label, env, extra in sides:
+                out = subprocess.run([sys.executable, __file__, "--sync-cpu", str(args.sync_cpu), "--seconds",
+                                      str(args.seconds), *extra], env={**os.environ, **env}, check=True,
+                                     capture_output=True, text=True).stdout
+                r = json.loads(out.strip().splitlines()[-1])
+                threads = "  ".join(f"{name} {us:.0f}" for name, us in sorted(r["threads_us"].items()))
+                print(f"  {label:>10}  process {r['process_us']:6.0f}  write p50/p99 {r['write_p50_ms']:.2f}/"
+                      f"{r['write_p99_ms']:.2f} ms  errors {r['write_errors']}  |  {threads}", flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=5)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--decisions", type=int, default=3000)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--sync-cpu", type=float, default=None, metavar="RATE",
+                    help="the shared state's CPU per dispatch at RATE dispatches/s (see the module)")
+    ap.add_argument("--seconds", type=float, default=8.0, help="with --sync-cpu: measured seconds per run")
+    ap.add_argument("--baseline", metavar="REV", default=None, help="with --sync-cpu: REV's code alternating")
+    ap.add_argument("--redis-url", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.sync_cpu is not None:
+        return sync_cpu_main(args)
     out: dict[str, object] = {}
     binary = shutil.which("redis-server")
     if binary is None:
