@@ -11,9 +11,9 @@ connections on uvloop, each request's bytes built once, answers parsed by httpto
 ``aiohttp`` (installed with LiteLLM in the ``test`` extra; the client of the measurements before
 2026-12-06 17:45) and ``httpx`` (about 2.5 times aiohttp's CPU) are the others. The client shares the
 server's cores, so its CPU is taken from the server's: against a trivial ASGI app (two uvicorn workers
-answering a fixed body, 1,000 and 2,000 calls/s open loop) raw used 0.084 / 0.070 ms of CPU per call,
-aiohttp 0.298 / 0.240 (0.30 of a core at 1,000/s against 0.08), the server 0.08-0.10 ms; both
-offered 2,000/s on time. Latency is measured by the client: send to full response, i.e. what a gateway sees;
+answering a fixed body: ``--trivial``, 1,000 and 2,000 calls/s open loop) raw used 0.084 / 0.070 ms of
+CPU per call, aiohttp 0.298 / 0.240 (0.30 of a core at 1,000/s against 0.08), the server 0.08-0.10 ms;
+both offered 2,000/s on time. Latency is measured by the client: send to full response, i.e. what a gateway sees;
 ``client_cpu`` is the load generator's share of a core; ``srv_cpu_ms`` is the server's CPU
 time (all its processes and threads, from /proc) per decision.
 
@@ -621,14 +621,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+async def trivial_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The ``--trivial`` server: an ASGI app that reads the request and answers a fixed decision-shaped body."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    while (await receive()).get("more_body"):
+        pass
+    body = b'{"decision_id":"trivial","target":"none","prompt_tokens":0}'
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
 def start_server(workers: int, port: int, data_dir: str, server_cpus: list[int] | None,
-                 extra_env: dict[str, str], uvicorn_args: str | None = None) -> subprocess.Popen:
+                 extra_env: dict[str, str], uvicorn_args: str | None = None, trivial: bool = False) -> subprocess.Popen:
     """``pointsman serve --workers N`` on ``port`` (or, with ``uvicorn_args``, ``python -m uvicorn``
-    on the app factory with those extra options); returns once ``/healthz`` answers (60 s at most)."""
+    on the app factory with those extra options; with ``trivial``, uvicorn on ``trivial_app``, uvloop and
+    httptools as ``pointsman serve``); returns once ``/healthz`` answers (60 s at most)."""
     import httpx
 
     env = {**os.environ, "POINTSMAN_DATA_DIR": data_dir, **extra_env}
-    if uvicorn_args is None:
+    if trivial:
+        cmd = [sys.executable, "-m", "uvicorn", "load_service:trivial_app", "--app-dir", str(Path(__file__).parent),
+               "--port", str(port), "--workers", str(workers), "--log-level", "warning", "--loop", "uvloop",
+               "--http", "httptools", *(uvicorn_args or "").split()]
+    elif uvicorn_args is None:
         cmd = [sys.executable, "-c", "from pointsman.cli.main import main; main()", "serve",
                "--port", str(port), "--workers", str(workers), "--log-level", "warning"]
     else:
@@ -708,10 +728,10 @@ def worker_rows(args: argparse.Namespace, workers: int, prompts_file: str, tmp: 
     port = free_port()
     data_dir = str(Path(tmp) / f"data-w{workers}-{code}-{time.monotonic_ns()}")
     redis_proc, env = None, extra_env
-    if workers > 1 and "POINTSMAN_STATE_URL" not in extra_env:  # several workers share state through Redis
+    if workers > 1 and "POINTSMAN_STATE_URL" not in extra_env and not args.trivial:  # workers share state in Redis
         redis_proc, url = start_redis()
         env = {"POINTSMAN_STATE_URL": url, "POINTSMAN_BUDGET_LEDGER": url, **extra_env}
-    proc = start_server(workers, port, data_dir, args.server_cpus, env, args.uvicorn)
+    proc = start_server(workers, port, data_dir, args.server_cpus, env, args.uvicorn, args.trivial)
     try:
         runs = [(conc, None) for conc in args.concurrency] + [(OPEN_LOOP_CONNECTIONS, r) for r in args.rates]
         for conc, rate in runs:
@@ -762,6 +782,9 @@ def main() -> None:
     parser.add_argument("--uvicorn", default=None, metavar="ARGS",
                         help="run `python -m uvicorn` on the app factory with these options (e.g. "
                              "'--loop asyncio --http h11') instead of `pointsman serve`")
+    parser.add_argument("--trivial", action="store_true",
+                        help="serve a trivial ASGI app instead (uvicorn, uvloop, httptools; a fixed answer): the "
+                             "ceiling of the HTTP server and this client on this machine")
     parser.add_argument("--api-key", default=None, help="gateway key, when the server has keys configured")
     parser.add_argument("--json", action="store_true", help="also print every row as JSON")
     parser.add_argument("--pairs", type=float, nargs="+", default=None, metavar="RATE",
