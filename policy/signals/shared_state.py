@@ -37,8 +37,8 @@ is queued in one script call, and await it before answering: ``deferred_writes``
 release is one (a Lua script takes the record, whichever process wrote it, and appends the release);
 a forwarded outcome is one more; a telemetry push or a health mark is one. Decisions read only the
 local state: none. A reader thread per process blocks on the stream (``XREAD``) and applies the
-others' changes, within ``READ_INTERVAL_S`` (5 ms) and a round trip of their write: while changes
-keep coming it reads at most every 5 ms, taking what arrived meanwhile. Each stream entry names its
+others' changes, within ``READ_INTERVAL_S`` (20 ms) and a round trip of their write: while changes
+keep coming it reads at most every 20 ms, taking what arrived meanwhile. Each stream entry names its
 process (field ``o``), so a reader skips its own without parsing them.
 
 What can go wrong, and what happens then:
@@ -103,10 +103,13 @@ RELOAD_CHECK_S = 5.0
 #: Stream entries the reader takes per ``XREAD``.
 READ_COUNT = 1000
 #: Seconds from one ``XREAD`` that brought changes to the next, at least: while changes keep coming,
-#: each read takes what arrived meanwhile (a read's own cost, the round trip and the thread's wake-up,
-#: was as large as applying a change: one read per change at moderate rates). Another process's change
-#: is applied within this much (plus the round trip) of its write.
-READ_INTERVAL_S = 0.005
+#: each read takes what arrived meanwhile. A read costs a wake-up of the thread for its reply, as much
+#: CPU as applying a change, and one read per change was the rule at moderate rates; with the pause,
+#: two wake-ups per interval (the pause, the reply) take every change of that interval
+#: (``bench_state.py --sync-cpu``: at 300 dispatches/s the readers' CPU per dispatch fell by half with
+#: 20 ms, little with 5 ms). Another process's change is applied within this much (plus the round trip)
+#: of its write: in-flight counts, sessions and telemetry from the other workers are that much older.
+READ_INTERVAL_S = 0.02
 #: Releases kept while Redis is unreachable, at most (the oldest are dropped: their records expire).
 MAX_UNSENT_RELEASES = 100_000
 #: Dispatch writes the writer thread sends in one script call at most (``deferred_writes``).
