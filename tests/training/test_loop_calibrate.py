@@ -219,15 +219,7 @@ def test_budget_threshold_projects_a_short_log_at_its_own_rate(tmp_path, monkeyp
     target = fleet.targets["frontier-large"]
     one = (1000 * target.prices.usd_per_1m_input_tokens
            + fleet.output_tokens("frontier-large", None) * target.prices.usd_per_1m_output_tokens) / 1e6
-    policy = tmp_path / "policy.yaml"
-    shutil.copyfile(STATIC_POLICY_PATH, policy)
-    cli = click.Group()
-    register(cli)
-    res = CliRunner().invoke(cli, ["calibrate", "--budget-usd-per-day", repr(288 * one), "--policy", str(policy),
-                                   "--json", "--model", "bundled", "--dry-run", "--target", "frontier-large",
-                                   "--since", str(NOW - 86400), "--until", str(NOW)])
-    assert res.exit_code == 0, res.output
-    out = json.loads(res.stdout)
+    out = _calibrate_dry_run(tmp_path, 288 * one)
     assert out["span_days"] == pytest.approx(600 / 86400)
     assert (out["threshold"], out["frontier_share"]) == (0.95, 0.1)  # before: 0.45 and 0.6
     assert out["projected_spend_usd_per_day"] == pytest.approx(288 * one)
@@ -251,14 +243,20 @@ def test_budget_projection_prices_the_prompt_tokens_the_upstream_reported(tmp_pa
                                             for i in range(10)]))
     p = fleet.targets["frontier-large"].prices
     billed = (3000 * p.usd_per_1m_input_tokens + 100 * p.usd_per_1m_output_tokens) / 1e6
+    out = _calibrate_dry_run(tmp_path, 3 * billed)
+    assert out["projected_spend_usd_per_day"] == pytest.approx(3 * billed)  # before: 7 x the 1,000-token price
+    assert (out["threshold"], out["frontier_share"]) == (0.8, 0.3)  # before: 0.4 and 0.7, billed 2.3x the budget
+
+
+def _calibrate_dry_run(tmp_path, budget_usd_per_day: float) -> dict:
+    """``calibrate --budget-usd-per-day BUDGET --dry-run --json`` of a copy of the static policy for
+    frontier-large over the day before ``NOW``: its JSON answer."""
     policy = tmp_path / "policy.yaml"
     shutil.copyfile(STATIC_POLICY_PATH, policy)
     cli = click.Group()
     register(cli)
-    res = CliRunner().invoke(cli, ["calibrate", "--budget-usd-per-day", repr(3 * billed), "--policy", str(policy),
+    res = CliRunner().invoke(cli, ["calibrate", "--budget-usd-per-day", repr(budget_usd_per_day), "--policy", str(policy),
                                    "--json", "--model", "bundled", "--dry-run", "--target", "frontier-large",
                                    "--since", str(NOW - 86400), "--until", str(NOW)])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.stdout)
-    assert out["projected_spend_usd_per_day"] == pytest.approx(3 * billed)  # before: 7 x the 1,000-token price
-    assert (out["threshold"], out["frontier_share"]) == (0.8, 0.3)  # before: 0.4 and 0.7, billed 2.3x the budget
+    return json.loads(res.stdout)
