@@ -894,6 +894,7 @@ class RedisSync:
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + RELOAD_CHECK_S
                 try:
+                    self._send_reloads()  # an announce Redis refused while this reader saw no gap
                     self._check_reloads(first=False)
                 except self._errors as exc:
                     log.warning("cannot read the shared reload counts: %s", exc)

@@ -276,3 +276,29 @@ def test_the_other_replica_knows_the_decisions_output_cap(pair):
     assert eventually(lambda: b.record("d-cap") is not None)
     known = b.known("d-cap")
     assert known is not None and known.output_cap_tokens == 4000  # before: 0
+
+
+def test_a_reload_announce_redis_refused_is_sent_while_the_reader_follows(pair, monkeypatch):
+    """An announce that failed while the reader saw no gap (Redis refused the write: a restart between two
+    reads, a full memory) is sent at the next periodic check. Before, unsent announces went out only after
+    the reader's own reconnect, so another worker kept the old file for good (the CI failure of
+    test_a_budgets_reload_while_redis_is_down_reaches_every_worker_when_it_is_back, once in about 5 runs)."""
+    import redis
+
+    from pointsman.policy.signals import shared_state
+
+    monkeypatch.setattr(shared_state, "RELOAD_CHECK_S", 0.2)
+    a, b = pair(), pair()
+    seen: list[str] = []
+    b.sync.on_reload(seen.append)
+    real, calls = RedisSync._announce, []
+
+    def refused_once(self, what):
+        calls.append(what)
+        if len(calls) == 1:
+            raise redis.ConnectionError("refused")
+        return real(self, what)
+
+    monkeypatch.setattr(RedisSync, "_announce", refused_once)
+    a.sync.announce_reload("budgets")  # refused: kept to be sent; both readers stay connected
+    assert eventually(lambda: seen == ["budgets"]), (calls, seen)
