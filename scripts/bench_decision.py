@@ -9,7 +9,10 @@ for three workloads built from real prompts of the shared outcome tables
 
 - ``20 words``: the first 20 words of a prompt;
 - ``500 tokens``: prompts cut at 500 tokens (the service's tokenizer);
-- ``100k tokens``: a 41-turn conversation of about 100,000 tokens;
+- ``100k tokens``: a 41-turn conversation of about 100,000 tokens (eight of them, each sent again and again
+  under its session: what the session caches of a conversation's next turn see);
+- ``100k first seen``: the same conversations, each request a new one (its first line numbered): no session
+  cache or prefix index holds any of it;
 
 and the outcome path: ``route+outcome``, a ``POST /v1/route`` of 500 tokens followed by its
 ``POST /v1/outcomes`` (usage, latency), the pair's CPU.
@@ -88,7 +91,7 @@ from typing import Any  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 BUDGET = Path(__file__).resolve().parent / "decision_budget.json"
-WORKLOADS = ("20 words", "500 tokens", "100k tokens", "route+outcome")
+WORKLOADS = ("20 words", "500 tokens", "100k tokens", "100k first seen", "route+outcome")
 #: Timed stages: name -> the functions timed for it, each (module, attribute path); a method is
 #: "Class.method". A stage's functions are alternatives (the path calls one of them). Nested stages
 #: (everything under ``route``) are subtracted from their parent in the report. Every stage a
@@ -136,10 +139,9 @@ def workload_bodies(name: str, count: int = 40) -> list[bytes]:
         messages = [[{"role": "user", "content": p}] for p in prompts]
     elif name in ("500 tokens", "route+outcome"):
         messages = [[{"role": "user", "content": p}] for p in sized_prompts(500, count=count)]
-    elif name == "100k tokens":
-        count = min(count, 8)  # 400 KB each
+    elif name in ("100k tokens", "100k first seen"):
         messages = []
-        for i in range(count):
+        for i in range(min(count, 8)):  # 400 KB each
             j, conv = i * 97, [{"role": "system", "content": texts[i]}]
 
             def turn(chars: int) -> str:
@@ -153,6 +155,9 @@ def workload_bodies(name: str, count: int = 40) -> list[bytes]:
                 conv += [{"role": "user", "content": turn(10_000)}, {"role": "assistant", "content": turn(10_000)}]
             conv.append({"role": "user", "content": texts[(i * 31 + 5) % len(texts)]})
             messages.append(conv)
+        if name == "100k first seen":  # each body a conversation the service has not seen: no session cache helps
+            messages = [[{"role": "system", "content": f"Conversation {k}.\n\n" + m[0]["content"]}, *m[1:]]
+                        for k, m in ((k, messages[k % len(messages)]) for k in range(count))]
     else:
         raise SystemExit(f"unknown workload {name!r} (one of {', '.join(WORKLOADS)})")
     return [json.dumps({"model": "chat", "messages": m, "routing": {"tenant": "bench", "session_id": f"s-{i}"}}).encode()
@@ -360,15 +365,17 @@ def bench(workloads: list[str], n: int, profile: bool, stages: bool = True) -> d
             async with app.router.lifespan_context(app):
                 out["estimator"] = repr(app.state.runtime.live.engine.estimator)
                 for w in workloads:
-                    bodies = workload_bodies(w)
-                    k = n if w != "100k tokens" else max(20, n // 10)
-                    for i in range(min(200, k)):
+                    k = n if not w.startswith("100k") else max(20, n // 10)
+                    warm = min(200, k)
+                    new = w == "100k first seen"  # every pass on bodies no earlier request sent
+                    bodies = workload_bodies(w, warm + 2 * k if new else 40)
+                    for i in range(warm):
                         await one(app, w, bodies[i % len(bodies)])
                     # the loop thread's CPU time, not wall: a wall-clock profile charges the GIL waits
                     # behind the estimator's pool to whatever the loop was running then
                     prof = cProfile.Profile(time.thread_time) if profile else None
-                    res: dict[str, Any] = await cpu_pass(app, w, bodies, k, prof)
-                    res["stages_us"] = await stage_pass(app, w, bodies, k) if stages else {}
+                    res: dict[str, Any] = await cpu_pass(app, w, bodies[warm:] if new else bodies, k, prof)
+                    res["stages_us"] = await stage_pass(app, w, bodies[warm + k:] if new else bodies, k) if stages else {}
                     res["n"] = k
                     if prof is not None:
                         buf = io.StringIO()
