@@ -336,7 +336,7 @@ def calibrate_cmd(policy_path: Path | None, frontier_share: float | None, budget
     for k, v in cal.updates.items():
         click.echo(f"{policy_path}: variables.{k} {old.get(k)} -> {v}" + ("  (dry run: not written)" if dry_run else ""))
     click.echo(f"  {cal.method}: {100 * cal.frontier_share:.1f}% of {cal.n} recent decisions to {frontier}, "
-               f"projected ${cal.spend_usd_per_day:,.2f}/day over {traffic.span_days:.2f} days"
+               f"projected ${cal.spend_usd_per_day:,.2f}/day over {C.span_text(traffic.span_days)}"
                + (f"; {cal.note}" if cal.note else ""))
 
 

@@ -69,14 +69,20 @@ DAY_S = 86400.0
 MIN_PROJECTION_DAYS = 1.0
 
 
+def span_text(days: float) -> str:
+    """A span of logged traffic in the unit that reads: ``2.50 days``, ``3.0 h`` below a day, ``10.0 min``
+    below an hour."""
+    hours = days * 24.0
+    return f"{days:.2f} days" if days >= 1.0 else f"{hours:.1f} h" if hours >= 1.0 else f"{hours * 60.0:.1f} min"
+
+
 def projection_warning(traffic: RecentTraffic) -> str | None:
     """A warning when less than ``MIN_PROJECTION_DAYS`` of logged traffic backs the $/day
     projection (None otherwise), saying how long the logged traffic spans (minutes below an hour)."""
     if traffic.span_days >= MIN_PROJECTION_DAYS:
         return None
-    hours = traffic.span_days * 24.0
-    span = f"{hours:.1f} h" if hours >= 1.0 else f"{hours * 60.0:.1f} min"
-    return (f"the $/day projection rests on {len(traffic.p_hard)} decisions over {span} of logged traffic "
+    return (f"the $/day projection rests on {len(traffic.p_hard)} decisions over {span_text(traffic.span_days)} "
+            "of logged traffic "
             f"(less than {MIN_PROJECTION_DAYS:g} day): it has not seen a whole daily cycle; calibrate again once "
             f"a day or more is logged (--window-days, --since)")
 

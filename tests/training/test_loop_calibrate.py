@@ -201,6 +201,9 @@ def test_calibrate_warns_when_less_than_a_day_backs_the_projection(tmp_path, mon
     assert warning.startswith("the $/day projection rests on 20 decisions over ")
     assert " min of logged traffic (less than 1 day)" in warning  # logged in seconds (before: "1.0 h")
     assert res.stderr.startswith(f"Warning: {warning}")  # before: no warning
+    text = CliRunner().invoke(cli, ["calibrate", "--budget-usd-per-day", "5", "--policy", str(policy),
+                                    "--model", "bundled", "--dry-run"])
+    assert text.exit_code == 0 and " min" in text.stdout.split("/day over ")[1]  # before: "over 0.00 days"
     day = C.RecentTraffic(np.zeros(3), np.zeros(3), span_days=1.0)
     assert C.projection_warning(day) is None  # a whole day backs it
 
