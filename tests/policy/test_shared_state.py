@@ -301,4 +301,5 @@ def test_a_reload_announce_redis_refused_is_sent_while_the_reader_follows(pair, 
 
     monkeypatch.setattr(RedisSync, "_announce", refused_once)
     a.sync.announce_reload("budgets")  # refused: kept to be sent; both readers stay connected
-    assert eventually(lambda: seen == ["budgets"]), (calls, seen)
+    # the stream's announce and the count check may both bring it (a re-read of an unchanged file is a no-op)
+    assert eventually(lambda: "budgets" in seen), (calls, seen)
