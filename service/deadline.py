@@ -171,6 +171,11 @@ def estimator_pool(workers: int = DEFAULT_WORKERS) -> EstimatorPool:
     return EstimatorPool(workers, "pointsman-estimator")
 
 
+def _pool_unavailable(exc: RuntimeError) -> DifficultyEstimate:
+    """The unavailable estimate when the pool refuses a job (shut down: the service stopping)."""
+    return DifficultyEstimate(None, False, 0.0, f"estimator pool unavailable: {exc}")
+
+
 def _expire(waiter: asyncio.Future[Any], expired: list[bool]) -> None:
     """``estimate_async``'s deadline: mark and cancel the wait (the job is dropped if still queued)."""
     if not waiter.done():
@@ -218,12 +223,19 @@ class DeadlineEstimator:
                 ) -> concurrent.futures.Future[DifficultyEstimate] | DifficultyEstimate:
         """The inner estimate submitted to the pool, or the unavailable estimate when the pool is shut
         down (the service stopping)."""
+        fn, args = self._call(features, query_token_ids)
         try:
-            if query_token_ids is None or self._takes_ids is None:
-                return self._executor.submit(self.inner.estimate, features)
-            return self._executor.submit(self._takes_ids.estimate, features, query_token_ids)
+            return self._executor.submit(fn, *args)
         except RuntimeError as exc:
-            return DifficultyEstimate(None, False, 0.0, f"estimator pool unavailable: {exc}")
+            return _pool_unavailable(exc)
+
+    def _call(self, features: RequestFeatures, query_token_ids: list[int] | None
+              ) -> tuple[Callable[..., DifficultyEstimate], tuple[Any, ...]]:
+        """The inner estimator's call for these inputs: (function, arguments); the window's token ids only
+        to an estimator that takes them."""
+        if query_token_ids is None or self._takes_ids is None:
+            return self.inner.estimate, (features,)
+        return self._takes_ids.estimate, (features, query_token_ids)
 
     def estimate(self, features: RequestFeatures, query_token_ids: list[int] | None = None) -> DifficultyEstimate:
         """The inner estimate, or unavailable with ``timeout: ...`` once ``timeout_ms`` passed.
@@ -251,15 +263,14 @@ class DeadlineEstimator:
         cancelling the caller cancels the wait as well."""
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
-        fn, args = (self.inner.estimate, (features,)) if query_token_ids is None or self._takes_ids is None \
-            else (self._takes_ids.estimate, (features, query_token_ids))
+        fn, args = self._call(features, query_token_ids)
         try:
             if isinstance(self._executor, EstimatorPool):
                 waiter = self._executor.post(loop, fn, *args)
             else:
                 waiter = asyncio.wrap_future(self._executor.submit(fn, *args), loop=loop)
         except RuntimeError as exc:
-            return DifficultyEstimate(None, False, 0.0, f"estimator pool unavailable: {exc}")
+            return _pool_unavailable(exc)
         expired: list[bool] = []
         deadline = loop.call_later(self.timeout_ms / 1000.0, _expire, waiter, expired)
         try:
