@@ -85,6 +85,7 @@ from pointsman.outcome_log.records import OutcomeAck
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.cost import estimate_cost
 from pointsman.policy.signals.fleet_state import DispatchRecord
+from pointsman.policy.signals.signed_ids import Claims
 from pointsman.service.auth import Principal, authenticate, header_key, may_report, require
 from pointsman.service.bodies import JSONAnswer, json_body, read_parsed, validate_model
 from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, unavailable
@@ -300,12 +301,12 @@ def _reports_the_draft(rt: Runtime, item: OutcomeIn, escalation: tuple[str, str]
     return drafted is not None and item.served_target == drafted[0]
 
 
-def _of_escalation(rt: Runtime, item: OutcomeIn) -> tuple[OutcomeIn, tuple[str, str] | None]:
+def _of_escalation(item: OutcomeIn, claims: Claims | None) -> tuple[OutcomeIn, tuple[str, str] | None]:
     """An outcome reported under a signed escalation id (``POST /v1/verify``'s ``escalation_id``) is
     its decision's one outcome: the item under the decision's id (its key too, unless it has an
     ``outcome_id``: reported under either id it is stored once) with (escalation id, target) to
-    settle; any other item as it is, with None. Any replica with the key reads it from the id."""
-    claims = rt.live.engine.state.claims(item.decision_id)
+    settle; any other item as it is, with None. ``claims``: what the item's id says
+    (``FleetState.claims``); any replica with the key reads it from the id."""
     if claims is None or not claims.escalates:
         return item, None
     return item.model_copy(update={"decision_id": claims.escalates}), (item.decision_id, claims.target)
@@ -416,9 +417,11 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
         for i, item in enumerate(items):
             if not isinstance(item, OutcomeIn) or problems[i] is not None:
                 continue
-            item, escalation = _of_escalation(rt, item)  # reported under a signed escalation id
+            claims = state.claims(item.decision_id)  # verified once: the id's MAC and claims
+            item, escalation = _of_escalation(item, claims)  # reported under a signed escalation id
             if escalation is not None:
                 items[i] = item
+                claims = state.claims(item.decision_id)
             elif not item.shadow:  # a verify held here or in the outcome log: looked up once, checked and settled
                 escalation = _escalation_of(rt, item.decision_id)
             if escalation is not None:
@@ -430,7 +433,6 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
                 continue
             if record is not None:
                 known[item.decision_id] = record.target
-            claims = state.claims(item.decision_id)
             if settle and sync.shared and claims is not None and claims.inbox and claims.inbox != sync.inbox:
                 try:
                     sync.forward(claims.inbox, item.model_dump_json(exclude_unset=True))
