@@ -233,12 +233,14 @@ class _WalKeeper:
     def dirty(self, unsynced: bool) -> None:
         """A commit is in the WAL; ``unsynced``: acknowledged outcomes wait for its ``fsync``."""
         with self._cond:
+            waiting = not self._dirty  # else the thread finds it set when its round ends: no wake-up per commit
             self._dirty = True
             self._unsynced = self._unsynced or (unsynced and self.fsync)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="pointsman-outcome-log-wal", daemon=True)
                 self._thread.start()
-            self._cond.notify_all()
+            if waiting:
+                self._cond.notify_all()
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Do what is due and stop the thread (idempotent)."""
@@ -330,6 +332,7 @@ class OutcomeLog:
         self._lock = threading.Lock()
         self._group: GroupCommit[_OutcomeCall, list[OutcomeAck]] = GroupCommit(self._store_outcomes)
         self._conn: sqlite3.Connection | None = None  # None once closed
+        self._synchronous = "NORMAL"  # the connection's PRAGMA synchronous (``_connect``)
         #: Each thread's read-only connection (``_reader``) and every one opened (closed by ``close``).
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
@@ -524,10 +527,13 @@ class OutcomeLog:
             conn = self._conn
             if conn is None:
                 raise DataError(f"{self.path}: the outcome log is closed")
-            try:
-                conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-            except sqlite3.Error as exc:
-                raise DataError(f"{self.path}: outcome log unavailable ({exc})") from None
+            synchronous = "FULL" if durable else "NORMAL"
+            if synchronous != self._synchronous:  # set only when it changes: one statement less per commit
+                try:
+                    conn.execute(f"PRAGMA synchronous={synchronous}")
+                except sqlite3.Error as exc:
+                    raise DataError(f"{self.path}: outcome log unavailable ({exc})") from None
+                self._synchronous = synchronous
 
             def fail(exc: sqlite3.Error, phase: Phase) -> DataError:
                 what = "unavailable" if phase == "begin" else "write failed"
