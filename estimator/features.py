@@ -45,8 +45,8 @@ from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from pointsman.estimator.token_bounds import (
-    UNITS_MEMO,
     class_units,
+    class_units_utf8,
     extrapolated_upper,
     piece_upper,
     sample_pieces,
@@ -54,6 +54,7 @@ from pointsman.estimator.token_bounds import (
 )
 from pointsman.estimator.wordpiece import UnkOffsets, word_piece, word_piece_ids
 from pointsman.request import RequestView, RouteRequest
+from pointsman.session_texts import SESSION_TEXTS
 
 if TYPE_CHECKING:  # pragma: no cover
     from tokenizers import Encoding, Tokenizer
@@ -411,7 +412,7 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
         whole = len(query) == len(joined) and len(query) <= QUERY_WINDOW_CHARS
         n, upper, encoding, joined_ids = _count_ids(joined, tokenizer, offsets=want_ids and fast is None and not whole
                                                     and len(joined) <= COUNT_SAMPLE_CHARS,
-                                                    units=_joined_units(view, tools_text))
+                                                    units=_joined_units(view, tools_text, readings))
         if fast is not None:  # the window is the conversation itself: its ids are the count's
             query_ids = list(joined_ids) if whole and joined_ids is not None else \
                 fast(bounded_window(query, QUERY_WINDOW_CHARS))
@@ -450,20 +451,22 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
     ), query_ids
 
 
-def _joined_units(view: RequestView, tools_text: str) -> Callable[[], int | None]:
-    """A function giving ``class_units`` of ``"\\n".join(view.texts)`` (and ``"\\n" + tools_text`` when any),
-    from the view's encoded texts (``RequestView.utf8``, encoded once per decision) and, for the messages,
-    ``token_bounds.UNITS_MEMO`` under the view's session (a next turn counts what it adds); None for a text
+def _joined_units(view: RequestView, tools_text: str, kept: bool) -> Callable[[], int | None]:
+    """A function giving ``class_units`` of ``"\\n".join(view.texts)`` (and ``"\\n" + tools_text`` when any):
+    that of the view's ``conversation_utf8`` (from its texts encoded once per decision; counted by
+    ``session_texts.SESSION_TEXTS`` under the view's session when ``kept``, so a next turn counts what it adds;
+    a cut of the conversation is counted whole) less its framing: the tools' segment, per message its role (one
+    run of letters) and a newline, and one newline more (``role\\ntext\\n`` per message against ``n - 1`` joining
+    newlines; a newline ends every run, so counts add across it). None for a text
     with a lone surrogate (``utf8`` refuses it; the count then encodes the text with ``surrogatepass``)."""
     def units() -> int | None:
         try:
-            texts = view.utf8
+            data = view.conversation_utf8
         except UnicodeEncodeError:
             return None
-        routing = view.routing
-        key = ("units", view.api_key_id, routing.tenant, routing.session_id) if routing.session_id else None
-        out = UNITS_MEMO.units(b"\n".join(texts), key)
-        if tools_text:  # a newline ends every run: the tools' count adds (``UnitsMemo``)
+        whole = SESSION_TEXTS.units(data, view.session_key, class_units_utf8) if kept else class_units_utf8(data)
+        out = whole - class_units_utf8(view.tools_utf8) - 2 * len(view.texts) - 1
+        if tools_text:
             out += 1 + class_units(tools_text)
         return out
     return units

@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
-from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -145,50 +143,6 @@ def _class_units_numpy(raw: bytes) -> int:
     # 16 spaces in a row hold 15 pairs
     sixteens = space.view(np.uint8).tobytes().count(b"\x01" * 16) if n_pairs >= 15 else 0
     return int(ascii_other + newlines + tabs + leads + runs + space_runs + sixteens)
-
-
-class UnitsMemo:
-    """``class_units`` of texts kept by key with the text's UTF-8, so a conversation's next turn counts only
-    what it adds: a text equal to the key's last one (compared byte for byte) reuses its count, and one that
-    extends it by a newline and more adds the count of the part after the newline (``class_units`` of
-    ``a + "\\n" + b`` is ``class_units(a) + 1 + class_units(b)``: a newline ends every run; a property test
-    checks it). Texts under ``min_bytes`` are counted, not kept. Bounded: ``max_bytes`` of texts held (the
-    least recently used dropped first). Thread-safe (one lock)."""
-
-    def __init__(self, max_bytes: int = 64 << 20, min_bytes: int = 32 * 1024) -> None:
-        self.max_bytes, self.min_bytes = int(max_bytes), int(min_bytes)
-        self._items: OrderedDict[object, tuple[bytes, int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def units(self, raw: bytes, key: object = None) -> int:
-        """``class_units_utf8(raw)``, from the count of the text last counted under ``key`` (None: ``raw``'s
-        first KiB) where it applies."""
-        if len(raw) < self.min_bytes:
-            return class_units_utf8(raw)
-        slot = raw[:1024] if key is None else key
-        with self._lock:
-            got = self._items.get(slot)
-        if got is not None and got[0] == raw:
-            units = got[1]
-        elif got is not None and len(raw) > len(got[0]) and raw[len(got[0])] == 10 and raw.startswith(got[0]):
-            units = got[1] + 1 + class_units_utf8(raw[len(got[0]) + 1:])
-        else:
-            units = class_units_utf8(raw)
-        with self._lock:
-            previous = self._items.pop(slot, None)
-            if previous is not None:
-                self._bytes -= len(previous[0])
-            if len(raw) <= self.max_bytes:
-                self._items[slot] = (raw, units)
-                self._bytes += len(raw)
-            while self._bytes > self.max_bytes:
-                self._bytes -= len(self._items.popitem(last=False)[1][0])
-        return units
-
-
-#: The process's ``UnitsMemo`` (``features``: a conversation's messages joined by newlines, by session).
-UNITS_MEMO = UnitsMemo()
 
 
 @functools.lru_cache(maxsize=8)

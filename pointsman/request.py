@@ -466,15 +466,22 @@ class RequestView:
         return tuple(got[1] if (got := kept.get(id(text))) is not None and got[0] is text else text.encode("utf-8")
                      for text in self.texts)
 
+    @property
+    def session_key(self) -> tuple[str | None, str | None, str] | None:
+        """(API key id, tenant, session id) of a request naming ``routing.session_id``, else None: the key of
+        its conversation's last text (``session_texts``), so one caller's session never meets another's."""
+        r = self.routing
+        return (self.api_key_id, r.tenant, r.session_id) if r.session_id else None
+
     @cached_property
-    def _tools_segment(self) -> bytes:
+    def tools_utf8(self) -> bytes:
         """``conversation_utf8``'s first piece: ``tools\n<tools>\n`` in UTF-8 (b"" without tools)."""
         return f"tools\n{self.request.tools!r}\n".encode() if self.request.tools else b""
 
     def _segments_utf8(self) -> list[bytes]:
         """``conversation_utf8``'s pieces: the tools' segment (when any), then ``role\n``, the text and
         ``\n`` per message."""
-        out = [self._tools_segment] if self.request.tools else []
+        out = [self.tools_utf8] if self.request.tools else []
         for m, text in zip(self.request.messages, self.utf8):
             out += (m.role.encode(), b"\n", text, b"\n")
         return out
@@ -494,7 +501,7 @@ class RequestView:
         place inside the message's text is not kept: the cached prefix is counted short, the safe side)."""
         end = cut = 0
         if self.request.tools:
-            end = len(self._tools_segment)
+            end = len(self.tools_utf8)
             cut = end if any(isinstance(t, dict) and "cache_control" in t for t in self.request.tools) else 0
         for m, text in zip(self.request.messages, self.utf8):
             start, end = end, end + len(m.role) + len(text) + 2  # role\ntext\n (roles are ASCII)
@@ -515,7 +522,7 @@ class RequestView:
     @cached_property
     def conversation_bytes(self) -> int:
         """``len(conversation_utf8)``, without joining it: the cache signals' byte length."""
-        return len(self._tools_segment) + sum(len(m.role) + len(text) + 2  # role\ntext\n (roles are ASCII)
+        return len(self.tools_utf8) + sum(len(m.role) + len(text) + 2  # role\ntext\n (roles are ASCII)
                                               for m, text in zip(self.request.messages, self.utf8))
 
     def prompt_sha256(self) -> str:

@@ -192,7 +192,7 @@ def check_slo_class(fleet: Fleet, slo_class: str | None) -> None:
 def block_hashes(view: RequestView) -> tuple[list[int], bool]:
     """(chained prefix block hashes, from gateway ids?): the gateway's ``prefix_block_hashes``
     when given (512-token blocks), else hashes of the view's ``conversation`` (128-token blocks; a long
-    one's reuse those of its session's last text as far as they agree, ``prefix_index.TextChains``).
+    one's reuse those of its session's last text as far as they agree, ``session_texts``).
     Raises ``RequestError`` naming ``routing.prefix_block_hashes`` for an id that is not an int
     or a string."""
     ids = view.routing.prefix_block_hashes
@@ -201,9 +201,7 @@ def block_hashes(view: RequestView) -> tuple[list[int], bool]:
             return block_hashes_from_ids(ids), True
         except TypeError as exc:
             raise RequestError(str(exc), field="routing.prefix_block_hashes") from None
-    session = view.routing.session_id
-    key = (view.api_key_id, view.routing.tenant, session) if session else None  # a turn extends its session's last
-    return block_hashes_from_text(view.conversation_utf8, reuse=True, key=key), False
+    return block_hashes_from_text(view.conversation_utf8, reuse=True, key=view.session_key), False
 
 
 def cached_hashes(fleet: Fleet, target: str, hashes: list[int], request: RequestSignals,

@@ -46,7 +46,8 @@ this checkout's, alternating: K runs of each, every run a fresh process of this 
 measurement, ``--json --no-check`` with the other options given), ``REV``'s packages first on
 ``PYTHONPATH`` (from ``git archive``; the model files come from there too); prints each workload's
 median server CPU per request for both, every run's value and the load average before it, and the
-medians per thread group (the runs measure the CPU pass alone: ``--no-stages``).
+medians per thread group (the runs measure the CPU pass alone: ``--no-stages``), and each run's peak
+resident memory (``max_rss_mib``: what the process's caches of long texts hold shows there).
 
 The CPU pass also reports each thread group's CPU per request (the event loop, the estimator's
 pool, the decision log writer, other threads; each thread's CPU clock). ``--profile``'s cProfile
@@ -77,6 +78,7 @@ import inspect  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import pstats  # noqa: E402
+import resource  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -486,6 +488,7 @@ def compare(rev: str, rounds: int, argv: list[str]) -> dict[str, Any]:
                 runs[side].append({"load": load, **json.loads(out)})
     workloads = [w for w in WORKLOADS if w in runs["head"][0]]
     return {"baseline": rev, "rounds": rounds, "load_before_runs": {s: [r["load"] for r in rs] for s, rs in runs.items()},
+            "max_rss_mib": {s: [r["max_rss_mib"] for r in rs] for s, rs in runs.items()},
             **{w: {s: {"cpu_ms_runs": [round(r[w]["cpu_ms"], 3) for r in rs],
                        "cpu_ms": round(statistics.median(r[w]["cpu_ms"] for r in rs), 3),
                        "threads_ms": {"loop": round(statistics.median(r[w]["loop_cpu_ms"] for r in rs), 3),
@@ -531,12 +534,14 @@ def main() -> None:
             print(f"{w:<16}{b['cpu_ms']:>14.3f}{h['cpu_ms']:>10.3f}  {b['cpu_ms_runs']} | {h['cpu_ms_runs']}")
             for g in b["threads_ms"]:
                 print(f"  {g:<20}{b['threads_ms'][g]:>8.3f}{h['threads_ms'][g]:>10.3f}")
+        print(f"peak RSS MiB per run (baseline | this): {result['max_rss_mib']['base']} | {result['max_rss_mib']['head']}")
         return
 
     if args.no_stages and args.write_budget:
         parser.error("--write-budget needs the stages (drop --no-stages)")
     results = bench(args.workloads, args.n, args.profile, stages=not args.no_stages)
-    out: dict[str, Any] = {"python": sys.version.split()[0], "cores": os.cpu_count(), **results}
+    out: dict[str, Any] = {"python": sys.version.split()[0], "cores": os.cpu_count(),
+                           "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1), **results}
     if args.cel:
         out["cel"] = bench_cel()
     if args.write_budget:

@@ -21,7 +21,7 @@ into sequence hashes). Three sources, each with its own root so they never mix:
 
 Only full blocks are hashed (as in vLLM); a 100k-token conversation costs about
 0.7–1.3 ms as text (``scripts/bench_signals.py``). The engine hashes with ``reuse``
-(``TextChains``): a conversation's next turn reuses the hashes of the blocks it shares with the
+(``session_texts``): a conversation's next turn reuses the hashes of the blocks it shares with the
 session's last text (checked byte for byte), so a long conversation's turns cost their new blocks.
 
 **The index.** ``PrefixIndex`` keeps, per endpoint, an approximate set of cached
@@ -65,9 +65,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from pointsman.estimator.features import CHARS_PER_TOKEN
+from pointsman.session_texts import SESSION_TEXTS
 
 #: Default block size of the index, in tokens (coarser than engines' 16-token blocks to
 #: bound memory and cost; the hit estimate is low by less than one block).
@@ -97,12 +96,12 @@ def _root(kind: bytes, salt: bytes) -> bytes:
     return hashlib.blake2b(b"pointsman/prefix/v1/" + kind + b"/" + salt, digest_size=_DIGEST).digest()
 
 
-def _chain(data: bytes, block_bytes: int, root: bytes, start: int = 0, parent: bytes | None = None) -> list[int]:
-    """The chained hashes of ``data``'s full blocks from block ``start`` on (``parent``: block ``start - 1``'s
-    digest; ``root`` for the first block). One blake2b state per block, copied from an empty one (its
+def _chain(data: bytes, block_bytes: int, root: bytes, start: int = 0, parent_hash: int | None = None) -> list[int]:
+    """The chained hashes of ``data``'s full blocks from block ``start`` on (``parent_hash``: block ``start - 1``'s
+    hash; None: ``root`` is the first block's parent). One blake2b state per block, copied from an empty one (its
     parameters are set once), fed the parent's digest and a view of the block (no copies of the data)."""
     base = hashlib.blake2b(digest_size=_DIGEST).copy
-    parent = root if parent is None else parent
+    parent = root if parent_hash is None else parent_hash.to_bytes(_DIGEST, "little")
     view = memoryview(data)
     out: list[int] = []
     append, from_bytes = out.append, int.from_bytes
@@ -115,69 +114,6 @@ def _chain(data: bytes, block_bytes: int, root: bytes, start: int = 0, parent: b
     return out
 
 
-#: Shortest text ``TextChains`` keeps (bytes): 64 default blocks.
-REUSE_FROM_BYTES = 32 * 1024
-
-
-class TextChains:
-    """The chained hashes of recent texts, so a text that extends one hashed before (a conversation's next
-    turn: the same messages and a new one) hashes only its blocks past the common prefix. Entries are found
-    by a key (the caller's session, else the text's first block) and always checked against the bytes: the
-    longest common prefix of the entry's text and the new one, in whole blocks, is reused; hashes never
-    depend on what was cached (``tests/policy/test_prefix_index.py`` compares them with ``_chain``'s).
-    Texts under ``min_bytes`` (``REUSE_FROM_BYTES``) are hashed, not kept. Bounded: ``max_bytes`` of texts held (the least
-    recently hashed dropped first; 64 MiB, ~160 conversations of 100k tokens). Thread-safe (one lock).
-    A 100k-token conversation (~785 blocks) costs ~1-1.4 ms to hash whole; its next turn, ~0.05 ms and its
-    new blocks."""
-
-    def __init__(self, max_bytes: int = 64 << 20, min_bytes: int = REUSE_FROM_BYTES) -> None:
-        self.max_bytes, self.min_bytes = int(max_bytes), int(min_bytes)
-        self._items: OrderedDict[tuple[object, ...], tuple[bytes, list[int], bytes]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def hashes(self, data: bytes, block_bytes: int, root: bytes, key: object = None) -> list[int]:
-        """``_chain(data, block_bytes, root)``, reusing the hashes of the text last hashed under ``key`` (None:
-        ``data``'s first block) as far as the two texts agree."""
-        if len(data) < max(self.min_bytes, block_bytes):  # a few blocks: hashing them costs less than the look-up
-            return _chain(data, block_bytes, root)
-        slot = (root, block_bytes, bytes(data[:block_bytes]) if key is None else key)
-        with self._lock:
-            got = self._items.get(slot)
-        reused: list[int] = []
-        parent: bytes | None = None
-        if got is not None:
-            old, old_hashes, last = got
-            if data.startswith(old):
-                same = len(old)
-            else:
-                n = min(len(old), len(data))
-                diff = np.frombuffer(data, np.uint8, count=n) != np.frombuffer(old, np.uint8, count=n)
-                same = int(np.argmax(diff)) if diff.any() else n
-            k = min(same // block_bytes, len(old_hashes))
-            if k == len(old_hashes) and k:
-                reused, parent = old_hashes, last
-            elif k:
-                reused = old_hashes[:k]
-                parent = reused[-1].to_bytes(_DIGEST, "little")
-        out = reused + _chain(data, block_bytes, root, len(reused), parent)
-        last_digest = out[-1].to_bytes(_DIGEST, "little") if out else root
-        with self._lock:
-            previous = self._items.pop(slot, None)
-            if previous is not None:
-                self._bytes -= len(previous[0])
-            if len(data) <= self.max_bytes:
-                self._items[slot] = (data, out, last_digest)
-                self._bytes += len(data)
-            while self._bytes > self.max_bytes:
-                self._bytes -= len(self._items.popitem(last=False)[1][0])
-        return out
-
-
-#: The process's ``TextChains`` (``block_hashes_from_text`` with ``reuse``).
-TEXT_CHAINS = TextChains()
-
-
 #: Bytes of text per block ``block_hashes_from_text`` hashes by default.
 TEXT_BLOCK_BYTES = max(1, int(round(BLOCK_TOKENS * CHARS_PER_TOKEN)))
 
@@ -188,12 +124,12 @@ def block_hashes_from_text(text: str | bytes, block_tokens: int = BLOCK_TOKENS, 
     """Chained 64-bit hashes of the full ``block_tokens × chars_per_token``-byte blocks of
     ``text``'s UTF-8 (``text`` may be given encoded already; see the module docstring for the
     approximation). ``salt`` separates caches that must not match (e.g. different models or LoRA
-    adapters). ``reuse``: hash only past what a text hashed before under ``key`` (None: the same first
-    block) has in common with this one (``TEXT_CHAINS``); the same hashes either way."""
+    adapters). ``reuse``: hash only past what the text kept under ``key`` (None: the same first KiB) has in
+    common with this one (``session_texts.SESSION_TEXTS``); the same hashes either way."""
     block_bytes = max(1, int(round(block_tokens * chars_per_token)))
     data = text if isinstance(text, bytes) else text.encode("utf-8")
     if reuse:
-        return TEXT_CHAINS.hashes(data, block_bytes, _root(b"text", salt), key)
+        return SESSION_TEXTS.hashes(data, key, block_bytes, _root(b"text", salt), _chain)
     return _chain(data, block_bytes, _root(b"text", salt))
 
 

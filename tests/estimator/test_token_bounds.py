@@ -263,7 +263,7 @@ _PIECE = st.lists(st.sampled_from(_FRAGMENTS), max_size=12).map("".join)
 @given(_PIECE, _PIECE, st.integers(0, 3))
 @settings(max_examples=150, deadline=None)
 def test_class_units_add_across_a_newline(a, b, repeat):
-    """``class_units(a + "\\n" + b) == class_units(a) + 1 + class_units(b)`` (what ``UnitsMemo`` and the
+    """``class_units(a + "\\n" + b) == class_units(a) + 1 + class_units(b)`` (what ``session_texts`` and the
     features' count of a conversation's messages rely on), on both paths (``repeat`` makes texts long enough
     for numpy)."""
     from pointsman.estimator.token_bounds import class_units
@@ -272,23 +272,3 @@ def test_class_units_add_across_a_newline(a, b, repeat):
     assert class_units(a + "\n" + b) == class_units(a) + 1 + class_units(b)
 
 
-@given(st.lists(st.tuples(st.sampled_from(["turn", "append", "change", "same", "other"]), _PIECE,
-                          st.sampled_from([None, "s1", "s2"])), min_size=1, max_size=10), st.integers(100, 3000))
-@settings(max_examples=100, deadline=None)
-def test_units_memo_counts_what_class_units_counts(steps, max_bytes):
-    """``UnitsMemo`` gives ``class_units_utf8`` of every text of a sequence extended by turns (a newline and
-    more), extended without a newline, changed, repeated or replaced, under shared and distinct keys."""
-    from pointsman.estimator.token_bounds import UnitsMemo, class_units_utf8
-
-    memo, text = UnitsMemo(max_bytes=max_bytes, min_bytes=1), b"start"
-    for kind, piece, key in steps:
-        raw = piece.encode("utf-8", "surrogatepass")
-        if kind == "turn":
-            text += b"\n" + raw
-        elif kind == "append":
-            text += raw
-        elif kind == "change":
-            text = raw + text[len(raw):]
-        elif kind == "other":
-            text = raw or b"x"
-        assert memo.units(text, key) == class_units_utf8(text)

@@ -236,39 +236,15 @@ def test_blocks_expire_a_lifetime_after_their_last_touch(uses):
     assert PrefixIndex(block_tokens=1).match(prompts[2], now=1e9) == {}  # nothing recorded: no credit
 
 
-_EDITS = st.lists(st.tuples(st.sampled_from(["extend", "cut", "change", "new"]), st.binary(min_size=1, max_size=40),
-                            st.integers(0, 200), st.sampled_from([None, "s1", "s2"])), min_size=1, max_size=12)
-
-
-@given(st.binary(min_size=0, max_size=120), _EDITS, st.integers(1, 9), st.integers(40, 400))
-@settings(max_examples=150, deadline=None)
-def test_text_chains_give_the_hashes_of_a_fresh_chain(start, edits, block_bytes, max_bytes):
-    """``TextChains`` (what ``block_hashes_from_text(reuse=True)`` reads) gives ``_chain``'s hashes for every text
-    of a sequence of texts extended, cut, changed in the middle or replaced, under shared and distinct keys,
-    whatever it held and dropped (a small ``max_bytes``)."""
-    from pointsman.policy.signals.prefix_index import TextChains, _chain, _root
-
-    chains, root, text = TextChains(max_bytes=max_bytes, min_bytes=1), _root(b"text", b""), start
-    for kind, piece, at, key in edits:
-        if kind == "extend":
-            text += piece
-        elif kind == "cut":
-            text = text[:at]
-        elif kind == "change":
-            text = text[:at] + piece + text[at + len(piece):]
-        else:
-            text = piece * (at % 7 + 1)
-        assert chains.hashes(text, block_bytes, root, key) == _chain(text, block_bytes, root)
-
-
 def test_block_hashes_reuse_gives_the_same_hashes_for_a_conversations_turns():
     """A long conversation and its next turn, hashed with and without reuse (the engine's path), under a session
     key and without: the same hashes; the next turn's first blocks are the first turn's."""
-    from pointsman.policy.signals.prefix_index import REUSE_FROM_BYTES, block_hashes_from_text
+    from pointsman.policy.signals.prefix_index import block_hashes_from_text
+    from pointsman.session_texts import MIN_BYTES
 
     turn1 = ("user\n" + "é lorem ipsum 😀 " * 4000 + "\n").encode()
     turn2 = turn1 + ("assistant\nan answer\nuser\n" + "more " * 300 + "\n").encode()
-    assert len(turn1) > REUSE_FROM_BYTES
+    assert len(turn1) > MIN_BYTES
     for key in (None, ("k", "t", "s")):
         first = block_hashes_from_text(turn1, reuse=True, key=key)
         assert first == block_hashes_from_text(turn1)
