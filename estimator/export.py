@@ -67,9 +67,11 @@ def build_static_onnx(table: np.ndarray, path: str | Path, quantize: str = "int8
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    from pointsman.estimator.encoders import STATIC_EPS, static_nodes
+
     table = np.asarray(table, dtype=np.float32)
     vocab, dim = table.shape
-    nodes, inits = [], []
+    inits = []
     details: JSONObject = {"vocab_size": int(vocab), "dim": int(dim), "quantization": quantize}
     if quantize == "int8-per-row":
         q, scale = quantize_rows_int8(table)
@@ -77,27 +79,14 @@ def build_static_onnx(table: np.ndarray, path: str | Path, quantize: str = "int8
         norms = np.linalg.norm(table, axis=1) * np.linalg.norm(deq, axis=1)
         cos = np.where(norms > 0, (table * deq).sum(axis=1) / np.maximum(norms, 1e-12), 1.0)
         details.update(row_cosine_min=float(cos.min()), row_cosine_mean=float(cos.mean()))
-        inits += [numpy_helper.from_array(q, "table_int8"), numpy_helper.from_array(scale, "row_scale")]
-        nodes += [
-            helper.make_node("Gather", ["table_int8", "input_ids"], ["rows_int8"], axis=0),
-            helper.make_node("Cast", ["rows_int8"], ["rows_raw"], to=TensorProto.FLOAT),
-            helper.make_node("Gather", ["row_scale", "input_ids"], ["scales"], axis=0),
-            helper.make_node("Unsqueeze", ["scales", "axis1"], ["scales_col"]),
-            helper.make_node("Mul", ["rows_raw", "scales_col"], ["rows"]),
-        ]
-        inits.append(numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1"))
+        inits += [numpy_helper.from_array(q, "table_int8"), numpy_helper.from_array(scale, "row_scale"),
+                  numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1")]
     elif quantize == "fp32":
         inits.append(numpy_helper.from_array(table, "table"))
-        nodes.append(helper.make_node("Gather", ["table", "input_ids"], ["rows"], axis=0))
     else:
         raise ValueError(f"unknown quantization {quantize!r}")
-    inits.append(numpy_helper.from_array(np.array([1e-12], dtype=np.float32), "eps"))
-    nodes += [
-        helper.make_node("ReduceMean", ["rows"], ["mean"], axes=[0], keepdims=1),
-        helper.make_node("ReduceL2", ["mean"], ["norm"], axes=[1], keepdims=1),
-        helper.make_node("Max", ["norm", "eps"], ["norm_safe"]),
-        helper.make_node("Div", ["mean", "norm_safe"], ["embedding"]),
-    ]
+    inits.append(numpy_helper.from_array(np.array([STATIC_EPS], dtype=np.float32), "eps"))
+    nodes = static_nodes(quantize)
     graph = helper.make_graph(
         nodes,
         "pointsman_static_encoder",
