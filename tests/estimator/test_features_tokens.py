@@ -2,6 +2,7 @@
 tokenization of the window exactly, and the estimator's head input is bit-identical with them."""
 
 import random
+import re
 
 import numpy as np
 import pytest
@@ -111,7 +112,9 @@ def test_marker_upper_and_digit_counts_match_their_definitions(text):
 
     from pointsman.estimator.markers import _upper_and_digits
 
-    assert _upper_and_digits(text) == (sum(1 for c in text if c.isupper()), len(re.findall(r"\d", text)))
+    digits = re.findall(r"\d", text)
+    assert _upper_and_digits(text) == (sum(1 for c in text if c.isupper()), len(digits),
+                                       sum(1 for d in digits if not d.isascii()))
 
 
 def test_marker_regex_shortcuts_count_what_the_regexes_count():
@@ -122,18 +125,35 @@ def test_marker_regex_shortcuts_count_what_the_regexes_count():
     pieces = ["A) yes", "(b) no", "c. maybe", "D: x", "Answer:", "Answer: \n", "options:", "option:", "```",
               "    indented", "\t", "=>", "x;", "a; \n", "{", "}", "#include <stdio.h>", "<div>", "</a-b>", "f()",
               "3 + 4", "12,5", "1.5", "$x$", "\\frac", "\\sqrt", "\\(", "٣ × ٤", "no digits here", "\n", "\n\n",
-              " ", "Which option is right?", "B)\tfoo", "(A).", "e) not a choice"]
+              " ", "Which option is right?", "B)\tfoo", "(A).", "e) not a choice",
+              # the call branch counted apart (markers._calls): a \w before (), covered or not by another match
+              "    f()", "     _()", "    \tg()", "#include()", "é()", "()", "x()()", "(()", "1()", "٣()", "    ()"]
     rng = random.Random(17)
     for _ in range(3000):
         text = "".join(rng.choice(pieces) + rng.choice(["", " ", "\n"]) for _ in range(rng.randint(0, 12)))
-        digits = m._upper_and_digits(text)[1]
+        _, digits, wide_digits = m._upper_and_digits(text)
         assert m._code_symbols(text) == len(m._CODE_SYMBOLS.findall(text)), text
-        assert m._operators(text, digits) == len(m._OPERATOR.findall(text)), text
+        assert m._operators(text, digits, wide_digits) == len(m._OPERATOR.findall(text)), text
+        assert m._numbers(text, digits, wide_digits) == len(re.findall(r"\d+(?:[.,]\d+)?", text)), text
         assert m._choices(text) == len(m._CHOICES.findall(text)), text
         if not digits:
             assert not m._NUMBER.findall(text)
             if "\\" not in text and "$" not in text:
                 assert not m._OPERATOR.findall(text), text
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(list("ax_9é٣ \n\t();{}<>=#$\\`+*") + ["    ", "\n    f()", "#include", "()", "```", "</b>", "1.5", "\\frac"]),
+                max_size=40).map("".join))
+def test_marker_code_and_math_counts_match_the_regexes(text):
+    """The code, number and operator counts (branch subsets, the call branch apart, ``[0-9]`` for ASCII
+    digits) are the regexes' own, over text made of what their branches look for."""
+    from pointsman.estimator import markers as m
+
+    _, digits, wide_digits = m._upper_and_digits(text)
+    assert m._code_symbols(text) == len(m._CODE_SYMBOLS.findall(text))
+    assert m._operators(text, digits, wide_digits) == len(m._OPERATOR.findall(text))
+    assert m._numbers(text, digits, wide_digits) == len(re.findall(r"\d+(?:[.,]\d+)?", text))
 
 
 @settings(max_examples=300, deadline=None)
@@ -147,7 +167,11 @@ def test_marker_words_and_counts_match_their_definitions(text):
     assert m._words(text.lower()) == m._WORD.findall(text.lower())
     words = m._words(text.lower()) + ["sum", "code", "json", "format", "explain", "logic", "given"] * (len(text) % 3)
     assert m._vocab_counts(words) == {name: m._count_words(words, vocab) for name, vocab in m._VOCABS.items()}
-    assert m._upper_and_digits(text) == (sum(1 for c in text if c.isupper()), len(re.findall(r"\d", text)))
+    digits = re.findall(r"\d", text)
+    assert m._upper_and_digits(text) == (sum(1 for c in text if c.isupper()), len(digits),
+                                         sum(1 for d in digits if not d.isascii()))
+    assert m._numbers(text, len(digits), sum(1 for d in digits if not d.isascii())) == \
+        len(re.findall(r"\d+(?:[.,]\d+)?", text))  # the pattern as first written
 
 
 def _hex(n: int, seed: int = 0) -> str:
