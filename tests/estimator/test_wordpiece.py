@@ -70,6 +70,14 @@ def test_ids_equal_the_library_on_real_prompts(reference):
         _same(reference, ids, text)
 
 
+@pytest.mark.parametrize("text", ["a😀 😀 b😀c\n😀", "x" * 101 + " " + "x" * 101 + "y", "y" + "x" * 101 + "  " + "x" * 101,
+                                  "Müller😀\t😀 😀", "\u3000😀\u3000a😀\u2028😀 x"])
+def test_unk_offsets_of_repeated_and_contained_unknown_chunks(reference, text):
+    """The [UNK] chunks are found by searching (``wordpiece._chunk_start``): equal chunks, and a chunk inside
+    an earlier one, get their own offsets (the library's), with Unicode whitespace between them."""
+    _same(reference, word_piece_ids(reference), text)
+
+
 def test_many_new_non_ascii_chunks_go_to_the_library_whole(reference, monkeypatch):
     ids = word_piece_ids(reference)
     text = " ".join(f"é{i}" for i in range(3 * wordpiece.MAX_LIBRARY_CHUNKS))
