@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pointsman.estimator.encoders import StaticEncoder, load_tokenizer, session_options
 from pointsman.estimator.export import build_static_onnx
 from pointsman.estimator.manifest import read_manifest
-from pointsman.estimator.model_source import bundled_model_dir
+from pointsman.estimator.model_source import bundled_model_dir, load_estimator
 
 #: float32 sums in another order: the embeddings differ by ~1e-6 at most (measured 1.1e-6 on real prompts)
 ATOL = 1e-5
@@ -77,3 +77,25 @@ def test_another_graph_is_refused(tmp_path):
     spec = read_manifest(bundled_model_dir()).encoder
     with pytest.raises(ValueError, match="not a static encoder graph"):
         StaticEncoder(path, load_tokenizer(bundled_model_dir() / spec.tokenizer), spec)
+
+
+def test_sanity_suite_scores_as_with_onnxruntime(bundled):
+    """The shipped model's p_hard over the sanity suite's requests with the encoder in numpy and with
+    onnxruntime running its file: the same up to float32 rounding (measured 1.8e-6 at most)."""
+    from pointsman.estimator.features import extract_features
+    from pointsman.request import parse_route_request
+    from pointsman.training.sanity import messages_of, read_pairs
+
+    est = load_estimator("bundled")
+    features = [extract_features(parse_route_request({"messages": messages_of(r)}), est.tokenizer)
+                for pair in read_pairs("sanity") for r in (pair.easy, pair.hard)]
+    numpy_p = est.estimate_batch(features)
+    _, session = bundled
+    enc = est.encoder
+
+    def on_onnxruntime(text, tokens=None):
+        ids = enc.token_ids(text, tokens)
+        return _ort(session, ids) if ids.size else np.zeros(enc.dim, dtype=np.float32)
+
+    enc.encode = on_onnxruntime
+    np.testing.assert_allclose(numpy_p, est.estimate_batch(features), rtol=0, atol=1e-5)
