@@ -205,12 +205,34 @@ def prompt_token_ids(body: JSONObject) -> int | None:
 
 #: Chat Completions content part types (``pointsman.request.ContentPart``).
 _CHAT_PARTS = frozenset({"text", "image_url", "image", "input_audio", "file", "refusal"})
+#: Content block types of the other APIs that ``chat_request`` reads as parts (Responses, Anthropic Messages).
+_OTHER_API_PARTS = (frozenset(_TEXT_PARTS) | _IMAGE_PARTS | _FILE_PARTS | _AUDIO_PARTS
+                    | {"tool_use", "tool_result"}) - _CHAT_PARTS
+
+
+def decided_body(body: JSONObject) -> JSONObject:
+    """The body ``POST /v1/route`` and ``pointsman route --messages`` decide on: another API's request
+    (a top-level ``system``, no ``messages``, or a block of the Responses or Anthropic APIs in a message)
+    read as the endpoint picker reads it (``chat_request``, with its token ids counted:
+    ``with_prompt_token_ids``); a Chat Completions body as it is, so a part type no API has
+    (``video``) is named by the request's validation. Raises ``RequestError`` as ``chat_request``."""
+    if "system" in body or "messages" not in body or any(
+            _part_type(p) in _OTHER_API_PARTS for m in _list(body["messages"]) if isinstance(m, dict)
+            for p in _list(m.get("content"))):
+        return with_prompt_token_ids(chat_request(body), body)
+    return body
+
+
+def _part_type(part: JSONValue) -> str | None:
+    """A content part's ``type`` when it is a string (a list or an object is no type), else None."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 def _foreign_parts(message: JSONValue) -> bool:
     """Whether a message has content blocks that are no Chat Completions part (Anthropic's, ...)."""
     content = message.get("content") if isinstance(message, dict) else None
-    return isinstance(content, list) and any(isinstance(p, dict) and p.get("type") not in _CHAT_PARTS
+    return isinstance(content, list) and any(isinstance(p, dict) and _part_type(p) not in _CHAT_PARTS
                                              for p in content)
 
 

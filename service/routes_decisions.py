@@ -2,8 +2,8 @@
 
 The body is an OpenAI chat request plus Pointsman's ``routing`` context
 (``pointsman.request.RouteRequest``), read with the size limit and strict JSON of
-``bodies.py``; a body of another API (a top-level ``system``: Anthropic Messages; no ``messages``:
-Responses, Completions) is read as the ext_proc picker reads it (``ext_proc_body.chat_request``).
+``bodies.py``; a body of another API (Anthropic Messages: a top-level ``system`` or its content blocks;
+no ``messages``: Responses, Completions) is read as the ext_proc picker reads it (``ext_proc_body.chat_request``).
 The answer is the decision (``schemas.RouteResponse``; the trace when
 ``routing.explain`` is true) with headers ``x-pointsman-decision-id`` and
 ``x-pointsman-target`` a gateway can forward. The decision is dispatched (its estimated
@@ -44,7 +44,7 @@ from pointsman.request import RouteRequest, parse_route_request
 from pointsman.service.auth import Principal, authenticate, header_key, require
 from pointsman.service.bodies import JSONAnswer, decode_json, json_body, read_body
 from pointsman.service.deadline import DeadlineEstimator
-from pointsman.service.ext_proc_body import chat_request, with_prompt_token_ids
+from pointsman.service.ext_proc_body import decided_body
 from pointsman.service.http_errors import ROUTE_ERRORS, HTTPError, invalid, unavailable
 from pointsman.service.runtime import Runtime, get_runtime, runtime_of
 from pointsman.service.schemas import RouteResponse
@@ -91,10 +91,11 @@ def _parsed(rt: Runtime, raw: bytes) -> tuple[RoutingEngine, RouteRequest]:
         body = decode_json(raw)
         engine = rt.live.engine
         try:
-            if isinstance(body, dict) and ("system" in body or "messages" not in body):
-                # another API's request (Anthropic Messages, Responses, Completions): read as the endpoint
-                # picker reads it, so its system prompt, instructions or token ids are counted, not dropped
-                body = with_prompt_token_ids(chat_request(body), body)
+            if isinstance(body, dict):
+                # another API's request (Anthropic Messages, with its system prompt or its tool_use, tool_result
+                # and document blocks; Responses; Completions): read as the endpoint picker reads it, so its
+                # system prompt, instructions or token ids are counted, not dropped
+                body = decided_body(body)
             return engine, parse_route_request(body)
         except RequestError as exc:
             raise invalid(exc) from None

@@ -152,6 +152,32 @@ def test_anthropic_responses_and_completions_bodies_are_read_with_every_prompt_t
     assert err(r)[:2] == (422, "prompt")
 
 
+def test_an_anthropic_body_without_a_system_prompt_is_read_with_its_blocks(client):
+    """Anthropic's Messages API needs no top-level ``system``: a tool-use turn (``tool_use`` and ``tool_result``
+    blocks) or a PDF (``document`` block) without one was a 422 ``Input tag 'tool_use' ... does not match``
+    from ``/v1/route``, which read a body as Anthropic's only when it had a ``system``, while the ext_proc
+    picker reads the blocks whatever the body holds. The tool result's text counts; the document needs a
+    target that takes files, as an OpenAI ``file`` part does."""
+    result = "The forecast for Paris: sunny, 25 C, light wind from the west. " * 200
+
+    def decide(messages):
+        r = post(client, {"model": "claude", "max_tokens": 100, "messages": messages, "routing": {"explain": True}})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    tools = decide([{"role": "user", "content": "What is the weather in Paris?"},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather",
+                                                       "input": {"city": "Paris"}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": result}]}])
+    assert tools["trace"]["cost"]["prompt_tokens"] > 2_000
+    doc = decide([{"role": "user", "content": [
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}},
+        {"type": "text", "text": "Summarize this."}]}])
+    assert doc["target"] == "frontier-small"
+    candidates = {c["target"]: c for c in doc["trace"]["candidates"]}
+    assert "file inputs" in json.dumps(candidates["onprem-8b"])
+
+
 def test_null_optional_fields_are_accepted(client):
     r = post(client, {"model": None, "messages": [USER, {"role": "assistant", "content": None, "name": None,
                                                           "tool_calls": None}, USER],
@@ -182,6 +208,7 @@ def err(r):
     ({"messages": [{"role": "wizard", "content": "x"}]}, 422, "messages[0].role", "Input should be"),
     ({"messages": [{"role": "user", "content": [{"type": "video", "url": "x"}]}]}, 422, "messages[0].content[0]",
      "Input tag 'video'"),
+    ({"messages": [{"role": "tool", "content": [{"type": []}]}]}, 422, "messages[0].content[0]", "Input tag"),
     ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 422, "messages[0].content[0].text", "Field required"),
     ({"messages": [USER], "max_tokens": "lots"}, 422, "max_tokens", "Input should be a valid integer"),
     ({"messages": [USER], "max_tokens": 0}, 422, "max_tokens", "Input should be greater than or equal to 1"),
