@@ -24,6 +24,7 @@ from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.decision import Decision
 from pointsman.request import parse_route_request
 from pointsman.service.bootstrap import LoadedEngine, build_engine
+from pointsman.service.ext_proc_body import decided_body
 from pointsman.service.settings import Settings
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -116,7 +117,8 @@ def _decode(raw: bytes, what: str) -> str:
 
 
 def _read_messages(path: Path) -> JSONObject:
-    """A chat request body from a JSON file: a message list, or a full chat request object."""
+    """A chat request body from a JSON file: a message list, or a full request object (Chat Completions, or
+    Anthropic Messages, Responses, Completions read as ``POST /v1/route`` reads them: ``decided_body``)."""
     what = f"--messages {path}"
     try:
         raw = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
@@ -136,11 +138,14 @@ def _read_messages(path: Path) -> JSONObject:
     except RecursionError:
         raise InputError(f"{what}: malformed JSON: nested too deeply") from None
     if isinstance(data, list):
-        return {"messages": data}
-    if isinstance(data, dict) and "messages" in data:
-        return data
-    raise InputError(f"{what}: expected a JSON list of messages or an object with \"messages\", "
-                     f"got {type(data).__name__ if not isinstance(data, dict) else 'an object without messages'}")
+        data = {"messages": data}
+    if isinstance(data, dict) and any(key in data for key in ("messages", "input", "prompt")):
+        try:  # another API's request (Anthropic Messages, Responses, Completions), read as POST /v1/route reads it
+            return decided_body(data)
+        except RequestError as exc:
+            raise InputError(f"{what}: {exc}") from None
+    raise InputError(f"{what}: expected a JSON list of messages or a request object (\"messages\", \"input\" or "
+                     f"\"prompt\"), got {type(data).__name__ if not isinstance(data, dict) else 'an object without them'}")
 
 
 def _entries(trace: Mapping[str, object], section: str) -> list[Mapping[str, object]]:
@@ -201,7 +206,8 @@ def _print_human(d: Decision, explain: bool) -> None:
 @click.command("route")
 @click.argument("prompt", required=False)
 @click.option("--messages", "messages_path", type=click.Path(path_type=Path), default=None,
-              help="JSON file with an OpenAI-style message list or a full chat request ('-' for stdin).")
+              help="JSON file with an OpenAI-style message list or a full request: Chat Completions, Anthropic "
+                   "Messages, Responses or Completions, read as POST /v1/route reads it ('-' for stdin).")
 @click.option("--json", "as_json", is_flag=True, help="Print the decision as one JSON object.")
 @click.option("--explain", is_flag=True, help="Include the trace: every rule evaluated, candidates and costs.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="The request's output cap.")
@@ -240,8 +246,8 @@ def route_command(prompt: str | None, messages_path: Path | None, as_json: bool,
         routing["explain"] = True
     if routing:
         body["routing"] = routing
-    if max_tokens is not None:
-        body["max_tokens"] = max_tokens
+    if max_tokens is not None:  # the cap: a body's max_completion_tokens would otherwise win over it
+        body = {**{k: v for k, v in body.items() if k != "max_completion_tokens"}, "max_tokens": max_tokens}
     try:
         request = parse_route_request(body)
     except RequestError as exc:

@@ -74,6 +74,37 @@ def test_route_messages_file_list_and_full_request(runner, tmp_path: Path):
     assert (d["prompt_tokens"], d["mode"], d["rule"]) == (9000, "disaggregated", "long-cold-prompt")
 
 
+def test_route_messages_file_of_another_api_counts_every_prompt_token(runner, tmp_path: Path):
+    """``route --messages`` took an Anthropic Messages body as a chat request and dropped its top-level
+    ``system`` prompt (a 10,000-word one: the decision, its cost and its prompt tokens those of the bare
+    question), refused its ``tool_use`` blocks and refused Responses and Completions bodies, which
+    ``POST /v1/route`` reads. It reads them as the service does now; ``--max-tokens`` is the cap even over
+    a body's ``max_completion_tokens``."""
+    big = "You are a meticulous assistant who checks every step. " * 1000
+    question = "What is 2 + 2?"
+
+    def decide(body, *args):
+        (tmp_path / "req.json").write_text(json.dumps(body))
+        r = run(runner, "route", "--json", "--explain", "--messages", str(tmp_path / "req.json"), *args)
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)
+
+    chat = decide({"messages": [{"role": "system", "content": big}, {"role": "user", "content": question}]})
+    assert chat["prompt_tokens"] > 8_000
+    anthropic = decide({"model": "claude", "max_tokens": 100, "system": [{"type": "text", "text": big}],
+                        "messages": [{"role": "user", "content": question},
+                                     {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "calc",
+                                                                        "input": {"q": "2+2"}}]},
+                                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                                                                   "content": "4"}]}]})
+    assert anthropic["prompt_tokens"] >= chat["prompt_tokens"]
+    assert decide({"instructions": big, "input": question})["prompt_tokens"] >= chat["prompt_tokens"]
+    assert decide({"prompt": list(range(5000, 6234)), "max_tokens": 10})["prompt_tokens"] == 1234
+    capped = decide({"messages": [{"role": "user", "content": question}], "max_completion_tokens": 4000},
+                    "--max-tokens", "10")
+    assert capped["trace"]["cost"]["output_tokens"] == 10
+
+
 def test_route_prompt_from_stdin(runner):
     d = json.loads(run(runner, "route", "--json", "-", input="Summarize this.").stdout)
     assert d["target"] == "onprem-8b"
@@ -89,7 +120,8 @@ def test_route_prompt_from_stdin(runner):
     (["route", "--messages", "{f}"], b"[{\"role\": \"user\"", "Error: --messages {f}: malformed JSON: Expecting"),
     (["route", "--messages", "{f}"], b"[{\"role\": \"user\", \"content\": \"caf\xe9\"}]",
      "Error: --messages {f} is not valid UTF-8 (byte 0xe9 at offset 33)"),
-    (["route", "--messages", "{f}"], b"{\"prompt\": \"hi\"}", "Error: --messages {f}: expected a JSON list of messages"),
+    (["route", "--messages", "{f}"], b"{\"text\": \"hi\"}", "Error: --messages {f}: expected a JSON list of messages"),
+    (["route", "--messages", "{f}"], b"{\"prompt\": [\"text\", [1, 2]]}", "Error: --messages {f}: prompt: "),
     (["route", "--messages", "{f}"], b"[{\"role\": \"user\", \"content\": [{\"type\": \"video\"}]}]",
      "Error: messages[0].content[0]: Input tag 'video'"),
     (["route", "--messages", "{f}"], b"[{\"role\": \"user\", \"content\": \"\"}]",
