@@ -5,7 +5,9 @@ cheapest shape meeting the goal as a fleet file (``docs/plan.md``).
     pointsman plan ../shared/datasets/mooncake/synthetic_trace.jsonl.gz --slo-class long-context --scale 1,2
 
 Bad input (an invalid fleet, policy or trace, a bad ``--scale``/``--gpus``, an unwritable ``--out``)
-prints one ``Error:`` line and exits with status 2.
+prints one ``Error:`` line and exits with status 2. When no shape meets the goal, the report is written
+without a fleet file (an earlier plan's ``fleet.yaml``/``policy.yaml`` in ``--out`` removed) and the exit
+status is 1.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from pointsman.cli.errors import SEED, FiniteFloat, InputError
+from pointsman.cli.errors import SEED, CheckFailed, FiniteFloat, InputError
 from pointsman.errors import DataError, FleetError, PolicyError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -251,10 +253,13 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
                                           for label, by in outcome.growth.items()}), ""]
     reproduce = ""
     lines.append(f"quality floor: {quality_floor}")
+    for stale in (out_dir / "fleet.yaml", out_dir / "policy.yaml"):  # an earlier plan's recommendation
+        stale.unlink(missing_ok=True)
     if rec is None:
         lines.append(f"no shape replayed on the whole trace meets {goal:.0%} SLO attainment"
                      + (f" and quality {min_quality:.3f}" if min_quality > 0 else "")
-                     + (f" within ${budget:,.0f}/month" if math.isfinite(budget) else ""))
+                     + (f" within ${budget:,.0f}/month" if math.isfinite(budget) else "")
+                     + ": no fleet file written")
     else:
         tuned = not space.policy_as_written(rec.shape)
         rec_policy = out_dir / "policy.yaml" if tuned else policy_file
@@ -332,6 +337,8 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
                            goal, report_text)
     click.echo(report_text)
     click.echo(f"report: {written['html']} ({', '.join(p.name for p in written.values())}); {wall:.0f} s")
+    if rec is None:  # the search ran and found nothing to recommend: exit status 1, as a failed check
+        raise CheckFailed()
 
 
 def _frontier_prices(fleet: Fleet, requests: Sequence[TraceRequest]) -> list[float]:

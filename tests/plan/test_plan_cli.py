@@ -130,6 +130,23 @@ def test_a_trace_no_shape_can_serve_at_one_instant_is_one_error_line(tmp_path: P
     assert "nan" not in result.output
 
 
+def test_a_plan_that_meets_nothing_exits_1_and_leaves_no_fleet_file(tmp_path: Path, plan_files: tuple[Path, Path]) -> None:
+    """A TTFT objective no shape can meet: the plan reported 'no shape ... meets' and exited 0, and the
+    fleet.yaml an earlier plan had written into --out stayed there, read as this plan's recommendation."""
+    fleet, policy = plan_files
+    trace = write_trace(tmp_path / "trace.jsonl", n=8, rate_rps=2, prompt_tokens=1024, output_tokens=8)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "fleet.yaml").write_text("# an earlier plan's recommendation\n")
+    result = CliRunner().invoke(main, ["plan", str(trace), "--fleet", str(fleet), "--policy", str(policy),
+                                       "--estimator", "fixed:0.2", "--outcomes", "none", "--max-replicas", "1",
+                                       "--workers", "1", "--slo-ttft-s", "0.000001", "--out", str(out)])
+    assert result.exit_code == 1, result.output
+    assert "no shape replayed on the whole trace meets 90% SLO attainment" in result.output
+    assert json.loads((out / "plan.json").read_text())["recommended"] is None
+    assert not (out / "fleet.yaml").exists()
+
+
 def test_the_time_budget_stops_the_search_with_the_best_so_far(tmp_path: Path, plan_files: tuple[Path, Path]) -> None:
     fleet_path, policy = plan_files
     trace = write_trace(tmp_path / "trace.jsonl", n=24, rate_rps=2, prompt_tokens=1024, output_tokens=8)
