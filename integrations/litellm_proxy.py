@@ -21,8 +21,9 @@ budget of ``POINTSMAN_ROUTE_TIMEOUT_S`` seconds (default 0.25), read when the fi
 Per request (LiteLLM 1.110's hooks; ``litellm.integrations.custom_logger.CustomLogger``):
 
 1. ``async_pre_call_hook`` (chat and text completions): ``POST /v1/route`` through
-   ``PointsmanClient`` with the request's messages, tools, token caps, ``user`` and
-   ``metadata.pointsman`` as the routing context (``litellm_router.route_body``). The deployment is
+   ``PointsmanClient`` with the request's messages (a text completion's prompt, a batch or token ids
+   too), tools, token caps, ``n``, audio output and ``metadata.pointsman`` as the routing context
+   (``litellm_router.route_body``). The deployment is
    the one serving the decision (``litellm_router.pick_deployment``: ``model_info.pointsman_target``
    or the upstream model, then the decision's ``base_url`` among several; the decision's fallbacks
    in order), looked for in the requested model group first and then in every group, so one group
@@ -187,10 +188,8 @@ class PointsmanProxyHandler(CustomLogger):
         router = _router()
         if call_type not in ROUTED_CALLS or not isinstance(group, str) or router is None:
             return
-        messages = data.get("messages")
-        if messages is None and isinstance(data.get("prompt"), str):
-            messages = [{"role": "user", "content": data["prompt"]}]
-        if not isinstance(messages, list):
+        messages = data.get("messages")  # None for a text completion: route_body sends its prompt
+        if not isinstance(messages, list) and (messages is not None or data.get("prompt") is None):
             return
         decision = await self.client.aroute(route_body(group, messages, data))
         chosen = None if decision is None else self.choose(decision, group, router)

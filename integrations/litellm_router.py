@@ -73,6 +73,7 @@ from litellm.types.router import CustomRoutingStrategyBase, DeploymentTypedDict
 
 from pointsman.integrations.client import PointsmanClient, RouteDecision, forward_target
 from pointsman.json_types import JSONObject, JSONValue
+from pointsman.request import RouteRequest
 
 log = logging.getLogger("pointsman.integrations")
 
@@ -221,12 +222,23 @@ def default_deployment(deployments: Sequence[DeploymentTypedDict]) -> Deployment
     return deployments[0] if deployments else None
 
 
+#: The call's fields ``POST /v1/route`` reads besides the messages: every field of ``RouteRequest`` (the
+#: tools, the output caps, ``n``, ``user``, an audio answer's ``modalities`` and ``audio``), a Completions
+#: body's ``prompt`` and ``best_of``.
+ROUTED_FIELDS = tuple(f for f in RouteRequest.model_fields if f not in ("model", "messages", "routing")) + (
+    "prompt", "best_of")
+
+
 def route_body(model: str, messages: Sequence[object] | None, request_kwargs: Mapping[str, object]) -> JSONObject:
-    """The ``/v1/route`` body for one LiteLLM call: its chat fields plus ``metadata["pointsman"]``
-    as ``routing``. Messages that are pydantic objects (LiteLLM ``Message``) are dumped to dicts."""
-    body: JSONObject = {"model": model, "messages": [_plain(m) for m in (messages or [])]}
-    for key in ("tools", "max_tokens", "max_completion_tokens", "n", "user"):
-        if request_kwargs.get(key) is not None:
+    """The ``/v1/route`` body for one LiteLLM call: its messages (None: a text completion's ``prompt``,
+    a string, a batch or token ids, read by the service as a Completions body), the fields of
+    ``ROUTED_FIELDS`` it sets, plus ``metadata["pointsman"]`` as ``routing``. Messages that are
+    pydantic objects (LiteLLM ``Message``) are dumped to dicts."""
+    body: JSONObject = {"model": model}
+    if messages is not None or request_kwargs.get("prompt") is None:
+        body["messages"] = [_plain(m) for m in (messages or [])]
+    for key in ROUTED_FIELDS:
+        if request_kwargs.get(key) is not None and not (key == "prompt" and "messages" in body):
             body[key] = _plain(request_kwargs[key])
     metadata = request_kwargs.get("metadata")
     routing = metadata.get(ROUTING_KEY) if isinstance(metadata, Mapping) else None

@@ -263,6 +263,21 @@ def test_a_budget_refusal_is_answered_429_not_routed_around(stack: dict) -> None
     assert {n: len(u.seen) for n, u in ups.items()} == before
 
 
+def test_a_text_completion_batch_is_routed_and_budgeted(stack: dict) -> None:
+    """A text completion whose ``prompt`` is a list (a batch, or token ids) was not routed at all: the
+    callback asked Pointsman only for a string prompt, so tenant ``broke`` ($0 a day) was served by
+    LiteLLM's own pick, unbudgeted, with no decision and no outcome. Its prompt goes to ``/v1/route`` as a
+    Completions body now, so the budget refuses it like a chat request."""
+    ups = stack["upstreams"]
+    before = {n: len(u.seen) for n, u in ups.items()}
+    r = httpx.post(f"{stack['proxy']}/v1/completions", timeout=60, headers={"authorization": f"Bearer {MASTER_KEY}"},
+                   json={"model": "chat", "prompt": ["What is the capital of France?", "And of Spain?"],
+                         "max_tokens": 16, "metadata": {"pointsman": {"tenant": "broke"}}})
+    assert r.status_code == 429, r.text
+    assert "budget exhausted" in r.text and "tenant:broke" in r.text
+    assert {n: len(u.seen) for n, u in ups.items()} == before
+
+
 def test_pointsman_down_fails_open_to_the_default_deployment(stack: dict) -> None:
     """Runs last: stops Pointsman."""
     _stop(stack["pointsman"])

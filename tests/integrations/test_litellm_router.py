@@ -266,6 +266,25 @@ def test_a_budget_refusal_is_not_routed_around(service: dict) -> None:
     assert client.stats["budget_refused"] == 1 and client.stats["route_failed"] == 0 and not client.acks
 
 
+def test_an_audio_answer_is_decided_as_one(service: dict) -> None:
+    """A call asking for an audio answer (``modalities``, ``audio``) needs a target that takes audio, which the
+    packaged fleet has none of: Pointsman refuses it (422 no_eligible_target) and the Router fails open. The
+    route body carried only the tools, caps, n and user, so Pointsman decided it as text: onprem-8b (Llama,
+    text only), its decision logged and its estimate held as if the request were the text one."""
+    async def run():
+        client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0)
+        router = _router(client)
+        try:
+            await router.acompletion(model="chat", messages=[{"role": "user", "content": "Say hello out loud."}],
+                                     modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"})
+        finally:
+            await client.aclose()
+        return client
+
+    client = asyncio.run(run())
+    assert client.stats["routed"] == 0 and client.stats["route_failed"] == 1
+
+
 def test_pick_deployment_maps_by_target_then_upstream_model_then_endpoint() -> None:
     deployments = [
         {"model_name": "chat", "litellm_params": {"model": "hosted_vllm/meta-llama/Llama-3.1-8B-Instruct",
