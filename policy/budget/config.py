@@ -38,14 +38,20 @@ def _check_scope(value: str) -> str:
     return value
 
 
-Usd = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+#: Largest budget limit, USD: what the ledgers count in signed 64-bit nano-USD (SQLite INTEGER, Redis INCRBY)
+#: holds, about $9.2 billion; above it a limit is no limit the ledger can reach (before, a limit like 1e300
+#: loaded and every decision of its scope failed converting it to nano-USD: infinity).
+MAX_LIMIT_USD = 9e9
+
+
+Usd = Annotated[float, Field(strict=True, ge=0, le=MAX_LIMIT_USD, allow_inf_nan=False)]
 
 
 Seconds = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
 
 
 class BudgetSpec(StrictModel):
-    """One budget in a file: ``scope`` (kind:name), ``window`` (day|month), ``limit_usd`` >= 0."""
+    """One budget in a file: ``scope`` (kind:name), ``window`` (day|month), ``limit_usd`` in [0, ``MAX_LIMIT_USD``]."""
 
     scope: Annotated[str, AfterValidator(_check_scope)]
     window: Literal["day", "month"]

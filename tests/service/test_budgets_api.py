@@ -110,6 +110,20 @@ def test_a_broken_budgets_file_keeps_the_running_budgets_and_a_valid_one_applies
         assert 'pointsman_budgets_reloads_total{result="rejected",source="endpoint"} 1.0' in c.get("/metrics").text
 
 
+def test_a_limit_the_ledger_cannot_count_is_refused_not_a_500_per_decision(tmp_path):
+    """A limit of 1e300 ('no limit, really') loaded and reloaded ok, then every decision of its scope was a 500
+    internal_error: the ledger counts nano-USD, and 1e300 x 1e9 is infinity, which no integer holds. The file
+    is refused now (the ledgers count in signed 64-bit nano-USD: at most MAX_LIMIT_USD), naming the key."""
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text(budgets_yaml(5))
+    with app(tmp_path, budgets, watch_budgets=False) as c:
+        budgets.write_text(budgets_yaml(5).replace("limit_usd: 100", "limit_usd: 1e300"))
+        r = c.post("/v1/budgets/reload", headers=ADMIN)
+        assert r.status_code == 422 and r.json()["ok"] is False, r.text
+        assert "budgets[1].limit_usd" in r.json()["problems"][0]["text"]
+        assert c.post("/v1/route", json=BODY, headers=GATEWAY).status_code == 200
+
+
 def test_reload_without_a_budgets_file_says_so(tmp_path):
     with app(tmp_path, None) as c:
         r = c.post("/v1/budgets/reload", headers=ADMIN)
