@@ -249,13 +249,16 @@ def _text(value: JSONValue) -> str:
     return "" if value is None else json.dumps(value, ensure_ascii=False)
 
 
-def _part(block: JSONValue) -> JSONObject:
-    """One content block of any of the APIs as a Chat Completions part, keeping its ``cache_control``
-    (Anthropic's prompt-cache breakpoint: what an explicit-cache target caches, ``has_cache_control``)."""
-    part = _chat_part(block)
-    if isinstance(block, dict) and "cache_control" in block:
-        part["cache_control"] = block["cache_control"]
-    return part
+def _parts(block: JSONValue) -> list[JSONObject]:
+    """One content block of any of the APIs as Chat Completions parts, keeping its ``cache_control``
+    (Anthropic's prompt-cache breakpoint: what an explicit-cache target caches, ``has_cache_control``) on
+    the last. A ``tool_result`` whose content is a list of blocks (a computer-use screenshot: an ``image``
+    block, a ``document``) gives its blocks' parts, so an image is an image, not its base64 read as text."""
+    content = block.get("content") if isinstance(block, dict) and block.get("type") == "tool_result" else None
+    parts = [p for b in content for p in _parts(b)] if isinstance(content, list) else [_chat_part(block)]
+    if isinstance(block, dict) and "cache_control" in block and parts:
+        parts[-1] = {**parts[-1], "cache_control": block["cache_control"]}
+    return parts
 
 
 def _chat_part(block: JSONValue) -> JSONObject:
@@ -280,7 +283,10 @@ def _chat_part(block: JSONValue) -> JSONObject:
 
 
 def _content(value: JSONValue) -> JSONValue:
-    return [_part(b) for b in value] if isinstance(value, list) else _text(value)
+    if not isinstance(value, list):
+        return _text(value)
+    parts: list[JSONValue] = [p for b in value for p in _parts(b)]
+    return parts or ""  # (a tool result of no blocks)
 
 
 def _message(item: JSONValue) -> JSONValue:
@@ -308,8 +314,12 @@ def _responses(body: JSONObject) -> JSONObject:
             messages.append({"role": role, "content": _content(item.get("content"))})
         elif kind == "function_call":
             messages.append({"role": "assistant", "content": f"{item.get('name', '')}({_text(item.get('arguments'))})"})
-        elif kind == "function_call_output":
-            messages.append({"role": "tool", "content": _text(item.get("output"))})
+        elif kind == "function_call_output":  # its output: a string, or input_text/input_image/input_file items
+            messages.append({"role": "tool", "content": _content(item.get("output"))})
+        elif kind == "computer_call_output":  # its output: a screenshot (computer_screenshot, an image)
+            output = item.get("output")
+            messages.append({"role": "tool", "content": [{"type": "image_url", "image_url": output.get("image_url")
+                                                          if isinstance(output, dict) else None}]})
         else:  # reasoning, item references, ...: counted as their JSON
             messages.append({"role": "user", "content": json.dumps(item, ensure_ascii=False)})
     out: JSONObject = {k: v for k, v in body.items() if k not in ("input", "instructions", "max_output_tokens")}

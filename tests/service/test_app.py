@@ -1,5 +1,6 @@
 """The decision service over HTTP (FastAPI TestClient), with an injected fixed-difficulty engine."""
 
+import base64
 import json
 
 import pytest
@@ -176,6 +177,41 @@ def test_an_anthropic_body_without_a_system_prompt_is_read_with_its_blocks(clien
     assert doc["target"] == "frontier-small"
     candidates = {c["target"]: c for c in doc["trace"]["candidates"]}
     assert "file inputs" in json.dumps(candidates["onprem-8b"])
+
+
+def test_an_image_in_a_tool_result_is_an_image_not_its_base64(client):
+    """A computer-use turn returns its screenshot as an ``image`` block inside a ``tool_result`` (Anthropic; a
+    Responses ``function_call_output`` may hold ``input_image`` items, a ``computer_call_output`` is one): the
+    tool result's content was read as its JSON, so a 600 KB screenshot counted as 559,869 prompt tokens and
+    every target was refused (context-window), while the same image as a message block is ~800 tokens. The
+    blocks are parts now: an image counts as an image and needs a target that takes images."""
+    png = base64.b64encode(bytes(range(256)) * 2400).decode()  # ~800 KB of base64
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}
+
+    def decide(body):
+        r = post(client, {**body, "routing": {"explain": True}})
+        assert r.status_code == 200, r.text
+        candidates = {c["target"]: c for c in r.json()["trace"]["candidates"]}
+        assert "image inputs" in json.dumps(candidates["onprem-8b"])
+        return r.json()["prompt_tokens"]
+
+    anthropic = decide({"model": "claude", "max_tokens": 1024, "system": "You control a computer.", "messages": [
+        {"role": "user", "content": "What is on the screen?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "computer",
+                                           "input": {"action": "screenshot"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [{"type": "text", "text": "screenshot taken"}, image]}]}]})
+    responses = decide({"model": "auto", "input": [
+        {"role": "user", "content": "What is on the screen?"},
+        {"type": "function_call", "call_id": "c1", "name": "screenshot", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1",
+         "output": [{"type": "input_image", "image_url": f"data:image/png;base64,{png}"}]}]})
+    computer = decide({"model": "computer-use-preview", "input": [
+        {"role": "user", "content": "What is on the screen?"},
+        {"type": "computer_call", "call_id": "c1", "action": {"type": "screenshot"}},
+        {"type": "computer_call_output", "call_id": "c1",
+         "output": {"type": "computer_screenshot", "image_url": f"data:image/png;base64,{png}"}}]})
+    assert anthropic < 5_000 and responses < 5_000 and computer < 5_000
 
 
 def test_null_optional_fields_are_accepted(client):
