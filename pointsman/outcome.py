@@ -58,9 +58,12 @@ from pointsman.usage_shapes import MAX_TOKENS, UsageProblems, read_usage
 
 #: Outcome statuses: the answer arrived (``ok``), failed, timed out, or the client gave up.
 STATUSES = ("ok", "error", "timeout", "cancelled")
-#: Ids (decision, outcome): 1–1,024 characters of letters, digits and ``_.:-+/@=`` (a signed decision id
-#: carries its claims: ``policy/signals/signed_ids.py``).
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:+/@=-]{0,1023}$"
+#: Longest decision or outcome id accepted anywhere, characters: a signed id carries its claims
+#: (``policy/signals/signed_ids.py``), whose budget scopes are up to three names of 200 characters (4 UTF-8
+#: bytes each, 6 for an escaped control character), about 5,300 characters at most, 5,500 for an escalation's.
+MAX_ID_CHARS = 8192
+#: Ids (decision, outcome): 1–``MAX_ID_CHARS`` characters of letters, digits and ``_.:-+/@=``.
+ID_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9_.:+/@=-]{{0,{MAX_ID_CHARS - 1}}}$"
 _ID = re.compile(ID_PATTERN)
 #: Largest accepted batch in one call.
 MAX_BATCH = 1000
@@ -159,7 +162,8 @@ class OutcomeIn(_Strict):
     @classmethod
     def _id(cls, v: str | None) -> str | None:
         if v is not None and not _ID.match(v):
-            raise ValueError("must be 1-1024 characters of letters, digits and _.:-+/@= (starting with a letter or digit)")
+            raise ValueError(f"must be 1-{MAX_ID_CHARS} characters of letters, digits and _.:-+/@= (starting with a "
+                             "letter or digit)")
         return v
 
     @model_validator(mode="after")

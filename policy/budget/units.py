@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from pointsman.errors import BudgetError
+from pointsman.outcome import MAX_ID_CHARS
 
 SCOPE_KINDS: tuple[str, ...] = ("tenant", "team", "key")
 
@@ -27,7 +28,7 @@ NUSD_PER_USD = 1_000_000_000
 SCOPE_RE = re.compile(r"(tenant|team|key):\S{1,200}")
 
 
-_ID_RE = re.compile(r"\S{1,1024}")
+_ID_RE = re.compile(rf"\S{{1,{MAX_ID_CHARS}}}")
 
 
 @dataclass(frozen=True)
@@ -95,10 +96,10 @@ def check_scopes(scopes: Iterable[str]) -> tuple[str, ...]:
 
 
 def check_id(value: str, name: str = "decision_id") -> str:
-    """Validate a decision id or target name: 1-1,024 non-space characters (a signed decision id,
+    """Validate a decision id or target name: 1-``MAX_ID_CHARS`` non-space characters (a signed decision id,
     ``policy.signals.signed_ids``, carries its claims); else ``BudgetError``."""
     if not isinstance(value, str) or not _ID_RE.fullmatch(value):
-        raise BudgetError(f"{name} must be 1-1024 non-space characters, got {value!r}")
+        raise BudgetError(f"{name} must be 1-{MAX_ID_CHARS} non-space characters, got {value!r}")
     return value
 
 

@@ -19,8 +19,9 @@ its hold in ms), the MAC over everything before it; its scopes and inbox are tho
 decision id it carries, which must verify too. ``Claims.escalates`` names that decision.
 
 The claims are readable by whoever sees the id (gateways, engines' logs): scopes name tenants,
-teams and API key ids (never a secret). Typical length 150-250 characters; at most
-``MAX_ID_CHARS`` (1,024; ids are checked to that length everywhere).
+teams and API key ids (never a secret), in UTF-8. Typical length 150-250 characters; at most
+``MAX_ID_CHARS`` (``pointsman.outcome``: 8,192; ids are checked to that length everywhere), which the
+longest claims fit: three 200-character scope names are about 5,300 characters of id.
 """
 
 from __future__ import annotations
@@ -31,12 +32,12 @@ import hmac
 import json
 from dataclasses import dataclass
 
-#: Longest decision or outcome id accepted anywhere (characters).
-MAX_ID_CHARS = 1024
+from pointsman.outcome import MAX_ID_CHARS
+
 #: Bytes of the HMAC-SHA256 kept in an id (96 bits).
 MAC_BYTES = 12
 #: The claims' compact JSON (``json.dumps(..., separators=(",", ":"))``'s encoder, built once).
-_COMPACT = json.JSONEncoder(separators=(",", ":"))
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
+from pointsman.outcome import MAX_ID_CHARS
+from pointsman.policy.signals.signed_ids import DecisionSigner
 from pointsman.service.app import create_app
 from pointsman.service.settings import Settings
 
@@ -122,6 +124,41 @@ def test_a_limit_the_ledger_cannot_count_is_refused_not_a_500_per_decision(tmp_p
         assert r.status_code == 422 and r.json()["ok"] is False, r.text
         assert "budgets[1].limit_usd" in r.json()["problems"][0]["text"]
         assert c.post("/v1/route", json=BODY, headers=GATEWAY).status_code == 200
+
+
+def test_a_long_non_ascii_tenant_is_routed_and_its_outcome_settled(tmp_path):
+    """Tenant and team names may be 200 characters of any script, and the signed decision id carries them:
+    escaped as JSON's \\uXXXX, 150 'é' made a 3,457-character id where ids were checked to 1,024, so a budgeted
+    tenant's every decision was a 500 (the ledger refused the id) and an unbudgeted one's outcome a 422 on
+    decision_id: never settled, its spend never booked. The claims are UTF-8 now and ids may be MAX_ID_CHARS
+    (8,192) long, which the longest claims fit."""
+    tenant, team = "é" * 200, "渋" * 200
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       f"  - {{scope: 'tenant:{tenant}', window: day, limit_usd: 5}}\n")
+    with app(tmp_path, budgets, watch_budgets=False) as c:
+        for routing in ({"tenant": tenant, "team": team}, {"tenant": "ü" * 200, "team": team}):  # budgeted, and not
+            r = c.post("/v1/route", json={**BODY, "routing": routing}, headers=GATEWAY)
+            assert r.status_code == 200, r.text
+            ack = c.post("/v1/outcomes", headers=GATEWAY, json={
+                "decision_id": r.json()["decision_id"], "usage": {"prompt_tokens": 10, "completion_tokens": 10}})
+            assert ack.status_code == 200, ack.text
+            assert ack.json()["acks"][0]["status"] == "stored" and ack.json()["acks"][0]["settlement"] is not None
+        day = next(b for b in c.get("/v1/budgets", headers=ADMIN).json()["budgets"] if b["window"] == "day")
+        assert day["settled_usd"] > 0 and day["held_usd"] == 0.0
+    # the longest claims: three 200-character names of escaped control characters, of 4-byte characters
+    signer = DecisionSigner(b"k" * 16)
+    for ch in ("\x01", "\U0001F600", '"'):
+        scopes = (f"tenant:{ch * 200}", f"team:{ch * 200}", f"key:{ch * 200}")
+        decision_id = signer.sign("0" * 32, target="t" * 63, mode="disaggregated", scopes=scopes,
+                                  estimated_cost_usd=1e300, prefill_utilization=0.123456789012345,
+                                  decode_utilization=0.123456789012345, inbox="f" * 32, prompt_tokens=10**12,
+                                  output_cap_tokens=10**12)
+        escalation = signer.sign_escalation(decision_id, target="t" * 63, mode="disaggregated",
+                                            estimated_cost_usd=1e300, prefill_utilization=0.1, decode_utilization=0.1,
+                                            issued_s=1e10)
+        assert len(escalation) + len("/shadow:") + 128 <= MAX_ID_CHARS
+        assert signer.verify(escalation) is not None and signer.verify(decision_id).scopes == scopes
 
 
 def test_reload_without_a_budgets_file_says_so(tmp_path):
