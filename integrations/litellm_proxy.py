@@ -20,7 +20,7 @@ budget of ``POINTSMAN_ROUTE_TIMEOUT_S`` seconds (default 0.25), read when the fi
 
 Per request (LiteLLM 1.110's hooks; ``litellm.integrations.custom_logger.CustomLogger``):
 
-1. ``async_pre_call_hook`` (chat and text completions): ``POST /v1/route`` through
+1. ``async_pre_call_hook`` (chat and text completions, ``/v1/responses``, ``/v1/messages``): ``POST /v1/route`` through
    ``PointsmanClient`` with the request's messages (a text completion's prompt, a batch or token ids
    too), tools, token caps, ``n``, audio output and ``metadata.pointsman`` as the routing context
    (``litellm_router.route_body``). The deployment is
@@ -98,8 +98,15 @@ from pointsman.integrations.litellm_router import (
 
 log = logging.getLogger("pointsman.integrations")
 
-#: Call types the pre-call hook routes (LiteLLM's ``CallTypes`` values for chat and text completions).
-ROUTED_CALLS = frozenset({"completion", "acompletion", "text_completion", "atext_completion"})
+#: Call types the pre-call hook routes (LiteLLM's ``CallTypes`` values for chat and text completions, and the
+#: proxy's ``/v1/responses`` and ``/v1/messages``, Anthropic's API: routed, budgeted and reported as the others).
+ROUTED_CALLS = frozenset({"completion", "acompletion", "text_completion", "atext_completion", "responses",
+                          "aresponses", "anthropic_messages", "aanthropic_messages"})
+#: Routed call types the cascade verifies (its draft reading and escalation speak Chat Completions).
+CASCADED_CALLS = frozenset({"completion", "acompletion", "text_completion", "atext_completion"})
+#: Call types whose ``metadata`` is the upstream API's own field (Anthropic's, the Responses API's): LiteLLM keeps
+#: the proxy's in ``litellm_metadata`` (``litellm_pre_call_utils.LITELLM_METADATA_ROUTES``).
+_OWN_METADATA_CALLS = frozenset({"anthropic_messages", "aanthropic_messages", "responses", "aresponses"})
 
 
 def _router() -> LiteLLMRouter | None:
@@ -188,17 +195,18 @@ class PointsmanProxyHandler(CustomLogger):
         router = _router()
         if call_type not in ROUTED_CALLS or not isinstance(group, str) or router is None:
             return
-        messages = data.get("messages")  # None for a text completion: route_body sends its prompt
-        if not isinstance(messages, list) and (messages is not None or data.get("prompt") is None):
+        messages = data.get("messages")  # None for a text completion or a Responses call: route_body sends its prompt
+        if not isinstance(messages, list) and (messages is not None or data.get("prompt", data.get("input")) is None):
             return
         decision = await self.client.aroute(route_body(group, messages, data))
         chosen = None if decision is None else self.choose(decision, group, router)
         if decision is not None and chosen is None:
             log.warning("no LiteLLM deployment serves pointsman target %r or its fallbacks; routing without it",
                         decision["target"])
-        metadata = data.get("metadata")
+        key = "litellm_metadata" if call_type in _OWN_METADATA_CALLS else "metadata"
+        metadata = data.get(key)
         if not isinstance(metadata, dict):
-            metadata = data["metadata"] = {}
+            metadata = data[key] = {}
         if decision is None or chosen is None:  # fail open: the group's pointsman_default, else LiteLLM's own pick
             metadata.pop(DECISION_KEY, None)
             fallback = default_deployment(deployments_of(router, group))
@@ -210,7 +218,8 @@ class PointsmanProxyHandler(CustomLogger):
         metadata[DECISION_KEY] = {"id": decision["decision_id"], "target": decision["target"],
                                   "served_target": served, "client": id(self.client),
                                   "deployment": _deployment_id(chosen),
-                                  "cascade": self.cascade and not data.get("stream"), "group": group,
+                                  "cascade": self.cascade and not data.get("stream") and call_type in CASCADED_CALLS,
+                                  "group": group,
                                   "started_s": time.time()}
         given = data.get("extra_headers")
         headers: dict[str, object] = dict(given) if isinstance(given, Mapping) else {}
@@ -221,8 +230,9 @@ class PointsmanProxyHandler(CustomLogger):
                                        messages: Sequence[object] | None, request_kwargs: dict[str, object] | None = None,
                                        parent_otel_span: object | None = None) -> list[dict[str, object]]:
         """Keep only the deployment Pointsman chose (step 2); the list unchanged without one."""
-        metadata = (request_kwargs or {}).get("metadata")
-        decision = metadata.get(DECISION_KEY) if isinstance(metadata, Mapping) else None
+        kwargs = request_kwargs or {}
+        decision = next((m[DECISION_KEY] for m in (kwargs.get("metadata"), kwargs.get("litellm_metadata"))
+                         if isinstance(m, Mapping) and DECISION_KEY in m), None)
         wanted = decision.get("deployment") if isinstance(decision, Mapping) else None
         if not wanted:
             return healthy_deployments

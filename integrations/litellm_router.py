@@ -224,21 +224,25 @@ def default_deployment(deployments: Sequence[DeploymentTypedDict]) -> Deployment
 
 #: The call's fields ``POST /v1/route`` reads besides the messages: every field of ``RouteRequest`` (the
 #: tools, the output caps, ``n``, ``user``, an audio answer's ``modalities`` and ``audio``), a Completions
-#: body's ``prompt`` and ``best_of``.
+#: body's ``prompt`` and ``best_of``, a Responses body's ``input``, ``instructions`` and ``max_output_tokens``,
+#: an Anthropic Messages body's ``system``.
 ROUTED_FIELDS = tuple(f for f in RouteRequest.model_fields if f not in ("model", "messages", "routing")) + (
-    "prompt", "best_of")
+    "prompt", "best_of", "input", "instructions", "max_output_tokens", "system")
+#: Fields of another API's body that stand for the messages (a Completions ``prompt``, a Responses ``input``).
+_PROMPT_FIELDS = ("prompt", "input")
 
 
 def route_body(model: str, messages: Sequence[object] | None, request_kwargs: Mapping[str, object]) -> JSONObject:
     """The ``/v1/route`` body for one LiteLLM call: its messages (None: a text completion's ``prompt``,
-    a string, a batch or token ids, read by the service as a Completions body), the fields of
+    a string, a batch or token ids, or a Responses call's ``input``, read by the service as that API's
+    body), the fields of
     ``ROUTED_FIELDS`` it sets, plus ``metadata["pointsman"]`` as ``routing``. Messages that are
     pydantic objects (LiteLLM ``Message``) are dumped to dicts."""
     body: JSONObject = {"model": model}
-    if messages is not None or request_kwargs.get("prompt") is None:
+    if messages is not None or all(request_kwargs.get(k) is None for k in _PROMPT_FIELDS):
         body["messages"] = [_plain(m) for m in (messages or [])]
     for key in ROUTED_FIELDS:
-        if request_kwargs.get(key) is not None and not (key == "prompt" and "messages" in body):
+        if request_kwargs.get(key) is not None and not (key in _PROMPT_FIELDS and "messages" in body):
             body[key] = _plain(request_kwargs[key])
     metadata = request_kwargs.get("metadata")
     routing = metadata.get(ROUTING_KEY) if isinstance(metadata, Mapping) else None
@@ -384,9 +388,11 @@ def _get(mapping: object, key: str) -> object:
 
 def routed_call(kwargs: Mapping[str, object]) -> RoutedCall | None:
     """The decision a LiteLLM call carries (``metadata["pointsman_decision"]``, from LiteLLM's logging
-    ``kwargs``: ``litellm_params.metadata`` or ``metadata``), or None."""
-    metadata = _get(kwargs.get("litellm_params"), "metadata") or kwargs.get("metadata")
-    decision = _get(metadata, DECISION_KEY)
+    ``kwargs``: ``litellm_params.metadata`` or ``metadata``, or ``litellm_params.litellm_metadata`` for an
+    Anthropic Messages call, whose ``metadata`` is Anthropic's), or None."""
+    params = kwargs.get("litellm_params")
+    decision = next((d for m in (_get(params, "metadata"), kwargs.get("metadata"), _get(params, "litellm_metadata"))
+                     if (d := _get(m, DECISION_KEY))), None)
     if not decision:
         return None
     decision_id, served, client = _get(decision, "id"), _get(decision, "served_target"), _get(decision, "client")
@@ -444,6 +450,8 @@ def _usage(response_obj: object) -> UsageReport | None:
     if usage is None:
         return None
     get: Callable[[str], object] = usage.get if isinstance(usage, Mapping) else lambda k: getattr(usage, k, None)
+    if get("prompt_tokens") is None and get("input_tokens") is not None:  # a Responses or Anthropic Messages answer
+        return _input_output_usage(get)
     out: UsageReport = {}
     for key in ("prompt_tokens", "completion_tokens"):
         count = _count(get(key))
@@ -460,6 +468,27 @@ def _usage(response_obj: object) -> UsageReport | None:
         hour = _count(_field(split, "ephemeral_1h_input_tokens")) or 0
         out["cache_write_tokens"], out["cache_write_1h_tokens"] = max(0, writes - hour), min(hour, writes)
     return out or None
+
+
+def _input_output_usage(get: Callable[[str], object]) -> UsageReport | None:
+    """Pointsman's keys of a Responses usage (``input_tokens`` with its cached part in
+    ``input_tokens_details``) or an Anthropic Messages one (``input_tokens`` uncached, beside
+    ``cache_read_input_tokens`` and ``cache_creation_input_tokens``, 1-hour part in ``cache_creation``)."""
+    prompt, completion = _count(get("input_tokens")), _count(get("output_tokens"))
+    if prompt is None or completion is None:
+        return None
+    out: UsageReport = {"completion_tokens": completion}
+    reads, writes = _count(get("cache_read_input_tokens")) or 0, _count(get("cache_creation_input_tokens")) or 0
+    if reads or writes or get("cache_read_input_tokens") is not None:  # Anthropic: input_tokens is the uncached part
+        hour = min(writes, _count(_field(get("cache_creation"), "ephemeral_1h_input_tokens")) or 0)
+        out["prompt_tokens"], out["cached_tokens"] = prompt + reads + writes, reads
+        out["cache_write_tokens"], out["cache_write_1h_tokens"] = writes - hour, hour
+    else:
+        out["prompt_tokens"] = prompt
+        cached = _count(_field(get("input_tokens_details"), "cached_tokens"))
+        if cached:
+            out["cached_tokens"] = cached
+    return out
 
 
 def _field(obj: object, key: str) -> object:

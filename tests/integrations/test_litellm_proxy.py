@@ -278,6 +278,35 @@ def test_a_text_completion_batch_is_routed_and_budgeted(stack: dict) -> None:
     assert {n: len(u.seen) for n, u in ups.items()} == before
 
 
+@pytest.mark.parametrize("path,body", [
+    ("/v1/responses", {"input": "What is the capital of France?", "max_output_tokens": 16}),
+    ("/v1/messages", {"system": "Be brief.", "max_tokens": 16,
+                      "messages": [{"role": "user", "content": "What is the capital of France?"}]}),
+], ids=["responses", "anthropic-messages"])
+def test_responses_and_messages_calls_are_routed_and_budgeted(stack: dict, path: str, body: dict) -> None:
+    """The proxy's /v1/responses and /v1/messages (Anthropic's API) were not routed at all: the callback
+    routed only chat and text completions, so tenant broke ($0 a day) was served there by LiteLLM's own pick,
+    unbudgeted, with no decision and no outcome. They are routed (and refused) like a chat request now."""
+    ups = stack["upstreams"]
+    before = {n: len(u.seen) for n, u in ups.items()}
+    r = httpx.post(f"{stack['proxy']}{path}", timeout=60, headers={"authorization": f"Bearer {MASTER_KEY}"},
+                   json={"model": "chat", **body, "metadata": {"pointsman": {"tenant": "broke"}}})
+    assert r.status_code == 429, r.text
+    assert "budget exhausted" in r.text and "tenant:broke" in r.text
+    assert {n: len(u.seen) for n, u in ups.items()} == before
+
+
+def test_a_messages_call_is_reported_with_its_usage(stack: dict) -> None:
+    """A routed /v1/messages call reports its outcome, Anthropic's usage read into Pointsman's keys."""
+    ups = stack["upstreams"]
+    r = httpx.post(f"{stack['proxy']}/v1/messages", timeout=60, headers={"authorization": f"Bearer {MASTER_KEY}"},
+                   json={"model": "chat", "max_tokens": 16, "messages": [{"role": "user", "content": "Hello?"}]})
+    assert r.status_code == 200, r.text
+    out = _outcome(stack, ups["llama-8b"].seen[-1]["decision"])
+    assert (out.status, out.served_target) == ("ok", "onprem-8b")
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (11, 7)
+
+
 def test_pointsman_down_fails_open_to_the_default_deployment(stack: dict) -> None:
     """Runs last: stops Pointsman."""
     _stop(stack["pointsman"])
