@@ -31,8 +31,12 @@ BODY = {"model": "chat", "messages": [{"role": "user", "content": "Summarise the
 
 
 def _app(tmp_path, **extra):
+    """The app on a fixed difficulty, its estimator's deadline (the pool, as served) a minute: on a loaded
+    machine the pool's hand-off can pass the 50 ms default, and one path's ``p_hard`` would then be null
+    (CI saw ``difficulty_available: false`` on one side; the answers must compare)."""
     fleet = load_fleet()
-    s = Settings(data_dir=tmp_path, watch_policy=False, gateway_api_keys=SecretStr(f"edge={KEY}"), **extra)
+    s = Settings(data_dir=tmp_path, watch_policy=False, gateway_api_keys=SecretStr(f"edge={KEY}"),
+                 estimator_timeout_ms=60_000, **extra)
     engine = RoutingEngine(fleet, load_policy(s.policy_path, fleet), FixedDifficulty(0.2), state=build_state(s, fleet))
     return create_app(s, engine=engine, owns_engine=True)
 
