@@ -21,6 +21,7 @@ from google.protobuf import json_format
 
 from pointsman.policy.fleet import load_fleet
 from pointsman.policy.rules.compiler import load_policy
+from pointsman.service.ext_proc import GIE_ROUTING_HEADERS, ROUTING_HEADERS
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -95,6 +96,7 @@ def test_gateway_api_manifests_validate_and_point_at_pointsman():
 def test_envoy_config_parses_into_envoys_bootstrap_proto():
     from envoy.config.bootstrap.v3 import bootstrap_pb2
     from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2  # noqa: F401 - registers the Any types
+    from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
     from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
     from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
     from envoy.extensions.transport_sockets.tls.v3 import tls_pb2  # noqa: F401
@@ -104,8 +106,14 @@ def test_envoy_config_parses_into_envoys_bootstrap_proto():
     manager = hcm.HttpConnectionManager()
     boot.static_resources.listeners[0].filter_chains[0].filters[0].typed_config.Unpack(manager)
     ext = ext_proc_pb2.ExternalProcessor()
-    assert [f.name for f in manager.http_filters] == ["envoy.filters.http.ext_proc", "envoy.filters.http.router"]
-    manager.http_filters[0].typed_config.Unpack(ext)
+    assert [f.name for f in manager.http_filters] == ["envoy.filters.http.header_mutation", "envoy.filters.http.ext_proc",
+                                                      "envoy.filters.http.router"]
+    # every header the picker reads its routing context from is stripped before it: a client cannot name the tenant
+    strip = header_mutation_pb2.HeaderMutation()
+    manager.http_filters[0].typed_config.Unpack(strip)
+    removed = {m.remove for m in strip.mutations.request_mutations}
+    assert removed == set(ROUTING_HEADERS) | set(GIE_ROUTING_HEADERS)
+    manager.http_filters[1].typed_config.Unpack(ext)
     mode = ext.processing_mode
     assert (mode.request_body_mode, mode.response_body_mode) == (mode.FULL_DUPLEX_STREAMED, mode.FULL_DUPLEX_STREAMED)
     assert list(ext.metadata_options.forwarding_namespaces.untyped) == ["envoy.lb", "envoy.lb.subset_hint"]
