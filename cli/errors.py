@@ -9,7 +9,10 @@ A command raises one of these and click prints it and exits (``ClickException.sh
   message>`` line per located problem on stderr, exit status 2;
 - ``CheckFailed``: a check ran and found problems (``policy check``/``policy test`` failures, a
   refused promotion); the command has printed its findings, the exception adds its message (if
-  any) to stderr as is, exit status 1.
+  any) to stderr as is, exit status 1;
+- ``BudgetRefused``: a budget refused the request (``POST /v1/route``'s 429 ``budget_exhausted``: a
+  target could take it, only over a budget); one ``Error: budget_exhausted: <message>`` line on
+  stderr, exit status 3.
 
 ``validation_message`` and ``os_error_message`` turn the errors no command catches itself
 (pydantic ``ValidationError``, ``OSError``) into the one line ``InputError`` prints
@@ -84,6 +87,16 @@ class CheckFailed(click.ClickException):
             click.echo(self.message, err=True)
 
 
+class BudgetRefused(click.ClickException):
+    """A budget refused the request (``NoEligibleTarget.by_budget``; HTTP's 429 ``budget_exhausted``): printed
+    as ``Error: budget_exhausted: <message>``, exit status 3."""
+
+    exit_code = 3
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"budget_exhausted: {message}")
+
+
 def validation_message(exc: ValidationError) -> str:
     """One line for a pydantic ``ValidationError``; for ``Settings``, each bad field as its
     environment variable, e.g. ``POINTSMAN_MAX_BODY_BYTES='abc': Input should be a valid
@@ -105,4 +118,4 @@ def os_error_message(exc: OSError) -> str:
     return f"{exc.filename}: {reason}" if exc.filename else reason
 
 
-__all__ = ["CheckFailed", "ConfigProblems", "InputError", "os_error_message", "validation_message"]
+__all__ = ["BudgetRefused", "CheckFailed", "ConfigProblems", "InputError", "os_error_message", "validation_message"]

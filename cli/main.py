@@ -7,7 +7,8 @@ Subcommands live in small modules, each with ``register(group)``, attached here:
 
 Exit status (``cli.errors``: click exceptions that carry it): 0 success; 1 a check found
 problems (``CheckFailed``: ``policy check``/``policy test`` failures, a refused promotion); 2 bad
-input or usage (``InputError``, ``ConfigProblems``, click's usage errors). Errors no command catches itself —
+input or usage (``InputError``, ``ConfigProblems``, click's usage errors); 3 a budget refused the
+request (``BudgetRefused``: ``route``, as ``POST /v1/route``'s 429 ``budget_exhausted``). Errors no command catches itself —
 invalid ``POINTSMAN_*`` settings (pydantic ``ValidationError``) and file-system errors
 (``OSError``: an unwritable ``--output``/``--out``) — print one ``Error:`` line and exit 2
 (``PointsmanGroup``), never a traceback.

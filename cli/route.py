@@ -3,7 +3,8 @@
 Bad input (empty prompt, empty or malformed message file, invalid UTF-8, a missing
 file, invalid fleet or policy files, a prompt no target can take) prints one clear
 ``Error: ...`` line (config files: one line per located problem) and exits with
-status 2; never a traceback.
+status 2; never a traceback. A request a budget refuses (``POST /v1/route``'s 429
+``budget_exhausted``) prints ``Error: budget_exhausted: no eligible target: ...`` and exits with status 3.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from typing import TypedDict, TypeVar, Unpack
 import click
 from pydantic import ValidationError
 
-from pointsman.cli.errors import ConfigProblems, InputError, validation_message
+from pointsman.cli.errors import BudgetRefused, ConfigProblems, InputError, validation_message
 from pointsman.errors import BudgetError, ConfigError, DataError, RequestError
 from pointsman.json_types import JSONObject, JSONValue
 from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.decision import Decision
+from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.request import parse_route_request
 from pointsman.service.bootstrap import LoadedEngine, build_engine
 from pointsman.service.ext_proc_body import decided_body
@@ -255,6 +257,8 @@ def route_command(prompt: str | None, messages_path: Path | None, as_json: bool,
     loaded = load(settings_from(fleet_path=fleet_path, policy_path=policy_path, model=model), ledger=False)
     try:
         decision = loaded.engine.route(request, dispatch=False)
+    except NoEligibleTarget as exc:
+        raise (BudgetRefused if exc.by_budget else InputError)(str(exc)) from None
     except (RequestError, BudgetError) as exc:  # no eligible target; ledger unavailable
         raise InputError(str(exc)) from None
     finally:

@@ -434,3 +434,30 @@ def test_policy_test_counts_cases_and_unreadable_files_apart(tmp_path: Path):
     r = CliRunner().invoke(main, ["policy", "test", str(good), str(bad)])
     assert r.exit_code != 0
     assert r.stdout.splitlines()[-1] == "19 passed, 0 failed; 1 file(s) not run: their problems are listed above"
+
+
+def test_route_a_budget_refusal_says_what_http_says_and_exits_3(tmp_path: Path, monkeypatch):
+    """A tenant over its budget: ``POST /v1/route`` answers 429 ``budget_exhausted`` (a refusal a gateway
+    must not route around), and ``pointsman route`` said ``Error: no eligible target: ...`` with exit
+    status 2, as for a prompt no target can take. It says HTTP's type and message, with its own status 3
+    (``cli.errors.BudgetRefused``) -- found by the fresh-eyes tester."""
+    from fastapi.testclient import TestClient
+
+    from pointsman.service.app import create_app
+    from pointsman.service.settings import Settings
+
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:broke', window: day, limit_usd: 0}\n")
+    settings = {"data_dir": tmp_path, "budgets_path": budgets, "policy_path": STATIC_POLICY_PATH}
+    with TestClient(create_app(Settings(**settings, watch_policy=False, watch_fleet=False, watch_budgets=False,
+                                        scrape_interval_s=0))) as c:
+        refused = c.post("/v1/route", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50,
+                                            "routing": {"tenant": "broke"}})
+    assert refused.status_code == 429 and refused.json()["error"]["type"] == "budget_exhausted", refused.text
+    for name, value in settings.items():
+        monkeypatch.setenv(f"POINTSMAN_{name.upper()}", str(value))
+    r = CliRunner().invoke(main, ["route", "--tenant", "broke", "--max-tokens", "50", "hi"])
+    assert r.exit_code == 3, r.output
+    assert r.stderr == f"Error: budget_exhausted: {refused.json()['error']['message']}\n"
+    assert CliRunner().invoke(main, ["route", "--tenant", "rich", "--max-tokens", "50", "hi"]).exit_code == 0
