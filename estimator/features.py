@@ -53,7 +53,7 @@ from pointsman.estimator.token_bounds import (
     unk_id,
 )
 from pointsman.estimator.wordpiece import UnkOffsets, word_piece, word_piece_ids
-from pointsman.request import RequestView, RouteRequest
+from pointsman.request import RequestView, RouteRequest, TextPart
 from pointsman.session_texts import SESSION_TEXTS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,6 +92,9 @@ MAX_CHARS_PER_SUPPLIED_TOKEN = 16
 #: non-ASCII characters: about one per word or symbol) a supplied count may be: BPE tokenizers give
 #: 0.7-1.3 tokens per unit on prose and code, so half of them is a count of part of the prompt.
 MIN_SUPPLIED_PER_UNIT = 0.5
+#: Prompts of a batch whose tokens are bounded by counting (the longest in bytes); the others are bounded by
+#: their bytes (``longest_prompt_upper``).
+BATCH_COUNTED_PROMPTS = 4
 #: A run of over 100 characters with no ASCII whitespace: the only place a word longer than
 #: WordPiece's ``max_input_chars_per_word`` (100 for BERT's) can be (a cheap pre-check).
 _LONG_RUN = re.compile(r"[^ \t\n\r]{101,}")
@@ -107,6 +110,9 @@ class RequestFeatures:
     ``prompt_tokens_upper``: a safe-side upper bound of it (``token_bounds``; the exact count
     when supplied), what the context-window filter compares; 0 when not computed (then the count
     is the bound).
+    ``longest_prompt_tokens_upper``: for a batch (``routing.batch``: a Completions prompt list, each prompt
+    its own sequence), a safe-side upper bound of its longest prompt's tokens (``longest_prompt_upper``),
+    which the context-window filter compares instead; 0 for a request of one sequence.
     ``turns``: number of user messages. ``query_text``: the bounded window of the
     last user message that the encoder embeds (at most ``QUERY_WINDOW_CHARS`` chars).
     ``query_chars``: full length of the last user message in characters.
@@ -136,6 +142,7 @@ class RequestFeatures:
     n_tool_calls: int
     max_output_tokens: int | None
     prompt_tokens_upper: int = 0
+    longest_prompt_tokens_upper: int = 0
     context_text: str = ""
     context_chars: int = 0
     continues: RequestFeatures | None = None
@@ -424,6 +431,8 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
             else:
                 start = sum(len(t) for t in texts[:k]) + k  # each earlier text and its newline
                 query_ids = window_token_ids(encoding, joined, start, start + len(query), tokenizer)
+    batch = [p.text for p in request.batch_prompts() if isinstance(p, TextPart)]
+    longest = min(prompt_upper, longest_prompt_upper(batch, tokenizer)) if batch else 0
     context = _earlier_user_turns(request, texts, k)
     follow_up = readings and k is not None and len(query) < SHORT_TURN_CHARS
     continues = _continued(view, k, tokenizer) if follow_up and k is not None else None
@@ -433,6 +442,7 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
         prompt_chars=prompt_chars,
         prompt_tokens=prompt_tokens,
         prompt_tokens_upper=prompt_upper,
+        longest_prompt_tokens_upper=longest,
         prompt_tokens_exact=exact is not None,
         turns=sum(m.role == "user" for m in request.messages),
         n_messages=len(request.messages),
@@ -449,6 +459,17 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
         continues=continues,
         alone=alone,
     ), query_ids
+
+
+def longest_prompt_upper(prompts: list[str], tokenizer: Tokenizer | None) -> int:
+    """A safe-side upper bound of the tokens of the longest of a batch's ``prompts`` (each its own sequence),
+    chat overhead (``TOKENS_PER_MESSAGE``) included: ``count_tokens_upper`` of the ``BATCH_COUNTED_PROMPTS``
+    longest in UTF-8 bytes, and for the others their bytes (no tokenizer makes more tokens than a text has
+    bytes: a byte-level BPE token is at least one byte). Cost: that many counts (each bounded) and a byte
+    count of every prompt. ``prompts`` must not be empty."""
+    sized = sorted(((len(p.encode("utf-8")), p) for p in prompts), key=itemgetter(0), reverse=True)
+    rest = sized[BATCH_COUNTED_PROMPTS][0] if len(sized) > BATCH_COUNTED_PROMPTS else 0
+    return TOKENS_PER_MESSAGE + max(rest, *(count_tokens_upper(p, tokenizer) for _, p in sized[:BATCH_COUNTED_PROMPTS]))
 
 
 def _joined_units(view: RequestView, tools_text: str, kept: bool) -> Callable[[], int | None]:

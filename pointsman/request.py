@@ -249,6 +249,10 @@ class RoutingContext(BaseModel):
     ``prompt_tokens``: the gateway's exact prompt token count, if it has one.
     ``tenant`` / ``team``: who the request is for; budgets apply per tenant and team
     (scopes ``tenant:<tenant>``, ``team:<team>``; see ``policy/budget/``).
+    ``batch``: the request is a batch of independent prompts (a Completions ``prompt`` list, as the
+    endpoint picker reads it): the text parts of its one user message, each its own sequence on the
+    engine, so the context window must hold the longest of them (and the output cap), not all of them;
+    ``prompt_tokens`` still counts them all.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -259,12 +263,13 @@ class RoutingContext(BaseModel):
     prefix_block_hashes: list[Count | str] | None = Field(default=None, max_length=100_000)
     prompt_tokens: Count | None = Field(default=None, ge=0)
     explain: JSONBool = False
+    batch: JSONBool = False
 
     _identities = field_validator("tenant", "team", "session_id", "slo_class")(lambda cls, v: _identity(v))
 
-    @field_validator("explain", mode="before")
+    @field_validator("explain", "batch", mode="before")
     @classmethod
-    def _null_explain(cls, v: object) -> object:
+    def _null_flag(cls, v: object) -> object:
         return False if v is None else v
 
 
@@ -305,6 +310,14 @@ class RouteRequest(BaseModel):
         """True when any message carries text, an image, audio, a file or a tool call."""
         return any(m.text().strip() or m.n_images() or m.tool_calls or m.has_part(AudioPart) or m.has_part(FilePart)
                    for m in self.messages)
+
+    def batch_prompts(self) -> list[ContentPart]:
+        """The prompts of a batch (``routing.batch``): its first message's content parts (a string content is
+        one prompt); [] for a request that is no batch."""
+        if not self.routing.batch:
+            return []
+        content = self.messages[0].content
+        return [TextPart(type="text", text=content)] if isinstance(content, str) else list(content or ())
 
     def has_part(self, kind: type[AudioPart] | type[FilePart]) -> bool:
         """Whether any message has a content part of ``kind`` (``AudioPart``, ``FilePart``)."""
@@ -386,6 +399,9 @@ def parse_route_request(body: object) -> RouteRequest:
     if not request.has_content():
         raise RequestError("prompt is empty: no message has text, images, audio, files or tool calls",
                            field="messages")
+    if request.routing.batch and (len(request.messages) != 1 or request.messages[0].role != "user"
+                                  or not all(isinstance(p, TextPart) for p in request.batch_prompts())):
+        raise RequestError("a batch is one user message whose text parts are its prompts", field="routing.batch")
     if encoded:
         _keep(request, encoded)
     return request

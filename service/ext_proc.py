@@ -111,7 +111,7 @@ from pointsman.request import RouteRequest, parse_route_request
 from pointsman.service import ext_proc_wire as wire
 from pointsman.service.auth import Principal
 from pointsman.service.bodies import DISCARD_LIMIT_BYTES, decode_json
-from pointsman.service.ext_proc_body import BodyBuffer, UsageReader, chat_request, rewrite_request, with_prompt_token_ids
+from pointsman.service.ext_proc_body import BodyBuffer, UsageReader, chat_request, rewrite_request, with_completions_routing
 from pointsman.service.http_errors import HTTPError, invalid, unavailable
 from pointsman.service.keys import KeySource
 from pointsman.service.routes_decisions import commit_decision, route_async
@@ -326,7 +326,7 @@ class _Stream:
             raise HTTPError(400, "request body is not a JSON object", code="invalid_body")
         try:
             chat = routing_context(chat_request(body), self.headers, fleet.slo_classes)
-            return body, parse_route_request(with_prompt_token_ids(chat, body))
+            return body, parse_route_request(with_completions_routing(chat, body))
         except RequestError as exc:
             err = invalid(exc)
             raise HTTPError(400, err.message, param=err.param, code=err.code) from None

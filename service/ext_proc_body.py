@@ -115,8 +115,10 @@ def chat_request(body: JSONObject) -> JSONObject:
     - Completions: ``prompt`` one user message; a list of prompts is a batch, answered (and billed)
       once per prompt, so its ``n`` answers per prompt (``best_of`` when larger: generated and billed,
       ``n`` of them returned) count as ``n`` x prompts answers (at most
-      ``MAX_ANSWERS``); a prompt of token ids is read as its ids (``completions_prompts``), counted
-      exactly by ``prompt_token_ids``; a list mixing the forms is refused (``RequestError``);
+      ``MAX_ANSWERS``), and its prompts are the message's text parts, one each (``with_completions_routing``
+      marks it ``routing.batch``: each prompt is its own sequence); a prompt of token ids is read as its ids
+      (``completions_prompts``), counted exactly by ``prompt_token_ids``; a list mixing the forms is refused
+      (``RequestError``);
     - Responses (``input``): ``instructions`` a system message, ``input`` (a string, or message items
       with ``input_text`` / ``input_image`` / ``input_file`` / ``input_audio`` parts, and
       ``function_call`` / ``function_call_output`` items) the messages, ``max_output_tokens`` the cap;
@@ -138,7 +140,8 @@ def chat_request(body: JSONObject) -> JSONObject:
     if "prompt" not in body:
         return body
     texts = completions_prompts(body["prompt"])
-    out: JSONObject = {**body, "messages": [{"role": "user", "content": "\n".join(texts)}]}
+    content: JSONValue = texts[0] if len(texts) == 1 else [{"type": "text", "text": t} for t in texts]
+    out: JSONObject = {**body, "messages": [{"role": "user", "content": content}]}
     n = asked = body.get("n", 1)
     best_of = body.get("best_of")  # answers generated (and billed) server-side, n of them returned
     if _answers(best_of) and (_answers(n) or n is None) and best_of > (n or 1):
@@ -177,16 +180,22 @@ def completions_prompts(prompt: JSONValue) -> list[str]:
                        "lists (non-empty; the forms not mixed)", field="prompt")
 
 
-def with_prompt_token_ids(chat: JSONObject, body: JSONObject) -> JSONObject:
-    """``chat`` (``chat_request(body)`` with its routing context) with ``routing.prompt_tokens`` set to the
-    number of token ids ``body``'s Completions ``prompt`` carries (``prompt_token_ids``), unless the routing
-    context already has a count; ``chat`` itself otherwise."""
-    ids = prompt_token_ids(body)
-    routing = chat.get("routing")
-    routing = routing if isinstance(routing, dict) else {}
-    if ids is None or routing.get("prompt_tokens") is not None:
+def with_completions_routing(chat: JSONObject, body: JSONObject) -> JSONObject:
+    """``chat`` (``chat_request(body)`` with its routing context) with what ``body``'s Completions ``prompt``
+    tells: ``routing.batch`` for a list of prompts (``chat_request`` made them text parts), and
+    ``routing.prompt_tokens`` the number of token ids it carries (``prompt_token_ids``) unless the routing
+    context already has a count; ``chat`` itself otherwise (and for any other API's body)."""
+    if "messages" in body or "input" in body or "prompt" not in body:
         return chat
-    return {**chat, "routing": {**routing, "prompt_tokens": ids}}
+    ids = prompt_token_ids(body)
+    given = chat.get("routing")
+    routing: JSONObject = dict(given) if isinstance(given, dict) else {}
+    if ids is not None and routing.get("prompt_tokens") is None:
+        routing["prompt_tokens"] = ids
+    messages = _list(chat.get("messages"))
+    if messages and isinstance(messages[0], dict) and isinstance(messages[0].get("content"), list):
+        routing["batch"] = True
+    return {**chat, "routing": routing} if routing and (given is None or isinstance(given, dict)) else chat
 
 
 def prompt_token_ids(body: JSONObject) -> int | None:
@@ -213,13 +222,13 @@ _OTHER_API_PARTS = (frozenset(_TEXT_PARTS) | _IMAGE_PARTS | _FILE_PARTS | _AUDIO
 def decided_body(body: JSONObject) -> JSONObject:
     """The body ``POST /v1/route`` and ``pointsman route --messages`` decide on: another API's request
     (a top-level ``system``, no ``messages``, or a block of the Responses or Anthropic APIs in a message)
-    read as the endpoint picker reads it (``chat_request``, with its token ids counted:
-    ``with_prompt_token_ids``); a Chat Completions body as it is, so a part type no API has
+    read as the endpoint picker reads it (``chat_request``, with its token ids counted and its batch marked:
+    ``with_completions_routing``); a Chat Completions body as it is, so a part type no API has
     (``video``) is named by the request's validation. Raises ``RequestError`` as ``chat_request``."""
     if "system" in body or "messages" not in body or any(
             _part_type(p) in _OTHER_API_PARTS for m in _list(body["messages"]) if isinstance(m, dict)
             for p in _list(m.get("content"))):
-        return with_prompt_token_ids(chat_request(body), body)
+        return with_completions_routing(chat_request(body), body)
     return body
 
 

@@ -5,7 +5,8 @@ registered by name in ``FILTERS``; ``None`` means eligible. The policy's ``filte
 section switches each on or off (all on by default) and holds the tenant allow-lists.
 They run in this order, and the first that removes a target names it:
 
-- ``context-window``: the prompt's tokens (``request.prompt_tokens_upper``, a safe-side upper bound)
+- ``context-window``: the prompt's tokens (``request.prompt_tokens_upper``, a safe-side upper bound; for a
+  batch of prompts, each its own sequence, its longest prompt's: ``request.longest_prompt_tokens_upper``)
   plus the client's output cap (1 token when uncapped) must fit the target's ``context_window_tokens``.
 - ``capabilities``: image inputs need ``capabilities.images``, audio inputs and answers ``capabilities.audio``, file
   inputs ``capabilities.files``; tools need ``capabilities.tools``.
@@ -63,10 +64,12 @@ FilterFn = Callable[[str, "OnPremTarget | FrontierTarget", FilterContext], "str 
 
 
 def context_window(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterContext) -> str | None:
-    """Ineligible when prompt_tokens_upper (the safe-side bound of the prompt's tokens) + output cap
-    (1 if uncapped) > context_window_tokens."""
+    """Ineligible when prompt_tokens_upper (the safe-side bound of the prompt's tokens; a batch's
+    longest_prompt_tokens_upper: its prompts are separate sequences) + output cap (1 if uncapped) >
+    context_window_tokens."""
     request = ctx.request
-    prompt = max(request["prompt_tokens"], request.get("prompt_tokens_upper", 0))  # a case may set only the count
+    prompt = request.get("longest_prompt_tokens_upper") or max(  # a case may set only the count
+        request["prompt_tokens"], request.get("prompt_tokens_upper", 0))
     need = prompt + (request["max_output_tokens"] if request["max_output_tokens_set"] else 1)
     if need > target.context_window_tokens:
         return f"needs {need:,} tokens > window {target.context_window_tokens:,}"

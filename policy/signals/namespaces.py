@@ -54,6 +54,7 @@ class RequestSignals(TypedDict):
 
     prompt_tokens: int
     prompt_tokens_upper: int
+    longest_prompt_tokens_upper: int
     max_output_tokens: int
     max_output_tokens_set: bool
     turns: int
@@ -246,6 +247,10 @@ SIGNALS: dict[str, Namespace] = {
                                              "tokenizers (whitespace, out-of-vocabulary characters by their bytes, "
                                              "a byte scan of the whole text; estimator/token_bounds.py); what the "
                                              "context-window filter compares; = prompt_tokens when the gateway sends it"),
+        "longest_prompt_tokens_upper": Signal("int", "for a batch (a Completions prompt list; routing.batch), a "
+                                                     "safe-side upper bound of its longest prompt's tokens: each prompt "
+                                                     "is its own sequence, so the context-window filter compares this "
+                                                     "instead of prompt_tokens_upper; 0 for a request of one sequence"),
         "max_output_tokens": Signal("int", "the client's output cap (max_completion_tokens or max_tokens), "
                                            "else the fleet's default output estimate"),
         "max_output_tokens_set": Signal("bool", "true when the client capped the output"),
@@ -451,6 +456,7 @@ def request_signals(features: RequestFeatures, view: RequestView, default_output
     return {
         "prompt_tokens": features.prompt_tokens,
         "prompt_tokens_upper": max(features.prompt_tokens, features.prompt_tokens_upper),
+        "longest_prompt_tokens_upper": features.longest_prompt_tokens_upper,
         "max_output_tokens": cap if cap else default_output_tokens,
         "max_output_tokens_set": bool(cap),
         "turns": features.turns,
@@ -569,7 +575,7 @@ def example_signals(variables: Mapping[str, JSONValue] | None = None, targets: I
     targets = list(targets)
     return {
         "request": {
-            "prompt_tokens": 100, "prompt_tokens_upper": 100,
+            "prompt_tokens": 100, "prompt_tokens_upper": 100, "longest_prompt_tokens_upper": 0,
             "max_output_tokens": 256, "max_output_tokens_set": False, "turns": 1,
             "messages": 1, "has_tools": False, "has_images": False, "images": 0, "has_audio": False, "has_files": False,
             "has_cache_control": False, "has_cache_control_1h": False,

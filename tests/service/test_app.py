@@ -2,13 +2,19 @@
 
 import base64
 import json
+import random
+import re
 
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import given
+from hypothesis import settings as settings_
+from hypothesis import strategies as st
 
 from pointsman.estimator.estimate import FixedDifficulty
+from pointsman.estimator.features import BATCH_COUNTED_PROMPTS
 from pointsman.policy.engine import RoutingEngine
-from pointsman.policy.fleet import load_fleet
+from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
 from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
 from pointsman.service.app import create_app
 from pointsman.service.schemas import RouteResponse
@@ -151,6 +157,75 @@ def test_anthropic_responses_and_completions_bodies_are_read_with_every_prompt_t
     assert tokens({"model": "auto", "prompt": list(range(5000, 5000 + 1234)), "max_tokens": 10}) == 1234
     r = post(client, {"model": "auto", "prompt": ["text", [1, 2, 3]]})
     assert err(r)[:2] == (422, "prompt")
+
+
+def test_a_completions_batch_needs_its_longest_prompt_to_fit_the_window(client):
+    """A Completions ``prompt`` list is a batch: each prompt is its own sequence on the engine. Two prompts of
+    ~75,000 tokens were refused 422 no_eligible_target (context-window: the two joined needed ~150,000 tokens
+    > window 131,072) though each fits every target alone. The window must hold the longest prompt (and the
+    cap); the cost still counts every prompt's tokens, and a prompt over the window is still refused in a
+    batch -- found by the fresh-eyes tester."""
+    prompt = "the river runs to the sea " * 11_500  # ~74,000 tokens alone, ~75,000 at most
+
+    def decide(prompts):
+        return post(client, {"model": "auto", "prompt": prompts, "max_tokens": 100, "routing": {"explain": True}})
+
+    alone = decide(prompt)
+    assert alone.status_code == 200, alone.text
+    batch = decide([prompt, prompt[::-1]])
+    assert batch.status_code == 200, batch.text[:500]
+    assert all(c["eligible"] for c in batch.json()["trace"]["candidates"])
+    assert batch.json()["trace"]["cost"]["prompt_tokens"] >= 2 * alone.json()["trace"]["cost"]["prompt_tokens"] - 10
+    over = decide(["Name a river.", prompt + prompt])
+    assert err(over)[:2] == (422, None) and "context-window: needs" in over.json()["error"]["message"]
+    not_a_batch = post(client, {"messages": [USER, USER], "routing": {"batch": True}})
+    assert err(not_a_batch)[:2] == (422, "routing.batch")
+
+
+#: Context windows (tokens) of a fleet small enough for generated batches to cross them, by target.
+SMALL_WINDOWS = {"onprem-8b": 300, "onprem-70b": 700, "frontier-small": 1500, "frontier-large": 3000}
+
+
+@pytest.fixture(scope="module")
+def small_windows(tmp_path_factory):
+    """The app on the packaged fleet with ``SMALL_WINDOWS`` (the static policy, difficulty 0.2)."""
+    tmp = tmp_path_factory.mktemp("small-windows")
+    text = DEFAULT_FLEET_PATH.read_text()
+    for window in SMALL_WINDOWS.values():
+        text = re.sub(r"context_window_tokens: \d{6}", f"context_window_tokens: {window}", text, count=1)
+    (tmp / "fleet.yaml").write_text(text)
+    fleet = load_fleet(tmp / "fleet.yaml")
+    assert {t: fleet.targets[t].context_window_tokens for t in SMALL_WINDOWS} == SMALL_WINDOWS
+    engine = RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), FixedDifficulty(0.2))
+    with TestClient(create_app(settings(tmp), engine=engine)) as c:
+        yield c
+
+
+WORDS = ["river", "sea", "the", "42", "naïve", "{", "}", "\n", "    ", "東京", "🙂", "x" * 120]
+
+
+@settings_(max_examples=25, deadline=None)
+@given(prompts=st.lists(st.builds(lambda seed, n: " ".join(random.Random(seed).choices(WORDS, k=n)),
+                                  st.integers(0, 2**32), st.integers(1, 250)), min_size=2, max_size=7),
+       cap=st.integers(1, 400))
+def test_a_batch_fits_a_window_iff_its_longest_prompt_does(small_windows, prompts, cap):
+    """Property: a Completions batch passes a target's context-window filter iff each of its prompts sent
+    alone does (up to ``BATCH_COUNTED_PROMPTS`` prompts; past them the others are bounded by their bytes,
+    so the batch may be refused where each prompt passes, never the reverse: the safe side)."""
+    def fits(prompt):
+        r = post(small_windows, {"model": "auto", "prompt": prompt, "max_tokens": cap, "routing": {"explain": True}})
+        if r.status_code == 422:  # no target took it: the message names each one's filter
+            return {t: f"{t} (context-window" not in r.json()["error"]["message"] for t in SMALL_WINDOWS}
+        assert r.status_code == 200, r.text
+        return {c["target"]: not str(c["excluded_by"] or "").startswith("context-window")
+                for c in r.json()["trace"]["candidates"]}
+
+    batch, alone = fits(prompts), [fits(p) for p in prompts]
+    for target in SMALL_WINDOWS:
+        each = all(a[target] for a in alone)
+        assert batch[target] <= each, (target, batch, alone)  # never eligible where a prompt alone is not
+        if len(prompts) <= BATCH_COUNTED_PROMPTS:
+            assert batch[target] == each, (target, batch, alone)
 
 
 def test_an_anthropic_body_without_a_system_prompt_is_read_with_its_blocks(client):

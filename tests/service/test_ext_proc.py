@@ -799,6 +799,31 @@ def test_a_completions_batch_prompt_counts_an_answer_per_prompt(app):
     assert claims is not None and claims.output_cap_tokens == 20 * 2 * 100
 
 
+def test_a_completions_batch_needs_its_longest_prompt_to_fit_the_window(app):
+    """Two ~75,000-token prompts of one Completions batch fit every target, each prompt being its own
+    sequence: the picker refused them 503 no_eligible_target (context-window: the two joined, ~150,000
+    tokens > window 131,072), as /v1/route did. It decides now, holding every prompt's tokens; a prompt
+    over the window is still refused in a batch -- found by the fresh-eyes tester."""
+    prompt = "the river runs to the sea " * 11_500
+
+    async def scenario(stub, _):
+        out = []
+        for prompts in ([prompt, prompt[::-1]], ["Name a river.", prompt + prompt]):
+            call = stub.Process()
+            out.append(await request_phase(call, json.dumps({"model": "auto", "prompt": prompts,
+                                                             "max_tokens": 100}).encode(),
+                                           headers={**REQUEST_HEADERS, ":path": "/v1/completions"}))
+            await call.done_writing()
+        return out
+
+    batch, over = run(app, scenario)
+    assert "immediateResponse" not in batch[-1], batch[-1]
+    claims = app.state.runtime.live.engine.state.claims(set_headers(batch[0])["x-pointsman-decision-id"])
+    assert claims is not None and claims.prompt_tokens > 131_072 and claims.output_cap_tokens == 2 * 100
+    message = json.loads(base64.b64decode(over[-1]["immediateResponse"]["body"]))["error"]["message"]
+    assert "context-window: needs" in message
+
+
 def test_a_completions_best_of_counts_every_answer_generated(app):
     """Completions' ``best_of`` answers are generated and billed server-side, ``n`` of them returned: the
     hold counted ``n`` (one answer's output for ``best_of: 5``)."""
