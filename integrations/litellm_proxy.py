@@ -23,7 +23,9 @@ Per request (LiteLLM 1.110's hooks; ``litellm.integrations.custom_logger.CustomL
 1. ``async_pre_call_hook`` (chat and text completions, ``/v1/responses``, ``/v1/messages``): ``POST /v1/route`` through
    ``PointsmanClient`` with the request's messages (a text completion's prompt, a batch or token ids
    too), tools, token caps, ``n``, audio output and ``metadata.pointsman`` as the routing context
-   (``litellm_router.route_body``). The deployment is
+   (``litellm_router.route_body``; on ``/v1/messages`` and ``/v1/responses`` that ``metadata`` is the upstream
+   API's own field, of which LiteLLM 1.110 forwards only Anthropic's ``user_id`` and the Responses API's string
+   values, so the context does not reach the upstream). The deployment is
    the one serving the decision (``litellm_router.pick_deployment``: ``model_info.pointsman_target``
    or the upstream model, then the decision's ``base_url`` among several; the decision's fallbacks
    in order), looked for in the requested model group first and then in every group, so one group

@@ -80,7 +80,8 @@ class Upstream:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
                 upstream.seen.append({"path": self.path, "model": body.get("model"),
                                       "decision": self.headers.get("x-pointsman-decision-id"),
-                                      "asked": {k: body[k] for k in ("max_tokens", "temperature", "tools") if k in body}})
+                                      "asked": {k: body[k] for k in ("max_tokens", "temperature", "tools") if k in body},
+                                      "body": body})
                 asked = json.dumps(body.get("messages"))
                 content = "I'm sorry, but I cannot help with that." if "REFUSE" in asked and \
                     upstream.name.startswith("llama") else f"answer from {upstream.name}"
@@ -305,6 +306,27 @@ def test_a_messages_call_is_reported_with_its_usage(stack: dict) -> None:
     out = _outcome(stack, ups["llama-8b"].seen[-1]["decision"])
     assert (out.status, out.served_target) == ("ok", "onprem-8b")
     assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (11, 7)
+
+
+def test_a_messages_calls_routing_context_does_not_reach_the_upstream(stack: dict) -> None:
+    """An Anthropic /v1/messages call carries its routing context in ``metadata.pointsman``, and ``metadata``
+    is Anthropic's own field, which LiteLLM forwards (Anthropic's API refuses keys but ``user_id``). The
+    context routes the call (the decision is the tenant's) and does not reach the upstream: LiteLLM 1.110
+    keeps only Anthropic's ``user_id`` (``validate_anthropic_api_metadata``, for every provider) and a Chat
+    Completions upstream gets none of it. A guard: a LiteLLM that forwards the whole object fails it."""
+    ups = stack["upstreams"]
+    r = httpx.post(f"{stack['proxy']}/v1/messages", timeout=60, headers={"authorization": f"Bearer {MASTER_KEY}"},
+                   json={"model": "chat", "max_tokens": 16, "messages": [{"role": "user", "content": "Hello?"}],
+                         "metadata": {"user_id": "u-1", "pointsman": {"tenant": "messages-tenant"}}})
+    assert r.status_code == 200, r.text
+    sent = ups["llama-8b"].seen[-1]
+    assert "pointsman" not in json.dumps(sent["body"]) and "messages-tenant" not in json.dumps(sent["body"])
+    assert sent["decision"]
+    with OutcomeLog(stack["outcomes"]) as log:
+        deadline = time.monotonic() + 15
+        while (logged := log.decision(sent["decision"])) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert logged is not None and logged.tenant == "messages-tenant"
 
 
 def test_pointsman_down_fails_open_to_the_default_deployment(stack: dict) -> None:
