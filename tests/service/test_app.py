@@ -164,7 +164,8 @@ def test_a_completions_batch_needs_its_longest_prompt_to_fit_the_window(client):
     ~75,000 tokens were refused 422 no_eligible_target (context-window: the two joined needed ~150,000 tokens
     > window 131,072) though each fits every target alone. The window must hold the longest prompt (and the
     cap); the cost still counts every prompt's tokens, and a prompt over the window is still refused in a
-    batch -- found by the fresh-eyes tester."""
+    batch. Its outcome, reporting all prompts' tokens (more than one window), was refused 422 'impossible'
+    (the gateway's report lost, the spend unbooked) -- found by the fresh-eyes tester."""
     prompt = "the river runs to the sea " * 11_500  # ~74,000 tokens alone, ~75,000 at most
 
     def decide(prompts):
@@ -176,6 +177,16 @@ def test_a_completions_batch_needs_its_longest_prompt_to_fit_the_window(client):
     assert batch.status_code == 200, batch.text[:500]
     assert all(c["eligible"] for c in batch.json()["trace"]["candidates"])
     assert batch.json()["trace"]["cost"]["prompt_tokens"] >= 2 * alone.json()["trace"]["cost"]["prompt_tokens"] - 10
+    # its outcome reports every prompt's tokens, more than one window holds: possible (each sequence fits), stored
+    d = batch.json()
+    usage = {"prompt_tokens": 2 * 74_000, "completion_tokens": 200}
+    acks = client.post("/v1/outcomes", json={"decision_id": d["decision_id"], "status": "ok",
+                                             "served_target": d["target"], "usage": usage}).json()["acks"]
+    assert [a["status"] for a in acks] == ["stored"], acks
+    one = alone.json()  # a single prompt's decision reporting a batch's usage is still impossible
+    r = client.post("/v1/outcomes", json={"decision_id": one["decision_id"], "status": "ok",
+                                          "served_target": one["target"], "usage": usage})
+    assert r.status_code == 422 and "impossible" in r.text, r.text
     over = decide(["Name a river.", prompt + prompt])
     assert err(over)[:2] == (422, None) and "context-window: needs" in over.json()["error"]["message"]
     not_a_batch = post(client, {"messages": [USER, USER], "routing": {"batch": True}})
