@@ -337,14 +337,12 @@ class RouteRequest(BaseModel):
         marks = [t["cache_control"] for t in self.tools or () if isinstance(t, dict) and "cache_control" in t]
         return marks + [c for m in self.messages for c in m.cache_marks()]
 
-    def has_cache_control(self) -> bool:
-        """Whether a tool, a message or a content part marks a prompt-cache breakpoint (``cache_marks``)."""
-        return bool(self.cache_marks())
 
-    def has_cache_control_1h(self) -> bool:
-        """Whether a breakpoint asks Anthropic's 1-hour cache lifetime (``cache_control: {ttl: "1h"}``),
-        whose write is priced higher (``usd_per_1m_cache_write_1h_input_tokens``; 2 x input) than the 5-minute one."""
-        return any(isinstance(c, dict) and c.get("ttl") == "1h" for c in self.cache_marks())
+def has_1h_mark(marks: list[object]) -> bool:
+    """Whether one of the ``cache_control`` values ``marks`` (``ChatRequest.cache_marks``) asks Anthropic's 1-hour
+    cache lifetime (``cache_control: {ttl: "1h"}``), whose write is priced higher
+    (``usd_per_1m_cache_write_1h_input_tokens``; 2 x input) than the 5-minute one."""
+    return any(isinstance(c, dict) and c.get("ttl") == "1h" for c in marks)
 
 
 def _is_branch_label(item: object) -> bool:

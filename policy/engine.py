@@ -144,17 +144,19 @@ class _GrowingContext:
 
 
 def decide(fleet: Fleet, policy: CompiledPolicy, base: BaseSignals, source: SignalSource,
-           filters: dict[str, FilterFn] = FILTERS, *, lazy: bool = False) -> Outcome:
+           filters: dict[str, FilterFn] = FILTERS, *, lazy: bool = False,
+           enabled_filters: list[tuple[str, FilterFn]] | None = None) -> Outcome:
     """The policy step: eligibility filters, the ordered rules on the CEL context the policy
     reads, then the P/D mode of the chosen target and of each fallback. ``base`` holds the
     ``request`` and ``difficulty`` namespaces; ``source`` is a signal source
     (``live.LiveSignals`` or ``live.StaticSignals``). ``lazy``: the context grows rule by rule
     (``policy.rule_plans``), so signals only the rules after the deciding one read are not computed
     (the same verdict: a condition reads only what its plan names); ``Outcome.context`` then holds
-    what the evaluated rules read. Raises ``NoEligibleTarget`` when no matching rule has an
+    what the evaluated rules read. ``enabled_filters``: ``enabled(policy.filters, filters)`` when the caller
+    has it (the engine, once per policy). Raises ``NoEligibleTarget`` when no matching rule has an
     eligible target."""
     exclusions = eligibility(fleet, FilterContext(base["request"], policy.filters, source),
-                             enabled(policy.filters, filters))
+                             enabled(policy.filters, filters) if enabled_filters is None else enabled_filters)
     costs = TargetCosts(fleet, source)
     if lazy and policy.rule_plans:
         growing = _GrowingContext(policy, base, source)
@@ -338,6 +340,7 @@ class RoutingEngine:
         self.estimator = estimator
         self.state = state or FleetState(fleet)
         self.filters = filters
+        self._enabled_filters = enabled(policy.filters, filters)  # what ``decide`` runs, read once per policy
         self.picker = PICKERS[policy.selection.picker](policy.selection)
         self._turns = itertools.count()  # decisions made: tied endpoints take turns by it (pickers.MinCostPicker)
         self._tokenizer = estimator.tokenizer
@@ -411,7 +414,8 @@ class RoutingEngine:
                            gateway_ids=gateway_ids, scopes=scopes, session_id=routing.session_id or "", view=view,
                            subset=endpoint_subset, turn=next(self._turns))
         # lazily unless explaining: the trace lists every prediction the full context computes
-        outcome = decide(self.fleet, self.policy, base, live, self.filters, lazy=not routing.explain)
+        outcome = decide(self.fleet, self.policy, base, live, self.filters, lazy=not routing.explain,
+                         enabled_filters=self._enabled_filters)
         verdict = outcome.verdict
         decision_id = base_id = new_decision_id()
         candidates = [(verdict.target, outcome.mode.mode), *outcome.fallbacks]

@@ -223,6 +223,7 @@ class LiveSignals:
         self._endpoint_predicts = isinstance(plan, dict) and any(
             f is None or "predicted_ttft_s" in f or "predicted_tpot_s" in f for f in plan.values())
         self._costs: dict[tuple[str, str], CostEstimate] = {}
+        self._outputs: dict[str, int] = {}
         self._means: dict[tuple[str, str, str], float | None] = {}
         self._budget: BudgetSignals | None = None
         self._snapshot: BudgetSnapshot | None = None
@@ -249,9 +250,13 @@ class LiveSignals:
     def output_tokens(self, target: str) -> int:
         """Output tokens expected on ``target``: the request's cap, else the fleet's defaults, for each
         of its ``n`` answers (OpenAI's ``n``: every answer is decoded and billed)."""
-        r = self.request
-        answers = (self.view.request.n or 1) if self.view is not None else 1
-        return answers * self.fleet.output_tokens(target, r["max_output_tokens"] if r["max_output_tokens_set"] else None)
+        out = self._outputs.get(target)
+        if out is None:  # read ~5 times a decision (picks, cost, P/D mode, predictions): memoized
+            r = self.request
+            answers = (self.view.request.n or 1) if self.view is not None else 1
+            out = self._outputs[target] = answers * self.fleet.output_tokens(
+                target, r["max_output_tokens"] if r["max_output_tokens_set"] else None)
+        return out
 
     def lookup(self, target: str) -> PrefixLookup | None:
         """The prompt's ``PrefixLookup`` in ``target``'s index (None without hashes): what its

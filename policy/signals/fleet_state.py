@@ -110,6 +110,17 @@ class DispatchRecord:
     output_cap_tokens: int = 0
 
 
+def _with(record: DispatchRecord, **changes: object) -> DispatchRecord:
+    """``dataclasses.replace(record, **changes)`` for ``dispatch``'s path at a fraction of its cost (~1 against
+    ~7 us on 13 fields): a new record holding the same field values but ``changes`` (which must name fields;
+    ``DispatchRecord`` has no ``__post_init__`` to run)."""
+    new = object.__new__(DispatchRecord)
+    fields = new.__dict__
+    fields.update(record.__dict__)
+    fields.update(changes)
+    return new
+
+
 @dataclass(frozen=True)
 class Dispatch:
     """What ``FleetState.dispatch`` commits for one decision: the ``record`` it keeps until the
@@ -421,7 +432,7 @@ class FleetState:
         now = self.clock() if now is None else now
         record = dispatch.record
         if self.signer is not None and "." not in record.decision_id:
-            record = replace(record, decision_id=self.signer.sign(
+            record = _with(record, decision_id=self.signer.sign(
                 record.decision_id, target=record.target, mode=record.mode, scopes=record.scopes,
                 estimated_cost_usd=record.estimated_cost_usd, prefill_utilization=record.prefill_utilization,
                 decode_utilization=record.decode_utilization, inbox=self.sync.inbox,
@@ -446,7 +457,7 @@ class FleetState:
                 if not self.budget_fail_open:
                     raise
         if record.reserved != reserved:
-            record = replace(record, reserved=reserved)
+            record = _with(record, reserved=reserved)
         self._apply_dispatch(record, dispatch.block_hashes, dispatch.gateway_ids, dispatch.session_id)
         if self.sync.shared:
             self.sync.dispatch(_shared(record, self._wall_of(at)), dispatch.block_hashes, dispatch.gateway_ids,

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from typing_extensions import TypedDict
 
 from pointsman.json_types import JSONValue
-from pointsman.request import FilePart
+from pointsman.request import FilePart, has_1h_mark
 
 if TYPE_CHECKING:  # pragma: no cover
     from pointsman.estimator.estimate import DifficultyEstimate
@@ -453,6 +453,7 @@ def request_signals(features: RequestFeatures, view: RequestView, default_output
     """The ``request`` namespace for one request (see ``SIGNALS['request']`` for each field)."""
     routing, request = view.routing, view.request
     cap = features.max_output_tokens
+    marks = request.cache_marks()  # once: ``has_cache_control`` and ``has_cache_control_1h`` both read them
     return {
         "prompt_tokens": features.prompt_tokens,
         "prompt_tokens_upper": max(features.prompt_tokens, features.prompt_tokens_upper),
@@ -466,8 +467,8 @@ def request_signals(features: RequestFeatures, view: RequestView, default_output
         "images": features.n_images,
         "has_audio": request.has_audio(),
         "has_files": request.has_part(FilePart),
-        "has_cache_control": request.has_cache_control(),
-        "has_cache_control_1h": request.has_cache_control_1h(),
+        "has_cache_control": bool(marks),
+        "has_cache_control_1h": has_1h_mark(marks),
         "tenant": routing.tenant or "",
         "team": routing.team or "",
         "session_id": routing.session_id or "",
