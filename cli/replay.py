@@ -64,7 +64,7 @@ def _load_trace(path: Path, limit: int | None, start_s: float | None, end_s: flo
     if path.suffix in (".db", ".sqlite", ".sqlite3"):
         from pointsman.replay.log_trace import load_log_trace
 
-        log = load_log_trace(path, limit=limit)
+        log = load_log_trace(path, limit=limit, start_s=start_s, end_s=end_s)
         return log.requests, log.texts, log.quality
     from pointsman.datasets.traces import load_trace
 

@@ -1,13 +1,16 @@
 """Pointsman's own decision and outcome log (``outcome_log``) as a replay trace.
 
-``load_log_trace(path, limit=, since_s=, until_s=) -> LogTrace``: one ``TraceRequest`` per
-logged decision that has an outcome with a completion token count, in time order:
-arrival = decision time - the first one's, prompt tokens = the outcome's usage (else the
+``load_log_trace(path, limit=, since_s=, until_s=, start_s=, end_s=) -> LogTrace``: one
+``TraceRequest`` per logged decision that has an outcome with a completion token count, in time
+order: arrival = decision time - the first one's, prompt tokens = the outcome's usage (else the
 logged request features'), output tokens = the outcome's ``completion_tokens`` (at least
-1). ``texts[i]``: the stored prompt text as one user message when the log kept prompts
-(``store_prompts=True``), else None; ``quality[i]``: the outcome's ``judge_score`` (on its judge's
-own scale) when the gateway reported one, else None: the quality of what *did*
-run, not of what a replayed policy would pick, so it is reported separately. The log is
+1). ``since_s``/``until_s`` select decisions by Unix time; ``start_s``/``end_s`` slice as the
+other traces do (``datasets.traces``: ``start_s <= arrival < end_s``, seconds from the first
+record, arrivals not rebased; ``limit`` counts the records in the window). ``texts[i]``: the
+stored prompt text as one user message when the log kept prompts (``store_prompts=True``), else
+None; ``quality[i]``: the outcome's ``judge_score`` (on its judge's own scale) when the gateway
+reported one, else None: the quality of what *did* run, not of what a replayed policy would
+pick, so it is reported separately. The log is
 only read (its file must exist).
 """
 
@@ -33,7 +36,8 @@ class LogTrace:
 
 
 def load_log_trace(path: str | Path, *, limit: int | None = None, since_s: float | None = None,
-                   until_s: float | None = None) -> LogTrace:
+                   until_s: float | None = None, start_s: float | None = None,
+                   end_s: float | None = None) -> LogTrace:
     """Read the outcome log at ``path`` as a trace (see the module docstring). Raises
     ``DataError`` when the file does not exist or is not an outcome log."""
     path = Path(path)
@@ -56,7 +60,12 @@ def load_log_trace(path: str | Path, *, limit: int | None = None, since_s: float
                 skipped += 1
                 continue
             first = d.time_s if first is None else first
-            requests.append(TraceRequest(d.time_s - first, prompt, max(1, completion),
+            arrival_s = d.time_s - first
+            if end_s is not None and arrival_s >= end_s:
+                break
+            if start_s is not None and arrival_s < start_s:
+                continue
+            requests.append(TraceRequest(arrival_s, prompt, max(1, completion),
                                          prompt_id=d.decision_id))
             texts.append([{"role": "user", "content": d.prompt_text}] if d.prompt_text else None)
             quality.append(o.quality.judge_score)

@@ -64,3 +64,19 @@ def test_replay_cli_reads_an_outcome_log(tmp_path: Path) -> None:
     assert "logged judge_score: mean 7.000 over 3 of 3 outcomes" in res.output
     doc = json.loads((tmp_path / "out" / "report.json").read_text())
     assert doc["meta"]["logged_judge_score"].startswith("mean 7.000 over 3 of 3")
+
+
+def test_replay_slices_an_outcome_log_by_start_and_end(tmp_path: Path) -> None:
+    """--start-s/--end-s (replay and plan) slice an outcome-log trace as they slice Mooncake and Azure (seconds from the
+    first record, start <= arrival < end): they were ignored for a *.db, so the whole log replayed."""
+    make_log(tmp_path / "log.db", store_prompts=True)  # usable arrivals 0.0, 2.5 and 7.5 s
+    res = CliRunner().invoke(main, ["replay", str(tmp_path / "log.db"), "--out", str(tmp_path / "out"),
+                                    "--no-baselines", "--policy", str(STATIC_POLICY_PATH),
+                                    "--start-s", "1", "--end-s", "7.5"])
+    assert res.exit_code == 0, res.output
+    assert "over 1 of 1 outcomes" in res.output  # the logged judge scores of the window's one request
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert doc["meta"]["requests"] == 1 and doc["runs"]["static"]["summary"]["requests"] == 1
+    sliced = load_log_trace(tmp_path / "log.db", start_s=1.0, end_s=7.5)
+    assert [r.arrival_s for r in sliced.requests] == [2.5]  # not rebased, as Mooncake and Azure slices
+    assert [r.arrival_s for r in load_log_trace(tmp_path / "log.db", start_s=2.5, limit=1).requests] == [2.5]
