@@ -299,6 +299,29 @@ class _WalKeeper:
             log.warning("outcome log: checkpoint of %s failed (%s); retrying after the next commit", self.db_path, exc)
 
 
+#: Tables of Pointsman's own SQLite files that may share a file with the outcome log (the budget ledger's).
+_OWN_TABLE_PREFIXES = ("budget_", "journal")
+#: The outcome log's own tables (``_SCHEMA``).
+_OWN_TABLES = frozenset({"meta", "decisions", "outcomes", "verifications"})
+
+
+def foreign_tables(path: Path) -> list[str]:
+    """The tables of the existing SQLite file at ``path`` when it is another program's database
+    (it has tables, no ``decisions`` table and some not Pointsman's): opening it as an outcome log
+    would add the log's tables to it and switch it to WAL. Empty for a new or empty file, an outcome
+    log, or a file SQLite cannot read (the caller's open reports that). Read-only, changes nothing."""
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return []
+        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
+            names = sorted(str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+    except (OSError, sqlite3.Error):
+        return []
+    if "decisions" in names:
+        return []
+    return [n for n in names if not n.startswith(("sqlite_", *_OWN_TABLE_PREFIXES)) and n not in _OWN_TABLES]
+
+
 class OutcomeLog:
     """The decision and outcome log in one SQLite file (see the module docstring).
 
@@ -338,6 +361,10 @@ class OutcomeLog:
         self._readers: list[sqlite3.Connection] = []
         #: Why the last write failed (None after a write that succeeded): ``/readyz`` reports it.
         self.write_error: str | None = None
+        other = foreign_tables(self.path)
+        if other:
+            raise DataError(f"{self.path}: not an outcome log (it holds tables {', '.join(other[:8])}"
+                            f"{', ...' if len(other) > 8 else ''}); left untouched")
         try:
             self._conn = conn = self._connect()
             with self._lock:

@@ -80,3 +80,27 @@ def test_replay_slices_an_outcome_log_by_start_and_end(tmp_path: Path) -> None:
     sliced = load_log_trace(tmp_path / "log.db", start_s=1.0, end_s=7.5)
     assert [r.arrival_s for r in sliced.requests] == [2.5]  # not rebased, as Mooncake and Azure slices
     assert [r.arrival_s for r in load_log_trace(tmp_path / "log.db", start_s=2.5, limit=1).requests] == [2.5]
+
+
+def test_another_programs_database_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    """A *.db that is not an outcome log (here: a stand-in for MLflow's store, data/mlflow.db beside
+    data/outcomes.db) was opened as one: replay, train --from-outcomes, compare and calibrate added the
+    log's tables to it and switched it to WAL, then said 'no requests'. Now: one Error line, exit 2,
+    the file byte for byte as it was."""
+    import sqlite3
+
+    other = tmp_path / "mlflow.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE experiments (experiment_id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute("INSERT INTO experiments VALUES (0, 'Default')")
+    conn.close()
+    before = other.read_bytes()
+    for args in (["replay", str(other), "--no-baselines", "--out", str(tmp_path / "out")],
+                 ["train", "--from-outcomes", str(other), "--no-mlflow", "--output", str(tmp_path / "model")]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 2, res.output
+        assert "not an outcome log (it holds tables experiments)" in res.output
+    assert other.read_bytes() == before
+    assert not (tmp_path / "mlflow.db-wal").exists()
+    make_log(tmp_path / "log.db", store_prompts=False)  # an outcome log still opens
+    assert len(load_log_trace(tmp_path / "log.db").requests) == 3
