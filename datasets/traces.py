@@ -72,11 +72,12 @@ class TraceRequest:
 
 
 def _open_text(path: Path) -> io.TextIOBase:
-    """Open ``path`` for text reading, gunzipping ``*.gz``; raises DataError if unreadable."""
+    """Open ``path`` for text reading, gunzipping ``*.gz``, a leading UTF-8 byte-order mark dropped (as Excel
+    and PowerShell save CSV); raises DataError if unreadable."""
     try:
         if path.suffix == ".gz":
-            return gzip.open(path, "rt", encoding="utf-8", newline="")
-        return open(path, encoding="utf-8", newline="")
+            return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
+        return open(path, encoding="utf-8-sig", newline="")
     except OSError as exc:
         raise DataError(f"{path}: cannot open trace: {exc.strerror or exc}") from None
 

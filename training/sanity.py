@@ -99,7 +99,7 @@ def read_pairs(spec: str | Path = SHIPPED) -> list[SanityPair]:
     refuse (``parse_route_request``); and for an unreadable or empty file."""
     path = shipped_pairs_path() if str(spec) == SHIPPED else Path(spec)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: cannot read the pairs file ({exc})") from None
     pairs: list[SanityPair] = []

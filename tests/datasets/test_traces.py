@@ -138,3 +138,31 @@ def test_shared_traces() -> None:
     # second row: 18:15:50.9951690 - 18:15:46.6805900
     assert conv[1].arrival_s == pytest.approx(4.314579, abs=1e-9)
     assert sum(r.prompt_tokens for r in code) / len(code) == pytest.approx(2048, abs=1)
+
+
+@pytest.mark.parametrize("name", ["trace.csv", "trace.csv.gz", "trace.jsonl", "trace.jsonl.gz"])
+def test_a_byte_order_mark_is_read_past(tmp_path: Path, name: str) -> None:
+    """A trace saved with a UTF-8 byte-order mark (Excel's 'CSV UTF-8', PowerShell) is the same trace:
+    `pointsman replay` refused it (CSV: "missing column(s) 'TIMESTAMP'; header has ['\\ufeffTIMESTAMP', ...]",
+    JSONL: "invalid JSON: Unexpected UTF-8 BOM")."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+    from pointsman.policy.rules.compiler import STATIC_POLICY_PATH
+
+    if ".csv" in name:
+        text = ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,100,3\n"
+                "2023-11-16 18:17:05.0000000,200,4\n")
+    else:
+        text = '{"timestamp": 0, "input_length": 100, "output_length": 3}\n' \
+               '{"timestamp": 1500, "input_length": 200, "output_length": 4}\n'
+    raw = b"\xef\xbb\xbf" + text.encode()
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(raw) if name.endswith(".gz") else raw)
+    res = CliRunner().invoke(main, ["replay", str(path), "--estimator", "fixed:0.5", "--outcomes", "none",
+                                    "--no-baselines", "--policy", str(STATIC_POLICY_PATH),
+                                    "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert doc["meta"]["requests"] == 2 and doc["runs"]["static"]["summary"]["requests"] == 2
+    assert [r.prompt_tokens for r in load_trace(path)] == [100, 200]

@@ -106,6 +106,16 @@ def test_evaluate_pairs_on_a_small_file(tmp_path, bundled):
     assert text.output.index(wrong) > text.output.index("worst pairs")
 
 
+def test_evaluate_pairs_saved_with_a_byte_order_mark(tmp_path, bundled):
+    """A pairs file saved with a UTF-8 byte-order mark is the same file: it was refused as
+    'pairs.jsonl:1: not valid JSON (Unexpected UTF-8 BOM ...)'."""
+    path = write_pairs(tmp_path / "pairs.jsonl", [pair("chat", GREETING, PROOF, "math")])
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    res = CliRunner().invoke(cli(), ["evaluate", "--pairs", str(path), "--model", "bundled", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["n"] == 1
+
+
 def test_evaluate_the_shipped_suite(bundled):
     res = CliRunner().invoke(cli(), ["evaluate", "--pairs", "sanity", "--model", "bundled", "--json"])
     assert res.exit_code == 0, res.output
