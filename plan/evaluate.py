@@ -7,8 +7,12 @@ would (``replay.runs.replay_all`` with the same seed, prompts, outcome rows, SLO
 drafts, the policy with the shape's settings (``plan.tuning``); arrival times scaled by ``scale``
 with ``replay.goodput.scaled``) and priced:
 
-- the window's costs (``replay.summary``: on-prem GPU-hours and energy, frontier bills) times
-  ``HOURS_PER_MONTH x 3600 / window_s``: the trace's traffic as if it went on all month;
+- what the window's time costs (``replay.summary``: on-prem GPU-hours and idle power) times
+  ``HOURS_PER_MONTH x 3600 / window_s``, and what its traffic costs (frontier bills, power above
+  idle while busy; output tokens likewise) times ``HOURS_PER_MONTH x 3600 / span``, the span from
+  the first arrival to the last: the trace's traffic as if it went on all month (the window also
+  holds the drain after the last arrival, which is no traffic: dividing the bills by it priced a
+  month of a 300-request Mooncake slice, 87 s of arrivals in a 127 s window, at 69% of its traffic);
 - plus the shared KV tiers' DRAM (``plan.prices``);
 - effective price per token = the monthly total / the month's output tokens (per 1M).
 
@@ -135,10 +139,17 @@ def evaluate(inputs: PlanInputs, estimator: Estimator, shape: Shape, scale: floa
         return ShapeResult(shape, scale, label, gpus, requests=len(trace),
                            error="the replay window is 0 s (all arrivals at one instant, none served): "
                                  "no monthly cost")
+    # GPU rent and idle power are paid for the window's time; frontier bills, busy power and output
+    # tokens for the traffic, which arrives over the trace's span, not over the window's drain after it
     month = HOURS_PER_MONTH * 3600 / s.window_s
+    traffic_s = trace[-1].arrival_s - trace[0].arrival_s if trace else 0.0
+    traffic = HOURS_PER_MONTH * 3600 / traffic_s if traffic_s > 0 else month
+    busy_usd = s.onprem_busy_energy_usd
+    onprem = (s.onprem_cost_usd - busy_usd) * month + busy_usd * traffic
+    frontier = s.frontier_cost_usd * traffic
     kv = space.kv_usd_per_month(shape)
-    total = s.total_cost_usd * month + kv
-    tokens = s.output_tokens * month
+    total = onprem + frontier + kv
+    tokens = s.output_tokens * traffic
     series: dict[str, list[float]] = {}
     n = int(s.window_s // inputs.bin_s) + 1
     series["t_s"] = [i * inputs.bin_s for i in range(n)]
@@ -158,8 +169,8 @@ def evaluate(inputs: PlanInputs, estimator: Estimator, shape: Shape, scale: floa
             "ttft" if r.ttft_s > inputs.slo.ttft_s else "tpot"
         misses[r.routed_target][cause] += 1
     return ShapeResult(
-        shape, scale, label, gpus, usd_per_month=total, onprem_usd_per_month=s.onprem_cost_usd * month,
-        frontier_usd_per_month=s.frontier_cost_usd * month, kv_usd_per_month=kv,
+        shape, scale, label, gpus, usd_per_month=total, onprem_usd_per_month=onprem,
+        frontier_usd_per_month=frontier, kv_usd_per_month=kv,
         usd_per_mtok=total / tokens * 1e6 if tokens else math.nan, slo_attainment=s.slo_attainment,
         quality=s.quality, frontier_share=s.frontier_share, ttft_p99_s=s.ttft_p99_s, tpot_p99_s=s.tpot_p99_s,
         utilization=s.prefill_utilization + s.decode_utilization, prefill_utilization=s.prefill_utilization,

@@ -68,6 +68,8 @@ class Summary:
     escalated after their on-prem draft (``replay.cascade``; they count as frontier requests);
     ``escalation_delay_p50_s`` / ``_p99_s``: percentiles of their ``escalation_delay_s`` (the latency
     the cascade added: arrival to the escalated call's start), NaN without escalations.
+    ``onprem_busy_energy_usd``: the part of ``onprem_cost_usd`` that grows with the work served (the
+    energy above idle power while busy); the rest (GPU rent, idle power) grows with the window.
     """
 
     requests: int
@@ -103,6 +105,7 @@ class Summary:
     escalated: int = 0
     escalation_delay_p50_s: float = math.nan
     escalation_delay_p99_s: float = math.nan
+    onprem_busy_energy_usd: float = 0.0
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-ready dict (NaN stays NaN; ``json.dumps`` writes it as NaN)."""
@@ -131,7 +134,7 @@ def summarize(result: ReplayResult, slo: SLO | None = None,
     window_s = result.window_s
     window_h = window_s / 3600
 
-    onprem_cost = 0.0
+    onprem_cost = busy_energy_usd = 0.0
     gpu_s = 0.0
     busy_prefill_gpu_s = busy_decode_gpu_s = 0.0
     utilization: dict[str, dict[str, float]] = {}
@@ -143,6 +146,7 @@ def summarize(result: ReplayResult, slo: SLO | None = None,
         spec = t.spec_for(rs.role)
         energy_kwh = rs.gpus * (spec.gpu_idle_kw * window_h + (spec.gpu_tdp_kw - spec.gpu_idle_kw) * busy_h)
         onprem_cost += rs.gpus * window_h * t.gpu_hour_usd + energy_kwh * t.electricity_usd_per_kwh
+        busy_energy_usd += rs.gpus * (spec.gpu_tdp_kw - spec.gpu_idle_kw) * busy_h * t.electricity_usd_per_kwh
         acc = per_target[rs.target]
         acc[0] += rs.prefill_busy_s * rs.gpus
         acc[1] += rs.decode_busy_s * rs.gpus
@@ -192,6 +196,7 @@ def summarize(result: ReplayResult, slo: SLO | None = None,
         escalated=sum(r.escalated for r in done),
         escalation_delay_p50_s=_pct(delays, 50),
         escalation_delay_p99_s=_pct(delays, 99),
+        onprem_busy_energy_usd=busy_energy_usd,
     )
 
 

@@ -38,6 +38,22 @@ def _plan(tmp_path: Path, fleet: Path, policy: Path, trace: Path, *extra: str) -
     return json.loads((out / "plan.json").read_text()), result.output
 
 
+def _planned_month(summary: dict, span_s: float, kv_usd_per_month: float) -> tuple[float, float]:
+    """(USD per month, USD per 1M output tokens) of a replayed window as the plan prices a month of it
+    (plan.evaluate): its time (GPU rent, idle power) scaled by the window, its work (frontier bills,
+    busy power, output tokens) by ``span_s``, the span of the arrivals; plus the KV tier."""
+    month_s = 730 * 3600
+    busy = summary["onprem_busy_energy_usd"]
+    usd = ((summary["onprem_cost_usd"] - busy) * month_s / summary["window_s"]
+           + (busy + summary["frontier_cost_usd"]) * month_s / span_s + kv_usd_per_month)
+    return usd, usd / (summary["output_tokens"] * month_s / span_s) * 1e6
+
+
+def _span_s(trace: Path, limit: int | None = None) -> float:
+    requests = load_trace(trace, limit=limit)
+    return requests[-1].arrival_s - requests[0].arrival_s
+
+
 def test_prefill_heavy_load_gets_a_larger_prefill_pool(tmp_path: Path, plan_files: tuple[Path, Path]) -> None:
     fleet, policy = plan_files
     trace = write_trace(tmp_path / "trace.jsonl", n=160, rate_rps=10, prompt_tokens=8192, output_tokens=32)
@@ -78,7 +94,9 @@ def test_prefill_heavy_load_gets_a_larger_prefill_pool(tmp_path: Path, plan_file
     assert replayed.exit_code == 0, replayed.output
     summary = json.loads((tmp_path / "replay" / "report.json").read_text())["runs"]["policy"]["summary"]
     assert summary["slo_attainment"] == pytest.approx(rec["slo_attainment"])
-    assert summary["effective_usd_per_mtok"] == pytest.approx(rec["usd_per_mtok"], rel=1e-9)
+    # a month of the replayed window (160 arrivals at 10/s: 0 to 15.9 s)
+    assert _planned_month(summary, 15.9, rec["kv_usd_per_month"]) == pytest.approx(
+        (rec["usd_per_month"], rec["usd_per_mtok"]), rel=1e-9)
     assert summary["ttft_p99_s"] == pytest.approx(rec["ttft_p99_s"])
 
 
@@ -222,7 +240,7 @@ def test_the_plan_tunes_a_threshold_with_the_shape_and_its_policy_file_reproduce
     still everything on the frontier), 0.9 keeps the prompts on-prem, far cheaper; the plan
     recommends it, writes it into --out/policy.yaml, and `pointsman replay` with the reproduce
     command (the cascade on, as in the plan's replays) gives the plan's SLO attainment, quality and
-    $/Mtok exactly."""
+    monthly cost and $/Mtok exactly (``_planned_month``)."""
     out = tmp_path / "out"
     res = _plan_all_large(tmp_path, out, "--max-replicas", "2", "--tune", "p_hard_frontier=q0.5,0.9")
     assert res.exit_code == 0, res.output
@@ -241,7 +259,8 @@ def test_the_plan_tunes_a_threshold_with_the_shape_and_its_policy_file_reproduce
     summary = json.loads((tmp_path / "replay" / "report.json").read_text())["runs"]["policy"]["summary"]
     assert summary["slo_attainment"] == pytest.approx(rec["slo_attainment"])
     assert summary["quality"] == pytest.approx(rec["quality"])
-    assert summary["effective_usd_per_mtok"] == pytest.approx(rec["usd_per_mtok"], rel=1e-9)
+    assert _planned_month(summary, _span_s(_shared_conv(), 40), rec["kv_usd_per_month"]) == pytest.approx(
+        (rec["usd_per_month"], rec["usd_per_mtok"]), rel=1e-9)
 
 
 def test_a_price_cap_is_searched_over_the_traces_frontier_prices(tmp_path: Path) -> None:
@@ -305,7 +324,8 @@ def test_the_plan_replays_the_cascade_as_its_reproduce_command_does(tmp_path: Pa
         summary = json.loads((tmp_path / "replay" / "report.json").read_text())["runs"]["default"]["summary"]
         assert (summary["quality"] == pytest.approx(rec["quality"])) is same or summary["escalated"] == 0
         if same:
-            assert summary["effective_usd_per_mtok"] == pytest.approx(rec["usd_per_mtok"], rel=1e-9)
+            assert _planned_month(summary, _span_s(_shared_conv(), 60), rec["kv_usd_per_month"]) == pytest.approx(
+                (rec["usd_per_month"], rec["usd_per_mtok"]), rel=1e-9)
 
 
 @pytest.mark.parametrize("tune, message", [
@@ -349,3 +369,19 @@ def test_the_search_windows_quality_floor_is_scaled_to_its_prompts(tmp_path: Pat
     expected = meta["min_quality"] * all_frontier(rows[start:end]) / all_frontier(rows)
     assert meta["search_min_quality"] == pytest.approx(expected)
     assert meta["search_min_quality"] != pytest.approx(meta["min_quality"])  # the slice's draw differs
+
+
+def test_a_month_of_the_trace_bills_its_traffic_not_its_drain(tmp_path: Path, plan_files: tuple[Path, Path]) -> None:
+    """10 requests over 9 s with 2,000-token answers: the replay window runs past the last arrival while
+    the answers finish (the drain). A month of this traffic is 20,000 output tokens per 9 s; the plan
+    scaled the window's tokens and bills by the window instead, so a month held 3,258 Mtok, not 5,840,
+    and its $/Mtok read 1.74 where the traffic costs 0.99. GPU rent and idle power still pay for the
+    whole month (the window's time)."""
+    fleet, policy = plan_files
+    trace = write_trace(tmp_path / "trace.jsonl", 10, 1.0, 1024, 2000)
+    doc, _ = _plan(tmp_path, fleet, policy, trace, "--workers", "1", "--max-replicas", "2")
+    month_s = 730 * 3600
+    for r in [doc["base"], *doc["whole_trace"]]:
+        assert r["usd_per_month"] / r["usd_per_mtok"] == pytest.approx(20_000 * month_s / 9 / 1e6, rel=1e-9)
+        rent_and_idle = r["gpus"] * (2.5 + 1.275 * 0.1 * 0.1) * 730  # the packaged idle share: 10% of TDP
+        assert rent_and_idle < r["onprem_usd_per_month"] < rent_and_idle * 1.5
