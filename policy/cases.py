@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
 from pointsman.errors import PolicyError, Problem
 from pointsman.json_types import JSONValue
@@ -91,6 +91,14 @@ class CaseExpect(StrictModel):
     escalate_to: str | None = None
     verify_rule: str | None = None
 
+    @model_validator(mode="after")
+    def _expects_something(self) -> CaseExpect:
+        if all(getattr(self, name) is None for name in type(self).model_fields):
+            raise ValueError("a case must expect something (target, mode, rule, fallbacks, skipped, error, "
+                             "excluded_by, action, escalate_to or verify_rule): an empty expect passes whatever "
+                             "the policy decides")
+        return self
+
 
 class Case(StrictModel):
     """One case: ``name``, partial ``signals`` by namespace, ``expect``."""
@@ -107,7 +115,7 @@ class CasesSpec(StrictModel):
     kind: Literal["PolicyCases"]
     policy: str
     fleet: str | None = None
-    cases: list[Case]
+    cases: list[Case] = Field(min_length=1)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,29 @@ def test_a_wrong_expectation_fails_with_a_message(tmp_path: Path):
     assert r.message == "target: expected 'onprem-8b', got 'frontier-large'; rule: expected 'default', got 'hard-prompt'"
 
 
+@pytest.mark.parametrize("cases, problem", [
+    ("  - name: nothing checked\n    signals: {difficulty: {p_hard: 0.9}}\n    expect: {}\n",
+     ":7:13: invalid-value: cases[0].expect: a case must expect something"),
+    ("  - name: only nulls\n    signals: {difficulty: {p_hard: 0.9}}\n    expect: {target: null}\n",
+     ":7:13: invalid-value: cases[0].expect: a case must expect something"),
+    ("  []\n", ":5:3: invalid-value: cases: List should have at least 1 item"),
+])
+def test_a_cases_file_that_cannot_fail_is_refused(tmp_path: Path, cases: str, problem: str):
+    """`expect: {}` passed whatever the policy decided, and `cases: []` ran nothing: both printed
+    '... passed, 0 failed' and exited 0. Now a located problem and exit 1, from `policy test` and `policy check`."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    (tmp_path / "p.yaml").write_text((DEFAULT_POLICY_DIR / "static.yaml").read_text())
+    path = tmp_path / "p.cases.yaml"
+    path.write_text("apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: p.yaml\ncases:\n" + cases)
+    for command in ("test", "check"):
+        res = CliRunner().invoke(main, ["policy", command, str(tmp_path / "p.yaml") if command == "test" else str(path)])
+        assert res.exit_code == 1, res.output
+        assert f"{path}{problem}" in res.output, res.output
+
+
 def test_unknown_signal_in_a_case_is_a_located_error(tmp_path: Path):
     (tmp_path / "p.yaml").write_text((DEFAULT_POLICY_DIR / "static.yaml").read_text())
     path = tmp_path / "p.cases.yaml"
