@@ -54,7 +54,7 @@ from pointsman.errors import PolicyError, Problem
 from pointsman.json_types import JSONValue
 from pointsman.located import LocatedDocument, did_you_mean, parse_yaml, read_text, validation_problems
 from pointsman.policy.fleet import Fleet, FrontierTarget
-from pointsman.policy.rules.cel_refs import scan
+from pointsman.policy.rules.cel_refs import Token, _string_value, scan, tokenize
 from pointsman.policy.rules.closures import Condition, closure
 from pointsman.policy.rules.limits import MAX_POLICY_BYTES, MAX_YAML_NODES, check_counts
 from pointsman.policy.rules.schema import (
@@ -398,6 +398,8 @@ def _check_condition(ck: _Checker, i: int, source: str, variables: Mapping[str, 
         rewritten = rewritten[:offset] + text + rewritten[offset + length:]
     out.program = cel.compile(rewritten)
     _probe(ck, path, out.program, variables, probe_extra)
+    for problem in dict.fromkeys(m for snapshot in ck.probes(variables) for m in _mixed_equalities(rewritten, snapshot)):
+        ck.add(path, "type-error", problem)
     return out
 
 
@@ -464,6 +466,85 @@ def _probe(ck: _Checker, path: Path_, program: cel.Program, variables: Mapping[s
             ck.add(path, "not-boolean", f"condition must be true or false, but gives {type(result).__name__} "
                    f"{result!r} on a typical request")
             return
+
+
+#: Tokens that may stand right before or after an operand of ``==``/``!=`` read alone (not a sum's part).
+_APART = frozenset({"(", ")", "&&", "||", "!", "?", ":", ","})
+
+
+def _kind(value: object) -> str | None:
+    """CEL's type family of a probe value or literal: bool, number or string; None for anything else."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    return "string" if isinstance(value, str) else None
+
+
+def _mixed_equalities(source: str, snapshot: Mapping[str, object]) -> list[str]:
+    """Equalities that can never hold: a signal compared by ``==``/``!=`` with a literal of another type
+    family (``difficulty.available == "false"``, ``request.prompt_tokens == "0"``). CEL answers them
+    false (true for ``!=``) without an error, so the probe cannot see them; the signal's type is its
+    value in ``snapshot`` (a probe; a null there says nothing). Only a chain (``root.field``, ``root["key"].field``) against one
+    literal token, each operand standing apart (``_APART`` or the expression's end beyond it). Returns
+    the messages (empty when none)."""
+    tokens = tokenize(source)
+    out: list[str] = []
+    for i, tok in enumerate(tokens):
+        if tok.text not in ("==", "!="):
+            continue
+        for lit_at, other in ((i + 1, _operand(tokens, i, -1)), (i - 1, _operand(tokens, i, 1))):
+            if lit_at not in range(len(tokens)) or _operand(tokens, i, 1 if lit_at > i else -1) != [tokens[lit_at]]:
+                continue
+            lit = tokens[lit_at]
+            literal: object = None
+            if lit.kind == "str":
+                literal = _string_value(lit.text)
+            elif lit.text in ("true", "false"):
+                literal = lit.text == "true"
+            elif lit.kind == "num" and not lit.text.lower().startswith("0x") and lit.text[-1] not in "uU":
+                literal = float(lit.text)
+            path = _chain_keys(other)
+            if _kind(literal) is None or path is None:
+                continue
+            value: object = snapshot
+            for key in path:
+                value = value.get(key) if isinstance(value, Mapping) else None
+            if _kind(value) is not None and _kind(value) != _kind(literal):
+                never = "false" if tok.text == "==" else "true"
+                name = "".join(t.text for t in other)
+                out.append(f"'{name}' is a {_kind(value)} and {lit.text} a {_kind(literal)}: '{tok.text}' between them "
+                           f"is always {never} in CEL, which never converts (compare with a {_kind(value)})")
+    return out
+
+
+def _operand(tokens: list[Token], op: int, direction: int) -> list[Token]:
+    """The tokens from the operator at ``op`` to the nearest ``_APART`` token (or the end) in ``direction``
+    (-1 before it, 1 after it), in source order."""
+    j = op + direction
+    while 0 <= j < len(tokens) and tokens[j].text not in _APART:
+        j += direction
+    return tokens[j + 1:op] if direction < 0 else tokens[op + 1:j]
+
+
+def _chain_keys(part: list[Token]) -> list[str] | None:
+    """The keys of a selection chain (``a.b``, ``a["k"].m``): ``["a", "b"]``; None when ``part`` is not one."""
+    if not part or part[0].kind != "ident":
+        return None
+    path, k = [part[0].text], 1
+    while k < len(part):
+        if part[k].text == "." and k + 1 < len(part) and part[k + 1].kind == "ident":
+            path.append(part[k + 1].text)
+            k += 2
+        elif part[k].text == "[" and k + 2 < len(part) and part[k + 1].kind == "str" and part[k + 2].text == "]":
+            key = _string_value(part[k + 1].text)
+            if key is None:
+                return None
+            path.append(key)
+            k += 3
+        else:
+            return None
+    return path
 
 
 def _role(fleet: Fleet, target: str | None, mode: str) -> str:

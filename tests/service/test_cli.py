@@ -461,3 +461,27 @@ def test_route_a_budget_refusal_says_what_http_says_and_exits_3(tmp_path: Path, 
     assert r.exit_code == 3, r.output
     assert r.stderr == f"Error: budget_exhausted: {refused.json()['error']['message']}\n"
     assert CliRunner().invoke(main, ["route", "--tenant", "rich", "--max-tokens", "50", "hi"]).exit_code == 0
+
+
+def test_policy_check_refuses_an_equality_that_can_never_hold(tmp_path: Path):
+    """``difficulty.available == "false"`` (a bool against a string) passed ``policy check`` as ok, yet CEL answers
+    such an equality false without an error, so the rule never fired (``policy test`` showed the default rule):
+    the check now names it, as it does other type errors; a chain compared with a literal of its own type, a
+    comparison inside a sum and a literal in a ternary stay ok -- found by the fresh-eyes tester."""
+    never = tmp_path / "never.yaml"
+    never.write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
+                     "  - name: estimator-unavailable\n    when: 'difficulty.available == \"false\"'\n"
+                     "    route: {target: frontier-large}\n"
+                     "  - name: busy\n    when: 'request.tenant != 7 && load[\"onprem-70b\"].num_requests_waiting > 3'\n"
+                     "    route: {target: frontier-small}\n"
+                     "  - name: fine\n    when: 'difficulty.available == false || request.prompt_tokens + 1 == 2'\n"
+                     "    route: {target: onprem-70b}\n"
+                     "  - name: default\n    route: {target: onprem-8b}\n")
+    r = CliRunner().invoke(main, ["policy", "check", str(never)])
+    assert r.exit_code == 1, r.output
+    assert r.stdout.splitlines() == [
+        f"{never}:5:11: type-error: 'difficulty.available' is a bool and \"false\" a string: '==' between them is always "
+        "false in CEL, which never converts (compare with a bool)",
+        f"{never}:8:11: type-error: 'request.tenant' is a string and 7 a number: '!=' between them is always true in "
+        "CEL, which never converts (compare with a string)",
+    ]
