@@ -284,16 +284,18 @@ def parse_outcomes(body: object) -> list[OutcomeIn]:
 
 
 def check_usage_fits(usage: Usage | None, context_window_tokens: int, target: str,
-                     prefix: str = "") -> OutcomeItemError | None:
+                     prefix: str = "", decided_tokens: int = 0) -> OutcomeItemError | None:
     """Whether reported usage is possible on a target whose context window is
     ``context_window_tokens``: ``prompt_tokens + completion_tokens`` (missing counts as 0) must
-    be at most ``context_window_tokens * CONTEXT_TOLERANCE`` (tokenizers differ). Returns None when
+    be at most the larger of the window and ``decided_tokens`` (the decision's own prompt tokens and
+    output cap: a Completions batch's prompts and ``n`` answers are sequences of their own, each within
+    the window, their sum not), times ``CONTEXT_TOLERANCE`` (tokenizers differ). Returns None when
     it fits, else the ``OutcomeItemError`` naming ``usage.prompt_tokens`` or ``usage.completion_tokens``
     (whichever alone is beyond the limit) or ``usage`` (their sum), under ``prefix`` (``[3]``)."""
     if usage is None:
         return None
     prompt, completion = usage.prompt_tokens or 0, usage.completion_tokens or 0
-    limit = int(context_window_tokens * CONTEXT_TOLERANCE)
+    limit = int(max(context_window_tokens, decided_tokens) * CONTEXT_TOLERANCE)
     if prompt + completion <= limit:
         return None
     name = "usage.prompt_tokens" if prompt > limit else "usage.completion_tokens" if completion > limit else "usage"

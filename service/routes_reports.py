@@ -324,9 +324,8 @@ def _served_target(rt: Runtime, item: OutcomeIn) -> str | None:
 def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
                   escalation: tuple[str, str] | None | EllipsisType = ...) -> OutcomeItemError | None:
     """Whether ``item``'s usage is impossible on the target that served it (more tokens than its
-    ``context_window_tokens`` x ``CONTEXT_TOLERANCE``, ``check_usage_fits``, and more than its decision's
-    own prompt tokens and output cap x ``CONTEXT_TOLERANCE``: a Completions batch's prompts or ``n``
-    answers are sequences of their own, each within the window, their sum not): the error naming the fields
+    ``context_window_tokens`` and than its decision's own prompt tokens and output cap, x
+    ``CONTEXT_TOLERANCE``, ``check_usage_fits``): the error naming the fields
     (under ``prefix``, ``[3]``), else None. Unknown targets are not checked (their outcome is stored and its
     settlement says why it cannot be priced), but a non-shadow outcome's ``served_target`` the fleet does
     not have is an error: such an outcome could never settle, and its decision's budget hold and in-flight
@@ -364,9 +363,8 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
     if target is None or spec is None:
         return None
     record = rt.live.engine.state.known(item.decision_id)
-    if record is not None and total <= (record.prompt_tokens + record.output_cap_tokens) * CONTEXT_TOLERANCE:
-        return None  # the decision's own batch or n answers: every sequence fits the window, their sum need not
-    return check_usage_fits(usage, spec.context_window_tokens, target, prefix)
+    decided = 0 if record is None else record.prompt_tokens + record.output_cap_tokens
+    return check_usage_fits(usage, spec.context_window_tokens, target, prefix, decided)
 
 
 def _invalid_item(problem: OutcomeItemError) -> HTTPError:

@@ -121,7 +121,10 @@ def _first_verify(rt: Runtime, body: VerifyIn, verifier: Verifier, pending: Pend
                              "released): verify before reporting the outcome", type="conflict_error",
                         code="decision_settled", param="decision_id")
     target = engine.fleet.targets.get(decision.target)
-    impossible = check_usage_fits(body.usage, target.context_window_tokens, decision.target) if target else None
+    record = state.record(decision.decision_id)
+    decided = 0 if record is None else record.prompt_tokens + record.output_cap_tokens
+    impossible = check_usage_fits(body.usage, target.context_window_tokens, decision.target, "", decided) \
+        if target else None
     if impossible is not None:  # as POST /v1/outcomes: such usage would book dollars against the budget
         raise HTTPError(422, impossible.message, param=impossible.field, code="invalid_value")
     usage = body.usage

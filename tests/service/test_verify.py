@@ -295,6 +295,25 @@ def test_impossible_draft_usage_is_a_422_and_books_nothing(tmp_path):
         assert ok.status_code == 200 and ok.json()["draft_settlement"]["actual_cost_usd"] < 0.01
 
 
+def test_n_answers_may_add_up_past_one_window_at_the_verify(tmp_path):
+    """A request for ``n`` answers generates ``n`` sequences, each within the window; their sum need not be.
+    ``n: 8, max_tokens: 20,000`` on onprem-8b (131,072-token window) reporting 150,000 completion tokens was
+    refused 422 'impossible' at the verify (the draft then unsettled, its hold and load left); it is within the
+    decision's own output cap and settles now. Beyond the cap it is still refused."""
+    client, engine = _app(tmp_path)
+    with client:
+        body = {"model": "auto", "n": 8, "max_tokens": 20_000,
+                "messages": [{"role": "user", "content": "Explain the rules of kickball."}]}
+        d = client.post("/v1/route", json=body).json()
+        assert engine.fleet.targets[d["target"]].context_window_tokens < 150_000
+        over = client.post("/v1/verify", json={"decision_id": d["decision_id"], "draft": {"text": GOOD},
+                                               "usage": {"prompt_tokens": 12, "completion_tokens": 200_000}})
+        assert over.status_code == 422 and "impossible" in over.text, over.text
+        ok = client.post("/v1/verify", json={"decision_id": d["decision_id"], "draft": {"text": GOOD},
+                                             "usage": {"prompt_tokens": 12, "completion_tokens": 150_000}})
+        assert ok.status_code == 200 and "actual_cost_usd" in ok.json()["draft_settlement"], ok.text
+
+
 def test_cache_parts_beyond_the_prompt_are_a_422_not_an_unsettled_draft(tmp_path):
     """Usage whose cached tokens exceed the prompt cannot be priced: the verify answered 200 with a
     draft_settlement error and left the draft's hold and load in place, and a corrected verify only
