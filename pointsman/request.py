@@ -339,7 +339,7 @@ class RouteRequest(BaseModel):
 
 
 def has_1h_mark(marks: list[object]) -> bool:
-    """Whether one of the ``cache_control`` values ``marks`` (``ChatRequest.cache_marks``) asks Anthropic's 1-hour
+    """Whether one of the ``cache_control`` values ``marks`` (``RouteRequest.cache_marks``) asks Anthropic's 1-hour
     cache lifetime (``cache_control: {ttl: "1h"}``), whose write is priced higher
     (``usd_per_1m_cache_write_1h_input_tokens``; 2 x input) than the 5-minute one."""
     return any(isinstance(c, dict) and c.get("ttl") == "1h" for c in marks)
@@ -501,13 +501,6 @@ class RequestView:
         return out
 
     @cached_property
-    def conversation(self) -> str:
-        """The conversation as one string for prefix hashing: ``role\ntext\n`` per message
-        (tools declared first); two requests sharing a conversation prefix share a string prefix."""
-        tools = (f"tools\n{self.request.tools!r}\n",) if self.request.tools else ()
-        return "".join(tools + tuple(f"{m.role}\n{text}\n" for m, text in zip(self.request.messages, self.texts)))
-
-    @cached_property
     def cache_breakpoint_bytes(self) -> int:
         """Bytes of ``conversation_utf8`` up to the last ``cache_control`` breakpoint (0 when none): what a
         provider with explicit prompt caching caches. A mark on the tools ends after them; one on a message
@@ -529,8 +522,9 @@ class RequestView:
 
     @property
     def conversation_utf8(self) -> bytes:
-        """``conversation`` in UTF-8, joined from ``utf8`` (not kept: the prefix block hashes read it once;
-        ``conversation_bytes`` is its length)."""
+        """The conversation for prefix hashing, ``role\ntext\n`` per message (tools declared first), in UTF-8,
+        joined from ``utf8``: two requests sharing a conversation prefix share a byte prefix (not kept: the prefix
+        block hashes read it once; ``conversation_bytes`` is its length)."""
         return b"".join(self._segments_utf8())
 
     @cached_property

@@ -33,10 +33,20 @@ def _message(draw: st.DrawFn) -> dict[str, object]:
     return out
 
 
+def _old_segments(view: RequestView) -> tuple[str, ...]:
+    """The conversation rendered as strings (the reference): the tools declared, then ``role\ntext\n`` per message."""
+    tools = (f"tools\n{view.request.tools!r}\n",) if view.request.tools else ()
+    return tools + tuple(f"{m.role}\n{t}\n" for m, t in zip(view.request.messages, view.texts))
+
+
+def _old_conversation(view: RequestView) -> str:
+    """The conversation as one string, as prefix hashing once read it (the reference)."""
+    return "".join(_old_segments(view))
+
+
 def _old_breakpoint(view: RequestView) -> int:
     """``cache_breakpoint_bytes`` as it was computed from the rendered segments (the reference)."""
-    tools = (f"tools\n{view.request.tools!r}\n",) if view.request.tools else ()
-    segments = iter(tools + tuple(f"{m.role}\n{t}\n" for m, t in zip(view.request.messages, view.texts)))
+    segments = iter(_old_segments(view))
     end = cut = 0
     if view.request.tools:
         end = len(next(segments).encode())
@@ -59,8 +69,8 @@ def test_renderings_from_utf8_equal_the_strings_they_replace(messages, tools):
     if tools is not None:
         body["tools"] = tools
     view = RequestView.of(parse_route_request(body))
-    assert view.conversation_utf8 == view.conversation.encode("utf-8")
-    assert view.conversation_bytes == len(view.conversation.encode("utf-8"))
+    assert view.conversation_utf8 == _old_conversation(view).encode("utf-8")
+    assert view.conversation_bytes == len(_old_conversation(view).encode("utf-8"))
     assert view.prompt_sha256() == hashlib.sha256(view.transcript.encode("utf-8")).hexdigest()
     assert view.cache_breakpoint_bytes == _old_breakpoint(view)
     assert view.utf8 == tuple(t.encode("utf-8") for t in view.texts)

@@ -121,8 +121,8 @@ def test_the_new_part_of_a_follow_up_is_not_counted_cached(first, answer, follow
     req2 = parse_route_request({"messages": turn2, "routing": {"explain": True}})
     d2 = engine.route(req2)
     assert d1.target == d2.target == "onprem-8b"
-    seen = len(RequestView.of(parse_route_request({"messages": turn1})).conversation.encode())
-    total = len(RequestView.of(req2).conversation.encode())
+    seen = len(RequestView.of(parse_route_request({"messages": turn1})).conversation_utf8)
+    total = len(RequestView.of(req2).conversation_utf8)
     for pool in d2.trace["endpoints"]:
         for c in pool["candidates"]:
             assert c["local_hit_tokens"] + c["shared_hit_tokens"] <= d2.prompt_tokens
