@@ -398,7 +398,7 @@ def _check_condition(ck: _Checker, i: int, source: str, variables: Mapping[str, 
         rewritten = rewritten[:offset] + text + rewritten[offset + length:]
     out.program = cel.compile(rewritten)
     _probe(ck, path, out.program, variables, probe_extra)
-    for problem in dict.fromkeys(m for snapshot in ck.probes(variables) for m in _mixed_equalities(rewritten, snapshot)):
+    for problem in _mixed_equalities(rewritten, ck.probes(variables)):
         ck.add(path, "type-error", problem)
     return out
 
@@ -481,22 +481,23 @@ def _kind(value: object) -> str | None:
     return "string" if isinstance(value, str) else None
 
 
-def _mixed_equalities(source: str, snapshot: Mapping[str, object]) -> list[str]:
+def _mixed_equalities(source: str, snapshots: list[Snapshot]) -> list[str]:
     """Equalities that can never hold: a signal compared by ``==``/``!=`` with a literal of another type
-    family (``difficulty.available == "false"``, ``request.prompt_tokens == "0"``). CEL answers them
-    false (true for ``!=``) without an error, so the probe cannot see them; the signal's type is its
-    value in ``snapshot`` (a probe; a null there says nothing). Only a chain (``root.field``, ``root["key"].field``) against one
-    literal token, each operand standing apart (``_APART`` or the expression's end beyond it). Returns
-    the messages (empty when none)."""
+    family (``difficulty.available == "false"``, ``request.prompt_tokens == "0"``). CEL answers them false
+    (true for ``!=``) without an error, so the probe cannot see them; the signal's type is its value in
+    ``snapshots`` (the probes; a null says nothing). Only a chain (``root.field``, ``root["key"].field``)
+    against one literal token, each operand standing apart (``_APART`` or the expression's end beyond it).
+    Returns the messages, each once (empty when none)."""
     tokens = tokenize(source)
-    out: list[str] = []
+    out: dict[str, None] = {}
     for i, tok in enumerate(tokens):
         if tok.text not in ("==", "!="):
             continue
-        for lit_at, other in ((i + 1, _operand(tokens, i, -1)), (i - 1, _operand(tokens, i, 1))):
-            if lit_at not in range(len(tokens)) or _operand(tokens, i, 1 if lit_at > i else -1) != [tokens[lit_at]]:
+        left, right = _operand(tokens, i, -1), _operand(tokens, i, 1)
+        for lits, chain in ((right, left), (left, right)):
+            if len(lits) != 1:
                 continue
-            lit = tokens[lit_at]
+            lit = lits[0]
             literal: object = None
             if lit.kind == "str":
                 literal = _string_value(lit.text)
@@ -504,18 +505,19 @@ def _mixed_equalities(source: str, snapshot: Mapping[str, object]) -> list[str]:
                 literal = lit.text == "true"
             elif lit.kind == "num" and not lit.text.lower().startswith("0x") and lit.text[-1] not in "uU":
                 literal = float(lit.text)
-            path = _chain_keys(other)
+            path = _chain_keys(chain)
             if _kind(literal) is None or path is None:
                 continue
-            value: object = snapshot
-            for key in path:
-                value = value.get(key) if isinstance(value, Mapping) else None
-            if _kind(value) is not None and _kind(value) != _kind(literal):
-                never = "false" if tok.text == "==" else "true"
-                name = "".join(t.text for t in other)
-                out.append(f"'{name}' is a {_kind(value)} and {lit.text} a {_kind(literal)}: '{tok.text}' between them "
-                           f"is always {never} in CEL, which never converts (compare with a {_kind(value)})")
-    return out
+            for snapshot in snapshots:
+                value: object = snapshot
+                for key in path:
+                    value = value.get(key) if isinstance(value, Mapping) else None
+                if _kind(value) is not None and _kind(value) != _kind(literal):
+                    never = "false" if tok.text == "==" else "true"
+                    name = "".join(t.text for t in chain)
+                    out[f"'{name}' is a {_kind(value)} and {lit.text} a {_kind(literal)}: '{tok.text}' between "
+                        f"them is always {never} in CEL, which never converts (compare with a {_kind(value)})"] = None
+    return list(out)
 
 
 def _operand(tokens: list[Token], op: int, direction: int) -> list[Token]:
