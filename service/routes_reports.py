@@ -363,8 +363,7 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
     if target is None or spec is None:
         return None
     record = rt.live.engine.state.known(item.decision_id)
-    decided = 0 if record is None else record.prompt_tokens + record.output_cap_tokens
-    return check_usage_fits(usage, spec.context_window_tokens, target, prefix, decided)
+    return check_usage_fits(usage, spec.context_window_tokens, target, prefix, record.decided_tokens if record else 0)
 
 
 def _invalid_item(problem: OutcomeItemError) -> HTTPError:

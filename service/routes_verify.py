@@ -116,15 +116,14 @@ def _first_verify(rt: Runtime, body: VerifyIn, verifier: Verifier, pending: Pend
     decision = pending.decision
     engine = rt.live.engine
     state = engine.state
-    if state.record(decision.decision_id) is None:
+    record = state.record(decision.decision_id)
+    if record is None:
         raise HTTPError(409, f"decision {decision.decision_id} is already settled (its outcome arrived or it was "
                              "released): verify before reporting the outcome", type="conflict_error",
                         code="decision_settled", param="decision_id")
     target = engine.fleet.targets.get(decision.target)
-    record = state.record(decision.decision_id)
-    decided = 0 if record is None else record.prompt_tokens + record.output_cap_tokens
-    impossible = check_usage_fits(body.usage, target.context_window_tokens, decision.target, "", decided) \
-        if target else None
+    impossible = check_usage_fits(body.usage, target.context_window_tokens, decision.target, "",
+                                  record.decided_tokens) if target else None
     if impossible is not None:  # as POST /v1/outcomes: such usage would book dollars against the budget
         raise HTTPError(422, impossible.message, param=impossible.field, code="invalid_value")
     usage = body.usage

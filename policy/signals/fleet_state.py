@@ -109,6 +109,12 @@ class DispatchRecord:
     at: float
     output_cap_tokens: int = 0
 
+    @property
+    def decided_tokens(self) -> int:
+        """The tokens the decision estimated: its prompt tokens and output cap (every prompt and answer of a
+        batch or of ``n`` answers), what its usage may reach (``outcome.check_usage_fits``)."""
+        return self.prompt_tokens + self.output_cap_tokens
+
 
 def _with(record: DispatchRecord, **changes: object) -> DispatchRecord:
     """``dataclasses.replace(record, **changes)`` for ``dispatch``'s path at a fraction of its cost (~1 against
