@@ -108,6 +108,15 @@ class DifficultyEstimator:
         encoder adds special tokens and tokenizes itself)."""
         return bool(getattr(self.encoder, "takes_token_ids", False))
 
+    @property
+    def bounded_cost(self) -> bool:
+        """True when one ``estimate`` is plain arithmetic bounded by the query window
+        (``features.QUERY_WINDOW_CHARS``): the static encoder in numpy, no I/O and no transformer, at most
+        ~0.9 ms here (a follow-up's three readings of a full window). Such an estimate cannot hang, so the
+        service runs it on the event loop instead of handing it to the deadline's pool
+        (``service.deadline.DeadlineEstimator``)."""
+        return self.manifest.encoder.kind == "static"
+
     def feature_vector(self, features: RequestFeatures, query_token_ids: list[int] | None = None) -> np.ndarray:
         """The head's input for one request: float32 (1, n_features) (``estimator.head_inputs``).
         ``query_token_ids``: see ``estimate``."""

@@ -39,7 +39,7 @@ medians less so; run twice before believing a failure.
 
     python scripts/bench_decision.py [--n 1500] [--json] [--no-check] [--write-budget]
                                      [--workloads "20 words" "500 tokens"] [--profile] [--cel]
-                                     [--baseline REV [--rounds 3]] [--inline-estimator] [--no-stages]
+                                     [--baseline REV [--rounds 3]] [--no-stages]
 
 ``--baseline REV`` (with ``--rounds K``, default 3) measures the code of git revision ``REV`` against
 this checkout's, alternating: K runs of each, every run a fresh process of this script (the same
@@ -53,9 +53,7 @@ The CPU pass also reports each thread group's CPU per request (the event loop, t
 pool, the decision log writer, other threads; each thread's CPU clock). ``--profile``'s cProfile
 counts the event loop thread's CPU time (``time.thread_time``), not wall time.
 
-``--inline-estimator`` runs the estimator on the event loop's thread instead of handing it to the
-deadline's pool (``service/deadline.py``; no deadline then): what that hand-off costs, measured by
-alternating runs with and without it. ``--profile`` prints a cProfile (self time) of the CPU pass per workload. ``--cel`` also
+``--profile`` prints a cProfile (self time) of the CPU pass per workload. ``--cel`` also
 measures common-expression-language's cost per evaluation with a reused context, a dict per
 call and a context built per decision (the evaluator's choice; see ``policy/rules/evaluator.py``).
 """
@@ -336,23 +334,6 @@ async def stage_pass(app: Any, workload: str, bodies: list[bytes], n: int) -> di
     return {s: statistics.median(r.get(s, 0.0) for r in rows) * 1e6 for s in names}
 
 
-def run_estimator_inline() -> None:
-    """Make ``DeadlineEstimator.estimate`` and ``estimate_async`` call the inner estimator on the caller's
-    thread (no pool hand-off, no deadline): ``--inline-estimator``, to measure what the hand-off costs.
-    This process only."""
-    from pointsman.service.deadline import DeadlineEstimator
-
-    def estimate(self: Any, features: Any, query_token_ids: list[int] | None = None) -> Any:
-        if query_token_ids is None or self._takes_ids is None:
-            return self.inner.estimate(features)
-        return self._takes_ids.estimate(features, query_token_ids)
-
-    async def estimate_async(self: Any, features: Any, query_token_ids: list[int] | None = None) -> Any:
-        return estimate(self, features, query_token_ids)
-    DeadlineEstimator.estimate = estimate  # type: ignore[method-assign]
-    DeadlineEstimator.estimate_async = estimate_async  # type: ignore[method-assign]
-
-
 def bench(workloads: list[str], n: int, profile: bool, stages: bool = True) -> dict[str, Any]:
     """Both passes for every workload on one app (the CPU pass alone without ``stages``); the results as a dict."""
     from pointsman.service.app import create_app
@@ -515,11 +496,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="with --baseline: runs of each")
     parser.add_argument("--no-stages", action="store_true",
                         help="the CPU pass alone (no stage timers; no budget check of the stages)")
-    parser.add_argument("--inline-estimator", action="store_true",
-                        help="estimate on the event loop's thread, not the deadline's pool (measures the hand-off)")
     args = parser.parse_args()
-    if args.inline_estimator:
-        run_estimator_inline()
     if args.baseline:
         forwarded = ["--n", str(args.n), "--no-stages", "--workloads", *args.workloads]
         result = compare(args.baseline, args.rounds, forwarded)

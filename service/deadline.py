@@ -10,6 +10,11 @@ estimate is unavailable (``error`` starts with ``timeout:``), the engine decides
 ``estimate_async`` is the same for a caller on an event loop: it awaits the pool instead of
 blocking the loop (``routes_decisions.route_async``).
 
+An estimator whose ``bounded_cost`` is true (the static encoder: arithmetic over a bounded window, no
+I/O; ``DifficultyEstimator.bounded_cost``) cannot hang, so it is called on the caller's thread
+instead: the hand-off to a pool thread and back cost more CPU than such an estimate's variance
+(issue 24: 0.06 ms of CPU a decision at 20 words, 0.14 at 500 tokens, ``scripts/bench_decision.py``).
+
 At most ``executor``'s worker count estimates run at once; when every worker is stuck,
 new estimates wait in its queue, time out, and are cancelled there, so a hung estimator
 costs each decision at most ``timeout_ms`` and never grows a backlog.
@@ -187,8 +192,8 @@ class DeadlineEstimator:
     """``inner`` with a hard wall-clock budget of ``timeout_ms`` per estimate (see the module).
 
     ``estimate(features) -> DifficultyEstimate`` never raises and returns within about
-    ``timeout_ms`` (plus thread hand-off, tens of microseconds); an exception of ``inner``
-    comes back as unavailable with its text."""
+    ``timeout_ms`` (plus thread hand-off, tens of microseconds), or, ``inline``, within the inner
+    estimator's bounded cost; an exception of ``inner`` comes back as unavailable with its text."""
 
     def __init__(self, inner: Estimator, timeout_ms: float, executor: concurrent.futures.Executor) -> None:
         if not timeout_ms > 0:
@@ -198,6 +203,8 @@ class DeadlineEstimator:
         self._takes_ids: TokenIdsEstimator | None = inner if isinstance(inner, TokenIdsEstimator) else None
         self.timeout_ms = float(timeout_ms)
         self._executor = executor
+        #: Whether estimates run on the caller's thread (``inner.bounded_cost``; see the module).
+        self.inline: bool = bool(getattr(inner, "bounded_cost", False))
 
     @property
     def version(self) -> str:
@@ -241,6 +248,8 @@ class DeadlineEstimator:
         """The inner estimate, or unavailable with ``timeout: ...`` once ``timeout_ms`` passed.
         ``query_token_ids`` go to the inner estimator when given and it takes them (see
         ``takes_query_token_ids``)."""
+        if self.inline:
+            return self._inline(features, query_token_ids)
         started = time.perf_counter()
         future = self._submit(features, query_token_ids)
         if isinstance(future, DifficultyEstimate):
@@ -260,7 +269,10 @@ class DeadlineEstimator:
         requests while the pool estimates (the blocking wait held the loop for the estimate and the
         threads' hand-offs, ~50% of its time at saturation: issue 24). The same answers. The wait
         ends at the deadline (a timer on the loop; the job is dropped if no worker took it yet);
-        cancelling the caller cancels the wait as well."""
+        cancelling the caller cancels the wait as well. An estimator of bounded cost is called on the loop
+        (``inline``)."""
+        if self.inline:
+            return self._inline(features, query_token_ids)
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
         fn, args = self._call(features, query_token_ids)
@@ -285,6 +297,16 @@ class DeadlineEstimator:
             return DifficultyEstimate(None, False, elapsed, f"{type(exc).__name__}: {exc}")
         finally:
             deadline.cancel()
+
+    def _inline(self, features: RequestFeatures, query_token_ids: list[int] | None) -> DifficultyEstimate:
+        """The inner estimate on this thread (``inline``); an exception comes back as unavailable."""
+        started = time.perf_counter()
+        fn, args = self._call(features, query_token_ids)
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 - an estimator must never take a decision down
+            elapsed = (time.perf_counter() - started) * 1000.0
+            return DifficultyEstimate(None, False, elapsed, f"{type(exc).__name__}: {exc}")
 
     def _late(self, started: float) -> DifficultyEstimate:
         """The unavailable estimate of one that did not come within the budget."""

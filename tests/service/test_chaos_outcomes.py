@@ -50,7 +50,9 @@ def test_redis_sigkilled_loses_no_outcome_and_books_every_acknowledged_dollar(tm
 
 
 def test_a_sigkilled_replicas_load_is_released_within_the_reservation_ttl(tmp_path):
-    result = chaos.replica_kill(tmp_path, abandoned=10, **SHORT)
+    # a TTL of 4 s: the 10 abandoned decisions, the kill and the read must all fall within it (2 s was
+    # not always enough on a loaded machine: the first ones had expired when the survivor was read)
+    result = chaos.replica_kill(tmp_path, abandoned=10, **{**SHORT, "ttl_s": 4.0})
     assert result["survivor_inflight_at_kill"] >= 10  # the victim's abandoned decisions, counted by the survivor
     assert_conserved(result)  # ... and gone after the TTL; outcomes of its decisions settled by the survivor
 

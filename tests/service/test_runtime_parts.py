@@ -141,6 +141,60 @@ def test_deadline_on_the_event_loop_through_the_service_pool():
     assert not after.available and after.error.startswith("estimator pool unavailable")
 
 
+def test_a_bounded_estimator_runs_on_the_callers_thread_and_the_bundled_one_is_bounded(tmp_path, monkeypatch):
+    """An estimator of bounded cost (``bounded_cost``) is called on the caller's thread, sync and async, its
+    exception still an unavailable estimate; one without it goes to the pool. Through ``pointsman serve``'s
+    app the bundled (static) model is bounded, and its estimates run on the event loop's thread, never on
+    the deadline's pool, with the same ``p_hard`` as the estimator called directly."""
+    from fastapi.testclient import TestClient
+
+    from pointsman.estimator.difficulty import DifficultyEstimator
+    from pointsman.service.app import create_app
+    from pointsman.service.settings import Settings
+
+    threads: list[str] = []
+
+    class Bounded(FixedDifficulty):
+        bounded_cost = True
+
+        def estimate(self, features):
+            threads.append(threading.current_thread().name)
+            return super().estimate(features)
+
+    class BoundedBroken(Broken):
+        bounded_cost = True
+
+    pool = estimator_pool(workers=1)
+    try:
+        bounded = DeadlineEstimator(Bounded(0.3), 1000, pool)
+        assert bounded.inline and not DeadlineEstimator(Hanging(), 1000, pool).inline
+        assert bounded.estimate(None).p_hard == 0.3
+        assert asyncio.run(bounded.estimate_async(None)).p_hard == 0.3
+        assert threads == [threading.current_thread().name] * 2
+        broken = asyncio.run(DeadlineEstimator(BoundedBroken(), 1000, pool).estimate_async(None))
+        assert not broken.available and broken.error == "RuntimeError: onnx session lost"
+    finally:
+        pool.shutdown(wait=True)
+
+    seen: list[tuple[str, float | None]] = []
+    estimate = DifficultyEstimator.estimate
+
+    def recording(self, features, query_token_ids=None):
+        out = estimate(self, features, query_token_ids)
+        seen.append((threading.current_thread().name, out.p_hard))
+        return out
+    monkeypatch.setattr(DifficultyEstimator, "estimate", recording)
+    app = create_app(Settings(data_dir=tmp_path, watch_policy=False, watch_fleet=False, scrape_interval_s=0))
+    with TestClient(app) as client:
+        served = app.state.runtime.live.engine.estimator
+        assert isinstance(served, DeadlineEstimator) and served.inline and served.inner.bounded_cost
+        body = {"messages": [{"role": "user", "content": "Prove that there are infinitely many primes."}]}
+        answer = client.post("/v1/route", json=body)
+        assert answer.status_code == 200, answer.text
+    assert len(seen) == 1 and not seen[0][0].startswith("pointsman-estimator")
+    assert answer.json()["p_hard"] == pytest.approx(seen[0][1], abs=1e-6)
+
+
 def test_the_kept_decision_is_the_decision_without_its_trace_builder(engine):
     """``commit_decision`` hands the writer ``without_trace_builder(decision)``: the same as
     ``dataclasses.replace(decision, trace_builder=None)``, field by field, with and without a built trace."""
