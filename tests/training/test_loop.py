@@ -31,7 +31,8 @@ from pointsman.policy.fleet import load_fleet
 from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
 from pointsman.request import request_from_prompt
 from pointsman.training.challenger import ChallengerConfig, train_challenger
-from pointsman.training.logged_examples import holdout_mask
+from pointsman.training.logged_examples import head_matrix, holdout_mask, logged_examples
+from pointsman.training.metrics import apgr
 from pointsman.training.outcome_labels import LabelRules
 from pointsman.training.promote import Gate, alias_version, promote, rollback
 from pointsman.training.sanity import read_pairs
@@ -205,6 +206,35 @@ def test_compare_keeps_a_trained_conversation_out_when_it_comes_back_later(data,
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["n"] == held // 2 and out["excluded"]["trained_on"] == 200 - held // 2, out  # before: n = 200
+
+
+@pytest.mark.slow
+def test_train_scores_its_base_only_on_held_out_rows_the_base_did_not_learn(data, world):
+    """``train --from-outcomes --seed 1`` on top of a champion trained from the same log with seed 0:
+    the new holdout is mostly conversations the champion learned, so its "heldout_base" numbers
+    (``held-out APGR ... (base ...)``) scored the champion on its own training rows. Before, all 40
+    held-out rows were scored (base APGR as good as on training rows); now only those the champion
+    held out too, and the line says on how many."""
+    fleet, bundled, engine = world
+    log = OutcomeLog()
+    assert log_traffic(log, engine, bundled) == 200
+    res = CliRunner().invoke(cli(), ["train", "--from-outcomes", "--folds", "3"])
+    assert res.exit_code == 0, res.output
+    assert promote(log, LabelRules(), fleet, GATE).promoted
+    champion = load_estimator("champion")
+
+    res = CliRunner().invoke(cli(), ["train", "--from-outcomes", "--folds", "3", "--seed", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    metrics = json.loads(res.stdout)
+    keys = np.array([d.conversation_key for d in log.joined()], dtype=object)
+    held_now, held_before = holdout_mask(keys, seed=1), holdout_mask(keys, seed=0)
+    assert metrics["heldout/n"] == held_now.sum() > (held_now & held_before).sum() > 0
+    assert metrics["heldout_base/n"] == (held_now & held_before).sum(), metrics  # before: all held_now rows
+    ex = logged_examples(log, LabelRules(), fleet)
+    clean = holdout_mask(ex.group, seed=1) & holdout_mask(ex.group, seed=0)
+    p = champion.predict_matrix(head_matrix(ex.subset(clean), champion).X)
+    assert metrics["heldout_base/apgr"] == pytest.approx(apgr(ex.weak_score[clean], ex.strong_score[clean], p))
+    assert f"on the {int(clean.sum())} of them the base did not train on" in res.stderr
 
 
 def _free_port() -> int:
