@@ -65,6 +65,11 @@ def _load_trace(path: Path, limit: int | None, start_s: float | None, end_s: flo
         from pointsman.replay.log_trace import load_log_trace
 
         log = load_log_trace(path, limit=limit, start_s=start_s, end_s=end_s)
+        if log.skipped:
+            click.echo(f"Warning: {log.skipped} of the {log.skipped + len(log.requests)} logged decisions in the "
+                       "window have no outcome with a completion token count (never reported, or reported "
+                       "without usage): left out, so the traffic replayed is smaller than the traffic logged",
+                       err=True)
         return log.requests, log.texts, log.quality
     from pointsman.datasets.traces import load_trace
 
