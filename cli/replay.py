@@ -65,6 +65,11 @@ def _load_trace(path: Path, limit: int | None, start_s: float | None, end_s: flo
         from pointsman.replay.log_trace import load_log_trace
 
         log = load_log_trace(path, limit=limit, start_s=start_s, end_s=end_s)
+        if log.skipped:
+            click.echo(f"Warning: {log.skipped} of the {log.skipped + len(log.requests)} logged decisions in the "
+                       "window have no outcome with a completion token count (never reported, or reported "
+                       "without usage): left out, so the traffic replayed is smaller than the traffic logged",
+                       err=True)
         return log.requests, log.texts, log.quality
     from pointsman.datasets.traces import load_trace
 
@@ -223,11 +228,20 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
 def _goodput_limit(runs: list[Run], requests: list[TraceRequest], sim: SimFleet, slo: SLO, meta: ReplayMeta) -> None:
     """Where a run reaches the goal at no rate (goodput 0), say what limits it in ``meta``
     (``goodput_limit``, ``goodput_floor``: ``replay.goodput.slo_floor`` on the goodput sample)
-    instead of leaving a ratio to zero."""
+    instead of leaving a ratio to zero; where it reaches it at every rate searched, that its goodput
+    is the search's ceiling, a lower bound (``goodput_ceiling``)."""
     import dataclasses
 
     from pointsman.replay.goodput import slo_floor
 
+    capped = [r for r in runs if r.goodput is not None and r.goodput.capped]
+    if capped and capped[0].goodput is not None:
+        top = capped[0].goodput
+        meta["goodput_ceiling"] = (
+            f"{', '.join(r.name for r in capped)} meet {top.goal:.0%} SLO attainment at every rate searched, up to "
+            f"{top.max_goodput_rps / top.base_rate_rps:g}x the trace's ({top.max_goodput_rps:.2f}/s): their max "
+            f"goodput is at least that, not measured (the first {top.requests} requests do not load the fleet "
+            "enough; raise --goodput-requests)")
     zero = [r for r in runs if r.goodput is not None and r.goodput.max_goodput_rps <= 0]
     if not zero or zero[0].goodput is None:
         return

@@ -9,7 +9,9 @@ trace's mean rate N / (last - first arrival)) and the scale is searched:
 1. bracket: from x = 1, double while the attainment is at least the goal, or halve until it
    is (``min_scale`` ends the search with goodput 0);
 2. bisect in log space until the bracket is within ``rel_tol`` (5%);
-3. ``max_goodput_rps`` = the highest passing scale x the trace's mean rate.
+3. ``max_goodput_rps`` = the highest passing scale x the trace's mean rate; when every scale up
+   to ``max_scale`` passes (a sample too small or too light to load the fleet), that ceiling,
+   flagged ``capped``: a lower bound.
 
 Assumes attainment falls as the rate rises (DistServe's too); a non-monotone curve gives one
 of its crossings. Each point is one full replay of the (capped) trace with a fresh router
@@ -72,7 +74,8 @@ class GoodputResult:
     even ``min_scale`` did not); ``max_goodput_rps_per_gpu``: that / ``gpus`` (on-prem GPUs
     provisioned); ``base_rate_rps``: the trace's mean rate; ``points`` in evaluation order;
     ``requests``: simulated requests per point; ``goal``: the attainment goal; ``wall_s``: time
-    the search took."""
+    the search took; ``capped``: every scale up to ``max_scale`` passed, so ``max_goodput_rps`` is
+    the search's ceiling, a lower bound of the goodput, not a measured maximum."""
 
     max_goodput_rps: float
     max_goodput_rps_per_gpu: float
@@ -82,6 +85,7 @@ class GoodputResult:
     points: tuple[GoodputPoint, ...]
     wall_s: float
     goal: float = ATTAINMENT_GOAL
+    capped: bool = False
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-ready dict."""
@@ -180,7 +184,7 @@ def search(trace: Sequence[TraceRequest], make_router: RouterFactory, sim: SimFl
     best = lo * base if lo is not None else 0.0
     gpus = sum(t.gpus for t in sim.on_prem)
     return GoodputResult(best, best / gpus if gpus else math.nan, gpus, base, len(trace), tuple(points),
-                         time.perf_counter() - t0, goal)
+                         time.perf_counter() - t0, goal, capped=hi is None)
 
 
 @dataclass(frozen=True)

@@ -3,15 +3,15 @@
 ``load_log_trace(path, limit=, since_s=, until_s=, start_s=, end_s=) -> LogTrace``: one
 ``TraceRequest`` per logged decision that has an outcome with a completion token count, in time
 order: arrival = decision time - the first one's, prompt tokens = the outcome's usage (else the
-logged request features'), output tokens = the outcome's ``completion_tokens`` (at least
-1). ``since_s``/``until_s`` select decisions by Unix time; ``start_s``/``end_s`` slice as the
-other traces do (``datasets.traces``: ``start_s <= arrival < end_s``, seconds from the first
-record, arrivals not rebased; ``limit`` counts the records in the window). ``texts[i]``: the
-stored prompt text as one user message when the log kept prompts (``store_prompts=True``), else
-None; ``quality[i]``: the outcome's ``judge_score`` (on its judge's own scale) when the gateway
-reported one, else None: the quality of what *did* run, not of what a replayed policy would
-pick, so it is reported separately. The log is
-only read (its file must exist).
+logged request features'), output tokens = the outcome's ``completion_tokens`` (at least 1); the
+other decisions in the window are counted in ``skipped`` (the CLI warns). ``since_s``/``until_s``
+select decisions by Unix time; ``start_s``/``end_s`` slice as the other traces do
+(``datasets.traces``: ``start_s <= arrival < end_s``, seconds from the first record, arrivals not
+rebased; ``limit`` counts the records in the window). ``texts[i]``: the stored prompt text as one
+user message when the log kept prompts (``store_prompts=True``), else None; ``quality[i]``: the
+outcome's ``judge_score`` (on its judge's own scale) when the gateway reported one, else None: the
+quality of what *did* run, not of what a replayed policy would pick, so it is reported separately.
+The log is only read (its file must exist).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from pointsman.outcome_log.store import OutcomeLog
 @dataclass(frozen=True)
 class LogTrace:
     """``requests`` (``TraceRequest``, arrival order), ``texts`` and ``quality`` per request
-    (see the module docstring), ``skipped``: decisions without a usable outcome."""
+    (see the module docstring), ``skipped``: decisions in the window without a usable outcome (none
+    reported, or none with a completion token count), left out."""
 
     requests: list[TraceRequest]
     texts: list[list[dict[str, str]] | None]
@@ -49,21 +50,20 @@ def load_log_trace(path: str | Path, *, limit: int | None = None, since_s: float
     skipped = 0
     first: float | None = None
     with OutcomeLog(path) as log:
-        for d in log.joined(since_s=since_s, until_s=until_s, with_outcomes_only=True):
+        for d in log.joined(since_s=since_s, until_s=until_s):
             o = next((o for o in d.outcomes if not o.shadow and o.usage.completion_tokens is not None), None)
             completion = o.usage.completion_tokens if o is not None else None
-            if o is None or completion is None:
-                skipped += 1
-                continue
-            prompt = o.usage.prompt_tokens or int(d.request_features.get("prompt_tokens") or 0)
-            if prompt < 1:
-                skipped += 1
-                continue
-            first = d.time_s if first is None else first
-            arrival_s = d.time_s - first
+            prompt = 0 if o is None else o.usage.prompt_tokens or int(d.request_features.get("prompt_tokens") or 0)
+            usable = completion is not None and prompt >= 1
+            if usable and first is None:
+                first = d.time_s
+            arrival_s = d.time_s - first if first is not None else 0.0
             if end_s is not None and arrival_s >= end_s:
                 break
             if start_s is not None and arrival_s < start_s:
+                continue
+            if not usable or o is None or completion is None:
+                skipped += 1  # in the window, but nothing says what it cost to serve
                 continue
             requests.append(TraceRequest(arrival_s, prompt, max(1, completion),
                                          prompt_id=d.decision_id))

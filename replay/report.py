@@ -71,6 +71,7 @@ class ReplayMeta(TypedDict):
     cascade: NotRequired[str]
     skipped: NotRequired[dict[str, str]]
     goodput_limit: NotRequired[str]
+    goodput_ceiling: NotRequired[str]
     goodput_floor: NotRequired[dict[str, object]]
 
 
@@ -307,7 +308,7 @@ def report_text(runs: Sequence[Run], meta: Mapping[str, object]) -> str:
     """The comparison table, the notes of ``meta`` (block ids, goodput, skipped policies), each policy's
     requests by deciding rule (``replay.breakdown``) and, when searched, each run's goodput points."""
     lines = [format_table({r.name: r.summary for r in runs})]
-    for key in ("prefix_block_ids", "goodput", "goodput_limit"):
+    for key in ("prefix_block_ids", "goodput", "goodput_limit", "goodput_ceiling"):
         if key in meta:
             lines.append(f"\n{key.replace('_', ' ')}: {meta[key]}")
     skipped = meta.get("skipped")

@@ -35,6 +35,7 @@ import numpy as np
 from pointsman.errors import DataError
 from pointsman.estimator.feature_space import feature_space_of
 from pointsman.outcome_log.store import OutcomeLog
+from pointsman.training.compare import trained_on
 from pointsman.training.encoder_build import encoder_in
 from pointsman.training.logged_examples import head_matrix, holdout_mask, logged_examples
 from pointsman.training.metrics import label_metrics
@@ -260,8 +261,12 @@ def train_challenger(
     if hold.any():
         for k, v in label_metrics(y[hold], rows.weak_score[hold], rows.strong_score[hold], p_hold).items():
             metrics[f"heldout/{k}"] = v
-        p_base = base.predict_matrix(X[hold]).astype(np.float64)
-        for k, v in label_metrics(y[hold], rows.weak_score[hold], rows.strong_score[hold], p_base).items():
+    # the base may be a champion trained on this log with another holdout: score it only where it did not
+    base_held = hold & ~trained_on(base, rows, log)
+    if base_held.any():
+        p_base = base.predict_matrix(X[base_held]).astype(np.float64)
+        for k, v in label_metrics(y[base_held], rows.weak_score[base_held], rows.strong_score[base_held],
+                                  p_base).items():
             metrics[f"heldout_base/{k}"] = v
 
     strong = rules.strong_set(fleet)
@@ -330,8 +335,13 @@ def train_challenger(
         shutil.rmtree(work, ignore_errors=True)
         if output is None:
             model_dir = Path("")
+    base_text = f"base {metrics.get('heldout_base/apgr', float('nan')):.4f}"
+    if base_held.sum() < hold.sum():  # the same rows for both, else the numbers do not compare
+        both = label_metrics(y[base_held], rows.weak_score[base_held], rows.strong_score[base_held],
+                             p_hold[base_held[hold]])["apgr"] if base_held.any() else float("nan")
+        base_text += (f" against {both:.4f} on the {int(base_held.sum())} of them the base did not train on")
     log_fn(f"challenger {manifest.version}: held-out APGR {metrics.get('heldout/apgr', float('nan')):.4f} "
-           f"(base {metrics.get('heldout_base/apgr', float('nan')):.4f}), ECE {metrics.get('heldout/ece', float('nan')):.4f}"
+           f"({base_text}), ECE {metrics.get('heldout/ece', float('nan')):.4f}"
            f" on {int(hold.sum())} held-out decisions; {metrics['train/seconds']:.1f} s")
     return ChallengerResult(model_dir=model_dir, manifest=manifest, metrics=metrics, run=run, reports=reports)
 

@@ -2,9 +2,9 @@
 
 ``compare_models(log, rules, fleet, champion, challenger) -> Comparison``: every labeled
 logged decision that *neither* model trained on — for a model trained from the log
-(``manifest.training.source == "outcome-log"``), the decisions in its holdout fold or
-logged after its training data ended; models trained elsewhere (public tables, the
-bundled model) exclude nothing — is scored by both models through their own head
+(``manifest.training.source == "outcome-log"``), the decisions in conversations it did not
+train on (its holdout fold, or first logged after its training data ended); models trained
+elsewhere (public tables, the bundled model) exclude nothing — is scored by both models through their own head
 inputs (``training.logged_examples.head_matrix``); rows one of them cannot score are
 left out for both. The metrics: APGR and CPT(50%) of the logged weak/strong scores
 (RouteLLM), AUC against "the weak tier fell short" (``y > 0.5``), ECE against the soft
@@ -13,6 +13,7 @@ label, and a paired bootstrap interval of the APGR difference.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypedDict
@@ -110,19 +111,26 @@ def registry_version(source: str) -> str | None:
     return m.group(1) if m else None
 
 
-def trained_on(est: DifficultyEstimator, ex: LoggedExamples) -> np.ndarray:
-    """Boolean (n,): rows of ``ex`` that the model ``est`` may have trained on (see the module
-    docstring); all False for a model not trained from an outcome log. Raises ``ValueError``
-    when its manifest's holdout record is malformed."""
+def trained_on(est: DifficultyEstimator, ex: LoggedExamples, log: OutcomeLog) -> np.ndarray:
+    """Boolean (n,): rows of ``ex`` in a conversation the model ``est`` may have trained on: the
+    conversation key of a decision with outcomes in ``log`` between its training window's start
+    (``since_s``) and the end of its training data (``data_until_s``), outside its holdout fold,
+    whenever the row was logged (a repeated prompt or a later turn logged after training, inside or
+    outside the compared window, is that conversation too); all False for a model not trained from an
+    outcome log. Raises ``ValueError`` when its manifest's holdout record is malformed."""
     training = est.manifest.training
     if training.get("source") != "outcome-log":
         return np.zeros(len(ex), dtype=bool)
     h = json_object_at(training, "holdout")
-    held = holdout_mask(ex.group, int(json_number(h, "n_folds", 5)), int(json_number(h, "fold", 0)),
+    since_s = None if training.get("since_s") is None else json_number(training, "since_s")
+    until_s = (None if training.get("data_until_s") is None
+               else math.nextafter(json_number(training, "data_until_s"), math.inf))  # data_until_s is a row's time
+    keys = np.asarray([d.conversation_key for d in log.joined(since_s=since_s, until_s=until_s,
+                                                              with_outcomes_only=True)], dtype=object)
+    held = holdout_mask(keys, int(json_number(h, "n_folds", 5)), int(json_number(h, "fold", 0)),
                         int(json_number(h, "seed", 0)))
-    until = training.get("data_until_s")
-    after = ex.time_s > json_number(training, "data_until_s") if until is not None else np.zeros(len(ex), dtype=bool)
-    return ~(held | after)
+    groups = set(keys[~held])
+    return np.fromiter((g in groups for g in ex.group), dtype=bool, count=len(ex))
 
 
 def score_metrics(ex: LoggedExamples, p: np.ndarray) -> dict[str, float]:
@@ -177,7 +185,7 @@ def compare_models(log: OutcomeLog, rules: LabelRules, fleet: Fleet | None, cham
     traffic in ``[since_s, until_s)``. Raises ``DataError`` when no row is left to compare on."""
     ex = logged_examples(log, rules, fleet, since_s=since_s, until_s=until_s)
     excluded: dict[str, int] = {}
-    seen = trained_on(champion, ex) | trained_on(challenger, ex)
+    seen = trained_on(champion, ex, log) | trained_on(challenger, ex, log)
     excluded["trained_on"] = int(seen.sum())
     ex = ex.subset(~seen)
     if len(ex) == 0:

@@ -41,7 +41,7 @@ def make_log(path: Path, store_prompts: bool) -> list[str]:
 def test_logged_decisions_with_outcomes_become_requests(tmp_path: Path) -> None:
     ids = make_log(tmp_path / "log.db", store_prompts=True)
     trace = load_log_trace(tmp_path / "log.db")
-    assert trace.skipped == 0  # the decision without outcome is not even joined
+    assert trace.skipped == 1  # the decision without outcome, counted
     assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in trace.requests] == [
         (0.0, 30, 12), (2.5, 31, 40), (7.5, 33, 300)]
     assert [r.prompt_id for r in trace.requests] == [ids[0], ids[1], ids[3]]
@@ -64,6 +64,30 @@ def test_replay_cli_reads_an_outcome_log(tmp_path: Path) -> None:
     assert "logged judge_score: mean 7.000 over 3 of 3 outcomes" in res.output
     doc = json.loads((tmp_path / "out" / "report.json").read_text())
     assert doc["meta"]["logged_judge_score"].startswith("mean 7.000 over 3 of 3")
+
+
+def test_replay_says_how_many_logged_decisions_it_left_out(tmp_path: Path) -> None:
+    """A decision no outcome reports completion tokens for (never reported; an error without usage)
+    cannot be replayed; it was dropped without a word, so replay and plan sized the fleet for less
+    traffic than was logged (here 3 of 5 requests). They now warn with the count (the window's)."""
+    make_log(tmp_path / "log.db", store_prompts=False)  # 4 decisions, one without an outcome
+    fleet = load_fleet()
+    engine = RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), FixedDifficulty(0.3))
+    with OutcomeLog(tmp_path / "log.db") as log:
+        request = request_from_prompt("Failed upstream.")
+        decision = engine.route(request, dispatch=False)
+        record_decision(log, decision, request, FixedDifficulty(0.3), time_s=1010.0)
+        log.append_outcomes([{"decision_id": decision.decision_id, "status": "error", "error": "upstream 503"}])
+    res = CliRunner().invoke(main, ["replay", str(tmp_path / "log.db"), "--out", str(tmp_path / "out"),
+                                    "--no-baselines", "--policy", str(STATIC_POLICY_PATH)])
+    assert res.exit_code == 0, res.output
+    assert "replaying 3 requests" in res.stderr
+    assert "Warning: 2 of the 5 logged decisions in the window have no outcome with a completion token count" \
+        in res.stderr, res.stderr  # before: nothing
+    res = CliRunner().invoke(main, ["replay", str(tmp_path / "log.db"), "--out", str(tmp_path / "out"),
+                                    "--no-baselines", "--policy", str(STATIC_POLICY_PATH), "--end-s", "5"])
+    assert res.exit_code == 0, res.output
+    assert "replaying 2 requests" in res.stderr and "Warning" not in res.stderr  # the window holds no such one
 
 
 def test_replay_slices_an_outcome_log_by_start_and_end(tmp_path: Path) -> None:

@@ -31,6 +31,8 @@ from pointsman.policy.fleet import load_fleet
 from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
 from pointsman.request import request_from_prompt
 from pointsman.training.challenger import ChallengerConfig, train_challenger
+from pointsman.training.logged_examples import head_matrix, holdout_mask, logged_examples
+from pointsman.training.metrics import apgr
 from pointsman.training.outcome_labels import LabelRules
 from pointsman.training.promote import Gate, alias_version, promote, rollback
 from pointsman.training.sanity import read_pairs
@@ -174,6 +176,65 @@ def test_promote_refuses_a_challenger_that_ranks_the_sanity_suite_worse(data, wo
     res = CliRunner().invoke(cli(), ["promote", "--min-rows", "15", "--max-sanity-drop", "1"])
     assert res.exit_code == 0, res.output
     assert "ok: sanity concordance challenger" in res.output and alias_version(c, "champion") == "1"
+
+
+@pytest.mark.slow
+def test_compare_keeps_a_trained_conversation_out_when_it_comes_back_later(data, world):
+    """A conversation the challenger trained on, logged again after its training data ended (a repeated
+    prompt, a later turn: the same conversation key), is not held-out traffic: before, every decision
+    logged after ``data_until_s`` counted as held out, so 200 repeats of trained prompts were scored
+    beside the 1/5 truly held out, and a model looked better on rows it had learned; with ``--since`` the
+    time of the retraining, every one of them counted."""
+    fleet, bundled, engine = world
+    log = OutcomeLog()
+    assert log_traffic(log, engine, bundled) == 200
+    res = CliRunner().invoke(cli(), ["train", "--from-outcomes", "--folds", "3", "--json"])
+    assert res.exit_code == 0, res.output
+    assert log_traffic(log, engine, bundled) == 200  # the same conversations come back
+
+    res = CliRunner().invoke(cli(), ["compare", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    keys = np.array([d.conversation_key for d in log.joined()], dtype=object)
+    held = int(holdout_mask(keys).sum())  # the challenger's holdout: fold 0 of 5, seed 0
+    assert 0 < held < 400 and held % 2 == 0  # each held-out conversation twice
+    assert out["n"] == held and out["excluded"]["trained_on"] == 400 - held, out  # before: n = held / 2 + 200
+
+    times = sorted(d.time_s for d in log.joined())
+    since = repr((times[199] + times[200]) / 2)  # only the traffic logged since the challenger was trained
+    res = CliRunner().invoke(cli(), ["compare", "--json", "--since", since])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["n"] == held // 2 and out["excluded"]["trained_on"] == 200 - held // 2, out  # before: n = 200
+
+
+@pytest.mark.slow
+def test_train_scores_its_base_only_on_held_out_rows_the_base_did_not_learn(data, world):
+    """``train --from-outcomes --seed 1`` on top of a champion trained from the same log with seed 0:
+    the new holdout is mostly conversations the champion learned, so its "heldout_base" numbers
+    (``held-out APGR ... (base ...)``) scored the champion on its own training rows. Before, all 40
+    held-out rows were scored (base APGR as good as on training rows); now only those the champion
+    held out too, and the line says on how many."""
+    fleet, bundled, engine = world
+    log = OutcomeLog()
+    assert log_traffic(log, engine, bundled) == 200
+    res = CliRunner().invoke(cli(), ["train", "--from-outcomes", "--folds", "3"])
+    assert res.exit_code == 0, res.output
+    assert promote(log, LabelRules(), fleet, GATE).promoted
+    champion = load_estimator("champion")
+
+    res = CliRunner().invoke(cli(), ["train", "--from-outcomes", "--folds", "3", "--seed", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    metrics = json.loads(res.stdout)
+    keys = np.array([d.conversation_key for d in log.joined()], dtype=object)
+    held_now, held_before = holdout_mask(keys, seed=1), holdout_mask(keys, seed=0)
+    assert metrics["heldout/n"] == held_now.sum() > (held_now & held_before).sum() > 0
+    assert metrics["heldout_base/n"] == (held_now & held_before).sum(), metrics  # before: all held_now rows
+    ex = logged_examples(log, LabelRules(), fleet)
+    clean = holdout_mask(ex.group, seed=1) & holdout_mask(ex.group, seed=0)
+    p = champion.predict_matrix(head_matrix(ex.subset(clean), champion).X)
+    assert metrics["heldout_base/apgr"] == pytest.approx(apgr(ex.weak_score[clean], ex.strong_score[clean], p))
+    assert f"on the {int(clean.sum())} of them the base did not train on" in res.stderr
 
 
 def _free_port() -> int:
