@@ -222,7 +222,8 @@ def train_challenger(
     hm = head_matrix(ex, base)
     log_fn(f"outcome log {log.path}: {len(ex)} labeled decisions ({ex.signal_counts()}); "
            f"{hm.from_log} logged head inputs, {hm.reembedded} re-embedded from stored prompts, "
-           f"{hm.unusable} unusable (another encoder, no prompt text); skipped {ex.skipped}")
+           f"{hm.unusable} unusable (no head input in this model's feature space: another encoder, or "
+           f"the estimate failed or timed out; and no stored prompt text); skipped {ex.skipped}")
     rows = ex.subset(hm.rows)
     hold = holdout_mask(rows.group, cfg.holdout_folds, cfg.holdout_fold, cfg.seed)
     train_m = ~hold

@@ -125,9 +125,10 @@ def evaluate_gate(cmp: Comparison, gate: Gate,
         old, new = sanity
         lo, hi = new.ci95
         floor = old.concordance - gate.max_sanity_drop
+        allowed = "not checked: --max-sanity-drop 1" if gate.max_sanity_drop >= 1 else \
+            f"allowed down to {floor:.4f} = champion - {gate.max_sanity_drop:g}"
         sanity_msg = (f"sanity concordance challenger {new.concordance:.4f} (95% CI {lo:.4f}-{hi:.4f}) vs champion "
-                      f"{old.concordance:.4f} on {new.n} easy/hard pairs (allowed down to {floor:.4f} = champion - "
-                      f"{gate.max_sanity_drop:g})")
+                      f"{old.concordance:.4f} on {new.n} easy/hard pairs ({allowed})")
         if not new.concordance >= floor:
             reasons.append(sanity_msg + ": the challenger ranks obviously easy requests above obviously hard ones more often")
         else:
