@@ -5,15 +5,18 @@ than the frontier model's. Pipeline per request: the query window
 (``RequestFeatures.query_text``; with the conversation block, followed by earlier user
 turns) is embedded by the encoder (``encoder.onnx``), concatenated with the cheap request
 features of ``estimator.markers`` and the optional blocks of ``estimator.conversation``, and scored
-by the head (``head.onnx``, a scikit-learn model exported with skl2onnx).
+by the head (``head.onnx``, a scikit-learn model exported with skl2onnx; the linear head, the shipped
+recipe's, computed in numpy from the file's weights, ``estimator.linear_head``, any other graph on
+onnxruntime).
 
-Serving imports only onnxruntime, tokenizers, numpy and the standard library.
+Serving imports only onnxruntime, onnx, tokenizers, numpy and the standard library.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +28,7 @@ from pointsman.estimator.encoders import make_encoder, session_options
 from pointsman.estimator.estimate import DifficultyEstimate
 from pointsman.estimator.features import RequestFeatures
 from pointsman.estimator.head_inputs import HeadInputs, short_instruction
+from pointsman.estimator.linear_head import read_linear_head
 from pointsman.estimator.manifest import Manifest, content_version, read_manifest
 from pointsman.estimator.markers import FEATURE_NAMES
 
@@ -38,6 +42,20 @@ def read_alone(features: RequestFeatures) -> RequestFeatures:
     return dataclasses.replace(features, context_text="", context_chars=0, continues=None)
 
 
+class OnnxHead:
+    """A head graph other than the linear one (``linear_head.read_linear_head`` returns None: an MLP
+    ensemble) on onnxruntime: ``__call__(x float32 (n, d)) -> p_hard float32 (n,)``."""
+
+    def __init__(self, path: Path, input_name: str, output_name: str, intra_op_threads: int = 1) -> None:
+        self.session = ort.InferenceSession(str(path), sess_options=session_options(intra_op_threads),
+                                            providers=["CPUExecutionProvider"])
+        self.input_name, self.output_name = input_name, output_name
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        out = self.session.run([self.output_name], {self.input_name: np.ascontiguousarray(x, dtype=np.float32)})[0]
+        return np.asarray(out, dtype=np.float32).reshape(-1)
+
+
 class DifficultyEstimator:
     """Scores requests with the model in one model directory (see ``estimator.manifest``).
 
@@ -49,6 +67,8 @@ class DifficultyEstimator:
     ``timeout_ms``: time budget per ``estimate`` call; an estimate that overruns it is
     returned as unavailable (``error="timeout: ..."``). ``None`` disables the budget.
     ``intra_op_threads``: onnxruntime threads per session (1 for in-process serving).
+    ``head``: ``p_hard`` of head inputs, float32 (n, d) -> (n,): a ``linear_head.LinearHead`` (numpy) for
+    the graph ``export.export_head`` writes for a logistic ranker, else an ``OnnxHead``.
 
     Raises ``ModelNotFoundError`` when the directory is not a valid model directory, its files'
     content version (``manifest.content_version``) is not the manifest's ``version``, or the
@@ -87,17 +107,13 @@ class DifficultyEstimator:
         self.blocks: tuple[str, ...] = blocks
         try:
             self.encoder = make_encoder(self.model_dir, spec, intra_op_threads)
-            self._head = ort.InferenceSession(
-                str(self.model_dir / self.manifest.head.file),
-                sess_options=session_options(intra_op_threads),
-                providers=["CPUExecutionProvider"],
-            )
+            head_path = self.model_dir / self.manifest.head.file
+            self.head: Callable[[np.ndarray], np.ndarray] = read_linear_head(head_path) or OnnxHead(
+                head_path, self.manifest.head.input, self.manifest.head.output, intra_op_threads)
         except Exception as exc:  # onnxruntime raises its own exception types for corrupt files
             raise ModelNotFoundError(f"{self.model_dir}: cannot load ONNX model ({type(exc).__name__}: {exc})") from None
         self.tokenizer = self.encoder.tokenizer
         self._inputs = HeadInputs(self.encoder, blocks, self.manifest.head.pooling)
-        self._head_in = self.manifest.head.input
-        self._head_out = self.manifest.head.output
 
     def __repr__(self) -> str:
         return f"DifficultyEstimator(version={self.version!r}, encoder={self.manifest.encoder.kind!r}, source={self.source!r})"
@@ -147,7 +163,7 @@ class DifficultyEstimator:
                 ids = query_token_ids if features.continues is None and self.takes_query_token_ids else None
                 x = np.vstack([x, self._inputs.whole(x[:1], whole, ids)])  # x[0] is ``whole``'s pooled reading
                 readings.append("whole")
-            ps = self._head.run([self._head_out], {self._head_in: x})[0].reshape(-1)
+            ps = self.head(x)
             best = int(np.argmax(ps))
             p, x = float(ps[best]), x[best:best + 1]
             reading = readings[best]
@@ -177,8 +193,7 @@ class DifficultyEstimator:
         """``p_hard`` for precomputed head inputs ``x`` float32 (n, n_features): float32 (n,)."""
         if len(x) == 0:
             return np.zeros(0, dtype=np.float32)
-        out = self._head.run([self._head_out], {self._head_in: np.ascontiguousarray(x, dtype=np.float32)})[0]
-        return np.asarray(out, dtype=np.float32).reshape(-1)
+        return self.head(np.asarray(x, dtype=np.float32))
 
     def estimate_batch(self, features: list[RequestFeatures]) -> np.ndarray:
         """``p_hard`` for many requests (evaluation): float32 (n,), each as ``estimate`` scores it (a

@@ -172,6 +172,8 @@ def export_head(head: DifficultyHead, n_features: int, path: str | Path) -> Head
     from skl2onnx import convert_sklearn
     from skl2onnx.common.data_types import FloatTensorType
 
+    from pointsman.estimator.linear_head import head_tail_nodes
+
     ranker = head.ranker_
     onx = convert_sklearn(
         ranker,
@@ -190,7 +192,6 @@ def export_head(head: DifficultyHead, n_features: int, path: str | Path) -> Head
         "ph_slope": np.array(head.calibration_slope_, dtype=np.float32),
         "ph_intercept": np.array(head.calibration_intercept_, dtype=np.float32),
     }
-    nodes = [helper.make_node("Gather", [prob_name, "ph_index1"], ["ph_q"], axis=1)]
     if head.gate_coef_ is not None:  # q lowered by the gate, exactly as DifficultyHead._gated
         consts.update({
             "gate_coef": np.asarray(head.gate_coef_, dtype=np.float32).reshape(-1, 1),
@@ -198,33 +199,8 @@ def export_head(head: DifficultyHead, n_features: int, path: str | Path) -> Head
             "gate_weight": np.array(head.gate_weight, dtype=np.float32),
             "gate_axes": np.array([1], dtype=np.int64),
         })
-        nodes += [
-            helper.make_node("Clip", ["ph_q", "ph_lo", "ph_hi"], ["gate_qc"]),
-            helper.make_node("Sub", ["ph_one", "gate_qc"], ["gate_q0"]),
-            helper.make_node("Div", ["gate_qc", "gate_q0"], ["gate_odds"]),
-            helper.make_node("Log", ["gate_odds"], ["gate_logit"]),
-            helper.make_node("MatMul", ["features", "gate_coef"], ["gate_g2"]),
-            helper.make_node("Squeeze", ["gate_g2", "gate_axes"], ["gate_g"]),
-            helper.make_node("Add", ["gate_g", "gate_bias"], ["gate_gs"]),
-            helper.make_node("Neg", ["gate_gs"], ["gate_neg"]),
-            helper.make_node("Softplus", ["gate_neg"], ["gate_sp"]),
-            helper.make_node("Mul", ["gate_sp", "gate_weight"], ["gate_pen"]),
-            helper.make_node("Sub", ["gate_logit", "gate_pen"], ["gate_z"]),
-            helper.make_node("Sigmoid", ["gate_z"], ["ph_qg"]),
-        ]
-    q = "ph_qg" if head.gate_coef_ is not None else "ph_q"
     graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
-    graph.node.extend(
-        nodes + [
-            helper.make_node("Clip", [q, "ph_lo", "ph_hi"], ["ph_qc"]),
-            helper.make_node("Sub", ["ph_one", "ph_qc"], ["ph_q0"]),
-            helper.make_node("Div", ["ph_qc", "ph_q0"], ["ph_odds"]),
-            helper.make_node("Log", ["ph_odds"], ["ph_logit"]),
-            helper.make_node("Mul", ["ph_logit", "ph_slope"], ["ph_scaled"]),
-            helper.make_node("Add", ["ph_scaled", "ph_intercept"], ["ph_z"]),
-            helper.make_node("Sigmoid", ["ph_z"], ["p_hard"]),
-        ]
-    )
+    graph.node.extend(head_tail_nodes(prob_name, head.gate_coef_ is not None))
     del graph.output[:]
     graph.output.append(helper.make_tensor_value_info("p_hard", TensorProto.FLOAT, [None]))
     onnx.checker.check_model(onx)

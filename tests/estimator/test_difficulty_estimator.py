@@ -101,11 +101,11 @@ def test_failures_and_overruns_come_back_unavailable(est):
     assert not r.available and r.p_hard is None and r.error.startswith("timeout")
 
     class Broken:
-        def run(self, *a, **k):
+        def __call__(self, x):
             raise RuntimeError("onnx exploded")
 
     broken = load_estimator("bundled")
-    broken._head = Broken()
+    broken.head = Broken()
     r = broken.estimate(f)
     assert not r.available and "onnx exploded" in r.error and r.latency_ms >= 0
     # a malformed features object (not a valid RequestFeatures) also does not raise
