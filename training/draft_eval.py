@@ -41,8 +41,9 @@ import numpy as np
 from pointsman.datasets.drafts import read_drafts
 from pointsman.datasets.outcome_tables import read_outcome_table
 from pointsman.errors import DataError, RequestError
-from pointsman.estimator.draft import Draft, draft_features, draft_prefix
+from pointsman.estimator.draft import Draft, draft_features, draft_prefix, prompt_of
 from pointsman.estimator.verifier import HeuristicVerifier, OnnxVerifier
+from pointsman.request import RequestView, parse_route_request
 from pointsman.training.evaluate import TableScorer
 from pointsman.training.examples import features_for_messages
 from pointsman.training.metrics import apgr, cpt, roc_auc, weak_worse
@@ -87,14 +88,15 @@ def draft_matrix(estimator: TableScorer, table: str | Path, weak: str, strong: s
                  p_hard_of: Mapping[str, float] | None = None, prefix_tokens: int | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """``(X, weak scores, strong scores, p_hard, prompt ids)`` over the rows with a prompt, both
-    scores and a draft: ``X`` float32 (n, len(FEATURE_NAMES)) of draft features. ``p_hard_of``:
+    scores and a draft: ``X`` float32 (n, len(FEATURE_NAMES)) of draft features (with the row's
+    prompt, its last user message, as ``POST /v1/verify`` reads the decision's). ``p_hard_of``:
     each prompt id's ``p_hard`` (rows without one are left out), instead of the estimator's.
     ``prefix_tokens`` N: each draft cut to its first N tokens as early verification sees it
     (``estimator.draft.draft_prefix``); None: the whole draft. Raises ``DataError``."""
     t = read_outcome_table(table)
     answers = read_drafts(drafts, weak)
     w_all, s_all = t.scores(weak), t.scores(strong)
-    rows, feats, texts = [], [], []
+    rows, feats, texts, prompts = [], [], [], []
     for i, (pid, messages) in enumerate(zip(t.prompt_ids, t.messages)):
         if pid not in answers or np.isnan(w_all[i]) or np.isnan(s_all[i]) or (p_hard_of is not None
                                                                              and pid not in p_hard_of):
@@ -103,6 +105,7 @@ def draft_matrix(estimator: TableScorer, table: str | Path, weak: str, strong: s
             feats.append(features_for_messages(messages, estimator.tokenizer))
         except RequestError:
             continue
+        prompts.append(prompt_of(RequestView.of(parse_route_request({"messages": messages}))))
         rows.append(i)
         texts.append(answers[pid])
     if len(rows) < 10:
@@ -113,8 +116,8 @@ def draft_matrix(estimator: TableScorer, table: str | Path, weak: str, strong: s
     else:
         p_hard = np.asarray([p_hard_of[pid] for pid in ids], dtype=np.float64)
     x = np.stack([draft_features(draft_prefix(text, prefix_tokens) if prefix_tokens else Draft(text=text),
-                                 f.prompt_tokens, float(p)).vector()
-                  for text, f, p in zip(texts, feats, p_hard)])
+                                 f.prompt_tokens, float(p), prompt).vector()
+                  for text, f, p, prompt in zip(texts, feats, p_hard, prompts)])
     idx = np.asarray(rows)
     return x, w_all[idx], s_all[idx], p_hard, ids
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pointsman.cli.training import register
-from pointsman.estimator.draft import FEATURE_NAMES, Draft, DraftFeatures, draft_features
+from pointsman.estimator.draft import FEATURE_NAMES, Draft, DraftFeatures, draft_features, opening_overlap
 from pointsman.estimator.model_source import bundled_model_dir
 from pointsman.estimator.verifier import HeuristicVerifier, OnnxVerifier, load_verifier
 from pointsman.training import metrics as M
@@ -128,11 +128,38 @@ def test_caveats_and_list_items_are_counted_and_logged_rows_without_them_still_l
     v = listed.vector()
     assert v.shape == (len(FEATURE_NAMES),) and v[FEATURE_NAMES.index("log_list_items")] == pytest.approx(np.log1p(4))
     assert listed.to_dict()["list_items"] == 4
-    old_row = {k: v for k, v in f.to_dict().items() if k not in ("caveats", "list_items")}  # an older version's log
-    assert DraftFeatures(**old_row).vector()[FEATURE_NAMES.index("log_caveats")] == 0.0
+    old_row = {k: v for k, v in f.to_dict().items() if k not in ("caveats", "list_items", "opening_overlap")}
+    assert DraftFeatures(**old_row).vector()[FEATURE_NAMES.index("log_caveats")] == 0.0  # an older version's log row
+    assert DraftFeatures(**old_row).vector()[FEATURE_NAMES.index("opening_overlap")] == 0.0
     # the shipped heuristic does not read them: its p_bad is the same with or without them
     heuristic = HeuristicVerifier()
     assert heuristic.p_bad(f) == pytest.approx(heuristic.p_bad(DraftFeatures(**old_row)))
+
+
+def test_opening_overlap_reads_the_first_sentence_against_the_prompt():
+    prompt = "What color is the sky?"
+    assert opening_overlap("The color of the sky is blue. It scatters light.", prompt) == pytest.approx(4 / 6)
+    assert opening_overlap("Thank you for your question! The sky is blue.", prompt) == 0.0  # thanks first
+    assert opening_overlap("\n\n  ...Blue! Sky", "blue sky") == 1.0  # blank runs skipped, case folded
+    assert opening_overlap("", prompt) == opening_overlap("Blue.", "") == 0.0
+    f = draft_features(Draft(text="The sky is blue."), 6, 0.5, prompt)
+    assert f.opening_overlap == 0.75 and f.to_dict()["opening_overlap"] == 0.75
+    assert f.vector()[FEATURE_NAMES.index("opening_overlap")] == pytest.approx(0.75)
+    assert draft_features(Draft(text="The sky is blue."), 6, 0.5).opening_overlap == 0.0  # no prompt: none
+    # the shipped heuristic does not read it (heuristic-v2 unchanged)
+    assert HeuristicVerifier().p_bad(f) == pytest.approx(HeuristicVerifier().p_bad(dataclasses.replace(f, opening_overlap=0.0)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(max_size=3000), prompt=st.text(max_size=3000))
+def test_opening_overlap_is_a_bounded_share_on_any_text(text, prompt):
+    """Any draft and prompt: a share in [0, 1], never raising; a draft that opens with the prompt's
+    own first sentence scores 1."""
+    v = opening_overlap(text, prompt)
+    assert 0.0 <= v <= 1.0
+    f = draft_features(Draft(text=text), 10, 0.5, prompt)
+    assert f.opening_overlap == v and np.isfinite(f.vector()).all()
+    assert opening_overlap("Paris" + prompt, "Paris" + prompt) == 1.0
 
 
 def test_crossvalidated_drafts_read_out_of_fold_p_hard(files, tmp_path, monkeypatch):
