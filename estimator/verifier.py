@@ -121,7 +121,9 @@ class OnnxVerifier:
         except Exception as exc:  # onnxruntime raises its own exception types for corrupt files
             raise ModelNotFoundError(f"no verifier head in {d}: {exc}") from None
         if not isinstance(meta, dict) or list(meta.get("features", [])) != list(FEATURE_NAMES):
-            raise ModelNotFoundError(f"verifier head in {d} was trained on other features than {FEATURE_NAMES}")
+            raise ModelNotFoundError(f"verifier head in {d} was trained on other features than {FEATURE_NAMES}: "
+                                     "retrain it with this version (pointsman train --table ... --drafts, or "
+                                     "pointsman train-verifier)")
         self.version = str(meta.get("version", d.name))
         self.metadata: dict[str, object] = meta
 

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pointsman.cli.training import register
+from pointsman.errors import ModelNotFoundError
 from pointsman.estimator.draft import FEATURE_NAMES, Draft, DraftFeatures, draft_features, opening_overlap
 from pointsman.estimator.model_source import bundled_model_dir
 from pointsman.estimator.verifier import HeuristicVerifier, OnnxVerifier, load_verifier
@@ -134,6 +135,16 @@ def test_caveats_and_list_items_are_counted_and_logged_rows_without_them_still_l
     # the shipped heuristic does not read them: its p_bad is the same with or without them
     heuristic = HeuristicVerifier()
     assert heuristic.p_bad(f) == pytest.approx(heuristic.p_bad(DraftFeatures(**old_row)))
+
+
+def test_a_head_trained_on_other_features_is_refused_with_how_to_retrain(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.random((40, len(FEATURE_NAMES))).astype(np.float32)
+    out = export_verifier(fit_verifier(x, (x[:, 0] > 0.5).astype(float)), tmp_path / "head", {"license": "test"})
+    meta = json.loads((out / "verifier.json").read_text())
+    (out / "verifier.json").write_text(json.dumps({**meta, "features": list(FEATURE_NAMES[:-1])}))  # an older head
+    with pytest.raises(ModelNotFoundError, match="other features.*retrain"):
+        load_verifier(out)
 
 
 def test_opening_overlap_reads_the_first_sentence_against_the_prompt():
