@@ -177,10 +177,10 @@ def prompt_of(view: RequestView | None) -> str:
 
 
 def opening_overlap(text: str, prompt: str) -> float:
-    """Share 0-1 of the words of ``text``'s first sentence (its first run of characters up to
-    ``.``, ``!``, ``?`` or a newline that is not blank, within ``PROMPT_CHARS`` characters) that
-    occur among the words of ``prompt``'s first ``PROMPT_CHARS`` characters, case-folded; 0.0 when
-    either has no words. Cost bounded by ``PROMPT_CHARS`` characters of each."""
+    """Share 0-1 of the words of ``text``'s first sentence (the first non-blank run of its first
+    ``PROMPT_CHARS`` characters without ``.``, ``!``, ``?`` or a newline) that occur among the words
+    of ``prompt``'s first ``PROMPT_CHARS`` characters, lower-cased; 0.0 when either has no words.
+    Cost bounded by ``PROMPT_CHARS`` characters of each."""
     first = next((m.group() for m in _SENTENCE.finditer(text[:PROMPT_CHARS]) if m.group().strip()), "")
     words = set(_WORD.findall(first.lower()))
     if not words or not prompt:
