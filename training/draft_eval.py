@@ -28,6 +28,10 @@ out-of-fold scores of its recipe's cross-validation (``oof``, ``training.crossva
 with ``calibrated=True``; ``pointsman evaluate --folds K --drafts``): each row's ``p_hard`` then
 comes from a refit that never saw it, and the verifier head's folds are the same folds (by
 conversation), so neither stage sees a row it scores (``draft_prompt_scores: "out-of-fold"``).
+
+``prefix_tokens`` N (``pointsman evaluate --draft-prefix-tokens N``; ``draft_prefix_tokens`` in the
+report, None for whole drafts): every draft is cut to its first N tokens as early verification sees it
+(``estimator.draft.draft_prefix``), and the heads in cross-validation are trained on the cut drafts.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ class DraftReport(TypedDict):
     verifier: str
     verifier_version: str
     verifier_in_sample: bool
+    draft_prefix_tokens: int | None
 
 
 #: ``DraftReport.verifier_version`` of heads trained in cross-validation on the table.
@@ -124,15 +129,16 @@ def draft_matrix(estimator: TableScorer, table: str | Path, weak: str, strong: s
 
 def evaluate_drafts(estimator: TableScorer, table: str | Path, weak: str, strong: str, drafts: str | Path,
                     folds: int = 5, seed: int = 0, oof: OutOfFold | None = None,
-                    head: OnnxVerifier | None = None) -> DraftReport:
+                    head: OnnxVerifier | None = None, prefix_tokens: int | None = None) -> DraftReport:
     """The draft-aware metrics of the module; with ``oof``, out-of-fold ``p_hard`` and its folds
     (``folds`` is then ``oof.folds``); with ``head``, that head scores instead of heads trained
-    in cross-validation. Raises ``DataError`` (unreadable files, too few rows, or rows on which the
+    in cross-validation; with ``prefix_tokens`` N, each draft's first N tokens as early verification sees
+    them (``draft_matrix``), else the whole draft. Raises ``DataError`` (unreadable files, too few rows, or rows on which the
     strong model is not better on average: APGR undefined); a fold where it is undefined is left out
     of ``draft_apgr_folds`` and counted in ``draft_folds_undefined``."""
     p_hard_of = None if oof is None else {str(pid): float(p) for pid, p in zip(oof.prompt_id, oof.p_hard)
                                           if np.isfinite(p)}
-    x, w, s, p_hard, ids = draft_matrix(estimator, table, weak, strong, drafts, p_hard_of)
+    x, w, s, p_hard, ids = draft_matrix(estimator, table, weak, strong, drafts, p_hard_of, prefix_tokens)
     y = weak_worse(w, s)
     if oof is not None:
         fold_of = {str(pid): int(f) for pid, f in zip(oof.prompt_id, oof.fold)}
@@ -175,4 +181,4 @@ def evaluate_drafts(estimator: TableScorer, table: str | Path, weak: str, strong
         draft_heuristic_cpt80=cpt(w, s, h, 0.8), prompt_apgr=apgr(w, s, p_hard), draft_n=int(len(y)),
         drafts=str(drafts), draft_prompt_scores="model" if oof is None else "out-of-fold",
         verifier="cv-head" if head is None else "head", verifier_version=CV_HEAD if head is None else head.version,
-        verifier_in_sample=head is not None and trained_on(head, table))
+        verifier_in_sample=head is not None and trained_on(head, table), draft_prefix_tokens=prefix_tokens)

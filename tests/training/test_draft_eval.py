@@ -62,6 +62,14 @@ def test_evaluate_drafts_through_the_cli(files, tmp_path, monkeypatch):
     assert 0 < out["draft_cpt80"] <= 0.5
     text = CliRunner().invoke(group, [*args, "--drafts", str(drafts)])
     assert text.exit_code == 0 and "cascade (drafts of weak-model, 40 rows)" in text.output
+    # early verification: the first 2 tokens (8 characters) no longer show the refusals
+    early = CliRunner().invoke(group, [*args, "--drafts", str(drafts), "--draft-prefix-tokens", "2", "--json"])
+    assert early.exit_code == 0, early.output
+    cut = json.loads(early.output)
+    assert cut["draft_prefix_tokens"] == 2 and out["draft_prefix_tokens"] is None
+    assert cut["draft_heuristic_auc"] < out["draft_heuristic_auc"] - 0.1
+    alone = CliRunner().invoke(group, [*args, "--draft-prefix-tokens", "2"])
+    assert alone.exit_code == 2 and "give --drafts" in alone.output
     bad = CliRunner().invoke(group, [*args, "--drafts", str(drafts).replace("d.csv", "nope.csv")])
     assert bad.exit_code == 2 and "Error:" in bad.output and "nope.csv" in bad.output
 
