@@ -194,12 +194,16 @@ def _fmt_share(v: float) -> str:
 @click.option("--draft-folds", type=click.IntRange(2, 20), default=5, show_default=True,
               help="Cross-validation folds of the verifier head trained for --drafts (with --folds, the same folds "
                    "as the prompt head's instead).")
+@click.option("--draft-prefix-tokens", type=click.IntRange(1, 8192), default=None,
+              help="With --drafts: verify each draft's first N tokens (4N characters, partial) as early verification "
+                   "does (a policy's verify.prefix_tokens), not the whole answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--folds", type=click.IntRange(min=2), default=None,
               help="Cross-validate instead: refit the model's head recipe on its features K times, each time "
                    "scoring the prompts of one fold it did not see (for a model trained on this table).")
 def evaluate_cmd(table: Path | None, weak: str | None, strong: str | None, pairs: str | None, model_spec: str,
-                 drafts: Path | None, draft_folds: int, as_json: bool, folds: int | None) -> None:
+                 drafts: Path | None, draft_folds: int, draft_prefix_tokens: int | None, as_json: bool,
+                 folds: int | None) -> None:
     """Score every prompt of TABLE with the difficulty model and print RouteLLM's router
     metrics (APGR, CPT(50%), CPT(80%)) and ROC-AUC for WEAK vs STRONG, next to the
     random router, the prompt-length router and the oracle on the same rows. With --folds K,
@@ -209,7 +213,8 @@ def evaluate_cmd(table: Path | None, weak: str | None, strong: str | None, pairs
     a model directory with its own verifier head (train --table --drafts) is scored with that head
     instead (JSON verifier: head, else cv-head);
     with --folds and --drafts, the verifier reads each row's out-of-fold p_hard, in the same folds
-    (a head refitted per fold, also for a model with its own head).
+    (a head refitted per fold, also for a model with its own head). --draft-prefix-tokens N scores
+    each draft's first N tokens instead, as early verification sees them (draft_prefix_tokens).
 
     With --pairs FILE (or --pairs sanity, the shipped suite), score every (easy, hard) request pair
     instead and print the concordance (share of pairs whose hard request gets the higher p_hard, ties
@@ -223,6 +228,8 @@ def evaluate_cmd(table: Path | None, weak: str | None, strong: str | None, pairs
         return
     if table is None or not weak or not strong:
         raise InputError("evaluate needs --table PATH --weak COL --strong COL, or --pairs FILE|sanity")
+    if draft_prefix_tokens is not None and drafts is None:
+        raise InputError("--draft-prefix-tokens cuts the drafts of --drafts: give --drafts ANSWERS")
     from pointsman.estimator.model_source import load_estimator  # a missing extra: cli.main's Error line
     from pointsman.estimator.verifier import model_verifier
     from pointsman.training.crossval import crossval_report, crossval_scores
@@ -233,7 +240,8 @@ def evaluate_cmd(table: Path | None, weak: str | None, strong: str | None, pairs
         if folds is not None:
             oof = crossval_scores(est, table, weak, strong, folds, calibrated=drafts is not None)
             cv = crossval_report(est, table, weak, strong, oof)
-            cv_drafts = {} if drafts is None else dict(evaluate_drafts(est, table, weak, strong, drafts, oof=oof))
+            cv_drafts = {} if drafts is None else dict(evaluate_drafts(est, table, weak, strong, drafts, oof=oof,
+                                                                            prefix_tokens=draft_prefix_tokens))
             if as_json:
                 click.echo(json.dumps({**cv, **cv_drafts}))
             else:
@@ -252,7 +260,7 @@ def evaluate_cmd(table: Path | None, weak: str | None, strong: str | None, pairs
         extra: dict[str, object] = {}
         if drafts is not None:
             extra = dict(evaluate_drafts(est, table, weak, strong, drafts, folds=draft_folds,
-                                         head=model_verifier(est.model_dir)))
+                                         head=model_verifier(est.model_dir), prefix_tokens=draft_prefix_tokens))
     except PointsmanError as exc:
         raise InputError(str(exc)) from None
     if as_json:

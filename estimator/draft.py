@@ -14,9 +14,14 @@ helps", ...) in the first ``CAVEAT_CHARS`` characters (a chat model that lecture
 answering loses; on the shared AlpacaEval answers of llama-2-7b-chat the count alone predicts a
 loss with AUC 0.70); ``list_items`` counts lines that open a bulleted or numbered item (a
 structured answer) in the text read; ``repetition`` is the share of word trigrams that repeat an
-earlier one (0 = none, near 1 = a loop), over the first ``REPETITION_WORDS`` words. Length
-counts: ``tokens`` is the engine's ``completion_tokens`` when given, else the number of
-log-probabilities, else characters / 4.
+earlier one (0 = none, near 1 = a loop), over the first ``REPETITION_WORDS`` words;
+``opening_overlap`` is the share of the words of the draft's first sentence that occur in the
+prompt (its last user message, ``prompt_of``, first ``PROMPT_CHARS`` characters): an answer that
+opens on the prompt's own terms gets to the point ("The color of the sky is blue.", "Job Title:
+Software Engineer"), one that opens with thanks, a greeting or a lecture does not (on the shared
+AlpacaEval answers of llama-2-7b-chat the 127 of 604 drafts with an overlap of 0.4 or more lose
+14% of the time, the rest 30%; docs/cascade.md). Length counts: ``tokens`` is the engine's
+``completion_tokens`` when given, else the number of log-probabilities, else characters / 4.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from pointsman.request import RequestView
+
 #: Characters of draft text read at most.
 MAX_DRAFT_CHARS = 32_768
 #: Log-probabilities read at most.
@@ -36,6 +43,8 @@ MAX_LOGPROBS = 8_192
 MARKER_CHARS = 600
 #: Characters the caveat count reads.
 CAVEAT_CHARS = 2_000
+#: Characters of the draft (for its first sentence) and of the prompt ``opening_overlap`` reads.
+PROMPT_CHARS = 2_000
 #: Words the repetition measure reads.
 REPETITION_WORDS = 2_000
 #: A token whose log-probability is below this is "low confidence" (probability < 0.2).
@@ -58,6 +67,7 @@ _CAVEATS = re.compile(
     re.IGNORECASE)
 _LIST_ITEM = re.compile(r"^[ \t]*(?:[-*•+]|\d{1,3}[.)])[ \t]+\S", re.MULTILINE)
 _WORD = re.compile(r"\w+")
+_SENTENCE = re.compile(r"[^.!?\n]+")
 #: Finish reasons the engines report (OpenAI's set); anything else reads as ``other``.
 FINISH_REASONS = ("stop", "length", "content_filter", "tool_calls", "function_call")
 
@@ -82,7 +92,7 @@ class Draft:
 #: The verifier head's input, in order (``DraftFeatures.vector``).
 FEATURE_NAMES = ("log_tokens", "log_length_ratio", "empty", "truncated", "partial", "refusal", "hedging",
                  "repetition", "has_logprobs", "logprob_mean", "logprob_min", "low_logprob_share", "p_hard",
-                 "log_caveats", "log_list_items")
+                 "log_caveats", "log_list_items", "opening_overlap")
 
 
 @dataclass(frozen=True)
@@ -90,7 +100,8 @@ class DraftFeatures:
     """The features of one draft (see the module). ``length_ratio``: draft tokens / prompt
     tokens (prompt at least 1); ``logprob_*`` are None without log-probabilities;
     ``p_hard``: the decision's difficulty estimate (0.5 when unavailable); ``caveats``,
-    ``list_items``: counts (see the module; 0 in rows logged before they existed)."""
+    ``list_items``: counts (see the module; 0 in rows logged before they existed);
+    ``opening_overlap``: 0-1 (see the module; 0 without the prompt and in rows logged before it existed)."""
 
     tokens: int
     length_ratio: float
@@ -107,6 +118,7 @@ class DraftFeatures:
     p_hard: float
     caveats: int = 0
     list_items: int = 0
+    opening_overlap: float = 0.0
 
     def vector(self) -> NDArray[np.float32]:
         """The head's input, float32 ``(len(FEATURE_NAMES),)``: counts as log1p, flags 0/1,
@@ -116,7 +128,8 @@ class DraftFeatures:
             math.log1p(self.tokens), math.log(max(self.length_ratio, 1e-3)), float(self.empty),
             float(self.truncated), float(self.partial), float(self.refusal), float(self.hedging), self.repetition,
             float(has), self.logprob_mean or 0.0, self.logprob_min or 0.0, self.low_logprob_share or 0.0,
-            self.p_hard, math.log1p(self.caveats), math.log1p(self.list_items)], dtype=np.float32)
+            self.p_hard, math.log1p(self.caveats), math.log1p(self.list_items), self.opening_overlap],
+            dtype=np.float32)
 
     def to_dict(self) -> dict[str, object]:
         """The features as a JSON-ready dict (the outcome log's ``verifications`` row, traces)."""
@@ -124,7 +137,7 @@ class DraftFeatures:
                 "truncated": self.truncated, "partial": self.partial, "empty": self.empty, "refusal": self.refusal,
                 "hedging": self.hedging, "repetition": self.repetition, "logprob_mean": self.logprob_mean,
                 "logprob_min": self.logprob_min, "low_logprob_share": self.low_logprob_share, "p_hard": self.p_hard,
-                "caveats": self.caveats, "list_items": self.list_items}
+                "caveats": self.caveats, "list_items": self.list_items, "opening_overlap": self.opening_overlap}
 
 
 #: Characters per token where a draft's length in tokens is not known (``draft_features`` counts so).
@@ -152,9 +165,34 @@ def repetition(text: str) -> float:
     return 1.0 - len(set(grams)) / len(grams)
 
 
-def draft_features(draft: Draft, prompt_tokens: int, p_hard: float | None) -> DraftFeatures:
+def prompt_of(view: RequestView | None) -> str:
+    """The text the draft answers: the last user message of the request ``view`` (the last message
+    when none is a user's; '' without a view or messages)."""
+    if view is None or not view.texts:
+        return ""
+    for message, text in zip(reversed(view.request.messages), reversed(view.texts)):
+        if message.role == "user":
+            return text
+    return view.texts[-1]
+
+
+def opening_overlap(text: str, prompt: str) -> float:
+    """Share 0-1 of the words of ``text``'s first sentence (the first non-blank run of its first
+    ``PROMPT_CHARS`` characters without ``.``, ``!``, ``?`` or a newline) that occur among the words
+    of ``prompt``'s first ``PROMPT_CHARS`` characters, lower-cased; 0.0 when either has no words.
+    Cost bounded by ``PROMPT_CHARS`` characters of each."""
+    first = next((m.group() for m in _SENTENCE.finditer(text[:PROMPT_CHARS]) if m.group().strip()), "")
+    words = set(_WORD.findall(first.lower()))
+    if not words or not prompt:
+        return 0.0
+    return len(words.intersection(_WORD.findall(prompt[:PROMPT_CHARS].lower()))) / len(words)
+
+
+def draft_features(draft: Draft, prompt_tokens: int, p_hard: float | None, prompt: str = "") -> DraftFeatures:
     """Features of ``draft`` for a prompt of ``prompt_tokens`` tokens whose decision estimated
-    ``p_hard`` (None: unavailable, read as 0.5). Never raises for a valid ``Draft``."""
+    ``p_hard`` (None: unavailable, read as 0.5); ``prompt``: the text it answers (``prompt_of``; ''
+    when unknown: ``opening_overlap`` 0, read as a draft that does not open on the prompt's terms).
+    Never raises for a valid ``Draft``."""
     text = draft.text[:MAX_DRAFT_CHARS]
     logprobs = [lp for lp in draft.logprobs[:MAX_LOGPROBS] if math.isfinite(lp)]
     if draft.completion_tokens is not None:
@@ -176,4 +214,5 @@ def draft_features(draft: Draft, prompt_tokens: int, p_hard: float | None) -> Dr
         refusal=bool(_REFUSAL.search(head)), hedging=bool(_HEDGING.search(head)), repetition=repetition(text),
         logprob_mean=mean, logprob_min=min_, low_logprob_share=low,
         p_hard=0.5 if p_hard is None or not math.isfinite(p_hard) else float(p_hard),
-        caveats=len(_CAVEATS.findall(text[:CAVEAT_CHARS])), list_items=len(_LIST_ITEM.findall(text)))
+        caveats=len(_CAVEATS.findall(text[:CAVEAT_CHARS])), list_items=len(_LIST_ITEM.findall(text)),
+        opening_overlap=opening_overlap(text, prompt))

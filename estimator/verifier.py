@@ -49,6 +49,7 @@ HEURISTIC_WEIGHTS: dict[str, float] = {
     "p_hard": 2.5,             # the prompt's own difficulty
     "log_caveats": 0.0,        # added for trained heads; the heuristic's weights predate them
     "log_list_items": 0.0,
+    "opening_overlap": 0.0,    # likewise (a trained head's input; the heuristic stays heuristic-v2)
 }
 #: Bias: a 150-token, unremarkable answer to a p_hard 0.5 prompt scores about 0.3.
 HEURISTIC_BIAS = 0.6 * math.log1p(150) - 2.5 * 0.5 - 0.85
@@ -120,7 +121,9 @@ class OnnxVerifier:
         except Exception as exc:  # onnxruntime raises its own exception types for corrupt files
             raise ModelNotFoundError(f"no verifier head in {d}: {exc}") from None
         if not isinstance(meta, dict) or list(meta.get("features", [])) != list(FEATURE_NAMES):
-            raise ModelNotFoundError(f"verifier head in {d} was trained on other features than {FEATURE_NAMES}")
+            raise ModelNotFoundError(f"verifier head in {d} was trained on other features than {FEATURE_NAMES}: "
+                                     "retrain it with this version (pointsman train --table ... --drafts, or "
+                                     "pointsman train-verifier)")
         self.version = str(meta.get("version", d.name))
         self.metadata: dict[str, object] = meta
 

@@ -12,7 +12,8 @@ In order (in a worker thread; same auth as ``/v1/route``):
    state, no other process holding it answered the relayed verify (``verify_relay``);
 2. a repeated verify returns the first answer with ``replayed: true``; a decision already
    settled by its outcome (or released) is 409 ``decision_settled``;
-3. the draft's features (``estimator/draft.py``) and the verifier's ``p_bad``
+3. the draft's features (``estimator/draft.py``, with the decision's prompt: its request view's last
+   user message) and the verifier's ``p_bad``
    (``POINTSMAN_VERIFIER``), then ``RoutingEngine.verify``: the policy's verify rules, and for
    an escalation its placement, budget hold and in-flight count under
    ``<decision_id>/escalation``;
@@ -37,7 +38,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from pointsman.errors import BudgetError, DataError, RequestError
-from pointsman.estimator.draft import draft_features
+from pointsman.estimator.draft import draft_features, prompt_of
 from pointsman.estimator.verifier import Verifier
 from pointsman.json_types import JSONValue
 from pointsman.outcome import check_usage_fits
@@ -136,7 +137,7 @@ def _first_verify(rt: Runtime, body: VerifyIn, verifier: Verifier, pending: Pend
             raise HTTPError(422, f"cached and cache-write tokens ({parts:,}) exceed the prompt's {prompt:,} tokens "
                                  "(the decision's count: send usage.prompt_tokens)", param="usage.cached_tokens",
                             code="invalid_value")
-    features = draft_features(body.as_draft(), decision.prompt_tokens, decision.p_hard)
+    features = draft_features(body.as_draft(), decision.prompt_tokens, decision.p_hard, prompt_of(decision.request_view))
     try:
         p_bad = float(verifier.p_bad(features))
     except Exception:  # noqa: BLE001 - a broken verifier head must not take the verify down

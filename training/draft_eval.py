@@ -28,6 +28,10 @@ out-of-fold scores of its recipe's cross-validation (``oof``, ``training.crossva
 with ``calibrated=True``; ``pointsman evaluate --folds K --drafts``): each row's ``p_hard`` then
 comes from a refit that never saw it, and the verifier head's folds are the same folds (by
 conversation), so neither stage sees a row it scores (``draft_prompt_scores: "out-of-fold"``).
+
+``prefix_tokens`` N (``pointsman evaluate --draft-prefix-tokens N``; ``draft_prefix_tokens`` in the
+report, None for whole drafts): every draft is cut to its first N tokens as early verification sees it
+(``estimator.draft.draft_prefix``), and the heads in cross-validation are trained on the cut drafts.
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ import numpy as np
 from pointsman.datasets.drafts import read_drafts
 from pointsman.datasets.outcome_tables import read_outcome_table
 from pointsman.errors import DataError, RequestError
-from pointsman.estimator.draft import Draft, draft_features, draft_prefix
+from pointsman.estimator.draft import Draft, draft_features, draft_prefix, prompt_of
 from pointsman.estimator.verifier import HeuristicVerifier, OnnxVerifier
+from pointsman.request import RequestView, parse_route_request
 from pointsman.training.evaluate import TableScorer
 from pointsman.training.examples import features_for_messages
 from pointsman.training.metrics import apgr, cpt, roc_auc, weak_worse
@@ -70,6 +75,7 @@ class DraftReport(TypedDict):
     verifier: str
     verifier_version: str
     verifier_in_sample: bool
+    draft_prefix_tokens: int | None
 
 
 #: ``DraftReport.verifier_version`` of heads trained in cross-validation on the table.
@@ -87,14 +93,15 @@ def draft_matrix(estimator: TableScorer, table: str | Path, weak: str, strong: s
                  p_hard_of: Mapping[str, float] | None = None, prefix_tokens: int | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """``(X, weak scores, strong scores, p_hard, prompt ids)`` over the rows with a prompt, both
-    scores and a draft: ``X`` float32 (n, len(FEATURE_NAMES)) of draft features. ``p_hard_of``:
+    scores and a draft: ``X`` float32 (n, len(FEATURE_NAMES)) of draft features (with the row's
+    prompt, its last user message, as ``POST /v1/verify`` reads the decision's). ``p_hard_of``:
     each prompt id's ``p_hard`` (rows without one are left out), instead of the estimator's.
     ``prefix_tokens`` N: each draft cut to its first N tokens as early verification sees it
     (``estimator.draft.draft_prefix``); None: the whole draft. Raises ``DataError``."""
     t = read_outcome_table(table)
     answers = read_drafts(drafts, weak)
     w_all, s_all = t.scores(weak), t.scores(strong)
-    rows, feats, texts = [], [], []
+    rows, feats, texts, prompts = [], [], [], []
     for i, (pid, messages) in enumerate(zip(t.prompt_ids, t.messages)):
         if pid not in answers or np.isnan(w_all[i]) or np.isnan(s_all[i]) or (p_hard_of is not None
                                                                              and pid not in p_hard_of):
@@ -103,6 +110,7 @@ def draft_matrix(estimator: TableScorer, table: str | Path, weak: str, strong: s
             feats.append(features_for_messages(messages, estimator.tokenizer))
         except RequestError:
             continue
+        prompts.append(prompt_of(RequestView.of(parse_route_request({"messages": messages}))))
         rows.append(i)
         texts.append(answers[pid])
     if len(rows) < 10:
@@ -113,23 +121,24 @@ def draft_matrix(estimator: TableScorer, table: str | Path, weak: str, strong: s
     else:
         p_hard = np.asarray([p_hard_of[pid] for pid in ids], dtype=np.float64)
     x = np.stack([draft_features(draft_prefix(text, prefix_tokens) if prefix_tokens else Draft(text=text),
-                                 f.prompt_tokens, float(p)).vector()
-                  for text, f, p in zip(texts, feats, p_hard)])
+                                 f.prompt_tokens, float(p), prompt).vector()
+                  for text, f, p, prompt in zip(texts, feats, p_hard, prompts)])
     idx = np.asarray(rows)
     return x, w_all[idx], s_all[idx], p_hard, ids
 
 
 def evaluate_drafts(estimator: TableScorer, table: str | Path, weak: str, strong: str, drafts: str | Path,
                     folds: int = 5, seed: int = 0, oof: OutOfFold | None = None,
-                    head: OnnxVerifier | None = None) -> DraftReport:
+                    head: OnnxVerifier | None = None, prefix_tokens: int | None = None) -> DraftReport:
     """The draft-aware metrics of the module; with ``oof``, out-of-fold ``p_hard`` and its folds
     (``folds`` is then ``oof.folds``); with ``head``, that head scores instead of heads trained
-    in cross-validation. Raises ``DataError`` (unreadable files, too few rows, or rows on which the
+    in cross-validation; with ``prefix_tokens`` N, each draft's first N tokens as early verification sees
+    them (``draft_matrix``), else the whole draft. Raises ``DataError`` (unreadable files, too few rows, or rows on which the
     strong model is not better on average: APGR undefined); a fold where it is undefined is left out
     of ``draft_apgr_folds`` and counted in ``draft_folds_undefined``."""
     p_hard_of = None if oof is None else {str(pid): float(p) for pid, p in zip(oof.prompt_id, oof.p_hard)
                                           if np.isfinite(p)}
-    x, w, s, p_hard, ids = draft_matrix(estimator, table, weak, strong, drafts, p_hard_of)
+    x, w, s, p_hard, ids = draft_matrix(estimator, table, weak, strong, drafts, p_hard_of, prefix_tokens)
     y = weak_worse(w, s)
     if oof is not None:
         fold_of = {str(pid): int(f) for pid, f in zip(oof.prompt_id, oof.fold)}
@@ -172,4 +181,4 @@ def evaluate_drafts(estimator: TableScorer, table: str | Path, weak: str, strong
         draft_heuristic_cpt80=cpt(w, s, h, 0.8), prompt_apgr=apgr(w, s, p_hard), draft_n=int(len(y)),
         drafts=str(drafts), draft_prompt_scores="model" if oof is None else "out-of-fold",
         verifier="cv-head" if head is None else "head", verifier_version=CV_HEAD if head is None else head.version,
-        verifier_in_sample=head is not None and trained_on(head, table))
+        verifier_in_sample=head is not None and trained_on(head, table), draft_prefix_tokens=prefix_tokens)

@@ -3,7 +3,7 @@
 ``train_table_verifier(estimator, source, drafts, model_dir, p_hard_of=None) -> VerifierRecord``:
 for every weak × strong column pair of ``source`` (``training.table_source``), the weak column's
 answers in ``drafts`` (a long CSV ``prompt_id, model, output``, ``datasets.drafts``) are the drafts.
-Their feature rows (``training.draft_eval.draft_matrix``: float32 (n, 15), the 15 draft features
+Their feature rows (``training.draft_eval.draft_matrix``: float32 (n, 16), the 16 draft features
 with the prompt's ``p_hard``) and "the draft lost" labels (``training.metrics.weak_worse``) of all
 pairs, stacked, train one head (``training.verifier.fit_verifier``), written into ``model_dir``
 beside the difficulty model (``training.verifier.export_verifier``:

@@ -1,12 +1,12 @@
 """Training the cascade's verifier head: draft features in, "the draft loses" out.
 
 ``fit_verifier(X, y) -> Pipeline``: a ``StandardScaler`` then an L2 ``LogisticRegression``
-(C=0.1: 15 features and a few hundred rows; a logistic head's probabilities are calibrated
-by its loss) over ``estimator.draft.FEATURE_NAMES`` rows (float32 (n, 15)); ``y`` (n,) is 1.0
+(C=0.1: 16 features and a few hundred rows; a logistic head's probabilities are calibrated
+by its loss) over ``estimator.draft.FEATURE_NAMES`` rows (float32 (n, 16)); ``y`` (n,) is 1.0
 where the weak model's answer lost (``training.metrics.weak_worse``).
 
 ``export_verifier(head, directory, provenance)`` writes ``verifier.onnx`` (skl2onnx, opset
-``estimator.export.OPSET``, input ``features`` float32 (n, 15), output ``probabilities``
+``estimator.export.OPSET``, input ``features`` float32 (n, 16), output ``probabilities``
 (n, 2), no ZipMap) and ``verifier.json`` (version = content hash, features, provenance: the
 table, its licence and the row count), which ``estimator.verifier.OnnxVerifier`` serves
 (``POINTSMAN_VERIFIER=DIR``). ``logged_examples(log, fleet)`` reads training rows from the
@@ -51,7 +51,7 @@ def verifier_use(license_: str) -> str:
 
 
 def fit_verifier(x: np.ndarray, y: np.ndarray) -> Pipeline:
-    """Fit the head on draft-feature rows ``x`` (n, 15) and loss labels ``y`` (n,); returns the
+    """Fit the head on draft-feature rows ``x`` (n, 16) and loss labels ``y`` (n,); returns the
     fitted pipeline. Raises ``ValueError`` when ``y`` has one class only."""
     if len(np.unique(y)) < 2:
         raise ValueError("the verifier needs drafts that lost and drafts that did not")

@@ -94,6 +94,35 @@ def test_accept_settles_the_draft_and_replays(tmp_path):
         assert out.status_code == 200 and out.json()["acks"][0]["settlement"]["replayed"] is True
 
 
+def test_a_trained_head_reads_the_decision_s_prompt(tmp_path):
+    """``opening_overlap`` (the draft's first sentence against the decision's prompt) reaches a served
+    head: the same draft scores better after the prompt it opens on than after another one."""
+    import numpy as np
+
+    from pointsman.estimator.draft import FEATURE_NAMES
+    from pointsman.training.verifier import export_verifier, fit_verifier
+
+    rng = np.random.default_rng(0)
+    x = np.zeros((200, len(FEATURE_NAMES)), dtype=np.float32)  # every other input constant: weight 0
+    overlap = x[:, FEATURE_NAMES.index("opening_overlap")] = rng.random(200)
+    head = export_verifier(fit_verifier(x, (overlap < 0.3).astype(float)), tmp_path / "head",
+                           {"table": "synthetic", "license": "test"})
+    client, _ = _app(tmp_path / "svc", verifier=str(head))
+    draft = {"text": "The rules of kickball are simple: kick the rolled ball and run the bases.", "finish_reason": "stop"}
+    with client:
+        answers = []
+        for prompt in ("Explain the rules of kickball.", "Describe a sunny afternoon in Lisbon."):
+            d = _route(client, prompt)
+            r = client.post("/v1/verify", json={"decision_id": d["decision_id"], "draft": draft})
+            assert r.status_code == 200, r.text
+            answers.append(r.json())
+        on, off = answers
+        assert on["verifier"].startswith("verifier-") and on["draft"]["opening_overlap"] == pytest.approx(4 / 12)
+        assert off["draft"]["opening_overlap"] == 0.0 and on["p_bad"] < off["p_bad"]
+        logged = client.app.state.runtime.outcome_log.verifications()
+        assert [v["features"]["opening_overlap"] for v in logged] == [on["draft"]["opening_overlap"], 0.0]
+
+
 def test_escalation_is_held_once_and_settled_by_the_one_outcome(tmp_path):
     client, engine = _app(tmp_path, store_drafts=True)
     with client:

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pointsman.cli.training import register
-from pointsman.estimator.draft import FEATURE_NAMES, Draft, DraftFeatures, draft_features
+from pointsman.errors import ModelNotFoundError
+from pointsman.estimator.draft import FEATURE_NAMES, Draft, DraftFeatures, draft_features, opening_overlap
 from pointsman.estimator.model_source import bundled_model_dir
 from pointsman.estimator.verifier import HeuristicVerifier, OnnxVerifier, load_verifier
 from pointsman.training import metrics as M
@@ -61,6 +62,14 @@ def test_evaluate_drafts_through_the_cli(files, tmp_path, monkeypatch):
     assert 0 < out["draft_cpt80"] <= 0.5
     text = CliRunner().invoke(group, [*args, "--drafts", str(drafts)])
     assert text.exit_code == 0 and "cascade (drafts of weak-model, 40 rows)" in text.output
+    # early verification: the first 2 tokens (8 characters) no longer show the refusals
+    early = CliRunner().invoke(group, [*args, "--drafts", str(drafts), "--draft-prefix-tokens", "2", "--json"])
+    assert early.exit_code == 0, early.output
+    cut = json.loads(early.output)
+    assert cut["draft_prefix_tokens"] == 2 and out["draft_prefix_tokens"] is None
+    assert cut["draft_heuristic_auc"] < out["draft_heuristic_auc"] - 0.1
+    alone = CliRunner().invoke(group, [*args, "--draft-prefix-tokens", "2"])
+    assert alone.exit_code == 2 and "give --drafts" in alone.output
     bad = CliRunner().invoke(group, [*args, "--drafts", str(drafts).replace("d.csv", "nope.csv")])
     assert bad.exit_code == 2 and "Error:" in bad.output and "nope.csv" in bad.output
 
@@ -128,11 +137,48 @@ def test_caveats_and_list_items_are_counted_and_logged_rows_without_them_still_l
     v = listed.vector()
     assert v.shape == (len(FEATURE_NAMES),) and v[FEATURE_NAMES.index("log_list_items")] == pytest.approx(np.log1p(4))
     assert listed.to_dict()["list_items"] == 4
-    old_row = {k: v for k, v in f.to_dict().items() if k not in ("caveats", "list_items")}  # an older version's log
-    assert DraftFeatures(**old_row).vector()[FEATURE_NAMES.index("log_caveats")] == 0.0
+    old_row = {k: v for k, v in f.to_dict().items() if k not in ("caveats", "list_items", "opening_overlap")}
+    assert DraftFeatures(**old_row).vector()[FEATURE_NAMES.index("log_caveats")] == 0.0  # an older version's log row
+    assert DraftFeatures(**old_row).vector()[FEATURE_NAMES.index("opening_overlap")] == 0.0
     # the shipped heuristic does not read them: its p_bad is the same with or without them
     heuristic = HeuristicVerifier()
     assert heuristic.p_bad(f) == pytest.approx(heuristic.p_bad(DraftFeatures(**old_row)))
+
+
+def test_a_head_trained_on_other_features_is_refused_with_how_to_retrain(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.random((40, len(FEATURE_NAMES))).astype(np.float32)
+    out = export_verifier(fit_verifier(x, (x[:, 0] > 0.5).astype(float)), tmp_path / "head", {"license": "test"})
+    meta = json.loads((out / "verifier.json").read_text())
+    (out / "verifier.json").write_text(json.dumps({**meta, "features": list(FEATURE_NAMES[:-1])}))  # an older head
+    with pytest.raises(ModelNotFoundError, match="other features.*retrain"):
+        load_verifier(out)
+
+
+def test_opening_overlap_reads_the_first_sentence_against_the_prompt():
+    prompt = "What color is the sky?"
+    assert opening_overlap("The color of the sky is blue. It scatters light.", prompt) == pytest.approx(4 / 6)
+    assert opening_overlap("Thank you for your question! The sky is blue.", prompt) == 0.0  # thanks first
+    assert opening_overlap("\n\n  ...Blue! Sky", "blue sky") == 1.0  # blank runs skipped, case folded
+    assert opening_overlap("", prompt) == opening_overlap("Blue.", "") == 0.0
+    f = draft_features(Draft(text="The sky is blue."), 6, 0.5, prompt)
+    assert f.opening_overlap == 0.75 and f.to_dict()["opening_overlap"] == 0.75
+    assert f.vector()[FEATURE_NAMES.index("opening_overlap")] == pytest.approx(0.75)
+    assert draft_features(Draft(text="The sky is blue."), 6, 0.5).opening_overlap == 0.0  # no prompt: none
+    # the shipped heuristic does not read it (heuristic-v2 unchanged)
+    assert HeuristicVerifier().p_bad(f) == pytest.approx(HeuristicVerifier().p_bad(dataclasses.replace(f, opening_overlap=0.0)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(max_size=3000), prompt=st.text(max_size=3000))
+def test_opening_overlap_is_a_bounded_share_on_any_text(text, prompt):
+    """Any draft and prompt: a share in [0, 1], never raising; a draft that opens with the prompt's
+    own first sentence scores 1."""
+    v = opening_overlap(text, prompt)
+    assert 0.0 <= v <= 1.0
+    f = draft_features(Draft(text=text), 10, 0.5, prompt)
+    assert f.opening_overlap == v and np.isfinite(f.vector()).all()
+    assert opening_overlap("Paris" + prompt, "Paris" + prompt) == 1.0
 
 
 def test_crossvalidated_drafts_read_out_of_fold_p_hard(files, tmp_path, monkeypatch):
