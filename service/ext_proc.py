@@ -117,6 +117,7 @@ from pointsman.service.keys import KeySource
 from pointsman.service.routes_decisions import commit_decision, route_async
 from pointsman.service.routes_reports import store_outcomes, usage_problem
 from pointsman.service.runtime import Runtime
+from pointsman.service.settings import Settings
 
 log = logging.getLogger("pointsman.service.ext_proc")
 
@@ -134,6 +135,8 @@ _GIE_DEFAULT_FLOW = "default-flow"
 _MAX_WARNED = 64
 _warned_objectives: set[str] = set()
 _DEFAULT_MODE: wire.BodyMode = "FULL_DUPLEX_STREAMED"
+#: Room in one gRPC message beside its body (headers, metadata, framing), bytes.
+MESSAGE_OVERHEAD_BYTES = 1 << 20
 
 
 class EndpointIndex:
@@ -180,6 +183,14 @@ def destinations(decision: Decision, limit: int | None) -> list[str]:
         if hp not in out:
             out.append(hp)
     return out if limit is None else out[:limit]
+
+
+def max_message_bytes(settings: Settings) -> int:
+    """The largest gRPC message the picker takes (bytes): Envoy's BUFFERED mode sends a whole body in one
+    message, so one up to ``POINTSMAN_MAX_BODY_BYTES`` must be decided and one up to the 413's discard limit
+    (``bodies.DISCARD_LIMIT_BYTES``, as over HTTP) answered 413, not refused by grpc's 4 MiB default;
+    ``MESSAGE_OVERHEAD_BYTES`` more for the message's headers and metadata."""
+    return max(settings.max_body_bytes, DISCARD_LIMIT_BYTES) + MESSAGE_OVERHEAD_BYTES
 
 
 def _error_body(exc: HTTPError) -> bytes:
@@ -630,7 +641,8 @@ class ExtProcServer:
         """Bind ``host:port`` (0: a free port), start serving and mark every health service SERVING;
         returns the port. ``SO_REUSEPORT`` only with several workers (they share the port)."""
         reuse = 1 if self.rt.settings.workers > 1 else 0
-        server = grpc.aio.server(options=[("grpc.so_reuseport", reuse)])
+        server = grpc.aio.server(options=[("grpc.so_reuseport", reuse),
+                                          ("grpc.max_receive_message_length", max_message_bytes(self.rt.settings))])
         wire.add_servicer(_Picker(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"  # IPv6

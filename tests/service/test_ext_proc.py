@@ -1005,3 +1005,45 @@ def test_an_anthropic_cache_control_breakpoint_reaches_the_explicit_cache_estima
         cold = estimate(marked=False)
         assert estimate(marked=True) > cold  # the first marked request writes its prompt at the write price
         assert estimate(marked=True) < cold  # its repeat reads the prefix the marked one wrote
+
+
+def test_a_buffered_body_over_grpcs_default_4_mib_is_decided_as_v1_route_decides_it(tmp_path, serve):
+    """Envoy's BUFFERED mode sends the whole body in one message: a 5 MB body (an image; under the default
+    8 MiB POINTSMAN_MAX_BODY_BYTES) is decided with /v1/route's target and cost, and a 9 MB one is the
+    documented 413, on a real ``pointsman serve`` (before: grpc's default 4 MiB receive limit ended both
+    streams RESOURCE_EXHAUSTED, so Envoy answered 500)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    _, base = serve(tmp_path, ext_proc_port=port, scrape_interval_s=0)
+
+    def image_request(size: int) -> bytes:
+        image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * size}}
+        return json.dumps({"model": "auto", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is in this image?"}, image]}]}).encode()
+
+    async def buffered(body: bytes) -> dict:
+        options = [("grpc.max_receive_message_length", -1)]  # as Envoy's client: no limit unless configured
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+            call = wire.stub(channel).Process()
+            await call.write(wire.headers_request("request", REQUEST_HEADERS, body_modes=("BUFFERED", "BUFFERED")))
+            await call.read()
+            await call.write(wire.body_request("request", body, True))
+            answer = wire.as_dict(await call.read())
+            call.cancel()
+            return answer
+
+    def claims(decision_id: str) -> dict:  # the signed id's claims: target, mode, scopes, estimate, prompt tokens
+        part = decision_id.split(".")[1]
+        found = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+        return {k: found[k] for k in ("t", "m", "s", "e", "p")}
+
+    body = image_request(5_000_000)
+    routed = httpx.post(f"{base}/v1/route", timeout=60,
+                        json={**json.loads(body), "routing": {"tenant": "acme"}}).json()
+    answer = asyncio.run(buffered(body))
+    assert set_headers(answer)["x-pointsman-target"] == routed["target"]
+    assert claims(set_headers(answer)["x-pointsman-decision-id"]) == claims(routed["decision_id"])
+    too_large = asyncio.run(buffered(image_request(9_000_000)))["immediateResponse"]
+    assert too_large["status"]["code"] == "PayloadTooLarge"
+    assert json.loads(base64.b64decode(too_large["body"]))["error"]["code"] == "body_too_large"
