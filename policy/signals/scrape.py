@@ -267,13 +267,13 @@ def parse_metrics(text: str) -> EngineMetrics:
             engine=VLLM, num_requests_running=total("running"), num_requests_waiting=total("waiting"),
             kv_cache_usage=mean("kv_usage"), ttft=_histogram(samples, names["ttft"]),
             tpot=_histogram(samples, names["tpot"]), prefix_cache_hits=counter("prefix_hits"),
-            prefix_cache_queries=counter("prefix_queries"), kv_cache_capacity_tokens=capacity or None)
+            prefix_cache_queries=counter("prefix_queries"), kv_cache_capacity_tokens=_capacity(capacity))
     capacity_total = total("capacity")
     return EngineMetrics(
         engine=SGLANG, num_requests_running=total("running"), num_requests_waiting=total("waiting"),
         kv_cache_usage=mean("kv_usage"), ttft=_histogram(samples, names["ttft"]),
         tpot=_histogram(samples, names["tpot"]), prefix_cache_hit_rate=mean("hit_rate"),
-        kv_cache_capacity_tokens=int(capacity_total) if capacity_total else None)
+        kv_cache_capacity_tokens=_capacity(capacity_total))
 
 
 def histogram_quantile(q: float, buckets: Buckets | None) -> float | None:
@@ -320,6 +320,13 @@ def _ms(seconds: float | None) -> float | None:
 
 def _count(value: float | None) -> int | None:
     return None if value is None or not math.isfinite(value) else max(0, int(round(value)))
+
+
+def _capacity(value: float | None) -> int | None:
+    """A KV capacity in tokens: None unless a finite count above 0 (a NaN, infinite or negative gauge is
+    unknown, as every other gauge that is no number, never a failed scrape)."""
+    count = _count(value)
+    return count if count else None
 
 
 def _fraction(value: float | None) -> float | None:
