@@ -64,7 +64,8 @@ is no answer), ``e2e_latency_ms`` and ``tpot_ms``. A stream that ends before the
 released, or its estimate booked when its answer had started (``ttft_ms``). A stream that carried no
 usage (OpenAI streams none without ``stream_options.include_usage``) books its estimate, or, when it
 streamed more text deltas than the estimate's output tokens, that count (a lower bound:
-``UsageReader.streamed_tokens``) with the prompt the decision counted.
+``UsageReader.streamed_tokens``) with the prompt the decision counted; usage counting fewer output tokens
+than the deltas streamed in a stream that never completed (read before its end) books the deltas' count.
 
 Not supported: STREAMED and BUFFERED_PARTIAL request body modes (each chunk must be answered before
 the next arrives, so the headers could not carry the decision): such a stream is answered **500**
@@ -467,6 +468,16 @@ class _Stream:
             out, problem = None, str(exc.errors(include_url=False)[0].get("ctx", {}).get("error") or exc)
         except DataError as exc:
             out, problem = None, str(exc)
+        if out is not None and problem is None and out.usage is not None and summary is not None \
+                and not summary.complete and summary.streamed_tokens > (out.usage.completion_tokens or 0):
+            # usage read before the stream's end (Anthropic's message_start, before an error event or a reset)
+            # counts fewer output tokens than the text deltas that came: book at least those (not for a complete
+            # stream, whose usage is final and whose closing events repeat the text: Responses' *.done)
+            log.info("decision %s: the usage read counts %s output tokens, below the %d the stream carried; "
+                     "booking those", d.decision_id, out.usage.completion_tokens, summary.streamed_tokens)
+            out = out.model_copy(update={"usage": out.usage.model_copy(
+                update={"completion_tokens": summary.streamed_tokens})})
+            problem = usage_problem(self.rt, out)
         if out is not None and problem is None and cancelled and summary is not None and not summary.complete \
                 and self._below_estimate(out):
             # the client went away mid-answer: the usage read so far is partial (Anthropic's message_start

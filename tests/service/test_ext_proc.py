@@ -1047,3 +1047,48 @@ def test_a_buffered_body_over_grpcs_default_4_mib_is_decided_as_v1_route_decides
     too_large = asyncio.run(buffered(image_request(9_000_000)))["immediateResponse"]
     assert too_large["status"]["code"] == "PayloadTooLarge"
     assert json.loads(base64.b64decode(too_large["body"]))["error"]["code"] == "body_too_large"
+
+
+def test_a_stream_ended_mid_answer_books_at_least_the_deltas_its_partial_usage_undercounts(app):
+    """An Anthropic stream can end mid-answer with an ``error`` event (``overloaded_error``) on an HTTP 200
+    response: message_start's usage (its placeholder output count of 1) is all the usage it carried, while
+    300 text deltas came. The outcome books at least the 300 streamed tokens (each delta is one or more),
+    as a stream without usage does; before, 1 output token was booked for them."""
+    start = _anthropic_stream().split(b"\n\n")[0] + b"\n\n"  # event: message_start, output_tokens 1
+    delta = b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0, ' \
+            b'"delta": {"type": "text_delta", "text": " and"}}\n\n'
+    error = b'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}\n\n'
+    state = app.state.fleet_state
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, chat("Tell me a long story.", stream=True, max_tokens=4000))
+        await response_phase(call, 200, "text/event-stream", [start, delta * 300, error])
+        await call.done_writing()
+        return set_headers(req[0])
+
+    headers = run(app, scenario)
+    decision_id, target = headers["x-pointsman-decision-id"], headers["x-pointsman-target"]
+    before = state.ledger.effective_price_per_token(target, "day").completion_tokens
+    out = outcome_of(app, decision_id)
+    deadline = time.monotonic() + 5
+    while state.record(decision_id) is not None:
+        assert time.monotonic() < deadline, "the request was never settled"
+        time.sleep(0.01)
+    booked = state.ledger.effective_price_per_token(target, "day").completion_tokens - before
+    assert out.status == "ok" and out.usage.completion_tokens == 300 and booked == 300, (out.usage, booked)
+
+    # a complete stream's usage is final, though its closing events repeat the text (Responses' *.done): 1 token
+    events = [{"type": "response.output_text.delta", "delta": "Yes"}, {"type": "response.output_text.done", "text": "Yes"},
+              {"type": "response.completed", "response": {"model": "gpt", "output": [{"content": [
+                  {"type": "output_text", "text": "Yes"}]}], "usage": {"input_tokens": 5, "output_tokens": 1}}}]
+    sse = b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+
+    async def complete(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, chat("Yes or no?", stream=True))
+        await response_phase(call, 200, "text/event-stream", [sse])
+        await call.done_writing()
+        return set_headers(req[0])
+
+    assert outcome_of(app, run(app, complete)["x-pointsman-decision-id"]).usage.completion_tokens == 1
