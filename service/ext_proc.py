@@ -59,7 +59,9 @@ read for usage (``ext_proc_body.UsageReader``); the served endpoint is read from
 response body the outcome is recorded in the background: status ``ok`` (2xx) or ``error``
 (``upstream HTTP <status>``), usage, the serving target (the served endpoint's), the model that
 answered, ``ttft_ms`` (request headers to first response byte; not for an ``error``, whose body
-is no answer), ``e2e_latency_ms`` and ``tpot_ms``. A stream that ends before the response body did
+is no answer), ``e2e_latency_ms`` and ``tpot_ms``; outcomes the service answers 503 (the outcome log cannot
+be written, the ledger takes no settlement) are tried again every ``STORE_RETRY_S``, since no gateway retries them.
+A stream that ends before the response body did
 (the client went away: Envoy resets the stream) is recorded as ``cancelled``: its budget hold is
 released, or its estimate booked when its answer had started (``ttft_ms``). A stream that carried no
 usage (OpenAI streams none without ``stream_options.include_usage``) books its estimate, or, when it
@@ -136,6 +138,8 @@ _GIE_DEFAULT_FLOW = "default-flow"
 _MAX_WARNED = 64
 _warned_objectives: set[str] = set()
 _DEFAULT_MODE: wire.BodyMode = "FULL_DUPLEX_STREAMED"
+#: Seconds between tries of outcomes the service answered 503 (outcome log or ledger unavailable).
+STORE_RETRY_S = 1.0
 #: Room in one gRPC message beside its body (headers, metadata, framing), bytes.
 MESSAGE_OVERHEAD_BYTES = 1 << 20
 
@@ -583,6 +587,7 @@ class ExtProcServer:
         self._outbox: list[OutcomeIn] = []  # outcomes to record, stored in batches (``record``)
         self._recorder: asyncio.Task[None] | None = None
         self._children: dict[str, Callable[[], None]] = {}
+        self._stopping = False  # stop() began: outcomes the service answers 503 are not retried again
 
     def authenticate(self, metadata: Iterable[tuple[str, str | bytes]]) -> Principal | None:
         """The caller of a stream from its gRPC ``metadata``: an anonymous admin when no key is configured,
@@ -627,21 +632,30 @@ class ExtProcServer:
     async def _store_all(self) -> None:
         while self._outbox:
             items, self._outbox = self._outbox, []
-            await self._store(items)
+            if not await self._store(items):  # nobody else retries these: try again, as a gateway would a 503
+                self._outbox[:0] = items
+                if self._stopping:
+                    return
+                await asyncio.sleep(STORE_RETRY_S)
 
-    async def _store(self, items: list[OutcomeIn]) -> None:
+    async def _store(self, items: list[OutcomeIn]) -> bool:
+        """Store and settle ``items``; False when the service answered them 503 (the outcome log cannot be
+        written, or the ledger took no settlement): a retry stores them (duplicates of what was stored) and
+        settles them once."""
         try:
             acks = await asyncio.to_thread(store_outcomes, self.rt, list(items))
         except HTTPError as exc:
             for item in items:
-                log.warning("outcome of decision %s not recorded: %s", item.decision_id, exc.message)
-            return
+                log.warning("outcome of decision %s not recorded yet (retried every %g s): %s", item.decision_id,
+                            STORE_RETRY_S, exc.message)
+            return False
         except Exception:  # noqa: BLE001 - a background task: log it, never lose the loop
             log.exception("outcomes of decisions %s not recorded", ", ".join(i.decision_id for i in items))
-            return
+            return True
         for item, ack in zip(items, acks, strict=False):
             if ack["status"] not in ("stored", "duplicate", "forwarded"):
                 log.warning("outcome of decision %s: %s %s", item.decision_id, ack["status"], ack.get("message") or "")
+        return True
 
     async def drain(self) -> None:
         """Wait for the outcomes being recorded."""
@@ -672,8 +686,12 @@ class ExtProcServer:
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """NOT_SERVING, stop accepting streams, let open ones finish for ``grace_s``, then wait for
-        the outcomes being recorded."""
+        the outcomes being recorded (those waiting for a retry get one more try)."""
         await self._health.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(grace_s)
-        await self.drain()
+        self._stopping = True
+        await self.drain()  # the outcomes waiting for a retry get one more try
+        for item in self._outbox:
+            log.error("outcome of decision %s not recorded: the service stopped while its outcome log or budget "
+                      "ledger could not take it", item.decision_id)
