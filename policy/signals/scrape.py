@@ -179,8 +179,8 @@ def _histogram(samples: Samples, names: tuple[str, ...]) -> Buckets | None:
             continue
         per_group: dict[LabelKey, dict[float, float]] = {}
         for labels, value in rows:
-            le = float(labels.get("le", "nan"))
-            if math.isnan(le):
+            le = _bound(labels.get("le"))
+            if le is None:
                 continue
             group = per_group.setdefault(_group_key(labels, RANK_LABELS | {"le"}), {})
             group[le] = max(group.get(le, value), value)
@@ -192,6 +192,16 @@ def _histogram(samples: Samples, names: tuple[str, ...]) -> Buckets | None:
         if bounds:
             return Buckets(name, bounds, tuple(total[b] for b in bounds))
     return None
+
+
+def _bound(le: str | None) -> float | None:
+    """A bucket's upper bound in seconds: None when its ``le`` is no number, NaN, or below 0 (no latency
+    is), so such a bucket is skipped rather than the page refused or a quantile read below 0."""
+    try:
+        bound = float(le) if le is not None else math.nan
+    except ValueError:
+        return None
+    return bound if bound >= 0 else None
 
 
 def _prefilter(text: str) -> tuple[str, bool, bool]:

@@ -109,7 +109,8 @@ def test_scrape_metrics_true_scrapes_every_on_prem_endpoint_and_false_none(tmp_p
                for e in eps.values()), eps
 
 
-def test_a_non_finite_kv_capacity_gauge_is_unknown_not_a_failed_scrape(tmp_path, serve, standin):
+def test_a_non_finite_kv_capacity_gauge_or_a_bucket_bound_that_is_no_number_is_not_a_failed_scrape(
+        tmp_path, serve, standin):
     """An SGLang page whose ``sglang:max_total_num_tokens`` reads NaN or +Inf (every other gauge fine) is
     read with the capacity unknown, as every other non-finite gauge: the endpoint stays healthy and its
     queue is read. Before: ``int(nan)`` raised in the page reader, each scrape failed ('ValueError: cannot
@@ -121,6 +122,15 @@ def test_a_non_finite_kv_capacity_gauge_is_unknown_not_a_failed_scrape(tmp_path,
                           "# TYPE sglang:max_total_num_tokens gauge\n"
                           f"sglang:max_total_num_tokens{{model_name=\"m\"}} {value}\n")
         engines.append(engine)
+    # a vLLM page whose TTFT histogram has a bucket bound that is no number (and one below 0): the bucket is
+    # skipped, the page read (before: float('abc') failed the scrape)
+    engine = standin.MetricsServer().start()
+    ttft = "vllm:time_to_first_token_seconds"
+    engine.serve_text("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\n"
+                      f"# TYPE {ttft} histogram\n{ttft}_bucket{{model_name=\"m\",le=\"abc\"}} 1\n"
+                      f"{ttft}_bucket{{model_name=\"m\",le=\"-1\"}} 1\n{ttft}_bucket{{model_name=\"m\",le=\"+Inf\"}} 2\n"
+                      f"{ttft}_count{{model_name=\"m\"}} 2\n{ttft}_sum{{model_name=\"m\"}} 2\n")
+    engines.append(engine)
     pool = fleet("true").split("targets:")[0]
     eps = "\n".join(f'          - {{name: e{i}, url: "{e.base_url}/v1"}}' for i, e in enumerate(engines))
     (tmp_path / "fleet.yaml").write_text(f"""{pool}targets:
@@ -146,7 +156,8 @@ def test_a_non_finite_kv_capacity_gauge_is_unknown_not_a_failed_scrape(tmp_path,
         ready = endpoints_when(base, lambda eps: all(e.requests >= 5 for e in engines))
         assert all(e["healthy"] and e["scrape"].startswith("ok") for e in ready.values()), ready
         fleet_now = httpx.get(f"{base}/v1/fleet").json()["targets"]["small"]["endpoints"]
-        assert [ep["load"]["num_requests_running"] for ep in fleet_now] == [3, 3], fleet_now
+        assert [ep["load"]["num_requests_running"] for ep in fleet_now] == [3, 3, 3], fleet_now
+        assert fleet_now[2]["load"].get("ttft_p50_ms") is None or fleet_now[2]["load"]["ttft_p50_ms"] >= 0, fleet_now
     finally:
         for e in engines:
             e.stop()
