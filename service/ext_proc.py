@@ -198,6 +198,15 @@ def max_message_bytes(settings: Settings) -> int:
     return max(settings.max_body_bytes, DISCARD_LIMIT_BYTES) + MESSAGE_OVERHEAD_BYTES
 
 
+def _is_text(value: str) -> bool:
+    """Whether ``value`` is valid Unicode text (no lone surrogate, which JSON's ``\\ud800`` escape decodes to)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _error_body(exc: HTTPError) -> bytes:
     return json.dumps(exc.body()).encode()
 
@@ -437,8 +446,8 @@ class _Stream:
             if served_target:
                 fields["served_target"] = served_target
         summary = self.reader.summary() if self.reader is not None else None
-        if summary is not None and summary.model:
-            fields["served_model"] = summary.model[:256]
+        if summary is not None and summary.model and _is_text(model := summary.model[:256]):
+            fields["served_model"] = model  # (an invalid name would fail the whole outcome: left out)
         if cancelled:
             fields["status"] = "cancelled"
             fields["error"] = "the stream ended before the response did (client cancelled or proxy reset)"

@@ -1092,3 +1092,21 @@ def test_a_stream_ended_mid_answer_books_at_least_the_deltas_its_partial_usage_u
         return set_headers(req[0])
 
     assert outcome_of(app, run(app, complete)["x-pointsman-decision-id"]).usage.completion_tokens == 1
+
+
+def test_an_upstream_model_name_that_is_no_valid_text_leaves_the_outcome_recorded_and_booked(app):
+    """An upstream answer whose ``model`` is no valid Unicode (a lone surrogate escape, ``"\\ud800"``): the
+    outcome is recorded and its usage booked, without the model name. Before: the outcome failed
+    validation on ``served_model`` with and without its usage, was logged 'could not build the outcome'
+    and dropped; its hold stayed until the reservation TTL and the spend was never booked."""
+    answer = b'{"model": "llama\\ud800", "usage": {"prompt_tokens": 9, "completion_tokens": 7}}'
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, chat("What is 2 + 2?"))
+        await response_phase(call, 200, "application/json", [answer])
+        await call.done_writing()
+        return set_headers(req[0])["x-pointsman-decision-id"]
+
+    out = outcome_of(app, run(app, scenario))
+    assert out.status == "ok" and out.usage.completion_tokens == 7 and out.served_model is None
