@@ -434,7 +434,7 @@ class UsageReader:
             return
         try:
             event = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # (nested past the reader's depth: no usage read from it)
             return
         usage, model = usage_of(event)
         if usage is not None:
@@ -458,7 +458,7 @@ class UsageReader:
             return ResponseSummary(None, None, False)
         try:
             obj = json.loads(bytes(self._buf))
-        except ValueError:
+        except (ValueError, RecursionError):
             return ResponseSummary(None, None, False)
         usage, model = usage_of(obj)
         return ResponseSummary(usage, model, True)

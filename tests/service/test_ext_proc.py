@@ -1110,3 +1110,26 @@ def test_an_upstream_model_name_that_is_no_valid_text_leaves_the_outcome_recorde
 
     out = outcome_of(app, run(app, scenario))
     assert out.status == "ok" and out.usage.completion_tokens == 7 and out.served_model is None
+
+
+@pytest.mark.parametrize("sse", [False, True])
+def test_a_response_nested_past_the_json_parsers_depth_is_passed_back_and_its_outcome_recorded(app, sse):
+    """An upstream body nested 100,000 arrays deep (JSON, or one SSE event naming usage): Python's JSON reader
+    raises RecursionError, not ValueError. The body is passed back whole and the outcome recorded without its
+    usage (the estimate booked). Before: the RecursionError ended the stream with an error (the last chunk never
+    reached Envoy) and the outcome was lost."""
+    deep = b'{"usage": {"prompt_tokens": 9, "completion_tokens": 7}, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    body = b"data: " + deep + b"\n\ndata: [DONE]\n\n" if sse else deep
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, chat("What is 2 + 2?"))
+        chunks = [body[i:i + 60_000] for i in range(0, len(body), 60_000)]
+        resp = await response_phase(call, 200, "text/event-stream" if sse else "application/json", chunks)
+        await call.done_writing()
+        return set_headers(req[0])["x-pointsman-decision-id"], resp
+
+    decision_id, resp = run(app, scenario)
+    assert b"".join(streamed(r, "response")[0] for r in resp[1:]) == body and streamed(resp[-1], "response")[1]
+    out = outcome_of(app, decision_id)
+    assert out.status == "ok" and out.usage.completion_tokens is None  # the estimate is booked
