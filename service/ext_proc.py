@@ -63,7 +63,8 @@ is no answer), ``e2e_latency_ms`` and ``tpot_ms``; outcomes the service answers 
 be written, the ledger takes no settlement) are tried again every ``STORE_RETRY_S``, since no gateway retries them.
 A stream that ends before the response body did
 (the client went away: Envoy resets the stream) is recorded as ``cancelled``: its budget hold is
-released, or its estimate booked when its answer had started (``ttft_ms``). A stream that carried no
+released, or its estimate booked when its answer had started (``ttft_ms``); so is one reset while its
+decision was being made (the decision, dispatched meanwhile, is logged and released once made). A stream that carried no
 usage (OpenAI streams none without ``stream_options.include_usage``) books its estimate, or, when it
 streamed more text deltas than the estimate's output tokens, that count (a lower bound:
 ``UsageReader.streamed_tokens``) with the prompt the decision counted; usage counting fewer output tokens
@@ -108,6 +109,7 @@ from pointsman.json_types import JSONObject, JSONValue
 from pointsman.outcome import OutcomeIn
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.decision import DECISION_HEADER, PREFILLER_HEADER, Decision, host_port
+from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import Fleet
 from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.request import RouteRequest, parse_route_request
@@ -369,9 +371,13 @@ class _Stream:
         except HTTPError as exc:
             return self._refuse(exc, "bad_request")
         subset = None if self.subset is None else self.server.index(engine.fleet).subset(self.subset)
+        routing = asyncio.ensure_future(route_async(engine, request, in_thread=rt.settings.route_in_threadpool,
+                                                    api_key_id=self.api_key_id, endpoint_subset=subset))
         try:
-            decision = await route_async(engine, request, in_thread=rt.settings.route_in_threadpool,
-                                         api_key_id=self.api_key_id, endpoint_subset=subset)
+            decision = await asyncio.shield(routing)
+        except asyncio.CancelledError:  # the stream went away while deciding: the decision may be dispatched
+            routing.add_done_callback(lambda done: self._abandoned(done, request, engine, started))
+            raise
         except NoEligibleTarget as exc:
             shed = exc.by_budget
             code = "budget_exhausted" if shed else "no_eligible_target"
@@ -385,6 +391,17 @@ class _Stream:
         self.decision = commit_decision(rt, decision, request, engine.estimator, started)  # held for the stream
         self.server.count("routed")
         return Answer(self._routed(decision, raw, body, body_ends))
+
+    def _abandoned(self, routing: asyncio.Future[Decision], request: RouteRequest, engine: RoutingEngine,
+                   started: float) -> None:
+        """A decision whose stream ended while it was being made (its hold and in-flight load taken): logged,
+        counted and recorded ``cancelled`` (no response byte came: its hold and load released), as a stream
+        that ends after its decision; a refusal leaves nothing to release."""
+        if routing.cancelled() or routing.exception() is not None:
+            return
+        self.decision = commit_decision(self.rt, routing.result(), request, engine.estimator, started)
+        self.server.count("routed")
+        self.finish(cancelled=True)
 
     def _routed(self, decision: Decision, raw: bytes, body: JSONObject, body_ends: bool) -> list[object]:
         dest = ",".join(destinations(decision, self.rt.settings.ext_proc_destinations))
