@@ -96,7 +96,10 @@ def rewrite_request(raw: bytes, body: JSONObject, model: str | None) -> bytes | 
     out: JSONObject = {k: v for k, v in body.items() if k != "routing"}
     if model is not None:
         out["model"] = model
-    return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode()
+    try:
+        return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:  # a lone surrogate escape ("\ud800") the client sent: written escaped, as it came
+        return json.dumps(out, separators=(",", ":")).encode()
 
 
 #: Most answers a request may count (``RouteRequest.n``'s bound).

@@ -1173,3 +1173,23 @@ def test_a_stream_that_ends_while_its_decision_is_made_leaves_no_hold_or_load(tm
             break
         assert time.monotonic() < deadline, (acme, inflight)  # before: held and in flight until the TTL
         time.sleep(0.1)
+
+
+def test_a_lone_surrogate_escape_in_an_ignored_field_is_forwarded_as_it_came(app):
+    """A client body with a ``routing`` object (rewritten: it is removed) and ``"user": "\\ud800"`` (a lone
+    surrogate escape, valid JSON syntax, in a field Pointsman ignores): routed as /v1/route routes it, the
+    escape forwarded as it came. Before: re-serializing the body raised UnicodeEncodeError after the decision,
+    ending the stream with an error (Envoy answers 500) and recording the decision cancelled."""
+    body = b'{"model": "auto", "routing": {"tenant": "x"}, "user": "\\ud800", ' \
+           b'"messages": [{"role": "user", "content": "What is 2 + 2?"}]}'
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, body)
+        call.cancel()
+        return req
+
+    req = run(app, scenario)
+    forwarded = b"".join(streamed(r, "request")[0] for r in req[1:])
+    assert b'"user":"\\ud800"' in forwarded and b"routing" not in forwarded
+    assert json.loads(forwarded)["model"] == set_headers(req[0])["x-gateway-model-name"]
