@@ -59,12 +59,16 @@ read for usage (``ext_proc_body.UsageReader``); the served endpoint is read from
 response body the outcome is recorded in the background: status ``ok`` (2xx) or ``error``
 (``upstream HTTP <status>``), usage, the serving target (the served endpoint's), the model that
 answered, ``ttft_ms`` (request headers to first response byte; not for an ``error``, whose body
-is no answer), ``e2e_latency_ms`` and ``tpot_ms``. A stream that ends before the response body did
+is no answer), ``e2e_latency_ms`` and ``tpot_ms``; outcomes the service answers 503 (the outcome log cannot
+be written, the ledger takes no settlement) are tried again every ``STORE_RETRY_S``, since no gateway retries them.
+A stream that ends before the response body did
 (the client went away: Envoy resets the stream) is recorded as ``cancelled``: its budget hold is
-released, or its estimate booked when its answer had started (``ttft_ms``). A stream that carried no
+released, or its estimate booked when its answer had started (``ttft_ms``); so is one reset while its
+decision was being made (the decision, dispatched meanwhile, is logged and released once made). A stream that carried no
 usage (OpenAI streams none without ``stream_options.include_usage``) books its estimate, or, when it
 streamed more text deltas than the estimate's output tokens, that count (a lower bound:
-``UsageReader.streamed_tokens``) with the prompt the decision counted.
+``UsageReader.streamed_tokens``) with the prompt the decision counted; usage counting fewer output tokens
+than the deltas streamed in a stream that never completed (read before its end) books the deltas' count.
 
 Not supported: STREAMED and BUFFERED_PARTIAL request body modes (each chunk must be answered before
 the next arrives, so the headers could not carry the decision): such a stream is answered **500**
@@ -105,6 +109,7 @@ from pointsman.json_types import JSONObject, JSONValue
 from pointsman.outcome import OutcomeIn
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.decision import DECISION_HEADER, PREFILLER_HEADER, Decision, host_port
+from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import Fleet
 from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.request import RouteRequest, parse_route_request
@@ -117,6 +122,7 @@ from pointsman.service.keys import KeySource
 from pointsman.service.routes_decisions import commit_decision, route_async
 from pointsman.service.routes_reports import store_outcomes, usage_problem
 from pointsman.service.runtime import Runtime
+from pointsman.service.settings import Settings
 
 log = logging.getLogger("pointsman.service.ext_proc")
 
@@ -134,6 +140,10 @@ _GIE_DEFAULT_FLOW = "default-flow"
 _MAX_WARNED = 64
 _warned_objectives: set[str] = set()
 _DEFAULT_MODE: wire.BodyMode = "FULL_DUPLEX_STREAMED"
+#: Seconds between tries of outcomes the service answered 503 (outcome log or ledger unavailable).
+STORE_RETRY_S = 1.0
+#: Room in one gRPC message beside its body (headers, metadata, framing), bytes.
+MESSAGE_OVERHEAD_BYTES = 1 << 20
 
 
 class EndpointIndex:
@@ -180,6 +190,23 @@ def destinations(decision: Decision, limit: int | None) -> list[str]:
         if hp not in out:
             out.append(hp)
     return out if limit is None else out[:limit]
+
+
+def max_message_bytes(settings: Settings) -> int:
+    """The largest gRPC message the picker takes (bytes): Envoy's BUFFERED mode sends a whole body in one
+    message, so one up to ``POINTSMAN_MAX_BODY_BYTES`` must be decided and one up to the 413's discard limit
+    (``bodies.DISCARD_LIMIT_BYTES``, as over HTTP) answered 413, not refused by grpc's 4 MiB default;
+    ``MESSAGE_OVERHEAD_BYTES`` more for the message's headers and metadata."""
+    return max(settings.max_body_bytes, DISCARD_LIMIT_BYTES) + MESSAGE_OVERHEAD_BYTES
+
+
+def _is_text(value: str) -> bool:
+    """Whether ``value`` is valid Unicode text (no lone surrogate, which JSON's ``\\ud800`` escape decodes to)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _error_body(exc: HTTPError) -> bytes:
@@ -344,9 +371,13 @@ class _Stream:
         except HTTPError as exc:
             return self._refuse(exc, "bad_request")
         subset = None if self.subset is None else self.server.index(engine.fleet).subset(self.subset)
+        routing = asyncio.ensure_future(route_async(engine, request, in_thread=rt.settings.route_in_threadpool,
+                                                    api_key_id=self.api_key_id, endpoint_subset=subset))
         try:
-            decision = await route_async(engine, request, in_thread=rt.settings.route_in_threadpool,
-                                         api_key_id=self.api_key_id, endpoint_subset=subset)
+            decision = await asyncio.shield(routing)
+        except asyncio.CancelledError:  # the stream went away while deciding: the decision may be dispatched
+            routing.add_done_callback(lambda done: self._abandoned(done, request, engine, started))
+            raise
         except NoEligibleTarget as exc:
             shed = exc.by_budget
             code = "budget_exhausted" if shed else "no_eligible_target"
@@ -360,6 +391,17 @@ class _Stream:
         self.decision = commit_decision(rt, decision, request, engine.estimator, started)  # held for the stream
         self.server.count("routed")
         return Answer(self._routed(decision, raw, body, body_ends))
+
+    def _abandoned(self, routing: asyncio.Future[Decision], request: RouteRequest, engine: RoutingEngine,
+                   started: float) -> None:
+        """A decision whose stream ended while it was being made (its hold and in-flight load taken): logged,
+        counted and recorded ``cancelled`` (no response byte came: its hold and load released), as a stream
+        that ends after its decision; a refusal leaves nothing to release."""
+        if routing.cancelled() or routing.exception() is not None:
+            return
+        self.decision = commit_decision(self.rt, routing.result(), request, engine.estimator, started)
+        self.server.count("routed")
+        self.finish(cancelled=True)
 
     def _routed(self, decision: Decision, raw: bytes, body: JSONObject, body_ends: bool) -> list[object]:
         dest = ",".join(destinations(decision, self.rt.settings.ext_proc_destinations))
@@ -421,8 +463,8 @@ class _Stream:
             if served_target:
                 fields["served_target"] = served_target
         summary = self.reader.summary() if self.reader is not None else None
-        if summary is not None and summary.model:
-            fields["served_model"] = summary.model[:256]
+        if summary is not None and summary.model and _is_text(model := summary.model[:256]):
+            fields["served_model"] = model  # (an invalid name would fail the whole outcome: left out)
         if cancelled:
             fields["status"] = "cancelled"
             fields["error"] = "the stream ended before the response did (client cancelled or proxy reset)"
@@ -456,6 +498,16 @@ class _Stream:
             out, problem = None, str(exc.errors(include_url=False)[0].get("ctx", {}).get("error") or exc)
         except DataError as exc:
             out, problem = None, str(exc)
+        if out is not None and problem is None and out.usage is not None and summary is not None \
+                and not summary.complete and summary.streamed_tokens > (out.usage.completion_tokens or 0):
+            # usage read before the stream's end (Anthropic's message_start, before an error event or a reset)
+            # counts fewer output tokens than the text deltas that came: book at least those (not for a complete
+            # stream, whose usage is final and whose closing events repeat the text: Responses' *.done)
+            log.info("decision %s: the usage read counts %s output tokens, below the %d the stream carried; "
+                     "booking those", d.decision_id, out.usage.completion_tokens, summary.streamed_tokens)
+            out = out.model_copy(update={"usage": out.usage.model_copy(
+                update={"completion_tokens": summary.streamed_tokens})})
+            problem = usage_problem(self.rt, out)
         if out is not None and problem is None and cancelled and summary is not None and not summary.complete \
                 and self._below_estimate(out):
             # the client went away mid-answer: the usage read so far is partial (Anthropic's message_start
@@ -561,6 +613,7 @@ class ExtProcServer:
         self._outbox: list[OutcomeIn] = []  # outcomes to record, stored in batches (``record``)
         self._recorder: asyncio.Task[None] | None = None
         self._children: dict[str, Callable[[], None]] = {}
+        self._stopping = False  # stop() began: outcomes the service answers 503 are not retried again
 
     def authenticate(self, metadata: Iterable[tuple[str, str | bytes]]) -> Principal | None:
         """The caller of a stream from its gRPC ``metadata``: an anonymous admin when no key is configured,
@@ -605,21 +658,30 @@ class ExtProcServer:
     async def _store_all(self) -> None:
         while self._outbox:
             items, self._outbox = self._outbox, []
-            await self._store(items)
+            if not await self._store(items):  # nobody else retries these: try again, as a gateway would a 503
+                self._outbox[:0] = items
+                if self._stopping:
+                    return
+                await asyncio.sleep(STORE_RETRY_S)
 
-    async def _store(self, items: list[OutcomeIn]) -> None:
+    async def _store(self, items: list[OutcomeIn]) -> bool:
+        """Store and settle ``items``; False when the service answered them 503 (the outcome log cannot be
+        written, or the ledger took no settlement): a retry stores them (duplicates of what was stored) and
+        settles them once."""
         try:
             acks = await asyncio.to_thread(store_outcomes, self.rt, list(items))
         except HTTPError as exc:
             for item in items:
-                log.warning("outcome of decision %s not recorded: %s", item.decision_id, exc.message)
-            return
+                log.warning("outcome of decision %s not recorded yet (retried every %g s): %s", item.decision_id,
+                            STORE_RETRY_S, exc.message)
+            return False
         except Exception:  # noqa: BLE001 - a background task: log it, never lose the loop
             log.exception("outcomes of decisions %s not recorded", ", ".join(i.decision_id for i in items))
-            return
+            return True
         for item, ack in zip(items, acks, strict=False):
             if ack["status"] not in ("stored", "duplicate", "forwarded"):
                 log.warning("outcome of decision %s: %s %s", item.decision_id, ack["status"], ack.get("message") or "")
+        return True
 
     async def drain(self) -> None:
         """Wait for the outcomes being recorded."""
@@ -630,7 +692,8 @@ class ExtProcServer:
         """Bind ``host:port`` (0: a free port), start serving and mark every health service SERVING;
         returns the port. ``SO_REUSEPORT`` only with several workers (they share the port)."""
         reuse = 1 if self.rt.settings.workers > 1 else 0
-        server = grpc.aio.server(options=[("grpc.so_reuseport", reuse)])
+        server = grpc.aio.server(options=[("grpc.so_reuseport", reuse),
+                                          ("grpc.max_receive_message_length", max_message_bytes(self.rt.settings))])
         wire.add_servicer(_Picker(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"  # IPv6
@@ -649,8 +712,12 @@ class ExtProcServer:
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """NOT_SERVING, stop accepting streams, let open ones finish for ``grace_s``, then wait for
-        the outcomes being recorded."""
+        the outcomes being recorded (those waiting for a retry get one more try)."""
         await self._health.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(grace_s)
-        await self.drain()
+        self._stopping = True
+        await self.drain()  # the outcomes waiting for a retry get one more try
+        for item in self._outbox:
+            log.error("outcome of decision %s not recorded: the service stopped while its outcome log or budget "
+                      "ledger could not take it", item.decision_id)

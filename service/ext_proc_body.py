@@ -96,7 +96,10 @@ def rewrite_request(raw: bytes, body: JSONObject, model: str | None) -> bytes | 
     out: JSONObject = {k: v for k, v in body.items() if k != "routing"}
     if model is not None:
         out["model"] = model
-    return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode()
+    try:
+        return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:  # a lone surrogate escape ("\ud800") the client sent: written escaped, as it came
+        return json.dumps(out, separators=(",", ":")).encode()
 
 
 #: Most answers a request may count (``RouteRequest.n``'s bound).
@@ -434,7 +437,7 @@ class UsageReader:
             return
         try:
             event = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # (nested past the reader's depth: no usage read from it)
             return
         usage, model = usage_of(event)
         if usage is not None:
@@ -458,7 +461,7 @@ class UsageReader:
             return ResponseSummary(None, None, False)
         try:
             obj = json.loads(bytes(self._buf))
-        except ValueError:
+        except (ValueError, RecursionError):
             return ResponseSummary(None, None, False)
         usage, model = usage_of(obj)
         return ResponseSummary(usage, model, True)

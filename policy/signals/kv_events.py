@@ -370,13 +370,13 @@ def decode_batch(payload: bytes, *, max_events: int = DEFAULT_MAX_EVENTS) -> Eve
             if not ev:
                 raise KVEventError(f"KV-event batch events[{i}]: an empty array (no type tag)")
             tag = ev[0]
-            decode = arrays.get(tag)
+            decode = arrays.get(tag) if type(tag) is str else None  # (an array or a map tag is unhashable)
             if decode is not None:
                 append(decode(ev, i))
                 continue
         elif t is dict:
             tag = ev.get("type")
-            decode_map = maps.get(tag)
+            decode_map = maps.get(tag) if type(tag) is str else None
             if decode_map is not None:
                 append(decode_map(ev, i))
                 continue

@@ -179,8 +179,8 @@ def _histogram(samples: Samples, names: tuple[str, ...]) -> Buckets | None:
             continue
         per_group: dict[LabelKey, dict[float, float]] = {}
         for labels, value in rows:
-            le = float(labels.get("le", "nan"))
-            if math.isnan(le):
+            le = _bound(labels.get("le"))
+            if le is None:
                 continue
             group = per_group.setdefault(_group_key(labels, RANK_LABELS | {"le"}), {})
             group[le] = max(group.get(le, value), value)
@@ -192,6 +192,16 @@ def _histogram(samples: Samples, names: tuple[str, ...]) -> Buckets | None:
         if bounds:
             return Buckets(name, bounds, tuple(total[b] for b in bounds))
     return None
+
+
+def _bound(le: str | None) -> float | None:
+    """A bucket's upper bound in seconds: None when its ``le`` is no number, NaN, or below 0 (no latency
+    is), so such a bucket is skipped rather than the page refused or a quantile read below 0."""
+    try:
+        bound = float(le) if le is not None else math.nan
+    except ValueError:
+        return None
+    return bound if bound >= 0 else None
 
 
 def _prefilter(text: str) -> tuple[str, bool, bool]:
@@ -267,13 +277,13 @@ def parse_metrics(text: str) -> EngineMetrics:
             engine=VLLM, num_requests_running=total("running"), num_requests_waiting=total("waiting"),
             kv_cache_usage=mean("kv_usage"), ttft=_histogram(samples, names["ttft"]),
             tpot=_histogram(samples, names["tpot"]), prefix_cache_hits=counter("prefix_hits"),
-            prefix_cache_queries=counter("prefix_queries"), kv_cache_capacity_tokens=capacity or None)
+            prefix_cache_queries=counter("prefix_queries"), kv_cache_capacity_tokens=_capacity(capacity))
     capacity_total = total("capacity")
     return EngineMetrics(
         engine=SGLANG, num_requests_running=total("running"), num_requests_waiting=total("waiting"),
         kv_cache_usage=mean("kv_usage"), ttft=_histogram(samples, names["ttft"]),
         tpot=_histogram(samples, names["tpot"]), prefix_cache_hit_rate=mean("hit_rate"),
-        kv_cache_capacity_tokens=int(capacity_total) if capacity_total else None)
+        kv_cache_capacity_tokens=_capacity(capacity_total))
 
 
 def histogram_quantile(q: float, buckets: Buckets | None) -> float | None:
@@ -320,6 +330,13 @@ def _ms(seconds: float | None) -> float | None:
 
 def _count(value: float | None) -> int | None:
     return None if value is None or not math.isfinite(value) else max(0, int(round(value)))
+
+
+def _capacity(value: float | None) -> int | None:
+    """A KV capacity in tokens: None unless a finite count above 0 (a NaN, infinite or negative gauge is
+    unknown, as every other gauge that is no number, never a failed scrape)."""
+    count = _count(value)
+    return count if count else None
 
 
 def _fraction(value: float | None) -> float | None:

@@ -116,3 +116,72 @@ def test_the_python_client_retries_a_503_outcome_instead_of_dropping_it(tmp_path
         assert ack["status"] == "stored" and ack["settlement"]["actual_cost_usd"] > 0
     finally:
         mount.__exit__(None, None, None)
+
+
+def test_an_ext_proc_outcome_met_by_a_full_disk_is_stored_and_booked_once_there_is_room(tmp_path, serve):
+    """The endpoint picker records each outcome itself, so nobody retries a 503 for it: when the outcome log's
+    disk was full at the end of a stream, the outcome was logged 'not recorded' and dropped, and its spend
+    never booked (its hold expired at the reservation TTL). Against a real ``pointsman serve --ext-proc-port``
+    whose outcome log is on a full tmpfs: once the disk is freed the outcomes are stored and their usage booked."""
+    import asyncio
+    import base64
+    import json
+    import time
+
+    import grpc
+    import httpx
+
+    from pointsman.outcome_log.store import OutcomeLog
+    from pointsman.service import ext_proc_wire as wire
+    from tests.service.conftest import free_port
+
+    try:
+        mount = chaos.tmpfs(tmp_path / "log", "16m")
+        log_dir = mount.__enter__()
+    except PermissionError as exc:
+        pytest.skip(str(exc))
+    try:
+        budgets = tmp_path / "budgets.yaml"
+        budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                           "  - {scope: 'tenant:acme', window: day, limit_usd: 100}\n")
+        port = free_port()
+        _, base = serve(tmp_path / "data", outcome_log=str(log_dir / "outcomes.db"), ext_proc_port=port,
+                        budgets_path=budgets, scrape_interval_s=0, decision_log_flush_ms=5)
+        body = json.dumps({"model": "auto", "messages": [{"role": "user", "content": "Name three rivers."}]}).encode()
+        usage = b'{"usage": {"prompt_tokens": 12, "completion_tokens": 40}}'
+
+        async def stream() -> str:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                call = wire.stub(channel).Process()
+                await call.write(wire.headers_request("request", {":method": "POST", ":path": "/v1/chat/completions",
+                                                                  "x-pointsman-tenant": "acme"}))
+                await call.write(wire.body_request("request", body, True))
+                decided = wire.as_dict(await call.read())
+                while not wire.as_dict(await call.read())["requestBody"]["response"]["bodyMutation"][
+                        "streamedResponse"].get("endOfStream"):
+                    pass
+                chaos.fill(log_dir)  # the disk fills while the upstream answers
+                await call.write(wire.headers_request("response", {":status": "200"}))
+                await call.read()
+                await call.write(wire.body_request("response", usage, True))
+                await call.read()
+                await call.done_writing()
+                mutation = decided["requestHeaders"]["response"]["headerMutation"]["setHeaders"]
+                return next(base64.b64decode(h["header"]["rawValue"]).decode() for h in mutation
+                            if h["header"]["key"] == "x-pointsman-decision-id")
+
+        decision_ids = [asyncio.run(stream()) for _ in range(3)]  # (one may fit in WAL pages a checkpoint freed)
+        time.sleep(1.0)  # the outcomes meet the full disk
+        (log_dir / "filler").unlink()
+        deadline = time.monotonic() + 20
+        while True:
+            acme = next(b for b in httpx.get(f"{base}/v1/budgets").json()["budgets"] if b["scope"] == "tenant:acme")
+            if acme["held_usd"] == 0 and acme["settled_usd"] > 0:
+                break
+            assert time.monotonic() < deadline, acme  # before: held (the estimate) until the reservation TTL
+            time.sleep(0.1)
+        with OutcomeLog(log_dir / "outcomes.db") as log:
+            stored = [log.outcome(decision_id) for decision_id in decision_ids]
+        assert all(o is not None and o.usage.completion_tokens == 40 for o in stored), stored
+    finally:
+        mount.__exit__(None, None, None)

@@ -1005,3 +1005,191 @@ def test_an_anthropic_cache_control_breakpoint_reaches_the_explicit_cache_estima
         cold = estimate(marked=False)
         assert estimate(marked=True) > cold  # the first marked request writes its prompt at the write price
         assert estimate(marked=True) < cold  # its repeat reads the prefix the marked one wrote
+
+
+def test_a_buffered_body_over_grpcs_default_4_mib_is_decided_as_v1_route_decides_it(tmp_path, serve):
+    """Envoy's BUFFERED mode sends the whole body in one message: a 5 MB body (an image; under the default
+    8 MiB POINTSMAN_MAX_BODY_BYTES) is decided with /v1/route's target and cost, and a 9 MB one is the
+    documented 413, on a real ``pointsman serve`` (before: grpc's default 4 MiB receive limit ended both
+    streams RESOURCE_EXHAUSTED, so Envoy answered 500)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    _, base = serve(tmp_path, ext_proc_port=port, scrape_interval_s=0)
+
+    def image_request(size: int) -> bytes:
+        image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * size}}
+        return json.dumps({"model": "auto", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is in this image?"}, image]}]}).encode()
+
+    async def buffered(body: bytes) -> dict:
+        options = [("grpc.max_receive_message_length", -1)]  # as Envoy's client: no limit unless configured
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+            call = wire.stub(channel).Process()
+            await call.write(wire.headers_request("request", REQUEST_HEADERS, body_modes=("BUFFERED", "BUFFERED")))
+            await call.read()
+            await call.write(wire.body_request("request", body, True))
+            answer = wire.as_dict(await call.read())
+            call.cancel()
+            return answer
+
+    def claims(decision_id: str) -> dict:  # the signed id's claims: target, mode, scopes, estimate, prompt tokens
+        part = decision_id.split(".")[1]
+        found = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+        return {k: found[k] for k in ("t", "m", "s", "e", "p")}
+
+    body = image_request(5_000_000)
+    routed = httpx.post(f"{base}/v1/route", timeout=60,
+                        json={**json.loads(body), "routing": {"tenant": "acme"}}).json()
+    answer = asyncio.run(buffered(body))
+    assert set_headers(answer)["x-pointsman-target"] == routed["target"]
+    assert claims(set_headers(answer)["x-pointsman-decision-id"]) == claims(routed["decision_id"])
+    too_large = asyncio.run(buffered(image_request(9_000_000)))["immediateResponse"]
+    assert too_large["status"]["code"] == "PayloadTooLarge"
+    assert json.loads(base64.b64decode(too_large["body"]))["error"]["code"] == "body_too_large"
+
+
+def test_a_stream_ended_mid_answer_books_at_least_the_deltas_its_partial_usage_undercounts(app):
+    """An Anthropic stream can end mid-answer with an ``error`` event (``overloaded_error``) on an HTTP 200
+    response: message_start's usage (its placeholder output count of 1) is all the usage it carried, while
+    300 text deltas came. The outcome books at least the 300 streamed tokens (each delta is one or more),
+    as a stream without usage does; before, 1 output token was booked for them."""
+    start = _anthropic_stream().split(b"\n\n")[0] + b"\n\n"  # event: message_start, output_tokens 1
+    delta = b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0, ' \
+            b'"delta": {"type": "text_delta", "text": " and"}}\n\n'
+    error = b'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}\n\n'
+    state = app.state.fleet_state
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, chat("Tell me a long story.", stream=True, max_tokens=4000))
+        await response_phase(call, 200, "text/event-stream", [start, delta * 300, error])
+        await call.done_writing()
+        return set_headers(req[0])
+
+    headers = run(app, scenario)
+    decision_id, target = headers["x-pointsman-decision-id"], headers["x-pointsman-target"]
+    before = state.ledger.effective_price_per_token(target, "day").completion_tokens
+    out = outcome_of(app, decision_id)
+    deadline = time.monotonic() + 5
+    while state.record(decision_id) is not None:
+        assert time.monotonic() < deadline, "the request was never settled"
+        time.sleep(0.01)
+    booked = state.ledger.effective_price_per_token(target, "day").completion_tokens - before
+    assert out.status == "ok" and out.usage.completion_tokens == 300 and booked == 300, (out.usage, booked)
+
+    # a complete stream's usage is final, though its closing events repeat the text (Responses' *.done): 1 token
+    events = [{"type": "response.output_text.delta", "delta": "Yes"}, {"type": "response.output_text.done", "text": "Yes"},
+              {"type": "response.completed", "response": {"model": "gpt", "output": [{"content": [
+                  {"type": "output_text", "text": "Yes"}]}], "usage": {"input_tokens": 5, "output_tokens": 1}}}]
+    sse = b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+
+    async def complete(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, chat("Yes or no?", stream=True))
+        await response_phase(call, 200, "text/event-stream", [sse])
+        await call.done_writing()
+        return set_headers(req[0])
+
+    assert outcome_of(app, run(app, complete)["x-pointsman-decision-id"]).usage.completion_tokens == 1
+
+
+def test_an_upstream_model_name_that_is_no_valid_text_leaves_the_outcome_recorded_and_booked(app):
+    """An upstream answer whose ``model`` is no valid Unicode (a lone surrogate escape, ``"\\ud800"``): the
+    outcome is recorded and its usage booked, without the model name. Before: the outcome failed
+    validation on ``served_model`` with and without its usage, was logged 'could not build the outcome'
+    and dropped; its hold stayed until the reservation TTL and the spend was never booked."""
+    answer = b'{"model": "llama\\ud800", "usage": {"prompt_tokens": 9, "completion_tokens": 7}}'
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, chat("What is 2 + 2?"))
+        await response_phase(call, 200, "application/json", [answer])
+        await call.done_writing()
+        return set_headers(req[0])["x-pointsman-decision-id"]
+
+    out = outcome_of(app, run(app, scenario))
+    assert out.status == "ok" and out.usage.completion_tokens == 7 and out.served_model is None
+
+
+@pytest.mark.parametrize("sse", [False, True])
+def test_a_response_nested_past_the_json_parsers_depth_is_passed_back_and_its_outcome_recorded(app, sse):
+    """An upstream body nested 100,000 arrays deep (JSON, or one SSE event naming usage): Python's JSON reader
+    raises RecursionError, not ValueError. The body is passed back whole and the outcome recorded without its
+    usage (the estimate booked). Before: the RecursionError ended the stream with an error (the last chunk never
+    reached Envoy) and the outcome was lost."""
+    deep = b'{"usage": {"prompt_tokens": 9, "completion_tokens": 7}, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    body = b"data: " + deep + b"\n\ndata: [DONE]\n\n" if sse else deep
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, chat("What is 2 + 2?"))
+        chunks = [body[i:i + 60_000] for i in range(0, len(body), 60_000)]
+        resp = await response_phase(call, 200, "text/event-stream" if sse else "application/json", chunks)
+        await call.done_writing()
+        return set_headers(req[0])["x-pointsman-decision-id"], resp
+
+    decision_id, resp = run(app, scenario)
+    assert b"".join(streamed(r, "response")[0] for r in resp[1:]) == body and streamed(resp[-1], "response")[1]
+    out = outcome_of(app, decision_id)
+    assert out.status == "ok" and out.usage.completion_tokens is None  # the estimate is booked
+
+
+def test_a_stream_that_ends_while_its_decision_is_made_leaves_no_hold_or_load(tmp_path, serve):
+    """Envoy resets a stream (its client went away) while Pointsman is deciding: the gRPC call is cancelled
+    mid-decision. The decision, once made, is logged and recorded ``cancelled``, which releases its hold and
+    in-flight load. Before: the cancellation dropped a decision its route (in the threadpool here, or awaiting
+    its shared-state write) had already dispatched, so its budget hold and load stayed until the reservation
+    TTL (600 s) and it was never logged: 8 streams cancelled 2-60 ms after their body left $0.0089 held and
+    2 requests in flight on a real serve. The streams are cancelled at spread delays, so some land mid-decision."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:acme', window: day, limit_usd: 100}\n", encoding="utf-8")
+    _, base = serve(tmp_path / "data", ext_proc_port=port, scrape_interval_s=0, budgets_path=budgets,
+                    route_in_threadpool="true")
+    body = chat(" ".join(f"word{i} alpha beta gamma" for i in range(6000)), max_tokens=300)  # ~40 ms to decide
+
+    async def cancelled_after(delay_s: float) -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = wire.stub(channel).Process()
+            await call.write(wire.headers_request("request", REQUEST_HEADERS))
+            chunks = [body[i:i + CHUNK] for i in range(0, len(body), CHUNK)]
+            for i, chunk in enumerate(chunks):
+                await call.write(wire.body_request("request", chunk, i == len(chunks) - 1))
+            await asyncio.sleep(delay_s)
+            call.cancel()
+
+    for delay_s in (0.0, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.06, 0.08):
+        asyncio.run(cancelled_after(delay_s))
+    deadline = time.monotonic() + 10
+    while True:
+        acme = next(b for b in httpx.get(f"{base}/v1/budgets").json()["budgets"] if b["scope"] == "tenant:acme")
+        eps = [ep for t in httpx.get(f"{base}/v1/fleet").json()["targets"].values() for ep in t["endpoints"]]
+        inflight = sum((ep.get("load") or {}).get("inflight_requests", 0) for ep in eps)
+        if acme["held_usd"] == 0 and inflight == 0:
+            break
+        assert time.monotonic() < deadline, (acme, inflight)  # before: held and in flight until the TTL
+        time.sleep(0.1)
+
+
+def test_a_lone_surrogate_escape_in_an_ignored_field_is_forwarded_as_it_came(app):
+    """A client body with a ``routing`` object (rewritten: it is removed) and ``"user": "\\ud800"`` (a lone
+    surrogate escape, valid JSON syntax, in a field Pointsman ignores): routed as /v1/route routes it, the
+    escape forwarded as it came. Before: re-serializing the body raised UnicodeEncodeError after the decision,
+    ending the stream with an error (Envoy answers 500) and recording the decision cancelled."""
+    body = b'{"model": "auto", "routing": {"tenant": "x"}, "user": "\\ud800", ' \
+           b'"messages": [{"role": "user", "content": "What is 2 + 2?"}]}'
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, body)
+        call.cancel()
+        return req
+
+    req = run(app, scenario)
+    forwarded = b"".join(streamed(r, "request")[0] for r in req[1:])
+    assert b'"user":"\\ud800"' in forwarded and b"routing" not in forwarded
+    assert json.loads(forwarded)["model"] == set_headers(req[0])["x-gateway-model-name"]

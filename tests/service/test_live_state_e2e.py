@@ -175,3 +175,43 @@ def test_two_replicas_share_live_state(setup):
     assert eventually(unhealthy_on_both, timeout_s=10)
     decision = route(a)
     assert decision["endpoints"][0]["url"] == e1
+
+
+def test_a_batch_whose_type_tag_is_no_string_drops_the_endpoints_blocks_and_the_stream_goes_on(tmp_path, serve, standin):
+    """A payload whose event's type tag is an array or a map (msgpack decodes them unhashable) is an
+    undecodable batch like any other: the endpoint's reported blocks are dropped (a missed BlockRemoved
+    could hide in it) and the next batches are applied. Before: the decoder raised TypeError ('unhashable
+    type'), which ended the endpoint's subscriber thread: its blocks stayed claimed, and no later
+    eviction or store of that engine reached the index."""
+    import msgpack
+
+    engines = [standin.StandinEngine("vllm").start() for _ in range(2)]
+    tokenizer = tmp_path / "tokenizer.json"
+    shutil.copyfile(bundled_model_dir() / "tokenizer.json", tokenizer)
+    template = tmp_path / "template.jinja"
+    template.write_text(TEMPLATE)
+    (tmp_path / "fleet.yaml").write_text(fleet_yaml(engines, tokenizer, template))
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    try:
+        _, base = serve(tmp_path / "data", fleet_path=tmp_path / "fleet.yaml", policy_path=tmp_path / "policy.yaml",
+                        watch_policy="false", watch_fleet="false", scrape_interval_s=INTERVAL_S, scrape_timeout_s=0.3)
+        tok = TargetTokenizer.from_files(tokenizer, chat_template_file=template)
+        e0, e1 = (f"{e.base_url}/v1" for e in engines)
+
+        def routed_to(url):
+            decision = route(base, explain=True)
+            done(base, decision)
+            return decision["endpoints"][0]["url"] == url
+
+        ids = tok.prompt_token_ids([{"role": "user", "content": LONG}])
+        _, stored = engines[1].prefill(ids)
+        assert stored is not None and eventually(lambda: routed_to(e1))
+        for tag in (["BlockStored"], {"type": "BlockRemoved"}):
+            engines[1].events.publish_payload(msgpack.packb([1.0, [[tag, [1], None, [], 16]]]))
+        assert eventually(lambda: routed_to(e0))  # before: e1, its blocks still claimed
+        engines[1].evict(stored.block_hashes)
+        engines[1].prefill(ids)  # the engine caches the prompt again: the stream goes on
+        assert eventually(lambda: routed_to(e1))
+    finally:
+        for e in engines:
+            e.stop()

@@ -107,3 +107,57 @@ def test_scrape_metrics_true_scrapes_every_on_prem_endpoint_and_false_none(tmp_p
     eps = endpoints_when(base, lambda eps: True)
     assert all(e["healthy"] and e["scrape"] == "off: the fleet sets defaults.scrape_metrics: false"
                for e in eps.values()), eps
+
+
+def test_a_non_finite_kv_capacity_gauge_or_a_bucket_bound_that_is_no_number_is_not_a_failed_scrape(
+        tmp_path, serve, standin):
+    """An SGLang page whose ``sglang:max_total_num_tokens`` reads NaN or +Inf (every other gauge fine) is
+    read with the capacity unknown, as every other non-finite gauge: the endpoint stays healthy and its
+    queue is read. Before: ``int(nan)`` raised in the page reader, each scrape failed ('ValueError: cannot
+    convert float NaN to integer') and three in a row marked a serving engine unhealthy."""
+    engines = []
+    for value in ("NaN", "+Inf"):
+        engine = standin.MetricsServer(standin.EngineMetrics("sglang")).start()
+        engine.serve_text("# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name=\"m\"} 3\n"
+                          "# TYPE sglang:max_total_num_tokens gauge\n"
+                          f"sglang:max_total_num_tokens{{model_name=\"m\"}} {value}\n")
+        engines.append(engine)
+    # a vLLM page whose TTFT histogram has a bucket bound that is no number (and one below 0): the bucket is
+    # skipped, the page read (before: float('abc') failed the scrape)
+    engine = standin.MetricsServer().start()
+    ttft = "vllm:time_to_first_token_seconds"
+    engine.serve_text("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\n"
+                      f"# TYPE {ttft} histogram\n{ttft}_bucket{{model_name=\"m\",le=\"abc\"}} 1\n"
+                      f"{ttft}_bucket{{model_name=\"m\",le=\"-1\"}} 1\n{ttft}_bucket{{model_name=\"m\",le=\"+Inf\"}} 2\n"
+                      f"{ttft}_count{{model_name=\"m\"}} 2\n{ttft}_sum{{model_name=\"m\"}} 2\n")
+    engines.append(engine)
+    pool = fleet("true").split("targets:")[0]
+    eps = "\n".join(f'          - {{name: e{i}, url: "{e.base_url}/v1"}}' for i, e in enumerate(engines))
+    (tmp_path / "fleet.yaml").write_text(f"""{pool}targets:
+  small:
+    kind: onprem
+    model: m
+    context_window_tokens: 131072
+    usd_per_gpu_hour: 2.5
+    pools:
+      aggregated:
+        gpus_per_replica: 1
+        prefill_tokens_per_s: 20000
+        decode_tokens_per_s: 20000
+        endpoints:
+{eps}
+""")
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    try:
+        _, base = serve(tmp_path / "data", fleet_path=tmp_path / "fleet.yaml", policy_path=tmp_path / "policy.yaml",
+                        scrape_interval_s=INTERVAL_S, scrape_timeout_s="0.2", scrape_failures_to_unhealthy="3",
+                        watch_fleet="false", watch_policy="false")
+        # each engine answered 4 scrapes (3 failures in a row would have marked it unhealthy)
+        ready = endpoints_when(base, lambda eps: all(e.requests >= 5 for e in engines))
+        assert all(e["healthy"] and e["scrape"].startswith("ok") for e in ready.values()), ready
+        fleet_now = httpx.get(f"{base}/v1/fleet").json()["targets"]["small"]["endpoints"]
+        assert [ep["load"]["num_requests_running"] for ep in fleet_now] == [3, 3, 3], fleet_now
+        assert fleet_now[2]["load"].get("ttft_p50_ms") is None or fleet_now[2]["load"]["ttft_p50_ms"] >= 0, fleet_now
+    finally:
+        for e in engines:
+            e.stop()
