@@ -57,7 +57,7 @@ from pointsman.policy.escalation import judge, rule_name
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, Fleet, Mode, load_fleet
 from pointsman.policy.live import StaticSignals
 from pointsman.policy.rules.compiler import CompiledPolicy, load_policy
-from pointsman.policy.selection.filters import NoEligibleTarget
+from pointsman.policy.selection.filters import Exclusion, NoEligibleTarget
 from pointsman.policy.signals.namespaces import (
     VERIFY_SIGNALS,
     BudgetSignals,
@@ -241,6 +241,17 @@ def _check_verify(fleet: Fleet, policy: CompiledPolicy, case: Case, signals: Sna
             and getattr(exp, key) != seen[key]]
 
 
+def _check_excluded(exp: CaseExpect, exclusions: Mapping[str, Exclusion | None]) -> list[str]:
+    """Mismatches of a case's ``excluded_by`` (target -> filter) with the decision's exclusions,
+    whether the decision routed or found no eligible target."""
+    wrong = []
+    for target, filt in (exp.excluded_by or {}).items():
+        excluded = exclusions.get(target)
+        if excluded is None or excluded.filter != filt:
+            wrong.append(f"excluded_by[{target}]: expected {filt!r}, got {excluded.filter if excluded else None!r}")
+    return wrong
+
+
 def load_cases(path: str | Path) -> tuple[CasesSpec, LocatedDocument, Fleet, CompiledPolicy]:
     """Validate a cases file without running it: ``(spec, located doc, fleet, compiled policy)``.
 
@@ -281,11 +292,7 @@ def run_cases(path: str | Path) -> list[CaseResult]:
                              StaticSignals(fleet, policy, signals))
         except NoEligibleTarget as exc:
             wrong = [] if exp.error == "no-eligible-target" else [f"unexpected error: {exc}"]
-            for target, filt in (exp.excluded_by or {}).items():
-                excluded = exc.exclusions.get(target)
-                if excluded is None or excluded.filter != filt:
-                    wrong.append(f"excluded_by[{target}]: expected {filt!r}, "
-                                 f"got {excluded.filter if excluded else None!r}")
+            wrong += _check_excluded(exp, exc.exclusions)
             wrong += _check_verify(fleet, policy, case, signals)
             results.append(CaseResult(case.name, not wrong, "; ".join(wrong), line))
             continue
@@ -299,6 +306,7 @@ def run_cases(path: str | Path) -> list[CaseResult]:
             want = getattr(exp, key)
             if want is not None and want != seen[key]:
                 wrong.append(f"{key}: expected {want!r}, got {seen[key]!r}")
+        wrong += _check_excluded(exp, outcome.exclusions)
         wrong += _check_verify(fleet, policy, case, signals)
         results.append(CaseResult(case.name, not wrong, "; ".join(wrong), line))
     return results

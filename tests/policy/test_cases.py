@@ -57,6 +57,30 @@ def test_a_cases_file_that_cannot_fail_is_refused(tmp_path: Path, cases: str, pr
         assert f"{path}{problem}" in res.output, res.output
 
 
+@pytest.mark.parametrize("excluded_by, message", [
+    ("{frontier-large: budget}", None),
+    ("{frontier-large: health}", "excluded_by[frontier-large]: expected 'health', got 'budget'"),
+    ("{onprem-8b: budget}", "excluded_by[onprem-8b]: expected 'budget', got None"),
+])
+def test_excluded_by_is_checked_when_the_decision_routes(tmp_path: Path, excluded_by: str, message: str | None):
+    """`excluded_by` was checked only when no target was eligible: a case that routed passed whatever
+    it claimed was excluded (1 of 1 such cases passed with a wrong filter, exit 0)."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    (tmp_path / "p.yaml").write_text((DEFAULT_POLICY_DIR / "budget-pacing.yaml").read_text())
+    (tmp_path / "p.cases.yaml").write_text(
+        "apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: p.yaml\ncases:\n"
+        "  - name: frontier over budget\n"
+        "    signals: {difficulty: {p_hard: 0.99}, budget: {limited: true, remaining_usd: 0.001, limit_usd: 10}}\n"
+        f"    expect: {{target: onprem-70b, excluded_by: {excluded_by}}}\n")
+    res = CliRunner().invoke(main, ["policy", "test", str(tmp_path / "p.cases.yaml")])
+    assert res.exit_code == (0 if message is None else 1), res.output
+    if message:
+        assert message in res.output, res.output
+
+
 def test_unknown_signal_in_a_case_is_a_located_error(tmp_path: Path):
     (tmp_path / "p.yaml").write_text((DEFAULT_POLICY_DIR / "static.yaml").read_text())
     path = tmp_path / "p.cases.yaml"
