@@ -485,3 +485,20 @@ def test_policy_check_refuses_an_equality_that_can_never_hold(tmp_path: Path):
         f"{never}:8:11: type-error: 'request.tenant' is a string and 7 a number: '!=' between them is always true in "
         "CEL, which never converts (compare with a string)",
     ]
+
+
+def test_policy_check_refuses_a_condition_that_fails_on_every_request(tmp_path: Path):
+    """``request.prompt_tokens / 0 > 1`` passed ``policy check`` as ok, yet it raises on every request
+    (division by zero), so the rule was skipped each time and never fired; a condition that fails on only
+    one probe (a division by an idle queue's 0) stays ok, its error being data-dependent."""
+    path = tmp_path / "p.yaml"
+    path.write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
+                    "  - name: never\n    when: 'request.prompt_tokens / 0 > 1'\n    route: {target: frontier-large}\n"
+                    "  - name: busy\n    when: 'request.prompt_tokens / load[\"onprem-70b\"].num_requests_waiting > 1'\n"
+                    "    route: {target: frontier-small}\n"
+                    "  - name: default\n    route: {target: onprem-8b}\n")
+    r = CliRunner().invoke(main, ["policy", "check", str(path)])
+    assert r.exit_code == 1, r.output
+    assert r.stdout.splitlines() == [
+        f"{path}:5:11: always-error: condition fails on a typical and a busy request (division by zero in CEL "
+        "expression), so the rule would be skipped on every request and never fire"]
