@@ -502,3 +502,35 @@ def test_policy_check_refuses_a_condition_that_fails_on_every_request(tmp_path: 
     assert r.stdout.splitlines() == [
         f"{path}:5:11: always-error: condition fails on a typical and a busy request (division by zero in CEL "
         "expression), so the rule would be skipped on every request and never fire"]
+
+
+def test_route_what_if_moves_past_a_target_its_budget_would_refuse(tmp_path: Path, monkeypatch):
+    """With ``filters: {budget: false}`` the reservation at dispatch refuses a target the budget cannot pay
+    and the decision moves to its fallback: ``POST /v1/route`` answered onprem-8b, but ``pointsman route``
+    (a what-if that reads the budgets and reserves nothing) printed frontier-large ($0.0026 against a
+    $0.0001 day budget). The what-if now applies the reservation's check to each candidate."""
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from pointsman.service.app import create_app
+    from pointsman.service.settings import Settings
+
+    budgets, policy = tmp_path / "budgets.yaml", tmp_path / "p.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:tiny', window: day, limit_usd: 0.0001}\n")
+    policy.write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nfilters: {budget: false}\nrules:\n"
+                      "  - name: big\n    route: {target: frontier-large, fallbacks: [onprem-8b]}\n")
+    settings = {"data_dir": tmp_path, "budgets_path": budgets, "policy_path": policy}
+    with TestClient(create_app(Settings(**settings, watch_policy=False, watch_fleet=False, watch_budgets=False,
+                                        scrape_interval_s=0))) as c:
+        served = c.post("/v1/route", json={"messages": [{"role": "user", "content": "hi"}],
+                                           "routing": {"tenant": "tiny"}}).json()
+    assert (served["target"], served["rule"]) == ("onprem-8b", "big"), served
+    for name, value in settings.items():
+        monkeypatch.setenv(f"POINTSMAN_{name.upper()}", str(value))
+    r = CliRunner().invoke(main, ["route", "--tenant", "other", "--json", "hi"])  # no budget: the rule's target
+    assert r.exit_code == 0 and json.loads(r.stdout)["target"] == "frontier-large", r.output
+    r = CliRunner().invoke(main, ["route", "--tenant", "tiny", "--json", "hi"])
+    assert r.exit_code == 0, r.output
+    assert (json.loads(r.stdout)["target"], json.loads(r.stdout)["rule"]) == ("onprem-8b", "big")
