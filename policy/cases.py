@@ -287,9 +287,17 @@ def run_cases(path: str | Path) -> list[CaseResult]:
         signals = case_signals(fleet, policy, case.signals)
         exp = case.expect
         line = doc.mark(("cases", i))[0]
+        source = StaticSignals(fleet, policy, signals)
         try:
             outcome = decide(fleet, policy, {"request": signals["request"], "difficulty": signals["difficulty"]},
-                             StaticSignals(fleet, policy, signals))
+                             source)
+            # dispatch: a candidate whose reservation the budget refuses gives way to the next
+            candidates = [(outcome.verdict.target, outcome.mode.mode), *outcome.fallbacks]
+            refusals = {t: Exclusion("budget", f"estimated ${source.cost(t, m).usd:.6f} does not fit the budget")
+                        for t, m in candidates if source.budget_limited() and not source.budget_fits(source.cost(t, m).usd)}
+            if len(refusals) == len(candidates):
+                raise NoEligibleTarget({**outcome.exclusions, **refusals}, [t for t, _ in candidates])
+            candidates = candidates[next(i for i, (t, _) in enumerate(candidates) if t not in refusals):]
         except NoEligibleTarget as exc:
             wrong = [] if exp.error == "no-eligible-target" else [f"unexpected error: {exc}"]
             wrong += _check_excluded(exp, exc.exclusions)
@@ -297,8 +305,8 @@ def run_cases(path: str | Path) -> list[CaseResult]:
             results.append(CaseResult(case.name, not wrong, "; ".join(wrong), line))
             continue
         verdict = outcome.verdict
-        seen: dict[str, object] = {"target": verdict.target, "mode": outcome.mode.mode, "rule": verdict.rule.name,
-                                   "fallbacks": [t for t, _ in outcome.fallbacks], "skipped": verdict.skipped}
+        seen: dict[str, object] = {"target": candidates[0][0], "mode": candidates[0][1], "rule": verdict.rule.name,
+                                   "fallbacks": [t for t, _ in candidates[1:]], "skipped": verdict.skipped}
         wrong = []
         if exp.error is not None:
             wrong.append(f"expected error {exp.error}, got target {verdict.target}")
@@ -306,7 +314,7 @@ def run_cases(path: str | Path) -> list[CaseResult]:
             want = getattr(exp, key)
             if want is not None and want != seen[key]:
                 wrong.append(f"{key}: expected {want!r}, got {seen[key]!r}")
-        wrong += _check_excluded(exp, outcome.exclusions)
+        wrong += _check_excluded(exp, {**outcome.exclusions, **refusals})
         wrong += _check_verify(fleet, policy, case, signals)
         results.append(CaseResult(case.name, not wrong, "; ".join(wrong), line))
     return results

@@ -81,6 +81,32 @@ def test_excluded_by_is_checked_when_the_decision_routes(tmp_path: Path, exclude
         assert message in res.output, res.output
 
 
+def test_a_case_moves_past_a_target_its_budget_would_refuse(tmp_path: Path):
+    """With ``filters: {budget: false}`` the reservation at dispatch refuses a target the budget cannot pay
+    (``POST /v1/route`` then takes the fallback), but ``policy test`` passed a case expecting the rule's
+    target, frontier-large ($0.0026 against $0.0001 left); now the case sees the fallback, or
+    ``no-eligible-target`` when no candidate fits."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    (tmp_path / "p.yaml").write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nfilters: {budget: false}\nrules:\n"
+                                     "  - name: big\n    route: {target: frontier-large, fallbacks: [onprem-8b]}\n")
+    budget = "{limited: true, remaining_usd: %s, limit_usd: 1.0, scope: 'tenant:tiny', window: day}"
+    (tmp_path / "p.cases.yaml").write_text(
+        "apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: p.yaml\ncases:\n"
+        f"  - name: over budget\n    signals: {{budget: {budget % 0.0001}}}\n    expect: {{target: frontier-large}}\n"
+        f"  - name: in budget\n    signals: {{budget: {budget % 0.5}}}\n"
+        "    expect: {target: frontier-large, fallbacks: [onprem-8b]}\n"
+        f"  - name: fallback\n    signals: {{budget: {budget % 0.0001}}}\n"
+        "    expect: {target: onprem-8b, rule: big, fallbacks: [], excluded_by: {frontier-large: budget}}\n"
+        f"  - name: nothing fits\n    signals: {{budget: {budget % 0.0}}}\n    expect: {{error: no-eligible-target}}\n")
+    res = CliRunner().invoke(main, ["policy", "test", str(tmp_path / "p.cases.yaml")])
+    assert res.exit_code == 1, res.output
+    assert res.output.splitlines()[0].endswith("over budget: target: expected 'frontier-large', got 'onprem-8b'")
+    assert res.output.splitlines()[-1] == "3 passed, 1 failed", res.output
+
+
 def test_unknown_signal_in_a_case_is_a_located_error(tmp_path: Path):
     (tmp_path / "p.yaml").write_text((DEFAULT_POLICY_DIR / "static.yaml").read_text())
     path = tmp_path / "p.cases.yaml"
