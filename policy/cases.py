@@ -97,6 +97,10 @@ class CaseExpect(StrictModel):
             raise ValueError("a case must expect something (target, mode, rule, fallbacks, skipped, error, "
                              "excluded_by, action, escalate_to or verify_rule): an empty expect passes whatever "
                              "the policy decides")
+        routed = [name for name in ("target", "mode", "rule", "fallbacks", "skipped") if getattr(self, name) is not None]
+        if self.error is not None and routed:
+            raise ValueError(f"a case expecting error {self.error} has no decision to check {', '.join(routed)} "
+                             "against: expect one or the other")
         return self
 
 

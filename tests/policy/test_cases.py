@@ -40,6 +40,11 @@ def test_a_wrong_expectation_fails_with_a_message(tmp_path: Path):
     ("  - name: only nulls\n    signals: {difficulty: {p_hard: 0.9}}\n    expect: {target: null}\n",
      ":7:13: invalid-value: cases[0].expect: a case must expect something"),
     ("  []\n", ":5:3: invalid-value: cases: List should have at least 1 item"),
+    # an error and a target: the target was never checked when the error came (passed)
+    ("  - name: both\n    signals: {budget: {limited: true, remaining_usd: 0.0}}\n"
+     "    expect: {error: no-eligible-target, target: frontier-large, rule: default}\n",
+     ":7:13: invalid-value: cases[0].expect: a case expecting error no-eligible-target has no decision to check "
+     "target, rule against"),
 ])
 def test_a_cases_file_that_cannot_fail_is_refused(tmp_path: Path, cases: str, problem: str):
     """`expect: {}` passed whatever the policy decided, and `cases: []` ran nothing: both printed
