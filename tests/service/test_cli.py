@@ -534,3 +534,20 @@ def test_route_what_if_moves_past_a_target_its_budget_would_refuse(tmp_path: Pat
     r = CliRunner().invoke(main, ["route", "--tenant", "tiny", "--json", "hi"])
     assert r.exit_code == 0, r.output
     assert (json.loads(r.stdout)["target"], json.loads(r.stdout)["rule"]) == ("onprem-8b", "big")
+
+
+def test_policy_check_refuses_an_allow_list_tenant_no_request_can_carry(tmp_path: Path):
+    """``filters.tenants: {frontier-large: ["acme corp", ""]}`` passed ``policy check`` as ok, yet
+    ``routing.tenant`` refuses a name with a space or an empty one (422), so those entries never admitted
+    anyone; they are now located errors, and a plain name stays ok."""
+    path = tmp_path / "p.yaml"
+    path.write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nfilters:\n"
+                    "  tenants: {frontier-large: [\"acme corp\", \"\", acme]}\nrules:\n"
+                    "  - name: default\n    route: {target: frontier-large, fallbacks: [onprem-8b]}\n")
+    r = CliRunner().invoke(main, ["policy", "check", str(path)])
+    assert r.exit_code == 1, r.output
+    assert r.stdout.splitlines() == [
+        f"{path}:4:30: invalid-value: filters.tenants.frontier-large[0]: 'acme corp' can never be a request's tenant "
+        "(routing.tenant is 1-200 characters without spaces)",
+        f"{path}:4:43: invalid-value: filters.tenants.frontier-large[1]: '' can never be a request's tenant "
+        "(routing.tenant is 1-200 characters without spaces)"]
