@@ -57,7 +57,7 @@ from pointsman.policy.escalation import judge, rule_name
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, Fleet, Mode, load_fleet
 from pointsman.policy.live import StaticSignals
 from pointsman.policy.rules.compiler import CompiledPolicy, load_policy
-from pointsman.policy.selection.filters import NoEligibleTarget
+from pointsman.policy.selection.filters import Exclusion, NoEligibleTarget
 from pointsman.policy.signals.namespaces import (
     VERIFY_SIGNALS,
     BudgetSignals,
@@ -97,6 +97,10 @@ class CaseExpect(StrictModel):
             raise ValueError("a case must expect something (target, mode, rule, fallbacks, skipped, error, "
                              "excluded_by, action, escalate_to or verify_rule): an empty expect passes whatever "
                              "the policy decides")
+        routed = [name for name in ("target", "mode", "rule", "fallbacks", "skipped") if getattr(self, name) is not None]
+        if self.error is not None and routed:
+            raise ValueError(f"a case expecting error {self.error} has no decision to check {', '.join(routed)} "
+                             "against: expect one or the other")
         return self
 
 
@@ -241,6 +245,17 @@ def _check_verify(fleet: Fleet, policy: CompiledPolicy, case: Case, signals: Sna
             and getattr(exp, key) != seen[key]]
 
 
+def _check_excluded(exp: CaseExpect, exclusions: Mapping[str, Exclusion | None]) -> list[str]:
+    """Mismatches of a case's ``excluded_by`` (target -> filter) with the decision's exclusions,
+    whether the decision routed or found no eligible target."""
+    wrong = []
+    for target, filt in (exp.excluded_by or {}).items():
+        excluded = exclusions.get(target)
+        if excluded is None or excluded.filter != filt:
+            wrong.append(f"excluded_by[{target}]: expected {filt!r}, got {excluded.filter if excluded else None!r}")
+    return wrong
+
+
 def load_cases(path: str | Path) -> tuple[CasesSpec, LocatedDocument, Fleet, CompiledPolicy]:
     """Validate a cases file without running it: ``(spec, located doc, fleet, compiled policy)``.
 
@@ -276,22 +291,26 @@ def run_cases(path: str | Path) -> list[CaseResult]:
         signals = case_signals(fleet, policy, case.signals)
         exp = case.expect
         line = doc.mark(("cases", i))[0]
+        source = StaticSignals(fleet, policy, signals)
         try:
             outcome = decide(fleet, policy, {"request": signals["request"], "difficulty": signals["difficulty"]},
-                             StaticSignals(fleet, policy, signals))
+                             source)
+            # dispatch: a candidate whose reservation the budget refuses gives way to the next
+            candidates = [(outcome.verdict.target, outcome.mode.mode), *outcome.fallbacks]
+            refusals = {t: Exclusion("budget", f"estimated ${source.cost(t, m).usd:.6f} does not fit the budget")
+                        for t, m in candidates if source.budget_limited() and not source.budget_fits(source.cost(t, m).usd)}
+            if len(refusals) == len(candidates):
+                raise NoEligibleTarget({**outcome.exclusions, **refusals}, [t for t, _ in candidates])
+            candidates = candidates[next(i for i, (t, _) in enumerate(candidates) if t not in refusals):]
         except NoEligibleTarget as exc:
             wrong = [] if exp.error == "no-eligible-target" else [f"unexpected error: {exc}"]
-            for target, filt in (exp.excluded_by or {}).items():
-                excluded = exc.exclusions.get(target)
-                if excluded is None or excluded.filter != filt:
-                    wrong.append(f"excluded_by[{target}]: expected {filt!r}, "
-                                 f"got {excluded.filter if excluded else None!r}")
+            wrong += _check_excluded(exp, exc.exclusions)
             wrong += _check_verify(fleet, policy, case, signals)
             results.append(CaseResult(case.name, not wrong, "; ".join(wrong), line))
             continue
         verdict = outcome.verdict
-        seen: dict[str, object] = {"target": verdict.target, "mode": outcome.mode.mode, "rule": verdict.rule.name,
-                                   "fallbacks": [t for t, _ in outcome.fallbacks], "skipped": verdict.skipped}
+        seen: dict[str, object] = {"target": candidates[0][0], "mode": candidates[0][1], "rule": verdict.rule.name,
+                                   "fallbacks": [t for t, _ in candidates[1:]], "skipped": verdict.skipped}
         wrong = []
         if exp.error is not None:
             wrong.append(f"expected error {exp.error}, got target {verdict.target}")
@@ -299,6 +318,7 @@ def run_cases(path: str | Path) -> list[CaseResult]:
             want = getattr(exp, key)
             if want is not None and want != seen[key]:
                 wrong.append(f"{key}: expected {want!r}, got {seen[key]!r}")
+        wrong += _check_excluded(exp, {**outcome.exclusions, **refusals})
         wrong += _check_verify(fleet, policy, case, signals)
         results.append(CaseResult(case.name, not wrong, "; ".join(wrong), line))
     return results

@@ -382,7 +382,8 @@ class RoutingEngine:
         """Decide where ``request`` runs and, with ``dispatch`` (default), commit it: reserve
         its estimated cost on its budget scopes (``routing.tenant``, ``routing.team``,
         ``api_key_id``), count it in flight, record its prefix. ``dispatch=False`` decides
-        without changing any state (what-if: CLI, explain tools). The trace is built at once
+        without changing any state (what-if: CLI, explain tools), a candidate whose estimate the
+        budgets would refuse moving to the next as a refused reservation would. The trace is built at once
         when ``routing.explain`` is set, else on first access of ``Decision.trace`` (from the
         decision's memoized signals; values it had not read come from the state then).
         ``request`` may be a ``RequestView`` already built (then ``api_key_id`` is its own).
@@ -436,6 +437,10 @@ class RoutingEngine:
                 except BudgetExceeded as exc:
                     refusals[target] = Exclusion("budget", str(exc).removeprefix("budget exceeded: "))
                     continue
+            elif live.budget_limited() and not live.budget_fits(placed.cost.usd):  # the reservation's check
+                refusals[target] = Exclusion("budget", f"estimated ${placed.cost.usd:.6f} does not fit the budget "
+                                                       "(what-if: nothing reserved)")
+                continue
             chosen = placed
             break
         if chosen is None:

@@ -47,7 +47,13 @@ MAX_LIMIT_USD = 9e9
 Usd = Annotated[float, Field(strict=True, ge=0, le=MAX_LIMIT_USD, allow_inf_nan=False)]
 
 
-Seconds = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
+#: Longest reservation TTL or record retention, seconds (10 years): Redis refuses an EXPIRE past its range, and
+#: its scripts keep what ran before the refusal (before, reservation_ttl_s: 1e300 loaded, and each reservation on
+#: the Redis ledger failed, 503, leaving its hold counted on the window's spend).
+MAX_SECONDS = 10 * 366 * 86400.0
+
+
+Seconds = Annotated[float, Field(strict=True, gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
 
 
 class BudgetSpec(StrictModel):

@@ -66,13 +66,14 @@ class SnapshotCache:
 
     def read(self, scopes: Sequence[str], now: float, *, fresh: bool = False) -> BudgetSnapshot:
         """The snapshot of ``scopes`` at Unix time ``now`` (seconds): a kept one less than
-        ``ttl_s`` old (with this replica's reservations since), else a ledger read, kept when no
+        ``ttl_s`` old read in the same UTC day (with this replica's reservations since), else a ledger read, kept when no
         change of its scopes overlapped it. ``fresh``: always read the ledger. Raises
         ``LedgerUnavailable`` (nothing kept)."""
         key = tuple(scopes)
         with self._lock:
             hit = None if fresh else self._kept.get(key)
-            if hit is not None and 0.0 <= now - hit.now <= self.ttl_s:
+            # a snapshot serves the UTC day it was read in only: past midnight its windows are yesterday's
+            if hit is not None and 0.0 <= now - hit.now <= self.ttl_s and now // 86400 == hit.now // 86400:
                 return hit
             stamp = self._stamp(key)
         snap = self.ledger.snapshot(key, now)

@@ -6,7 +6,7 @@ raise ``PolicyError`` whose ``problems`` are ``file:line:col: code: message``, i
 order. Codes: ``yaml-syntax``, ``duplicate-key``, ``unknown-key``, ``missing-key``,
 ``invalid-value`` (schema); ``cel-syntax`` (located inside the YAML scalar),
 ``unknown-signal``, ``unknown-variable``, ``unknown-function``, ``type-error``,
-``not-boolean`` (expressions); ``unknown-target``, ``unsupported-mode``,
+``not-boolean``, ``always-error`` (expressions); ``unknown-target``, ``unsupported-mode``,
 ``duplicate-fallback``, ``unknown-rule``, ``fallback-cycle``, ``duplicate-rule``,
 ``missing-default``, ``unreachable-rule`` (routing); ``unknown-picker`` (endpoint selection);
 ``too-large`` (over a size limit of ``limits.py``: bytes, YAML nodes with aliases expanded,
@@ -397,7 +397,9 @@ def _check_condition(ck: _Checker, i: int, source: str, variables: Mapping[str, 
     for offset, length, text in sorted(rewrites, reverse=True):
         rewritten = rewritten[:offset] + text + rewritten[offset + length:]
     out.program = cel.compile(rewritten)
-    _probe(ck, path, out.program, variables, probe_extra)
+    # a relative name without a route to read it for is reported by the caller (verify accept rules)
+    targetless = not target and any(p.split(".")[0] in RELATIVE_ROOTS for p in out.paths)
+    _probe(ck, path, out.program, variables, probe_extra, always_error=not targetless)
     for problem in _mixed_equalities(rewritten, ck.probes(variables)):
         ck.add(path, "type-error", problem)
     return out
@@ -447,9 +449,10 @@ def _probe_snapshots(fleet: Fleet, variables: Mapping[str, JSONValue]) -> list[S
 
 
 def _probe(ck: _Checker, path: Path_, program: cel.Program, variables: Mapping[str, JSONValue],
-           extra: Mapping[str, object] | None = None) -> None:
+           extra: Mapping[str, object] | None = None, *, always_error: bool = True) -> None:
     """Run the condition on the probe snapshots (plus ``extra`` namespaces) to catch type errors
-    and non-boolean results."""
+    and non-boolean results, and conditions that fail on every probe (``x / 0``: the rule never fires)."""
+    errors: list[str] = []
     for snapshot in ck.probes(variables):
         ctx = cel.Context({**snapshot, **(extra or {})}, {"cost": lambda target: 0.001})
         try:
@@ -459,13 +462,18 @@ def _probe(ck: _Checker, path: Path_, program: cel.Program, variables: Mapping[s
                 ck.add(path, "type-error", "an operator or function is applied to mismatched types "
                        "(CEL never converts between int, double and string; use double(x), int(x) or string(x))")
                 return
+            errors.append(str(exc))
             continue
-        except Exception:  # data-dependent errors (missing keys, division by zero) surface at run time
+        except Exception as exc:  # data-dependent errors (missing keys, division by zero) surface at run time
+            errors.append(str(exc))
             continue
         if not isinstance(result, bool):
             ck.add(path, "not-boolean", f"condition must be true or false, but gives {type(result).__name__} "
                    f"{result!r} on a typical request")
             return
+    if always_error and len(errors) == len(ck.probes(variables)):
+        ck.add(path, "always-error", f"condition fails on a typical and a busy request ({errors[0]}), so the rule "
+               "would be skipped on every request and never fire")
 
 
 #: Tokens that may stand right before or after an operand of ``==``/``!=`` read alone (not a sum's part).

@@ -34,7 +34,17 @@ from pointsman.located import StrictModel
 from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget
 from pointsman.policy.signals.namespaces import RequestSignals
 from pointsman.policy.signals.source import SignalSource
-from pointsman.request import canonical
+from pointsman.request import MAX_SCOPE_NAME_CHARS, canonical, valid_scope_name
+
+
+def _tenant_name(value: str) -> str:
+    """An allow-list entry, ``request.canonical``; one no request can carry (a space, empty, over 200
+    characters: ``routing.tenant`` refuses those) is an error rather than an entry that never matches."""
+    value = canonical(value)
+    if not valid_scope_name(value):
+        raise ValueError(f"{value!r} can never be a request's tenant (routing.tenant is 1-{MAX_SCOPE_NAME_CHARS} "
+                         "characters without spaces)")
+    return value
 
 
 class FiltersSpec(StrictModel):
@@ -44,7 +54,7 @@ class FiltersSpec(StrictModel):
 
     context_window: bool = True
     capabilities: bool = True
-    tenants: dict[str, list[Annotated[str, AfterValidator(canonical)]]] = {}
+    tenants: dict[str, list[Annotated[str, AfterValidator(_tenant_name)]]] = {}
     health: bool = True
     budget: bool = True
 

@@ -143,3 +143,24 @@ def test_a_refusal_is_confirmed_by_the_ledger_not_the_cache(fleet, tmp_path):
     hold(b, "theirs-2", 1.0 - est - est / 2)  # now the ledger itself is full: the refusal stands, confirmed
     with pytest.raises(NoEligibleTarget, match="budget"):
         engine.route(request)
+
+
+def test_a_snapshot_kept_from_yesterday_is_not_read_after_midnight(fleet, tmp_path):
+    """A snapshot read 10 ms before 00:00 UTC served decisions for its 50 ms TTL after midnight: the
+    budget signals read yesterday's spend against today's clock (spent_fraction 0.96, pace_gap 0.96),
+    so budget-pacing.yaml sent a p_hard 0.9 prompt to onprem-8b by its budget-reserve rule instead of
+    frontier-large. A kept snapshot now serves only the UTC day it was read in."""
+    from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, load_policy
+
+    midnight = datetime(2025, 3, 15, tzinfo=UTC).timestamp()
+    clock = [midnight - 0.01]
+    config = BudgetConfig.from_dict({"budgets": [{"scope": "tenant:acme", "window": "day", "limit_usd": 1.0}]})
+    st = FleetState(fleet, SqliteLedger(tmp_path / "b.db", config), clock=lambda: clock[0])
+    st.ledger.reserve("yesterday", ACME, 0.96, now=clock[0])
+    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_DIR / "budget-pacing.yaml", fleet), FixedDifficulty(0.9),
+                           state=st)
+    request = parse_route_request({"messages": [{"role": "user", "content": "hi"}], "routing": {"tenant": "acme"}})
+    assert engine.route(request, dispatch=False).rule == "budget-reserve"  # 96% of today's budget spent
+    clock[0] = midnight + 0.01  # 20 ms later: a new UTC day, nothing spent in it yet
+    assert st.budget_snapshot(ACME, clock[0]).binding.window_id == "day:2025-03-15"
+    assert engine.route(request, dispatch=False).rule == "hard-prompt-paced"

@@ -261,3 +261,24 @@ def test_a_request_without_scopes_is_unlimited_and_still_priced(budget_ledgers):
     assert ledger.snapshot([], T).statuses == () and ledger.snapshot([], T).fits(1e9)
     ledger.reserve("anon2", [], 5.0, T)
     assert ledger.release("anon2", T) is True
+
+
+def test_the_longest_reservation_ttl_works_and_a_longer_one_is_refused(budget_ledgers, tmp_path):
+    """``reservation_ttl_s: 1e300`` loaded, and on the Redis ledger each reservation then failed (EXPIRE out of
+    range: every budgeted request a 503) while the script's hold stayed counted. The budgets file now refuses
+    a TTL or retention past ``MAX_SECONDS`` (10 years), and that longest one works on both ledgers."""
+    from pointsman.policy.budget.config import MAX_SECONDS, BudgetConfigError
+
+    path = tmp_path / "budgets.yaml"
+    path.write_text("apiVersion: pointsman/v1\nkind: Budgets\nreservation_ttl_s: 1.0e+300\n"
+                    "record_retention_s: 1.0e+300\nbudgets: []\n")
+    with pytest.raises(BudgetConfigError, match=r"budgets.yaml:3:20: invalid-value: reservation_ttl_s: Input should "
+                                                r"be less than or equal to 316224000"):
+        BudgetConfig.load(path)
+    config = BudgetConfig.from_dict({"reservation_ttl_s": MAX_SECONDS, "record_retention_s": MAX_SECONDS,
+                                     "budgets": [{"scope": ACME, "window": "day", "limit_usd": 1.0}]})
+    ledger = budget_ledgers.open(config)
+    ledger.reserve("d1", [ACME], 0.25, T)
+    assert spent(ledger, ACME) == pytest.approx(0.25)
+    ledger.settle("d1", 0.10, T)
+    assert spent(ledger, ACME) == pytest.approx(0.10)

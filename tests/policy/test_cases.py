@@ -40,6 +40,11 @@ def test_a_wrong_expectation_fails_with_a_message(tmp_path: Path):
     ("  - name: only nulls\n    signals: {difficulty: {p_hard: 0.9}}\n    expect: {target: null}\n",
      ":7:13: invalid-value: cases[0].expect: a case must expect something"),
     ("  []\n", ":5:3: invalid-value: cases: List should have at least 1 item"),
+    # an error and a target: the target was never checked when the error came (passed)
+    ("  - name: both\n    signals: {budget: {limited: true, remaining_usd: 0.0}}\n"
+     "    expect: {error: no-eligible-target, target: frontier-large, rule: default}\n",
+     ":7:13: invalid-value: cases[0].expect: a case expecting error no-eligible-target has no decision to check "
+     "target, rule against"),
 ])
 def test_a_cases_file_that_cannot_fail_is_refused(tmp_path: Path, cases: str, problem: str):
     """`expect: {}` passed whatever the policy decided, and `cases: []` ran nothing: both printed
@@ -55,6 +60,56 @@ def test_a_cases_file_that_cannot_fail_is_refused(tmp_path: Path, cases: str, pr
         res = CliRunner().invoke(main, ["policy", command, str(tmp_path / "p.yaml") if command == "test" else str(path)])
         assert res.exit_code == 1, res.output
         assert f"{path}{problem}" in res.output, res.output
+
+
+@pytest.mark.parametrize("excluded_by, message", [
+    ("{frontier-large: budget}", None),
+    ("{frontier-large: health}", "excluded_by[frontier-large]: expected 'health', got 'budget'"),
+    ("{onprem-8b: budget}", "excluded_by[onprem-8b]: expected 'budget', got None"),
+])
+def test_excluded_by_is_checked_when_the_decision_routes(tmp_path: Path, excluded_by: str, message: str | None):
+    """`excluded_by` was checked only when no target was eligible: a case that routed passed whatever
+    it claimed was excluded (1 of 1 such cases passed with a wrong filter, exit 0)."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    (tmp_path / "p.yaml").write_text((DEFAULT_POLICY_DIR / "budget-pacing.yaml").read_text())
+    (tmp_path / "p.cases.yaml").write_text(
+        "apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: p.yaml\ncases:\n"
+        "  - name: frontier over budget\n"
+        "    signals: {difficulty: {p_hard: 0.99}, budget: {limited: true, remaining_usd: 0.001, limit_usd: 10}}\n"
+        f"    expect: {{target: onprem-70b, excluded_by: {excluded_by}}}\n")
+    res = CliRunner().invoke(main, ["policy", "test", str(tmp_path / "p.cases.yaml")])
+    assert res.exit_code == (0 if message is None else 1), res.output
+    if message:
+        assert message in res.output, res.output
+
+
+def test_a_case_moves_past_a_target_its_budget_would_refuse(tmp_path: Path):
+    """With ``filters: {budget: false}`` the reservation at dispatch refuses a target the budget cannot pay
+    (``POST /v1/route`` then takes the fallback), but ``policy test`` passed a case expecting the rule's
+    target, frontier-large ($0.0026 against $0.0001 left); now the case sees the fallback, or
+    ``no-eligible-target`` when no candidate fits."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    (tmp_path / "p.yaml").write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nfilters: {budget: false}\nrules:\n"
+                                     "  - name: big\n    route: {target: frontier-large, fallbacks: [onprem-8b]}\n")
+    budget = "{limited: true, remaining_usd: %s, limit_usd: 1.0, scope: 'tenant:tiny', window: day}"
+    (tmp_path / "p.cases.yaml").write_text(
+        "apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: p.yaml\ncases:\n"
+        f"  - name: over budget\n    signals: {{budget: {budget % 0.0001}}}\n    expect: {{target: frontier-large}}\n"
+        f"  - name: in budget\n    signals: {{budget: {budget % 0.5}}}\n"
+        "    expect: {target: frontier-large, fallbacks: [onprem-8b]}\n"
+        f"  - name: fallback\n    signals: {{budget: {budget % 0.0001}}}\n"
+        "    expect: {target: onprem-8b, rule: big, fallbacks: [], excluded_by: {frontier-large: budget}}\n"
+        f"  - name: nothing fits\n    signals: {{budget: {budget % 0.0}}}\n    expect: {{error: no-eligible-target}}\n")
+    res = CliRunner().invoke(main, ["policy", "test", str(tmp_path / "p.cases.yaml")])
+    assert res.exit_code == 1, res.output
+    assert res.output.splitlines()[0].endswith("over budget: target: expected 'frontier-large', got 'onprem-8b'")
+    assert res.output.splitlines()[-1] == "3 passed, 1 failed", res.output
 
 
 def test_unknown_signal_in_a_case_is_a_located_error(tmp_path: Path):

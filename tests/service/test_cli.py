@@ -485,3 +485,69 @@ def test_policy_check_refuses_an_equality_that_can_never_hold(tmp_path: Path):
         f"{never}:8:11: type-error: 'request.tenant' is a string and 7 a number: '!=' between them is always true in "
         "CEL, which never converts (compare with a string)",
     ]
+
+
+def test_policy_check_refuses_a_condition_that_fails_on_every_request(tmp_path: Path):
+    """``request.prompt_tokens / 0 > 1`` passed ``policy check`` as ok, yet it raises on every request
+    (division by zero), so the rule was skipped each time and never fired; a condition that fails on only
+    one probe (a division by an idle queue's 0) stays ok, its error being data-dependent."""
+    path = tmp_path / "p.yaml"
+    path.write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
+                    "  - name: never\n    when: 'request.prompt_tokens / 0 > 1'\n    route: {target: frontier-large}\n"
+                    "  - name: busy\n    when: 'request.prompt_tokens / load[\"onprem-70b\"].num_requests_waiting > 1'\n"
+                    "    route: {target: frontier-small}\n"
+                    "  - name: default\n    route: {target: onprem-8b}\n")
+    r = CliRunner().invoke(main, ["policy", "check", str(path)])
+    assert r.exit_code == 1, r.output
+    assert r.stdout.splitlines() == [
+        f"{path}:5:11: always-error: condition fails on a typical and a busy request (division by zero in CEL "
+        "expression), so the rule would be skipped on every request and never fire"]
+
+
+def test_route_what_if_moves_past_a_target_its_budget_would_refuse(tmp_path: Path, monkeypatch):
+    """With ``filters: {budget: false}`` the reservation at dispatch refuses a target the budget cannot pay
+    and the decision moves to its fallback: ``POST /v1/route`` answered onprem-8b, but ``pointsman route``
+    (a what-if that reads the budgets and reserves nothing) printed frontier-large ($0.0026 against a
+    $0.0001 day budget). The what-if now applies the reservation's check to each candidate."""
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from pointsman.service.app import create_app
+    from pointsman.service.settings import Settings
+
+    budgets, policy = tmp_path / "budgets.yaml", tmp_path / "p.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:tiny', window: day, limit_usd: 0.0001}\n")
+    policy.write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nfilters: {budget: false}\nrules:\n"
+                      "  - name: big\n    route: {target: frontier-large, fallbacks: [onprem-8b]}\n")
+    settings = {"data_dir": tmp_path, "budgets_path": budgets, "policy_path": policy}
+    with TestClient(create_app(Settings(**settings, watch_policy=False, watch_fleet=False, watch_budgets=False,
+                                        scrape_interval_s=0))) as c:
+        served = c.post("/v1/route", json={"messages": [{"role": "user", "content": "hi"}],
+                                           "routing": {"tenant": "tiny"}}).json()
+    assert (served["target"], served["rule"]) == ("onprem-8b", "big"), served
+    for name, value in settings.items():
+        monkeypatch.setenv(f"POINTSMAN_{name.upper()}", str(value))
+    r = CliRunner().invoke(main, ["route", "--tenant", "other", "--json", "hi"])  # no budget: the rule's target
+    assert r.exit_code == 0 and json.loads(r.stdout)["target"] == "frontier-large", r.output
+    r = CliRunner().invoke(main, ["route", "--tenant", "tiny", "--json", "hi"])
+    assert r.exit_code == 0, r.output
+    assert (json.loads(r.stdout)["target"], json.loads(r.stdout)["rule"]) == ("onprem-8b", "big")
+
+
+def test_policy_check_refuses_an_allow_list_tenant_no_request_can_carry(tmp_path: Path):
+    """``filters.tenants: {frontier-large: ["acme corp", ""]}`` passed ``policy check`` as ok, yet
+    ``routing.tenant`` refuses a name with a space or an empty one (422), so those entries never admitted
+    anyone; they are now located errors, and a plain name stays ok."""
+    path = tmp_path / "p.yaml"
+    path.write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nfilters:\n"
+                    "  tenants: {frontier-large: [\"acme corp\", \"\", acme]}\nrules:\n"
+                    "  - name: default\n    route: {target: frontier-large, fallbacks: [onprem-8b]}\n")
+    r = CliRunner().invoke(main, ["policy", "check", str(path)])
+    assert r.exit_code == 1, r.output
+    assert r.stdout.splitlines() == [
+        f"{path}:4:30: invalid-value: filters.tenants.frontier-large[0]: 'acme corp' can never be a request's tenant "
+        "(routing.tenant is 1-200 characters without spaces)",
+        f"{path}:4:43: invalid-value: filters.tenants.frontier-large[1]: '' can never be a request's tenant "
+        "(routing.tenant is 1-200 characters without spaces)"]
