@@ -228,9 +228,9 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
     metrics.watch_state(StateCollector(lambda: rt.live, lambda: rt.writer.pending, lambda: rt.feeds))
     if deliver is not None:
         rt.live.engine.state.sync.set_inbox(outcome_log.log_id, lambda payloads: deliver(rt, payloads))
-    rt.live.engine.state.start_sync()
     sync = rt.live.engine.state.sync
     sync.on_reload(rt.reload_file)  # another worker's or replica's admin reload: re-read the same file here
+    rt.live.engine.state.start_sync()  # after the hook: reloads announced while this process started are re-read
     if answer_verify is not None and isinstance(sync, RedisSync):
         rt.relay = VerifyRelay.for_sync(sync, lambda decision_id: rt.cascade.get(decision_id) is not None,
                                         lambda body: answer_verify(rt, body)).start()

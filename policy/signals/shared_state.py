@@ -787,14 +787,15 @@ class RedisSync:
 
     def _check_reloads(self, first: bool) -> None:
         """Re-read the files another process reloaded that this one has not: those whose ``{P}reloads``
-        count changed since this process last took it (at the first check: none, only the counts are
-        taken). Called at each reconnect and every ``RELOAD_CHECK_S`` while following, so an announce
-        the stream did not bring (it fell in a gap, or Redis lost it) still arrives; a hook that raises
-        leaves its count untaken and is tried again at the next check. Raises what Redis raises."""
+        count changed since this process last took it; at the ``first`` check every file counted at all,
+        since this process read its files before it could follow (an admin's reload announced while it
+        started would be in the count and never re-read: a worker kept the old budgets; a file unchanged
+        reads as unchanged). Called at each reconnect and every ``RELOAD_CHECK_S`` while following, so an
+        announce the stream did not bring (it fell in a gap, or Redis lost it) still arrives; a hook that
+        raises leaves its count untaken and is tried again at the next check. Raises what Redis raises."""
         counts = {str(k): str(v) for k, v in dict(self.client.hgetall(f"{self.prefix}reloads")).items()}
         if first:
-            self._reload_counts = counts
-            return
+            self._reload_counts = {}
         with self._lock:
             hook = self._reload_hook
         for what, n in counts.items():
@@ -823,7 +824,7 @@ class RedisSync:
         last = self._load(reload)
         if last is not None:
             try:
-                self._check_reloads(first=True)  # the reloads counted so far: this process read its files since
+                self._check_reloads(first=self._thread is None)  # a new state's start: only what changed
             except self._errors as exc:
                 log.warning("cannot read the shared reload counts: %s", exc)
         if self._thread is None:

@@ -303,3 +303,29 @@ def test_a_reload_announce_redis_refused_is_sent_while_the_reader_follows(pair, 
     a.sync.announce_reload("budgets")  # refused: kept to be sent; both readers stay connected
     # the stream's announce and the count check may both bring it (a re-read of an unchanged file is a no-op)
     assert eventually(lambda: "budgets" in seen), (calls, seen)
+
+
+def test_reloads_announced_before_a_process_follows_are_re_read_when_it_starts(fleet, redis_url):
+    """A process reads its files before its reader starts: a reload another worker announced in between is in
+    ``{P}reloads`` but not in the stream this process follows. At the first check it re-reads every file
+    counted (the hook set before ``start``, as the service does); later checks only what changed since.
+    Before, the first check only took the counts, so such a worker kept the old budgets for good (the
+    flaky failure of test_a_budgets_reload_applies_on_every_worker under load)."""
+    prefix = quote(f"{{t-{uuid.uuid4().hex[:8]}}}:", safe="")
+    first = FleetState(fleet, sync=RedisSync.from_url(f"{redis_url}?prefix={prefix}", block_ms=100))
+    late = FleetState(fleet, sync=RedisSync.from_url(f"{redis_url}?prefix={prefix}", block_ms=100))
+    try:
+        first.start_sync()
+        first.sync.announce_reload("budgets")  # while the late process has read its files but not followed yet
+        first.sync.announce_reload("policy")
+        seen: list[str] = []
+        late.sync.on_reload(seen.append)
+        late.start_sync()
+        assert sorted(seen) == ["budgets", "policy"]
+        late.start_sync()  # a new state's start (a fleet reload): nothing changed, nothing re-read
+        assert sorted(seen) == ["budgets", "policy"]
+        first.sync.announce_reload("fleet")
+        assert eventually(lambda: "fleet" in seen), seen
+    finally:
+        first.close()
+        late.close()
