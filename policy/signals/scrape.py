@@ -291,12 +291,13 @@ def histogram_quantile(q: float, buckets: Buckets | None) -> float | None:
     Prometheus's ``histogram_quantile`` rule: find the first bucket whose cumulative
     count reaches ``q × total`` and interpolate linearly between its lower bound (the
     previous bound, 0 for the first bucket) and its upper bound; if that bucket is
-    ``+Inf``, return the highest finite bound. None when there are no observations."""
+    ``+Inf``, return the highest finite bound. None when there are no observations, or a count is
+    no finite number (a page counting ``+Inf`` or NaN observations: the quantile would read NaN)."""
     if buckets is None or not 0.0 <= q <= 1.0:
         return None
     bounds, counts = buckets.bounds, buckets.counts
     total = counts[-1] if counts else 0.0
-    if total <= 0:
+    if not total > 0 or not all(map(math.isfinite, counts)):
         return None
     rank = q * total
     prev_bound, prev_count = 0.0, 0.0
@@ -306,7 +307,7 @@ def histogram_quantile(q: float, buckets: Buckets | None) -> float | None:
                 return prev_bound if len(bounds) > 1 else None
             if bound <= 0 or count == prev_count:
                 return bound
-            return prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count)
+            return min(bound, prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count))
         prev_bound, prev_count = bound, count
     return None
 

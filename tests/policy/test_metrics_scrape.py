@@ -5,6 +5,7 @@ fixtures/make_metric_pages.py (Prometheus histogram_quantile rule).
 """
 
 import asyncio
+import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from pointsman.policy.signals.load_board import LoadBoard
 from pointsman.policy.signals.scrape import (
@@ -131,6 +134,28 @@ def test_histogram_quantile_hand_computed():
     assert histogram_quantile(0.95, b) == 1.0  # rank 9.5 in +Inf: highest finite bound
     assert histogram_quantile(0.5, Buckets("h", (0.1, float("inf")), (0.0, 0.0))) is None
     assert histogram_quantile(0.5, None) is None
+
+
+@settings(max_examples=300, deadline=None)
+@example([0.1, 1.0], [1.0, math.inf, math.inf, 0.0, 0.0, 0.0, 0.0], 0.5)  # inf / inf
+@given(st.lists(st.floats(min_value=0.0, max_value=1e6), min_size=0, max_size=6, unique=True),
+       st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=7, max_size=7),
+       st.floats(min_value=0.0, max_value=1.0))
+def test_histogram_quantile_is_none_or_a_latency_within_the_bounds(finite, counts, q):
+    """Whatever a page's buckets count (negative, NaN, infinite, not cumulative), the quantile is None or
+    a finite number between 0 and the highest finite bound. Before, a bucket counting +Inf observations
+    gave ttft_p50_ms NaN (inf / inf) -- found by the fresh-eyes tester."""
+    bounds = (*sorted(finite), float("inf"))
+    got = histogram_quantile(q, Buckets("h", bounds, tuple(counts[:len(bounds)])))
+    assert got is None or (math.isfinite(got) and 0.0 <= got <= max(finite, default=0.0))
+
+
+def test_a_page_counting_infinite_observations_reads_no_ttft():
+    page = ('vllm:time_to_first_token_seconds_bucket{le="0.1"} 1\n'
+            'vllm:time_to_first_token_seconds_bucket{le="1.0"} +Inf\n'
+            'vllm:time_to_first_token_seconds_bucket{le="+Inf"} +Inf\n')
+    load = to_endpoint_load("e", parse_metrics(page), None, 0.0)
+    assert load.ttft_p50_ms is None  # before: nan
 
 
 def test_window_deltas_resets_and_quiet_intervals():
