@@ -72,7 +72,10 @@ than the deltas streamed in a stream that never completed (read before its end) 
 
 Not supported: STREAMED and BUFFERED_PARTIAL request body modes (each chunk must be answered before
 the next arrives, so the headers could not carry the decision): such a stream is answered **500**
-naming the setting.
+naming the setting. Requests with a body to an API that is no generation (``:path`` ``/v1/embeddings``,
+``/v1/audio/...``, ``/v1/images/...``, ``rerank``, ``tokenize``, ...: ``not_generation``) are answered **400**
+``not_a_generation_request`` rather than read as a chat request and sent to a chat model; route them around
+the filter.
 
 Authentication: with API keys configured (``POINTSMAN_GATEWAY_API_KEYS``, ``..._ADMIN_API_KEYS`` or their
 files), a stream must carry a gateway or admin key in its gRPC metadata, ``authorization: Bearer <key>``
@@ -140,6 +143,12 @@ _GIE_DEFAULT_FLOW = "default-flow"
 _MAX_WARNED = 64
 _warned_objectives: set[str] = set()
 _DEFAULT_MODE: wire.BodyMode = "FULL_DUPLEX_STREAMED"
+#: Last path segments of APIs whose requests are no generation (OpenAI's and vLLM's), and the segments before
+#: such a last one (``/v1/audio/speech``, ``/v1/images/generations``): their bodies read as a chat request
+#: (an embeddings body's ``input`` as a Responses one) and ``model`` would be rewritten to a chat model's.
+NOT_GENERATION_ENDPOINTS = frozenset({"embeddings", "moderations", "rerank", "score", "tokenize", "detokenize",
+                                      "pooling", "classify"})
+NOT_GENERATION_PARENTS = frozenset({"audio", "images"})
 #: Seconds between tries of outcomes the service answered 503 (outcome log or ledger unavailable).
 STORE_RETRY_S = 1.0
 #: Room in one gRPC message beside its body (headers, metadata, framing), bytes.
@@ -198,6 +207,14 @@ def max_message_bytes(settings: Settings) -> int:
     (``bodies.DISCARD_LIMIT_BYTES``, as over HTTP) answered 413, not refused by grpc's 4 MiB default;
     ``MESSAGE_OVERHEAD_BYTES`` more for the message's headers and metadata."""
     return max(settings.max_body_bytes, DISCARD_LIMIT_BYTES) + MESSAGE_OVERHEAD_BYTES
+
+
+def not_generation(path: str) -> bool:
+    """Whether the request path ``path`` (``:path``, a query string allowed) names an API that is no generation
+    request (``NOT_GENERATION_ENDPOINTS``, ``NOT_GENERATION_PARENTS``): the picker refuses those (400)."""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    return bool(parts) and (parts[-1] in NOT_GENERATION_ENDPOINTS
+                            or (len(parts) >= 2 and parts[-2] in NOT_GENERATION_PARENTS))
 
 
 def _is_text(value: str) -> bool:
@@ -342,6 +359,11 @@ class _Stream:
             self.decided = True
             self.server.count("passthrough")
             return Answer([wire.headers_response("request")])
+        if not_generation(path := msg.headers.get(":path", "")):
+            return self._refuse(HTTPError(400, f"{path[:200]} is no generation request (chat completions, completions, "
+                                          "messages, responses), the only requests the picker decides: route it "
+                                          "around the ext_proc filter", param=":path", code="not_a_generation_request"),
+                                "bad_request")
         if self.request_mode == "BUFFERED":
             return Answer([wire.headers_response("request")])
         return Answer([])

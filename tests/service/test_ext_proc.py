@@ -34,7 +34,7 @@ from pointsman.request import parse_route_request
 from pointsman.service import ext_proc_wire as wire
 from pointsman.service.app import create_app
 from pointsman.service.bootstrap import build_state
-from pointsman.service.ext_proc import destinations
+from pointsman.service.ext_proc import destinations, not_generation
 from pointsman.service.ext_proc_body import UsageReader, rewrite_request
 from pointsman.service.settings import Settings
 
@@ -378,6 +378,32 @@ def test_buffered_mode_answers_each_message_and_carries_the_decision_in_the_body
     assert "responseBody" in last and "bodyMutation" not in last["responseBody"].get("response", {})
     out = outcome_of(app, headers["x-pointsman-decision-id"])
     assert out.status == "error" and out.error == "upstream HTTP 503"
+
+
+def test_a_request_to_an_api_that_is_no_generation_is_refused_not_rewritten_to_a_chat_model(app):
+    """An embeddings body (``model`` + ``input``) read as a Responses request was routed with ``model`` rewritten to a
+    chat model's -- found by the fresh-eyes tester. Such paths are a 400 naming the path; a chat path behind a
+    prefix and with a query string is decided as before."""
+    embeddings = json.dumps({"model": "text-embedding-3-small", "input": "hello"}).encode()
+
+    async def scenario(stub, _):
+        out = []
+        for path, body in (("/v1/embeddings", embeddings), ("/openai/v1/audio/transcriptions?x=1", embeddings),
+                           ("/v1/rerank", embeddings), ("/openai/v1/chat/completions?api-version=1", chat("Hi."))):
+            call = stub.Process()
+            out.append(await request_phase(call, body, headers={**REQUEST_HEADERS, ":path": path}))
+            await call.done_writing()
+        return out
+
+    *refused, decided = run(app, scenario)
+    for answers in refused:
+        answer = answers[-1]
+        assert answer["immediateResponse"]["status"]["code"] == "BadRequest"
+        error = json.loads(base64.b64decode(answer["immediateResponse"]["body"]))["error"]
+        assert error["code"] == "not_a_generation_request" and error["param"] == ":path"
+    assert "immediateResponse" not in decided[-1] and set_headers(decided[0])  # routed: destination headers set
+    assert not_generation("/v1/images/generations") and not not_generation("/v1beta/models/gemini-pro:generateContent")
+    assert not not_generation("/v1/messages") and not not_generation("/v1/responses") and not not_generation("")
 
 
 def test_bodyless_requests_pass_through_and_health_is_served(app):
