@@ -57,7 +57,7 @@ from pointsman.policy.escalation import judge, rule_name
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, Fleet, Mode, load_fleet
 from pointsman.policy.live import StaticSignals
 from pointsman.policy.rules.compiler import CompiledPolicy, load_policy
-from pointsman.policy.selection.filters import Exclusion, NoEligibleTarget
+from pointsman.policy.selection.filters import Exclusion, NoEligibleTarget, budget_refusal
 from pointsman.policy.signals.namespaces import (
     VERIFY_SIGNALS,
     BudgetSignals,
@@ -297,8 +297,9 @@ def run_cases(path: str | Path) -> list[CaseResult]:
                              source)
             # dispatch: a candidate whose reservation the budget refuses gives way to the next
             candidates = [(outcome.verdict.target, outcome.mode.mode), *outcome.fallbacks]
-            refusals = {t: Exclusion("budget", f"estimated ${source.cost(t, m).usd:.6f} does not fit the budget")
-                        for t, m in candidates if source.budget_limited() and not source.budget_fits(source.cost(t, m).usd)}
+            refused = {t: budget_refusal(source, source.cost(t, m).usd) for t, m in candidates} \
+                if source.budget_limited() else {}
+            refusals = {t: Exclusion("budget", why) for t, why in refused.items() if why is not None}
             if len(refusals) == len(candidates):
                 raise NoEligibleTarget({**outcome.exclusions, **refusals}, [t for t, _ in candidates])
             candidates = candidates[next(i for i, (t, _) in enumerate(candidates) if t not in refusals):]

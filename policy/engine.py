@@ -60,6 +60,7 @@ from pointsman.policy.selection.filters import (
     FilterContext,
     FilterFn,
     NoEligibleTarget,
+    budget_refusal,
     eligibility,
     enabled,
 )
@@ -437,9 +438,8 @@ class RoutingEngine:
                 except BudgetExceeded as exc:
                     refusals[target] = Exclusion("budget", str(exc).removeprefix("budget exceeded: "))
                     continue
-            elif live.budget_limited() and not live.budget_fits(placed.cost.usd):  # the reservation's check
-                refusals[target] = Exclusion("budget", f"estimated ${placed.cost.usd:.6f} does not fit the budget "
-                                                       "(what-if: nothing reserved)")
+            elif (refused := budget_refusal(live, placed.cost.usd)) is not None:  # the reservation's check
+                refusals[target] = Exclusion("budget", f"{refused} (what-if: nothing reserved)")
                 continue
             chosen = placed
             break

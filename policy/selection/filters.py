@@ -119,12 +119,16 @@ def health(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterContext)
 
 
 def budget(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterContext) -> str | None:
-    """Ineligible when the target's estimated cost does not fit the request's budgets."""
+    """Ineligible when the target's estimated cost does not fit the request's budgets (``budget_refusal``)."""
     source = ctx.source
-    if not source.budget_limited():
-        return None
-    usd = source.cost(name).usd
-    if source.budget_fits(usd):
+    return budget_refusal(source, source.cost(name).usd) if source.budget_limited() else None
+
+
+def budget_refusal(source: SignalSource, usd: float) -> str | None:
+    """Why a reservation of ``usd`` (USD) would not fit the request's budgets, naming the binding one; None
+    when it fits or no budget applies. The ``budget`` filter's check, and a what-if's for each candidate
+    in place of the reservation (``RoutingEngine.route(dispatch=False)``, ``policy test``)."""
+    if not source.budget_limited() or source.budget_fits(usd):
         return None
     b = source.budget_binding()
     where = f" {b['scope']} has ${b['remaining_usd']:.6f} of ${b['limit_usd']:.6f} left this {b['window']}" if b else ""
