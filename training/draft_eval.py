@@ -46,10 +46,10 @@ from pointsman.datasets.drafts import read_drafts
 from pointsman.datasets.outcome_tables import read_outcome_table
 from pointsman.errors import DataError, RequestError
 from pointsman.estimator.draft import Draft, draft_features, draft_prefix, prompt_of
+from pointsman.estimator.features import extract_features
 from pointsman.estimator.verifier import HeuristicVerifier, OnnxVerifier
 from pointsman.request import RequestView, parse_route_request
 from pointsman.training.evaluate import TableScorer
-from pointsman.training.examples import features_for_messages
 from pointsman.training.metrics import apgr, cpt, roc_auc, weak_worse
 from pointsman.training.out_of_fold import OutOfFold
 from pointsman.training.verifier import fit_verifier
@@ -106,11 +106,12 @@ def draft_matrix(estimator: TableScorer, table: str | Path, weak: str, strong: s
         if pid not in answers or np.isnan(w_all[i]) or np.isnan(s_all[i]) or (p_hard_of is not None
                                                                              and pid not in p_hard_of):
             continue
-        try:
-            feats.append(features_for_messages(messages, estimator.tokenizer))
+        try:  # validated once (as ``features_for_messages``), for the features and the prompt
+            view = RequestView.of(parse_route_request({"messages": messages}))
+            feats.append(extract_features(view, estimator.tokenizer))
         except RequestError:
             continue
-        prompts.append(prompt_of(RequestView.of(parse_route_request({"messages": messages}))))
+        prompts.append(prompt_of(view))
         rows.append(i)
         texts.append(answers[pid])
     if len(rows) < 10:
