@@ -82,15 +82,22 @@ rules:
 """
 
 
-@pytest.fixture
-def setup(tmp_path, serve, redis_url, standin):
-    engines = [standin.StandinEngine("vllm").start() for _ in range(2)]
+def write_files(tmp_path, engines) -> tuple[Path, Path]:
+    """The tokenizer, chat template, fleet (``engines`` as the one target's endpoints) and policy files in
+    ``tmp_path``; returns (tokenizer, template)."""
     tokenizer = tmp_path / "tokenizer.json"
     shutil.copyfile(bundled_model_dir() / "tokenizer.json", tokenizer)
     template = tmp_path / "template.jinja"
     template.write_text(TEMPLATE)
     (tmp_path / "fleet.yaml").write_text(fleet_yaml(engines, tokenizer, template))
     (tmp_path / "policy.yaml").write_text(POLICY)
+    return tokenizer, template
+
+
+@pytest.fixture
+def setup(tmp_path, serve, redis_url, standin):
+    engines = [standin.StandinEngine("vllm").start() for _ in range(2)]
+    tokenizer, template = write_files(tmp_path, engines)
     settings = dict(fleet_path=tmp_path / "fleet.yaml", policy_path=tmp_path / "policy.yaml", watch_policy="false",
                     watch_fleet="false", scrape_interval_s=INTERVAL_S, scrape_timeout_s=0.3,
                     scrape_failures_to_unhealthy=2,
@@ -186,12 +193,7 @@ def test_a_batch_whose_type_tag_is_no_string_drops_the_endpoints_blocks_and_the_
     import msgpack
 
     engines = [standin.StandinEngine("vllm").start() for _ in range(2)]
-    tokenizer = tmp_path / "tokenizer.json"
-    shutil.copyfile(bundled_model_dir() / "tokenizer.json", tokenizer)
-    template = tmp_path / "template.jinja"
-    template.write_text(TEMPLATE)
-    (tmp_path / "fleet.yaml").write_text(fleet_yaml(engines, tokenizer, template))
-    (tmp_path / "policy.yaml").write_text(POLICY)
+    tokenizer, template = write_files(tmp_path, engines)
     try:
         _, base = serve(tmp_path / "data", fleet_path=tmp_path / "fleet.yaml", policy_path=tmp_path / "policy.yaml",
                         watch_policy="false", watch_fleet="false", scrape_interval_s=INTERVAL_S, scrape_timeout_s=0.3)
