@@ -32,6 +32,20 @@ def _redis_binary(redis_url):  # skips (or fails under POINTSMAN_REQUIRE_REDIS) 
     assert shutil.which("redis-server")
 
 
+@pytest.fixture
+def log_dir(tmp_path):
+    """A 16 MiB tmpfs for an outcome log to fill (``chaos.fill``); skipped where it cannot be mounted (not root)."""
+    mount = chaos.tmpfs(tmp_path / "log", "16m")
+    try:
+        path = mount.__enter__()
+    except PermissionError as exc:
+        pytest.skip(str(exc))
+    try:
+        yield path
+    finally:
+        mount.__exit__(None, None, None)
+
+
 def assert_conserved(result: dict) -> None:
     assert result["sent"] > 0
     assert result["lost"] == 0, result["final_refusals"]
@@ -68,7 +82,7 @@ def test_a_full_outcome_log_disk_is_not_ready_and_a_retryable_503(tmp_path):
     assert_conserved(result)
 
 
-def test_the_python_client_retries_a_503_outcome_instead_of_dropping_it(tmp_path, serve):
+def test_the_python_client_retries_a_503_outcome_instead_of_dropping_it(tmp_path, serve, log_dir):
     """The service answers a retryable 503 when its outcome log cannot take an outcome (nothing
     acknowledged: retry); PointsmanClient dropped any non-200 batch at once, so a moment of a full disk
     lost the outcome for good (its spend never booked, its hold left to expire). Against a real
@@ -80,45 +94,38 @@ def test_the_python_client_retries_a_503_outcome_instead_of_dropping_it(tmp_path
 
     from pointsman.integrations.client import PointsmanClient
 
-    try:
-        mount = chaos.tmpfs(tmp_path / "log", "16m")
-        log_dir = mount.__enter__()
-    except PermissionError as exc:
-        pytest.skip(str(exc))
-    try:
-        _, base = serve(tmp_path / "data", outcome_log=str(log_dir / "outcomes.db"))
-        seen: list[int] = []
+    _, base = serve(tmp_path / "data", outcome_log=str(log_dir / "outcomes.db"))
+    seen: list[int] = []
 
-        class FreeTheDiskAfterA503(httpx.AsyncHTTPTransport):
-            async def handle_async_request(self, request):
-                response = await super().handle_async_request(request)
-                if request.url.path == "/v1/outcomes":
-                    seen.append(response.status_code)
-                    if response.status_code == 503:
-                        (log_dir / "filler").unlink()
-                return response
+    class FreeTheDiskAfterA503(httpx.AsyncHTTPTransport):
+        async def handle_async_request(self, request):
+            response = await super().handle_async_request(request)
+            if request.url.path == "/v1/outcomes":
+                seen.append(response.status_code)
+                if response.status_code == 503:
+                    (log_dir / "filler").unlink()
+            return response
 
-        async def run() -> PointsmanClient:
-            client = PointsmanClient(base, transport=FreeTheDiskAfterA503(), flush_interval_s=0.0,
-                                     route_timeout_s=10.0)
-            decision = await client.aroute({"messages": [{"role": "user", "content": "Name three rivers."}]})
-            assert decision is not None
-            chaos.fill(log_dir)
-            client.report({"decision_id": decision["decision_id"], "status": "ok",
-                           "usage": {"prompt_tokens": 12, "completion_tokens": 40}})
-            await client.aclose()
-            return client
+    async def run() -> PointsmanClient:
+        client = PointsmanClient(base, transport=FreeTheDiskAfterA503(), flush_interval_s=0.0,
+                                 route_timeout_s=10.0)
+        decision = await client.aroute({"messages": [{"role": "user", "content": "Name three rivers."}]})
+        assert decision is not None
+        chaos.fill(log_dir)
+        client.report({"decision_id": decision["decision_id"], "status": "ok",
+                       "usage": {"prompt_tokens": 12, "completion_tokens": 40}})
+        await client.aclose()
+        return client
 
-        client = asyncio.run(run())
-        assert seen[0] == 503 and seen[-1] == 200, seen
-        assert client.stats["outcomes_dropped"] == 0
-        (ack,) = client.acks
-        assert ack["status"] == "stored" and ack["settlement"]["actual_cost_usd"] > 0
-    finally:
-        mount.__exit__(None, None, None)
+    client = asyncio.run(run())
+    assert seen[0] == 503 and seen[-1] == 200, seen
+    assert client.stats["outcomes_dropped"] == 0
+    (ack,) = client.acks
+    assert ack["status"] == "stored" and ack["settlement"]["actual_cost_usd"] > 0
 
 
-def test_an_ext_proc_outcome_met_by_a_full_disk_is_stored_and_booked_once_there_is_room(tmp_path, serve):
+def test_an_ext_proc_outcome_met_by_a_full_disk_is_stored_and_booked_once_there_is_room(tmp_path, serve,
+                                                                                          log_dir):
     """The endpoint picker records each outcome itself, so nobody retries a 503 for it: when the outcome log's
     disk was full at the end of a stream, the outcome was logged 'not recorded' and dropped, and its spend
     never booked (its hold expired at the reservation TTL). Against a real ``pointsman serve --ext-proc-port``
@@ -135,53 +142,45 @@ def test_an_ext_proc_outcome_met_by_a_full_disk_is_stored_and_booked_once_there_
     from pointsman.service import ext_proc_wire as wire
     from tests.service.conftest import free_port
 
-    try:
-        mount = chaos.tmpfs(tmp_path / "log", "16m")
-        log_dir = mount.__enter__()
-    except PermissionError as exc:
-        pytest.skip(str(exc))
-    try:
-        budgets = tmp_path / "budgets.yaml"
-        budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
-                           "  - {scope: 'tenant:acme', window: day, limit_usd: 100}\n")
-        port = free_port()
-        _, base = serve(tmp_path / "data", outcome_log=str(log_dir / "outcomes.db"), ext_proc_port=port,
-                        budgets_path=budgets, scrape_interval_s=0, decision_log_flush_ms=5)
-        body = json.dumps({"model": "auto", "messages": [{"role": "user", "content": "Name three rivers."}]}).encode()
-        usage = b'{"usage": {"prompt_tokens": 12, "completion_tokens": 40}}'
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:acme', window: day, limit_usd: 100}\n")
+    port = free_port()
+    _, base = serve(tmp_path / "data", outcome_log=str(log_dir / "outcomes.db"), ext_proc_port=port,
+                    budgets_path=budgets, scrape_interval_s=0, decision_log_flush_ms=5)
+    body = json.dumps({"model": "auto", "messages": [{"role": "user", "content": "Name three rivers."}]}).encode()
+    usage = b'{"usage": {"prompt_tokens": 12, "completion_tokens": 40}}'
 
-        async def stream() -> str:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                call = wire.stub(channel).Process()
-                await call.write(wire.headers_request("request", {":method": "POST", ":path": "/v1/chat/completions",
-                                                                  "x-pointsman-tenant": "acme"}))
-                await call.write(wire.body_request("request", body, True))
-                decided = wire.as_dict(await call.read())
-                while not wire.as_dict(await call.read())["requestBody"]["response"]["bodyMutation"][
-                        "streamedResponse"].get("endOfStream"):
-                    pass
-                chaos.fill(log_dir)  # the disk fills while the upstream answers
-                await call.write(wire.headers_request("response", {":status": "200"}))
-                await call.read()
-                await call.write(wire.body_request("response", usage, True))
-                await call.read()
-                await call.done_writing()
-                mutation = decided["requestHeaders"]["response"]["headerMutation"]["setHeaders"]
-                return next(base64.b64decode(h["header"]["rawValue"]).decode() for h in mutation
-                            if h["header"]["key"] == "x-pointsman-decision-id")
+    async def stream() -> str:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = wire.stub(channel).Process()
+            await call.write(wire.headers_request("request", {":method": "POST", ":path": "/v1/chat/completions",
+                                                              "x-pointsman-tenant": "acme"}))
+            await call.write(wire.body_request("request", body, True))
+            decided = wire.as_dict(await call.read())
+            while not wire.as_dict(await call.read())["requestBody"]["response"]["bodyMutation"][
+                    "streamedResponse"].get("endOfStream"):
+                pass
+            chaos.fill(log_dir)  # the disk fills while the upstream answers
+            await call.write(wire.headers_request("response", {":status": "200"}))
+            await call.read()
+            await call.write(wire.body_request("response", usage, True))
+            await call.read()
+            await call.done_writing()
+            mutation = decided["requestHeaders"]["response"]["headerMutation"]["setHeaders"]
+            return next(base64.b64decode(h["header"]["rawValue"]).decode() for h in mutation
+                        if h["header"]["key"] == "x-pointsman-decision-id")
 
-        decision_ids = [asyncio.run(stream()) for _ in range(3)]  # (one may fit in WAL pages a checkpoint freed)
-        time.sleep(1.0)  # the outcomes meet the full disk
-        (log_dir / "filler").unlink()
-        deadline = time.monotonic() + 20
-        while True:
-            acme = next(b for b in httpx.get(f"{base}/v1/budgets").json()["budgets"] if b["scope"] == "tenant:acme")
-            if acme["held_usd"] == 0 and acme["settled_usd"] > 0:
-                break
-            assert time.monotonic() < deadline, acme  # before: held (the estimate) until the reservation TTL
-            time.sleep(0.1)
-        with OutcomeLog(log_dir / "outcomes.db") as log:
-            stored = [log.outcome(decision_id) for decision_id in decision_ids]
-        assert all(o is not None and o.usage.completion_tokens == 40 for o in stored), stored
-    finally:
-        mount.__exit__(None, None, None)
+    decision_ids = [asyncio.run(stream()) for _ in range(3)]  # (one may fit in WAL pages a checkpoint freed)
+    time.sleep(1.0)  # the outcomes meet the full disk
+    (log_dir / "filler").unlink()
+    deadline = time.monotonic() + 20
+    while True:
+        acme = next(b for b in httpx.get(f"{base}/v1/budgets").json()["budgets"] if b["scope"] == "tenant:acme")
+        if acme["held_usd"] == 0 and acme["settled_usd"] > 0:
+            break
+        assert time.monotonic() < deadline, acme  # before: held (the estimate) until the reservation TTL
+        time.sleep(0.1)
+    with OutcomeLog(log_dir / "outcomes.db") as log:
+        stored = [log.outcome(decision_id) for decision_id in decision_ids]
+    assert all(o is not None and o.usage.completion_tokens == 40 for o in stored), stored
