@@ -29,7 +29,7 @@ MAX_BYTES = 64 << 20
 
 #: ``chain(data, block_bytes, root, start, parent)``: the chained hashes of ``data``'s full blocks from block
 #: ``start`` on, ``parent`` being block ``start - 1``'s hash (None: from ``root``).
-Chain = Callable[[bytes, int, bytes, int, int | None], list[int]]
+Chain = Callable[[bytes, int, int, int, int | None], list[int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,7 @@ class _Kept:
     (n, class units of ``data[:n]``)."""
 
     data: bytes
-    chain: tuple[bytes, int, list[int]] | None = None
+    chain: tuple[int, int, list[int]] | None = None
     units: tuple[int, int] | None = None
 
 
@@ -65,7 +65,7 @@ class SessionTexts:
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def hashes(self, data: bytes, key: object, block_bytes: int, root: bytes, chain: Chain) -> list[int]:
+    def hashes(self, data: bytes, key: object, block_bytes: int, root: int, chain: Chain) -> list[int]:
         """``chain(data, block_bytes, root, 0, None)``, reusing the hashes of the blocks ``data`` shares with the
         text kept under ``key`` (None: ``data``'s first KiB)."""
         if len(data) < max(self.min_bytes, block_bytes):

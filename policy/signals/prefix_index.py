@@ -2,11 +2,15 @@
 
 **Block hashes.** A prompt is cut into fixed-size blocks; block *i*'s hash covers
 block *i* and, through its parent, every block before it
-(``h_i = blake2b(h_{i-1} ‖ block_i, digest_size=8)``), so two prompts share their
+(``h_i = xxh3_64(block_i, seed=h_{i-1})``), so two prompts share their
 first *k* hashes exactly when they share their first *k* blocks. This is the
 scheme of vLLM's automatic prefix caching (hash of the parent block's hash, the
-block's tokens and extra keys) and of Dynamo's KV router (per-block hashes chained
-into sequence hashes). Three sources, each with its own root so they never mix:
+block's tokens and extra keys; xxHash is one of its ``prefix_caching_hash_algo``
+choices) and of Dynamo's KV router (per-block hashes chained into sequence hashes).
+xxh3 seeded by the parent costs one call per block, about a tenth of a blake2b
+state per block (``scripts/bench_signals.py``); the hashes only index Pointsman's
+own estimate, never an engine's blocks (those are ``engine_hashes.py``'s).
+Three sources, each with its own root so they never mix:
 
 - ``block_hashes_from_tokens(token_ids)``: blocks of ``block_tokens`` token ids.
 - ``block_hashes_from_text(text)``: when only the rendered conversation is known,
@@ -57,13 +61,14 @@ from __future__ import annotations
 
 import array
 import functools
-import hashlib
 import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from xxhash import xxh3_64_intdigest
 
 from pointsman.estimator.features import CHARS_PER_TOKEN
 from pointsman.session_texts import SESSION_TEXTS
@@ -80,9 +85,6 @@ SESSION_TTL_S = 900.0
 #: Most sessions remembered (least recently used dropped first).
 MAX_SESSIONS = 200_000
 
-_DIGEST = 8
-
-
 def _owner(names: list[str | None], position: int) -> str:
     """The endpoint at bit ``position`` (a set bit always has one: freed positions are cleared first)."""
     name = names[position]
@@ -91,26 +93,22 @@ def _owner(names: list[str | None], position: int) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _root(kind: bytes, salt: bytes) -> bytes:
-    """The chain's root digest for ``kind`` and ``salt`` (computed once each)."""
-    return hashlib.blake2b(b"pointsman/prefix/v1/" + kind + b"/" + salt, digest_size=_DIGEST).digest()
+def _root(kind: bytes, salt: bytes) -> int:
+    """The chain's root (the first block's parent) for ``kind`` and ``salt``, a 64-bit int (computed once each)."""
+    return xxh3_64_intdigest(b"pointsman/prefix/v2/" + kind + b"/" + salt)
 
 
-def _chain(data: bytes, block_bytes: int, root: bytes, start: int = 0, parent_hash: int | None = None) -> list[int]:
+def _chain(data: bytes, block_bytes: int, root: int, start: int = 0, parent_hash: int | None = None) -> list[int]:
     """The chained hashes of ``data``'s full blocks from block ``start`` on (``parent_hash``: block ``start - 1``'s
-    hash; None: ``root`` is the first block's parent). One blake2b state per block, copied from an empty one (its
-    parameters are set once), fed the parent's digest and a view of the block (no copies of the data)."""
-    base = hashlib.blake2b(digest_size=_DIGEST).copy
-    parent = root if parent_hash is None else parent_hash.to_bytes(_DIGEST, "little")
+    hash; None: ``root`` is the first block's parent): each block's xxh3_64 seeded with its parent's hash, read
+    through a view of the block (no copies of the data)."""
+    parent = root if parent_hash is None else parent_hash
     view = memoryview(data)
     out: list[int] = []
-    append, from_bytes = out.append, int.from_bytes
+    append = out.append
     for i in range(start * block_bytes, len(data) - block_bytes + 1, block_bytes):
-        h = base()
-        h.update(parent)
-        h.update(view[i:i + block_bytes])
-        parent = h.digest()
-        append(from_bytes(parent, "little"))
+        parent = xxh3_64_intdigest(view[i:i + block_bytes], parent)
+        append(parent)
     return out
 
 
@@ -145,13 +143,13 @@ def block_hashes_from_tokens(token_ids: Sequence[int], block_tokens: int = BLOCK
 def block_hashes_from_ids(hash_ids: Iterable[int | str], *, salt: bytes = b"") -> list[int]:
     """Chained 64-bit hashes of gateway-supplied block ids (ints or strings, oldest block
     first; Mooncake's ``hash_ids``). ``1`` and ``"1"`` are different ids."""
-    b2, parent, out = hashlib.blake2b, _root(b"ids", salt), []
+    parent, out = _root(b"ids", salt), []
     for h in hash_ids:
         if isinstance(h, bool) or not isinstance(h, (int, str)):
             raise TypeError(f"block ids must be int or str, got {type(h).__name__} {h!r}")
         tag = b"i" if isinstance(h, int) else b"s"
-        parent = b2(parent + tag + str(h).encode("utf-8"), digest_size=_DIGEST).digest()
-        out.append(int.from_bytes(parent, "little"))
+        parent = xxh3_64_intdigest(tag + str(h).encode("utf-8"), parent)
+        out.append(parent)
     return out
 
 
