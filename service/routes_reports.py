@@ -120,11 +120,15 @@ class AckEntry(TypedDict, total=False):
 Known = tuple[str, float | None, int, int]
 
 
-def _known_decision(rt: Runtime, decision_id: str) -> Known | None:
+def _known_decision(rt: Runtime, decision_id: str,
+                    record: DispatchRecord | None | EllipsisType = ...) -> Known | None:
     """What settling knows of a decision (``Known``): from its signed id or this process's in-flight
-    record (``FleetState.known``), else from the outcome log (an unsigned id another process made);
-    None when none knows it. Raises ``DataError`` (outcome log)."""
-    record = rt.live.engine.state.known(decision_id)
+    record (``FleetState.known``; ``record``, its answer when the caller has it), else from the outcome
+    log (an id no key here verifies: another process's unsigned one, or one signed with a key since
+    replaced; the logged cap is one answer's, ``n`` not being logged); None when none knows it.
+    Raises ``DataError`` (outcome log)."""
+    if record is ...:
+        record = rt.live.engine.state.known(decision_id)
     if record is not None:
         return record.target, record.estimated_cost_usd, record.prompt_tokens, record.output_cap_tokens
     logged = rt.outcome_log.decision(decision_id)
@@ -312,17 +316,9 @@ def _of_escalation(item: OutcomeIn, claims: Claims | None) -> tuple[OutcomeIn, t
     return item.model_copy(update={"decision_id": claims.escalates}), (item.decision_id, claims.target)
 
 
-def _served_target(rt: Runtime, item: OutcomeIn) -> str | None:
-    """The target that answered ``item``: its ``served_target``, else its decision's (in memory,
-    else in the outcome log); None when unknown. Raises ``DataError`` (outcome log)."""
-    if item.served_target:
-        return item.served_target
-    known = _known_decision(rt, item.decision_id)
-    return None if known is None else known[0]
-
-
 def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
-                  escalation: tuple[str, str] | None | EllipsisType = ...) -> OutcomeItemError | None:
+                  escalation: tuple[str, str] | None | EllipsisType = ...,
+                  record: DispatchRecord | None | EllipsisType = ...) -> OutcomeItemError | None:
     """Whether ``item``'s usage is impossible on the target that served it (more tokens than its
     ``context_window_tokens`` and than its decision's own prompt tokens and output cap, x
     ``CONTEXT_TOLERANCE``, ``check_usage_fits``): the error naming the fields
@@ -336,7 +332,10 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
     target) of the decision's verify, or
     None, when the caller has it (reported under a signed escalation id, or looked up once for settling
     too); by default looked up (``_escalation_of``: held here, else in the outcome log, which the
-    workers of one service share). Raises ``DataError`` (outcome log)."""
+    workers of one service share). The decision's target (without ``served_target``) and its prompt tokens
+    and output cap are read once, and only for usage beyond the smallest context window of the fleet
+    (``_known_decision``: ``record``, ``FleetState.known``'s answer when the caller has it, else the outcome
+    log). Raises ``DataError`` (outcome log)."""
     targets = rt.live.engine.fleet.targets
     spec_of = rt.live.engine.state.target_spec  # a target a fleet reload removed still prices its decisions
     at = f"{prefix}." if prefix else ""
@@ -358,12 +357,13 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
     total = (usage.prompt_tokens or 0) + (usage.completion_tokens or 0)
     if not targets or total <= min(t.context_window_tokens for t in targets.values()) * CONTEXT_TOLERANCE:
         return None  # fits every target: no lookup
-    target = _served_target(rt, item)
+    known = _known_decision(rt, item.decision_id, record)
+    target = item.served_target or (known[0] if known is not None else None)
     spec = None if target is None else spec_of(target)
     if target is None or spec is None:
         return None
-    record = rt.live.engine.state.known(item.decision_id)
-    return check_usage_fits(usage, spec.context_window_tokens, target, prefix, record.decided_tokens if record else 0)
+    decided = known[2] + known[3] if known is not None else 0  # its prompt tokens and output cap
+    return check_usage_fits(usage, spec.context_window_tokens, target, prefix, decided)
 
 
 def _invalid_item(problem: OutcomeItemError) -> HTTPError:
@@ -429,7 +429,7 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
             if escalation is not None:
                 escalations[i] = escalation
             record = state.known(item.decision_id)
-            problems[i] = usage_problem(rt, item, f"[{i}]" if indexed else "", escalation) \
+            problems[i] = usage_problem(rt, item, f"[{i}]" if indexed else "", escalation, record) \
                 or not_the_callers(item, record, caller, f"[{i}]" if indexed else "")
             if problems[i] is not None:
                 continue
