@@ -62,9 +62,21 @@ answered, ``ttft_ms`` (request headers to first response byte; not for an ``erro
 is no answer), ``e2e_latency_ms`` and ``tpot_ms``; outcomes the service answers 503 (the outcome log cannot
 be written, the ledger takes no settlement) are tried again every ``STORE_RETRY_S``, since no gateway retries them.
 A stream that ends before the response body did
-(the client went away: Envoy resets the stream) is recorded as ``cancelled``: its budget hold is
-released, or its estimate booked when its answer had started (``ttft_ms``); so is one reset while its
-decision was being made (the decision, dispatched meanwhile, is logged and released once made). A stream that carried no
+(the client went away) is recorded as ``cancelled``: its budget hold is
+released, or its estimate booked when its answer had started (``ttft_ms``); so is one that ends while its
+decision was being made (the decision, dispatched meanwhile, is logged and released once made).
+
+How a stream ends says nothing of the response (Envoy's ``ext_proc.cc``): Envoy closes it when the HTTP
+request ends, completed or reset by its client alike (``onDestroy``), and, when the filter processes no part
+of the response, once our last request-phase answer arrives (Envoy 1.37+) or at the response headers; by
+default with a half-close at once followed by a reset (read here as a cancellation), with
+``envoy.reloadable_features.ext_proc_graceful_grpc_close`` (Envoy 1.34+) with a half-close alone. What tells
+are the response messages and ``protocol_config.response_body_mode`` (the filter's ``response_header_mode``
+is not sent): with ``response_body_mode`` NONE the response headers are the response, recorded (no usage:
+the estimate booked) when the stream ends; a stream ending with none (``response_header_mode: SKIP``, or the
+client gone before the upstream answered) records nothing (``_Stream.end``): the gateway reports its outcome
+(``POST /v1/outcomes``), else its hold and in-flight load lapse after the budgets' ``reservation_ttl_s``
+(600 s by default). A stream that carried no
 usage (OpenAI streams none without ``stream_options.include_usage``) books its estimate, or, when it
 streamed more text deltas than the estimate's output tokens, that count (a lower bound:
 ``UsageReader.streamed_tokens``) with the prompt the decision counted; usage counting fewer output tokens
@@ -463,13 +475,21 @@ class _Stream:
             return wire.streamed_body("response", msg.body, msg.end_of_stream)
         return [wire.body_response("response")]
 
+    def end(self) -> None:
+        """The gRPC stream ended, half-closed or reset (which says nothing of the response: see the module).
+        With a response body to come (``response_mode`` not NONE) an outcome not recorded yet is ``cancelled``.
+        Without one the response headers are the response: recorded at the stream's end when they came;
+        when none came nothing is recorded (the gateway reports the outcome, else the hold lapses)."""
+        if self.response_mode != "NONE":
+            self.finish(cancelled=True)
+        elif self.status is not None:
+            self.finish()
+
     def finish(self, cancelled: bool = False) -> None:
         """Record the outcome once (in the background); ``cancelled``: the stream ended before the response did."""
         if self.recorded or self.decision is None:
             return
         self.recorded = True
-        if cancelled and self.response_mode == "NONE" and self.status is not None:
-            cancelled = False  # no response body is sent in this mode: the stream ending is the response ending
         item = self._outcome(cancelled)
         if item is not None:
             self.server.record(item)
@@ -604,8 +624,8 @@ class _Picker:
                     break
             if not stream.request_ended:  # refused mid-body: the sender may still be writing it
                 await _drop_rest(requests, stream.rt.settings.body_read_timeout_s)
-        finally:  # the stream ended (or was reset) before the response did: recorded as cancelled
-            stream.finish(cancelled=True)
+        finally:
+            stream.end()
 
 
 async def _drop_rest(requests: AsyncIterator[object], timeout_s: float) -> None:

@@ -30,6 +30,7 @@ from pointsman.policy.decision import host_port
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet
 from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
+from pointsman.policy.signals.signed_ids import DecisionSigner
 from pointsman.request import parse_route_request
 from pointsman.service import ext_proc_wire as wire
 from pointsman.service.app import create_app
@@ -1219,3 +1220,59 @@ def test_a_lone_surrogate_escape_in_an_ignored_field_is_forwarded_as_it_came(app
     forwarded = b"".join(streamed(r, "request")[0] for r in req[1:])
     assert b'"user":"\\ud800"' in forwarded and b"routing" not in forwarded
     assert json.loads(forwarded)["model"] == set_headers(req[0])["x-gateway-model-name"]
+
+
+def test_a_stream_without_a_response_phase_records_nothing_and_the_gateways_outcome_is_booked(tmp_path, serve):
+    """Envoy's filter with ``response_header_mode: SKIP`` and ``response_body_mode: NONE`` (the gateway
+    reports outcomes) sends no response message and closes the stream after the request phase: a half-close
+    (``ext_proc_graceful_grpc_close``), or by default a half-close and a reset, as for a client gone. Such a
+    stream records nothing, so the hold stays until the gateway's ``POST /v1/outcomes`` books the usage it
+    reports. Before: its end was recorded ``cancelled`` (the hold released) and the gateway's outcome was a 409
+    conflict, its spend lost. A stream whose filter sends response bodies, half-closed after the request
+    phase (the client gone before the upstream answered), is still recorded ``cancelled``. A real serve."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:acme', window: day, limit_usd: 100}\n", encoding="utf-8")
+    _, base = serve(tmp_path / "data", ext_proc_port=port, scrape_interval_s=0, budgets_path=budgets,
+                    decision_log_flush_ms=5)
+    no_response, full = ("FULL_DUPLEX_STREAMED", "NONE"), ("FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED")
+
+    async def stream(modes, reset: bool) -> dict[str, str]:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = wire.stub(channel).Process()
+            req = await request_phase(call, chat("Tell me a story.", max_tokens=50), modes=modes)
+            if reset:
+                call.cancel()
+            else:
+                await call.done_writing()
+                assert await call.code() == grpc.StatusCode.OK  # the picker's handler has returned: its end is seen
+            return set_headers(req[0])
+
+    closed, reset = asyncio.run(stream(no_response, False)), asyncio.run(stream(no_response, True))
+    sentinel = asyncio.run(stream(full, False))["x-pointsman-decision-id"]
+    deadline = time.monotonic() + 10
+    with OutcomeLog(tmp_path / "data" / "outcomes.db") as log:
+        while not (logged := log.decision(sentinel)) or not logged.outcomes:  # recorded after any of the first
+            assert time.monotonic() < deadline, "the half-closed stream's outcome was never recorded"
+            time.sleep(0.02)
+    assert logged.outcomes[0].status == "cancelled"  # a response phase was to come: the client went away
+    signer = DecisionSigner(bytes.fromhex((tmp_path / "data" / "decision.key").read_text()))
+    for headers in (closed, reset):
+        decision_id = headers["x-pointsman-decision-id"]
+        usage = {"prompt_tokens": 20, "completion_tokens": 400}  # past the estimate's cap of 50
+        r = httpx.post(f"{base}/v1/outcomes", json={"decision_id": decision_id, "status": "ok", "usage": usage,
+                                                    "served_target": headers["x-pointsman-target"]})
+        assert r.status_code == 200, r.text  # before: 409 conflict with the picker's 'cancelled'
+        ack = r.json()["acks"][0]
+        settled = ack["settlement"]
+        assert ack["status"] == "stored" and settled["hold_state"] == "held"  # held until this report
+        assert settled["reserved_usd"] == pytest.approx(signer.verify(decision_id).estimated_cost_usd, abs=1e-9)
+        assert settled["actual_cost_usd"] > settled["reserved_usd"] and settled["overrun_usd"] > 0  # the usage
+    deadline = time.monotonic() + 10
+    while (acme := next(b for b in httpx.get(f"{base}/v1/budgets").json()["budgets"]
+                        if b["scope"] == "tenant:acme"))["held_usd"] != 0:
+        assert time.monotonic() < deadline, acme  # the cancelled stream's hold is released
+        time.sleep(0.05)
