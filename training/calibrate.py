@@ -12,7 +12,9 @@ default; a request goes to the frontier when ``p_hard >= t``):
   tokens and the prompt tokens its logged outcomes reported, and the completion tokens of a
   logged frontier answer when there is one, else of any logged answer, else the fleet's
   output estimate), divided by the days the window's traffic
-  covers (at least ``MIN_SPAN_S``, one second; below a day the projection is printed with a warning).
+  covers: from its first decision (or the window's start, if later) to the window's end or now,
+  whichever is earlier (at least ``MIN_SPAN_S``, one second; below a day the projection is printed
+  with a warning).
 
 ``p_hard`` of each recent decision is re-scored with the serving model (``model``) when it
 was logged by another model version: from the logged head input when it is in the
@@ -194,7 +196,8 @@ def recent_traffic(log: OutcomeLog, fleet: Fleet, frontier: str, model: Difficul
         p_arr[text_rows] = model.estimate_batch(texts)
     t = np.asarray(times)
     start = t.min() if since_s is None else max(float(since_s), float(t.min()))
-    end = (float(until_s) if until_s is not None else max(time.time(), float(t.max())))
+    # nothing is logged after now: an until_s ahead of it (a window named up to next week) ends the span now
+    end = max(float(t.max()), time.time() if until_s is None else min(float(until_s), time.time()))
     span = max(end - start, MIN_SPAN_S) / DAY_S
     return RecentTraffic(p_arr, np.asarray(cost), span, len(vecs) + len(texts), skipped)
 

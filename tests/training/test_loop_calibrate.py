@@ -263,3 +263,38 @@ def _calibrate_dry_run(tmp_path, budget_usd_per_day: float) -> dict:
                                    "--since", str(NOW - 86400), "--until", str(NOW)])
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)
+
+
+def test_an_until_in_the_future_does_not_dilute_the_budget_projection(tmp_path, monkeypatch, fleet):
+    """20 decisions over the last 10 minutes and a budget paying for two of them in 10 minutes, with the
+    window named up to a week ahead (``--until`` next week: "calibrate for this week"). Nothing can have
+    been logged after now, so the projection rests on the same 10 minutes as without ``--until``. Before,
+    the span ran to ``--until``: 'projected $0.01/day over 6.90 days' for traffic logged in minutes, the
+    threshold sent every request to the frontier, about 20/2 x 1,000 = 10,000 times the budget a day."""
+    import time
+
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    version = load_estimator("bundled").version
+    now = time.time()
+    with OutcomeLog() as log:
+        log.append_decisions([DecisionRecord(**{**vars(record(i, (i + 1) / 20, t=now - 600 + 30 * i)),
+                                                "estimator_version": version}) for i in range(20)])
+    target = fleet.targets["frontier-large"]
+    one = (1000 * target.prices.usd_per_1m_input_tokens
+           + fleet.output_tokens("frontier-large", None) * target.prices.usd_per_1m_output_tokens) / 1e6
+    policy = tmp_path / "policy.yaml"
+    shutil.copyfile(STATIC_POLICY_PATH, policy)
+    cli = click.Group()
+    register(cli)
+    outs = []
+    for until in ([], ["--until", str(now + 7 * 86400)]):
+        res = CliRunner().invoke(cli, ["calibrate", "--budget-usd-per-day", repr(288 * one), "--policy", str(policy),
+                                       "--json", "--model", "bundled", "--dry-run", "--target", "frontier-large",
+                                       "--since", str(now - 601), *until])
+        assert res.exit_code == 0, res.output
+        outs.append(json.loads(res.stdout))
+    for out in outs:
+        assert out["span_days"] < 700 / 86400  # the 10 minutes logged (and the seconds this test ran)
+        assert (out["threshold"], out["frontier_share"]) == (0.95, 0.1)  # before, with --until: 0.05 and 1.0
+        assert "min of logged traffic" in out["warnings"][0]
