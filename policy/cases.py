@@ -18,8 +18,9 @@
         expect: {target: frontier-small, rule: overflow}
 
 Signals not given take ``signals.example_signals`` values (a short easy request, an
-idle fleet with fresh telemetry, a cold cache, no budget); the policy's variables
-are filled in. ``load`` is keyed by target; ``cache`` and ``endpoint`` (relative to
+idle fleet with fresh telemetry, a cold cache, no budget; the budget fields a case does not
+give follow from those it gives: ``case_budget``); the policy's variables are filled in.
+``load`` is keyed by target; ``cache`` and ``endpoint`` (relative to
 each rule's target) take either fields for every target or ``{<target>: {fields}}``.
 Each case runs the same policy step the engine runs (``engine.decide``: eligibility,
 rules, P/D mode) on a ``live.StaticSignals``; costs come from the fleet's prices with
@@ -42,6 +43,7 @@ its policy or its fleet is invalid (unknown signal names in a case included).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,6 +195,40 @@ def _merged(adapter: TypeAdapter[_T], base: Mapping[str, object], fields: Mappin
         raise ValueError(f"{where}.{loc}: {err['msg']}") from None
 
 
+#: Budget fields that say how much of a budget is spent: a case giving one has a budget.
+_BUDGET_AMOUNTS = ("remaining_usd", "spent_usd", "limit_usd", "spent_fraction")
+
+
+def case_budget(base: Mapping[str, object], given: Mapping[str, object]) -> BudgetSignals:
+    """A case's ``budget``: the fields it gives, the others derived from them as a ledger snapshot
+    has them (``budget_signals``): ``limited`` when an amount is given; any two of ``limit_usd``,
+    ``spent_usd``, ``remaining_usd`` (= max(0, limit - spent)) give the third, a limit alone has
+    nothing spent, ``spent_fraction`` with a limit gives the spent amount; ``spent_fraction`` =
+    spent / limit (1 for a zero limit); ``pace_gap`` = spent_fraction - window_elapsed_fraction.
+    ``base``: the example values of the rest. Raises ``ValueError`` naming a bad value."""
+    b = _merged(_BUDGET, base, given, "budget")
+    if "limited" not in given and any(k in given for k in _BUDGET_AMOUNTS):
+        b["limited"] = True
+    if not b["limited"]:
+        return b
+    limit, spent, left = b["limit_usd"], b["spent_usd"], b["remaining_usd"]
+    if "limit_usd" not in given and "spent_usd" in given and "remaining_usd" in given:
+        limit = spent + left
+    if "spent_usd" not in given and math.isfinite(limit):
+        if "remaining_usd" in given:
+            spent = max(0.0, limit - left)
+        elif "spent_fraction" in given:
+            spent = b["spent_fraction"] * limit
+    if "remaining_usd" not in given and math.isfinite(limit):
+        left = max(0.0, limit - spent)
+    b["limit_usd"], b["spent_usd"], b["remaining_usd"] = limit, spent, left
+    if "spent_fraction" not in given and math.isfinite(limit):
+        b["spent_fraction"] = spent / limit if limit > 0 else 1.0
+    if "pace_gap" not in given:
+        b["pace_gap"] = b["spent_fraction"] - b["window_elapsed_fraction"]
+    return b
+
+
 def case_signals(fleet: Fleet, policy: CompiledPolicy, overrides: Mapping[str, Mapping[str, object]]) -> Snapshot:
     """The full snapshot of a case: ``example_signals`` for the fleet, with ``overrides`` applied
     (``load`` by target; ``cache``/``endpoint`` for every target or by target), each namespace
@@ -217,7 +253,7 @@ def case_signals(fleet: Fleet, policy: CompiledPolicy, overrides: Mapping[str, M
         "difficulty": _merged(_DIFFICULTY, base["difficulty"], overrides.get("difficulty", {}), "difficulty"),
         "variables": base["variables"],
         "load": {t: _merged(_LOAD, v, by_target("load", t), f'load["{t}"]') for t, v in base["load"].items()},
-        "budget": _merged(_BUDGET, base["budget"], overrides.get("budget", {}), "budget"),
+        "budget": case_budget(base["budget"], overrides.get("budget", {})),
         "_cache": {t: _merged(_CACHE, v, by_target("cache", t), f'cache["{t}"]') for t, v in base["_cache"].items()},
         "_endpoint": {k: _merged(_ENDPOINT, v, by_target("endpoint", k), f'endpoint["{k}"]')
                       for k, v in endpoints.items()},

@@ -78,7 +78,7 @@ def test_excluded_by_is_checked_when_the_decision_routes(tmp_path: Path, exclude
     (tmp_path / "p.cases.yaml").write_text(
         "apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: p.yaml\ncases:\n"
         "  - name: frontier over budget\n"
-        "    signals: {difficulty: {p_hard: 0.99}, budget: {limited: true, remaining_usd: 0.001, limit_usd: 10}}\n"
+        "    signals: {difficulty: {p_hard: 0.99}, budget: {limited: true, remaining_usd: 0.001, limit_usd: 0.01}}\n"
         f"    expect: {{target: onprem-70b, excluded_by: {excluded_by}}}\n")
     res = CliRunner().invoke(main, ["policy", "test", str(tmp_path / "p.cases.yaml")])
     assert res.exit_code == (0 if message is None else 1), res.output
@@ -110,6 +110,35 @@ def test_a_case_moves_past_a_target_its_budget_would_refuse(tmp_path: Path):
     assert res.exit_code == 1, res.output
     assert res.output.splitlines()[0].endswith("over budget: target: expected 'frontier-large', got 'onprem-8b'")
     assert res.output.splitlines()[-1] == "3 passed, 1 failed", res.output
+
+
+@pytest.mark.parametrize("budget, expect", [
+    ("{limited: true, spent_usd: 5.0, limit_usd: 5.0}", "{error: no-eligible-target}"),  # remaining 0
+    ("{spent_usd: 5.0, limit_usd: 5.0}", "{error: no-eligible-target}"),  # amounts given: a budget applies
+    ("{limit_usd: 0.0}", "{error: no-eligible-target}"),  # a zero budget
+    ("{limited: true, spent_usd: 97.0, limit_usd: 100.0, window_elapsed_fraction: 0.9}",
+     "{target: onprem-8b, rule: budget-reserve}"),  # spent_fraction 0.97
+    ("{limited: true, remaining_usd: 3.0, limit_usd: 100.0}", "{target: onprem-8b, rule: budget-reserve}"),
+    ("{limited: true, spent_usd: 70.0, limit_usd: 100.0, window_elapsed_fraction: 0.5}",
+     "{target: onprem-70b, rule: medium-prompt}"),  # pace_gap 0.2 raises the bar above 0.72
+])
+def test_a_case_budget_reads_as_the_amounts_it_gives(tmp_path: Path, budget: str, expect: str):
+    """A case's budget fields not given are derived from those given, as the ledger's snapshot would
+    have them (remaining = limit - spent, spent_fraction = spent / limit, pace_gap = spent_fraction -
+    window_elapsed_fraction; amounts given: a budget applies). Before, each kept its example value: a
+    budget spent to its limit ({spent_usd: 5, limit_usd: 5}) still had remaining_usd infinite, so every
+    target fitted, and spent_fraction 0 hid 97% spent from budget-pacing's reserve rule: 6 of 6 cases failed
+    with the policy routing as if no budget applied (onprem-8b by its default rule, frontier-large at 0.72)."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    (tmp_path / "p.yaml").write_text((DEFAULT_POLICY_DIR / "budget-pacing.yaml").read_text())
+    (tmp_path / "p.cases.yaml").write_text(
+        "apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: p.yaml\ncases:\n"
+        f"  - name: case\n    signals: {{difficulty: {{p_hard: 0.72}}, budget: {budget}}}\n    expect: {expect}\n")
+    res = CliRunner().invoke(main, ["policy", "test", str(tmp_path / "p.cases.yaml")])
+    assert res.exit_code == 0, res.output
 
 
 def test_unknown_signal_in_a_case_is_a_located_error(tmp_path: Path):
