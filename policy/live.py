@@ -603,11 +603,17 @@ class LiveSignals:
 
     # -- cost ------------------------------------------------------------------------------
 
-    def _utilizations(self, target: str, mode: str) -> tuple[float, float]:
+    def _utilizations(self, target: str, mode: str, pools: tuple[Pool, Pool] | None = None) -> tuple[float, float]:
+        """(prefill, decode) utilization to price ``target`` at: of ``pools`` (prefill pool, decode pool)
+        when given (an aggregated request prefilled on a decode endpoint runs on the decode pool), else
+        of ``mode``'s pools."""
         t = self.fleet.targets[target]
         if isinstance(t, FrontierTarget):
             return 1.0, 1.0
         prefill_role, decode_role = ("aggregated", "aggregated") if mode == "aggregated" else ("prefill", "decode")
+        if pools is not None:
+            roles = {id(p): r for r, p in t.pools_by_role().items()}
+            prefill_role, decode_role = roles.get(id(pools[0]), prefill_role), roles.get(id(pools[1]), decode_role)
 
         return (pool_utilization(self._mean(target, prefill_role, "prefill_utilization"), self.fleet),
                 pool_utilization(self._mean(target, decode_role, "decode_utilization"), self.fleet))
@@ -643,7 +649,7 @@ class LiveSignals:
             else:
                 role = "aggregated" if mode == "aggregated" else "prefill"
                 cached_tokens = lk.best(self.healthy_ids(target, role))[1]
-        u_p, u_d = self._utilizations(target, mode)
+        u_p, u_d = self._utilizations(target, mode, pools)
         est = estimate_cost(target, t, mode, self.prompt_tokens, self.output_tokens(target), cached_tokens,
                             prefill_utilization=u_p, decode_utilization=u_d, pools=pools,
                             cache_control=self._cache_control, cache_write_1h=self._cache_1h)

@@ -1,0 +1,57 @@
+"""On-prem requests are priced at the utilization of the pools they ran on, over HTTP against a real
+``pointsman serve``: an aggregated request prefilled locally on a decode endpoint (the default policy's
+``short_prompts_on_decode``) at the decode pool's, and an outcome served by another on-prem target than
+the decision's at that target's (the fleet's assumed utilization without telemetry), never at the
+pools of the decision's target."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from pointsman.policy.cost import estimate_cost, usage_cost
+from pointsman.policy.fleet import load_fleet
+
+PROMPT = {"model": "auto", "max_tokens": 50,
+          "messages": [{"role": "user", "content": "hi there, what is the capital of France?"}]}
+
+
+@pytest.fixture(scope="module")
+def base(serve_module, tmp_path_factory) -> str:
+    """A service whose 70B aggregated endpoints report a 20% utilization and a short queue, its decode
+    endpoints 60% and none: a short prompt runs on a decode endpoint."""
+    _, url = serve_module(tmp_path_factory.mktemp("data"))
+    loads = [(f"llama-70b-{i}", {"prefill_utilization": 0.2, "decode_utilization": 0.2,
+                                 "num_requests_waiting": 10, "num_requests_running": 10}) for i in range(2)]
+    loads += [(f"llama-70b-decode-{i}", {"prefill_utilization": 0.6, "decode_utilization": 0.6,
+                                         "num_requests_waiting": 0, "num_requests_running": 0}) for i in range(4)]
+    r = httpx.post(f"{url}/v1/telemetry", json=[{"endpoint": e, "load": load} for e, load in loads])
+    assert r.status_code == 200, r.text
+    return url
+
+
+def _outcome(url: str, decision_id: str, **fields: object) -> float:
+    r = httpx.post(f"{url}/v1/outcomes", json={"decision_id": decision_id, "status": "ok",
+                                               "usage": {"prompt_tokens": 14, "completion_tokens": 50}, **fields})
+    assert r.status_code == 200, r.text
+    return float(r.json()["acks"][0]["settlement"]["actual_cost_usd"])
+
+
+def test_a_request_on_a_decode_endpoint_is_priced_at_the_decode_pools_utilization(base):
+    """Before: estimated and booked at the aggregated pool's 20% (3x the rent per token of the decode
+    pool's 60%, where it ran): $0.0000608 for 14 + 50 tokens."""
+    fleet = load_fleet()
+    t = fleet.targets["onprem-70b"]
+    d = httpx.post(f"{base}/v1/route", json={**PROMPT, "routing": {"explain": True}}).json()
+    assert (d["target"], d["mode"]) == ("onprem-70b", "aggregated"), d
+    assert d["endpoints"][0]["name"].startswith("llama-70b-decode-"), d["endpoints"]
+    cost = d["trace"]["cost"]
+    assert (cost["prefill_utilization"], cost["decode_utilization"]) == (0.6, 0.6)  # before: 0.2, 0.2
+    pools = (t.pools.decode, t.pools.decode)
+    want = estimate_cost("onprem-70b", t, "aggregated", d["prompt_tokens"], 50, utilization=0.6, pools=pools).usd
+    assert d["estimated_cost_usd"] == pytest.approx(want, rel=1e-9)
+    booked = _outcome(base, d["decision_id"])
+    assert booked == pytest.approx(usage_cost("onprem-70b", t, "aggregated", prompt_tokens=14, completion_tokens=50,
+                                              prefill_utilization=0.6, decode_utilization=0.6, pools=pools).usd,
+                                   rel=1e-6)
+
