@@ -60,7 +60,7 @@ from pointsman.policy.budget.ledger import (
 )
 from pointsman.policy.budget.snapshot_cache import PendingChange, SnapshotCache
 from pointsman.policy.budget.units import NUSD_PER_USD, check_tokens
-from pointsman.policy.cost import TargetPrice, usage_cost
+from pointsman.policy.cost import TargetPrice, pool_utilization, usage_cost
 from pointsman.policy.cost import effective_prices as _effective_prices
 from pointsman.policy.fleet import EndpointEvents, Fleet, FrontierTarget, OnPremTarget
 from pointsman.policy.signals.engine_cache import EngineCache
@@ -708,7 +708,8 @@ class FleetState:
                tokens: dict[str, int]) -> tuple[float, str]:
         """(USD of ``tokens`` (``settle``'s counts) on ``target``, the mode priced: ``mode``, or the
         target's first mode when it has no such mode), at the utilizations ``record`` was estimated
-        with and on the pools of its endpoints (an aggregated request prefilled on a decode endpoint
+        with when it names ``target`` (else the fleet's assumed utilization: those were another target's
+        pools') and on the pools of its endpoints (an aggregated request prefilled on a decode endpoint
         runs both phases on the decode pool; without the endpoints, the mode's pools). Raises
         ``BudgetError`` for an unknown target or usage its prices cannot price."""
         t = None if target is None else self.target_spec(target)
@@ -717,6 +718,11 @@ class FleetState:
                               f"(and mode) or actual_cost_usd")
         mode = mode if mode in t.modes else t.modes[0]
         pools = None
+        # the utilizations the estimate used are its target's pools': another target (a fallback that served
+        # it) is priced at the fleet's assumed utilization, as any pool that reports none
+        u_p = u_d = None if record is None else pool_utilization(None, self.fleet)
+        if record is not None and record.target == target:
+            u_p, u_d = record.prefill_utilization, record.decode_utilization
         if record is not None and record.target == target and record.mode == mode:
             eps = self.fleet.endpoints
             decode = eps.get(record.endpoint)
@@ -724,9 +730,8 @@ class FleetState:
             if decode is not None and prefill is not None and decode.pool is not None and prefill.pool is not None:
                 pools = (prefill.pool, decode.pool)
         try:
-            return usage_cost(target, t, mode, **tokens,
-                              prefill_utilization=record.prefill_utilization if record else None,
-                              decode_utilization=record.decode_utilization if record else None, pools=pools).usd, mode
+            return usage_cost(target, t, mode, **tokens, prefill_utilization=u_p, decode_utilization=u_d,
+                              pools=pools).usd, mode
         except ValueError as exc:  # parts beyond the prompt
             raise BudgetError(f"cannot price decision '{decision_id}': {exc}") from None
 
