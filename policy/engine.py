@@ -423,6 +423,7 @@ class RoutingEngine:
         candidates = [(verdict.target, outcome.mode.mode), *outcome.fallbacks]
         refusals: dict[str, Exclusion] = {}
         chosen: Placement | None = None
+        reserved = False  # whether the ledger holds the chosen candidate's estimate
         index = 0
         for index, (target, mode) in enumerate(candidates):  # noqa: B007 - read after the loop: fallbacks follow it
             placed = place(live, target, mode)
@@ -431,10 +432,11 @@ class RoutingEngine:
                 continue
             if dispatch:
                 try:
-                    decision_id = self.state.dispatch(  # the id as dispatched: signed with its claims
+                    dispatched = self.state.dispatch(  # its id as dispatched: signed with its claims
                         Dispatch(placed.record(base_id, view, features.prompt_tokens, live.now_mono),
                                  cached_hashes(self.fleet, target, hashes, base["request"], view, gateway_ids),
-                                 gateway_ids, routing.session_id or ""), now=live.now).decision_id
+                                 gateway_ids, routing.session_id or ""), now=live.now)
+                    decision_id, reserved = dispatched.decision_id, dispatched.reserved
                 except BudgetExceeded as exc:
                     refusals[target] = Exclusion("budget", str(exc).removeprefix("budget exceeded: "))
                     continue
@@ -476,7 +478,7 @@ class RoutingEngine:
                 "policy": (t3 - t2) * 1e3,
                 "total": (t3 - t0) * 1e3,
             },
-            trace_builder=lambda: self._trace(live, outcome, placement, refusals, estimate, dispatch, scopes),
+            trace_builder=lambda: self._trace(live, outcome, placement, refusals, estimate, reserved, scopes),
             request_features=features,
             request_view=view,
             head_input=estimate.features,
@@ -488,7 +490,7 @@ class RoutingEngine:
         return decision
 
     def _trace(self, live: LiveSignals, outcome: Outcome, chosen: Placement, refusals: dict[str, Exclusion],
-               estimate: DifficultyEstimate, dispatched: bool, scopes: tuple[str, ...]) -> Trace:
+               estimate: DifficultyEstimate, reserved: bool, scopes: tuple[str, ...]) -> Trace:
         verdict = outcome.verdict
         evaluated = self.policy.rules[: len(verdict.codes)]
         used: dict[str, object] = {}
@@ -528,7 +530,7 @@ class RoutingEngine:
             # per target looked up: where its cache signals came from (engine KV events or an estimate)
             "cache_sources": dict(live.cache_sources),
             "budget": {"scopes": list(scopes), "limited": live.budget_limited() if scopes else False,
-                       "reserved_usd": chosen.cost.usd if dispatched else None,
+                       "reserved_usd": chosen.cost.usd if reserved else None,  # None: nothing held
                        "refusals": {t: str(e) for t, e in refusals.items()}},
             "cost": chosen.cost.to_dict(),
             # predicted latency per target/mode the decision computed (policy/selection/latency.py)

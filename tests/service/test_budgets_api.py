@@ -346,3 +346,22 @@ def test_a_refusal_names_a_small_limit_as_it_is(tmp_path):
         refused = c.post("/v1/route", json=BODY, headers=GATEWAY)
         assert refused.status_code == 429, refused.text
         assert "tenant:acme has $0.000010 of $0.000010 left this day" in refused.json()["error"]["message"]
+
+
+def test_the_trace_says_what_the_decision_reserved(tmp_path):
+    """``trace.budget.reserved_usd`` is what the ledger holds for the decision: its estimate when a
+    budget applies to one of its scopes, None when none does (nothing is held; its outcome books
+    unreserved). Before, every dispatched decision's trace said its estimate was reserved: a tenant
+    without a budget read reserved_usd 2.6e-05 while its outcome's settlement said reserved_usd 0.0."""
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text(budgets_yaml(1.0))
+    with app(tmp_path, str(budgets)) as c:
+        for tenant, held in (("acme", True), ("other", False)):
+            body = {**BODY, "routing": {"tenant": tenant, "explain": True}}
+            d = c.post("/v1/route", json=body, headers=GATEWAY).json()
+            assert d["trace"]["budget"]["reserved_usd"] == (d["estimated_cost_usd"] if held else None), d["trace"]
+            r = c.post("/v1/outcomes", headers=GATEWAY, json={
+                "decision_id": d["decision_id"], "usage": {"prompt_tokens": 3, "completion_tokens": 4}})
+            settlement = r.json()["acks"][0]["settlement"]
+            assert settlement["hold_state"] == ("held" if held else "unreserved")
+            assert settlement["reserved_usd"] == pytest.approx(d["trace"]["budget"]["reserved_usd"] or 0.0, abs=1e-9)
