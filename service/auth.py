@@ -138,6 +138,11 @@ class KeyRing:
         """True when at least one key is configured (authentication on)."""
         return bool(self._keys)
 
+    @property
+    def names(self) -> frozenset[str]:
+        """The keys' names (their ``key:<name>`` budget scopes)."""
+        return frozenset(k.key_id for k in self._keys)
+
     def counts(self) -> dict[str, int]:
         """Number of keys per role."""
         return {role: sum(k.role == role for k in self._keys) for role in ROLES}

@@ -32,6 +32,7 @@ from pointsman.policy.rules.compiler import load_policy
 from pointsman.policy.signals.fleet_state import FleetState
 from pointsman.policy.signals.shared_state import open_sync
 from pointsman.service.decision_key import decision_signer
+from pointsman.service.keys import key_names
 from pointsman.service.settings import Settings
 
 
@@ -71,10 +72,12 @@ def load_estimator(spec: str | None, timeout_ms: float | None = None, threads: i
         return UnavailableEstimator(reason), reason
 
 
-def open_budget_ledger(settings: Settings) -> BudgetLedger:
+def open_budget_ledger(settings: Settings, check_keys: bool = False) -> BudgetLedger:
     """The ledger ``settings`` name, with their budgets. Raises ``BudgetConfigError`` (located)
-    for a bad budgets file, ``BudgetError`` for a bad URL, ``LedgerUnavailable`` if it cannot open."""
-    config = BudgetConfig.load(settings.budgets_path) if settings.budgets_path else BudgetConfig()
+    for a bad budgets file (with ``check_keys``, the service's: a ``key:`` scope naming none of its
+    API keys too), ``BudgetError`` for a bad URL, ``LedgerUnavailable`` if it cannot open."""
+    names = key_names(settings) if check_keys else None
+    config = BudgetConfig.load(settings.budgets_path, names) if settings.budgets_path else BudgetConfig()
     return open_ledger(settings.budget_ledger, config, data_dir=settings.data_dir)
 
 
@@ -87,7 +90,8 @@ def build_state(settings: Settings, fleet: Fleet, ledger: bool = True, shared: b
         return FleetState(fleet, open_budget_ledger(settings) if want else None,
                           budget_fail_open=settings.budget_fail_open)
     sync = open_sync(settings.state_url)
-    return FleetState(fleet, open_budget_ledger(settings) if want else None, budget_fail_open=settings.budget_fail_open,
+    return FleetState(fleet, open_budget_ledger(settings, check_keys=True) if want else None,
+                      budget_fail_open=settings.budget_fail_open,
                       sync=sync, signer=decision_signer(settings, sync),
                       journal=SpendJournal(Path(settings.data_dir) / DEFAULT_JOURNAL_NAME) if want else None)
 

@@ -18,7 +18,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -38,10 +38,12 @@ def budgets_revision(config: BudgetConfig) -> str:
 
 
 def reload_budgets(live: LiveEngine, path: str | Path | None, source: str = "endpoint",
-                   on_result: Callable[[ReloadResult], None] | None = None) -> ReloadResult:
+                   on_result: Callable[[ReloadResult], None] | None = None,
+                   key_names: Callable[[], Collection[str] | None] | None = None) -> ReloadResult:
     """Read the budgets file at ``path`` and apply it (see the module); returns the result (also
     passed to ``on_result``). Never raises for a bad file: the problems are in the result. Without
-    a ledger or a budgets file (``path`` None) the result is a rejection that says so."""
+    a ledger or a budgets file (``path`` None) the result is a rejection that says so. ``key_names()``:
+    the service's API key names now, which its ``key:`` scopes must name (``BudgetConfig.load``)."""
     state = live.engine.state
     ledger = state.ledger
     before = budgets_revision(ledger.config) if ledger is not None else "none"
@@ -51,7 +53,7 @@ def reload_budgets(live: LiveEngine, path: str | Path | None, source: str = "end
                             "no budgets file is configured: start the service with POINTSMAN_BUDGETS_PATH"),)
     else:
         try:
-            config = BudgetConfig.load(path)
+            config = BudgetConfig.load(path, None if key_names is None else key_names())
         except BudgetConfigError as exc:
             problems = tuple(exc.problems)
     if problems or ledger is None:
@@ -73,9 +75,11 @@ def reload_budgets(live: LiveEngine, path: str | Path | None, source: str = "end
 
 async def watch_budgets(live: LiveEngine, path: str | Path, stop: asyncio.Event,
                         on_result: Callable[[ReloadResult], None] | None = None,
-                        debounce_ms: int = WATCH_DEBOUNCE_MS) -> None:
+                        debounce_ms: int = WATCH_DEBOUNCE_MS,
+                        key_names: Callable[[], Collection[str] | None] | None = None) -> None:
     """Reload the budgets whenever the file at ``path`` changes, until ``stop`` is set."""
-    await watch_file(path, stop, lambda p: reload_budgets(live, p, "watch", on_result), "budgets", debounce_ms)
+    await watch_file(path, stop, lambda p: reload_budgets(live, p, "watch", on_result, key_names), "budgets",
+                     debounce_ms)
 
 
 def budget_statuses(ledger: BudgetLedger, now: float | None = None) -> list[JSONValue]:

@@ -70,6 +70,15 @@ def _signature(path: Path) -> _Signature:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def key_names(settings: Settings) -> frozenset[str] | None:
+    """The names of the API keys ``settings`` configure, read now (key files included), which a budgets
+    file's ``key:<name>`` scopes must name; None when the keys cannot be read (nothing to check against)."""
+    try:
+        return KeySource.from_settings(settings).ring().names
+    except ValueError:
+        return None
+
+
 class KeySource:
     """The keys in force (see the module). ``settings``: (role, value, setting name) per role;
     ``files``: (role, path, setting name) per configured key file. Raises ``ValueError`` (naming the

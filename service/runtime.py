@@ -41,6 +41,7 @@ from pointsman.service.decision_log import DecisionLogWriter
 from pointsman.service.feeds import SignalFeeds
 from pointsman.service.fleet_reload import reload_fleet, watch_fleet
 from pointsman.service.http_errors import unavailable
+from pointsman.service.keys import key_names
 from pointsman.service.live_engine import LiveEngine, ReloadResult, SwapResult
 from pointsman.service.model_follower import ModelFollower, followed
 from pointsman.service.policy_reload import reload_policy, watch_policy
@@ -114,7 +115,8 @@ class Runtime:
         if what == "fleet":
             return reload_fleet(self.live, s.fleet_path, None, "endpoint", self.record_fleet_reload)
         if what == "budgets" and s.budgets_path:
-            return reload_budgets(self.live, s.budgets_path, "endpoint", self.record_budgets_reload)
+            return reload_budgets(self.live, s.budgets_path, "endpoint", self.record_budgets_reload,
+                                  lambda: key_names(s))
         return None
 
     def start_watchers(self) -> None:
@@ -130,7 +132,8 @@ class Runtime:
             self.watching_fleet = True
         if s.watch_budgets and s.budgets_path and self.live.engine.state.ledger is not None:
             self._tasks.append(asyncio.create_task(
-                watch_budgets(self.live, s.budgets_path, self._stop, self.record_budgets_reload),
+                watch_budgets(self.live, s.budgets_path, self._stop, self.record_budgets_reload,
+                              key_names=lambda: key_names(s)),
                 name="pointsman-budgets-watch"))
             self.watching_budgets = True
         if self.live.engine.state.journal is not None:

@@ -5,7 +5,7 @@ ledger's timing (reservation TTL, record retention). ``BudgetConfig.load(path)``
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -15,7 +15,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from pointsman.errors import BudgetError, ConfigError, Problem
 from pointsman.json_types import JSONObject
-from pointsman.located import LocatedDocument, StrictModel, parse_yaml, read_text, validate
+from pointsman.located import LocatedDocument, StrictModel, did_you_mean, parse_yaml, read_text, validate
 from pointsman.policy.budget.units import NUSD_PER_USD, SCOPE_KINDS, SCOPE_RE
 from pointsman.request import canonical
 
@@ -151,11 +151,28 @@ class BudgetConfig:
         return _from_spec(_validate(data, LocatedDocument(source, "", data, None)))
 
     @classmethod
-    def load(cls, path: str | Path) -> BudgetConfig:
-        """Read a YAML budgets file; raises ``BudgetConfigError`` with file:line:col per problem."""
+    def load(cls, path: str | Path, key_names: Collection[str] | None = None) -> BudgetConfig:
+        """Read a YAML budgets file; raises ``BudgetConfigError`` with file:line:col per problem.
+        ``key_names``: the API key names of the service that applies it (none: authentication is off):
+        a ``key:<name>`` scope naming none of them is a problem (``unknown-key``), a budget that could
+        never apply (a misspelt key name left that key's spending unlimited); None checks no name."""
         text = read_text(path, BudgetConfigError)
         doc = parse_yaml(text, str(path), BudgetConfigError)
-        return _from_spec(_validate(doc.data, doc))
+        config = _from_spec(_validate(doc.data, doc))
+        if key_names is not None:
+            problems = []
+            for i, b in enumerate(config.budgets):
+                kind, _, name = b.scope.partition(":")
+                if kind == "key" and name not in key_names:
+                    line, col = doc.mark(("budgets", i, "scope"))
+                    have = (f"the service's API keys are {', '.join(sorted(key_names))}{did_you_mean(name, key_names)}"
+                            if key_names else "no API key is configured (authentication is off)")
+                    problems.append(Problem(str(path), line, col, "unknown-key",
+                                            f"budgets[{i}].scope: '{b.scope}' names no API key, so it never "
+                                            f"applies: {have}"))
+            if problems:
+                raise BudgetConfigError(problems)
+        return config
 
 
 def _validate(data: object, doc: LocatedDocument) -> BudgetsSpec:

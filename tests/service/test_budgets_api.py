@@ -365,3 +365,45 @@ def test_the_trace_says_what_the_decision_reserved(tmp_path):
             settlement = r.json()["acks"][0]["settlement"]
             assert settlement["hold_state"] == ("held" if held else "unreserved")
             assert settlement["reserved_usd"] == pytest.approx(d["trace"]["budget"]["reserved_usd"] or 0.0, abs=1e-9)
+
+
+def test_a_key_budget_naming_no_api_key_is_refused(tmp_path):
+    """``key:<name>`` budgets bind the API key the caller authenticated with; one naming no configured
+    key never applies. Before, a misspelt name (key:gw-1 for the key gw1) loaded without a word (serve
+    started and served) and that key's spending stayed unlimited. Now serve refuses to start (exit 2, the
+    scope located, the key names and a did-you-mean), a reload is rejected with the running budgets kept,
+    and a budget naming a configured key applies."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.service.conftest import free_port, stop
+
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'key:gw-1', window: day, limit_usd: 0.01}\n")
+    env = {**os.environ, "POINTSMAN_DATA_DIR": str(tmp_path / "data"),
+           "POINTSMAN_BUDGETS_PATH": str(budgets), "POINTSMAN_GATEWAY_API_KEYS": "gw1=gateway-secret-0123",
+           "POINTSMAN_ADMIN_API_KEYS": "ops=admin-secret-0123"}
+    proc = subprocess.Popen([sys.executable, "-m", "pointsman", "serve", "--port", str(free_port())], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        raise AssertionError("serve started with a budget for a key it does not have") from None
+    assert proc.returncode == 2, stderr
+    assert (f"{budgets}:4:13: unknown-key: budgets[0].scope: 'key:gw-1' names no API key, so it never applies: "
+            "the service's API keys are gw1, ops; did you mean 'gw1'?") in stderr, stderr
+
+    budgets.write_text(budgets_yaml(1.0))
+    with app(tmp_path, str(budgets), watch_budgets=False) as c:
+        assert status(c)[0]["limit_usd"] == 1.0
+        budgets.write_text(budgets_yaml(1.0) + "  - {scope: 'key:gw2', window: day, limit_usd: 0.01}\n")
+        r = c.post("/v1/budgets/reload", headers=ADMIN)
+        assert r.status_code == 422 and "'key:gw2' names no API key" in r.text and "did you mean 'gw'" in r.text
+        assert [b["scope"] for b in c.get("/v1/budgets", headers=ADMIN).json()["budgets"]] == ["tenant:acme"] * 2
+        budgets.write_text(budgets_yaml(1.0) + "  - {scope: 'key:gw', window: day, limit_usd: 0.0}\n")
+        assert c.post("/v1/budgets/reload", headers=ADMIN).status_code == 200
+        r = c.post("/v1/route", json=BODY, headers=GATEWAY)
+        assert r.status_code in (429, 422) and "key:gw" in r.text, r.text  # its $0 budget binds the key
