@@ -6,8 +6,8 @@ the paths. Series, per run, over the trace clock in bins of ``ReplayResult.timel
 
 - **cost per token over time** (``cost_usd_per_mtok``): cost incurred in the bin ÷ output
   tokens of requests finishing in it, per 1M tokens: on-prem = provisioned GPU-hours of
-  the bin + energy of its busy time (``metrics`` prices), frontier = bills of requests
-  finishing in the bin; split into its on-prem and frontier parts
+  the bin's seconds within the window (the last bin is partial) + energy of its busy time
+  (``metrics`` prices), frontier = bills of requests finishing in the bin; split into its on-prem and frontier parts
   (``cost_onprem_usd_per_mtok`` + ``cost_frontier_usd_per_mtok`` = the total). The plot draws,
   per run in its own panel, the rolling median over ``ROLLING_BINS`` bins of each part
   (stacked) and of the total (a line);
@@ -15,7 +15,7 @@ the paths. Series, per run, over the trace clock in bins of ``ReplayResult.timel
   each target (``rejected`` for refused ones);
 - **TTFT distribution**: the empirical CDF of completed requests' TTFT;
 - **prefill vs decode utilization over time**: busy GPU-seconds in each phase ÷
-  provisioned GPU-seconds of the whole on-prem fleet in the bin.
+  provisioned GPU-seconds of the whole on-prem fleet in the bin (its seconds within the window).
 
 matplotlib (the ``replay`` extra) is imported only to draw.
 """
@@ -125,6 +125,8 @@ def series(result: ReplayResult) -> PlotSeries:
     def idx(t: float) -> int:
         return min(n - 1, max(0, int((t - start) // bin_s)))
 
+    # seconds of the window in each bin: the last is partial (a window of 3.8 s in 10-s bins billed 10 s of GPUs)
+    width = np.clip(result.window_s - np.arange(n) * bin_s, 0.0, bin_s)
     cost = np.zeros(n)
     frontier_cost = np.zeros(n)
     tokens = np.zeros(n)
@@ -137,7 +139,7 @@ def series(result: ReplayResult) -> PlotSeries:
         fleet_gpus += t.gpus
         tl = result.timeline.get(t.name)
         spec = t.replica
-        cost += t.gpus * bin_s / 3600 * (t.gpu_hour_usd + spec.gpu_idle_kw * t.electricity_usd_per_kwh)
+        cost += t.gpus * width / 3600 * (t.gpu_hour_usd + spec.gpu_idle_kw * t.electricity_usd_per_kwh)
         if tl is not None:
             p = np.asarray(tl["prefill_busy_s"][:n] + [0.0] * (n - len(tl["prefill_busy_s"])))
             d = np.asarray(tl["decode_busy_s"][:n] + [0.0] * (n - len(tl["decode_busy_s"])))
@@ -161,9 +163,9 @@ def series(result: ReplayResult) -> PlotSeries:
         frontier_cpt = np.where(tokens > 0, frontier_cost / tokens * 1e6, np.nan)
         cpt = onprem_cpt + frontier_cpt
         share = {k: np.where(arrivals > 0, v / arrivals, np.nan).tolist() for k, v in sorted(mix.items())}
-        denom = fleet_gpus * bin_s
-        pu = (prefill_gpu_s / denom).tolist() if denom else [0.0] * n
-        du = (decode_gpu_s / denom).tolist() if denom else [0.0] * n
+        denom = fleet_gpus * width
+        pu = np.where(denom > 0, prefill_gpu_s / denom, 0.0).tolist()
+        du = np.where(denom > 0, decode_gpu_s / denom, 0.0).tolist()
     return PlotSeries(t_s=[i * bin_s for i in range(n)], cost_usd_per_mtok=cpt.tolist(),
                       cost_onprem_usd_per_mtok=onprem_cpt.tolist(), cost_frontier_usd_per_mtok=frontier_cpt.tolist(),
                       target_share=share,
