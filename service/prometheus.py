@@ -11,7 +11,7 @@ Counted as things happen (``ServiceMetrics``):
                                                  (stored durably and settled)
 ``pointsman_estimator_unavailable_total{reason}``  decisions without a difficulty estimate (``timeout``, ``error``)
 ``pointsman_p_hard``                             histogram of ``p_hard`` (decisions with an estimate)
-``pointsman_budget_reserved_usd_total{target}``  estimated cost reserved by decisions, USD
+``pointsman_budget_reserved_usd_total{target}``  estimated cost of decisions, USD (held on their budgets where one applies)
 ``pointsman_budget_spend_usd_total{target}``     actual cost settled by outcomes, USD
 ``pointsman_outcomes_total{status}``             outcomes by acknowledgement (stored, duplicate, conflict,
                                                  unknown_decision, invalid)
@@ -124,7 +124,8 @@ class ServiceMetrics:
                                              registry=r)
         self.p_hard = Histogram("pointsman_p_hard", "p_hard of decisions with a difficulty estimate.",
                                 buckets=P_HARD_BUCKETS, registry=r)
-        self.reserved_usd = Counter("pointsman_budget_reserved_usd", "Estimated cost reserved by decisions, USD.",
+        self.reserved_usd = Counter("pointsman_budget_reserved_usd",
+                                    "Estimated cost of decisions, USD (held on their budgets where one applies).",
                                     ["target"], registry=r)
         self.spend_usd = Counter("pointsman_budget_spend_usd", "Actual cost settled by outcomes, USD.", ["target"],
                                  registry=r)
