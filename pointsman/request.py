@@ -281,6 +281,8 @@ class RouteRequest(BaseModel):
     ``n``: OpenAI's number of answers (choices, 1-128): each is decoded and billed as output, the
     prompt once, so the expected output (cost and decode time) is ``n`` answers' worth.
     ``modalities`` / ``audio``: OpenAI's output modalities and audio output parameters (``has_audio``).
+    ``previous_response_id`` / ``conversation``: the OpenAI Responses API's continuation of state the provider
+    stored (a response id; a conversation id, or an object with its ``id``): see ``stored_state``.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -293,6 +295,8 @@ class RouteRequest(BaseModel):
     user: str | None = None
     modalities: list[str] | None = None
     audio: JSONObject | None = None
+    previous_response_id: str | None = None
+    conversation: str | JSONObject | None = None
     routing: RoutingContext = Field(default_factory=RoutingContext)
 
     @field_validator("routing", mode="before")
@@ -305,6 +309,25 @@ class RouteRequest(BaseModel):
     def max_output_tokens(self) -> int | None:
         """The output token cap: ``max_completion_tokens`` if set, else ``max_tokens``."""
         return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def stored_state(self) -> str | None:
+        """The field by which the request continues state its provider stored: ``previous_response_id`` or
+        ``conversation`` (the Responses API prepends that response's or conversation's items to ``input``,
+        and bills them as input), None when it stands alone (an empty id is none). Only a target holding that
+        state can serve it (``fleet.holds_stored_state``), and its counted prompt is a lower bound."""
+        if self.previous_response_id:
+            return "previous_response_id"
+        return "conversation" if self.conversation else None
+
+    def uncounted_input(self) -> list[str]:
+        """What the provider bills as input that the prompt token count (so ``prompt_tokens_upper`` and the cost
+        estimate too: lower bounds) leaves out, in order: ``stored state (<field>)`` (``stored_state``),
+        ``file parts``, ``audio parts``; [] when every input is counted. The decision's trace reports it as
+        ``uncounted_input`` (none when the gateway sent the count, ``routing.prompt_tokens``)."""
+        out = [f"stored state ({field})"] if (field := self.stored_state) else []
+        return out + [what for kind, what in ((FilePart, "file parts"), (AudioPart, "audio parts"))
+                      if self.has_part(kind)]
 
     def has_content(self) -> bool:
         """True when any message carries text, an image, audio, a file or a tool call."""

@@ -478,7 +478,8 @@ class RoutingEngine:
                 "policy": (t3 - t2) * 1e3,
                 "total": (t3 - t0) * 1e3,
             },
-            trace_builder=lambda: self._trace(live, outcome, placement, refusals, estimate, reserved, scopes),
+            trace_builder=lambda: self._trace(live, outcome, placement, refusals, estimate, reserved, scopes,
+                                              [] if features.prompt_tokens_exact else view.request.uncounted_input()),
             request_features=features,
             request_view=view,
             head_input=estimate.features,
@@ -490,7 +491,7 @@ class RoutingEngine:
         return decision
 
     def _trace(self, live: LiveSignals, outcome: Outcome, chosen: Placement, refusals: dict[str, Exclusion],
-               estimate: DifficultyEstimate, reserved: bool, scopes: tuple[str, ...]) -> Trace:
+               estimate: DifficultyEstimate, reserved: bool, scopes: tuple[str, ...], uncounted: list[str]) -> Trace:
         verdict = outcome.verdict
         evaluated = self.policy.rules[: len(verdict.codes)]
         used: dict[str, object] = {}
@@ -533,6 +534,9 @@ class RoutingEngine:
                        "reserved_usd": chosen.cost.usd if reserved else None,  # None: nothing held
                        "refusals": {t: str(e) for t, e in refusals.items()}},
             "cost": chosen.cost.to_dict(),
+            # billed input the prompt's count leaves out (RouteRequest.uncounted_input; none when the gateway sent
+            # the count): its prompt_tokens, prompt_tokens_upper and costs are lower bounds then
+            "uncounted_input": uncounted,
             # predicted latency per target/mode the decision computed (policy/selection/latency.py)
             "prediction": finite_or_none(live.predictions_trace()),
             "estimator": {"version": str(getattr(self.estimator, "version", "unknown")),

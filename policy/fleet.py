@@ -369,7 +369,10 @@ class FrontierTarget(StrictModel):
     only a request that marks a breakpoint with ``cache_control`` is cached, up to its last breakpoint,
     and its uncached prompt bills as a cache write, ``usd_per_1m_cache_write_input_tokens``, or
     ``usd_per_1m_cache_write_1h_input_tokens`` for a 1-hour breakpoint): the estimate of an unmarked
-    request credits no cache, and replay (whose requests carry no ``cache_control``) caches nothing."""
+    request credits no cache, and replay (whose requests carry no ``cache_control``) caches nothing.
+    ``stored_state``: the tier holds the state a Responses API request continues (``previous_response_id``,
+    ``conversation``: responses and conversations the provider stored); None (the default) reads true for
+    provider ``openai`` or ``azure`` and false for any other (``holds_stored_state``)."""
 
     kind: Literal["frontier"]
     provider: str = Field(min_length=1)
@@ -385,6 +388,7 @@ class FrontierTarget(StrictModel):
     default_output_tokens: PositiveInt | None = None
     ttft_median_s: PositiveFloat | None = None
     tpot_median_s: PositiveFloat | None = None
+    stored_state: bool | None = None
     replay: FrontierReplay | None = None
 
     @property
@@ -398,6 +402,19 @@ class FrontierTarget(StrictModel):
 
 
 Target = Annotated[OnPremTarget | FrontierTarget, Field(discriminator="kind")]
+
+#: Providers whose Responses API stores responses and conversations (OpenAI's, and Azure OpenAI's).
+STORED_STATE_PROVIDERS = frozenset({"openai", "azure"})
+
+
+def holds_stored_state(target: OnPremTarget | FrontierTarget) -> bool:
+    """Whether ``target`` can continue a Responses API request's provider-stored state (``previous_response_id``,
+    ``conversation``): a frontier target's ``stored_state``, by default true for a provider in
+    ``STORED_STATE_PROVIDERS``; never an on-prem target (an engine's own response store, vLLM's, is one
+    process's: another replica of the pool has none)."""
+    if isinstance(target, OnPremTarget):
+        return False
+    return target.provider in STORED_STATE_PROVIDERS if target.stored_state is None else target.stored_state
 
 
 class Metadata(StrictModel):

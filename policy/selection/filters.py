@@ -9,7 +9,9 @@ They run in this order, and the first that removes a target names it:
   batch of prompts, each its own sequence, its longest prompt's: ``request.longest_prompt_tokens_upper``)
   plus the client's output cap (1 token when uncapped) must fit the target's ``context_window_tokens``.
 - ``capabilities``: image inputs need ``capabilities.images``, audio inputs and answers ``capabilities.audio``, file
-  inputs ``capabilities.files``; tools need ``capabilities.tools``.
+  inputs ``capabilities.files``; tools need ``capabilities.tools``; a Responses request continuing provider-stored
+  state (``request.stored_state``: ``previous_response_id``, ``conversation``) a target that holds it
+  (``fleet.holds_stored_state``).
 - ``tenants``: a target with an allow-list (``filters.tenants``) takes only those tenants
   (a request without a tenant is on no list).
 - ``health``: a target needs at least one endpoint not marked unhealthy.
@@ -31,7 +33,7 @@ from pydantic import AfterValidator
 
 from pointsman.errors import RequestError
 from pointsman.located import StrictModel
-from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget
+from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget, holds_stored_state
 from pointsman.policy.signals.namespaces import RequestSignals
 from pointsman.policy.signals.source import SignalSource
 from pointsman.request import MAX_SCOPE_NAME_CHARS, canonical, valid_scope_name
@@ -87,7 +89,8 @@ def context_window(name: str, target: OnPremTarget | FrontierTarget, ctx: Filter
 
 
 def capabilities(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterContext) -> str | None:
-    """Ineligible when the request has images (audio, files, tools) and the target does not take them."""
+    """Ineligible when the request has images (audio, files, tools) and the target does not take them, or continues
+    provider-stored state (``request.stored_state``) the target does not hold."""
     caps = target.capabilities
     if ctx.request["has_images"] and not caps.images:
         return "does not accept image inputs"
@@ -97,6 +100,8 @@ def capabilities(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterCo
         return "does not accept file inputs"
     if ctx.request["has_tools"] and not caps.tools:
         return "does not support tools"
+    if (field := ctx.request.get("stored_state")) and not holds_stored_state(target):  # (a case may omit it)
+        return f"does not hold the provider-stored state the request's {field} continues (fleet: stored_state)"
     return None
 
 

@@ -66,6 +66,7 @@ class RequestSignals(TypedDict):
     has_files: bool
     has_cache_control: bool
     has_cache_control_1h: bool
+    stored_state: str
     tenant: str
     team: str
     session_id: str
@@ -266,6 +267,11 @@ SIGNALS: dict[str, Namespace] = {
                                             "(cache_control): what an explicit-cache frontier target caches"),
         "has_cache_control_1h": Signal("bool", "a cache_control breakpoint asks the 1-hour lifetime (ttl '1h'), "
                                                "whose cache write is priced higher"),
+        "stored_state": Signal("string", "the field by which an OpenAI Responses request continues state its "
+                                         "provider stored ('previous_response_id' or 'conversation'; '' when none): "
+                                         "only a target holding it is eligible (capabilities filter; the fleet's "
+                                         "stored_state), and the stored turns, billed as input, are not counted in "
+                                         "prompt_tokens, prompt_tokens_upper or cost(): lower bounds"),
         "tenant": Signal("string", "routing.tenant, '' when absent"),
         "team": Signal("string", "routing.team, '' when absent"),
         "session_id": Signal("string", "routing.session_id, '' when absent"),
@@ -469,6 +475,7 @@ def request_signals(features: RequestFeatures, view: RequestView, default_output
         "has_files": request.has_part(FilePart),
         "has_cache_control": bool(marks),
         "has_cache_control_1h": has_1h_mark(marks),
+        "stored_state": request.stored_state or "",
         "tenant": routing.tenant or "",
         "team": routing.team or "",
         "session_id": routing.session_id or "",
@@ -579,7 +586,7 @@ def example_signals(variables: Mapping[str, JSONValue] | None = None, targets: I
             "prompt_tokens": 100, "prompt_tokens_upper": 100, "longest_prompt_tokens_upper": 0,
             "max_output_tokens": 256, "max_output_tokens_set": False, "turns": 1,
             "messages": 1, "has_tools": False, "has_images": False, "images": 0, "has_audio": False, "has_files": False,
-            "has_cache_control": False, "has_cache_control_1h": False,
+            "has_cache_control": False, "has_cache_control_1h": False, "stored_state": "",
             "tenant": "", "team": "",
             "session_id": "", "slo_class": "", "model": "",
         },
