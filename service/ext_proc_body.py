@@ -124,7 +124,8 @@ def chat_request(body: JSONObject) -> JSONObject:
       (``RequestError``);
     - Responses (``input``): ``instructions`` a system message, ``input`` (a string, or message items
       with ``input_text`` / ``input_image`` / ``input_file`` / ``input_audio`` parts, and
-      ``function_call`` / ``function_call_output`` items) the messages, ``max_output_tokens`` the cap;
+      ``function_call`` / ``function_call_output`` items) the messages, ``max_output_tokens`` the cap; an
+      ``item_reference`` (an item the provider stored) a message of its JSON marked ``type: item_reference``;
     - Anthropic Messages (``system`` beside ``messages``): the system prompt a system message, its
       ``image`` / ``document`` / ``tool_use`` / ``tool_result`` blocks read as image, file and text.
 
@@ -332,7 +333,9 @@ def _responses(body: JSONObject) -> JSONObject:
             output = item.get("output")
             messages.append({"role": "tool", "content": [{"type": "image_url", "image_url": output.get("image_url")
                                                           if isinstance(output, dict) else None}]})
-        else:  # reasoning, item references, ...: counted as their JSON
+        elif kind == "item_reference":  # an item the provider stored: marked (RouteRequest.stored_state)
+            messages.append({"role": "user", "content": json.dumps(item, ensure_ascii=False), "type": kind})
+        else:  # reasoning, ...: counted as their JSON
             messages.append({"role": "user", "content": json.dumps(item, ensure_ascii=False)})
     out: JSONObject = {k: v for k, v in body.items() if k not in ("input", "instructions", "max_output_tokens")}
     out["messages"] = messages or [{"role": "user", "content": ""}]

@@ -1,6 +1,7 @@
-"""A Responses request continuing provider-stored state (``previous_response_id``, ``conversation``) is routed
-only to a target holding that state, over HTTP (``POST /v1/route``) and the ext_proc picker (real gRPC, real
-protos) alike; its counted prompt is said to leave the stored turns out (``trace.uncounted_input``)."""
+"""A Responses request continuing provider-stored state (``previous_response_id``, ``conversation``, an
+``item_reference`` input item) is routed only to a target holding that state, over HTTP (``POST /v1/route``) and
+the ext_proc picker (real gRPC, real protos) alike; its counted prompt is said to leave the stored turns out
+(``trace.uncounted_input``)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from tests.service.test_ext_proc import REQUEST_HEADERS, request_phase, run, set
 
 CONTINUED = {"model": "auto", "previous_response_id": "resp_abc", "input": "And the next step?"}
 IN_CONVERSATION = {"model": "auto", "conversation": {"id": "conv_abc"}, "input": "And the next step?"}
+REFERENCING = {"model": "auto", "input": [{"type": "item_reference", "id": "msg_abc"},
+                                          {"role": "user", "content": "And the next step?"}]}
 RESPONSES = {**REQUEST_HEADERS, ":path": "/v1/responses"}
 ON_PREM = ("onprem-8b", "onprem-70b")
 
@@ -67,8 +70,9 @@ def picked(client: TestClient, body: dict) -> dict:
     return first["immediateResponse"] if "immediateResponse" in first else set_headers(first)
 
 
-@pytest.mark.parametrize("body, field", [(CONTINUED, "previous_response_id"), (IN_CONVERSATION, "conversation")],
-                         ids=["previous_response_id", "conversation"])
+@pytest.mark.parametrize("body, field", [(CONTINUED, "previous_response_id"), (IN_CONVERSATION, "conversation"),
+                                         (REFERENCING, "item_reference")],
+                         ids=["previous_response_id", "conversation", "item_reference"])
 def test_continued_state_goes_only_to_a_target_holding_it(client, body, field):
     """The tester's request went to onprem-70b as if 'And the next step?' stood alone (9 prompt tokens): an
     on-prem engine has no such response and fails or loses the context."""
