@@ -371,8 +371,8 @@ class FrontierTarget(StrictModel):
     ``usd_per_1m_cache_write_1h_input_tokens`` for a 1-hour breakpoint): the estimate of an unmarked
     request credits no cache, and replay (whose requests carry no ``cache_control``) caches nothing.
     ``stored_state``: the tier holds the state a Responses API request continues (``previous_response_id``,
-    ``conversation``: responses and conversations the provider stored); None (the default) reads true for
-    provider ``openai`` or ``azure`` and false for any other (``holds_stored_state``)."""
+    ``conversation``, ``item_reference`` items: responses, conversations and items the provider stored); None
+    (the default) reads true for provider ``openai`` or ``azure`` and false for any other (``holds_stored_state``)."""
 
     kind: Literal["frontier"]
     provider: str = Field(min_length=1)
@@ -408,8 +408,8 @@ STORED_STATE_PROVIDERS = frozenset({"openai", "azure"})
 
 
 def holds_stored_state(target: OnPremTarget | FrontierTarget) -> bool:
-    """Whether ``target`` can continue a Responses API request's provider-stored state (``previous_response_id``,
-    ``conversation``): a frontier target's ``stored_state``, by default true for a provider in
+    """Whether ``target`` can continue a Responses API request's provider-stored state (``RouteRequest.stored_state``):
+    a frontier target's ``stored_state``, by default true for a provider in
     ``STORED_STATE_PROVIDERS``; never an on-prem target (an engine's own response store, vLLM's, is one
     process's: another replica of the pool has none)."""
     if isinstance(target, OnPremTarget):

@@ -10,7 +10,7 @@ They run in this order, and the first that removes a target names it:
   plus the client's output cap (1 token when uncapped) must fit the target's ``context_window_tokens``.
 - ``capabilities``: image inputs need ``capabilities.images``, audio inputs and answers ``capabilities.audio``, file
   inputs ``capabilities.files``; tools need ``capabilities.tools``; a Responses request continuing provider-stored
-  state (``request.stored_state``: ``previous_response_id``, ``conversation``) a target that holds it
+  state (``request.stored_state``: ``previous_response_id``, ``conversation``, ``item_reference``) a target that holds it
   (``fleet.holds_stored_state``).
 - ``tenants``: a target with an allow-list (``filters.tenants``) takes only those tenants
   (a request without a tenant is on no list).

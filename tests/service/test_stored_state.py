@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.policy.engine import RoutingEngine
-from pointsman.policy.fleet import DEFAULT_FLEET_PATH, parse_fleet
+from pointsman.policy.fleet import DEFAULT_FLEET_PATH, holds_stored_state, parse_fleet
 from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
 from pointsman.service.app import create_app
 from pointsman.service.bootstrap import build_state
@@ -125,3 +125,18 @@ def test_the_trace_names_what_the_count_leaves_out_unless_the_gateway_counted(cl
     r = client.post("/v1/route", json={**CONTINUED, "routing": {"explain": True, "prompt_tokens": 40_000}})
     assert r.status_code == 200, r.text
     assert (r.json()["prompt_tokens"], r.json()["trace"]["uncounted_input"]) == (40_000, [])
+
+
+@pytest.mark.parametrize("provider, declared, holds", [("openai", "", True), ("azure", "", True),
+                                                        ("anthropic", "", False), ("xai", "", False),
+                                                        ("anthropic", "    stored_state: true\n", True),
+                                                        ("openai", "    stored_state: false\n", False)])
+def test_which_targets_hold_stored_state(provider, declared, holds):
+    """Left out, ``stored_state`` is true for the providers whose Responses API stores state (OpenAI, Azure
+    OpenAI): another provider's API, even one storing its own responses (xAI), has not stored OpenAI's; an
+    on-prem pool never holds it."""
+    text = DEFAULT_FLEET_PATH.read_text(encoding="utf-8").replace(
+        "    provider: openai\n", f"    provider: {provider}\n{declared}")
+    fleet = parse_fleet(text, str(DEFAULT_FLEET_PATH))
+    assert {n: holds_stored_state(t) for n, t in fleet.targets.items()} == {
+        "onprem-8b": False, "onprem-70b": False, "frontier-small": holds, "frontier-large": holds}
