@@ -976,9 +976,11 @@ def test_a_cancelled_anthropic_stream_does_not_book_its_first_events_placeholder
         call.cancel()
         return set_headers(req[0])
 
+    # each target's count read before the stream: its outcome is recorded in the background, maybe settled
+    # by the time the scenario returns
+    before = {t: state.ledger.effective_price_per_token(t, "day").completion_tokens for t in state.fleet.targets}
     headers = run(app, scenario)
     decision_id, target = headers["x-pointsman-decision-id"], headers["x-pointsman-target"]
-    before = state.ledger.effective_price_per_token(target, "day").completion_tokens
     out = outcome_of(app, decision_id)
     assert out.status == "cancelled"
     deadline = time.monotonic() + 5
@@ -1094,15 +1096,17 @@ def test_a_stream_ended_mid_answer_books_at_least_the_deltas_its_partial_usage_u
         await call.done_writing()
         return set_headers(req[0])
 
+    # each target's count read before the stream: its outcome is recorded in the background, maybe settled
+    # by the time the scenario returns
+    before = {t: state.ledger.effective_price_per_token(t, "day").completion_tokens for t in state.fleet.targets}
     headers = run(app, scenario)
     decision_id, target = headers["x-pointsman-decision-id"], headers["x-pointsman-target"]
-    before = state.ledger.effective_price_per_token(target, "day").completion_tokens
     out = outcome_of(app, decision_id)
     deadline = time.monotonic() + 5
     while state.record(decision_id) is not None:
         assert time.monotonic() < deadline, "the request was never settled"
         time.sleep(0.01)
-    booked = state.ledger.effective_price_per_token(target, "day").completion_tokens - before
+    booked = state.ledger.effective_price_per_token(target, "day").completion_tokens - before[target]
     assert out.status == "ok" and out.usage.completion_tokens == 300 and booked == 300, (out.usage, booked)
 
     # a complete stream's usage is final, though its closing events repeat the text (Responses' *.done): 1 token
