@@ -262,19 +262,27 @@ def case_signals(fleet: Fleet, policy: CompiledPolicy, overrides: Mapping[str, M
     }
 
 
-def case_draft(overrides: Mapping[str, Mapping[str, object]]) -> DraftSignals:
+def case_draft(overrides: Mapping[str, Mapping[str, object]], fleet: Fleet | None = None,
+               target: str | None = None) -> DraftSignals:
     """The ``draft`` namespace of a case: ``example_draft`` with the case's ``draft`` fields,
-    validated. Raises ``ValueError`` naming the first bad value."""
-    return _merged(_DRAFT, example_draft(), overrides.get("draft", {}), "draft")
+    validated; ``target`` (the case's decided target, as the service's ``draft.target``) sets
+    ``draft.target`` and ``draft.on_prem`` unless the case does. Raises ``ValueError`` naming the
+    first bad value."""
+    base = example_draft()
+    if fleet is not None and target is not None:
+        base = {**base, "target": target, "on_prem": fleet.targets[target].kind == "onprem"}
+    return _merged(_DRAFT, base, overrides.get("draft", {}), "draft")
 
 
-def _check_verify(fleet: Fleet, policy: CompiledPolicy, case: Case, signals: Snapshot) -> list[str]:
-    """Mismatches of a case's verify expectations (empty when they hold or none are set)."""
+def _check_verify(fleet: Fleet, policy: CompiledPolicy, case: Case, signals: Snapshot,
+                  drafted: str | None = None) -> list[str]:
+    """Mismatches of a case's verify expectations (empty when they hold or none are set);
+    ``drafted``: the target the case routed to, which wrote the draft."""
     exp = case.expect
     if "draft" not in case.signals and exp.action is None and exp.escalate_to is None and exp.verify_rule is None:
         return []
     verdict = judge(fleet, policy, {"request": signals["request"], "difficulty": signals["difficulty"]},
-                    StaticSignals(fleet, policy, signals), case_draft(case.signals))
+                    StaticSignals(fleet, policy, signals), case_draft(case.signals, fleet, drafted))
     seen = {"action": verdict.action, "escalate_to": verdict.target, "verify_rule": rule_name(verdict)}
     return [f"{key}: expected {getattr(exp, key)!r}, got {seen[key]!r}"
             for key in ("action", "escalate_to", "verify_rule") if getattr(exp, key) is not None
@@ -356,6 +364,6 @@ def run_cases(path: str | Path) -> list[CaseResult]:
             if want is not None and want != seen[key]:
                 wrong.append(f"{key}: expected {want!r}, got {seen[key]!r}")
         wrong += _check_excluded(exp, {**outcome.exclusions, **refusals})
-        wrong += _check_verify(fleet, policy, case, signals)
+        wrong += _check_verify(fleet, policy, case, signals, candidates[0][0])
         results.append(CaseResult(case.name, not wrong, "; ".join(wrong), line))
     return results

@@ -175,3 +175,29 @@ def test_the_context_grown_rule_by_rule_decides_as_the_whole_one(path):
             got.append((v.rule.name, v.target, v.mode, v.fallbacks, v.codes, v.details, o.mode, o.fallbacks,
                         o.exclusions))
         assert got[0] == got[1], case.name
+
+
+def test_a_verify_case_drafts_on_the_target_the_case_routed_to(tmp_path: Path):
+    """The service gives ``draft.target``/``draft.on_prem`` from the decision's target, but a case's draft
+    was always written by onprem-8b: ``static.yaml`` routes p_hard 0.9 to frontier-large, whose refusal
+    the ``frontier-draft`` rule accepts in the service, while ``policy test`` escalated it
+    (``broken-draft``). A case that sets ``draft.target`` keeps it."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    (tmp_path / "p.yaml").write_text((DEFAULT_POLICY_DIR / "static.yaml").read_text())
+    (tmp_path / "p.cases.yaml").write_text(
+        "apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: p.yaml\ncases:\n"
+        "  - name: a frontier-large refusal is accepted\n"
+        "    signals: {difficulty: {p_hard: 0.9}, draft: {refusal: true}}\n"
+        "    expect: {target: frontier-large, action: accept, verify_rule: frontier-draft}\n"
+        "  - name: a 70B refusal escalates\n"
+        "    signals: {difficulty: {p_hard: 0.6}, draft: {refusal: true}}\n"
+        "    expect: {target: onprem-70b, action: escalate, escalate_to: frontier-small, verify_rule: broken-draft}\n"
+        "  - name: a draft the case names keeps its writer\n"
+        "    signals: {difficulty: {p_hard: 0.9}, draft: {refusal: true, target: onprem-70b, on_prem: true}}\n"
+        "    expect: {action: escalate, verify_rule: broken-draft}\n")
+    res = CliRunner().invoke(main, ["policy", "test", str(tmp_path / "p.cases.yaml")])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines()[-1] == "3 passed, 0 failed", res.output
