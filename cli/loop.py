@@ -312,7 +312,8 @@ def calibrate_cmd(policy_path: Path | None, frontier_share: float | None, budget
         if since_s is None:
             since_s = until_s - window_days * C.DAY_S
         model = load_estimator(model_spec, intra_op_threads=2)
-        traffic = C.recent_traffic(_open_log(log_path), fl, frontier, model, since_s=since_s, until_s=until_s)
+        traffic = C.recent_traffic(_open_log(log_path), fl, frontier, model, since_s=since_s, until_s=until_s,
+                                   policy=policy, variable=variable)
         cal = C.calibrate(traffic, variable, frontier_share=frontier_share, budget_usd_per_day=budget_usd_per_day,
                           bounds=(min_threshold, max_threshold), pace_bound=pace_bound)
         old = {k: policy.variables.get(k) for k in cal.updates}

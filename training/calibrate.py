@@ -93,13 +93,15 @@ def projection_warning(traffic: RecentTraffic) -> str | None:
 class RecentTraffic:
     """Recent decisions as the calibration sees them: ``p_hard`` float64 (n,) under the serving
     model, ``frontier_cost_usd`` float64 (n,) on the frontier target, ``span_days`` the traffic
-    covers, ``rescored`` (how many were re-scored), ``skipped`` (by reason)."""
+    covers, ``rescored`` (how many were re-scored), ``skipped`` (by reason), ``routable`` bool (n,):
+    which of them the threshold's rule routes once p_hard clears it (``rule_routes``; None: all)."""
 
     p_hard: np.ndarray
     frontier_cost_usd: np.ndarray
     span_days: float
     rescored: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
+    routable: np.ndarray | None = None
 
 
 @dataclass
@@ -127,6 +129,41 @@ def frontier_target_of(policy: CompiledPolicy, variable: str) -> str:
     raise DataError(f"{policy.file}: no rule reads variables.{variable}; name the frontier target with --target")
 
 
+def rule_routes(policy: CompiledPolicy, fleet: Fleet, variable: str, requests: list[dict[str, object]]) -> np.ndarray:
+    """Per logged request (its ``request_features``): whether the first rule reading
+    ``variables.<variable>`` routes it once ``p_hard`` clears the threshold: the rule alone, run on
+    the request's prompt tokens and output cap at ``p_hard`` 1 with an idle fleet (the signals a
+    policy case starts from), ``cost()`` from the fleet's prices. Its other conditions (the default
+    policy's ``cost("frontier-large") <= variables.hard_prompt_max_usd``) keep some requests off the
+    frontier at any threshold; a condition that errors routes nothing. All true when no rule reads
+    the variable."""
+    import dataclasses
+
+    from pointsman.policy.cases import case_signals
+    from pointsman.policy.live import StaticSignals
+    from pointsman.policy.rules.evaluator import evaluate
+    from pointsman.policy.selection.filters import NoEligibleTarget
+
+    rule = next((r for r in policy.rules if f"variables.{variable}" in r.signals), None)
+    if rule is None:  # no rule reads it (a --target named): nothing to tell the requests apart by
+        return np.ones(len(requests), dtype=bool)
+    alone = dataclasses.replace(policy, rules=(rule,))
+    out = np.zeros(len(requests), dtype=bool)
+    for i, rf in enumerate(requests):
+        tokens = max(1, int(rf.get("prompt_tokens") or 0))  # type: ignore[call-overload]
+        cap = rf.get("max_output_tokens")
+        request = {"prompt_tokens": tokens, "prompt_tokens_upper": max(tokens, int(rf.get("prompt_tokens_upper") or 0)),  # type: ignore[call-overload]
+                   **({"max_output_tokens": int(cap), "max_output_tokens_set": True} if cap else {})}  # type: ignore[call-overload]
+        signals = case_signals(fleet, policy, {"request": request, "difficulty": {"p_hard": 1.0, "available": True}})
+        source = StaticSignals(fleet, policy, signals)
+        try:
+            evaluate(alone, signals, {t: source.cost(t).usd for t in fleet.targets})
+        except NoEligibleTarget:
+            continue
+        out[i] = True
+    return out
+
+
 def _completion_tokens(decision: LoggedDecision, frontier: str) -> int | None:
     best = None
     for o in decision.outcomes:
@@ -140,10 +177,12 @@ def _completion_tokens(decision: LoggedDecision, frontier: str) -> int | None:
 
 
 def recent_traffic(log: OutcomeLog, fleet: Fleet, frontier: str, model: DifficultyEstimator | None = None, *,
-                   since_s: float | None = None, until_s: float | None = None) -> RecentTraffic:
+                   since_s: float | None = None, until_s: float | None = None,
+                   policy: CompiledPolicy | None = None, variable: str | None = None) -> RecentTraffic:
     """The decisions in ``[since_s, until_s)`` with ``p_hard`` under ``model`` (a
-    ``DifficultyEstimator``; None keeps the logged values) and their frontier cost. Raises
-    ``DataError`` when no decision is usable."""
+    ``DifficultyEstimator``; None keeps the logged values) and their frontier cost; with ``policy``
+    and ``variable``, which of them its rule routes (``rule_routes``). Raises ``DataError`` when no
+    decision is usable."""
     from pointsman.estimator.feature_space import feature_space_of
     from pointsman.policy.cost import estimate_cost
 
@@ -155,6 +194,7 @@ def recent_traffic(log: OutcomeLog, fleet: Fleet, frontier: str, model: Difficul
     p: list[float] = []
     cost: list[float] = []
     times: list[float] = []
+    features: list[dict[str, object]] = []
     vec_rows: list[int] = []
     vecs: list[np.ndarray] = []
     text_rows: list[int] = []
@@ -187,6 +227,7 @@ def recent_traffic(log: OutcomeLog, fleet: Fleet, frontier: str, model: Difficul
             out = fleet.output_tokens(frontier, rf.get("max_output_tokens"))
         cost.append(estimate_cost(frontier, target, target.modes[0], prompt, int(out)).usd)
         times.append(d.time_s)
+        features.append({**rf, "prompt_tokens": prompt})
     if not p:
         raise DataError(f"{log.path}: no recent decision with a p_hard to calibrate on ({skipped})")
     p_arr = np.asarray(p, dtype=np.float64)
@@ -199,7 +240,8 @@ def recent_traffic(log: OutcomeLog, fleet: Fleet, frontier: str, model: Difficul
     # nothing is logged after now: an until_s ahead of it (a window named up to next week) ends the span now
     end = max(float(t.max()), time.time() if until_s is None else min(float(until_s), time.time()))
     span = max(end - start, MIN_SPAN_S) / DAY_S
-    return RecentTraffic(p_arr, np.asarray(cost), span, len(vecs) + len(texts), skipped)
+    routable = rule_routes(policy, fleet, variable, features) if policy is not None and variable is not None else None
+    return RecentTraffic(p_arr, np.asarray(cost), span, len(vecs) + len(texts), skipped, routable)
 
 
 def threshold_for_share(p: np.ndarray, share: float) -> float:
@@ -241,7 +283,9 @@ def calibrate(traffic: RecentTraffic, variable: str, *, frontier_share: float | 
     lo, hi = bounds
     if not 0.0 <= lo <= hi <= 1.0:
         raise ValueError(f"bounds must satisfy 0 <= low <= high <= 1, got {bounds}")
-    p, cost = traffic.p_hard, traffic.frontier_cost_usd
+    cost = traffic.frontier_cost_usd
+    # a decision the rule never routes (its other conditions) counts as below every threshold
+    p = traffic.p_hard if traffic.routable is None else np.where(traffic.routable, traffic.p_hard, -1.0)
     if frontier_share is not None:
         t, method = threshold_for_share(p, frontier_share), "frontier-share"
     else:
@@ -249,7 +293,10 @@ def calibrate(traffic: RecentTraffic, variable: str, *, frontier_share: float | 
         t, _ = threshold_for_budget(p, cost, traffic.span_days, float(budget_usd_per_day))
         method = "budget"
     clamped = float(min(max(t, lo), hi))
-    note = "" if clamped == t else f"clamped from {t:.4g} to [{lo:g}, {hi:g}]"
+    note = "" if clamped == t or t < 0.0 else f"clamped from {t:.4g} to [{lo:g}, {hi:g}]"
+    if traffic.routable is not None and not traffic.routable.all():
+        note = "; ".join(filter(None, [note, f"{int((~traffic.routable).sum())} of {len(p)} decisions the rule would "
+                                             "not route at any threshold (its other conditions)"]))
     written = short_threshold(p, clamped)
     routed = p >= written
     share = float(routed.mean())

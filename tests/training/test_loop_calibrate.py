@@ -298,3 +298,38 @@ def test_an_until_in_the_future_does_not_dilute_the_budget_projection(tmp_path, 
         assert out["span_days"] < 700 / 86400  # the 10 minutes logged (and the seconds this test ran)
         assert (out["threshold"], out["frontier_share"]) == (0.95, 0.1)  # before, with --until: 0.05 and 1.0
         assert "min of logged traffic" in out["warnings"][0]
+
+
+def test_calibration_counts_only_requests_the_rule_would_route(tmp_path, monkeypatch, fleet):
+    """The packaged default policy sends a hard prompt to frontier-large only while it costs at most
+    ``hard_prompt_max_usd`` ($0.04) there. 10 short prompts (1,000 tokens, p_hard 0.05-0.5) and 10 long
+    ones (20,000 tokens, $0.053 on frontier-large, p_hard 0.55-1.0): before, ``--frontier-share 0.5`` wrote
+    0.55 and reported 50% to frontier-large, but at 0.55 the rule routes none of them (every one above it
+    is over the cap), and a budget for the 10 short ones a day ($0.051) wrote 1.0 (share 0); now each
+    counts only decisions the rule routes once p_hard clears the threshold."""
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    version = load_estimator("bundled").version
+    with OutcomeLog() as log:
+        log.append_decisions([DecisionRecord(**{**vars(record(i, (i + 1) / 20, 1000 if i < 10 else 20_000,
+                                                              t=NOW - 86400 + 4000 * i)),
+                                                "estimator_version": version}) for i in range(20)])
+    policy = tmp_path / "policy.yaml"
+    shutil.copyfile(DEFAULT_POLICY_DIR / "default.yaml", policy)
+    cli = click.Group()
+    register(cli)
+    window = ["--policy", str(policy), "--json", "--model", "bundled", "--dry-run", "--since", str(NOW - 86400),
+              "--until", str(NOW)]
+    res = CliRunner().invoke(cli, ["calibrate", "--frontier-share", "0.5", *window])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["frontier_target"] == "frontier-large"
+    assert (out["threshold"], out["frontier_share"]) == (0.05, 0.5), out  # before: 0.55 and 0.5
+    assert "10 of 20 decisions" in out["note"], out
+    p = fleet.targets["frontier-large"].prices
+    short = (1000 * p.usd_per_1m_input_tokens + fleet.output_tokens("frontier-large", None) * p.usd_per_1m_output_tokens) / 1e6
+    res = CliRunner().invoke(cli, ["calibrate", "--budget-usd-per-day", repr(10 * short), *window])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert (out["threshold"], out["frontier_share"]) == (0.05, 0.5), out  # before: 1.0 and 0.0
+    assert out["projected_spend_usd_per_day"] == pytest.approx(10 * short)
