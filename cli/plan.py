@@ -182,6 +182,8 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
         requests, texts, _ = _load_trace(trace, limit, start_s, end_s)
         if not requests:
             raise InputError(f"{trace}: no requests in the chosen window")
+        if not any(r.block_hashes for r in requests):  # no prefix to restore: a tier is rent for nothing
+            space = space.without_kv_tiers()
         rows = None
         names = [n.strip() for n in outcomes.split(",") if n.strip() and n.strip() != "none"]
         if names and (texts is None or not any(texts)):

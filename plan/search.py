@@ -85,17 +85,19 @@ class SearchResult:
 
 def smallest_shapes(space: ShapeSpace) -> list[Shape]:
     """The base with its prefill replicas twice as wide, then one replica per pool, then one
-    aggregated replica per target at the smallest step budget (module docstring, step 1)."""
+    aggregated replica per target at the smallest step budget (module docstring, step 1); each with
+    the base's tier, none without ``space.kv_tiers``."""
     base = space.base
     wide = base
     for t in space.targets:
-        if base.of(t.name).prefill:
-            wide = wide.with_pools(t.name, replace(base.of(t.name), prefill_tp=2))
+        p = base.of(t.name)
+        wide = wide.with_pools(t.name, replace(p, prefill_tp=2 if p.prefill else p.prefill_tp,
+                                               kv_level=p.kv_level if space.kv_tiers else 0))
     out = [base]
     for t in space.targets:
-        variants = [Pools(1, 0, 0, base.of(t.name).kv_level)]
+        kv = base.of(t.name).kv_level if space.kv_tiers else 0
+        variants = [Pools(1, 0, 0, kv)]
         if t.disaggregable:
-            kv = base.of(t.name).kv_level
             variants += [Pools(1, 1, 1, kv), Pools(0, 1, 1, kv), Pools(0, 1, 1, kv, prefill_tp=2)]
         out = [s.with_pools(t.name, v) for s in out for v in variants]
     first = out[0]  # one aggregated replica per target, also at the smallest step budget (module docstring)

@@ -142,7 +142,9 @@ class ShapeSpace:
     """The shapes a plan searches (module docstring): ``targets`` in the base fleet's order,
     ``gpus`` (GPU presets; the base fleet's first), ``max_replicas`` per pool, ``base`` (the base
     fleet's own shape, the policy as written) and the base fleet ``doc`` (YAML as loaded);
-    ``policy``: the policy settings searched with the shape (``with_policy``)."""
+    ``policy``: the policy settings searched with the shape (``with_policy``); ``kv_tiers``: False
+    when the trace has no prefix block ids, so no request can restore a prefix from a tier and no
+    shape but the base (compared as it is) has one (``without_kv_tiers``)."""
 
     doc: Mapping[str, object]
     targets: tuple[TargetSpace, ...]
@@ -150,6 +152,11 @@ class ShapeSpace:
     max_replicas: int
     base: Shape
     policy: TuningSpace = field(default_factory=lambda: TuningSpace({}))
+    kv_tiers: bool = True
+
+    def without_kv_tiers(self) -> ShapeSpace:
+        """This space with no shared KV tier in any shape but the base (a trace without prefix block ids)."""
+        return replace(self, kv_tiers=False)
 
     def with_policy(self, policy: TuningSpace) -> ShapeSpace:
         """This space searching ``policy``'s knobs too (the base shape takes the policy as written)."""
@@ -199,13 +206,16 @@ class ShapeSpace:
     def valid(self, shape: Shape) -> bool:
         """Counts within 0..max_replicas, prefill and decode both or neither (and only where the
         base declares them), an aggregated or prefill replica in each target kept (one without
-        any replica is dropped; at least one target is kept), a known tier level and step budget."""
+        any replica is dropped; at least one target is kept), a known tier level (none without
+        ``kv_tiers``) and step budget."""
         if self.targets and all(_dropped(shape.of(t.name)) for t in self.targets):
             return False
         for t in self.targets:
             p = shape.of(t.name)
             counts = (p.aggregated, p.prefill, p.decode)
             if min(counts) < 0 or max(counts) > self.max_replicas or not 0 <= p.kv_level < len(t.kv_levels):
+                return False
+            if not self.kv_tiers and t.kv_levels[p.kv_level] and not _dropped(p):
                 return False
             if (p.prefill > 0) != (p.decode > 0) or (p.prefill and not t.disaggregable):
                 return False
@@ -220,14 +230,16 @@ class ShapeSpace:
         """Valid shapes one step away: one replica more or fewer in one pool, one moved between
         two pools of a target, all of a target's replicas switched between aggregated and
         prefill + decode (GPUs kept), prefill replicas twice or half as wide, another step budget,
-        the next tier capacity up or down, another GPU type, one policy knob to its next value
-        (``TuningSpace.neighbors``)."""
+        the next tier capacity up or down (none without ``kv_tiers``), another GPU type, one policy
+        knob to its next value (``TuningSpace.neighbors``)."""
         seen: set[Shape] = set()
 
         def emit(s: Shape) -> Iterator[Shape]:
             for gone in self.targets:  # a dropped target's tier, width and budget do not exist: one shape
                 if _dropped(s.of(gone.name)):
                     s = s.with_pools(gone.name, Pools(0))
+                elif not self.kv_tiers:  # the base's neighbours without its tier
+                    s = s.with_pools(gone.name, replace(s.of(gone.name), kv_level=0))
             if s != shape and s not in seen and self.valid(s):
                 seen.add(s)
                 yield s

@@ -385,3 +385,24 @@ def test_a_month_of_the_trace_bills_its_traffic_not_its_drain(tmp_path: Path, pl
         assert r["usd_per_month"] / r["usd_per_mtok"] == pytest.approx(20_000 * month_s / 9 / 1e6, rel=1e-9)
         rent_and_idle = r["gpus"] * (2.5 + 1.275 * 0.1 * 0.1) * 730  # the packaged idle share: 10% of TDP
         assert rent_and_idle < r["onprem_usd_per_month"] < rent_and_idle * 1.5
+
+
+def test_a_trace_without_prefix_blocks_is_planned_without_a_kv_tier(tmp_path: Path, plan_files: tuple[Path, Path]) -> None:
+    """An Azure-format trace carries no prefix block ids, so no request can restore a prefix from a shared
+    KV tier: a tier there is DRAM rent for nothing. The base fleet's tier was kept by every start of the
+    search (the Azure conv plan recommended `onprem-70b A1 KV1.5M B512`: $1,520 of its $8,615 a month);
+    now the search starts without one and never adds one, and the recommendation has none."""
+    fleet, policy = plan_files
+    fleet.write_text(fleet.read_text().replace(
+        "    default_mode: disaggregated\n",
+        "    default_mode: disaggregated\n"
+        "    shared_kv: {capacity_tokens: 1000000, bandwidth_bytes_per_s: 25.0e+9, latency_s: 0.001}\n"))
+    trace = tmp_path / "azure.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{i:02d}.0000000,1024,64\n" for i in range(20)))
+    doc, _ = _plan(tmp_path, fleet, policy, trace, "--workers", "1", "--max-replicas", "2")
+    assert doc["base"]["kv_usd_per_month"] > 0  # the base fleet is compared as it is
+    assert doc["recommended"]["kv_usd_per_month"] == 0 and "KV" not in doc["recommended"]["label"]
+    tiered = [r["label"] for r in doc["evaluated"] + doc["whole_trace"]
+              if r["kv_usd_per_month"] > 0 and r["label"] != doc["base"]["label"]]
+    assert tiered == [], tiered  # before: every start of the search (the smallest shapes with KV1M)
