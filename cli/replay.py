@@ -253,25 +253,37 @@ def _goodput_limit(runs: list[Run], requests: list[TraceRequest], sim: SimFleet,
 
 
 def _load_policies(paths: tuple[Path, ...], fleet: Fleet) -> tuple[dict[str, CompiledPolicy], dict[str, str]]:
-    """``({name: policy}, {name: why skipped})``: each policy compiled for ``fleet``; one that does
+    """``({name: policy}, {name: why skipped})``: each policy compiled for ``fleet``, named by its file's
+    stem, or ``folder/stem`` when another file or a baseline has that name; one that does
     not fit it (it compiles for the packaged fleet, not for this one: e.g. a P/D mode pinned on a
     target the fleet runs aggregated only) is skipped with the compiler's first line as the reason.
     Raises ``PolicyError`` for a policy that compiles for neither (a broken file)."""
     from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
     from pointsman.policy.rules.compiler import load_policy
 
+    from pointsman.replay.baselines import ANCHORS, BASELINES
+
     policies: dict[str, CompiledPolicy] = {}
     skipped: dict[str, str] = {}
     packaged: Fleet | None = None
+    # a run per file: a name another file or a baseline has takes its folder (v1/default, v2/default)
+    taken = {*BASELINES, *ANCHORS, "all-on-prem", "all-frontier"}
+    stems = [p.stem for p in paths]
     for path in paths:
+        name = path.stem
+        if name in taken or stems.count(name) > 1:
+            name = f"{path.parent.name}/{path.stem}"
+        name = next(n for n in (name, str(path), *(f"{path} #{k}" for k in range(2, len(paths) + 2)))
+                    if n not in taken)
+        taken.add(name)
         try:
-            policies[path.stem] = load_policy(path, fleet)
+            policies[name] = load_policy(path, fleet)
         except PolicyError as exc:
             packaged = packaged or load_fleet(DEFAULT_FLEET_PATH)
             if Path(packaged.file).resolve() == Path(fleet.file).resolve():
                 raise
             load_policy(path, packaged)  # raises for a broken policy: that is an input error, not a misfit
-            skipped[path.stem] = f"does not fit {fleet.file}: {str(exc).splitlines()[0]}"
+            skipped[name] = f"does not fit {fleet.file}: {str(exc).splitlines()[0]}"
     return policies, skipped
 
 
