@@ -93,6 +93,24 @@ def test_the_written_threshold_routes_the_reported_share(tmp_path, fleet, p, sha
         assert "nearest share" in cal.note  # ties: the report says so
 
 
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.tuples(_P_HARD, st.booleans(), st.floats(0.0, 0.1)), min_size=1, max_size=60),
+       share=st.floats(0.0, 1.0), budget=st.floats(0.0, 2.0))
+def test_the_reported_share_and_spend_are_what_the_rule_routes(rows, share, budget):
+    """Invariant: with decisions the rule never routes (``routable`` false: its other conditions), the
+    reported share and $/day are those of the decisions routable and at or above the written threshold,
+    and a budget threshold's spend stays within the budget (unless even the hardest alone is over it)."""
+    p = np.asarray([r[0] for r in rows])
+    routable = np.asarray([r[1] for r in rows])
+    cost = np.asarray([r[2] for r in rows])
+    traffic = C.RecentTraffic(p, cost, 1.0, 0, {}, routable)
+    for cal in (C.calibrate(traffic, "x", frontier_share=share), C.calibrate(traffic, "x", budget_usd_per_day=budget)):
+        routed = routable & (p >= cal.threshold)
+        assert cal.frontier_share == float(np.mean(routed))
+        assert cal.spend_usd_per_day == pytest.approx(float(cost[routed].sum()))
+    assert cal.spend_usd_per_day <= budget * (1 + 1e-9) or cal.threshold == 1.0  # 1.0: the hardest alone is over
+
+
 def test_write_policy_keeps_the_file_and_refuses_invalid_results(tmp_path, fleet):
     path = tmp_path / "policy.yaml"
     shutil.copyfile(STATIC_POLICY_PATH, path)
