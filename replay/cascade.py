@@ -28,13 +28,15 @@ request answers the trace's whole output from the frontier. Drafts the prefix ac
 Approximations (stated in ``docs/cascade.md``): the verify step reads the request's own signals
 (prompt tokens, output cap, ``p_hard``) with the fleet read as idle and no budget
 (``signals.example_signals``); escalations add no load to the on-prem fleet (they go to API
-tiers); an escalation to an on-prem target is not modelled (kept as the draft); the draft's
+tiers); an escalation to an on-prem target is not modelled (kept as the draft, counted in
+``ReplayResult.unmodelled_escalations`` and named under the report's table); the draft's
 length in tokens is its characters / 4 (as ``draft_features`` counts without usage).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -104,8 +106,9 @@ class _Judge:
             for r in policy.verify.rules if r.target == t}
 
     def escalation(self, draft: Draft, target: str, prompt_tokens: int, output_tokens: int,
-                   p_hard: float | None) -> FrontierSpec | None:
-        """The frontier tier the verify rules escalate ``draft`` (``target``'s answer) to, or None."""
+                   p_hard: float | None) -> FrontierSpec | str | None:
+        """The frontier tier the verify rules escalate ``draft`` (``target``'s answer) to, the name of
+        the on-prem target they escalate it to (not modelled), or None (accepted)."""
         features = draft_features(draft, prompt_tokens, p_hard)
         signals_draft = draft_signals(features, self.verifier.p_bad(features), self.verifier.version, target, True)
         request: RequestSignals = {**self.base["request"], "prompt_tokens": prompt_tokens,
@@ -114,7 +117,9 @@ class _Judge:
         signals: Snapshot = {**self.base, "_endpoint": self.endpoints, "request": request, "difficulty": difficulty}
         verdict = judge(self.fleet, self.policy, {"request": request, "difficulty": difficulty},
                         StaticSignals(self.fleet, self.policy, signals), signals_draft)
-        return self.frontier.get(verdict.target or "") if verdict.action == "escalate" else None
+        if verdict.action != "escalate" or verdict.target is None:
+            return None
+        return self.frontier.get(verdict.target, verdict.target)
 
 
 class EarlyVerify:
@@ -130,17 +135,21 @@ class EarlyVerify:
         self.prefix_tokens = policy.verify.prefix_tokens
         self.judge = _Judge(fleet, sim, policy, verifier)
         self.escalations: dict[int, tuple[str, int, int, FrontierSpec]] = {}
+        self.unmodelled: dict[int, str] = {}  # index -> on-prem target its prefix was escalated to
 
     def __call__(self, index: int, request: TraceRequest, target: str, p_hard: float | None) -> int | None:
         """N when the draft's first N tokens are escalated, else None."""
         self.escalations.pop(index, None)
+        self.unmodelled.pop(index, None)
         row = self.rows[index] if index < len(self.rows) else None
         text = None if row is None else self.drafts.text(draft_model(row, target, self.columns), row.prompt_id)
         if text is None:
             return None
         spec = self.judge.escalation(draft_prefix(text, self.prefix_tokens), target, request.prompt_tokens,
                                      request.output_tokens, p_hard)
-        if spec is None:
+        if isinstance(spec, str):
+            self.unmodelled[index] = spec
+        if not isinstance(spec, FrontierSpec):
             return None
         self.escalations[index] = (target, self.prefix_tokens, request.output_tokens, spec)
         return self.prefix_tokens
@@ -161,16 +170,18 @@ def apply_cascade(result: ReplayResult, rows: Sequence[OutcomeRow | None], fleet
                   policy: CompiledPolicy, decisions: Mapping[int, tuple[str, str, str, float | None]],
                   drafts: DraftBook, columns: Mapping[str, Mapping[str, str]],
                   verifier: Verifier | None = None,
-                  early: Mapping[int, tuple[str, int, int, FrontierSpec]] | None = None) -> ReplayResult:
+                  early: Mapping[int, tuple[str, int, int, FrontierSpec]] | None = None,
+                  early_unmodelled: Mapping[int, str] | None = None) -> ReplayResult:
     """The policy's replay with its cascade applied (see the module); ``decisions``: the
     ``EngineRouter``'s (rule, target, mode, p_hard) per request index; ``columns``:
     ``outcome_draw.quality_columns(fleet)``; ``early``: ``EarlyVerify.escalations`` of a run with
-    early verification (then only those drafts escalate, each after its N-th token). Unchanged
-    without a ``verify`` section."""
+    early verification (then only those drafts escalate, each after its N-th token), and
+    ``early_unmodelled`` its ``unmodelled``. Unchanged without a ``verify`` section."""
     if policy.verify is None:
         return result
     judged = _Judge(fleet, sim, policy, verifier) if early is None else None
     out: list[RequestResult] = []
+    unmodelled: Counter[str] = Counter()
     for r in result.requests:
         row = rows[r.index] if r.index < len(rows) else None
         if r.rejected is not None or r.frontier or row is None or r.target is None or r.e2e_s is None:
@@ -183,11 +194,15 @@ def apply_cascade(result: ReplayResult, rows: Sequence[OutcomeRow | None], fleet
                 out.append(_escalate(r, cut[3], r.e2e_s, cut[2]))
             else:
                 out.append(r)
+                if r.index in (early_unmodelled or {}):
+                    unmodelled[(early_unmodelled or {})[r.index]] += 1
             continue
         assert judged is not None
         text = drafts.text(draft_model(row, r.target, columns), row.prompt_id)
         p_hard = decisions.get(r.index, ("", "", "", None))[3]
         spec = None if text is None else judged.escalation(draft_prefix(text, None), r.target, r.prompt_tokens,
                                                            r.output_tokens, p_hard)
-        out.append(r if spec is None else _escalate(r, spec, r.e2e_s, r.output_tokens))
-    return dataclasses.replace(result, requests=out)
+        if isinstance(spec, str):
+            unmodelled[spec] += 1
+        out.append(_escalate(r, spec, r.e2e_s, r.output_tokens) if isinstance(spec, FrontierSpec) else r)
+    return dataclasses.replace(result, requests=out, unmodelled_escalations=dict(unmodelled))

@@ -318,6 +318,11 @@ def report_text(runs: Sequence[Run], meta: Mapping[str, object]) -> str:
         lines.append("\nskipped policies (not replayed):")
         lines += [f"  {name}: {why}" for name, why in skipped.items()]
     for r in runs:
+        if r.result.unmodelled_escalations:
+            where = ", ".join(f"{n} to {t}" for t, n in sorted(r.result.unmodelled_escalations.items()))
+            lines.append(f"\n{r.name}: the verify rules escalated {where} (on-prem): not simulated, those drafts "
+                         "stand as the answers (cost, latency and quality leave the escalated calls out)")
+    for r in runs:
         if r.by_rule:
             lines.append(f"\n{r.name} by deciding rule (missed: SLO missed or rejected; ref: all-frontier's quality "
                          "on the same requests; gap: the rule's share of the run's quality gap to it):")

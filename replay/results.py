@@ -91,6 +91,8 @@ class ReplayResult:
     ``timeline``: per on-prem target, busy seconds summed over its replicas in
     ``int(window_s // timeline_bin_s) + 1`` bins of ``timeline_bin_s`` from ``start_s``:
     ``{"prefill_busy_s": [...], "decode_busy_s": [...]}`` (divide by replicas x bin for utilization).
+    ``unmodelled_escalations``: on-prem target -> drafts the verify rules escalated there, kept as
+    the drafts (``replay.cascade`` simulates escalations to frontier tiers only).
     """
 
     requests: list[RequestResult]
@@ -101,6 +103,7 @@ class ReplayResult:
     seed: int
     timeline_bin_s: float
     timeline: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    unmodelled_escalations: dict[str, int] = field(default_factory=dict)
 
     @property
     def window_s(self) -> float:

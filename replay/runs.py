@@ -205,7 +205,8 @@ def replay_all(trace: Sequence[TraceRequest], fleet: Fleet, sim: SimFleet, polic
                 if cascade is not None and rows is not None:
                     drafts = result
                     result = apply_cascade(result, rows, fleet, sim, policy, router.decisions, cascade,
-                                           quality_columns(fleet), early=early.escalations if early else None)
+                                           quality_columns(fleet), early=early.escalations if early else None,
+                                           early_unmodelled=early.unmodelled if early else None)
                     if ledger is not None:
                         book_escalations(ledger, replay_scopes(tenant), drafts, result, EPOCH_S)
                 spend = [] if ledger is None else budget_status(ledger, replay_scopes(tenant),

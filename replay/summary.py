@@ -68,6 +68,8 @@ class Summary:
     escalated after their on-prem draft (``replay.cascade``; they count as frontier requests);
     ``escalation_delay_p50_s`` / ``_p99_s``: percentiles of their ``escalation_delay_s`` (the latency
     the cascade added: arrival to the escalated call's start), NaN without escalations.
+    ``unmodelled_escalations``: drafts the verify rules escalated to an on-prem target, kept as the
+    drafts (not simulated: their second call's cost, latency and quality are not in these numbers).
     ``onprem_busy_energy_usd``: the part of ``onprem_cost_usd`` that grows with the work served (the
     energy above idle power while busy); the rest (GPU rent, idle power) grows with the window.
     """
@@ -106,6 +108,7 @@ class Summary:
     escalation_delay_p50_s: float = math.nan
     escalation_delay_p99_s: float = math.nan
     onprem_busy_energy_usd: float = 0.0
+    unmodelled_escalations: int = 0
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-ready dict (NaN stays NaN; ``json.dumps`` writes it as NaN)."""
@@ -194,6 +197,7 @@ def summarize(result: ReplayResult, slo: SLO | None = None,
         quality=_mean_quality(reqs, quality),
         usd_per_slo_request=total / good if good else math.inf,
         escalated=sum(r.escalated for r in done),
+        unmodelled_escalations=sum(result.unmodelled_escalations.values()),
         escalation_delay_p50_s=_pct(delays, 50),
         escalation_delay_p99_s=_pct(delays, 99),
         onprem_busy_energy_usd=busy_energy_usd,

@@ -163,3 +163,32 @@ def test_the_budget_ledger_books_the_escalated_calls(tmp_path):
         summary = runs[name]["summary"]
         assert summary["escalated"] > 0 and summary["onprem_cost_usd"] == 0.0
         assert summary["budget_spent_usd"] == pytest.approx(summary["frontier_cost_usd"], abs=1e-6), name
+
+
+@pytest.mark.parametrize("prefix", ["", "  prefix_tokens: 16\n"])
+def test_an_escalation_to_an_on_prem_target_is_named_not_hidden(tmp_path, prefix):
+    """The replay simulates escalations to frontier tiers only. A policy escalating every 8B draft to
+    onprem-70b replayed as 'escalated 0' with the 8B's quality and cost, nothing saying its 40
+    escalations were left out; now report.json counts them and the report names them."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    policy = tmp_path / "up.yaml"
+    policy.write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
+                      "  - name: d\n    route: {target: onprem-8b, fallbacks: [onprem-70b]}\n"
+                      "verify:\n" + prefix + "  rules:\n"
+                      "    - name: up\n      when: draft.target == 'onprem-8b'\n      action: escalate\n"
+                      "      escalate: {target: onprem-70b, fallbacks: [frontier-small]}\n"
+                      "    - name: accept\n      action: accept\n")
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{i:02d}.0000000,{300 + 7 * i},{40 + i}\n" for i in range(40)))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["replay", str(trace), "--policy", str(policy), "--no-baselines",
+                                    "--estimator", "fixed:0.5", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    s = json.loads((out / "report.json").read_text())["runs"]["up"]["summary"]
+    assert s["target_requests"] == {"onprem-8b": 40} and s["escalated"] == 0
+    assert s["unmodelled_escalations"] == 40, s  # before: no such count
+    assert "up: the verify rules escalated 40 to onprem-70b (on-prem): not simulated" in res.output
