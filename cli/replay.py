@@ -260,7 +260,6 @@ def _load_policies(paths: tuple[Path, ...], fleet: Fleet) -> tuple[dict[str, Com
     Raises ``PolicyError`` for a policy that compiles for neither (a broken file)."""
     from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
     from pointsman.policy.rules.compiler import load_policy
-
     from pointsman.replay.baselines import ANCHORS, BASELINES
 
     policies: dict[str, CompiledPolicy] = {}

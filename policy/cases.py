@@ -77,6 +77,7 @@ from pointsman.policy.signals.namespaces import (
     example_signals,
     relative_key,
 )
+from pointsman.request import canonical
 
 
 class CaseExpect(StrictModel):
@@ -134,6 +135,9 @@ class CaseResult:
     line: int
 
 
+#: Request fields the service compares as identities (``request.canonical``: NFC, no zero-width
+#: characters); a case's value is read in that form too.
+IDENTITY_FIELDS = ("tenant", "team", "session_id", "slo_class")
 #: Namespaces a case may set, and their shape (``by_target``: {target: {field: value}}).
 CASE_NAMESPACES = ("request", "difficulty", "load", "cache", "endpoint", "budget", "draft", "predict")
 _T = TypeVar("_T")
@@ -232,8 +236,9 @@ def case_budget(base: Mapping[str, object], given: Mapping[str, object]) -> Budg
 def case_signals(fleet: Fleet, policy: CompiledPolicy, overrides: Mapping[str, Mapping[str, object]]) -> Snapshot:
     """The full snapshot of a case: ``example_signals`` for the fleet, with ``overrides`` applied
     (``load`` by target; ``cache``/``endpoint`` for every target or by target), each namespace
-    validated against its declared types. Raises ``ValueError`` naming the first bad value
-    (``request.prompt_tokens: Input should be a valid integer``)."""
+    validated against its declared types, the request's routing names canonical as the service reads
+    them. Raises ``ValueError`` naming the first bad value (``request.prompt_tokens: Input should be a
+    valid integer``)."""
     base = example_signals(policy.variables, fleet.targets)
     endpoints: dict[str, EndpointSignals] = {}
     for t in fleet.targets:
@@ -248,8 +253,11 @@ def case_signals(fleet: Fleet, policy: CompiledPolicy, overrides: Mapping[str, M
         value = fields.get(key.partition("/")[0], {})
         return value if isinstance(value, Mapping) else {}
 
+    request = _merged(_REQUEST, base["request"], overrides.get("request", {}), "request")
+    for name in IDENTITY_FIELDS:  # as the service reads routing names: one form per string
+        request[name] = canonical(request[name])  # type: ignore[literal-required]
     return {
-        "request": _merged(_REQUEST, base["request"], overrides.get("request", {}), "request"),
+        "request": request,
         "difficulty": _merged(_DIFFICULTY, base["difficulty"], overrides.get("difficulty", {}), "difficulty"),
         "variables": base["variables"],
         "load": {t: _merged(_LOAD, v, by_target("load", t), f'load["{t}"]') for t, v in base["load"].items()},

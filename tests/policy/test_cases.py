@@ -201,3 +201,25 @@ def test_a_verify_case_drafts_on_the_target_the_case_routed_to(tmp_path: Path):
     res = CliRunner().invoke(main, ["policy", "test", str(tmp_path / "p.cases.yaml")])
     assert res.exit_code == 0, res.output
     assert res.output.splitlines()[-1] == "3 passed, 0 failed", res.output
+
+
+def test_a_cases_routing_names_are_read_as_the_service_reads_them(tmp_path: Path):
+    """The service reads ``routing.tenant`` in one form (NFC, no zero-width characters), so a tenant
+    "café" written decomposed, or "acme" with a zero-width space, matches ``request.tenant == "café"``
+    (``pointsman route --tenant`` says rule ``cafe``); ``policy test`` compared the raw string and
+    said ``d``."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    (tmp_path / "p.yaml").write_text(
+        "apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
+        "  - name: cafe\n    when: request.tenant == 'café' && request.team == 'acme'\n"
+        "    route: {target: frontier-large}\n  - name: d\n    route: {target: onprem-8b}\n", encoding="utf-8")
+    (tmp_path / "p.cases.yaml").write_text(
+        "apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: p.yaml\ncases:\n"
+        "  - name: decomposed\n    signals: {request: {tenant: \"cafe\\u0301\", team: \"ac\\u200bme\"}}\n"
+        "    expect: {rule: cafe, target: frontier-large}\n", encoding="utf-8")
+    res = CliRunner().invoke(main, ["policy", "test", str(tmp_path / "p.cases.yaml")])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines()[-1] == "1 passed, 0 failed", res.output
