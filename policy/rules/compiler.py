@@ -8,7 +8,8 @@ order. Codes: ``yaml-syntax``, ``duplicate-key``, ``unknown-key``, ``missing-key
 ``unknown-signal``, ``unknown-variable``, ``unknown-function``, ``type-error``,
 ``not-boolean``, ``always-error`` (expressions); ``unknown-target``, ``unsupported-mode``,
 ``duplicate-fallback``, ``unknown-rule``, ``fallback-cycle``, ``duplicate-rule``,
-``missing-default``, ``unreachable-rule`` (routing); ``unknown-picker`` (endpoint selection);
+``missing-default``, ``unreachable-rule`` (routing: a ``when`` that reads no signal, variable or ``cost()`` and
+is true, ``"1 == 1"``, is as unconditional as none); ``unknown-picker`` (endpoint selection);
 ``too-large`` (over a size limit of ``limits.py``: bytes, YAML nodes with aliases expanded,
 rules, tenant names; checked before anything costly, alone).
 
@@ -249,6 +250,17 @@ def _cel_syntax_position(message: str, source: str) -> tuple[int, str]:
 
 def _is_unconditional(when: str | bool | None) -> bool:
     return when is None or when is True or (isinstance(when, str) and when.strip() == "true")
+
+
+def _always_true(cond: _Condition) -> bool:
+    """Whether a compiled condition reads nothing (no signal, variable or ``cost()``) and is true: as
+    unconditional as a rule without ``when``."""
+    if cond.program is None or cond.paths or cond.uses_cost:
+        return False
+    try:
+        return cond.program.execute(cel.Context()) is True
+    except Exception:  # noqa: BLE001 - an error at run time (any kind cel raises): the rule never matches
+        return False
 
 
 def _add_plan(plan: Plan, root: str, key: str | None, fields: set[str] | None) -> None:
@@ -811,6 +823,8 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
             cond = _check_condition(ck, i, source, variables, target, _role(fleet, target, mode or "aggregated"))
             conditions[i] = cond
             merge_plans(plan, cond.plan)
+            if default_index is None and _always_true(cond):  # "1 == 1": the rules after it are dead as well
+                default_index = i
     candidates = _expand_fallbacks(ck, fleet, rules, modes, frozenset(invalid) - seen.keys())
     verify: CompiledVerify | None = None
     verify_spec = spec.verify if spec is not None else _valid_verify(data.get("verify"))

@@ -276,3 +276,17 @@ def test_an_exponent_threshold_is_a_number(fleet, written, value):
     line = next(x for x in text.splitlines() if x.strip().startswith("p_hard_frontier:"))
     policy = compile_policy(text.replace(line, f"  p_hard_frontier: {written}"), fleet, "policy.yaml")
     assert policy.variables["p_hard_frontier"] == value
+
+
+def test_a_condition_that_reads_nothing_and_is_true_is_unconditional(fleet):
+    """``when: "1 == 1"`` matches every request as a rule without ``when`` does: the rules after it can never
+    match (before, ``policy check`` passed such a policy and its later rules were silently dead). A constant
+    false one (a rule switched off) and conditions on variables (feature flags) are left as they are."""
+    rules = ("rules:\n  - name: first\n    when: {when}\n    route: {{target: onprem-70b}}\n"
+             "  - name: default\n    route: {{target: onprem-8b}}\n")
+    assert problems(HEAD + rules.format(when='"1 == 1 && size(\\"ab\\") == 2"'), fleet) == [
+        "p.yaml:7:11: unreachable-rule: rule 'default' comes after the unconditional rule 'first' (line 4) "
+        "and can never match"]
+    for when in ('"1 == 2"', "false", '"variables.flag == 1"', '"cost(\\"onprem-70b\\") >= 0.0"'):
+        policy = compile_policy(HEAD + "variables: {flag: 1}\n" + rules.format(when=when), fleet, "p.yaml")
+        assert [r.name for r in policy.rules] == ["first", "default"], when
