@@ -83,10 +83,22 @@ def _header_map(http_headers: object) -> dict[str, str]:
     return out
 
 
-def _entries(value: object) -> tuple[str, ...]:
-    """Subset entries from a metadata value: a list of strings, or one comma-separated string."""
-    items: Sequence[object] = value if isinstance(value, list) else [value]
-    return tuple(p.strip() for item in items if isinstance(item, str) for p in item.split(",") if p.strip())
+def _entries(struct: object, key: str) -> tuple[str, ...] | None:
+    """Subset entries from the ``key`` of a metadata ``Struct``: a list of strings (other items ignored), or
+    one comma-separated string; None when the key is absent (read from the ``Value`` directly, not through
+    ``json_format``: half the time)."""
+    fields = struct.fields  # type: ignore[attr-defined]  # a protobuf Struct
+    if key not in fields:
+        return None
+    value = fields[key]
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        items = [value.string_value]
+    elif kind == "list_value":
+        items = [v.string_value for v in value.list_value.values if v.WhichOneof("kind") == "string_value"]
+    else:
+        return ()
+    return tuple(p.strip() for item in items for p in item.split(",") if p.strip())
 
 
 def read(request: object) -> Message:
@@ -96,12 +108,9 @@ def read(request: object) -> Message:
     served = None
     meta = request.metadata_context.filter_metadata  # type: ignore[attr-defined]
     if SUBSET_NAMESPACE in meta:
-        hint = json_format.MessageToDict(meta[SUBSET_NAMESPACE])
-        if SUBSET_KEY in hint:
-            subset = _entries(hint[SUBSET_KEY])
+        subset = _entries(meta[SUBSET_NAMESPACE], SUBSET_KEY)
     if LB_NAMESPACE in meta:
-        got = json_format.MessageToDict(meta[LB_NAMESPACE]).get(SERVED_KEY)
-        served = _entries(got)[0] if _entries(got) else None
+        served = (_entries(meta[LB_NAMESPACE], SERVED_KEY) or (None,))[0]
     modes: tuple[BodyMode | None, BodyMode | None] = (None, None)
     if request.HasField("protocol_config"):  # type: ignore[attr-defined]
         cfg = request.protocol_config  # type: ignore[attr-defined]
