@@ -438,6 +438,28 @@ def test_the_cancelled_draft_reported_to_the_other_worker_is_refused_and_the_esc
         assert (s["decision_id"], s["target"], s["replayed"]) == (v["escalation_id"], v["target"], False)
 
 
+def test_the_escalated_call_reported_to_the_other_worker_under_the_decision_id_settles_the_escalation(tmp_path):
+    """Two workers of one ``serve`` (one data folder). Worker A verifies and escalates; the escalated call's
+    outcome reaches worker B under the decision id. B does not hold the verify in memory: the shared
+    outcome log's verification names the escalation,
+    so B settles ``<decision_id>/escalation`` on the escalation's target, once."""
+    a_client, _ = _app(tmp_path / "svc")
+    b_client, _ = _app(tmp_path / "svc")
+    with a_client, b_client:
+        d = _route(a_client)
+        v = a_client.post("/v1/verify", json={"decision_id": d["decision_id"], "draft": {"text": REFUSAL},
+                                              "usage": {"completion_tokens": 11}}).json()
+        assert v["action"] == "escalate" and v["target"] != d["target"]
+        report = {"decision_id": d["decision_id"], "status": "ok", "served_target": v["target"],
+                  "usage": {"prompt_tokens": 12, "completion_tokens": 300}}
+        ack = b_client.post("/v1/outcomes", json=report).json()["acks"][0]
+        assert ack["status"] == "stored" and ack["settle_error"] is None, ack
+        s = ack["settlement"]
+        assert (s["decision_id"], s["target"], s["replayed"]) == (v["escalation_id"], v["target"], False)
+        again = b_client.post("/v1/outcomes", json=report).json()["acks"][0]
+        assert again["status"] == "duplicate" and again["settlement"]["replayed"] is True
+
+
 def test_an_escalation_never_falls_back_to_the_draft_s_own_target(tmp_path):
     """A verify rule escalating to frontier-large with the drafting onprem-8b among its fallbacks: the
     escalation listed onprem-8b as a fallback, and a gateway that took it (frontier-large down) reported
