@@ -15,9 +15,33 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+
+def static_policy_client(data: Path, fleet_spec: dict, p_hard: float) -> TestClient:
+    """A ``TestClient`` (use it as a context manager) of the app on the fleet ``fleet_spec`` (written to
+    ``data / "fleet.yaml"``), the packaged static policy and a fixed ``p_hard``, its data in ``data``."""
+    from pointsman.estimator.estimate import FixedDifficulty
+    from pointsman.policy.engine import RoutingEngine
+    from pointsman.policy.fleet import load_fleet
+    from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
+    from pointsman.service.app import create_app
+    from pointsman.service.bootstrap import build_state
+    from pointsman.service.settings import Settings
+
+    fleet_path = data / "fleet.yaml"
+    fleet_path.write_text(yaml.safe_dump(fleet_spec), encoding="utf-8")
+    settings = Settings(data_dir=data, fleet_path=fleet_path, watch_policy=False, watch_fleet=False,
+                        scrape_interval_s=0)
+    fleet = load_fleet(fleet_path)
+    engine = RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), FixedDifficulty(p_hard),
+                           state=build_state(settings, fleet))
+    return TestClient(create_app(settings, engine=engine, owns_engine=True))
 
 
 def free_port() -> int:

@@ -118,6 +118,19 @@ async def response_phase(call, status: int, content_type: str, chunks: list[byte
     return out
 
 
+def _budgeted_serve(serve, tmp_path, **settings) -> tuple[int, str]:
+    """A real ``serve`` on ``tmp_path / "data"`` with its ext_proc port (returned with the HTTP base URL), no
+    scraping and a $100/day budget on ``tenant:acme``; ``settings`` more of its settings."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:acme', window: day, limit_usd: 100}\n", encoding="utf-8")
+    _, base = serve(tmp_path / "data", ext_proc_port=port, scrape_interval_s=0, budgets_path=budgets, **settings)
+    return port, base
+
+
 def outcome_of(app, decision_id: str, timeout_s: float = 10.0):
     rt = app.state.runtime
     deadline = time.monotonic() + timeout_s
@@ -1173,14 +1186,7 @@ def test_a_stream_that_ends_while_its_decision_is_made_leaves_no_hold_or_load(tm
     its shared-state write) had already dispatched, so its budget hold and load stayed until the reservation
     TTL (600 s) and it was never logged: 8 streams cancelled 2-60 ms after their body left $0.0089 held and
     2 requests in flight on a real serve. The streams are cancelled at spread delays, so some land mid-decision."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    budgets = tmp_path / "budgets.yaml"
-    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
-                       "  - {scope: 'tenant:acme', window: day, limit_usd: 100}\n", encoding="utf-8")
-    _, base = serve(tmp_path / "data", ext_proc_port=port, scrape_interval_s=0, budgets_path=budgets,
-                    route_in_threadpool="true")
+    port, base = _budgeted_serve(serve, tmp_path, route_in_threadpool="true")
     body = chat(" ".join(f"word{i} alpha beta gamma" for i in range(6000)), max_tokens=300)  # ~40 ms to decide
 
     async def cancelled_after(delay_s: float) -> None:
@@ -1234,14 +1240,7 @@ def test_a_stream_without_a_response_phase_records_nothing_and_the_gateways_outc
     reports. Before: its end was recorded ``cancelled`` (the hold released) and the gateway's outcome was a 409
     conflict, its spend lost. A stream whose filter sends response bodies, half-closed after the request
     phase (the client gone before the upstream answered), is still recorded ``cancelled``. A real serve."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    budgets = tmp_path / "budgets.yaml"
-    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
-                       "  - {scope: 'tenant:acme', window: day, limit_usd: 100}\n", encoding="utf-8")
-    _, base = serve(tmp_path / "data", ext_proc_port=port, scrape_interval_s=0, budgets_path=budgets,
-                    decision_log_flush_ms=5)
+    port, base = _budgeted_serve(serve, tmp_path, decision_log_flush_ms=5)
     no_response, full = ("FULL_DUPLEX_STREAMED", "NONE"), ("FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED")
 
     async def stream(modes, reset: bool) -> dict[str, str]:

@@ -4,10 +4,9 @@ entries; other values ignored), for any metadata value."""
 
 from __future__ import annotations
 
+from google.protobuf import json_format
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from google.protobuf import json_format
 
 from pointsman.service import ext_proc_wire as wire
 

@@ -77,32 +77,19 @@ def test_an_ok_outcome_without_usage_on_another_target_books_it_at_the_assumed_u
     priced at full utilization: with ``assumed_utilization: 0.25`` a fallback to the 70B model booked the
     8B decision's estimate, a quarter of what its GPU time costs at the fleet's own assumption."""
     import yaml
-    from fastapi.testclient import TestClient
 
-    from pointsman.estimator.estimate import FixedDifficulty
-    from pointsman.policy.engine import RoutingEngine
     from pointsman.policy.fleet import DEFAULT_FLEET_PATH
-    from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
-    from pointsman.service.app import create_app
-    from pointsman.service.bootstrap import build_state
-    from pointsman.service.settings import Settings
+    from tests.service.conftest import static_policy_client
 
     spec = yaml.safe_load(DEFAULT_FLEET_PATH.read_text(encoding="utf-8"))
     spec.setdefault("defaults", {})["assumed_utilization"] = 0.25
-    fleet_path = tmp_path / "fleet.yaml"
-    fleet_path.write_text(yaml.safe_dump(spec), encoding="utf-8")
-    settings = Settings(data_dir=tmp_path, fleet_path=fleet_path, watch_policy=False, watch_fleet=False,
-                        scrape_interval_s=0)
-    fleet = load_fleet(fleet_path)
-    engine = RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), FixedDifficulty(0.1),
-                           state=build_state(settings, fleet))
-    with TestClient(create_app(settings, engine=engine, owns_engine=True)) as c:
+    with static_policy_client(tmp_path, spec, 0.1) as c:
         d = c.post("/v1/route", json=PROMPT).json()
         assert d["target"] == "onprem-8b", d
         r = c.post("/v1/outcomes", json={"decision_id": d["decision_id"], "status": "ok", "served_target": "onprem-70b"})
         assert r.status_code == 200, r.text
         booked = r.json()["acks"][0]["settlement"]["actual_cost_usd"]
-    t = fleet.targets["onprem-70b"]
+    t = load_fleet(tmp_path / "fleet.yaml").targets["onprem-70b"]
     want = estimate_cost("onprem-70b", t, t.modes[0], d["prompt_tokens"], 50, utilization=0.25).usd
     assert want > d["estimated_cost_usd"]
     assert booked == pytest.approx(want, rel=1e-6)  # before: the 70B pools at utilization 1.0, 4x less

@@ -10,14 +10,9 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pointsman.estimator.estimate import FixedDifficulty
-from pointsman.policy.engine import RoutingEngine
-from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
-from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
-from pointsman.service.app import create_app
-from pointsman.service.bootstrap import build_state
-from pointsman.service.settings import Settings
+from pointsman.policy.fleet import DEFAULT_FLEET_PATH
 from pointsman.usage_shapes import UsageProblems, read_usage
+from tests.service.conftest import static_policy_client
 
 
 def _frontier(provider: str, model: str, url: str, prices: dict[str, float]) -> dict[str, object]:
@@ -42,14 +37,7 @@ def client(tmp_path_factory):
     data = tmp_path_factory.mktemp("usage")
     spec = yaml.safe_load(DEFAULT_FLEET_PATH.read_text(encoding="utf-8"))
     spec["targets"].update(EXTRA_TARGETS)
-    fleet_path = data / "fleet.yaml"
-    fleet_path.write_text(yaml.safe_dump(spec), encoding="utf-8")
-    settings = Settings(data_dir=data, fleet_path=fleet_path, watch_policy=False, watch_fleet=False,
-                        scrape_interval_s=0)
-    fleet = load_fleet(fleet_path)
-    engine = RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), FixedDifficulty(0.2),
-                           state=build_state(settings, fleet))
-    with TestClient(create_app(settings, engine=engine, owns_engine=True)) as c:
+    with static_policy_client(data, spec, 0.2) as c:
         yield c
 
 

@@ -231,15 +231,7 @@ def test_budget_threshold_projects_a_short_log_at_its_own_rate(tmp_path, monkeyp
     288 x ``one`` a day: 10 minutes of it (1/144 of a day) pays for two requests, the two hardest.
     Before, the span was floored at an hour, so the same log was projected at 1/6 of its rate and the
     threshold sent 12 of 20 (60%) to the frontier: six times the budget."""
-    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    version = load_estimator("bundled").version
-    with OutcomeLog() as log:
-        log.append_decisions([DecisionRecord(**{**vars(record(i, (i + 1) / 20, t=NOW - 600 + 30 * i)),
-                                                "estimator_version": version}) for i in range(20)])
-    target = fleet.targets["frontier-large"]
-    one = (1000 * target.prices.usd_per_1m_input_tokens
-           + fleet.output_tokens("frontier-large", None) * target.prices.usd_per_1m_output_tokens) / 1e6
+    one = _twenty_decisions_over_ten_minutes(tmp_path, monkeypatch, fleet, NOW)
     out = _calibrate_dry_run(tmp_path, 288 * one)
     assert out["span_days"] == pytest.approx(600 / 86400)
     assert (out["threshold"], out["frontier_share"]) == (0.95, 0.1)  # before: 0.45 and 0.6
@@ -269,6 +261,20 @@ def test_budget_projection_prices_the_prompt_tokens_the_upstream_reported(tmp_pa
     assert (out["threshold"], out["frontier_share"]) == (0.8, 0.3)  # before: 0.4 and 0.7, billed 2.3x the budget
 
 
+def _twenty_decisions_over_ten_minutes(tmp_path, monkeypatch, fleet, end_s: float) -> float:
+    """Log 20 decisions of the bundled estimator (p_hard 0.05 ... 1.0, one every 30 s over the 10 minutes before
+    ``end_s``) in a data folder under ``tmp_path``; returns the USD of one 1,000-token request on frontier-large."""
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    version = load_estimator("bundled").version
+    with OutcomeLog() as log:
+        log.append_decisions([DecisionRecord(**{**vars(record(i, (i + 1) / 20, t=end_s - 600 + 30 * i)),
+                                                "estimator_version": version}) for i in range(20)])
+    target = fleet.targets["frontier-large"]
+    return (1000 * target.prices.usd_per_1m_input_tokens
+            + fleet.output_tokens("frontier-large", None) * target.prices.usd_per_1m_output_tokens) / 1e6
+
+
 def _calibrate_dry_run(tmp_path, budget_usd_per_day: float) -> dict:
     """``calibrate --budget-usd-per-day BUDGET --dry-run --json`` of a copy of the static policy for
     frontier-large over the day before ``NOW``: its JSON answer."""
@@ -291,16 +297,8 @@ def test_an_until_in_the_future_does_not_dilute_the_budget_projection(tmp_path, 
     threshold sent every request to the frontier, about 20/2 x 1,000 = 10,000 times the budget a day."""
     import time
 
-    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    version = load_estimator("bundled").version
     now = time.time()
-    with OutcomeLog() as log:
-        log.append_decisions([DecisionRecord(**{**vars(record(i, (i + 1) / 20, t=now - 600 + 30 * i)),
-                                                "estimator_version": version}) for i in range(20)])
-    target = fleet.targets["frontier-large"]
-    one = (1000 * target.prices.usd_per_1m_input_tokens
-           + fleet.output_tokens("frontier-large", None) * target.prices.usd_per_1m_output_tokens) / 1e6
+    one = _twenty_decisions_over_ten_minutes(tmp_path, monkeypatch, fleet, now)
     policy = tmp_path / "policy.yaml"
     shutil.copyfile(STATIC_POLICY_PATH, policy)
     cli = click.Group()
