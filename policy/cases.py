@@ -178,8 +178,9 @@ def _check_signal_names(spec: CasesSpec, doc: LocatedDocument, fleet: Fleet) -> 
     return problems
 
 
-#: Validators of each namespace's values (pydantic's lax mode: ``200.0`` reads as the int 200,
-#: ``0.5`` for an int field or ``"x"`` for a number is an error naming the field).
+#: Validators of each namespace's values, strict as the service's values are typed: ``"0.9"`` or
+#: ``true`` for a number, ``1`` for a bool, ``200.0`` for an int and a share outside [0, 1]
+#: (``namespaces.Fraction``) are errors naming the field; an int reads as a float.
 _REQUEST = TypeAdapter(RequestSignals)
 _DIFFICULTY = TypeAdapter(DifficultySignals)
 _BUDGET = TypeAdapter(BudgetSignals)
@@ -192,7 +193,7 @@ _PREDICT = TypeAdapter(PredictSignals)
 
 def _merged(adapter: TypeAdapter[_T], base: Mapping[str, object], fields: Mapping[str, object], where: str) -> _T:
     try:
-        return adapter.validate_python({**base, **fields})
+        return adapter.validate_python({**base, **fields}, strict=True)
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         loc = ".".join(str(x) for x in err["loc"])

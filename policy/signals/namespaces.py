@@ -34,8 +34,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
+from pydantic import Field
 from typing_extensions import TypedDict
 
 from pointsman.json_types import JSONValue
@@ -47,6 +48,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from pointsman.policy.budget.ledger import BudgetSnapshot
     from pointsman.policy.signals.load_board import EndpointLoad
     from pointsman.request import RequestView
+
+
+#: A share, fraction or probability: a float in [0, 1] (``policy test`` holds a case's value to it).
+Fraction = Annotated[float, Field(ge=0, le=1)]
 
 
 class RequestSignals(TypedDict):
@@ -77,7 +82,7 @@ class RequestSignals(TypedDict):
 class DifficultySignals(TypedDict):
     """The ``difficulty`` namespace: ``p_hard`` (None when unavailable) and ``available``."""
 
-    p_hard: float | None
+    p_hard: Fraction | None
     available: bool
 
 
@@ -86,11 +91,11 @@ class LoadValues(TypedDict):
 
     num_requests_running: int | None
     num_requests_waiting: int | None
-    kv_cache_usage: float | None
+    kv_cache_usage: Fraction | None
     ttft_p50_ms: float | None
     tpot_p50_ms: float | None
-    prefill_utilization: float | None
-    decode_utilization: float | None
+    prefill_utilization: Fraction | None
+    decode_utilization: Fraction | None
     inflight_requests: int
     outstanding_requests: int
     age_s: float
@@ -113,7 +118,7 @@ class EndpointSignals(LoadValues):
     name: str
     url: str
     healthy: bool
-    prefix_hit_ratio: float
+    prefix_hit_ratio: Fraction
     cost_s: float
     predicted_ttft_s: float
     predicted_tpot_s: float
@@ -143,9 +148,9 @@ class PredictSignals(TypedDict):
 class CacheSignals(TypedDict):
     """The ``cache`` namespace for one target."""
 
-    prefix_hit_ratio: float
+    prefix_hit_ratio: Fraction
     prefix_hit_tokens: int
-    shared_hit_ratio: float
+    shared_hit_ratio: Fraction
     endpoint: str
     session_endpoint: str
     session_target: str
@@ -160,7 +165,7 @@ class BudgetSignals(TypedDict):
     limit_usd: float
     spent_fraction: float
     window: str
-    window_elapsed_fraction: float
+    window_elapsed_fraction: Fraction
     pace_gap: float
     scope: str
 
@@ -378,7 +383,7 @@ SIGNALS: dict[str, Namespace] = {
 class DraftSignals(TypedDict):
     """The ``draft`` namespace, read by a policy's ``verify`` rules only (``SIGNALS['draft']``)."""
 
-    p_bad: float
+    p_bad: Fraction
     tokens: int
     length_ratio: float
     finish_reason: str
@@ -387,11 +392,11 @@ class DraftSignals(TypedDict):
     empty: bool
     refusal: bool
     hedging: bool
-    repetition: float
+    repetition: Fraction
     has_logprobs: bool
     logprob_mean: float | None
     logprob_min: float | None
-    low_logprob_share: float | None
+    low_logprob_share: Fraction | None
     verifier: str
     target: str
     on_prem: bool

@@ -3,6 +3,8 @@
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pointsman.errors import PolicyError
 from pointsman.policy.cases import run_cases
@@ -223,3 +225,50 @@ def test_a_cases_routing_names_are_read_as_the_service_reads_them(tmp_path: Path
     res = CliRunner().invoke(main, ["policy", "test", str(tmp_path / "p.cases.yaml")])
     assert res.exit_code == 0, res.output
     assert res.output.splitlines()[-1] == "1 passed, 0 failed", res.output
+
+
+@pytest.mark.parametrize("signals, problem", [
+    ('{difficulty: {p_hard: "0.9"}}', 'difficulty.p_hard: Input should be a valid number'),
+    ("{difficulty: {p_hard: 7}}", "difficulty.p_hard: Input should be less than or equal to 1"),
+    ("{difficulty: {p_hard: -0.1}}", "difficulty.p_hard: Input should be greater than or equal to 0"),
+    ("{difficulty: {p_hard: true}}", "difficulty.p_hard: Input should be a valid number"),
+    ('{difficulty: {available: "false"}}', "difficulty.available: Input should be a valid boolean"),
+    ('{request: {prompt_tokens: "200"}}', "request.prompt_tokens: Input should be a valid integer"),
+    ("{cache: {prefix_hit_ratio: 1.5}}", 'cache["onprem-8b"].prefix_hit_ratio: Input should be less than or equal to 1'),
+    ("{load: {onprem-8b: {kv_cache_usage: 2}}}",
+     'load["onprem-8b"].kv_cache_usage: Input should be less than or equal to 1'),
+    ('{draft: {p_bad: "0.2"}}', "draft.p_bad: Input should be a valid number"),
+])
+def test_a_case_signal_is_typed_as_the_service_types_it(tmp_path: Path, signals: str, problem: str):
+    """``p_hard: "0.9"`` read as the number 0.9 and ``p_hard: 7`` as a probability of 7 (both cases
+    passed, exit 0; so did ``"false"`` for a bool and ``"200"`` for an int): a case's value is held to
+    the signal's type, a share or probability to [0, 1]; a located error naming the field, exit 1."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    (tmp_path / "p.yaml").write_text((DEFAULT_POLICY_DIR / "static.yaml").read_text())
+    path = tmp_path / "p.cases.yaml"
+    path.write_text("apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: p.yaml\ncases:\n"
+                    f"  - name: typed\n    signals: {signals}\n    expect: {{target: frontier-large}}\n")
+    res = CliRunner().invoke(main, ["policy", "test", str(path)])
+    assert res.exit_code == 1, res.output
+    assert f"{path}:6:5: invalid-value: {problem}\n" in res.output, res.output
+
+
+@given(st.one_of(st.floats(), st.integers(), st.none()))
+def test_a_case_p_hard_is_read_iff_a_probability_or_null(p_hard):
+    from pointsman.policy.cases import case_signals
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
+    from pointsman.policy.rules.compiler import load_policy
+
+    fleet = load_fleet(DEFAULT_FLEET_PATH)
+    policy = load_policy(DEFAULT_POLICY_DIR / "static.yaml", fleet)
+    ok = p_hard is None or 0 <= p_hard <= 1
+    try:
+        signals = case_signals(fleet, policy, {"difficulty": {"p_hard": p_hard}})
+    except ValueError as exc:
+        assert not ok, exc
+        assert str(exc).startswith("difficulty.p_hard: ")
+    else:
+        assert ok and signals["difficulty"]["p_hard"] == p_hard
