@@ -669,8 +669,7 @@ def _check_route(ck: _Checker, fleet: Fleet, i: int, rule: RuleSpec) -> str | No
     for j, item in enumerate(route.fallbacks):
         where = ("rules", i, "route", "fallbacks", j)
         if isinstance(item, str) and item.startswith(RULE_REF):
-            name = item[len(RULE_REF):]
-            if name in seen_fb:
+            if item in seen_fb:
                 ck.add(where, "duplicate-fallback", f"'{item}' is already an earlier fallback")
             seen_fb.add(item)
             continue

@@ -290,3 +290,34 @@ def test_a_condition_that_reads_nothing_and_is_true_is_unconditional(fleet):
     for when in ('"1 == 2"', "false", '"variables.flag == 1"', '"cost(\\"onprem-70b\\") >= 0.0"'):
         policy = compile_policy(HEAD + "variables: {flag: 1}\n" + rules.format(when=when), fleet, "p.yaml")
         assert [r.name for r in policy.rules] == ["first", "default"], when
+
+
+def test_each_duplicate_fallback_is_flagged_once(tmp_path: Path):
+    """``["rule:b", "rule:b"]`` passed ``policy check``: the check looked the bare name 'b' up among
+    the ``rule:NAME`` strings it had seen; and ``"rule:frontier-large"`` (a rule named like a target)
+    after the target ``frontier-large`` was a duplicate. Each duplicate once, at its own item, with a
+    ``{target, mode}`` fallback and rule references mixed in."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    path = tmp_path / "p.yaml"
+    path.write_text(HEAD + """\
+rules:
+  - name: a
+    when: difficulty.p_hard > 0.9
+    route:
+      target: onprem-8b
+      fallbacks: [{target: frontier-large, mode: aggregated}, "rule:b", "rule:frontier-large", frontier-large, "rule:b"]
+  - name: b
+    when: difficulty.p_hard > 0.5
+    route: {target: onprem-70b}
+  - name: frontier-large
+    route: {target: frontier-large}
+""")
+    res = CliRunner().invoke(main, ["policy", "check", str(path)])
+    assert res.exit_code == 1, res.output
+    assert res.output.splitlines() == [
+        f"{path}:8:96: duplicate-fallback: 'frontier-large' is already the rule's target or an earlier fallback",
+        f"{path}:8:112: duplicate-fallback: 'rule:b' is already an earlier fallback",
+    ]
