@@ -52,9 +52,11 @@ def client() -> MlflowClient:
     """An ``MlflowClient`` bound to the tracking store (``default_tracking_uri()``), used for
     tracking and the registry alike. No global MLflow state is touched (``mlflow.set_tracking_uri``
     would export ``MLFLOW_TRACKING_URI`` to the process). Creates ``data_dir()`` for the
-    embedded store. Raises ``ModelNotFoundError`` when MLflow is not installed."""
+    embedded store. Raises ``ModelNotFoundError`` when MLflow is not installed or cannot open the
+    store (a ``file:`` store, which MLflow 3 refuses; a scheme it does not know), naming the setting."""
     try:
         from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
     except ImportError as exc:
         raise ModelNotFoundError(f"MLflow is not installed ({exc}); install the train extra: "
                                  "pip install 'pointsman[train]'") from None
@@ -65,7 +67,16 @@ def client() -> MlflowClient:
     uri = default_tracking_uri()
     if embedded_store():
         data_dir().mkdir(parents=True, exist_ok=True)
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+    try:
+        return MlflowClient(tracking_uri=uri, registry_uri=uri)
+    except MlflowException as exc:
+        where = f"the embedded MLflow store {uri}" if embedded_store() else f"MLFLOW_TRACKING_URI={uri}"
+        if "MLFLOW_ALLOW_FILE_STORE" in str(exc):  # mlflow 3: the file store is in maintenance mode
+            raise ModelNotFoundError(
+                f"{where}: MLflow no longer opens a file store; use a database (sqlite:///PATH/mlflow.db) or a "
+                f"tracking server (http://HOST:PORT), or unset it for the embedded store {data_dir() / 'mlflow.db'} "
+                "(`mlflow migrate-filestore` moves existing runs)") from None
+        raise ModelNotFoundError(f"{where}: {_first_line(exc)}") from None
 
 
 def parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:

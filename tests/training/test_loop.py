@@ -289,3 +289,25 @@ def test_loop_against_an_mlflow_server(tmp_path, monkeypatch, world):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=15)
+
+
+@pytest.mark.parametrize("command", ["compare", "promote"])
+@pytest.mark.parametrize("uri, says", [
+    ("file://{tmp}/mlruns", "MLflow no longer opens a file store; use a database (sqlite:///PATH/mlflow.db)"),
+    ("{tmp}/mlruns", "MLflow no longer opens a file store; use a database (sqlite:///PATH/mlflow.db)"),
+    ("foo://x", "Model registry functionality is unavailable; got unsupported URI 'foo://x'"),
+])
+def test_a_tracking_uri_mlflow_cannot_open_is_one_error_line(data, monkeypatch, command, uri, says):
+    """``MLFLOW_TRACKING_URI=file:///dir`` (or a bare path) ended ``compare`` and ``promote`` in MLflow's
+    traceback, exit 1: MLflow 3 refuses the file store (``MlflowException`` from ``FileStore()``; an unknown
+    scheme likewise). Now one ``Error:`` line naming the setting and what to use instead, exit 2."""
+    from pointsman.cli.main import main
+
+    OutcomeLog()  # <data dir>/outcomes.db: the log is there, the store is the problem
+    uri = uri.format(tmp=data)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    res = CliRunner().invoke(main, [command])
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert res.output.startswith(f"Error: MLFLOW_TRACKING_URI={uri}: {says}"), res.output
+    assert len(res.output.splitlines()) == 1 and not (data / "mlruns").exists()
