@@ -1000,7 +1000,7 @@ def test_a_cancelled_anthropic_stream_does_not_book_its_first_events_placeholder
     while state.record(decision_id) is not None:
         assert time.monotonic() < deadline, "the cancelled request was never settled"
         time.sleep(0.01)
-    booked = state.ledger.effective_price_per_token(target, "day").completion_tokens - before
+    booked = state.ledger.effective_price_per_token(target, "day").completion_tokens - before[target]
     assert booked == app.state.runtime.live.engine.fleet.output_tokens(target, None)  # before: 1
 
 
