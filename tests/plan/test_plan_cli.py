@@ -195,7 +195,7 @@ def test_the_quality_floor_is_all_frontiers_quality_times_the_share(tmp_path: Pa
         pytest.skip("shared datasets not found")
     out = tmp_path / "out"
     res = CliRunner().invoke(main, ["plan", str(trace), "--limit", "60", "--estimator", "fixed:0.2", "--max-replicas",
-                                    "2", "--workers", "1", "--search-requests", "0", "--time-budget-s", "60",
+                                    "2", "--workers", "1", "--search-requests", "0", "--time-budget-s", "20",
                                     "--min-quality-share", "0.97", "--out", str(out)])
     assert res.exit_code == 0, res.output
     report = json.loads((out / "plan.json").read_text())
