@@ -245,12 +245,8 @@ def test_budget_projection_prices_the_prompt_tokens_the_upstream_reported(tmp_pa
     1,000, so a budget threshold admitted what cost more than the budget."""
     from pointsman.outcome import parse_outcomes
 
-    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    version = load_estimator("bundled").version
+    _log_as_bundled(tmp_path, monkeypatch, [record(i, (i + 1) / 10, t=NOW - 86400 + 8640 * i) for i in range(10)])
     with OutcomeLog() as log:
-        log.append_decisions([DecisionRecord(**{**vars(record(i, (i + 1) / 10, t=NOW - 86400 + 8640 * i)),
-                                                "estimator_version": version}) for i in range(10)])
         log.append_outcomes(parse_outcomes([{"decision_id": f"d{i:05d}", "served_target": "frontier-large",
                                              "usage": {"prompt_tokens": 3000, "completion_tokens": 100}}
                                             for i in range(10)]))
@@ -261,15 +257,20 @@ def test_budget_projection_prices_the_prompt_tokens_the_upstream_reported(tmp_pa
     assert (out["threshold"], out["frontier_share"]) == (0.8, 0.3)  # before: 0.4 and 0.7, billed 2.3x the budget
 
 
-def _twenty_decisions_over_ten_minutes(tmp_path, monkeypatch, fleet, end_s: float) -> float:
-    """Log 20 decisions of the bundled estimator (p_hard 0.05 ... 1.0, one every 30 s over the 10 minutes before
-    ``end_s``) in a data folder under ``tmp_path``; returns the USD of one 1,000-token request on frontier-large."""
+def _log_as_bundled(tmp_path, monkeypatch, records: list[DecisionRecord]) -> None:
+    """Log ``records`` as decisions of the bundled estimator in a data folder under ``tmp_path``, the one the
+    commands read (``POINTSMAN_DATA_DIR``; no MLflow server)."""
     monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     version = load_estimator("bundled").version
     with OutcomeLog() as log:
-        log.append_decisions([DecisionRecord(**{**vars(record(i, (i + 1) / 20, t=end_s - 600 + 30 * i)),
-                                                "estimator_version": version}) for i in range(20)])
+        log.append_decisions([DecisionRecord(**{**vars(r), "estimator_version": version}) for r in records])
+
+
+def _twenty_decisions_over_ten_minutes(tmp_path, monkeypatch, fleet, end_s: float) -> float:
+    """Log 20 decisions of the bundled estimator (p_hard 0.05 ... 1.0, one every 30 s over the 10 minutes before
+    ``end_s``) in a data folder under ``tmp_path``; returns the USD of one 1,000-token request on frontier-large."""
+    _log_as_bundled(tmp_path, monkeypatch, [record(i, (i + 1) / 20, t=end_s - 600 + 30 * i) for i in range(20)])
     target = fleet.targets["frontier-large"]
     return (1000 * target.prices.usd_per_1m_input_tokens
             + fleet.output_tokens("frontier-large", None) * target.prices.usd_per_1m_output_tokens) / 1e6
@@ -323,13 +324,8 @@ def test_calibration_counts_only_requests_the_rule_would_route(tmp_path, monkeyp
     0.55 and reported 50% to frontier-large, but at 0.55 the rule routes none of them (every one above it
     is over the cap), and a budget for the 10 short ones a day ($0.051) wrote 1.0 (share 0); now each
     counts only decisions the rule routes once p_hard clears the threshold."""
-    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    version = load_estimator("bundled").version
-    with OutcomeLog() as log:
-        log.append_decisions([DecisionRecord(**{**vars(record(i, (i + 1) / 20, 1000 if i < 10 else 20_000,
-                                                              t=NOW - 86400 + 4000 * i)),
-                                                "estimator_version": version}) for i in range(20)])
+    _log_as_bundled(tmp_path, monkeypatch, [record(i, (i + 1) / 20, 1000 if i < 10 else 20_000, t=NOW - 86400 + 4000 * i)
+                                            for i in range(20)])
     policy = tmp_path / "policy.yaml"
     shutil.copyfile(DEFAULT_POLICY_DIR / "default.yaml", policy)
     cli = click.Group()
