@@ -708,8 +708,8 @@ class FleetState:
                tokens: dict[str, int]) -> tuple[float, str]:
         """(USD of ``tokens`` (``settle``'s counts) on ``target``, the mode priced: ``mode``, or the
         target's first mode when it has no such mode), at the utilizations ``record`` was estimated
-        with when it names ``target`` (else the fleet's assumed utilization: those were another target's
-        pools') and on the pools of its endpoints (an aggregated request prefilled on a decode endpoint
+        with when it names ``target`` (else, or without ``record``, the fleet's assumed utilization: those
+        were another target's pools') and on the pools of its endpoints (an aggregated request prefilled on a decode endpoint
         runs both phases on the decode pool; without the endpoints, the mode's pools). Raises
         ``BudgetError`` for an unknown target or usage its prices cannot price."""
         t = None if target is None else self.target_spec(target)
@@ -719,8 +719,9 @@ class FleetState:
         mode = mode if mode in t.modes else t.modes[0]
         pools = None
         # the utilizations the estimate used are its target's pools': another target (a fallback that served
-        # it) is priced at the fleet's assumed utilization, as any pool that reports none
-        u_p = u_d = None if record is None else pool_utilization(None, self.fleet)
+        # it), or a decision nothing here knows (only the outcome log, after a key rotation), is priced at the
+        # fleet's assumed utilization, as any pool that reports none
+        u_p = u_d = pool_utilization(None, self.fleet)
         if record is not None and record.target == target:
             u_p, u_d = record.prefill_utilization, record.decode_utilization
         if record is not None and record.target == target and record.mode == mode:

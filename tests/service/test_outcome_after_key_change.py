@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 
 import httpx
+import pytest
 
 from pointsman.policy.signals.signed_ids import DecisionSigner
 from tests.service.conftest import stop
@@ -46,3 +47,41 @@ def test_a_batch_outcome_after_a_key_change_fits_the_logged_decisions_own_tokens
     r = httpx.post(f"{base}/v1/outcomes", json={"decision_id": one["decision_id"], "status": "ok",
                                                 "served_target": one["target"], "usage": usage})
     assert r.status_code == 422 and "impossible" in r.text, r.text
+
+
+def test_an_outcome_only_the_log_knows_is_priced_at_the_fleets_assumed_utilization(tmp_path, serve):
+    """A tenant's budget held the decision in the ledger (sqlite, in the data folder); after a restart with a
+    rotated key only the outcome log knows the decision (no record, no claims), so its usage is priced from
+    the served target alone: at the fleet's ``assumed_utilization``, as any on-prem pool without telemetry
+    is priced (``FleetState._price``), and booked on the held budget. Before, at full utilization: with
+    ``assumed_utilization: 0.25`` the on-prem usage was booked at a quarter of its GPU time's rent."""
+    import yaml
+
+    from pointsman.policy.cost import usage_cost
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
+
+    spec = yaml.safe_load(DEFAULT_FLEET_PATH.read_text(encoding="utf-8"))
+    spec.setdefault("defaults", {})["assumed_utilization"] = 0.25
+    fleet_path = tmp_path / "fleet.yaml"
+    fleet_path.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:acme', window: day, limit_usd: 100}\n", encoding="utf-8")
+    settings = {"watch_policy": "false", "scrape_interval_s": "0", "decision_log_flush_ms": "5",
+                "fleet_path": str(fleet_path), "budgets_path": str(budgets)}
+    first, base = serve(tmp_path, decision_key="first-key", **settings)
+    d = httpx.post(f"{base}/v1/route", json={"model": "auto", "prompt": "Name a river.", "max_tokens": 50,
+                                                  "routing": {"tenant": "acme"}}).json()
+    fleet = load_fleet(fleet_path)
+    target = fleet.targets[d["target"]]
+    assert d["target"].startswith("onprem-") and signer("first-key").verify(d["decision_id"]).decode_utilization == 0.25
+    stop(first)
+    _, base = serve(tmp_path, decision_key="second-key", **settings)
+
+    r = httpx.post(f"{base}/v1/outcomes", json={"decision_id": d["decision_id"], "status": "ok", "served_target": d["target"],
+                                                "usage": {"prompt_tokens": 5, "completion_tokens": 40}})
+    assert r.status_code == 200, r.text
+    booked = r.json()["acks"][0]["settlement"]["actual_cost_usd"]
+    want = usage_cost(d["target"], target, d["mode"], prompt_tokens=5, completion_tokens=40,
+                      prefill_utilization=0.25, decode_utilization=0.25).usd
+    assert booked == pytest.approx(want, rel=1e-6)  # before: 4x less, the pools at utilization 1.0
