@@ -314,16 +314,17 @@ class RouteRequest(BaseModel):
     def stored_state(self) -> str | None:
         """The field by which the request continues state its provider stored: ``previous_response_id`` or
         ``conversation`` (the Responses API prepends that response's or conversation's items to ``input``,
-        and bills them as input), or ``item_reference`` (an input item naming a stored item, which
-        ``ext_proc_body.chat_request`` marks ``type: item_reference``); None when it stands alone (an empty id is
+        and bills them as input), ``prompt`` (a prompt template the provider stored, its text billed as input)
+        or ``item_reference`` (an input item naming a stored item), the last two as
+        ``ext_proc_body.chat_request`` marks their messages' ``type``; None when it stands alone (an empty id is
         none). Only a target holding that state can serve it (``fleet.holds_stored_state``), and its counted
         prompt is a lower bound."""
         if self.previous_response_id:
             return "previous_response_id"
         if self.conversation:
             return "conversation"
-        return "item_reference" if any(m.model_extra and m.model_extra.get("type") == "item_reference"
-                                       for m in self.messages) else None
+        marks = [m.model_extra.get("type") for m in self.messages if m.model_extra]
+        return next((mark for mark in ("prompt", "item_reference") if mark in marks), None)
 
     def uncounted_input(self) -> list[str]:
         """What the provider bills as input that the prompt token count (so ``prompt_tokens_upper`` and the cost

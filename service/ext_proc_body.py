@@ -126,6 +126,8 @@ def chat_request(body: JSONObject) -> JSONObject:
       with ``input_text`` / ``input_image`` / ``input_file`` / ``input_audio`` parts, and
       ``function_call`` / ``function_call_output`` items) the messages, ``max_output_tokens`` the cap; an
       ``item_reference`` (an item the provider stored) a message of its JSON marked ``type: item_reference``;
+      a ``prompt`` object (a prompt template the provider stored, with or without ``input``) a user message of
+      its id and version and its ``variables`` (strings, or text, image and file parts) marked ``type: prompt``;
     - Anthropic Messages (``system`` beside ``messages``): the system prompt a system message, its
       ``image`` / ``document`` / ``tool_use`` / ``tool_result`` blocks read as image, file and text.
 
@@ -139,7 +141,7 @@ def chat_request(body: JSONObject) -> JSONObject:
             messages.append({"role": "system", "content": _content(system)})
         messages += [_message(m) for m in _list(body["messages"])]
         return {**{k: v for k, v in body.items() if k != "system"}, "messages": messages}
-    if "input" in body:
+    if _is_responses(body):
         return _responses(body)
     if "prompt" not in body:
         return body
@@ -153,6 +155,12 @@ def chat_request(body: JSONObject) -> JSONObject:
     if (len(texts) > 1 or n != asked) and _answers(n):
         out["n"] = min(MAX_ANSWERS, n * len(texts))
     return out
+
+
+def _is_responses(body: JSONObject) -> bool:
+    """Whether ``body`` (no ``messages``) is a Responses API body: it has ``input``, or a ``prompt`` object (a stored
+    prompt template; a Completions ``prompt`` is never an object)."""
+    return "input" in body or isinstance(body.get("prompt"), dict)
 
 
 def _answers(value: JSONValue) -> TypeGuard[int]:
@@ -189,7 +197,7 @@ def with_completions_routing(chat: JSONObject, body: JSONObject) -> JSONObject:
     tells: ``routing.batch`` for a list of prompts (``chat_request`` made them text parts), and
     ``routing.prompt_tokens`` the number of token ids it carries (``prompt_token_ids``) unless the routing
     context already has a count; ``chat`` itself otherwise (and for any other API's body)."""
-    if "messages" in body or "input" in body or "prompt" not in body:
+    if "messages" in body or _is_responses(body) or "prompt" not in body:
         return chat
     ids = prompt_token_ids(body)
     given = chat.get("routing")
@@ -206,7 +214,7 @@ def prompt_token_ids(body: JSONObject) -> int | None:
     """The number of token ids a Completions body's ``prompt`` carries (every prompt of a batch), which is
     its exact prompt token count for the model whose tokenizer made them; None when the prompt is text
     (or the body is no Completions body). Call after ``chat_request`` accepted the body."""
-    if "messages" in body or "input" in body:
+    if "messages" in body or _is_responses(body):
         return None
     prompt = body.get("prompt")
     if _token_ids(prompt):
@@ -315,8 +323,15 @@ def _responses(body: JSONObject) -> JSONObject:
     messages: list[JSONValue] = []
     if body.get("instructions") is not None:
         messages.append({"role": "system", "content": _text(body["instructions"])})
-    items = body["input"]
-    for item in items if isinstance(items, list) else [{"role": "user", "content": items}]:
+    template = body.get("prompt")
+    if isinstance(template, dict):  # a stored prompt template: its text is the provider's (RouteRequest.stored_state)
+        variables = template.get("variables")
+        values = list(variables.values()) if isinstance(variables, dict) else []
+        named = {k: v for k, v in template.items() if k != "variables"}
+        messages.append({"role": "user", "type": "prompt", "content": _content(
+            [json.dumps(named, ensure_ascii=False)] + [v if isinstance(v, dict) else _text(v) for v in values])})
+    items = body.get("input")
+    for item in items if isinstance(items, list) else [] if items is None else [{"role": "user", "content": items}]:
         if not isinstance(item, dict):
             messages.append({"role": "user", "content": _text(item)})
             continue
@@ -337,7 +352,7 @@ def _responses(body: JSONObject) -> JSONObject:
             messages.append({"role": "user", "content": json.dumps(item, ensure_ascii=False), "type": kind})
         else:  # reasoning, ...: counted as their JSON
             messages.append({"role": "user", "content": json.dumps(item, ensure_ascii=False)})
-    out: JSONObject = {k: v for k, v in body.items() if k not in ("input", "instructions", "max_output_tokens")}
+    out: JSONObject = {k: v for k, v in body.items() if k not in ("input", "instructions", "max_output_tokens", "prompt")}
     out["messages"] = messages or [{"role": "user", "content": ""}]
     if body.get("max_output_tokens") is not None:
         out["max_tokens"] = body["max_output_tokens"]

@@ -273,8 +273,9 @@ SIGNALS: dict[str, Namespace] = {
         "has_cache_control_1h": Signal("bool", "a cache_control breakpoint asks the 1-hour lifetime (ttl '1h'), "
                                                "whose cache write is priced higher"),
         "stored_state": Signal("string", "the field by which an OpenAI Responses request continues state its "
-                                         "provider stored ('previous_response_id', 'conversation', or 'item_reference' "
-                                         "for an input item naming a stored one; '' when none): "
+                                         "provider stored ('previous_response_id', 'conversation', 'prompt' for a stored "
+                                         "prompt template, or 'item_reference' for an input item naming a stored "
+                                         "one; '' when none): "
                                          "only a target holding it is eligible (capabilities filter; the fleet's "
                                          "stored_state), and the stored turns, billed as input, are not counted in "
                                          "prompt_tokens, prompt_tokens_upper or cost(): lower bounds"),

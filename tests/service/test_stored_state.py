@@ -24,6 +24,8 @@ CONTINUED = {"model": "auto", "previous_response_id": "resp_abc", "input": "And 
 IN_CONVERSATION = {"model": "auto", "conversation": {"id": "conv_abc"}, "input": "And the next step?"}
 REFERENCING = {"model": "auto", "input": [{"type": "item_reference", "id": "msg_abc"},
                                           {"role": "user", "content": "And the next step?"}]}
+TEMPLATED = {"model": "auto", "prompt": {"id": "pmpt_abc", "version": "2", "variables": {"topic": "tides"}}}
+TEMPLATED_INPUT = {"model": "auto", "prompt": {"id": "pmpt_abc"}, "input": "And the next step?"}
 RESPONSES = {**REQUEST_HEADERS, ":path": "/v1/responses"}
 ON_PREM = ("onprem-8b", "onprem-70b")
 
@@ -71,8 +73,9 @@ def picked(client: TestClient, body: dict) -> dict:
 
 
 @pytest.mark.parametrize("body, field", [(CONTINUED, "previous_response_id"), (IN_CONVERSATION, "conversation"),
-                                         (REFERENCING, "item_reference")],
-                         ids=["previous_response_id", "conversation", "item_reference"])
+                                         (REFERENCING, "item_reference"), (TEMPLATED, "prompt"),
+                                         (TEMPLATED_INPUT, "prompt")],
+                         ids=["previous_response_id", "conversation", "item_reference", "prompt", "prompt+input"])
 def test_continued_state_goes_only_to_a_target_holding_it(client, body, field):
     """The tester's request went to onprem-70b as if 'And the next step?' stood alone (9 prompt tokens): an
     on-prem engine has no such response and fails or loses the context."""
@@ -99,6 +102,22 @@ def test_a_request_standing_alone_routes_as_its_chat_request(client, extra):
     assert all(x["eligible"] for x in d["trace"]["candidates"])
     assert d["trace"]["uncounted_input"] == []
     assert picked(client, {"model": "auto", "input": "And the next step?", **extra})["x-pointsman-target"] == d["target"]
+
+
+def test_a_stored_prompt_templates_variables_are_counted_and_read(client):
+    """A stored prompt template (``prompt``: its id and ``variables``, no ``input``) was refused 400 as a malformed
+    Completions prompt. Its variables are substituted into the provider's text and billed as input: counted as the
+    same text sent as a message, and an image variable is an image to the capability filter (not base64 read as
+    text)."""
+    text = "The tides are caused by the gravitational pull of the Moon and the Sun on the oceans. " * 40
+    d = route(client, {"model": "auto", "prompt": {"id": "pmpt_abc", "variables": {"passage": text}}})
+    c = route(client, {"model": "auto", "messages": [{"role": "user", "content": text}]})
+    assert c["prompt_tokens"] < d["prompt_tokens"] < c["prompt_tokens"] + 20  # and the template's id and version
+    image = {"type": "input_image", "image_url": "data:image/png;base64," + "A" * 40_000}
+    d = route(client, {"model": "auto", "prompt": {"id": "pmpt_abc", "variables": {"chart": image}}})
+    excluded = {c["target"]: c["excluded_by"] for c in d["trace"]["candidates"]}
+    assert excluded["onprem-8b"] == "capabilities: does not accept image inputs", excluded
+    assert d["prompt_tokens"] < 2_000, d["prompt_tokens"]  # an image's tokens, not 40,000 characters of base64
 
 
 def test_no_target_holding_the_state_is_no_eligible_target(no_holder):
