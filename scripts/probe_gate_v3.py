@@ -22,6 +22,15 @@ as ``estimator.head`` does; the Platt map is increasing, so it is left out. Fami
   weak models' unacceptable share (``select_recipe_v3``'s ``acceptable``); the gap counted only beyond a
   margin of 1 or 2 grade points (near-ties acceptable); the panel and Rasch labels also half-and-half with the gap.
   MT-bench has one weak model: only the margin and weak-share labels change its rows.
+- ``anslen``: the ranker's label from the length of answer a prompt calls for (Arena-Bench-V1's answers of
+  17 models, ``model_outputs_long.csv.gz``, Apache-2.0; lengths in the static encoder's WordPiece tokens):
+  the median log answer length of the 8 stronger models (``STRONGER``: GPT-4 x2, GPT-3.5 x2, Claude x3,
+  Mixtral); the same minus the prompt's log length; the median log length of the answers graded acceptable
+  (7+; the stronger models' where none is). Each as a within-source percentile in (0, 1), alone or mixed
+  with the gap (weights 0.25 / 0.5), or as a second ranker on Arena's rows alone whose log-odds, times
+  ``beta``, are added to v3.1's. MT-bench has no answers in ``../shared`` (verdicts only), so its rows keep
+  the gap label, and the fold that holds Arena-Bench-V1 out never sees a length label: its LOCO APGR is
+  v3.1's by construction; the candidates differ in the suites, MT-bench LOCO and AlpacaEval.
 - ``stage2``: a second-stage gate on all-MiniLM-L6-v2's embedding (the first 32 tokens, ⊕ the request
   features), run only for queries of at most 32 tokens whose static gate penalty exceeds ``tau``; its
   penalty replaces the static one, or the smaller (the safe side) or the mean of the two is kept. Prints
@@ -30,7 +39,7 @@ as ``estimator.head`` does; the Platt map is increasing, so it is left out. Fami
 
 ``failures`` lists the sanity pairs v3.1 orders wrongly, with each side's ranker log-odds and gate penalty.
 
-    nice -n 10 .venv/bin/python scripts/probe_gate_v3.py --family reads|ranker|rows|labels|stage2|failures [--json]
+    nice -n 10 .venv/bin/python scripts/probe_gate_v3.py --family reads|ranker|rows|labels|anslen|stage2|failures [--json]
 """
 
 from __future__ import annotations
@@ -159,6 +168,49 @@ LABELS: dict[str, Callable[[OutcomeSource, OutcomeTable], np.ndarray | None]] = 
 }
 
 
+#: Arena-Bench-V1's models whose answers measure how much a prompt calls for: mean GPT-4 grade 6.2-8.9 of 10.
+STRONGER = ("gpt-4-1106-preview", "gpt-4-0314", "gpt-3.5-turbo", "gpt-3.5-turbo-1106", "claude-1", "claude-2.1",
+            "claude-instant-1", "mistralai/Mixtral-8x7B-Instruct-v0.1")
+
+
+def answer_length_labels(tokenizer) -> dict[str, Callable[[OutcomeSource, OutcomeTable], np.ndarray | None]]:
+    """``anslen`` labels: name -> fn(source, table) giving, for Arena-Bench-V1 (None elsewhere: no answers),
+    a within-source percentile (rank - 0.5) / n in (0, 1) per prompt of the table."""
+    import pandas as pd
+    from scipy.stats import rankdata
+
+    d = pd.read_csv(shared_datasets_dir() / "arena_bench_v1" / "model_outputs_long.csv.gz")
+    d["log_tokens"] = np.log1p([len(e.ids) for e in tokenizer.encode_batch([str(o) for o in d.output],
+                                                                            add_special_tokens=False)])
+    lengths = d.pivot(index="prompt_id", columns="model", values="log_tokens")
+
+    def pct(v: np.ndarray) -> np.ndarray:
+        return np.asarray((rankdata(v) - 0.5) / len(v))
+
+    def stronger(table: OutcomeTable) -> np.ndarray:
+        return np.asarray(lengths.loc[list(table.prompt_ids), list(STRONGER)].median(axis=1))
+
+    def over_prompt(table: OutcomeTable) -> np.ndarray:
+        prompts = np.log1p([len(e.ids) for e in tokenizer.encode_batch([str(x) for x in table.frame["prompt"]],
+                                                                        add_special_tokens=False)])
+        return stronger(table) - prompts
+
+    def acceptable(table: OutcomeTable) -> np.ndarray:
+        cols = [c for c in table.model_columns if c in lengths.columns]
+        ok = np.stack([table.scores(c) >= ACCEPTABLE_GRADE for c in cols], axis=1)
+        L = lengths.loc[list(table.prompt_ids), cols].to_numpy()
+        with warnings.catch_warnings():  # no acceptable answer: the stronger models' median
+            warnings.simplefilter("ignore", RuntimeWarning)
+            med = np.nanmedian(np.where(ok, L, np.nan), axis=1)
+        return np.where(np.isnan(med), stronger(table), med)
+
+    def only_arena(fn: Callable[[OutcomeTable], np.ndarray]) -> Callable[[OutcomeSource, OutcomeTable], np.ndarray | None]:
+        return lambda src, table: pct(fn(table)) if src.name == "arena_bench_v1" else None
+
+    return {"answer length": only_arena(stronger), "answer length / prompt length": only_arena(over_prompt),
+            "acceptable answers' length": only_arena(acceptable)}
+
+
 def mmlu_stems(college: bool, n: int = 1000, seed: int = 0) -> list[str]:
     """Question stems (before the options) of RouteLLM's MMLU rows the weak model answered wrongly."""
     import pandas as pd
@@ -195,6 +247,7 @@ class Probe:
         self.real = self.rows.source != EASY_ANCHORS
         self.n_chat = len(self.chat)
         self._rankers: dict[tuple[str, str], DifficultyHead] = {}
+        self.labels = dict(LABELS)
 
     def sets(self, make: Callable[[list], np.ndarray]) -> Sets:
         f = self.feats
@@ -204,7 +257,7 @@ class Probe:
     def label(self, name: str, mix: float) -> Examples:
         if name == "gap":
             return self.rows
-        y = _per_source(self.rows, LABELS[name])
+        y = _per_source(self.rows, self.labels[name])
         return dataclasses.replace(self.rows, y_gap=mix * y + (1.0 - mix) * self.rows.y_gap)
 
     def ranker(self, label: str, mix: float, held: str, alpha: float = 3000.0, anchor_share: float = 0.0) -> DifficultyHead:
@@ -218,6 +271,20 @@ class Probe:
             if anchor_share > 0:
                 y[anchor], w[anchor] = self.cfg.label_clip, anchor_share * w[~anchor].sum() / anchor.sum()
             self._rankers[key] = DifficultyHead(n_embedding=384, kind=self.cfg.head, alpha=alpha, n_folds=0,
+                                                scale=self.cfg.scale).fit(self.X.train[keep], y, w)
+        return self._rankers[key]
+
+    def aux_ranker(self, label: str, held: str) -> DifficultyHead | None:
+        """A second ranker on Arena-Bench-V1's rows alone (the only ones with answers) with ``label``; None when
+        ``held`` is that source."""
+        if held == "arena_bench_v1":
+            return None
+        key = (f"aux/{label}", held)
+        if key not in self._rankers:
+            ex = self.label(label, 1.0)
+            keep = ex.source == "arena_bench_v1"
+            y, w, _ = anchored_rank_targets(ex.subset(keep), self.cfg)
+            self._rankers[key] = DifficultyHead(n_embedding=384, kind=self.cfg.head, alpha=self.cfg.alpha, n_folds=0,
                                                 scale=self.cfg.scale).fit(self.X.train[keep], y, w)
         return self._rankers[key]
 
@@ -236,12 +303,14 @@ class Probe:
     def measure(self, weight: float, shift: float, *, label: str = "gap", mix: float = 1.0, G: Sets | None = None,
                 alpha: float = 100.0, extra: tuple[np.ndarray, float] | None = None,
                 stage2: tuple[Sets, Sets, str, float] | None = None, ranker_alpha: float = 3000.0,
-                anchor_share: float = 0.0) -> dict[str, float]:
+                anchor_share: float = 0.0, aux: tuple[str, float] | None = None) -> dict[str, float]:
         """Sanity and holdout concordance, LOCO APGR, criterion, AlpacaEval APGR of one candidate."""
         G = G or self.X
 
         def score(held: str, pick: Callable[[Sets], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
             z = self.ranker(label, mix, held, ranker_alpha, anchor_share).ranker_score(pick(self.X))
+            if aux is not None and (second := self.aux_ranker(aux[0], held)) is not None:
+                z = z + aux[1] * second.ranker_score(pick(self.X))
             coef, bias = self.gate(G, held, alpha, extra)
             pen = weight * _softplus(-(pick(G) @ coef + bias + shift))
             took = np.zeros(len(z), dtype=bool)
@@ -315,6 +384,15 @@ def candidates(p: Probe, family: str) -> list[tuple[str, Callable[[float, float]
         return shipped + [(f"label: {name}{'' if mix == 1 else ', half with the gap'}",
                            lambda w, s, n=name, m=mix: p.measure(w, s, label=n, mix=m))
                           for name in LABELS for mix in mixes.get(name, (1.0,))]
+    if family == "anslen":
+        length = answer_length_labels(p.est.tokenizer)
+        p.labels.update(length)
+        return shipped + [(f"label: {name}{'' if mix == 1 else f' x {mix:g} + gap x {1 - mix:g}'}",
+                           lambda w, s, n=name, m=mix: p.measure(w, s, label=n, mix=m))
+                          for name in length for mix in (1.0, 0.5, 0.25)] \
+            + [(f"+ {beta:g} x a ranker of {name} (Arena rows)",
+                lambda w, s, n=name, b=beta: p.measure(w, s, aux=(n, b)))
+               for name in ("answer length", "acceptable answers' length") for beta in (0.5, 1.0)]
     if family == "stage2":
         from pointsman.estimator.encoders import make_encoder
         from pointsman.estimator.manifest import EncoderSpec
@@ -331,6 +409,36 @@ def candidates(p: Probe, family: str) -> list[tuple[str, Callable[[float, float]
                            lambda w, s, r=rule, t=tau: p.measure(w, s, stage2=(M, tokens, r, t)))
                           for rule, tau in (("replace", 0.3), ("min", 0.0), ("min", 0.3), ("mean", 0.3))]
     raise SystemExit(f"unknown family {family!r}")
+
+
+def anslen_diagnostics(p: Probe, folds: int = 5) -> None:
+    """What the answer-length labels measure, before any gate: their Spearman correlation with the gap label on
+    Arena-Bench-V1; a ranker trained on Arena's rows with each (alone, no gate) scored on MT-bench and
+    AlpacaEval (APGR); and Arena-Bench-V1 APGR out of ``folds`` folds (by ``group``) of the ranker trained on
+    the other Arena folds with that label beside MT-bench's rows with the gap, against the gap on both."""
+    from scipy.stats import spearmanr
+
+    arena, mt = (p.chat.source == name for name in HELD)
+    fold = np.unique(p.chat.group, return_inverse=True)[1] % folds
+    X = p.X.train[: p.n_chat]
+    for name in ["gap", *[n for n in p.labels if n not in LABELS]]:
+        ex = p.label(name, 1.0).subset(np.arange(len(p.rows)) < p.n_chat)
+        rho = spearmanr(ex.y_gap[arena], p.chat.y_gap[arena]).statistic
+        aux = p.aux_ranker(name, "") if name != "gap" else p.ranker("gap", 1.0, "routellm_mtbench")
+        assert aux is not None
+        mt_apgr = apgr(p.chat.weak_score[mt], p.chat.strong_score[mt], aux.ranker_score(X[mt]))
+        ae_apgr = apgr(p.ae.weak_score, p.ae.strong_score, aux.ranker_score(p.X.ae))
+        oof = np.zeros(int(arena.sum()))
+        for k in range(folds):
+            train = ~(arena & (fold == k))
+            y, w, _ = anchored_rank_targets(ex.subset(train), p.cfg)
+            head = DifficultyHead(n_embedding=384, kind=p.cfg.head, alpha=p.cfg.alpha, n_folds=0,
+                                  scale=p.cfg.scale).fit(X[train], y, w)
+            test = arena & (fold == k)
+            oof[fold[arena] == k] = head.ranker_score(X[test])
+        cv = apgr(p.chat.weak_score[arena], p.chat.strong_score[arena], oof)
+        print(f"  {name:32s} spearman with gap (Arena) {rho:+.3f}; ranker on Arena alone: MT-bench APGR {mt_apgr:.4f} "
+              f"AE {ae_apgr:.4f}; Arena {folds}-fold APGR {cv:.4f}", flush=True)
 
 
 def failures(p: Probe, weight: float = 2.0, shift: float = 2.0) -> None:
@@ -351,7 +459,7 @@ def failures(p: Probe, weight: float = 2.0, shift: float = 2.0) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--family", choices=("reads", "ranker", "rows", "labels", "stage2", "failures"), required=True)
+    ap.add_argument("--family", choices=("reads", "ranker", "rows", "labels", "anslen", "stage2", "failures"), required=True)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     p = Probe()
@@ -359,7 +467,10 @@ def main() -> None:
         failures(p)
         return
     rows = []
-    for name, measure in candidates(p, args.family):
+    family = candidates(p, args.family)
+    if args.family == "anslen" and not args.json:
+        anslen_diagnostics(p)
+    for name, measure in family:
         for weight, shift in GRID:
             r = measure(weight, shift)
             rows.append((f"{name}, gate w{weight:g} s{shift:g}", r))
