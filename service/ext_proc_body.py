@@ -328,8 +328,9 @@ def _responses(body: JSONObject) -> JSONObject:
         variables = template.get("variables")
         values = list(variables.values()) if isinstance(variables, dict) else []
         named = {k: v for k, v in template.items() if k != "variables"}
-        messages.append({"role": "user", "type": "prompt", "content": _content(
-            [json.dumps(named, ensure_ascii=False)] + [v if isinstance(v, dict) else _text(v) for v in values])})
+        parts: list[JSONValue] = [json.dumps(named, ensure_ascii=False)]
+        parts += [v if isinstance(v, dict) else _text(v) for v in values]
+        messages.append({"role": "user", "type": "prompt", "content": _content(parts)})
     items = body.get("input")
     for item in items if isinstance(items, list) else [] if items is None else [{"role": "user", "content": items}]:
         if not isinstance(item, dict):
