@@ -45,7 +45,7 @@ from pointsman.request import FilePart, has_1h_mark
 if TYPE_CHECKING:  # pragma: no cover
     from pointsman.estimator.estimate import DifficultyEstimate
     from pointsman.estimator.features import RequestFeatures
-    from pointsman.policy.budget.ledger import BudgetSnapshot
+    from pointsman.policy.budget.ledger import BudgetSnapshot, BudgetStatus
     from pointsman.policy.signals.load_board import EndpointLoad
     from pointsman.request import RequestView
 
@@ -364,19 +364,24 @@ SIGNALS: dict[str, Namespace] = {
     }, shape="relative"),
     "budget": Namespace("budget", "The request's budgets (scopes tenant:<request.tenant>, team:<request.team> "
                                   "and the caller's API key) in the budget ledger, summarised by the binding "
-                                  "budget: the one with the least USD remaining. Without any budget the request "
+                                  "budget: the one with the least USD remaining; spent_fraction and pace_gap are "
+                                  "each the largest over all of them. Without any budget the request "
                                   "is unlimited: `limited` false, `remaining_usd` and `limit_usd` are infinite "
                                   "(null in JSON traces), fractions 0.", {
         "limited": Signal("bool", "some budget applies to the request"),
         "remaining_usd": Signal("double", "USD left in the binding budget (infinite when unlimited)"),
         "spent_usd": Signal("double", "USD settled plus reserved in the binding budget's window"),
         "limit_usd": Signal("double", "the binding budget's limit in USD (infinite when unlimited)"),
-        "spent_fraction": Signal("double", "spent_usd / limit_usd (1 for a zero budget; 0 when unlimited)"),
+        "spent_fraction": Signal("double", "the largest spent / limit over the request's budgets (1 for a zero "
+                                           "budget; 0 when unlimited): the binding budget's spent_usd / limit_usd, "
+                                           "or another budget's nearer its limit"),
         "window": Signal("string", "the binding budget's window: day or month ('' when unlimited)"),
         "window_elapsed_fraction": Signal("double", "fraction 0-1 of the binding budget's UTC window elapsed "
                                                     "(of the current UTC day when unlimited)"),
-        "pace_gap": Signal("double", "spent_fraction - window_elapsed_fraction: > 0 when spending runs ahead "
-                                     "of time (0 when unlimited)"),
+        "pace_gap": Signal("double", "the largest spent fraction - elapsed fraction of its window over the "
+                                     "request's budgets: > 0 when spending on any of them runs ahead of time (a "
+                                     "month budget ahead of pace beside a day budget with less USD left; 0 when "
+                                     "unlimited)"),
         "scope": Signal("string", "the binding budget's scope, e.g. tenant:acme ('' when unlimited)"),
     }),
 }
@@ -571,14 +576,22 @@ def budget_signals(snapshot: BudgetSnapshot | None, now: float) -> BudgetSignals
         return {"limited": False, "remaining_usd": math.inf, "spent_usd": 0.0, "limit_usd": math.inf,
                 "spent_fraction": 0.0, "window": "", "pace_gap": 0.0, "scope": "",
                 "window_elapsed_fraction": (now - day.start_s) / (day.end_s - day.start_s)}
-    w = window_of(binding.window, now)
-    elapsed = min(1.0, max(0.0, (now - w.start_s) / (w.end_s - w.start_s)))
+
+    def spent_and_elapsed(status: BudgetStatus) -> tuple[float, float]:
+        w = window_of(status.window, now)
+        limit = status.limit_usd if status.limit_usd is not None else math.inf
+        return (status.spent_usd / limit if limit > 0 else 1.0,
+                min(1.0, max(0.0, (now - w.start_s) / (w.end_s - w.start_s))))
+
+    # the fractions are each the largest over every limited budget (the safe side): the binding budget (least USD
+    # left) can be a day budget on pace while the month budget beside it runs far ahead of its window
+    assert snapshot is not None  # (it has a binding status)
+    fractions = [spent_and_elapsed(s) for s in snapshot.statuses if s.limit_usd is not None]
+    elapsed = spent_and_elapsed(binding)[1]
     limit = binding.limit_usd if binding.limit_usd is not None else math.inf  # the binding status is limited
-    spent = binding.spent_usd
-    fraction = spent / limit if limit > 0 else 1.0
-    return {"limited": True, "remaining_usd": binding.remaining_usd, "spent_usd": spent, "limit_usd": limit,
-            "spent_fraction": fraction, "window": binding.window, "window_elapsed_fraction": elapsed,
-            "pace_gap": fraction - elapsed, "scope": binding.scope}
+    return {"limited": True, "remaining_usd": binding.remaining_usd, "spent_usd": binding.spent_usd,
+            "limit_usd": limit, "spent_fraction": max(f for f, _ in fractions), "window": binding.window,
+            "window_elapsed_fraction": elapsed, "pace_gap": max(f - e for f, e in fractions), "scope": binding.scope}
 
 
 def example_signals(variables: Mapping[str, JSONValue] | None = None, targets: Iterable[str] = ()) -> Snapshot:

@@ -164,3 +164,33 @@ def test_a_snapshot_kept_from_yesterday_is_not_read_after_midnight(fleet, tmp_pa
     clock[0] = midnight + 0.01  # 20 ms later: a new UTC day, nothing spent in it yet
     assert st.budget_snapshot(ACME, clock[0]).binding.window_id == "day:2025-03-15"
     assert engine.route(request, dispatch=False).rule == "hard-prompt-paced"
+
+
+def test_a_month_budget_running_ahead_paces_beside_a_day_budget_with_less_left(fleet, tmp_path):
+    """budget-pacing.yaml raises the frontier's p_hard bar by ``pace_gain x pace_gap``. With a day budget of $10 and
+    a month budget of $100, on 10 March at 23:00 UTC with $9 spent today and $60 this month, the day budget binds
+    (least USD left: $1) and is on pace (0.9 spent at 0.96 of the day), while the month has spent 0.6 of its limit
+    at 0.32 of its window. The signals read the binding budget alone, so pace_gap was -0.06 and a p_hard 0.75
+    prompt went to frontier-large; they now take the largest gap over the budgets (0.28: the bar 0.67 + 0.14)."""
+    from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, load_policy
+
+    now = datetime(2025, 3, 10, 23, tzinfo=UTC).timestamp()
+    config = BudgetConfig.from_dict({"budgets": [{"scope": "tenant:acme", "window": "day", "limit_usd": 10.0},
+                                                 {"scope": "tenant:acme", "window": "month", "limit_usd": 100.0}]})
+    st = FleetState(fleet, SqliteLedger(tmp_path / "b.db", config), clock=lambda: now)
+    for day in range(2, 8):  # $51 settled earlier this month
+        then = datetime(2025, 3, day, 12, tzinfo=UTC).timestamp()
+        st.ledger.reserve(f"day-{day}", ACME, 8.5, now=then)
+        st.ledger.settle(f"day-{day}", 8.5, now=then)
+    st.ledger.reserve("today", ACME, 9.0, now=now)
+    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_DIR / "budget-pacing.yaml", fleet), FixedDifficulty(0.75),
+                           state=st)
+    request = parse_route_request({"messages": [{"role": "user", "content": "hi"}],
+                                   "routing": {"tenant": "acme", "explain": True}})
+    decision = engine.route(request, dispatch=False)
+    signals = decision.to_dict()["trace"]["signals"]
+    binding = st.budget_snapshot(ACME, now).binding
+    assert (binding.window, binding.remaining_usd) == ("day", pytest.approx(1.0))
+    assert signals["budget.spent_fraction"]["value"] == pytest.approx(0.9)  # the day's: nearer its limit than 0.6
+    assert signals["budget.pace_gap"]["value"] == pytest.approx(0.6 - (9 + 23 / 24) / 31)  # before: 0.9 - 23/24
+    assert decision.target != "frontier-large" and decision.rule != "hard-prompt-paced"

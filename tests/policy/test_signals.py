@@ -5,6 +5,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pointsman.estimator.estimate import DifficultyEstimate
 from pointsman.estimator.features import extract_features
@@ -95,3 +97,35 @@ def test_the_committed_reference_page_is_the_generated_one():
     page = Path(__file__).parents[2] / "docs" / "policy-signals.md"
     assert page.read_text(encoding="utf-8") == reference_markdown(), (
         "docs/policy-signals.md is out of date: run `pointsman policy signals --output docs/policy-signals.md`")
+
+
+@given(spent=st.lists(st.tuples(st.integers(0, 2 * 10**10), st.integers(0, 10**10)), min_size=4, max_size=4),
+       limits=st.lists(st.one_of(st.none(), st.floats(0.0, 20.0)), min_size=4, max_size=4),
+       now=st.floats(datetime(2025, 1, 1, tzinfo=UTC).timestamp(), datetime(2026, 12, 31, tzinfo=UTC).timestamp()))
+def test_budget_signals_read_the_binding_budget_and_the_largest_fractions(spent, limits, now):
+    """For any budgets of two scopes in both windows: remaining_usd, scope and window are the binding budget's
+    (least USD left), and spent_fraction and pace_gap the largest over every limited budget (the safe side), each
+    the value of one of them."""
+    from pointsman.policy.budget.units import window_of
+
+    scopes = ["tenant:a", "team:b"]
+    keys = [(s, w) for s in scopes for w in ("day", "month")]
+    config = BudgetConfig.from_dict({"budgets": [{"scope": s, "window": w, "limit_usd": lim}
+                                                 for (s, w), lim in zip(keys, limits) if lim is not None]})
+    counters = {(s, window_of(w, now).id): (held, settled) for (s, w), (held, settled) in zip(keys, spent)}
+    snap = build_snapshot(config, scopes, now, counters)
+    b = budget_signals(snap, now)
+    limited = [x for x in snap.statuses if x.limit_usd is not None]
+    assert b["limited"] == bool(limited)
+    if not limited:
+        return
+    assert b["remaining_usd"] == min(x.remaining_usd for x in limited)
+    assert (b["scope"], b["window"]) == (snap.binding.scope, snap.binding.window)
+
+    def elapsed(x):
+        w = window_of(x.window, now)
+        return min(1.0, max(0.0, (now - w.start_s) / (w.end_s - w.start_s)))
+    fractions = [x.spent_usd / x.limit_usd if x.limit_usd > 0 else 1.0 for x in limited]
+    assert b["spent_fraction"] == max(fractions)
+    assert b["pace_gap"] == max(f - elapsed(x) for f, x in zip(fractions, limited))
+    assert b["pace_gap"] >= b["spent_fraction"] - 1.0
