@@ -1,5 +1,6 @@
 """``RequestView``'s renderings read from the texts' UTF-8 (encoded once) are what the strings they replace
-give: the conversation's bytes and length, the cache breakpoint's bytes, the transcript's sha256."""
+give: the conversation's bytes and length, the cache breakpoint's bytes, the transcript's sha256; the decision
+log's conversation key, kept per first user text, is ``group_key`` of the messages."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import hashlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pointsman.datasets.splits import group_key
+from pointsman.outcome_log.records import conversation_key
 from pointsman.request import RequestView, parse_route_request
 
 _TEXT = st.text(st.characters(blacklist_categories=["Cs"]), max_size=40)
@@ -74,6 +77,19 @@ def test_renderings_from_utf8_equal_the_strings_they_replace(messages, tools):
     assert view.prompt_sha256() == hashlib.sha256(view.transcript.encode("utf-8")).hexdigest()
     assert view.cache_breakpoint_bytes == _old_breakpoint(view)
     assert view.utf8 == tuple(t.encode("utf-8") for t in view.texts)
+
+
+@given(st.lists(_message(), min_size=1, max_size=5), st.lists(_message(), min_size=1, max_size=5))
+@settings(max_examples=150, deadline=None)
+def test_the_kept_conversation_key_is_group_key_of_the_messages(messages, others):
+    """Asked twice (the second answer is the kept one), for two conversations that may share their first user
+    text (``others`` starts with ``messages``' first message)."""
+    last = [{"role": "user", "content": "hello"}]
+    for body in ({"messages": messages + last}, {"messages": messages[:1] + others + last}, {"messages": messages + last}):
+        view = RequestView.of(parse_route_request(body))
+        old = group_key([{"role": m.role, "content": t} for m, t in zip(view.request.messages, view.texts)])
+        assert conversation_key(view) == old
+        assert conversation_key(view) == old
 
 
 def test_a_long_texts_check_encoding_is_the_views_and_requests_still_compare_by_value():
