@@ -39,7 +39,7 @@ medians less so; run twice before believing a failure.
 
     python scripts/bench_decision.py [--n 1500] [--json] [--no-check] [--write-budget]
                                      [--workloads "20 words" "500 tokens"] [--profile] [--cel]
-                                     [--baseline REV [--rounds 3]] [--no-stages]
+                                     [--baseline REV [--rounds 3]] [--no-stages] [--stage-cpu]
 
 ``--baseline REV`` (with ``--rounds K``, default 3) measures the code of git revision ``REV`` against
 this checkout's, alternating: K runs of each, every run a fresh process of this script (the same
@@ -52,6 +52,10 @@ resident memory (``max_rss_mib``: what the process's caches of long texts hold s
 The CPU pass also reports each thread group's CPU per request (the event loop, the estimator's
 pool, the decision log writer, other threads; each thread's CPU clock). ``--profile``'s cProfile
 counts the event loop thread's CPU time (``time.thread_time``), not wall time.
+
+``--stage-cpu`` times the stages by the event loop thread's CPU clock instead of wall time: on a shared
+machine a stage then shows its own CPU, not the time other processes took its core (an await costs nothing,
+and the decision log writer's thread is not in any stage: its CPU is its row of the CPU pass).
 
 ``--profile`` prints a cProfile (self time) of the CPU pass per workload. ``--cel`` also
 measures common-expression-language's cost per evaluation with a reused context, a dict per
@@ -193,14 +197,16 @@ async def one(app: Any, workload: str, body: bytes) -> None:
 # -- stage timers ----------------------------------------------------------------------------------
 class StageClock:
     """Wraps the ``STAGES`` functions with timers while installed; ``totals`` accumulates seconds
-    per stage for the current request (``take()`` returns and resets them)."""
+    per stage for the current request (``take()`` returns and resets them). ``clock``: wall time
+    (``time.perf_counter``), or the calling thread's CPU time (``time.thread_time``, ``--stage-cpu``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self.totals: dict[str, float] = {}
         self._undo: list[Callable[[], None]] = []
+        self.clock = clock
 
     def _wrap(self, name: str, fn: Any) -> Any:
-        totals, clock = self.totals, time.perf_counter
+        totals, clock = self.totals, self.clock
 
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
@@ -301,18 +307,19 @@ async def cpu_pass(app: Any, workload: str, bodies: list[bytes], n: int,
             "wall_p50_ms": statistics.median(walls) * 1e3}
 
 
-async def stage_pass(app: Any, workload: str, bodies: list[bytes], n: int) -> dict[str, float]:
-    """Median microseconds per request of each stage (see the module), ``framework`` and ``other``."""
-    clock = StageClock()
+async def stage_pass(app: Any, workload: str, bodies: list[bytes], n: int, cpu: bool = False) -> dict[str, float]:
+    """Median microseconds per request of each stage (see the module), ``framework`` and ``other``; ``cpu``: of
+    the event loop thread's CPU time instead of wall time (the request's too)."""
+    clock = StageClock(time.thread_time if cpu else time.perf_counter)
     clock.install()
     rows: list[dict[str, float]] = []
     called: set[str] = set()
     try:
         for i in range(n):
             clock.take()
-            t0 = time.perf_counter()
+            t0 = clock.clock()
             await one(app, workload, bodies[i % len(bodies)])
-            wall = time.perf_counter() - t0
+            wall = clock.clock() - t0
             row = clock.take()
             called.update(row)
             route = row.get("route", 0.0)
@@ -334,8 +341,9 @@ async def stage_pass(app: Any, workload: str, bodies: list[bytes], n: int) -> di
     return {s: statistics.median(r.get(s, 0.0) for r in rows) * 1e6 for s in names}
 
 
-def bench(workloads: list[str], n: int, profile: bool, stages: bool = True) -> dict[str, Any]:
-    """Both passes for every workload on one app (the CPU pass alone without ``stages``); the results as a dict."""
+def bench(workloads: list[str], n: int, profile: bool, stages: bool = True, stage_cpu: bool = False) -> dict[str, Any]:
+    """Both passes for every workload on one app (the CPU pass alone without ``stages``; ``stage_cpu``: the stages'
+    CPU time, ``stage_pass``); the results as a dict."""
     from pointsman.service.app import create_app
     from pointsman.service.settings import Settings
 
@@ -358,7 +366,8 @@ def bench(workloads: list[str], n: int, profile: bool, stages: bool = True) -> d
                     # behind the estimator's pool to whatever the loop was running then
                     prof = cProfile.Profile(time.thread_time) if profile else None
                     res: dict[str, Any] = await cpu_pass(app, w, bodies[warm:] if new else bodies, k, prof)
-                    res["stages_us"] = await stage_pass(app, w, bodies[warm + k:] if new else bodies, k) if stages else {}
+                    res["stages_us"] = await stage_pass(app, w, bodies[warm + k:] if new else bodies, k, stage_cpu) \
+                        if stages else {}
                     res["n"] = k
                     if prof is not None:
                         buf = io.StringIO()
@@ -496,6 +505,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="with --baseline: runs of each")
     parser.add_argument("--no-stages", action="store_true",
                         help="the CPU pass alone (no stage timers; no budget check of the stages)")
+    parser.add_argument("--stage-cpu", action="store_true",
+                        help="time the stages by the event loop thread's CPU clock, not wall time (a loaded machine "
+                             "then slows them less; a wait costs nothing; no budget check: the budget is wall time)")
     args = parser.parse_args()
     if args.baseline:
         forwarded = ["--n", str(args.n), "--no-stages", "--workloads", *args.workloads]
@@ -514,9 +526,9 @@ def main() -> None:
         print(f"peak RSS MiB per run (baseline | this): {result['max_rss_mib']['base']} | {result['max_rss_mib']['head']}")
         return
 
-    if args.no_stages and args.write_budget:
-        parser.error("--write-budget needs the stages (drop --no-stages)")
-    results = bench(args.workloads, args.n, args.profile, stages=not args.no_stages)
+    if (args.no_stages or args.stage_cpu) and args.write_budget:
+        parser.error("--write-budget needs the stages' wall times (drop --no-stages and --stage-cpu)")
+    results = bench(args.workloads, args.n, args.profile, stages=not args.no_stages, stage_cpu=args.stage_cpu)
     out: dict[str, Any] = {"python": sys.version.split()[0], "cores": os.cpu_count(),
                            "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1), **results}
     if args.cel:
@@ -530,7 +542,7 @@ def main() -> None:
                             "stages_us": {s: round(v, 1) for s, v in r["stages_us"].items()}}
         args.budget.write_text(json.dumps({"about": "scripts/bench_decision.py --write-budget; docs/architecture.md",
                                            "workloads": workloads}, indent=2) + "\n")
-    problems = [] if args.no_check or args.no_stages or args.write_budget or not args.budget.exists() else \
+    problems = [] if args.no_check or args.no_stages or args.stage_cpu or args.write_budget or not args.budget.exists() else \
         check(results, json.loads(args.budget.read_text()), args.tolerance)
     out["budget_problems"] = problems
     if args.json:
@@ -547,7 +559,7 @@ def main() -> None:
             label = f"  {row.removeprefix('decision ')} ms"  # "log writer": the column's width
             print(f"{label:<22}" + "".join(f"{results[w]['threads_ms'].get(row, 0.0):>15.3f}" for w in args.workloads))
         print(f"{'wall p50 ms':<22}" + "".join(f"{results[w]['wall_p50_ms']:>15.3f}" for w in args.workloads))
-        print("stages, median us per request:")
+        print(f"stages, median us ({'loop thread CPU' if args.stage_cpu else 'wall'}) per request:")
         for s in stages:
             print(f"  {s:<20}" + "".join(f"{results[w]['stages_us'].get(s, float('nan')):>15.1f}"
                                          for w in args.workloads))
