@@ -246,10 +246,20 @@ def recent_traffic(log: OutcomeLog, fleet: Fleet, frontier: str, model: Difficul
 
 def threshold_for_share(p: np.ndarray, share: float) -> float:
     """The (1 − ``share``) quantile of ``p`` (``method="higher"``, a value that occurs), 1.0 for
-    share 0. Raises ``ValueError`` for a share outside [0, 1]."""
+    share 0; unless another threshold (an observed value >= 0, or 1.0) routes a share (``p >= t``)
+    strictly nearer ``share``: many decisions tied at one value (a repeated prompt) put the quantile
+    inside the tie, which routes them all. Raises ``ValueError`` for a share outside [0, 1]."""
     from pointsman.training.reports import operating_threshold
 
-    return operating_threshold(p, share)
+    best = operating_threshold(p, share)
+    if share == 0.0 or len(p) == 0:
+        return best
+    ordered = np.sort(p)
+    candidates = np.append(np.unique(ordered[ordered >= 0.0]), 1.0)
+    shares = (len(ordered) - np.searchsorted(ordered, candidates, side="left")) / len(ordered)
+    gaps = np.abs(shares - share)
+    i = int(np.argmin(gaps))
+    return float(candidates[i]) if gaps[i] < abs(float(np.mean(p >= best)) - share) else best
 
 
 def threshold_for_budget(p: np.ndarray, cost_usd: np.ndarray, span_days: float, budget_usd_per_day: float
@@ -301,8 +311,11 @@ def calibrate(traffic: RecentTraffic, variable: str, *, frontier_share: float | 
     routed = p >= written
     share = float(routed.mean())
     if frontier_share is not None and abs(share - frontier_share) > max(0.02, 1.0 / len(p)):
-        tied = int(np.sum(p == clamped))
-        note = "; ".join(filter(None, [note, f"{tied} of {len(p)} decisions share p_hard {clamped:.4g}: the nearest "
+        from pointsman.training.reports import operating_threshold
+
+        at = operating_threshold(p, frontier_share)  # the value the asked share falls on: the tie that splits it
+        tied = int(np.sum(p == at))
+        note = "; ".join(filter(None, [note, f"{tied} of {len(p)} decisions share p_hard {at:.4g}: the nearest "
                                              f"share the threshold can give is {share:.3f}, not {frontier_share:g}"]))
     updates = {variable: written}
     if pace_bound is not None:

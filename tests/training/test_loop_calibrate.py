@@ -345,3 +345,38 @@ def test_calibration_counts_only_requests_the_rule_would_route(tmp_path, monkeyp
     out = json.loads(res.stdout)
     assert (out["threshold"], out["frontier_share"]) == (0.05, 0.5), out  # before: 1.0 and 0.0
     assert out["projected_spend_usd_per_day"] == pytest.approx(10 * short)
+
+
+def test_a_share_among_tied_p_hard_values_is_the_nearest_one_a_threshold_gives(tmp_path, monkeypatch, fleet):
+    """Repeated prompts (a canned template, a health probe) give one p_hard to many decisions. 100 decisions:
+    20 easy (0.01-0.20), 70 of one template at 0.6313, 10 hard (0.91-1.0); ``--frontier-share 0.2``. A
+    threshold can give 0.1 (the 10 hard ones) or 0.8 (the template too): 0.1 is nearer. Before, the 0.8
+    quantile landed inside the tie, so calibrate wrote 0.63, sent 80% of the traffic to the frontier and
+    noted that 0.8 was 'the nearest share the threshold can give'."""
+    p = [(i + 1) / 100 for i in range(20)] + [0.6313] * 70 + [0.91 + i / 100 for i in range(10)]
+    _log_as_bundled(tmp_path, monkeypatch, [record(i, v, t=NOW - 86400 + 800 * i) for i, v in enumerate(p)])
+    policy = tmp_path / "policy.yaml"
+    shutil.copyfile(STATIC_POLICY_PATH, policy)
+    cli = click.Group()
+    register(cli)
+    res = CliRunner().invoke(cli, ["calibrate", "--frontier-share", "0.2", "--policy", str(policy), "--json",
+                                   "--model", "bundled", "--dry-run", "--target", "frontier-large",
+                                   "--since", str(NOW - 86400), "--until", str(NOW)])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert (out["threshold"], out["frontier_share"]) == (0.91, 0.1), out  # before: 0.63 and 0.8
+    assert out["note"] == ("70 of 100 decisions share p_hard 0.6313: the nearest share the threshold can give is "
+                           "0.100, not 0.2"), out
+
+
+@settings(max_examples=80, deadline=None)
+@given(p=st.lists(st.sampled_from([0.0, 0.1, 0.35, 0.5, 0.6313, 0.9, 1.0]), min_size=1, max_size=60),
+       share=st.floats(0.0, 1.0))
+def test_no_threshold_gives_a_share_nearer_the_asked_one(p, share):
+    """Invariant over logs with ties: no threshold (an observed p_hard, or 1.0) routes a share strictly
+    nearer ``frontier_share`` than the one calibrate chose."""
+    p = np.asarray(p)
+    cal = C.calibrate(C.RecentTraffic(p, np.full(len(p), 0.01), 1.0, 0, {}), "x", frontier_share=share)
+    gap = abs(cal.frontier_share - share)
+    for t in [*np.unique(p), 1.0]:
+        assert gap <= abs(float(np.mean(p >= t)) - share) + 1e-12, (t, cal)
