@@ -36,8 +36,9 @@ Proxy upstream)        ``cache_read_input_tokens``, ``cache_creation_input_token
 
 What cannot be priced from per-token list prices is a problem, never a silent 0: an unknown key,
 keys of two shapes mixed, a count that is not an integer in [0, ``MAX_TOKENS``], counts that
-contradict each other (a total, a split), audio tokens (priced apart from text), paid server
-tools (Anthropic's web search/fetch/tool search requests), a pricing modifier (a non-standard
+contradict each other (a total, a split, reasoning tokens beyond the output count that includes
+them), audio tokens (priced apart from text), paid server tools (Anthropic's web search/fetch/tool
+search requests), a pricing modifier (a non-standard
 ``service_tier``, ``inference_geo`` other than global, ``speed`` other than standard),
 Anthropic's per-iteration usage. ``read_usage`` raises
 ``UsageProblems`` naming each field (``usage.cache_creation.ephemeral_1h_input_tokens``). A
@@ -137,6 +138,11 @@ class _Reader:
         if got is not None and want is not None and got != want:
             self.problems.append((name, f"{got:,} is not {what} ({want:,})"))
 
+    def within(self, name: str, part: int | None, whole: int | None, what: str) -> None:
+        """A part (reasoning tokens) must fit in the count that includes it."""
+        if part is not None and whole is not None and part > whole:
+            self.problems.append((name, f"{part:,} is more than {what} ({whole:,}), which includes them"))
+
 
 def _sum(*counts: int | None) -> int | None:
     return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
@@ -190,7 +196,10 @@ def _openai(r: _Reader) -> UsageCounts:
     if cd:
         r.unpriced("usage.completion_tokens_details.audio_tokens",
                    r.count("audio_tokens", cd, "completion_tokens_details."), "audio output tokens")
-    r.count("reasoning_tokens")
+    r.within("usage.reasoning_tokens", r.count("reasoning_tokens"), completion, "usage.completion_tokens")
+    if cd:
+        r.within("usage.completion_tokens_details.reasoning_tokens",
+                 r.count("reasoning_tokens", cd, "completion_tokens_details."), completion, "usage.completion_tokens")
     r.agree("usage.total_tokens", r.count("total_tokens"), _sum(prompt, completion),
             "usage.prompt_tokens + usage.completion_tokens")
     w5, w1h = r.count("cache_write_tokens"), r.count("cache_write_1h_tokens")
@@ -209,7 +218,8 @@ def _responses(r: _Reader) -> UsageCounts:
         r.unpriced("usage.input_tokens_details.audio_tokens", r.count("audio_tokens", ind, "input_tokens_details."),
                    "audio input tokens")
     if outd:
-        r.count("reasoning_tokens", outd, "output_tokens_details.")
+        r.within("usage.output_tokens_details.reasoning_tokens", r.count("reasoning_tokens", outd, "output_tokens_details."),
+                 completion, "usage.output_tokens")
         r.unpriced("usage.output_tokens_details.audio_tokens", r.count("audio_tokens", outd, "output_tokens_details."),
                    "audio output tokens")
     r.agree("usage.total_tokens", r.count("total_tokens"), _sum(prompt, completion),

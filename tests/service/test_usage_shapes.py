@@ -184,6 +184,18 @@ UNPRICEABLE = [
      ["usage.cache_creation_input_tokens"]),
     ("a token count that is not an integer", "frontier-large", {"prompt_tokens": "12", "completion_tokens": 5},
      ["usage.prompt_tokens"]),
+    ("more reasoning tokens than output tokens, which include them (xAI's convention, its total dropped: was "
+     "booked as 9 output tokens)", "frontier-large",
+     {"prompt_tokens": 32, "completion_tokens": 9, "completion_tokens_details": {"reasoning_tokens": 94}},
+     ["usage.completion_tokens_details.reasoning_tokens"]),
+    ("SGLang's reasoning count beyond the completion count", "frontier-large",
+     {"prompt_tokens": 32, "completion_tokens": 9, "reasoning_tokens": 94}, ["usage.reasoning_tokens"]),
+    ("Responses reasoning beyond its output count", "frontier-large",
+     {"input_tokens": 32, "output_tokens": 9, "output_tokens_details": {"reasoning_tokens": 94}},
+     ["usage.output_tokens_details.reasoning_tokens"]),
+    ("a reasoning count that is not an integer", "frontier-large",
+     {"prompt_tokens": 32, "completion_tokens": 9, "completion_tokens_details": {"reasoning_tokens": "5"}},
+     ["usage.completion_tokens_details.reasoning_tokens"]),
 ]
 
 
