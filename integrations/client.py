@@ -15,7 +15,7 @@
   refused because its budget ledger is down (503 ``budget_ledger_unavailable``: the service is
   fail-closed, ``POINTSMAN_BUDGET_FAIL_OPEN=false``, the default): routed without Pointsman it would spend
   with nothing reserved or booked, so ``route`` raises ``BudgetUnavailable`` (a ``BudgetExhausted``).
-- ``averify(decision_id, draft, usage=None)`` / ``verify(...)``: ``POST /v1/verify`` (the
+- ``averify(decision_id, draft, usage=None, served_target=None)`` / ``verify(...)``: ``POST /v1/verify`` (the
   cascade) with the draft the decision's target answered (``{"text", "finish_reason",
   "logprobs", "partial"}``; with the decision's ``verify_prefix_tokens`` N, its first N tokens while
   it streams, ``partial: true``); returns the answer (``action`` ``accept`` or ``escalate`` with the
@@ -236,18 +236,23 @@ class PointsmanClient:
 
     # -- the cascade --------------------------------------------------------------------------
     @staticmethod
-    def _verify_body(decision_id: str, draft: Mapping[str, object],
-                     usage: Mapping[str, object] | None) -> dict[str, object]:
+    def _verify_body(decision_id: str, draft: Mapping[str, object], usage: Mapping[str, object] | None,
+                     served_target: str | None) -> dict[str, object]:
         body: dict[str, object] = {"decision_id": decision_id, "draft": dict(draft)}
         if usage is not None:
             body["usage"] = dict(usage)
+        if served_target is not None:
+            body["served_target"] = served_target
         return body
 
     async def averify(self, decision_id: str, draft: Mapping[str, object],
-                      usage: Mapping[str, object] | None = None) -> VerifyAnswer | None:
-        """``POST /v1/verify``; the answer, or ``None`` (keep the draft) — see the module docstring."""
+                      usage: Mapping[str, object] | None = None,
+                      served_target: str | None = None) -> VerifyAnswer | None:
+        """``POST /v1/verify``; the answer, or ``None`` (keep the draft) — see the module docstring.
+        ``served_target``: the target that wrote the draft when it is not the decision's (a fallback)."""
         try:
-            resp = await self._aclient().post("/v1/verify", json=self._verify_body(decision_id, draft, usage),
+            resp = await self._aclient().post("/v1/verify",
+                                              json=self._verify_body(decision_id, draft, usage, served_target),
                                               timeout=self.verify_timeout_s)
         except httpx.HTTPError as exc:
             self._verify_failed(f"{type(exc).__name__}: {exc}")
@@ -255,10 +260,10 @@ class PointsmanClient:
         return self._verified(resp)
 
     def verify(self, decision_id: str, draft: Mapping[str, object],
-               usage: Mapping[str, object] | None = None) -> VerifyAnswer | None:
+               usage: Mapping[str, object] | None = None, served_target: str | None = None) -> VerifyAnswer | None:
         """Blocking ``averify``, for sync gateways."""
         try:
-            resp = self._client().post("/v1/verify", json=self._verify_body(decision_id, draft, usage),
+            resp = self._client().post("/v1/verify", json=self._verify_body(decision_id, draft, usage, served_target),
                                        timeout=self.verify_timeout_s)
         except httpx.HTTPError as exc:
             self._verify_failed(f"{type(exc).__name__}: {exc}")

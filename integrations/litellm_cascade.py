@@ -72,8 +72,8 @@ def draft_of(response: object) -> dict[str, object]:
     return draft
 
 
-async def _early(client: PointsmanClient, decision_id: str, params: dict[str, object], prefix_tokens: int
-                 ) -> tuple[object | None, VerifyAnswer | None]:
+async def _early(client: PointsmanClient, decision_id: str, params: dict[str, object], prefix_tokens: int,
+                 drafted: str | None) -> tuple[object | None, VerifyAnswer | None]:
     """Stream the draft and verify its first ``prefix_tokens`` chunks (one token each from vLLM and
     SGLang) while it streams: ``(None, answer)`` when the answer escalates (the stream is closed), else
     ``(the whole draft as one response, answer)``; a draft that ends first is verified whole."""
@@ -91,13 +91,13 @@ async def _early(client: PointsmanClient, decision_id: str, params: dict[str, ob
         if not asked and len(text) >= prefix_tokens and not (choices and getattr(choices[0], "finish_reason", None)):
             asked = True
             answer = await client.averify(decision_id, {"text": "".join(text), "partial": True},
-                                          {"completion_tokens": len(text)})
+                                          {"completion_tokens": len(text)}, drafted)
             if answer is not None and answer["action"] == "escalate":
                 await stream.aclose()
                 return None, answer
     draft = litellm.stream_chunk_builder(chunks, messages=params.get("messages"))  # type: ignore[arg-type]
     if not asked:
-        answer = await client.averify(decision_id, draft_of(draft), _usage(draft))
+        answer = await client.averify(decision_id, draft_of(draft), _usage(draft), drafted)
     return draft, answer
 
 
@@ -163,13 +163,15 @@ async def acascade(router: LiteLLMRouter, client: PointsmanClient, *, model: str
     decision_id = decision["decision_id"]
     params = {**_params(chosen), **call, "messages": messages, "extra_headers": headers}
     prefix = decision.get("verify_prefix_tokens")
+    served = _served(chosen, decision)
+    drafted = served if served not in (None, decision["target"]) else None  # a fallback's deployment drafted it
     if prefix:
-        draft, answer = await _early(client, decision_id, params, int(prefix))
+        draft, answer = await _early(client, decision_id, params, int(prefix), drafted)
     else:
         draft = await litellm.acompletion(**params)
-        answer = await client.averify(decision_id, draft_of(draft), _usage(draft))
+        answer = await client.averify(decision_id, draft_of(draft), _usage(draft), drafted)
     if answer is None or answer["action"] != "escalate":
-        client.report(ok_outcome(decision_id, _served(chosen, decision), draft, started))
+        client.report(ok_outcome(decision_id, served, draft, started))
         return draft
     escalation = escalation_decision(answer)
     frontier = pick_deployment(deployments, escalation)

@@ -47,14 +47,17 @@ class DraftIn(BaseModel):
 
 
 class VerifyIn(BaseModel):
-    """``POST /v1/verify``'s body: the ``decision_id`` the draft answers, the ``draft`` and the
-    draft call's ``usage`` (any shape of ``pointsman/usage_shapes.py``; ``completion_tokens`` counts the draft)."""
+    """``POST /v1/verify``'s body: the ``decision_id`` the draft answers, the ``draft``, the
+    draft call's ``usage`` (any shape of ``pointsman/usage_shapes.py``; ``completion_tokens`` counts the draft)
+    and ``served_target``, the target that wrote the draft when it is not the decision's (a fallback
+    answered), as an outcome's: the draft is priced and judged as that target's."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
     decision_id: str = Field(pattern=ID_PATTERN)
     draft: DraftIn
     usage: Usage | None = None
+    served_target: str | None = Field(default=None, max_length=128)
 
     def as_draft(self) -> Draft:
         """The estimator's ``Draft``."""

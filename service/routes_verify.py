@@ -4,8 +4,9 @@ draft the decision's target answered (or its first tokens) and gets back ``accep
 
 In order (in a worker thread; same auth as ``/v1/route``):
 
-1. the body is validated (422 naming the field; usage beyond the decision's target's context window
-   x ``CONTEXT_TOLERANCE`` too, as ``POST /v1/outcomes`` refuses it); the decision must be held here
+1. the body is validated (422 naming the field; usage beyond the draft's target's context window
+   x ``CONTEXT_TOLERANCE`` too, as ``POST /v1/outcomes`` refuses it, and a ``served_target`` the fleet does
+   not have); the decision must be held here
    (``cascade.PendingDrafts``): 404 ``unknown_decision`` when nothing knows it, 410
    ``decision_expired`` when it is older than ``POINTSMAN_VERIFY_TTL_S`` or its context is not
    on this replica (its signed id or the outcome log knows it, memory does not) and, with shared
@@ -20,7 +21,8 @@ In order (in a worker thread; same auth as ``/v1/route``):
 4. the verification is stored durably in the outcome log (the draft's features; its text with
    ``POINTSMAN_STORE_DRAFTS``); when that fails the escalation's hold is released and the
    answer is 503 (nothing accepted: retry);
-5. the draft is settled (its usage booked, its on-prem load released), unless it is an
+5. the draft is settled (its usage booked on the target that wrote it: ``served_target``, else the
+   decision's; its on-prem load released), unless it is an
    accepted partial draft (the on-prem call goes on: its outcome settles it).
 
 The gateway then reports one outcome under the decision id: for an escalated decision it
@@ -29,6 +31,7 @@ settles the escalation (``routes_reports``); it is stored once, like any outcome
 
 from __future__ import annotations
 
+import difflib
 import math
 import time
 from typing import Any
@@ -122,9 +125,13 @@ def _first_verify(rt: Runtime, body: VerifyIn, verifier: Verifier, pending: Pend
         raise HTTPError(409, f"decision {decision.decision_id} is already settled (its outcome arrived or it was "
                              "released): verify before reporting the outcome", type="conflict_error",
                         code="decision_settled", param="decision_id")
-    target = engine.fleet.targets.get(decision.target)
-    impossible = check_usage_fits(body.usage, target.context_window_tokens, decision.target, "",
-                                  record.decided_tokens) if target else None
+    drafted = body.served_target or decision.target  # a fallback's draft is that target's: priced and judged so
+    target = state.target_spec(drafted)
+    if target is None:
+        close = difflib.get_close_matches(drafted, list(engine.fleet.targets), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else f"; the fleet's targets: {', '.join(engine.fleet.targets)}"
+        raise HTTPError(422, f"unknown target '{drafted}'{hint}", param="served_target", code="invalid_value")
+    impossible = check_usage_fits(body.usage, target.context_window_tokens, drafted, "", record.decided_tokens)
     if impossible is not None:  # as POST /v1/outcomes: such usage would book dollars against the budget
         raise HTTPError(422, impossible.message, param=impossible.field, code="invalid_value")
     usage = body.usage
@@ -144,8 +151,7 @@ def _first_verify(rt: Runtime, body: VerifyIn, verifier: Verifier, pending: Pend
         p_bad = math.nan
     if not 0.0 <= p_bad <= 1.0:
         p_bad = 0.5
-    on_prem = target is not None and not isinstance(target, FrontierTarget)
-    draft = draft_signals(features, p_bad, verifier.version, decision.target, on_prem)
+    draft = draft_signals(features, p_bad, verifier.version, drafted, not isinstance(target, FrontierTarget))
     try:
         escalation = engine.verify(decision, draft)
     except LedgerUnavailable as exc:
@@ -171,7 +177,8 @@ def _first_verify(rt: Runtime, body: VerifyIn, verifier: Verifier, pending: Pend
                                    completion_tokens=features.tokens,
                                    cached_tokens=usage.cached_tokens or 0 if usage else 0,
                                    cache_write_tokens=usage.cache_write_tokens or 0 if usage else 0,
-                                   cache_write_1h_tokens=usage.cache_write_1h_tokens or 0 if usage else 0)
+                                   cache_write_1h_tokens=usage.cache_write_1h_tokens or 0 if usage else 0,
+                                   target=drafted)
             settlement = settled.to_dict()
             rt.metrics.observe_settlement(settled)
         except LedgerUnavailable as exc:

@@ -50,6 +50,8 @@ ROUTER = litellm.Router(model_list=[
     _deployment("refuses", "frontier-large", "frontier answer", model="openai/gpt-4o", api_key="sk-not-used"),
     _deployment("no-frontier", "onprem-8b", "I'm sorry, but I cannot help with that.", model="hosted_vllm/llama",
                 api_base="http://onprem:8000/v1"),
+    _deployment("fallback-only", "frontier-small", "I'm sorry, but I cannot help with that.", model="openai/gpt-4o-mini",
+                api_key="sk-not-used"),
 ], num_retries=0)
 
 
@@ -120,3 +122,33 @@ def test_an_escalation_no_deployment_serves_keeps_the_draft_and_releases_its_hol
     with OutcomeLog(service["outcome_log"]) as log:
         (stored,) = log.decision(ack["decision_id"]).outcomes
         assert stored.status == "cancelled"
+
+
+def test_a_draft_from_the_decision_s_fallback_is_verified_and_booked_as_that_target_s(service: dict) -> None:
+    """The group has no deployment of the decided onprem-8b, so the draft runs on its fallback frontier-small
+    (``pick_deployment``). The verify names that target, so the draft is settled at frontier-small's prices
+    (its refusal escalates to frontier-large, which no deployment serves: the draft is kept, the escalation
+    released). Before, the verify sent no ``served_target``: the frontier-small draft was settled at onprem-8b's
+    GPU price, and its outcome booked nothing more."""
+    async def run() -> tuple[object, PointsmanClient]:
+        client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0, verify_timeout_s=5.0,
+                                 flush_interval_s=0.01)
+        sent: list[dict] = []
+        verify = client.averify
+
+        async def spy(decision_id, draft, usage=None, served_target=None):  # type: ignore[no-untyped-def]
+            sent.append({"served_target": served_target})
+            answer = await verify(decision_id, draft, usage, served_target)
+            sent[-1]["answer"] = answer
+            return answer
+
+        client.averify = spy  # type: ignore[method-assign]
+        answer = await acascade(ROUTER, client, model="fallback-only", messages=[{"role": "user", "content": "Hi?"}])
+        await _settle(client, 1)
+        return answer, client, sent
+
+    answer, client, sent = asyncio.run(run())
+    assert answer.choices[0].message.content.startswith("I'm sorry")  # no frontier-large deployment: the draft
+    (verified,) = sent
+    assert verified["served_target"] == "frontier-small"  # before: None
+    assert verified["answer"]["draft_settlement"]["target"] == "frontier-small"  # before: onprem-8b

@@ -654,3 +654,37 @@ def test_a_kept_draft_without_usage_books_its_output_estimate_beyond_the_prefix(
         assert s["actual_cost_usd"] == pytest.approx(capped["actual_cost_usd"], rel=1e-9)
         held = client.get("/v1/budgets").json()["budgets"][0]["held_usd"]
         assert held == 0.0
+
+
+def test_a_draft_a_fallback_wrote_is_priced_and_judged_as_that_target_s(tmp_path):
+    """The decision's onprem-8b failed and its fallback frontier-small answered: the gateway verifies that
+    draft naming ``served_target`` (as it names it in the outcome). A frontier answer is never escalated
+    (the policy's ``frontier-draft`` rule), the verify books it at frontier-small's list prices, and the
+    gateway's outcome for it finds it booked on its own target. Before, verify had no ``served_target``
+    (422): a draft verified without it was settled at onprem-8b's GPU price, its outcome then booked nothing
+    ('already settled on onprem-8b', the frontier bill lost), and a refused frontier-small draft escalated
+    to frontier-small itself."""
+    client, _, spend = _budgeted_app(tmp_path)
+    with client:
+        r = client.post("/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": "Rules of kickball?"}],
+                                           "routing": {"tenant": "acme"}})
+        d = r.json()
+        assert d["target"] == "onprem-8b" and "frontier-small" in [f["target"] for f in d["fallbacks"]]
+        usage = {"prompt_tokens": 1000, "completion_tokens": 200}
+        bill = (1000 * 0.15 + 200 * 0.60) / 1e6  # frontier-small's list prices, USD per 1M tokens
+        v = client.post("/v1/verify", json={"decision_id": d["decision_id"], "served_target": "frontier-small",
+                                            "draft": {"text": REFUSAL, "finish_reason": "stop"}, "usage": usage})
+        assert v.status_code == 200, v.text
+        answer = v.json()
+        assert (answer["action"], answer["rule"]) == ("accept", "frontier-draft")  # before: escalated to itself
+        assert answer["draft_settlement"]["target"] == "frontier-small"
+        assert answer["draft_settlement"]["actual_cost_usd"] == pytest.approx(bill)
+        o = client.post("/v1/outcomes", json={"decision_id": d["decision_id"], "served_target": "frontier-small",
+                                              "usage": usage})
+        (ack,) = o.json()["acks"]
+        assert ack["status"] == "stored" and ack["settle_error"] is None, ack
+        assert spend() == (pytest.approx(bill), 0.0)  # the frontier bill, once
+        unknown = client.post("/v1/verify", json={"decision_id": _route(client)["decision_id"], "usage": usage,
+                                                  "served_target": "frontier-smal", "draft": {"text": GOOD}})
+        assert unknown.status_code == 422 and unknown.json()["error"]["param"] == "served_target"
+        assert "did you mean 'frontier-small'" in unknown.json()["error"]["message"]
