@@ -43,6 +43,9 @@ rules:
   - name: interactive-slo
     when: request.slo_class == "interactive"
     route: {target: onprem-70b, fallbacks: [frontier-large]}
+  - name: no-deployment
+    when: request.tenant == "fallback"
+    route: {target: frontier-small, fallbacks: [frontier-large]}
   - name: default
     route: {target: onprem-8b, fallbacks: [frontier-small]}
 verify:
@@ -176,7 +179,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         _wait(f"http://127.0.0.1:{p_port}/readyz", pointsman, 60, "pointsman serve")
         _wait(f"http://127.0.0.1:{l_port}/health/liveliness", proxy, 120, "the LiteLLM Proxy")
         yield {"proxy": f"http://127.0.0.1:{l_port}", "pointsman": pointsman, "upstreams": upstreams,
-               "outcomes": tmp / "outcomes.db"}
+               "outcomes": tmp / "outcomes.db", "pointsman_url": f"http://127.0.0.1:{p_port}"}
     finally:
         _stop(proxy)
         _stop(pointsman)
@@ -242,6 +245,27 @@ def test_cascade_escalates_a_refused_draft_and_reports_one_outcome(stack: dict) 
     with OutcomeLog(stack["outcomes"]) as log:
         assert len(log.decision(decision_id).outcomes) == 1
         assert log.verification(decision_id)["action"] == "escalate"
+
+
+def test_a_cascade_draft_on_a_fallback_deployment_is_booked_on_the_fallback(stack: dict) -> None:
+    """The decided frontier-small has no deployment in the proxy's config, so its fallback frontier-large
+    (gpt-4o) drafts. The verify names it: the draft is settled at frontier-large's list prices (11 prompt,
+    7 output tokens from the stand-in) and the decision's outcome finds it booked there. Before, the verify
+    named no target: the draft was settled at frontier-small's prices and frontier-large's bill was lost."""
+    def spent(target: str) -> float:
+        fleet = httpx.get(f"{stack['pointsman_url']}/v1/fleet", timeout=10).json()
+        return fleet["targets"][target]["effective_price"]["spent_usd"]
+
+    before = {t: spent(t) for t in ("frontier-small", "frontier-large")}
+    r = _ask(stack, None, tenant="fallback")
+    assert r.status_code == 200, r.text
+    decision_id = stack["upstreams"]["gpt-4o"].seen[-1]["decision"]
+    out = _outcome(stack, decision_id)
+    assert (out.status, out.served_target) == ("ok", "frontier-large")
+    with OutcomeLog(stack["outcomes"]) as log:
+        assert log.verification(decision_id)["action"] == "accept"
+    assert spent("frontier-small") == before["frontier-small"]  # before: the draft booked here
+    assert spent("frontier-large") - before["frontier-large"] == pytest.approx((11 * 2.50 + 7 * 10.0) / 1e6)
 
 
 def test_upstream_failure_is_reported_as_an_error_outcome(stack: dict) -> None:
