@@ -8,6 +8,7 @@ In order (in a worker thread; same auth as ``/v1/route``):
    x ``CONTEXT_TOLERANCE`` too, as ``POST /v1/outcomes`` refuses it, and a ``served_target`` the fleet does
    not have); the decision must be held here
    (``cascade.PendingDrafts``): 404 ``unknown_decision`` when nothing knows it, 410
+   ``no_verify_section`` when the serving policy has none (nothing is held), 410
    ``decision_expired`` when it is older than ``POINTSMAN_VERIFY_TTL_S`` or its context is not
    on this replica (its signed id or the outcome log knows it, memory does not) and, with shared
    state, no other process holding it answered the relayed verify (``verify_relay``);
@@ -67,6 +68,11 @@ def _missing(rt: Runtime, decision_id: str) -> HTTPError:
             logged = rt.outcome_log.decision(decision_id) is not None
         except DataError:
             logged = False
+    policy = rt.live.engine.policy
+    if logged and policy.verify is None:  # nothing is held under such a policy, however fresh the decision
+        return HTTPError(410, f"decision {decision_id} was not held for verification: the serving policy "
+                              f"'{policy.name}' has no verify section, so its drafts stand (report the outcome)",
+                         type="not_found_error", code="no_verify_section", param="decision_id")
     if logged:  # a decision this service made (its signed id, or the log), not held here
         return HTTPError(410, f"decision {decision_id} can no longer be verified: verify within "
                               f"{rt.cascade.ttl_s:g} s (POINTSMAN_VERIFY_TTL_S), on the replica that made it",

@@ -688,3 +688,26 @@ def test_a_draft_a_fallback_wrote_is_priced_and_judged_as_that_target_s(tmp_path
                                                   "served_target": "frontier-smal", "draft": {"text": GOOD}})
         assert unknown.status_code == 422 and unknown.json()["error"]["param"] == "served_target"
         assert "did you mean 'frontier-small'" in unknown.json()["error"]["message"]
+
+
+def test_a_decision_of_a_policy_without_a_verify_section_is_not_called_expired(tmp_path):
+    """A policy without a ``verify`` section holds no decision for verification (its drafts stand). A gateway
+    verifying such a decision a moment after it was made (its ``verify_prefix_tokens`` null reads as 'verify the
+    whole draft') was told 410 ``decision_expired``, 'verify within 600 s, on the replica that made it': untrue
+    on both counts. Now the 410 says why (``no_verify_section``) and the outcome settles the draft as usual."""
+    policy = tmp_path / "no-verify.yaml"
+    text = STATIC_POLICY_PATH.read_text()
+    policy.write_text(text[:text.index("\nverify:")] + "\n")
+    client, _ = _app(tmp_path / "svc")
+    with client:
+        client.app.state.runtime.settings.policy_path.write_text(policy.read_text())
+        assert client.post("/v1/policy/reload").status_code == 200
+        d = _route(client)
+        assert d["verify_prefix_tokens"] is None
+        r = client.post("/v1/verify", json={"decision_id": d["decision_id"], "draft": {"text": GOOD}})
+        error = r.json()["error"]
+        assert (r.status_code, error["code"]) == (410, "no_verify_section"), error  # before: decision_expired
+        assert "has no verify section" in error["message"] and "within" not in error["message"]
+        o = client.post("/v1/outcomes", json={"decision_id": d["decision_id"],
+                                              "usage": {"prompt_tokens": 10, "completion_tokens": 20}})
+        assert o.json()["acks"][0]["settlement"]["target"] == "onprem-8b"
