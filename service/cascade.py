@@ -99,7 +99,8 @@ class VerifyOut(BaseModel):
 @dataclass
 class Pending:
     """One verifiable decision: the ``decision``, when it was made (monotonic s), the first
-    verify ``answer`` (None until verified), the escalation (``escalation_id``, ``target``) and
+    verify ``answer`` (None until verified), the escalation (``escalation_id``, ``target``), the target
+    that wrote the verified draft (``drafted``: the decision's, or the fallback the verify named) and
     a lock that serializes verifies of this decision."""
 
     decision: Decision
@@ -107,6 +108,7 @@ class Pending:
     held_bytes: int = 0
     answer: dict[str, object] | None = None
     escalation: tuple[str, str] | None = None
+    drafted: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -175,6 +177,12 @@ class PendingDrafts:
         with self._lock:
             item = self._items.get(decision_id)
         return None if item is None else item.escalation
+
+    def drafted(self, decision_id: str) -> str | None:
+        """The target that wrote the verified draft of a decision held here, else None."""
+        with self._lock:
+            item = self._items.get(decision_id)
+        return None if item is None else item.drafted
 
     def __len__(self) -> int:
         with self._lock:

@@ -299,12 +299,16 @@ def _settle_kept_draft(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation
 
 def _reports_the_draft(rt: Runtime, item: OutcomeIn, escalation: tuple[str, str]) -> bool:
     """Whether ``item``, an outcome of a decision a verify escalated to ``escalation[1]``, was served
-    by the draft's target (the decision's: its signed id, this replica's record, else the outcome log),
-    not the escalation's. Raises ``DataError`` (outcome log)."""
+    by the draft's target, not the escalation's: the target the verify named (a fallback that drafted it) when
+    the verify was made here, else the decision's (its signed id, this replica's record, else the outcome log).
+    Raises ``DataError`` (outcome log)."""
     if item.served_target is None or item.served_target == escalation[1]:
         return False
-    drafted = _known_decision(rt, item.decision_id)
-    return drafted is not None and item.served_target == drafted[0]
+    drafted = rt.cascade.drafted(item.decision_id)
+    if drafted is None:
+        known = _known_decision(rt, item.decision_id)
+        drafted = None if known is None else known[0]
+    return item.served_target == drafted
 
 
 def _of_escalation(item: OutcomeIn, claims: Claims | None) -> tuple[OutcomeIn, tuple[str, str] | None]:

@@ -199,7 +199,7 @@ def _first_verify(rt: Runtime, body: VerifyIn, verifier: Verifier, pending: Pend
     out = escalation.to_dict()
     answer = {**out, "p_bad": p_bad, "verifier": verifier.version, "draft": features.to_dict(),
               "draft_settlement": settlement, "replayed": False}
-    pending.answer = answer
+    pending.answer, pending.drafted = answer, drafted
     return answer
 
 

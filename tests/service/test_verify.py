@@ -690,6 +690,27 @@ def test_a_draft_a_fallback_wrote_is_priced_and_judged_as_that_target_s(tmp_path
         assert "did you mean 'frontier-small'" in unknown.json()["error"]["message"]
 
 
+def test_a_kept_draft_a_fallback_wrote_after_an_escalation_is_booked_once(tmp_path):
+    """The decision's onprem-8b was unavailable and its fallback onprem-70b drafted; the verify (naming it) escalated
+    the draft, but its answer came after the gateway's timeout and the gateway kept the draft, reporting it served by
+    onprem-70b. That outcome is the draft's, which the verify booked: the escalation is released and nothing is
+    booked again. Before, the draft's target was taken to be the decision's (onprem-8b), so the report read as the
+    escalated call's and the draft's tokens were booked a second time under the escalation."""
+    client, _, spend = _budgeted_app(tmp_path)
+    with client:
+        d = client.post("/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": "Rules of kickball?"}],
+                                           "routing": {"tenant": "acme"}}).json()
+        assert d["target"] == "onprem-8b" and "onprem-70b" in [f["target"] for f in d["fallbacks"]]
+        usage = {"prompt_tokens": 12, "completion_tokens": 11}
+        v = client.post("/v1/verify", json={"decision_id": d["decision_id"], "served_target": "onprem-70b", "usage": usage,
+                                            "draft": {"text": REFUSAL, "finish_reason": "stop"}}).json()
+        assert v["action"] == "escalate" and v["draft_settlement"]["target"] == "onprem-70b", v
+        kept = {"decision_id": d["decision_id"], "status": "ok", "served_target": "onprem-70b", "usage": usage}
+        ack = client.post("/v1/outcomes", json=kept).json()["acks"][0]
+        assert (ack["status"], ack["released"], ack["settlement"]) == ("stored", True, None), ack
+        assert spend() == (pytest.approx(v["draft_settlement"]["actual_cost_usd"], abs=1e-9), 0.0)  # before: twice
+
+
 def test_a_decision_of_a_policy_without_a_verify_section_is_not_called_expired(tmp_path):
     """A policy without a ``verify`` section holds no decision for verification (its drafts stand). A gateway
     verifying such a decision a moment after it was made (its ``verify_prefix_tokens`` null reads as 'verify the
