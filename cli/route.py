@@ -32,6 +32,10 @@ from pointsman.service.settings import Settings
 F = TypeVar("F", bound=Callable[..., object])
 
 
+#: seconds uvicorn's supervisor waits for a worker's health-check answer before it kills the worker (``serve``).
+WORKER_HEALTHCHECK_S = 30
+
+
 class _ServerOptions(TypedDict):
     """What ``serve`` hands ``uvicorn.run`` in both its modes."""
 
@@ -340,7 +344,12 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
     for key, value in overrides.items():
         if value is not None:
             os.environ[f"POINTSMAN_{key.upper()}"] = str(value)
-    uvicorn.run("pointsman.service.app:create_app_from_env", factory=True, workers=settings.workers, **server)
+    # uvicorn pings each worker and kills one that does not answer within timeout_worker_healthcheck (5 s by
+    # default): a worker loading the estimator (onnxruntime, numpy holding the GIL) on a busy node missed it and
+    # was killed at start-up, twice in a row at load average 7.6 on 2 cores. 30 s lets it load; a hung worker is
+    # still replaced, later.
+    uvicorn.run("pointsman.service.app:create_app_from_env", factory=True, workers=settings.workers,
+                timeout_worker_healthcheck=WORKER_HEALTHCHECK_S, **server)
 
 
 def register(group: click.Group) -> None:
