@@ -325,8 +325,15 @@ def _responses(body: JSONObject) -> JSONObject:
         messages.append({"role": "system", "content": _text(body["instructions"])})
     template = body.get("prompt")
     if isinstance(template, dict):  # a stored prompt template: its text is the provider's (RouteRequest.stored_state)
-        variables = template.get("variables")
-        values = list(variables.values()) if isinstance(variables, dict) else []
+        variables = template.get("variables", {})
+        name = template.get("id")
+        if not isinstance(name, str) or not name.strip():
+            raise RequestError("a stored prompt template (a Responses 'prompt' object) needs its 'id', a non-empty "
+                               "string", field="prompt.id")
+        if not isinstance(variables, dict):
+            raise RequestError("a stored prompt template's 'variables' must be an object of names to values",
+                               field="prompt.variables")
+        values = list(variables.values())
         named = {k: v for k, v in template.items() if k != "variables"}
         parts: list[JSONValue] = [json.dumps(named, ensure_ascii=False)]
         parts += [v if isinstance(v, dict) else _text(v) for v in values]

@@ -120,6 +120,19 @@ def test_a_stored_prompt_templates_variables_are_counted_and_read(client):
     assert d["prompt_tokens"] < 2_000, d["prompt_tokens"]  # an image's tokens, not 40,000 characters of base64
 
 
+@pytest.mark.parametrize("template, field", [({}, "prompt.id"), ({"text": "hello"}, "prompt.id"), ({"id": ""}, "prompt.id"),
+                                             ({"id": 7}, "prompt.id"),
+                                             ({"id": "pmpt_abc", "variables": "notadict"}, "prompt.variables")])
+def test_a_prompt_object_that_names_no_template_is_refused(client, template, field):
+    """Any object in ``prompt`` was read as a stored template (found by a tester the day it landed): ``{}`` or
+    ``{"text": "hello"}`` (a client's bug) then went to the frontier as provider-stored state. A template is named by
+    a non-empty ``id``, its variables an object; anything else is a 422 naming the field, over HTTP and ext_proc."""
+    r = client.post("/v1/route", json={"model": "auto", "prompt": template})
+    assert r.status_code == 422 and r.json()["error"]["param"] == field, r.text
+    imm = picked(client, {"model": "auto", "prompt": template})
+    assert imm["status"]["code"] == "BadRequest" and field in json.loads(base64.b64decode(imm["body"]))["error"]["param"]
+
+
 def test_no_target_holding_the_state_is_no_eligible_target(no_holder):
     """A fleet whose frontier targets declare ``stored_state: false``: nothing can continue the response."""
     r = no_holder.post("/v1/route", json=CONTINUED)
