@@ -63,9 +63,12 @@ def canonical(text: str) -> str:
 
 
 def _identity(value: str | None) -> str | None:
-    """A routing identity field, canonical; refuses one that is empty once normalised."""
-    if value is None or value == "":
+    """A routing identity field, canonical; refuses one that is empty, or empty once normalised (an empty
+    tenant or team would silently drop its budget scope: leave the field out when there is none)."""
+    if value is None:
         return value
+    if not value:
+        raise ValueError("is empty: leave the field out (or null) when there is none")
     out = canonical(value)
     if not out:
         raise ValueError("has only invisible characters (zero-width or other default-ignorable code points)")

@@ -162,3 +162,15 @@ def test_an_unknown_slo_class_is_a_422_naming_the_fleets_classes(client, name, h
     ok = client.post("/v1/route", json={"messages": [{"role": "user", "content": "Hi."}],
                                         "routing": {"slo_class": "long-context"}})
     assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize("field", ["tenant", "team", "session_id", "slo_class"])
+@pytest.mark.parametrize("value", ["", "\u200b"])
+def test_an_empty_routing_name_is_a_422_not_a_request_without_one(client, field, value):
+    """``routing.tenant: ""`` (a gateway filling the tenant from an empty header) was taken as no tenant: the request
+    ran unbudgeted (its signed claims held no scope) while docs/policy.md says an empty name is a 422, as one of only
+    invisible characters already was."""
+    r = client.post("/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": "hi"}],
+                                       "routing": {field: value}})
+    assert r.status_code == 422 and r.json()["error"]["param"] == f"routing.{field}", r.text
+    assert "empty" in r.json()["error"]["message"] or "invisible" in r.json()["error"]["message"]
