@@ -83,7 +83,7 @@ from pointsman.outcome import (
 )
 from pointsman.outcome_log.records import OutcomeAck
 from pointsman.policy.budget.ledger import LedgerUnavailable
-from pointsman.policy.cost import estimate_cost, pool_utilization
+from pointsman.policy.cost import estimate_cost
 from pointsman.policy.signals.fleet_state import DispatchRecord
 from pointsman.policy.signals.signed_ids import Claims
 from pointsman.service.auth import Principal, authenticate, header_key, may_report, require
@@ -144,9 +144,9 @@ def estimate_booking(rt: Runtime, served: str | None, known: Known | None) -> tu
     decision's estimate when ``served`` is the decision's target; on another target the larger of
     that estimate and the same request priced there (the decision's prompt tokens, and its output
     cap, else the target's output estimate: ``Fleet.output_tokens``), so a fallback to a dearer
-    target is not booked at the cheaper one's price; an on-prem one at the fleet's ``assumed_utilization``, as
-    ``FleetState`` prices usage on a target other than the decision's. The tokens are the estimate's (the
-    effective price per token divides by them). ``known``: ``_known_decision``'s answer."""
+    target is not booked at the cheaper one's price; an on-prem one at its pools' utilizations now
+    (``FleetState.pool_utilizations``), as usage on a target other than the decision's is priced. The tokens
+    are the estimate's (the effective price per token divides by them). ``known``: ``_known_decision``'s answer."""
     if known is None:
         return 0.0, 0, 0
     decision_target, estimate, prompt, cap = known
@@ -158,8 +158,9 @@ def estimate_booking(rt: Runtime, served: str | None, known: Known | None) -> tu
     completion = cap or spec.default_output_tokens or fleet.spec.defaults.output_tokens
     usd = float(estimate or 0.0)
     if target != decision_target:
+        u_p, u_d = rt.live.engine.state.pool_utilizations(target, spec.modes[0])
         usd = max(usd, estimate_cost(target, spec, spec.modes[0], prompt, completion,
-                                     utilization=pool_utilization(None, fleet)).usd)
+                                     prefill_utilization=u_p, decode_utilization=u_d).usd)
     return usd, prompt, completion
 
 

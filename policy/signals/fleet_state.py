@@ -704,12 +704,34 @@ class FleetState:
         still arrive and are priced as it was), else None."""
         return self.fleet.targets.get(name) or self.retired_targets.get(name)
 
+    def pool_utilizations(self, target: str, mode: str) -> tuple[float, float]:
+        """(prefill, decode) utilization to price on-prem ``target``'s ``mode`` pools at now (aggregated: its
+        aggregated pool for both): each the mean of the pool's healthy endpoints' readings within the default
+        ``StalenessPolicy``, through ``cost.pool_utilization`` (floored at the fleet's ``min_utilization``; the
+        fleet's ``assumed_utilization`` when no endpoint reports one, or for a target a reload removed). (1.0, 1.0)
+        for a frontier target."""
+        if isinstance(self.target_spec(target), FrontierTarget):
+            return 1.0, 1.0
+        if target not in self.fleet.targets:
+            return pool_utilization(None, self.fleet), pool_utilization(None, self.fleet)
+        roles = ("aggregated", "aggregated") if mode == "aggregated" else ("prefill", "decode")
+        staleness, now = StalenessPolicy(), self.monotonic()
+        out = []
+        for role, attr in zip(roles, ("prefill_utilization", "decode_utilization")):
+            ids = [e.id for e in self.fleet.pool_endpoints(target, role)]
+            loads = self.board.get_many(ids, now, staleness)
+            values = [v for i, ok in zip(ids, self.healthy_flags(ids))
+                      if ok and i in loads and (v := getattr(loads[i], attr)) is not None]
+            out.append(pool_utilization(sum(values) / len(values) if values else None, self.fleet))
+        return out[0], out[1]
+
     def _price(self, decision_id: str, target: str | None, mode: str | None, record: DispatchRecord | None,
                tokens: dict[str, int]) -> tuple[float, str]:
         """(USD of ``tokens`` (``settle``'s counts) on ``target``, the mode priced: ``mode``, or the
         target's first mode when it has no such mode), at the utilizations ``record`` was estimated
-        with when it names ``target`` (else, or without ``record``, the fleet's assumed utilization: those
-        were another target's pools') and on the pools of its endpoints (an aggregated request prefilled on a decode endpoint
+        with when it names ``target``, else (another target served it, or no record) at ``target``'s pools'
+        utilizations now (``pool_utilizations``: the fleet's assumed utilization where none reports one), and on
+        the pools of its endpoints (an aggregated request prefilled on a decode endpoint
         runs both phases on the decode pool; without the endpoints, the mode's pools). Raises
         ``BudgetError`` for an unknown target or usage its prices cannot price."""
         t = None if target is None else self.target_spec(target)
@@ -719,11 +741,12 @@ class FleetState:
         mode = mode if mode in t.modes else t.modes[0]
         pools = None
         # the utilizations the estimate used are its target's pools': another target (a fallback that served
-        # it), or a decision nothing here knows (only the outcome log, after a key rotation), is priced at the
-        # fleet's assumed utilization, as any pool that reports none
-        u_p = u_d = pool_utilization(None, self.fleet)
+        # it), or a decision nothing here knows (only the outcome log, after a key rotation), is priced at its
+        # own pools' utilizations now
         if record is not None and record.target == target:
             u_p, u_d = record.prefill_utilization, record.decode_utilization
+        else:
+            u_p, u_d = self.pool_utilizations(target, mode)
         if record is not None and record.target == target and record.mode == mode:
             eps = self.fleet.endpoints
             decode = eps.get(record.endpoint)

@@ -57,16 +57,19 @@ def test_a_request_on_a_decode_endpoint_is_priced_at_the_decode_pools_utilizatio
 
 
 def test_an_outcome_served_by_another_on_prem_target_is_priced_at_its_utilization(base):
-    """A gateway fell back from the 70B model to the 8B one (no telemetry: the fleet's assumed
-    utilization, 1.0). Before: the 8B usage was priced at the utilization the decision's estimate used for
-    the 70B pools (20% here): $0.0000086, 4.8x its price."""
+    """A gateway fell back from the 70B model to the 8B one, whose endpoints report 25% utilization. Before: the
+    8B usage was priced at the utilization the decision's estimate used for the 70B pools (20% here), and then at
+    the fleet's assumed utilization (1.0) whatever the 8B pool reported: $0.0000225 against $0.0000869 at its 25%
+    (found by a new-user tester)."""
     fleet = load_fleet()
     d = httpx.post(f"{base}/v1/route", json=PROMPT).json()
     assert d["target"] == "onprem-70b", d
+    r = httpx.post(f"{base}/v1/telemetry", json=[{"endpoint": f"llama-8b-{i}", "load": {
+        "prefill_utilization": 0.25, "decode_utilization": 0.25}} for i in range(2)])
+    assert r.status_code == 200, r.text
     booked = _outcome(base, d["decision_id"], served_target="onprem-8b")
-    u = fleet.spec.defaults.assumed_utilization
     want = usage_cost("onprem-8b", fleet.targets["onprem-8b"], "aggregated", prompt_tokens=14, completion_tokens=50,
-                      prefill_utilization=u, decode_utilization=u).usd
+                      prefill_utilization=0.25, decode_utilization=0.25).usd
     assert booked == pytest.approx(want, rel=1e-6)
 
 
