@@ -371,7 +371,8 @@ class FrontierTarget(StrictModel):
     ``usd_per_1m_cache_write_1h_input_tokens`` for a 1-hour breakpoint): the estimate of an unmarked
     request credits no cache, and replay (whose requests carry no ``cache_control``) caches nothing.
     ``stored_state``: the tier holds the state a Responses API request continues (``previous_response_id``,
-    ``conversation``, ``item_reference`` items: responses, conversations and items the provider stored); None
+    ``conversation``, ``item_reference`` items, a ``prompt`` template: responses, conversations, items and prompt
+    templates the provider stored); None
     (the default) reads true for provider ``openai`` or ``azure`` and false for any other (``holds_stored_state``)."""
 
     kind: Literal["frontier"]
