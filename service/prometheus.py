@@ -36,8 +36,8 @@ Read from the live state at scrape time (``StateCollector``):
 ``pointsman_model_registry_reachable``                            1 when the model follower's last poll read the registry
 ``pointsman_model_follow_problem``                                1 when it keeps the model against its alias (why: /healthz)
 ``pointsman_effective_price_usd_per_token{target}``               today's spend ÷ completion tokens (UTC day)
-``pointsman_pool_prefill_utilization{target,pool}``               mean reported prefill utilization (0–1)
-``pointsman_pool_decode_utilization{target,pool}``                mean reported decode utilization (0–1)
+``pointsman_pool_prefill_utilization{target,pool}``               mean reported prefill utilization (0–1; fresh readings)
+``pointsman_pool_decode_utilization{target,pool}``                mean reported decode utilization (0–1; fresh readings)
 ``pointsman_load_signal_age_seconds{target,endpoint}``            age of each endpoint's pushed/scraped load
 ``pointsman_inflight_requests{target,endpoint}``                  requests dispatched and not yet settled
 ``pointsman_decision_log_pending``                                decisions waiting for the background writer
@@ -361,6 +361,11 @@ class StateCollector(Collector):
         inflight = GaugeMetricFamily("pointsman_inflight_requests", "Requests dispatched and not yet settled.",
                                      labels=["target", "endpoint"])
         pools: dict[tuple[str, str], dict[str, list[float]]] = {}
+        # a pool's utilization from readings the policy still reads: a stale one (older than its signals.load
+        # max_age_s, unless on_stale is ignore) is dropped from routing and pricing, so from the gauges too (its
+        # age stays exported: that is what to alert on)
+        staleness = engine.policy.staleness
+        fresh_for = math.inf if staleness.on_stale == "ignore" else staleness.max_age_s
         for eid, e in fleet.endpoints.items():
             r = readings.get(eid)
             if r is None:
@@ -371,6 +376,8 @@ class StateCollector(Collector):
             if r.inflight_requests:
                 inflight.add_metric([e.target, label], r.inflight_requests)
             acc = pools.setdefault((e.target, e.role), {"prefill": [], "decode": []})
+            if r.source != "inflight" and r.age_s(now) > fresh_for:
+                continue
             if _finite(r.prefill_utilization):
                 acc["prefill"].append(r.prefill_utilization)
             if _finite(r.decode_utilization):

@@ -454,3 +454,23 @@ def test_a_shadow_outcome_without_its_own_id_leaves_the_decision_to_its_real_out
     assert again["status"] == "duplicate"
     other = client.post("/v1/outcomes", json={**shadow, "served_target": "frontier-small"}).json()["acks"][0]
     assert other["status"] == "stored"
+
+
+def test_a_stale_utilization_leaves_the_pool_gauges(tmp_path):
+    """A pool's utilization gauge kept the last reading pushed half an hour before, while routing and pricing had
+    dropped it as stale (the policy's signals.load max_age_s): a dashboard showed a busy pool that nothing reads
+    (found by a tester). Past max_age_s the reading leaves the gauges; its age stays exported."""
+    import time
+
+    policy_path = tmp_path / "policy.yaml"
+    policy_path.write_text(STATIC_POLICY_PATH.read_text() + "\nsignals:\n  load: {max_age_s: 0.3}\n")
+    app, _ = make_app(tmp_path)
+    with TestClient(app) as client:
+        r = client.post("/v1/telemetry", json=[{"endpoint": "llama-70b-prefill-0", "load": {"prefill_utilization": 0.9}}])
+        assert r.status_code == 200, r.text
+        gauge = 'pointsman_pool_prefill_utilization{pool="prefill",target="onprem-70b"} 0.9'
+        assert gauge in client.get("/metrics").text
+        time.sleep(0.5)
+        metrics = client.get("/metrics").text
+        assert "pointsman_pool_prefill_utilization{" not in metrics  # before: 0.9 until another reading came
+        assert 'pointsman_load_signal_age_seconds{endpoint="llama-70b-prefill-0"' in metrics
