@@ -12,10 +12,11 @@ Guarantees (what ``docs``/README state):
   commit after it was answered. Committed decisions survive a killed process (WAL,
   ``synchronous=NORMAL``); a power loss may roll back the last ones, as documented in
   ``outcome_log/store.py``.
-- Before an outcome is stored, ``flush()`` commits every decision this process answered
-  before it, so an outcome never finds its decision still in memory here. (Another worker
-  process's decision may still be in that worker's queue; ``/v1/outcomes`` retries such
-  an outcome once after a flush interval.)
+- Before an outcome is stored, ``flush(decision_ids=...)`` commits its decision if it is still
+  in memory here (with the decisions queued before it; nothing when it was committed already),
+  so an outcome never finds its decision in memory here, and the outcome's ``fsync`` covers its
+  decision's row. (Another worker process's decision may still be in that worker's queue: the
+  outcome is stored as an orphan and joins it when it arrives, ``OutcomeLog.append_outcomes``.)
 - A decision is never dropped silently. If the queue is full (``max_queue`` decisions:
   the disk stalled), new decisions are answered but not logged, and each one is counted
   (``dropped``, metric ``pointsman_decision_log_total{result="dropped"}``) and logged as an
@@ -30,7 +31,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, TypeAlias
 
 from pointsman.errors import PointsmanError
@@ -74,6 +75,7 @@ class DecisionLogWriter:
         self._submitted = 0      # sequence number of the last submitted decision
         self._done = 0           # every decision up to this number is committed (or failed)
         self._flush_wanted = 0   # a caller waits for this number
+        self._seq_of: dict[str, int] = {}  # decision id -> sequence number, while queued or being committed
         self._closing = False
         self._thread: threading.Thread | None = None
         self.written = self.dropped = self.failed = 0
@@ -109,15 +111,21 @@ class DecisionLogWriter:
                 return False
             self._submitted += 1
             self._queue.append((self._submitted, decision, request, estimator, now))
+            self._seq_of[decision.decision_id] = self._submitted
             if len(self._queue) == 1:
                 self._cond.notify_all()
         return True
 
-    def flush(self, timeout_s: float = 10.0) -> bool:
-        """Commit every decision submitted before this call; returns False if that took longer than
-        ``timeout_s`` (or the writer is not running)."""
+    def flush(self, timeout_s: float = 10.0, decision_ids: Iterable[str] | None = None) -> bool:
+        """Commit every decision submitted before this call (``decision_ids``: only up to the last of
+        these still in memory, at once; True at once when none is); returns False if that took longer
+        than ``timeout_s`` (or the writer is not running)."""
         with self._cond:
-            target = self._submitted
+            if decision_ids is None:
+                target = self._submitted
+            else:
+                seq_of = self._seq_of
+                target = max((seq_of.get(d, 0) for d in decision_ids), default=0)
             if self._done >= target:
                 return True
             if not self.alive:
@@ -175,6 +183,9 @@ class DecisionLogWriter:
             self._commit(batch)
             with self._cond:
                 self._done = batch[-1][0]
+                for seq, decision, *_ in batch:
+                    if self._seq_of.get(decision.decision_id) == seq:
+                        del self._seq_of[decision.decision_id]
                 self._cond.notify_all()
 
     def _commit(self, batch: list[_Pending]) -> None:

@@ -3,8 +3,9 @@
 ``POST /v1/outcomes`` takes one outcome or a list (``pointsman/outcome.py``:
 decision id, usage, TTFT/TPOT/end-to-end latency, status, quality signals). In order:
 
-1. the decision log writer commits what this process decided (at once, at most ``FLUSH_WAIT_S``),
-   so an outcome and its decision made here join in the log; each outcome's decision is known
+1. the decision log writer commits the outcomes' decisions still in its memory (at once, at most
+   ``FLUSH_WAIT_S``; nothing when they are committed already), so an outcome and its decision made here
+   join in the log; each outcome's decision is known
    from its signed id (``FleetState.known``: any replica or
    worker with the shared key reads its target, scopes, estimate and inbox; or this process's
    own record). An outcome whose decision another replica logs (the id names its inbox) is
@@ -413,7 +414,9 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
     (``_settle_kept_draft``: only here are that escalation and the verified prefix known). Raises
     ``HTTPError`` 503 when the outcome log, the shared state (for an outcome to forward) or the ledger
     is unavailable."""
-    rt.writer.flush(timeout_s=FLUSH_WAIT_S)  # this process's decisions first, so its own outcomes join in the log
+    # their decisions first, when still in this process's memory: each outcome joins its decision in the log, and
+    # its fsync covers the decision's row
+    rt.writer.flush(FLUSH_WAIT_S, [item.decision_id for item in items if isinstance(item, OutcomeIn)])
     state = rt.live.engine.state
     sync = state.sync
     problems: list[OutcomeItemError | None] = [item if isinstance(item, OutcomeItemError) else None for item in items]

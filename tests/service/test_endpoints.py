@@ -358,6 +358,26 @@ def test_prompts_are_not_stored_unless_opted_in(tmp_path):
         assert (b"capital of France" in raw) is opt_in
 
 
+def test_an_outcome_is_stored_after_its_decision_and_waits_for_no_other(tmp_path):
+    """The decision log writer holds decisions up to ``decision_log_flush_ms`` (here a minute): an outcome
+    commits its own decision first (the outcome's fsync covers the row, and the two join in the log), but a
+    repeated outcome of a decision already committed leaves the decisions answered since in memory."""
+    app, _ = make_app(tmp_path, decision_log_flush_ms=60_000)
+    with TestClient(app) as c:
+        first = route(c)
+        r = c.post("/v1/outcomes", json={"decision_id": first["decision_id"], "outcome_id": "o1"})
+        assert r.status_code == 200 and r.json()["acks"][0]["status"] == "stored"
+        with OutcomeLog(tmp_path / "outcomes.db") as log:
+            joined = list(log.joined(decision_ids=[first["decision_id"]]))
+            assert [o.outcome_id for d in joined for o in d.outcomes] == ["o1"]
+        later = route(c)
+        r = c.post("/v1/outcomes", json={"decision_id": first["decision_id"], "outcome_id": "o1"})
+        assert r.json()["acks"][0]["status"] == "duplicate"
+        assert app.state.runtime.writer.pending == 1  # the later decision was not committed for it
+        with OutcomeLog(tmp_path / "outcomes.db") as log:
+            assert log.decision(later["decision_id"]) is None
+
+
 # -- auth -----------------------------------------------------------------------------------
 
 ENDPOINTS = [("post", "/v1/route", {"messages": [USER]}, "gateway"),

@@ -49,6 +49,29 @@ def test_writer_commits_on_flush_and_drains_on_close(tmp_path, engine):
         assert not writer.submit(last, req, engine.estimator) and writer.dropped == 1  # closed: counted
 
 
+def test_writer_flushes_only_for_the_decisions_still_in_memory(tmp_path, engine):
+    """``flush(decision_ids=...)`` commits those decisions (and the ones queued before them) at once, and
+    does nothing when none of them is still in memory: an outcome of a decision committed long ago does not
+    make the writer commit the decisions answered since."""
+    with OutcomeLog(tmp_path / "log.db") as log:
+        writer = DecisionLogWriter(log, flush_interval_s=30.0).start()
+        decisions = []
+        for i in range(3):
+            req = request_from_prompt(f"question {i}")
+            decisions.append(engine.route(req, dispatch=False))
+            assert writer.submit(decisions[-1], req, engine.estimator)
+        assert writer.flush(timeout_s=10, decision_ids=["not-decided-here"]) and writer.pending == 3
+        assert writer.flush(timeout_s=10, decision_ids=["not-decided-here", decisions[1].decision_id])
+        assert all(log.decision(d.decision_id) is not None for d in decisions[:2])
+        req = request_from_prompt("a later one")
+        later = engine.route(req, dispatch=False)
+        writer.submit(later, req, engine.estimator)
+        assert writer.flush(timeout_s=10, decision_ids=[decisions[0].decision_id]) and writer.pending == 1
+        assert writer.flush(timeout_s=10, decision_ids=[later.decision_id]) and writer.pending == 0
+        assert log.decision(later.decision_id) is not None
+        writer.close()
+
+
 def test_writer_drops_and_counts_beyond_its_queue(tmp_path, engine):
     with OutcomeLog(tmp_path / "log.db") as log:
         writer = DecisionLogWriter(log, max_queue=2)  # not started: nothing drains
