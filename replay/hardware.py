@@ -242,6 +242,14 @@ class ReplicaSpec:
         return (self.step_overhead_s + max(self.decode_base_s, linear) + kv_tokens * self.decode_per_kv_token_s
                 + pairs * self.prefill_s_per_token_pair + (self.prefill_overhead_s if prefill_tokens else 0.0))
 
+    def work_s(self, decode_tokens: int, kv_tokens: int, prefill_tokens: int = 0, pairs: float = 0.0) -> float:
+        """The seconds of ``step_s`` (same arguments) that grow with the step's tokens: the linear layers'
+        compute, the context reads and the attention, without the overheads and the memory floor
+        (``decode_base_s``) that a fuller step shares. What these tokens cost the replica however they
+        are batched: a lower bound of the GPU time they need."""
+        return (decode_tokens * self.decode_per_seq_s + prefill_tokens * self.prefill_s_per_token
+                + kv_tokens * self.decode_per_kv_token_s + pairs * self.prefill_s_per_token_pair)
+
     def prefill_s(self, new_tokens: int, cached_tokens: int = 0) -> float:
         """Seconds to prefill ``new_tokens`` prompt tokens after ``cached_tokens`` cached ones in
         one step of their own (no chunking, no decodes): ``step_s(0, 0, n, pairs)``.

@@ -65,7 +65,9 @@ class ReplicaStats:
 
     ``prefill_tokens``: prompt tokens computed (not cached; recomputation after a preemption
     included); ``decode_steps``: engine steps run; ``restored_tokens``: tokens restored from
-    the shared KV tier; ``preemptions``: requests preempted (to be recomputed).
+    the shared KV tier; ``preemptions``: requests preempted (to be recomputed); ``work_s``: the
+    part of the busy time that grows with the tokens computed (``ReplicaSpec.work_s``: what they
+    need however they are batched; a replica decoding one sequence is busy, not loaded).
     """
 
     target: str
@@ -78,6 +80,7 @@ class ReplicaStats:
     decode_steps: int
     restored_tokens: int
     preemptions: int = 0
+    work_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,7 @@ class SimReplica:
         "waiting", "running", "partials", "pending", "joining", "inbound", "loading", "held",
         "ndec", "kv_dec", "res", "ends", "state", "token", "steps",
         "plan", "plan_dec", "t0", "t_end", "pfrac", "c", "half", "k",
-        "busy_prefill_s", "busy_decode_s", "prefill_tokens", "restored_tokens", "preemptions",
+        "busy_prefill_s", "busy_decode_s", "work_s", "prefill_tokens", "restored_tokens", "preemptions",
     )  # fmt: skip
 
     def __init__(self, tgt: SimTarget, role: str, index: int) -> None:
@@ -187,6 +187,7 @@ class SimReplica:
         self.k = 0
         self.busy_prefill_s = 0.0
         self.busy_decode_s = 0.0
+        self.work_s = 0.0  # the token-proportional part of the busy time (ReplicaSpec.work_s)
         self.prefill_tokens = 0
         self.restored_tokens = 0
         self.preemptions = 0

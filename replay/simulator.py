@@ -495,6 +495,7 @@ class _Simulator:
         rep.token += 1
         rep.busy_prefill_s += dur * rep.pfrac
         rep.busy_decode_s += dur * (1.0 - rep.pfrac)
+        rep.work_s += spec.work_s(ndec, rep.kv_dec, pre_tokens, pairs)
         tgt = rep.tgt
         if rep.pfrac > 0:
             add_busy(tgt.prefill_bins, now, now + dur * rep.pfrac, self.origin, self.bin_s)
@@ -631,6 +632,7 @@ class _Simulator:
             if not rep.cache.grow((), rep.crossings(k)):
                 raise RuntimeError(f"simulator bug: {rep.target}/{rep.role}[{rep.index}] decode epoch over its KV")
             rep.steps += k
+            rep.work_s += k * rep.spec.work_s(rep.ndec, rep.kv_dec) + rep.half * k * (k - 1)  # contexts grow each step
             rep.kv_dec += rep.ndec * k
         else:
             rep.steps += 1
@@ -868,6 +870,7 @@ def simulate(
             gpus=r.spec.gpus,
             prefill_busy_s=r.busy_prefill_s,
             decode_busy_s=r.busy_decode_s,
+            work_s=r.work_s,
             prefill_tokens=r.prefill_tokens,
             decode_steps=r.steps,
             restored_tokens=r.restored_tokens,

@@ -38,7 +38,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from pointsman.replay.results import ReplayResult, RequestResult
+from pointsman.replay.results import ReplayResult, ReplicaStats, RequestResult
+from pointsman.replay.sim_fleet import OnPremTarget
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,14 @@ def meets_slo(r: RequestResult, slo: SLO) -> bool:
         (r.tpot_s is None or r.tpot_s <= slo.tpot_s)
 
 
+def busy_energy_usd_of(rs: ReplicaStats, target: OnPremTarget) -> float:
+    """USD of the energy above idle power that replica ``rs`` of ``target`` drew while busy: GPUs x
+    (TDP - idle) kW x busy hours x ``electricity_usd_per_kwh``."""
+    spec = target.spec_for(rs.role)
+    busy_h = (rs.prefill_busy_s + rs.decode_busy_s) / 3600
+    return rs.gpus * (spec.gpu_tdp_kw - spec.gpu_idle_kw) * busy_h * target.electricity_usd_per_kwh
+
+
 def summarize(result: ReplayResult, slo: SLO | None = None,
               quality: Callable[[RequestResult], float | None] | None = None) -> Summary:
     """Summarize a replay (see the module docstring for every definition). ``quality(r)``:
@@ -149,7 +158,7 @@ def summarize(result: ReplayResult, slo: SLO | None = None,
         spec = t.spec_for(rs.role)
         energy_kwh = rs.gpus * (spec.gpu_idle_kw * window_h + (spec.gpu_tdp_kw - spec.gpu_idle_kw) * busy_h)
         onprem_cost += rs.gpus * window_h * t.gpu_hour_usd + energy_kwh * t.electricity_usd_per_kwh
-        busy_energy_usd += rs.gpus * (spec.gpu_tdp_kw - spec.gpu_idle_kw) * busy_h * t.electricity_usd_per_kwh
+        busy_energy_usd += busy_energy_usd_of(rs, t)
         acc = per_target[rs.target]
         acc[0] += rs.prefill_busy_s * rs.gpus
         acc[1] += rs.decode_busy_s * rs.gpus
