@@ -146,7 +146,7 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
     from pointsman.cli.replay import _drafts, _estimator, _load_trace
     from pointsman.plan.evaluate import PlanInputs
     from pointsman.plan.planner import PlanSettings, plan
-    from pointsman.plan.report import table, write_report
+    from pointsman.plan.report import OVERLOAD_NOTE, table, write_report
     from pointsman.plan.shapes import ShapeSpace
     from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
     from pointsman.policy.rules.compiler import DEFAULT_POLICY_DIR, load_policy
@@ -226,8 +226,8 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
             return
         click.echo(f"[{elapsed:5.0f}s] {where} #{n:<3d} {r.label}{scale}: ${r.usd_per_month:,.0f}/month, SLO "
                    f"{r.slo_attainment:.1%}, quality {'n/a' if math.isnan(r.quality) else f'{r.quality:.3f}'}, {r.gpus} GPUs, "
-                   f"{r.wall_s:.1f}s"
-                   f"{'  meets' if r.slo_attainment >= goal else ''}", err=True)
+                   f"{r.wall_s:.1f}s{'  meets' if r.meets(goal) else ''}{'  ' + _overload(r) if r.overloaded else ''}",
+                   err=True)
 
     click.echo(f"planning on {len(requests)} requests of {trace.name} (SLO class {slo_name}: TTFT <= {slo.ttft_s} s, "
                f"TPOT <= {slo.tpot_s} s, goal {goal:.0%}) with {policy_file.name}, {workers} workers, time budget "
@@ -254,11 +254,14 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
               table(outcome.full, marks, {label: {x * scales[0]: r for x, r in by.items()}
                                           for label, by in outcome.growth.items()}), ""]
     reproduce = ""
+    if any(r.overloaded for r in [*outcome.front, *outcome.full, *(g for by in outcome.growth.values()
+                                                                    for g in by.values())]):
+        lines.append(OVERLOAD_NOTE)
     lines.append(f"quality floor: {quality_floor}")
     for stale in (out_dir / "fleet.yaml", out_dir / "policy.yaml"):  # an earlier plan's recommendation
         stale.unlink(missing_ok=True)
     if rec is None:
-        lines.append(f"no shape replayed on the whole trace meets {goal:.0%} SLO attainment"
+        lines.append(f"no shape replayed on the whole trace meets {goal:.0%} SLO attainment without overload"
                      + (f" and quality {min_quality:.3f}" if min_quality > 0 else "")
                      + (f" within ${budget:,.0f}/month" if math.isfinite(budget) else "")
                      + ": no fleet file written")
@@ -302,17 +305,18 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
                      + (f" ({1 - rec.usd_per_mtok / reference[1]:.1%} below all-frontier's ${reference[1]:.2f})"
                         if reference is not None and reference[1] > 0 else "") + ", on-prem utilization "
                      f"{rec.utilization:.1%} (prefill {rec.prefill_utilization:.1%}, decode {rec.decode_utilization:.1%})")
-        verdict = "meets" if base.slo_attainment >= goal else "misses"
+        verdict = "meets" if base.meets(goal) else "misses"
         lines.append(f"against the base fleet ({base.label}: ${base.usd_per_month:,.0f}/month, SLO "
-                     f"{base.slo_attainment:.1%}, {verdict} the {goal:.0%} goal): changes "
+                     f"{base.slo_attainment:.1%}{f' ({_overload(base)})' if base.overloaded else ''}, {verdict} the "
+                     f"{goal:.0%} goal): changes "
                      f"{_changes(space, base.shape, rec.shape)}; "
                      f"{'saves' if base.usd_per_month >= rec.usd_per_month else 'costs'} "
                      f"${abs(base.usd_per_month - rec.usd_per_month):,.0f}/month")
         if len(scales) > 1:
             for shape_result, name in ((rec, "recommended"), (base, "base")):
                 by = outcome.growth.get(shape_result.label, {})
-                ok = [f"x{x * scales[0]:g}" for x in sorted(by) if by[x].slo_attainment >= goal]
-                at = "; ".join(f"x{x * scales[0]:g}: SLO {by[x].slo_attainment:.1%}, frontier "
+                ok = [f"x{x * scales[0]:g}" for x in sorted(by) if by[x].meets(goal)]
+                at = "; ".join(f"x{x * scales[0]:g}: SLO {by[x].slo_attainment:.1%}{f' ({_overload(by[x])})' if by[x].overloaded else ''}, frontier "
                                f"${by[x].frontier_usd_per_month:,.0f}/month, total ${by[x].usd_per_month:,.0f}/month"
                                for x in sorted(by))
                 lines.append(f"growth ({name}): meets the goal at {', '.join(ok) if ok else 'no scale'}; {at}")
@@ -341,6 +345,12 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
     click.echo(f"report: {written['html']} ({', '.join(p.name for p in written.values())}); {wall:.0f} s")
     if rec is None:  # the search ran and found nothing to recommend: exit status 1, as a failed check
         raise CheckFailed()
+
+
+def _overload(r: ShapeResult) -> str:
+    """Why an overloaded result does not meet the goal: its most loaded pool and that pool's load."""
+    pool, x = r.peak_load
+    return f"overloaded: {pool} at {x:.0%} of its GPU time over the arrival span"
 
 
 def _frontier_prices(fleet: Fleet, requests: Sequence[TraceRequest]) -> list[float]:

@@ -13,6 +13,8 @@ with ``replay.goodput.scaled``) and priced:
   the first arrival to the last: the trace's traffic as if it went on all month (the window also
   holds the drain after the last arrival, which is no traffic: dividing the bills by it priced a
   month of a 300-request Mooncake slice, 87 s of arrivals in a 127 s window, at 69% of its traffic);
+  a replica busy longer than the span (an overloaded pool, or answers still decoding after the last
+  arrival) draws busy power for the whole month at most, so its busy seconds count up to the span;
 - plus the shared KV tiers' DRAM (``plan.prices``);
 - effective price per token = the monthly total / the month's output tokens (per 1M).
 
@@ -43,7 +45,7 @@ from pointsman.replay.fleet_map import sim_fleet
 from pointsman.replay.goodput import MemoEstimator, meets, scaled
 from pointsman.replay.outcome_draw import OutcomeRow
 from pointsman.replay.runs import replay_all
-from pointsman.replay.summary import SLO
+from pointsman.replay.summary import SLO, busy_energy_usd_of
 
 
 @dataclass
@@ -78,7 +80,10 @@ class ShapeResult:
     utilization per time bin; ``error``: why the shape is invalid (then every number is NaN); ``requests``: requests replayed;
     ``inputs``: which inputs of the plan (``search`` window or ``full`` trace) it ran on;
     ``misses``: per on-prem target the requests routed there that missed the SLO, by first cause
-    (``rejected``, ``ttft``, ``tpot``): where the shape is short of capacity."""
+    (``rejected``, ``ttft``, ``tpot``): where the shape is short of capacity; ``load``: per on-prem
+    pool (``target/role``, role ``aggregated``, ``prefill`` or ``decode``) the work its replicas'
+    steps needed (``ReplicaStats.work_s``, GPU-seconds) over their GPU-seconds in the arrival span
+    (the window when every arrival is at one instant): above 1 the pool is ``overloaded``."""
 
     shape: Shape
     scale: float
@@ -104,11 +109,30 @@ class ShapeResult:
     requests: int = 0
     inputs: str = ""
     misses: dict[str, dict[str, int]] = field(default_factory=dict)
+    load: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         """Whether the shape was replayed (its fleet and policy were valid)."""
         return self.error is None
+
+    @property
+    def peak_load(self) -> tuple[str, float]:
+        """(pool, load) of the most loaded on-prem pool (``load``); ("", 0.0) without one."""
+        return max(self.load.items(), key=lambda kv: kv[1], default=("", 0.0))
+
+    @property
+    def overloaded(self) -> bool:
+        """Whether a pool's work exceeds its GPU time over the arrival span (``peak_load`` above 1):
+        in steady state its queues grow without bound, so its SLO attainment holds only because the
+        trace ends and the backlog drains after the last arrival."""
+        return self.peak_load[1] > 1.0
+
+    def meets(self, goal: float) -> bool:
+        """Whether the shape meets the SLO ``goal``: replayed, not ``overloaded``, and its SLO
+        attainment at least ``goal``. The one test of "meets the goal" (search, recommendation,
+        validation candidates, growth)."""
+        return self.ok and not self.overloaded and self.slo_attainment >= goal
 
 
 def compile_shape(inputs: PlanInputs, shape: Shape) -> tuple[Fleet, CompiledPolicy]:
@@ -144,8 +168,19 @@ def evaluate(inputs: PlanInputs, estimator: Estimator, shape: Shape, scale: floa
     month = HOURS_PER_MONTH * 3600 / s.window_s
     traffic_s = trace[-1].arrival_s - trace[0].arrival_s if trace else 0.0
     traffic = HOURS_PER_MONTH * 3600 / traffic_s if traffic_s > 0 else month
-    busy_usd = s.onprem_busy_energy_usd
-    onprem = (s.onprem_cost_usd - busy_usd) * month + busy_usd * traffic
+    # per on-prem pool, its replicas' work over their GPU time in the arrival span (ShapeResult.load);
+    # a replica's busy power is billed for at most the whole span: a month has no more GPU time
+    span = traffic_s if traffic_s > 0 else s.window_s
+    targets = {t.name: t for t in result.fleet.on_prem}
+    pools: dict[str, list[float]] = {}
+    busy_usd = 0.0
+    for rs in result.replicas:
+        acc = pools.setdefault(f"{rs.target}/{rs.role}", [0.0, 0.0])
+        acc[0] += rs.work_s * rs.gpus
+        acc[1] += span * rs.gpus
+        busy_s = rs.prefill_busy_s + rs.decode_busy_s
+        busy_usd += busy_energy_usd_of(rs, targets[rs.target]) * min(1.0, span / busy_s) if busy_s > 0 else 0.0
+    onprem = (s.onprem_cost_usd - s.onprem_busy_energy_usd) * month + busy_usd * traffic
     frontier = s.frontier_cost_usd * traffic
     kv = space.kv_usd_per_month(shape)
     total = onprem + frontier + kv
@@ -160,10 +195,9 @@ def evaluate(inputs: PlanInputs, estimator: Estimator, shape: Shape, scale: floa
             busy = list(tl.get(f"{phase}_busy_s", []))[:n]
             busy += [0.0] * (n - len(busy))
             series[f"{t.name}/{phase}"] = [b * (t.gpus / reps) / (t.gpus * inputs.bin_s) for b in busy]
-    on_prem = {t.name for t in result.fleet.on_prem}
-    misses: dict[str, dict[str, int]] = {name: {"rejected": 0, "ttft": 0, "tpot": 0} for name in on_prem}
+    misses: dict[str, dict[str, int]] = {name: {"rejected": 0, "ttft": 0, "tpot": 0} for name in targets}
     for r in result.requests:
-        if r.routed_target not in on_prem or meets(r, inputs.slo):
+        if r.routed_target not in targets or meets(r, inputs.slo):
             continue
         cause = "rejected" if r.rejected is not None or r.ttft_s is None else \
             "ttft" if r.ttft_s > inputs.slo.ttft_s else "tpot"
@@ -175,7 +209,8 @@ def evaluate(inputs: PlanInputs, estimator: Estimator, shape: Shape, scale: floa
         quality=s.quality, frontier_share=s.frontier_share, ttft_p99_s=s.ttft_p99_s, tpot_p99_s=s.tpot_p99_s,
         utilization=s.prefill_utilization + s.decode_utilization, prefill_utilization=s.prefill_utilization,
         decode_utilization=s.decode_utilization, per_target=s.utilization, series=series,
-        wall_s=time.perf_counter() - t0, requests=len(trace), misses=misses)
+        wall_s=time.perf_counter() - t0, requests=len(trace), misses=misses,
+        load={pool: work / gpu_s for pool, (work, gpu_s) in pools.items() if gpu_s > 0})
 
 
 # -- worker processes ------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 self-contained ``plan.html`` (the table and the PNGs as base64), in the ``--out`` folder.
 
 Plots: **front** (monthly cost vs SLO attainment of every shape the search evaluated, its front
-joined, the shapes replayed on the whole trace, the recommended and the base shape marked, the
-goal drawn); **prefill utilization** and **decode
+joined, the shapes replayed on the whole trace, the overloaded ones crossed, the recommended and
+the base shape marked, the goal drawn); **prefill utilization** and **decode
 utilization** over time on separate charts (the two phases load GPUs differently), one line per
 on-prem target for the recommended and the base shape; **growth** (SLO attainment and the
 frontier bill per month of the front shapes at each ``--scale``). matplotlib (the ``replay``
@@ -29,11 +29,12 @@ def _fmt(x: float, spec: str) -> str:
 def table(rows: Sequence[ShapeResult], marks: Mapping[str, str] | None = None,
           growth: Mapping[str, Mapping[float, ShapeResult]] | None = None) -> str:
     """One line per shape: GPUs, monthly cost (total, on-prem, frontier, KV tier), SLO attainment,
-    quality, $/Mtok, on-prem utilization (prefill + decode), TTFT / TPOT p99 and, with ``growth``,
-    attainment and frontier bill at each other scale; ``marks``: a tag per label."""
+    quality, $/Mtok, on-prem utilization (prefill + decode), load (``_load``), TTFT / TPOT p99
+    and, with ``growth``, attainment (``overloaded`` when it is) and frontier bill at each other
+    scale; ``marks``: a tag per label."""
     scales = sorted({x for g in (growth or {}).values() for x in g})
     head = ["shape", "GPUs", "$/month", "on-prem", "frontier", "KV tier", "SLO", "quality", "$/Mtok",
-            "util P+D", "TTFT p99", "TPOT p99"] + [f"x{x:g} SLO / frontier $" for x in scales]
+            "util P+D", "load", "TTFT p99", "TPOT p99"] + [f"x{x:g} SLO / frontier $" for x in scales]
     lines = [head]
     for r in rows:
         tag = (marks or {}).get(r.label, "")
@@ -41,17 +42,30 @@ def table(rows: Sequence[ShapeResult], marks: Mapping[str, str] | None = None,
                 f"{r.onprem_usd_per_month:,.0f}", f"{r.frontier_usd_per_month:,.0f}", f"{r.kv_usd_per_month:,.0f}",
                 _fmt(r.slo_attainment, ".1%"), _fmt(r.quality, ".3f"), _fmt(r.usd_per_mtok, ".2f"),
                 f"{_fmt(r.utilization, '.1%')} ({_fmt(r.prefill_utilization, '.0%')}+"
-                f"{_fmt(r.decode_utilization, '.0%')})",
+                f"{_fmt(r.decode_utilization, '.0%')})", _load(r),
                 _fmt(r.ttft_p99_s, ".2f") + "s", _fmt(r.tpot_p99_s * 1000, ".0f") + "ms"]
         for x in scales:
             g = (growth or {}).get(r.label, {}).get(x)
-            line.append("-" if g is None else f"{g.slo_attainment:.1%} / {g.frontier_usd_per_month:,.0f}")
+            line.append("-" if g is None else f"{g.slo_attainment:.1%}{' overloaded' if g.overloaded else ''} / "
+                        f"{g.frontier_usd_per_month:,.0f}")
         lines.append(line)
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     out = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
            for row in lines]
     out.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(out)
+
+
+def _load(r: ShapeResult) -> str:
+    """The most loaded on-prem pool's load (``ShapeResult.peak_load``), ``overloaded`` above 100%."""
+    return _fmt(r.peak_load[1], ".0%") + (" overloaded" if r.overloaded else "")
+
+
+#: The report's legend of the load column, printed when a shape in it is overloaded.
+OVERLOAD_NOTE = ("load: the most loaded on-prem pool's work (the step time that grows with its tokens) over its GPU "
+                 "time in the arrival span; overloaded (above 100%): its queues grow without bound while such "
+                 "traffic lasts, and its SLO attainment holds only because the trace ends and the backlog drains "
+                 "after the last arrival: it does not meet the goal (plan.json: load per pool)")
 
 
 def result_dict(r: ShapeResult, with_series: bool = False) -> dict[str, object]:
@@ -67,6 +81,7 @@ def result_dict(r: ShapeResult, with_series: bool = False) -> dict[str, object]:
         "frontier_share": r.frontier_share, "ttft_p99_s": r.ttft_p99_s, "tpot_p99_s": r.tpot_p99_s,
         "utilization": r.utilization, "prefill_utilization": r.prefill_utilization,
         "decode_utilization": r.decode_utilization, "per_target_utilization": r.per_target, "misses": r.misses,
+        "load": r.load, "overloaded": r.overloaded,
         "requests": r.requests, "wall_s": r.wall_s,
     }
     if with_series:
@@ -95,6 +110,10 @@ def _plot_front(results: Sequence[ShapeResult], front: Sequence[ShapeResult], re
             label="front (search; cost, SLO, quality)")
     ax.scatter([r.usd_per_month for r in full], [r.slo_attainment for r in full], marker="D", s=30, c="#ff7f0e",
                label="whole trace")
+    over = [r for r in [*results, *full] if r.overloaded]
+    if over:
+        ax.scatter([r.usd_per_month for r in over], [r.slo_attainment for r in over], marker="x", s=40, c="#000",
+                   label="overloaded (does not meet the goal)")
     ax.scatter([base.usd_per_month], [base.slo_attainment], marker="s", s=80, c="#d62728", label="base fleet")
     if rec is not None:
         ax.scatter([rec.usd_per_month], [rec.slo_attainment], marker="*", s=220, c="#2ca02c", label="recommended")
@@ -192,4 +211,4 @@ def write_report(out_dir: Path, meta: Mapping[str, object], results: Sequence[Sh
     return paths
 
 
-__all__ = ["result_dict", "table", "write_report"]
+__all__ = ["OVERLOAD_NOTE", "result_dict", "table", "write_report"]

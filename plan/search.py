@@ -14,9 +14,10 @@ workers' ``search`` inputs (the whole trace, or its busiest window: ``busiest_wi
    (``ShapeSpace.neighbors``: one replica more or fewer, one moved between pools, aggregated <->
    disaggregated, prefill replicas twice or half as wide, another step budget, a target dropped,
    the next KV tier size, another GPU type, one policy knob to its next value) in parallel.
-   Which shape: while none qualifies (the SLO
-   goal and the quality floor), the one closest to qualifying (``_shortfall``: attainment under
-   the goal plus quality under the floor; an ascent), its neighbours ordered by where its misses
+   Which shape: while none qualifies (meets the SLO
+   goal, ``ShapeResult.meets``: no overloaded pool, and the quality floor), the one closest to
+   qualifying (``_shortfall``: attainment under the goal plus load over 1 plus quality under the
+   floor; an ascent), its neighbours ordered by where its misses and overloaded pools
    are (``_priority``: prefill GPUs for TTFT misses, decode replicas for TPOT misses, per dollar;
    policy knobs, then wider prefill replicas first when only quality is short); then, in turn,
    the cheapest not fully expanded shape that qualifies (a descent, largest saving first) and the
@@ -108,17 +109,19 @@ def smallest_shapes(space: ShapeSpace) -> list[Shape]:
 
 
 def _shortfall(r: ShapeResult, goal: float, min_quality: float) -> float:
-    """How far ``r`` is from qualifying: SLO attainment under ``goal`` plus quality under
-    ``min_quality`` (NaN quality: 0), both shares."""
+    """How far ``r`` is from qualifying: SLO attainment under ``goal``, plus its most loaded pool's
+    load over 1 (``ShapeResult.overloaded``), plus quality under ``min_quality`` (NaN quality: 0),
+    all shares; 0 exactly when ``r.meets(goal)`` and its quality reaches the floor."""
     q = 0.0 if math.isnan(r.quality) else r.quality
-    return max(0.0, goal - r.slo_attainment) + max(0.0, min_quality - q)
+    return max(0.0, goal - r.slo_attainment) + max(0.0, r.peak_load[1] - 1.0) + max(0.0, min_quality - q)
 
 
 def _priority(space: ShapeSpace, current: ShapeResult, shape: Shape, ascending: bool,
               quality_short: bool = False) -> tuple[float, float]:
     """Sort key of a neighbour (lower first). Ascending: replicas added where ``current``'s
     misses are (prefill replicas for TTFT misses, decode for TPOT, aggregated for both, all
-    three for rejections), per dollar of floor added; when ``current`` meets the SLO goal but
+    three for rejections; an overloaded pool as its load over 1 times the requests missing
+    there), per dollar of floor added; when ``current`` meets the SLO goal but
     not the quality floor (``quality_short``), a policy setting changed first (it costs no GPU; a
     move toward quality first, ``TuningSpace.toward_quality``), then wider prefill replicas (long
     prompts that overflow to a frontier tier because their prefill alone would miss the TTFT
@@ -135,9 +138,13 @@ def _priority(space: ShapeSpace, current: ShapeResult, shape: Shape, ascending: 
     for t in space.targets:
         m = current.misses.get(t.name, {})
         ttft, tpot, rej = m.get("ttft", 0), m.get("tpot", 0), m.get("rejected", 0)
+        # an overloaded pool counts as that share of the requests missing there
+        over = {role: max(0.0, current.load.get(f"{t.name}/{role}", 0.0) - 1.0) * current.requests
+                for role in ("aggregated", "prefill", "decode")}
         a, b = current.shape.of(t.name), shape.of(t.name)
-        gain += (b.prefill * b.prefill_tp - a.prefill * a.prefill_tp) * (ttft + rej) + (b.decode - a.decode) * (tpot + rej) \
-            + (b.aggregated - a.aggregated) * (ttft + tpot + rej) + (b.kv_level - a.kv_level) * ttft * 0.5
+        gain += (b.prefill * b.prefill_tp - a.prefill * a.prefill_tp) * (ttft + rej + over["prefill"]) \
+            + (b.decode - a.decode) * (tpot + rej + over["decode"]) \
+            + (b.aggregated - a.aggregated) * (ttft + tpot + rej + over["aggregated"]) + (b.kv_level - a.kv_level) * ttft * 0.5
     return (-gain / max(delta, 1.0) if gain > 0 else 1.0, delta)
 
 
@@ -255,7 +262,7 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
         if floor > budget_usd_per_month:
             out.pruned_cost += 1
             return False
-        if assume_monotone and any(r.slo_attainment < goal and space.covered_by(shape, r.shape)
+        if assume_monotone and any(not r.meets(goal) and space.covered_by(shape, r.shape)
                                    for r in out.results.values()):
             out.pruned_miss += 1
             return False
@@ -280,7 +287,7 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
         """The cheapest-floor result meeting the SLO goal whose fleet is not tuned yet (module docstring)."""
         if space.policy.threshold_axes() == (None, None) or min_quality <= 0:
             return None
-        ready = [r for r in out.results.values() if r.slo_attainment >= goal and (r.shape.pools, r.shape.gpu) not in tuned
+        ready = [r for r in out.results.values() if r.meets(goal) and (r.shape.pools, r.shape.gpu) not in tuned
                  and (best is None or space.floor_usd_per_month(r.shape) < best.usd_per_month)]
         return min(ready, key=lambda r: (space.floor_usd_per_month(r.shape), r.usd_per_month), default=None)
 
@@ -321,7 +328,7 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
         floor = space.floor_usd_per_month(current.shape)
         batch = [s for s in space.neighbors(current.shape)
                  if admissible(s, floor if meets_goal else math.inf)]
-        short = current.slo_attainment >= goal and not meets_goal
+        short = current.meets(goal) and not meets_goal
         batch.sort(key=lambda s: _priority(space, current, s, not meets_goal, short))
         if len(batch) <= batch_size:
             expanded.add(current.shape)
@@ -345,13 +352,14 @@ def busiest_window(trace: Sequence[TraceRequest], n: int) -> tuple[int, int]:
 
 def validation_candidates(results: Sequence[ShapeResult], goal: float, k: int,
                           budget_usd_per_month: float = math.inf, min_quality: float = 0.0) -> list[ShapeResult]:
-    """Up to ``k`` search results within the budget that meet ``goal`` and ``min_quality``, cheapest
-    first, then (the whole trace may be easier than its peak window) those missing either by at
-    most a third of ``NEAR_MISS`` (NaN quality passes only a floor of 0), cheapest first; results
+    """Up to ``k`` search results within the budget that meet ``goal`` (``ShapeResult.meets``) and
+    ``min_quality``, cheapest first, then (the whole trace may be easier than its peak window) those
+    missing either, or overloaded, by at most a third of ``NEAR_MISS`` (NaN quality passes only a
+    floor of 0), cheapest first; results
     with the same cost, attainment and quality as one already taken (policy settings that changed
     no decision) are left out."""
     near = [r for r in results if r.ok and r.slo_attainment >= goal - NEAR_MISS / 3
-            and r.usd_per_month <= budget_usd_per_month
+            and r.peak_load[1] <= 1 + NEAR_MISS / 3 and r.usd_per_month <= budget_usd_per_month
             and (min_quality <= 0 or (not math.isnan(r.quality) and r.quality >= min_quality - NEAR_MISS / 3))]
     near.sort(key=lambda r: (_shortfall(r, goal, min_quality) > 0, r.usd_per_month, -r.slo_attainment))
     out: list[ShapeResult] = []
@@ -378,13 +386,13 @@ def run_jobs(jobs: list[Job], workers: Workers, log: Callable[[ShapeResult, int]
 
 
 def meets_up_to(shape: Shape, scale_results: list[ShapeResult], scales: list[float], goal: float) -> float:
-    """The highest of ``scales`` up to which ``shape`` meets ``goal`` at every scale (0 when it
-    misses at the first)."""
+    """The highest of ``scales`` up to which ``shape`` meets ``goal`` (``ShapeResult.meets``) at every
+    scale (0 when it misses at the first)."""
     by_scale = {r.scale: r for r in scale_results if r.shape == shape and r.ok}
     ok = 0.0
     for x in sorted(scales):
         r = by_scale.get(x)
-        if r is None or r.slo_attainment < goal:
+        if r is None or not r.meets(goal):
             break
         ok = x
     return ok

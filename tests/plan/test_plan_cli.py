@@ -38,14 +38,28 @@ def _plan(tmp_path: Path, fleet: Path, policy: Path, trace: Path, *extra: str) -
     return json.loads((out / "plan.json").read_text()), result.output
 
 
-def _planned_month(summary: dict, span_s: float, kv_usd_per_month: float) -> tuple[float, float]:
-    """(USD per month, USD per 1M output tokens) of a replayed window as the plan prices a month of it
-    (plan.evaluate): its time (GPU rent, idle power) scaled by the window, its work (frontier bills,
-    busy power, output tokens) by ``span_s``, the span of the arrivals; plus the KV tier."""
+def _planned_month(summary: dict, span_s: float, rec: dict) -> tuple[float, float]:
+    """(USD per month, USD per 1M output tokens) of a replayed window as the plan prices a month of
+    the shape ``rec`` (plan.json) (plan.evaluate): its time (GPU rent, idle power) scaled by the
+    window, its work (frontier bills, busy power, output tokens) by ``span_s``, the span of the
+    arrivals, a pool's busy power for at most the span (the replay's busy share of one on-prem target's
+    GPU time: its prefill and decode phases are its P/D pools, or both its aggregated pool; a pool's
+    replicas equally busy); plus the KV tier."""
     month_s = 730 * 3600
+    (name, u), = summary["utilization"].items()  # one on-prem target, all its GPUs of one kind
+    p = rec["pools"][name]
+    if p["aggregated"]:
+        assert not p["prefill"]
+        pools = [(u["prefill"] + u["decode"], 1.0)]
+    else:
+        pf, dc = p["prefill"] * p["prefill_tp"], p["decode"]
+        pools = [(u["prefill"], pf / (pf + dc)), (u["decode"], dc / (pf + dc))]
+    # per pool, (busy share of the target's GPU time, the pool's share of its GPUs)
+    busy_share = sum(b for b, _ in pools)
+    capped = sum(min(b, g * span_s / summary["window_s"]) for b, g in pools) / busy_share if busy_share else 1.0
     busy = summary["onprem_busy_energy_usd"]
     usd = ((summary["onprem_cost_usd"] - busy) * month_s / summary["window_s"]
-           + (busy + summary["frontier_cost_usd"]) * month_s / span_s + kv_usd_per_month)
+           + (busy * capped + summary["frontier_cost_usd"]) * month_s / span_s + rec["kv_usd_per_month"])
     return usd, usd / (summary["output_tokens"] * month_s / span_s) * 1e6
 
 
@@ -95,7 +109,7 @@ def test_prefill_heavy_load_gets_a_larger_prefill_pool(tmp_path: Path, plan_file
     summary = json.loads((tmp_path / "replay" / "report.json").read_text())["runs"]["policy"]["summary"]
     assert summary["slo_attainment"] == pytest.approx(rec["slo_attainment"])
     # a month of the replayed window (160 arrivals at 10/s: 0 to 15.9 s)
-    assert _planned_month(summary, 15.9, rec["kv_usd_per_month"]) == pytest.approx(
+    assert _planned_month(summary, 15.9, rec) == pytest.approx(
         (rec["usd_per_month"], rec["usd_per_mtok"]), rel=1e-9)
     assert summary["ttft_p99_s"] == pytest.approx(rec["ttft_p99_s"])
 
@@ -259,7 +273,7 @@ def test_the_plan_tunes_a_threshold_with_the_shape_and_its_policy_file_reproduce
     summary = json.loads((tmp_path / "replay" / "report.json").read_text())["runs"]["policy"]["summary"]
     assert summary["slo_attainment"] == pytest.approx(rec["slo_attainment"])
     assert summary["quality"] == pytest.approx(rec["quality"])
-    assert _planned_month(summary, _span_s(_shared_conv(), 40), rec["kv_usd_per_month"]) == pytest.approx(
+    assert _planned_month(summary, _span_s(_shared_conv(), 40), rec) == pytest.approx(
         (rec["usd_per_month"], rec["usd_per_mtok"]), rel=1e-9)
 
 
@@ -324,7 +338,7 @@ def test_the_plan_replays_the_cascade_as_its_reproduce_command_does(tmp_path: Pa
         summary = json.loads((tmp_path / "replay" / "report.json").read_text())["runs"]["default"]["summary"]
         assert (summary["quality"] == pytest.approx(rec["quality"])) is same or summary["escalated"] == 0
         if same:
-            assert _planned_month(summary, _span_s(_shared_conv(), 60), rec["kv_usd_per_month"]) == pytest.approx(
+            assert _planned_month(summary, _span_s(_shared_conv(), 60), rec) == pytest.approx(
                 (rec["usd_per_month"], rec["usd_per_mtok"]), rel=1e-9)
 
 
@@ -406,3 +420,24 @@ def test_a_trace_without_prefix_blocks_is_planned_without_a_kv_tier(tmp_path: Pa
     tiered = [r["label"] for r in doc["evaluated"] + doc["whole_trace"]
               if r["kv_usd_per_month"] > 0 and r["label"] != doc["base"]["label"]]
     assert tiered == [], tiered  # before: every start of the search (the smallest shapes with KV1M)
+
+
+def test_an_overloaded_shape_is_reported_and_not_recommended(tmp_path: Path, plan_files: tuple[Path, Path]) -> None:
+    """60 distinct 6,144-token prompts at 10/s: one prefill replica's queue grows while they arrive
+    (122% of its time) but the 5.9 s trace ends before that costs a TTFT, so the base fleet (1 prefill
+    + 2 decode replicas) and 1 + 1 met 100% of the SLO and the plan recommended 1 + 1 (on the
+    same rate over 100 requests it meets 85%). Now both are marked overloaded in the report, with the
+    pool and why, and the recommendation has the prefill GPUs the prompts need over the span."""
+    fleet, policy = plan_files
+    trace = write_trace(tmp_path / "trace.jsonl", 60, 10.0, 6144, 32)
+    doc, output = _plan(tmp_path, fleet, policy, trace, "--workers", "1", "--max-replicas", "2")
+    rec, base = doc["recommended"], doc["base"]
+    spec = sim_fleet(load_fleet(fleet)).on_prem[0].spec_for("prefill")
+    prefill_s = 60 * spec.prefill_s(6144)  # each prompt in a step of its own, overheads included
+    assert rec["pools"]["small"]["prefill"] * rec["pools"]["small"]["prefill_tp"] * _span_s(trace) >= prefill_s
+    assert base["slo_attainment"] == 1.0 and base["overloaded"] and base["load"]["small/prefill"] > 1.15
+    assert "(overloaded: small/prefill at 12" in output and "), misses the 90% goal" in output  # the base's line
+    assert "overloaded (above 100%)" in output and "% overloaded " in output  # the legend, the table's load column
+    # what costs less than the recommendation either misses the goal or is overloaded
+    assert all(r["overloaded"] or r["slo_attainment"] < 0.9 for r in doc["whole_trace"]
+               if r["usd_per_month"] < rec["usd_per_month"])
