@@ -316,7 +316,8 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
             for shape_result, name in ((rec, "recommended"), (base, "base")):
                 by = outcome.growth.get(shape_result.label, {})
                 ok = [f"x{x * scales[0]:g}" for x in sorted(by) if by[x].meets(goal)]
-                at = "; ".join(f"x{x * scales[0]:g}: SLO {by[x].slo_attainment:.1%}{f' ({_overload(by[x])})' if by[x].overloaded else ''}, frontier "
+                at = "; ".join(f"x{x * scales[0]:g}: SLO {by[x].slo_attainment:.1%}"
+                               f"{f' ({_overload(by[x])})' if by[x].overloaded else ''}, frontier "
                                f"${by[x].frontier_usd_per_month:,.0f}/month, total ${by[x].usd_per_month:,.0f}/month"
                                for x in sorted(by))
                 lines.append(f"growth ({name}): meets the goal at {', '.join(ok) if ok else 'no scale'}; {at}")
