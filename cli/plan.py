@@ -206,7 +206,7 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
     min_quality = min_quality_share * reference[0] if reference is not None else 0.0
     quality_floor = ("none (--min-quality-share 0)" if min_quality_share == 0 else
                      "none: no outcome rows or no frontier target to compare with" if reference is None else
-                     f"{min_quality:.3f} = {min_quality_share:g} x all-frontier's {reference[0]:.3f} ({frontier.name} "
+                     f"{min_quality:.4f} = {min_quality_share:g} x all-frontier's {reference[0]:.4f} ({frontier.name} "
                      f"on every request, replayed: its frontier bill ${reference[1]:.2f}/M output tokens)"
                      if frontier is not None else "none")
     trace_scaled = requests if scales[0] == 1.0 else scaled(requests, scales[0])

@@ -40,7 +40,7 @@ def table(rows: Sequence[ShapeResult], marks: Mapping[str, str] | None = None,
         tag = (marks or {}).get(r.label, "")
         line = [f"{r.label}{' ' + tag if tag else ''}", str(r.gpus), f"{r.usd_per_month:,.0f}",
                 f"{r.onprem_usd_per_month:,.0f}", f"{r.frontier_usd_per_month:,.0f}", f"{r.kv_usd_per_month:,.0f}",
-                _fmt(r.slo_attainment, ".1%"), _fmt(r.quality, ".3f"), _fmt(r.usd_per_mtok, ".2f"),
+                _fmt(r.slo_attainment, ".1%"), _fmt(r.quality, ".4f"), _fmt(r.usd_per_mtok, ".2f"),
                 f"{_fmt(r.utilization, '.1%')} ({_fmt(r.prefill_utilization, '.0%')}+"
                 f"{_fmt(r.decode_utilization, '.0%')})", _load(r),
                 _fmt(r.ttft_p99_s, ".2f") + "s", _fmt(r.tpot_p99_s * 1000, ".0f") + "ms"]
