@@ -114,7 +114,8 @@ class Decision:
     ``policy_revision``/``fleet_revision``: content hashes; ``estimator_version``: the
     model's version. ``timings_ms``: ``features``, ``estimator``, ``policy``, ``total``
     in milliseconds. ``trace``: every rule evaluated with its result or error, the
-    signals read with their values and ages, every candidate with its cost and eligibility,
+    signals and function calls (``cost("frontier-large")``) read with their values and ages,
+    every candidate with its cost and eligibility,
     the P/D mode with its reason, the endpoint candidates with their scores and the budget
     reservation. ``verify_prefix_tokens``: the policy's ``verify.prefix_tokens`` (verify the draft's
     first N tokens while it streams, ``POST /v1/verify``), None when it verifies whole drafts or has no

@@ -41,6 +41,7 @@ import time
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from pointsman.errors import RequestError
 from pointsman.estimator.estimate import DifficultyEstimate, Estimator, TokenIdsEstimator
@@ -53,7 +54,7 @@ from pointsman.policy.escalation import Escalation, TargetCosts, escalation_id, 
 from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget
 from pointsman.policy.live import BaseSignals, CelContext, LiveSignals, build_context, finite_or_none
 from pointsman.policy.rules.compiler import CompiledPolicy, Plan
-from pointsman.policy.rules.evaluator import Verdict, evaluate, lookup_signal
+from pointsman.policy.rules.evaluator import Verdict, call_key, evaluate, lookup_signal
 from pointsman.policy.selection.filters import (
     FILTERS,
     Exclusion,
@@ -83,13 +84,16 @@ from pointsman.request import RequestView, RouteRequest
 class Outcome:
     """What the policy step decided: the ``verdict`` (rule, target, route mode), the final
     ``mode`` of the target (``ModeDecision``), the eligible ``fallbacks`` with their final
-    modes, ``exclusions`` (target -> ``Exclusion`` or None) and the CEL ``context`` used."""
+    modes, ``exclusions`` (target -> ``Exclusion`` or None), the CEL ``context`` used and the function
+    ``calls`` the conditions made (``cost("frontier-large")`` -> USD or None; recorded with ``decide(record=True)``,
+    else empty)."""
 
     verdict: Verdict
     mode: ModeDecision
     fallbacks: tuple[tuple[str, str], ...]
     exclusions: dict[str, Exclusion | None]
     context: CelContext
+    calls: Mapping[str, float | None]
 
 
 def _scores(source: SignalSource, target: str) -> tuple[float | None, float | None]:
@@ -144,9 +148,12 @@ class _GrowingContext:
         return self.context
 
 
+_NO_CALLS: Mapping[str, float | None] = MappingProxyType({})
+
+
 def decide(fleet: Fleet, policy: CompiledPolicy, base: BaseSignals, source: SignalSource,
            filters: dict[str, FilterFn] = FILTERS, *, lazy: bool = False,
-           enabled_filters: list[tuple[str, FilterFn]] | None = None) -> Outcome:
+           enabled_filters: list[tuple[str, FilterFn]] | None = None, record: bool = False) -> Outcome:
     """The policy step: eligibility filters, the ordered rules on the CEL context the policy
     reads, then the P/D mode of the chosen target and of each fallback. ``base`` holds the
     ``request`` and ``difficulty`` namespaces; ``source`` is a signal source
@@ -154,21 +161,23 @@ def decide(fleet: Fleet, policy: CompiledPolicy, base: BaseSignals, source: Sign
     (``policy.rule_plans``), so signals only the rules after the deciding one read are not computed
     (the same verdict: a condition reads only what its plan names); ``Outcome.context`` then holds
     what the evaluated rules read. ``enabled_filters``: ``enabled(policy.filters, filters)`` when the caller
-    has it (the engine, once per policy). Raises ``NoEligibleTarget`` when no matching rule has an
-    eligible target."""
+    has it (the engine, once per policy). ``record``: keep the function calls the conditions make
+    (``Outcome.calls``, for the trace; off, nothing is recorded and nothing costs). Raises
+    ``NoEligibleTarget`` when no matching rule has an eligible target."""
     exclusions = eligibility(fleet, FilterContext(base["request"], policy.filters, source),
                              enabled(policy.filters, filters) if enabled_filters is None else enabled_filters)
     costs = TargetCosts(fleet, source)
+    calls: dict[str, float | None] | None = {} if record else None
     if lazy and policy.rule_plans:
         growing = _GrowingContext(policy, base, source)
-        verdict = evaluate(policy, {}, costs, exclusions, pruned=True, context_for=growing)
+        verdict = evaluate(policy, {}, costs, exclusions, pruned=True, context_for=growing, calls=calls)
         context = growing.context
     else:
         context = build_context(policy, base, source)
-        verdict = evaluate(policy, context, costs, exclusions, pruned=True)
+        verdict = evaluate(policy, context, costs, exclusions, pruned=True, calls=calls)
     mode = resolve_mode(policy, fleet, source, verdict.target, verdict.mode)
     fallbacks = tuple((t, resolve_mode(policy, fleet, source, t, m).mode) for t, m in verdict.fallbacks)
-    return Outcome(verdict, mode, fallbacks, exclusions, context)
+    return Outcome(verdict, mode, fallbacks, exclusions, context, _NO_CALLS if calls is None else calls)
 
 
 def _checked(estimate: object, started: float) -> DifficultyEstimate:
@@ -417,7 +426,7 @@ class RoutingEngine:
                            subset=endpoint_subset, turn=next(self._turns))
         # lazily unless explaining: the trace lists every prediction the full context computes
         outcome = decide(self.fleet, self.policy, base, live, self.filters, lazy=not routing.explain,
-                         enabled_filters=self._enabled_filters)
+                         enabled_filters=self._enabled_filters, record=routing.explain)
         verdict = outcome.verdict
         decision_id = base_id = new_decision_id()
         candidates = [(verdict.target, outcome.mode.mode), *outcome.fallbacks]
@@ -495,6 +504,7 @@ class RoutingEngine:
         verdict = outcome.verdict
         evaluated = self.policy.rules[: len(verdict.codes)]
         used: dict[str, object] = {}
+        costs = TargetCosts(self.fleet, live)
         for rule in evaluated:
             for path in rule.signals:
                 value = lookup_signal(outcome.context, path, rule)
@@ -507,6 +517,15 @@ class RoutingEngine:
                 if root in RELATIVE_ROOTS:  # relative to the rule's target: name it
                     path = f"{path} [{rule.target}]"
                 used[path] = {"value": finite_or_none(value), "age_s": age}
+            # function calls (cost(), the one: namespaces.FUNCTIONS), computed at decision time: as the
+            # conditions read them (recorded when explaining), else (a call the evaluation skipped, a trace
+            # built later) from the decision's signals
+            for name, arg in rule.calls:
+                key = call_key(name, arg)
+                value = outcome.calls[key] if key in outcome.calls else costs.get(arg)
+                used[key] = {"value": finite_or_none(value), "age_s": 0.0}
+        for key, value in outcome.calls.items():  # calls with a computed argument (cost(variables.tier))
+            used.setdefault(key, {"value": finite_or_none(value), "age_s": 0.0})
         candidates = []
         for name in self.fleet.targets:
             c = chosen.cost if name == chosen.target else live.cost(name)

@@ -113,7 +113,8 @@ class CompiledRule:
     ``disaggregated`` or ``auto``); ``role``: the pool role of the route's endpoint
     (``aggregated``, ``decode`` or ``api``; what ``endpoint.*`` reads). ``candidates``:
     (target, mode) for the target then each fallback, expanded and de-duplicated. ``fast``: the
-    condition as a Python closure with CEL's results (``closures.closure``; None: CEL only)."""
+    condition as a Python closure with CEL's results (``closures.closure``; None: CEL only). ``calls``: the
+    policy functions it calls with a literal argument, as (name, argument) (``("cost", "frontier-large")``)."""
 
     name: str
     index: int
@@ -129,6 +130,7 @@ class CompiledRule:
     candidates: tuple[tuple[str, str], ...] = ()
     role: str = "aggregated"
     fast: Condition | None = field(default=None, compare=False, repr=False)
+    calls: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -302,6 +304,7 @@ class _Condition:
     uses_cost: bool = False
     plan: Plan = field(default_factory=dict)
     source: str = ""
+    calls: tuple[tuple[str, str], ...] = ()
 
 
 def _check_condition(ck: _Checker, i: int, source: str, variables: Mapping[str, JSONValue], target: str | None,
@@ -391,9 +394,12 @@ def _check_condition(ck: _Checker, i: int, source: str, variables: Mapping[str, 
         _add_plan(out.plan, internal, key, {ref.field})
         paths.append(f"{ref.root}.{ref.field}")
     known_functions = set(FUNCTIONS) | CEL_BUILTINS
+    calls: list[tuple[str, str]] = []
     for call in [*found.calls, *found.methods]:
         if call.name in FUNCTIONS:
             out.uses_cost = out.uses_cost or call.name == "cost"
+            if call.arg is not None:
+                calls.append((call.name, call.arg))
             if call.name == "cost" and call.arg is not None and call.arg not in targets:
                 ok = False
                 ck.add_at(path, call.arg_offset or call.offset, "unknown-target",
@@ -403,6 +409,7 @@ def _check_condition(ck: _Checker, i: int, source: str, variables: Mapping[str, 
             ck.add_at(path, call.offset, "unknown-function",
                       f"unknown function '{call.name}'{did_you_mean(call.name, known_functions)}")
     out.paths = tuple(dict.fromkeys(paths))
+    out.calls = tuple(dict.fromkeys(calls))
     if not ok:
         return out
     rewritten = source
@@ -843,7 +850,7 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
             mode=mode, fallbacks=tuple(t for t, _ in candidates[i][1:]), labels=dict(rule.labels),
             signals=cond.paths, uses_cost=cond.uses_cost, line=doc.mark(("rules", i))[0],
             candidates=candidates[i], role=_role(fleet, rule.route.target, mode),
-            fast=None if cond.program is None else closure(cond.program.source)))
+            fast=None if cond.program is None else closure(cond.program.source), calls=cond.calls))
     load_spec = spec.signals.load
     so_far: Plan = {}
     rule_plans: list[Plan] = []

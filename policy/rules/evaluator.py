@@ -33,6 +33,7 @@ then ≈0.25 µs per rule. Per-decision contexts are also thread-safe (a shared
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -139,14 +140,32 @@ _PY_FUNCTION_ERROR = re.compile(
     r"Function '(\w+)' error: Python function call failed: \w+: (.*?)(?:\. Check function arguments.*)?\)?$", re.S)
 
 
-def _cost_function(costs: Mapping[str, float]) -> Callable[[str], float]:
+def call_key(name: str, arg: object) -> str:
+    """How the trace names a function call a condition made: ``cost("frontier-large")``."""
+    return f"{name}({json.dumps(arg, ensure_ascii=False, default=str)})"
+
+
+def _cost_function(costs: Mapping[str, float], calls: dict[str, float | None] | None = None) -> Callable[[str], float]:
+    """``cost(target)`` for the conditions: USD for ``target``; ValueError (a skipped rule) for an unknown
+    target. With ``calls``, each call is also recorded there (``call_key`` -> USD, None when it failed)."""
     def cost(target: str) -> float:
-        """USD for ``target``; ValueError (a skipped rule) for an unknown target."""
         try:
             return float(costs[target])
         except KeyError:
             raise ValueError(f"unknown target '{target}'") from None
-    return cost
+    if calls is None:
+        return cost
+
+    def recorded(target: str) -> float:
+        key = call_key("cost", target)
+        try:
+            value = cost(target)
+        except Exception:
+            calls[key] = None
+            raise
+        calls[key] = value
+        return value
+    return recorded
 
 
 def _get(ns: object, key: str) -> object:
@@ -186,7 +205,8 @@ def _has_bad_text(variables: Mapping[str, object]) -> bool:
 
 def evaluate(policy: CompiledPolicy, signals: Mapping[str, object], costs: Mapping[str, float] | None = None,
              exclusions: Mapping[str, Exclusion | None] | None = None, *, pruned: bool = False,
-             context_for: Callable[[int], Mapping[str, object] | None] | None = None) -> Verdict:
+             context_for: Callable[[int], Mapping[str, object] | None] | None = None,
+             calls: dict[str, float | None] | None = None) -> Verdict:
     """Run the rules in order on ``signals`` (see module doc): a full snapshot, or with
     ``pruned`` the CEL variables already reduced to the policy's plan
     (``live.build_context``). ``costs``: USD per target for ``cost(target)`` (any mapping; a
@@ -194,10 +214,12 @@ def evaluate(policy: CompiledPolicy, signals: Mapping[str, object], costs: Mappi
     ``Exclusion`` or None (missing = eligible). ``context_for(i)``: with ``pruned``, called before
     each condition (rule index ``i``): the CEL variables to use from that rule on when it reads more
     than the current ones (``policy.rule_plans``), else None; the context is built then, so signals
-    only later rules read are not computed for a decision an earlier rule makes. Raises
+    only later rules read are not computed for a decision an earlier rule makes. ``calls``: when given (an
+    explained decision), every function call the conditions make, on the closures and on CEL alike, is
+    recorded there as ``call_key`` -> its value (None when it failed); None records nothing. Raises
     ``NoEligibleTarget`` when no matching rule has an eligible target."""
     exclusions = exclusions or {}
-    cost = _cost_function(costs or {})
+    cost = _cost_function(costs or {}, calls)
     functions = {"cost": cost} if policy.uses_cost else None
     variables = signals if pruned else context_variables(policy, signals)
     # built when a rule needs CEL itself (``closures``: most do not), or at once when CEL cannot

@@ -649,7 +649,8 @@ def reference_markdown() -> str:
              "Names a policy's `when` expressions can read (CEL). Generated from `pointsman.policy.signals.namespaces` by "
              "`pointsman policy signals --output docs/policy-signals.md`; do not edit by hand.", "",
              "Every signal a decision's evaluated rules read appears in its trace (`routing.explain`) with its "
-             "value and age (`age_s`; 0 for values computed at decision time). Infinite values (an unlimited "
+             "value and age (`age_s`; 0 for values computed at decision time), and so does every function call "
+             "they made, as written (`cost(\"frontier-large\")`). Infinite values (an unlimited "
              "budget) appear there as null.", ""]
     for ns in VERIFY_SIGNALS.values():
         lines += [f"## `{ns.name}`", "", ns.doc, ""]

@@ -167,9 +167,15 @@ def test_packaged_policies_decide_as_on_cel(p_hard: float | None, prompt_tokens:
     for name, policy, on_cel in _policies():
         assert any(r.fast is not None for r in policy.rules)
         snapshot = case_signals(fleet, policy, overrides)
-        fast, slow = evaluate(policy, snapshot, prices), evaluate(on_cel, snapshot, prices)
+        fast_calls: dict[str, float | None] = {}
+        slow_calls: dict[str, float | None] = {}
+        fast = evaluate(policy, snapshot, prices, calls=fast_calls)
+        slow = evaluate(on_cel, snapshot, prices, calls=slow_calls)
         assert (fast.rule.name, fast.target, fast.mode, fast.fallbacks, fast.codes, fast.details) == \
             (slow.rule.name, slow.target, slow.mode, slow.fallbacks, slow.codes, slow.details), name
+        # the cost() calls made are recorded alike on both paths (the trace's values, routing.explain)
+        assert fast_calls == slow_calls, name
+        assert all(value == prices[key[len('cost("'):-2]] for key, value in fast_calls.items()), name
 
 
 def test_text_cel_cannot_convert_fails_the_evaluation_as_before() -> None:

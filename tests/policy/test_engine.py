@@ -11,7 +11,7 @@ from pointsman.policy.decision import host_port
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import load_fleet, parse_fleet
 from pointsman.policy.live import SUBSET_REASON
-from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, compile_policy, load_policy
+from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, STATIC_POLICY_PATH, compile_policy, load_policy
 from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.request import parse_route_request, request_from_prompt
 
@@ -211,3 +211,13 @@ def test_long_unbroken_words_are_not_undercounted_past_the_context_window(fleet,
     for text in ("".join(rng.choice("0123456789abcdef") for _ in range(600_000)), "ACGT" * 150_000, "x" * 8_000_000):
         with pytest.raises(NoEligibleTarget, match=r"no eligible target: .*context-window: needs [\d,]+ tokens"):
             real.route(request_from_prompt(text), dispatch=False)
+
+
+def test_a_trace_built_later_has_the_cost_the_rule_read(fleet):
+    """Without ``routing.explain`` nothing is recorded while the rules run; a trace built afterwards still
+    lists the cost() a rule named, from the decision's signals (the price it was decided on)."""
+    d = engine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), 0.665).route(exact(18918), dispatch=False)
+    assert d.rule != "hard-prompt"
+    large = next(c["estimated_cost_usd"] for c in d.trace["candidates"] if c["target"] == "frontier-large")
+    assert d.trace["signals"]['cost("frontier-large")'] == {"value": large, "age_s": 0.0}
+    assert large == pytest.approx(0.049855)

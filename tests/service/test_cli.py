@@ -551,3 +551,25 @@ def test_policy_check_refuses_an_allow_list_tenant_no_request_can_carry(tmp_path
         "(routing.tenant is 1-200 characters without spaces)",
         f"{path}:4:43: invalid-value: filters.tenants.frontier-large[1]: '' can never be a request's tenant "
         "(routing.tenant is 1-200 characters without spaces)"]
+
+
+def test_route_explain_prints_the_cost_a_rule_read(monkeypatch, tmp_path):
+    """``route --explain --messages long.json``, an 18,918-token hard prompt on the default policy: hard-prompt
+    does not match, and the values printed say why (cost("frontier-large") over hard_prompt_max_usd); they
+    used to list p_hard and its threshold alone, which read as a true condition."""
+    monkeypatch.setenv("POINTSMAN_POLICY_PATH", str(DEFAULT_POLICY_PATH))
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+
+    def fixed_build(settings, ledger=True, shared=False):
+        loaded = build_engine(settings, ledger=ledger, shared=shared)
+        return LoadedEngine(loaded.engine.with_estimator(FixedDifficulty(0.665)), None)
+    monkeypatch.setattr(cli_route, "build_engine", fixed_build)
+    long = tmp_path / "long.json"
+    long.write_text(json.dumps({"messages": [{"role": "user", "content": "Prove it."}],
+                                "routing": {"prompt_tokens": 18918}}))
+    out = run(CliRunner(), "route", "--explain", "--messages", str(long)).stdout.splitlines()
+    assert "  hard-prompt              no-match" in out
+    shown = dict(line.split(None, 1) for line in
+                 out[out.index("signals (the values the rules read):") + 1:out.index("candidates:")])
+    assert shown["difficulty.p_hard"] == "0.665" and shown["variables.hard_prompt_max_usd"] == "0.04"
+    assert shown['cost("frontier-large")'] == "0.049855"
