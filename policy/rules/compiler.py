@@ -11,7 +11,8 @@ order. Codes: ``yaml-syntax``, ``duplicate-key``, ``unknown-key``, ``missing-key
 ``missing-default``, ``unreachable-rule`` (routing: a ``when`` that reads no signal, variable or ``cost()`` and
 is true, ``"1 == 1"``, is as unconditional as none); ``unknown-picker`` (endpoint selection);
 ``too-large`` (over a size limit of ``limits.py``: bytes, YAML nodes with aliases expanded,
-rules, tenant names; checked before anything costly, alone).
+rules, tenant names; checked before anything costly, alone). A rule with an invalid value is checked
+without it (``_checkable``), so the problems of its condition and route show in the same run.
 
 The optional ``verify`` section (``schema.VerifySpec``) compiles the same way into
 ``CompiledPolicy.verify`` (``CompiledVerify``): its conditions also read ``draft.*``
@@ -40,6 +41,7 @@ CEL context small (its cost grows with every map entry converted).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 from collections.abc import Mapping
@@ -622,7 +624,7 @@ def _expand_fallbacks(ck: _Checker, fleet: Fleet, rules: list[tuple[int, RuleSpe
             if isinstance(item, str) and item.startswith(RULE_REF):
                 name = item[len(RULE_REF):]
                 k = by_name.get(name)
-                if k is None and name in invalid_names:
+                if k is None and (name in invalid_names or name.startswith(_DROPPED)):
                     continue
                 if k is None or k in stack:
                     if (i, j) not in reported:
@@ -789,16 +791,21 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
         raw_rules = listed if isinstance(listed, list) else []
         rules = []
         for i, raw in enumerate(raw_rules):
-            # Already reported by the whole-file validation; check the rest of the rule
-            # without its unknown keys, so its other problems show in the same run.
-            known = {k: v for k, v in raw.items() if k in RuleSpec.model_fields} if isinstance(raw, dict) else raw
-            try:
-                rules.append((i, RuleSpec.model_validate(known)))
-            except ValidationError:
-                if isinstance(raw, dict) and isinstance(raw.get("name"), str):
-                    invalid.add(raw["name"])  # it exists: fallbacks may name it
-                if isinstance(raw, dict) and (raw.get("when") is None or raw.get("when") is True):
-                    invalid_default = True
+            # Its invalid values are already reported by the whole-file validation; check the rest of
+            # the rule, so its other problems (its condition's, its route's) show in the same run.
+            checkable = _checkable(raw, i)
+            if checkable is not None:
+                rules.append((i, checkable))
+                continue
+            if isinstance(raw, dict) and isinstance(raw.get("name"), str):
+                invalid.add(raw["name"])  # it exists: fallbacks may name it
+            if isinstance(raw, dict) and (raw.get("when") is None or raw.get("when") is True):
+                invalid_default = True
+            if isinstance(raw, dict) and isinstance(raw.get("when"), str) and "if_fleet_has" not in raw:
+                route = raw.get("route")
+                target = route.get("target") if isinstance(route, dict) else None
+                target = target if isinstance(target, str) and target in fleet.targets else None
+                _check_condition(ck, i, raw["when"], variables, target, _role(fleet, target, "aggregated"))
 
     rules, omitted = _omit_rules(ck, fleet, rules)
     invalid |= {name for name, _ in omitted}
@@ -892,6 +899,55 @@ def _omit_rules(ck: _Checker, fleet: Fleet, rules: list[tuple[int, RuleSpec]]
             continue
         kept.append((i, rule))
     return kept, omitted
+
+
+#: A ``rule:`` fallback reference standing for an invalid fallback (``_checkable``): no rule name has it.
+_DROPPED = "\0invalid-"
+
+
+def _checkable(raw: object, index: int) -> RuleSpec | None:
+    """Rule ``index`` of a file that failed validation, as far as it can be checked: as written when it
+    validates alone, else without the values its validation rejected (already reported): an invalid
+    ``when`` reads as ``false`` (no rule turns unconditional by mistake), an invalid ``name`` stays as
+    written (or ``rules[<index>]`` when not a string), an invalid fallback stands in its place as a
+    ``rule:`` reference that is skipped (``_DROPPED``: the positions of the others stay the file's), any
+    other invalid value or unknown key is dropped. None when that does not
+    validate either (a required key missing or not a mapping) or its ``if_fleet_has`` is invalid (the
+    rule may be meant to be left out: its targets cannot be checked)."""
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return RuleSpec.model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors()
+    data = copy.deepcopy(raw)
+    for error in errors:
+        loc = error["loc"]
+        if not loc or loc[0] not in data:
+            continue
+        if loc[0] == "if_fleet_has":
+            return None
+        if loc[0] == "when":
+            data["when"] = False
+        elif loc[0] == "name":
+            data["name"] = "rule"
+        elif loc[:2] == ("route", "fallbacks") and len(loc) > 2 and isinstance(loc[2], int):
+            data["route"]["fallbacks"][loc[2]] = f"{RULE_REF}{_DROPPED}{loc[2]}"  # skipped when expanded
+        else:
+            parent, key, node = data, loc[0], data[loc[0]]
+            for step in loc[1:]:
+                if not isinstance(node, dict) or step not in node:
+                    break
+                parent, key, node = node, step, node[step]
+            parent.pop(key, None)
+    try:
+        rule = RuleSpec.model_validate(data)
+    except ValidationError:
+        return None
+    name = raw.get("name")
+    if data.get("name") != name:
+        rule = rule.model_copy(update={"name": name if isinstance(name, str) else f"rules[{index}]"})
+    return rule
 
 
 def _valid_verify(raw: object) -> VerifySpec | None:

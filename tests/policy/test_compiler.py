@@ -3,6 +3,8 @@
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pointsman.errors import PolicyError
 from pointsman.policy.fleet import load_fleet
@@ -321,3 +323,68 @@ rules:
         f"{path}:8:96: duplicate-fallback: 'frontier-large' is already the rule's target or an earlier fallback",
         f"{path}:8:112: duplicate-fallback: 'rule:b' is already an earlier fallback",
     ]
+
+
+MISSPELT_MODE = HEAD + """\
+variables: {p_hard_frontier: 0.6}
+rules:
+  - name: hard-and-fast
+    when: >-
+      difficulty.p_hardd >= variables.p_hard_frontier &&
+      predict["onprem-7b"].meets_slo
+    route: {target: onprem-70b, mode: disagregated, fallbacks: [frontier-smal, {target: 5}]}
+""" + DEFAULT_RULE
+
+
+def test_a_rule_with_an_invalid_route_still_has_its_condition_and_fallbacks_checked(fleet):
+    """An invalid ``route`` value (``mode: disagregated``) was the only problem reported for its rule: the
+    condition's unknown signal and unknown target and the unknown fallback showed one rerun at a time."""
+    assert problems(MISSPELT_MODE, fleet) == [
+        "p.yaml:7:18: unknown-signal: unknown signal 'difficulty.p_hardd'; did you mean 'difficulty.p_hard'?",
+        "p.yaml:8:15: unknown-target: unknown target 'onprem-7b' in predict[]; did you mean 'onprem-70b'?",
+        "p.yaml:9:39: invalid-value: rules[0].route.mode: Input should be 'aggregated', 'disaggregated' or 'auto'",
+        "p.yaml:9:65: unknown-target: unknown target 'frontier-smal'; did you mean 'frontier-small'? "
+        "(the fleet has onprem-8b, onprem-70b, frontier-small, frontier-large)",
+        "p.yaml:9:80: invalid-value: rules[0].route.fallbacks[1]: Input should be a valid string",
+        "p.yaml:9:89: invalid-value: rules[0].route.fallbacks[1].target: Input should be a valid string",
+    ]
+    # a rule that cannot be read as one (no route): its condition is checked all the same
+    no_route = HEAD + "rules:\n  - name: a\n    when: difficulty.p_hardd > 0.5\n" + DEFAULT_RULE
+    assert problems(no_route, fleet) == [
+        "p.yaml:4:5: missing-key: missing required key 'route' in rules[0]",
+        "p.yaml:5:22: unknown-signal: unknown signal 'difficulty.p_hardd'; did you mean 'difficulty.p_hard'?",
+    ]
+
+
+_TERMS = ["difficulty.p_hard > 0.5", "difficulty.p_hardd > 0.5", 'predict["onprem-7b"].meets_slo',
+          'predict["onprem-70b"].meets_slo', 'cost("frontier-larg") < 1.0', "request.prompt_tokens > 10",
+          "cache.prefix_hit_ratioo > 0.5", "variables.thrr > 1", "difficulty.p_hard >= \"0.5\"", "1 / 0 > 1"]
+_FALLBACKS = ["frontier-small", "frontier-smal", "rule:default", "rule:defualt", "onprem-70b", "{target: 5}"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(terms=st.lists(st.sampled_from(_TERMS), min_size=1, max_size=3),
+       fallbacks=st.lists(st.sampled_from(_FALLBACKS), max_size=3),
+       broken=st.sampled_from(["mode: agregated", "mode: 5", "mode: [auto]", "colour: red"]))
+def test_an_invalid_route_value_hides_none_of_the_rules_other_problems(terms, fallbacks, broken):
+    """Property: a rule whose route has one more invalid value (at its end: nothing else moves) is reported
+    with every problem it had without it (its condition's, its target's and fallbacks'), plus that value's."""
+    fleet = load_fleet()
+
+    def found(extra: str) -> set[str]:
+        text = HEAD + f"""\
+variables: {{thr: 1}}
+rules:
+  - name: r
+    when: '{" && ".join(terms)}'
+    route: {{target: onprem-70b, fallbacks: [{", ".join(fallbacks)}]{extra}}}
+""" + DEFAULT_RULE
+        try:
+            compile_policy(text, fleet, "p.yaml")
+        except PolicyError as exc:
+            return {str(p) for p in exc.problems}
+        return set()
+
+    valid, invalid = found(""), found(f", {broken}")
+    assert valid < invalid, (valid, invalid)
+    assert all(p.startswith("p.yaml:7:") and ("route.mode" in p or "colour" in p) for p in invalid - valid)

@@ -208,6 +208,23 @@ def test_policy_check(tmp_path: Path):
     assert r.exit_code == 0 and r.stdout.startswith(f"{DEFAULT_POLICY_PATH}: ok (7 rules, 4 verify rules, revision ")
 
 
+def test_policy_check_reports_every_problem_of_a_rule_with_an_invalid_route(tmp_path: Path):
+    """A misspelt ``mode`` used to be the only problem reported for its rule: the unknown signal and the
+    unknown target of its ``when`` showed one rerun at a time. The check still fails (exit 1)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(STATIC_POLICY_PATH.read_text(encoding="utf-8").replace(
+        "request.prompt_tokens >= variables.long_prompt_tokens &&\n      cache.prefix_hit_ratio",
+        'difficulty.p_hardd >= variables.long_prompt_tokens && predict["onprem-7b"].meets_slo &&\n'
+        "      cache.prefix_hit_ratio").replace("mode: disaggregated, fallbacks", "mode: disagregated, fallbacks"))
+    r = CliRunner().invoke(main, ["policy", "check", str(bad)])
+    assert r.exit_code == 1
+    assert r.stdout.splitlines() == [
+        f"{bad}:49:18: unknown-signal: unknown signal 'difficulty.p_hardd'; did you mean 'difficulty.p_hard'?",
+        f"{bad}:49:69: unknown-target: unknown target 'onprem-7b' in predict[]; did you mean 'onprem-70b'?",
+        f"{bad}:51:39: invalid-value: rules[2].route.mode: Input should be 'aggregated', 'disaggregated' or 'auto'",
+    ]
+
+
 def test_policy_check_names_the_rules_a_fleet_without_their_target_leaves_out(tmp_path: Path):
     # the packaged fleet without the 8B model: the default policy's two 8B rules are
     # `if_fleet_has: [onprem-8b]`, so they are left out and named; the rest compiles

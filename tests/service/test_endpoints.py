@@ -272,6 +272,24 @@ def test_reload_endpoint_swaps_a_good_file_and_rejects_a_bad_one(tmp_path):
         assert 'pointsman_policy_reloads_total{result="rejected",source="endpoint"} 1.0' in c.get("/metrics").text
 
 
+def test_reload_rejects_a_rule_with_an_invalid_route_naming_every_problem_of_it(tmp_path):
+    """A misspelt ``mode`` hid the problems of the same rule's ``when``: the 422 now lists them all, located,
+    and the running policy keeps serving."""
+    app, policy_path = make_app(tmp_path)
+    with TestClient(app) as c:
+        before = route(c)["policy_revision"]
+        policy_path.write_text(policy_path.read_text().replace(
+            "request.prompt_tokens >= variables.long_prompt_tokens &&\n      cache.prefix_hit_ratio",
+            'difficulty.p_hardd >= variables.long_prompt_tokens && predict["onprem-7b"].meets_slo &&\n'
+            "      cache.prefix_hit_ratio").replace("mode: disaggregated, fallbacks", "mode: disagregated, fallbacks"))
+        bad = c.post("/v1/policy/reload")
+        assert bad.status_code == 422 and bad.json()["ok"] is False
+        assert [(p["file"], p["line"], p["col"], p["code"]) for p in bad.json()["problems"]] == [
+            (str(policy_path), 49, 18, "unknown-signal"), (str(policy_path), 49, 69, "unknown-target"),
+            (str(policy_path), 51, 39, "invalid-value")]
+        assert route(c)["policy_revision"] == before
+
+
 ALIAS_BOMB = ("apiVersion: pointsman/v1\nkind: RoutingPolicy\nvariables:\n  l0: &l0 [lol]\n"
               + "".join(f"  l{k}: &l{k} [" + ", ".join([f"*l{k - 1}"] * 9) + "]\n" for k in range(1, 9))
               + "rules:\n  - name: default\n    route: {target: onprem-8b}\n")
