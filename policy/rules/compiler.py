@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeAlias
+from typing import TypeAlias, TypeVar
 
 from cel import cel  # the Rust extension itself: xds-protos (ext_proc) also ships a cel/ package whose empty __init__ may win
 from pydantic import ValidationError
@@ -65,7 +65,7 @@ from pointsman.policy.rules.schema import (
     FallbackSpec,
     PolicySpec,
     RuleSpec,
-    VerifySpec,
+    VerifyRuleSpec,
 )
 from pointsman.policy.selection.filters import FiltersSpec
 from pointsman.policy.selection.pd_mode import DisaggregationSpec
@@ -707,8 +707,10 @@ def _check_settings(ck: _Checker, spec: PolicySpec) -> None:
                f"unknown picker '{picker}'{did_you_mean(picker, PICKERS)} (registered: {', '.join(PICKERS)})")
 
 
-def _check_verify(ck: _Checker, fleet: Fleet, spec: VerifySpec, variables: Mapping[str, JSONValue]) -> CompiledVerify:
-    """Check and compile the ``verify`` section (see the module doc); problems go to ``ck``."""
+def _check_verify(ck: _Checker, fleet: Fleet, specs: list[tuple[int, VerifyRuleSpec]], prefix_tokens: int | None,
+                  variables: Mapping[str, JSONValue], invalid_default: bool = False) -> CompiledVerify:
+    """Check and compile the ``verify`` section's rules (position, rule) (see the module doc); problems go to
+    ``ck``. ``invalid_default``: a rule left out (invalid) has no condition: no ``missing-default``."""
     where: Path_ = ("verify", "rules")
     # the probe reads a typical draft and a broken one (null log-probabilities, a refusal)
     probe = {"draft": {**example_draft(), "logprob_mean": -1.0, "logprob_min": -9.0, "low_logprob_share": 0.4}}
@@ -716,7 +718,8 @@ def _check_verify(ck: _Checker, fleet: Fleet, spec: VerifySpec, variables: Mappi
     plan: Plan = {}
     seen: dict[str, int] = {}
     default: int | None = None
-    for i, rule in enumerate(spec.rules):
+    names = {i: rule.name for i, rule in specs}
+    for i, rule in specs:
         at: Path_ = (*where, i)
         if rule.name in seen:
             ck.add((*at, "name"), "duplicate-rule", f"verify rule name '{rule.name}' is already used at line "
@@ -724,7 +727,7 @@ def _check_verify(ck: _Checker, fleet: Fleet, spec: VerifySpec, variables: Mappi
         seen.setdefault(rule.name, i)
         if default is not None:
             ck.add((*at, "name"), "unreachable-rule", f"verify rule '{rule.name}' comes after the unconditional "
-                   f"rule '{spec.rules[default].name}' and can never match")
+                   f"rule '{names[default]}' and can never match")
         candidates: list[tuple[str, str]] = []
         if rule.action == "escalate":
             if rule.escalate is None:
@@ -756,10 +759,10 @@ def _check_verify(ck: _Checker, fleet: Fleet, spec: VerifySpec, variables: Mappi
             name=rule.name, index=i, when=cond.source or None, program=cond.program, action=rule.action,
             candidates=tuple(candidates), labels=dict(rule.labels), signals=cond.paths, uses_cost=cond.uses_cost,
             line=ck.doc.mark(at)[0], target=target, role=role))
-    if default is None:
+    if default is None and not invalid_default:
         ck.add(("verify", "rules"), "missing-default",
                "no unconditional verify rule: end them with one that has no 'when' (e.g. name: accept)", key=True)
-    return CompiledVerify(tuple(rules), _freeze(plan), any(r.uses_cost for r in rules), spec.prefix_tokens)
+    return CompiledVerify(tuple(rules), _freeze(plan), any(r.uses_cost for r in rules), prefix_tokens)
 
 
 def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledPolicy:
@@ -793,7 +796,7 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
         for i, raw in enumerate(raw_rules):
             # Its invalid values are already reported by the whole-file validation; check the rest of
             # the rule, so its other problems (its condition's, its route's) show in the same run.
-            checkable = _checkable(raw, i)
+            checkable = _checkable(raw, i, RuleSpec)
             if checkable is not None:
                 rules.append((i, checkable))
                 continue
@@ -840,9 +843,19 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
                 default_index = i
     candidates = _expand_fallbacks(ck, fleet, rules, modes, frozenset(invalid) - seen.keys())
     verify: CompiledVerify | None = None
-    verify_spec = spec.verify if spec is not None else _valid_verify(data.get("verify"))
-    if verify_spec is not None:
-        verify = _check_verify(ck, fleet, verify_spec, variables)
+    if spec is not None and spec.verify is not None:
+        verify = _check_verify(ck, fleet, list(enumerate(spec.verify.rules)), spec.verify.prefix_tokens, variables)
+    elif spec is None and isinstance(raw_verify := data.get("verify"), dict):
+        verify_rules, invalid_verify_default = [], False
+        listed_verify = raw_verify.get("rules")
+        for i, raw in enumerate(listed_verify if isinstance(listed_verify, list) else []):
+            checkable_verify = _checkable(raw, i, VerifyRuleSpec)
+            if checkable_verify is not None:
+                verify_rules.append((i, checkable_verify))
+            elif isinstance(raw, dict) and (raw.get("when") is None or raw.get("when") is True):
+                invalid_verify_default = True
+        if verify_rules:
+            verify = _check_verify(ck, fleet, verify_rules, None, variables, invalid_verify_default)
     if default_index is None and not invalid_default and (spec is not None or rules):
         ck.add(("rules",), "missing-default",
                "no unconditional rule: end the rules with one that has no 'when' (e.g. name: default)", key=True)
@@ -903,13 +916,15 @@ def _omit_rules(ck: _Checker, fleet: Fleet, rules: list[tuple[int, RuleSpec]]
 
 #: A ``rule:`` fallback reference standing for an invalid fallback (``_checkable``): no rule name has it.
 _DROPPED = "\0invalid-"
+_Rule = TypeVar("_Rule", RuleSpec, VerifyRuleSpec)
 
 
-def _checkable(raw: object, index: int) -> RuleSpec | None:
-    """Rule ``index`` of a file that failed validation, as far as it can be checked: as written when it
-    validates alone, else without the values its validation rejected (already reported): an invalid
-    ``when`` reads as ``false`` (no rule turns unconditional by mistake), an invalid ``name`` stays as
-    written (or ``rules[<index>]`` when not a string), an invalid fallback stands in its place as a
+def _checkable(raw: object, index: int, model: type[_Rule]) -> _Rule | None:
+    """Rule ``index`` (a ``RuleSpec`` or a ``VerifyRuleSpec``) of a file that failed validation, as far as it
+    can be checked: as written when it validates alone, else without the values its validation rejected
+    (already reported): an invalid ``when`` reads as ``false`` (no rule turns unconditional by mistake), an
+    invalid ``action`` as ``escalate`` when the rule names a valid ``escalate``, else ``accept``, an invalid
+    ``name`` stays as written (or ``rules[<index>]`` when not a string), an invalid fallback stands in its place as a
     ``rule:`` reference that is skipped (``_DROPPED``: the positions of the others stay the file's), any
     other invalid value or unknown key is dropped. None when that does not
     validate either (a required key missing or not a mapping) or its ``if_fleet_has`` is invalid (the
@@ -917,10 +932,11 @@ def _checkable(raw: object, index: int) -> RuleSpec | None:
     if not isinstance(raw, dict):
         return None
     try:
-        return RuleSpec.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
     data = copy.deepcopy(raw)
+    action = data.get("action")
     for error in errors:
         loc = error["loc"]
         if not loc or loc[0] not in data:
@@ -931,6 +947,8 @@ def _checkable(raw: object, index: int) -> RuleSpec | None:
             data["when"] = False
         elif loc[0] == "name":
             data["name"] = "rule"
+        elif loc[0] == "action":
+            action = None
         elif loc[:2] == ("route", "fallbacks") and len(loc) > 2 and isinstance(loc[2], int):
             data["route"]["fallbacks"][loc[2]] = f"{RULE_REF}{_DROPPED}{loc[2]}"  # skipped when expanded
         else:
@@ -940,25 +958,16 @@ def _checkable(raw: object, index: int) -> RuleSpec | None:
                     break
                 parent, key, node = node, step, node[step]
             parent.pop(key, None)
+    if "action" in data and action is None:
+        data["action"] = "escalate" if data.get("escalate") is not None else "accept"
     try:
-        rule = RuleSpec.model_validate(data)
+        rule = model.model_validate(data)
     except ValidationError:
         return None
     name = raw.get("name")
     if data.get("name") != name:
         rule = rule.model_copy(update={"name": name if isinstance(name, str) else f"rules[{index}]"})
     return rule
-
-
-def _valid_verify(raw: object) -> VerifySpec | None:
-    """The ``verify`` section when it validates on its own (the file as a whole did not; its
-    schema problems are already reported), else None."""
-    if raw is None:
-        return None
-    try:
-        return VerifySpec.model_validate(raw)
-    except ValidationError:
-        return None
 
 
 def _freeze(plan: Plan) -> Plan:

@@ -388,3 +388,33 @@ rules:
     valid, invalid = found(""), found(f", {broken}")
     assert valid < invalid, (valid, invalid)
     assert all(p.startswith("p.yaml:7:") and ("route.mode" in p or "colour" in p) for p in invalid - valid)
+
+
+def test_a_verify_rule_with_an_invalid_action_hides_no_problem_of_the_section(fleet):
+    """One verify rule's invalid ``action`` used to leave the whole verify section unchecked: its own
+    condition and escalation target, and the other verify rules' problems, showed one rerun at a time."""
+    text = HEAD + "rules:\n" + DEFAULT_RULE + """\
+verify:
+  rules:
+    - name: broken
+      when: draft.refusall
+      action: escalat
+      escalate: {target: frontier-smal}
+    - name: other
+      when: draft.emptyy
+      action: escalate
+      escalate: {target: frontier-small}
+    - name: accept
+      action: accept
+"""
+    assert problems(text, fleet) == [
+        "p.yaml:9:19: unknown-signal: unknown signal 'draft.refusall'; did you mean 'draft.refusal'?",
+        "p.yaml:10:15: invalid-value: verify.rules[0].action: Input should be 'accept' or 'escalate'",
+        "p.yaml:11:26: unknown-target: unknown target 'frontier-smal'; did you mean 'frontier-small'? "
+        "(the fleet has onprem-8b, onprem-70b, frontier-small, frontier-large)",
+        "p.yaml:13:19: unknown-signal: unknown signal 'draft.emptyy'; did you mean 'draft.empty'?",
+    ]
+    # an unconditional verify rule that cannot be read (no action) still counts as the default
+    no_action = text.replace("      action: accept\n", "")
+    assert [p.split(": ")[1] for p in problems(no_action, fleet)] == [
+        "unknown-signal", "invalid-value", "unknown-target", "unknown-signal", "missing-key"]
