@@ -949,8 +949,10 @@ def _checkable(raw: object, index: int, model: type[_Rule]) -> _Rule | None:
             data["name"] = "rule"
         elif loc[0] == "action":
             action = None
-        elif loc[:2] == ("route", "fallbacks") and len(loc) > 2 and isinstance(loc[2], int):
-            data["route"]["fallbacks"][loc[2]] = f"{RULE_REF}{_DROPPED}{loc[2]}"  # skipped when expanded
+        elif (loc[:2] == ("route", "fallbacks") and len(loc) > 2 and isinstance(loc[2], int)
+              and isinstance(data["route"], dict) and isinstance(items := data["route"].get("fallbacks"), list)
+              and 0 <= loc[2] < len(items)):
+            items[loc[2]] = f"{RULE_REF}{_DROPPED}{loc[2]}"  # skipped when expanded
         else:
             parent, key, node = data, loc[0], data[loc[0]]
             for step in loc[1:]:

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -418,3 +419,29 @@ verify:
     no_action = text.replace("      action: accept\n", "")
     assert [p.split(": ")[1] for p in problems(no_action, fleet)] == [
         "unknown-signal", "invalid-value", "unknown-target", "unknown-signal", "missing-key"]
+
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2, 2), st.sampled_from(
+    ["onprem-70b", "frontier-smal", "rule:default", "rule:x", "disagregated", "auto", "difficulty.p_hardd > 1",
+     "request.prompt_tokens > 1", "a b", ""]))
+_values = st.recursive(_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(["target", "mode", "fallbacks", "x"]), inner, max_size=3)),
+    max_leaves=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rule=st.dictionaries(st.sampled_from(["name", "when", "route", "labels", "if_fleet_has", "action", "escalate",
+                                             "colour"]), _values, max_size=6), in_verify=st.booleans())
+def test_any_rule_is_reported_never_crashes_the_compile(rule, in_verify):
+    """Property: whatever a rule holds (invalid values at any depth), compiling reports problems
+    (``PolicyError``) or compiles; checking what is valid in an invalid rule raises nothing else."""
+    doc = {"apiVersion": "pointsman/v1", "kind": "RoutingPolicy",
+           "rules": [{"name": "default", "route": {"target": "onprem-8b"}}]}
+    if in_verify:
+        doc["verify"] = {"rules": [rule, {"name": "accept", "action": "accept"}]}
+    else:
+        doc["rules"].insert(0, rule)
+    try:
+        compile_policy(yaml.safe_dump(doc), load_fleet(), "p.yaml")
+    except PolicyError:
+        pass
