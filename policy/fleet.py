@@ -408,6 +408,12 @@ Target = Annotated[OnPremTarget | FrontierTarget, Field(discriminator="kind")]
 STORED_STATE_PROVIDERS = frozenset({"openai", "azure"})
 
 
+def phase_roles(mode: str) -> tuple[str, str]:
+    """(prefill role, decode role): the pools an on-prem target's ``mode`` runs its two phases on
+    (``aggregated`` both on the aggregated pool; otherwise the prefill and decode pools)."""
+    return ("aggregated", "aggregated") if mode == "aggregated" else ("prefill", "decode")
+
+
 def holds_stored_state(target: OnPremTarget | FrontierTarget) -> bool:
     """Whether ``target`` can continue a Responses API request's provider-stored state (``RouteRequest.stored_state``):
     a frontier target's ``stored_state``, by default true for a provider in

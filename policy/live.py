@@ -27,7 +27,7 @@ from typing import TypeAlias, TypedDict
 
 from pointsman.policy.budget.ledger import BudgetSnapshot, LedgerUnavailable
 from pointsman.policy.cost import CostEstimate, estimate_cost, pool_utilization
-from pointsman.policy.fleet import Fleet, FrontierTarget, Pool, SLOClass
+from pointsman.policy.fleet import Fleet, FrontierTarget, Pool, SLOClass, phase_roles
 from pointsman.policy.rules.compiler import CompiledPolicy, Plan
 from pointsman.policy.selection import latency
 from pointsman.policy.selection.latency import Prediction
@@ -35,7 +35,7 @@ from pointsman.policy.selection.pd_mode import decide_mode
 from pointsman.policy.selection.pickers import Picker, PickInput, PoolPick, PoolView, QueueScorer
 from pointsman.policy.signals.engine_hashes import TargetTokenizerError
 from pointsman.policy.signals.fleet_state import FleetState
-from pointsman.policy.signals.load_board import EndpointLoad
+from pointsman.policy.signals.load_board import EndpointLoad, mean_reading
 from pointsman.policy.signals.namespaces import (
     SIGNALS,
     BudgetSignals,
@@ -610,7 +610,7 @@ class LiveSignals:
         t = self.fleet.targets[target]
         if isinstance(t, FrontierTarget):
             return 1.0, 1.0
-        prefill_role, decode_role = ("aggregated", "aggregated") if mode == "aggregated" else ("prefill", "decode")
+        prefill_role, decode_role = phase_roles(mode)
         if pools is not None:
             roles = {id(p): r for r, p in t.pools_by_role().items()}
             prefill_role, decode_role = roles.get(id(pools[0]), prefill_role), roles.get(id(pools[1]), decode_role)
@@ -623,9 +623,7 @@ class LiveSignals:
         key = (target, role, attr)
         if key not in self._means:
             view = self.pool_view(target, role)
-            values = [v for v in (getattr(x, attr) for x, ok in zip(view.loads, view.healthy) if x is not None and ok)
-                      if v is not None]
-            self._means[key] = sum(values) / len(values) if values else None
+            self._means[key] = mean_reading(view.loads, view.healthy, attr)
         return self._means[key]
 
     def cost(self, target: str, mode: str | None = None, cached_tokens: int | None = None,

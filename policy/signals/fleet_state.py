@@ -62,9 +62,9 @@ from pointsman.policy.budget.snapshot_cache import PendingChange, SnapshotCache
 from pointsman.policy.budget.units import NUSD_PER_USD, check_tokens
 from pointsman.policy.cost import TargetPrice, pool_utilization, usage_cost
 from pointsman.policy.cost import effective_prices as _effective_prices
-from pointsman.policy.fleet import EndpointEvents, Fleet, FrontierTarget, OnPremTarget
+from pointsman.policy.fleet import EndpointEvents, Fleet, FrontierTarget, OnPremTarget, phase_roles
 from pointsman.policy.signals.engine_cache import EngineCache
-from pointsman.policy.signals.load_board import EndpointLoad, LoadBoard, StalenessPolicy
+from pointsman.policy.signals.load_board import EndpointLoad, LoadBoard, StalenessPolicy, mean_reading
 from pointsman.policy.signals.prefix_index import BLOCK_TOKENS, MOONCAKE_BLOCK_TOKENS, PrefixIndex, SharedKVTier
 from pointsman.policy.signals.scrape import ScrapeStatus, metrics_url
 from pointsman.policy.signals.shared_state import Change, LocalSync, SharedRecord, SharedView, StateSync
@@ -714,15 +714,12 @@ class FleetState:
             return 1.0, 1.0
         if target not in self.fleet.targets:
             return pool_utilization(None, self.fleet), pool_utilization(None, self.fleet)
-        roles = ("aggregated", "aggregated") if mode == "aggregated" else ("prefill", "decode")
         staleness, now = StalenessPolicy(), self.monotonic()
         out = []
-        for role, attr in zip(roles, ("prefill_utilization", "decode_utilization")):
+        for role, attr in zip(phase_roles(mode), ("prefill_utilization", "decode_utilization")):
             ids = [e.id for e in self.fleet.pool_endpoints(target, role)]
             loads = self.board.get_many(ids, now, staleness)
-            values = [v for i, ok in zip(ids, self.healthy_flags(ids))
-                      if ok and i in loads and (v := getattr(loads[i], attr)) is not None]
-            out.append(pool_utilization(sum(values) / len(values) if values else None, self.fleet))
+            out.append(pool_utilization(mean_reading(map(loads.get, ids), self.healthy_flags(ids), attr), self.fleet))
         return out[0], out[1]
 
     def _price(self, decision_id: str, target: str | None, mode: str | None, record: DispatchRecord | None,

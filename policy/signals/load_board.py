@@ -185,6 +185,13 @@ def apply_staleness(load: EndpointLoad, policy: StalenessPolicy, now: float | No
         stale=True)
 
 
+def mean_reading(loads: Iterable[EndpointLoad | None], healthy: Iterable[bool], attr: str) -> float | None:
+    """Mean of ``attr`` (``prefill_utilization``, ...) over the readings of healthy endpoints that report it
+    (``loads`` and ``healthy`` side by side; None for an endpoint without a reading); None when none does."""
+    values = [v for x, ok in zip(loads, healthy) if x is not None and ok and (v := getattr(x, attr)) is not None]
+    return sum(values) / len(values) if values else None
+
+
 def aggregate_loads(name: str, loads: Iterable[EndpointLoad]) -> EndpointLoad | None:
     """One pool-level reading from its endpoints' readings (for ``load[target]``), or None if empty.
 
