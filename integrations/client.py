@@ -249,7 +249,8 @@ class PointsmanClient:
                       usage: Mapping[str, object] | None = None,
                       served_target: str | None = None) -> VerifyAnswer | None:
         """``POST /v1/verify``; the answer, or ``None`` (keep the draft) — see the module docstring.
-        ``served_target``: the target that wrote the draft when it is not the decision's (a fallback)."""
+        ``served_target``: the target that wrote the draft (a fallback's; None or the decision's target: the
+        decision's)."""
         try:
             resp = await self._aclient().post("/v1/verify",
                                               json=self._verify_body(decision_id, draft, usage, served_target),

@@ -164,12 +164,11 @@ async def acascade(router: LiteLLMRouter, client: PointsmanClient, *, model: str
     params = {**_params(chosen), **call, "messages": messages, "extra_headers": headers}
     prefix = decision.get("verify_prefix_tokens")
     served = _served(chosen, decision)
-    drafted = served if served not in (None, decision["target"]) else None  # a fallback's deployment drafted it
     if prefix:
-        draft, answer = await _early(client, decision_id, params, int(prefix), drafted)
+        draft, answer = await _early(client, decision_id, params, int(prefix), served)
     else:
         draft = await litellm.acompletion(**params)
-        answer = await client.averify(decision_id, draft_of(draft), _usage(draft), drafted)
+        answer = await client.averify(decision_id, draft_of(draft), _usage(draft), served)
     if answer is None or answer["action"] != "escalate":
         client.report(ok_outcome(decision_id, served, draft, started))
         return draft

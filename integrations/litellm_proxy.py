@@ -277,8 +277,7 @@ class PointsmanProxyHandler(CustomLogger):
             # target to verify, and its outcome is priced where it ran
             self.client.report(ok_outcome(str(decision["id"]), served, response, started))
             return None
-        drafted = draft_served if draft_served and draft_served != decision.get("target") else None  # a fallback's
-        answer = await self.client.averify(str(decision["id"]), draft_of(response), _usage(response), drafted)
+        answer = await self.client.averify(str(decision["id"]), draft_of(response), _usage(response), draft_served or None)
         if answer is None or answer["action"] != "escalate":
             self.client.report(ok_outcome(str(decision["id"]), draft_served, response, started))
             return None
