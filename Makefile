@@ -45,7 +45,7 @@ lint: install-train
 	$(BIN)/python scripts/check_types.py
 
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -4,6 +4,11 @@
 persistence (``--save '' --appendonly no``), started once per test session and
 killed at teardown. Without ``redis-server`` the tests that use it are skipped,
 unless ``POINTSMAN_REQUIRE_REDIS=1`` (CI), where they fail.
+
+The suite runs on two pytest-xdist workers (``make test``: ``-n 2``), so each worker, and every
+process it starts, keeps its numeric libraries to one thread: two workers each spinning a BLAS or
+OpenMP pool per core oversubscribe a 2-core machine several times over (the learning-curve test took
+85 s instead of 20). Hypothesis has no per-example deadline: a loaded machine is not a failure.
 """
 
 from __future__ import annotations
@@ -17,6 +22,17 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_var] = "1"
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)
+
+settings.register_profile("pointsman", deadline=None)
+settings.load_profile("pointsman")
 
 # No network at test time: LiteLLM reads its packaged price map instead of fetching one.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
