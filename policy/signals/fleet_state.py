@@ -866,17 +866,19 @@ class FleetState:
                     del self._unhealthy[endpoint_id]
                     self._healthy_count[target] += 1
 
-    def observe_outcome(self, decision_id: str, ok: bool, endpoint: str | None = None) -> None:
+    def observe_outcome(self, decision_id: str, ok: bool, endpoint: str | None = None,
+                        served_target: str | None = None) -> None:
         """A circuit breaker fed by outcomes: ``error``/``timeout`` outcomes in a row on one endpoint
         (``error_outcomes_to_unhealthy``) mark it unhealthy (source ``outcomes``; each process counts
         the outcomes it receives); after ``unhealthy_cooldown_s`` it is healthy again (half-open:
         one more error re-trips it),
         and any ``ok`` outcome there clears the count. ``endpoint``: where the request ran
-        (default: the decision's recorded endpoint); unknown decisions and endpoints are ignored.
-        Call before ``settle``/``release`` (they forget the record)."""
+        (default: the decision's recorded endpoint, unless ``served_target``, the target that answered,
+        is another than the decision's: a fallback's outcome says nothing of it); unknown decisions and
+        endpoints are ignored. Call before ``settle``/``release`` (they forget the record)."""
         if endpoint is None:
             record = self.record(decision_id)
-            endpoint = None if record is None else record.endpoint
+            endpoint = None if record is None or served_target not in (None, record.target) else record.endpoint
         endpoint = None if endpoint is None else self.fleet.endpoint_id(endpoint)
         if endpoint is None or self.fleet.endpoints[endpoint].role == "api":
             return
