@@ -17,7 +17,9 @@ stale). Three sources feed it:
 **Merge rule.** The reading of an endpoint is its *freshest external snapshot* (push or
 scrape, whichever has the later ``updated_at``), each engine field it does not report
 (None) taken from the other source's snapshot — e.g. a gateway's pushed
-``prefill_utilization`` beside the scraped queue lengths — plus the requests Pointsman
+``prefill_utilization`` beside the scraped queue lengths — while that snapshot is not stale
+either (read with a ``StalenessPolicy`` other than ``ignore``: a field older than ``max_age_s``
+is not borrowed, whatever the age of the snapshot beside it), plus the requests Pointsman
 dispatched there *after* the freshest snapshot was taken and that are still in flight: the
 engine could not have counted them yet, and they enter its waiting queue first, so
 they are added to ``num_requests_waiting`` (``pending_requests``,
@@ -317,27 +319,32 @@ class _Slot:
     """Per-endpoint state: latest snapshot per external source, our in-flight dispatches,
     the counts of those after the freshest snapshot, and the cached merged view."""
 
-    __slots__ = ("push", "scrape", "merged", "inflight", "inflight_tokens", "newest_at", "after_n", "after_tokens",
-                 "view", "stale")
+    __slots__ = ("push", "scrape", "merged", "alone", "borrowed_at", "inflight", "inflight_tokens", "newest_at",
+                 "after_n", "after_tokens", "view", "view_alone", "stale")
 
     def __init__(self) -> None:
         self.push: EndpointLoad | None = None
         self.scrape: EndpointLoad | None = None
         self.merged: EndpointLoad | None = None
+        self.alone: EndpointLoad | None = None  # the freshest snapshot without borrowed fields (None: none borrowed)
+        self.borrowed_at: float | None = None  # ``updated_at`` of the snapshot ``merged`` borrows fields from
         self.inflight: dict[str, _Dispatch] = {}
         self.inflight_tokens = 0
         self.newest_at = 0.0  # max(d.at for d in inflight), 0.0 when none: kept as dispatches come and go
         self.after_n = 0
         self.after_tokens = 0
         self.view: EndpointLoad | None = None
+        self.view_alone: EndpointLoad | None = None  # ``view`` built on ``alone``
         self.stale: tuple[StalenessPolicy, EndpointLoad, EndpointLoad] | None = None  # (policy, view, reading)
 
     def external(self) -> EndpointLoad | None:
         return self.merged
 
     def merge(self) -> None:
-        """Recompute ``merged``: the freshest snapshot, its unreported fields from the other one."""
+        """Recompute ``merged``: the freshest snapshot, its unreported fields from the other one (``alone``
+        and ``borrowed_at`` say which and how old)."""
         p, s = self.push, self.scrape
+        self.alone, self.borrowed_at = None, None
         if p is None or s is None:
             self.merged = p or s
             return
@@ -345,6 +352,8 @@ class _Slot:
         missing = {f: getattr(older, f) for f in ENGINE_FIELDS
                    if getattr(newer, f) is None and getattr(older, f) is not None}
         self.merged = replace(newer, **missing) if missing else newer
+        if missing:
+            self.alone, self.borrowed_at = newer, older.updated_at
 
 
 class LoadBoard:
@@ -452,7 +461,7 @@ class LoadBoard:
             if ext is None or d.at > ext.updated_at:
                 slot.after_n += 1
                 slot.after_tokens += d.prompt_tokens
-            slot.view = None
+            slot.view = slot.view_alone = None
 
     def release(self, decision_id: str) -> bool:
         """Stop counting ``decision_id`` (its outcome arrived). Idempotent: returns False for an
@@ -494,7 +503,9 @@ class LoadBoard:
                 if slot is None:
                     continue
                 view = slot.view or merge(ep, slot)  # the fast path of _read: a cached, fresh view
-                if view.updated_at < fresh_after and view.source != "inflight":
+                borrowed = slot.borrowed_at
+                if (view.updated_at < fresh_after or (borrowed is not None and borrowed < fresh_after)) \
+                        and view.source != "inflight":
                     view = read(ep, slot, now, staleness)
                 out[ep] = view
         return out
@@ -516,7 +527,7 @@ class LoadBoard:
         after = [d for d in slot.inflight.values() if d.at > t]
         slot.after_n = len(after)
         slot.after_tokens = sum(d.prompt_tokens for d in after)
-        slot.view = None
+        slot.view = slot.view_alone = None
 
     def _remove(self, decision_id: str) -> None:
         d = self._dispatches.pop(decision_id)
@@ -529,7 +540,7 @@ class LoadBoard:
         if ext is None or d.at > ext.updated_at:
             slot.after_n -= 1
             slot.after_tokens -= d.prompt_tokens
-        slot.view = None
+        slot.view = slot.view_alone = None
 
     def _expire(self, now: float) -> int:
         dispatches, n = self._dispatches, 0
@@ -547,8 +558,13 @@ class LoadBoard:
         """The merged view with ``staleness`` applied; a stale reading is cached per
         (policy, view), so reading a stale endpoint again allocates nothing."""
         view = self._view(endpoint, slot)
-        if staleness is None or view.source == "inflight" or now - view.updated_at <= staleness.max_age_s:
+        if staleness is None or view.source == "inflight":
             return view
+        if now - view.updated_at <= staleness.max_age_s:
+            borrowed = slot.borrowed_at
+            if borrowed is None or now - borrowed <= staleness.max_age_s or staleness.on_stale == "ignore":
+                return view
+            return self._view(endpoint, slot, alone=True)  # the other snapshot's fields are stale: not borrowed
         cached = slot.stale
         if cached is not None and cached[1] is view and (cached[0] is staleness or cached[0] == staleness):
             return cached[2]
@@ -556,11 +572,13 @@ class LoadBoard:
         slot.stale = (staleness, view, reading)
         return reading
 
-    def _view(self, endpoint: str, slot: _Slot) -> EndpointLoad:
-        view = slot.view
+    def _view(self, endpoint: str, slot: _Slot, alone: bool = False) -> EndpointLoad:
+        """The reading: ``slot``'s merged snapshot (``alone``: its freshest snapshot without the other's
+        fields) with the in-flight accounting (cached until the slot changes)."""
+        view = slot.view_alone if alone else slot.view
         if view is not None:
             return view
-        ext = slot.external()
+        ext = slot.alone if alone else slot.external()
         n_inflight = len(slot.inflight)
         if ext is None:
             view = EndpointLoad(
@@ -575,5 +593,8 @@ class LoadBoard:
                 num_requests_waiting=None if waiting is None else waiting + slot.after_n,
                 inflight_requests=n_inflight, inflight_prompt_tokens=slot.inflight_tokens,
                 pending_requests=slot.after_n, pending_prompt_tokens=slot.after_tokens)
-        slot.view = view
+        if alone:
+            slot.view_alone = view
+        else:
+            slot.view = view
         return view

@@ -3,6 +3,8 @@
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pointsman.errors import RequestError
 from pointsman.policy.signals.load_board import (
@@ -199,6 +201,46 @@ def test_merge_uses_the_freshest_external_source():
     board.push(A, {"num_requests_running": 4}, now=14.0)
     a = board.get(A, now=14.0)
     assert (a.num_requests_running, a.num_requests_waiting, a.kv_cache_usage) == (4, 0, 0.25)
+
+
+_FIELDS = ("num_requests_running", "num_requests_waiting", "kv_cache_usage", "prefill_utilization")
+_snapshot = st.fixed_dictionaries({}, optional={
+    "num_requests_running": st.integers(0, 9), "num_requests_waiting": st.integers(0, 9),
+    "kv_cache_usage": st.sampled_from([0.25, 0.5]), "prefill_utilization": st.sampled_from([0.3, 0.9])})
+
+
+@settings(max_examples=300, deadline=None)
+@given(pushes=st.lists(st.tuples(st.floats(0, 60), _snapshot.filter(bool)), max_size=3),
+       scrapes=st.lists(st.tuples(st.floats(0, 60), _snapshot), max_size=3), now=st.floats(0, 60),
+       max_age_s=st.sampled_from([1.0, 10.0]), on_stale=st.sampled_from(["unknown", "saturated"]))
+def test_every_field_read_comes_from_a_snapshot_fresh_at_the_read(pushes, scrapes, now, max_age_s, on_stale):
+    """Whatever the pushes and scrapes, a field of the reading comes from a snapshot at most ``max_age_s``
+    old (``saturated``'s own markers aside): before, a fresh scrape lent a stale push its age, so a pushed
+    field stayed in every reading for as long as the engine was scraped."""
+    board, policy = LoadBoard(), StalenessPolicy(max_age_s, on_stale)
+    snaps: dict[str, list[tuple[float, dict]]] = {"push": [], "scrape": []}
+    for at, snap in pushes:
+        board.push(A, snap, now=at)
+        snaps["push"].append((at, snap))
+    for at, snap in scrapes:
+        board.put_scraped(A, EndpointLoad(A, "scrape", at, **snap))
+        snaps["scrape"].append((at, snap))
+    now = max([now, *(at for at, _ in pushes + scrapes)])
+    reading = board.get_many([A], now, policy).get(A)
+    assert reading == board.get(A, now, policy)
+    if reading is None or reading.saturated:
+        return
+    held: dict[str, tuple[float, dict]] = {}  # the snapshot of each source the board holds: its latest (ties: the last)
+    for src, got in snaps.items():
+        for at, snap in got:
+            if src not in held or at >= held[src][0]:
+                held[src] = (at, snap)
+    for f in _FIELDS:
+        value = getattr(reading, f)
+        if value is None:
+            continue
+        sources = [at for at, snap in held.values() if snap.get(f) is not None]
+        assert sources and now - max(sources) <= max_age_s, (f, value, held, now)
 
 
 def test_waiting_unknown_stays_unknown():
