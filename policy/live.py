@@ -260,13 +260,14 @@ class LiveSignals:
 
     def lookup(self, target: str) -> PrefixLookup | None:
         """The prompt's ``PrefixLookup`` in ``target``'s index (None without hashes): what its
-        engines report holding when the target has KV events (the request hashed as they hash),
+        engines report holding when the target has KV events (the request hashed as they hash, whether
+        or not the gateway sent block ids: an event-fed target's estimate index is never recorded into),
         else Pointsman's estimate; ``cache_sources`` says which, per target."""
         if target in self._lookups:
             return self._lookups[target]
         cache = self.state.engine_cache(target)
         found: PrefixLookup | None = None
-        if cache is not None and self.view is not None and not self.gateway_ids:
+        if cache is not None and self.view is not None:
             try:
                 keys = cache.request_keys(self.view)
             except TargetTokenizerError as exc:
