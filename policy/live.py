@@ -269,13 +269,14 @@ class LiveSignals:
         found: PrefixLookup | None = None
         if cache is not None and self.view is not None:
             try:
-                keys = cache.request_keys(self.view)
+                keys, engine_tokens = cache.request_keys(self.view)
             except TargetTokenizerError as exc:
                 self.cache_sources[target] = f"estimate (the chat template failed: {exc})"
             else:
                 self.cache_sources[target] = "engine events" + (" (no chat template: approximate)"
                                                                 if cache.approximate else "")
-                found = cache.index.lookup(keys, prompt_tokens=self.prompt_tokens) if keys else None
+                found = cache.index.lookup(keys, prompt_tokens=self.prompt_tokens,
+                                           hashed_tokens=engine_tokens) if keys else None
                 self._lookups[target] = found
                 return found
         if target not in self.cache_sources:

@@ -135,10 +135,12 @@ class SimPrefixIndex(PrefixIndex):
         self.router, self.target, self.frontier = router, target, frontier
 
     def lookup(self, block_hashes: Sequence[int], *, prompt_tokens: int | None = None,
-               text_bytes: int | None = None, now: float | None = None) -> PrefixLookup:
+               text_bytes: int | None = None, hashed_tokens: int | None = None,
+               now: float | None = None) -> PrefixLookup:
         """The current request's prefix on this target's replicas (``block_hashes`` are the
         engine's re-hashed ids of the same blocks and are not needed; the trace's blocks are
-        ``MOONCAKE_BLOCK_TOKENS`` tokens each, so ``text_bytes`` is not needed either; ``now`` neither:
+        ``MOONCAKE_BLOCK_TOKENS`` tokens each, so ``text_bytes`` and ``hashed_tokens`` are not needed
+        either; ``now`` neither:
         the simulator's caches expire on its clock, a frontier tier's after its ``prompt_cache_ttl_s``)."""
         req, view = self.router.current, self.router.board.view
         hashes = (req.block_hashes or ()) if req is not None else ()

@@ -76,10 +76,12 @@ class EngineCache:
 
     # -- reads
 
-    def request_keys(self, view: RequestView) -> list[int]:
-        """The request's block hashes as its engines publish them (leading ``max_tokens`` tokens,
-        full blocks only). Raises ``TargetTokenizerError`` when the chat template fails."""
-        return self.hasher.keys(self.tokenizer.request_token_ids(view.request))
+    def request_keys(self, view: RequestView) -> tuple[list[int], int | None]:
+        """(the request's block hashes as its engines publish them (leading ``max_tokens`` tokens, full
+        blocks only), the prompt's length in the engines' tokens: None when longer than what was hashed).
+        Raises ``TargetTokenizerError`` when the chat template fails."""
+        ids, whole = self.tokenizer.request_tokens(view.request)
+        return self.hasher.keys(ids), len(ids) if whole and len(ids) <= self.hasher.max_tokens else None
 
     @property
     def approximate(self) -> bool:

@@ -367,12 +367,16 @@ class TargetTokenizer:
     def token_ids(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """The first ``max_tokens`` token ids of ``text`` (text past ``max_tokens ×
         MAX_CHARS_PER_TOKEN`` characters is cut first and the token at the cut dropped)."""
+        return self._token_ids(text, add_special_tokens)[0]
+
+    def _token_ids(self, text: str, add_special_tokens: bool) -> tuple[list[int], bool]:
+        """(``token_ids``, whether they are all of ``text``'s)."""
         limit = self.max_tokens * MAX_CHARS_PER_TOKEN
         cut = len(text) > limit
         ids = cast(list[int], self.tokenizer.encode(text[:limit] if cut else text, add_special_tokens=add_special_tokens).ids)
         if cut and ids:
             ids.pop()
-        return ids[:self.max_tokens]
+        return ids[:self.max_tokens], not cut and len(ids) <= self.max_tokens
 
     def prompt_token_ids(self, messages: Sequence[Mapping[str, object]], *,
                          tools: Sequence[Mapping[str, object]] | None = None, add_generation_prompt: bool = True) -> list[int]:
@@ -385,3 +389,8 @@ class TargetTokenizer:
     def request_token_ids(self, request: RouteRequest) -> list[int]:
         """``prompt_token_ids`` of a route request (``template_messages``, its ``tools``)."""
         return self.prompt_token_ids(template_messages(request), tools=request.tools)
+
+    def request_tokens(self, request: RouteRequest) -> tuple[list[int], bool]:
+        """(``request_token_ids``, whether they are the whole prompt: not cut at ``max_tokens``)."""
+        text = self.render(template_messages(request), tools=request.tools)
+        return self._token_ids(text, self.approximate)

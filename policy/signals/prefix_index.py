@@ -409,17 +409,23 @@ class PrefixIndex:
         return {e: min(1.0, matched.get(e, 0) / denominator) for e in endpoints}
 
     def lookup(self, block_hashes: Sequence[int], *, prompt_tokens: int | None = None,
-               text_bytes: int | None = None, now: float | None = None) -> PrefixLookup:
+               text_bytes: int | None = None, hashed_tokens: int | None = None,
+               now: float | None = None) -> PrefixLookup:
         """Match ``block_hashes`` once (one lock) for reading many endpoints' hits
         (``PrefixLookup.hit``, ``best``); ``prompt_tokens`` caps every hit (default: all
         hashed blocks). ``text_bytes``: the blocks are ``block_hashes_from_text``'s of a text of this
         many UTF-8 bytes, so a block counts ``prompt_tokens x block bytes / text_bytes`` tokens (the
         prompt's own density), not ``block_tokens``: hits are the matched share of the prompt's text,
-        and the text after the matched blocks (a follow-up's new turn) is uncached. ``now``: monotonic
+        and the text after the matched blocks (a follow-up's new turn) is uncached. ``hashed_tokens``: the
+        blocks are an engine's, of a prompt of this many of its tokens (all hashed), so a block counts
+        ``prompt_tokens x block_tokens / hashed_tokens`` tokens: hits are the share of the prompt the engine
+        holds in its own tokens, whatever the tokenizer ``prompt_tokens`` was counted with. ``now``: monotonic
         seconds of the query (blocks older than ``block_ttl_s`` then are not held)."""
         bt: float = self.block_tokens
         if text_bytes and prompt_tokens is not None:
             bt = prompt_tokens * max(1, int(round(self.block_tokens * CHARS_PER_TOKEN))) / text_bytes
+        elif hashed_tokens and prompt_tokens is not None:
+            bt = prompt_tokens * self.block_tokens / hashed_tokens
         total = int(len(block_hashes) * bt) if prompt_tokens is None else int(prompt_tokens)
         with self._lock:
             self._expire(now)

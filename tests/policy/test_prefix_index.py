@@ -251,3 +251,17 @@ def test_block_hashes_reuse_gives_the_same_hashes_for_a_conversations_turns():
         second = block_hashes_from_text(turn2, reuse=True, key=key)
         assert second == block_hashes_from_text(turn2)
         assert second[:len(first)] == first
+
+
+@settings(max_examples=200, deadline=None)
+@given(engine_tokens=st.integers(16, 4000), held_share=st.floats(0, 1), prompt_tokens=st.integers(1, 8000))
+def test_an_engines_blocks_count_as_their_share_of_the_prompt(engine_tokens, held_share, prompt_tokens):
+    """Blocks an engine reports for a prompt of ``engine_tokens`` of its tokens count as that share of the
+    prompt, whatever the tokenizer ``prompt_tokens`` was counted with (to within a token): before, 16 tokens
+    each against ``prompt_tokens``, so a prompt the estimator counts 20% above the engine read 20% less cached."""
+    keys = block_hashes_from_tokens(list(range(engine_tokens)), block_tokens=16)
+    held = int(held_share * len(keys))
+    index = PrefixIndex(block_tokens=16)
+    index.record("e", keys[:held])
+    local, _ = index.lookup(keys, prompt_tokens=prompt_tokens, hashed_tokens=engine_tokens).hit("e")
+    assert abs(local - held * 16 / engine_tokens * prompt_tokens) <= 1
