@@ -36,8 +36,8 @@ Read from the live state at scrape time (``StateCollector``):
 ``pointsman_model_registry_reachable``                            1 when the model follower's last poll read the registry
 ``pointsman_model_follow_problem``                                1 when it keeps the model against its alias (why: /healthz)
 ``pointsman_effective_price_usd_per_token{target}``               today's spend ÷ completion tokens (UTC day)
-``pointsman_pool_prefill_utilization{target,pool}``               mean reported prefill utilization (0–1; fresh readings)
-``pointsman_pool_decode_utilization{target,pool}``                mean reported decode utilization (0–1; fresh readings)
+``pointsman_pool_prefill_utilization{target,pool}``               mean prefill utilization as priced (0–1; healthy, fresh)
+``pointsman_pool_decode_utilization{target,pool}``                mean decode utilization as priced (0–1; healthy, fresh)
 ``pointsman_load_signal_age_seconds{target,endpoint}``            age of each endpoint's pushed/scraped load
 ``pointsman_inflight_requests{target,endpoint}``                  requests dispatched and not yet settled
 ``pointsman_decision_log_pending``                                decisions waiting for the background writer
@@ -81,6 +81,8 @@ from typing import TYPE_CHECKING, TypeGuard
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from pointsman.policy.signals.load_board import mean_reading
 
 if TYPE_CHECKING:  # pragma: no cover
     from pointsman.policy.decision import Decision
@@ -360,12 +362,6 @@ class StateCollector(Collector):
                                 "Age of the endpoint's pushed or scraped load reading.", labels=["target", "endpoint"])
         inflight = GaugeMetricFamily("pointsman_inflight_requests", "Requests dispatched and not yet settled.",
                                      labels=["target", "endpoint"])
-        pools: dict[tuple[str, str], dict[str, list[float]]] = {}
-        # a pool's utilization from readings the policy still reads: a stale one (older than its signals.load
-        # max_age_s, unless on_stale is ignore) is dropped from routing and pricing, so from the gauges too (its
-        # age stays exported: that is what to alert on)
-        staleness = engine.policy.staleness
-        fresh_for = math.inf if staleness.on_stale == "ignore" else staleness.max_age_s
         for eid, e in fleet.endpoints.items():
             r = readings.get(eid)
             if r is None:
@@ -375,16 +371,15 @@ class StateCollector(Collector):
                 age.add_metric([e.target, label], r.age_s(now))
             if r.inflight_requests:
                 inflight.add_metric([e.target, label], r.inflight_requests)
-            acc = pools.setdefault((e.target, e.role), {"prefill": [], "decode": []})
-            if r.source != "inflight" and r.age_s(now) > fresh_for:
-                continue
-            if _finite(r.prefill_utilization):
-                acc["prefill"].append(r.prefill_utilization)
-            if _finite(r.decode_utilization):
-                acc["decode"].append(r.decode_utilization)
-        for (target, pool), acc in pools.items():
-            if acc["prefill"]:
-                prefill.add_metric([target, pool], sum(acc["prefill"]) / len(acc["prefill"]))
-            if acc["decode"]:
-                decode.add_metric([target, pool], sum(acc["decode"]) / len(acc["decode"]))
+        # a pool's utilization as decisions price it (``LiveSignals``): the mean over its healthy endpoints'
+        # readings with the policy's staleness applied (a stale reading, or a stale push's field beside a fresh
+        # scrape, is not read; its age stays exported: that is what to alert on)
+        for (target, role), endpoints in fleet.pools.items():
+            ids = [e.id for e in endpoints]
+            got = state.board.get_many(ids, now, engine.policy.staleness)
+            loads, flags = [got.get(i) for i in ids], state.healthy_flags(ids)
+            for gauge, attr in ((prefill, "prefill_utilization"), (decode, "decode_utilization")):
+                value = mean_reading(loads, flags, attr)
+                if _finite(value):
+                    gauge.add_metric([target, role], value)
         yield from (prefill, decode, age, inflight)

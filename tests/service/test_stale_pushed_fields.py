@@ -5,7 +5,8 @@ A scrape never reports ``prefill_utilization`` (vLLM exports no such gauge); a g
 Before, the merged reading took the field from the last push however old it was and gave it the scrape's
 age, so a sidecar that stopped pushing left its last value steering decisions forever: 3 s after a push of
 0.9 (``max_age_s: 1``), every decision still matched ``load[...].prefill_utilization > 0.5`` and went to
-the frontier tier, and ``GET /v1/fleet`` showed 0.9 at an age of a scrape interval. Alone, the same push
+the frontier tier, and ``GET /v1/fleet`` and the pool's utilization gauge showed 0.9 at an age of a scrape
+interval. Alone, the same push
 is stale after 1 s (its fields null)."""
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ def test_a_stale_pushed_field_is_not_revived_by_a_fresh_scrape(tmp_path, serve, 
         load = _e0(base)["load"]
         assert load["source"] == "scrape" and load["age_s"] < 1.0
         assert load["prefill_utilization"] is None
+        metrics = httpx.get(f"{base}/metrics", timeout=10).text
+        assert "pointsman_pool_prefill_utilization{" not in metrics and "pointsman_load_signal_age_seconds{" in metrics
         assert httpx.post(f"{base}/v1/route", json=route, timeout=10).json()["rule"] == "default"
     finally:
         engine.stop()
