@@ -35,7 +35,6 @@ reference; decisions in flight finish on the engine they started with.
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from collections.abc import Mapping
@@ -352,7 +351,6 @@ class RoutingEngine:
         self.filters = filters
         self._enabled_filters = enabled(policy.filters, filters)  # what ``decide`` runs, read once per policy
         self.picker = PICKERS[policy.selection.picker](policy.selection)
-        self._turns = itertools.count()  # decisions made: tied endpoints take turns by it (pickers.MinCostPicker)
         self._tokenizer = estimator.tokenizer
         self._ids_estimator = estimator if isinstance(estimator, TokenIdsEstimator) and \
             estimator.takes_query_token_ids else None
@@ -423,7 +421,7 @@ class RoutingEngine:
         hashes, gateway_ids = block_hashes(view)
         live = LiveSignals(self.state, self.policy, self.picker, request=base["request"], block_hashes=hashes,
                            gateway_ids=gateway_ids, scopes=scopes, session_id=routing.session_id or "", view=view,
-                           subset=endpoint_subset, turn=next(self._turns))
+                           subset=endpoint_subset)
         # lazily unless explaining: the trace lists every prediction the full context computes
         outcome = decide(self.fleet, self.policy, base, live, self.filters, lazy=not routing.explain,
                          enabled_filters=self._enabled_filters, record=routing.explain)
@@ -581,7 +579,7 @@ class RoutingEngine:
         hashes, gateway_ids = block_hashes(view)
         live = LiveSignals(self.state, self.policy, self.picker, request=base["request"], block_hashes=hashes,
                            gateway_ids=gateway_ids, scopes=view.scopes, session_id=view.routing.session_id or "",
-                           view=view, turn=next(self._turns))
+                           view=view)
         verdict = judge(self.fleet, self.policy, base, live, draft, self.filters)
         labels = dict(verdict.rule.labels) if verdict.rule is not None else {}
         if verdict.action == "accept" or verdict.target is None or verdict.mode is None:

@@ -180,8 +180,7 @@ class LiveSignals:
     is computed on first use and memoized.
 
     ``LiveSignals(state, policy, picker, *, request, block_hashes, gateway_ids, scopes,
-    session_id, now, now_mono, subset, turn)``: ``request`` is the ``request`` namespace dict;
-    ``turn`` the engine's decision count (``PickInput.turn``: tied endpoints take turns by it);
+    session_id, now, now_mono, subset)``: ``request`` is the ``request`` namespace dict;
     ``block_hashes`` the prompt's chained block hashes (``gateway_ids``: from the gateway's
     ``prefix_block_hashes``, 512-token blocks; else from the rendered text, 128-token
     blocks); ``scopes`` its budget scopes; ``now`` Unix seconds (ledger), ``now_mono``
@@ -193,9 +192,8 @@ class LiveSignals:
     def __init__(self, state: FleetState, policy: CompiledPolicy, picker: Picker, *, request: RequestSignals,
                  block_hashes: Sequence[int], gateway_ids: bool, scopes: Sequence[str], session_id: str = "",
                  now: float | None = None, now_mono: float | None = None, view: RequestView | None = None,
-                 subset: AbstractSet[str] | None = None, turn: int = 0) -> None:
+                 subset: AbstractSet[str] | None = None) -> None:
         self.state = state
-        self.turn = turn
         self.subset = None if subset is None else frozenset(subset)
         self._fleet: Fleet = state.fleet
         self.policy = policy
@@ -376,7 +374,7 @@ class LiveSignals:
         if pick is None:
             s = self.session_entry()
             inp = PickInput(self.prompt_tokens, self.output_tokens(target), s[1] if s and s[0] == target else None,
-                            self.turn)
+                            self.state.turn(target, role))
             view = self.aggregated_view(target) if role == "aggregated" else self.pool_view(target, role)
             pick = self.picker.pick(inp, view)
             self._picks[key] = pick

@@ -68,7 +68,8 @@ class EndpointSelectionSpec(StrictModel):
 class PickInput:
     """The request as pickers see it: ``prompt_tokens``, ``output_tokens`` (expected),
     ``session_endpoint`` (id of the session's previous endpoint, a tie-breaker; None), ``turn``
-    (the engine's count of decisions before this one: tied endpoints take turns by it)."""
+    (the dispatches made before this one to the pool picked, ``FleetState.turn``: tied endpoints take turns
+    by it, whatever the traffic to other pools does)."""
 
     prompt_tokens: int
     output_tokens: int
@@ -343,7 +344,7 @@ class MinCostPicker:
     """``min-cost``: the healthy endpoint under the bounded-load cap with the least predicted
     seconds (sum of the role's scorers, ``ROLE_SCORERS``); ties go to the session's previous
     endpoint, then take turns: the endpoints tied for the least rank, in file order, are rotated
-    by the request's ``turn`` (the engine's decision count), so tied endpoints share picks evenly,
+    by the request's ``turn`` (the pool's dispatch count), so tied endpoints share picks evenly,
     and the same request with the same turn on the same view gets the same pick (a replay too).
     Then up to ``fallback_endpoints`` more in cost order
     (over-cap endpoints after those under it). ``selection``: the policy's

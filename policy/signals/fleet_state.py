@@ -243,6 +243,7 @@ class FleetState:
         # when it comes, must not count them in flight (this process's own release is not applied again)
         self._released_early: OrderedDict[str, float] = OrderedDict()
         self._breaker: dict[str, tuple[int, float]] = {}  # endpoint id -> (consecutive errors, tripped at)
+        self._turns: dict[tuple[str, str], int] = {}  # (target, pick role) -> this process's dispatches there
         self.error_outcomes_to_unhealthy = ERROR_OUTCOMES_TO_UNHEALTHY
         self.unhealthy_cooldown_s = UNHEALTHY_COOLDOWN_S
 
@@ -296,6 +297,7 @@ class FleetState:
             new._settled = self._settled
             new._budget_cache = self._budget_cache
             new._breaker = self._breaker
+            new._turns = self._turns
             for sid in [s for s, (tgt, ep, _) in self._sessions.items() if ep not in kept or tgt not in fleet.targets]:
                 del self._sessions[sid]
             marks = {e: dict(m) for e, m in self._marks.items() if e in kept}
@@ -384,6 +386,11 @@ class FleetState:
         """Endpoints of ``target`` not marked unhealthy (O(1))."""
         return self._healthy_count.get(target, 0)
 
+    def turn(self, target: str, role: str) -> int:
+        """This process's dispatches so far to ``target``'s pick of ``role`` (``aggregated``, ``prefill``,
+        ``decode``, ``api``): endpoints tied in that pick take turns by it (``pickers.PickInput.turn``)."""
+        return self._turns.get((target, role), 0)
+
     def endpoint_count(self, target: str) -> int:
         """Endpoints of ``target`` (all its pools; 1 for a frontier API)."""
         return self._total_count.get(target, 0)
@@ -465,6 +472,11 @@ class FleetState:
         if record.reserved != reserved:
             record = _with(record, reserved=reserved)
         self._apply_dispatch(record, dispatch.block_hashes, dispatch.gateway_ids, dispatch.session_id)
+        t = self.fleet.targets.get(record.target)
+        with self._lock:
+            for role in ("api",) if isinstance(t, FrontierTarget) else \
+                    ("prefill", "decode") if record.prefill_endpoint is not None else ("aggregated",):
+                self._turns[(record.target, role)] = self._turns.get((record.target, role), 0) + 1
         if self.sync.shared:
             self.sync.dispatch(_shared(record, self._wall_of(at)), dispatch.block_hashes, dispatch.gateway_ids,
                                dispatch.session_id, self.session_ttl_s, self.board.inflight_ttl_s)

@@ -59,6 +59,28 @@ def test_the_engine_shares_tied_endpoints_evenly(prompts):
     assert max(counts.values()) - min(counts.values(), default=0) <= 1, counts
 
 
+MEDIUM = " ".join(f"Sentence {i} of a medium-sized prompt about routing requests to replicas." for i in range(60))
+
+
+@FAST
+@given(pattern=st.lists(st.booleans(), min_size=2, max_size=60))
+def test_tied_endpoints_share_picks_evenly_whatever_else_the_traffic_does(pattern):
+    """Short prompts (onprem-8b's two idle endpoints, tied) interleaved with medium ones (onprem-70b), each
+    settled before the next: the 8B endpoints' picks stay within one of each other. Before, ties took turns
+    by the count of every decision, so with every other request going to the 70B model all 8B requests went
+    to the same endpoint (20 of 20 over HTTP, alternating)."""
+    fleet = load_fleet()
+    engine = RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), FixedDifficulty(0.1), state=FleetState(fleet))
+    counts = {e.url: 0 for e in fleet.pool_endpoints("onprem-8b", "aggregated")}
+    for i, short in enumerate(pattern):
+        d = engine.route(request_from_prompt(f"Say hi {i}." if short else f"{MEDIUM} {i}"))
+        assert (d.target == "onprem-8b") == short
+        if short:
+            counts[d.endpoints[0].url] += 1
+        engine.state.settle(d.decision_id, prompt_tokens=d.prompt_tokens, completion_tokens=10)
+    assert max(counts.values()) - min(counts.values()) <= 1, counts
+
+
 ZERO_WIDTH = ("\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u00ad")
 NAMES = st.text(st.characters(codec="utf-8", categories=("L", "M", "N")), min_size=1, max_size=20)
 
