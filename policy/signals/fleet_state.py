@@ -488,7 +488,9 @@ class FleetState:
         (this process's dispatch, or another's from the shared state)."""
         decision_id, at = record.decision_id, record.at
         endpoint, prefill_endpoint = record.endpoint, record.prefill_endpoint
-        self.board.dispatch(endpoint, decision_id, record.prompt_tokens, at)
+        # a disaggregated request's prompt is prefill work on its prefill endpoint only: its decode endpoint
+        # takes its KV (``pickers.QueueScorer`` would read it as prefill queued there)
+        self.board.dispatch(endpoint, decision_id, record.prompt_tokens if prefill_endpoint is None else 0, at)
         if prefill_endpoint is not None:
             self.board.dispatch(prefill_endpoint, decision_id + PREFILL_SUFFIX, record.prompt_tokens, at)
         if block_hashes and record.target in self.fleet.targets and record.target not in self._engine_caches:
