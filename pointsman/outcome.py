@@ -48,7 +48,7 @@ import re
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import ErrorDetails
 
@@ -157,6 +157,9 @@ class OutcomeIn(_Strict):
     e2e_latency_ms: float | None = Field(default=None, ge=0.0, le=MAX_LATENCY_MS)
     time_s: float | None = Field(default=None, ge=0.0, le=MAX_TIME_S)
     quality: QualitySignals | None = None
+    #: The endpoint id that served the request when the service saw it (the ext_proc picker reads Envoy's served
+    #: endpoint), for the outcome breaker; not part of the wire schema. None: the decision's endpoint.
+    _served_endpoint: str | None = PrivateAttr(default=None)
 
     @field_validator("decision_id", "outcome_id")
     @classmethod

@@ -492,6 +492,10 @@ class _Stream:
         self.recorded = True
         item = self._outcome(cancelled)
         if item is not None:
+            if self.served:  # the breaker counts it where Envoy served it (the picked endpoint or a fallback)
+                index = self.server.index(self.rt.live.engine.fleet)
+                ids = [e for e in index.by_host_port.get(self.served, ()) if index.target_of[e] == self.decision.target]
+                item._served_endpoint = ids[0] if len(ids) == 1 else None
             self.server.record(item)
 
     def _outcome(self, cancelled: bool) -> OutcomeIn | None:

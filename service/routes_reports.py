@@ -174,7 +174,8 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str
         return
     state = rt.live.engine.state
     if item.status in ("ok", "error", "timeout"):  # a cancelled request says nothing about the endpoint
-        state.observe_outcome(item.decision_id, ok=item.status == "ok", served_target=item.served_target)
+        state.observe_outcome(item.decision_id, ok=item.status == "ok", endpoint=item._served_endpoint,
+                              served_target=item.served_target)
     usage = item.usage
     reported = usage if usage is not None and usage.prompt_tokens is not None \
         and usage.completion_tokens is not None else None  # OutcomeIn requires both with usage
