@@ -157,9 +157,11 @@ class OutcomeIn(_Strict):
     e2e_latency_ms: float | None = Field(default=None, ge=0.0, le=MAX_LATENCY_MS)
     time_s: float | None = Field(default=None, ge=0.0, le=MAX_TIME_S)
     quality: QualitySignals | None = None
-    #: The endpoint id that served the request when the service saw it (the ext_proc picker reads Envoy's served
-    #: endpoint), for the outcome breaker; not part of the wire schema. None: the decision's endpoint.
+    #: What the service saw of the request itself (the ext_proc picker), for the outcome breaker; not part of the
+    #: wire schema: the endpoint id that served it (Envoy's served endpoint; None: the decision's), and the upstream
+    #: HTTP status (None: unknown).
     _served_endpoint: str | None = PrivateAttr(default=None)
+    _upstream_status: int | None = PrivateAttr(default=None)
 
     @field_validator("decision_id", "outcome_id")
     @classmethod

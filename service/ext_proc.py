@@ -496,6 +496,7 @@ class _Stream:
                 index = self.server.index(self.rt.live.engine.fleet)
                 ids = [e for e in index.by_host_port.get(self.served, ()) if index.target_of[e] == self.decision.target]
                 item._served_endpoint = ids[0] if len(ids) == 1 else None
+            item._upstream_status = self.status
             self.server.record(item)
 
     def _outcome(self, cancelled: bool) -> OutcomeIn | None:

@@ -174,7 +174,9 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str
         return
     state = rt.live.engine.state
     if item.status in ("ok", "error", "timeout"):  # a cancelled request says nothing about the endpoint
-        state.observe_outcome(item.decision_id, ok=item.status == "ok", endpoint=item._served_endpoint,
+        # an upstream 4xx is the endpoint answering a request it refused (Envoy's outlier detection counts 5xx only)
+        answered = item.status == "ok" or (item._upstream_status is not None and item._upstream_status < 500)
+        state.observe_outcome(item.decision_id, ok=answered, endpoint=item._served_endpoint,
                               served_target=item.served_target)
     usage = item.usage
     reported = usage if usage is not None and usage.prompt_tokens is not None \

@@ -61,3 +61,17 @@ def test_errors_count_on_the_endpoint_that_served_them(picker_app):
     picked = [_stream(picker_app, 503) for _ in range(5)]
     assert SERVED in picked and set(picked) != {SERVED}  # picked sometimes, a fallback other times
     assert _healthy(picker_app) == {"llama-8b-0": True, "llama-8b-1": False}
+
+
+def test_client_errors_do_not_trip_the_endpoint(picker_app):
+    """An upstream 4xx (a bad request, a prompt over the context window) is the endpoint answering: as Envoy's
+    outlier detection counts only 5xx, it clears the endpoint's count instead of adding to it. Before, five 400s
+    (say, a client sending malformed requests) marked the replica unhealthy; it then got no requests."""
+    for _ in range(5):
+        _stream(picker_app, 400)
+    assert _healthy(picker_app) == {"llama-8b-0": True, "llama-8b-1": True}
+    for _ in range(4):
+        _stream(picker_app, 503)
+    _stream(picker_app, 400)  # answered: the count starts again
+    _stream(picker_app, 503)
+    assert _healthy(picker_app) == {"llama-8b-0": True, "llama-8b-1": True}
