@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import importlib.util
+import os
 
 import click
 from pydantic import ValidationError
@@ -27,6 +28,7 @@ from pointsman.cli import policy as cli_policy
 from pointsman.cli import replay as cli_replay
 from pointsman.cli import route as cli_route
 from pointsman.cli.errors import InputError, os_error_message, validation_message
+from pointsman.service.settings import unknown_env_settings
 
 #: The extra (``pyproject.toml``) that installs each optional top-level package a command may import.
 EXTRA_OF = {"pandas": "replay", "matplotlib": "replay", "ruamel": "train", "mlflow": "train", "sklearn": "train",
@@ -61,6 +63,8 @@ class PointsmanGroup(click.Group):
 @click.version_option(package_name="pointsman")
 def main() -> None:
     """Pointsman: a routing policy engine for LLM inference."""
+    for problem in unknown_env_settings(os.environ):
+        click.echo(f"Warning: {problem}", err=True)
 
 
 cli_route.register(main)

@@ -108,6 +108,8 @@ Service only (``pointsman serve``):
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator
@@ -116,6 +118,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from pointsman.outcome_log.store import DEFAULT_FILE as DEFAULT_LOG_FILE
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH
 from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH
+
+#: ``POINTSMAN_*`` names read outside ``Settings``: the gateway clients' and LiteLLM integrations'
+#: (``integrations/``), the shared datasets folder, the README's shell variable for a gateway key and the
+#: tests' switches.
+OTHER_ENV_NAMES = frozenset({"POINTSMAN_URL", "POINTSMAN_API_KEY", "POINTSMAN_ROUTE_TIMEOUT_S",
+                             "POINTSMAN_VERIFY_TIMEOUT_S", "POINTSMAN_CASCADE", "POINTSMAN_SHARED_DATASETS",
+                             "POINTSMAN_KEY", "POINTSMAN_REQUIRE_REDIS", "POINTSMAN_REQUIRE_PROMETHEUS",
+                             "POINTSMAN_CLEAN_INTERPRETER"})
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 #: Default hard time budget per difficulty estimate (ms); ``POINTSMAN_ESTIMATOR_TIMEOUT_MS=none`` disables it.
@@ -192,3 +202,15 @@ class Settings(BaseSettings):
     def outcome_log_path(self) -> Path:
         """The decision and outcome log file: ``outcome_log``, else ``<data_dir>/outcomes.db``."""
         return self.outcome_log if self.outcome_log is not None else self.data_dir / DEFAULT_LOG_FILE
+
+
+def unknown_env_settings(environ: Mapping[str, str]) -> list[str]:
+    """One message per ``POINTSMAN_*`` name in ``environ`` that nothing reads, with the nearest setting's
+    name: pydantic-settings ignores them, so ``POINTSMAN_BUDGET_PATH`` (for ``POINTSMAN_BUDGETS_PATH``)
+    left every tenant unlimited without a word."""
+    known = {f"POINTSMAN_{name.upper()}" for name in Settings.model_fields} | OTHER_ENV_NAMES
+    out = []
+    for name in sorted(n for n in environ if n.upper().startswith("POINTSMAN_") and n.upper() not in known):
+        near = difflib.get_close_matches(name.upper(), sorted(known), n=1, cutoff=0.8)
+        out.append(f"{name} is not a Pointsman setting and is ignored" + (f"; did you mean {near[0]}?" if near else ""))
+    return out

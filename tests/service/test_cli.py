@@ -590,3 +590,16 @@ def test_route_explain_prints_the_cost_a_rule_read(monkeypatch, tmp_path):
                  out[out.index("signals (the values the rules read):") + 1:out.index("candidates:")])
     assert shown["difficulty.p_hard"] == "0.665" and shown["variables.hard_prompt_max_usd"] == "0.04"
     assert shown['cost("frontier-large")'] == "0.049855"
+
+
+@pytest.mark.parametrize("command", [["route", "--tenant", "zero", "hi"], ["policy", "check", str(DEFAULT_POLICY_PATH)]])
+def test_a_misspelt_setting_in_the_environment_is_a_warning_naming_the_setting(command, tmp_path: Path):
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:zero', window: day, limit_usd: 0}\n")
+    env = {"POINTSMAN_BUDGET_PATH": str(budgets), "POINTSMAN_SHARED_DATASETS": str(tmp_path),
+           "POINTSMAN_DATA_DIR": str(tmp_path)}
+    r = CliRunner().invoke(main, command, env=env)
+    assert r.exit_code == 0, r.output  # the budget is not read (it would refuse the route: exit 3); the warning says why
+    assert r.stderr.splitlines() == ["Warning: POINTSMAN_BUDGET_PATH is not a Pointsman setting and is ignored; "
+                                     "did you mean POINTSMAN_BUDGETS_PATH?"], r.stderr
