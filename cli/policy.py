@@ -25,6 +25,8 @@ from pointsman.policy.cases import load_cases, run_cases
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
 from pointsman.policy.rules.compiler import load_policy
 from pointsman.policy.signals.namespaces import reference_markdown
+from pointsman.service.keys import key_names
+from pointsman.service.settings import Settings
 
 _FLEET_KIND = re.compile(r"^kind:\s*['\"]?Fleet['\"]?\s*(#.*)?$", re.M)
 _CASES_KIND = re.compile(r"^kind:\s*['\"]?PolicyCases['\"]?\s*(#.*)?$", re.M)
@@ -62,10 +64,13 @@ def check_command(files: tuple[Path, ...], fleet_path: Path | None) -> None:
                 f = load_fleet(path)
                 click.echo(f"{path}: ok (fleet, {len(f.targets)} targets, revision {f.revision})")
             elif _BUDGETS_KIND.search(text):
-                b = BudgetConfig.load(path)
+                names = key_names(Settings()) or None  # the API keys this environment gives `serve`; none: unchecked
+                b = BudgetConfig.load(path, names)
                 scopes = len({x.scope for x in b.budgets})
+                unchecked = ("; key: scopes not checked: no API keys configured here, `serve` checks them against its own"
+                             if names is None and any(x.scope.startswith("key:") for x in b.budgets) else "")
                 click.echo(f"{path}: ok (budgets, {len(b.budgets)} budgets on {scopes} scopes, "
-                           f"reservation TTL {b.reservation_ttl_s:g} s)")
+                           f"reservation TTL {b.reservation_ttl_s:g} s{unchecked})")
             elif _CASES_KIND.search(text):
                 spec, _, _, _ = load_cases(path)
                 click.echo(f"{path}: ok (cases, {len(spec.cases)} cases for {spec.policy}; "

@@ -603,3 +603,17 @@ def test_a_misspelt_setting_in_the_environment_is_a_warning_naming_the_setting(c
     assert r.exit_code == 0, r.output  # the budget is not read (it would refuse the route: exit 3); the warning says why
     assert r.stderr.splitlines() == ["Warning: POINTSMAN_BUDGET_PATH is not a Pointsman setting and is ignored; "
                                      "did you mean POINTSMAN_BUDGETS_PATH?"], r.stderr
+
+
+def test_policy_check_of_a_budgets_file_checks_its_key_scopes_against_the_keys_serve_would_have(tmp_path: Path):
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'key:edge', window: day, limit_usd: 5}\n")
+    r = CliRunner().invoke(main, ["policy", "check", str(budgets)], env={"POINTSMAN_GATEWAY_API_KEYS": "edgy=abcdefghij"})
+    assert r.exit_code == 1, r.output  # `serve` with these keys refuses the file: the check must not say ok
+    assert r.stdout.splitlines() == [f"{budgets}:4:13: unknown-key: budgets[0].scope: 'key:edge' names no API key, so "
+                                     "it never applies: the service's API keys are edgy; did you mean 'edgy'?"]
+    r = CliRunner().invoke(main, ["policy", "check", str(budgets)], env={"POINTSMAN_GATEWAY_API_KEYS": "edge=abcdefghij"})
+    assert r.exit_code == 0 and r.stdout.startswith(f"{budgets}: ok (budgets"), r.output
+    r = CliRunner().invoke(main, ["policy", "check", str(budgets)])  # no keys here: said, not checked
+    assert r.exit_code == 0 and "key: scopes not checked" in r.stdout, r.output
