@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from pointsman.cli.errors import SEED, InputError
 from pointsman.cli.training_output import echo_metrics, invoked_command, progress_log
@@ -111,8 +112,10 @@ def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: b
     if table is not None and not (_split_names(weak) and _split_names(strong)):
         raise InputError("--table needs --weak COL and --strong COL (the model columns to compare)")
     if from_outcomes is not None:
-        if from_table or tables or max_rows:
-            raise InputError("--from-outcomes trains on the outcome log; it takes no --from-table, --tables or --max-rows")
+        chose_encoder = click.get_current_context().get_parameter_source("encoder") is not ParameterSource.DEFAULT
+        if from_table or tables or max_rows or evals or chose_encoder:
+            raise InputError("--from-outcomes trains on the outcome log, on the encoder of --encoder-from (default: the "
+                             "serving champion's); it takes no --from-table, --tables, --max-rows, --eval or --encoder")
         from pointsman.cli.loop import train_from_outcomes
 
         train_from_outcomes(None if from_outcomes == "-" else Path(from_outcomes),

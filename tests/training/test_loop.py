@@ -311,3 +311,16 @@ def test_a_tracking_uri_mlflow_cannot_open_is_one_error_line(data, monkeypatch, 
     assert res.exit_code == 2, (res.output, res.exception)
     assert res.output.startswith(f"Error: MLFLOW_TRACKING_URI={uri}: {says}"), res.output
     assert len(res.output.splitlines()) == 1 and not (data / "mlruns").exists()
+
+
+@pytest.mark.parametrize("flags", [["--encoder", "minilm"], ["--encoder", "static"], ["--eval", "t.csv:w:s"]])
+def test_train_from_outcomes_refuses_the_flags_it_does_not_read(tmp_path, flags):
+    """``train --from-outcomes`` trains on the encoder of ``--encoder-from`` (the champion's by default)
+    and evaluates on held-out logged traffic: ``--encoder minilm`` and ``--eval`` were ignored without a
+    word (the challenger kept the static encoder). Now one ``Error:`` line naming them, exit 2, before
+    anything is read (the log here does not exist)."""
+    from pointsman.cli.main import main
+
+    res = CliRunner().invoke(main, ["train", "--from-outcomes", str(tmp_path / "none.db"), *flags])
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert res.output.startswith("Error: --from-outcomes trains on the outcome log") and flags[0] in res.output, res.output
