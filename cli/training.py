@@ -111,8 +111,8 @@ def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: b
         raise InputError("--table trains on one table; it takes no --tables, --from-table or --from-outcomes")
     if table is not None and not (_split_names(weak) and _split_names(strong)):
         raise InputError("--table needs --weak COL and --strong COL (the model columns to compare)")
+    chose_encoder = click.get_current_context().get_parameter_source("encoder") is not ParameterSource.DEFAULT
     if from_outcomes is not None:
-        chose_encoder = click.get_current_context().get_parameter_source("encoder") is not ParameterSource.DEFAULT
         if from_table or tables or max_rows or evals or chose_encoder:
             raise InputError("--from-outcomes trains on the outcome log, on the encoder of --encoder-from (default: the "
                              "serving champion's); it takes no --from-table, --tables, --max-rows, --eval or --encoder")
@@ -123,6 +123,8 @@ def train_cmd(encoder: str, output: Path | None, no_register: bool, no_mlflow: b
                             fleet=None, seed=seed, calibration_folds=folds, output=output, use_mlflow=not no_mlflow,
                             register=not no_register, as_json=as_json, warm_start=not no_warm_start)
         return
+    if encoder_from is not None and chose_encoder:
+        raise InputError("--encoder-from reuses that model's encoder: give --encoder or --encoder-from, not both")
     if label_rules is not None:
         raise InputError("--label-rules applies to --from-outcomes only")
     if no_warm_start and table is None:

@@ -324,3 +324,14 @@ def test_train_from_outcomes_refuses_the_flags_it_does_not_read(tmp_path, flags)
     res = CliRunner().invoke(main, ["train", "--from-outcomes", str(tmp_path / "none.db"), *flags])
     assert res.exit_code == 2, (res.output, res.exception)
     assert res.output.startswith("Error: --from-outcomes trains on the outcome log") and flags[0] in res.output, res.output
+
+
+def test_train_refuses_an_encoder_with_encoder_from(tmp_path):
+    """``--encoder-from DIR`` reuses DIR's encoder and its kind replaced ``--encoder``: ``train --encoder
+    minilm --encoder-from estimator/default_model`` trained on the static encoder without a word."""
+    from pointsman.cli.main import main
+
+    res = CliRunner().invoke(main, ["train", "--encoder", "minilm", "--encoder-from", str(tmp_path / "model"),
+                                    "--no-mlflow", "--output", str(tmp_path / "out")])
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert res.output == "Error: --encoder-from reuses that model's encoder: give --encoder or --encoder-from, not both\n"
