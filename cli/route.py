@@ -13,7 +13,7 @@ import json
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TypedDict, TypeVar, Unpack
+from typing import TypedDict, TypeVar, Unpack, get_args
 
 import click
 from pydantic import ValidationError
@@ -27,7 +27,7 @@ from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.request import parse_route_request
 from pointsman.service.bootstrap import LoadedEngine, build_engine
 from pointsman.service.ext_proc_body import decided_body
-from pointsman.service.settings import Settings
+from pointsman.service.settings import LogLevel, Settings
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -278,7 +278,8 @@ def route_command(prompt: str | None, messages_path: Path | None, as_json: bool,
 @click.option("--port", type=click.IntRange(0, 65535), default=None, help="Port [env POINTSMAN_PORT; default 8000].")
 @click.option("--max-body-bytes", type=click.IntRange(min=1), default=None,
               help="Largest accepted request body [env POINTSMAN_MAX_BODY_BYTES; default 8 MiB].")
-@click.option("--log-level", default=None, help="Log level [env POINTSMAN_LOG_LEVEL; default info].")
+@click.option("--log-level", default=None, type=click.Choice(get_args(LogLevel), case_sensitive=False),
+              help="Log level [env POINTSMAN_LOG_LEVEL; default info].")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Worker processes [env POINTSMAN_WORKERS; default 1].")
 @click.option("--ext-proc-port", type=click.IntRange(0, 65535), default=None,

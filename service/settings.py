@@ -111,6 +111,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -126,6 +127,9 @@ OTHER_ENV_NAMES = frozenset({"POINTSMAN_URL", "POINTSMAN_API_KEY", "POINTSMAN_RO
                              "POINTSMAN_VERIFY_TIMEOUT_S", "POINTSMAN_CASCADE", "POINTSMAN_SHARED_DATASETS",
                              "POINTSMAN_KEY", "POINTSMAN_REQUIRE_REDIS", "POINTSMAN_REQUIRE_PROMETHEUS",
                              "POINTSMAN_CLEAN_INTERPRETER"})
+
+#: uvicorn's log levels.
+LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 #: Default hard time budget per difficulty estimate (ms); ``POINTSMAN_ESTIMATOR_TIMEOUT_MS=none`` disables it.
@@ -147,7 +151,7 @@ class Settings(BaseSettings):
     body_read_timeout_s: float = Field(default=10.0, gt=0)
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    log_level: str = "info"
+    log_level: LogLevel = "info"
     budget_ledger: str | None = None
     budgets_path: Path | None = None
     budget_fail_open: bool = False
@@ -192,6 +196,12 @@ class Settings(BaseSettings):
         if scheme not in ("redis", "rediss", "unix"):
             raise ValueError(f"scheme '{scheme}' is not redis, rediss or unix (e.g. redis://127.0.0.1:6379/0)")
         return v
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_case(cls, v: object) -> object:
+        """A level in any case (``INFO``); uvicorn reads them lower-case."""
+        return v.strip().lower() if isinstance(v, str) else v
 
     @field_validator("estimator_timeout_ms", mode="before")
     @classmethod

@@ -321,7 +321,7 @@ def test_serve_with_malformed_api_keys_exits_2_without_echoing_them(monkeypatch)
 
 
 @pytest.mark.parametrize("env", [{"POINTSMAN_MAX_BODY_BYTES": "abc"}, {"POINTSMAN_ESTIMATOR_TIMEOUT_MS": "-5"},
-                                 {"POINTSMAN_ESTIMATOR_TIMEOUT_MS": "abc"}])
+                                 {"POINTSMAN_ESTIMATOR_TIMEOUT_MS": "abc"}, {"POINTSMAN_LOG_LEVEL": "foo"}])
 @pytest.mark.parametrize("command", [["route", "hi"], ["serve", "--port", "0"]])
 def test_invalid_setting_in_the_environment_is_one_error_line_exit_2(env, command):
     r = CliRunner().invoke(main, command, env=env)
@@ -617,3 +617,11 @@ def test_policy_check_of_a_budgets_file_checks_its_key_scopes_against_the_keys_s
     assert r.exit_code == 0 and r.stdout.startswith(f"{budgets}: ok (budgets"), r.output
     r = CliRunner().invoke(main, ["policy", "check", str(budgets)])  # no keys here: said, not checked
     assert r.exit_code == 0 and "key: scopes not checked" in r.stdout, r.output
+
+
+def test_serve_with_an_unknown_log_level_is_one_error_line_exit_2():
+    """uvicorn looked the level up in its table: ``serve --log-level foo`` ended in a KeyError traceback."""
+    r = CliRunner().invoke(main, ["serve", "--port", "0", "--log-level", "foo"])
+    assert r.exit_code == 2, r.output
+    assert "Invalid value for '--log-level': 'foo' is not one of 'critical', 'error', 'warning', 'info', 'debug', " \
+           "'trace'." in r.stderr, r.stderr
