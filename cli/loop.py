@@ -212,6 +212,9 @@ def promote_cmd(log_path: Path | None, label_rules: Path | None, fleet: Path | N
     from pointsman.training import promote as P
 
     if rollback:
+        if dry_run:
+            raise InputError("--rollback moves @champion back at once; --dry-run applies to a promotion only: "
+                             "give one or the other")
         try:
             r = P.rollback()
         except PointsmanError as exc:

@@ -335,3 +335,15 @@ def test_train_refuses_an_encoder_with_encoder_from(tmp_path):
                                     "--no-mlflow", "--output", str(tmp_path / "out")])
     assert res.exit_code == 2, (res.output, res.exception)
     assert res.output == "Error: --encoder-from reuses that model's encoder: give --encoder or --encoder-from, not both\n"
+
+
+def test_promote_refuses_a_dry_run_rollback(tmp_path, monkeypatch):
+    """``promote --rollback`` moved @champion back whatever ``--dry-run`` said (the flag was read by the
+    promotion only): a dry run changed the model every service following @champion serves."""
+    from pointsman.cli.main import main
+
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path))
+    res = CliRunner().invoke(main, ["promote", "--rollback", "--dry-run"])
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert res.output == ("Error: --rollback moves @champion back at once; --dry-run applies to a promotion "
+                          "only: give one or the other\n")
