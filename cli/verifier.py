@@ -25,7 +25,8 @@ from pointsman.errors import PointsmanError
 @click.option("--strong", help="Model column of the frontier model.")
 @click.option("--drafts", type=click.Path(path_type=Path), help="Long CSV of answers: prompt_id, model, output.")
 @click.option("--from-outcomes", "from_outcomes", type=click.Path(path_type=Path),
-              help="Train on the outcome log's verified drafts with labelled outcomes instead.")
+              help="Train on the outcome log's verified drafts with labelled outcomes instead (the frontier "
+                   "targets of the fleet, POINTSMAN_FLEET_PATH, are the strong tier).")
 @click.option("--model", "model_spec", default="bundled", show_default=True, help="Difficulty model for p_hard.")
 @click.option("--license", "license_", default="unknown", show_default=True,
               help="Licence of the training data (recorded; 'CC-BY-NC' etc. mark the head evaluation only).")
@@ -42,9 +43,10 @@ def train_verifier_cmd(table: Path | None, weak: str | None, strong: str | None,
                 raise InputError("--from-outcomes trains on the outcome log; it takes no --table or --drafts")
             from pointsman.outcome_log.store import OutcomeLog
             from pointsman.policy.fleet import load_fleet
+            from pointsman.service.settings import Settings
 
-            with OutcomeLog(from_outcomes) as log:
-                x, y = logged_examples(log, load_fleet())
+            with OutcomeLog(from_outcomes) as log:  # the fleet's frontier targets are the strong tier
+                x, y = logged_examples(log, load_fleet(Settings().fleet_path))
             source: dict[str, object] = {"outcome_log": str(from_outcomes)}
         else:
             if not (table and weak and strong and drafts):

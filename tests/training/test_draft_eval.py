@@ -313,3 +313,46 @@ def test_a_prefix_scores_as_a_typical_length_answer_and_a_whole_draft_as_it_is(t
         f = draft_features(d, 100, p_hard)
         longer = dataclasses.replace(f, tokens=f.tokens + 100)
         assert heuristic.p_bad(longer) < heuristic.p_bad(f)  # a longer whole answer passes more
+
+
+def test_train_verifier_from_outcomes_reads_the_frontier_tier_of_the_configured_fleet(tmp_path, monkeypatch):
+    """``train-verifier --from-outcomes`` labels drafts by the frontier tier of the fleet, and read the
+    packaged one whatever POINTSMAN_FLEET_PATH said: on a fleet whose frontier target is ``gpt-big`` its
+    judged answers counted as on-prem ones, so no draft had a label ("no verified draft has a labelled
+    outcome"). Decisions, drafts and outcomes go through the service on that fleet."""
+    from fastapi.testclient import TestClient
+
+    from pointsman.cli.main import main
+    from pointsman.estimator.estimate import FixedDifficulty
+    from pointsman.policy.engine import RoutingEngine
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
+    from pointsman.policy.rules.compiler import load_policy
+    from pointsman.service.app import create_app
+    from pointsman.service.bootstrap import build_state
+    from pointsman.service.settings import Settings
+
+    fleet_path, policy_path = tmp_path / "fleet.yaml", tmp_path / "policy.yaml"
+    fleet_path.write_text(DEFAULT_FLEET_PATH.read_text().replace("\n  frontier-large:\n", "\n  gpt-big:\n"))
+    policy_path.write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nmetadata: {name: drafts}\n"
+                           "rules:\n  - name: default\n    route: {target: onprem-8b}\n"
+                           "verify:\n  rules:\n    - name: accept\n      action: accept\n")
+    fleet = load_fleet(fleet_path)
+    s = Settings(data_dir=tmp_path, fleet_path=fleet_path, policy_path=policy_path, watch_policy=False,
+                 watch_fleet=False, scrape_interval_s=0)
+    engine = RoutingEngine(fleet, load_policy(policy_path, fleet), FixedDifficulty(0.3), state=build_state(s, fleet))
+    with TestClient(create_app(s, engine=engine, owns_engine=True)) as client:
+        for i in range(8):
+            d = client.post("/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": f"Question {i}"}]}).json()
+            draft = "I'm sorry, but I cannot help with that." if i % 2 else f"Answer {i}: " + "a full answer. " * 20
+            assert client.post("/v1/verify", json={"decision_id": d["decision_id"], "draft": {"text": draft}}).status_code == 200
+            usage = {"prompt_tokens": 10, "completion_tokens": 20}
+            acks = client.post("/v1/outcomes", json=[
+                {"decision_id": d["decision_id"], "status": "ok", "usage": usage, "quality": {"judge_score": 1.0 - i % 2}},
+                {"decision_id": d["decision_id"], "shadow": True, "served_target": "gpt-big", "status": "ok",
+                 "usage": usage, "quality": {"judge_score": 1.0}}]).json()["acks"]
+            assert [a["status"] for a in acks] == ["stored", "stored"], acks
+    monkeypatch.setenv("POINTSMAN_FLEET_PATH", str(fleet_path))
+    res = CliRunner().invoke(main, ["train-verifier", "--from-outcomes", str(tmp_path / "outcomes.db"),
+                                    "--output", str(tmp_path / "head")])
+    assert res.exit_code == 0, res.output
+    assert (json.loads(res.output)["rows"], json.loads(res.output)["positives"]) == (8, 4)
