@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+from click.core import ParameterSource
 
 from pointsman.cli.errors import SEED, FiniteFloat, InputError
 from pointsman.errors import BudgetError, DataError, FleetError, PolicyError, RequestError
@@ -135,6 +136,8 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
     from pointsman.replay.summary import SLO
     from pointsman.request import request_scopes
 
+    if not goodput and click.get_current_context().get_parameter_source("goodput_requests") is not ParameterSource.DEFAULT:
+        raise click.BadParameter("it applies to --goodput (the goodput search), which is off", param_hint="--goodput-requests")
     try:
         budgets = None
         try:

@@ -127,6 +127,7 @@ def test_replay_bad_input_is_one_error_line_exit_2(tmp_path: Path) -> None:
         ("--seed", "-1"): "'--seed': -1 is not in the range x>=0",  # before: numpy's ValueError, a traceback
         ("--start-s", "nan"): "'--start-s': 'nan' is not a finite number",  # before: taken as no start
         ("--end-s", "inf"): "'--end-s': 'inf' is not a finite number",
+        ("--goodput-requests", "500"): "--goodput-requests: it applies to --goodput",  # before: ignored, no goodput
     }
     for extra, message in cases.items():
         out = [] if "--out" in extra else ["--out", str(tmp_path / "out")]
