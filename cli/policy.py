@@ -72,7 +72,7 @@ def check_command(files: tuple[Path, ...], fleet_path: Path | None) -> None:
                 click.echo(f"{path}: ok (budgets, {len(b.budgets)} budgets on {scopes} scopes, "
                            f"reservation TTL {b.reservation_ttl_s:g} s{unchecked})")
             elif _CASES_KIND.search(text):
-                spec, _, _, _ = load_cases(path)
+                spec, _, _, _ = load_cases(path, fleet_path)
                 click.echo(f"{path}: ok (cases, {len(spec.cases)} cases for {spec.policy}; "
                            "run them with `pointsman policy test`)")
             else:
@@ -97,13 +97,15 @@ def cases_file(path: Path) -> Path:
 
 @policy_group.command("test")
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
-def test_command(files: tuple[Path, ...]) -> None:
+@click.option("--fleet", "fleet_path", type=click.Path(path_type=Path), default=None, envvar="POINTSMAN_FLEET_PATH",
+              help="Fleet of a cases file that names none (fleet:) [env POINTSMAN_FLEET_PATH; default: the packaged fleet].")
+def test_command(files: tuple[Path, ...], fleet_path: Path | None) -> None:
     """Run policy cases FILES (input signals -> expected target, mode, rule); a policy file
     runs its sibling cases file."""
     passed = failed = unreadable = 0
     for path in map(cases_file, files):
         try:
-            results = run_cases(path)
+            results = run_cases(path, fleet_path)
         except ConfigError as exc:
             unreadable += 1
             _echo_problems(exc)

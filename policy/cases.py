@@ -309,17 +309,18 @@ def _check_excluded(exp: CaseExpect, exclusions: Mapping[str, Exclusion | None])
     return wrong
 
 
-def load_cases(path: str | Path) -> tuple[CasesSpec, LocatedDocument, Fleet, CompiledPolicy]:
+def load_cases(path: str | Path, fleet_path: str | Path | None = None
+               ) -> tuple[CasesSpec, LocatedDocument, Fleet, CompiledPolicy]:
     """Validate a cases file without running it: ``(spec, located doc, fleet, compiled policy)``.
 
     Checks the file's schema, every signal name its cases set and the type of every value,
-    and compiles the policy it names against its fleet. Raises ``PolicyError``/``FleetError``
-    with file:line:col.
+    and compiles the policy it names against its fleet: the file's ``fleet:`` (relative to it),
+    else ``fleet_path``, else the packaged fleet. Raises ``PolicyError``/``FleetError`` with file:line:col.
     """
     spec, doc = load_config(path, CasesSpec, PolicyError)
     assert isinstance(spec, CasesSpec)
     base = Path(path).parent
-    fleet = load_fleet(base / spec.fleet if spec.fleet else DEFAULT_FLEET_PATH)
+    fleet = load_fleet(base / spec.fleet if spec.fleet else fleet_path or DEFAULT_FLEET_PATH)
     problems = _check_signal_names(spec, doc, fleet)
     if problems:
         raise PolicyError(problems)
@@ -336,9 +337,9 @@ def load_cases(path: str | Path) -> tuple[CasesSpec, LocatedDocument, Fleet, Com
     return spec, doc, fleet, policy
 
 
-def run_cases(path: str | Path) -> list[CaseResult]:
-    """Run every case in a cases file against its policy (see module doc)."""
-    spec, doc, fleet, policy = load_cases(path)
+def run_cases(path: str | Path, fleet_path: str | Path | None = None) -> list[CaseResult]:
+    """Run every case in a cases file against its policy on its fleet (``load_cases``; see module doc)."""
+    spec, doc, fleet, policy = load_cases(path, fleet_path)
     results = []
     for i, case in enumerate(spec.cases):
         signals = case_signals(fleet, policy, case.signals)

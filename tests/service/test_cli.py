@@ -625,3 +625,29 @@ def test_serve_with_an_unknown_log_level_is_one_error_line_exit_2():
     assert r.exit_code == 2, r.output
     assert "Invalid value for '--log-level': 'foo' is not one of 'critical', 'error', 'warning', 'info', 'debug', " \
            "'trace'." in r.stderr, r.stderr
+
+
+def test_cases_without_a_fleet_key_run_on_the_fleet_the_policy_is_checked_against(tmp_path: Path):
+    """``policy check`` compiled a policy against ``--fleet`` (POINTSMAN_FLEET_PATH) and the cases file of
+    that policy against the packaged fleet, so one run said the policy failed and its cases were ok, and
+    ``policy test`` ran the cases of a policy written for another fleet against the packaged one (its
+    targets unknown, its prices and capacities not the fleet's). A cases file without ``fleet:`` now
+    reads the fleet ``--fleet`` names."""
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(DEFAULT_FLEET_PATH.read_text().replace("\n  frontier-large:\n", "\n  gpt-big:\n"))
+    (tmp_path / "p.yaml").write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nmetadata: {name: p}\nrules:\n"
+                                     "  - name: hard\n    when: difficulty.p_hard >= 0.5\n    route: {target: gpt-big}\n"
+                                     "  - name: default\n    route: {target: onprem-8b}\n")
+    cases = tmp_path / "p.cases.yaml"
+    cases.write_text("apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: p.yaml\ncases:\n"
+                     "  - name: hard\n    signals: {difficulty: {p_hard: 0.9}}\n    expect: {target: gpt-big, rule: hard}\n")
+    r = CliRunner().invoke(main, ["policy", "test", str(cases)], env={"POINTSMAN_FLEET_PATH": str(fleet)})
+    assert r.exit_code == 0 and r.stdout.splitlines()[-1] == "1 passed, 0 failed", r.output
+    r = CliRunner().invoke(main, ["policy", "test", "--fleet", str(fleet), str(cases)])
+    assert r.exit_code == 0 and r.stdout.splitlines()[-1] == "1 passed, 0 failed", r.output
+    r = CliRunner().invoke(main, ["policy", "check", "--fleet", str(fleet), str(tmp_path / "p.yaml"), str(cases)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["policy", "check", str(cases)])  # the packaged fleet has no gpt-big
+    assert r.exit_code == 1 and "unknown target 'gpt-big'" in r.stdout, r.output
