@@ -6,7 +6,7 @@ raise ``PolicyError`` whose ``problems`` are ``file:line:col: code: message``, i
 order. Codes: ``yaml-syntax``, ``duplicate-key``, ``unknown-key``, ``missing-key``,
 ``invalid-value`` (schema); ``cel-syntax`` (located inside the YAML scalar),
 ``unknown-signal``, ``unknown-variable``, ``unknown-function``, ``type-error``,
-``not-boolean``, ``always-error`` (expressions); ``unknown-target``, ``unsupported-mode``,
+``not-boolean``, ``always-error``, ``null-inequality`` (expressions); ``unknown-target``, ``unsupported-mode``,
 ``duplicate-fallback``, ``unknown-rule``, ``fallback-cycle``, ``duplicate-rule``,
 ``missing-default``, ``unreachable-rule`` (routing: a ``when`` that reads no signal, variable or ``cost()`` and
 is true, ``"1 == 1"``, is as unconditional as none); ``unknown-picker`` (endpoint selection);
@@ -423,6 +423,8 @@ def _check_condition(ck: _Checker, i: int, source: str, variables: Mapping[str, 
     _probe(ck, path, out.program, variables, probe_extra, always_error=not targetless)
     for problem in _mixed_equalities(rewritten, ck.probes(variables)):
         ck.add(path, "type-error", problem)
+    for offset, problem in _null_inequalities(source, signals):
+        ck.add_at(path, offset, "null-inequality", problem)
     return out
 
 
@@ -548,6 +550,49 @@ def _mixed_equalities(source: str, snapshots: list[Snapshot]) -> list[str]:
                     out[f"'{name}' is a {_kind(value)} and {lit.text} a {_kind(literal)}: '{tok.text}' between "
                         f"them is always {never} in CEL, which never converts (compare with a {_kind(value)})"] = None
     return list(out)
+
+
+_FAMILY = {"int": "number", "double": "number", "bool": "bool", "string": "string"}
+
+
+def _null_inequalities(source: str, signals: Mapping[str, Namespace]) -> list[tuple[int, str]]:
+    """``!=`` between a nullable signal (``Signal.nullable``: null when nothing reports it) and a literal or a
+    ``variables.*`` of its type (``load["onprem-70b"].num_requests_waiting != 0``): CEL's ``null != 0`` is true,
+    not an error, so the rule fires when the signal is unknown (an idle fleet without telemetry), where a
+    null compared otherwise skips the rule. A condition that compares the same signal with ``null`` guards it
+    and is not named. Returns (character offset of the signal in ``source``, message), each once."""
+    tokens = tokenize(source)
+    guarded: set[str] = set()
+    found: list[tuple[int, str, str]] = []
+    for i, tok in enumerate(tokens):
+        if tok.text not in ("==", "!="):
+            continue
+        left, right = _operand(tokens, i, -1), _operand(tokens, i, 1)
+        for other, chain in ((right, left), (left, right)):
+            path = _chain_keys(chain)
+            if path is None:
+                continue
+            name = "".join(t.text for t in chain)
+            if len(other) == 1 and other[0].text == "null":
+                guarded.add(name)
+                continue
+            ns = signals.get(path[0])
+            field = path[2] if ns is not None and ns.shape == "by_target" and len(path) == 3 else \
+                path[1] if ns is not None and ns.shape != "by_target" and len(path) == 2 else None
+            signal = (ns.fields or {}).get(field) if ns is not None and field is not None else None
+            if tok.text != "!=" or signal is None or not signal.nullable:
+                continue
+            other_path = _chain_keys(other)
+            if len(other) == 1 and (other[0].kind in ("num", "str") or other[0].text in ("true", "false")):
+                kind = {"num": "number", "str": "string"}.get(other[0].kind, "bool")
+                if kind != _FAMILY.get(signal.type):
+                    continue  # another type: _mixed_equalities names it
+            elif other_path is None or other_path[0] != "variables":
+                continue
+            found.append((chain[0].offset, name, "".join(t.text for t in other)))
+    return [(offset, f"'{name}' is null when unknown, and in CEL null != {other} is true, not an error: the rule "
+             f"would fire whenever nothing reports it (guard it: {name} != null && ..., or compare with < or >)")
+            for offset, name, other in dict.fromkeys(found) if name not in guarded]
 
 
 def _operand(tokens: list[Token], op: int, direction: int) -> list[Token]:

@@ -445,3 +445,48 @@ def test_any_rule_is_reported_never_crashes_the_compile(rule, in_verify):
         compile_policy(yaml.safe_dump(doc), load_fleet(), "p.yaml")
     except PolicyError:
         pass
+
+
+#: Nullable signals (null when nothing reports them) as a condition writes them, and the literals compared.
+NULLABLE = ['load["onprem-70b"].num_requests_waiting', 'load["onprem-8b"].ttft_p50_ms', "endpoint.kv_cache_usage",
+            "difficulty.p_hard", 'predict["onprem-70b"].aggregated_ttft_s']
+
+
+@settings(max_examples=25, deadline=None)
+@given(signal=st.sampled_from(NULLABLE), literal=st.sampled_from(["0", "0.5", "3", "1e3"]),
+       flipped=st.booleans())
+def test_inequality_with_a_nullable_signal_is_named(fleet, signal: str, literal: str, flipped: bool) -> None:
+    """``x != 0`` is true in CEL when ``x`` is null (nothing reports it), not an error: the rule would fire
+    on an idle fleet without telemetry (a busy-pool overflow sending every request to the paid tier),
+    where the docs promise a null compared skips the rule. ``policy check`` names it, located at the
+    signal; a guard against null (``x != null && ...``) or an ordering comparison is fine."""
+    cond = f"{literal} != {signal}" if flipped else f"{signal} != {literal}"
+    text = HEAD + f"rules:\n  - name: r\n    when: '{cond}'\n    route: {{target: onprem-70b}}\n" + DEFAULT_RULE
+    got = problems(text, fleet)
+    col = 11 + (len(literal) + 4 if flipped else 0) + 1
+    assert any(p.startswith(f"p.yaml:5:{col}: null-inequality: '{signal}' is null when unknown") for p in got), got
+    for fine in (f"{signal} != null && {signal} != {literal}", f"{signal} == {literal}", f"{signal} > 0"):
+        text = HEAD + f"rules:\n  - name: r\n    when: '{fine}'\n    route: {{target: onprem-70b}}\n" + DEFAULT_RULE
+        try:
+            compile_policy(text, fleet)
+        except PolicyError as exc:
+            assert not any(p.code == "null-inequality" for p in exc.problems), exc
+
+
+def test_a_null_inequality_would_have_routed_an_idle_fleet_to_the_frontier(fleet) -> None:
+    """What the check prevents, on the engine itself: no telemetry, so the 70B pool's waiting count is null and
+    ``!= 0`` is true; without the check the overflow rule fired on an idle fleet."""
+    from pointsman.estimator.estimate import FixedDifficulty
+    from pointsman.policy.engine import RoutingEngine
+    from pointsman.request import parse_route_request
+
+    text = HEAD + ('rules:\n  - name: overflow\n    when: load["onprem-70b"].num_requests_waiting != 0\n'
+                   "    route: {target: frontier-small}\n  - name: default\n    route: {target: onprem-70b}\n")
+    with pytest.raises(PolicyError) as info:
+        compile_policy(text, fleet)
+    assert [p.code for p in info.value.problems] == ["null-inequality"]
+    guarded = text.replace("num_requests_waiting != 0", 'num_requests_waiting != null && load["onprem-70b"]'
+                           ".num_requests_waiting != 0")
+    engine = RoutingEngine(fleet, compile_policy(guarded, fleet), FixedDifficulty(0.3))
+    d = engine.route(parse_route_request({"messages": [{"role": "user", "content": "hi"}]}), dispatch=False)
+    assert (d.rule, d.target) == ("default", "onprem-70b")
