@@ -420,7 +420,7 @@ def _check_condition(ck: _Checker, i: int, source: str, variables: Mapping[str, 
     out.program = cel.compile(rewritten)
     # a relative name without a route to read it for is reported by the caller (verify accept rules)
     targetless = not target and any(p.split(".")[0] in RELATIVE_ROOTS for p in out.paths)
-    _probe(ck, path, out.program, variables, probe_extra, always_error=not targetless)
+    _probe(ck, path, out.program, variables, probe_extra, always_error=not targetless, plan=out.plan)
     for problem in _mixed_equalities(rewritten, ck.probes(variables)):
         ck.add(path, "type-error", problem)
     for offset, problem in _null_inequalities(source, signals):
@@ -465,6 +465,7 @@ def _probe_snapshots(fleet: Fleet, variables: Mapping[str, JSONValue]) -> list[S
     busy["_endpoint"] = {k: ep for k in _endpoint_keys(fleet)}
     busy["predict"] = {t: {**example_predict(3.5, 0.15), "mode": "disaggregated", "queue_s": 2.0, "prefill_s": 1.2,
                            "transfer_s": 0.3, "disaggregated_ttft_s": 3.5, "disaggregated_tpot_s": 0.15}
+                       if "disaggregated" in fleet.targets[t].modes else example_predict(3.5, 0.15)
                        for t in fleet.targets}
     busy["budget"] = {"limited": True, "remaining_usd": 1.5, "spent_usd": 98.5, "limit_usd": 100.0,
                       "spent_fraction": 0.985, "window": "day", "window_elapsed_fraction": 0.6, "pace_gap": 0.385,
@@ -472,17 +473,32 @@ def _probe_snapshots(fleet: Fleet, variables: Mapping[str, JSONValue]) -> list[S
     return [typical, busy]
 
 
+def _reads_null(plan: Plan, snapshot: Mapping[str, object]) -> bool:
+    """Whether a field the condition's ``plan`` names is null in ``snapshot`` (roots read whole: not looked at)."""
+    for root, fields in plan.items():
+        ns = snapshot.get(root)
+        keyed = fields.items() if isinstance(fields, dict) else ((None, fields),)
+        for key, names in keyed:
+            value = ns.get(key) if key is not None and isinstance(ns, Mapping) else ns
+            if isinstance(value, Mapping) and names is not None and any(value.get(f, 0) is None for f in names):
+                return True
+    return False
+
+
 def _probe(ck: _Checker, path: Path_, program: cel.Program, variables: Mapping[str, JSONValue],
-           extra: Mapping[str, object] | None = None, *, always_error: bool = True) -> None:
+           extra: Mapping[str, object] | None = None, *, always_error: bool = True, plan: Plan | None = None) -> None:
     """Run the condition on the probe snapshots (plus ``extra`` namespaces) to catch type errors
-    and non-boolean results, and conditions that fail on every probe (``x / 0``: the rule never fires)."""
+    and non-boolean results, and conditions that fail on every probe (``x / 0``: the rule never fires).
+    A missing overload is a type error only on a snapshot where no field the condition reads (``plan``) is
+    null: a null there (``predict[t].disaggregated_ttft_s`` of an idle target) fails that probe alone."""
     errors: list[str] = []
-    for snapshot in ck.probes(variables):
-        ctx = cel.Context({**snapshot, **(extra or {})}, {"cost": lambda target: 0.001})
+    for probe in ck.probes(variables):
+        snapshot: dict[str, object] = {**probe, **(extra or {})}
+        ctx = cel.Context(snapshot, {"cost": lambda target: 0.001})
         try:
             result = program.execute(ctx)
         except TypeError as exc:
-            if "No such overload" in str(exc):
+            if "No such overload" in str(exc) and not _reads_null(plan or {}, snapshot):
                 ck.add(path, "type-error", "an operator or function is applied to mismatched types "
                        "(CEL never converts between int, double and string; use double(x), int(x) or string(x))")
                 return

@@ -490,3 +490,22 @@ def test_a_null_inequality_would_have_routed_an_idle_fleet_to_the_frontier(fleet
     engine = RoutingEngine(fleet, compile_policy(guarded, fleet), FixedDifficulty(0.3))
     d = engine.route(parse_route_request({"messages": [{"role": "user", "content": "hi"}]}), dispatch=False)
     assert (d.rule, d.target) == ("default", "onprem-70b")
+
+
+@pytest.mark.parametrize("field", ["disaggregated_ttft_s", "disaggregated_tpot_s"])
+def test_a_null_on_the_typical_probe_is_not_a_type_error(fleet, field: str) -> None:
+    """``predict["onprem-70b"].disaggregated_ttft_s`` is null on the typical probe (an idle target's prediction
+    is aggregated) and a double on the busy one and on the engine (0.0026 s on an idle fleet). ``policy check``
+    rejected ``< 5.0`` on it as a type-error advising conversions; a null makes an error of that probe only.
+    On onprem-8b (no prefill/decode pools) it is null on every request: an always-error, not a type-error."""
+    from pointsman.estimator.estimate import FixedDifficulty
+    from pointsman.policy.engine import RoutingEngine
+    from pointsman.request import parse_route_request
+
+    rule = f'  - name: pd\n    when: predict["{{t}}"].{field} < 5.0\n    route: {{{{target: onprem-70b, mode: disaggregated}}}}\n'
+    policy = compile_policy(HEAD + "rules:\n" + rule.format(t="onprem-70b") + DEFAULT_RULE, fleet)
+    engine = RoutingEngine(fleet, policy, FixedDifficulty(0.3))
+    d = engine.route(parse_route_request({"messages": [{"role": "user", "content": "hi"}]}), dispatch=False)
+    assert (d.rule, d.target) == ("pd", "onprem-70b")
+    got = problems(HEAD + "rules:\n" + rule.format(t="onprem-8b") + DEFAULT_RULE, fleet)
+    assert [p.split(": ")[1] for p in got] == ["always-error"], got
