@@ -24,7 +24,9 @@ give follow from those it gives: ``case_budget``); the policy's variables are fi
 each rule's target) take either fields for every target or ``{<target>: {fields}}``.
 Each case runs the same policy step the engine runs (``engine.decide``: eligibility,
 rules, P/D mode) on a ``live.StaticSignals``; costs come from the fleet's prices with
-``cache.prefix_hit_tokens`` cached. ``expect`` may name ``target``, ``mode``, ``rule``,
+``cache.prefix_hit_tokens`` cached. As at dispatch, a candidate with ``load[t].healthy_endpoints`` 0
+(the ``health`` filter off) or whose estimate its budget refuses gives way to the next.
+``expect`` may name ``target``, ``mode``, ``rule``,
 ``fallbacks``, ``skipped`` (rules whose condition errored) or
 ``error: no-eligible-target`` (with ``excluded_by``: target -> filter, optional).
 
@@ -349,11 +351,15 @@ def run_cases(path: str | Path, fleet_path: str | Path | None = None) -> list[Ca
         try:
             outcome = decide(fleet, policy, {"request": signals["request"], "difficulty": signals["difficulty"]},
                              source)
-            # dispatch: a candidate whose reservation the budget refuses gives way to the next
+            # dispatch: a candidate without a healthy endpoint (``engine.place``; the ``health`` filter may be
+            # off) or whose reservation the budget refuses gives way to the next
             candidates = [(outcome.verdict.target, outcome.mode.mode), *outcome.fallbacks]
             refused = {t: budget_refusal(source, source.cost(t, m).usd) for t, m in candidates} \
                 if source.budget_limited() else {}
-            refusals = {t: Exclusion("budget", why) for t, why in refused.items() if why is not None}
+            refusals = {t: Exclusion("health", f"no healthy endpoint for {m}") for t, m in candidates
+                        if source.healthy_endpoints(t) == 0}
+            refusals.update({t: Exclusion("budget", why) for t, why in refused.items()
+                             if why is not None and t not in refusals})
             if len(refusals) == len(candidates):
                 raise NoEligibleTarget({**outcome.exclusions, **refusals}, [t for t, _ in candidates])
             candidates = candidates[next(i for i, (t, _) in enumerate(candidates) if t not in refusals):]

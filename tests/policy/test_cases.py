@@ -272,3 +272,32 @@ def test_a_case_p_hard_is_read_iff_a_probability_or_null(p_hard):
         assert str(exc).startswith("difficulty.p_hard: ")
     else:
         assert ok and signals["difficulty"]["p_hard"] == p_hard
+
+
+def test_a_case_moves_past_a_target_with_no_healthy_endpoint_as_the_engine_does(tmp_path: Path):
+    """With the ``health`` filter off, the engine still never places a request on a target with no healthy
+    endpoint: it takes the next fallback (``engine.place``). ``policy test`` passed a case expecting the
+    down target, which the serving engine (shown here on a real ``RoutingEngine``) never picks."""
+    from pointsman.estimator.estimate import FixedDifficulty
+    from pointsman.policy.engine import RoutingEngine
+    from pointsman.policy.fleet import load_fleet
+    from pointsman.policy.rules.compiler import load_policy
+    from pointsman.request import parse_route_request
+
+    (tmp_path / "p.yaml").write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nfilters: {health: false}\nrules:\n"
+                                     "  - name: d\n    route: {target: onprem-70b, fallbacks: [onprem-8b]}\n")
+    (tmp_path / "p.cases.yaml").write_text(
+        "apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: p.yaml\ncases:\n"
+        "  - name: the 70B pools are down\n    signals: {load: {onprem-70b: {healthy_endpoints: 0}}}\n"
+        "    expect: {target: onprem-8b, rule: d, fallbacks: [], excluded_by: {onprem-70b: health}}\n"
+        "  - name: every pool is down\n    signals: {load: {onprem-70b: {healthy_endpoints: 0}, onprem-8b: {healthy_endpoints: 0}}}\n"
+        "    expect: {error: no-eligible-target, excluded_by: {onprem-70b: health, onprem-8b: health}}\n")
+    results = run_cases(tmp_path / "p.cases.yaml")
+    assert [(r.passed, r.message) for r in results] == [(True, ""), (True, "")]
+    fleet = load_fleet()
+    engine = RoutingEngine(fleet, load_policy(tmp_path / "p.yaml", fleet), FixedDifficulty(0.3))
+    for pool in fleet.targets["onprem-70b"].pools_by_role().values():
+        for e in pool.endpoints:
+            engine.state.set_health(e.name, False, "down")
+    d = engine.route(parse_route_request({"messages": [{"role": "user", "content": "hi"}]}), dispatch=False)
+    assert (d.rule, d.target) == ("d", "onprem-8b")
