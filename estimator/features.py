@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
+from pointsman.estimator.billed_tokens import billed_tokens
 from pointsman.estimator.token_bounds import (
     class_units,
     class_units_utf8,
@@ -107,6 +108,10 @@ class RequestFeatures:
     ``prompt_tokens``: prompt length in tokens (exact when the gateway supplied it,
     ``prompt_tokens_exact``; otherwise counted on a bounded sample and extrapolated, the tool
     definitions' JSON included and ``IMAGE_TOKENS`` per image).
+    ``billed_prompt_tokens``: the count that prices the request (``request.prompt_tokens``, the cost estimate,
+    the budget hold): ``billed_tokens``' estimate of the targets' BPE count, on the safe side, >= ``prompt_tokens``
+    (which stays the difficulty estimator's feature); the exact count when supplied; for the readings
+    ``continues`` and ``alone`` (the estimator's only) ``prompt_tokens``; 0 when not computed.
     ``prompt_tokens_upper``: a safe-side upper bound of it (``token_bounds``; the exact count
     when supplied), what the context-window filter compares; 0 when not computed (then the count
     is the bound).
@@ -141,6 +146,7 @@ class RequestFeatures:
     n_images: int
     n_tool_calls: int
     max_output_tokens: int | None
+    billed_prompt_tokens: int = 0
     prompt_tokens_upper: int = 0
     longest_prompt_tokens_upper: int = 0
     context_text: str = ""
@@ -406,7 +412,7 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
         exact = None  # implausibly low (``_plausible``): count the prompt here
     query_ids: list[int] | None = None
     if exact is not None:
-        prompt_tokens = prompt_upper = exact
+        prompt_tokens = prompt_upper = billed = exact
     else:
         # tool definitions are prompt text for every provider: counted after the messages (so the
         # messages' offsets hold); images by IMAGE_TOKENS / IMAGE_TOKENS_UPPER each
@@ -424,6 +430,9 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
             query_ids = list(joined_ids) if whole and joined_ids is not None else \
                 fast(bounded_window(query, QUERY_WINDOW_CHARS))
         prompt_tokens = n + TOKENS_PER_MESSAGE * len(request.messages) + IMAGE_TOKENS * n_images
+        # the money's count (``billed_tokens``; a reading is the estimator's alone: its count)
+        billed = (billed_tokens(joined, n) if readings else n) + TOKENS_PER_MESSAGE * len(request.messages) \
+            + IMAGE_TOKENS * n_images
         prompt_upper = upper + TOKENS_PER_MESSAGE * len(request.messages) + IMAGE_TOKENS_UPPER * n_images
         if want_ids and fast is None and encoding is not None and k is not None:
             if whole:
@@ -441,6 +450,7 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
     return RequestFeatures(
         prompt_chars=prompt_chars,
         prompt_tokens=prompt_tokens,
+        billed_prompt_tokens=billed,
         prompt_tokens_upper=prompt_upper,
         longest_prompt_tokens_upper=longest,
         prompt_tokens_exact=exact is not None,

@@ -136,7 +136,8 @@ def _known_decision(rt: Runtime, decision_id: str,
     if logged is None:
         return None
     rf = logged.request_features
-    return (logged.target, logged.estimated_cost_usd, int(rf.get("prompt_tokens") or 0),
+    # the count that priced it (logged since billed_prompt_tokens exists; before, the estimator's count)
+    return (logged.target, logged.estimated_cost_usd, int(rf.get("billed_prompt_tokens") or rf.get("prompt_tokens") or 0),
             int(rf.get("max_output_tokens") or 0))
 
 

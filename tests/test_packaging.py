@@ -49,6 +49,7 @@ def test_wheel_carries_embedded_defaults(wheel: Path) -> None:
     assert "pointsman/policy/defaults/fleet.yaml" in names
     assert "pointsman/policy/defaults/policies/default.yaml" in names
     assert "pointsman/estimator/default_model/manifest.json" in names
+    assert "pointsman/estimator/char_tokens.bin" in names  # billed_tokens: the non-ASCII characters' tokens
     assert "pointsman/datasets/sanity_pairs.jsonl" in names  # evaluate --pairs sanity, the promotion gate
 
 

@@ -150,7 +150,7 @@ def rule_routes(policy: CompiledPolicy, fleet: Fleet, variable: str, requests: l
     alone = dataclasses.replace(policy, rules=(rule,))
     out = np.zeros(len(requests), dtype=bool)
     for i, rf in enumerate(requests):
-        tokens = max(1, int(rf.get("prompt_tokens") or 0))  # type: ignore[call-overload]
+        tokens = max(1, int(rf.get("billed_prompt_tokens") or rf.get("prompt_tokens") or 0))  # type: ignore[call-overload]
         cap = rf.get("max_output_tokens")
         request = {"prompt_tokens": tokens, "prompt_tokens_upper": max(tokens, int(rf.get("prompt_tokens_upper") or 0)),  # type: ignore[call-overload]
                    **({"max_output_tokens": int(cap), "max_output_tokens_set": True} if cap else {})}  # type: ignore[call-overload]
@@ -219,15 +219,15 @@ def recent_traffic(log: OutcomeLog, fleet: Fleet, frontier: str, model: Difficul
             skipped["other_model"] += 1
             continue
         rf = d.request_features
-        # the larger of Pointsman's count (the estimator's tokenizer) and what an upstream reported (billed)
-        prompt = max([int(rf.get("prompt_tokens") or 0)]
+        # the larger of Pointsman's count (the one that priced it) and what an upstream reported (billed)
+        prompt = max([int(rf.get("billed_prompt_tokens") or rf.get("prompt_tokens") or 0)]
                      + [o.usage.prompt_tokens for o in d.outcomes if o.usage.prompt_tokens is not None])
         out = _completion_tokens(d, frontier)
         if out is None:
             out = fleet.output_tokens(frontier, rf.get("max_output_tokens"))
         cost.append(estimate_cost(frontier, target, target.modes[0], prompt, int(out)).usd)
         times.append(d.time_s)
-        features.append({**rf, "prompt_tokens": prompt})
+        features.append({**rf, "prompt_tokens": prompt, "billed_prompt_tokens": prompt})
     if not p:
         raise DataError(f"{log.path}: no recent decision with a p_hard to calibrate on ({skipped})")
     p_arr = np.asarray(p, dtype=np.float64)

@@ -246,9 +246,9 @@ _PREDICT_DOC = ("Predicted latency of this request on a target (policy/selection
 
 SIGNALS: dict[str, Namespace] = {
     "request": Namespace("request", "Facts about the request, computed before routing.", {
-        "prompt_tokens": Signal("int", "prompt length in tokens (exact when the gateway sends routing.prompt_tokens "
-                                       "and it is plausible; tools and images counted, "
-                                       "else counted on a bounded sample and extrapolated)"),
+        "prompt_tokens": Signal("int", "prompt length in the targets' tokens, what prices it (exact when the gateway "
+                                       "sends routing.prompt_tokens and it is plausible; tools and images counted; "
+                                       "else estimated on the safe side: estimator/billed_tokens.py)"),
         "prompt_tokens_upper": Signal("int", "a safe-side upper bound of prompt_tokens for the targets' own "
                                              "tokenizers (whitespace, out-of-vocabulary characters by their bytes, "
                                              "a byte scan of the whole text; estimator/token_bounds.py); what the "
@@ -473,7 +473,7 @@ def request_signals(features: RequestFeatures, view: RequestView, default_output
     cap = features.max_output_tokens
     marks = request.cache_marks()  # once: ``has_cache_control`` and ``has_cache_control_1h`` both read them
     return {
-        "prompt_tokens": features.prompt_tokens,
+        "prompt_tokens": max(features.prompt_tokens, features.billed_prompt_tokens),
         "prompt_tokens_upper": max(features.prompt_tokens, features.prompt_tokens_upper),
         "longest_prompt_tokens_upper": features.longest_prompt_tokens_upper,
         "max_output_tokens": cap if cap else default_output_tokens,
