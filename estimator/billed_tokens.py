@@ -116,14 +116,20 @@ def char_tokens() -> np.ndarray:
 
 
 def byte_class_counts(text: str, raw: bytes | None = None) -> dict[str, float]:
-    """The counts ``WEIGHTS`` weighs, of ``text`` (``raw``: its UTF-8, ``surrogatepass``, when the caller has
-    it): from one ``bincount`` of the byte classes' trigrams (runs start where the class before differs;
-    ``digit_groups`` = digit runs + a third of the digits with two before them; a letter or punctuation byte
-    equal to the two before it is a repeat, of no other count), ``deep_letters`` and the non-ASCII characters'
-    table sum. O(len(text)) in a few numpy passes and C byte operations; a non-ASCII text also encodes to
-    UTF-32 once."""
-    if raw is None:
-        raw = text.encode("utf-8", "surrogatepass")
+    """The counts ``WEIGHTS`` weighs, of ``text`` (``raw``: its UTF-8, ``surrogatepass``, when the caller has it),
+    by name: ``byte_class_vector``."""
+    vector = byte_class_vector(text.encode("utf-8", "surrogatepass") if raw is None else raw)
+    return dict(zip(WEIGHTS, vector.tolist()))
+
+
+def byte_class_vector(raw: bytes) -> np.ndarray:
+    """The counts ``WEIGHTS`` weighs (float64, in its order) of the UTF-8 text ``raw``: from one ``bincount`` of
+    the byte classes' trigrams (runs start where the class before differs; ``digit_groups`` = digit runs + a
+    third of the digits with two before them; a letter or punctuation byte equal to the two before it is a
+    repeat, of no other count), ``deep_letters`` and the non-ASCII characters' table sum. Additive across a
+    newline: ``v(a + b) == v(a) + v(b)`` when ``a`` ends with one and ``b`` starts with none (what
+    ``session_texts`` reuses). O(len(raw)) in a few numpy passes and C byte operations; a non-ASCII text also
+    decodes and encodes to UTF-32 once."""
     classes = np.frombuffer(b"\0\0" + raw.translate(_CLASSES), dtype=np.uint8)
     if len(raw) > 2:
         byte = np.frombuffer(raw, dtype=np.uint8)
@@ -135,22 +141,27 @@ def byte_class_counts(text: str, raw: bytes | None = None) -> dict[str, float]:
     codes = classes[:-2] * np.uint16(_N * _N)
     codes += classes[1:-1] * np.uint16(_N)
     codes += classes[2:]
-    trigrams = np.bincount(codes, minlength=_N ** 3)
-    got = dict(zip(_MASKS, (_MASK_MATRIX @ trigrams).tolist()))
-    out = {name: float(got[name]) for name in WEIGHTS if name in got}
-    out["digit_groups"] = got["digit_runs"] + got["digit_triples"] / 3
-    out["deep_letters"] = float(_deep_letters(classes))
-    out["non_ascii"] = 0.0
-    if not text.isascii():
+    got = dict(zip(_MASKS, (_MASK_MATRIX @ np.bincount(codes, minlength=_N ** 3)).tolist()))
+    got["digit_groups"] = got["digit_runs"] + got["digit_triples"] / 3
+    got["deep_letters"] = _deep_letters(classes)
+    got["non_ascii"] = 0.0
+    if not raw.isascii():
+        try:
+            text = raw.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:  # not UTF-8 (no text the service makes): U+FFFD for each bad sequence
+            text = raw.decode("utf-8", "replace")
         cp = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-        out["non_ascii"] = int(char_tokens()[cp[cp >= 128]].sum(dtype=np.int64)) / 4
-    return out
+        got["non_ascii"] = int(char_tokens()[cp[cp >= 128]].sum(dtype=np.int64)) / 4
+    return np.array([got[name] for name in WEIGHTS], dtype=np.float64)
+
+
+#: ``WEIGHTS`` as a vector in ``byte_class_vector``'s order.
+WEIGHT_VECTOR = np.array(list(WEIGHTS.values()), dtype=np.float64)
 
 
 def byte_class_estimate(text: str, raw: bytes | None = None) -> float:
     """``WEIGHTS`` · ``byte_class_counts(text, raw)``: the byte statistics' token estimate of ``text``."""
-    counts = byte_class_counts(text, raw)
-    return sum(WEIGHTS[name] * v for name, v in counts.items())
+    return float(WEIGHT_VECTOR @ byte_class_vector(text.encode("utf-8", "surrogatepass") if raw is None else raw))
 
 
 def billed_tokens(text: str, vocabulary_count: int, raw: bytes | None = None) -> int:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
-from pointsman.estimator.billed_tokens import billed_tokens
+from pointsman.estimator.billed_tokens import WEIGHT_VECTOR, byte_class_estimate, byte_class_vector
 from pointsman.estimator.token_bounds import (
     class_units,
     class_units_utf8,
@@ -431,8 +431,8 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
                 fast(bounded_window(query, QUERY_WINDOW_CHARS))
         prompt_tokens = n + TOKENS_PER_MESSAGE * len(request.messages) + IMAGE_TOKENS * n_images
         # the money's count (``billed_tokens``; a reading is the estimator's alone: its count)
-        billed = (billed_tokens(joined, n) if readings else n) + TOKENS_PER_MESSAGE * len(request.messages) \
-            + IMAGE_TOKENS * n_images
+        billed = prompt_tokens if not readings else IMAGE_TOKENS * n_images + max(
+            n + TOKENS_PER_MESSAGE * len(request.messages), math.ceil(_billed_estimate(view, joined)))
         prompt_upper = upper + TOKENS_PER_MESSAGE * len(request.messages) + IMAGE_TOKENS_UPPER * n_images
         if want_ids and fast is None and encoding is not None and k is not None:
             if whole:
@@ -480,6 +480,18 @@ def longest_prompt_upper(prompts: list[str], tokenizer: Tokenizer | None) -> int
     sized = sorted(((len(p.encode("utf-8")), p) for p in prompts), key=itemgetter(0), reverse=True)
     rest = sized[BATCH_COUNTED_PROMPTS][0] if len(sized) > BATCH_COUNTED_PROMPTS else 0
     return TOKENS_PER_MESSAGE + max(rest, *(count_tokens_upper(p, tokenizer) for _, p in sized[:BATCH_COUNTED_PROMPTS]))
+
+
+def _billed_estimate(view: RequestView, joined: str) -> float:
+    """``billed_tokens.byte_class_estimate`` of the conversation as ``view.conversation_utf8`` holds it (a role and
+    two newlines per message: ~4 tokens, about the chat format's ``TOKENS_PER_MESSAGE``), its counts kept under the
+    view's session (``session_texts.SESSION_TEXTS``: a next turn counts what it adds); for a text with a lone
+    surrogate, of ``joined`` plus ``TOKENS_PER_MESSAGE`` per message."""
+    try:
+        data = view.conversation_utf8
+    except UnicodeEncodeError:
+        return byte_class_estimate(joined) + TOKENS_PER_MESSAGE * len(view.texts)
+    return float(WEIGHT_VECTOR @ SESSION_TEXTS.billed(data, view.session_key, byte_class_vector))
 
 
 def _joined_units(view: RequestView, tools_text: str, kept: bool) -> Callable[[], int | None]:

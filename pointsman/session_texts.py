@@ -1,15 +1,17 @@
-"""The last text of each long conversation, kept once for the two things its next turn reuses from it.
+"""The last text of each long conversation, kept once for the things its next turn reuses from it.
 
 A conversation's next turn repeats its previous text and adds to it. ``SessionTexts`` keeps per session the
-last text's UTF-8 (``RequestView.conversation_utf8``) with its prefix block hashes (``policy.signals.prefix_index``)
-and its class units (``estimator.token_bounds``) beside it, and each consumer computes only past where the new
-text agrees with the kept one, checked byte for byte: the hashes of the blocks inside the common prefix are
-reused (block *i*'s hash covers every block before it) and the chain goes on; the units are reused when the new
-text starts with the counted one, which ends with a newline (a newline ends every run, so ``a + b`` counts what
-``a`` and ``b`` do). Results never depend on what was kept (``tests/test_session_texts.py``). Whichever consumer
-keeps a new text first replaces the kept one and carries over what of the other's result still holds. Thread-safe:
-one lock around the look-up and the keeping, the comparing and computing outside it (the service does both on the
-event loop, ``RoutingEngine.prepare`` and ``route``; other callers of the engine may use threads).
+last text's UTF-8 (``RequestView.conversation_utf8``) with its prefix block hashes
+(``policy.signals.prefix_index``), its class units (``estimator.token_bounds``) and its byte-class counts
+(``estimator.billed_tokens``) beside it, and each consumer computes only past where the new text agrees with
+the kept one, checked byte for byte: the hashes of the blocks inside the common prefix are reused (block *i*'s
+hash covers every block before it) and the chain goes on; the counts are reused when the new text starts with
+the counted one, which ends with a newline (a newline ends every run, so ``a + b`` counts what ``a`` and ``b``
+do; the byte-class counts also need ``b`` not to start with a newline). Results never depend on what was kept
+(``tests/test_session_texts.py``). Whichever consumer keeps a new text first replaces the kept one and carries
+over what of the other's result still holds. Thread-safe: one lock around the look-up and the keeping, the
+comparing and computing outside it (the service does both on the event loop, ``RoutingEngine.prepare`` and
+``route``; other callers of the engine may use threads).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -27,6 +30,8 @@ MIN_BYTES = 32 * 1024
 #: Most bytes of texts kept (the least recently used dropped first): ~160 conversations of 100k tokens.
 MAX_BYTES = 64 << 20
 
+#: An additive count (``SessionTexts.units``, ``SessionTexts.billed``).
+T = TypeVar("T", int, np.ndarray)
 #: ``chain(data, block_bytes, root, start, parent)``: the chained hashes of ``data``'s full blocks from block
 #: ``start`` on, ``parent`` being block ``start - 1``'s hash (None: from ``root``).
 Chain = Callable[[bytes, int, int, int, int | None], list[int]]
@@ -35,11 +40,12 @@ Chain = Callable[[bytes, int, int, int, int | None], list[int]]
 @dataclass(frozen=True, slots=True)
 class _Kept:
     """A kept text: ``data``; ``chain``: (root, block bytes, hashes of ``data``'s first blocks); ``units``:
-    (n, class units of ``data[:n]``)."""
+    (n, class units of ``data[:n]``); ``billed``: (n, ``billed_tokens`` byte-class counts of ``data[:n]``)."""
 
     data: bytes
     chain: tuple[int, int, list[int]] | None = None
     units: tuple[int, int] | None = None
+    billed: tuple[int, np.ndarray] | None = None
 
 
 def common_prefix(a: bytes, b: bytes) -> int:
@@ -82,17 +88,28 @@ class SessionTexts:
         """``count(data)`` (the class units of UTF-8 ``data``: ``count(a + b) == count(a) + count(b)`` when
         ``a`` ends with a newline), from the count kept under ``key`` (None: ``data``'s first KiB) where it
         holds."""
+        return self._additive("units", data, key, count)
+
+    def billed(self, data: bytes, key: object, count: Callable[[bytes], np.ndarray]) -> np.ndarray:
+        """``count(data)`` (``billed_tokens.byte_class_vector`` of UTF-8 ``data``: ``count(a + b) == count(a) +
+        count(b)`` when ``a`` ends with a newline and ``b`` starts with none: a run of newlines is one count),
+        from the counts kept under ``key`` where they hold."""
+        return self._additive("billed", data, key, count, b"\n\r")
+
+    def _additive(self, field: str, data: bytes, key: object, count: Callable[[bytes], T], not_after: bytes = b"") -> T:
+        """``count(data)`` for a count that adds across a newline (not before a byte of ``not_after``), from the
+        value kept in ``field``."""
         if len(data) < self.min_bytes:
             return count(data)
         slot, got, same = self._find(data, key)
-        if got is not None and got.units is not None and got.units[0] <= same \
-                and (got.units[0] == len(data) or (got.units[0] and data[got.units[0] - 1] == 10)):
-            n, units = got.units
-            units += count(data[n:]) if n < len(data) else 0
+        kept = cast("tuple[int, T] | None", None if got is None else getattr(got, field))
+        n = -1 if kept is None else kept[0]
+        if kept is not None and n <= same and (n == len(data) or (n and data[n - 1] == 10 and data[n] not in not_after)):
+            value = kept[1] + count(data[n:]) if n < len(data) else kept[1]
         else:
-            units = count(data)
-        self._keep(slot, data, got, same, _Kept(data, units=(len(data), units)))
-        return units
+            value = count(data)
+        self._keep(slot, data, got, same, replace(_Kept(data), **cast("dict[str, Any]", {field: (len(data), value)})))
+        return value
 
     def _find(self, data: bytes, key: object) -> tuple[object, _Kept | None, int]:
         """(the slot of ``data`` under ``key``, what it holds, bytes in common with it)."""
@@ -114,8 +131,10 @@ class SessionTexts:
                 if mine.chain is None and cur.chain is not None:  # what of the other's result holds for data
                     root, block_bytes, hashes = cur.chain
                     mine = replace(mine, chain=(root, block_bytes, hashes[:same // block_bytes]))
-                if mine.units is None and cur.units is not None and cur.units[0] <= same:
-                    mine = replace(mine, units=cur.units)
+                for field in ("units", "billed"):
+                    theirs = getattr(cur, field)
+                    if getattr(mine, field) is None and theirs is not None and theirs[0] <= same:
+                        mine = replace(mine, **{field: theirs})
             if len(mine.data) <= self.max_bytes:
                 self._items[slot] = mine
                 self._bytes += len(mine.data)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import threading
 
+import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from pointsman.estimator.billed_tokens import byte_class_vector
 from pointsman.estimator.token_bounds import class_units, class_units_utf8
 from pointsman.policy.signals.prefix_index import _chain, _root
 from pointsman.request import RequestView, parse_route_request
@@ -19,17 +21,20 @@ _PIECE = st.lists(st.sampled_from(["word", "Z9", " ", "  ", " " * 16, "\n", "\r"
                   max_size=12).map(lambda parts: "".join(parts).encode("utf-8"))
 _STEPS = st.lists(st.tuples(st.sampled_from(["turn", "append", "cut", "change", "new", "same"]), _PIECE,
                             st.integers(0, 200), st.sampled_from([None, "s1", "s2"]),
-                            st.sampled_from(["hashes", "units", "both", "units, hashes"])), min_size=1, max_size=12)
+                            st.sampled_from(["hashes", "units", "both", "units, hashes", "billed", "billed, units, hashes",
+                                             "units, billed"])), min_size=1, max_size=12)
 
 
 @given(st.binary(max_size=120), _STEPS, st.integers(1, 9), st.integers(40, 400))
 @example(b"((", [("same", b"", 0, "s", "units"), ("change", b"Z9", 0, "s", "hashes"), ("same", b"", 0, "s", "units")],
          1, 400)  # a count carried over to a text that does not start with the counted one would be wrong
+@example(b"a\n", [("same", b"", 0, "s", "billed"), ("turn", b"x", 0, "s", "billed")],
+         1, 400)  # billed counts a run of newlines once: not carried over to a text going on with a newline
 @settings(max_examples=200, deadline=None)
 def test_hashes_and_units_are_those_computed_afresh(start, steps, block_bytes, max_bytes):
     """Texts extended by turns (a newline and more), appended to, cut, changed in the middle, replaced or
-    repeated, under shared and distinct keys, read by either consumer or both in either order with a small
-    ``max_bytes``: ``_chain``'s hashes and ``class_units_utf8``'s count every time."""
+    repeated, under shared and distinct keys, read by any of the consumers in any order with a small
+    ``max_bytes``: ``_chain``'s hashes, ``class_units_utf8``'s and ``byte_class_vector``'s counts every time."""
     store, text = SessionTexts(max_bytes=max_bytes, min_bytes=1), start
     for kind, piece, at, key, who in steps:
         if kind == "turn":
@@ -45,8 +50,10 @@ def test_hashes_and_units_are_those_computed_afresh(start, steps, block_bytes, m
         for consumer in who.split(", ") if who != "both" else ("hashes", "units"):
             if consumer == "hashes":
                 assert store.hashes(text, key, block_bytes, _ROOT, _chain) == _chain(text, block_bytes, _ROOT)
-            else:
+            elif consumer == "units":
                 assert store.units(text, key, class_units_utf8) == class_units_utf8(text)
+            else:
+                assert np.allclose(store.billed(text, key, byte_class_vector), byte_class_vector(text))
         assert store._bytes == sum(len(k.data) for k in store._items.values()) <= max_bytes
 
 
@@ -111,5 +118,25 @@ def test_the_features_count_of_a_conversation_is_class_units_of_its_messages(tur
             tools_text = json.dumps(tools, separators=(",", ":"), ensure_ascii=False) if tools else ""
             expected = class_units("\n".join(view.texts) + ("\n" + tools_text if tools_text else ""))
             assert _joined_units(view, tools_text, True)() == _joined_units(view, tools_text, False)() == expected
+    finally:
+        SESSION_TEXTS.min_bytes = min_bytes
+
+
+@given(_MESSAGES, _MESSAGES, st.sampled_from([None, [{"type": "function", "name": "f é\n  x"}]]))
+@settings(max_examples=60, deadline=None)
+def test_the_billed_estimate_of_a_conversation_is_that_of_its_text_kept_or_not(turn1, more, tools):
+    """The features' billed estimate (``_billed_estimate``: the conversation's byte-class counts, kept per
+    session) is ``byte_class_estimate`` of ``conversation_utf8``, for a conversation and its next turn."""
+    from pointsman.estimator.billed_tokens import byte_class_estimate
+    from pointsman.estimator.features import _billed_estimate
+
+    min_bytes, SESSION_TEXTS.min_bytes = SESSION_TEXTS.min_bytes, 1
+    try:
+        for messages in ([*turn1, ("user", "go")], [*turn1, ("user", "go"), *more, ("user", "go")]):
+            body = {"messages": [{"role": r, "content": t} for r, t in messages], "tools": tools,
+                    "routing": {"session_id": "billed-test"}}
+            view = RequestView.of(parse_route_request(body))
+            expected = byte_class_estimate("", view.conversation_utf8)
+            assert abs(_billed_estimate(view, "") - expected) < 1e-6
     finally:
         SESSION_TEXTS.min_bytes = min_bytes
