@@ -95,7 +95,7 @@ def _masks() -> dict[str, np.ndarray]:
 
 
 _MASKS = {name: mask.ravel() for name, mask in _masks().items()}
-_MASK_MATRIX = np.stack(list(_MASKS.values())).astype(np.int64)
+_MASK_MATRIX = np.stack(list(_MASKS.values())).astype(np.float64)  # float: a BLAS matrix-vector product
 
 
 def _deep_letters(classes: np.ndarray) -> int:
@@ -141,7 +141,7 @@ def byte_class_vector(raw: bytes) -> np.ndarray:
     codes = classes[:-2] * np.uint16(_N * _N)
     codes += classes[1:-1] * np.uint16(_N)
     codes += classes[2:]
-    got = dict(zip(_MASKS, (_MASK_MATRIX @ np.bincount(codes, minlength=_N ** 3)).tolist()))
+    got = dict(zip(_MASKS, (_MASK_MATRIX @ np.bincount(codes, minlength=_N ** 3).astype(np.float64)).tolist()))
     got["digit_groups"] = got["digit_runs"] + got["digit_triples"] / 3
     got["deep_letters"] = _deep_letters(classes)
     got["non_ascii"] = 0.0
