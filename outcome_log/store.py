@@ -188,8 +188,16 @@ def default_log_path() -> Path:
     return data_dir() / DEFAULT_FILE
 
 
+#: Outcome fields added after outcomes were first stored: hashed only when set, so an outcome stored before them
+#: and sent again is still ``duplicate``, not ``conflict``.
+_HASHED_WHEN_SET = ("served_endpoint", "upstream_status")
+
+
 def _payload_hash(o: OutcomeIn) -> str:
     data = o.model_dump(mode="json")
+    for k in _HASHED_WHEN_SET:
+        if data[k] is None:
+            del data[k]
     data["outcome_id"] = o.key
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 

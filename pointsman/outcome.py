@@ -13,6 +13,9 @@ One outcome, as JSON (every field but ``decision_id`` is optional)::
                                                 #   shadow's: <decision id>/shadow:<served_target>)
      "served_target": "onprem-8b",              # the fleet target that answered (fallback, experiment);
      "served_model": "llama-3.1-8b",            #   default: the decision's target; upstream model name
+     "served_endpoint": "llama-8b-1",           # the endpoint that answered (a retry may go to another of the
+                                                #   target's): its fleet id (URL), name, host:port or base URL
+     "upstream_status": 503,                    # the upstream's HTTP status (100-599)
      "shadow": false,                           # true: answered for evaluation only, never shown to the user
      "status": "ok",                            # ok | error | timeout | cancelled
      "error": null,                             # error text when status != ok (at most 1000 chars)
@@ -48,7 +51,7 @@ import re
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import ErrorDetails
 
@@ -65,6 +68,8 @@ MAX_ID_CHARS = 8192
 #: Ids (decision, outcome): 1–``MAX_ID_CHARS`` characters of letters, digits and ``_.:-+/@=``.
 ID_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9_.:+/@=-]{{0,{MAX_ID_CHARS - 1}}}$"
 _ID = re.compile(ID_PATTERN)
+#: Longest ``served_endpoint`` accepted, characters (a URL).
+MAX_ENDPOINT_CHARS = 2048
 #: Largest accepted batch in one call.
 MAX_BATCH = 1000
 #: Largest latency accepted (``ttft_ms``, ``tpot_ms``, ``e2e_latency_ms``): one day, in ms.
@@ -157,11 +162,11 @@ class OutcomeIn(_Strict):
     e2e_latency_ms: float | None = Field(default=None, ge=0.0, le=MAX_LATENCY_MS)
     time_s: float | None = Field(default=None, ge=0.0, le=MAX_TIME_S)
     quality: QualitySignals | None = None
-    #: What the service saw of the request itself (the ext_proc picker), for the outcome breaker; not part of the
-    #: wire schema: the endpoint id that served it (Envoy's served endpoint; None: the decision's), and the upstream
-    #: HTTP status (None: unknown).
-    _served_endpoint: str | None = PrivateAttr(default=None)
-    _upstream_status: int | None = PrivateAttr(default=None)
+    #: The endpoint that answered (None: the decision's), as the gateway names it: checked and made its fleet id
+    #: by the service (``routes_reports.endpoint_problem``).
+    served_endpoint: str | None = Field(default=None, min_length=1, max_length=MAX_ENDPOINT_CHARS)
+    #: The upstream's HTTP status, for the outcome breaker (``counts_as_answered``).
+    upstream_status: int | None = Field(default=None, ge=100, le=599, strict=True)
 
     @field_validator("decision_id", "outcome_id")
     @classmethod
@@ -177,6 +182,14 @@ class OutcomeIn(_Strict):
             raise UsageProblems([(f, "missing: usage without both its prompt and output counts cannot be priced "
                                      "(omit usage to book the decision's estimate)") for f in self.usage.missing])
         return self
+
+    @property
+    def counts_as_answered(self) -> bool:
+        """Whether the outcome breaker counts this outcome as its endpoint answering: ``ok``, or an upstream status
+        below 500 but 408 and 429 (a 400/404/413/422 is the client's request refused, as Envoy's outlier
+        detection counts 5xx only; 408 and 429 are the endpoint too slow or too busy)."""
+        s = self.upstream_status
+        return self.status == "ok" or (s is not None and s < 500 and s not in (408, 429))
 
     @property
     def key(self) -> str:

@@ -135,7 +135,7 @@ from pointsman.service.ext_proc_body import BodyBuffer, UsageReader, chat_reques
 from pointsman.service.http_errors import HTTPError, invalid, unavailable
 from pointsman.service.keys import KeySource
 from pointsman.service.routes_decisions import commit_decision, route_async
-from pointsman.service.routes_reports import store_outcomes, usage_problem
+from pointsman.service.routes_reports import endpoints_named, store_outcomes, usage_problem
 from pointsman.service.runtime import Runtime
 from pointsman.service.settings import Settings
 
@@ -492,11 +492,6 @@ class _Stream:
         self.recorded = True
         item = self._outcome(cancelled)
         if item is not None:
-            if self.served:  # the breaker counts it where Envoy served it (the picked endpoint or a fallback)
-                index = self.server.index(self.rt.live.engine.fleet)
-                ids = [e for e in index.by_host_port.get(self.served, ()) if index.target_of[e] == self.decision.target]
-                item._served_endpoint = ids[0] if len(ids) == 1 else None
-            item._upstream_status = self.status
             self.server.record(item)
 
     def _outcome(self, cancelled: bool) -> OutcomeIn | None:
@@ -506,9 +501,16 @@ class _Stream:
         fields: dict[str, JSONValue] = {"decision_id": d.decision_id, "time_s": time.time(),
                                         "e2e_latency_ms": (now - self.t0) * 1e3}
         if self.served:
-            served_target = self.server.index(self.rt.live.engine.fleet).target(self.served)
+            fleet = self.rt.live.engine.fleet
+            served_target = self.server.index(fleet).target(self.served)
             if served_target:
                 fields["served_target"] = served_target
+            # the breaker counts it where Envoy served it (the picked endpoint or a fallback), when one endpoint is there
+            ids = endpoints_named(fleet, served_target or d.target, self.served)
+            if len(ids) == 1:
+                fields["served_endpoint"] = ids[0]
+        if self.status is not None and 100 <= self.status <= 599:  # (one out of range would fail the whole outcome)
+            fields["upstream_status"] = self.status
         summary = self.reader.summary() if self.reader is not None else None
         if summary is not None and summary.model and _is_text(model := summary.model[:256]):
             fields["served_model"] = model  # (an invalid name would fail the whole outcome: left out)

@@ -34,7 +34,8 @@ decision id, usage, TTFT/TPOT/end-to-end latency, status, quality signals). In o
    refused as ``invalid``: the verify booked the draft's tokens already.
 
 Before step 2 each item is checked: it must validate (``parse_outcome_items``), and its usage
-must fit the serving target's context window x ``CONTEXT_TOLERANCE`` (``usage_problem``). A
+must fit the serving target's context window x ``CONTEXT_TOLERANCE`` (``usage_problem``), and its
+``served_endpoint`` must name an endpoint of the serving target (``endpoint_problem``; stored as its id). A
 failing item is not stored: in a list it gets an ``invalid`` ack whose message names its fields
 (``[1].status: ...``) while the other items are stored; a single one is a 422 naming the field.
 
@@ -85,6 +86,8 @@ from pointsman.outcome import (
 from pointsman.outcome_log.records import OutcomeAck
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.cost import estimate_cost
+from pointsman.policy.decision import host_port
+from pointsman.policy.fleet import Fleet
 from pointsman.policy.signals.fleet_state import DispatchRecord
 from pointsman.policy.signals.signed_ids import Claims
 from pointsman.service.auth import Principal, authenticate, header_key, may_report, require
@@ -175,9 +178,7 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str
         return
     state = rt.live.engine.state
     if item.status in ("ok", "error", "timeout"):  # a cancelled request says nothing about the endpoint
-        # an upstream 4xx is the endpoint answering a request it refused (Envoy's outlier detection counts 5xx only)
-        answered = item.status == "ok" or (item._upstream_status is not None and item._upstream_status < 500)
-        state.observe_outcome(item.decision_id, ok=answered, endpoint=item._served_endpoint,
+        state.observe_outcome(item.decision_id, ok=item.counts_as_answered, endpoint=item.served_endpoint,
                               served_target=item.served_target)
     usage = item.usage
     reported = usage if usage is not None and usage.prompt_tokens is not None \
@@ -378,6 +379,74 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
     return check_usage_fits(usage, spec.context_window_tokens, target, prefix, decided)
 
 
+#: At most this many endpoints are listed in an unknown ``served_endpoint``'s error.
+_LISTED_ENDPOINTS = 12
+
+
+def endpoints_named(fleet: Fleet, target: str | None, named: str) -> list[str]:
+    """Ids of ``target``'s endpoints (every target's when None) that ``named`` names, as a gateway knows an
+    endpoint: its id (the URL), its ``name``, its ``host:port`` (Envoy's served endpoint) or a base URL with that
+    ``host:port`` (LiteLLM's ``api_base``; one whose path differs still names it: a gateway may call ``/v1`` or not).
+    Several when a ``host:port`` is shared (a URL matching one exactly, trailing ``/`` aside, picks it); none
+    when unknown."""
+    eid = fleet.endpoint_id(named)
+    if eid is not None:
+        return [eid] if target is None or fleet.endpoints[eid].target == target else []
+    try:
+        hp = host_port(named if "://" in named else f"http://{named}")
+    except ValueError:
+        return []
+    out = []
+    for e in fleet.endpoints.values():
+        if target is None or e.target == target:
+            try:
+                if host_port(e.url) == hp:
+                    out.append(e.id)
+            except ValueError:
+                continue
+    exact = [e for e in out if fleet.endpoints[e].url.rstrip("/") == named.rstrip("/")]
+    return exact if len(exact) == 1 else out
+
+
+def endpoint_problem(rt: Runtime, item: OutcomeIn, prefix: str = "", escalation: tuple[str, str] | None = None,
+                     record: DispatchRecord | None | EllipsisType = ...) -> tuple[OutcomeIn, OutcomeItemError | None]:
+    """``item`` with its ``served_endpoint`` made the fleet's endpoint id (``endpoints_named``), or the error on
+    ``served_endpoint`` (under ``prefix``) when the served target (``served_target``, else the escalation's
+    target when a verify escalated the decision, ``escalation``: (id, target), else the decision's: ``record``,
+    else ``_known_decision``) has no such endpoint, listing its endpoints. Not checked (kept as
+    sent, counting on no endpoint) when the served target is not in the fleet (a shadow's, one a reload
+    removed). Nothing is stored for an error: the gateway resends the outcome with a valid endpoint or
+    without one. Raises ``DataError`` (outcome log)."""
+    named = item.served_endpoint
+    if named is None:
+        return item, None
+    fleet = rt.live.engine.fleet
+    target = item.served_target or (escalation[1] if escalation is not None else None)
+    if target is None:
+        known = _known_decision(rt, item.decision_id, record)
+        target = known[0] if known is not None else None
+    if target is not None and target not in fleet.targets:
+        return item, None
+    ids = endpoints_named(fleet, target, named)
+    if len(ids) == 1:
+        return (item if ids[0] == named else item.model_copy(update={"served_endpoint": ids[0]})), None
+    field = f"{prefix}.served_endpoint" if prefix else "served_endpoint"
+    of = f"target '{target}'" if target is not None else "the fleet"
+    if ids:
+        msg = f"'{named}' names {len(ids)} endpoints of {of} ({', '.join(sorted(ids))}): send the endpoint's id"
+    else:
+        other = endpoints_named(fleet, None, named) if target is not None else []
+        valid = [f"{e.name} ({e.id})" if e.name else e.id for e in fleet.endpoints.values()
+                 if target is None or e.target == target]
+        listed = ", ".join(valid[:_LISTED_ENDPOINTS]) + (f", ... ({len(valid)} in all)" if len(valid) > _LISTED_ENDPOINTS
+                                                          else "")
+        where = (f"an endpoint of target '{fleet.endpoints[other[0]].target}', not of {of} that served it (set "
+                 "served_target when another target answered)") if other else f"no endpoint of {of}"
+        msg = (f"'{named}' is {where}; send an endpoint's id, name, host:port or base URL: {listed}, or leave "
+               "served_endpoint out (the outcome then counts on the decision's endpoint)")
+    return item, OutcomeItemError(((field, msg),), decision_id=item.decision_id, outcome_id=item.key)
+
+
 def _invalid_item(problem: OutcomeItemError) -> HTTPError:
     """The 422 for one invalid outcome: ``param`` its first field, the message its first problem's
     followed by every other problem (``; field: message``)."""
@@ -445,6 +514,9 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
             record = state.known(item.decision_id)
             problems[i] = usage_problem(rt, item, f"[{i}]" if indexed else "", escalation, record) \
                 or not_the_callers(item, record, caller, f"[{i}]" if indexed else "")
+            if problems[i] is None:
+                item, problems[i] = endpoint_problem(rt, item, f"[{i}]" if indexed else "", escalation, record)
+                items[i] = item
             if problems[i] is not None:
                 continue
             if record is not None:
@@ -608,4 +680,5 @@ async def telemetry(request: Request, principal: Principal = Depends(require("ga
     return {"accepted": len(reports), "endpoints": acks}
 
 
-__all__ = ["OUTCOMES_SCHEMA", "deliver_forwarded", "router", "store_outcomes", "usage_problem", "parse_telemetry"]
+__all__ = ["OUTCOMES_SCHEMA", "deliver_forwarded", "endpoint_problem", "endpoints_named", "router", "store_outcomes",
+           "usage_problem", "parse_telemetry"]

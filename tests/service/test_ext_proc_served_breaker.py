@@ -75,3 +75,11 @@ def test_client_errors_do_not_trip_the_endpoint(picker_app):
     _stream(picker_app, 400)  # answered: the count starts again
     _stream(picker_app, 503)
     assert _healthy(picker_app) == {"llama-8b-0": True, "llama-8b-1": True}
+
+
+def test_too_slow_or_too_busy_trips_the_endpoint(picker_app):
+    """408 and 429 are the endpoint too slow or too busy, not the client's request refused: they count, as on
+    ``POST /v1/outcomes`` (``OutcomeIn.counts_as_answered``). Before, every status below 500 cleared the count."""
+    for status in (429, 408, 429, 503, 408):
+        _stream(picker_app, status)
+    assert _healthy(picker_app) == {"llama-8b-0": True, "llama-8b-1": False}
