@@ -183,6 +183,9 @@ class LoggedOutcome:
     tpot_ms: float | None
     e2e_latency_ms: float | None
     quality: QualitySignals
+    #: The endpoint that served it (the fleet's id) and the upstream's HTTP status, None when not reported.
+    served_endpoint: str | None = None
+    upstream_status: int | None = None
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ Tables::
     outcomes(outcome_id PK, decision_id, received_s, time_s, served_target, served_model,
              shadow, status, error, prompt_tokens, cached_tokens, completion_tokens,
              ttft_ms, tpot_ms, e2e_latency_ms, judge_score, judge_reference_score, judge,
-             user_rating, regenerated, escalated, payload_sha256)
+             user_rating, regenerated, escalated, payload_sha256, served_endpoint, upstream_status)
     verifications(decision_id PK, time_s, action, rule, p_bad, verifier, escalation_id,
                   escalation_target, estimated_cost_usd, features JSON, draft_text)
 
@@ -153,7 +153,9 @@ CREATE TABLE IF NOT EXISTS outcomes (
     user_rating REAL,
     regenerated INTEGER,
     escalated INTEGER,
-    payload_sha256 TEXT NOT NULL
+    payload_sha256 TEXT NOT NULL,
+    served_endpoint TEXT,
+    upstream_status INTEGER
 );
 CREATE INDEX IF NOT EXISTS outcomes_decision ON outcomes(decision_id);
 CREATE TABLE IF NOT EXISTS verifications (
@@ -180,7 +182,12 @@ _OUTCOME_COLUMNS = (
     "outcome_id", "decision_id", "received_s", "time_s", "served_target", "served_model", "shadow", "status",
     "error", "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "e2e_latency_ms",
     "judge_score", "judge_reference_score", "judge", "user_rating", "regenerated", "escalated", "payload_sha256",
+    "served_endpoint", "upstream_status",
 )
+#: Columns added after a table's first release, as (table, column, SQL type): nullable (rows stored before read
+#: NULL), added to a file that lacks them when it is opened (``_add_columns``). The schema version stays: an
+#: earlier Pointsman names the columns it reads and writes, so it still reads and writes such a file.
+_ADDED_COLUMNS = (("outcomes", "served_endpoint", "TEXT"), ("outcomes", "upstream_status", "INTEGER"))
 
 
 def default_log_path() -> Path:
@@ -377,6 +384,7 @@ class OutcomeLog:
             self._conn = conn = self._connect()
             with self._lock:
                 conn.executescript(_SCHEMA)
+                _add_columns(conn)
                 row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
                 if row is None:
                     conn.execute("INSERT INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
@@ -508,7 +516,7 @@ class OutcomeLog:
              o.status, o.error, u.prompt_tokens, u.cached_tokens, u.completion_tokens, o.ttft_ms, o.tpot_ms,
              o.e2e_latency_ms, q.judge_score, q.judge_reference_score, q.judge, q.user_rating,
              None if q.regenerated is None else int(q.regenerated),
-             None if q.escalated is None else int(q.escalated), digest),
+             None if q.escalated is None else int(q.escalated), digest, o.served_endpoint, o.upstream_status),
         )
         seen[key] = digest
         return OutcomeAck(key, o.decision_id, "stored")
@@ -689,6 +697,27 @@ def _window(since_s: float | None, until_s: float | None) -> tuple[list[str], li
     return where, args
 
 
+def _missing_columns(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
+    have = {(table, r[1]) for table in {t for t, _, _ in _ADDED_COLUMNS}
+            for r in conn.execute(f"PRAGMA table_info({table})")}
+    return [c for c in _ADDED_COLUMNS if (c[0], c[1]) not in have]
+
+
+def _add_columns(conn: sqlite3.Connection) -> None:
+    """Add the ``_ADDED_COLUMNS`` a file an earlier Pointsman made lacks, in one write transaction (two processes
+    opening it at once add them once). Raises ``sqlite3.Error``."""
+    if not _missing_columns(conn):
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for table, column, kind in _missing_columns(conn):
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
 def _outcome(row: sqlite3.Row) -> LoggedOutcome:
     return LoggedOutcome(
         outcome_id=row["outcome_id"], decision_id=row["decision_id"], received_s=row["received_s"],
@@ -700,6 +729,7 @@ def _outcome(row: sqlite3.Row) -> LoggedOutcome:
         quality=QualitySignals(judge_score=row["judge_score"], judge_reference_score=row["judge_reference_score"],
                                judge=row["judge"], user_rating=row["user_rating"],
                                regenerated=_bool(row["regenerated"]), escalated=_bool(row["escalated"])),
+        served_endpoint=row["served_endpoint"], upstream_status=row["upstream_status"],
     )
 
 

@@ -1,0 +1,63 @@
+"""The outcome log stores ``served_endpoint`` and ``upstream_status``, also in a file an earlier Pointsman made
+(without those columns): opening it adds them, the rows stored before read None, and it opens again unchanged."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+from pointsman.outcome_log.store import SCHEMA_VERSION, OutcomeLog
+
+
+def _columns(path) -> list[str]:
+    with sqlite3.connect(path) as conn:
+        return [r[1] for r in conn.execute("PRAGMA table_info(outcomes)")]
+
+
+def _old_file(path) -> None:
+    """A file as the earlier Pointsman (cf5165d) left it: its outcomes table without the two columns."""
+    with OutcomeLog(path) as log:  # one outcome stored as the earlier Pointsman stores it
+        log.append_outcomes([{"decision_id": "d0", "status": "error"}], known={"d0": "onprem-8b"})
+    with sqlite3.connect(path) as conn:
+        conn.execute("ALTER TABLE outcomes DROP COLUMN served_endpoint")
+        conn.execute("ALTER TABLE outcomes DROP COLUMN upstream_status")
+    assert "served_endpoint" not in _columns(path)
+
+
+def test_an_earlier_file_gets_the_columns_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "outcomes.db"
+    _old_file(path)
+    with OutcomeLog(path) as log:
+        old = log.outcome("d0")
+        assert old is not None and (old.status, old.served_endpoint, old.upstream_status) == ("error", None, None)
+        acks = log.append_outcomes([{"decision_id": "d1", "status": "error", "upstream_status": 503,
+                                     "served_endpoint": "http://llama-8b-1.inference.internal:8000/v1"}],
+                                   known={"d1": "onprem-8b"})
+        assert acks[0].status == "stored"
+    with OutcomeLog(path) as log:  # opened again: nothing to add
+        new = log.outcome("d1")
+        assert new is not None and (new.served_endpoint, new.upstream_status) == (
+            "http://llama-8b-1.inference.internal:8000/v1", 503)
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+    assert _columns(path)[-2:] == ["served_endpoint", "upstream_status"]
+
+
+def test_two_logs_opening_an_earlier_file_add_the_columns_once(tmp_path):
+    path = tmp_path / "outcomes.db"
+    _old_file(path)
+    barrier, errors = threading.Barrier(4), []
+
+    def open_it() -> None:
+        barrier.wait()
+        try:
+            OutcomeLog(path).close()
+        except Exception as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+    threads = [threading.Thread(target=open_it) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert _columns(path).count("served_endpoint") == 1
