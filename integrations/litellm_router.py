@@ -40,7 +40,9 @@ Per call (``PointsmanRoutingStrategy``):
 4. ``PointsmanOutcomeLogger`` (one per process, ``OUTCOME_LOGGER``) posts the outcome after the call, in the background
    (``PointsmanClient.report``): usage (prompt, cached, completion tokens), end-to-end latency,
    TTFT and TPOT for streamed calls (LiteLLM's ``completion_start_time`` is the first chunk),
-   the served target, and status ``ok``, ``timeout`` or ``error``. Reporting never fails or
+   the served target and endpoint (the deployment's ``api_base``), and status ``ok``, ``timeout`` or ``error``
+   with the upstream's HTTP status (an upstream 400 then does not count against the endpoint's health in
+   Pointsman's outcome breaker). Reporting never fails or
    delays the user's call.
 
 Fall-back: when Pointsman does not answer within ``route_timeout_s`` (connection refused,
@@ -73,6 +75,7 @@ from litellm.types.router import CustomRoutingStrategyBase, DeploymentTypedDict
 
 from pointsman.integrations.client import PointsmanClient, RouteDecision, forward_target
 from pointsman.json_types import JSONObject, JSONValue
+from pointsman.outcome import MAX_ENDPOINT_CHARS
 from pointsman.request import RouteRequest
 
 log = logging.getLogger("pointsman.integrations")
@@ -134,6 +137,8 @@ class OutcomeReport(TypedDict, total=False):
     time_s: float
     served_target: str
     served_model: str
+    served_endpoint: str
+    upstream_status: int
     e2e_latency_ms: float
     status: str
     error: str
@@ -405,7 +410,10 @@ def outcome_from_call(kwargs: Mapping[str, object], response_obj: object, start_
                       failed: bool) -> OutcomeReport | None:
     """The ``/v1/outcomes`` payload (an ``OutcomeIn`` dict) of one LiteLLM call, from LiteLLM's
     logging ``kwargs``; None when the call carries no Pointsman decision. ``served_target`` is the
-    ``pointsman_target`` of the deployment LiteLLM logged as serving the call, else the chosen one's."""
+    ``pointsman_target`` of the deployment LiteLLM logged as serving the call, else the chosen one's;
+    ``served_endpoint`` its ``api_base`` (Pointsman matches it to the target's fleet endpoint by host:port;
+    the client sends the outcome again without one the fleet does not have), ``upstream_status`` a failed
+    call's exception's HTTP ``status_code``."""
     decision = routed_call(kwargs)
     if not decision:
         return None
@@ -419,6 +427,9 @@ def outcome_from_call(kwargs: Mapping[str, object], response_obj: object, start_
     model = _get(kwargs.get("litellm_params"), "model") or kwargs.get("model")
     if model:
         outcome["served_model"] = str(model)[:256]
+    api_base = _get(kwargs.get("litellm_params"), "api_base")
+    if isinstance(api_base, str) and 0 < len(api_base) <= MAX_ENDPOINT_CHARS:
+        outcome["served_endpoint"] = api_base
     e2e_s = _elapsed(start_time, end_time)
     if e2e_s is not None:
         outcome["e2e_latency_ms"] = e2e_s * 1000.0
@@ -426,6 +437,9 @@ def outcome_from_call(kwargs: Mapping[str, object], response_obj: object, start_
         exc = kwargs.get("exception") or response_obj
         outcome["status"] = "timeout" if _is_timeout(exc) else "error"
         outcome["error"] = (f"{type(exc).__name__}: {exc}" if exc is not None else "call failed")[:1000]
+        status = getattr(exc, "status_code", None)  # LiteLLM's exceptions carry the upstream's (400, 429, 503, ...)
+        if isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599:
+            outcome["upstream_status"] = status
         return outcome
     outcome["status"] = "ok"
     usage = _usage(response_obj)

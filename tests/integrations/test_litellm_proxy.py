@@ -28,10 +28,12 @@ import httpx
 import pytest
 
 from pointsman.outcome_log.store import OutcomeLog
+from pointsman.policy.fleet import DEFAULT_FLEET_PATH
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "deploy" / "litellm" / "config.yaml"
 MASTER_KEY = "sk-proxy-test-0123456789"
+LLAMA_8B_1 = "http://llama-8b-1.inference.internal:8000/v1"
 POLICY = """\
 apiVersion: pointsman/v1
 kind: RoutingPolicy
@@ -71,7 +73,8 @@ def _free_port() -> int:
 
 class Upstream:
     """A stand-in OpenAI-compatible server: answers ``POST .../chat/completions`` with a fixed usage and
-    its own ``name`` in the content; records each request's model and decision header. ``fail``: 500."""
+    its own ``name`` in the content; records each request's model and decision header. ``fail``: 500; a request
+    whose messages say ``MALFORMED``: 400 (the client's request refused)."""
 
     def __init__(self, name: str, fail: bool = False) -> None:
         self.name, self.fail = name, fail
@@ -90,6 +93,8 @@ class Upstream:
                     upstream.name.startswith("llama") else f"answer from {upstream.name}"
                 if upstream.fail:
                     payload, status = {"error": {"message": "upstream is down", "type": "server_error"}}, 500
+                elif "MALFORMED" in asked:
+                    payload, status = {"error": {"message": "bad request", "type": "invalid_request_error"}}, 400
                 else:
                     status = 200
                     payload = {"id": "cmpl-1", "object": "chat.completion", "created": int(time.time()),
@@ -116,11 +121,12 @@ class Upstream:
         self.server.server_close()
 
 
-def _wait(url: str, proc: subprocess.Popen, timeout_s: float, what: str) -> None:
+def _wait(url: str, proc: subprocess.Popen, timeout_s: float, what: str, output: Path | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
-            out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+            out = proc.stdout.read().decode(errors="replace") if proc.stdout else \
+                output.read_text(errors="replace") if output is not None else ""
             pytest.fail(f"{what} exited: {out[-3000:]}")
         try:
             if httpx.get(url, timeout=1).status_code == 200:
@@ -155,12 +161,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
                  "gpt-4o": Upstream("gpt-4o")}
     base_env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}
     p_port, l_port = _free_port(), _free_port()
+    # the fleet's llama-8b-1 is the 8B stand-in, so the endpoint LiteLLM called (its api_base) is a fleet endpoint
+    fleet = tmp / "fleet.yaml"
+    fleet.write_text(DEFAULT_FLEET_PATH.read_text().replace(LLAMA_8B_1, upstreams["llama-8b"].url))
     pointsman = subprocess.Popen(
         [sys.executable, "-m", "pointsman", "serve", "--port", str(p_port), "--policy", str(policy),
          "--log-level", "warning"],
         env={**base_env, "POINTSMAN_DATA_DIR": str(tmp), "POINTSMAN_WATCH_POLICY": "false",
              "POINTSMAN_BUDGETS_PATH": str(budgets), "POINTSMAN_WATCH_BUDGETS": "false",
-             "POINTSMAN_DECISION_LOG_FLUSH_MS": "5"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             "POINTSMAN_DECISION_LOG_FLUSH_MS": "5", "POINTSMAN_FLEET_PATH": str(fleet),
+             "POINTSMAN_WATCH_FLEET": "false"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     # the shipped config, copied so the proxy resolves nothing beside the repository's file
     config = tmp / "config.yaml"
     shutil.copy(CONFIG, config)
@@ -173,15 +183,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
                  "LITELLM_LOG": "ERROR"}
     proxy_env.pop("DATABASE_URL", None)
     litellm_cli = shutil.which("litellm", path=str(Path(sys.executable).parent)) or "litellm"
+    # its output to a file: a pipe nobody reads fills up (64 KiB: a few failed calls' tracebacks) and blocks the proxy
+    proxy_log = (tmp / "litellm.log").open("wb")
     proxy = subprocess.Popen([litellm_cli, "--config", str(config), "--host", "127.0.0.1", "--port", str(l_port)],
-                             env=proxy_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp)
+                             env=proxy_env, stdout=proxy_log, stderr=subprocess.STDOUT, cwd=tmp)
     try:
         _wait(f"http://127.0.0.1:{p_port}/readyz", pointsman, 60, "pointsman serve")
-        _wait(f"http://127.0.0.1:{l_port}/health/liveliness", proxy, 120, "the LiteLLM Proxy")
+        _wait(f"http://127.0.0.1:{l_port}/health/liveliness", proxy, 120, "the LiteLLM Proxy", tmp / "litellm.log")
         yield {"proxy": f"http://127.0.0.1:{l_port}", "pointsman": pointsman, "upstreams": upstreams,
                "outcomes": tmp / "outcomes.db", "pointsman_url": f"http://127.0.0.1:{p_port}"}
     finally:
         _stop(proxy)
+        proxy_log.close()
         _stop(pointsman)
         for u in upstreams.values():
             u.close()
@@ -275,6 +288,23 @@ def test_upstream_failure_is_reported_as_an_error_outcome(stack: dict) -> None:
     decision_id = ups["llama-70b"].seen[-1]["decision"]
     out = _outcome(stack, decision_id)
     assert out.status == "error" and out.served_target == "onprem-70b"
+    # the 70B stand-in is no fleet endpoint: refused for its served_endpoint alone, the client sent it again without
+    assert (out.upstream_status, out.served_endpoint) == (500, None)
+
+
+def test_client_errors_leave_the_endpoint_healthy(stack: dict) -> None:
+    """Upstream 400s (malformed requests) are error outcomes on the endpoint LiteLLM called, with the upstream's
+    status: the endpoint answered, so Pointsman's outcome breaker leaves it healthy. Before, five marked it
+    unhealthy (the breaker counted every error on the decision's endpoint)."""
+    ups = stack["upstreams"]["llama-8b"]
+    for i in range(10):  # both replicas picked in turn: five each would have tripped both
+        r = _ask(stack, None, f"MALFORMED request {i}")
+        assert r.status_code == 400, r.text
+        out = _outcome(stack, ups.seen[-1]["decision"])
+        assert (out.status, out.upstream_status, out.served_endpoint) == ("error", 400, ups.url)
+    endpoints = httpx.get(f"{stack['pointsman_url']}/readyz", timeout=10).json()["endpoints"]
+    assert {e["name"]: e["healthy"] for e in endpoints.values() if e["target"] == "onprem-8b"} == \
+        {"llama-8b-0": True, "llama-8b-1": True}
 
 
 def test_a_budget_refusal_is_answered_429_not_routed_around(stack: dict) -> None:
