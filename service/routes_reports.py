@@ -514,7 +514,7 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
             record = state.known(item.decision_id)
             problems[i] = usage_problem(rt, item, f"[{i}]" if indexed else "", escalation, record) \
                 or not_the_callers(item, record, caller, f"[{i}]" if indexed else "")
-            if problems[i] is None:
+            if problems[i] is None and settle:  # (a forwarded one was checked, and made an id, where it arrived)
                 item, problems[i] = endpoint_problem(rt, item, f"[{i}]" if indexed else "", escalation, record)
                 items[i] = item
             if problems[i] is not None:

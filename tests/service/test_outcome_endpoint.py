@@ -130,6 +130,8 @@ def test_a_batch_refuses_the_bad_item_only_and_stores_the_endpoint_id(client):
     acks = r.json()["acks"]
     assert [a["status"] for a in acks] == ["stored", "invalid"]
     assert acks[1]["message"].startswith("[1].served_endpoint: 'nowhere:1' is no endpoint of target 'onprem-8b'")
+    stored = client.app.state.runtime.outcome_log.outcome(d0["decision_id"])
+    assert (stored.served_endpoint, stored.upstream_status) == (URL_1, 503)
     # stored as the fleet names it, so the same outcome sent with another form of the same endpoint is a duplicate
     r = client.post("/v1/outcomes", json={"decision_id": d0["decision_id"], "status": "error", "upstream_status": 503,
                                           "served_endpoint": "llama-8b-1"})
