@@ -54,7 +54,7 @@ from pointsman.estimator.token_bounds import (
     unk_id,
 )
 from pointsman.estimator.wordpiece import UnkOffsets, word_piece, word_piece_ids
-from pointsman.request import RequestView, RouteRequest, TextPart
+from pointsman.request import ImagePart, RequestView, RouteRequest, TextPart
 from pointsman.session_texts import SESSION_TEXTS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -80,7 +80,8 @@ CHARS_PER_TOKEN = 4.0
 #: Tokens of one image input in the count and in the safe-side bound: OpenAI's high detail gives a
 #: 1024x1024 image 85 + 4 x 170 = 765 tokens and at most 85 + 8 x 170 = 1,445; Anthropic's about
 #: width x height / 750, at most ~1,600; Gemini 258. Images are not seen, so the count takes the common
-#: case and the bound the largest.
+#: case and the bound the largest. The cost estimate replaces them by its target's rule
+#: (``policy/image_tokens.py``: gpt-4o-mini bills up to 48,169 tokens an image).
 IMAGE_TOKENS = 765
 IMAGE_TOKENS_UPPER = 1600
 #: Most characters per token a gateway's ``routing.prompt_tokens`` may imply before Pointsman counts the
@@ -118,6 +119,7 @@ class RequestFeatures:
     ``longest_prompt_tokens_upper``: for a batch (``routing.batch``: a Completions prompt list, each prompt
     its own sequence), a safe-side upper bound of its longest prompt's tokens (``longest_prompt_upper``),
     which the context-window filter compares instead; 0 for a request of one sequence.
+    ``n_low_detail_images``: image parts asking ``detail: low`` (of ``n_images``).
     ``turns``: number of user messages. ``query_text``: the bounded window of the
     last user message that the encoder embeds (at most ``QUERY_WINDOW_CHARS`` chars).
     ``query_chars``: full length of the last user message in characters.
@@ -147,6 +149,7 @@ class RequestFeatures:
     n_tool_calls: int
     max_output_tokens: int | None
     billed_prompt_tokens: int = 0
+    n_low_detail_images: int = 0
     prompt_tokens_upper: int = 0
     longest_prompt_tokens_upper: int = 0
     context_text: str = ""
@@ -462,6 +465,8 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
         has_tools=bool(request.tools) or n_tool_calls > 0 or any(m.role == "tool" for m in request.messages),
         has_images=n_images > 0,
         n_images=n_images,
+        n_low_detail_images=sum(isinstance(p, ImagePart) and isinstance(p.image_url, dict) and p.image_url.get("detail") == "low"
+                                for m in request.messages if isinstance(m.content, list) for p in m.content) if n_images else 0,
         n_tool_calls=n_tool_calls,
         max_output_tokens=request.max_output_tokens,
         context_text="\n".join(bounded_window(t, CONTEXT_WINDOW_CHARS) for t in context),

@@ -29,6 +29,10 @@ it is not spread. The engine feeds the pool's measured ``prefill_utilization`` /
 ``decode_utilization`` (telemetry), else the fleet's ``assumed_utilization``, floored
 at ``min_utilization``. Cached prompt tokens skip prefill on-prem.
 
+Images: ``prompt_tokens`` is the request's count with ``features.IMAGE_TOKENS`` (765) per image; the
+estimate counts each image at the most its target bills for one at its detail instead
+(``target_prompt_tokens``, ``policy/image_tokens.py``: up to 48,169 tokens on gpt-4o-mini, 1,445 on gpt-4o).
+
 Reported usage (``usage_cost``) adds prompt-cache writes at their own prices (5-minute and
 1-hour lifetimes, ``FrontierPrices``); on-prem a write is ordinary prefill.
 
@@ -40,8 +44,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pointsman.estimator.features import IMAGE_TOKENS
 from pointsman.policy.budget.ledger import BudgetLedger, EffectivePrice
-from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget, Pool
+from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget, Pool, target_image_tokens
+from pointsman.policy.image_tokens import image_tokens
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,20 @@ def estimate_cost(name: str, target: OnPremTarget | FrontierTarget, mode: str, p
     rent, power = target.usd_per_gpu_hour, target.power_kw_per_gpu * target.usd_per_kwh
     usd = (prefill_gpu_s * (rent / u_p + power) + decode_gpu_s * (rent / u_d + power)) / 3600.0
     return CostEstimate(name, mode, usd, prompt_tokens, cached, output_tokens, prefill_gpu_s, decode_gpu_s, u_p, u_d)
+
+
+def target_prompt_tokens(target: OnPremTarget | FrontierTarget, prompt_tokens: int, images: int = 0,
+                         low_detail: int = 0, exact: bool = False) -> int:
+    """Prompt tokens of a request on ``target``: ``prompt_tokens`` (the ``request`` namespace's, in tokens) with
+    its ``images`` image parts (``low_detail`` of them at detail low) counted by the target's rule
+    (``fleet.target_image_tokens``: the most one image bills) instead of ``IMAGE_TOKENS`` each; a count the
+    gateway supplied (``exact``) is taken for text alone and the images are added to it (errs high by what
+    the gateway counted for them). Never below 0."""
+    if not images:
+        return prompt_tokens
+    rule = target_image_tokens(target)
+    text = prompt_tokens if exact else max(0, prompt_tokens - IMAGE_TOKENS * images)
+    return text + (images - low_detail) * image_tokens(rule, None) + low_detail * image_tokens(rule, "low")
 
 
 #: Price of a prompt-cache write per input token's price when the fleet declares none: Anthropic's

@@ -50,6 +50,7 @@ from pydantic import AfterValidator, Field, StringConstraints, field_validator, 
 
 from pointsman.errors import FleetError, Problem
 from pointsman.located import LocatedDocument, StrictModel, did_you_mean, parse_yaml, read_text, validate
+from pointsman.policy.image_tokens import ImageTokens, default_image_tokens
 
 #: The packaged default fleet.
 DEFAULT_FLEET_PATH = Path(__file__).parent / "defaults" / "fleet.yaml"
@@ -290,7 +291,8 @@ class OnPremTarget(StrictModel):
     purchase), plus power at ``power_kw_per_gpu`` × ``usd_per_kwh`` (0 when the hourly
     price already includes power). ``kv_link_bytes_per_s``: bytes per second one prefill
     replica sends KV to a decode replica over (P/D transfer; absent: one 400 Gb/s NIC per GPU,
-    ``latency.NIC_BYTES_PER_S``)."""
+    ``latency.NIC_BYTES_PER_S``). ``image_tokens``: prompt tokens one image input takes at most
+    (``high``, and ``low`` at detail low; ``policy/image_tokens.py``); absent: ``image_tokens.UNKNOWN``."""
 
     kind: Literal["onprem"]
     model: str = Field(min_length=1)
@@ -302,6 +304,7 @@ class OnPremTarget(StrictModel):
     usd_per_kwh: NonNegativeFloat = 0.0
     default_output_tokens: PositiveInt | None = None
     default_mode: Mode | None = None
+    image_tokens: ImageTokens | None = None
     kv_bytes_per_token: PositiveInt | None = None
     kv_link_bytes_per_s: PositiveFloat | None = None
     shared_kv: SharedKV | None = None
@@ -373,7 +376,9 @@ class FrontierTarget(StrictModel):
     ``stored_state``: the tier holds the state a Responses API request continues (``previous_response_id``,
     ``conversation``, ``item_reference`` items, a ``prompt`` template: responses, conversations, items and prompt
     templates the provider stored); None
-    (the default) reads true for provider ``openai`` or ``azure`` and false for any other (``holds_stored_state``)."""
+    (the default) reads true for provider ``openai`` or ``azure`` and false for any other (``holds_stored_state``).
+    ``image_tokens``: prompt tokens one image input bills at most (``high``, and ``low`` at detail low): absent,
+    the provider's rule for the model (``policy/image_tokens.py``, ``default_image_tokens``)."""
 
     kind: Literal["frontier"]
     provider: str = Field(min_length=1)
@@ -386,6 +391,7 @@ class FrontierTarget(StrictModel):
     prompt_cache_min_tokens: NonNegativeInt = 1024
     prompt_cache_ttl_s: NonNegativeFloat = 300.0
     prompt_cache: Literal["automatic", "explicit"] = "automatic"
+    image_tokens: ImageTokens | None = None
     default_output_tokens: PositiveInt | None = None
     ttft_median_s: PositiveFloat | None = None
     tpot_median_s: PositiveFloat | None = None
@@ -412,6 +418,14 @@ def phase_roles(mode: str) -> tuple[str, str]:
     """(prefill role, decode role): the pools an on-prem target's ``mode`` runs its two phases on
     (``aggregated`` both on the aggregated pool; otherwise the prefill and decode pools)."""
     return ("aggregated", "aggregated") if mode == "aggregated" else ("prefill", "decode")
+
+
+def target_image_tokens(target: OnPremTarget | FrontierTarget) -> ImageTokens:
+    """The most prompt tokens one image input takes on ``target``: its ``image_tokens``, else the provider's rule
+    for its model (``image_tokens.default_image_tokens``; an on-prem target's: ``image_tokens.UNKNOWN``)."""
+    if target.image_tokens is not None:
+        return target.image_tokens
+    return default_image_tokens(target.provider if isinstance(target, FrontierTarget) else None, target.model)
 
 
 def holds_stored_state(target: OnPremTarget | FrontierTarget) -> bool:

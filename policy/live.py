@@ -26,7 +26,7 @@ from collections.abc import Set as AbstractSet
 from typing import TypeAlias, TypedDict
 
 from pointsman.policy.budget.ledger import BudgetSnapshot, LedgerUnavailable
-from pointsman.policy.cost import CostEstimate, estimate_cost, pool_utilization
+from pointsman.policy.cost import CostEstimate, estimate_cost, pool_utilization, target_prompt_tokens
 from pointsman.policy.fleet import Fleet, FrontierTarget, Pool, SLOClass, phase_roles
 from pointsman.policy.rules.compiler import CompiledPolicy, Plan
 from pointsman.policy.selection import latency
@@ -648,7 +648,10 @@ class LiveSignals:
                 role = "aggregated" if mode == "aggregated" else "prefill"
                 cached_tokens = lk.best(self.healthy_ids(target, role))[1]
         u_p, u_d = self._utilizations(target, mode, pools)
-        est = estimate_cost(target, t, mode, self.prompt_tokens, self.output_tokens(target), cached_tokens,
+        r = self._request
+        prompt = target_prompt_tokens(t, self.prompt_tokens, int(r.get("images", 0)), int(r.get("images_low_detail", 0)),
+                                      bool(r.get("prompt_tokens_exact")))
+        est = estimate_cost(target, t, mode, prompt, self.output_tokens(target), cached_tokens,
                             prefill_utilization=u_p, decode_utilization=u_d, pools=pools,
                             cache_control=self._cache_control, cache_write_1h=self._cache_1h)
         if memo:
@@ -724,7 +727,10 @@ class StaticSignals:
             cached_tokens = int(self.cache(target)["prefix_hit_tokens"])
         load = self.load(target)
         u_p, u_d = load.get("prefill_utilization"), load.get("decode_utilization")
-        return estimate_cost(target, t, mode, int(self.request["prompt_tokens"]), self.output_tokens(target),
+        r = self.request
+        prompt = target_prompt_tokens(t, int(r["prompt_tokens"]), int(r.get("images", 0)), int(r.get("images_low_detail", 0)),
+                                      bool(r.get("prompt_tokens_exact")))
+        return estimate_cost(target, t, mode, prompt, self.output_tokens(target),
                              cached_tokens,
                              prefill_utilization=pool_utilization(None if u_p is None else number(load, "prefill_utilization"),
                                                                   self.fleet),

@@ -441,9 +441,11 @@ def _probe_snapshots(fleet: Fleet, variables: Mapping[str, JSONValue]) -> list[S
     typical["load"] = {t: typical_load for t in fleet.targets}
     typical["_endpoint"] = {k: typical_endpoint for k in _endpoint_keys(fleet)}
     busy = example_signals(variables, fleet.targets)
-    busy["request"] = {"prompt_tokens": 20000, "prompt_tokens_upper": 20000, "longest_prompt_tokens_upper": 5000,
+    busy["request"] = {"prompt_tokens": 20000, "prompt_tokens_exact": True, "prompt_tokens_upper": 20000,
+                       "longest_prompt_tokens_upper": 5000,
                        "max_output_tokens": 2048, "max_output_tokens_set": True, "turns": 6,
-                       "messages": 12, "has_tools": True, "has_images": True, "images": 1, "has_audio": True, "has_files": True,
+                       "messages": 12, "has_tools": True, "has_images": True, "images": 1, "images_low_detail": 1,
+                       "has_audio": True, "has_files": True,
                        "has_cache_control": True, "has_cache_control_1h": True, "stored_state": "previous_response_id",
                        "tenant": "acme",
                        "team": "search", "session_id": "s-1", "slo_class": "interactive", "model": "gpt-4o"}

@@ -58,6 +58,7 @@ class RequestSignals(TypedDict):
     """The ``request`` namespace (``SIGNALS["request"]`` gives each field's meaning)."""
 
     prompt_tokens: int
+    prompt_tokens_exact: bool
     prompt_tokens_upper: int
     longest_prompt_tokens_upper: int
     max_output_tokens: int
@@ -67,6 +68,7 @@ class RequestSignals(TypedDict):
     has_tools: bool
     has_images: bool
     images: int
+    images_low_detail: int
     has_audio: bool
     has_files: bool
     has_cache_control: bool
@@ -249,6 +251,9 @@ SIGNALS: dict[str, Namespace] = {
         "prompt_tokens": Signal("int", "prompt length in the targets' tokens, what prices it (exact when the gateway "
                                        "sends routing.prompt_tokens and it is plausible; tools and images counted; "
                                        "else estimated on the safe side: estimator/billed_tokens.py)"),
+        "prompt_tokens_exact": Signal("bool", "true when prompt_tokens is the gateway's routing.prompt_tokens; cost() then "
+                                              "adds each image's tokens by the target's rule to it, else replaces the "
+                                              "765 tokens an image counts in prompt_tokens by them"),
         "prompt_tokens_upper": Signal("int", "a safe-side upper bound of prompt_tokens for the targets' own "
                                              "tokenizers (whitespace, out-of-vocabulary characters by their bytes, "
                                              "a byte scan of the whole text; estimator/token_bounds.py); what the "
@@ -264,7 +269,9 @@ SIGNALS: dict[str, Namespace] = {
         "messages": Signal("int", "number of messages"),
         "has_tools": Signal("bool", "tools declared, or tool calls/results in the conversation"),
         "has_images": Signal("bool", "any image part in the conversation"),
-        "images": Signal("int", "number of image parts"),
+        "images": Signal("int", "number of image parts (cost() counts each at the most its target bills for one "
+                                "at its detail: the fleet's image_tokens, policy/image_tokens.py)"),
+        "images_low_detail": Signal("int", "image parts asking detail 'low' (of images)"),
         "has_audio": Signal("bool", "any input_audio part in the conversation (not counted in prompt_tokens), "
                                      "or an audio answer asked (modalities, audio) or referenced"),
         "has_files": Signal("bool", "any file part (a PDF, ...) in the conversation (not counted in prompt_tokens)"),
@@ -474,6 +481,7 @@ def request_signals(features: RequestFeatures, view: RequestView, default_output
     marks = request.cache_marks()  # once: ``has_cache_control`` and ``has_cache_control_1h`` both read them
     return {
         "prompt_tokens": max(features.prompt_tokens, features.billed_prompt_tokens),
+        "prompt_tokens_exact": features.prompt_tokens_exact,
         "prompt_tokens_upper": max(features.prompt_tokens, features.prompt_tokens_upper),
         "longest_prompt_tokens_upper": features.longest_prompt_tokens_upper,
         "max_output_tokens": cap if cap else default_output_tokens,
@@ -483,6 +491,7 @@ def request_signals(features: RequestFeatures, view: RequestView, default_output
         "has_tools": features.has_tools,
         "has_images": features.has_images,
         "images": features.n_images,
+        "images_low_detail": features.n_low_detail_images,
         "has_audio": request.has_audio(),
         "has_files": request.has_part(FilePart),
         "has_cache_control": bool(marks),
@@ -603,9 +612,10 @@ def example_signals(variables: Mapping[str, JSONValue] | None = None, targets: I
     targets = list(targets)
     return {
         "request": {
-            "prompt_tokens": 100, "prompt_tokens_upper": 100, "longest_prompt_tokens_upper": 0,
+            "prompt_tokens": 100, "prompt_tokens_exact": False, "prompt_tokens_upper": 100, "longest_prompt_tokens_upper": 0,
             "max_output_tokens": 256, "max_output_tokens_set": False, "turns": 1,
-            "messages": 1, "has_tools": False, "has_images": False, "images": 0, "has_audio": False, "has_files": False,
+            "messages": 1, "has_tools": False, "has_images": False, "images": 0, "images_low_detail": 0,
+            "has_audio": False, "has_files": False,
             "has_cache_control": False, "has_cache_control_1h": False, "stored_state": "",
             "tenant": "", "team": "",
             "session_id": "", "slo_class": "", "model": "",
