@@ -15,7 +15,9 @@ prefix can be restored onto any endpoint of the target at a transfer cost instea
 being recomputed). Per frontier target: ``prompt_cache_min_tokens`` (the provider
 caches prompt prefixes only from this length; OpenAI: 1,024 tokens) and
 ``prompt_cache_ttl_s`` (a cached prefix unused this long is gone; OpenAI: 5-10 minutes,
-default 300 s), read by the service's cost estimate and by replay alike.
+default 300 s), read by the service's cost estimate and by replay alike. Per target:
+``image_tokens`` (``{high: N, low: M}``: the most prompt tokens one image input bills, at detail high/auto and
+low; absent, the provider's rule for the model, ``policy/image_tokens.py``), read by the cost estimate.
 
 Endpoint ids: every endpoint has an id, unique in the fleet, by which load, health
 and the prefix index know it: an on-prem endpoint's ``url``; a frontier target's
