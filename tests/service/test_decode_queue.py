@@ -1,6 +1,6 @@
 """A disaggregated request's prompt is prefill work on its prefill endpoint only, over HTTP (default fleet and
 policy): its decode endpoint decodes it after the KV transfer. Before, the decode endpoint was also counted the
-prompt's tokens as prefill queued there: after one 11,728-token request (decode-0) and six of 678 tokens (two on
+prompt's tokens as prefill queued there: after one 11,412-token request (decode-0) and six of 664 tokens (two on
 each other decode endpoint), decode-0 read a 0.96 s queue, so the next request went to an endpoint decoding
 two requests instead of decode-0, decoding one. Each decode pick now goes to a least-loaded decode endpoint."""
 
@@ -32,7 +32,7 @@ def test_a_decode_endpoint_queues_no_prefill_for_disaggregated_requests(tmp_path
 
     with TestClient(create_app(settings, engine=engine, owns_engine=True)) as c:
         queued = []
-        for i, words in enumerate([6000] + [400] * 7):
+        for i, words in enumerate([2170] + [140] * 7):
             d = route(c, words, i)
             pick = next(p for p in d["trace"]["endpoints"] if p["role"] == "decode")
             chosen = next(e["name"] for e in d["endpoints"] if e["role"] == "decode")
