@@ -274,10 +274,29 @@ def _settle_kept_draft(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation
     output estimate beyond them when the report has no usage but its answer ran: its cap, else the target's
     default output tokens, ``Fleet.output_tokens``) is booked under the escalation
     id on the draft's target, which settles the escalation's hold (``entry["settlement"]``): the draft paid
-    once, the hold released once. Raises ``LedgerUnavailable``."""
+    once, the hold released once. First the decision id is settled as the verify settles it (the prompt, and the
+    verified tokens on the draft's target): a replay that changes nothing, unless the verify's process died after
+    storing the verification and before booking the draft (its gateway, without an answer, kept the draft), when it
+    books the draft now (``entry["settlement"]``) and releases the decision's hold. Raises ``LedgerUnavailable``."""
     state = rt.live.engine.state
     verified = _verified_draft(rt, item.decision_id) or {}
     prefix = verified.get("tokens")
+    if isinstance(prefix, int):
+        record = state.known(item.decision_id)
+        prompt = reported.prompt_tokens if reported is not None and reported.prompt_tokens is not None \
+            else record.prompt_tokens if record is not None else 0
+        try:
+            draft = state.settle(item.decision_id, prompt_tokens=prompt, completion_tokens=prefix,
+                                 cached_tokens=reported.cached_tokens or 0 if reported else 0,
+                                 cache_write_tokens=reported.cache_write_tokens or 0 if reported else 0,
+                                 cache_write_1h_tokens=reported.cache_write_1h_tokens or 0 if reported else 0,
+                                 target=item.served_target)
+        except BudgetError as exc:
+            entry["settle_error"] = str(exc)
+        else:
+            if not draft.replayed:
+                rt.metrics.observe_settlement(draft)
+                entry["settlement"] = draft.to_dict()
     if verified.get("partial") is not True or not isinstance(prefix, int):
         entry["released"] = bool(state.release(escalation_id))
         return

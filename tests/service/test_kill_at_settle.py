@@ -1,0 +1,172 @@
+"""A ``pointsman serve`` SIGKILLed at the instant it sends a budget settlement to its Redis ledger: the
+outcome log has committed what the request wrote (an outcome, a verification), the ledger has not
+booked it. A TCP proxy between the service and a real redis-server sees the ledger's settle script
+(``EVALSHA`` of its SHA-1) go by, SIGKILLs the service and drops the command (Redis never runs it);
+the service is restarted on the same data folder and the gateway does what it does when its call
+died: it sends the outcome again, or (a verify that never answered) keeps the draft and reports it.
+The books must then hold each reported dollar once and nothing held."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import select
+import signal
+import socket
+import threading
+import time
+import uuid
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from pointsman.policy.budget import redis_ledger
+
+pytestmark = pytest.mark.slow
+
+BUDGETS = "apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n  - {scope: 'tenant:acme', window: day, limit_usd: 100}\n"
+REFUSAL = "I'm sorry, but I cannot help with that request."
+SETTLE_SHA = hashlib.sha1(redis_ledger._SETTLE.encode()).hexdigest().encode()
+
+
+class KillAtSettle:
+    """A TCP proxy to the redis-server at ``upstream`` (host, port) on ``port``. While ``armed`` is set with
+    a pid, the first client chunk carrying the ledger's settle script SHA SIGKILLs that pid and is dropped
+    (its connection closed): the settle never reaches Redis. ``kills`` counts those."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.armed: int | None = None
+        self.kills = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                down, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._pipe, args=(down,), daemon=True).start()
+
+    def _pipe(self, down: socket.socket) -> None:
+        up = socket.create_connection(self.upstream)
+        try:
+            while True:
+                readable, _, _ = select.select([down, up], [], [])
+                for s in readable:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    if s is down and self.armed is not None and SETTLE_SHA in data:
+                        os.kill(self.armed, signal.SIGKILL)
+                        self.armed, self.kills = None, self.kills + 1
+                        return
+                    (up if s is down else down).sendall(data)
+        except OSError:
+            return
+        finally:
+            down.close()
+            up.close()
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+@pytest.fixture
+def ledger(tmp_path, redis_url):
+    """(settings for ``serve`` whose budget ledger goes through a ``KillAtSettle`` proxy, the proxy)."""
+    parts = urlsplit(redis_url)
+    proxy = KillAtSettle((parts.hostname or "127.0.0.1", parts.port or 6379))
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text(BUDGETS)
+    prefix = f"%7Bkill-{uuid.uuid4().hex[:8]}%7D:"
+    yield {"budgets_path": str(budgets), "budget_ledger": f"redis://127.0.0.1:{proxy.port}/0?prefix={prefix}"}, proxy
+    proxy.close()
+
+
+def acme(base: str) -> tuple[float, float]:
+    """tenant:acme's (settled, held) USD today."""
+    got = httpx.get(f"{base}/v1/budgets", timeout=10).json()["budgets"][0]
+    return got["settled_usd"], got["held_usd"]
+
+
+def route(base: str) -> dict:
+    r = httpx.post(f"{base}/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": "Explain kickball."}],
+                                             "routing": {"tenant": "acme"}}, timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def kill_during(proxy: KillAtSettle, proc, call) -> None:
+    """Arm the proxy for ``proc``, make ``call`` (it must die with the connection), wait for the kill."""
+    proxy.armed = proc.pid
+    with pytest.raises(httpx.TransportError):
+        call()
+    proc.wait(timeout=10)
+    assert proxy.kills == 1 and proc.returncode == -signal.SIGKILL
+
+
+def test_an_outcome_whose_settle_died_with_the_process_is_booked_once_when_resent(tmp_path, serve, ledger):
+    settings, proxy = ledger
+    proc, base = serve(tmp_path / "data", **settings)
+    port = int(base.rsplit(":", 1)[1])
+    outcome = {"outcome_id": "o-1", "status": "ok", "usage": {"prompt_tokens": 12, "completion_tokens": 40}}
+    ref = route(base)  # the reference: the same outcome on a decision nobody killed
+    r = httpx.post(f"{base}/v1/outcomes", json={**outcome, "outcome_id": "o-ref", "decision_id": ref["decision_id"]},
+                   timeout=10)
+    paid = r.json()["acks"][0]["settlement"]["actual_cost_usd"]
+    assert paid > 0 and acme(base) == (pytest.approx(paid, abs=1e-9), 0.0)
+
+    d = route(base)
+    kill_during(proxy, proc, lambda: httpx.post(f"{base}/v1/outcomes", json={**outcome, "decision_id": d["decision_id"]},
+                                                timeout=10))
+    _, base = serve(tmp_path / "data", port=port, **settings)
+    r = httpx.post(f"{base}/v1/outcomes", json={**outcome, "decision_id": d["decision_id"]}, timeout=10)
+    assert r.json()["acks"][0]["status"] == "duplicate"  # stored before the kill; its settle is made now
+    assert acme(base) == (pytest.approx(2 * paid, abs=1e-9), 0.0)
+    r = httpx.post(f"{base}/v1/outcomes", json={**outcome, "decision_id": d["decision_id"]}, timeout=10)
+    assert acme(base) == (pytest.approx(2 * paid, abs=1e-9), 0.0)  # and only once
+
+
+def test_a_kept_draft_whose_verify_died_before_booking_it_is_paid_once(tmp_path, serve, ledger):
+    """The verify stored its escalation in the outcome log, then died sending the draft's settlement; the
+    gateway's verify call failed, so it kept the draft and reports it (served by the draft's target). The
+    draft must be paid (once) and both holds released: before, the kept draft's outcome assumed the verify had
+    booked the draft, released the escalation only and booked nothing (the decision's hold left to expire)."""
+    settings, proxy = ledger
+    proc, base = serve(tmp_path / "data", **settings)
+    port = int(base.rsplit(":", 1)[1])
+
+    def verify(decision: dict):
+        return httpx.post(f"{base}/v1/verify", json={"decision_id": decision["decision_id"], "draft": {"text": REFUSAL},
+                                                     "usage": {"prompt_tokens": 12, "completion_tokens": 40}}, timeout=10)
+
+    def report(decision: dict) -> dict:
+        r = httpx.post(f"{base}/v1/outcomes", json={"decision_id": decision["decision_id"], "status": "ok",
+                                                    "served_target": decision["target"],
+                                                    "usage": {"prompt_tokens": 12, "completion_tokens": 40}}, timeout=10)
+        assert r.status_code == 200, r.text
+        return r.json()["acks"][0]
+
+    ref = route(base)  # the reference: verified, escalated, the draft kept and reported; nobody killed
+    v = verify(ref).json()
+    assert v["action"] == "escalate"
+    paid = v["draft_settlement"]["actual_cost_usd"]
+    report(ref)
+    assert paid > 0 and acme(base) == (pytest.approx(paid, abs=1e-9), 0.0)
+
+    d = route(base)
+    kill_during(proxy, proc, lambda: verify(d))
+    _, base = serve(tmp_path / "data", port=port, **settings)
+    ack = report(d)
+    assert ack["status"] == "stored", ack
+    deadline = time.monotonic() + 10
+    while acme(base)[1] > 0:  # holds released by the report (an escalation's release is published at once)
+        assert time.monotonic() < deadline, f"holds left: {acme(base)}, ack {ack}"
+        time.sleep(0.1)
+    assert acme(base) == (pytest.approx(2 * paid, abs=1e-9), 0.0), ack  # before: (paid, held until the TTL)
+    report(d)
+    assert acme(base) == (pytest.approx(2 * paid, abs=1e-9), 0.0)
