@@ -170,3 +170,27 @@ def test_a_kept_draft_whose_verify_died_before_booking_it_is_paid_once(tmp_path,
     assert acme(base) == (pytest.approx(2 * paid, abs=1e-9), 0.0), ack  # before: (paid, held until the TTL)
     report(d)
     assert acme(base) == (pytest.approx(2 * paid, abs=1e-9), 0.0)
+
+
+def test_an_escalated_calls_outcome_whose_settle_died_is_booked_once_when_resent(tmp_path, serve, ledger):
+    """Verified and escalated; the escalated call's outcome (reported under the decision id) is stored and the
+    process dies sending the escalation's settlement. Restarted, the escalation is found in the outcome log and
+    the resent outcome settles it once: the draft and the escalated call each paid once, nothing held."""
+    settings, proxy = ledger
+    proc, base = serve(tmp_path / "data", **settings)
+    port = int(base.rsplit(":", 1)[1])
+    d = route(base)
+    v = httpx.post(f"{base}/v1/verify", json={"decision_id": d["decision_id"], "draft": {"text": REFUSAL},
+                                              "usage": {"prompt_tokens": 12, "completion_tokens": 40}}, timeout=10).json()
+    assert v["action"] == "escalate" and v["target"] != d["target"]
+    draft = v["draft_settlement"]["actual_cost_usd"]
+    outcome = {"decision_id": d["decision_id"], "status": "ok", "served_target": v["target"],
+               "usage": {"prompt_tokens": 12, "completion_tokens": 200}}
+    kill_during(proxy, proc, lambda: httpx.post(f"{base}/v1/outcomes", json=outcome, timeout=10))
+    _, base = serve(tmp_path / "data", port=port, **settings)
+    ack = httpx.post(f"{base}/v1/outcomes", json=outcome, timeout=10).json()["acks"][0]
+    assert ack["status"] == "duplicate" and ack["settlement"]["decision_id"] == v["escalation_id"], ack
+    escalated = ack["settlement"]["actual_cost_usd"]
+    assert escalated > 0 and acme(base) == (pytest.approx(draft + escalated, abs=1e-9), 0.0)
+    httpx.post(f"{base}/v1/outcomes", json=outcome, timeout=10)
+    assert acme(base) == (pytest.approx(draft + escalated, abs=1e-9), 0.0)
