@@ -277,10 +277,14 @@ def _settle_kept_draft(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation
     once, the hold released once. First the decision id is settled as the verify settles it (the prompt, and the
     verified tokens on the draft's target): a replay that changes nothing, unless the verify's process died after
     storing the verification and before booking the draft (its gateway, without an answer, kept the draft), when it
-    books the draft now (``entry["settlement"]``) and releases the decision's hold. Raises ``LedgerUnavailable``."""
+    books the draft now (``entry["settlement"]``) and releases the decision's hold. When that replay shows more than
+    the prefix booked (an outcome of the whole draft settled the decision id on a replica that knew no escalation,
+    while this verify was still running), nothing more is booked and the escalation is released. Raises
+    ``LedgerUnavailable``."""
     state = rt.live.engine.state
     verified = _verified_draft(rt, item.decision_id) or {}
     prefix = verified.get("tokens")
+    booked_whole = False
     if isinstance(prefix, int):
         record = state.known(item.decision_id)
         prompt = reported.prompt_tokens if reported is not None and reported.prompt_tokens is not None \
@@ -297,7 +301,8 @@ def _settle_kept_draft(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation
             if not draft.replayed:
                 rt.metrics.observe_settlement(draft)
                 entry["settlement"] = draft.to_dict()
-    if verified.get("partial") is not True or not isinstance(prefix, int):
+            booked_whole = draft.settlement is not None and draft.settlement.completion_tokens > prefix
+    if verified.get("partial") is not True or not isinstance(prefix, int) or booked_whole:
         entry["released"] = bool(state.release(escalation_id))
         return
     if reported is not None:

@@ -33,12 +33,15 @@ SETTLE_SHA = hashlib.sha1(redis_ledger._SETTLE.encode()).hexdigest().encode()
 class KillAtSettle:
     """A TCP proxy to the redis-server at ``upstream`` (host, port) on ``port``. While ``armed`` is set with
     a pid, the first client chunk carrying the ledger's settle script SHA SIGKILLs that pid and is dropped
-    (its connection closed): the settle never reaches Redis. ``kills`` counts those."""
+    (its connection closed): the settle never reaches Redis. ``kills`` counts those. While ``stall`` is set
+    instead, that chunk waits until ``stall`` is cleared (set ``stalled`` meanwhile), then goes on."""
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
         self.armed: int | None = None
         self.kills = 0
+        self.stall = threading.Event()
+        self.stalled = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -60,6 +63,10 @@ class KillAtSettle:
                     data = s.recv(65536)
                     if not data:
                         return
+                    if s is down and self.stall.is_set() and SETTLE_SHA in data:
+                        self.stalled.set()
+                        while self.stall.is_set():
+                            time.sleep(0.01)
                     if s is down and self.armed is not None and SETTLE_SHA in data:
                         os.kill(self.armed, signal.SIGKILL)
                         self.armed, self.kills = None, self.kills + 1
@@ -194,3 +201,47 @@ def test_an_escalated_calls_outcome_whose_settle_died_is_booked_once_when_resent
     assert escalated > 0 and acme(base) == (pytest.approx(draft + escalated, abs=1e-9), 0.0)
     httpx.post(f"{base}/v1/outcomes", json=outcome, timeout=10)
     assert acme(base) == (pytest.approx(draft + escalated, abs=1e-9), 0.0)
+
+
+def test_a_kept_draft_booked_whole_elsewhere_while_its_verify_was_slow_is_not_booked_again(tmp_path, serve, ledger,
+                                                                                          redis_url):
+    """Replicas A and B share live state and a Redis ledger (A's through the proxy). A's verify of a draft's first
+    16 tokens escalates and stores the verification, then its settle of the prefix is slow (stalled in the proxy);
+    the gateway's verify call times out, it keeps the draft and reports it to B. B knows no escalation: it books the
+    whole draft (12 + 120 tokens) under the decision id and forwards the outcome to A's log. A's prefix settle is
+    then a replay, and when A stores the forwarded kept draft it must not book the draft's 104 tokens beyond the
+    prefix again under the escalation id (before: the whole draft plus those 104 tokens were booked)."""
+    settings, proxy = ledger
+    prefix = f"%7Bkeep-{uuid.uuid4().hex[:8]}%7D:"
+    _, a = serve(tmp_path / "a", **settings, state_url=f"{redis_url}?prefix={prefix}")
+    _, b = serve(tmp_path / "b", **{**settings, "budget_ledger": settings["budget_ledger"].replace(
+        f"127.0.0.1:{proxy.port}", urlsplit(redis_url).netloc)}, state_url=f"{redis_url}?prefix={prefix}")
+    d = route(a)
+    proxy.stall.set()
+    results: list[object] = []
+
+    def verify() -> None:
+        try:
+            results.append(httpx.post(f"{a}/v1/verify", json={
+                "decision_id": d["decision_id"], "draft": {"text": REFUSAL[:24], "partial": True},
+                "usage": {"prompt_tokens": 12, "completion_tokens": 16}}, timeout=30).json())
+        except httpx.TransportError as exc:
+            results.append(exc)
+
+    slow = threading.Thread(target=verify)
+    slow.start()
+    assert proxy.stalled.wait(20)  # the verify is stored, its settle on its way: the gateway gave up on it
+    r = httpx.post(f"{b}/v1/outcomes", json={"decision_id": d["decision_id"], "status": "ok", "served_target": d["target"],
+                                             "usage": {"prompt_tokens": 12, "completion_tokens": 120}}, timeout=10)
+    ack = r.json()["acks"][0]
+    assert ack["status"] == "forwarded", ack
+    whole = ack["settlement"]["actual_cost_usd"]
+    proxy.stall.clear()
+    slow.join(30)
+    assert isinstance(results[0], dict) and results[0]["action"] == "escalate", results
+    assert results[0]["draft_settlement"]["replayed"] is True
+    deadline = time.monotonic() + 15
+    while acme(a)[1] > 0:  # A releases the escalation's hold when it stores the forwarded kept draft
+        assert time.monotonic() < deadline, acme(a)
+        time.sleep(0.1)
+    assert acme(a) == (pytest.approx(whole, abs=1e-9), 0.0)  # before: whole + the 104 tokens beyond the prefix
