@@ -4,7 +4,8 @@ booked it. A TCP proxy between the service and a real redis-server sees the ledg
 (``EVALSHA`` of its SHA-1) go by, SIGKILLs the service and drops the command (Redis never runs it);
 the service is restarted on the same data folder and the gateway does what it does when its call
 died: it sends the outcome again, or (a verify that never answered) keeps the draft and reports it.
-The books must then hold each reported dollar once and nothing held."""
+The books must then hold each reported dollar once and nothing held. The last test stalls the settle instead
+(a slow verify the gateway gave up on) while another replica books the kept draft."""
 
 from __future__ import annotations
 
