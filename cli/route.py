@@ -299,6 +299,8 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
     """Run the decision service (see docs/service.md for the endpoints) with uvicorn."""
     import importlib.util
     import os
+    import shutil
+    import tempfile
 
     import uvicorn
 
@@ -349,8 +351,13 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
     # default): a worker loading the estimator (onnxruntime, numpy holding the GIL) on a busy node missed it and
     # was killed at start-up, twice in a row at load average 7.6 on 2 cores. 30 s lets it load; a hung worker is
     # still replaced, later.
-    uvicorn.run("pointsman.service.app:create_app_from_env", factory=True, workers=settings.workers,
-                timeout_worker_healthcheck=WORKER_HEALTHCHECK_S, **server)
+    # a scrape reaches one worker: the workers keep their counters in files there and each exports their sum
+    metrics_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="pointsman-metrics-")
+    try:
+        uvicorn.run("pointsman.service.app:create_app_from_env", factory=True, workers=settings.workers,
+                    timeout_worker_healthcheck=WORKER_HEALTHCHECK_S, **server)
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def register(group: click.Group) -> None:

@@ -66,20 +66,25 @@ their series before the first event (Prometheus: "avoid missing metrics").
 
 Utilization is per pool (aggregated, prefill, decode) and per phase, only where telemetry
 reports it: one averaged GPU-utilization number would hide the two phases. Each app has
-its own ``CollectorRegistry``; with several worker processes each worker exports its own
-counts (Prometheus sums them per instance label).
+its own ``CollectorRegistry``. With several worker processes (``serve --workers N``) a scrape reaches
+one worker, so ``serve`` gives the workers a ``PROMETHEUS_MULTIPROC_DIR``: the counters and histograms
+are kept in its files and every worker exports the sum over all of them (``prometheus_client``
+multiprocess mode; no ``_created`` series there); the scrape-time gauges are the answering worker's
+view of the shared state.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeGuard
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from pointsman.policy.signals.load_board import mean_reading
@@ -103,11 +108,15 @@ EXT_PROC_RESULTS = ("routed", "passthrough", "bad_request", "too_large", "shed",
 
 
 class ServiceMetrics:
-    """The counters and histograms of one service (see the module); ``registry`` holds them and
-    the ``StateCollector`` added with ``watch_state``."""
+    """The counters and histograms of one service (see the module); ``registry`` holds them.
+    ``exposed`` is what ``render`` writes: ``registry``, or with ``PROMETHEUS_MULTIPROC_DIR`` set the
+    sum over every worker's files; the ``StateCollector`` added with ``watch_state`` joins it."""
 
     def __init__(self) -> None:
-        r = self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry = self.exposed = CollectorRegistry(auto_describe=True)
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            self.exposed = CollectorRegistry(auto_describe=True)
+            MultiProcessCollector(self.exposed)
         self.decisions = Counter("pointsman_decisions", "Decisions answered, by target and deciding rule.",
                                  ["target", "rule"], registry=r)
         self.decision_errors = Counter("pointsman_decision_errors", "/v1/route error answers, by error code.",
@@ -193,11 +202,11 @@ class ServiceMetrics:
 
     def watch_state(self, collector: Collector) -> None:
         """Add the scrape-time collector."""
-        self.registry.register(collector)
+        self.exposed.register(collector)
 
     def render(self) -> bytes:
         """The text exposition of every metric."""
-        return generate_latest(self.registry)
+        return generate_latest(self.exposed)
 
 
 def _finite(v: object) -> TypeGuard[float]:
