@@ -614,6 +614,7 @@ class RedisSync:
         self._apply: Callable[[Change], None] = _ignore
         self._reload: Callable[[SharedView], None] = _ignore
         self._reload_hook: Callable[[str], object] = _ignore
+        self._in_hook = threading.local()  # .on: this thread runs the reload hook
 
     @classmethod
     def from_url(cls, url: str, *, timeout_s: float = 2.0, block_ms: int = 1000) -> RedisSync:
@@ -792,7 +793,11 @@ class RedisSync:
         started would be in the count and never re-read: a worker kept the old budgets; a file unchanged
         reads as unchanged). Called at each reconnect and every ``RELOAD_CHECK_S`` while following, so an
         announce the stream did not bring (it fell in a gap, or Redis lost it) still arrives; a hook that
-        raises leaves its count untaken and is tried again at the next check. Raises what Redis raises."""
+        raises leaves its count untaken and is tried again at the next check. Skipped inside the hook (a fleet
+        reload's new state starts here again; before, it reloaded the fleet again, recursively, until a
+        ``RecursionError`` left that worker on the old fleet). Raises what Redis raises."""
+        if getattr(self._in_hook, "on", False):
+            return
         counts = {str(k): str(v) for k, v in dict(self.client.hgetall(f"{self.prefix}reloads")).items()}
         if first:
             self._reload_counts = {}
@@ -802,11 +807,19 @@ class RedisSync:
             if self._reload_counts.get(what) == n:
                 continue
             try:
-                hook(what)
+                self._run_hook(hook, what)
             except Exception:  # noqa: BLE001 - one bad file must not stop the follower; tried again later
                 log.exception("reloading %s announced by another process failed", what)
                 continue
             self._reload_counts[what] = n
+
+    def _run_hook(self, hook: Callable[[str], object], what: str) -> None:
+        """``hook(what)``, marked as running in this thread (``_check_reloads`` skips inside it)."""
+        self._in_hook.on = True
+        try:
+            hook(what)
+        finally:
+            self._in_hook.on = False
 
     def on_reload(self, hook: Callable[[str], object]) -> None:
         """Hand the others' ``reload`` changes to ``hook`` (``StateSync.on_reload``)."""
@@ -945,7 +958,7 @@ class RedisSync:
                     if change.kind == "reload":
                         with self._lock:
                             hook = self._reload_hook
-                        hook(change.reason)
+                        self._run_hook(hook, change.reason)
                     else:
                         apply(change)
                 except Exception:  # noqa: BLE001 - one bad change must not stop the follower

@@ -84,3 +84,35 @@ def test_a_budgets_reload_while_redis_is_down_reaches_every_worker_when_it_is_ba
                 raise AssertionError(f"a worker still applies the old budgets after Redis came back: {states}")
     finally:
         stop(redis)
+
+
+def test_a_fleet_reload_applies_on_every_worker(tmp_path, serve, redis_url):
+    """The fleet: a reload rebuilds the worker's live state, whose start re-checked the shared reload counts
+    from inside the announced reload and reloaded again, recursively (a ``RecursionError`` after 161 nested
+    "ok" reloads): the worker that did not take the call kept the old fleet, its decisions priced at the old
+    prices (6 of 12 fresh connections), while ``pointsman_fleet_reloads_total`` counted the reloads ``ok``."""
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH
+
+    fleet = tmp_path / "fleet.yaml"
+    text = DEFAULT_FLEET_PATH.read_text()
+    fleet.write_text(text)
+    prefix = f"%7Bfleet-{uuid.uuid4().hex[:8]}%7D:"
+    _, base = serve(tmp_path / "data", workers="2", watch_budgets="false", watch_policy="false", watch_fleet="false",
+                    fleet_path=str(fleet), state_url=f"{redis_url}?prefix={prefix}")
+    before = {_call(base, "GET", "/v1/fleet").json()["fleet_revision"] for _ in range(6)}
+    assert len(before) == 1
+    old = "      usd_per_1m_output_tokens: 0.60\n"
+    assert text.count(old) == 1  # frontier-small's output price
+    fleet.write_text(text.replace(old, "      usd_per_1m_output_tokens: 6.00\n"))
+    reloaded = _call(base, "POST", "/v1/fleet/reload")
+    assert reloaded.status_code == 200 and reloaded.json()["changed"] is True
+    revision = reloaded.json()["revision"]
+    assert revision not in before
+    deadline, seen = time.monotonic() + 20, 0
+    while seen < 12:
+        seen = seen + 1 if _call(base, "GET", "/v1/fleet").json()["fleet_revision"] == revision else 0
+        assert time.monotonic() < deadline, "a worker still serves the old fleet after the reload"
+    route = {"messages": [{"role": "user", "content": "Say hello."}]}
+    assert {_call(base, "POST", "/v1/route", route).json()["fleet_revision"] for _ in range(12)} == {revision}
+    metrics = _call(base, "GET", "/metrics").text  # both workers' counts (serve's multiprocess metrics)
+    assert 'pointsman_fleet_reloads_total{result="ok",source="endpoint"} 2.0' in metrics  # one each
