@@ -413,7 +413,7 @@ def outcome_from_call(kwargs: Mapping[str, object], response_obj: object, start_
     ``pointsman_target`` of the deployment LiteLLM logged as serving the call, else the chosen one's;
     ``served_endpoint`` its ``api_base`` (Pointsman matches it to the target's fleet endpoint by host:port;
     the client sends the outcome again without one the fleet does not have), ``upstream_status`` a failed
-    call's exception's HTTP ``status_code``."""
+    call's exception's HTTP ``status_code``, and a stream's ``ttft_ms`` when it failed after its first token."""
     decision = routed_call(kwargs)
     if not decision:
         return None
@@ -440,6 +440,12 @@ def outcome_from_call(kwargs: Mapping[str, object], response_obj: object, start_
         status = getattr(exc, "status_code", None)  # LiteLLM's exceptions carry the upstream's (400, 429, 503, ...)
         if isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599:
             outcome["upstream_status"] = status
+        # a stream that failed after its first token ran, and the upstream bills it: with its ttft_ms the
+        # service books the estimate instead of releasing the hold
+        first = kwargs.get("completion_start_time")
+        ttft_s = _elapsed(start_time, first) if kwargs.get("stream") and first is not None else None
+        if ttft_s is not None:
+            outcome["ttft_ms"] = ttft_s * 1000.0
         return outcome
     outcome["status"] = "ok"
     usage = _usage(response_obj)

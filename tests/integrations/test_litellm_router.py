@@ -364,3 +364,55 @@ def test_anthropic_usage_from_litellm_keeps_its_cache_reads_and_writes() -> None
         assert (u.prompt_tokens, u.cached_tokens, u.cache_write_tokens, u.cache_write_1h_tokens,
                 u.completion_tokens) == want
     assert read_usage(raw).counts() == read_usage(reported).counts()
+
+
+class _BrokenStream(BaseHTTPRequestHandler):
+    """An OpenAI-compatible upstream whose stream sends one chunk and then drops the connection."""
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.end_headers()
+        chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Once upon"}, "finish_reason": None}]}
+        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        self.wfile.flush()
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_stream_that_fails_after_its_first_token_is_booked_not_released(service: dict) -> None:
+    """The upstream answered and then failed: it ran and bills what it generated, so the error outcome carries
+    its ``ttft_ms`` and the service books the decision's estimate (docs/service.md). Before, the failure was
+    reported without it, and the service released the hold: the call's spend was never booked."""
+    upstream = HTTPServer(("127.0.0.1", 0), _BrokenStream)
+    thread = threading.Thread(target=upstream.serve_forever, daemon=True)
+    thread.start()
+    deployments = [{"model_name": "chat", "model_info": {"id": "onprem-dep", "pointsman_target": "onprem-8b"},
+                    "litellm_params": {"model": "hosted_vllm/meta-llama/Llama-3.1-8B-Instruct", "api_key": "none",
+                                       "api_base": f"http://127.0.0.1:{upstream.server_port}/v1"}}]
+
+    async def run():
+        client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0, flush_interval_s=0.01)
+        router = litellm.Router(model_list=deployments, num_retries=0)
+        attach(router, client)
+        stream = await _call(router, "Write a poem.", None, stream=True)
+        with pytest.raises(Exception):  # noqa: B017 - whichever type LiteLLM wraps the broken stream in
+            async for _ in stream:
+                pass
+        await _settle(client, 1)
+        return client
+
+    try:
+        client = asyncio.run(run())
+    finally:
+        upstream.shutdown()
+    (ack,) = list(client.acks)
+    with OutcomeLog(service["outcome_log"]) as outcome_log:
+        outcome = outcome_log.outcome(ack["outcome_id"])
+    assert outcome.status == "error" and outcome.ttft_ms is not None
+    assert ack["released"] is False and ack["settlement"]["actual_cost_usd"] > 0
