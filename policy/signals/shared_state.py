@@ -614,7 +614,6 @@ class RedisSync:
         self._apply: Callable[[Change], None] = _ignore
         self._reload: Callable[[SharedView], None] = _ignore
         self._reload_hook: Callable[[str], object] = _ignore
-        self._in_hook = threading.local()  # .on: this thread runs the reload hook
 
     @classmethod
     def from_url(cls, url: str, *, timeout_s: float = 2.0, block_ms: int = 1000) -> RedisSync:
@@ -793,11 +792,7 @@ class RedisSync:
         started would be in the count and never re-read: a worker kept the old budgets; a file unchanged
         reads as unchanged). Called at each reconnect and every ``RELOAD_CHECK_S`` while following, so an
         announce the stream did not bring (it fell in a gap, or Redis lost it) still arrives; a hook that
-        raises leaves its count untaken and is tried again at the next check. Skipped inside the hook (a fleet
-        reload's new state starts here again; before, it reloaded the fleet again, recursively, until a
-        ``RecursionError`` left that worker on the old fleet). Raises what Redis raises."""
-        if getattr(self._in_hook, "on", False):
-            return
+        raises leaves its count untaken and is tried again at the next check. Raises what Redis raises."""
         counts = {str(k): str(v) for k, v in dict(self.client.hgetall(f"{self.prefix}reloads")).items()}
         if first:
             self._reload_counts = {}
@@ -807,19 +802,11 @@ class RedisSync:
             if self._reload_counts.get(what) == n:
                 continue
             try:
-                self._run_hook(hook, what)
+                hook(what)
             except Exception:  # noqa: BLE001 - one bad file must not stop the follower; tried again later
                 log.exception("reloading %s announced by another process failed", what)
                 continue
             self._reload_counts[what] = n
-
-    def _run_hook(self, hook: Callable[[str], object], what: str) -> None:
-        """``hook(what)``, marked as running in this thread (``_check_reloads`` skips inside it)."""
-        self._in_hook.on = True
-        try:
-            hook(what)
-        finally:
-            self._in_hook.on = False
 
     def on_reload(self, hook: Callable[[str], object]) -> None:
         """Hand the others' ``reload`` changes to ``hook`` (``StateSync.on_reload``)."""
@@ -835,9 +822,12 @@ class RedisSync:
         with self._lock:
             self._apply, self._reload = apply, reload
         last = self._load(reload)
-        if last is not None:
+        # the process's first start only: a later one is a fleet reload's new state, maybe from inside the reload
+        # hook, where the check reloaded the fleet again, recursively (a RecursionError left that worker on the
+        # old fleet); the reader's checks take the counts
+        if last is not None and self._thread is None:
             try:
-                self._check_reloads(first=self._thread is None)  # a new state's start: only what changed
+                self._check_reloads(first=True)
             except self._errors as exc:
                 log.warning("cannot read the shared reload counts: %s", exc)
         if self._thread is None:
@@ -958,7 +948,7 @@ class RedisSync:
                     if change.kind == "reload":
                         with self._lock:
                             hook = self._reload_hook
-                        self._run_hook(hook, change.reason)
+                        hook(change.reason)
                     else:
                         apply(change)
                 except Exception:  # noqa: BLE001 - one bad change must not stop the follower
