@@ -12,8 +12,8 @@ difficulty estimator reads (its model was trained on it: ``log_prompt_tokens``);
 
 - ``vocabulary_count`` is the estimator's count: a vocabulary knows English and code words (a rare word is
   split as BPE splits it), which no byte statistic does;
-- ``byte_class_estimate`` is ``WEIGHTS`` times ``byte_class_counts``: counts over the whole UTF-8 text from
-  one histogram of byte-class trigrams (numpy, no tokenizer), and per non-ASCII character the most tokens any
+- ``byte_class_estimate`` is ``WEIGHTS`` times ``byte_class_counts``: counts over the whole UTF-8 text of
+  byte-class runs, pairs and triples (byte operations, no tokenizer), and per non-ASCII character the most tokens any
   of the four tokenizers gives it alone (``char_tokens.bin``, ~7 KB, built by ``scripts/build_char_tokens.py``).
   The fitted weights solve a linear program (``scripts/measure_token_counts.py --fit``) over generated and
   real texts of every category (``scripts/token_texts.py``): the larger of the two at or above 1.03x the
@@ -52,10 +52,9 @@ WEIGHTS = {
 
 # byte classes: 0 a byte of a non-ASCII character, 1 lower vowel, 2 lower consonant, 3 upper vowel, 4 upper
 # consonant, 5 digit, 6 punctuation, 7 newline, 8 space, 9 tab, 10 another control character (VT, FF, DEL...),
-# 11 a letter or punctuation byte that repeats the two bytes before it
-_N = 12
+# and a repeat: a letter or punctuation byte equal to the two bytes before it, of no class (no count but its own)
 _LOWER, _UPPER, _CONSONANTS, _LETTERS = (1, 2), (3, 4), (2, 4), (1, 2, 3, 4)
-_DIGIT, _PUNCT, _NEWLINE, _SPACE, _TAB, _CONTROL, _REPEAT = 5, 6, 7, 8, 9, 10, 11
+_DIGIT, _PUNCT, _NEWLINE, _SPACE, _TAB, _CONTROL = 5, 6, 7, 8, 9, 10
 
 
 def _class(b: int) -> int:
@@ -71,42 +70,6 @@ def _class(b: int) -> int:
 
 
 _CLASSES = bytes(_class(b) for b in range(256))
-
-
-def _masks() -> dict[str, np.ndarray]:
-    """Per count, which (a, b, c) class trigrams it counts (bool, (_N, _N, _N)): at c, with a and b before it."""
-    a, b, c = np.meshgrid(*(np.arange(_N),) * 3, indexing="ij")
-    isin = np.isin
-    return {
-        "letter_runs": isin(c, _LETTERS) & ~isin(b, _LETTERS),
-        "case_ups": isin(b, _LOWER) & isin(c, _UPPER),
-        "consonant_triples": isin(a, _CONSONANTS) & isin(b, _CONSONANTS) & isin(c, _CONSONANTS),
-        "digit_runs": (c == _DIGIT) & (b != _DIGIT),
-        "digit_triples": (a == _DIGIT) & (b == _DIGIT) & (c == _DIGIT),
-        "digits_after_space": (b == _SPACE) & (c == _DIGIT),
-        "punctuation_runs": (c == _PUNCT) & (b != _PUNCT),
-        "newline_runs": (c == _NEWLINE) & (b != _NEWLINE),
-        "controls": c == _CONTROL,
-        "space_repeats": (a == _SPACE) & (b == _SPACE) & (c == _SPACE),
-        "newline_repeats": (a == _NEWLINE) & (b == _NEWLINE) & (c == _NEWLINE),
-        "tab_repeats": (a == _TAB) & (b == _TAB) & (c == _TAB),
-        "repeats": c == _REPEAT,
-    }
-
-
-_MASKS = {name: mask.ravel() for name, mask in _masks().items()}
-_MASK_MATRIX = np.stack(list(_MASKS.values())).astype(np.float64)  # float: a BLAS matrix-vector product
-
-
-def _deep_letters(classes: np.ndarray) -> int:
-    """ASCII letters with at least 7 letters right before them (``classes``: the byte classes): sum over letter
-    runs of max(0, length - 7), by three ANDs of shifted masks (runs of 2, 4, 8)."""
-    run = (classes - np.uint8(1)) < 4  # classes 1-4 (uint8 wraps 0 to 255)
-    for step in (1, 2, 4):
-        if len(run) <= step:
-            return 0
-        run = run[:-step] & run[step:]
-    return int(np.count_nonzero(run))
 
 
 @functools.cache
@@ -125,11 +88,11 @@ def byte_class_counts(text: str, raw: bytes | None = None) -> dict[str, float]:
 def byte_class_vector(raw: bytes) -> np.ndarray:
     """The counts ``WEIGHTS`` weighs (float64, in its order) of the UTF-8 text ``raw``: per byte its class, a
     letter or punctuation byte equal to the two before it a repeat (of no other count); runs start where the
-    class before differs; ``digit_groups`` = digit runs + a third of the digits with two before them;
+    class before differs (two bytes of no class before ``raw``); ``digit_groups`` = digit runs + a third of the digits with two before them;
     ``deep_letters`` and the non-ASCII characters' table sum. Additive across a newline: ``v(a + b) == v(a) +
     v(b)`` when ``a`` ends with one and ``b`` starts with none (what ``session_texts`` reuses). O(len(raw)):
     up to ``SMALL_BYTES`` by ~30 operations on Python ints holding a byte per byte (``_small_counts``), above
-    it by one ``bincount`` of the byte classes' trigrams (``_numpy_counts``); both give the same counts."""
+    it by ~20 numpy passes over the same flags (``_numpy_counts``); both give the same counts."""
     got = _small_counts(raw) if len(raw) <= SMALL_BYTES else _numpy_counts(raw)
     got["digit_groups"] = got["digit_runs"] + got["digit_triples"] / 3
     got["non_ascii"] = 0.0
@@ -138,27 +101,8 @@ def byte_class_vector(raw: bytes) -> np.ndarray:
     return np.array([got[name] for name in WEIGHTS], dtype=np.float64)
 
 
-def _numpy_counts(raw: bytes) -> dict[str, float]:
-    """``_MASKS``' counts and ``deep_letters`` of ``raw`` (by name, floats): one ``bincount`` of the byte classes'
-    trigrams (two bytes of class 0 before the text), a matrix-vector product with ``_MASK_MATRIX``."""
-    classes = np.frombuffer(b"\0\0" + raw.translate(_CLASSES), dtype=np.uint8)
-    if len(raw) > 2:
-        byte = np.frombuffer(raw, dtype=np.uint8)
-        same = byte[1:] == byte[:-1]
-        repeat = same[1:] & same[:-1] & (((classes[4:] - np.uint8(1)) < 4) | (classes[4:] == _PUNCT))
-        if repeat.any():
-            classes = classes.copy()
-            classes[4:][repeat] = _REPEAT
-    codes = classes[:-2] * np.uint16(_N * _N)
-    codes += classes[1:-1] * np.uint16(_N)
-    codes += classes[2:]
-    got = dict(zip(_MASKS, (_MASK_MATRIX @ np.bincount(codes, minlength=_N ** 3).astype(np.float64)).tolist()))
-    got["deep_letters"] = _deep_letters(classes)
-    return got
-
-
-# the small path's lanes: a byte per byte of the text in a Python int (byte i at bits 8i..8i+7; shifting left
-# by 8 moves each byte onto the next one's lane, a zero lane, class 0, before the text), its flags: bit 0
+# a byte's flags (``_FLAGS``; in the small path a byte per byte of the text in a Python int, byte i at bits
+# 8i..8i+7: shifting left by 8 moves each byte onto the next one's lane, zero lanes before the text): bit 0
 # letter, 1 lower letter, 2 upper letter, 3 consonant, 4 digit, 5 punctuation, 6 newline, 7 space
 _LETTER, _LOWER_BIT, _UPPER_BIT, _CONSONANT_BIT, _DIGIT_BIT, _PUNCT_BIT, _NEWLINE_BIT, _SPACE_BIT = range(8)
 _FLAGS = bytes((c in _LETTERS) | (c in _LOWER) << 1 | (c in _UPPER) << 2 | (c in _CONSONANTS) << 3 | (c == _DIGIT) << 4
@@ -175,8 +119,60 @@ _BIT = [int.from_bytes(bytes([1 << bit]) * _LANES, "little") for bit in range(8)
 _K7F = int.from_bytes(b"\x7f" * _LANES, "little")
 
 
+def _numpy_counts(raw: bytes) -> dict[str, float]:
+    """``_small_counts(raw)`` (any length) with numpy: the same flags as uint8 arrays (``p``, ``c``: of the byte
+    before and of the byte; ``a``: two before), a count of a flag bit per ``count_nonzero``; ~20 passes of byte
+    operations (no left shift of uint8: numpy 2.4's is not vectorised, ``p + p`` is)."""
+    n = len(raw)
+    b = np.frombuffer(raw, dtype=np.uint8)
+    cnz = np.count_nonzero
+    f = np.frombuffer(b"\0\0" + raw.translate(_FLAGS), dtype=np.uint8)  # two lanes of no flag before the text
+    a, p, c = f[:-2], f[1:-1], f[2:]
+    tabs = cnz(b == 9)
+    controls = cnz(c == 0) - tabs - (0 if raw.isascii() else cnz(b >= 128))  # no flag: control, tab or non-ASCII
+    repeats = 0
+    if n > 2:
+        same = b[1:] == b[:-1]
+        repeat = same[1:] & same[:-1]
+        repeat &= (c[2:] & np.uint8(0b100001)) != 0  # a letter or punctuation byte equal to the two before it
+        if repeat.any():
+            at = np.flatnonzero(repeat) + 4
+            f = f.copy()
+            f[at] &= ~np.uint8(0b101111)  # a repeat is of no letter or punctuation count
+            a, p, c = f[:-2], f[1:-1], f[2:]
+            repeats = len(at)
+
+    def bits(x: np.ndarray, bit: int) -> float:
+        return float(cnz(x & np.uint8(1 << bit)))
+
+    starts = c & ~p
+    triples = c & p
+    triples &= a
+    deep = 0
+    if n >= 6:  # letters with 7 letters before them (the two lanes before the text have none)
+        run = (f & np.uint8(1)).view(bool)
+        for step in (1, 2, 4):
+            run = run[:-step] & run[step:]
+        deep = int(cnz(run))
+    tab_triples = 0
+    if tabs >= 3:
+        t = b == 9
+        tab_triples = int(cnz(t[2:] & t[1:-1] & t[:-2]))
+    return {
+        "letter_runs": bits(starts, _LETTER), "case_ups": bits((p + p) & c, _UPPER_BIT),  # lower (bit 1) before
+        "consonant_triples": bits(triples, _CONSONANT_BIT), "digit_runs": bits(starts, _DIGIT_BIT),
+        "digit_triples": bits(triples, _DIGIT_BIT),
+        "digits_after_space": bits((p >> np.uint8(3)) & c, _DIGIT_BIT),  # space (bit 7) before
+        "punctuation_runs": bits(starts, _PUNCT_BIT), "newline_runs": bits(starts, _NEWLINE_BIT),
+        "controls": float(controls), "space_repeats": bits(triples, _SPACE_BIT),
+        "newline_repeats": bits(triples, _NEWLINE_BIT), "tab_repeats": float(tab_triples), "repeats": float(repeats),
+        "deep_letters": deep,
+    }
+
+
 def _small_counts(raw: bytes) -> dict[str, float]:
-    """``_numpy_counts(raw)`` (``len(raw) <= SMALL_BYTES``) from Python ints of ``raw``'s bytes and flags
+    """The counts ``WEIGHTS`` weighs but ``digit_groups`` and ``non_ascii`` (by name, floats; with ``digit_runs`` and
+    ``digit_triples``) of ``raw`` (``len(raw) <= SMALL_BYTES``) from Python ints of ``raw``'s bytes and flags
     (``_FLAGS``): a flag's run starts are ``f & ~(f << 8)``, its triples ``f & f << 8 & f << 16``, counted by
     ``int.bit_count`` of one bit per lane; repeats by the exact zero-byte test of ``x ^ (x << 8)``."""
     f = int.from_bytes(raw.translate(_FLAGS), "little")

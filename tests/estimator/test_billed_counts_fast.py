@@ -1,6 +1,6 @@
-"""``billed_tokens.byte_class_vector`` (Python ints up to ``SMALL_BYTES``, numpy above) gives, bit for bit, the
-counts of the implementation it replaced (``_reference_vector``: one ``bincount`` of byte-class trigrams at every
-size), for text of every category, random Unicode and bytes, and through ``SessionTexts``' reuse of a
+"""``billed_tokens.byte_class_vector`` (Python ints up to ``SMALL_BYTES``, numpy flags above) gives, bit for bit,
+the counts of the implementation it replaced (``_reference_vector``: one ``bincount`` of byte-class trigrams at
+every size), for text of every category, random Unicode and bytes, and through ``SessionTexts``' reuse of a
 conversation's counts."""
 
 from __future__ import annotations
@@ -21,6 +21,33 @@ token_texts = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(token_texts)
 
 
+_N, _REPEAT = 12, 11  # the classes, the repeat's class
+
+
+def _masks() -> dict[str, np.ndarray]:
+    a, b, c = np.meshgrid(*(np.arange(_N),) * 3, indexing="ij")
+    isin, digit, space, newline, tab, punct = np.isin, bt._DIGIT, bt._SPACE, bt._NEWLINE, bt._TAB, bt._PUNCT
+    return {
+        "letter_runs": isin(c, bt._LETTERS) & ~isin(b, bt._LETTERS),
+        "case_ups": isin(b, bt._LOWER) & isin(c, bt._UPPER),
+        "consonant_triples": isin(a, bt._CONSONANTS) & isin(b, bt._CONSONANTS) & isin(c, bt._CONSONANTS),
+        "digit_runs": (c == digit) & (b != digit),
+        "digit_triples": (a == digit) & (b == digit) & (c == digit),
+        "digits_after_space": (b == space) & (c == digit),
+        "punctuation_runs": (c == punct) & (b != punct),
+        "newline_runs": (c == newline) & (b != newline),
+        "controls": c == bt._CONTROL,
+        "space_repeats": (a == space) & (b == space) & (c == space),
+        "newline_repeats": (a == newline) & (b == newline) & (c == newline),
+        "tab_repeats": (a == tab) & (b == tab) & (c == tab),
+        "repeats": c == _REPEAT,
+    }
+
+
+_MASKS = {name: mask.ravel() for name, mask in _masks().items()}
+_MASK_MATRIX = np.stack(list(_MASKS.values())).astype(np.float64)
+
+
 def _reference_deep_letters(classes: np.ndarray) -> int:
     run = (classes - np.uint8(1)) < 4
     for step in (1, 2, 4):
@@ -39,11 +66,11 @@ def _reference_vector(raw: bytes) -> np.ndarray:
         repeat = same[1:] & same[:-1] & (((classes[4:] - np.uint8(1)) < 4) | (classes[4:] == bt._PUNCT))
         if repeat.any():
             classes = classes.copy()
-            classes[4:][repeat] = bt._REPEAT
-    codes = classes[:-2] * np.uint16(bt._N * bt._N)
-    codes += classes[1:-1] * np.uint16(bt._N)
+            classes[4:][repeat] = _REPEAT
+    codes = classes[:-2] * np.uint16(_N * _N)
+    codes += classes[1:-1] * np.uint16(_N)
     codes += classes[2:]
-    got = dict(zip(bt._MASKS, (bt._MASK_MATRIX @ np.bincount(codes, minlength=bt._N ** 3).astype(np.float64)).tolist()))
+    got = dict(zip(_MASKS, (_MASK_MATRIX @ np.bincount(codes, minlength=_N ** 3).astype(np.float64)).tolist()))
     got["digit_groups"] = got["digit_runs"] + got["digit_triples"] / 3
     got["deep_letters"] = _reference_deep_letters(classes)
     got["non_ascii"] = 0.0
