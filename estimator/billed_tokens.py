@@ -88,11 +88,12 @@ def byte_class_counts(text: str, raw: bytes | None = None) -> dict[str, float]:
 def byte_class_vector(raw: bytes) -> np.ndarray:
     """The counts ``WEIGHTS`` weighs (float64, in its order) of the UTF-8 text ``raw``: per byte its class, a
     letter or punctuation byte equal to the two before it a repeat (of no other count); runs start where the
-    class before differs (two bytes of no class before ``raw``); ``digit_groups`` = digit runs + a third of the digits with two before them;
-    ``deep_letters`` and the non-ASCII characters' table sum. Additive across a newline: ``v(a + b) == v(a) +
-    v(b)`` when ``a`` ends with one and ``b`` starts with none (what ``session_texts`` reuses). O(len(raw)):
-    up to ``SMALL_BYTES`` by ~30 operations on Python ints holding a byte per byte (``_small_counts``), above
-    it by ~20 numpy passes over the same flags (``_numpy_counts``); both give the same counts."""
+    class before differs (two bytes of no class before ``raw``); ``digit_groups`` = digit runs + a third of the
+    digits with two before them; ``deep_letters`` and the non-ASCII characters' table sum. Additive across a
+    newline: ``v(a + b) == v(a) + v(b)`` when ``a`` ends with one and ``b`` starts with none (what
+    ``session_texts`` reuses). O(len(raw)): up to ``SMALL_BYTES`` by ~30 operations on Python ints holding a
+    byte per byte (``_small_counts``), above it by ~20 numpy passes over the same flags (``_numpy_counts``);
+    both give the same counts."""
     got = _small_counts(raw) if len(raw) <= SMALL_BYTES else _numpy_counts(raw)
     got["digit_groups"] = got["digit_runs"] + got["digit_triples"] / 3
     got["non_ascii"] = 0.0
