@@ -111,8 +111,8 @@ _FLAGS = bytes((c in _LETTERS) | (c in _LOWER) << 1 | (c in _UPPER) << 2 | (c in
 _TABS = bytes(c == _TAB for c in _CLASSES)
 _NOT_CONTROL = bytes(b for b in range(256) if _CLASSES[b] != _CONTROL)
 #: Longest text (bytes) ``byte_class_vector`` counts with Python ints (``_small_counts``): below it their ~30
-#: operations cost less than numpy's passes and per-call overhead (English: 16 us against 38 at 1 KB, 31 against
-#: 46 at 2 KB, even at ~4 KB; code and JSON about the same).
+#: operations cost less than numpy's passes and per-call overhead (English: 16 us against 44 at 1 KB, 27 against
+#: 48 at 2 KB, even at ~4 KB; code, JSON, emoji in text about the same).
 SMALL_BYTES = 3072
 _LANES = SMALL_BYTES + 8
 #: per flag bit, that bit set in every lane; 0x7F, 0x80 in every lane
@@ -217,7 +217,14 @@ def _code_points(raw: bytes) -> np.ndarray:
     """The code points of ``raw``'s non-ASCII characters: decoded from their UTF-8 lead and continuation bytes
     with numpy where they are few (one pass over the bytes, then theirs: ~0.1 ms for 450 KB of English with a
     few), by the codecs where they are many (over 1 in 16 bytes: CJK text, ~2 ms for 450,000 characters, where
-    numpy's gathers took ~40). Bytes that are not UTF-8 (no text the service makes) decode to some code point."""
+    numpy's gathers took ~40) and up to ``SMALL_BYTES`` (numpy's dozen calls cost more there: ~8 us against ~20
+    at 2 KB). Bytes that are not UTF-8 (no text the service makes) decode to some code point."""
+    if len(raw) <= SMALL_BYTES:
+        try:  # the codecs' code points of UTF-8 are those numpy decodes
+            cp = np.frombuffer(raw.decode("utf-8", "surrogatepass").encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+            return cp[cp >= 128]
+        except UnicodeDecodeError:
+            pass
     b = np.frombuffer(raw + b"\0\0\0", dtype=np.uint8)
     lead = np.flatnonzero(b[:-3] >= 0xC0)
     if 16 * len(lead) > len(raw):

@@ -57,6 +57,22 @@ def _reference_deep_letters(classes: np.ndarray) -> int:
     return int(np.count_nonzero(run))
 
 
+def _reference_code_points(raw: bytes) -> np.ndarray:
+    b = np.frombuffer(raw + b"\0\0\0", dtype=np.uint8)
+    lead = np.flatnonzero(b[:-3] >= 0xC0)
+    if 16 * len(lead) > len(raw):
+        try:
+            text = raw.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            text = raw.decode("utf-8", "replace")
+        cp = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        return cp[cp >= 128]
+    b0, b1, b2, b3 = (b[lead + k].astype(np.int64) & (0xFF if k == 0 else 0x3F) for k in range(4))
+    cp = np.where(b0 < 0xE0, (b0 & 0x1F) << 6 | b1,
+                  np.where(b0 < 0xF0, (b0 & 0x0F) << 12 | b1 << 6 | b2, (b0 & 0x07) << 18 | b1 << 12 | b2 << 6 | b3))
+    return np.minimum(cp, 0x10FFFF)
+
+
 def _reference_vector(raw: bytes) -> np.ndarray:
     """``byte_class_vector`` as commit 50ce528 computed it."""
     classes = np.frombuffer(b"\0\0" + raw.translate(bt._CLASSES), dtype=np.uint8)
@@ -75,7 +91,7 @@ def _reference_vector(raw: bytes) -> np.ndarray:
     got["deep_letters"] = _reference_deep_letters(classes)
     got["non_ascii"] = 0.0
     if not raw.isascii():
-        got["non_ascii"] = int(bt.char_tokens()[bt._code_points(raw)].sum(dtype=np.int64)) / 4
+        got["non_ascii"] = int(bt.char_tokens()[_reference_code_points(raw)].sum(dtype=np.int64)) / 4
     return np.array([got[name] for name in bt.WEIGHTS], dtype=np.float64)
 
 
@@ -96,9 +112,11 @@ _TEXT = (st.tuples(st.sampled_from(sorted(token_texts.CATEGORIES)), st.integers(
 @settings(max_examples=400, deadline=None)
 def test_the_counts_are_those_of_the_replaced_implementation(text, seed, repeat):
     """Every category at 0-7000 characters (both paths and their boundary), cut anywhere (a cut character's
-    bytes), repeated."""
+    bytes), spliced, with a stray non-ASCII byte among ASCII text (bytes that are not UTF-8, few), repeated."""
     rng = random.Random(seed)
-    for raw in (text, text[:rng.randint(0, len(text))], text * repeat, text[:bt.SMALL_BYTES], text[:bt.SMALL_BYTES + 1]):
+    i, j = sorted((rng.randint(0, len(text)), rng.randint(0, len(text))))
+    stray = text + bytes([rng.randrange(128, 256)]) + b"plain ASCII words after it " * rng.randint(0, 200)
+    for raw in (text, text[:j], text[:i] + text[j:], stray, text * repeat, text[:bt.SMALL_BYTES], text[:bt.SMALL_BYTES + 1]):
         assert np.array_equal(bt.byte_class_vector(raw), _reference_vector(raw))
 
 
