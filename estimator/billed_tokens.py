@@ -112,8 +112,8 @@ _TABS = bytes(c == _TAB for c in _CLASSES)
 _NOT_CONTROL = bytes(b for b in range(256) if _CLASSES[b] != _CONTROL)
 #: Longest text (bytes) ``byte_class_vector`` counts with Python ints (``_small_counts``): below it their ~30
 #: operations cost less than numpy's passes and per-call overhead (English: 16 us against 44 at 1 KB, 27 against
-#: 48 at 2 KB, even at ~4 KB; code, JSON, emoji in text about the same).
-SMALL_BYTES = 3072
+#: 48 at 2 KB, even at 4 KB; code, JSON, emoji in text about the same).
+SMALL_BYTES = 4096
 _LANES = SMALL_BYTES + 8
 #: per flag bit, that bit set in every lane; 0x7F, 0x80 in every lane
 _BIT = [int.from_bytes(bytes([1 << bit]) * _LANES, "little") for bit in range(8)]
