@@ -1,11 +1,13 @@
 """The Grafana dashboard and the alert rules against a real Prometheus (Debian's ``prometheus``) scraping a
 running ``pointsman serve`` that has made decisions: every PromQL expression evaluates without error and
 returns series; the server loads the rule file and evaluates every rule without error; ``promtool check
-rules`` passes.
+rules`` passes, and ``promtool test rules`` runs ``deploy/prometheus/alerts_test.yaml`` (input series →
+the alerts expected firing or not at given times).
 
 The service runs on a fleet whose engines are stand-ins serving vLLM ``/metrics`` pages
 (``tests/fixtures/standin_engine.py``), one of them a dead port (scrape failures, an unhealthy endpoint),
-with a budget for tenant ``acme``; the test sends decisions (and one malformed request), outcomes with
+with a budget for tenant ``acme`` (so a spend journal) and following ``champion`` in an empty MLflow store (so
+the model follower's gauges); the test sends decisions (and one malformed request), outcomes with
 usage (spend, effective prices) and telemetry with prefill/decode utilization. Without ``prometheus`` on
 PATH the test is skipped, unless ``POINTSMAN_REQUIRE_PROMETHEUS=1`` (CI), where it fails.
 """
@@ -30,6 +32,7 @@ from tests.service.conftest import free_port, start_serve
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "pointsman-dashboard.json"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yaml"
+ALERT_TESTS = ROOT / "deploy" / "prometheus" / "alerts_test.yaml"
 SCRAPE_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 #: A rule's expression: ``<series> <comparison> <number>``.
 _COMPARISON = re.compile(r"^(?P<lhs>.+?)\s*(?P<op>>=|<=|==|!=|>|<)\s*(?P<rhs>[0-9.e+-]+)$", re.S)
@@ -105,7 +108,9 @@ def prometheus(tmp_path_factory, standin):
         def settings() -> dict[str, str]:  # a fresh ext_proc port with each try of a fresh HTTP port
             return {"POINTSMAN_DATA_DIR": str(tmp), "POINTSMAN_FLEET_PATH": str(fleet),
                     "POINTSMAN_BUDGETS_PATH": str(budgets), "POINTSMAN_SCRAPE_INTERVAL_S": "0.5",
-                    "POINTSMAN_DECISION_LOG_FLUSH_MS": "5", "POINTSMAN_EXT_PROC_PORT": str(free_port())}
+                    "POINTSMAN_DECISION_LOG_FLUSH_MS": "5", "POINTSMAN_EXT_PROC_PORT": str(free_port()),
+                    "POINTSMAN_MODEL": "champion", "POINTSMAN_MODEL_POLL_INTERVAL_S": "1",
+                    "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}"}
 
         _, base = start_serve(settings, procs)
         port, prom_port = int(base.rsplit(":", 1)[1]), free_port()
@@ -122,16 +127,16 @@ def prometheus(tmp_path_factory, standin):
         procs.append(prom)
         api = f"http://127.0.0.1:{prom_port}/api/v1"
         deadline = time.monotonic() + 60
-        while True:  # three scrapes at least: rate() needs two samples in its window
+        while True:  # three scrapes at least (rate() needs two samples in its window) after the model follower's first poll
             try:
-                r = httpx.get(f"{api}/query", params={"query": "count_over_time(pointsman_serving_info[1m])"}, timeout=2)
+                r = httpx.get(f"{api}/query", params={"query": "count_over_time(pointsman_model_follow_problem[1m])"}, timeout=2)
                 result = r.json()["data"]["result"] if r.status_code == 200 else []
                 if result and float(result[0]["value"][1]) >= 3:
                     break
             except httpx.TransportError:
                 pass
             assert prom.poll() is None, prom.stderr.read().decode()
-            assert time.monotonic() < deadline, "prometheus did not scrape pointsman three times in 60 s"
+            assert time.monotonic() < deadline, "prometheus did not scrape pointsman's model follower three times in 60 s"
             time.sleep(0.25)
         yield api
     finally:
@@ -209,6 +214,13 @@ def test_promtool_checks_the_rules_and_the_scrape_config():
     for args in (["check", "rules", str(ALERTS)], ["check", "config", "--syntax-only", str(SCRAPE_CONFIG)]):
         run = subprocess.run([promtool, *args], capture_output=True, text=True)
         assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_promtool_unit_tests_of_the_alerts_pass():
+    """Budget refusals alone do not fire PointsmanDecisionsFailing, real errors do and it clears; the model
+    follower and spend journal alerts fire after their ``for:`` and clear; a short blip stays pending."""
+    run = subprocess.run([_binary("promtool"), "test", "rules", str(ALERT_TESTS)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_dashboard_panels_are_well_formed():
