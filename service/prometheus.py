@@ -15,6 +15,7 @@ Counted as things happen (``ServiceMetrics``):
 ``pointsman_budget_spend_usd_total{target}``     actual cost settled by outcomes, USD
 ``pointsman_outcomes_total{status}``             outcomes by acknowledgement (stored, duplicate, conflict,
                                                  unknown_decision, invalid)
+``pointsman_verifications_total{action}``        drafts verified by ``POST /v1/verify``: ``accept``, ``escalate``
 ``pointsman_telemetry_snapshots_total``          load snapshots accepted by ``/v1/telemetry``
 ``pointsman_decision_log_total{result}``         decisions written to / dropped from / failed in the decision log
 ``pointsman_policy_reloads_total{result,source}``  policy reloads: ``ok``, ``unchanged``, ``rejected``
