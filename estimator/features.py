@@ -54,7 +54,7 @@ from pointsman.estimator.token_bounds import (
     unk_id,
 )
 from pointsman.estimator.wordpiece import UnkOffsets, word_piece, word_piece_ids
-from pointsman.request import ImagePart, RequestView, RouteRequest, TextPart
+from pointsman.request import RequestView, RouteRequest, TextPart
 from pointsman.session_texts import SESSION_TEXTS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -156,6 +156,13 @@ class RequestFeatures:
     context_chars: int = 0
     continues: RequestFeatures | None = None
     alone: RequestFeatures | None = None
+
+    @property
+    def priced_prompt_tokens(self) -> int:
+        """The prompt tokens the money reads (``request.prompt_tokens``, the cost estimate, the budget hold, the
+        dispatch record, the decision's count): ``billed_prompt_tokens``, or ``prompt_tokens`` where that was not
+        computed (0: features made outside ``extract_features``)."""
+        return max(self.prompt_tokens, self.billed_prompt_tokens)
 
 
 def bounded_window(text: str, limit: int) -> str:
@@ -465,8 +472,7 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
         has_tools=bool(request.tools) or n_tool_calls > 0 or any(m.role == "tool" for m in request.messages),
         has_images=n_images > 0,
         n_images=n_images,
-        n_low_detail_images=sum(isinstance(p, ImagePart) and isinstance(p.image_url, dict) and p.image_url.get("detail") == "low"
-                                for m in request.messages if isinstance(m.content, list) for p in m.content) if n_images else 0,
+        n_low_detail_images=sum(m.n_images("low") for m in request.messages) if n_images else 0,
         n_tool_calls=n_tool_calls,
         max_output_tokens=request.max_output_tokens,
         context_text="\n".join(bounded_window(t, CONTEXT_WINDOW_CHARS) for t in context),

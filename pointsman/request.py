@@ -216,10 +216,12 @@ class ChatMessage(BaseModel):
             chunks.append(f"{call.function.name}({call.function.arguments})")
         return "\n".join(c for c in chunks if c)
 
-    def n_images(self) -> int:
-        """Number of image parts in this message."""
+    def n_images(self, detail: str | None = None) -> int:
+        """Number of image parts in this message; with ``detail``, of those whose ``image_url.detail`` is it."""
         if isinstance(self.content, list):
-            return sum(isinstance(p, ImagePart) for p in self.content)
+            return sum(isinstance(p, ImagePart) and (detail is None or (isinstance(p.image_url, dict)
+                                                                          and p.image_url.get("detail") == detail))
+                       for p in self.content)
         return 0
 
     def has_part(self, kind: type[AudioPart] | type[FilePart]) -> bool:

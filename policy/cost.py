@@ -42,7 +42,9 @@ produced over the window, from the budget ledger's settled outcomes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pointsman.estimator.features import IMAGE_TOKENS
 from pointsman.policy.budget.ledger import BudgetLedger, EffectivePrice
@@ -119,17 +121,18 @@ def estimate_cost(name: str, target: OnPremTarget | FrontierTarget, mode: str, p
     return CostEstimate(name, mode, usd, prompt_tokens, cached, output_tokens, prefill_gpu_s, decode_gpu_s, u_p, u_d)
 
 
-def target_prompt_tokens(target: OnPremTarget | FrontierTarget, prompt_tokens: int, images: int = 0,
-                         low_detail: int = 0, exact: bool = False) -> int:
-    """Prompt tokens of a request on ``target``: ``prompt_tokens`` (the ``request`` namespace's, in tokens) with
-    its ``images`` image parts (``low_detail`` of them at detail low) counted by the target's rule
-    (``fleet.target_image_tokens``: the most one image bills) instead of ``IMAGE_TOKENS`` each; a count the
-    gateway supplied (``exact``) is taken for text alone and the images are added to it (errs high by what
-    the gateway counted for them). Never below 0."""
+def target_prompt_tokens(target: OnPremTarget | FrontierTarget, request: Mapping[str, Any]) -> int:
+    """Prompt tokens of a request on ``target``, from its ``request`` namespace (``namespaces.request_signals``):
+    ``prompt_tokens`` with its ``images`` image parts (``images_low_detail`` of them at detail low) counted by the
+    target's rule (``fleet.target_image_tokens``: the most one image bills) instead of ``IMAGE_TOKENS`` each; a
+    count the gateway supplied (``prompt_tokens_exact``) is taken for text alone and the images are added to it
+    (errs high by what the gateway counted for them). Never below 0."""
+    prompt_tokens, images = int(request["prompt_tokens"]), int(request.get("images", 0))
     if not images:
         return prompt_tokens
+    low_detail = int(request.get("images_low_detail", 0))
     rule = target_image_tokens(target)
-    text = prompt_tokens if exact else max(0, prompt_tokens - IMAGE_TOKENS * images)
+    text = prompt_tokens if request.get("prompt_tokens_exact") else max(0, prompt_tokens - IMAGE_TOKENS * images)
     return text + (images - low_detail) * image_tokens(rule, None) + low_detail * image_tokens(rule, "low")
 
 

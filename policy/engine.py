@@ -440,7 +440,7 @@ class RoutingEngine:
             if dispatch:
                 try:
                     dispatched = self.state.dispatch(  # its id as dispatched: signed with its claims
-                        Dispatch(placed.record(base_id, view, features.billed_prompt_tokens, live.now_mono),
+                        Dispatch(placed.record(base_id, view, features.priced_prompt_tokens, live.now_mono),
                                  cached_hashes(self.fleet, target, hashes, base["request"], view, gateway_ids),
                                  gateway_ids, routing.session_id or ""), now=live.now)
                     decision_id, reserved = dispatched.decision_id, dispatched.reserved
@@ -475,7 +475,7 @@ class RoutingEngine:
             verify_prefix_tokens=self.policy.verify.prefix_tokens if self.policy.verify is not None else None,
             p_hard=base["difficulty"]["p_hard"],
             difficulty_available=base["difficulty"]["available"],
-            prompt_tokens=max(features.prompt_tokens, features.billed_prompt_tokens),
+            prompt_tokens=features.priced_prompt_tokens,
             policy_revision=self.policy.revision,
             fleet_revision=self.fleet.revision,
             estimator_version=str(self.estimator.version),
@@ -595,7 +595,7 @@ class RoutingEngine:
             held = eid
             if dispatch:
                 try:
-                    held = self.state.dispatch(Dispatch(placed.record(eid, view, features.billed_prompt_tokens, live.now_mono),
+                    held = self.state.dispatch(Dispatch(placed.record(eid, view, features.priced_prompt_tokens, live.now_mono),
                                                         cached_hashes(self.fleet, target, hashes, base["request"], view,
                                                                       gateway_ids),
                                                         gateway_ids, view.routing.session_id or ""),

@@ -648,10 +648,7 @@ class LiveSignals:
                 role = "aggregated" if mode == "aggregated" else "prefill"
                 cached_tokens = lk.best(self.healthy_ids(target, role))[1]
         u_p, u_d = self._utilizations(target, mode, pools)
-        r = self._request
-        prompt = target_prompt_tokens(t, self.prompt_tokens, int(r.get("images", 0)), int(r.get("images_low_detail", 0)),
-                                      bool(r.get("prompt_tokens_exact")))
-        est = estimate_cost(target, t, mode, prompt, self.output_tokens(target), cached_tokens,
+        est = estimate_cost(target, t, mode, target_prompt_tokens(t, self._request), self.output_tokens(target), cached_tokens,
                             prefill_utilization=u_p, decode_utilization=u_d, pools=pools,
                             cache_control=self._cache_control, cache_write_1h=self._cache_1h)
         if memo:
@@ -727,10 +724,7 @@ class StaticSignals:
             cached_tokens = int(self.cache(target)["prefix_hit_tokens"])
         load = self.load(target)
         u_p, u_d = load.get("prefill_utilization"), load.get("decode_utilization")
-        r = self.request
-        prompt = target_prompt_tokens(t, int(r["prompt_tokens"]), int(r.get("images", 0)), int(r.get("images_low_detail", 0)),
-                                      bool(r.get("prompt_tokens_exact")))
-        return estimate_cost(target, t, mode, prompt, self.output_tokens(target),
+        return estimate_cost(target, t, mode, target_prompt_tokens(t, self.request), self.output_tokens(target),
                              cached_tokens,
                              prefill_utilization=pool_utilization(None if u_p is None else number(load, "prefill_utilization"),
                                                                   self.fleet),

@@ -480,7 +480,7 @@ def request_signals(features: RequestFeatures, view: RequestView, default_output
     cap = features.max_output_tokens
     marks = request.cache_marks()  # once: ``has_cache_control`` and ``has_cache_control_1h`` both read them
     return {
-        "prompt_tokens": max(features.prompt_tokens, features.billed_prompt_tokens),
+        "prompt_tokens": features.priced_prompt_tokens,
         "prompt_tokens_exact": features.prompt_tokens_exact,
         "prompt_tokens_upper": max(features.prompt_tokens, features.prompt_tokens_upper),
         "longest_prompt_tokens_upper": features.longest_prompt_tokens_upper,
