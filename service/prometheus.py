@@ -88,8 +88,6 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from pointsman.policy.signals.load_board import mean_reading
-
 if TYPE_CHECKING:  # pragma: no cover
     from pointsman.policy.decision import Decision
     from pointsman.policy.engine import RoutingEngine
@@ -384,12 +382,8 @@ class StateCollector(Collector):
         # a pool's utilization as decisions price it (``LiveSignals``): the mean over its healthy endpoints'
         # readings with the policy's staleness applied (a stale reading, or a stale push's field beside a fresh
         # scrape, is not read; its age stays exported: that is what to alert on)
-        for (target, role), endpoints in fleet.pools.items():
-            ids = [e.id for e in endpoints]
-            got = state.board.get_many(ids, now, engine.policy.staleness)
-            loads, flags = [got.get(i) for i in ids], state.healthy_flags(ids)
-            for gauge, attr in ((prefill, "prefill_utilization"), (decode, "decode_utilization")):
-                value = mean_reading(loads, flags, attr)
+        for target, role in fleet.pools:
+            for gauge, value in zip((prefill, decode), state.pool_means(target, role, engine.policy.staleness)):
                 if _finite(value):
                     gauge.add_metric([target, role], value)
         yield from (prefill, decode, age, inflight)

@@ -728,13 +728,19 @@ class FleetState:
             return 1.0, 1.0
         if target not in self.fleet.targets:
             return pool_utilization(None, self.fleet), pool_utilization(None, self.fleet)
-        staleness, now = StalenessPolicy(), self.monotonic()
-        out = []
-        for role, attr in zip(phase_roles(mode), ("prefill_utilization", "decode_utilization")):
-            ids = [e.id for e in self.fleet.pool_endpoints(target, role)]
-            loads = self.board.get_many(ids, now, staleness)
-            out.append(pool_utilization(mean_reading(map(loads.get, ids), self.healthy_flags(ids), attr), self.fleet))
-        return out[0], out[1]
+        prefill_role, decode_role = phase_roles(mode)
+        means = {role: self.pool_means(target, role) for role in (prefill_role, decode_role)}
+        return (pool_utilization(means[prefill_role][0], self.fleet),
+                pool_utilization(means[decode_role][1], self.fleet))
+
+    def pool_means(self, target: str, role: str, staleness: StalenessPolicy | None = None) -> tuple[float | None, float | None]:
+        """(prefill, decode) utilization (0-1) of ``target``'s ``role`` pool now: each the mean of its healthy
+        endpoints' readings fresh under ``staleness`` (default ``StalenessPolicy()``; ``load_board.mean_reading``),
+        None where none reports one. What a decision prices a pool at, and ``/metrics`` exports."""
+        ids = [e.id for e in self.fleet.pool_endpoints(target, role)]
+        got = self.board.get_many(ids, self.monotonic(), StalenessPolicy() if staleness is None else staleness)
+        loads, flags = [got.get(i) for i in ids], self.healthy_flags(ids)
+        return mean_reading(loads, flags, "prefill_utilization"), mean_reading(loads, flags, "decode_utilization")
 
     def _price(self, decision_id: str, target: str | None, mode: str | None, record: DispatchRecord | None,
                tokens: dict[str, int]) -> tuple[float, str]:
