@@ -131,11 +131,12 @@ from pointsman.request import RouteRequest, parse_route_request
 from pointsman.service import ext_proc_wire as wire
 from pointsman.service.auth import Principal
 from pointsman.service.bodies import DISCARD_LIMIT_BYTES, decode_json
+from pointsman.service.endpoint_index import endpoint_index
 from pointsman.service.ext_proc_body import BodyBuffer, UsageReader, chat_request, rewrite_request, with_completions_routing
 from pointsman.service.http_errors import HTTPError, invalid, unavailable
 from pointsman.service.keys import KeySource
 from pointsman.service.routes_decisions import commit_decision, route_async
-from pointsman.service.routes_reports import endpoints_named, store_outcomes, usage_problem
+from pointsman.service.routes_reports import store_outcomes, usage_problem
 from pointsman.service.runtime import Runtime
 from pointsman.service.settings import Settings
 
@@ -165,39 +166,6 @@ NOT_GENERATION_PARENTS = frozenset({"audio", "images"})
 STORE_RETRY_S = 1.0
 #: Room in one gRPC message beside its body (headers, metadata, framing), bytes.
 MESSAGE_OVERHEAD_BYTES = 1 << 20
-
-
-class EndpointIndex:
-    """A fleet's endpoints by ``host:port`` and by host (``policy.decision.host_port`` of each URL),
-    for the proxy's subset hint and served endpoint. ``EndpointIndex(fleet)``."""
-
-    def __init__(self, fleet: Fleet) -> None:
-        self.revision = fleet.revision
-        self.by_host_port: dict[str, list[str]] = {}
-        self.by_host: dict[str, list[str]] = {}
-        self.target_of: dict[str, str] = {}
-        for eid, info in fleet.endpoints.items():
-            try:
-                hp = host_port(info.url)
-            except ValueError:
-                continue
-            self.by_host_port.setdefault(hp, []).append(eid)
-            self.by_host.setdefault(hp.rsplit(":", 1)[0], []).append(eid)
-            self.target_of[eid] = info.target
-
-    def subset(self, entries: Iterable[str]) -> frozenset[str]:
-        """Endpoint ids named by subset entries (``ip:port``, or ``ip``: every port); unknown ones name none."""
-        out: set[str] = set()
-        for entry in entries:
-            named = self.by_host_port.get(entry) or self.by_host.get(entry) or self.by_host.get(entry.strip("[]")) or []
-            out.update(named)
-        return frozenset(out)
-
-    def target(self, served: str) -> str | None:
-        """The target of the endpoint at ``served`` (``ip:port``), or None when the fleet has none there
-        (or several targets share it)."""
-        targets = {self.target_of[e] for e in self.by_host_port.get(served, ())}
-        return targets.pop() if len(targets) == 1 else None
 
 
 def destinations(decision: Decision, limit: int | None) -> list[str]:
@@ -404,7 +372,7 @@ class _Stream:
             body, request = self._parse(raw, engine.fleet)
         except HTTPError as exc:
             return self._refuse(exc, "bad_request")
-        subset = None if self.subset is None else self.server.index(engine.fleet).subset(self.subset)
+        subset = None if self.subset is None else endpoint_index(engine.fleet).subset(self.subset)
         routing = asyncio.ensure_future(route_async(engine, request, in_thread=rt.settings.route_in_threadpool,
                                                     api_key_id=self.api_key_id, endpoint_subset=subset))
         try:
@@ -502,11 +470,12 @@ class _Stream:
                                         "e2e_latency_ms": (now - self.t0) * 1e3}
         if self.served:
             fleet = self.rt.live.engine.fleet
-            served_target = self.server.index(fleet).target(self.served)
+            index = endpoint_index(fleet)
+            served_target = index.target(self.served)
             if served_target:
                 fields["served_target"] = served_target
             # the breaker counts it where Envoy served it (the picked endpoint or a fallback), when one endpoint is there
-            ids = endpoints_named(fleet, served_target or d.target, self.served)
+            ids = index.named(served_target or d.target, self.served)
             if len(ids) == 1:
                 fields["served_endpoint"] = ids[0]
         if self.status is not None and 100 <= self.status <= 599:  # (one out of range would fail the whole outcome)
@@ -658,7 +627,6 @@ class ExtProcServer:
         self.keys = keys
         self._server: grpc.aio.Server | None = None
         self._health = health_aio.HealthServicer()
-        self._indexes: dict[str, EndpointIndex] = {}
         self._outbox: list[OutcomeIn] = []  # outcomes to record, stored in batches (``record``)
         self._recorder: asyncio.Task[None] | None = None
         self._children: dict[str, Callable[[], None]] = {}
@@ -687,13 +655,6 @@ class ExtProcServer:
         if inc is None:
             inc = self._children[result] = self.rt.metrics.ext_proc_requests.labels(result).inc
         inc()
-
-    def index(self, fleet: Fleet) -> EndpointIndex:
-        """The ``EndpointIndex`` of ``fleet`` (built once per fleet revision)."""
-        idx = self._indexes.get(fleet.revision)
-        if idx is None:
-            self._indexes = {fleet.revision: (idx := EndpointIndex(fleet))}
-        return idx
 
     def record(self, item: OutcomeIn) -> None:
         """Store and settle one outcome in a worker thread (``store_outcomes``, as ``POST /v1/outcomes``),

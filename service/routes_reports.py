@@ -86,12 +86,11 @@ from pointsman.outcome import (
 from pointsman.outcome_log.records import OutcomeAck
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.cost import estimate_cost
-from pointsman.policy.decision import host_port
-from pointsman.policy.fleet import Fleet
 from pointsman.policy.signals.fleet_state import DispatchRecord
 from pointsman.policy.signals.signed_ids import Claims
 from pointsman.service.auth import Principal, authenticate, header_key, may_report, require
 from pointsman.service.bodies import JSONAnswer, json_body, read_parsed, validate_model
+from pointsman.service.endpoint_index import endpoint_index
 from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, unavailable
 from pointsman.service.runtime import Runtime, get_runtime, runtime_of
 from pointsman.service.schemas import OutcomeAckOut, OutcomesResponse, TelemetryIn, TelemetryResponse
@@ -407,34 +406,9 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
 _LISTED_ENDPOINTS = 12
 
 
-def endpoints_named(fleet: Fleet, target: str | None, named: str) -> list[str]:
-    """Ids of ``target``'s endpoints (every target's when None) that ``named`` names, as a gateway knows an
-    endpoint: its id (the URL), its ``name``, its ``host:port`` (Envoy's served endpoint) or a base URL with that
-    ``host:port`` (LiteLLM's ``api_base``; one whose path differs still names it: a gateway may call ``/v1`` or not).
-    Several when a ``host:port`` is shared (a URL matching one exactly, trailing ``/`` aside, picks it); none
-    when unknown."""
-    eid = fleet.endpoint_id(named)
-    if eid is not None:
-        return [eid] if target is None or fleet.endpoints[eid].target == target else []
-    try:
-        hp = host_port(named if "://" in named else f"http://{named}")
-    except ValueError:
-        return []
-    out = []
-    for e in fleet.endpoints.values():
-        if target is None or e.target == target:
-            try:
-                if host_port(e.url) == hp:
-                    out.append(e.id)
-            except ValueError:
-                continue
-    exact = [e for e in out if fleet.endpoints[e].url.rstrip("/") == named.rstrip("/")]
-    return exact if len(exact) == 1 else out
-
-
 def endpoint_problem(rt: Runtime, item: OutcomeIn, prefix: str = "", escalation: tuple[str, str] | None = None,
                      record: DispatchRecord | None | EllipsisType = ...) -> tuple[OutcomeIn, OutcomeItemError | None]:
-    """``item`` with its ``served_endpoint`` made the fleet's endpoint id (``endpoints_named``), or the error on
+    """``item`` with its ``served_endpoint`` made the fleet's endpoint id (``EndpointIndex.named``), or the error on
     ``served_endpoint`` (under ``prefix``) when the served target (``served_target``, else the escalation's
     target when a verify escalated the decision, ``escalation``: (id, target), else the decision's: ``record``,
     else ``_known_decision``) has no such endpoint, listing its endpoints. Not checked (kept as
@@ -451,7 +425,8 @@ def endpoint_problem(rt: Runtime, item: OutcomeIn, prefix: str = "", escalation:
         target = known[0] if known is not None else None
     if target is not None and target not in fleet.targets:
         return item, None
-    ids = endpoints_named(fleet, target, named)
+    index = endpoint_index(fleet)
+    ids = index.named(target, named)
     if len(ids) == 1:
         return (item if ids[0] == named else item.model_copy(update={"served_endpoint": ids[0]})), None
     field = f"{prefix}.served_endpoint" if prefix else "served_endpoint"
@@ -459,7 +434,7 @@ def endpoint_problem(rt: Runtime, item: OutcomeIn, prefix: str = "", escalation:
     if ids:
         msg = f"'{named}' names {len(ids)} endpoints of {of} ({', '.join(sorted(ids))}): send the endpoint's id"
     else:
-        other = endpoints_named(fleet, None, named) if target is not None else []
+        other = index.named(None, named) if target is not None else []
         valid = [f"{e.name} ({e.id})" if e.name else e.id for e in fleet.endpoints.values()
                  if target is None or e.target == target]
         listed = ", ".join(valid[:_LISTED_ENDPOINTS]) + (f", ... ({len(valid)} in all)" if len(valid) > _LISTED_ENDPOINTS
@@ -704,5 +679,5 @@ async def telemetry(request: Request, principal: Principal = Depends(require("ga
     return {"accepted": len(reports), "endpoints": acks}
 
 
-__all__ = ["OUTCOMES_SCHEMA", "deliver_forwarded", "endpoint_problem", "endpoints_named", "router", "store_outcomes",
+__all__ = ["OUTCOMES_SCHEMA", "deliver_forwarded", "endpoint_problem", "router", "store_outcomes",
            "usage_problem", "parse_telemetry"]
