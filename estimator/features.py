@@ -80,8 +80,8 @@ CHARS_PER_TOKEN = 4.0
 #: Tokens of one image input in the count and in the safe-side bound: OpenAI's high detail gives a
 #: 1024x1024 image 85 + 4 x 170 = 765 tokens and at most 85 + 8 x 170 = 1,445; Anthropic's about
 #: width x height / 750, at most ~1,600; Gemini 258. Images are not seen, so the count takes the common
-#: case and the bound the largest. The cost estimate replaces them by its target's rule
-#: (``policy/image_tokens.py``: gpt-4o-mini bills up to 48,169 tokens an image).
+#: case and the bound the largest. The cost estimate and the context-window filter replace them by the target's
+#: rule at the image's size (``policy/media_tokens.py``: gpt-4o-mini bills up to 48,169 tokens an image).
 IMAGE_TOKENS = 765
 IMAGE_TOKENS_UPPER = 1600
 #: Most characters per token a gateway's ``routing.prompt_tokens`` may imply before Pointsman counts the

@@ -45,6 +45,7 @@ from pydantic_core import ErrorDetails
 
 from pointsman.errors import RequestError
 from pointsman.json_types import JSONBool, JSONObject, JSONValue, json_path
+from pointsman.media import Media, audio_seconds, file_size, image_size, inline_data
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -131,22 +132,23 @@ class TextPart(_Part):
 
 
 class ImagePart(_Part):
-    """``{"type": "image_url", "image_url": {"url": ...}}``; the image itself is not inspected."""
+    """``{"type": "image_url", "image_url": {"url": ...}}``; an inline image's size is read from its header
+    (``RequestView.media``)."""
 
     type: Literal["image_url", "image"]
     image_url: JSONValue = None
 
 
 class AudioPart(_Part):
-    """``{"type": "input_audio", ...}``; not inspected: no token count (its length is not known), but the
-    request needs a target with ``capabilities.audio``."""
+    """``{"type": "input_audio", "input_audio": {"data": base64, "format": ...}}``: its length is read for the
+    cost (``RequestView.media``), not for ``prompt_tokens``; the request needs a target with ``capabilities.audio``."""
 
     type: Literal["input_audio"]
 
 
 class FilePart(_Part):
-    """``{"type": "file", ...}`` (a PDF, ...); not inspected: no token count (its length is not known), but
-    the request needs a target with ``capabilities.files``."""
+    """``{"type": "file", "file": {"file_data": data URL | "file_id": ...}}`` (a PDF, ...): its pages are read for
+    the cost (``RequestView.media``), not for ``prompt_tokens``; the request needs a target with ``capabilities.files``."""
 
     type: Literal["file"]
 
@@ -500,6 +502,28 @@ class RequestView:
     def routing(self) -> RoutingContext:
         """The request's ``routing`` context."""
         return self.request.routing
+
+    @cached_property
+    def media(self) -> Media:
+        """The sizes of the request's image, audio and file parts, in order (``media.Media``; a part that cannot be
+        read: None), read on first use: only a request with such parts reads it (``cost.target_prompt_tokens``).
+        An image's detail is its ``image_url.detail`` (or the part's ``detail``). Pure; no errors."""
+        images: list[tuple[tuple[int, int] | None, str | None]] = []
+        audio: list[float | None] = []
+        files: list[tuple[int | None, bool]] = []
+        for m in self.request.messages:
+            for part in m.content if isinstance(m.content, list) else ():
+                extra = part.model_extra or {}
+                if isinstance(part, ImagePart):
+                    ref = part.image_url if part.image_url is not None else extra.get("source")
+                    detail = ref.get("detail", extra.get("detail")) if isinstance(ref, dict) else extra.get("detail")
+                    images.append((image_size(inline_data(ref)), detail if isinstance(detail, str) else None))
+                elif isinstance(part, AudioPart):
+                    ref = extra.get("input_audio")
+                    audio.append(audio_seconds(inline_data(ref), ref.get("format") if isinstance(ref, dict) else None))
+                elif isinstance(part, FilePart):
+                    files.append(file_size(inline_data(extra.get("file") or extra.get("source"))))
+        return Media(tuple(images), tuple(audio), tuple(files))
 
     @cached_property
     def utf8(self) -> tuple[bytes, ...]:

@@ -29,9 +29,11 @@ it is not spread. The engine feeds the pool's measured ``prefill_utilization`` /
 ``decode_utilization`` (telemetry), else the fleet's ``assumed_utilization``, floored
 at ``min_utilization``. Cached prompt tokens skip prefill on-prem.
 
-Images: ``prompt_tokens`` is the request's count with ``features.IMAGE_TOKENS`` (765) per image; the
-estimate counts each image at the most its target bills for one at its detail instead
-(``target_prompt_tokens``, ``policy/image_tokens.py``: up to 48,169 tokens on gpt-4o-mini, 1,445 on gpt-4o).
+Images, audio and files: ``prompt_tokens`` is the request's count with ``features.IMAGE_TOKENS`` (765) per image
+and nothing for audio and files; the estimate counts them by the target's rules instead, at the size read from their
+inline bytes (``target_prompt_tokens``, ``policy/media_tokens.py``: a 512-px image 8,500 tokens on gpt-4o-mini, one
+of unknown size up to 48,169; audio 10 tokens a second on OpenAI; a PDF page 3,000 + an image). The context-window
+filter compares the same count, from the safe-side bound.
 
 Reported usage (``usage_cost``) adds prompt-cache writes at their own prices (5-minute and
 1-hour lifetimes, ``FrontierPrices``); on-prem a write is ordinary prefill.
@@ -44,12 +46,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pointsman.estimator.features import IMAGE_TOKENS
+from pointsman.estimator.features import IMAGE_TOKENS, IMAGE_TOKENS_UPPER
 from pointsman.policy.budget.ledger import BudgetLedger, EffectivePrice
-from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget, Pool, target_image_tokens
-from pointsman.policy.image_tokens import image_tokens
+from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget, Pool, target_image_rule
+from pointsman.policy.media_tokens import media_tokens
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pointsman.request import RequestView
 
 
 @dataclass(frozen=True)
@@ -121,19 +126,34 @@ def estimate_cost(name: str, target: OnPremTarget | FrontierTarget, mode: str, p
     return CostEstimate(name, mode, usd, prompt_tokens, cached, output_tokens, prefill_gpu_s, decode_gpu_s, u_p, u_d)
 
 
-def target_prompt_tokens(target: OnPremTarget | FrontierTarget, request: Mapping[str, Any]) -> int:
-    """Prompt tokens of a request on ``target``, from its ``request`` namespace (``namespaces.request_signals``):
-    ``prompt_tokens`` with its ``images`` image parts (``images_low_detail`` of them at detail low) counted by the
-    target's rule (``fleet.target_image_tokens``: the most one image bills) instead of ``IMAGE_TOKENS`` each; a
-    count the gateway supplied (``prompt_tokens_exact``) is taken for text alone and the images are added to it
-    (errs high by what the gateway counted for them). Never below 0."""
-    prompt_tokens, images = int(request["prompt_tokens"]), int(request.get("images", 0))
-    if not images:
-        return prompt_tokens
-    low_detail = int(request.get("images_low_detail", 0))
-    rule = target_image_tokens(target)
-    text = prompt_tokens if request.get("prompt_tokens_exact") else max(0, prompt_tokens - IMAGE_TOKENS * images)
-    return text + (images - low_detail) * image_tokens(rule, None) + low_detail * image_tokens(rule, "low")
+def target_prompt_tokens(target: OnPremTarget | FrontierTarget, request: Mapping[str, Any],
+                         view: RequestView | None = None, *, upper: bool = False) -> int:
+    """Prompt tokens of a request on ``target``, from its ``request`` namespace (``namespaces.request_signals``) and,
+    for a request with images, audio or files, its ``view`` (``RequestView.media``: their sizes; None, as in policy
+    cases: images of unknown size, audio and files not counted): ``prompt_tokens`` (the cost; with ``upper``, the
+    safe-side bound ``prompt_tokens_upper``, or a batch's ``longest_prompt_tokens_upper``: the context-window
+    filter) with its images counted by the target's rule (``fleet.target_image_rule``, at their read size and
+    detail) instead of ``IMAGE_TOKENS`` (``IMAGE_TOKENS_UPPER``) each, and its audio and files added
+    (``media_tokens.media_tokens``). A count the gateway supplied (``prompt_tokens_exact``) is taken for text alone
+    and the media added to it (errs high by what it counted for them). When an audio or file part's size is not
+    known, at least the target's window less the output it must hold (its cap, else 1 token), the most a provider
+    bills for a prompt it accepts. A text-only request reads nothing more. Never below 0."""
+    count: int = (request.get("longest_prompt_tokens_upper") or max(  # a case may set only the count
+        request["prompt_tokens"], request.get("prompt_tokens_upper", 0))) if upper else request["prompt_tokens"]
+    images: int = request.get("images", 0)
+    if not images and not request.get("has_audio") and not request.get("has_files"):
+        return count
+    rule = target_image_rule(target)
+    counted = (IMAGE_TOKENS_UPPER if upper else IMAGE_TOKENS) * images  # what the count gave the images
+    text = count if request.get("prompt_tokens_exact") else max(0, count - counted)
+    if view is None:
+        low = int(request.get("images_low_detail", 0))
+        return text + (images - low) * rule(None, None) + low * rule(None, "low")
+    tokens, unknown = media_tokens(rule, target.provider if isinstance(target, FrontierTarget) else None, view.media)
+    if not unknown:
+        return text + tokens
+    reserved = int(request["max_output_tokens"]) if request.get("max_output_tokens_set") else 1
+    return max(text + tokens, target.context_window_tokens - reserved)
 
 
 #: Price of a prompt-cache write per input token's price when the fleet declares none: Anthropic's

@@ -17,7 +17,8 @@ caches prompt prefixes only from this length; OpenAI: 1,024 tokens) and
 ``prompt_cache_ttl_s`` (a cached prefix unused this long is gone; OpenAI: 5-10 minutes,
 default 300 s), read by the service's cost estimate and by replay alike. Per target:
 ``image_tokens`` (``{high: N, low: M}``: the most prompt tokens one image input bills, at detail high/auto and
-low; absent, the provider's rule for the model, ``policy/image_tokens.py``), read by the cost estimate.
+low; absent, the provider's rule for the model, ``policy/media_tokens.py``; an on-prem target that takes images
+must state it), read by the cost estimate and the context-window filter.
 
 Endpoint ids: every endpoint has an id, unique in the fleet, by which load, health
 and the prefix index know it: an on-prem endpoint's ``url``; a frontier target's
@@ -52,7 +53,7 @@ from pydantic import AfterValidator, Field, StringConstraints, field_validator, 
 
 from pointsman.errors import FleetError, Problem
 from pointsman.located import LocatedDocument, StrictModel, did_you_mean, parse_yaml, read_text, validate
-from pointsman.policy.image_tokens import ImageTokens, default_image_tokens
+from pointsman.policy.media_tokens import ImageRule, ImageTokens, image_rule
 
 #: The packaged default fleet.
 DEFAULT_FLEET_PATH = Path(__file__).parent / "defaults" / "fleet.yaml"
@@ -294,7 +295,8 @@ class OnPremTarget(StrictModel):
     price already includes power). ``kv_link_bytes_per_s``: bytes per second one prefill
     replica sends KV to a decode replica over (P/D transfer; absent: one 400 Gb/s NIC per GPU,
     ``latency.NIC_BYTES_PER_S``). ``image_tokens``: prompt tokens one image input takes at most
-    (``high``, and ``low`` at detail low; ``policy/image_tokens.py``); absent: ``image_tokens.UNKNOWN``."""
+    (``high``, and ``low`` at detail low; ``policy/media_tokens.py``): the model's own count, required with
+    ``capabilities.images`` (no provider rule applies to an on-prem model)."""
 
     kind: Literal["onprem"]
     model: str = Field(min_length=1)
@@ -380,7 +382,7 @@ class FrontierTarget(StrictModel):
     templates the provider stored); None
     (the default) reads true for provider ``openai`` or ``azure`` and false for any other (``holds_stored_state``).
     ``image_tokens``: prompt tokens one image input bills at most (``high``, and ``low`` at detail low): absent,
-    the provider's rule for the model (``policy/image_tokens.py``, ``default_image_tokens``)."""
+    the provider's rule for the model (``policy/media_tokens.py``, ``image_rule``)."""
 
     kind: Literal["frontier"]
     provider: str = Field(min_length=1)
@@ -422,12 +424,13 @@ def phase_roles(mode: str) -> tuple[str, str]:
     return ("aggregated", "aggregated") if mode == "aggregated" else ("prefill", "decode")
 
 
-def target_image_tokens(target: OnPremTarget | FrontierTarget) -> ImageTokens:
-    """The most prompt tokens one image input takes on ``target``: its ``image_tokens``, else the provider's rule
-    for its model (``image_tokens.default_image_tokens``; an on-prem target's: ``image_tokens.UNKNOWN``)."""
+def target_image_rule(target: OnPremTarget | FrontierTarget) -> ImageRule:
+    """The tokens one image input takes on ``target`` (``media_tokens.ImageRule``: by its size and detail): its
+    ``image_tokens``, else the provider's rule for its model (``media_tokens.image_rule``; an on-prem target's,
+    which the fleet requires to state ``image_tokens`` when it takes images: ``media_tokens.UNKNOWN``)."""
     if target.image_tokens is not None:
         return target.image_tokens
-    return default_image_tokens(target.provider if isinstance(target, FrontierTarget) else None, target.model)
+    return image_rule(target.provider if isinstance(target, FrontierTarget) else None, target.model)
 
 
 def holds_stored_state(target: OnPremTarget | FrontierTarget) -> bool:
@@ -633,6 +636,12 @@ def _semantic_problems(spec: FleetSpec, doc: LocatedDocument) -> list[Problem]:
                                     f"targets.{name}.replay.{moved[0]} moved to {moved[1].format(name=name)}"))
         if not isinstance(target, OnPremTarget):
             continue
+        if target.capabilities.images and target.image_tokens is None:
+            line, col = doc.mark(("targets", name, "capabilities"), key=True)
+            problems.append(Problem(doc.file, line, col, "missing-key",
+                                    f"target '{name}' takes images but states no image_tokens: the most prompt tokens "
+                                    "one image takes on its model (e.g. Qwen2.5-VL: max_pixels / 784; LLaVA-1.5: 576), "
+                                    "{high: N, low: M}; policy/media_tokens.py"))
         problems.extend(_event_problems(name, target, doc))
         for role, pool in target.pools_by_role().items():
             for i, e in enumerate(pool.endpoints):

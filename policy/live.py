@@ -648,7 +648,8 @@ class LiveSignals:
                 role = "aggregated" if mode == "aggregated" else "prefill"
                 cached_tokens = lk.best(self.healthy_ids(target, role))[1]
         u_p, u_d = self._utilizations(target, mode, pools)
-        est = estimate_cost(target, t, mode, target_prompt_tokens(t, self._request), self.output_tokens(target), cached_tokens,
+        est = estimate_cost(target, t, mode, target_prompt_tokens(t, self._request, self.view), self.output_tokens(target),
+                            cached_tokens,
                             prefill_utilization=u_p, decode_utilization=u_d, pools=pools,
                             cache_control=self._cache_control, cache_write_1h=self._cache_1h)
         if memo:
@@ -675,6 +676,9 @@ class StaticSignals:
     target, ``_endpoint`` by ``target/role``, ``budget``). Costs use the fleet's prices with
     ``cache[target].prefix_hit_tokens`` as the cached prefix and ``load[target]``'s
     utilizations (else the fleet's assumed one); budget checks use ``budget.remaining_usd``."""
+
+    #: No request view: a case's images count at the most their targets bill, its audio and files nothing.
+    view: RequestView | None = None
 
     def __init__(self, fleet: Fleet, policy: CompiledPolicy, signals: Snapshot) -> None:
         self._fleet = fleet

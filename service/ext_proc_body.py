@@ -290,12 +290,14 @@ def _chat_part(block: JSONValue) -> JSONObject:
         return {"type": "text", "text": json.dumps(block, ensure_ascii=False)}
     if kind in _TEXT_PARTS:
         return {"type": "text", "text": _text(block.get(_TEXT_PARTS[kind]))}
-    if kind in _IMAGE_PARTS:
-        return {"type": "image_url", "image_url": block.get("image_url") or block.get("source")}
-    if kind in _FILE_PARTS:
-        return {"type": "file"}
+    if kind in _IMAGE_PARTS:  # Responses' input_image: its URL and detail side by side
+        ref = block.get("image_url") or block.get("source")
+        return {"type": "image_url", "image_url": {"url": ref, "detail": block["detail"]}
+                if isinstance(ref, str) and isinstance(block.get("detail"), str) else ref}
+    if kind in _FILE_PARTS:  # the payload (Chat's file, Anthropic's source, Responses' file_data) for its pages
+        return {"type": "file", "file": block.get("file") or block.get("source") or block}
     if kind in _AUDIO_PARTS:
-        return {"type": "input_audio"}
+        return {"type": "input_audio", "input_audio": block.get("input_audio")}
     if kind == "tool_use":
         return {"type": "text", "text": f"{block.get('name', '')}({json.dumps(block.get('input'), ensure_ascii=False)})"}
     if kind == "tool_result":

@@ -5,13 +5,14 @@ registered by name in ``FILTERS``; ``None`` means eligible. The policy's ``filte
 section switches each on or off (all on by default) and holds the tenant allow-lists.
 They run in this order, and the first that removes a target names it:
 
-- ``context-window``: the prompt's tokens (``request.prompt_tokens_upper``, a safe-side upper bound; for a
-  batch of prompts, each its own sequence, its longest prompt's: ``request.longest_prompt_tokens_upper``)
-  plus the client's output cap (1 token when uncapped) must fit the target's ``context_window_tokens``.
 - ``capabilities``: image inputs need ``capabilities.images``, audio inputs and answers ``capabilities.audio``, file
   inputs ``capabilities.files``; tools need ``capabilities.tools``; a Responses request continuing provider-stored
   state (``request.stored_state``: ``previous_response_id``, ``conversation``, ``item_reference``) a target that holds it
   (``fleet.holds_stored_state``).
+- ``context-window``: the prompt's tokens on the target (``cost.target_prompt_tokens(upper=True)``: the safe-side
+  bound ``request.prompt_tokens_upper``, or for a batch of prompts, each its own sequence, its longest prompt's
+  ``request.longest_prompt_tokens_upper``; images, audio and files counted as the cost counts them there)
+  plus the client's output cap (1 token when uncapped) must fit the target's ``context_window_tokens``.
 - ``tenants``: a target with an allow-list (``filters.tenants``) takes only those tenants
   (a request without a tenant is on no list).
 - ``health``: a target needs at least one endpoint not marked unhealthy.
@@ -33,6 +34,7 @@ from pydantic import AfterValidator
 
 from pointsman.errors import RequestError
 from pointsman.located import StrictModel
+from pointsman.policy.cost import target_prompt_tokens
 from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget, holds_stored_state
 from pointsman.policy.signals.namespaces import RequestSignals
 from pointsman.policy.signals.source import SignalSource
@@ -76,12 +78,10 @@ FilterFn = Callable[[str, "OnPremTarget | FrontierTarget", FilterContext], "str 
 
 
 def context_window(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterContext) -> str | None:
-    """Ineligible when prompt_tokens_upper (the safe-side bound of the prompt's tokens; a batch's
-    longest_prompt_tokens_upper: its prompts are separate sequences) + output cap (1 if uncapped) >
-    context_window_tokens."""
+    """Ineligible when the prompt's tokens on the target (``target_prompt_tokens(upper=True)``: the safe-side bound,
+    a batch's longest prompt's, its media by the target's rules) + output cap (1 if uncapped) > context_window_tokens."""
     request = ctx.request
-    prompt = request.get("longest_prompt_tokens_upper") or max(  # a case may set only the count
-        request["prompt_tokens"], request.get("prompt_tokens_upper", 0))
+    prompt = target_prompt_tokens(target, request, ctx.source.view, upper=True)
     need = prompt + (request["max_output_tokens"] if request["max_output_tokens_set"] else 1)
     if need > target.context_window_tokens:
         return f"needs {need:,} tokens > window {target.context_window_tokens:,}"
@@ -142,7 +142,7 @@ def budget_refusal(source: SignalSource, usd: float) -> str | None:
 
 #: Built-in filters in the order they run, each with the ``FiltersSpec`` switch that enables it
 #: (``tenants`` runs when the spec has allow-lists).
-FILTERS: dict[str, FilterFn] = {"context-window": context_window, "capabilities": capabilities,
+FILTERS: dict[str, FilterFn] = {"capabilities": capabilities, "context-window": context_window,
                                 "tenants": tenants, "health": health, "budget": budget}
 _SWITCH = {"context-window": "context_window", "capabilities": "capabilities", "health": "health", "budget": "budget"}
 

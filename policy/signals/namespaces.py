@@ -251,9 +251,10 @@ SIGNALS: dict[str, Namespace] = {
         "prompt_tokens": Signal("int", "prompt length in the targets' tokens, what prices it (exact when the gateway "
                                        "sends routing.prompt_tokens and it is plausible; tools and images counted; "
                                        "else estimated on the safe side: estimator/billed_tokens.py)"),
-        "prompt_tokens_exact": Signal("bool", "true when prompt_tokens is the gateway's routing.prompt_tokens; cost() then "
-                                              "adds each image's tokens by the target's rule to it, else replaces the "
-                                              "765 tokens an image counts in prompt_tokens by them"),
+        "prompt_tokens_exact": Signal("bool", "true when prompt_tokens is the gateway's routing.prompt_tokens; cost() and "
+                                              "the context-window filter then add the images', audio's and files' tokens "
+                                              "by the target's rules to it, else replace the 765 tokens an image counts "
+                                              "in prompt_tokens (1,600 in prompt_tokens_upper) by them"),
         "prompt_tokens_upper": Signal("int", "a safe-side upper bound of prompt_tokens for the targets' own "
                                              "tokenizers (whitespace, out-of-vocabulary characters by their bytes, "
                                              "a byte scan of the whole text; estimator/token_bounds.py); what the "
@@ -269,12 +270,15 @@ SIGNALS: dict[str, Namespace] = {
         "messages": Signal("int", "number of messages"),
         "has_tools": Signal("bool", "tools declared, or tool calls/results in the conversation"),
         "has_images": Signal("bool", "any image part in the conversation"),
-        "images": Signal("int", "number of image parts (cost() counts each at the most its target bills for one "
-                                "at its detail: the fleet's image_tokens, policy/image_tokens.py)"),
+        "images": Signal("int", "number of image parts (cost() and the context-window filter count each by its "
+                                "target's rule at its detail and the size read from an inline image's header, "
+                                "else the most the rule bills: the fleet's image_tokens, policy/media_tokens.py)"),
         "images_low_detail": Signal("int", "image parts asking detail 'low' (of images)"),
-        "has_audio": Signal("bool", "any input_audio part in the conversation (not counted in prompt_tokens), "
+        "has_audio": Signal("bool", "any input_audio part in the conversation (not counted in prompt_tokens; cost() and "
+                                     "the context-window filter count its seconds by the target's rule), "
                                      "or an audio answer asked (modalities, audio) or referenced"),
-        "has_files": Signal("bool", "any file part (a PDF, ...) in the conversation (not counted in prompt_tokens)"),
+        "has_files": Signal("bool", "any file part (a PDF, ...) in the conversation (not counted in prompt_tokens; cost() "
+                                     "and the context-window filter count its pages by the target's rule)"),
         "has_cache_control": Signal("bool", "a message, content part or tool marks a prompt-cache breakpoint "
                                             "(cache_control): what an explicit-cache frontier target caches"),
         "has_cache_control_1h": Signal("bool", "a cache_control breakpoint asks the 1-hour lifetime (ttl '1h'), "

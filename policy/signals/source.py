@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pointsman.policy.cost import CostEstimate
     from pointsman.policy.fleet import Fleet
     from pointsman.policy.signals.namespaces import BudgetSignals, CacheSignals, EndpointSignals, RequestSignals
+    from pointsman.request import RequestView
 
 #: A value a policy expression can read: CEL int, double, bool, string or null.
 SignalValue: TypeAlias = int | float | bool | str | None
@@ -28,8 +29,11 @@ class SignalSource(Protocol):
     take a target (``load``, ``cache``) or ``target/role`` (``endpoint``). ``cost`` is in USD on
     ``target`` in ``mode`` (default: the target's first mode) with ``cached_tokens`` of the
     prompt cached (default: the best hit the source knows). ``age(path)`` is the age in seconds
-    of a signal path as the policy wrote it (for the trace).
+    of a signal path as the policy wrote it (for the trace). ``view``: the request itself (its media's sizes,
+    ``RequestView.media``), None when the source has none (a policy case).
     """
+
+    view: RequestView | None
 
     @property
     def fleet(self) -> Fleet:

@@ -66,18 +66,25 @@ def body(r: dict) -> dict:
     return out
 
 
-def prompt_tokens(r: dict) -> int:
-    """The prompt's tokens the context window must hold: the supplied count, unless it is implausibly
-    low for the text (then the engine counts the prompt itself and compares its safe-side bound)."""
+#: The most an image of unknown size bills on the packaged frontier targets (OpenAI's tile rule at 8 tiles:
+#: gpt-4o-mini 2,833 + 8 x 5,667, gpt-4o 85 + 8 x 170); the on-prem ones take no images.
+MOST_IMAGE = {"frontier-small": 48169, "frontier-large": 1445}
+
+
+def prompt_tokens(r: dict, target: str) -> int:
+    """The prompt's tokens ``target``'s context window must hold: the supplied count, unless it is implausibly
+    low for the text (then the engine counts the prompt itself and compares its safe-side bound, whose 1,600
+    tokens an image are replaced), and the image at the most it bills there."""
     features = extract_features(parse_route_request(body(r)))
-    return r["prompt_tokens"] if features.prompt_tokens_exact else features.prompt_tokens_upper
+    text = r["prompt_tokens"] if features.prompt_tokens_exact else features.prompt_tokens_upper - 1600 * r["images"]
+    return text + (MOST_IMAGE.get(target, 0) if r["images"] else 0)
 
 
 def filter_holds(filter_name: str, target: str, r: dict, state: FleetState, policy) -> bool:
     """Does ``filter_name`` really exclude ``target`` for request ``r`` (independent check)?"""
     t = FLEET.targets[target]
     if filter_name == "context-window":
-        return prompt_tokens(r) + (r["max_tokens"] or 1) > t.context_window_tokens
+        return prompt_tokens(r, target) + (r["max_tokens"] or 1) > t.context_window_tokens
     if filter_name == "capabilities":
         return (r["images"] and not t.capabilities.images) or (r["tools"] and not t.capabilities.tools)
     if filter_name == "tenants":

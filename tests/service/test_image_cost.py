@@ -1,9 +1,15 @@
-"""An image request's cost estimate over HTTP (POST /v1/route, the packaged fleet and default policy) is at
-least what the target's provider bills for the image at its largest: the request does not say its size.
-The packaged frontier-small is gpt-4o-mini, whose images bill 2,833 + 5,667 tokens per 512-px tile
-(OpenAI's "Calculating costs"), 33x gpt-4o's, at $0.15 per 1M input tokens."""
+"""A multimodal request's cost estimate and target over HTTP (POST /v1/route, the packaged fleet and default
+policy): an image by URL counts at least what the target's provider bills for it at its largest, an inline image
+what it bills at the size its header gives; audio by its seconds, a PDF by its pages; the context-window filter
+compares the same per-target count. The packaged frontier-small is gpt-4o-mini, whose images bill 2,833 + 5,667
+tokens per 512-px tile (OpenAI's "Calculating costs"), 33x gpt-4o's, at $0.15 per 1M input tokens; frontier-large
+is gpt-4o (85 + 170 a tile, $2.50); both have 128,000-token windows."""
 
+import base64
+import io
 import math
+import wave
+import zlib
 
 import pytest
 from fastapi.testclient import TestClient
@@ -34,18 +40,19 @@ MINI_MOST = max(openai_tile_tokens(w, h, 2833, 5667) for w in range(256, 4097, 1
 
 @pytest.fixture
 def route(tmp_path):
-    """route(body, fleet=None) -> the /v1/route answer (200) on ``fleet`` (default: the packaged one)."""
+    """route(body, fleet=None, p_hard=0.05, status=200) -> the /v1/route answer on ``fleet`` (default: the packaged
+    one) with the estimator's ``p_hard``."""
     clients = []
 
-    def post(body: dict, fleet=None) -> dict:
+    def post(body: dict, fleet=None, p_hard: float = 0.05, status: int = 200) -> dict:
         fleet = fleet or load_fleet()
         settings = Settings(data_dir=tmp_path / str(len(clients)), policy_path=DEFAULT_POLICY_PATH, watch_policy=False)
-        engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.05),
+        engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(p_hard),
                                state=build_state(settings, fleet))
         client = TestClient(create_app(settings, engine=engine, owns_engine=True))
         clients.append(client.__enter__())
         r = client.post("/v1/route", json={"max_tokens": OUT, **body})
-        assert r.status_code == 200, r.text
+        assert r.status_code == status, r.text
         return r.json()
 
     yield post
@@ -53,11 +60,36 @@ def route(tmp_path):
         c.__exit__(None, None, None)
 
 
-def _image_request(detail: str | None = None, routing: dict | None = None) -> dict:
-    image = {"url": "https://example.com/scan.png", **({"detail": detail} if detail else {})}
-    return {"messages": [{"role": "user", "content": [{"type": "text", "text": "What does this form say?"},
-                                                       {"type": "image_url", "image_url": image}]}],
+def _image_request(detail: str | None = None, routing: dict | None = None, url: str = "https://example.com/scan.png",
+                   images: int = 1) -> dict:
+    image = {"url": url, **({"detail": detail} if detail else {})}
+    return _request(*[{"type": "image_url", "image_url": image}] * images, routing=routing)
+
+
+def _request(*parts: dict, routing: dict | None = None) -> dict:
+    return {"messages": [{"role": "user", "content": [{"type": "text", "text": "What does this form say?"}, *parts]}],
             **({"routing": routing} if routing else {})}
+
+
+def _fleet(insert: str, after: str = "    model: gpt-4o-mini-2024-07-18\n"):
+    """The packaged fleet with ``insert`` (YAML lines) after ``after`` (frontier-small's model line)."""
+    head, found, tail = DEFAULT_FLEET_PATH.read_text(encoding="utf-8").partition(after)
+    assert found
+    return parse_fleet(head + found + insert + tail)
+
+
+def png_url(w: int, h: int) -> str:
+    """A real PNG of ``w`` x ``h`` px as a data URL."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (w, h), "white").save(out, "PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+def mini_usd(tokens: int) -> float:
+    """gpt-4o-mini's price of ``tokens`` prompt tokens and the ``OUT`` output tokens."""
+    return (tokens * 0.15 + OUT * 0.60) / 1e6
 
 
 @pytest.mark.parametrize("detail", [None, "auto", "high"])
@@ -84,11 +116,111 @@ def test_a_supplied_prompt_count_gets_the_image_added(route):
 
 def test_the_fleet_states_a_target_image_count(route):
     """``image_tokens`` on a fleet target replaces its provider's default rule."""
-    text = DEFAULT_FLEET_PATH.read_text(encoding="utf-8")
-    head, found, tail = text.partition("    model: gpt-4o-mini-2024-07-18\n")
-    assert found
-    fleet = parse_fleet(head + found + "    image_tokens: {high: 100000, low: 3000}\n" + tail)
+    fleet = _fleet("    image_tokens: {high: 100000, low: 3000}\n")
     high = route(_image_request(), fleet)["estimated_cost_usd"]
     low = route(_image_request("low"), fleet)["estimated_cost_usd"]
     assert high >= (100000 * 0.15 + OUT * 0.60) / 1e6 > (MINI_MOST * 0.15 + OUT * 0.60) / 1e6
     assert (3000 * 0.15 + OUT * 0.60) / 1e6 <= low < (3000 * 0.15 + 200 * 0.15 + OUT * 0.60) / 1e6
+
+
+def test_an_inline_image_counts_what_its_size_bills(route):
+    """A 512-px PNG bills one tile on gpt-4o-mini, 2,833 + 5,667 = 8,500 tokens, not the 48,169 of the largest
+    image (before sizes were read, the estimate was 48,169 tokens' worth); a 1,536 x 4,096 one bills 8 tiles (768 x 2,048 once fit)."""
+    assert openai_tile_tokens(512, 512, 2833, 5667) == 8500
+    small = route(_image_request(url=png_url(512, 512)))
+    assert small["target"] == "frontier-small"
+    assert small["estimated_cost_usd"] == pytest.approx(mini_usd(small["prompt_tokens"] - 765 + 8500))  # 765: the count's
+    assert route(_image_request(url=png_url(1536, 4096)))["estimated_cost_usd"] >= mini_usd(MINI_MOST)
+
+
+def test_the_context_window_holds_the_targets_image_count(route):
+    """Three images by URL take up to 3 x 48,169 = 144,507 tokens on gpt-4o-mini: over its 128,000-token window, so
+    it is ineligible (the filter counted 1,600 an image everywhere and sent the request there, 200): an easy request,
+    which the default policy sends nowhere else, is refused; a hard one goes to gpt-4o (3 x 1,445) as before. Three
+    inline 512-px images (3 x 8,500) fit gpt-4o-mini."""
+    refused = route(_image_request(images=3), status=422)["error"]["message"]
+    assert "frontier-small (context-window: needs 144,5" in refused, refused
+    assert "onprem-8b (capabilities: does not accept image inputs)" in refused, refused  # named for what it lacks
+    assert route(_image_request(images=3), p_hard=0.95)["target"] == "frontier-large"
+    assert route(_image_request(url=png_url(512, 512), images=3))["target"] == "frontier-small"
+
+
+def wav_base64(seconds: int, rate: int = 16000) -> str:
+    """A real WAV (mono, 16-bit) of ``seconds`` of silence, base64."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(b"\0\0" * rate * seconds)
+    return base64.b64encode(out.getvalue()).decode()
+
+
+def test_audio_counts_its_seconds(route):
+    """A 60-second WAV bills 600 tokens on OpenAI (1 token per 100 ms): it counted 0 before; an MP3 is bounded by
+    its bytes at 6 kbit/s (750 bytes a second)."""
+    text = DEFAULT_FLEET_PATH.read_text(encoding="utf-8").replace(
+        "capabilities: {tools: true, images: true, files: true, audio: false}\n",
+        "capabilities: {tools: true, images: true, files: true, audio: true}\n", 1)
+    fleet = parse_fleet(text)
+    wav = route(_request({"type": "input_audio", "input_audio": {"data": wav_base64(60), "format": "wav"}}), fleet)
+    assert wav["target"] == "frontier-small"
+    assert wav["estimated_cost_usd"] == pytest.approx(mini_usd(wav["prompt_tokens"] + 600))
+    mp3 = base64.b64encode(b"\xff\xfb\x90\x00" * 7500).decode()  # 30,000 bytes: at most 40 s
+    d = route(_request({"type": "input_audio", "input_audio": {"data": mp3, "format": "mp3"}}), fleet)
+    assert d["estimated_cost_usd"] == pytest.approx(mini_usd(d["prompt_tokens"] + 400))
+
+
+def pdf_base64(pages: int, compressed: bool = False) -> str:
+    """A PDF of ``pages`` blank pages (its page tree in a compressed object stream with ``compressed``), base64."""
+    if not compressed:
+        from PIL import Image
+
+        out = io.BytesIO()
+        Image.new("RGB", (100, 100)).save(out, "PDF", save_all=True, append_images=[Image.new("RGB", (100, 100))] * (pages - 1))
+        return base64.b64encode(out.getvalue()).decode()
+    objects = b"2 0 << /Type /Pages /Kids [] /Count %d >>" % pages
+    stream = zlib.compress(objects)
+    pdf = (b"%%PDF-1.5\n1 0 obj << /Type /Catalog /Pages 2 0 R >> endobj\n"
+           b"3 0 obj << /Type /ObjStm /N 1 /First 4 /Filter /FlateDecode /Length %d >>\nstream\n" % len(stream)
+           + stream + b"\nendstream\nendobj\n%EOF\n")
+    return base64.b64encode(pdf).decode()
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_pdf_counts_its_pages(route, compressed):
+    """Each page of a PDF bills its text and an image of it (OpenAI's "File inputs"): 3,000 + the most an image
+    bills, per page; it counted 0 before. Two pages on gpt-4o-mini: 2 x (3,000 + 48,169), at $0.15."""
+    data = "data:application/pdf;base64," + pdf_base64(2, compressed)
+    d = route(_request({"type": "file", "file": {"file_data": data, "filename": "a.pdf"}}))
+    assert d["target"] == "frontier-small"
+    assert d["estimated_cost_usd"] == pytest.approx(mini_usd(d["prompt_tokens"] + 2 * (3000 + 48169)))
+
+
+def test_a_file_of_unknown_size_counts_the_window(route):
+    """A file by reference (``file_id``) has no size here: it counts the rest of the target's window, the most the
+    provider can bill for a prompt it takes (it counted 0 before); the window still holds it."""
+    d = route(_request({"type": "file", "file": {"file_id": "file-abc"}}))
+    assert d["target"] == "frontier-small"
+    assert d["estimated_cost_usd"] == pytest.approx(mini_usd(128000 - OUT))
+
+
+def test_the_endpoint_pickers_reading_keeps_what_the_media_measure():
+    """Responses and Anthropic Messages bodies as the Envoy endpoint picker reads them (``chat_request``): an
+    ``input_image``'s detail, an ``input_file``'s or a ``document``'s data and an ``input_audio``'s reach the counts
+    (the picker had kept only the parts' types: files and audio of unknown size, every image at high detail)."""
+    from pointsman.media import Media
+    from pointsman.request import RequestView, parse_route_request
+    from pointsman.service.ext_proc_body import chat_request
+
+    pdf = pdf_base64(3)
+    responses = {"input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": png_url(512, 256), "detail": "low"},
+        {"type": "input_file", "filename": "a.pdf", "file_data": "data:application/pdf;base64," + pdf},
+        {"type": "input_audio", "input_audio": {"data": wav_base64(2), "format": "wav"}}]}]}
+    media = RequestView.of(parse_route_request(chat_request(responses))).media
+    assert media == Media(images=(((512, 256), "low"),), audio_seconds=(2.0,), files=((3, True),))
+    anthropic = {"max_tokens": 10, "messages": [{"role": "user", "content": [
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": pdf}},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png_url(30, 40).split(",")[1]}}]}]}
+    assert RequestView.of(parse_route_request(chat_request(anthropic))).media == Media(images=(((30, 40), None),), files=((3, True),))
