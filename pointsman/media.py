@@ -8,7 +8,7 @@ Only base64 data (a ``data:`` URL, OpenAI's ``input_audio.data``, Anthropic's ``
 given by reference (an ``https`` URL, a ``file_id``) or one that cannot be read is ``None``: its size is not
 known here. An image header costs a few base64 quartets (a JPEG's: a few per marker segment before its frame
 header); a WAV's, its first chunks; a PDF is decoded whole (its page count needs a scan) and its compressed
-object streams inflated, at most ``MAX_INFLATED`` bytes each.
+object streams inflated, at most ``MAX_INFLATED`` bytes in all.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 #: Fewest bytes per second any audio format a provider takes can have: Opus's lowest bitrate, 6 kbit/s
 #: (RFC 6716; MP3's is 8 kbit/s, MPEG-2.5 Layer III). A compressed audio part lasts at most its bytes / this.
 MIN_AUDIO_BYTES_PER_S = 750
-#: Most bytes one compressed PDF object stream is inflated to while looking for the page count.
+#: Most bytes a PDF's compressed object streams are inflated to in all while looking for its page count.
 MAX_INFLATED = 1 << 22
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 _COUNT = re.compile(rb"/Count\s+(\d{1,9})")
@@ -153,7 +153,8 @@ def audio_seconds(data: str | None, fmt: object) -> float | None:
 def file_size(data: str | None) -> tuple[int | None, bool]:
     """A base64 file's measure: (pages, True) for a PDF: the largest ``/Count`` in it or in its compressed object
     streams (a page tree's root counts every page; an outline's or an older revision's may count more: an
-    overcount), None when there is none (an encrypted PDF); (bytes, False) for another file; (None, False)
+    overcount), None when there is none or an object stream cannot be read whole within ``MAX_INFLATED`` bytes in
+    all (it may hold the root: an encrypted PDF, another filter); (bytes, False) for another file; (None, False)
     without data or with data that is not base64."""
     if not data:
         return None, False
@@ -161,18 +162,27 @@ def file_size(data: str | None) -> tuple[int | None, bool]:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
         return None, False
-    if not raw.startswith(b"%PDF"):
+    if b"%PDF-" not in raw[:1024]:  # a PDF's header is in its first 1,024 bytes
         return len(raw), False
     counts = [int(m[1]) for m in _COUNT.finditer(raw)]
+    budget = MAX_INFLATED
     for m in _OBJSTM.finditer(raw):
         start = raw.find(b"stream", m.end())
-        if start < 0:
-            break
-        start += 6 + (2 if raw[start + 6:start + 8] == b"\r\n" else 1)
         end = raw.find(b"endstream", start)
+        if start < 0 or end < 0:
+            return None, True
+        if b"/Filter" not in raw[raw.rfind(b"obj", 0, m.start()):start]:
+            continue  # stored as it is: its /Count is read with the file's
+        if budget <= 0:
+            return None, True
+        start += 6 + (2 if raw[start + 6:start + 8] == b"\r\n" else 1)
+        inflate = zlib.decompressobj()
         try:
-            inflated = zlib.decompressobj().decompress(raw[start:end if end > 0 else len(raw)], MAX_INFLATED)
-        except zlib.error:
-            continue
+            inflated = inflate.decompress(raw[start:end], budget)
+        except zlib.error:  # another filter, or encrypted
+            return None, True
+        budget -= len(inflated)
+        if inflate.unconsumed_tail or budget <= 0 and not inflate.eof:
+            return None, True
         counts += (int(c[1]) for c in _COUNT.finditer(inflated))
     return (max(counts) if counts else None), True

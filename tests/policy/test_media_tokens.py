@@ -180,8 +180,25 @@ def test_a_pdf_page_tree_in_an_object_stream_and_other_files():
            % len(stream)) + stream + b"\nendstream\nendobj\n"
     assert file_size(base64.b64encode(pdf).decode()) == (37, True)
     assert file_size(base64.b64encode(b"%PDF-1.7 encrypted").decode()) == (None, True)
+    # an object stream that cannot be read may hold the page tree: an outline's /Count 3 is no bound then
+    unread = b"%PDF-1.5\n4 0 obj << /Type /Outlines /Count 3 >> endobj\n3 0 obj << /Type /ObjStm /Filter /FlateDecode >>\nstream\n"
+    assert file_size(base64.b64encode(unread + b"\x00garbage\nendstream").decode()) == (None, True)
+    assert file_size(base64.b64encode(unread + stream + b"\nendstream").decode()) == (37, True)
     assert file_size(base64.b64encode(b"a,b\n1,2\n").decode()) == (8, False)  # no PDF: its bytes
     assert file_size(None) == (None, False)
+
+
+def test_a_pdf_inflated_past_the_bound_has_no_page_count(monkeypatch):
+    """Inflating stops at ``MAX_INFLATED`` bytes in all (a stream that inflates to gigabytes costs no more); what was
+    not read may hold the page tree, so the count is not known."""
+    import pointsman.media
+
+    big = zlib.compress(b" " * 5000 + b"2 0 << /Type /Pages /Count 9 >>")
+    pdf = (b"%PDF-1.5\n4 0 obj << /Type /Outlines /Count 2 >> endobj\n"
+           b"3 0 obj << /Type /ObjStm /Filter /FlateDecode >>\nstream\n" + big + b"\nendstream\n")
+    assert file_size(base64.b64encode(pdf).decode()) == (9, True)
+    monkeypatch.setattr(pointsman.media, "MAX_INFLATED", 4096)
+    assert file_size(base64.b64encode(pdf).decode()) == (None, True)
 
 
 def test_an_onprem_target_that_takes_images_states_its_count():
