@@ -522,7 +522,10 @@ class RequestView:
                     ref = extra.get("input_audio")
                     audio.append(audio_seconds(inline_data(ref), ref.get("format") if isinstance(ref, dict) else None))
                 elif isinstance(part, FilePart):
-                    files.append(file_size(inline_data(extra.get("file") or extra.get("source"))))
+                    ref = extra.get("file") or extra.get("source")
+                    text = ref.get("data") if isinstance(ref, dict) and ref.get("type") == "text" else None
+                    files.append((len(text.encode("utf-8", "replace")), False) if isinstance(text, str)  # Anthropic's
+                                 else file_size(inline_data(ref)))  # plain-text document: its bytes bound its tokens
         return Media(tuple(images), tuple(audio), tuple(files))
 
     @cached_property

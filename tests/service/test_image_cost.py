@@ -207,7 +207,8 @@ def test_a_file_of_unknown_size_counts_the_window(route):
 
 def test_the_endpoint_pickers_reading_keeps_what_the_media_measure():
     """Responses and Anthropic Messages bodies as the Envoy endpoint picker reads them (``chat_request``): an
-    ``input_image``'s detail, an ``input_file``'s or a ``document``'s data and an ``input_audio``'s reach the counts
+    ``input_image``'s detail, an ``input_file``'s or a ``document``'s data (a plain-text document: its bytes) and an
+    ``input_audio``'s reach the counts
     (the picker had kept only the parts' types: files and audio of unknown size, every image at high detail)."""
     from pointsman.media import Media
     from pointsman.request import RequestView, parse_route_request
@@ -222,5 +223,7 @@ def test_the_endpoint_pickers_reading_keeps_what_the_media_measure():
     assert media == Media(images=(((512, 256), "low"),), audio_seconds=(2.0,), files=((3, True),))
     anthropic = {"max_tokens": 10, "messages": [{"role": "user", "content": [
         {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": pdf}},
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png_url(30, 40).split(",")[1]}}]}]}
-    assert RequestView.of(parse_route_request(chat_request(anthropic))).media == Media(images=(((30, 40), None),), files=((3, True),))
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png_url(30, 40).split(",")[1]}},
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "Dear Ada, ..."}}]}]}
+    assert RequestView.of(parse_route_request(chat_request(anthropic))).media == Media(
+        images=(((30, 40), None),), files=((3, True), (13, False)))
