@@ -127,6 +127,7 @@ def resolve_mode(policy: CompiledPolicy, fleet: Fleet, source: SignalSource, tar
                        output_tokens=source.output_tokens(target),
                        prefix_hit_ratio=source.cache(target)["prefix_hit_ratio"],
                        prefill_saturated=bool(source.load(target)["prefill_saturated"]),
+                       gpus=source.pd_pool_gpus(target),
                        predicted=(lambda: _scores(source, target)) if policy.disaggregation.by_prediction else None)
 
 
@@ -249,12 +250,15 @@ class Placement:
     def record(self, decision_id: str, view: RequestView, prompt_tokens: int, at: float) -> DispatchRecord:
         """What dispatching here holds until the outcome (``reserved`` is set by the dispatch);
         ``at``: monotonic seconds. The output cap is the output the estimate counted (``max_tokens``, else
-        the fleet's default, for each of OpenAI's ``n`` answers) when the request set either, else 0."""
+        the fleet's default, for each of OpenAI's ``n`` answers) when the request set either, else 0. The
+        cached tokens are the prefix the prefill-side endpoint holds (its local hit)."""
         c, r = self.cost, view.request
         cap = c.output_tokens if r.max_output_tokens or (r.n or 1) > 1 else 0
+        first = self.picks[0]
+        cached = 0 if first.chosen is None or first.view.role == "api" else first.view.hit(first.chosen)[0]
         return DispatchRecord(decision_id, self.target, self.mode, self.endpoint, self.prefill_endpoint,
                               view.scopes, c.usd, False, prompt_tokens, c.prefill_utilization,
-                              c.decode_utilization, at, cap)
+                              c.decode_utilization, at, cap, cached)
 
 
 def _local_prefill_note(t: OnPremTarget, view: PoolView, local_hit_tokens: int) -> str:

@@ -31,7 +31,7 @@ from pointsman.policy.fleet import Fleet, FrontierTarget, Pool, SLOClass, phase_
 from pointsman.policy.rules.compiler import CompiledPolicy, Plan
 from pointsman.policy.selection import latency
 from pointsman.policy.selection.latency import Prediction
-from pointsman.policy.selection.pd_mode import decide_mode
+from pointsman.policy.selection.pd_mode import decide_mode, pd_pool_gpus
 from pointsman.policy.selection.pickers import Picker, PickInput, PoolPick, PoolView, QueueScorer
 from pointsman.policy.signals.engine_hashes import TargetTokenizerError
 from pointsman.policy.signals.fleet_state import FleetState
@@ -532,7 +532,7 @@ class LiveSignals:
                                output_tokens=self.output_tokens(target),
                                prefix_hit_ratio=self.cache(target)["prefix_hit_ratio"],
                                prefill_saturated=bool(self.load(target)["prefill_saturated"]),
-                               predicted=lambda: (None if agg is None else agg.score(slo),
+                               gpus=self.pd_pool_gpus(target), predicted=lambda: (None if agg is None else agg.score(slo),
                                                   None if dis is None else dis.score(slo)))
             chosen = dis if mode.mode == "disaggregated" else agg
         chosen = chosen or agg or dis
@@ -600,6 +600,10 @@ class LiveSignals:
         if self.subset is None:
             return self.state.healthy_endpoints(target)
         return sum(1 for role in self.roles(target) for e in self.fleet.pool_endpoints(target, role) if self.usable(e.id))
+
+    def pd_pool_gpus(self, target: str) -> int:
+        """GPUs of ``target``'s prefill and decode endpoints this decision may use (healthy, in ``subset``)."""
+        return pd_pool_gpus(self.fleet.targets[target], self.usable)
 
     # -- cost ------------------------------------------------------------------------------
 
@@ -740,6 +744,10 @@ class StaticSignals:
     def healthy_endpoints(self, target: str) -> int:
         """``load[target].healthy_endpoints``."""
         return int(number(self.load(target), "healthy_endpoints", 1))
+
+    def pd_pool_gpus(self, target: str) -> int:
+        """GPUs of ``target``'s prefill and decode pools (a snapshot marks no endpoint unhealthy)."""
+        return pd_pool_gpus(self.fleet.targets[target])
 
     def budget_limited(self) -> bool:
         """``budget.limited``."""

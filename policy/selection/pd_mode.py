@@ -5,11 +5,11 @@ from the policy's ``disaggregation`` section, ``schema.DisaggregationSpec``):
 
 Guards, for every route that would disaggregate (``disaggregated`` or ``auto``):
 
-1. **small pool**: the target's prefill + decode pools have fewer than
-   ``min_pool_gpus`` GPUs (default 12). With a handful of GPUs, splitting them into
-   two phases strands capacity: a static prefill/decode ratio cannot follow the
-   traffic mix, and aggregated serving with chunked prefill does as well (the
-   DistServe and Splitwise papers and vLLM's and Dynamo's deployment guides report
+1. **small pool**: the healthy endpoints of the target's prefill + decode pools have fewer
+   than ``min_pool_gpus`` GPUs (default 12; an endpoint marked unhealthy serves nothing).
+   With a handful of GPUs, splitting them into two phases strands capacity: a static
+   prefill/decode ratio cannot follow the traffic mix, and aggregated serving with chunked
+   prefill does as well (the DistServe and Splitwise papers and vLLM's and Dynamo's deployment guides report
    P/D gains at scale, not on a few GPUs).
 2. **saturated prefill pool**: every healthy prefill endpoint queues at least
    ``max_prefill_queue_s`` of prefill work or reads saturated (``load[target].
@@ -106,23 +106,27 @@ class ModeDecision:
         return {"mode": self.mode, "reason": self.reason, "inputs": dict(self.inputs)}
 
 
-def pd_pool_gpus(target: OnPremTarget | FrontierTarget) -> int:
-    """GPUs of the target's prefill + decode pools (0 without them)."""
+def pd_pool_gpus(target: OnPremTarget | FrontierTarget, usable: Callable[[str], bool] | None = None) -> int:
+    """GPUs of the target's prefill + decode pools (0 without them): of their endpoints whose id
+    ``usable`` accepts (healthy ones; None: every endpoint)."""
     if isinstance(target, FrontierTarget) or target.pools.prefill is None or target.pools.decode is None:
         return 0
-    return target.pools.prefill.gpus + target.pools.decode.gpus
+    pools = (target.pools.prefill, target.pools.decode)
+    if usable is None:
+        return sum(p.gpus for p in pools)
+    return sum(p.gpus_per_replica for p in pools for e in p.endpoints if usable(e.url))  # an on-prem id is its URL
 
 
 def decide_mode(spec: DisaggregationSpec, target: OnPremTarget | FrontierTarget, route_mode: str, *, prompt_tokens: int,
-                output_tokens: int, prefix_hit_ratio: float, prefill_saturated: bool,
+                output_tokens: int, prefix_hit_ratio: float, prefill_saturated: bool, gpus: int,
                 predicted: Callable[[], tuple[float | None, float | None]] | None = None) -> ModeDecision:
     """``aggregated`` or ``disaggregated`` for a route of ``route_mode`` (``aggregated``,
     ``disaggregated`` or ``auto``) on ``target`` (rules in the module docstring). ``spec``:
     the policy's ``DisaggregationSpec``; ``prefix_hit_ratio``: ``cache.prefix_hit_ratio`` of
-    the target; ``prefill_saturated``: ``load[target].prefill_saturated``; ``predicted``: called
+    the target; ``prefill_saturated``: ``load[target].prefill_saturated``; ``gpus``: GPUs of the
+    healthy prefill and decode endpoints (``pd_pool_gpus``); ``predicted``: called
     for rule 6 only, gives the (aggregated, disaggregated) SLO scores (None: unknown)."""
     modes = target.modes
-    gpus = pd_pool_gpus(target)
     uncached = round(prompt_tokens * (1.0 - prefix_hit_ratio))
     inputs = {"route_mode": route_mode, "prompt_tokens": prompt_tokens, "uncached_prompt_tokens": uncached,
               "output_tokens": output_tokens, "prefix_hit_ratio": prefix_hit_ratio,
@@ -133,7 +137,7 @@ def decide_mode(spec: DisaggregationSpec, target: OnPremTarget | FrontierTarget,
         return ModeDecision("aggregated", "the route says aggregated", inputs)
     guard = None
     if gpus < spec.min_pool_gpus:
-        guard = f"the prefill/decode pools have {gpus} GPUs < min_pool_gpus {spec.min_pool_gpus}"
+        guard = f"the prefill/decode pools have {gpus} healthy GPUs < min_pool_gpus {spec.min_pool_gpus}"
     elif prefill_saturated:
         guard = "the prefill pool is saturated"
     if guard is not None:

@@ -23,7 +23,8 @@ prefill pool ``prefill-work`` + ``queue``; a decode pool ``decode-load`` + ``que
 **Bounded load** (Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing with Bounded
 Loads", 2018): no endpoint may hold more than ``max(floor, ceil((1 + eps) × (N + 1) / n))``
 outstanding requests counting this one (N outstanding over the pool's n healthy
-endpoints), so one hot prefix cannot pile every request on the replica that caches
+endpoints; an endpoint read as saturated, ``on_stale: saturated``, is left out of N and n: its
+count is made up), so one hot prefix cannot pile every request on the replica that caches
 it; over-cap endpoints rank after every endpoint under the cap. The ``floor``
 (default 2) keeps a lightly loaded pool from bouncing a session off its cache
 because its endpoint holds one request more than an idle one. **Health**: endpoints
@@ -203,9 +204,10 @@ class QueueScorer:
 
         queue_s = (pending_prompt_tokens + max(0, waiting - pending_requests) × mean_prompt) / R_p
 
-    ``pending_*``: Pointsman's dispatches the engine has not reported yet (exact
-    tokens); the rest of the waiting queue counts ``mean_prompt`` tokens each (the mean
-    prompt of our in-flight requests there, else this request's). A stale endpoint read
+    ``pending_*``: Pointsman's dispatches the engine has not reported yet, each counting the
+    tokens of its prompt the endpoint did not hold cached when it was sent
+    (``DispatchRecord.prefill_tokens``); the rest of the waiting queue counts ``mean_prompt`` tokens each (the mean
+    uncached prompt of our in-flight requests there, else this request's prompt). A stale endpoint read
     as saturated waits ``SATURATED_WAITING`` requests, so it ranks last."""
 
     name = "queue"
@@ -264,18 +266,21 @@ ROLE_SCORERS: dict[str, tuple[str, ...]] = {
 }
 
 
-def bounded_load_cap(outstanding: Sequence[int], healthy: Sequence[bool], epsilon: float | None,
+def bounded_load_cap(outstanding: Sequence[int], counted: Sequence[bool], epsilon: float | None,
                      floor: int = 1) -> int | None:
-    """``max(floor, ceil((1 + epsilon) × (N + 1) / n))`` over the n healthy endpoints holding N
+    """``max(floor, ceil((1 + epsilon) × (N + 1) / n))`` over the n ``counted`` endpoints holding N
     outstanding requests (the request being placed counted): an endpoint may take the request
-    while its outstanding count is below the cap. None when ``epsilon`` is None or none is healthy."""
+    while its outstanding count is below the cap. ``counted``: per endpoint, whether its count is
+    real (the picker counts healthy endpoints not read as saturated: a stale endpoint's
+    ``SATURATED_WAITING`` would lift the cap off every other). None when ``epsilon`` is None or
+    none is counted."""
     if epsilon is None:
         return None
-    if all(healthy):
+    if all(counted):
         n, total = len(outstanding), sum(outstanding)
     else:
         n = total = 0
-        for b, ok in zip(outstanding, healthy):
+        for b, ok in zip(outstanding, counted):
             if ok:
                 n += 1
                 total += b
@@ -368,7 +373,10 @@ class MinCostPicker:
         else:
             costs = [sum(t) for t in zip(*columns)] if columns else [0.0] * n
         outstanding = view.outstanding()
-        cap = bounded_load_cap(outstanding, view.healthy, self.epsilon, self.floor)
+        counted = view.healthy  # a saturated reading's count is made up: it would lift the cap
+        if any(x is not None and x.saturated for x in view.loads):
+            counted = [ok and (x is None or not x.saturated) for ok, x in zip(view.healthy, view.loads)]
+        cap = bounded_load_cap(outstanding, counted, self.epsilon, self.floor)
         excluded: dict[int, str] = {}
         # rank = cost, plus _OVER_CAP_S over the cap (after every endpoint under it); unhealthy: left out
         rank = costs[:]

@@ -93,7 +93,9 @@ class DispatchRecord:
     ids (``endpoint``: aggregated/decode/api; ``prefill_endpoint`` when disaggregated),
     ``scopes``, ``estimated_cost_usd``, ``reserved`` (held in the ledger), ``prompt_tokens``,
     the utilizations the estimate used, ``at`` (monotonic s) and ``output_cap_tokens``, the
-    client's output cap the estimate assumed, for all of its ``n`` answers (0: none, or not known here)."""
+    client's output cap the estimate assumed, for all of its ``n`` answers (0: none, or not known here);
+    ``cached_tokens``: of the prompt, the tokens its prefill endpoint held cached when it was placed (its
+    prefill queued there is the rest: ``prefill_tokens``)."""
 
     decision_id: str
     target: str
@@ -108,6 +110,12 @@ class DispatchRecord:
     decode_utilization: float
     at: float
     output_cap_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def prefill_tokens(self) -> int:
+        """The prompt tokens its prefill endpoint computes: those it did not hold cached."""
+        return max(0, self.prompt_tokens - self.cached_tokens)
 
     @property
     def decided_tokens(self) -> int:
@@ -489,10 +497,11 @@ class FleetState:
         decision_id, at = record.decision_id, record.at
         endpoint, prefill_endpoint = record.endpoint, record.prefill_endpoint
         # a disaggregated request's prompt is prefill work on its prefill endpoint only: its decode endpoint
-        # takes its KV (``pickers.QueueScorer`` would read it as prefill queued there)
-        self.board.dispatch(endpoint, decision_id, record.prompt_tokens if prefill_endpoint is None else 0, at)
+        # takes its KV (``pickers.QueueScorer`` would read it as prefill queued there); the prefix that
+        # endpoint holds cached is no work
+        self.board.dispatch(endpoint, decision_id, record.prefill_tokens if prefill_endpoint is None else 0, at)
         if prefill_endpoint is not None:
-            self.board.dispatch(prefill_endpoint, decision_id + PREFILL_SUFFIX, record.prompt_tokens, at)
+            self.board.dispatch(prefill_endpoint, decision_id + PREFILL_SUFFIX, record.prefill_tokens, at)
         if block_hashes and record.target in self.fleet.targets and record.target not in self._engine_caches:
             index = self._indexes[(record.target, gateway_ids)]
             index.record(endpoint, block_hashes, now=at)
@@ -537,7 +546,8 @@ class FleetState:
         return DispatchRecord(shared.decision_id, shared.target, shared.mode, shared.endpoint,
                               shared.prefill_endpoint, tuple(shared.scopes), shared.estimated_cost_usd,
                               shared.reserved, shared.prompt_tokens, shared.prefill_utilization,
-                              shared.decode_utilization, self._mono_of(shared.wall_s), shared.output_cap_tokens)
+                              shared.decode_utilization, self._mono_of(shared.wall_s), shared.output_cap_tokens,
+                              shared.cached_tokens)
 
     def _known_endpoints(self, record: DispatchRecord) -> bool:
         eps = self.fleet.endpoints
@@ -993,7 +1003,7 @@ def _shared(record: DispatchRecord, wall_s: float) -> SharedRecord:
     return SharedRecord(record.decision_id, record.target, record.mode, record.endpoint, record.prefill_endpoint,
                         record.scopes, record.estimated_cost_usd, record.reserved, record.prompt_tokens,
                         record.prefill_utilization, record.decode_utilization, wall_s,
-                        output_cap_tokens=record.output_cap_tokens)
+                        output_cap_tokens=record.output_cap_tokens, cached_tokens=record.cached_tokens)
 
 
 __all__ = ["Dispatch", "DispatchRecord", "FleetState", "Settled"]

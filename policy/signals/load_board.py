@@ -84,7 +84,8 @@ class EndpointLoad:
     (0–1, the engine's own), ``kv_cache_capacity_tokens`` (KV-cache size in tokens).
 
     Pointsman's accounting: ``inflight_requests`` / ``inflight_prompt_tokens`` (our
-    dispatches to this endpoint not yet released), ``pending_requests`` /
+    dispatches to this endpoint not yet released; the tokens are the prefill each dispatch
+    brought there: its prompt but the prefix the endpoint held cached), ``pending_requests`` /
     ``pending_prompt_tokens`` (the part of those dispatched after the external
     snapshot was taken).
 

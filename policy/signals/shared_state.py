@@ -161,6 +161,7 @@ class SharedRecord:
     wall_s: float
     inbox: str = ""
     output_cap_tokens: int = 0
+    cached_tokens: int = 0
 
     def to_json(self) -> str:
         """Compact JSON."""

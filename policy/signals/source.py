@@ -77,6 +77,10 @@ class SignalSource(Protocol):
         """Endpoints of ``target`` not marked unhealthy."""
         ...
 
+    def pd_pool_gpus(self, target: str) -> int:
+        """GPUs of ``target``'s healthy prefill and decode endpoints (``pd_mode.pd_pool_gpus``)."""
+        ...
+
     def budget_limited(self) -> bool:
         """True when some budget applies to the request."""
         ...

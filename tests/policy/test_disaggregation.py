@@ -15,7 +15,7 @@ def fleet():
 
 def mode(fleet, route_mode, target="onprem-70b", spec=SPEC, prompt=8000, output=256, hit=0.0, saturated=False):
     return decide_mode(spec, fleet.targets[target], route_mode, prompt_tokens=prompt, output_tokens=output,
-                       prefix_hit_ratio=hit, prefill_saturated=saturated)
+                       prefix_hit_ratio=hit, prefill_saturated=saturated, gpus=pd_pool_gpus(fleet.targets[target]))
 
 
 def test_default_fleet_pd_pool_is_at_the_threshold(fleet):
@@ -29,7 +29,7 @@ def test_default_fleet_pd_pool_is_at_the_threshold(fleet):
     ({"prompt": 20000, "hit": 0.85}, "aggregated", "stay local: prefix hit ratio 0.85 >= max_local_hit_ratio 0.8"),
     ({"output": 16}, "aggregated", "16 output tokens <= min_output_tokens 16"),
     ({"saturated": True}, "aggregated", "the prefill pool is saturated"),
-    ({"spec": DisaggregationSpec(min_pool_gpus=16)}, "aggregated", "12 GPUs < min_pool_gpus 16"),
+    ({"spec": DisaggregationSpec(min_pool_gpus=16)}, "aggregated", "12 healthy GPUs < min_pool_gpus 16"),
 ])
 def test_auto_follows_the_rules_of_thumb(fleet, kw, want, reason):
     got = mode(fleet, "auto", **kw)

@@ -2,6 +2,8 @@
 the shared KV tier's restore-vs-recompute, and fallback endpoint order."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pointsman.policy.fleet import EndpointInfo, Pool
 from pointsman.policy.selection.pickers import (
@@ -15,7 +17,7 @@ from pointsman.policy.selection.pickers import (
     QueueScorer,
     bounded_load_cap,
 )
-from pointsman.policy.signals.load_board import EndpointLoad
+from pointsman.policy.signals.load_board import SATURATED_WAITING, EndpointLoad
 from pointsman.policy.signals.prefix_index import PrefixIndex, SharedKVTier
 
 POOL = Pool(gpus_per_replica=2, prefill_tokens_per_s=10_000, decode_tokens_per_s=5_000,
@@ -125,3 +127,19 @@ def test_in_order_picker_skips_unhealthy_endpoints():
     pick = InOrderPicker(EndpointSelectionSpec(fallback_endpoints=1)).pick(
         PickInput(100, 10), view(healthy=[False, True, True, True]))
     assert pick.order == (1, 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.booleans()), min_size=4, max_size=4),
+       st.integers(SATURATED_WAITING, 10 * SATURATED_WAITING), st.sampled_from([0.0, 0.25, 1.0]))
+def test_a_saturated_reading_never_moves_the_bounded_load_cap(loads, waiting, eps):
+    """``on_stale: saturated`` reads a stale endpoint as ``SATURATED_WAITING`` or more waiting requests: a made-up
+    count, so the cap is the one over the other endpoints, whatever it is (before, one such endpoint lifted
+    the cap off the pool: 1,000,000 waiting over 4 endpoints is a cap of ~312,500)."""
+    stale = [reading(i, waiting=waiting, saturated=True) if sat else reading(i, running=b)
+             for i, (b, sat) in enumerate(loads)]
+    fresh = [(i, x) for i, x in enumerate(stale) if not x.saturated]
+    got = picker(bounded_load_epsilon=eps, bounded_load_floor=1).pick(PickInput(100, 10), view(stale))
+    alone = bounded_load_cap([x.num_requests_running for _, x in fresh], [True] * len(fresh), eps)
+    assert got.cap == alone
+    assert got.cap is None or all(got.excluded.get(i) == "over-cap" for i, x in enumerate(stale) if x.saturated)
