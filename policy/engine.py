@@ -51,7 +51,7 @@ from pointsman.policy.cost import CostEstimate
 from pointsman.policy.decision import Decision, EndpointChoice, Fallback, Trace, new_decision_id
 from pointsman.policy.escalation import Escalation, TargetCosts, escalation_id, judge, rule_name
 from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget
-from pointsman.policy.live import BaseSignals, CelContext, LiveSignals, build_context, finite_or_none
+from pointsman.policy.live import BaseSignals, CelContext, LiveSignals, build_context, finite_or_none, resolve_mode
 from pointsman.policy.rules.compiler import CompiledPolicy, Plan
 from pointsman.policy.rules.evaluator import Verdict, call_key, evaluate, lookup_signal
 from pointsman.policy.selection.filters import (
@@ -64,7 +64,7 @@ from pointsman.policy.selection.filters import (
     eligibility,
     enabled,
 )
-from pointsman.policy.selection.pd_mode import ModeDecision, decide_mode
+from pointsman.policy.selection.pd_mode import ModeDecision
 from pointsman.policy.selection.pickers import PICKERS, PoolPick, PoolView, base_url
 from pointsman.policy.signals.fleet_state import Dispatch, DispatchRecord, FleetState
 from pointsman.policy.signals.namespaces import (
@@ -75,7 +75,7 @@ from pointsman.policy.signals.namespaces import (
     request_signals,
 )
 from pointsman.policy.signals.prefix_index import TEXT_BLOCK_BYTES, block_hashes_from_ids, block_hashes_from_text
-from pointsman.policy.signals.source import SignalSource, number
+from pointsman.policy.signals.source import SignalSource
 from pointsman.request import RequestView, RouteRequest
 
 
@@ -93,42 +93,6 @@ class Outcome:
     exclusions: dict[str, Exclusion | None]
     context: CelContext
     calls: Mapping[str, float | None]
-
-
-def _scores(source: SignalSource, target: str) -> tuple[float | None, float | None]:
-    """(aggregated, disaggregated) SLO scores of ``predict[target]``: max(TTFT / SLO TTFT,
-    TPOT / SLO TPOT, batch TPOT / SLO TPOT) per mode (``latency.Prediction.score``; the batch's
-    TPOT is aggregated only), None where the mode has no prediction."""
-    p = source.predict(target)
-    slo_ttft, slo_tpot = float(number(p, "slo_ttft_s", 1.0)), float(number(p, "slo_tpot_s", 1.0))
-
-    def score(mode: str) -> float | None:
-        ttft, tpot = p.get(f"{mode}_ttft_s"), p.get(f"{mode}_tpot_s")
-        if not isinstance(ttft, (int, float)) or not isinstance(tpot, (int, float)):
-            return None
-        stall = p.get(f"{mode}_batch_tpot_s")
-        if isinstance(stall, (int, float)):
-            tpot = max(tpot, stall)
-        return max(ttft / slo_ttft, tpot / slo_tpot)
-    return score("aggregated"), score("disaggregated")
-
-
-def resolve_mode(policy: CompiledPolicy, fleet: Fleet, source: SignalSource, target: str, route_mode: str) -> ModeDecision:
-    """The mode ``target`` runs a route of ``route_mode`` in (``pd_mode.decide_mode``),
-    reading ``cache[target].prefix_hit_ratio`` and ``load[target].prefill_saturated`` from
-    ``source`` only when the target could disaggregate, and ``predict[target]`` for an ``auto``
-    route under ``disaggregation.by_prediction``."""
-    t = fleet.targets[target]
-    if "disaggregated" not in t.modes or route_mode == "aggregated":
-        return ModeDecision(route_mode if route_mode in t.modes else t.modes[0],
-                            "the route says aggregated" if route_mode == "aggregated"
-                            else "the target has no prefill/decode pools", {"route_mode": route_mode})
-    return decide_mode(policy.disaggregation, t, route_mode, prompt_tokens=int(source.request["prompt_tokens"]),
-                       output_tokens=source.output_tokens(target),
-                       prefix_hit_ratio=source.cache(target)["prefix_hit_ratio"],
-                       prefill_saturated=bool(source.load(target)["prefill_saturated"]),
-                       gpus=source.pd_pool_gpus(target),
-                       predicted=(lambda: _scores(source, target)) if policy.disaggregation.by_prediction else None)
 
 
 class _GrowingContext:

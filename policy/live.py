@@ -31,7 +31,7 @@ from pointsman.policy.fleet import Fleet, FrontierTarget, Pool, SLOClass, phase_
 from pointsman.policy.rules.compiler import CompiledPolicy, Plan
 from pointsman.policy.selection import latency
 from pointsman.policy.selection.latency import Prediction
-from pointsman.policy.selection.pd_mode import decide_mode, pd_pool_gpus
+from pointsman.policy.selection.pd_mode import ModeDecision, decide_mode, pd_pool_gpus
 from pointsman.policy.selection.pickers import Picker, PickInput, PoolPick, PoolView, QueueScorer
 from pointsman.policy.signals.engine_hashes import TargetTokenizerError
 from pointsman.policy.signals.fleet_state import FleetState
@@ -173,6 +173,42 @@ def _all_keys(root: str, fleet: Fleet) -> list[str]:
             keys.extend(f"{name}/{r}" for r in roles)
         return keys
     return list(fleet.targets)
+
+
+def _scores(source: SignalSource, target: str) -> tuple[float | None, float | None]:
+    """(aggregated, disaggregated) SLO scores of ``predict[target]``: max(TTFT / SLO TTFT,
+    TPOT / SLO TPOT, batch TPOT / SLO TPOT) per mode (``latency.Prediction.score``; the batch's
+    TPOT is aggregated only), None where the mode has no prediction."""
+    p = source.predict(target)
+    slo_ttft, slo_tpot = float(number(p, "slo_ttft_s", 1.0)), float(number(p, "slo_tpot_s", 1.0))
+
+    def score(mode: str) -> float | None:
+        ttft, tpot = p.get(f"{mode}_ttft_s"), p.get(f"{mode}_tpot_s")
+        if not isinstance(ttft, (int, float)) or not isinstance(tpot, (int, float)):
+            return None
+        stall = p.get(f"{mode}_batch_tpot_s")
+        if isinstance(stall, (int, float)):
+            tpot = max(tpot, stall)
+        return max(ttft / slo_ttft, tpot / slo_tpot)
+    return score("aggregated"), score("disaggregated")
+
+
+def resolve_mode(policy: CompiledPolicy, fleet: Fleet, source: SignalSource, target: str, route_mode: str) -> ModeDecision:
+    """The mode ``target`` runs a route of ``route_mode`` in (``pd_mode.decide_mode``),
+    reading ``cache[target].prefix_hit_ratio`` and ``load[target].prefill_saturated`` from
+    ``source`` only when the target could disaggregate, and ``predict[target]`` for an ``auto``
+    route under ``disaggregation.by_prediction``."""
+    t = fleet.targets[target]
+    if "disaggregated" not in t.modes or route_mode == "aggregated":
+        return ModeDecision(route_mode if route_mode in t.modes else t.modes[0],
+                            "the route says aggregated" if route_mode == "aggregated"
+                            else "the target has no prefill/decode pools", {"route_mode": route_mode})
+    return decide_mode(policy.disaggregation, t, route_mode, prompt_tokens=int(source.request["prompt_tokens"]),
+                       output_tokens=source.output_tokens(target),
+                       prefix_hit_ratio=source.cache(target)["prefix_hit_ratio"],
+                       prefill_saturated=bool(source.load(target)["prefill_saturated"]),
+                       gpus=source.pd_pool_gpus(target),
+                       predicted=(lambda: _scores(source, target)) if policy.disaggregation.by_prediction else None)
 
 
 class LiveSignals:
@@ -470,6 +506,10 @@ class LiveSignals:
         if out is not None:
             return out
         target, _, role = key.partition("/")
+        if role == "auto":  # an ``auto`` route's: the endpoint of the mode it runs in
+            mode = resolve_mode(self.policy, self.fleet, self, target, "auto").mode
+            out = self._endpoint[key] = self.endpoint(f"{target}/{'decode' if mode == 'disaggregated' else 'aggregated'}")
+            return out
         pick = self.pick(target, role)
         i = pick.chosen
         if i is None:  # no healthy endpoint: the first one, flagged unhealthy, nothing known about it

@@ -113,7 +113,8 @@ class CompiledRule:
     (``difficulty.p_hard``, ``load["onprem-70b"].age_s``, ``cache.prefix_hit_ratio``); ``line``
     is its line in the file. ``mode`` is the route's mode (``aggregated``,
     ``disaggregated`` or ``auto``); ``role``: the pool role of the route's endpoint
-    (``aggregated``, ``decode`` or ``api``; what ``endpoint.*`` reads). ``candidates``:
+    (``aggregated``, ``decode``, ``api``, or ``auto``: the role of the mode an ``auto`` route runs in, decided
+    when read; what ``endpoint.*`` reads). ``candidates``:
     (target, mode) for the target then each fallback, expanded and de-duplicated. ``fast``: the
     condition as a Python closure with CEL's results (``closures.closure``; None: CEL only). ``calls``: the
     policy functions it calls with a literal argument, as (name, argument) (``("cost", "frontier-large")``)."""
@@ -429,7 +430,7 @@ def _check_condition(ck: _Checker, i: int, source: str, variables: Mapping[str, 
 
 
 def _endpoint_keys(fleet: Fleet) -> list[str]:
-    return [relative_key("endpoint", t, role) for t in fleet.targets for role in ("aggregated", "decode", "api")]
+    return [relative_key("endpoint", t, role) for t in fleet.targets for role in ("aggregated", "decode", "api", "auto")]
 
 
 def _probe_snapshots(fleet: Fleet, variables: Mapping[str, JSONValue]) -> list[Snapshot]:
@@ -643,12 +644,16 @@ def _chain_keys(part: list[Token]) -> list[str] | None:
 
 
 def _role(fleet: Fleet, target: str | None, mode: str) -> str:
-    """The pool role of a route's endpoint (what ``endpoint.*`` reads)."""
+    """The pool role of a route's endpoint (what ``endpoint.*`` reads): ``auto`` for an ``auto`` route on a
+    target with an aggregated pool and prefill/decode pools (the role of the mode it runs in, decided when
+    read: ``live.LiveSignals.endpoint``)."""
     if target is None or target not in fleet.targets:
         return "aggregated"
     t = fleet.targets[target]
     if isinstance(t, FrontierTarget):
         return "api"
+    if mode == "auto" and t.pools.aggregated is not None and t.pools.decode is not None:
+        return "auto"
     if mode == "disaggregated" or (mode == "auto" and t.pools.aggregated is None):
         return "decode"
     return "aggregated"

@@ -314,9 +314,11 @@ SIGNALS: dict[str, Namespace] = {
     }, shape="by_target", aged=True),
     "endpoint": Namespace("endpoint", "The endpoint the picker would choose first for the rule's own route: "
                                       "in the aggregated pool for an aggregated route, the decode endpoint for a "
-                                      "disaggregated one, for `auto` the aggregated pool's when the target has one "
-                                      "(else the decode endpoint), a frontier target's API. Same load fields as "
-                                      "`load`, for one endpoint.", {
+                                      "disaggregated one, for `auto` the one of the mode the route runs in (the "
+                                      "decode endpoint when the P/D guards, the rules of thumb and, with "
+                                      "disaggregation.by_prediction, the prediction disaggregate it, else the "
+                                      "aggregated pool's), a frontier target's API. Same load fields as `load`, "
+                                      "for one endpoint.", {
         **_load_fields(),
         "name": Signal("string", "the endpoint's name in the fleet file ('' when unnamed)"),
         "url": Signal("string", "the endpoint's URL"),

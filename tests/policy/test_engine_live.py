@@ -107,9 +107,15 @@ def test_unhealthy_pools_switch_mode_or_target(fleet):
         engine.state.set_health(e, False, "down")
     d = engine.route(req(tokens=4000))
     assert (d.target, d.mode, d.rule) == ("onprem-70b", "aggregated", "long-cold-prompt")
+    assert d.trace["mode"]["reason"] == "stay aggregated: the prefill/decode pools have 8 healthy GPUs < min_pool_gpus 12"
+    engine = engine.with_policy(compile_policy(STATIC_POLICY_PATH.read_text() + "\ndisaggregation: {min_pool_gpus: 0}\n",
+                                               fleet))
+    d = engine.route(req(tokens=4000))
     assert d.trace["mode"]["reason"] == "stay aggregated: the prefill pool is saturated"
     engine, _ = make(fleet)
-    for i in range(4):  # no decode endpoint: placement moves to the target's other mode
+    engine = engine.with_policy(compile_policy(STATIC_POLICY_PATH.read_text() + "\ndisaggregation: {min_pool_gpus: 0}\n",
+                                               fleet))
+    for i in range(4):  # no decode endpoint (and no small-pool guard): placement moves to the target's other mode
         engine.state.set_health(f"llama-70b-decode-{i}", False, "down")
     d = engine.route(req(tokens=4000))
     assert (d.target, d.mode, d.rule) == ("onprem-70b", "aggregated", "long-cold-prompt")

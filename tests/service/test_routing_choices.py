@@ -143,3 +143,34 @@ def test_one_stale_saturated_endpoint_leaves_the_bounded_load_cap_on(tmp_path):
             assert pick["bounded_load_cap"] <= 5, pick["bounded_load_cap"]
         assert "e3" not in chosen
         assert max(chosen.values()) <= 4, chosen  # without the cap all 9 went to the endpoint caching the prefix
+
+
+FRONTIER = {"kind": "frontier", "provider": "openai", "model": "gpt-4o-mini", "base_url": "https://api.openai.com/v1",
+            "context_window_tokens": 128000,
+            "prices": {"usd_per_1m_input_tokens": 0.15, "usd_per_1m_cached_input_tokens": 0.075,
+                       "usd_per_1m_output_tokens": 0.6}}
+
+
+@pytest.mark.parametrize("by_prediction", [False, True])
+def test_endpoint_on_an_auto_route_reads_where_the_route_would_run(tmp_path, by_prediction):
+    """``endpoint.*`` on a ``mode: auto`` route read the aggregated pool's endpoint even when the route runs
+    disaggregated (by the rules of thumb, or by prediction): with the aggregated replica 50 deep and the P/D
+    pools idle, ``endpoint.num_requests_waiting < 5`` failed and the request went to the frontier, though the
+    route would have sent it to an idle decode endpoint. It now reads the endpoint of the mode the route runs in."""
+    fleet = _pd_fleet()
+    fleet["targets"]["frontier-small"] = FRONTIER
+    policy = {"disaggregation": {"by_prediction": by_prediction},
+              "rules": [{"name": "local", "when": "endpoint.num_requests_waiting < 5",
+                         "route": {"target": "onprem-8b", "mode": "auto"}},
+                        {"name": "default", "route": {"target": "frontier-small"}}]}
+    with _client(tmp_path, fleet, policy, Clock()) as c:
+        for name in ("a0", "a1"):
+            r = c.post("/v1/telemetry", json={"endpoint": name, "load": {"num_requests_running": 8,
+                                                                          "num_requests_waiting": 50}})
+            assert r.status_code == 200, r.text
+        for name in ("p0", "p1", "p2", "p3", "d0", "d1", "d2", "d3"):
+            r = c.post("/v1/telemetry", json={"endpoint": name, "load": {"num_requests_running": 0,
+                                                                          "num_requests_waiting": 0}})
+            assert r.status_code == 200, r.text
+        d = _route(c, [{"role": "user", "content": DOC}])
+        assert (d["rule"], d["target"], d["mode"]) == ("local", "onprem-8b", "disaggregated"), d["trace"].get("mode")
