@@ -177,16 +177,19 @@ class Pools(StrictModel):
 class TargetEvents(StrictModel):
     """How a target's engines hash the KV-cache blocks they report (so a request's blocks can be
     matched against their ``BlockStored`` events; ``policy/signals/engine_hashes.py``):
-    ``tokenizer`` (the model's ``tokenizer.json``) and ``tokenizer_config`` (its
+    ``engine`` (``vllm`` or ``sglang``: the two hash blocks differently, so a feed read with the
+    other's scheme matches nothing); ``tokenizer`` (the model's ``tokenizer.json``) and ``tokenizer_config`` (its
     ``tokenizer_config.json``: the chat template and special tokens) or ``chat_template`` (a
     Jinja file), paths relative to the fleet file; ``hash_algo`` (vLLM's
     ``--prefix-caching-hash-algo``: ``sha256``, the default since vLLM 0.10.2, or
     ``sha256_cbor``); ``hash_seed`` (the engines' ``PYTHONHASHSEED`` if they set one; vLLM ≥ 0.29
-    otherwise seeds with a fixed string); ``block_size`` (tokens per block, vLLM's default 16);
+    otherwise seeds with a fixed string); both vLLM's only; ``block_size`` (tokens per block:
+    vLLM's default 16; SGLang's ``--page-size``, default 1);
     ``max_tokens`` (leading prompt tokens hashed per request). Endpoints name their event
     sockets (``endpoints[].kv_events``); with events, the target's cache signals are what the
     engines report, not Pointsman's estimate."""
 
+    engine: Literal["vllm", "sglang"] = "vllm"
     tokenizer: str = Field(min_length=1)
     tokenizer_config: str | None = None
     chat_template: str | None = None
@@ -194,6 +197,13 @@ class TargetEvents(StrictModel):
     hash_seed: str | None = None
     block_size: PositiveInt = 16
     max_tokens: PositiveInt = 32768
+
+    @model_validator(mode="after")
+    def _vllm_settings_for_vllm(self) -> TargetEvents:
+        if self.engine == "sglang" and (self.hash_algo != "sha256" or self.hash_seed is not None):
+            raise ValueError("hash_algo and hash_seed are vLLM's settings: SGLang hashes its pages with SHA-256, "
+                             "unseeded (engine: sglang takes neither)")
+        return self
 
 
 class SharedKV(StrictModel):

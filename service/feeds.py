@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from pointsman.policy.fleet import EndpointEvents
 from pointsman.policy.signals.kv_events import (
+    BlockStored,
     EventApplier,
     EventBatch,
     KVEventError,
@@ -93,6 +94,7 @@ class SignalFeeds:
         self._applier = EventApplier(_LiveSink(live))
         self._subscribers: dict[str, tuple[EndpointEvents, KVEventSubscriber]] = {}
         self._event_fleet: str | None = None
+        self._misread: set[str] = set()  # endpoints whose feed was logged as hashed otherwise than configured
 
     def follow_events(self) -> None:
         """Subscribe to every event-publishing endpoint of the serving fleet; stop the
@@ -122,7 +124,35 @@ class SignalFeeds:
         self._event_fleet = fleet.revision
 
     def _on_batch(self, endpoint: str, batch: EventBatch) -> None:
+        self._check_hashes(endpoint, batch)
         self._applier.apply(endpoint, batch)
+
+    def _check_hashes(self, endpoint: str, batch: EventBatch) -> None:
+        """Check each chain-starting block against the target's hash settings (``EngineCache.check_root``):
+        a feed hashed otherwise (SGLang read as vLLM, another block size, algorithm or seed) would match
+        no request, silently. One error per endpoint when a block mismatches and none has matched yet
+        (a few legitimate mismatches, multimodal or salted prompts, follow matches), naming the settings
+        that would match; counted in ``pointsman_kv_events{kind="hash_mismatches"}``."""
+        state = self.live.engine.state
+        info = state.fleet.endpoints.get(endpoint)
+        cache = None if info is None else state.engine_cache(info.target)
+        if cache is None:
+            return
+        for ev in batch.events:
+            if type(ev) is not BlockStored or cache.check_root(endpoint, ev) is not False or endpoint in self._misread:
+                continue
+            checked, mismatched = cache.root_checks()[endpoint]
+            if checked == mismatched:
+                self._misread.add(endpoint)
+                s = cache.settings
+                found = cache.scheme_of(ev)
+                log.error("KV events of %s (target %s) are not hashed as its kv_events section says (engine: %s, "
+                          "block_size: %d, hash_algo: %s, hash_seed: %s): no request will match its cache, so its "
+                          "cache signals read empty. %s", info.name or endpoint if info else endpoint,
+                          info.target if info else "?", s.engine, s.block_size, s.hash_algo, s.hash_seed,
+                          f"Its blocks hash as with {found}." if found else
+                          "No supported setting hashes its blocks (an unseeded vLLM sha256/sha256_cbor or SGLang "
+                          "were tried; a vLLM seed is the engines' PYTHONHASHSEED).")
 
     def _on_reset(self, endpoint: str, reason: str) -> None:
         log.warning("KV events of %s: dropping its reported cache (%s)", endpoint, reason)

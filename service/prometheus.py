@@ -47,7 +47,9 @@ Read from the live state at scrape time (``StateCollector``):
 ``pointsman_scrape_consecutive_failures{target,endpoint}``        failed scrapes in a row (0 when it answers)
 ``pointsman_kv_events_connected{target,endpoint}``                1 when its KV-event subscriber is connected
 ``pointsman_kv_events_age_seconds{target,endpoint}``              seconds since its last KV-event batch
-``pointsman_kv_events{target,endpoint,kind}``                     batches, events, gaps, resyncs, resets, errors
+``pointsman_kv_events{target,endpoint,kind}``                     batches, events, gaps, resyncs, resets, errors,
+                                                                  root_blocks, hash_mismatches (a feed hashed otherwise
+                                                                  than its target's kv_events says matches nothing)
 ``pointsman_state_sync_connected``                                1 when the shared-state reader is connected
 ``pointsman_state_sync_changes_applied``                          other processes' changes applied (monotone)
 ``pointsman_state_sync_write_errors``                             shared-state writes that failed (monotone)
@@ -328,7 +330,9 @@ class StateCollector(Collector):
         event_age = GaugeMetricFamily("pointsman_kv_events_age_seconds", "Seconds since the endpoint's last KV-event "
                                       "batch.", labels=["target", "endpoint"])
         counts = GaugeMetricFamily("pointsman_kv_events", "KV-event subscriber counts (monotone): batches, events, "
-                                   "gaps, resyncs, resets, errors.", labels=["target", "endpoint", "kind"])
+                                   "gaps, resyncs, resets, errors; root_blocks (chain-starting blocks checked against "
+                                   "the target's hash settings) and hash_mismatches (those hashed otherwise: the "
+                                   "feed matches no request).", labels=["target", "endpoint", "kind"])
         now = time.monotonic()
         for eid, sub in (feeds.events_status() if feeds is not None else {}).items():
             info = fleet.endpoints.get(eid)
@@ -340,6 +344,10 @@ class StateCollector(Collector):
                 event_age.add_metric(labels, max(0.0, now - sub.last_batch_at))
             for kind in ("batches", "events", "gaps", "resyncs", "resets", "errors"):
                 counts.add_metric([*labels, kind], float(getattr(sub, kind)))
+            cache = engine.state.engine_cache(info.target)
+            checked, mismatched = (0, 0) if cache is None else cache.root_checks().get(eid, (0, 0))
+            counts.add_metric([*labels, "root_blocks"], float(checked))
+            counts.add_metric([*labels, "hash_mismatches"], float(mismatched))
         yield from (connected, event_age, counts)
 
     def _sync(self, engine: RoutingEngine) -> Iterator[GaugeMetricFamily]:

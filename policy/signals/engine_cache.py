@@ -7,7 +7,7 @@ blocks, ``BlockRemoved`` removes them, ``AllBlocksCleared`` or a gap in the stre
 endpoint's entries), fed by ``kv_events.EventApplier`` (it is a ``kv_events.KVBlockSink``). A
 request is matched against it through the same hashes, computed from its prompt's token ids
 as the engine computes them (``engine_hashes``: the target's tokenizer and chat template,
-vLLM's block hashing). Only the GPU tier counts as cached; blocks reported on other media
+vLLM's or SGLang's block hashing). Only the GPU tier counts as cached; blocks reported on other media
 (CPU offload, disk) are counted but not matched.
 
 Memory: the index holds one entry per (block, endpoints) plus per-endpoint LRU order;
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pointsman.policy.fleet import TargetEvents
 from pointsman.policy.signals.engine_hashes import EngineHasher, TargetTokenizer
-from pointsman.policy.signals.kv_events import GPU
+from pointsman.policy.signals.kv_events import FULL_ATTENTION, GPU, BlockStored, hash_key
 from pointsman.policy.signals.prefix_index import PrefixIndex
 from pointsman.request import RequestView
 
@@ -44,7 +44,7 @@ class EngineCache:
         self.settings = settings
         self.block_tokens = settings.block_size
         self.hasher = EngineHasher(settings.hash_algo, settings.block_size, settings.hash_seed,
-                                   max_tokens=settings.max_tokens)
+                                   max_tokens=settings.max_tokens, engine=settings.engine)
         self.tokenizer = TargetTokenizer.from_files(
             base_dir / settings.tokenizer,
             tokenizer_config=None if settings.tokenizer_config is None else base_dir / settings.tokenizer_config,
@@ -54,6 +54,7 @@ class EngineCache:
         self.index = PrefixIndex(block_tokens=settings.block_size, default_capacity_tokens=capacity)
         self._lock = threading.Lock()
         self._other_media = 0
+        self._roots: dict[str, list[int]] = {}
 
     # -- kv_events.KVBlockSink
 
@@ -73,6 +74,42 @@ class EngineCache:
     def clear_endpoint(self, endpoint_id: str) -> None:
         """The endpoint holds nothing we know of (cleared, restarted, or a gap in its stream)."""
         self.index.clear(endpoint_id)
+
+    # -- is the feed hashed as configured?
+
+    def check_root(self, endpoint_id: str, event: BlockStored) -> bool | None:
+        """Whether a chain-starting ``BlockStored`` (no parent) hashes its first block as this target's
+        settings do (``kv_events``: engine, block size, algorithm, seed), counted per endpoint
+        (``root_checks``). None, uncounted: not checkable (a parent, a LoRA adapter's blocks, a group
+        that is not full attention, bigram tokens, or fewer tokens than a block). A feed hashed any other
+        way is matched by no request, so its engine's cache reads as empty: this is how that is seen."""
+        bs = self.block_tokens
+        tokens = [t for t in event.token_ids[:bs] if isinstance(t, int)]  # bigram pairs (EAGLE) are not checked
+        if event.parent_block_hash is not None or not event.block_hashes or event.lora_name is not None \
+                or event.kv_cache_spec_kind not in (None, FULL_ATTENTION) or len(tokens) < bs:
+            return None
+        ok = event.block_size == bs and self.hasher.keys(tokens)[:1] == [hash_key(event.block_hashes[0])]
+        with self._lock:
+            counts = self._roots.setdefault(endpoint_id, [0, 0])
+            counts[0] += 1
+            counts[1] += not ok
+        return ok
+
+    @staticmethod
+    def scheme_of(event: BlockStored) -> str | None:
+        """The ``kv_events`` settings that do hash a chain-starting ``event``'s first block (``engine: sglang,
+        block_size: 16``), among vLLM's unseeded algorithms and SGLang's; None when none does."""
+        tokens, bs = [t for t in event.token_ids[:event.block_size] if isinstance(t, int)], event.block_size
+        want = [hash_key(event.block_hashes[0])]
+        for engine, algo in (("vllm", "sha256"), ("vllm", "sha256_cbor"), ("sglang", "sha256")):
+            if len(tokens) == bs and EngineHasher(algo, bs, engine=engine).keys(tokens) == want:  # type: ignore[arg-type]
+                return f"engine: {engine}, block_size: {bs}" + (f", hash_algo: {algo}" if algo != "sha256" else "")
+        return None
+
+    def root_checks(self) -> dict[str, tuple[int, int]]:
+        """Per endpoint: (chain-starting blocks checked, those hashed otherwise than configured)."""
+        with self._lock:
+            return {e: (c[0], c[1]) for e, c in self._roots.items()}
 
     # -- reads
 

@@ -1,4 +1,4 @@
-"""Block hashes computed the way vLLM computes them, and the prompt token ids it hashes.
+"""Block hashes computed the way vLLM (or SGLang) computes them, and the prompt token ids it hashes.
 
 A request's block hashes here are the ones its engine publishes in ``BlockStored`` events
 (``kv_events``), so the prefix index can match a prompt against what the engines report
@@ -29,6 +29,18 @@ then hashes can only be matched if every engine runs with a fixed ``PYTHONHASHSE
 (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, the default), or the raw 32 bytes when that
 variable is 0 (``int_hashes=False``). ``EngineHasher.keys`` gives the u64 form either way:
 the key ``kv_events.hash_key`` makes of either event form.
+
+**SGLang** (``engine="sglang"``) hashes differently, so a vLLM hash never matches an SGLang event
+(read in ``sgl-project/sglang:python/sglang/srt/mem_cache/radix_cache.py``, ``_record_store_event`` and
+``compute_node_hash_values``, and ``hicache_storage.py``, ``get_hash_str`` and ``hash_str_to_int64``):
+its radix cache publishes one ``BlockStored`` per page of ``--page-size`` tokens (default 1), and page
+*i*'s digest is SHA-256 over page *i − 1*'s 32-byte digest (nothing for the first page: no seed) then
+each token id as 4 little-endian unsigned bytes; the event carries the digest's **first** 8 bytes as a
+signed 64-bit int (``kv_events`` normalises it to the same bits unsigned). No extra keys: a LoRA
+adapter's pages hash as the base model's. Older SGLang releases published ``hash(tuple(page_tokens))``,
+a per-page hash not chained to its prefix: not supported (``service/feeds.py`` reports such a feed as
+not matching). With page size 1 every token is a block: 32,768 hashes at the default bound, so lower
+``max_tokens`` or run SGLang with a larger page size.
 
 **Bounded cost.** At most ``max_tokens`` leading tokens are hashed (default 32,768, i.e. 2,048
 blocks of 16); blocks past the bound are not hashed, so a match is never longer than it.
@@ -128,7 +140,8 @@ class EngineHasher:
 
     ``algo``: ``prefix_caching_hash_algo``; ``block_size``: the engine's (hash) block size;
     ``seed``: its ``PYTHONHASHSEED`` (None: vLLM ≥ 0.29's fixed seed); ``int_hashes``:
-    ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``; ``max_tokens``: leading tokens hashed at most.
+    ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``; ``max_tokens``: leading tokens hashed at most;
+    ``engine``: ``vllm``, or ``sglang`` (its page hashes: ``algo``, ``seed`` and ``int_hashes`` unused).
     Raises ValueError naming a bad field.
     """
 
@@ -137,8 +150,11 @@ class EngineHasher:
     seed: str | None = None
     int_hashes: bool = True
     max_tokens: int = DEFAULT_MAX_TOKENS
+    engine: Literal["vllm", "sglang"] = "vllm"
 
     def __post_init__(self) -> None:
+        if self.engine not in ("vllm", "sglang"):
+            raise ValueError(f"engine: must be vllm or sglang, got {self.engine!r}")
         if self.algo not in HASH_ALGOS:
             raise ValueError(f"algo: must be one of {', '.join(HASH_ALGOS)}, got {self.algo!r}")
         if type(self.block_size) is not int or self.block_size < 1:
@@ -168,6 +184,8 @@ class EngineHasher:
         ids = token_ids if type(token_ids) is list else [int(t) for t in token_ids]
         bs = self.block_size
         n = min(len(ids), self.max_tokens) // bs * bs
+        if self.engine == "sglang":
+            return _sglang_digests(ids, n, bs)
         fn = _HASH_FNS[self.algo]
         parent = self.none_hash
         out: list[bytes] = []
@@ -178,14 +196,30 @@ class EngineHasher:
         return out
 
     def block_hashes(self, token_ids: Sequence[int]) -> list[int | bytes]:
-        """The hashes as the engine publishes them in events (``int_hashes``: u64 ints, else bytes)."""
+        """The hashes as the engine publishes them in events (``int_hashes``: u64 ints, else bytes;
+        SGLang: signed 64-bit ints)."""
+        if self.engine == "sglang":
+            return [int.from_bytes(d[:8], "big", signed=True) for d in self.digests(token_ids)]
         if self.int_hashes:
             return [int.from_bytes(d, "big") & _MASK64 for d in self.digests(token_ids)]
         return list(self.digests(token_ids))
 
     def keys(self, token_ids: Sequence[int]) -> list[int]:
-        """The u64 index keys (``kv_events.hash_key`` of either event form)."""
+        """The u64 index keys (``kv_events.hash_key`` of either event form; SGLang's first 8 digest bytes)."""
+        if self.engine == "sglang":
+            return [int.from_bytes(d[:8], "big") for d in self.digests(token_ids)]
         return [int.from_bytes(d, "big") & _MASK64 for d in self.digests(token_ids)]
+
+
+def _sglang_digests(ids: list[int], n: int, page: int) -> list[bytes]:
+    """SGLang's chained page digests of ``ids[:n]`` (``n`` a multiple of ``page``; module docstring)."""
+    out: list[bytes] = []
+    prior = b""
+    sha256 = hashlib.sha256
+    for start in range(0, n, page):
+        prior = sha256(prior + b"".join(t.to_bytes(4, "little") for t in ids[start:start + page])).digest()
+        out.append(prior)
+    return out
 
 
 # -- chat templates

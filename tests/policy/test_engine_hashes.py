@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from pointsman.policy.signals.engine_hashes import (
@@ -292,3 +294,15 @@ def test_unreadable_files(tmp_path):
         TargetTokenizer.from_files(tj, tokenizer_config=cfg)
     with pytest.raises(TargetTokenizerError, match="cannot read the chat template"):
         TargetTokenizer.from_files(tj, chat_template_file=tmp_path / "missing.jinja")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=80), st.sampled_from([1, 2, 16, 32]))
+def test_sglang_page_hashes_match_the_standin_engine(ids, page):
+    """``engine="sglang"``: SGLang's chained SHA-256 page hashes (the stand-in's, written apart), as published
+    (signed) and as index keys (the same 64 bits unsigned), never a vLLM hash of the same tokens."""
+    sg = EngineHasher(block_size=page, engine="sglang")
+    published = se.sglang_page_hashes(ids, page_size=page)
+    assert sg.block_hashes(ids) == published
+    assert sg.keys(ids) == [hash_key(h) for h in published]
+    assert not set(sg.keys(ids)) & set(EngineHasher(block_size=page).keys(ids))

@@ -126,3 +126,11 @@ def test_slo_classes_default_and_declared():
     with pytest.raises(FleetError, match=r"<fleet>:\d+:\d+: unknown-slo-class: defaults.slo_class 'interactiv' .*"
                                          r"did you mean 'interactive'"):
         parse_fleet(GOOD + "defaults: {slo_class: interactiv}\n")
+
+
+def test_sglang_events_take_no_vllm_hash_settings():
+    """``kv_events.engine: sglang`` hashes as SGLang does (unseeded SHA-256 pages): vLLM's seed or algorithm there
+    would be a setting that changes nothing, so the file is refused."""
+    events = "    usd_per_gpu_hour: 2.0\n    kv_events: {engine: sglang, tokenizer: t.json, hash_seed: '0'}\n"
+    with pytest.raises(FleetError, match=r"<fleet>:9:16: invalid-value: targets.small.kv_events: hash_algo and hash_seed are vLLM.s settings"):
+        parse_fleet(GOOD.replace("    usd_per_gpu_hour: 2.0\n", events))
