@@ -4,6 +4,8 @@
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from pointsman.errors import BudgetError, RequestError
 from pointsman.policy.budget.config import BudgetConfig
@@ -200,3 +202,32 @@ def test_budget_snapshots_are_cached_briefly_with_own_reservations_counted(fleet
     assert a.budget_snapshot(("tenant:other",), NOW) is None  # no budget applies
     fresh = state(fleet, ledger_path, limit=1.0, budget_snapshot_ttl_s=0.0)
     assert fresh.budget_snapshot(("tenant:acme",), NOW).binding.spent_usd == pytest.approx(0.3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(hst.lists(hst.tuples(hst.integers(0, 5000), hst.integers(0, 6000), hst.booleans(), hst.booleans()), max_size=12))
+def test_inflight_prefill_tokens_are_the_uncached_prompts_in_flight(fleet, steps):
+    """For any dispatches (prompt tokens, tokens cached where they prefill, aggregated or disaggregated) and
+    releases, each endpoint's in-flight prompt tokens are the prefill still owed there: the prompts but their
+    cached prefix, on the prefill side only (the queue scorer reads them as queued work), and 0 once all are
+    released."""
+    s = FleetState(fleet, None, clock=lambda: NOW)
+    owed: dict[str, dict[str, int]] = {E8: {}, P70: {}, D70: {}}
+    for i, (prompt, cached, disaggregated, release_now) in enumerate(steps):
+        did = f"d{i}"
+        target, mode, endpoint, prefill = ("onprem-70b", "disaggregated", D70, P70) if disaggregated else \
+            ("onprem-8b", "aggregated", E8, None)
+        record = DispatchRecord(did, target, mode, endpoint, prefill, (), 0.0, False, prompt, 1.0, 1.0, 100.0,
+                                cached_tokens=cached)
+        s.dispatch(Dispatch(record, [], False), now=NOW)
+        owed[prefill or endpoint][did] = max(0, prompt - cached)
+        if release_now:
+            s.release(did, now=NOW)
+            owed[prefill or endpoint].pop(did)
+        loads = s.board.get_many([E8, P70, D70], 100.0)
+        for e in (E8, P70, D70):
+            assert (loads[e].inflight_prompt_tokens if e in loads else 0) == sum(owed[e].values())
+    for e in (E8, P70):
+        for did in list(owed[e]):
+            s.release(did, now=NOW)
+    assert all(x.inflight_prompt_tokens == 0 for x in s.board.get_many([E8, P70, D70], 100.0).values())
