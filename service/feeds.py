@@ -94,7 +94,6 @@ class SignalFeeds:
         self._applier = EventApplier(_LiveSink(live))
         self._subscribers: dict[str, tuple[EndpointEvents, KVEventSubscriber]] = {}
         self._event_fleet: str | None = None
-        self._misread: set[str] = set()  # endpoints whose feed was logged as hashed otherwise than configured
 
     def follow_events(self) -> None:
         """Subscribe to every event-publishing endpoint of the serving fleet; stop the
@@ -130,20 +129,18 @@ class SignalFeeds:
     def _check_hashes(self, endpoint: str, batch: EventBatch) -> None:
         """Check each chain-starting block against the target's hash settings (``EngineCache.check_root``):
         a feed hashed otherwise (SGLang read as vLLM, another block size, algorithm or seed) would match
-        no request, silently. One error per endpoint when a block mismatches and none has matched yet
-        (a few legitimate mismatches, multimodal or salted prompts, follow matches), naming the settings
-        that would match; counted in ``pointsman_kv_events{kind="hash_mismatches"}``."""
+        no request, silently. One error per endpoint (and target settings) when the first block checked
+        mismatches (a few legitimate mismatches, multimodal or salted prompts, follow matches), naming the
+        settings that would match; every one counted in ``pointsman_kv_events{kind="hash_mismatches"}``."""
         state = self.live.engine.state
         info = state.fleet.endpoints.get(endpoint)
         cache = None if info is None else state.engine_cache(info.target)
         if cache is None:
             return
         for ev in batch.events:
-            if type(ev) is not BlockStored or cache.check_root(endpoint, ev) is not False or endpoint in self._misread:
+            if type(ev) is not BlockStored or cache.check_root(endpoint, ev) is not False:
                 continue
-            checked, mismatched = cache.root_checks()[endpoint]
-            if checked == mismatched:
-                self._misread.add(endpoint)
+            if cache.root_checks()[endpoint] == (1, 1):  # the first block checked (since the settings last changed)
                 s = cache.settings
                 found = cache.scheme_of(ev)
                 log.error("KV events of %s (target %s) are not hashed as its kv_events section says (engine: %s, "
