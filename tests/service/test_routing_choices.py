@@ -11,6 +11,7 @@ no sleeps).
 - Under ``signals.load.on_stale: saturated``, one stale endpoint read as 1,000,000 waiting requests, which
   the bounded-load cap averaged over the pool: the cap rose to 312,501 and all 9 requests of a hot prefix
   went to the endpoint caching it.
+- ``endpoint.*`` on a ``mode: auto`` route read the aggregated endpoint even where the route ran disaggregated.
 """
 
 from __future__ import annotations
