@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 from pointsman.estimator.features import IMAGE_TOKENS, IMAGE_TOKENS_UPPER
 from pointsman.policy.budget.ledger import BudgetLedger, EffectivePrice
 from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget, Pool, target_image_rule
-from pointsman.policy.media_tokens import media_tokens
+from pointsman.policy.media_tokens import SMALLEST, media_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
     from pointsman.request import RequestView
@@ -127,29 +127,37 @@ def estimate_cost(name: str, target: OnPremTarget | FrontierTarget, mode: str, p
 
 
 def target_prompt_tokens(target: OnPremTarget | FrontierTarget, request: Mapping[str, Any],
-                         view: RequestView | None = None, *, upper: bool = False) -> int:
+                         view: RequestView | None = None, *, window: bool = False) -> int:
     """Prompt tokens of a request on ``target``, from its ``request`` namespace (``namespaces.request_signals``) and,
     for a request with images, audio or files, its ``view`` (``RequestView.media``: their sizes; None, as in policy
-    cases: images of unknown size, audio and files not counted): ``prompt_tokens`` (the cost; with ``upper``, the
-    safe-side bound ``prompt_tokens_upper``, or a batch's ``longest_prompt_tokens_upper``: the context-window
-    filter) with its images counted by the target's rule (``fleet.target_image_rule``, at their read size and
-    detail) instead of ``IMAGE_TOKENS`` (``IMAGE_TOKENS_UPPER``) each, and its audio and files added
+    cases: images of unknown size, audio and files not counted): ``prompt_tokens`` (the cost) with its images counted
+    by the target's rule (``fleet.target_image_rule``, at their read size and detail; an image of unread size, given
+    by URL, at the most the rule bills) instead of ``IMAGE_TOKENS`` (``IMAGE_TOKENS_UPPER``) each, and its audio
+    and files added
     (``media_tokens.media_tokens``). A count the gateway supplied (``prompt_tokens_exact``) is taken for text alone
     and the media added to it (errs high by what it counted for them). When an audio or file part's size is not
     known, at least the target's window less the output it must hold (its cap, else 1 token), the most a provider
-    bills for a prompt it accepts. A text-only request reads nothing more. Never below 0."""
+    bills for a prompt it accepts. A text-only request reads nothing more. Never below 0.
+
+    ``window``: the count the context-window filter checks, which refuses a target only for what the request surely
+    needs there: the text at its safe-side bound ``prompt_tokens_upper`` (a batch's ``longest_prompt_tokens_upper``),
+    and an image of unread size at the least its rule bills (``media_tokens.SMALLEST``): three image URLs may bill
+    3 x 48,169 tokens on gpt-4o-mini, over its 128,000-token window, or 3 x 8,500; the request goes there and the
+    cost (the budget hold) counts the most."""
     count: int = (request.get("longest_prompt_tokens_upper") or max(  # a case may set only the count
-        request["prompt_tokens"], request.get("prompt_tokens_upper", 0))) if upper else request["prompt_tokens"]
+        request["prompt_tokens"], request.get("prompt_tokens_upper", 0))) if window else request["prompt_tokens"]
     images: int = request.get("images", 0)
     if not images and not request.get("has_audio") and not request.get("has_files"):
         return count
     rule = target_image_rule(target)
-    counted = (IMAGE_TOKENS_UPPER if upper else IMAGE_TOKENS) * images  # what the count gave the images
+    counted = (IMAGE_TOKENS_UPPER if window else IMAGE_TOKENS) * images  # what the count gave the images
+    unread = SMALLEST if window else None
     text = count if request.get("prompt_tokens_exact") else max(0, count - counted)
     if view is None:
         low = int(request.get("images_low_detail", 0))
-        return text + (images - low) * rule(None, None) + low * rule(None, "low")
-    tokens, unknown = media_tokens(rule, target.provider if isinstance(target, FrontierTarget) else None, view.media)
+        return text + (images - low) * rule(unread, None) + low * rule(unread, "low")
+    tokens, unknown = media_tokens(rule, target.provider if isinstance(target, FrontierTarget) else None, view.media,
+                                   unread)
     if not unknown:
         return text + tokens
     reserved = int(request["max_output_tokens"]) if request.get("max_output_tokens_set") else 1

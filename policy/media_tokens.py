@@ -1,6 +1,7 @@
 """Prompt tokens a request's images, audio and files bill on a target, on the safe side: at least what its provider's
 documented rule bills for the size ``pointsman.media`` reads (an image's width and height, an audio part's seconds,
-a PDF's pages), and, where the size is not known, the most the rule can bill.
+a PDF's pages), and, where the size is not known, the most the rule can bill (the context-window filter counts an
+image of unknown size at the least it bills instead: ``SMALLEST``, ``cost.target_prompt_tokens(window=True)``).
 
 Images. An image given inline (a base64 ``data:`` URL) has its size read from its header; one given by URL is
 counted at the most its rule bills at the detail it asks (OpenAI's ``image_url.detail``: ``low``, else
@@ -84,6 +85,11 @@ PAGE_TEXT_TOKENS = 3000
 #: Audio tokens per second: OpenAI's (and Azure OpenAI's), else the most documented (Gemini's).
 AUDIO_TOKENS_PER_S = {"openai": 10, "azure": 10}
 MAX_AUDIO_TOKENS_PER_S = 32
+
+
+#: The size an image of unread size counts at where the least it can bill is wanted (the context-window filter):
+#: 1 x 1 px, one tile, cell or token (a stated ``image_tokens`` is its count whatever the size).
+SMALLEST: Size = (1, 1)
 
 
 class ImageRule(Protocol):
@@ -202,11 +208,12 @@ def image_rule(provider: str | None, model: str) -> ImageRule:
     return UNKNOWN
 
 
-def media_tokens(rule: ImageRule, provider: str | None, media: Media) -> tuple[int, bool]:
+def media_tokens(rule: ImageRule, provider: str | None, media: Media, unread: Size = None) -> tuple[int, bool]:
     """(tokens, unknown): the prompt tokens ``media``'s parts bill on a target whose image rule is ``rule`` and whose
-    provider is ``provider`` (None on-prem), by the rules of the module docstring; ``unknown``: some audio or file
+    provider is ``provider`` (None on-prem), by the rules of the module docstring; an image of unread size counts as
+    one of size ``unread`` (None: the most the rule bills; ``SMALLEST``: the least); ``unknown``: some audio or file
     part's size was not read (not counted in tokens). Pure; no errors."""
-    tokens = sum(rule(size, detail) for size, detail in media.images)
+    tokens = sum(rule(unread if size is None else size, detail) for size, detail in media.images)
     rate = AUDIO_TOKENS_PER_S.get(provider or "", MAX_AUDIO_TOKENS_PER_S)
     tokens += sum(math.ceil(s * rate) for s in media.audio_seconds if s is not None)
     page = PAGE_TEXT_TOKENS + rule(None, None)

@@ -9,9 +9,10 @@ They run in this order, and the first that removes a target names it:
   inputs ``capabilities.files``; tools need ``capabilities.tools``; a Responses request continuing provider-stored
   state (``request.stored_state``: ``previous_response_id``, ``conversation``, ``item_reference``) a target that holds it
   (``fleet.holds_stored_state``).
-- ``context-window``: the prompt's tokens on the target (``cost.target_prompt_tokens(upper=True)``: the safe-side
+- ``context-window``: the prompt's tokens on the target (``cost.target_prompt_tokens(window=True)``: the safe-side
   bound ``request.prompt_tokens_upper``, or for a batch of prompts, each its own sequence, its longest prompt's
-  ``request.longest_prompt_tokens_upper``; images, audio and files counted as the cost counts them there)
+  ``request.longest_prompt_tokens_upper``; images, audio and files counted as the cost counts them there, but an
+  image of unread size, given by URL, at the least it bills: a target is refused only for what surely will not fit)
   plus the client's output cap (1 token when uncapped) must fit the target's ``context_window_tokens``.
 - ``tenants``: a target with an allow-list (``filters.tenants``) takes only those tenants
   (a request without a tenant is on no list).
@@ -78,10 +79,11 @@ FilterFn = Callable[[str, "OnPremTarget | FrontierTarget", FilterContext], "str 
 
 
 def context_window(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterContext) -> str | None:
-    """Ineligible when the prompt's tokens on the target (``target_prompt_tokens(upper=True)``: the safe-side bound,
-    a batch's longest prompt's, its media by the target's rules) + output cap (1 if uncapped) > context_window_tokens."""
+    """Ineligible when the prompt's tokens on the target (``target_prompt_tokens(window=True)``: the safe-side bound,
+    a batch's longest prompt's, its media by the target's rules, images of unread size at the least they bill)
+    + output cap (1 if uncapped) > context_window_tokens."""
     request = ctx.request
-    prompt = target_prompt_tokens(target, request, ctx.source.view, upper=True)
+    prompt = target_prompt_tokens(target, request, ctx.source.view, window=True)
     need = prompt + (request["max_output_tokens"] if request["max_output_tokens_set"] else 1)
     if need > target.context_window_tokens:
         return f"needs {need:,} tokens > window {target.context_window_tokens:,}"

@@ -272,7 +272,7 @@ SIGNALS: dict[str, Namespace] = {
         "has_images": Signal("bool", "any image part in the conversation"),
         "images": Signal("int", "number of image parts (cost() and the context-window filter count each by its "
                                 "target's rule at its detail and the size read from an inline image's header, "
-                                "else the most the rule bills: the fleet's image_tokens, policy/media_tokens.py)"),
+                                "else the most the rule bills (the context-window filter: the least), policy/media_tokens.py)"),
         "images_low_detail": Signal("int", "image parts asking detail 'low' (of images)"),
         "has_audio": Signal("bool", "any input_audio part in the conversation (not counted in prompt_tokens; cost() and "
                                      "the context-window filter count its seconds by the target's rule), "

@@ -134,14 +134,20 @@ def test_an_inline_image_counts_what_its_size_bills(route):
 
 
 def test_the_context_window_holds_the_targets_image_count(route):
-    """Three images by URL take up to 3 x 48,169 = 144,507 tokens on gpt-4o-mini: over its 128,000-token window, so
-    it is ineligible (the filter counted 1,600 an image everywhere and sent the request there, 200): an easy request,
-    which the default policy sends nowhere else, is refused; a hard one goes to gpt-4o (3 x 1,445) as before. Three
-    inline 512-px images (3 x 8,500) fit gpt-4o-mini."""
-    refused = route(_image_request(images=3), status=422)["error"]["message"]
+    """The window filter refuses a target only for what surely will not fit, the cost holds the most. Three images
+    by URL bill 3 x 8,500 to 3 x 48,169 = 144,507 tokens on gpt-4o-mini (a 128,000-token window): an easy request
+    goes there, held at the most; three inline 1,536 x 4,096 images (8 tiles each once fit) surely do not fit, so
+    it is refused there (the filter counted 1,600 an image everywhere and sent it, 200) and, as the default policy
+    sends an easy request nowhere else, refused; a hard one goes to gpt-4o (3 x 1,445). Three inline 512-px images
+    (3 x 8,500) fit gpt-4o-mini."""
+    by_url = route(_image_request(images=3))
+    assert by_url["target"] == "frontier-small"
+    assert by_url["estimated_cost_usd"] >= mini_usd(3 * MINI_MOST)
+    big = png_url(1536, 4096)
+    refused = route(_image_request(url=big, images=3), status=422)["error"]["message"]
     assert "frontier-small (context-window: needs 144,5" in refused, refused
     assert "onprem-8b (capabilities: does not accept image inputs)" in refused, refused  # named for what it lacks
-    assert route(_image_request(images=3), p_hard=0.95)["target"] == "frontier-large"
+    assert route(_image_request(url=big, images=3), p_hard=0.95)["target"] == "frontier-large"
     assert route(_image_request(url=png_url(512, 512), images=3))["target"] == "frontier-small"
 
 
