@@ -7,8 +7,8 @@ relay (``verify_relay.py``: a verify reaching a process that does not hold its d
 ``Runtime.start_watchers`` starts, as asyncio tasks, the engines' signal feeds (``feeds.py``:
 ``/metrics`` scraping), the policy, fleet and budgets file watchers, the model follower and the
 spend journal's replay (``replay_journal``);
-``Runtime.close`` stops everything in order (tasks, then the writer drains, then the logs, the
-shared-state sync and the ledger close).
+``Runtime.close`` stops everything in order (tasks, then the spend journal is booked
+(``drain_journal``), the writer drains, then the logs, the shared-state sync and the ledger close).
 
 Routes reach it as ``request.app.state.runtime`` through the dependency ``get_runtime`` (or
 ``runtime_of(request)``; 503 while the service is starting or stopping).
@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,9 @@ from pointsman.service.settings import Settings
 from pointsman.service.verify_relay import VerifyRelay
 
 log = logging.getLogger("pointsman.service")
+
+#: Seconds a stopping service keeps trying to book its spend journal while the ledger is unavailable.
+JOURNAL_DRAIN_S = 10.0
 
 
 @dataclass
@@ -168,9 +172,32 @@ class Runtime:
             except TimeoutError:
                 pass
 
+    def drain_journal(self, wait_s: float = JOURNAL_DRAIN_S, interval_s: float = 1.0) -> int:
+        """At shutdown: book what the spend journal holds (``FleetState.replay_journal``), every ``interval_s``
+        while the ledger is unavailable, for at most ``wait_s`` seconds (the data folder, and the journal with it,
+        may not outlive the process). Returns the settlements left in the journal (logged: booked when a service
+        starts again on this data folder)."""
+        state = self.live.engine.state
+        if state.journal is None:
+            return 0
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                state.replay_journal()
+            except Exception:  # noqa: BLE001 - shutting down anyway; the entries stay
+                log.exception("spend journal replay failed")
+            left = len(state.journal)
+            if not left or time.monotonic() + interval_s > deadline:
+                break
+            time.sleep(interval_s)
+        if left:
+            log.error("spend journal: %d settlement(s) not booked at shutdown (the budget ledger is unavailable); "
+                      "kept in %s, booked when a service starts on this data folder", left, state.journal.path)
+        return left
+
     async def close(self) -> None:
-        """Stop the watchers, drain the decision log, close the logs, the pool and (when owned)
-        the ledger."""
+        """Stop the watchers, book the spend journal (``drain_journal``), drain the decision log, close the
+        logs, the pool and (when owned) the ledger."""
         self.closing = True
         if self._stop is not None:
             self._stop.set()
@@ -181,6 +208,7 @@ class Runtime:
                 task.cancel()
             except Exception:  # noqa: BLE001 - shutting down anyway
                 log.exception("background task %s failed", task.get_name())
+        await asyncio.to_thread(self.drain_journal)
         await asyncio.to_thread(self.writer.close)
         self.outcome_log.close()
         if self.relay is not None:

@@ -35,7 +35,8 @@ class KillAtSettle:
     """A TCP proxy to the redis-server at ``upstream`` (host, port) on ``port``. While ``armed`` is set with
     a pid, the first client chunk carrying the ledger's settle script SHA SIGKILLs that pid and is dropped
     (its connection closed): the settle never reaches Redis. ``kills`` counts those. While ``stall`` is set
-    instead, that chunk waits until ``stall`` is cleared (set ``stalled`` meanwhile), then goes on."""
+    instead, that chunk waits until ``stall`` is cleared (set ``stalled`` meanwhile), then goes on. While
+    ``refuse`` is set, every client chunk closes its connection unsent (the ledger is unreachable)."""
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
@@ -43,6 +44,7 @@ class KillAtSettle:
         self.kills = 0
         self.stall = threading.Event()
         self.stalled = threading.Event()
+        self.refuse = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -62,7 +64,7 @@ class KillAtSettle:
                 readable, _, _ = select.select([down, up], [], [])
                 for s in readable:
                     data = s.recv(65536)
-                    if not data:
+                    if not data or s is down and self.refuse.is_set():
                         return
                     if s is down and self.stall.is_set() and SETTLE_SHA in data:
                         self.stalled.set()
@@ -246,3 +248,32 @@ def test_a_kept_draft_booked_whole_elsewhere_while_its_verify_was_slow_is_not_bo
         assert time.monotonic() < deadline, acme(a)
         time.sleep(0.1)
     assert acme(a) == (pytest.approx(whole, abs=1e-9), 0.0)  # before: whole + the 104 tokens beyond the prefix
+
+
+def test_spend_journaled_when_sigterm_comes_is_booked_before_the_process_exits(tmp_path, serve, ledger, redis_url):
+    """The ledger is unreachable when an outcome comes: its settlement goes to the spend journal. The service is
+    told to stop (SIGTERM) while the ledger is still away, and the ledger comes back before the stop ends: the
+    journal must be booked before the process exits (its data folder may go with it: an emptyDir pod), without
+    restarting it. Before, the journal's replay loop stopped at SIGTERM and the settlement stayed in the file."""
+    from pointsman.policy.budget.config import BudgetConfig
+    from pointsman.policy.budget.journal import DEFAULT_JOURNAL_NAME, SpendJournal
+    from pointsman.policy.budget.redis_ledger import RedisLedger
+
+    settings, proxy = ledger
+    proc, base = serve(tmp_path / "data", **settings)
+    d = route(base)
+    proxy.refuse.set()
+    r = httpx.post(f"{base}/v1/outcomes", json={"decision_id": d["decision_id"], "status": "ok",
+                                                "usage": {"prompt_tokens": 12, "completion_tokens": 40}}, timeout=30)
+    ack = r.json()["acks"][0]
+    assert ack["status"] == "stored" and ack["settlement"]["hold_state"] == "journaled", ack
+    journal = SpendJournal(tmp_path / "data" / DEFAULT_JOURNAL_NAME)
+    assert len(journal) == 1
+    proc.send_signal(signal.SIGTERM)
+    proxy.refuse.clear()
+    assert proc.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after shutting down
+    assert len(journal) == 0
+    books = RedisLedger.from_url(settings["budget_ledger"].replace(f"127.0.0.1:{proxy.port}", urlsplit(redis_url).netloc),
+                                 BudgetConfig(), timeout_s=5.0)
+    status = books.snapshot(["tenant:acme"]).statuses[0]
+    assert status.settled_usd == pytest.approx(ack["settlement"]["actual_cost_usd"], abs=1e-9)
