@@ -51,6 +51,11 @@ Tables::
              user_rating, regenerated, escalated, payload_sha256, served_endpoint, upstream_status)
     verifications(decision_id PK, time_s, action, rule, p_bad, verifier, escalation_id,
                   escalation_target, estimated_cost_usd, features JSON, draft_text)
+    unsettled(outcome_id PK, outcome JSON)
+
+``unsettled`` holds the outcomes stored but not yet settled that no gateway resends (ext_proc records
+them itself): written in the transaction that stores the outcome, deleted once it is settled, and
+settled at the next start when the process died in between (``append_outcomes(unsettled=True)``).
 
 ``verifications`` holds one row per verified draft (``POST /v1/verify``, a cascade): the
 verifier's answer and the draft's features (``estimator.draft.DraftFeatures``), so a verifier
@@ -158,6 +163,7 @@ CREATE TABLE IF NOT EXISTS outcomes (
     upstream_status INTEGER
 );
 CREATE INDEX IF NOT EXISTS outcomes_decision ON outcomes(decision_id);
+CREATE TABLE IF NOT EXISTS unsettled (outcome_id TEXT PRIMARY KEY, outcome TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS verifications (
     decision_id TEXT PRIMARY KEY REFERENCES decisions(decision_id),
     time_s REAL NOT NULL,
@@ -221,6 +227,7 @@ class _OutcomeCall:
     items: list[OutcomeIn]
     known: dict[str, str]
     received_s: float
+    unsettled: bool = False
 
 
 class _WalKeeper:
@@ -317,7 +324,7 @@ class _WalKeeper:
 #: Tables of Pointsman's own SQLite files that may share a file with the outcome log (the budget ledger's).
 _OWN_TABLE_PREFIXES = ("budget_", "journal")
 #: The outcome log's own tables (``_SCHEMA``).
-_OWN_TABLES = frozenset({"meta", "decisions", "outcomes", "verifications"})
+_OWN_TABLES = frozenset({"meta", "decisions", "outcomes", "verifications", "unsettled"})
 
 
 def foreign_tables(path: Path) -> list[str]:
@@ -454,8 +461,8 @@ class OutcomeLog:
             return conn.total_changes - before
 
     def append_outcomes(self, outcomes: Sequence[OutcomeIn | Mapping[str, object]], *,
-                        received_s: float | None = None,
-                        known: Mapping[str, str] | None = None) -> list[OutcomeAck]:
+                        received_s: float | None = None, known: Mapping[str, str] | None = None,
+                        unsettled: bool = False) -> list[OutcomeAck]:
         """Store outcomes (validated ``OutcomeIn`` or dicts, which are validated with
         ``parse_outcomes`` rules) durably; returns one ``OutcomeAck`` per item, in order. Items with
         status ``stored``/``duplicate`` are on disk (fsynced) when this returns.
@@ -466,14 +473,16 @@ class OutcomeLog:
 
         ``served_target`` defaults to the decision's target. ``known``: decision id -> target of
         decisions the caller vouches for; their outcomes are stored even when the decision is not
-        (yet) in the log. Raises ``RequestError`` for an invalid dict (nothing stored) and
-        ``DataError`` when the store is unavailable (nothing of the shared transaction acknowledged).
+        (yet) in the log. ``unsettled``: also keep each non-shadow outcome in the log (stored or duplicate) as
+        not yet settled, in the same transaction, until ``settled`` names it (``unsettled_outcomes`` reads
+        them). Raises ``RequestError`` for an invalid dict (nothing stored) and ``DataError`` when the store is
+        unavailable (nothing of the shared transaction acknowledged).
         """
         items = [o for o in outcomes if isinstance(o, OutcomeIn)]
         if len(items) < len(outcomes):
             items = parse_outcomes([o.model_dump() if isinstance(o, OutcomeIn) else o for o in outcomes])
         now = time.time() if received_s is None else float(received_s)
-        return self._group.run(_OutcomeCall(items, dict(known or {}), now))
+        return self._group.run(_OutcomeCall(items, dict(known or {}), now, unsettled))
 
     def _store_outcomes(self, calls: Sequence[_OutcomeCall]) -> list[list[OutcomeAck]]:
         """``append_outcomes`` for several calls in one durable transaction (the group commit's
@@ -484,7 +493,10 @@ class OutcomeLog:
             for call in calls:
                 acks: list[OutcomeAck] = []
                 for o in call.items:
-                    acks.append(self._insert_outcome(conn, o, call.known, call.received_s, seen))
+                    acks.append(ack := self._insert_outcome(conn, o, call.known, call.received_s, seen))
+                    if call.unsettled and ack.ok and not o.shadow:
+                        conn.execute("INSERT OR IGNORE INTO unsettled(outcome_id, outcome) VALUES (?, ?)",
+                                     (ack.outcome_id, o.model_dump_json(exclude_unset=True)))
                 results.append(acks)
         self._keeper.dirty(unsynced=True)
         return results
@@ -520,6 +532,23 @@ class OutcomeLog:
         )
         seen[key] = digest
         return OutcomeAck(key, o.decision_id, "stored")
+
+    def settled(self, outcome_ids: Sequence[str]) -> None:
+        """Forget that these outcomes wait to be settled (``append_outcomes(unsettled=True)``); not ``fsync``ed:
+        a settlement is idempotent, so one named again after a crash is settled again harmlessly. Raises
+        ``DataError``."""
+        if outcome_ids:
+            with self._write(durable=False) as conn:
+                conn.executemany("DELETE FROM unsettled WHERE outcome_id = ?", [(k,) for k in outcome_ids])
+
+    def unsettled_outcomes(self, limit: int = 1000) -> list[OutcomeIn]:
+        """Up to ``limit`` outcomes stored with ``unsettled`` and not yet named by ``settled`` (as reported).
+        Raises ``DataError``."""
+        try:
+            rows = self._reader().execute("SELECT outcome FROM unsettled LIMIT ?", (limit,)).fetchall()
+        except sqlite3.Error as exc:
+            raise DataError(f"{self.path}: outcome log unavailable ({exc})") from None
+        return parse_outcomes([json.loads(r[0]) for r in rows]) if rows else []
 
     def append_verification(self, decision_id: str, *, time_s: float, action: str, rule: str, p_bad: float,
                             verifier: str, features: Mapping[str, object], escalation_id: str | None = None,

@@ -48,7 +48,7 @@ from pointsman.service.cascade import VerifyIn
 from pointsman.service.docs_ui import install_docs
 from pointsman.service.http_errors import HTTPError, install_error_handlers, internal_error
 from pointsman.service.keys import KeySource, exposure_problem
-from pointsman.service.routes_reports import OUTCOMES_SCHEMA, deliver_forwarded, outcomes_hot
+from pointsman.service.routes_reports import OUTCOMES_SCHEMA, deliver_forwarded, outcomes_hot, settle_unsettled
 from pointsman.service.runtime import Runtime, build_runtime
 from pointsman.service.schemas import PolicyValidateIn, TelemetryIn
 from pointsman.service.settings import Settings
@@ -173,7 +173,8 @@ def create_app(settings: Settings | None = None, engine: RoutingEngine | None = 
         access_log.install()  # after uvicorn configured its loggers: no query-string value is logged
         rt = await run_in_threadpool(build_runtime, settings, engine, owns_engine=owns_engine,
                                      estimator_error=estimator_error, deliver=deliver_forwarded,
-                                     answer_verify=routes_verify.answer_relayed)
+                                     answer_verify=routes_verify.answer_relayed,
+                                     settle_unsettled=settle_unsettled)
         app.state.runtime, app.state.fleet_state = rt, rt.live.engine.state
         if not keys.ring().enabled:
             log.warning("no API keys configured (POINTSMAN_GATEWAY_API_KEYS, POINTSMAN_ADMIN_API_KEYS): "

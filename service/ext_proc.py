@@ -679,7 +679,7 @@ class ExtProcServer:
         written, or the ledger took no settlement): a retry stores them (duplicates of what was stored) and
         settles them once."""
         try:
-            acks = await asyncio.to_thread(store_outcomes, self.rt, list(items))
+            acks = await asyncio.to_thread(store_outcomes, self.rt, list(items), unsettled=True)
         except HTTPError as exc:
             for item in items:
                 log.warning("outcome of decision %s not recorded yet (retried every %g s): %s", item.decision_id,

@@ -475,7 +475,7 @@ def not_the_callers(item: OutcomeIn, record: DispatchRecord | None, caller: Prin
 
 
 def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], indexed: bool = False,
-                   settle: bool = True, caller: Principal | None = None) -> list[AckEntry]:
+                   settle: bool = True, caller: Principal | None = None, unsettled: bool = False) -> list[AckEntry]:
     """Steps 1-3 of the module docstring (blocking: run in a worker thread). Returns one ack
     dict per item, in order; an invalid item (an ``OutcomeItemError`` from parsing, usage
     impossible on its target, ``usage_problem``, or a decision of another gateway key than
@@ -483,7 +483,10 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
     stored and gets status ``invalid``, its ``message`` naming the fields, and its error under
     the ``problem`` key. Without ``settle`` (outcomes forwarded here) nothing is forwarded again and
     nothing is settled but a draft the gateway kept of a decision this replica's verify escalated
-    (``_settle_kept_draft``: only here are that escalation and the verified prefix known). Raises
+    (``_settle_kept_draft``: only here are that escalation and the verified prefix known). ``unsettled``
+    (ext_proc's outcomes, which no gateway resends): the outcome log keeps each outcome stored here as not yet
+    settled, in the transaction that stores it, until its settlement is made (``OutcomeLog.unsettled_outcomes``:
+    a process killed in between settles it when it starts again, ``settle_unsettled``). Raises
     ``HTTPError`` 503 when the outcome log, the shared state (for an outcome to forward) or the ledger
     is unavailable."""
     # their decisions first, when still in this process's memory: each outcome joins its decision in the log, and
@@ -532,12 +535,14 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
                     continue
             here.append((i, item))
         if here:
-            for (i, _), stored in zip(here, rt.outcome_log.append_outcomes([item for _, item in here], known=known)):
+            for (i, _), stored in zip(here, rt.outcome_log.append_outcomes([item for _, item in here], known=known,
+                                                                             unsettled=unsettled and settle)):
                 acks[i] = stored
     except DataError as exc:
         raise unavailable(f"outcome log unavailable, nothing acknowledged: {exc}", "outcome_log_unavailable") from None
     out: list[AckEntry] = []
     ledger_down = None
+    settled: list[str] = []  # outcomes kept as unsettled whose settlement is made
     for i, (item, ack, problem) in enumerate(zip(items, acks, problems)):
         if problem is not None:
             entry = _invalid_ack(item, problem)
@@ -555,12 +560,35 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
                     _settle(rt, item, entry, escalation)
                 except LedgerUnavailable as exc:
                     ledger_down = exc
+                else:
+                    settled.append(item.key)
         rt.metrics.outcomes.labels(entry["status"]).inc()
         out.append(entry)
+    if unsettled and settled:
+        try:
+            rt.outcome_log.settled(settled)
+        except DataError as exc:  # settled again at the next start: idempotent
+            log.warning("settled outcomes not marked settled in the outcome log: %s", exc)
     if ledger_down is not None:
         raise unavailable(f"outcomes stored durably, but the budget ledger is unavailable ({ledger_down}); retry: "
                           "the retry is acknowledged as duplicate and settles", "budget_ledger_unavailable")
     return out
+
+
+def settle_unsettled(rt: Runtime) -> int:
+    """Settle the outcomes the outcome log keeps as not yet settled (``store_outcomes(unsettled=True)``: stored
+    by a process that died before settling them), as a gateway's resend would: duplicates, settled once (blocking:
+    run in a worker thread). Returns how many are left (0 when all are settled); raises ``HTTPError`` 503 while
+    the outcome log, or the ledger with no journal to take them, is unavailable."""
+    try:
+        items = rt.outcome_log.unsettled_outcomes()
+    except DataError as exc:
+        raise unavailable(f"outcome log unavailable: {exc}", "outcome_log_unavailable") from None
+    for item in store_outcomes(rt, list(items), indexed=True, unsettled=True) if items else []:
+        if item["status"] not in ("stored", "duplicate", "forwarded"):
+            log.warning("unsettled outcome %s of decision %s: %s (%s)", item["outcome_id"], item["decision_id"],
+                        item["status"], item["message"])
+    return len(rt.outcome_log.unsettled_outcomes(1))
 
 
 def deliver_forwarded(rt: Runtime, payloads: list[str]) -> bool:

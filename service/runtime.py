@@ -6,7 +6,7 @@ decision log writer, the shared-state sync (``POINTSMAN_STATE_URL``) and, on Red
 relay (``verify_relay.py``: a verify reaching a process that does not hold its decision);
 ``Runtime.start_watchers`` starts, as asyncio tasks, the engines' signal feeds (``feeds.py``:
 ``/metrics`` scraping), the policy, fleet and budgets file watchers, the model follower and the
-spend journal's replay (``replay_journal``);
+spend's replay (``replay_spend``: the spend journal, and outcomes stored but not settled before a restart);
 ``Runtime.close`` stops everything in order (tasks, then the spend journal is booked
 (``drain_journal``), the writer drains, then the logs, the shared-state sync and the ledger close).
 
@@ -77,6 +77,9 @@ class Runtime:
     watching_fleet: bool = False
     watching_budgets: bool = False
     closing: bool = False
+    #: ``routes_reports.settle_unsettled``: settles the outcomes the outcome log keeps as not yet settled and
+    #: returns how many are left (None: nothing does).
+    settle_unsettled: Callable[[Runtime], int] | None = None
     _stop: asyncio.Event | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -140,8 +143,8 @@ class Runtime:
                               key_names=lambda: key_names(s)),
                 name="pointsman-budgets-watch"))
             self.watching_budgets = True
-        if self.live.engine.state.journal is not None:
-            self._tasks.append(asyncio.create_task(self.replay_journal(), name="pointsman-spend-journal"))
+        if self.live.engine.state.journal is not None or self.settle_unsettled is not None:
+            self._tasks.append(asyncio.create_task(self.replay_spend(), name="pointsman-spend-replay"))
         if s.watch_policy:
             path = self.live.engine.policy.file
             self._tasks.append(asyncio.create_task(watch_policy(self.live, path, self._stop, self.record_reload),
@@ -156,10 +159,12 @@ class Runtime:
             self._tasks.append(asyncio.create_task(self.follower.run(s.model_poll_interval_s, self._stop),
                                                    name="pointsman-model-follower"))
 
-    async def replay_journal(self, interval_s: float = 1.0) -> None:
-        """Every ``interval_s``, book the settlements the spend journal kept while the ledger was
-        unavailable (``FleetState.replay_journal``), until the service stops."""
+    async def replay_spend(self, interval_s: float = 1.0) -> None:
+        """Every ``interval_s`` until the service stops: book the settlements the spend journal kept while the
+        ledger was unavailable (``FleetState.replay_journal``), and, until none is left, settle the outcomes the
+        outcome log keeps as unsettled (``settle_unsettled``: stored by a process that died before settling them)."""
         assert self._stop is not None
+        unsettled = self.settle_unsettled is not None
         while not self._stop.is_set():
             try:
                 booked = await asyncio.to_thread(self.live.engine.state.replay_journal)
@@ -167,6 +172,11 @@ class Runtime:
                     log.info("spend journal: %d settlement(s) booked in the ledger", booked)
             except Exception:  # noqa: BLE001 - keep replaying; the entries stay
                 log.exception("spend journal replay failed")
+            try:
+                if unsettled and self.settle_unsettled is not None:
+                    unsettled = await asyncio.to_thread(self.settle_unsettled, self) > 0
+            except Exception as exc:  # noqa: BLE001 - keep trying; the outcomes stay unsettled in the log
+                log.warning("outcomes stored before a restart not settled yet: %s", exc)
             try:
                 await asyncio.wait_for(self._stop.wait(), timeout=interval_s)
             except TimeoutError:
@@ -222,13 +232,14 @@ class Runtime:
 def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, owns_engine: bool = False,
                   estimator_error: str | None = None,
                   deliver: Callable[[Runtime, list[str]], bool] | None = None,
-                  answer_verify: Callable[[Runtime, dict[str, Any]], tuple[int, dict[str, Any]]] | None = None
-                  ) -> Runtime:
+                  answer_verify: Callable[[Runtime, dict[str, Any]], tuple[int, dict[str, Any]]] | None = None,
+                  settle_unsettled: Callable[[Runtime], int] | None = None) -> Runtime:
     """Load what the service needs (see the module). ``deliver(rt, payloads)`` stores outcomes
     other replicas forward to this one's outcome log (``routes_reports.deliver_forwarded``;
     without it this process receives none, and its decisions' records name no inbox);
     ``answer_verify(rt, body)`` answers verifies other processes relay here
-    (``routes_verify.answer_relayed``; with Redis shared state only). Raises ``FleetError``/``PolicyError``/
+    (``routes_verify.answer_relayed``; with Redis shared state only); ``settle_unsettled`` (``Runtime``'s
+    field; ``routes_reports.settle_unsettled``). Raises ``FleetError``/``PolicyError``/
     ``BudgetConfigError`` for bad config files and ``DataError`` for an unusable outcome log."""
     if engine is None:
         loaded = build_engine(settings, shared=True)
@@ -253,7 +264,7 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
     rt = Runtime(settings, LiveEngine(engine, estimator_error), metrics, outcome_log, writer, owns_engine,
                  cascade=PendingDrafts(settings.verify_ttl_s, settings.verify_max_pending,
                                                settings.verify_max_pending_bytes),
-                 verifier=load_verifier(settings.verifier))
+                 verifier=load_verifier(settings.verifier), settle_unsettled=settle_unsettled)
     if estimator_error is None:
         rt.live = LiveEngine(engine.with_estimator(rt.wrap(engine.estimator)), None)
     metrics.watch_state(StateCollector(lambda: rt.live, lambda: rt.writer.pending, lambda: rt.feeds))

@@ -277,3 +277,55 @@ def test_spend_journaled_when_sigterm_comes_is_booked_before_the_process_exits(t
                                  BudgetConfig(), timeout_s=5.0)
     status = books.snapshot(["tenant:acme"]).statuses[0]
     assert status.settled_usd == pytest.approx(ack["settlement"]["actual_cost_usd"], abs=1e-9)
+
+
+def test_an_ext_proc_outcome_stored_when_the_process_died_settling_it_is_booked_after_the_restart(tmp_path, serve,
+                                                                                                 ledger):
+    """ext_proc records the outcome of a stream itself: stored in the outcome log, then settled. No gateway resends
+    it, so a SIGKILL between the two left it stored and never booked (its hold lapsing at the TTL). Restarted on the
+    same data folder, the service must book it, once: the books then hold the killed stream's cost beside the
+    reference stream's, and nothing held."""
+    import asyncio
+
+    import grpc
+
+    from pointsman.outcome_log.store import OutcomeLog
+    from pointsman.service import ext_proc_wire as wire
+    from tests.service.conftest import free_port
+    from tests.service.test_ext_proc import chat, request_phase, response_phase, set_headers
+
+    settings, proxy = ledger
+    grpc_port = free_port()
+    proc, base = serve(tmp_path / "data", ext_proc_port=grpc_port, scrape_interval_s=0, decision_log_flush_ms=5,
+                       **settings)
+    port = int(base.rsplit(":", 1)[1])
+
+    def stream() -> str:
+        async def scenario() -> str:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                call = wire.stub(channel).Process(metadata=())
+                req = await request_phase(call, chat("Explain kickball."))
+                await response_phase(call, 200, "application/json",
+                                     [b'{"usage": {"prompt_tokens": 12, "completion_tokens": 40}}'])
+                await call.done_writing()
+                return set_headers(req[0])["x-pointsman-decision-id"]
+        return asyncio.run(scenario())
+
+    stream()  # the reference: nobody killed
+    deadline = time.monotonic() + 20
+    while (paid := acme(base))[0] == 0:
+        assert time.monotonic() < deadline, "the reference stream was never booked"
+        time.sleep(0.05)
+    assert paid[0] > 0 and paid[1] == 0.0
+
+    proxy.armed = proc.pid
+    killed = stream()  # the stream ends; its outcome is stored, then the settle kills the process
+    proc.wait(timeout=20)
+    assert proxy.kills == 1 and proc.returncode == -signal.SIGKILL
+    with OutcomeLog(tmp_path / "data" / "outcomes.db") as log:
+        assert log.decision(killed).outcomes, "the outcome was not stored before the kill"
+    _, base = serve(tmp_path / "data", port=port, ext_proc_port=grpc_port, scrape_interval_s=0, **settings)
+    deadline = time.monotonic() + 20
+    while acme(base) != (pytest.approx(2 * paid[0], abs=1e-9), 0.0):  # before: (paid, held until the TTL)
+        assert time.monotonic() < deadline, acme(base)
+        time.sleep(0.1)
