@@ -211,18 +211,20 @@ class Placement:
     cost: CostEstimate
     note: str | None = None
 
-    def record(self, decision_id: str, view: RequestView, prompt_tokens: int, at: float) -> DispatchRecord:
+    def record(self, decision_id: str, view: RequestView, prompt_tokens: int, at: float,
+               fleet_revision: str) -> DispatchRecord:
         """What dispatching here holds until the outcome (``reserved`` is set by the dispatch);
-        ``at``: monotonic seconds. The output cap is the output the estimate counted (``max_tokens``, else
-        the fleet's default, for each of OpenAI's ``n`` answers) when the request set either, else 0. The
-        cached tokens are the prefix the prefill-side endpoint holds (its local hit)."""
+        ``at``: monotonic seconds; ``fleet_revision``: the fleet it was priced on. The output cap is the output
+        the estimate counted (``max_tokens``, else the fleet's default, for each of OpenAI's ``n`` answers) when
+        the request set either, else 0. The cached tokens are the prefix the prefill-side endpoint holds (its local
+        hit)."""
         c, r = self.cost, view.request
         cap = c.output_tokens if r.max_output_tokens or (r.n or 1) > 1 else 0
         first = self.picks[0]
         cached = 0 if first.chosen is None or first.view.role == "api" else first.view.hit(first.chosen)[0]
         return DispatchRecord(decision_id, self.target, self.mode, self.endpoint, self.prefill_endpoint,
                               view.scopes, c.usd, False, prompt_tokens, c.prefill_utilization,
-                              c.decode_utilization, at, cap, cached)
+                              c.decode_utilization, at, cap, cached, fleet_revision)
 
 
 def _local_prefill_note(t: OnPremTarget, view: PoolView, local_hit_tokens: int) -> str:
@@ -408,7 +410,8 @@ class RoutingEngine:
             if dispatch:
                 try:
                     dispatched = self.state.dispatch(  # its id as dispatched: signed with its claims
-                        Dispatch(placed.record(base_id, view, features.priced_prompt_tokens, live.now_mono),
+                        Dispatch(placed.record(base_id, view, features.priced_prompt_tokens, live.now_mono,
+                                               self.fleet.revision),
                                  cached_hashes(self.fleet, target, hashes, base["request"], view, gateway_ids),
                                  gateway_ids, routing.session_id or ""), now=live.now)
                     decision_id, reserved = dispatched.decision_id, dispatched.reserved
@@ -563,7 +566,8 @@ class RoutingEngine:
             held = eid
             if dispatch:
                 try:
-                    held = self.state.dispatch(Dispatch(placed.record(eid, view, features.priced_prompt_tokens, live.now_mono),
+                    held = self.state.dispatch(Dispatch(placed.record(eid, view, features.priced_prompt_tokens, live.now_mono,
+                                                                      self.fleet.revision),
                                                         cached_hashes(self.fleet, target, hashes, base["request"], view,
                                                                       gateway_ids),
                                                         gateway_ids, view.routing.session_id or ""),

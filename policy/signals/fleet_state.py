@@ -79,6 +79,8 @@ MAX_SESSIONS = 200_000
 SESSION_TTL_S = 900.0
 #: Outcomes remembered after settling, for idempotent repeats on this replica.
 SETTLED_MEMORY = 100_000
+#: Fleets (by revision) a state remembers to price outcomes of decisions made on them after a reload.
+FLEETS_REMEMBERED = 16
 #: Suffix of the in-flight id of a disaggregated decision's prefill leg.
 PREFILL_SUFFIX = "/prefill"
 #: Consecutive error outcomes (``error``/``timeout``) on one endpoint that mark it unhealthy.
@@ -95,7 +97,8 @@ class DispatchRecord:
     the utilizations the estimate used, ``at`` (monotonic s) and ``output_cap_tokens``, the
     client's output cap the estimate assumed, for all of its ``n`` answers (0: none, or not known here);
     ``cached_tokens``: of the prompt, the tokens its prefill endpoint held cached when it was placed (its
-    prefill queued there is the rest: ``prefill_tokens``)."""
+    prefill queued there is the rest: ``prefill_tokens``); ``fleet_revision``, the revision of the fleet whose
+    prices it was made at ('' when not known here)."""
 
     decision_id: str
     target: str
@@ -111,6 +114,7 @@ class DispatchRecord:
     at: float
     output_cap_tokens: int = 0
     cached_tokens: int = 0
+    fleet_revision: str = ""
 
     @property
     def prefill_tokens(self) -> int:
@@ -244,6 +248,9 @@ class FleetState:
         self._records: OrderedDict[str, DispatchRecord] = OrderedDict()
         #: targets a fleet reload removed (``rebuild``), kept to price the outcomes of decisions made on them
         self.retired_targets: dict[str, OnPremTarget | FrontierTarget] = {}
+        #: the fleets this process decided on, by revision (the last ``FLEETS_REMEMBERED``): an outcome is priced
+        #: on its decision's fleet, at the prices the decision was made and held at
+        self.fleets: OrderedDict[str, Fleet] = OrderedDict({fleet.revision: fleet})
         self._budget_cache = None if ledger is None else SnapshotCache(ledger, budget_snapshot_ttl_s, self._lock)
         self._budget_snapshot_ttl_s = float(budget_snapshot_ttl_s)
         self._settled: OrderedDict[str, Settled] = OrderedDict()
@@ -267,14 +274,19 @@ class FleetState:
         objects, so decisions in flight on the old engine still land; a scrape mark only while the
         endpoint is still scraped); removed endpoints leave every index and signal; new ones start
         empty. The ledger and the shared-state sync carry over (the sync then applies other
-        processes' changes to the new state). Removed targets stay in ``retired_targets`` to price
-        the outcomes of their decisions still in flight."""
+        processes' changes to the new state). Removed targets stay in ``retired_targets``, and the fleets
+        decided on before in ``fleets``, to price the outcomes of their decisions still in flight."""
         new = FleetState(fleet, self.ledger, board=self.board, budget_fail_open=self.budget_fail_open,
                          clock=self.clock, monotonic=self.monotonic, session_ttl_s=self.session_ttl_s,
                          budget_snapshot_ttl_s=self._budget_snapshot_ttl_s, sync=self.sync, signer=self.signer,
                          journal=self.journal)
         new.retired_targets = {n: t for n, t in {**self.retired_targets, **self.fleet.targets}.items()
                                if n not in fleet.targets}
+        new.fleets = OrderedDict(self.fleets)
+        new.fleets.pop(fleet.revision, None)
+        new.fleets[fleet.revision] = fleet
+        while len(new.fleets) > FLEETS_REMEMBERED:
+            new.fleets.popitem(last=False)
         kept = set(fleet.endpoints)
         self.board.set_endpoints(list(fleet.endpoints) + list(fleet.aliases))
         for endpoint in self.board.endpoints():
@@ -457,13 +469,14 @@ class FleetState:
                 record.decision_id, target=record.target, mode=record.mode, scopes=record.scopes,
                 estimated_cost_usd=record.estimated_cost_usd, prefill_utilization=record.prefill_utilization,
                 decode_utilization=record.decode_utilization, inbox=self.sync.inbox,
-                prompt_tokens=record.prompt_tokens, output_cap_tokens=record.output_cap_tokens))
+                prompt_tokens=record.prompt_tokens, output_cap_tokens=record.output_cap_tokens,
+                fleet_revision=record.fleet_revision))
         elif self.signer is not None and record.decision_id.endswith(ESCALATION_SUFFIX) \
                 and self.signer.verify(record.decision_id.removesuffix(ESCALATION_SUFFIX)) is not None:
             record = replace(record, decision_id=self.signer.sign_escalation(
                 record.decision_id.removesuffix(ESCALATION_SUFFIX), target=record.target, mode=record.mode,
                 estimated_cost_usd=record.estimated_cost_usd, prefill_utilization=record.prefill_utilization,
-                decode_utilization=record.decode_utilization, issued_s=now))
+                decode_utilization=record.decode_utilization, issued_s=now, fleet_revision=record.fleet_revision))
         decision_id, scopes, at = record.decision_id, record.scopes, record.at
         reserved = False
         # a request no budget applies to holds nothing: its spend is booked at settlement (on the scopes
@@ -612,7 +625,7 @@ class FleetState:
             return None
         return DispatchRecord(decision_id, c.target, c.mode, "", None, c.scopes, c.estimated_cost_usd, False,
                               c.prompt_tokens, c.prefill_utilization, c.decode_utilization, self._mono_of(c.issued_s),
-                              c.output_cap_tokens)
+                              c.output_cap_tokens, fleet_revision=c.fleet_revision)
 
     def settle(self, decision_id: str, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
                actual_cost_usd: float | None = None, target: str | None = None, mode: str | None = None,
@@ -657,7 +670,8 @@ class FleetState:
             self._price(decision_id, target, mode, None, tokens)
         taken = self._take_shared(decision_id)
         if taken is not None and (record is None or not record.endpoint):
-            record = taken  # the shared record names the endpoints (the pools it ran on); a signed id does not
+            # the shared record names the endpoints (the pools it ran on); a signed id does not, but its fleet
+            record = taken if record is None else _with(taken, fleet_revision=record.fleet_revision)
         target = target or (record.target if record else None)
         mode = mode or (record.mode if record else None)
         if actual_cost_usd is None:
@@ -723,9 +737,13 @@ class FleetState:
             self.journal.done(done)
         return booked
 
-    def target_spec(self, name: str) -> OnPremTarget | FrontierTarget | None:
-        """The fleet's target ``name``, else the one a fleet reload removed (its decisions' outcomes
-        still arrive and are priced as it was), else None."""
+    def target_spec(self, name: str, fleet_revision: str = "") -> OnPremTarget | FrontierTarget | None:
+        """Target ``name`` of the fleet ``fleet_revision`` when this process decided on it (``fleets``), else of
+        the fleet, else the one a fleet reload removed (its decisions' outcomes still arrive and are priced as it
+        was), else None."""
+        fleet = self.fleets.get(fleet_revision) if fleet_revision else None
+        if fleet is not None and name in fleet.targets:
+            return fleet.targets[name]
         return self.fleet.targets.get(name) or self.retired_targets.get(name)
 
     def pool_utilizations(self, target: str, mode: str) -> tuple[float, float]:
@@ -755,13 +773,16 @@ class FleetState:
     def _price(self, decision_id: str, target: str | None, mode: str | None, record: DispatchRecord | None,
                tokens: dict[str, int]) -> tuple[float, str]:
         """(USD of ``tokens`` (``settle``'s counts) on ``target``, the mode priced: ``mode``, or the
-        target's first mode when it has no such mode), at the utilizations ``record`` was estimated
-        with when it names ``target``, else (another target served it, or no record) at ``target``'s pools'
-        utilizations now (``pool_utilizations``: the fleet's assumed utilization where none reports one), and on
-        the pools of its endpoints (an aggregated request prefilled on a decode endpoint
-        runs both phases on the decode pool; without the endpoints, the mode's pools). Raises
+        target's first mode when it has no such mode), at the prices of the fleet ``record`` was made on (when
+        it names ``target`` and this process remembers that fleet, ``target_spec``; else the fleet's now) and at
+        the utilizations ``record`` was estimated with when it names ``target``, else (another target served it,
+        or no record) at ``target``'s pools' utilizations now (``pool_utilizations``: the fleet's assumed
+        utilization where none reports one), and on the pools of its endpoints (an aggregated request prefilled
+        on a decode endpoint runs both phases on the decode pool; without the endpoints, the mode's pools). Raises
         ``BudgetError`` for an unknown target or usage its prices cannot price."""
-        t = None if target is None else self.target_spec(target)
+        same = record is not None and record.target == target
+        revision = record.fleet_revision if record is not None and same else ""
+        t = None if target is None else self.target_spec(target, revision)
         if target is None or t is None:
             raise BudgetError(f"cannot price decision '{decision_id}': unknown here, so pass its target "
                               f"(and mode) or actual_cost_usd")
@@ -774,8 +795,8 @@ class FleetState:
             u_p, u_d = record.prefill_utilization, record.decode_utilization
         else:
             u_p, u_d = self.pool_utilizations(target, mode)
-        if record is not None and record.target == target and record.mode == mode:
-            eps = self.fleet.endpoints
+        if record is not None and same and record.mode == mode:
+            eps = self.fleets.get(revision, self.fleet).endpoints
             decode = eps.get(record.endpoint)
             prefill = eps.get(record.prefill_endpoint) if record.prefill_endpoint else decode
             if decode is not None and prefill is not None and decode.pool is not None and prefill.pool is not None:

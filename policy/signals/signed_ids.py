@@ -47,7 +47,8 @@ class Claims:
     id's timestamp: the budget windows a settlement books into), ``inbox`` ('' for none), for an
     escalation's id ``escalates``: the decision id it escalates, ``prompt_tokens`` the estimate
     counted and ``output_cap_tokens`` the client's output cap it assumed (``max_tokens`` x ``n``; the
-    decision's, for an escalation; 0 when the id does not say, or no cap)."""
+    decision's, for an escalation; 0 when the id does not say, or no cap) and ``fleet_revision``, the
+    revision of the fleet whose prices it was made at ('' when the id does not say)."""
 
     target: str
     mode: str
@@ -60,6 +61,7 @@ class Claims:
     escalates: str = ""  # an escalation's claims: the decision id it escalates ('' for a decision)
     prompt_tokens: int = 0
     output_cap_tokens: int = 0
+    fleet_revision: str = ""
 
 
 #: What an escalation id's part before its claims ends with (``policy.escalation.escalation_id``).
@@ -91,21 +93,26 @@ class DecisionSigner:
 
     def sign(self, base_id: str, *, target: str, mode: str, scopes: tuple[str, ...], estimated_cost_usd: float,
              prefill_utilization: float, decode_utilization: float, inbox: str, prompt_tokens: int = 0,
-             output_cap_tokens: int = 0) -> str:
+             output_cap_tokens: int = 0, fleet_revision: str = "") -> str:
         """The signed id of ``base_id`` (``decision.new_decision_id()``) with these claims."""
         payload = {"t": target, "m": mode, "s": list(scopes), "e": estimated_cost_usd, "pu": prefill_utilization,
                    "du": decode_utilization, "i": inbox, "p": int(prompt_tokens)}
         if output_cap_tokens:
             payload["o"] = int(output_cap_tokens)
+        if fleet_revision:
+            payload["f"] = fleet_revision
         signed = f"{base_id}.{_b64(_COMPACT.encode(payload).encode())}"
         return f"{signed}.{self._mac(signed)}"
 
     def sign_escalation(self, decision_id: str, *, target: str, mode: str, estimated_cost_usd: float,
-                        prefill_utilization: float, decode_utilization: float, issued_s: float) -> str:
+                        prefill_utilization: float, decode_utilization: float, issued_s: float,
+                        fleet_revision: str = "") -> str:
         """The signed id of the escalation of ``decision_id`` (itself a signed id) with these claims
         (``issued_s``: Unix seconds of its hold)."""
         payload = {"t": target, "m": mode, "e": estimated_cost_usd, "pu": prefill_utilization,
                    "du": decode_utilization, "ts": int(issued_s * 1000)}
+        if fleet_revision:
+            payload["f"] = fleet_revision
         signed = f"{decision_id}{ESCALATION_SUFFIX}.{_b64(_COMPACT.encode(payload).encode())}"
         return f"{signed}.{self._mac(signed)}"
 
@@ -125,7 +132,7 @@ class DecisionSigner:
             return Claims(str(data["t"]), str(data["m"]), tuple(str(s) for s in data["s"]), float(data["e"]),
                           float(data["pu"]), float(data["du"]), int(parts[0][:12], 16) / 1000.0, str(data["i"]),
                           prompt_tokens=max(0, int(data.get("p", 0))),
-                          output_cap_tokens=max(0, int(data.get("o", 0))))
+                          output_cap_tokens=max(0, int(data.get("o", 0))), fleet_revision=str(data.get("f", "")))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -143,7 +150,7 @@ class DecisionSigner:
             return Claims(str(data["t"]), str(data["m"]), decision.scopes, float(data["e"]), float(data["pu"]),
                           float(data["du"]), int(data["ts"]) / 1000.0, decision.inbox,
                           prefix.removesuffix(ESCALATION_SUFFIX), prompt_tokens=decision.prompt_tokens,
-                          output_cap_tokens=decision.output_cap_tokens)
+                          output_cap_tokens=decision.output_cap_tokens, fleet_revision=str(data.get("f", "")))
         except (ValueError, KeyError, TypeError):
             return None
 

@@ -21,8 +21,9 @@ from pointsman.policy.budget.config import BudgetConfig
 from pointsman.policy.budget.journal import SettleArgs, SpendJournal
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.budget.sqlite_ledger import SqliteLedger
+from pointsman.policy.cost import usage_cost
 from pointsman.policy.decision import new_decision_id
-from pointsman.policy.fleet import load_fleet
+from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
 from pointsman.policy.signals.fleet_state import Dispatch, DispatchRecord, FleetState
 from pointsman.policy.signals.signed_ids import DecisionSigner
 
@@ -182,3 +183,55 @@ def test_concurrent_journal_adds_keep_one_settlement_per_decision(tmp_path):
         t.join(30)
     assert new.count(True) == 30 and len(new) == 120
     assert sorted(d for d, _ in journal.pending()) == sorted(f"d{i}" for i in range(30)) and len(journal) == 30
+
+
+def _priced(factor: int):
+    """The default fleet with onprem-8b's GPU price times ``factor`` (its revision differs with it)."""
+    text = DEFAULT_FLEET_PATH.read_text()
+    path = Path(tempfile.mkdtemp()) / "fleet.yaml"
+    path.write_text(text.replace("usd_per_gpu_hour: 2.50", f"usd_per_gpu_hour: {2.5 * factor}", 1))
+    return load_fleet(path)
+
+
+PRICED = [_priced(f) for f in (1, 2, 3)]
+RELOAD_STEP = st.one_of(
+    st.tuples(st.just("route"), st.integers(0, 1)),
+    st.tuples(st.just("reload"), st.integers(0, len(PRICED) - 1)),
+    st.tuples(st.just("outcome"), st.integers(0, 7), st.integers(0, 1)),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=st.lists(RELOAD_STEP, min_size=1, max_size=25))
+def test_an_outcome_books_the_prices_its_decision_was_made_at_across_reloads(steps):
+    """Two replicas (one ledger, one key) reload the same fleets (onprem-8b's GPU price x1, x2, x3) between
+    decisions and outcomes, in any order; an outcome reaching either replica (its record there, else its signed
+    id), at any time, books the usage at the prices of the fleet its decision was made on, once; the tenant's
+    books hold the sum. Before, an outcome after a reload was booked at the new prices."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ledger = SqliteLedger(Path(tmp) / "budget.db", BudgetConfig())
+        signer = DecisionSigner(b"k" * 32)
+        replicas = [FleetState(PRICED[0], ledger, clock=lambda: NOW, signer=signer) for _ in range(2)]
+        decisions: list[tuple[str, float]] = []  # (id, what its outcome must book)
+        booked: dict[str, float] = {}
+        for step in steps:
+            if step[0] == "route":
+                state = replicas[step[1]]
+                record = DispatchRecord(new_decision_id(), "onprem-8b", "aggregated", E8, None, SCOPES, 0.01, False,
+                                        400, 0.7, 0.4, state.monotonic(), fleet_revision=state.fleet.revision)
+                n = len(decisions)
+                usd = usage_cost("onprem-8b", state.fleet.targets["onprem-8b"], "aggregated", prompt_tokens=300 + n,
+                                 completion_tokens=20 + n, prefill_utilization=0.7, decode_utilization=0.4).usd
+                decisions.append((state.dispatch(Dispatch(record, [], False), now=NOW).decision_id, usd))
+            elif step[0] == "reload":
+                replicas = [r.rebuild(PRICED[step[1]]) for r in replicas]
+            elif decisions:
+                _, k, r = step
+                decision_id, usd = decisions[k % len(decisions)]
+                n = k % len(decisions)
+                settled = replicas[r].settle(decision_id, prompt_tokens=300 + n, completion_tokens=20 + n, now=NOW)
+                assert settled.actual_cost_usd == pytest.approx(usd, rel=1e-9)
+                booked[decision_id] = usd
+        status = next(s for s in ledger.snapshot([SCOPES[0]], NOW).statuses if s.window == "day")
+        assert status.settled_usd == pytest.approx(sum(booked.values()), abs=1e-9 * (len(booked) + 1))
+        ledger.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 
 from pointsman.policy.cost import usage_cost
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet
@@ -77,3 +78,45 @@ def test_outcomes_of_a_removed_target_are_still_booked(tmp_path: Path, serve):
         b = _budget(c)
     # the third decision (on onprem-70b) still holds its estimate; the two outcomes are booked
     assert abs(b["settled_usd"] - 2 * booked) < 1e-8, b
+
+
+def test_an_outcome_is_booked_at_the_price_its_decision_was_made_at(tmp_path: Path, serve):
+    """A fleet reload doubles onprem-8b's GPU price between a decision and its outcome: the outcome is booked at
+    the price the decision was made and held at (before: the new price, twice the hold's), whether it reaches
+    the replica that decided (its record) or another one (the signed id). A decision made after the reload
+    books the new price."""
+    text = DEFAULT_FLEET_PATH.read_text()
+    assert text.count("usd_per_gpu_hour: 2.50") >= 1
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(text)
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    (tmp_path / "budgets.yaml").write_text(BUDGETS)
+    settings = {"fleet_path": fleet, "policy_path": tmp_path / "policy.yaml", "budgets_path": tmp_path / "budgets.yaml",
+                "watch_fleet": "false", "decision_key": "k" * 32}
+    _, base = serve(tmp_path / "a", **settings)
+    _, other = serve(tmp_path / "b", **settings)
+    body = {"model": "auto", "max_tokens": 100, "messages": [{"role": "user", "content": "hello there"}],
+            "routing": {"tenant": "acme"}}
+    usage = {"prompt_tokens": 10, "completion_tokens": 2000}
+
+    def price(fleet_text: str) -> float:
+        fleet.write_text(fleet_text)
+        t = load_fleet(fleet).targets["onprem-8b"]
+        return usage_cost("onprem-8b", t, "aggregated", **usage, prefill_utilization=1.0, decode_utilization=1.0).usd
+
+    before = price(text)
+    with httpx.Client(timeout=30) as c:
+        ids = [c.post(f"{base}/v1/route", json=body).json()["decision_id"] for _ in range(2)]
+        after = price(text.replace("usd_per_gpu_hour: 2.50", "usd_per_gpu_hour: 5.00", 1))
+        assert after > 1.5 * before
+        for url in (base, other):
+            r = c.post(f"{url}/v1/fleet/reload")
+            assert r.status_code == 200 and r.json()["changed"], r.text
+        booked = []
+        for decision_id, url in zip(ids + [c.post(f"{base}/v1/route", json=body).json()["decision_id"]],
+                                    (base, other, base), strict=True):
+            r = c.post(f"{url}/v1/outcomes", json={"decision_id": decision_id, "status": "ok", "usage": usage})
+            (ack,) = r.json()["acks"]
+            assert ack["settle_error"] is None, ack
+            booked.append(ack["settlement"]["actual_cost_usd"])
+    assert booked == [pytest.approx(before, rel=1e-9), pytest.approx(before, rel=1e-9), pytest.approx(after, rel=1e-9)]
