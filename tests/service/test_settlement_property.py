@@ -73,3 +73,46 @@ def test_booked_spend_equals_the_acknowledged_settlements_across_retries(client,
     assert settled_usd(client) - before == pytest.approx(acked, abs=1e-8 * len(decisions))
     assert all(state.record(i) is None for i in ids)  # nothing in flight, no hold
     assert client.get("/v1/budgets").json()["budgets"][0]["held_usd"] == pytest.approx(0.0, abs=1e-12)
+
+
+#: ext_proc's outcome records: ("record", k) stores and settles decision k's outcome as ext_proc does;
+#: ("kill", k) stores it and dies before settling (what a SIGKILL between the two leaves in the outcome log);
+#: ("restart",) is a service starting again on the data folder (it settles what the log keeps unsettled).
+EXT_PROC_STEP = st.one_of(st.tuples(st.sampled_from(["record", "kill"]), st.integers(0, 3)), st.tuples(st.just("restart")))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(EXT_PROC_STEP, min_size=1, max_size=12))
+def test_ext_proc_outcomes_are_booked_once_across_kills_between_store_and_settle(client, steps):
+    """Whatever the order of recorded outcomes, outcomes stored by a process killed before settling them, and
+    restarts, once a restart has run every stored outcome's decision is booked exactly once, and nothing is
+    left unsettled in the outcome log or held."""
+    from pointsman.outcome import parse_outcomes
+    from pointsman.service.routes_reports import settle_unsettled, store_outcomes
+
+    rt = client.app.state.runtime
+    body = {"messages": [{"role": "user", "content": "Summarise the plot of Hamlet."}], "routing": {"tenant": TENANT}}
+    decisions = [client.post("/v1/route", json=body).json() for _ in range(4)]
+    usage = {"prompt_tokens": 120, "completion_tokens": 30}
+    items = [parse_outcomes({"decision_id": d["decision_id"], "outcome_id": f"{d['decision_id']}-x", "status": "ok",
+                             "usage": usage})[0] for d in decisions]
+    before, reported = settled_usd(client), set()
+    for step in [*steps, ("restart",)]:
+        if step[0] == "record":
+            store_outcomes(rt, [items[step[1]]], unsettled=True)
+        elif step[0] == "kill":
+            rt.outcome_log.append_outcomes([items[step[1]]], known={items[step[1]].decision_id: decisions[0]["target"]},
+                                           unsettled=True)
+        else:
+            assert settle_unsettled(rt) == 0
+        if step[0] != "restart":
+            reported.add(step[1])
+    ref = client.post("/v1/route", json=body).json()  # the cost of one outcome: a reference decision settled once
+    (ack,) = client.post("/v1/outcomes", json={"decision_id": ref["decision_id"], "usage": usage}).json()["acks"]
+    cost = ack["settlement"]["actual_cost_usd"]
+    assert all(d["target"] == ref["target"] for d in decisions)
+    assert settled_usd(client) - before == pytest.approx(cost * (len(reported) + 1), abs=1e-9 * (len(reported) + 1))
+    assert rt.outcome_log.unsettled_outcomes() == []
+    for i in set(range(4)) - reported:  # never reported: release their holds for the next example
+        client.app.state.fleet_state.release(decisions[i]["decision_id"])
+    assert client.get("/v1/budgets").json()["budgets"][0]["held_usd"] == pytest.approx(0.0, abs=1e-12)
