@@ -577,18 +577,23 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
 
 def settle_unsettled(rt: Runtime) -> int:
     """Settle the outcomes the outcome log keeps as not yet settled (``store_outcomes(unsettled=True)``: stored
-    by a process that died before settling them), as a gateway's resend would: duplicates, settled once (blocking:
-    run in a worker thread). Returns how many are left (0 when all are settled); raises ``HTTPError`` 503 while
-    the outcome log, or the ledger with no journal to take them, is unavailable."""
+    by a process that died before settling them), as a gateway's resend would: duplicates, settled once; one
+    refused for good (its decision unknown after a key change, usage a reloaded fleet cannot take) is logged and
+    dropped (blocking: run in a worker thread). Returns how many are left (0 when all are settled); raises
+    ``HTTPError`` 503 while the outcome log, or the ledger with no journal to take them, is unavailable."""
     try:
         items = rt.outcome_log.unsettled_outcomes()
     except DataError as exc:
         raise unavailable(f"outcome log unavailable: {exc}", "outcome_log_unavailable") from None
-    for item in store_outcomes(rt, list(items), indexed=True, unsettled=True) if items else []:
-        if item["status"] not in ("stored", "duplicate", "forwarded"):
-            log.warning("unsettled outcome %s of decision %s: %s (%s)", item["outcome_id"], item["decision_id"],
-                        item["status"], item["message"])
-    return len(rt.outcome_log.unsettled_outcomes(1))
+    for ack in store_outcomes(rt, list(items), indexed=True, unsettled=True) if items else []:
+        if ack["status"] not in ("stored", "duplicate", "forwarded"):
+            log.warning("unsettled outcome %s of decision %s dropped: %s (%s)", ack["outcome_id"], ack["decision_id"],
+                        ack["status"], ack["message"])
+    try:
+        rt.outcome_log.settled([item.key for item in items])  # settled now, or refused for good: nothing settles it
+        return len(rt.outcome_log.unsettled_outcomes(1))
+    except DataError as exc:
+        raise unavailable(f"outcome log unavailable: {exc}", "outcome_log_unavailable") from None
 
 
 def deliver_forwarded(rt: Runtime, payloads: list[str]) -> bool:

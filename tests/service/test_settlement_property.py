@@ -116,3 +116,19 @@ def test_ext_proc_outcomes_are_booked_once_across_kills_between_store_and_settle
     for i in set(range(4)) - reported:  # never reported: release their holds for the next example
         client.app.state.fleet_state.release(decisions[i]["decision_id"])
     assert client.get("/v1/budgets").json()["budgets"][0]["held_usd"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_an_unsettled_outcome_nothing_can_settle_is_dropped_not_retried_forever(client):
+    """An outcome kept unsettled that the resend refuses for good (served by a target the fleet no longer has: a
+    reload removed it before the restart) is dropped from the unsettled outcomes, so the replay loop stops (before:
+    kept, and resent every second for ever)."""
+    from pointsman.outcome import parse_outcomes
+    from pointsman.service.routes_reports import settle_unsettled
+
+    rt = client.app.state.runtime
+    item = parse_outcomes({"decision_id": uuid.uuid4().hex, "status": "ok", "served_target": "removed-by-a-reload",
+                           "usage": {"prompt_tokens": 10, "completion_tokens": 5}})[0]
+    (ack,) = rt.outcome_log.append_outcomes([item], known={item.decision_id: "onprem-8b"}, unsettled=True)
+    assert ack.status == "stored"  # (the service's replay loop may take it first: the same call)
+    assert settle_unsettled(rt) == 0
+    assert rt.outcome_log.unsettled_outcomes() == []
