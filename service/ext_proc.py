@@ -60,7 +60,9 @@ response body the outcome is recorded in the background: status ``ok`` (2xx) or 
 (``upstream HTTP <status>``), usage, the serving target (the served endpoint's), the model that
 answered, ``ttft_ms`` (request headers to first response byte; not for an ``error``, whose body
 is no answer), ``e2e_latency_ms`` and ``tpot_ms``; outcomes the service answers 503 (the outcome log cannot
-be written, the ledger takes no settlement) are tried again every ``STORE_RETRY_S``, since no gateway retries them.
+be written, the ledger takes no settlement) are tried again every ``STORE_RETRY_S``, since no gateway retries them,
+and the outcome log keeps each one stored as unsettled until it is settled (``store_outcomes(unsettled=True)``), so
+one stored by a process killed before settling it is settled when the service starts again.
 A stream that ends before the response body did
 (the client went away) is recorded as ``cancelled``: its budget hold is
 released, or its estimate booked when its answer had started (``ttft_ms``); so is one that ends while its
