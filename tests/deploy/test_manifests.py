@@ -231,3 +231,14 @@ def test_every_deploy_starts_under_the_safe_default_rule(tmp_path):
     environment = dict(e.split("=", 1) for line in unit_lines if line.startswith("Environment=")
                        for e in shlex.split(line.removeprefix("Environment=")))
     keys_of(Settings(host=environment["POINTSMAN_HOST"]))  # loopback: Envoy beside it on the same host
+
+
+def test_the_shipped_redis_keeps_the_budget_ledger_across_a_restart():
+    """redis.yaml serves the budget ledger too: a Redis that restarts empty loses every settled dollar (the budgets
+    restart from 0), so it appends every write (fsync each second) to a file on a volume that outlives the pod."""
+    (redis_set,) = by_kind(DEPLOY / "kubernetes" / "redis.yaml")["StatefulSet"]
+    (container,) = redis_set["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[args.index("--appendonly") + 1] == "yes" and args[args.index("--appendfsync") + 1] == "everysec"
+    (claim,) = redis_set["spec"]["volumeClaimTemplates"]
+    assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]}[claim["metadata"]["name"]] == "/data"
