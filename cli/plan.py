@@ -143,7 +143,7 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
     attainment and quality, and write the cheapest shape meeting --goal as --out/fleet.yaml."""
     import yaml
 
-    from pointsman.cli.replay import _drafts, _estimator, _load_trace
+    from pointsman.cli.replay import _drafts, _estimator, _load_trace, with_objectives
     from pointsman.plan.evaluate import PlanInputs
     from pointsman.plan.planner import PlanSettings, plan
     from pointsman.plan.report import OVERLOAD_NOTE, table, write_report
@@ -170,6 +170,9 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
                              f"{', '.join(fleet.slo_classes)})") from None
         slo_name = slo_class or fleet.spec.defaults.slo_class
         slo = SLO(slo_ttft_s or objectives.ttft_s, slo_tpot_s or objectives.tpot_s)
+        if (planned := with_objectives(fleet, slo_name, slo)) is not fleet:  # every shape and the fleet file route by them
+            fleet = planned
+            doc["slo_classes"] = {name: c.model_dump() for name, c in fleet.slo_classes.items()}
         load_policy(policy_file, fleet)
         sim = sim_fleet(fleet)
         kv_bytes = {t.name: t.replica.kv_bytes_per_token for t in sim.on_prem}

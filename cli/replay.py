@@ -156,6 +156,7 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
                                      f"{', '.join(fleet.slo_classes)})", param_hint="--slo-class") from None
         slo_name = slo_class or fleet.spec.defaults.slo_class
         slo = SLO(slo_ttft_s or objectives.ttft_s, slo_tpot_s or objectives.tpot_s)
+        fleet = with_objectives(fleet, slo_name, slo)
         sim = sim_fleet(fleet)
         paths = policy_paths or tuple(p for p in sorted(DEFAULT_POLICY_DIR.glob("*.yaml"))
                                       if not p.name.endswith(".cases.yaml"))
@@ -226,6 +227,22 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
     replay_wall = wall - sum(g.wall_s for g in searched)
     click.echo(f"\n{sum(len(r.result.requests) for r in runs) / replay_wall:.0f} simulated requests/s; "
                f"report: {written['html']} ({', '.join(p.name for p in written.values())})")
+
+
+def with_objectives(fleet: Fleet, slo_class: str, slo: SLO) -> Fleet:
+    """``fleet`` with service class ``slo_class`` set to ``slo``'s objectives (``--slo-ttft-s``,
+    ``--slo-tpot-s``), so the engine routes by the objectives the run is scored on (a policy reads
+    them as ``predict[...].slo_ttft_s``); ``fleet`` itself when they are the class's already."""
+    import dataclasses
+
+    from pointsman.policy.fleet import SLOClass
+
+    old = fleet.slo(slo_class)
+    if (old.ttft_s, old.tpot_s) == (slo.ttft_s, slo.tpot_s):
+        return fleet
+    classes = {**fleet.slo_classes, slo_class: SLOClass(ttft_s=slo.ttft_s, tpot_s=slo.tpot_s,
+                                                        description=f"{old.description} (objectives overridden)")}
+    return dataclasses.replace(fleet, spec=fleet.spec.model_copy(update={"slo_classes": classes}))
 
 
 def _goodput_limit(runs: list[Run], requests: list[TraceRequest], sim: SimFleet, slo: SLO, meta: ReplayMeta) -> None:
