@@ -66,18 +66,19 @@ def body(r: dict) -> dict:
     return out
 
 
-#: The most an image of unknown size bills on the packaged frontier targets (OpenAI's tile rule at 8 tiles:
-#: gpt-4o-mini 2,833 + 8 x 5,667, gpt-4o 85 + 8 x 170); the on-prem ones take no images.
-MOST_IMAGE = {"frontier-small": 48169, "frontier-large": 1445}
+#: The least an image of unknown size (given by URL) bills on the packaged frontier targets, which the window must
+#: hold (OpenAI's tile rule at one tile: gpt-4o-mini 2,833 + 5,667, gpt-4o 85 + 170); the on-prem ones take no images.
+LEAST_IMAGE = {"frontier-small": 8500, "frontier-large": 255}
 
 
 def prompt_tokens(r: dict, target: str) -> int:
     """The prompt's tokens ``target``'s context window must hold: the supplied count, unless it is implausibly
     low for the text (then the engine counts the prompt itself and compares its safe-side bound, whose 1,600
-    tokens an image are replaced), and the image at the most it bills there."""
+    tokens an image are replaced), and the image at the least it bills there (the window refuses a target only
+    for what surely does not fit; the cost counts the most)."""
     features = extract_features(parse_route_request(body(r)))
     text = r["prompt_tokens"] if features.prompt_tokens_exact else features.prompt_tokens_upper - 1600 * r["images"]
-    return text + (MOST_IMAGE.get(target, 0) if r["images"] else 0)
+    return text + (LEAST_IMAGE.get(target, 0) if r["images"] else 0)
 
 
 def filter_holds(filter_name: str, target: str, r: dict, state: FleetState, policy) -> bool:
