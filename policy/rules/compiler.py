@@ -574,44 +574,65 @@ def _mixed_equalities(source: str, snapshots: list[Snapshot]) -> list[str]:
 _FAMILY = {"int": "number", "double": "number", "bool": "bool", "string": "string"}
 
 
+def _negated(tokens: list[Token]) -> list[bool]:
+    """Per token: whether it sits inside an odd number of negated groups (``!(...)``, ``!!(...)`` twice, so
+    not), where an ``==`` reads as ``!=``. A ``!`` before anything but ``(`` negates a single operand,
+    which holds no comparison (``!`` binds tighter)."""
+    out: list[bool] = []
+    stack = [False]
+    bangs = 0
+    for tok in tokens:
+        out.append(stack[-1])
+        if tok.text == "(":
+            stack.append(stack[-1] ^ (bangs % 2 == 1))
+        elif tok.text == ")" and len(stack) > 1:
+            stack.pop()
+        bangs = bangs + 1 if tok.text == "!" else 0
+    return out
+
+
 def _null_inequalities(source: str, signals: Mapping[str, Namespace]) -> list[tuple[int, str]]:
-    """``!=`` between a nullable signal (``Signal.nullable``: null when nothing reports it) and a literal or a
-    ``variables.*`` of its type (``load["onprem-70b"].num_requests_waiting != 0``): CEL's ``null != 0`` is true,
-    not an error, so the rule fires when the signal is unknown (an idle fleet without telemetry), where a
-    null compared otherwise skips the rule. A condition that compares the same signal with ``null`` guards it
-    and is not named. Returns (character offset of the signal in ``source``, message), each once."""
+    """Comparisons true when a nullable signal (``Signal.nullable``: null when nothing reports it) is null:
+    ``!=`` between it and anything but ``null`` or a literal of another type (``x != 0``, ``x != variables.v``,
+    ``x != load["onprem-8b"].num_requests_waiting``), and ``==`` or ``in`` under a negation (``!(x == 0)``,
+    ``!(a && x == 0)``, ``!(x in [0, 1])``). CEL's ``null != 0`` is true and ``null == 0`` false, neither an
+    error, so the rule fires when the signal is unknown (an idle fleet without telemetry), where a null
+    compared otherwise skips the rule. A condition that compares the same signal with ``null`` guards it and is
+    not named. Not followed: a ternary's condition (``x == 0 ? a : b``). Returns (character offset of the
+    signal in ``source``, message), each once."""
     tokens = tokenize(source)
+    negated = _negated(tokens)
     guarded: set[str] = set()
     found: list[tuple[int, str, str]] = []
     for i, tok in enumerate(tokens):
-        if tok.text not in ("==", "!="):
+        if tok.text not in ("==", "!=", "in"):
             continue
         left, right = _operand(tokens, i, -1), _operand(tokens, i, 1)
-        for other, chain in ((right, left), (left, right)):
+        fires = (tok.text == "!=") != negated[i]  # true on a null operand
+        for other, chain in (((right, left),) if tok.text == "in" else ((right, left), (left, right))):
             path = _chain_keys(chain)
             if path is None:
                 continue
             name = "".join(t.text for t in chain)
-            if len(other) == 1 and other[0].text == "null":
+            if tok.text != "in" and len(other) == 1 and other[0].text == "null":
                 guarded.add(name)
                 continue
             ns = signals.get(path[0])
             field = path[2] if ns is not None and ns.shape == "by_target" and len(path) == 3 else \
                 path[1] if ns is not None and ns.shape != "by_target" and len(path) == 2 else None
             signal = (ns.fields or {}).get(field) if ns is not None and field is not None else None
-            if tok.text != "!=" or signal is None or not signal.nullable:
+            if not fires or signal is None or not signal.nullable or not other:
                 continue
-            other_path = _chain_keys(other)
             if len(other) == 1 and (other[0].kind in ("num", "str") or other[0].text in ("true", "false")):
                 kind = {"num": "number", "str": "string"}.get(other[0].kind, "bool")
                 if kind != _FAMILY.get(signal.type):
                     continue  # another type: _mixed_equalities names it
-            elif other_path is None or other_path[0] != "variables":
-                continue
-            found.append((chain[0].offset, name, "".join(t.text for t in other)))
-    return [(offset, f"'{name}' is null when unknown, and in CEL null != {other} is true, not an error: the rule "
-             f"would fire whenever nothing reports it (guard it: {name} != null && ..., or compare with < or >)")
-            for offset, name, other in dict.fromkeys(found) if name not in guarded]
+            text = "a list" if tok.text == "in" else "".join(t.text for t in other)
+            found.append((chain[0].offset, name, f"null != {text} is true" if tok.text == "!=" and not negated[i]
+                          else f"null {tok.text} {text} is false and its negation true"))
+    return [(offset, f"'{name}' is null when unknown, and in CEL {what}, not an error: the rule would fire "
+             f"whenever nothing reports it (guard it: {name} != null && ..., or compare with < or >)")
+            for offset, name, what in dict.fromkeys(found) if name not in guarded]
 
 
 def _operand(tokens: list[Token], op: int, direction: int) -> list[Token]:
@@ -870,7 +891,7 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
                 continue
             if isinstance(raw, dict) and isinstance(raw.get("name"), str):
                 invalid.add(raw["name"])  # it exists: fallbacks may name it
-            if isinstance(raw, dict) and (raw.get("when") is None or raw.get("when") is True):
+            if isinstance(raw, dict) and _is_unconditional(raw.get("when")):
                 invalid_default = True
             if isinstance(raw, dict) and isinstance(raw.get("when"), str) and "if_fleet_has" not in raw:
                 route = raw.get("route")
@@ -920,7 +941,7 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
             checkable_verify = _checkable(raw, i, VerifyRuleSpec)
             if checkable_verify is not None:
                 verify_rules.append((i, checkable_verify))
-            elif isinstance(raw, dict) and (raw.get("when") is None or raw.get("when") is True):
+            elif isinstance(raw, dict) and _is_unconditional(raw.get("when")):
                 invalid_verify_default = True
         if verify_rules:
             verify = _check_verify(ck, fleet, verify_rules, None, variables, invalid_verify_default)

@@ -83,7 +83,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import BeforeValidator, Field, StringConstraints
 
 from pointsman.json_types import JSONValue
 from pointsman.located import StrictModel
@@ -95,6 +95,18 @@ from pointsman.policy.selection.pickers import EndpointSelectionSpec
 RuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
 Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
 RouteMode = Literal["aggregated", "disaggregated", "auto"]
+
+
+def _condition(value: object) -> object:
+    """A ``when`` as written: a CEL string, ``true``/``false`` or absent; anything else (``when: 1``, which
+    pydantic's lax bool would read as ``true``: a catch-all) is an error."""
+    if value is None or isinstance(value, str | bool):
+        return value
+    raise ValueError(f"must be a CEL condition (a string), true or false, not {type(value).__name__} {value!r}")
+
+
+#: A rule's ``when``: a CEL condition, ``true``/``false``, or None (always).
+Condition = Annotated[str | bool | None, BeforeValidator(_condition)]
 #: Prefix of a fallback item that names a rule.
 RULE_REF = "rule:"
 
@@ -124,7 +136,7 @@ class RuleSpec(StrictModel):
 
     name: RuleName
     description: str = ""
-    when: str | bool | None = None
+    when: Condition = None
     route: RouteSpec
     labels: dict[str, str] = {}
     if_fleet_has: list[Annotated[str, Field(min_length=1)]] = []
@@ -159,7 +171,7 @@ class VerifyRuleSpec(StrictModel):
 
     name: RuleName
     description: str = ""
-    when: str | bool | None = None
+    when: Condition = None
     action: Literal["accept", "escalate"]
     escalate: EscalateSpec | None = None
     labels: dict[str, str] = {}

@@ -509,3 +509,118 @@ def test_a_null_on_the_typical_probe_is_not_a_type_error(fleet, field: str) -> N
     assert (d.rule, d.target) == ("pd", "onprem-70b")
     got = problems(HEAD + "rules:\n" + rule.format(t="onprem-8b") + DEFAULT_RULE, fleet)
     assert [p.split(": ")[1] for p in got] == ["always-error"], got
+
+
+#: A condition's nullable signal (by target and flat) and a second signal compared with it; what the engine reads.
+_SIGNALS = {'load["onprem-70b"].num_requests_waiting': ("load", "onprem-70b", "num_requests_waiting"),
+            "difficulty.p_hard": ("difficulty", None, "p_hard")}
+_OTHER = 'load["onprem-8b"].ttft_p50_ms'
+
+
+def _atoms(signal: str) -> st.SearchStrategy[str]:
+    """Comparisons of ``signal`` (either side, a literal or another nullable signal) and two non-null booleans."""
+    lit = st.sampled_from(["0", "1", "0.5"])
+    return st.one_of(
+        st.sampled_from(["request.has_tools", "request.has_images"]),
+        st.builds(lambda op, x, flip: f"{x} {op} {signal}" if flip else f"{signal} {op} {x}",
+                  st.sampled_from(["==", "!="]), st.one_of(lit, st.just(_OTHER)), st.booleans()),
+        st.builds(lambda xs, neg: f"{'!' if neg else ''}({signal} in [{xs}])", lit, st.booleans()))
+
+
+def _formulas(signal: str) -> st.SearchStrategy[str]:
+    return st.recursive(_atoms(signal), lambda inner: st.one_of(
+        st.builds(lambda a, b, op: f"({a} {op} {b})", inner, inner, st.sampled_from(["&&", "||"])),
+        st.builds(lambda a, n: f"{'!' * n}({a})", inner, st.integers(1, 2))), max_leaves=4)
+
+
+def _fires_on_null(cond: str, signal: str) -> bool:
+    """Whether some request (its booleans) and some value of ``signal`` make ``cond`` true with the signal null
+    and false with the value: the rule fires because nothing reports it."""
+    from cel import cel
+
+    program = cel.compile(cond)
+    root, key, field = _SIGNALS[signal]
+
+    def run(value: object, tools: bool, images: bool) -> object:
+        ns: dict[str, object] = {field: value}
+        load = {"onprem-8b": {"ttft_p50_ms": 1.0}}
+        ctx = {"request": {"has_tools": tools, "has_images": images}, "load": load}
+        if key is None:
+            ctx[root] = ns
+        else:
+            load[key] = ns
+        return program.execute(cel.Context(ctx))
+
+    return any(run(None, t, i) is True and run(v, t, i) is False
+               for t in (False, True) for i in (False, True) for v in (0, 1, 0.5, 7))
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), signal=st.sampled_from(sorted(_SIGNALS)))
+def test_every_condition_that_fires_on_a_null_signal_is_named(fleet, data, signal: str) -> None:
+    """Property: a condition over a nullable signal (``==``, ``!=``, ``in`` with literals or another nullable
+    signal, joined by ``&&``, ``||`` and ``!`` at any depth) that CEL makes true with the signal null where a
+    reported value makes it false is a ``null-inequality`` naming that signal. ``!(x == 0)``, ``!(a && x == 0)``,
+    ``!(x in [0])`` and ``x != y`` between two signals passed ``policy check`` (only ``x != literal`` or
+    ``x != variables.v`` was named). (The converse does not hold for every formula: ``x != 0 && !(x != 0)`` is
+    named and never true; ``test_policy_check_names_...`` shows forms false on a null that are not named.)"""
+    cond = data.draw(_formulas(signal))
+    try:
+        compile_policy(HEAD + f"rules:\n  - name: r\n    when: '{cond}'\n    route: {{target: onprem-70b}}\n"
+                       + DEFAULT_RULE, fleet)
+        named = False
+    except PolicyError as exc:
+        named = any(p.code == "null-inequality" and p.message.startswith(f"'{signal}'") for p in exc.problems)
+    if _fires_on_null(cond, signal):
+        assert named, cond
+
+
+def test_policy_check_names_a_negated_equality_and_two_signals_compared(tmp_path: Path) -> None:
+    """Through ``pointsman policy check``: the forms the check missed, each located at its nullable signal."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    waiting = 'load["onprem-70b"].num_requests_waiting'
+    for when, cols in ((f"!({waiting} == 0)", [14]), (f"{waiting} != {_OTHER}", [12, 55]),
+                       (f"!(request.turns > 1 && {waiting} == 0)", [35]), (f"!({waiting} != 0)", [])):
+        path = tmp_path / "p.yaml"
+        path.write_text(HEAD + f"rules:\n  - name: r\n    when: '{when}'\n    route: {{target: frontier-small}}\n"
+                        + DEFAULT_RULE)
+        res = CliRunner().invoke(main, ["policy", "check", str(path)])
+        assert res.exit_code == (1 if cols else 0), (when, res.output)
+        got = [line.split(": ")[0] for line in res.output.splitlines() if "null-inequality" in line]
+        assert got == [f"{path}:5:{c}" for c in cols], (when, res.output)
+
+
+@pytest.mark.parametrize("where", ["rules", "verify"])
+@pytest.mark.parametrize("when", ["1", "0", "2.5", "[true]"])
+def test_a_when_that_is_not_a_condition_is_refused(fleet, where: str, when: str) -> None:
+    """``when: 1`` read as ``true`` (pydantic's lax bool): an author's typo became a catch-all rule. Anything but
+    a CEL string, ``true``, ``false`` or nothing is an ``invalid-value`` now."""
+    if where == "rules":
+        text = HEAD + f"rules:\n  - name: r\n    when: {when}\n    route: {{target: frontier-small}}\n" + DEFAULT_RULE
+    else:
+        text = HEAD + DEFAULT_RULE.join(["rules:\n", ""]) + (
+            f"verify:\n  rules:\n    - name: r\n      when: {when}\n      action: accept\n"
+            "    - name: accept\n      action: accept\n")
+    found = [p for p in problems(text, fleet) if "invalid-value" in p]
+    assert len(found) == 1 and "when: must be a CEL condition (a string), true or false" in found[0], found
+
+
+@pytest.mark.parametrize("when", ['"true"', "true", "' true '"])
+def test_an_invalid_rule_written_when_true_is_still_the_default(tmp_path: Path, when: str) -> None:
+    """A last rule that fails validation alone (no ``route``) and is written ``when: "true"`` is the default as one
+    without ``when`` is: ``policy check`` listed a spurious ``missing-default`` beside the real problem."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    path = tmp_path / "p.yaml"
+    path.write_text(HEAD + "rules:\n  - name: r\n    when: request.turns > 1\n    route: {target: frontier-small}\n"
+                    f"  - name: default\n    when: {when}\n"
+                    "verify:\n  rules:\n    - name: v\n      when: draft.empty\n      action: accept\n"
+                    f"    - name: accept\n      when: {when}\n")
+    res = CliRunner().invoke(main, ["policy", "check", str(path)])
+    assert res.exit_code == 1
+    assert [line.split(": ")[1] for line in res.output.splitlines()] == ["missing-key", "missing-key"], res.output
