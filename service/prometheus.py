@@ -40,7 +40,7 @@ Read from the live state at scrape time (``StateCollector``):
 ``pointsman_pool_prefill_utilization{target,pool}``               mean prefill utilization as priced (0–1; healthy, fresh)
 ``pointsman_pool_decode_utilization{target,pool}``                mean decode utilization as priced (0–1; healthy, fresh)
 ``pointsman_load_signal_age_seconds{target,endpoint}``            age of each endpoint's pushed/scraped load
-``pointsman_inflight_requests{target,endpoint}``                  requests dispatched and not yet settled
+``pointsman_inflight_requests{target,endpoint}``                  requests dispatched and not yet settled (0 too)
 ``pointsman_decision_log_pending``                                decisions waiting for the background writer
 ``pointsman_endpoint_healthy{target,endpoint}``                   1 healthy, 0 marked unhealthy (any source)
 ``pointsman_scrape_age_seconds{target,endpoint}``                 age of the last good scrape of the endpoint
@@ -380,13 +380,11 @@ class StateCollector(Collector):
                                      labels=["target", "endpoint"])
         for eid, e in fleet.endpoints.items():
             r = readings.get(eid)
-            if r is None:
-                continue
             label = e.name or eid
-            if r.source != "inflight":
+            # 0 when nothing is in flight (or no reading at all): an absent series reads "no data"
+            inflight.add_metric([e.target, label], r.inflight_requests if r is not None else 0)
+            if r is not None and r.source != "inflight":
                 age.add_metric([e.target, label], r.age_s(now))
-            if r.inflight_requests:
-                inflight.add_metric([e.target, label], r.inflight_requests)
         # a pool's utilization as decisions price it (``LiveSignals``): the mean over its healthy endpoints'
         # readings with the policy's staleness applied (a stale reading, or a stale push's field beside a fresh
         # scrape, is not read; its age stays exported: that is what to alert on)
