@@ -33,10 +33,8 @@
 - Acknowledgements (``OutcomeAckOut`` dicts) of the last 10,000 outcomes are kept in
   ``acks`` (a deque), so callers and tests can see what the service stored. An item the
   service rejects (``invalid``: a bad field, or usage beyond its target's context window) is
-  acknowledged, not stored, and logged with the fields named; the rest of its batch is stored. One refused
-  for its ``served_endpoint`` alone (a gateway's name for the endpoint the fleet does not have) is sent again
-  without it, so its spend is booked (counted as ``served_endpoint_refused``), and later outcomes naming that
-  endpoint leave it out.
+  acknowledged, not stored, and logged with the fields named; the rest of its batch is stored. One whose
+  ``served_endpoint`` the fleet does not have is stored as sent (the ack's ``message`` says so, and it is logged).
 
 Auth: with ``api_key`` every call sends ``Authorization: Bearer <key>`` (a gateway-role key,
 ``service/auth.py``). Timeouts are in seconds; ``route_timeout_s`` bounds the whole
@@ -175,8 +173,6 @@ class PointsmanClient:
         self._inflight: set[asyncio.Task[None]] = set()
         self.acks: collections.deque[JSONObject] = collections.deque(maxlen=10_000)
         self.stats: collections.Counter[str] = collections.Counter()
-        #: ``served_endpoint`` values the service refused (at most ``_MAX_REFUSED``): left out of later outcomes.
-        self._refused_endpoints: set[str] = set()
 
     # -- clients ------------------------------------------------------------------------------
     def _aclient(self) -> httpx.AsyncClient:
@@ -294,9 +290,9 @@ class PointsmanClient:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            self.post_outcomes([self._known_endpoint(outcome)])
+            self.post_outcomes([dict(outcome)])
             return
-        self._pending.append(self._known_endpoint(outcome))
+        self._pending.append(dict(outcome))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_later())
 
@@ -325,9 +321,7 @@ class PointsmanClient:
                 reason = f"{type(exc).__name__}: {exc}"
             else:
                 if not _retryable(resp):
-                    resend = self._acked(batch, resp)
-                    if resend:
-                        await self._apost(resend)
+                    self._acked(batch, resp)
                     return
                 reason = f"HTTP {resp.status_code}: {_error_text(resp)}"
             if attempt + 1 < self.outcome_attempts:
@@ -344,47 +338,24 @@ class PointsmanClient:
                 reason = f"{type(exc).__name__}: {exc}"
                 continue
             if not _retryable(resp):
-                resend = self._acked(batch, resp)
-                if resend:
-                    self.post_outcomes(resend)
+                self._acked(batch, resp)
                 return
             reason = f"HTTP {resp.status_code}: {_error_text(resp)}"
         self._dropped(batch, reason)
 
-    def _known_endpoint(self, outcome: Mapping[str, object]) -> dict[str, object]:
-        """``outcome`` as a dict, without a ``served_endpoint`` the service refused before."""
-        out = dict(outcome)
-        if out.get("served_endpoint") in self._refused_endpoints:
-            del out["served_endpoint"]
-        return out
-
-    def _acked(self, batch: Sequence[Mapping[str, object]], resp: httpx.Response) -> list[dict[str, object]]:
-        """Count and log the service's answer to ``batch``; returns the items refused for their
-        ``served_endpoint`` alone, without it, to send again."""
+    def _acked(self, batch: Sequence[Mapping[str, object]], resp: httpx.Response) -> None:
+        """Count and log the service's answer to ``batch``: every ack kept, those not stored (or stored with a
+        note: a ``served_endpoint`` the fleet does not know) logged."""
         if resp.status_code != 200:  # 4xx: the batch itself is wrong (a bug; retrying cannot help)
             self._dropped(batch, f"HTTP {resp.status_code}: {_error_text(resp)}")
-            return []
-        acks: list[JSONObject] = resp.json().get("acks", [])  # OutcomeAckOut dicts
-        resend: list[dict[str, object]] = []
-        for i, ack in enumerate(acks):
-            if ack.get("status") in ("stored", "duplicate"):
-                self._ack(ack)
-                continue
-            message = str(ack.get("message") or "")
-            endpoint = batch[i].get("served_endpoint") if i < len(batch) else None
-            if ack.get("status") == "invalid" and isinstance(endpoint, str) \
-                    and message.startswith(f"[{i}].served_endpoint:") and f"; [{i}]." not in message:
-                if len(self._refused_endpoints) < _MAX_REFUSED:
-                    self._refused_endpoints.add(endpoint)
-                self.stats["served_endpoint_refused"] += 1
-                log.warning("pointsman refused the served endpoint of outcome %s (%s); sending it without",
-                            ack.get("outcome_id"), message)
-                resend.append({k: v for k, v in batch[i].items() if k != "served_endpoint"})
-                continue  # its resend's ack stands for it
+            return
+        for ack in resp.json().get("acks", []):  # OutcomeAckOut dicts
             self._ack(ack)
-            log.warning("pointsman did not store outcome %s: %s %s", ack.get("outcome_id"),
-                        ack.get("status"), message)
-        return resend
+            if ack.get("status") not in ("stored", "duplicate"):
+                log.warning("pointsman did not store outcome %s: %s %s", ack.get("outcome_id"), ack.get("status"),
+                            ack.get("message"))
+            elif ack.get("message"):
+                log.warning("pointsman stored outcome %s: %s", ack.get("outcome_id"), ack.get("message"))
 
     def _ack(self, ack: JSONObject) -> None:
         self.acks.append(ack)
@@ -410,10 +381,6 @@ class PointsmanClient:
             if self._sync is not None:
                 self._sync.close()
                 self._sync = None
-
-
-#: Most ``served_endpoint`` values a client remembers as refused.
-_MAX_REFUSED = 1024
 
 
 def _retryable(resp: httpx.Response) -> bool:

@@ -412,7 +412,7 @@ def outcome_from_call(kwargs: Mapping[str, object], response_obj: object, start_
     logging ``kwargs``; None when the call carries no Pointsman decision. ``served_target`` is the
     ``pointsman_target`` of the deployment LiteLLM logged as serving the call, else the chosen one's;
     ``served_endpoint`` its ``api_base`` (Pointsman matches it to the target's fleet endpoint by host:port;
-    the client sends the outcome again without one the fleet does not have), ``upstream_status`` a failed
+    one the fleet does not have is stored as sent, and counts on no endpoint), ``upstream_status`` a failed
     call's exception's HTTP ``status_code``, and a stream's ``ttft_ms`` when it failed after its first token."""
     decision = routed_call(kwargs)
     if not decision:

@@ -15,7 +15,8 @@ One outcome, as JSON (every field but ``decision_id`` is optional)::
      "served_model": "llama-3.1-8b",            #   default: the decision's target; upstream model name
      "served_endpoint": "llama-8b-1",           # the endpoint that answered (a retry may go to another of the
                                                 #   target's): its fleet id (URL), name, host:port or base URL
-     "upstream_status": 503,                    # the upstream's HTTP status (100-599)
+     "upstream_status": 503,                    # the upstream's HTTP status (100-599; 400 and above with
+                                                #   status ok is refused as contradictory)
      "shadow": false,                           # true: answered for evaluation only, never shown to the user
      "status": "ok",                            # ok | error | timeout | cancelled
      "error": null,                             # error text when status != ok (at most 1000 chars)
@@ -51,7 +52,7 @@ import re
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import ErrorDetails
 
@@ -174,6 +175,15 @@ class OutcomeIn(_Strict):
         if v is not None and not _ID.match(v):
             raise ValueError(f"must be 1-{MAX_ID_CHARS} characters of letters, digits and _.:-+/@= (starting with a "
                              "letter or digit)")
+        return v
+
+    @field_validator("upstream_status")
+    @classmethod
+    def _status_agrees(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and v >= 400 and info.data.get("status") == "ok":  # (absent: status itself failed)
+            raise ValueError(f"{v} contradicts status 'ok' (an upstream {v} is no answer): report status 'error' "
+                             "(or 'timeout'), with usage or ttft_ms when an answer was billed, or the status of the "
+                             "call that answered")
         return v
 
     @model_validator(mode="after")

@@ -35,9 +35,11 @@ decision id, usage, TTFT/TPOT/end-to-end latency, status, quality signals). In o
 
 Before step 2 each item is checked: it must validate (``parse_outcome_items``), and its usage
 must fit the serving target's context window x ``CONTEXT_TOLERANCE`` (``usage_problem``), and its
-``served_endpoint`` must name an endpoint of the serving target (``endpoint_problem``; stored as its id). A
-failing item is not stored: in a list it gets an ``invalid`` ack whose message names its fields
-(``[1].status: ...``) while the other items are stored; a single one is a 422 naming the field.
+``served_endpoint`` is made the fleet's id of the serving target's endpoint it names (``served_endpoint_id``); one
+that names none (or several) is stored as sent, its ack's ``message`` says it was not recognised, and the outcome
+breaker does not count that outcome on any endpoint. A failing item is not stored: in a list it gets an
+``invalid`` ack whose message names its fields (``[1].status: ...``) while the other items are stored; a single
+one is a 422 naming the field.
 
 Idempotent: the same outcome again is ``duplicate`` (200), different content under the
 same id is ``conflict`` (409 for a single outcome). A single outcome for an unknown decision
@@ -168,15 +170,17 @@ def estimate_booking(rt: Runtime, served: str | None, known: Known | None) -> tu
     return usd, prompt, completion
 
 
-def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str, str] | None) -> None:
+def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str, str] | None,
+            observe: bool = True) -> None:
     """Settle (or release) one acknowledged outcome's decision, adding what it did to ``entry``
     (``settlement``, ``released`` or ``settle_error``); ``escalation``: (escalation id, target) when a
     verify escalated the decision (reported under the signed escalation id, or ``_escalation_of``),
-    else None. Raises ``LedgerUnavailable``."""
+    else None; ``observe``: feed the outcome breaker (not for a ``served_endpoint`` the fleet does not know).
+    Raises ``LedgerUnavailable``."""
     if item.shadow:
         return
     state = rt.live.engine.state
-    if item.status in ("ok", "error", "timeout"):  # a cancelled request says nothing about the endpoint
+    if observe and item.status in ("ok", "error", "timeout"):  # a cancelled request says nothing about the endpoint
         state.observe_outcome(item.decision_id, ok=item.counts_as_answered, endpoint=item.served_endpoint,
                               served_target=item.served_target)
     usage = item.usage
@@ -406,15 +410,15 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
 _LISTED_ENDPOINTS = 12
 
 
-def endpoint_problem(rt: Runtime, item: OutcomeIn, prefix: str = "", escalation: tuple[str, str] | None = None,
-                     record: DispatchRecord | None | EllipsisType = ...) -> tuple[OutcomeIn, OutcomeItemError | None]:
-    """``item`` with its ``served_endpoint`` made the fleet's endpoint id (``EndpointIndex.named``), or the error on
-    ``served_endpoint`` (under ``prefix``) when the served target (``served_target``, else the escalation's
-    target when a verify escalated the decision, ``escalation``: (id, target), else the decision's: ``record``,
-    else ``_known_decision``) has no such endpoint, listing its endpoints. Not checked (kept as
-    sent, counting on no endpoint) when the served target is not in the fleet (a shadow's, one a reload
-    removed). Nothing is stored for an error: the gateway resends the outcome with a valid endpoint or
-    without one. Raises ``DataError`` (outcome log)."""
+def served_endpoint_id(rt: Runtime, item: OutcomeIn, prefix: str = "", escalation: tuple[str, str] | None = None,
+                       record: DispatchRecord | None | EllipsisType = ...) -> tuple[OutcomeIn, str | None]:
+    """``item`` with its ``served_endpoint`` made the fleet's endpoint id (``EndpointIndex.named``) and None; or,
+    when the served target (``served_target``, else the escalation's target when a verify escalated the decision,
+    ``escalation``: (id, target), else the decision's: ``record``, else ``_known_decision``) has no such endpoint
+    (or several), ``item`` as sent and the ack's message (``<prefix>.served_endpoint: ...``, listing the target's
+    endpoints): the outcome is stored all the same (its spend, its quality) and the breaker leaves it out. Not
+    checked (kept as sent, counting on no endpoint) when the served target is not in the fleet (a shadow's, one a
+    reload removed). Raises ``DataError`` (outcome log)."""
     named = item.served_endpoint
     if named is None:
         return item, None
@@ -432,7 +436,7 @@ def endpoint_problem(rt: Runtime, item: OutcomeIn, prefix: str = "", escalation:
     field = f"{prefix}.served_endpoint" if prefix else "served_endpoint"
     of = f"target '{target}'" if target is not None else "the fleet"
     if ids:
-        msg = f"'{named}' names {len(ids)} endpoints of {of} ({', '.join(sorted(ids))}): send the endpoint's id"
+        msg = f"'{named}' names {len(ids)} endpoints of {of} ({', '.join(sorted(ids))}); send the endpoint's id"
     else:
         other = index.named(None, named) if target is not None else []
         valid = [f"{e.name} ({e.id})" if e.name else e.id for e in fleet.endpoints.values()
@@ -441,9 +445,9 @@ def endpoint_problem(rt: Runtime, item: OutcomeIn, prefix: str = "", escalation:
                                                           else "")
         where = (f"an endpoint of target '{fleet.endpoints[other[0]].target}', not of {of} that served it (set "
                  "served_target when another target answered)") if other else f"no endpoint of {of}"
-        msg = (f"'{named}' is {where}; send an endpoint's id, name, host:port or base URL: {listed}, or leave "
-               "served_endpoint out (the outcome then counts on the decision's endpoint)")
-    return item, OutcomeItemError(((field, msg),), decision_id=item.decision_id, outcome_id=item.key)
+        msg = f"'{named}' is {where}; send an endpoint's id, name, host:port or base URL: {listed}"
+    return item, (f"{field}: not recognised, stored as sent; the outcome breaker does not count this outcome on any "
+                  f"endpoint. {msg}")
 
 
 def _invalid_item(problem: OutcomeItemError) -> HTTPError:
@@ -495,6 +499,7 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
     state = rt.live.engine.state
     sync = state.sync
     problems: list[OutcomeItemError | None] = [item if isinstance(item, OutcomeItemError) else None for item in items]
+    unrecognised: dict[int, str] = {}  # item -> its ack's message: a served_endpoint the fleet does not know
     acks: list[OutcomeAck | None] = [None] * len(items)
     known: dict[str, str] = {}  # decision id -> target, for decisions vouched for (stored even if not logged here)
     here: list[tuple[int, OutcomeIn]] = []
@@ -517,8 +522,10 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
             problems[i] = usage_problem(rt, item, f"[{i}]" if indexed else "", escalation, record) \
                 or not_the_callers(item, record, caller, f"[{i}]" if indexed else "")
             if problems[i] is None and settle:  # (a forwarded one was checked, and made an id, where it arrived)
-                item, problems[i] = endpoint_problem(rt, item, f"[{i}]" if indexed else "", escalation, record)
+                item, note = served_endpoint_id(rt, item, f"[{i}]" if indexed else "", escalation, record)
                 items[i] = item
+                if note is not None:
+                    unrecognised[i] = note
             if problems[i] is not None:
                 continue
             if record is not None:
@@ -548,8 +555,9 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
             entry = _invalid_ack(item, problem)
         else:
             assert ack is not None and isinstance(item, OutcomeIn)
+            note = unrecognised.get(i)
             entry = {"outcome_id": ack.outcome_id, "decision_id": ack.decision_id, "status": ack.status,
-                     "message": ack.message}
+                     "message": ack.message if note is None else "; ".join(filter(None, (ack.message, note)))}
             escalation = escalations.get(i)
             if settle and (ack.ok or ack.status == "forwarded") or not settle and ack.ok and escalation is not None \
                     and _reports_the_draft(rt, item, escalation):
@@ -557,7 +565,7 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
                 # where the verify's escalation and draft features are known; the replica it reached settled the
                 # decision id (the draft, already booked: replayed) and could not close the escalation
                 try:
-                    _settle(rt, item, entry, escalation)
+                    _settle(rt, item, entry, escalation, observe=note is None)
                 except LedgerUnavailable as exc:
                     ledger_down = exc
                 else:
@@ -712,5 +720,5 @@ async def telemetry(request: Request, principal: Principal = Depends(require("ga
     return {"accepted": len(reports), "endpoints": acks}
 
 
-__all__ = ["OUTCOMES_SCHEMA", "deliver_forwarded", "endpoint_problem", "router", "store_outcomes",
+__all__ = ["OUTCOMES_SCHEMA", "deliver_forwarded", "served_endpoint_id", "router", "store_outcomes",
            "usage_problem", "parse_telemetry"]

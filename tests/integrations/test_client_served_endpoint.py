@@ -1,6 +1,6 @@
-"""``PointsmanClient`` against a live ``pointsman serve``: an outcome the service refuses for its
-``served_endpoint`` alone (a name the fleet does not have) is sent again without it, so its spend is booked,
-and later outcomes naming that endpoint leave it out; a fleet endpoint is stored as the fleet's id."""
+"""``PointsmanClient`` against a live ``pointsman serve``: an outcome whose ``served_endpoint`` the fleet does not
+have is stored at once, as sent (its spend booked, its ack saying the endpoint was not recognised); before, the
+service refused it and the client sent it again without the endpoint. A fleet endpoint is stored as the fleet's id."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _stored(service: dict, decision_id: str):
         return log.outcome(decision_id)
 
 
-def test_an_unknown_endpoint_is_dropped_not_the_outcome(service):
+def test_an_unknown_endpoint_is_stored_as_sent(service):
     client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0)
     try:
         ids = [_decide(client, i) for i in range(3)]
@@ -41,14 +41,16 @@ def test_an_unknown_endpoint_is_dropped_not_the_outcome(service):
     finally:
         client.close()
     assert [a["status"] for a in client.acks] == ["stored", "stored", "stored"]
-    assert client.acks[0]["settlement"]["actual_cost_usd"] > 0  # booked
-    assert client.stats["served_endpoint_refused"] == 1  # the second left it out before sending
+    assert all(a["settlement"]["actual_cost_usd"] > 0 for a in list(client.acks)[:2])  # booked
+    assert [bool(a["message"]) for a in client.acks] == [True, True, False]
+    assert "served_endpoint: not recognised" in client.acks[0]["message"]
+    assert client.stats["outcomes_acked"] == 3 and not client.stats["outcomes_dropped"]
     assert [_stored(service, i).served_endpoint for i in ids] == [
-        None, None, "http://llama-8b-1.inference.internal:8000/v1"]
+        "http://10.9.9.9:8000/v1", "http://10.9.9.9:8000/v1", "http://llama-8b-1.inference.internal:8000/v1"]
     assert _stored(service, ids[2]).upstream_status == 400
 
 
-def test_the_background_batches_resend_it_too(service):
+def test_the_background_batches_store_it_too(service):
     async def run() -> PointsmanClient:
         client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0, flush_interval_s=0.01)
         d = await client.aroute({"messages": [{"role": "user", "content": "Say hi, async."}], "max_tokens": 20})
@@ -58,4 +60,4 @@ def test_the_background_batches_resend_it_too(service):
         return client
     client = asyncio.run(run())
     assert [a["status"] for a in client.acks] == ["stored"]
-    assert client.stats["served_endpoint_refused"] == 1
+    assert client.acks[0]["message"].startswith("[0].served_endpoint: not recognised")

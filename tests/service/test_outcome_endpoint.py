@@ -91,9 +91,6 @@ def test_an_ok_on_the_served_endpoint_clears_its_count_not_the_picked_ones(clien
 
 
 @pytest.mark.parametrize("field, value, says", [
-    ("served_endpoint", "llama-8b-7", "no endpoint of target 'onprem-8b'"),
-    ("served_endpoint", "http://llama-8b-1.inference.internal:9000/v1", "no endpoint of target 'onprem-8b'"),
-    ("served_endpoint", "llama-70b-0", "an endpoint of target 'onprem-70b'"),
     ("served_endpoint", "", "at least 1 character"),
     ("served_endpoint", 3, "valid string"),
     ("upstream_status", 99, "greater than or equal to 100"),
@@ -110,8 +107,6 @@ def test_bad_values_are_422s_naming_the_field_and_store_nothing(client, field, v
     assert r.status_code == 422, r.text
     err = r.json()["error"]
     assert err["param"] == field and says in err["message"], err
-    if "endpoint of" in says:  # the valid ones are listed
-        assert "llama-8b-0 (http://llama-8b-0.inference.internal:8000/v1)" in err["message"]
     # nothing was stored: the gateway resends it without the field (or fixed), and the spend is booked
     del body[field]
     r = client.post("/v1/outcomes", json=body)
@@ -119,7 +114,52 @@ def test_bad_values_are_422s_naming_the_field_and_store_nothing(client, field, v
     assert r.json()["acks"][0]["settlement"]["actual_cost_usd"] > 0  # booked, not released
 
 
-def test_a_batch_refuses_the_bad_item_only_and_stores_the_endpoint_id(client):
+@pytest.mark.parametrize("named, says", [
+    ("llama-8b-7", "is no endpoint of target 'onprem-8b'"),
+    ("http://llama-8b-1.inference.internal:9000/v1", "is no endpoint of target 'onprem-8b'"),
+    ("llama-70b-0", "is an endpoint of target 'onprem-70b', not of target 'onprem-8b'"),
+])
+def test_an_unknown_endpoint_is_stored_as_sent_and_the_breaker_leaves_it_out(client, named, says):
+    """An outcome whose ``served_endpoint`` the fleet does not know was a 422 with nothing stored: its spend and
+    quality were lost unless the client resent it. It is stored (booked, its quality kept), the ack says the
+    endpoint was not recognised, and the breaker counts it on no endpoint, not even the decision's."""
+    for i in range(6):
+        d = _route(client, i)
+        r = client.post("/v1/outcomes", json={"decision_id": d["decision_id"], "status": "error", "upstream_status": 503,
+                                              "usage": {"prompt_tokens": 9, "completion_tokens": 2},
+                                              "quality": {"user_rating": 0.0}, "served_endpoint": named})
+        assert r.status_code == 200, r.text
+        ack = r.json()["acks"][0]
+        assert ack["status"] == "stored" and ack["settlement"]["actual_cost_usd"] > 0, ack
+        assert ack["message"].startswith("served_endpoint: not recognised, stored as sent; the outcome breaker does "
+                                         f"not count this outcome on any endpoint. '{named}' {says}"), ack
+        assert "llama-8b-0 (http://llama-8b-0.inference.internal:8000/v1)" in ack["message"]  # the valid ones listed
+        stored = client.app.state.runtime.outcome_log.outcome(d["decision_id"])
+        assert (stored.served_endpoint, stored.upstream_status, stored.quality.user_rating) == (named, 503, 0.0)
+    assert all(e["healthy"] for e in client.get("/readyz").json()["endpoints"].values())
+    r = client.post("/v1/outcomes", json={"decision_id": d["decision_id"], "status": "error", "upstream_status": 503,
+                                          "usage": {"prompt_tokens": 9, "completion_tokens": 2},
+                                          "quality": {"user_rating": 0.0}, "served_endpoint": named})
+    assert r.json()["acks"][0]["status"] == "duplicate", r.text
+
+
+@pytest.mark.parametrize("upstream", [500, 503, 429, 404])
+def test_ok_with_an_upstream_error_is_refused_as_contradictory(client, upstream):
+    """``status: ok`` (the default) with an ``upstream_status`` of 400 or above was taken as ok: the breaker counted
+    the endpoint answering. It is a 422 naming ``upstream_status``, nothing stored; sent as an error it is stored."""
+    d = _route(client, 0)
+    body = {"decision_id": d["decision_id"], "upstream_status": upstream, "served_endpoint": "llama-8b-1",
+            "usage": {"prompt_tokens": 9, "completion_tokens": 2}}
+    r = client.post("/v1/outcomes", json=body)
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["param"] == "upstream_status" and err["message"].startswith(f"{upstream} contradicts status 'ok'"), err
+    assert client.app.state.runtime.outcome_log.outcome(d["decision_id"]) is None
+    r = client.post("/v1/outcomes", json={**body, "status": "error"})
+    assert r.status_code == 200 and r.json()["acks"][0]["status"] == "stored", r.text
+
+
+def test_a_batch_stores_an_unknown_endpoint_as_sent_and_the_known_one_as_its_id(client):
     d0, d1 = _route(client, 0), _route(client, 1)
     r = client.post("/v1/outcomes", json=[
         {"decision_id": d0["decision_id"], "status": "error", "upstream_status": 503,
@@ -128,8 +168,10 @@ def test_a_batch_refuses_the_bad_item_only_and_stores_the_endpoint_id(client):
     ])
     assert r.status_code == 200, r.text
     acks = r.json()["acks"]
-    assert [a["status"] for a in acks] == ["stored", "invalid"]
-    assert acks[1]["message"].startswith("[1].served_endpoint: 'nowhere:1' is no endpoint of target 'onprem-8b'")
+    assert [a["status"] for a in acks] == ["stored", "stored"]
+    assert acks[0]["message"] is None
+    assert acks[1]["message"].startswith("[1].served_endpoint: not recognised, stored as sent")
+    assert "'nowhere:1' is no endpoint of target 'onprem-8b'" in acks[1]["message"]
     stored = client.app.state.runtime.outcome_log.outcome(d0["decision_id"])
     assert (stored.served_endpoint, stored.upstream_status) == (URL_1, 503)
     # stored as the fleet names it, so the same outcome sent with another form of the same endpoint is a duplicate
@@ -148,6 +190,10 @@ def test_a_frontier_fallbacks_endpoint_is_its_target(client):
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from(["ok", "error", "timeout"]), st.none() | st.integers(100, 599))
 def test_counts_as_answered_is_ok_or_a_status_below_500_but_408_and_429(status, upstream):
+    if status == "ok" and upstream is not None and upstream >= 400:
+        with pytest.raises(ValueError, match="contradicts status 'ok'"):
+            OutcomeIn(decision_id="d1", status=status, upstream_status=upstream)
+        return
     o = OutcomeIn(decision_id="d1", status=status, upstream_status=upstream)
     answered = status == "ok" or (upstream is not None and upstream < 500 and upstream not in (408, 429))
     assert o.counts_as_answered == answered
