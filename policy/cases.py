@@ -24,8 +24,9 @@ give follow from those it gives: ``case_budget``); the policy's variables are fi
 each rule's target) take either fields for every target or ``{<target>: {fields}}``.
 Each case runs the same policy step the engine runs (``engine.decide``: eligibility,
 rules, P/D mode) on a ``live.StaticSignals``; costs come from the fleet's prices with
-``cache.prefix_hit_tokens`` cached. As at dispatch, a candidate with ``load[t].healthy_endpoints`` 0
-(the ``health`` filter off) or whose estimate its budget refuses gives way to the next.
+``cache.prefix_hit_tokens`` cached. As at dispatch (``engine.decide_and_take``), a candidate with
+``load[t].healthy_endpoints`` 0 (the ``health`` filter off) or whose estimate its budget refuses gives way to the
+next, and past the deciding rule's last, to the rules after it.
 ``expect`` may name ``target``, ``mode``, ``rule``,
 ``fallbacks``, ``skipped`` (rules whose condition errored) or
 ``error: no-eligible-target`` (with ``excluded_by``: target -> filter, optional).
@@ -45,6 +46,7 @@ its policy or its fleet is invalid (unknown signal names in a case included).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -56,7 +58,7 @@ from pydantic import Field, TypeAdapter, ValidationError, model_validator
 from pointsman.errors import PolicyError, Problem
 from pointsman.json_types import JSONValue
 from pointsman.located import LocatedDocument, StrictModel, did_you_mean, load_config
-from pointsman.policy.engine import decide
+from pointsman.policy.engine import decide_and_take
 from pointsman.policy.escalation import judge, rule_name
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, Fleet, Mode, load_fleet
 from pointsman.policy.live import StaticSignals
@@ -339,6 +341,15 @@ def load_cases(path: str | Path, fleet_path: str | Path | None = None
     return spec, doc, fleet, policy
 
 
+def _dispatch(source: StaticSignals, target: str, mode: str) -> Exclusion | None:
+    """A case's dispatch of one candidate (``engine.decide_and_take``'s ``take``): refused without a healthy endpoint
+    (``engine.place``; the ``health`` filter may be off) or when its budget refuses the estimate, else None."""
+    if source.healthy_endpoints(target) == 0:
+        return Exclusion("health", f"no healthy endpoint for {mode}")
+    why = budget_refusal(source, source.cost(target, mode).usd) if source.budget_limited() else None
+    return None if why is None else Exclusion("budget", why)
+
+
 def run_cases(path: str | Path, fleet_path: str | Path | None = None) -> list[CaseResult]:
     """Run every case in a cases file against its policy on its fleet (``load_cases``; see module doc)."""
     spec, doc, fleet, policy = load_cases(path, fleet_path)
@@ -349,20 +360,9 @@ def run_cases(path: str | Path, fleet_path: str | Path | None = None) -> list[Ca
         line = doc.mark(("cases", i))[0]
         source = StaticSignals(fleet, policy, signals)
         try:
-            outcome = decide(fleet, policy, {"request": signals["request"], "difficulty": signals["difficulty"]},
-                             source)
-            # dispatch: a candidate without a healthy endpoint (``engine.place``; the ``health`` filter may be
-            # off) or whose reservation the budget refuses gives way to the next
-            candidates = [(outcome.verdict.target, outcome.mode.mode), *outcome.fallbacks]
-            refused = {t: budget_refusal(source, source.cost(t, m).usd) for t, m in candidates} \
-                if source.budget_limited() else {}
-            refusals = {t: Exclusion("health", f"no healthy endpoint for {m}") for t, m in candidates
-                        if source.healthy_endpoints(t) == 0}
-            refusals.update({t: Exclusion("budget", why) for t, why in refused.items()
-                             if why is not None and t not in refusals})
-            if len(refusals) == len(candidates):
-                raise NoEligibleTarget({**outcome.exclusions, **refusals}, [t for t, _ in candidates])
-            candidates = candidates[next(i for i, (t, _) in enumerate(candidates) if t not in refusals):]
+            outcome, candidates, refusals = decide_and_take(
+                fleet, policy, {"request": signals["request"], "difficulty": signals["difficulty"]}, source,
+                functools.partial(_dispatch, source))
         except NoEligibleTarget as exc:
             wrong = [] if exp.error == "no-eligible-target" else [f"unexpected error: {exc}"]
             wrong += _check_excluded(exp, exc.exclusions)

@@ -18,9 +18,9 @@ Steps of ``route(request)`` (DESIGN.md, "The flow of one decision"):
    first, then fallback endpoints; prefill and decode endpoints when disaggregated;
 6. estimated cost in USD on the chosen target, mode and endpoint (``policy/cost.py``);
 7. dispatch (unless ``dispatch=False``): the estimate is reserved in the budget
-   ledger (a refusal moves on to the next fallback target, so concurrent decisions
-   cannot overspend), the request is counted in flight on its endpoint(s), and its
-   prefix and session are recorded (``FleetState.dispatch``). The service settles it
+   ledger (a refusal moves on to the next fallback target, and past the last to the rules after the
+   deciding one: ``decide_and_take``; so concurrent decisions cannot overspend), the request is counted
+   in flight on its endpoint(s), and its prefix and session are recorded (``FleetState.dispatch``). The service settles it
    when the outcome arrives (``FleetState.settle``).
 
 ``verify(decision, draft)`` is the cascade's second decision (``POST /v1/verify``): the
@@ -37,10 +37,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 from pointsman.errors import RequestError
 from pointsman.estimator.estimate import DifficultyEstimate, Estimator, TokenIdsEstimator
@@ -59,7 +60,6 @@ from pointsman.policy.selection.filters import (
     Exclusion,
     FilterContext,
     FilterFn,
-    NoEligibleTarget,
     budget_refusal,
     eligibility,
     enabled,
@@ -117,7 +117,8 @@ _NO_CALLS: Mapping[str, float | None] = MappingProxyType({})
 
 def decide(fleet: Fleet, policy: CompiledPolicy, base: BaseSignals, source: SignalSource,
            filters: dict[str, FilterFn] = FILTERS, *, lazy: bool = False,
-           enabled_filters: list[tuple[str, FilterFn]] | None = None, record: bool = False) -> Outcome:
+           enabled_filters: list[tuple[str, FilterFn]] | None = None, record: bool = False,
+           refused: Mapping[str, Exclusion] | None = None) -> Outcome:
     """The policy step: eligibility filters, the ordered rules on the CEL context the policy
     reads, then the P/D mode of the chosen target and of each fallback. ``base`` holds the
     ``request`` and ``difficulty`` namespaces; ``source`` is a signal source
@@ -126,10 +127,13 @@ def decide(fleet: Fleet, policy: CompiledPolicy, base: BaseSignals, source: Sign
     (the same verdict: a condition reads only what its plan names); ``Outcome.context`` then holds
     what the evaluated rules read. ``enabled_filters``: ``enabled(policy.filters, filters)`` when the caller
     has it (the engine, once per policy). ``record``: keep the function calls the conditions make
-    (``Outcome.calls``, for the trace; off, nothing is recorded and nothing costs). Raises
+    (``Outcome.calls``, for the trace; off, nothing is recorded and nothing costs). ``refused``: targets refused at
+    dispatch (``decide_and_take``), excluded as a filter excludes. Raises
     ``NoEligibleTarget`` when no matching rule has an eligible target."""
     exclusions = eligibility(fleet, FilterContext(base["request"], policy.filters, source),
                              enabled(policy.filters, filters) if enabled_filters is None else enabled_filters)
+    if refused:
+        exclusions.update(refused)
     costs = TargetCosts(fleet, source)
     calls: dict[str, float | None] | None = {} if record else None
     if lazy and policy.rule_plans:
@@ -142,6 +146,27 @@ def decide(fleet: Fleet, policy: CompiledPolicy, base: BaseSignals, source: Sign
     mode = resolve_mode(policy, fleet, source, verdict.target, verdict.mode)
     fallbacks = tuple((t, resolve_mode(policy, fleet, source, t, m).mode) for t, m in verdict.fallbacks)
     return Outcome(verdict, mode, fallbacks, exclusions, context, _NO_CALLS if calls is None else calls)
+
+
+def decide_and_take(fleet: Fleet, policy: CompiledPolicy, base: BaseSignals, source: SignalSource,
+                    take: Callable[[str, str], Exclusion | None], **kwargs: Any,
+                    ) -> tuple[Outcome, list[tuple[str, str]], dict[str, Exclusion]]:
+    """``decide`` (``kwargs`` are its own), then the dispatch: the deciding rule's target and fallbacks, (target,
+    mode) in order, offered to ``take``, which answers None (taken) or the ``Exclusion`` refusing it (no healthy
+    endpoint in the mode's pools, the budget's reservation). When it refuses every one, the rules after it are
+    tried with the refused targets excluded, as a filter excludes (``decide(refused=)``; the trace shows that rule
+    ``no-eligible-target``), so a refusal at dispatch passes a rule over as a filter does. Returns (the deciding
+    rule's outcome, its candidates from the one taken on, every refusal: target -> ``Exclusion``). Raises
+    ``NoEligibleTarget`` (filters and refusals) when no rule's candidate is taken."""
+    refusals: dict[str, Exclusion] = {}
+    while True:  # each round refuses at least one target not refused before: at most one round per target
+        outcome = decide(fleet, policy, base, source, refused=refusals, **kwargs)
+        candidates = [(outcome.verdict.target, outcome.mode.mode), *outcome.fallbacks]
+        for index, (target, mode) in enumerate(candidates):
+            why = take(target, mode)
+            if why is None:
+                return outcome, candidates[index:], refusals
+            refusals[target] = why
 
 
 def _checked(estimate: object, started: float) -> DifficultyEstimate:
@@ -392,21 +417,15 @@ class RoutingEngine:
         live = LiveSignals(self.state, self.policy, self.picker, request=base["request"], block_hashes=hashes,
                            gateway_ids=gateway_ids, scopes=scopes, session_id=routing.session_id or "", view=view,
                            subset=endpoint_subset)
-        # lazily unless explaining: the trace lists every prediction the full context computes
-        outcome = decide(self.fleet, self.policy, base, live, self.filters, lazy=not routing.explain,
-                         enabled_filters=self._enabled_filters, record=routing.explain)
-        verdict = outcome.verdict
         decision_id = base_id = new_decision_id()
-        candidates = [(verdict.target, outcome.mode.mode), *outcome.fallbacks]
-        refusals: dict[str, Exclusion] = {}
         chosen: Placement | None = None
         reserved = False  # whether the ledger holds the chosen candidate's estimate
-        index = 0
-        for index, (target, mode) in enumerate(candidates):  # noqa: B007 - read after the loop: fallbacks follow it
+
+        def take(target: str, mode: str) -> Exclusion | None:
+            nonlocal chosen, decision_id, reserved
             placed = place(live, target, mode)
             if placed is None:
-                refusals[target] = Exclusion("health", f"no healthy endpoint for {mode}")
-                continue
+                return Exclusion("health", f"no healthy endpoint for {mode}")
             if dispatch:
                 try:
                     dispatched = self.state.dispatch(  # its id as dispatched: signed with its claims
@@ -414,19 +433,22 @@ class RoutingEngine:
                                                self.fleet.revision),
                                  cached_hashes(self.fleet, target, hashes, base["request"], view, gateway_ids),
                                  gateway_ids, routing.session_id or ""), now=live.now)
-                    decision_id, reserved = dispatched.decision_id, dispatched.reserved
                 except BudgetExceeded as exc:
-                    refusals[target] = Exclusion("budget", str(exc).removeprefix("budget exceeded: "))
-                    continue
+                    return Exclusion("budget", str(exc).removeprefix("budget exceeded: "))
+                decision_id, reserved = dispatched.decision_id, dispatched.reserved
             elif (refused := budget_refusal(live, placed.cost.usd)) is not None:  # the reservation's check
-                refusals[target] = Exclusion("budget", f"{refused} (what-if: nothing reserved)")
-                continue
+                return Exclusion("budget", f"{refused} (what-if: nothing reserved)")
             chosen = placed
-            break
-        if chosen is None:
-            raise NoEligibleTarget({**outcome.exclusions, **refusals}, [t for t, _ in candidates])
+            return None
+
+        # lazily unless explaining: the trace lists every prediction the full context computes
+        outcome, candidates, refusals = decide_and_take(
+            self.fleet, self.policy, base, live, take, filters=self.filters, lazy=not routing.explain,
+            enabled_filters=self._enabled_filters, record=routing.explain)
+        verdict = outcome.verdict
+        assert chosen is not None  # taken
         fallbacks = []
-        for t, m in candidates[index + 1:]:
+        for t, m in candidates[1:]:
             fb = place(live, t, m)
             if fb is not None:
                 fallbacks.append(Fallback(t, self.fleet.targets[t].model, base_url(fb.endpoints), fb.mode))

@@ -7,7 +7,8 @@
   a missing key, a non-boolean result) is skipped and recorded with its error;
 - a matching rule takes the first eligible of its target and fallbacks (``exclusions``
   from ``policy/selection/filters.py``); when none is eligible it is recorded as
-  ``no-eligible-target`` and evaluation continues.
+  ``no-eligible-target`` and evaluation continues (targets refused at dispatch come in as exclusions too:
+  ``engine.decide_and_take``).
 
 When no rule yields an eligible target, ``NoEligibleTarget`` is raised naming the
 filter that removed each target.
