@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -53,7 +53,7 @@ from pointsman.policy.decision import Decision, EndpointChoice, Fallback, Trace,
 from pointsman.policy.escalation import Escalation, TargetCosts, escalation_id, judge, rule_name
 from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget
 from pointsman.policy.live import BaseSignals, CelContext, LiveSignals, build_context, finite_or_none, resolve_mode
-from pointsman.policy.rules.compiler import CompiledPolicy, Plan
+from pointsman.policy.rules.compiler import CompiledPolicy, CompiledRule, CompiledVerifyRule, Plan
 from pointsman.policy.rules.evaluator import Verdict, call_key, evaluate, lookup_signal
 from pointsman.policy.selection.filters import (
     FILTERS,
@@ -167,6 +167,35 @@ def decide_and_take(fleet: Fleet, policy: CompiledPolicy, base: BaseSignals, sou
             if why is None:
                 return outcome, candidates[index:], refusals
             refusals[target] = why
+
+
+def _signals_read(rules: Sequence[CompiledRule | CompiledVerifyRule], context: Mapping[str, object], live: LiveSignals,
+                  calls: Mapping[str, float | None] = _NO_CALLS, costs: TargetCosts | None = None) -> dict[str, object]:
+    """The trace's ``signals``: every signal the evaluated ``rules`` read, ``{path: {"value", "age_s"}}`` (its value
+    in the CEL ``context``, infinities as null; a relative one named with its rule's target, ``cache.x [t]``), and
+    with ``costs`` every function call (``cost("t")``, computed at decision time: as the conditions made them,
+    ``calls``, recorded when explaining; else, a call the evaluation skipped or a trace built later, from ``costs``)."""
+    used: dict[str, object] = {}
+    for rule in rules:
+        for path in rule.signals:
+            value = lookup_signal(context, path, rule)
+            root = path.partition(".")[0]
+            age = 0.0
+            if path.startswith('load["') or root == "budget":
+                age = live.age(path)
+            elif root == "endpoint":
+                age = live.endpoint(relative_key("endpoint", rule.target, rule.role))["age_s"]
+            if root in RELATIVE_ROOTS:  # relative to the rule's target: name it
+                path = f"{path} [{rule.target}]"
+            used[path] = {"value": finite_or_none(value), "age_s": age}
+        if costs is not None and isinstance(rule, CompiledRule):
+            for name, arg in rule.calls:
+                key = call_key(name, arg)
+                value = calls[key] if key in calls else costs.get(arg)
+                used[key] = {"value": finite_or_none(value), "age_s": 0.0}
+    for key, value in calls.items():  # calls with a computed argument (cost(variables.tier))
+        used.setdefault(key, {"value": finite_or_none(value), "age_s": 0.0})
+    return used
 
 
 def _checked(estimate: object, started: float) -> DifficultyEstimate:
@@ -493,30 +522,8 @@ class RoutingEngine:
     def _trace(self, live: LiveSignals, outcome: Outcome, chosen: Placement, refusals: dict[str, Exclusion],
                estimate: DifficultyEstimate, reserved: bool, scopes: tuple[str, ...], uncounted: list[str]) -> Trace:
         verdict = outcome.verdict
-        evaluated = self.policy.rules[: len(verdict.codes)]
-        used: dict[str, object] = {}
-        costs = TargetCosts(self.fleet, live)
-        for rule in evaluated:
-            for path in rule.signals:
-                value = lookup_signal(outcome.context, path, rule)
-                root = path.partition(".")[0]
-                age = 0.0
-                if path.startswith('load["') or root == "budget":
-                    age = live.age(path)
-                elif root == "endpoint":
-                    age = live.endpoint(relative_key("endpoint", rule.target, rule.role))["age_s"]
-                if root in RELATIVE_ROOTS:  # relative to the rule's target: name it
-                    path = f"{path} [{rule.target}]"
-                used[path] = {"value": finite_or_none(value), "age_s": age}
-            # function calls (cost(), the one: namespaces.FUNCTIONS), computed at decision time: as the
-            # conditions read them (recorded when explaining), else (a call the evaluation skipped, a trace
-            # built later) from the decision's signals
-            for name, arg in rule.calls:
-                key = call_key(name, arg)
-                value = outcome.calls[key] if key in outcome.calls else costs.get(arg)
-                used[key] = {"value": finite_or_none(value), "age_s": 0.0}
-        for key, value in outcome.calls.items():  # calls with a computed argument (cost(variables.tier))
-            used.setdefault(key, {"value": finite_or_none(value), "age_s": 0.0})
+        used = _signals_read(self.policy.rules[: len(verdict.codes)], outcome.context, live, outcome.calls,
+                             TargetCosts(self.fleet, live))
         candidates = []
         for name in self.fleet.targets:
             c = chosen.cost if name == chosen.target else live.cost(name)
@@ -575,8 +582,11 @@ class RoutingEngine:
                            view=view)
         verdict = judge(self.fleet, self.policy, base, live, draft, self.filters)
         labels = dict(verdict.rule.labels) if verdict.rule is not None else {}
+        evaluated = self.policy.verify.rules[: len(verdict.results)] if self.policy.verify is not None else ()
+        signals = _signals_read(evaluated, verdict.context, live)
         if verdict.action == "accept" or verdict.target is None or verdict.mode is None:
-            return Escalation(decision.decision_id, "accept", rule_name(verdict), labels, verdict.results)
+            return Escalation(decision.decision_id, "accept", rule_name(verdict), labels, verdict.results,
+                              signals=signals)
         eid = escalation_id(decision.decision_id)
         candidates = [(verdict.target, verdict.mode), *verdict.fallbacks]
         refusals: dict[str, str] = {}
@@ -605,6 +615,7 @@ class RoutingEngine:
             return Escalation(decision.decision_id, "escalate", rule_name(verdict), labels, verdict.results,
                               escalation_id=held, target=target, model=self.fleet.targets[target].model,
                               base_url=base_url(placed.endpoints), mode=placed.mode, endpoints=placed.endpoints,
-                              fallbacks=tuple(fallbacks), estimated_cost_usd=placed.cost.usd, refusals=refusals)
+                              fallbacks=tuple(fallbacks), estimated_cost_usd=placed.cost.usd, refusals=refusals,
+                              signals=signals)
         return Escalation(decision.decision_id, "accept", "no-eligible-escalation", {}, verdict.results,
-                          refusals=refusals)
+                          refusals=refusals, signals=signals)

@@ -115,8 +115,9 @@ class Escalation:
     in-flight load are held under and its outcome may be reported under (None for accept); ``target``, ``model``,
     ``base_url``, ``mode``, ``endpoints``, ``fallbacks``, ``estimated_cost_usd``: where the
     escalated request goes (as a ``Decision``'s; None/empty for accept); ``results``: every
-    verify rule evaluated; ``refusals``: escalation targets that refused the budget hold or
-    had no healthy endpoint (target -> reason)."""
+    verify rule evaluated; ``signals``: every signal they read, ``{path: {"value", "age_s"}}`` as a route's trace
+    gives them; ``refusals``: escalation targets that refused the budget hold or had no healthy endpoint
+    (target -> reason)."""
 
     decision_id: str
     action: str
@@ -132,14 +133,16 @@ class Escalation:
     fallbacks: tuple[Fallback, ...] = ()
     estimated_cost_usd: float | None = None
     refusals: dict[str, str] = field(default_factory=dict)
+    signals: dict[str, object] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-ready: every field, endpoints and fallbacks as dicts, ``trace`` with the rules."""
+        """JSON-ready: every field, endpoints and fallbacks as dicts, ``trace`` with the rules and signals."""
         return {"decision_id": self.decision_id, "action": self.action, "rule": self.rule, "labels": self.labels,
                 "escalation_id": self.escalation_id, "target": self.target, "model": self.model,
                 "base_url": self.base_url, "mode": self.mode, "endpoints": [e.to_dict() for e in self.endpoints],
                 "fallbacks": [f.to_dict() for f in self.fallbacks], "estimated_cost_usd": self.estimated_cost_usd,
-                "trace": {"rules": results_dicts(self.results), "refusals": dict(self.refusals)}}
+                "trace": {"rules": results_dicts(self.results), "signals": dict(self.signals),
+                          "refusals": dict(self.refusals)}}
 
 
 def escalation_id(decision_id: str) -> str:

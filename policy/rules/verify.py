@@ -21,7 +21,7 @@ verdict's ``rule`` is None: the gateway keeps what it has.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cel import cel  # the Rust extension itself (see evaluator.py)
 
@@ -34,7 +34,8 @@ from pointsman.policy.selection.filters import Exclusion
 class VerifyVerdict:
     """The verify rules' answer: ``action`` (``accept`` or ``escalate``), the deciding ``rule``
     (None when no rule decided), the escalation ``target`` and its eligible ``fallbacks``
-    ((target, mode); empty for accept), and every rule evaluated (``results``)."""
+    ((target, mode); empty for accept), every rule evaluated (``results``) and the CEL variables they read
+    (``context``, for the trace)."""
 
     action: str
     rule: CompiledVerifyRule | None
@@ -42,6 +43,7 @@ class VerifyVerdict:
     mode: str | None
     fallbacks: tuple[tuple[str, str], ...]
     results: tuple[RuleResult, ...]
+    context: Mapping[str, object] = field(default_factory=dict)
 
 
 def evaluate_verify(verify: CompiledVerify, context: Mapping[str, object], costs: Mapping[str, float] | None = None,
@@ -74,7 +76,7 @@ def evaluate_verify(verify: CompiledVerify, context: Mapping[str, object], costs
                 continue
         if rule.action == "accept":
             results.append(RuleResult(rule.name, "matched"))
-            return VerifyVerdict("accept", rule, None, None, (), tuple(results))
+            return VerifyVerdict("accept", rule, None, None, (), tuple(results), context)
         eligible = [(t, m) for t, m in rule.candidates if why(rule, t) is None]
         if not eligible:
             results.append(RuleResult(rule.name, "no-eligible-target",
@@ -83,6 +85,6 @@ def evaluate_verify(verify: CompiledVerify, context: Mapping[str, object], costs
         (target, mode), *rest = eligible
         note = None if target == rule.target else f"{rule.target} ineligible ({why(rule, rule.target)}); took {target}"
         results.append(RuleResult(rule.name, "matched", None, note))
-        return VerifyVerdict("escalate", rule, target, mode, tuple(rest), tuple(results))
-    return VerifyVerdict("accept", None, None, None, (), tuple(results))
+        return VerifyVerdict("escalate", rule, target, mode, tuple(rest), tuple(results), context)
+    return VerifyVerdict("accept", None, None, None, (), tuple(results), context)
 

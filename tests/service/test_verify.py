@@ -732,3 +732,27 @@ def test_a_decision_of_a_policy_without_a_verify_section_is_not_called_expired(t
         o = client.post("/v1/outcomes", json={"decision_id": d["decision_id"],
                                               "usage": {"prompt_tokens": 10, "completion_tokens": 20}})
         assert o.json()["acks"][0]["settlement"]["target"] == "onprem-8b"
+
+
+def test_a_verify_trace_names_the_signals_its_rules_read(tmp_path):
+    """``/v1/verify``'s trace had the rules' results but no ``signals`` section, so an escalation (or an accept)
+    could not be explained from its answer as a route can: which draft and route signals the rules read, and their
+    values. Now ``signals`` gives every signal of the verify rules evaluated, ``{value, age_s}``, as a route's does."""
+    client, _ = _app(tmp_path)
+    with client:
+        d, good = _route(client), _route(client, "Explain the rules of kickball, please.")
+        bad = client.post("/v1/verify", json={"decision_id": d["decision_id"],
+                                              "draft": {"text": REFUSAL, "finish_reason": "stop"}}).json()
+        ok = client.post("/v1/verify", json={"decision_id": good["decision_id"],
+                                             "draft": {"text": GOOD, "finish_reason": "stop"}}).json()
+    assert (bad["action"], bad["rule"]) == ("escalate", "broken-draft")
+    assert bad["trace"]["signals"] == {
+        "draft.on_prem": {"value": True, "age_s": 0.0}, "draft.empty": {"value": False, "age_s": 0.0},
+        "draft.truncated": {"value": False, "age_s": 0.0}, "draft.partial": {"value": False, "age_s": 0.0},
+        "draft.repetition": {"value": bad["draft"]["repetition"], "age_s": 0.0},
+        "draft.refusal": {"value": True, "age_s": 0.0}}
+    assert (ok["action"], ok["rule"]) == ("accept", "accept")
+    signals = ok["trace"]["signals"]  # every rule evaluated: the doubtful-draft rule's budget signal too
+    assert signals["draft.p_bad"]["value"] == ok["p_bad"] and signals["draft.refusal"]["value"] is False
+    assert set(signals) > {"draft.p_bad", "budget.pace_gap"}, signals  # no budget: its pace_gap reads 0.0
+    assert signals["budget.pace_gap"] == {"value": 0.0, "age_s": 0.0}, signals
