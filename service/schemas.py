@@ -166,7 +166,8 @@ class OutcomeAckOut(BaseModel):
     stores it or finds it a duplicate or conflict there; settled here), ``conflict`` (stored before
     with different content; unchanged), ``unknown_decision`` (no such decision; not stored) or
     ``invalid`` (an item of a batch that fails validation, or whose usage is impossible on the
-    target that served it; not stored; ``message`` names every bad field, ``[1].status: ...``).
+    target that served it; not stored; ``message`` names every bad field, ``[1].status: ...``); a stored one's
+    ``message`` says when its ``served_endpoint`` was not recognised (stored as sent, counted on no endpoint).
     ``outcome_id``/``decision_id`` are None only for an invalid item without a valid id.
     ``settlement``: the budget settlement (None for shadow outcomes, rejected ones, or when
     ``settle_error`` says why it could not be settled); ``released``: the request never ran
