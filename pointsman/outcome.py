@@ -164,7 +164,7 @@ class OutcomeIn(_Strict):
     time_s: float | None = Field(default=None, ge=0.0, le=MAX_TIME_S)
     quality: QualitySignals | None = None
     #: The endpoint that answered (None: the decision's), as the gateway names it: checked and made its fleet id
-    #: by the service (``routes_reports.endpoint_problem``).
+    #: by the service (``routes_reports.served_endpoint_id``; one the fleet does not have is kept as sent).
     served_endpoint: str | None = Field(default=None, min_length=1, max_length=MAX_ENDPOINT_CHARS)
     #: The upstream's HTTP status, for the outcome breaker (``counts_as_answered``).
     upstream_status: int | None = Field(default=None, ge=100, le=599, strict=True)
