@@ -507,11 +507,14 @@ class RequestView:
     def media(self) -> Media:
         """The sizes of the request's image, audio and file parts, in order (``media.Media``; a part that cannot be
         read: None), read on first use: only a request with such parts reads it (``cost.target_prompt_tokens``).
-        An image's detail is its ``image_url.detail`` (or the part's ``detail``). Pure; no errors."""
+        An assistant message's ``audio: {"id": ...}`` (OpenAI bills that earlier answer's audio again) is an audio
+        part of unknown size. An image's detail is its ``image_url.detail`` (or the part's ``detail``). Pure; no errors."""
         images: list[tuple[tuple[int, int] | None, str | None]] = []
         audio: list[float | None] = []
         files: list[tuple[int | None, bool]] = []
         for m in self.request.messages:
+            if isinstance(said := (m.model_extra or {}).get("audio"), dict) and "id" in said:
+                audio.append(None)  # an earlier answer's audio (``audio: {id}``), billed again: size not known
             for part in m.content if isinstance(m.content, list) else ():
                 extra = part.model_extra or {}
                 if isinstance(part, ImagePart):

@@ -33,7 +33,9 @@ Images, audio and files: ``prompt_tokens`` is the request's count with ``feature
 and nothing for audio and files; the estimate counts them by the target's rules instead, at the size read from their
 inline bytes (``target_prompt_tokens``, ``policy/media_tokens.py``: a 512-px image 8,500 tokens on gpt-4o-mini, one
 of unknown size up to 48,169; audio 10 tokens a second on OpenAI; a PDF page 3,000 + an image). The context-window
-filter compares the same count, from the safe-side bound.
+filter compares the same count, from the safe-side bound; on-prem, the predicted prefill, the P/D thresholds, the
+picker and the dispatch record (the prefill queued on the endpoint) count it too (``LiveSignals.target_prompt_tokens``),
+and so does the decision's ``prompt_tokens``.
 
 Reported usage (``usage_cost``) adds prompt-cache writes at their own prices (5-minute and
 1-hour lifetimes, ``FrontierPrices``); on-prem a write is ordinary prefill.

@@ -110,7 +110,8 @@ class Decision:
     ``fallbacks``: eligible targets to try next, in order. ``estimated_cost_usd``: cost of
     the request on the chosen target and mode (``policy/cost.py``). ``rule``: the deciding
     rule; ``labels``: its labels. ``p_hard``: the estimator's probability (None when
-    ``difficulty_available`` is False). ``prompt_tokens``: the prompt length used.
+    ``difficulty_available`` is False). ``prompt_tokens``: the prompt's tokens on the chosen target
+    (``cost.target_prompt_tokens``: its images, audio and files by the target's rules), as the cost counted them.
     ``policy_revision``/``fleet_revision``: content hashes; ``estimator_version``: the
     model's version. ``timings_ms``: ``features``, ``estimator``, ``policy``, ``total``
     in milliseconds. ``trace``: every rule evaluated with its result or error, the

@@ -265,9 +265,9 @@ class Placement:
     cost: CostEstimate
     note: str | None = None
 
-    def record(self, decision_id: str, view: RequestView, prompt_tokens: int, at: float,
-               fleet_revision: str) -> DispatchRecord:
-        """What dispatching here holds until the outcome (``reserved`` is set by the dispatch);
+    def record(self, decision_id: str, view: RequestView, at: float, fleet_revision: str) -> DispatchRecord:
+        """What dispatching here holds until the outcome (``reserved`` is set by the dispatch); its prompt tokens
+        are the cost's (``cost.target_prompt_tokens``: images, audio and files by the target's rules);
         ``at``: monotonic seconds; ``fleet_revision``: the fleet it was priced on. The output cap is the output
         the estimate counted (``max_tokens``, else the fleet's default, for each of OpenAI's ``n`` answers) when
         the request set either, else 0. The cached tokens are the prefix the prefill-side endpoint holds (its local
@@ -277,7 +277,7 @@ class Placement:
         first = self.picks[0]
         cached = 0 if first.chosen is None or first.view.role == "api" else first.view.hit(first.chosen)[0]
         return DispatchRecord(decision_id, self.target, self.mode, self.endpoint, self.prefill_endpoint,
-                              view.scopes, c.usd, False, prompt_tokens, c.prefill_utilization,
+                              view.scopes, c.usd, False, c.prompt_tokens, c.prefill_utilization,
                               c.decode_utilization, at, cap, cached, fleet_revision)
 
 
@@ -458,7 +458,7 @@ class RoutingEngine:
             if dispatch:
                 try:
                     dispatched = self.state.dispatch(  # its id as dispatched: signed with its claims
-                        Dispatch(placed.record(base_id, view, features.priced_prompt_tokens, live.now_mono,
+                        Dispatch(placed.record(base_id, view, live.now_mono,
                                                self.fleet.revision),
                                  cached_hashes(self.fleet, target, hashes, base["request"], view, gateway_ids),
                                  gateway_ids, routing.session_id or ""), now=live.now)
@@ -497,7 +497,7 @@ class RoutingEngine:
             verify_prefix_tokens=self.policy.verify.prefix_tokens if self.policy.verify is not None else None,
             p_hard=base["difficulty"]["p_hard"],
             difficulty_available=base["difficulty"]["available"],
-            prompt_tokens=features.priced_prompt_tokens,
+            prompt_tokens=placement.cost.prompt_tokens,
             policy_revision=self.policy.revision,
             fleet_revision=self.fleet.revision,
             estimator_version=str(self.estimator.version),
@@ -598,7 +598,7 @@ class RoutingEngine:
             held = eid
             if dispatch:
                 try:
-                    held = self.state.dispatch(Dispatch(placed.record(eid, view, features.priced_prompt_tokens, live.now_mono,
+                    held = self.state.dispatch(Dispatch(placed.record(eid, view, live.now_mono,
                                                                       self.fleet.revision),
                                                         cached_hashes(self.fleet, target, hashes, base["request"], view,
                                                                       gateway_ids),

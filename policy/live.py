@@ -203,7 +203,7 @@ def resolve_mode(policy: CompiledPolicy, fleet: Fleet, source: SignalSource, tar
         return ModeDecision(route_mode if route_mode in t.modes else t.modes[0],
                             "the route says aggregated" if route_mode == "aggregated"
                             else "the target has no prefill/decode pools", {"route_mode": route_mode})
-    return decide_mode(policy.disaggregation, t, route_mode, prompt_tokens=int(source.request["prompt_tokens"]),
+    return decide_mode(policy.disaggregation, t, route_mode, prompt_tokens=source.target_prompt_tokens(target),
                        output_tokens=source.output_tokens(target),
                        prefix_hit_ratio=source.cache(target)["prefix_hit_ratio"],
                        prefill_saturated=bool(source.load(target)["prefill_saturated"]),
@@ -242,6 +242,8 @@ class LiveSignals:
         self.now = state.clock() if now is None else now
         self.now_mono = state.monotonic() if now_mono is None else now_mono
         self.prompt_tokens = int(request["prompt_tokens"])
+        self._media = bool(request.get("images") or request.get("has_audio") or request.get("has_files"))
+        self._target_tokens: dict[str, int] = {}
         self._cache_control = bool(request.get("has_cache_control"))
         self._cache_1h = bool(request.get("has_cache_control_1h"))
         self.ledger_error: str | None = None
@@ -290,6 +292,17 @@ class LiveSignals:
             answers = (self.view.request.n or 1) if self.view is not None else 1
             out = self._outputs[target] = answers * self.fleet.output_tokens(
                 target, r["max_output_tokens"] if r["max_output_tokens_set"] else None)
+        return out
+
+    def target_prompt_tokens(self, target: str) -> int:
+        """The request's prompt tokens on ``target``, its images, audio and files counted by the target's rules
+        (``cost.target_prompt_tokens``, memoized): what its cost, predicted prefill, P/D thresholds, pick and
+        dispatch record count. A text-only request's ``prompt_tokens``."""
+        if not self._media:
+            return self.prompt_tokens
+        out = self._target_tokens.get(target)
+        if out is None:
+            out = self._target_tokens[target] = target_prompt_tokens(self.fleet.targets[target], self._request, self.view)
         return out
 
     def lookup(self, target: str) -> PrefixLookup | None:
@@ -370,11 +383,12 @@ class LiveSignals:
                 view = PoolView(target, "aggregated", t.pools.decode, view.endpoints, view.loads, view.healthy,
                                 view.prefix, view.shared, positions=view.positions)
             else:  # only decode endpoints holding the prefix (few): read their loads alone
-                lk, need = self.lookup(target), self.policy.disaggregation.max_local_hit_ratio * self.prompt_tokens
+                prompt = self.target_prompt_tokens(target)
+                lk, need = self.lookup(target), self.policy.disaggregation.max_local_hit_ratio * prompt
                 where = self.fleet.positions[(target, "decode")]
                 decode = self.fleet.pool_endpoints(target, "decode")
                 spec = self.policy.disaggregation
-                if spec.short_prompts_on_decode and self.prompt_tokens <= spec.min_uncached_prompt_tokens:
+                if spec.short_prompts_on_decode and prompt <= spec.min_uncached_prompt_tokens:
                     picked = list(decode)  # a short prompt may prefill on any decode endpoint
                 else:
                     picked = [] if lk is None else [decode[where[e]] for e, m in lk.matched.items()
@@ -409,7 +423,7 @@ class LiveSignals:
         pick = self._picks.get(key)
         if pick is None:
             s = self.session_entry()
-            inp = PickInput(self.prompt_tokens, self.output_tokens(target), s[1] if s and s[0] == target else None,
+            inp = PickInput(self.target_prompt_tokens(target), self.output_tokens(target), s[1] if s and s[0] == target else None,
                             self.state.turn(target, role))
             view = self.aggregated_view(target) if role == "aggregated" else self.pool_view(target, role)
             pick = self.picker.pick(inp, view)
@@ -440,7 +454,8 @@ class LiveSignals:
         # the prefill pool's view (built above), not ``self``: a TargetLoad holding this LiveSignals would
         # make a reference cycle, so every decision's signals would wait for the cyclic garbage collector
         out = TargetLoad(readings, self.now_mono, self.state.endpoint_count(target), self.healthy_endpoints(target),
-                         functools.partial(_prefill_state, self._views.get((target, "prefill")), self.prompt_tokens,
+                         functools.partial(_prefill_state, self._views.get((target, "prefill")),
+                                           self.target_prompt_tokens(target),
                                            self.policy.disaggregation.max_prefill_queue_s))
         self._load[target] = out
         return out
@@ -481,7 +496,7 @@ class LiveSignals:
         out = self._cache.get(target)
         if out is not None:
             return out
-        p = max(1, self.prompt_tokens)
+        p = max(1, self.target_prompt_tokens(target))
         lk = self.lookup(target)
         best, tokens, shared = None, 0, 0
         if lk is not None:
@@ -525,7 +540,7 @@ class LiveSignals:
                 if p is not None:
                     ttft, tpot = p.ttft_s, p.tpot_s
             out = endpoint_signals(reading, self.now_mono, name=info.name or "", url=info.url, healthy=True,
-                                   prefix_hit_ratio=min(1.0, local / max(1, self.prompt_tokens)),
+                                   prefix_hit_ratio=min(1.0, local / max(1, self.target_prompt_tokens(target))),
                                    cost_s=pick.costs[i], predicted_ttft_s=ttft, predicted_tpot_s=tpot)
         self._endpoint[key] = out
         return out
@@ -552,7 +567,7 @@ class LiveSignals:
         else:
             picks = (self.pick(target, "aggregated"),) if mode == "aggregated" else \
                 (self.pick(target, "prefill"), self.pick(target, "decode"))
-            out = latency.onprem(target, t, mode, picks, prompt_tokens=self.prompt_tokens,
+            out = latency.onprem(target, t, mode, picks, prompt_tokens=self.target_prompt_tokens(target),
                                  output_tokens=self.output_tokens(target))
         self._predictions[key] = out
         return out
@@ -568,7 +583,7 @@ class LiveSignals:
         dis = None if isinstance(t, FrontierTarget) else self.prediction(target, "disaggregated")
         chosen = agg
         if not isinstance(t, FrontierTarget) and "disaggregated" in t.modes:
-            mode = decide_mode(self.policy.disaggregation, t, "auto", prompt_tokens=self.prompt_tokens,
+            mode = decide_mode(self.policy.disaggregation, t, "auto", prompt_tokens=self.target_prompt_tokens(target),
                                output_tokens=self.output_tokens(target),
                                prefix_hit_ratio=self.cache(target)["prefix_hit_ratio"],
                                prefill_saturated=bool(self.load(target)["prefill_saturated"]),
@@ -692,7 +707,7 @@ class LiveSignals:
                 role = "aggregated" if mode == "aggregated" else "prefill"
                 cached_tokens = lk.best(self.healthy_ids(target, role))[1]
         u_p, u_d = self._utilizations(target, mode, pools)
-        est = estimate_cost(target, t, mode, target_prompt_tokens(t, self._request, self.view), self.output_tokens(target),
+        est = estimate_cost(target, t, mode, self.target_prompt_tokens(target), self.output_tokens(target),
                             cached_tokens,
                             prefill_utilization=u_p, decode_utilization=u_d, pools=pools,
                             cache_control=self._cache_control, cache_write_1h=self._cache_1h)
@@ -772,7 +787,7 @@ class StaticSignals:
             cached_tokens = int(self.cache(target)["prefix_hit_tokens"])
         load = self.load(target)
         u_p, u_d = load.get("prefill_utilization"), load.get("decode_utilization")
-        return estimate_cost(target, t, mode, target_prompt_tokens(t, self.request), self.output_tokens(target),
+        return estimate_cost(target, t, mode, self.target_prompt_tokens(target), self.output_tokens(target),
                              cached_tokens,
                              prefill_utilization=pool_utilization(None if u_p is None else number(load, "prefill_utilization"),
                                                                   self.fleet),
@@ -780,6 +795,10 @@ class StaticSignals:
                                                                  self.fleet),
                              cache_control=bool(self.request.get("has_cache_control")),
                              cache_write_1h=bool(self.request.get("has_cache_control_1h")))
+
+    def target_prompt_tokens(self, target: str) -> int:
+        """The request's prompt tokens on ``target`` (``cost.target_prompt_tokens``, without a view)."""
+        return target_prompt_tokens(self.fleet.targets[target], self.request)
 
     def healthy_endpoints(self, target: str) -> int:
         """``load[target].healthy_endpoints``."""

@@ -64,7 +64,10 @@ class RouteResponse(BaseModel):
     labels: dict[str, str]
     p_hard: float | None
     difficulty_available: bool
-    prompt_tokens: int
+    prompt_tokens: int = Field(description=(
+        "The prompt's tokens on the chosen target: its text and its images, audio and files by that target's rules "
+        "(what estimated_cost_usd prices and the dispatch holds as prefill; request.prompt_tokens counts the text "
+        "and 765 an image)."))
     policy_revision: str
     fleet_revision: str
     estimator_version: str

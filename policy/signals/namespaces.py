@@ -276,7 +276,8 @@ SIGNALS: dict[str, Namespace] = {
         "images_low_detail": Signal("int", "image parts asking detail 'low' (of images)"),
         "has_audio": Signal("bool", "any input_audio part in the conversation (not counted in prompt_tokens; cost() and "
                                      "the context-window filter count its seconds by the target's rule), "
-                                     "or an audio answer asked (modalities, audio) or referenced"),
+                                     "or an audio answer asked (modalities, audio) or referenced (an assistant "
+                                     "message's audio id, billed again: counted as audio of unknown size)"),
         "has_files": Signal("bool", "any file part (a PDF, ...) in the conversation (not counted in prompt_tokens; cost() "
                                      "and the context-window filter count its pages by the target's rule)"),
         "has_cache_control": Signal("bool", "a message, content part or tool marks a prompt-cache breakpoint "

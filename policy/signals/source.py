@@ -73,6 +73,11 @@ class SignalSource(Protocol):
         """Estimated cost of the request on ``target`` (USD; see the class docstring)."""
         ...
 
+    def target_prompt_tokens(self, target: str) -> int:
+        """The request's prompt tokens on ``target``: its images, audio and files counted by the target's rules
+        (``cost.target_prompt_tokens``); what ``cost`` prices and the P/D mode's thresholds read."""
+        ...
+
     def healthy_endpoints(self, target: str) -> int:
         """Endpoints of ``target`` not marked unhealthy."""
         ...

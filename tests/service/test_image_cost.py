@@ -108,9 +108,10 @@ def test_a_low_detail_image_on_gpt_4o_mini_is_estimated_at_least_at_2833_tokens(
 
 def test_a_supplied_prompt_count_gets_the_image_added(route):
     """A gateway's routing.prompt_tokens may count an image any way (LiteLLM counts 250 for an image URL):
-    the image is added on top of it by the target's rule."""
+    the image is added on top of it by the target's rule (the answer's ``prompt_tokens`` is the chosen target's
+    count, the one its cost prices)."""
     d = route(_image_request(routing={"prompt_tokens": 300}))
-    assert d["target"] == "frontier-small" and d["prompt_tokens"] == 300
+    assert d["target"] == "frontier-small" and d["prompt_tokens"] == 300 + MINI_MOST
     assert d["estimated_cost_usd"] >= ((300 + MINI_MOST) * 0.15 + OUT * 0.60) / 1e6
 
 
@@ -129,7 +130,8 @@ def test_an_inline_image_counts_what_its_size_bills(route):
     assert openai_tile_tokens(512, 512, 2833, 5667) == 8500
     small = route(_image_request(url=png_url(512, 512)))
     assert small["target"] == "frontier-small"
-    assert small["estimated_cost_usd"] == pytest.approx(mini_usd(small["prompt_tokens"] - 765 + 8500))  # 765: the count's
+    assert small["prompt_tokens"] == route(_request())["prompt_tokens"] + 8500  # the text's and the image's
+    assert small["estimated_cost_usd"] == pytest.approx(mini_usd(small["prompt_tokens"]))
     assert route(_image_request(url=png_url(1536, 4096)))["estimated_cost_usd"] >= mini_usd(MINI_MOST)
 
 
@@ -171,10 +173,11 @@ def test_audio_counts_its_seconds(route):
     fleet = parse_fleet(text)
     wav = route(_request({"type": "input_audio", "input_audio": {"data": wav_base64(60), "format": "wav"}}), fleet)
     assert wav["target"] == "frontier-small"
-    assert wav["estimated_cost_usd"] == pytest.approx(mini_usd(wav["prompt_tokens"] + 600))
+    text = route(_request())["prompt_tokens"]
+    assert wav["prompt_tokens"] == text + 600 and wav["estimated_cost_usd"] == pytest.approx(mini_usd(text + 600))
     mp3 = base64.b64encode(b"\xff\xfb\x90\x00" * 7500).decode()  # 30,000 bytes: at most 40 s
     d = route(_request({"type": "input_audio", "input_audio": {"data": mp3, "format": "mp3"}}), fleet)
-    assert d["estimated_cost_usd"] == pytest.approx(mini_usd(d["prompt_tokens"] + 400))
+    assert d["prompt_tokens"] == text + 400 and d["estimated_cost_usd"] == pytest.approx(mini_usd(text + 400))
 
 
 def pdf_base64(pages: int, compressed: bool = False) -> str:
@@ -200,7 +203,8 @@ def test_a_pdf_counts_its_pages(route, compressed):
     data = "data:application/pdf;base64," + pdf_base64(2, compressed)
     d = route(_request({"type": "file", "file": {"file_data": data, "filename": "a.pdf"}}))
     assert d["target"] == "frontier-small"
-    assert d["estimated_cost_usd"] == pytest.approx(mini_usd(d["prompt_tokens"] + 2 * (3000 + 48169)))
+    assert d["prompt_tokens"] == route(_request())["prompt_tokens"] + 2 * (3000 + 48169)
+    assert d["estimated_cost_usd"] == pytest.approx(mini_usd(d["prompt_tokens"]))
 
 
 def test_a_file_of_unknown_size_counts_the_window(route):
