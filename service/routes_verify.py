@@ -150,7 +150,9 @@ def _first_verify(rt: Runtime, body: VerifyIn, verifier: Verifier, pending: Pend
             raise HTTPError(422, f"cached and cache-write tokens ({parts:,}) exceed the prompt's {prompt:,} tokens "
                                  "(the decision's count: send usage.prompt_tokens)", param="usage.cached_tokens",
                             code="invalid_value")
-    features = draft_features(body.as_draft(), decision.prompt_tokens, decision.p_hard, prompt_of(decision.request_view))
+    rf = decision.request_features  # the verifier's length ratio reads the text's count, as it was trained
+    features = draft_features(body.as_draft(), rf.priced_prompt_tokens if rf is not None else decision.prompt_tokens,
+                              decision.p_hard, prompt_of(decision.request_view))
     try:
         p_bad = float(verifier.p_bad(features))
     except Exception:  # noqa: BLE001 - a broken verifier head must not take the verify down
