@@ -8,7 +8,7 @@ Only base64 data (a ``data:`` URL, OpenAI's ``input_audio.data``, Anthropic's ``
 given by reference (an ``https`` URL, a ``file_id``) or one that cannot be read is ``None``: its size is not
 known here. An image header costs a few base64 quartets (a JPEG's: a few per marker segment before its frame
 header); a WAV's, its first chunks; a PDF is decoded whole (its page count needs a scan) and its compressed
-object streams inflated, at most ``MAX_INFLATED`` bytes in all.
+object streams inflated once each, at most ``MAX_INFLATED`` bytes in all.
 """
 
 from __future__ import annotations
@@ -165,13 +165,14 @@ def file_size(data: str | None) -> tuple[int | None, bool]:
     if b"%PDF-" not in raw[:1024]:  # a PDF's header is in its first 1,024 bytes
         return len(raw), False
     counts = [int(m[1]) for m in _COUNT.finditer(raw)]
-    budget = MAX_INFLATED
-    for m in _OBJSTM.finditer(raw):
+    budget, pos = MAX_INFLATED, 0
+    while (m := _OBJSTM.search(raw, pos)) is not None:  # from the last stream's end: each byte scanned once
         start = raw.find(b"stream", m.end())
         end = raw.find(b"endstream", start)
         if start < 0 or end < 0:
             return None, True
-        if b"/Filter" not in raw[raw.rfind(b"obj", 0, m.start()):start]:
+        obj, pos = max(raw.rfind(b"obj", pos, m.start()), pos), end + 9
+        if b"/Filter" not in raw[obj:start]:
             continue  # stored as it is: its /Count is read with the file's
         if budget <= 0:
             return None, True

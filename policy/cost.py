@@ -143,9 +143,9 @@ def target_prompt_tokens(target: OnPremTarget | FrontierTarget, request: Mapping
 
     ``window``: the count the context-window filter checks, which refuses a target only for what the request surely
     needs there: the text at its safe-side bound ``prompt_tokens_upper`` (a batch's ``longest_prompt_tokens_upper``),
-    and an image of unread size at the least its rule bills (``media_tokens.SMALLEST``): three image URLs may bill
-    3 x 48,169 tokens on gpt-4o-mini, over its 128,000-token window, or 3 x 8,500; the request goes there and the
-    cost (the budget hold) counts the most."""
+    and an image of unread size (a PDF's page: its image, its text not counted) at the least its rule bills
+    (``media_tokens.SMALLEST``): three image URLs may bill 3 x 48,169 tokens on gpt-4o-mini, over its 128,000-token
+    window, or 3 x 8,500; the request goes there and the cost (the budget hold) counts the most."""
     count: int = (request.get("longest_prompt_tokens_upper") or max(  # a case may set only the count
         request["prompt_tokens"], request.get("prompt_tokens_upper", 0))) if window else request["prompt_tokens"]
     images: int = request.get("images", 0)

@@ -1,7 +1,8 @@
 """Prompt tokens a request's images, audio and files bill on a target, on the safe side: at least what its provider's
 documented rule bills for the size ``pointsman.media`` reads (an image's width and height, an audio part's seconds,
 a PDF's pages), and, where the size is not known, the most the rule can bill (the context-window filter counts an
-image of unknown size at the least it bills instead: ``SMALLEST``, ``cost.target_prompt_tokens(window=True)``).
+image of unknown size, a PDF's page image too, at the least it bills instead, a page's text not counted: ``SMALLEST``,
+``cost.target_prompt_tokens(window=True)``).
 
 Images. An image given inline (a base64 ``data:`` URL) has its size read from its header; one given by URL is
 counted at the most its rule bills at the detail it asks (OpenAI's ``image_url.detail``: ``low``, else
@@ -211,12 +212,13 @@ def image_rule(provider: str | None, model: str) -> ImageRule:
 def media_tokens(rule: ImageRule, provider: str | None, media: Media, unread: Size = None) -> tuple[int, bool]:
     """(tokens, unknown): the prompt tokens ``media``'s parts bill on a target whose image rule is ``rule`` and whose
     provider is ``provider`` (None on-prem), by the rules of the module docstring; an image of unread size counts as
-    one of size ``unread`` (None: the most the rule bills; ``SMALLEST``: the least); ``unknown``: some audio or file
+    one of size ``unread`` (None: the most the rule bills; ``SMALLEST``: the least, and a PDF page then counts its
+    image alone, at that size, without its text); ``unknown``: some audio or file
     part's size was not read (not counted in tokens). Pure; no errors."""
     tokens = sum(rule(unread if size is None else size, detail) for size, detail in media.images)
     rate = AUDIO_TOKENS_PER_S.get(provider or "", MAX_AUDIO_TOKENS_PER_S)
     tokens += sum(math.ceil(s * rate) for s in media.audio_seconds if s is not None)
-    page = PAGE_TEXT_TOKENS + rule(None, None)
+    page = rule(None, None) + PAGE_TEXT_TOKENS if unread is None else rule(unread, None)  # least: no text, image at unread
     tokens += sum(n * page if pdf else n for n, pdf in media.files if n is not None)
     unknown = None in media.audio_seconds or any(n is None for n, _ in media.files)
     return tokens, unknown

@@ -12,7 +12,8 @@ They run in this order, and the first that removes a target names it:
 - ``context-window``: the prompt's tokens on the target (``cost.target_prompt_tokens(window=True)``: the safe-side
   bound ``request.prompt_tokens_upper``, or for a batch of prompts, each its own sequence, its longest prompt's
   ``request.longest_prompt_tokens_upper``; images, audio and files counted as the cost counts them there, but an
-  image of unread size, given by URL, at the least it bills: a target is refused only for what surely will not fit)
+  image of unread size, given by URL, or a PDF's page image at the least it bills, a page's text not counted: a target
+  is refused only for what surely will not fit)
   plus the client's output cap (1 token when uncapped) must fit the target's ``context_window_tokens``.
 - ``tenants``: a target with an allow-list (``filters.tenants``) takes only those tenants
   (a request without a tenant is on no list).

@@ -207,6 +207,37 @@ def test_a_pdf_counts_its_pages(route, compressed):
     assert d["estimated_cost_usd"] == pytest.approx(mini_usd(d["prompt_tokens"]))
 
 
+def test_a_pdf_counts_the_least_its_pages_bill_against_the_window(route):
+    """The window filter counts what surely does not fit: a page's image is of unread size, so at the least its rule
+    bills (one tile, 8,500 on gpt-4o-mini) and no text (a scanned page has none). A 10-page PDF surely needs
+    85,000 tokens there, under its 128,000-token window: it goes, held at the most, 10 x (3,000 + 48,169); it was
+    refused (the filter counted the hold, 511,690 tokens, 422)."""
+    data = "data:application/pdf;base64," + pdf_base64(10)
+    d = route(_request({"type": "file", "file": {"file_data": data, "filename": "a.pdf"}}))
+    assert d["target"] == "frontier-small"
+    assert d["estimated_cost_usd"] == pytest.approx(mini_usd(d["prompt_tokens"] + 10 * (3000 + 48169)))
+    refused = route(_request({"type": "file", "file": {"file_data": "data:application/pdf;base64," + pdf_base64(16),
+                                                        "filename": "a.pdf"}}), status=422)["error"]["message"]
+    assert "frontier-small (context-window: needs 136," in refused, refused  # 16 x 8,500 surely does not fit
+
+
+def test_a_pdf_of_many_object_stream_headers_is_read_once(route, monkeypatch):
+    """Each object stream is inflated once however many ``/Type /ObjStm`` headers precede it: the page count's scan
+    read the rest of the file (and inflated its stream) again for every header, so a 336 KB body took 16 s and one
+    at the 8 MiB body limit hours (measured by calls, not time: inflations <= streams)."""
+    import pointsman.media
+
+    calls = []
+    decompressobj = zlib.decompressobj
+    monkeypatch.setattr(pointsman.media.zlib, "decompressobj", lambda *a: calls.append(1) or decompressobj(*a))
+    pdf = b"%PDF-1.5\n1 0 obj\n" + b"/Type /ObjStm /Filter " * 2000 + b"stream\n" + zlib.compress(
+        b"2 0 << /Type /Pages /Count 2 >>") + b"\nendstream\nendobj\n"
+    d = route(_request({"type": "file", "file": {"file_data": "data:application/pdf;base64," + base64.b64encode(pdf).decode(),
+                                                  "filename": "a.pdf"}}))
+    assert d["estimated_cost_usd"] == pytest.approx(mini_usd(d["prompt_tokens"] + 2 * (3000 + 48169)))
+    assert len(calls) == 1
+
+
 def test_a_file_of_unknown_size_counts_the_window(route):
     """A file by reference (``file_id``) has no size here: it counts the rest of the target's window, the most the
     provider can bill for a prompt it takes (it counted 0 before); the window still holds it."""
