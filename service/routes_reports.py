@@ -555,7 +555,7 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
             entry = _invalid_ack(item, problem)
         else:
             assert ack is not None and isinstance(item, OutcomeIn)
-            note = unrecognised.get(i)
+            note = unrecognised.get(i) if ack.ok or ack.status == "forwarded" else None  # a conflict: not stored
             entry = {"outcome_id": ack.outcome_id, "decision_id": ack.decision_id, "status": ack.status,
                      "message": ack.message if note is None else "; ".join(filter(None, (ack.message, note)))}
             escalation = escalations.get(i)

@@ -205,3 +205,16 @@ def test_an_outcome_without_the_new_fields_hashes_as_before():
     o = OutcomeIn(decision_id="d1", status="error", error="upstream HTTP 503",
                   usage={"prompt_tokens": 10, "completion_tokens": 2}, ttft_ms=12.5)
     assert _payload_hash(o) == "3a118649a4abd5e63705addb5c546564ba0fd0e6fe4f69dd012a3fd2f34afafc"
+
+
+def test_a_conflict_with_an_unknown_endpoint_does_not_say_it_was_stored(client):
+    """An outcome that conflicts with the one stored under its id is not stored: its ack said "conflict ...; not
+    recognised, stored as sent", telling the gateway its spend was kept when the stored outcome stands unchanged."""
+    d = _route(client, 0)
+    first = {"decision_id": d["decision_id"], "usage": {"prompt_tokens": 9, "completion_tokens": 2}}
+    assert client.post("/v1/outcomes", json=first).json()["acks"][0]["status"] == "stored"
+    r = client.post("/v1/outcomes", json={**first, "served_endpoint": "llama-8b-7"})
+    ack = r.json()["acks"][0]
+    assert r.status_code == 409 and ack["status"] == "conflict", r.text
+    assert "stored as sent" not in ack["message"] and "already stored with different content" in ack["message"], ack
+    assert client.app.state.runtime.outcome_log.outcome(d["decision_id"]).served_endpoint is None
