@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import configparser
 import json
+import os
 import shlex
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import jsonschema
@@ -242,3 +246,43 @@ def test_the_shipped_redis_keeps_the_budget_ledger_across_a_restart():
     assert args[args.index("--appendonly") + 1] == "yes" and args[args.index("--appendfsync") + 1] == "everysec"
     (claim,) = redis_set["spec"]["volumeClaimTemplates"]
     assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]}[claim["metadata"]["name"]] == "/data"
+
+
+@pytest.mark.skipif(not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("setpriv")
+                         and shutil.which("redis-server")), reason="needs root, setpriv and redis-server")
+def test_the_shipped_redis_can_write_its_append_only_file_on_a_fresh_volume():
+    """A fresh volume is root's (0755); the kubelet gives it to the pod's ``fsGroup`` (group-owned, g+rwx, setgid)
+    and nothing else: redis.yaml ran Redis as uid 999 with no fsGroup, so it exited at start ("Can't open or create
+    append-only dir appendonlydir: Permission denied"). The real redis-server, with the manifest's args, user and the
+    volume as the kubelet prepares it, writes its append-only file there."""
+    (redis_set,) = by_kind(DEPLOY / "kubernetes" / "redis.yaml")["StatefulSet"]
+    pod = redis_set["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    tmp_path = Path(tempfile.mkdtemp())  # pytest's are root's alone (0700): uid 999 could not reach one
+    tmp_path.chmod(0o755)
+    volume = tmp_path / "data"
+    volume.mkdir(mode=0o755)
+    groups = "--clear-groups"
+    if (group := pod["securityContext"].get("fsGroup")) is not None:
+        os.chown(volume, 0, group)
+        volume.chmod(0o2775)
+        groups = f"--groups={group}"
+    (tmp_path / "run").mkdir(mode=0o777)
+    (tmp_path / "run").chmod(0o777)
+    sock = tmp_path / "run" / "redis.sock"
+    proc = subprocess.Popen(["setpriv", f"--reuid={pod['securityContext']['runAsUser']}", "--regid=0", groups,
+                             "redis-server", *container["args"], "--port", "0", "--unixsocket", str(sock),
+                             "--dir", str(volume)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for _ in range(100):  # until it listens or exits
+            if sock.exists() or proc.poll() is not None:
+                break
+            subprocess.run(["sleep", "0.05"], check=True)
+        assert proc.poll() is None, proc.communicate()[0][-300:]
+        assert subprocess.run(["redis-cli", "-s", str(sock), "set", "k", "v"], capture_output=True, text=True).stdout \
+            == "OK\n"
+        assert any((volume / "appendonlydir").iterdir())
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(tmp_path)
