@@ -33,7 +33,8 @@ model (token counts for a ``w`` x ``h`` px image):
 - Google Gemini 3 (ai.google.dev/gemini-api/docs/media-resolution): a fixed count per image by
   ``media_resolution``: low 280, medium 560, high 1,120 (the default), ultra high 2,240 (per part): 2,240.
   Gemini 2.x: 258 per image up to 384 x 384 px, else 258 per 768-px tile, with no documented
-  largest tile count: counted ``UNKNOWN`` (declare ``image_tokens`` from a measurement).
+  largest tile count: counted ``UNKNOWN`` (declare ``image_tokens`` from a measurement), which at a read size
+  counts those tiles too (``GEMINI_TILES``: a 10,000 x 10,000 px image 50,568 tokens, past any other rule's most).
 
 Anything else (another provider, a model not listed, OpenAI's gpt-5.2 and later) counts ``UNKNOWN``: at each
 size, the most any rule above bills for it, so an undeclared target's estimate errs high. It does not cover a
@@ -185,8 +186,22 @@ OPENAI_RULES: tuple[tuple[str, ImageRule], ...] = (
 CLAUDE = Most((Area(750, 1640), Grid(28, 1640)))
 CLAUDE_HIGH = Grid(28, 4784)
 GEMINI_3 = ImageTokens(high=2240)
+
+
+@dataclass(frozen=True)
+class GeminiTiles:
+    """Gemini 2.x's rule at a read size: 258 tokens for an image up to 384 x 384 px, else 258 per 768-px tile; 0 at
+    an unknown size (no largest is documented: ``UNKNOWN``'s other rules give its most there)."""
+
+    def __call__(self, size: Size, detail: str | None) -> int:
+        if size is None:
+            return 0
+        w, h = size
+        return 258 if w <= 384 and h <= 384 else 258 * math.ceil(w / 768) * math.ceil(h / 768)
+
+
 #: A target whose rule is not known: at each size and detail, the most any known rule bills.
-UNKNOWN = Most((*(rule for _, rule in OPENAI_RULES), CLAUDE, CLAUDE_HIGH, GEMINI_3))
+UNKNOWN = Most((*(rule for _, rule in OPENAI_RULES), CLAUDE, CLAUDE_HIGH, GEMINI_3, GeminiTiles()))
 
 _CLAUDE_VERSION = re.compile(r"claude-(?:(?:haiku|sonnet|opus)-)?(\d+)(?:[-.](\d{1,2})(?!\d))?")
 _GEMINI_VERSION = re.compile(r"gemini-(\d+)")
@@ -195,13 +210,15 @@ _GEMINI_VERSION = re.compile(r"gemini-(\d+)")
 def image_rule(provider: str | None, model: str) -> ImageRule:
     """The rule for a target that declares no ``image_tokens``: by ``model`` (its name after the last
     ``/``, lower case; a dated snapshot matches its family) for ``provider`` ``openai`` or ``azure``
-    (``OPENAI_RULES``), a Claude model on any provider (``CLAUDE``; ``CLAUDE_HIGH`` from Claude 4.7 on),
+    (``OPENAI_RULES``; a ``mini`` or ``nano`` variant of a family whose entry is neither: ``UNKNOWN``), a Claude model on any provider (``CLAUDE``; ``CLAUDE_HIGH`` from Claude 4.7 on),
     a Gemini 3 or later model (``GEMINI_3``); else ``UNKNOWN`` (an on-prem target passes None)."""
     name = model.rsplit("/", 1)[-1].lower()
     if provider in ("openai", "azure"):
         for prefix, rule in OPENAI_RULES:
             if name == prefix or name.startswith(prefix + "-"):
-                return rule
+                # a small variant not listed ("gpt-5-codex-mini") may bill as the small models do, not its family
+                small = {"mini", "nano"} & set(name.split("-"))
+                return UNKNOWN if small and not small & set(prefix.split("-")) else rule
     if (claude := _CLAUDE_VERSION.search(name)) is not None:
         return CLAUDE_HIGH if (int(claude[1]), int(claude[2] or 0)) >= (4, 7) else CLAUDE
     if (gemini := _GEMINI_VERSION.search(name)) is not None and int(gemini[1]) >= 3:

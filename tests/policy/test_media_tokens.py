@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from pointsman.errors import FleetError
 from pointsman.media import MIN_AUDIO_BYTES_PER_S, audio_seconds, file_size, image_size
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, load_fleet, parse_fleet, target_image_rule
-from pointsman.policy.media_tokens import CLAUDE, CLAUDE_HIGH, OPENAI_RULES, UNKNOWN, Grid, image_rule
+from pointsman.policy.media_tokens import CLAUDE, CLAUDE_HIGH, OPENAI_RULES, UNKNOWN, GeminiTiles, Grid, image_rule
 from pointsman.request import RequestView, parse_route_request
 
 DETAILS = st.sampled_from([None, "low", "high", "auto"])
@@ -119,8 +119,11 @@ def test_the_area_and_patch_counts_grow_with_the_image(w, h, dw, dh, detail, rul
 @settings(max_examples=200, deadline=None)
 @given(w=SIDES, h=SIDES, detail=DETAILS)
 def test_an_unknown_target_counts_the_most_any_rule_bills_at_the_size(w, h, detail):
+    """At a read size, the most of every rule with a largest count and of Gemini 2.x's uncapped tiles; at an unknown
+    size, at least every capped rule's largest (Gemini 2.x documents none: declare ``image_tokens`` there)."""
     known = [image_rule(*m) for m in RULES]
-    assert UNKNOWN((w, h), detail) == max(r((w, h), detail) for r in known) <= UNKNOWN(None, detail)
+    assert UNKNOWN((w, h), detail) == max(max(r((w, h), detail) for r in known), GeminiTiles()((w, h), detail))
+    assert max(r((w, h), detail) for r in known) <= UNKNOWN(None, detail)
 
 
 @settings(max_examples=60, deadline=None)
@@ -217,8 +220,14 @@ def test_the_largest_bills_and_the_fallback():
     assert max(tiles(w, h, "high", 2833, 5667) for w in range(64, 4097, 64) for h in range(64, 4097, 64)) \
         == image_rule("openai", "gpt-4o-mini")(None, "high") == 48169
     assert image_rule("openai", "gpt-4o")(None, "low") == 85
-    for provider, model in [(None, "Qwen/Qwen2.5-VL-7B-Instruct"), ("google", "gemini-2.5-flash"), ("acme", "gpt-4o")]:
+    for provider, model in [(None, "Qwen/Qwen2.5-VL-7B-Instruct"), ("google", "gemini-2.5-flash"), ("acme", "gpt-4o"),
+                            ("openai", "gpt-5-codex-mini"), ("openai", "gpt-5.1-codex-mini"), ("azure", "o3-mini")]:
         assert image_rule(provider, model) == UNKNOWN  # no documented maximum known: the largest
+    assert image_rule("openai", "gpt-5-mini-2025-08-07") == image_rule("openai", "gpt-5-mini")  # listed: its own
+    assert image_rule("openai", "gpt-4o-mini-2024-07-18")(None, "high") == 48169
+    # Gemini 2.x's tiles at a read size: 10,000 px square is 14 x 14 tiles of 258, past every capped rule
+    assert image_rule("google", "gemini-2.0-flash")((10_000, 10_000), None) == 258 * 14 * 14 == 50568
+    assert image_rule("google", "gemini-2.0-flash")((384, 384), None) >= 258
     assert UNKNOWN(None, "high") >= max(image_rule(*m)(None, "high") for m in RULES)
     fleet = load_fleet()  # the packaged fleet's OpenAI tiers
     assert target_image_rule(fleet.targets["frontier-small"])(None, None) == 48169

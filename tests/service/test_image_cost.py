@@ -215,7 +215,8 @@ def test_a_pdf_counts_the_least_its_pages_bill_against_the_window(route):
     data = "data:application/pdf;base64," + pdf_base64(10)
     d = route(_request({"type": "file", "file": {"file_data": data, "filename": "a.pdf"}}))
     assert d["target"] == "frontier-small"
-    assert d["estimated_cost_usd"] == pytest.approx(mini_usd(d["prompt_tokens"] + 10 * (3000 + 48169)))
+    assert d["prompt_tokens"] > 10 * (3000 + 48169)  # the target's count: the text and the pages at the most
+    assert d["estimated_cost_usd"] == pytest.approx(mini_usd(d["prompt_tokens"]))
     refused = route(_request({"type": "file", "file": {"file_data": "data:application/pdf;base64," + pdf_base64(16),
                                                         "filename": "a.pdf"}}), status=422)["error"]["message"]
     assert "frontier-small (context-window: needs 136," in refused, refused  # 16 x 8,500 surely does not fit
@@ -234,7 +235,8 @@ def test_a_pdf_of_many_object_stream_headers_is_read_once(route, monkeypatch):
         b"2 0 << /Type /Pages /Count 2 >>") + b"\nendstream\nendobj\n"
     d = route(_request({"type": "file", "file": {"file_data": "data:application/pdf;base64," + base64.b64encode(pdf).decode(),
                                                   "filename": "a.pdf"}}))
-    assert d["estimated_cost_usd"] == pytest.approx(mini_usd(d["prompt_tokens"] + 2 * (3000 + 48169)))
+    assert d["prompt_tokens"] > 2 * (3000 + 48169)  # the target's count, with the 2 pages read
+    assert d["estimated_cost_usd"] == pytest.approx(mini_usd(d["prompt_tokens"]))
     assert len(calls) == 1
 
 
