@@ -225,7 +225,7 @@ def promote_cmd(log_path: Path | None, label_rules: Path | None, fleet: Path | N
                         "replaced_version": r.replaced_version, "run_id": r.run_id})
         else:
             click.echo(f"rolled back: @champion is now {to}; replaced version {r.replaced_version or 'bundled'} "
-                       f"is @{P.PREVIOUS_ALIAS} (run {r.run_id})")
+                       f"is @{P.PREVIOUS_ALIAS} (this rollback's MLflow record: run {r.run_id})")
         return
     try:
         gate = P.Gate(min_apgr_gain=min_apgr_gain, min_apgr_gain_ci_low=min_apgr_gain_ci_low,
