@@ -4,7 +4,7 @@ cheapest shape meeting the goal as a fleet file (``docs/plan.md``).
 
     pointsman plan ../shared/datasets/mooncake/synthetic_trace.jsonl.gz --slo-class long-context --scale 1,2
 
-Bad input (an invalid fleet, policy or trace, a bad ``--scale``/``--gpus``, an unwritable ``--out``)
+Bad input (an invalid fleet, policy or trace, a bad ``--scale``/``--gpus``/``--gpu-price``, an unwritable ``--out``)
 prints one ``Error:`` line and exits with status 2. When no shape meets the goal, the report is written
 without a fleet file (an earlier plan's ``fleet.yaml``/``policy.yaml`` in ``--out`` removed) and the exit
 status is 1.
@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pointsman.datasets.traces import TraceRequest
     from pointsman.estimator.estimate import Estimator
     from pointsman.plan.evaluate import ShapeResult
+    from pointsman.plan.search import SearchResult
     from pointsman.plan.shapes import Shape, ShapeSpace
     from pointsman.plan.tuning import TuningSpace
     from pointsman.policy.fleet import Fleet
@@ -97,12 +98,18 @@ def _changes(space: ShapeSpace, base: Shape, rec: Shape) -> str:
               help="Recommend only shapes costing at most this per month.")
 @click.option("--gpus", "gpus_text", default="", help="GPU types to consider besides the fleet's, comma-separated "
               "(H100-SXM, H200-SXM, A100-SXM-80GB).")
+@click.option("--gpu-price", "gpu_price_specs", multiple=True, metavar="GPU=USD",
+              help="Your price of a --gpus type in USD per GPU-hour, e.g. H200-SXM=2.10 (repeatable); the others are "
+                   "priced at list (the fleet's own GPU by the fleet file).")
 @click.option("--max-replicas", type=click.IntRange(min=1), default=8, show_default=True,
               help="Largest replica count per pool searched (at least the base fleet's).")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="Worker processes.")
 @click.option("--time-budget-s", type=click.FloatRange(min=1), default=720, show_default=True,
               help="Wall-clock budget of the search and validation (growth replays always complete); the best "
                    "shape found by then is reported.")
+@click.option("--max-replays", type=click.IntRange(min=1), default=None,
+              help="Stop the search after this many replays (its starts always complete), whatever the machine's "
+                   "speed; with --time-budget-s, whichever comes first.")
 @click.option("--search-requests", type=click.IntRange(min=0), default=1000, show_default=True,
               help="Search on the busiest window of this many requests, then replay the cheapest candidates on the "
                    "whole trace; 0 = search on the whole trace.")
@@ -134,8 +141,9 @@ def _changes(space: ShapeSpace, base: Shape, rec: Shape) -> str:
 def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None, slo_class: str | None,
                  slo_ttft_s: float | None, slo_tpot_s: float | None, goal: float, min_quality_share: float,
                  scale_text: str,
-                 budget_usd_per_month: float | None, gpus_text: str, max_replicas: int, workers: int,
-                 time_budget_s: float, search_requests: int, candidates: int, assume_monotone: bool,
+                 budget_usd_per_month: float | None, gpus_text: str, gpu_price_specs: tuple[str, ...],
+                 max_replicas: int, workers: int,
+                 time_budget_s: float, max_replays: int | None, search_requests: int, candidates: int, assume_monotone: bool,
                  limit: int | None, start_s: float | None,
                  end_s: float | None, seed: int, estimator_spec: str, outcomes: str, bin_s: float,
                  tune_specs: tuple[str, ...], cascade: bool, drafts_path: Path | None, out_dir: Path) -> None:
@@ -182,6 +190,10 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
             space = ShapeSpace.of(doc, fleet, kv_bytes, gpus=gpus, max_replicas=max_replicas)
         except ValueError as exc:
             raise InputError(f"--gpus: {exc}") from None
+        try:
+            space = space.with_prices(_gpu_prices(gpu_price_specs))
+        except ValueError as exc:
+            raise InputError(f"--gpu-price: {exc}") from None
         requests, texts, _ = _load_trace(trace, limit, start_s, end_s)
         if not requests:
             raise InputError(f"{trace}: no requests in the chosen window")
@@ -217,6 +229,7 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
     budget = budget_usd_per_month if budget_usd_per_month is not None else math.inf
     settings = PlanSettings(goal=goal, budget_usd_per_month=budget, growth=tuple(x / scales[0] for x in scales),
                             workers=workers, time_budget_s=time_budget_s, assume_monotone=assume_monotone,
+                            max_replays=max_replays or math.inf,
                             search_requests=search_requests or len(requests), candidates=candidates,
                             min_quality=min_quality, frontier=frontier.name if frontier is not None else None)
 
@@ -252,6 +265,8 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
     lines = [f"Pareto front on {where}: {len(outcome.front)} of {len(found.results)} shapes evaluated "
              f"({len(found.invalid)} invalid, {found.pruned_cost} pruned by cost, {found.pruned_miss} by a miss; "
              f"search {found.stopped})", "", table(outcome.front, marks), ""]
+    if found.stopped != "converged":
+        lines += [_left(space, found, rec), ""]
     lines += [f"On the whole trace ({len(requests)} requests{f', x{scales[0]:g}' if scales[0] != 1 else ''}"
               f"{'; growth at ' + ', '.join(f'x{x:g}' for x in scales) if len(scales) > 1 else ''}):", "",
               table(outcome.full, marks, {label: {x * scales[0]: r for x, r in by.items()}
@@ -261,6 +276,10 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
                                                                     for g in by.values())]):
         lines.append(OVERLOAD_NOTE)
     lines.append(f"quality floor: {quality_floor}")
+    gpu_prices = _gpu_prices_used(space)
+    if space.prices:
+        lines.append("GPU prices: " + ", ".join(f"{g} {_usd(p['usd_per_gpu_hour'])} ({p['source']})"
+                                                 for g, p in gpu_prices.items()))
     for stale in (out_dir / "fleet.yaml", out_dir / "policy.yaml"):  # an earlier plan's recommendation
         stale.unlink(missing_ok=True)
     if rec is None:
@@ -337,10 +356,13 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
             "all_frontier_quality": reference[0] if reference is not None else None,
             "all_frontier_usd_per_mtok": reference[1] if reference is not None else None,
             "scales": ", ".join(f"{x:g}" for x in scales), "seed": seed, "estimator": str(estimator.version),
-            "gpus": ", ".join(space.gpus), "workers": workers, "time_budget_s": time_budget_s, "wall_s": round(wall, 1),
+            "gpus": ", ".join(space.gpus), "gpu_prices": gpu_prices, "workers": workers, "time_budget_s": time_budget_s,
+            "wall_s": round(wall, 1),
             "search_window": where, "search_min_quality": outcome.search_floor,
             "evaluated": len(found.results), "invalid": len(found.invalid),
             "pruned_by_cost": found.pruned_cost, "pruned_by_miss": found.pruned_miss, "stopped": found.stopped,
+            "max_replays": max_replays, "untuned": [space.label(s) for s in found.untuned],
+            "unexpanded": [space.label(s) for s in found.unexpanded],
             "reproduce": reproduce}
     written = write_report(out_dir, meta, list(found.results.values()), outcome.front, outcome.full, rec, base,
                            {label: {x * scales[0]: r for x, r in by.items()} for label, by in outcome.growth.items()},
@@ -349,6 +371,61 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
     click.echo(f"report: {written['html']} ({', '.join(p.name for p in written.values())}); {wall:.0f} s")
     if rec is None:  # the search ran and found nothing to recommend: exit status 1, as a failed check
         raise CheckFailed()
+
+
+def _left(space: ShapeSpace, found: SearchResult, rec: ShapeResult | None) -> str:
+    """What a search stopped early left: the fleets meeting the SLO goal whose thresholds were not
+    set and the shapes not expanded (``SearchResult.untuned``, ``unexpanded``), a few of each named."""
+
+    def few(shapes: list[Shape]) -> str:
+        named = "; ".join(space.label(s) for s in shapes[:3])
+        return f" ({named}{f'; {len(shapes) - 3} more' if len(shapes) > 3 else ''})" if shapes else ""
+
+    if not found.untuned and not found.unexpanded:
+        return f"the search stopped at its {found.stopped} with nothing left to try"
+    return (f"WARNING: the search stopped at its {found.stopped} before it was done: "
+            f"{_count(found.untuned, 'fleet')} meeting the SLO goal with thresholds not yet set{few(found.untuned)}, "
+            f"{_count(found.unexpanded, 'shape')} not expanded{few(found.unexpanded)}; "
+            + ("a longer search may find a cheaper shape than the one recommended" if rec is not None
+               else "a longer search may find a shape that meets the goal")
+            + " (raise --time-budget-s or --max-replays)")
+
+
+def _count(items: Sequence[object], noun: str) -> str:
+    return f"{len(items)} {noun}{'' if len(items) == 1 else 's'}"
+
+
+def _gpu_prices(specs: Sequence[str]) -> dict[str, float]:
+    """``--gpu-price GPU=USD`` specs as {GPU preset: USD per GPU-hour}. Raises ``ValueError`` for a
+    spec that is not NAME=NUMBER or a GPU named twice (the names and prices are checked by
+    ``ShapeSpace.with_prices``)."""
+    out: dict[str, float] = {}
+    for spec in specs:
+        name, _, value = spec.partition("=")
+        try:
+            usd = float(value)
+        except ValueError:
+            raise ValueError(f"{spec!r}: expected GPU=USD per GPU-hour, e.g. H200-SXM=2.10") from None
+        if name.strip() in out:
+            raise ValueError(f"{name.strip()} is priced twice")
+        out[name.strip()] = usd
+    return out
+
+
+def _usd(usd_per_gpu_hour: object) -> str:
+    return "per target" if usd_per_gpu_hour is None else f"${usd_per_gpu_hour:.2f}/GPU-hour"
+
+
+def _gpu_prices_used(space: ShapeSpace) -> dict[str, dict[str, object]]:
+    """The USD per GPU-hour of each GPU type the plan considered and whose price it is: the base
+    fleet's from the fleet file (None when its targets differ), the others ``yours`` (``--gpu-price``)
+    or ``list`` (``plan/prices.py``)."""
+    rates = {t.usd_per_gpu_hour for t in space.targets}
+    out: dict[str, dict[str, object]] = {space.gpus[0]: {"usd_per_gpu_hour": rates.pop() if len(rates) == 1 else None,
+                                                         "source": "fleet file"}}
+    for g, p in space.prices.items():
+        out[g] = {"usd_per_gpu_hour": p.usd_per_gpu_hour, "source": "yours" if p.source == "your quote" else "list"}
+    return out
 
 
 def _overload(r: ShapeResult) -> str:

@@ -30,7 +30,7 @@ from pointsman.replay.outcome_draw import OutcomeRow, quality_of
 class PlanSettings:
     """``goal`` (SLO attainment to reach), ``budget_usd_per_month``, ``growth`` (traffic scales,
     relative to the planned one, to replay the recommended and base shapes at), ``workers``,
-    ``time_budget_s``, ``assume_monotone`` (``plan.search``), ``search_requests`` (the search
+    ``time_budget_s``, ``max_replays`` (of the search, ``plan.search``), ``assume_monotone``, ``search_requests`` (the search
     runs on the busiest window of this many requests; the whole trace when shorter) and
     ``candidates`` (search results replayed on the whole trace, cheapest first, ``workers`` at a
     time with the base fleet in the first round, until one meets the goal); ``min_quality``: the
@@ -43,6 +43,7 @@ class PlanSettings:
     growth: tuple[float, ...] = ()
     workers: int = 2
     time_budget_s: float = 720.0
+    max_replays: float = math.inf
     assume_monotone: bool = True
     search_requests: int = 1000
     candidates: int = 3
@@ -124,7 +125,7 @@ def plan(space: ShapeSpace, inputs: PlanInputs, make_estimator: Callable[[], Est
             else settings.min_quality
         found = search(space, window, pool, goal=settings.goal, budget_usd_per_month=settings.budget_usd_per_month,
                        deadline=search_deadline, assume_monotone=settings.assume_monotone, log=logged,
-                       min_quality=floor)
+                       min_quality=floor, max_replays=settings.max_replays)
         results = list(found.results.values())
         if windowed:
             picked = [r.shape for r in validation_candidates(results, settings.goal, settings.candidates,

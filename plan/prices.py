@@ -1,6 +1,7 @@
 """What a fleet shape costs per month: GPU list prices, power per GPU and shared-KV-tier DRAM.
 
-Sources (public list prices change; replace them with your own quotes):
+Sources (public list prices change; ``pointsman plan --gpu-price`` takes your own quotes,
+``ShapeSpace.with_prices``):
 
 - ``H100-SXM`` $2.50 per GPU-hour: the packaged fleet's figure, the low end of the $2.49-3.99
   on-demand list prices of GPU clouds (Lambda, CoreWeave, Crusoe, 2025-26);

@@ -44,8 +44,9 @@ workers' ``search`` inputs (the whole trace, or its busiest window: ``busiest_wi
    taken to miss it too (``pruned_miss``: more capacity is assumed never to hurt, which a
    policy's routing does not guarantee); a shape whose fleet or policy does not compile is
    skipped (``invalid``);
-4. stop when no shape is left to expand (``converged``) or at the deadline (``time budget``:
-   the best shape so far stands); the starts are always replayed.
+4. stop when no shape is left to expand (``converged``), at the deadline (``time budget``) or
+   after ``max_replays`` replays (``replay limit``): the best shape so far stands, and
+   ``SearchResult.untuned`` and ``unexpanded`` say what was left; the starts are always replayed.
 
 When the search ran on a window, ``validation_candidates`` (the cheapest shapes meeting the goal
 there, or nearly) are replayed on the whole trace with the base fleet (``run_jobs``), and the
@@ -74,7 +75,10 @@ NEAR_MISS = 0.15
 @dataclass
 class SearchResult:
     """``results`` by shape (scale 1, evaluation order), ``invalid`` shapes with why, the counts of
-    pruned neighbours, ``stopped`` (``converged`` or ``time budget``) and ``wall_s``."""
+    pruned neighbours, ``stopped`` (``converged``, ``time budget`` or ``replay limit``) and ``wall_s``;
+    when stopped early, what was left: ``untuned`` (one shape per fleet that meets the SLO goal, could
+    still undercut the best and whose thresholds were not set, lowest cost floor first) and
+    ``unexpanded`` (shapes whose neighbours were still to be tried, the next first)."""
 
     results: dict[Shape, ShapeResult] = field(default_factory=dict)
     invalid: dict[Shape, str] = field(default_factory=dict)
@@ -82,6 +86,8 @@ class SearchResult:
     pruned_miss: int = 0
     stopped: str = "converged"
     wall_s: float = 0.0
+    untuned: list[Shape] = field(default_factory=list)
+    unexpanded: list[Shape] = field(default_factory=list)
 
 
 def smallest_shapes(space: ShapeSpace) -> list[Shape]:
@@ -210,20 +216,26 @@ def staircase(shape: Shape, policy: TuningSpace, probe: Callable[[list[Shape]], 
 def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: float,
            budget_usd_per_month: float = math.inf, deadline: float | Callable[[], float] = math.inf,
            assume_monotone: bool = True, log: Callable[[ShapeResult, int], None] | None = None,
-           batch_size: int = 4, min_quality: float = 0.0) -> SearchResult:
+           batch_size: int = 4, min_quality: float = 0.0, max_replays: float = math.inf) -> SearchResult:
     """The search of the module docstring on ``workers``' ``search`` inputs (``inputs``, for the
     compile check); ``min_quality``: the quality floor a recommendation meets too (``front.recommend``;
     the ascent still follows SLO attainment); ``deadline`` on ``time.monotonic()`` (or a callable giving it, re-read after
     each replay); ``log(result, n)`` hears each evaluated shape (n: shapes evaluated so far);
     ``batch_size``: neighbours replayed per expansion (the best first, ``_priority``; a shape is
-    expanded again until none is left)."""
+    expanded again until none is left); ``max_replays``: stop after this many replays (the starts
+    always complete; a batch is cut to what is left): unlike ``deadline``, it does not depend on the
+    machine's speed."""
     t0 = time.monotonic()
     out = SearchResult()
     expanded: set[Shape] = set()
-    turn = 0
+    turn = replayed = 0
 
     def late() -> bool:
-        return time.monotonic() > (deadline() if callable(deadline) else deadline)
+        if replayed >= max_replays:
+            out.stopped = "replay limit"
+        elif time.monotonic() > (deadline() if callable(deadline) else deadline):
+            out.stopped = "time budget"
+        return out.stopped != "converged"
 
     def compiles(shape: Shape) -> bool:
         if shape in out.invalid:
@@ -236,7 +248,12 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
         return True
 
     def run(shapes: list[Shape], always: bool = False) -> bool:
-        """Evaluate ``shapes`` (all of them when ``always``); False when the deadline passed."""
+        """Evaluate ``shapes`` (all of them when ``always``, else at most the replays left); False past
+        the deadline or the replay limit."""
+        nonlocal replayed
+        if not always:
+            shapes = shapes[:max(0, int(min(len(shapes), max_replays - replayed)))]
+        replayed += len(shapes)
         for r in workers.map(("search", s, 1.0) for s in shapes):
             if r.ok:
                 out.results[r.shape] = r
@@ -244,7 +261,7 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
                 out.invalid[r.shape] = r.error or "invalid"
             if log is not None:
                 log(r, len(out.results))
-            if late() and not always:
+            if not always and late():
                 return False
         return not late()
 
@@ -283,38 +300,39 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
         return staircase(r.shape, space.policy, probe, lambda s: qualifies(out.results.get(s)),
                          lambda s: out.results[s].usd_per_month, max(1, workers.processes))
 
-    def untuned(best: ShapeResult | None) -> ShapeResult | None:
-        """The cheapest-floor result meeting the SLO goal whose fleet is not tuned yet (module docstring)."""
+    def untuned(best: ShapeResult | None) -> list[ShapeResult]:
+        """One result per fleet meeting the SLO goal that is not tuned yet and whose floor is under
+        ``best``'s cost, lowest floor first (module docstring)."""
         if space.policy.threshold_axes() == (None, None) or min_quality <= 0:
-            return None
-        ready = [r for r in out.results.values() if r.meets(goal) and (r.shape.pools, r.shape.gpu) not in tuned
-                 and (best is None or space.floor_usd_per_month(r.shape) < best.usd_per_month)]
-        return min(ready, key=lambda r: (space.floor_usd_per_month(r.shape), r.usd_per_month), default=None)
+            return []
+        fleets: dict[tuple[tuple[tuple[str, Pools], ...], str], ShapeResult] = {}
+        for r in sorted(out.results.values(), key=lambda r: (space.floor_usd_per_month(r.shape), r.usd_per_month)):
+            if r.meets(goal) and (r.shape.pools, r.shape.gpu) not in tuned \
+                    and (best is None or space.floor_usd_per_month(r.shape) < best.usd_per_month):
+                fleets.setdefault((r.shape.pools, r.shape.gpu), r)
+        return list(fleets.values())
+
+    def pending(best: ShapeResult | None) -> list[ShapeResult]:
+        """The results still to expand, the next first (module docstring: ascent, then descent)."""
+        todo = [r for r in out.results.values() if r.shape not in expanded]
+        if best is None:
+            return sorted(todo, key=lambda r: (_shortfall(r, goal, min_quality), r.usd_per_month))
+        return sorted((r for r in todo if _shortfall(r, goal, min_quality) <= NEAR_MISS
+                       and space.floor_usd_per_month(r.shape) < best.usd_per_month), key=lambda r: r.usd_per_month)
 
     run([space.base], always=True)
     starts = [s for s in smallest_shapes(space) if admissible(s)]
-    if not run(starts, always=True):
-        out.stopped, out.wall_s = "time budget", time.monotonic() - t0
-        return out
-    while True:
-        if late():
-            out.stopped = "time budget"
-            break
+    run(starts, always=True)
+    while not late():
         best = recommend(list(out.results.values()), goal, budget_usd_per_month, min_quality)
-        todo = [r for r in out.results.values() if r.shape not in expanded]
-        if best is None:
-            todo.sort(key=lambda r: (_shortfall(r, goal, min_quality), r.usd_per_month))
-        else:
-            todo = [r for r in todo if _shortfall(r, goal, min_quality) <= NEAR_MISS
-                    and space.floor_usd_per_month(r.shape) < best.usd_per_month]
-            todo.sort(key=lambda r: r.usd_per_month)
-        fleet = untuned(best)
-        if fleet is not None and (tune_next or not todo):  # tunings and expansions take turns
+        todo = pending(best)
+        fleets = untuned(best)
+        if fleets and (tune_next or not todo):  # tunings and expansions take turns
             tune_next = False
-            tuned.add((fleet.shape.pools, fleet.shape.gpu))
-            if not tune(fleet):
-                out.stopped = "time budget"
-                break
+            key = (fleets[0].shape.pools, fleets[0].shape.gpu)
+            tuned.add(key)
+            if not tune(fleets[0]):
+                tuned.discard(key)  # cut short: still untuned
             continue
         tune_next = True  # after an expansion: a smaller fleet among its neighbours is tuned next
         if not todo:
@@ -332,9 +350,11 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
         batch.sort(key=lambda s: _priority(space, current, s, not meets_goal, short))
         if len(batch) <= batch_size:
             expanded.add(current.shape)
-        if not run(batch[:batch_size]):
-            out.stopped = "time budget"
-            break
+        run(batch[:batch_size])
+    if out.stopped != "converged":
+        best = recommend(list(out.results.values()), goal, budget_usd_per_month, min_quality)
+        out.untuned = [r.shape for r in untuned(best)]
+        out.unexpanded = [r.shape for r in pending(best)]
     out.wall_s = time.monotonic() - t0
     return out
 

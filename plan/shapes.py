@@ -38,8 +38,9 @@ A target with no replica at all is left out of the fleet file (a pool nobody use
 valid only when the policy compiles without it, e.g. the default policy, whose 8B rules are
 ``if_fleet_has: [onprem-8b]`` (``policy.rules.schema``); at least one on-prem target stays.
 
-A GPU type other than the base fleet's (``plan.prices.GPU_PRICES``) sets ``replay.gpu``,
-``usd_per_gpu_hour`` and ``power_kw_per_gpu`` of every on-prem target, scales each pool's
+A GPU type other than the base fleet's (``plan.prices.GPU_PRICES``, or your quote:
+``ShapeSpace.with_prices``) sets ``replay.gpu``, ``usd_per_gpu_hour`` and ``power_kw_per_gpu`` of
+every on-prem target, scales each pool's
 ``prefill_tokens_per_s`` by the ratio of dense matmul FLOP/s and ``decode_tokens_per_s`` by the
 ratio of HBM bandwidth (what the engine's cost model reads), and gives each replica's KV cache
 90% of the extra HBM (vLLM's ``gpu_memory_utilization``).
@@ -48,13 +49,14 @@ ratio of HBM bandwidth (what the engine's cost model reads), and gives each repl
 from __future__ import annotations
 
 import copy
+import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 import yaml
 
-from pointsman.plan.prices import GPU_PRICES, HOURS_PER_MONTH, kv_tier_usd_per_month
+from pointsman.plan.prices import GPU_PRICES, HOURS_PER_MONTH, GPUPrice, kv_tier_usd_per_month
 from pointsman.plan.tuning import Tuning, TuningSpace
 from pointsman.policy.fleet import Fleet, OnPremTarget
 from pointsman.replay.hardware import GPU_PRESETS
@@ -142,6 +144,7 @@ class ShapeSpace:
     """The shapes a plan searches (module docstring): ``targets`` in the base fleet's order,
     ``gpus`` (GPU presets; the base fleet's first), ``max_replicas`` per pool, ``base`` (the base
     fleet's own shape, the policy as written) and the base fleet ``doc`` (YAML as loaded);
+    ``prices``: the price of each GPU type but the base's (list, or your quote: ``of``);
     ``policy``: the policy settings searched with the shape (``with_policy``); ``kv_tiers``: False
     when the trace has no prefix block ids, so no request can restore a prefix from a tier and no
     shape but the base (compared as it is) has one (``without_kv_tiers``)."""
@@ -151,6 +154,7 @@ class ShapeSpace:
     gpus: tuple[str, ...]
     max_replicas: int
     base: Shape
+    prices: Mapping[str, GPUPrice] = field(default_factory=dict)
     policy: TuningSpace = field(default_factory=lambda: TuningSpace({}))
     kv_tiers: bool = True
 
@@ -162,13 +166,30 @@ class ShapeSpace:
         """This space searching ``policy``'s knobs too (the base shape takes the policy as written)."""
         return replace(self, policy=policy, base=replace(self.base, tuning=policy.base))
 
+    def with_prices(self, quotes: Mapping[str, float]) -> ShapeSpace:
+        """This space with your USD per GPU-hour of some of the other GPU types (``quotes``, by preset
+        name; the rest stay at list). Raises ``ValueError`` for a GPU type not considered, the base
+        fleet's (the fleet file's ``usd_per_gpu_hour`` prices it), or a price that is not a positive
+        finite number."""
+        for g, usd in quotes.items():
+            if g == self.gpus[0]:
+                raise ValueError(f"{g} is the base fleet's GPU: the fleet file's usd_per_gpu_hour prices it")
+            if g not in self.prices:
+                raise ValueError(f"{g} is not among the other GPU types considered ({', '.join(self.prices) or 'none'}): "
+                                 "add it to --gpus")
+            if not math.isfinite(usd) or usd <= 0:
+                raise ValueError(f"{g}: expected a positive number of USD per GPU-hour, not {usd:g}")
+        return replace(self, prices={g: replace(p, usd_per_gpu_hour=quotes[g], source="your quote") if g in quotes else p
+                                     for g, p in self.prices.items()})
+
     @classmethod
     def of(cls, doc: Mapping[str, object], fleet: Fleet, kv_bytes: Mapping[str, int], *,
            gpus: tuple[str, ...] = (), max_replicas: int = 8) -> ShapeSpace:
         """The space around the base fleet ``doc`` / ``fleet``; ``kv_bytes``: KV bytes per token
         of each on-prem target (the simulator's). ``gpus``: GPU presets to consider besides the
-        base one. Raises ``ValueError`` for a GPU without a price or datasheet, or on-prem
-        targets on different GPUs when ``gpus`` asks to change them."""
+        base one, at list prices (``GPU_PRICES``; ``with_prices``). Raises ``ValueError`` for a GPU
+        without a price or datasheet, or on-prem targets on different GPUs when ``gpus`` asks to
+        change them."""
         targets: list[TargetSpace] = []
         pools: list[tuple[str, Pools]] = []
         base_gpus = set()
@@ -195,7 +216,8 @@ class ShapeSpace:
             raise ValueError(f"the fleet's on-prem targets run on different GPUs ({', '.join(sorted(base_gpus))}); "
                              "--gpus needs one")
         top = max((p.count(r) for _, p in pools for r in ROLES), default=1)
-        return cls(doc, tuple(targets), (base_gpu, *extra), max(max_replicas, top), Shape(tuple(pools), base_gpu))
+        return cls(doc, tuple(targets), (base_gpu, *extra), max(max_replicas, top), Shape(tuple(pools), base_gpu),
+                   {g: GPU_PRICES[g] for g in extra})
 
     # -- the space ---------------------------------------------------------------------------
 
@@ -294,7 +316,7 @@ class ShapeSpace:
     def _rates(self, t: TargetSpace, gpu: str) -> tuple[float, float]:
         if gpu == self.gpus[0]:
             return t.usd_per_gpu_hour, t.power_kw_per_gpu
-        price = GPU_PRICES[gpu]
+        price = self.prices[gpu]
         return price.usd_per_gpu_hour, price.power_kw_per_gpu
 
     def gpus_of(self, shape: Shape, target: str | None = None) -> int:
@@ -407,7 +429,7 @@ class ShapeSpace:
             else:
                 raw.pop("shared_kv", None)
             if shape.gpu != self.gpus[0]:
-                _regpu(raw, self.gpus[0], shape.gpu, t.kv_bytes_per_token)
+                _regpu(raw, self.gpus[0], self.prices[shape.gpu], t.kv_bytes_per_token)
         return doc
 
     def fleet_text(self, shape: Shape, header: str = "", labels: Mapping[str, str] | None = None) -> str:
@@ -455,10 +477,10 @@ def _widen(pool: dict[str, object], times: int, gpu: str, kv_bytes: int) -> None
         pool["kv_cache_capacity_tokens"] = int(pool["kv_cache_capacity_tokens"] + extra)
 
 
-def _regpu(raw: dict[str, object], old: str, new: str, kv_bytes: int) -> None:
-    """Move one target's raw fleet entry from GPU ``old`` to ``new`` (module docstring)."""
+def _regpu(raw: dict[str, object], old: str, price: GPUPrice, kv_bytes: int) -> None:
+    """Move one target's raw fleet entry from GPU ``old`` to ``price.gpu`` at that price (module docstring)."""
+    new = price.gpu
     a, b = GPU_PRESETS[old], GPU_PRESETS[new]
-    price = GPU_PRICES[new]
     hints = raw.setdefault("replay", {})
     assert isinstance(hints, dict)
     hints["gpu"] = new

@@ -120,6 +120,12 @@ def test_prefill_heavy_load_gets_a_larger_prefill_pool(tmp_path: Path, plan_file
     (["--slo-class", "batch"], "'batch' is not a service class"),
     (["--seed", "-1"], "'--seed': -1 is not in the range x>=0"),  # before: numpy's ValueError, a traceback
     (["--end-s", "nan"], "'--end-s': 'nan' is not a finite number"),  # before: taken as no end
+    (["--gpu-price", "H200-SXM=2"], "--gpu-price: H200-SXM is not among the other GPU types considered (none)"),
+    (["--gpu-price", "H100-SXM=1.25"], "--gpu-price: H100-SXM is the base fleet's GPU"),
+    (["--gpus", "H200-SXM", "--gpu-price", "H200-SXM=0"], "H200-SXM: expected a positive number of USD"),
+    (["--gpus", "H200-SXM", "--gpu-price", "H200-SXM=inf"], "H200-SXM: expected a positive number of USD"),
+    (["--gpus", "H200-SXM", "--gpu-price", "H200-SXM"], "'H200-SXM': expected GPU=USD per GPU-hour"),
+    (["--gpus", "H200-SXM", "--gpu-price", "H200-SXM=2", "--gpu-price", "H200-SXM=3"], "H200-SXM is priced twice"),
 ])
 def test_bad_input_is_one_error_line(tmp_path: Path, plan_files: tuple[Path, Path], extra: list[str],
                                      message: str) -> None:
@@ -194,6 +200,51 @@ def test_the_time_budget_stops_the_search_with_the_best_so_far(tmp_path: Path, p
     assert {space.label(s) for s in found.results} == {"small A0 P1 D2", "small A0 P1 D1", "small A0 P1/TP2 D1"}
     assert found.pruned_cost >= 1
     assert all(r.slo_attainment >= 0.9 for r in found.results.values())  # a light load
+
+
+def test_other_gpus_are_priced_at_your_quote_and_the_report_says_whose_price(tmp_path: Path,
+                                                                             plan_files: tuple[Path, Path]) -> None:
+    """--gpu-price H200-SXM=1.25: the H200 shapes pay $1.25 per GPU-hour instead of the $3.50 list price
+    (there was no way to give one), A100 stays at list, and the report says which is whose."""
+    fleet, policy = plan_files
+    trace = write_trace(tmp_path / "trace.jsonl", n=8, rate_rps=2, prompt_tokens=1024, output_tokens=8)
+    report, output = _plan(tmp_path, fleet, policy, trace, "--workers", "1", "--gpus", "H200-SXM,A100-SXM-80GB",
+                           "--gpu-price", "H200-SXM=1.25", "--max-replays", "20")
+    assert report["meta"]["gpu_prices"] == {"H100-SXM": {"usd_per_gpu_hour": 2.5, "source": "fleet file"},
+                                            "H200-SXM": {"usd_per_gpu_hour": 1.25, "source": "yours"},
+                                            "A100-SXM-80GB": {"usd_per_gpu_hour": 1.49, "source": "list"}}
+    assert ("GPU prices: H100-SXM $2.50/GPU-hour (fleet file), H200-SXM $1.25/GPU-hour (yours), "
+            "A100-SXM-80GB $1.49/GPU-hour (list)") in output
+    h200 = [r for r in report["evaluated"] if r["gpu"] == "H200-SXM"]
+    assert h200  # one GPU swap from the base is among the first neighbours
+    for r in h200:  # rent at $1.25 plus at most the busy power (1.275 kW at $0.1/kWh) per GPU
+        assert r["gpus"] * 1.25 * 730 <= r["onprem_usd_per_month"] <= r["gpus"] * (1.25 + 0.1275) * 730 + 1e-6
+    assert "H200-SXM" in (tmp_path / "out" / "plan.txt").read_text()
+
+
+def test_a_search_stopped_early_says_which_fleets_it_left_untuned_and_unexpanded(tmp_path: Path) -> None:
+    """Azure conv, 40 requests, every prompt hard (the cap alone decides how many go to the large tier),
+    stopped after 12 replays (--max-replays: the same stop on any machine; the whole search takes 32).
+    The recommended fleet (2 GPUs) was reached by a neighbour move carrying a cap, and the stop came before
+    its cap was bisected against the floor; the full search recommends a cheaper shape. Before, the
+    report said only "search time budget" (a tester's 200 s plan recommended twice what 720 s did), and
+    there was no stop that did not depend on the machine's speed."""
+    out = tmp_path / "out"
+    res = _plan_all_large(tmp_path, out, "--max-replicas", "2", "--min-quality-share", "0.97", "--tune",
+                          "hard_prompt_max_usd=c0.1,c0.3,c0.5,c0.7,c0.9", "--max-replays", "12",
+                          "--time-budget-s", "3600")
+    assert res.exit_code == 0, res.output
+    report = json.loads((out / "plan.json").read_text())
+    meta, rec, order = report["meta"], report["recommended"], [r["label"] for r in report["evaluated"]]
+    assert meta["stopped"] == "replay limit" and len(order) <= 12
+    fleet = rec["label"].split(" | hard_prompt_max_usd=")[0]
+    assert [u for u in meta["untuned"] if u.startswith(fleet + " | ")], (fleet, meta["untuned"])
+    assert meta["unexpanded"] and set(meta["untuned"]) | set(meta["unexpanded"]) <= set(order)
+    warning = next(line for line in res.output.splitlines() if line.startswith("WARNING: "))
+    assert warning.startswith(f"WARNING: the search stopped at its replay limit before it was done: "
+                              f"{len(meta['untuned'])} fleet")
+    assert meta["untuned"][0] in warning and meta["unexpanded"][0] in warning
+    assert "a longer search may find a cheaper shape than the one recommended" in warning
 
 
 def test_the_quality_floor_is_all_frontiers_quality_times_the_share(tmp_path: Path) -> None:
