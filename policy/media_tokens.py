@@ -210,8 +210,9 @@ _GEMINI_VERSION = re.compile(r"gemini-(\d+)")
 def image_rule(provider: str | None, model: str) -> ImageRule:
     """The rule for a target that declares no ``image_tokens``: by ``model`` (its name after the last
     ``/``, lower case; a dated snapshot matches its family) for ``provider`` ``openai`` or ``azure``
-    (``OPENAI_RULES``; a ``mini`` or ``nano`` variant of a family whose entry is neither: ``UNKNOWN``), a Claude model on any provider (``CLAUDE``; ``CLAUDE_HIGH`` from Claude 4.7 on),
-    a Gemini 3 or later model (``GEMINI_3``); else ``UNKNOWN`` (an on-prem target passes None)."""
+    (``OPENAI_RULES``; a ``mini`` or ``nano`` variant of a family whose entry is neither: ``UNKNOWN``), a Claude
+    model on any provider (``CLAUDE``; ``CLAUDE_HIGH`` from Claude 4.7 on), a Gemini 3 or later model
+    (``GEMINI_3``); else ``UNKNOWN`` (an on-prem target passes None)."""
     name = model.rsplit("/", 1)[-1].lower()
     if provider in ("openai", "azure"):
         for prefix, rule in OPENAI_RULES:
