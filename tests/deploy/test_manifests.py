@@ -239,11 +239,19 @@ def test_every_deploy_starts_under_the_safe_default_rule(tmp_path):
 
 def test_the_shipped_redis_keeps_the_budget_ledger_across_a_restart():
     """redis.yaml serves the budget ledger too: a Redis that restarts empty loses every settled dollar (the budgets
-    restart from 0), so it appends every write (fsync each second) to a file on a volume that outlives the pod."""
-    (redis_set,) = by_kind(DEPLOY / "kubernetes" / "redis.yaml")["StatefulSet"]
+    restart from 0), so it appends every write (fsync each second) to a file on a volume that outlives the pod; it
+    refuses writes when full, below its memory limit with room for an AOF rewrite's fork, rather than evicting
+    records or being OOM-killed; its service is headless, as a StatefulSet's governing service is."""
+    k = by_kind(DEPLOY / "kubernetes" / "redis.yaml")
+    (redis_set,), (service,) = k["StatefulSet"], k["Service"]
     (container,) = redis_set["spec"]["template"]["spec"]["containers"]
     args = container["args"]
     assert args[args.index("--appendonly") + 1] == "yes" and args[args.index("--appendfsync") + 1] == "everysec"
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+    mib = {"mb": 1, "gb": 1024}
+    maxmemory = args[args.index("--maxmemory") + 1]
+    assert int(maxmemory[:-2]) * mib[maxmemory[-2:]] <= int(container["resources"]["limits"]["memory"][:-2]) // 2
+    assert service["spec"]["clusterIP"] == "None" and redis_set["spec"]["serviceName"] == service["metadata"]["name"]
     (claim,) = redis_set["spec"]["volumeClaimTemplates"]
     assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]}[claim["metadata"]["name"]] == "/data"
 
