@@ -193,11 +193,13 @@ def _scores(source: SignalSource, target: str) -> tuple[float | None, float | No
     return score("aggregated"), score("disaggregated")
 
 
-def resolve_mode(policy: CompiledPolicy, fleet: Fleet, source: SignalSource, target: str, route_mode: str) -> ModeDecision:
+def resolve_mode(policy: CompiledPolicy, fleet: Fleet, source: SignalSource, target: str, route_mode: str,
+                 predicted: Callable[[], tuple[float | None, float | None]] | None = None) -> ModeDecision:
     """The mode ``target`` runs a route of ``route_mode`` in (``pd_mode.decide_mode``),
     reading ``cache[target].prefix_hit_ratio`` and ``load[target].prefill_saturated`` from
     ``source`` only when the target could disaggregate, and ``predict[target]`` for an ``auto``
-    route under ``disaggregation.by_prediction``."""
+    route under ``disaggregation.by_prediction``; ``predicted``: the (aggregated, disaggregated)
+    SLO scores to compare instead, whatever ``by_prediction`` says (``predict[target]``'s own mode)."""
     t = fleet.targets[target]
     if "disaggregated" not in t.modes or route_mode == "aggregated":
         return ModeDecision(route_mode if route_mode in t.modes else t.modes[0],
@@ -208,7 +210,8 @@ def resolve_mode(policy: CompiledPolicy, fleet: Fleet, source: SignalSource, tar
                        prefix_hit_ratio=source.cache(target)["prefix_hit_ratio"],
                        prefill_saturated=bool(source.load(target)["prefill_saturated"]),
                        gpus=source.pd_pool_gpus(target),
-                       predicted=(lambda: _scores(source, target)) if policy.disaggregation.by_prediction else None)
+                       predicted=predicted or ((lambda: _scores(source, target)) if policy.disaggregation.by_prediction
+                                               else None))
 
 
 class LiveSignals:
@@ -582,13 +585,9 @@ class LiveSignals:
         agg = self.prediction(target, "aggregated")
         dis = None if isinstance(t, FrontierTarget) else self.prediction(target, "disaggregated")
         chosen = agg
-        if not isinstance(t, FrontierTarget) and "disaggregated" in t.modes:
-            mode = decide_mode(self.policy.disaggregation, t, "auto", prompt_tokens=self.target_prompt_tokens(target),
-                               output_tokens=self.output_tokens(target),
-                               prefix_hit_ratio=self.cache(target)["prefix_hit_ratio"],
-                               prefill_saturated=bool(self.load(target)["prefill_saturated"]),
-                               gpus=self.pd_pool_gpus(target), predicted=lambda: (None if agg is None else agg.score(slo),
-                                                  None if dis is None else dis.score(slo)))
+        if not isinstance(t, FrontierTarget):
+            mode = resolve_mode(self.policy, self.fleet, self, target, "auto", predicted=lambda: (
+                None if agg is None else agg.score(slo), None if dis is None else dis.score(slo)))
             chosen = dis if mode.mode == "disaggregated" else agg
         chosen = chosen or agg or dis
         out = predict_signals(chosen, agg, dis, slo)
