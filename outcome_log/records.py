@@ -82,6 +82,8 @@ class DecisionRecord:
     without the text (``FEATURE_FIELDS``). ``head_input``: the estimator's head input, float32
     (d,), or None (no estimator, or it failed). ``feature_space``: ``feature_space_of(estimator)``.
     ``prompt_text``: the encoder's query window; dropped by the log unless it stores prompts.
+    ``prompt_tokens``: the prompt's tokens on the chosen target as its cost counted them (``Decision.prompt_tokens``:
+    images, audio and files by the target's rules); None in a record logged before it was kept.
     """
 
     decision_id: str
@@ -103,6 +105,7 @@ class DecisionRecord:
     feature_space: str | None = None
     head_input: NDArray[np.float32] | None = None
     prompt_text: str | None = None
+    prompt_tokens: int | None = None
 
     @classmethod
     def from_decision(
@@ -144,6 +147,7 @@ class DecisionRecord:
             feature_space=feature_space if vec is not None else None,
             head_input=vec,
             prompt_text=features.query_text,
+            prompt_tokens=decision.prompt_tokens,
         )
 
 

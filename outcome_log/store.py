@@ -44,7 +44,7 @@ Tables::
     decisions(decision_id PK, time_s, tenant, target, model, mode, rule, p_hard,
               difficulty_available, estimated_cost_usd, estimator_version, policy_revision,
               fleet_revision, request_features JSON, feature_space, head_input BLOB float32,
-              prompt_sha256, conversation_key, prompt_text)
+              prompt_sha256, conversation_key, prompt_text, prompt_tokens)
     outcomes(outcome_id PK, decision_id, received_s, time_s, served_target, served_model,
              shadow, status, error, prompt_tokens, cached_tokens, completion_tokens,
              ttft_ms, tpot_ms, e2e_latency_ms, judge_score, judge_reference_score, judge,
@@ -182,7 +182,7 @@ CREATE TABLE IF NOT EXISTS verifications (
 _DECISION_COLUMNS = (
     "decision_id", "time_s", "tenant", "target", "model", "mode", "rule", "p_hard", "difficulty_available",
     "estimated_cost_usd", "estimator_version", "policy_revision", "fleet_revision", "request_features",
-    "feature_space", "head_input", "prompt_sha256", "conversation_key", "prompt_text",
+    "feature_space", "head_input", "prompt_sha256", "conversation_key", "prompt_text", "prompt_tokens",
 )
 _OUTCOME_COLUMNS = (
     "outcome_id", "decision_id", "received_s", "time_s", "served_target", "served_model", "shadow", "status",
@@ -193,7 +193,8 @@ _OUTCOME_COLUMNS = (
 #: Columns added after a table's first release, as (table, column, SQL type): nullable (rows stored before read
 #: NULL), added to a file that lacks them when it is opened (``_add_columns``). The schema version stays: an
 #: earlier Pointsman names the columns it reads and writes, so it still reads and writes such a file.
-_ADDED_COLUMNS = (("outcomes", "served_endpoint", "TEXT"), ("outcomes", "upstream_status", "INTEGER"))
+_ADDED_COLUMNS = (("outcomes", "served_endpoint", "TEXT"), ("outcomes", "upstream_status", "INTEGER"),
+                  ("decisions", "prompt_tokens", "INTEGER"))
 
 
 def default_log_path() -> Path:
@@ -443,6 +444,7 @@ class OutcomeLog:
             None if r.estimated_cost_usd is None else float(r.estimated_cost_usd), r.estimator_version,
             r.policy_revision, r.fleet_revision, json.dumps(r.request_features, sort_keys=True),
             r.feature_space if blob is not None else None, blob, r.prompt_sha256, r.conversation_key, text,
+            None if r.prompt_tokens is None else int(r.prompt_tokens),
         )
 
     def append_decision(self, record: DecisionRecord) -> bool:
@@ -773,7 +775,7 @@ def _decision(row: sqlite3.Row, outcomes: tuple[LoggedOutcome, ...]) -> LoggedDe
         feature_space=row["feature_space"],
         head_input=None if blob is None else np.frombuffer(blob, dtype="<f4").astype(np.float32),
         prompt_sha256=row["prompt_sha256"], conversation_key=row["conversation_key"], prompt_text=row["prompt_text"],
-        outcomes=outcomes,
+        prompt_tokens=row["prompt_tokens"], outcomes=outcomes,
     )
 
 

@@ -140,9 +140,11 @@ def _known_decision(rt: Runtime, decision_id: str,
     if logged is None:
         return None
     rf = logged.request_features
-    # the count that priced it (logged since billed_prompt_tokens exists; before, the estimator's count)
-    return (logged.target, logged.estimated_cost_usd, int(rf.get("billed_prompt_tokens") or rf.get("prompt_tokens") or 0),
-            int(rf.get("max_output_tokens") or 0))
+    # the count that priced it, media counted (logged since prompt_tokens is kept); before, the text's billed count
+    # (logged since billed_prompt_tokens exists), before that the estimator's
+    prompt = logged.prompt_tokens if logged.prompt_tokens is not None \
+        else int(rf.get("billed_prompt_tokens") or rf.get("prompt_tokens") or 0)
+    return logged.target, logged.estimated_cost_usd, prompt, int(rf.get("max_output_tokens") or 0)
 
 
 def estimate_booking(rt: Runtime, served: str | None, known: Known | None) -> tuple[float, int, int]:

@@ -1,11 +1,13 @@
-"""The outcome log stores ``served_endpoint`` and ``upstream_status``, also in a file an earlier Pointsman made
-(without those columns): opening it adds them, the rows stored before read None, and it opens again unchanged."""
+"""The outcome log stores ``served_endpoint`` and ``upstream_status`` (outcomes) and ``prompt_tokens`` (decisions),
+also in a file an earlier Pointsman made (without those columns): opening it adds them, the rows stored before read
+None, and it opens again unchanged."""
 
 from __future__ import annotations
 
 import sqlite3
 import threading
 
+from pointsman.outcome_log.records import DecisionRecord
 from pointsman.outcome_log.store import SCHEMA_VERSION, OutcomeLog
 
 
@@ -61,3 +63,19 @@ def test_two_logs_opening_an_earlier_file_add_the_columns_once(tmp_path):
         t.join()
     assert errors == []
     assert _columns(path).count("served_endpoint") == 1
+
+
+def test_an_earlier_decisions_table_gets_the_prompt_tokens_column(tmp_path):
+    path = tmp_path / "outcomes.db"
+
+    def record(i: int, prompt_tokens: int | None) -> DecisionRecord:
+        return DecisionRecord(f"d{i}", float(i), "frontier-small", "m", "aggregated", "default", 0.5, True, 0.001, "v", "p",
+                              "f", {"prompt_tokens": 10}, "0" * 64, "k", prompt_tokens=prompt_tokens)
+    with OutcomeLog(path) as log:
+        log.append_decision(record(0, None))
+    with sqlite3.connect(path) as conn:
+        conn.execute("ALTER TABLE decisions DROP COLUMN prompt_tokens")
+    with OutcomeLog(path) as log:
+        log.append_decision(record(1, 48_179))
+        old, new = log.decision("d0"), log.decision("d1")
+        assert old is not None and new is not None and (old.prompt_tokens, new.prompt_tokens) == (None, 48_179)

@@ -85,3 +85,49 @@ def test_an_outcome_only_the_log_knows_is_priced_at_the_fleets_assumed_utilizati
     want = usage_cost(d["target"], target, d["mode"], prompt_tokens=5, completion_tokens=40,
                       prefill_utilization=0.25, decode_utilization=0.25).usd
     assert booked == pytest.approx(want, rel=1e-6)  # before: 4x less, the pools at utilization 1.0
+
+
+def test_an_outcome_only_the_log_knows_books_the_media_its_decision_priced(tmp_path):
+    """An image request decided on gpt-4o-mini (frontier-small, whose images bill ~48,000 tokens), its answer
+    served by gpt-4o (frontier-large) and reported ``ok`` without usage: the booking prices the decision's prompt
+    tokens on the served target. Known from this process's record, the count is the decision's (the image counted);
+    after a restart with a rotated key only the outcome log knows the decision, and it booked the text's ~20 tokens
+    (the mini's estimate, ~16x less than the record's booking)."""
+    from fastapi.testclient import TestClient
+
+    from pointsman.estimator.estimate import FixedDifficulty
+    from pointsman.policy.engine import RoutingEngine
+    from pointsman.policy.fleet import load_fleet
+    from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
+    from pointsman.service.app import create_app
+    from pointsman.service.bootstrap import build_state
+    from pointsman.service.settings import Settings
+
+    body = {"max_tokens": 16, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What does this form say?"},
+        {"type": "image_url", "image_url": {"url": "https://example.com/scan.png"}}]}], "routing": {"tenant": "acme"}}
+    budgets = tmp_path / "budgets.yaml"  # held in the ledger: the restarted process settles the hold
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'tenant:acme', window: day, limit_usd: 100}\n", encoding="utf-8")
+
+    def app(key: str) -> TestClient:
+        settings = Settings(data_dir=tmp_path, policy_path=DEFAULT_POLICY_PATH, watch_policy=False, decision_key=key,
+                            decision_log_flush_ms=5, budgets_path=budgets)
+        fleet = load_fleet()
+        engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.05),
+                               state=build_state(settings, fleet))
+        return TestClient(create_app(settings, engine=engine, owns_engine=True))
+
+    def booked(client: TestClient, decision: dict) -> float:
+        r = client.post("/v1/outcomes", json={"decision_id": decision["decision_id"], "status": "ok",
+                                              "served_target": "frontier-large"})
+        assert r.status_code == 200, r.text
+        return r.json()["acks"][0]["settlement"]["actual_cost_usd"]
+
+    with app("first-key") as first:
+        held, logged = (first.post("/v1/route", json=body).json() for _ in range(2))
+        assert held["target"] == logged["target"] == "frontier-small" and held["prompt_tokens"] > 40_000
+        from_record = booked(first, held)
+    with app("second-key") as second:
+        assert booked(second, logged) == pytest.approx(from_record, rel=1e-9)  # before: ~16x less
+    assert from_record >= held["prompt_tokens"] * 2.5e-6  # gpt-4o's $2.50 per 1M input tokens
