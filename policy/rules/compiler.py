@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeAlias, TypeVar
 
+import yaml
 from cel import cel  # the Rust extension itself: xds-protos (ext_proc) also ships a cel/ package whose empty __init__ may win
 from pydantic import ValidationError
 
@@ -66,6 +67,7 @@ from pointsman.policy.rules.schema import (
     PolicySpec,
     RuleSpec,
     VerifyRuleSpec,
+    YAML11Boolean,
 )
 from pointsman.policy.selection.filters import FiltersSpec
 from pointsman.policy.selection.pd_mode import DisaggregationSpec
@@ -864,6 +866,7 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
     if not isinstance(data, dict):
         got = "an empty file" if data is None else type(data).__name__
         raise PolicyError([Problem(file, 1, 1, "invalid-value", f"expected a mapping at the top level, got {got}")])
+    _yaml11_whens(doc, data)
     spec: PolicySpec | None = None
     try:
         spec = PolicySpec.model_validate(data)
@@ -975,6 +978,19 @@ def compile_policy(text: str, fleet: Fleet, file: str = "<policy>") -> CompiledP
         staleness=StalenessPolicy(load_spec.max_age_s, load_spec.on_stale), filters=spec.filters,
         selection=spec.endpoint_selection, disaggregation=spec.disaggregation, verify=verify,
         rule_plans=tuple(rule_plans), omitted=tuple(omitted), source=text)
+
+
+def _yaml11_whens(doc: LocatedDocument, data: dict[str, object]) -> None:
+    """Put a ``YAML11Boolean`` in place of each rule's and verify rule's ``when`` written ``yes``, ``no``, ``on`` or
+    ``off`` (read as a boolean: its validation refuses it); ``true`` and ``false`` (any case) stay."""
+    verify = data.get("verify")
+    for at, rules in ((("rules",), data.get("rules")),
+                      (("verify", "rules"), verify.get("rules") if isinstance(verify, dict) else None)):
+        for i, rule in enumerate(rules if isinstance(rules, list) else []):
+            if isinstance(rule, dict) and isinstance(rule.get("when"), bool):
+                node = doc.node((*at, i, "when"))
+                if isinstance(node, yaml.ScalarNode) and node.value.lower() not in ("true", "false"):
+                    rule["when"] = YAML11Boolean(node.value)
 
 
 def _names_target(rule: RuleSpec, name: str) -> bool:

@@ -81,6 +81,7 @@ names known signals) are checked by ``policy/rules/compiler.py``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, StringConstraints
@@ -97,11 +98,24 @@ Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0
 RouteMode = Literal["aggregated", "disaggregated", "auto"]
 
 
+@dataclass(frozen=True)
+class YAML11Boolean:
+    """A ``when`` written ``yes``, ``no``, ``on`` or ``off`` (any case): YAML 1.1's booleans, which PyYAML reads,
+    so ``when: yes`` was ``true`` (a catch-all) and ``when: no`` ``false`` (a rule that never fires). The compiler
+    puts one in its place (``compiler._yaml11_whens``, ``text``: as written) for ``_condition`` to refuse."""
+
+    text: str
+
+
 def _condition(value: object) -> object:
     """A ``when`` as written: a CEL string, ``true``/``false`` or absent; anything else (``when: 1``, which
-    pydantic's lax bool would read as ``true``: a catch-all) is an error."""
+    pydantic's lax bool would read as ``true``: a catch-all; ``YAML11Boolean``) is an error."""
     if value is None or isinstance(value, str | bool):
         return value
+    if isinstance(value, YAML11Boolean):
+        fires = "always fires" if value.text.lower() in ("yes", "on") else "never fires"
+        raise ValueError(f"'{value.text}' is a YAML 1.1 boolean ({fires}); write true or false, or quote a CEL "
+                         "condition")
     raise ValueError(f"must be a CEL condition (a string), true or false, not {type(value).__name__} {value!r}")
 
 

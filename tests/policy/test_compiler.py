@@ -624,3 +624,47 @@ def test_an_invalid_rule_written_when_true_is_still_the_default(tmp_path: Path, 
     res = CliRunner().invoke(main, ["policy", "check", str(path)])
     assert res.exit_code == 1
     assert [line.split(": ")[1] for line in res.output.splitlines()] == ["missing-key", "missing-key"], res.output
+
+
+@pytest.mark.parametrize("word", ["yes", "Yes", "YES", "on", "On", "ON", "no", "No", "NO", "off", "Off", "OFF"])
+@pytest.mark.parametrize("where", ["rules", "verify"])
+def test_policy_check_refuses_a_when_written_as_a_yaml_11_boolean(tmp_path: Path, word: str, where: str) -> None:
+    """``when: yes`` (or ``on``) was read as true, a rule that always fires, and ``when: no`` (or ``off``) as false,
+    one that never does: PyYAML reads YAML 1.1's booleans. ``pointsman policy check`` refuses them, located at the
+    value; before, ``no``/``off`` passed and ``yes``/``on`` made the next rule unreachable."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    path = tmp_path / "p.yaml"
+    if where == "rules":
+        path.write_text(HEAD + f"rules:\n  - name: r\n    when: {word}\n    route: {{target: frontier-small}}\n"
+                        + DEFAULT_RULE)
+        line, col, key = 5, 11, "rules[0].when"
+    else:
+        path.write_text(HEAD + "rules:\n" + DEFAULT_RULE + f"verify:\n  rules:\n    - name: v\n      when: {word}\n"
+                        "      action: accept\n    - name: accept\n      action: accept\n")
+        line, col, key = 9, 13, "verify.rules[0].when"
+    res = CliRunner().invoke(main, ["policy", "check", str(path)])
+    assert res.exit_code == 1, res.output
+    assert res.output.splitlines() == [f"{path}:{line}:{col}: invalid-value: {key}: '{word}' is a YAML 1.1 boolean ("
+                                       f"{'always' if word.lower() in ('yes', 'on') else 'never'} fires); write true "
+                                       "or false, or quote a CEL condition"], res.output
+
+
+@pytest.mark.parametrize("word", ["true", "True", "TRUE", "false", "False", "FALSE", "'yes'"])
+def test_policy_check_keeps_a_when_written_true_or_false(tmp_path: Path, word: str) -> None:
+    """``true`` and ``false`` (YAML 1.2's booleans too) stay a ``when``: the last rule's and verify rule's (true: the
+    defaults; false: neither has one); a quoted ``'yes'`` is a CEL condition (an unknown name)."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    path = tmp_path / "p.yaml"
+    path.write_text(HEAD + f"rules:\n  - name: default\n    when: {word}\n    route: {{target: onprem-8b}}\n"
+                    f"verify:\n  rules:\n    - name: accept\n      when: {word}\n      action: accept\n")
+    res = CliRunner().invoke(main, ["policy", "check", str(path)])
+    if word.lower() == "true":
+        assert res.exit_code == 0, res.output
+    else:
+        assert res.exit_code == 1 and "YAML 1.1" not in res.output, res.output
