@@ -518,52 +518,85 @@ _OTHER = 'load["onprem-8b"].ttft_p50_ms'
 
 
 def _atoms(signal: str) -> st.SearchStrategy[str]:
-    """Comparisons of ``signal`` (either side, a literal or another nullable signal) and two non-null booleans."""
+    """Comparisons of ``signal`` (either side, a literal or another nullable signal), two non-null booleans, the
+    signal in a macro (``exists``, ``all``, ``exists_one``, over a list holding it or compared inside) or ``has()``."""
     lit = st.sampled_from(["0", "1", "0.5"])
+    op = st.sampled_from(["==", "!="])
     return st.one_of(
-        st.sampled_from(["request.has_tools", "request.has_images"]),
+        st.sampled_from(["request.has_tools", "request.has_images", f"has({signal})"]),
         st.builds(lambda op, x, flip: f"{x} {op} {signal}" if flip else f"{signal} {op} {x}",
-                  st.sampled_from(["==", "!="]), st.one_of(lit, st.just(_OTHER)), st.booleans()),
-        st.builds(lambda xs, neg: f"{'!' if neg else ''}({signal} in [{xs}])", lit, st.booleans()))
+                  op, st.one_of(lit, st.just(_OTHER)), st.booleans()),
+        st.builds(lambda xs, neg: f"{'!' if neg else ''}({signal} in [{xs}])", lit, st.booleans()),
+        st.builds(lambda neg, macro, op, x, inside: f"{'!' if neg else ''}"
+                  + (f"[{signal}].{macro}(v, v {op} {x})" if inside else f"[{x}].{macro}(v, v {op} {signal})"),
+                  st.booleans(), st.sampled_from(["exists", "all", "exists_one"]), op, lit, st.booleans()))
 
 
 def _formulas(signal: str) -> st.SearchStrategy[str]:
+    """``&&``, ``||``, ``!``, a ternary and an equality with a boolean literal over ``_atoms``, at any depth."""
     return st.recursive(_atoms(signal), lambda inner: st.one_of(
         st.builds(lambda a, b, op: f"({a} {op} {b})", inner, inner, st.sampled_from(["&&", "||"])),
-        st.builds(lambda a, n: f"{'!' * n}({a})", inner, st.integers(1, 2))), max_leaves=4)
+        st.builds(lambda a, n: f"{'!' * n}({a})", inner, st.integers(1, 2)),
+        st.builds(lambda a, b, c: f"(({a}) ? ({b}) : ({c}))", inner, inner, inner),
+        st.builds(lambda a, op, b, flip: f"({b} {op} ({a}))" if flip else f"(({a}) {op} {b})",
+                  inner, st.sampled_from(["==", "!="]), st.sampled_from(["true", "false"]), st.booleans())),
+        max_leaves=5)
 
 
-def _fires_on_null(cond: str, signal: str) -> bool:
-    """Whether some request (its booleans) and some value of ``signal`` make ``cond`` true with the signal null
-    and false with the value: the rule fires because nothing reports it."""
+#: Values of the other nullable signal the properties try: the numbers the check tries for a condition whose
+#: literals are 0, 1 and 0.5 (each, its negation, +-1), and null.
+_OTHER_VALUES = (None, -2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)
+
+
+def _runs(cond: str, signal: str):
+    """run(value of ``signal``, has_tools, has_images, value of ``_OTHER``) -> what CEL makes of ``cond`` (None on
+    an error)."""
     from cel import cel
 
     program = cel.compile(cond)
     root, key, field = _SIGNALS[signal]
 
-    def run(value: object, tools: bool, images: bool) -> object:
+    def run(value: object, tools: bool, images: bool, other: object = 1.0) -> object:
         ns: dict[str, object] = {field: value}
-        load = {"onprem-8b": {"ttft_p50_ms": 1.0}}
+        load = {"onprem-8b": {"ttft_p50_ms": other}}
         ctx = {"request": {"has_tools": tools, "has_images": images}, "load": load}
         if key is None:
             ctx[root] = ns
         else:
             load[key] = ns
-        return program.execute(cel.Context(ctx))
+        try:
+            return program.execute(cel.Context(ctx))
+        except Exception:  # noqa: BLE001 - an error: the rule is skipped
+            return None
 
+    return run
+
+
+def _fires_on_null(cond: str, signal: str) -> bool:
+    """Whether some request (its booleans) and some value of ``signal`` make ``cond`` true with the signal null
+    and false with the value: the rule fires because nothing reports it."""
+    run = _runs(cond, signal)
     return any(run(None, t, i) is True and run(v, t, i) is False
                for t in (False, True) for i in (False, True) for v in (0, 1, 0.5, 7))
 
 
-@settings(max_examples=200, deadline=None)
+def _true_on_null(cond: str, signal: str) -> bool:
+    """Whether ``cond`` is true with ``signal`` null for some request and value of ``_OTHER`` (``_OTHER_VALUES``)."""
+    run = _runs(cond, signal)
+    return any(run(None, t, i, o) is True for t in (False, True) for i in (False, True) for o in _OTHER_VALUES)
+
+
+@settings(max_examples=300, deadline=None)
 @given(data=st.data(), signal=st.sampled_from(sorted(_SIGNALS)))
 def test_every_condition_that_fires_on_a_null_signal_is_named(fleet, data, signal: str) -> None:
-    """Property: a condition over a nullable signal (``==``, ``!=``, ``in`` with literals or another nullable
-    signal, joined by ``&&``, ``||`` and ``!`` at any depth) that CEL makes true with the signal null where a
-    reported value makes it false is a ``null-inequality`` naming that signal. ``!(x == 0)``, ``!(a && x == 0)``,
-    ``!(x in [0])`` and ``x != y`` between two signals passed ``policy check`` (only ``x != literal`` or
-    ``x != variables.v`` was named). (The converse does not hold for every formula: ``x != 0 && !(x != 0)`` is
-    named and never true; ``test_policy_check_names_...`` shows forms false on a null that are not named.)"""
+    """Property: a condition over a nullable signal (``==``, ``!=``, ``in``, ``exists``/``all``/``exists_one``,
+    ``has()``, with literals or another nullable signal, joined by ``&&``, ``||``, ``!``, ternaries and ``==``/``!=``
+    with ``true``/``false`` at any depth) that CEL makes true with the signal null where a reported value makes it
+    false is a ``null-inequality`` naming that signal; and one named is true with the signal null for some request
+    (no false alarm on a condition false at null: ``x != 0 ? false : true``, ``x != 0 && !(x != 0)`` were named).
+    The check read ``!=`` and a negated ``==``/``in`` only: ``(x == 0) == false``, ``x == 0 ? false : true``,
+    ``[x].exists(v, v != 0)``, ``![0].exists(v, v == x)`` passed ``policy check``. A comparison with ``null`` is
+    not generated: it handles the null as its author means (``x == null ? true : x > 3`` is not named)."""
     cond = data.draw(_formulas(signal))
     try:
         compile_policy(HEAD + f"rules:\n  - name: r\n    when: '{cond}'\n    route: {{target: onprem-70b}}\n"
@@ -573,17 +606,24 @@ def test_every_condition_that_fires_on_a_null_signal_is_named(fleet, data, signa
         named = any(p.code == "null-inequality" and p.message.startswith(f"'{signal}'") for p in exc.problems)
     if _fires_on_null(cond, signal):
         assert named, cond
+    if named:
+        assert _true_on_null(cond, signal), cond
 
 
 def test_policy_check_names_a_negated_equality_and_two_signals_compared(tmp_path: Path) -> None:
-    """Through ``pointsman policy check``: the forms the check missed, each located at its nullable signal."""
+    """Through ``pointsman policy check``: the forms the check missed (a negated equality, two signals compared, an
+    equality with ``false``, a ternary, a macro), each located at its nullable signal; a condition false at null
+    (``x != 0 ? false : true``, named before) or handling the null itself is not named."""
     from click.testing import CliRunner
 
     from pointsman.cli.main import main
 
     waiting = 'load["onprem-70b"].num_requests_waiting'
     for when, cols in ((f"!({waiting} == 0)", [14]), (f"{waiting} != {_OTHER}", [12, 55]),
-                       (f"!(request.turns > 1 && {waiting} == 0)", [35]), (f"!({waiting} != 0)", [])):
+                       (f"!(request.turns > 1 && {waiting} == 0)", [35]), (f"!({waiting} != 0)", []),
+                       (f"({waiting} == 0) == false", [13]), (f"{waiting} == 0 ? false : true", [12]),
+                       (f"[{waiting}].exists(v, v != 0)", [13]), (f"![0].exists(v, v == {waiting})", [32]),
+                       (f"{waiting} != 0 ? false : true", []), (f"{waiting} == null ? true : {waiting} > 3", [])):
         path = tmp_path / "p.yaml"
         path.write_text(HEAD + f"rules:\n  - name: r\n    when: '{when}'\n    route: {{target: frontier-small}}\n"
                         + DEFAULT_RULE)
