@@ -1,6 +1,7 @@
 """An outcome whose decision id no key here verifies (the service restarted with another
 ``POINTSMAN_DECISION_KEY`` between the decision and its outcome, the key rotated) is checked against
-the decision the outcome log holds. Real ``pointsman serve`` processes on one data folder."""
+the decision the outcome log holds. Real ``pointsman serve`` processes on one data folder (the media test: two apps
+in turn on one data folder, in this process)."""
 
 from __future__ import annotations
 
