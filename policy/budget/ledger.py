@@ -33,8 +33,8 @@ class BudgetExceeded(BudgetError):
         self.scope, self.window, self.window_id = scope, window, window_id
         self.limit_usd, self.spent_usd, self.requested_usd = limit_usd, spent_usd, requested_usd
         self.remaining_usd = max(0.0, limit_usd - spent_usd)
-        super().__init__(f"budget exceeded: {scope} has ${self.remaining_usd:.6f} of ${limit_usd:.6f} left in "
-                         f"{window_id} (spent ${spent_usd:.6f}); this request needs ${requested_usd:.6f}")
+        super().__init__(f"budget exceeded: {scope} has ${self.remaining_usd:.9f} of ${limit_usd:.9f} left in "
+                         f"{window_id} (spent ${spent_usd:.9f}); this request needs ${requested_usd:.9f}")
 
 
 class UnknownReservation(BudgetError):

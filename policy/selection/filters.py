@@ -139,8 +139,8 @@ def budget_refusal(source: SignalSource, usd: float) -> str | None:
     if not source.budget_limited() or source.budget_fits(usd):
         return None
     b = source.budget_binding()
-    where = f" {b['scope']} has ${b['remaining_usd']:.6f} of ${b['limit_usd']:.6f} left this {b['window']}" if b else ""
-    return f"estimated ${usd:.6f} does not fit the budget:{where}".rstrip(":")
+    where = f" {b['scope']} has ${b['remaining_usd']:.9f} of ${b['limit_usd']:.9f} left this {b['window']}" if b else ""
+    return f"estimated ${usd:.9f} does not fit the budget:{where}".rstrip(":")
 
 
 #: Built-in filters in the order they run, each with the ``FiltersSpec`` switch that enables it

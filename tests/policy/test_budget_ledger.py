@@ -61,7 +61,7 @@ def test_reservations_fill_a_budget_exactly_then_refuse(budget_ledgers):
     with pytest.raises(BudgetExceeded) as err:
         ledger.reserve("d10", [ACME], 0.0, T)  # exhausted: even a free request
     assert err.value.spent_usd == pytest.approx(1.0) and err.value.window_id == "day:2025-03-14"
-    assert "tenant:acme has $0.000000 of $1.000000 left in day:2025-03-14" in str(err.value)
+    assert "tenant:acme has $0.000000000 of $1.000000000 left in day:2025-03-14" in str(err.value)
 
 
 def test_a_reservation_must_fit_every_budget_atomically(budget_ledgers):

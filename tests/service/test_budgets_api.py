@@ -345,7 +345,7 @@ def test_a_refusal_names_a_small_limit_as_it_is(tmp_path):
     with app(tmp_path, budgets, watch_budgets=False) as c:
         refused = c.post("/v1/route", json=BODY, headers=GATEWAY)
         assert refused.status_code == 429, refused.text
-        assert "tenant:acme has $0.000010 of $0.000010 left this day" in refused.json()["error"]["message"]
+        assert "tenant:acme has $0.000010000 of $0.000010000 left this day" in refused.json()["error"]["message"]
 
 
 def test_the_trace_says_what_the_decision_reserved(tmp_path):
