@@ -16,8 +16,10 @@ In order (in a worker thread; same auth as ``/v1/route``):
    settled by its outcome (or released) is 409 ``decision_settled``;
 3. the draft's features (``estimator/draft.py``, with the decision's prompt: its request view's last
    user message) and the verifier's ``p_bad``
-   (``POINTSMAN_VERIFIER``), then ``RoutingEngine.verify``: the policy's verify rules, and for
-   an escalation its placement, budget hold and in-flight count under
+   (``POINTSMAN_VERIFIER``); a complete draft's hold made its cost (``FleetState.hold_known_cost``: step 5
+   books it whatever the action, so its escalation is judged beside what the draft costs, not its estimate;
+   a partial draft's call may go on, so its estimate stays held), then ``RoutingEngine.verify``: the
+   policy's verify rules, and for an escalation its placement, budget hold and in-flight count under
    ``<decision_id>/escalation``;
 4. the verification is stored durably in the outcome log (the draft's features; its text with
    ``POINTSMAN_STORE_DRAFTS``); when that fails the escalation's hold is released and the
@@ -160,6 +162,14 @@ def _first_verify(rt: Runtime, body: VerifyIn, verifier: Verifier, pending: Pend
     if not 0.0 <= p_bad <= 1.0:
         p_bad = 0.5
     draft = draft_signals(features, p_bad, verifier.version, drafted, not isinstance(target, FrontierTarget))
+    usage = body.usage
+    prompt = usage.prompt_tokens if usage and usage.prompt_tokens is not None else decision.prompt_tokens
+    cached, write, write_1h = (usage.cached_tokens or 0, usage.cache_write_tokens or 0,
+                               usage.cache_write_1h_tokens or 0) if usage else (0, 0, 0)
+    if not features.partial:  # booked below whatever the action: its escalation is judged beside its cost
+        state.hold_known_cost(decision.decision_id, prompt_tokens=prompt, completion_tokens=features.tokens,
+                              cached_tokens=cached, cache_write_tokens=write, cache_write_1h_tokens=write_1h,
+                              target=drafted)
     try:
         escalation = engine.verify(decision, draft)
     except LedgerUnavailable as exc:
@@ -177,15 +187,9 @@ def _first_verify(rt: Runtime, body: VerifyIn, verifier: Verifier, pending: Pend
         raise unavailable(f"outcome log unavailable, nothing accepted: {exc}", "outcome_log_unavailable") from None
     settlement: dict[str, object] | None = None
     if not (escalation.action == "accept" and features.partial):
-        usage = body.usage
         try:
-            settled = state.settle(decision.decision_id,
-                                   prompt_tokens=usage.prompt_tokens if usage and usage.prompt_tokens is not None
-                                   else decision.prompt_tokens,
-                                   completion_tokens=features.tokens,
-                                   cached_tokens=usage.cached_tokens or 0 if usage else 0,
-                                   cache_write_tokens=usage.cache_write_tokens or 0 if usage else 0,
-                                   cache_write_1h_tokens=usage.cache_write_1h_tokens or 0 if usage else 0,
+            settled = state.settle(decision.decision_id, prompt_tokens=prompt, completion_tokens=features.tokens,
+                                   cached_tokens=cached, cache_write_tokens=write, cache_write_1h_tokens=write_1h,
                                    target=drafted)
             settlement = settled.to_dict()
             rt.metrics.observe_settlement(settled)

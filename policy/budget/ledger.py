@@ -241,6 +241,13 @@ class BudgetLedger(Protocol):
         expired. Raises ``UnknownReservation``."""
         ...
 
+    def set_hold(self, decision_id: str, cost_usd: float, now: float | None = None) -> bool:
+        """Make a live hold ``cost_usd`` (USD, up or down, never refused): its cost became known before
+        its settlement (a cascade's draft, booked at that cost by the same verify). True if a hold was live;
+        False if settled, released, expired or never reserved (nothing changes). ``BudgetError`` for bad
+        arguments."""
+        ...
+
     def snapshot(self, scopes: Sequence[str], now: float | None = None) -> BudgetSnapshot:
         """Status of every scope in both windows at ``now`` (read-only for the budgets)."""
         ...

@@ -51,6 +51,7 @@ from pointsman.policy.budget.units import (
     checked_reserve_args,
     checked_settle_args,
     current_time,
+    to_nusd,
     to_usd,
     window_of,
     windows_at,
@@ -186,6 +187,19 @@ redis.call('ZREM', P .. 'expiry', ARGV[3])
 return {'ok'}
 """
 
+# ARGV: 3 id, 4 the hold's new amount.
+_SET_HOLD = _SWEEP + """
+local rk = P .. 'r:' .. ARGV[3]
+local f = redis.call('HMGET', rk, 'state', 'reserved', 'scopes', 'day', 'month')
+if f[1] ~= 'held' then return {'noop'} end
+local delta = tonumber(ARGV[4]) - tonumber(f[2])
+if delta ~= 0 then
+  holds(f[3], f[4], f[5], string.format('%d', math.abs(delta)), delta > 0 and 1 or -1)
+  redis.call('HSET', rk, 'reserved', ARGV[4])
+end
+return {'ok'}
+"""
+
 # ARGV: 3.. spend key suffixes ('<window_id>:<scope>'); returns held, settled per key.
 _SNAPSHOT = _SWEEP + """
 local out = {}
@@ -220,6 +234,7 @@ class RedisLedger:
         self._reserve = client.register_script(_RESERVE)
         self._settle = client.register_script(_SETTLE)
         self._release = client.register_script(_RELEASE)
+        self._set_hold = client.register_script(_SET_HOLD)
         self._snapshot = client.register_script(_SNAPSHOT)
 
     @classmethod
@@ -318,6 +333,13 @@ class RedisLedger:
         if out[0] == "unknown":
             raise UnknownReservation(decision_id)
         return out[0] == "ok"
+
+    def set_hold(self, decision_id: str, cost_usd: float, now: float | None = None) -> bool:
+        """Make a live hold ``cost_usd`` (USD); False (nothing changed) unless one is live. See
+        ``BudgetLedger.set_hold``; raises ``BudgetError``, ``LedgerUnavailable``."""
+        check_id(decision_id)
+        cost = to_nusd(cost_usd)
+        return self._run(self._set_hold, self._head(current_time(now)) + [decision_id, str(cost)])[0] == "ok"
 
     def snapshot(self, scopes: Sequence[str], now: float | None = None) -> BudgetSnapshot:
         """Every scope in both windows at ``now`` (USD); holds past ``expires_s`` do not count.

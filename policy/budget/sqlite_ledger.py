@@ -62,6 +62,7 @@ from pointsman.policy.budget.units import (
     checked_reserve_args,
     checked_settle_args,
     current_time,
+    to_nusd,
     to_usd,
     window_of,
     windows_at,
@@ -385,6 +386,22 @@ class SqliteLedger:
             if reserved:
                 conn.executemany(_ADD_HELD, [(s, w, -reserved) for s in _split(scopes) for w in (day_id, month_id)])
             conn.execute("UPDATE budget_reservations SET state = 'released' WHERE decision_id = ?", (decision_id,))
+        return True
+
+    def set_hold(self, decision_id: str, cost_usd: float, now: float | None = None) -> bool:
+        """Make a live hold ``cost_usd`` (USD); False (nothing changed) unless one is live. See
+        ``BudgetLedger.set_hold``; raises ``BudgetError``, ``LedgerUnavailable``."""
+        check_id(decision_id)
+        cost, now = to_nusd(cost_usd), current_time(now)
+        with self._transaction("BEGIN IMMEDIATE") as conn:
+            self._sweep(conn, now)
+            row = conn.execute(_SELECT_RES, (decision_id,)).fetchone()
+            if row is None or row[0] != "held":
+                return False
+            _, scopes, day_id, month_id, reserved = row[:5]
+            if cost != reserved:
+                conn.executemany(_ADD_HELD, [(s, w, cost - reserved) for s in _split(scopes) for w in (day_id, month_id)])
+                conn.execute("UPDATE budget_reservations SET reserved_nusd = ? WHERE decision_id = ?", (cost, decision_id))
         return True
 
     def snapshot(self, scopes: Sequence[str], now: float | None = None) -> BudgetSnapshot:

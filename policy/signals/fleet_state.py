@@ -711,6 +711,29 @@ class FleetState:
                 self._settled.popitem(last=False)
         return result
 
+    def hold_known_cost(self, decision_id: str, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+                        cache_write_tokens: int = 0, cache_write_1h_tokens: int = 0,
+                        target: str | None = None) -> float | None:
+        """A live decision whose cost is known before its settlement (a cascade's complete draft, which the same
+        verify then books with these counts): its hold becomes that cost (USD, priced as ``settle`` prices the same
+        usage), so what is judged meanwhile (the draft's escalation) counts the draft at its cost, not at its
+        estimate. Returns the USD now held, or None when nothing changed (no ledger or no live hold, the decision
+        not dispatched here, usage its prices cannot price, the ledger unavailable: the estimate stays held)."""
+        record = self.record(decision_id)
+        if self.ledger is None or record is None or not record.reserved:
+            return None
+        tokens = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "cached_tokens": cached_tokens, "cache_write_tokens": cache_write_tokens,
+                  "cache_write_1h_tokens": cache_write_1h_tokens}
+        try:
+            check_tokens(**tokens)
+            cost, _ = self._price(decision_id, target or record.target, record.mode, record, tokens)
+            with self._budget_change(record.scopes):
+                held = self.ledger.set_hold(decision_id, cost)
+        except (BudgetError, LedgerUnavailable):
+            return None
+        return cost if held else None
+
     def replay_journal(self, limit: int = 1000) -> int:
         """Book settlements the spend journal kept while the ledger was down (idempotent: the
         ledger settles an id once; entries are deleted once taken). Returns how many were

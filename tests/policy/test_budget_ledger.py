@@ -282,3 +282,56 @@ def test_the_longest_reservation_ttl_works_and_a_longer_one_is_refused(budget_le
     assert spent(ledger, ACME) == pytest.approx(0.25)
     ledger.settle("d1", 0.10, T)
     assert spent(ledger, ACME) == pytest.approx(0.10)
+
+
+def test_set_hold_moves_a_live_hold_and_nothing_else(budget_ledgers):
+    """``set_hold`` over generated sequences of reserve / set_hold / settle / release on both backends: each
+    scope's held is the sum of its live holds at their latest amounts and settled the sum of what was booked
+    (nothing lost, nothing doubled); set_hold is True exactly on a live hold and changes no other."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    ids = st.sampled_from(["a", "b", "c"])
+    amounts = st.integers(0, 5000).map(lambda n: n / 1e6)  # USD, whole nano-USD
+    op = st.one_of(st.tuples(st.just("reserve"), ids, amounts), st.tuples(st.just("set_hold"), ids, amounts),
+                   st.tuples(st.just("settle"), ids, amounts), st.tuples(st.just("release"), ids, st.just(0.0)))
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.lists(op, max_size=14))
+    def run(ops):
+        ledger = budget_ledgers.open(cfg((ACME, "day", 1e6)))
+        live: dict[str, float] = {}
+        state: dict[str, str] = {}
+        booked = 0.0
+        for kind, i, usd in ops:
+            if kind == "reserve":
+                if i in state:
+                    with pytest.raises(BudgetError):
+                        ledger.reserve(i, [ACME, SEARCH], usd, T)
+                    continue
+                ledger.reserve(i, [ACME, SEARCH], usd, T)
+                state[i], live[i] = "held", usd
+            elif kind == "set_hold":
+                assert ledger.set_hold(i, usd, T) is (state.get(i) == "held")
+                if state.get(i) == "held":
+                    live[i] = usd
+            elif kind == "settle":
+                if i not in state:
+                    continue
+                s = ledger.settle(i, usd, T)
+                if state[i] != "settled":
+                    assert s.reserved_usd == pytest.approx(live.get(i, 0.0), abs=1e-12) or state[i] != "held"
+                    booked += usd
+                    state[i] = "settled"
+                    live.pop(i, None)
+            elif i in state:
+                assert ledger.release(i, T) is (state[i] == "held")
+                if state[i] == "held":
+                    state[i] = "released"
+                    live.pop(i)
+        for scope in (ACME, SEARCH):
+            st_ = next(s for s in ledger.snapshot([scope], T).statuses if s.window == "day")
+            assert st_.reserved_usd == pytest.approx(sum(live.values()), abs=1e-9)
+            assert st_.settled_usd == pytest.approx(booked, abs=1e-9)
+
+    run()

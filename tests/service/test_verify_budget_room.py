@@ -4,7 +4,6 @@ through the app, a real SQLite budget ledger)."""
 
 from __future__ import annotations
 
-import pytest
 from fastapi.testclient import TestClient
 
 from pointsman.estimator.estimate import FixedDifficulty
@@ -34,8 +33,6 @@ def _cascade(client: TestClient, tenant: str) -> tuple[dict, dict]:
     return d.json(), v.json()
 
 
-@pytest.mark.xfail(strict=True, reason="open: engine.verify runs before the draft is settled (routes_verify step 5), "
-                   "so the draft's whole hold still counts against the escalation")
 def test_an_escalation_that_fits_once_the_draft_is_booked_is_made(tmp_path):
     """A refused draft of onprem-8b held ~$6.6e-6 and booked ~$2e-7 at the verify; its escalation to
     frontier-small estimates ~$1.2e-4. With the tenant's limit between (escalation + draft booked) and
