@@ -348,16 +348,10 @@ def held_usd(redis_url: str, data_dirs: list[Path]) -> float:
 
 
 def journal_entries(data_dirs: list[Path]) -> int:
-    """Settlements still waiting in the spend journals."""
-    import sqlite3
+    """Settlements still waiting in the spend journals (not the booked ones they keep)."""
+    from pointsman.policy.budget.journal import DEFAULT_JOURNAL_NAME, SpendJournal
 
-    n = 0
-    for d in data_dirs:
-        path = d / "spend-journal.db"
-        if path.exists():
-            with sqlite3.connect(path) as conn:
-                n += int(conn.execute("SELECT COUNT(*) FROM journal").fetchone()[0])
-    return n
+    return sum(len(SpendJournal(d / DEFAULT_JOURNAL_NAME)) for d in data_dirs if (d / DEFAULT_JOURNAL_NAME).exists())
 
 
 def inflight(replica: Replica) -> int:

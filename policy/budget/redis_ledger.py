@@ -16,6 +16,8 @@ so a cluster would keep them in one slot; amounts are integer nano-USD)::
     P s:<window_id>:<scope>      hash  held, settled                 (TTL: window end + keep)
     P t:<window_id>:<target>     hash  usd, prompt, cached, completion, outcomes  (same TTL)
     P expiry                     zset  decision_id scored by expires_s (live holds only)
+    P epoch                      string this store's incarnation: Redis TIME ("<s>.<us>") when the
+                                       first script found it missing (no TTL)
 
 Every script first *sweeps*: holds whose ``expires_s`` <= now (at most 1000 per call;
 any left are swept by the next call and meanwhile still count, which can only
@@ -23,7 +25,12 @@ refuse, never overspend) leave ``held`` and become ``expired``.
 
 ``now`` is the calling replica's clock; TTLs are computed relative to it. Durability
 is Redis's own (run it with ``appendonly yes`` and ``appendfsync everysec`` to keep
-spend across a Redis restart). Tested against standalone redis-server 7.
+spend across a Redis restart). What Redis still loses (the file's tail not yet ``fsync``ed when
+the machine dies, or everything: FLUSHALL, a new volume) the replicas book again from their spend
+journals (``FleetState.restore_spend``), told by ``incarnation``: every script creates ``epoch``
+before it writes anything else, so a missing (then new) epoch means every write made after the
+old one was created is gone. Keep ``maxmemory-policy noeviction`` (an evicted epoch would be read as
+a lost store) and never delete the epoch alone. Tested against standalone redis-server 7.
 """
 
 from __future__ import annotations
@@ -71,8 +78,14 @@ KEEP_AFTER_WINDOW_S = 86400
 
 # ARGV[1] prefix, ARGV[2] now (Unix seconds, as text). Amounts stay strings from
 # ARGV/HMGET (HINCRBY takes them as they are; Lua doubles are exact below 2^53 nano-USD).
-_SWEEP = """
+_EPOCH = """
 local P = ARGV[1]
+if redis.call('EXISTS', P .. 'epoch') == 0 then
+  local t = redis.call('TIME')
+  redis.call('SET', P .. 'epoch', t[1] .. '.' .. t[2])
+end
+"""
+_SWEEP = _EPOCH + """
 local NOW = ARGV[2]
 local function holds(scopes, w1, w2, amount, sign)
   if amount == '0' then return end
@@ -236,6 +249,7 @@ class RedisLedger:
         self._release = client.register_script(_RELEASE)
         self._set_hold = client.register_script(_SET_HOLD)
         self._snapshot = client.register_script(_SNAPSHOT)
+        self._epoch = client.register_script(_EPOCH + "return redis.call('GET', P .. 'epoch')")
 
     @classmethod
     def from_url(cls, url: str, config: BudgetConfig | None = None, timeout_s: float = 2.0) -> RedisLedger:
@@ -366,6 +380,21 @@ class RedisLedger:
             raise LedgerUnavailable(f"budget ledger (redis): {exc}") from exc
         spent, outcomes, prompt, cached, completion = (int(x or 0) for x in v)
         return EffectivePrice(target, w.kind, w.id, to_usd(spent), outcomes, prompt, cached, completion)
+
+    def incarnation(self) -> tuple[str, str]:
+        """``(epoch, run_id)``: the store's epoch (module docstring; created when missing) and the Redis
+        process's ``run_id`` (new at every start; '' where ``INFO`` is refused). Two round trips; for a
+        slow timer, not per decision. Raises ``LedgerUnavailable``."""
+        import redis
+
+        epoch = str(self._run(self._epoch, [self.prefix]))
+        try:
+            run_id = str(self.client.info("server").get("run_id", ""))
+        except redis.exceptions.ResponseError:
+            run_id = ""
+        except self._errors as exc:
+            raise LedgerUnavailable(f"budget ledger (redis): {exc}") from exc
+        return epoch, run_id
 
     def set_config(self, config: BudgetConfig) -> None:
         """Use ``config`` from the next operation on (one reference swap; holds stay)."""

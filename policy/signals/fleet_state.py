@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pointsman.errors import BudgetError, RequestError
-from pointsman.policy.budget.journal import SettleArgs, SpendJournal
+from pointsman.policy.budget.journal import Booked, Seen, SettleArgs, SpendJournal
 from pointsman.policy.budget.ledger import (
     BudgetLedger,
     BudgetSnapshot,
@@ -83,6 +83,11 @@ SETTLED_MEMORY = 100_000
 FLEETS_REMEMBERED = 16
 #: Suffix of the in-flight id of a disaggregated decision's prefill leg.
 PREFILL_SUFFIX = "/prefill"
+#: Seconds before the last time a Redis ledger was seen alive from which ``restore_spend`` books this replica's
+#: settlements again after Redis restarted (``appendfsync everysec`` loses at most ~2 s; ``no``, ~30 s).
+RESTORE_LOOKBACK_S = 300.0
+#: Seconds of clock difference (replicas, Redis) ``restore_spend`` allows for when it judges a ledger record alive.
+RESTORE_MARGIN_S = 300.0
 #: Consecutive error outcomes (``error``/``timeout``) on one endpoint that mark it unhealthy.
 ERROR_OUTCOMES_TO_UNHEALTHY = 5
 #: Seconds an endpoint marked unhealthy by error outcomes waits before it is tried again.
@@ -689,6 +694,8 @@ class FleetState:
                 with self._budget_change(record.scopes if record else None):
                     settlement = self.ledger.settle(decision_id, **args)
                 replayed = settlement.replayed
+                if not replayed:
+                    self._keep_booked(decision_id, args, settlement)
             except LedgerUnavailable:
                 if record is None or self.journal is None:
                     raise
@@ -734,10 +741,31 @@ class FleetState:
             return None
         return cost if held else None
 
+    @property
+    def _restorable(self) -> bool:
+        """Whether this replica keeps what it books: a journal, and a ledger that can lose acknowledged
+        writes (one with ``incarnation``: Redis)."""
+        return self.journal is not None and callable(getattr(self.ledger, "incarnation", None))
+
+    def _keep_booked(self, decision_id: str, args: SettleArgs, settlement: Settlement) -> None:
+        """Keep a settlement this replica booked (not a replay) in the journal, for ``restore_spend``, with a lower
+        bound of its ledger record's expiry: a record the settle created (``unreserved``) lives ``record_retention_s``
+        from the settle; one created at the reservation, from the decision's time."""
+        if not self._restorable or self.ledger is None or self.journal is None:
+            return
+        retention = float(self.ledger.config.record_retention_s)
+        born = args["now"] if settlement.hold_state == "unreserved" else args["issued_s"]
+        expires = None if args["scopes"] is None or born is None else born + retention
+        try:
+            self.journal.book(Booked(decision_id, args, args["now"], expires))
+        except LedgerUnavailable as exc:  # booked in the ledger all the same; only its spare copy is missing
+            log.warning("booked settlement of %s not kept in the spend journal: %s", decision_id, exc)
+
     def replay_journal(self, limit: int = 1000) -> int:
         """Book settlements the spend journal kept while the ledger was down (idempotent: the
-        ledger settles an id once; entries are deleted once taken). Returns how many were
-        booked now; 0 without a journal or while the ledger is still unavailable."""
+        ledger settles an id once; entries are then kept as booked for ``restore_spend``, or deleted
+        when the ledger keeps what it acknowledged). Returns how many were booked now; 0 without a
+        journal or while the ledger is still unavailable."""
         if self.journal is None or self.ledger is None:
             return 0
         try:
@@ -755,9 +783,94 @@ class FleetState:
                 break
             except BudgetError as exc:  # the ledger refuses it for good (e.g. purged): say so, drop it
                 log.error("journaled settlement of %s refused by the ledger: %s", decision_id, exc)
+            else:
+                if self._restorable:
+                    self._keep_booked(decision_id, args, settlement)
+                    continue
             done.append(decision_id)
         if done:
             self.journal.done(done)
+        return booked
+
+    def restore_spend(self) -> int:
+        """Book again what a Redis ledger lost of this replica's settlements; returns how many were booked
+        (0 without a journal, with a ledger that keeps what it acknowledged, or while it is unavailable). The
+        service calls it every second (``Runtime.replay_spend``); a slow timer, not a per-decision cost.
+
+        It reads the ledger's ``incarnation`` (``epoch``, ``run_id``) and compares it with the one the
+        journal last saw (``SpendJournal.seen``):
+
+        - a new ``epoch``: the store lost everything written since the old epoch was created (FLUSHALL, a
+          new volume, a Redis without persistence restarted); every booked row the journal keeps (the
+          current UTC month's, and the last ``KEEP_RECENT_S``) is settled again;
+        - a new ``run_id`` (Redis restarted on its files, which may end before what it acknowledged), or
+          nothing seen yet: the rows booked since ``RESTORE_LOOKBACK_S`` before it was last seen alive whose
+          ledger record outlives ``now + RESTORE_MARGIN_S``.
+
+        Why nothing is counted twice. A settle adds its cost to the counters and marks the decision's record
+        ``r:<id>`` settled in one script, which Redis applies, persists and loses as a whole (a restart keeps
+        a prefix of its writes); a repeat finds ``r:<id>`` settled and changes nothing. So re-applying a
+        settlement is harmless exactly while its ``r:<id>`` would still exist had Redis not lost it:
+
+        - after a restart, only rows whose ``expires_s`` (a lower bound of the record's expiry, from when
+          the record was created, minus the margin for clocks) is ahead are re-applied: if the cost is
+          still counted, so is its record, and the settle is a replay; if the record is gone, so is the cost;
+        - after an epoch change, every script creates the epoch before it writes, so everything counted now
+          was written after the new epoch was created, and every record it wrote was created then too. A row
+          counted now therefore has its record; a row not counted is booked. The new epoch must be younger
+          than ``record_retention_s - RESTORE_MARGIN_S``, else (this replica saw the change too late to be
+          sure) nothing is re-booked and an error is logged. A row re-booked as ``unreserved`` gets a record
+          again, so its ``expires_s`` and ``booked_s`` move to now (a crash right after is covered too).
+
+        The incarnation is marked seen only once every chosen row was applied; until then (Redis away
+        again) the next call starts over, which is harmless for the same reasons. Rows older than the
+        journal keeps (the previous months') are not restored after an epoch change."""
+        incarnation = getattr(self.ledger, "incarnation", None)  # only a Redis ledger has it
+        if self.ledger is None or self.journal is None or not callable(incarnation):
+            return 0
+        try:
+            epoch, run_id = incarnation()
+            seen = self.journal.seen()
+        except LedgerUnavailable:
+            return 0
+        now = self.clock()
+        retention = float(self.ledger.config.record_retention_s)
+        rows: list[Booked] | None = None
+        if seen is not None and seen.epoch != epoch:
+            age = now - float(epoch.split(".")[0])
+            if age < retention - RESTORE_MARGIN_S:
+                rows = self.journal.booked()
+                log.warning("budget ledger lost its store (epoch %s, now %s): booking this replica's %d settlement(s) "
+                            "of the current windows again", seen.epoch, epoch, len(rows))
+            else:
+                rows = []
+                log.error("budget ledger epoch changed %.0f s ago (%s, now %s), longer than its records are kept: "
+                          "not booking this replica's settlements again", age, seen.epoch, epoch)
+        elif seen is None or seen.run_id != run_id:
+            since = float("-inf") if seen is None else seen.ok_s - RESTORE_LOOKBACK_S
+            rows = self.journal.booked(since, now + RESTORE_MARGIN_S)
+        elif now - seen.ok_s < 60.0:
+            return 0
+        booked = 0
+        for row in rows or ():
+            try:
+                with self._budget_change(row.args["scopes"]):
+                    settlement = self.ledger.settle(row.decision_id, **row.args)
+            except LedgerUnavailable:
+                return booked
+            except BudgetError as exc:  # e.g. no record and no scopes: nothing to book it on
+                log.error("settlement of %s not booked again: %s", row.decision_id, exc)
+                continue
+            if not settlement.replayed:
+                booked += 1
+                again = row.args.copy()
+                again["now"] = now
+                self._keep_booked(row.decision_id, again, settlement)
+        if booked:
+            log.warning("budget ledger: %d settlement(s) it had lost booked again from the spend journal", booked)
+        self.journal.see(Seen(epoch, run_id, now))
+        if rows is None:
+            self.journal.prune(now)
         return booked
 
     def target_spec(self, name: str, fleet_revision: str = "") -> OnPremTarget | FrontierTarget | None:

@@ -1,0 +1,296 @@
+"""Spend a Redis ledger lost is restored from the replicas' spend journals, exactly once: a real
+redis-server with an append-only file (``appendfsync everysec``, as deploy/kubernetes/redis.yaml),
+replicas (``FleetState``) each with its own journal, and the tick the service runs every second
+(``Runtime.replay_spend``: ``FleetState.restore_spend`` then ``replay_journal``).
+
+A SIGKILLed redis-server loses nothing (``write()`` precedes the reply; the kernel keeps the file);
+what ``everysec`` loses is the part of the file not yet ``fsync``ed when the *machine* dies (power
+loss, a node gone): the file then ends at an earlier command. ``Redis.crash`` does that: SIGKILL,
+then cut the append-only file back to its length at an earlier acknowledged moment.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pointsman.policy.budget.config import BudgetConfig
+from pointsman.policy.budget.journal import SpendJournal
+from pointsman.policy.budget.redis_ledger import RedisLedger
+from pointsman.policy.decision import new_decision_id
+from pointsman.policy.fleet import load_fleet
+from pointsman.policy.signals.fleet_state import Dispatch, DispatchRecord, FleetState
+from pointsman.policy.signals.signed_ids import DecisionSigner
+
+E8 = "http://llama-8b-0.inference.internal:8000/v1"
+FLEET = load_fleet()
+BUDGETED = ("tenant:acme", "team:acme/search")  # tenant:acme has a budget: its decisions hold at dispatch
+UNBUDGETED = ("tenant:zeta",)  # no budget: settlement books it without a reservation
+CONFIG = BudgetConfig.from_dict({"budgets": [{"scope": "tenant:acme", "window": "day", "limit_usd": 1e6}]})
+
+
+@pytest.fixture(autouse=True)
+def _redis_binary(redis_url):  # skips (or fails under POINTSMAN_REQUIRE_REDIS) without redis-server
+    assert shutil.which("redis-server")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Redis:
+    """A redis-server on one port with its append-only file in ``folder`` (``appendfsync everysec``).
+    ``mark()`` notes the file's length (a command boundary: nothing else writes meanwhile);
+    ``crash(mark)`` SIGKILLs it and cuts the file back to that mark (what a machine's death leaves),
+    ``wipe()`` SIGKILLs it and empties the folder (a new volume), ``start()`` starts it on the folder."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.port = folder, _port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder), "--save", "",
+             "--appendonly", "yes", "--appendfsync", "everysec", "--daemonize", "no", "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(64).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.02)
+        raise RuntimeError("redis-server did not start")
+
+    def _incr(self) -> Path:
+        manifest = (self.folder / "appendonlydir" / "appendonly.aof.manifest").read_text().splitlines()
+        name = [line.split()[1] for line in manifest if line.endswith("type i")][-1]
+        return self.folder / "appendonlydir" / name
+
+    def mark(self) -> tuple[str, int]:
+        f = self._incr()
+        return f.name, f.stat().st_size
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def crash(self, mark: tuple[str, int]) -> None:
+        self.kill()
+        f = self._incr()
+        if f.name == mark[0] and mark[1] <= f.stat().st_size:
+            with f.open("r+b") as fh:
+                fh.truncate(mark[1])
+
+    def wipe(self) -> None:
+        self.kill()
+        shutil.rmtree(self.folder)
+        self.folder.mkdir()
+
+    def flushall(self) -> None:
+        import redis
+
+        redis.Redis(port=self.port).flushall()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+def tick(state: FleetState) -> None:
+    """What ``Runtime.replay_spend`` does every second."""
+    state.restore_spend()
+    state.replay_journal()
+
+
+def settled(ledger: RedisLedger, scope: str) -> int:
+    """Settled spend of ``scope`` in today's window, nano-USD."""
+    status = next(s for s in ledger.snapshot([scope]).statuses if s.window == "day")
+    return round(status.settled_usd * 1e9)
+
+
+def settle_one(state: FleetState, scopes: tuple[str, ...], n: int) -> int:
+    """Dispatch and settle one decision on ``state``; its acknowledged cost in nano-USD."""
+    record = DispatchRecord(new_decision_id(), "onprem-8b", "aggregated", E8, None, scopes, 0.01, False, 400, 0.7,
+                            0.4, state.monotonic())
+    decision_id = state.dispatch(Dispatch(record, [], False)).decision_id
+    done = state.settle(decision_id, prompt_tokens=300 + n, completion_tokens=20 + n)
+    assert not done.journaled
+    return round(done.actual_cost_usd * 1e9)
+
+
+def until_restored(replicas: list[FleetState], ledger: RedisLedger, acked: dict[str, int], deadline_s: float = 60.0) -> None:
+    """Tick every replica until each scope's settled spend is its acknowledged sum (a generous deadline,
+    no timing claim), then tick more: it must stay there (restored once, never twice)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        for r in replicas:
+            tick(r)
+        got = {scope: settled(ledger, scope) for scope in acked}
+        if got == acked or time.monotonic() > end:
+            break
+        time.sleep(0.05)
+    assert got == acked
+    for _ in range(3):
+        for r in replicas:
+            tick(r)
+    assert {scope: settled(ledger, scope) for scope in acked} == acked
+
+
+def _replicas(root: Path, url: str, n: int = 2) -> tuple[RedisLedger, list[FleetState]]:
+    ledger = RedisLedger.from_url(url, CONFIG)
+    signer = DecisionSigner(b"k" * 32)
+    return ledger, [FleetState(FLEET, ledger, signer=signer, journal=SpendJournal(root / f"journal-{i}.db"))
+                    for i in range(n)]
+
+
+def test_settlements_acknowledged_before_the_machine_died_are_counted_once(tmp_path):
+    """Acknowledged settlements the append-only file had not ``fsync``ed are booked again, once."""
+    (tmp_path / "redis").mkdir()
+    redis = Redis(tmp_path / "redis")
+    ledger, replicas = _replicas(tmp_path, redis.url)
+    try:
+        acked = {scope: 0 for scope in BUDGETED + UNBUDGETED}
+        mark = redis.mark()
+        for i in range(12):  # the first six before the file's last fsync, the rest lost with its tail
+            if i == 6:
+                for r in replicas:
+                    tick(r)
+                mark = redis.mark()
+            scopes = BUDGETED if i % 2 else UNBUDGETED
+            cost = settle_one(replicas[i % 2], scopes, i)
+            for scope in scopes:
+                acked[scope] += cost
+        redis.crash(mark)
+        redis.start()
+        assert settled(ledger, "tenant:acme") < acked["tenant:acme"]  # the loss is real
+        until_restored(replicas, ledger, acked)
+    finally:
+        ledger.close()
+        redis.stop()
+
+
+@pytest.mark.parametrize("loss", ["flushall", "new-volume"])
+def test_a_ledger_that_comes_back_empty_gets_the_current_windows_spend_back(tmp_path, loss):
+    (tmp_path / "redis").mkdir()
+    redis = Redis(tmp_path / "redis")
+    ledger, replicas = _replicas(tmp_path, redis.url)
+    try:
+        acked = {scope: 0 for scope in BUDGETED + UNBUDGETED}
+        for i in range(8):
+            scopes = BUDGETED if i % 3 else UNBUDGETED
+            cost = settle_one(replicas[i % 2], scopes, i)
+            for scope in scopes:
+                acked[scope] += cost
+        for r in replicas:
+            tick(r)
+        if loss == "flushall":
+            redis.flushall()
+        else:
+            redis.wipe()
+            redis.start()
+        assert settled(ledger, "tenant:acme") == 0
+        until_restored(replicas, ledger, acked)
+    finally:
+        ledger.close()
+        redis.stop()
+
+
+STEP = st.one_of(
+    st.tuples(st.just("settle"), st.integers(0, 1), st.booleans()),
+    st.tuples(st.just("tick"), st.integers(0, 1)),
+    st.tuples(st.just("crash"), st.integers(0, 1000)),  # back to one of the marks so far (a file's unsynced tail)
+    st.tuples(st.just("flush")),
+    st.tuples(st.just("wipe")),
+)
+
+
+@settings(max_examples=12, deadline=None)
+@given(steps=st.lists(STEP, min_size=1, max_size=14))
+def test_spend_per_scope_is_the_acknowledged_sum_whatever_redis_loses(steps):
+    """Settlements on two replicas, ticks, a machine's death (SIGKILL and the file cut back to any earlier
+    acknowledged moment), FLUSHALL, a new volume, in any order: once every replica has ticked, each
+    scope's spend is the sum of the acknowledged settlements, nothing lost, nothing doubled."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "redis").mkdir()
+        redis = Redis(root / "redis")
+        ledger, replicas = _replicas(root, redis.url)
+        try:
+            acked = {scope: 0 for scope in BUDGETED + UNBUDGETED}
+            marks = [redis.mark()]
+            for n, step in enumerate(steps):
+                if step[0] == "settle":
+                    scopes = BUDGETED if step[2] else UNBUDGETED
+                    cost = settle_one(replicas[step[1]], scopes, n)
+                    for scope in scopes:
+                        acked[scope] += cost
+                elif step[0] == "tick":
+                    tick(replicas[step[1]])
+                elif step[0] == "crash":
+                    mark = marks[step[1] % len(marks)]
+                    redis.crash(mark)
+                    redis.start()
+                    marks = [m for m in marks if m[0] != mark[0] or m[1] <= mark[1]]
+                elif step[0] == "flush":
+                    redis.flushall()
+                else:
+                    redis.wipe()
+                    redis.start()
+                    marks = []
+                marks.append(redis.mark())
+            until_restored(replicas, ledger, acked)
+        finally:
+            ledger.close()
+            redis.stop()
+
+
+def test_a_settlement_whose_record_expired_is_not_booked_again_after_a_restart(tmp_path):
+    """Its cost is still counted but its record ``r:<id>`` (which makes a settle idempotent) is gone: booking
+    it again would count it twice, so a restart re-applies only settlements whose record is still alive."""
+    (tmp_path / "redis").mkdir()
+    redis = Redis(tmp_path / "redis")
+    short = BudgetConfig.from_dict({"reservation_ttl_s": 1, "record_retention_s": 1, "budgets": [
+        {"scope": "tenant:acme", "window": "day", "limit_usd": 1e6}]})
+    ledger, replicas = _replicas(tmp_path, redis.url)
+    ledger.set_config(short)
+    try:
+        acked = {scope: 0 for scope in BUDGETED + UNBUDGETED}
+        for i in range(4):
+            scopes = BUDGETED if i % 2 else UNBUDGETED
+            cost = settle_one(replicas[i % 2], scopes, i)
+            for scope in scopes:
+                acked[scope] += cost
+        for r in replicas:
+            tick(r)
+        deadline = time.monotonic() + 60
+        while ledger.client.keys(f"{ledger.prefix}r:*") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not ledger.client.keys(f"{ledger.prefix}r:*")  # every record expired, the spend still counted
+        redis.kill()
+        redis.start()
+        until_restored(replicas, ledger, acked)
+    finally:
+        ledger.close()
+        redis.stop()
