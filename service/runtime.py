@@ -6,7 +6,8 @@ decision log writer, the shared-state sync (``POINTSMAN_STATE_URL``) and, on Red
 relay (``verify_relay.py``: a verify reaching a process that does not hold its decision);
 ``Runtime.start_watchers`` starts, as asyncio tasks, the engines' signal feeds (``feeds.py``:
 ``/metrics`` scraping), the policy, fleet and budgets file watchers, the model follower and the
-spend's replay (``replay_spend``: the spend journal, and outcomes stored but not settled before a restart);
+spend's replay (``replay_spend``: what a Redis ledger lost, the spend journal, and outcomes stored but not settled
+before a restart);
 ``Runtime.close`` stops everything in order (tasks, then the spend journal is booked
 (``drain_journal``), the writer drains, then the logs, the shared-state sync and the ledger close).
 
@@ -160,12 +161,19 @@ class Runtime:
                                                    name="pointsman-model-follower"))
 
     async def replay_spend(self, interval_s: float = 1.0) -> None:
-        """Every ``interval_s`` until the service stops: book the settlements the spend journal kept while the
-        ledger was unavailable (``FleetState.replay_journal``), and, until none is left, settle the outcomes the
-        outcome log keeps as unsettled (``settle_unsettled``: stored by a process that died before settling them)."""
+        """Every ``interval_s`` until the service stops: book again what a Redis ledger lost of this replica's
+        settlements (``FleetState.restore_spend``, counted in ``pointsman_spend_restored_total``), book the
+        settlements the spend journal kept while the ledger was unavailable (``FleetState.replay_journal``),
+        and, until none is left, settle the outcomes the outcome log keeps as unsettled (``settle_unsettled``:
+        stored by a process that died before settling them)."""
         assert self._stop is not None
         unsettled = self.settle_unsettled is not None
         while not self._stop.is_set():
+            try:
+                restored = await asyncio.to_thread(self.live.engine.state.restore_spend)
+                self.metrics.spend_restored.inc(restored)
+            except Exception:  # noqa: BLE001 - keep trying; the journal keeps the rows
+                log.exception("restoring spend the budget ledger lost failed")
             try:
                 booked = await asyncio.to_thread(self.live.engine.state.replay_journal)
                 if booked:
