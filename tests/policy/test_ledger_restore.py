@@ -130,13 +130,14 @@ def settled(ledger: RedisLedger, scope: str) -> int:
     return round(status.settled_usd * 1e9)
 
 
-def settle_one(state: FleetState, scopes: tuple[str, ...], n: int) -> int:
-    """Dispatch and settle one decision on ``state``; its acknowledged cost in nano-USD."""
+def settle_one(state: FleetState, scopes: tuple[str, ...], n: int, journaled: bool = False) -> int:
+    """Dispatch and settle one decision on ``state``; its acknowledged cost in nano-USD. ``journaled``: the
+    ledger is away, the settlement goes to the spend journal."""
     record = DispatchRecord(new_decision_id(), "onprem-8b", "aggregated", E8, None, scopes, 0.01, False, 400, 0.7,
                             0.4, state.monotonic())
     decision_id = state.dispatch(Dispatch(record, [], False)).decision_id
     done = state.settle(decision_id, prompt_tokens=300 + n, completion_tokens=20 + n)
-    assert not done.journaled
+    assert done.journaled == journaled
     return round(done.actual_cost_usd * 1e9)
 
 
@@ -221,17 +222,19 @@ STEP = st.one_of(
     st.tuples(st.just("settle"), st.integers(0, 1), st.booleans()),
     st.tuples(st.just("tick"), st.integers(0, 1)),
     st.tuples(st.just("crash"), st.integers(0, 1000)),  # back to one of the marks so far (a file's unsynced tail)
+    st.tuples(st.just("outage"), st.integers(0, 1)),  # Redis away: an unbudgeted settlement goes to the journal
     st.tuples(st.just("flush")),
     st.tuples(st.just("wipe")),
 )
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(steps=st.lists(STEP, min_size=1, max_size=14))
 def test_spend_per_scope_is_the_acknowledged_sum_whatever_redis_loses(steps):
-    """Settlements on two replicas, ticks, a machine's death (SIGKILL and the file cut back to any earlier
-    acknowledged moment), FLUSHALL, a new volume, in any order: once every replica has ticked, each
-    scope's spend is the sum of the acknowledged settlements, nothing lost, nothing doubled."""
+    """Settlements on two replicas (into their journals while Redis is away), ticks, a machine's death (SIGKILL
+    and the file cut back to any earlier acknowledged moment), FLUSHALL, a new volume, in any order: once every
+    replica has ticked, each scope's spend is the sum of the acknowledged settlements, nothing lost, nothing
+    doubled."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "redis").mkdir()
@@ -248,6 +251,10 @@ def test_spend_per_scope_is_the_acknowledged_sum_whatever_redis_loses(steps):
                         acked[scope] += cost
                 elif step[0] == "tick":
                     tick(replicas[step[1]])
+                elif step[0] == "outage":
+                    redis.kill()
+                    acked[UNBUDGETED[0]] += settle_one(replicas[step[1]], UNBUDGETED, n, journaled=True)
+                    redis.start()
                 elif step[0] == "crash":
                     mark = marks[step[1] % len(marks)]
                     redis.crash(mark)
