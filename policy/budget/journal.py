@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import NamedTuple, TypedDict, cast
@@ -177,18 +177,26 @@ class SpendJournal:
             raise self._error(exc) from None
         return [(str(d), cast(SettleArgs, json.loads(a))) for d, a in rows]
 
-    def booked(self, since_s: float = float("-inf"), alive_after_s: float = float("-inf")) -> list[Booked]:
+    def booked(self, since_s: float = float("-inf"), alive_after_s: float = float("-inf"),
+               page: int = 1000) -> Iterator[Booked]:
         """The booked rows kept, booked at or after ``since_s`` whose ledger record outlives ``alive_after_s``
-        (``expires_s`` NULL or later), oldest first; raises ``LedgerUnavailable``."""
-        try:
-            with closing(self._connect()) as conn:
-                rows = conn.execute(
-                    "SELECT decision_id, args, booked_s, expires_s FROM journal WHERE booked_s >= ? "
-                    "AND (expires_s IS NULL OR expires_s > ?) ORDER BY booked_s", (since_s, alive_after_s)).fetchall()
-        except sqlite3.Error as exc:
-            raise self._error(exc) from None
-        return [Booked(str(d), cast(SettleArgs, json.loads(a)), float(b), None if e is None else float(e))
-                for d, a, b, e in rows]
+        (``expires_s`` NULL or later), in insertion order, read ``page`` rows at a time (rows booked again while
+        this runs keep their place). Raises ``LedgerUnavailable``."""
+        after = 0
+        while True:
+            try:
+                with closing(self._connect()) as conn:
+                    rows = conn.execute(
+                        "SELECT rowid, decision_id, args, booked_s, expires_s FROM journal WHERE rowid > ? "
+                        "AND booked_s >= ? AND (expires_s IS NULL OR expires_s > ?) ORDER BY rowid LIMIT ?",
+                        (after, since_s, alive_after_s, page)).fetchall()
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+            for rowid, d, a, b, e in rows:
+                after = rowid
+                yield Booked(str(d), cast(SettleArgs, json.loads(a)), float(b), None if e is None else float(e))
+            if len(rows) < page:
+                return
 
     def done(self, decision_ids: list[str]) -> None:
         """Forget these entries; raises ``LedgerUnavailable``."""

@@ -44,7 +44,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -835,15 +835,15 @@ class FleetState:
             return 0
         now = self.clock()
         retention = float(self.ledger.config.record_retention_s)
-        rows: list[Booked] | None = None
+        rows: Iterator[Booked] | None = None
         if seen is not None and seen.epoch != epoch:
             age = now - float(epoch.split(".")[0])
             if age < retention - RESTORE_MARGIN_S:
                 rows = self.journal.booked()
-                log.warning("budget ledger lost its store (epoch %s, now %s): booking this replica's %d settlement(s) "
-                            "of the current windows again", seen.epoch, epoch, len(rows))
+                log.warning("budget ledger lost its store (epoch %s, now %s): booking this replica's settlements of "
+                            "the current windows again", seen.epoch, epoch)
             else:
-                rows = []
+                rows = iter(())
                 log.error("budget ledger epoch changed %.0f s ago (%s, now %s), longer than its records are kept: "
                           "not booking this replica's settlements again", age, seen.epoch, epoch)
         elif seen is None or seen.run_id != run_id:
@@ -857,7 +857,7 @@ class FleetState:
                 with self._budget_change(row.args["scopes"]):
                     settlement = self.ledger.settle(row.decision_id, **row.args)
             except LedgerUnavailable:
-                return booked
+                return booked  # not seen yet: the next call starts over
             except BudgetError as exc:  # e.g. no record and no scopes: nothing to book it on
                 log.error("settlement of %s not booked again: %s", row.decision_id, exc)
                 continue

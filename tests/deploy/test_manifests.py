@@ -238,10 +238,11 @@ def test_every_deploy_starts_under_the_safe_default_rule(tmp_path):
 
 
 def test_the_shipped_redis_keeps_the_budget_ledger_across_a_restart():
-    """redis.yaml serves the budget ledger too: a Redis that restarts empty loses every settled dollar (the budgets
-    restart from 0), so it appends every write (fsync each second) to a file on a volume that outlives the pod; it
-    refuses writes when full, below its memory limit with room for an AOF rewrite's fork, rather than evicting
-    records or being OOM-killed; its service is headless, as a StatefulSet's governing service is."""
+    """redis.yaml serves the budget ledger too: a Redis that restarts empty loses every settled dollar until the
+    replicas book their journals' again (``FleetState.restore_spend``), so it appends every write (fsync each second)
+    to a file on a volume that outlives the pod; it refuses writes when full, below its memory limit with room for an
+    AOF rewrite's fork, rather than evicting records (the ledger's epoch among them) or being OOM-killed; its service
+    is headless, as a StatefulSet's governing service is."""
     k = by_kind(DEPLOY / "kubernetes" / "redis.yaml")
     (redis_set,), (service,) = k["StatefulSet"], k["Service"]
     (container,) = redis_set["spec"]["template"]["spec"]["containers"]
