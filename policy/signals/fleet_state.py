@@ -748,13 +748,14 @@ class FleetState:
         return self.journal is not None and callable(getattr(self.ledger, "incarnation", None))
 
     def _keep_booked(self, decision_id: str, args: SettleArgs, settlement: Settlement) -> None:
-        """Keep a settlement this replica booked (not a replay) in the journal, for ``restore_spend``, with a lower
-        bound of its ledger record's expiry: a record the settle created (``unreserved``) lives ``record_retention_s``
-        from the settle; one created at the reservation, from the decision's time."""
+        """Keep a settlement this replica booked in the journal, for ``restore_spend``, with a lower bound of its
+        ledger record's expiry: a record the first settle created (``unreserved``) lives ``record_retention_s`` from
+        that settle (``settled_s``, which a replay reports too); one created at the reservation, from the decision's
+        time (``issued_s``: the reservation follows it)."""
         if not self._restorable or self.ledger is None or self.journal is None:
             return
         retention = float(self.ledger.config.record_retention_s)
-        born = args["now"] if settlement.hold_state == "unreserved" else args["issued_s"]
+        born = settlement.settled_s if settlement.hold_state == "unreserved" else args["issued_s"]
         expires = None if args["scopes"] is None or born is None else born + retention
         try:
             self.journal.book(Booked(decision_id, args, args["now"], expires))
