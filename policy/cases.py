@@ -238,6 +238,23 @@ def case_budget(base: Mapping[str, object], given: Mapping[str, object]) -> Budg
     return b
 
 
+def case_difficulty(base: Mapping[str, object], given: Mapping[str, object]) -> DifficultySignals:
+    """A case's ``difficulty`` as the service reads it: without the estimator ``p_hard`` is null, and a
+    null ``p_hard`` means the estimator is unavailable, so each follows from the other when only one is
+    given. Raises ``ValueError`` for a pair the service never reads (a p_hard without the estimator)."""
+    d = _merged(_DIFFICULTY, base, given, "difficulty")
+    if "available" not in given and "p_hard" in given:
+        d["available"] = given["p_hard"] is not None
+    if not d["available"]:
+        if given.get("p_hard") is not None:
+            raise ValueError("difficulty.p_hard: null when difficulty.available is false (the service reads no "
+                             "p_hard without the estimator)")
+        d["p_hard"] = None
+    elif d["p_hard"] is None:
+        raise ValueError("difficulty.available: false when difficulty.p_hard is null")
+    return d
+
+
 def case_signals(fleet: Fleet, policy: CompiledPolicy, overrides: Mapping[str, Mapping[str, object]]) -> Snapshot:
     """The full snapshot of a case: ``example_signals`` for the fleet, with ``overrides`` applied
     (``load`` by target; ``cache``/``endpoint`` for every target or by target), each namespace
@@ -259,11 +276,12 @@ def case_signals(fleet: Fleet, policy: CompiledPolicy, overrides: Mapping[str, M
         return value if isinstance(value, Mapping) else {}
 
     request = _merged(_REQUEST, base["request"], overrides.get("request", {}), "request")
+    difficulty = case_difficulty(base["difficulty"], overrides.get("difficulty", {}))
     for name in IDENTITY_FIELDS:  # as the service reads routing names: one form per string
         request[name] = canonical(request[name])  # type: ignore[literal-required]
     return {
         "request": request,
-        "difficulty": _merged(_DIFFICULTY, base["difficulty"], overrides.get("difficulty", {}), "difficulty"),
+        "difficulty": difficulty,
         "variables": base["variables"],
         "load": {t: _merged(_LOAD, v, by_target("load", t), f'load["{t}"]') for t, v in base["load"].items()},
         "budget": case_budget(base["budget"], overrides.get("budget", {})),

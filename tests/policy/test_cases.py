@@ -301,3 +301,45 @@ def test_a_case_moves_past_a_target_with_no_healthy_endpoint_as_the_engine_does(
             engine.state.set_health(e.name, False, "down")
     d = engine.route(parse_route_request({"messages": [{"role": "user", "content": "hi"}]}), dispatch=False)
     assert (d.rule, d.target) == ("d", "onprem-8b")
+
+
+_P_HARD_ONLY = ("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
+                "  - name: hard\n    when: difficulty.p_hard >= 0.4\n    route: {target: frontier-large}\n"
+                "  - name: default\n    route: {target: onprem-8b}\n")
+
+
+def test_a_case_without_the_estimator_reads_p_hard_null_as_the_service(tmp_path: Path, monkeypatch):
+    """Without the estimator the service reads `difficulty.p_hard` null (a rule comparing it errors and is
+    skipped): POST /v1/route answered rule `default`. A case giving `difficulty: {available: false}` alone
+    kept the example p_hard 0.5, so `policy test` said `hard` (frontier-large) and passed a case that the
+    service contradicts. Now each follows from the other, and a case giving both in a form the service
+    never reads (a p_hard without the estimator) is a located error."""
+    from click.testing import CliRunner
+    from fastapi.testclient import TestClient
+
+    from pointsman.cli.main import main
+    from pointsman.service.app import create_app
+
+    (tmp_path / "p.yaml").write_text(_P_HARD_ONLY)
+    cases = tmp_path / "p.cases.yaml"
+    head = "apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: p.yaml\ncases:\n"
+    cases.write_text(head + "  - name: estimator down\n    signals: {difficulty: {available: false}}\n"
+                     "    expect: {target: onprem-8b, rule: default}\n"
+                     "  - name: p_hard null\n    signals: {difficulty: {p_hard: null}}\n"
+                     "    expect: {target: onprem-8b, rule: default}\n")
+    res = CliRunner().invoke(main, ["policy", "test", str(cases)])
+    assert res.exit_code == 0, res.output
+
+    monkeypatch.setenv("POINTSMAN_MODEL", str(tmp_path / "no-such-model"))
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("POINTSMAN_POLICY_PATH", str(tmp_path / "p.yaml"))
+    with TestClient(create_app()) as c:
+        assert c.get("/healthz").json()["estimator"]["available"] is False
+        d = c.post("/v1/route", json={"messages": [{"role": "user", "content": "Prove sqrt(2) is irrational."}]}).json()
+    assert (d["target"], d["rule"], d["p_hard"]) == ("onprem-8b", "default", None)
+
+    cases.write_text(head + "  - name: both\n    signals: {difficulty: {available: false, p_hard: 0.9}}\n"
+                     "    expect: {target: onprem-8b}\n")
+    res = CliRunner().invoke(main, ["policy", "check", str(cases)])
+    assert res.exit_code == 1
+    assert f"{cases}:6:5: invalid-value: difficulty.p_hard: null when difficulty.available is false" in res.output, res.output
