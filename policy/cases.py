@@ -255,6 +255,19 @@ def case_difficulty(base: Mapping[str, object], given: Mapping[str, object]) -> 
     return d
 
 
+_L = TypeVar("_L", LoadSignals, EndpointSignals)
+
+
+def _outstanding(load: _L, given: Mapping[str, object]) -> _L:
+    """``load`` with ``outstanding_requests``, unless given, as the service reads it: running + waiting when
+    both are known, else ``inflight_requests``."""
+    if "outstanding_requests" not in given:
+        running, waiting = load["num_requests_running"], load["num_requests_waiting"]
+        load["outstanding_requests"] = running + waiting if running is not None and waiting is not None \
+            else load["inflight_requests"]
+    return load
+
+
 def case_signals(fleet: Fleet, policy: CompiledPolicy, overrides: Mapping[str, Mapping[str, object]]) -> Snapshot:
     """The full snapshot of a case: ``example_signals`` for the fleet, with ``overrides`` applied
     (``load`` by target; ``cache``/``endpoint`` for every target or by target), each namespace
@@ -283,10 +296,11 @@ def case_signals(fleet: Fleet, policy: CompiledPolicy, overrides: Mapping[str, M
         "request": request,
         "difficulty": difficulty,
         "variables": base["variables"],
-        "load": {t: _merged(_LOAD, v, by_target("load", t), f'load["{t}"]') for t, v in base["load"].items()},
+        "load": {t: _outstanding(_merged(_LOAD, v, g := by_target("load", t), f'load["{t}"]'), g)
+                 for t, v in base["load"].items()},
         "budget": case_budget(base["budget"], overrides.get("budget", {})),
         "_cache": {t: _merged(_CACHE, v, by_target("cache", t), f'cache["{t}"]') for t, v in base["_cache"].items()},
-        "_endpoint": {k: _merged(_ENDPOINT, v, by_target("endpoint", k), f'endpoint["{k}"]')
+        "_endpoint": {k: _outstanding(_merged(_ENDPOINT, v, g := by_target("endpoint", k), f'endpoint["{k}"]'), g)
                       for k, v in endpoints.items()},
         "predict": {t: _merged(_PREDICT, v, by_target("predict", t), f'predict["{t}"]')
                     for t, v in base["predict"].items()},

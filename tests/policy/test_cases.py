@@ -343,3 +343,39 @@ def test_a_case_without_the_estimator_reads_p_hard_null_as_the_service(tmp_path:
     res = CliRunner().invoke(main, ["policy", "check", str(cases)])
     assert res.exit_code == 1
     assert f"{cases}:6:5: invalid-value: difficulty.p_hard: null when difficulty.available is false" in res.output, res.output
+
+
+def test_a_case_load_counts_its_queue_in_outstanding_requests_as_the_service(tmp_path: Path, monkeypatch):
+    """The service reads `outstanding_requests` as running + waiting when the engines report both: ten
+    waiting on the 8B endpoints (POST /v1/telemetry) overflow a rule `outstanding_requests > 8`. A case
+    giving `num_requests_waiting: 10` kept the example's 0 outstanding, so `policy test` stayed on-prem and
+    passed a case the service contradicts."""
+    from click.testing import CliRunner
+    from fastapi.testclient import TestClient
+
+    from pointsman.cli.main import main
+    from pointsman.service.app import create_app
+
+    (tmp_path / "p.yaml").write_text(
+        "apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
+        "  - name: overflow\n    when: load[\"onprem-8b\"].outstanding_requests > 8\n    route: {target: frontier-small}\n"
+        "  - name: default\n    route: {target: onprem-8b}\n")
+    cases = tmp_path / "p.cases.yaml"
+    cases.write_text("apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: p.yaml\ncases:\n"
+                     "  - name: a queue of ten\n    signals: {load: {onprem-8b: {num_requests_waiting: 10}}}\n"
+                     "    expect: {target: frontier-small, rule: overflow}\n"
+                     "  - name: no telemetry, nine in flight\n"
+                     "    signals: {load: {onprem-8b: {num_requests_running: null, num_requests_waiting: null, "
+                     "inflight_requests: 9}}}\n"
+                     "    expect: {target: frontier-small, rule: overflow}\n")
+    res = CliRunner().invoke(main, ["policy", "test", str(cases)])
+    assert res.exit_code == 0, res.output
+
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("POINTSMAN_POLICY_PATH", str(tmp_path / "p.yaml"))
+    with TestClient(create_app()) as c:
+        for ep, waiting in (("llama-8b-0", 6), ("llama-8b-1", 4)):
+            load = {"num_requests_running": 0, "num_requests_waiting": waiting}
+            assert c.post("/v1/telemetry", json={"endpoint": ep, "load": load}).status_code == 200
+        d = c.post("/v1/route", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert (d["target"], d["rule"]) == ("frontier-small", "overflow")
