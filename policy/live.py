@@ -66,7 +66,8 @@ class TargetLoad(Mapping[str, object]):
     """``load[target]`` computed field by field on first read: a 256-endpoint pool costs one
     pass per field the policy reads, not one per declared field. Same values as
     ``signals.load_signals(load.aggregate_loads(...))``: counts summed (null if any endpoint
-    lacks one), fractions and latencies averaged over the endpoints reporting them, ``age_s``
+    lacks one; ``outstanding_requests`` sums each endpoint's own), fractions and latencies averaged over
+    the endpoints reporting them, ``age_s``
     of the oldest external reading, ``stale``/``saturated`` if any is."""
 
     def __init__(self, readings: list[EndpointLoad], now: float, endpoints: int, healthy_endpoints: int,
@@ -92,9 +93,7 @@ class TargetLoad(Mapping[str, object]):
         elif key == "inflight_requests":
             value = sum(x.inflight_requests for x in r)
         elif key == "outstanding_requests":
-            running, waiting = self._sum("num_requests_running"), self._sum("num_requests_waiting")
-            value = running + waiting if running is not None and waiting is not None else \
-                sum(x.inflight_requests for x in r)
+            value = sum(x.outstanding_requests for x in r)
         elif key == "age_s":
             external = [x.updated_at for x in r if x.source != "inflight"]
             value = max(0.0, self._now - min(external)) if external else 0.0

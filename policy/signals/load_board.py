@@ -112,6 +112,8 @@ class EndpointLoad:
     pending_prompt_tokens: int = 0
     stale: bool = False
     saturated: bool = False
+    #: A pool's reading (``aggregate_loads``): the sum of its endpoints' ``outstanding_requests``.
+    pool_outstanding: int | None = None
 
     def age_s(self, now: float | None = None) -> float:
         """Seconds since the external values were measured; 0 for in-flight accounting (always current)."""
@@ -121,7 +123,10 @@ class EndpointLoad:
 
     @property
     def outstanding_requests(self) -> int:
-        """Requests on the endpoint: running + waiting when the engine reports both, else our in-flight count."""
+        """Requests on the endpoint: running + waiting when the engine reports both, else our in-flight count
+        (a pool's: the sum of its endpoints')."""
+        if self.pool_outstanding is not None:
+            return self.pool_outstanding
         if self.num_requests_running is not None and self.num_requests_waiting is not None:
             return self.num_requests_running + self.num_requests_waiting
         return self.inflight_requests
@@ -198,7 +203,8 @@ def mean_reading(loads: Iterable[EndpointLoad | None], healthy: Iterable[bool], 
 def aggregate_loads(name: str, loads: Iterable[EndpointLoad]) -> EndpointLoad | None:
     """One pool-level reading from its endpoints' readings (for ``load[target]``), or None if empty.
 
-    Counts and tokens are summed (a count is None if any endpoint lacks it);
+    Counts and tokens are summed (a count is None if any endpoint lacks it; ``outstanding_requests``
+    is the sum of each endpoint's own, so one endpoint without telemetry does not hide another's queue);
     ``kv_cache_usage``, latencies, utilizations and hit rates are the mean over the
     endpoints that report them (latency means of p50s approximate the pool's p50);
     ``updated_at`` is the oldest one's (so ``age_s`` is the oldest age); ``source``
@@ -237,6 +243,7 @@ def aggregate_loads(name: str, loads: Iterable[EndpointLoad]) -> EndpointLoad | 
         pending_prompt_tokens=sum(x.pending_prompt_tokens for x in loads),
         stale=any(x.stale for x in loads),
         saturated=any(x.saturated for x in loads),
+        pool_outstanding=sum(x.outstanding_requests for x in loads),
     )
 
 

@@ -227,7 +227,8 @@ def _load_fields() -> dict[str, Signal]:
                                                "reports it; else null", nullable=True),
         "inflight_requests": Signal("int", "requests Pointsman dispatched there whose outcome has not arrived"),
         "outstanding_requests": Signal("int", "running + waiting when the engine reports both, else "
-                                              "inflight_requests (never null)"),
+                                              "inflight_requests (never null; a target's: summed over its "
+                                              "endpoints, each counted so)"),
         "age_s": Signal("double", "seconds since the engine values were measured (the oldest endpoint's; "
                                   "0 for in-flight accounting alone)"),
         "stale": Signal("bool", "a reading is older than the policy's signals.load.max_age_s"),

@@ -1,0 +1,53 @@
+"""`load[target]` through POST /v1/route: the target's endpoints' readings, as docs/policy-signals.md
+reads them, whichever endpoints Pointsman dispatched to."""
+
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from pointsman.service.app import create_app
+
+POLICY = """\
+apiVersion: pointsman/v1
+kind: RoutingPolicy
+rules:
+  - name: force
+    when: request.tenant == "force"
+    route: {target: onprem-8b}
+  - name: overflow
+    when: load["onprem-8b"].outstanding_requests > 8
+    route: {target: frontier-small}
+  - name: default
+    route: {target: onprem-8b}
+"""
+
+
+def _route(c: TestClient, tenant: str | None = None) -> dict:
+    body: dict = {"messages": [{"role": "user", "content": "hi"}], "routing": {"explain": True}}
+    if tenant:
+        body["routing"]["tenant"] = tenant
+    r = c.post("/v1/route", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_outstanding_requests_keeps_a_reported_queue_when_another_endpoint_gets_a_request(tmp_path: Path, monkeypatch):
+    """llama-8b-0 reports 3 running + 10 waiting: `load["onprem-8b"].outstanding_requests` read 13 and the
+    overflow rule fired. One request dispatched to llama-8b-1 (no telemetry, 1 in flight) made the target's
+    running/waiting sums null, and outstanding fell back to the in-flight count alone: 1, so the rule
+    stopped firing while the target held one request more. Now it is the sum of each endpoint's own
+    outstanding requests (running + waiting where reported, else in flight): 14."""
+    (tmp_path / "p.yaml").write_text(POLICY)
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("POINTSMAN_POLICY_PATH", str(tmp_path / "p.yaml"))
+    with TestClient(create_app()) as c:
+        load = {"num_requests_running": 3, "num_requests_waiting": 10}
+        assert c.post("/v1/telemetry", json={"endpoint": "llama-8b-0", "load": load}).status_code == 200
+        before = _route(c)
+        assert before["rule"] == "overflow"
+        assert before["trace"]["signals"]['load["onprem-8b"].outstanding_requests']["value"] == 13
+        forced = _route(c, "force")
+        assert forced["base_url"] == "http://llama-8b-1.inference.internal:8000/v1"
+        after = _route(c)
+    assert after["trace"]["signals"]['load["onprem-8b"].outstanding_requests']["value"] == 14
+    assert after["rule"] == "overflow"
