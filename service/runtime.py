@@ -95,9 +95,15 @@ class Runtime:
         return DeadlineEstimator(estimator, timeout, self.pool)
 
     def record_reload(self, result: ReloadResult) -> None:
-        """Metrics hook of policy reloads."""
+        """After each policy reload: its metric, and, when a new policy serves while the last fleet reload was
+        rejected (the fleet file dropped a target the old policy routed to), that fleet file again: the new
+        policy may take it, and nothing else would read it (a fleet reload recompiles the policy file, not
+        the reverse)."""
         label = "rejected" if not result.ok else ("ok" if result.changed else "unchanged")
         self.metrics.policy_reloads.labels(label, result.source).inc()
+        fleet = self.live.last_fleet_reload
+        if result.ok and result.changed and fleet is not None and not fleet.ok:
+            reload_fleet(self.live, self.settings.fleet_path, None, result.source, self.record_fleet_reload)
 
     def record_swap(self, result: SwapResult) -> None:
         """Metrics hook of model swaps."""

@@ -139,3 +139,36 @@ def test_a_fleet_reload_that_leaves_rules_out_says_so(tmp_path, caplog):
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "left out" in r.getMessage()]
     assert len(warned) == 2 and all("the fleet has no 'onprem-8b'" in w for w in warned), warned
     assert {w.split("'")[1] for w in warned} == {"onprem-8b-in-slo", "onprem-8b-first"}
+
+
+def test_a_fleet_rejected_for_the_old_policy_serves_once_the_policy_that_takes_it_is_reloaded(tmp_path):
+    """Removing a target takes two files: the fleet without it, the policy without its rules. A fleet that
+    arrives first (two ConfigMaps swapped one after the other) is rejected, since the serving policy still
+    routes there; the policy then compiled against the serving fleet and was swapped in, and the fleet file
+    on disk was never read again: the service kept routing to the removed target (GET /healthz named the
+    old fleet revision) while both files on disk agreed. The other order worked: a fleet reload recompiles
+    the policy file. Now a policy reload that serves retries a fleet file that was rejected."""
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH
+
+    fleet_path, policy_path = tmp_path / "fleet.yaml", tmp_path / "policy.yaml"
+    text = DEFAULT_FLEET_PATH.read_text(encoding="utf-8")
+    fleet_path.write_text(text, encoding="utf-8")
+    rules = ("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
+             "  - name: hard\n    when: difficulty.p_hard >= 0.1\n    route: {target: %s}\n"
+             "  - name: default\n    route: {target: onprem-8b}\n")
+    policy_path.write_text(rules % "frontier-large", encoding="utf-8")
+    settings = Settings(data_dir=tmp_path, fleet_path=fleet_path, policy_path=policy_path, watch_policy=False,
+                        watch_fleet=False)
+    fleet = load_fleet(fleet_path)
+    engine = RoutingEngine(fleet, load_policy(policy_path, fleet), RegistryModel(0.2, 1))
+    with TestClient(create_app(settings, engine=engine, owns_engine=True)) as c:
+        fleet_path.write_text(text.partition("  frontier-large:\n")[0], encoding="utf-8")
+        assert c.post("/v1/fleet/reload").status_code == 422
+        policy_path.write_text(rules % "frontier-small", encoding="utf-8")
+        assert c.post("/v1/policy/reload").status_code == 200
+        health = c.get("/healthz").json()
+        targets = set(c.get("/v1/fleet").json()["targets"])
+        d = c.post("/v1/route", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert health["fleet_revision"] == load_fleet(fleet_path).revision
+    assert targets == {"onprem-8b", "onprem-70b", "frontier-small"}
+    assert (d["target"], d["fleet_revision"]) == ("frontier-small", health["fleet_revision"])
