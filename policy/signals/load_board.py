@@ -116,8 +116,9 @@ class EndpointLoad:
     pool_outstanding: int | None = None
 
     def age_s(self, now: float | None = None) -> float:
-        """Seconds since the external values were measured; 0 for in-flight accounting (always current)."""
-        if self.source == "inflight":
+        """Seconds since the external values were measured; 0 for in-flight accounting (always current), but
+        for the accounting a stale reading fell back to (``on_stale: unknown``), which keeps that reading's age."""
+        if self.source == "inflight" and not self.stale:
             return 0.0
         return max(0.0, (time.monotonic() if now is None else now) - self.updated_at)
 
@@ -223,7 +224,7 @@ def aggregate_loads(name: str, loads: Iterable[EndpointLoad]) -> EndpointLoad | 
         return sum(values) / len(values) if values else None
 
     sources = {x.source for x in loads}
-    external = [x for x in loads if x.source != "inflight"]
+    external = [x for x in loads if x.source != "inflight" or x.stale]
     return EndpointLoad(
         endpoint=name,
         source=sources.pop() if len(sources) == 1 else "mixed",

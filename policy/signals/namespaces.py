@@ -230,7 +230,7 @@ def _load_fields() -> dict[str, Signal]:
                                               "inflight_requests (never null; a target's: summed over its "
                                               "endpoints, each counted so)"),
         "age_s": Signal("double", "seconds since the engine values were measured (the oldest endpoint's; "
-                                  "0 for in-flight accounting alone)"),
+                                  "0 for in-flight accounting alone; a stale reading keeps its age)"),
         "stale": Signal("bool", "a reading is older than the policy's signals.load.max_age_s"),
         "saturated": Signal("bool", "a stale reading is read as full (signals.load.on_stale: saturated)"),
     }

@@ -51,3 +51,42 @@ def test_outstanding_requests_keeps_a_reported_queue_when_another_endpoint_gets_
         after = _route(c)
     assert after["trace"]["signals"]['load["onprem-8b"].outstanding_requests']["value"] == 14
     assert after["rule"] == "overflow"
+
+
+def test_a_stale_reading_keeps_its_age(tmp_path: Path):
+    """Under `signals.load.on_stale: unknown` (the default) a reading older than `max_age_s` turns into
+    in-flight accounting, and `load[target].age_s` (with the trace's `age_s` of every load signal) read 0,
+    "current", beside `stale: true`: a rule `age_s > 30` meant to leave a target whose telemetry died never
+    fired. The stale reading's age is kept."""
+    from pointsman.estimator.estimate import FixedDifficulty
+    from pointsman.policy.engine import RoutingEngine
+    from pointsman.policy.fleet import load_fleet
+    from pointsman.policy.rules.compiler import load_policy
+    from pointsman.service.bootstrap import build_state
+    from pointsman.service.settings import Settings
+
+    (tmp_path / "p.yaml").write_text(
+        "apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
+        "  - name: telemetry-dead\n    when: load[\"onprem-8b\"].age_s > 30.0 && load[\"onprem-8b\"].stale\n"
+        "    route: {target: frontier-small}\n"
+        "  - name: default\n    route: {target: onprem-8b}\n")
+    fleet = load_fleet()
+    settings = Settings(data_dir=tmp_path, policy_path=tmp_path / "p.yaml", watch_policy=False)
+    state = build_state(settings, fleet)
+    clock = [1000.0]
+    state.monotonic = lambda: clock[0]
+    engine = RoutingEngine(fleet, load_policy(tmp_path / "p.yaml", fleet), FixedDifficulty(0.2), state=state)
+    with TestClient(create_app(settings, engine=engine, owns_engine=True)) as c:
+        for ep in ("llama-8b-0", "llama-8b-1"):
+            load = {"num_requests_running": 1, "num_requests_waiting": 0}
+            assert c.post("/v1/telemetry", json={"endpoint": ep, "load": load}).status_code == 200
+        fresh = _route(c)
+        clock[0] += 60.0
+        stale = _route(c)
+    assert fresh["rule"] == "default"
+    assert fresh["trace"]["signals"]['load["onprem-8b"].age_s']["value"] == 0.0
+    signals = stale["trace"]["signals"]
+    assert signals['load["onprem-8b"].stale']["value"] is True
+    assert signals['load["onprem-8b"].age_s']["value"] == 60.0
+    assert signals['load["onprem-8b"].age_s']["age_s"] == 60.0
+    assert stale["rule"] == "telemetry-dead"
