@@ -58,6 +58,7 @@ from pydantic import Field, TypeAdapter, ValidationError, model_validator
 from pointsman.errors import PolicyError, Problem
 from pointsman.json_types import JSONValue
 from pointsman.located import LocatedDocument, StrictModel, did_you_mean, load_config
+from pointsman.policy.cost import target_prompt_tokens
 from pointsman.policy.engine import decide_and_take
 from pointsman.policy.escalation import judge, rule_name
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH, Fleet, Mode, load_fleet
@@ -268,6 +269,17 @@ def _outstanding(load: _L, given: Mapping[str, object]) -> _L:
     return load
 
 
+def _cache_hit(cache: CacheSignals, given: Mapping[str, object], prompt_tokens: int) -> CacheSignals:
+    """``cache`` with ``prefix_hit_tokens`` or ``prefix_hit_ratio``, when only the other is given, following
+    from it as the service reads them (the share of the target's ``prompt_tokens``): the P/D rules of thumb
+    read the ratio, ``cost()`` the tokens."""
+    if "prefix_hit_ratio" in given and "prefix_hit_tokens" not in given:
+        cache["prefix_hit_tokens"] = round(cache["prefix_hit_ratio"] * prompt_tokens)
+    elif "prefix_hit_tokens" in given and "prefix_hit_ratio" not in given and prompt_tokens > 0:
+        cache["prefix_hit_ratio"] = min(1.0, cache["prefix_hit_tokens"] / prompt_tokens)
+    return cache
+
+
 def case_signals(fleet: Fleet, policy: CompiledPolicy, overrides: Mapping[str, Mapping[str, object]]) -> Snapshot:
     """The full snapshot of a case: ``example_signals`` for the fleet, with ``overrides`` applied
     (``load`` by target; ``cache``/``endpoint`` for every target or by target), each namespace
@@ -299,7 +311,9 @@ def case_signals(fleet: Fleet, policy: CompiledPolicy, overrides: Mapping[str, M
         "load": {t: _outstanding(_merged(_LOAD, v, g := by_target("load", t), f'load["{t}"]'), g)
                  for t, v in base["load"].items()},
         "budget": case_budget(base["budget"], overrides.get("budget", {})),
-        "_cache": {t: _merged(_CACHE, v, by_target("cache", t), f'cache["{t}"]') for t, v in base["_cache"].items()},
+        "_cache": {t: _cache_hit(_merged(_CACHE, v, g := by_target("cache", t), f'cache["{t}"]'), g,
+                                 target_prompt_tokens(fleet.targets[t], request))
+                   for t, v in base["_cache"].items()},
         "_endpoint": {k: _outstanding(_merged(_ENDPOINT, v, g := by_target("endpoint", k), f'endpoint["{k}"]'), g)
                       for k, v in endpoints.items()},
         "predict": {t: _merged(_PREDICT, v, by_target("predict", t), f'predict["{t}"]')

@@ -379,3 +379,47 @@ def test_a_case_load_counts_its_queue_in_outstanding_requests_as_the_service(tmp
             assert c.post("/v1/telemetry", json={"endpoint": ep, "load": load}).status_code == 200
         d = c.post("/v1/route", json={"messages": [{"role": "user", "content": "hi"}]}).json()
     assert (d["target"], d["rule"]) == ("frontier-small", "overflow")
+
+
+def test_a_case_cache_hit_ratio_prices_its_cached_prefix_as_the_service(tmp_path: Path, monkeypatch):
+    """The service prices `cost()` with the cached prefix its `cache.prefix_hit_ratio` reads: a follow-up of
+    a ~100k-token prompt sent to frontier-small reads 0.998 and costs $0.0079 there, so a rule
+    `cost("frontier-small") < 0.01` fires (POST /v1/route). A case giving `prefix_hit_ratio: 0.95` alone kept
+    0 `prefix_hit_tokens`, which is what its cost() read: $0.0152, and `policy test` routed by `default`.
+    Each now follows from the other and the case's prompt tokens."""
+    from click.testing import CliRunner
+    from fastapi.testclient import TestClient
+
+    from pointsman.cli.main import main
+    from pointsman.service.app import create_app
+
+    (tmp_path / "p.yaml").write_text(
+        "apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
+        "  - name: force\n    when: request.tenant == \"force\"\n    route: {target: frontier-small}\n"
+        "  - name: cheap-with-cache\n    when: cost(\"frontier-small\") < 0.01\n    route: {target: frontier-small}\n"
+        "  - name: default\n    route: {target: onprem-70b}\n")
+    cases = tmp_path / "p.cases.yaml"
+    cases.write_text("apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: p.yaml\ncases:\n"
+                     "  - name: a 95% cached 100k prompt\n"
+                     "    signals: {request: {prompt_tokens: 100000}, cache: {frontier-small: {prefix_hit_ratio: 0.95}}}\n"
+                     "    expect: {target: frontier-small, rule: cheap-with-cache}\n"
+                     "  - name: a cold 100k prompt\n"
+                     "    signals: {request: {prompt_tokens: 100000}}\n"
+                     "    expect: {target: onprem-70b, rule: default}\n"
+                     "  - name: 95k cached tokens of 100k\n"
+                     "    signals: {request: {prompt_tokens: 100000}, cache: {prefix_hit_tokens: 95000}}\n"
+                     "    expect: {target: frontier-small, rule: cheap-with-cache}\n")
+    res = CliRunner().invoke(main, ["policy", "test", str(cases)])
+    assert res.exit_code == 0, res.output
+
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("POINTSMAN_POLICY_PATH", str(tmp_path / "p.yaml"))
+    text = " ".join(f"Row {i}: sensor {i % 17} read {i * 31 % 997} units at station {i % 29}." for i in range(5000))
+    first = [{"role": "user", "content": text + " Which station has the highest mean?"}]
+    follow_up = [*first, {"role": "assistant", "content": "Station 3."}, {"role": "user", "content": "And the lowest?"}]
+    with TestClient(create_app()) as c:
+        forced = c.post("/v1/route", json={"messages": first, "routing": {"tenant": "force"}}).json()
+        d = c.post("/v1/route", json={"messages": follow_up, "routing": {"explain": True}}).json()
+    assert forced["prompt_tokens"] > 90_000 and forced["estimated_cost_usd"] > 0.01
+    assert d["trace"]["signals"]['cost("frontier-small")']["value"] < 0.01
+    assert (d["target"], d["rule"]) == ("frontier-small", "cheap-with-cache")
