@@ -61,7 +61,7 @@ from pointsman.located import LocatedDocument, StrictModel, did_you_mean, load_c
 from pointsman.policy.cost import target_prompt_tokens
 from pointsman.policy.engine import decide_and_take
 from pointsman.policy.escalation import judge, rule_name
-from pointsman.policy.fleet import DEFAULT_FLEET_PATH, Fleet, Mode, load_fleet
+from pointsman.policy.fleet import DEFAULT_FLEET_PATH, Fleet, Mode, SLOClass, load_fleet
 from pointsman.policy.live import StaticSignals
 from pointsman.policy.rules.compiler import CompiledPolicy, load_policy
 from pointsman.policy.selection.filters import Exclusion, NoEligibleTarget, budget_refusal
@@ -280,6 +280,27 @@ def _cache_hit(cache: CacheSignals, given: Mapping[str, object], prompt_tokens: 
     return cache
 
 
+def _predicted(p: PredictSignals, given: Mapping[str, object], slo: SLOClass) -> PredictSignals:
+    """``p`` as the service predicts it, in what the case does not give: the objectives of the request's SLO
+    class, the chosen mode's figures beside the ones given, ``slo_score`` from the figures and
+    ``meets_slo`` from them (or from a ``slo_score`` given)."""
+    if "slo_ttft_s" not in given:
+        p["slo_ttft_s"] = slo.ttft_s
+    if "slo_tpot_s" not in given:
+        p["slo_tpot_s"] = slo.tpot_s
+    for f in ("ttft_s", "tpot_s", "batch_tpot_s"):
+        key = f"{p['mode']}_{f}"
+        if f in given and key in p and key not in given:
+            p[key] = p[f]  # type: ignore[literal-required]
+    tpot = max(p["tpot_s"], p["batch_tpot_s"])
+    if "slo_score" not in given:
+        p["slo_score"] = max(p["ttft_s"] / p["slo_ttft_s"], tpot / p["slo_tpot_s"])
+    if "meets_slo" not in given:
+        p["meets_slo"] = p["slo_score"] <= 1.0 if "slo_score" in given else \
+            p["ttft_s"] <= p["slo_ttft_s"] and tpot <= p["slo_tpot_s"]
+    return p
+
+
 def case_signals(fleet: Fleet, policy: CompiledPolicy, overrides: Mapping[str, Mapping[str, object]]) -> Snapshot:
     """The full snapshot of a case: ``example_signals`` for the fleet, with ``overrides`` applied
     (``load`` by target; ``cache``/``endpoint`` for every target or by target), each namespace
@@ -302,6 +323,11 @@ def case_signals(fleet: Fleet, policy: CompiledPolicy, overrides: Mapping[str, M
 
     request = _merged(_REQUEST, base["request"], overrides.get("request", {}), "request")
     difficulty = case_difficulty(base["difficulty"], overrides.get("difficulty", {}))
+    try:
+        slo = fleet.slo(request["slo_class"] or None)
+    except KeyError:
+        raise ValueError(f"request.slo_class: '{request['slo_class']}' is not a class of the fleet's slo_classes "
+                         f"({', '.join(fleet.slo_classes)})") from None
     for name in IDENTITY_FIELDS:  # as the service reads routing names: one form per string
         request[name] = canonical(request[name])  # type: ignore[literal-required]
     return {
@@ -316,7 +342,7 @@ def case_signals(fleet: Fleet, policy: CompiledPolicy, overrides: Mapping[str, M
                    for t, v in base["_cache"].items()},
         "_endpoint": {k: _outstanding(_merged(_ENDPOINT, v, g := by_target("endpoint", k), f'endpoint["{k}"]'), g)
                       for k, v in endpoints.items()},
-        "predict": {t: _merged(_PREDICT, v, by_target("predict", t), f'predict["{t}"]')
+        "predict": {t: _predicted(_merged(_PREDICT, v, g := by_target("predict", t), f'predict["{t}"]'), g, slo)
                     for t, v in base["predict"].items()},
     }
 

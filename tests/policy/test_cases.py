@@ -423,3 +423,46 @@ def test_a_case_cache_hit_ratio_prices_its_cached_prefix_as_the_service(tmp_path
     assert forced["prompt_tokens"] > 90_000 and forced["estimated_cost_usd"] > 0.01
     assert d["trace"]["signals"]['cost("frontier-small")']["value"] < 0.01
     assert (d["target"], d["rule"]) == ("frontier-small", "cheap-with-cache")
+
+
+def test_a_case_prediction_meets_the_slo_as_the_service_scores_it(tmp_path: Path, monkeypatch):
+    """The service's `predict[t].meets_slo` and `slo_score` follow from the predicted times and the request's
+    SLO class. A case giving `ttft_s: 3.0` alone kept the example's `meets_slo: true` (and objectives of 2 s
+    and 0.1 s whatever its `request.slo_class`), so a rule `!predict["onprem-70b"].meets_slo` never fired in
+    `policy test`, while POST /v1/route overflows once the 70B endpoints report 10 waiting requests of a long
+    prompt (an idle 70B meets the SLO)."""
+    from click.testing import CliRunner
+    from fastapi.testclient import TestClient
+
+    from pointsman.cli.main import main
+    from pointsman.service.app import create_app
+
+    (tmp_path / "p.yaml").write_text(
+        "apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
+        "  - name: overflow\n    when: '!predict[\"onprem-70b\"].meets_slo'\n    route: {target: frontier-small}\n"
+        "  - name: default\n    route: {target: onprem-70b}\n")
+    cases = tmp_path / "p.cases.yaml"
+    cases.write_text("apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: p.yaml\ncases:\n"
+                     "  - name: 3 s misses the interactive 2 s\n    signals: {predict: {onprem-70b: {ttft_s: 3.0}}}\n"
+                     "    expect: {target: frontier-small, rule: overflow}\n"
+                     "  - name: 3 s meets the long-context 6 s\n"
+                     "    signals: {request: {slo_class: long-context}, predict: {onprem-70b: {ttft_s: 3.0}}}\n"
+                     "    expect: {target: onprem-70b, rule: default}\n"
+                     "  - name: a score over 1\n    signals: {predict: {onprem-70b: {slo_score: 1.5}}}\n"
+                     "    expect: {target: frontier-small, rule: overflow}\n")
+    res = CliRunner().invoke(main, ["policy", "test", str(cases)])
+    assert res.exit_code == 0, res.output
+
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("POINTSMAN_POLICY_PATH", str(tmp_path / "p.yaml"))
+    text = " ".join(f"Clause {i}: the tenant shall pay {i * 13 % 97} units by day {i % 28}." for i in range(700))
+    body = {"messages": [{"role": "user", "content": text}], "routing": {"explain": True}}
+    with TestClient(create_app()) as c:
+        idle = c.post("/v1/route", json=body).json()
+        for ep in c.app.state.fleet_state.fleet.endpoints:
+            if "llama-70b" in ep:
+                load = {"num_requests_running": 1, "num_requests_waiting": 10}
+                assert c.post("/v1/telemetry", json={"endpoint": ep, "load": load}).status_code == 200
+        busy = c.post("/v1/route", json=body).json()
+    assert busy["trace"]["signals"]['predict["onprem-70b"].meets_slo']["value"] is False
+    assert (idle["rule"], busy["rule"]) == ("default", "overflow")
