@@ -45,7 +45,7 @@ def warn_omitted(policy: CompiledPolicy) -> None:
 class ReloadResult:
     """One policy (re)load attempt: ``ok``; ``changed`` (a new revision now serves);
     ``revision`` serving after it and ``previous_revision``; ``problems`` (located, when
-    rejected); ``source`` (``endpoint``, ``watch``); ``at`` (Unix s)."""
+    rejected); ``source`` (``endpoint``, ``watch``; ``fleet`` for a policy a fleet reload recompiled); ``at`` (Unix s)."""
 
     ok: bool
     changed: bool
@@ -167,10 +167,14 @@ class LiveEngine:
 
     def swap_engine(self, engine: RoutingEngine, result: ReloadResult) -> ReloadResult:
         """Serve ``engine`` (a reloaded fleet with its recompiled policy) from now on; records
-        ``result`` as the last fleet reload and returns it."""
+        ``result`` as the last fleet reload, and as the last policy reload (source ``fleet``) when the
+        policy file compiled to another revision, and returns it."""
         with self._lock:
+            old = self._engine.policy.revision
             self._engine = engine
             self.last_fleet_reload = result
+            if engine.policy.revision != old:
+                self.last_reload = ReloadResult(True, True, engine.policy.revision, old, (), "fleet")
             warn_omitted(engine.policy)
             return result
 

@@ -172,3 +172,33 @@ def test_a_fleet_rejected_for_the_old_policy_serves_once_the_policy_that_takes_i
     assert health["fleet_revision"] == load_fleet(fleet_path).revision
     assert targets == {"onprem-8b", "onprem-70b", "frontier-small"}
     assert (d["target"], d["fleet_revision"]) == ("frontier-small", health["fleet_revision"])
+
+
+def test_a_policy_a_fleet_reload_starts_serving_is_its_last_reload(tmp_path):
+    """Adding a target: the policy routing to it is rejected until the fleet has it; the fleet reload then
+    recompiles the policy file and serves it. GET /v1/policy named the new revision, and beside it
+    `last_reload` still said the reload was rejected (unknown target): the serving policy reported as
+    refused. The fleet reload that swaps a policy in is now its last reload (source `fleet`)."""
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH
+
+    fleet_path, policy_path = tmp_path / "fleet.yaml", tmp_path / "policy.yaml"
+    text = DEFAULT_FLEET_PATH.read_text(encoding="utf-8")
+    fleet_path.write_text(text, encoding="utf-8")
+    rules = ("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
+             "  - name: hard\n    when: difficulty.p_hard >= 0.1\n    route: {target: %s}\n"
+             "  - name: default\n    route: {target: onprem-8b}\n")
+    policy_path.write_text(rules % "frontier-large", encoding="utf-8")
+    settings = Settings(data_dir=tmp_path, fleet_path=fleet_path, policy_path=policy_path, watch_policy=False,
+                        watch_fleet=False)
+    fleet = load_fleet(fleet_path)
+    engine = RoutingEngine(fleet, load_policy(policy_path, fleet), RegistryModel(0.2, 1))
+    with TestClient(create_app(settings, engine=engine, owns_engine=True)) as c:
+        policy_path.write_text(rules % "frontier-xl", encoding="utf-8")
+        assert c.post("/v1/policy/reload").status_code == 422
+        large = text[text.index("  frontier-large:\n"):]
+        fleet_path.write_text(text + large.replace("  frontier-large:", "  frontier-xl:", 1), encoding="utf-8")
+        assert c.post("/v1/fleet/reload").status_code == 200
+        p = c.get("/v1/policy").json()
+        d = c.post("/v1/route", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert d["target"] == "frontier-xl" and p["revision"] == d["policy_revision"]
+    assert (p["last_reload"]["ok"], p["last_reload"]["revision"], p["last_reload"]["source"]) == (True, p["revision"], "fleet")
