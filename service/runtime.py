@@ -95,14 +95,14 @@ class Runtime:
         return DeadlineEstimator(estimator, timeout, self.pool)
 
     def record_reload(self, result: ReloadResult) -> None:
-        """After each policy reload: its metric, and, when a new policy serves while the last fleet reload was
-        rejected (the fleet file dropped a target the old policy routed to), that fleet file again: the new
-        policy may take it, and nothing else would read it (a fleet reload recompiles the policy file, not
-        the reverse)."""
+        """After each policy reload: its metric, and, when the last fleet reload was rejected and this policy file
+        is new (served, or rejected against the serving fleet), that fleet file again with it: a fleet without a
+        target the old policy routed to, or renaming one, serves once the policy that takes it is on disk, and
+        nothing else would read it (a fleet reload recompiles the policy file, not the reverse)."""
         label = "rejected" if not result.ok else ("ok" if result.changed else "unchanged")
         self.metrics.policy_reloads.labels(label, result.source).inc()
         fleet = self.live.last_fleet_reload
-        if result.ok and result.changed and fleet is not None and not fleet.ok:
+        if fleet is not None and not fleet.ok and (result.changed or not result.ok):
             reload_fleet(self.live, self.settings.fleet_path, None, result.source, self.record_fleet_reload)
 
     def record_swap(self, result: SwapResult) -> None:
@@ -124,8 +124,9 @@ class Runtime:
         endpoints do, and what every other worker and replica does when one of them announces such a
         reload (``StateSync.announce_reload``); None for anything else or without a budgets file."""
         s = self.settings
-        if what == "policy":
-            return reload_policy(self.live, self.live.engine.policy.file, "endpoint", self.record_reload)
+        if what == "policy":  # the last reload: a rejected file may serve with the fleet file retried beside it
+            result = reload_policy(self.live, self.live.engine.policy.file, "endpoint", self.record_reload)
+            return self.live.last_reload or result
         if what == "fleet":
             return reload_fleet(self.live, s.fleet_path, None, "endpoint", self.record_fleet_reload)
         if what == "budgets" and s.budgets_path:

@@ -202,3 +202,32 @@ def test_a_policy_a_fleet_reload_starts_serving_is_its_last_reload(tmp_path):
         d = c.post("/v1/route", json={"messages": [{"role": "user", "content": "hi"}]}).json()
     assert d["target"] == "frontier-xl" and p["revision"] == d["policy_revision"]
     assert (p["last_reload"]["ok"], p["last_reload"]["revision"], p["last_reload"]["source"]) == (True, p["revision"], "fleet")
+
+
+def test_a_renamed_target_serves_once_both_files_have_the_new_name(tmp_path):
+    """Renaming a target in both files: the fleet with the new name is rejected (the serving policy routes to
+    the old one), then the policy with the new name is rejected too (the serving fleet lacks it), and nothing
+    read either file again: both agreed on disk, the service kept the old pair. A policy reload rejected while
+    the last fleet reload was also rejected now tries the two files together."""
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH
+
+    fleet_path, policy_path = tmp_path / "fleet.yaml", tmp_path / "policy.yaml"
+    text = DEFAULT_FLEET_PATH.read_text(encoding="utf-8")
+    fleet_path.write_text(text, encoding="utf-8")
+    rules = ("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
+             "  - name: hard\n    when: difficulty.p_hard >= 0.1\n    route: {target: %s}\n"
+             "  - name: default\n    route: {target: onprem-8b}\n")
+    policy_path.write_text(rules % "frontier-large", encoding="utf-8")
+    settings = Settings(data_dir=tmp_path, fleet_path=fleet_path, policy_path=policy_path, watch_policy=False,
+                        watch_fleet=False)
+    fleet = load_fleet(fleet_path)
+    engine = RoutingEngine(fleet, load_policy(policy_path, fleet), RegistryModel(0.2, 1))
+    with TestClient(create_app(settings, engine=engine, owns_engine=True)) as c:
+        fleet_path.write_text(text.replace("  frontier-large:", "  frontier-xl:", 1), encoding="utf-8")
+        assert c.post("/v1/fleet/reload").status_code == 422
+        policy_path.write_text(rules % "frontier-xl", encoding="utf-8")
+        r = c.post("/v1/policy/reload")
+        d = c.post("/v1/route", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+        p = c.get("/v1/policy").json()
+    assert d["target"] == "frontier-xl" and d["fleet_revision"] == load_fleet(fleet_path).revision
+    assert r.status_code == 200 and r.json()["ok"] and p["last_reload"]["ok"], (r.text, p["last_reload"])
