@@ -35,7 +35,7 @@ from pointsman.policy.selection.pd_mode import ModeDecision, decide_mode, pd_poo
 from pointsman.policy.selection.pickers import Picker, PickInput, PoolPick, PoolView, QueueScorer
 from pointsman.policy.signals.engine_hashes import TargetTokenizerError
 from pointsman.policy.signals.fleet_state import FleetState
-from pointsman.policy.signals.load_board import EndpointLoad, mean_reading
+from pointsman.policy.signals.load_board import EndpointLoad, mean_reading, queue_sum
 from pointsman.policy.signals.namespaces import (
     SIGNALS,
     BudgetSignals,
@@ -65,8 +65,8 @@ SUBSET_REASON = "not in the gateway's endpoint subset"
 class TargetLoad(Mapping[str, object]):
     """``load[target]`` computed field by field on first read: a 256-endpoint pool costs one
     pass per field the policy reads, not one per declared field. Same values as
-    ``signals.load_signals(load.aggregate_loads(...))``: counts summed (null if any endpoint
-    lacks one; ``outstanding_requests`` sums each endpoint's own), fractions and latencies averaged over
+    ``signals.load_signals(load.aggregate_loads(...))``: the queue counts by ``load_board.queue_sum``,
+    ``outstanding_requests`` the sum of each endpoint's own, fractions and latencies averaged over
     the endpoints reporting them, ``age_s``
     of the oldest external reading, ``stale``/``saturated`` if any is."""
 
@@ -75,10 +75,6 @@ class TargetLoad(Mapping[str, object]):
         self._r, self._now, self._prefill = readings, now, prefill
         self._values: dict[str, object] = {"endpoints": endpoints, "healthy_endpoints": healthy_endpoints}
 
-    def _sum(self, key: str) -> int | None:
-        got: list[int | None] = [getattr(x, key) for x in self._r]
-        return None if not got or None in got else sum(v for v in got if v is not None)
-
     def __getitem__(self, key: str) -> object:
         values = self._values
         if key in values:
@@ -86,7 +82,7 @@ class TargetLoad(Mapping[str, object]):
         r = self._r
         value: object
         if key in _SUMS:
-            value = self._sum(key)
+            value = queue_sum(r, key)
         elif key in _MEANS:
             means: list[float] = [v for v in (getattr(x, key) for x in r) if v is not None]
             value = sum(means) / len(means) if means else None

@@ -201,10 +201,29 @@ def mean_reading(loads: Iterable[EndpointLoad | None], healthy: Iterable[bool], 
     return sum(values) / len(values) if values else None
 
 
+def queue_sum(loads: Iterable[EndpointLoad], attr: str) -> int | None:
+    """A pool's ``num_requests_running`` or ``num_requests_waiting`` (``attr``): the sum over its endpoints'
+    readings, where one known from in-flight accounting alone adds its pending dispatches to the waiting
+    queue (no engine has reported them: the merge rule) and nothing to the running batch. None when no
+    endpoint's engine reports the count, or when an engine's reading lacks it."""
+    total, known = 0, False
+    for x in loads:
+        value = getattr(x, attr)
+        if value is None:
+            if x.source != "inflight":
+                return None
+            total += x.pending_requests if attr == "num_requests_waiting" else 0
+            continue
+        known = True
+        total += value
+    return total if known else None
+
+
 def aggregate_loads(name: str, loads: Iterable[EndpointLoad]) -> EndpointLoad | None:
     """One pool-level reading from its endpoints' readings (for ``load[target]``), or None if empty.
 
-    Counts and tokens are summed (a count is None if any endpoint lacks it; ``outstanding_requests``
+    Counts and tokens are summed (a count is None if any endpoint lacks it; the queue counts by
+    ``queue_sum``; ``outstanding_requests``
     is the sum of each endpoint's own, so one endpoint without telemetry does not hide another's queue);
     ``kv_cache_usage``, latencies, utilizations and hit rates are the mean over the
     endpoints that report them (latency means of p50s approximate the pool's p50);
@@ -229,8 +248,8 @@ def aggregate_loads(name: str, loads: Iterable[EndpointLoad]) -> EndpointLoad | 
         endpoint=name,
         source=sources.pop() if len(sources) == 1 else "mixed",
         updated_at=min((x.updated_at for x in external), default=max(x.updated_at for x in loads)),
-        num_requests_running=total("num_requests_running"),
-        num_requests_waiting=total("num_requests_waiting"),
+        num_requests_running=queue_sum(loads, "num_requests_running"),
+        num_requests_waiting=queue_sum(loads, "num_requests_waiting"),
         kv_cache_usage=mean("kv_cache_usage"),
         ttft_p50_ms=mean("ttft_p50_ms"),
         tpot_p50_ms=mean("tpot_p50_ms"),

@@ -212,9 +212,11 @@ class Namespace:
 def _load_fields() -> dict[str, Signal]:
     return {
         "num_requests_running": Signal("int", "requests in the running batch (engine-reported; summed over the "
-                                              "endpoints); null when unknown or stale", nullable=True),
+                                              "endpoints that report it); null when unknown or stale", nullable=True),
         "num_requests_waiting": Signal("int", "requests in the waiting queue, plus Pointsman's dispatches the "
-                                              "engine has not reported yet; null when unknown or stale", nullable=True),
+                                              "engine has not reported yet (a target's: summed over its endpoints, "
+                                              "one without telemetry adding its requests in flight); null when "
+                                              "unknown or stale", nullable=True),
         "kv_cache_usage": Signal("double", "fraction 0-1 of KV-cache blocks in use (mean over endpoints); "
                                            "null when unknown", nullable=True),
         "ttft_p50_ms": Signal("double", "median time to first token, ms (engine-reported); null when unknown",

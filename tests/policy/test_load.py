@@ -318,8 +318,12 @@ def test_aggregate_loads_sums_counts_and_takes_oldest_age():
     assert pool.ttft_p50_ms == 100.0  # mean over reporters only
     assert pool.source == "mixed" and pool.age_s(15.0) == pytest.approx(5.0)
     assert pool.inflight_requests == 3
-    c = EndpointLoad("c", "inflight", 0.0)
-    assert aggregate_loads("p", [a, c]).num_requests_running is None
+    # an endpoint known from in-flight accounting alone: its pending dispatches wait, none runs
+    c = EndpointLoad("c", "inflight", 0.0, inflight_requests=2, pending_requests=2)
+    mixed = aggregate_loads("p", [a, c])
+    assert (mixed.num_requests_running, mixed.num_requests_waiting, mixed.outstanding_requests) == (2, 3, 5)
+    assert aggregate_loads("p", [c]).num_requests_waiting is None  # no engine reports a queue
+    assert aggregate_loads("p", [a, EndpointLoad("d", "push", 0.0, num_requests_running=1)]).num_requests_waiting is None
     assert aggregate_loads("p", []) is None
 
 

@@ -90,3 +90,28 @@ def test_a_stale_reading_keeps_its_age(tmp_path: Path):
     assert signals['load["onprem-8b"].age_s']["value"] == 60.0
     assert signals['load["onprem-8b"].age_s']["age_s"] == 60.0
     assert stale["rule"] == "telemetry-dead"
+
+
+def test_a_queue_sum_does_not_turn_unknown_when_a_request_goes_to_an_endpoint_without_telemetry(tmp_path: Path,
+                                                                                              monkeypatch):
+    """`load[target].num_requests_waiting` sums the endpoints that report a queue. With telemetry from
+    llama-8b-0 alone (10 waiting) it read 10, and a rule `num_requests_waiting > 8` fired, until Pointsman sent
+    one request to llama-8b-1: from then on the sum read null (that endpoint's in-flight accounting has no
+    queue) and the rule errored, skipped, with one request more on the target. An endpoint without telemetry
+    now adds its requests in flight, which no engine has reported, to the queue (the merge rule's pending
+    dispatches): 11. A target no endpoint of which reports still reads null."""
+    (tmp_path / "p.yaml").write_text(POLICY.replace("outstanding_requests > 8", "num_requests_waiting > 8"))
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("POINTSMAN_POLICY_PATH", str(tmp_path / "p.yaml"))
+    key = 'load["onprem-8b"].num_requests_waiting'
+    with TestClient(create_app()) as c:
+        cold = _route(c)
+        assert cold["base_url"] == "http://llama-8b-0.inference.internal:8000/v1"
+        load = {"num_requests_running": 3, "num_requests_waiting": 10}
+        assert c.post("/v1/telemetry", json={"endpoint": "llama-8b-0", "load": load}).status_code == 200
+        before = _route(c)
+        assert _route(c, "force")["base_url"] == "http://llama-8b-1.inference.internal:8000/v1"
+        after = _route(c)
+    assert (cold["trace"]["signals"][key]["value"], cold["rule"]) == (None, "default")
+    assert [d["trace"]["signals"][key]["value"] for d in (before, after)] == [10, 11]
+    assert [d["rule"] for d in (before, after)] == ["overflow", "overflow"]
