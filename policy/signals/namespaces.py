@@ -311,10 +311,15 @@ SIGNALS: dict[str, Namespace] = {
         "endpoints": Signal("int", "endpoints of the target (all its pools; 1 for a frontier API)"),
         "healthy_endpoints": Signal("int", "endpoints not marked unhealthy"),
         "prefill_queue_s": Signal("double", "predicted seconds of prefill work queued on the least-loaded "
-                                            "prefill endpoint; null without a prefill pool", nullable=True),
-        "prefill_saturated": Signal("bool", "the prefill pool cannot take more: every healthy prefill endpoint "
-                                            "is saturated or queues at least disaggregation.max_prefill_queue_s; "
-                                            "false without a prefill pool"),
+                                            "prefill endpoint ahead of this request: a waiting request the engine "
+                                            "reports beyond Pointsman's own counts the mean prompt of Pointsman's "
+                                            "requests in flight there, else this request's prompt, so with no "
+                                            "dispatch of its own there it grows with this prompt; null without a "
+                                            "prefill pool", nullable=True),
+        "prefill_saturated": Signal("bool", "the prefill pool cannot take more for this request: every healthy "
+                                            "prefill endpoint is saturated or queues at least "
+                                            "disaggregation.max_prefill_queue_s (as prefill_queue_s); false without "
+                                            "a prefill pool"),
     }, shape="by_target", aged=True),
     "endpoint": Namespace("endpoint", "The endpoint the picker would choose first for the rule's own route: "
                                       "in the aggregated pool for an aggregated route, the decode endpoint for a "
@@ -355,7 +360,8 @@ SIGNALS: dict[str, Namespace] = {
                                     "(routing.slo_class, else the fleet's default)"),
         "mode": Signal("string", "the mode predicted: the better of aggregated and disaggregated by the SLO, "
                                  "disaggregated only where the disaggregation guards allow it"),
-        "queue_s": Signal("double", "the part of ttft_s queued ahead (prefill work on the chosen endpoint)"),
+        "queue_s": Signal("double", "the part of ttft_s queued ahead (prefill work on the chosen endpoint, "
+                                    "counted as prefill_queue_s is)"),
         "prefill_s": Signal("double", "the part of ttft_s for this request's own prefill"),
         "transfer_s": Signal("double", "the part of ttft_s for the P/D KV transfer (0 aggregated)"),
         "aggregated_ttft_s": Signal("double", "ttft_s aggregated; null without that mode", nullable=True),
