@@ -37,9 +37,14 @@ as ``estimator.head`` does; the Platt map is increasing, so it is left out. Fami
   the share of requests that take it (AlpacaEval and chat prompts as traffic). Needs the MiniLM encoder
   (built and cached like ``pointsman train --encoder minilm``).
 
+- ``nonlinear``: non-linear gates in place of the logistic one, fitted on the same rows and weights per held-out
+  source, each model's score mapped to g by a Platt fit on its inner out-of-fold scores: gradient boosting (on
+  the head input, or 32 embedding PCs + the request features), an MLP (16 or 32 hidden units, 3 seeds averaged);
+  also the logistic gate Platt-mapped, and the logistic gate plus log_query_chars x the first 4/8/16 embedding PCs.
+
 ``failures`` lists the sanity pairs v3.1 orders wrongly, with each side's ranker log-odds and gate penalty.
 
-    nice -n 10 .venv/bin/python scripts/probe_gate_v3.py --family reads|ranker|rows|labels|anslen|stage2|failures [--json]
+    nice -n 10 python scripts/probe_gate_v3.py --family reads|ranker|rows|labels|anslen|stage2|nonlinear|failures [--json]
 """
 
 from __future__ import annotations
@@ -303,16 +308,21 @@ class Probe:
     def measure(self, weight: float, shift: float, *, label: str = "gap", mix: float = 1.0, G: Sets | None = None,
                 alpha: float = 100.0, extra: tuple[np.ndarray, float] | None = None,
                 stage2: tuple[Sets, Sets, str, float] | None = None, ranker_alpha: float = 3000.0,
-                anchor_share: float = 0.0, aux: tuple[str, float] | None = None) -> dict[str, float]:
-        """Sanity and holdout concordance, LOCO APGR, criterion, AlpacaEval APGR of one candidate."""
+                anchor_share: float = 0.0, aux: tuple[str, float] | None = None,
+                gate_fn: Callable[[str, np.ndarray], np.ndarray] | None = None) -> dict[str, float]:
+        """Sanity and holdout concordance, LOCO APGR, criterion, AlpacaEval APGR of one candidate;
+        ``gate_fn(held, X)``: the gate's log-odds g (n,) in place of the linear gate's (``nonlinear``)."""
         G = G or self.X
 
         def score(held: str, pick: Callable[[Sets], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
             z = self.ranker(label, mix, held, ranker_alpha, anchor_share).ranker_score(pick(self.X))
             if aux is not None and (second := self.aux_ranker(aux[0], held)) is not None:
                 z = z + aux[1] * second.ranker_score(pick(self.X))
-            coef, bias = self.gate(G, held, alpha, extra)
-            pen = weight * _softplus(-(pick(G) @ coef + bias + shift))
+            if gate_fn is None:
+                coef, bias = self.gate(G, held, alpha, extra)
+                pen = weight * _softplus(-(pick(G) @ coef + bias + shift))
+            else:
+                pen = weight * _softplus(-(gate_fn(held, pick(G)) + shift))
             took = np.zeros(len(z), dtype=bool)
             if stage2 is not None:
                 M, tokens, rule, tau = stage2
@@ -408,7 +418,78 @@ def candidates(p: Probe, family: str) -> list[tuple[str, Callable[[float, float]
         return shipped + [(f"stage 2 MiniLM gate, {rule}, tau {tau:g}",
                            lambda w, s, r=rule, t=tau: p.measure(w, s, stage2=(M, tokens, r, t)))
                           for rule, tau in (("replace", 0.3), ("min", 0.0), ("min", 0.3), ("mean", 0.3))]
+    if family == "nonlinear":
+        return shipped + nonlinear_gates(p)
     raise SystemExit(f"unknown family {family!r}")
+
+
+Fit = Callable[[np.ndarray, np.ndarray, np.ndarray], Callable[[np.ndarray], np.ndarray]]
+
+
+def nonlinear_gates(p: Probe) -> list[tuple[str, Callable[[float, float], dict[str, float]]]]:
+    """``nonlinear``: gate models in place of the logistic gate, each fitted per held-out source on the same rows
+    and weights as ``DifficultyHead._fit_gate`` (substantive 1 / anchor 0, each side summing to the same weight);
+    a model's raw score becomes g by a Platt fit on its out-of-fold scores (5 stratified inner folds)."""
+    from sklearn.decomposition import PCA
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.preprocessing import StandardScaler
+
+    def hgb(pca: int) -> Fit:
+        def fit(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+            pc = PCA(pca, random_state=0).fit(X[:, :384]) if pca else None
+            f = (lambda Z: np.hstack([pc.transform(Z[:, :384]), Z[:, 384:]])) if pc else (lambda Z: Z)
+            m = HistGradientBoostingClassifier(max_iter=100, max_depth=3, learning_rate=0.1, min_samples_leaf=20,
+                                               l2_regularization=1.0, early_stopping=False, random_state=0)
+            m.fit(f(X), y, sample_weight=w)
+            return lambda Z: m.decision_function(f(Z))
+        return fit
+
+    def mlp(hidden: int, alpha: float = 1.0, seeds: int = 3) -> Fit:
+        def fit(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+            sc = StandardScaler().fit(X)
+            ms = [MLPClassifier((hidden,), alpha=alpha, max_iter=1000, random_state=s).fit(sc.transform(X), y, sample_weight=w)
+                  for s in range(seeds)]
+            return lambda Z: np.mean([np.log(np.clip(m.predict_proba(sc.transform(Z)), 1e-9, 1)) @ [-1, 1] for m in ms], axis=0)
+        return fit
+
+    def linear(k: int) -> Fit:  # the logistic gate (alpha 100), plus log_query_chars x the first k embedding PCs
+        def fit(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+            pc = PCA(k, random_state=0).fit(X[:, :384]) if k else None
+            f = (lambda Z: np.hstack([Z, Z[:, [385]] * pc.transform(Z[:, :384])])) if pc else (lambda Z: Z)
+            coef, bias = DifficultyHead(gate_alpha=100.0)._fit_gate(f(X), y == 0, w)
+            assert coef is not None
+            return lambda Z: f(Z) @ coef + bias
+        return fit
+
+    def gate(fit: Fit, platt: bool) -> Callable[[str, np.ndarray], np.ndarray]:
+        cache: dict[str, tuple[Callable[[np.ndarray], np.ndarray], float, float]] = {}
+
+        def g(held: str, Z: np.ndarray) -> np.ndarray:
+            if held not in cache:
+                keep = p.rows.source != held
+                _, w, anchor = anchored_rank_targets(p.rows.subset(keep), p.cfg)
+                w = np.where(anchor, w / w[anchor].sum(), w / w[~anchor].sum()) * len(w) / 2
+                X, y, a, b = p.X.train[keep], (~anchor).astype(np.int64), 1.0, 0.0
+                if platt:
+                    oof = np.zeros(len(y))
+                    for tr, te in StratifiedKFold(5, shuffle=True, random_state=0).split(X, y):
+                        oof[te] = fit(X[tr], y[tr], w[tr])(X[te])
+                    lr = LogisticRegression(C=1e4).fit(oof[:, None], y, sample_weight=w)
+                    a, b = float(lr.coef_[0, 0]), float(lr.intercept_[0])
+                cache[held] = (fit(X, y, w), a, b)
+            model, a, b = cache[held]
+            return np.asarray(a * model(Z) + b)
+        return g
+
+    out = [("linear gate, Platt-calibrated out of fold", gate(linear(0), True))] \
+        + [(f"linear + log_query_chars x {k} embedding PCs", gate(linear(k), False)) for k in (4, 8, 16)] \
+        + [("gradient boosting (100 trees, depth 3), 32 embedding PCs + request features", gate(hgb(32), True)),
+           ("MLP 16 hidden, 3 seeds", gate(mlp(16), True)), ("MLP 32 hidden, 3 seeds", gate(mlp(32), True)),
+           ("gradient boosting, full input", gate(hgb(0), True))]
+    return [(name, lambda w, s, g=g: p.measure(w, s, gate_fn=g)) for name, g in out]
 
 
 def anslen_diagnostics(p: Probe, folds: int = 5) -> None:
@@ -459,7 +540,8 @@ def failures(p: Probe, weight: float = 2.0, shift: float = 2.0) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--family", choices=("reads", "ranker", "rows", "labels", "anslen", "stage2", "failures"), required=True)
+    ap.add_argument("--family", required=True,
+                    choices=("reads", "ranker", "rows", "labels", "anslen", "stage2", "nonlinear", "failures"))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     p = Probe()
