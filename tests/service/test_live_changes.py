@@ -148,20 +148,8 @@ def test_a_fleet_rejected_for_the_old_policy_serves_once_the_policy_that_takes_i
     on disk was never read again: the service kept routing to the removed target (GET /healthz named the
     old fleet revision) while both files on disk agreed. The other order worked: a fleet reload recompiles
     the policy file. Now a policy reload that serves retries a fleet file that was rejected."""
-    from pointsman.policy.fleet import DEFAULT_FLEET_PATH
-
-    fleet_path, policy_path = tmp_path / "fleet.yaml", tmp_path / "policy.yaml"
-    text = DEFAULT_FLEET_PATH.read_text(encoding="utf-8")
-    fleet_path.write_text(text, encoding="utf-8")
-    rules = ("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
-             "  - name: hard\n    when: difficulty.p_hard >= 0.1\n    route: {target: %s}\n"
-             "  - name: default\n    route: {target: onprem-8b}\n")
-    policy_path.write_text(rules % "frontier-large", encoding="utf-8")
-    settings = Settings(data_dir=tmp_path, fleet_path=fleet_path, policy_path=policy_path, watch_policy=False,
-                        watch_fleet=False)
-    fleet = load_fleet(fleet_path)
-    engine = RoutingEngine(fleet, load_policy(policy_path, fleet), RegistryModel(0.2, 1))
-    with TestClient(create_app(settings, engine=engine, owns_engine=True)) as c:
+    fleet_path, policy_path, text, rules = _packaged_pair(tmp_path)
+    with _app_on(tmp_path, fleet_path, policy_path) as c:
         fleet_path.write_text(text.partition("  frontier-large:\n")[0], encoding="utf-8")
         assert c.post("/v1/fleet/reload").status_code == 422
         policy_path.write_text(rules % "frontier-small", encoding="utf-8")
@@ -179,20 +167,8 @@ def test_a_policy_a_fleet_reload_starts_serving_is_its_last_reload(tmp_path):
     recompiles the policy file and serves it. GET /v1/policy named the new revision, and beside it
     `last_reload` still said the reload was rejected (unknown target): the serving policy reported as
     refused. The fleet reload that swaps a policy in is now its last reload (source `fleet`)."""
-    from pointsman.policy.fleet import DEFAULT_FLEET_PATH
-
-    fleet_path, policy_path = tmp_path / "fleet.yaml", tmp_path / "policy.yaml"
-    text = DEFAULT_FLEET_PATH.read_text(encoding="utf-8")
-    fleet_path.write_text(text, encoding="utf-8")
-    rules = ("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
-             "  - name: hard\n    when: difficulty.p_hard >= 0.1\n    route: {target: %s}\n"
-             "  - name: default\n    route: {target: onprem-8b}\n")
-    policy_path.write_text(rules % "frontier-large", encoding="utf-8")
-    settings = Settings(data_dir=tmp_path, fleet_path=fleet_path, policy_path=policy_path, watch_policy=False,
-                        watch_fleet=False)
-    fleet = load_fleet(fleet_path)
-    engine = RoutingEngine(fleet, load_policy(policy_path, fleet), RegistryModel(0.2, 1))
-    with TestClient(create_app(settings, engine=engine, owns_engine=True)) as c:
+    fleet_path, policy_path, text, rules = _packaged_pair(tmp_path)
+    with _app_on(tmp_path, fleet_path, policy_path) as c:
         policy_path.write_text(rules % "frontier-xl", encoding="utf-8")
         assert c.post("/v1/policy/reload").status_code == 422
         large = text[text.index("  frontier-large:\n"):]
@@ -209,20 +185,8 @@ def test_a_renamed_target_serves_once_both_files_have_the_new_name(tmp_path):
     the old one), then the policy with the new name is rejected too (the serving fleet lacks it), and nothing
     read either file again: both agreed on disk, the service kept the old pair. A policy reload rejected while
     the last fleet reload was also rejected now tries the two files together."""
-    from pointsman.policy.fleet import DEFAULT_FLEET_PATH
-
-    fleet_path, policy_path = tmp_path / "fleet.yaml", tmp_path / "policy.yaml"
-    text = DEFAULT_FLEET_PATH.read_text(encoding="utf-8")
-    fleet_path.write_text(text, encoding="utf-8")
-    rules = ("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
-             "  - name: hard\n    when: difficulty.p_hard >= 0.1\n    route: {target: %s}\n"
-             "  - name: default\n    route: {target: onprem-8b}\n")
-    policy_path.write_text(rules % "frontier-large", encoding="utf-8")
-    settings = Settings(data_dir=tmp_path, fleet_path=fleet_path, policy_path=policy_path, watch_policy=False,
-                        watch_fleet=False)
-    fleet = load_fleet(fleet_path)
-    engine = RoutingEngine(fleet, load_policy(policy_path, fleet), RegistryModel(0.2, 1))
-    with TestClient(create_app(settings, engine=engine, owns_engine=True)) as c:
+    fleet_path, policy_path, text, rules = _packaged_pair(tmp_path)
+    with _app_on(tmp_path, fleet_path, policy_path) as c:
         fleet_path.write_text(text.replace("  frontier-large:", "  frontier-xl:", 1), encoding="utf-8")
         assert c.post("/v1/fleet/reload").status_code == 422
         policy_path.write_text(rules % "frontier-xl", encoding="utf-8")
@@ -231,3 +195,30 @@ def test_a_renamed_target_serves_once_both_files_have_the_new_name(tmp_path):
         p = c.get("/v1/policy").json()
     assert d["target"] == "frontier-xl" and d["fleet_revision"] == load_fleet(fleet_path).revision
     assert r.status_code == 200 and r.json()["ok"] and p["last_reload"]["ok"], (r.text, p["last_reload"])
+
+
+#: A policy routing hard requests to one target (``%s``) and the rest to onprem-8b.
+_RULES = ("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
+          "  - name: hard\n    when: difficulty.p_hard >= 0.1\n    route: {target: %s}\n"
+          "  - name: default\n    route: {target: onprem-8b}\n")
+
+
+def _packaged_pair(tmp_path):
+    """The packaged fleet and a ``_RULES`` policy on frontier-large, written in ``tmp_path``: (fleet path, policy
+    path, the fleet's text, ``_RULES``)."""
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH
+
+    fleet_path, policy_path = tmp_path / "fleet.yaml", tmp_path / "policy.yaml"
+    text = DEFAULT_FLEET_PATH.read_text(encoding="utf-8")
+    fleet_path.write_text(text, encoding="utf-8")
+    policy_path.write_text(_RULES % "frontier-large", encoding="utf-8")
+    return fleet_path, policy_path, text, _RULES
+
+
+def _app_on(tmp_path, fleet_path, policy_path) -> TestClient:
+    """A client of the app serving the two files (no watchers: reloads by POST)."""
+    settings = Settings(data_dir=tmp_path, fleet_path=fleet_path, policy_path=policy_path, watch_policy=False,
+                        watch_fleet=False)
+    fleet = load_fleet(fleet_path)
+    engine = RoutingEngine(fleet, load_policy(policy_path, fleet), RegistryModel(0.2, 1))
+    return TestClient(create_app(settings, engine=engine, owns_engine=True))
