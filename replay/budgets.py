@@ -15,12 +15,8 @@ Replayed requests carry one budget scope, ``tenant:<tenant>`` (``REPLAY_TENANT``
 caller picks another); ``check_applies`` refuses a budgets file none of whose budgets applies
 to it, so a typo cannot silently replay without budgets.
 
-``book_escalations(ledger, scopes, drafts, cascaded, epoch_s)`` books each escalated call's frontier bill
-(``replay.cascade.apply_cascade`` applies the cascade after the simulation, so the engine never settles
-those calls), as the service books an escalation's outcome: unreserved, on the request's scopes, at the
-escalated call's times. The budget signals the policy read during the run did not see them (the
-cascade's approximation, docs/cascade.md), but the ledger's spend at the end, the report's ``budget $``,
-includes them.
+A cascade's escalations take the same path (``replay.engine_router``, ``cascade``): reserved at the
+verify, refused when they do not fit, settled at their bill when the escalated call completes.
 
 ``budget_status(ledger, scopes, now)`` is what the report shows: per budget that applies,
 its window, limit, settled and still-reserved USD at the end of the run.
@@ -36,7 +32,6 @@ from pointsman.errors import BudgetError
 from pointsman.policy.budget.config import BudgetConfig
 from pointsman.policy.budget.ledger import BudgetLedger
 from pointsman.policy.budget.sqlite_ledger import SqliteLedger
-from pointsman.replay.results import ReplayResult
 
 #: The tenant replayed requests belong to unless ``--tenant`` says otherwise.
 REPLAY_TENANT = "replay"
@@ -63,23 +58,6 @@ def replay_ledger(config: BudgetConfig, folder: str | Path) -> BudgetLedger:
     if path.exists():
         raise BudgetError(f"{path} exists: a replay ledger starts empty")
     return SqliteLedger(path, config, checkpoint_interval_s=0)
-
-
-def book_escalations(ledger: BudgetLedger, scopes: Sequence[str], drafts: ReplayResult, cascaded: ReplayResult,
-                     epoch_s: float) -> None:
-    """Settle in ``ledger``, on ``scopes``, the frontier call of every request ``cascaded`` (``apply_cascade``'s
-    answer) escalated and ``drafts`` (the simulation's result, same requests in the same order) did not: its
-    bill (USD: the escalated request's cost less the draft's), target and tokens, as an unreserved
-    settlement issued when the call started and settled when it finished (Unix seconds: ``epoch_s`` +
-    simulated seconds). Raises ``BudgetError`` from the ledger."""
-    for draft, r in zip(drafts.requests, cascaded.requests):
-        if not r.escalated or draft.escalated:
-            continue
-        start_s = r.arrival_s + (r.escalation_delay_s or 0.0)
-        ledger.settle(f"replay-{r.index}/escalation", max(0.0, r.cost_usd - draft.cost_usd),
-                      now=epoch_s + (r.finish_s if r.finish_s is not None else start_s), target=r.target,
-                      prompt_tokens=r.prompt_tokens, completion_tokens=r.output_tokens, scopes=scopes,
-                      issued_s=epoch_s + start_s)
 
 
 class BudgetSpend(TypedDict):
@@ -109,5 +87,5 @@ def budget_status(ledger: BudgetLedger, scopes: Sequence[str], now: float) -> li
     return out
 
 
-__all__ = ["REPLAY_TENANT", "BudgetSpend", "book_escalations", "budget_status", "check_applies", "replay_ledger",
+__all__ = ["REPLAY_TENANT", "BudgetSpend", "budget_status", "check_applies", "replay_ledger",
            "replay_scopes"]

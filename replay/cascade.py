@@ -1,36 +1,37 @@
 """The cascade in replay: a policy's ``verify`` rules applied to each on-prem answer.
 
-``apply_cascade(result, rows, fleet, sim, policy, decisions, drafts)`` turns a policy's replay
-into its cascade: for every request that completed on an on-prem target, the *draft* is the
-answer of the model standing for that target in the request's outcome row (the target's
-``replay.quality_columns`` for the row's source, else the source's first weak model), read
-from ``drafts`` (``DraftBook``: AlpacaEval's ``model_outputs_long.csv.gz``). Its features and
-the shipped verifier's ``p_bad`` (``estimator/verifier.py``, with the decision's ``p_hard``)
-feed ``policy.escalation.judge``; an escalation to a frontier tier pays **both calls**:
+For every request routed to an on-prem target, the *draft* is the answer of the model standing
+for that target in the request's outcome row (the target's ``replay.quality_columns`` for the
+row's source, else the source's first weak model), read from ``drafts`` (``DraftBook``:
+AlpacaEval's ``model_outputs_long.csv.gz``). ``CascadeVerify`` gives the ``EngineRouter`` its
+features and the shipped verifier's ``p_bad`` (``estimator/verifier.py``, with the decision's
+``p_hard``) as the ``draft`` namespace, and the router verifies it in the simulator's loop the way
+``POST /v1/verify`` does: a complete draft's hold becomes its cost, then ``RoutingEngine.verify``
+(the verify rules on the signals read then: load, budget; an escalation's estimated cost reserved
+on the request's budget scopes; a target refusing the hold moves on to the next, none left accepts
+the draft, rule ``no-eligible-escalation``); the draft is settled at its cost, and the escalated
+call settles its bill when it completes, all at simulated time (``replay.engine_router``).
+``apply_cascade(result, verified)`` then gives each escalated request **both calls**:
 
-- the draft ran in full on-prem (the simulated GPU time and load are unchanged), then the
-  frontier call starts when the draft ends: ``ttft_s`` = draft e2e + the tier's TTFT, ``e2e_s``
-  = draft e2e + the frontier call's e2e (TTFT + TPOT x (output - 1), the tier's medians),
-  ``tpot_s`` the tier's;
-- the frontier bill (``FrontierSpec`` list prices, no prompt cache) is the request's cost;
+- the draft ran on-prem (the simulated GPU time and load are unchanged), then the frontier call
+  starts when the draft ends: ``ttft_s`` = draft e2e + the tier's TTFT, ``e2e_s`` = draft e2e +
+  the frontier call's e2e (TTFT + TPOT x (output - 1), the tier's medians), ``tpot_s`` the tier's;
+- the frontier bill (``FrontierSpec`` list prices, no prompt cache) is added to the request's cost;
 - its quality is the frontier's (``outcome_draw.quality_of``), ``escalated`` true.
 
 **Early verification** (the policy's ``verify.prefix_tokens`` N): the gateway verifies the
-draft's first N tokens while it streams and cancels it on escalate. ``EarlyVerify`` decides at
-routing time, in the simulator's loop (``EngineRouter(cut=...)``): the verdict on the draft's
-first N tokens (``estimator.draft.draft_prefix``: its first 4N characters, ``partial``; a draft no longer than
-that is whole), and an escalated draft is simulated with its output cut to N tokens
-(``Assignment.output_tokens``), so it holds its replica for its prefill and N decode steps only.
-``apply_cascade(..., early=...)`` then turns each cut draft into its escalation: the frontier
-call starts when the N-th token is out (``escalation_delay_s`` = the cut draft's e2e), and the
-request answers the trace's whole output from the frontier. Drafts the prefix accepted run on.
+draft's first N tokens while it streams and cancels it on escalate. The router verifies at
+routing time, right after the decision's dispatch: the verdict on the draft's first N tokens
+(``estimator.draft.draft_prefix``: its first 4N characters, ``partial``; a draft no longer than
+that is whole; the draft's estimate stays held), and an escalated draft is simulated with its
+output cut to N tokens (``Assignment.output_tokens``), so it holds its replica for its prefill and
+N decode steps only; the frontier call starts when the N-th token is out (``escalation_delay_s`` =
+the cut draft's e2e) and answers the trace's whole output. Drafts the prefix accepted run on.
 
-Approximations (stated in ``docs/cascade.md``): the verify step reads the request's own signals
-(prompt tokens, output cap, ``p_hard``) with the fleet read as idle and no budget
-(``signals.example_signals``); escalations add no load to the on-prem fleet (they go to API
-tiers); an escalation to an on-prem target is not modelled (kept as the draft, counted in
-``ReplayResult.unmodelled_escalations`` and named under the report's table); the draft's
-length in tokens is its characters / 4 (as ``draft_features`` counts without usage).
+Approximations (stated in ``docs/cascade.md``): escalations add no load to the on-prem fleet (they
+go to API tiers); an escalation to an on-prem target is not modelled (its hold released, kept as
+the draft, counted in ``ReplayResult.unmodelled_escalations`` and named under the report's table);
+the draft's length in tokens is its characters / 4 (as ``draft_features`` counts without usage).
 """
 
 from __future__ import annotations
@@ -42,23 +43,12 @@ from pathlib import Path
 
 from pointsman.datasets.drafts import read_drafts
 from pointsman.datasets.sources import get_source
-from pointsman.datasets.traces import TraceRequest
 from pointsman.errors import DataError
-from pointsman.estimator.draft import Draft, draft_features, draft_prefix
+from pointsman.estimator.draft import draft_features, draft_prefix
 from pointsman.estimator.verifier import HeuristicVerifier, Verifier
-from pointsman.policy.escalation import draft_signals, judge
-from pointsman.policy.fleet import Fleet
-from pointsman.policy.live import StaticSignals
+from pointsman.policy.escalation import draft_signals
 from pointsman.policy.rules.compiler import CompiledPolicy
-from pointsman.policy.signals.namespaces import (
-    DifficultySignals,
-    EndpointSignals,
-    RequestSignals,
-    Snapshot,
-    example_endpoint,
-    example_signals,
-    relative_key,
-)
+from pointsman.policy.signals.namespaces import DraftSignals
 from pointsman.replay.hardware import FrontierSpec
 from pointsman.replay.outcome_draw import OutcomeRow
 from pointsman.replay.results import ReplayResult, RequestResult
@@ -92,73 +82,58 @@ def draft_model(row: OutcomeRow, target: str, columns: Mapping[str, Mapping[str,
     return named if named else get_source(row.source).weak[0]
 
 
-class _Judge:
-    """A policy's verify rules on one draft, as ``apply_cascade`` and ``EarlyVerify`` run them."""
+class CascadeVerify:
+    """A policy's cascade for the ``EngineRouter`` (its ``cascade``), which runs the verify step with ``RoutingEngine.verify``
+    as ``POST /v1/verify`` does (see the module). ``prefix_tokens``: the policy's ``verify.prefix_tokens`` N (None: whole
+    drafts, verified at their completion). ``draft(index, target, prompt_tokens, p_hard)``: the ``draft`` namespace
+    (``escalation.draft_signals``) of ``target``'s answer to trace request ``index`` (its first N tokens with N), or None
+    when ``rows``/``drafts`` have none. ``escalated(index, drafted, prompt_tokens, draft_tokens, output_tokens, target)``
+    records an escalation (of a request of ``prompt_tokens``) and returns the frontier call's (seconds, USD), or None for an
+    on-prem ``target`` (not modelled: counted in ``unmodelled``). After the run: ``escalations``: index -> (drafted target,
+    draft tokens, output tokens, ``FrontierSpec``); ``unmodelled``: index -> on-prem target; ``refused``: index -> {target:
+    reason} of drafts accepted because every escalation target refused (its budget hold or no healthy endpoint: rule
+    ``no-eligible-escalation``)."""
 
-    def __init__(self, fleet: Fleet, sim: SimFleet, policy: CompiledPolicy, verifier: Verifier | None) -> None:
+    def __init__(self, rows: Sequence[OutcomeRow | None], sim: SimFleet, policy: CompiledPolicy, drafts: DraftBook,
+                 columns: Mapping[str, Mapping[str, str]], verifier: Verifier | None = None) -> None:
         assert policy.verify is not None
-        self.fleet, self.policy = fleet, policy
-        self.verifier = verifier or HeuristicVerifier()
-        self.frontier = {f.name: f for f in sim.frontier}
-        self.base = example_signals(policy.variables, fleet.targets)
-        self.endpoints: dict[str, EndpointSignals] = {
-            relative_key("endpoint", t, r.role): example_endpoint() for t in fleet.targets
-            for r in policy.verify.rules if r.target == t}
-
-    def escalation(self, draft: Draft, target: str, prompt_tokens: int, output_tokens: int,
-                   p_hard: float | None) -> FrontierSpec | str | None:
-        """The frontier tier the verify rules escalate ``draft`` (``target``'s answer) to, the name of
-        the on-prem target they escalate it to (not modelled), or None (accepted)."""
-        features = draft_features(draft, prompt_tokens, p_hard)
-        signals_draft = draft_signals(features, self.verifier.p_bad(features), self.verifier.version, target, True)
-        request: RequestSignals = {**self.base["request"], "prompt_tokens": prompt_tokens,
-                                   "max_output_tokens": max(1, output_tokens)}
-        difficulty: DifficultySignals = {"p_hard": p_hard, "available": p_hard is not None}
-        signals: Snapshot = {**self.base, "_endpoint": self.endpoints, "request": request, "difficulty": difficulty}
-        verdict = judge(self.fleet, self.policy, {"request": request, "difficulty": difficulty},
-                        StaticSignals(self.fleet, self.policy, signals), signals_draft)
-        if verdict.action != "escalate" or verdict.target is None:
-            return None
-        return self.frontier.get(verdict.target, verdict.target)
-
-
-class EarlyVerify:
-    """The ``EngineRouter``'s ``cut`` for a policy with ``verify.prefix_tokens`` (see the module):
-    ``cut(index, request, target, p_hard)`` is the prefix length N when the verify rules escalate
-    the draft's first N tokens (recorded in ``escalations``: index -> (target, N, the request's own
-    output tokens, the frontier tier)), else None."""
-
-    def __init__(self, rows: Sequence[OutcomeRow | None], fleet: Fleet, sim: SimFleet, policy: CompiledPolicy,
-                 drafts: DraftBook, columns: Mapping[str, Mapping[str, str]], verifier: Verifier | None = None) -> None:
-        assert policy.verify is not None and policy.verify.prefix_tokens is not None
         self.rows, self.drafts, self.columns = rows, drafts, columns
         self.prefix_tokens = policy.verify.prefix_tokens
-        self.judge = _Judge(fleet, sim, policy, verifier)
+        self.verifier = verifier or HeuristicVerifier()
+        self.frontier = {f.name: f for f in sim.frontier}
         self.escalations: dict[int, tuple[str, int, int, FrontierSpec]] = {}
-        self.unmodelled: dict[int, str] = {}  # index -> on-prem target its prefix was escalated to
+        self.unmodelled: dict[int, str] = {}
+        self.refused: dict[int, dict[str, str]] = {}
 
-    def __call__(self, index: int, request: TraceRequest, target: str, p_hard: float | None) -> int | None:
-        """N when the draft's first N tokens are escalated, else None."""
-        self.escalations.pop(index, None)
-        self.unmodelled.pop(index, None)
+    def draft(self, index: int, target: str, prompt_tokens: int, p_hard: float | None) -> DraftSignals | None:
+        """See the class."""
         row = self.rows[index] if index < len(self.rows) else None
         text = None if row is None else self.drafts.text(draft_model(row, target, self.columns), row.prompt_id)
         if text is None:
             return None
-        spec = self.judge.escalation(draft_prefix(text, self.prefix_tokens), target, request.prompt_tokens,
-                                     request.output_tokens, p_hard)
-        if isinstance(spec, str):
-            self.unmodelled[index] = spec
-        if not isinstance(spec, FrontierSpec):
+        features = draft_features(draft_prefix(text, self.prefix_tokens), prompt_tokens, p_hard)
+        return draft_signals(features, self.verifier.p_bad(features), self.verifier.version, target, True)
+
+    def escalated(self, index: int, drafted: str, prompt_tokens: int, draft_tokens: int, output_tokens: int,
+                  target: str) -> tuple[float, float] | None:
+        """See the class; the call answers ``output_tokens`` (the trace's), no prompt cache."""
+        spec = self.frontier.get(target)
+        if spec is None:
+            self.unmodelled[index] = target
             return None
-        self.escalations[index] = (target, self.prefix_tokens, request.output_tokens, spec)
-        return self.prefix_tokens
+        self.escalations[index] = (drafted, draft_tokens, output_tokens, spec)
+        return _call(spec, prompt_tokens, output_tokens)
+
+
+def _call(spec: FrontierSpec, prompt_tokens: int, output_tokens: int) -> tuple[float, float]:
+    """An escalated call on ``spec``: (seconds: the tier's TTFT + TPOT x (output - 1) medians, USD: list prices)."""
+    return (spec.ttft_median_s + spec.tpot_median_s * max(0, output_tokens - 1),
+            (prompt_tokens * spec.input_usd_per_mtok + output_tokens * spec.output_usd_per_mtok) / 1e6)
 
 
 def _escalate(r: RequestResult, spec: FrontierSpec, delay_s: float, output_tokens: int) -> RequestResult:
     """``r`` (a draft that ran ``delay_s`` seconds from arrival) answered by ``spec`` from then on."""
-    call_s = spec.ttft_median_s + spec.tpot_median_s * max(0, output_tokens - 1)
-    bill = (r.prompt_tokens * spec.input_usd_per_mtok + output_tokens * spec.output_usd_per_mtok) / 1e6
+    call_s, bill = _call(spec, r.prompt_tokens, output_tokens)
     return dataclasses.replace(
         r, target=spec.name, frontier=True, output_tokens=output_tokens, ttft_s=delay_s + spec.ttft_median_s,
         tpot_s=spec.tpot_median_s if output_tokens > 1 else None, e2e_s=delay_s + call_s,
@@ -166,43 +141,13 @@ def _escalate(r: RequestResult, spec: FrontierSpec, delay_s: float, output_token
         escalation_delay_s=delay_s)
 
 
-def apply_cascade(result: ReplayResult, rows: Sequence[OutcomeRow | None], fleet: Fleet, sim: SimFleet,
-                  policy: CompiledPolicy, decisions: Mapping[int, tuple[str, str, str, float | None]],
-                  drafts: DraftBook, columns: Mapping[str, Mapping[str, str]],
-                  verifier: Verifier | None = None,
-                  early: Mapping[int, tuple[str, int, int, FrontierSpec]] | None = None,
-                  early_unmodelled: Mapping[int, str] | None = None) -> ReplayResult:
-    """The policy's replay with its cascade applied (see the module); ``decisions``: the
-    ``EngineRouter``'s (rule, target, mode, p_hard) per request index; ``columns``:
-    ``outcome_draw.quality_columns(fleet)``; ``early``: ``EarlyVerify.escalations`` of a run with
-    early verification (then only those drafts escalate, each after its N-th token), and
-    ``early_unmodelled`` its ``unmodelled``. Unchanged without a ``verify`` section."""
-    if policy.verify is None:
-        return result
-    judged = _Judge(fleet, sim, policy, verifier) if early is None else None
-    out: list[RequestResult] = []
-    unmodelled: Counter[str] = Counter()
+def apply_cascade(result: ReplayResult, verified: CascadeVerify) -> ReplayResult:
+    """The run's result with its cascade applied (see the module): each request ``verified.escalations``
+    holds (the router dropped those whose draft did not run as escalated) answered by its frontier tier
+    after its draft, ``unmodelled_escalations`` and ``refused_escalations`` counted."""
+    out = []
     for r in result.requests:
-        row = rows[r.index] if r.index < len(rows) else None
-        if r.rejected is not None or r.frontier or row is None or r.target is None or r.e2e_s is None:
-            out.append(r)
-            continue
-        if early is not None:
-            cut = early.get(r.index)
-            # escalated at its N-th token, if it ran where it was routed (a fallback ran in full)
-            if cut is not None and cut[0] == r.target and r.output_tokens == min(cut[1], cut[2]):
-                out.append(_escalate(r, cut[3], r.e2e_s, cut[2]))
-            else:
-                out.append(r)
-                if r.index in (early_unmodelled or {}):
-                    unmodelled[(early_unmodelled or {})[r.index]] += 1
-            continue
-        assert judged is not None
-        text = drafts.text(draft_model(row, r.target, columns), row.prompt_id)
-        p_hard = decisions.get(r.index, ("", "", "", None))[3]
-        spec = None if text is None else judged.escalation(draft_prefix(text, None), r.target, r.prompt_tokens,
-                                                           r.output_tokens, p_hard)
-        if isinstance(spec, str):
-            unmodelled[spec] += 1
-        out.append(_escalate(r, spec, r.e2e_s, r.output_tokens) if isinstance(spec, FrontierSpec) else r)
-    return dataclasses.replace(result, requests=out, unmodelled_escalations=dict(unmodelled))
+        esc = verified.escalations.get(r.index)
+        out.append(r if esc is None or r.e2e_s is None else _escalate(r, esc[3], r.e2e_s, esc[2]))
+    return dataclasses.replace(result, requests=out, unmodelled_escalations=dict(Counter(verified.unmodelled.values())),
+                               refused_escalations=len(verified.refused))

@@ -33,18 +33,30 @@ budget ledger and every request carries ``routing.tenant = tenant``: the ``budge
 and signals read it, dispatch reserves the estimate (a refusal moves to the next fallback,
 none left is ``no_eligible_target``), completion settles the actual cost, all at simulated
 Unix time ``EPOCH_S + t`` (reserve, settle, release, snapshot and hold expiry alike).
+
+**cascade**: with ``cascade`` (``replay.cascade.CascadeVerify``) each on-prem draft is verified with
+``RoutingEngine.verify`` (dispatch on), as ``POST /v1/verify`` does: a whole draft when it completes
+(its hold first made its cost, ``FleetState.hold_known_cost``), a policy's ``verify.prefix_tokens``
+N at routing time (its estimate stays held; an escalated draft is cut at N tokens). An escalation
+reserves its estimate on the request's budget scopes; a refused hold moves on to the next target,
+none left accepts the draft (``no-eligible-escalation``, counted in ``cascade.refused``). The draft
+is settled at completion as any request; the escalated call is settled at its bill when it completes
+in simulated time (draft end + the call's seconds), and released when the draft did not run where
+it was verified (a fallback) or the request was refused.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeAlias
 
 from pointsman.datasets.traces import TraceRequest
 from pointsman.errors import RequestError
 from pointsman.estimator.estimate import Estimator
 from pointsman.policy.budget.ledger import BudgetLedger
+from pointsman.policy.decision import Decision
 from pointsman.policy.engine import RoutingEngine
 from pointsman.policy.fleet import Fleet
 from pointsman.policy.rules.compiler import CompiledPolicy
@@ -52,6 +64,7 @@ from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.policy.signals.fleet_state import FleetState
 from pointsman.policy.signals.load_board import EndpointLoad, LoadBoard, StalenessPolicy
 from pointsman.policy.signals.prefix_index import MOONCAKE_BLOCK_TOKENS, PrefixIndex, PrefixLookup
+from pointsman.replay.cascade import CascadeVerify
 from pointsman.replay.fleet_map import EndpointMap
 from pointsman.replay.results import RequestResult
 from pointsman.replay.router import Assignment, FleetView, ReplicaView
@@ -64,9 +77,6 @@ EPOCH_S = 1_767_225_600.0
 UTILIZATION_WINDOW_S = 30.0
 #: One trace request's conversation: OpenAI chat messages (``role``, ``content``).
 TraceMessages: TypeAlias = Sequence[Mapping[str, str]]
-#: ``cut(index, request, target, p_hard)``: the output tokens after which an on-prem draft stops
-#: (an early verification escalated it and the gateway cancels it), or None (it runs to its end).
-DraftCut: TypeAlias = Callable[[int, TraceRequest, str, "float | None"], "int | None"]
 
 
 class SimBoard(LoadBoard):
@@ -194,16 +204,16 @@ class EngineRouter:
     the real one); ``texts``: per trace index, the request's messages (or None);
     ``ledger``: a budget ledger (None: no budgets), and ``tenant`` the budget scope
     ``tenant:<tenant>`` every request carries (see the module docstring); ``slo_class``: the
-    ``routing.slo_class`` every request carries (None: none); ``cut``: where an on-prem draft
-    stops (``DraftCut``, ``replay.cascade.EarlyVerify``; None: every answer runs in full). After a run,
+    ``routing.slo_class`` every request carries (None: none); ``cascade``: the policy's cascade
+    (see the module docstring; None: no verify step). After a run (and ``finish()``),
     ``decisions[i]`` is ``(rule, target, mode, p_hard)`` for trace request ``i``."""
 
     def __init__(self, fleet: Fleet, policy: CompiledPolicy, estimator: Estimator, *,
                  texts: Sequence[TraceMessages | None] | None = None,
                  ledger: BudgetLedger | None = None, tenant: str | None = None,
-                 slo_class: str | None = None, cut: DraftCut | None = None) -> None:
+                 slo_class: str | None = None, cascade: CascadeVerify | None = None) -> None:
         self.fleet = fleet
-        self.cut = cut
+        self.cascade = cascade
         self.map = EndpointMap.of(fleet)
         self.frontier = frozenset(n for n, t in fleet.targets.items() if t.kind == "frontier")
         self.board = SimBoard(self.map)
@@ -216,6 +226,9 @@ class EngineRouter:
         self.texts = texts
         self.decisions: dict[int, tuple[str, str, str, float | None]] = {}
         self._ids: dict[int, str] = {}
+        self._drafts: dict[int, Decision] = {}  # index -> on-prem decision whose draft is verified
+        self._escalating: dict[int, tuple[str, str, float, float]] = {}  # index -> (escalation id, target, s, USD)
+        self._due: list[tuple[float, str, str, int, int, float]] = []  # (finish s, id, target, prompt, output, USD)
 
     def request_for(self, index: int, req: TraceRequest) -> RouteRequest:
         """The ``RouteRequest`` the gateway would send for trace request ``index``: its messages
@@ -237,6 +250,7 @@ class EngineRouter:
     def __call__(self, req: TraceRequest, view: FleetView) -> Assignment:
         """Decide ``req`` with the engine at ``view.now_s``; see the module docstring."""
         self.current, self.now_s, self.board.view = req, view.now_s, view
+        self._settle_due(view.now_s)
         index = view.request_index
         try:
             d = self.engine.route(self.request_for(index, req))
@@ -250,7 +264,12 @@ class EngineRouter:
         fallbacks = tuple(self._fallback(f.target, f.mode) for f in d.fallbacks)
         if d.target in self.frontier:
             return Assignment(d.target, fallbacks=fallbacks)
-        stop = self.cut(index, req, d.target, d.p_hard) if self.cut is not None else None
+        stop = None
+        if self.cascade is not None:
+            self._drafts[index] = d
+            if self.cascade.prefix_tokens is not None and self._verify(index, d, d.target, req.prompt_tokens,
+                                                                       self.cascade.prefix_tokens, req.output_tokens):
+                stop = self.cascade.prefix_tokens
         where = {e.role: self.map.by_id[e.url] for e in reversed(d.endpoints) if e.url in self.map.by_id}
         if d.mode == DISAGGREGATED:
             return Assignment(d.target, DISAGGREGATED, where[ROLE_PREFILL][2], where[ROLE_DECODE][2],
@@ -276,21 +295,73 @@ class EngineRouter:
         for name in self.frontier:
             self.state.set_health(name, False, "replay goodput: frontier targets disabled")
 
+    def _verify(self, index: int, d: Decision, drafted: str, prompt_tokens: int, draft_tokens: int,
+                output_tokens: int) -> bool:
+        """``RoutingEngine.verify`` of ``drafted``'s draft of request ``index`` (see the module docstring);
+        True when it escalated to a frontier tier (held under ``_escalating[index]``)."""
+        assert self.cascade is not None
+        draft = self.cascade.draft(index, drafted, prompt_tokens, d.p_hard)
+        if draft is None:
+            return False
+        esc = self.engine.verify(d, draft)
+        if esc.escalation_id is None or esc.target is None:
+            if esc.refusals:
+                self.cascade.refused[index] = dict(esc.refusals)
+            return False
+        call = self.cascade.escalated(index, drafted, prompt_tokens, draft_tokens, output_tokens, esc.target)
+        if call is None:  # on-prem: not modelled
+            self.state.release(esc.escalation_id)
+            return False
+        self._escalating[index] = (esc.escalation_id, esc.target, *call)
+        return True
+
+    def _settle_due(self, now_s: float) -> None:
+        """Settle every escalated call that completed by simulated second ``now_s``, at its completion."""
+        while self._due and self._due[0][0] <= now_s:
+            finish_s, eid, target, prompt, output, usd = heapq.heappop(self._due)
+            self.state.settle(eid, prompt_tokens=prompt, completion_tokens=output, actual_cost_usd=usd, target=target,
+                              now=EPOCH_S + finish_s)
+
+    def finish(self) -> None:
+        """After the run: settle the escalated calls still running at the last event."""
+        self._settle_due(float("inf"))
+
     def on_complete(self, result: RequestResult) -> None:
         """Settle the request's decision at its simulated completion (as the service does), or
-        release it when the request was refused after its decision; at simulated Unix time."""
-        decision_id = self._ids.pop(result.index, None)
+        release it when the request was refused after its decision; at simulated Unix time. With a
+        cascade, a whole draft is verified first and an escalated call scheduled (module docstring)."""
+        index = result.index
+        decision_id = self._ids.pop(index, None)
         if decision_id is None:
             return
-        now = EPOCH_S + (result.finish_s if result.finish_s is not None else result.arrival_s)
+        finish_s = result.finish_s if result.finish_s is not None else result.arrival_s
+        self.now_s = max(self.now_s, finish_s)
+        self._settle_due(finish_s)
+        now = EPOCH_S + finish_s
+        d = self._drafts.pop(index, None)
+        usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.output_tokens,
+                 "cached_tokens": min(result.prefix_hit_tokens, result.prompt_tokens)}
+        if (d is not None and self.cascade is not None and self.cascade.prefix_tokens is None
+                and result.rejected is None and not result.frontier and result.target is not None):
+            self.state.hold_known_cost(decision_id, **usage, target=result.target)
+            self._verify(index, d, result.target, result.prompt_tokens, result.output_tokens, result.output_tokens)
         if result.rejected is not None:
             self.state.release(decision_id, now=now)
+        else:
+            self.state.settle(decision_id, **usage, actual_cost_usd=result.cost_usd if result.frontier else None,
+                              target=result.target, mode=result.mode, now=now)
+        escalating = self._escalating.pop(index, None)
+        if escalating is None or self.cascade is None:
             return
-        self.state.settle(decision_id, prompt_tokens=result.prompt_tokens, completion_tokens=result.output_tokens,
-                          cached_tokens=min(result.prefix_hit_tokens, result.prompt_tokens),
-                          actual_cost_usd=result.cost_usd if result.frontier else None,
-                          target=result.target, mode=result.mode, now=now)
+        eid, target, call_s, usd = escalating
+        drafted, draft_tokens, output_tokens, _ = self.cascade.escalations[index]
+        if result.rejected is None and result.target == drafted and result.output_tokens == min(draft_tokens,
+                                                                                               output_tokens):
+            heapq.heappush(self._due, (finish_s + call_s, eid, target, result.prompt_tokens, output_tokens, usd))
+        else:  # refused, or a fallback ran the draft in full: no escalated call
+            del self.cascade.escalations[index]
+            self.state.release(eid, now=now)
 
 
-__all__ = ["EPOCH_S", "DraftCut", "EngineRouter", "SimBoard", "SimFleetState", "SimPrefixIndex", "TraceMessages",
+__all__ = ["EPOCH_S", "EngineRouter", "SimBoard", "SimFleetState", "SimPrefixIndex", "TraceMessages",
            "UTILIZATION_WINDOW_S"]

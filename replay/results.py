@@ -96,6 +96,8 @@ class ReplayResult:
     ``{"prefill_busy_s": [...], "decode_busy_s": [...]}`` (divide by replicas x bin for utilization).
     ``unmodelled_escalations``: on-prem target -> drafts the verify rules escalated there, kept as
     the drafts (``replay.cascade`` simulates escalations to frontier tiers only).
+    ``refused_escalations``: drafts the verify rules escalated but every escalation target refused (its
+    budget hold, or no healthy endpoint), accepted as the service accepts them (``no-eligible-escalation``).
     """
 
     requests: list[RequestResult]
@@ -107,6 +109,7 @@ class ReplayResult:
     timeline_bin_s: float
     timeline: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     unmodelled_escalations: dict[str, int] = field(default_factory=dict)
+    refused_escalations: int = 0
 
     @property
     def window_s(self) -> float:

@@ -51,12 +51,11 @@ from pointsman.replay.breakdown import RuleRow, by_rule
 from pointsman.replay.budgets import (
     REPLAY_TENANT,
     BudgetSpend,
-    book_escalations,
     budget_status,
     replay_ledger,
     replay_scopes,
 )
-from pointsman.replay.cascade import DraftBook, EarlyVerify, apply_cascade
+from pointsman.replay.cascade import CascadeVerify, DraftBook, apply_cascade
 from pointsman.replay.engine_router import EPOCH_S, EngineRouter, TraceMessages
 from pointsman.replay.goodput import GoodputResult, MemoEstimator, RouterFactory, frontier_guard, on_prem_only, search
 from pointsman.replay.outcome_draw import OutcomeRow, quality_columns, quality_of
@@ -195,20 +194,16 @@ def replay_all(trace: Sequence[TraceRequest], fleet: Fleet, sim: SimFleet, polic
         with tempfile.TemporaryDirectory(prefix="pointsman-replay-budget-") as folder:
             ledger = replay_ledger(budgets, folder) if budgets is not None else None
             try:
-                early = None
-                if (cascade is not None and rows is not None and policy.verify is not None
-                        and policy.verify.prefix_tokens is not None):
-                    early = EarlyVerify(rows, fleet, sim, policy, cascade, quality_columns(fleet))
+                verified = None
+                if cascade is not None and rows is not None and policy.verify is not None:
+                    verified = CascadeVerify(rows, sim, policy, cascade, quality_columns(fleet))
                 router = EngineRouter(fleet, policy, estimator, texts=texts, ledger=ledger,
-                                      tenant=tenant if budgets is not None else None, slo_class=slo_class, cut=early)
+                                      tenant=tenant if budgets is not None else None, slo_class=slo_class,
+                                      cascade=verified)
                 result = run(router, router.on_complete)
-                if cascade is not None and rows is not None:
-                    drafts = result
-                    result = apply_cascade(result, rows, fleet, sim, policy, router.decisions, cascade,
-                                           quality_columns(fleet), early=early.escalations if early else None,
-                                           early_unmodelled=early.unmodelled if early else None)
-                    if ledger is not None:
-                        book_escalations(ledger, replay_scopes(tenant), drafts, result, EPOCH_S)
+                router.finish()
+                if verified is not None:
+                    result = apply_cascade(result, verified)
                 spend = [] if ledger is None else budget_status(ledger, replay_scopes(tenant),
                                                                 EPOCH_S + result.end_s)
             finally:

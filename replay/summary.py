@@ -71,6 +71,8 @@ class Summary:
     the cascade added: arrival to the escalated call's start), NaN without escalations.
     ``unmodelled_escalations``: drafts the verify rules escalated to an on-prem target, kept as the
     drafts (not simulated: their second call's cost, latency and quality are not in these numbers).
+    ``refused_escalations``: drafts the verify rules escalated but every escalation target refused (a budget
+    hold that did not fit: the draft stands, as the service accepts it, rule ``no-eligible-escalation``).
     ``onprem_busy_energy_usd``: the part of ``onprem_cost_usd`` that grows with the work served (the
     energy above idle power while busy); the rest (GPU rent, idle power) grows with the window.
     """
@@ -110,6 +112,7 @@ class Summary:
     escalation_delay_p99_s: float = math.nan
     onprem_busy_energy_usd: float = 0.0
     unmodelled_escalations: int = 0
+    refused_escalations: int = 0
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-ready dict (NaN stays NaN; ``json.dumps`` writes it as NaN)."""
@@ -207,6 +210,7 @@ def summarize(result: ReplayResult, slo: SLO | None = None,
         usd_per_slo_request=total / good if good else math.inf,
         escalated=sum(r.escalated for r in done),
         unmodelled_escalations=sum(result.unmodelled_escalations.values()),
+        refused_escalations=result.refused_escalations,
         escalation_delay_p50_s=_pct(delays, 50),
         escalation_delay_p99_s=_pct(delays, 99),
         onprem_busy_energy_usd=busy_energy_usd,

@@ -721,11 +721,11 @@ class FleetState:
     def hold_known_cost(self, decision_id: str, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
                         cache_write_tokens: int = 0, cache_write_1h_tokens: int = 0,
                         target: str | None = None) -> float | None:
-        """A live decision whose cost is known before its settlement (a cascade's complete draft, which the same
-        verify then books with these counts): its hold becomes that cost (USD, priced as ``settle`` prices the same
-        usage), so what is judged meanwhile (the draft's escalation) counts the draft at its cost, not at its
-        estimate. Returns the USD now held, or None when nothing changed (no ledger or no live hold, the decision
-        not dispatched here, usage its prices cannot price, the ledger unavailable: the estimate stays held)."""
+        """A live decision whose cost is known before its settlement (a cascade's complete draft, which the same verify then
+        books with these counts): its hold becomes that cost (USD, priced as ``settle`` prices the same usage), so what is
+        judged meanwhile (the draft's escalation) counts the draft at its cost, not at its estimate; at the state's clock.
+        Returns the USD now held, or None when nothing changed (no ledger or no live hold, the decision not dispatched here,
+        usage its prices cannot price, the ledger unavailable: the estimate stays held)."""
         record = self.record(decision_id)
         if self.ledger is None or record is None or not record.reserved:
             return None
@@ -736,7 +736,7 @@ class FleetState:
             check_tokens(**tokens)
             cost, _ = self._price(decision_id, target or record.target, record.mode, record, tokens)
             with self._budget_change(record.scopes):
-                held = self.ledger.set_hold(decision_id, cost)
+                held = self.ledger.set_hold(decision_id, cost, now=self.clock())
         except (BudgetError, LedgerUnavailable):
             return None
         return cost if held else None

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pointsman.datasets.sources import get_source
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, compile_policy, load_policy
-from pointsman.replay.cascade import DraftBook, apply_cascade
+from pointsman.policy.rules.compiler import STATIC_POLICY_PATH, load_policy
+from pointsman.replay.cascade import CascadeVerify, DraftBook, apply_cascade
 from pointsman.replay.fleet_map import sim_fleet
 from pointsman.replay.outcome_draw import OutcomeRow, quality_of
 from pointsman.replay.results import ReplayResult, RequestResult
@@ -44,29 +46,32 @@ def _request(i: int, target: str, frontier: bool = False) -> RequestResult:
 
 
 def test_escalations_pay_both_calls_and_take_the_frontier_quality():
-    policy = load_policy(STATIC_POLICY_PATH, FLEET)  # broken drafts -> frontier-small; its 8B routes draft on WEAK
+    policy = load_policy(STATIC_POLICY_PATH, FLEET)
     reqs = [_request(0, "onprem-8b"), _request(1, "onprem-8b"), _request(2, "frontier-large", frontier=True),
             _request(3, "onprem-8b")]
     rows = [OutcomeRow("alpacaeval_ae1", f"p{i}", ({"role": "user", "content": "q"},), 0.2, 0.9) for i in range(4)]
-    book = Book({(WEAK, "p0"): GOOD, (WEAK, "p1"): "I'm sorry, but I cannot help with that.",
-                 (WEAK, "p2"): "I'm sorry, but I cannot."})  # p3: no draft -> left as it ran
+    book = Book({(WEAK, "p0"): GOOD, (WEAK, "p1"): "I'm sorry, but I cannot help with that."})
+    verified = CascadeVerify(rows, SIM, policy, book, {})
+    good, refusal = verified.draft(0, "onprem-8b", 200, 0.3), verified.draft(1, "onprem-8b", 200, 0.3)
+    assert good is not None and refusal is not None and refusal["refusal"] and not good["refusal"]
+    assert verified.draft(3, "onprem-8b", 200, 0.3) is None  # no draft: left as it ran
+    small = next(f for f in SIM.frontier if f.name == "frontier-small")
+    call_s = small.ttft_median_s + small.tpot_median_s * 100
+    bill = (200 * small.input_usd_per_mtok + 101 * small.output_usd_per_mtok) / 1e6
+    assert verified.escalated(1, "onprem-8b", 200, 101, 101, "frontier-small") == pytest.approx((call_s, bill))
+    assert verified.escalated(3, "onprem-8b", 200, 101, 101, "onprem-70b") is None  # on-prem: not modelled
     result = ReplayResult(reqs, [], SIM, 0.0, 10.0, 0, 10.0)
-    decisions = {i: ("default", "onprem-8b", "aggregated", 0.3) for i in range(4)}
-    out = apply_cascade(result, rows, FLEET, SIM, policy, decisions, book, {})
+    out = apply_cascade(result, verified)
     kept, escalated, frontier, no_draft = out.requests
     assert kept == reqs[0] and frontier == reqs[2] and no_draft == reqs[3]
-    small = next(f for f in SIM.frontier if f.name == "frontier-small")
     assert escalated.escalated and escalated.frontier and escalated.target == "frontier-small"
-    call_s = small.ttft_median_s + small.tpot_median_s * 100
     assert escalated.e2e_s == pytest.approx(2.2 + call_s) and escalated.ttft_s == pytest.approx(2.2 + small.ttft_median_s)
-    assert escalated.cost_usd == pytest.approx((200 * small.input_usd_per_mtok + 101 * small.output_usd_per_mtok) / 1e6)
+    assert escalated.cost_usd == pytest.approx(bill)
+    assert out.unmodelled_escalations == {"onprem-70b": 1}
     assert quality_of(rows[1], escalated.frontier, escalated.target) == 0.9
     summary = summarize(out, None, lambda r: quality_of(rows[r.index], r.frontier, r.target))
     assert summary.escalated == 1 and summary.frontier_share == pytest.approx(0.5)
     assert summary.quality > summarize(result, None, lambda r: quality_of(rows[r.index], r.frontier, r.target)).quality
-    no_verify = compile_policy("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
-                               "  - name: default\n    route: {target: onprem-8b}\n", FLEET, "p.yaml")
-    assert apply_cascade(result, rows, FLEET, SIM, no_verify, decisions, book, {}) is result
 
 
 def test_replay_reports_the_cascade(tmp_path):
@@ -192,3 +197,48 @@ def test_an_escalation_to_an_on_prem_target_is_named_not_hidden(tmp_path, prefix
     assert s["target_requests"] == {"onprem-8b": 40} and s["escalated"] == 0
     assert s["unmodelled_escalations"] == 40, s  # before: no such count
     assert "up: the verify rules escalated 40 to onprem-70b (on-prem): not simulated" in res.output
+
+
+_LIMITS = st.floats(0.0005, 0.03)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(limit=_LIMITS, prefix=st.sampled_from(["", "  prefix_tokens: 8\n"]))
+def test_a_budget_limits_the_escalations_as_the_service_does(tmp_path_factory, limit, prefix):
+    """``pointsman replay --budgets`` of a cascade: every escalation is reserved at its verify and refused when
+    it does not fit (the draft stands, counted as ``refused_escalations`` and named under the table), so the
+    settled spend never exceeds the limit (free GPUs; answers shorter than the 256-token default the holds
+    assume: no settled call overruns its hold). Before, escalations were booked after the simulation: the
+    ledger went past the limit by their bills and no escalation was ever refused."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+    from pointsman.policy.fleet import DEFAULT_FLEET_PATH
+
+    tmp_path = tmp_path_factory.mktemp("budget")
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{i:02d}.0000000,{300 + 7 * i},{200 + i}\n" for i in range(40)))
+    drafts = tmp_path / "drafts.csv"
+    refusal = "I'm sorry, but I cannot help with that. " * 20
+    drafts.write_text("prompt_id,model,output\n" + "\n".join(
+        f"ae{i:03d},{WEAK},\"{refusal}\"" for i in range(1, 806)) + "\n")
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(DEFAULT_FLEET_PATH.read_text().replace("usd_per_gpu_hour: 2.50", "usd_per_gpu_hour: 0.0")
+                     .replace("usd_per_kwh: 0.10", "usd_per_kwh: 0.0"))
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       f"  - {{scope: 'tenant:replay', window: day, limit_usd: {limit!r}}}\n")
+    policy = tmp_path / "static.yaml"
+    policy.write_text(STATIC_POLICY_PATH.read_text().replace("\nverify:\n", "\nverify:\n" + prefix))
+    res = CliRunner().invoke(main, ["replay", str(trace), "--fleet", str(fleet), "--policy", str(policy),
+                                    "--no-baselines", "--estimator", "fixed:0.1", "--drafts", str(drafts),
+                                    "--budgets", str(budgets), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    run = json.loads((tmp_path / "out" / "report.json").read_text())["runs"]["static"]
+    [spend] = run["budget"]
+    summary = run["summary"]
+    assert spend["settled_usd"] + spend["reserved_usd"] <= limit + 1e-9, (spend, summary["escalated"])
+    assert summary["budget_spent_usd"] == pytest.approx(summary["frontier_cost_usd"], abs=1e-6)
+    if summary["refused_escalations"]:
+        assert f"static: {summary['refused_escalations']} escalations refused" in res.output
