@@ -8,9 +8,10 @@ features and the shipped verifier's ``p_bad`` (``estimator/verifier.py``, with t
 ``p_hard``) as the ``draft`` namespace, and the router verifies it in the simulator's loop the way
 ``POST /v1/verify`` does: a complete draft's hold becomes its cost, then ``RoutingEngine.verify``
 (the verify rules on the signals read then: load, budget; an escalation's estimated cost reserved
-on the request's budget scopes; a target refusing the hold moves on to the next, none left accepts
-the draft, rule ``no-eligible-escalation``); the draft is settled at its cost, and the escalated
-call settles its bill when it completes, all at simulated time (``replay.engine_router``).
+on the request's budget scopes; a target refusing the hold moves on to the next, none left accepts the
+draft, rule ``no-eligible-escalation``; a rule whose targets the ``budget`` filter excluded is skipped); the draft is
+settled at its cost, and the escalated call settles its bill when it completes, all at simulated
+time (``replay.engine_router``).
 ``apply_cascade(result, verified)`` then gives each escalated request **both calls**:
 
 - the draft ran on-prem (the simulated GPU time and load are unchanged), then the frontier call
@@ -90,9 +91,10 @@ class CascadeVerify:
     when ``rows``/``drafts`` have none. ``escalated(index, drafted, prompt_tokens, draft_tokens, output_tokens, target)``
     records an escalation (of a request of ``prompt_tokens``) and returns the frontier call's (seconds, USD), or None for an
     on-prem ``target`` (not modelled: counted in ``unmodelled``). After the run: ``escalations``: index -> (drafted target,
-    draft tokens, output tokens, ``FrontierSpec``); ``unmodelled``: index -> on-prem target; ``refused``: index -> {target:
-    reason} of drafts accepted because every escalation target refused (its budget hold or no healthy endpoint: rule
-    ``no-eligible-escalation``)."""
+    draft tokens, output tokens, ``FrontierSpec``); ``unmodelled``: index -> on-prem target; ``refused``: index -> {rule or
+    target: reason} of drafts an escalating rule matched but that were not escalated: the filters (``budget``) excluded
+    its targets (the rule skipped, as the service skips it), or each target refused its budget hold or had no healthy
+    endpoint (``no-eligible-escalation``)."""
 
     def __init__(self, rows: Sequence[OutcomeRow | None], sim: SimFleet, policy: CompiledPolicy, drafts: DraftBook,
                  columns: Mapping[str, Mapping[str, str]], verifier: Verifier | None = None) -> None:

@@ -39,7 +39,9 @@ Unix time ``EPOCH_S + t`` (reserve, settle, release, snapshot and hold expiry al
 (its hold first made its cost, ``FleetState.hold_known_cost``), a policy's ``verify.prefix_tokens``
 N at routing time (its estimate stays held; an escalated draft is cut at N tokens). An escalation
 reserves its estimate on the request's budget scopes; a refused hold moves on to the next target,
-none left accepts the draft (``no-eligible-escalation``, counted in ``cascade.refused``). The draft
+none left accepts the draft (``no-eligible-escalation``); a rule whose targets the ``budget`` filter
+excluded is skipped, as in the service (the next rule decides, often ``accept``). Both count in
+``cascade.refused``. The draft
 is settled at completion as any request; the escalated call is settled at its bill when it completes
 in simulated time (draft end + the call's seconds), and released when the draft did not run where
 it was verified (a fallback) or the request was refused.
@@ -305,8 +307,9 @@ class EngineRouter:
             return False
         esc = self.engine.verify(d, draft)
         if esc.escalation_id is None or esc.target is None:
-            if esc.refusals:
-                self.cascade.refused[index] = dict(esc.refusals)
+            filtered = {r.rule: r.note or r.result for r in esc.results if r.result == "no-eligible-target"}
+            if filtered or esc.refusals:  # an escalating rule whose targets the filters (budget) excluded, or refused
+                self.cascade.refused[index] = {**filtered, **esc.refusals}
             return False
         call = self.cascade.escalated(index, drafted, prompt_tokens, draft_tokens, output_tokens, esc.target)
         if call is None:  # on-prem: not modelled

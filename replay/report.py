@@ -323,8 +323,8 @@ def report_text(runs: Sequence[Run], meta: Mapping[str, object]) -> str:
             lines.append(f"\n{r.name}: the verify rules escalated {where} (on-prem): not simulated, those drafts "
                          "stand as the answers (cost, latency and quality leave the escalated calls out)")
         if r.result.refused_escalations:
-            lines.append(f"\n{r.name}: {r.result.refused_escalations} escalations refused (the budget hold did not fit, "
-                         "or no healthy endpoint): those drafts stand, as the service accepts them (no-eligible-escalation)")
+            lines.append(f"\n{r.name}: {r.result.refused_escalations} escalations refused (over the budget, "
+                         "or no healthy endpoint): those drafts stand, as the service answers them")
     for r in runs:
         if r.by_rule:
             lines.append(f"\n{r.name} by deciding rule (missed: SLO missed or rejected; ref: all-frontier's quality "

@@ -96,8 +96,9 @@ class ReplayResult:
     ``{"prefill_busy_s": [...], "decode_busy_s": [...]}`` (divide by replicas x bin for utilization).
     ``unmodelled_escalations``: on-prem target -> drafts the verify rules escalated there, kept as
     the drafts (``replay.cascade`` simulates escalations to frontier tiers only).
-    ``refused_escalations``: drafts the verify rules escalated but every escalation target refused (its
-    budget hold, or no healthy endpoint), accepted as the service accepts them (``no-eligible-escalation``).
+    ``refused_escalations``: drafts an escalating verify rule matched but no target took (the
+    ``budget`` filter excluded its targets, their holds did not fit, or no healthy endpoint): not escalated, as the
+    service answers them.
     """
 
     requests: list[RequestResult]

@@ -71,8 +71,8 @@ class Summary:
     the cascade added: arrival to the escalated call's start), NaN without escalations.
     ``unmodelled_escalations``: drafts the verify rules escalated to an on-prem target, kept as the
     drafts (not simulated: their second call's cost, latency and quality are not in these numbers).
-    ``refused_escalations``: drafts the verify rules escalated but every escalation target refused (a budget
-    hold that did not fit: the draft stands, as the service accepts it, rule ``no-eligible-escalation``).
+    ``refused_escalations``: drafts an escalating verify rule matched but no target took (the
+    ``budget`` filter excluded its targets or their holds did not fit): not escalated, as the service answers them.
     ``onprem_busy_energy_usd``: the part of ``onprem_cost_usd`` that grows with the work served (the
     energy above idle power while busy); the rest (GPU rent, idle power) grows with the window.
     """

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pointsman.datasets.sources import get_source
@@ -199,10 +199,11 @@ def test_an_escalation_to_an_on_prem_target_is_named_not_hidden(tmp_path, prefix
     assert "up: the verify rules escalated 40 to onprem-70b (on-prem): not simulated" in res.output
 
 
-_LIMITS = st.floats(0.0005, 0.03)
+_LIMITS = st.floats(0.0005, 0.03)  # $0.002: 11 of the 31 8B drafts escalate, 20 are refused
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@example(limit=0.002, prefix="")
 @given(limit=_LIMITS, prefix=st.sampled_from(["", "  prefix_tokens: 8\n"]))
 def test_a_budget_limits_the_escalations_as_the_service_does(tmp_path_factory, limit, prefix):
     """``pointsman replay --budgets`` of a cascade: every escalation is reserved at its verify and refused when
@@ -240,5 +241,7 @@ def test_a_budget_limits_the_escalations_as_the_service_does(tmp_path_factory, l
     summary = run["summary"]
     assert spend["settled_usd"] + spend["reserved_usd"] <= limit + 1e-9, (spend, summary["escalated"])
     assert summary["budget_spent_usd"] == pytest.approx(summary["frontier_cost_usd"], abs=1e-6)
+    # every 8B draft refuses: each is escalated or, when its escalation does not fit, counted as refused
+    assert summary["refused_escalations"] == summary["target_requests"].get("onprem-8b", 0), summary
     if summary["refused_escalations"]:
         assert f"static: {summary['refused_escalations']} escalations refused" in res.output
