@@ -267,11 +267,11 @@ class EngineRouter:
         if d.target in self.frontier:
             return Assignment(d.target, fallbacks=fallbacks)
         stop = None
-        if self.cascade is not None:
-            self._drafts[index] = d
-            if self.cascade.prefix_tokens is not None and self._verify(index, d, d.target, req.prompt_tokens,
-                                                                       self.cascade.prefix_tokens, req.output_tokens):
-                stop = self.cascade.prefix_tokens
+        prefix = self.cascade.prefix_tokens if self.cascade is not None else None
+        if self.cascade is not None and prefix is None:
+            self._drafts[index] = d  # verified when it completes
+        elif prefix is not None and self._verify(index, d, d.target, req.prompt_tokens, prefix, req.output_tokens):
+            stop = prefix
         where = {e.role: self.map.by_id[e.url] for e in reversed(d.endpoints) if e.url in self.map.by_id}
         if d.mode == DISAGGREGATED:
             return Assignment(d.target, DISAGGREGATED, where[ROLE_PREFILL][2], where[ROLE_DECODE][2],
@@ -344,8 +344,7 @@ class EngineRouter:
         d = self._drafts.pop(index, None)
         usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.output_tokens,
                  "cached_tokens": min(result.prefix_hit_tokens, result.prompt_tokens)}
-        if (d is not None and self.cascade is not None and self.cascade.prefix_tokens is None
-                and result.rejected is None and not result.frontier and result.target is not None):
+        if d is not None and result.rejected is None and not result.frontier and result.target is not None:
             self.state.hold_known_cost(decision_id, **usage, target=result.target)
             self._verify(index, d, result.target, result.prompt_tokens, result.output_tokens, result.output_tokens)
         if result.rejected is not None:
