@@ -131,7 +131,8 @@ class Pool(StrictModel):
     KV cache one replica holds (optional; the prefix index bounds itself by it).
     For latency prediction (``policy/selection/latency.py``): ``decode_step_s``, seconds of one
     decode step at a small batch (the inter-token latency of a lone request: reading the
-    weights once; the floor of predicted TPOT; absent: the batch share alone), and
+    weights once; the floor of predicted TPOT, and of predicted prefill, whose first token needs
+    such a pass; absent: the batch share alone, the prefill work alone), and
     ``max_num_batched_tokens``, the engine's token budget per step (vLLM's
     ``--max-num-batched-tokens``: the largest prefill chunk a decode step can carry; replay's
     simulator schedules the pool's replicas with it too).

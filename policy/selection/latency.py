@@ -9,11 +9,16 @@ live signals. Policies read it as ``predict["<target>"]`` and ``endpoint.predict
     aggregated:     queue_s + prefill_s
     disaggregated:  queue_s + prefill_s + transfer_s        (on the chosen prefill endpoint)
     frontier:       the tier's reported median TTFT, else its declared one
+    prefill_s     = max(decode_step_s, work_s)               (of the pool that prefills)
 
 ``queue_s``: prefill work already queued on the endpoint (``pickers.QueueScorer``: vLLM
 schedules the waiting queue first come, first served, so all of it runs before this
-request's prefill); ``prefill_s``: this request's own uncached prefill, or the shared KV
-tier's restore when that is faster (``pickers.PrefillWorkScorer``); ``transfer_s``: the
+request's prefill); ``work_s``: this request's own uncached prefill, or the shared KV
+tier's restore when that is faster (``pickers.PrefillWorkScorer``); ``decode_step_s``: the
+first token needs at least one forward pass, which reads every weight once as a lone decode
+step does (a 6-token prompt on the packaged 70B replicas: 21 ms, not its 0.5 ms of work; the
+replay simulator's prefill step: 22.6 ms, ``replay/hardware.py``); absent: no floor; in the
+trace as ``prefill_floor_s``. ``transfer_s``: the
 prompt's KV over the prefill replica's link, ``latency + prompt × kv_bytes_per_token / link``
 (``transfer_s``; Mooncake's transfer engine measured 1.8 ms + bytes / 168 GB/s over 4 NICs).
 
@@ -38,9 +43,10 @@ preempts and recomputes, which at least doubles the decode time.
 **The batch's TPOT** (aggregated only): this request's uncached prefill runs in the steps of
 the requests already decoding on the endpoint, after the prefill queued there (vLLM's chunked
 prefill puts running decodes and prefill chunks in one step, running requests first), so each
-of them waits ``queue_s + prefill_s`` longer over its answer, but no step outlasts one chunk::
+of them waits ``queue_s + work_s`` longer over its answer (not the floor: their steps read the
+weights anyway), but no step outlasts one chunk::
 
-    batch_tpot_s = step_s + min((queue_s + prefill_s) / STALL_STEPS, max(0, chunk_s − step_s))
+    batch_tpot_s = step_s + min((queue_s + work_s) / STALL_STEPS, max(0, chunk_s − step_s))
                    (0 when nothing runs there)
 
 ``STALL_STEPS``: a short answer's decode steps, over which the stall is spread; ``chunk_s =
@@ -226,16 +232,19 @@ def onprem(target_name: str, target: OnPremTarget, mode: str, picks: tuple[PoolP
            output_tokens: int) -> Prediction | None:
     """The prediction on ``target`` in ``mode`` from the picker's picks there (aggregated: one
     pick; disaggregated: the prefill then the decode pick), at each pick's chosen endpoint;
-    None when a pool has no healthy endpoint. The picks' scorer parts give ``queue_s`` and
-    ``prefill_s`` (a picker without scores, ``in-order``, predicts no queue: its parts are absent)."""
+    None when a pool has no healthy endpoint. The picks' scorer parts give ``queue_s`` and the
+    prefill's work (a picker without scores, ``in-order``, predicts no queue: its parts are absent);
+    ``prefill_s`` is at least the prefilling pool's ``decode_step_s``."""
     first, main = picks[0], picks[-1]
     i, j = first.chosen, main.chosen
     if i is None or j is None:
         return None
-    queue, prefill = _part(first, "queue", i), _part(first, "prefill-work", i)
+    queue, work = _part(first, "queue", i), _part(first, "prefill-work", i)
+    pool_p = first.view.pool_of(i)
     if "prefill-work" not in first.parts:
-        pool_p = first.view.pool_of(i)
-        prefill = prompt_tokens / pool_p.prefill_tokens_per_s if pool_p is not None else 0.0
+        work = prompt_tokens / pool_p.prefill_tokens_per_s if pool_p is not None else 0.0
+    floor = (pool_p.decode_step_s or 0.0) if pool_p is not None else 0.0
+    prefill = max(floor, work)
     pool = main.view.pool_of(j)
     if pool is None:
         return None
@@ -243,16 +252,15 @@ def onprem(target_name: str, target: OnPremTarget, mode: str, picks: tuple[PoolP
     short = kv_short(pool, main, j, prompt_tokens + output_tokens)
     reading = main.view.loads[j]
     moved = stall = 0.0
-    inputs: dict[str, float | int | str | None] = {"batch": batch, "kv_short": int(short)}
+    inputs: dict[str, float | int | str | None] = {"batch": batch, "kv_short": int(short), "prefill_floor_s": floor}
     if mode == "aggregated":
         share = reading.prefill_utilization if reading is not None else None
         running = reading.num_requests_running if reading is not None else None
         inputs["prefill_utilization"], inputs["running"] = share, running
         tpot = tpot_s(pool, batch, output_tokens, prefill_share=share or 0.0, kv_short=short)
-        stall = batch_tpot_s(pool, batch, running, queue + prefill)
+        stall = batch_tpot_s(pool, batch, running, queue + work)
     else:
-        pp = first.view.pool_of(i)
-        link = target.kv_link_bytes_per_s or NIC_BYTES_PER_S * (pp.gpus_per_replica if pp is not None else 1)
+        link = target.kv_link_bytes_per_s or NIC_BYTES_PER_S * (pool_p.gpus_per_replica if pool_p is not None else 1)
         moved = transfer_s(prompt_tokens, target.kv_bytes_per_token, link)
         inputs["link_bytes_per_s"] = link
         tpot = tpot_s(pool, batch, output_tokens, kv_short=short)

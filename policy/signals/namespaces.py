@@ -342,14 +342,15 @@ SIGNALS: dict[str, Namespace] = {
     }, shape="relative", aged=True),
     "predict": Namespace("predict", _PREDICT_DOC, {
         "ttft_s": Signal("double", "predicted time to first token, seconds: prefill queued ahead + this request's "
-                                   "uncached prefill (or shared-tier restore) + P/D KV transfer; a frontier tier's "
+                                   "uncached prefill (or shared-tier restore), at least one forward pass (the "
+                                   "prefilling pool's decode_step_s) + P/D KV transfer; a frontier tier's "
                                    "reported or declared median; infinite without a healthy endpoint"),
         "tpot_s": Signal("double", "predicted mean time per output token, seconds: the decode batch's share and step "
                                    "floor, prefill interference (aggregated, 90th percentile), doubled when free KV "
                                    "runs short"),
         "batch_tpot_s": Signal("double", "predicted TPOT of the requests already decoding on the chosen aggregated "
                                          "endpoint once the prefill queued there and this request's run in their "
-                                         "steps, seconds (step + min((queue_s + prefill_s) / 6, chunk_s - step): a "
+                                         "steps, seconds (step + min((queue_s + prefill work) / 6, chunk_s - step): a "
                                          "short answer's 6 steps, none longer than one chunk of the pool's "
                                          "max_num_batched_tokens, chunk_s); "
                                          "0 disaggregated, on a frontier tier or with nothing running there"),
@@ -362,7 +363,8 @@ SIGNALS: dict[str, Namespace] = {
                                  "disaggregated only where the disaggregation guards allow it"),
         "queue_s": Signal("double", "the part of ttft_s queued ahead (prefill work on the chosen endpoint, "
                                     "counted as prefill_queue_s is)"),
-        "prefill_s": Signal("double", "the part of ttft_s for this request's own prefill"),
+        "prefill_s": Signal("double", "the part of ttft_s for this request's own prefill: its "
+                                      "uncached tokens' work, at least one forward pass (decode_step_s)"),
         "transfer_s": Signal("double", "the part of ttft_s for the P/D KV transfer (0 aggregated)"),
         "aggregated_ttft_s": Signal("double", "ttft_s aggregated; null without that mode", nullable=True),
         "aggregated_tpot_s": Signal("double", "tpot_s aggregated; null without that mode", nullable=True),
