@@ -751,14 +751,15 @@ class FleetState:
         """Keep a settlement this replica booked in the journal, for ``restore_spend``, with a lower bound of its
         ledger record's expiry: a record the first settle created (``unreserved``) lives ``record_retention_s`` from
         that settle (``settled_s``, which a replay reports too); one created at the reservation, from the decision's
-        time (``issued_s``: the reservation follows it)."""
+        time (``issued_s``: the reservation follows it). Booked now (the state's clock): a journaled settlement is
+        written long after its outcome's ``now``, and a restart's lookback counts from the ledger's last sighting."""
         if not self._restorable or self.ledger is None or self.journal is None:
             return
         retention = float(self.ledger.config.record_retention_s)
         born = settlement.settled_s if settlement.hold_state == "unreserved" else args["issued_s"]
         expires = None if args["scopes"] is None or born is None else born + retention
         try:
-            self.journal.book(Booked(decision_id, args, args["now"], expires))
+            self.journal.book(Booked(decision_id, args, self.clock(), expires))
         except LedgerUnavailable as exc:  # booked in the ledger all the same; only its spare copy is missing
             log.warning("booked settlement of %s not kept in the spend journal: %s", decision_id, exc)
 

@@ -301,3 +301,31 @@ def test_a_settlement_whose_record_expired_is_not_booked_again_after_a_restart(t
     finally:
         ledger.close()
         redis.stop()
+
+
+def test_a_journaled_settlement_booked_late_is_restored_after_the_next_crash(tmp_path):
+    """A settlement journaled during a 10-minute outage is booked when Redis is back; the machine dies before
+    the file's next fsync (a crash loop): the restart re-applies what was booked since Redis was last seen alive,
+    and that is when the replay wrote it, not when its outcome arrived."""
+    (tmp_path / "redis").mkdir()
+    redis = Redis(tmp_path / "redis")
+    ledger = RedisLedger.from_url(redis.url, CONFIG)
+    offset = [0.0]
+    replica = FleetState(FLEET, ledger, signer=DecisionSigner(b"k" * 32), journal=SpendJournal(tmp_path / "j.db"),
+                         clock=lambda: time.time() + offset[0])
+    try:
+        tick(replica)
+        redis.kill()
+        acked = {UNBUDGETED[0]: settle_one(replica, UNBUDGETED, 0, journaled=True)}
+        offset[0] += 600.0  # the outage lasts 10 minutes
+        redis.start()
+        mark = redis.mark()
+        tick(replica)  # Redis seen again (a new run_id, nothing lost), then the journal booked
+        assert settled(ledger, UNBUDGETED[0]) == acked[UNBUDGETED[0]]
+        redis.crash(mark)  # the machine dies before that booking was fsynced
+        redis.start()
+        assert settled(ledger, UNBUDGETED[0]) == 0
+        until_restored([replica], ledger, acked, deadline_s=5.0)
+    finally:
+        ledger.close()
+        redis.stop()
