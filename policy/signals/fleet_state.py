@@ -855,9 +855,11 @@ class FleetState:
             return 0
         booked = 0
         for row in rows or ():
+            again = row.args.copy()  # at now: a record created again lives from now (its windows stay the decision's)
+            again["now"], again["issued_s"] = now, row.args["now"] if row.args["issued_s"] is None else row.args["issued_s"]
             try:
                 with self._budget_change(row.args["scopes"]):
-                    settlement = self.ledger.settle(row.decision_id, **row.args)
+                    settlement = self.ledger.settle(row.decision_id, **again)
             except LedgerUnavailable:
                 return booked  # not seen yet: the next call starts over
             except BudgetError as exc:  # e.g. no record and no scopes: nothing to book it on
@@ -865,8 +867,6 @@ class FleetState:
                 continue
             if not settlement.replayed:
                 booked += 1
-                again = row.args.copy()
-                again["now"] = now
                 self._keep_booked(row.decision_id, again, settlement)
         if booked:
             log.warning("budget ledger: %d settlement(s) it had lost booked again from the spend journal", booked)

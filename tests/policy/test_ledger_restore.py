@@ -329,3 +329,33 @@ def test_a_journaled_settlement_booked_late_is_restored_after_the_next_crash(tmp
     finally:
         ledger.close()
         redis.stop()
+
+
+def test_a_settlement_booked_again_after_a_flush_survives_a_crash_right_after(tmp_path):
+    """A flushed store gets a settlement 800 s old back (its record created again, alive ``record_retention_s``
+    from now); the machine then dies before that was fsynced, the epoch already on disk: the restart re-applies
+    it, its record's expiry counted from the re-booking, not from the first one."""
+    (tmp_path / "redis").mkdir()
+    redis = Redis(tmp_path / "redis")
+    ledger = RedisLedger.from_url(redis.url, BudgetConfig.from_dict({"record_retention_s": 1000, "budgets": [
+        {"scope": "tenant:acme", "window": "day", "limit_usd": 1e6}]}))
+    offset = [-800.0]  # settled 800 s ago
+    replica = FleetState(FLEET, ledger, signer=DecisionSigner(b"k" * 32), journal=SpendJournal(tmp_path / "j.db"),
+                         clock=lambda: time.time() + offset[0])
+    try:
+        acked = {UNBUDGETED[0]: settle_one(replica, UNBUDGETED, 0)}
+        tick(replica)
+        offset[0] = 0.0
+        redis.flushall()
+        ledger.snapshot([UNBUDGETED[0]])  # another replica's call makes the new epoch
+        time.sleep(1.5)  # the epoch fsynced
+        mark = redis.mark()
+        tick(replica)  # the flush seen: the settlement booked again
+        assert settled(ledger, UNBUDGETED[0]) == acked[UNBUDGETED[0]]
+        redis.crash(mark)
+        redis.start()
+        assert settled(ledger, UNBUDGETED[0]) == 0
+        until_restored([replica], ledger, acked, deadline_s=5.0)
+    finally:
+        ledger.close()
+        redis.stop()
