@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from pointsman.policy.fleet import DEFAULT_FLEET_PATH
+from tests.policy.test_ledger_restore import Redis
 from tests.service.conftest import free_port, start_serve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,9 +105,11 @@ def prometheus(tmp_path_factory, standin):
     budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
                        "  - {scope: 'tenant:acme', window: day, limit_usd: 0.05}\n", encoding="utf-8")
     procs: list[subprocess.Popen] = []
+    (tmp / "redis").mkdir()
+    redis = Redis(tmp / "redis")  # shared state: its gauges (PointsmanSharedStateDisconnected) are exported
     try:
         def settings() -> dict[str, str]:  # a fresh ext_proc port with each try of a fresh HTTP port
-            return {"POINTSMAN_DATA_DIR": str(tmp), "POINTSMAN_FLEET_PATH": str(fleet),
+            return {"POINTSMAN_DATA_DIR": str(tmp), "POINTSMAN_FLEET_PATH": str(fleet), "POINTSMAN_STATE_URL": redis.url,
                     "POINTSMAN_BUDGETS_PATH": str(budgets), "POINTSMAN_SCRAPE_INTERVAL_S": "0.5",
                     "POINTSMAN_DECISION_LOG_FLUSH_MS": "5", "POINTSMAN_EXT_PROC_PORT": str(free_port()),
                     "POINTSMAN_MODEL": "champion", "POINTSMAN_MODEL_POLL_INTERVAL_S": "1",
@@ -144,6 +147,7 @@ def prometheus(tmp_path_factory, standin):
             _stop(proc)
         for server in servers:
             server.stop()
+        redis.stop()
 
 
 def _traffic(base: str) -> None:
