@@ -65,6 +65,7 @@ from pointsman.policy.fleet import DEFAULT_FLEET_PATH, Fleet, Mode, SLOClass, lo
 from pointsman.policy.live import StaticSignals
 from pointsman.policy.rules.compiler import CompiledPolicy, load_policy
 from pointsman.policy.selection.filters import Exclusion, NoEligibleTarget, budget_refusal
+from pointsman.policy.signals.load_board import outstanding
 from pointsman.policy.signals.namespaces import (
     VERIFY_SIGNALS,
     BudgetSignals,
@@ -260,12 +261,10 @@ _L = TypeVar("_L", LoadSignals, EndpointSignals)
 
 
 def _outstanding(load: _L, given: Mapping[str, object]) -> _L:
-    """``load`` with ``outstanding_requests``, unless given, as the service reads it: running + waiting when
-    both are known, else ``inflight_requests``."""
+    """``load`` with ``outstanding_requests``, unless given, as the service reads it (``load_board.outstanding``)."""
     if "outstanding_requests" not in given:
-        running, waiting = load["num_requests_running"], load["num_requests_waiting"]
-        load["outstanding_requests"] = running + waiting if running is not None and waiting is not None \
-            else load["inflight_requests"]
+        load["outstanding_requests"] = outstanding(load["num_requests_running"], load["num_requests_waiting"],
+                                                   load["inflight_requests"])
     return load
 
 

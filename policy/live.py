@@ -91,7 +91,7 @@ class TargetLoad(Mapping[str, object]):
         elif key == "outstanding_requests":
             value = sum(x.outstanding_requests for x in r)
         elif key == "age_s":
-            external = [x.updated_at for x in r if x.source != "inflight" or x.stale]
+            external = [x.updated_at for x in r if x.measured]
             value = max(0.0, self._now - min(external)) if external else 0.0
         elif key in ("stale", "saturated"):
             value = any(getattr(x, key) for x in r)

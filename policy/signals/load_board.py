@@ -70,6 +70,12 @@ SATURATED_WAITING = 1_000_000
 INFLIGHT_TTL_S = 600.0
 
 
+def outstanding(running: int | None, waiting: int | None, inflight: int) -> int:
+    """An endpoint's ``outstanding_requests``: ``running`` + ``waiting`` when its engine reports both, else
+    ``inflight`` (Pointsman's own in-flight count). The rule the service reads and ``policy test`` derives."""
+    return running + waiting if running is not None and waiting is not None else inflight
+
+
 @dataclass(frozen=True, slots=True)
 class EndpointLoad:
     """One endpoint's load reading (immutable).
@@ -115,22 +121,25 @@ class EndpointLoad:
     #: A pool's reading (``aggregate_loads``): the sum of its endpoints' ``outstanding_requests``.
     pool_outstanding: int | None = None
 
+    @property
+    def measured(self) -> bool:
+        """Whether ``updated_at`` is when external values were measured: any reading but in-flight accounting
+        alone, and the accounting a stale reading fell back to (``on_stale: unknown``), which keeps its age."""
+        return self.source != "inflight" or self.stale
+
     def age_s(self, now: float | None = None) -> float:
-        """Seconds since the external values were measured; 0 for in-flight accounting (always current), but
-        for the accounting a stale reading fell back to (``on_stale: unknown``), which keeps that reading's age."""
-        if self.source == "inflight" and not self.stale:
+        """Seconds since the external values were measured (``measured``); 0 for in-flight accounting alone
+        (always current)."""
+        if not self.measured:
             return 0.0
         return max(0.0, (time.monotonic() if now is None else now) - self.updated_at)
 
     @property
     def outstanding_requests(self) -> int:
-        """Requests on the endpoint: running + waiting when the engine reports both, else our in-flight count
-        (a pool's: the sum of its endpoints')."""
+        """Requests on the endpoint (``outstanding``); a pool's: the sum of its endpoints'."""
         if self.pool_outstanding is not None:
             return self.pool_outstanding
-        if self.num_requests_running is not None and self.num_requests_waiting is not None:
-            return self.num_requests_running + self.num_requests_waiting
-        return self.inflight_requests
+        return outstanding(self.num_requests_running, self.num_requests_waiting, self.inflight_requests)
 
     def signals(self, now: float | None = None) -> dict[str, JSONScalar]:
         """The reading as a CEL-ready dict (``load[target]`` / ``endpoint`` namespaces): the
@@ -243,7 +252,7 @@ def aggregate_loads(name: str, loads: Iterable[EndpointLoad]) -> EndpointLoad | 
         return sum(values) / len(values) if values else None
 
     sources = {x.source for x in loads}
-    external = [x for x in loads if x.source != "inflight" or x.stale]
+    external = [x for x in loads if x.measured]
     return EndpointLoad(
         endpoint=name,
         source=sources.pop() if len(sources) == 1 else "mixed",
