@@ -656,8 +656,12 @@ def _null_inequalities(source: str, program: cel.Program, plan: Plan, signals: M
         if field is not None and signal is not None and (root, key, field) not in leaves and domain(signal):
             leaves[(root, key, field)] = (signal, ref, keys)
 
+    # each probe snapshot's namespaces as the plan reads them, once (``run`` copies the ones it sets)
+    bases: list[dict[str, object]] = [{root: _planned(snap[root], plan[root]) for root in plan if root in snap}
+                                      for snap in snapshots]
+
     def run(base: Mapping[str, object], values: Mapping[tuple[str, str | None, str], object]) -> object:
-        ctx: dict[str, object] = {root: _planned(base[root], plan[root]) for root in plan if root in base}
+        ctx = dict(base)
         for (root, key, field), value in values.items():
             ns = dict(ctx.get(root) or {})  # type: ignore[call-overload]  # a namespace: a mapping
             if key is None:
@@ -681,7 +685,7 @@ def _null_inequalities(source: str, program: cel.Program, plan: Plan, signals: M
         else:
             assignments = [{}, *({o: v} for o, d in others for v in d)][:MAX_NULL_CONTEXTS // max(1, len(snapshots))]
         runs = itertools.count()  # each run of the program, against MAX_NULL_RUNS
-        witness = next(((base, values) for base in snapshots for values in assignments
+        witness = next(((base, values) for base in bases for values in assignments
                         if next(runs) < MAX_NULL_RUNS and run(base, {**values, leaf: None}) is True
                         and any(next(runs) < MAX_NULL_RUNS and run(base, {**values, leaf: v}) is False
                                 for v in values_of(signal))), None)
