@@ -87,6 +87,24 @@ class Redis:
         return self.folder / "appendonlydir" / name
 
     def mark(self) -> tuple[str, int]:
+        """The file's length once every acknowledged command is in it. Under ``everysec`` Redis answers
+        before it writes when the previous background fsync is still running (a slow disk: it postpones
+        the ``write()`` up to 2 s), so the length is read only once INFO shows an empty AOF buffer and
+        no rewrite pending (a cut at an earlier length would also undo commands from before the mark)."""
+        import redis
+
+        client = redis.Redis(port=self.port)
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                info = client.info("persistence")
+                if (info["aof_buffer_length"] == 0 and not info["aof_rewrite_in_progress"]
+                        and not info["aof_rewrite_scheduled"]):
+                    break
+                assert time.monotonic() < deadline, f"the AOF buffer never drained: {info}"
+                time.sleep(0.01)
+        finally:
+            client.close()
         f = self._incr()
         return f.name, f.stat().st_size
 
