@@ -77,7 +77,8 @@ def start_serve(settings: Callable[[], dict[str, str]], started: list[subprocess
                 port: int | None = None) -> tuple[subprocess.Popen, str]:
     """Start ``python -m pointsman serve`` on ``port`` (else a free one) with ``settings()`` as
     ``POINTSMAN_*`` variables beside the test environment; appended to ``started`` (the caller stops
-    them). Waits until ``/readyz`` answers 200 (60 s at most). A free port can be taken (another test's
+    them). Waits until ``/readyz`` answers 200 (120 s at most: a start takes seconds, but on a machine
+    shared with other work it has taken over 60). A free port can be taken (another test's
     ephemeral port) before serve binds it: then, without a given ``port``, up to three tries, each on a
     fresh port and with ``settings()`` called again (a setting may name a port too). Returns the
     process and its base URL; raises ``AssertionError`` with serve's stderr when it exits."""
@@ -89,14 +90,14 @@ def start_serve(settings: Callable[[], dict[str, str]], started: list[subprocess
                                  "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         started.append(proc)
         base = f"http://127.0.0.1:{chosen}"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while proc.poll() is None:
             try:
                 if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
                     return proc, base
             except httpx.TransportError:
                 pass
-            assert time.monotonic() < deadline, "service did not start within 60 s"
+            assert time.monotonic() < deadline, "service did not start within 120 s"
             time.sleep(0.1)
         error = proc.stderr.read().decode()
         assert port is None and "address already in use" in error and attempt < 2, error
