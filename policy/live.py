@@ -191,7 +191,7 @@ def _scores(source: SignalSource, target: str) -> tuple[float | None, float | No
 def resolve_mode(policy: CompiledPolicy, fleet: Fleet, source: SignalSource, target: str, route_mode: str,
                  predicted: Callable[[], tuple[float | None, float | None]] | None = None) -> ModeDecision:
     """The mode ``target`` runs a route of ``route_mode`` in (``pd_mode.decide_mode``),
-    reading ``cache[target].prefix_hit_ratio`` and ``load[target].prefill_saturated`` from
+    reading ``source.local_hit_ratio(target)`` and ``load[target].prefill_saturated`` from
     ``source`` only when the target could disaggregate, and ``predict[target]`` for an ``auto``
     route under ``disaggregation.by_prediction``; ``predicted``: the (aggregated, disaggregated)
     SLO scores to compare instead, whatever ``by_prediction`` says (``predict[target]``'s own mode)."""
@@ -202,7 +202,7 @@ def resolve_mode(policy: CompiledPolicy, fleet: Fleet, source: SignalSource, tar
                             else "the target has no prefill/decode pools", {"route_mode": route_mode})
     return decide_mode(policy.disaggregation, t, route_mode, prompt_tokens=source.target_prompt_tokens(target),
                        output_tokens=source.output_tokens(target),
-                       prefix_hit_ratio=source.cache(target)["prefix_hit_ratio"],
+                       prefix_hit_ratio=source.local_hit_ratio(target),
                        prefill_saturated=bool(source.load(target)["prefill_saturated"]),
                        gpus=source.pd_pool_gpus(target),
                        predicted=predicted or ((lambda: _scores(source, target)) if policy.disaggregation.by_prediction
@@ -509,6 +509,16 @@ class LiveSignals:
         self._cache[target] = out
         return out
 
+    def local_hit_ratio(self, target: str) -> float:
+        """Share 0-1 of the prompt (its tokens on ``target``) cached on the endpoint an aggregated request would
+        run on there: the aggregated picker's first choice (``aggregated_view``), 0 when it has none. What the P/D
+        rules of thumb read: ``cache(target)``'s longest prefix may sit where the request would not run (a decode
+        endpoint holding under ``max_local_hit_ratio``, or one the picker ranks after a cold one)."""
+        pick = self.pick(target, "aggregated")
+        if pick.chosen is None:
+            return 0.0
+        return min(1.0, pick.view.hit(pick.chosen)[0] / max(1, self.target_prompt_tokens(target)))
+
     def _label(self, endpoint_id: str) -> str:
         info = self.fleet.endpoints.get(endpoint_id)
         return endpoint_id if info is None else (info.name or info.url)
@@ -755,6 +765,10 @@ class StaticSignals:
     def cache(self, target: str) -> CacheSignals:
         """``signals["_cache"][target]``."""
         return self.signals["_cache"][target]
+
+    def local_hit_ratio(self, target: str) -> float:
+        """``cache[target].prefix_hit_ratio``: a snapshot names no endpoint, so its hit is where the request runs."""
+        return float(self.cache(target)["prefix_hit_ratio"])
 
     def endpoint(self, key: str) -> EndpointSignals:
         """``signals["_endpoint"][key]``, else an idle, healthy endpoint."""

@@ -43,6 +43,10 @@ policy author's decision):
    cheap where the cache is (Dynamo's router likewise prefers the worker with the
    overlap over a remote prefill).
 
+``prefix_hit_ratio`` (rules 3 and 5) is the share cached on the endpoint the request would run
+on aggregated (``LiveSignals.local_hit_ratio``: the aggregated picker's first choice), so a
+prefix held where the picker would not send the request counts as uncached.
+
 Otherwise ``auto`` disaggregates, unless the policy sets ``by_prediction``:
 
 6. **by prediction**: the request's predicted latency (``policy/selection/latency.py``) in
@@ -73,7 +77,7 @@ class DisaggregationSpec(StrictModel):
     """Prefill/decode rules of thumb (the policy file's ``disaggregation`` section). ``auto`` routes stay
     aggregated when the uncached prompt is at most ``min_uncached_prompt_tokens``, the
     output at most ``min_output_tokens``, or at least ``max_local_hit_ratio`` of the prefix
-    is cached on the decode side. Every disaggregated route stays aggregated (when the
+    is cached where it would run aggregated. Every disaggregated route stays aggregated (when the
     target has an aggregated pool) when its prefill + decode pools have fewer than
     ``min_pool_gpus`` GPUs or the prefill pool is saturated (every healthy prefill
     endpoint queues ``max_prefill_queue_s`` or more, or reads saturated). ``by_prediction``: an
@@ -122,10 +126,11 @@ def decide_mode(spec: DisaggregationSpec, target: OnPremTarget | FrontierTarget,
                 predicted: Callable[[], tuple[float | None, float | None]] | None = None) -> ModeDecision:
     """``aggregated`` or ``disaggregated`` for a route of ``route_mode`` (``aggregated``,
     ``disaggregated`` or ``auto``) on ``target`` (rules in the module docstring). ``spec``:
-    the policy's ``DisaggregationSpec``; ``prefix_hit_ratio``: ``cache.prefix_hit_ratio`` of
-    the target; ``prefill_saturated``: ``load[target].prefill_saturated``; ``gpus``: GPUs of the
-    healthy prefill and decode endpoints (``pd_pool_gpus``); ``predicted``: called
-    for rule 6 only, gives the (aggregated, disaggregated) SLO scores (None: unknown)."""
+    the policy's ``DisaggregationSpec``; ``prefix_hit_ratio``: share 0-1 of the prompt cached
+    on the endpoint it would run on aggregated (``SignalSource.local_hit_ratio``);
+    ``prefill_saturated``: ``load[target].prefill_saturated``; ``gpus``: GPUs of the healthy prefill
+    and decode endpoints (``pd_pool_gpus``); ``predicted``: called for rule 6 only, gives the
+    (aggregated, disaggregated) SLO scores (None: unknown)."""
     modes = target.modes
     uncached = round(prompt_tokens * (1.0 - prefix_hit_ratio))
     inputs = {"route_mode": route_mode, "prompt_tokens": prompt_tokens, "uncached_prompt_tokens": uncached,

@@ -57,6 +57,11 @@ class SignalSource(Protocol):
         """``endpoint`` for ``target/role``: the picker's first choice there."""
         ...
 
+    def local_hit_ratio(self, target: str) -> float:
+        """Share 0-1 of the prompt cached on the endpoint an aggregated request would run on at ``target`` (what
+        the P/D rules of thumb read)."""
+        ...
+
     def budget(self) -> BudgetSignals:
         """The ``budget`` namespace."""
         ...
