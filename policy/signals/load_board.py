@@ -87,7 +87,9 @@ class EndpointLoad:
     ``ttft_p50_ms`` / ``tpot_p50_ms`` (median time to first token / per output token,
     ms), ``prefill_utilization`` / ``decode_utilization`` (fraction 0–1 of the GPU
     busy in each phase, when telemetry reports them), ``prefix_cache_hit_rate``
-    (0–1, the engine's own), ``kv_cache_capacity_tokens`` (KV-cache size in tokens).
+    (0–1, the engine's own), ``kv_cache_capacity_tokens`` (KV-cache size in tokens),
+    ``mean_prompt_tokens`` (mean prompt tokens of the requests it finished lately: the size of a
+    waiting request Pointsman did not send, ``pickers.QueueScorer``).
 
     Pointsman's accounting: ``inflight_requests`` / ``inflight_prompt_tokens`` (our
     dispatches to this endpoint not yet released; the tokens are the prefill each dispatch
@@ -112,6 +114,7 @@ class EndpointLoad:
     decode_utilization: float | None = None
     prefix_cache_hit_rate: float | None = None
     kv_cache_capacity_tokens: int | None = None
+    mean_prompt_tokens: float | None = None
     inflight_requests: int = 0
     inflight_prompt_tokens: int = 0
     pending_requests: int = 0
@@ -266,6 +269,7 @@ def aggregate_loads(name: str, loads: Iterable[EndpointLoad]) -> EndpointLoad | 
         decode_utilization=mean("decode_utilization"),
         prefix_cache_hit_rate=mean("prefix_cache_hit_rate"),
         kv_cache_capacity_tokens=total("kv_cache_capacity_tokens"),
+        mean_prompt_tokens=mean("mean_prompt_tokens"),
         inflight_requests=sum(x.inflight_requests for x in loads),
         inflight_prompt_tokens=sum(x.inflight_prompt_tokens for x in loads),
         pending_requests=sum(x.pending_requests for x in loads),
@@ -300,6 +304,7 @@ class PushedSnapshot(BaseModel):
     decode_utilization: float | None = Field(default=None, ge=0.0, le=1.0)
     prefix_cache_hit_rate: float | None = Field(default=None, ge=0.0, le=1.0)
     kv_cache_capacity_tokens: int | None = Field(default=None, gt=0)
+    mean_prompt_tokens: float | None = Field(default=None, ge=0.0)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -343,7 +348,7 @@ def validate_snapshot(snapshot: object) -> PushedSnapshot:
 #: The engine-reported fields of an ``EndpointLoad`` (merged across push and scrape).
 ENGINE_FIELDS: tuple[str, ...] = ("num_requests_running", "num_requests_waiting", "kv_cache_usage", "ttft_p50_ms",
                                   "tpot_p50_ms", "prefill_utilization", "decode_utilization", "prefix_cache_hit_rate",
-                                  "kv_cache_capacity_tokens")
+                                  "kv_cache_capacity_tokens", "mean_prompt_tokens")
 
 @dataclass(slots=True)
 class _Dispatch:

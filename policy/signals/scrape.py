@@ -25,6 +25,8 @@ present wins; vLLM labels ``model_name``, ``engine``; SGLang ``model_name``,
   gauge ``sglang:cache_hit_rate``
 - ``kv_cache_capacity_tokens``: ``vllm:cache_config_info`` labels ``block_size`` ×
   ``num_gpu_blocks`` | ``sglang:max_total_num_tokens``
+- ``mean_prompt_tokens``: histogram ``vllm:request_prompt_tokens`` (its ``_sum`` / ``_count``, the
+  prompts of the requests finished since the previous scrape, else of all) | none from SGLang
 
 Several series of one metric (vLLM data-parallel ``engine`` ranks, SGLang DP
 groups) are combined: counts, capacities and histogram buckets are summed,
@@ -70,6 +72,7 @@ METRICS: dict[str, dict[str, tuple[str, ...]]] = {
         "prefix_hits": ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
         "prefix_queries": ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
         "cache_config": ("vllm:cache_config_info",),
+        "prompt_tokens": ("vllm:request_prompt_tokens",),
     },
     SGLANG: {
         "running": ("sglang:num_running_reqs",),
@@ -83,6 +86,13 @@ METRICS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 _HISTOGRAMS = frozenset({"ttft", "tpot"})
 _COUNTERS = frozenset({"prefix_hits", "prefix_queries"})
+_SUMS = frozenset({"prompt_tokens"})  # histograms read by their _sum and _count alone
+
+
+def _suffixes(key: str) -> tuple[str, ...]:
+    """The sample-name suffixes field ``key`` is read from."""
+    return ("_bucket",) if key in _HISTOGRAMS else ("_total",) if key in _COUNTERS else \
+        ("_sum", "_count") if key in _SUMS else ("",)
 #: SGLang labels that tell apart ranks of one scheduler (the same numbers, reported once each).
 RANK_LABELS = frozenset({"tp_rank", "pp_rank", "moe_ep_rank"})
 
@@ -91,11 +101,11 @@ def _sample_names() -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
     names, fields_of = {}, {}
     for engine, fields in METRICS.items():
         for key, metric_names in fields.items():
-            suffix = "_bucket" if key in _HISTOGRAMS else "_total" if key in _COUNTERS else ""
-            for name in metric_names:
-                names[name + suffix] = name + suffix
-                names[name.replace(":", "_", 1) + suffix] = name + suffix
-                fields_of[name + suffix] = (engine, key)
+            for suffix in _suffixes(key):
+                for name in metric_names:
+                    names[name + suffix] = name + suffix
+                    names[name.replace(":", "_", 1) + suffix] = name + suffix
+                    fields_of[name + suffix] = (engine, key)
     return names, fields_of
 
 
@@ -129,8 +139,9 @@ class EngineMetrics:
     ``engine``: ``vllm`` or ``sglang``. Counts and usage as reported (floats);
     ``ttft`` / ``tpot``: cumulative histograms in seconds; ``prefix_cache_hits`` /
     ``prefix_cache_queries``: vLLM's cumulative counters in tokens;
-    ``prefix_cache_hit_rate``: SGLang's gauge (0–1); ``kv_cache_capacity_tokens``.
-    Fields a page lacks are None.
+    ``prefix_cache_hit_rate``: SGLang's gauge (0–1); ``kv_cache_capacity_tokens``;
+    ``prompt_tokens_sum`` / ``prompt_tokens_count``: vLLM's cumulative prompt tokens and requests of
+    ``vllm:request_prompt_tokens``. Fields a page lacks are None.
     """
 
     engine: str
@@ -143,6 +154,8 @@ class EngineMetrics:
     prefix_cache_queries: float | None = None
     prefix_cache_hit_rate: float | None = None
     kv_cache_capacity_tokens: int | None = None
+    prompt_tokens_sum: float | None = None
+    prompt_tokens_count: float | None = None
 
 
 #: Labels of one series without the ones that only tell ranks apart, sorted: a group's key.
@@ -224,10 +237,9 @@ def _prefilter(text: str) -> tuple[str, bool, bool]:
     chosen: set[str] = set()
     for fields in METRICS.values():
         for key, metric_names in fields.items():
-            suffix = "_bucket" if key in _HISTOGRAMS else "_total" if key in _COUNTERS else ""
             for name in metric_names:
-                if name + suffix in present:
-                    chosen.add(name + suffix)
+                if name + _suffixes(key)[0] in present:
+                    chosen.update(name + suffix for suffix in _suffixes(key))
                     break
     vllm = any(_FIELD_OF[c][0] == VLLM for c in chosen)
     sglang = any(_FIELD_OF[c][0] == SGLANG for c in chosen)
@@ -262,7 +274,10 @@ def parse_metrics(text: str) -> EngineMetrics:
         return None if found is None else sum(found[1]) / len(found[1])
 
     def counter(key: str) -> float | None:
-        found = _first(samples, names[key], "_total")
+        return suffixed(key, "_total")
+
+    def suffixed(key: str, suffix: str) -> float | None:
+        found = _first(samples, names[key], suffix)
         return None if found is None else sum(found[1])
 
     if engine == VLLM:
@@ -277,7 +292,8 @@ def parse_metrics(text: str) -> EngineMetrics:
             engine=VLLM, num_requests_running=total("running"), num_requests_waiting=total("waiting"),
             kv_cache_usage=mean("kv_usage"), ttft=_histogram(samples, names["ttft"]),
             tpot=_histogram(samples, names["tpot"]), prefix_cache_hits=counter("prefix_hits"),
-            prefix_cache_queries=counter("prefix_queries"), kv_cache_capacity_tokens=_capacity(capacity))
+            prefix_cache_queries=counter("prefix_queries"), kv_cache_capacity_tokens=_capacity(capacity),
+            prompt_tokens_sum=suffixed("prompt_tokens", "_sum"), prompt_tokens_count=suffixed("prompt_tokens", "_count"))
     capacity_total = total("capacity")
     return EngineMetrics(
         engine=SGLANG, num_requests_running=total("running"), num_requests_waiting=total("waiting"),
@@ -370,7 +386,22 @@ def to_endpoint_load(endpoint: str, current: EngineMetrics, previous: EngineMetr
         tpot_p50_ms=_ms(histogram_quantile(0.5, window(current.tpot, prev_tpot))),
         prefix_cache_hit_rate=_fraction(hit_rate),
         kv_cache_capacity_tokens=current.kv_cache_capacity_tokens,
+        mean_prompt_tokens=_mean_prompt(current, previous),
     )
+
+
+def _mean_prompt(current: EngineMetrics, previous: EngineMetrics | None) -> float | None:
+    """Mean prompt tokens of the requests finished between ``previous`` and ``current`` (``vllm:request_prompt_tokens``
+    deltas), else of every request since the engine started (no previous page, none finished since, a counter
+    reset); None when it reports no finished request or no such histogram."""
+    total, count = current.prompt_tokens_sum, current.prompt_tokens_count
+    if total is None or count is None or not (math.isfinite(total) and math.isfinite(count)):
+        return None
+    if previous is not None and previous.prompt_tokens_sum is not None and previous.prompt_tokens_count is not None:
+        d_total, d_count = total - previous.prompt_tokens_sum, count - previous.prompt_tokens_count
+        if d_count > 0 and d_total >= 0:
+            total, count = d_total, d_count
+    return total / count if count > 0 and total >= 0 else None
 
 
 def metrics_url(base_url: str) -> str:

@@ -77,6 +77,31 @@ def test_vllm_data_parallel_engines_are_combined():
     assert load.prefix_cache_hit_rate == pytest.approx((500 + 500) / (1000 + 3000))
 
 
+def _prompt_histogram(observed: dict[str, list[int]]) -> str:
+    """vLLM's ``vllm:request_prompt_tokens`` histogram as prometheus_client writes it: per ``engine`` label (a DP
+    rank), the prompt lengths observed (vLLM's 1-2-5 buckets)."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+    registry = CollectorRegistry()
+    hist = Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", ["model_name", "engine"],
+                     buckets=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000], registry=registry)
+    for engine, tokens in observed.items():
+        child = hist.labels("m", engine)
+        for t in tokens:
+            child.observe(t)
+    return generate_latest(registry).decode()
+
+
+def test_vllm_mean_prompt_of_the_requests_finished_since_the_last_scrape():
+    """The mean prompt of the requests finished between two scrapes, summed over DP ranks (tokens)."""
+    first = parse_metrics(page("vllm_1.prom") + _prompt_histogram({"0": [100] * 10, "1": [300] * 10}))
+    second = parse_metrics(page("vllm_2.prom") + _prompt_histogram({"0": [100] * 10 + [1000] * 2, "1": [300] * 12}))
+    assert (first.prompt_tokens_sum, first.prompt_tokens_count) == (4000, 20)
+    assert to_endpoint_load("e", first, None, now=1.0).mean_prompt_tokens == pytest.approx(200.0)
+    assert to_endpoint_load("e", second, first, now=2.0).mean_prompt_tokens == pytest.approx((2000 + 600) / 4)
+    assert to_endpoint_load("e", second, second, now=3.0).mean_prompt_tokens == pytest.approx(6600 / 24)  # none since
+    assert to_endpoint_load("e", parse_metrics(page("vllm_1.prom")), None, now=1.0).mean_prompt_tokens is None
+
+
 def test_vllm_older_metric_names():
     text = page("vllm_1.prom").replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
     text = "\n".join(l for l in text.splitlines() if "request_time_per_output_token" not in l)

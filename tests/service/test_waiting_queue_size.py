@@ -1,0 +1,88 @@
+"""A waiting queue Pointsman did not fill is sized by the engine's own mean prompt, not by the request asking: a
+real ``pointsman serve`` scraping two stand-in vLLM engines' ``/metrics`` (Prometheus text written by
+prometheus_client with vLLM's names).
+
+Each 70B replica (12,192 prefill tokens/s) reports 4 requests waiting, none running, and 20 finished requests of
+500 prompt tokens (``vllm:request_prompt_tokens``). The queue ahead of any new request is then 4 x 500 tokens:
+0.164 s. Before, each waiting request counted the asking request's own prompt: 2.625 s ahead of an 8,000-token
+prompt (predicted TTFT 3.28 s, over the 2 s objective: sent to the frontier tier by ``overflow``) and 0.033 s ahead
+of a 100-token one, for the same queue."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+FLEET = """apiVersion: pointsman/v1
+kind: Fleet
+defaults: {{output_tokens: 64, scrape_metrics: true}}
+targets:
+  onprem-70b:
+    kind: onprem
+    model: meta-llama/Llama-3.3-70B-Instruct
+    context_window_tokens: 131072
+    usd_per_gpu_hour: 2.5
+    pools:
+      aggregated:
+        gpus_per_replica: 2
+        prefill_tokens_per_s: 12192
+        decode_tokens_per_s: 6651
+        decode_step_s: 0.021
+        endpoints:
+{endpoints}
+  frontier-small:
+    kind: frontier
+    provider: openai
+    model: gpt-4o-mini
+    base_url: https://api.openai.com/v1
+    context_window_tokens: 128000
+    prices: {{usd_per_1m_input_tokens: 0.15, usd_per_1m_cached_input_tokens: 0.075, usd_per_1m_output_tokens: 0.6}}
+"""
+POLICY = """apiVersion: pointsman/v1
+kind: RoutingPolicy
+rules:
+  - name: in-slo
+    when: predict["onprem-70b"].meets_slo
+    route: {target: onprem-70b}
+  - name: overflow
+    route: {target: frontier-small}
+"""
+
+
+def test_the_queue_ahead_is_the_same_whatever_the_prompt_asking(tmp_path, serve, standin):
+    engines = [standin.StandinEngine("vllm").start() for _ in range(2)]
+    try:
+        for e in engines:
+            e.metrics.set(running=0, waiting=4)
+            e.metrics.observe_prompt(500, n=20)
+        endpoints = "\n".join(f'          - {{name: agg-{i}, url: "{e.base_url}/v1", metrics_url: "{e.metrics_url}"}}'
+                              for i, e in enumerate(engines))
+        (tmp_path / "fleet.yaml").write_text(FLEET.format(endpoints=endpoints))
+        (tmp_path / "policy.yaml").write_text(POLICY)
+        _, base = serve(tmp_path / "data", fleet_path=tmp_path / "fleet.yaml", policy_path=tmp_path / "policy.yaml",
+                        watch_policy="false", watch_fleet="false", scrape_interval_s=0.3)
+
+        def decide(prompt_tokens: int) -> dict:
+            r = httpx.post(f"{base}/v1/route", timeout=10, json={
+                "messages": [{"role": "user", "content": "Summarise the attached report."}], "max_tokens": 64,
+                "routing": {"prompt_tokens": prompt_tokens, "explain": True}})
+            assert r.status_code == 200, r.text
+            d = r.json()
+            httpx.post(f"{base}/v1/outcomes", timeout=10,
+                       json={"decision_id": d["decision_id"], "status": "error", "error": "test"}).raise_for_status()
+            return d
+
+        deadline = time.monotonic() + 15
+        while any(e["load"].get("num_requests_waiting") != 4
+                  for e in httpx.get(f"{base}/v1/fleet", timeout=10).json()["targets"]["onprem-70b"]["endpoints"]):
+            assert time.monotonic() < deadline, "the scrapes never arrived"
+            time.sleep(0.1)
+        long, short = decide(8000), decide(100)
+        queue = [d["trace"]["prediction"]["onprem-70b/aggregated"]["queue_s"] for d in (long, short)]
+        assert queue == pytest.approx([4 * 500 / 12192] * 2, rel=1e-6), queue
+        assert long["target"] == "onprem-70b", long["trace"]["prediction"]["onprem-70b/aggregated"]
+    finally:
+        for e in engines:
+            e.stop()
