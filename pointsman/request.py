@@ -290,6 +290,9 @@ class RouteRequest(BaseModel):
     ``modalities`` / ``audio``: OpenAI's output modalities and audio output parameters (``has_audio``).
     ``previous_response_id`` / ``conversation``: the OpenAI Responses API's continuation of state the provider
     stored (a response id; a conversation id, or an object with its ``id``): see ``stored_state``.
+    ``cache_salt``: vLLM's per-request prefix-cache salt (its Chat Completions and Completions extension): the
+    engine mixes it into the hash of the prompt's first block, so only requests with the same salt share cached
+    blocks (``engine_hashes.EngineHasher.digests``).
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -304,6 +307,7 @@ class RouteRequest(BaseModel):
     audio: JSONObject | None = None
     previous_response_id: str | None = None
     conversation: str | JSONObject | None = None
+    cache_salt: str | None = None
     routing: RoutingContext = Field(default_factory=RoutingContext)
 
     @field_validator("routing", mode="before")

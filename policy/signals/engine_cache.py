@@ -115,10 +115,11 @@ class EngineCache:
 
     def request_keys(self, view: RequestView) -> tuple[list[int], int | None]:
         """(the request's block hashes as its engines publish them (leading ``max_tokens`` tokens, full
-        blocks only), the prompt's length in the engines' tokens: None when longer than what was hashed).
-        Raises ``TargetTokenizerError`` when the chat template fails."""
+        blocks only; salted by the request's ``cache_salt`` as vLLM salts it), the prompt's length in the engines'
+        tokens: None when longer than what was hashed). Raises ``TargetTokenizerError`` when the chat template fails."""
         ids, whole = self.tokenizer.request_tokens(view.request)
-        return self.hasher.keys(ids), len(ids) if whole and len(ids) <= self.hasher.max_tokens else None
+        whole = whole and len(ids) <= self.hasher.max_tokens
+        return self.hasher.keys(ids, view.request.cache_salt), len(ids) if whole else None
 
     @property
     def approximate(self) -> bool:

@@ -12,8 +12,11 @@ research notes (``/work/notes/protocols.md`` §1.7); the same structure since vL
 hybrid models — from ``vllm:cache_config_info``). Block *i*'s hash is
 ``H((parent, tuple(block_i_token_ids), extra_keys))`` with ``parent`` the previous block's
 hash, or ``NONE_HASH`` for the first block, and ``extra_keys`` None for plain text requests
-(LoRA, multimodal, ``cache_salt`` and prompt-embeds requests add keys this module does not
-model: their hashes will not match, and the router falls back to its estimate).
+(LoRA, multimodal and prompt-embeds requests add keys this module does not model: their hashes
+will not match, and the router falls back to its estimate). A request's ``cache_salt`` (vLLM ≥ 0.9)
+is modelled: the first block's ``extra_keys`` are ``(cache_salt,)`` (``generate_block_hash_extra_keys``:
+the salt keys the block starting at token 0 only), so every later hash of a salted prompt differs
+too; SGLang's pages are hashed without it.
 
 **H** (``prefix_caching_hash_algo``): ``sha256`` — SHA-256 of ``pickle.dumps(obj, protocol=5)``
 (vLLM's ``pickle.HIGHEST_PROTOCOL``, 5 on every Python vLLM supports; the default since 0.10.2)
@@ -178,9 +181,10 @@ class EngineHasher:
         """``NONE_HASH``: the parent of every chain's first block."""
         return _HASH_FNS[self.algo](VLLM_DEFAULT_SEED if self.seed is None else self.seed)
 
-    def digests(self, token_ids: Sequence[int]) -> list[bytes]:
+    def digests(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[bytes]:
         """The raw digests of the full blocks among the first ``max_tokens`` of ``token_ids``
-        (Python ints: a numpy integer pickles differently; non-list sequences are converted)."""
+        (Python ints: a numpy integer pickles differently; non-list sequences are converted);
+        ``cache_salt``: the request's vLLM prefix-cache salt (None or empty: unsalted; unused for SGLang)."""
         ids = token_ids if type(token_ids) is list else [int(t) for t in token_ids]
         bs = self.block_size
         n = min(len(ids), self.max_tokens) // bs * bs
@@ -190,8 +194,10 @@ class EngineHasher:
         parent = self.none_hash
         out: list[bytes] = []
         append = out.append
+        extra: tuple[str, ...] | None = (cache_salt,) if cache_salt else None
         for start in range(0, n, bs):
-            parent = fn((parent, tuple(ids[start:start + bs]), None))
+            parent = fn((parent, tuple(ids[start:start + bs]), extra))
+            extra = None
             append(parent)
         return out
 
@@ -204,11 +210,12 @@ class EngineHasher:
             return [int.from_bytes(d, "big") & _MASK64 for d in self.digests(token_ids)]
         return list(self.digests(token_ids))
 
-    def keys(self, token_ids: Sequence[int]) -> list[int]:
-        """The u64 index keys (``kv_events.hash_key`` of either event form; SGLang's first 8 digest bytes)."""
+    def keys(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[int]:
+        """The u64 index keys (``kv_events.hash_key`` of either event form; SGLang's first 8 digest bytes);
+        ``cache_salt`` as in ``digests``."""
         if self.engine == "sglang":
             return [int.from_bytes(d[:8], "big") for d in self.digests(token_ids)]
-        return [int.from_bytes(d, "big") & _MASK64 for d in self.digests(token_ids)]
+        return [int.from_bytes(d, "big") & _MASK64 for d in self.digests(token_ids, cache_salt)]
 
 
 def _sglang_digests(ids: list[int], n: int, page: int) -> list[bytes]:

@@ -306,3 +306,19 @@ def test_sglang_page_hashes_match_the_standin_engine(ids, page):
     assert sg.block_hashes(ids) == published
     assert sg.keys(ids) == [hash_key(h) for h in published]
     assert not set(sg.keys(ids)) & set(EngineHasher(block_size=page).keys(ids))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 200_000), max_size=70), st.sampled_from(["sha256", "sha256_cbor"]),
+       st.sampled_from([1, 16]), st.one_of(st.none(), st.text(max_size=12)))
+def test_a_cache_salt_hashes_as_vllm_salts_it(ids, algo, block_size, salt):
+    """vLLM's ``cache_salt`` is the first block's extra key (the stand-in's implementation, written apart): a salted
+    prompt shares no block hash with the same prompt unsalted or under another salt; an empty salt is no salt."""
+    ours = EngineHasher(algo, block_size)
+    assert ours.digests(ids, salt) == se.vllm_block_digests(ids, algo=algo, block_size=block_size, cache_salt=salt)
+    plain = ours.keys(ids)
+    if salt:
+        assert not set(ours.keys(ids, salt)) & set(plain)
+        assert not set(ours.keys(ids, salt)) & set(ours.keys(ids, salt + "x"))
+    else:
+        assert ours.keys(ids, salt) == plain
