@@ -293,6 +293,8 @@ class RouteRequest(BaseModel):
     ``cache_salt``: vLLM's per-request prefix-cache salt (its Chat Completions and Completions extension): the
     engine mixes it into the hash of the prompt's first block, so only requests with the same salt share cached
     blocks (``engine_hashes.EngineHasher.digests``).
+    ``prompt``: a Completions body's ``prompt`` as sent, beside the user message ``ext_proc_body.chat_request``
+    makes of it (``completions_prompt``); any other value (a Responses ``prompt`` template object) is not read.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -308,6 +310,7 @@ class RouteRequest(BaseModel):
     previous_response_id: str | None = None
     conversation: str | JSONObject | None = None
     cache_salt: str | None = None
+    prompt: JSONValue = None
     routing: RoutingContext = Field(default_factory=RoutingContext)
 
     @field_validator("routing", mode="before")
@@ -315,6 +318,17 @@ class RouteRequest(BaseModel):
     def _null_routing(cls, v: object) -> object:
         """``"routing": null`` means no routing context."""
         return {} if v is None else v
+
+    @property
+    def completions_prompt(self) -> str | list[int] | None:
+        """The one prompt of a Completions request as its engine reads it: its text, or its token ids; None for a
+        chat request, a batch of prompts or anything else."""
+        p = self.prompt
+        if isinstance(p, str):
+            return p
+        if isinstance(p, list) and p and all(type(i) is int for i in p):
+            return [i for i in p if type(i) is int]
+        return None
 
     @property
     def max_output_tokens(self) -> int | None:

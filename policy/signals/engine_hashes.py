@@ -64,7 +64,9 @@ tokenizer's special tokens ``bos_token``, ``eos_token``, …), then tokenises th
 (``vllm-project/vllm@ec3b890c14b00f6670515d9df8d503b5270e95ca:vllm/entrypoints/openai/protocol.py``)
 and the chat handler passes it on to tokenisation
 (``vllm-project/vllm@003fe5932dc9e1b331347894d3cbc5ddfe89e9eb:vllm/entrypoints/openai/serving_chat.py``,
-``_preprocess_chat(..., add_special_tokens=request.add_special_tokens)``). Messages are
+``_preprocess_chat(..., add_special_tokens=request.add_special_tokens)``). A Completions request
+(``prompt``) is hashed as vLLM's completions endpoint reads it: its text tokenised with the
+tokenizer's special tokens and no template, or its token ids as they are. Messages are
 prepared as vLLM's ``vllm/entrypoints/chat_utils.py`` does for templates that take string
 content: a list of content parts becomes its text parts joined by ``"\\n"``, and an assistant
 message's tool-call ``arguments`` (a JSON string on the wire) are parsed into an object
@@ -428,10 +430,18 @@ class TargetTokenizer:
         return self.token_ids(text, add_special_tokens=self.approximate)
 
     def request_token_ids(self, request: RouteRequest) -> list[int]:
-        """``prompt_token_ids`` of a route request (``template_messages``, its ``tools``)."""
-        return self.prompt_token_ids(template_messages(request), tools=request.tools)
+        """The leading prompt token ids (at most ``max_tokens``) the engine hashes for a route request: a chat request's
+        ``prompt_token_ids`` (``template_messages``, its ``tools``); a Completions request's prompt as vLLM's
+        completions endpoint reads it (``RouteRequest.completions_prompt``): its text tokenised with the tokenizer's
+        special tokens (``CompletionRequest.add_special_tokens`` defaults to True) and no template, or its ids."""
+        return self.request_tokens(request)[0]
 
     def request_tokens(self, request: RouteRequest) -> tuple[list[int], bool]:
         """(``request_token_ids``, whether they are the whole prompt: not cut at ``max_tokens``)."""
+        raw = request.completions_prompt
+        if isinstance(raw, list):
+            return raw[:self.max_tokens], len(raw) <= self.max_tokens
+        if raw is not None:
+            return self._token_ids(raw, True)
         text = self.render(template_messages(request), tools=request.tools)
         return self._token_ids(text, self.approximate)

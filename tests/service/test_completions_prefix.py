@@ -1,0 +1,82 @@
+"""A Completions request (``prompt``) is hashed as a vLLM completions endpoint tokenises it: the raw prompt with the
+tokenizer's special tokens, no chat template; a prompt of token ids as those ids. A real ``pointsman serve`` and
+two stand-in vLLM engines publishing ``BlockStored`` over ZMQ/msgpack.
+
+Before, the prompt was rendered through the target's chat template as a user message, so its hashes matched no
+block a completions endpoint ever caches: agg-1, holding the whole 1,000-token prompt, read 0 cached tokens and the
+request went wherever the tie rotation sent it."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import httpx
+import pytest
+
+from pointsman.estimator.model_source import bundled_model_dir
+from pointsman.policy.signals.engine_hashes import TargetTokenizer
+
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+FLEET = """apiVersion: pointsman/v1
+kind: Fleet
+defaults: {{output_tokens: 64, scrape_metrics: false}}
+targets:
+  onprem-8b:
+    kind: onprem
+    model: meta-llama/Llama-3.1-8B-Instruct
+    context_window_tokens: 131072
+    usd_per_gpu_hour: 2.5
+    kv_events: {{tokenizer: tokenizer.json, chat_template: template.jinja}}
+    pools:
+      aggregated:
+        gpus_per_replica: 1
+        prefill_tokens_per_s: 20000
+        decode_tokens_per_s: 20000
+        endpoints:
+{endpoints}
+"""
+POLICY = """apiVersion: pointsman/v1
+kind: RoutingPolicy
+rules:
+  - name: default
+    route: {target: onprem-8b}
+"""
+TEXT = "Summarise this report. " + " ".join(f"step {i}: the cache warmed and the queue drained." for i in range(90))
+
+
+@pytest.mark.parametrize("as_ids", [False, True], ids=["text", "token-ids"])
+def test_a_completions_prompt_matches_the_blocks_its_engine_cached(tmp_path, serve, standin, as_ids):
+    engines = [standin.StandinEngine("vllm").start() for _ in range(2)]
+    try:
+        shutil.copyfile(bundled_model_dir() / "tokenizer.json", tmp_path / "tokenizer.json")
+        (tmp_path / "template.jinja").write_text(TEMPLATE)
+        endpoints = "\n".join(f'          - {{name: agg-{i}, url: "{e.base_url}/v1", kv_events: {{url: "{e.kv_events_url}", '
+                              f'replay_url: "{e.replay_url}"}}}}' for i, e in enumerate(engines))
+        (tmp_path / "fleet.yaml").write_text(FLEET.format(endpoints=endpoints))
+        (tmp_path / "policy.yaml").write_text(POLICY)
+        _, base = serve(tmp_path / "data", fleet_path=tmp_path / "fleet.yaml", policy_path=tmp_path / "policy.yaml",
+                        watch_policy="false", watch_fleet="false", scrape_interval_s=0)
+        tok = TargetTokenizer.from_files(tmp_path / "tokenizer.json", chat_template_file=tmp_path / "template.jinja")
+        ids = tok.token_ids(TEXT, add_special_tokens=True)  # vLLM's CompletionRequest.add_special_tokens: True
+        _, stored = engines[1].prefill(ids)
+        assert stored is not None
+        deadline = time.monotonic() + 15
+        while httpx.get(f"{base}/v1/fleet", timeout=10).json()["targets"]["onprem-8b"]["endpoints"][1]["cached_blocks"] \
+                < len(stored.block_hashes):
+            assert time.monotonic() < deadline, "the engine's events never arrived"
+            time.sleep(0.05)
+        for _ in range(2):  # whatever the tie rotation's turn
+            r = httpx.post(f"{base}/v1/route", timeout=10, json={
+                "model": "auto", "prompt": ids if as_ids else TEXT, "max_tokens": 64, "routing": {"explain": True}})
+            assert r.status_code == 200, r.text
+            d = r.json()
+            httpx.post(f"{base}/v1/outcomes", timeout=10,
+                       json={"decision_id": d["decision_id"], "status": "error", "error": "test"}).raise_for_status()
+            hits = {c["endpoint"]: c["local_hit_tokens"] for c in d["trace"]["endpoints"][0]["candidates"]}
+            assert d["endpoints"][0]["name"] == "agg-1" and hits["agg-0"] == 0, hits
+            assert hits["agg-1"] >= 0.95 * d["prompt_tokens"], (hits, d["prompt_tokens"])
+    finally:
+        for e in engines:
+            e.stop()
