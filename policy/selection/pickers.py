@@ -206,10 +206,12 @@ class QueueScorer:
 
     ``pending_*``: Pointsman's dispatches the engine has not reported yet, each counting the
     tokens of its prompt the endpoint did not hold cached when it was sent
-    (``DispatchRecord.prefill_tokens``); the rest of the waiting queue counts ``mean_prompt`` tokens each (the mean
-    uncached prompt of our in-flight requests there, else the engine's mean prompt of the requests it finished lately,
-    ``EndpointLoad.mean_prompt_tokens``, else this request's prompt: before that fallback came second, 4 requests
-    waiting on a 70B replica read as 2.6 s of queue to an 8,000-token prompt and 0.03 s to a 100-token one). A stale
+    (``DispatchRecord.prefill_tokens``); the rest of the waiting queue counts ``mean_prompt`` tokens each: the engine's
+    mean uncached prompt of the requests it finished lately (``EndpointLoad.mean_prompt_tokens`` x (1 - its
+    ``prefix_cache_hit_rate``)), else the mean uncached prompt of our in-flight requests there, else this request's
+    prompt. Before, the asking request's prompt sized every waiting request: 4 waiting on a 70B replica read as 2.6 s
+    of queue to an 8,000-token prompt and 0.03 s to a 100-token one; and our in-flight mean came first: one 20-token
+    request in flight made 40 waiting 800-token requests read 0.07 s, so saturated replicas took more. A stale
     endpoint read as saturated waits ``SATURATED_WAITING`` requests, so it ranks last."""
 
     name = "queue"
@@ -229,7 +231,10 @@ class QueueScorer:
             work: float = x.pending_prompt_tokens
             if extra:
                 mean = x.mean_prompt_tokens
-                work += extra * (x.inflight_prompt_tokens / inflight if inflight else p if mean is None else mean)
+                if mean is not None:
+                    work += extra * mean * (1.0 - (x.prefix_cache_hit_rate or 0.0))
+                else:
+                    work += extra * (x.inflight_prompt_tokens / inflight if inflight else p)
             append(work / (rates if isinstance(rates, float) else rates[i]))
         return out
 

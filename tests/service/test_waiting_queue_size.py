@@ -2,11 +2,15 @@
 real ``pointsman serve`` scraping two stand-in vLLM engines' ``/metrics`` (Prometheus text written by
 prometheus_client with vLLM's names).
 
-Each 70B replica (12,192 prefill tokens/s) reports 4 requests waiting, none running, and 20 finished requests of
-500 prompt tokens (``vllm:request_prompt_tokens``). The queue ahead of any new request is then 4 x 500 tokens:
-0.164 s. Before, each waiting request counted the asking request's own prompt: 2.625 s ahead of an 8,000-token
-prompt (predicted TTFT 3.28 s, over the 2 s objective: sent to the frontier tier by ``overflow``) and 0.033 s ahead
-of a 100-token one, for the same queue."""
+Each 70B replica (12,192 prefill tokens/s) reports 4 requests waiting, none running, 20 finished requests of
+500 prompt tokens (``vllm:request_prompt_tokens``) and half its queried prompt tokens found in its prefix cache. The
+queue ahead of any new request is then 4 x 500 x 0.5 tokens: 0.082 s. Before, each waiting request counted the
+asking request's own prompt: 2.625 s ahead of an 8,000-token prompt (predicted TTFT 3.28 s, over the 2 s objective:
+sent to the frontier tier by ``overflow``) and 0.033 s ahead of a 100-token one, for the same queue.
+
+Saturated replicas (120 running, 40 waiting, 50 finished 800-token prompts) with one short request of Pointsman's in
+flight: before, that request's 20 tokens sized all 40 waiting ones (0.07 s of queue) and the next request stayed
+on-prem; now the queue reads 2.6 s and it overflows to the frontier tier."""
 
 from __future__ import annotations
 
@@ -57,6 +61,7 @@ def test_the_queue_ahead_is_the_same_whatever_the_prompt_asking(tmp_path, serve,
         for e in engines:
             e.metrics.set(running=0, waiting=4)
             e.metrics.observe_prompt(500, n=20)
+            e.metrics.add_prefix(5000, 10000)
         endpoints = "\n".join(f'          - {{name: agg-{i}, url: "{e.base_url}/v1", metrics_url: "{e.metrics_url}"}}'
                               for i, e in enumerate(engines))
         (tmp_path / "fleet.yaml").write_text(FLEET.format(endpoints=endpoints))
@@ -81,8 +86,38 @@ def test_the_queue_ahead_is_the_same_whatever_the_prompt_asking(tmp_path, serve,
             time.sleep(0.1)
         long, short = decide(8000), decide(100)
         queue = [d["trace"]["prediction"]["onprem-70b/aggregated"]["queue_s"] for d in (long, short)]
-        assert queue == pytest.approx([4 * 500 / 12192] * 2, rel=1e-6), queue
+        assert queue == pytest.approx([4 * 500 * 0.5 / 12192] * 2, rel=1e-6), queue
         assert long["target"] == "onprem-70b", long["trace"]["prediction"]["onprem-70b/aggregated"]
+    finally:
+        for e in engines:
+            e.stop()
+
+
+def test_saturated_replicas_overflow_whatever_pointsman_has_in_flight(tmp_path, serve, standin):
+    engines = [standin.StandinEngine("vllm").start() for _ in range(2)]
+    try:
+        endpoints = "\n".join(f'          - {{name: agg-{i}, url: "{e.base_url}/v1", metrics_url: "{e.metrics_url}"}}'
+                               for i, e in enumerate(engines))
+        (tmp_path / "fleet.yaml").write_text(FLEET.format(endpoints=endpoints))
+        (tmp_path / "policy.yaml").write_text(POLICY)
+        _, base = serve(tmp_path / "data", fleet_path=tmp_path / "fleet.yaml", policy_path=tmp_path / "policy.yaml",
+                        watch_policy="false", watch_fleet="false", scrape_interval_s=0.3)
+        short = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 64,
+                 "routing": {"explain": True}}
+        first = httpx.post(f"{base}/v1/route", json=short, timeout=10).json()  # idle: on-prem, left in flight
+        assert first["target"] == "onprem-70b", first
+        for e in engines:
+            e.metrics.set(running=120, waiting=40, kv_usage=0.97)
+            e.metrics.observe_prompt(800, n=50)
+        deadline = time.monotonic() + 15
+        while any(e["load"].get("num_requests_waiting") != 40
+                  for e in httpx.get(f"{base}/v1/fleet", timeout=10).json()["targets"]["onprem-70b"]["endpoints"]):
+            assert time.monotonic() < deadline, "the scrapes never arrived"
+            time.sleep(0.1)
+        d = httpx.post(f"{base}/v1/route", json=short, timeout=10).json()
+        predicted = d["trace"]["prediction"]["onprem-70b/aggregated"]
+        assert predicted["queue_s"] > 39 * 800 / 12192, predicted
+        assert d["target"] == "frontier-small", predicted
     finally:
         for e in engines:
             e.stop()
