@@ -7,8 +7,10 @@ blocks, ``BlockRemoved`` removes them, ``AllBlocksCleared`` or a gap in the stre
 endpoint's entries), fed by ``kv_events.EventApplier`` (it is a ``kv_events.KVBlockSink``). A
 request is matched against it through the same hashes, computed from its prompt's token ids
 as the engine computes them (``engine_hashes``: the target's tokenizer and chat template,
-vLLM's or SGLang's block hashing). Only the GPU tier counts as cached; blocks reported on other media
-(CPU offload, disk) are counted but not matched.
+vLLM's or SGLang's block hashing). Only the GPU tier counts as cached locally; blocks reported on other
+media (CPU offload, disk, an LMCache store) are the target's shared KV tier when the fleet declares one
+(``shared_kv``: reachable from every endpoint, so restorable anywhere at its bandwidth), else counted but
+not matched.
 
 Memory: the index holds one entry per (block, endpoints) plus per-endpoint LRU order;
 ``scripts/bench_state.py`` measures bytes per block.
@@ -18,12 +20,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from pointsman.policy.fleet import TargetEvents
 from pointsman.policy.signals.engine_hashes import EngineHasher, TargetTokenizer
 from pointsman.policy.signals.kv_events import FULL_ATTENTION, GPU, BlockStored, hash_key
-from pointsman.policy.signals.prefix_index import PrefixIndex
+from pointsman.policy.signals.prefix_index import PrefixIndex, SharedKVTier
 from pointsman.request import RequestView
 
 #: Blocks an endpoint may hold in the index at most when the fleet gives no KV capacity (the
@@ -37,10 +40,12 @@ class EngineCache:
     ``EngineCache(settings, base_dir, capacity_tokens=None)``: ``settings`` the target's
     ``kv_events`` section, file paths relative to ``base_dir``; ``capacity_tokens`` an
     endpoint's KV capacity (its pool's ``kv_cache_capacity_tokens``; bounds the index per
-    endpoint). Raises ``TargetTokenizerError`` for an unreadable tokenizer or template.
-    Thread-safe: events arrive on subscriber threads while decisions read."""
+    endpoint); ``shared``: the target's shared KV tier (its contents: the blocks reported on other media than
+    the GPU; None: such blocks are not matched). Raises ``TargetTokenizerError`` for an unreadable tokenizer or
+    template. Thread-safe: events arrive on subscriber threads while decisions read."""
 
-    def __init__(self, settings: TargetEvents, base_dir: Path, capacity_tokens: int | None = None) -> None:
+    def __init__(self, settings: TargetEvents, base_dir: Path, capacity_tokens: int | None = None,
+                 shared: SharedKVTier | None = None) -> None:
         self.settings = settings
         self.block_tokens = settings.block_size
         self.hasher = EngineHasher(settings.hash_algo, settings.block_size, settings.hash_seed,
@@ -51,7 +56,8 @@ class EngineCache:
             chat_template_file=None if settings.chat_template is None else base_dir / settings.chat_template,
             max_tokens=settings.max_tokens)
         capacity = capacity_tokens or DEFAULT_MAX_BLOCKS * settings.block_size
-        self.index = PrefixIndex(block_tokens=settings.block_size, default_capacity_tokens=capacity)
+        self.index = PrefixIndex(block_tokens=settings.block_size, default_capacity_tokens=capacity,
+                                 shared=None if shared is None else replace(shared, write_through=False))
         self._lock = threading.Lock()
         self._other_media = 0
         self._roots: dict[str, list[int]] = {}
@@ -63,6 +69,7 @@ class EngineCache:
         if medium != GPU:
             with self._lock:
                 self._other_media += len(keys)
+            self.index.offload(keys)  # no-op without a shared tier
             return
         self.index.record(endpoint_id, list(keys))
 
@@ -70,6 +77,8 @@ class EngineCache:
         """The endpoint's engine evicted these blocks."""
         if medium == GPU:
             self.index.remove(endpoint_id, keys)
+        else:
+            self.index.remove_shared(keys)
 
     def clear_endpoint(self, endpoint_id: str) -> None:
         """The endpoint holds nothing we know of (cleared, restarted, or a gap in its stream)."""

@@ -241,7 +241,8 @@ class FleetState:
             if isinstance(target, OnPremTarget) and target.kv_events is not None:
                 capacity = min((p.kv_cache_capacity_tokens for p in target.pools_by_role().values()
                                 if p.kv_cache_capacity_tokens), default=None)
-                self._engine_caches[name] = EngineCache(target.kv_events, Path(fleet.file).parent, capacity)
+                self._engine_caches[name] = EngineCache(target.kv_events, Path(fleet.file).parent, capacity,
+                                                        self._shared[name])
         self._sessions: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
         self._unhealthy: dict[str, str] = {}
         self._marks: dict[str, dict[str, str]] = {}  # endpoint id -> source -> reason
@@ -312,6 +313,8 @@ class FleetState:
             fresh_cache = new._engine_caches.get(target)
             if fresh_cache is not None and fresh_cache.settings == cache.settings:  # same hashing: keep what was reported
                 new._engine_caches[target] = cache
+                if cache.index.shared != fresh_cache.index.shared:
+                    cache.index.set_shared(fresh_cache.index.shared)
                 for endpoint in cache.index.endpoint_names():
                     if endpoint not in kept:
                         cache.index.remove_endpoint(endpoint)

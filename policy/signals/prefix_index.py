@@ -385,6 +385,22 @@ class PrefixIndex:
             if self.shared is not None:
                 self._offload(block_hashes)
 
+    def set_shared(self, shared: SharedKVTier | None) -> None:
+        """Use ``shared`` as the shared tier from now on (a fleet reload): its blocks are kept up to the new
+        capacity (least recently stored dropped first), all of them without one."""
+        with self._lock:
+            self.shared = shared
+            self._shared_capacity_blocks = max(1, shared.capacity_tokens // self.block_tokens) if shared else 0
+            blocks = self._shared_blocks
+            while len(blocks) > self._shared_capacity_blocks:
+                blocks.popitem(last=False)
+
+    def remove_shared(self, block_hashes: Iterable[int]) -> None:
+        """The shared tier no longer holds these blocks (an engine's ``BlockRemoved`` on that medium)."""
+        with self._lock:
+            for h in block_hashes:
+                self._shared_blocks.pop(h, None)
+
     # -- queries
 
     def match(self, block_hashes: Sequence[int], *, now: float | None = None) -> dict[str, int]:

@@ -73,7 +73,7 @@ def test_a_salted_request_matches_only_blocks_of_its_own_salt(tmp_path, serve, s
             assert r.status_code == 200, r.text
             d = r.json()
             httpx.post(f"{base}/v1/outcomes", timeout=10,
-                       json={"decision_id": d["decision_id"], "status": "error", "error": "test"}).raise_for_status()
+                       json={"decision_id": d["decision_id"], "status": "cancelled"}).raise_for_status()
             return d["endpoints"][0]["name"], {c["endpoint"]: c["local_hit_tokens"] for c in d["trace"]["endpoints"][0]["candidates"]}
 
         chosen, salted = hits(cache_salt="tenant-a")

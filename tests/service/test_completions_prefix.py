@@ -73,7 +73,7 @@ def test_a_completions_prompt_matches_the_blocks_its_engine_cached(tmp_path, ser
             assert r.status_code == 200, r.text
             d = r.json()
             httpx.post(f"{base}/v1/outcomes", timeout=10,
-                       json={"decision_id": d["decision_id"], "status": "error", "error": "test"}).raise_for_status()
+                       json={"decision_id": d["decision_id"], "status": "cancelled"}).raise_for_status()
             hits = {c["endpoint"]: c["local_hit_tokens"] for c in d["trace"]["endpoints"][0]["candidates"]}
             assert d["endpoints"][0]["name"] == "agg-1" and hits["agg-0"] == 0, hits
             assert hits["agg-1"] >= 0.95 * d["prompt_tokens"], (hits, d["prompt_tokens"])

@@ -132,7 +132,7 @@ def test_a_prompt_held_on_a_busy_decode_replica_is_not_counted_cached_where_it_r
         assert (idle["mode"], idle["endpoints"][0]["name"]) == ("aggregated", "decode-1"), idle["trace"]["mode"]
         check_ran_where_counted(idle)
         httpx.post(f"{base}/v1/outcomes", timeout=10,
-                   json={"decision_id": idle["decision_id"], "status": "error", "error": "test"}).raise_for_status()
+                   json={"decision_id": idle["decision_id"], "status": "cancelled"}).raise_for_status()
         load = [{"endpoint": f"agg-{i}", "load": {"num_requests_running": 10, "num_requests_waiting": 0}} for i in range(2)]
         load += [{"endpoint": f"decode-{i}", "load": {"num_requests_running": 40, "num_requests_waiting": 0}}
                  for i in range(4)]

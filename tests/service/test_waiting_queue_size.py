@@ -76,7 +76,7 @@ def test_the_queue_ahead_is_the_same_whatever_the_prompt_asking(tmp_path, serve,
             assert r.status_code == 200, r.text
             d = r.json()
             httpx.post(f"{base}/v1/outcomes", timeout=10,
-                       json={"decision_id": d["decision_id"], "status": "error", "error": "test"}).raise_for_status()
+                       json={"decision_id": d["decision_id"], "status": "cancelled"}).raise_for_status()
             return d
 
         deadline = time.monotonic() + 15

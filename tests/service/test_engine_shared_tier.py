@@ -1,0 +1,100 @@
+"""An event-fed target's shared KV tier holds the blocks its engines report on other media than the GPU: a real
+``pointsman serve`` and two stand-in vLLM engines publishing ``BlockStored``/``BlockRemoved`` over ZMQ/msgpack
+with ``medium: CPU`` (an offloading connector's events).
+
+The fleet declares ``shared_kv`` (reachable from every endpoint, 25 GB/s, 1 ms; 320 KiB of KV per token). agg-0's
+engine reports the whole ~9,800-token prompt offloaded. Before, an event-fed target's index had no shared tier and
+blocks on other media were only counted: both replicas read 0 restorable tokens and the predicted prefill was the
+full recompute, 0.80 s, where restoring takes 0.13 s (Pointsman's own estimate, on the same fleet without events,
+credits the tier: 0.15 s). A ``BlockRemoved`` on that medium takes the blocks out again."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import httpx
+import pytest
+
+from pointsman.estimator.model_source import bundled_model_dir
+from pointsman.policy.signals.engine_hashes import TargetTokenizer
+
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+FLEET = """apiVersion: pointsman/v1
+kind: Fleet
+defaults: {{output_tokens: 64, scrape_metrics: false}}
+targets:
+  onprem-70b:
+    kind: onprem
+    model: meta-llama/Llama-3.3-70B-Instruct
+    context_window_tokens: 131072
+    usd_per_gpu_hour: 2.5
+    kv_bytes_per_token: 327680
+    shared_kv: {{capacity_tokens: 1500000, bandwidth_bytes_per_s: 25.0e+9, latency_s: 0.001}}
+    kv_events: {{tokenizer: tokenizer.json, chat_template: template.jinja}}
+    pools:
+      aggregated:
+        gpus_per_replica: 2
+        prefill_tokens_per_s: 12192
+        decode_tokens_per_s: 6651
+        endpoints:
+{endpoints}
+"""
+POLICY = "apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n  - name: d\n    route: {target: onprem-70b}\n"
+PROMPT = [{"role": "user", "content": " ".join(f"w{i}" for i in range(3000))}]
+
+
+def test_blocks_an_engine_reports_offloaded_are_restorable_from_the_shared_tier(tmp_path, serve, standin):
+    engines = [standin.StandinEngine("vllm").start() for _ in range(2)]
+    try:
+        shutil.copyfile(bundled_model_dir() / "tokenizer.json", tmp_path / "tokenizer.json")
+        (tmp_path / "template.jinja").write_text(TEMPLATE)
+        endpoints = "\n".join(f'          - {{name: agg-{i}, url: "{e.base_url}/v1", kv_events: {{url: "{e.kv_events_url}", '
+                              f'replay_url: "{e.replay_url}"}}}}' for i, e in enumerate(engines))
+        (tmp_path / "fleet.yaml").write_text(FLEET.format(endpoints=endpoints))
+        (tmp_path / "policy.yaml").write_text(POLICY)
+        _, base = serve(tmp_path / "data", fleet_path=tmp_path / "fleet.yaml", policy_path=tmp_path / "policy.yaml",
+                        watch_policy="false", watch_fleet="false", scrape_interval_s=0)
+        ids = TargetTokenizer.from_files(tmp_path / "tokenizer.json",
+                                         chat_template_file=tmp_path / "template.jinja").prompt_token_ids(PROMPT)
+
+        def candidates() -> dict[str, dict]:
+            r = httpx.post(f"{base}/v1/route", timeout=10,
+                           json={"messages": PROMPT, "max_tokens": 64, "routing": {"explain": True}})
+            assert r.status_code == 200, r.text
+            d = r.json()
+            httpx.post(f"{base}/v1/outcomes", timeout=10,
+                       json={"decision_id": d["decision_id"], "status": "cancelled"}).raise_for_status()
+            return {c["endpoint"]: c for c in d["trace"]["endpoints"][0]["candidates"]}, d["prompt_tokens"]
+
+        cold, prompt = candidates()
+        full = cold["agg-0"]["prefill-work"]
+        assert full == pytest.approx(prompt / 12192)
+        engines[0].cache.medium = "CPU"
+        _, stored = engines[0].prefill(ids)
+        assert stored is not None and len(stored.block_hashes) == len(ids) // 16
+
+        def restorable() -> list[int]:
+            got, _ = candidates()
+            return [got[e]["shared_hit_tokens"] for e in ("agg-0", "agg-1")]
+
+        deadline = time.monotonic() + 15
+        while restorable() == [0, 0]:
+            assert time.monotonic() < deadline, "the offloaded blocks never counted"
+            time.sleep(0.05)
+        warm, _ = candidates()
+        held = int(len(stored.block_hashes) * 16 * prompt / len(ids))
+        restore = 0.001 + held * 327680 / 25e9
+        for name in ("agg-0", "agg-1"):  # reachable from every endpoint
+            assert warm[name]["local_hit_tokens"] == 0 and warm[name]["shared_hit_tokens"] == held, warm[name]
+            assert warm[name]["prefill-work"] == pytest.approx((prompt - held) / 12192 + restore, rel=1e-6), warm[name]
+        assert warm["agg-0"]["prefill-work"] < full / 4
+        engines[0].evict(stored.block_hashes)  # BlockRemoved, medium CPU
+        deadline = time.monotonic() + 15
+        while restorable() != [0, 0]:
+            assert time.monotonic() < deadline, "the removal never counted"
+            time.sleep(0.05)
+    finally:
+        for e in engines:
+            e.stop()
