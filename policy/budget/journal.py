@@ -13,12 +13,19 @@ harmlessly, and workers sharing the file may replay the same entry.
 
 Booked rows (``booked_s`` set: when this replica last wrote it to the ledger, Unix s) are written
 with ``synchronous=NORMAL`` (they survive the process, SIGKILL included; not the machine: the
-ledger's copy is the first one) and kept while their window is the current UTC month or they were
-booked within ``KEEP_RECENT_S`` (``prune``). ``expires_s``: a lower bound of when the ledger's
-record of the decision (``r:<id>``, which makes a settle idempotent) expires; NULL when the
-settlement names no scopes (such a settle can only complete a record that still exists, so
-re-applying it never books anything twice). ``window_s``: the time whose windows it is booked in.
-``meta`` keeps which ledger incarnation this file last saw (``seen``/``see``).
+ledger's copy is the first one) and kept one by one for ``KEEP_RECENT_S``: what a Redis restart on a
+cut file re-applies (``FleetState.restore_spend``) is booked within minutes of the ledger's last sighting.
+``compact`` then folds them into ``sums``: one row per (decision scopes, target, UTC day), the settled
+nano-USD, tokens and number of settlements, which an emptied ledger books in one call
+(``RedisLedger.add_sums``, once per store: keyed by this file's ``uid``); a sum is forgotten once its
+month window has ended ``forget`` seconds ago. So the file holds the last hour's rows and a sum per
+scope set, target and day of the current month: its size follows the traffic of one hour, not of a month.
+A row whose settlement names no scopes is dropped, not folded (an emptied ledger has nothing to book it
+on). ``expires_s``: a lower bound of when the ledger's record of the decision (``r:<id>``, which makes a
+settle idempotent) expires; NULL when the settlement names no scopes (such a settle can only complete a
+record that still exists, so re-applying it never books anything twice). ``window_s``: the time whose
+windows it is booked in. ``meta`` keeps this file's ``uid``, which ledger incarnation it last saw
+(``seen``/``see``) and in which one its sums were last booked (``applied``/``apply``).
 
 One row per decision id (the first settlement wins, as in the ledger). Connections are opened
 per call, so it is thread- and fork-safe. The settlements of concurrent ``add`` (and ``book``)
@@ -29,6 +36,10 @@ about two ``fsync``s, not a queue of them.
     journal(decision_id TEXT PRIMARY KEY, args TEXT,  -- args: JSON keyword arguments of
             booked_s REAL, expires_s REAL,            -- BudgetLedger.settle; booked_s NULL:
             window_s REAL)                            -- waiting for the ledger
+    sums(scopes TEXT, target TEXT, day TEXT,          -- scopes a JSON list; target '' for none; day id
+         at_s REAL, until_s REAL,                     -- a time in the day (its windows); its month's end
+         nusd INTEGER, prompt INTEGER, cached INTEGER, completion INTEGER, n INTEGER,
+         PRIMARY KEY (scopes, target, day))
     meta(key TEXT PRIMARY KEY, value TEXT)
 """
 
@@ -36,6 +47,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import closing
@@ -44,11 +56,11 @@ from typing import NamedTuple, TypedDict, cast
 
 from pointsman.group_commit import GroupCommit
 from pointsman.policy.budget.ledger import LedgerUnavailable
-from pointsman.policy.budget.units import window_of
+from pointsman.policy.budget.units import to_nusd, window_of
 
 #: Default file name under the data folder.
 DEFAULT_JOURNAL_NAME = "spend-journal.db"
-#: Seconds a booked row is kept after its last booking even when its window is not the current month.
+#: Seconds a booked row is kept one by one after its last booking (then ``compact`` folds it into a sum).
 KEEP_RECENT_S = 3600.0
 
 _COLUMNS = {"booked_s": "REAL", "expires_s": "REAL", "window_s": "REAL"}
@@ -87,6 +99,29 @@ class Seen(NamedTuple):
     ok_s: float
 
 
+class Applied(NamedTuple):
+    """The ledger ``epoch`` that was last made to count this file's sums (``RedisLedger.add_sums``: booked, or noted
+    as counted), and when (Unix s, after the call returned)."""
+
+    epoch: str
+    s: float
+
+
+class Sum(NamedTuple):
+    """Settlements folded together (``SpendJournal.compact``): their ``scopes`` and ``target`` (None: none), a time
+    ``at_s`` (Unix s) in their UTC day (the windows they are booked in), settled ``cost_nusd`` (nano-USD), tokens,
+    and how many ``settlements``."""
+
+    scopes: tuple[str, ...]
+    target: str | None
+    at_s: float
+    cost_nusd: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    settlements: int
+
+
 class SpendJournal:
     """Settlements waiting for the ledger, and those booked, in the SQLite file ``path`` (parents created)."""
 
@@ -100,7 +135,12 @@ class SpendJournal:
             with closing(self._connect()) as conn:
                 conn.execute("CREATE TABLE IF NOT EXISTS journal (decision_id TEXT PRIMARY KEY, args TEXT NOT NULL, "
                              "booked_s REAL, expires_s REAL, window_s REAL)")
+                conn.execute("CREATE TABLE IF NOT EXISTS sums (scopes TEXT NOT NULL, target TEXT NOT NULL, "
+                             "day TEXT NOT NULL, at_s REAL NOT NULL, until_s REAL NOT NULL, nusd INTEGER NOT NULL, "
+                             "prompt INTEGER NOT NULL, cached INTEGER NOT NULL, completion INTEGER NOT NULL, "
+                             "n INTEGER NOT NULL, PRIMARY KEY (scopes, target, day))")
                 conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+                conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('uid', ?)", (secrets.token_hex(8),))
                 have = {row[1] for row in conn.execute("PRAGMA table_info(journal)")}
                 for name, kind in _COLUMNS.items():  # a file of an earlier version
                     if name not in have:
@@ -206,32 +246,98 @@ class SpendJournal:
         except sqlite3.Error as exc:
             raise self._error(exc) from None
 
-    def prune(self, now: float) -> int:
-        """Forget booked rows booked before ``now - KEEP_RECENT_S`` whose window is before the current UTC month
-        (``now``); returns how many. Raises ``LedgerUnavailable``."""
+    def compact(self, before_s: float, forget_before_s: float, page: int = 5000) -> int:
+        """Fold the rows last booked before ``before_s`` (Unix s) into ``sums`` (a row naming no scopes is dropped)
+        and forget the sums whose month window ended before ``forget_before_s``; ``page`` rows a transaction.
+        Returns how many rows were folded or dropped. Raises ``LedgerUnavailable``."""
+        done = 0
         try:
             with closing(self._connect("NORMAL")) as conn:
-                return int(conn.execute("DELETE FROM journal WHERE booked_s < ? AND window_s < ?",
-                                        (now - KEEP_RECENT_S, window_of("month", now).start_s)).rowcount)
+                conn.execute("DELETE FROM sums WHERE until_s < ?", (forget_before_s,))
+                while True:
+                    conn.execute("BEGIN IMMEDIATE")
+                    rows = conn.execute(
+                        "SELECT rowid, json_extract(args, '$.scopes'), coalesce(json_extract(args, '$.target'), ''), "
+                        "window_s, json_extract(args, '$.actual_cost_usd'), json_extract(args, '$.prompt_tokens'), "
+                        "json_extract(args, '$.cached_tokens'), json_extract(args, '$.completion_tokens') "
+                        "FROM journal WHERE booked_s < ? LIMIT ?", (before_s, page)).fetchall()
+                    sums: dict[tuple[str, str, float], list[float]] = {}
+                    for _, scopes, target, at, cost, prompt, cached, completion in rows:
+                        if scopes is None:
+                            continue
+                        s = sums.get((scopes, target, at // 86400.0))
+                        if s is None:
+                            s = sums[scopes, target, at // 86400.0] = [at, window_of("month", at).end_s, 0, 0, 0, 0, 0]
+                        s[2] += to_nusd(cost)
+                        s[3] += prompt
+                        s[4] += cached
+                        s[5] += completion
+                        s[6] += 1
+                    conn.executemany(
+                        "INSERT INTO sums VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(scopes, target, day) DO "
+                        "UPDATE SET nusd = nusd + excluded.nusd, prompt = prompt + excluded.prompt, "
+                        "cached = cached + excluded.cached, completion = completion + excluded.completion, "
+                        "n = n + excluded.n", [(scopes, target, window_of("day", v[0]).id, *v)
+                                                  for (scopes, target, _), v in sums.items()])
+                    conn.executemany("DELETE FROM journal WHERE rowid = ?", [(r[0],) for r in rows])
+                    conn.execute("COMMIT")
+                    done += len(rows)
+                    if len(rows) < page:
+                        return done
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+
+    def sums(self) -> list[Sum]:
+        """Every sum kept (``compact``); raises ``LedgerUnavailable``."""
+        try:
+            with closing(self._connect()) as conn:
+                rows = conn.execute("SELECT scopes, target, at_s, nusd, prompt, cached, completion, n FROM sums "
+                                    "ORDER BY scopes, target, day").fetchall()
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+        return [Sum(tuple(json.loads(s)), t or None, float(at), *(int(v) for v in rest)) for s, t, at, *rest in rows]
+
+    def _meta(self, key: str) -> list[object] | None:
+        try:
+            with closing(self._connect()) as conn:
+                row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+        return None if row is None else cast(list[object], json.loads(row[0]))
+
+    def _set_meta(self, key: str, value: Sequence[object]) -> None:
+        try:
+            with closing(self._connect()) as conn:
+                conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, json.dumps(list(value))))
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+
+    @property
+    def uid(self) -> str:
+        """This file's id (16 hex digits, made with it): what keys its sums in the ledger. Raises ``LedgerUnavailable``."""
+        try:
+            with closing(self._connect()) as conn:
+                return str(conn.execute("SELECT value FROM meta WHERE key = 'uid'").fetchone()[0])
         except sqlite3.Error as exc:
             raise self._error(exc) from None
 
     def seen(self) -> Seen | None:
         """The ledger incarnation last seen (``see``), or None; raises ``LedgerUnavailable``."""
-        try:
-            with closing(self._connect()) as conn:
-                row = conn.execute("SELECT value FROM meta WHERE key = 'seen'").fetchone()
-        except sqlite3.Error as exc:
-            raise self._error(exc) from None
-        return None if row is None else Seen(*json.loads(row[0]))
+        row = self._meta("seen")
+        return None if row is None else Seen(*row)  # type: ignore[arg-type]
 
     def see(self, seen: Seen) -> None:
         """Keep ``seen`` as the ledger incarnation last seen; raises ``LedgerUnavailable``."""
-        try:
-            with closing(self._connect()) as conn:
-                conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('seen', ?)", (json.dumps(list(seen)),))
-        except sqlite3.Error as exc:
-            raise self._error(exc) from None
+        self._set_meta("seen", seen)
+
+    def applied(self) -> Applied | None:
+        """Where and when the sums were last booked (``apply``), or None; raises ``LedgerUnavailable``."""
+        row = self._meta("applied")
+        return None if row is None else Applied(*row)  # type: ignore[arg-type]
+
+    def apply(self, applied: Applied) -> None:
+        """Keep ``applied``; raises ``LedgerUnavailable``."""
+        self._set_meta("applied", applied)
 
     def __len__(self) -> int:
         """Entries waiting (0 when the file cannot be read)."""
@@ -242,4 +348,4 @@ class SpendJournal:
             return 0
 
 
-__all__ = ["DEFAULT_JOURNAL_NAME", "KEEP_RECENT_S", "Booked", "Seen", "SettleArgs", "SpendJournal"]
+__all__ = ["DEFAULT_JOURNAL_NAME", "KEEP_RECENT_S", "Applied", "Booked", "Seen", "SettleArgs", "SpendJournal", "Sum"]

@@ -16,6 +16,8 @@ so a cluster would keep them in one slot; amounts are integer nano-USD)::
     P s:<window_id>:<scope>      hash  held, settled                 (TTL: window end + keep)
     P t:<window_id>:<target>     hash  usd, prompt, cached, completion, outcomes  (same TTL)
     P expiry                     zset  decision_id scored by expires_s (live holds only)
+    P a:<uid>                    string this store counts a spend journal's sums (``add_sums``; TTL
+                                       record_retention_s from the last call)
     P epoch                      string this store's incarnation: Redis TIME ("<s>.<us>") when the
                                        first script found it missing (no TTL)
 
@@ -38,7 +40,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias, cast
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 from pointsman.errors import BudgetError
@@ -68,6 +70,8 @@ from pointsman.policy.budget.units import (
 if TYPE_CHECKING:  # pragma: no cover
     from redis import Redis
     from redis.commands.core import Script
+
+    from pointsman.policy.budget.journal import Sum
 
 #: What the ledger's Lua scripts return (``decode_responses=True``): strings and integers.
 Reply: TypeAlias = list[str | int]
@@ -193,6 +197,32 @@ redis.call('ZREM', P .. 'expiry', id)
 return {'ok', f[1], f[2]}
 """
 
+# ARGV: 3 the journal's uid, 4 retention_s, then per sum 5 scopes ('\n'-joined), 6 day_id, 7 month_id,
+# 8 day keep-until, 9 month keep-until, 10 target ('' for none), 11 nano-USD, 12 prompt, 13 cached,
+# 14 completion tokens, 15 settlements (11 each): what their settles book, in one step, unless a:<uid> was there.
+_ADD_SUMS = _SWEEP + """
+if redis.call('SET', P .. 'a:' .. ARGV[3], '1', 'EX', ARGV[4], 'GET') then return 0 end
+local n = 0
+for i = 5, #ARGV, 11 do
+  for _, w in ipairs({{ARGV[i + 1], ARGV[i + 3]}, {ARGV[i + 2], ARGV[i + 4]}}) do
+    for scope in string.gmatch(ARGV[i], '[^\\n]+') do
+      local sk = P .. 's:' .. w[1] .. ':' .. scope
+      redis.call('HINCRBY', sk, 'settled', ARGV[i + 6])
+      redis.call('EXPIRE', sk, ttl(w[2]))
+    end
+    if ARGV[i + 5] ~= '' then
+      local tk = P .. 't:' .. w[1] .. ':' .. ARGV[i + 5]
+      for j, field in ipairs({'usd', 'prompt', 'cached', 'completion', 'outcomes'}) do
+        redis.call('HINCRBY', tk, field, ARGV[i + 5 + j])
+      end
+      redis.call('EXPIRE', tk, ttl(w[2]))
+    end
+  end
+  n = n + tonumber(ARGV[i + 10])
+end
+return n
+"""
+
 # ARGV: 3 id.
 _RELEASE = _SWEEP + """
 local rk = P .. 'r:' .. ARGV[3]
@@ -263,6 +293,7 @@ class RedisLedger:
         self._release = client.register_script(_RELEASE)
         self._set_hold = client.register_script(_SET_HOLD)
         self._snapshot = client.register_script(_SNAPSHOT)
+        self._add_sums = client.register_script(_ADD_SUMS)
         self._epoch = client.register_script(_EPOCH + "return redis.call('GET', P .. 'epoch')")
 
     @classmethod
@@ -429,6 +460,23 @@ class RedisLedger:
         except self._errors as exc:
             raise self._unavailable(exc) from exc
         return epoch, run_id
+
+    def add_sums(self, uid: str, sums: Sequence[Sum], now: float | None = None) -> int:
+        """Book a spend journal's ``sums`` (``SpendJournal.compact``) as their settlements' settles would have, in
+        their windows (scopes' ``settled``, the target's usage), in one step, unless this store already counts the
+        sums of the journal ``uid`` (``P a:<uid>``: then only its TTL, ``record_retention_s``, starts again; with no
+        ``sums`` a call notes that the store counts them). Returns how many settlements were booked (0: already
+        there). Raises ``LedgerUnavailable``."""
+        now = current_time(now)
+        keep = self.config.record_retention_s + KEEP_AFTER_WINDOW_S
+        args = self._head(now) + [uid, str(max(1, math.ceil(self.config.record_retention_s)))]
+        for s in sums:
+            day, month = windows_at(s.at_s).values()
+            args += ["\n".join(s.scopes), day.id, month.id, repr(day.end_s + keep), repr(month.end_s + keep),
+                     s.target or "", str(s.cost_nusd), str(s.prompt_tokens), str(s.cached_tokens),
+                     str(s.completion_tokens), str(s.settlements)]
+        booked = self._run(self._add_sums, args)  # Lua returns an integer here
+        return int(cast(int, booked))
 
     def set_config(self, config: BudgetConfig) -> None:
         """Use ``config`` from the next operation on (one reference swap; holds stay)."""

@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pointsman.errors import BudgetError, RequestError
-from pointsman.policy.budget.journal import Booked, Seen, SettleArgs, SpendJournal
+from pointsman.policy.budget.journal import KEEP_RECENT_S, Applied, Booked, Seen, SettleArgs, SpendJournal
 from pointsman.policy.budget.ledger import (
     BudgetLedger,
     BudgetSnapshot,
@@ -58,6 +58,7 @@ from pointsman.policy.budget.ledger import (
     Settlement,
     UnknownReservation,
 )
+from pointsman.policy.budget.redis_ledger import KEEP_AFTER_WINDOW_S
 from pointsman.policy.budget.snapshot_cache import PendingChange, SnapshotCache
 from pointsman.policy.budget.units import NUSD_PER_USD, check_tokens
 from pointsman.policy.cost import TargetPrice, pool_utilization, usage_cost
@@ -131,6 +132,12 @@ class DispatchRecord:
         """The tokens the decision estimated: its prompt tokens and output cap (every prompt and answer of a
         batch or of ``n`` answers), what its usage may reach (``outcome.check_usage_fits``)."""
         return self.prompt_tokens + self.output_cap_tokens
+
+
+def _booked_elsewhere(args: SettleArgs, settlement: Settlement) -> bool:
+    """Whether the ledger holds this decision as another booking than the one ``args`` (a journal row's) made: a
+    replay whose settled time is not the row's ``now`` (the ledger keeps the ``now`` of the settle that booked)."""
+    return settlement.replayed and settlement.settled_s != args["now"]
 
 
 def _with(record: DispatchRecord, **changes: object) -> DispatchRecord:
@@ -789,7 +796,7 @@ class FleetState:
             except BudgetError as exc:  # the ledger refuses it for good (e.g. purged): say so, drop it
                 log.error("journaled settlement of %s refused by the ledger: %s", decision_id, exc)
             else:
-                if self._restorable:
+                if self._restorable and not _booked_elsewhere(args, settlement):
                     self._keep_booked(decision_id, args, settlement)
                     continue
             done.append(decision_id)
@@ -806,44 +813,60 @@ class FleetState:
         journal last saw (``SpendJournal.seen``):
 
         - a new ``epoch``: the store lost everything written since the old epoch was created (FLUSHALL, a
-          new volume, a Redis without persistence restarted); every booked row the journal keeps (the
-          current UTC month's, and the last ``KEEP_RECENT_S``) is settled again;
+          new volume, a Redis without persistence restarted); the journal's sums (``RedisLedger.add_sums``: the
+          settlements folded by ``SpendJournal.compact``, windows still kept) are booked in one call, and every
+          booked row it keeps one by one (the last ``KEEP_RECENT_S``) is settled again;
         - a new ``run_id`` (Redis restarted on its files, which may end before what it acknowledged), or
           nothing seen yet: the rows booked since ``RESTORE_LOOKBACK_S`` before it was last seen alive whose
-          ledger record outlives ``now + RESTORE_MARGIN_S``.
+          ledger record outlives ``now + RESTORE_MARGIN_S``, and the sums when they were booked in this epoch
+          since then (``SpendJournal.applied``);
+        - the same incarnation, last seen a minute ago or more: it is seen now, and the rows last booked
+          ``KEEP_RECENT_S`` ago are folded into the sums (``compact``; not while the sums' booking is within the
+          lookback).
 
         Why nothing is counted twice. A settle adds its cost to the counters and marks the decision's record
         ``r:<id>`` settled in one script, which Redis applies, persists and loses as a whole (a restart keeps
         a prefix of its writes); a repeat finds ``r:<id>`` settled and changes nothing. So re-applying a
-        settlement is harmless exactly while its ``r:<id>`` would still exist had Redis not lost it:
+        settlement is harmless exactly while its ``r:<id>`` would still exist had Redis not lost it. The sums
+        are booked the same way, with ``a:<uid>`` (this journal's) as their record:
 
         - after a restart, only rows whose ``expires_s`` (a lower bound of the record's expiry, from when
           the record was created, minus the margin for clocks) is ahead are re-applied: if the cost is
-          still counted, so is its record, and the settle is a replay; if the record is gone, so is the cost;
+          still counted, so is its record, and the settle is a replay; if the record is gone, so is the cost.
+          The sums are re-applied only when they were booked in this epoch after the lookback's start (their
+          ``a:<uid>`` still alive): the same argument. Rows booked before the lookback's start are never
+          re-applied after a restart, so they can be folded, and the sums change only once their booking is
+          older than that too (a re-application books exactly what the lost one did);
         - after an epoch change, every script creates the epoch before it writes, so everything counted now
           was written after the new epoch was created, and every record it wrote was created then too. A row
-          counted now therefore has its record; a row not counted is booked. The new epoch must be younger
-          than ``record_retention_s - RESTORE_MARGIN_S``, else (this replica saw the change too late to be
-          sure) nothing is re-booked and an error is logged. A row re-booked as ``unreserved`` gets a record
-          again, so its ``expires_s`` and ``booked_s`` move to now (a crash right after is covered too).
+          counted now therefore has its record; a row not counted is booked. A sum folds rows booked before the
+          journal last saw the old epoch, none of them counted in the new one; ``a:<uid>`` books them once. The
+          new epoch must be younger than ``record_retention_s - RESTORE_MARGIN_S``, else (this replica saw the
+          change too late to be sure) nothing is re-booked and an error is logged. A row re-booked as
+          ``unreserved`` gets a record again, so its ``expires_s`` and ``booked_s`` move to now, and the sums'
+          booking is noted (``apply``): a crash right after is covered too.
 
-        The incarnation is marked seen only once every chosen row was applied; until then (Redis away
-        again) the next call starts over, which is harmless for the same reasons. Rows older than the
-        journal keeps (the previous months') are not restored after an epoch change."""
-        incarnation = getattr(self.ledger, "incarnation", None)  # only a Redis ledger has it
-        if self.ledger is None or self.journal is None or not callable(incarnation):
+        The incarnation is marked seen only once the sums and every chosen row were applied; until then (Redis
+        away again) the next call starts over, which is harmless for the same reasons. A row whose decision the
+        ledger holds as another booking (a repeated outcome settled elsewhere) is forgotten, so two journals never
+        fold the same settlement. Sums are forgotten once their month window's keys expire in the ledger; a repeat
+        of a folded settlement's outcome after the store was emptied is booked again (its record is gone)."""
+        add_sums = getattr(self.ledger, "add_sums", None)  # only a Redis ledger has it (and incarnation)
+        if self.ledger is None or self.journal is None or not self._restorable or not callable(add_sums):
             return 0
         try:
-            epoch, run_id = incarnation()
-            seen = self.journal.seen()
+            epoch, run_id = self.ledger.incarnation()  # type: ignore[attr-defined]
+            seen, applied = self.journal.seen(), self.journal.applied()
         except LedgerUnavailable:
             return 0
         now = self.clock()
         retention = float(self.ledger.config.record_retention_s)
         rows: Iterator[Booked] | None = None
+        sums = False
         if seen is not None and seen.epoch != epoch:
             age = now - float(epoch.split(".")[0])
-            if age < retention - RESTORE_MARGIN_S:
+            sums = age < retention - RESTORE_MARGIN_S
+            if sums:
                 rows = self.journal.booked()
                 log.warning("budget ledger lost its store (epoch %s, now %s): booking this replica's settlements of "
                             "the current windows again", seen.epoch, epoch)
@@ -854,9 +877,18 @@ class FleetState:
         elif seen is None or seen.run_id != run_id:
             since = float("-inf") if seen is None else seen.ok_s - RESTORE_LOOKBACK_S
             rows = self.journal.booked(since, now + RESTORE_MARGIN_S)
+            sums = applied is not None and applied.epoch == epoch and since <= applied.s < now - RESTORE_MARGIN_S \
+                + retention
         elif now - seen.ok_s < 60.0:
             return 0
         booked = 0
+        if sums:
+            try:
+                with self._budget_change(None):
+                    booked = add_sums(self.journal.uid, self.journal.sums(), now)
+                self.journal.apply(Applied(epoch, self.clock()))
+            except LedgerUnavailable:
+                return 0  # not seen yet: the next call starts over
         for row in rows or ():
             again = row.args.copy()  # at now: a record created again lives from now (its windows stay the decision's)
             again["now"], again["issued_s"] = now, row.args["now"] if row.args["issued_s"] is None else row.args["issued_s"]
@@ -871,11 +903,20 @@ class FleetState:
             if not settlement.replayed:
                 booked += 1
                 self._keep_booked(row.decision_id, again, settlement)
+            elif _booked_elsewhere(row.args, settlement):
+                self.journal.done([row.decision_id])
         if booked:
             log.warning("budget ledger: %d settlement(s) it had lost booked again from the spend journal", booked)
         self.journal.see(Seen(epoch, run_id, now))
-        if rows is None:
-            self.journal.prune(now)
+        if rows is None:  # the store counts the sums (noted before any row is folded into them), then fold
+            try:
+                add_sums(self.journal.uid, [], now)
+            except LedgerUnavailable:
+                return booked
+            if applied is None or applied.epoch != epoch:
+                self.journal.apply(Applied(epoch, self.clock()))
+            elif applied.s < now - RESTORE_LOOKBACK_S:
+                self.journal.compact(now - KEEP_RECENT_S, now - retention - KEEP_AFTER_WINDOW_S)
         return booked
 
     def target_spec(self, name: str, fleet_revision: str = "") -> OnPremTarget | FrontierTarget | None:

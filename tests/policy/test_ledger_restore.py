@@ -1,7 +1,8 @@
 """Spend a Redis ledger lost is restored from the replicas' spend journals, exactly once: a real
 redis-server with an append-only file (``appendfsync everysec``, as deploy/kubernetes/redis.yaml),
 replicas (``FleetState``) each with its own journal, and the tick the service runs every second
-(``Runtime.replay_spend``: ``FleetState.restore_spend`` then ``replay_journal``).
+(``Runtime.replay_spend``: ``FleetState.restore_spend`` then ``replay_journal``). Replicas whose clock runs
+ahead (``Clock``) fold what they booked more than ``KEEP_RECENT_S`` ago into their journal's sums.
 
 A SIGKILLed redis-server loses nothing (``write()`` precedes the reply; the kernel keeps the file);
 what ``everysec`` loses is the part of the file not yet ``fsync``ed when the *machine* dies (power
@@ -14,6 +15,7 @@ from __future__ import annotations
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import tempfile
 import time
@@ -24,11 +26,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pointsman.policy.budget.config import BudgetConfig
-from pointsman.policy.budget.journal import SpendJournal
+from pointsman.policy.budget.journal import KEEP_RECENT_S, SpendJournal
+from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.budget.redis_ledger import RedisLedger
+from pointsman.policy.budget.units import window_of
 from pointsman.policy.decision import new_decision_id
 from pointsman.policy.fleet import load_fleet
-from pointsman.policy.signals.fleet_state import Dispatch, DispatchRecord, FleetState
+from pointsman.policy.signals.fleet_state import RESTORE_LOOKBACK_S, Dispatch, DispatchRecord, FleetState
 from pointsman.policy.signals.signed_ids import DecisionSigner
 
 E8 = "http://llama-8b-0.inference.internal:8000/v1"
@@ -136,15 +140,35 @@ class Redis:
             self.proc.wait(10)
 
 
+class Clock:
+    """The replicas' clock: from the second day of the current UTC month on (so hours added stay in one month
+    window), ``ahead`` seconds added."""
+
+    def __init__(self) -> None:
+        self.base = window_of("month", time.time()).start_s + 86400.0 - time.time()
+        self.ahead = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.base + self.ahead
+
+    def age(self, replicas: list[FleetState]) -> None:
+        """Every replica ticks, a minute later notes that the store counts its sums, and once what it booked before
+        is older than ``KEEP_RECENT_S`` folds it."""
+        for ahead in (0.0, RESTORE_LOOKBACK_S + 60.0, KEEP_RECENT_S):
+            self.ahead += ahead
+            for r in replicas:
+                tick(r)
+
+
 def tick(state: FleetState) -> None:
     """What ``Runtime.replay_spend`` does every second."""
     state.restore_spend()
     state.replay_journal()
 
 
-def settled(ledger: RedisLedger, scope: str) -> int:
-    """Settled spend of ``scope`` in today's window, nano-USD."""
-    status = next(s for s in ledger.snapshot([scope]).statuses if s.window == "day")
+def settled(ledger: RedisLedger, scope: str, now: float | None = None) -> int:
+    """Settled spend of ``scope`` in the month window of ``now`` (default: the time), nano-USD."""
+    status = next(s for s in ledger.snapshot([scope], now).statuses if s.window == "month")
     return round(status.settled_usd * 1e9)
 
 
@@ -166,7 +190,7 @@ def until_restored(replicas: list[FleetState], ledger: RedisLedger, acked: dict[
     while True:
         for r in replicas:
             tick(r)
-        got = {scope: settled(ledger, scope) for scope in acked}
+        got = {scope: settled(ledger, scope, replicas[0].clock()) for scope in acked}
         if got == acked or time.monotonic() > end:
             break
         time.sleep(0.05)
@@ -174,14 +198,37 @@ def until_restored(replicas: list[FleetState], ledger: RedisLedger, acked: dict[
     for _ in range(3):
         for r in replicas:
             tick(r)
-    assert {scope: settled(ledger, scope) for scope in acked} == acked
+    assert {scope: settled(ledger, scope, replicas[0].clock()) for scope in acked} == acked
 
 
-def _replicas(root: Path, url: str, n: int = 2) -> tuple[RedisLedger, list[FleetState]]:
-    ledger = RedisLedger.from_url(url, CONFIG)
+def _replicas(root: Path, url: str, n: int = 2, clock: Clock | None = None) -> tuple[RedisLedger, list[FleetState]]:
+    """A ledger to read, and ``n`` replicas, each with its own ledger client and journal (on ``clock``)."""
     signer = DecisionSigner(b"k" * 32)
-    return ledger, [FleetState(FLEET, ledger, signer=signer, journal=SpendJournal(root / f"journal-{i}.db"))
-                    for i in range(n)]
+    return RedisLedger.from_url(url, CONFIG), [
+        FleetState(FLEET, RedisLedger.from_url(url, CONFIG), signer=signer, journal=SpendJournal(root / f"journal-{i}.db"),
+                   **({"clock": clock} if clock else {})) for i in range(n)]
+
+
+def interrupted(state: FleetState, calls: int, reply_lost: bool) -> None:
+    """``restore_spend`` while Redis goes away after ``calls`` of its ledger writes (``add_sums``, ``settle``);
+    ``reply_lost``: that last write was applied, its reply lost (a timeout)."""
+    ledger, made = state.ledger, [0]
+
+    def failing(method):
+        def call(*args, **kwargs):
+            made[0] += 1
+            if made[0] <= calls:
+                return method(*args, **kwargs)
+            if reply_lost and made[0] == calls + 1:
+                method(*args, **kwargs)
+            raise LedgerUnavailable("budget ledger (redis): gone (test)")
+        return call
+
+    ledger.add_sums, ledger.settle = failing(ledger.add_sums), failing(ledger.settle)  # type: ignore[union-attr]
+    try:
+        state.restore_spend()
+    finally:
+        del ledger.add_sums, ledger.settle  # type: ignore[union-attr]
 
 
 def test_settlements_acknowledged_before_the_machine_died_are_counted_once(tmp_path):
@@ -206,6 +253,8 @@ def test_settlements_acknowledged_before_the_machine_died_are_counted_once(tmp_p
         assert settled(ledger, "tenant:acme") < acked["tenant:acme"]  # the loss is real
         until_restored(replicas, ledger, acked)
     finally:
+        for r in replicas:
+            r.ledger.close()  # type: ignore[union-attr]
         ledger.close()
         redis.stop()
 
@@ -232,6 +281,8 @@ def test_a_ledger_that_comes_back_empty_gets_the_current_windows_spend_back(tmp_
         assert settled(ledger, "tenant:acme") == 0
         until_restored(replicas, ledger, acked)
     finally:
+        for r in replicas:
+            r.ledger.close()  # type: ignore[union-attr]
         ledger.close()
         redis.stop()
 
@@ -243,21 +294,25 @@ STEP = st.one_of(
     st.tuples(st.just("outage"), st.integers(0, 1)),  # Redis away: an unbudgeted settlement goes to the journal
     st.tuples(st.just("flush")),
     st.tuples(st.just("wipe")),
+    st.tuples(st.just("age")),  # an hour and more passes: the replicas fold what they booked into sums
+    st.tuples(st.just("interrupt"), st.integers(0, 1), st.integers(0, 3), st.booleans()),  # Redis gone mid-restore
 )
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(steps=st.lists(STEP, min_size=1, max_size=14))
 def test_spend_per_scope_is_the_acknowledged_sum_whatever_redis_loses(steps):
     """Settlements on two replicas (into their journals while Redis is away), ticks, a machine's death (SIGKILL
-    and the file cut back to any earlier acknowledged moment), FLUSHALL, a new volume, in any order: once every
-    replica has ticked, each scope's spend is the sum of the acknowledged settlements, nothing lost, nothing
-    doubled."""
+    and the file cut back to any earlier acknowledged moment since the replicas last saw Redis an hour ago),
+    FLUSHALL, a new volume, an hour passing (the journals fold their rows into sums), a restore cut short by
+    Redis going away (after a write applied or not), in any order: once every replica has ticked, each scope's
+    spend is the sum of the acknowledged settlements, nothing lost, nothing doubled."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "redis").mkdir()
         redis = Redis(root / "redis")
-        ledger, replicas = _replicas(root, redis.url)
+        clock = Clock()
+        ledger, replicas = _replicas(root, redis.url, clock=clock)
         try:
             acked = {scope: 0 for scope in BUDGETED + UNBUDGETED}
             marks = [redis.mark()]
@@ -280,13 +335,20 @@ def test_spend_per_scope_is_the_acknowledged_sum_whatever_redis_loses(steps):
                     marks = [m for m in marks if m[0] != mark[0] or m[1] <= mark[1]]
                 elif step[0] == "flush":
                     redis.flushall()
-                else:
+                elif step[0] == "wipe":
                     redis.wipe()
                     redis.start()
                     marks = []
+                elif step[0] == "age":
+                    clock.age(replicas)
+                    marks = []  # seen since: a machine's death loses only what was written after
+                else:
+                    interrupted(replicas[step[1]], step[2], step[3])
                 marks.append(redis.mark())
             until_restored(replicas, ledger, acked)
         finally:
+            for r in replicas:
+                r.ledger.close()  # type: ignore[union-attr]
             ledger.close()
             redis.stop()
 
@@ -299,7 +361,8 @@ def test_a_settlement_whose_record_expired_is_not_booked_again_after_a_restart(t
     short = BudgetConfig.from_dict({"reservation_ttl_s": 1, "record_retention_s": 1, "budgets": [
         {"scope": "tenant:acme", "window": "day", "limit_usd": 1e6}]})
     ledger, replicas = _replicas(tmp_path, redis.url)
-    ledger.set_config(short)
+    for r in replicas:
+        r.ledger.set_config(short)  # type: ignore[union-attr]
     try:
         acked = {scope: 0 for scope in BUDGETED + UNBUDGETED}
         for i in range(4):
@@ -317,6 +380,8 @@ def test_a_settlement_whose_record_expired_is_not_booked_again_after_a_restart(t
         redis.start()
         until_restored(replicas, ledger, acked)
     finally:
+        for r in replicas:
+            r.ledger.close()  # type: ignore[union-attr]
         ledger.close()
         redis.stop()
 
@@ -374,5 +439,149 @@ def test_a_settlement_booked_again_after_a_flush_survives_a_crash_right_after(tm
         assert settled(ledger, UNBUDGETED[0]) == 0
         until_restored([replica], ledger, acked, deadline_s=5.0)
     finally:
+        ledger.close()
+        redis.stop()
+
+
+def _folded(state: FleetState) -> tuple[int, int]:
+    """(rows, sums) ``state``'s journal keeps."""
+    assert state.journal is not None
+    with sqlite3.connect(state.journal.path) as conn:
+        rows = conn.execute("SELECT COUNT(*) FROM journal").fetchone()[0]
+    return rows, len(state.journal.sums())
+
+
+def test_an_emptied_ledger_gets_the_settlements_folded_an_hour_ago_back_once(tmp_path):
+    """A replica keeps what it booked an hour ago as sums per scope set, target and day, not row by row; a flushed
+    store gets them back (spend and the target's usage) with the recent rows, once, however often it ticks."""
+    (tmp_path / "redis").mkdir()
+    redis = Redis(tmp_path / "redis")
+    clock = Clock()
+    ledger, replicas = _replicas(tmp_path, redis.url, clock=clock)
+    try:
+        acked = {scope: 0 for scope in BUDGETED + UNBUDGETED}
+        for i in range(10):
+            if i == 8:  # the first eight an hour old, folded
+                clock.age(replicas)
+                assert [_folded(r) for r in replicas] == [(0, 2), (0, 2)]  # two scope sets, one target, one day
+            scopes = BUDGETED if i % 3 else UNBUDGETED
+            cost = settle_one(replicas[i % 2], scopes, i)
+            for scope in scopes:
+                acked[scope] += cost
+        usage = ledger.effective_price_per_token("onprem-8b", "month", clock())
+        assert usage.outcomes == 10
+        redis.flushall()
+        until_restored(replicas, ledger, acked)
+        assert ledger.effective_price_per_token("onprem-8b", "month", clock()) == usage
+    finally:
+        for r in replicas:
+            r.ledger.close()  # type: ignore[union-attr]
+        ledger.close()
+        redis.stop()
+
+
+def test_a_repeated_outcome_settled_elsewhere_is_folded_by_one_journal_only(tmp_path):
+    """An outcome reported again, to another replica while Redis is away, after the first replica folded its
+    settlement: the second replica's journal keeps it until the ledger says it was booked by another settle,
+    then forgets it, so an emptied store gets it back once."""
+    (tmp_path / "redis").mkdir()
+    redis = Redis(tmp_path / "redis")
+    clock = Clock()
+    ledger, replicas = _replicas(tmp_path, redis.url, clock=clock)
+    try:
+        record = DispatchRecord(new_decision_id(), "onprem-8b", "aggregated", E8, None, UNBUDGETED, 0.01, False, 400,
+                                0.7, 0.4, replicas[0].monotonic())
+        decision_id = replicas[0].dispatch(Dispatch(record, [], False)).decision_id
+        acked = {UNBUDGETED[0]: round(replicas[0].settle(decision_id, prompt_tokens=300, completion_tokens=20)
+                                      .actual_cost_usd * 1e9)}
+        clock.age(replicas)
+        redis.kill()
+        assert replicas[1].settle(decision_id, prompt_tokens=300, completion_tokens=20).journaled
+        redis.start()
+        tick(replicas[1])  # booked before: a replay of the first replica's settle
+        assert _folded(replicas[1]) == (0, 0)
+        redis.flushall()
+        until_restored(replicas, ledger, acked)
+    finally:
+        for r in replicas:
+            r.ledger.close()  # type: ignore[union-attr]
+        ledger.close()
+        redis.stop()
+
+
+@pytest.mark.parametrize(("calls", "reply_lost"), [(0, False), (0, True), (1, False), (1, True)])
+def test_a_restore_cut_short_books_the_sums_once(tmp_path, calls, reply_lost):
+    """Redis goes away while a replica books its sums and rows into a flushed store (after ``calls`` writes; the
+    last one applied with its reply lost, or not applied): the next ticks finish the restore, each booked once."""
+    (tmp_path / "redis").mkdir()
+    redis = Redis(tmp_path / "redis")
+    clock = Clock()
+    ledger, replicas = _replicas(tmp_path, redis.url, n=1, clock=clock)
+    try:
+        acked = {scope: 0 for scope in BUDGETED + UNBUDGETED}
+        for i in range(4):
+            if i == 2:
+                clock.age(replicas)
+            scopes = BUDGETED if i % 2 else UNBUDGETED
+            cost = settle_one(replicas[0], scopes, i)
+            for scope in scopes:
+                acked[scope] += cost
+        tick(replicas[0])
+        redis.flushall()
+        interrupted(replicas[0], calls, reply_lost)
+        until_restored(replicas, ledger, acked)
+    finally:
+        replicas[0].ledger.close()  # type: ignore[union-attr]
+        ledger.close()
+        redis.stop()
+
+
+def test_sums_booked_into_a_flushed_store_are_booked_again_after_the_next_crash(tmp_path):
+    """The store is flushed, another replica's call makes the new epoch, this replica books its sums; the machine
+    dies before that was fsynced, the epoch already on disk: the restart (same epoch) books the sums again, once."""
+    (tmp_path / "redis").mkdir()
+    redis = Redis(tmp_path / "redis")
+    clock = Clock()
+    ledger, replicas = _replicas(tmp_path, redis.url, n=1, clock=clock)
+    try:
+        acked = {UNBUDGETED[0]: settle_one(replicas[0], UNBUDGETED, 0)}
+        clock.age(replicas)
+        assert _folded(replicas[0]) == (0, 1)
+        redis.flushall()
+        ledger.snapshot([UNBUDGETED[0]], clock())  # another replica's call makes the new epoch
+        mark = redis.mark()
+        tick(replicas[0])  # the flush seen: the sums booked again
+        assert settled(ledger, UNBUDGETED[0], clock()) == acked[UNBUDGETED[0]]
+        redis.crash(mark)
+        redis.start()
+        assert settled(ledger, UNBUDGETED[0], clock()) == 0
+        until_restored(replicas, ledger, acked, deadline_s=5.0)
+    finally:
+        replicas[0].ledger.close()  # type: ignore[union-attr]
+        ledger.close()
+        redis.stop()
+
+
+def test_a_store_cut_back_to_before_its_flush_keeps_the_sums_it_counted(tmp_path):
+    """The store is flushed and the replica books its sums into the new one; the machine dies before the FLUSHALL
+    was fsynced: the store is back to its old epoch, which still counts the settlements the sums fold (booked there
+    one by one): they are not booked again."""
+    (tmp_path / "redis").mkdir()
+    redis = Redis(tmp_path / "redis")
+    clock = Clock()
+    ledger, replicas = _replicas(tmp_path, redis.url, n=1, clock=clock)
+    try:
+        acked = {UNBUDGETED[0]: settle_one(replicas[0], UNBUDGETED, 0)}
+        clock.age(replicas)
+        assert _folded(replicas[0]) == (0, 1)
+        mark = redis.mark()
+        redis.flushall()
+        tick(replicas[0])
+        assert settled(ledger, UNBUDGETED[0], clock()) == acked[UNBUDGETED[0]]
+        redis.crash(mark)
+        redis.start()
+        until_restored(replicas, ledger, acked, deadline_s=5.0)
+    finally:
+        replicas[0].ledger.close()  # type: ignore[union-attr]
         ledger.close()
         redis.stop()
