@@ -5,11 +5,12 @@
     .venv/bin/python scripts/bench_spend_journal.py --n 20000 --scopes 5
 
 Steps: the rows are written as ``FleetState`` keeps them (``SpendJournal.book``); the journal then sees the ledger
-unchanged for a minute, so one ``FleetState.restore_spend`` does the journal's upkeep (timed); the file's size is
-read (write-ahead log checkpointed; and after ``VACUUM``: what the pages in use take); then the private
-``redis-server`` (no persistence, started from PATH on a free port) is flushed and ``restore_spend`` runs until it
-has booked the journal again (timed), and each scope's settled spend in the month window is checked against what
-was booked. Prints JSON.
+unchanged for a minute, so ``FleetState.restore_spend`` does the journal's upkeep, twice, the second time with
+the replica's clock ``RESTORE_LOOKBACK_S`` + 61 s ahead (what it does at the first sighting, then later; timed);
+the file's size is read (write-ahead log checkpointed; and after ``VACUUM``: what the pages in use take); then
+the private ``redis-server`` (no persistence, started from PATH on a free port) is flushed and ``restore_spend``
+runs until it has booked the journal again (timed), and each scope's settled spend in the month window is checked
+against what was booked. Prints JSON. Runs on the code of an earlier version too (``journal_sums_after_upkeep`` 0).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def main(n: int, scopes: int, days: float) -> None:
     from pointsman.policy.budget.redis_ledger import RedisLedger
     from pointsman.policy.budget.units import to_nusd, window_of
     from pointsman.policy.fleet import load_fleet
-    from pointsman.policy.signals.fleet_state import FleetState
+    from pointsman.policy.signals.fleet_state import RESTORE_LOOKBACK_S, FleetState
 
     if shutil.which("redis-server") is None:
         sys.exit("redis-server not on PATH")
@@ -64,7 +65,8 @@ def main(n: int, scopes: int, days: float) -> None:
                 time.sleep(0.05)
         ledger = RedisLedger.from_url(f"redis://127.0.0.1:{port}/0", BudgetConfig(), timeout_s=30.0)
         journal = SpendJournal(tmp / "spend-journal.db")
-        state = FleetState(load_fleet(), ledger, journal=journal)
+        ahead = [0.0]
+        state = FleetState(load_fleet(), ledger, journal=journal, clock=lambda: time.time() + ahead[0])
         now = time.time()
         month = window_of("month", now)
         start = max(month.start_s + 1.0, now - days * 86400.0)
@@ -96,10 +98,13 @@ def main(n: int, scopes: int, days: float) -> None:
         journal.see(Seen(epoch, run_id, time.time() - 61.0))
         t0 = time.perf_counter()
         state.restore_spend()  # the minute's upkeep
+        ahead[0] = RESTORE_LOOKBACK_S + 61.0
+        state.restore_spend()  # and the next one, past the lookback
         upkeep_s = time.perf_counter() - t0
         kept = size()
         with closing(sqlite3.connect(db)) as conn:
             rows = conn.execute("SELECT COUNT(*) FROM journal").fetchone()[0]
+            sums = len(journal.sums()) if hasattr(journal, "sums") else 0
             conn.execute("VACUUM")
         vacuumed = size()
         client.flushall()
@@ -114,7 +119,7 @@ def main(n: int, scopes: int, days: float) -> None:
         print(json.dumps({
             "settlements": n, "scopes": scopes, "span_days": round((now - start) / 86400.0, 2), "write_s": round(write_s, 2),
             "journal_bytes_written": written, "upkeep_s": round(upkeep_s, 3), "journal_bytes_after_upkeep": kept,
-            "journal_rows_after_upkeep": rows, "journal_bytes_after_vacuum": vacuumed,
+            "journal_rows_after_upkeep": rows, "journal_sums_after_upkeep": sums, "journal_bytes_after_vacuum": vacuumed,
             "new_epoch_restore_s": round(restore_s, 3), "restored_settlements": restored,
             "month_spend_restored_exactly": got == expected}, indent=1))
     finally:

@@ -141,7 +141,8 @@ class ServiceMetrics:
                                     ["target"], registry=r)
         self.spend_restored = Counter("pointsman_spend_restored", "Settlements the Redis budget ledger had lost "
                                       "(a restart on an unsynced file, a flushed or new store) booked again from this "
-                                      "replica's spend journal.", registry=r)
+                                      "replica's spend journal (one by one, or in its sums per scope set, target and "
+                                      "day).", registry=r)
         self.spend_usd = Counter("pointsman_budget_spend_usd", "Actual cost settled by outcomes, USD.", ["target"],
                                  registry=r)
         self.outcomes = Counter("pointsman_outcomes", "Outcomes by acknowledgement status.", ["status"], registry=r)

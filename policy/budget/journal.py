@@ -13,19 +13,20 @@ harmlessly, and workers sharing the file may replay the same entry.
 
 Booked rows (``booked_s`` set: when this replica last wrote it to the ledger, Unix s) are written
 with ``synchronous=NORMAL`` (they survive the process, SIGKILL included; not the machine: the
-ledger's copy is the first one) and kept one by one for ``KEEP_RECENT_S``: what a Redis restart on a
-cut file re-applies (``FleetState.restore_spend``) is booked within minutes of the ledger's last sighting.
-``compact`` then folds them into ``sums``: one row per (decision scopes, target, UTC day), the settled
+ledger's copy is the first one) and kept one by one for ``KEEP_RECENT_S``: a Redis restart on a cut
+file re-applies only what was booked within minutes of the ledger's last sighting (``FleetState.restore_spend``).
+``compact`` then folds them into ``sums``: one row per (decision scopes, target, UTC day) with the settled
 nano-USD, tokens and number of settlements, which an emptied ledger books in one call
-(``RedisLedger.add_sums``, once per store: keyed by this file's ``uid``); a sum is forgotten once its
-month window has ended ``forget`` seconds ago. So the file holds the last hour's rows and a sum per
-scope set, target and day of the current month: its size follows the traffic of one hour, not of a month.
-A row whose settlement names no scopes is dropped, not folded (an emptied ledger has nothing to book it
-on). ``expires_s``: a lower bound of when the ledger's record of the decision (``r:<id>``, which makes a
-settle idempotent) expires; NULL when the settlement names no scopes (such a settle can only complete a
-record that still exists, so re-applying it never books anything twice). ``window_s``: the time whose
-windows it is booked in. ``meta`` keeps this file's ``uid``, which ledger incarnation it last saw
-(``seen``/``see``) and in which one its sums were last booked (``applied``/``apply``).
+(``RedisLedger.add_sums``, once per store: keyed by this file's ``uid``); a sum is forgotten once its month
+window's keys have expired in the ledger. So the file holds the last hour's rows and a sum per scope set,
+target and day: its size follows one hour's traffic, not a month's (a file left more than half free,
+after a burst or from an earlier version, is vacuumed). A row whose settlement names no scopes is dropped,
+not folded (an emptied ledger has nothing to book it on). ``expires_s``: a lower bound of when the
+ledger's record of the decision (``r:<id>``, which makes a settle idempotent) expires; NULL when the
+settlement names no scopes (such a settle can only complete a record that still exists, so re-applying it
+never books anything twice). ``window_s``: the time whose windows it is booked in. ``meta`` keeps this
+file's ``uid``, which ledger incarnation it last saw (``seen``/``see``) and which one was last made to count
+its sums, and when (``applied``/``apply``).
 
 One row per decision id (the first settlement wins, as in the ledger). Connections are opened
 per call, so it is thread- and fork-safe. The settlements of concurrent ``add`` (and ``book``)
@@ -248,8 +249,9 @@ class SpendJournal:
 
     def compact(self, before_s: float, forget_before_s: float, page: int = 5000) -> int:
         """Fold the rows last booked before ``before_s`` (Unix s) into ``sums`` (a row naming no scopes is dropped)
-        and forget the sums whose month window ended before ``forget_before_s``; ``page`` rows a transaction.
-        Returns how many rows were folded or dropped. Raises ``LedgerUnavailable``."""
+        and forget the sums whose month window ended before ``forget_before_s``; ``page`` rows a transaction. A file
+        then more than half free is vacuumed (what stays is small: copying it is quick). Returns how many rows were
+        folded or dropped. Raises ``LedgerUnavailable``."""
         done = 0
         try:
             with closing(self._connect("NORMAL")) as conn:
@@ -283,7 +285,11 @@ class SpendJournal:
                     conn.execute("COMMIT")
                     done += len(rows)
                     if len(rows) < page:
-                        return done
+                        break
+                free, pages = (conn.execute(f"PRAGMA {name}").fetchone()[0] for name in ("freelist_count", "page_count"))
+                if 2 * free > pages:  # mostly free pages (a burst, a file of an earlier version): give them back
+                    conn.execute("VACUUM")
+                return done
         except sqlite3.Error as exc:
             raise self._error(exc) from None
 

@@ -818,11 +818,12 @@ class FleetState:
           booked row it keeps one by one (the last ``KEEP_RECENT_S``) is settled again;
         - a new ``run_id`` (Redis restarted on its files, which may end before what it acknowledged), or
           nothing seen yet: the rows booked since ``RESTORE_LOOKBACK_S`` before it was last seen alive whose
-          ledger record outlives ``now + RESTORE_MARGIN_S``, and the sums when they were booked in this epoch
-          since then (``SpendJournal.applied``);
-        - the same incarnation, last seen a minute ago or more: it is seen now, and the rows last booked
-          ``KEEP_RECENT_S`` ago are folded into the sums (``compact``; not while the sums' booking is within the
-          lookback).
+          ledger record outlives ``now + RESTORE_MARGIN_S``, and the sums when this epoch was made to count
+          them since then (``SpendJournal.applied``);
+        - the same incarnation, last seen a minute ago or more: it is seen now, the store is told it counts the
+          sums (``add_sums`` with none: ``a:<uid>`` set, its TTL renewed), and, once this epoch was first made to
+          count them more than ``RESTORE_LOOKBACK_S`` ago, the rows last booked ``KEEP_RECENT_S`` ago are folded
+          into the sums (``compact``).
 
         Why nothing is counted twice. A settle adds its cost to the counters and marks the decision's record
         ``r:<id>`` settled in one script, which Redis applies, persists and loses as a whole (a restart keeps
@@ -833,18 +834,19 @@ class FleetState:
         - after a restart, only rows whose ``expires_s`` (a lower bound of the record's expiry, from when
           the record was created, minus the margin for clocks) is ahead are re-applied: if the cost is
           still counted, so is its record, and the settle is a replay; if the record is gone, so is the cost.
-          The sums are re-applied only when they were booked in this epoch after the lookback's start (their
+          The sums are re-applied only when this epoch was made to count them after the lookback's start (its
           ``a:<uid>`` still alive): the same argument. Rows booked before the lookback's start are never
-          re-applied after a restart, so they can be folded, and the sums change only once their booking is
-          older than that too (a re-application books exactly what the lost one did);
+          re-applied after a restart, so they can be folded, and the sums change only once that is older than
+          the lookback too (a re-application books exactly what the lost call did);
         - after an epoch change, every script creates the epoch before it writes, so everything counted now
           was written after the new epoch was created, and every record it wrote was created then too. A row
-          counted now therefore has its record; a row not counted is booked. A sum folds rows booked before the
-          journal last saw the old epoch, none of them counted in the new one; ``a:<uid>`` books them once. The
-          new epoch must be younger than ``record_retention_s - RESTORE_MARGIN_S``, else (this replica saw the
-          change too late to be sure) nothing is re-booked and an error is logged. A row re-booked as
-          ``unreserved`` gets a record again, so its ``expires_s`` and ``booked_s`` move to now, and the sums'
-          booking is noted (``apply``): a crash right after is covered too.
+          counted now therefore has its record; a row not counted is booked. A store counting the sums has
+          ``a:<uid>``: set by the call that booked them, or before the first row counted there is folded (and a
+          lookback earlier, so no restart loses it), so a store cut back to before its FLUSHALL that counts them
+          still has it. The new epoch must be younger than ``record_retention_s - RESTORE_MARGIN_S``, else (this
+          replica saw the change too late to be sure) nothing is re-booked and an error is logged. A row
+          re-booked as ``unreserved`` gets a record again, so its ``expires_s`` and ``booked_s`` move to now,
+          and so does ``applied``: a crash right after is covered too.
 
         The incarnation is marked seen only once the sums and every chosen row were applied; until then (Redis
         away again) the next call starts over, which is harmless for the same reasons. A row whose decision the
