@@ -879,8 +879,8 @@ class FleetState:
         elif seen is None or seen.run_id != run_id:
             since = float("-inf") if seen is None else seen.ok_s - RESTORE_LOOKBACK_S
             rows = self.journal.booked(since, now + RESTORE_MARGIN_S)
-            sums = applied is not None and applied.epoch == epoch and since <= applied.s < now - RESTORE_MARGIN_S \
-                + retention
+            sums = applied is not None and applied.epoch == epoch \
+                and max(since, now - retention + RESTORE_MARGIN_S) <= applied.s  # its a:<uid> alive had it not been lost
         elif now - seen.ok_s < 60.0:
             return 0
         booked = 0
