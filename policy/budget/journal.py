@@ -337,7 +337,7 @@ class SpendJournal:
         self._set_meta("seen", seen)
 
     def applied(self) -> Applied | None:
-        """Where and when the sums were last booked (``apply``), or None; raises ``LedgerUnavailable``."""
+        """The ledger epoch last made to count the sums, and when (``apply``), or None; raises ``LedgerUnavailable``."""
         row = self._meta("applied")
         return None if row is None else Applied(*row)  # type: ignore[arg-type]
 
