@@ -35,8 +35,7 @@ acknowledged again as ``duplicate``; with different content it is a ``conflict``
 nothing changes. An outcome whose decision is not in the log is ``unknown_decision``, unless
 the caller vouches for the decision (``known``: the service verified its signed id): then it is
 stored as an *orphan* until its decision arrives (another worker's decision still in that
-worker's memory, a decision whose log write failed, another replica's decision whose outcome
-could not be forwarded). ``joined`` pairs an outcome with its decision whenever both are here;
+worker's memory, a decision whose log write failed). ``joined`` pairs an outcome with its decision whenever both are here;
 the ``REFERENCES`` clauses are not enforced for that reason.
 
 Tables::
@@ -52,10 +51,18 @@ Tables::
     verifications(decision_id PK, time_s, action, rule, p_bad, verifier, escalation_id,
                   escalation_target, estimated_cost_usd, features JSON, draft_text)
     unsettled(outcome_id PK, outcome JSON)
+    forwards(outcome_id PK, inbox, outcome JSON, received_s, sent)
 
 ``unsettled`` holds the outcomes stored but not yet settled that no gateway resends (ext_proc records
 them itself): written in the transaction that stores the outcome, deleted once it is settled, and
 settled at the next start when the process died in between (``append_outcomes(unsettled=True)``).
+
+``forwards`` is the outbox of outcomes whose decision another replica's log holds (its ``inbox``,
+``policy.signals.shared_state``): written in the transaction of ``append_outcomes(forwards=...)``, so as durable as
+a stored outcome when the service acknowledges it ``forwarded``; ``sent`` the Redis incarnation (``"<epoch>
+<run_id>"``) that took it (NULL: not yet, or its send failed); deleted once the owner's log stored it
+(``forwards_confirmed``), or after ``FORWARD_KEEP_S`` (``drop_forwards``). ``forwards_due`` names the rows to send
+again. Retraining reads none of them: they are not this log's outcomes.
 
 ``verifications`` holds one row per verified draft (``POST /v1/verify``, a cascade): the
 verifier's answer and the draft's features (``estimator.draft.DraftFeatures``), so a verifier
@@ -164,6 +171,8 @@ CREATE TABLE IF NOT EXISTS outcomes (
 );
 CREATE INDEX IF NOT EXISTS outcomes_decision ON outcomes(decision_id);
 CREATE TABLE IF NOT EXISTS unsettled (outcome_id TEXT PRIMARY KEY, outcome TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS forwards (outcome_id TEXT PRIMARY KEY, inbox TEXT NOT NULL, outcome TEXT NOT NULL,
+                                     received_s REAL NOT NULL, sent TEXT);
 CREATE TABLE IF NOT EXISTS verifications (
     decision_id TEXT PRIMARY KEY REFERENCES decisions(decision_id),
     time_s REAL NOT NULL,
@@ -229,6 +238,7 @@ class _OutcomeCall:
     known: dict[str, str]
     received_s: float
     unsettled: bool = False
+    forwards: tuple[tuple[str, OutcomeIn], ...] = ()
 
 
 class _WalKeeper:
@@ -325,7 +335,7 @@ class _WalKeeper:
 #: Tables of Pointsman's own SQLite files that may share a file with the outcome log (the budget ledger's).
 _OWN_TABLE_PREFIXES = ("budget_", "journal")
 #: The outcome log's own tables (``_SCHEMA``).
-_OWN_TABLES = frozenset({"meta", "decisions", "outcomes", "verifications", "unsettled"})
+_OWN_TABLES = frozenset({"meta", "decisions", "outcomes", "verifications", "unsettled", "forwards"})
 
 
 def foreign_tables(path: Path) -> list[str]:
@@ -464,7 +474,7 @@ class OutcomeLog:
 
     def append_outcomes(self, outcomes: Sequence[OutcomeIn | Mapping[str, object]], *,
                         received_s: float | None = None, known: Mapping[str, str] | None = None,
-                        unsettled: bool = False) -> list[OutcomeAck]:
+                        unsettled: bool = False, forwards: Sequence[tuple[str, OutcomeIn]] = ()) -> list[OutcomeAck]:
         """Store outcomes (validated ``OutcomeIn`` or dicts, which are validated with
         ``parse_outcomes`` rules) durably; returns one ``OutcomeAck`` per item, in order. Items with
         status ``stored``/``duplicate`` are on disk (fsynced) when this returns.
@@ -477,14 +487,16 @@ class OutcomeLog:
         decisions the caller vouches for; their outcomes are stored even when the decision is not
         (yet) in the log. ``unsettled``: also keep each non-shadow outcome in the log (stored or duplicate) as
         not yet settled, in the same transaction, until ``settled`` names it (``unsettled_outcomes`` reads
-        them). Raises ``RequestError`` for an invalid dict (nothing stored) and ``DataError`` when the store is
-        unavailable (nothing of the shared transaction acknowledged).
+        them). ``forwards``: ``(inbox, outcome)`` pairs kept in the outbox (module docstring), in the same
+        transaction, unsent (a key already there is kept as it is). Raises ``RequestError`` for an invalid dict
+        (nothing stored) and ``DataError`` when the store is unavailable (nothing of the shared transaction
+        acknowledged).
         """
         items = [o for o in outcomes if isinstance(o, OutcomeIn)]
         if len(items) < len(outcomes):
             items = parse_outcomes([o.model_dump() if isinstance(o, OutcomeIn) else o for o in outcomes])
         now = time.time() if received_s is None else float(received_s)
-        return self._group.run(_OutcomeCall(items, dict(known or {}), now, unsettled))
+        return self._group.run(_OutcomeCall(items, dict(known or {}), now, unsettled, tuple(forwards)))
 
     def _store_outcomes(self, calls: Sequence[_OutcomeCall]) -> list[list[OutcomeAck]]:
         """``append_outcomes`` for several calls in one durable transaction (the group commit's
@@ -499,6 +511,9 @@ class OutcomeLog:
                     if call.unsettled and ack.ok and not o.shadow:
                         conn.execute("INSERT OR IGNORE INTO unsettled(outcome_id, outcome) VALUES (?, ?)",
                                      (ack.outcome_id, o.model_dump_json(exclude_unset=True)))
+                conn.executemany("INSERT OR IGNORE INTO forwards(outcome_id, inbox, outcome, received_s) VALUES (?, ?, ?, ?)",
+                                 [(o.key, inbox, o.model_dump_json(exclude_unset=True), call.received_s)
+                                  for inbox, o in call.forwards])
                 results.append(acks)
         self._keeper.dirty(unsynced=True)
         return results
@@ -551,6 +566,50 @@ class OutcomeLog:
         except sqlite3.Error as exc:
             raise DataError(f"{self.path}: outcome log unavailable ({exc})") from None
         return parse_outcomes([json.loads(r[0]) for r in rows]) if rows else []
+
+    def forwards_due(self, incarnation: str, unsent_before_s: float, limit: int = 1000) -> list[tuple[str, str, str]]:
+        """Up to ``limit`` outbox rows to send (again), as ``(inbox, key, outcome JSON)``: those never sent (or
+        whose send failed) received before ``unsent_before_s`` (Unix s; a younger one may be on its way), and those
+        sent to another incarnation than ``incarnation`` (it may have lost them). Raises ``DataError``."""
+        try:
+            rows = self._reader().execute(
+                "SELECT inbox, outcome_id, outcome FROM forwards WHERE (sent IS NULL AND received_s < ?) OR sent != ? "
+                "ORDER BY received_s LIMIT ?", (unsent_before_s, incarnation, limit)).fetchall()
+        except sqlite3.Error as exc:
+            raise DataError(f"{self.path}: outcome log unavailable ({exc})") from None
+        return [(str(i), str(k), str(o)) for i, k, o in rows]
+
+    def forwards_sent(self, keys: Sequence[str], incarnation: str) -> None:
+        """Mark these outbox rows sent to ``incarnation`` (not ``fsync``ed: a row unmarked after a crash is sent again,
+        harmlessly). Raises ``DataError``."""
+        if keys:
+            with self._write(durable=False) as conn:
+                conn.executemany("UPDATE forwards SET sent = ? WHERE outcome_id = ?", [(incarnation, k) for k in keys])
+
+    def forwards_confirmed(self, keys: Sequence[str]) -> None:
+        """Forget these outbox rows: their owner's log stored them (not ``fsync``ed: one back after a crash is sent
+        again and stored as a duplicate). Raises ``DataError``."""
+        if keys:
+            with self._write(durable=False) as conn:
+                conn.executemany("DELETE FROM forwards WHERE outcome_id = ?", [(k,) for k in keys])
+
+    def drop_forwards(self, received_before_s: float) -> list[tuple[str, str]]:
+        """Forget the outbox rows received before ``received_before_s`` (Unix s) that no owner confirmed: returns
+        their ``(inbox, key)``. Raises ``DataError``."""
+        try:
+            rows = self._reader().execute("SELECT inbox, outcome_id FROM forwards WHERE received_s < ?",
+                                          (received_before_s,)).fetchall()
+        except sqlite3.Error as exc:
+            raise DataError(f"{self.path}: outcome log unavailable ({exc})") from None
+        self.forwards_confirmed([str(k) for _, k in rows])
+        return [(str(i), str(k)) for i, k in rows]
+
+    def forwards_pending(self) -> int:
+        """Outbox rows no owner confirmed yet (0 when the file cannot be read)."""
+        try:
+            return int(self._reader().execute("SELECT COUNT(*) FROM forwards").fetchone()[0])
+        except sqlite3.Error:
+            return 0
 
     def append_verification(self, decision_id: str, *, time_s: float, action: str, rule: str, p_bad: float,
                             verifier: str, features: Mapping[str, object], escalation_id: str | None = None,

@@ -24,6 +24,10 @@ Counted as things happen (``ServiceMetrics``):
 ``pointsman_unpriced_usage_total{path}``         upstream usage Pointsman could not price (``ext_proc``: the
                                                  outcome books the decision's estimate instead)
 ``pointsman_budgets_reloads_total{result,source}`` budgets file reloads: ``ok``, ``unchanged``, ``rejected``
+``pointsman_forwarded_outcomes_resent_total``    outcomes to forward sent again (their send failed or timed out,
+                                                 or Redis since lost its data: a new epoch or run_id)
+``pointsman_forwarded_outcomes_dropped_total``   outcomes to forward dropped: no owner's log stored them within
+                                                 ``runtime.FORWARD_KEEP_S`` (that log's data folder gone for good)
 ``pointsman_ext_proc_requests_total{result}``    ext_proc streams (``service/ext_proc.py``): ``routed``,
                                                  ``passthrough``, ``bad_request``, ``too_large``, ``shed``,
                                                  ``unavailable``, ``unsupported``, ``unauthenticated``,
@@ -52,6 +56,8 @@ Read from the live state at scrape time (``StateCollector``):
                                                                   than its target's kv_events says matches nothing)
 ``pointsman_state_sync_connected``                                1 when the shared-state reader is connected
 ``pointsman_state_sync_changes_applied``                          other processes' changes applied (monotone)
+``pointsman_forwarded_outcomes_pending``                          outcomes acknowledged ``forwarded`` whose owner's log
+                                                                  has not confirmed storing them (this log's outbox)
 ``pointsman_state_sync_write_errors``                             shared-state writes that failed (monotone)
 ``pointsman_state_sync_lag_seconds``                              age of the last change applied when applied
 ``pointsman_state_sync_outcomes_forwarded_in``                   outcomes other replicas forwarded here, stored (monotone)
@@ -143,6 +149,10 @@ class ServiceMetrics:
                                       "(a restart on an unsynced file, a flushed or new store) booked again from this "
                                       "replica's spend journal (one by one, or in its sums per scope set, target and "
                                       "day).", registry=r)
+        self.forwards_resent = Counter("pointsman_forwarded_outcomes_resent", "Outcomes to forward sent again: their "
+                                       "send failed or timed out, or Redis lost its data since.", registry=r)
+        self.forwards_dropped = Counter("pointsman_forwarded_outcomes_dropped", "Outcomes to forward dropped: no "
+                                        "owner's log stored them within FORWARD_KEEP_S.", registry=r)
         self.spend_usd = Counter("pointsman_budget_spend_usd", "Actual cost settled by outcomes, USD.", ["target"],
                                  registry=r)
         self.outcomes = Counter("pointsman_outcomes", "Outcomes by acknowledgement status.", ["status"], registry=r)
@@ -220,11 +230,12 @@ def _finite(v: object) -> TypeGuard[float]:
 
 class StateCollector(Collector):
     """Gauges read from the live engine and state at scrape time (see the module).
-    ``live()`` returns the ``LiveEngine``; ``pending()`` the decision log's queue length."""
+    ``live()`` returns the ``LiveEngine``; ``pending()`` the decision log's queue length; ``forwards()`` the outcomes
+    to forward whose owner has not confirmed them (``OutcomeLog.forwards_pending``)."""
 
     def __init__(self, live: Callable[[], LiveEngine | None], pending: Callable[[], int],
-                 feeds: Callable[[], SignalFeeds | None] = lambda: None) -> None:
-        self._live, self._pending, self._feeds = live, pending, feeds
+                 feeds: Callable[[], SignalFeeds | None] = lambda: None, forwards: Callable[[], int] = lambda: 0) -> None:
+        self._live, self._pending, self._feeds, self._forwards = live, pending, feeds, forwards
 
     def describe(self) -> list[Metric]:
         """Nothing at registration (the families depend on the live fleet; read at scrape time)."""
@@ -365,7 +376,9 @@ class StateCollector(Collector):
                 ("pointsman_state_sync_lag_seconds", "Age of the last change applied when it was applied.",
                  status.lag_s),
                 ("pointsman_state_sync_outcomes_forwarded_in",
-                 "Outcomes other replicas forwarded to this one's outcome log, stored.", float(status.forwarded_in))):
+                 "Outcomes other replicas forwarded to this one's outcome log, stored.", float(status.forwarded_in)),
+                ("pointsman_forwarded_outcomes_pending", "Outcomes acknowledged forwarded whose owner's log has not "
+                 "confirmed storing them.", float(self._forwards()))):
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], value)
             yield g

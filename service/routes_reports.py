@@ -9,11 +9,13 @@ decision id, usage, TTFT/TPOT/end-to-end latency, status, quality signals). In o
    from its signed id (``FleetState.known``: any replica or
    worker with the shared key reads its target, scopes, estimate and inbox; or this process's
    own record). An outcome whose decision another replica logs (the id names its inbox) is
-   ``forwarded`` to that replica's log (``StateSync.forward``; 202 for a single outcome) and
-   settled here; when the shared state cannot take it, it is stored here instead;
+   ``forwarded`` to that replica's log (202 for a single outcome) and settled here: kept in this
+   log's outbox in step 2's transaction, then sent (``Runtime.send_forwards``); when the shared state
+   cannot take it (or times out), it waits in the outbox and is sent again (``Runtime.resend_forwards``),
+   never stored here: it belongs in the log that holds its decision, once;
 2. the others are appended to the outcome log in one durable transaction (``fsync``): the
-   answer is sent only after that, so every acknowledged outcome (``stored`` or ``duplicate``)
-   survives a crash. A known decision that is not (yet) in this log (another worker's, still in
+   answer is sent only after that, so every acknowledged outcome (``stored``, ``duplicate``, or
+   ``forwarded``: in the outbox) survives a crash. A known decision that is not (yet) in this log (another worker's, still in
    its memory; one whose log write failed) does not hold its outcome back: it is stored as an
    orphan and joins its decision when that arrives (``OutcomeLog.append_outcomes`` ``known``);
 3. each stored, duplicate or forwarded non-shadow outcome settles its decision
@@ -505,6 +507,7 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
     acks: list[OutcomeAck | None] = [None] * len(items)
     known: dict[str, str] = {}  # decision id -> target, for decisions vouched for (stored even if not logged here)
     here: list[tuple[int, OutcomeIn]] = []
+    away: list[tuple[int, OutcomeIn, str]] = []  # (item, outcome, inbox of the log that holds its decision)
     escalations: dict[int, tuple[str, str]] = {}  # item -> (escalation id, target) of an escalated decision
     items = list(items)
     try:
@@ -533,22 +536,23 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
             if record is not None:
                 known[item.decision_id] = record.target
             if settle and sync.shared and claims is not None and claims.inbox and claims.inbox != sync.inbox:
-                try:
-                    sync.forward(claims.inbox, item.model_dump_json(exclude_unset=True))
-                except DataError as exc:  # stored here instead: never refused for the shared state's sake
-                    log.warning("outcome %s stored here, not forwarded: %s", item.key, exc)
-                else:
-                    acks[i] = OutcomeAck(item.key, item.decision_id, "forwarded",
-                                         "another replica logs this decision: the outcome is forwarded to its "
-                                         "outcome log (idempotent there) and settled here")
-                    continue
+                away.append((i, item, claims.inbox))
+                continue
             here.append((i, item))
-        if here:
-            for (i, _), stored in zip(here, rt.outcome_log.append_outcomes([item for _, item in here], known=known,
-                                                                             unsettled=unsettled and settle)):
+        if here or away:
+            for (i, _), stored in zip(here, rt.outcome_log.append_outcomes(
+                    [item for _, item in here], known=known, unsettled=unsettled and settle,
+                    forwards=[(inbox, item) for _, item, inbox in away])):
                 acks[i] = stored
     except DataError as exc:
         raise unavailable(f"outcome log unavailable, nothing acknowledged: {exc}", "outcome_log_unavailable") from None
+    if away:
+        sent = rt.send_forwards([(inbox, item.key, item.model_dump_json(exclude_unset=True)) for _, item, inbox in away])
+        for i, item, _ in away:
+            acks[i] = OutcomeAck(item.key, item.decision_id, "forwarded",
+                                 "another replica logs this decision: the outcome is forwarded to its outcome log "
+                                 f"(idempotent there){'' if sent else ', kept here until the shared state takes it'} "
+                                 "and settled here")
     out: list[AckEntry] = []
     ledger_down = None
     settled: list[str] = []  # outcomes kept as unsettled whose settlement is made

@@ -6,8 +6,8 @@ decision log writer, the shared-state sync (``POINTSMAN_STATE_URL``) and, on Red
 relay (``verify_relay.py``: a verify reaching a process that does not hold its decision);
 ``Runtime.start_watchers`` starts, as asyncio tasks, the engines' signal feeds (``feeds.py``:
 ``/metrics`` scraping), the policy, fleet and budgets file watchers, the model follower and the
-spend's replay (``replay_spend``: what a Redis ledger lost, the spend journal, and outcomes stored but not settled
-before a restart);
+spend's replay (``replay_spend``: what a Redis ledger lost, the spend journal, outcomes stored but not settled
+before a restart, and forwarded outcomes their owner has not confirmed: ``resend_forwards``);
 ``Runtime.close`` stops everything in order (tasks, then the spend journal is booked
 (``drain_journal``), the writer drains, then the logs, the shared-state sync and the ledger close).
 
@@ -28,6 +28,7 @@ from typing import Any
 
 from fastapi import Request
 
+from pointsman.errors import DataError
 from pointsman.estimator.estimate import Estimator
 from pointsman.estimator.verifier import HeuristicVerifier, Verifier, load_verifier
 from pointsman.outcome_log.store import OutcomeLog
@@ -55,6 +56,12 @@ log = logging.getLogger("pointsman.service")
 
 #: Seconds a stopping service keeps trying to book its spend journal while the ledger is unavailable.
 JOURNAL_DRAIN_S = 10.0
+#: Seconds after its arrival from which an outcome to forward whose send failed (or never finished) is sent again;
+#: a younger one may still be on its way (the shared state's socket timeout is 2 s).
+FORWARD_RETRY_S = 5.0
+#: Seconds an outcome to forward waits for its owner's log (module ``shared_state``) before it is dropped: that log
+#: has not read its inbox since (its data folder gone for good, and its decisions with it).
+FORWARD_KEEP_S = 7 * 86400.0
 
 
 @dataclass
@@ -114,6 +121,48 @@ class Runtime:
         label = "rejected" if not result.ok else ("ok" if result.changed else "unchanged")
         self.metrics.fleet_reloads.labels(label, result.source).inc()
 
+    def send_forwards(self, outcomes: list[tuple[str, str, str]]) -> bool:
+        """Send outbox rows (``(inbox, key, outcome JSON)``, kept by ``OutcomeLog.append_outcomes(forwards=...)``) to
+        their owners' inboxes and mark them sent to the incarnation that took them; False when the shared state did
+        not take them (logged; they stay unsent, and ``resend_forwards`` sends them again: Redis may still apply a
+        send that timed out, which the owner then stores once)."""
+        try:
+            incarnation = self.live.engine.state.sync.forward(outcomes)
+        except DataError as exc:
+            log.warning("%d outcome(s) to forward kept in the outbox: %s", len(outcomes), exc)
+            return False
+        try:
+            self.outcome_log.forwards_sent([key for _, key, _ in outcomes], incarnation)
+        except DataError as exc:  # sent again later: the owner stores a key once
+            log.warning("forwarded outcomes not marked sent: %s", exc)
+        return True
+
+    def resend_forwards(self, limit: int = 1000) -> int:
+        """Send again the outbox rows the shared state may have lost (``OutcomeLog.forwards_due``: never sent or
+        failed, or sent to another incarnation: Redis flushed, on a new volume, restarted on a cut file); drop those
+        no owner confirmed within ``FORWARD_KEEP_S`` (logged, ``pointsman_forwarded_outcomes_dropped_total``).
+        Returns how many were sent again (``pointsman_forwarded_outcomes_resent_total``); 0 while Redis is away.
+        Raises ``DataError`` (outcome log)."""
+        sync = self.live.engine.state.sync
+        if not sync.shared:
+            return 0
+        now = time.time()
+        dropped = self.outcome_log.drop_forwards(now - FORWARD_KEEP_S)
+        if dropped:
+            self.metrics.forwards_dropped.inc(len(dropped))
+            log.error("%d forwarded outcome(s) dropped: their owner's log did not store them within %.0f s (inboxes "
+                      "%s)", len(dropped), FORWARD_KEEP_S, ", ".join(sorted({inbox for inbox, _ in dropped})))
+        try:
+            incarnation = sync.incarnation()
+        except DataError:
+            return 0
+        due = self.outcome_log.forwards_due(incarnation, now - FORWARD_RETRY_S, limit)
+        if not due or not self.send_forwards(due):
+            return 0
+        self.metrics.forwards_resent.inc(len(due))
+        log.info("%d forwarded outcome(s) sent again (not sent, or sent to a Redis that may have lost them)", len(due))
+        return len(due)
+
     def record_budgets_reload(self, result: ReloadResult) -> None:
         """Metrics hook of budgets file reloads."""
         label = "rejected" if not result.ok else ("ok" if result.changed else "unchanged")
@@ -151,7 +200,7 @@ class Runtime:
                               key_names=lambda: key_names(s)),
                 name="pointsman-budgets-watch"))
             self.watching_budgets = True
-        if self.live.engine.state.journal is not None or self.settle_unsettled is not None:
+        if self.live.engine.state.journal is not None or self.settle_unsettled is not None or self.live.engine.state.sync.shared:
             self._tasks.append(asyncio.create_task(self.replay_spend(), name="pointsman-spend-replay"))
         if s.watch_policy:
             path = self.live.engine.policy.file
@@ -171,8 +220,9 @@ class Runtime:
         """Every ``interval_s`` until the service stops: book again what a Redis ledger lost of this replica's
         settlements (``FleetState.restore_spend``, counted in ``pointsman_spend_restored_total``), book the
         settlements the spend journal kept while the ledger was unavailable (``FleetState.replay_journal``),
-        and, until none is left, settle the outcomes the outcome log keeps as unsettled (``settle_unsettled``:
-        stored by a process that died before settling them)."""
+        until none is left, settle the outcomes the outcome log keeps as unsettled (``settle_unsettled``:
+        stored by a process that died before settling them), and send again the forwarded outcomes the shared state
+        may have lost (``resend_forwards``)."""
         assert self._stop is not None
         unsettled = self.settle_unsettled is not None
         while not self._stop.is_set():
@@ -192,6 +242,10 @@ class Runtime:
                     unsettled = await asyncio.to_thread(self.settle_unsettled, self) > 0
             except Exception as exc:  # noqa: BLE001 - keep trying; the outcomes stay unsettled in the log
                 log.warning("outcomes stored before a restart not settled yet: %s", exc)
+            try:
+                await asyncio.to_thread(self.resend_forwards)
+            except Exception as exc:  # noqa: BLE001 - keep trying; the outbox keeps them
+                log.warning("forwarded outcomes not sent again yet: %s", exc)
             try:
                 await asyncio.wait_for(self._stop.wait(), timeout=interval_s)
             except TimeoutError:
@@ -282,9 +336,11 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
                  verifier=load_verifier(settings.verifier), settle_unsettled=settle_unsettled)
     if estimator_error is None:
         rt.live = LiveEngine(engine.with_estimator(rt.wrap(engine.estimator)), None)
-    metrics.watch_state(StateCollector(lambda: rt.live, lambda: rt.writer.pending, lambda: rt.feeds))
+    metrics.watch_state(StateCollector(lambda: rt.live, lambda: rt.writer.pending, lambda: rt.feeds,
+                                       outcome_log.forwards_pending))
     if deliver is not None:
-        rt.live.engine.state.sync.set_inbox(outcome_log.log_id, lambda payloads: deliver(rt, payloads))
+        rt.live.engine.state.sync.set_inbox(outcome_log.log_id, lambda payloads: deliver(rt, payloads),
+                                            lambda keys: _confirmed(outcome_log, keys))
     sync = rt.live.engine.state.sync
     sync.on_reload(rt.reload_file)  # another worker's or replica's admin reload: re-read the same file here
     rt.live.engine.state.start_sync()  # after the hook: reloads announced while this process started are re-read
@@ -292,6 +348,17 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
         rt.relay = VerifyRelay.for_sync(sync, lambda decision_id: rt.cascade.get(decision_id) is not None,
                                         lambda body: answer_verify(rt, body)).start()
     return rt
+
+
+def _confirmed(outcome_log: OutcomeLog, keys: list[str]) -> bool:
+    """Forget the outbox rows their owners' logs stored (``StateSync.set_inbox``'s ``confirm``); False while the
+    log is unavailable (the acknowledgements are read again)."""
+    try:
+        outcome_log.forwards_confirmed(keys)
+    except DataError as exc:
+        log.warning("confirmed forwarded outcomes not forgotten yet: %s", exc)
+        return False
+    return True
 
 
 def serving_runtime(request: Request) -> Runtime | None:

@@ -29,7 +29,7 @@ refuse, never overspend) leave ``held`` and become ``expired``.
 is Redis's own (run it with ``appendonly yes`` and ``appendfsync everysec`` to keep
 spend across a Redis restart). What Redis still loses (the file's tail not yet ``fsync``ed when
 the machine dies, or everything: FLUSHALL, a new volume) the replicas book again from their spend
-journals (``FleetState.restore_spend``), told by ``incarnation``: every script creates ``epoch``
+journals (``FleetState.restore_spend``), told by ``incarnation`` (``pointsman.redis_epoch``): every script creates ``epoch``
 before it writes anything else, so a missing (then new) epoch means every write made after the
 old one was created is gone. Keep ``maxmemory-policy noeviction`` (an evicted epoch would be read as
 a lost store) and never delete the epoch alone. Tested against standalone redis-server 7.
@@ -66,6 +66,7 @@ from pointsman.policy.budget.units import (
     window_of,
     windows_at,
 )
+from pointsman.redis_epoch import EPOCH_LUA, INCARNATION_LUA, incarnation_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from redis import Redis
@@ -87,14 +88,7 @@ HUNG_PAUSE_S = 1.0
 
 # ARGV[1] prefix, ARGV[2] now (Unix seconds, as text). Amounts stay strings from
 # ARGV/HMGET (HINCRBY takes them as they are; Lua doubles are exact below 2^53 nano-USD).
-_EPOCH = """
-local P = ARGV[1]
-if redis.call('EXISTS', P .. 'epoch') == 0 then
-  local t = redis.call('TIME')
-  redis.call('SET', P .. 'epoch', t[1] .. '.' .. t[2])
-end
-"""
-_SWEEP = _EPOCH + """
+_SWEEP = EPOCH_LUA + """
 local NOW = ARGV[2]
 local function holds(scopes, w1, w2, amount, sign)
   if amount == '0' then return end
@@ -294,7 +288,7 @@ class RedisLedger:
         self._set_hold = client.register_script(_SET_HOLD)
         self._snapshot = client.register_script(_SNAPSHOT)
         self._add_sums = client.register_script(_ADD_SUMS)
-        self._epoch = client.register_script(_EPOCH + "return redis.call('GET', P .. 'epoch')")
+        self._incarnation = client.register_script(INCARNATION_LUA)
 
     @classmethod
     def from_url(cls, url: str, config: BudgetConfig | None = None, timeout_s: float = 2.0) -> RedisLedger:
@@ -447,19 +441,10 @@ class RedisLedger:
         return EffectivePrice(target, w.kind, w.id, to_usd(spent), outcomes, prompt, cached, completion)
 
     def incarnation(self) -> tuple[str, str]:
-        """``(epoch, run_id)``: the store's epoch (module docstring; created when missing) and the Redis
-        process's ``run_id`` (new at every start; '' where ``INFO`` is refused). Two round trips; for a
-        slow timer, not per decision. Raises ``LedgerUnavailable``."""
-        import redis
-
-        epoch = str(self._run(self._epoch, [self.prefix]))
-        try:
-            run_id = str(self.client.info("server").get("run_id", ""))
-        except redis.exceptions.ResponseError:
-            run_id = ""
-        except self._errors as exc:
-            raise self._unavailable(exc) from exc
-        return epoch, run_id
+        """``(epoch, run_id)`` (``pointsman.redis_epoch``): the store's epoch (created when missing) and the Redis
+        process's ``run_id`` (new at every start; '' where ``INFO`` is refused). One round trip; for a slow timer,
+        not per decision. Raises ``LedgerUnavailable``."""
+        return incarnation_of(self._run(self._incarnation, [self.prefix]))
 
     def add_sums(self, uid: str, sums: Sequence[Sum], now: float | None = None) -> int:
         """Book a spend journal's ``sums`` (``SpendJournal.compact``) as their settlements' settles would have, in

@@ -19,15 +19,28 @@ gap, loads it whole) and a stream of changes (so running processes follow in ord
                                       an admin's reload of a file (each process re-reads its own copy)
                                       (capped at ``stream_max_len`` entries, approximately)
     {P}inbox:<inbox id>       stream  outcomes another replica received for decisions logged in
-                                      this inbox's outcome log (JSON), until that log stores them
+                                      this inbox's outcome log (fields ``o`` the outcome's JSON, ``k``
+                                      its key, ``f`` the forwarder's inbox), until that log stores them
+    {P}acks:<inbox id>        stream  keys of outcomes this inbox forwarded that their owner's log
+                                      stored (field ``k``: a JSON list), until this inbox reads them
+                                      (capped at ``ACKS_MAX_LEN`` entries, approximately)
+    {P}epoch                  string  the store's incarnation (``pointsman.redis_epoch``): created by
+                                      the forward script before its entries
 
 An *inbox* is an outcome log: every process that writes to the same log file (the workers of
 one ``pointsman serve``) has the same inbox id (``OutcomeLog.log_id``), and each decision's
 signed id names the inbox of the process that dispatched it (``signed_ids``). An outcome posted
-to a replica with another inbox is *forwarded* (``forward``): appended to that inbox's stream;
-that replica's reader stores it in its log (idempotent: a redelivered outcome is a duplicate
-there) and deletes the entry. Budget and load are settled by the replica that received the
-outcome, from the signed id.
+to a replica with another inbox is *forwarded* (``forward``): the replica keeps it in its own
+log's outbox (``OutcomeLog`` ``forwards``, ``fsync``ed before it answers) and appends it to that
+inbox's stream; the owner's reader stores it in its log (idempotent: a redelivered outcome is a
+duplicate there), then, in one round trip, acknowledges its key on the forwarder's ``acks`` stream
+and deletes the entry; the forwarder's reader reads the acknowledgement and forgets the outbox row
+(``confirm``). A row the stream may have lost is sent again (the service's ``resend_forwards``): one
+whose send failed or timed out (a hung Redis may still apply it), and every row sent to another
+incarnation than the current one (``incarnation``: a new epoch after ``FLUSHALL`` or a new volume, a
+new ``run_id`` after a restart on a file cut short). Sending again is harmless (the owner stores a key
+once), so the outcome ends up in the owner's log only, whatever Redis lost. Budget and load are
+settled by the replica that received the outcome, from the signed id.
 
 ``P`` is the key prefix, default ``{pointsman-state}:`` (one hash slot in a cluster).
 
@@ -56,10 +69,12 @@ What can go wrong, and what happens then:
 - **A process dies** with requests in flight: their records expire after the in-flight TTL
   (the budget reservation TTL) and their counts with them, on every process (each expires
   dispatches by age). Outcomes
-  forwarded to its inbox wait in the inbox stream until a process with that log starts again.
-- **Redis loses its data** (restarted without persistence): in-flight records, forwarded
-  outcomes not yet stored and health marks are gone; counts converge as the processes reload
-  (run Redis with AOF, ``appendfsync everysec``, to bound this at 1 s).
+  forwarded to its inbox wait in the inbox stream (and the forwarders' outboxes) until a process
+  with that log starts again.
+- **Redis loses its data** (restarted without persistence, flushed, a new volume): in-flight
+  records and health marks are gone; counts converge as the processes reload (run Redis with AOF,
+  ``appendfsync everysec``, to bound this at 1 s). Forwarded outcomes not yet stored are sent again
+  from the forwarders' outboxes (a new epoch or ``run_id``).
 
 Times cross processes as wall-clock Unix seconds; each process converts them to its own
 monotonic clock when applying.
@@ -85,6 +100,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import orjson
 
 from pointsman.errors import DataError
+from pointsman.redis_epoch import EPOCH_LUA, INCARNATION_LUA, INCARNATION_RETURN_LUA, incarnation_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from redis import Redis
@@ -114,9 +130,17 @@ READ_INTERVAL_S = 0.02
 MAX_UNSENT_RELEASES = 100_000
 #: Dispatch writes the writer thread sends in one script call at most (``deferred_writes``).
 MAX_PIPELINE = 512
+#: Acknowledgement entries an ``acks`` stream keeps at most (approximately): a live forwarder reads its own
+#: within a read interval; the cap bounds those of a forwarder gone for good.
+ACKS_MAX_LEN = 10_000
 #: ``deliver(payloads)``: store outcomes forwarded to this inbox (JSON texts of ``OutcomeIn``);
 #: True once they are durable in the log (their entries are deleted), False to keep them.
 Deliver = Callable[[list[str]], bool]
+#: ``confirm(keys)``: forget the outbox rows of outcomes this inbox forwarded that their owner's log stored
+#: (outcome keys); True once done (the acknowledgements are deleted), False to keep them.
+Confirm = Callable[[list[str]], bool]
+#: One outcome to forward: (the owner's inbox, the outcome's key, its JSON).
+Forward = tuple[str, str, str]
 
 
 def _dumps(value: object) -> str:
@@ -350,15 +374,22 @@ class StateSync(Protocol):
         process holds it (or Redis failed)."""
         ...
 
-    def set_inbox(self, inbox: str, deliver: Deliver) -> None:
+    def set_inbox(self, inbox: str, deliver: Deliver, confirm: Confirm | None = None) -> None:
         """This process logs its decisions in the outcome log ``inbox``: records it dispatches
-        name it, and outcomes other replicas forward to it are handed to ``deliver`` by the
-        reader (from ``start`` on)."""
+        name it, outcomes other replicas forward to it are handed to ``deliver`` by the
+        reader (from ``start`` on), and the keys of outcomes it forwarded that their owner stored
+        to ``confirm``."""
         ...
 
-    def forward(self, inbox: str, payload: str) -> None:
-        """Send an outcome (``payload``, JSON) to another log's ``inbox`` (one round trip).
-        Raises ``DataError`` when Redis fails or nothing is shared (nothing was forwarded)."""
+    def forward(self, outcomes: Sequence[Forward]) -> str:
+        """Send outcomes to other logs' inboxes (one round trip); the incarnation (``incarnation``)
+        that took them. Raises ``DataError`` when Redis fails or nothing is shared (when it timed out,
+        Redis may still apply them)."""
+        ...
+
+    def incarnation(self) -> str:
+        """The store's ``"<epoch> <run_id>"`` (``pointsman.redis_epoch``; one round trip). Raises
+        ``DataError`` when Redis fails or nothing is shared."""
         ...
 
     def telemetry(self, endpoint: str, snapshot: Mapping[str, float | int], wall_s: float) -> None:
@@ -410,12 +441,16 @@ class LocalSync:
         """No other process: None."""
         return None
 
-    def set_inbox(self, inbox: str, deliver: Deliver) -> None:
+    def set_inbox(self, inbox: str, deliver: Deliver, confirm: Confirm | None = None) -> None:
         """No other process forwards anything."""
 
-    def forward(self, inbox: str, payload: str) -> None:
+    def forward(self, outcomes: Sequence[Forward]) -> str:
         """No other log: raises ``DataError``."""
-        raise DataError(f"no shared state to forward an outcome to inbox {inbox}")
+        raise DataError("no shared state to forward outcomes to")
+
+    def incarnation(self) -> str:
+        """No store: raises ``DataError``."""
+        raise DataError("no shared state")
 
     def telemetry(self, endpoint: str, snapshot: Mapping[str, float | int], wall_s: float) -> None:
         """Nothing to publish."""
@@ -469,6 +504,13 @@ else redis.call('HSET', p .. 'health', ARGV[2], ARGV[4]) end
 redis.call('XADD', p .. 'changes', 'MAXLEN', '~', ARGV[6], '*', 'o', ARGV[7], 'c', ARGV[5])
 return 1
 """
+#: Forwarded outcomes: ARGV = prefix, the forwarder's inbox, then (inbox, key, JSON) per outcome; the epoch first,
+#: the incarnation that took them returned (``pointsman.redis_epoch``).
+_FORWARD = EPOCH_LUA + """
+for i = 3, #ARGV, 3 do
+  redis.call('XADD', P .. 'inbox:' .. ARGV[i], '*', 'o', ARGV[i + 2], 'k', ARGV[i + 1], 'f', ARGV[2])
+end
+""" + INCARNATION_RETURN_LUA
 
 
 class _DispatchWriter:
@@ -603,6 +645,10 @@ class RedisSync:
         self._unsent_reloads: dict[str, None] = {}  # reload announcements Redis did not take, in order
         self._reload_counts: dict[str, str] = {}  # {P}reloads as of the last load
         self._deliver: Deliver | None = None
+        self._confirm: Confirm | None = None
+        self._forward = client.register_script(_FORWARD)
+        self._forward_errors: tuple[type[BaseException], ...] = (*self._errors, ValueError)  # ValueError: a bad reply
+        self._incarnation = client.register_script(INCARNATION_LUA)
         self._telemetry = client.register_script(_TELEMETRY)
         self._health = client.register_script(_HEALTH)
         self._status = SyncStatus(shared=True)
@@ -697,21 +743,30 @@ class RedisSync:
             log.warning("shared record of %s is unreadable: %s", decision_id, exc)
             return None
 
-    def set_inbox(self, inbox: str, deliver: Deliver) -> None:
-        """Name this process's outcome log; the reader hands outcomes forwarded to it to ``deliver``."""
+    def set_inbox(self, inbox: str, deliver: Deliver, confirm: Confirm | None = None) -> None:
+        """Name this process's outcome log; the reader hands outcomes forwarded to it to ``deliver``, and the
+        keys of those it forwarded that their owner stored to ``confirm``."""
         with self._lock:
-            self.inbox, self._deliver = inbox, deliver
+            self.inbox, self._deliver, self._confirm = inbox, deliver, confirm
 
-    def forward(self, inbox: str, payload: str) -> None:
+    def forward(self, outcomes: Sequence[Forward]) -> str:
         """See ``StateSync.forward``. Raises ``DataError`` when Redis fails."""
         try:
-            self.client.xadd(f"{self.prefix}inbox:{inbox}", {"o": payload})
-        except self._errors as exc:
-            with self._lock:
-                self._status.write_errors += 1
-                self._status.last_error = f"forward: {type(exc).__name__}: {exc}"
-            raise DataError(f"cannot forward an outcome to inbox {inbox}: shared state unavailable "
+            epoch, run_id = incarnation_of(self._forward(keys=[], args=[self.prefix, self.inbox,
+                                                                        *(x for o in outcomes for x in o)]))
+        except self._forward_errors as exc:
+            self._write_failed("forward")(exc)
+            raise DataError(f"cannot forward {len(outcomes)} outcome(s): shared state unavailable "
                             f"({type(exc).__name__}: {exc})") from None
+        return f"{epoch} {run_id}"
+
+    def incarnation(self) -> str:
+        """See ``StateSync.incarnation``. Raises ``DataError`` when Redis fails."""
+        try:
+            epoch, run_id = incarnation_of(self._incarnation(keys=[], args=[self.prefix]))
+        except self._forward_errors as exc:
+            raise DataError(f"shared state unavailable ({type(exc).__name__}: {exc})") from None
+        return f"{epoch} {run_id}"
 
     def shared_key(self, candidate: str) -> str:
         """The decision signing key every replica shares (hex): ``candidate`` stored the first
@@ -873,17 +928,17 @@ class RedisSync:
         """Follow the stream from ``last`` (None: load the whole state first; ``first``: that load is the
         process's first, so no reload was missed before it)."""
         stream = f"{self.prefix}changes"
-        inbox_last = "0-0"  # delivered entries are deleted: what is left is still to deliver
+        inbox_last = acks_last = "0-0"  # delivered entries and read acknowledgements are deleted: what is left is new
         next_check = time.monotonic() + RELOAD_CHECK_S
         next_read = 0.0  # READ_INTERVAL_S after the last read that brought changes
         while not self._stop.is_set():
             with self._lock:
-                apply, reload, inbox, deliver = self._apply, self._reload, self.inbox, self._deliver
+                apply, reload, inbox, deliver, confirm = self._apply, self._reload, self.inbox, self._deliver, self._confirm
             if last is None:
                 if self._stop.wait(1.0):
                     return
                 last = self._load(reload)
-                inbox_last = "0-0"
+                inbox_last = acks_last = "0-0"
                 if last is not None:
                     try:
                         self._send_releases()
@@ -904,6 +959,7 @@ class RedisSync:
                 except self._errors as exc:
                     log.warning("cannot read the shared reload counts: %s", exc)
             inbox_stream = f"{self.prefix}inbox:{inbox}" if inbox and deliver is not None else None
+            acks_stream = f"{self.prefix}acks:{inbox}" if inbox and confirm is not None else None
             if (wait_s := next_read - time.monotonic()) > 0 and self._stop.wait(wait_s):
                 return
             next_read = time.monotonic() + READ_INTERVAL_S
@@ -911,10 +967,15 @@ class RedisSync:
                 streams: dict[str | bytes | memoryview, str | bytes | memoryview | int] = {stream: last}
                 if inbox_stream:
                     streams[inbox_stream] = inbox_last
+                if acks_stream:
+                    streams[acks_stream] = acks_last
                 replies = _streams(self._xread(streams))
                 if inbox_stream and (forwarded := replies.get(inbox_stream)):
                     assert deliver is not None
                     inbox_last = self._deliver_forwarded(inbox_stream, forwarded, deliver, inbox_last)
+                if acks_stream and (acks := replies.get(acks_stream)):
+                    assert confirm is not None
+                    acks_last = self._confirm_forwarded(acks_stream, acks, confirm, acks_last)
                 entries = replies.get(stream, [])
                 if not entries:
                     next_read = 0.0  # the read waited for the next change: take it at once
@@ -977,9 +1038,9 @@ class RedisSync:
 
     def _deliver_forwarded(self, inbox_stream: str, entries: list[tuple[str, dict[str, str]]],
                            deliver: Deliver, inbox_last: str) -> str:
-        """Hand forwarded outcomes to ``deliver``; delete their entries once stored. Returns the
-        inbox id to read from next (unchanged when delivery failed: they are read again after a
-        second). Raises what Redis raises."""
+        """Hand forwarded outcomes to ``deliver``; once stored, acknowledge their keys to their forwarders
+        and delete their entries (one round trip). Returns the inbox id to read from next (unchanged when
+        delivery failed: they are read again after a second). Raises what Redis raises."""
         payloads = [fields["o"] for _, fields in entries if "o" in fields]
         try:
             stored = deliver(payloads) if payloads else True
@@ -989,9 +1050,39 @@ class RedisSync:
         if not stored:
             self._stop.wait(1.0)
             return inbox_last
-        self.client.xdel(inbox_stream, *[entry_id for entry_id, _ in entries])
+        acks: dict[str, list[str]] = {}
+        for _, fields in entries:
+            if fields.get("f") and "k" in fields:
+                acks.setdefault(fields["f"], []).append(fields["k"])
+        pipe = self.client.pipeline(transaction=False)
+        for forwarder, keys in acks.items():
+            pipe.xadd(f"{self.prefix}acks:{forwarder}", {"k": _dumps(keys)}, maxlen=ACKS_MAX_LEN, approximate=True)
+        pipe.xdel(inbox_stream, *[entry_id for entry_id, _ in entries])
+        pipe.execute()
         with self._lock:
             self._status.forwarded_in += len(payloads)
+        return entries[-1][0]
+
+    def _confirm_forwarded(self, acks_stream: str, entries: list[tuple[str, dict[str, str]]],
+                           confirm: Confirm, acks_last: str) -> str:
+        """Hand the keys the owners' logs stored to ``confirm``; delete the acknowledgements once done. Returns
+        the id to read from next (unchanged when ``confirm`` failed: read again after a second). Raises what
+        Redis raises."""
+        keys: list[str] = []
+        for entry_id, fields in entries:
+            try:
+                keys.extend(str(k) for k in json.loads(fields["k"]))
+            except (ValueError, TypeError, KeyError) as exc:
+                log.warning("skipping an unreadable acknowledgement %s: %s", entry_id, exc)
+        try:
+            done = confirm(keys) if keys else True
+        except Exception:  # noqa: BLE001 - a failing log must not stop the follower; the acknowledgements stay
+            log.exception("forgetting %d forwarded outcomes failed", len(keys))
+            done = False
+        if not done:
+            self._stop.wait(1.0)
+            return acks_last
+        self.client.xdel(acks_stream, *[entry_id for entry_id, _ in entries])
         return entries[-1][0]
 
     def status(self) -> SyncStatus:
@@ -1044,5 +1135,5 @@ def open_sync(url: str | None) -> StateSync:
     return RedisSync.from_url(url)
 
 
-__all__ = ["Change", "Deliver", "LocalSync", "RedisSync", "SharedRecord", "SharedView", "StateSync",
-           "SyncStatus", "open_sync"]
+__all__ = ["ACKS_MAX_LEN", "Change", "Confirm", "Deliver", "Forward", "LocalSync", "RedisSync", "SharedRecord",
+           "SharedView", "StateSync", "SyncStatus", "open_sync"]

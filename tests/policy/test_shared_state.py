@@ -169,8 +169,8 @@ def test_a_refused_outcome_leaves_the_shared_record_for_the_corrected_one(pair):
     assert eventually(lambda: inflight(a, E8) == 0)
 
 
-def test_an_outcome_forwarded_to_another_logs_inbox_is_delivered_once(pair):
-    delivered, attempts = [], []
+def test_an_outcome_forwarded_to_another_logs_inbox_is_delivered_once_and_confirmed(pair):
+    delivered, attempts, confirmed = [], [], []
 
     def deliver_a(payloads):
         attempts.append(len(payloads))
@@ -179,14 +179,18 @@ def test_an_outcome_forwarded_to_another_logs_inbox_is_delivered_once(pair):
         delivered.extend(payloads)
         return True
 
-    a, b = pair(inbox=("log-a", deliver_a)), pair(inbox=("log-b", lambda payloads: True))
-    b.sync.forward("log-a", '{"decision_id":"d9"}')  # the signed id names the inbox: no lookup
-    b.sync.forward("log-a", '{"decision_id":"d9","n":2}')
+    a = pair(inbox=("log-a", deliver_a))
+    b = pair(inbox=("log-b", lambda payloads: True, lambda keys: confirmed.extend(keys) or True))
+    sent = b.sync.forward([("log-a", "d9", '{"decision_id":"d9"}'), ("log-a", "d9/2", '{"decision_id":"d9","n":2}')])
+    assert sent == b.sync.incarnation() and sent.split()[0].replace(".", "").isdigit()  # "<epoch> <run_id>"
     assert eventually(lambda: len(delivered) == 2)
     assert delivered == ['{"decision_id":"d9"}', '{"decision_id":"d9","n":2}'] and attempts[0] >= 1
     assert eventually(lambda: a.sync.status().forwarded_in == 2) and b.sync.status().forwarded_in == 0
+    assert eventually(lambda: sorted(confirmed) == ["d9", "d9/2"])  # the owner stored them: the forwarder forgets them
     time.sleep(0.3)
-    assert len(delivered) == 2  # deleted once stored: never delivered twice
+    assert len(delivered) == 2 and len(confirmed) == 2  # deleted once stored and once read: never twice
+    a.sync.client.delete(f"{a.sync.prefix}epoch")  # what a FLUSHALL does to this prefix's epoch (other tests share Redis)
+    assert b.sync.incarnation() != sent  # a store that came back empty is another incarnation
 
 
 def test_telemetry_health_sessions_and_prefixes_cross(pair):
