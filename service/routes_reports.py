@@ -10,8 +10,8 @@ decision id, usage, TTFT/TPOT/end-to-end latency, status, quality signals). In o
    worker with the shared key reads its target, scopes, estimate and inbox; or this process's
    own record). An outcome whose decision another replica logs (the id names its inbox) is
    ``forwarded`` to that replica's log (202 for a single outcome) and settled here: kept in this
-   log's outbox in step 2's transaction, then sent (``Runtime.send_forwards``); when the shared state
-   cannot take it (or times out), it waits in the outbox and is sent again (``Runtime.resend_forwards``),
+   log's outbox in step 2's transaction, then sent (``runtime.send_forwards``); when the shared state
+   cannot take it (or times out), it waits in the outbox and is sent again (``runtime.resend_forwards``),
    never stored here: it belongs in the log that holds its decision, once;
 2. the others are appended to the outcome log in one durable transaction (``fsync``): the
    answer is sent only after that, so every acknowledged outcome (``stored``, ``duplicate``, or
@@ -96,7 +96,7 @@ from pointsman.service.auth import Principal, authenticate, header_key, may_repo
 from pointsman.service.bodies import JSONAnswer, json_body, read_parsed, validate_model
 from pointsman.service.endpoint_index import endpoint_index
 from pointsman.service.http_errors import ERROR_RESPONSES, HTTPError, unavailable
-from pointsman.service.runtime import Runtime, get_runtime, runtime_of
+from pointsman.service.runtime import Runtime, get_runtime, runtime_of, send_forwards
 from pointsman.service.schemas import OutcomeAckOut, OutcomesResponse, TelemetryIn, TelemetryResponse
 
 router = APIRouter()
@@ -547,7 +547,8 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
     except DataError as exc:
         raise unavailable(f"outcome log unavailable, nothing acknowledged: {exc}", "outcome_log_unavailable") from None
     if away:
-        sent = rt.send_forwards([(inbox, item.key, item.model_dump_json(exclude_unset=True)) for _, item, inbox in away])
+        sent = send_forwards(rt.outcome_log, sync, [(inbox, item.key, item.model_dump_json(exclude_unset=True))
+                                                    for _, item, inbox in away])
         for i, item, _ in away:
             acks[i] = OutcomeAck(item.key, item.decision_id, "forwarded",
                                  "another replica logs this decision: the outcome is forwarded to its outcome log "

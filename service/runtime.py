@@ -7,7 +7,7 @@ relay (``verify_relay.py``: a verify reaching a process that does not hold its d
 ``Runtime.start_watchers`` starts, as asyncio tasks, the engines' signal feeds (``feeds.py``:
 ``/metrics`` scraping), the policy, fleet and budgets file watchers, the model follower and the
 spend's replay (``replay_spend``: what a Redis ledger lost, the spend journal, outcomes stored but not settled
-before a restart, and forwarded outcomes their owner has not confirmed: ``resend_forwards``);
+before a restart, and forwarded outcomes the shared state may have lost: ``resend_forwards``);
 ``Runtime.close`` stops everything in order (tasks, then the spend journal is booked
 (``drain_journal``), the writer drains, then the logs, the shared-state sync and the ledger close).
 
@@ -34,7 +34,7 @@ from pointsman.estimator.verifier import HeuristicVerifier, Verifier, load_verif
 from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.budget.journal import DEFAULT_JOURNAL_NAME, SpendJournal
 from pointsman.policy.engine import RoutingEngine
-from pointsman.policy.signals.shared_state import RedisSync
+from pointsman.policy.signals.shared_state import RedisSync, StateSync
 from pointsman.service.bootstrap import build_engine, load_estimator
 from pointsman.service.budgets_reload import reload_budgets, watch_budgets
 from pointsman.service.cascade import PendingDrafts
@@ -121,48 +121,6 @@ class Runtime:
         label = "rejected" if not result.ok else ("ok" if result.changed else "unchanged")
         self.metrics.fleet_reloads.labels(label, result.source).inc()
 
-    def send_forwards(self, outcomes: list[tuple[str, str, str]]) -> bool:
-        """Send outbox rows (``(inbox, key, outcome JSON)``, kept by ``OutcomeLog.append_outcomes(forwards=...)``) to
-        their owners' inboxes and mark them sent to the incarnation that took them; False when the shared state did
-        not take them (logged; they stay unsent, and ``resend_forwards`` sends them again: Redis may still apply a
-        send that timed out, which the owner then stores once)."""
-        try:
-            incarnation = self.live.engine.state.sync.forward(outcomes)
-        except DataError as exc:
-            log.warning("%d outcome(s) to forward kept in the outbox: %s", len(outcomes), exc)
-            return False
-        try:
-            self.outcome_log.forwards_sent([key for _, key, _ in outcomes], incarnation)
-        except DataError as exc:  # sent again later: the owner stores a key once
-            log.warning("forwarded outcomes not marked sent: %s", exc)
-        return True
-
-    def resend_forwards(self, limit: int = 1000) -> int:
-        """Send again the outbox rows the shared state may have lost (``OutcomeLog.forwards_due``: never sent or
-        failed, or sent to another incarnation: Redis flushed, on a new volume, restarted on a cut file); drop those
-        no owner confirmed within ``FORWARD_KEEP_S`` (logged, ``pointsman_forwarded_outcomes_dropped_total``).
-        Returns how many were sent again (``pointsman_forwarded_outcomes_resent_total``); 0 while Redis is away.
-        Raises ``DataError`` (outcome log)."""
-        sync = self.live.engine.state.sync
-        if not sync.shared:
-            return 0
-        now = time.time()
-        dropped = self.outcome_log.drop_forwards(now - FORWARD_KEEP_S)
-        if dropped:
-            self.metrics.forwards_dropped.inc(len(dropped))
-            log.error("%d forwarded outcome(s) dropped: their owner's log did not store them within %.0f s (inboxes "
-                      "%s)", len(dropped), FORWARD_KEEP_S, ", ".join(sorted({inbox for inbox, _ in dropped})))
-        try:
-            incarnation = sync.incarnation()
-        except DataError:
-            return 0
-        due = self.outcome_log.forwards_due(incarnation, now - FORWARD_RETRY_S, limit)
-        if not due or not self.send_forwards(due):
-            return 0
-        self.metrics.forwards_resent.inc(len(due))
-        log.info("%d forwarded outcome(s) sent again (not sent, or sent to a Redis that may have lost them)", len(due))
-        return len(due)
-
     def record_budgets_reload(self, result: ReloadResult) -> None:
         """Metrics hook of budgets file reloads."""
         label = "rejected" if not result.ok else ("ok" if result.changed else "unchanged")
@@ -243,7 +201,7 @@ class Runtime:
             except Exception as exc:  # noqa: BLE001 - keep trying; the outcomes stay unsettled in the log
                 log.warning("outcomes stored before a restart not settled yet: %s", exc)
             try:
-                await asyncio.to_thread(self.resend_forwards)
+                await asyncio.to_thread(resend_forwards, self.outcome_log, self.live.engine.state.sync, self.metrics)
             except Exception as exc:  # noqa: BLE001 - keep trying; the outbox keeps them
                 log.warning("forwarded outcomes not sent again yet: %s", exc)
             try:
@@ -348,6 +306,49 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
         rt.relay = VerifyRelay.for_sync(sync, lambda decision_id: rt.cascade.get(decision_id) is not None,
                                         lambda body: answer_verify(rt, body)).start()
     return rt
+
+
+def send_forwards(outcome_log: OutcomeLog, sync: StateSync, outcomes: list[tuple[str, str, str]]) -> bool:
+    """Send outbox rows (``(inbox, key, outcome JSON)``, kept by ``OutcomeLog.append_outcomes(forwards=...)``) to
+    their owners' inboxes and mark them sent to the incarnation that took them; False when the shared state did not
+    take them (logged; they stay unsent, and ``resend_forwards`` sends them again: Redis may still apply a send that
+    timed out, which the owner then stores once)."""
+    try:
+        incarnation = sync.forward(outcomes)
+    except DataError as exc:
+        log.warning("%d outcome(s) to forward kept in the outbox: %s", len(outcomes), exc)
+        return False
+    try:
+        outcome_log.forwards_sent([key for _, key, _ in outcomes], incarnation)
+    except DataError as exc:  # sent again later: the owner stores a key once
+        log.warning("forwarded outcomes not marked sent: %s", exc)
+    return True
+
+
+def resend_forwards(outcome_log: OutcomeLog, sync: StateSync, metrics: ServiceMetrics, limit: int = 1000) -> int:
+    """Send again the outbox rows the shared state may have lost (``OutcomeLog.forwards_due``: never sent or failed,
+    or sent to another incarnation: Redis flushed, on a new volume, restarted on a cut file); drop those no owner
+    confirmed within ``FORWARD_KEEP_S`` (logged, ``pointsman_forwarded_outcomes_dropped_total``). Returns how many
+    were sent again (``pointsman_forwarded_outcomes_resent_total``); 0 while Redis is away or nothing is shared.
+    Raises ``DataError`` (outcome log)."""
+    if not sync.shared:
+        return 0
+    now = time.time()
+    dropped = outcome_log.drop_forwards(now - FORWARD_KEEP_S)
+    if dropped:
+        metrics.forwards_dropped.inc(len(dropped))
+        log.error("%d forwarded outcome(s) dropped: their owner's log did not store them within %.0f s (inboxes %s)",
+                  len(dropped), FORWARD_KEEP_S, ", ".join(sorted({inbox for inbox, _ in dropped})))
+    try:
+        incarnation = sync.incarnation()
+    except DataError:
+        return 0
+    due = outcome_log.forwards_due(incarnation, now - FORWARD_RETRY_S, limit)
+    if not due or not send_forwards(outcome_log, sync, due):
+        return 0
+    metrics.forwards_resent.inc(len(due))
+    log.info("%d forwarded outcome(s) sent again (not sent, or sent to a Redis that may have lost them)", len(due))
+    return len(due)
 
 
 def _confirmed(outcome_log: OutcomeLog, keys: list[str]) -> bool:

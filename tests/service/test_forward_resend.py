@@ -1,0 +1,79 @@
+"""For every interleaving of forwards (sent, sent but reported failed as a timed-out send is, not sent at all),
+Redis losing the forwarder's and owner's keys (what ``FLUSHALL`` does to them) and the forwarder's once-a-second
+resend, with the owner's reader starting at any point: every outcome the forwarder kept ends up in the owner's
+log, and the forwarder's outbox empties (the owner acknowledged each). Real redis-server and outcome logs, the
+service's ``send_forwards``/``resend_forwards``; a hypothesis property over the schedule."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from urllib.parse import quote
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pointsman.outcome import parse_outcomes
+from pointsman.outcome_log.store import OutcomeLog
+from pointsman.policy.signals.shared_state import RedisSync
+from pointsman.service.prometheus import ServiceMetrics
+from pointsman.service.runtime import resend_forwards, send_forwards
+
+OPS = st.lists(st.sampled_from(["post", "post_timed_out", "post_unsent", "flush", "resend"]), min_size=1, max_size=10)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS, owner_starts_at=st.integers(0, 10))
+def test_every_kept_forward_ends_in_the_owners_log(redis_url, tmp_path_factory, ops, owner_starts_at):
+    folder = tmp_path_factory.mktemp("forward")
+    prefix = f"{{t-{uuid.uuid4().hex[:8]}}}:"
+    log_a, log_b = OutcomeLog(folder / "a.db"), OutcomeLog(folder / "b.db")
+    a, b = (RedisSync.from_url(f"{redis_url}?prefix={quote(prefix, safe='')}", block_ms=100) for _ in range(2))
+    metrics = ServiceMetrics()
+
+    def deliver(payloads):
+        items = parse_outcomes([json.loads(p) for p in payloads])
+        log_a.append_outcomes(items, known={o.decision_id: "onprem-8b" for o in items})
+        return True
+
+    def confirm(keys):
+        log_b.forwards_confirmed(keys)
+        return True
+
+    a.set_inbox(log_a.log_id, deliver)
+    b.set_inbox(log_b.log_id, lambda payloads: True, confirm)
+    b.start(lambda change: None, lambda view: None)
+    posted = []
+    try:
+        for i, op in enumerate([*ops, "end"]):
+            if i == min(owner_starts_at, len(ops)):
+                a.start(lambda change: None, lambda view: None)
+            if op.startswith("post"):
+                outcome = parse_outcomes({"decision_id": f"d{i}", "usage": {"prompt_tokens": 10, "completion_tokens": 1}})[0]
+                row = (log_a.log_id, outcome.key, outcome.model_dump_json(exclude_unset=True))
+                log_b.append_outcomes([], received_s=time.time() - 60, forwards=[(log_a.log_id, outcome)])  # acknowledged
+                posted.append(outcome.decision_id)
+                if op == "post":
+                    assert send_forwards(log_b, b, [row])
+                elif op == "post_timed_out":
+                    b.forward([row])  # Redis applied it, but the caller saw a timeout: not marked sent
+            elif op == "flush":
+                keys = list(a.client.scan_iter(match=f"{prefix}*"))
+                if keys:
+                    a.client.delete(*keys)
+            elif op == "resend":
+                resend_forwards(log_b, b, metrics)
+        deadline = time.monotonic() + 20  # no timing claim: the owner reads within a read interval
+        while time.monotonic() < deadline:
+            resend_forwards(log_b, b, metrics)  # what the service does every second
+            if log_a.counts()["outcomes"] == len(posted) and log_b.forwards_pending() == 0:
+                break
+            time.sleep(0.05)
+        assert [o for o in posted if log_a.outcome(o) is None] == [] and log_a.counts()["outcomes"] == len(posted)
+        assert log_b.forwards_pending() == 0 and log_b.counts()["outcomes"] == 0
+    finally:
+        for sync in (a, b):
+            sync.close()
+        log_a.close()
+        log_b.close()
