@@ -18,7 +18,7 @@ from pointsman.outcome import parse_outcomes
 from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.signals.shared_state import RedisSync
 from pointsman.service.prometheus import ServiceMetrics
-from pointsman.service.runtime import resend_forwards, send_forwards
+from pointsman.service.runtime import FORWARD_KEEP_S, resend_forwards, send_forwards
 
 OPS = st.lists(st.sampled_from(["post", "post_timed_out", "post_unsent", "flush", "resend"]), min_size=1, max_size=10)
 
@@ -77,3 +77,21 @@ def test_every_kept_forward_ends_in_the_owners_log(redis_url, tmp_path_factory, 
             sync.close()
         log_a.close()
         log_b.close()
+
+
+def test_a_forward_no_owner_confirmed_within_the_keep_period_is_dropped_and_counted(redis_url, tmp_path):
+    """An owner whose data folder is gone never reads its inbox: after ``FORWARD_KEEP_S`` the row is dropped (counted,
+    logged), a younger one is kept and sent again."""
+    prefix = quote(f"{{t-{uuid.uuid4().hex[:8]}}}:", safe="")
+    sync = RedisSync.from_url(f"{redis_url}?prefix={prefix}", block_ms=100)
+    metrics = ServiceMetrics()
+    with OutcomeLog(tmp_path / "b.db") as log_b:
+        old, young = parse_outcomes([{"decision_id": d, "usage": {"prompt_tokens": 10, "completion_tokens": 1}}
+                                     for d in ("gone", "kept")])
+        log_b.append_outcomes([], received_s=time.time() - FORWARD_KEEP_S - 60, forwards=[("log-gone", old)])
+        log_b.append_outcomes([], received_s=time.time() - 60, forwards=[("log-gone", young)])
+        try:
+            assert resend_forwards(log_b, sync, metrics) == 1  # the young one, never sent
+        finally:
+            sync.close()
+        assert log_b.forwards_pending() == 1 and metrics.forwards_dropped._value.get() == 1
