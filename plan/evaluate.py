@@ -45,7 +45,7 @@ from pointsman.replay.fleet_map import sim_fleet
 from pointsman.replay.goodput import MemoEstimator, meets, scaled
 from pointsman.replay.outcome_draw import OutcomeRow
 from pointsman.replay.runs import replay_all
-from pointsman.replay.summary import SLO, busy_energy_usd_of
+from pointsman.replay.summary import SLO, busy_energy_usd_of, pool_loads
 
 
 @dataclass
@@ -81,9 +81,8 @@ class ShapeResult:
     ``inputs``: which inputs of the plan (``search`` window or ``full`` trace) it ran on;
     ``misses``: per on-prem target the requests routed there that missed the SLO, by first cause
     (``rejected``, ``ttft``, ``tpot``): where the shape is short of capacity; ``load``: per on-prem
-    pool (``target/role``, role ``aggregated``, ``prefill`` or ``decode``) the work its replicas'
-    steps needed (``ReplicaStats.work_s``, GPU-seconds) over their GPU-seconds in the arrival span
-    (the window when every arrival is at one instant): above 1 the pool is ``overloaded``."""
+    pool its work over its GPU time in the arrival span (``replay.summary.pool_loads``): above 1 the
+    pool is ``overloaded``."""
 
     shape: Shape
     scale: float
@@ -168,16 +167,11 @@ def evaluate(inputs: PlanInputs, estimator: Estimator, shape: Shape, scale: floa
     month = HOURS_PER_MONTH * 3600 / s.window_s
     traffic_s = trace[-1].arrival_s - trace[0].arrival_s if trace else 0.0
     traffic = HOURS_PER_MONTH * 3600 / traffic_s if traffic_s > 0 else month
-    # per on-prem pool, its replicas' work over their GPU time in the arrival span (ShapeResult.load);
-    # a replica's busy power is billed for at most the whole span: a month has no more GPU time
+    # a replica's busy power is billed for at most the whole arrival span: a month has no more GPU time
     span = traffic_s if traffic_s > 0 else s.window_s
     targets = {t.name: t for t in result.fleet.on_prem}
-    pools: dict[str, list[float]] = {}
     busy_usd = 0.0
     for rs in result.replicas:
-        acc = pools.setdefault(f"{rs.target}/{rs.role}", [0.0, 0.0])
-        acc[0] += rs.work_s * rs.gpus
-        acc[1] += span * rs.gpus
         busy_s = rs.prefill_busy_s + rs.decode_busy_s
         busy_usd += busy_energy_usd_of(rs, targets[rs.target]) * min(1.0, span / busy_s) if busy_s > 0 else 0.0
     onprem = (s.onprem_cost_usd - s.onprem_busy_energy_usd) * month + busy_usd * traffic
@@ -210,7 +204,7 @@ def evaluate(inputs: PlanInputs, estimator: Estimator, shape: Shape, scale: floa
         utilization=s.prefill_utilization + s.decode_utilization, prefill_utilization=s.prefill_utilization,
         decode_utilization=s.decode_utilization, per_target=s.utilization, series=series,
         wall_s=time.perf_counter() - t0, requests=len(trace), misses=misses,
-        load={pool: work / gpu_s for pool, (work, gpu_s) in pools.items() if gpu_s > 0})
+        load=pool_loads(result))
 
 
 # -- worker processes ------------------------------------------------------------------------

@@ -4,7 +4,12 @@ GPUs provisioned (Zhong et al., "DistServe", OSDI'24, arXiv 2401.09670, §1-2).
 
 ``search(trace, make_router, sim, slo)`` -> ``GoodputResult``. The trace's arrival times are
 scaled (``scaled``: request i arrives at ``t0 + (t_i - t0) / x``, so its rate is x times the
-trace's mean rate N / (last - first arrival)) and the scale is searched:
+trace's mean rate N / (last - first arrival)) and the scale is searched. A scale passes when the
+attainment reaches the goal and no on-prem pool is overloaded (``replay.summary.pool_loads`` above
+1, the test ``pointsman plan`` applies): an overloaded pool's queues grow without bound, and a short
+sample meets the SLO only because it ends (the first 300 Azure conv requests met 100% at 64x, 228
+req/s, with every 70B pool at 160-204% of its GPU time; the fleet file's own throughputs give at
+most about 143 req/s of those requests):
 
 1. bracket: from x = 1, double while the attainment is at least the goal, or halve until it
    is (``min_scale`` ends the search with goodput 0);
@@ -47,7 +52,7 @@ from pointsman.replay.results import RequestResult
 from pointsman.replay.router import Assignment, FleetView, Router
 from pointsman.replay.sim_fleet import SimFleet
 from pointsman.replay.simulator import simulate
-from pointsman.replay.summary import SLO
+from pointsman.replay.summary import SLO, pool_loads
 
 if TYPE_CHECKING:  # pragma: no cover
     from tokenizers import Tokenizer
@@ -60,12 +65,17 @@ ATTAINMENT_GOAL = 0.9
 class GoodputPoint:
     """One replay of the search: ``scale`` of the arrival rate, the resulting ``rate_rps``,
     ``attainment`` (share of requests meeting both objectives; a lower bound ``complete=False``
-    when the replay stopped early because it could no longer pass)."""
+    when the replay stopped early because it could no longer pass), ``load``: the most loaded
+    on-prem pool's work over its GPU time in the arrival span (``replay.summary.pool_loads``; NaN
+    when the replay stopped early); the point passes when ``attainment`` reaches the goal and
+    ``load`` is at most 1 (``passed``)."""
 
     scale: float
     rate_rps: float
     attainment: float
     complete: bool
+    load: float = math.nan
+    passed: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,9 +135,10 @@ RouterFactory = Callable[[], tuple[Router, Callable[[RequestResult], None] | Non
 
 
 def attainment(trace: Sequence[TraceRequest], sim: SimFleet, make_router: RouterFactory, slo: SLO, *,
-               goal: float = ATTAINMENT_GOAL, seed: int = 0) -> tuple[float, bool]:
-    """(attainment, complete) of one replay; stops early (complete False, attainment an upper
-    bound below ``goal``) once more than (1 - goal) x N requests failed."""
+               goal: float = ATTAINMENT_GOAL, seed: int = 0) -> tuple[float, bool, float]:
+    """(attainment, complete, load) of one replay; stops early (complete False, attainment an upper
+    bound below ``goal``, load NaN) once more than (1 - goal) x N requests failed. ``load``: the most
+    loaded on-prem pool's (``replay.summary.pool_loads``; 0 without on-prem replicas)."""
     n = len(trace)
     allowed = math.floor((1 - goal) * n + 1e-9)
     failed = 0
@@ -143,10 +154,10 @@ def attainment(trace: Sequence[TraceRequest], sim: SimFleet, make_router: Router
                 raise _CannotPass
 
     try:
-        simulate(trace, sim, router, seed=seed, on_complete=observe, on_first_token=on_first_token)
+        result = simulate(trace, sim, router, seed=seed, on_complete=observe, on_first_token=on_first_token)
     except _CannotPass:
-        return (n - failed) / n, False
-    return (n - failed) / n, True
+        return (n - failed) / n, False, math.nan
+    return (n - failed) / n, True, max(pool_loads(result).values(), default=0.0)
 
 
 def search(trace: Sequence[TraceRequest], make_router: RouterFactory, sim: SimFleet, slo: SLO, *,
@@ -158,9 +169,10 @@ def search(trace: Sequence[TraceRequest], make_router: RouterFactory, sim: SimFl
     points: list[GoodputPoint] = []
 
     def passes(x: float) -> bool:
-        att, complete = attainment(scaled(trace, x), sim, make_router, slo, goal=goal, seed=seed)
-        points.append(GoodputPoint(x, x * base, att, complete))
-        return att >= goal
+        att, complete, load = attainment(scaled(trace, x), sim, make_router, slo, goal=goal, seed=seed)
+        ok = att >= goal and load <= 1.0
+        points.append(GoodputPoint(x, x * base, att, complete, load, ok))
+        return ok
 
     lo: float | None = None
     hi: float | None = None

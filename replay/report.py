@@ -333,13 +333,15 @@ def report_text(runs: Sequence[Run], meta: Mapping[str, object]) -> str:
     searched = [r for r in runs if r.goodput is not None]
     if searched:
         lines.append("\ngoodput search (scale of the arrival rate -> SLO attainment; '<' = stopped once it could not "
-                     "pass):")
+                     "pass; overloaded: an on-prem pool's work exceeds its GPU time over the arrival span, which "
+                     "fails the point):")
         for r in searched:
             g = r.goodput
             if g is None:
                 continue
-            pts = ", ".join(f"{p.scale:.3g}x {p.attainment:.1%}" if p.complete else f"{p.scale:.3g}x <{g.goal:.0%}"
-                            for p in g.points)
+            pts = ", ".join(f"{p.scale:.3g}x <{g.goal:.0%}" if not p.complete else
+                            f"{p.scale:.3g}x {p.attainment:.1%} overloaded {p.load:.0%}" if p.load > 1.0 else
+                            f"{p.scale:.3g}x {p.attainment:.1%}" for p in g.points)
             lines.append(f"  {r.name}: {g.max_goodput_rps:.3f} req/s ({g.max_goodput_rps_per_gpu:.4f}/GPU of {g.gpus}); "
                          f"{pts}")
     return "\n".join(lines)

@@ -137,6 +137,29 @@ def busy_energy_usd_of(rs: ReplicaStats, target: OnPremTarget) -> float:
     return rs.gpus * (spec.gpu_tdp_kw - spec.gpu_idle_kw) * busy_h * target.electricity_usd_per_kwh
 
 
+def arrival_span_s(result: ReplayResult) -> float:
+    """Seconds from the first arrival to the last of ``result``'s requests; the replay window when
+    every request arrives at one instant (or there is none)."""
+    times = [r.arrival_s for r in result.requests]
+    span = max(times) - min(times) if times else 0.0
+    return span if span > 0 else result.window_s
+
+
+def pool_loads(result: ReplayResult) -> dict[str, float]:
+    """Per on-prem pool (``"target/role"``, role ``aggregated``, ``prefill`` or ``decode``) the work its
+    replicas' steps needed (``ReplicaStats.work_s`` x GPUs, GPU-seconds) over their GPU-seconds in the
+    arrival span (``arrival_span_s``): a fraction, above 1 when the pool cannot keep up with the
+    traffic (its queues grow without bound in steady state; its attainment on a replay lasts only
+    as long as the trace). Pools of a 0 s span are left out."""
+    span = arrival_span_s(result)
+    pools: dict[str, list[float]] = {}
+    for rs in result.replicas:
+        acc = pools.setdefault(f"{rs.target}/{rs.role}", [0.0, 0.0])
+        acc[0] += rs.work_s * rs.gpus
+        acc[1] += span * rs.gpus
+    return {pool: work / gpu_s for pool, (work, gpu_s) in pools.items() if gpu_s > 0}
+
+
 def summarize(result: ReplayResult, slo: SLO | None = None,
               quality: Callable[[RequestResult], float | None] | None = None) -> Summary:
     """Summarize a replay (see the module docstring for every definition). ``quality(r)``:

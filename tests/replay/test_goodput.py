@@ -44,18 +44,23 @@ def test_search_finds_the_analytic_goodput() -> None:
     # N requests every d seconds: if d < S request i waits i*(S - d), so TTFT_i = S + i*(S - d).
     # With TTFT SLO T it meets iff i <= (T - S)/(S - d); 90% of N = 10 means i = 0..8 meet:
     # (T - S)/(S - d) >= 8, i.e. d >= S - (T - S)/8. T = 0.28 s: d* = 0.0775 s. The search's
-    # rate is N / (last - first arrival) = N / ((N - 1) d): 10 / (9 * 0.0775) = 14.34 req/s.
+    # rate is N / (last - first arrival) = N / ((N - 1) d): 10 / (9 * 0.0775) = 14.34 req/s. That
+    # rate only lasts 10 requests: the replica's work over the arrival span, N S / ((N - 1) d) = rate x S,
+    # is 1.43; a point passes only at load <= 1, so the goodput is min(14.34, 1 / S) = 10 req/s.
     n, spacing = 10, 0.100
     trace = [TraceRequest(i * spacing, 100, 1) for i in range(n)]
     slo = SLO(ttft_s=0.28, tpot_s=1.0)
     found = search(trace, make, FLEET, slo, rel_tol=0.02)
-    best = n / ((n - 1) * (S - (slo.ttft_s - S) / 8))
+    burst = n / ((n - 1) * (S - (slo.ttft_s - S) / 8))
+    best = min(burst, 1 / S)
     assert found.base_rate_rps == pytest.approx(n / ((n - 1) * spacing))
-    assert best / 1.02 <= found.max_goodput_rps <= best * (1 + 1e-9)
+    assert best / 1.02 <= found.max_goodput_rps <= best * (1 + 1e-9)  # before the load test: 14.34
     assert found.max_goodput_rps_per_gpu == pytest.approx(found.max_goodput_rps / 2)  # the replica has 2 GPUs
     assert found.points[0].scale == 1.0 and found.points[0].attainment == 1.0
-    passing = [p for p in found.points if p.attainment >= 0.9 and p.complete]
+    passing = [p for p in found.points if p.passed]
+    assert all(p.attainment >= 0.9 and p.complete and p.load <= 1.0 for p in passing)
     assert max(p.rate_rps for p in passing) == found.max_goodput_rps
+    assert any(p.attainment >= 0.9 and p.load > 1.0 and not p.passed for p in found.points)
 
 
 def test_search_halves_below_the_trace_rate_and_reports_zero_when_nothing_passes() -> None:
@@ -69,7 +74,7 @@ def test_search_halves_below_the_trace_rate_and_reports_zero_when_nothing_passes
 
 def test_a_replay_stops_once_it_cannot_pass() -> None:
     trace = [TraceRequest(0.0, 100, 1) for _ in range(30)]  # all at once: the 3rd already waits 0.2 s
-    att, complete = attainment(trace, FLEET, make, SLO(ttft_s=0.15, tpot_s=1.0))
+    att, complete, _ = attainment(trace, FLEET, make, SLO(ttft_s=0.15, tpot_s=1.0))
     assert not complete and att == pytest.approx((30 - 4) / 30)  # stopped at the 4th failure (3 allowed)
 
 
@@ -136,7 +141,7 @@ def test_slo_floor_names_what_no_rate_fixes_and_bounds_every_search_point() -> N
     found = search(trace, route, fleet, slo)
     assert found.max_goodput_rps == 0 and found.points
     for x in (1.0, 1 / 64, 64.0):  # whole replays (goal 0 never stops early): never above the floor
-        att, complete = attainment(scaled(trace, x), fleet, route, slo, goal=0.0)
+        att, complete, _ = attainment(scaled(trace, x), fleet, route, slo, goal=0.0)
         assert complete and att <= floor.best_attainment + 1e-9
     with pytest.raises(ValueError):
         slo_floor([], fleet, slo)
