@@ -183,12 +183,11 @@ def evaluate(inputs: PlanInputs, estimator: Estimator, shape: Shape, scale: floa
     n = int(s.window_s // inputs.bin_s) + 1
     series["t_s"] = [i * inputs.bin_s for i in range(n)]
     for t in result.fleet.on_prem:
-        reps = t.aggregated_replicas + t.prefill_replicas + t.decode_replicas
         tl = result.timeline.get(t.name, {})
         for phase in ("prefill", "decode"):
-            busy = list(tl.get(f"{phase}_busy_s", []))[:n]
+            busy = list(tl.get(f"{phase}_busy_gpu_s", []))[:n]
             busy += [0.0] * (n - len(busy))
-            series[f"{t.name}/{phase}"] = [b * (t.gpus / reps) / (t.gpus * inputs.bin_s) for b in busy]
+            series[f"{t.name}/{phase}"] = [b / (t.gpus * inputs.bin_s) for b in busy]
     misses: dict[str, dict[str, int]] = {name: {"rejected": 0, "ttft": 0, "tpot": 0} for name in targets}
     for r in result.requests:
         if r.routed_target not in targets or meets(r, inputs.slo):

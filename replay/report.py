@@ -118,7 +118,7 @@ def series(result: ReplayResult) -> PlotSeries:
     ``prefill_utilization``, ``decode_utilization`` (lists, one value per bin; NaN where
     nothing finished), and ``ttft_s`` (sorted TTFTs)."""
     bin_s = result.timeline_bin_s
-    n = max((len(v["prefill_busy_s"]) for v in result.timeline.values()), default=0)
+    n = max((len(v["prefill_busy_gpu_s"]) for v in result.timeline.values()), default=0)
     n = max(n, int(result.window_s // bin_s) + 1)
     start = result.start_s
 
@@ -134,18 +134,16 @@ def series(result: ReplayResult) -> PlotSeries:
     decode_gpu_s = np.zeros(n)
     fleet_gpus = 0
     for t in result.fleet.on_prem:
-        reps = t.aggregated_replicas + t.prefill_replicas + t.decode_replicas
-        per_rep = t.gpus / reps
         fleet_gpus += t.gpus
         tl = result.timeline.get(t.name)
         spec = t.replica
         cost += t.gpus * width / 3600 * (t.gpu_hour_usd + spec.gpu_idle_kw * t.electricity_usd_per_kwh)
         if tl is not None:
-            p = np.asarray(tl["prefill_busy_s"][:n] + [0.0] * (n - len(tl["prefill_busy_s"])))
-            d = np.asarray(tl["decode_busy_s"][:n] + [0.0] * (n - len(tl["decode_busy_s"])))
-            prefill_gpu_s += p * per_rep
-            decode_gpu_s += d * per_rep
-            cost += (p + d) * per_rep / 3600 * (spec.gpu_tdp_kw - spec.gpu_idle_kw) * t.electricity_usd_per_kwh
+            p = np.asarray(tl["prefill_busy_gpu_s"][:n] + [0.0] * (n - len(tl["prefill_busy_gpu_s"])))
+            d = np.asarray(tl["decode_busy_gpu_s"][:n] + [0.0] * (n - len(tl["decode_busy_gpu_s"])))
+            prefill_gpu_s += p
+            decode_gpu_s += d
+            cost += (p + d) / 3600 * (spec.gpu_tdp_kw - spec.gpu_idle_kw) * t.electricity_usd_per_kwh
     mix: dict[str, np.ndarray] = {}
     arrivals = np.zeros(n)
     for r in result.requests:

@@ -91,9 +91,10 @@ class ReplayResult:
     ``replicas``: ``ReplicaStats`` per on-prem replica. ``start_s``/``end_s``: first
     arrival and the later of the last finish and the last arrival (the replay window, over
     which GPUs are provisioned).
-    ``timeline``: per on-prem target, busy seconds summed over its replicas in
-    ``int(window_s // timeline_bin_s) + 1`` bins of ``timeline_bin_s`` from ``start_s``:
-    ``{"prefill_busy_s": [...], "decode_busy_s": [...]}`` (divide by replicas x bin for utilization).
+    ``timeline``: per on-prem target, busy GPU-seconds (a replica's busy seconds x its GPUs) summed
+    over its replicas in ``int(window_s // timeline_bin_s) + 1`` bins of ``timeline_bin_s`` from
+    ``start_s``: ``{"prefill_busy_gpu_s": [...], "decode_busy_gpu_s": [...]}`` (divide by the
+    target's GPUs x bin for utilization).
     ``unmodelled_escalations``: on-prem target -> drafts the verify rules escalated there, kept as
     the drafts (``replay.cascade`` simulates escalations to frontier tiers only).
     ``refused_escalations``: drafts an escalating verify rule matched but no target took (the

@@ -264,8 +264,9 @@ class SimReplica:
         return total
 
 
-def add_busy(bins: list[float], start: float, end: float, origin: float, width: float) -> None:
-    """Add the interval [start, end) to per-bin busy seconds."""
+def add_busy(bins: list[float], start: float, end: float, origin: float, width: float, gpus: int) -> None:
+    """Add the interval [start, end) (seconds) of a replica of ``gpus`` GPUs to per-bin busy
+    GPU-seconds (bins of ``width`` seconds from ``origin``)."""
     if end <= start:
         return
     b = int((start - origin) // width)
@@ -273,13 +274,13 @@ def add_busy(bins: list[float], start: float, end: float, origin: float, width: 
     if last >= len(bins):
         bins.extend([0.0] * (last + 1 - len(bins)))
     if b == last:
-        bins[b] += end - start
+        bins[b] += (end - start) * gpus
         return
     edge = origin + (b + 1) * width
-    bins[b] += edge - start
+    bins[b] += (edge - start) * gpus
     for i in range(b + 1, last):
-        bins[i] += width
-    bins[last] += end - (origin + last * width)
+        bins[i] += width * gpus
+    bins[last] += (end - (origin + last * width)) * gpus
 
 
 class SimReplicaView:

@@ -498,9 +498,9 @@ class _Simulator:
         rep.work_s += spec.work_s(ndec, rep.kv_dec, pre_tokens, pairs)
         tgt = rep.tgt
         if rep.pfrac > 0:
-            add_busy(tgt.prefill_bins, now, now + dur * rep.pfrac, self.origin, self.bin_s)
+            add_busy(tgt.prefill_bins, now, now + dur * rep.pfrac, self.origin, self.bin_s, spec.gpus)
         if rep.pfrac < 1:
-            add_busy(tgt.decode_bins, now + dur * rep.pfrac, now + dur, self.origin, self.bin_s)
+            add_busy(tgt.decode_bins, now + dur * rep.pfrac, now + dur, self.origin, self.bin_s, spec.gpus)
         self._push(now + dur, EV_REPLICA, rep, rep.token)
 
     def _decoders_in_order(self, rep: SimReplica) -> bool:
@@ -628,7 +628,7 @@ class _Simulator:
         if rep.state == EPOCH:
             k = rep.k
             rep.busy_decode_s += now - rep.t0
-            add_busy(rep.tgt.decode_bins, rep.t0, now, self.origin, self.bin_s)
+            add_busy(rep.tgt.decode_bins, rep.t0, now, self.origin, self.bin_s, rep.spec.gpus)
             if not rep.cache.grow((), rep.crossings(k)):
                 raise RuntimeError(f"simulator bug: {rep.target}/{rep.role}[{rep.index}] decode epoch over its KV")
             rep.steps += k
@@ -886,7 +886,7 @@ def simulate(
         return values + [0.0] * (n_bins - len(values))
 
     timeline = {
-        name: {"prefill_busy_s": _bins(t.prefill_bins), "decode_busy_s": _bins(t.decode_bins)}
+        name: {"prefill_busy_gpu_s": _bins(t.prefill_bins), "decode_busy_gpu_s": _bins(t.decode_bins)}
         for name, t in sim.targets.items()
     }
     return ReplayResult(

@@ -362,8 +362,8 @@ def test_busy_time_split_into_prefill_and_decode() -> None:
     assert stats.decode_busy_s == pytest.approx(0.040)
     assert stats.prefill_tokens == 100 and stats.decode_steps == 5  # engine steps: 1 prefill + 4 decode
     tl = res.timeline["op"]
-    assert tl["prefill_busy_s"] == pytest.approx([0.05, 0.05, 0.0])
-    assert tl["decode_busy_s"] == pytest.approx([0.0, 0.0, 0.040])
+    assert tl["prefill_busy_gpu_s"] == pytest.approx([0.05, 0.05, 0.0])
+    assert tl["decode_busy_gpu_s"] == pytest.approx([0.0, 0.0, 0.040])
     assert res.window_s == pytest.approx(0.140)
 
 

@@ -264,3 +264,4 @@ def test_a_goodput_is_a_rate_the_fleet_file_throughputs_can_sustain(tmp_path: Pa
     assert best and all(p["passed"] and p["load"] <= 1.0 and p["attainment"] >= 0.9 for p in best)
     assert any(p["load"] > 1.0 and p["attainment"] >= 0.9 and not p["passed"] for p in g["points"])
     assert "overloaded" in (out / "report.txt").read_text().split("goodput search")[1]
+
