@@ -41,6 +41,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from pointsman.replay.sim_fleet import SimFleet
 
 
+def _apart(x: float, y: float) -> tuple[str, int]:
+    """(``x`` with 3 to 8 decimals, the decimals): the fewest at which ``x`` and ``y`` print apart
+    (a quality 0.91667 under a floor of 0.91675 both read 0.917 at 3)."""
+    for digits in range(3, 9):
+        if f"{x:.{digits}f}" != f"{y:.{digits}f}":
+            return f"{x:.{digits}f}", digits
+    return f"{x:.8f}", 8
+
+
 def _floats(text: str, option: str) -> list[float]:
     try:
         values = sorted({float(v) for v in text.split(",") if v.strip()})
@@ -283,10 +292,17 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
     for stale in (out_dir / "fleet.yaml", out_dir / "policy.yaml"):  # an earlier plan's recommendation
         stale.unlink(missing_ok=True)
     if rec is None:
+        # the shape closest to the floor among those meeting the goal, at digits that tell the two apart
+        near = max((r for r in outcome.full if r.meets(goal) and r.usd_per_month <= budget and r.quality < min_quality),
+                   key=lambda r: r.quality, default=None)
         lines.append(f"no shape replayed on the whole trace meets {goal:.0%} SLO attainment without overload"
-                     + (f" and quality {min_quality:.3f}" if min_quality > 0 else "")
+                     + (f" and quality {_apart(min_quality, near.quality if near else min_quality)[0]}"
+                        if min_quality > 0 else "")
                      + (f" within ${budget:,.0f}/month" if math.isfinite(budget) else "")
-                     + ": no fleet file written")
+                     + ": no fleet file written"
+                     + (f" (the closest, {near.label}, meets the SLO goal at quality "
+                        f"{_apart(near.quality, min_quality)[0]}, under the floor {_apart(min_quality, near.quality)[0]})"
+                        if near is not None and min_quality > 0 else ""))
     else:
         tuned = not space.policy_as_written(rec.shape)
         rec_policy = out_dir / "policy.yaml" if tuned else policy_file

@@ -492,3 +492,31 @@ def test_an_overloaded_shape_is_reported_and_not_recommended(tmp_path: Path, pla
     # what costs less than the recommendation either misses the goal or is overloaded
     assert all(r["overloaded"] or r["slo_attainment"] < 0.9 for r in doc["whole_trace"]
                if r["usd_per_month"] < rec["usd_per_month"])
+
+
+def test_no_recommendation_names_the_closest_shape_at_digits_that_tell_it_from_the_floor(tmp_path: Path) -> None:
+    """The first 300 Azure conv requests, every prompt on the 70B model (p_hard 0.3): each shape scores
+    quality 0.91667, the floor is 0.95 x all-frontier's 0.9650 = 0.91675. The table printed 0.9167 for both
+    and the verdict "no shape ... meets ... quality 0.917": a refusal its own table seemed to contradict.
+    It now prints both at the digits that tell them apart and names the shape that came closest."""
+    from pointsman.datasets.sources import shared_datasets_dir
+    from pointsman.errors import DataError
+
+    try:
+        trace = shared_datasets_dir() / "azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+    except DataError:
+        pytest.skip("shared datasets not found")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["plan", str(trace), "--limit", "300", "--workers", "1", "--max-replays", "1",
+                                    "--search-requests", "0", "--tune", "none", "--estimator", "fixed:0.3",
+                                    "--out", str(out)])
+    assert res.exit_code == 1, res.output
+    doc = json.loads((out / "plan.json").read_text())
+    floor = doc["meta"]["min_quality"]
+    best = max((r for r in doc["whole_trace"] if r["slo_attainment"] >= 0.9 and not r["overloaded"]),
+               key=lambda r: r["quality"])
+    assert best["quality"] < floor < best["quality"] + 1e-3 and f"{best['quality']:.4f}" == f"{floor:.4f}"
+    line = next(x for x in res.output.splitlines() if x.startswith("no shape replayed"))
+    assert f"quality {floor:.5f}: no fleet file written" in line  # before: "quality 0.917"
+    assert f"(the closest, {best['label']}, meets the SLO goal at quality {best['quality']:.5f}, under the floor " \
+           f"{floor:.5f})" in line
