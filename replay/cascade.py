@@ -146,10 +146,14 @@ def _escalate(r: RequestResult, spec: FrontierSpec, delay_s: float, output_token
 def apply_cascade(result: ReplayResult, verified: CascadeVerify) -> ReplayResult:
     """The run's result with its cascade applied (see the module): each request ``verified.escalations``
     holds (the router dropped those whose draft did not run as escalated) answered by its frontier tier
-    after its draft, ``unmodelled_escalations`` and ``refused_escalations`` counted."""
+    after its draft, ``unmodelled_escalations`` and ``refused_escalations`` counted, ``end_s`` (the
+    window's end) moved to the last escalated answer when it comes later."""
     out = []
     for r in result.requests:
         esc = verified.escalations.get(r.index)
         out.append(r if esc is None or r.e2e_s is None else _escalate(r, esc[3], r.e2e_s, esc[2]))
-    return dataclasses.replace(result, requests=out, unmodelled_escalations=dict(Counter(verified.unmodelled.values())),
+    # the window runs to the last answer, an escalated one's included (the fleet is provisioned until then)
+    end_s = max([result.end_s] + [r.finish_s for r in out if r.escalated and r.finish_s is not None])
+    return dataclasses.replace(result, requests=out, end_s=end_s,
+                               unmodelled_escalations=dict(Counter(verified.unmodelled.values())),
                                refused_escalations=len(verified.refused))

@@ -245,3 +245,35 @@ def test_a_budget_limits_the_escalations_as_the_service_does(tmp_path_factory, l
     assert summary["refused_escalations"] == summary["target_requests"].get("onprem-8b", 0), summary
     if summary["refused_escalations"]:
         assert f"static: {summary['refused_escalations']} escalations refused" in res.output
+
+
+@pytest.mark.parametrize("requests", [1, 3])
+def test_the_window_runs_to_the_last_escalated_answer(tmp_path, requests):
+    """GPUs are provisioned, and billed, until the last answer: an escalated request's answer comes
+    after its draft, so the window must run to it. Every draft a refusal, every request escalated:
+    one request of 40 output tokens, its answer 1.21 s after its arrival (the draft's 0.14 s, then the
+    frontier call's 0.60 s TTFT and 39 x 12 ms), had a window of 0.142 s, the draft's end: the 18 GPUs
+    were billed for 12% of the time the replay took, and the goodput divided by that short window."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{i:02d}.0000000,300,40\n" for i in range(requests)))
+    drafts = tmp_path / "drafts.csv"
+    lines = [f"ae{i:03d},{WEAK},\"I'm sorry, but I cannot help with that.\"" for i in range(1, 806)]
+    drafts.write_text("prompt_id,model,output\n" + "\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["replay", str(trace), "--policy", str(STATIC_POLICY_PATH), "--no-baselines",
+                                    "--estimator", "fixed:0.1", "--drafts", str(drafts), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    s = json.loads((out / "report.json").read_text())["runs"]["static"]["summary"]
+    assert s["escalated"] == s["completed"] == requests
+    # the last request arrives at requests - 1 s; its answer takes TTFT + TPOT x 39 after that
+    last_answer_s = (requests - 1) + s["ttft_p99_s"] + s["tpot_p99_s"] * 39 if requests == 1 else None
+    if last_answer_s is not None:  # one request: its TTFT and TPOT are the percentiles
+        assert s["window_s"] == pytest.approx(last_answer_s)  # before: 0.142 s, the draft's end
+    assert s["window_s"] >= (requests - 1) + s["ttft_p50_s"]
+    assert s["onprem_cost_usd"] >= 18 * 2.50 * s["window_s"] / 3600  # the packaged fleet's 18 GPUs at $2.50/h
+    assert s["goodput_rps"] == pytest.approx(s["slo_attainment"] * requests / s["window_s"])
