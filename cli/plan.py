@@ -206,6 +206,10 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
         requests, texts, _ = _load_trace(trace, limit, start_s, end_s)
         if not requests:
             raise InputError(f"{trace}: no requests in the chosen window")
+        if requests[-1].arrival_s <= requests[0].arrival_s:  # a month is priced by the rate of the arrivals
+            which = "its one request arrives" if len(requests) == 1 else f"its {len(requests)} requests arrive"
+            raise InputError(f"{trace}: {which} at one instant: no arrival rate to plan a month of traffic by (give a "
+                             "window with requests spread over time)")
         if not any(r.block_hashes for r in requests):  # no prefix to restore: a tier is rent for nothing
             space = space.without_kv_tiers()
         rows = None

@@ -164,8 +164,27 @@ def test_a_trace_no_shape_can_serve_at_one_instant_is_one_error_line(tmp_path: P
                                        "--estimator", "fixed:0.2", "--outcomes", "none", "--out", str(tmp_path / "o")])
     assert result.exit_code == 2, result.output
     errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
-    assert len(errors) == 1 and "replay window is 0 s" in errors[0], result.output
+    assert len(errors) == 1 and "its one request arrives at one instant" in errors[0], result.output
     assert "nan" not in result.output
+
+
+@pytest.mark.parametrize("requests", [1, 3])
+def test_a_trace_without_an_arrival_rate_is_one_error_line(tmp_path: Path, plan_files: tuple[Path, Path],
+                                                           requests: int) -> None:
+    """A month is priced by the trace's arrival rate; requests at one instant have none. One request
+    (512 prompt, 4 output tokens) was planned as if it came again the moment its replay window ended,
+    all month: 'recommended: small A0 P1 D1: $3,741/month ... $8.58/M output tokens' (three: $5.26/M),
+    from no rate at all."""
+    fleet, policy = plan_files
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 5, "input_length": 512, "output_length": 4, "hash_ids": [i]}) + "\n"
+                             for i in range(requests)), encoding="utf-8")
+    result = CliRunner().invoke(main, ["plan", str(trace), "--fleet", str(fleet), "--policy", str(policy),
+                                       "--estimator", "fixed:0.2", "--outcomes", "none", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output  # before: 0, and a recommended fleet
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "at one instant: no arrival rate" in errors[0], result.output
+    assert "recommended" not in result.output and not (tmp_path / "o" / "fleet.yaml").exists()
 
 
 def test_a_plan_that_meets_nothing_exits_1_and_leaves_no_fleet_file(tmp_path: Path, plan_files: tuple[Path, Path]) -> None:
