@@ -319,8 +319,11 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
                 cmd += [flag, str(value)]
         if not cascade:
             cmd.append("--no-cascade")
-        reproduce = shlex.join(cmd) + (f"  # at the trace's own rate; planned at x{scales[0]:g}" if scales[0] != 1 else "")
-        header = (f"Planned by `pointsman plan` for {trace.name} ({len(requests)} requests, SLO class {slo_name}, "
+        if scales[0] != 1:
+            cmd += ["--scale", str(scales[0])]
+        reproduce = shlex.join(cmd)
+        header = (f"Planned by `pointsman plan` for {trace.name} ({len(requests)} requests"
+                  f"{f' at x{scales[0]:g} their rate' if scales[0] != 1 else ''}, SLO class {slo_name}, "
                   f"goal {goal:.0%}) with {policy_file.name}:\n{rec.label}: ${rec.usd_per_month:,.0f}/month, "
                   f"SLO {rec.slo_attainment:.1%}, quality {rec.quality:.3f}.\nEndpoint URLs of added replicas are "
                   f"placeholders. Reproduce the numbers with:\n{reproduce}")

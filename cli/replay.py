@@ -117,12 +117,15 @@ def _load_trace(path: Path, limit: int | None, start_s: float | None, end_s: flo
               help="Answers per model and prompt (prompt_id, model, output); default the shared AlpacaEval answers.")
 @click.option("--tenant", default="replay", show_default=True,
               help="Tenant of every replayed request: its budget scope is tenant:<tenant>.")
+@click.option("--scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="Traffic scale: the (sliced) trace's arrival times after its first divided by it, e.g. 2 = twice "
+                   "the rate (as `pointsman plan --scale`).")
 def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Path, ...], seed: int,
                    limit: int | None, start_s: float | None, end_s: float | None, out_dir: Path,
                    estimator_spec: str, outcomes: str, baselines: bool, slo_class: str | None,
                    slo_ttft_s: float | None, slo_tpot_s: float | None, goodput: bool, goodput_requests: int,
                    bin_s: float, budgets_path: Path | None, cascade: bool, drafts_path: Path | None,
-                   tenant: str) -> None:
+                   tenant: str, scale: float) -> None:
     """Replay TRACE through policies and baselines on a simulated fleet; print the comparison
     and write report.txt, report.json, report.html and PNG plots to --out."""
     from pointsman.policy.budget.config import BudgetConfig
@@ -164,6 +167,10 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
         requests, texts, logged = _load_trace(trace, limit, start_s, end_s)
         if not requests:
             raise InputError(f"{trace}: no requests in the chosen window")
+        if scale != 1.0:
+            from pointsman.replay.goodput import scaled
+
+            requests = scaled(requests, scale)
         rows = None
         names = [n.strip() for n in outcomes.split(",") if n.strip() and n.strip() != "none"]
         if names and (texts is None or not any(texts)):  # no prompt text: draw it
@@ -201,6 +208,8 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
         "slo": f"TTFT <= {slo.ttft_s} s, TPOT <= {slo.tpot_s} s", "window_s": round(runs[0].result.window_s, 1),
         "budgets": f"{budgets_path} (tenant:{tenant})" if budgets_path else "none",
         "wall_s": round(wall, 2), "slo_class": slo_name, "cascade": cascade_note}
+    if scale != 1.0:
+        meta["scale"] = scale
     if skipped:
         meta["skipped"] = skipped
     if not any(r.block_hashes for r in requests):

@@ -73,6 +73,7 @@ class ReplayMeta(TypedDict):
     goodput_limit: NotRequired[str]
     goodput_ceiling: NotRequired[str]
     goodput_floor: NotRequired[dict[str, object]]
+    scale: NotRequired[float]
 
 
 class Series(TypedDict):

@@ -140,6 +140,39 @@ def test_bad_input_is_one_error_line(tmp_path: Path, plan_files: tuple[Path, Pat
     assert "Traceback" not in result.output
 
 
+def test_a_plan_at_a_traffic_scale_is_reproduced_at_that_scale(tmp_path: Path, plan_files: tuple[Path, Path]) -> None:
+    """Planned at x2 (--scale 2,3), the recommendation's SLO attainment, TTFT p99 and cost are those of
+    the trace at twice its rate; its reproduce command replayed the trace at its own rate ('# at the
+    trace's own rate; planned at x2'), so the fleet file's "Reproduce the numbers with" did not: 80
+    Poisson arrivals at 6/s of 8,192-token prompts, recommended 'small A0 P3 D1' with TTFT p99 0.497 s
+    at x2, replayed 0.242 s. `pointsman replay --scale` replays the planned rate."""
+    import random
+
+    fleet, policy = plan_files
+    rng, t, lines = random.Random(1), 0.0, []
+    for i in range(80):
+        t += rng.expovariate(6.0)
+        lines.append(json.dumps({"timestamp": int(t * 1000), "input_length": 8192, "output_length": 32,
+                                 "hash_ids": list(range(i * 16, i * 16 + 16))}))
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    report, _ = _plan(tmp_path, fleet, policy, trace, "--scale", "2,3", "--workers", "1", "--max-replays", "30")
+    rec = report["recommended"]
+    assert rec is not None and rec["scale"] == 1.0  # the plan's own scale: x2 of the trace
+    reproduce = shlex.split(report["meta"]["reproduce"])[1:]
+    assert reproduce[reproduce.index("--scale") + 1] == "2.0"  # before: no --scale, a comment
+    replayed = CliRunner().invoke(main, [*reproduce, "--out", str(tmp_path / "replay")])
+    assert replayed.exit_code == 0, replayed.output
+    doc = json.loads((tmp_path / "replay" / "report.json").read_text())
+    summary = doc["runs"]["policy"]["summary"]
+    assert doc["meta"]["scale"] == 2.0
+    assert summary["slo_attainment"] == pytest.approx(rec["slo_attainment"])
+    assert summary["ttft_p99_s"] == pytest.approx(rec["ttft_p99_s"])  # before: 0.242 s replayed, 0.497 planned
+    assert summary["tpot_p99_s"] == pytest.approx(rec["tpot_p99_s"])
+    assert _planned_month(summary, _span_s(trace) / 2, rec) == pytest.approx(
+        (rec["usd_per_month"], rec["usd_per_mtok"]), rel=1e-9)
+
+
 def test_bad_trace_is_one_error_line(tmp_path: Path, plan_files: tuple[Path, Path]) -> None:
     fleet, policy = plan_files
     trace = tmp_path / "trace.jsonl"
