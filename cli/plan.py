@@ -41,6 +41,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from pointsman.replay.sim_fleet import SimFleet
 
 
+def _quality(q: float) -> str:
+    """A mean quality 0-1 for the report: 3 decimals, ``n/a`` when NaN (no outcome rows)."""
+    return "n/a" if math.isnan(q) else f"{q:.3f}"
+
+
 def _apart(x: float, y: float) -> tuple[str, int]:
     """(``x`` with 3 to 8 decimals, the decimals): the fewest at which ``x`` and ``y`` print apart
     (a quality 0.91667 under a floor of 0.91675 both read 0.917 at 3)."""
@@ -254,7 +259,7 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
             click.echo(f"[{elapsed:5.0f}s] {where} {r.label}: invalid ({r.error})", err=True)
             return
         click.echo(f"[{elapsed:5.0f}s] {where} #{n:<3d} {r.label}{scale}: ${r.usd_per_month:,.0f}/month, SLO "
-                   f"{r.slo_attainment:.1%}, quality {'n/a' if math.isnan(r.quality) else f'{r.quality:.3f}'}, {r.gpus} GPUs, "
+                   f"{r.slo_attainment:.1%}, quality {_quality(r.quality)}, {r.gpus} GPUs, "
                    f"{r.wall_s:.1f}s{'  meets' if r.meets(goal) else ''}{'  ' + _overload(r) if r.overloaded else ''}",
                    err=True)
 
@@ -325,7 +330,7 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
         header = (f"Planned by `pointsman plan` for {trace.name} ({len(requests)} requests"
                   f"{f' at x{scales[0]:g} their rate' if scales[0] != 1 else ''}, SLO class {slo_name}, "
                   f"goal {goal:.0%}) with {policy_file.name}:\n{rec.label}: ${rec.usd_per_month:,.0f}/month, "
-                  f"SLO {rec.slo_attainment:.1%}, quality {rec.quality:.3f}.\nEndpoint URLs of added replicas are "
+                  f"SLO {rec.slo_attainment:.1%}, quality {_quality(rec.quality)}.\nEndpoint URLs of added replicas are "
                   f"placeholders. Reproduce the numbers with:\n{reproduce}")
         fleet_file = out_dir / "fleet.yaml"
         fleet_file.write_text(space.fleet_text(rec.shape, header, {"reproduce": reproduce}), encoding="utf-8")
@@ -346,7 +351,7 @@ def plan_command(trace: Path, fleet_path: Path | None, policy_path: Path | None,
         lines.append(f"recommended: {rec.label}: ${rec.usd_per_month:,.0f}/month (on-prem "
                      f"${rec.onprem_usd_per_month:,.0f}, frontier ${rec.frontier_usd_per_month:,.0f}, KV tier "
                      f"${rec.kv_usd_per_month:,.0f}), {rec.gpus} GPUs, SLO {rec.slo_attainment:.1%}, quality "
-                     f"{rec.quality:.3f}, ${rec.usd_per_mtok:.2f}/M output tokens"
+                     f"{_quality(rec.quality)}, ${rec.usd_per_mtok:.2f}/M output tokens"
                      + (f" ({1 - rec.usd_per_mtok / reference[1]:.1%} below all-frontier's ${reference[1]:.2f})"
                         if reference is not None and reference[1] > 0 else "") + ", on-prem utilization "
                      f"{rec.utilization:.1%} (prefill {rec.prefill_utilization:.1%}, decode {rec.decode_utilization:.1%})")

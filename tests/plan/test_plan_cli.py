@@ -156,8 +156,10 @@ def test_a_plan_at_a_traffic_scale_is_reproduced_at_that_scale(tmp_path: Path, p
                                  "hash_ids": list(range(i * 16, i * 16 + 16))}))
     trace = tmp_path / "trace.jsonl"
     trace.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    report, _ = _plan(tmp_path, fleet, policy, trace, "--scale", "2,3", "--workers", "1", "--max-replays", "30")
+    report, output = _plan(tmp_path, fleet, policy, trace, "--scale", "2,3", "--workers", "1", "--max-replays", "30")
     rec = report["recommended"]
+    # no outcome rows: no quality, said so (before: "quality nan" in the recommendation and the fleet file)
+    assert "quality n/a" in output and "nan" not in output and "nan" not in (tmp_path / "out" / "fleet.yaml").read_text()
     assert rec is not None and rec["scale"] == 1.0  # the plan's own scale: x2 of the trace
     reproduce = shlex.split(report["meta"]["reproduce"])[1:]
     assert reproduce[reproduce.index("--scale") + 1] == "2.0"  # before: no --scale, a comment
