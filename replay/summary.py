@@ -16,8 +16,9 @@ Definitions:
   **goodput** = such requests / window seconds; **cost per SLO-meeting request** = total
   cost / such requests (``usd_per_slo_request``).
 - **max goodput** (``replay.goodput``, when searched): DistServe's goodput, the highest
-  arrival rate at which at least 90% of requests meet both objectives, with frontier
-  targets disabled (``max_goodput_rps``), and per on-prem GPU (``max_goodput_rps_per_gpu``).
+  arrival rate at which at least 90% of requests meet both objectives and no on-prem pool is
+  overloaded (``pool_loads`` above 1), with frontier targets disabled (``max_goodput_rps``), and
+  per on-prem GPU (``max_goodput_rps_per_gpu``).
 - **prefix hit ratio**: prompt tokens found in the replica's prefix cache / prompt
   tokens of completed on-prem requests; **restored ratio**: the same for tokens
   restored from a shared KV tier.
