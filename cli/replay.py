@@ -117,7 +117,7 @@ def _load_trace(path: Path, limit: int | None, start_s: float | None, end_s: flo
               help="Answers per model and prompt (prompt_id, model, output); default the shared AlpacaEval answers.")
 @click.option("--tenant", default="replay", show_default=True,
               help="Tenant of every replayed request: its budget scope is tenant:<tenant>.")
-@click.option("--scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+@click.option("--scale", type=FiniteFloat(), default=1.0, show_default=True,
               help="Traffic scale: the (sliced) trace's arrival times after its first divided by it, e.g. 2 = twice "
                    "the rate (as `pointsman plan --scale`).")
 def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Path, ...], seed: int,
@@ -139,6 +139,8 @@ def replay_command(trace: Path, fleet_path: Path | None, policy_paths: tuple[Pat
     from pointsman.replay.summary import SLO
     from pointsman.request import request_scopes
 
+    if scale <= 0:
+        raise click.BadParameter(f"expected a positive number, got {scale:g}", param_hint="--scale")
     if not goodput and click.get_current_context().get_parameter_source("goodput_requests") is not ParameterSource.DEFAULT:
         raise click.BadParameter("it applies to --goodput (the goodput search), which is off", param_hint="--goodput-requests")
     try:

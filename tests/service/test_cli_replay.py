@@ -128,6 +128,9 @@ def test_replay_bad_input_is_one_error_line_exit_2(tmp_path: Path) -> None:
         ("--start-s", "nan"): "'--start-s': 'nan' is not a finite number",  # before: taken as no start
         ("--end-s", "inf"): "'--end-s': 'inf' is not a finite number",
         ("--goodput-requests", "500"): "--goodput-requests: it applies to --goodput",  # before: ignored, no goodput
+        ("--scale", "nan"): "'--scale': 'nan' is not a finite number",  # a ValueError traceback, as first written
+        ("--scale", "inf"): "'--scale': 'inf' is not a finite number",  # every arrival at one instant
+        ("--scale", "0"): "--scale: expected a positive number, got 0",
     }
     for extra, message in cases.items():
         out = [] if "--out" in extra else ["--out", str(tmp_path / "out")]
