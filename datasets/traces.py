@@ -162,8 +162,8 @@ def iter_mooncake(
     ``arrival_s`` = (timestamp - first timestamp) / 1000. ``block_hashes`` is the
     tuple of ``hash_ids`` (``None`` if the key is absent). Blank lines are skipped.
     Raises ``DataError("file:line: ...")`` naming the key for invalid JSON, a missing
-    or non-integer field, a ``hash_ids`` that is not a list of integers, or time
-    going backwards.
+    or non-integer field, a ``hash_ids`` that is not a list of integers or does not hold one
+    id per ``MOONCAKE_BLOCK_TOKENS``-token block of the prompt, or time going backwards.
     """
     return _sliced(_mooncake_rows(Path(path)), limit, start_s, end_s)
 
@@ -203,6 +203,10 @@ def _mooncake_request(row: dict[str, object], where: str, arrival_s: float) -> T
         return TraceRequest(arrival_s, prompt, output, None)
     if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes):
         raise DataError(f"{where}: column 'hash_ids': expected a list of integers")
+    blocks = -(-prompt // MOONCAKE_BLOCK_TOKENS)
+    if len(hashes) != blocks:  # the simulator's prefix cache and the frontier's prompt cache read one id per block
+        raise DataError(f"{where}: column 'hash_ids': {len(hashes)} block ids for {prompt} prompt tokens; expected "
+                        f"{blocks} (one per {MOONCAKE_BLOCK_TOKENS}-token block, the last may be partial)")
     return TraceRequest(arrival_s, prompt, output, tuple(hashes))
 
 

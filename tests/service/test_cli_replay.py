@@ -268,3 +268,21 @@ def test_a_goodput_is_a_rate_the_fleet_file_throughputs_can_sustain(tmp_path: Pa
     assert any(p["load"] > 1.0 and p["attainment"] >= 0.9 and not p["passed"] for p in g["points"])
     assert "overloaded" in (out / "report.txt").read_text().split("goodput search")[1]
 
+
+
+@pytest.mark.parametrize("command", ["replay", "plan"])
+@pytest.mark.parametrize("hash_ids", [list(range(8)), [0]])
+def test_hash_ids_not_one_per_block_are_one_error_line(tmp_path: Path, command: str, hash_ids: list[int]) -> None:
+    """A Mooncake row's hash_ids name the prompt's 512-token blocks: 600 tokens are 2 blocks. 8 ids (or 1)
+    raised the simulator's ValueError, a traceback, once the row was routed on-prem (p_hard 0.1), and
+    went unnoticed on a frontier tier."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 100, "output_length": 5, "hash_ids": [9]}\n'
+                     + json.dumps({"timestamp": 3000, "input_length": 600, "output_length": 5, "hash_ids": hash_ids})
+                     + "\n", encoding="utf-8")
+    res = CliRunner().invoke(main, [command, str(trace), "--estimator", "fixed:0.1", "--outcomes", "none",
+                                    "--out", str(tmp_path / "out"),
+                                    *(["--no-baselines"] if command == "replay" else ["--max-replays", "1"])])
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output and res.output.count("Error") == 1, res.output
+    assert f"t.jsonl:2: column 'hash_ids': {len(hash_ids)} block ids for 600 prompt tokens; expected 2" in res.output
