@@ -481,7 +481,9 @@ def _tuning(policy_file: Path, specs: tuple[str, ...], texts: Sequence[TraceMess
             estimator: Estimator, prices_usd: Sequence[float] = ()) -> TuningSpace:
     """The policy settings to search (``plan.tuning``): ``--tune`` specs, or the default knobs;
     quantiles from the estimator's p_hard over the trace's prompts and of ``prices_usd`` (each
-    request's frontier price, ``_frontier_prices``). Raises ``InputError``."""
+    request's frontier price, ``_frontier_prices``). Without prompt text (``--outcomes none`` on a
+    trace without it) the default p_hard knobs are left out: the policy's thresholds stay as
+    written. Raises ``InputError`` (a ``--tune`` spec it cannot resolve)."""
     import yaml
 
     from pointsman.plan.tuning import TuningSpace, default_knobs, parse_tune, resolve
@@ -492,8 +494,10 @@ def _tuning(policy_file: Path, specs: tuple[str, ...], texts: Sequence[TraceMess
     try:
         parsed = [parse_tune(s) for s in specs] if specs else default_knobs(doc)
         needs_scores = any(v.startswith("q") for _, values in parsed for v in values)
-        return TuningSpace(doc, resolve(doc, parsed, _trace_p_hard(texts, estimator) if needs_scores else [],
-                                        prices_usd))
+        scores = _trace_p_hard(texts, estimator) if needs_scores else []
+        if not specs and not scores:  # no prompt text to score: the default p_hard knobs keep the policy's values
+            parsed = [(name, values) for name, values in parsed if not any(v.startswith("q") for v in values)]
+        return TuningSpace(doc, resolve(doc, parsed, scores, prices_usd))
     except ValueError as exc:
         raise InputError(f"--tune {exc}") from None
 

@@ -574,3 +574,21 @@ def test_no_recommendation_names_the_closest_shape_at_digits_that_tell_it_from_t
     assert f"quality {floor:.5f}: no fleet file written" in line  # before: "quality 0.917"
     assert f"(the closest, {best['label']}, meets the SLO goal at quality {best['quality']:.5f}, under the floor " \
            f"{floor:.5f})" in line
+
+
+def test_a_plan_without_prompt_text_keeps_the_policys_thresholds(tmp_path: Path) -> None:
+    """No prompt text (--outcomes none on a token-count trace): the default knobs' p_hard quantiles have
+    no scores. `pointsman plan TRACE --estimator fixed:0.1 --outcomes none` on the packaged default
+    policy failed with "Error: --tune p_hard_frontier=q0.3: ... (no p_hard scores for a quantile)",
+    an option it was not given. It now plans with the policy's thresholds as written; a --tune
+    quantile the user asks for is still an error."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,800,100\n"
+                     "2023-11-16 18:17:05.9799600,900,100\n", encoding="utf-8")
+    args = ["plan", str(trace), "--estimator", "fixed:0.1", "--outcomes", "none", "--workers", "1", "--max-replays", "1",
+            "--out", str(tmp_path / "out")]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output  # before: 2, the --tune error
+    assert "recommended: " in res.output and not (tmp_path / "out" / "policy.yaml").exists()
+    asked = CliRunner().invoke(main, [*args, "--tune", "p_hard_frontier=q0.5"])
+    assert asked.exit_code == 2 and "no p_hard scores for a quantile" in asked.output
