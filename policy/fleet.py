@@ -135,7 +135,9 @@ class Pool(StrictModel):
     such a pass; absent: the batch share alone, the prefill work alone), and
     ``max_num_batched_tokens``, the engine's token budget per step (vLLM's
     ``--max-num-batched-tokens``: the largest prefill chunk a decode step can carry; replay's
-    simulator schedules the pool's replicas with it too).
+    simulator schedules the pool's replicas with it too). ``max_num_seqs``: sequences one replica runs
+    in a batch at most (vLLM's ``--max-num-seqs``; default 256, vLLM V1's for ``vllm serve`` below the
+    H100 class, 1024 on it): the endpoint pickers' bounded-load cap is never below it (``pickers.py``).
     """
 
     gpus_per_replica: PositiveInt
@@ -144,6 +146,7 @@ class Pool(StrictModel):
     kv_cache_capacity_tokens: PositiveInt | None = None
     decode_step_s: PositiveFloat | None = None
     max_num_batched_tokens: PositiveInt = 8192
+    max_num_seqs: PositiveInt = 256
     endpoints: list[Endpoint] = Field(min_length=1)
 
     @field_validator("endpoints", mode="before")

@@ -19,7 +19,7 @@
     endpoint_selection:           # inside the chosen pool (policy/selection/pickers.py)
       picker: min-cost
       bounded_load_epsilon: 0.25  # no endpoint above (1 + eps) x mean outstanding; null: off
-      bounded_load_floor: 2       # ... but the cap is never below 2 requests
+      bounded_load_floor: null    # ... but never below this; null: the pool's max_num_seqs (256 unless set)
       fallback_endpoints: 2       # endpoints listed after the chosen one, per role
     disaggregation:               # prefill/decode rules of thumb (policy/selection/pd_mode.py)
       min_uncached_prompt_tokens: 512

@@ -26,8 +26,11 @@ outstanding requests counting this one (N outstanding over the pool's n healthy
 endpoints; an endpoint read as saturated, ``on_stale: saturated``, is left out of N and n: its
 count is made up), so one hot prefix cannot pile every request on the replica that caches
 it; over-cap endpoints rank after every endpoint under the cap. The ``floor``
-(default 2) keeps a lightly loaded pool from bouncing a session off its cache
-because its endpoint holds one request more than an idle one. **Health**: endpoints
+(default: the pool's ``max_num_seqs``, what one replica batches, 256 unless the fleet says)
+keeps a pool below that load from bouncing a session off its cache: up to a full batch an extra
+request waits for no one, and its cost (a share of the decode steps, ``decode-load``) is priced in
+seconds against the cache it reuses. Before, a floor of 2 ranked a replica holding 1,113 of a
+1,129-token prompt (0.032 s against 0.066 s cold) last once it had 2 requests in flight. **Health**: endpoints
 marked unhealthy are never chosen. The chosen endpoint comes first, then up to
 ``fallback_endpoints`` more in cost order.
 
@@ -55,13 +58,13 @@ class EndpointSelectionSpec(StrictModel):
     """Endpoint choice inside the chosen pool (``policy/selection/pickers.py``): ``picker`` (a name in
     ``PICKERS``), ``bounded_load_epsilon`` (cap on an endpoint's outstanding requests at
     (1 + eps) × the pool's mean, counting this request; null: no cap),
-    ``bounded_load_floor`` (the cap is never below this many requests: at low load cache
-    reuse matters more than perfect balance), ``fallback_endpoints`` (endpoints listed after
-    the chosen one, per role)."""
+    ``bounded_load_floor`` (the cap is never below this many requests; null: the pool's
+    ``max_num_seqs``, a replica's batch: below it cache reuse matters more than perfect balance),
+    ``fallback_endpoints`` (endpoints listed after the chosen one, per role)."""
 
     picker: str = "min-cost"
     bounded_load_epsilon: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = 0.25
-    bounded_load_floor: Annotated[int, Field(ge=1)] = 2
+    bounded_load_floor: Annotated[int, Field(ge=1)] | None = None
     fallback_endpoints: Annotated[int, Field(ge=0, le=64)] = 2
 
 
@@ -384,7 +387,10 @@ class MinCostPicker:
         counted = view.healthy  # a saturated reading's count is made up: it would lift the cap
         if any(x is not None and x.saturated for x in view.loads):
             counted = [ok and (x is None or not x.saturated) for ok, x in zip(view.healthy, view.loads)]
-        cap = bounded_load_cap(outstanding, counted, self.epsilon, self.floor)
+        floor = self.floor
+        if floor is None:  # a replica's batch; the smallest when endpoints are borrowed from another pool
+            floor = min((p.max_num_seqs for p in (view.pool, *view.extra_pools.values()) if p is not None), default=1)
+        cap = bounded_load_cap(outstanding, counted, self.epsilon, floor)
         excluded: dict[int, str] = {}
         # rank = cost, plus _OVER_CAP_S over the cap (after every endpoint under it); unhealthy: left out
         rank = costs[:]

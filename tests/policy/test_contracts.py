@@ -608,7 +608,7 @@ def test_the_cases_cover_the_edges():
     assert {c.role for c in cases} == set(ROLE_SCORERS)
     views = [build_view(fleet, c) for c in cases if c.loads == "busy" and c.prefix == "matched" and c.health == "all"]
     assert any(any(v.hits()[0]) and any(v.hits()[1]) for v in views)
-    picks = [MinCostPicker(EndpointSelectionSpec(bounded_load_epsilon=0.0)).pick(c.inp, build_view(fleet, c)) for c in cases
+    picks = [MinCostPicker(EndpointSelectionSpec(bounded_load_epsilon=0.0, bounded_load_floor=1)).pick(c.inp, build_view(fleet, c)) for c in cases
              if c.loads == "busy"]
     assert any("over-cap" in p.excluded.values() for p in picks)
     tied = [MinCostPicker(EndpointSelectionSpec()).pick(c.inp, build_view(fleet, c)) for c in cases

@@ -95,10 +95,14 @@ def test_bounded_load_keeps_a_hot_prefix_from_piling_on_one_endpoint():
     lk = idx.lookup(hashes, prompt_tokens=5000)
     # e0 holds the prefix but 6 of the pool's 6 outstanding requests: cap = max(2, ceil(1.25 * 7 / 4)) = 3
     loads = [reading(0, running=6), reading(1), reading(2), reading(3)]
-    pick = picker().pick(PickInput(5000, 10), view(loads, prefix=lk))
+    pick = picker(bounded_load_floor=2).pick(PickInput(5000, 10), view(loads, prefix=lk))
     assert pick.cap == 3 and pick.excluded == {0: "over-cap"}
     assert pick.chosen != 0 and 0 not in pick.order  # 3 endpoints under the cap fill chosen + 2 fallbacks
-    assert picker(fallback_endpoints=3).pick(PickInput(5000, 10), view(loads, prefix=lk)).order[-1] == 0
+    assert picker(bounded_load_floor=2, fallback_endpoints=3).pick(PickInput(5000, 10), view(loads, prefix=lk)).order[-1] == 0
+    # the default floor is what a replica batches (the pool's max_num_seqs): under a full batch the cache wins
+    assert picker().pick(PickInput(5000, 10), view(loads, prefix=lk)).chosen == 0
+    small = PoolView("t", "aggregated", POOL.model_copy(update={"max_num_seqs": 6}), EPS, loads, [True] * 4, lk)
+    assert picker().pick(PickInput(5000, 10), small).excluded == {0: "over-cap"}
     # without the guard the cache wins: its prefill saving outweighs its decode load
     assert picker(bounded_load_epsilon=None).pick(PickInput(5000, 10), view(loads, prefix=lk)).chosen == 0
 

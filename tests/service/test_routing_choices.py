@@ -126,6 +126,7 @@ def test_the_small_pool_guard_counts_healthy_gpus_only(tmp_path):
 def test_one_stale_saturated_endpoint_leaves_the_bounded_load_cap_on(tmp_path):
     clock = Clock()
     policy = {"signals": {"load": {"max_age_s": 5, "on_stale": "saturated"}},
+              "endpoint_selection": {"bounded_load_floor": 2},  # the default, a replica's batch, would not bind here
               "rules": [{"name": "default", "route": {"target": "onprem-8b"}}]}
     with _client(tmp_path, _fleet({"aggregated": _pool(4, "e")}), policy, clock) as c:
         idle = {"num_requests_running": 0, "num_requests_waiting": 0}
