@@ -27,7 +27,7 @@ from typing import TypeAlias, TypedDict
 
 from pointsman.policy.budget.ledger import BudgetSnapshot, LedgerUnavailable
 from pointsman.policy.cost import CostEstimate, estimate_cost, pool_utilization, target_prompt_tokens
-from pointsman.policy.fleet import Fleet, FrontierTarget, Pool, SLOClass, phase_roles
+from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget, Pool, SLOClass, phase_roles
 from pointsman.policy.rules.compiler import CompiledPolicy, Plan
 from pointsman.policy.selection import latency
 from pointsman.policy.selection.latency import Prediction
@@ -194,19 +194,27 @@ def resolve_mode(policy: CompiledPolicy, fleet: Fleet, source: SignalSource, tar
     reading ``source.local_hit_ratio(target)`` and ``load[target].prefill_saturated`` from
     ``source`` only when the target could disaggregate, and ``predict[target]`` for an ``auto``
     route under ``disaggregation.by_prediction``; ``predicted``: the (aggregated, disaggregated)
-    SLO scores to compare instead, whatever ``by_prediction`` says (``predict[target]``'s own mode)."""
+    SLO scores to compare instead, whatever ``by_prediction`` says (``predict[target]``'s own mode). A
+    disaggregated decision's ``inputs.uncached_prompt_tokens`` is the prompt less what its prefill replica holds;
+    the rules' count (where it would run aggregated) is ``inputs.aggregated_uncached_prompt_tokens``."""
     t = fleet.targets[target]
     if "disaggregated" not in t.modes or route_mode == "aggregated":
         return ModeDecision(route_mode if route_mode in t.modes else t.modes[0],
                             "the route says aggregated" if route_mode == "aggregated"
                             else "the target has no prefill/decode pools", {"route_mode": route_mode})
-    return decide_mode(policy.disaggregation, t, route_mode, prompt_tokens=source.target_prompt_tokens(target),
-                       output_tokens=source.output_tokens(target),
-                       prefix_hit_ratio=source.local_hit_ratio(target),
-                       prefill_saturated=bool(source.load(target)["prefill_saturated"]),
-                       gpus=source.pd_pool_gpus(target),
-                       predicted=predicted or ((lambda: _scores(source, target)) if policy.disaggregation.by_prediction
-                                               else None))
+    prompt = source.target_prompt_tokens(target)
+    out = decide_mode(policy.disaggregation, t, route_mode, prompt_tokens=prompt,
+                      output_tokens=source.output_tokens(target),
+                      prefix_hit_ratio=source.local_hit_ratio(target),
+                      prefill_saturated=bool(source.load(target)["prefill_saturated"]),
+                      gpus=source.pd_pool_gpus(target),
+                      predicted=predicted or ((lambda: _scores(source, target)) if policy.disaggregation.by_prediction
+                                              else None))
+    if out.mode == "disaggregated":  # the trace shows what the prefill replica computes; the rules read the aggregated
+        inputs = {**out.inputs, "aggregated_uncached_prompt_tokens": out.inputs["uncached_prompt_tokens"],
+                  "uncached_prompt_tokens": round(prompt * (1.0 - source.local_hit_ratio(target, "prefill")))}
+        out = ModeDecision(out.mode, out.reason, inputs)
+    return out
 
 
 class LiveSignals:
@@ -354,9 +362,12 @@ class LiveSignals:
                 for i in ids:
                     if i not in self.subset:
                         self.dropped.setdefault(i, SUBSET_REASON)
+            link = None
+            if role == "decode" and isinstance(t, OnPremTarget) and t.kv_bytes_per_token:
+                link = (t.kv_bytes_per_token / latency.kv_link_bytes_per_s(t, t.pools.prefill), latency.LINK_LATENCY_S)
             view = PoolView(target, role, pool, eps, list(map(got.get, ids)), flags,
                             self.lookup(target), self.state.shared_tier(target),
-                            positions=self.fleet.positions.get(key))
+                            positions=self.fleet.positions.get(key), kv_link=link)
             self._views[key] = view
         return view
 
@@ -509,12 +520,13 @@ class LiveSignals:
         self._cache[target] = out
         return out
 
-    def local_hit_ratio(self, target: str) -> float:
+    def local_hit_ratio(self, target: str, role: str = "aggregated") -> float:
         """Share 0-1 of the prompt (its tokens on ``target``) cached on the endpoint an aggregated request would
         run on there: the aggregated picker's first choice (``aggregated_view``), 0 when it has none. What the P/D
         rules of thumb read: ``cache(target)``'s longest prefix may sit where the request would not run (a decode
-        endpoint holding under ``max_local_hit_ratio``, or one the picker ranks after a cold one)."""
-        pick = self.pick(target, "aggregated")
+        endpoint holding under ``max_local_hit_ratio``, or one the picker ranks after a cold one). ``role``
+        ``prefill``: the prefill picker's first choice (where a disaggregated request prefills)."""
+        pick = self.pick(target, role)
         if pick.chosen is None:
             return 0.0
         return min(1.0, pick.view.hit(pick.chosen)[0] / max(1, self.target_prompt_tokens(target)))
@@ -766,7 +778,7 @@ class StaticSignals:
         """``signals["_cache"][target]``."""
         return self.signals["_cache"][target]
 
-    def local_hit_ratio(self, target: str) -> float:
+    def local_hit_ratio(self, target: str, role: str = "aggregated") -> float:
         """``cache[target].prefix_hit_ratio``: a snapshot names no endpoint, so its hit is where the request runs."""
         return float(self.cache(target)["prefix_hit_ratio"])
 

@@ -18,9 +18,11 @@ tier's restore when that is faster (``pickers.PrefillWorkScorer``); ``decode_ste
 first token needs at least one forward pass, which reads every weight once as a lone decode
 step does (a 6-token prompt on the packaged 70B replicas: 21 ms, not its 0.5 ms of work; the
 replay simulator's prefill step: 22.6 ms, ``replay/hardware.py``); absent: no floor; in the
-trace as ``prefill_floor_s``. ``transfer_s``: the
-prompt's KV over the prefill replica's link, ``latency + prompt × kv_bytes_per_token / link``
-(``transfer_s``; Mooncake's transfer engine measured 1.8 ms + bytes / 168 GB/s over 4 NICs).
+trace as ``prefill_floor_s``. ``transfer_s``: the KV of the
+prompt's tokens the chosen decode endpoint does not hold over the prefill replica's link,
+``latency + (prompt - decode_cached) × kv_bytes_per_token / link`` (``transfer_s``; vLLM's P/D
+connectors read only the blocks missing from the decode side's prefix cache; Mooncake's transfer
+engine measured 1.8 ms + bytes / 168 GB/s over 4 NICs).
 
 **TPOT** (seconds, the mean over the answer, as replay and DistServe measure it)::
 
@@ -152,13 +154,19 @@ def slo_of(fleet: Fleet, slo_class: str) -> SLOClass:
     return classes[slo_class] if slo_class in classes else fleet.slo()
 
 
-def transfer_s(prompt_tokens: int, kv_bytes_per_token: int | None, link_bytes_per_s: float,
+def transfer_s(tokens: int, kv_bytes_per_token: int | None, link_bytes_per_s: float,
                latency_s: float = LINK_LATENCY_S) -> float:
-    """Seconds to send the prompt's KV from a prefill to a decode replica:
-    ``latency_s + prompt_tokens × kv_bytes_per_token / link_bytes_per_s`` (0 without a KV size)."""
-    if not kv_bytes_per_token:
+    """Seconds to send ``tokens`` tokens' KV from a prefill to a decode replica:
+    ``latency_s + tokens × kv_bytes_per_token / link_bytes_per_s`` (0 without a KV size or tokens)."""
+    if not kv_bytes_per_token or tokens <= 0:
         return 0.0
-    return latency_s + prompt_tokens * kv_bytes_per_token / link_bytes_per_s
+    return latency_s + tokens * kv_bytes_per_token / link_bytes_per_s
+
+
+def kv_link_bytes_per_s(target: OnPremTarget, prefill: Pool | None) -> float:
+    """Bytes per second a prefill replica of ``prefill`` sends KV at: ``target.kv_link_bytes_per_s``,
+    else one ``NIC_BYTES_PER_S`` NIC per GPU of the replica."""
+    return target.kv_link_bytes_per_s or NIC_BYTES_PER_S * (prefill.gpus_per_replica if prefill is not None else 1)
 
 
 def binomial_quantile(m: int, q: float, quantile: float) -> int:
@@ -260,9 +268,10 @@ def onprem(target_name: str, target: OnPremTarget, mode: str, picks: tuple[PoolP
         tpot = tpot_s(pool, batch, output_tokens, prefill_share=share or 0.0, kv_short=short)
         stall = batch_tpot_s(pool, batch, running, queue + work)
     else:
-        link = target.kv_link_bytes_per_s or NIC_BYTES_PER_S * (pool_p.gpus_per_replica if pool_p is not None else 1)
-        moved = transfer_s(prompt_tokens, target.kv_bytes_per_token, link)
-        inputs["link_bytes_per_s"] = link
+        link = kv_link_bytes_per_s(target, pool_p)
+        held = main.view.hit(j)[0]  # the decode side reads only the blocks it lacks
+        moved = transfer_s(prompt_tokens - held, target.kv_bytes_per_token, link)
+        inputs["link_bytes_per_s"], inputs["decode_cached_tokens"] = link, held
         tpot = tpot_s(pool, batch, output_tokens, kv_short=short)
     return Prediction(target_name, mode, queue + prefill + moved, tpot, queue, prefill, moved,
                       main.view.endpoints[j].id, inputs, stall)

@@ -11,14 +11,16 @@ cheapest endpoint, so cache reuse and load trade off in one physical unit:
   is faster;
 - ``queue`` (``QueueScorer``): prefill work already queued on the endpoint;
 - ``decode-load`` (``DecodeLoadScorer``): this request's decode time given the
-  endpoint's batch.
+  endpoint's batch;
+- ``transfer`` (``TransferScorer``): the P/D transfer of the prompt's KV the decode endpoint
+  does not hold (a multi-turn conversation's previous turn stays on its decode replica).
 
 This is the shape of Dynamo's KV router cost (``kv_overlap_score_weight ×
 prefill blocks + active decode blocks``, lower is better) with blocks turned into
 seconds by the pool's throughputs, and of Mooncake's Conductor, which sends a
 request to the instance with the least predicted TTFT (queueing + prefill given the
 prefix it can reuse or fetch). Roles: aggregated pools use all three scorers; a
-prefill pool ``prefill-work`` + ``queue``; a decode pool ``decode-load`` + ``queue``.
+prefill pool ``prefill-work`` + ``queue``; a decode pool ``decode-load`` + ``queue`` + ``transfer``.
 
 **Bounded load** (Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing with Bounded
 Loads", 2018): no endpoint may hold more than ``max(floor, ceil((1 + eps) × (N + 1) / n))``
@@ -90,7 +92,9 @@ class PoolView:
     throughputs apply (None for a frontier API: one endpoint, no throughputs);
     ``extra_pools``: per endpoint index, another pool for endpoints borrowed from it
     (decode endpoints prefilling locally in an aggregated pick). ``role``: what the
-    chosen endpoint does (``aggregated``, ``prefill``, ``decode``, ``api``)."""
+    chosen endpoint does (``aggregated``, ``prefill``, ``decode``, ``api``). ``kv_link``: on a
+    decode pool, ``(seconds per token of KV sent from a prefill replica, seconds of link latency)``
+    (None: no transfer cost known)."""
 
     target: str
     role: str
@@ -102,6 +106,7 @@ class PoolView:
     shared: SharedKVTier | None = None
     extra_pools: dict[int, Pool] = field(default_factory=dict)
     positions: dict[str, int] | None = None
+    kv_link: tuple[float, float] | None = None
     _hits: tuple[list[int], list[int]] | None = field(default=None, repr=False)
     _outstanding: list[int] | None = field(default=None, repr=False)
 
@@ -264,15 +269,36 @@ class DecodeLoadScorer:
         return [out * (b + 1) / rate for b, rate in zip(view.outstanding(), rates)]
 
 
+class TransferScorer:
+    """Seconds to send the KV of the prompt's tokens the decode endpoint does not hold from the
+    prefill replica (vLLM's P/D connectors read only the blocks missing from the decode side's
+    prefix cache)::
+
+        transfer_s = latency_s + (P - L) × s_per_token     (0 when L >= P)
+
+    P: prompt tokens; L: tokens of its prefix cached on the endpoint; ``(s_per_token, latency_s)``:
+    the view's ``kv_link`` (None: 0 for all)."""
+
+    name = "transfer"
+
+    def score(self, inp: PickInput, view: PoolView) -> list[float]:
+        """Seconds per endpoint (see the class docstring)."""
+        if view.kv_link is None:
+            return [0.0] * len(view.endpoints)
+        per_token, latency_s = view.kv_link
+        p = inp.prompt_tokens
+        return [latency_s + (p - local) * per_token if local < p else 0.0 for local in view.hits()[0]]
+
+
 #: Scorers by name (each constructed with no arguments).
 SCORERS: dict[str, Callable[[], Scorer]] = {"prefill-work": PrefillWorkScorer, "queue": QueueScorer,
-                                           "decode-load": DecodeLoadScorer}
+                                           "decode-load": DecodeLoadScorer, "transfer": TransferScorer}
 
 #: Scorers per pool role (``api``: a frontier endpoint, nothing to choose).
 ROLE_SCORERS: dict[str, tuple[str, ...]] = {
     "aggregated": ("prefill-work", "queue", "decode-load"),
     "prefill": ("prefill-work", "queue"),
-    "decode": ("decode-load", "queue"),
+    "decode": ("decode-load", "queue", "transfer"),
     "api": (),
 }
 

@@ -365,7 +365,8 @@ SIGNALS: dict[str, Namespace] = {
                                     "counted as prefill_queue_s is)"),
         "prefill_s": Signal("double", "the part of ttft_s for this request's own prefill: its "
                                       "uncached tokens' work, at least one forward pass (decode_step_s)"),
-        "transfer_s": Signal("double", "the part of ttft_s for the P/D KV transfer (0 aggregated)"),
+        "transfer_s": Signal("double", "the part of ttft_s for the P/D KV transfer of the prompt tokens the chosen decode "
+                                     "endpoint does not hold, seconds (0 aggregated)"),
         "aggregated_ttft_s": Signal("double", "ttft_s aggregated; null without that mode", nullable=True),
         "aggregated_tpot_s": Signal("double", "tpot_s aggregated; null without that mode", nullable=True),
         "aggregated_batch_tpot_s": Signal("double", "batch_tpot_s aggregated; null without that mode", nullable=True),

@@ -57,9 +57,9 @@ class SignalSource(Protocol):
         """``endpoint`` for ``target/role``: the picker's first choice there."""
         ...
 
-    def local_hit_ratio(self, target: str) -> float:
-        """Share 0-1 of the prompt cached on the endpoint an aggregated request would run on at ``target`` (what
-        the P/D rules of thumb read)."""
+    def local_hit_ratio(self, target: str, role: str = "aggregated") -> float:
+        """Share 0-1 of the prompt cached on the endpoint a request would run on at ``target``: an aggregated one
+        (what the P/D rules of thumb read), or with ``role="prefill"`` the prefill endpoint of a disaggregated one."""
         ...
 
     def budget(self) -> BudgetSignals:

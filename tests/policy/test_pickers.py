@@ -15,6 +15,7 @@ from pointsman.policy.selection.pickers import (
     PoolView,
     PrefillWorkScorer,
     QueueScorer,
+    TransferScorer,
     bounded_load_cap,
 )
 from pointsman.policy.signals.load_board import SATURATED_WAITING, EndpointLoad
@@ -86,6 +87,19 @@ def test_min_cost_prefers_the_cached_endpoint_and_lists_fallbacks():
     trace = pick.trace()
     assert trace["candidates"][0]["endpoint"] == "e2" and trace["candidates"][0]["local_hit_tokens"] == 5000
     assert trace["candidates"][0]["rank"] == 0 and set(trace["candidates"][0]) >= {"prefill-work", "queue", "decode-load"}
+
+
+def test_transfer_counts_the_kv_the_decode_endpoint_lacks():
+    idx = PrefixIndex(block_tokens=100)
+    hashes = list(range(1, 51))
+    idx.record(EPS[1].id, hashes[:30])  # 3,000 of 5,000 tokens held on e1
+    idx.record(EPS[2].id, hashes)  # all of it on e2
+    v = PoolView("t", "decode", POOL, EPS, [None] * 4, [True] * 4, idx.lookup(hashes, prompt_tokens=5000),
+                 kv_link=(1e-4, 0.002))
+    # 0.002 s + untransferred tokens x 1e-4 s
+    assert TransferScorer().score(PickInput(5000, 10), v) == pytest.approx([0.502, 0.202, 0.0, 0.502])
+    assert picker().pick(PickInput(5000, 10), v).chosen == 2
+    assert TransferScorer().score(PickInput(5000, 10), view()) == [0.0] * 4  # no link known
 
 
 def test_bounded_load_keeps_a_hot_prefix_from_piling_on_one_endpoint():
