@@ -189,7 +189,10 @@ class TargetEvents(StrictModel):
     ``sha256_cbor``); ``hash_seed`` (the engines' ``PYTHONHASHSEED`` if they set one; vLLM ≥ 0.29
     otherwise seeds with a fixed string); both vLLM's only; ``block_size`` (tokens per block:
     vLLM's default 16; SGLang's ``--page-size``, default 1);
-    ``max_tokens`` (leading prompt tokens hashed per request). Endpoints name their event
+    ``max_tokens`` (leading prompt tokens hashed per request); ``shared_media`` (the media, as the events name
+    them, whose blocks are the target's ``shared_kv`` tier, reachable from every endpoint: a shared store's
+    connector; default none: a block on another medium than ``GPU``, such as vLLM's built-in ``CPU`` offload, is
+    the reporting replica's own, restorable there only; ``policy/signals/engine_cache.py``). Endpoints name their event
     sockets (``endpoints[].kv_events``); with events, the target's cache signals are what the
     engines report, not Pointsman's estimate."""
 
@@ -201,6 +204,7 @@ class TargetEvents(StrictModel):
     hash_seed: str | None = None
     block_size: PositiveInt = 16
     max_tokens: PositiveInt = 32768
+    shared_media: frozenset[Annotated[str, StringConstraints(min_length=1)]] = frozenset()
 
     @model_validator(mode="after")
     def _vllm_settings_for_vllm(self) -> TargetEvents:

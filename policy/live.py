@@ -328,8 +328,8 @@ class LiveSignals:
             else:
                 self.cache_sources[target] = "engine events" + (" (no chat template: approximate)"
                                                                 if cache.approximate else "")
-                found = cache.index.lookup(keys, prompt_tokens=self.prompt_tokens,
-                                           hashed_tokens=engine_tokens) if keys else None
+                found = cache.lookup(keys, prompt_tokens=self.prompt_tokens,
+                                     hashed_tokens=engine_tokens) if keys else None
                 self._lookups[target] = found
                 return found
         if target not in self.cache_sources:

@@ -7,10 +7,16 @@ blocks, ``BlockRemoved`` removes them, ``AllBlocksCleared`` or a gap in the stre
 endpoint's entries), fed by ``kv_events.EventApplier`` (it is a ``kv_events.KVBlockSink``). A
 request is matched against it through the same hashes, computed from its prompt's token ids
 as the engine computes them (``engine_hashes``: the target's tokenizer and chat template,
-vLLM's or SGLang's block hashing). Only the GPU tier counts as cached locally; blocks reported on other
-media (CPU offload, disk, an LMCache store) are the target's shared KV tier when the fleet declares one
-(``shared_kv``: reachable from every endpoint, so restorable anywhere at its bandwidth), else counted but
-not matched.
+vLLM's or SGLang's block hashing).
+
+Media: ``BlockStored``/``BlockRemoved`` name the medium (``GPU`` from vLLM's block pool; its offloading
+connector's tier, ``CPU`` for the built-in CPU offload), not whether that tier is the replica's own or shared
+by the fleet: the fleet says (``kv_events.shared_media``). Blocks on a shared medium are the target's
+``shared_kv`` tier (restorable on every endpoint at its bandwidth; counted only without one). Blocks on any other
+medium than the GPU are the reporting replica's own (vLLM's CPU offload lives in that engine's host memory): they
+extend that endpoint's match after its GPU blocks, as vLLM's scheduler looks its offloaded tier up after its GPU
+prefix hit, and count as held there (the reload over PCIe is not priced), nowhere else; its ``AllBlocksCleared``,
+a restart or a gap in its stream drops them with its GPU blocks.
 
 Memory: the index holds one entry per (block, endpoints) plus per-endpoint LRU order;
 ``scripts/bench_state.py`` measures bytes per block.
@@ -26,7 +32,7 @@ from pathlib import Path
 from pointsman.policy.fleet import TargetEvents
 from pointsman.policy.signals.engine_hashes import EngineHasher, TargetTokenizer
 from pointsman.policy.signals.kv_events import FULL_ATTENTION, GPU, BlockStored, hash_key
-from pointsman.policy.signals.prefix_index import PrefixIndex, SharedKVTier
+from pointsman.policy.signals.prefix_index import PrefixIndex, PrefixLookup, SharedKVTier
 from pointsman.request import RequestView
 
 #: Blocks an endpoint may hold in the index at most when the fleet gives no KV capacity (the
@@ -60,29 +66,45 @@ class EngineCache:
                                  shared=None if shared is None else replace(shared, write_through=False))
         self._lock = threading.Lock()
         self._other_media = 0
+        self._offloaded: dict[str, set[int]] = {}  # endpoint -> blocks in its own non-GPU tier
         self._roots: dict[str, list[int]] = {}
 
     # -- kv_events.KVBlockSink
 
     def store_blocks(self, endpoint_id: str, keys: Sequence[int], medium: str) -> None:
-        """The endpoint's engine holds these blocks now (idempotent)."""
-        if medium != GPU:
-            with self._lock:
-                self._other_media += len(keys)
-            self.index.offload(keys)  # no-op without a shared tier
+        """The endpoint's engine holds these blocks now on ``medium`` (idempotent; module docstring)."""
+        if medium == GPU:
+            self.index.record(endpoint_id, list(keys))
             return
-        self.index.record(endpoint_id, list(keys))
+        with self._lock:
+            self._other_media += len(keys)
+            if medium not in self.settings.shared_media:
+                self._offloaded.setdefault(endpoint_id, set()).update(keys)
+                return
+        self.index.offload(keys)  # no-op without a shared tier
 
     def remove_blocks(self, endpoint_id: str, keys: Sequence[int], medium: str) -> None:
-        """The endpoint's engine evicted these blocks."""
+        """The endpoint's engine evicted these blocks from ``medium``."""
         if medium == GPU:
             self.index.remove(endpoint_id, keys)
-        else:
+        elif medium in self.settings.shared_media:
             self.index.remove_shared(keys)
+        else:
+            with self._lock:
+                self._offloaded.get(endpoint_id, set()).difference_update(keys)
 
     def clear_endpoint(self, endpoint_id: str) -> None:
-        """The endpoint holds nothing we know of (cleared, restarted, or a gap in its stream)."""
+        """The endpoint holds nothing we know of (cleared, restarted, or a gap in its stream): its GPU blocks and
+        its own offloaded ones."""
         self.index.clear(endpoint_id)
+        with self._lock:
+            self._offloaded.pop(endpoint_id, None)
+
+    def remove_endpoint(self, endpoint_id: str) -> None:
+        """Forget ``endpoint_id`` (left the fleet)."""
+        self.index.remove_endpoint(endpoint_id)
+        with self._lock:
+            self._offloaded.pop(endpoint_id, None)
 
     # -- is the feed hashed as configured?
 
@@ -135,11 +157,32 @@ class EngineCache:
         """True without a chat template: the keys are Pointsman's, never an engine's."""
         return bool(self.tokenizer.approximate)
 
+    def lookup(self, keys: Sequence[int], *, prompt_tokens: int | None, hashed_tokens: int | None) -> PrefixLookup:
+        """``keys`` (``request_keys``) matched as ``PrefixIndex.lookup``, each endpoint's match extended by the
+        consecutive blocks after it in its own offloaded tier (module docstring)."""
+        found = self.index.lookup(keys, prompt_tokens=prompt_tokens, hashed_tokens=hashed_tokens)
+        with self._lock:
+            if not any(self._offloaded.values()):
+                return found
+            matched = dict(found.matched)
+            for endpoint, held in self._offloaded.items():
+                m = matched.get(endpoint, 0)
+                while m < len(keys) and keys[m] in held:
+                    m += 1
+                if m:
+                    matched[endpoint] = m
+        return PrefixLookup(matched, found.shared_runs, found.block_tokens, found.total_tokens)
+
+    def offloaded_blocks(self, endpoint_id: str) -> int:
+        """Blocks the endpoint's engine reports in its own tiers other than the GPU."""
+        with self._lock:
+            return len(self._offloaded.get(endpoint_id, ()))
+
     def blocks(self, endpoint_id: str) -> int:
         """GPU blocks the endpoint's engine reports holding."""
         return self.index.cached_blocks(endpoint_id)
 
     def other_media_blocks(self) -> int:
-        """Blocks reported on tiers other than the GPU (not matched), in total."""
+        """Blocks reported on tiers other than the GPU, in total (stored events, removals not subtracted)."""
         with self._lock:
             return self._other_media

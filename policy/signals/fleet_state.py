@@ -324,7 +324,7 @@ class FleetState:
                     cache.index.set_shared(fresh_cache.index.shared)
                 for endpoint in cache.index.endpoint_names():
                     if endpoint not in kept:
-                        cache.index.remove_endpoint(endpoint)
+                        cache.remove_endpoint(endpoint)
         with self._lock:
             new._lock = self._lock
             new._sessions = self._sessions
@@ -1172,7 +1172,8 @@ class FleetState:
                      now: float | None = None) -> dict[str, dict[str, list[dict[str, object]]]]:
         """Every endpoint's current signals with their ages, per target (for ``GET /v1/fleet``):
         ``{target: {"endpoints": [{"id", "url", "name", "role", "healthy", "unhealthy_reason",
-        "load": {...load signals with age_s...} | None, "cached_blocks"}]}}``; ``staleness``:
+        "load": {...load signals with age_s...} | None, "cached_blocks", "offloaded_blocks"}]}}`` (``offloaded_blocks``:
+        blocks its engine reports in its own tiers other than the GPU, 0 without KV events); ``staleness``:
         the policy's ``StalenessPolicy`` (None: raw readings)."""
         now = self.monotonic() if now is None else now
         loads = self.board.get_many(self.fleet.endpoints, now, staleness)
@@ -1185,6 +1186,7 @@ class FleetState:
                 "unhealthy_reason": unhealthy.get(e.id),
                 "load": None if reading is None else reading.signals(now),
                 "cached_blocks": self._cached_blocks(e.id, e.target),
+                "offloaded_blocks": cache.offloaded_blocks(e.id) if (cache := self._engine_caches.get(e.target)) else 0,
                 "cache_source": "engine events" if e.target in self._engine_caches else "estimate"})
         return out
 

@@ -2,7 +2,9 @@
 ``pointsman serve`` and two stand-in vLLM engines publishing ``BlockStored``/``BlockRemoved`` over ZMQ/msgpack
 with ``medium: CPU`` (an offloading connector's events).
 
-The fleet declares ``shared_kv`` (reachable from every endpoint, 25 GB/s, 1 ms; 320 KiB of KV per token). agg-0's
+The fleet declares ``shared_kv`` (reachable from every endpoint, 25 GB/s, 1 ms; 320 KiB of KV per token) and that
+the engines' ``CPU`` medium is that tier (``kv_events.shared_media``; undeclared, a medium is the replica's own:
+``test_engine_offload_per_replica.py``). agg-0's
 engine reports the whole ~9,800-token prompt offloaded. Before, an event-fed target's index had no shared tier and
 blocks on other media were only counted: both replicas read 0 restorable tokens and the predicted prefill was the
 full recompute, 0.80 s, where restoring takes 0.13 s (Pointsman's own estimate, on the same fleet without events,
@@ -32,7 +34,7 @@ targets:
     usd_per_gpu_hour: 2.5
     kv_bytes_per_token: 327680
     shared_kv: {{capacity_tokens: 1500000, bandwidth_bytes_per_s: 25.0e+9, latency_s: 0.001}}
-    kv_events: {{tokenizer: tokenizer.json, chat_template: template.jinja}}
+    kv_events: {{tokenizer: tokenizer.json, chat_template: template.jinja, shared_media: [CPU]}}
     pools:
       aggregated:
         gpus_per_replica: 2
