@@ -65,7 +65,6 @@ class EngineCache:
         self.index = PrefixIndex(block_tokens=settings.block_size, default_capacity_tokens=capacity,
                                  shared=None if shared is None else replace(shared, write_through=False))
         self._lock = threading.Lock()
-        self._other_media = 0
         self._offloaded: dict[str, set[int]] = {}  # endpoint -> blocks in its own non-GPU tier
         self._roots: dict[str, list[int]] = {}
 
@@ -76,11 +75,10 @@ class EngineCache:
         if medium == GPU:
             self.index.record(endpoint_id, list(keys))
             return
-        with self._lock:
-            self._other_media += len(keys)
-            if medium not in self.settings.shared_media:
+        if medium not in self.settings.shared_media:
+            with self._lock:
                 self._offloaded.setdefault(endpoint_id, set()).update(keys)
-                return
+            return
         self.index.offload(keys)  # no-op without a shared tier
 
     def remove_blocks(self, endpoint_id: str, keys: Sequence[int], medium: str) -> None:
@@ -182,7 +180,3 @@ class EngineCache:
         """GPU blocks the endpoint's engine reports holding."""
         return self.index.cached_blocks(endpoint_id)
 
-    def other_media_blocks(self) -> int:
-        """Blocks reported on tiers other than the GPU, in total (stored events, removals not subtracted)."""
-        with self._lock:
-            return self._other_media
