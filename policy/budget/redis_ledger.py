@@ -191,13 +191,15 @@ redis.call('ZREM', P .. 'expiry', id)
 return {'ok', f[1], f[2]}
 """
 
-# ARGV: 3 the journal's uid, 4 retention_s, then per sum 5 scopes ('\n'-joined), 6 day_id, 7 month_id,
-# 8 day keep-until, 9 month keep-until, 10 target ('' for none), 11 nano-USD, 12 prompt, 13 cached,
-# 14 completion tokens, 15 settlements (11 each): what their settles book, in one step, unless a:<uid> was there.
+# ARGV: 3 the journal's uid, 4 retention_s, 5 the epoch the caller read, then per sum 6 scopes ('\n'-joined), 7 day_id,
+# 8 month_id, 9 day keep-until, 10 month keep-until, 11 target ('' for none), 12 nano-USD, 13 prompt, 14 cached,
+# 15 completion tokens, 16 settlements (11 each): what their settles book, in one step, unless a:<uid> was there;
+# -1 (nothing written) in another epoch than the caller's.
 _ADD_SUMS = _SWEEP + """
+if redis.call('GET', P .. 'epoch') ~= ARGV[5] then return -1 end
 if redis.call('SET', P .. 'a:' .. ARGV[3], '1', 'EX', ARGV[4], 'GET') then return 0 end
 local n = 0
-for i = 5, #ARGV, 11 do
+for i = 6, #ARGV, 11 do
   for _, w in ipairs({{ARGV[i + 1], ARGV[i + 3]}, {ARGV[i + 2], ARGV[i + 4]}}) do
     for scope in string.gmatch(ARGV[i], '[^\\n]+') do
       local sk = P .. 's:' .. w[1] .. ':' .. scope
@@ -446,22 +448,25 @@ class RedisLedger:
         not per decision. Raises ``LedgerUnavailable``."""
         return incarnation_of(self._run(self._incarnation, [self.prefix]))
 
-    def add_sums(self, uid: str, sums: Sequence[Sum], now: float | None = None) -> int:
+    def add_sums(self, uid: str, sums: Sequence[Sum], epoch: str, now: float | None = None) -> int:
         """Book a spend journal's ``sums`` (``SpendJournal.compact``) as their settlements' settles would have, in
         their windows (scopes' ``settled``, the target's usage), in one step, unless this store already counts the
         sums of the journal ``uid`` (``P a:<uid>``: then only its TTL, ``record_retention_s``, starts again; with no
-        ``sums`` a call notes that the store counts them). Returns how many settlements were booked (0: already
-        there). Raises ``LedgerUnavailable``."""
+        ``sums`` a call notes that the store counts them). ``epoch``: the store's epoch the caller judged by
+        (``incarnation``); a store of another epoch (emptied since) is left as it is. Returns how many settlements
+        were booked (0: already there). Raises ``LedgerUnavailable`` (for another epoch too)."""
         now = current_time(now)
         keep = self.config.record_retention_s + KEEP_AFTER_WINDOW_S
-        args = self._head(now) + [uid, str(max(1, math.ceil(self.config.record_retention_s)))]
+        args = self._head(now) + [uid, str(max(1, math.ceil(self.config.record_retention_s))), epoch]
         for s in sums:
             day, month = windows_at(s.at_s).values()
             args += ["\n".join(s.scopes), day.id, month.id, repr(day.end_s + keep), repr(month.end_s + keep),
                      s.target or "", str(s.cost_nusd), str(s.prompt_tokens), str(s.cached_tokens),
                      str(s.completion_tokens), str(s.settlements)]
-        booked = self._run(self._add_sums, args)  # Lua returns an integer here
-        return int(cast(int, booked))
+        booked = int(cast(int, self._run(self._add_sums, args)))  # Lua returns an integer here
+        if booked < 0:
+            raise LedgerUnavailable(f"budget ledger (redis): its store is no longer epoch {epoch} (emptied since it was read)")
+        return booked
 
     def set_config(self, config: BudgetConfig) -> None:
         """Use ``config`` from the next operation on (one reference swap; holds stay)."""

@@ -887,7 +887,7 @@ class FleetState:
         if sums:
             try:
                 with self._budget_change(None):
-                    booked = add_sums(self.journal.uid, self.journal.sums(), now)
+                    booked = add_sums(self.journal.uid, self.journal.sums(), epoch, now)
                 self.journal.apply(Applied(epoch, self.clock()))
             except LedgerUnavailable:
                 return 0  # not seen yet: the next call starts over
@@ -912,7 +912,7 @@ class FleetState:
         self.journal.see(Seen(epoch, run_id, now))
         if rows is None:  # the store counts the sums (noted before any row is folded into them), then fold
             try:
-                add_sums(self.journal.uid, [], now)
+                add_sums(self.journal.uid, [], epoch, now)
             except LedgerUnavailable:
                 return booked
             if applied is None or applied.epoch != epoch:

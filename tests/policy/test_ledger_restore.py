@@ -585,3 +585,36 @@ def test_a_store_cut_back_to_before_its_flush_keeps_the_sums_it_counted(tmp_path
         replicas[0].ledger.close()  # type: ignore[union-attr]
         ledger.close()
         redis.stop()
+
+
+def test_a_flush_between_reading_the_incarnation_and_noting_the_sums_loses_nothing(tmp_path):
+    """The store is flushed just after a replica read its incarnation, before that same tick notes that the store
+    counts its sums (``add_sums`` with none): the note must not land in the new, empty store (it would mark the sums
+    counted there, and the next tick, seeing the new epoch, would book none of them)."""
+    (tmp_path / "redis").mkdir()
+    redis = Redis(tmp_path / "redis")
+    clock = Clock()
+    ledger, replicas = _replicas(tmp_path, redis.url, n=1, clock=clock)
+    state = replicas[0]
+    try:
+        acked = {UNBUDGETED[0]: settle_one(state, UNBUDGETED, 0)}
+        clock.age(replicas)
+        assert _folded(state) == (0, 1)
+        clock.ahead += 60.0  # a minute later: the tick notes the sums again
+        incarnation = state.ledger.incarnation  # type: ignore[union-attr]
+
+        def then_flushed():
+            seen = incarnation()
+            redis.flushall()
+            return seen
+
+        state.ledger.incarnation = then_flushed  # type: ignore[union-attr]
+        try:
+            tick(state)
+        finally:
+            del state.ledger.incarnation  # type: ignore[union-attr]
+        until_restored(replicas, ledger, acked, deadline_s=5.0)
+    finally:
+        state.ledger.close()  # type: ignore[union-attr]
+        ledger.close()
+        redis.stop()
