@@ -26,7 +26,7 @@ ledger's record of the decision (``r:<id>``, which makes a settle idempotent) ex
 settlement names no scopes (such a settle can only complete a record that still exists, so re-applying it
 never books anything twice). ``window_s``: the time whose windows it is booked in. ``meta`` keeps this
 file's ``uid``, which ledger incarnation it last saw (``seen``/``see``) and which one was last made to count
-its sums, and when (``applied``/``apply``).
+its sums, and when (``applied``/``apply``), and the time a restore books rows again at (``restoring``).
 
 One row per decision id (the first settlement wins, as in the ledger). Connections are opened
 per call, so it is thread- and fork-safe. The settlements of concurrent ``add`` (and ``book``)
@@ -344,6 +344,24 @@ class SpendJournal:
     def apply(self, applied: Applied) -> None:
         """Keep ``applied``; raises ``LedgerUnavailable``."""
         self._set_meta("applied", applied)
+
+    def restoring(self, now: float) -> float:
+        """The time (Unix s) ``FleetState.restore_spend`` books rows again at: the one kept by a pass that did not
+        finish (``restored`` not called since; its lost calls booked at that time), else ``now``, kept.
+        Raises ``LedgerUnavailable``."""
+        row = self._meta("restoring")
+        if row is not None:
+            return float(cast(float, row[0]))
+        self._set_meta("restoring", [now])
+        return now
+
+    def restored(self) -> None:
+        """Forget the time ``restoring`` kept (the pass finished); raises ``LedgerUnavailable``."""
+        try:
+            with closing(self._connect()) as conn:
+                conn.execute("DELETE FROM meta WHERE key = 'restoring'")
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
 
     def __len__(self) -> int:
         """Entries waiting (0 when the file cannot be read)."""

@@ -891,9 +891,13 @@ class FleetState:
                 self.journal.apply(Applied(epoch, self.clock()))
             except LedgerUnavailable:
                 return 0  # not seen yet: the next call starts over
+        try:  # a pass cut short booked at its own time: a replay at that time is this replica's booking too
+            at = now if rows is None else self.journal.restoring(now)
+        except LedgerUnavailable:
+            return booked
         for row in rows or ():
-            again = row.args.copy()  # at now: a record created again lives from now (its windows stay the decision's)
-            again["now"], again["issued_s"] = now, row.args["now"] if row.args["issued_s"] is None else row.args["issued_s"]
+            again = row.args.copy()  # at ``at``: a record created again lives from then (its windows stay the decision's)
+            again["now"], again["issued_s"] = at, row.args["now"] if row.args["issued_s"] is None else row.args["issued_s"]
             try:
                 with self._budget_change(row.args["scopes"]):
                     settlement = self.ledger.settle(row.decision_id, **again)
@@ -905,11 +909,13 @@ class FleetState:
             if not settlement.replayed:
                 booked += 1
                 self._keep_booked(row.decision_id, again, settlement)
-            elif _booked_elsewhere(row.args, settlement):
+            elif _booked_elsewhere(row.args, settlement) and _booked_elsewhere(again, settlement):
                 self.journal.done([row.decision_id])
         if booked:
             log.warning("budget ledger: %d settlement(s) it had lost booked again from the spend journal", booked)
         self.journal.see(Seen(epoch, run_id, now))
+        if rows is not None:
+            self.journal.restored()
         if rows is None:  # the store counts the sums (noted before any row is folded into them), then fold
             try:
                 add_sums(self.journal.uid, [], epoch, now)

@@ -618,3 +618,24 @@ def test_a_flush_between_reading_the_incarnation_and_noting_the_sums_loses_nothi
         state.ledger.close()  # type: ignore[union-attr]
         ledger.close()
         redis.stop()
+
+
+def test_a_settlement_rebooked_with_its_reply_lost_is_still_kept_for_the_next_flush(tmp_path):
+    """The store is flushed; the replica books a settlement again and the reply is lost (Redis went away after
+    applying it): the next tick finds it booked (a replay of that lost call, at its time, not the row's), which is
+    still this replica's booking: the journal keeps it, so a second flush gets it back too."""
+    (tmp_path / "redis").mkdir()
+    redis = Redis(tmp_path / "redis")
+    ledger, replicas = _replicas(tmp_path, redis.url, n=1)
+    try:
+        acked = {UNBUDGETED[0]: settle_one(replicas[0], UNBUDGETED, 0)}
+        tick(replicas[0])
+        redis.flushall()
+        interrupted(replicas[0], 1, True)  # add_sums (none to book), then the row's settle: applied, reply lost
+        until_restored(replicas, ledger, acked, deadline_s=5.0)
+        redis.flushall()
+        until_restored(replicas, ledger, acked, deadline_s=5.0)
+    finally:
+        replicas[0].ledger.close()  # type: ignore[union-attr]
+        ledger.close()
+        redis.stop()
