@@ -80,7 +80,8 @@ class Settlement:
     ``replayed`` is True when this settle repeated an earlier one (nothing changed; the
     fields are the first settlement's). ``hold_state`` says what the hold was when the
     first settle arrived: ``held``, ``expired``, ``released``, or ``unreserved`` (never reserved: booked
-    from the decision's scopes)."""
+    from the decision's scopes). ``day_id``: the day window it was booked in (a reservation's: taken when it was
+    held), when the ledger says (a new settle on the Redis ledger), else None."""
 
     decision_id: str
     reserved_usd: float
@@ -92,6 +93,7 @@ class Settlement:
     completion_tokens: int
     hold_state: str
     replayed: bool = False
+    day_id: str | None = None
 
     @property
     def overrun_usd(self) -> float:

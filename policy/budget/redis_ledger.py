@@ -188,7 +188,7 @@ end
 redis.call('HSET', rk, 'state', 'settled', 'hold_state', f[1], 'actual', actual, 'settled_s', NOW,
            'target', target, 'pt', ARGV[6], 'ct', ARGV[7], 'comp', ARGV[8])
 redis.call('ZREM', P .. 'expiry', id)
-return {'ok', f[1], f[2]}
+return {'ok', f[1], f[2], f[4]}
 """
 
 # ARGV: 3 the journal's uid, 4 retention_s, 5 the epoch the caller read, then per sum 6 scopes ('\n'-joined), 7 day_id,
@@ -397,7 +397,7 @@ class RedisLedger:
             return Settlement(decision_id, to_usd(int(reserved)), to_usd(int(act)), float(settled_s),
                               str(tgt) or None, int(pt), int(ct), int(comp), str(hold_state), replayed=True)
         return Settlement(decision_id, to_usd(int(out[2])), to_usd(actual), now, target, prompt_tokens, cached_tokens,
-                          completion_tokens, str(out[1]))
+                          completion_tokens, str(out[1]), day_id=str(out[3]))
 
     def release(self, decision_id: str, now: float | None = None) -> bool:
         """Drop the hold; True if it was live, False if already settled, released or expired.

@@ -63,6 +63,11 @@ def _window_of_day(kind: str, day: int) -> Window:
     raise BudgetError(f"unknown budget window '{kind}' (expected one of: {', '.join(WINDOWS)})")
 
 
+def day_start_s(day_id: str) -> float:
+    """Unix seconds when the day window ``day_id`` (``day:YYYY-MM-DD``, ``window_of``) begins; raises ``ValueError``."""
+    return datetime.strptime(day_id.removeprefix("day:"), "%Y-%m-%d").replace(tzinfo=UTC).timestamp()
+
+
 def windows_at(now: float) -> dict[str, Window]:
     """Both windows containing ``now``: ``{"day": Window, "month": Window}``."""
     return {kind: window_of(kind, now) for kind in WINDOWS}

@@ -60,7 +60,7 @@ from pointsman.policy.budget.ledger import (
 )
 from pointsman.policy.budget.redis_ledger import KEEP_AFTER_WINDOW_S
 from pointsman.policy.budget.snapshot_cache import PendingChange, SnapshotCache
-from pointsman.policy.budget.units import NUSD_PER_USD, check_tokens
+from pointsman.policy.budget.units import NUSD_PER_USD, check_tokens, day_start_s, window_of
 from pointsman.policy.cost import TargetPrice, pool_utilization, usage_cost
 from pointsman.policy.cost import effective_prices as _effective_prices
 from pointsman.policy.fleet import EndpointEvents, Fleet, FrontierTarget, OnPremTarget, phase_roles
@@ -766,6 +766,10 @@ class FleetState:
         if not self._restorable or self.ledger is None or self.journal is None:
             return
         retention = float(self.ledger.config.record_retention_s)
+        at = args["now"] if args["issued_s"] is None else args["issued_s"]
+        if settlement.day_id and window_of("day", at).id != settlement.day_id:  # held on another day than its record's
+            args = args.copy()  # booked again there (and in its month)
+            args["issued_s"] = day_start_s(settlement.day_id)
         born = settlement.settled_s if settlement.hold_state == "unreserved" else args["issued_s"]
         expires = None if args["scopes"] is None or born is None else born + retention
         try:

@@ -639,3 +639,33 @@ def test_a_settlement_rebooked_with_its_reply_lost_is_still_kept_for_the_next_fl
         replicas[0].ledger.close()  # type: ignore[union-attr]
         ledger.close()
         redis.stop()
+
+
+def test_a_decision_made_before_midnight_and_reserved_after_is_restored_in_its_reservations_day(tmp_path):
+    """A decision whose record was made just before midnight UTC and whose hold was taken just after is booked in the
+    hold's day (and month); an emptied store gets it back in that day, not in the day the record was made."""
+    (tmp_path / "redis").mkdir()
+    redis = Redis(tmp_path / "redis")
+    midnight = window_of("month", time.time()).start_s + 86400.0  # the second day of this month begins
+    ledger, replicas = _replicas(tmp_path, redis.url, n=1, clock=lambda: midnight + 0.5)  # type: ignore[arg-type]
+    state = replicas[0]
+    try:
+        record = DispatchRecord(new_decision_id(), "onprem-8b", "aggregated", E8, None, BUDGETED, 0.01, False, 400, 0.7,
+                                0.4, state.monotonic() - 1.0)  # made a second before the hold: the previous day
+        decision_id = state.dispatch(Dispatch(record, [], False)).decision_id
+        cost = round(state.settle(decision_id, prompt_tokens=300, completion_tokens=20).actual_cost_usd * 1e9)
+
+        def day_settled() -> int:
+            status = next(s for s in ledger.snapshot([BUDGETED[0]], midnight + 0.5).statuses if s.window == "day")
+            return round(status.settled_usd * 1e9)
+
+        assert day_settled() == cost
+        tick(state)
+        redis.flushall()
+        for _ in range(3):
+            tick(state)
+        assert day_settled() == cost
+    finally:
+        state.ledger.close()  # type: ignore[union-attr]
+        ledger.close()
+        redis.stop()
