@@ -913,7 +913,9 @@ class FleetState:
             if not settlement.replayed:
                 booked += 1
                 self._keep_booked(row.decision_id, again, settlement)
-            elif _booked_elsewhere(row.args, settlement) and _booked_elsewhere(again, settlement):
+            elif settlement.settled_s == at != row.args["now"]:  # booked by a pass cut short: kept at its time
+                self._keep_booked(row.decision_id, again, settlement)
+            elif _booked_elsewhere(row.args, settlement):
                 self.journal.done([row.decision_id])
         if booked:
             log.warning("budget ledger: %d settlement(s) it had lost booked again from the spend journal", booked)

@@ -623,7 +623,8 @@ def test_a_flush_between_reading_the_incarnation_and_noting_the_sums_loses_nothi
 def test_a_settlement_rebooked_with_its_reply_lost_is_still_kept_for_the_next_flush(tmp_path):
     """The store is flushed; the replica books a settlement again and the reply is lost (Redis went away after
     applying it): the next tick finds it booked (a replay of that lost call, at its time, not the row's), which is
-    still this replica's booking: the journal keeps it, so a second flush gets it back too."""
+    still this replica's booking: the journal keeps it (at that time), so a restart's replay of it and then a second
+    flush get it back too."""
     (tmp_path / "redis").mkdir()
     redis = Redis(tmp_path / "redis")
     ledger, replicas = _replicas(tmp_path, redis.url, n=1)
@@ -632,6 +633,9 @@ def test_a_settlement_rebooked_with_its_reply_lost_is_still_kept_for_the_next_fl
         tick(replicas[0])
         redis.flushall()
         interrupted(replicas[0], 1, True)  # add_sums (none to book), then the row's settle: applied, reply lost
+        until_restored(replicas, ledger, acked, deadline_s=5.0)
+        redis.kill()  # a restart that loses nothing: a new run_id, the row's settle a replay
+        redis.start()
         until_restored(replicas, ledger, acked, deadline_s=5.0)
         redis.flushall()
         until_restored(replicas, ledger, acked, deadline_s=5.0)
