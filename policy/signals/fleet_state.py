@@ -855,8 +855,11 @@ class FleetState:
         The incarnation is marked seen only once the sums and every chosen row were applied; until then (Redis
         away again) the next call starts over, which is harmless for the same reasons. A row whose decision the
         ledger holds as another booking (a repeated outcome settled elsewhere) is forgotten, so two journals never
-        fold the same settlement. Sums are forgotten once their month window's keys expire in the ledger; a repeat
-        of a folded settlement's outcome after the store was emptied is booked again (its record is gone)."""
+        fold the same settlement; a pass books at one time, kept until a pass finishes (``SpendJournal.restoring``),
+        so a replay at that time (a call whose reply was lost) is this replica's booking, kept. ``add_sums`` writes
+        only in the epoch read at the start (a store emptied since is left for the next call). Sums are forgotten once
+        their month window's keys expire in the ledger; a repeat of a folded settlement's outcome after the store was
+        emptied is booked again (its record is gone)."""
         add_sums = getattr(self.ledger, "add_sums", None)  # only a Redis ledger has it (and incarnation)
         if self.ledger is None or self.journal is None or not self._restorable or not callable(add_sums):
             return 0
