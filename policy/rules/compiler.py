@@ -6,7 +6,7 @@ raise ``PolicyError`` whose ``problems`` are ``file:line:col: code: message``, i
 order. Codes: ``yaml-syntax``, ``duplicate-key``, ``unknown-key``, ``missing-key``,
 ``invalid-value`` (schema); ``cel-syntax`` (located inside the YAML scalar),
 ``unknown-signal``, ``unknown-variable``, ``unknown-function``, ``type-error``,
-``not-boolean``, ``always-error``, ``null-inequality`` (expressions); ``unknown-target``, ``unsupported-mode``,
+``not-boolean``, ``always-error``, ``null-inequality``, ``out-of-range`` (expressions); ``unknown-target``, ``unsupported-mode``,
 ``duplicate-fallback``, ``unknown-rule``, ``fallback-cycle``, ``duplicate-rule``,
 ``missing-default``, ``unreachable-rule`` (routing: a ``when`` that reads no signal, variable or ``cost()`` and
 is true, ``"1 == 1"``, is as unconditional as none); ``unknown-picker`` (endpoint selection);
@@ -432,7 +432,63 @@ def _check_condition(ck: _Checker, i: int, source: str, variables: Mapping[str, 
     snapshots = [{**probe, **(probe_extra or {})} for probe in ck.probes(variables)]
     for offset, problem in _null_inequalities(source, out.program, out.plan, signals, snapshots):
         ck.add_at(path, offset, "null-inequality", problem)
+    for offset, problem in _out_of_range(source, signals, variables):
+        ck.add_at(path, offset, "out-of-range", problem)
     return out
+
+
+_FLIPPED = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
+
+
+def _out_of_range(source: str, signals: Mapping[str, Namespace], variables: Mapping[str, JSONValue]) -> list[tuple[int, str]]:
+    """Comparisons (``<``, ``<=``, ``>``, ``>=``) of a signal in [0, 1] (``Signal.fraction``) with a number, or a
+    numeric variable, that no value in [0, 1] decides: ``difficulty.p_hard >= 45`` is never true, ``<= 45``
+    always (a threshold in percent). Each operand must stand apart (``_APART``); arithmetic is not followed.
+    Returns (character offset of the number, message), in source order."""
+    tokens = tokenize(source)
+    out: list[tuple[int, str]] = []
+    for i, tok in enumerate(tokens):
+        if tok.text not in _FLIPPED:
+            continue
+        left, right = _operand(tokens, i, -1), _operand(tokens, i, 1)
+        for side, other, op in ((left, right, tok.text), (right, left, _FLIPPED[tok.text])):
+            keys = _chain_keys(side)
+            ns = signals.get(keys[0]) if keys else None
+            if keys is None or ns is None or not ns.fields:
+                continue
+            name = keys[2] if ns.shape == "by_target" and len(keys) == 3 else keys[1] if len(keys) == 2 else None
+            signal = ns.fields.get(name) if name is not None else None
+            if signal is None or not signal.fraction:
+                continue
+            number, what = _number(other, variables)
+            if number is None:
+                continue
+            never = {">": number >= 1, ">=": number > 1, "<": number <= 0, "<=": number < 0}[op]
+            always = {">": number < 0, ">=": number < 0, "<": number > 1, "<=": number > 1}[op]
+            if never or always:
+                shown = f'{keys[0]}["{keys[1]}"].{keys[2]}' if ns.shape == "by_target" else ".".join(keys)
+                out.append((other[0].offset, f"'{shown}' is in [0, 1]: '{op} {what} is {'never' if never else 'always'} "
+                            "true (a threshold in percent? write it as a fraction)"))
+    return sorted(out)
+
+
+def _number(part: list[Token], variables: Mapping[str, JSONValue]) -> tuple[float | None, str]:
+    """The number an operand stands for: a literal (``45``, ``-0.5``) or ``variables.NAME`` holding a number
+    (its value shown beside it); ``(None, "")`` otherwise. The text shown ends the quote the message opens."""
+    texts = [t.text for t in part]
+    sign = -1.0 if texts[:1] == ["-"] else 1.0
+    rest = part[1:] if sign < 0 else part
+    if len(rest) == 1 and rest[0].kind == "num" and not rest[0].text.lower().startswith("0x"):
+        try:
+            return sign * float(rest[0].text.rstrip("uU")), "".join(texts) + "'"
+        except ValueError:
+            return None, ""
+    keys = _chain_keys(part)
+    if keys is not None and len(keys) == 2 and keys[0] == "variables":
+        value = variables.get(keys[1])
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value), f"variables.{keys[1]}' ({value})"
+    return None, ""
 
 
 def _endpoint_keys(fleet: Fleet) -> list[str]:

@@ -187,11 +187,13 @@ class Snapshot(TypedDict):
 
 @dataclass(frozen=True)
 class Signal:
-    """One field of a namespace: CEL ``type`` (int, double, bool, string, null_type) and its meaning."""
+    """One field of a namespace: CEL ``type`` (int, double, bool, string, null_type) and its meaning;
+    ``fraction``: its value is in [0, 1] (``policy check`` names a comparison no such value can decide)."""
 
     type: str
     doc: str
     nullable: bool = False
+    fraction: bool = False
 
 
 @dataclass(frozen=True)
@@ -218,15 +220,15 @@ def _load_fields() -> dict[str, Signal]:
                                               "one without telemetry adding its requests in flight); null when "
                                               "unknown or stale", nullable=True),
         "kv_cache_usage": Signal("double", "fraction 0-1 of KV-cache blocks in use (mean over endpoints); "
-                                           "null when unknown", nullable=True),
+                                           "null when unknown", nullable=True, fraction=True),
         "ttft_p50_ms": Signal("double", "median time to first token, ms (engine-reported); null when unknown",
                               nullable=True),
         "tpot_p50_ms": Signal("double", "median time per output token, ms (engine-reported); null when unknown",
                               nullable=True),
         "prefill_utilization": Signal("double", "fraction 0-1 of GPU time busy with prefill, when telemetry "
-                                                "reports it; else null", nullable=True),
+                                                "reports it; else null", nullable=True, fraction=True),
         "decode_utilization": Signal("double", "fraction 0-1 of GPU time busy with decode, when telemetry "
-                                               "reports it; else null", nullable=True),
+                                               "reports it; else null", nullable=True, fraction=True),
         "inflight_requests": Signal("int", "requests Pointsman dispatched there whose outcome has not arrived"),
         "outstanding_requests": Signal("int", "running + waiting when the engine reports both, else "
                                               "inflight_requests (never null; a target's: summed over its "
@@ -302,7 +304,7 @@ SIGNALS: dict[str, Namespace] = {
     }),
     "difficulty": Namespace("difficulty", "The difficulty estimator's answer.", {
         "p_hard": Signal("double", "probability in [0, 1] that the cheaper model's answer is worse than the "
-                                   "frontier model's; null when the estimator is unavailable", nullable=True),
+                                   "frontier model's; null when the estimator is unavailable", nullable=True, fraction=True),
         "available": Signal("bool", "false when the estimator failed, timed out or is not loaded"),
     }),
     "variables": Namespace("variables", "The policy's named constants (its 'variables' section).", None),
@@ -332,7 +334,7 @@ SIGNALS: dict[str, Namespace] = {
         "name": Signal("string", "the endpoint's name in the fleet file ('' when unnamed)"),
         "url": Signal("string", "the endpoint's URL"),
         "healthy": Signal("bool", "false when marked unhealthy (then every endpoint of the pool is)"),
-        "prefix_hit_ratio": Signal("double", "share 0-1 of this prompt's prefix cached on this endpoint"),
+        "prefix_hit_ratio": Signal("double", "share 0-1 of this prompt's prefix cached on this endpoint", fraction=True),
         "cost_s": Signal("double", "the picker's predicted seconds for this request there "
                                    "(queued + uncached prefill + decode; policy/selection/pickers.py)"),
         "predicted_ttft_s": Signal("double", "predicted time to first token of this request through this endpoint, "
@@ -379,10 +381,11 @@ SIGNALS: dict[str, Namespace] = {
                                 "updated at dispatch; policy/signals/prefix_index.py).", {
         "prefix_hit_ratio": Signal("double", "largest share 0-1 of this prompt's prefix cached on one endpoint of "
                                              "the target that can serve it locally (aggregated or decode pool; a "
-                                             "frontier target's provider prompt cache)"),
+                                             "frontier target's provider prompt cache)", fraction=True),
         "prefix_hit_tokens": Signal("int", "the tokens of that cached prefix"),
         "shared_hit_ratio": Signal("double", "share 0-1 of the prompt, after the local hit, that the target's "
-                                             "shared KV tier holds (restorable instead of recomputed); 0 without one"),
+                                             "shared KV tier holds (restorable instead of recomputed); 0 without one",
+                                   fraction=True),
         "endpoint": Signal("string", "name (else URL) of the endpoint holding that prefix; '' when none"),
         "session_endpoint": Signal("string", "name (else URL) of the endpoint of this session's previous request "
                                              "in the target; '' when none"),
@@ -403,7 +406,7 @@ SIGNALS: dict[str, Namespace] = {
                                            "or another budget's nearer its limit"),
         "window": Signal("string", "the binding budget's window: day or month ('' when unlimited)"),
         "window_elapsed_fraction": Signal("double", "fraction 0-1 of the binding budget's UTC window elapsed "
-                                                    "(of the current UTC day when unlimited)"),
+                                                    "(of the current UTC day when unlimited)", fraction=True),
         "pace_gap": Signal("double", "the largest spent fraction - elapsed fraction of its window over the "
                                      "request's budgets: > 0 when spending on any of them runs ahead of time (a "
                                      "month budget ahead of pace beside a day budget with less USD left; 0 when "
@@ -439,7 +442,7 @@ DRAFT_NAMESPACE = Namespace("draft", "The draft a gateway sends to `POST /v1/ver
                                      "(or its first tokens) and the verifier's score. Readable in the policy's "
                                      "`verify` rules only (estimator/draft.py, estimator/verifier.py).", {
     "p_bad": Signal("double", "the verifier's probability 0-1 that the draft loses to the frontier's answer (the "
-                              "shipped verifier is a documented heuristic: read it as a ranking)"),
+                              "shipped verifier is a documented heuristic: read it as a ranking)", fraction=True),
     "tokens": Signal("int", "draft length in tokens (the engine's completion_tokens, else counted)"),
     "length_ratio": Signal("double", "draft tokens / prompt tokens"),
     "finish_reason": Signal("string", "stop, length, content_filter, tool_calls, other; '' when unknown or streaming"),
@@ -448,12 +451,12 @@ DRAFT_NAMESPACE = Namespace("draft", "The draft a gateway sends to `POST /v1/ver
     "empty": Signal("bool", "no answer text and no tokens"),
     "refusal": Signal("bool", "the draft opens with a refusal (I'm sorry, I cannot, as an AI ...)"),
     "hedging": Signal("bool", "the draft opens by hedging (I'm not sure, it depends, I don't know ...)"),
-    "repetition": Signal("double", "share 0-1 of word trigrams that repeat an earlier one (a loop near 1)"),
+    "repetition": Signal("double", "share 0-1 of word trigrams that repeat an earlier one (a loop near 1)", fraction=True),
     "has_logprobs": Signal("bool", "the engine's token log-probabilities were sent"),
     "logprob_mean": Signal("double", "mean token log-probability (<= 0); null without them", nullable=True),
     "logprob_min": Signal("double", "lowest token log-probability; null without them", nullable=True),
     "low_logprob_share": Signal("double", "share 0-1 of tokens with probability below 0.2; null without them",
-                                nullable=True),
+                                nullable=True, fraction=True),
     "verifier": Signal("string", "the verifier's version (heuristic-v2 for the shipped one)"),
     "target": Signal("string", "the target that wrote the draft (the decision's)"),
     "on_prem": Signal("bool", "the draft came from an on-prem target (not a frontier API)"),

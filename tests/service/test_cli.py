@@ -651,3 +651,30 @@ def test_cases_without_a_fleet_key_run_on_the_fleet_the_policy_is_checked_agains
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(main, ["policy", "check", str(cases)])  # the packaged fleet has no gpt-big
     assert r.exit_code == 1 and "unknown target 'gpt-big'" in r.stdout, r.output
+
+
+def test_policy_check_names_a_comparison_a_fraction_signal_never_or_always_meets(tmp_path: Path):
+    """A threshold written in percent (``difficulty.p_hard >= 45``) against a signal in [0, 1] passed
+    ``policy check`` (exit 0): the rule could never fire (or, ``<= 45``, always fired), silently. Each such
+    comparison is an ``out-of-range`` problem at its number; a variable's value counts as its number, and
+    comparisons that can go either way in [0, 1] (0 and 1 included) pass."""
+    policy = tmp_path / "pct.yaml"
+    policy.write_text(
+        "apiVersion: pointsman/v1\nkind: RoutingPolicy\nvariables: {hard: 45}\nrules:\n"
+        "  - name: hard\n    when: difficulty.p_hard >= 45\n    route: {target: frontier-large}\n"
+        "  - name: hot\n    when: 90 < load[\"onprem-70b\"].kv_cache_usage\n    route: {target: frontier-small}\n"
+        "  - name: easy\n    when: request.turns > 1 && difficulty.p_hard <= 30\n    route: {target: onprem-8b}\n"
+        "  - name: cached\n    when: cache.prefix_hit_ratio > -0.5 || difficulty.p_hard >= variables.hard\n"
+        "    route: {target: onprem-70b}\n"
+        "  - name: fine\n    when: difficulty.p_hard >= 0.0 && difficulty.p_hard <= 1 && cache.prefix_hit_ratio > 0.5 "
+        "&& request.prompt_tokens > 500\n    route: {target: onprem-70b}\n"
+        "  - name: default\n    route: {target: onprem-8b}\n")
+    r = CliRunner().invoke(main, ["policy", "check", str(policy)])
+    assert r.exit_code == 1, r.output
+    lines = r.stdout.splitlines()
+    assert [line.split(": ")[0] for line in lines] == [f"{policy}:6:32", f"{policy}:9:11", f"{policy}:12:53",
+                                                        f"{policy}:15:36", f"{policy}:15:65"], r.stdout
+    assert all(": out-of-range: " in line for line in lines), r.stdout
+    assert "'difficulty.p_hard' is in [0, 1]: '>= 45' is never true" in lines[0], lines[0]
+    assert "never true" in lines[1] and "always true" in lines[2] and "always true" in lines[3], r.stdout
+    assert "'>= variables.hard' (45) is never true" in lines[4], lines[4]
