@@ -708,3 +708,29 @@ def test_policy_check_keeps_a_when_written_true_or_false(tmp_path: Path, word: s
         assert res.exit_code == 0, res.output
     else:
         assert res.exit_code == 1 and "YAML 1.1" not in res.output, res.output
+
+
+_FLEET = load_fleet()
+
+
+@settings(max_examples=200, deadline=None)
+@given(op=st.sampled_from(["<", "<=", ">", ">="]), number=st.sampled_from([-2, -1, -0.5, 0, 0.25, 1, 1.5, 45])
+       | st.floats(-3, 3, allow_nan=False).map(lambda x: round(x, 3)), flipped=st.booleans())
+def test_out_of_range_names_exactly_the_comparisons_no_fraction_decides(op, number, flipped):
+    """A comparison of ``difficulty.p_hard`` (in [0, 1]) with a number is ``out-of-range`` exactly when every
+    value in [0, 1] (both ends and a grid between them) gives it the same result, but for the guards at the ends
+    (``>= 0``, ``<= 1``: always true, written on purpose)."""
+    sides = (str(number), "difficulty.p_hard") if flipped else ("difficulty.p_hard", str(number))
+    when = f"{sides[0]} {op} {sides[1]}"
+    text = HEAD + f"rules:\n  - name: r\n    when: {when}\n    route: {{target: frontier-large}}\n" + DEFAULT_RULE
+    try:
+        compile_policy(text, _FLEET, "p.yaml")
+        found: list[str] = []
+    except PolicyError as exc:
+        found = [str(p) for p in exc.problems]
+    assert all(": out-of-range: " in p for p in found), found
+    compare = {"<": float.__lt__, "<=": float.__le__, ">": float.__gt__, ">=": float.__ge__}[op]
+    results = {compare(*((float(number), x / 1000) if flipped else (x / 1000, float(number)))) for x in range(1001)}
+    normal = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}[op] if flipped else op
+    guard = (normal, float(number)) in ((">=", 0.0), ("<=", 1.0))
+    assert bool(found) == (len(results) == 1 and not guard), (when, found)
