@@ -384,13 +384,50 @@ def _check_excluded(exp: CaseExpect, exclusions: Mapping[str, Exclusion | None])
     return wrong
 
 
+def _check_expect_names(spec: CasesSpec, doc: LocatedDocument, fleet: Fleet, policy: CompiledPolicy) -> list[Problem]:
+    """Names a case expects that no decision can give: a ``target``, ``fallbacks`` item, ``escalate_to`` or
+    ``excluded_by`` key the fleet does not have, a ``rule`` or ``skipped`` item the policy does not have (on this
+    fleet: ``if_fleet_has`` may leave it out), a ``verify_rule`` its verify section does not have. Located at the value
+    (an ``excluded_by`` key at the key)."""
+    problems: list[Problem] = []
+    rules = [r.name for r in policy.rules]
+    verify_rules = [r.name for r in policy.verify.rules] if policy.verify is not None else []
+
+    def check(path: tuple[str | int, ...], name: str, known: list[str], what: str, *, key: bool = False) -> None:
+        if name not in known:
+            line, col = doc.mark(path, key=key)
+            code = "unknown-target" if what == "target" else "unknown-rule"
+            where = "the fleet" if what == "target" else f"policy {policy.name} on this fleet"
+            problems.append(Problem(doc.file, line, col, code, f"unknown {what} '{name}': {where} has no such "
+                                    f"{what}, so no decision gives it{did_you_mean(name, known)}"))
+
+    targets = list(fleet.targets)
+    for i, case in enumerate(spec.cases):
+        exp, at = case.expect, ("cases", i, "expect")
+        for field in ("target", "escalate_to"):
+            if (name := getattr(exp, field)) is not None:
+                check((*at, field), name, targets, "target")
+        for j, name in enumerate(exp.fallbacks or []):
+            check((*at, "fallbacks", j), name, targets, "target")
+        for name in exp.excluded_by or {}:
+            check((*at, "excluded_by", name), name, targets, "target", key=True)
+        if exp.rule is not None:
+            check((*at, "rule"), exp.rule, rules, "rule")
+        for j, name in enumerate(exp.skipped or []):
+            check((*at, "skipped", j), name, rules, "rule")
+        if exp.verify_rule is not None:
+            check((*at, "verify_rule"), exp.verify_rule, verify_rules, "verify rule")
+    return sorted(problems, key=lambda p: (p.line, p.col))
+
+
 def load_cases(path: str | Path, fleet_path: str | Path | None = None
                ) -> tuple[CasesSpec, LocatedDocument, Fleet, CompiledPolicy]:
     """Validate a cases file without running it: ``(spec, located doc, fleet, compiled policy)``.
 
-    Checks the file's schema, every signal name its cases set and the type of every value,
-    and compiles the policy it names against its fleet: the file's ``fleet:`` (relative to it),
-    else ``fleet_path``, else the packaged fleet. Raises ``PolicyError``/``FleetError`` with file:line:col.
+    Checks the file's schema, every signal name its cases set and the type of every value, the targets and rules
+    they expect (``_check_expect_names``), and compiles the policy it names against its fleet: the file's
+    ``fleet:`` (relative to it), else ``fleet_path``, else the packaged fleet. Raises ``PolicyError``/``FleetError``
+    with file:line:col.
     """
     spec, doc = load_config(path, CasesSpec, PolicyError)
     assert isinstance(spec, CasesSpec)
@@ -400,6 +437,7 @@ def load_cases(path: str | Path, fleet_path: str | Path | None = None
     if problems:
         raise PolicyError(problems)
     policy = load_policy(base / spec.policy, fleet)
+    problems = _check_expect_names(spec, doc, fleet, policy)
     for i, case in enumerate(spec.cases):
         try:
             case_signals(fleet, policy, case.signals)

@@ -678,3 +678,27 @@ def test_policy_check_names_a_comparison_a_fraction_signal_never_or_always_meets
     assert "'difficulty.p_hard' is in [0, 1]: '>= 45' is never true" in lines[0], lines[0]
     assert "never true" in lines[1] and "always true" in lines[2] and "always true" in lines[3], r.stdout
     assert "'>= variables.hard' (45) is never true" in lines[4], lines[4]
+
+
+def test_policy_check_names_expectations_no_decision_can_meet(tmp_path: Path):
+    """A cases file expecting a target, fallback or escalation target the fleet does not have, or a rule or verify rule
+    its policy does not have (a typo), was 'ok' under ``policy check`` (exit 0): the case could only ever fail, and
+    ``policy test`` said 'expected ... got ...' at run time. Each is now located with a did-you-mean, exit 1."""
+    cases = tmp_path / "d.cases.yaml"
+    cases.write_text(
+        f"apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: {DEFAULT_POLICY_PATH}\ncases:\n"
+        "  - name: a\n    expect: {target: onprem-7b, rule: onprem-70b-in-sloo, fallbacks: [frontier-smal]}\n"
+        "  - name: b\n    expect: {error: no-eligible-target, excluded_by: {onprem8b: budget}}\n"
+        "  - name: c\n    signals: {draft: {refusal: true}}\n"
+        "    expect: {action: escalate, escalate_to: frontier-smol, verify_rule: broken-drafts, skipped: [hard-promt]}\n"
+        "  - name: fine\n    expect: {target: onprem-70b, rule: onprem-70b-in-slo, fallbacks: [frontier-small]}\n")
+    r = CliRunner().invoke(main, ["policy", "check", str(cases)])
+    assert r.exit_code == 1, r.output
+    lines = r.stdout.splitlines()
+    assert [line.split(": ", 2)[:2] for line in lines] == [
+        [f"{cases}:6:22", "unknown-target"], [f"{cases}:6:39", "unknown-rule"], [f"{cases}:6:71", "unknown-target"],
+        [f"{cases}:8:55", "unknown-target"], [f"{cases}:11:45", "unknown-target"], [f"{cases}:11:73", "unknown-rule"],
+        [f"{cases}:11:98", "unknown-rule"]], r.stdout
+    assert "did you mean 'onprem-70b-in-slo'?" in lines[1] and "did you mean 'broken-draft'?" in lines[5], r.stdout
+    r = CliRunner().invoke(main, ["policy", "test", str(cases)])
+    assert r.exit_code == 1 and "not run" in r.stdout, r.stdout
