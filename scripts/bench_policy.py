@@ -44,12 +44,12 @@ from pointsman.request import RequestView  # noqa: E402
 TEMPLATES = [
     'request.prompt_tokens > 900000 && difficulty.p_hard > variables.t{i}',
     'load["big"].num_requests_waiting > 100000 + {i}',
-    'cache.prefix_hit_ratio > 1.5 && request.has_images',
+    'cache.prefix_hit_ratio >= 1.0 && request.has_images',
     'budget.limited && budget.remaining_usd < 0.0',
     'cost("frontier") < 0.0 - {i}.0',
     'endpoint.num_requests_running > 100000 + {i}',
     'request.tenant == "tenant-{i}" && request.slo_class == "batch"',
-    'load["small"].kv_cache_usage > 1.5 || difficulty.p_hard > 1.5',
+    'load["small"].kv_cache_usage >= 1.0 || difficulty.p_hard >= 1.0',
     'budget.pace_gap > 2.0 && request.turns > {i}',
     'request.max_output_tokens > 10000000 && cache.session_target == "x"',
 ]
