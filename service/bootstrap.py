@@ -72,12 +72,14 @@ def load_estimator(spec: str | None, timeout_ms: float | None = None, threads: i
         return UnavailableEstimator(reason), reason
 
 
-def open_budget_ledger(settings: Settings, check_keys: bool = False) -> BudgetLedger:
+def open_budget_ledger(settings: Settings, check_keys: bool = False, journal: bool = False) -> BudgetLedger:
     """The ledger ``settings`` name, with their budgets. Raises ``BudgetConfigError`` (located)
     for a bad budgets file (with ``check_keys``, the service's: a ``key:`` scope naming none of its
-    API keys too), ``BudgetError`` for a bad URL, ``LedgerUnavailable`` if it cannot open."""
+    API keys too; with ``journal``, a spend journal restoring a Redis ledger: a ``record_retention_s`` too short
+    to restore), ``BudgetError`` for a bad URL, ``LedgerUnavailable`` if it cannot open."""
     names = key_names(settings) if check_keys else None
-    config = BudgetConfig.load(settings.budgets_path, names) if settings.budgets_path else BudgetConfig()
+    restored = journal and (settings.budget_ledger or "").split(":", 1)[0].lower() in ("redis", "rediss", "unix")
+    config = BudgetConfig.load(settings.budgets_path, names, restored) if settings.budgets_path else BudgetConfig()
     return open_ledger(settings.budget_ledger, config, data_dir=settings.data_dir)
 
 
@@ -90,7 +92,7 @@ def build_state(settings: Settings, fleet: Fleet, ledger: bool = True, shared: b
         return FleetState(fleet, open_budget_ledger(settings) if want else None,
                           budget_fail_open=settings.budget_fail_open)
     sync = open_sync(settings.state_url)
-    return FleetState(fleet, open_budget_ledger(settings, check_keys=True) if want else None,
+    return FleetState(fleet, open_budget_ledger(settings, check_keys=True, journal=True) if want else None,
                       budget_fail_open=settings.budget_fail_open,
                       sync=sync, signer=decision_signer(settings, sync),
                       journal=SpendJournal(Path(settings.data_dir) / DEFAULT_JOURNAL_NAME) if want else None)

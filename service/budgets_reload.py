@@ -53,7 +53,8 @@ def reload_budgets(live: LiveEngine, path: str | Path | None, source: str = "end
                             "no budgets file is configured: start the service with POINTSMAN_BUDGETS_PATH"),)
     else:
         try:
-            config = BudgetConfig.load(path, None if key_names is None else key_names())
+            config = BudgetConfig.load(path, None if key_names is None else key_names(),
+                                       state.journal is not None and callable(getattr(ledger, "add_sums", None)))
         except BudgetConfigError as exc:
             problems = tuple(exc.problems)
     if problems or ledger is None:

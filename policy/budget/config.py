@@ -23,6 +23,9 @@ DEFAULT_RESERVATION_TTL_S = 600.0
 
 
 DEFAULT_RECORD_RETENTION_S = 7 * 86400.0
+#: Seconds of clock difference (replicas, Redis) ``FleetState.restore_spend`` allows for when it judges a ledger record
+#: alive: a Redis ledger whose replicas restore spend needs ``record_retention_s`` above it (``BudgetConfig.load``).
+RESTORE_MARGIN_S = 300.0
 
 
 class BudgetConfigError(ConfigError, BudgetError):
@@ -151,16 +154,26 @@ class BudgetConfig:
         return _from_spec(_validate(data, LocatedDocument(source, "", data, None)))
 
     @classmethod
-    def load(cls, path: str | Path, key_names: Collection[str] | None = None) -> BudgetConfig:
+    def load(cls, path: str | Path, key_names: Collection[str] | None = None, restored: bool = False) -> BudgetConfig:
         """Read a YAML budgets file; raises ``BudgetConfigError`` with file:line:col per problem.
         ``key_names``: the API key names of the service that applies it (none: authentication is off):
         a ``key:<name>`` scope naming none of them is a problem (``unknown-key``), a budget that could
-        never apply (a misspelt key name left that key's spending unlimited); None checks no name."""
+        never apply (a misspelt key name left that key's spending unlimited); None checks no name.
+        ``restored``: its ledger is one whose replicas book again what it lost (Redis, with a spend journal):
+        ``record_retention_s`` (seconds) must then exceed ``RESTORE_MARGIN_S``, else no restore ever books anything
+        (``FleetState.restore_spend`` re-books only records alive that margin ahead); the SQLite ledger takes less."""
         text = read_text(path, BudgetConfigError)
         doc = parse_yaml(text, str(path), BudgetConfigError)
         config = _from_spec(_validate(doc.data, doc))
+        problems = []
+        if restored and config.record_retention_s <= RESTORE_MARGIN_S:
+            line, col = doc.mark(("record_retention_s",))
+            problems.append(Problem(str(path), line, col, "invalid-value",
+                                    f"record_retention_s ({config.record_retention_s:g}) must be more than "
+                                    f"{RESTORE_MARGIN_S:g} s with a Redis budget ledger: its replicas book again what "
+                                    f"it lost only while the records live that margin (for clocks) ahead, so "
+                                    f"{config.record_retention_s:g} s would never restore anything"))
         if key_names is not None:
-            problems = []
             for i, b in enumerate(config.budgets):
                 kind, _, name = b.scope.partition(":")
                 if kind == "key" and name not in key_names:
@@ -170,8 +183,8 @@ class BudgetConfig:
                     problems.append(Problem(str(path), line, col, "unknown-key",
                                             f"budgets[{i}].scope: '{b.scope}' names no API key, so it never "
                                             f"applies: {have}"))
-            if problems:
-                raise BudgetConfigError(problems)
+        if problems:
+            raise BudgetConfigError(problems)
         return config
 
 

@@ -50,6 +50,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pointsman.errors import BudgetError, RequestError
+from pointsman.policy.budget.config import RESTORE_MARGIN_S
 from pointsman.policy.budget.journal import KEEP_RECENT_S, Applied, Booked, Seen, SettleArgs, SpendJournal
 from pointsman.policy.budget.ledger import (
     BudgetLedger,
@@ -87,8 +88,6 @@ PREFILL_SUFFIX = "/prefill"
 #: Seconds before the last time a Redis ledger was seen alive from which ``restore_spend`` books this replica's
 #: settlements again after Redis restarted (``appendfsync everysec`` loses at most ~2 s; ``no``, ~30 s).
 RESTORE_LOOKBACK_S = 300.0
-#: Seconds of clock difference (replicas, Redis) ``restore_spend`` allows for when it judges a ledger record alive.
-RESTORE_MARGIN_S = 300.0
 #: Consecutive error outcomes (``error``/``timeout``) on one endpoint that mark it unhealthy.
 ERROR_OUTCOMES_TO_UNHEALTHY = 5
 #: Seconds an endpoint marked unhealthy by error outcomes waits before it is tried again.
@@ -881,8 +880,9 @@ class FleetState:
                             "the current windows again", seen.epoch, epoch)
             else:
                 rows = iter(())
-                log.error("budget ledger epoch changed %.0f s ago (%s, now %s), longer than its records are kept: "
-                          "not booking this replica's settlements again", age, seen.epoch, epoch)
+                log.error("budget ledger epoch changed %.0f s ago (%s, now %s), not within record_retention_s (%g s) "
+                          "less %g s for clocks: not booking this replica's settlements again", age, seen.epoch, epoch,
+                          retention, RESTORE_MARGIN_S)
         elif seen is None or seen.run_id != run_id:
             since = float("-inf") if seen is None else seen.ok_s - RESTORE_LOOKBACK_S
             rows = self.journal.booked(since, now + RESTORE_MARGIN_S)

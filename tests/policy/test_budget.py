@@ -161,3 +161,29 @@ def test_backend_failures_are_ledger_unavailable(tmp_path):
         down.reserve("d", ["tenant:a"], 0.1, 0.0)
     with pytest.raises(LedgerUnavailable):
         down.effective_price_per_token("t")
+
+
+@pytest.mark.parametrize("retention", [1.0, 300.0])
+def test_a_retention_too_short_to_restore_is_refused_only_for_a_restored_redis_ledger(tmp_path, retention):
+    """``record_retention_s`` at or under ``RESTORE_MARGIN_S`` (300 s) would never let ``restore_spend`` book anything
+    on a Redis ledger: its service refuses the file, naming the field and the minimum; the SQLite ledger (and a
+    Redis ledger without a spend journal: the CLI) takes it."""
+    from pointsman.service.bootstrap import open_budget_ledger
+    from pointsman.service.settings import Settings
+
+    path = tmp_path / "budgets.yaml"
+    path.write_text(f"kind: Budgets\nreservation_ttl_s: 1\nrecord_retention_s: {retention}\nbudgets: []\n")
+    with pytest.raises(BudgetConfigError) as err:
+        open_budget_ledger(Settings(budget_ledger="redis://127.0.0.1:1/0", budgets_path=path), journal=True)
+    assert str(err.value).startswith(f"{path}:3:21: invalid-value: record_retention_s ({retention:g}) must be "
+                                     "more than 300 s with a Redis budget ledger")
+    assert BudgetConfig.load(path, restored=False).record_retention_s == retention
+    ledger = open_budget_ledger(Settings(budget_ledger=None, budgets_path=path, data_dir=tmp_path), journal=True)
+    assert ledger.config.record_retention_s == retention
+    ledger.close()
+
+
+def test_a_retention_just_over_the_margin_is_taken_for_a_redis_ledger(tmp_path):
+    path = tmp_path / "budgets.yaml"
+    path.write_text("kind: Budgets\nreservation_ttl_s: 60\nrecord_retention_s: 301\nbudgets: []\n")
+    assert BudgetConfig.load(path, restored=True).record_retention_s == 301
