@@ -25,7 +25,8 @@ not folded (an emptied ledger has nothing to book it on). ``expires_s``: a lower
 ledger's record of the decision (``r:<id>``, which makes a settle idempotent) expires; NULL when the
 settlement names no scopes (such a settle can only complete a record that still exists, so re-applying it
 never books anything twice). ``window_s``: the time whose windows it is booked in. ``meta`` keeps this
-file's ``uid``, which ledger incarnation it last saw (``seen``/``see``) and which one was last made to count
+file's ``uid`` and where it lives (``home``: a copy found elsewhere takes a fresh ``uid``, ``_claim``),
+which ledger incarnation it last saw (``seen``/``see``) and which one was last made to count
 its sums, and when (``applied``/``apply``), and the time a restore books rows again at (``restoring``).
 
 One row per decision id (the first settlement wins, as in the ledger). Connections are opened
@@ -47,8 +48,10 @@ about two ``fsync``s, not a queue of them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
+import socket
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import closing
@@ -58,6 +61,8 @@ from typing import NamedTuple, TypedDict, cast
 from pointsman.group_commit import GroupCommit
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.budget.units import to_nusd, window_of
+
+log = logging.getLogger(__name__)
 
 #: Default file name under the data folder.
 DEFAULT_JOURNAL_NAME = "spend-journal.db"
@@ -147,8 +152,31 @@ class SpendJournal:
                     if name not in have:
                         conn.execute(f"ALTER TABLE journal ADD COLUMN {name} {kind}")
                 conn.execute("CREATE INDEX IF NOT EXISTS journal_booked ON journal(booked_s)")
+                self._claim(conn)
         except (OSError, sqlite3.Error) as exc:
             raise LedgerUnavailable(f"spend journal {self.path}: {exc}") from None
+
+    def _claim(self, conn: sqlite3.Connection) -> None:
+        """Keep where this file lives (``meta`` ``home``: host name and inode); a file found elsewhere is
+        a copy (a cloned volume, a copied file) of another replica's journal, sharing its ``uid``: after the
+        ledger lost its store only one of the two would book its sums (``RedisLedger.add_sums`` books a ``uid``
+        once). The copy takes a fresh ``uid`` and drops the booked rows and sums it inherited (the original still
+        holds and restores them), keeping the settlements still waiting (settled once whoever books them first).
+        A file moved to another host (or a pod renamed) counts as a copy too: run replicas with a stable host
+        name (a StatefulSet) to keep their sums across restarts."""
+        home = [socket.gethostname(), os.stat(self.path).st_ino]  # not st_dev: a remount (overlayfs) renumbers it
+        conn.execute("BEGIN IMMEDIATE")
+        row = conn.execute("SELECT value FROM meta WHERE key = 'home'").fetchone()
+        if row is not None and json.loads(row[0]) != home:
+            dropped = conn.execute("DELETE FROM journal WHERE booked_s IS NOT NULL").rowcount
+            dropped += conn.execute("DELETE FROM sums").rowcount
+            conn.execute("DELETE FROM meta WHERE key IN ('seen', 'applied', 'restoring')")
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'uid'", (secrets.token_hex(8),))
+            log.warning("spend journal %s was made at %s, is now at %s (host, inode): a copy of another "
+                        "replica's journal; it takes a fresh uid and drops the %d booked row(s) and sum(s) it "
+                        "inherited (the original books them again)", self.path, json.loads(row[0]), home, dropped)
+        conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('home', ?)", (json.dumps(home),))
+        conn.execute("COMMIT")
 
     def _connect(self, synchronous: str = "FULL") -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)

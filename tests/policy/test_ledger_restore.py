@@ -19,6 +19,7 @@ import sqlite3
 import subprocess
 import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -673,3 +674,56 @@ def test_a_decision_made_before_midnight_and_reserved_after_is_restored_in_its_r
         state.ledger.close()  # type: ignore[union-attr]
         ledger.close()
         redis.stop()
+
+
+def test_a_journal_copied_to_another_replica_restores_each_replicas_spend_once(tmp_path, caplog):
+    """Replica 1 starts on a copy of replica 0's journal (a cloned volume) holding folded sums under its ``uid``:
+    the copy takes a fresh ``uid`` and drops what it inherited, so a flushed store gets both replicas' spend back,
+    once (before, the two shared ``a:<uid>``: one booked its sums, the other nothing)."""
+    (tmp_path / "redis").mkdir()
+    redis = Redis(tmp_path / "redis")
+    clock = Clock()
+    ledger, (first,) = _replicas(tmp_path, redis.url, n=1, clock=clock)
+    try:
+        acked = {scope: 0 for scope in BUDGETED + UNBUDGETED}
+
+        def settle(state: FleetState, n: int) -> None:
+            for i in range(n):
+                scopes = BUDGETED if i % 2 else UNBUDGETED
+                cost = settle_one(state, scopes, i)
+                for scope in scopes:
+                    acked[scope] += cost
+
+        settle(first, 4)
+        clock.age([first])
+        assert _folded(first) == (0, 2)
+        with closing(sqlite3.connect(tmp_path / "journal-0.db")) as src, \
+                closing(sqlite3.connect(tmp_path / "journal-1.db")) as dst:
+            src.backup(dst)  # the file as a clone of its volume holds it
+        second = FleetState(FLEET, RedisLedger.from_url(redis.url, CONFIG), signer=first.signer,
+                            journal=SpendJournal(tmp_path / "journal-1.db"), clock=clock)
+        assert "a copy of another replica's journal" in caplog.text
+        assert second.journal.uid != first.journal.uid and _folded(second) == (0, 0)  # type: ignore[union-attr]
+        settle(second, 3)
+        settle(first, 2)
+        clock.age([first, second])
+        redis.flushall()
+        until_restored([first, second], ledger, acked)
+    finally:
+        for r in (first, *([second] if "second" in locals() else [])):
+            r.ledger.close()  # type: ignore[union-attr]
+        ledger.close()
+        redis.stop()
+
+
+def test_a_journal_opened_on_another_host_is_a_copy(tmp_path, monkeypatch):
+    """Same inode, another host name (a cloned volume mounted elsewhere): a fresh ``uid``, no sums."""
+    journal = SpendJournal(tmp_path / "j.db")
+    with closing(sqlite3.connect(tmp_path / "j.db")) as conn:
+        conn.execute("INSERT INTO sums VALUES ('[\"tenant:a\"]', '', '2026-12-07', 0, 1, 5, 1, 0, 1, 1)")
+        conn.commit()
+    uid = journal.uid
+    assert SpendJournal(tmp_path / "j.db").uid == uid and len(journal.sums()) == 1  # reopened where it lives
+    monkeypatch.setattr("socket.gethostname", lambda: "another-host")
+    copy = SpendJournal(tmp_path / "j.db")
+    assert copy.uid != uid and copy.sums() == []
