@@ -51,7 +51,7 @@ Tables::
     verifications(decision_id PK, time_s, action, rule, p_bad, verifier, escalation_id,
                   escalation_target, estimated_cost_usd, features JSON, draft_text)
     unsettled(outcome_id PK, outcome JSON)
-    forwards(outcome_id PK, inbox, outcome JSON, received_s, sent)
+    forwards(outcome_id PK, inbox, outcome JSON, received_s, sent, sent_s)
 
 ``unsettled`` holds the outcomes stored but not yet settled that no gateway resends (ext_proc records
 them itself): written in the transaction that stores the outcome, deleted once it is settled, and
@@ -60,7 +60,7 @@ settled at the next start when the process died in between (``append_outcomes(un
 ``forwards`` is the outbox of outcomes whose decision another replica's log holds (its ``inbox``,
 ``policy.signals.shared_state``): written in the transaction of ``append_outcomes(forwards=...)``, so as durable as
 a stored outcome when the service acknowledges it ``forwarded``; ``sent`` the Redis incarnation (``"<epoch>
-<run_id>"``) that took it (NULL: not yet, or its send failed); deleted once the owner's log stored it
+<run_id>"``) that took it (NULL: not yet, or its send failed), ``sent_s`` when (Unix s); deleted once the owner's log stored it
 (``forwards_confirmed``), or after ``FORWARD_KEEP_S`` (``drop_forwards``). ``forwards_due`` names the rows to send
 again. Retraining reads none of them: they are not this log's outcomes.
 
@@ -203,7 +203,7 @@ _OUTCOME_COLUMNS = (
 #: NULL), added to a file that lacks them when it is opened (``_add_columns``). The schema version stays: an
 #: earlier Pointsman names the columns it reads and writes, so it still reads and writes such a file.
 _ADDED_COLUMNS = (("outcomes", "served_endpoint", "TEXT"), ("outcomes", "upstream_status", "INTEGER"),
-                  ("decisions", "prompt_tokens", "INTEGER"))
+                  ("decisions", "prompt_tokens", "INTEGER"), ("forwards", "sent_s", "REAL"))
 
 
 def default_log_path() -> Path:
@@ -567,24 +567,30 @@ class OutcomeLog:
             raise DataError(f"{self.path}: outcome log unavailable ({exc})") from None
         return parse_outcomes([json.loads(r[0]) for r in rows]) if rows else []
 
-    def forwards_due(self, incarnation: str, unsent_before_s: float, limit: int = 1000) -> list[tuple[str, str, str]]:
-        """Up to ``limit`` outbox rows to send (again), as ``(inbox, key, outcome JSON)``: those never sent (or
-        whose send failed) received before ``unsent_before_s`` (Unix s; a younger one may be on its way), and those
-        sent to another incarnation than ``incarnation`` (it may have lost them). Raises ``DataError``."""
+    def forwards_due(self, incarnation: str, now: float, unsent_s: float, unconfirmed_s: float,
+                     limit: int = 1000) -> list[tuple[str, str, str]]:
+        """Up to ``limit`` outbox rows to send (again) at ``now`` (Unix s), as ``(inbox, key, outcome JSON)``: those
+        never sent (or whose send failed) received more than ``unsent_s`` seconds ago (a younger one may be on its
+        way), those sent to another incarnation than ``incarnation`` (it may have lost them), and those sent to it but
+        not confirmed for ``max(unconfirmed_s, how long they had waited when last sent)`` seconds (their owner's
+        acknowledgement may have been trimmed from the ``acks`` stream before this log's reader read it, or the owner
+        acknowledges nothing yet: sent again with a doubling backoff). Raises ``DataError``."""
         try:
             rows = self._reader().execute(
                 "SELECT inbox, outcome_id, outcome FROM forwards WHERE (sent IS NULL AND received_s < ?) OR sent != ? "
-                "ORDER BY received_s LIMIT ?", (unsent_before_s, incarnation, limit)).fetchall()
+                "OR coalesce(sent_s, received_s) < ? - max(?, coalesce(sent_s, received_s) - received_s) "
+                "ORDER BY received_s LIMIT ?", (now - unsent_s, incarnation, now, unconfirmed_s, limit)).fetchall()
         except sqlite3.Error as exc:
             raise DataError(f"{self.path}: outcome log unavailable ({exc})") from None
         return [(str(i), str(k), str(o)) for i, k, o in rows]
 
-    def forwards_sent(self, keys: Sequence[str], incarnation: str) -> None:
-        """Mark these outbox rows sent to ``incarnation`` (not ``fsync``ed: a row unmarked after a crash is sent again,
-        harmlessly). Raises ``DataError``."""
+    def forwards_sent(self, keys: Sequence[str], incarnation: str, now: float) -> None:
+        """Mark these outbox rows sent to ``incarnation`` at ``now`` (Unix s; not ``fsync``ed: a row unmarked after a
+        crash is sent again, harmlessly). Raises ``DataError``."""
         if keys:
             with self._write(durable=False) as conn:
-                conn.executemany("UPDATE forwards SET sent = ? WHERE outcome_id = ?", [(incarnation, k) for k in keys])
+                conn.executemany("UPDATE forwards SET sent = ?, sent_s = ? WHERE outcome_id = ?",
+                                 [(incarnation, now, k) for k in keys])
 
     def forwards_confirmed(self, keys: Sequence[str]) -> None:
         """Forget these outbox rows: their owner's log stored them (not ``fsync``ed: one back after a crash is sent

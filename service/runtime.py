@@ -59,6 +59,11 @@ JOURNAL_DRAIN_S = 10.0
 #: Seconds after its arrival from which an outcome to forward whose send failed (or never finished) is sent again;
 #: a younger one may still be on its way (the shared state's socket timeout is 2 s).
 FORWARD_RETRY_S = 5.0
+#: Seconds an outcome forwarded to the current Redis waits for its owner's acknowledgement before it is sent again (the
+#: ``acks`` stream, capped, may have been trimmed before this replica read it; an owner of an earlier version
+#: acknowledges nothing); each later wait is as long as the row had waited when last sent (doubling: about 11 sends in
+#: ``FORWARD_KEEP_S``). The owner stores a key once and acknowledges a duplicate too.
+FORWARD_CONFIRM_S = 300.0
 #: Seconds an outcome to forward waits for its owner's log (module ``shared_state``) before it is dropped: that log
 #: has not read its inbox since (its data folder gone for good, and its decisions with it).
 FORWARD_KEEP_S = 7 * 86400.0
@@ -308,9 +313,11 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
     return rt
 
 
-def send_forwards(outcome_log: OutcomeLog, sync: StateSync, outcomes: list[tuple[str, str, str]]) -> bool:
+def send_forwards(outcome_log: OutcomeLog, sync: StateSync, outcomes: list[tuple[str, str, str]],
+                  now: float | None = None) -> bool:
     """Send outbox rows (``(inbox, key, outcome JSON)``, kept by ``OutcomeLog.append_outcomes(forwards=...)``) to
-    their owners' inboxes and mark them sent to the incarnation that took them; False when the shared state did not
+    their owners' inboxes and mark them sent to the incarnation that took them at ``now`` (Unix s, default the
+    clock); False when the shared state did not
     take them (logged; they stay unsent, and ``resend_forwards`` sends them again: Redis may still apply a send that
     timed out, which the owner then stores once)."""
     try:
@@ -319,21 +326,23 @@ def send_forwards(outcome_log: OutcomeLog, sync: StateSync, outcomes: list[tuple
         log.warning("%d outcome(s) to forward kept in the outbox: %s", len(outcomes), exc)
         return False
     try:
-        outcome_log.forwards_sent([key for _, key, _ in outcomes], incarnation)
+        outcome_log.forwards_sent([key for _, key, _ in outcomes], incarnation, time.time() if now is None else now)
     except DataError as exc:  # sent again later: the owner stores a key once
         log.warning("forwarded outcomes not marked sent: %s", exc)
     return True
 
 
-def resend_forwards(outcome_log: OutcomeLog, sync: StateSync, metrics: ServiceMetrics, limit: int = 1000) -> int:
-    """Send again the outbox rows the shared state may have lost (``OutcomeLog.forwards_due``: never sent or failed,
-    or sent to another incarnation: Redis flushed, on a new volume, restarted on a cut file); drop those no owner
+def resend_forwards(outcome_log: OutcomeLog, sync: StateSync, metrics: ServiceMetrics, limit: int = 1000,
+                    now: float | None = None) -> int:
+    """Send again at ``now`` (Unix s, default the clock) the outbox rows the shared state may have lost
+    (``OutcomeLog.forwards_due``: never sent or failed, sent to another incarnation: Redis flushed, on a new volume,
+    restarted on a cut file, or left unconfirmed past ``FORWARD_CONFIRM_S``, backing off); drop those no owner
     confirmed within ``FORWARD_KEEP_S`` (logged, ``pointsman_forwarded_outcomes_dropped_total``). Returns how many
     were sent again (``pointsman_forwarded_outcomes_resent_total``); 0 while Redis is away or nothing is shared.
     Raises ``DataError`` (outcome log)."""
     if not sync.shared:
         return 0
-    now = time.time()
+    now = time.time() if now is None else now
     dropped = outcome_log.drop_forwards(now - FORWARD_KEEP_S)
     if dropped:
         metrics.forwards_dropped.inc(len(dropped))
@@ -343,11 +352,11 @@ def resend_forwards(outcome_log: OutcomeLog, sync: StateSync, metrics: ServiceMe
         incarnation = sync.incarnation()
     except DataError:
         return 0
-    due = outcome_log.forwards_due(incarnation, now - FORWARD_RETRY_S, limit)
-    if not due or not send_forwards(outcome_log, sync, due):
+    due = outcome_log.forwards_due(incarnation, now, FORWARD_RETRY_S, FORWARD_CONFIRM_S, limit)
+    if not due or not send_forwards(outcome_log, sync, due, now):
         return 0
     metrics.forwards_resent.inc(len(due))
-    log.info("%d forwarded outcome(s) sent again (not sent, or sent to a Redis that may have lost them)", len(due))
+    log.info("%d forwarded outcome(s) sent again (not sent, sent to a Redis that may have lost them, or not confirmed)", len(due))
     return len(due)
 
 

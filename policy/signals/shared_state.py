@@ -38,9 +38,11 @@ and deletes the entry; the forwarder's reader reads the acknowledgement and forg
 (``confirm``). A row the stream may have lost is sent again (the service's ``resend_forwards``): one
 whose send failed or timed out (a hung Redis may still apply it), and every row sent to another
 incarnation than the current one (``incarnation``: a new epoch after ``FLUSHALL`` or a new volume, a
-new ``run_id`` after a restart on a file cut short). Sending again is harmless (the owner stores a key
-once), so the outcome ends up in the owner's log only, whatever Redis lost. Budget and load are
-settled by the replica that received the outcome, from the signed id.
+new ``run_id`` after a restart on a file cut short), and every row left unconfirmed (its acknowledgement
+trimmed from the capped ``acks`` stream before the forwarder read it, or an owner that acknowledges none: an
+earlier version), after ``runtime.FORWARD_CONFIRM_S`` and then a doubling wait. Sending again is harmless
+(the owner stores a key once and acknowledges it again), so the outcome ends up in the owner's log only,
+whatever Redis lost. Budget and load are settled by the replica that received the outcome, from the signed id.
 
 ``P`` is the key prefix, default ``{pointsman-state}:`` (one hash slot in a cluster).
 
@@ -131,7 +133,8 @@ MAX_UNSENT_RELEASES = 100_000
 #: Dispatch writes the writer thread sends in one script call at most (``deferred_writes``).
 MAX_PIPELINE = 512
 #: Acknowledgement entries an ``acks`` stream keeps at most (approximately): a live forwarder reads its own
-#: within a read interval; the cap bounds those of a forwarder gone for good.
+#: within a read interval; the cap bounds those of a forwarder gone for good (one away long enough to miss some sends
+#: its unconfirmed rows again: ``runtime.FORWARD_CONFIRM_S``).
 ACKS_MAX_LEN = 10_000
 #: ``deliver(payloads)``: store outcomes forwarded to this inbox (JSON texts of ``OutcomeIn``);
 #: True once they are durable in the log (their entries are deleted), False to keep them.
