@@ -246,8 +246,7 @@ class SpendJournal:
             raise self._error(exc) from None
         return [(str(d), cast(SettleArgs, json.loads(a))) for d, a in rows]
 
-    def booked(self, since_s: float = float("-inf"), alive_after_s: float = float("-inf"),
-               page: int = 1000) -> Iterator[Booked]:
+    def booked(self, since_s: float, alive_after_s: float, page: int = 1000) -> Iterator[Booked]:
         """The booked rows kept, booked at or after ``since_s`` whose ledger record outlives ``alive_after_s``
         (``expires_s`` NULL or later), in insertion order, read ``page`` rows at a time (rows booked again while
         this runs keep their place). Raises ``LedgerUnavailable``."""
@@ -266,6 +265,30 @@ class SpendJournal:
                 yield Booked(str(d), cast(SettleArgs, json.loads(a)), float(b), None if e is None else float(e))
             if len(rows) < page:
                 return
+
+    def restorable(self) -> tuple[list[Sum], Iterator[Booked]]:
+        """Every sum kept and every booked row kept (in insertion order, read as iterated), read in one SQLite read
+        transaction: a concurrent ``compact`` (a worker sharing the file) cannot move a row into the sums between the
+        two reads (it would be in neither). The transaction lasts until the rows are read to the end or the iterator
+        is closed. Raises ``LedgerUnavailable`` (the iterator too)."""
+        try:
+            conn = self._connect()
+            conn.execute("BEGIN")
+            sums = self._sums(conn)
+            cursor = conn.execute("SELECT decision_id, args, booked_s, expires_s FROM journal WHERE booked_s IS NOT NULL "
+                                  "ORDER BY rowid")
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+
+        def rows() -> Iterator[Booked]:
+            try:
+                for d, a, b, e in cursor:
+                    yield Booked(str(d), cast(SettleArgs, json.loads(a)), float(b), None if e is None else float(e))
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+            finally:
+                conn.close()
+        return sums, rows()
 
     def done(self, decision_ids: list[str]) -> None:
         """Forget these entries; raises ``LedgerUnavailable``."""
@@ -325,10 +348,14 @@ class SpendJournal:
         """Every sum kept (``compact``); raises ``LedgerUnavailable``."""
         try:
             with closing(self._connect()) as conn:
-                rows = conn.execute("SELECT scopes, target, at_s, nusd, prompt, cached, completion, n FROM sums "
-                                    "ORDER BY scopes, target, day").fetchall()
+                return self._sums(conn)
         except sqlite3.Error as exc:
             raise self._error(exc) from None
+
+    @staticmethod
+    def _sums(conn: sqlite3.Connection) -> list[Sum]:
+        rows = conn.execute("SELECT scopes, target, at_s, nusd, prompt, cached, completion, n FROM sums "
+                            "ORDER BY scopes, target, day").fetchall()
         return [Sum(tuple(json.loads(s)), t or None, float(at), *(int(v) for v in rest)) for s, t, at, *rest in rows]
 
     def _meta(self, key: str) -> list[object] | None:

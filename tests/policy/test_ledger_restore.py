@@ -727,3 +727,39 @@ def test_a_journal_opened_on_another_host_is_a_copy(tmp_path, monkeypatch):
     monkeypatch.setattr("socket.gethostname", lambda: "another-host")
     copy = SpendJournal(tmp_path / "j.db")
     assert copy.uid != uid and copy.sums() == []
+
+
+def test_a_compaction_by_a_worker_sharing_the_journal_during_a_restore_loses_nothing(tmp_path):
+    """Another worker on the same journal folds every row into the sums right after this one read the sums for a
+    flushed store (``compact``, injected before ``add_sums``): the sums and rows are read in one SQLite read
+    transaction, so each settlement is booked once, from the one or the other (before, the folded rows were in
+    neither read: not booked)."""
+    (tmp_path / "redis").mkdir()
+    redis = Redis(tmp_path / "redis")
+    clock = Clock()
+    ledger, (replica,) = _replicas(tmp_path, redis.url, n=1, clock=clock)
+    worker = SpendJournal(tmp_path / "journal-0.db")
+    add_sums = replica.ledger.add_sums  # type: ignore[union-attr]
+
+    def compacted_first(*args, **kwargs):
+        worker.compact(clock() + 1, 0.0)
+        return add_sums(*args, **kwargs)
+
+    try:
+        acked = {scope: 0 for scope in BUDGETED + UNBUDGETED}
+        for i in range(4):
+            scopes = BUDGETED if i % 2 else UNBUDGETED
+            cost = settle_one(replica, scopes, i)
+            for scope in scopes:
+                acked[scope] += cost
+        tick(replica)
+        redis.flushall()
+        replica.ledger.add_sums = compacted_first  # type: ignore[union-attr]
+        tick(replica)
+        del replica.ledger.add_sums  # type: ignore[union-attr]
+        assert _folded(replica)[1] == 2  # the worker folded them
+        until_restored([replica], ledger, acked)
+    finally:
+        replica.ledger.close()  # type: ignore[union-attr]
+        ledger.close()
+        redis.stop()
