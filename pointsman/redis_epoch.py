@@ -6,7 +6,11 @@ redis-server). Every script that writes what a replica keeps a copy of (a ledger
 creates the epoch before anything else, so all of that was written after the current epoch was created, and a
 new epoch means everything written after the old one was created is gone (``FLUSHALL``, a new volume, a Redis
 without persistence restarted). A new ``run_id`` means Redis restarted on its files, which may end before what it
-acknowledged (the tail an ``appendfsync everysec`` file had not ``fsync``ed when the machine died). Keep
+acknowledged (the tail an ``appendfsync everysec`` file had not ``fsync``ed when the machine died). A Redis that
+refuses ``INFO`` (a managed service that disables or renames it) gives ``run_id`` '' every time, so such a restart
+goes unnoticed: the budget ledger's settlements in the lost tail are not booked again (its budgets read that much
+low until their windows end), and forwarded outcomes it lost are not sent again as lost, only once left
+unconfirmed (``runtime.FORWARD_CONFIRM_S``, minutes later); a new epoch (an emptied store) is still noticed. Keep
 ``maxmemory-policy noeviction`` (an evicted epoch reads as a lost store) and never delete the epoch alone. Users:
 the Redis budget ledger (``FleetState.restore_spend``) and the shared state's forwarded outcomes
 (``RedisSync.forward``).
