@@ -53,7 +53,7 @@ from pydantic import AfterValidator, Field, StringConstraints, field_validator, 
 
 from pointsman.errors import FleetError, Problem
 from pointsman.located import LocatedDocument, StrictModel, did_you_mean, parse_yaml, read_text, validate
-from pointsman.policy.media_tokens import ImageRule, ImageTokens, image_rule
+from pointsman.policy.media_tokens import ImageRule, ImageTokens, image_rule, no_images
 
 #: The packaged default fleet.
 DEFAULT_FLEET_PATH = Path(__file__).parent / "defaults" / "fleet.yaml"
@@ -445,7 +445,11 @@ def phase_roles(mode: str) -> tuple[str, str]:
 def target_image_rule(target: OnPremTarget | FrontierTarget) -> ImageRule:
     """The tokens one image input takes on ``target`` (``media_tokens.ImageRule``: by its size and detail): its
     ``image_tokens``, else the provider's rule for its model (``media_tokens.image_rule``; an on-prem target's,
-    which the fleet requires to state ``image_tokens`` when it takes images: ``media_tokens.UNKNOWN``)."""
+    which the fleet requires to state ``image_tokens`` when it takes images: ``media_tokens.UNKNOWN``); 0 on a
+    target without ``capabilities.images``, which never receives one (the capabilities filter keeps the request from
+    it), so its cost, predicted prefill and pick count the text it would get."""
+    if not target.capabilities.images:
+        return no_images
     if target.image_tokens is not None:
         return target.image_tokens
     return image_rule(target.provider if isinstance(target, FrontierTarget) else None, target.model)

@@ -156,6 +156,11 @@ class Area:
         return self.cap if size is None else min(self.cap, math.ceil(size[0] * size[1] / self.px_per_token))
 
 
+def no_images(size: Size, detail: str | None) -> int:
+    """0 tokens: the rule of a target that takes no images (``fleet.target_image_rule``)."""
+    return 0
+
+
 @dataclass(frozen=True)
 class Most:
     """The most any of ``rules`` bills for the image (``UNKNOWN``)."""

@@ -22,7 +22,9 @@ from pointsman.service.app import create_app
 from pointsman.service.bootstrap import build_state
 from pointsman.service.settings import Settings
 
-OUT = 16  # max_tokens of every request
+#: max_tokens of every request: a long answer makes gpt-4o-mini the cheaper tier for each request here, so the default
+#: policy sends them there (with a short one an image by URL costs less on gpt-4o, and goes there: test_image_overflow.py)
+OUT = 2000
 
 
 def openai_tile_tokens(width: int, height: int, base: int, per_tile: int) -> int:
@@ -147,7 +149,7 @@ def test_the_context_window_holds_the_targets_image_count(route):
     assert by_url["estimated_cost_usd"] >= mini_usd(3 * MINI_MOST)
     big = png_url(1536, 4096)
     refused = route(_image_request(url=big, images=3), status=422)["error"]["message"]
-    assert "frontier-small (context-window: needs 144,5" in refused, refused
+    assert "frontier-small (context-window: needs 146,5" in refused, refused  # 3 x 48,169, the text and OUT
     assert "onprem-8b (capabilities: does not accept image inputs)" in refused, refused  # named for what it lacks
     assert route(_image_request(url=big, images=3), p_hard=0.95)["target"] == "frontier-large"
     assert route(_image_request(url=png_url(512, 512), images=3))["target"] == "frontier-small"
@@ -219,7 +221,7 @@ def test_a_pdf_counts_the_least_its_pages_bill_against_the_window(route):
     assert d["estimated_cost_usd"] == pytest.approx(mini_usd(d["prompt_tokens"]))
     refused = route(_request({"type": "file", "file": {"file_data": "data:application/pdf;base64," + pdf_base64(16),
                                                         "filename": "a.pdf"}}), status=422)["error"]["message"]
-    assert "frontier-small (context-window: needs 136," in refused, refused  # 16 x 8,500 surely does not fit
+    assert "frontier-small (context-window: needs 138," in refused, refused  # 16 x 8,500 + OUT surely does not fit
 
 
 def test_a_pdf_of_many_object_stream_headers_is_read_once(route, monkeypatch):

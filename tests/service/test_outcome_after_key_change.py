@@ -104,7 +104,8 @@ def test_an_outcome_only_the_log_knows_books_the_media_its_decision_priced(tmp_p
     from pointsman.service.bootstrap import build_state
     from pointsman.service.settings import Settings
 
-    body = {"max_tokens": 16, "messages": [{"role": "user", "content": [
+    # a 2,000-token answer: the request costs less on gpt-4o-mini (with 16, gpt-4o would take it for less)
+    body = {"max_tokens": 2000, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "What does this form say?"},
         {"type": "image_url", "image_url": {"url": "https://example.com/scan.png"}}]}], "routing": {"tenant": "acme"}}
     budgets = tmp_path / "budgets.yaml"  # held in the ledger: the restarted process settles the hold
