@@ -4,11 +4,16 @@
 serve`` on a free port (or ``port``) with ``POINTSMAN_DATA_DIR=data_dir`` (and ``env`` as
 ``POINTSMAN_*`` variables), waits until ``/readyz`` answers 200 (60 s at most), and every
 process it started is stopped at teardown (SIGTERM, then SIGKILL).
+
+For a fleet fed by stand-in engines (``standin`` fixture): ``endpoint_yaml`` writes an endpoint's line,
+``serve_fleet`` starts ``serve`` on a fleet and policy beside the bundled tokenizer, ``route`` asks for one
+decision and ``wait`` polls until a check holds.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -42,6 +48,56 @@ def static_policy_client(data: Path, fleet_spec: dict, p_hard: float) -> TestCli
     engine = RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), FixedDifficulty(p_hard),
                            state=build_state(settings, fleet))
     return TestClient(create_app(settings, engine=engine, owns_engine=True))
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+def endpoint_yaml(name: str, engine: Any = None) -> str:
+    """One item of a pool's ``endpoints:`` list (10 spaces in, no newline) named ``name``: with ``engine`` (a
+    ``StandinEngine``) its ``base_url`` and ``kv_events`` (``kv_events_url``, ``replay_url``); without, an unreachable
+    ``http://<name>.internal:8000/v1``."""
+    if engine is None:
+        return f'          - {{name: {name}, url: "http://{name}.internal:8000/v1"}}'
+    return (f'          - {{name: {name}, url: "{engine.base_url}/v1", '
+            f'kv_events: {{url: "{engine.kv_events_url}", replay_url: "{engine.replay_url}"}}}}')
+
+
+def serve_fleet(tmp_path: Path, serve: Callable[..., tuple[subprocess.Popen, str]], fleet: str, policy: str,
+                **settings: Any) -> tuple[str, Any]:
+    """Writes ``fleet`` and ``policy`` (YAML text) to ``tmp_path`` as ``fleet.yaml`` and ``policy.yaml``, beside the
+    bundled ``tokenizer.json`` and ``CHAT_TEMPLATE`` as ``template.jinja`` (what a fleet's ``kv_events`` names), and
+    starts ``serve`` on them (data in ``tmp_path / "data"``, no file watching, ``scrape_interval_s`` 0 unless
+    ``settings`` say, ``settings`` as further ``POINTSMAN_*``). Returns the base URL and the ``TargetTokenizer`` of
+    those two files."""
+    from pointsman.estimator.model_source import bundled_model_dir
+    from pointsman.policy.signals.engine_hashes import TargetTokenizer
+
+    shutil.copyfile(bundled_model_dir() / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "template.jinja").write_text(CHAT_TEMPLATE)
+    (tmp_path / "fleet.yaml").write_text(fleet)
+    (tmp_path / "policy.yaml").write_text(policy)
+    _, base = serve(tmp_path / "data", fleet_path=tmp_path / "fleet.yaml", policy_path=tmp_path / "policy.yaml",
+                    **{"watch_policy": "false", "watch_fleet": "false", "scrape_interval_s": 0, **settings})
+    return base, TargetTokenizer.from_files(tmp_path / "tokenizer.json", chat_template_file=tmp_path / "template.jinja")
+
+
+def route(base: str, body: dict) -> dict:
+    """``POST /v1/route`` with ``body`` (asserting 200), then cancels that decision's outcome; returns the decision."""
+    r = httpx.post(f"{base}/v1/route", timeout=10, json=body)
+    assert r.status_code == 200, r.text
+    d = r.json()
+    httpx.post(f"{base}/v1/outcomes", timeout=10, json={"decision_id": d["decision_id"], "status": "cancelled"}).raise_for_status()
+    return d
+
+
+def wait(check: Callable[[], Any], what: str) -> None:
+    """Polls ``check()`` every 0.05 s until it is truthy; ``AssertionError(what)`` after 15 s."""
+    deadline = time.monotonic() + 15
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
 
 
 def free_port() -> int:

@@ -9,17 +9,13 @@ holder over-cap at 4 running."""
 
 from __future__ import annotations
 
-import shutil
 import time
 
 import httpx
 import pytest
 
-from pointsman.estimator.model_source import bundled_model_dir
-from pointsman.policy.signals.engine_hashes import TargetTokenizer
+from tests.service.conftest import endpoint_yaml, route, serve_fleet
 
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 FLEET = """apiVersion: pointsman/v1
 kind: Fleet
 defaults: {{output_tokens: 64, scrape_metrics: false}}
@@ -36,9 +32,7 @@ targets:
         prefill_tokens_per_s: 17000
         decode_tokens_per_s: 12000
 {seqs}        endpoints:
-          - {{name: agg-0, url: "http://agg-0.internal:8000/v1"}}
-          - {{name: agg-1, url: "http://agg-1.internal:8000/v1"}}
-          - {{name: agg-2, url: "{engine.base_url}/v1", kv_events: {{url: "{engine.kv_events_url}", replay_url: "{engine.replay_url}"}}}}
+{endpoints}
 """
 POLICY = "apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n  - name: d\n    route: {target: onprem-8b}\n"
 PROMPT = [{"role": "user", "content": " ".join(f"w{i}" for i in range(350))}]
@@ -48,29 +42,17 @@ PROMPT = [{"role": "user", "content": " ".join(f"w{i}" for i in range(350))}]
 def test_a_prefix_holder_under_a_full_batch_is_not_over_cap(tmp_path, serve, standin, max_num_seqs):
     engine = standin.StandinEngine("vllm").start()
     try:
-        shutil.copyfile(bundled_model_dir() / "tokenizer.json", tmp_path / "tokenizer.json")
-        (tmp_path / "template.jinja").write_text(TEMPLATE)
         seqs = "" if max_num_seqs is None else f"        max_num_seqs: {max_num_seqs}\n"
-        (tmp_path / "fleet.yaml").write_text(FLEET.format(engine=engine, seqs=seqs))
-        (tmp_path / "policy.yaml").write_text(POLICY)
-        _, base = serve(tmp_path / "data", fleet_path=tmp_path / "fleet.yaml", policy_path=tmp_path / "policy.yaml",
-                        watch_policy="false", watch_fleet="false", scrape_interval_s=0)
-        ids = TargetTokenizer.from_files(tmp_path / "tokenizer.json",
-                                         chat_template_file=tmp_path / "template.jinja").prompt_token_ids(PROMPT)
-        _, stored = engine.prefill(ids)
+        endpoints = "\n".join(endpoint_yaml(f"agg-{i}", engine if i == 2 else None) for i in range(3))
+        base, tok = serve_fleet(tmp_path, serve, FLEET.format(endpoints=endpoints, seqs=seqs), POLICY)
+        _, stored = engine.prefill(tok.prompt_token_ids(PROMPT))
         assert stored is not None
 
         def decide(running: int) -> dict:
             load = [{"endpoint": f"agg-{i}", "load": {"num_requests_running": running if i == 2 else 0,
                                                       "num_requests_waiting": 0}} for i in range(3)]
             httpx.post(f"{base}/v1/telemetry", json=load, timeout=10).raise_for_status()
-            r = httpx.post(f"{base}/v1/route", timeout=10,
-                           json={"messages": PROMPT, "max_tokens": 64, "routing": {"explain": True}})
-            assert r.status_code == 200, r.text
-            d = r.json()
-            httpx.post(f"{base}/v1/outcomes", timeout=10,
-                       json={"decision_id": d["decision_id"], "status": "cancelled"}).raise_for_status()
-            return d
+            return route(base, {"messages": PROMPT, "max_tokens": 64, "routing": {"explain": True}})
 
         deadline = time.monotonic() + 15
         while not (held := {c["endpoint"]: c for c in decide(0)["trace"]["endpoints"][0]["candidates"]})["agg-2"][

@@ -8,17 +8,11 @@ request went wherever the tie rotation sent it."""
 
 from __future__ import annotations
 
-import shutil
-import time
-
 import httpx
 import pytest
 
-from pointsman.estimator.model_source import bundled_model_dir
-from pointsman.policy.signals.engine_hashes import TargetTokenizer
+from tests.service.conftest import endpoint_yaml, route, serve_fleet, wait
 
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 FLEET = """apiVersion: pointsman/v1
 kind: Fleet
 defaults: {{output_tokens: 64, scrape_metrics: false}}
@@ -50,30 +44,15 @@ TEXT = "Summarise this report. " + " ".join(f"step {i}: the cache warmed and the
 def test_a_completions_prompt_matches_the_blocks_its_engine_cached(tmp_path, serve, standin, as_ids):
     engines = [standin.StandinEngine("vllm").start() for _ in range(2)]
     try:
-        shutil.copyfile(bundled_model_dir() / "tokenizer.json", tmp_path / "tokenizer.json")
-        (tmp_path / "template.jinja").write_text(TEMPLATE)
-        endpoints = "\n".join(f'          - {{name: agg-{i}, url: "{e.base_url}/v1", kv_events: {{url: "{e.kv_events_url}", '
-                              f'replay_url: "{e.replay_url}"}}}}' for i, e in enumerate(engines))
-        (tmp_path / "fleet.yaml").write_text(FLEET.format(endpoints=endpoints))
-        (tmp_path / "policy.yaml").write_text(POLICY)
-        _, base = serve(tmp_path / "data", fleet_path=tmp_path / "fleet.yaml", policy_path=tmp_path / "policy.yaml",
-                        watch_policy="false", watch_fleet="false", scrape_interval_s=0)
-        tok = TargetTokenizer.from_files(tmp_path / "tokenizer.json", chat_template_file=tmp_path / "template.jinja")
+        endpoints = "\n".join(endpoint_yaml(f"agg-{i}", e) for i, e in enumerate(engines))
+        base, tok = serve_fleet(tmp_path, serve, FLEET.format(endpoints=endpoints), POLICY)
         ids = tok.token_ids(TEXT, add_special_tokens=True)  # vLLM's CompletionRequest.add_special_tokens: True
         _, stored = engines[1].prefill(ids)
         assert stored is not None
-        deadline = time.monotonic() + 15
-        while httpx.get(f"{base}/v1/fleet", timeout=10).json()["targets"]["onprem-8b"]["endpoints"][1]["cached_blocks"] \
-                < len(stored.block_hashes):
-            assert time.monotonic() < deadline, "the engine's events never arrived"
-            time.sleep(0.05)
+        wait(lambda: httpx.get(f"{base}/v1/fleet", timeout=10).json()["targets"]["onprem-8b"]["endpoints"][1][
+            "cached_blocks"] >= len(stored.block_hashes), "the engine's events never arrived")
         for _ in range(2):  # whatever the tie rotation's turn
-            r = httpx.post(f"{base}/v1/route", timeout=10, json={
-                "model": "auto", "prompt": ids if as_ids else TEXT, "max_tokens": 64, "routing": {"explain": True}})
-            assert r.status_code == 200, r.text
-            d = r.json()
-            httpx.post(f"{base}/v1/outcomes", timeout=10,
-                       json={"decision_id": d["decision_id"], "status": "cancelled"}).raise_for_status()
+            d = route(base, {"model": "auto", "prompt": ids if as_ids else TEXT, "max_tokens": 64, "routing": {"explain": True}})
             hits = {c["endpoint"]: c["local_hit_tokens"] for c in d["trace"]["endpoints"][0]["candidates"]}
             assert d["endpoints"][0]["name"] == "agg-1" and hits["agg-0"] == 0, hits
             assert hits["agg-1"] >= 0.95 * d["prompt_tokens"], (hits, d["prompt_tokens"])

@@ -10,18 +10,12 @@ replica held the prompt showed the whole prompt as ``uncached_prompt_tokens``.""
 
 from __future__ import annotations
 
-import shutil
-import time
-
 import httpx
 import pytest
 
-from pointsman.estimator.model_source import bundled_model_dir
 from pointsman.policy.selection.latency import LINK_LATENCY_S
-from pointsman.policy.signals.engine_hashes import TargetTokenizer
+from tests.service.conftest import endpoint_yaml, serve_fleet, wait
 
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 POOL = """        gpus_per_replica: 2
         prefill_tokens_per_s: 12192
         decode_tokens_per_s: 6651
@@ -41,13 +35,8 @@ rules:
 
 
 def fleet_yaml(engines: dict) -> str:
-    def ep(name: str) -> str:
-        e = engines.get(name)
-        if e is None:
-            return f'          - {{name: {name}, url: "http://{name}.internal:8000/v1"}}'
-        return (f'          - {{name: {name}, url: "{e.base_url}/v1", '
-                f'kv_events: {{url: "{e.kv_events_url}", replay_url: "{e.replay_url}"}}}}')
-    pools = "".join(f"      {role}:\n{POOL}" + "\n".join(ep(f"{short}-{i}") for i in range(n)) + "\n"
+    pools = "".join(f"      {role}:\n{POOL}" + "\n".join(endpoint_yaml(f"{short}-{i}", engines.get(f"{short}-{i}"))
+                                                        for i in range(n)) + "\n"
                     for role, short, n in (("aggregated", "agg", 2), ("prefill", "prefill", 2), ("decode", "decode", 4)))
     return f"""apiVersion: pointsman/v1
 kind: Fleet
@@ -73,13 +62,7 @@ def words(n: int) -> str:
 def service(tmp_path, serve, standin):
     engines = {name: standin.StandinEngine("vllm").start() for name in ("decode-2", "prefill-1")}
     try:
-        shutil.copyfile(bundled_model_dir() / "tokenizer.json", tmp_path / "tokenizer.json")
-        (tmp_path / "template.jinja").write_text(TEMPLATE)
-        (tmp_path / "fleet.yaml").write_text(fleet_yaml(engines))
-        (tmp_path / "policy.yaml").write_text(POLICY)
-        _, base = serve(tmp_path / "data", fleet_path=tmp_path / "fleet.yaml", policy_path=tmp_path / "policy.yaml",
-                        watch_policy="false", watch_fleet="false", scrape_interval_s=0)
-        tok = TargetTokenizer.from_files(tmp_path / "tokenizer.json", chat_template_file=tmp_path / "template.jinja")
+        base, tok = serve_fleet(tmp_path, serve, fleet_yaml(engines), POLICY)
         yield base, engines, tok
     finally:
         for e in engines.values():
@@ -91,11 +74,8 @@ def hold(base: str, engine, name: str, token_ids: list[int]) -> int:
     them."""
     _, stored = engine.prefill(token_ids)
     assert stored is not None
-    deadline = time.monotonic() + 15
-    while next(e for e in httpx.get(f"{base}/v1/fleet", timeout=10).json()["targets"]["onprem-70b"]["endpoints"]
-               if e["name"] == name)["cached_blocks"] < len(stored.block_hashes):
-        assert time.monotonic() < deadline, "the engine's events never arrived"
-        time.sleep(0.05)
+    wait(lambda: next(e for e in httpx.get(f"{base}/v1/fleet", timeout=10).json()["targets"]["onprem-70b"]["endpoints"]
+                      if e["name"] == name)["cached_blocks"] >= len(stored.block_hashes), "the engine's events never arrived")
     return len(stored.block_hashes)
 
 

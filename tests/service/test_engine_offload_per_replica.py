@@ -10,17 +10,11 @@ reads nothing, and agg-0's restart drops them."""
 
 from __future__ import annotations
 
-import shutil
-import time
-
 import httpx
 import pytest
 
-from pointsman.estimator.model_source import bundled_model_dir
-from pointsman.policy.signals.engine_hashes import TargetTokenizer
+from tests.service.conftest import endpoint_yaml, route, serve_fleet, wait
 
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 FLEET = """apiVersion: pointsman/v1
 kind: Fleet
 defaults: {{output_tokens: 64, scrape_metrics: false}}
@@ -45,34 +39,15 @@ POLICY = "apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n  - name: d\n  
 PROMPT = [{"role": "user", "content": " ".join(f"w{i}" for i in range(3000))}]
 
 
-def wait(check, what: str) -> None:
-    deadline = time.monotonic() + 15
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def test_blocks_an_engine_offloads_to_its_own_cpu_count_on_that_replica_only(tmp_path, serve, standin):
     engines = [standin.StandinEngine("vllm").start() for _ in range(2)]
     try:
-        shutil.copyfile(bundled_model_dir() / "tokenizer.json", tmp_path / "tokenizer.json")
-        (tmp_path / "template.jinja").write_text(TEMPLATE)
-        endpoints = "\n".join(f'          - {{name: agg-{i}, url: "{e.base_url}/v1", kv_events: {{url: "{e.kv_events_url}", '
-                              f'replay_url: "{e.replay_url}"}}}}' for i, e in enumerate(engines))
-        (tmp_path / "fleet.yaml").write_text(FLEET.format(endpoints=endpoints))
-        (tmp_path / "policy.yaml").write_text(POLICY)
-        _, base = serve(tmp_path / "data", fleet_path=tmp_path / "fleet.yaml", policy_path=tmp_path / "policy.yaml",
-                        watch_policy="false", watch_fleet="false", scrape_interval_s=0)
-        ids = TargetTokenizer.from_files(tmp_path / "tokenizer.json",
-                                         chat_template_file=tmp_path / "template.jinja").prompt_token_ids(PROMPT)
+        endpoints = "\n".join(endpoint_yaml(f"agg-{i}", e) for i, e in enumerate(engines))
+        base, tok = serve_fleet(tmp_path, serve, FLEET.format(endpoints=endpoints), POLICY)
+        ids = tok.prompt_token_ids(PROMPT)
 
         def candidates() -> tuple[dict[str, dict], int]:
-            r = httpx.post(f"{base}/v1/route", timeout=10,
-                           json={"messages": PROMPT, "max_tokens": 64, "routing": {"explain": True}})
-            assert r.status_code == 200, r.text
-            d = r.json()
-            httpx.post(f"{base}/v1/outcomes", timeout=10,
-                       json={"decision_id": d["decision_id"], "status": "cancelled"}).raise_for_status()
+            d = route(base, {"messages": PROMPT, "max_tokens": 64, "routing": {"explain": True}})
             return {c["endpoint"]: c for c in d["trace"]["endpoints"][0]["candidates"]}, d["prompt_tokens"]
 
         def offloaded(name: str) -> int:

@@ -12,17 +12,10 @@ credits the tier: 0.15 s). A ``BlockRemoved`` on that medium takes the blocks ou
 
 from __future__ import annotations
 
-import shutil
-import time
-
-import httpx
 import pytest
 
-from pointsman.estimator.model_source import bundled_model_dir
-from pointsman.policy.signals.engine_hashes import TargetTokenizer
+from tests.service.conftest import endpoint_yaml, route, serve_fleet, wait
 
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 FLEET = """apiVersion: pointsman/v1
 kind: Fleet
 defaults: {{output_tokens: 64, scrape_metrics: false}}
@@ -50,24 +43,12 @@ PROMPT = [{"role": "user", "content": " ".join(f"w{i}" for i in range(3000))}]
 def test_blocks_an_engine_reports_offloaded_are_restorable_from_the_shared_tier(tmp_path, serve, standin):
     engines = [standin.StandinEngine("vllm").start() for _ in range(2)]
     try:
-        shutil.copyfile(bundled_model_dir() / "tokenizer.json", tmp_path / "tokenizer.json")
-        (tmp_path / "template.jinja").write_text(TEMPLATE)
-        endpoints = "\n".join(f'          - {{name: agg-{i}, url: "{e.base_url}/v1", kv_events: {{url: "{e.kv_events_url}", '
-                              f'replay_url: "{e.replay_url}"}}}}' for i, e in enumerate(engines))
-        (tmp_path / "fleet.yaml").write_text(FLEET.format(endpoints=endpoints))
-        (tmp_path / "policy.yaml").write_text(POLICY)
-        _, base = serve(tmp_path / "data", fleet_path=tmp_path / "fleet.yaml", policy_path=tmp_path / "policy.yaml",
-                        watch_policy="false", watch_fleet="false", scrape_interval_s=0)
-        ids = TargetTokenizer.from_files(tmp_path / "tokenizer.json",
-                                         chat_template_file=tmp_path / "template.jinja").prompt_token_ids(PROMPT)
+        endpoints = "\n".join(endpoint_yaml(f"agg-{i}", e) for i, e in enumerate(engines))
+        base, tok = serve_fleet(tmp_path, serve, FLEET.format(endpoints=endpoints), POLICY)
+        ids = tok.prompt_token_ids(PROMPT)
 
         def candidates() -> dict[str, dict]:
-            r = httpx.post(f"{base}/v1/route", timeout=10,
-                           json={"messages": PROMPT, "max_tokens": 64, "routing": {"explain": True}})
-            assert r.status_code == 200, r.text
-            d = r.json()
-            httpx.post(f"{base}/v1/outcomes", timeout=10,
-                       json={"decision_id": d["decision_id"], "status": "cancelled"}).raise_for_status()
+            d = route(base, {"messages": PROMPT, "max_tokens": 64, "routing": {"explain": True}})
             return {c["endpoint"]: c for c in d["trace"]["endpoints"][0]["candidates"]}, d["prompt_tokens"]
 
         cold, prompt = candidates()
@@ -81,10 +62,7 @@ def test_blocks_an_engine_reports_offloaded_are_restorable_from_the_shared_tier(
             got, _ = candidates()
             return [got[e]["shared_hit_tokens"] for e in ("agg-0", "agg-1")]
 
-        deadline = time.monotonic() + 15
-        while restorable() == [0, 0]:
-            assert time.monotonic() < deadline, "the offloaded blocks never counted"
-            time.sleep(0.05)
+        wait(lambda: restorable() != [0, 0], "the offloaded blocks never counted")
         warm, _ = candidates()
         held = int(len(stored.block_hashes) * 16 * prompt / len(ids))
         restore = 0.001 + held * 327680 / 25e9
@@ -93,10 +71,7 @@ def test_blocks_an_engine_reports_offloaded_are_restorable_from_the_shared_tier(
             assert warm[name]["prefill-work"] == pytest.approx((prompt - held) / 12192 + restore, rel=1e-6), warm[name]
         assert warm["agg-0"]["prefill-work"] < full / 4
         engines[0].evict(stored.block_hashes)  # BlockRemoved, medium CPU
-        deadline = time.monotonic() + 15
-        while restorable() != [0, 0]:
-            assert time.monotonic() < deadline, "the removal never counted"
-            time.sleep(0.05)
+        wait(lambda: restorable() == [0, 0], "the removal never counted")
     finally:
         for e in engines:
             e.stop()

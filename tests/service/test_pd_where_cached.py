@@ -14,16 +14,10 @@ prompt 99.9% held on a decode replica busy with 40 running answers (the aggregat
 
 from __future__ import annotations
 
-import shutil
-import time
-
 import httpx
 
-from pointsman.estimator.model_source import bundled_model_dir
-from pointsman.policy.signals.engine_hashes import TargetTokenizer
+from tests.service.conftest import endpoint_yaml, serve_fleet, wait
 
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 POOL = """        gpus_per_replica: 2
         prefill_tokens_per_s: 12192
         decode_tokens_per_s: 6651
@@ -40,10 +34,8 @@ rules:
 
 
 def fleet_yaml(engine) -> str:
-    plain = "          - {{name: {0}, url: \"http://{0}.internal:8000/v1\"}}"
-    decode = [plain.format(f"decode-{i}") for i in range(4)]
-    decode[1] = (f'          - {{name: decode-1, url: "{engine.base_url}/v1", '
-                 f'kv_events: {{url: "{engine.kv_events_url}", replay_url: "{engine.replay_url}"}}}}')
+    def pool(short: str, n: int) -> str:
+        return "\n".join(endpoint_yaml(f"{short}-{i}", engine if f"{short}-{i}" == "decode-1" else None) for i in range(n))
     return f"""apiVersion: pointsman/v1
 kind: Fleet
 defaults: {{output_tokens: 256, scrape_metrics: false}}
@@ -57,11 +49,11 @@ targets:
     kv_events: {{tokenizer: tokenizer.json, chat_template: template.jinja}}
     pools:
       aggregated:
-{POOL}{chr(10).join(plain.format(f"agg-{i}") for i in range(2))}
+{POOL}{pool("agg", 2)}
       prefill:
-{POOL}{chr(10).join(plain.format(f"prefill-{i}") for i in range(2))}
+{POOL}{pool("prefill", 2)}
       decode:
-{POOL}{chr(10).join(decode)}
+{POOL}{pool("decode", 4)}
 """
 
 
@@ -71,13 +63,7 @@ def words(n: int) -> str:
 
 def start(tmp_path, serve, standin):
     engine = standin.StandinEngine("vllm").start()
-    shutil.copyfile(bundled_model_dir() / "tokenizer.json", tmp_path / "tokenizer.json")
-    (tmp_path / "template.jinja").write_text(TEMPLATE)
-    (tmp_path / "fleet.yaml").write_text(fleet_yaml(engine))
-    (tmp_path / "policy.yaml").write_text(POLICY)
-    _, base = serve(tmp_path / "data", fleet_path=tmp_path / "fleet.yaml", policy_path=tmp_path / "policy.yaml",
-                    watch_policy="false", watch_fleet="false", scrape_interval_s=0)
-    tok = TargetTokenizer.from_files(tmp_path / "tokenizer.json", chat_template_file=tmp_path / "template.jinja")
+    base, tok = serve_fleet(tmp_path, serve, fleet_yaml(engine), POLICY)
     return engine, base, tok
 
 
@@ -85,11 +71,9 @@ def hold(base: str, engine, token_ids: list[int]) -> None:
     """decode-1's engine prefills ``token_ids`` and publishes its blocks; returns once the service holds them."""
     _, stored = engine.prefill(token_ids)
     assert stored is not None
-    deadline = time.monotonic() + 15
-    while next(e for e in httpx.get(f"{base}/v1/fleet", timeout=10).json()["targets"]["onprem-70b"]["endpoints"]
-               if e["name"] == "decode-1")["cached_blocks"] < len(stored.block_hashes):
-        assert time.monotonic() < deadline, "the engine's events never arrived"
-        time.sleep(0.05)
+    wait(lambda: next(e for e in httpx.get(f"{base}/v1/fleet", timeout=10).json()["targets"]["onprem-70b"]["endpoints"]
+                      if e["name"] == "decode-1")["cached_blocks"] >= len(stored.block_hashes),
+         "the engine's events never arrived")
 
 
 def decide(base: str, messages: list[dict]) -> dict:

@@ -14,10 +14,10 @@ on-prem; now the queue reads 2.6 s and it overflows to the frontier tier."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
+
+from tests.service.conftest import route, serve_fleet, wait
 
 FLEET = """apiVersion: pointsman/v1
 kind: Fleet
@@ -55,6 +55,12 @@ rules:
 """
 
 
+def waiting(base: str) -> list[int | None]:
+    """Each endpoint's ``num_requests_waiting`` as the service last read it (None before a scrape)."""
+    return [e["load"].get("num_requests_waiting") for e in httpx.get(f"{base}/v1/fleet", timeout=10).json()["targets"][
+        "onprem-70b"]["endpoints"]]
+
+
 def test_the_queue_ahead_is_the_same_whatever_the_prompt_asking(tmp_path, serve, standin):
     engines = [standin.StandinEngine("vllm").start() for _ in range(2)]
     try:
@@ -64,26 +70,13 @@ def test_the_queue_ahead_is_the_same_whatever_the_prompt_asking(tmp_path, serve,
             e.metrics.add_prefix(5000, 10000)
         endpoints = "\n".join(f'          - {{name: agg-{i}, url: "{e.base_url}/v1", metrics_url: "{e.metrics_url}"}}'
                               for i, e in enumerate(engines))
-        (tmp_path / "fleet.yaml").write_text(FLEET.format(endpoints=endpoints))
-        (tmp_path / "policy.yaml").write_text(POLICY)
-        _, base = serve(tmp_path / "data", fleet_path=tmp_path / "fleet.yaml", policy_path=tmp_path / "policy.yaml",
-                        watch_policy="false", watch_fleet="false", scrape_interval_s=0.3)
+        base, _ = serve_fleet(tmp_path, serve, FLEET.format(endpoints=endpoints), POLICY, scrape_interval_s=0.3)
 
         def decide(prompt_tokens: int) -> dict:
-            r = httpx.post(f"{base}/v1/route", timeout=10, json={
-                "messages": [{"role": "user", "content": "Summarise the attached report."}], "max_tokens": 64,
-                "routing": {"prompt_tokens": prompt_tokens, "explain": True}})
-            assert r.status_code == 200, r.text
-            d = r.json()
-            httpx.post(f"{base}/v1/outcomes", timeout=10,
-                       json={"decision_id": d["decision_id"], "status": "cancelled"}).raise_for_status()
-            return d
+            return route(base, {"messages": [{"role": "user", "content": "Summarise the attached report."}], "max_tokens": 64,
+                                "routing": {"prompt_tokens": prompt_tokens, "explain": True}})
 
-        deadline = time.monotonic() + 15
-        while any(e["load"].get("num_requests_waiting") != 4
-                  for e in httpx.get(f"{base}/v1/fleet", timeout=10).json()["targets"]["onprem-70b"]["endpoints"]):
-            assert time.monotonic() < deadline, "the scrapes never arrived"
-            time.sleep(0.1)
+        wait(lambda: waiting(base) == [4, 4], "the scrapes never arrived")
         long, short = decide(8000), decide(100)
         queue = [d["trace"]["prediction"]["onprem-70b/aggregated"]["queue_s"] for d in (long, short)]
         assert queue == pytest.approx([4 * 500 * 0.5 / 12192] * 2, rel=1e-6), queue
@@ -98,10 +91,7 @@ def test_saturated_replicas_overflow_whatever_pointsman_has_in_flight(tmp_path, 
     try:
         endpoints = "\n".join(f'          - {{name: agg-{i}, url: "{e.base_url}/v1", metrics_url: "{e.metrics_url}"}}'
                                for i, e in enumerate(engines))
-        (tmp_path / "fleet.yaml").write_text(FLEET.format(endpoints=endpoints))
-        (tmp_path / "policy.yaml").write_text(POLICY)
-        _, base = serve(tmp_path / "data", fleet_path=tmp_path / "fleet.yaml", policy_path=tmp_path / "policy.yaml",
-                        watch_policy="false", watch_fleet="false", scrape_interval_s=0.3)
+        base, _ = serve_fleet(tmp_path, serve, FLEET.format(endpoints=endpoints), POLICY, scrape_interval_s=0.3)
         short = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 64,
                  "routing": {"explain": True}}
         first = httpx.post(f"{base}/v1/route", json=short, timeout=10).json()  # idle: on-prem, left in flight
@@ -109,11 +99,7 @@ def test_saturated_replicas_overflow_whatever_pointsman_has_in_flight(tmp_path, 
         for e in engines:
             e.metrics.set(running=120, waiting=40, kv_usage=0.97)
             e.metrics.observe_prompt(800, n=50)
-        deadline = time.monotonic() + 15
-        while any(e["load"].get("num_requests_waiting") != 40
-                  for e in httpx.get(f"{base}/v1/fleet", timeout=10).json()["targets"]["onprem-70b"]["endpoints"]):
-            assert time.monotonic() < deadline, "the scrapes never arrived"
-            time.sleep(0.1)
+        wait(lambda: waiting(base) == [40, 40], "the scrapes never arrived")
         d = httpx.post(f"{base}/v1/route", json=short, timeout=10).json()
         predicted = d["trace"]["prediction"]["onprem-70b/aggregated"]
         assert predicted["queue_s"] > 39 * 800 / 12192, predicted
