@@ -19,7 +19,8 @@ import sqlite3
 import subprocess
 import tempfile
 import time
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
@@ -210,6 +211,22 @@ def _replicas(root: Path, url: str, n: int = 2, clock: Clock | None = None) -> t
                    **({"clock": clock} if clock else {})) for i in range(n)]
 
 
+@contextmanager
+def _store(root: Path, n: int = 2, clock: Clock | None = None) -> Iterator[tuple[Redis, RedisLedger, list[FleetState]]]:
+    """A ``Redis`` in ``root / "redis"`` and ``_replicas(root, its url, n, clock)``: yields (redis, the ledger to read,
+    the replicas); closes every ledger client and stops Redis on the way out."""
+    (root / "redis").mkdir()
+    redis = Redis(root / "redis")
+    ledger, replicas = _replicas(root, redis.url, n, clock)
+    try:
+        yield redis, ledger, replicas
+    finally:
+        for r in replicas:
+            r.ledger.close()  # type: ignore[union-attr]
+        ledger.close()
+        redis.stop()
+
+
 def interrupted(state: FleetState, calls: int, reply_lost: bool) -> None:
     """``restore_spend`` while Redis goes away after ``calls`` of its ledger writes (``add_sums``, ``settle``);
     ``reply_lost``: that last write was applied, its reply lost (a timeout)."""
@@ -234,10 +251,7 @@ def interrupted(state: FleetState, calls: int, reply_lost: bool) -> None:
 
 def test_settlements_acknowledged_before_the_machine_died_are_counted_once(tmp_path):
     """Acknowledged settlements the append-only file had not ``fsync``ed are booked again, once."""
-    (tmp_path / "redis").mkdir()
-    redis = Redis(tmp_path / "redis")
-    ledger, replicas = _replicas(tmp_path, redis.url)
-    try:
+    with _store(tmp_path) as (redis, ledger, replicas):
         acked = {scope: 0 for scope in BUDGETED + UNBUDGETED}
         mark = redis.mark()
         for i in range(12):  # the first six before the file's last fsync, the rest lost with its tail
@@ -253,19 +267,11 @@ def test_settlements_acknowledged_before_the_machine_died_are_counted_once(tmp_p
         redis.start()
         assert settled(ledger, "tenant:acme") < acked["tenant:acme"]  # the loss is real
         until_restored(replicas, ledger, acked)
-    finally:
-        for r in replicas:
-            r.ledger.close()  # type: ignore[union-attr]
-        ledger.close()
-        redis.stop()
 
 
 @pytest.mark.parametrize("loss", ["flushall", "new-volume"])
 def test_a_ledger_that_comes_back_empty_gets_the_current_windows_spend_back(tmp_path, loss):
-    (tmp_path / "redis").mkdir()
-    redis = Redis(tmp_path / "redis")
-    ledger, replicas = _replicas(tmp_path, redis.url)
-    try:
+    with _store(tmp_path) as (redis, ledger, replicas):
         acked = {scope: 0 for scope in BUDGETED + UNBUDGETED}
         for i in range(8):
             scopes = BUDGETED if i % 3 else UNBUDGETED
@@ -281,11 +287,6 @@ def test_a_ledger_that_comes_back_empty_gets_the_current_windows_spend_back(tmp_
             redis.start()
         assert settled(ledger, "tenant:acme") == 0
         until_restored(replicas, ledger, acked)
-    finally:
-        for r in replicas:
-            r.ledger.close()  # type: ignore[union-attr]
-        ledger.close()
-        redis.stop()
 
 
 STEP = st.one_of(
@@ -310,11 +311,8 @@ def test_spend_per_scope_is_the_acknowledged_sum_whatever_redis_loses(steps):
     spend is the sum of the acknowledged settlements, nothing lost, nothing doubled."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        (root / "redis").mkdir()
-        redis = Redis(root / "redis")
         clock = Clock()
-        ledger, replicas = _replicas(root, redis.url, clock=clock)
-        try:
+        with _store(root, clock=clock) as (redis, ledger, replicas):
             acked = {scope: 0 for scope in BUDGETED + UNBUDGETED}
             marks = [redis.mark()]
             for n, step in enumerate(steps):
@@ -347,24 +345,16 @@ def test_spend_per_scope_is_the_acknowledged_sum_whatever_redis_loses(steps):
                     interrupted(replicas[step[1]], step[2], step[3])
                 marks.append(redis.mark())
             until_restored(replicas, ledger, acked)
-        finally:
-            for r in replicas:
-                r.ledger.close()  # type: ignore[union-attr]
-            ledger.close()
-            redis.stop()
 
 
 def test_a_settlement_whose_record_expired_is_not_booked_again_after_a_restart(tmp_path):
     """Its cost is still counted but its record ``r:<id>`` (which makes a settle idempotent) is gone: booking
     it again would count it twice, so a restart re-applies only settlements whose record is still alive."""
-    (tmp_path / "redis").mkdir()
-    redis = Redis(tmp_path / "redis")
     short = BudgetConfig.from_dict({"reservation_ttl_s": 1, "record_retention_s": 1, "budgets": [
         {"scope": "tenant:acme", "window": "day", "limit_usd": 1e6}]})
-    ledger, replicas = _replicas(tmp_path, redis.url)
-    for r in replicas:
-        r.ledger.set_config(short)  # type: ignore[union-attr]
-    try:
+    with _store(tmp_path) as (redis, ledger, replicas):
+        for r in replicas:
+            r.ledger.set_config(short)  # type: ignore[union-attr]
         acked = {scope: 0 for scope in BUDGETED + UNBUDGETED}
         for i in range(4):
             scopes = BUDGETED if i % 2 else UNBUDGETED
@@ -380,11 +370,6 @@ def test_a_settlement_whose_record_expired_is_not_booked_again_after_a_restart(t
         redis.kill()
         redis.start()
         until_restored(replicas, ledger, acked)
-    finally:
-        for r in replicas:
-            r.ledger.close()  # type: ignore[union-attr]
-        ledger.close()
-        redis.stop()
 
 
 def test_a_journaled_settlement_booked_late_is_restored_after_the_next_crash(tmp_path):
@@ -455,11 +440,8 @@ def _folded(state: FleetState) -> tuple[int, int]:
 def test_an_emptied_ledger_gets_the_settlements_folded_an_hour_ago_back_once(tmp_path):
     """A replica keeps what it booked an hour ago as sums per scope set, target and day, not row by row; a flushed
     store gets them back (spend and the target's usage) with the recent rows, once, however often it ticks."""
-    (tmp_path / "redis").mkdir()
-    redis = Redis(tmp_path / "redis")
     clock = Clock()
-    ledger, replicas = _replicas(tmp_path, redis.url, clock=clock)
-    try:
+    with _store(tmp_path, clock=clock) as (redis, ledger, replicas):
         acked = {scope: 0 for scope in BUDGETED + UNBUDGETED}
         for i in range(10):
             if i == 8:  # the first eight an hour old, folded
@@ -474,22 +456,14 @@ def test_an_emptied_ledger_gets_the_settlements_folded_an_hour_ago_back_once(tmp
         redis.flushall()
         until_restored(replicas, ledger, acked)
         assert ledger.effective_price_per_token("onprem-8b", "month", clock()) == usage
-    finally:
-        for r in replicas:
-            r.ledger.close()  # type: ignore[union-attr]
-        ledger.close()
-        redis.stop()
 
 
 def test_a_repeated_outcome_settled_elsewhere_is_folded_by_one_journal_only(tmp_path):
     """An outcome reported again, to another replica while Redis is away, after the first replica folded its
     settlement: the second replica's journal keeps it until the ledger says it was booked by another settle,
     then forgets it, so an emptied store gets it back once."""
-    (tmp_path / "redis").mkdir()
-    redis = Redis(tmp_path / "redis")
     clock = Clock()
-    ledger, replicas = _replicas(tmp_path, redis.url, clock=clock)
-    try:
+    with _store(tmp_path, clock=clock) as (redis, ledger, replicas):
         record = DispatchRecord(new_decision_id(), "onprem-8b", "aggregated", E8, None, UNBUDGETED, 0.01, False, 400,
                                 0.7, 0.4, replicas[0].monotonic())
         decision_id = replicas[0].dispatch(Dispatch(record, [], False)).decision_id
@@ -503,22 +477,14 @@ def test_a_repeated_outcome_settled_elsewhere_is_folded_by_one_journal_only(tmp_
         assert _folded(replicas[1]) == (0, 0)
         redis.flushall()
         until_restored(replicas, ledger, acked)
-    finally:
-        for r in replicas:
-            r.ledger.close()  # type: ignore[union-attr]
-        ledger.close()
-        redis.stop()
 
 
 @pytest.mark.parametrize(("calls", "reply_lost"), [(0, False), (0, True), (1, False), (1, True)])
 def test_a_restore_cut_short_books_the_sums_once(tmp_path, calls, reply_lost):
     """Redis goes away while a replica books its sums and rows into a flushed store (after ``calls`` writes; the
     last one applied with its reply lost, or not applied): the next ticks finish the restore, each booked once."""
-    (tmp_path / "redis").mkdir()
-    redis = Redis(tmp_path / "redis")
     clock = Clock()
-    ledger, replicas = _replicas(tmp_path, redis.url, n=1, clock=clock)
-    try:
+    with _store(tmp_path, n=1, clock=clock) as (redis, ledger, replicas):
         acked = {scope: 0 for scope in BUDGETED + UNBUDGETED}
         for i in range(4):
             if i == 2:
@@ -531,20 +497,13 @@ def test_a_restore_cut_short_books_the_sums_once(tmp_path, calls, reply_lost):
         redis.flushall()
         interrupted(replicas[0], calls, reply_lost)
         until_restored(replicas, ledger, acked)
-    finally:
-        replicas[0].ledger.close()  # type: ignore[union-attr]
-        ledger.close()
-        redis.stop()
 
 
 def test_sums_booked_into_a_flushed_store_are_booked_again_after_the_next_crash(tmp_path):
     """The store is flushed, another replica's call makes the new epoch, this replica books its sums; the machine
     dies before that was fsynced, the epoch already on disk: the restart (same epoch) books the sums again, once."""
-    (tmp_path / "redis").mkdir()
-    redis = Redis(tmp_path / "redis")
     clock = Clock()
-    ledger, replicas = _replicas(tmp_path, redis.url, n=1, clock=clock)
-    try:
+    with _store(tmp_path, n=1, clock=clock) as (redis, ledger, replicas):
         acked = {UNBUDGETED[0]: settle_one(replicas[0], UNBUDGETED, 0)}
         clock.age(replicas)
         assert _folded(replicas[0]) == (0, 1)
@@ -557,21 +516,14 @@ def test_sums_booked_into_a_flushed_store_are_booked_again_after_the_next_crash(
         redis.start()
         assert settled(ledger, UNBUDGETED[0], clock()) == 0
         until_restored(replicas, ledger, acked, deadline_s=5.0)
-    finally:
-        replicas[0].ledger.close()  # type: ignore[union-attr]
-        ledger.close()
-        redis.stop()
 
 
 def test_a_store_cut_back_to_before_its_flush_keeps_the_sums_it_counted(tmp_path):
     """The store is flushed and the replica books its sums into the new one; the machine dies before the FLUSHALL
     was fsynced: the store is back to its old epoch, which still counts the settlements the sums fold (booked there
     one by one): they are not booked again."""
-    (tmp_path / "redis").mkdir()
-    redis = Redis(tmp_path / "redis")
     clock = Clock()
-    ledger, replicas = _replicas(tmp_path, redis.url, n=1, clock=clock)
-    try:
+    with _store(tmp_path, n=1, clock=clock) as (redis, ledger, replicas):
         acked = {UNBUDGETED[0]: settle_one(replicas[0], UNBUDGETED, 0)}
         clock.age(replicas)
         assert _folded(replicas[0]) == (0, 1)
@@ -582,22 +534,15 @@ def test_a_store_cut_back_to_before_its_flush_keeps_the_sums_it_counted(tmp_path
         redis.crash(mark)
         redis.start()
         until_restored(replicas, ledger, acked, deadline_s=5.0)
-    finally:
-        replicas[0].ledger.close()  # type: ignore[union-attr]
-        ledger.close()
-        redis.stop()
 
 
 def test_a_flush_between_reading_the_incarnation_and_noting_the_sums_loses_nothing(tmp_path):
     """The store is flushed just after a replica read its incarnation, before that same tick notes that the store
     counts its sums (``add_sums`` with none): the note must not land in the new, empty store (it would mark the sums
     counted there, and the next tick, seeing the new epoch, would book none of them)."""
-    (tmp_path / "redis").mkdir()
-    redis = Redis(tmp_path / "redis")
     clock = Clock()
-    ledger, replicas = _replicas(tmp_path, redis.url, n=1, clock=clock)
-    state = replicas[0]
-    try:
+    with _store(tmp_path, n=1, clock=clock) as (redis, ledger, replicas):
+        state = replicas[0]
         acked = {UNBUDGETED[0]: settle_one(state, UNBUDGETED, 0)}
         clock.age(replicas)
         assert _folded(state) == (0, 1)
@@ -615,10 +560,6 @@ def test_a_flush_between_reading_the_incarnation_and_noting_the_sums_loses_nothi
         finally:
             del state.ledger.incarnation  # type: ignore[union-attr]
         until_restored(replicas, ledger, acked, deadline_s=5.0)
-    finally:
-        state.ledger.close()  # type: ignore[union-attr]
-        ledger.close()
-        redis.stop()
 
 
 def test_a_settlement_rebooked_with_its_reply_lost_is_still_kept_for_the_next_flush(tmp_path):
@@ -626,10 +567,7 @@ def test_a_settlement_rebooked_with_its_reply_lost_is_still_kept_for_the_next_fl
     applying it): the next tick finds it booked (a replay of that lost call, at its time, not the row's), which is
     still this replica's booking: the journal keeps it (at that time), so a restart's replay of it and then a second
     flush get it back too."""
-    (tmp_path / "redis").mkdir()
-    redis = Redis(tmp_path / "redis")
-    ledger, replicas = _replicas(tmp_path, redis.url, n=1)
-    try:
+    with _store(tmp_path, n=1) as (redis, ledger, replicas):
         acked = {UNBUDGETED[0]: settle_one(replicas[0], UNBUDGETED, 0)}
         tick(replicas[0])
         redis.flushall()
@@ -640,21 +578,14 @@ def test_a_settlement_rebooked_with_its_reply_lost_is_still_kept_for_the_next_fl
         until_restored(replicas, ledger, acked, deadline_s=5.0)
         redis.flushall()
         until_restored(replicas, ledger, acked, deadline_s=5.0)
-    finally:
-        replicas[0].ledger.close()  # type: ignore[union-attr]
-        ledger.close()
-        redis.stop()
 
 
 def test_a_decision_made_before_midnight_and_reserved_after_is_restored_in_its_reservations_day(tmp_path):
     """A decision whose record was made just before midnight UTC and whose hold was taken just after is booked in the
     hold's day (and month); an emptied store gets it back in that day, not in the day the record was made."""
-    (tmp_path / "redis").mkdir()
-    redis = Redis(tmp_path / "redis")
     midnight = window_of("month", time.time()).start_s + 86400.0  # the second day of this month begins
-    ledger, replicas = _replicas(tmp_path, redis.url, n=1, clock=lambda: midnight + 0.5)  # type: ignore[arg-type]
-    state = replicas[0]
-    try:
+    with _store(tmp_path, n=1, clock=lambda: midnight + 0.5) as (redis, ledger, replicas):  # type: ignore[arg-type]
+        state = replicas[0]
         record = DispatchRecord(new_decision_id(), "onprem-8b", "aggregated", E8, None, BUDGETED, 0.01, False, 400, 0.7,
                                 0.4, state.monotonic() - 1.0)  # made a second before the hold: the previous day
         decision_id = state.dispatch(Dispatch(record, [], False)).decision_id
@@ -670,10 +601,6 @@ def test_a_decision_made_before_midnight_and_reserved_after_is_restored_in_its_r
         for _ in range(3):
             tick(state)
         assert day_settled() == cost
-    finally:
-        state.ledger.close()  # type: ignore[union-attr]
-        ledger.close()
-        redis.stop()
 
 
 def test_a_journal_copied_to_another_replica_restores_each_replicas_spend_once(tmp_path, caplog):
@@ -734,18 +661,15 @@ def test_a_compaction_by_a_worker_sharing_the_journal_during_a_restore_loses_not
     flushed store (``compact``, injected before ``add_sums``): the sums and rows are read in one SQLite read
     transaction, so each settlement is booked once, from the one or the other (before, the folded rows were in
     neither read: not booked)."""
-    (tmp_path / "redis").mkdir()
-    redis = Redis(tmp_path / "redis")
     clock = Clock()
-    ledger, (replica,) = _replicas(tmp_path, redis.url, n=1, clock=clock)
-    worker = SpendJournal(tmp_path / "journal-0.db")
-    add_sums = replica.ledger.add_sums  # type: ignore[union-attr]
+    with _store(tmp_path, n=1, clock=clock) as (redis, ledger, (replica,)):
+        worker = SpendJournal(tmp_path / "journal-0.db")
+        add_sums = replica.ledger.add_sums  # type: ignore[union-attr]
 
-    def compacted_first(*args, **kwargs):
-        worker.compact(clock() + 1, 0.0)
-        return add_sums(*args, **kwargs)
+        def compacted_first(*args, **kwargs):
+            worker.compact(clock() + 1, 0.0)
+            return add_sums(*args, **kwargs)
 
-    try:
         acked = {scope: 0 for scope in BUDGETED + UNBUDGETED}
         for i in range(4):
             scopes = BUDGETED if i % 2 else UNBUDGETED
@@ -759,7 +683,3 @@ def test_a_compaction_by_a_worker_sharing_the_journal_during_a_restore_loses_not
         del replica.ledger.add_sums  # type: ignore[union-attr]
         assert _folded(replica)[1] == 2  # the worker folded them
         until_restored([replica], ledger, acked)
-    finally:
-        replica.ledger.close()  # type: ignore[union-attr]
-        ledger.close()
-        redis.stop()
