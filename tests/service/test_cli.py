@@ -205,7 +205,7 @@ def test_policy_check(tmp_path: Path):
     r = CliRunner().invoke(main, ["policy", "check", str(STATIC_POLICY_PATH)])
     assert r.exit_code == 0 and r.stdout.startswith(f"{STATIC_POLICY_PATH}: ok (6 rules, 4 verify rules, revision ")
     r = CliRunner().invoke(main, ["policy", "check", str(DEFAULT_POLICY_PATH)])
-    assert r.exit_code == 0 and r.stdout.startswith(f"{DEFAULT_POLICY_PATH}: ok (7 rules, 4 verify rules, revision ")
+    assert r.exit_code == 0 and r.stdout.startswith(f"{DEFAULT_POLICY_PATH}: ok (8 rules, 4 verify rules, revision ")
 
 
 def test_policy_check_reports_every_problem_of_a_rule_with_an_invalid_route(tmp_path: Path):
@@ -236,7 +236,7 @@ def test_policy_check_names_the_rules_a_fleet_without_their_target_leaves_out(tm
     assert r.exit_code == 0, r.output
     assert r.stdout.strip().endswith("rule 'onprem-8b-in-slo' left out: the fleet has no 'onprem-8b'; "
                                      "rule 'onprem-8b-first' left out: the fleet has no 'onprem-8b')"), r.stdout
-    assert "(5 rules, 4 verify rules" in r.stdout
+    assert "(6 rules, 4 verify rules" in r.stdout
     # a policy that routes to the 8B model without if_fleet_has still fails there, located
     r = CliRunner().invoke(main, ["policy", "check", "--fleet", str(fleet), str(STATIC_POLICY_PATH)])
     assert r.exit_code == 1 and "unknown-target: unknown target 'onprem-8b'" in r.stdout
