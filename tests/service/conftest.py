@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -170,3 +171,9 @@ def _starter() -> Iterator[Callable[..., tuple[subprocess.Popen, str]]]:
     yield start
     for proc in started:
         stop(proc)
+
+
+def logged(data_dir: Path, decision_id: str) -> bool:
+    """Whether the outcome log in ``data_dir`` (``outcomes.db``, opened read-only) holds an outcome of ``decision_id``."""
+    with sqlite3.connect(f"file:{data_dir / 'outcomes.db'}?mode=ro", uri=True) as c:
+        return c.execute("SELECT 1 FROM outcomes WHERE decision_id = ?", (decision_id,)).fetchone() is not None

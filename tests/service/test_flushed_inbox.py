@@ -9,17 +9,12 @@ log); under load 2 of 900 outcomes acknowledged ``forwarded`` at 30 pairs/s were
 from __future__ import annotations
 
 import signal
-import sqlite3
 import time
 
 import httpx
 
 from tests.policy.test_ledger_restore import Redis, _redis_binary  # noqa: F401 - the fixture skips without redis-server
-
-
-def logged(data_dir, decision_id: str) -> bool:
-    with sqlite3.connect(f"file:{data_dir / 'outcomes.db'}?mode=ro", uri=True) as c:
-        return c.execute("SELECT 1 FROM outcomes WHERE decision_id = ?", (decision_id,)).fetchone() is not None
+from tests.service.conftest import logged
 
 
 def test_a_forwarded_outcome_survives_a_flushed_redis(tmp_path, serve):

@@ -8,17 +8,12 @@ outcome in two logs (this test failed; under load, 30 pairs/s with Redis stopped
 from __future__ import annotations
 
 import signal
-import sqlite3
 import time
 
 import httpx
 
 from tests.policy.test_ledger_restore import Redis, _redis_binary  # noqa: F401 - the fixture skips without redis-server
-
-
-def logged(data_dir, decision_id: str) -> bool:
-    with sqlite3.connect(f"file:{data_dir / 'outcomes.db'}?mode=ro", uri=True) as c:
-        return c.execute("SELECT 1 FROM outcomes WHERE decision_id = ?", (decision_id,)).fetchone() is not None
+from tests.service.conftest import logged
 
 
 def test_a_timed_out_forward_is_logged_once(tmp_path, serve):
