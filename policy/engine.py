@@ -222,16 +222,18 @@ def check_slo_class(fleet: Fleet, slo_class: str | None) -> None:
 def block_hashes(view: RequestView) -> tuple[list[int], bool]:
     """(chained prefix block hashes, from gateway ids?): the gateway's ``prefix_block_hashes``
     when given (512-token blocks), else hashes of the view's ``conversation`` (128-token blocks; a long
-    one's reuse those of its session's last text as far as they agree, ``session_texts``).
+    one's reuse those of its session's last text as far as they agree, ``session_texts``). Either is salted by the
+    request's ``cache_salt``: an engine shares no cached block between salts, so neither do these.
     Raises ``RequestError`` naming ``routing.prefix_block_hashes`` for an id that is not an int
     or a string."""
     ids = view.routing.prefix_block_hashes
+    salt = (view.request.cache_salt or "").encode("utf-8")
     if ids:
         try:
-            return block_hashes_from_ids(ids), True
+            return block_hashes_from_ids(ids, salt=salt), True
         except TypeError as exc:
             raise RequestError(str(exc), field="routing.prefix_block_hashes") from None
-    return block_hashes_from_text(view.conversation_utf8, reuse=True, key=view.session_key), False
+    return block_hashes_from_text(view.conversation_utf8, salt=salt, reuse=True, key=view.session_key), False
 
 
 def cached_hashes(fleet: Fleet, target: str, hashes: list[int], request: RequestSignals,
