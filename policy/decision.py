@@ -102,7 +102,8 @@ class Decision:
     """A routing decision.
 
     ``target``/``model``/``base_url``/``mode``: where to send (fleet target name, upstream
-    model name, the URL to call: the first aggregated/decode endpoint or the API base URL;
+    model name: the request's LoRA adapter where the target serves it, ``Fleet.served_model``; the URL to call:
+    the first aggregated/decode endpoint or the API base URL;
     ``aggregated`` or ``disaggregated``). ``endpoints``: every endpoint of the chosen pool(s)
     in preference order (prefill and decode both listed when disaggregated, prefill first).
     ``prefill``/``forward_headers`` (properties; ``prefill_url`` and ``forward_headers`` in

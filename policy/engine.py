@@ -236,8 +236,8 @@ def block_hashes(view: RequestView) -> tuple[list[int], bool]:
     return block_hashes_from_text(view.conversation_utf8, salt=salt, reuse=True, key=view.session_key), False
 
 
-def cached_hashes(fleet: Fleet, target: str, hashes: list[int], request: RequestSignals,
-                  view: RequestView | None = None, gateway_ids: bool = False) -> list[int]:
+def cached_hashes(fleet: Fleet, target: str, hashes: Sequence[int], request: RequestSignals,
+                  view: RequestView | None = None, gateway_ids: bool = False) -> Sequence[int]:
     """The block hashes a dispatch to ``target`` leaves in its cache: on a frontier target with explicit
     prompt caching (``prompt_cache: explicit``), none for a request that marks no ``cache_control`` (the
     provider caches nothing) and, for a marked one, those of the text up to its last breakpoint
@@ -462,7 +462,8 @@ class RoutingEngine:
                     dispatched = self.state.dispatch(  # its id as dispatched: signed with its claims
                         Dispatch(placed.record(base_id, view, live.now_mono,
                                                self.fleet.revision),
-                                 cached_hashes(self.fleet, target, hashes, base["request"], view, gateway_ids),
+                                 cached_hashes(self.fleet, target, live.target_hashes(target), base["request"], view,
+                                               gateway_ids),
                                  gateway_ids, routing.session_id or ""), now=live.now)
                 except BudgetExceeded as exc:
                     return Exclusion("budget", str(exc).removeprefix("budget exceeded: "))
@@ -482,13 +483,14 @@ class RoutingEngine:
         for t, m in candidates[1:]:
             fb = place(live, t, m)
             if fb is not None:
-                fallbacks.append(Fallback(t, self.fleet.targets[t].model, base_url(fb.endpoints), fb.mode))
+                fallbacks.append(Fallback(t, self.fleet.served_model(t, view.request.model), base_url(fb.endpoints),
+                                          fb.mode))
         t3 = time.perf_counter()
         placement = chosen
         decision = Decision(
             decision_id=decision_id,
             target=placement.target,
-            model=self.fleet.targets[placement.target].model,
+            model=self.fleet.served_model(placement.target, view.request.model),
             base_url=base_url(placement.endpoints),
             mode=placement.mode,
             endpoints=placement.endpoints,
@@ -602,8 +604,8 @@ class RoutingEngine:
                 try:
                     held = self.state.dispatch(Dispatch(placed.record(eid, view, live.now_mono,
                                                                       self.fleet.revision),
-                                                        cached_hashes(self.fleet, target, hashes, base["request"], view,
-                                                                      gateway_ids),
+                                                        cached_hashes(self.fleet, target, live.target_hashes(target),
+                                                                      base["request"], view, gateway_ids),
                                                         gateway_ids, view.routing.session_id or ""),
                                                now=live.now).decision_id  # signed (the state's signer)
                 except BudgetExceeded as exc:
@@ -613,9 +615,10 @@ class RoutingEngine:
             for t, m in candidates[index + 1:]:
                 fb = place(live, t, m)
                 if fb is not None:
-                    fallbacks.append(Fallback(t, self.fleet.targets[t].model, base_url(fb.endpoints), fb.mode))
+                    fallbacks.append(Fallback(t, self.fleet.served_model(t, view.request.model), base_url(fb.endpoints),
+                                              fb.mode))
             return Escalation(decision.decision_id, "escalate", rule_name(verdict), labels, verdict.results,
-                              escalation_id=held, target=target, model=self.fleet.targets[target].model,
+                              escalation_id=held, target=target, model=self.fleet.served_model(target, view.request.model),
                               base_url=base_url(placed.endpoints), mode=placed.mode, endpoints=placed.endpoints,
                               fallbacks=tuple(fallbacks), estimated_cost_usd=placed.cost.usd, refusals=refusals,
                               signals=signals)

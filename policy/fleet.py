@@ -314,10 +314,13 @@ class OnPremTarget(StrictModel):
     replica sends KV to a decode replica over (P/D transfer; absent: one 400 Gb/s NIC per GPU,
     ``latency.NIC_BYTES_PER_S``). ``image_tokens``: prompt tokens one image input takes at most
     (``high``, and ``low`` at detail low; ``policy/media_tokens.py``): the model's own count, required with
-    ``capabilities.images`` (no provider rule applies to an on-prem model)."""
+    ``capabilities.images`` (no provider rule applies to an on-prem model). ``lora_adapters``: the LoRA adapters its
+    engines serve, by the names of vLLM's ``--lora-modules name=path`` (every endpoint of every pool loads them): a
+    request whose ``model`` is one of them runs that adapter there (``Fleet.lora_adapter``)."""
 
     kind: Literal["onprem"]
     model: str = Field(min_length=1)
+    lora_adapters: frozenset[Annotated[str, StringConstraints(min_length=1)]] = frozenset()
     description: str = ""
     context_window_tokens: PositiveInt
     capabilities: Capabilities = Capabilities()
@@ -605,6 +608,18 @@ class Fleet:
     def slo(self, slo_class: str | None = None) -> SLOClass:
         """The objectives of ``slo_class`` (None: ``defaults.slo_class``); KeyError if unknown."""
         return self.slo_classes[slo_class or self.spec.defaults.slo_class]
+
+    def lora_adapter(self, target: str, model: str | None) -> str | None:
+        """The LoRA adapter a request asking for ``model`` runs on ``target``: ``model`` when it is one of the target's
+        ``lora_adapters`` (vLLM's OpenAI server selects an adapter by the request's ``model``, before the base model's
+        names), else None (the base model). Raises KeyError for an unknown target."""
+        t = self.targets[target]
+        return model if model and isinstance(t, OnPremTarget) and model in t.lora_adapters else None
+
+    def served_model(self, target: str, model: str | None) -> str:
+        """The ``model`` a request asking for ``model`` is forwarded with to ``target``: its LoRA adapter there
+        (``lora_adapter``), else the target's ``model``. Raises KeyError for an unknown target."""
+        return self.lora_adapter(target, model) or self.targets[target].model
 
     def output_tokens(self, target: str, max_output_tokens: int | None) -> int:
         """Output tokens assumed for cost: the request's cap, else the target's default, else the fleet's."""

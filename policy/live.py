@@ -51,7 +51,7 @@ from pointsman.policy.signals.namespaces import (
     example_endpoint,
     example_predict,
 )
-from pointsman.policy.signals.prefix_index import PrefixLookup
+from pointsman.policy.signals.prefix_index import PrefixLookup, namespaced
 from pointsman.policy.signals.source import SignalMap, SignalSource, number
 from pointsman.request import RequestView
 
@@ -242,6 +242,8 @@ class LiveSignals:
         self.picker = picker
         self._request = request
         self.block_hashes = block_hashes
+        self._adapter_hashes: dict[str, list[int]] = {}
+        self._model = request.get("model") or None
         self.gateway_ids = gateway_ids
         self.scopes = tuple(scopes)
         self.session_id = session_id
@@ -322,7 +324,7 @@ class LiveSignals:
         found: PrefixLookup | None = None
         if cache is not None and self.view is not None:
             try:
-                keys, engine_tokens = cache.request_keys(self.view)
+                keys, engine_tokens = cache.request_keys(self.view, self.fleet.lora_adapter(target, self._model))
             except TargetTokenizerError as exc:
                 self.cache_sources[target] = f"estimate (the chat template failed: {exc})"
             else:
@@ -336,9 +338,23 @@ class LiveSignals:
             self.cache_sources[target] = "estimate"
         if self.block_hashes:
             found = self.state.prefix_index(target, self.gateway_ids).lookup(
-                self.block_hashes, prompt_tokens=self.prompt_tokens, text_bytes=self._text_bytes(), now=self.now_mono)
+                self.target_hashes(target), prompt_tokens=self.prompt_tokens, text_bytes=self._text_bytes(),
+                now=self.now_mono)
         self._lookups[target] = found
         return found
+
+    def target_hashes(self, target: str) -> Sequence[int]:
+        """The prompt's block hashes in ``target``'s estimate index (what it is looked up and dispatched with):
+        ``block_hashes``, re-keyed into the LoRA adapter's namespace when the request's ``model`` names one the target
+        serves (``Fleet.lora_adapter``, ``prefix_index.namespaced``; memoized per adapter), as vLLM keys an adapter's
+        blocks by its name: only that adapter's requests reuse them."""
+        adapter = self.fleet.lora_adapter(target, self._model)
+        if adapter is None:
+            return self.block_hashes
+        out = self._adapter_hashes.get(adapter)
+        if out is None:
+            out = self._adapter_hashes[adapter] = namespaced(self.block_hashes, adapter)
+        return out
 
     def _text_bytes(self) -> int | None:
         """UTF-8 bytes of the conversation the text block hashes cover (None: gateway ids, or no view)."""

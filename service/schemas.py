@@ -25,7 +25,8 @@ class EndpointOut(BaseModel):
 
 
 class FallbackOut(BaseModel):
-    """A target to try next: fleet ``target``, upstream ``model``, ``base_url``, ``mode``."""
+    """A target to try next: fleet ``target``, upstream ``model`` (the request's LoRA adapter where the target serves
+    it, ``Fleet.served_model``), ``base_url``, ``mode``."""
 
     target: str
     model: str

@@ -142,13 +142,14 @@ class EngineCache:
 
     # -- reads
 
-    def request_keys(self, view: RequestView) -> tuple[list[int], int | None]:
+    def request_keys(self, view: RequestView, lora_name: str | None = None) -> tuple[list[int], int | None]:
         """(the request's block hashes as its engines publish them (leading ``max_tokens`` tokens, full
-        blocks only; salted by the request's ``cache_salt`` as vLLM salts it), the prompt's length in the engines'
-        tokens: None when longer than what was hashed). Raises ``TargetTokenizerError`` when the chat template fails."""
+        blocks only; keyed by its LoRA adapter ``lora_name`` on this target, ``Fleet.lora_adapter``, and salted by its
+        ``cache_salt``, as vLLM keys them), the prompt's length in the engines' tokens: None when longer than what was
+        hashed). Raises ``TargetTokenizerError`` when the chat template fails."""
         ids, whole = self.tokenizer.request_tokens(view.request)
         whole = whole and len(ids) <= self.hasher.max_tokens
-        return self.hasher.keys(ids, view.request.cache_salt), len(ids) if whole else None
+        return self.hasher.keys(ids, view.request.cache_salt, lora_name), len(ids) if whole else None
 
     @property
     def approximate(self) -> bool:

@@ -12,11 +12,14 @@ research notes (``/work/notes/protocols.md`` §1.7); the same structure since vL
 hybrid models — from ``vllm:cache_config_info``). Block *i*'s hash is
 ``H((parent, tuple(block_i_token_ids), extra_keys))`` with ``parent`` the previous block's
 hash, or ``NONE_HASH`` for the first block, and ``extra_keys`` None for plain text requests
-(LoRA, multimodal and prompt-embeds requests add keys this module does not model: their hashes
-will not match, and the router falls back to its estimate). A request's ``cache_salt`` (vLLM ≥ 0.9)
-is modelled: the first block's ``extra_keys`` are ``(cache_salt,)`` (``generate_block_hash_extra_keys``:
-the salt keys the block starting at token 0 only), so every later hash of a salted prompt differs
-too; SGLang's pages are hashed without it.
+(multimodal and prompt-embeds requests add keys this module does not model: their hashes will not
+match, and the router falls back to its estimate). Modelled, as ``generate_block_hash_extra_keys``
+builds them (``vllm/v1/core/kv_cache_utils.py``, read at vllm-project/vllm 001cabc): a LoRA
+request's adapter name (``lora_request.lora_name``, the name the OpenAI server's ``model`` selects)
+keys every block, and a request's ``cache_salt`` (vLLM ≥ 0.9) the block starting at token 0 only;
+``extra_keys`` is the tuple ``(lora_name, cache_salt)`` of those present (None when neither is), so
+an adapter's or a salt's blocks share no hash with another's. SGLang's pages are hashed without
+either (its radix tree keeps them apart by an ``extra_key`` its events do not carry).
 
 **H** (``prefix_caching_hash_algo``): ``sha256`` — SHA-256 of ``pickle.dumps(obj, protocol=5)``
 (vLLM's ``pickle.HIGHEST_PROTOCOL``, 5 on every Python vLLM supports; the default since 0.10.2)
@@ -183,10 +186,12 @@ class EngineHasher:
         """``NONE_HASH``: the parent of every chain's first block."""
         return _HASH_FNS[self.algo](VLLM_DEFAULT_SEED if self.seed is None else self.seed)
 
-    def digests(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[bytes]:
+    def digests(self, token_ids: Sequence[int], cache_salt: str | None = None,
+                lora_name: str | None = None) -> list[bytes]:
         """The raw digests of the full blocks among the first ``max_tokens`` of ``token_ids``
         (Python ints: a numpy integer pickles differently; non-list sequences are converted);
-        ``cache_salt``: the request's vLLM prefix-cache salt (None or empty: unsalted; unused for SGLang)."""
+        ``cache_salt``: the request's vLLM prefix-cache salt (None or empty: unsalted); ``lora_name``: its LoRA
+        adapter (None or empty: the base model); both unused for SGLang (module docstring)."""
         ids = token_ids if type(token_ids) is list else [int(t) for t in token_ids]
         bs = self.block_size
         n = min(len(ids), self.max_tokens) // bs * bs
@@ -196,10 +201,11 @@ class EngineHasher:
         parent = self.none_hash
         out: list[bytes] = []
         append = out.append
-        extra: tuple[str, ...] | None = (cache_salt,) if cache_salt else None
+        later: tuple[str, ...] | None = (lora_name,) if lora_name else None
+        extra = (*(later or ()), cache_salt) if cache_salt else later
         for start in range(0, n, bs):
             parent = fn((parent, tuple(ids[start:start + bs]), extra))
-            extra = None
+            extra = later
             append(parent)
         return out
 
@@ -212,12 +218,12 @@ class EngineHasher:
             return [int.from_bytes(d, "big") & _MASK64 for d in self.digests(token_ids)]
         return list(self.digests(token_ids))
 
-    def keys(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[int]:
+    def keys(self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None) -> list[int]:
         """The u64 index keys (``kv_events.hash_key`` of either event form; SGLang's first 8 digest bytes);
-        ``cache_salt`` as in ``digests``."""
+        ``cache_salt`` and ``lora_name`` as in ``digests``."""
         if self.engine == "sglang":
             return [int.from_bytes(d[:8], "big") for d in self.digests(token_ids)]
-        return [int.from_bytes(d, "big") & _MASK64 for d in self.digests(token_ids, cache_salt)]
+        return [int.from_bytes(d, "big") & _MASK64 for d in self.digests(token_ids, cache_salt, lora_name)]
 
 
 def _sglang_digests(ids: list[int], n: int, page: int) -> list[bytes]:

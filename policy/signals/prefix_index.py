@@ -121,9 +121,9 @@ def block_hashes_from_text(text: str | bytes, block_tokens: int = BLOCK_TOKENS, 
                            reuse: bool = False, key: object = None) -> list[int]:
     """Chained 64-bit hashes of the full ``block_tokens × chars_per_token``-byte blocks of
     ``text``'s UTF-8 (``text`` may be given encoded already; see the module docstring for the
-    approximation). ``salt`` separates caches that must not match (e.g. different models or LoRA
-    adapters). ``reuse``: hash only past what the text kept under ``key`` (None: the same first KiB) has in
-    common with this one (``session_texts.SESSION_TEXTS``); the same hashes either way."""
+    approximation). ``salt`` separates caches that must not match (a request's vLLM ``cache_salt``; a LoRA
+    adapter's, per target: ``namespaced``). ``reuse``: hash only past what the text kept under ``key`` (None: the
+    same first KiB) has in common with this one (``session_texts.SESSION_TEXTS``); the same hashes either way."""
     block_bytes = max(1, int(round(block_tokens * chars_per_token)))
     data = text if isinstance(text, bytes) else text.encode("utf-8")
     if reuse:
@@ -151,6 +151,16 @@ def block_hashes_from_ids(hash_ids: Iterable[int | str], *, salt: bytes = b"") -
         parent = xxh3_64_intdigest(tag + str(h).encode("utf-8"), parent)
         out.append(parent)
     return out
+
+
+def namespaced(hashes: Sequence[int], namespace: str) -> list[int]:
+    """``hashes`` (a chain of any ``block_hashes_*``, 64-bit ints) re-keyed into ``namespace`` (a LoRA adapter's
+    name): each hash becomes the xxh3_64 of its 8 bytes seeded by the namespace's root, so two chains still share
+    their first *k* keys exactly when they share their first *k* blocks within one namespace, and no key of one
+    namespace is another's, or an un-namespaced one (up to 64-bit collisions). One short xxh3 call a block: ~0.3 us,
+    250 us for a 100k-token text's 791 blocks (one core, loaded machine), against ~600 us to hash the text again."""
+    seed = _root(b"namespace", namespace.encode("utf-8"))
+    return [xxh3_64_intdigest(h.to_bytes(8, "little"), seed) for h in hashes]
 
 
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int = 2) -> int:

@@ -1,8 +1,8 @@
 """Property (hypothesis): on a target without engine events, Pointsman's estimate of what a replica holds keeps
-vLLM's cache namespaces apart. A prompt dispatched under a ``cache_salt`` is read as held on the replica it went to by
-a later request for the same prompt under that salt only: under any other salt every replica reads 0 hit tokens, as
-vLLM, whose block hashes carry it, would reuse none of it. For the rendered text's hashes and for the gateway's
-``prefix_block_hashes``."""
+vLLM's cache namespaces apart. A prompt dispatched under a namespace (its ``cache_salt``, and the LoRA adapter its
+``model`` names on the target) is read as held on the replica it went to by a later request for the same prompt in
+that namespace only: under any other salt or adapter every replica reads 0 hit tokens, as vLLM, whose block hashes
+carry both, would reuse none of it. For the rendered text's hashes and for the gateway's ``prefix_block_hashes``."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ targets:
   onprem-8b:
     kind: onprem
     model: meta-llama/Llama-3.1-8B-Instruct
+    lora_adapters: [sql-lora, chat-lora]
     context_window_tokens: 131072
     usd_per_gpu_hour: 2.5
     pools:
@@ -39,7 +40,8 @@ POLICY = compile_policy("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n
                         FLEET)
 PROMPT = " ".join(f"clause {i} of the contract binds both parties." for i in range(120))
 SALTS = st.one_of(st.none(), st.sampled_from(["", "tenant-a", "tenant-b", "tenant-a "]), st.text(max_size=6))
-MODELS = st.sampled_from([None, "meta-llama/Llama-3.1-8B-Instruct"])
+# the base model (no model, the target's own, one it does not serve) or one of its adapters
+MODELS = st.sampled_from([None, "meta-llama/Llama-3.1-8B-Instruct", "other-lora", "sql-lora", "chat-lora"])
 
 
 def body(salt: str | None, model: str | None, gateway_ids: bool, explain: bool = False) -> dict:
@@ -51,8 +53,8 @@ def body(salt: str | None, model: str | None, gateway_ids: bool, explain: bool =
 
 
 def namespace(salt: str | None, model: str | None) -> tuple[str, str | None]:
-    """vLLM's: an empty salt is none."""
-    return salt or "", None
+    """vLLM's: an empty salt is none; a model that is none of the target's adapters is the base model."""
+    return salt or "", model if model in ("sql-lora", "chat-lora") else None
 
 
 @settings(max_examples=60, deadline=None)

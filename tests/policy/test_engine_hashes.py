@@ -310,15 +310,18 @@ def test_sglang_page_hashes_match_the_standin_engine(ids, page):
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, 200_000), max_size=70), st.sampled_from(["sha256", "sha256_cbor"]),
-       st.sampled_from([1, 16]), st.one_of(st.none(), st.text(max_size=12)))
-def test_a_cache_salt_hashes_as_vllm_salts_it(ids, algo, block_size, salt):
-    """vLLM's ``cache_salt`` is the first block's extra key (the stand-in's implementation, written apart): a salted
-    prompt shares no block hash with the same prompt unsalted or under another salt; an empty salt is no salt."""
+       st.sampled_from([1, 16]), st.one_of(st.none(), st.text(max_size=12)), st.one_of(st.none(), st.text(max_size=12)))
+def test_a_cache_salt_and_a_lora_adapter_hash_as_vllm_keys_them(ids, algo, block_size, salt, lora):
+    """vLLM's LoRA adapter name keys every block and its ``cache_salt`` the first one (the stand-in's implementation,
+    written apart): a salted or adapter prompt shares no block hash with the same prompt under another salt or
+    adapter, or with neither; an empty salt is no salt, an empty name no adapter."""
     ours = EngineHasher(algo, block_size)
-    assert ours.digests(ids, salt) == se.vllm_block_digests(ids, algo=algo, block_size=block_size, cache_salt=salt)
-    plain = ours.keys(ids)
-    if salt:
-        assert not set(ours.keys(ids, salt)) & set(plain)
-        assert not set(ours.keys(ids, salt)) & set(ours.keys(ids, salt + "x"))
+    assert ours.digests(ids, salt, lora) == se.vllm_block_digests(ids, algo=algo, block_size=block_size,
+                                                                  cache_salt=salt, lora_name=lora)
+    keys = set(ours.keys(ids, salt, lora))
+    if salt or lora:
+        assert not keys & set(ours.keys(ids))
+        assert not keys & set(ours.keys(ids, (salt or "") + "x", lora))
+        assert not keys & set(ours.keys(ids, salt, (lora or "") + "x"))
     else:
-        assert ours.keys(ids, salt) == plain
+        assert ours.keys(ids, salt, lora) == ours.keys(ids)
