@@ -7,7 +7,7 @@ body, JSON or a server-sent-event (SSE) stream. Plain functions of bytes; no pro
 - ``rewrite_request(raw, body, model)``: the bytes to forward — ``model`` set to the decision's
   upstream model, Pointsman's own ``routing`` object removed (an upstream engine does not know it);
   None when nothing changes. The ``model`` value is spliced into the original bytes when the key
-  ``"model"`` occurs once (about 0.01 ms on a 100,000-token body); otherwise the body is
+  ``"model"`` (in any JSON spelling) occurs once (about 0.01 ms on a 100,000-token body); otherwise the body is
   re-serialized (``json.dumps``, a few ms at that size).
 - ``UsageReader(sse, limit_bytes, encoding)``: fed the response body chunk by chunk; ``summary()`` gives
   ``ResponseSummary(usage, model, complete)``. A body sent with ``content-encoding: gzip`` or ``deflate``
@@ -53,8 +53,9 @@ _DECODE_STEP_BYTES = 65536
 
 #: A streamed piece of output: a non-empty string value of a key a stream's deltas carry text in.
 _STREAMED = re.compile(rb'"(?:content|text|delta|arguments|reasoning_content|partial_json|thinking)"\s*:\s*"(?!")')
-#: A key ``"model"`` followed by a JSON string value; group 1 is the value with its quotes.
-_MODEL = re.compile(rb'"model"\s*:\s*("(?:[^"\\]|\\.)*")')
+#: A key ``"model"``, each letter as it is or ``\\u``-escaped (``"m\\u006fdel"`` is the same key), followed by a
+#: JSON string value; group 1 is the value with its quotes.
+_MODEL = re.compile(rb'"(?:m|\\u006[dD])(?:o|\\u006[fF])(?:d|\\u0064)(?:e|\\u0065)(?:l|\\u006[cC])"\s*:\s*("(?:[^"\\]|\\.)*")')
 
 
 class BodyBuffer:

@@ -1232,6 +1232,27 @@ def test_a_lone_surrogate_escape_in_an_ignored_field_is_forwarded_as_it_came(app
     assert json.loads(forwarded)["model"] == set_headers(req[0])["x-gateway-model-name"]
 
 
+@pytest.mark.parametrize("key", [b'"m\\u006fdel"', b'"\\u006D\\u006f\\u0064\\u0065\\u006c"'])
+def test_an_escaped_model_key_is_rewritten_at_the_top_level_not_in_a_nested_object(app, key):
+    """``"m\\u006fdel"`` is the key ``model`` (JSON escapes), beside a nested ``"model"`` of the same value: the
+    forwarded body's top-level ``model`` is the decided one and the nested one is left as it came. Before: the
+    splice matched only the literal spelling, found the nested key alone and rewrote it, so the upstream got
+    the client's own model (e.g. gpt-4o on a decision for, and priced as, gpt-4o-mini)."""
+    body = b'{' + key + b': "auto", "metadata": {"model": "auto"}, ' \
+           b'"messages": [{"role": "user", "content": "What is 2 + 2?"}]}'
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, body)
+        call.cancel()
+        return req
+
+    req = run(app, scenario)
+    forwarded = json.loads(b"".join(streamed(r, "request")[0] for r in req[1:]))
+    assert forwarded["model"] == set_headers(req[0])["x-gateway-model-name"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert forwarded["metadata"] == {"model": "auto"}
+
+
 def test_a_stream_without_a_response_phase_records_nothing_and_the_gateways_outcome_is_booked(tmp_path, serve):
     """Envoy's filter with ``response_header_mode: SKIP`` and ``response_body_mode: NONE`` (the gateway
     reports outcomes) sends no response message and closes the stream after the request phase: a half-close
