@@ -416,3 +416,55 @@ def test_a_stream_that_fails_after_its_first_token_is_booked_not_released(servic
         outcome = outcome_log.outcome(ack["outcome_id"])
     assert outcome.status == "error" and outcome.ttft_ms is not None
     assert ack["released"] is False and ack["settlement"]["actual_cost_usd"] > 0
+
+
+class _FlakyUpstream(_Upstream):
+    """``_Upstream`` that answers its first request 500 (a provider error after the decision), then as usual."""
+
+    failed: list[str | None] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        if type(self).failed:
+            super().do_POST()
+            return
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        type(self).failed.append(self.headers.get(DECISION_HEADER))
+        body = json.dumps({"error": {"message": "overloaded", "type": "server_error"}}).encode()
+        self.send_response(500)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_a_retried_call_reports_each_attempt_under_its_own_decision(service: dict) -> None:
+    """LiteLLM retries a 500 (``num_retries=1``): each attempt was decided on its own, so the first decision gets
+    the ``error`` outcome and the second the ``ok`` one with the upstream's usage, booked."""
+    _FlakyUpstream.seen, _FlakyUpstream.failed = [], []
+    upstream = HTTPServer(("127.0.0.1", 0), _FlakyUpstream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    model_list = [{"model_name": "chat", "model_info": {"id": "onprem-live", "pointsman_target": "onprem-8b"},
+                   "litellm_params": {"model": "openai/llama", "api_key": "none",
+                                      "api_base": f"http://127.0.0.1:{upstream.server_port}/v1"}}]
+
+    async def run():
+        client = PointsmanClient(service["url"], api_key=GATEWAY_KEY, route_timeout_s=5.0, flush_interval_s=0.01)
+        router = litellm.Router(model_list=model_list, num_retries=1, retry_after=0)
+        attach(router, client)
+        response = await _call(router, "Say hello.", None)
+        await _settle(client, 2)
+        return response, client
+
+    try:
+        response, client = asyncio.run(run())
+    finally:
+        upstream.shutdown()
+    assert response.choices[0].message.content == "real upstream"
+    acks = {a["decision_id"]: a for a in client.acks}
+    (failed,), (answered,) = _FlakyUpstream.failed, _FlakyUpstream.seen
+    assert failed != answered and set(acks) == {failed, answered}
+    assert acks[failed]["status"] == "stored" and acks[failed]["released"] is True
+    assert acks[answered]["status"] == "stored" and acks[answered]["settlement"]["actual_cost_usd"] > 0
+    with OutcomeLog(service["outcome_log"]) as outcome_log:
+        ok = outcome_log.outcome(acks[answered]["outcome_id"])
+    assert (ok.status, ok.usage.prompt_tokens, ok.usage.completion_tokens) == ("ok", 7, 2)
