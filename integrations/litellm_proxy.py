@@ -37,7 +37,12 @@ Per request (LiteLLM 1.110's hooks; ``litellm.integrations.custom_logger.CustomL
    otherwise LiteLLM's own choice stands).
 3. ``async_log_success_event`` / ``async_log_failure_event``: the outcome (usage, latencies, status
    ``ok``/``error``/``timeout``, the served target; ``litellm_router.outcome_from_call``) is queued
-   on the client and posted to ``/v1/outcomes`` in the background.
+   on the client and posted to ``/v1/outcomes`` in the background. The request is decided once and
+   LiteLLM's retries (``num_retries``) reuse its decision, so a failed attempt LiteLLM may retry
+   (``attempted_retries`` < ``max_retries`` in its metadata, no token streamed) is held: a later
+   attempt's outcome replaces it, and ``async_post_call_failure_hook`` (the request failed for good)
+   reports it. Reported at once, it was the decision's one outcome and the answering retry's usage a
+   409 conflict, never booked.
 
 **The cascade** (``POINTSMAN_CASCADE=true``; the serving policy needs a ``verify`` section): for a
 routed, non-streamed request the draft's success is not reported at step 3; instead
@@ -63,7 +68,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 from litellm.constants import OPENAI_CHAT_COMPLETION_PARAMS
 from litellm.integrations.custom_logger import CustomLogger
@@ -87,6 +94,7 @@ from pointsman.integrations.litellm_router import (
     DECISION_KEY,
     DEFAULT_INFO,
     LiteLLMRouter,
+    OutcomeReport,
     _usage,
     all_deployments,
     default_deployment,
@@ -154,6 +162,10 @@ class PointsmanProxyHandler(CustomLogger):
         super().__init__()
         self._client = client
         self._cascade = cascade
+        #: failed attempts LiteLLM may retry, by decision id (step 3), and decisions whose request failed for good
+        #: (True: its outcome was reported); each at most ``MAX_HELD``, the oldest out first
+        self._held: OrderedDict[str, OutcomeReport] = OrderedDict()
+        self._given_up: OrderedDict[str, bool] = OrderedDict()
 
     @property
     def cascade(self) -> bool:
@@ -251,6 +263,21 @@ class PointsmanProxyHandler(CustomLogger):
         """Report an ``error``/``timeout`` outcome (step 3; no usage: the budget hold is released)."""
         self._report(kwargs, response_obj, start_time, end_time, failed=True)
 
+    async def async_post_call_failure_hook(self, request_data: dict[str, object], original_exception: Exception,
+                                           user_api_key_dict: object, traceback_str: str | None = None) -> None:
+        """The request failed for good (LiteLLM retried what it would): report its held failure (step 3)."""
+        try:
+            call = routed_call({"metadata": request_data.get("metadata"),
+                                "litellm_params": {"litellm_metadata": request_data.get("litellm_metadata")}})
+            if call is None or call.client != id(self.client):
+                return
+            held = self._held.pop(call.id, None)
+            if held is not None:
+                self.client.report(held)
+            _remember(self._given_up, call.id, held is not None)
+        except Exception:  # noqa: BLE001 - reporting must never reach the user's request
+            log.exception("could not report the pointsman outcome of a failed LiteLLM proxy request")
+
     async def async_post_call_success_hook(self, data: dict[str, object], user_api_key_dict: object,
                                            response: object) -> object | None:
         """The cascade (see the module): the answer to return instead of ``response``, or None to keep it."""
@@ -312,10 +339,39 @@ class PointsmanProxyHandler(CustomLogger):
             if not failed and _cascaded(kwargs):
                 return  # the cascade's post-call hook reports this decision's one outcome
             outcome = outcome_from_call(kwargs, response_obj, start_time, end_time, failed=failed)
-            if outcome is not None:
-                self.client.report(outcome)
+            if outcome is None or self._given_up.get(call.id):
+                return
+            self._held.pop(call.id, None)
+            if failed and call.id not in self._given_up and "ttft_ms" not in outcome and _retry_may_follow(kwargs):
+                if (oldest := _remember(self._held, call.id, outcome)) is not None:
+                    self.client.report(oldest)
+                return
+            self.client.report(outcome)
         except Exception:  # noqa: BLE001 - reporting must never reach the user's request
             log.exception("could not report the pointsman outcome of a LiteLLM proxy call")
+
+
+_V = TypeVar("_V")
+#: Most decisions ``PointsmanProxyHandler`` keeps held failures (and failed requests) of.
+MAX_HELD = 10_000
+
+
+def _remember(kept: OrderedDict[str, _V], key: str, value: _V) -> _V | None:
+    """Put ``key`` in ``kept`` (at most ``MAX_HELD``); returns the value of the oldest entry it pushed out."""
+    kept[key] = value
+    return kept.popitem(last=False)[1] if len(kept) > MAX_HELD else None
+
+
+def _retry_may_follow(kwargs: Mapping[str, object]) -> bool:
+    """Whether LiteLLM may retry the failed attempt ``kwargs`` logs: its metadata's ``attempted_retries`` is below
+    ``max_retries`` (the router's ``num_retries``)."""
+    params = kwargs.get("litellm_params")
+    for key in ("metadata", "litellm_metadata"):
+        metadata = params.get(key) if isinstance(params, Mapping) else None
+        if isinstance(metadata, Mapping) and DECISION_KEY in metadata:
+            attempted, most = metadata.get("attempted_retries"), metadata.get("max_retries")
+            return isinstance(attempted, int) and isinstance(most, int) and attempted < most
+    return False
 
 
 #: Request parameters that say where and how a call is sent, not what it asks for: the escalated call

@@ -411,15 +411,18 @@ def retrying_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
                       lambda config: config.replace("num_retries: 0", "num_retries: 1"))
 
 
-@pytest.mark.xfail(strict=True, reason="open: the first attempt's failure event is reported as the decision's one "
-                   "outcome (error, hold released) and the retry's ok outcome is then a 409 conflict, never booked")
 def test_a_request_the_proxy_retried_is_booked_with_the_usage_of_the_attempt_that_answered(retrying_stack: dict) -> None:
     """The proxy decides once per request; LiteLLM retries the 500 on the same deployment and the retry answers.
-    The decision's one outcome is the answer's: ``ok`` with its usage, booked. LiteLLM's failure event says whether
-    a retry may follow (``litellm_params.metadata.attempted_retries`` < ``max_retries``)."""
+    The decision's one outcome is the answer's: ``ok`` with its usage, booked. Before, the first attempt's failure
+    was reported at once as the decision's outcome (error, hold released) and the retry's a 409 conflict, never booked.
+    A 400 LiteLLM does not retry is still reported, when the proxy gives up on the request."""
     ups = retrying_stack["upstreams"]["llama-8b"]
     r = _ask(retrying_stack, None)
     assert r.status_code == 200, r.text
     assert len(ups.seen) == 2 and ups.seen[0]["decision"] == ups.seen[1]["decision"]
     out = _outcome(retrying_stack, ups.seen[1]["decision"])
     assert (out.status, out.usage and (out.usage.prompt_tokens, out.usage.completion_tokens)) == ("ok", (11, 7))
+    r = _ask(retrying_stack, None, "MALFORMED request")
+    assert r.status_code == 400, r.text
+    out = _outcome(retrying_stack, ups.seen[-1]["decision"])
+    assert (out.status, out.upstream_status) == ("error", 400)
