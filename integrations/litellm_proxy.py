@@ -25,7 +25,9 @@ Per request (LiteLLM 1.110's hooks; ``litellm.integrations.custom_logger.CustomL
    too), tools, token caps, ``n``, audio output and ``metadata.pointsman`` as the routing context
    (``litellm_router.route_body``; on ``/v1/messages`` and ``/v1/responses`` that ``metadata`` is the upstream
    API's own field, of which LiteLLM 1.110 forwards only Anthropic's ``user_id`` and the Responses API's string
-   values, so the context does not reach the upstream). The deployment is
+   values, so the context does not reach the upstream). That ``metadata`` is the client's, so the budget scopes
+   come from the proxy's authentication (``budget_scopes``): the key's ``org_id`` is the ``tenant`` and its
+   ``team_id`` the ``team``, whatever the client wrote; only a proxy admin (the master key) names its own. The deployment is
    the one serving the decision (``litellm_router.pick_deployment``: ``model_info.pointsman_target``
    or the upstream model, then the decision's ``base_url`` among several; the decision's fallbacks
    in order), looked for in the requested model group first and then in every group, so one group
@@ -105,6 +107,7 @@ from pointsman.integrations.litellm_router import (
     routed_call,
     target_of,
 )
+from pointsman.json_types import JSONObject
 
 log = logging.getLogger("pointsman.integrations")
 
@@ -146,6 +149,26 @@ def served_by(response: object, router: LiteLLMRouter | None) -> str | None:
         if isinstance(deployment, Mapping) and _deployment_id(deployment) == str(model_id):
             return target_of(deployment)
     return None
+
+
+def budget_scopes(body: JSONObject, user_api_key_dict: object) -> JSONObject:
+    """``body`` (a ``/v1/route`` body) with ``routing.tenant`` and ``routing.team`` the authenticated key's
+    ``org_id`` and ``team_id`` (LiteLLM's ``UserAPIKeyAuth``; left out when the key has none), not what the
+    client's ``metadata.pointsman`` says: a client would otherwise name a tenant with budget left, or none.
+    A proxy admin's (``user_role`` ``proxy_admin``: the master key) are kept as it wrote them."""
+    role = getattr(user_api_key_dict, "user_role", None)
+    if getattr(role, "value", role) == "proxy_admin":
+        return body
+    given = body.get("routing")
+    routing: JSONObject = {k: v for k, v in given.items() if k not in ("tenant", "team")} if isinstance(given, dict) else {}
+    for key, field in (("tenant", "org_id"), ("team", "team_id")):
+        value = getattr(user_api_key_dict, field, None)
+        if isinstance(value, str) and value:
+            routing[key] = value
+    out = {k: v for k, v in body.items() if k != "routing"}
+    if routing:
+        out["routing"] = routing
+    return out
 
 
 def _info_flag(deployment: Mapping[str, object]) -> bool:
@@ -193,7 +216,7 @@ class PointsmanProxyHandler(CustomLogger):
                                   call_type: str) -> dict[str, object]:
         """Decide and rewrite ``data`` (step 1 of the module); returns ``data``."""
         try:
-            await self._route(data, call_type)
+            await self._route(data, call_type, user_api_key_dict)
         except BudgetExhausted as exc:  # a refusal, not a failure: served elsewhere it would spend past the budget
             from fastapi import HTTPException
 
@@ -204,7 +227,7 @@ class PointsmanProxyHandler(CustomLogger):
             log.exception("pointsman pre-call hook failed; the request goes on without it")
         return data
 
-    async def _route(self, data: dict[str, object], call_type: str) -> None:
+    async def _route(self, data: dict[str, object], call_type: str, user_api_key_dict: object) -> None:
         group = data.get("model")
         router = _router()
         if call_type not in ROUTED_CALLS or not isinstance(group, str) or router is None:
@@ -212,7 +235,7 @@ class PointsmanProxyHandler(CustomLogger):
         messages = data.get("messages")  # None for a text completion or a Responses call: route_body sends its prompt
         if not isinstance(messages, list) and (messages is not None or data.get("prompt", data.get("input")) is None):
             return
-        decision = await self.client.aroute(route_body(group, messages, data))
+        decision = await self.client.aroute(budget_scopes(route_body(group, messages, data), user_api_key_dict))
         chosen = None if decision is None else self.choose(decision, group, router)
         if decision is not None and chosen is None:
             log.warning("no LiteLLM deployment serves pointsman target %r or its fallbacks; routing without it",

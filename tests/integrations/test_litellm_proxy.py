@@ -33,6 +33,21 @@ from pointsman.policy.fleet import DEFAULT_FLEET_PATH
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "deploy" / "litellm" / "config.yaml"
 MASTER_KEY = "sk-proxy-test-0123456789"
+#: A client key of the proxy's custom auth (``CUSTOM_AUTH``, in ``keyed_stack``): organisation ``broke`` (Pointsman's
+#: tenant, $0 a day), team ``t1``.
+BROKE_KEY = "sk-client-of-broke-0123"
+CUSTOM_AUTH = f"""\
+from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
+
+
+async def user_api_key_auth(request, api_key):
+    key = api_key.removeprefix("Bearer ").strip()
+    if key == {MASTER_KEY!r}:
+        return UserAPIKeyAuth(api_key=key, user_role=LitellmUserRoles.PROXY_ADMIN)
+    if key == {BROKE_KEY!r}:
+        return UserAPIKeyAuth(api_key=key, org_id="broke", team_id="t1")
+    raise Exception("unknown key")
+"""
 LLAMA_8B_1 = "http://llama-8b-1.inference.internal:8000/v1"
 POLICY = """\
 apiVersion: pointsman/v1
@@ -182,6 +197,7 @@ def _stack(tmp: Path, fail_first: dict[str, int], edit: Callable[[str], str]) ->
     # the shipped config, copied so the proxy resolves nothing beside the repository's file
     config = tmp / "config.yaml"
     config.write_text(edit(CONFIG.read_text()))
+    (tmp / "custom_auth.py").write_text(CUSTOM_AUTH)
     proxy_env = {**base_env, "POINTSMAN_URL": f"http://127.0.0.1:{p_port}", "POINTSMAN_ROUTE_TIMEOUT_S": "2",
                  "POINTSMAN_CASCADE": "true", "POINTSMAN_VERIFY_TIMEOUT_S": "5",
                  "LITELLM_MASTER_KEY": MASTER_KEY, "LLAMA_8B_API_BASE": upstreams["llama-8b"].url,
@@ -405,24 +421,40 @@ def test_pointsman_down_fails_open_to_the_default_deployment(stack: dict) -> Non
 
 
 @pytest.fixture(scope="module")
-def retrying_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """``stack`` with LiteLLM's retries on (``num_retries: 1``) and the 8B stand-in answering its first request 500."""
-    yield from _stack(tmp_path_factory.mktemp("litellm-proxy-retry"), {"llama-8b": 1},
-                      lambda config: config.replace("num_retries: 0", "num_retries: 1"))
+def keyed_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """``stack`` with LiteLLM's retries on (``num_retries: 1``), the 8B stand-in answering its first request 500,
+    and the proxy's keys from ``CUSTOM_AUTH`` (no database)."""
+    yield from _stack(tmp_path_factory.mktemp("litellm-proxy-keyed"), {"llama-8b": 1},
+                      lambda config: config.replace("num_retries: 0", "num_retries: 1").replace(
+                          "general_settings:\n", "general_settings:\n  custom_auth: custom_auth.user_api_key_auth\n"))
 
 
-def test_a_request_the_proxy_retried_is_booked_with_the_usage_of_the_attempt_that_answered(retrying_stack: dict) -> None:
+def test_a_request_the_proxy_retried_is_booked_with_the_usage_of_the_attempt_that_answered(keyed_stack: dict) -> None:
     """The proxy decides once per request; LiteLLM retries the 500 on the same deployment and the retry answers.
     The decision's one outcome is the answer's: ``ok`` with its usage, booked. Before, the first attempt's failure
     was reported at once as the decision's outcome (error, hold released) and the retry's a 409 conflict, never booked.
     A 400 LiteLLM does not retry is still reported, when the proxy gives up on the request."""
-    ups = retrying_stack["upstreams"]["llama-8b"]
-    r = _ask(retrying_stack, None)
+    ups = keyed_stack["upstreams"]["llama-8b"]
+    r = _ask(keyed_stack, None)
     assert r.status_code == 200, r.text
     assert len(ups.seen) == 2 and ups.seen[0]["decision"] == ups.seen[1]["decision"]
-    out = _outcome(retrying_stack, ups.seen[1]["decision"])
+    out = _outcome(keyed_stack, ups.seen[1]["decision"])
     assert (out.status, out.usage and (out.usage.prompt_tokens, out.usage.completion_tokens)) == ("ok", (11, 7))
-    r = _ask(retrying_stack, None, "MALFORMED request")
+    r = _ask(keyed_stack, None, "MALFORMED request")
     assert r.status_code == 400, r.text
-    out = _outcome(retrying_stack, ups.seen[-1]["decision"])
+    out = _outcome(keyed_stack, ups.seen[-1]["decision"])
     assert (out.status, out.upstream_status) == ("error", 400)
+
+
+@pytest.mark.parametrize("routing", [None, {"tenant": "acme"}, {"tenant": "acme", "team": "t2"}])
+def test_a_clients_budget_is_its_keys_whatever_its_metadata_says(keyed_stack: dict, routing: dict | None) -> None:
+    """A client of the proxy authenticated as organisation ``broke`` ($0 a day): its request is refused 429 whether
+    its ``metadata.pointsman`` names no tenant or another one. Before, the callback took the tenant from the client's
+    metadata, so leaving it out (or naming ``acme``) spent unbudgeted."""
+    body: dict = {"model": "chat", "messages": [{"role": "user", "content": "What is 2 + 2?"}]}
+    if routing is not None:
+        body["metadata"] = {"pointsman": routing}
+    r = httpx.post(f"{keyed_stack['proxy']}/v1/chat/completions", json=body, timeout=60,
+                   headers={"authorization": f"Bearer {BROKE_KEY}"})
+    assert r.status_code == 429, r.text
+    assert "tenant:broke" in r.text
