@@ -27,7 +27,8 @@ settlement names no scopes (such a settle can only complete a record that still 
 never books anything twice). ``window_s``: the time whose windows it is booked in. ``meta`` keeps this
 file's ``uid`` and where it lives (``home``: a copy found elsewhere takes a fresh ``uid``, ``_claim``),
 which ledger incarnation it last saw (``seen``/``see``) and which one was last made to count
-its sums, and when (``applied``/``apply``), and the time a restore books rows again at (``restoring``).
+its sums, and when (``applied``/``apply``), and the time a restore books rows again at (``restoring``): while it is
+kept ``compact`` folds nothing, so a restore that read a row books it into a store whose sums cannot hold it.
 
 One row per decision id (the first settlement wins, as in the ledger). Connections are opened
 per call, so it is thread- and fork-safe. The settlements of concurrent ``add`` (and ``book``)
@@ -88,12 +89,15 @@ class SettleArgs(TypedDict):
 
 class Booked(NamedTuple):
     """A settlement booked in the ledger: ``booked_s`` (Unix s, when written), ``expires_s`` (a lower
-    bound of when the ledger forgets the decision's record; None: its settle names no scopes)."""
+    bound of when the ledger forgets the decision's record; None: its settle names no scopes). ``again``: booked
+    again from its row (a restore): only a row still kept takes the new times (one folded or forgotten meanwhile
+    stays so: its settlement is kept once, in the sums or nowhere)."""
 
     decision_id: str
     args: SettleArgs
     booked_s: float
     expires_s: float | None
+    again: bool = False
 
 
 class Seen(NamedTuple):
@@ -221,12 +225,16 @@ class SpendJournal:
             conn = self._book_conn[1]
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                conn.executemany(
-                    "INSERT INTO journal(decision_id, args, booked_s, expires_s, window_s) VALUES (?, ?, ?, ?, ?) "
-                    "ON CONFLICT(decision_id) DO UPDATE SET args = excluded.args, booked_s = excluded.booked_s, "
-                    "expires_s = excluded.expires_s, window_s = excluded.window_s",
-                    [(b.decision_id, json.dumps(dict(b.args)), b.booked_s, b.expires_s,
-                      b.args["issued_s"] if b.args["issued_s"] is not None else b.args["now"]) for b in rows])
+                for again in (False, True):
+                    conn.executemany(
+                        "UPDATE journal SET args = ?2, booked_s = ?3, expires_s = ?4, window_s = ?5 WHERE decision_id = ?1"
+                        if again else
+                        "INSERT INTO journal(decision_id, args, booked_s, expires_s, window_s) VALUES (?, ?, ?, ?, ?) "
+                        "ON CONFLICT(decision_id) DO UPDATE SET args = excluded.args, booked_s = excluded.booked_s, "
+                        "expires_s = excluded.expires_s, window_s = excluded.window_s",
+                        [(b.decision_id, json.dumps(dict(b.args)), b.booked_s, b.expires_s,
+                          b.args["issued_s"] if b.args["issued_s"] is not None else b.args["now"])
+                         for b in rows if b.again == again])
                 conn.execute("COMMIT")
             except sqlite3.Error:
                 if conn.in_transaction:
@@ -300,15 +308,20 @@ class SpendJournal:
 
     def compact(self, before_s: float, forget_before_s: float, page: int = 5000) -> int:
         """Fold the rows last booked before ``before_s`` (Unix s) into ``sums`` (a row naming no scopes is dropped)
-        and forget the sums whose month window ended before ``forget_before_s``; ``page`` rows a transaction. A file
-        then more than half free is vacuumed (what stays is small: copying it is quick). Returns how many rows were
-        folded or dropped. Raises ``LedgerUnavailable``."""
+        and forget the sums whose month window ended before ``forget_before_s``; ``page`` rows a transaction, none
+        while a restore is under way (``restoring`` kept: checked in each transaction). A file then more than half
+        free is vacuumed (what stays is small: copying it is quick). Returns how many rows were folded or dropped.
+        Raises ``LedgerUnavailable``."""
         done = 0
         try:
             with closing(self._connect("NORMAL")) as conn:
-                conn.execute("DELETE FROM sums WHERE until_s < ?", (forget_before_s,))
                 while True:
                     conn.execute("BEGIN IMMEDIATE")
+                    if conn.execute("SELECT 1 FROM meta WHERE key = 'restoring'").fetchone() is not None:
+                        conn.execute("ROLLBACK")
+                        return done
+                    if not done:
+                        conn.execute("DELETE FROM sums WHERE until_s < ?", (forget_before_s,))
                     rows = conn.execute(
                         "SELECT rowid, json_extract(args, '$.scopes'), coalesce(json_extract(args, '$.target'), ''), "
                         "window_s, json_extract(args, '$.actual_cost_usd'), json_extract(args, '$.prompt_tokens'), "
@@ -387,9 +400,19 @@ class SpendJournal:
         row = self._meta("seen")
         return None if row is None else Seen(*row)  # type: ignore[arg-type]
 
-    def see(self, seen: Seen) -> None:
-        """Keep ``seen`` as the ledger incarnation last seen; raises ``LedgerUnavailable``."""
-        self._set_meta("seen", seen)
+    def see(self, seen: Seen, restored: bool = False) -> None:
+        """Keep ``seen`` as the ledger incarnation last seen; ``restored``: and forget the time ``restoring`` kept
+        (a restore finished), in the same transaction (a process dying between the two would leave ``compact``
+        held off). Raises ``LedgerUnavailable``."""
+        try:
+            with closing(self._connect()) as conn:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('seen', ?)", (json.dumps(list(seen)),))
+                if restored:
+                    conn.execute("DELETE FROM meta WHERE key = 'restoring'")
+                conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
 
     def applied(self) -> Applied | None:
         """The ledger epoch last made to count the sums, and when (``apply``), or None; raises ``LedgerUnavailable``."""
@@ -402,21 +425,15 @@ class SpendJournal:
 
     def restoring(self, now: float) -> float:
         """The time (Unix s) ``FleetState.restore_spend`` books rows again at: the one kept by a pass that did not
-        finish (``restored`` not called since; its lost calls booked at that time), else ``now``, kept.
-        Raises ``LedgerUnavailable``."""
+        finish (``see`` with ``restored`` not called since; its lost calls booked at that time), else ``now``, kept.
+        Call it before reading the rows and sums to restore: while it is kept, ``compact`` folds nothing (a row it
+        folded after that read would be booked as a row into a store that may count it in the sums, and kept in
+        both). Raises ``LedgerUnavailable``."""
         row = self._meta("restoring")
         if row is not None:
             return float(cast(float, row[0]))
         self._set_meta("restoring", [now])
         return now
-
-    def restored(self) -> None:
-        """Forget the time ``restoring`` kept (the pass finished); raises ``LedgerUnavailable``."""
-        try:
-            with closing(self._connect()) as conn:
-                conn.execute("DELETE FROM meta WHERE key = 'restoring'")
-        except sqlite3.Error as exc:
-            raise self._error(exc) from None
 
     def __len__(self) -> int:
         """Entries waiting (0 when the file cannot be read)."""

@@ -756,12 +756,13 @@ class FleetState:
         writes (one with ``incarnation``: Redis)."""
         return self.journal is not None and callable(getattr(self.ledger, "incarnation", None))
 
-    def _keep_booked(self, decision_id: str, args: SettleArgs, settlement: Settlement) -> None:
+    def _keep_booked(self, decision_id: str, args: SettleArgs, settlement: Settlement, row_only: bool = False) -> None:
         """Keep a settlement this replica booked in the journal, for ``restore_spend``, with a lower bound of its
         ledger record's expiry: a record the first settle created (``unreserved``) lives ``record_retention_s`` from
         that settle (``settled_s``, which a replay reports too); one created at the reservation, from the decision's
         time (``issued_s``: the reservation follows it). Booked now (the state's clock): a journaled settlement is
-        written long after its outcome's ``now``, and a restart's lookback counts from the ledger's last sighting."""
+        written long after its outcome's ``now``, and a restart's lookback counts from the ledger's last sighting.
+        ``row_only``: booked again from its row (``restore_spend``), kept only while that row is (``Booked.again``)."""
         if not self._restorable or self.ledger is None or self.journal is None:
             return
         retention = float(self.ledger.config.record_retention_s)
@@ -772,7 +773,7 @@ class FleetState:
         born = settlement.settled_s if settlement.hold_state == "unreserved" else args["issued_s"]
         expires = None if args["scopes"] is None or born is None else born + retention
         try:
-            self.journal.book(Booked(decision_id, args, self.clock(), expires))
+            self.journal.book(Booked(decision_id, args, self.clock(), expires, row_only))
         except LedgerUnavailable as exc:  # booked in the ledger all the same; only its spare copy is missing
             log.warning("booked settlement of %s not kept in the spend journal: %s", decision_id, exc)
 
@@ -856,7 +857,14 @@ class FleetState:
         away again) the next call starts over, which is harmless for the same reasons. A row whose decision the
         ledger holds as another booking (a repeated outcome settled elsewhere) is forgotten, so two journals never
         fold the same settlement; a pass books at one time, kept until a pass finishes (``SpendJournal.restoring``),
-        so a replay at that time (a call whose reply was lost) is this replica's booking, kept. ``add_sums`` writes
+        so a replay at that time (a call whose reply was lost) is this replica's booking, kept. That time is kept
+        before the pass reads the rows and sums, and ``compact`` folds nothing while it is kept, so no row a pass read
+        is folded before that pass books it again (a worker sharing the file, judging by the store it saw before,
+        would fold it: booked as a row into a store whose ``a:<uid>`` may count it in the sums another pass read
+        after the fold, and kept both as a row and in the sums, counted twice by the next emptied store); a row booked
+        again is kept only while it is there (``Booked.again``: one folded or forgotten meanwhile stays so). A pass
+        that outlives another worker's finished pass (which forgets the time) has left only rows that one booked
+        again, which fold an hour later at the earliest. ``add_sums`` writes
         only in the epoch read at the start (a store emptied since is left for the next call). Sums are forgotten once
         their month window's keys expire in the ledger; a repeat of a folded settlement's outcome after the store was
         emptied is booked again (its record is gone)."""
@@ -873,11 +881,13 @@ class FleetState:
         rows: Iterator[Booked] | None = None
         sums = False
         kept: list[Sum] | None = None  # the sums read with the rows (a new epoch), else read when booked
+        at = now  # the time rows are booked again at
         if seen is not None and seen.epoch != epoch:
             age = now - float(epoch.split(".")[0])
             sums = age < retention - RESTORE_MARGIN_S
             if sums:
-                try:
+                try:  # compaction held off from before the read until the pass is done (``SpendJournal.restoring``)
+                    at = self.journal.restoring(now)
                     kept, rows = self.journal.restorable()
                 except LedgerUnavailable:
                     return 0
@@ -890,6 +900,10 @@ class FleetState:
                           retention, RESTORE_MARGIN_S)
         elif seen is None or seen.run_id != run_id:
             since = float("-inf") if seen is None else seen.ok_s - RESTORE_LOOKBACK_S
+            try:
+                at = self.journal.restoring(now)
+            except LedgerUnavailable:
+                return 0
             rows = self.journal.booked(since, now + RESTORE_MARGIN_S)
             sums = applied is not None and applied.epoch == epoch \
                 and max(since, now - retention + RESTORE_MARGIN_S) <= applied.s  # its a:<uid> alive had it not been lost
@@ -903,11 +917,7 @@ class FleetState:
                 self.journal.apply(Applied(epoch, self.clock()))
             except LedgerUnavailable:
                 return 0  # not seen yet: the next call starts over
-        try:  # a pass cut short booked at its own time: a replay at that time is this replica's booking too
-            at = now if rows is None else self.journal.restoring(now)
-        except LedgerUnavailable:
-            return booked
-        for row in rows or ():
+        for row in rows or ():  # a pass cut short booked at its own time: a replay at that time is this replica's too
             again = row.args.copy()  # at ``at``: a record created again lives from then (its windows stay the decision's)
             again["now"], again["issued_s"] = at, row.args["now"] if row.args["issued_s"] is None else row.args["issued_s"]
             try:
@@ -920,16 +930,14 @@ class FleetState:
                 continue
             if not settlement.replayed:
                 booked += 1
-                self._keep_booked(row.decision_id, again, settlement)
+                self._keep_booked(row.decision_id, again, settlement, row_only=True)
             elif settlement.settled_s == at != row.args["now"]:  # booked by a pass cut short: kept at its time
-                self._keep_booked(row.decision_id, again, settlement)
+                self._keep_booked(row.decision_id, again, settlement, row_only=True)
             elif _booked_elsewhere(row.args, settlement):
                 self.journal.done([row.decision_id])
         if booked:
             log.warning("budget ledger: %d settlement(s) it had lost booked again from the spend journal", booked)
-        self.journal.see(Seen(epoch, run_id, now))
-        if rows is not None:
-            self.journal.restored()
+        self.journal.see(Seen(epoch, run_id, now), restored=rows is not None)
         if rows is None:  # the store counts the sums (noted before any row is folded into them), then fold
             try:
                 add_sums(self.journal.uid, [], epoch, now)

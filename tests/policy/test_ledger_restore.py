@@ -24,11 +24,11 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pointsman.policy.budget.config import BudgetConfig
-from pointsman.policy.budget.journal import KEEP_RECENT_S, SpendJournal
+from pointsman.policy.budget.journal import KEEP_RECENT_S, Booked, SettleArgs, SpendJournal
 from pointsman.policy.budget.ledger import LedgerUnavailable
 from pointsman.policy.budget.redis_ledger import RedisLedger
 from pointsman.policy.budget.units import window_of
@@ -203,21 +203,25 @@ def until_restored(replicas: list[FleetState], ledger: RedisLedger, acked: dict[
     assert {scope: settled(ledger, scope, replicas[0].clock()) for scope in acked} == acked
 
 
-def _replicas(root: Path, url: str, n: int = 2, clock: Clock | None = None) -> tuple[RedisLedger, list[FleetState]]:
-    """A ledger to read, and ``n`` replicas, each with its own ledger client and journal (on ``clock``)."""
+def _replicas(root: Path, url: str, n: int = 2, clock: Clock | None = None,
+              shared: bool = False) -> tuple[RedisLedger, list[FleetState]]:
+    """A ledger to read, and ``n`` replicas, each with its own ledger client and journal (on ``clock``); ``shared``:
+    one journal file for all (the workers of one host)."""
     signer = DecisionSigner(b"k" * 32)
     return RedisLedger.from_url(url, CONFIG), [
-        FleetState(FLEET, RedisLedger.from_url(url, CONFIG), signer=signer, journal=SpendJournal(root / f"journal-{i}.db"),
-                   **({"clock": clock} if clock else {})) for i in range(n)]
+        FleetState(FLEET, RedisLedger.from_url(url, CONFIG), signer=signer,
+                   journal=SpendJournal(root / f"journal-{0 if shared else i}.db"), **({"clock": clock} if clock else {}))
+        for i in range(n)]
 
 
 @contextmanager
-def _store(root: Path, n: int = 2, clock: Clock | None = None) -> Iterator[tuple[Redis, RedisLedger, list[FleetState]]]:
-    """A ``Redis`` in ``root / "redis"`` and ``_replicas(root, its url, n, clock)``: yields (redis, the ledger to read,
-    the replicas); closes every ledger client and stops Redis on the way out."""
+def _store(root: Path, n: int = 2, clock: Clock | None = None,
+           shared: bool = False) -> Iterator[tuple[Redis, RedisLedger, list[FleetState]]]:
+    """A ``Redis`` in ``root / "redis"`` and ``_replicas(root, its url, n, clock, shared)``: yields (redis, the ledger to
+    read, the replicas); closes every ledger client and stops Redis on the way out."""
     (root / "redis").mkdir()
     redis = Redis(root / "redis")
-    ledger, replicas = _replicas(root, redis.url, n, clock)
+    ledger, replicas = _replicas(root, redis.url, n, clock, shared)
     try:
         yield redis, ledger, replicas
     finally:
@@ -247,6 +251,25 @@ def interrupted(state: FleetState, calls: int, reply_lost: bool) -> None:
         state.restore_spend()
     finally:
         del ledger.add_sums, ledger.settle  # type: ignore[union-attr]
+
+
+def folded_meanwhile(state: FleetState, clock: Clock) -> None:
+    """``state`` ticks while a worker sharing its journal (which judged by the store it saw before) folds the rows
+    booked more than ``KEEP_RECENT_S`` ago right after ``state`` read its journal for a restore."""
+    assert state.journal is not None
+    journal, worker = state.journal, SpendJournal(state.journal.path)
+    restorable = journal.restorable
+
+    def then_folded():
+        read = restorable()
+        worker.compact(clock() - KEEP_RECENT_S, 0.0)
+        return read
+
+    journal.restorable = then_folded  # type: ignore[method-assign]
+    try:
+        tick(state)
+    finally:
+        del journal.restorable  # type: ignore[method-assign]
 
 
 def test_settlements_acknowledged_before_the_machine_died_are_counted_once(tmp_path):
@@ -298,21 +321,25 @@ STEP = st.one_of(
     st.tuples(st.just("wipe")),
     st.tuples(st.just("age")),  # an hour and more passes: the replicas fold what they booked into sums
     st.tuples(st.just("interrupt"), st.integers(0, 1), st.integers(0, 3), st.booleans()),  # Redis gone mid-restore
+    st.tuples(st.just("fold"), st.integers(0, 1), st.booleans()),  # a worker folds rows while a replica restores them
 )
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["own-journals", "one-journal"])
 @settings(max_examples=30, deadline=None)
+@example(steps=[("settle", 0, False), ("fold", 0, True)])  # found at 100 examples (seed 1), missed at 30
 @given(steps=st.lists(STEP, min_size=1, max_size=14))
-def test_spend_per_scope_is_the_acknowledged_sum_whatever_redis_loses(steps):
-    """Settlements on two replicas (into their journals while Redis is away), ticks, a machine's death (SIGKILL
+def test_spend_per_scope_is_the_acknowledged_sum_whatever_redis_loses(shared, steps):
+    """Settlements on two replicas, with a journal each or workers sharing one (``shared``; into it while Redis is away), ticks, a machine's death (SIGKILL
     and the file cut back to any earlier acknowledged moment since the replicas last saw Redis an hour ago),
     FLUSHALL, a new volume, an hour passing (the journals fold their rows into sums), a restore cut short by
-    Redis going away (after a write applied or not), in any order: once every replica has ticked, each scope's
-    spend is the sum of the acknowledged settlements, nothing lost, nothing doubled."""
+    Redis going away (after a write applied or not), a worker sharing a journal folding it while its replica
+    restores (after a FLUSHALL or not), in any order: once every replica has ticked, each scope's spend is the sum of the acknowledged
+    settlements, nothing lost, nothing doubled; and so again after one more FLUSHALL."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         clock = Clock()
-        with _store(root, clock=clock) as (redis, ledger, replicas):
+        with _store(root, clock=clock, shared=shared) as (redis, ledger, replicas):
             acked = {scope: 0 for scope in BUDGETED + UNBUDGETED}
             marks = [redis.mark()]
             for n, step in enumerate(steps):
@@ -341,10 +368,19 @@ def test_spend_per_scope_is_the_acknowledged_sum_whatever_redis_loses(steps):
                 elif step[0] == "age":
                     clock.age(replicas)
                     marks = []  # seen since: a machine's death loses only what was written after
+                elif step[0] == "fold":  # the replica saw the store, an hour passes (the store flushed or not)
+                    tick(replicas[step[1]])
+                    clock.ahead += KEEP_RECENT_S
+                    if step[2]:
+                        redis.flushall()
+                    folded_meanwhile(replicas[step[1]], clock)
+                    marks = []
                 else:
                     interrupted(replicas[step[1]], step[2], step[3])
                 marks.append(redis.mark())
-            until_restored(replicas, ledger, acked)
+            until_restored(replicas, ledger, acked, deadline_s=10.0)
+            redis.flushall()  # what the journals keep counts each settlement once too
+            until_restored(replicas, ledger, acked, deadline_s=10.0)
 
 
 def test_a_settlement_whose_record_expired_is_not_booked_again_after_a_restart(tmp_path):
@@ -656,11 +692,12 @@ def test_a_journal_opened_on_another_host_is_a_copy(tmp_path, monkeypatch):
     assert copy.uid != uid and copy.sums() == []
 
 
-def test_a_compaction_by_a_worker_sharing_the_journal_during_a_restore_loses_nothing(tmp_path):
-    """Another worker on the same journal folds every row into the sums right after this one read the sums for a
-    flushed store (``compact``, injected before ``add_sums``): the sums and rows are read in one SQLite read
-    transaction, so each settlement is booked once, from the one or the other (before, the folded rows were in
-    neither read: not booked)."""
+def test_a_compaction_by_a_worker_sharing_the_journal_during_a_restore_counts_each_settlement_once(tmp_path):
+    """Another worker on the same journal tries to fold every row into the sums right after this one read them for a
+    flushed store (``compact``, injected before ``add_sums``): it folds nothing until the restore is done
+    (``SpendJournal.restoring``), so each settlement is booked once, and kept once: in a row or in the sums, and a
+    second flush gets it back once too (before, the row booked again was kept as a row and in the sums: counted
+    twice after the next flush)."""
     clock = Clock()
     with _store(tmp_path, n=1, clock=clock) as (redis, ledger, (replica,)):
         worker = SpendJournal(tmp_path / "journal-0.db")
@@ -681,5 +718,23 @@ def test_a_compaction_by_a_worker_sharing_the_journal_during_a_restore_loses_not
         replica.ledger.add_sums = compacted_first  # type: ignore[union-attr]
         tick(replica)
         del replica.ledger.add_sums  # type: ignore[union-attr]
-        assert _folded(replica)[1] == 2  # the worker folded them
+        assert _folded(replica) == (4, 0)  # held off while the restore was under way
         until_restored([replica], ledger, acked)
+        assert worker.compact(clock() + 1, 0.0) == 4  # once it is done, the rows fold
+        redis.flushall()  # the next store gets each settlement once too: from the sums, not also from a row
+        until_restored([replica], ledger, acked)
+        redis.flushall()  # the next store must get each settlement once too: from the sums or a row, not both
+        until_restored([replica], ledger, acked)
+
+def test_a_row_folded_meanwhile_is_not_kept_again_by_a_restore(tmp_path):
+    """A restore books a row again (``Booked.again``) after a worker folded it: the journal keeps it in the sums
+    only, not in a row too (the next emptied store would count it twice); a new booking is kept as a row."""
+    journal = SpendJournal(tmp_path / "j.db")
+    args: SettleArgs = {"actual_cost_usd": 0.5, "now": 1000.0, "target": "onprem-8b", "prompt_tokens": 3,
+                        "cached_tokens": 0, "completion_tokens": 2, "scopes": ["tenant:a"], "issued_s": None}
+    journal.book(Booked("d-1", args, 1000.0, 2000.0))
+    assert journal.compact(1001.0, 0.0) == 1
+    journal.book(Booked("d-1", args, 5000.0, 6000.0, again=True))
+    journal.book(Booked("d-2", args, 5000.0, 6000.0))
+    assert [b.decision_id for b in journal.booked(0.0, 0.0)] == ["d-2"]
+    assert [(s.cost_nusd, s.settlements) for s in journal.sums()] == [(500_000_000, 1)]
