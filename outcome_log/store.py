@@ -53,9 +53,10 @@ Tables::
     unsettled(outcome_id PK, outcome JSON)
     forwards(outcome_id PK, inbox, outcome JSON, received_s, sent, sent_s)
 
-``unsettled`` holds the outcomes stored but not yet settled that no gateway resends (ext_proc records
-them itself): written in the transaction that stores the outcome, deleted once it is settled, and
-settled at the next start when the process died in between (``append_outcomes(unsettled=True)``).
+``unsettled`` holds the outcomes stored (or forwarded: kept in ``forwards``) but not yet settled that no
+gateway resends (ext_proc records them itself): written in the transaction that stores the outcome, deleted
+once it is settled, and settled at the next start when the process died in between
+(``append_outcomes(unsettled=True)``).
 
 ``forwards`` is the outbox of outcomes whose decision another replica's log holds (its ``inbox``,
 ``policy.signals.shared_state``): written in the transaction of ``append_outcomes(forwards=...)``, so as durable as
@@ -485,9 +486,9 @@ class OutcomeLog:
 
         ``served_target`` defaults to the decision's target. ``known``: decision id -> target of
         decisions the caller vouches for; their outcomes are stored even when the decision is not
-        (yet) in the log. ``unsettled``: also keep each non-shadow outcome in the log (stored or duplicate) as
-        not yet settled, in the same transaction, until ``settled`` names it (``unsettled_outcomes`` reads
-        them). ``forwards``: ``(inbox, outcome)`` pairs kept in the outbox (module docstring), in the same
+        (yet) in the log. ``unsettled``: also keep each non-shadow outcome in the log (stored or duplicate) and
+        each forward as not yet settled, in the same transaction, until ``settled`` names it (``unsettled_outcomes``
+        reads them). ``forwards``: ``(inbox, outcome)`` pairs kept in the outbox (module docstring), in the same
         transaction, unsent (a key already there is kept as it is). Raises ``RequestError`` for an invalid dict
         (nothing stored) and ``DataError`` when the store is unavailable (nothing of the shared transaction
         acknowledged).
@@ -505,15 +506,14 @@ class OutcomeLog:
         with self._write(durable=not self._keeper.fsync) as conn:
             seen: dict[str, str] = {}
             for call in calls:
-                acks: list[OutcomeAck] = []
-                for o in call.items:
-                    acks.append(ack := self._insert_outcome(conn, o, call.known, call.received_s, seen))
-                    if call.unsettled and ack.ok and not o.shadow:
-                        conn.execute("INSERT OR IGNORE INTO unsettled(outcome_id, outcome) VALUES (?, ?)",
-                                     (ack.outcome_id, o.model_dump_json(exclude_unset=True)))
+                acks = [self._insert_outcome(conn, o, call.known, call.received_s, seen) for o in call.items]
                 conn.executemany("INSERT OR IGNORE INTO forwards(outcome_id, inbox, outcome, received_s) VALUES (?, ?, ?, ?)",
                                  [(o.key, inbox, o.model_dump_json(exclude_unset=True), call.received_s)
                                   for inbox, o in call.forwards])
+                if call.unsettled:  # stored here or forwarded: each is settled here
+                    kept = [o for o, ack in zip(call.items, acks) if ack.ok] + [o for _, o in call.forwards]
+                    conn.executemany("INSERT OR IGNORE INTO unsettled(outcome_id, outcome) VALUES (?, ?)",
+                                     [(o.key, o.model_dump_json(exclude_unset=True)) for o in kept if not o.shadow])
                 results.append(acks)
         self._keeper.dirty(unsynced=True)
         return results
