@@ -9,6 +9,9 @@ serve`` replicas (own data folders, as two pods) sharing it (``POINTSMAN_STATE_U
 - ``stop``: redis-server SIGSTOPped for ``--stop-s`` seconds (a hung Redis: sends time out, and are applied when it
   resumes).
 
+Latency: the p50/p99/max seconds of ``/v1/route`` and ``/v1/outcomes`` calls sent while Redis was stopped
+(``stop``: sent in a stop window; a call that failed counts with its time until it failed), and of all calls.
+
 After the run it waits ``--settle-s`` seconds, stops the replicas and counts, for every outcome acknowledged
 (``stored``, ``duplicate``, ``forwarded``), how many of the two outcome logs hold it: ``in_no_log`` and
 ``in_two_logs`` should be 0, ``in_owner_log`` every one. Also printed: the acknowledgements by status, the
@@ -40,18 +43,26 @@ from chaos_outcomes import Redis, Replica, start_replicas  # noqa: E402
 
 
 def pair(i: int, replicas: list[Replica], acks: dict[str, tuple[int, str]], errors: list[str],
-         lock: threading.Lock) -> None:
+         lock: threading.Lock, times: list[tuple[str, float, float]]) -> None:
     """Route on replica ``i % 2``, post the outcome to the other; record the acknowledgement (decision id ->
-    (deciding replica, status))."""
+    (deciding replica, status)) and each call's ``(path, sent at monotonic s, seconds taken)`` in ``times``."""
     owner, other = replicas[i % 2], replicas[(i + 1) % 2]
+
+    def timed(path: str, url: str, body: dict[str, object]) -> httpx.Response:
+        sent = time.monotonic()
+        try:
+            return httpx.post(url, json=body, timeout=60)
+        finally:
+            with lock:
+                times.append((path, sent, time.monotonic() - sent))
+
     try:
-        d = httpx.post(f"{owner.base}/v1/route", json={"messages": [{"role": "user", "content": f"hello {i}"}]},
-                       timeout=60)
+        d = timed("route", f"{owner.base}/v1/route", {"messages": [{"role": "user", "content": f"hello {i}"}]})
         if d.status_code != 200:
             raise RuntimeError(f"route {d.status_code}")
         decision_id = d.json()["decision_id"]
-        o = httpx.post(f"{other.base}/v1/outcomes", json={"decision_id": decision_id, "usage": {
-            "prompt_tokens": 100, "completion_tokens": 10}}, timeout=60)
+        o = timed("outcomes", f"{other.base}/v1/outcomes", {"decision_id": decision_id, "usage": {
+            "prompt_tokens": 100, "completion_tokens": 10}})
         if o.status_code not in (200, 202):
             raise RuntimeError(f"outcome {o.status_code}")
         with lock:
@@ -74,6 +85,19 @@ def outbox(data_dir: Path) -> int | None:
             return None
 
 
+def latency(times: list[tuple[str, float, float]], windows: list[tuple[float, float]]) -> dict[str, object]:
+    """p50/p99/max seconds per path, of the calls sent in one of ``windows`` (monotonic s) and of all."""
+    out: dict[str, object] = {}
+    for path in ("route", "outcomes"):
+        for name, keep in (("stopped", lambda at: any(a <= at < b for a, b in windows)), ("all", lambda at: True)):
+            xs = sorted(took for p, at, took in times if p == path and keep(at))
+            if xs:
+                out[f"{path}_{name}_s"] = {"n": len(xs), "p50": round(xs[len(xs) // 2], 3),
+                                           "p99": round(xs[min(len(xs) - 1, int(len(xs) * 0.99))], 3),
+                                           "max": round(xs[-1], 3)}
+    return out
+
+
 def run(args: argparse.Namespace, root: Path) -> dict[str, object]:
     (root / "redis").mkdir()
     redis = Redis(root / "redis")
@@ -82,6 +106,8 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, object]:
     acks: dict[str, tuple[int, str]] = {}
     errors: list[str] = []
     lock = threading.Lock()
+    times: list[tuple[str, float, float]] = []
+    windows: list[tuple[float, float]] = []
     try:
         with ThreadPoolExecutor(max_workers=64) as pool:
             start, n, next_fault, faults = time.monotonic(), int(args.rate * args.run_s), args.fault_at_s, 0
@@ -97,9 +123,10 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, object]:
                     else:
                         assert redis.proc is not None
                         redis.proc.send_signal(signal.SIGSTOP)
+                        windows.append((time.monotonic(), time.monotonic() + args.stop_s))
                         threading.Timer(args.stop_s, redis.proc.send_signal, (signal.SIGCONT,)).start()
                 time.sleep(max(0.0, at - time.monotonic()))
-                pool.submit(pair, i, replicas, acks, errors, lock)
+                pool.submit(pair, i, replicas, acks, errors, lock, times)
         time.sleep(args.settle_s)
     finally:
         for r in replicas:
@@ -117,7 +144,8 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, object]:
         where["in_owner_log"] += decision_id in logs[owner]
         where["in_other_log_only"] += n_logs == 1 and decision_id not in logs[owner]
     return {"fault": args.fault, "faults": faults, "pairs": int(args.rate * args.run_s), "acknowledged": statuses, **where,
-            "errors": len(errors), "first_errors": errors[:3], "outbox_left": [outbox(r.data_dir) for r in replicas]}
+            "errors": len(errors), "first_errors": errors[:3], "outbox_left": [outbox(r.data_dir) for r in replicas],
+            **latency(times, windows)}
 
 
 def main() -> None:

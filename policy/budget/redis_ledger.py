@@ -38,7 +38,6 @@ a lost store) and never delete the epoch alone. Tested against standalone redis-
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeAlias, cast
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
@@ -66,6 +65,7 @@ from pointsman.policy.budget.units import (
     window_of,
     windows_at,
 )
+from pointsman.redis_client import HangGate, redis_client
 from pointsman.redis_epoch import EPOCH_LUA, INCARNATION_LUA, incarnation_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -81,10 +81,6 @@ DEFAULT_PREFIX = "{pointsman-budget}:"
 #: Seconds spend/usage keys outlive their window beyond record retention (a late settle
 #: can still find its window's counters).
 KEEP_AFTER_WINDOW_S = 86400
-# After a call timed out (Redis hangs: connections open, no answer), calls fail at once for this long (s),
-# then one call tries again, the others failing at once while it waits: a hung Redis costs a caller on
-# the event loop one socket timeout, not one per decision.
-HUNG_PAUSE_S = 1.0
 
 # ARGV[1] prefix, ARGV[2] now (Unix seconds, as text). Amounts stay strings from
 # ARGV/HMGET (HINCRBY takes them as they are; Lua doubles are exact below 2^53 nano-USD).
@@ -262,12 +258,6 @@ def _redis_errors() -> tuple[type[BaseException], ...]:
     return (redis.exceptions.RedisError,)
 
 
-def _redis_timeout() -> type[BaseException]:
-    import redis
-
-    return redis.exceptions.TimeoutError
-
-
 class RedisLedger:
     """Budget ledger in Redis (see the module docstring for the guarantee).
 
@@ -281,9 +271,7 @@ class RedisLedger:
         self.config = config or BudgetConfig()
         self.prefix = prefix
         self._errors = _redis_errors()
-        self._timeout_error = _redis_timeout()
-        self._timeout_s = float(client.connection_pool.connection_kwargs.get("socket_timeout") or 0.0)
-        self._hung_until: float | None = None  # monotonic s: Redis timed out; calls fail at once until then
+        self._gate = HangGate.of(client)  # a hung Redis: one socket timeout, then refused at once (redis_client)
         self._reserve = client.register_script(_RESERVE)
         self._settle = client.register_script(_SETTLE)
         self._release = client.register_script(_RELEASE)
@@ -296,44 +284,22 @@ class RedisLedger:
     def from_url(cls, url: str, config: BudgetConfig | None = None, timeout_s: float = 2.0) -> RedisLedger:
         """``redis://[:password@]host:port/db`` (``rediss://``, ``unix://`` too), optional
         query ``prefix``; other query parameters go to redis-py. Connects lazily."""
-        import redis
-
         parts = urlsplit(url)
         query = parse_qs(parts.query)
         prefix = query.pop("prefix", [DEFAULT_PREFIX])[-1]
         clean = urlunsplit(parts._replace(query=urlencode(query, doseq=True)))
         try:
-            client = redis.Redis.from_url(clean, decode_responses=True, socket_timeout=timeout_s,
-                                          socket_connect_timeout=timeout_s)
+            client = redis_client(clean, timeout_s)
         except (ValueError, TypeError) as exc:
             raise BudgetError(f"budget ledger URL '{url}': {exc}") from None
         return cls(client, config, prefix=prefix)
 
     def _run(self, script: Script, args: list[str]) -> Reply:
-        self._check_hung()
         try:
-            out: Reply = script(keys=[], args=args)
+            out: Reply = self._gate.call(lambda: script(keys=[], args=args))
         except self._errors as exc:
-            raise self._unavailable(exc) from exc
-        self._hung_until = None
+            raise LedgerUnavailable(f"budget ledger (redis): {exc}") from exc
         return out
-
-    def _check_hung(self) -> None:
-        """Raise ``LedgerUnavailable`` at once while a timed-out Redis is paused (``HUNG_PAUSE_S``); once the
-        pause is over, let this call try, the others failing at once until its timeout has passed."""
-        until = self._hung_until
-        if until is None:
-            return
-        now = time.monotonic()
-        if now < until:
-            raise LedgerUnavailable("budget ledger (redis): not answering (a call timed out); refused without waiting")
-        self._hung_until = now + self._timeout_s + HUNG_PAUSE_S
-
-    def _unavailable(self, exc: BaseException) -> LedgerUnavailable:
-        """The error for a Redis failure; a timeout starts the pause of ``_check_hung``."""
-        if isinstance(exc, self._timeout_error):
-            self._hung_until = time.monotonic() + HUNG_PAUSE_S
-        return LedgerUnavailable(f"budget ledger (redis): {exc}")
 
     def _head(self, now: float) -> list[str]:
         return [self.prefix, repr(now)]
@@ -434,11 +400,11 @@ class RedisLedger:
         (see ``EffectivePrice``); raises ``BudgetError`` for an unknown window."""
         check_id(target, "target")
         w = window_of(window, current_time(now))
-        self._check_hung()
         try:
-            v = self.client.hmget(f"{self.prefix}t:{w.id}:{target}", "usd", "outcomes", "prompt", "cached", "completion")
+            v = self._gate.call(lambda: self.client.hmget(f"{self.prefix}t:{w.id}:{target}", "usd", "outcomes", "prompt",
+                                                          "cached", "completion"))
         except self._errors as exc:
-            raise self._unavailable(exc) from exc
+            raise LedgerUnavailable(f"budget ledger (redis): {exc}") from exc
         spent, outcomes, prompt, cached, completion = (int(x or 0) for x in v)
         return EffectivePrice(target, w.kind, w.id, to_usd(spent), outcomes, prompt, cached, completion)
 

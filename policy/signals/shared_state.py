@@ -64,6 +64,13 @@ What can go wrong, and what happens then:
   in memory and published once Redis answers again (so the dispatching process stops counting
   it); the reader reconnects every second and then reloads the whole state, so counts converge
   again.
+- **Redis hangs** (stopped, or a partition that drops packets: connections open, no answer): as
+  unreachable, once a call timed out. Every call of a decision or an outcome (dispatch write, release,
+  forward, the incarnation read) goes through one ``HangGate`` (``pointsman.redis_client``): the first
+  call waits one socket timeout (``timeout_s``, 2 s; the client retries a lost connection once and a
+  timeout never), then calls fail at once for a second, then one tries again while the others fail at
+  once. So a decision or an outcome answer waits at most one socket timeout for Redis; what was not
+  sent stays where it was kept (the release in memory, the forwarded outcome in the outbox).
 - **The reader falls behind** the stream's cap (more than ``stream_max_len`` changes while it
   was away): it notices the gap and reloads the whole state. It looks for a gap only after a full
   read (``READ_COUNT`` entries, or ``stream_max_len``): a shorter one holds every entry after its last,
@@ -102,6 +109,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import orjson
 
 from pointsman.errors import DataError
+from pointsman.redis_client import HangGate, redis_client
 from pointsman.redis_epoch import EPOCH_LUA, INCARNATION_LUA, INCARNATION_RETURN_LUA, incarnation_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -521,17 +529,17 @@ class _DispatchWriter:
     it wakes goes to Redis as one call of the dispatch script (``EVALSHA``, all of them in queue
     order, so each process's writes land in the order it made them), on the writer's own connection
     (the client's pool, retry and pipeline layers cost more CPU than the round trip). A failed write
-    is counted (``on_error``) and done, as a failed direct write: never raised; a call that lost its
-    connection is sent once more on a new one, as the client does. Started on the first write;
+    is counted (``on_error``) and done, as a failed direct write: never raised; the connection's retry policy
+    (``pointsman.redis_client``) and hang gate are the client's. Started on the first write;
     ``close`` sends what is queued and stops."""
 
     def __init__(self, client: Redis, script: Script, head: Callable[[], list[str]],
-                 errors: tuple[type[BaseException], ...], on_error: Callable[[BaseException], None]) -> None:
-        from redis.exceptions import ConnectionError as RedisConnectionError
+                 errors: tuple[type[BaseException], ...], on_error: Callable[[BaseException], None],
+                 gate: HangGate) -> None:
         from redis.exceptions import NoScriptError
 
         self._client, self._script, self._head, self._errors, self._on_error = client, script, head, errors, on_error
-        self._no_script, self._lost = NoScriptError, RedisConnectionError
+        self._no_script, self._gate = NoScriptError, gate
         self._conn: ConnectionInterface | None = None
         self._queue: deque[_Queued] = deque()
         self._cond = threading.Condition()
@@ -574,10 +582,7 @@ class _DispatchWriter:
     def _send(self, batch: list[_Queued]) -> None:
         try:
             args = [*self._head(), *[arg for queued in batch for arg in queued.args]]
-            try:
-                self._eval(args)
-            except self._lost:  # a connection Redis closed (it restarted): once more on a new one
-                self._eval(args)
+            self._gate.call(lambda: self._eval(args))
         except self._errors as exc:
             for _ in batch:  # each write failed, as each would have on its own
                 self._on_error(exc)
@@ -594,18 +599,23 @@ class _DispatchWriter:
             callback()
 
     def _eval(self, args: list[str]) -> None:
-        """One call of the script on the writer's connection (made when there is none); raises what
-        Redis raises (the connection is dropped then)."""
+        """One call of the script on the writer's connection (made when there is none), tried again as the
+        connection's ``retry`` says (a lost connection: once, on a new one); raises what Redis raises (the
+        connection is dropped then)."""
         conn = self._conn
         if conn is None:
             conn = self._conn = self._client.connection_pool.make_connection()
-        try:
+
+        def once() -> None:
             try:
                 conn.send_command("EVALSHA", self._script.sha, 0, *args)  # type: ignore[no-untyped-call]
                 conn.read_response()
             except self._no_script:  # a Redis that restarted has no scripts: load it with the call
                 conn.send_command("EVAL", self._script.script, 0, *args)  # type: ignore[no-untyped-call]
                 conn.read_response()
+
+        try:
+            conn.retry.call_with_retry(once, lambda _: conn.disconnect())  # type: ignore[attr-defined, no-untyped-call]
         except BaseException:
             self._conn = None
             conn.disconnect()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
@@ -657,8 +667,9 @@ class RedisSync:
         self._status = SyncStatus(shared=True)
         self._lock = threading.Lock()
         self._reader_conn: ConnectionInterface | None = None  # the reader thread's own (``_xread``)
+        self._gate = HangGate.of(client)  # the writes of decisions and outcomes (module docstring: Redis hangs)
         self._writer = _DispatchWriter(client, self._dispatch, self._dispatch_head, self._errors,
-                                       self._write_failed("dispatch"))
+                                       self._write_failed("dispatch"), self._gate)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._apply: Callable[[Change], None] = _ignore
@@ -669,10 +680,9 @@ class RedisSync:
     def from_url(cls, url: str, *, timeout_s: float = 2.0, block_ms: int = 1000) -> RedisSync:
         """``redis://[:password@]host:port/db`` (``rediss://``, ``unix://`` too); query ``prefix``
         sets the key prefix. ``block_ms``: how long the reader waits per ``XREAD`` (and so at most
-        how long ``close`` waits for it). Connects lazily; raises ``ValueError`` for a malformed URL."""
+        how long ``close`` waits for it); ``timeout_s``: the socket timeout (``pointsman.redis_client``).
+        Connects lazily; raises ``ValueError`` for a malformed URL."""
         from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
-
-        import redis
 
         parts = urlsplit(url)
         if parts.scheme not in ("redis", "rediss", "unix"):
@@ -680,8 +690,7 @@ class RedisSync:
         query = parse_qs(parts.query)
         prefix = query.pop("prefix", [DEFAULT_PREFIX])[-1]
         clean = urlunsplit(parts._replace(query=urlencode(query, doseq=True)))
-        client = redis.Redis.from_url(clean, decode_responses=True, socket_timeout=timeout_s,
-                                      socket_connect_timeout=timeout_s, health_check_interval=30)
+        client = redis_client(clean, timeout_s, health_check_interval=30)
         return cls(client, prefix=prefix, block_ms=block_ms)
 
     @property
@@ -693,7 +702,7 @@ class RedisSync:
 
     def _write(self, what: str, call: Callable[[], object]) -> object:
         try:
-            return call()
+            return self._gate.call(call)
         except self._errors as exc:
             self._write_failed(what)(exc)
             return None
@@ -730,8 +739,8 @@ class RedisSync:
         """Take the record and publish its release (kept for later when Redis fails)."""
         change = Change("release", self.origin, time.time(), decision_id=decision_id)
         try:
-            got = self._take(keys=[], args=[self.prefix, decision_id, change.to_json(), str(self.stream_max_len),
-                                            self.origin])
+            got = self._gate.call(lambda: self._take(keys=[], args=[self.prefix, decision_id, change.to_json(),
+                                                                    str(self.stream_max_len), self.origin]))
         except self._errors as exc:
             with self._lock:
                 self._status.write_errors += 1
@@ -755,8 +764,8 @@ class RedisSync:
     def forward(self, outcomes: Sequence[Forward]) -> str:
         """See ``StateSync.forward``. Raises ``DataError`` when Redis fails."""
         try:
-            epoch, run_id = incarnation_of(self._forward(keys=[], args=[self.prefix, self.inbox,
-                                                                        *(x for o in outcomes for x in o)]))
+            epoch, run_id = incarnation_of(self._gate.call(lambda: self._forward(
+                keys=[], args=[self.prefix, self.inbox, *(x for o in outcomes for x in o)])))
         except self._forward_errors as exc:
             self._write_failed("forward")(exc)
             raise DataError(f"cannot forward {len(outcomes)} outcome(s): shared state unavailable "
@@ -766,7 +775,7 @@ class RedisSync:
     def incarnation(self) -> str:
         """See ``StateSync.incarnation``. Raises ``DataError`` when Redis fails."""
         try:
-            epoch, run_id = incarnation_of(self._incarnation(keys=[], args=[self.prefix]))
+            epoch, run_id = incarnation_of(self._gate.call(lambda: self._incarnation(keys=[], args=[self.prefix])))
         except self._forward_errors as exc:
             raise DataError(f"shared state unavailable ({type(exc).__name__}: {exc})") from None
         return f"{epoch} {run_id}"
@@ -821,7 +830,7 @@ class RedisSync:
         before, an announce while Redis was down was dropped, the endpoint answered ok, and the other workers
         kept the old file."""
         try:
-            self._announce(what)
+            self._gate.call(lambda: self._announce(what))
         except self._errors as exc:
             self._write_failed("reload")(exc)
             with self._lock:
