@@ -1,15 +1,16 @@
 """How ``pointsman serve`` talks to Redis (the budget ledger, the shared state, the verify relay): one client policy,
 so a Redis that *hangs* (the process stopped, a partition that drops packets: connections stay open, nothing
-answers) costs a caller at most one socket timeout, never a chain of retries.
+answers) costs a caller at most one socket timeout per call, and the calls after one timed out none.
 
 - ``redis_client(url, timeout_s)``: a ``redis.Redis`` with ``socket_timeout`` and ``socket_connect_timeout``
-  ``timeout_s`` (default ``TIMEOUT_S``, 2 s) and redis-py's ``Retry`` set to one retry, at once, on a
-  ``ConnectionError`` only (a connection Redis closed: it restarted) and none on a ``TimeoutError``. Stated, not
-  left to redis-py: its 10 retries with backoff, timeouts included (about 22 s against a hung Redis), are the
-  default of ``redis.Redis(host=...)`` only; ``from_url`` (redis-py 8) leaves a connection none, so a call on a
-  connection a restarted Redis closed failed. A call that timed out may still be applied when Redis answers
-  again, and every caller keeps what it sent until Redis confirms it (the outcome log's outbox, the spend
-  journal, the unsent releases), so retrying a timeout inside the call would buy nothing but the wait.
+  ``timeout_s`` (default ``TIMEOUT_S``, 2 s) and redis-py's ``Retry`` set to none. Stated, not left to redis-py:
+  its 10 retries with backoff, timeouts included (about 22 s against a hung Redis), are the default of
+  ``redis.Redis(host=...)``; ``from_url`` (redis-py 8) gives none (measured: 2.0 s per call to a SIGSTOPped
+  Redis). None is right here: the pool replaces a connection a restarted Redis closed when it hands it out
+  (``ConnectionPool.get_connection`` checks it), a call that failed or timed out may still have been applied (a
+  reserve sent again finds its own hold: ``dup``; a release sent again finds no record), and every caller keeps
+  what it sent until Redis confirms it (the outcome log's outbox, the spend journal, the unsent releases), so a
+  retry inside the call would buy nothing but the wait.
 - ``HangGate``: after a call timed out, calls through the gate fail at once (``Hung``) for ``HUNG_PAUSE_S``; then
   one call tries again while the others keep failing at once until its timeout has passed. So a hung Redis costs
   the callers of one client one socket timeout per ``TIMEOUT_S + HUNG_PAUSE_S``, not one per call (a call that
@@ -25,7 +26,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
@@ -41,8 +41,8 @@ HUNG_PAUSE_S = 1.0
 
 
 def retry_policy() -> Retry:
-    """One retry, at once, on a lost connection (``ConnectionError``); none on a timeout."""
-    return Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
+    """No retry (module docstring)."""
+    return Retry(NoBackoff(), 0)
 
 
 def redis_client(url: str, timeout_s: float = TIMEOUT_S, **kwargs: Any) -> Redis:

@@ -67,8 +67,8 @@ What can go wrong, and what happens then:
 - **Redis hangs** (stopped, or a partition that drops packets: connections open, no answer): as
   unreachable, once a call timed out. Every call of a decision or an outcome (dispatch write, release,
   forward, the incarnation read) goes through one ``HangGate`` (``pointsman.redis_client``): the first
-  call waits one socket timeout (``timeout_s``, 2 s; the client retries a lost connection once and a
-  timeout never), then calls fail at once for a second, then one tries again while the others fail at
+  call waits one socket timeout (``timeout_s``, 2 s; the client retries nothing), then calls fail at
+  once for a second, then one tries again while the others fail at
   once. So a decision or an outcome answer waits at most one socket timeout for Redis; what was not
   sent stays where it was kept (the release in memory, the forwarded outcome in the outbox).
 - **The reader falls behind** the stream's cap (more than ``stream_max_len`` changes while it
@@ -529,17 +529,19 @@ class _DispatchWriter:
     it wakes goes to Redis as one call of the dispatch script (``EVALSHA``, all of them in queue
     order, so each process's writes land in the order it made them), on the writer's own connection
     (the client's pool, retry and pipeline layers cost more CPU than the round trip). A failed write
-    is counted (``on_error``) and done, as a failed direct write: never raised; the connection's retry policy
-    (``pointsman.redis_client``) and hang gate are the client's. Started on the first write;
+    is counted (``on_error``) and done, as a failed direct write: never raised; a call that lost its
+    connection (a restarted Redis closed it: the pool would have replaced it) is sent once more on a new one;
+    the hang gate is the client's (``pointsman.redis_client``). Started on the first write;
     ``close`` sends what is queued and stops."""
 
     def __init__(self, client: Redis, script: Script, head: Callable[[], list[str]],
                  errors: tuple[type[BaseException], ...], on_error: Callable[[BaseException], None],
                  gate: HangGate) -> None:
+        from redis.exceptions import ConnectionError as RedisConnectionError
         from redis.exceptions import NoScriptError
 
         self._client, self._script, self._head, self._errors, self._on_error = client, script, head, errors, on_error
-        self._no_script, self._gate = NoScriptError, gate
+        self._no_script, self._lost, self._gate = NoScriptError, RedisConnectionError, gate
         self._conn: ConnectionInterface | None = None
         self._queue: deque[_Queued] = deque()
         self._cond = threading.Condition()
@@ -582,7 +584,7 @@ class _DispatchWriter:
     def _send(self, batch: list[_Queued]) -> None:
         try:
             args = [*self._head(), *[arg for queued in batch for arg in queued.args]]
-            self._gate.call(lambda: self._eval(args))
+            self._gate.call(lambda: self._eval_again(args))
         except self._errors as exc:
             for _ in batch:  # each write failed, as each would have on its own
                 self._on_error(exc)
@@ -598,24 +600,25 @@ class _DispatchWriter:
         for callback in callbacks:
             callback()
 
+    def _eval_again(self, args: list[str]) -> None:
+        try:
+            self._eval(args)
+        except self._lost:  # a connection Redis closed (it restarted): once more on a new one
+            self._eval(args)
+
     def _eval(self, args: list[str]) -> None:
-        """One call of the script on the writer's connection (made when there is none), tried again as the
-        connection's ``retry`` says (a lost connection: once, on a new one); raises what Redis raises (the
-        connection is dropped then)."""
+        """One call of the script on the writer's connection (made when there is none); raises what
+        Redis raises (the connection is dropped then)."""
         conn = self._conn
         if conn is None:
             conn = self._conn = self._client.connection_pool.make_connection()
-
-        def once() -> None:
+        try:
             try:
                 conn.send_command("EVALSHA", self._script.sha, 0, *args)  # type: ignore[no-untyped-call]
                 conn.read_response()
             except self._no_script:  # a Redis that restarted has no scripts: load it with the call
                 conn.send_command("EVAL", self._script.script, 0, *args)  # type: ignore[no-untyped-call]
                 conn.read_response()
-
-        try:
-            conn.retry.call_with_retry(once, lambda _: conn.disconnect())  # type: ignore[attr-defined, no-untyped-call]
         except BaseException:
             self._conn = None
             conn.disconnect()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
