@@ -612,10 +612,16 @@ class OutcomeLog:
 
     def forwards_pending(self) -> int:
         """Outbox rows no owner confirmed yet (0 when the file cannot be read)."""
+        return self.outbox(time.time())[0]
+
+    def outbox(self, now_s: float) -> tuple[int, float]:
+        """``(rows, oldest_age_s)`` of the outbox at ``now_s`` (Unix s): the rows no owner confirmed yet and the age, s,
+        of the oldest (0.0 when empty); ``(0, 0.0)`` when the file cannot be read."""
         try:
-            return int(self._reader().execute("SELECT COUNT(*) FROM forwards").fetchone()[0])
+            n, oldest = self._reader().execute("SELECT COUNT(*), MIN(received_s) FROM forwards").fetchone()
         except sqlite3.Error:
-            return 0
+            return 0, 0.0
+        return int(n), (max(0.0, now_s - float(oldest)) if oldest is not None else 0.0)
 
     def append_verification(self, decision_id: str, *, time_s: float, action: str, rule: str, p_bad: float,
                             verifier: str, features: Mapping[str, object], escalation_id: str | None = None,

@@ -58,6 +58,7 @@ Read from the live state at scrape time (``StateCollector``):
 ``pointsman_state_sync_changes_applied``                          other processes' changes applied (monotone)
 ``pointsman_forwarded_outcomes_pending``                          outcomes acknowledged ``forwarded`` whose owner's log
                                                                   has not confirmed storing them (this log's outbox)
+``pointsman_forwarded_outcomes_oldest_age_seconds``               age of the outbox's oldest row, s (0 when empty)
 ``pointsman_state_sync_write_errors``                             shared-state writes that failed (monotone)
 ``pointsman_state_sync_lag_seconds``                              age of the last change applied when applied
 ``pointsman_state_sync_outcomes_forwarded_in``                   outcomes other replicas forwarded here, stored (monotone)
@@ -230,11 +231,12 @@ def _finite(v: object) -> TypeGuard[float]:
 
 class StateCollector(Collector):
     """Gauges read from the live engine and state at scrape time (see the module).
-    ``live()`` returns the ``LiveEngine``; ``pending()`` the decision log's queue length; ``forwards()`` the outcomes
-    to forward whose owner has not confirmed them (``OutcomeLog.forwards_pending``)."""
+    ``live()`` returns the ``LiveEngine``; ``pending()`` the decision log's queue length; ``forwards()`` the outbox:
+    the outcomes to forward whose owner has not confirmed them and the oldest one's age, s (``OutcomeLog.outbox``)."""
 
     def __init__(self, live: Callable[[], LiveEngine | None], pending: Callable[[], int],
-                 feeds: Callable[[], SignalFeeds | None] = lambda: None, forwards: Callable[[], int] = lambda: 0) -> None:
+                 feeds: Callable[[], SignalFeeds | None] = lambda: None,
+                 forwards: Callable[[], tuple[int, float]] = lambda: (0, 0.0)) -> None:
         self._live, self._pending, self._feeds, self._forwards = live, pending, feeds, forwards
 
     def describe(self) -> list[Metric]:
@@ -369,6 +371,7 @@ class StateCollector(Collector):
         status = engine.state.sync.status()
         if not status.shared:
             return
+        outbox_rows, outbox_age_s = self._forwards()
         for name, doc, value in (
                 ("pointsman_state_sync_connected", "1 when the shared-state reader is connected.", float(status.connected)),
                 ("pointsman_state_sync_changes_applied", "Other processes' changes applied.", float(status.applied)),
@@ -378,7 +381,9 @@ class StateCollector(Collector):
                 ("pointsman_state_sync_outcomes_forwarded_in",
                  "Outcomes other replicas forwarded to this one's outcome log, stored.", float(status.forwarded_in)),
                 ("pointsman_forwarded_outcomes_pending", "Outcomes acknowledged forwarded whose owner's log has not "
-                 "confirmed storing them.", float(self._forwards()))):
+                 "confirmed storing them.", float(outbox_rows)),
+                ("pointsman_forwarded_outcomes_oldest_age_seconds", "Age of the oldest outcome acknowledged forwarded "
+                 "whose owner's log has not confirmed storing it (0 when none).", outbox_age_s)):
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], value)
             yield g

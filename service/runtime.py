@@ -300,7 +300,7 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
     if estimator_error is None:
         rt.live = LiveEngine(engine.with_estimator(rt.wrap(engine.estimator)), None)
     metrics.watch_state(StateCollector(lambda: rt.live, lambda: rt.writer.pending, lambda: rt.feeds,
-                                       outcome_log.forwards_pending))
+                                       lambda: outcome_log.outbox(time.time())))
     if deliver is not None:
         rt.live.engine.state.sync.set_inbox(outcome_log.log_id, lambda payloads: deliver(rt, payloads),
                                             lambda keys: _confirmed(outcome_log, keys))

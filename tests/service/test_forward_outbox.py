@@ -33,6 +33,14 @@ def outcome(base: str, decision_id: str) -> dict:
     return o.json()["acks"][0]
 
 
+def outbox_metrics(url: str) -> tuple[float, float]:
+    """(pointsman_forwarded_outcomes_pending, pointsman_forwarded_outcomes_oldest_age_seconds) scraped from ``url``."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+              if line.startswith("pointsman_forwarded_outcomes_")}
+    return values["pointsman_forwarded_outcomes_pending"], values["pointsman_forwarded_outcomes_oldest_age_seconds"]
+
+
 def test_forwards_survive_a_cut_append_only_file_and_a_killed_forwarder(tmp_path, serve):
     (tmp_path / "redis").mkdir()
     redis = Redis(tmp_path / "redis")
@@ -53,10 +61,11 @@ def test_forwards_survive_a_cut_append_only_file_and_a_killed_forwarder(tmp_path
         redis.crash(mark)  # ...and loses it: the machine died before the file's fsync
         ack = outcome(b, ids[1])
         assert ack["status"] == "forwarded" and "kept here" in ack["message"]  # Redis is down: in the outbox only
+        assert outbox_metrics(b)[0] == 2 and outbox_metrics(b)[1] >= 0  # what the alert reads
         forwarder.send_signal(signal.SIGKILL)
         forwarder.wait(10)
         redis.start()  # on the cut file: a new run_id, the same epoch
-        serve(b_dir, state_url=redis.url, watch_policy="false")
+        _, b = serve(b_dir, state_url=redis.url, watch_policy="false")
         serve(a_dir, state_url=redis.url, watch_policy="false")
         deadline = time.monotonic() + 30  # no timing claim: resent within a second or two of Redis answering
         while time.monotonic() < deadline and not (all(logged(a_dir, i) for i in ids)
@@ -65,5 +74,6 @@ def test_forwards_survive_a_cut_append_only_file_and_a_killed_forwarder(tmp_path
         assert [logged(a_dir, i) for i in ids] == [True, True]
         assert [logged(b_dir, i) for i in ids] == [False, False]
         assert count(b_dir, "SELECT COUNT(*) FROM forwards") == 0
+        assert outbox_metrics(b) == (0, 0.0)
     finally:
         redis.stop()
