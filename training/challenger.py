@@ -8,7 +8,8 @@
    champion): the vector logged at decision time — no prompt text needed — or, for rows
    logged under another encoder, a re-embedding of the stored prompt text;
 3. hold out ``1 / holdout_folds`` of the conversations (hash of the conversation key),
-   never trained on, for ``compare``/``promote``;
+   never trained on, for ``compare``/``promote``; leave out the requests of the sanity suites
+   (``training.sanity.suite_conversation_keys``), on which ``promote`` checks the challenger;
 4. fit a new ``DifficultyHead`` on the rest (soft labels, Platt calibration on
    out-of-fold scores of the logged rows), warm-started (``cfg.warm_start``, the default) with the
    licensed chat rows the shipped recipe trains on, each weighing ``half / (n + half)`` of a
@@ -50,6 +51,7 @@ from pointsman.training.model_dir import (
 )
 from pointsman.training.outcome_labels import LabelRules, rules_as_params
 from pointsman.training.recipe import TrainConfig
+from pointsman.training.sanity import suite_conversation_keys
 from pointsman.training.warm_start import PRIOR_HALF_N, PriorRows, prior_rows, prior_weight
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -226,7 +228,10 @@ def train_challenger(
            f"the estimate failed or timed out; and no stored prompt text); skipped {ex.skipped}")
     rows = ex.subset(hm.rows)
     hold = holdout_mask(rows.group, cfg.holdout_folds, cfg.holdout_fold, cfg.seed)
-    train_m = ~hold
+    suite = np.isin(rows.group.astype(str), list(suite_conversation_keys()))  # promote's own check: never learned
+    train_m = ~hold & ~suite
+    if (suite & ~hold).any():
+        log_fn(f"{int((suite & ~hold).sum())} logged decisions are requests of the sanity suites: not trained on")
     if train_m.sum() < cfg.min_examples:
         raise DataError(f"{log.path}: {int(train_m.sum())} usable labeled decisions to train on, fewer than "
                         f"min_examples={cfg.min_examples} (labeled {len(ex)}, unusable {hm.unusable})")
@@ -249,6 +254,7 @@ def train_challenger(
     metrics: dict[str, float] = {"data/n_labeled": float(len(ex)), "data/n_train": float(train_m.sum()),
                                  "data/n_holdout": float(hold.sum()), "data/from_log": float(hm.from_log),
                                  "data/reembedded": float(hm.reembedded), "data/unusable": float(hm.unusable),
+                                 "data/sanity_excluded": float((suite & ~hold).sum()),
                                  "data/prior_rows": float(warm["prior_rows"]),
                                  "data/prior_weight_per_row": warm["prior_weight_per_row"],
                                  "data/prior_weight_total": warm["prior_weight_total"],

@@ -31,6 +31,7 @@ from pathlib import Path
 from statistics import NormalDist
 from typing import Any, TypeAlias
 
+from pointsman.datasets.splits import group_key
 from pointsman.errors import DataError, EstimatorError, RequestError
 from pointsman.estimator.estimate import Estimator, TokenIdsEstimator
 from pointsman.estimator.features import tokenized_features
@@ -52,6 +53,20 @@ FIELDS = ("id", "category", "lang", "easy", "hard")
 def shipped_pairs_path() -> Path:
     """The shipped suite inside the installed package (``datasets/sanity_pairs.jsonl``)."""
     return Path(str(resources.files("pointsman.datasets").joinpath("sanity_pairs.jsonl")))
+
+
+def shipped_suite_paths() -> tuple[Path, Path]:
+    """Both shipped suites: the one ``promote`` checks and the holdout suite a second author wrote
+    (``datasets/sanity_holdout_pairs.jsonl``). No training reads either."""
+    return shipped_pairs_path(), shipped_pairs_path().with_name("sanity_holdout_pairs.jsonl")
+
+
+def suite_conversation_keys() -> frozenset[str]:
+    """The conversation key (``datasets.splits.group_key`` of the first user text, the key the outcome log
+    keeps) of every request, easy and hard, of both shipped suites: logged decisions with these keys are
+    the suites' own requests, which ``train --from-outcomes`` leaves out."""
+    return frozenset(group_key(messages_of(r)) for path in shipped_suite_paths() for p in read_pairs(path)
+                     for r in (p.easy, p.hard))
 
 
 @dataclass(frozen=True)
@@ -337,4 +352,4 @@ def concordance(model: Estimator | str | Path, pairs: Sequence[SanityPair] | str
 
 __all__ = ["APPROVAL_TOLERANCE", "SHIPPED", "ApprovalScore", "CategoryScore", "PairScore", "SanityPair",
            "SanityReport", "approved_request", "concordance", "read_pairs", "score_request", "shipped_pairs_path",
-           "wilson_interval"]
+           "shipped_suite_paths", "suite_conversation_keys", "wilson_interval"]

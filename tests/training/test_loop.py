@@ -145,13 +145,14 @@ def test_the_whole_loop_with_the_embedded_store(data, world):
 @pytest.mark.slow
 def test_promote_refuses_a_challenger_that_ranks_the_sanity_suite_worse(data, world):
     """A broken judge fails the on-prem model on obviously easy requests and passes it on obviously hard
-    ones (the sanity suite's own single-message pairs, here on purpose: a challenger built to be bad).
+    ones (the sanity suite's own single-message pairs with a word added, here on purpose: a challenger built to
+    be bad; the suite's own requests are never trained on).
     The challenger learned from that log beats the champion on its held-out traffic, yet ranks the sanity
     pairs far worse: promote refuses it for that alone, and --max-sanity-drop 1 lets it through."""
     fleet, bundled, engine = world
     log = OutcomeLog()
     pairs = [p for p in read_pairs("sanity") if isinstance(p.easy, str) and isinstance(p.hard, str)]
-    assert logged(log, engine, bundled, [p.easy for p in pairs], [p.hard for p in pairs], ["{x}"], judge=JUDGE) > 300
+    assert logged(log, engine, bundled, [p.easy for p in pairs], [p.hard for p in pairs], ["{x} Thanks!"], judge=JUDGE) > 300
     bad = train_challenger(log, LabelRules(), fleet, ChallengerConfig(calibration_folds=3, alpha=10.0, warm_start=False),
                            bundled, log_fn=lambda m: None)
     assert bad.run.model_version == "1"
@@ -347,3 +348,32 @@ def test_promote_refuses_a_dry_run_rollback(tmp_path, monkeypatch):
     assert res.exit_code == 2, (res.output, res.exception)
     assert res.output == ("Error: --rollback moves @champion back at once; --dry-run applies to a promotion "
                           "only: give one or the other\n")
+
+
+@pytest.mark.slow
+def test_train_from_outcomes_never_trains_on_the_sanity_suites(data, world):
+    """Logged traffic that holds the sanity suites' requests (a smoke test through the service, judged like
+    the rest) was trained on: a challenger learned 4/5 of the shipped suite's pairs and ``promote`` then
+    checked its ranking on them (0.927 -> 0.994 on the pairs it trained on, 0.923 -> 0.923 on those it held
+    out, measured through ``serve``). Now a decision whose conversation is a request of either shipped suite
+    (``sanity_pairs.jsonl``, ``sanity_holdout_pairs.jsonl``; the conversation key, as the log keeps it) is
+    left out of training and counted in ``data/sanity_excluded``."""
+    from pointsman.cli.main import main
+    from pointsman.training.sanity import shipped_suite_paths
+
+    fleet, bundled, engine = world
+    log = OutcomeLog()
+    assert log_traffic(log, engine, bundled) == 200
+    suite = [p for f in shipped_suite_paths() for p in read_pairs(f)
+             if isinstance(p.easy, str) and isinstance(p.hard, str)]
+    assert logged(log, engine, bundled, [p.hard for p in suite], [p.easy for p in suite], ["{x}"], judge=JUDGE) > 600
+    out = data / "challenger"
+    res = CliRunner().invoke(main, ["train", "--from-outcomes", "--no-warm-start", "--folds", "3", "--json",
+                                    "--no-mlflow", "--output", str(out)])
+    assert res.exit_code == 0, (res.output, res.exception)
+    keys = np.array([d.conversation_key for d in log.joined()], dtype=object)
+    in_suite = np.arange(len(keys)) >= 200
+    train = ~holdout_mask(keys)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["training"]["n_train"] == int((train & ~in_suite).sum()), manifest["training"]  # before: all of train
+    assert manifest["metrics"]["data/sanity_excluded"] == int((train & in_suite).sum()) > 400
