@@ -16,12 +16,14 @@
    logged row for n logged training rows (``training.warm_start``); export it to ONNX next to ``base``'s encoder (so the new model
    reads the same vectors), check scikit-learn/onnxruntime parity;
 5. write a model directory whose manifest records the log, window, label rules and the
-   holdout, plus the reports (``training.reports``); log it to MLflow, register it and
-   point the alias ``challenger`` at it (never ``champion``: ``promote`` does that).
+   holdout, the conversation keys it trained on (``TRAINED_CONVERSATIONS_FILE``), plus the reports
+   (``training.reports``); log it to MLflow, register it and point the alias ``challenger`` at it
+   (never ``champion``: ``promote`` does that).
 """
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
 import time
@@ -42,6 +44,7 @@ from pointsman.training.logged_examples import head_matrix, holdout_mask, logged
 from pointsman.training.metrics import label_metrics
 from pointsman.training.model_dir import (
     PROVENANCE_FILE,
+    TRAINED_CONVERSATIONS_FILE,
     BaseModelRecord,
     HoldoutRecord,
     OutcomeLogTraining,
@@ -276,6 +279,8 @@ def train_challenger(
                                   p_base).items():
             metrics[f"heldout_base/{k}"] = v
 
+    trained_keys = sorted(set(rows.group[train_m].astype(str)))
+    trained_text = "".join(f"{k}\n" for k in trained_keys)
     strong = rules.strong_set(fleet)
     share = cfg.frontier_share if cfg.frontier_share is not None else logged_frontier_share(
         log, strong, cfg.since_s, cfg.until_s)
@@ -300,6 +305,8 @@ def train_challenger(
         frontier_share=share,
         command=command,
         warm_start=warm,
+        trained_conversations={"file": TRAINED_CONVERSATIONS_FILE, "n": len(trained_keys),
+                               "sha256": hashlib.sha256(trained_text.encode()).hexdigest()},
     )
 
     work = Path(tempfile.mkdtemp(prefix="pointsman-challenger-"))
@@ -308,6 +315,7 @@ def train_challenger(
     sample = np.sort(rng.choice(len(X), size=min(256, len(X)), replace=False))
     manifest = write_model_dir(model_dir, encoder_in(base.model_dir, base.manifest.encoder), head, X[sample],
                                training, metrics, base.blocks, base.manifest.head.pooling)
+    (model_dir / TRAINED_CONVERSATIONS_FILE).write_text(trained_text, encoding="utf-8")
     (model_dir / PROVENANCE_FILE).write_text(challenger_provenance_markdown(manifest, training), encoding="utf-8")
 
     reports_dir = work / "reports"

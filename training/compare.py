@@ -13,9 +13,11 @@ label, and a paired bootstrap interval of the APGR difference.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
@@ -117,10 +119,19 @@ def trained_on(est: DifficultyEstimator, ex: LoggedExamples, log: OutcomeLog) ->
     (``since_s``) and the end of its training data (``data_until_s``), outside its holdout fold,
     whenever the row was logged (a repeated prompt or a later turn logged after training, inside or
     outside the compared window, is that conversation too); all False for a model not trained from an
-    outcome log. Raises ``ValueError`` when its manifest's holdout record is malformed."""
+    outcome log. A model that keeps the keys it trained on (``trained_conversations``, any log it was
+    trained from) is read from them. Raises ``ValueError`` when its manifest's holdout record is
+    malformed or its keys file does not match the manifest's sha256."""
     training = est.manifest.training
     if training.get("source") != "outcome-log":
         return np.zeros(len(ex), dtype=bool)
+    if "trained_conversations" in training:
+        record = json_object_at(training, "trained_conversations")
+        text = (Path(est.model_dir) / str(record.get("file"))).read_text(encoding="utf-8")
+        if hashlib.sha256(text.encode()).hexdigest() != record.get("sha256"):
+            raise ValueError(f"{est.model_dir}: {record.get('file')} does not match its sha256 in the manifest")
+        learned = frozenset(text.split())
+        return np.fromiter((g in learned for g in ex.group), dtype=bool, count=len(ex))
     h = json_object_at(training, "holdout")
     since_s = None if training.get("since_s") is None else json_number(training, "since_s")
     until_s = (None if training.get("data_until_s") is None

@@ -47,6 +47,8 @@ PARITY_ATOL = 1e-4
 #: The files of a model directory the manifest's content version covers, in that order.
 MODEL_FILES = ("encoder.onnx", "tokenizer.json", "head.onnx")
 PROVENANCE_FILE = "PROVENANCE.md"
+#: In a challenger's model directory: the conversation keys it trained on, sorted, one a line.
+TRAINED_CONVERSATIONS_FILE = "trained_conversations.txt"
 HEAD_ESTIMATOR = "pointsman.estimator.head.DifficultyHead"
 
 
@@ -141,8 +143,10 @@ class WarmStartRecord(TypedDict):
 
 class OutcomeLogTraining(TypedDict):
     """The manifest's ``training`` block of a challenger trained from logged outcomes
-    (``training.challenger``); ``compare.trained_on`` reads ``source``, ``holdout`` and
-    ``data_until_s`` back, the drift report ``p_hard_deciles``."""
+    (``training.challenger``); ``compare.trained_on`` reads ``trained_conversations`` back (the
+    conversation keys of its training rows, one a line in that file of the model directory, and their
+    count and sha256; models without it: ``source``, ``holdout`` and ``data_until_s``), the drift
+    report ``p_hard_deciles``."""
 
     source: str
     outcome_log: str
@@ -163,6 +167,7 @@ class OutcomeLogTraining(TypedDict):
     frontier_share: float
     command: str
     warm_start: WarmStartRecord
+    trained_conversations: dict[str, object]
 
 
 def head_feature_names(dim: int, blocks: tuple[str, ...] = ()) -> list[str]:

@@ -377,3 +377,25 @@ def test_train_from_outcomes_never_trains_on_the_sanity_suites(data, world):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["training"]["n_train"] == int((train & ~in_suite).sum()), manifest["training"]  # before: all of train
     assert manifest["metrics"]["data/sanity_excluded"] == int((train & in_suite).sum()) > 400
+
+
+@pytest.mark.slow
+def test_compare_knows_what_a_challenger_trained_on_in_another_log(data, world):
+    """``train --from-outcomes OTHER.db`` (another replica's log, last week's copy) and ``compare`` on the live
+    log, where the same conversations come back: which conversations a challenger trained on was rebuilt from
+    the *compared* log (its rows up to the challenger's data end), so none of these counted and all 200
+    decisions, 4/5 of them conversations the challenger had learned, were scored as held out. Now the model
+    directory keeps the conversation keys it trained on (``trained_conversations.txt``, its sha256 and count
+    in the manifest) and ``compare`` reads them."""
+    fleet, bundled, engine = world
+    other = OutcomeLog(data / "replica-b.db")
+    assert log_traffic(other, engine, bundled) == 200
+    res = CliRunner().invoke(cli(), ["train", "--from-outcomes", str(data / "replica-b.db"), "--folds", "3", "--json"])
+    assert res.exit_code == 0, res.output
+    live = OutcomeLog()  # <data dir>/outcomes.db, what compare and promote read
+    assert log_traffic(live, engine, bundled) == 200
+    res = CliRunner().invoke(cli(), ["compare", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    held = int(holdout_mask(np.array([d.conversation_key for d in live.joined()], dtype=object)).sum())
+    assert 0 < held < 200 and out["n"] == held and out["excluded"]["trained_on"] == 200 - held, out  # before: n = 200
