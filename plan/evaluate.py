@@ -230,7 +230,8 @@ class Workers:
     processes (in this process when 1). ``make_estimator``: a picklable callable returning the
     estimator; each worker calls it once and keeps its estimates (``MemoEstimator``), so a worker
     estimates a request's difficulty once, whatever the shape. Use as a context manager;
-    ``map(jobs)`` yields results as they finish."""
+    ``map(jobs)`` yields results in the jobs' order (not as they finish: a plan is the same on any
+    number of workers)."""
 
     def __init__(self, inputs: Mapping[str, PlanInputs], make_estimator: Callable[[], Estimator],
                  processes: int = 2) -> None:
@@ -254,14 +255,14 @@ class Workers:
             self._pool = None
 
     def map(self, jobs: Iterable[Job]) -> Iterator[ShapeResult]:
-        """Each job's ``ShapeResult``, in the order they finish."""
+        """Each job's ``ShapeResult``, in the jobs' order."""
         jobs = list(jobs)
         if self._pool is None:
             assert self._memo is not None, "use Workers as a context manager"
             for key, shape, scale in jobs:
                 yield replace(evaluate(self.inputs[key], self._memo, shape, scale), inputs=key)
             return
-        yield from self._pool.imap_unordered(_run, jobs)
+        yield from self._pool.imap(_run, jobs)
 
 
 __all__ = ["Job", "PlanInputs", "ShapeResult", "Workers", "compile_shape", "evaluate"]

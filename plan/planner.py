@@ -33,7 +33,8 @@ class PlanSettings:
     ``time_budget_s``, ``max_replays`` (of the search, ``plan.search``), ``assume_monotone``, ``search_requests`` (the search
     runs on the busiest window of this many requests; the whole trace when shorter) and
     ``candidates`` (search results replayed on the whole trace, cheapest first, ``workers`` at a
-    time with the base fleet in the first round, until one meets the goal); ``min_quality``: the
+    time with the base fleet in the first round, until one meets the goal; the replays after it in
+    its round are dropped, so the plan is the same on any number of workers); ``min_quality``: the
     quality floor a recommended shape must reach too (``front.recommend``; 0 = none), set on
     the whole trace; ``frontier``: the target all-frontier runs on (its quality on the outcome rows
     is what the floor is a share of), which scales the floor to the search window's prompts."""
@@ -90,6 +91,12 @@ class PlanOutcome:
     search_floor: float = 0.0
 
 
+def _beats_base(full: Sequence[ShapeResult], base: Shape, settings: PlanSettings) -> bool:
+    """Whether the recommendation among ``full`` (whole-trace replays, in validation order) is not ``base``."""
+    best = recommend(full, settings.goal, settings.budget_usd_per_month, settings.min_quality)
+    return best is not None and best.shape != base
+
+
 def plan(space: ShapeSpace, inputs: PlanInputs, make_estimator: Callable[[], Estimator], settings: PlanSettings,
          log: Callable[[ShapeResult, int], None] | None = None) -> PlanOutcome:
     """The plan of the module docstring; ``inputs`` hold the whole (possibly scaled) trace."""
@@ -135,8 +142,9 @@ def plan(space: ShapeSpace, inputs: PlanInputs, make_estimator: Callable[[], Est
             while queue:  # a round at a time, until a candidate meets the goal (always: at most candidates + 1)
                 chunk, queue = queue[:settings.workers], queue[settings.workers:]
                 full += run_jobs([("full", s, 1.0) for s in chunk], pool, logged)
-                best = recommend(full, settings.goal, settings.budget_usd_per_month, settings.min_quality)
-                if best is not None and best.shape != space.base:
+                done = next((k for k in range(1, len(full) + 1) if _beats_base(full[:k], space.base, settings)), 0)
+                if done:  # the replays after that candidate's are dropped: the same ones on any number of workers
+                    full = full[:done]
                     break
         else:
             full = results

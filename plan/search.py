@@ -29,8 +29,9 @@ workers' ``search`` inputs (the whole trace, or its busiest window: ``busiest_wi
    yet is: with a quality floor, the policy's frontier threshold and price cap
    (``TuningSpace.threshold_axes``) are set by bisection against the floor (``staircase``:
    quality rises as the threshold falls and as the cap rises, so for each cap, from the policy's
-   own down, the highest threshold that still qualifies is found in about log2 of its values
-   replays, ``workers`` probes per round; a lower cap's threshold is at most the one above's, a
+   own down, the highest threshold that still qualifies is found in a few replays, ``PROBES``
+   per round (whatever the number of workers: the probes, and so the plan, are the same on any);
+   a lower cap's threshold is at most the one above's, a
    cap at which even the lowest threshold misses ends it, as do two caps in a row that saved
    nothing). Each cap's answer is the cheapest setting of that cap on that fleet (a higher
    threshold routes no more to the frontier); fleets whose floor is at least the best qualifying
@@ -70,6 +71,9 @@ from pointsman.plan.tuning import TuningSpace
 
 #: Shapes missing the goal by at most this much SLO attainment are expanded once one meets it.
 NEAR_MISS = 0.15
+#: Threshold probes per bisection round (``staircase``): a constant, not the number of workers, so a plan
+#: replays the same shapes on any number of them.
+PROBES = 2
 
 
 @dataclass
@@ -298,7 +302,7 @@ def search(space: ShapeSpace, inputs: PlanInputs, workers: Workers, *, goal: flo
 
     def tune(r: ShapeResult) -> bool:
         return staircase(r.shape, space.policy, probe, lambda s: qualifies(out.results.get(s)),
-                         lambda s: out.results[s].usd_per_month, max(1, workers.processes))
+                         lambda s: out.results[s].usd_per_month, PROBES)
 
     def untuned(best: ShapeResult | None) -> list[ShapeResult]:
         """One result per fleet meeting the SLO goal that is not tuned yet and whose floor is under
@@ -418,5 +422,5 @@ def meets_up_to(shape: Shape, scale_results: list[ShapeResult], scales: list[flo
     return ok
 
 
-__all__ = ["NEAR_MISS", "SearchResult", "busiest_window", "meets_up_to", "run_jobs", "search", "smallest_shapes",
+__all__ = ["NEAR_MISS", "PROBES", "SearchResult", "busiest_window", "meets_up_to", "run_jobs", "search", "smallest_shapes",
            "staircase", "validation_candidates"]

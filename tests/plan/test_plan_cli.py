@@ -405,9 +405,10 @@ def test_a_price_cap_is_searched_over_the_traces_frontier_prices(tmp_path: Path)
 def test_a_fleet_meeting_the_slo_gets_its_price_cap_by_bisection_against_the_floor(tmp_path: Path) -> None:
     """Every prompt hard (p_hard_frontier 0.1 against fixed:0.2): the cap alone decides how many go to
     the large tier, so quality rises with it. Once a fleet meets the SLO goal the plan bisects the cap
-    against the quality floor: the first cap it replays is the middle of the six values (the median
-    price), not the neighbour of the policy's own $0.04 (above them all) a one-step move would take,
-    and it recommends a capped setting meeting the floor."""
+    against the quality floor: the first caps it replays are the two that split the six values in thirds
+    (``PROBES`` per round, on any number of workers: the 0.3 and 0.9 quantiles), not the neighbour of the
+    policy's own $0.04 (above them all) a one-step move would take, and it recommends a capped setting
+    meeting the floor."""
     from pointsman.plan.tuning import quantile
 
     out = tmp_path / "out"
@@ -417,7 +418,8 @@ def test_a_fleet_meeting_the_slo_gets_its_price_cap_by_bisection_against_the_flo
     report = json.loads((out / "plan.json").read_text())
     capped = [r["label"] for r in report["evaluated"] if "hard_prompt_max_usd=" in r["label"]]
     prices = [(r.prompt_tokens * 2.5 + 256 * 10.0) / 1e6 for r in load_trace(_shared_conv(), limit=40)]
-    assert capped and capped[0].endswith(f"| hard_prompt_max_usd={round(quantile(prices, 0.5), 5):.4g}"), capped
+    assert {c.split("| hard_prompt_max_usd=")[1] for c in capped[:2]} == {
+        f"{round(quantile(prices, q), 5):.4g}" for q in (0.3, 0.9)}, capped
     rec, floor = report["recommended"], report["meta"]["min_quality"]
     assert rec is not None and "hard_prompt_max_usd=" in rec["label"] and rec["quality"] >= floor > 0
 
@@ -592,3 +594,36 @@ def test_a_plan_without_prompt_text_keeps_the_policys_thresholds(tmp_path: Path)
     assert "recommended: " in res.output and not (tmp_path / "out" / "policy.yaml").exists()
     asked = CliRunner().invoke(main, [*args, "--tune", "p_hard_frontier=q0.5"])
     assert asked.exit_code == 2 and "no p_hard scores for a quantile" in asked.output
+
+
+def test_the_plan_is_the_same_on_one_worker_and_on_two(tmp_path: Path) -> None:
+    """`pointsman plan` (the real command, in a subprocess) with --workers 1 and 2 on 40 conv requests whose
+    price cap is bisected against a quality floor, searched on a 30-request window and validated on the
+    whole trace: the same report (front, whole-trace table, recommendation) and plan.json but for wall
+    times and the worker count. Before, the bisection probed --workers thresholds per round, the
+    workers' results were taken in the order they finished, and the validation kept a whole round."""
+    import re
+    import subprocess
+    import sys
+
+    policy = tmp_path / "all-large.yaml"
+    policy.write_text((DEFAULT_POLICY_DIR / "default.yaml").read_text().replace(
+        "  p_hard_frontier: 0.45\n", "  p_hard_frontier: 0.1\n"), encoding="utf-8")
+    outputs, docs = [], []
+    for workers in ("1", "2"):
+        out = tmp_path / f"out{workers}"
+        res = subprocess.run([sys.executable, "-m", "pointsman", "plan", str(_shared_conv()), "--limit", "40",
+                              "--search-requests", "30", "--estimator", "fixed:0.2", "--policy", str(policy),
+                              "--max-replicas", "1", "--min-quality-share", "0.97", "--time-budget-s", "600",
+                              "--tune", "hard_prompt_max_usd=c0.1,c0.3,c0.5,c0.7,c0.9", "--workers", workers,
+                              "--out", str(out)], capture_output=True, text=True, check=False)
+        assert res.returncode == 0, res.stderr
+        outputs.append(re.sub(r"; \d+ s$", "", res.stdout.replace(str(out), "OUT"), flags=re.M))
+        doc = json.loads((out / "plan.json").read_text().replace(str(out), "OUT"))
+        for row in [doc["base"], doc["recommended"], *doc["front"], *doc["whole_trace"], *doc["evaluated"]]:
+            row.pop("wall_s")
+        del doc["meta"]["wall_s"], doc["meta"]["workers"]
+        docs.append(doc)
+    assert docs[0]["meta"]["stopped"] == "converged" and len(docs[0]["whole_trace"]) >= 2
+    assert outputs[0] == outputs[1]
+    assert docs[0] == docs[1]
