@@ -12,8 +12,9 @@ Sources (public list prices change; ``pointsman plan --gpu-price`` takes your ow
   Lambda, CoreWeave, vast.ai and RunPod in early 2026;
 - power per GPU including the host's share: DGX H100 and DGX H200 10.2 kW for 8 GPUs
   (1.275 kW), DGX A100 6.5 kW for 8 GPUs (0.8125 kW) (NVIDIA DGX datasheets, maximum system power);
-- shared KV tier DRAM: $0.004237 per GB-hour, Google Compute Engine's on-demand price of custom
-  machine memory (N1/N2, us-central1), i.e. about $3.09 per GB-month;
+- shared KV tier DRAM: $0.004237 per GiB-hour (2^30 bytes: Compute Engine bills memory in "GB" of
+  2^30 bytes, cloud.google.com/compute/vm-instance-pricing), its on-demand price of custom machine memory
+  (N1/N2, us-central1), i.e. about $3.09 per GiB-month;
 - a month is 730 hours (8,760 / 12).
 """
 
@@ -24,8 +25,10 @@ from dataclasses import dataclass
 #: Hours in an average month (8,760 / 12).
 HOURS_PER_MONTH = 730.0
 
-#: USD per GB-hour of host DRAM for a shared KV tier (module docstring).
-DRAM_USD_PER_GB_HOUR = 0.004237
+#: Bytes in a GiB, the unit Compute Engine prices memory by.
+GIB_BYTES = 2**30
+#: USD per GiB-hour of host DRAM for a shared KV tier (module docstring).
+DRAM_USD_PER_GIB_HOUR = 0.004237
 
 
 @dataclass(frozen=True)
@@ -52,9 +55,9 @@ GPU_PRICES: dict[str, GPUPrice] = {
 
 
 def kv_tier_usd_per_month(capacity_tokens: int, kv_bytes_per_token: int) -> float:
-    """Monthly DRAM rent of a shared KV tier holding ``capacity_tokens`` tokens of
-    ``kv_bytes_per_token`` bytes each, at ``DRAM_USD_PER_GB_HOUR``."""
-    return capacity_tokens * kv_bytes_per_token / 1e9 * DRAM_USD_PER_GB_HOUR * HOURS_PER_MONTH
+    """Monthly DRAM rent (USD) of a shared KV tier holding ``capacity_tokens`` tokens of
+    ``kv_bytes_per_token`` bytes each: its GiB (bytes / ``GIB_BYTES``) at ``DRAM_USD_PER_GIB_HOUR``."""
+    return capacity_tokens * kv_bytes_per_token / GIB_BYTES * DRAM_USD_PER_GIB_HOUR * HOURS_PER_MONTH
 
 
-__all__ = ["DRAM_USD_PER_GB_HOUR", "GPU_PRICES", "HOURS_PER_MONTH", "GPUPrice", "kv_tier_usd_per_month"]
+__all__ = ["DRAM_USD_PER_GIB_HOUR", "GIB_BYTES", "GPU_PRICES", "HOURS_PER_MONTH", "GPUPrice", "kv_tier_usd_per_month"]

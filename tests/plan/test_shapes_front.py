@@ -55,7 +55,10 @@ def test_a_shape_becomes_a_valid_fleet_file_with_its_counts_tier_and_gpu() -> No
 def test_floor_is_gpu_rent_idle_power_and_tier_dram() -> None:
     space = _space()
     tier = kv_tier_usd_per_month(1_500_000, 327680)
-    assert tier == 1_500_000 * 327680 / 1e9 * 0.004237 * HOURS_PER_MONTH
+    # Compute Engine's $0.004237 per "GB"-hour is per 2^30 bytes: 1 GiB of tier (2^15 tokens of 32 KiB) costs
+    # exactly that a month; per 10^9 bytes it was 7.4% more (1.0737 x)
+    assert kv_tier_usd_per_month(2**15, 2**15) == pytest.approx(0.004237 * HOURS_PER_MONTH, rel=1e-12)
+    assert tier == pytest.approx(1_500_000 * 327680 / 2**30 * 0.004237 * HOURS_PER_MONTH, rel=1e-12)
     assert space.floor_usd_per_month(space.base) == 18 * (2.5 + 1.275 * 0.1 * 0.1) * HOURS_PER_MONTH + tier
 
 
