@@ -137,7 +137,8 @@ class Pool(StrictModel):
     ``--max-num-batched-tokens``: the largest prefill chunk a decode step can carry; replay's
     simulator schedules the pool's replicas with it too). ``max_num_seqs``: sequences one replica runs
     in a batch at most (vLLM's ``--max-num-seqs``; default 256, vLLM V1's for ``vllm serve`` below the
-    H100 class, 1024 on it): the endpoint pickers' bounded-load cap is never below it (``pickers.py``).
+    H100 class, 1024 on it): the endpoint pickers' bounded-load cap is never below it (``pickers.py``),
+    and replay's simulator runs at most that many per replica (capped at ``max_num_batched_tokens``, as vLLM does).
     """
 
     gpus_per_replica: PositiveInt
@@ -249,17 +250,16 @@ class OnPremReplay(StrictModel):
     (``docs/replay.md``): ``gpu`` (a GPU preset, default ``H100-SXM``), ``weight_dtype``
     (``bf16``/``fp16``/``fp8``), ``model_shape`` (for models without a preset), efficiency
     factors (``prefill_mfu``, ``decode_mfu``, ``bandwidth_efficiency``), per-step and
-    per-prefill overheads in seconds, the engine's scheduler limits (``max_batch_size``:
-    vLLM's ``max_num_seqs``; ``kv_block_tokens``: KV page size; the tokens per step are the
-    pool's ``max_num_batched_tokens``, which the engine reads too), ``max_waiting`` (admission
+    per-prefill overheads in seconds, ``kv_block_tokens`` (KV page size; the scheduler's limits are the
+    pool's ``max_num_batched_tokens`` and ``max_num_seqs``, which the engine reads too), ``max_waiting`` (admission
     limit per replica; ``null`` = unbounded), each
     prefill replica's P/D link (``link_bytes_per_s``, ``link_latency_s``),
     ``idle_power_kw_per_gpu``, and the latency coefficients themselves
     (``prefill_s_per_token``, ``prefill_s_per_token_pair``, ``decode_base_s``,
     ``decode_per_seq_s``, ``decode_per_kv_token_s``) to replace the derived ones, and
     ``quality_columns`` (outcome source -> the table's model column scoring this target;
-    a source not named scores on-prem targets as its weak model). ``max_num_batched_tokens`` is accepted
-    only to say it moved to each pool (``moved-key``)."""
+    a source not named scores on-prem targets as its weak model). ``max_num_batched_tokens`` and
+    ``max_batch_size`` (now the pool's ``max_num_seqs``) are accepted only to say they moved to each pool (``moved-key``)."""
 
     gpu: str | None = None
     weight_dtype: Literal["bf16", "fp16", "fp8"] | None = None
@@ -628,12 +628,14 @@ class Fleet:
         return self.targets[target].default_output_tokens or self.spec.defaults.output_tokens
 
 
-#: Per target kind, the replay key that moved (accepted only to say so, ``moved-key``) and where it lives now.
+#: Per target kind, the replay keys that moved (accepted only to say so, ``moved-key``) and where each lives now.
 _MOVED_REPLAY_KEYS = {
-    "frontier": ("prompt_cache_ttl_s", "targets.{name}.prompt_cache_ttl_s (the service's cost estimate uses the "
-                                       "prompt-cache lifetime too, not only replay)"),
-    "onprem": ("max_num_batched_tokens", "each pool: targets.{name}.pools.<role>.max_num_batched_tokens (the engine's "
-                                         "stall check reads it too, and P/D pools may differ)"),
+    "frontier": [("prompt_cache_ttl_s", "targets.{name}.prompt_cache_ttl_s (the service's cost estimate uses the "
+                                        "prompt-cache lifetime too, not only replay)")],
+    "onprem": [("max_num_batched_tokens", "each pool: targets.{name}.pools.<role>.max_num_batched_tokens (the engine's "
+                                          "stall check reads it too, and P/D pools may differ)"),
+               ("max_batch_size", "each pool's max_num_seqs: targets.{name}.pools.<role>.max_num_seqs (vLLM's "
+                                  "--max-num-seqs, 256 unless set; the router's bounded-load floor reads it too)")],
 }
 
 
@@ -666,11 +668,11 @@ def _semantic_problems(spec: FleetSpec, doc: LocatedDocument) -> list[Problem]:
             problems.append(Problem(doc.file, line, col, "missing-key",
                                     f"target '{name}' has a shared_kv tier but no kv_bytes_per_token "
                                     "(needed for the restore time)"))
-        moved = _MOVED_REPLAY_KEYS[target.kind]
-        if target.replay is not None and getattr(target.replay, moved[0]) is not None:
-            line, col = doc.mark(("targets", name, "replay", moved[0]), key=True)
-            problems.append(Problem(doc.file, line, col, "moved-key",
-                                    f"targets.{name}.replay.{moved[0]} moved to {moved[1].format(name=name)}"))
+        for key, where in _MOVED_REPLAY_KEYS[target.kind]:
+            if target.replay is not None and getattr(target.replay, key) is not None:
+                line, col = doc.mark(("targets", name, "replay", key), key=True)
+                problems.append(Problem(doc.file, line, col, "moved-key",
+                                        f"targets.{name}.replay.{key} moved to {where.format(name=name)}"))
         if not isinstance(target, OnPremTarget):
             continue
         if target.capabilities.images and target.image_tokens is None:

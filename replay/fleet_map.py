@@ -14,6 +14,7 @@ pool endpoints                                  replicas per pool (aggregated, p
 pool ``gpus_per_replica``                       tensor-parallel degree: FLOP/s, HBM bandwidth, GPU-hours
 pool ``kv_cache_capacity_tokens``               KV blocks per replica (else derived from HBM)
 pool ``max_num_batched_tokens``                 tokens per step (vLLM's flag: the largest prefill chunk)
+pool ``max_num_seqs``                           sequences running at once (vLLM's flag; the router's bounded-load floor)
 ``kv_bytes_per_token``                          KV bytes per token (else from the model shape)
 ``context_window_tokens``                       ``max_model_len``
 ``usd_per_gpu_hour`` / ``usd_per_kwh``          GPU-hour and energy prices
@@ -24,8 +25,7 @@ frontier ``prompt_cache_min_tokens``            the provider's prompt-cache thre
 frontier ``prompt_cache: explicit``             no prompt cache (a trace's requests mark no cache_control)
 frontier ``context_window_tokens``              longest prompt + output it accepts
 ``replay.*`` (on-prem)                          GPU, weight precision, MFU, bandwidth efficiency,
-                                                overheads, scheduler limits (max_batch_size,
-                                                kv_block_tokens),
+                                                overheads, KV page size (kv_block_tokens),
                                                 admission limit, P/D link, idle power, latency
                                                 coefficients
 ``replay.*`` (frontier)                         latency distribution, prompt-cache TTL
@@ -34,7 +34,8 @@ frontier ``context_window_tokens``              longest prompt + output it accep
 
 Defaults when the file is silent: H100 SXM (``hardware.H100_SXM``), BF16 weights, MFU
 0.5, 80% of HBM bandwidth, 0.3 ms step overhead (``hardware.replica_spec_for``), vLLM V1's
-scheduler on an H100 (1024 sequences, 8192 tokens per step, 16-token KV pages), admission
+scheduler on an H100 (8192 tokens per step, 16-token KV pages) at the pool's default
+``max_num_seqs``, 256 sequences, admission
 limit ``DEFAULT_MAX_WAITING`` requests waiting per replica, a P/D link of one NIC per GPU
 of the prefill replica (``hardware.LinkSpec.for_gpus``), idle power = busy power × the
 GPU's idle/TDP ratio, frontier latency ``hardware.FrontierSpec`` defaults, spill to the
@@ -73,7 +74,7 @@ DEFAULT_MAX_WAITING = 16
 BLOCK_TOKENS = 512
 
 _DERIVE_KEYS = ("prefill_mfu", "decode_mfu", "bandwidth_efficiency", "step_overhead_s", "prefill_overhead_s",
-                "max_batch_size", "kv_block_tokens")
+                "kv_block_tokens")
 _COEFFICIENT_KEYS = ("prefill_s_per_token", "prefill_s_per_token_pair", "decode_base_s", "decode_per_seq_s",
                      "decode_per_kv_token_s")
 _FRONTIER_KEYS = ("ttft_median_s", "ttft_sigma", "tpot_median_s", "tpot_sigma")
@@ -141,7 +142,8 @@ def _replica(name: str, role: str, t: FleetOnPrem, model: ModelSpec, fleet: Flee
         spec = replica_spec_for(model, gpu, pool.gpus_per_replica, weight_dtype=weight_dtype,
                                 kv_bytes_per_token=t.kv_bytes_per_token, block_tokens=BLOCK_TOKENS,
                                 kv_capacity_blocks=None if capacity is None else max(1, capacity // BLOCK_TOKENS),
-                                max_num_batched_tokens=pool.max_num_batched_tokens, **opts)
+                                max_num_batched_tokens=pool.max_num_batched_tokens,
+                                max_num_seqs=pool.max_num_seqs, **opts)
     except ValueError as exc:
         problems.append(_problem(fleet, ("targets", name, "pools", role), "invalid-value",
                                  f"{exc}; set kv_cache_capacity_tokens, more gpus_per_replica, or "

@@ -34,8 +34,9 @@ where they are set (the packaged fleet: ``policy/defaults/fleet.yaml``, calibrat
 
 Scheduler limits (vLLM V1 defaults for ``vllm serve`` on an H100-class GPU,
 ``vllm/engine/arg_utils.py`` @99d7eb5d): ``max_num_batched_tokens`` 8192 tokens per step,
-``max_batch_size`` (``max_num_seqs``) 1024 running sequences, KV pages (``block_size``)
-of 16 tokens (``vllm/platforms/cuda.py`` @1c0d9ecf).
+``max_num_seqs`` 1024 running sequences, KV pages (``block_size``) of 16 tokens
+(``vllm/platforms/cuda.py`` @1c0d9ecf). A fleet's replicas take their pool's ``max_num_seqs``
+(256 unless set: ``replay.fleet_map``).
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ class ReplicaSpec:
     ``block_tokens`` tokens (``block_tokens`` must equal the trace's hash block size when
     the trace carries block hashes: 512 for Mooncake), allocated in pages of
     ``kv_block_tokens`` tokens (vLLM's ``block_size``; must divide ``block_tokens``).
-    ``max_batch_size``: most sequences running at once (vLLM ``max_num_seqs``, at most
+    ``max_num_seqs``: most sequences running at once (vLLM ``max_num_seqs``, at most
     ``max_num_batched_tokens``); ``max_num_batched_tokens``: tokens scheduled per step
     (vLLM's token budget). ``max_model_len``: longest prompt + output.
     ``kv_admission``: ``"vllm"`` (allocate KV as the context grows, preempt the newest request
@@ -211,7 +212,7 @@ class ReplicaSpec:
     step_overhead_s: float = 0.0
     block_tokens: int = 512
     kv_block_tokens: int = 16
-    max_batch_size: int = 1024
+    max_num_seqs: int = 1024
     max_num_batched_tokens: int = 8192
     max_model_len: int = 131_072
     kv_admission: str = "vllm"
@@ -222,15 +223,15 @@ class ReplicaSpec:
         if self.kv_admission not in ("vllm", "reserve"):
             raise ValueError(f"replica {self.name!r}: kv_admission must be 'vllm' or 'reserve', got "
                              f"{self.kv_admission!r}")
-        if min(self.gpus, self.kv_capacity_blocks, self.block_tokens, self.kv_block_tokens, self.max_batch_size,
+        if min(self.gpus, self.kv_capacity_blocks, self.block_tokens, self.kv_block_tokens, self.max_num_seqs,
                self.max_num_batched_tokens) < 1:
             raise ValueError(f"replica {self.name!r}: gpus, kv_capacity_blocks, block_tokens, kv_block_tokens, "
-                             f"max_batch_size and max_num_batched_tokens must be >= 1")
+                             f"max_num_seqs and max_num_batched_tokens must be >= 1")
         if self.block_tokens % self.kv_block_tokens:
             raise ValueError(f"replica {self.name!r}: kv_block_tokens {self.kv_block_tokens} does not divide "
                              f"block_tokens {self.block_tokens}")
-        if self.max_batch_size > self.max_num_batched_tokens:
-            raise ValueError(f"replica {self.name!r}: max_batch_size {self.max_batch_size} exceeds "
+        if self.max_num_seqs > self.max_num_batched_tokens:
+            raise ValueError(f"replica {self.name!r}: max_num_seqs {self.max_num_seqs} exceeds "
                              f"max_num_batched_tokens {self.max_num_batched_tokens} (vLLM caps max_num_seqs "
                              f"at the token budget)")
 
@@ -289,7 +290,7 @@ def replica_spec_for(
     prefill_overhead_s: float = 0.002,
     block_tokens: int = 512,
     kv_block_tokens: int = 16,
-    max_batch_size: int = 1024,
+    max_num_seqs: int = 1024,
     max_num_batched_tokens: int = 8192,
     weight_dtype: str = "bf16",
     kv_bytes_per_token: int | None = None,
@@ -340,7 +341,7 @@ def replica_spec_for(
         step_overhead_s=step_overhead_s,
         block_tokens=block_tokens,
         kv_block_tokens=kv_block_tokens,
-        max_batch_size=min(max_batch_size, max_num_batched_tokens),
+        max_num_seqs=min(max_num_seqs, max_num_batched_tokens),
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=model.max_model_len,
         gpu_tdp_kw=gpu.tdp_kw,

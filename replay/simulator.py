@@ -14,7 +14,7 @@ Serving model of one replica: **vLLM V1's scheduler** (``vllm/v1/core/sched/sche
   requests are served first, in admission order: a decoding sequence takes 1 token, a
   partially prefilled one the rest of its prompt up to the budget left (**chunked
   prefill**). Then, only if the step preempted nothing, *waiting* requests are admitted
-  in FCFS order while budget is left and fewer than ``max_batch_size`` (vLLM's
+  in FCFS order while budget is left and fewer than ``max_num_seqs`` (vLLM's
   ``max_num_seqs``) run: each gets its prefix-cache hit (leading full blocks resident on
   the replica; at least one token is always computed) and a first chunk. A waiting
   request whose KV does not fit stops admission (it never preempts). The step takes
@@ -379,7 +379,7 @@ class _Simulator:
             return False
         if rep.joining:
             return True
-        if not rep.waiting or rep.seqs() >= rep.spec.max_batch_size:
+        if not rep.waiting or rep.seqs() >= rep.spec.max_num_seqs:
             return False
         job = rep.waiting[0]
         n = self._hit(rep, job)
@@ -527,7 +527,7 @@ class _Simulator:
             rep.running[job] = None
             self._add_decoder(rep, job)
             budget -= 1
-        while rep.waiting and budget > 0 and rep.seqs() < spec.max_batch_size:
+        while rep.waiting and budget > 0 and rep.seqs() < spec.max_num_seqs:
             job = rep.waiting[0]
             hit = self._hit(rep, job)
             restore = self._restore_plan(rep, job, hit)
@@ -745,7 +745,7 @@ class _Simulator:
         """Start KV transfers for pending sequences while the decode replica has room (FIFO)."""
         spec = drep.spec
         while drep.pending:
-            if drep.seqs() >= spec.max_batch_size:
+            if drep.seqs() >= spec.max_num_seqs:
                 return
             job = drep.pending[0]
             p = job.req.prompt_tokens

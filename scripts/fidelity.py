@@ -138,7 +138,7 @@ def bench_spec(target: str, fraction: float, base: ReplicaSpec | None = None) ->
     return dataclasses.replace(spec, kv_capacity_blocks=_kv_blocks(model, gpus, fraction, spec.block_tokens),
                                kv_bytes_per_token=int(spec.kv_bytes_per_token * kv),
                                decode_per_kv_token_s=spec.decode_per_kv_token_s * kv,
-                               max_batch_size=BENCH_MAX_SEQS, max_num_batched_tokens=BENCH_TOKENS_PER_STEP,
+                               max_num_seqs=BENCH_MAX_SEQS, max_num_batched_tokens=BENCH_TOKENS_PER_STEP,
                                kv_admission=BENCH_ADMISSION[0])
 
 

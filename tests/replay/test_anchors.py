@@ -155,7 +155,7 @@ def test_sglang_balances_by_load_when_imbalanced() -> None:
 
 SPEC = ReplicaSpec(name="t", gpus=1, kv_capacity_blocks=100, kv_bytes_per_token=1000, prefill_s_per_token=1e-5,
                    prefill_s_per_token_pair=0.0, decode_base_s=0.010, decode_per_seq_s=1e-5,
-                   decode_per_kv_token_s=0.0, max_batch_size=8)
+                   decode_per_kv_token_s=0.0, max_num_seqs=8)
 
 
 def test_anchors_run_in_the_simulator_and_keep_their_state_balanced() -> None:

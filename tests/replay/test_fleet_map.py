@@ -117,12 +117,26 @@ def test_each_pool_steps_with_its_own_token_budget(tmp_path: Path) -> None:
     # keeps its own
     text = DEFAULT_FLEET_PATH.read_text(encoding="utf-8")
     head, _, tail = text.partition("  onprem-70b:\n")
-    tail = tail.replace("max_num_batched_tokens: 8192", "max_num_batched_tokens: 512", 1)  # the aggregated pool
+    # the aggregated pool: a step budget under its max_num_seqs
+    tail = tail.replace("max_num_batched_tokens: 8192", "max_num_batched_tokens: 512\n        max_num_seqs: 1024", 1)
     (tmp_path / "fleet.yaml").write_text(head + "  onprem-70b:\n" + tail, encoding="utf-8")
     big = {t.name: t for t in sim_fleet(load_fleet(tmp_path / "fleet.yaml")).on_prem}["onprem-70b"]
     assert big.replica.max_num_batched_tokens == 512
-    assert big.replica.max_batch_size == 512  # vLLM caps max_num_seqs at the token budget
+    assert big.replica.max_num_seqs == 512  # vLLM caps max_num_seqs at the token budget
     assert big.prefill_replica is not None and big.prefill_replica.max_num_batched_tokens == 8192
     # the target-wide replay key it replaces is refused, not silently ignored
     with pytest.raises(FleetError, match=r"moved-key: targets.small.replay.max_num_batched_tokens moved to each pool"):
         load_fleet(write(tmp_path, replay="    replay: {max_num_batched_tokens: 512}"))
+
+
+def test_a_replica_runs_at_most_its_pools_max_num_seqs(tmp_path: Path) -> None:
+    """One concept, one key: the simulated replica's sequence limit is the pool's max_num_seqs (vLLM's
+    --max-num-seqs, which the router's bounded-load floor reads too), 256 unless set; the replay-only
+    max_batch_size it replaces is refused with where it went, not silently ignored."""
+    text = write(tmp_path, replay="").read_text(encoding="utf-8")
+    assert {t.replica.max_num_seqs for t in sim_fleet(load_fleet(tmp_path / "fleet.yaml")).on_prem} == {256}
+    (tmp_path / "fleet.yaml").write_text(text.replace("        gpus_per_replica:", "        max_num_seqs: 7\n        gpus_per_replica:"))
+    seqs = {t.replica.max_num_seqs for t in sim_fleet(load_fleet(tmp_path / "fleet.yaml")).on_prem}
+    assert seqs == {7}, seqs
+    with pytest.raises(FleetError, match=r"moved-key: targets.small.replay.max_batch_size moved to each pool's max_num_seqs"):
+        load_fleet(write(tmp_path, replay="    replay: {max_batch_size: 8}"))

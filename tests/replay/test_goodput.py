@@ -29,7 +29,7 @@ from pointsman.replay.summary import SLO
 # S = 0.100 s, and a one-token answer completes with it: a D/D/1 queue with service time S.
 SPEC = ReplicaSpec(name="t", gpus=2, kv_capacity_blocks=100, kv_bytes_per_token=1000, prefill_s_per_token=0.001,
                    prefill_s_per_token_pair=0.0, decode_base_s=0.010, decode_per_seq_s=0.001,
-                   decode_per_kv_token_s=0.0, block_tokens=10, kv_block_tokens=10, max_batch_size=8,
+                   decode_per_kv_token_s=0.0, block_tokens=10, kv_block_tokens=10, max_num_seqs=8,
                    max_num_batched_tokens=100)
 FLEET = SimFleet(on_prem=(OnPremTarget(name="op", replica=SPEC, aggregated_replicas=1),),
                  frontier=(FrontierSpec(name="fr"),), spill_target="fr")

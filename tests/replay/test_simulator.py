@@ -31,7 +31,7 @@ SPEC = ReplicaSpec(
     decode_per_kv_token_s=0.0,
     block_tokens=10,
     kv_block_tokens=10,
-    max_batch_size=8,
+    max_num_seqs=8,
     max_model_len=10_000,
 )
 
@@ -373,7 +373,7 @@ def test_invariants_under_random_stress(seed: int) -> None:
     import random
 
     rng = random.Random(seed)
-    spec = dataclasses.replace(SPEC, kv_capacity_blocks=12, max_batch_size=3, decode_per_kv_token_s=1e-5)
+    spec = dataclasses.replace(SPEC, kv_capacity_blocks=12, max_num_seqs=3, decode_per_kv_token_s=1e-5)
     f = SimFleet(
         on_prem=(
             OnPremTarget(

@@ -19,7 +19,7 @@ from pointsman.replay.simulator import simulate
 
 SPEC = ReplicaSpec(name="test", gpus=1, kv_capacity_blocks=100, kv_bytes_per_token=1000, prefill_s_per_token=0.001,
                    prefill_s_per_token_pair=0.0, decode_base_s=0.010, decode_per_seq_s=0.001,
-                   decode_per_kv_token_s=0.0, block_tokens=10, kv_block_tokens=10, max_batch_size=8,
+                   decode_per_kv_token_s=0.0, block_tokens=10, kv_block_tokens=10, max_num_seqs=8,
                    max_model_len=10_000)
 FR = FrontierSpec(name="fr", block_tokens=10, prompt_cache_min_tokens=20)
 
