@@ -71,6 +71,10 @@ def _load_trace(path: Path, limit: int | None, start_s: float | None, end_s: flo
                        "window have no outcome with a completion token count (never reported, or reported "
                        "without usage): left out, so the traffic replayed is smaller than the traffic logged",
                        err=True)
+        if log.no_output:
+            click.echo(f"Warning: {log.no_output} of the {log.no_output + log.skipped + len(log.requests)} logged "
+                       "decisions in the window produced 0 completion tokens (errors or cancelled requests): left out",
+                       err=True)
         return log.requests, log.texts, log.quality
     from pointsman.datasets.traces import load_trace
 

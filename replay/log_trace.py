@@ -3,8 +3,11 @@
 ``load_log_trace(path, limit=, since_s=, until_s=, start_s=, end_s=) -> LogTrace``: one
 ``TraceRequest`` per logged decision that has an outcome with a completion token count, in time
 order: arrival = decision time - the first one's, prompt tokens = the outcome's usage (else the
-logged request features'), output tokens = the outcome's ``completion_tokens`` (at least 1); the
-other decisions in the window are counted in ``skipped`` (the CLI warns). ``since_s``/``until_s``
+logged request features'), output tokens = the outcome's ``completion_tokens``; the other
+decisions in the window are left out and counted (the CLI warns): ``skipped`` (no outcome with a
+completion token count) and ``no_output`` (0 completion tokens: an error or a cancelled request,
+which no replay can size: like the Azure and Mooncake loaders, which refuse a 0, it is not replayed
+as 1 token). ``since_s``/``until_s``
 select decisions by Unix time; ``start_s``/``end_s`` slice as the other traces do
 (``datasets.traces``: ``start_s <= arrival < end_s``, seconds from the first record, arrivals not
 rebased; ``limit`` counts the records in the window). ``texts[i]``: the stored prompt text as one
@@ -27,13 +30,15 @@ from pointsman.outcome_log.store import OutcomeLog
 @dataclass(frozen=True)
 class LogTrace:
     """``requests`` (``TraceRequest``, arrival order), ``texts`` and ``quality`` per request
-    (see the module docstring), ``skipped``: decisions in the window without a usable outcome (none
-    reported, or none with a completion token count), left out."""
+    (see the module docstring); decisions in the window left out: ``skipped``, without a usable
+    outcome (none reported, or none with a completion token count), and ``no_output``, whose outcome
+    reports 0 completion tokens (an error or a cancelled request)."""
 
     requests: list[TraceRequest]
     texts: list[list[dict[str, str]] | None]
     quality: list[float | None]
     skipped: int
+    no_output: int = 0
 
 
 def load_log_trace(path: str | Path, *, limit: int | None = None, since_s: float | None = None,
@@ -47,7 +52,7 @@ def load_log_trace(path: str | Path, *, limit: int | None = None, since_s: float
     requests: list[TraceRequest] = []
     texts: list[list[dict[str, str]] | None] = []
     quality: list[float | None] = []
-    skipped = 0
+    skipped = no_output = 0
     first: float | None = None
     with OutcomeLog(path) as log:
         for d in log.joined(since_s=since_s, until_s=until_s):
@@ -65,13 +70,15 @@ def load_log_trace(path: str | Path, *, limit: int | None = None, since_s: float
             if not usable or o is None or completion is None:
                 skipped += 1  # in the window, but nothing says what it cost to serve
                 continue
-            requests.append(TraceRequest(arrival_s, prompt, max(1, completion),
-                                         prompt_id=d.decision_id))
+            if completion == 0:
+                no_output += 1  # it ran and produced nothing: not a 1-token request
+                continue
+            requests.append(TraceRequest(arrival_s, prompt, completion, prompt_id=d.decision_id))
             texts.append([{"role": "user", "content": d.prompt_text}] if d.prompt_text else None)
             quality.append(o.quality.judge_score)
             if limit is not None and len(requests) >= limit:
                 break
-    return LogTrace(requests, texts, quality, skipped)
+    return LogTrace(requests, texts, quality, skipped, no_output)
 
 
 __all__ = ["LogTrace", "load_log_trace"]

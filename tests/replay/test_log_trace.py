@@ -90,6 +90,29 @@ def test_replay_says_how_many_logged_decisions_it_left_out(tmp_path: Path) -> No
     assert "replaying 2 requests" in res.stderr and "Warning" not in res.stderr  # the window holds no such one
 
 
+def test_a_decision_that_produced_no_tokens_is_left_out_and_counted(tmp_path: Path) -> None:
+    """An outcome with completion_tokens 0 (an error or a cancelled request) is real traffic no replay can
+    size; it was replayed as a 1-token request (the Azure and Mooncake loaders refuse a 0). Now it is left
+    out, counted in ``no_output``, and replay warns with the count."""
+    make_log(tmp_path / "log.db", store_prompts=False)  # 4 decisions, one without an outcome
+    fleet = load_fleet()
+    engine = RoutingEngine(fleet, load_policy(STATIC_POLICY_PATH, fleet), FixedDifficulty(0.3))
+    with OutcomeLog(tmp_path / "log.db") as log:
+        request = request_from_prompt("Cancelled before its first token.")
+        decision = engine.route(request, dispatch=False)
+        record_decision(log, decision, request, FixedDifficulty(0.3), time_s=1010.0)
+        log.append_outcomes([{"decision_id": decision.decision_id, "status": "cancelled",
+                              "usage": {"prompt_tokens": 40, "completion_tokens": 0}}])
+    trace = load_log_trace(tmp_path / "log.db")
+    assert (trace.skipped, trace.no_output) == (1, 1)
+    assert [r.output_tokens for r in trace.requests] == [12, 40, 300]  # before: [12, 40, 300, 1]
+    res = CliRunner().invoke(main, ["replay", str(tmp_path / "log.db"), "--out", str(tmp_path / "out"),
+                                    "--no-baselines", "--policy", str(STATIC_POLICY_PATH)])
+    assert res.exit_code == 0, res.output
+    assert "replaying 3 requests" in res.stderr
+    assert "Warning: 1 of the 5 logged decisions in the window produced 0 completion tokens" in res.stderr, res.stderr
+
+
 def test_replay_slices_an_outcome_log_by_start_and_end(tmp_path: Path) -> None:
     """--start-s/--end-s (replay and plan) slice an outcome-log trace as they slice Mooncake and Azure (seconds from the
     first record, start <= arrival < end): they were ignored for a *.db, so the whole log replayed."""
