@@ -117,8 +117,9 @@ def test_each_pool_steps_with_its_own_token_budget(tmp_path: Path) -> None:
     # keeps its own
     text = DEFAULT_FLEET_PATH.read_text(encoding="utf-8")
     head, _, tail = text.partition("  onprem-70b:\n")
-    # the aggregated pool: a step budget under its max_num_seqs
-    tail = tail.replace("max_num_batched_tokens: 8192", "max_num_batched_tokens: 512\n        max_num_seqs: 1024", 1)
+    # the aggregated pool: a step budget under its max_num_seqs (1024, vLLM's H100 default, as packaged)
+    assert "max_num_batched_tokens: 8192\n        max_num_seqs: 1024" in tail
+    tail = tail.replace("max_num_batched_tokens: 8192", "max_num_batched_tokens: 512", 1)
     (tmp_path / "fleet.yaml").write_text(head + "  onprem-70b:\n" + tail, encoding="utf-8")
     big = {t.name: t for t in sim_fleet(load_fleet(tmp_path / "fleet.yaml")).on_prem}["onprem-70b"]
     assert big.replica.max_num_batched_tokens == 512
