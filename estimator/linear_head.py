@@ -115,7 +115,8 @@ class LinearHead:
         logit = min(max(ranker + self.bias[0], lo), hi)
         t = -(gate + self.bias[1])  # the penalty's softplus(t), without overflow
         penalty = self.gate_weight * (t + math.log1p(math.exp(-t)) if t > 0 else math.log1p(math.exp(t)))
-        return 1.0 / (1.0 + math.exp(-(self.slope * min(max(logit - penalty, lo), hi) + self.intercept)))
+        z = self.slope * min(max(logit - penalty, lo), hi) + self.intercept
+        return 1.0 / (1.0 + math.exp(-z)) if z > -700.0 else 0.0  # exp(700) is near float64's top; float32(1e-304) 0
 
 
 def _logit(p: np.ndarray) -> float:

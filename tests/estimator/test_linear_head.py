@@ -201,3 +201,15 @@ def test_sanity_suite_routes_as_with_onnxruntime():
     assert len({d.target for d in a}) > 1  # the suite reaches both sides of the policy's p_hard threshold
     # measured 1.4e-6 at most: onnxruntime sums the 414 products in float32
     np.testing.assert_allclose([d.p_hard for d in a], [d.p_hard for d in b], rtol=0, atol=5e-6)
+
+
+@given(slope=st.floats(-1e4, 1e4), intercept=st.floats(-1e4, 1e4), s=st.floats(-100, 100))
+def test_a_steep_platt_map_scores_without_overflow(slope, intercept, s):
+    """A Platt map fitted on separable rows (a slope of hundreds) sends the clipped log-odds far past
+    exp's range: p_hard is the sigmoid's limit, never an OverflowError (train --table of a small separable
+    table failed its own end-to-end check so)."""
+    head = LinearHead(weights=np.ones((1, 2)), bias=(0.0, 0.0), gate_weight=0.0, logit_lo=-17.0, logit_hi=17.0,
+                      slope=slope, intercept=intercept)
+    x = float(np.float32(s))
+    z = slope * min(max(x, -17.0), 17.0) + intercept
+    assert head(np.asarray([[x]], dtype=np.float32))[0] == pytest.approx(_sigmoid(np.float64(z)), abs=1e-7)
