@@ -9,7 +9,7 @@
    logged under another encoder, a re-embedding of the stored prompt text;
 3. hold out ``1 / holdout_folds`` of the conversations (hash of the conversation key),
    never trained on, for ``compare``/``promote``; leave out the requests of the sanity suites
-   (``training.sanity.suite_conversation_keys``), on which ``promote`` checks the challenger;
+   (``training.sanity.suite_requests``), on which ``promote`` checks the challenger;
 4. fit a new ``DifficultyHead`` on the rest (soft labels, Platt calibration on
    out-of-fold scores of the logged rows), warm-started (``cfg.warm_start``, the default) with the
    licensed chat rows the shipped recipe trains on, each weighing ``half / (n + half)`` of a
@@ -54,7 +54,7 @@ from pointsman.training.model_dir import (
 )
 from pointsman.training.outcome_labels import LabelRules, rules_as_params
 from pointsman.training.recipe import TrainConfig
-from pointsman.training.sanity import suite_conversation_keys
+from pointsman.training.sanity import suite_requests
 from pointsman.training.warm_start import PRIOR_HALF_N, PriorRows, prior_rows, prior_weight
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -231,7 +231,7 @@ def train_challenger(
            f"the estimate failed or timed out; and no stored prompt text); skipped {ex.skipped}")
     rows = ex.subset(hm.rows)
     hold = holdout_mask(rows.group, cfg.holdout_folds, cfg.holdout_fold, cfg.seed)
-    suite = np.isin(rows.group.astype(str), list(suite_conversation_keys()))  # promote's own check: never learned
+    suite = suite_requests(rows.group)  # promote's own check: never learned
     train_m = ~hold & ~suite
     if (suite & ~hold).any():
         log_fn(f"{int((suite & ~hold).sum())} logged decisions are requests of the sanity suites: not trained on")

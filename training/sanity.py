@@ -31,6 +31,8 @@ from pathlib import Path
 from statistics import NormalDist
 from typing import Any, TypeAlias
 
+import numpy as np
+
 from pointsman.datasets.splits import group_key
 from pointsman.errors import DataError, EstimatorError, RequestError
 from pointsman.estimator.estimate import Estimator, TokenIdsEstimator
@@ -67,6 +69,14 @@ def suite_conversation_keys() -> frozenset[str]:
     the suites' own requests, which ``train --from-outcomes`` leaves out."""
     return frozenset(group_key(messages_of(r)) for path in shipped_suite_paths() for p in read_pairs(path)
                      for r in (p.easy, p.hard))
+
+
+def suite_requests(groups: np.ndarray) -> np.ndarray:
+    """Bool mask, shape ``(n,)``: which of ``n`` conversation keys (``datasets.splits.group_key``, any
+    array of str) are requests of the shipped suites (``suite_conversation_keys``). Every training path
+    leaves these rows out (``train --from-outcomes``, ``train --table``): ``promote`` and ``evaluate
+    --pairs`` score on them."""
+    return np.isin(np.asarray(groups).astype(str), list(suite_conversation_keys()))
 
 
 @dataclass(frozen=True)
@@ -352,4 +362,4 @@ def concordance(model: Estimator | str | Path, pairs: Sequence[SanityPair] | str
 
 __all__ = ["APPROVAL_TOLERANCE", "SHIPPED", "ApprovalScore", "CategoryScore", "PairScore", "SanityPair",
            "SanityReport", "approved_request", "concordance", "read_pairs", "score_request", "shipped_pairs_path",
-           "shipped_suite_paths", "suite_conversation_keys", "wilson_interval"]
+           "shipped_suite_paths", "suite_conversation_keys", "suite_requests", "wilson_interval"]

@@ -41,6 +41,7 @@ from pointsman.training.model_dir import (
     write_model_dir,
 )
 from pointsman.training.recipe import TrainConfig
+from pointsman.training.sanity import suite_requests
 
 if TYPE_CHECKING:  # pragma: no cover
     from pointsman.estimator.difficulty import DifficultyEstimator
@@ -399,12 +400,17 @@ def train(
     built = build_encoder(cfg, sources, cache)
     ex = build_examples(sources, tokenizer=load_tokenizer(built.tokenizer_path),
                         max_rows_per_source=cfg.max_rows_per_source, seed=cfg.seed)
+    suite = suite_requests(ex.group)  # what promote and evaluate --pairs score: never learned
+    if suite.any():
+        log(f"{int(suite.sum())} table rows are requests of the sanity suites: not trained on")
+        ex = ex.subset(~suite)
     if cfg.easy_anchors:
         ex = ex.concat(anchor_examples(load_tokenizer(built.tokenizer_path)))
     log(f"examples: {len(ex)} prompts; encoder {built.spec.kind} ({built.spec.quantization}, dim {built.spec.dim})")
     X = head_inputs(built, ex, cache, cfg.blocks, cfg.pooling)
     log(f"features: {X.shape}; fitting head ({cfg.n_folds}-fold cross-fitting + final fit)")
     head, metrics = fit_head(cfg, built.spec.dim, ex, X, sources)
+    metrics["data/sanity_excluded"] = float(suite.sum())
 
     tmp_root: Path | None = None
     if output is None:

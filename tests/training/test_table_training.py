@@ -59,7 +59,7 @@ def test_train_table_then_crossvalidate(cli, table, tmp_path, monkeypatch):
     manifest = json.loads((out / "manifest.json").read_text())
     (src,) = manifest["training"]["sources"]
     assert src["license"] == "LicenseRef-ops-internal" and src["weak_models"] == ["small", "small-b"]
-    assert src["prompts"] == 60
+    assert src["prompts"] == 59  # "Suggest a name for my cat." is a request of the sanity suite: not trained on
     provenance = (out / "PROVENANCE.md").read_text()
     assert "LicenseRef-ops-internal" in provenance and "not a shippable default" in provenance
     res = CliRunner().invoke(cli, ["evaluate", "--model", str(out), "--table", str(table), "--weak", "small",
@@ -73,6 +73,35 @@ def test_train_table_then_crossvalidate(cli, table, tmp_path, monkeypatch):
     assert cv["apgr"] <= cv["oracle_apgr"] + 1e-9
     assert cv["apgr_mean"] == pytest.approx(np.mean(cv["fold_apgr"]), abs=1e-5)
     assert {"length_apgr", "oracle_apgr", "apgr_sd"} <= set(cv)
+
+
+def test_train_table_leaves_out_the_sanity_suites_requests(cli, table, tmp_path, monkeypatch):
+    """An operator's table that holds requests of the shipped suites (both files; their easy side
+    labelled easy, their hard side hard) trains the same head as the table without them: those rows are
+    what promote and evaluate --pairs score. Their count is printed and kept in the manifest's metrics."""
+    import csv
+
+    from pointsman.training.sanity import read_pairs, shipped_suite_paths
+
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    pairs = [p for path in shipped_suite_paths() for p in read_pairs(path)[:15]
+             if isinstance(p.easy, str) and isinstance(p.hard, str)]
+    with_suite = tmp_path / "with_suite.csv"
+    with_suite.write_text(table.read_text())
+    with with_suite.open("a", newline="") as f:
+        w = csv.writer(f)
+        for i, p in enumerate(pairs):
+            w.writerow([f"se{i}", "x", p.easy, 1, 1, 1])
+            w.writerow([f"sh{i}", "x", p.hard, 0, 0.5, 1])
+    res = _train(cli, with_suite, tmp_path / "m")
+    assert res.exit_code == 0, res.output
+    n = 2 * len(pairs) + 1  # the fixture's own "Suggest a name for my cat." is a request of the suite too
+    assert f"{n} table rows are requests of the sanity suites: not trained on" in res.stderr
+    manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
+    assert manifest["metrics"]["data/sanity_excluded"] == n >= 41
+    assert manifest["training"]["sources"][0]["prompts"] == 59
+    assert _train(cli, table, tmp_path / "plain").exit_code == 0
+    assert (tmp_path / "m" / "head.onnx").read_bytes() == (tmp_path / "plain" / "head.onnx").read_bytes()
 
 
 def test_train_table_license_unknown_by_default(cli, table, tmp_path, monkeypatch):
