@@ -18,6 +18,7 @@ One outcome, as JSON (every field but ``decision_id`` is optional)::
      "upstream_status": 503,                    # the upstream's HTTP status (100-599; 400 and above with
                                                 #   status ok is refused as contradictory)
      "shadow": false,                           # true: answered for evaluation only, never shown to the user
+                                                #   (then served_target is required: the model that answered)
      "status": "ok",                            # ok | error | timeout | cancelled
      "error": null,                             # error text when status != ok (at most 1000 chars)
      "usage": {"prompt_tokens": 812, "cached_tokens": 512, "completion_tokens": 140},
@@ -148,7 +149,7 @@ class QualitySignals(_Strict):
 class OutcomeIn(_Strict):
     """One outcome report (see the module docstring). Latencies in ms are finite, in [0,
     ``MAX_LATENCY_MS``]; ``time_s`` is Unix seconds in [0, ``MAX_TIME_S``]. Without ``status`` an
-    outcome is ``ok``."""
+    outcome is ``ok``. A ``shadow`` outcome names its ``served_target`` (an error on that field without)."""
 
     decision_id: str
     outcome_id: str | None = None
@@ -193,6 +194,14 @@ class OutcomeIn(_Strict):
                                      "(omit usage to book the decision's estimate)") for f in self.usage.missing])
         return self
 
+    @model_validator(mode="after")
+    def _shadow_names_its_target(self) -> OutcomeIn:
+        if self.shadow and self.served_target is None:  # (field, message) pairs, as for usage: the field named
+            raise UsageProblems([("served_target", "required with shadow true: a shadow outcome is another model's "
+                                                   "answer, and without its target it would be stored and labelled "
+                                                   "as the decided target's")])
+        return self
+
     @property
     def counts_as_answered(self) -> bool:
         """Whether the outcome breaker counts this outcome as its endpoint answering: ``ok``, or an upstream status
@@ -208,7 +217,7 @@ class OutcomeIn(_Strict):
         never takes the key of the outcome that settles the decision."""
         if self.outcome_id:
             return self.outcome_id
-        return f"{self.decision_id}/shadow:{self.served_target or ''}" if self.shadow else self.decision_id
+        return f"{self.decision_id}/shadow:{self.served_target}" if self.shadow else self.decision_id
 
 
 class OutcomeItemError(RequestError):

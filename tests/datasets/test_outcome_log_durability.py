@@ -34,7 +34,8 @@ WRITER = textwrap.dedent("""
             d = f"d{i:04d}"
             acks = log.append_outcomes([{"decision_id": d, "quality": {"judge_score": i},
                                          "usage": {"prompt_tokens": 100, "completion_tokens": i}},
-                                        {"decision_id": d, "outcome_id": d + "-b", "shadow": True}])
+                                        {"decision_id": d, "outcome_id": d + "-b", "shadow": True,
+                                         "served_target": "frontier-large"}])
             if all(a.ok for a in acks):
                 with out:
                     print(" ".join(a.outcome_id for a in acks), flush=True)

@@ -21,7 +21,7 @@ ITEMS = st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=8
 def test_every_outcome_settled_here_is_kept_unsettled_until_settled(tmp_path_factory, items):
     log = OutcomeLog(tmp_path_factory.mktemp("unsettled") / "outcomes.db")
     try:
-        outcomes = parse_outcomes([{"decision_id": f"d{i}", "shadow": shadow,
+        outcomes = parse_outcomes([{"decision_id": f"d{i}", "shadow": shadow, "served_target": "onprem-8b",
                                     "usage": {"prompt_tokens": 10, "completion_tokens": 1}}
                                    for i, (_, shadow) in enumerate(items)])
         here = [o for o, (away, _) in zip(outcomes, items) if not away]

@@ -494,6 +494,35 @@ def test_a_shadow_outcome_without_its_own_id_leaves_the_decision_to_its_real_out
     assert other["status"] == "stored"
 
 
+def test_a_shadow_outcome_without_its_target_is_refused_alone(tmp_path, serve):
+    """A shadow outcome without ``served_target`` was stored as the decided target's answer (the log's
+    served_target defaults to the decision's), so the labels read another model's answer as that
+    target's. Through ``pointsman serve``: refused naming ``served_target`` (an ``invalid`` ack in a
+    batch, whose other outcomes are stored; a 422 alone), never stored."""
+    import httpx
+
+    _, base = serve(tmp_path, scrape_interval_s="0")
+    r = httpx.post(f"{base}/v1/route", json={"messages": [USER]}, timeout=30)
+    assert r.status_code == 200, r.text
+    d = r.json()
+    judged = {"quality": {"judge_score": 0.2, "judge": "j"}}
+    batch = [{"decision_id": d["decision_id"], "shadow": True, **judged},
+             {"decision_id": d["decision_id"], "usage": {"prompt_tokens": 12, "completion_tokens": 40}},
+             {"decision_id": d["decision_id"], "shadow": True, "served_target": "frontier-large", **judged}]
+    r = httpx.post(f"{base}/v1/outcomes", json=batch, timeout=30)
+    assert r.status_code == 200, r.text
+    acks = r.json()["acks"]
+    assert [a["status"] for a in acks] == ["invalid", "stored", "stored"], acks
+    assert acks[0]["message"].startswith("[0].served_target: required with shadow true"), acks[0]
+    alone = httpx.post(f"{base}/v1/outcomes", json=batch[0], timeout=30)
+    assert alone.status_code == 422 and alone.json()["error"]["param"] == "served_target", alone.text
+    with OutcomeLog(tmp_path / "outcomes.db") as log:
+        logged = log.decision(d["decision_id"])
+        assert logged is not None
+        assert sorted((o.served_target, o.shadow) for o in logged.outcomes) == sorted([
+            (d["target"], False), ("frontier-large", True)])
+
+
 def test_a_stale_utilization_leaves_the_pool_gauges(tmp_path):
     """A pool's utilization gauge kept the last reading pushed half an hour before, while routing and pricing had
     dropped it as stale (the policy's signals.load max_age_s): a dashboard showed a busy pool that nothing reads
