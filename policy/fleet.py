@@ -46,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -608,6 +609,18 @@ class Fleet:
     def slo(self, slo_class: str | None = None) -> SLOClass:
         """The objectives of ``slo_class`` (None: ``defaults.slo_class``); KeyError if unknown."""
         return self.slo_classes[slo_class or self.spec.defaults.slo_class]
+
+    @cached_property
+    def lora_adapters(self) -> frozenset[str]:
+        """Every LoRA adapter some target serves (the union of the on-prem targets' ``lora_adapters``): a request whose
+        ``model`` is one of them is eligible only for the targets serving it (``serves``, the ``capabilities`` filter)."""
+        return frozenset().union(*(t.lora_adapters for t in self.targets.values() if isinstance(t, OnPremTarget)))
+
+    def serves(self, target: str, model: str | None) -> bool:
+        """Whether ``target`` can answer a request for ``model``: False only when ``model`` names a LoRA adapter some
+        target serves (``lora_adapters``) and ``target`` does not (its ``model`` would answer without the adapter); any
+        other ``model`` is the router's to map. Raises KeyError for an unknown target."""
+        return not model or model not in self.lora_adapters or self.lora_adapter(target, model) is not None
 
     def lora_adapter(self, target: str, model: str | None) -> str | None:
         """The LoRA adapter a request asking for ``model`` runs on ``target``: ``model`` when it is one of the target's

@@ -8,7 +8,8 @@ They run in this order, and the first that removes a target names it:
 - ``capabilities``: image inputs need ``capabilities.images``, audio inputs and answers ``capabilities.audio``, file
   inputs ``capabilities.files``; tools need ``capabilities.tools``; a Responses request continuing provider-stored
   state (``request.stored_state``: ``previous_response_id``, ``conversation``, ``item_reference``) a target that holds it
-  (``fleet.holds_stored_state``).
+  (``fleet.holds_stored_state``); a request whose ``model`` names a LoRA adapter of the fleet (``lora_adapters``) a
+  target serving it (``Fleet.serves``: elsewhere it would run the base model, the adapter dropped).
 - ``context-window``: the prompt's tokens on the target (``cost.target_prompt_tokens(window=True)``: the safe-side
   bound ``request.prompt_tokens_upper``, or for a batch of prompts, each its own sequence, its longest prompt's
   ``request.longest_prompt_tokens_upper``; images, audio and files counted as the cost counts them there, but an
@@ -92,8 +93,9 @@ def context_window(name: str, target: OnPremTarget | FrontierTarget, ctx: Filter
 
 
 def capabilities(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterContext) -> str | None:
-    """Ineligible when the request has images (audio, files, tools) and the target does not take them, or continues
-    provider-stored state (``request.stored_state``) the target does not hold."""
+    """Ineligible when the request has images (audio, files, tools) and the target does not take them, continues
+    provider-stored state (``request.stored_state``) the target does not hold, or its ``model`` names a LoRA adapter the
+    target does not serve (``Fleet.serves``)."""
     caps = target.capabilities
     if ctx.request["has_images"] and not caps.images:
         return "does not accept image inputs"
@@ -105,6 +107,8 @@ def capabilities(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterCo
         return "does not support tools"
     if (field := ctx.request.get("stored_state")) and not holds_stored_state(target):  # (a case may omit it)
         return f"does not hold the provider-stored state the request's {field} continues (fleet: stored_state)"
+    if not ctx.source.fleet.serves(name, model := ctx.request.get("model")):
+        return f"does not serve the LoRA adapter '{model}' the request's model names (fleet: lora_adapters)"
     return None
 
 
