@@ -130,8 +130,9 @@ class SignalFeeds:
         """Check each chain-starting block against the target's hash settings (``EngineCache.check_root``):
         a feed hashed otherwise (SGLang read as vLLM, another block size, algorithm or seed) would match
         no request, silently. One error per endpoint (and target settings) when the first block checked
-        mismatches (a few legitimate mismatches, multimodal or salted prompts, follow matches), naming the
-        settings that would match; every one counted in ``pointsman_kv_events{kind="hash_mismatches"}``."""
+        mismatches (each is hashed with the extra keys its event reports, vLLM >= 0.17; from older releases a salted
+        prompt's mismatches), naming the settings that would match; every one counted in
+        ``pointsman_kv_events{kind="hash_mismatches"}``."""
         state = self.live.engine.state
         info = state.fleet.endpoints.get(endpoint)
         cache = None if info is None else state.engine_cache(info.target)

@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pointsman.policy.fleet import TargetEvents
-from pointsman.policy.signals.engine_hashes import EngineHasher, TargetTokenizer
+from pointsman.policy.signals.engine_hashes import EngineHasher, TargetTokenizer, hashed_extra_keys
 from pointsman.policy.signals.kv_events import FULL_ATTENTION, GPU, BlockStored, hash_key
 from pointsman.policy.signals.prefix_index import PrefixIndex, PrefixLookup, SharedKVTier
 from pointsman.request import RequestView
@@ -38,6 +38,18 @@ from pointsman.request import RequestView
 #: Blocks an endpoint may hold in the index at most when the fleet gives no KV capacity (the
 #: engine's removals keep it exact below this; beyond it the oldest blocks go first).
 DEFAULT_MAX_BLOCKS = 4_000_000
+
+
+def root_extra_keys(event: BlockStored) -> tuple[object, ...] | None:
+    """The extra keys vLLM hashed a chain-starting ``event``'s first block with: its ``extra_keys[0]`` as hashed
+    (``engine_hashes.hashed_extra_keys``); None when the event sends none (vLLM < 0.17, SGLang: the first block then
+    hashes as a plain one, but for a LoRA adapter's, whose keys are unknown). Raises ValueError when they cannot be read
+    (that adapter's, or keys in no form vLLM hashes)."""
+    if event.extra_keys:
+        return hashed_extra_keys(event.extra_keys[0])
+    if event.lora_name is not None:
+        raise ValueError(f"LoRA adapter {event.lora_name!r}'s blocks without their extra keys")
+    return None
 
 
 class EngineCache:
@@ -109,15 +121,22 @@ class EngineCache:
     def check_root(self, endpoint_id: str, event: BlockStored) -> bool | None:
         """Whether a chain-starting ``BlockStored`` (no parent) hashes its first block as this target's
         settings do (``kv_events``: engine, block size, algorithm, seed), counted per endpoint
-        (``root_checks``). None, uncounted: not checkable (a parent, a LoRA adapter's blocks, a group
-        that is not full attention, bigram tokens, or fewer tokens than a block). A feed hashed any other
-        way is matched by no request, so its engine's cache reads as empty: this is how that is seen."""
+        (``root_checks``). The block is hashed with the extra keys the event reports for it (vLLM ≥ 0.17: its
+        adapter's name, ``cache_salt``, multimodal keys; ``root_extra_keys``), so such a block is checked exactly;
+        without them, as a plain block. None, uncounted: not checkable (a parent, a LoRA adapter's blocks without
+        their keys, extra keys in no form vLLM hashes, a group that is not full attention, bigram tokens, or fewer
+        tokens than a block). A feed hashed any other way is matched by no request, so its engine's cache reads as
+        empty: this is how that is seen."""
         bs = self.block_tokens
         tokens = [t for t in event.token_ids[:bs] if isinstance(t, int)]  # bigram pairs (EAGLE) are not checked
-        if event.parent_block_hash is not None or not event.block_hashes or event.lora_name is not None \
+        if event.parent_block_hash is not None or not event.block_hashes \
                 or event.kv_cache_spec_kind not in (None, FULL_ATTENTION) or len(tokens) < bs:
             return None
-        ok = event.block_size == bs and self.hasher.keys(tokens)[:1] == [hash_key(event.block_hashes[0])]
+        try:
+            extra = root_extra_keys(event)
+        except ValueError:
+            return None
+        ok = event.block_size == bs and self.hasher.root_key(tokens, extra) == hash_key(event.block_hashes[0])
         with self._lock:
             counts = self._roots.setdefault(endpoint_id, [0, 0])
             counts[0] += 1
@@ -129,9 +148,13 @@ class EngineCache:
         """The ``kv_events`` settings that do hash a chain-starting ``event``'s first block (``engine: sglang,
         block_size: 16``), among vLLM's unseeded algorithms and SGLang's; None when none does."""
         tokens, bs = [t for t in event.token_ids[:event.block_size] if isinstance(t, int)], event.block_size
-        want = [hash_key(event.block_hashes[0])]
+        want = hash_key(event.block_hashes[0])
+        try:
+            extra = root_extra_keys(event)
+        except ValueError:
+            return None
         for engine, algo in (("vllm", "sha256"), ("vllm", "sha256_cbor"), ("sglang", "sha256")):
-            if len(tokens) == bs and EngineHasher(algo, bs, engine=engine).keys(tokens) == want:  # type: ignore[arg-type]
+            if len(tokens) == bs and EngineHasher(algo, bs, engine=engine).root_key(tokens, extra) == want:  # type: ignore[arg-type]
                 return f"engine: {engine}, block_size: {bs}" + (f", hash_algo: {algo}" if algo != "sha256" else "")
         return None
 

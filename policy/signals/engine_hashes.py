@@ -226,6 +226,36 @@ class EngineHasher:
         return [int.from_bytes(d, "big") & _MASK64 for d in self.digests(token_ids, cache_salt, lora_name)]
 
 
+    def root_key(self, token_ids: Sequence[int], extra_keys: tuple[object, ...] | None = None) -> int:
+        """The u64 index key of a chain's first block, ``token_ids``' first ``block_size`` tokens (Python ints), hashed
+        with vLLM's ``extra_keys`` as given (``hashed_extra_keys`` of a ``BlockStored``'s: any adapter, salt,
+        multimodal or prompt-embeds keys; None: none); SGLang's pages have none. Raises ValueError for fewer tokens."""
+        ids = list(token_ids[:self.block_size])
+        if len(ids) < self.block_size:
+            raise ValueError(f"a block needs {self.block_size} tokens, got {len(ids)}")
+        if self.engine == "sglang":
+            return int.from_bytes(_sglang_digests(ids, len(ids), len(ids))[0][:8], "big")
+        return int.from_bytes(_HASH_FNS[self.algo]((self.none_hash, tuple(ids), extra_keys)), "big") & _MASK64
+
+
+def hashed_extra_keys(keys: object) -> tuple[object, ...] | None:
+    """One block's extra keys from a ``BlockStored``'s ``extra_keys`` (msgpack arrays read as lists) as vLLM hashed
+    them: arrays as tuples, at any depth (a multimodal key is ``(identifier, offset)``); None stays None. Raises
+    ValueError for anything else (a map: not a form vLLM hashes)."""
+    if keys is None:
+        return None
+    if type(keys) is not list:
+        raise ValueError(f"extra keys must be an array or null, got {type(keys).__name__}")
+
+    def hashed(x: object) -> object:
+        if type(x) is list:
+            return tuple(hashed(y) for y in x)
+        if x is None or type(x) in (str, bytes, int, float, bool):
+            return x
+        raise ValueError(f"an extra key of type {type(x).__name__}")
+    return tuple(hashed(x) for x in keys)
+
+
 def _sglang_digests(ids: list[int], n: int, page: int) -> list[bytes]:
     """SGLang's chained page digests of ``ids[:n]`` (``n`` a multiple of ``page``; module docstring)."""
     out: list[bytes] = []

@@ -132,7 +132,10 @@ class BlockStored:
     node may be partial); ``block_size``: tokens per block for this event; ``lora_name``: the
     adapter (vLLM ≥ 0.14, SGLang ≥ 0.5.22); ``medium``: ``"GPU"``, ``"CPU"``, ``"CPU_PINNED"``,
     … (None before vLLM 0.10.2 / SGLang 0.5.10); ``group_idx``, ``kv_cache_spec_kind``: the
-    KV-cache group and its kind (vLLM ≥ 0.20 / ≥ 0.22).
+    KV-cache group and its kind (vLLM ≥ 0.20 / ≥ 0.22); ``extra_keys``: per block, the extra keys vLLM hashed it with
+    (vLLM ≥ 0.17: ``generate_block_hash_extra_keys``'s tuple, an adapter's name, the first block's ``cache_salt``,
+    multimodal and prompt-embeds keys, as msgpack decodes it: a list, or None for a block without any; None: not
+    sent).
     """
 
     block_hashes: tuple[BlockHash, ...]
@@ -143,6 +146,7 @@ class BlockStored:
     medium: str | None = None
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
+    extra_keys: tuple[object, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -238,16 +242,17 @@ def _check(v: object, types: tuple[type, ...], where: str, name: str, what: str)
 
 _STR_OR_NONE: Final = (str, type(None))
 _INT_OR_NONE: Final = (int, type(None))
+_LIST_OR_NONE: Final = (list, type(None))
 _new = object.__new__
 _set = object.__setattr__
 
 
 def _stored(i: int, hashes: object, parent: object, tokens: object, block_size: object, lora_name: object,
-            medium: object, group_idx: object, kind: object) -> BlockStored:
+            medium: object, group_idx: object, kind: object, extra: object) -> BlockStored:
     """A validated ``BlockStored`` (built without the dataclass ``__init__``: this is the hot path)."""
     if not (type(tokens) is list and type(block_size) is int and block_size >= 1
             and type(lora_name) in _STR_OR_NONE and type(medium) in _STR_OR_NONE
-            and type(group_idx) in _INT_OR_NONE and type(kind) in _STR_OR_NONE):
+            and type(group_idx) in _INT_OR_NONE and type(kind) in _STR_OR_NONE and type(extra) in _LIST_OR_NONE):
         w = _where(i, "BlockStored")
         _check(tokens, (list,), w, "token_ids", "an array")
         if type(block_size) is not int or block_size < 1:
@@ -256,6 +261,7 @@ def _stored(i: int, hashes: object, parent: object, tokens: object, block_size: 
         _check(medium, _STR_OR_NONE, w, "medium", "a string or null")
         _check(group_idx, _INT_OR_NONE, w, "group_idx", "an integer or null")
         _check(kind, _STR_OR_NONE, w, "kv_cache_spec_kind", "a string or null")
+        _check(extra, _LIST_OR_NONE, w, "extra_keys", "an array or null")
     if type(parent) is int:
         parent &= MASK64
     elif parent is not None and type(parent) is not bytes:
@@ -267,7 +273,8 @@ def _stored(i: int, hashes: object, parent: object, tokens: object, block_size: 
     ev = _new(BlockStored)
     _set(ev, "__dict__", {"block_hashes": _fast_hashes(hashes, i, "BlockStored"), "parent_block_hash": parent,
                           "token_ids": token_ids, "block_size": block_size, "lora_name": lora_name, "medium": medium,
-                          "group_idx": group_idx, "kv_cache_spec_kind": kind})
+                          "group_idx": group_idx, "kv_cache_spec_kind": kind,
+                          "extra_keys": tuple(extra) if type(extra) is list else None})
     return ev
 
 
@@ -288,9 +295,9 @@ def _stored_array(ev: list[object], i: int) -> BlockStored:
         raise KVEventError(f"KV-event batch {_where(i, 'BlockStored')}: an array of {n} elements; at least the tag, "
                            "block_hashes, parent_block_hash, token_ids and block_size are needed")
     if n > 10:  # vLLM 0.22/0.23 and anything newer that stayed positional
-        return _stored(i, ev[1], ev[2], ev[3], ev[4], ev[7], ev[6], ev[9], ev[10])
+        return _stored(i, ev[1], ev[2], ev[3], ev[4], ev[7], ev[6], ev[9], ev[10], ev[8])
     return _stored(i, ev[1], ev[2], ev[3], ev[4], ev[7] if n > 7 else None, ev[6] if n > 6 else None,
-                   ev[9] if n > 9 else None, None)
+                   ev[9] if n > 9 else None, None, ev[8] if n > 8 else None)
 
 
 def _stored_map(ev: dict[object, object], i: int) -> BlockStored:
@@ -300,7 +307,7 @@ def _stored_map(ev: dict[object, object], i: int) -> BlockStored:
     except KeyError as e:
         raise KVEventError(f"KV-event batch {_where(i, 'BlockStored')}: no {e.args[0]}") from None
     return _stored(i, hashes, get("parent_block_hash"), tokens, block_size, get("lora_name"), get("medium"),
-                   get("group_idx"), get("kv_cache_spec_kind"))
+                   get("group_idx"), get("kv_cache_spec_kind"), get("extra_keys"))
 
 
 def _removed_array(ev: list[object], i: int) -> BlockRemoved:

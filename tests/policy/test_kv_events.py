@@ -5,7 +5,9 @@ restarts, undecodable batches and failing callbacks. Live tests poll with a dead
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import pickle
 import sys
 import threading
 import time
@@ -94,7 +96,7 @@ def test_decode_vllm_0_22_positional_with_trailing_defaults():
     batch = decode_batch(bytes.fromhex(GOLDEN["0.22.0"]))
     assert batch.dp_rank == 0 and batch.unknown == 0
     stored, removed, cleared = batch.events
-    assert stored == BlockStored((H1, H2), None, tuple(range(1, 33)), 16, None, "GPU", 0, "full_attention")
+    assert stored == BlockStored((H1, H2), None, tuple(range(1, 33)), 16, None, "GPU", 0, "full_attention", (None, None))
     assert removed == BlockRemoved((H1,), "GPU", 0)
     assert cleared == AllBlocksCleared()
 
@@ -120,7 +122,7 @@ VLLM_VERSIONS = ["0.9.0", "0.9.1", "0.10.2", "0.13.0", "0.14.0", "0.17.0", "0.20
 def test_decode_every_vllm_layout(version):
     v = tuple(int(x) for x in version.split("."))
     events = [se.Stored([H1, b"\x01" * 32], H2, list(range(32)), 16, medium="CPU", lora_name="adapter-a", group_idx=1,
-                        kv_cache_spec_kind="full_attention"),
+                        kv_cache_spec_kind="full_attention", extra_keys=[["adapter-a", "salt"], ["adapter-a"]]),
               se.Removed([H1], medium="CPU", group_idx=1), se.Cleared()]
     batch = decode_batch(se.encode_batch(events, layout=se.vllm_layout(version), dp_rank=3))
     stored, removed, cleared = batch.events
@@ -130,6 +132,7 @@ def test_decode_every_vllm_layout(version):
     assert stored.lora_name == ("adapter-a" if v >= (0, 14) else None)
     assert stored.group_idx == (1 if v >= (0, 20) else None)
     assert stored.kv_cache_spec_kind == ("full_attention" if v >= (0, 22) else None)
+    assert stored.extra_keys == ((["adapter-a", "salt"], ["adapter-a"]) if v >= (0, 17) else None)
     assert removed == BlockRemoved((H1,), "CPU" if v >= (0, 10, 2) else None, 1 if v >= (0, 20) else None)
     assert cleared == AllBlocksCleared()
     assert batch.dp_rank == (3 if v >= (0, 9, 1) else None)
@@ -192,6 +195,7 @@ def test_positions_of_a_newer_release_are_ignored_and_missing_ones_are_none():
     (msgpack.packb([TS, [["BlockStored", [1], None, []]]]), "an array of 4 elements"),
     (msgpack.packb([TS, [["BlockStored", [1], "p", [], 16]]]), "parent_block_hash must be"),
     (msgpack.packb([TS, [["BlockStored", [1], None, [], 16, None, 5]]]), "medium must be a string"),
+    (msgpack.packb([TS, [["BlockStored", [1], None, [], 16, None, "GPU", None, "salt"]]]), "extra_keys must be an array"),
     (msgpack.packb([TS, [{"type": "BlockStored", "block_hashes": [1], "token_ids": []}]]), "no block_size"),
     (msgpack.packb([TS, [{"type": "BlockRemoved"}]]), "events[0] (BlockRemoved): no block_hashes"),
     (msgpack.packb([TS, [{"type": "BlockRemoved", "block_hashes": [1], "group_idx": "0"}]]), "group_idx must be an integer"),
@@ -201,6 +205,35 @@ def test_malformed_payloads_raise_kv_event_error(payload, fragment):
         decode_batch(payload)
     assert fragment in str(err.value)
     assert isinstance(err.value, PointsmanError)
+
+
+def test_a_first_block_is_checked_with_the_extra_keys_its_event_reports():
+    """vLLM >= 0.17 reports each block's extra keys (``generate_block_hash_extra_keys``): a chain's first block is
+    hashed with its own, msgpack arrays inside them as the tuples vLLM hashed (a multimodal key is ``(identifier,
+    offset)``), so it is checked exactly, and a first block whose keys differ from the hashed ones mismatches. Keys in
+    no form vLLM hashes (a map) and an adapter's block without keys (vLLM 0.14-0.16) are not checked. The expected
+    digests are vLLM's ``hash_block_tokens`` written out here: SHA-256 of the pickled (parent, tokens, keys)."""
+    from pointsman.estimator.model_source import bundled_model_dir
+    from pointsman.policy.fleet import TargetEvents
+    from pointsman.policy.signals.engine_cache import EngineCache
+
+    cache = EngineCache(TargetEvents(tokenizer=str(bundled_model_dir() / "tokenizer.json")), Path("/"))
+    tokens = list(range(100, 116))
+    none_hash = hashlib.sha256(pickle.dumps("vllm-none-hash", protocol=5)).digest()
+
+    def root(keys: object, hashed_with: tuple | None, lora_name: str | None = None) -> BlockStored:
+        digest = hashlib.sha256(pickle.dumps((none_hash, tuple(tokens), hashed_with), protocol=5)).digest()
+        raw = ["BlockStored", [se.as_event_hash(digest)], None, tokens, 16, None, "GPU", lora_name, keys, 0,
+               "full_attention"]
+        return decode_batch(msgpack.packb([TS, [raw], 0])).events[0]
+
+    image = (("9f3c-image", 3), "sql-lora", "tenant-a")
+    assert cache.check_root("a", root([[["9f3c-image", 3], "sql-lora", "tenant-a"]], image)) is True
+    assert cache.check_root("a", root([[["9f3c-image", 4], "sql-lora", "tenant-a"]], image)) is False
+    assert cache.check_root("a", root([None, ["sql-lora"]], None)) is True
+    assert cache.check_root("a", root([[{"name": "sql-lora"}]], ("sql-lora",))) is None
+    assert cache.check_root("a", root(None, ("sql-lora",), lora_name="sql-lora")) is None
+    assert cache.root_checks() == {"a": (3, 1)}
 
 
 def test_batch_size_is_bounded():
