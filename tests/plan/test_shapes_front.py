@@ -59,7 +59,7 @@ def test_floor_is_gpu_rent_idle_power_and_tier_dram() -> None:
     # exactly that a month; per 10^9 bytes it was 7.4% more (1.0737 x)
     assert kv_tier_usd_per_month(2**15, 2**15) == pytest.approx(0.004237 * HOURS_PER_MONTH, rel=1e-12)
     assert tier == pytest.approx(1_500_000 * 327680 / 2**30 * 0.004237 * HOURS_PER_MONTH, rel=1e-12)
-    assert space.floor_usd_per_month(space.base) == 18 * (2.5 + 1.275 * 0.1 * 0.1) * HOURS_PER_MONTH + tier
+    assert space.floor_usd_per_month(space.base) == 18 * 2.5 * HOURS_PER_MONTH + tier  # the GPU-hour price includes power
 
 
 def test_neighbors_are_valid_and_one_step_away() -> None:

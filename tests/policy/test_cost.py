@@ -27,15 +27,19 @@ def test_frontier_prompt_cache_needs_its_minimum_length(fleet):
 
 
 def test_onprem_gpu_seconds(fleet):
-    t = fleet.targets["onprem-8b"]  # 1 GPU, 55,200 prefill tok/s, 22,714 decode tok/s, $2.50/h + 1.275 kW x $0.10
+    t = fleet.targets["onprem-8b"]  # 1 GPU, 55,200 prefill tok/s, 22,714 decode tok/s, $2.50/h with its power
     c = estimate_cost("onprem-8b", t, "aggregated", 55200, 22714)
     assert c.prefill_gpu_s == pytest.approx(1.0)
     assert c.decode_gpu_s == pytest.approx(1.0)
-    assert c.usd == pytest.approx(2 * (2.50 + 1.275 * 0.10) / 3600)
+    assert c.usd == pytest.approx(2 * 2.50 / 3600)
+    # power on top for owned GPUs (usd_per_kwh): busy GPU-seconds x kW x $/kWh
+    owned = estimate_cost("onprem-8b", t.model_copy(update={"usd_per_kwh": 0.10}), "aggregated", 55200, 22714)
+    assert owned.usd == pytest.approx(2 * (2.50 + 1.275 * 0.10) / 3600)
 
 
 def test_disaggregated_uses_the_prefill_and_decode_pools(fleet):
-    t = fleet.targets["onprem-70b"]  # 2 GPUs per replica, 12,192 prefill tok/s, 6,651 decode tok/s
+    # 2 GPUs per replica, 12,192 prefill tok/s, 6,651 decode tok/s; power at $0.10/kWh, as for owned GPUs
+    t = fleet.targets["onprem-70b"].model_copy(update={"usd_per_kwh": 0.10})
     c = estimate_cost("onprem-70b", t, "disaggregated", 12192, 6651)
     assert (c.prefill_gpu_s, c.decode_gpu_s) == (pytest.approx(2.0), pytest.approx(2.0))
     assert c.usd == pytest.approx(4 * 2.6275 / 3600)

@@ -66,7 +66,7 @@ def test_decision_fields_and_json(fleet, policy):
     assert [f.to_dict() for f in d.fallbacks] == [{"target": "frontier-small", "model": "gpt-4o-mini-2024-07-18",
                                                    "base_url": "https://api.openai.com/v1", "mode": "aggregated"}]
     assert d.estimated_cost_usd == pytest.approx(
-        (4000 / 12192 * 2 + 100 / 6651 * 2) * (2.5 + 1.275 * 0.1) / 3600)
+        (4000 / 12192 * 2 + 100 / 6651 * 2) * 2.5 / 3600)
     assert d.policy_revision == policy.revision and d.fleet_revision == fleet.revision
     assert d.estimator_version == "fixed"
     assert set(d.timings_ms) == {"features", "estimator", "policy", "total"}
@@ -179,7 +179,7 @@ def test_prompt_longer_than_every_context_window(fleet, policy):
 
 
 def test_policy_must_match_the_fleet(fleet, policy):
-    other = parse_fleet(open(fleet.file).read().replace("usd_per_kwh: 0.10", "usd_per_kwh: 0.11", 1))
+    other = parse_fleet(open(fleet.file).read().replace("usd_per_kwh: 0.0", "usd_per_kwh: 0.11", 1))
     with pytest.raises(ValueError, match="compiled against fleet revision"):
         RoutingEngine(other, policy, FixedDifficulty(0.1))
 

@@ -152,8 +152,7 @@ def test_the_budget_ledger_books_the_escalated_calls(tmp_path):
     drafts.write_text("prompt_id,model,output\n" + "\n".join(
         f"ae{i:03d},{WEAK},\"{refusal}\"" for i in range(1, 806)) + "\n")
     fleet = tmp_path / "fleet.yaml"
-    fleet.write_text(DEFAULT_FLEET_PATH.read_text().replace("usd_per_gpu_hour: 2.50", "usd_per_gpu_hour: 0.0")
-                     .replace("usd_per_kwh: 0.10", "usd_per_kwh: 0.0"))
+    fleet.write_text(DEFAULT_FLEET_PATH.read_text().replace("usd_per_gpu_hour: 2.50", "usd_per_gpu_hour: 0.0"))
     budgets = tmp_path / "budgets.yaml"
     budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
                        "  - {scope: 'tenant:replay', window: day, limit_usd: 1000}\n")
@@ -225,8 +224,7 @@ def test_a_budget_limits_the_escalations_as_the_service_does(tmp_path_factory, l
     drafts.write_text("prompt_id,model,output\n" + "\n".join(
         f"ae{i:03d},{WEAK},\"{refusal}\"" for i in range(1, 806)) + "\n")
     fleet = tmp_path / "fleet.yaml"
-    fleet.write_text(DEFAULT_FLEET_PATH.read_text().replace("usd_per_gpu_hour: 2.50", "usd_per_gpu_hour: 0.0")
-                     .replace("usd_per_kwh: 0.10", "usd_per_kwh: 0.0"))
+    fleet.write_text(DEFAULT_FLEET_PATH.read_text().replace("usd_per_gpu_hour: 2.50", "usd_per_gpu_hour: 0.0"))
     budgets = tmp_path / "budgets.yaml"
     budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
                        f"  - {{scope: 'tenant:replay', window: day, limit_usd: {limit!r}}}\n")

@@ -52,9 +52,10 @@ def _spent_usd(c: TestClient, target: str) -> float:
 
 
 def _onprem_8b_usd(prompt_uncached: int, completion: int) -> float:
-    """onprem-8b in the default fleet at full utilization: GPU-seconds x ($2.50/GPU-h + 1.275 kW x $0.10/kWh)."""
+    """onprem-8b in the default fleet at full utilization: GPU-seconds x $2.50/GPU-h, a GPU cloud's price, which
+    includes the power (so no kWh on top)."""
     gpu_s = prompt_uncached / 55200 + completion / 22714
-    return gpu_s * (2.50 + 1.275 * 0.10) / 3600
+    return gpu_s * 2.50 / 3600
 
 
 # (shape, served target, usage as the provider sends it, USD by hand: tokens x $/1M)
