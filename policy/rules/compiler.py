@@ -6,7 +6,9 @@ raise ``PolicyError`` whose ``problems`` are ``file:line:col: code: message``, i
 order. Codes: ``yaml-syntax``, ``duplicate-key``, ``unknown-key``, ``missing-key``,
 ``invalid-value`` (schema); ``cel-syntax`` (located inside the YAML scalar),
 ``unknown-signal``, ``unknown-variable``, ``unknown-function``, ``type-error``,
-``not-boolean``, ``always-error``, ``null-inequality``, ``out-of-range`` (expressions); ``unknown-target``, ``unsupported-mode``,
+``not-boolean``, ``always-error``, ``null-inequality``, ``out-of-range``, ``non-canonical-string`` (a string
+literal beside ``request.tenant``, ``team``, ``session_id`` or ``slo_class`` that is not in ``request.canonical``
+form: those signals are, so it never equals them) (expressions); ``unknown-target``, ``unsupported-mode``,
 ``duplicate-fallback``, ``unknown-rule``, ``fallback-cycle``, ``duplicate-rule``,
 ``missing-default``, ``unreachable-rule`` (routing: a ``when`` that reads no signal, variable or ``cost()`` and
 is true, ``"1 == 1"``, is as unconditional as none); ``unknown-picker`` (endpoint selection);
@@ -44,6 +46,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import itertools
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -94,6 +97,7 @@ from pointsman.policy.signals.namespaces import (
     example_signals,
     relative_key,
 )
+from pointsman.request import canonical
 
 #: Packaged example policies (each with a sibling ``*.cases.yaml``).
 DEFAULT_POLICY_DIR = Path(__file__).parent.parent / "defaults" / "policies"
@@ -434,7 +438,18 @@ def _check_condition(ck: _Checker, i: int, source: str, variables: Mapping[str, 
         ck.add_at(path, offset, "null-inequality", problem)
     for offset, problem in _out_of_range(source, signals, variables):
         ck.add_at(path, offset, "out-of-range", problem)
+    names = [p for p in out.paths if p in _CANONICAL_SIGNALS]
+    for tok in tokenize(source) if names else ():
+        value = _string_value(tok.text) if tok.kind == "str" else None
+        if value is not None and canonical(value) != value:
+            ck.add_at(path, tok.offset, "non-canonical-string",
+                      f"{json.dumps(value)} is not in the form {', '.join(names)} is read in (NFC, without zero-width "
+                      f"or other invisible characters), so the two are never equal: write {json.dumps(canonical(value))}")
     return out
+
+
+#: Signals read in ``request.canonical`` form: a string literal compared with one must be in it too.
+_CANONICAL_SIGNALS = frozenset({"request.tenant", "request.team", "request.session_id", "request.slo_class"})
 
 
 _FLIPPED = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}

@@ -1,5 +1,6 @@
 """Policy compilation: every problem at once, located inside the YAML, with did-you-mean."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -734,3 +735,53 @@ def test_out_of_range_names_exactly_the_comparisons_no_fraction_decides(op, numb
     normal = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}[op] if flipped else op
     guard = (normal, float(number)) in ((">=", 0.0), ("<=", 1.0))
     assert bool(found) == (len(results) == 1 and not guard), (when, found)
+
+
+def test_a_tenant_literal_not_in_nfc_is_refused_not_a_rule_that_never_fires(tmp_path: Path) -> None:
+    """``request.tenant == "café"`` typed with a combining accent (or a zero-width space) was accepted by
+    ``policy check``, and the rule fired for no request: the service reads ``routing.tenant`` in its NFC form
+    without invisible characters, however the caller spells it. ``route --tenant`` with either spelling went to
+    the next rule. Now ``policy check`` refuses it, located at the literal, naming the form to write, which fires."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    def route(policy: Path, tenant: str) -> str:
+        res = CliRunner().invoke(main, ["route", "--policy", str(policy), "--tenant", tenant, "--json", "hi"])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.output)["rule"]
+
+    for literal, col in (("cafe\u0301", 29), ("ac\u200bme", 29)):
+        policy = tmp_path / "p.yaml"
+        policy.write_text(HEAD + f'rules:\n  - name: vip\n    when: request.tenant == "{literal}" && request.turns >= 1\n'
+                          "    route: {target: frontier-small}\n" + DEFAULT_RULE, encoding="utf-8")
+        res = CliRunner().invoke(main, ["policy", "check", str(policy)])
+        assert res.exit_code == 1, res.output
+        assert f"{policy}:5:{col}: non-canonical-string: {json.dumps(literal)} is not in the form request.tenant" in res.output
+        fixed = json.loads(res.output.rsplit("write ", 1)[1])
+        policy.write_text(policy.read_text(encoding="utf-8").replace(literal, fixed), encoding="utf-8")
+        assert CliRunner().invoke(main, ["policy", "check", str(policy)]).exit_code == 0
+        assert route(policy, literal) == route(policy, fixed) == "vip"
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.lists(st.sampled_from(["a", "e", "A", "\u0301", "\u030a", "\u00e9", "\u00c5", "\u200b", "\ufeff", "\u00ad",
+                                     "\u212b", "\u0065\u0301"]), min_size=1, max_size=5).map("".join),
+       field=st.sampled_from(["tenant", "team", "session_id", "slo_class"]))
+def test_a_routing_name_literal_that_compiles_matches_its_request(fleet, name: str, field: str) -> None:
+    """Whatever string a condition compares a routing name with: either ``policy check`` refuses it
+    (``non-canonical-string``) or the request naming it (read as the service reads it, ``canonical``) matches."""
+    from pointsman.policy.rules.evaluator import evaluate
+    from pointsman.policy.signals.namespaces import example_signals
+    from pointsman.request import canonical
+
+    text = HEAD + f"rules:\n  - name: r\n    when: 'request.{field} == {json.dumps(name)}'\n" \
+        "    route: {target: onprem-70b}\n" + DEFAULT_RULE
+    try:
+        policy = compile_policy(text, fleet, "p.yaml")
+    except PolicyError as exc:
+        assert [p.code for p in exc.problems] == ["non-canonical-string"], exc
+        return
+    signals = example_signals()
+    signals["request"][field] = canonical(name)
+    assert evaluate(policy, signals).rule.name == "r"
