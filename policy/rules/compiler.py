@@ -7,7 +7,7 @@ order. Codes: ``yaml-syntax``, ``duplicate-key``, ``unknown-key``, ``missing-key
 ``invalid-value`` (schema); ``cel-syntax`` (located inside the YAML scalar),
 ``unknown-signal``, ``unknown-variable``, ``unknown-function``, ``type-error``,
 ``not-boolean``, ``always-error``, ``null-inequality``, ``out-of-range``, ``non-canonical-string`` (a string
-literal beside ``request.tenant``, ``team``, ``session_id`` or ``slo_class`` that is not in ``request.canonical``
+literal or variable beside ``request.tenant``, ``team``, ``session_id`` or ``slo_class`` that is not in ``request.canonical``
 form: those signals are, so it never equals them) (expressions); ``unknown-target``, ``unsupported-mode``,
 ``duplicate-fallback``, ``unknown-rule``, ``fallback-cycle``, ``duplicate-rule``,
 ``missing-default``, ``unreachable-rule`` (routing: a ``when`` that reads no signal, variable or ``cost()`` and
@@ -439,12 +439,18 @@ def _check_condition(ck: _Checker, i: int, source: str, variables: Mapping[str, 
     for offset, problem in _out_of_range(source, signals, variables):
         ck.add_at(path, offset, "out-of-range", problem)
     names = [p for p in out.paths if p in _CANONICAL_SIGNALS]
-    for tok in tokenize(source) if names else ():
-        value = _string_value(tok.text) if tok.kind == "str" else None
-        if value is not None and canonical(value) != value:
-            ck.add_at(path, tok.offset, "non-canonical-string",
-                      f"{json.dumps(value)} is not in the form {', '.join(names)} is read in (NFC, without zero-width "
-                      f"or other invisible characters), so the two are never equal: write {json.dumps(canonical(value))}")
+    strings: list[tuple[int, str, str | None]] = [
+        (t.offset, v, None) for t in (tokenize(source) if names else ()) if t.kind == "str"
+        for v in (_string_value(t.text),) if v is not None]
+    strings += [(ref.offset, v, f"variables.{ref.field}") for ref in (found.refs if names else ()) if ref.root == "variables"
+                for value in (variables.get(ref.field or ""),)
+                for v in (value if isinstance(value, list) else [value]) if isinstance(v, str)]
+    for offset, value, held in strings:
+        if canonical(value) != value:
+            ck.add_at(path, offset, "non-canonical-string",
+                      f"{f'{held} holds ' if held else ''}{json.dumps(value)}, not in the form {', '.join(names)} is read "
+                      f"in (NFC, without zero-width or other invisible characters), so the two are never equal: write "
+                      f"{json.dumps(canonical(value))}")
     return out
 
 

@@ -757,7 +757,7 @@ def test_a_tenant_literal_not_in_nfc_is_refused_not_a_rule_that_never_fires(tmp_
                           "    route: {target: frontier-small}\n" + DEFAULT_RULE, encoding="utf-8")
         res = CliRunner().invoke(main, ["policy", "check", str(policy)])
         assert res.exit_code == 1, res.output
-        assert f"{policy}:5:{col}: non-canonical-string: {json.dumps(literal)} is not in the form request.tenant" in res.output
+        assert f"{policy}:5:{col}: non-canonical-string: {json.dumps(literal)}, not in the form request.tenant" in res.output
         fixed = json.loads(res.output.rsplit("write ", 1)[1])
         policy.write_text(policy.read_text(encoding="utf-8").replace(literal, fixed), encoding="utf-8")
         assert CliRunner().invoke(main, ["policy", "check", str(policy)]).exit_code == 0
@@ -767,16 +767,19 @@ def test_a_tenant_literal_not_in_nfc_is_refused_not_a_rule_that_never_fires(tmp_
 @settings(max_examples=60, deadline=None)
 @given(name=st.lists(st.sampled_from(["a", "e", "A", "\u0301", "\u030a", "\u00e9", "\u00c5", "\u200b", "\ufeff", "\u00ad",
                                      "\u212b", "\u0065\u0301"]), min_size=1, max_size=5).map("".join),
-       field=st.sampled_from(["tenant", "team", "session_id", "slo_class"]))
-def test_a_routing_name_literal_that_compiles_matches_its_request(fleet, name: str, field: str) -> None:
-    """Whatever string a condition compares a routing name with: either ``policy check`` refuses it
-    (``non-canonical-string``) or the request naming it (read as the service reads it, ``canonical``) matches."""
+       field=st.sampled_from(["tenant", "team", "session_id", "slo_class"]), held=st.sampled_from(["", "one", "list"]))
+def test_a_routing_name_literal_that_compiles_matches_its_request(fleet, name: str, field: str, held: str) -> None:
+    """Whatever string a condition compares a routing name with (a literal, or a variable holding it or a list
+    with it): either ``policy check`` refuses it (``non-canonical-string``) or the request naming it (read as the
+    service reads it, ``canonical``) matches."""
     from pointsman.policy.rules.evaluator import evaluate
     from pointsman.policy.signals.namespaces import example_signals
     from pointsman.request import canonical
 
-    text = HEAD + f"rules:\n  - name: r\n    when: 'request.{field} == {json.dumps(name)}'\n" \
-        "    route: {target: onprem-70b}\n" + DEFAULT_RULE
+    value = {"": json.dumps(name), "one": "variables.v", "list": "variables.v"}[held]
+    op = "in" if held == "list" else "=="
+    text = HEAD + f"variables: {{v: {json.dumps([name] if held == 'list' else name)}}}\n" \
+        f"rules:\n  - name: r\n    when: 'request.{field} {op} {value}'\n    route: {{target: onprem-70b}}\n" + DEFAULT_RULE
     try:
         policy = compile_policy(text, fleet, "p.yaml")
     except PolicyError as exc:
