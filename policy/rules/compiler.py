@@ -6,7 +6,7 @@ raise ``PolicyError`` whose ``problems`` are ``file:line:col: code: message``, i
 order. Codes: ``yaml-syntax``, ``duplicate-key``, ``unknown-key``, ``missing-key``,
 ``invalid-value`` (schema); ``cel-syntax`` (located inside the YAML scalar),
 ``unknown-signal``, ``unknown-variable``, ``unknown-function``, ``type-error``,
-``not-boolean``, ``always-error``, ``null-inequality``, ``out-of-range``, ``non-canonical-string`` (a string
+``not-boolean``, ``always-error``, ``null-inequality``, ``out-of-range``, ``integer-division``, ``non-canonical-string`` (a string
 literal or variable beside ``request.tenant``, ``team``, ``session_id`` or ``slo_class`` that is not in ``request.canonical``
 form: those signals are, so it never equals them) (expressions); ``unknown-target``, ``unsupported-mode``,
 ``duplicate-fallback``, ``unknown-rule``, ``fallback-cycle``, ``duplicate-rule``,
@@ -438,6 +438,8 @@ def _check_condition(ck: _Checker, i: int, source: str, variables: Mapping[str, 
         ck.add_at(path, offset, "null-inequality", problem)
     for offset, problem in _out_of_range(source, signals, variables):
         ck.add_at(path, offset, "out-of-range", problem)
+    for offset, problem in _integer_divisions(source, signals, variables):
+        ck.add_at(path, offset, "integer-division", problem)
     names = [p for p in out.paths if p in _CANONICAL_SIGNALS]
     strings: list[tuple[int, str, str | None]] = [
         (t.offset, v, None) for t in (tokenize(source) if names else ()) if t.kind == "str"
@@ -490,6 +492,47 @@ def _out_of_range(source: str, signals: Mapping[str, Namespace], variables: Mapp
                 shown = f'{keys[0]}["{keys[1]}"].{keys[2]}' if ns.shape == "by_target" else ".".join(keys)
                 out.append((other[0].offset, f"'{shown}' is in [0, 1]: '{op} {what} is {'never' if never else 'always'} "
                             "true (a threshold in percent? write it as a fraction)"))
+    return sorted(out)
+
+
+def _integer_divisions(source: str, signals: Mapping[str, Namespace],
+                       variables: Mapping[str, JSONValue]) -> list[tuple[int, str]]:
+    """Quotients of two ints (``request.prompt_tokens / 1000``: an int signal, literal or variable on each side)
+    compared with a number where CEL's truncating int division answers otherwise than the quotient would:
+    ``900 / 1000 >= 0.5`` is false (0 >= 0.5), ``1500 / 1000 > 1`` false, ``1500 / 1000 == 1`` true. Only ``>=``
+    and ``<`` with a whole number agree for every value (``x / 1000 >= 2`` is ``x >= 2000``). Each side of
+    the comparison must stand apart (``_APART``). Returns (character offset of the ``/``, message), in source order."""
+    def is_int(part: list[Token]) -> bool:
+        if len(part) == 1 and part[0].kind == "num":
+            return not any(c in part[0].text.lower() for c in ".eu") or part[0].text.lower().startswith("0x")
+        keys = _chain_keys(part)
+        if keys is None or len(keys) < 2:
+            return False
+        if keys[0] == "variables":
+            value = variables.get(keys[1])
+            return isinstance(value, int) and not isinstance(value, bool)
+        ns = signals.get(keys[0])
+        name = keys[2] if ns is not None and ns.shape == "by_target" and len(keys) == 3 else keys[1]
+        signal = ns.fields.get(name) if ns is not None and ns.fields else None
+        return signal is not None and signal.type == "int"
+
+    tokens = tokenize(source)
+    out: list[tuple[int, str]] = []
+    for i, tok in enumerate(tokens):
+        if tok.text not in _FLIPPED and tok.text not in ("==", "!="):
+            continue
+        left, right = _operand(tokens, i, -1), _operand(tokens, i, 1)
+        for side, other, op in ((left, right, tok.text), (right, left, _FLIPPED.get(tok.text, tok.text))):
+            slashes = [k for k, t in enumerate(side) if t.text == "/"]
+            number, what = _number(other, variables)
+            if len(slashes) != 1 or number is None or (number.is_integer() and op in (">=", "<")):
+                continue
+            k = slashes[0]
+            if is_int(side[:k]) and is_int(side[k + 1:]):
+                text = source[side[0].offset:side[-1].offset + len(side[-1].text)]
+                out.append((side[k].offset, f"'{text}' divides two ints, which truncates (1500 / 1000 is 1), so "
+                            f"'{op} {what} is not what it says of the quotient: write double(...) / ... (or compare "
+                            "the product: x >= 500 for x / 1000 >= 0.5)"))
     return sorted(out)
 
 

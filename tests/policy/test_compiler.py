@@ -788,3 +788,57 @@ def test_a_routing_name_literal_that_compiles_matches_its_request(fleet, name: s
     signals = example_signals()
     signals["request"][field] = canonical(name)
     assert evaluate(policy, signals).rule.name == "r"
+
+
+def test_a_truncating_int_division_is_refused_not_a_rule_that_never_fires(tmp_path: Path) -> None:
+    """``request.prompt_tokens / 1000 >= 0.5`` ("half a k tokens") passed ``policy check`` and fired for no prompt
+    under 1,000 tokens: CEL divides two ints as ints (900 / 1000 is 0). Its cases file said so only for the case
+    that tried it. Now ``policy check`` refuses it at the ``/``; the double division it suggests fires at 900."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    policy = tmp_path / "p.yaml"
+    policy.write_text(HEAD + "rules:\n  - name: long\n    when: request.prompt_tokens / 1000 >= 0.5\n"
+                      "    route: {target: frontier-small}\n" + DEFAULT_RULE)
+    res = CliRunner().invoke(main, ["policy", "check", str(policy)])
+    assert res.exit_code == 1, res.output
+    assert f"{policy}:5:33: integer-division: 'request.prompt_tokens / 1000' divides two ints" in res.output, res.output
+    (tmp_path / "p.cases.yaml").write_text("apiVersion: pointsman/v1\nkind: PolicyCases\npolicy: p.yaml\ncases:\n"
+                                           "  - name: 900 tokens\n    signals: {request: {prompt_tokens: 900}}\n"
+                                           "    expect: {rule: long}\n")
+    policy.write_text(policy.read_text().replace("request.prompt_tokens / 1000", "double(request.prompt_tokens) / 1000.0"))
+    assert CliRunner().invoke(main, ["policy", "check", str(policy)]).exit_code == 0
+    res = CliRunner().invoke(main, ["policy", "test", str(tmp_path / "p.cases.yaml")])
+    assert res.exit_code == 0 and "1 passed" in res.output, res.output
+
+
+@settings(max_examples=80, deadline=None)
+@given(tokens=st.integers(0, 10**6), divisor=st.integers(1, 5000), offset=st.sampled_from([0, 1, -1, 0.5, 0.25, 0.75, -0.5]),
+       op=st.sampled_from(["<", "<=", ">", ">=", "==", "!="]), flipped=st.booleans(), held=st.booleans())
+def test_a_quotient_that_compiles_compares_as_the_quotient(fleet, tokens: int, divisor: int, offset: float, op: str,
+                                                          flipped: bool, held: bool) -> None:
+    """A condition comparing an int quotient with a number (near the quotient: the truncated one plus ``offset``)
+    either is refused (``integer-division``) or fires exactly when the quotient, as a real number, compares so
+    (a divisor held in a variable alike)."""
+    from fractions import Fraction
+
+    from pointsman.policy.rules.evaluator import evaluate
+    from pointsman.policy.signals.namespaces import example_signals
+
+    threshold = tokens // divisor + offset
+    quotient = f"request.prompt_tokens / {'variables.d' if held else divisor}"
+    flip = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
+    cond = f"{threshold!r} {flip.get(op, op)} {quotient}" if flipped else f"{quotient} {op} {threshold!r}"
+    text = HEAD + f"variables: {{d: {divisor}}}\nrules:\n  - name: r\n    when: '{cond}'\n    route: {{target: onprem-70b}}\n" \
+        + DEFAULT_RULE
+    try:
+        policy = compile_policy(text, fleet, "p.yaml")
+    except PolicyError as exc:
+        assert {p.code for p in exc.problems} == {"integer-division"}, exc
+        return
+    signals = example_signals()
+    signals["request"]["prompt_tokens"] = tokens
+    real = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
+            "==": lambda a, b: a == b, "!=": lambda a, b: a != b}[op](Fraction(tokens, divisor), Fraction(threshold))
+    assert (evaluate(policy, signals).rule.name == "r") == real, cond
