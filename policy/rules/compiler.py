@@ -420,6 +420,19 @@ def _check_condition(ck: _Checker, i: int, source: str, variables: Mapping[str, 
             ok = False
             ck.add_at(path, call.offset, "unknown-function",
                       f"unknown function '{call.name}'{did_you_mean(call.name, known_functions)}")
+    toks = tokenize(source)
+    for j, tok in enumerate(toks[:-5]):  # load[variables.X], predict[variables.X], cost(variables.X): X a target
+        close = {"load": "]", "predict": "]", "cost": ")"}.get(tok.text)
+        name = toks[j + 4].text
+        if close is None or [t.text for t in toks[j + 1:j + 6]] != ["[" if close == "]" else "(", "variables", ".", name, close] \
+                or name not in variables:
+            continue
+        value = variables[name]
+        if not isinstance(value, str) or value not in targets:
+            ok = False
+            shown = f"{tok.text}[variables.{name}]" if close == "]" else f"cost(variables.{name})"
+            ck.add_at(path, toks[j + 4].offset, "unknown-target", f"variables.{name} holds {json.dumps(value)}, not a "
+                      f"target of the fleet, so {shown} fails on every request{did_you_mean(str(value), targets)}")
     out.paths = tuple(dict.fromkeys(paths))
     out.calls = tuple(dict.fromkeys(calls))
     if not ok:

@@ -842,3 +842,48 @@ def test_a_quotient_that_compiles_compares_as_the_quotient(fleet, tokens: int, d
     real = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
             "==": lambda a, b: a == b, "!=": lambda a, b: a != b}[op](Fraction(tokens, divisor), Fraction(threshold))
     assert (evaluate(policy, signals).rule.name == "r") == real, cond
+
+
+def test_a_variable_naming_no_target_is_refused_where_it_keys_a_signal(tmp_path: Path) -> None:
+    """``load[variables.tier]`` or ``cost(variables.tier)`` with ``tier: onprem-7b`` (a typo) passed ``policy check``
+    whenever another side of an ``||`` let the probes match: that side fired, this one failed on every request,
+    skipped without a word. Now ``unknown-target`` at the variable's name, with a did-you-mean."""
+    from click.testing import CliRunner
+
+    from pointsman.cli.main import main
+
+    policy = tmp_path / "p.yaml"
+    policy.write_text(HEAD + 'variables: {tier: onprem-7b, paid: frontier-smal}\nrules:\n  - name: busy\n'
+                      "    when: load[variables.tier].outstanding_requests > 5 || cost(variables.paid) < 0.001 || request.turns > 3\n"
+                      "    route: {target: frontier-small}\n" + DEFAULT_RULE)
+    res = CliRunner().invoke(main, ["policy", "check", str(policy)])
+    assert res.exit_code == 1, res.output
+    assert f"{policy}:6:26: unknown-target: variables.tier holds \"onprem-7b\", not a target of the fleet, so " \
+           "load[variables.tier] fails on every request; did you mean 'onprem-70b'?" in res.output, res.output
+    assert f"{policy}:6:75: unknown-target: variables.paid holds \"frontier-smal\"" in res.output, res.output
+    policy.write_text(policy.read_text().replace("onprem-7b,", "onprem-70b,").replace("frontier-smal}", "frontier-small}"))
+    assert CliRunner().invoke(main, ["policy", "check", str(policy)]).exit_code == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(value=st.sampled_from(["onprem-70b", "onprem-7b", "onprem-8b", "frontier-small", "frontier-smal", "Frontier-large",
+                              "frontier-large", "", 3]),
+       read=st.sampled_from(["load[variables.t].outstanding_requests >= 0", "cost(variables.t) >= 0.0",
+                             "predict[variables.t].tpot_s >= 0.0"]))
+def test_a_target_variable_that_compiles_keys_a_signal(fleet, value: object, read: str) -> None:
+    """A variable keying ``load[]``, ``predict[]`` or ``cost()`` either is refused (``unknown-target``) or reads a
+    value: the rule fires on a typical request (where it would have been skipped, an error, on every one)."""
+    from pointsman.estimator.estimate import FixedDifficulty
+    from pointsman.policy.engine import RoutingEngine
+    from pointsman.request import parse_route_request
+
+    text = HEAD + f"variables: {{t: {json.dumps(value)}}}\nrules:\n  - name: r\n    when: '{read} || request.turns > 3'\n" \
+        "    route: {target: onprem-70b}\n" + DEFAULT_RULE
+    try:
+        policy = compile_policy(text, fleet, "p.yaml")
+    except PolicyError as exc:
+        assert {p.code for p in exc.problems} == {"unknown-target"}, exc
+        return
+    engine = RoutingEngine(fleet, policy, FixedDifficulty(0.3))
+    decision = engine.route(parse_route_request({"messages": [{"role": "user", "content": "hi"}]}), dispatch=False)
+    assert decision.rule == "r", decision
