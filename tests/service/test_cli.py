@@ -505,13 +505,14 @@ def test_policy_check_refuses_an_equality_that_can_never_hold(tmp_path: Path):
 
 
 def test_policy_check_refuses_a_condition_that_fails_on_every_request(tmp_path: Path):
-    """``request.prompt_tokens / 0 > 1`` passed ``policy check`` as ok, yet it raises on every request
+    """``request.prompt_tokens / 0 >= 2`` passed ``policy check`` as ok, yet it raises on every request
     (division by zero), so the rule was skipped each time and never fired; a condition that fails on only
-    one probe (a division by an idle queue's 0) stays ok, its error being data-dependent."""
+    one probe (a division by an idle queue's 0) stays ok, its error being data-dependent. (``>= 2``: an int
+    quotient compared so reads as the quotient would, else ``integer-division`` is reported too.)"""
     path = tmp_path / "p.yaml"
     path.write_text("apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n"
-                    "  - name: never\n    when: 'request.prompt_tokens / 0 > 1'\n    route: {target: frontier-large}\n"
-                    "  - name: busy\n    when: 'request.prompt_tokens / load[\"onprem-70b\"].num_requests_waiting > 1'\n"
+                    "  - name: never\n    when: 'request.prompt_tokens / 0 >= 2'\n    route: {target: frontier-large}\n"
+                    "  - name: busy\n    when: 'request.prompt_tokens / load[\"onprem-70b\"].num_requests_waiting >= 2'\n"
                     "    route: {target: frontier-small}\n"
                     "  - name: default\n    route: {target: onprem-8b}\n")
     r = CliRunner().invoke(main, ["policy", "check", str(path)])
