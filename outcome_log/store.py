@@ -52,6 +52,7 @@ Tables::
                   escalation_target, estimated_cost_usd, features JSON, draft_text)
     unsettled(outcome_id PK, outcome JSON)
     forwards(outcome_id PK, inbox, outcome JSON, received_s, sent, sent_s)
+    fleet_revisions(revision PK, kinds JSON {target: kind})
 
 ``unsettled`` holds the outcomes stored (or forwarded: kept in ``forwards``) but not yet settled that no
 gateway resends (ext_proc records them itself): written in the transaction that stores the outcome, deleted
@@ -187,6 +188,7 @@ CREATE TABLE IF NOT EXISTS verifications (
     features TEXT NOT NULL,
     draft_text TEXT
 );
+CREATE TABLE IF NOT EXISTS fleet_revisions (revision TEXT PRIMARY KEY, kinds TEXT NOT NULL);
 """
 
 _DECISION_COLUMNS = (
@@ -336,7 +338,7 @@ class _WalKeeper:
 #: Tables of Pointsman's own SQLite files that may share a file with the outcome log (the budget ledger's).
 _OWN_TABLE_PREFIXES = ("budget_", "journal")
 #: The outcome log's own tables (``_SCHEMA``).
-_OWN_TABLES = frozenset({"meta", "decisions", "outcomes", "verifications", "unsettled", "forwards"})
+_OWN_TABLES = frozenset({"meta", "decisions", "outcomes", "verifications", "unsettled", "forwards", "fleet_revisions"})
 
 
 def foreign_tables(path: Path) -> list[str]:
@@ -622,6 +624,18 @@ class OutcomeLog:
         except sqlite3.Error:
             return 0, 0.0
         return int(n), (max(0.0, now_s - float(oldest)) if oldest is not None else 0.0)
+
+    def record_fleet(self, revision: str, kinds: Mapping[str, str]) -> None:
+        """Keep the target kinds (``{target: "onprem" | "frontier"}``) of fleet ``revision``, once (a revision
+        already kept is left as is): what the labels read a decision's strong tier from. Raises ``DataError``."""
+        with self._write(durable=False) as conn:
+            conn.execute("INSERT OR IGNORE INTO fleet_revisions(revision, kinds) VALUES (?, ?)",
+                         (revision, json.dumps(dict(kinds), sort_keys=True)))
+
+    def fleet_kinds(self) -> dict[str, dict[str, str]]:
+        """The kept fleet revisions: ``{revision: {target: kind}}``."""
+        with self._reader() as conn:
+            return {str(r[0]): json.loads(r[1]) for r in conn.execute("SELECT revision, kinds FROM fleet_revisions")}
 
     def append_verification(self, decision_id: str, *, time_s: float, action: str, rule: str, p_bad: float,
                             verifier: str, features: Mapping[str, object], escalation_id: str | None = None,

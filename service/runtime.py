@@ -34,6 +34,7 @@ from pointsman.estimator.verifier import HeuristicVerifier, Verifier, load_verif
 from pointsman.outcome_log.store import OutcomeLog
 from pointsman.policy.budget.journal import DEFAULT_JOURNAL_NAME, SpendJournal
 from pointsman.policy.engine import RoutingEngine
+from pointsman.policy.fleet import Fleet
 from pointsman.policy.signals.shared_state import RedisSync, StateSync
 from pointsman.service.bootstrap import build_engine, load_estimator
 from pointsman.service.budgets_reload import reload_budgets, watch_budgets
@@ -122,9 +123,11 @@ class Runtime:
         self.metrics.model_swaps.labels("ok" if result.ok else "error").inc()
 
     def record_fleet_reload(self, result: ReloadResult) -> None:
-        """Metrics hook of fleet reloads."""
+        """Metrics hook of fleet reloads; a fleet reloaded is kept in the outcome log (``keep_fleet``)."""
         label = "rejected" if not result.ok else ("ok" if result.changed else "unchanged")
         self.metrics.fleet_reloads.labels(label, result.source).inc()
+        if result.changed:
+            keep_fleet(self.outcome_log, self.live.engine.fleet)
 
     def record_budgets_reload(self, result: ReloadResult) -> None:
         """Metrics hook of budgets file reloads."""
@@ -291,6 +294,7 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
     def on_log(result: str, n: int) -> None:
         metrics.decision_log.labels(result).inc(n)
 
+    keep_fleet(outcome_log, engine.fleet)
     writer = DecisionLogWriter(outcome_log, flush_interval_s=settings.decision_log_flush_ms / 1000.0,
                                max_queue=settings.decision_log_queue, on_result=on_log).start()
     rt = Runtime(settings, LiveEngine(engine, estimator_error), metrics, outcome_log, writer, owns_engine,
@@ -311,6 +315,16 @@ def build_runtime(settings: Settings, engine: RoutingEngine | None = None, *, ow
         rt.relay = VerifyRelay.for_sync(sync, lambda decision_id: rt.cascade.get(decision_id) is not None,
                                         lambda body: answer_verify(rt, body)).start()
     return rt
+
+
+def keep_fleet(outcome_log: OutcomeLog, fleet: Fleet) -> None:
+    """Keep ``fleet``'s target kinds under its revision in the outcome log (``OutcomeLog.record_fleet``), where the
+    labels read which targets were frontier when a decision was made; a failed write is logged, not raised (those
+    decisions are labelled by the fleet of training time, as before)."""
+    try:
+        outcome_log.record_fleet(fleet.revision, {name: t.kind for name, t in fleet.targets.items()})
+    except DataError as exc:
+        log.warning("fleet revision %s not kept in the outcome log (%s)", fleet.revision, exc)
 
 
 def send_forwards(outcome_log: OutcomeLog, sync: StateSync, outcomes: list[tuple[str, str, str]],
