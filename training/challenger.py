@@ -52,7 +52,7 @@ from pointsman.training.model_dir import (
     rounded,
     write_model_dir,
 )
-from pointsman.training.outcome_labels import LabelRules, rules_as_params
+from pointsman.training.outcome_labels import LabelRules, StrongTier, rules_as_params
 from pointsman.training.recipe import TrainConfig
 from pointsman.training.sanity import suite_requests
 from pointsman.training.warm_start import PRIOR_HALF_N, PriorRows, prior_rows, prior_weight
@@ -190,12 +190,12 @@ def load_prior(cfg: ChallengerConfig, base: DifficultyEstimator,
         return None, str(exc)
 
 
-def logged_frontier_share(log: OutcomeLog, strong: frozenset[str], since_s: float | None = None,
+def logged_frontier_share(log: OutcomeLog, strong: StrongTier, since_s: float | None = None,
                           until_s: float | None = None) -> float:
-    """Share (0-1) of logged decisions in the window whose target is a strong-tier target (0.2
-    when the window is empty)."""
-    targets = [d.target for d in log.joined(since_s=since_s, until_s=until_s)]
-    return float(np.mean([t in strong for t in targets])) if targets else 0.2
+    """Share (0-1) of logged decisions in the window whose target is a strong-tier target (``strong.of`` the
+    decision; 0.2 when the window is empty)."""
+    hits = [d.target in strong.of(d) for d in log.joined(since_s=since_s, until_s=until_s)]
+    return float(np.mean(hits)) if hits else 0.2
 
 
 def train_challenger(
@@ -229,6 +229,9 @@ def train_challenger(
            f"{hm.from_log} logged head inputs, {hm.reembedded} re-embedded from stored prompts, "
            f"{hm.unusable} unusable (no head input in this model's feature space: another encoder, or "
            f"the estimate failed or timed out; and no stored prompt text); skipped {ex.skipped}")
+    if ex.by_today_fleet:
+        log_fn(f"{ex.by_today_fleet} labeled decisions by today's fleet's frontier targets: their fleet revision is "
+               "not kept in the log (written before it kept them)")
     rows = ex.subset(hm.rows)
     hold = holdout_mask(rows.group, cfg.holdout_folds, cfg.holdout_fold, cfg.seed)
     suite = suite_requests(rows.group)  # promote's own check: never learned
@@ -281,9 +284,8 @@ def train_challenger(
 
     trained_keys = sorted(set(rows.group[train_m].astype(str)))
     trained_text = "".join(f"{k}\n" for k in trained_keys)
-    strong = rules.strong_set(fleet)
     share = cfg.frontier_share if cfg.frontier_share is not None else logged_frontier_share(
-        log, strong, cfg.since_s, cfg.until_s)
+        log, rules.strong_tier(fleet, log.fleet_kinds()), cfg.since_s, cfg.until_s)
     window = f"[{_iso(cfg.since_s)}, {_iso(cfg.until_s)})"
     training = OutcomeLogTraining(
         source="outcome-log",

@@ -42,7 +42,8 @@ class LoggedExamples:
     ``p_hard_logged`` (p_hard at decision time, NaN when unavailable), ``estimator_version``,
     ``feature_space`` (of ``head_input``, None without one), ``head_input`` (float32 (d,) or None),
     ``features`` (``RequestFeatures`` with ``query_text`` = stored prompt text or ''),
-    ``has_text``; ``skipped``: decisions left out, by reason.
+    ``has_text``; ``skipped``: decisions left out, by reason; ``by_today_fleet``: decisions whose fleet revision
+    the log did not keep (written before it kept them), labelled with today's fleet's frontier targets.
     """
 
     decision_id: np.ndarray
@@ -59,6 +60,7 @@ class LoggedExamples:
     features: list[RequestFeatures]
     has_text: np.ndarray
     skipped: dict[str, int] = field(default_factory=dict)
+    by_today_fleet: int = 0
 
     def __len__(self) -> int:
         return len(self.y)
@@ -70,7 +72,8 @@ class LoggedExamples:
                                                     "strong_score", "signal", "p_hard_logged", "estimator_version",
                                                     "feature_space", "has_text")}
         return LoggedExamples(**arrays, head_input=[self.head_input[i] for i in idx],
-                              features=[self.features[i] for i in idx], skipped=dict(self.skipped))
+                              features=[self.features[i] for i in idx], skipped=dict(self.skipped),
+                              by_today_fleet=self.by_today_fleet)
 
     def signal_counts(self) -> dict[str, int]:
         """Rows per deciding label signal."""
@@ -87,10 +90,11 @@ def logged_examples(
     until_s: float | None = None,
 ) -> LoggedExamples:
     """Every decision in ``[since_s, until_s)`` with at least one outcome, labeled by ``rules``
-    (``fleet`` tells the frontier tier apart unless ``rules.strong_targets`` is set). Decisions
+    (the frontier tier: ``rules.strong_targets``, else the kinds of the fleet it was decided on, kept in the log,
+    else ``fleet``'s). Decisions
     without a label are counted in ``skipped["no_label"]``. Raises ``DataError`` when the log has
     no labeled decision in the window."""
-    strong = rules.strong_set(fleet)
+    tier = rules.strong_tier(fleet, log.fleet_kinds())
     ids: list[str] = []
     times: list[float] = []
     groups: list[str] = []
@@ -106,7 +110,7 @@ def logged_examples(
     feats: list[RequestFeatures] = []
     skipped = {"no_label": 0, "bad_features": 0}
     for d in log.joined(since_s=since_s, until_s=until_s, with_outcomes_only=True):
-        label = label_decision(d, rules, strong)
+        label = label_decision(d, rules, tier.of(d))
         if label is None:
             skipped["no_label"] += 1
             continue
@@ -139,7 +143,8 @@ def logged_examples(
         weak_score=np.asarray(weak, dtype=np.float64), strong_score=np.asarray(strong_scores, dtype=np.float64),
         signal=np.asarray(signals, dtype=object), p_hard_logged=np.asarray(p_logged, dtype=np.float64),
         estimator_version=np.asarray(versions, dtype=object), feature_space=np.asarray(spaces, dtype=object),
-        head_input=vectors, features=feats, has_text=np.asarray(has_text, dtype=bool), skipped=skipped)
+        head_input=vectors, features=feats, has_text=np.asarray(has_text, dtype=bool), skipped=skipped,
+        by_today_fleet=len(tier.fell_back))
 
 
 def holdout_mask(groups: np.ndarray, n_folds: int = 5, fold: int = 0, seed: int = 0) -> np.ndarray:

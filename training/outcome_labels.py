@@ -2,7 +2,8 @@
 
 ``p_hard`` is the probability that the cheaper tier's answer is worse than the frontier
 tier's. A logged decision has outcomes (``outcome_log``), each served by a fleet
-target: the *strong* tier (by default every target of kind ``frontier`` in the fleet) or
+target: the *strong* tier (by default every target of kind ``frontier`` in the fleet the decision was made on,
+kept in the log per fleet revision; today's fleet for a revision it did not keep) or
 the *weak* tier (every other target). The label of a decision comes from the first
 signal in ``LabelRules.signals`` that has data (``label_decision``):
 
@@ -40,7 +41,7 @@ YAML file with any subset of the fields (unknown keys are errors).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -87,14 +88,40 @@ class LabelRules(BaseModel):
     weak_models: tuple[str, ...] | None = None
     strong_models: tuple[str, ...] | None = None
 
-    def strong_set(self, fleet: Fleet | None) -> frozenset[str]:
-        """The strong-tier target names: ``strong_targets``, else the fleet's frontier targets.
-        Raises ``DataError`` when neither is available."""
+    def strong_tier(self, fleet: Fleet | None, kinds: Mapping[str, Mapping[str, str]] | None = None) -> StrongTier:
+        """Which targets are the strong tier for each decision: ``strong_targets`` for all; else the targets of kind
+        ``frontier`` in the fleet the decision was made on (``kinds``: ``{fleet_revision: {target: kind}}``,
+        ``OutcomeLog.fleet_kinds()``), ``fleet`` (today's) for a revision not there. Raises ``DataError`` when neither
+        ``strong_targets`` nor ``fleet`` is given."""
         if self.strong_targets is not None:
-            return frozenset(self.strong_targets)
+            return StrongTier(frozenset(self.strong_targets), None)
         if fleet is None:
             raise DataError("label rules need strong_targets or a fleet to tell the frontier tier apart")
-        return frozenset(name for name, t in fleet.targets.items() if getattr(t, "kind", None) == "frontier")
+        today = frozenset(name for name, t in fleet.targets.items() if t.kind == "frontier")
+        by_revision = {rev: frozenset(t for t, kind in k.items() if kind == "frontier") for rev, k in (kinds or {}).items()}
+        return StrongTier(today, by_revision)
+
+
+class StrongTier:
+    """The strong-tier target names of each logged decision (``LabelRules.strong_tier``): ``of(decision)`` reads
+    them from ``by_revision`` by the decision's ``fleet_revision``, else ``today`` (for every decision when
+    ``by_revision`` is None: the rules name the targets); ``fell_back`` holds the ids of the decisions whose
+    revision was not kept (a log written before fleet revisions were), labelled by ``today``."""
+
+    def __init__(self, today: frozenset[str], by_revision: Mapping[str, frozenset[str]] | None) -> None:
+        self.today = today
+        self.by_revision = by_revision
+        self.fell_back: set[str] = set()
+
+    def of(self, decision: LoggedDecision) -> frozenset[str]:
+        """The strong-tier targets of ``decision``."""
+        if self.by_revision is None:
+            return self.today
+        got = self.by_revision.get(decision.fleet_revision or "")
+        if got is None:
+            self.fell_back.add(decision.decision_id)
+            return self.today
+        return got
 
 
 def load_label_rules(path: str | Path | None) -> LabelRules:
@@ -194,8 +221,8 @@ def _shares(values: Sequence[float], signal: str) -> OutcomeLabel | None:
 
 def label_decision(decision: LoggedDecision, rules: LabelRules, strong_targets: frozenset[str]) -> OutcomeLabel | None:
     """The label of one logged decision by ``rules`` (first signal in ``rules.signals`` with
-    data), or None when its outcomes carry no usable signal. ``strong_targets``:
-    ``rules.strong_set(fleet)``."""
+    data), or None when its outcomes carry no usable signal. ``strong_targets``: the strong-tier
+    target names (``rules.strong_tier(fleet, kinds).of(decision)``)."""
     weak, strong = _split(decision, rules, strong_targets)
     if not weak:
         return None

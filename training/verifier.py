@@ -83,11 +83,11 @@ def logged_examples(log: OutcomeLog, fleet: Fleet, rules: LabelRules | None = No
     tier's judged or rated answers, e.g. a shadow outcome of the draft with a judge score);
     ``y`` is 1.0 where the label says the weak tier fell short (> 0.5). Raises ``DataError``."""
     rules = rules or LabelRules()
-    strong = rules.strong_set(fleet)
+    tier = rules.strong_tier(fleet, log.fleet_kinds())
     xs, ys = [], []
     for row in log.verifications():
         decision = log.decision(str(row["decision_id"]))
-        label = None if decision is None else label_decision(decision, rules, strong)
+        label = None if decision is None else label_decision(decision, rules, tier.of(decision))
         features = row["features"]
         if label is None or not isinstance(features, dict):
             continue

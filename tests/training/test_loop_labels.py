@@ -87,10 +87,12 @@ def test_signal_priority_and_frontier_only_decisions():
 
 def test_strong_targets_come_from_the_fleet_or_the_rules():
     fleet = load_fleet()
-    assert LabelRules().strong_set(fleet) == STRONG
-    assert LabelRules(strong_targets=("onprem-70b",)).strong_set(None) == frozenset({"onprem-70b"})
+    d = decision()
+    assert LabelRules().strong_tier(fleet).of(d) == STRONG
+    assert LabelRules().strong_tier(fleet, {"f": {"onprem-8b": "frontier"}}).of(d) == frozenset({"onprem-8b"})
+    assert LabelRules(strong_targets=("onprem-70b",)).strong_tier(None).of(d) == frozenset({"onprem-70b"})
     with pytest.raises(DataError, match="strong_targets or a fleet"):
-        LabelRules().strong_set(None)
+        LabelRules().strong_tier(None)
 
 
 def test_yaml_rules_and_their_errors(tmp_path):
