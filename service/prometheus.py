@@ -13,6 +13,8 @@ Counted as things happen (``ServiceMetrics``):
 ``pointsman_p_hard``                             histogram of ``p_hard`` (decisions with an estimate)
 ``pointsman_budget_reserved_usd_total{target}``  estimated cost of decisions, USD (held on their budgets where one applies)
 ``pointsman_budget_spend_usd_total{target}``     actual cost settled by outcomes, USD
+``pointsman_shadow_spend_usd_total{target}``     cost of shadow outcomes' usage (evaluation answers), USD: stored
+                                                 here, priced on their ``served_target``, in no budget
 ``pointsman_outcomes_total{status}``             outcomes by acknowledgement (stored, duplicate, conflict,
                                                  unknown_decision, invalid)
 ``pointsman_verifications_total{action}``        drafts verified by ``POST /v1/verify``: ``accept``, ``escalate``
@@ -156,6 +158,8 @@ class ServiceMetrics:
                                         "owner's log stored them within FORWARD_KEEP_S.", registry=r)
         self.spend_usd = Counter("pointsman_budget_spend_usd", "Actual cost settled by outcomes, USD.", ["target"],
                                  registry=r)
+        self.shadow_spend_usd = Counter("pointsman_shadow_spend_usd", "Cost of shadow outcomes' usage stored here "
+                                        "(evaluation answers, in no budget), USD.", ["target"], registry=r)
         self.outcomes = Counter("pointsman_outcomes", "Outcomes by acknowledgement status.", ["status"], registry=r)
         self.verifications = Counter("pointsman_verifications", "Drafts verified (POST /v1/verify), by action.",
                                      ["action"], registry=r)
@@ -211,6 +215,14 @@ class ServiceMetrics:
         replayed one is not counted again."""
         if not settled.replayed and settled.actual_cost_usd > 0:
             self.spend_usd.labels(settled.target or "unknown").inc(settled.actual_cost_usd)
+
+    def shadow_spent(self) -> dict[str, float]:
+        """USD per target on ``pointsman_shadow_spend_usd_total`` (every worker's, as ``/metrics`` exports it;
+        targets with none left out)."""
+        metrics = MultiProcessCollector(None).collect() if self.exposed is not self.registry \
+            else self.shadow_spend_usd.collect()
+        return {s.labels["target"]: s.value for m in metrics if m.name == "pointsman_shadow_spend_usd"
+                for s in m.samples if s.name == "pointsman_shadow_spend_usd_total"}
 
     def observe_unavailable(self, error: str | None) -> None:
         """Count a decision without a difficulty estimate (``error`` from the estimate)."""

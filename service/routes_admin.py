@@ -55,8 +55,8 @@ router = APIRouter(tags=["admin"])
             summary="Current signals per target and endpoint, with their ages")
 async def fleet(principal: Principal = Depends(require("admin")),
                 rt: Runtime = Depends(get_runtime)) -> dict[str, object]:
-    """Load, health and cache signals per endpoint (ages in seconds) and today's effective
-    price per token per target."""
+    """Load, health and cache signals per endpoint (ages in seconds), today's effective price per token
+    per target, what its usage is priced at (``utilization``) and its shadow outcomes' cost (``shadow_spent_usd``)."""
     engine = rt.live.engine
     state = engine.state
     targets = state.fleet_status(staleness=engine.policy.staleness)
@@ -81,7 +81,9 @@ async def fleet(principal: Principal = Depends(require("admin")),
                 "batches": sub.batches, "events": sub.events, "gaps": sub.gaps, "resyncs": sub.resyncs,
                 "resets": sub.resets, "errors": sub.errors, "last_error": sub.last_error, "last_reset": sub.last_reset,
                 "replay": sub.replay}
-    priced = {name: {**entry, "effective_price": None if (price := prices.get(name)) is None else price.to_dict()}
+    shadow = await run_in_threadpool(rt.metrics.shadow_spent)
+    priced = {name: {**entry, "effective_price": None if (price := prices.get(name)) is None else price.to_dict(),
+                     "utilization": state.utilization_basis(name), "shadow_spent_usd": shadow.get(name, 0.0)}
               for name, entry in targets.items()}
     sync = state.sync.status()
     last = rt.live.last_fleet_reload

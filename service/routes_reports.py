@@ -24,7 +24,8 @@ decision id, usage, TTFT/TPOT/end-to-end latency, status, quality signals). In o
    error/timeout/cancelled status, no usage and no ``ttft_ms`` means the request never ran: its hold is
    released instead. An ``ok`` outcome without usage books the decision's estimate, and so does an
    error/timeout/cancelled one with a ``ttft_ms`` (its answer had started, so it ran and is billed).
-   Settling is idempotent, so a retried outcome settles at most once. Shadow outcomes (evaluation traffic) never touch budgets.
+   Settling is idempotent, so a retried outcome settles at most once. Shadow outcomes (evaluation traffic) never touch budgets;
+   a stored one's usage is counted apart as shadow spend (``_count_shadow``).
    An outcome of an escalated decision (``POST /v1/verify`` said escalate; its draft was
    settled then) settles the escalation, ``<decision_id>/escalation``, on the escalation's
    target: the gateway reports one outcome per decision, stored once. Reported under the decision
@@ -89,7 +90,7 @@ from pointsman.outcome import (
 )
 from pointsman.outcome_log.records import OutcomeAck
 from pointsman.policy.budget.ledger import LedgerUnavailable
-from pointsman.policy.cost import estimate_cost
+from pointsman.policy.cost import estimate_cost, usage_cost
 from pointsman.policy.signals.fleet_state import DispatchRecord
 from pointsman.policy.signals.signed_ids import Claims
 from pointsman.service.auth import Principal, authenticate, header_key, may_report, require
@@ -172,6 +173,29 @@ def estimate_booking(rt: Runtime, served: str | None, known: Known | None) -> tu
         usd = max(usd, estimate_cost(target, spec, spec.modes[0], prompt, completion,
                                      prefill_utilization=u_p, decode_utilization=u_d).usd)
     return usd, prompt, completion
+
+
+def _count_shadow(rt: Runtime, item: OutcomeIn) -> None:
+    """Count a newly stored shadow outcome's cost on its ``served_target`` (``pointsman_shadow_spend_usd_total``,
+    ``GET /v1/fleet``'s ``shadow_spend``): its usage priced as a served outcome's on that target (on-prem at its
+    pools' utilizations now); none without usage (nothing says what it generated) or on a target the fleet does
+    not have (no price). It touches no budget."""
+    usage, target = item.usage, item.served_target
+    state = rt.live.engine.state
+    spec = state.target_spec(target) if target else None
+    if spec is None or target is None or usage is None or usage.prompt_tokens is None or usage.completion_tokens is None:
+        return
+    mode = spec.modes[0]
+    u_p, u_d = state.pool_utilizations(target, mode)
+    try:
+        usd = usage_cost(target, spec, mode, prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                         cached_tokens=usage.cached_tokens or 0, cache_write_tokens=usage.cache_write_tokens or 0,
+                         cache_write_1h_tokens=usage.cache_write_1h_tokens or 0,
+                         prefill_utilization=u_p, decode_utilization=u_d).usd
+    except ValueError as exc:  # parts beyond the prompt: stored, not priced
+        log.warning("shadow outcome %s not priced: %s", item.key, exc)
+        return
+    rt.metrics.shadow_spend_usd.labels(target).inc(usd)
 
 
 def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str, str] | None,
@@ -577,6 +601,8 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
                     ledger_down = exc
                 else:
                     settled.append(item.key)
+        if problem is None and isinstance(item, OutcomeIn) and item.shadow and entry["status"] == "stored":
+            _count_shadow(rt, item)  # once: where it is stored (a retry is a duplicate, a forward stored by its owner)
         rt.metrics.outcomes.labels(entry["status"]).inc()
         out.append(entry)
     if unsettled and settled:

@@ -327,7 +327,9 @@ class FleetResponse(BaseModel):
     """``GET /v1/fleet``: every target with its endpoints' current signals and their ages
     (``FleetState.fleet_status``; per endpoint also ``scrape``: its metrics URL, the age of the
     last good scrape, the last error and failures in a row), and its effective price per token
-    today (``effective_price``: ``cost.TargetPrice`` fields, None without a budget ledger)."""
+    today (``effective_price``: ``cost.TargetPrice`` fields, None without a budget ledger), what an on-prem target's
+    usage is priced at (``utilization``: ``FleetState.utilization_basis``, None for a frontier one) and its shadow
+    outcomes' cost in USD since this replica started (``shadow_spent_usd``, as ``pointsman_shadow_spend_usd_total``)."""
 
     fleet_revision: str
     policy_revision: str

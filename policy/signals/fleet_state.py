@@ -973,6 +973,24 @@ class FleetState:
         return (pool_utilization(means[prefill_role][0], self.fleet),
                 pool_utilization(means[decode_role][1], self.fleet))
 
+    def utilization_basis(self, target: str) -> dict[str, object] | None:
+        """What on-prem ``target``'s reported usage is priced at now (its first mode's pools, as ``pool_utilizations``),
+        for ``GET /v1/fleet``: ``{"mode", "prefill_utilization", "decode_utilization" (0-1, as priced),
+        "measured" (every phase from telemetry), "assumed_utilization" (the fleet's, used where none reports one),
+        "lower_bound" (some phase assumed at 1.0: busy GPU time only, idle GPUs unpriced)}``; None for a frontier
+        target or one the fleet does not have."""
+        spec = self.fleet.targets.get(target)
+        if not isinstance(spec, OnPremTarget):
+            return None
+        mode = spec.modes[0]
+        prefill_role, decode_role = phase_roles(mode)
+        measured = (self.pool_means(target, prefill_role)[0], self.pool_means(target, decode_role)[1])
+        assumed = self.fleet.spec.defaults.assumed_utilization
+        return {"mode": mode, "prefill_utilization": pool_utilization(measured[0], self.fleet),
+                "decode_utilization": pool_utilization(measured[1], self.fleet),
+                "measured": None not in measured, "assumed_utilization": assumed,
+                "lower_bound": None in measured and assumed >= 1.0}
+
     def pool_means(self, target: str, role: str, staleness: StalenessPolicy | None = None) -> tuple[float | None, float | None]:
         """(prefill, decode) utilization (0-1) of ``target``'s ``role`` pool now: each the mean of its healthy
         endpoints' readings fresh under ``staleness`` (default ``StalenessPolicy()``; ``load_board.mean_reading``),
