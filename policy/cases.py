@@ -432,6 +432,12 @@ def load_cases(path: str | Path, fleet_path: str | Path | None = None
     spec, doc = load_config(path, CasesSpec, PolicyError)
     assert isinstance(spec, CasesSpec)
     base = Path(path).parent
+    missing = [(key, name) for key, name in (("fleet", spec.fleet), ("policy", spec.policy))
+               if name and not (base / name).exists()]
+    if missing:  # named here: located at the key that names it, not at 0:0 of a file the user never passed
+        raise PolicyError([Problem(doc.file, *doc.mark((key,)), "file-not-found",
+                                   f"{key}: no such file {str(base / name)!r} ({name!r} is relative to this file)")
+                           for key, name in missing])
     fleet = load_fleet(base / spec.fleet if spec.fleet else fleet_path or DEFAULT_FLEET_PATH)
     problems = _check_signal_names(spec, doc, fleet)
     if problems:

@@ -152,6 +152,20 @@ def test_unknown_signal_in_a_case_is_a_located_error(tmp_path: Path):
         run_cases(path)
 
 
+def test_a_missing_policy_or_fleet_is_located_at_the_cases_line_naming_it(tmp_path: Path):
+    """A cases file naming a policy (or fleet) that is not there: before, the error named that file at 0:0
+    (``p-typo.yaml:0:0: file-not-found``), a file the user never passed; now it is at the ``policy:`` line."""
+    (tmp_path / "p.yaml").write_text((DEFAULT_POLICY_DIR / "static.yaml").read_text())
+    path = tmp_path / "p.cases.yaml"
+    path.write_text("apiVersion: pointsman/v1\nkind: PolicyCases\nfleet: no-fleet.yaml\npolicy: p-typo.yaml\ncases:\n"
+                    "  - name: c\n    signals: {difficulty: {p_hard: 0.9}}\n    expect: {target: frontier-large}\n")
+    with pytest.raises(PolicyError) as err:
+        run_cases(path)
+    lines = str(err.value).splitlines()
+    assert lines[0].startswith(f"{path}:3:8: file-not-found: fleet: no such file"), lines
+    assert lines[1].startswith(f"{path}:4:9: file-not-found: policy: no such file"), lines
+
+
 @pytest.mark.parametrize("path", CASES, ids=lambda p: p.name)
 def test_the_context_grown_rule_by_rule_decides_as_the_whole_one(path):
     """``decide(lazy=True)`` (the engine's path: signals only later rules read are not computed) gives
