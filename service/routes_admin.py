@@ -91,7 +91,8 @@ async def fleet(principal: Principal = Depends(require("admin")),
             "shared_state": {"shared": sync.shared, "connected": sync.connected, "applied": sync.applied,
                              "reloads": sync.reloads, "write_errors": sync.write_errors, "last_error": sync.last_error,
                              "lag_s": sync.lag_s, "outcomes_forwarded_in": sync.forwarded_in},
-            "scraping": rt.feeds is not None and rt.feeds.scraping, "watching_fleet": rt.watching_fleet,
+            "scraping": rt.feeds is not None and rt.feeds.scraping and bool(state.scrape_targets()),
+            "watching_fleet": rt.watching_fleet,
             "last_fleet_reload": None if last is None else last.to_dict()}
 
 

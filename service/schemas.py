@@ -336,7 +336,9 @@ class FleetResponse(BaseModel):
     targets: dict[str, dict[str, object]]
     #: the shared-state sync (``POINTSMAN_STATE_URL``): whether state is shared and how it follows
     shared_state: dict[str, object] | None = None
-    #: whether the engines' ``/metrics`` are scraped (each endpoint's ``scrape`` says how it went)
+    #: whether any engine's ``/metrics`` is scraped: the scraper runs (``POINTSMAN_SCRAPE_INTERVAL_S`` > 0) and the
+    #: fleet names at least one endpoint to scrape (``defaults.scrape_metrics``, ``metrics_url``); each endpoint's
+    #: ``scrape`` says how it went, ``/readyz`` why one is not scraped
     scraping: bool = False
     watching_fleet: bool = False
     last_fleet_reload: dict[str, object] | None = None
