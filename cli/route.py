@@ -200,7 +200,7 @@ def _print_human(d: Decision, explain: bool) -> None:
             click.echo(f"  {r['rule']:<24} {r['result']}{extra}")
         signals = d.trace.get("signals")
         if isinstance(signals, Mapping) and signals:
-            click.echo("signals (the values the rules read):")
+            click.echo("signals (the values the rules tried refer to; a condition may stop before reading each):")
             for name, read in signals.items():
                 click.echo(f"  {name:<40} {_shown(read.get('value') if isinstance(read, Mapping) else read)}")
         click.echo("candidates:")

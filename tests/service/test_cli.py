@@ -414,7 +414,7 @@ def test_route_explain_prints_the_values_the_rules_read(runner):
     traced = json.loads(run(runner, "route", "--json", "--explain", "Prove Fermat's little theorem.").stdout)["trace"]
     assert traced["signals"], "the packaged policy reads signals"
     out = run(runner, "route", "--explain", "Prove Fermat's little theorem.").stdout.splitlines()
-    start = out.index("signals (the values the rules read):")
+    start = out.index("signals (the values the rules tried refer to; a condition may stop before reading each):")
     shown = dict(line.split(None, 1) for line in out[start + 1:start + 1 + len(traced["signals"])])
     assert shown["difficulty.p_hard"] == "0.2" and any(name.startswith("variables.") for name in shown)
     both = set(shown) & set(traced["signals"])  # the first call's dispatch may add a cache read to the second
@@ -593,7 +593,7 @@ def test_route_explain_prints_the_cost_a_rule_read(monkeypatch, tmp_path):
     out = run(CliRunner(), "route", "--explain", "--messages", str(long)).stdout.splitlines()
     assert "  hard-prompt              no-match" in out
     shown = dict(line.split(None, 1) for line in
-                 out[out.index("signals (the values the rules read):") + 1:out.index("candidates:")])
+                 out[out.index("signals (the values the rules tried refer to; a condition may stop before reading each):") + 1:out.index("candidates:")])
     assert shown["difficulty.p_hard"] == "0.665" and shown["variables.hard_prompt_max_usd"] == "0.04"
     assert shown['cost("frontier-large")'] == "0.049855"
 
