@@ -305,6 +305,7 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
     import uvicorn
 
     from pointsman.service.app import create_app, keys_of
+    from pointsman.service.supervisor import Supervisor
     from pointsman.service.app import ext_proc_host as ext_proc_bind_host
 
     overrides = SettingsOverrides(host=host, port=port, max_body_bytes=max_body_bytes, log_level=log_level,
@@ -354,8 +355,11 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
     # a scrape reaches one worker: the workers keep their counters in files there and each exports their sum
     metrics_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="pointsman-metrics-")
     try:
-        uvicorn.run("pointsman.service.app:create_app_from_env", factory=True, workers=settings.workers,
-                    timeout_worker_healthcheck=WORKER_HEALTHCHECK_S, **server)
+        # uvicorn.run's --workers path, with a supervisor that keeps serving when a replacement worker fails to
+        # start on a file broken since the start (service/supervisor.py)
+        config = uvicorn.Config("pointsman.service.app:create_app_from_env", factory=True, workers=settings.workers,
+                                timeout_worker_healthcheck=WORKER_HEALTHCHECK_S, **server)
+        Supervisor(config, sockets=[config.bind_socket()]).run()
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
