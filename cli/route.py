@@ -305,8 +305,8 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
     import uvicorn
 
     from pointsman.service.app import create_app, keys_of
-    from pointsman.service.supervisor import Supervisor
     from pointsman.service.app import ext_proc_host as ext_proc_bind_host
+    from pointsman.service.supervisor import Supervisor
 
     overrides = SettingsOverrides(host=host, port=port, max_body_bytes=max_body_bytes, log_level=log_level,
                                   workers=workers, ext_proc_port=ext_proc_port, ext_proc_host=ext_proc_host,
