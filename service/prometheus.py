@@ -91,7 +91,8 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeGuard
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -117,6 +118,23 @@ EXT_PROC_RESULTS = ("routed", "passthrough", "bad_request", "too_large", "shed",
                     "unauthenticated", "protocol_error")
 
 
+class WorkersCollector(MultiProcessCollector):
+    """Every worker's counters and histograms (``PROMETHEUS_MULTIPROC_DIR``), without the files a starting
+    worker has created and not sized yet (prometheus_client's ``MmapedDict`` opens a file, then truncates it to
+    its size: a read in between got 0 bytes, and ``struct.error`` failed the scrape with a 500 and a worker's
+    start, which reads every file when it registers the collector)."""
+
+    def collect(self) -> Iterable[Metric]:
+        files = []
+        for path in Path(self._path).glob("*.db"):
+            try:
+                if path.stat().st_size >= 8:
+                    files.append(str(path))
+            except FileNotFoundError:  # a worker's file removed since the listing
+                continue
+        return self.merge(files, accumulate=True)
+
+
 class ServiceMetrics:
     """The counters and histograms of one service (see the module); ``registry`` holds them.
     ``exposed`` is what ``render`` writes: ``registry``, or with ``PROMETHEUS_MULTIPROC_DIR`` set the
@@ -126,7 +144,7 @@ class ServiceMetrics:
         r = self.registry = self.exposed = CollectorRegistry(auto_describe=True)
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             self.exposed = CollectorRegistry(auto_describe=True)
-            MultiProcessCollector(self.exposed)
+            WorkersCollector(self.exposed)
         self.decisions = Counter("pointsman_decisions", "Decisions answered, by target and deciding rule.",
                                  ["target", "rule"], registry=r)
         self.decision_errors = Counter("pointsman_decision_errors", "/v1/route error answers, by error code.",
@@ -219,7 +237,7 @@ class ServiceMetrics:
     def shadow_spent(self) -> dict[str, float]:
         """USD per target on ``pointsman_shadow_spend_usd_total`` (every worker's, as ``/metrics`` exports it;
         targets with none left out)."""
-        metrics = MultiProcessCollector(None).collect() if self.exposed is not self.registry \
+        metrics = WorkersCollector(None).collect() if self.exposed is not self.registry \
             else self.shadow_spend_usd.collect()
         return {s.labels["target"]: s.value for m in metrics if m.name == "pointsman_shadow_spend_usd"
                 for s in m.samples if s.name == "pointsman_shadow_spend_usd_total"}

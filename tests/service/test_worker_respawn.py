@@ -86,3 +86,28 @@ def test_a_worker_dying_while_a_file_is_broken_leaves_the_service_up(tmp_path, s
             assert client.post(f"{base}/v1/route", json=ROUTE).status_code == 200
     assert proc.poll() is None
     assert len({pid for pid in _workers(proc.pid) if _alive(pid)}) == 2
+
+
+def test_a_worker_starting_while_another_creates_its_metrics_file(tmp_path, serve, redis_url):
+    """Each worker keeps its counters in files of ``PROMETHEUS_MULTIPROC_DIR``, created empty and then sized
+    (prometheus_client's ``MmapedDict``); a scrape, or a worker's start (registering the collector reads every
+    file), that reads one in between read 0 bytes: ``struct.error``. Seen starting ``serve --workers 2``: the
+    second worker's start failed, and uvicorn stopped the service a minute later, after it had served. Here the
+    empty file is left in place: a scrape answers, and a replacement worker starts."""
+    proc, base = serve(tmp_path / "data", workers="2", state_url=redis_url)
+    workers = _workers(proc.pid)
+    environ = Path(f"/proc/{min(workers)}/environ").read_bytes().split(b"\0")
+    environ = dict(item.split(b"=", 1) for item in environ if b"=" in item)
+    metrics_dir = Path(os.fsdecode(environ[b"PROMETHEUS_MULTIPROC_DIR"]))
+    (metrics_dir / "counter_4194303.db").touch()  # as a starting worker has it, before it is sized
+    assert httpx.get(f"{base}/metrics", timeout=30).status_code == 200
+    os.kill(min(workers), signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while not {pid for pid in _workers(proc.pid) if _alive(pid)} - workers:
+        assert proc.poll() is None, "the service stopped"
+        assert time.monotonic() < deadline, "no replacement worker started"
+        time.sleep(0.2)
+    for _ in range(8):
+        with httpx.Client(timeout=30) as client:  # a new connection: either worker
+            assert client.get(f"{base}/metrics").status_code == 200
+    assert proc.poll() is None
