@@ -758,3 +758,30 @@ def test_a_restore_does_not_pile_up_the_journals_wal(tmp_path):
         redis.flushall()
         until_restored(replicas, ledger, acked)
         assert wal.stat().st_size <= 2 * WAL_LIMIT_BYTES, wal.stat().st_size
+
+
+def test_a_restore_whose_pass_cannot_be_noted_still_reports_what_it_booked(tmp_path):
+    """On a full data disk the pass's note (``SpendJournal.see``) failed after every row was booked again, and the
+    error escaped ``restore_spend``: ``pointsman_spend_restored_total`` read 0 while the log said thousands were
+    booked (an SRE's test). Now it returns the count; the next call starts over and books nothing twice."""
+    with _store(tmp_path, n=1) as (redis, ledger, replicas):
+        (replica,) = replicas
+        acked = {scope: 0 for scope in BUDGETED}
+        for i in range(5):
+            cost = settle_one(replica, BUDGETED, i)
+            for scope in BUDGETED:
+                acked[scope] += cost
+        tick(replica)
+        redis.flushall()
+        assert replica.journal is not None
+        journal = replica.journal
+
+        def full_disk(*args, **kwargs):
+            raise LedgerUnavailable("spend journal: database or disk is full (test)")
+
+        journal.see = full_disk  # type: ignore[method-assign]
+        try:
+            assert replica.restore_spend() == 5
+        finally:
+            del journal.see  # type: ignore[method-assign]
+        until_restored(replicas, ledger, acked)
