@@ -114,5 +114,10 @@ def test_a_fleet_reload_applies_on_every_worker(tmp_path, serve, redis_url):
         assert time.monotonic() < deadline, "a worker still serves the old fleet after the reload"
     route = {"messages": [{"role": "user", "content": "Say hello."}]}
     assert {_call(base, "POST", "/v1/route", route).json()["fleet_revision"] for _ in range(12)} == {revision}
-    metrics = _call(base, "GET", "/metrics").text  # both workers' counts (serve's multiprocess metrics)
-    assert 'pointsman_fleet_reloads_total{result="ok",source="endpoint"} 2.0' in metrics  # one each
+    while True:  # both workers' counts (serve's multiprocess metrics); a worker counts its reload after the swap
+        metrics = _call(base, "GET", "/metrics").text
+        reloads = [line for line in metrics.splitlines() if line.startswith("pointsman_fleet_reloads_total")]
+        if 'pointsman_fleet_reloads_total{result="ok",source="endpoint"} 2.0' in reloads:  # one each
+            break
+        assert time.monotonic() < deadline, reloads
+        time.sleep(0.1)
