@@ -65,6 +65,23 @@ def endpoint_yaml(name: str, engine: Any = None) -> str:
             f'kv_events: {{url: "{engine.kv_events_url}", replay_url: "{engine.replay_url}"}}}}')
 
 
+def event_fed_fleet(endpoints: str, target_keys: str = "", more_targets: str = "") -> str:
+    """Fleet YAML (for ``serve_fleet``) of one target ``onprem-8b`` fed by vLLM KV events (``kv_events`` naming the
+    ``tokenizer.json`` and ``template.jinja`` ``serve_fleet`` writes), one aggregated pool whose ``endpoints`` are the
+    given lines (``endpoint_yaml``); ``target_keys``: more lines of that target (4 spaces in, each ending in a newline),
+    ``more_targets``: more targets (2 spaces in)."""
+    return ("apiVersion: pointsman/v1\nkind: Fleet\ndefaults: {output_tokens: 64, scrape_metrics: false}\ntargets:\n"
+            "  onprem-8b:\n    kind: onprem\n    model: meta-llama/Llama-3.1-8B-Instruct\n" + target_keys +
+            "    context_window_tokens: 131072\n    usd_per_gpu_hour: 2.5\n"
+            "    kv_events: {tokenizer: tokenizer.json, chat_template: template.jinja}\n"
+            "    pools:\n      aggregated:\n        gpus_per_replica: 1\n        prefill_tokens_per_s: 20000\n"
+            "        decode_tokens_per_s: 20000\n        endpoints:\n" + endpoints + "\n" + more_targets)
+
+
+#: A policy sending every request to ``onprem-8b``.
+TO_8B = "apiVersion: pointsman/v1\nkind: RoutingPolicy\nrules:\n  - name: default\n    route: {target: onprem-8b}\n"
+
+
 def serve_fleet(tmp_path: Path, serve: Callable[..., tuple[subprocess.Popen, str]], fleet: str, policy: str,
                 **settings: Any) -> tuple[str, Any]:
     """Writes ``fleet`` and ``policy`` (YAML text) to ``tmp_path`` as ``fleet.yaml`` and ``policy.yaml``, beside the

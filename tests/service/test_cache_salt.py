@@ -10,32 +10,8 @@ from __future__ import annotations
 
 import httpx
 
-from tests.service.conftest import endpoint_yaml, route, serve_fleet, wait
+from tests.service.conftest import TO_8B, endpoint_yaml, event_fed_fleet, route, serve_fleet, wait
 
-FLEET = """apiVersion: pointsman/v1
-kind: Fleet
-defaults: {{output_tokens: 64, scrape_metrics: false}}
-targets:
-  onprem-8b:
-    kind: onprem
-    model: meta-llama/Llama-3.1-8B-Instruct
-    context_window_tokens: 131072
-    usd_per_gpu_hour: 2.5
-    kv_events: {{tokenizer: tokenizer.json, chat_template: template.jinja}}
-    pools:
-      aggregated:
-        gpus_per_replica: 1
-        prefill_tokens_per_s: 20000
-        decode_tokens_per_s: 20000
-        endpoints:
-{endpoints}
-"""
-POLICY = """apiVersion: pointsman/v1
-kind: RoutingPolicy
-rules:
-  - name: default
-    route: {target: onprem-8b}
-"""
 PROMPT = [{"role": "user", "content": "Summarise this report. " + " ".join(
     f"step {i}: the cache warmed and the queue drained." for i in range(90))}]
 
@@ -44,7 +20,7 @@ def test_a_salted_request_matches_only_blocks_of_its_own_salt(tmp_path, serve, s
     engines = [standin.StandinEngine("vllm").start() for _ in range(2)]
     try:
         endpoints = "\n".join(endpoint_yaml(f"agg-{i}", e) for i, e in enumerate(engines))
-        base, tok = serve_fleet(tmp_path, serve, FLEET.format(endpoints=endpoints), POLICY)
+        base, tok = serve_fleet(tmp_path, serve, event_fed_fleet(endpoints), TO_8B)
         ids = tok.prompt_token_ids(PROMPT)
         held = [engines[0].prefill(ids)[1], engines[1].prefill(ids, cache_salt="tenant-a")[1]]
         assert held[0] is not None and held[1] is not None and held[0].block_hashes[0] != held[1].block_hashes[0]

@@ -14,33 +14,8 @@ from __future__ import annotations
 
 import httpx
 
-from tests.service.conftest import endpoint_yaml, serve_fleet, wait
+from tests.service.conftest import TO_8B, endpoint_yaml, event_fed_fleet, serve_fleet, wait
 
-FLEET = """apiVersion: pointsman/v1
-kind: Fleet
-defaults: {{output_tokens: 64, scrape_metrics: false}}
-targets:
-  onprem-8b:
-    kind: onprem
-    model: meta-llama/Llama-3.1-8B-Instruct
-    lora_adapters: [sql-lora]
-    context_window_tokens: 131072
-    usd_per_gpu_hour: 2.5
-    kv_events: {{tokenizer: tokenizer.json, chat_template: template.jinja}}
-    pools:
-      aggregated:
-        gpus_per_replica: 1
-        prefill_tokens_per_s: 20000
-        decode_tokens_per_s: 20000
-        endpoints:
-{endpoints}
-"""
-POLICY = """apiVersion: pointsman/v1
-kind: RoutingPolicy
-rules:
-  - name: default
-    route: {target: onprem-8b}
-"""
 PROMPT = [{"role": "user", "content": "Summarise the incident. " + " ".join(
     f"at {i} minutes past, replica {i % 4} shed load." for i in range(40))}]
 # (cache_salt, lora_name) of each prefill: one chain each, its first block hashed with its own extra keys
@@ -67,7 +42,7 @@ def test_salted_and_lora_first_blocks_are_checked_with_their_extra_keys(tmp_path
         for e in engines.values():
             e.start()
         endpoints = "\n".join(endpoint_yaml(name, e) for name, e in engines.items())
-        base, tok = serve_fleet(tmp_path, serve, FLEET.format(endpoints=endpoints), POLICY)
+        base, tok = serve_fleet(tmp_path, serve, event_fed_fleet(endpoints, "    lora_adapters: [sql-lora]\n"), TO_8B)
         ids = tok.prompt_token_ids(PROMPT)
         blocks = {}
         for name, e in engines.items():

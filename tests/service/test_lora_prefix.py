@@ -13,27 +13,10 @@ from __future__ import annotations
 
 import httpx
 
-from tests.service.conftest import endpoint_yaml, route, serve_fleet, wait
+from tests.service.conftest import endpoint_yaml, event_fed_fleet, route, serve_fleet, wait
 
-FLEET = """apiVersion: pointsman/v1
-kind: Fleet
-defaults: {{output_tokens: 64, scrape_metrics: false}}
-targets:
-  onprem-8b:
-    kind: onprem
-    model: meta-llama/Llama-3.1-8B-Instruct
-    lora_adapters: [sql-lora, chat-lora]
-    context_window_tokens: 131072
-    usd_per_gpu_hour: 2.5
-    kv_events: {{tokenizer: tokenizer.json, chat_template: template.jinja}}
-    pools:
-      aggregated:
-        gpus_per_replica: 1
-        prefill_tokens_per_s: 20000
-        decode_tokens_per_s: 20000
-        endpoints:
-{endpoints}
-  onprem-est:
+#: A second target on the text-hash estimate (no engine events), serving sql-lora too.
+ESTIMATED = """  onprem-est:
     kind: onprem
     model: meta-llama/Llama-3.1-8B-Instruct
     lora_adapters: [sql-lora]
@@ -45,7 +28,6 @@ targets:
         prefill_tokens_per_s: 20000
         decode_tokens_per_s: 20000
         endpoints:
-{estimated}
 """
 POLICY = """apiVersion: pointsman/v1
 kind: RoutingPolicy
@@ -65,7 +47,8 @@ def test_a_lora_request_matches_only_its_adapters_blocks(tmp_path, serve, standi
     try:
         endpoints = "\n".join(endpoint_yaml(f"agg-{i}", e) for i, e in enumerate(engines))
         estimated = "\n".join(endpoint_yaml(f"est-{i}") for i in range(2))
-        base, tok = serve_fleet(tmp_path, serve, FLEET.format(endpoints=endpoints, estimated=estimated), POLICY)
+        base, tok = serve_fleet(tmp_path, serve, event_fed_fleet(endpoints, "    lora_adapters: [sql-lora, chat-lora]\n",
+                                                       ESTIMATED + estimated), POLICY)
         ids = tok.prompt_token_ids(PROMPT)
         held = [engines[0].prefill(ids)[1], engines[1].prefill(ids, lora_name="sql-lora")[1]]
         assert held[0] is not None and held[1] is not None and held[0].block_hashes[-1] != held[1].block_hashes[-1]
