@@ -90,7 +90,7 @@ from pointsman.outcome import (
 )
 from pointsman.outcome_log.records import OutcomeAck
 from pointsman.policy.budget.ledger import LedgerUnavailable
-from pointsman.policy.cost import estimate_cost, usage_cost
+from pointsman.policy.cost import estimate_cost
 from pointsman.policy.signals.fleet_state import DispatchRecord
 from pointsman.policy.signals.signed_ids import Claims
 from pointsman.service.auth import Principal, authenticate, header_key, may_report, require
@@ -181,18 +181,14 @@ def _count_shadow(rt: Runtime, item: OutcomeIn) -> None:
     pools' utilizations now); none without usage (nothing says what it generated) or on a target the fleet does
     not have (no price). It touches no budget."""
     usage, target = item.usage, item.served_target
-    state = rt.live.engine.state
-    spec = state.target_spec(target) if target else None
-    if spec is None or target is None or usage is None or usage.prompt_tokens is None or usage.completion_tokens is None:
+    if target is None or usage is None or usage.prompt_tokens is None or usage.completion_tokens is None:
         return
-    mode = spec.modes[0]
-    u_p, u_d = state.pool_utilizations(target, mode)
+    tokens = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+              "cached_tokens": usage.cached_tokens or 0, "cache_write_tokens": usage.cache_write_tokens or 0,
+              "cache_write_1h_tokens": usage.cache_write_1h_tokens or 0}
     try:
-        usd = usage_cost(target, spec, mode, prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                         cached_tokens=usage.cached_tokens or 0, cache_write_tokens=usage.cache_write_tokens or 0,
-                         cache_write_1h_tokens=usage.cache_write_1h_tokens or 0,
-                         prefill_utilization=u_p, decode_utilization=u_d).usd
-    except ValueError as exc:  # parts beyond the prompt: stored, not priced
+        usd = rt.live.engine.state.price_usage(item.key, target, tokens)
+    except BudgetError as exc:  # a target the fleet does not have, or parts beyond the prompt: stored, not priced
         log.warning("shadow outcome %s not priced: %s", item.key, exc)
         return
     rt.metrics.shadow_spend_usd.labels(target).inc(usd)

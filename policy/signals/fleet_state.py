@@ -1004,6 +1004,12 @@ class FleetState:
         loads, flags = [got.get(i) for i in ids], self.healthy_flags(ids)
         return mean_reading(loads, flags, "prefill_utilization"), mean_reading(loads, flags, "decode_utilization")
 
+    def price_usage(self, key: str, target: str, tokens: dict[str, int]) -> float:
+        """USD of ``tokens`` (``settle``'s counts) run on ``target`` outside any decision of its own (a shadow
+        outcome ``key``): ``_price`` without a record, its first mode at its pools' utilizations now. Raises
+        ``BudgetError`` for an unknown target or usage its prices cannot price."""
+        return self._price(key, target, None, None, tokens)[0]
+
     def _price(self, decision_id: str, target: str | None, mode: str | None, record: DispatchRecord | None,
                tokens: dict[str, int]) -> tuple[float, str]:
         """(USD of ``tokens`` (``settle``'s counts) on ``target``, the mode priced: ``mode``, or the
