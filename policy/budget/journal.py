@@ -279,21 +279,6 @@ class SpendJournal:
             if len(rows) < page:
                 return
 
-    def restorable(self) -> tuple[list[Sum], Iterator[Booked]]:
-        """Every sum kept and every booked row kept (in insertion order, read ``booked``'s page at a time as iterated).
-        Call it after ``restoring``: ``compact`` folds nothing while a restore is under way, so a concurrent worker
-        sharing the file cannot move a row into the sums between the two reads (it would be in neither). Each page is
-        a short read transaction of its own: one kept open for the whole pass (as before) held SQLite from reusing
-        its WAL while the pass booked every row again, and a Redis restarted empty after 3,540 settlements grew the
-        WAL from 4 to 80 MB (about 10 KB a row; an hour of settlements at 200/s would be ~7 GB a worker). Raises
-        ``LedgerUnavailable`` (the iterator too)."""
-        try:
-            with closing(self._connect()) as conn:
-                sums = self._sums(conn)
-        except sqlite3.Error as exc:
-            raise self._error(exc) from None
-        return sums, self.booked(float("-inf"), float("-inf"))
-
     def done(self, decision_ids: list[str]) -> None:
         """Forget these entries; raises ``LedgerUnavailable``."""
         try:

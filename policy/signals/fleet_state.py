@@ -51,7 +51,7 @@ from pathlib import Path
 
 from pointsman.errors import BudgetError, RequestError
 from pointsman.policy.budget.config import RESTORE_MARGIN_S
-from pointsman.policy.budget.journal import KEEP_RECENT_S, Applied, Booked, Seen, SettleArgs, SpendJournal, Sum
+from pointsman.policy.budget.journal import KEEP_RECENT_S, Applied, Booked, Seen, SettleArgs, SpendJournal
 from pointsman.policy.budget.ledger import (
     BudgetLedger,
     BudgetSnapshot,
@@ -819,8 +819,8 @@ class FleetState:
         - a new ``epoch``: the store lost everything written since the old epoch was created (FLUSHALL, a
           new volume, a Redis without persistence restarted); the journal's sums (``RedisLedger.add_sums``: the
           settlements folded by ``SpendJournal.compact``, windows still kept) are booked in one call, and every
-          booked row it keeps one by one (the last ``KEEP_RECENT_S``) is settled again (both read in one read
-          transaction, ``SpendJournal.restorable``: a worker sharing the file may be folding rows meanwhile);
+          booked row it keeps one by one (the last ``KEEP_RECENT_S``) is settled again (read a page at a time: a
+          worker sharing the file folds nothing meanwhile, below);
         - a new ``run_id`` (Redis restarted on its files, which may end before what it acknowledged), or
           nothing seen yet: the rows booked since ``RESTORE_LOOKBACK_S`` before it was last seen alive whose
           ledger record outlives ``now + RESTORE_MARGIN_S``, and the sums when this epoch was made to count
@@ -880,7 +880,6 @@ class FleetState:
         retention = float(self.ledger.config.record_retention_s)
         rows: Iterator[Booked] | None = None
         sums = False
-        kept: list[Sum] | None = None  # the sums read with the rows (a new epoch), else read when booked
         at = now  # the time rows are booked again at
         if seen is not None and seen.epoch != epoch:
             age = now - float(epoch.split(".")[0])
@@ -888,7 +887,7 @@ class FleetState:
             if sums:
                 try:  # compaction held off from before the read until the pass is done (``SpendJournal.restoring``)
                     at = self.journal.restoring(now)
-                    kept, rows = self.journal.restorable()
+                    rows = self.journal.booked(float("-inf"), float("-inf"))  # paged: the WAL is reused meanwhile
                 except LedgerUnavailable:
                     return 0
                 log.warning("budget ledger lost its store (epoch %s, now %s): booking this replica's settlements of "
@@ -913,7 +912,7 @@ class FleetState:
         if sums:
             try:
                 with self._budget_change(None):
-                    booked = add_sums(self.journal.uid, self.journal.sums() if kept is None else kept, epoch, now)
+                    booked = add_sums(self.journal.uid, self.journal.sums(), epoch, now)
                 self.journal.apply(Applied(epoch, self.clock()))
             except LedgerUnavailable:
                 return 0  # not seen yet: the next call starts over

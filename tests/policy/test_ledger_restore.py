@@ -255,21 +255,21 @@ def interrupted(state: FleetState, calls: int, reply_lost: bool) -> None:
 
 def folded_meanwhile(state: FleetState, clock: Clock) -> None:
     """``state`` ticks while a worker sharing its journal (which judged by the store it saw before) folds the rows
-    booked more than ``KEEP_RECENT_S`` ago right after ``state`` read its journal for a restore."""
+    booked more than ``KEEP_RECENT_S`` ago right after ``state`` kept its restore's time (``restoring``), before it reads the rows."""
     assert state.journal is not None
     journal, worker = state.journal, SpendJournal(state.journal.path)
-    restorable = journal.restorable
+    restoring = journal.restoring
 
-    def then_folded():
-        read = restorable()
+    def then_folded(now):
+        at = restoring(now)
         worker.compact(clock() - KEEP_RECENT_S, 0.0)
-        return read
+        return at
 
-    journal.restorable = then_folded  # type: ignore[method-assign]
+    journal.restoring = then_folded  # type: ignore[method-assign]
     try:
         tick(state)
     finally:
-        del journal.restorable  # type: ignore[method-assign]
+        del journal.restoring  # type: ignore[method-assign]
 
 
 def test_settlements_acknowledged_before_the_machine_died_are_counted_once(tmp_path):
@@ -742,7 +742,7 @@ def test_a_row_folded_meanwhile_is_not_kept_again_by_a_restore(tmp_path):
 
 def test_a_restore_does_not_pile_up_the_journals_wal(tmp_path):
     """A Redis that came back empty after 3,540 settlements grew the spend journal's WAL from 4 to 80 MB (an SRE's
-    test): ``restorable`` read every row in one read transaction kept open for the whole pass, so SQLite could not
+    test): the restore read every row in one read transaction kept open for the whole pass, so SQLite could not
     reuse its WAL while the pass booked each row again. Now each page of rows is read apart, and the WAL is cut back
     after checkpoints (``WAL_LIMIT_BYTES``): it stays within a few checkpoints' worth, and every row is restored."""
     with _store(tmp_path, n=1) as (redis, ledger, replicas):
