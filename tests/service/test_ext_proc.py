@@ -1300,3 +1300,23 @@ def test_a_stream_without_a_response_phase_records_nothing_and_the_gateways_outc
                         if b["scope"] == "tenant:acme"))["held_usd"] != 0:
         assert time.monotonic() < deadline, acme  # the cancelled stream's hold is released
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("tenant", ["café-münchen", "株式会社-acme"])
+def test_a_non_ascii_tenant_header_is_the_tenant_http_names(app, tenant):
+    """Envoy sends header values as raw bytes (``raw_value``), UTF-8 for a non-ASCII tenant: the decision's budget
+    scope is the one ``POST /v1/route`` gives the same tenant in its JSON body (read as Latin-1, ``café`` would be
+    ``cafÃ©``: another tenant, another budget)."""
+    state = app.state.fleet_state
+
+    async def scenario(stub, _):
+        call = stub.Process()
+        req = await request_phase(call, chat("What is 2 + 2?"), headers={**REQUEST_HEADERS, "x-pointsman-tenant": tenant})
+        scopes = state.record(set_headers(req[0])["x-pointsman-decision-id"]).scopes  # before the stream ends
+        call.cancel()
+        return scopes
+
+    picked = run(app, scenario)
+    over_http = TestClient(app).post("/v1/route", json={"messages": [{"role": "user", "content": "What is 2 + 2?"}],
+                                                        "routing": {"tenant": tenant}}).json()["decision_id"]
+    assert picked == state.record(over_http).scopes
