@@ -1,7 +1,8 @@
 """``pointsman route`` (one decision, printed) and ``pointsman serve`` (the HTTP service).
 
 Bad input (empty prompt, empty or malformed message file, invalid UTF-8, a missing
-file, invalid fleet or policy files, a prompt no target can take) prints one clear
+file, invalid fleet or policy files, a model named by ``--model`` / ``POINTSMAN_MODEL`` that cannot load, a prompt
+no target can take) prints one clear
 ``Error: ...`` line (config files: one line per located problem) and exits with
 status 2; never a traceback. A request a budget refuses (``POST /v1/route``'s 429
 ``budget_exhausted``) prints ``Error: budget_exhausted: no eligible target: ...`` and exits with status 3.
@@ -27,6 +28,7 @@ from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.request import parse_route_request
 from pointsman.service.bootstrap import LoadedEngine, build_engine
 from pointsman.service.ext_proc_body import decided_body
+from pointsman.service.model_follower import followed
 from pointsman.service.settings import LogLevel, Settings
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -100,7 +102,9 @@ def settings_from(**overrides: Unpack[SettingsOverrides]) -> Settings:
 
 def load(settings: Settings, ledger: bool = True, shared: bool = False) -> LoadedEngine:
     """Build the engine (``shared``: with the shared-state sync, for ``serve``); config problems
-    become ``ConfigProblems``, a bad ledger URL an ``InputError``; estimator trouble a warning."""
+    become ``ConfigProblems``, a bad ledger URL or a named model that cannot load (``--model`` /
+    ``POINTSMAN_MODEL``, unless a followed alias: ``serve``'s model follower loads it when the registry
+    answers) an ``InputError``; other estimator trouble (no model named, the estimator not installed) a warning."""
     try:
         loaded = build_engine(settings, ledger=ledger, shared=shared)
     except ConfigError as exc:
@@ -109,6 +113,9 @@ def load(settings: Settings, ledger: bool = True, shared: bool = False) -> Loade
         raise InputError(f"budget ledger: {exc}") from None
     except DataError as exc:  # the data folder (decision signing key) unusable: one Error: line
         raise InputError(str(exc)) from None
+    if loaded.estimator_error and settings.model is not None and not followed(settings.model):
+        loaded.engine.state.close()
+        raise InputError(f"model {settings.model!r} (--model / POINTSMAN_MODEL) cannot be loaded: {loaded.estimator_error}")
     if loaded.estimator_error:
         click.echo(f"Warning: difficulty estimator unavailable ({loaded.estimator_error}); "
                    "deciding with difficulty.available == false", err=True)

@@ -2,6 +2,7 @@
 
 import json
 import re
+import socket
 import sys
 import time
 from pathlib import Path
@@ -170,14 +171,36 @@ def test_route_reads_settings_from_the_environment(runner, tmp_path: Path, monke
     assert json.loads(run(runner, "route", "--json", "--policy", str(STATIC_POLICY_PATH), "hi").stdout)["target"] == "onprem-8b"
 
 
-def test_route_without_the_real_estimator_still_decides(tmp_path: Path):
+@pytest.mark.parametrize("command", [["route", "--json", "hi"], ["serve"]])
+@pytest.mark.parametrize("named", ["option", "env"])
+def test_a_named_model_that_cannot_load_is_one_error_line_exit_2(tmp_path: Path, command, named):
+    """``POINTSMAN_MODEL=nonsense`` (or ``--model`` a missing directory): ``route`` printed a warning and a decision
+    made without the estimator (``p_hard unavailable``), exit 0, and ``serve`` served every request so; nothing will
+    ever load that model. Both are one ``Error:`` line and exit 2 now, before ``serve`` listens (its port is taken
+    here, so a ``serve`` that went on would exit 1 on the bind instead)."""
+    spec = "nonsense" if named == "env" else str(tmp_path / "no-model")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        args = [*command[:1], *(["--port", str(taken.getsockname()[1])] if command == ["serve"] else []),
+                "--policy", str(STATIC_POLICY_PATH), *(["--model", spec] if named == "option" else []), *command[1:]]
+        r = CliRunner().invoke(main, args, env={"POINTSMAN_DATA_DIR": str(tmp_path),
+                                                **({"POINTSMAN_MODEL": spec} if named == "env" else {})})
+    assert r.exit_code == 2, r.output
+    [line] = r.stderr.splitlines()
+    assert line.startswith(f"Error: model {spec!r} (--model / POINTSMAN_MODEL) cannot be loaded: "), line
+
+
+def test_route_with_a_followed_alias_the_registry_cannot_give_still_decides(tmp_path: Path):
+    """A followed alias (``models:/NAME@ALIAS``) may load later (``serve``'s model follower asks the registry again):
+    a warning, and the decision is made without the estimator."""
     r = CliRunner().invoke(main, ["route", "--json", "--policy", str(STATIC_POLICY_PATH), "--model",
-                                  str(tmp_path / "no-model"), "hi"])
+                                  "models:/no-such-model@champion", "hi"],
+                           env={"MLFLOW_TRACKING_URI": (tmp_path / "mlruns").as_uri()})
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
-    if not d["difficulty_available"]:
-        assert d["rule"] == "estimator-unavailable"
-        assert r.stderr.startswith("Warning: difficulty estimator unavailable")
+    assert (d["difficulty_available"], d["rule"]) == (False, "estimator-unavailable")
+    assert r.stderr.startswith("Warning: difficulty estimator unavailable")
 
 
 def test_policy_check(tmp_path: Path):
