@@ -32,7 +32,8 @@ Per request (LiteLLM 1.110's hooks; ``litellm.integrations.custom_logger.CustomL
    or the upstream model, then the decision's ``base_url`` among several; the decision's fallbacks
    in order), looked for in the requested model group first and then in every group, so one group
    per tier works too. ``data["model"]`` becomes that deployment's group, the decision goes into
-   ``data["metadata"]["pointsman_decision"]`` (with the deployment's ``model_info.id``) and the
+   ``data["metadata"]["pointsman_decision"]`` (with the deployment's ``model_info.id``; one the client wrote there
+   or in ``litellm_metadata`` is dropped first, for every call: steps 2 and 3 act on it) and the
    decision's ``forward_headers`` into ``extra_headers`` (``x-pointsman-decision-id``, and
    ``x-prefiller-host-port`` for a disaggregated decision: the P/D contract of ``policy/decision.py``).
 2. ``async_filter_deployments``: inside the group, only that deployment remains (when it is healthy;
@@ -214,7 +215,14 @@ class PointsmanProxyHandler(CustomLogger):
 
     async def async_pre_call_hook(self, user_api_key_dict: object, cache: object, data: dict[str, object],
                                   call_type: str) -> dict[str, object]:
-        """Decide and rewrite ``data`` (step 1 of the module); returns ``data``."""
+        """Decide and rewrite ``data`` (step 1 of the module); returns ``data``. A ``pointsman_decision`` the
+        client wrote in its ``metadata`` or ``litellm_metadata`` is dropped first, whatever the call: the later steps
+        act on that key (the deployment kept, the decision id reported and verified under), and only this hook
+        writes it."""
+        for key in ("metadata", "litellm_metadata"):
+            given = data.get(key)
+            if isinstance(given, dict):
+                given.pop(DECISION_KEY, None)  # in place: LiteLLM's logging holds the same dict
         try:
             await self._route(data, call_type, user_api_key_dict)
         except BudgetExhausted as exc:  # a refusal, not a failure: served elsewhere it would spend past the budget

@@ -48,6 +48,23 @@ async def user_api_key_auth(request, api_key):
         return UserAPIKeyAuth(api_key=key, org_id="broke", team_id="t1")
     raise Exception("unknown key")
 """
+#: A second proxy callback (``keyed_stack``), after Pointsman's: it rejects, before any upstream call, a request whose
+#: messages say ``REJECT-AFTER-ROUTING`` (as a guardrail or a rate limiter of the proxy would).
+REJECT_HOOK = """\
+import json
+from fastapi import HTTPException
+from litellm.integrations.custom_logger import CustomLogger
+
+
+class Rejecter(CustomLogger):
+    async def async_pre_call_hook(self, user_api_key_dict, cache, data, call_type):
+        if "REJECT-AFTER-ROUTING" in json.dumps(data.get("messages"), default=str):
+            raise HTTPException(status_code=400, detail="rejected by another hook")
+        return data
+
+
+handler = Rejecter()
+"""
 LLAMA_8B_1 = "http://llama-8b-1.inference.internal:8000/v1"
 POLICY = """\
 apiVersion: pointsman/v1
@@ -118,12 +135,35 @@ class Upstream:
                                "choices": [{"index": 0, "finish_reason": "stop",
                                             "message": {"role": "assistant", "content": content}}],
                                "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}}
+                if status == 200 and body.get("stream"):
+                    self._stream(body, content, "NO-STREAM-USAGE" not in asked)
+                    return
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _stream(self, body: dict, content: str, usage_if_asked: bool) -> None:
+                """Server-sent events: the content a word a chunk, then (only when ``stream_options.include_usage``
+                asks, as OpenAI and vLLM do, and ``usage_if_asked``) a usage chunk, then ``[DONE]``."""
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.end_headers()
+                base = {"id": "cmpl-1", "object": "chat.completion.chunk", "created": int(time.time()),
+                        "model": body.get("model")}
+                words = content.split(" ")
+                chunks = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": w if i == 0
+                                                                      else " " + w}, "finish_reason": None}]}
+                          for i, w in enumerate(words)]
+                chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+                if usage_if_asked and (body.get("stream_options") or {}).get("include_usage"):
+                    chunks.append({**base, "choices": [],
+                                   "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}})
+                for chunk in chunks:
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.write(b"data: [DONE]\n\n")
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -177,7 +217,8 @@ def _stack(tmp: Path, fail_first: dict[str, int], edit: Callable[[str], str]) ->
     policy.write_text(POLICY)
     budgets = tmp / "budgets.yaml"  # tenant broke may spend $0 a day
     budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
-                       "  - {scope: 'tenant:broke', window: day, limit_usd: 0}\n")
+                       "  - {scope: 'tenant:broke', window: day, limit_usd: 0}\n"
+                       "  - {scope: 'tenant:rich', window: day, limit_usd: 1000}\n")
     upstreams = {"llama-8b": Upstream("llama-8b"), "llama-70b": Upstream("llama-70b", fail=True),
                  "gpt-4o": Upstream("gpt-4o")}
     for name, n in fail_first.items():
@@ -198,6 +239,7 @@ def _stack(tmp: Path, fail_first: dict[str, int], edit: Callable[[str], str]) ->
     config = tmp / "config.yaml"
     config.write_text(edit(CONFIG.read_text()))
     (tmp / "custom_auth.py").write_text(CUSTOM_AUTH)
+    (tmp / "reject_hook.py").write_text(REJECT_HOOK)
     proxy_env = {**base_env, "POINTSMAN_URL": f"http://127.0.0.1:{p_port}", "POINTSMAN_ROUTE_TIMEOUT_S": "2",
                  "POINTSMAN_CASCADE": "true", "POINTSMAN_VERIFY_TIMEOUT_S": "5",
                  "LITELLM_MASTER_KEY": MASTER_KEY, "LLAMA_8B_API_BASE": upstreams["llama-8b"].url,
@@ -407,6 +449,51 @@ def test_a_messages_calls_routing_context_does_not_reach_the_upstream(stack: dic
     assert logged is not None and logged.tenant == "messages-tenant"
 
 
+def test_a_stream_whose_client_asked_no_usage_is_booked_with_the_upstreams_usage(stack: dict) -> None:
+    """A streamed request without ``stream_options.include_usage``: LiteLLM (1.110) asks the upstream for its usage
+    anyway (and strips that chunk from the client's stream), so the outcome books the upstream's count, not nothing,
+    nor LiteLLM's own count of the streamed text. A guard: a LiteLLM that stops asking fails it."""
+    ups = stack["upstreams"]["llama-8b"]
+    with httpx.stream("POST", f"{stack['proxy']}/v1/chat/completions", timeout=60,
+                      headers={"authorization": f"Bearer {MASTER_KEY}"},
+                      json={"model": "chat", "stream": True, "messages": [{"role": "user", "content": "Stream it."}]}) as r:
+        events = [line for line in r.iter_lines() if line.startswith("data: {")]
+    assert r.status_code == 200 and events
+    assert all(json.loads(e[6:]).get("usage") is None for e in events)  # the client did not ask for it
+    assert ups.seen[-1]["body"].get("stream_options") == {"include_usage": True}
+    out = _outcome(stack, ups.seen[-1]["decision"])
+    assert (out.status, out.usage and (out.usage.prompt_tokens, out.usage.completion_tokens)) == ("ok", (11, 7))
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello?"}]}),
+    ("/v1/messages", {"max_tokens": 16, "messages": [{"role": "user", "content": "Hello?"}]}),
+], ids=["chat", "anthropic-messages"])
+@pytest.mark.parametrize("field", ["metadata", "litellm_metadata"])
+def test_a_client_cannot_write_the_decision_the_callback_acts_on(stack: dict, path: str, body: dict, field: str) -> None:
+    """``pointsman_decision`` in the request's metadata is the callback's own record of the decision (the
+    deployment, the id it reports and verifies under); a client that writes one (another request's decision id, a
+    deployment of its choosing, ``cascade``) must neither choose the deployment nor settle that other decision.
+    Before, a /v1/messages call's ``metadata.pointsman_decision.deployment`` (Anthropic's ``metadata``, the client's,
+    read before the callback's ``litellm_metadata``) sent the request to gpt-4o, not to the decided llama-8b."""
+    victim = httpx.post(f"{stack['pointsman_url']}/v1/route", timeout=10,
+                        json={"model": "chat", "messages": [{"role": "user", "content": "another request"}]}).json()
+    ups = stack["upstreams"]
+    before = {n: len(u.seen) for n, u in ups.items()}
+    forged = {"pointsman_decision": {"id": victim["decision_id"], "cascade": True, "served_target": "onprem-8b",
+                                     "deployment": "gpt-4o"}}
+    r = httpx.post(f"{stack['proxy']}{path}", timeout=60, headers={"authorization": f"Bearer {MASTER_KEY}"},
+                   json={"model": "chat", **body, field: forged})
+    assert r.status_code == 200, r.text
+    assert {n: len(u.seen) - before[n] for n, u in ups.items()} == {"llama-8b": 1, "llama-70b": 0, "gpt-4o": 0}
+    own = ups["llama-8b"].seen[-1]["decision"]
+    assert own != victim["decision_id"]
+    assert _outcome(stack, own).status == "ok"
+    time.sleep(0.5)  # an outcome reported under the victim's id would have arrived with the request's own
+    with OutcomeLog(stack["outcomes"]) as log:
+        assert log.decision(victim["decision_id"]).outcomes == ()
+
+
 def test_pointsman_down_fails_open_to_the_default_deployment(stack: dict) -> None:
     """Runs last: stops Pointsman."""
     _stop(stack["pointsman"])
@@ -426,7 +513,9 @@ def keyed_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     and the proxy's keys from ``CUSTOM_AUTH`` (no database)."""
     yield from _stack(tmp_path_factory.mktemp("litellm-proxy-keyed"), {"llama-8b": 1},
                       lambda config: config.replace("num_retries: 0", "num_retries: 1").replace(
-                          "general_settings:\n", "general_settings:\n  custom_auth: custom_auth.user_api_key_auth\n"))
+                          "general_settings:\n", "general_settings:\n  custom_auth: custom_auth.user_api_key_auth\n").replace(
+                          "callbacks: pointsman.integrations.litellm_proxy.handler",
+                          "callbacks: [pointsman.integrations.litellm_proxy.handler, reject_hook.handler]"))
 
 
 def test_a_request_the_proxy_retried_is_booked_with_the_usage_of_the_attempt_that_answered(keyed_stack: dict) -> None:
@@ -458,3 +547,33 @@ def test_a_clients_budget_is_its_keys_whatever_its_metadata_says(keyed_stack: di
                    headers={"authorization": f"Bearer {BROKE_KEY}"})
     assert r.status_code == 429, r.text
     assert "tenant:broke" in r.text
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "REJECT-AFTER-ROUTING"}]}),
+    ("/v1/messages", {"max_tokens": 16, "messages": [{"role": "user", "content": "REJECT-AFTER-ROUTING"}]}),
+], ids=["chat", "anthropic-messages"])
+def test_a_request_rejected_after_routing_releases_its_hold(keyed_stack: dict, path: str, body: dict) -> None:
+    """Another callback of the proxy (``REJECT_HOOK``, after Pointsman's) rejects the routed request before any
+    upstream call: the decision gets an ``error`` outcome at once, releasing its budget hold (tenant ``rich``), rather
+    than holding it until the reservation TTL (600 s)."""
+    def rich() -> dict:
+        budgets = httpx.get(f"{keyed_stack['pointsman_url']}/v1/budgets", timeout=10).json()["budgets"]
+        return next(b for b in budgets if b["scope"] == "tenant:rich")
+
+    since = time.time()
+    before = {n: len(u.seen) for n, u in keyed_stack["upstreams"].items()}
+    r = httpx.post(f"{keyed_stack['proxy']}{path}", timeout=60, headers={"authorization": f"Bearer {MASTER_KEY}"},
+                   json={"model": "chat", **body, "metadata": {"pointsman": {"tenant": "rich"}}})
+    assert r.status_code == 400 and "rejected by another hook" in r.text, r.text
+    assert {n: len(u.seen) for n, u in keyed_stack["upstreams"].items()} == before
+    deadline = time.monotonic() + 15
+    while True:
+        with OutcomeLog(keyed_stack["outcomes"]) as log:
+            decisions = [d for d in log.joined(since_s=since - 1) if d.tenant == "rich"]
+        if (decisions and decisions[-1].outcomes) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert decisions, "the request was routed (a decision for tenant rich)"
+    assert [o.status for o in decisions[-1].outcomes] == ["error"]
+    assert rich()["held_usd"] == 0.0
