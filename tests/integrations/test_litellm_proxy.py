@@ -449,20 +449,27 @@ def test_a_messages_calls_routing_context_does_not_reach_the_upstream(stack: dic
     assert logged is not None and logged.tenant == "messages-tenant"
 
 
-def test_a_stream_whose_client_asked_no_usage_is_booked_with_the_upstreams_usage(stack: dict) -> None:
+@pytest.mark.parametrize("text", ["Stream it.", "NO-STREAM-USAGE, stream it."], ids=["upstream-usage", "no-usage"])
+def test_a_stream_whose_client_asked_no_usage_is_booked_with_a_usage(stack: dict, text: str) -> None:
     """A streamed request without ``stream_options.include_usage``: LiteLLM (1.110) asks the upstream for its usage
-    anyway (and strips that chunk from the client's stream), so the outcome books the upstream's count, not nothing,
-    nor LiteLLM's own count of the streamed text. A guard: a LiteLLM that stops asking fails it."""
+    anyway (and strips that chunk from the client's stream), so the outcome books the upstream's count, not nothing.
+    An upstream that sends none anyway (``NO-STREAM-USAGE``) is booked with LiteLLM's count of the streamed text, at
+    least one token per streamed delta, never none or zero. A guard: a LiteLLM that stops asking fails it."""
     ups = stack["upstreams"]["llama-8b"]
     with httpx.stream("POST", f"{stack['proxy']}/v1/chat/completions", timeout=60,
                       headers={"authorization": f"Bearer {MASTER_KEY}"},
-                      json={"model": "chat", "stream": True, "messages": [{"role": "user", "content": "Stream it."}]}) as r:
-        events = [line for line in r.iter_lines() if line.startswith("data: {")]
+                      json={"model": "chat", "stream": True, "messages": [{"role": "user", "content": text}]}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     assert r.status_code == 200 and events
-    assert all(json.loads(e[6:]).get("usage") is None for e in events)  # the client did not ask for it
+    assert all(e.get("usage") is None for e in events)  # the client did not ask for it
     assert ups.seen[-1]["body"].get("stream_options") == {"include_usage": True}
     out = _outcome(stack, ups.seen[-1]["decision"])
-    assert (out.status, out.usage and (out.usage.prompt_tokens, out.usage.completion_tokens)) == ("ok", (11, 7))
+    assert out.status == "ok" and out.usage is not None
+    if text.startswith("NO-STREAM-USAGE"):
+        deltas = sum(1 for e in events for c in e["choices"] if c.get("delta", {}).get("content"))
+        assert out.usage.prompt_tokens > 0 and out.usage.completion_tokens >= deltas > 0
+    else:
+        assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (11, 7)
 
 
 @pytest.mark.parametrize("path,body", [
