@@ -11,7 +11,10 @@ body, to the reply list (kept 60 s). When no holder answers in time (its process
 down) the verify is answered as before: 410 ``decision_expired``. The verify was authenticated and
 validated where it arrived; the holder trusts what comes through Redis as it trusts the shared state.
 Cost: a round trip through Redis and a thread hand-off on each side (about a millisecond), paid only
-by relayed verifies.
+by relayed verifies. A Redis that hangs holds a relayed verify for one socket timeout at most, and the
+ones after it not at all: the ``PUBLISH`` goes through the shared state's ``HangGate``
+(``pointsman.redis_client``), refused at once (410) while its calls time out. Only the ``PUBLISH``: once
+a verify is sent, its ``BLPOP`` and claim go to Redis whatever the gate says (a holder may be verifying).
 
 A 410 must mean that nothing was verified: the gateway then keeps its draft and reports it as the
 decision's outcome, which the holder refuses once it escalated the decision (it settled the draft,
@@ -36,6 +39,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from pointsman.redis_client import HangGate
+
 log = logging.getLogger("pointsman.verify_relay")
 
 #: How long a reply (and its claim key) waits for the asking process to take it (s).
@@ -52,16 +57,18 @@ Answer = Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]
 class VerifyRelay:
     """Relays verifies between processes sharing one Redis (see the module).
 
-    ``VerifyRelay(client, prefix, holds, answer, timeout_s=2.0)``: ``client`` a ``redis.Redis``
+    ``VerifyRelay(client, prefix, holds, answer, timeout_s=2.0, gate=None)``: ``client`` a ``redis.Redis``
     (``decode_responses=True``) whose socket timeout exceeds ``timeout_s``; ``holds(decision_id)``:
-    whether this process holds the decision; ``answer``: see ``Answer``. ``start`` subscribes (a daemon
-    thread), ``close`` stops it. Thread-safe."""
+    whether this process holds the decision; ``answer``: see ``Answer``; ``gate``: the ``HangGate`` of
+    that Redis (default: the client's own). ``start`` subscribes (a daemon thread), ``close`` stops it.
+    Thread-safe."""
 
     def __init__(self, client: Any, prefix: str, holds: Callable[[str], bool], answer: Answer, *,
-                 timeout_s: float = 2.0) -> None:
+                 timeout_s: float = 2.0, gate: HangGate | None = None) -> None:
         import redis
 
         self.client, self.channel, self.prefix = client, f"{prefix}verify", prefix
+        self._gate = gate if gate is not None else HangGate.of(client)
         self.holds, self.answer, self.timeout_s = holds, answer, float(timeout_s)
         self._errors: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, OSError)
         self._stop = threading.Event()
@@ -71,14 +78,14 @@ class VerifyRelay:
     @classmethod
     def for_sync(cls, sync: Any, holds: Callable[[str], bool], answer: Answer, *,
                  timeout_s: float = 2.0) -> VerifyRelay:
-        """A relay on the Redis of a ``shared_state.RedisSync`` (its server, database and prefix),
-        with its own connection pool whose socket timeout outlasts the ``BLPOP``."""
+        """A relay on the Redis of a ``shared_state.RedisSync`` (its server, database, prefix and hang
+        gate), with its own connection pool whose socket timeout outlasts the ``BLPOP``."""
         import redis
 
         pool = sync.client.connection_pool
         kwargs = {**pool.connection_kwargs, "socket_timeout": timeout_s + 2.0}
         client = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
-        return cls(client, sync.prefix, holds, answer, timeout_s=timeout_s)
+        return cls(client, sync.prefix, holds, answer, timeout_s=timeout_s, gate=sync.gate)
 
     def start(self) -> VerifyRelay:
         """Subscribe to the channel on a daemon thread (reconnects after Redis errors)."""
@@ -95,7 +102,7 @@ class VerifyRelay:
         message = json.dumps({"decision_id": decision_id, "body": body, "reply": reply,
                               "deadline": time.time() + self.timeout_s}, separators=(",", ":"))
         try:
-            if not self.client.publish(self.channel, message):
+            if not self._gate.call(lambda: self.client.publish(self.channel, message)):
                 return None
             got = self.client.blpop([reply], timeout=self.timeout_s)
             if got is None:

@@ -701,6 +701,11 @@ class RedisSync:
         """Always True."""
         return True
 
+    @property
+    def gate(self) -> HangGate:
+        """The ``HangGate`` every call of a decision or an outcome to this Redis goes through (the verify relay's too)."""
+        return self._gate
+
     # -- writes
 
     def _write(self, what: str, call: Callable[[], object]) -> object:
