@@ -416,6 +416,13 @@ class SpendJournal:
         self._set_meta("restoring", [now])
         return now
 
+    def restore_unfinished(self) -> bool:
+        """Whether a restore's time is kept (``restoring``): a pass began and none finished since (``see`` with
+        ``restored``). ``FleetState.restore_spend`` then runs a pass even when the incarnation was seen (a worker that
+        read the last one before another noted the new one, cut short since): else no pass would forget the time and
+        ``compact`` would fold nothing until the ledger's next restart. Raises ``LedgerUnavailable``."""
+        return self._meta("restoring") is not None
+
     def __len__(self) -> int:
         """Entries waiting (0 when the file cannot be read)."""
         try:

@@ -821,10 +821,12 @@ class FleetState:
           settlements folded by ``SpendJournal.compact``, windows still kept) are booked in one call, and every
           booked row it keeps one by one (the last ``KEEP_RECENT_S``) is settled again (read a page at a time: a
           worker sharing the file folds nothing meanwhile, below);
-        - a new ``run_id`` (Redis restarted on its files, which may end before what it acknowledged), or
-          nothing seen yet: the rows booked since ``RESTORE_LOOKBACK_S`` before it was last seen alive whose
-          ledger record outlives ``now + RESTORE_MARGIN_S``, and the sums when this epoch was made to count
-          them since then (``SpendJournal.applied``);
+        - a new ``run_id`` (Redis restarted on its files, which may end before what it acknowledged), nothing
+          seen yet, or a pass begun and not finished (``SpendJournal.restore_unfinished``: a worker sharing the file
+          that read the last incarnation before another noted the new one, cut short since; without this pass its
+          kept time would hold ``compact`` off until Redis restarted again): the rows booked since
+          ``RESTORE_LOOKBACK_S`` before it was last seen alive whose ledger record outlives ``now + RESTORE_MARGIN_S``,
+          and the sums when this epoch was made to count them since then (``SpendJournal.applied``);
         - the same incarnation, last seen a minute ago or more: it is seen now, the store is told it counts the
           sums (``add_sums`` with none: ``a:<uid>`` set, its TTL renewed), and, once this epoch was first made to
           count them more than ``RESTORE_LOOKBACK_S`` ago, the rows last booked ``KEEP_RECENT_S`` ago are folded
@@ -864,7 +866,8 @@ class FleetState:
         after the fold, and kept both as a row and in the sums, counted twice by the next emptied store); a row booked
         again is kept only while it is there (``Booked.again``: one folded or forgotten meanwhile stays so). A pass
         that outlives another worker's finished pass (which forgets the time) has left only rows that one booked
-        again, which fold an hour later at the earliest. ``add_sums`` writes
+        again, which fold an hour later at the earliest; so has one begun after it (what was lost, that one booked),
+        whose time a pass forgets in turn. ``add_sums`` writes
         only in the epoch read at the start (a store emptied since is left for the next call). Sums are forgotten once
         their month window's keys expire in the ledger; a repeat of a folded settlement's outcome after the store was
         emptied is booked again (its record is gone)."""
@@ -874,6 +877,7 @@ class FleetState:
         try:
             epoch, run_id = self.ledger.incarnation()  # type: ignore[attr-defined]
             seen, applied = self.journal.seen(), self.journal.applied()
+            unfinished = self.journal.restore_unfinished()
         except LedgerUnavailable:
             return 0
         now = self.clock()
@@ -897,7 +901,7 @@ class FleetState:
                 log.error("budget ledger epoch changed %.0f s ago (%s, now %s), not within record_retention_s (%g s) "
                           "less %g s for clocks: not booking this replica's settlements again", age, seen.epoch, epoch,
                           retention, RESTORE_MARGIN_S)
-        elif seen is None or seen.run_id != run_id:
+        elif seen is None or seen.run_id != run_id or unfinished:
             since = float("-inf") if seen is None else seen.ok_s - RESTORE_LOOKBACK_S
             try:
                 at = self.journal.restoring(now)

@@ -785,3 +785,40 @@ def test_a_restore_whose_pass_cannot_be_noted_still_reports_what_it_booked(tmp_p
         finally:
             del journal.see  # type: ignore[method-assign]
         until_restored(replicas, ledger, acked)
+
+
+def test_a_restore_cut_short_after_another_worker_finished_it_does_not_hold_compaction_off(tmp_path):
+    """Two workers share a journal and Redis restarts: worker 1 reads the incarnation last seen, worker 0 then restores
+    and notes the new one, and worker 1's pass, started after that, is cut short (Redis away). Before, its ``restoring``
+    mark stayed with the incarnation already seen: no pass ran again to forget it, so ``compact`` folded nothing from
+    then on and the journal kept a row per settlement until Redis restarted again. Now the workers, finding the mark
+    kept under an incarnation seen since, fold an hour later as before; each settlement is still counted once."""
+    clock = Clock()
+    with _store(tmp_path, clock=clock, shared=True) as (redis, ledger, (w0, w1)):
+        acked = {scope: 0 for scope in BUDGETED + UNBUDGETED}
+        for i in range(4):
+            scopes = BUDGETED if i % 2 else UNBUDGETED
+            cost = settle_one((w0, w1)[i % 2], scopes, i)
+            for scope in scopes:
+                acked[scope] += cost
+        tick(w0)
+        tick(w1)
+        redis.kill()
+        redis.start()
+        assert w1.journal is not None
+        seen = w1.journal.seen
+
+        def then_restored_by_w0():
+            got = seen()
+            tick(w0)
+            return got
+
+        w1.journal.seen = then_restored_by_w0  # type: ignore[method-assign]
+        try:
+            interrupted(w1, 0, reply_lost=False)
+        finally:
+            del w1.journal.seen  # type: ignore[method-assign]
+        clock.age([w0, w1])
+        assert _folded(w0) == (0, 2)  # folded an hour later: two scope sets, one target, one day
+        redis.flushall()
+        until_restored([w0, w1], ledger, acked)
