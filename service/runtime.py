@@ -123,11 +123,17 @@ class Runtime:
         self.metrics.model_swaps.labels("ok" if result.ok else "error").inc()
 
     def record_fleet_reload(self, result: ReloadResult) -> None:
-        """Metrics hook of fleet reloads; a fleet reloaded is kept in the outcome log (``keep_fleet``)."""
+        """Metrics hook of fleet reloads; the fleet a reload swapped in is kept in the outcome log (``keep_fleet``):
+        the one of ``result.revision``, which the state remembers (``FleetState.fleets``), not the one serving when
+        the hook runs (after the reload lock: another reload may have swapped in since)."""
         label = "rejected" if not result.ok else ("ok" if result.changed else "unchanged")
         self.metrics.fleet_reloads.labels(label, result.source).inc()
         if result.changed:
-            keep_fleet(self.outcome_log, self.live.engine.fleet)
+            fleet = self.live.engine.state.fleets.get(result.revision)
+            if fleet is None:  # FLEETS_REMEMBERED reloads since: its decisions are labelled by the fleet of training time
+                log.warning("fleet revision %s not kept in the outcome log: reloaded over since", result.revision)
+            else:
+                keep_fleet(self.outcome_log, fleet)
 
     def record_budgets_reload(self, result: ReloadResult) -> None:
         """Metrics hook of budgets file reloads."""

@@ -86,3 +86,40 @@ def test_labels_read_the_fleet_each_decision_was_made_on(tmp_path: Path, serve):
         # an explicit strong_targets rule still decides alone
         ex = logged_examples(log, LabelRules(strong_targets=("frontier-large",)), today)
         assert dict(zip(ex.decision_id, ex.y)) == {old: 0.5, new: 0.5} and ex.by_today_fleet == 0
+
+
+def test_a_fleet_replaced_right_after_its_reload_is_kept_too(tmp_path: Path):
+    """Two fleet reloads back to back (the file watcher, an admin call, another worker's announcement), a decision made
+    on the first fleet in between: the first one's kinds are kept under its revision too. Before, the reload's hook
+    (after the reload lock) kept the fleet serving when it ran: the second, so the first fleet's decisions were labelled
+    by today's fleet. The interleaving is forced in the real app: the first reload's hook routes, then reloads again."""
+    from fastapi.testclient import TestClient
+
+    from pointsman.service.app import create_app
+    from pointsman.service.settings import Settings
+
+    fleet_path, policy_path = tmp_path / "fleet.yaml", tmp_path / "policy.yaml"
+    fleet_path.write_text(DEFAULT_FLEET_PATH.read_text())
+    policy_path.write_text(POLICY)
+    settings = Settings(data_dir=tmp_path / "data", fleet_path=fleet_path, policy_path=policy_path, watch_policy=False,
+                        watch_fleet=False, watch_budgets=False, scrape_interval_s=0)
+    decided: list[str] = []
+    with TestClient(create_app(settings)) as c:
+        rt = c.app.state.runtime  # type: ignore[attr-defined]
+        hook = rt.record_fleet_reload
+
+        def then_decided_and_reloaded(result):
+            if not decided:
+                decided.append(c.post("/v1/route", json=LONG).json()["fleet_revision"])
+                fleet_path.write_text(DEFAULT_FLEET_PATH.read_text())
+                assert rt.reload_file("fleet").changed
+            hook(result)
+
+        rt.record_fleet_reload = then_decided_and_reloaded
+        fleet_path.write_text(_rekinded(DEFAULT_FLEET_PATH.read_text()))
+        assert c.post("/v1/fleet/reload").json()["changed"]
+        fleet_path.write_text(_rekinded(DEFAULT_FLEET_PATH.read_text()))  # the first fleet's file, to read its revision
+        assert decided == [load_fleet(fleet_path).revision] != [rt.live.engine.fleet.revision]  # made on the first
+    with OutcomeLog(tmp_path / "data" / "outcomes.db") as log:
+        kinds = log.fleet_kinds()
+    assert kinds.get(decided[0], {}).get("onprem-70b") == "frontier", kinds
