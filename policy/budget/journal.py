@@ -262,15 +262,19 @@ class SpendJournal:
     def booked(self, since_s: float, alive_after_s: float, page: int = 1000) -> Iterator[Booked]:
         """The booked rows kept, booked at or after ``since_s`` whose ledger record outlives ``alive_after_s``
         (``expires_s`` NULL or later), in insertion order, read ``page`` rows at a time (rows booked again while
-        this runs keep their place). Raises ``LedgerUnavailable``."""
-        after = 0
+        this runs keep their place); of the rows kept when the first page is read: those added later were booked in
+        the store a restore books into (and a restore reading them would not end while settlements come as fast as it
+        books them, holding ``compact`` off). Raises ``LedgerUnavailable``."""
+        after, last = 0, None
         while True:
             try:
                 with closing(self._connect()) as conn:
+                    if last is None:
+                        last = conn.execute("SELECT coalesce(max(rowid), 0) FROM journal").fetchone()[0]
                     rows = conn.execute(
                         "SELECT rowid, decision_id, args, booked_s, expires_s FROM journal WHERE rowid > ? "
-                        "AND booked_s >= ? AND (expires_s IS NULL OR expires_s > ?) ORDER BY rowid LIMIT ?",
-                        (after, since_s, alive_after_s, page)).fetchall()
+                        "AND rowid <= ? AND booked_s >= ? AND (expires_s IS NULL OR expires_s > ?) ORDER BY rowid "
+                        "LIMIT ?", (after, last, since_s, alive_after_s, page)).fetchall()
             except sqlite3.Error as exc:
                 raise self._error(exc) from None
             for rowid, d, a, b, e in rows:

@@ -819,8 +819,8 @@ class FleetState:
         - a new ``epoch``: the store lost everything written since the old epoch was created (FLUSHALL, a
           new volume, a Redis without persistence restarted); the journal's sums (``RedisLedger.add_sums``: the
           settlements folded by ``SpendJournal.compact``, windows still kept) are booked in one call, and every
-          booked row it keeps one by one (the last ``KEEP_RECENT_S``) is settled again (read a page at a time: a
-          worker sharing the file folds nothing meanwhile, below);
+          booked row it keeps one by one (the last ``KEEP_RECENT_S``; those kept when the pass began) is settled
+          again (read a page at a time: a worker sharing the file folds nothing meanwhile, below);
         - a new ``run_id`` (Redis restarted on its files, which may end before what it acknowledged), nothing
           seen yet, or a pass begun and not finished (``SpendJournal.restore_unfinished``: a worker sharing the file
           that read the last incarnation before another noted the new one, cut short since; without this pass its

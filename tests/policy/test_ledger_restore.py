@@ -822,3 +822,39 @@ def test_a_restore_cut_short_after_another_worker_finished_it_does_not_hold_comp
         assert _folded(w0) == (0, 2)  # folded an hour later: two scope sets, one target, one day
         redis.flushall()
         until_restored([w0, w1], ledger, acked)
+
+
+def test_a_restore_ends_while_settlements_keep_coming(tmp_path):
+    """A flushed store, and a worker sharing the journal settles one more decision for each row the restore books
+    again (traffic as fast as the restore). Before, the pass read the rows added meanwhile too (booked in the new store,
+    nothing to restore) and never ended: its ``restoring`` time kept ``compact`` off, so the journal grew with the
+    traffic for good. Now a pass books the rows kept when it began: it ends, each settlement counted once."""
+    with _store(tmp_path, shared=True) as (redis, ledger, (traffic, replica)):
+        acked = {scope: 0 for scope in BUDGETED}
+
+        def settled_one() -> None:
+            cost = settle_one(traffic, BUDGETED, 0)
+            for scope in BUDGETED:
+                acked[scope] += cost
+
+        for _ in range(1000):  # a full page of rows (``SpendJournal.booked``): the next page is read
+            settled_one()
+        tick(replica)
+        redis.flushall()
+        settle, calls = replica.ledger.settle, [0]  # type: ignore[union-attr]
+
+        def with_traffic(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] > 1500:  # the pass has not ended: cut it short
+                raise LedgerUnavailable("budget ledger (redis): gone (test)")
+            settled_one()
+            return settle(*args, **kwargs)
+
+        replica.ledger.settle = with_traffic  # type: ignore[union-attr]
+        try:
+            replica.restore_spend()
+        finally:
+            del replica.ledger.settle  # type: ignore[union-attr]
+        assert calls[0] == 1000
+        assert replica.journal is not None and not replica.journal.restore_unfinished()
+        until_restored([traffic, replica], ledger, acked)
