@@ -116,7 +116,7 @@ STAGES: dict[str, tuple[tuple[str, str], ...]] = {
     "place": (("pointsman.policy.engine", "place"),),
     "dispatch": (("pointsman.policy.signals.fleet_state", "FleetState.dispatch"),),
     "to_dict": (("pointsman.policy.decision", "Decision.to_dict"),),
-    "json_response": (("pointsman.service.routes_decisions", "JSONAnswer"),),
+    "json_response": (("pointsman.service.routes_decisions", "json_answer"),),
     "commit": (("pointsman.service.routes_decisions", "commit_decision"),),
     "outcome_parse": (("pointsman.service.routes_reports", "parse_outcome_items"),),
     "outcome_store": (("pointsman.service.routes_reports", "store_outcomes"),),

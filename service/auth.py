@@ -169,12 +169,17 @@ def header_key(request: HTTPConnection) -> str | None:
     """``presented_key`` read from ``request``'s headers directly, as FastAPI's ``HTTPBearer`` and
     ``APIKeyHeader`` read them (``Authorization: Bearer <key>``, the scheme in any case; else
     ``x-api-key``): the hot paths (``app.PointsmanApp``) authenticate without dependency injection."""
-    headers = request.headers
-    scheme, _, credentials = (headers.get("authorization") or "").partition(" ")
+    authorization = api_key = None
+    for name, value in request.scope["headers"]:  # the first of each, as ``request.headers.get``
+        if name == b"authorization":
+            authorization = value if authorization is None else authorization
+        elif name == b"x-api-key":
+            api_key = value if api_key is None else api_key
+    scheme, _, credentials = (authorization or b"").decode("latin-1").partition(" ")
     credentials = credentials.strip()
     if scheme.lower() == "bearer" and credentials:
         return credentials
-    return headers.get("x-api-key") or None
+    return (api_key or b"").decode("latin-1") or None
 
 
 def authenticate(request: HTTPConnection, role: str, key: str | None) -> Principal:

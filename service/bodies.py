@@ -13,7 +13,8 @@ byte offset of invalid UTF-8, line and column of malformed JSON, the place of an
 more digits than Python converts). ``validate_model``
 checks one decoded object against a pydantic model and names the first bad field.
 
-Answers: ``JSONAnswer``, Starlette's ``JSONResponse`` encoded by orjson (the same JSON, a tenth of the CPU).
+Answers: ``JSONAnswer``, Starlette's ``JSONResponse`` encoded by orjson (the same JSON, a tenth of the CPU);
+``json_answer`` builds one from headers given as raw pairs (a decision's answer).
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ import asyncio
 import json
 import math
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, TypeVar, cast
 
 import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
+from starlette.types import Message
 
 from pointsman.errors import RequestError
 from pointsman.json_types import JSONObject, JSONValue, json_path
@@ -48,11 +50,12 @@ DISCARD_LIMIT_BYTES = 64 * 1024 * 1024
 async def read_body(request: Request, settings: Settings) -> bytes:
     """The raw body, at most ``settings.max_body_bytes`` bytes, read within ``settings.body_read_timeout_s``
     seconds; raises ``HTTPError`` 413 beyond the size (see ``too_large``), 408 past the time (``Connection:
-    close``), 400 for a bad Content-Length or a client gone mid-body."""
+    close``), 400 for a bad Content-Length or a client gone mid-body. Reads the ASGI messages as Starlette's
+    ``Request.stream`` does (a body it already read is read from it), without its generator; the deadline's
+    timer is armed only while a message is awaited (``_receive_by``): a body already here costs none."""
     timeout_s = settings.body_read_timeout_s
     try:
-        async with asyncio.timeout(timeout_s):
-            return await _read_body(request, settings.max_body_bytes)
+        return await _read_body(request, settings.max_body_bytes, asyncio.get_running_loop().time() + timeout_s)
     except TimeoutError:
         raise HTTPError(408, f"the request body did not arrive within {timeout_s:g} s of its headers "
                              "(setting POINTSMAN_BODY_READ_TIMEOUT_S)", type="request_timeout",
@@ -62,20 +65,25 @@ async def read_body(request: Request, settings: Settings) -> bytes:
                         code="client_disconnected") from None
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
+async def _read_body(request: Request, limit: int, deadline: float) -> bytes:
+    declared = expect = None
+    for name, value in request.scope["headers"]:  # the first of each, as ``Headers.get``
+        if name == b"content-length" and declared is None:
+            declared = value.decode("latin-1")
+        elif name == b"expect" and expect is None:
+            expect = value.decode("latin-1")
     if declared is not None:
         try:
             size = int(declared)
         except ValueError:
             raise HTTPError(400, f"Content-Length {declared!r} is not a number", code="bad_content_length") from None
         if size > limit:
-            waiting = request.headers.get("expect", "").lower() == "100-continue"  # nothing sent yet: do not ask for it
+            waiting = (expect or "").lower() == "100-continue"  # nothing sent yet: do not ask for it
             if not waiting and size <= DISCARD_LIMIT_BYTES:
-                await _discard(request)
+                await _discard(request, deadline)
             raise too_large(size, limit)
     chunks, size = [], 0
-    async for chunk in request.stream():
+    async for chunk in _Chunks(request, deadline):
         size += len(chunk)
         if size > DISCARD_LIMIT_BYTES:
             break
@@ -83,18 +91,87 @@ async def _read_body(request: Request, limit: int) -> bytes:
             chunks.append(chunk)
     if size > limit:  # the rest was read and discarded (up to DISCARD_LIMIT_BYTES)
         raise too_large(size, limit, at_least=size > DISCARD_LIMIT_BYTES)
-    return b"".join(chunks)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def _discard(request: Request) -> None:
+async def _discard(request: Request, deadline: float) -> None:
     """Read and drop the body, stopping past ``DISCARD_LIMIT_BYTES``. A client that writes its whole body
     before reading the answer (Python's urllib, ``requests``) then reads the 413: closing with its bytes
     unread would make the kernel reset the connection instead."""
     dropped = 0
-    async for chunk in request.stream():
+    async for chunk in _Chunks(request, deadline):
         dropped += len(chunk)
         if dropped > DISCARD_LIMIT_BYTES:
             break
+
+
+class _Chunks:
+    """The body's non-empty chunks, as ``Request.stream`` yields them (then ``b""``), read by ``_receive_by``
+    (``deadline``: the loop's clock). Raises ``ClientDisconnect`` for ``http.disconnect``, ``TimeoutError`` past
+    the deadline. An iterator object, not an async generator: no generator to set up and close per body."""
+
+    def __init__(self, request: Request, deadline: float) -> None:
+        self.request, self.deadline = request, deadline
+        self.cached: list[bytes] | None = None if not hasattr(request, "_body") else [b"", request._body]
+        if self.cached is None and request._stream_consumed:
+            raise RuntimeError("Stream consumed")
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        request = self.request
+        if self.cached is not None:  # read already (``Request.body``): what ``Request.stream`` gives
+            if not self.cached:
+                raise StopAsyncIteration
+            return self.cached.pop()
+        while not request._stream_consumed:
+            message = await _receive_by(request.receive, self.deadline)
+            if message["type"] == "http.request":
+                body: bytes = message.get("body", b"")
+                if not message.get("more_body", False):
+                    request._stream_consumed = True
+                if body:
+                    return body
+            elif message["type"] == "http.disconnect":
+                request._is_disconnected = True
+                raise ClientDisconnect()
+        raise StopAsyncIteration
+
+
+
+async def _receive_by(receive: Callable[[], Awaitable[Message]], deadline: float) -> Message:
+    """``await receive()``, raising ``TimeoutError`` past ``deadline`` (the loop's clock): the awaitable is
+    stepped once here, and only when it would wait (the message not here yet) is the rest awaited under
+    ``asyncio.timeout_at`` (a message already received, a small body's usual case, arms no timer)."""
+    pending = receive().__await__()
+    try:
+        waits_on = pending.send(None)
+    except StopIteration as done:
+        return cast(Message, done.value)
+    async with asyncio.timeout_at(deadline):
+        return cast(Message, await _Resumed(pending, waits_on))
+
+
+class _Resumed:
+    """An awaitable's iterator stepped once already (``waits_on``: what its step yielded to the event loop), to
+    be awaited on: it yields ``waits_on`` to the task, then resumes the iterator as ``await`` would have, a
+    cancellation thrown in included."""
+
+    def __init__(self, pending: Generator[Any, None, Any], waits_on: Any) -> None:
+        self.pending, self.waits_on = pending, waits_on
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        while True:
+            try:
+                yield self.waits_on
+            except BaseException as exc:  # noqa: BLE001 - thrown into the awaited iterator, as ``await`` does
+                try:
+                    self.waits_on = self.pending.throw(exc)
+                except StopIteration as done:
+                    return done.value
+                continue
+            return (yield from self.pending)
 
 
 def too_large(size: int, limit: int, at_least: bool = False) -> HTTPError:
@@ -228,6 +305,23 @@ class JSONAnswer(JSONResponse):
         except orjson.JSONEncodeError:
             return super().render(content)
         return super().render(content) if b"null" in body and not _finite(content) else body
+
+
+#: The content type header ``JSONResponse`` writes.
+_JSON_CONTENT_TYPE = (b"content-type", b"application/json")
+
+
+def json_answer(content: Any, headers: list[tuple[bytes, bytes]]) -> JSONAnswer:
+    """``JSONAnswer(content, headers=...)`` (status 200) from headers given as ``Response.raw_headers``
+    pairs (lower-case names, latin-1 values: what ``init_headers`` makes of a dict's items; ``headers``
+    is extended): the same answer, its content-length and content-type appended as ``init_headers``
+    appends them, without building the headers from a mapping (a decision's answer, ``/v1/route``)."""
+    answer = JSONAnswer.__new__(JSONAnswer)
+    answer.status_code, answer.background = 200, None
+    answer.body = body = answer.render(content)
+    headers += ((b"content-length", str(len(body)).encode("latin-1")), _JSON_CONTENT_TYPE)
+    answer.raw_headers = headers
+    return answer
 
 
 def _finite(content: Any) -> bool:

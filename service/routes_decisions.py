@@ -42,7 +42,7 @@ from pointsman.policy.selection.filters import NoEligibleTarget
 from pointsman.policy.signals.shared_state import deferred_writes
 from pointsman.request import RouteRequest, parse_route_request
 from pointsman.service.auth import Principal, authenticate, header_key, require
-from pointsman.service.bodies import JSONAnswer, decode_json, json_body, read_body
+from pointsman.service.bodies import JSONAnswer, decode_json, json_answer, json_body, read_body
 from pointsman.service.deadline import DeadlineEstimator
 from pointsman.service.ext_proc_body import decided_body
 from pointsman.service.http_errors import ROUTE_ERRORS, HTTPError, invalid, unavailable
@@ -123,10 +123,10 @@ def refusal(rt: Runtime, exc: NoEligibleTarget | LedgerUnavailable | RequestErro
 def answered(rt: Runtime, engine: RoutingEngine, request: RouteRequest, decision: Decision,
              started: float) -> JSONAnswer:
     """The answer to a decision, handed to the decision log and counted (``commit_decision``)."""
-    response = JSONAnswer(decision.to_dict(explain=request.routing.explain), headers={
-        "x-pointsman-decision-id": decision.decision_id,
-        "x-pointsman-target": decision.target,
-    })
+    response = json_answer(decision.to_dict(explain=request.routing.explain), [
+        (b"x-pointsman-decision-id", decision.decision_id.encode("latin-1")),
+        (b"x-pointsman-target", decision.target.encode("latin-1")),
+    ])
     commit_decision(rt, decision, request, engine.estimator, started)
     return response
 

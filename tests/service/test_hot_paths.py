@@ -3,6 +3,7 @@ layers) answer exactly as the FastAPI routes do, which still serve them under a 
 ``JSONAnswer`` (orjson) writes the JSON ``JSONResponse`` writes, and ``decode_json`` (orjson first)
 reads and refuses what ``json.loads`` does."""
 
+import asyncio
 import collections
 import json
 import math
@@ -13,6 +14,7 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import SecretStr
+from starlette.requests import Request
 
 from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.policy.engine import RoutingEngine
@@ -20,7 +22,7 @@ from pointsman.policy.fleet import load_fleet
 from pointsman.policy.rules.compiler import load_policy
 from pointsman.service import app as app_module
 from pointsman.service.app import create_app
-from pointsman.service.bodies import JSONAnswer, decode_json
+from pointsman.service.bodies import JSONAnswer, decode_json, json_answer, read_body
 from pointsman.service.bootstrap import build_state
 from pointsman.service.http_errors import HTTPError
 from pointsman.service.settings import Settings
@@ -139,6 +141,48 @@ def test_json_answer_refuses_what_json_response_refuses(bad):
             JSONResponse(value)
         with pytest.raises(ValueError):
             JSONAnswer(value)
+
+
+header_values = st.text(st.characters(max_codepoint=255, exclude_categories=["Cs"]), max_size=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(json_values, header_values, header_values)
+def test_json_answer_of_raw_headers_is_the_json_answer_of_a_header_dict(value, decision_id, target):
+    """``json_answer`` (``/v1/route``'s answer, its headers given as raw pairs) is ``JSONAnswer`` of the same
+    content and header dict: the same status, body and raw headers, in the same order."""
+    expected = JSONAnswer(value, headers={"x-pointsman-decision-id": decision_id, "x-pointsman-target": target})
+    got = json_answer(value, [(b"x-pointsman-decision-id", decision_id.encode("latin-1")),
+                              (b"x-pointsman-target", target.encode("latin-1"))])
+    assert (got.status_code, got.body, got.raw_headers, got.background) == \
+        (expected.status_code, expected.body, expected.raw_headers, expected.background)
+    assert dict(got.headers) == dict(expected.headers)
+
+
+def test_a_body_read_in_chunks_that_wait_is_the_whole_body(tmp_path):
+    """``read_body`` reads a body whose chunks are not there yet (each receive waits on the event loop, the
+    deadline's timer armed meanwhile), and a client that goes away mid-body is a 400; the deadline: ``test_bad_input``."""
+    settings_ = Settings(data_dir=tmp_path, watch_policy=False)
+    chunks = [b'{"a": ', b"[1, 2", b"]}"]
+
+    async def read(messages):
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def feed():
+            for m in messages:
+                await asyncio.sleep(0.01)
+                await queue.put(m)
+        task = asyncio.create_task(feed())
+        scope = {"type": "http", "method": "POST", "path": "/v1/route", "headers": [], "query_string": b""}
+        try:
+            return await read_body(Request(scope, queue.get), settings_)
+        finally:
+            await task
+    body = asyncio.run(read([{"type": "http.request", "body": c, "more_body": i < 2} for i, c in enumerate(chunks)]))
+    assert body == b"".join(chunks)
+    with pytest.raises(HTTPError) as gone:
+        asyncio.run(read([{"type": "http.request", "body": chunks[0], "more_body": True}, {"type": "http.disconnect"}]))
+    assert gone.value.status == 400 and gone.value.code == "client_disconnected"
 
 
 json_values_nan = st.recursive(
