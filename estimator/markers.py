@@ -269,7 +269,9 @@ def request_vector(features: RequestFeatures) -> np.ndarray:
     words = _words(lower)
     vocab = _vocab_counts(words)
     head = words[:3]
-    first_line_words = _words(stripped.split("\n", 1)[0].lower()) if stripped else []
+    # a text of one line (stripped) has its words on its first line: the [a-z] runs stripping cannot change
+    first_line_words = [] if not stripped else words if "\n" not in stripped else \
+        _words(stripped.split("\n", 1)[0].lower())
     upper, digits, wide_digits = _upper_and_digits(text)
     letters = sum(map(len, words))
     non_ascii = len(text) - len(text.encode("ascii", "ignore"))
@@ -297,12 +299,12 @@ def request_vector(features: RequestFeatures) -> np.ndarray:
         math.log1p(text.count("?")),
         float(bool(head) and head[0] in _WH_WORDS),
         float(bool(head) and head[0] in _YESNO_WORDS),
-        float(any(w in _CREATIVE_WORDS for w in head)),
+        float(not _CREATIVE_WORDS.isdisjoint(head)),
         float(vocab["explain"] > 0),
         math.log1p(vocab["format"] + _count_phrases(lower, _FORMAT_PHRASES)),
         float(_choices(text) >= 2),
         math.log1p(vocab["reasoning"] + _count_phrases(lower, _REASONING_PHRASES)),
-        float(any(w in _GIVEN_WORDS for w in first_line_words)),
+        float(not _GIVEN_WORDS.isdisjoint(first_line_words)),
         math.log1p(len(_PARAGRAPH.findall(stripped)) + (1 if stripped else 0)),
     )
     return np.asarray(values, dtype=np.float32)

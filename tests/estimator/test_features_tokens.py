@@ -174,6 +174,19 @@ def test_marker_words_and_counts_match_their_definitions(text):
         len(re.findall(r"\d+(?:[.,]\d+)?", text))  # the pattern as first written
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(list("abcGIV ++\n\t\r.") + ["given", "Below", "\x85", "\xa0", "\u2028", "\x1c", "İ",
+                                                             "ΑΣ", "Σ", "ß", "\ud800", "中"]), max_size=30).map("".join))
+def test_the_first_line_words_of_a_text_of_one_line_are_its_words(text):
+    """``request_vector`` reads a text of one line's (stripped) first-line words as its words: stripping
+    (Unicode whitespace, not only ``\\n``) changes no run of ``[a-z]`` in the lower-cased text."""
+    from pointsman.estimator import markers as m
+
+    stripped = text.strip()
+    if stripped and "\n" not in stripped:
+        assert m._words(stripped.split("\n", 1)[0].lower()) == m._words(text.lower())
+
+
 def _hex(n: int, seed: int = 0) -> str:
     rng = random.Random(seed)
     return "".join(rng.choice("0123456789abcdef") for _ in range(n))
