@@ -119,6 +119,7 @@ class StaticEncoder:
         self.spec = spec
         self.tokenizer = tokenizer
         self._table, self._row_scale, self._eps = read_static_table(model_path)
+        self._eps32 = np.float32(self._eps)  # the norm's floor as the arithmetic's type, once
         if self._table.shape[1] != int(spec.dim):
             raise ValueError(f"{model_path}: table width {self._table.shape[1]}, the manifest says dim {spec.dim}")
         self.dim = int(spec.dim)
@@ -153,7 +154,7 @@ class StaticEncoder:
             total = self._row_scale.take(ids) @ rows.astype(np.float32)
         mean = total / np.float32(ids.size)
         norm = np.float32(np.sqrt(mean @ mean))
-        return np.asarray(mean / max(norm, np.float32(self._eps)), dtype=np.float32)
+        return np.asarray(mean / max(norm, self._eps32), dtype=np.float32)
 
     def encode_batch(self, texts: list[str]) -> np.ndarray:
         """Embeddings of ``texts``: float32 (n, dim)."""

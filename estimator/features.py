@@ -409,7 +409,7 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
     follow-up's two readings (``continues``, ``alone``), which are read without theirs: one level."""
     view = source if isinstance(source, RequestView) else RequestView.of(source)
     request, texts = view.request, view.texts
-    prompt_chars = sum(len(t) for t in texts)
+    prompt_chars = sum(map(len, texts))
     k = next((i for i in range(len(texts) - 1, -1, -1) if request.messages[i].role == "user" and texts[i]), None)
     if k is None:  # no user text (e.g. an image-only turn): fall back to the last message with text
         k = next((i for i in range(len(texts) - 1, -1, -1) if texts[i]), None)
@@ -456,7 +456,19 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
     follow_up = readings and k is not None and len(query) < SHORT_TURN_CHARS
     continues = _continued(view, k, tokenizer) if follow_up and k is not None else None
     alone = _alone(view, k, tokenizer) if continues is not None and k is not None else None
-    n_tool_calls = sum(len(m.tool_calls or ()) for m in request.messages)
+    # the messages' roles and tool calls in one pass (a decision's path: one generator each cost more)
+    turns = system_chars = n_tool_calls = 0
+    tool_turn = False
+    for m, t in zip(request.messages, texts):
+        role = m.role
+        if role == "user":
+            turns += 1
+        elif role in ("system", "developer"):
+            system_chars += len(t)
+        elif role == "tool":
+            tool_turn = True
+        if m.tool_calls:
+            n_tool_calls += len(m.tool_calls)
     return RequestFeatures(
         prompt_chars=prompt_chars,
         prompt_tokens=prompt_tokens,
@@ -464,19 +476,19 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
         prompt_tokens_upper=prompt_upper,
         longest_prompt_tokens_upper=longest,
         prompt_tokens_exact=exact is not None,
-        turns=sum(m.role == "user" for m in request.messages),
+        turns=turns,
         n_messages=len(request.messages),
-        system_chars=sum(len(t) for m, t in zip(request.messages, texts) if m.role in ("system", "developer")),
+        system_chars=system_chars,
         query_chars=len(query),
         query_text=bounded_window(query, QUERY_WINDOW_CHARS),
-        has_tools=bool(request.tools) or n_tool_calls > 0 or any(m.role == "tool" for m in request.messages),
+        has_tools=bool(request.tools) or n_tool_calls > 0 or tool_turn,
         has_images=n_images > 0,
         n_images=n_images,
         n_low_detail_images=sum(m.n_images("low") for m in request.messages) if n_images else 0,
         n_tool_calls=n_tool_calls,
         max_output_tokens=request.max_output_tokens,
         context_text="\n".join(bounded_window(t, CONTEXT_WINDOW_CHARS) for t in context),
-        context_chars=sum(len(t) for t in context),
+        context_chars=sum(map(len, context)),
         continues=continues,
         alone=alone,
     ), query_ids

@@ -275,7 +275,8 @@ def request_vector(features: RequestFeatures) -> np.ndarray:
     upper, digits, wide_digits = _upper_and_digits(text)
     letters = sum(map(len, words))
     non_ascii = len(text) - len(text.encode("ascii", "ignore"))
-    spaces = text.count(" ") + text.count("\n") + text.count("\t")
+    newlines = text.count("\n")
+    spaces = text.count(" ") + newlines + text.count("\t")
     symbols = max(len(text) - spaces - letters - digits - non_ascii, 0)
     values = (
         math.log1p(features.prompt_tokens),
@@ -286,7 +287,7 @@ def request_vector(features: RequestFeatures) -> np.ndarray:
         float(features.has_tools),
         float(features.has_images),
         math.log1p(features.n_tool_calls),
-        math.log1p(text.count("\n")),
+        math.log1p(newlines),
         math.log1p(_code_symbols(text) + vocab["code"]),
         math.log1p(vocab["math"] + _count_phrases(lower, _MATH_PHRASES)),
         math.log1p(_numbers(text, digits, wide_digits)),
