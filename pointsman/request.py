@@ -205,6 +205,8 @@ class ChatMessage(BaseModel):
 
     def text(self) -> str:
         """All text of this message (string content, text parts, refusals, tool-call arguments)."""
+        if isinstance(self.content, str) and not self.tool_calls:  # the usual message: its string, as the join gives it
+            return self.content
         chunks: list[str] = []
         if isinstance(self.content, str):
             chunks.append(self.content)
