@@ -239,7 +239,8 @@ def _settle(rt: Runtime, item: OutcomeIn, entry: AckEntry, escalation: tuple[str
                                    completion_tokens=reported.completion_tokens or 0,
                                    cached_tokens=reported.cached_tokens or 0, target=target,
                                    cache_write_tokens=reported.cache_write_tokens or 0,
-                                   cache_write_1h_tokens=reported.cache_write_1h_tokens or 0)
+                                   cache_write_1h_tokens=reported.cache_write_1h_tokens or 0,
+                                   served_endpoint=item.served_endpoint)
         else:
             usd, prompt, completion = estimate_booking(rt, target, known)
             settled = state.settle(settle_id, prompt_tokens=prompt, completion_tokens=completion,

@@ -643,13 +643,16 @@ class FleetState:
 
     def settle(self, decision_id: str, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
                actual_cost_usd: float | None = None, target: str | None = None, mode: str | None = None,
-               now: float | None = None, cache_write_tokens: int = 0, cache_write_1h_tokens: int = 0) -> Settled:
+               now: float | None = None, cache_write_tokens: int = 0, cache_write_1h_tokens: int = 0,
+               served_endpoint: str | None = None) -> Settled:
         """An outcome arrived: book its actual cost and release its in-flight load.
 
         The actual cost is ``actual_cost_usd`` when given (an API bill), else the cost
         model on the usage (``cost.usage_cost`` with ``prompt_tokens``, its parts ``cached_tokens``,
         ``cache_write_tokens`` and ``cache_write_1h_tokens``, and ``completion_tokens`` on the
-        decision's target and mode, at the utilization its estimate used). The decision is known
+        decision's target and mode, at the utilization its estimate used; ``served_endpoint``, the fleet id of the
+        endpoint that answered when the gateway retried on another endpoint of the target: on that endpoint's pool,
+        at its utilization now, where it is another pool than the decision's). The decision is known
         from this replica's record, else its signed id (``known``), else the shared state's
         record; ``target``/``mode`` are needed only when none knows it and no ``actual_cost_usd``
         is given. The ledger books it on the decision's scopes in its dispatch time's windows,
@@ -689,7 +692,7 @@ class FleetState:
         target = target or (record.target if record else None)
         mode = mode or (record.mode if record else None)
         if actual_cost_usd is None:
-            actual_cost_usd, mode = self._price(decision_id, target, mode, record, tokens)
+            actual_cost_usd, mode = self._price(decision_id, target, mode, record, tokens, served_endpoint)
         settlement = None
         replayed = journaled = False
         if self.ledger is not None:
@@ -1014,14 +1017,17 @@ class FleetState:
         return self._price(key, target, None, None, tokens)[0]
 
     def _price(self, decision_id: str, target: str | None, mode: str | None, record: DispatchRecord | None,
-               tokens: dict[str, int]) -> tuple[float, str]:
+               tokens: dict[str, int], served_endpoint: str | None = None) -> tuple[float, str]:
         """(USD of ``tokens`` (``settle``'s counts) on ``target``, the mode priced: ``mode``, or the
         target's first mode when it has no such mode), at the prices of the fleet ``record`` was made on (when
         it names ``target`` and this process remembers that fleet, ``target_spec``; else the fleet's now) and at
         the utilizations ``record`` was estimated with when it names ``target``, else (another target served it,
         or no record) at ``target``'s pools' utilizations now (``pool_utilizations``: the fleet's assumed
         utilization where none reports one), and on the pools of its endpoints (an aggregated request prefilled
-        on a decode endpoint runs both phases on the decode pool; without the endpoints, the mode's pools). Raises
+        on a decode endpoint runs both phases on the decode pool; without the endpoints, the mode's pools). A
+        ``served_endpoint`` of ``target`` in another pool than the decision's endpoint (the gateway retried there)
+        is the pool the request ran on: its phases there are priced on that pool at its utilization now (a
+        disaggregated decision served by another decode replica keeps its prefill on the prefill pool). Raises
         ``BudgetError`` for an unknown target or usage its prices cannot price."""
         same = record is not None and record.target == target
         revision = record.fleet_revision if record is not None and same else ""
@@ -1042,6 +1048,16 @@ class FleetState:
             eps = self.fleets.get(revision, self.fleet).endpoints
             decode = eps.get(record.endpoint)
             prefill = eps.get(record.prefill_endpoint) if record.prefill_endpoint else decode
+            served = eps.get(served_endpoint) if served_endpoint else None
+            if served is not None and served.target == target and served.pool is not None and decode is not None \
+                    and served.role != decode.role:
+                # retried on another pool's endpoint: it ran there, so its phases are that pool's (at its utilization
+                # now), not the pool the decision estimated on
+                means = self.pool_means(target, served.role)
+                u_d = pool_utilization(means[1], self.fleet)
+                if served.role != "decode" or record.prefill_endpoint is None:  # both phases on the served endpoint
+                    prefill, u_p = served, pool_utilization(means[0], self.fleet)
+                decode = served
             if decode is not None and prefill is not None and decode.pool is not None and prefill.pool is not None:
                 pools = (prefill.pool, decode.pool)
         try:
