@@ -350,7 +350,9 @@ class EngineRouter:
         if result.rejected is not None:
             self.state.release(decision_id, now=now)
         else:
-            self.state.settle(decision_id, **usage, actual_cost_usd=result.cost_usd if result.frontier else None,
+            self.state.settle(decision_id, prompt_tokens=usage["prompt_tokens"],
+                              completion_tokens=usage["completion_tokens"], cached_tokens=usage["cached_tokens"],
+                              actual_cost_usd=result.cost_usd if result.frontier else None,
                               target=result.target, mode=result.mode, now=now)
         escalating = self._escalating.pop(index, None)
         if escalating is None or self.cascade is None:
