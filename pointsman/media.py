@@ -8,7 +8,9 @@ Only base64 data (a ``data:`` URL, OpenAI's ``input_audio.data``, Anthropic's ``
 given by reference (an ``https`` URL, a ``file_id``) or one that cannot be read is ``None``: its size is not
 known here. An image header costs a few base64 quartets (a JPEG's: a few per marker segment before its frame
 header); a WAV's, its first chunks; a PDF is decoded whole (its page count needs a scan) and its compressed
-object streams inflated once each, at most ``MAX_INFLATED`` bytes in all.
+object streams inflated once each, at most ``MAX_INFLATED`` bytes in all for all the files of one request
+(``InflateBudget``): a deflate stream inflates up to ~1,000x, so a per-file bound let a 1 MB body of a hundred 11 KB
+PDFs inflate and scan 400 MB (38 s of one core, the event loop blocked).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from dataclasses import dataclass
 #: Fewest bytes per second any audio format a provider takes can have: Opus's lowest bitrate, 6 kbit/s
 #: (RFC 6716; MP3's is 8 kbit/s, MPEG-2.5 Layer III). A compressed audio part lasts at most its bytes / this.
 MIN_AUDIO_BYTES_PER_S = 750
-#: Most bytes a PDF's compressed object streams are inflated to in all while looking for its page count.
+#: Most bytes the PDFs of one request have their compressed object streams inflated to in all while looking for
+#: their page counts (``InflateBudget``).
 MAX_INFLATED = 1 << 22
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 _COUNT = re.compile(rb"/Count\s+(\d{1,9})")
@@ -39,6 +42,16 @@ class Media:
     images: tuple[tuple[tuple[int, int] | None, str | None], ...] = ()
     audio_seconds: tuple[float | None, ...] = ()
     files: tuple[tuple[int | None, bool], ...] = ()
+
+
+class InflateBudget:
+    """The bytes ``file_size`` may still inflate (``left``, from ``MAX_INFLATED``): one per request, shared by its
+    files, so many small PDFs cost no more than one large one."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = MAX_INFLATED
 
 
 def inline_data(ref: object) -> str | None:
@@ -150,12 +163,13 @@ def audio_seconds(data: str | None, fmt: object) -> float | None:
     return None
 
 
-def file_size(data: str | None) -> tuple[int | None, bool]:
+def file_size(data: str | None, budget: InflateBudget | None = None) -> tuple[int | None, bool]:
     """A base64 file's measure: (pages, True) for a PDF: the largest ``/Count`` in it or in its compressed object
     streams (a page tree's root counts every page; an outline's or an older revision's may count more: an
-    overcount), None when there is none or an object stream cannot be read whole within ``MAX_INFLATED`` bytes in
-    all (it may hold the root: an encrypted PDF, another filter); (bytes, False) for another file; (None, False)
-    without data or with data that is not base64."""
+    overcount), None when there is none or an object stream cannot be read whole within what is ``left`` of
+    ``budget`` (the request's ``InflateBudget``, which this takes what it inflates from; None: a budget of its own,
+    ``MAX_INFLATED``) (it may hold the root: an encrypted PDF, another filter); (bytes, False) for another file;
+    (None, False) without data or with data that is not base64."""
     if not data:
         return None, False
     try:
@@ -165,7 +179,8 @@ def file_size(data: str | None) -> tuple[int | None, bool]:
     if b"%PDF-" not in raw[:1024]:  # a PDF's header is in its first 1,024 bytes
         return len(raw), False
     counts = [int(m[1]) for m in _COUNT.finditer(raw)]
-    budget, pos = MAX_INFLATED, 0
+    budget = InflateBudget() if budget is None else budget
+    pos = 0
     while (m := _OBJSTM.search(raw, pos)) is not None:  # from the last stream's end: each byte scanned once
         start = raw.find(b"stream", m.end())
         end = raw.find(b"endstream", start)
@@ -174,16 +189,16 @@ def file_size(data: str | None) -> tuple[int | None, bool]:
         obj, pos = max(raw.rfind(b"obj", pos, m.start()), pos), end + 9
         if b"/Filter" not in raw[obj:start]:
             continue  # stored as it is: its /Count is read with the file's
-        if budget <= 0:
+        if budget.left <= 0:
             return None, True
         start += 6 + (2 if raw[start + 6:start + 8] == b"\r\n" else 1)
         inflate = zlib.decompressobj()
         try:
-            inflated = inflate.decompress(raw[start:end], budget)
+            inflated = inflate.decompress(raw[start:end], budget.left)
         except zlib.error:  # another filter, or encrypted
             return None, True
-        budget -= len(inflated)
-        if inflate.unconsumed_tail or budget <= 0 and not inflate.eof:
+        budget.left -= len(inflated)
+        if inflate.unconsumed_tail or budget.left <= 0 and not inflate.eof:
             return None, True
         counts += (int(c[1]) for c in _COUNT.finditer(inflated))
     return (max(counts) if counts else None), True

@@ -45,7 +45,7 @@ from pydantic_core import ErrorDetails
 
 from pointsman.errors import RequestError
 from pointsman.json_types import JSONBool, JSONObject, JSONValue, json_path
-from pointsman.media import Media, audio_seconds, file_size, image_size, inline_data
+from pointsman.media import InflateBudget, Media, audio_seconds, file_size, image_size, inline_data
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -532,6 +532,7 @@ class RequestView:
         images: list[tuple[tuple[int, int] | None, str | None]] = []
         audio: list[float | None] = []
         files: list[tuple[int | None, bool]] = []
+        inflate = InflateBudget()  # one for all the request's PDFs
         for m in self.request.messages:
             if isinstance(said := (m.model_extra or {}).get("audio"), dict) and "id" in said:
                 audio.append(None)  # an earlier answer's audio (``audio: {id}``), billed again: size not known
@@ -548,7 +549,7 @@ class RequestView:
                     ref = extra.get("file") or extra.get("source")
                     text = ref.get("data") if isinstance(ref, dict) and ref.get("type") == "text" else None
                     files.append((len(text.encode("utf-8", "replace")), False) if isinstance(text, str)  # Anthropic's
-                                 else file_size(inline_data(ref)))  # plain-text document: its bytes bound its tokens
+                                 else file_size(inline_data(ref), inflate))  # plain-text document: its bytes bound its tokens
         return Media(tuple(images), tuple(audio), tuple(files))
 
     @cached_property

@@ -44,3 +44,44 @@ def test_an_unknown_served_target_is_422_and_the_hold_stays_settleable(tmp_path)
         assert ok.status_code == 200 and ok.json()["acks"][0]["status"] == "stored"
         assert ok.json()["acks"][0]["settlement"]["replayed"] is False
         assert state.record(d["decision_id"]) is None
+
+
+def test_many_small_pdf_bombs_inflate_no_more_than_one_request_budget(tmp_path, monkeypatch):
+    """An 11 KB PDF whose object stream inflates to 4 MiB of ``/Count 1`` cost a quarter second of the event
+    loop, and each file of a request had a 4 MiB budget of its own: a 1.1 MB body of a hundred of them took 38 s
+    of one core. The request's files now share one ``MAX_INFLATED``; those it leaves unread count at the most
+    their target bills (the rest of its window), so the hold stays on the safe side."""
+    import base64
+    import zlib
+
+    import pointsman.media
+
+    inflated: list[int] = []
+    real = zlib.decompressobj
+
+    class Counting:
+        def __init__(self) -> None:
+            self.inner = real()
+
+        def decompress(self, data: bytes, max_length: int = 0) -> bytes:
+            out = self.inner.decompress(data, max_length)
+            inflated.append(len(out))
+            return out
+
+        @property
+        def unconsumed_tail(self) -> bytes:
+            return self.inner.unconsumed_tail
+
+        @property
+        def eof(self) -> bool:
+            return self.inner.eof
+
+    monkeypatch.setattr(pointsman.media.zlib, "decompressobj", Counting)
+    bomb = zlib.compress(b"/Count 1 " * (pointsman.media.MAX_INFLATED // 9 + 1), 9)
+    pdf = b"%PDF-1.7\n1 0 obj << /Type /ObjStm /Filter /FlateDecode >> stream\n" + bomb + b"\nendstream\n"
+    part = {"type": "file", "file": {"filename": "a.pdf",
+                                     "file_data": "data:application/pdf;base64," + base64.b64encode(pdf).decode()}}
+    with _client(tmp_path) as c:
+        r = c.post("/v1/route", json={"messages": [{"role": "user", "content": [part] * 12}]})
+    assert r.status_code in (200, 422), r.text
+    assert 0 < sum(inflated) <= pointsman.media.MAX_INFLATED
