@@ -70,6 +70,8 @@ MAX_ID_CHARS = 8192
 #: Ids (decision, outcome): 1–``MAX_ID_CHARS`` characters of letters, digits and ``_.:-+/@=``.
 ID_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9_.:+/@=-]{{0,{MAX_ID_CHARS - 1}}}$"
 _ID = re.compile(ID_PATTERN)
+#: A decision id's base, which begins it (``policy/signals/signed_ids.py``: 32 hex, then its claims and MAC).
+_DECISION_BASE = re.compile(r"[0-9a-f]{32}(?![0-9a-f])")
 #: Longest ``served_endpoint`` accepted, characters (a URL).
 MAX_ENDPOINT_CHARS = 2048
 #: Largest accepted batch in one call.
@@ -192,6 +194,18 @@ class OutcomeIn(_Strict):
         if self.usage is not None and self.usage.missing:
             raise UsageProblems([(f, "missing: usage without both its prompt and output counts cannot be priced "
                                      "(omit usage to book the decision's estimate)") for f in self.usage.missing])
+        return self
+
+    @model_validator(mode="after")
+    def _outcome_id_is_its_decisions(self) -> OutcomeIn:
+        # a key beginning with another decision's id (its own outcome's key, a shadow's, or one its gateway derives
+        # from it) would make that decision's outcome a conflict, stored and settled never: a decision id travels in
+        # headers to the upstream, so another gateway key could keep a decision's spend off its budget
+        base = _DECISION_BASE.match(self.outcome_id or "")
+        if base is not None and not self.decision_id.startswith(base[0]):
+            raise UsageProblems([("outcome_id", "begins with another decision's id, whose outcome it would take the "
+                                                "place of: an outcome_id beginning with a decision id must begin "
+                                                "with this outcome's decision_id")])
         return self
 
     @model_validator(mode="after")

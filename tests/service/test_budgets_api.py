@@ -337,6 +337,33 @@ def test_only_the_routing_key_or_an_admin_reports_a_key_budgets_outcome(tmp_path
             assert r.status_code == 200 and r.json()["acks"][0]["status"] == "stored", r.text
 
 
+def test_another_key_cannot_take_a_decisions_outcome_id_and_keep_its_spend_off_the_budget(tmp_path):
+    """Outcome ids are one namespace: key ``other`` posted an outcome of its own decision under ``gw``'s decision id
+    (seen in a forwarded header) as its ``outcome_id``, and ``gw``'s real outcome was then a 409 conflict, never
+    stored nor settled: 40,000 tokens kept off ``key:gw``'s and ``tenant:acme``'s budgets. Found by a security review."""
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text(budgets_yaml(5))
+    settings = Settings(data_dir=tmp_path, watch_policy=False, watch_fleet=False, scrape_interval_s=0,
+                        budgets_path=budgets, watch_budgets=False,
+                        gateway_api_keys=SecretStr("gw=gateway-secret-0123,other=other-secret-0123"),
+                        admin_api_keys=SecretStr("ops=admin-secret-0123"))
+    other = {"Authorization": "Bearer other-secret-0123"}
+    small = {"prompt_tokens": 10, "completion_tokens": 5}
+    with TestClient(create_app(settings)) as c:
+        mine = c.post("/v1/route", json=BODY, headers=GATEWAY).json()["decision_id"]
+        theirs = c.post("/v1/route", json={**BODY, "routing": {}}, headers=other).json()["decision_id"]
+        for squat in (mine, f"{mine}/shadow:frontier-small", f"{mine}-frontier"):
+            r = c.post("/v1/outcomes", json={"decision_id": theirs, "outcome_id": squat, "usage": small}, headers=other)
+            assert r.status_code == 422 and r.json()["error"]["param"] == "outcome_id", r.text
+        r = c.post("/v1/outcomes", json={"decision_id": mine, "status": "ok",
+                                         "usage": {"prompt_tokens": 100, "completion_tokens": 40_000}}, headers=GATEWAY)
+        assert r.status_code == 200 and r.json()["acks"][0]["status"] == "stored", r.text
+        assert status(c)[0]["settled_usd"] > 0
+        own = c.post("/v1/outcomes", json={"decision_id": theirs, "outcome_id": f"{theirs}-onprem", "usage": small},
+                     headers=other)  # a key derived from its own decision's id stays its own
+        assert own.status_code == 200 and own.json()["acks"][0]["status"] == "stored", own.text
+
+
 def test_a_refusal_names_a_small_limit_as_it_is(tmp_path):
     """A limit under a cent was printed '$0.00' in the refusal ('has $0.000010 of $0.00 left'): the
     limit is printed with the remaining amount's precision."""
