@@ -465,10 +465,12 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
             turns += 1
         elif role in ("system", "developer"):
             system_chars += len(t)
-        elif role == "tool":
+        elif role in ("tool", "function"):
             tool_turn = True
         if m.tool_calls:
             n_tool_calls += len(m.tool_calls)
+        if m.function_call is not None:
+            n_tool_calls += 1
     return RequestFeatures(
         prompt_chars=prompt_chars,
         prompt_tokens=prompt_tokens,

@@ -40,6 +40,7 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic_core import ErrorDetails
 
@@ -166,7 +167,8 @@ ContentPart = Annotated[
 
 
 class FunctionCall(BaseModel):
-    """A tool call's function: ``name`` and JSON ``arguments`` (a string)."""
+    """A tool call's function (or an assistant message's legacy ``function_call``): ``name`` and JSON ``arguments``
+    (a string)."""
 
     model_config = ConfigDict(extra="allow")
     name: str
@@ -193,6 +195,7 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    function_call: FunctionCall | None = None  # OpenAI's deprecated tool_calls: billed as input the same
 
     @field_validator("content", mode="before")
     @classmethod
@@ -204,9 +207,9 @@ class ChatMessage(BaseModel):
         raise ValueError(f"content must be a string, a list of content parts or null, not {type(v).__name__}")
 
     def text(self) -> str:
-        """All text of this message (string content, text parts, refusals, tool-call arguments)."""
-        if isinstance(self.content, str) and not self.tool_calls:  # the usual message: its string, as the join gives it
-            return self.content
+        """All text of this message (string content, text parts, refusals, tool-call and function-call arguments)."""
+        if isinstance(self.content, str) and not self.tool_calls and self.function_call is None:
+            return self.content  # the usual message: its string, as the join gives it
         chunks: list[str] = []
         if isinstance(self.content, str):
             chunks.append(self.content)
@@ -218,6 +221,8 @@ class ChatMessage(BaseModel):
                     chunks.append(part.refusal)
         for call in self.tool_calls or ():
             chunks.append(f"{call.function.name}({call.function.arguments})")
+        if self.function_call is not None:
+            chunks.append(f"{self.function_call.name}({self.function_call.arguments})")
         return "\n".join(c for c in chunks if c)
 
     def n_images(self, detail: str | None = None) -> int:
@@ -314,6 +319,17 @@ class RouteRequest(BaseModel):
     cache_salt: str | None = None
     prompt: JSONValue = None
     routing: RoutingContext = Field(default_factory=RoutingContext)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_functions(cls, data: object) -> object:
+        """OpenAI's deprecated ``functions`` (function definitions, billed as input as ``tools`` are) read as tools
+        of type ``function`` after the request's ``tools``: counted in the prompt, and needing ``capabilities.tools``.
+        Before, they were ignored, and 40,000 tokens of them priced a request at 6 tokens."""
+        if isinstance(data, dict) and isinstance(functions := data.get("functions"), list) and functions \
+                and isinstance(tools := data.get("tools") or [], list):
+            data = {**data, "tools": [*tools, *({"type": "function", "function": f} for f in functions)]}
+        return data
 
     @field_validator("routing", mode="before")
     @classmethod

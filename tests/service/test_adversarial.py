@@ -85,3 +85,26 @@ def test_many_small_pdf_bombs_inflate_no_more_than_one_request_budget(tmp_path, 
         r = c.post("/v1/route", json={"messages": [{"role": "user", "content": [part] * 12}]})
     assert r.status_code in (200, 422), r.text
     assert 0 < sum(inflated) <= pointsman.media.MAX_INFLATED
+
+
+def test_legacy_function_definitions_and_calls_count_as_prompt_tokens(tmp_path):
+    """OpenAI's deprecated ``functions`` and an assistant's ``function_call`` are billed as input as ``tools`` and
+    ``tool_calls`` are, but were ignored: 40,000 tokens of them priced the request, and held its budget, at 6-20
+    tokens."""
+    big = "The quick brown fox jumps over the lazy dog. " * 4000
+    fn = {"name": "lookup", "description": big, "parameters": {"type": "object"}}
+    with _client(tmp_path) as c:
+        def tokens(body: dict) -> int:
+            r = c.post("/v1/route", json=body)
+            assert r.status_code == 200, r.text
+            return r.json()["prompt_tokens"]
+
+        as_tools = tokens({"messages": [USER], "tools": [{"type": "function", "function": fn}]})
+        assert tokens({"messages": [USER], "functions": [fn]}) >= as_tools > 40_000
+        call = {"name": "lookup", "arguments": big}
+        as_tool_call = tokens({"messages": [USER, {"role": "assistant", "tool_calls": [{"id": "c1", "function": call}]},
+                                            {"role": "tool", "tool_call_id": "c1", "content": "ok"}, USER]})
+        assert tokens({"messages": [USER, {"role": "assistant", "function_call": call},
+                                    {"role": "function", "name": "lookup", "content": "ok"}, USER]}) >= as_tool_call - 10
+        bad = c.post("/v1/route", json={"messages": [USER], "tools": "x", "functions": [fn]})
+        assert bad.status_code == 422 and bad.json()["error"]["param"] == "tools"
