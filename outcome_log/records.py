@@ -84,6 +84,8 @@ class DecisionRecord:
     ``prompt_text``: the encoder's query window; dropped by the log unless it stores prompts.
     ``prompt_tokens``: the prompt's tokens on the chosen target as its cost counted them (``Decision.prompt_tokens``:
     images, audio and files by the target's rules); None in a record logged before it was kept.
+    ``api_key_id``: the name of the API key that routed it (None: authentication off, or logged before it was kept),
+    so only that key (or an admin key) reports its outcome when its id no longer verifies (a changed decision key).
     """
 
     decision_id: str
@@ -106,6 +108,7 @@ class DecisionRecord:
     head_input: NDArray[np.float32] | None = None
     prompt_text: str | None = None
     prompt_tokens: int | None = None
+    api_key_id: str | None = None
 
     @classmethod
     def from_decision(
@@ -148,6 +151,7 @@ class DecisionRecord:
             head_input=vec,
             prompt_text=features.query_text,
             prompt_tokens=decision.prompt_tokens,
+            api_key_id=view.api_key_id,
         )
 
 

@@ -43,7 +43,7 @@ Tables::
     decisions(decision_id PK, time_s, tenant, target, model, mode, rule, p_hard,
               difficulty_available, estimated_cost_usd, estimator_version, policy_revision,
               fleet_revision, request_features JSON, feature_space, head_input BLOB float32,
-              prompt_sha256, conversation_key, prompt_text, prompt_tokens)
+              prompt_sha256, conversation_key, prompt_text, prompt_tokens, api_key_id)
     outcomes(outcome_id PK, decision_id, received_s, time_s, served_target, served_model,
              shadow, status, error, prompt_tokens, cached_tokens, completion_tokens,
              ttft_ms, tpot_ms, e2e_latency_ms, judge_score, judge_reference_score, judge,
@@ -194,7 +194,7 @@ CREATE TABLE IF NOT EXISTS fleet_revisions (revision TEXT PRIMARY KEY, kinds TEX
 _DECISION_COLUMNS = (
     "decision_id", "time_s", "tenant", "target", "model", "mode", "rule", "p_hard", "difficulty_available",
     "estimated_cost_usd", "estimator_version", "policy_revision", "fleet_revision", "request_features",
-    "feature_space", "head_input", "prompt_sha256", "conversation_key", "prompt_text", "prompt_tokens",
+    "feature_space", "head_input", "prompt_sha256", "conversation_key", "prompt_text", "prompt_tokens", "api_key_id",
 )
 _OUTCOME_COLUMNS = (
     "outcome_id", "decision_id", "received_s", "time_s", "served_target", "served_model", "shadow", "status",
@@ -206,7 +206,8 @@ _OUTCOME_COLUMNS = (
 #: NULL), added to a file that lacks them when it is opened (``_add_columns``). The schema version stays: an
 #: earlier Pointsman names the columns it reads and writes, so it still reads and writes such a file.
 _ADDED_COLUMNS = (("outcomes", "served_endpoint", "TEXT"), ("outcomes", "upstream_status", "INTEGER"),
-                  ("decisions", "prompt_tokens", "INTEGER"), ("forwards", "sent_s", "REAL"))
+                  ("decisions", "prompt_tokens", "INTEGER"), ("forwards", "sent_s", "REAL"),
+                  ("decisions", "api_key_id", "TEXT"))
 
 
 def default_log_path() -> Path:
@@ -457,7 +458,7 @@ class OutcomeLog:
             None if r.estimated_cost_usd is None else float(r.estimated_cost_usd), r.estimator_version,
             r.policy_revision, r.fleet_revision, json.dumps(r.request_features, sort_keys=True),
             r.feature_space if blob is not None else None, blob, r.prompt_sha256, r.conversation_key, text,
-            None if r.prompt_tokens is None else int(r.prompt_tokens),
+            None if r.prompt_tokens is None else int(r.prompt_tokens), r.api_key_id,
         )
 
     def append_decision(self, record: DecisionRecord) -> bool:
@@ -860,7 +861,7 @@ def _decision(row: sqlite3.Row, outcomes: tuple[LoggedOutcome, ...]) -> LoggedDe
         feature_space=row["feature_space"],
         head_input=None if blob is None else np.frombuffer(blob, dtype="<f4").astype(np.float32),
         prompt_sha256=row["prompt_sha256"], conversation_key=row["conversation_key"], prompt_text=row["prompt_text"],
-        prompt_tokens=row["prompt_tokens"], outcomes=outcomes,
+        prompt_tokens=row["prompt_tokens"], api_key_id=row["api_key_id"], outcomes=outcomes,
     )
 
 

@@ -488,14 +488,23 @@ def _invalid_ack(item: OutcomeIn | OutcomeItemError, problem: OutcomeItemError) 
             "problem": problem}
 
 
-def not_the_callers(item: OutcomeIn, record: DispatchRecord | None, caller: Principal | None,
+def not_the_callers(rt: Runtime, item: OutcomeIn, record: DispatchRecord | None, caller: Principal | None,
                     prefix: str = "") -> OutcomeItemError | None:
     """Whether ``caller`` may not report ``item``: a decision routed under a gateway key (its
     ``key:<name>`` budget scope, in ``record``: ``FleetState.known``, this replica's record or the
-    signed id) takes its outcome from that key or an admin key only, so a decision id seen in a
+    signed id; without either, the outcome log's ``api_key_id``: an id no key here verifies since the
+    decision key changed) takes its outcome from that key or an admin key only, so a decision id seen in a
     forwarded header cannot spend another key's budget. The error on ``decision_id`` (under
-    ``prefix``), else None (also for a decision nothing here knows, and with authentication off)."""
-    if record is None or may_report(caller, record.scopes):
+    ``prefix``), else None (also for a decision nothing here knows, and with authentication off).
+    Raises ``DataError`` (outcome log)."""
+    if caller is None or caller.key_id is None or caller.role == "admin":
+        return None
+    if record is not None:
+        scopes: tuple[str, ...] = record.scopes
+    else:
+        logged = rt.outcome_log.decision(item.decision_id)
+        scopes = () if logged is None or logged.api_key_id is None else (f"key:{logged.api_key_id}",)
+    if may_report(caller, scopes):
         return None
     field = f"{prefix}.decision_id" if prefix else "decision_id"
     return OutcomeItemError(((field, f"decision {item.decision_id} was routed with another gateway key; only "
@@ -546,7 +555,7 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
                 escalations[i] = escalation
             record = state.known(item.decision_id)
             problems[i] = usage_problem(rt, item, f"[{i}]" if indexed else "", escalation, record) \
-                or not_the_callers(item, record, caller, f"[{i}]" if indexed else "")
+                or not_the_callers(rt, item, record, caller, f"[{i}]" if indexed else "")
             if problems[i] is None and settle:  # (a forwarded one was checked, and made an id, where it arrived)
                 item, note = served_endpoint_id(rt, item, f"[{i}]" if indexed else "", escalation, record)
                 items[i] = item

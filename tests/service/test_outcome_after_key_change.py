@@ -133,3 +133,29 @@ def test_an_outcome_only_the_log_knows_books_the_media_its_decision_priced(tmp_p
     with app("second-key") as second:
         assert booked(second, logged) == pytest.approx(from_record, rel=1e-9)  # before: ~16x less
     assert from_record >= held["prompt_tokens"] * 2.5e-6  # gpt-4o's $2.50 per 1M input tokens
+
+
+def test_after_a_key_change_only_the_routing_key_reports_its_outcome(tmp_path, serve):
+    """A decision routed under gateway key ``alice`` takes its outcome from ``alice`` or an admin key only; after a
+    restart with a rotated decision key its id verifies nowhere, and key ``bob`` (the id seen in a forwarded header)
+    stored the outcome and booked its usage on ``key:alice``'s held budget ($0.0235 on a real serve). Found by a
+    security review."""
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text("apiVersion: pointsman/v1\nkind: Budgets\nbudgets:\n"
+                       "  - {scope: 'key:alice', window: day, limit_usd: 5}\n")
+    settings = {"watch_policy": "false", "scrape_interval_s": "0", "decision_log_flush_ms": "5",
+                "budgets_path": str(budgets), "gateway_api_keys": "alice=alice-secret-1,bob=bob-secret-12",
+                "admin_api_keys": "ops=ops-secret-123"}
+    alice, bob = ({"authorization": f"Bearer {k}"} for k in ("alice-secret-1", "bob-secret-12"))
+    first, base = serve(tmp_path, decision_key="first-key", **settings)
+    r = httpx.post(f"{base}/v1/route", json={"messages": [{"role": "user", "content": "Name a river."}]},
+                   headers=alice, timeout=60)
+    assert r.status_code == 200, r.text
+    decision = r.json()
+    stop(first)
+    _, base = serve(tmp_path, decision_key="second-key", **settings)
+    outcome = {"decision_id": decision["decision_id"], "usage": {"prompt_tokens": 20, "completion_tokens": 900}}
+    r = httpx.post(f"{base}/v1/outcomes", json=outcome, headers=bob, timeout=60)
+    assert r.status_code == 422 and r.json()["error"]["param"] == "decision_id", r.text
+    r = httpx.post(f"{base}/v1/outcomes", json=outcome, headers=alice, timeout=60)
+    assert r.status_code == 200 and r.json()["acks"][0]["status"] == "stored", r.text
