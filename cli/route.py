@@ -313,6 +313,7 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
 
     from pointsman.service.app import create_app, keys_of
     from pointsman.service.app import ext_proc_host as ext_proc_bind_host
+    from pointsman.service.http_protocol import PROTOCOL
     from pointsman.service.supervisor import Supervisor
 
     overrides = SettingsOverrides(host=host, port=port, max_body_bytes=max_body_bytes, log_level=log_level,
@@ -344,7 +345,8 @@ def serve_command(host: str | None, port: int | None, max_body_bytes: int | None
     # ACK), and uvloop sets it on every TCP connection (scripts/load_service.py's docstring).
     # uvloop is a serving dependency except on Windows, where it does not exist.
     loop = "uvloop" if importlib.util.find_spec("uvloop") is not None else "auto"
-    server = _ServerOptions(host=settings.host, port=settings.port, log_level=level, loop=loop, http="httptools")
+    # httptools, with each request's line and headers bounded in size and time (service/http_protocol.py)
+    server = _ServerOptions(host=settings.host, port=settings.port, log_level=level, loop=loop, http=PROTOCOL)
     if settings.workers == 1:
         app = create_app(settings, engine=loaded.engine, owns_engine=True, estimator_error=loaded.estimator_error,
                          freeze=True)

@@ -17,7 +17,8 @@
 - ``POINTSMAN_MAX_BODY_BYTES``: largest accepted request body in bytes; default 8 MiB (8388608).
 - ``POINTSMAN_BODY_READ_TIMEOUT_S``: time a request's body may take to arrive after its headers
   (``service/bodies.py``); past it the answer is 408 ``body_timeout`` and the connection closes.
-  Default 10 s (8 MiB at about 7 Mbit/s; a gateway on the same network sends it in milliseconds).
+  Default 10 s (8 MiB at about 7 Mbit/s; a gateway on the same network sends it in milliseconds). A request's
+  line and headers have as long after the connection opened or its previous response (``http_protocol.py``).
 - ``POINTSMAN_HOST`` / ``POINTSMAN_PORT``: bind address and port of ``pointsman serve``;
   default ``127.0.0.1:8000``.
 - ``POINTSMAN_LOG_LEVEL``: uvicorn and app log level; default ``info``.

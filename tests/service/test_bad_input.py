@@ -20,6 +20,7 @@ from pointsman.policy.fleet import load_fleet
 from pointsman.policy.rules.compiler import DEFAULT_POLICY_PATH, load_policy
 from pointsman.service.app import create_app
 from pointsman.service.bootstrap import build_state
+from pointsman.service.http_protocol import MAX_HEADER_BYTES
 from pointsman.service.settings import Settings
 from tests.service.conftest import free_port, stop
 
@@ -87,6 +88,26 @@ def test_a_body_that_stalls_after_its_headers_is_a_408_and_the_connection_closes
     assert error["code"] == "body_timeout" and error["param"] == "body_read_timeout_s"
     assert "POINTSMAN_BODY_READ_TIMEOUT_S" in error["message"]
     assert httpx.post(f"{base}/v1/route", json={"messages": [{"role": "user", "content": "Hi."}]}).status_code == 200
+
+
+def test_request_headers_are_bounded_in_size_and_time_before_any_key_is_read(tmp_path, serve):
+    """uvicorn read a request's line and headers without limit, before the app (and its API keys) saw them: eight
+    connections of 100 MB of one unfinished header took a serve from 245 MB to 1,085 MB, and a connection that sent
+    half a request line stayed open for good (each held a file descriptor). Found by a security review."""
+    proc, base = serve(tmp_path, body_read_timeout_s="1", scrape_interval_s="0", gateway_api_keys="gw=gateway-secret-0")
+    big = b"POST /v1/route HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * (MAX_HEADER_BYTES + 1000)
+    answer = _exchange(base, big, b"")  # the header never ends (all read: closed with more unread, it would be a reset)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:300]
+    assert _exchange(base, b"POST /v1/ro", b"") == b""  # closed, nothing answered
+    assert _exchange(base, b"POST /v1/route HTTP/1.1\r\nHost: x\r\nX-Pad: a", b"") == b""
+    key = {"authorization": "Bearer gateway-secret-0"}
+    with httpx.Client(base_url=base, headers=key) as c:  # one keep-alive connection: each request's headers in time
+        for _ in range(3):
+            assert c.post("/v1/route", json={"messages": [{"role": "user", "content": "Hi."}]},
+                          headers={"x-pad": "a" * 60_000}).status_code == 200
+    stop(proc)
+    log = proc.stderr.read().decode()
+    assert "Traceback" not in log, log
 
 
 def test_a_client_gone_mid_body_is_no_internal_error(tmp_path, serve):
