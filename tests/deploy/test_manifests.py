@@ -175,6 +175,7 @@ def test_systemd_unit_runs_pointsman_serve_unprivileged():
     assert Path(command[0]).name == "pointsman" and command[1:] == ["serve"]
     assert service["User"] not in ("root", "0") and service["NoNewPrivileges"] == "true"
     assert service["ReadWritePaths"] == service["WorkingDirectory"] == "/var/lib/pointsman"
+    assert service["StateDirectoryMode"] == "0700" and service["UMask"] == "0077"  # the outcome log is no one else's
     assert unit["Install"]["WantedBy"] == "multi-user.target"
 
 
