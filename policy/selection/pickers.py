@@ -109,16 +109,23 @@ class PoolView:
     kv_link: tuple[float, float] | None = None
     _hits: tuple[list[int], list[int]] | None = field(default=None, repr=False)
     _outstanding: list[int] | None = field(default=None, repr=False)
+    _rates: dict[str, list[float]] | None = field(default=None, repr=False)
 
     def rates(self, attr: str) -> list[float] | float:
         """The pool's ``prefill_tokens_per_s`` or ``decode_tokens_per_s`` (inf without a pool): one
-        number when every endpoint is of the pool, else one per endpoint."""
+        number when every endpoint is of the pool, else one per endpoint (computed once per ``attr``; not to be
+        changed)."""
         base = math.inf if self.pool is None else getattr(self.pool, attr)
         if not self.extra_pools:
             return base
-        out = [base] * len(self.endpoints)
-        for i, pool in self.extra_pools.items():
-            out[i] = getattr(pool, attr)
+        if self._rates is None:
+            self._rates = {}
+        out = self._rates.get(attr)
+        if out is None:
+            out = [base] * len(self.endpoints)
+            for i, pool in self.extra_pools.items():
+                out[i] = getattr(pool, attr)
+            self._rates[attr] = out
         return out
 
     def pool_of(self, i: int) -> Pool | None:
@@ -397,35 +404,48 @@ class MinCostPicker:
         self.floor = selection.bounded_load_floor
         self.fallback_endpoints = selection.fallback_endpoints
         self.scorers = {name: SCORERS[name]() for name in SCORERS}
+        # per role, its scorers' (name, bound score method), resolved once (``ROLE_SCORERS``)
+        self._role_scorers = {role: tuple((name, self.scorers[name].score) for name in names)
+                              for role, names in ROLE_SCORERS.items()}
 
     def pick(self, inp: PickInput, view: PoolView) -> PoolPick:
         """Order ``view``'s endpoints for ``inp`` (see the class docstring)."""
         n = len(view.endpoints)
-        parts = {name: self.scorers[name].score(inp, view) for name in ROLE_SCORERS[view.role]}
-        columns = list(parts.values())
-        if len(columns) == 3:
-            costs = [a + b + c for a, b, c in zip(*columns)]
-        elif len(columns) == 2:
-            costs = [a + b for a, b in zip(*columns)]
+        parts = {name: score(inp, view) for name, score in self._role_scorers[view.role]}
+        if len(parts) == 3:
+            a, b, c = parts.values()
+            costs = [x + y + z for x, y, z in zip(a, b, c)]
+        elif len(parts) == 2:
+            a, b = parts.values()
+            costs = [x + y for x, y in zip(a, b)]
         else:
-            costs = [sum(t) for t in zip(*columns)] if columns else [0.0] * n
+            costs = [sum(t) for t in zip(*parts.values())] if parts else [0.0] * n
         outstanding = view.outstanding()
-        counted = view.healthy  # a saturated reading's count is made up: it would lift the cap
-        if any(x is not None and x.saturated for x in view.loads):
-            counted = [ok and (x is None or not x.saturated) for ok, x in zip(view.healthy, view.loads)]
+        healthy, loads = view.healthy, view.loads
+        counted = healthy  # a saturated reading's count is made up: it would lift the cap
+        for x in loads:
+            if x is not None and x.saturated:
+                counted = [ok and (y is None or not y.saturated) for ok, y in zip(healthy, loads)]
+                break
         floor = self.floor
         if floor is None:  # a replica's batch; the smallest when endpoints are borrowed from another pool
-            floor = min((p.max_num_seqs for p in (view.pool, *view.extra_pools.values()) if p is not None), default=1)
+            pool, extra = view.pool, view.extra_pools
+            if not extra:
+                floor = 1 if pool is None else pool.max_num_seqs
+            else:
+                floor = min((p.max_num_seqs for p in (pool, *extra.values()) if p is not None), default=1)
         cap = bounded_load_cap(outstanding, counted, self.epsilon, floor)
         excluded: dict[int, str] = {}
         # rank = cost, plus _OVER_CAP_S over the cap (after every endpoint under it); unhealthy: left out
         rank = costs[:]
         if cap is not None:
-            for i in [i for i, b in enumerate(outstanding) if b >= cap]:
-                excluded[i] = "over-cap"
-                rank[i] += _OVER_CAP_S
-        if not all(view.healthy):
-            for i, ok in enumerate(view.healthy):
+            for i, held in enumerate(outstanding):
+                if held >= cap:
+                    excluded[i] = "over-cap"
+                    rank[i] += _OVER_CAP_S
+        all_healthy = all(healthy)
+        if not all_healthy:
+            for i, ok in enumerate(healthy):
                 if not ok:
                     excluded[i] = "unhealthy"
         session = inp.session_endpoint
@@ -434,8 +454,10 @@ class MinCostPicker:
                 if e.id == session:
                     rank[i] -= 1e-9
                     break
-        candidates = range(n) if len(excluded) == 0 else [i for i in range(n) if excluded.get(i) != "unhealthy"]
         k = 1 + self.fallback_endpoints
+        if n == 1 and all_healthy:  # one endpoint (a frontier API): nothing to order
+            return PoolPick(view, (0,), costs, parts, cap, excluded)
+        candidates = range(n) if all_healthy else [i for i in range(n) if healthy[i]]
         ordered = sorted(candidates, key=rank.__getitem__)  # stable: file order on ties
         tied = 1
         while tied < len(ordered) and rank[ordered[tied]] == rank[ordered[0]]:
