@@ -27,7 +27,7 @@ from typing import TypeAlias, TypedDict
 
 from pointsman.policy.budget.ledger import BudgetSnapshot, LedgerUnavailable
 from pointsman.policy.cost import CostEstimate, estimate_cost, pool_utilization, target_prompt_tokens
-from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget, Pool, SLOClass, phase_roles
+from pointsman.policy.fleet import EndpointInfo, Fleet, FrontierTarget, OnPremTarget, Pool, SLOClass, phase_roles
 from pointsman.policy.rules.compiler import CompiledPolicy, Plan
 from pointsman.policy.selection import latency
 from pointsman.policy.selection.latency import Prediction
@@ -217,6 +217,44 @@ def resolve_mode(policy: CompiledPolicy, fleet: Fleet, source: SignalSource, tar
     return out
 
 
+def _endpoint_predicts(policy: CompiledPolicy) -> bool:
+    """Whether ``policy`` reads an ``endpoint`` signal's predicted latency (else ``LiveSignals.endpoint`` predicts
+    none)."""
+    plan = policy.context_plan.get("_endpoint")
+    return isinstance(plan, dict) and any(
+        f is None or "predicted_ttft_s" in f or "predicted_tpot_s" in f for f in plan.values())
+
+
+_PoolPlan: TypeAlias = tuple[Pool | None, tuple[EndpointInfo, ...], tuple[str, ...], dict[str, int] | None,
+                             tuple[float, float] | None]
+#: Per fleet (the last few, by identity), the static part of each pool view: ``_pool_plan``.
+_PLANS: list[tuple[Fleet, dict[tuple[str, str], _PoolPlan]]] = []
+
+
+def _pool_plans(fleet: Fleet) -> dict[tuple[str, str], _PoolPlan]:
+    """``fleet``'s pool plans by (target, role), filled as pools are read (shared by every decision on it)."""
+    for f, plans in _PLANS:
+        if f is fleet:
+            return plans
+    plans = {}
+    _PLANS.insert(0, (fleet, plans))
+    del _PLANS[4:]
+    return plans
+
+
+def _pool_plan(fleet: Fleet, target: str, role: str) -> _PoolPlan:
+    """What a pool view of ``target``'s pool ``role`` takes from the fleet alone: (the pool, None for a frontier API;
+    its endpoints; their ids; their positions; the KV link of a decode pool, ``PoolView.kv_link``). Raises KeyError
+    for an unknown target."""
+    eps = fleet.pool_endpoints(target, role)
+    t = fleet.targets[target]
+    pool = None if isinstance(t, FrontierTarget) else t.pools_by_role().get(role)
+    link = None
+    if role == "decode" and isinstance(t, OnPremTarget) and t.kv_bytes_per_token:
+        link = (t.kv_bytes_per_token / latency.kv_link_bytes_per_s(t, t.pools.prefill), latency.LINK_LATENCY_S)
+    return pool, eps, tuple(e.id for e in eps), fleet.positions.get((target, role)), link
+
+
 class LiveSignals:
     """Signals of one decision from a ``FleetState`` (see the module docstring); every answer
     is computed on first use and memoized.
@@ -256,6 +294,7 @@ class LiveSignals:
         self._cache_1h = bool(request.get("has_cache_control_1h"))
         self.ledger_error: str | None = None
         self._views: dict[tuple[str, str], PoolView] = {}
+        self._plans = _pool_plans(self._fleet)
         self._picks: dict[tuple[str, str], PoolPick] = {}
         self._lookups: dict[str, PrefixLookup | None] = {}
         self._load: dict[str, TargetLoad] = {}
@@ -263,9 +302,7 @@ class LiveSignals:
         self._endpoint: dict[str, EndpointSignals] = {}
         self._predictions: dict[tuple[str, str], Prediction | None] = {}
         self._predict: dict[str, PredictSignals] = {}
-        plan = policy.context_plan.get("_endpoint")
-        self._endpoint_predicts = isinstance(plan, dict) and any(
-            f is None or "predicted_ttft_s" in f or "predicted_tpot_s" in f for f in plan.values())
+        self._pd_gpus: dict[str, int] = {}
         self._costs: dict[tuple[str, str], CostEstimate] = {}
         self._outputs: dict[str, int] = {}
         self._means: dict[tuple[str, str, str], float | None] = {}
@@ -367,23 +404,19 @@ class LiveSignals:
         key = (target, role)
         view = self._views.get(key)
         if view is None:
-            eps = self.fleet.pool_endpoints(target, role)
-            ids = [e.id for e in eps]
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._plans[key] = _pool_plan(self.fleet, target, role)
+            pool, eps, ids, positions, link = plan
             got = self.state.board.get_many(ids, self.now_mono, self.policy.staleness)
-            t = self.fleet.targets[target]
-            pool = None if isinstance(t, FrontierTarget) else t.pools_by_role().get(role)
             flags = self.state.healthy_flags(ids)
             if self.subset is not None:
                 flags = [ok and i in self.subset for ok, i in zip(flags, ids)]
                 for i in ids:
                     if i not in self.subset:
                         self.dropped.setdefault(i, SUBSET_REASON)
-            link = None
-            if role == "decode" and isinstance(t, OnPremTarget) and t.kv_bytes_per_token:
-                link = (t.kv_bytes_per_token / latency.kv_link_bytes_per_s(t, t.pools.prefill), latency.LINK_LATENCY_S)
             view = PoolView(target, role, pool, eps, list(map(got.get, ids)), flags,
-                            self.lookup(target), self.state.shared_tier(target),
-                            positions=self.fleet.positions.get(key), kv_link=link)
+                            self.lookup(target), self.state.shared_tier(target), positions=positions, kv_link=link)
             self._views[key] = view
         return view
 
@@ -571,7 +604,7 @@ class LiveSignals:
             info, reading = pick.view.endpoints[i], pick.view.loads[i]
             local, _ = pick.view.hit(i)
             ttft = tpot = math.inf
-            if self._endpoint_predicts:
+            if _endpoint_predicts(self.policy):
                 p = self.prediction(target, "disaggregated" if role == "decode" else "aggregated")
                 if p is not None:
                     ttft, tpot = p.ttft_s, p.tpot_s
@@ -689,8 +722,12 @@ class LiveSignals:
         return sum(1 for role in self.roles(target) for e in self.fleet.pool_endpoints(target, role) if self.usable(e.id))
 
     def pd_pool_gpus(self, target: str) -> int:
-        """GPUs of ``target``'s prefill and decode endpoints this decision may use (healthy, in ``subset``)."""
-        return pd_pool_gpus(self.fleet.targets[target], self.usable)
+        """GPUs of ``target``'s prefill and decode endpoints this decision may use (healthy, in ``subset``; memoized:
+        read by the P/D mode of ``predict[target]`` and of the route)."""
+        out = self._pd_gpus.get(target)
+        if out is None:
+            out = self._pd_gpus[target] = pd_pool_gpus(self.fleet.targets[target], self.usable)
+        return out
 
     # -- cost ------------------------------------------------------------------------------
 
