@@ -190,16 +190,34 @@ def lookup_signal(signals: Mapping[str, object], path: str, rule: CompiledRule |
     return _get(ns, rest) if isinstance(ns, dict) and rest else ns
 
 
+_SCALARS = (bool, int, float, type(None))
+
+
+def _bad_text(v: str) -> bool:
+    """Whether ``v`` cannot be encoded as UTF-8 (a lone surrogate)."""
+    if v.isascii():
+        return False
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def _has_bad_text(variables: Mapping[str, object]) -> bool:
     """Whether a string of the CEL variables (namespace -> fields, or key -> fields) cannot be encoded
-    as UTF-8 (a lone surrogate): the one value ``cel.Context`` fails to convert."""
+    as UTF-8 (a lone surrogate): the one value ``cel.Context`` fails to convert. (Numbers and dicts are told
+    apart by their exact type before the ``Mapping`` check, an ABC's, which costs more than the rest.)"""
     for ns in variables.values():
-        for value in ns.values() if isinstance(ns, Mapping) else (ns,):
-            for v in value.values() if isinstance(value, Mapping) else (value,):
-                if isinstance(v, str) and not v.isascii():
-                    try:
-                        v.encode("utf-8")
-                    except UnicodeEncodeError:
+        for value in ns.values() if type(ns) is dict or isinstance(ns, Mapping) else (ns,):
+            if type(value) in _SCALARS:
+                continue
+            if isinstance(value, str):
+                if _bad_text(value):
+                    return True
+            elif type(value) is dict or isinstance(value, Mapping):
+                for v in value.values():
+                    if isinstance(v, str) and _bad_text(v):
                         return True
     return False
 
