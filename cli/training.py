@@ -250,7 +250,8 @@ def evaluate_cmd(table: Path | None, weak: str | None, strong: str | None, pairs
             if as_json:
                 click.echo(json.dumps({**cv, **cv_drafts}))
             else:
-                click.echo(f"{folds}-fold cross-validation of {cv['model_version']} on {table} ({cv['n']} prompts)")
+                click.echo(f"{folds}-fold cross-validation of {cv['model_version']} on {table} ({cv['n']} prompts"
+                           f"{_suite_words(cv['sanity_excluded'])})")
                 spread = f" ({min(cv['fold_apgr']):.4f}-{max(cv['fold_apgr']):.4f})" if cv["fold_apgr"] else ""
                 undefined = (f"; {cv['folds_undefined']} fold(s) left out: the strong model is not better on "
                              "their rows (APGR undefined)") if cv["folds_undefined"] else ""
@@ -271,7 +272,8 @@ def evaluate_cmd(table: Path | None, weak: str | None, strong: str | None, pairs
     if as_json:
         click.echo(json.dumps({**report, **extra}))
         return
-    click.echo(f"table   {report['table']}  ({report['n']} of {report['n_rows']} prompts scored)")
+    click.echo(f"table   {report['table']}  ({report['n']} of {report['n_rows']} prompts scored"
+               f"{_suite_words(report['sanity_excluded'])})")
     click.echo(f"pair    weak {weak}  vs  strong {strong}")
     click.echo(f"model   {report['model_version']}  ({report['model_source']})")
     click.echo("")
@@ -284,6 +286,11 @@ def evaluate_cmd(table: Path | None, weak: str | None, strong: str | None, pairs
                f"{_fmt_share(report['oracle_cpt80']):>9s} {1.0:7.4f}")
     if extra:
         _echo_cascade(weak, extra, f"{draft_folds}-fold CV")
+
+
+def _suite_words(n: int) -> str:
+    """How many of a table's rows were left out as requests of the sanity suites (none: nothing)."""
+    return f"; {n} request{'s' if n != 1 else ''} of the sanity suites left out" if n else ""
 
 
 def _verifier_words(extra: dict[str, object], how: str) -> str:

@@ -4,7 +4,9 @@
 model's recipe (``manifest.training.recipe``, the defaults of ``TrainConfig`` otherwise) is
 refitted K times on the model's own feature space (its encoder and request features), each time
 on the prompts outside one fold (folds by conversation, ``datasets.splits.group_key``), and scores
-the prompts of that fold. The out-of-fold scores are ranked for the ``weak``/``strong`` pair like
+the prompts of that fold. The table's rows that are requests of the sanity suites
+(``training.sanity.suite_requests``) are neither refitted on nor scored, as ``train`` leaves them out
+(counted: ``sanity_excluded``). The out-of-fold scores are ranked for the ``weak``/``strong`` pair like
 ``evaluate_table``'s: pooled router metrics, the APGR of each fold (mean, standard deviation,
 range), and the baselines on the same rows (random, prompt length, oracle).
 
@@ -33,6 +35,7 @@ from pointsman.training.examples import build_examples
 from pointsman.training.metrics import RouterReport, apgr, router_report
 from pointsman.training.out_of_fold import OutOfFold
 from pointsman.training.recipe import TrainConfig
+from pointsman.training.sanity import suite_requests
 from pointsman.training.table_source import table_source
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,6 +52,7 @@ class CrossValReport(RouterReport):
     folds: int
     fold_apgr: list[float]
     folds_undefined: int
+    sanity_excluded: int
     apgr_mean: float
     apgr_sd: float
     length_apgr: float
@@ -119,6 +123,9 @@ def crossval_scores(est: DifficultyEstimator, path: str | Path, weak: str, stron
     warm = [n for n in cfg.warm_start if n != source.name]
     ex_all = build_examples([source, *(default_training_sources(warm) if warm else [])], tokenizer=est.tokenizer,
                             seed=0)
+    suite = suite_requests(ex_all.group)  # as train leaves them out: neither refitted on nor scored
+    sanity_excluded = int((suite & (ex_all.source == source.name)).sum())
+    ex_all = ex_all.subset(~suite)
     own = ex_all.source == source.name
     ex = ex_all.subset(own)
     if len(ex) < folds:
@@ -161,7 +168,8 @@ def crossval_scores(est: DifficultyEstimator, path: str | Path, weak: str, stron
             p_hard[test] = head.predict_proba(X[test])[:, 1]
     return OutOfFold(folds=folds, prompt_id=np.asarray(ex.prompt_id, dtype=object), fold=fold, score=scores, p_hard=p_hard,
                      prompt_tokens=np.asarray([float(feat.prompt_tokens) for feat in ex.features]),
-                     weak=w_all[rows], strong=s_all[rows], train_weak=train_weak, train_strong=train_strong)
+                     weak=w_all[rows], strong=s_all[rows], train_weak=train_weak, train_strong=train_strong,
+                     sanity_excluded=sanity_excluded)
 
 
 def crossval_report(est: DifficultyEstimator, path: str | Path, weak: str, strong: str, oof: OutOfFold
@@ -183,6 +191,7 @@ def crossval_report(est: DifficultyEstimator, path: str | Path, weak: str, stron
         folds=folds,
         fold_apgr=[round(a, 6) for a in per_fold],
         folds_undefined=undefined,
+        sanity_excluded=oof.sanity_excluded,
         apgr_mean=float(np.mean(per_fold)) if per_fold else float("nan"),
         apgr_sd=float(np.std(per_fold, ddof=1)) if len(per_fold) > 1 else float("nan"),
         length_apgr=apgr(w, s, oof.prompt_tokens),

@@ -44,6 +44,7 @@ import numpy as np
 
 from pointsman.datasets.drafts import read_drafts
 from pointsman.datasets.outcome_tables import read_outcome_table
+from pointsman.datasets.splits import group_key
 from pointsman.errors import DataError, RequestError
 from pointsman.estimator.draft import Draft, draft_features, draft_prefix, prompt_of
 from pointsman.estimator.features import extract_features
@@ -52,6 +53,7 @@ from pointsman.request import RequestView, parse_route_request
 from pointsman.training.evaluate import TableScorer
 from pointsman.training.metrics import apgr, cpt, roc_auc, weak_worse
 from pointsman.training.out_of_fold import OutOfFold
+from pointsman.training.sanity import suite_conversation_keys
 from pointsman.training.verifier import fit_verifier
 
 
@@ -93,7 +95,8 @@ def draft_matrix(estimator: TableScorer, table: str | Path, weak: str, strong: s
                  p_hard_of: Mapping[str, float] | None = None, prefix_tokens: int | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """``(X, weak scores, strong scores, p_hard, prompt ids)`` over the rows with a prompt, both
-    scores and a draft: ``X`` float32 (n, len(FEATURE_NAMES)) of draft features (with the row's
+    scores and a draft that are not requests of the sanity suites (``training.sanity.suite_requests``):
+    ``X`` float32 (n, len(FEATURE_NAMES)) of draft features (with the row's
     prompt, its last user message, as ``POST /v1/verify`` reads the decision's). ``p_hard_of``:
     each prompt id's ``p_hard`` (rows without one are left out), instead of the estimator's.
     ``prefix_tokens`` N: each draft cut to its first N tokens as early verification sees it
@@ -102,9 +105,12 @@ def draft_matrix(estimator: TableScorer, table: str | Path, weak: str, strong: s
     answers = read_drafts(drafts, weak)
     w_all, s_all = t.scores(weak), t.scores(strong)
     rows, feats, texts, prompts = [], [], [], []
+    suite = suite_conversation_keys()
     for i, (pid, messages) in enumerate(zip(t.prompt_ids, t.messages)):
         if pid not in answers or np.isnan(w_all[i]) or np.isnan(s_all[i]) or (p_hard_of is not None
                                                                              and pid not in p_hard_of):
+            continue
+        if group_key(messages) in suite:  # requests of the sanity suites: never trained on or scored
             continue
         try:  # validated once (as ``features_for_messages``), for the features and the prompt
             view = RequestView.of(parse_route_request({"messages": messages}))

@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from pointsman.datasets.outcome_tables import read_outcome_table
+from pointsman.datasets.splits import group_key
 from pointsman.errors import DataError, RequestError
 from pointsman.estimator.features import RequestFeatures
 from pointsman.training.examples import features_for_messages
 from pointsman.training.metrics import RouterReport, router_report
+from pointsman.training.sanity import suite_conversation_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from tokenizers import Tokenizer
@@ -52,6 +54,7 @@ class TableReport(RouterReport):
 
     n_rows: int
     n_skipped: int
+    sanity_excluded: int
     length_apgr: float
     weak: str
     strong: str
@@ -65,7 +68,8 @@ def evaluate_table(estimator: TableScorer, path: str | Path, weak: str, strong: 
 
     Returns ``apgr, cpt50, cpt80, auc, random_apgr, oracle_apgr, n`` (rows with both
     scores and a valid prompt), plus ``n_rows``, ``n_skipped`` (empty/invalid prompts or
-    missing scores), ``length_apgr`` (the prompt-length router on the same rows), ``weak``,
+    missing scores), ``sanity_excluded`` (rows that are requests of the sanity suites, never scored
+    as table rows: ``training.sanity.suite_requests``), ``length_apgr`` (the prompt-length router on the same rows), ``weak``,
     ``strong``, ``table``, ``model_version``, ``model_source``.
     Raises ``DataError`` for an unreadable table, unknown columns (with did-you-mean),
     or when no row is usable.
@@ -75,7 +79,12 @@ def evaluate_table(estimator: TableScorer, path: str | Path, weak: str, strong: 
     s = table.scores(strong)
     feats: list[RequestFeatures] = []
     rows: list[int] = []
+    suite = suite_conversation_keys()
+    sanity_excluded = 0
     for i, messages in enumerate(table.messages):
+        if group_key(messages) in suite:
+            sanity_excluded += 1
+            continue
         try:
             feats.append(features_for_messages(messages, estimator.tokenizer))
             rows.append(i)
@@ -97,7 +106,8 @@ def evaluate_table(estimator: TableScorer, path: str | Path, weak: str, strong: 
     return TableReport(
         **metrics,
         n_rows=len(table),
-        n_skipped=int(len(table) - usable.sum()),
+        n_skipped=int(len(table) - usable.sum()) - sanity_excluded,
+        sanity_excluded=sanity_excluded,
         length_apgr=length,
         weak=weak,
         strong=strong,

@@ -16,7 +16,8 @@ class OutOfFold:
     ``fold`` (int64, 0..K-1, by conversation), ``score`` (the refitted ranker's logit, float64),
     ``p_hard`` (its Platt-calibrated probability, float64; NaN unless asked for), ``prompt_tokens``
     (float64), ``weak``/``strong`` (the scores of the evaluated pair, float64, NaN where empty);
-    ``folds``: K; ``train_weak``/``train_strong``: the columns whose labels the refits learned."""
+    ``folds``: K; ``train_weak``/``train_strong``: the columns whose labels the refits learned;
+    ``sanity_excluded``: the table's rows left out as requests of the sanity suites."""
 
     folds: int
     prompt_id: np.ndarray
@@ -28,6 +29,7 @@ class OutOfFold:
     strong: np.ndarray
     train_weak: tuple[str, ...]
     train_strong: tuple[str, ...]
+    sanity_excluded: int
 
 
 __all__ = ["OutOfFold"]

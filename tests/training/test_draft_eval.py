@@ -72,6 +72,16 @@ def test_evaluate_drafts_through_the_cli(files, tmp_path, monkeypatch):
     assert alone.exit_code == 2 and "give --drafts" in alone.output
     bad = CliRunner().invoke(group, [*args, "--drafts", str(drafts).replace("d.csv", "nope.csv")])
     assert bad.exit_code == 2 and "Error:" in bad.output and "nope.csv" in bad.output
+    # a row that is a request of the sanity suite (with its draft) is neither scored nor trained on
+    suite_table, suite_drafts = tmp_path / "ts.csv", tmp_path / "ds.csv"
+    suite_table.write_text(table.read_text() + 'sx,t,"Suggest a name for my cat.",0,1\n')
+    suite_drafts.write_text(drafts.read_text() + "sx,weak-model,Whiskers.,9,weak-model\n")
+    res = CliRunner().invoke(group, ["evaluate", "--table", str(suite_table), "--weak", "weak-model", "--strong",
+                                     "strong-model", "--model", "bundled", "--drafts", str(suite_drafts), "--json"])
+    assert res.exit_code == 0, res.output
+    with_suite = json.loads(res.output)
+    assert with_suite["n"] == with_suite["draft_n"] == 40 and with_suite["sanity_excluded"] == 1
+    assert with_suite["draft_apgr"] == out["draft_apgr"] and with_suite["apgr"] == out["apgr"]
 
 
 def test_drafts_of_an_unknown_model_are_named(files, tmp_path):

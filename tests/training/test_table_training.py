@@ -66,7 +66,8 @@ def test_train_table_then_crossvalidate(cli, table, tmp_path, monkeypatch):
                                    "--strong", "big", "--folds", "3", "--json"])
     assert res.exit_code == 0, res.output
     cv = json.loads(res.output)
-    assert cv["folds"] == 3 and len(cv["fold_apgr"]) == 3 and cv["n"] == 60
+    assert cv["folds"] == 3 and len(cv["fold_apgr"]) == 3 and cv["n"] == 59  # the cat's name: a suite request
+    assert cv["sanity_excluded"] == 1
     assert cv["train_weak"] == ["small", "small-b"]  # the model's own training columns label the refits
     # hard and easy prompts are worlds apart: out-of-fold the recipe ranks them well above random
     assert cv["random_apgr"] == pytest.approx(0.5) and cv["apgr"] > 0.7
@@ -75,33 +76,65 @@ def test_train_table_then_crossvalidate(cli, table, tmp_path, monkeypatch):
     assert {"length_apgr", "oracle_apgr", "apgr_sd"} <= set(cv)
 
 
-def test_train_table_leaves_out_the_sanity_suites_requests(cli, table, tmp_path, monkeypatch):
-    """An operator's table that holds requests of the shipped suites (both files; their easy side
-    labelled easy, their hard side hard) trains the same head as the table without them: those rows are
-    what promote and evaluate --pairs score. Their count is printed and kept in the manifest's metrics."""
+@pytest.fixture
+def with_suite(table, tmp_path):
+    """``table`` plus requests of the shipped suites (both files; the single-message pairs among the first
+    15 of each), their easy side labelled easy, their hard side hard; the number of suite rows it holds
+    (the fixture's own "Suggest a name for my cat." is a request of the suite too)."""
     import csv
 
     from pointsman.training.sanity import read_pairs, shipped_suite_paths
 
-    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
     pairs = [p for path in shipped_suite_paths() for p in read_pairs(path)[:15]
              if isinstance(p.easy, str) and isinstance(p.hard, str)]
-    with_suite = tmp_path / "with_suite.csv"
-    with_suite.write_text(table.read_text())
-    with with_suite.open("a", newline="") as f:
+    path = tmp_path / "with_suite.csv"
+    path.write_text(table.read_text())
+    with path.open("a", newline="") as f:
         w = csv.writer(f)
         for i, p in enumerate(pairs):
             w.writerow([f"se{i}", "x", p.easy, 1, 1, 1])
             w.writerow([f"sh{i}", "x", p.hard, 0, 0.5, 1])
+    return path, 2 * len(pairs) + 1
+
+
+def test_train_table_leaves_out_the_sanity_suites_requests(cli, table, with_suite, tmp_path, monkeypatch):
+    """An operator's table that holds requests of the shipped suites trains the same head as the table
+    without them: those rows are what promote and evaluate --pairs score. Their count is printed and kept
+    in the manifest's metrics."""
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    with_suite, n = with_suite
     res = _train(cli, with_suite, tmp_path / "m")
     assert res.exit_code == 0, res.output
-    n = 2 * len(pairs) + 1  # the fixture's own "Suggest a name for my cat." is a request of the suite too
     assert f"{n} table rows are requests of the sanity suites: not trained on" in res.stderr
     manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
     assert manifest["metrics"]["data/sanity_excluded"] == n >= 41
     assert manifest["training"]["sources"][0]["prompts"] == 59
     assert _train(cli, table, tmp_path / "plain").exit_code == 0
     assert (tmp_path / "m" / "head.onnx").read_bytes() == (tmp_path / "plain" / "head.onnx").read_bytes()
+
+
+def test_evaluate_leaves_out_the_sanity_suites_requests(cli, table, with_suite, tmp_path, monkeypatch):
+    """``evaluate --folds`` and ``evaluate`` on a table score none of its rows that are requests of the
+    shipped suites, and no refit trains on them: the table with the suite's pairs added gives the plain
+    table's numbers, and says how many rows it left out."""
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "data"))
+    with_suite, n = with_suite
+    model = tmp_path / "m"
+    assert _train(cli, table, model).exit_code == 0
+    plain, suite = _crossval(cli, model, table), _crossval(cli, model, with_suite)
+    assert (plain["sanity_excluded"], suite["sanity_excluded"]) == (1, n)
+    assert suite["n"] == plain["n"] == 59
+    for key in ("apgr", "auc", "fold_apgr", "length_apgr", "oracle_apgr"):
+        assert suite[key] == plain[key], key
+    res = CliRunner().invoke(cli, ["evaluate", "--model", str(model), "--table", str(with_suite), "--weak", "small",
+                                   "--strong", "big", "--folds", "3"])
+    assert res.exit_code == 0, res.output
+    assert f"(59 prompts; {n} requests of the sanity suites left out)" in res.output
+    scored = [json.loads(CliRunner().invoke(cli, ["evaluate", "--model", str(model), "--table", str(t), "--weak",
+                                                  "small", "--strong", "big", "--json"]).output)
+              for t in (table, with_suite)]
+    assert [s["sanity_excluded"] for s in scored] == [1, n] and scored[0]["n"] == scored[1]["n"] == 59
+    assert scored[0]["apgr"] == scored[1]["apgr"] and scored[1]["n_skipped"] == 0
 
 
 def test_train_table_license_unknown_by_default(cli, table, tmp_path, monkeypatch):
@@ -203,7 +236,7 @@ def test_warm_start_trains_beside_licensed_rows_and_crossval_keeps_them(cli, tab
     assert "not a shippable default" in provenance  # the table's licence is unknown
     assert "Warm start: arena_bench_v1, together weighing 1.0 x the other sources' rows" in provenance
     cv = _crossval(cli, out, table)
-    assert cv["n"] == 60 and cv["apgr"] > 0.7  # scored on the table's rows only, the warm rows always train
+    assert cv["n"] == 59 and cv["apgr"] > 0.7  # scored on the table's rows only, the warm rows always train
 
 
 def test_warm_start_of_an_unknown_source_is_named(cli, table, tmp_path):
