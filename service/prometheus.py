@@ -25,6 +25,8 @@ Counted as things happen (``ServiceMetrics``):
 ``pointsman_fleet_reloads_total{result,source}``   fleet reloads: ``ok``, ``unchanged``, ``rejected``
 ``pointsman_unpriced_usage_total{path}``         upstream usage Pointsman could not price (``ext_proc``: the
                                                  outcome books the decision's estimate instead)
+``pointsman_outcome_usage_over_cap_total{target}`` outcomes stored with more completion tokens than the
+                                                 request's output cap (``max_tokens`` x ``n``): booked as reported
 ``pointsman_budgets_reloads_total{result,source}`` budgets file reloads: ``ok``, ``unchanged``, ``rejected``
 ``pointsman_forwarded_outcomes_resent_total``    outcomes to forward sent again (their send failed or timed out,
                                                  or Redis since lost its data: a new epoch or run_id)
@@ -195,6 +197,9 @@ class ServiceMetrics:
         self.unpriced_usage = Counter("pointsman_unpriced_usage", "Upstream usage that could not be priced "
                                       "(the estimate was booked instead), by path.", ["path"], registry=r)
         self.unpriced_usage.labels("ext_proc")
+        self.usage_over_cap = Counter("pointsman_outcome_usage_over_cap", "Outcomes stored whose completion tokens "
+                                      "exceed the request's output cap (max_tokens x n), by target: booked as "
+                                      "reported.", ["target"], registry=r)
         for reason in ("timeout", "error"):
             self.estimator_unavailable.labels(reason)
         for status in ("stored", "duplicate", "conflict", "unknown_decision", "invalid"):

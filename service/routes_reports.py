@@ -431,6 +431,25 @@ def usage_problem(rt: Runtime, item: OutcomeIn, prefix: str = "",
     return check_usage_fits(usage, spec.context_window_tokens, target, prefix, decided)
 
 
+def over_cap_note(item: OutcomeIn, record: DispatchRecord | None, prefix: str = "") -> str | None:
+    """The ack's note when ``item`` reports more completion tokens than its request's output cap
+    (``record.output_cap_tokens``: ``max_tokens`` x ``n``, for every prompt of a batch; from the signed id or
+    this process's record) x ``CONTEXT_TOLERANCE`` (a gateway's tokenizer may count differently): no upstream
+    call generates that, so the report sums several (a gateway adding up its retries) or is another request's.
+    The outcome is stored and booked all the same (retries are billed too); None when it fits, for a request
+    without a cap, a decision known from no record (an unsigned id: the outcome log keeps one answer's cap,
+    not ``n``) and a shadow outcome (another model's call, not this request's)."""
+    usage = item.usage
+    cap = record.output_cap_tokens if record is not None else 0
+    if item.shadow or usage is None or usage.completion_tokens is None or not cap \
+            or usage.completion_tokens <= cap * CONTEXT_TOLERANCE:
+        return None
+    at = f"{prefix}." if prefix else ""
+    return (f"{at}usage.completion_tokens {usage.completion_tokens:,} is above the request's output cap of {cap:,} "
+            "tokens (max_tokens x n): no single upstream call generates that; booked as reported, counted in "
+            "pointsman_outcome_usage_over_cap_total. Report one call's usage, not a sum of retries")
+
+
 #: At most this many endpoints are listed in an unknown ``served_endpoint``'s error.
 _LISTED_ENDPOINTS = 12
 
@@ -534,6 +553,7 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
     sync = state.sync
     problems: list[OutcomeItemError | None] = [item if isinstance(item, OutcomeItemError) else None for item in items]
     unrecognised: dict[int, str] = {}  # item -> its ack's message: a served_endpoint the fleet does not know
+    over_cap: dict[int, tuple[str, str]] = {}  # item -> (its ack's note, target): usage beyond the request's cap
     acks: list[OutcomeAck | None] = [None] * len(items)
     known: dict[str, str] = {}  # decision id -> target, for decisions vouched for (stored even if not logged here)
     here: list[tuple[int, OutcomeIn]] = []
@@ -563,6 +583,9 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
                     unrecognised[i] = note
             if problems[i] is not None:
                 continue
+            over = over_cap_note(item, record, f"[{i}]" if indexed else "")
+            if over is not None and record is not None:
+                over_cap[i] = over, item.served_target or record.target
             if record is not None:
                 known[item.decision_id] = record.target
             if settle and sync.shared and claims is not None and claims.inbox and claims.inbox != sync.inbox:
@@ -592,9 +615,14 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
             entry = _invalid_ack(item, problem)
         else:
             assert ack is not None and isinstance(item, OutcomeIn)
-            note = unrecognised.get(i) if ack.ok or ack.status == "forwarded" else None  # a conflict: not stored
+            kept = ack.ok or ack.status == "forwarded"  # a conflict: not stored
+            note = unrecognised.get(i) if kept else None
+            over = over_cap.get(i) if kept else None
             entry = {"outcome_id": ack.outcome_id, "decision_id": ack.decision_id, "status": ack.status,
-                     "message": ack.message if note is None else "; ".join(filter(None, (ack.message, note)))}
+                     "message": "; ".join(filter(None, (ack.message, note, over and over[0]))) or None}
+            if over is not None and ack.status == "stored":  # counted once: where it is stored
+                rt.metrics.usage_over_cap.labels(over[1]).inc()
+                log.warning("outcome %s: %s", ack.outcome_id, over[0])
             escalation = escalations.get(i)
             if settle and (ack.ok or ack.status == "forwarded") or not settle and ack.ok and escalation is not None \
                     and _reports_the_draft(rt, item, escalation):
