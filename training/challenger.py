@@ -9,7 +9,8 @@
    logged under another encoder, a re-embedding of the stored prompt text;
 3. hold out ``1 / holdout_folds`` of the conversations (hash of the conversation key),
    never trained on, for ``compare``/``promote``; leave out the requests of the sanity suites
-   (``training.sanity.suite_requests``), on which ``promote`` checks the challenger;
+   (``training.sanity.suite_requests``), on which ``promote`` checks the challenger, from both
+   training and the held-out metrics;
 4. fit a new ``DifficultyHead`` on the rest (soft labels, Platt calibration on
    out-of-fold scores of the logged rows), warm-started (``cfg.warm_start``, the default) with the
    licensed chat rows the shipped recipe trains on, each weighing ``half / (n + half)`` of a
@@ -234,10 +235,10 @@ def train_challenger(
                "not kept in the log (written before it kept them)")
     rows = ex.subset(hm.rows)
     hold = holdout_mask(rows.group, cfg.holdout_folds, cfg.holdout_fold, cfg.seed)
-    suite = suite_requests(rows.group)  # promote's own check: never learned
-    train_m = ~hold & ~suite
-    if (suite & ~hold).any():
-        log_fn(f"{int((suite & ~hold).sum())} logged decisions are requests of the sanity suites: not trained on")
+    suite = suite_requests(rows.group)  # promote's own check: never learned, nor scored as held-out traffic
+    train_m, hold = ~hold & ~suite, hold & ~suite
+    if suite.any():
+        log_fn(f"{int(suite.sum())} logged decisions are requests of the sanity suites: neither trained on nor scored")
     if train_m.sum() < cfg.min_examples:
         raise DataError(f"{log.path}: {int(train_m.sum())} usable labeled decisions to train on, fewer than "
                         f"min_examples={cfg.min_examples} (labeled {len(ex)}, unusable {hm.unusable})")
@@ -260,7 +261,7 @@ def train_challenger(
     metrics: dict[str, float] = {"data/n_labeled": float(len(ex)), "data/n_train": float(train_m.sum()),
                                  "data/n_holdout": float(hold.sum()), "data/from_log": float(hm.from_log),
                                  "data/reembedded": float(hm.reembedded), "data/unusable": float(hm.unusable),
-                                 "data/sanity_excluded": float((suite & ~hold).sum()),
+                                 "data/sanity_excluded": float(suite.sum()),
                                  "data/prior_rows": float(warm["prior_rows"]),
                                  "data/prior_weight_per_row": warm["prior_weight_per_row"],
                                  "data/prior_weight_total": warm["prior_weight_total"],

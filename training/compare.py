@@ -6,7 +6,8 @@ logged decision that *neither* model trained on — for a model trained from the
 train on (its holdout fold, or first logged after its training data ended); models trained
 elsewhere (public tables, the bundled model) exclude nothing — is scored by both models through their own head
 inputs (``training.logged_examples.head_matrix``); rows one of them cannot score are
-left out for both. The metrics: APGR and CPT(50%) of the logged weak/strong scores
+left out for both, and so are the requests of the sanity suites (``training.sanity.suite_requests``:
+``promote``'s own check, never scored as traffic). The metrics: APGR and CPT(50%) of the logged weak/strong scores
 (RouteLLM), AUC against "the weak tier fell short" (``y > 0.5``), ECE against the soft
 label, and a paired bootstrap interval of the APGR difference.
 """
@@ -27,6 +28,7 @@ from pointsman.training.json_data import as_number, json_number, json_object_at
 from pointsman.training.logged_examples import LoggedExamples, head_matrix, holdout_mask, logged_examples
 from pointsman.training.metrics import apgr, cpt, label_metrics
 from pointsman.training.outcome_labels import LabelRules
+from pointsman.training.sanity import suite_requests
 
 if TYPE_CHECKING:  # pragma: no cover
     from pointsman.estimator.difficulty import DifficultyEstimator
@@ -198,10 +200,13 @@ def compare_models(log: OutcomeLog, rules: LabelRules, fleet: Fleet | None, cham
     excluded: dict[str, int] = {}
     seen = trained_on(champion, ex, log) | trained_on(challenger, ex, log)
     excluded["trained_on"] = int(seen.sum())
-    ex = ex.subset(~seen)
+    suite = suite_requests(ex.group) & ~seen  # the sanity check's own pairs, never traffic to score
+    excluded["sanity_suite"] = int(suite.sum())
+    ex = ex.subset(~seen & ~suite)
     if len(ex) == 0:
         raise DataError(f"{log.path}: no labeled logged decision is held out from both models "
-                        f"({excluded['trained_on']} were trained on)")
+                        f"({excluded['trained_on']} were trained on, {excluded['sanity_suite']} are requests of "
+                        "the sanity suites)")
     hm_a, hm_b = head_matrix(ex, champion), head_matrix(ex, challenger)
     both = np.intersect1d(hm_a.rows, hm_b.rows)
     excluded["unscorable"] = len(ex) - len(both)

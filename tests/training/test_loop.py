@@ -357,7 +357,7 @@ def test_train_from_outcomes_never_trains_on_the_sanity_suites(data, world):
     checked its ranking on them (0.927 -> 0.994 on the pairs it trained on, 0.923 -> 0.923 on those it held
     out, measured through ``serve``). Now a decision whose conversation is a request of either shipped suite
     (``sanity_pairs.jsonl``, ``sanity_holdout_pairs.jsonl``; the conversation key, as the log keeps it) is
-    left out of training and counted in ``data/sanity_excluded``."""
+    left out of training and of the held-out metrics, and counted in ``data/sanity_excluded``."""
     from pointsman.cli.main import main
     from pointsman.training.sanity import shipped_suite_paths
 
@@ -376,7 +376,9 @@ def test_train_from_outcomes_never_trains_on_the_sanity_suites(data, world):
     train = ~holdout_mask(keys)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["training"]["n_train"] == int((train & ~in_suite).sum()), manifest["training"]  # before: all of train
-    assert manifest["metrics"]["data/sanity_excluded"] == int((train & in_suite).sum()) > 400
+    # nor scored among the held-out decisions (before: n_holdout counted the suite's held-out requests too)
+    assert manifest["metrics"]["data/sanity_excluded"] == int(in_suite.sum()) > 600
+    assert manifest["training"]["n_holdout"] == int((~train & ~in_suite).sum()), manifest["training"]
 
 
 @pytest.mark.slow
@@ -399,3 +401,30 @@ def test_compare_knows_what_a_challenger_trained_on_in_another_log(data, world):
     out = json.loads(res.stdout)
     held = int(holdout_mask(np.array([d.conversation_key for d in live.joined()], dtype=object)).sum())
     assert 0 < held < 200 and out["n"] == held and out["excluded"]["trained_on"] == 200 - held, out  # before: n = 200
+
+
+def test_compare_scores_no_request_of_the_sanity_suites(data, world):
+    """``compare`` (and so ``promote``'s APGR) scored the logged decisions that are requests of the sanity suites
+    as held-out traffic (a challenger never trains on them, so all of them counted as held out): a smoke test of
+    the suite through the service, judged like the rest, put its obvious pairs into both models' APGR. They are the sanity check's own pairs, never training or table rows:
+    now left out of the comparison and counted (``excluded.sanity_suite``)."""
+    from pointsman.cli.main import main
+    from pointsman.training.sanity import shipped_suite_paths, suite_requests
+
+    fleet, bundled, engine = world
+    log = OutcomeLog()
+    assert log_traffic(log, engine, bundled) == 200
+    suite = [p for f in shipped_suite_paths() for p in read_pairs(f)
+             if isinstance(p.easy, str) and isinstance(p.hard, str)]
+    assert logged(log, engine, bundled, [p.hard for p in suite], [p.easy for p in suite], ["{x}"], judge=JUDGE) > 600
+    res = CliRunner().invoke(main, ["train", "--from-outcomes", "--no-warm-start", "--folds", "3", "--json"])
+    assert res.exit_code == 0, (res.output, res.exception)
+    res = CliRunner().invoke(main, ["compare", "--json"])
+    assert res.exit_code == 0, (res.output, res.exception)
+    out = json.loads(res.stdout)
+    keys = np.array([d.conversation_key for d in log.joined()], dtype=object)
+    held, in_suite = holdout_mask(keys), suite_requests(keys)
+    # the challenger trained on none of them, so each was "held out": before, n was 670, 636 of them the suite's
+    assert out["excluded"] == {"trained_on": int((~held & ~in_suite).sum()), "sanity_suite": int(in_suite.sum()),
+                               "unscorable": 0} and in_suite.sum() > 600, out["excluded"]
+    assert out["n"] == int((held & ~in_suite).sum()), out
