@@ -237,7 +237,7 @@ def evaluate_cmd(table: Path | None, weak: str | None, strong: str | None, pairs
         raise InputError("--draft-prefix-tokens cuts the drafts of --drafts: give --drafts ANSWERS")
     from pointsman.estimator.model_source import load_estimator  # a missing extra: cli.main's Error line
     from pointsman.estimator.verifier import model_verifier
-    from pointsman.training.crossval import crossval_report, crossval_scores
+    from pointsman.training.crossval import crossval_report, crossval_scores, trained_on_table
     from pointsman.training.draft_eval import evaluate_drafts
     from pointsman.training.evaluate import evaluate_table
     try:
@@ -263,9 +263,9 @@ def evaluate_cmd(table: Path | None, weak: str | None, strong: str | None, pairs
                     _echo_cascade(weak, cv_drafts, f"the same {folds} folds, out-of-fold p_hard")
             return
         report = evaluate_table(est, table, weak, strong)
-        extra: dict[str, object] = {}
+        extra: dict[str, object] = {"in_sample": trained_on_table(est, table)}
         if drafts is not None:
-            extra = dict(evaluate_drafts(est, table, weak, strong, drafts, folds=draft_folds,
+            extra.update(evaluate_drafts(est, table, weak, strong, drafts, folds=draft_folds,
                                          head=model_verifier(est.model_dir), prefix_tokens=draft_prefix_tokens))
     except PointsmanError as exc:
         raise InputError(str(exc)) from None
@@ -275,7 +275,9 @@ def evaluate_cmd(table: Path | None, weak: str | None, strong: str | None, pairs
     click.echo(f"table   {report['table']}  ({report['n']} of {report['n_rows']} prompts scored"
                f"{_suite_words(report['sanity_excluded'])})")
     click.echo(f"pair    weak {weak}  vs  strong {strong}")
-    click.echo(f"model   {report['model_version']}  ({report['model_source']})")
+    click.echo(f"model   {report['model_version']}  ({report['model_source']})"
+               + ("  in sample: the model trained on this table's rows; --folds K gives held-out numbers"
+                  if extra["in_sample"] else ""))
     click.echo("")
     click.echo(f"{'router':8s} {'APGR':>7s} {'CPT(50%)':>9s} {'CPT(80%)':>9s} {'AUC':>7s}")
     click.echo(f"{'model':8s} {report['apgr']:7.4f} {_fmt_share(report['cpt50']):>9s} "
@@ -284,7 +286,7 @@ def evaluate_cmd(table: Path | None, weak: str | None, strong: str | None, pairs
     click.echo(f"{'length':8s} {report['length_apgr']:7.4f}")
     click.echo(f"{'oracle':8s} {report['oracle_apgr']:7.4f} {_fmt_share(report['oracle_cpt50']):>9s} "
                f"{_fmt_share(report['oracle_cpt80']):>9s} {1.0:7.4f}")
-    if extra:
+    if drafts is not None:
         _echo_cascade(weak, extra, f"{draft_folds}-fold CV")
 
 

@@ -98,6 +98,27 @@ def training_columns(est: DifficultyEstimator, path: Path, weak: str, strong: st
     return (weak,), (strong,), None
 
 
+def trained_on_table(est: DifficultyEstimator, path: str | Path) -> bool:
+    """Whether ``est`` trained on the table at ``path``: a source of its manifest names that file (a
+    relative name, as the shipped recipe's, inside the shared datasets folder). Its APGR there is in sample."""
+    from pointsman.datasets.sources import shared_datasets_dir
+
+    target = Path(path).resolve()
+    sources = est.manifest.training.get("sources")
+    for s in sources if isinstance(sources, list) else []:
+        named = Path(str(s.get("table", ""))) if isinstance(s, dict) and s.get("table") else None
+        if named is None:
+            continue
+        if not named.is_absolute():
+            try:
+                named = shared_datasets_dir() / named
+            except DataError:
+                continue
+        if named.resolve() == target:
+            return True
+    return False
+
+
 def crossval_scores(est: DifficultyEstimator, path: str | Path, weak: str, strong: str, folds: int = 5,
                     calibrated: bool = False) -> OutOfFold:
     """The out-of-fold scores of K-fold cross-validation of ``est``'s recipe on the table at ``path``
@@ -211,4 +232,4 @@ def crossval_table(est: DifficultyEstimator, path: str | Path, weak: str, strong
 
 
 __all__ = ["CrossValReport", "OutOfFold", "crossval_report", "crossval_scores", "crossval_table", "recipe_of",
-           "training_columns"]
+           "trained_on_table", "training_columns"]
