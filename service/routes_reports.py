@@ -617,12 +617,12 @@ def store_outcomes(rt: Runtime, items: list[OutcomeIn | OutcomeItemError], index
             assert ack is not None and isinstance(item, OutcomeIn)
             kept = ack.ok or ack.status == "forwarded"  # a conflict: not stored
             note = unrecognised.get(i) if kept else None
-            over = over_cap.get(i) if kept else None
+            beyond = over_cap.get(i) if kept else None
             entry = {"outcome_id": ack.outcome_id, "decision_id": ack.decision_id, "status": ack.status,
-                     "message": "; ".join(filter(None, (ack.message, note, over and over[0]))) or None}
-            if over is not None and ack.status == "stored":  # counted once: where it is stored
-                rt.metrics.usage_over_cap.labels(over[1]).inc()
-                log.warning("outcome %s: %s", ack.outcome_id, over[0])
+                     "message": "; ".join(filter(None, (ack.message, note, beyond and beyond[0]))) or None}
+            if beyond is not None and ack.status == "stored":  # counted once: where it is stored
+                rt.metrics.usage_over_cap.labels(beyond[1]).inc()
+                log.warning("outcome %s: %s", ack.outcome_id, beyond[0])
             escalation = escalations.get(i)
             if settle and (ack.ok or ack.status == "forwarded") or not settle and ack.ok and escalation is not None \
                     and _reports_the_draft(rt, item, escalation):
