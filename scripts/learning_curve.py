@@ -142,13 +142,14 @@ def learning_curve(table_path: Path, weak: str, strong: str, *, ns: str, seeds: 
         shipped_apgr.append(base["apgr"])
         shipped_ece.append(base["ece"])
         oracle.append(oracle_apgr(ws[test], ss[test]))
+        seed_prior = prior.subset(~np.isin(prior.group, groups[test]))  # as train_challenger: no held-out prompt
         for key, n in sizes:
             train = np.sort(order[:n])
             r = results.setdefault(key, {"cold_apgr": [], "warm_apgr": [], "cold_ece": [], "warm_ece": [], "n_per_seed": []})
             r["n_per_seed"].append(float(n))
             for name, warm in (("cold", False), ("warm", True)):
                 cfg = ChallengerConfig(seed=seed, warm_start=warm, prior_half_n=half, **(head_settings or {}))
-                head = fit_head(X[train], y[train], groups[train], n_emb, cfg, prior if warm else None)
+                head = fit_head(X[train], y[train], groups[train], n_emb, cfg, seed_prior if warm else None)
                 m = label_metrics(y[test], ws[test], ss[test], head.predict_proba(X[test])[:, 1])
                 r[f"{name}_apgr"].append(m["apgr"])
                 r[f"{name}_ece"].append(m["ece"])

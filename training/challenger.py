@@ -14,7 +14,8 @@
 4. fit a new ``DifficultyHead`` on the rest (soft labels, Platt calibration on
    out-of-fold scores of the logged rows), warm-started (``cfg.warm_start``, the default) with the
    licensed chat rows the shipped recipe trains on, each weighing ``half / (n + half)`` of a
-   logged row for n logged training rows (``training.warm_start``); export it to ONNX next to ``base``'s encoder (so the new model
+   logged row for n logged training rows (``training.warm_start``), but those of a held-out
+   conversation (traffic that holds the prior's own prompts); export it to ONNX next to ``base``'s encoder (so the new model
    reads the same vectors), check scikit-learn/onnxruntime parity;
 5. write a model directory whose manifest records the log, window, label rules and the
    holdout, the conversation keys it trained on (``TRAINED_CONVERSATIONS_FILE``), plus the reports
@@ -245,6 +246,11 @@ def train_challenger(
     X, y = hm.X, rows.y
     n_emb = base.manifest.encoder.dim
     prior, skipped = load_prior(cfg, base, log_fn)
+    if prior is not None:  # the prior's own prompts logged here (MT-bench run through the service): as evaluate --folds
+        scored = np.isin(prior.group, rows.group[hold])
+        if scored.any():
+            log_fn(f"{int(scored.sum())} prior rows are conversations held out of this log: left out of the warm start")
+            prior = prior.subset(~scored)
     n_train = int(train_m.sum())
     warm = warm_start_record(cfg, n_train, prior, skipped)
     if prior is not None:

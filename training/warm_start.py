@@ -70,6 +70,11 @@ class PriorRows:
     def __len__(self) -> int:
         return len(self.y)
 
+    def subset(self, keep: np.ndarray) -> PriorRows:
+        """The rows where ``keep`` (bool, (m,)) is true."""
+        return PriorRows(X=self.X[keep], y_rank=self.y_rank[keep], y=self.y[keep], group=self.group[keep],
+                         source=self.source[keep], licenses=self.licenses)
+
     def counts(self) -> dict[str, int]:
         """Rows per source."""
         names, n = np.unique(self.source.astype(str), return_counts=True)
