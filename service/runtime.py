@@ -68,6 +68,9 @@ FORWARD_CONFIRM_S = 300.0
 #: Seconds an outcome to forward waits for its owner's log (module ``shared_state``) before it is dropped: that log
 #: has not read its inbox since (its data folder gone for good, and its decisions with it).
 FORWARD_KEEP_S = 7 * 86400.0
+#: Seconds between purges of the budget ledger's records older than its ``record_retention_s`` (``replay_spend``;
+#: every ``record_retention_s`` when that is shorter).
+LEDGER_PURGE_S = 3600.0
 
 
 @dataclass
@@ -172,7 +175,8 @@ class Runtime:
                               key_names=lambda: key_names(s)),
                 name="pointsman-budgets-watch"))
             self.watching_budgets = True
-        if self.live.engine.state.journal is not None or self.settle_unsettled is not None or self.live.engine.state.sync.shared:
+        state = self.live.engine.state
+        if state.ledger is not None or state.journal is not None or self.settle_unsettled is not None or state.sync.shared:
             self._tasks.append(asyncio.create_task(self.replay_spend(), name="pointsman-spend-replay"))
         if s.watch_policy:
             path = self.live.engine.policy.file
@@ -193,10 +197,12 @@ class Runtime:
         settlements (``FleetState.restore_spend``, counted in ``pointsman_spend_restored_total``), book the
         settlements the spend journal kept while the ledger was unavailable (``FleetState.replay_journal``),
         until none is left, settle the outcomes the outcome log keeps as unsettled (``settle_unsettled``:
-        stored by a process that died before settling them), and send again the forwarded outcomes the shared state
-        may have lost (``resend_forwards``)."""
+        stored by a process that died before settling them), send again the forwarded outcomes the shared state
+        may have lost (``resend_forwards``), and every ``LEDGER_PURGE_S`` (at most ``record_retention_s``) delete
+        the budget ledger's records older than ``record_retention_s`` (``BudgetLedger.purge``)."""
         assert self._stop is not None
         unsettled = self.settle_unsettled is not None
+        purge_at = time.monotonic()
         while not self._stop.is_set():
             try:
                 restored = await asyncio.to_thread(self.live.engine.state.restore_spend)
@@ -218,6 +224,15 @@ class Runtime:
                 await asyncio.to_thread(resend_forwards, self.outcome_log, self.live.engine.state.sync, self.metrics)
             except Exception as exc:  # noqa: BLE001 - keep trying; the outbox keeps them
                 log.warning("forwarded outcomes not sent again yet: %s", exc)
+            ledger = self.live.engine.state.ledger
+            if ledger is not None and time.monotonic() >= purge_at:
+                purge_at = time.monotonic() + min(LEDGER_PURGE_S, float(ledger.config.record_retention_s))
+                try:
+                    purged = await asyncio.to_thread(ledger.purge, self.live.engine.state.clock())
+                    if purged:
+                        log.info("budget ledger: %d record(s) older than record_retention_s deleted", purged)
+                except Exception as exc:  # noqa: BLE001 - the next purge deletes them
+                    log.warning("budget ledger records not purged yet: %s", exc)
             try:
                 await asyncio.wait_for(self._stop.wait(), timeout=interval_s)
             except TimeoutError:

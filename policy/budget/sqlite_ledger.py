@@ -335,8 +335,9 @@ class SqliteLedger:
         and add the tokens to ``target``'s usage. Without a reservation, ``scopes`` (and
         ``issued_s``, the decision's Unix time: its windows; default ``now``) book it as an
         ``unreserved`` settlement. A repeat returns the first settlement with ``replayed=True`` and
-        changes nothing. Raises ``UnknownReservation`` (no reservation, no ``scopes``),
-        ``BudgetError`` for bad arguments, ``LedgerUnavailable``."""
+        changes nothing. Raises ``UnknownReservation`` (no reservation, and no ``scopes`` or a decision
+        older than ``record_retention_s``: its record may have been settled and then purged), ``BudgetError``
+        for bad arguments, ``LedgerUnavailable``."""
         actual, now = checked_settle_args(decision_id, actual_cost_usd, now, target, prompt_tokens, cached_tokens,
                                           completion_tokens)
         booked = None if scopes is None else check_scopes(scopes)
@@ -344,9 +345,9 @@ class SqliteLedger:
             self._sweep(conn, now)
             row = conn.execute(_SELECT_RES, (decision_id,)).fetchone()
             if row is None:
-                if booked is None:
-                    raise UnknownReservation(decision_id)
                 at = now if issued_s is None else float(issued_s)
+                if booked is None or at < now - self.config.record_retention_s:  # purged, or as good as: booked once
+                    raise UnknownReservation(decision_id)
                 windows = windows_at(at)
                 row = ("unreserved", "\n".join(booked), windows["day"].id, windows["month"].id, 0)
                 conn.execute("INSERT INTO budget_reservations (decision_id, scopes, day_id, month_id, reserved_nusd, "
