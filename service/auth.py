@@ -1,25 +1,29 @@
-"""API keys in two roles: ``gateway`` and ``admin``.
+"""API keys in three roles: ``gateway``, ``telemetry`` and ``admin``.
 
-Keys come from settings (``POINTSMAN_GATEWAY_API_KEYS``, ``POINTSMAN_ADMIN_API_KEYS``):
+Keys come from settings (``POINTSMAN_GATEWAY_API_KEYS``, ``POINTSMAN_TELEMETRY_API_KEYS``,
+``POINTSMAN_ADMIN_API_KEYS``):
 comma-separated entries, each ``name=secret`` or a bare ``secret`` (its name is then
 ``key-`` + the first 8 hex of its sha256), and from key files re-read while serving
 (``POINTSMAN_*_API_KEYS_FILE``, ``service/keys.py``). A client sends its key as
 ``Authorization: Bearer <secret>`` or ``x-api-key: <secret>``; never in the query string (URLs are
 logged, by proxies too: a 401 says so, and the service's access log drops query values, ``access_log.py``).
 
-========================================  =================  ==================
-endpoint                                  gateway key        admin key
-========================================  =================  ==================
-``POST /v1/route``, ``/v1/outcomes``,     yes                yes
-``/v1/telemetry``
-``GET /v1/fleet``, ``GET /v1/policy``,    no (403)           yes
+========================================  ============  ==============  ==========
+endpoint                                  gateway key   telemetry key   admin key
+========================================  ============  ==============  ==========
+``POST /v1/route``, ``/v1/outcomes``,     yes           no (403)        yes
+``/v1/verify``
+``POST /v1/telemetry``                    no (403)      yes             yes
+``GET /v1/fleet``, ``GET /v1/policy``,    no (403)      no (403)        yes
 ``POST /v1/policy/validate``, ``/reload``
 ``GET /v1/budgets``, ``POST .../reload``
 ``/healthz``, ``/readyz``, ``/metrics``   open (probes and Prometheus scrapes)
-========================================  =================  ==================
+========================================  ============  ==============  ==========
 
-No key → 401 (``WWW-Authenticate: Bearer``); an unknown key → 401; a gateway key on an
-admin endpoint → 403. The presented key is compared with every configured key by
+Telemetry (load pushes and health marks) moves every tenant's routing (marking every endpoint
+unhealthy leaves no target), so it takes its own role, for engine sidecars, not a gateway's key.
+No key → 401 (``WWW-Authenticate: Bearer``); an unknown key → 401; a key of another role than the
+endpoint's (admin keys excepted) → 403. The presented key is compared with every configured key by
 ``hmac.compare_digest`` (constant time, no early exit). Secrets are ``SecretStr`` in the
 settings and never logged; logs and budgets name keys by their name (``Principal.key_id``,
 budget scope ``key:<name>``).
@@ -44,7 +48,7 @@ from starlette.requests import HTTPConnection
 from pointsman.request import valid_scope_name
 from pointsman.service.http_errors import HTTPError
 
-ROLES = ("gateway", "admin")
+ROLES = ("gateway", "telemetry", "admin")
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`.")
 _header = APIKeyHeader(name="x-api-key", auto_error=False, description="An API key in the `x-api-key` header.")
@@ -184,7 +188,7 @@ def header_key(request: HTTPConnection) -> str | None:
 
 def authenticate(request: HTTPConnection, role: str, key: str | None) -> Principal:
     """The principal of ``key`` (the key ``request`` presented) when it may call an endpoint of ``role``
-    (``gateway``: gateway or admin keys; ``admin``: admin keys only). Raises ``HTTPError`` 401/403 (see the module)."""
+    (a key of that role, or an admin key). Raises ``HTTPError`` 401/403 (see the module)."""
     ring: KeyRing = request.app.state.keys.ring()
     if not ring.enabled:
         return Principal(None, "admin")
@@ -198,9 +202,10 @@ def authenticate(request: HTTPConnection, role: str, key: str | None) -> Princip
     if principal is None:
         raise HTTPError(401, "the API key is not valid", type="authentication_error", code="invalid_api_key",
                         headers={"WWW-Authenticate": "Bearer"})
-    if role == "admin" and principal.role != "admin":
-        raise HTTPError(403, f"this endpoint needs an admin key; key '{principal.key_id}' has the "
-                             f"{principal.role} role", type="permission_error", code="forbidden")
+    if principal.role not in (role, "admin"):
+        raise HTTPError(403, f"this endpoint needs {'an admin' if role == 'admin' else f'a {role} or admin'} key; key "
+                             f"'{principal.key_id}' has the {principal.role} role", type="permission_error",
+                        code="forbidden")
     return principal
 
 

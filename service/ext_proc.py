@@ -636,8 +636,8 @@ class ExtProcServer:
 
     def authenticate(self, metadata: Iterable[tuple[str, str | bytes]]) -> Principal | None:
         """The caller of a stream from its gRPC ``metadata``: an anonymous admin when no key is configured,
-        the key's principal when ``authorization: Bearer <key>`` or ``x-api-key`` names a configured key,
-        else None (refuse)."""
+        the key's principal when ``authorization: Bearer <key>`` or ``x-api-key`` names a configured gateway or
+        admin key, else None (refuse)."""
         ring = self.keys.ring() if self.keys is not None else None
         if ring is None or not ring.enabled or not self.rt.settings.ext_proc_require_key:
             return Principal(None, "admin")
@@ -649,7 +649,8 @@ class ExtProcServer:
             elif name == "x-api-key" and header is None:
                 header = text.strip()
         key = bearer or header
-        return ring.identify(key) if key else None
+        principal = ring.identify(key) if key else None
+        return principal if principal is None or principal.role in ("gateway", "admin") else None  # routes: no telemetry key
 
     def count(self, result: str) -> None:
         """Count one request's result in ``pointsman_ext_proc_requests_total``."""

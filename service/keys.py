@@ -97,8 +97,10 @@ class KeySource:
     def from_settings(cls, settings: Settings) -> KeySource:
         """The key source ``settings`` configure (``*_API_KEYS`` and ``*_API_KEYS_FILE``)."""
         values = [("gateway", settings.gateway_api_keys, "POINTSMAN_GATEWAY_API_KEYS"),
+                  ("telemetry", settings.telemetry_api_keys, "POINTSMAN_TELEMETRY_API_KEYS"),
                   ("admin", settings.admin_api_keys, "POINTSMAN_ADMIN_API_KEYS")]
         files = [("gateway", settings.gateway_api_keys_file, "POINTSMAN_GATEWAY_API_KEYS_FILE"),
+                 ("telemetry", settings.telemetry_api_keys_file, "POINTSMAN_TELEMETRY_API_KEYS_FILE"),
                  ("admin", settings.admin_api_keys_file, "POINTSMAN_ADMIN_API_KEYS_FILE")]
         return cls([(role, None if v is None else v.get_secret_value(), name) for role, v, name in values],
                    [(role, path, name) for role, path, name in files if path is not None])
@@ -128,7 +130,8 @@ class KeySource:
             else:
                 self._ring = ring
                 counts = ring.counts()
-                log.info("API keys reloaded: %d gateway, %d admin", counts["gateway"], counts["admin"])
+                log.info("API keys reloaded: %d gateway, %d telemetry, %d admin", counts["gateway"],
+                         counts["telemetry"], counts["admin"])
         return self._ring
 
 

@@ -765,10 +765,10 @@ def parse_telemetry(body: object, rt: Runtime) -> list[tuple[str, TelemetryIn]]:
              summary="Push load snapshots and endpoint health (one report or a list)",
              openapi_extra=json_body({"anyOf": [{"$ref": "#/components/schemas/TelemetryIn"},
                                                 {"type": "array", "items": {"$ref": "#/components/schemas/TelemetryIn"}}]}))
-async def telemetry(request: Request, principal: Principal = Depends(require("gateway")),
+async def telemetry(request: Request, principal: Principal = Depends(require("telemetry")),
                     rt: Runtime = Depends(get_runtime)) -> dict[str, object]:
-    """Apply load snapshots (vLLM-standard field names) and health marks; answers each endpoint's
-    merged reading."""
+    """Apply load snapshots (vLLM-standard field names) and health marks (a telemetry or admin key: they move every
+    tenant's routing); answers each endpoint's merged reading."""
     _, reports = await read_parsed(request, rt.settings, "a telemetry report or a list of them",
                                    lambda body: parse_telemetry(body, rt))
     state = rt.live.engine.state

@@ -34,8 +34,10 @@
 Service only (``pointsman serve``):
 
 - ``POINTSMAN_GATEWAY_API_KEYS`` / ``POINTSMAN_ADMIN_API_KEYS``: API keys, comma-separated,
-  each ``name=secret`` or a bare ``secret`` (``service/auth.py``). Gateway keys may route,
-  post outcomes and telemetry; admin keys may also read and change policy and fleet state.
+  each ``name=secret`` or a bare ``secret`` (``service/auth.py``). Gateway keys may route and
+  post outcomes; admin keys may also post telemetry and read and change policy and fleet state.
+- ``POINTSMAN_TELEMETRY_API_KEYS`` (and ``_FILE``): keys that may only post telemetry (load and
+  endpoint health, ``POST /v1/telemetry``: engine sidecars); a gateway key may not.
   The name is the key's id in logs and its budget scope (``key:<name>``). Default: none,
   and then authentication is off (a startup warning says so).
 - ``POINTSMAN_GATEWAY_API_KEYS_FILE`` / ``POINTSMAN_ADMIN_API_KEYS_FILE``: key files, the same
@@ -158,8 +160,10 @@ class Settings(BaseSettings):
     budget_fail_open: bool = False
     gateway_api_keys: SecretStr | None = None
     admin_api_keys: SecretStr | None = None
+    telemetry_api_keys: SecretStr | None = None
     gateway_api_keys_file: Path | None = None
     admin_api_keys_file: Path | None = None
+    telemetry_api_keys_file: Path | None = None
     allow_unauthenticated: bool = False
     outcome_log: Path | None = None
     store_prompts: bool = False

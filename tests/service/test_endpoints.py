@@ -18,7 +18,7 @@ from pointsman.service.bootstrap import build_state
 from pointsman.service.settings import Settings
 
 USER = {"role": "user", "content": "What is the capital of France?"}
-GATEWAY, ADMIN = "gw-secret-0123", "admin-secret-0123"
+GATEWAY, ADMIN, TELEMETRY = "gw-secret-0123", "admin-secret-0123", "sidecar-secret-0123"
 
 
 def make_app(tmp_path, estimator=None, **kw):
@@ -400,7 +400,7 @@ def test_an_outcome_is_stored_after_its_decision_and_waits_for_no_other(tmp_path
 
 ENDPOINTS = [("post", "/v1/route", {"messages": [USER]}, "gateway"),
              ("post", "/v1/outcomes", {"decision_id": "0" * 32}, "gateway"),
-             ("post", "/v1/telemetry", {"endpoint": "llama-8b-0", "healthy": True}, "gateway"),
+             ("post", "/v1/telemetry", {"endpoint": "llama-8b-0", "healthy": True}, "telemetry"),
              ("get", "/v1/fleet", None, "admin"),
              ("get", "/v1/policy", None, "admin"),
              ("post", "/v1/policy/validate", {"policy": "kind: RoutingPolicy"}, "admin"),
@@ -413,12 +413,13 @@ ENDPOINTS = [("post", "/v1/route", {"messages": [USER]}, "gateway"),
 @pytest.fixture(scope="module")
 def auth_client(tmp_path_factory):
     app, _ = make_app(tmp_path_factory.mktemp("auth"), gateway_api_keys=f"edge={GATEWAY}",
-                      admin_api_keys=f"ops={ADMIN}")
+                      admin_api_keys=f"ops={ADMIN}", telemetry_api_keys=f"sidecar={TELEMETRY}")
     with TestClient(app) as c:
         yield c
 
 
-@pytest.mark.parametrize("key", [None, "wrong-key-123", GATEWAY, ADMIN], ids=["none", "wrong", "gateway", "admin"])
+@pytest.mark.parametrize("key", [None, "wrong-key-123", GATEWAY, ADMIN, TELEMETRY],
+                         ids=["none", "wrong", "gateway", "admin", "telemetry"])
 @pytest.mark.parametrize("method,path,body,role", ENDPOINTS, ids=[e[1] for e in ENDPOINTS])
 def test_auth_matrix(auth_client, method, path, body, role, key):
     headers = {} if key is None else {"authorization": f"Bearer {key}"}
@@ -427,7 +428,7 @@ def test_auth_matrix(auth_client, method, path, body, role, key):
         expected = 200
     elif key in (None, "wrong-key-123"):
         expected = 401
-    elif role == "admin" and key == GATEWAY:
+    elif (role, key) in (("admin", GATEWAY), ("admin", TELEMETRY), ("gateway", TELEMETRY), ("telemetry", GATEWAY)):
         expected = 403
     else:
         expected = None  # admitted: whatever the endpoint answers, but not an auth error
@@ -439,8 +440,27 @@ def test_auth_matrix(auth_client, method, path, body, role, key):
         assert r.headers["www-authenticate"] == "Bearer"
         assert r.json()["error"]["code"] == ("missing_api_key" if key is None else "invalid_api_key")
     if r.status_code == 403:
-        assert "key 'edge' has the gateway role" in r.json()["error"]["message"]
-    assert GATEWAY not in r.text and ADMIN not in r.text
+        name, held = ("edge", "gateway") if key == GATEWAY else ("sidecar", "telemetry")
+        assert f"key '{name}' has the {held} role" in r.json()["error"]["message"]
+    assert GATEWAY not in r.text and ADMIN not in r.text and TELEMETRY not in r.text
+
+
+def test_a_gateway_key_cannot_mark_the_fleet_unhealthy(auth_client):
+    """Any gateway key could post ``healthy: false`` for every endpoint, and every route then answered
+    no_eligible_target: health marks and load pushes move every tenant's routing, so they take a telemetry
+    (engine sidecar) or admin key. Found by a security review."""
+    fleet = auth_client.get("/v1/fleet", headers={"x-api-key": ADMIN}).json()
+    endpoints = [ep["id"] for t in fleet["targets"].values() for ep in t["endpoints"]]
+    down = [{"endpoint": e, "healthy": False, "reason": "drained"} for e in endpoints]
+    r = auth_client.post("/v1/telemetry", json=down, headers={"x-api-key": GATEWAY})
+    assert r.status_code == 403, r.text
+    assert auth_client.post("/v1/route", json={"messages": [USER]}, headers={"x-api-key": GATEWAY}).status_code == 200
+    try:
+        r = auth_client.post("/v1/telemetry", json=down[:1], headers={"x-api-key": TELEMETRY})
+        assert r.status_code == 200 and r.json()["endpoints"][0]["healthy"] is False, r.text
+    finally:
+        up = [{"endpoint": e, "healthy": True} for e in endpoints]
+        assert auth_client.post("/v1/telemetry", json=up, headers={"x-api-key": ADMIN}).status_code == 200
 
 
 def test_auth_accepts_x_api_key_and_health_says_auth_is_on(auth_client):

@@ -299,7 +299,7 @@ def test_followed_specs_and_version_keys():
 
 def test_key_ring_roles_and_constant_time_identify():
     ring = KeyRing.parse("edge=gateway-key-1, gateway-key-2", "ops=admin-key-01")
-    assert ring.enabled and ring.counts() == {"gateway": 2, "admin": 1}
+    assert ring.enabled and ring.counts() == {"gateway": 2, "telemetry": 0, "admin": 1}
     assert ring.identify("gateway-key-1").key_id == "edge" and ring.identify("admin-key-01").role == "admin"
     anonymous = ring.identify("gateway-key-2")
     assert anonymous.role == "gateway" and anonymous.key_id.startswith("key-")
