@@ -18,7 +18,8 @@ trip per decision.
 
 ``--sync-cpu RATE [--seconds 8] [--baseline REV --rounds 3]`` measures instead what sharing the state
 costs in CPU (issue 24): two ``FleetState``s on one Redis (two workers), dispatching RATE per second in
-all, alternately, on one asyncio loop as the service does (``deferred_writes``, awaited), with each one's
+all, alternately, on one event loop as the service does (uvloop when installed, as ``pointsman serve``;
+``deferred_writes``, awaited), with each one's
 reader applying the other's changes; prints the CPU per dispatch (us) of the process and of its threads
 (``/proc``: the loop, both readers, both writers) and the write's p50/p99 as awaited. The same with the
 embedded ``LocalSync`` (nothing shared) is the floor. With ``--baseline``, git revision ``REV``'s code and
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import shutil
@@ -198,11 +200,16 @@ def sync_cpu(url: str | None, rate: float, seconds: float) -> dict[str, object]:
             out[t.name] = out.get(t.name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         return out
 
-    asyncio.run(drive(1.0))
+    run = asyncio.run
+    if importlib.util.find_spec("uvloop") is not None:  # the loop ``pointsman serve`` runs on (``cli/route.py``)
+        import uvloop
+
+        run = uvloop.run
+    run(drive(1.0))
     time.sleep(0.2)
     waits.clear()
     before, cpu0 = thread_cpu(), time.process_time()
-    n = asyncio.run(drive(seconds))
+    n = run(drive(seconds))
     time.sleep(0.1)  # the readers apply the last changes
     after, cpu1 = thread_cpu(), time.process_time()
     for st in states:
