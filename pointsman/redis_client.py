@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
@@ -78,13 +78,7 @@ class HangGate:
         return until is not None and time.monotonic() < until
 
     def call(self, fn: Callable[[], T]) -> T:
-        with self._lock:
-            until = self._until
-            if until is not None:
-                now = time.monotonic()
-                if now < until:
-                    raise Hung("redis: not answering (a call timed out); refused without waiting")
-                self._until = now + self.timeout_s + HUNG_PAUSE_S  # this call tries; the others fail at once meanwhile
+        self._enter()
         try:
             out = fn()
         except RedisTimeoutError:
@@ -92,6 +86,28 @@ class HangGate:
             raise
         self._until = None
         return out
+
+    async def acall(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """``call`` for a call awaited on an event loop (``fn`` raises ``redis.exceptions.TimeoutError`` when it
+        timed out)."""
+        self._enter()
+        try:
+            out = await fn()
+        except RedisTimeoutError:
+            self._until = time.monotonic() + HUNG_PAUSE_S
+            raise
+        self._until = None
+        return out
+
+    def _enter(self) -> None:
+        """Raise ``Hung`` while calls fail at once; else let this call try."""
+        with self._lock:
+            until = self._until
+            if until is not None:
+                now = time.monotonic()
+                if now < until:
+                    raise Hung("redis: not answering (a call timed out); refused without waiting")
+                self._until = now + self.timeout_s + HUNG_PAUSE_S  # this call tries; the others fail at once meanwhile
 
 
 __all__ = ["HUNG_PAUSE_S", "TIMEOUT_S", "HangGate", "Hung", "redis_client", "retry_policy"]

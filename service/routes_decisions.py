@@ -18,8 +18,8 @@ excluded by its budget: a refusal, as the ext_proc picker's), 503 (budget ledger
 The decision runs on the event loop by default (its cost per stage: ``docs/architecture.md``,
 the budget ``scripts/bench_decision.py`` checks), which the measurements in
 ``scripts/load_service.py`` found faster than a threadpool hop on two cores; the loop never waits
-on it: the estimate is awaited on the estimator's pool and the dispatch's shared-state write on
-its writer thread (``route_async``). ``POINTSMAN_ROUTE_IN_THREADPOOL=true`` moves the decision
+on it: the estimate is awaited on the estimator's pool and the dispatch's shared-state write is
+sent by the loop and its reply awaited (``route_async``). ``POINTSMAN_ROUTE_IN_THREADPOOL=true`` moves the decision
 to the threadpool instead (blocking waits there). A hung estimator cannot hold a decision past
 ``POINTSMAN_ESTIMATOR_TIMEOUT_MS`` (default 50 ms, ``deadline.py``).
 """
@@ -56,7 +56,7 @@ async def route_async(engine: RoutingEngine, request: RouteRequest, *, in_thread
                       api_key_id: str | None = None, endpoint_subset: AbstractSet[str] | None = None) -> Decision:
     """``engine.route(request, ...)`` for a caller on the event loop, without blocking it: the estimate
     is awaited on the estimator's pool (``DeadlineEstimator.estimate_async``) and the dispatch's
-    shared-state write is sent by its writer thread and awaited (``shared_state.deferred_writes``)
+    shared-state write is sent by the loop and awaited (``shared_state.deferred_writes``)
     before the decision is returned, so its id is in Redis before anyone sees it; between the two the
     loop serves other requests. ``in_thread`` (``POINTSMAN_ROUTE_IN_THREADPOOL``): the whole route runs
     in a worker thread instead (blocking waits there). The same decision and errors as ``engine.route``."""

@@ -47,8 +47,8 @@ whatever Redis lost. Budget and load are settled by the replica that received th
 ``P`` is the key prefix, default ``{pointsman-state}:`` (one hash slot in a cluster).
 
 Round trips: a dispatch is one (a Lua script writes the record, the session and the stream
-entry; the service's decisions on its event loop queue it for a writer thread, which sends what
-is queued in one script call, and await it before answering: ``deferred_writes``); an outcome or
+entry; the service's decisions on its event loop queue it, the loop sends what is queued in one
+script call on its own connection, and each awaits its write before answering: ``deferred_writes``); an outcome or
 release is one (a Lua script takes the record, whichever process wrote it, and appends the release);
 a forwarded outcome is one more; a telemetry push or a health mark is one. Decisions read only the
 local state: none. A reader thread per process blocks on the stream (``XREAD``) and applies the
@@ -96,6 +96,7 @@ import json
 import logging
 import math
 import os
+import ssl
 import threading
 import time
 import uuid
@@ -106,6 +107,7 @@ from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from typing import TYPE_CHECKING, Literal, Protocol
 
+import hiredis
 import orjson
 
 from pointsman.errors import DataError
@@ -138,7 +140,7 @@ READ_COUNT = 1000
 READ_INTERVAL_S = 0.02
 #: Releases kept while Redis is unreachable, at most (the oldest are dropped: their records expire).
 MAX_UNSENT_RELEASES = 100_000
-#: Dispatch writes the writer thread sends in one script call at most (``deferred_writes``).
+#: Dispatch writes sent in one script call at most (``deferred_writes``).
 MAX_PIPELINE = 512
 #: Acknowledgement entries an ``acks`` stream keeps at most (approximately): a live forwarder reads its own
 #: within a read interval; the cap bounds those of a forwarder gone for good (one away long enough to miss some sends
@@ -289,48 +291,23 @@ class SyncStatus:
     forwarded_in: int = 0
 
 
-class _Queued:
-    """One dispatch write queued for the writer thread: its script ``args``; ``done`` once Redis
-    answered it (or it failed, counted); ``callbacks`` run then (from the writer thread)."""
-
-    __slots__ = ("args", "callbacks", "done")
-
-    def __init__(self, args: list[str]) -> None:
-        self.args = args
-        self.done = False
-        self.callbacks: list[Callable[[], None]] = []
-
-
 class PendingWrites:
     """The shared-state writes made inside one ``deferred_writes()`` block, still on their way to
     Redis; ``await written()`` before anything that depends on them leaves the process."""
 
     def __init__(self) -> None:
-        self._queued: list[tuple[_DispatchWriter, _Queued]] = []
+        self._queued: list[asyncio.Future[None]] = []
 
-    def add(self, writer: _DispatchWriter, queued: _Queued) -> None:
-        """One more write to wait for."""
-        self._queued.append((writer, queued))
+    def add(self, queued: asyncio.Future[None]) -> None:
+        """One more write to wait for (done once Redis answered it, or it failed: counted)."""
+        self._queued.append(queued)
 
     async def written(self) -> None:
         """Return once every write of the block is in Redis (or failed: counted, as any failed
         write). Does not block the event loop while it waits."""
-        loop = asyncio.get_running_loop()
-        for writer, queued in self._queued:
-            if queued.done:
-                continue
-            future: asyncio.Future[None] = loop.create_future()
-
-            def wake(future: asyncio.Future[None] = future) -> None:
-                loop.call_soon_threadsafe(_resolve, future)
-
-            if writer.on_done(queued, wake):
-                await future
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+        for queued in self._queued:
+            if not queued.done():
+                await queued
 
 
 #: The ``PendingWrites`` of the ``deferred_writes()`` block the current context is in (None: none).
@@ -339,12 +316,13 @@ _DEFERRED: ContextVar[PendingWrites | None] = ContextVar("pointsman_deferred_wri
 
 @contextmanager
 def deferred_writes() -> Iterator[PendingWrites]:
-    """Inside the block, a dispatch's shared-state write (``StateSync.dispatch``) is queued for a
-    writer thread, which sends what is queued in one pipeline, instead of a round trip on the
-    caller's thread; the caller awaits ``PendingWrites.written()`` before the decision's id leaves
+    """Inside the block, a dispatch's shared-state write (``StateSync.dispatch``) is queued on the
+    running event loop, which sends what is queued in one script call (``_LoopWriter``), instead of a
+    round trip on the caller's thread; the caller awaits ``PendingWrites.written()`` before the decision's id leaves
     the process (its answer), so an outcome can never reach another replica before its dispatch is
     in Redis. The service decides on its event loop this way: the loop serves other requests during
-    the round trip. Outside the block (or with ``LocalSync``) a dispatch writes as it returns."""
+    the round trip. Outside the block, outside an event loop (or with ``LocalSync``) a dispatch writes as it
+    returns."""
     pending = PendingWrites()
     token = _DEFERRED.set(pending)
     try:
@@ -524,116 +502,176 @@ end
 """ + INCARNATION_RETURN_LUA
 
 
-class _DispatchWriter:
-    """The thread that sends deferred dispatch writes (``deferred_writes``): whatever is queued when
-    it wakes goes to Redis as one call of the dispatch script (``EVALSHA``, all of them in queue
-    order, so each process's writes land in the order it made them), on the writer's own connection
-    (the client's pool, retry and pipeline layers cost more CPU than the round trip). A failed write
-    is counted (``on_error``) and done, as a failed direct write: never raised; a call that lost its
-    connection (a restarted Redis closed it: the pool would have replaced it) is sent once more on a new one;
-    the hang gate is the client's (``pointsman.redis_client``). Started on the first write;
-    ``close`` sends what is queued and stops."""
+class _Replies(asyncio.Protocol):
+    """The replies on the dispatch writer's connection (``_LoopWriter``), parsed by hiredis and handed in order to
+    the futures of the calls sent."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.waiting: deque[asyncio.Future[object]] = deque()
+        self._reader = hiredis.Reader()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a stream socket's: an asyncio.Transport
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        while (reply := self._reader.gets()) is not False:
+            if self.waiting and not (future := self.waiting.popleft()).done():
+                future.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        from redis.exceptions import ConnectionError as RedisConnectionError
+
+        while self.waiting:
+            if not (future := self.waiting.popleft()).done():
+                future.set_exception(RedisConnectionError(f"connection to Redis lost: {exc or 'closed'}"))
+
+
+class _LoopWriter:
+    """Sends deferred dispatch writes (``deferred_writes``) from the event loop that made them, without a thread:
+    what is queued when the loop next turns goes to Redis as one call of the dispatch script (``EVALSHA``, in queue
+    order; one call in flight, so each process's writes land in the order it made them) on the writer's own
+    connection, its replies read by the loop (``_Replies``). A writer thread cost more CPU than the round trip:
+    waking it, the GIL handed back and forth, the loop woken again for the answer (``bench_state.py --sync-cpu``).
+    The connection is made (handshake, AUTH, TLS: redis-py's) in a worker thread, never on the loop; a TLS socket
+    cannot back a loop transport, so there each call is sent and read in a worker thread. A call waits at most the
+    socket timeout (then the connection is dropped: a late reply must not answer the next call); the hang gate is
+    the client's (``pointsman.redis_client``). A failed write is counted (``on_error``) and done, as a failed direct
+    write: never raised; a call that lost its connection (a restarted Redis closed it) is sent once more on a new
+    one, and with the script when Redis has lost it (``NOSCRIPT``). A new event loop gets a new connection."""
 
     def __init__(self, client: Redis, script: Script, head: Callable[[], list[str]],
                  errors: tuple[type[BaseException], ...], on_error: Callable[[BaseException], None],
                  gate: HangGate) -> None:
         from redis.exceptions import ConnectionError as RedisConnectionError
-        from redis.exceptions import NoScriptError
+        from redis.exceptions import NoScriptError, ResponseError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
 
         self._client, self._script, self._head, self._errors, self._on_error = client, script, head, errors, on_error
-        self._no_script, self._lost, self._gate = NoScriptError, RedisConnectionError, gate
-        self._conn: ConnectionInterface | None = None
-        self._queue: deque[_Queued] = deque()
-        self._cond = threading.Condition()
-        self._closing = False
-        self._thread: threading.Thread | None = None
+        self._no_script, self._lost, self._refused, self._timeout = (NoScriptError, RedisConnectionError,
+                                                                     ResponseError, RedisTimeoutError)
+        self._gate = gate
+        self._conn: ConnectionInterface | None = None  # redis-py's connection: its socket is the transport's
+        self._replies: _Replies | None = None  # None with a connection: a TLS one, called from a worker thread
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: list[tuple[list[str], asyncio.Future[None]]] = []
+        self._flushing = False
 
-    def put(self, args: list[str]) -> _Queued:
-        """Queue one dispatch write (never blocks); written at once when the writer is closed."""
-        queued = _Queued(args)
-        with self._cond:
-            if not self._closing:
-                self._queue.append(queued)
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="pointsman-state-writer", daemon=True)
-                    self._thread.start()
-                elif len(self._queue) == 1:
-                    self._cond.notify()
-                return queued
-        self._send([queued])
-        return queued
+    def put(self, args: list[str]) -> asyncio.Future[None]:
+        """Queue one dispatch write on the running event loop; the future is done once it is written (or failed,
+        counted). Raises ``RuntimeError`` outside an event loop."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # the connection and the queue belonged to another (closed) loop
+            self._drop()
+            self._loop, self._queue, self._flushing = loop, [], False
+        future: asyncio.Future[None] = loop.create_future()
+        self._queue.append((args, future))
+        if not self._flushing:
+            self._flushing = True
+            loop.create_task(self._flush())
+        return future
 
-    def on_done(self, queued: _Queued, callback: Callable[[], None]) -> bool:
-        """Run ``callback`` (from the writer thread) once ``queued`` is written; False (and no
-        callback) when it is already."""
-        with self._cond:
-            if queued.done:
-                return False
-            queued.callbacks.append(callback)
-            return True
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._closing)
-                if not self._queue:
-                    return
-                batch = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_PIPELINE))]
-            self._send(batch)
-
-    def _send(self, batch: list[_Queued]) -> None:
+    async def _flush(self) -> None:
         try:
-            args = [*self._head(), *[arg for queued in batch for arg in queued.args]]
-            self._gate.call(lambda: self._eval_again(args))
-        except self._errors as exc:
-            for _ in batch:  # each write failed, as each would have on its own
-                self._on_error(exc)
-        except Exception as exc:  # noqa: BLE001 - a writer that dies would hold every waiting answer
-            log.exception("shared state writer failed")
-            for _ in batch:
-                self._on_error(exc)
-        with self._cond:
-            callbacks = [cb for queued in batch for cb in queued.callbacks]
-            for queued in batch:
-                queued.done = True
-                queued.callbacks = []
-        for callback in callbacks:
-            callback()
+            while self._queue:
+                batch, self._queue = self._queue[:MAX_PIPELINE], self._queue[MAX_PIPELINE:]
+                args = [*self._head(), *[arg for queued, _ in batch for arg in queued]]
+                try:
+                    await self._gate.acall(lambda args=args: self._eval_again(args))  # type: ignore[misc]
+                except self._errors as exc:
+                    for _ in batch:  # each write failed, as each would have on its own
+                        self._on_error(exc)
+                except Exception as exc:  # noqa: BLE001 - a writer that dies would hold every waiting answer
+                    log.exception("shared state writer failed")
+                    for _ in batch:
+                        self._on_error(exc)
+                for _, future in batch:
+                    if not future.done():
+                        future.set_result(None)
+        finally:
+            self._flushing = False
 
-    def _eval_again(self, args: list[str]) -> None:
+    async def _eval_again(self, args: list[str]) -> None:
         try:
-            self._eval(args)
+            await self._eval(args)
         except self._lost:  # a connection Redis closed (it restarted): once more on a new one
-            self._eval(args)
+            await self._eval(args)
 
-    def _eval(self, args: list[str]) -> None:
-        """One call of the script on the writer's connection (made when there is none); raises what
-        Redis raises (the connection is dropped then)."""
-        conn = self._conn
-        if conn is None:
-            conn = self._conn = self._client.connection_pool.make_connection()
+    async def _eval(self, args: list[str]) -> None:
+        """One call of the script on the writer's connection (made when there is none); raises what Redis
+        raises (the connection is dropped then)."""
         try:
+            if self._conn is None:
+                await self._connect()
             try:
-                conn.send_command("EVALSHA", self._script.sha, 0, *args)  # type: ignore[no-untyped-call]
-                conn.read_response()
+                await self._call("EVALSHA", self._script.sha, 0, *args)
             except self._no_script:  # a Redis that restarted has no scripts: load it with the call
-                conn.send_command("EVAL", self._script.script, 0, *args)  # type: ignore[no-untyped-call]
-                conn.read_response()
+                await self._call("EVAL", self._script.script, 0, *args)
         except BaseException:
-            self._conn = None
-            conn.disconnect()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+            self._drop()
             raise
 
-    def close(self, timeout_s: float) -> None:
-        """Send what is queued and stop the thread."""
-        with self._cond:
-            self._closing = True
-            self._cond.notify()
-            thread = self._thread
-        if thread is not None:
-            thread.join(timeout_s)
-        if self._conn is not None:
-            self._conn.disconnect()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        conn = self._client.connection_pool.make_connection()
+        self._conn = conn
+        await asyncio.to_thread(conn.connect)
+        sock = conn._sock  # type: ignore[attr-defined]  # redis-py's connected socket
+        if not isinstance(sock, ssl.SSLSocket):
+            _, self._replies = await loop.create_connection(_Replies, sock=sock)
+
+    async def _call(self, *command: object) -> None:
+        """Send one command and wait for its reply (at most the socket timeout); raises what Redis raises."""
+        conn = self._conn
+        assert conn is not None
+        replies = self._replies
+        if replies is None:  # TLS: redis-py's blocking call, in a worker thread
+            def blocking() -> None:
+                conn.send_command(*command)  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+                conn.read_response()
+            await asyncio.to_thread(blocking)
+            return
+        if replies.transport is None:
+            raise self._lost("connection to Redis lost")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[object] = loop.create_future()
+        replies.waiting.append(future)
+        replies.transport.write(b"".join(conn.pack_command(*command)))  # type: ignore[no-untyped-call]
+        timer = loop.call_later(self._gate.timeout_s, _time_out, future, self._timeout)
+        try:
+            reply = await future
+        finally:
+            timer.cancel()
+        if isinstance(reply, hiredis.ReplyError):
+            message = str(reply)
+            raise (self._no_script if message.startswith("NOSCRIPT") else self._refused)(message)
+
+    def _drop(self) -> None:
+        """Close the connection (the next call makes a new one)."""
+        conn, replies, self._conn, self._replies = self._conn, self._replies, None, None
+        if replies is not None and replies.transport is not None and self._loop is not None \
+                and not self._loop.is_closed():
+            replies.transport.abort()
+        if conn is not None:
+            conn.disconnect()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+
+    def close(self) -> None:
+        """Close the connection (writes still queued on a running loop go out on a new one)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed() and loop.is_running():
+            try:
+                loop.call_soon_threadsafe(self._drop)
+                return
+            except RuntimeError:  # closed meanwhile
+                pass
+        self._drop()
+
+
+def _time_out(future: asyncio.Future[object], timeout: type[BaseException]) -> None:
+    if not future.done():
+        future.set_exception(timeout("Timeout reading from socket"))
 
 
 class RedisSync:
@@ -671,8 +709,9 @@ class RedisSync:
         self._lock = threading.Lock()
         self._reader_conn: ConnectionInterface | None = None  # the reader thread's own (``_xread``)
         self._gate = HangGate.of(client)  # the writes of decisions and outcomes (module docstring: Redis hangs)
-        self._writer = _DispatchWriter(client, self._dispatch, self._dispatch_head, self._errors,
-                                       self._write_failed("dispatch"), self._gate)
+        self._writer = _LoopWriter(client, self._dispatch, self._dispatch_head, self._errors,
+                                   self._write_failed("dispatch"), self._gate)
+        self._closed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._apply: Callable[[Change], None] = _ignore
@@ -734,9 +773,12 @@ class RedisSync:
         args = [record.decision_id, record.to_json(), str(max(1, int(record_ttl_s * 1000))), session_id,
                 _dumps([record.target, record.endpoint]), str(max(1, int(session_ttl_s * 1000))), change.to_json()]
         pending = _DEFERRED.get()
-        if pending is not None:
-            pending.add(self._writer, self._writer.put(args))
-            return
+        if pending is not None and not self._closed:
+            try:
+                pending.add(self._writer.put(args))
+                return
+            except RuntimeError:  # no event loop running: written at once
+                pass
         self._write("dispatch", lambda: self._dispatch(keys=[], args=[*self._dispatch_head(), *args]))
 
     def _dispatch_head(self) -> list[str]:
@@ -1112,7 +1154,8 @@ class RedisSync:
 
     def close(self) -> None:
         """Send the queued writes, stop the reader and close the connection pool."""
-        self._writer.close(timeout_s=self.block_ms / 1000.0 + 2.0)
+        self._closed = True
+        self._writer.close()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.block_ms / 1000.0 + 2.0)
