@@ -28,7 +28,8 @@ never books anything twice). ``window_s``: the time whose windows it is booked i
 file's ``uid`` and where it lives (``home``: a copy found elsewhere takes a fresh ``uid``, ``_claim``),
 which ledger incarnation it last saw (``seen``/``see``) and which one was last made to count
 its sums, and when (``applied``/``apply``), and the time a restore books rows again at (``restoring``): while it is
-kept ``compact`` folds nothing, so a restore that read a row books it into a store whose sums cannot hold it.
+kept ``compact`` folds nothing, so a restore that read a row books it into a store whose sums cannot hold it. With that
+time, how far the pass got (``Restoring``, ``restored_to``): a pass cut short resumes there, not at the first row.
 
 One row per decision id (the first settlement wins, as in the ledger). Connections are opened
 per call, so it is thread- and fork-safe. The settlements of concurrent ``add`` (and ``book``)
@@ -101,6 +102,7 @@ class Booked(NamedTuple):
     booked_s: float
     expires_s: float | None
     again: bool = False
+    rowid: int = 0  # its row's (``SpendJournal.booked``); 0: not read from the file
 
 
 class Seen(NamedTuple):
@@ -118,6 +120,16 @@ class Applied(NamedTuple):
 
     epoch: str
     s: float
+
+
+class Restoring(NamedTuple):
+    """The restore pass under way (``SpendJournal.restoring``): ``at_s`` (Unix s) the time it books rows again at, and the
+    rows it books (``SpendJournal.booked``'s ``after`` and ``last``, rowids): those after ``after`` (0: from the first),
+    up to ``last`` (the last row kept when the pass of its kind began)."""
+
+    at_s: float
+    after: int
+    last: int
 
 
 class Sum(NamedTuple):
@@ -259,13 +271,14 @@ class SpendJournal:
             raise self._error(exc) from None
         return [(str(d), cast(SettleArgs, json.loads(a))) for d, a in rows]
 
-    def booked(self, since_s: float, alive_after_s: float, page: int = 1000) -> Iterator[Booked]:
+    def booked(self, since_s: float, alive_after_s: float, page: int = 1000, after: int = 0,
+               last: int | None = None) -> Iterator[Booked]:
         """The booked rows kept, booked at or after ``since_s`` whose ledger record outlives ``alive_after_s``
-        (``expires_s`` NULL or later), in insertion order, read ``page`` rows at a time (rows booked again while
-        this runs keep their place); of the rows kept when the first page is read: those added later were booked in
-        the store a restore books into (and a restore reading them would not end while settlements come as fast as it
-        books them, holding ``compact`` off). Raises ``LedgerUnavailable``."""
-        after, last = 0, None
+        (``expires_s`` NULL or later), in insertion order (``Booked.rowid``), read ``page`` rows at a time (rows booked
+        again while this runs keep their place); those after rowid ``after``, up to rowid ``last``, default the rows kept
+        when the first page is read: those added later were booked in the store a restore books into (and a restore
+        reading them would not end while settlements come as fast as it books them, holding ``compact`` off). Raises
+        ``LedgerUnavailable``."""
         while True:
             try:
                 with closing(self._connect()) as conn:
@@ -279,7 +292,8 @@ class SpendJournal:
                 raise self._error(exc) from None
             for rowid, d, a, b, e in rows:
                 after = rowid
-                yield Booked(str(d), cast(SettleArgs, json.loads(a)), float(b), None if e is None else float(e))
+                yield Booked(str(d), cast(SettleArgs, json.loads(a)), float(b), None if e is None else float(e),
+                             rowid=int(rowid))
             if len(rows) < page:
                 return
 
@@ -408,17 +422,45 @@ class SpendJournal:
         """Keep ``applied``; raises ``LedgerUnavailable``."""
         self._set_meta("applied", applied)
 
-    def restoring(self, now: float) -> float:
-        """The time (Unix s) ``FleetState.restore_spend`` books rows again at: the one kept by a pass that did not
-        finish (``see`` with ``restored`` not called since; its lost calls booked at that time), else ``now``, kept.
-        Call it before reading the rows and sums to restore: while it is kept, ``compact`` folds nothing (a row it
-        folded after that read would be booked as a row into a store that may count it in the sums, and kept in
-        both). Raises ``LedgerUnavailable``."""
-        row = self._meta("restoring")
-        if row is not None:
-            return float(cast(float, row[0]))
-        self._set_meta("restoring", [now])
-        return now
+    def restoring(self, now: float, of: Sequence[object] | None = None) -> Restoring:
+        """The restore pass to run (``FleetState.restore_spend``): the time it books rows again at, the one kept by a
+        pass that did not finish (``see`` with ``restored`` not called since; its lost calls booked at that time), else
+        ``now``, kept; and the rows it books: after those a pass cut short booked again (``restored_to``) when that pass
+        was ``of`` too (JSON-able: the ledger's incarnation and how the pass chooses its rows), else all, up to the last
+        row kept now. ``of`` None: never resumed. Call it before reading the rows and sums to restore: while the time is
+        kept, ``compact`` folds nothing (a row it folded after that read would be booked as a row into a store that may
+        count it in the sums, and kept in both). Raises ``LedgerUnavailable``."""
+        try:
+            with closing(self._connect()) as conn:
+                conn.execute("BEGIN IMMEDIATE")
+                row = conn.execute("SELECT value FROM meta WHERE key = 'restoring'").fetchone()
+                kept = [now] if row is None else json.loads(row[0])
+                if of is not None and len(kept) == 4 and kept[1] == json.loads(json.dumps(list(of))):
+                    conn.execute("COMMIT")
+                    return Restoring(float(kept[0]), int(kept[3]), int(kept[2]))
+                last = int(conn.execute("SELECT coalesce(max(rowid), 0) FROM journal").fetchone()[0])
+                if row is None:
+                    conn.execute("INSERT INTO meta(key, value) VALUES ('restoring', ?)", (json.dumps(
+                        [now] if of is None else [now, list(of), last, 0]),))
+                conn.execute("COMMIT")
+                return Restoring(float(kept[0]), 0, last)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+
+    def restored_to(self, at_s: float, of: Sequence[object], last: int, after: int) -> None:
+        """Keep that the pass ``of`` (``restoring``) booking rows again at ``at_s`` booked every row it chose up to rowid
+        ``after`` of those up to ``last``: a pass of the same ``of`` resumes after it. Only while its time is kept (a
+        pass finished since forgot it: nothing is kept then). Raises ``LedgerUnavailable``."""
+        try:
+            with closing(self._connect()) as conn:
+                conn.execute("BEGIN IMMEDIATE")
+                row = conn.execute("SELECT value FROM meta WHERE key = 'restoring'").fetchone()
+                if row is not None and float(json.loads(row[0])[0]) == at_s:
+                    conn.execute("UPDATE meta SET value = ? WHERE key = 'restoring'",
+                                 (json.dumps([at_s, list(of), last, after]),))
+                conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
 
     def restore_unfinished(self) -> bool:
         """Whether a restore's time is kept (``restoring``): a pass began and none finished since (``see`` with
@@ -436,4 +478,5 @@ class SpendJournal:
             return 0
 
 
-__all__ = ["DEFAULT_JOURNAL_NAME", "KEEP_RECENT_S", "Applied", "Booked", "Seen", "SettleArgs", "SpendJournal", "Sum"]
+__all__ = ["DEFAULT_JOURNAL_NAME", "KEEP_RECENT_S", "Applied", "Booked", "Restoring", "Seen", "SettleArgs", "SpendJournal",
+           "Sum"]

@@ -51,7 +51,7 @@ from pathlib import Path
 
 from pointsman.errors import BudgetError, RequestError
 from pointsman.policy.budget.config import RESTORE_MARGIN_S
-from pointsman.policy.budget.journal import KEEP_RECENT_S, Applied, Booked, Seen, SettleArgs, SpendJournal
+from pointsman.policy.budget.journal import KEEP_RECENT_S, Applied, Booked, Restoring, Seen, SettleArgs, SpendJournal
 from pointsman.policy.budget.ledger import (
     BudgetLedger,
     BudgetSnapshot,
@@ -88,6 +88,9 @@ PREFILL_SUFFIX = "/prefill"
 #: Seconds before the last time a Redis ledger was seen alive from which ``restore_spend`` books this replica's
 #: settlements again after Redis restarted (``appendfsync everysec`` loses at most ~2 s; ``no``, ~30 s).
 RESTORE_LOOKBACK_S = 300.0
+#: A restore pass keeps how far it got every this many rows (``SpendJournal.restored_to``; and when Redis goes away): a
+#: process killed mid-pass resumes there. One small SQLite write per page (about a second of a pass).
+RESTORE_NOTE_ROWS = 1000
 #: Consecutive error outcomes (``error``/``timeout``) on one endpoint that mark it unhealthy.
 ERROR_OUTCOMES_TO_UNHEALTHY = 5
 #: Seconds an endpoint marked unhealthy by error outcomes waits before it is tried again.
@@ -859,7 +862,13 @@ class FleetState:
           and so does ``applied``: a crash right after is covered too.
 
         The incarnation is marked seen only once the sums and every chosen row were applied; until then (Redis
-        away again) the next call starts over, which is harmless for the same reasons. A row whose decision the
+        away again, this process killed) the next call runs the pass again: after the rows this one booked again (kept
+        every ``RESTORE_NOTE_ROWS`` rows and when Redis goes away, with the pass's time: ``SpendJournal.restored_to``)
+        when the incarnation is still the one it read (the same ``epoch`` and ``run_id``: the store lost nothing since,
+        so it still counts what the pass booked) and the pass chooses its rows the same way (a new epoch's, or a
+        restart's from the same sighting), else from the first row, which is harmless for the same reasons. A Redis that
+        refuses ``INFO`` (``run_id`` '': a restart unnoticed) always starts over. So a pass ends under failures more
+        frequent than it lasts, and compaction with it. A row whose decision the
         ledger holds as another booking (a repeated outcome settled elsewhere) is forgotten, so two journals never
         fold the same settlement; a pass books at one time, kept until a pass finishes (``SpendJournal.restoring``),
         so a replay at that time (a call whose reply was lost) is this replica's booking, kept. That time is kept
@@ -888,13 +897,17 @@ class FleetState:
         rows: Iterator[Booked] | None = None
         sums = False
         at = now  # the time rows are booked again at
+        of: list[object] | None = None  # the pass: resumed after what one cut short booked in this incarnation
+        kept = Restoring(now, 0, 0)
         if seen is not None and seen.epoch != epoch:
             age = now - float(epoch.split(".")[0])
             sums = age < retention - RESTORE_MARGIN_S
             if sums:
+                of = [epoch, run_id, None] if run_id else None  # run_id '': a restart would go unnoticed
                 try:  # compaction held off from before the read until the pass is done (``SpendJournal.restoring``)
-                    at = self.journal.restoring(now)
-                    rows = self.journal.booked(float("-inf"), float("-inf"))  # paged: the WAL is reused meanwhile
+                    kept = self.journal.restoring(now, of)
+                    at = kept.at_s
+                    rows = self.journal.booked(float("-inf"), float("-inf"), after=kept.after, last=kept.last)
                 except LedgerUnavailable:
                     return 0
                 log.warning("budget ledger lost its store (epoch %s, now %s): booking this replica's settlements of "
@@ -906,11 +919,13 @@ class FleetState:
                           retention, RESTORE_MARGIN_S)
         elif seen is None or seen.run_id != run_id or unfinished:
             since = float("-inf") if seen is None else seen.ok_s - RESTORE_LOOKBACK_S
+            of = [epoch, run_id, None if seen is None else since] if run_id else None
             try:
-                at = self.journal.restoring(now)
+                kept = self.journal.restoring(now, of)
+                at = kept.at_s
             except LedgerUnavailable:
                 return 0
-            rows = self.journal.booked(since, now + RESTORE_MARGIN_S)
+            rows = self.journal.booked(since, now + RESTORE_MARGIN_S, after=kept.after, last=kept.last)
             sums = applied is not None and applied.epoch == epoch \
                 and max(since, now - retention + RESTORE_MARGIN_S) <= applied.s  # its a:<uid> alive had it not been lost
         elif now - seen.ok_s < 60.0:
@@ -922,25 +937,40 @@ class FleetState:
                     booked = add_sums(self.journal.uid, self.journal.sums(), epoch, now)
                 self.journal.apply(Applied(epoch, self.clock()))
             except LedgerUnavailable:
-                return 0  # not seen yet: the next call starts over
-        for row in rows or ():  # a pass cut short booked at its own time: a replay at that time is this replica's too
+                return 0  # not seen yet: the next call runs the pass again
+        after = noted = kept.after  # every row chosen up to rowid ``after`` is booked again; ``noted``: kept so
+
+        def note() -> None:  # a pass of the same ``of`` (Redis away, this process killed) resumes after ``after``
+            nonlocal noted
+            if of is not None and after > noted and self.journal is not None:
+                try:
+                    self.journal.restored_to(at, of, kept.last, after)
+                    noted = after
+                except LedgerUnavailable as exc:
+                    log.warning("spend journal: the restore's progress is not kept: %s", exc)
+
+        for n, row in enumerate(rows or (), 1):  # a pass cut short booked at its time: a replay at it is this replica's
+            if n % RESTORE_NOTE_ROWS == 0:
+                note()
             again = row.args.copy()  # at ``at``: a record created again lives from then (its windows stay the decision's)
             again["now"], again["issued_s"] = at, row.args["now"] if row.args["issued_s"] is None else row.args["issued_s"]
             try:
                 with self._budget_change(row.args["scopes"]):
                     settlement = self.ledger.settle(row.decision_id, **again)
             except LedgerUnavailable:
-                return booked  # not seen yet: the next call starts over
+                note()
+                return booked  # not seen yet: the next call resumes after the last row booked again
             except BudgetError as exc:  # e.g. no record and no scopes: nothing to book it on
                 log.error("settlement of %s not booked again: %s", row.decision_id, exc)
-                continue
-            if not settlement.replayed:
-                booked += 1
-                self._keep_booked(row.decision_id, again, settlement, row_only=True)
-            elif settlement.settled_s == at != row.args["now"]:  # booked by a pass cut short: kept at its time
-                self._keep_booked(row.decision_id, again, settlement, row_only=True)
-            elif _booked_elsewhere(row.args, settlement):
-                self.journal.done([row.decision_id])
+            else:
+                if not settlement.replayed:
+                    booked += 1
+                    self._keep_booked(row.decision_id, again, settlement, row_only=True)
+                elif settlement.settled_s == at != row.args["now"]:  # booked by a pass cut short: kept at its time
+                    self._keep_booked(row.decision_id, again, settlement, row_only=True)
+                elif _booked_elsewhere(row.args, settlement):
+                    self.journal.done([row.decision_id])
+            after = row.rowid
         if booked:
             log.warning("budget ledger: %d settlement(s) it had lost booked again from the spend journal", booked)
         try:

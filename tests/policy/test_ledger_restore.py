@@ -260,10 +260,10 @@ def folded_meanwhile(state: FleetState, clock: Clock) -> None:
     journal, worker = state.journal, SpendJournal(state.journal.path)
     restoring = journal.restoring
 
-    def then_folded(now):
-        at = restoring(now)
+    def then_folded(*args):
+        kept = restoring(*args)
         worker.compact(clock() - KEEP_RECENT_S, 0.0)
-        return at
+        return kept
 
     journal.restoring = then_folded  # type: ignore[method-assign]
     try:
