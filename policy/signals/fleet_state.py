@@ -903,7 +903,7 @@ class FleetState:
             age = now - float(epoch.split(".")[0])
             sums = age < retention - RESTORE_MARGIN_S
             if sums:
-                of = [epoch, run_id, None] if run_id else None  # run_id '': a restart would go unnoticed
+                of = [epoch, run_id, "epoch"] if run_id else None  # run_id '': a restart would go unnoticed
                 try:  # compaction held off from before the read until the pass is done (``SpendJournal.restoring``)
                     kept = self.journal.restoring(now, of)
                     at = kept.at_s
@@ -919,7 +919,7 @@ class FleetState:
                           retention, RESTORE_MARGIN_S)
         elif seen is None or seen.run_id != run_id or unfinished:
             since = float("-inf") if seen is None else seen.ok_s - RESTORE_LOOKBACK_S
-            of = [epoch, run_id, None if seen is None else since] if run_id else None
+            of = [epoch, run_id, "restart", None if seen is None else since] if run_id else None
             try:
                 kept = self.journal.restoring(now, of)
                 at = kept.at_s
