@@ -784,6 +784,21 @@ class LiveSignals:
             self._costs[key] = est
         return est
 
+    def min_cost(self, target: str) -> CostEstimate:
+        """The least ``cost`` on ``target`` over where ``engine.place`` may put the request: each of its modes other
+        than aggregated, and aggregated on each pool ``aggregated_view`` holds (its aggregated pool, decode endpoints
+        that may prefill locally), all at the longest prefix (local hit plus shared-tier run) any endpoint holds."""
+        t = self.fleet.targets[target]
+        if isinstance(t, FrontierTarget):
+            return self.cost(target)
+        lk = self.lookup(target)
+        cached = 0 if lk is None else max(sum(lk.hit(e)) for e in ("", *lk.matched))
+        costs = [self.cost(target, m, cached) for m in t.modes if m != "aggregated"]
+        view = self.aggregated_view(target)
+        pools = {id(p): p for p in (view.pool, *view.extra_pools.values()) if p is not None}
+        costs += [self.cost(target, "aggregated", cached, (p, p)) for p in pools.values()]
+        return min(costs, key=lambda c: c.usd)
+
     # -- trace -----------------------------------------------------------------------------
 
     def age(self, path: str) -> float:
@@ -852,8 +867,24 @@ class StaticSignals:
         r = self.request
         return self.fleet.output_tokens(target, r["max_output_tokens"] if r["max_output_tokens_set"] else None)
 
-    def cost(self, target: str, mode: str | None = None, cached_tokens: int | None = None) -> CostEstimate:
-        """Estimated cost in USD (see the class docstring)."""
+    def min_cost(self, target: str) -> CostEstimate:
+        """The least ``cost`` over ``target``'s modes and, when a decode endpoint may prefill it locally (the target
+        has no aggregated pool, a short prompt under ``disaggregation.short_prompts_on_decode``, or the snapshot's hit
+        is at least ``max_local_hit_ratio``), aggregated on the decode pool."""
+        t = self.fleet.targets[target]
+        costs = [self.cost(target, m) for m in t.modes]
+        spec = self.policy.disaggregation
+        if isinstance(t, OnPremTarget) and t.pools.decode is not None and (
+                t.pools.aggregated is None
+                or spec.short_prompts_on_decode and self.target_prompt_tokens(target) <= spec.min_uncached_prompt_tokens
+                or 0 < self.local_hit_ratio(target) >= spec.max_local_hit_ratio):
+            costs.append(self.cost(target, "aggregated", pools=(t.pools.decode, t.pools.decode)))
+        return min(costs, key=lambda c: c.usd)
+
+    def cost(self, target: str, mode: str | None = None, cached_tokens: int | None = None,
+             pools: tuple[Pool, Pool] | None = None) -> CostEstimate:
+        """Estimated cost in USD (see the class docstring); ``pools`` overrides the mode's (prefill pool, decode
+        pool), priced at the snapshot's utilizations."""
         t = self.fleet.targets[target]
         mode = mode or t.modes[0]
         if cached_tokens is None:
@@ -866,7 +897,7 @@ class StaticSignals:
                                                                   self.fleet),
                              decode_utilization=pool_utilization(None if u_d is None else number(load, "decode_utilization"),
                                                                  self.fleet),
-                             cache_control=bool(self.request.get("has_cache_control")),
+                             pools=pools, cache_control=bool(self.request.get("has_cache_control")),
                              cache_write_1h=bool(self.request.get("has_cache_control_1h")))
 
     def target_prompt_tokens(self, target: str) -> int:

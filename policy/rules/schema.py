@@ -13,7 +13,7 @@
       context_window: true        # prompt + output cap must fit the target's window
       capabilities: true          # images / tools need a target that takes them
       health: true                # a target with no healthy endpoint is ineligible
-      budget: true                # a target whose estimated cost does not fit the budget is ineligible
+      budget: true                # a target that fits the budget nowhere (its cheapest placement) is ineligible
       tenants:                    # allow-lists: target -> tenants allowed (others: any tenant)
         frontier-large: [acme, globex]
     endpoint_selection:           # inside the chosen pool (policy/selection/pickers.py)

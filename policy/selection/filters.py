@@ -19,9 +19,10 @@ They run in this order, and the first that removes a target names it:
 - ``tenants``: a target with an allow-list (``filters.tenants``) takes only those tenants
   (a request without a tenant is on no list).
 - ``health``: a target needs at least one endpoint not marked unhealthy.
-- ``budget``: the target's estimated cost for this request must fit every budget of the
-  request (the ledger's admission rule, ``BudgetSnapshot.fits``); a zero or exhausted
-  budget removes every target. Unlimited requests skip it.
+- ``budget``: the least the request may cost on the target wherever it could be placed
+  (``SignalSource.min_cost``) must fit every budget of the request (the ledger's admission rule,
+  ``BudgetSnapshot.fits``); the reservation checks the placement's own estimate. A zero or
+  exhausted budget removes every target. Unlimited requests skip it.
 
 ``eligibility(...)`` returns, per target, None or the ``Exclusion`` (filter, reason);
 ``NoEligibleTarget`` names the filter that removed each candidate.
@@ -70,7 +71,7 @@ class FiltersSpec(StrictModel):
 class FilterContext:
     """What filters read: ``request`` (the ``request`` namespace dict), ``settings`` (the
     policy's ``FiltersSpec``) and ``source`` (the decision's signal source: ``healthy_endpoints(t)``,
-    ``budget_limited()``, ``budget_fits(usd)``, ``budget_binding()``, ``cost(t)``)."""
+    ``budget_limited()``, ``budget_fits(usd)``, ``budget_binding()``, ``min_cost(t)``)."""
 
     request: RequestSignals
     settings: FiltersSpec
@@ -131,20 +132,24 @@ def health(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterContext)
 
 
 def budget(name: str, target: OnPremTarget | FrontierTarget, ctx: FilterContext) -> str | None:
-    """Ineligible when the target's estimated cost does not fit the request's budgets (``budget_refusal``)."""
+    """Ineligible when even the target's cheapest placement (``min_cost``: each mode, a decode endpoint prefilling
+    locally, the best cached prefix) does not fit the request's budgets (``budget_refusal``). Where it is placed is
+    checked exactly by the reservation (a refused hold moves on to the next candidate)."""
     source = ctx.source
-    return budget_refusal(source, source.cost(name).usd) if source.budget_limited() else None
+    return budget_refusal(source, source.min_cost(name).usd, lower_bound=True) if source.budget_limited() else None
 
 
-def budget_refusal(source: SignalSource, usd: float) -> str | None:
+def budget_refusal(source: SignalSource, usd: float, *, lower_bound: bool = False) -> str | None:
     """Why a reservation of ``usd`` (USD) would not fit the request's budgets, naming the binding one; None
-    when it fits or no budget applies. The ``budget`` filter's check, and a what-if's for each candidate
-    in place of the reservation (``RoutingEngine.route(dispatch=False)``, ``policy test``)."""
+    when it fits or no budget applies. The ``budget`` filter's check (``lower_bound``: ``usd`` is the least the
+    target may cost, so the message says "at least"), and a what-if's for each candidate in place of the
+    reservation (``RoutingEngine.route(dispatch=False)``, ``policy test``)."""
     if not source.budget_limited() or source.budget_fits(usd):
         return None
     b = source.budget_binding()
     where = f" {b['scope']} has ${b['remaining_usd']:.9f} of ${b['limit_usd']:.9f} left this {b['window']}" if b else ""
-    return f"estimated ${usd:.9f} does not fit the budget:{where}".rstrip(":")
+    least = " at least" if lower_bound else ""
+    return f"estimated{least} ${usd:.9f} does not fit the budget:{where}".rstrip(":")
 
 
 #: Built-in filters in the order they run, each with the ``FiltersSpec`` switch that enables it

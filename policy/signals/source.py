@@ -78,6 +78,12 @@ class SignalSource(Protocol):
         """Estimated cost of the request on ``target`` (USD; see the class docstring)."""
         ...
 
+    def min_cost(self, target: str) -> CostEstimate:
+        """The least ``cost`` of the request on ``target`` wherever the engine may place it (USD): the cheapest of its
+        modes and, for aggregated, of a decode endpoint prefilling locally, each with the best cached prefix the
+        source knows. A lower bound: what the ``budget`` filter checks."""
+        ...
+
     def target_prompt_tokens(self, target: str) -> int:
         """The request's prompt tokens on ``target``: its images, audio and files counted by the target's rules
         (``cost.target_prompt_tokens``); what ``cost`` prices and the P/D mode's thresholds read."""

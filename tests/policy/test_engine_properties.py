@@ -6,13 +6,15 @@
 2. 32 concurrent decisions against one budget, through ``RoutingEngine.route`` (filters,
    rules, fallbacks, reservation at dispatch) and then their outcomes, never spend more
    than the budget plus one request's estimate — with SQLite (several ledgers on one
-   file, as several processes) and with a live redis-server (two service replicas).
+   file, as several processes) and with a live redis-server (two service replicas);
+3. the least cost the ``budget`` filter checks (``min_cost``) is at most every placement's.
 """
 
 from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -20,6 +22,7 @@ from hypothesis import strategies as st
 
 from pointsman.estimator.estimate import FixedDifficulty
 from pointsman.estimator.features import extract_features
+from pointsman.policy import engine as engine_module
 from pointsman.policy.budget.config import BudgetConfig
 from pointsman.policy.budget.units import to_nusd
 from pointsman.policy.engine import RoutingEngine
@@ -172,6 +175,49 @@ def test_a_decision_names_an_eligible_target_or_says_which_filter_removed_which(
     if dispatch and r["tenant"] in TENANT_BUDGETS:
         assert state.record(d.decision_id).reserved
         state.settle(d.decision_id, prompt_tokens=1, completion_tokens=1, actual_cost_usd=d.estimated_cost_usd)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@example(policy_name="cascade", r={"prompt_tokens": 203, "max_tokens": None, "images": False, "tools": False,
+                                   "tenant": None, "session": None}, down=set(), warm=False,
+         load={**{e: (80, 0.1, 0.1) for e in ENDPOINTS if "llama-70b-" in e and e[17].isdigit()},
+               **{e: (0, 1.0, 1.0) for e in ENDPOINTS if "llama-70b-decode" in e}})  # the Azure replay's request 50
+@given(policy_name=st.sampled_from(sorted(POLICIES)), r=requests,
+       down=st.sets(st.sampled_from(ENDPOINTS), max_size=len(ENDPOINTS)),
+       load=st.dictionaries(st.sampled_from(ENDPOINTS), st.tuples(st.integers(0, 80), st.floats(0, 1), st.floats(0, 1)),
+                            max_size=8),
+       warm=st.booleans())
+def test_the_budget_filters_bound_is_below_every_placement(ledger, policy_name, r, down, load, warm):
+    """``min_cost`` (what the ``budget`` filter checks) is at most the cost of every placement ``route`` makes, the
+    chosen one's and its fallbacks', whatever the health, the pools' utilizations and the cached prefix (``warm``:
+    the same prompt dispatched before): the filter never removes a target whose hold would fit."""
+    policy = POLICIES[policy_name]
+    state = FleetState(FLEET, ledger, clock=lambda: NOW, monotonic=lambda: 50.0)
+    for e in down:
+        state.set_health(e, False, "down")
+    for e, (waiting, u_p, u_d) in load.items():
+        if FLEET.endpoints[e].role != "api":
+            state.push_load(e, {"num_requests_running": waiting // 2, "num_requests_waiting": waiting,
+                                "prefill_utilization": u_p, "decode_utilization": u_d}, now=49.0)
+    engine = RoutingEngine(FLEET, policy, FixedDifficulty(0.5), state=state)
+    placed: list[tuple[str, float, float]] = []
+    place = engine_module.place
+
+    def checked(live, target, mode):
+        out = place(live, target, mode)
+        if out is not None:
+            placed.append((target, live.min_cost(target).usd, out.cost.usd))
+        return out
+
+    request = parse_route_request(body(r))
+    with mock.patch.object(engine_module, "place", checked):
+        for _ in range(2 if warm else 1):
+            try:
+                engine.route(request, dispatch=warm)
+            except NoEligibleTarget:
+                pass
+    for target, bound, usd in placed:
+        assert bound <= usd * (1 + 1e-12), (target, bound, usd)
 
 
 # -- the budget under concurrency, through the engine --------------------------------------

@@ -44,7 +44,7 @@ def test_a_refusal_names_an_estimate_above_what_is_left(tmp_path):
         refused = client.post("/v1/route", json=tiny)
         assert refused.status_code == 429, refused.text
         message = refused.json()["error"]["message"]
-        found = re.findall(r"estimated \$([0-9.]+) does not fit the budget: tenant:tiny has \$([0-9.]+) of \$([0-9.]+)",
+        found = re.findall(r"estimated (?:at least )?\$([0-9.]+) does not fit the budget: tenant:tiny has \$([0-9.]+) of \$([0-9.]+)",
                            message)
         assert found, message
         for wanted, left, of in found:
