@@ -868,23 +868,11 @@ class StaticSignals:
         return self.fleet.output_tokens(target, r["max_output_tokens"] if r["max_output_tokens_set"] else None)
 
     def min_cost(self, target: str) -> CostEstimate:
-        """The least ``cost`` over ``target``'s modes and, when a decode endpoint may prefill it locally (the target
-        has no aggregated pool, a short prompt under ``disaggregation.short_prompts_on_decode``, or the snapshot's hit
-        is at least ``max_local_hit_ratio``), aggregated on the decode pool."""
-        t = self.fleet.targets[target]
-        costs = [self.cost(target, m) for m in t.modes]
-        spec = self.policy.disaggregation
-        if isinstance(t, OnPremTarget) and t.pools.decode is not None and (
-                t.pools.aggregated is None
-                or spec.short_prompts_on_decode and self.target_prompt_tokens(target) <= spec.min_uncached_prompt_tokens
-                or 0 < self.local_hit_ratio(target) >= spec.max_local_hit_ratio):
-            costs.append(self.cost(target, "aggregated", pools=(t.pools.decode, t.pools.decode)))
-        return min(costs, key=lambda c: c.usd)
+        """The least ``cost`` over ``target``'s modes: a case places a request by mode (``cases._dispatch``)."""
+        return min((self.cost(target, m) for m in self.fleet.targets[target].modes), key=lambda c: c.usd)
 
-    def cost(self, target: str, mode: str | None = None, cached_tokens: int | None = None,
-             pools: tuple[Pool, Pool] | None = None) -> CostEstimate:
-        """Estimated cost in USD (see the class docstring); ``pools`` overrides the mode's (prefill pool, decode
-        pool), priced at the snapshot's utilizations."""
+    def cost(self, target: str, mode: str | None = None, cached_tokens: int | None = None) -> CostEstimate:
+        """Estimated cost in USD (see the class docstring)."""
         t = self.fleet.targets[target]
         mode = mode or t.modes[0]
         if cached_tokens is None:
@@ -897,7 +885,7 @@ class StaticSignals:
                                                                   self.fleet),
                              decode_utilization=pool_utilization(None if u_d is None else number(load, "decode_utilization"),
                                                                  self.fleet),
-                             pools=pools, cache_control=bool(self.request.get("has_cache_control")),
+                             cache_control=bool(self.request.get("has_cache_control")),
                              cache_write_1h=bool(self.request.get("has_cache_control_1h")))
 
     def target_prompt_tokens(self, target: str) -> int:
