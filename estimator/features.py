@@ -416,9 +416,7 @@ def _extract(source: RouteRequest | RequestView, tokenizer: Tokenizer | None,
     query = "" if k is None else texts[k]
     exact = request.routing.prompt_tokens
     n_images = sum(m.n_images() for m in request.messages)
-    # tool definitions and a structured output schema: prompt text the provider adds and bills as input
-    declared = [d for d in (request.tools, request.response_format) if d]
-    tools_text = "\n".join(json.dumps(d, separators=(",", ":"), ensure_ascii=False) for d in declared)
+    tools_text = json.dumps(request.tools, separators=(",", ":"), ensure_ascii=False) if request.tools else ""
     if exact is not None and not _plausible(exact, texts + (tools_text,), prompt_chars + len(tools_text),
                                             len(request.messages)):
         exact = None  # implausibly low (``_plausible``): count the prompt here

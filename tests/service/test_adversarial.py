@@ -108,26 +108,3 @@ def test_legacy_function_definitions_and_calls_count_as_prompt_tokens(tmp_path):
                                     {"role": "function", "name": "lookup", "content": "ok"}, USER]}) >= as_tool_call - 10
         bad = c.post("/v1/route", json={"messages": [USER], "tools": "x", "functions": [fn]})
         assert bad.status_code == 422 and bad.json()["error"]["param"] == "tools"
-
-
-def test_a_structured_output_schema_counts_as_prompt_tokens(tmp_path):
-    """A JSON schema for structured output (Chat Completions ``response_format``, Responses ``text.format``, and the
-    same through ``ext_proc``'s parsing) is injected into the model's input and billed as input tokens, but was
-    ignored: a 40,000-token schema routed, priced and held its budget as a 6-token prompt. Found by a security review."""
-    big = "The quick brown fox jumps over the lazy dog. " * 4000
-    schema = {"type": "object", "description": big, "properties": {"answer": {"type": "string"}}}
-    with _client(tmp_path) as c:
-        def tokens(body: dict) -> int:
-            r = c.post("/v1/route", json=body)
-            assert r.status_code == 200, r.text
-            return r.json()["prompt_tokens"]
-
-        plain = tokens({"messages": [USER]})
-        as_tools = tokens({"messages": [USER], "tools": [{"type": "function", "function": {
-            "name": "answer", "parameters": schema}}]})
-        chat = tokens({"messages": [USER], "response_format": {
-            "type": "json_schema", "json_schema": {"name": "answer", "strict": True, "schema": schema}}})
-        responses = tokens({"input": USER["content"], "text": {"format": {
-            "type": "json_schema", "name": "answer", "strict": True, "schema": schema}}})
-        assert plain < 50 and as_tools > 40_000
-        assert chat >= as_tools - 10 and responses >= as_tools - 10
