@@ -1,8 +1,8 @@
 """Where the API keys in force come from, how they rotate, and the safe default on a network.
 
 ``KeySource.from_settings(settings)`` holds the keys of ``POINTSMAN_GATEWAY_API_KEYS`` /
-``POINTSMAN_ADMIN_API_KEYS`` plus those of the key files ``POINTSMAN_GATEWAY_API_KEYS_FILE`` /
-``POINTSMAN_ADMIN_API_KEYS_FILE``. A key file holds entries like the settings (``name=secret`` or
+``POINTSMAN_ADMIN_API_KEYS`` / ``POINTSMAN_TELEMETRY_API_KEYS`` plus those of their key files
+(``..._FILE``). A key file holds entries like the settings (``name=secret`` or
 ``secret``), one or more per line (comma-separated); blank lines and lines starting with ``#`` are
 not keys. ``KeySource.ring()`` is what ``auth.require`` asks per request: at most every
 ``check_interval_s`` (0.5 s) it stats the files, and when one changed (inode, size or mtime: a
