@@ -16,9 +16,9 @@ from pointsman.training import metrics as M
 PROMPTS = [
     "Write a haiku about the sea.",
     "Prove that the square root of 2 is irrational.",
-    "Suggest a name for my cat.",
+    "Suggest a name for my new kitten.",  # not a sanity-suite request: evaluate leaves those out
     "Implement Dijkstra's algorithm in Rust with a binary heap.",
-    "What is the capital of France?",
+    "What is the capital city of Peru?",
     "Solve for x: 3x^2 - 12x + 9 = 0.",
 ]
 WEAK = [0, 1, 0, 1, 0, 1]

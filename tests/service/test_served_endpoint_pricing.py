@@ -15,13 +15,13 @@ pytestmark = pytest.mark.slow
 
 AGGREGATED = ("      aggregated:\n        gpus_per_replica: 2\n        # TensorRT-LLM perf overview, \"Llama 3.3 70B\", "
               "H100 TP2 FP8:")
-USAGE = {"prompt_tokens": 1000, "completion_tokens": 1000}
+USAGE = {"prompt_tokens": 1000, "completion_tokens": 100}  # within the request's max_tokens (no over-cap note)
 
 
 def _usd_70b(gpus: int) -> float:
     """USD of ``USAGE`` on a 70B pool of ``gpus`` per replica (12,192 prefill and 6,651 decode tokens/s a replica,
     $2.50 a GPU-hour, at the assumed utilization 1.0)."""
-    return (1000 / 12192 + 1000 / 6651) * gpus * 2.50 / 3600
+    return (1000 / 12192 + 100 / 6651) * gpus * 2.50 / 3600
 
 
 def test_an_outcome_served_on_another_pool_is_booked_on_that_pool(tmp_path, serve):
