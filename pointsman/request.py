@@ -1,9 +1,9 @@
 """The routing request: an OpenAI-style chat request plus Pointsman's routing context.
 
 One schema serves the HTTP API, the CLI and trace replay. OpenAI fields that do
-not affect routing (temperature, stream, response_format, ...) are accepted and
-ignored so a gateway can forward its request unchanged; Pointsman's own
-``routing`` object rejects unknown keys.
+not affect routing (temperature, stream, ...) are accepted and
+ignored so a gateway can forward its request unchanged (``response_format`` is read: a frontier
+target's prompt counts its schema); Pointsman's own ``routing`` object rejects unknown keys.
 
 ``parse_route_request(body)`` validates a JSON-like mapping and raises
 ``RequestError`` whose ``field`` names the offending field (``messages[1].content[0].type``).
@@ -300,6 +300,10 @@ class RouteRequest(BaseModel):
     ``cache_salt``: vLLM's per-request prefix-cache salt (its Chat Completions and Completions extension): the
     engine mixes it into the hash of the prompt's first block, so only requests with the same salt share cached
     blocks (``engine_hashes.EngineHasher.digests``).
+    ``response_format``: OpenAI's structured output format (``{"type": "json_schema", "json_schema": {...}}``; a
+    Responses body's ``text.format``, ``ext_proc_body.chat_request``), any JSON: a frontier provider puts a schema in
+    the model's input and bills it as input, so a frontier target's prompt counts it (``cost.target_prompt_tokens``);
+    vLLM enforces it by constrained decoding, outside the prompt, so the request's ``prompt_tokens`` does not.
     ``prompt``: a Completions body's ``prompt`` as sent, beside the user message ``ext_proc_body.chat_request``
     makes of it (``completions_prompt``); any other value (a Responses ``prompt`` template object) is not read.
     """
@@ -317,6 +321,7 @@ class RouteRequest(BaseModel):
     previous_response_id: str | None = None
     conversation: str | JSONObject | None = None
     cache_salt: str | None = None
+    response_format: JSONValue = None
     prompt: JSONValue = None
     routing: RoutingContext = Field(default_factory=RoutingContext)
 

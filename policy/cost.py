@@ -35,7 +35,8 @@ inline bytes (``target_prompt_tokens``, ``policy/media_tokens.py``: a 512-px ima
 of unknown size up to 48,169; audio 10 tokens a second on OpenAI; a PDF page 3,000 + an image). The context-window
 filter compares the same count, from the safe-side bound; on-prem, the predicted prefill, the P/D thresholds, the
 picker and the dispatch record (the prefill queued on the endpoint) count it too (``LiveSignals.target_prompt_tokens``),
-and so does the decision's ``prompt_tokens``.
+and so does the decision's ``prompt_tokens``. A structured output schema (``response_format``) counts on frontier
+targets only (``schema_tokens``: OpenAI bills it as input; vLLM constrains decoding with it, outside the prompt).
 
 Reported usage (``usage_cost``) adds prompt-cache writes at their own prices (5-minute and
 1-hour lifetimes, ``FrontierPrices``); on-prem a write is ordinary prefill.
@@ -46,11 +47,14 @@ produced over the window, from the budget ledger's settled outcomes.
 
 from __future__ import annotations
 
+import json
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pointsman.estimator.features import IMAGE_TOKENS, IMAGE_TOKENS_UPPER
+from pointsman.estimator.billed_tokens import billed_tokens
+from pointsman.estimator.features import IMAGE_TOKENS, IMAGE_TOKENS_UPPER, count_tokens_upper
 from pointsman.policy.budget.ledger import BudgetLedger, EffectivePrice
 from pointsman.policy.fleet import Fleet, FrontierTarget, OnPremTarget, Pool, target_image_rule
 from pointsman.policy.media_tokens import SMALLEST, media_tokens
@@ -145,9 +149,16 @@ def target_prompt_tokens(target: OnPremTarget | FrontierTarget, request: Mapping
     needs there: the text at its safe-side bound ``prompt_tokens_upper`` (a batch's ``longest_prompt_tokens_upper``),
     and an image of unread size (a PDF's page: its image, its text not counted) at the least its rule bills
     (``media_tokens.SMALLEST``): three image URLs may bill 3 x 48,169 tokens on gpt-4o-mini, over its 128,000-token
-    window, or 3 x 8,500; the request goes there and the cost (the budget hold) counts the most."""
+    window, or 3 x 8,500; the request goes there and the cost (the budget hold) counts the most.
+
+    A structured output schema (``RouteRequest.response_format``, read from the ``view``; policy cases have none):
+    a frontier target's provider puts it in the model's input and bills it as input, so its count and window count
+    add ``schema_tokens``, and a supplied count is taken as the prompt's alone (errs high by the schema if the
+    gateway counted it); vLLM enforces it by constrained decoding, outside the prompt: on-prem nothing is added."""
     count: int = (request.get("longest_prompt_tokens_upper") or max(  # a case may set only the count
         request["prompt_tokens"], request.get("prompt_tokens_upper", 0))) if window else request["prompt_tokens"]
+    if isinstance(target, FrontierTarget) and view is not None:
+        count += schema_tokens(view)
     images: int = request.get("images", 0)
     if not images and not request.get("has_audio") and not request.get("has_files"):
         return count
@@ -164,6 +175,22 @@ def target_prompt_tokens(target: OnPremTarget | FrontierTarget, request: Mapping
         return text + tokens
     reserved = int(request["max_output_tokens"]) if request.get("max_output_tokens_set") else 1
     return max(text + tokens, target.context_window_tokens - reserved)
+
+
+_SCHEMA_TOKENS: weakref.WeakKeyDictionary[RequestView, int] = weakref.WeakKeyDictionary()
+
+
+def schema_tokens(view: RequestView) -> int:
+    """Tokens of the request's structured output schema on a frontier target: its ``response_format`` (any JSON
+    object; anything else, malformed or absent, 0) as compact JSON, counted on the safe side as the prompt's text is
+    priced (``billed_tokens`` over ``count_tokens_upper``, tokenizer-free: O(its bytes), ~2 ms for 180 KB),
+    once per view (memoized: every frontier target's cost and window read it). Never below 0."""
+    out = _SCHEMA_TOKENS.get(view)
+    if out is None:
+        fmt = view.request.response_format
+        text = json.dumps(fmt, separators=(",", ":"), ensure_ascii=False) if isinstance(fmt, dict) else ""
+        out = _SCHEMA_TOKENS[view] = billed_tokens(text, count_tokens_upper(text, None)) if text else 0
+    return out
 
 
 #: Price of a prompt-cache write per input token's price when the fleet declares none: Anthropic's

@@ -288,7 +288,9 @@ class LiveSignals:
         self.now = state.clock() if now is None else now
         self.now_mono = state.monotonic() if now_mono is None else now_mono
         self.prompt_tokens = int(request["prompt_tokens"])
-        self._media = bool(request.get("images") or request.get("has_audio") or request.get("has_files"))
+        # counted per target: images, audio and files by the target's rules, a schema on frontier targets
+        self._per_target = bool(request.get("images") or request.get("has_audio") or request.get("has_files")
+                                or (view is not None and isinstance(view.request.response_format, dict)))
         self._target_tokens: dict[str, int] = {}
         self._cache_control = bool(request.get("has_cache_control"))
         self._cache_1h = bool(request.get("has_cache_control_1h"))
@@ -342,8 +344,9 @@ class LiveSignals:
     def target_prompt_tokens(self, target: str) -> int:
         """The request's prompt tokens on ``target``, its images, audio and files counted by the target's rules
         (``cost.target_prompt_tokens``, memoized): what its cost, predicted prefill, P/D thresholds, pick and
-        dispatch record count. A text-only request's ``prompt_tokens``."""
-        if not self._media:
+        dispatch record count, with a structured output schema on a frontier target. A text-only request without
+        a schema: its ``prompt_tokens``."""
+        if not self._per_target:
             return self.prompt_tokens
         out = self._target_tokens.get(target)
         if out is None:

@@ -129,6 +129,7 @@ def chat_request(body: JSONObject) -> JSONObject:
       ``item_reference`` (an item the provider stored) a message of its JSON marked ``type: item_reference``;
       a ``prompt`` object (a prompt template the provider stored, with or without ``input``) a user message of
       its id and version and its ``variables`` (strings, or text, image and file parts) marked ``type: prompt``;
+      ``text.format`` (a structured output schema) the ``response_format``;
     - Anthropic Messages (``system`` beside ``messages``): the system prompt a system message, its
       ``image`` / ``document`` / ``tool_use`` / ``tool_result`` blocks read as image, file and text.
 
@@ -367,6 +368,9 @@ def _responses(body: JSONObject) -> JSONObject:
     out["messages"] = messages or [{"role": "user", "content": ""}]
     if body.get("max_output_tokens") is not None:
         out["max_tokens"] = body["max_output_tokens"]
+    text = body.get("text")
+    if isinstance(text, dict) and text.get("format") is not None:  # a structured output schema (frontier input)
+        out["response_format"] = text["format"]
     return out
 
 

@@ -168,8 +168,8 @@ def without_trace_builder(decision: Decision) -> Decision:
              openapi_extra=json_body({"$ref": "#/components/schemas/RouteRequest"}))
 async def route(request: Request, principal: Principal = Depends(require("gateway")),
                 rt: Runtime = Depends(get_runtime)) -> JSONAnswer:
-    """Body: an OpenAI chat request (other OpenAI fields such as temperature, stream or
-    response_format are accepted and ignored) plus ``routing`` context. Answer: the decision,
+    """Body: an OpenAI chat request (other OpenAI fields such as temperature or stream are accepted and ignored;
+    a ``response_format`` schema counts in frontier targets' prompts) plus ``routing`` context. Answer: the decision,
     with the trace when ``routing.explain`` is true; headers ``x-pointsman-decision-id`` and
     ``x-pointsman-target``."""
     return await answer(request, rt, principal)

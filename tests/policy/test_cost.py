@@ -1,9 +1,14 @@
 """Cost model, checked against hand-computed figures from the default fleet's prices."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from pointsman.policy.cost import estimate_cost
-from pointsman.policy.fleet import load_fleet
+from pointsman.policy.cost import estimate_cost, schema_tokens, target_prompt_tokens
+from pointsman.policy.fleet import FrontierTarget, load_fleet
+from pointsman.request import RequestView, parse_route_request
+
+FLEET = load_fleet()
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +73,25 @@ def test_unsupported_mode_and_bad_utilization(fleet):
         estimate_cost("onprem-8b", fleet.targets["onprem-8b"], "disaggregated", 10, 10)
     with pytest.raises(ValueError, match="utilization"):
         estimate_cost("onprem-8b", fleet.targets["onprem-8b"], "aggregated", 10, 10, utilization=0)
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                     max_leaves=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(fmt=_json)
+def test_a_response_format_counts_on_frontier_targets_only(fmt):
+    """Any ``response_format`` (well-formed or not) leaves an on-prem target's prompt tokens at the request's count
+    (vLLM constrains decoding with a schema, outside the prompt) and adds to a frontier target's exactly its
+    ``schema_tokens``: > 0 for a JSON object, 0 for anything else; the window count adds the same."""
+    view = RequestView.of(parse_route_request({"messages": [{"role": "user", "content": "hi"}], "response_format": fmt}))
+    request = {"prompt_tokens": 9, "prompt_tokens_upper": 12}
+    schema = schema_tokens(view)
+    assert (schema > 0) == isinstance(fmt, dict)
+    for t in FLEET.targets.values():
+        added = schema if isinstance(t, FrontierTarget) else 0
+        assert target_prompt_tokens(t, request, view) == 9 + added
+        assert target_prompt_tokens(t, request, view, window=True) == 12 + added
+        assert target_prompt_tokens(t, request) == 9  # policy cases: no view, no schema

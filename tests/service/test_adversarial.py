@@ -16,10 +16,10 @@ from pointsman.service.settings import Settings
 USER = {"role": "user", "content": "What is the capital of France?"}
 
 
-def _client(tmp_path, **kw) -> TestClient:
+def _client(tmp_path, p_hard: float = 0.2, **kw) -> TestClient:
     fleet = load_fleet()
     settings = Settings(data_dir=tmp_path, watch_policy=False, watch_fleet=False, scrape_interval_s=0, **kw)
-    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(0.2),
+    engine = RoutingEngine(fleet, load_policy(DEFAULT_POLICY_PATH, fleet), FixedDifficulty(p_hard),
                            state=build_state(settings, fleet))
     return TestClient(create_app(settings, engine=engine, owns_engine=True))
 
@@ -108,3 +108,55 @@ def test_legacy_function_definitions_and_calls_count_as_prompt_tokens(tmp_path):
                                     {"role": "function", "name": "lookup", "content": "ok"}, USER]}) >= as_tool_call - 10
         bad = c.post("/v1/route", json={"messages": [USER], "tools": "x", "functions": [fn]})
         assert bad.status_code == 422 and bad.json()["error"]["param"] == "tools"
+
+
+def _schema_format(description: str, responses: bool = False) -> dict:
+    schema = {"type": "object", "description": description, "properties": {"answer": {"type": "string"}}}
+    return ({"type": "json_schema", "name": "answer", "strict": True, "schema": schema} if responses
+            else {"type": "json_schema", "json_schema": {"name": "answer", "strict": True, "schema": schema}})
+
+
+def test_a_structured_output_schema_counts_on_frontier_targets_only(tmp_path):
+    """A JSON schema for structured output (Chat Completions ``response_format``, Responses ``text.format``) is put
+    in the model's input and billed as input by OpenAI, but was ignored: a 45,000-token schema priced a frontier
+    target as a 12-token prompt. vLLM enforces it by constrained decoding, outside the prompt, so the request's
+    ``prompt_tokens`` (the estimator, P/D mode, a gateway count's plausibility) and on-prem targets do not count it
+    (c41a671 counted it everywhere and was reverted). Malformed formats are accepted and count nothing."""
+    big = "The quick brown fox jumps over the lazy dog. " * 4000  # ~45,000 tokens
+    fleet = load_fleet()
+    with _client(tmp_path) as c:
+        def route(body: dict) -> dict:
+            r = c.post("/v1/route", json={**body, "routing": {"explain": True}})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        def costs(d: dict) -> dict[str, float]:
+            return {x["target"]: x["estimated_cost_usd"] for x in d["trace"]["candidates"]}
+
+        plain = route({"messages": [USER]})
+        chat = route({"messages": [USER], "response_format": _schema_format(big)})
+        responses = route({"input": USER["content"], "text": {"format": _schema_format(big, responses=True)}})
+        assert plain["prompt_tokens"] < 50 and plain["target"].startswith("onprem")
+        for d in (chat, responses):
+            assert d["prompt_tokens"] == plain["prompt_tokens"]  # the request's count and the on-prem decision's
+            assert d["trace"]["mode"]["inputs"]["prompt_tokens"] == plain["prompt_tokens"]
+            for name, t in fleet.targets.items():
+                added = costs(d)[name] - costs(plain)[name]
+                if t.kind == "frontier":
+                    assert added >= 40_000 * t.prices.usd_per_1m_input_tokens / 1e6, name
+                else:
+                    assert added == 0, name
+        for bad in ("json_schema", 3, None, [1, 2], True, {}):
+            d = route({"messages": [USER], "response_format": bad})
+            assert d["prompt_tokens"] == plain["prompt_tokens"]
+            assert costs(d) == costs(plain) or bad == {}, bad
+        # the context-window filter: a 180,000-token schema leaves the 128,000-token frontier targets, not on-prem
+        huge = route({"messages": [USER], "response_format": _schema_format(big * 4)})
+        excluded = {x["target"]: (x["excluded_by"] or "").split(":")[0] for x in huge["trace"]["candidates"]}
+        assert excluded == {"onprem-8b": "", "onprem-70b": "", "frontier-small": "context-window",
+                            "frontier-large": "context-window"}
+    with _client(tmp_path / "hard", p_hard=0.9) as c:  # a hard prompt goes to frontier-large: its count has the schema
+        plain = c.post("/v1/route", json={"messages": [USER]}).json()
+        d = c.post("/v1/route", json={"messages": [USER], "response_format": _schema_format(big[:len(big) // 10])}).json()
+        assert plain["target"] == d["target"] == "frontier-large"
+        assert d["prompt_tokens"] >= plain["prompt_tokens"] + 4_000
