@@ -177,7 +177,8 @@ def create_app(settings: Settings | None = None, engine: RoutingEngine | None = 
                                      settle_unsettled=settle_unsettled)
         app.state.runtime, app.state.fleet_state = rt, rt.live.engine.state
         if not keys.ring().enabled:
-            log.warning("no API keys configured (POINTSMAN_GATEWAY_API_KEYS, POINTSMAN_ADMIN_API_KEYS): "
+            log.warning("no API keys configured (POINTSMAN_GATEWAY_API_KEYS, POINTSMAN_ADMIN_API_KEYS, "
+                        "POINTSMAN_TELEMETRY_API_KEYS): "
                         "authentication is off and every caller may change the policy")
         rt.start_watchers()
         ext_proc = None
