@@ -23,15 +23,14 @@ import asyncio
 import json
 import math
 import sys
-from collections.abc import Awaitable, Callable, Generator
-from typing import Any, TypeVar, cast
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
-from starlette.types import Message
 
 from pointsman.errors import RequestError
 from pointsman.json_types import JSONObject, JSONValue, json_path
@@ -51,11 +50,11 @@ async def read_body(request: Request, settings: Settings) -> bytes:
     """The raw body, at most ``settings.max_body_bytes`` bytes, read within ``settings.body_read_timeout_s``
     seconds; raises ``HTTPError`` 413 beyond the size (see ``too_large``), 408 past the time (``Connection:
     close``), 400 for a bad Content-Length or a client gone mid-body. Reads the ASGI messages as Starlette's
-    ``Request.stream`` does (a body it already read is read from it), without its generator; the deadline's
-    timer is armed only while a message is awaited (``_receive_by``): a body already here costs none."""
+    ``Request.stream`` does (a body it already read is read from it), without its generator."""
     timeout_s = settings.body_read_timeout_s
     try:
-        return await _read_body(request, settings.max_body_bytes, asyncio.get_running_loop().time() + timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await _read_body(request, settings.max_body_bytes)
     except TimeoutError:
         raise HTTPError(408, f"the request body did not arrive within {timeout_s:g} s of its headers "
                              "(setting POINTSMAN_BODY_READ_TIMEOUT_S)", type="request_timeout",
@@ -65,7 +64,7 @@ async def read_body(request: Request, settings: Settings) -> bytes:
                         code="client_disconnected") from None
 
 
-async def _read_body(request: Request, limit: int, deadline: float) -> bytes:
+async def _read_body(request: Request, limit: int) -> bytes:
     declared = expect = None
     for name, value in request.scope["headers"]:  # the first of each, as ``Headers.get``
         if name == b"content-length" and declared is None:
@@ -80,10 +79,10 @@ async def _read_body(request: Request, limit: int, deadline: float) -> bytes:
         if size > limit:
             waiting = (expect or "").lower() == "100-continue"  # nothing sent yet: do not ask for it
             if not waiting and size <= DISCARD_LIMIT_BYTES:
-                await _discard(request, deadline)
+                await _discard(request)
             raise too_large(size, limit)
     chunks, size = [], 0
-    async for chunk in _Chunks(request, deadline):
+    async for chunk in _Chunks(request):
         size += len(chunk)
         if size > DISCARD_LIMIT_BYTES:
             break
@@ -94,24 +93,24 @@ async def _read_body(request: Request, limit: int, deadline: float) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def _discard(request: Request, deadline: float) -> None:
+async def _discard(request: Request) -> None:
     """Read and drop the body, stopping past ``DISCARD_LIMIT_BYTES``. A client that writes its whole body
     before reading the answer (Python's urllib, ``requests``) then reads the 413: closing with its bytes
     unread would make the kernel reset the connection instead."""
     dropped = 0
-    async for chunk in _Chunks(request, deadline):
+    async for chunk in _Chunks(request):
         dropped += len(chunk)
         if dropped > DISCARD_LIMIT_BYTES:
             break
 
 
 class _Chunks:
-    """The body's non-empty chunks, as ``Request.stream`` yields them (then ``b""``), read by ``_receive_by``
-    (``deadline``: the loop's clock). Raises ``ClientDisconnect`` for ``http.disconnect``, ``TimeoutError`` past
-    the deadline. An iterator object, not an async generator: no generator to set up and close per body."""
+    """The body's non-empty chunks, as ``Request.stream`` yields them (then ``b""``). Raises ``ClientDisconnect``
+    for ``http.disconnect``. An iterator object, not an async generator: no generator to set up and close per
+    body."""
 
-    def __init__(self, request: Request, deadline: float) -> None:
-        self.request, self.deadline = request, deadline
+    def __init__(self, request: Request) -> None:
+        self.request = request
         self.cached: list[bytes] | None = None if not hasattr(request, "_body") else [b"", request._body]
         if self.cached is None and request._stream_consumed:
             raise RuntimeError("Stream consumed")
@@ -126,7 +125,7 @@ class _Chunks:
                 raise StopAsyncIteration
             return self.cached.pop()
         while not request._stream_consumed:
-            message = await _receive_by(request.receive, self.deadline)
+            message = await request.receive()
             if message["type"] == "http.request":
                 body: bytes = message.get("body", b"")
                 if not message.get("more_body", False):
@@ -138,40 +137,6 @@ class _Chunks:
                 raise ClientDisconnect()
         raise StopAsyncIteration
 
-
-
-async def _receive_by(receive: Callable[[], Awaitable[Message]], deadline: float) -> Message:
-    """``await receive()``, raising ``TimeoutError`` past ``deadline`` (the loop's clock): the awaitable is
-    stepped once here, and only when it would wait (the message not here yet) is the rest awaited under
-    ``asyncio.timeout_at`` (a message already received, a small body's usual case, arms no timer)."""
-    pending = receive().__await__()
-    try:
-        waits_on = pending.send(None)
-    except StopIteration as done:
-        return cast(Message, done.value)
-    async with asyncio.timeout_at(deadline):
-        return cast(Message, await _Resumed(pending, waits_on))
-
-
-class _Resumed:
-    """An awaitable's iterator stepped once already (``waits_on``: what its step yielded to the event loop), to
-    be awaited on: it yields ``waits_on`` to the task, then resumes the iterator as ``await`` would have, a
-    cancellation thrown in included."""
-
-    def __init__(self, pending: Generator[Any, None, Any], waits_on: Any) -> None:
-        self.pending, self.waits_on = pending, waits_on
-
-    def __await__(self) -> Generator[Any, None, Any]:
-        while True:
-            try:
-                yield self.waits_on
-            except BaseException as exc:  # noqa: BLE001 - thrown into the awaited iterator, as ``await`` does
-                try:
-                    self.waits_on = self.pending.throw(exc)
-                except StopIteration as done:
-                    return done.value
-                continue
-            return (yield from self.pending)
 
 
 def too_large(size: int, limit: int, at_least: bool = False) -> HTTPError:
