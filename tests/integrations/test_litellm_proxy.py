@@ -583,4 +583,6 @@ def test_a_request_rejected_after_routing_releases_its_hold(keyed_stack: dict, p
         time.sleep(0.1)
     assert decisions, "the request was routed (a decision for tenant rich)"
     assert [o.status for o in decisions[-1].outcomes] == ["error"]
+    while rich()["held_usd"] != 0.0 and time.monotonic() < deadline:  # settled just after the outcome is stored
+        time.sleep(0.1)
     assert rich()["held_usd"] == 0.0
